@@ -1,0 +1,11 @@
+"""labkernels: a Jupyter-driven research lab for GGUF k-quant (q4_K / q6_K) int8-mma GEMM kernels.
+
+Modules by round:
+  quants, layout, quantize_ref, reference  -- formats, exact references, round 1 (layout verifier)
+  occupancy, audit                         -- round 2 (smem-to-occupancy calculator, ptxas audit)
+  kernels/ (CUDA), gpu, bench              -- rounds 3-4 (q6_K expanded-B, KDR sweep, q4_K)
+  prefill, decompose                       -- round 5 (wall decomposition)
+  forensics                                -- round 6 (Nsight Compute counters)
+  records, provenance, report, pipeline    -- recorded data, provenance, notebooks -> HTML reports
+"""
+__version__ = "0.1.0"

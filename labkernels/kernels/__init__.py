@@ -1,0 +1,1 @@
+"""CUDA sources of the lab kernels (.cu/.cuh) and their registry (registry.py)."""

@@ -1,0 +1,148 @@
+"""The kernel registry: one table, read by the build layer, the benchmark, the ptxas audit, the occupancy
+round and the notebooks.
+
+Each *family* row names a CUDA source in this folder, a ``__global__`` template, its template parameters
+(ordered as in the template) with the values the lab instantiates, the block size, the tile (tokens x
+output rows per block) and the launcher's dynamic shared-memory formula as an expression over the
+parameters. ``KERNELS`` is the expansion of every family over its parameter grid: one entry per template
+instantiation. Adding a row (or a value to a grid) is all it takes for the audit, the occupancy
+cross-check and the benchmark to pick a kernel up.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KERNELS_DIR = Path(__file__).resolve().parent
+
+#: tile constants shared by the GEMM kernels (tokens per block, output rows per block)
+BM = 64
+BN = 128
+
+FAMILIES = [
+    # -- activation prepass: f32 activations -> q8_1 in the tile-ordered layout of the GEMM kernels
+    dict(family="prepass_q8_1", source="prepass.cu", template="prepass_q8_1_tiles",
+         params={}, threads=256, smem="0", tile=(BM, 0), main_path=True,
+         doc="f32 [nt, id] -> q8_1 planes (qa8 swizzled per 32-chunk, sda d|sum) per 64-token tile"),
+    # -- q8_1 in ggml's plain row-major block_q8_1 layout (input of the generic kernel)
+    dict(family="quantize_q8_1_rows", source="prepass.cu", template="quantize_q8_1_rows",
+         params={}, threads=256, smem="0", tile=(0, 0), main_path=True,
+         doc="f32 [nt, id] -> ggml block_q8_1 rows (36 B per 32 values)"),
+    # -- the generic q6_K kernel: the old road (seeds 000 section 3.2)
+    dict(family="q6k_generic", source="q6k_generic.cu", template="q6k_generic_kernel",
+         params={"STRIDE": [210, 224]}, threads=256,
+         smem="KD*BM*32 + BN*KD*32 + KD*BM*8 + 2*KD*BN*4", consts={"KD": 4}, tile=(BM, BN), main_path=True,
+         doc="B re-derived from raw blocks per tile (ql/qh reassembly in staging), A reshuffled per chunk "
+             "from ggml q8_1 rows, scalar fragment loads, KSPLIT=2"),
+    # -- the expanded-B q6_K kernel (seeds 002)
+    dict(family="q6k_expb", source="q6k_expb.cu", template="q6k_expb_kernel",
+         params={"KDR": [1, 2, 4, 8], "STRIDE": [210, 224], "EPI": [0, 1]}, threads=256,
+         smem="KDR*BM*32 + KDR*BM*4 + BN*KDR*32 + KDR*BN*8", tile=(BM, BN), main_path=True,
+         doc="ql+qh expanded once per tile into a centered int8 plane, dsc float2 per (chunk,row), "
+             "ldmatrix A fragments, KSPLIT=2 two m16n8k16 per 32-chunk; EPI=0 seeds' float epilogue, "
+             "EPI=1 exact magic-number epilogue without I2F"),
+    # -- the q4_K raw-nibble kernel (seeds 002 section 1, r28-r34 skeleton)
+    dict(family="q4k_nb", source="q4k_nb.cu", template="q4k_nb_kernel",
+         params={"KDR": [1, 2, 4, 8]}, threads=256,
+         smem="KDR*BM*32 + KDR*BM*4 + BN*KDR*16 + KDR*BN*8", tile=(BM, BN), main_path=True,
+         doc="raw nibbles in smem unpacked in registers at mma time, m16n8k32, q8_1 sum term for mins"),
+    # -- dequantize to fp16 for the cuBLAS baselines
+    dict(family="dequant_f16", source="dequant.cu", template="dequant_f16_kernel",
+         params={"QT": [4, 6], "STRIDE": [0]}, threads=256, smem="0", tile=(0, 0), main_path=False,
+         doc="q4_K (QT=4) / q6_K (QT=6) rows -> fp16 [od, id]; STRIDE 0 = the type's natural stride"),
+    # -- register-fed mma.sync probes: the physical ceiling line
+    dict(family="mma_probe", source="mma_probe.cu", template="mma_probe_kernel",
+         params={"K": [16, 32]}, threads=256, smem="0", tile=(0, 0), main_path=False,
+         doc="register-fed mma.sync.m16n8k{K}.s8 loop: the int8 tensor-core ceiling"),
+]
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    family: str
+    source: str
+    template: str
+    params: tuple                 # ((name, value), ...) in template order
+    threads: int
+    smem_formula: str
+    tile: tuple
+    main_path: bool
+    consts: tuple = field(default=())
+    doc: str = ""
+
+    @property
+    def p(self) -> dict:
+        return dict(self.params)
+
+    @property
+    def name_expression(self) -> str:
+        """The C++ name of this instantiation, as cupy's name_expressions / the audit want it."""
+        if not self.params:
+            return self.template
+        return f"{self.template}<{','.join(str(v) for _, v in self.params)}>"
+
+    @property
+    def key(self) -> str:
+        if not self.params:
+            return self.family
+        return self.family + "[" + ",".join(f"{k}={v}" for k, v in self.params) + "]"
+
+    def dynamic_smem(self, **overrides) -> int:
+        env = {"BM": BM, "BN": BN, **dict(self.consts), **dict(self.params), **overrides}
+        return int(_safe_eval(self.smem_formula, env))
+
+    @property
+    def path(self) -> Path:
+        return KERNELS_DIR / self.source
+
+
+def _safe_eval(expr: str, env: dict):
+    """Evaluate an arithmetic expression over names in env (no calls, no attributes)."""
+    tree = ast.parse(expr, mode="eval")
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.Name, ast.Load,
+                                 ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Div, ast.Mod, ast.USub,
+                                 ast.Pow)):
+            raise ValueError(f"smem formula {expr!r}: {type(node).__name__} not allowed")
+        if isinstance(node, ast.Name) and node.id not in env:
+            raise ValueError(f"smem formula {expr!r}: unknown name {node.id!r}")
+    return eval(compile(tree, "<smem>", "eval"), {"__builtins__": {}}, env)
+
+
+def _expand() -> list[KernelSpec]:
+    out = []
+    for fam in FAMILIES:
+        names = list(fam["params"])
+        grids = [fam["params"][n] for n in names]
+        for values in itertools.product(*grids) if names else [()]:
+            out.append(KernelSpec(
+                family=fam["family"], source=fam["source"], template=fam["template"],
+                params=tuple(zip(names, values)), threads=fam["threads"], smem_formula=fam["smem"],
+                tile=tuple(fam["tile"]), main_path=fam["main_path"],
+                consts=tuple(sorted(fam.get("consts", {}).items())), doc=fam.get("doc", "")))
+    return out
+
+
+KERNELS: list[KernelSpec] = _expand()
+
+
+def find(family: str, **params) -> KernelSpec:
+    """The registry entry of one instantiation, e.g. ``find('q6k_expb', KDR=4, STRIDE=210, EPI=0)``."""
+    for k in KERNELS:
+        if k.family == family and all(k.p.get(n) == v for n, v in params.items()):
+            if set(params) == set(k.p):
+                return k
+    raise KeyError(f"no registered kernel {family} with {params}; registered: "
+                   + ", ".join(k.key for k in KERNELS if k.family == family))
+
+
+def family(name: str) -> list[KernelSpec]:
+    return [k for k in KERNELS if k.family == name]
+
+
+def available(kernels=None) -> list[KernelSpec]:
+    """Registry entries whose source file exists (rounds add sources over time)."""
+    return [k for k in (kernels or KERNELS) if k.path.exists()]
