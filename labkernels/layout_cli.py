@@ -1,0 +1,37 @@
+"""``labkernels layout``: the round-1 verifier over a model's q4_K / q6_K tensors, per-type totals."""
+
+from __future__ import annotations
+
+
+def main(args) -> int:
+    from . import layout
+    from .cli import print_json
+
+    rows, _ = layout.verify_model(args.model, args.filter, strides=tuple(args.stride))
+    totals = layout.summarize(rows)
+    if args.json:
+        print_json({"model": str(args.model), "totals": totals,
+                    "tensors": rows if args.per_tensor else None})
+    else:
+        for k, v in totals.items():
+            print(f"{k:10s} tensors {v['tensors']:4d}  blocks {v['blocks']:9d}  elements {v['elements']:11d}  "
+                  f"mismatches {v['mismatches']}")
+    return 0 if all(v["mismatches"] == 0 for v in totals.values()) and totals else 1
+
+
+def register_cli(sub) -> None:
+    from .model import default_model_path
+
+    p = sub.add_parser("layout", help="round 1: verify the q6_K/q4_K element maps on every block of a model")
+    p.add_argument("--model", default=str(default_model_path()), help="GGUF path (default: the Gemma model)")
+    p.add_argument("--filter", default=None, help="regex on tensor names")
+    p.add_argument("--stride", type=int, action="append", default=None,
+                   help="q6_K block strides to check (default 210 and 224)")
+    p.add_argument("--json", action="store_true", help="print per-type totals as JSON")
+    p.add_argument("--per-tensor", action="store_true", help="with --json, include the per-tensor rows")
+    p.set_defaults(func=_wrap)
+
+
+def _wrap(args):
+    args.stride = args.stride or [210, 224]
+    return main(args)

@@ -1,0 +1,126 @@
+"""Provenance: every recorded number carries the machine, GPU, driver, clocks, commit, date and versions."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import socket
+import subprocess
+from functools import lru_cache
+
+from .paths import REPO_ROOT
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _git(*args) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def commit() -> dict:
+    """The commit the code came from. On the GPU machine there is no .git: the run command exports
+    LABKERNELS_COMMIT (and LABKERNELS_DIRTY) from the checkout that sent the tree."""
+    env = os.environ.get("LABKERNELS_COMMIT")
+    if env:
+        return {"commit": env, "dirty": os.environ.get("LABKERNELS_DIRTY", "0") == "1", "source": "env"}
+    sha = _git("rev-parse", "HEAD")
+    if sha:
+        dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+        return {"commit": sha, "dirty": dirty, "source": "git"}
+    return {"commit": "unknown", "dirty": None, "source": "none"}
+
+
+def short_commit() -> str:
+    c = commit()
+    s = c["commit"][:10]
+    return s + ("+dirty" if c.get("dirty") else "")
+
+
+@lru_cache(maxsize=1)
+def gpu_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def _nvidia_smi() -> dict:
+    q = ("name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.draw,power.limit,"
+         "temperature.gpu,utilization.gpu,pstate")
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    if out.returncode != 0 or not out.stdout.strip():
+        return {}
+    vals = [v.strip() for v in out.stdout.strip().splitlines()[0].split(",")]
+    keys = ["name", "driver", "sm_clock_mhz", "sm_clock_max_mhz", "mem_clock_mhz", "mem_clock_max_mhz",
+            "power_w", "power_limit_w", "temp_c", "util_pct", "pstate"]
+    return dict(zip(keys, vals))
+
+
+def gpu_info() -> dict | None:
+    """GPU identity and state at the time of the call (None without a GPU)."""
+    if not gpu_available():
+        return None
+    import cupy
+
+    dev = cupy.cuda.Device()
+    props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    info = {
+        "name": name,
+        "cc": f"{props['major']}.{props['minor']}",
+        "sm_count": props["multiProcessorCount"],
+        "smem_per_sm": props["sharedMemPerMultiprocessor"],
+        "smem_per_block_optin": props["sharedMemPerBlockOptin"],
+        "regs_per_sm": props["regsPerMultiprocessor"],
+        "max_threads_per_sm": props["maxThreadsPerMultiProcessor"],
+        "l2_bytes": props["l2CacheSize"],
+        "total_mem": props["totalGlobalMem"],
+        "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
+        "cuda_driver": cupy.cuda.runtime.driverGetVersion(),
+        "cupy": cupy.__version__,
+    }
+    info.update({f"smi_{k}": v for k, v in _nvidia_smi().items()})
+    return info
+
+
+def collect(params: dict | None = None) -> dict:
+    """Full provenance block for a recorded run or a rendered report."""
+    import numpy
+
+    g = gpu_info()
+    return {
+        "date": utc_now(),
+        "host": socket.gethostname(),
+        "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cpus",
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+        **{f"git_{k}": v for k, v in commit().items()},
+        "gpu": g,
+        "params": params or {},
+    }
+
+
+def describe(p: dict) -> str:
+    """One line for a page footer: GPU (or CPU), driver, clocks, commit, date."""
+    g = p.get("gpu")
+    dev = "no GPU (CPU machine)"
+    if g:
+        dev = (f"{g.get('name')} (sm_{g.get('cc', '').replace('.', '')}, {g.get('sm_count')} SMs), driver "
+               f"{g.get('smi_driver', '?')}, CUDA {g.get('cuda_runtime')}, CuPy {g.get('cupy')}, "
+               f"SM clock {g.get('smi_sm_clock_mhz', '?')}/{g.get('smi_sm_clock_max_mhz', '?')} MHz")
+    c = p.get("git_commit", "unknown")
+    dirty = "+dirty" if p.get("git_dirty") else ""
+    return f"{dev}; host {p.get('host')}; commit {str(c)[:10]}{dirty}; {p.get('date')}"
