@@ -201,3 +201,33 @@ def repo_relative(p: Path) -> str:
         return str(Path(p).resolve().relative_to(REPO_ROOT))
     except ValueError:
         return str(p)
+
+
+KQUANT_CACHE = REPO_ROOT / "data" / "cache" / "gemma_kquant_tensors.npz"
+
+
+def export_kquant(path=None, dest=None) -> Path:
+    """Write the real model's q4_K / q6_K weight tensors (raw bytes, 23 MB) to one .npz, so GPU runs on a
+    machine that cannot receive the 250 MB GGUF still gate on the real tensors."""
+    m = open_model(path)
+    dest = Path(dest) if dest else KQUANT_CACHE
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {}
+    for t in kquant_weights(m):
+        key = f"{t.qtype}__{t.name}"
+        arrays[key] = np.ascontiguousarray(t.raw())
+    np.savez(dest, **arrays)
+    return dest
+
+
+def load_kquant(path=None) -> list[tuple[str, str, np.ndarray]]:
+    """(name, qtype, raw [rows, row_bytes]) for every q4_K / q6_K weight of the real model, from the GGUF
+    when it is present, else from the export_kquant cache. Raises ModelError when neither exists."""
+    gguf_path = Path(path) if path else default_model_path()
+    if gguf_path.exists():
+        return [(t.name, t.qtype, np.asarray(t.raw())) for t in kquant_weights(open_model(gguf_path))]
+    if KQUANT_CACHE.exists():
+        z = np.load(KQUANT_CACHE)
+        return [(k.split("__", 1)[1], k.split("__", 1)[0], z[k]) for k in sorted(z.files)]
+    raise ModelError(f"neither the model {gguf_path} nor the tensor cache {KQUANT_CACHE} exists "
+                     "(run `labkernels fetch-model`)")

@@ -1,0 +1,199 @@
+"""Benchmark harness: CUDA-event timings like the seeds measure.
+
+* each timing: warm-up launches, then ``repeats`` launches each bracketed by CUDA events, the L2 flushed
+  (a buffer of twice the L2 overwritten) before every timed launch so repeats do not measure the cache;
+  reported as median with p20 / p80;
+* A/B comparisons are *interleaved pairs* in one process (A, B, A, B, ...), each pair a ratio, so drift
+  cannot fake a delta; the same variant timed against itself gives the noise floor;
+* everything is normalized by work: us/GMAC and TOPS-equivalent (2*nt*od*id / s);
+* every result row carries its shape and parameters; runs are recorded with provenance by
+  :mod:`labkernels.records`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def _cp():
+    import cupy
+
+    return cupy
+
+
+class Flusher:
+    """Overwrites a buffer twice the L2 size (so no operand survives in L2 between timed launches)."""
+
+    def __init__(self):
+        from .gpu import device_props
+
+        cp = _cp()
+        self.buf = cp.empty(max(2 * device_props()["l2"], 64 << 20) // 4, dtype=cp.int32)
+        self.i = 0
+
+    def __call__(self):
+        self.i += 1
+        self.buf.fill(self.i)
+
+
+def time_launches(fn, warmup: int = 3, repeats: int = 20, flush: Flusher | None = None) -> np.ndarray:
+    """Per-launch device times in microseconds."""
+    cp = _cp()
+    for _ in range(warmup):
+        fn()
+    cp.cuda.get_current_stream().synchronize()
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    out = np.empty(repeats)
+    for r in range(repeats):
+        if flush:
+            flush()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        out[r] = cp.cuda.get_elapsed_time(start, end) * 1e3
+    return out
+
+
+def stats(us: np.ndarray) -> dict:
+    return {"median_us": float(np.median(us)), "p20_us": float(np.percentile(us, 20)),
+            "p80_us": float(np.percentile(us, 80)), "n": int(us.size)}
+
+
+def work(nt: int, od: int, id_: int, us: float) -> dict:
+    gmac = nt * od * id_ / 1e9
+    return {"gmac": gmac, "us_per_gmac": us / gmac, "tops_eq": 2 * gmac * 1e9 / (us * 1e-6) / 1e12}
+
+
+def interleaved(variants: dict, pairs: int = 3, repeats: int = 20, warmup: int = 3, flush=None) -> dict:
+    """Time every variant once per round, ``pairs`` rounds, in order A, B, C, A, B, C, ...
+
+    Returns {name: [stats per round]}; ratios are formed per round by the caller."""
+    res = {k: [] for k in variants}
+    for _ in range(pairs):
+        for name, fn in variants.items():
+            res[name].append(stats(time_launches(fn, warmup, repeats, flush)))
+    return res
+
+
+def mma_ceiling(k: int = 16, blocks_per_sm: int = 4, iters: int = 4096) -> dict:
+    """TOPS of the register-fed mma.sync probe (the physical int8 tensor-core line)."""
+    from .gpu import device_props, kernel
+
+    cp = _cp()
+    kern = kernel("mma_probe", K=k)
+    chains = 8
+    grid = device_props()["sm_count"] * blocks_per_sm
+    out = cp.empty(grid * 256, dtype=cp.int32)
+    fn = lambda: kern.launch((grid,), (out, np.int32(iters)))
+    us = time_launches(fn, warmup=2, repeats=10)
+    ops = grid * 8 * iters * chains * 2 * 16 * 8 * k
+    s = stats(us)
+    return {"k": k, "tops": ops / (s["median_us"] * 1e-6) / 1e12, **s}
+
+
+# ------------------------------------------------------------------ round 3: q6_K
+
+
+def synthetic_weights(qtype: str, od: int, id_: int, rng, base_rows: int = 256) -> np.ndarray:
+    """Realistic quantized weights fast: quantize ``base_rows`` Gaussian rows with the reference quantizer
+    and tile them to od rows (timing does not depend on which valid values the blocks hold)."""
+    from . import quants
+
+    base = quants.quantize((rng.standard_normal((min(base_rows, od), id_)) * 0.02).astype(np.float32), qtype)
+    reps = -(-od // base.shape[0])
+    return np.ascontiguousarray(np.tile(base, (reps, 1))[:od])
+
+
+@dataclass
+class Case:
+    nt: int
+    od: int
+    id: int
+
+
+def parity_subset(y_gpu, w_raw, qtype, x, tokens) -> dict:
+    """Gate a large GEMM on a subset of tokens (all rows) against the integer and float64 references."""
+    from . import reference
+
+    a = reference.quantize_activations(x[tokens])
+    ref = reference.gemm_int_ref(w_raw, qtype, a)
+    ref64 = reference.gemm_f64_ref(w_raw, qtype, x[tokens])
+    return reference.parity(np.asarray(y_gpu)[tokens], ref, ref64)
+
+
+def bench_q6k(shapes, nts, kdr: int = 4, stride: int = 210, repeats: int = 20, pairs: int = 3, run=None,
+              seed: int = 0, progress=print, epis=(0, 1)) -> list[dict]:
+    """Generic vs expanded-B vs cuBLAS fp16 (cached dequantized weights, and including the dequant).
+
+    Every case is parity-gated (subset of tokens, all rows, both references) before it is timed; a failed
+    gate raises. Rows are appended to ``run`` (table ``q6k_bench`` / ``q6k_pairs``) as they are measured."""
+    from . import gpu
+
+    cp = _cp()
+    rng = np.random.default_rng(seed or None)
+    flush = Flusher()
+    rows = []
+    for od, id_ in shapes:
+        w_raw = synthetic_weights("q6_K", od, id_, rng)
+        w = gpu.QWeight.upload(w_raw, "q6_K", stride)
+        w16 = gpu.dequant_f16(w)
+        for nt in nts:
+            x = (rng.standard_normal((nt, id_))).astype(np.float32)
+            xg = cp.asarray(x)
+            x16 = xg.astype(cp.float16)
+            a = gpu.prepass(xg)
+            arows = gpu.quantize_q8_1_rows(xg)
+            y = cp.full((nt, od), np.nan, cp.float32)
+            tokens = np.sort(rng.choice(nt, size=min(nt, 24), replace=False))
+            variants = {}
+            # parity gates first, on fresh outputs
+            y.fill(np.nan)
+            gpu.gemm_generic_q6k(w, arows, nt, out=y)
+            g = parity_subset(cp.asnumpy(y), w_raw, "q6_K", x, tokens)
+            if not g["ok"]:
+                raise AssertionError(f"generic parity failed at nt={nt} od={od} id={id_}: {g}")
+            variants["generic"] = lambda: gpu.gemm_generic_q6k(w, arows, nt, out=y)
+            for epi in epis:
+                occ = 2 if epi == 0 else 1
+                y.fill(np.nan)
+                gpu.gemm(w, a, "q6k_expb", out=y, KDR=kdr, EPI=epi, OCC=occ)
+                g = parity_subset(cp.asnumpy(y), w_raw, "q6_K", x, tokens)
+                if not g["ok"]:
+                    raise AssertionError(f"expb EPI={epi} parity failed at nt={nt} od={od} id={id_}: {g}")
+                variants[f"expb_epi{epi}"] = (lambda e=epi, o=occ: gpu.gemm(w, a, "q6k_expb", out=y, KDR=kdr,
+                                                                           EPI=e, OCC=o))
+            y16 = cp.empty((nt, od), cp.float16)
+            variants["cublas_f16_cached"] = lambda: gpu.matmul_f16(x16, w16, out=y16)
+            variants["cublas_f16_with_dequant"] = lambda: (gpu.dequant_f16(w, out=w16), gpu.matmul_f16(x16, w16, out=y16))
+            variants["prepass"] = lambda: gpu.prepass(xg)
+            t0 = time.time()
+            res = interleaved(variants, pairs=pairs, repeats=repeats, flush=flush)
+            for name, per in res.items():
+                for p, s in enumerate(per):
+                    row = {"od": od, "id": id_, "nt": nt, "variant": name, "pair": p, "kdr": kdr,
+                           "stride": stride, **s, **work(nt, od, id_, s["median_us"])}
+                    rows.append(row)
+                    if run is not None:
+                        run.append("q6k_bench", row)
+            progress(f"q6k od={od} id={id_} nt={nt}: " + ", ".join(
+                f"{k} {np.median([s['median_us'] for s in v]):.1f}us" for k, v in res.items())
+                + f" ({time.time() - t0:.1f} s)")
+    return rows
+
+
+def pair_ratios(rows, a: str, b: str) -> list[dict]:
+    """Per-pair speed ratio time(a)/time(b) at matched shapes (> 1 means b is faster)."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    out = []
+    for (od, id_, nt), grp in df.groupby(["od", "id", "nt"]):
+        ta = grp[grp.variant == a].set_index("pair").median_us
+        tb = grp[grp.variant == b].set_index("pair").median_us
+        for p in sorted(set(ta.index) & set(tb.index)):
+            out.append({"od": od, "id": id_, "nt": nt, "a": a, "b": b, "pair": p, "ratio": ta[p] / tb[p]})
+    return out

@@ -1,0 +1,191 @@
+"""GPU commands: ``labkernels gpu-check`` (the one-call device run) and ``labkernels bench``.
+
+``gpu-check --out DIR`` runs, in one process tree on a GPU machine: the GPU test suite (parity gates),
+compute-sanitizer memcheck + racecheck over every main-path kernel, the occupancy-API cross-check and the
+round benchmarks, recording every measurement as runs under ``DIR/data`` (copy them into ``data/`` with
+``labkernels import-runs DIR/data``). Steps are chosen with ``--steps``; a failing step is reported and
+the others still run; the exit code is non-zero if any failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .paths import REPO_ROOT
+
+STEPS = ("env", "tests", "sanitizer", "occupancy", "q6k", "kdr", "q4k", "ceiling")
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def step_env(out: Path, args) -> dict:
+    from . import provenance
+
+    p = provenance.collect()
+    (out / "env.json").write_text(json.dumps(p, indent=1, default=str))
+    _log(provenance.describe(p))
+    return {"ok": p.get("gpu") is not None}
+
+
+def step_tests(out: Path, args) -> dict:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x" if args.fail_fast else "-q", "-m", "gpu", "tests/gpu",
+           f"--junitxml={out / 'gpu-tests.xml'}", "-p", "no:cacheprovider"]
+    r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
+    (out / "gpu-tests.txt").write_text(r.stdout + r.stderr)
+    tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-25:])
+    _log("gpu tests:\n" + tail)
+    return {"ok": r.returncode == 0, "rc": r.returncode}
+
+
+SANITIZE_DRIVER = r"""
+import numpy as np, cupy as cp
+from labkernels import gpu, quants
+from labkernels.kernels import registry
+rng = np.random.default_rng(1)
+nt, od, id_ = 70, 130, 512
+x = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float32))
+a = gpu.prepass(x); rows = gpu.quantize_q8_1_rows(x)
+w6 = quants.quantize(rng.standard_normal((od, id_)).astype(np.float32) * .02, "q6_K")
+w4 = quants.quantize(rng.standard_normal((od, id_)).astype(np.float32) * .02, "q4_K")
+for s in (210, 224):
+    W = gpu.QWeight.upload(w6, "q6_K", s)
+    gpu.gemm_generic_q6k(W, rows, nt)
+    gpu.dequant_f16(W)
+    for k in registry.family("q6k_expb"):
+        if k.p["STRIDE"] == s and k.main_path:
+            gpu.gemm(W, a, "q6k_expb", KDR=k.p["KDR"], EPI=k.p["EPI"], OCC=k.p["OCC"])
+W4 = gpu.QWeight.upload(w4, "q4_K")
+gpu.dequant_f16(W4)
+for k in registry.family("q4k_nb"):
+    gpu.gemm(W4, a, "q4k_nb", KDR=k.p["KDR"])
+gpu.prepass(x.astype(cp.float16))
+cp.cuda.runtime.deviceSynchronize()
+print("sanitizer driver done")
+"""
+
+
+def step_sanitizer(out: Path, args) -> dict:
+    res = {}
+    ok = True
+    for tool in ("memcheck", "racecheck"):
+        cmd = ["compute-sanitizer", f"--tool={tool}", "--error-exitcode=9", sys.executable, "-c", SANITIZE_DRIVER]
+        t0 = time.time()
+        try:
+            r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=args.sanitizer_timeout)
+            text, rc = r.stdout + r.stderr, r.returncode
+        except FileNotFoundError:
+            text, rc = "compute-sanitizer not found", 127
+        except subprocess.TimeoutExpired as e:
+            text, rc = f"timeout after {args.sanitizer_timeout} s\n{e.stdout or ''}", 124
+        (out / f"sanitizer-{tool}.txt").write_text(text)
+        summary = [ln for ln in text.splitlines() if "ERROR SUMMARY" in ln or "RACECHECK SUMMARY" in ln]
+        res[tool] = {"rc": rc, "summary": summary[-1] if summary else text.strip().splitlines()[-1:],
+                     "seconds": round(time.time() - t0, 1)}
+        ok = ok and rc == 0
+        _log(f"compute-sanitizer {tool}: rc={rc} {res[tool]['summary']}")
+    return {"ok": ok, **res}
+
+
+def step_occupancy(out: Path, args) -> dict:
+    """Record cudaOccupancyMaxActiveBlocksPerMultiprocessor vs the calculator for every instantiation."""
+    from . import gpu, occupancy, records
+    from .kernels import registry
+
+    run = records.new_run("occupancy", {"what": "CUDA occupancy API vs labkernels.occupancy"}, root=out / "data")
+    prof = occupancy.profile("h200")
+    rows, bad = [], 0
+    for spec in registry.available():
+        k = gpu.Kernel(spec)
+        api = k.occupancy_api()
+        smem = spec.dynamic_smem() + k.static_smem
+        calc = occupancy.occupancy(prof, spec.threads, k.regs, smem)
+        row = {"kernel": spec.key, "family": spec.family, "threads": spec.threads, "regs": k.regs,
+               "local_bytes": k.local_bytes, "static_smem": k.static_smem, "dynamic_smem": spec.dynamic_smem(),
+               "api_blocks_per_sm": api, "calc_blocks_per_sm": calc["blocks_per_sm"],
+               "calc_limiter": calc["limiter"], "occupancy": calc["occupancy"], "agree": api == calc["blocks_per_sm"]}
+        bad += not row["agree"]
+        rows.append(row)
+    run.append("api_check", rows)
+    run.finish(kernels=len(rows), disagreements=bad)
+    _log(f"occupancy API check: {len(rows)} kernels, {bad} disagreements (run {run.run_id})")
+    return {"ok": bad == 0, "run": run.run_id}
+
+
+def step_q6k(out: Path, args) -> dict:
+    from . import bench, records
+
+    shapes = [(4096, 4096), (11008, 4096), (4096, 11008)]
+    nts = [512, 3328, 4096]
+    params = {"shapes": shapes, "nts": nts, "kdr": 4, "stride": 210, "repeats": args.repeats, "pairs": 3}
+    run = records.new_run("q6k", params, root=out / "data")
+    try:
+        rows = bench.bench_q6k(shapes, nts, kdr=4, stride=210, repeats=args.repeats, pairs=3, run=run,
+                               progress=_log)
+        ceil = [bench.mma_ceiling(16), bench.mma_ceiling(32)]
+        run.append("ceiling", ceil)
+        ratios = bench.pair_ratios(rows, "generic", "expb_epi0") + bench.pair_ratios(rows, "generic", "expb_epi1") \
+            + bench.pair_ratios(rows, "cublas_f16_cached", "expb_epi1") + bench.pair_ratios(rows, "cublas_f16_cached", "expb_epi0")
+        run.append("q6k_pairs", ratios)
+        run.finish()
+    except Exception as e:
+        run.finish("failed", error=f"{type(e).__name__}: {e}")
+        raise
+    return {"ok": True, "run": run.run_id}
+
+
+def main(args) -> int:
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    steps = args.steps.split(",") if args.steps else ["env", "tests", "sanitizer", "occupancy", "q6k"]
+    results, failed = {}, []
+    funcs = {k[5:]: v for k, v in globals().items() if k.startswith("step_")}
+    for s in steps:
+        if s not in funcs:
+            raise SystemExit(f"unknown step {s!r}; steps: {', '.join(funcs)}")
+        _log(f"== step {s}")
+        t0 = time.time()
+        try:
+            r = funcs[s](out, args)
+        except Exception as e:
+            import traceback
+
+            traceback.print_exc()
+            r = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        r["seconds"] = round(time.time() - t0, 1)
+        results[s] = r
+        if not r.get("ok"):
+            failed.append(s)
+        (out / "gpu-check.json").write_text(json.dumps(results, indent=1, default=str))
+    _log("summary: " + ", ".join(f"{k}={'ok' if v.get('ok') else 'FAILED'} ({v['seconds']} s)"
+                                 for k, v in results.items()))
+    return 1 if failed else 0
+
+
+def import_main(args) -> int:
+    from . import records
+
+    copied = records.import_runs(Path(args.src))
+    print(f"imported {len(copied)} files into data/:")
+    for c in copied:
+        print("  ", c)
+    return 0
+
+
+def register_cli(sub) -> None:
+    p = sub.add_parser("gpu-check", help="the one-call device run: GPU tests, sanitizer, occupancy API, benchmarks")
+    p.add_argument("--out", default=os.environ.get("OUT", "gpu-out"), help="results folder (default $OUT)")
+    p.add_argument("--steps", default=None, help="comma list of steps (default env,tests,sanitizer,occupancy,q6k)")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--fail-fast", action="store_true")
+    p.add_argument("--sanitizer-timeout", type=int, default=240)
+    p.set_defaults(func=main)
+    q = sub.add_parser("import-runs", help="copy recorded runs from a GPU results folder into data/")
+    q.add_argument("src")
+    q.set_defaults(func=import_main)

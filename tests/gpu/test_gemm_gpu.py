@@ -1,0 +1,207 @@
+"""GPU parity gates for the prepass and the GEMM kernels (run on the device: `labkernels gpu-check`).
+
+Every test draws fresh random inputs (the seed is printed), poisons the output with NaN inside guard
+regions, and checks: every element written and finite, the guards untouched, max relative error vs the
+exact integer reference <= 1e-3, NMSE vs the float64 dequantized reference <= 5e-4.
+"""
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+GUARD = 1024
+
+
+def _poisoned(cp, nt, od):
+    """A NaN-filled output with NaN-pattern guards on both sides; returns (buffer, view)."""
+    buf = cp.full(nt * od + 2 * GUARD, np.nan, dtype=cp.float32)
+    buf[:GUARD] = cp.arange(GUARD, dtype=cp.float32) + 0.5
+    buf[-GUARD:] = -(cp.arange(GUARD, dtype=cp.float32) + 0.5)
+    return buf, buf[GUARD:GUARD + nt * od].reshape(nt, od)
+
+
+def _check_guards(cp, buf):
+    g = cp.asnumpy(buf)
+    assert np.array_equal(g[:GUARD], np.arange(GUARD, dtype=np.float32) + 0.5), "write before the output"
+    assert np.array_equal(g[-GUARD:], -(np.arange(GUARD, dtype=np.float32) + 0.5)), "write after the output"
+
+
+def _weights(rng, qtype, od, id_):
+    from labkernels import quants
+
+    w = (rng.standard_normal((od, id_)) * rng.uniform(0.01, 0.1)).astype(np.float32)
+    w[rng.integers(0, od), rng.integers(0, id_)] *= 20  # an outlier
+    return quants.quantize(w, qtype)
+
+
+def _gate(y_gpu, w_raw, qtype, x, stride=None):
+    from labkernels import reference
+
+    a = reference.quantize_activations(x)
+    ref = reference.gemm_int_ref(w_raw, qtype, a, stride=stride)
+    ref64 = reference.gemm_f64_ref(w_raw, qtype, x, stride=stride)
+    return reference.parity(y_gpu, ref, ref64)
+
+
+@pytest.fixture(scope="module")
+def cp():
+    import cupy
+
+    return cupy
+
+
+@pytest.mark.parametrize("nt,id_", [(1, 256), (63, 512), (64, 256), (130, 1024)])
+def test_prepass_bit_exact(cp, rng, nt, id_):
+    from labkernels import gpu
+    from labkernels.quantize_ref import quantize_q8_1
+
+    x = (rng.standard_normal((nt, id_)) * rng.uniform(0.1, 10)).astype(np.float32)
+    x[:, rng.integers(0, id_)] = 0.0
+    if nt > 2:
+        x[1] = 0.0  # an all-zero token: d = 0
+    t = gpu.prepass(cp.asarray(x))
+    qs, d, isum = gpu.tiles_to_q8_1(t)
+    rqs, rd, _ = quantize_q8_1(x)
+    assert np.array_equal(qs, rqs)
+    assert np.array_equal(d.view(np.uint16), rd.view(np.uint16))
+    assert np.array_equal(isum, rqs.reshape(nt, -1, 32).astype(np.int32).sum(-1))
+    # padding tokens of the last tile are written as zeros (codes and d|sum words)
+    t_full = gpu.Q8Tiles(t.qa8, t.sda, t.ntile * 64, id_)
+    pqs, pd, psum = gpu.tiles_to_q8_1(t_full)
+    assert not pqs[nt:].any() and not pd[nt:].view(np.uint16).any() and not psum[nt:].any()
+
+
+def test_prepass_f16_input(cp, rng):
+    from labkernels import gpu
+    from labkernels.quantize_ref import quantize_q8_1
+
+    x = rng.standard_normal((70, 512)).astype(np.float16)
+    t = gpu.prepass(cp.asarray(x))
+    qs, d, _ = gpu.tiles_to_q8_1(t)
+    rqs, rd, _ = quantize_q8_1(x.astype(np.float32))
+    assert np.array_equal(qs, rqs) and np.array_equal(d.view(np.uint16), rd.view(np.uint16))
+
+
+def test_q8_1_rows_match_ggml_layout(cp, rng):
+    from labkernels import gpu
+    from labkernels.quantize_ref import pack_q8_1, quantize_q8_1
+
+    x = rng.standard_normal((37, 768)).astype(np.float32)
+    got = cp.asnumpy(gpu.quantize_q8_1_rows(cp.asarray(x)))
+    assert np.array_equal(got, pack_q8_1(*quantize_q8_1(x)))
+
+
+Q6_VARIANTS = [dict(KDR=k, EPI=e, OCC=o) for k in (1, 2, 4, 8) for e in (0, 1) for o in (1, 2)]
+
+
+@pytest.mark.parametrize("stride", [210, 224])
+@pytest.mark.parametrize("var", Q6_VARIANTS, ids=lambda v: "KDR{KDR}-EPI{EPI}-OCC{OCC}".format(**v))
+def test_q6k_expb_parity(cp, rng, var, stride):
+    from labkernels import gpu
+
+    nt, od, id_ = int(rng.integers(65, 200)), int(rng.integers(129, 300)), 512
+    w_raw = _weights(rng, "q6_K", od, id_)
+    x = rng.standard_normal((nt, id_)).astype(np.float32)
+    w = gpu.QWeight.upload(w_raw, "q6_K", stride)
+    buf, y = _poisoned(cp, nt, od)
+    gpu.gemm(w, gpu.prepass(cp.asarray(x)), "q6k_expb", out=y, **var)
+    cp.cuda.runtime.deviceSynchronize()
+    _check_guards(cp, buf)
+    res = _gate(cp.asnumpy(y), w_raw, "q6_K", x)
+    assert res["nonfinite"] == 0 and res["ok"], res
+
+
+@pytest.mark.parametrize("stride", [210, 224])
+def test_q6k_generic_parity(cp, rng, stride):
+    from labkernels import gpu
+
+    nt, od, id_ = 150, 200, 768
+    w_raw = _weights(rng, "q6_K", od, id_)
+    x = rng.standard_normal((nt, id_)).astype(np.float32)
+    w = gpu.QWeight.upload(w_raw, "q6_K", stride)
+    buf, y = _poisoned(cp, nt, od)
+    gpu.gemm_generic_q6k(w, gpu.quantize_q8_1_rows(cp.asarray(x)), nt, out=y)
+    cp.cuda.runtime.deviceSynchronize()
+    _check_guards(cp, buf)
+    res = _gate(cp.asnumpy(y), w_raw, "q6_K", x)
+    assert res["ok"], res
+
+
+@pytest.mark.parametrize("kdr", [2, 4, 8])
+def test_q4k_nb_parity(cp, rng, kdr):
+    from labkernels import gpu
+
+    nt, od, id_ = int(rng.integers(1, 200)), int(rng.integers(1, 300)), 768
+    w_raw = _weights(rng, "q4_K", od, id_)
+    x = rng.standard_normal((nt, id_)).astype(np.float32)
+    w = gpu.QWeight.upload(w_raw, "q4_K")
+    buf, y = _poisoned(cp, nt, od)
+    gpu.gemm(w, gpu.prepass(cp.asarray(x)), "q4k_nb", out=y, KDR=kdr)
+    cp.cuda.runtime.deviceSynchronize()
+    _check_guards(cp, buf)
+    res = _gate(cp.asnumpy(y), w_raw, "q4_K", x)
+    assert res["ok"], res
+
+
+def test_real_model_tensors(cp, rng):
+    """Every q6_K (both strides, both epilogues) and every q4_K tensor of Gemma 3 270M."""
+    from labkernels import gpu
+    from labkernels.model import load_kquant
+
+    tensors = load_kquant()
+    assert {q for _, q, _ in tensors} == {"q4_K", "q6_K"}
+    nt = int(rng.integers(70, 140))
+    failures = []
+    for name, qtype, raw in tensors:
+        id_ = raw.shape[1] // (210 if qtype == "q6_K" else 144) * 256
+        x = rng.standard_normal((nt, id_)).astype(np.float32)
+        a = gpu.prepass(cp.asarray(x))
+        confs = ([("q6k_expb", s, dict(KDR=4, EPI=e, OCC=2 - e)) for s in (210, 224) for e in (0, 1)]
+                 if qtype == "q6_K" else [("q4k_nb", 144, dict(KDR=4))])
+        for fam, stride, var in confs:
+            w = gpu.QWeight.upload(raw, qtype, stride)
+            buf, y = _poisoned(cp, nt, w.od)
+            gpu.gemm(w, a, fam, out=y, **var)
+            cp.cuda.runtime.deviceSynchronize()
+            _check_guards(cp, buf)
+            res = _gate(cp.asnumpy(y), raw, qtype, x)
+            if not res["ok"]:
+                failures.append((name, fam, stride, var, res))
+    assert not failures, failures
+
+
+def test_bad_inputs_raise(cp):
+    from labkernels import gpu
+    from labkernels.kernels import registry
+
+    with pytest.raises(gpu.ShapeError, match="multiple of 256"):
+        gpu.prepass(cp.zeros((4, 320), cp.float32))
+    with pytest.raises(gpu.ShapeError):
+        gpu.prepass(np.zeros((4, 256), np.float32))  # host array
+    w = gpu.QWeight.upload(np.zeros((3, 210), np.uint8), "q6_K")
+    a = gpu.prepass(cp.ones((2, 512), cp.float32))
+    with pytest.raises(gpu.ShapeError, match="inner dimensions"):
+        gpu.gemm(w, a)
+    with pytest.raises(gpu.ShapeError):
+        gpu.QWeight.upload(np.zeros((3, 211), np.uint8), "q6_K")
+    from dataclasses import replace
+
+    big = replace(registry.find("q6k_expb", KDR=4, STRIDE=210, EPI=0, OCC=2), smem_formula="300000")
+    with pytest.raises(gpu.SharedMemoryError, match="300000"):
+        gpu.Kernel(big)
+
+
+def test_occupancy_api_matches_calculator(cp):
+    """cudaOccupancyMaxActiveBlocksPerMultiprocessor == labkernels.occupancy for every registry kernel."""
+    from labkernels import gpu, occupancy
+    from labkernels.kernels import registry
+
+    prof = occupancy.profile("h200")
+    bad = []
+    for spec in registry.available():
+        k = gpu.Kernel(spec)
+        api = k.occupancy_api()
+        calc = occupancy.occupancy(prof, spec.threads, k.regs, spec.dynamic_smem() + k.static_smem)
+        if api != calc["blocks_per_sm"]:
+            bad.append((spec.key, k.regs, spec.dynamic_smem(), api, calc))
+    assert not bad, bad
