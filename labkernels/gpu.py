@@ -60,15 +60,13 @@ def module(source: str, extra_options: tuple = ()):
     path = registry.KERNELS_DIR / source
     if not path.exists():
         raise GpuError(f"kernel source {path} not found")
-    names = [k.name_expression for k in registry.KERNELS if k.source == source and k.params]
-    plain = [k.name_expression for k in registry.KERNELS if k.source == source and not k.params]
-    opts = ("-std=c++17", arch_option(), f"-I{registry.KERNELS_DIR}", "-DLK_NVRTC=1") + tuple(extra_options)
+    names = [k.name_expression for k in registry.KERNELS if k.source == source]
+    opts = ("-std=c++17", arch_option(), f"-I{registry.KERNELS_DIR}") + tuple(extra_options)
     try:
-        mod = c.RawModule(code=path.read_text(), options=opts, name_expressions=names or None)
+        mod = c.RawModule(code=path.read_text(), options=opts, name_expressions=names)
         mod.compile()
     except Exception as e:
         raise GpuError(f"compiling {source} failed: {e}") from e
-    mod._lk_plain = plain
     return mod
 
 
@@ -103,24 +101,29 @@ class Kernel:
     def static_smem(self) -> int:
         return _attr(self.func, "shared_size_bytes")
 
+    @property
+    def ptr(self) -> int:
+        """The CUfunction handle (cupy RawKernel -> .kernel -> Function.ptr)."""
+        f = self.func
+        return int(f.ptr) if hasattr(f, "ptr") else int(f.kernel.ptr)
+
     def occupancy_api(self) -> int:
         """cudaOccupancyMaxActiveBlocksPerMultiprocessor for this kernel at its block size and smem."""
         c = cp()
         drv = c.cuda.driver
         if hasattr(drv, "occupancyMaxActiveBlocksPerMultiprocessor"):
-            return int(drv.occupancyMaxActiveBlocksPerMultiprocessor(self.func.ptr, self.spec.threads, self.smem))
+            return int(drv.occupancyMaxActiveBlocksPerMultiprocessor(self.ptr, self.spec.threads, self.smem))
         from cuda.bindings import driver as cdrv  # cuda-python, present on the GPU image
 
-        err, n = cdrv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.func.ptr, self.spec.threads, self.smem)
+        err, n = cdrv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.ptr, self.spec.threads, self.smem)
         if int(err) != 0:
             raise GpuError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed: {err}")
         return int(n)
 
-    def launch(self, grid, args, stream=None):
-        c = cp()
+    def launch(self, grid, args):
+        """Launch on the current stream (use ``with cupy.cuda.Stream(): ...`` for another)."""
         try:
-            self.func(tuple(grid), (self.spec.threads,), args, shared_mem=self.smem,
-                      stream=stream or c.cuda.get_current_stream())
+            self.func(tuple(int(g) for g in grid), (self.spec.threads,), args, shared_mem=self.smem)
         except Exception as e:
             raise GpuError(f"launch of {self.spec.key} grid {grid} failed: {e}") from e
 
