@@ -197,3 +197,119 @@ def pair_ratios(rows, a: str, b: str) -> list[dict]:
         for p in sorted(set(ta.index) & set(tb.index)):
             out.append({"od": od, "id": id_, "nt": nt, "a": a, "b": b, "pair": p, "ratio": ta[p] / tb[p]})
     return out
+
+
+# ------------------------------------------------------------------ round 4: KDR sweep, and q4_K
+
+
+def kernel_row(family: str, **params) -> dict:
+    """Resources of one instantiation: registers/local memory (CUDA attributes), smem, blocks/SM from the
+    CUDA occupancy API and from labkernels' calculator (h200 profile)."""
+    from . import gpu, occupancy
+
+    k = gpu.kernel(family, **params)
+    calc = occupancy.occupancy("h200", k.spec.threads, k.regs, k.smem + k.static_smem)
+    return {"kernel": k.spec.key, "regs": k.regs, "local_bytes": k.local_bytes, "dynamic_smem": k.smem,
+            "api_blocks_per_sm": k.occupancy_api(), "calc_blocks_per_sm": calc["blocks_per_sm"],
+            "calc_limiter": calc["limiter"], "occupancy": calc["occupancy"]}
+
+
+SWEEP_VARIANTS = {
+    "q6_K": [dict(EPI=e, OCC=o) for e, o in ((0, 2), (1, 1), (1, 2), (0, 1))],
+    "q4_K": [dict()],
+}
+SWEEP_KDR = {"q6_K": (1, 2, 4, 8), "q4_K": (2, 4, 8)}
+
+
+def kdr_sweep(shapes, nts, repeats: int = 10, run=None, seed: int = 0, progress=print,
+              qtypes=("q6_K", "q4_K")) -> list[dict]:
+    """Staging depth (KDR) x variant x nt x shape: us/GMAC, TOPS-eq (p20/p80), registers, spills, smem,
+    blocks/SM (API and calculator). Each (variant, shape) is parity-gated once before its timings; rows
+    are appended to ``run`` point by point (table ``sweep``)."""
+    from . import gpu
+
+    cp = _cp()
+    rng = np.random.default_rng(seed or None)
+    flush = Flusher()
+    rows = []
+    for qtype in qtypes:
+        fam = "q6k_expb" if qtype == "q6_K" else "q4k_nb"
+        for od, id_ in shapes[qtype]:
+            w_raw = synthetic_weights(qtype, od, id_, rng)
+            w = gpu.QWeight.upload(w_raw, qtype)
+            xs = {nt: cp.asarray(rng.standard_normal((nt, id_)).astype(np.float32)) for nt in nts}
+            planes = {nt: gpu.prepass(x) for nt, x in xs.items()}
+            for kdr in SWEEP_KDR[qtype]:
+                for var in SWEEP_VARIANTS[qtype]:
+                    params = {"KDR": kdr, **var}
+                    if qtype == "q6_K":
+                        params["STRIDE"] = 210
+                    info = kernel_row(fam, **params)
+                    # parity gate once per (kernel, shape), at the smallest nt that holds 24 tokens
+                    ntg = min(n for n in nts if n >= 24) if any(n >= 24 for n in nts) else nts[0]
+                    y = cp.full((ntg, od), np.nan, cp.float32)
+                    gpu.gemm(w, planes[ntg], fam, out=y, **{k: v for k, v in params.items() if k != "STRIDE"})
+                    x_host = cp.asnumpy(xs[ntg])
+                    tok = np.sort(rng.choice(ntg, size=min(ntg, 24), replace=False))
+                    gate = parity_subset(cp.asnumpy(y), w_raw, qtype, x_host, tok)
+                    if not gate["ok"]:
+                        raise AssertionError(f"parity failed for {info['kernel']} od={od} id={id_}: {gate}")
+                    for nt in nts:
+                        y = cp.empty((nt, od), cp.float32)
+                        fn = (lambda nt=nt, y=y: gpu.gemm(w, planes[nt], fam, out=y,
+                                                            **{k: v for k, v in params.items() if k != "STRIDE"}))
+                        s = stats(time_launches(fn, 2, repeats, flush))
+                        row = {"qtype": qtype, "od": od, "id": id_, "nt": nt, "kdr": kdr, **var, **info, **s,
+                               **work(nt, od, id_, s["median_us"]), "max_rel_err": gate["max_rel_err"],
+                               "nmse": gate["nmse"]}
+                        rows.append(row)
+                        if run is not None:
+                            run.append("sweep", row)
+                    progress(f"sweep {info['kernel']} od={od} id={id_}: regs {info['regs']} local "
+                             f"{info['local_bytes']} B, {info['api_blocks_per_sm']} blk/SM, best "
+                             f"{max(r['tops_eq'] for r in rows if r['kernel'] == info['kernel'] and r['od'] == od and r['id'] == id_):.0f} TOPS")
+    return rows
+
+
+def bench_q4k(shapes, nts, kdr: int = 4, repeats: int = 20, pairs: int = 3, run=None, seed: int = 0,
+              progress=print) -> list[dict]:
+    """q4_K raw-nibble kernel vs cuBLAS fp16 on cached dequantized weights (and with the dequant)."""
+    from . import gpu
+
+    cp = _cp()
+    rng = np.random.default_rng(seed or None)
+    flush = Flusher()
+    rows = []
+    for od, id_ in shapes:
+        w_raw = synthetic_weights("q4_K", od, id_, rng)
+        w = gpu.QWeight.upload(w_raw, "q4_K")
+        w16 = gpu.dequant_f16(w)
+        for nt in nts:
+            x = rng.standard_normal((nt, id_)).astype(np.float32)
+            xg = cp.asarray(x)
+            x16 = xg.astype(cp.float16)
+            a = gpu.prepass(xg)
+            y = cp.full((nt, od), np.nan, cp.float32)
+            gpu.gemm(w, a, "q4k_nb", out=y, KDR=kdr)
+            tokens = np.sort(rng.choice(nt, size=min(nt, 24), replace=False))
+            g = parity_subset(cp.asnumpy(y), w_raw, "q4_K", x, tokens)
+            if not g["ok"]:
+                raise AssertionError(f"q4k parity failed at nt={nt} od={od} id={id_}: {g}")
+            y16 = cp.empty((nt, od), cp.float16)
+            variants = {
+                "q4k_nb": lambda: gpu.gemm(w, a, "q4k_nb", out=y, KDR=kdr),
+                "cublas_f16_cached": lambda: gpu.matmul_f16(x16, w16, out=y16),
+                "cublas_f16_with_dequant": lambda: (gpu.dequant_f16(w, out=w16), gpu.matmul_f16(x16, w16, out=y16)),
+                "prepass": lambda: gpu.prepass(xg),
+            }
+            res = interleaved(variants, pairs=pairs, repeats=repeats, flush=flush)
+            for name, per in res.items():
+                for p, s in enumerate(per):
+                    row = {"od": od, "id": id_, "nt": nt, "variant": name, "pair": p, "kdr": kdr, **s,
+                           **work(nt, od, id_, s["median_us"]), "max_rel_err": g["max_rel_err"], "nmse": g["nmse"]}
+                    rows.append(row)
+                    if run is not None:
+                        run.append("q4k_bench", row)
+            progress(f"q4k od={od} id={id_} nt={nt}: " + ", ".join(
+                f"{k} {np.median([s['median_us'] for s in v]):.1f}us" for k, v in res.items()))
+    return rows

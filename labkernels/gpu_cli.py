@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .paths import REPO_ROOT
 
-STEPS = ("env", "tests", "sanitizer", "occupancy", "q6k", "kdr", "q4k", "ceiling")
+STEPS = ("env", "tests", "sanitizer", "occupancy", "q6k", "kdr", "q4k")
 
 
 def _log(msg: str) -> None:
@@ -140,6 +140,39 @@ def step_q6k(out: Path, args) -> dict:
     return {"ok": True, "run": run.run_id}
 
 
+def step_kdr(out: Path, args) -> dict:
+    from . import bench, records
+
+    shapes = {"q6_K": [(4096, 4096), (4096, 11008)], "q4_K": [(4096, 4096), (11008, 4096)]}
+    nts = [64, 128, 256, 512, 1024, 2048, 3328, 4096]
+    run = records.new_run("kdr_sweep", {"shapes": shapes, "nts": nts, "repeats": args.sweep_repeats},
+                          root=out / "data")
+    try:
+        bench.kdr_sweep(shapes, nts, repeats=args.sweep_repeats, run=run, progress=_log)
+        run.finish()
+    except Exception as e:
+        run.finish("failed", error=f"{type(e).__name__}: {e}")
+        raise
+    return {"ok": True, "run": run.run_id}
+
+
+def step_q4k(out: Path, args) -> dict:
+    from . import bench, records
+
+    shapes = [(4096, 4096), (11008, 4096)]
+    nts = [512, 3328, 4096]
+    run = records.new_run("q4k", {"shapes": shapes, "nts": nts, "kdr": 4, "repeats": args.repeats, "pairs": 3},
+                          root=out / "data")
+    try:
+        rows = bench.bench_q4k(shapes, nts, kdr=4, repeats=args.repeats, run=run, progress=_log)
+        run.append("q4k_pairs", bench.pair_ratios(rows, "cublas_f16_cached", "q4k_nb"))
+        run.finish()
+    except Exception as e:
+        run.finish("failed", error=f"{type(e).__name__}: {e}")
+        raise
+    return {"ok": True, "run": run.run_id}
+
+
 def main(args) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -183,6 +216,7 @@ def register_cli(sub) -> None:
     p.add_argument("--out", default=os.environ.get("OUT", "gpu-out"), help="results folder (default $OUT)")
     p.add_argument("--steps", default=None, help="comma list of steps (default env,tests,sanitizer,occupancy,q6k)")
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--sweep-repeats", type=int, default=10)
     p.add_argument("--fail-fast", action="store_true")
     p.add_argument("--sanitizer-timeout", type=int, default=240)
     p.set_defaults(func=main)

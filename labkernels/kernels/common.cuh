@@ -62,6 +62,9 @@ __device__ __forceinline__ void lk_cp_async16(void* smem, const void* gmem) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
 }
 __device__ __forceinline__ void lk_cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
+__device__ __forceinline__ void lk_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void lk_cp_async_wait_group() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Swizzled byte offset inside a [rows][R16 * 16 bytes] shared plane, so that 8 consecutive rows read at
 // the same logical 16-byte column by 4 threads each (the B-fragment pattern) hit 32 distinct banks.

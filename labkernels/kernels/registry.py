@@ -40,16 +40,16 @@ FAMILIES = [
     # -- the expanded-B q6_K kernel (seeds 002)
     dict(family="q6k_expb", source="q6k_expb.cu", template="q6k_expb_kernel",
          params={"KDR": [1, 2, 4, 8], "STRIDE": [210, 224], "EPI": [0, 1], "OCC": [1, 2]}, threads=256,
-         smem="KDR*BM*32 + KDR*BM*4 + BN*KDR*32 + KDR*BN*8", tile=(BM, BN),
-         main_path="not (EPI == 1 and OCC == 2)",
+         smem="2*(KDR*BM*32 + KDR*BM*4) + BN*KDR*32 + KDR*BN*8", tile=(BM, BN),
+         main_path="KDR == 4 and ((EPI == 0 and OCC == 2) or (EPI == 1 and OCC == 1))",
          doc="ql+qh expanded once per tile into a centered int8 plane, dsc float2 per (chunk,row), "
              "ldmatrix A fragments, KSPLIT=2 two m16n8k16 per 32-chunk; EPI=0 seeds' float epilogue, "
              "EPI=1 magic-number epilogue without I2F; OCC = __launch_bounds__ min blocks/SM "
-             "(EPI=1 with OCC=2 spills: an experiment, not the main path)"),
+             "(main path: KDR=4 with EPI=0/OCC=2 or EPI=1/OCC=1; the rest are sweep points)"),
     # -- the q4_K raw-nibble kernel (seeds 002 section 1, r28-r34 skeleton)
     dict(family="q4k_nb", source="q4k_nb.cu", template="q4k_nb_kernel",
          params={"KDR": [2, 4, 8]}, threads=256,
-         smem="KDR*BM*32 + KDR*BM*4 + BN*KDR*16 + KDR*BN*8", tile=(BM, BN), main_path=True,
+         smem="2*(KDR*BM*32 + KDR*BM*4 + BN*KDR*16 + BN*16) + KDR*BN*8", tile=(BM, BN), main_path=True,
          doc="raw nibbles in smem unpacked in registers at mma time, m16n8k32, q8_1 sum term for mins"),
     # -- dequantize to fp16 for the cuBLAS baselines
     dict(family="dequant_f16", source="dequant.cu", template="dequant_f16_kernel",
