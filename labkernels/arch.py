@@ -1,0 +1,352 @@
+"""Architecture description of a GGUF decoder model, read from its metadata only.
+
+:class:`ModelConfig` is the spec the GPU forward and the CPU reference (:mod:`labkernels.prefill_ref`)
+both follow. Every field comes from a GGUF key or a tensor shape; where llama.cpp hard-codes a value
+instead of reading a key, the code says so and names the llama.cpp source that does it. The sources
+(ggml-org/llama.cpp, read at the time of writing):
+
+* ``src/llama-model.cpp`` ``load_hparams`` (case ``LLM_ARCH_GEMMA3``) -- sliding window, SWA pattern,
+  SWA rope base, attention scale; ``llama_model_rope_type`` -- NORM vs NEOX rope per architecture;
+  ``get_rope_freq_base`` / ``get_rope_freq_scale`` -- per-layer rope base / scale for SWA layers.
+* ``src/llama-hparams.cpp`` ``set_swa_pattern`` (which layers slide) and ``is_masked_swa``
+  (the window test ``p1 - p0 >= n_swa`` masks; ``p0`` = key position, ``p1`` = query position).
+* ``src/models/gemma3.cpp`` ``llm_build_gemma3`` -- embedding scale, the four RMSNorms, q/k norm,
+  rope, ``Qcur *= f_attention_scale`` then ``build_attn(..., kq_scale = 1.0)``, GELU gated FFN,
+  residual order, final norm, tied head; softcapping only in the non-SWA variant.
+* ``src/models/llama.cpp`` / ``src/models/qwen2.cpp`` -- pre-norm blocks, SiLU gated FFN,
+  ``kq_scale = 1/sqrt(head_dim)``, qwen2 q/k/v biases, optional output head (tied otherwise).
+* ``convert_hf_to_gguf.py`` ``Gemma3Model.modify_tensors`` -- Gemma's ``(1 + w)`` RMSNorm weights are
+  stored with the +1 already added, so every norm here is the plain ``x / rms(x) * w``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from .model import ModelError
+
+SUPPORTED_ARCHS = ("gemma3", "llama", "qwen2")
+
+# llama.cpp llama_model_rope_type(): LLM_ARCH_LLAMA -> LLAMA_ROPE_TYPE_NORM ("pairs of consecutive head
+# values"); LLM_ARCH_QWEN2 and LLM_ARCH_GEMMA3 -> LLAMA_ROPE_TYPE_NEOX ("pairs offset by n_rot/2").
+ROPE_STYLE = {"llama": "normal", "qwen2": "neox", "gemma3": "neox"}
+
+# src/models/gemma3.cpp: build_ffn(..., LLM_FFN_GELU, LLM_FFN_PAR) -> gelu(gate(x)) * up(x), ggml_gelu
+# being the tanh approximation; llama.cpp / qwen2.cpp: LLM_FFN_SILU, LLM_FFN_PAR.
+FFN_ACT = {"llama": "silu", "qwen2": "silu", "gemma3": "gelu_tanh"}
+
+# llama-model.cpp load_hparams, LLM_ARCH_GEMMA3: hparams.set_swa_pattern(6) (newer llama.cpp: the
+# default of an optional "{arch}.attention.sliding_window_pattern" key) and
+# hparams.rope_freq_base_train_swa = 10000.0f, rope_freq_scale_train_swa = 1.0f (newer: overridable by
+# the optional "{arch}.rope.freq_base_swa" key).
+GEMMA3_SWA_PATTERN = 6
+GEMMA3_ROPE_BASE_SWA = 10000.0
+
+# llama-model.cpp load_hparams (generic part): rope_freq_base_train = 10000.0f when the key is absent.
+DEFAULT_ROPE_BASE = 10000.0
+
+
+@dataclass
+class ModelConfig:
+    """Everything a prefill needs to know about a model, besides its weights.
+
+    Conventions: weights are [out_features, in_features] (numpy order); ``head_dim`` is the q/k head
+    size, ``head_dim_v`` the v head size; query head ``h`` reads kv head ``h // (n_head // n_head_kv)``
+    (ggml_mul_mat broadcasting). ``rms_eps`` is the float32 value stored in the GGUF.
+    """
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    head_dim_v: int
+    n_ff: int
+    vocab: int
+    rms_eps: float
+    rope_base: float                     # global (non-sliding) layers
+    rope_base_local: float | None        # sliding layers (gemma3); None when no layer slides
+    rope_style: str                      # 'neox' (pairs i, i + n_rot/2) | 'normal' (pairs 2i, 2i+1)
+    sliding_window: int | None           # key j is visible from query i on a sliding layer iff i - j < window
+    layer_is_sliding: list[bool]
+    embed_scale: float                   # token embeddings are multiplied by this (gemma3: sqrt(n_embd))
+    attn_scale: float                    # q is multiplied by this before q.k (no further 1/sqrt(d))
+    ffn_act: str                         # 'gelu_tanh' | 'silu'; FFN = down(act(gate(x)) * up(x))
+    qk_norm: bool                        # RMSNorm over head_dim on q and k (with weight), before rope
+    post_norms: bool                     # gemma3: RMSNorm on the attention / FFN outputs before the residual add
+    attn_bias: bool                      # q, k, v biases (qwen2)
+    tied_output: bool                    # no output.weight: the head is token_embd.weight
+    final_logit_softcap: float | None    # logits = c * tanh(logits / c) when set
+    n_rot: int = 0                       # rotated dims per head (rope.dimension_count, default head_dim)
+    rope_freq_scale: float = 1.0         # linear rope scaling on the global layers (1 / scaling.factor)
+    rope_freqs: bool = False             # llama3-style rope_freqs.weight (theta divided per band)
+    attn_out_bias: bool = False          # attn_output.bias present
+    ffn_bias: bool = False               # ffn_gate/up/down .bias present (llama, optional)
+    output_bias: bool = False            # output.bias present (qwen2, optional)
+    n_ctx_train: int | None = None
+    extras: dict = field(default_factory=dict)  # informational only (e.g. general.name)
+
+    def __post_init__(self):
+        if not self.n_rot:
+            self.n_rot = self.head_dim
+
+    # ---- per-layer helpers ----------------------------------------------------------------------------
+    def is_sliding(self, il: int) -> bool:
+        return bool(self.sliding_window) and bool(self.layer_is_sliding[il])
+
+    def rope_base_for(self, il: int) -> float:
+        """llama_model::get_rope_freq_base: the SWA base on sliding layers, the model's base otherwise."""
+        if self.is_sliding(il) and self.rope_base_local is not None:
+            return self.rope_base_local
+        return self.rope_base
+
+    def rope_scale_for(self, il: int) -> float:
+        """llama_model::get_rope_freq_scale: 1.0 (rope_freq_scale_train_swa) on sliding layers."""
+        return 1.0 if self.is_sliding(il) else self.rope_freq_scale
+
+    def kv_head(self, h: int) -> int:
+        return h // (self.n_head // self.n_head_kv)
+
+    @property
+    def n_gqa(self) -> int:
+        return self.n_head // self.n_head_kv
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def replace(self, **kw) -> "ModelConfig":
+        return dataclasses.replace(self, **kw)
+
+    def describe(self) -> str:
+        sl = [i for i, s in enumerate(self.layer_is_sliding) if s] if self.sliding_window else []
+        gl = [i for i in range(self.n_layer) if i not in sl]
+        return (f"{self.arch}: {self.n_layer} layers, n_embd {self.n_embd}, heads {self.n_head}/{self.n_head_kv} "
+                f"x {self.head_dim}, n_ff {self.n_ff}, vocab {self.vocab}, rope {self.rope_style} base "
+                f"{self.rope_base:g}" + (f" (local {self.rope_base_local:g})" if self.rope_base_local else "")
+                + f", window {self.sliding_window}, global layers {gl if sl else 'all'}, attn_scale "
+                f"{self.attn_scale:.6g}, embed_scale {self.embed_scale:.6g}, act {self.ffn_act}"
+                + (", qk_norm" if self.qk_norm else "") + (", post_norms" if self.post_norms else "")
+                + (", qkv bias" if self.attn_bias else "") + (", tied head" if self.tied_output else ""))
+
+
+# --------------------------------------------------------------------------------------------------------
+# tensor names
+# --------------------------------------------------------------------------------------------------------
+def layer_tensors(cfg: ModelConfig, i: int) -> dict[str, str]:
+    """Logical name -> GGUF tensor name for layer ``i`` (only the tensors this config has)."""
+    if not 0 <= i < cfg.n_layer:
+        raise IndexError(f"layer {i} out of range (n_layer {cfg.n_layer})")
+    p = f"blk.{i}."
+    names = {k: f"{p}{k}.weight" for k in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                                           "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")}
+    if cfg.qk_norm:
+        names["attn_q_norm"] = f"{p}attn_q_norm.weight"
+        names["attn_k_norm"] = f"{p}attn_k_norm.weight"
+    if cfg.post_norms:
+        names["post_attention_norm"] = f"{p}post_attention_norm.weight"
+        names["post_ffw_norm"] = f"{p}post_ffw_norm.weight"
+    if cfg.attn_bias:
+        for k in ("attn_q", "attn_k", "attn_v"):
+            names[f"{k}_bias"] = f"{p}{k}.bias"
+    if cfg.attn_out_bias:
+        names["attn_output_bias"] = f"{p}attn_output.bias"
+    if cfg.ffn_bias:
+        for k in ("ffn_gate", "ffn_up", "ffn_down"):
+            names[f"{k}_bias"] = f"{p}{k}.bias"
+    return names
+
+
+def global_tensors(cfg: ModelConfig) -> dict[str, str]:
+    """token_embd, output_norm, output (= token_embd.weight when tied) and the optional extras."""
+    names = {"token_embd": "token_embd.weight", "output_norm": "output_norm.weight",
+             "output": "token_embd.weight" if cfg.tied_output else "output.weight"}
+    if cfg.output_bias:
+        names["output_bias"] = "output.bias"
+    if cfg.rope_freqs:
+        names["rope_freqs"] = "rope_freqs.weight"
+    return names
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple]:
+    """GGUF tensor name -> numpy shape for every tensor of a model with this config."""
+    E, F, V = cfg.n_embd, cfg.n_ff, cfg.vocab
+    q, kd, vd = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
+    o = cfg.n_head * cfg.head_dim_v
+    out = {"token_embd.weight": (V, E), "output_norm.weight": (E,)}
+    if not cfg.tied_output:
+        out["output.weight"] = (V, E)
+    if cfg.output_bias:
+        out["output.bias"] = (V,)
+    if cfg.rope_freqs:
+        out["rope_freqs.weight"] = (cfg.n_rot // 2,)
+    for i in range(cfg.n_layer):
+        shp = {"attn_norm": (E,), "attn_q": (q, E), "attn_k": (kd, E), "attn_v": (vd, E), "attn_output": (E, o),
+               "ffn_norm": (E,), "ffn_gate": (F, E), "ffn_up": (F, E), "ffn_down": (E, F),
+               "attn_q_norm": (cfg.head_dim,), "attn_k_norm": (cfg.head_dim,), "post_attention_norm": (E,),
+               "post_ffw_norm": (E,), "attn_q_bias": (q,), "attn_k_bias": (kd,), "attn_v_bias": (vd,),
+               "attn_output_bias": (E,), "ffn_gate_bias": (F,), "ffn_up_bias": (F,), "ffn_down_bias": (E,)}
+        for logical, name in layer_tensors(cfg, i).items():
+            out[name] = shp[logical]
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# reading a config from GGUF metadata
+# --------------------------------------------------------------------------------------------------------
+def _where(model) -> str:
+    return str(getattr(model, "path", None) or type(model).__name__)
+
+
+def _has_tensor(model, name: str) -> bool:
+    try:
+        model.tensor(name)
+        return True
+    except (ModelError, KeyError):
+        return False
+
+
+def _scalar(model, key: str, what: str, required: bool = True, default=None):
+    v = model.field(key)
+    if v is None:
+        if required:
+            raise ModelError(f"{_where(model)}: missing GGUF key {key!r} ({what})")
+        return default
+    if isinstance(v, (list, tuple)):  # per-layer arrays: accepted when uniform
+        if len(v) == 0 or any(x != v[0] for x in v):
+            raise ModelError(f"{_where(model)}: {key!r} varies per layer ({v!r}); labkernels supports uniform "
+                             "layers only")
+        v = v[0]
+    return v
+
+
+def config_from_model(model) -> ModelConfig:
+    """Read a :class:`ModelConfig` from a model's GGUF metadata (``model.field``) and tensor shapes.
+
+    Raises :class:`ModelError` naming the file and the key for an unsupported architecture, a missing
+    key, or tensors whose shapes disagree with the metadata.
+    """
+    arch = model.field("general.architecture")
+    if arch is None:
+        raise ModelError(f"{_where(model)}: missing GGUF key 'general.architecture'")
+    if arch not in SUPPORTED_ARCHS:
+        raise ModelError(f"{_where(model)}: unsupported architecture {arch!r}; labkernels' reference forward "
+                         f"supports {', '.join(SUPPORTED_ARCHS)}")
+    k = lambda s: f"{arch}.{s}"  # noqa: E731
+
+    n_layer = int(_scalar(model, k("block_count"), "number of layers"))
+    n_embd = int(_scalar(model, k("embedding_length"), "hidden size"))
+    n_ff = int(_scalar(model, k("feed_forward_length"), "FFN size"))
+    n_head = int(_scalar(model, k("attention.head_count"), "attention heads"))
+    # llama-model.cpp: n_head_kv defaults to n_head; head sizes default to n_embd / n_head; n_rot to head size
+    n_head_kv = int(_scalar(model, k("attention.head_count_kv"), "kv heads", False, n_head))
+    if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
+        raise ModelError(f"{_where(model)}: n_head {n_head} is not a multiple of n_head_kv {n_head_kv}")
+    head_dim = int(_scalar(model, k("attention.key_length"), "q/k head size", False, n_embd // n_head))
+    head_dim_v = int(_scalar(model, k("attention.value_length"), "v head size", False, n_embd // n_head))
+    n_rot = int(_scalar(model, k("rope.dimension_count"), "rotated dims", False, head_dim))
+    rms_eps = float(_scalar(model, k("attention.layer_norm_rms_epsilon"), "RMSNorm epsilon"))
+    rope_base = float(_scalar(model, k("rope.freq_base"), "rope base", False, DEFAULT_ROPE_BASE))
+    n_ctx = _scalar(model, k("context_length"), "training context", False, None)
+    if model.field(k("expert_count")):
+        raise ModelError(f"{_where(model)}: mixture-of-experts models are not supported")
+
+    if n_rot % 2 or n_rot > head_dim:
+        raise ModelError(f"{_where(model)}: rope dimension count {n_rot} invalid for head size {head_dim}")
+    if arch in ("llama", "qwen2") and (n_rot != head_dim or head_dim != head_dim_v):
+        # llama.cpp: "invalid n_rot" (llama) / GGML_ASSERT(n_embd_head == n_rot) (qwen2)
+        raise ModelError(f"{_where(model)}: {arch} needs n_rot == head_dim == head_dim_v, got {n_rot}, "
+                         f"{head_dim}, {head_dim_v}")
+
+    # rope scaling: linear is a plain 1/factor on theta; yarn / longrope are not implemented here
+    scaling = model.field(k("rope.scaling.type"))
+    factor = model.field(k("rope.scaling.factor"))
+    if factor is None:
+        factor = model.field(k("rope.scale_linear"))
+    rope_freq_scale = 1.0
+    if scaling not in (None, "none", "linear"):
+        raise ModelError(f"{_where(model)}: rope scaling {scaling!r} is not supported (none / linear only)")
+    if scaling != "none" and factor:
+        rope_freq_scale = 1.0 / float(factor)  # llama-model.cpp: rope_freq_scale_train = 1/ropescale
+
+    # token embedding: vocab from the tensor (llama.cpp checks it against the tokenizer's list)
+    try:
+        emb = model.tensor("token_embd.weight")
+    except (ModelError, KeyError):
+        raise ModelError(f"{_where(model)}: no tensor 'token_embd.weight'") from None
+    if len(emb.shape) != 2 or emb.shape[1] != n_embd:
+        raise ModelError(f"{_where(model)}: token_embd.weight has shape {emb.shape}, expected (vocab, {n_embd})")
+    vocab = int(emb.shape[0])
+    toks = model.field("tokenizer.ggml.tokens")
+    if toks is not None and len(toks) != vocab:
+        raise ModelError(f"{_where(model)}: tokenizer has {len(toks)} tokens but token_embd.weight has {vocab} rows")
+
+    tied = not _has_tensor(model, "output.weight")
+    final_softcap = None
+    sliding_window = None
+    layer_is_sliding = [False] * n_layer
+    rope_base_local = None
+    embed_scale = 1.0
+    attn_scale = 1.0 / math.sqrt(head_dim)  # llama.cpp/qwen2.cpp: kq_scale = 1/sqrt(n_embd_head)
+
+    if arch == "gemma3":
+        swa = model.field(k("attention.sliding_window"))
+        if swa:
+            sliding_window = int(swa)
+            pattern = model.field(k("attention.sliding_window_pattern"))
+            if isinstance(pattern, (list, tuple)):  # newer llama.cpp: get_key_or_arr, per-layer flags
+                if len(pattern) != n_layer:
+                    raise ModelError(f"{_where(model)}: sliding_window_pattern has {len(pattern)} entries, "
+                                     f"expected {n_layer}")
+                layer_is_sliding = [bool(x) for x in pattern]
+            else:
+                n_pattern = int(pattern) if pattern is not None else GEMMA3_SWA_PATTERN
+                # llama-hparams.cpp set_swa_pattern(n, dense_first=false):
+                #   swa_layers[il] = n == 0 || (il % n < n - 1)  -> every n-th layer (il = n-1, 2n-1, ...) is global
+                layer_is_sliding = [n_pattern == 0 or (il % n_pattern < n_pattern - 1) for il in range(n_layer)]
+            rope_base_local = float(model.field(k("rope.freq_base_swa")) or GEMMA3_ROPE_BASE_SWA)
+        else:
+            # llama-model.cpp: no window -> LLAMA_SWA_TYPE_NONE -> llm_build_gemma3<false>, whose head applies
+            # final-logit softcapping with f_final_logit_softcapping (default 0 = division by zero there)
+            cap = model.field(k("final_logit_softcapping"))
+            if not cap:
+                raise ModelError(f"{_where(model)}: gemma3 without a sliding window needs "
+                                 f"{k('final_logit_softcapping')} (llama.cpp's non-SWA graph softcaps the logits)")
+            final_softcap = float(cap)
+        # llm_build_gemma3: inpL = ggml_scale(inpL, sqrtf(n_embd))
+        embed_scale = math.sqrt(n_embd)
+        # llama-model.cpp load_hparams (gemma3): type is LLM_TYPE_27B iff n_layer == 62, and
+        #   f_attention_scale = type == 27B ? 1/sqrt(n_embd / n_head) : 1/sqrt(n_embd_head_k)
+        # (= query_pre_attn_scalar ** -0.5 of the HF configs: 256 = head_dim for 270M..12B, 168 for 27B)
+        attn_scale = 1.0 / math.sqrt(n_embd // n_head) if n_layer == 62 else 1.0 / math.sqrt(head_dim)
+
+    cfg = ModelConfig(
+        arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
+        head_dim_v=head_dim_v, n_ff=n_ff, vocab=vocab, rms_eps=rms_eps, rope_base=rope_base,
+        rope_base_local=rope_base_local, rope_style=ROPE_STYLE[arch], sliding_window=sliding_window,
+        layer_is_sliding=layer_is_sliding, embed_scale=embed_scale, attn_scale=attn_scale,
+        ffn_act=FFN_ACT[arch], qk_norm=arch == "gemma3", post_norms=arch == "gemma3",
+        attn_bias=_has_tensor(model, "blk.0.attn_q.bias"), tied_output=tied,
+        final_logit_softcap=final_softcap, n_rot=n_rot, rope_freq_scale=rope_freq_scale,
+        rope_freqs=_has_tensor(model, "rope_freqs.weight"),
+        attn_out_bias=_has_tensor(model, "blk.0.attn_output.bias"),
+        ffn_bias=_has_tensor(model, "blk.0.ffn_up.bias"), output_bias=_has_tensor(model, "output.bias"),
+        n_ctx_train=int(n_ctx) if n_ctx is not None else None,
+    )
+    if arch == "qwen2" and not cfg.attn_bias:
+        raise ModelError(f"{_where(model)}: qwen2 needs blk.N.attn_q/k/v.bias (llama.cpp creates them as required)")
+    check_shapes(model, cfg)
+    return cfg
+
+
+def check_shapes(model, cfg: ModelConfig) -> None:
+    """Raise ModelError when a tensor the config needs is missing or has the wrong shape."""
+    for name, shape in expected_shapes(cfg).items():
+        try:
+            t = model.tensor(name)
+        except (ModelError, KeyError):
+            raise ModelError(f"{_where(model)}: missing tensor {name!r} (needed by the {cfg.arch} graph)") from None
+        if tuple(t.shape) != tuple(shape):
+            raise ModelError(f"{_where(model)}: tensor {name} has shape {tuple(t.shape)}, the metadata implies "
+                             f"{tuple(shape)}")

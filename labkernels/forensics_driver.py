@@ -1,0 +1,276 @@
+"""One matched-shape GEMM case per process, for Nsight Compute (``labkernels.forensics``).
+
+``python3 -m labkernels.forensics_driver --case NAME [--shape NTxODxID]`` sets up one case (synthetic
+weights from :func:`labkernels.bench.synthetic_weights`, prepass / q8_1 rows), then launches the target
+kernel in a fixed, known order:
+
+1. ``warmup`` launches (the first one's output is parity-gated against the CPU references unless
+   ``--no-parity``: a counter reading of a kernel that computes wrong carries no evidence);
+2. ``repeats`` launches timed with CUDA events, the L2 flushed before each (:mod:`labkernels.bench`);
+3. exactly ONE target launch.
+
+Every other launch (prepass, q8_1 rows, the L2 flush) is another kernel, so ncu's
+``--kernel-name regex:<template>`` together with ``--launch-skip warmup+repeats --launch-count 1`` picks
+exactly the target launch (:func:`launch_plan`). The process prints one JSON line
+``{"forensics_case": ...}`` with the case's nt/od/id/MACs, kernel and the event timings.
+
+``--ab BASE VARIANT`` (no ncu) times two variants interleaved in one process (BASE, VARIANT, BASE again
+per round, :func:`labkernels.bench.interleaved`) after gating both: the BASE-vs-BASE ratio of each round is
+the noise band the counter-evidence verdict needs. It prints ``{"forensics_ab": ...}``.
+
+``--describe`` prints the case spec and launch plan without touching a GPU.
+
+Nothing here imports cupy at module level: :func:`case_spec` and :func:`launch_plan` run on any machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from .kernels import registry
+from .kernels.registry import BM, BN
+
+#: the kernel variants of this round. ``mma_k``: the K of the warp-level mma.sync.m16n8kK the kernel issues
+#: (its IMMA instruction count is MACs / (16*8*K)); ``params``: template parameters (STRIDE added for q6_K)
+VARIANTS = {
+    "q6k_generic": dict(qtype="q6_K", family="q6k_generic", params={}, mma_k=16,
+                        doc="the old road: B re-derived per tile, plain q8_1 rows, scalar fragments, I2F epilogue"),
+    "q6k_expb_epi0": dict(qtype="q6_K", family="q6k_expb", params={"KDR": 4, "EPI": 0, "OCC": 2}, mma_k=16,
+                          doc="expanded-B q6_K, seeds' float epilogue (int32 -> float I2F per sub-block), OCC=2"),
+    "q6k_expb_epi1_occ2": dict(qtype="q6_K", family="q6k_expb", params={"KDR": 4, "EPI": 1, "OCC": 2}, mma_k=16,
+                               doc="expanded-B q6_K, magic-number epilogue (no I2F), OCC=2: the counter-evidence "
+                                   "variant of q6k_expb_epi0 (only the EPI template switch differs)"),
+    "q6k_expb_epi1": dict(qtype="q6_K", family="q6k_expb", params={"KDR": 4, "EPI": 1, "OCC": 1}, mma_k=16,
+                          doc="expanded-B q6_K, magic-number epilogue, OCC=1 (main path)"),
+    "q4k_nb": dict(qtype="q4_K", family="q4k_nb", params={"KDR": 4}, mma_k=32,
+                   doc="q4_K raw-nibble kernel, m16n8k32, magic-number epilogue"),
+}
+
+#: matched shapes (nt x od x id): a q-proj-class square GEMM and a down-proj-class one (id = 11008)
+DEFAULT_SHAPES = ("3328x4096x4096", "3328x4096x11008")
+
+STRIDE = 210  # q6_K natural block stride (the lab's main path)
+
+
+class CaseError(ValueError):
+    pass
+
+
+def parse_shape(shape) -> tuple[int, int, int]:
+    """'NTxODxID' (or a 3-tuple) -> (nt, od, id); id must be a multiple of 256 (k-quant super-blocks)."""
+    if isinstance(shape, str):
+        parts = shape.lower().replace("*", "x").split("x")
+        if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+            raise CaseError(f"shape {shape!r}: expected NTxODxID, e.g. 3328x4096x4096")
+        nt, od, id_ = (int(p) for p in parts)
+    else:
+        nt, od, id_ = (int(v) for v in shape)
+    if min(nt, od, id_) < 1:
+        raise CaseError(f"shape {shape!r}: dimensions must be >= 1")
+    if id_ % 256:
+        raise CaseError(f"shape {shape!r}: id={id_} is not a multiple of 256 (q4_K/q6_K super-blocks)")
+    return nt, od, id_
+
+
+def shape_name(nt: int, od: int, id_: int) -> str:
+    return f"{nt}x{od}x{id_}"
+
+
+def kernel_spec(variant: str) -> registry.KernelSpec:
+    v = _variant(variant)
+    params = dict(v["params"])
+    if v["family"] in ("q6k_generic", "q6k_expb"):
+        params["STRIDE"] = STRIDE
+    return registry.find(v["family"], **params)
+
+
+def _variant(variant: str) -> dict:
+    if variant not in VARIANTS:
+        raise CaseError(f"unknown case {variant!r}; cases: {', '.join(VARIANTS)}")
+    return VARIANTS[variant]
+
+
+def case_spec(variant: str, shape=DEFAULT_SHAPES[0]) -> dict:
+    """Everything known about a case before it runs: shape, MACs (logical and as the tiles compute them),
+    the registry instantiation, and the kernel-name regex ncu filters on (``--kernel-name-base function``:
+    the bare template name; the demangled name printed in ncu's CSV carries the template arguments)."""
+    v = _variant(variant)
+    nt, od, id_ = parse_shape(shape)
+    spec = kernel_spec(variant)
+    tiles_m, tiles_n = -(-nt // BM), -(-od // BN)
+    macs = nt * od * id_
+    # the kernels run every mma of a tile unconditionally (only the stores are guarded), so the tensor
+    # cores do the padded tiles' work: that is what the IMMA counters must equal
+    macs_padded = tiles_m * BM * tiles_n * BN * id_
+    return {
+        "case": f"{variant}@{shape_name(nt, od, id_)}", "variant": variant, "shape": shape_name(nt, od, id_),
+        "nt": nt, "od": od, "id": id_, "qtype": v["qtype"], "family": v["family"],
+        "params": spec.p, "kernel_key": spec.key, "template": spec.template,
+        "name_expression": spec.name_expression, "kernel_regex": spec.template,
+        "mma_k": v["mma_k"], "macs": macs, "macs_padded": macs_padded, "gmac": macs / 1e9,
+        "grid": [tiles_m, tiles_n, 1], "block": [spec.threads, 1, 1], "doc": v["doc"],
+    }
+
+
+def launch_plan(warmup: int = 2, repeats: int = 10) -> dict:
+    """Launches of the target kernel before the profiled one (ncu --launch-skip) and the profiled count."""
+    if warmup < 1:
+        raise CaseError("warmup must be >= 1 (the first warm-up launch is the parity-gated one)")
+    if repeats < 0:
+        raise CaseError("repeats must be >= 0")
+    return {"warmup": int(warmup), "repeats": int(repeats), "launch_skip": int(warmup) + int(repeats),
+            "launch_count": 1}
+
+
+# ------------------------------------------------------------------ GPU side
+
+
+class _Case:
+    """A set-up case: weights, activations and a zero-argument launch of the target kernel."""
+
+    def __init__(self, variant: str, shape, seed: int = 0):
+        import cupy as cp
+
+        from . import bench, gpu
+
+        self.spec = case_spec(variant, shape)
+        v = VARIANTS[variant]
+        nt, od, id_ = self.spec["nt"], self.spec["od"], self.spec["id"]
+        rng = np.random.default_rng(seed)
+        self.w_raw = bench.synthetic_weights(v["qtype"], od, id_, rng)
+        self.qtype = v["qtype"]
+        self.w = gpu.QWeight.upload(self.w_raw, v["qtype"], STRIDE if v["qtype"] == "q6_K" else None)
+        self.x = rng.standard_normal((nt, id_)).astype(np.float32)
+        xg = cp.asarray(self.x)
+        self.y = cp.full((nt, od), np.nan, cp.float32)
+        fam, params = v["family"], dict(v["params"])
+        if fam == "q6k_generic":
+            self.arows = gpu.quantize_q8_1_rows(xg)
+            self.fn = lambda: gpu.gemm_generic_q6k(self.w, self.arows, nt, out=self.y)
+        else:
+            self.a = gpu.prepass(xg)
+            self.fn = lambda: gpu.gemm(self.w, self.a, fam, out=self.y, **params)
+        cp.cuda.runtime.deviceSynchronize()
+        self.rng = rng
+
+    def parity(self) -> dict:
+        """Gate one launch's output on 24 tokens (all rows) against the integer reference (and float64 one
+        when gguf is importable)."""
+        import cupy as cp
+
+        from . import reference
+
+        nt = self.spec["nt"]
+        tokens = np.sort(self.rng.choice(nt, size=min(nt, 24), replace=False))
+        self.y.fill(np.nan)
+        self.fn()
+        y = cp.asnumpy(self.y)[tokens]
+        ref = reference.gemm_int_ref(self.w_raw, self.qtype, reference.quantize_activations(self.x[tokens]))
+        try:
+            ref64 = reference.gemm_f64_ref(self.w_raw, self.qtype, self.x[tokens])
+        except ImportError:  # gguf not on this machine: the integer gate alone
+            ref64 = None
+        g = reference.parity(y, ref, ref64)
+        g["tokens"] = int(len(tokens))
+        return g
+
+
+def run_case(variant: str, shape, warmup: int = 2, repeats: int = 10, parity: bool = True,
+             seed: int = 0) -> dict:
+    """Warm-up (first launch parity-gated), timed launches, then exactly one target launch."""
+    import cupy as cp
+
+    from . import bench
+
+    plan = launch_plan(warmup, repeats)
+    t0 = time.time()
+    c = _Case(variant, shape, seed)
+    gate = None
+    for i in range(warmup):
+        if i == 0 and parity:
+            gate = c.parity()
+            if not gate["ok"]:
+                raise AssertionError(f"parity failed for {c.spec['case']}: {gate}")
+        else:
+            c.fn()
+    cp.cuda.runtime.deviceSynchronize()
+    timing = None
+    if repeats:
+        flush = bench.Flusher()
+        us = bench.time_launches(c.fn, warmup=0, repeats=repeats, flush=flush)
+        timing = {**bench.stats(us), "samples_us": [round(float(u), 3) for u in us]}
+        del flush
+        cp.get_default_memory_pool().free_all_blocks()  # less device memory for ncu to save/restore
+    cp.cuda.runtime.deviceSynchronize()
+    c.fn()  # THE profiled launch
+    cp.cuda.runtime.deviceSynchronize()
+    finite = bool(cp.isfinite(c.y).all())
+    return {"forensics_case": c.spec["case"], **c.spec, **plan, "parity": gate, "timing": timing,
+            "target_output_finite": finite, "seconds": round(time.time() - t0, 2)}
+
+
+def run_ab(base: str, variant: str, shape, pairs: int = 5, repeats: int = 20, warmup: int = 3,
+           seed: int = 0) -> dict:
+    """Interleaved timing BASE, VARIANT, BASE' per round in one process; both parity-gated first."""
+    from . import bench
+
+    cb, cv = _Case(base, shape, seed), _Case(variant, shape, seed)
+    gates = {base: cb.parity(), variant: cv.parity()}
+    for name, g in gates.items():
+        if not g["ok"]:
+            raise AssertionError(f"parity failed for {name}@{shape}: {g}")
+    res = bench.interleaved({"base": cb.fn, "variant": cv.fn, "base_again": cb.fn}, pairs=pairs,
+                            repeats=repeats, warmup=warmup, flush=bench.Flusher())
+    rounds = []
+    for r in range(pairs):
+        b, v, b2 = (res[k][r]["median_us"] for k in ("base", "variant", "base_again"))
+        rounds.append({"round": r, "base_us": b, "variant_us": v, "base_again_us": b2,
+                       "ratio": v / b, "self_ratio": b2 / b})
+    return {"forensics_ab": f"{base}->{variant}@{cb.spec['shape']}", "base": base, "variant": variant,
+            "shape": cb.spec["shape"], "pairs": pairs, "repeats": repeats, "rounds": rounds,
+            "parity": gates}
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m labkernels.forensics_driver", description=__doc__.splitlines()[0])
+    ap.add_argument("--case", choices=list(VARIANTS), help="the kernel variant to launch")
+    ap.add_argument("--ab", nargs=2, metavar=("BASE", "VARIANT"), help="interleaved A/B timing, no ncu")
+    ap.add_argument("--shape", default=DEFAULT_SHAPES[0], help="NTxODxID (default %(default)s)")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--pairs", type=int, default=5, help="--ab rounds")
+    ap.add_argument("--no-parity", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--describe", action="store_true", help="print the spec and launch plan (no GPU)")
+    args = ap.parse_args(argv)
+    if args.ab:
+        for name in args.ab:
+            _variant(name)
+        out = run_ab(args.ab[0], args.ab[1], args.shape, pairs=args.pairs, repeats=args.repeats, seed=args.seed)
+    elif args.case:
+        if args.describe:
+            out = {"forensics_case": case_spec(args.case, args.shape)["case"], **case_spec(args.case, args.shape),
+                   **launch_plan(args.warmup, args.repeats)}
+        else:
+            out = run_case(args.case, args.shape, args.warmup, args.repeats, not args.no_parity, args.seed)
+    else:
+        ap.error("give --case NAME or --ab BASE VARIANT")
+    print(json.dumps(out, default=_json_default), flush=True)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
