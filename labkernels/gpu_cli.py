@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .paths import REPO_ROOT
 
-STEPS = ("env", "tests", "sanitizer", "occupancy", "q6k", "kdr", "q4k")
+STEPS = ("env", "tests", "sanitizer", "occupancy", "q6k", "kdr", "q4k", "prefill", "decompose", "forensics")
 
 
 def _log(msg: str) -> None:
@@ -173,6 +173,68 @@ def step_q4k(out: Path, args) -> dict:
     return {"ok": True, "run": run.run_id}
 
 
+def step_prefill(out: Path, args) -> dict:
+    """Gemma parity (logits, greedy-32 vs the CPU reference) and prefill throughput, Gemma and synthetic 7B."""
+    from . import prefill_cli, records
+    from .model import default_model_path
+
+    run = records.new_run("prefill", {"model": str(default_model_path()), "nts": [512, 3325]}, root=out / "data")
+    try:
+        par = prefill_cli.parity_run(str(default_model_path()), run, progress=_log)
+        prefill_cli.throughput_run(str(default_model_path()), [512, 3325], run, attn_f16=False, progress=_log)
+        prefill_cli.throughput_run("synthetic-7b", [512, 3325], run, attn_f16=True, progress=_log)
+        run.finish(greedy_identical=par["greedy"]["identical"])
+    except Exception as e:
+        run.finish("failed", error=f"{type(e).__name__}: {e}")
+        raise
+    return {"ok": True, "run": run.run_id}
+
+
+def step_decompose(out: Path, args) -> dict:
+    """Round 5: decompositions of Gemma 3 270M and the synthetic 7B at nt=3325."""
+    import gc
+
+    from . import prefill_cli, records
+    from .decompose import run_decomposition
+    from .model import default_model_path
+    from .prefill import GpuModel, PrefillOptions
+
+    ok = True
+    runs = []
+    for spec, f16 in ((str(default_model_path()), False), ("synthetic-7b", True)):
+        m = prefill_cli.load_model(spec)
+        gm = GpuModel(m, opts=PrefillOptions(attn_f16=f16))
+        toks = prefill_cli.prompt_tokens(m, args.decompose_nt)
+        label = "synthetic-7b" if spec == "synthetic-7b" else "gemma-3-270m-q4_k_m"
+        run = records.new_run("decompose", {"model": label, "nt": len(toks), "attn_f16": f16,
+                                            "q6k_variant": gm.opts.q6k_variant or "gpu.gemm default",
+                                            "q4k_kdr": gm.opts.q4k_kdr}, root=out / "data")
+        r = run_decomposition(gm, toks, repeats=3, progress=_log)
+        run.append("classes", r["classes"].reset_index().rename(columns={"index": "class"}))
+        run.append("queue", r["queue"])
+        run.append("refs", r["refs"])
+        run.append("busy_wall", [{**r["busy_wall"], **{k: v for k, v in r["wall"].items() if k != "wall_ms_all"}}])
+        L = r["launches"]
+        lay = L[(L.layer == 1) | L.layer.isna()].copy() if len(L) < 200000 else L.head(2000)
+        run.append("timeline", lay[["name", "start", "end", "duration_ns", "op", "cls", "class", "layer", "weight"]]
+                   .assign(name=lay.name.str.slice(0, 80)))
+        run.finish(valid=bool(r["busy_wall"]["valid"]), top_class=str(r["classes"].index[0]))
+        ok = ok and r["busy_wall"]["valid"]
+        runs.append(run.run_id)
+        del gm, m
+        gc.collect()
+        from . import gpu
+        gpu.cp().get_default_memory_pool().free_all_blocks()
+    return {"ok": True, "valid": ok, "runs": runs}
+
+
+def step_forensics(out: Path, args) -> dict:
+    """Round 6: Nsight Compute counters per GMAC for the paired kernels (labkernels.forensics)."""
+    from . import forensics
+
+    return forensics.gpu_check_step(out, args)
+
+
 def main(args) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -217,6 +279,7 @@ def register_cli(sub) -> None:
     p.add_argument("--steps", default=None, help="comma list of steps (default env,tests,sanitizer,occupancy,q6k)")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--sweep-repeats", type=int, default=10)
+    p.add_argument("--decompose-nt", type=int, default=3325)
     p.add_argument("--fail-fast", action="store_true")
     p.add_argument("--sanitizer-timeout", type=int, default=240)
     p.set_defaults(func=main)

@@ -55,6 +55,18 @@ FAMILIES = [
     dict(family="dequant_f16", source="dequant.cu", template="dequant_f16_kernel",
          params={"QT": [4, 6], "STRIDE": [0, 224]}, threads=256, smem="0", tile=(0, 0), main_path=False,
          doc="q4_K (QT=4) / q6_K (QT=6) rows -> fp16 [od, id]; STRIDE 0 = the type's natural stride"),
+    # -- the prefill's other kernels (labkernels.prefill): each is a kernel class in the wall decomposition
+    dict(family="rmsnorm", source="prefill.cu", template="rmsnorm_kernel", params={"W": [0, 1]}, threads=256,
+         smem="0", tile=(0, 0), main_path=False, doc="RMSNorm rows (optionally times a weight)"),
+    dict(family="rope", source="prefill.cu", template="rope_kernel", params={"NEOX": [0, 1]}, threads=256,
+         smem="0", tile=(0, 0), main_path=False, doc="rotary embedding in place, normal or neox pairing"),
+    dict(family="softmax_mask", source="prefill.cu", template="softmax_mask_kernel", params={"F16": [0, 1]},
+         threads=256, smem="0", tile=(0, 0), main_path=False,
+         doc="causal (+ sliding window) masked softmax of attention scores, in place"),
+    dict(family="act_mul", source="prefill.cu", template="act_mul_kernel", params={"ACT": [0, 1], "OUT16": [0, 1]},
+         threads=256, smem="0", tile=(0, 0), main_path=False, doc="GELU(tanh)/SiLU gate times up"),
+    dict(family="embed", source="prefill.cu", template="embed_kernel", params={"F16": [0, 1]}, threads=256,
+         smem="0", tile=(0, 0), main_path=False, doc="token embedding gather times a scale"),
     # -- register-fed mma.sync probes: the physical ceiling line
     dict(family="mma_probe", source="mma_probe.cu", template="mma_probe_kernel",
          params={"K": [16, 32]}, threads=256, smem="0", tile=(0, 0), main_path=False,

@@ -1,0 +1,162 @@
+"""Round 5: a whole prefill taken apart launch by launch (the seeds' 000 method).
+
+1. Trace every launch of one prefill with CUPTI (``labkernels.trace``): kernel, start, end, grid, and the op /
+   layer / weight tensor it served (external correlation ids).
+2. Busy vs wall: GPU busy time summed over launches vs the untraced prefill's wall time; the decomposition
+   is declared valid only when the gap is small (``VALID_GAP``).
+3. Work normalization: each GEMM class's MACs from its shapes, us/GMAC and TOPS; attention in FLOPs.
+4. Matched-shape reference per GEMM class at the same nt: cuBLAS fp16 on cached dequantized weights (and
+   the mma.sync line), measured in the same process.
+5. Priority queue with prices: ms recoverable if a class ran at its reference rate, and the tok/s ceiling
+   ``n / (wall - recoverable)``, computed from the measured numbers.
+6. Versioned: the record carries the commit and the kernel variants.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+VALID_GAP = 0.05   # busy must be within 5% of wall for the decomposition to stand for the wall
+
+
+def weight_class(op: str, cls: str, qtype_of: dict, weight: str | None) -> str:
+    """Refine GEMM classes by weight role: gemm_q6k/ffn_down, gemm_q4k/attn_q, ..."""
+    if cls.startswith("gemm") or cls == "output_head":
+        return f"{cls}:{op}"
+    return cls
+
+
+def classify(records: list[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(records)
+    df["class"] = [weight_class(o or "", c, {}, w) for o, c, w in zip(df.op, df.cls, df.weight)]
+    return df
+
+
+def class_table(df: pd.DataFrame, ops, wall_ms: float, n_tokens: int) -> pd.DataFrame:
+    """Busy time, share, launches, MACs and per-GMAC rate per class."""
+    macs = {}
+    flops = {}
+    for o in ops:
+        key = weight_class(o.name, o.cls, {}, o.weight)
+        macs[key] = macs.get(key, 0) + (o.macs or 0)
+        flops[key] = flops.get(key, 0) + (o.flops or 0)
+    g = df.groupby("class")
+    t = pd.DataFrame({"launches": g.size(), "busy_ms": g.duration_ns.sum() / 1e6,
+                      "kernels": g.name.agg(lambda s: "; ".join(sorted(set(_short(x) for x in s))))})
+    t["gmac"] = [macs.get(c, 0) / 1e9 for c in t.index]
+    t["gflop_attn"] = [flops.get(c, 0) / 1e9 for c in t.index]
+    busy = t.busy_ms.sum()
+    t["share_busy"] = t.busy_ms / busy
+    t["share_wall"] = t.busy_ms / wall_ms
+    t["us_per_gmac"] = np.where(t.gmac > 0, t.busy_ms * 1e3 / t.gmac.replace(0, np.nan), np.nan)
+    t["tops_eq"] = np.where(t.gmac > 0, 2 * t.gmac * 1e9 / (t.busy_ms * 1e-3) / 1e12, np.nan)
+    t["tflops_attn"] = np.where(t.gflop_attn > 0, t.gflop_attn * 1e9 / (t.busy_ms * 1e-3) / 1e12, np.nan)
+    return t.sort_values("busy_ms", ascending=False)
+
+
+def _short(name: str) -> str:
+    s = str(name)
+    return s[:60]
+
+
+def gemm_shapes(ops) -> dict:
+    """{class: [(od, id, launches)]} of the GEMM ops, from the op records (for matched references)."""
+    out: dict = {}
+    for o in ops:
+        if o.cls.startswith("gemm") or o.cls == "output_head":
+            key = weight_class(o.name, o.cls, {}, o.weight)
+            out.setdefault(key, []).append(o.extra.get("shape") if o.extra else None)
+    return out
+
+
+def priority_queue(t: pd.DataFrame, ref_us_per_gmac: dict, wall_ms: float, n_tokens: int,
+                   hidden_tax_ms: dict | None = None) -> pd.DataFrame:
+    """For each class with a reference rate: ms recoverable at that rate and the resulting tok/s ceiling.
+
+    recoverable = busy - gmac * ref_us_per_gmac / 1e3 (never negative); ceiling = n / (wall - recoverable
+    + hidden tax). ``hidden_tax_ms`` adds costs a change would create elsewhere (e.g. a prepass that grows
+    when a class moves onto the int8 path).
+    """
+    rows = []
+    for cls, r in t.iterrows():
+        ref = ref_us_per_gmac.get(cls)
+        if ref is None or not r.gmac:
+            continue
+        at_ref = r.gmac * ref / 1e3
+        rec = max(0.0, r.busy_ms - at_ref)
+        tax = (hidden_tax_ms or {}).get(cls, 0.0)
+        rows.append({"class": cls, "busy_ms": r.busy_ms, "gmac": r.gmac, "us_per_gmac": r.us_per_gmac,
+                     "ref_us_per_gmac": ref, "ratio_to_ref": r.us_per_gmac / ref, "ms_at_ref": at_ref,
+                     "recoverable_ms": rec, "hidden_tax_ms": tax,
+                     "wall_after_ms": wall_ms - rec + tax,
+                     "tok_s_now": n_tokens / (wall_ms / 1e3),
+                     "tok_s_ceiling": n_tokens / ((wall_ms - rec + tax) / 1e3)})
+    q = pd.DataFrame(rows)
+    return q.sort_values("recoverable_ms", ascending=False) if len(q) else q
+
+
+def busy_wall(df: pd.DataFrame, wall_ms: float) -> dict:
+    busy = df.duration_ns.sum() / 1e6
+    span = (df.end.max() - df.start.min()) / 1e6
+    return {"busy_ms": busy, "wall_ms": wall_ms, "gap_ms": wall_ms - busy, "gap_frac": (wall_ms - busy) / wall_ms,
+            "traced_span_ms": span, "valid": abs(wall_ms - busy) / wall_ms <= VALID_GAP}
+
+
+def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, progress=print) -> dict:
+    """Untraced wall timing, one traced prefill, class table, matched-shape cuBLAS references, queue."""
+    from . import bench, gpu
+    from .prefill import timed_prefill
+    from .trace import CuptiTracer
+
+    cp = gpu.cp()
+    n = len(tokens)
+    wall = timed_prefill(gm, tokens, repeats=repeats)
+    progress(f"prefill n={n}: wall {wall['wall_ms']:.1f} ms ({wall['tok_per_s']:.0f} tok/s)")
+    with CuptiTracer() as tr:
+        gm.forward(tokens, tracer=tr)
+        cp.cuda.runtime.deviceSynchronize()
+    recs, ops = tr.records()
+    df = classify(recs)
+    bw = busy_wall(df, wall["wall_ms"])
+    t = class_table(df, ops, wall["wall_ms"], n)
+    progress(f"busy {bw['busy_ms']:.1f} ms vs wall {bw['wall_ms']:.1f} ms (gap {100 * bw['gap_frac']:.1f}%), "
+             f"{len(df)} launches, {t.shape[0]} classes")
+    # matched-shape references: cuBLAS fp16 with cached dequantized weights at the same (nt, od, id)
+    refs, ref_rows = {}, []
+    if reference:
+        shapes: dict = {}
+        for o in ops:
+            if (o.cls.startswith("gemm_q") or o.cls == "output_head") and o.macs:
+                w = o.weight
+                key = weight_class(o.name, o.cls, {}, w)
+                shapes.setdefault(key, set()).add((o.macs, w))
+        flush = bench.Flusher()
+        for key, items in shapes.items():
+            macs, wname = sorted(items)[-1]
+            wt = _find_weight(gm, wname)
+            if wt is None:
+                continue
+            od, id_ = wt.shape
+            nt_op = macs // (od * id_)
+            x16 = cp.asarray(np.random.default_rng(0).standard_normal((nt_op, id_)).astype(np.float16))
+            w16 = cp.asarray(np.random.default_rng(1).standard_normal((od, id_)).astype(np.float16) * 0.02)
+            y16 = cp.empty((nt_op, od), cp.float16)
+            s = bench.stats(bench.time_launches(lambda: cp.matmul(x16, w16.T, out=y16), 2, 10, flush))
+            us_g = s["median_us"] / (nt_op * od * id_ / 1e9)
+            refs[key] = us_g
+            ref_rows.append({"class": key, "nt": nt_op, "od": od, "id": id_, "ref": "cublas_f16_cached",
+                             **s, "us_per_gmac": us_g})
+    q = priority_queue(t, refs, wall["wall_ms"], n)
+    return {"wall": wall, "busy_wall": bw, "classes": t, "launches": df, "ops": ops, "refs": pd.DataFrame(ref_rows),
+            "queue": q}
+
+
+def _find_weight(gm, name):
+    for L in gm.layers:
+        for w in L.values():
+            if w.name == name:
+                return w
+    if gm.head is not None and gm.head.name == name:
+        return gm.head
+    return None

@@ -1,0 +1,122 @@
+// Non-GEMM kernels of the lab's prefill (labkernels.prefill): RMSNorm, RoPE, masked softmax for the
+// cuBLAS attention, gated activations and the embedding gather. f32 in and out unless a template
+// parameter says f16. Each is a named kernel class in the wall decomposition.
+#include "common.cuh"
+
+__device__ __forceinline__ float lk_block_sum(float v, float* red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float s = 0.f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += red[w];
+    return s;
+}
+
+__device__ __forceinline__ float lk_block_max(float v, float* red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float s = __int_as_float(0xff800000);
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) s = fmaxf(s, red[w]);
+    return s;
+}
+
+// y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w[(r % wrows), :]   (ggml_rms_norm then ggml_mul)
+// One block per row. W=0: no weight. The weight may be per head (wrows rows of ncols) for q/k norms.
+template <int W>
+__global__ void __launch_bounds__(256) rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                                                       float* __restrict__ y, int ncols, float eps) {
+    __shared__ float red[32];
+    const float* xr = x + (size_t)blockIdx.x * ncols;
+    float* yr = y + (size_t)blockIdx.x * ncols;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = lk_block_sum(ss, red);
+    const float scale = 1.0f / sqrtf(ss / (float)ncols + eps);
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) yr[i] = W ? (xr[i] * scale) * w[i] : xr[i] * scale;
+}
+
+// In-place rotary embedding of x[t, h, :] (row stride ld floats per token), the first n_rot dims of each
+// head: NEOX pairs (i, i + n_rot/2), otherwise (2i, 2i+1). theta = pos * freq_scale * base^(-2i/n_rot).
+// One thread per (token, head, pair).
+template <int NEOX>
+__global__ void __launch_bounds__(256) rope_kernel(float* __restrict__ x, int n_tok, int n_head, int head_dim,
+                                                    int n_rot, int ld, float base, float freq_scale, int pos0) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const int half = n_rot / 2;
+    if (idx >= (long long)n_tok * n_head * half) return;
+    const int i = (int)(idx % half);
+    const int h = (int)((idx / half) % n_head);
+    const int t = (int)(idx / ((long long)half * n_head));
+    const float theta = (float)(t + pos0) * freq_scale * powf(base, -2.0f * (float)i / (float)n_rot);
+    float s, c;
+    sincosf(theta, &s, &c);
+    float* p = x + (size_t)t * ld + (size_t)h * head_dim;
+    const int a = NEOX ? i : 2 * i, b = NEOX ? i + half : 2 * i + 1;
+    const float x0 = p[a], x1 = p[b];
+    p[a] = x0 * c - x1 * s;
+    p[b] = x0 * s + x1 * c;
+}
+
+// Row-wise masked softmax of attention scores S [rows, n_k] (f32 or f16, in place), row r is query
+// q = r % n_q. Key k is visible iff k <= q and (window == 0 or q - k < window). scale multiplies S first.
+template <int F16>
+__global__ void __launch_bounds__(256) softmax_mask_kernel(void* __restrict__ S, int n_q, int n_k, float scale,
+                                                            int window) {
+    __shared__ float red[32];
+    const long long r = blockIdx.x;
+    const int q = (int)(r % n_q);
+    float* Sf = (float*)S + r * n_k;
+    u16* Sh = (u16*)S + r * n_k;
+    auto ld = [&](int k) { return F16 ? lk_h2f(Sh[k]) : Sf[k]; };
+    auto visible = [&](int k) { return k <= q && (window == 0 || q - k < window); };
+    float m = __int_as_float(0xff800000);
+    for (int k = threadIdx.x; k < n_k; k += blockDim.x)
+        if (visible(k)) m = fmaxf(m, ld(k) * scale);
+    m = lk_block_max(m, red);
+    float sum = 0.f;
+    for (int k = threadIdx.x; k < n_k; k += blockDim.x)
+        if (visible(k)) sum += expf(ld(k) * scale - m);
+    sum = lk_block_sum(sum, red);
+    const float inv = 1.0f / sum;
+    for (int k = threadIdx.x; k < n_k; k += blockDim.x) {
+        const float p = visible(k) ? expf(ld(k) * scale - m) * inv : 0.f;
+        if (F16) Sh[k] = lk_f2h(p);
+        else Sf[k] = p;
+    }
+}
+
+// out = act(g) * u   (ACT 0: GELU, tanh approximation as ggml_gelu; 1: SiLU). OUT16: write f16.
+template <int ACT, int OUT16>
+__global__ void __launch_bounds__(256) act_mul_kernel(const float* __restrict__ g, const float* __restrict__ u,
+                                                       void* __restrict__ out, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float x = g[i];
+    float a;
+    if (ACT == 0) {
+        a = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * x * (1.0f + 0.044715f * x * x)));
+    } else {
+        a = x / (1.0f + expf(-x));
+    }
+    const float v = a * u[i];
+    if (OUT16) ((u16*)out)[i] = lk_f2h(v);
+    else ((float*)out)[i] = v;
+}
+
+// out[t, :] = table[tok[t], :] * scale  (f32 table). One block per token.
+template <int F16>
+__global__ void __launch_bounds__(256) embed_kernel(const void* __restrict__ table, const int* __restrict__ tok,
+                                                     float* __restrict__ out, int d, float scale) {
+    const size_t row = (size_t)tok[blockIdx.x] * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        const float v = F16 ? lk_h2f(((const u16*)table)[row + i]) : ((const float*)table)[row + i];
+        out[(size_t)blockIdx.x * d + i] = v * scale;
+    }
+}

@@ -1,0 +1,167 @@
+"""``labkernels prefill`` and ``labkernels decompose`` (GPU), and the prefill parity/throughput run."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+#: a fixed English prompt as Gemma 3 token ids (bos first); checked by detokenize in the tests
+GEMMA_PROMPT = [2, 818, 5279, 529, 7001, 563]
+
+
+def _need_gpu():
+    from .provenance import gpu_available
+
+    if not gpu_available():
+        raise SystemExit("labkernels prefill/decompose need a CUDA GPU with cupy; this machine has none "
+                         "(recorded runs render in replay mode: labkernels run 05)")
+
+
+def load_model(spec: str):
+    """'synthetic-7b' (llama-7B shapes, Q4_K_M recipe, random weights) or a GGUF path."""
+    if spec in ("synthetic-7b", "llama7b"):
+        from .synthetic import SyntheticModel, llama7b_config, q4_k_m_recipe
+
+        cfg = llama7b_config()
+        return SyntheticModel(cfg, q4_k_m_recipe(cfg), seed=1234)
+    from .model import open_model
+
+    return open_model(spec)
+
+
+def prompt_tokens(model, n: int, prompt_ids=None, seed: int = 0) -> list[int]:
+    """The given ids, else n tokens: a fixed prompt repeated with deterministic random ids after it."""
+    if prompt_ids:
+        return [int(t) for t in prompt_ids][:n] if n else [int(t) for t in prompt_ids]
+    from .arch import config_from_model
+
+    vocab = config_from_model(model).vocab
+    rng = np.random.default_rng(seed)
+    base = GEMMA_PROMPT if model.field("general.architecture") == "gemma3" else [1]
+    ids = list(base) + rng.integers(100, min(vocab, 30000), size=max(0, n - len(base))).tolist()
+    return ids[:n]
+
+
+def prefill_main(args) -> int:
+    _need_gpu()
+    from . import gpu
+    from .prefill import GpuModel, PrefillOptions, timed_prefill
+    from .prefill_ref import detokenize
+
+    m = load_model(args.model)
+    gm = GpuModel(m, opts=PrefillOptions(attn_f16=args.attn_f16))
+    toks = prompt_tokens(m, args.tokens, args.prompt_ids)
+    t = timed_prefill(gm, toks, repeats=args.repeats)
+    logits = gm.forward(toks)
+    top = gpu.cp().asnumpy(logits).argsort()[::-1][:5]
+    res = {"model": args.model, "arch": gm.cfg.arch, "n_tokens": len(toks), "wall_ms": t["wall_ms"],
+           "tok_per_s": t["tok_per_s"], "top5": [int(i) for i in top], "load_s": gm.load_seconds}
+    try:
+        res["top5_text"] = [detokenize(m, [int(i)]) for i in top]
+    except Exception:
+        pass
+    if args.json:
+        print(json.dumps(res, indent=1))
+    else:
+        print(f"{gm.cfg.describe()}\nprefill {len(toks)} tokens: {t['wall_ms']:.1f} ms, {t['tok_per_s']:.0f} tok/s; "
+              f"top-5 next: {res['top5']} {res.get('top5_text', '')}")
+    return 0
+
+
+def decompose_main(args) -> int:
+    _need_gpu()
+    from .decompose import run_decomposition
+    from .prefill import GpuModel, PrefillOptions
+
+    m = load_model(args.model)
+    gm = GpuModel(m, opts=PrefillOptions(attn_f16=args.attn_f16))
+    toks = prompt_tokens(m, args.nt)
+    r = run_decomposition(gm, toks, repeats=args.repeats, progress=lambda s: None if args.json else print(s))
+    t = r["classes"].reset_index()
+    if args.json:
+        print(json.dumps({"busy_wall": r["busy_wall"], "wall": r["wall"], "classes": t.to_dict("records"),
+                          "queue": r["queue"].to_dict("records")}, indent=1, default=str))
+    else:
+        print(t.to_string())
+        print(r["queue"].to_string())
+    return 0
+
+
+def register_cli(sub) -> None:
+    p = sub.add_parser("prefill", help="one prefill on the GPU: tok/s and the top-5 next tokens")
+    p.add_argument("--model", required=True, help="GGUF path or 'synthetic-7b'")
+    p.add_argument("--tokens", type=int, default=0, help="prompt length (default: the prompt ids)")
+    p.add_argument("--prompt-ids", type=int, nargs="*", default=None)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--attn-f16", action="store_true", help="fp16 QK^T/PV attention")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=prefill_main)
+    q = sub.add_parser("decompose", help="round 5: a prefill traced launch by launch, by kernel class")
+    q.add_argument("--model", required=True, help="GGUF path or 'synthetic-7b'")
+    q.add_argument("--nt", type=int, default=3325)
+    q.add_argument("--repeats", type=int, default=3)
+    q.add_argument("--attn-f16", action="store_true")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=decompose_main)
+
+
+# ------------------------------------------------------------------ the recorded device runs (gpu-check steps)
+
+
+def parity_run(model_path: str, run, n_new: int = 32, progress=print) -> dict:
+    """GPU prefill vs the CPU reference on Gemma: last-position logits (rel. error, top-k), greedy-32."""
+    from . import gpu
+    from .prefill import GpuModel
+    from .prefill_ref import detokenize, forward_ref, greedy_ref
+    from .model import open_model
+
+    cp = gpu.cp()
+    m = open_model(model_path)
+    gm = GpuModel(m)
+    out = {}
+    for name, toks in (("prompt", GEMMA_PROMPT), ("random64", prompt_tokens(m, 64, seed=5))):
+        g = cp.asnumpy(gm.forward(toks)).astype(np.float64)
+        r = forward_ref(m, toks, last_only=True)
+        rel = float(np.max(np.abs(g - r)) / np.max(np.abs(r)))
+        top_g, top_r = np.argsort(-g)[:10], np.argsort(-r)[:10]
+        row = {"case": name, "n_tokens": len(toks), "max_rel_err": rel,
+               "rms_rel_err": float(np.linalg.norm(g - r) / np.linalg.norm(r)),
+               "top1_same": bool(top_g[0] == top_r[0]), "top5_overlap": len(set(top_g[:5]) & set(top_r[:5])),
+               "top10_overlap": len(set(top_g) & set(top_r)), "gpu_top5": top_g[:5].tolist(), "ref_top5": top_r[:5].tolist()}
+        run.append("logits", row)
+        out[name] = row
+        progress(f"logits {name}: max rel err {rel:.2e}, top1 same {row['top1_same']}, top5 overlap {row['top5_overlap']}")
+    t0 = time.time()
+    gg = gm.greedy(GEMMA_PROMPT, n_new)
+    tg = time.time() - t0
+    t0 = time.time()
+    gr = greedy_ref(m, GEMMA_PROMPT, n_new)
+    tr = time.time() - t0
+    first_diff = next((i for i, (a, b) in enumerate(zip(gg, gr)) if a != b), None)
+    row = {"prompt": json.dumps(GEMMA_PROMPT), "n_new": n_new, "gpu_ids": json.dumps(gg), "ref_ids": json.dumps(gr),
+           "identical": gg == gr, "first_diff": first_diff, "gpu_text": detokenize(m, gg), "ref_text": detokenize(m, gr),
+           "gpu_s": tg, "ref_s": tr}
+    run.append("greedy", row)
+    progress(f"greedy-{n_new}: identical={gg == gr} (first diff {first_diff}); GPU: {row['gpu_text']!r}")
+    out["greedy"] = row
+    return out
+
+
+def throughput_run(spec: str, nts, run, repeats: int = 3, attn_f16: bool = True, progress=print) -> list[dict]:
+    from .prefill import GpuModel, PrefillOptions, timed_prefill
+
+    m = load_model(spec)
+    gm = GpuModel(m, opts=PrefillOptions(attn_f16=attn_f16))
+    rows = []
+    for nt in nts:
+        toks = prompt_tokens(m, nt)
+        t = timed_prefill(gm, toks, repeats=repeats)
+        row = {"model": spec if spec == "synthetic-7b" else "gemma-3-270m-q4_k_m", "arch": gm.cfg.arch,
+               "nt": nt, "wall_ms": t["wall_ms"], "tok_per_s": t["tok_per_s"], "repeats": repeats,
+               "attn_f16": attn_f16, "load_s": gm.load_seconds}
+        run.append("throughput", row)
+        rows.append(row)
+        progress(f"prefill {row['model']} nt={nt}: {t['wall_ms']:.1f} ms, {t['tok_per_s']:.0f} tok/s")
+    return rows, gm, m

@@ -1,0 +1,140 @@
+"""A numpy stand-in for labkernels.gpu, so the prefill's Python-side logic (op order, reshapes, GQA head
+mapping, masks, the per-weight paths) is tested on CPU machines against the independent CPU reference.
+Each fake kernel is a plain numpy transcription of what its CUDA counterpart documents; the GEMMs use the
+exact integer reference (q8_1 activations), as the lab kernels do."""
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+
+import numpy as np
+
+from labkernels import quants, reference
+
+
+class _FakeCuda:
+    class runtime:
+        @staticmethod
+        def deviceSynchronize():
+            pass
+
+    @staticmethod
+    def get_current_stream():
+        return types.SimpleNamespace(synchronize=lambda: None)
+
+
+def make_cp():
+    cp = types.SimpleNamespace()
+    for name in ("float32", "float16", "int32", "uint8", "uint32", "empty", "empty_like", "zeros", "matmul",
+                 "argmax", "ascontiguousarray", "full", "ndarray"):
+        setattr(cp, name, getattr(np, name))
+    cp.asarray = lambda a, dtype=None: np.array(a, dtype=dtype, copy=True)
+    cp.asnumpy = lambda a: np.array(a, copy=True)
+    cp.cuda = _FakeCuda
+    cp.get_default_memory_pool = lambda: types.SimpleNamespace(free_all_blocks=lambda: None)
+    return cp
+
+
+@dataclass
+class FakeQWeight:
+    raw: np.ndarray
+    qtype: str
+    od: int
+    id: int
+    stride: int
+
+    @classmethod
+    def upload(cls, w_raw, qtype, stride=None):
+        qtype = quants.normalize_qtype(qtype)
+        nb = 144 if qtype == "q4_K" else 210
+        return cls(np.asarray(w_raw), qtype, w_raw.shape[0], w_raw.shape[1] // nb * 256, nb)
+
+
+@dataclass
+class FakePlanes:
+    x: np.ndarray
+
+
+def fake_prepass(x):
+    assert x.dtype == np.float32 and x.shape[1] % 256 == 0
+    return FakePlanes(np.array(x))
+
+
+EXACT = {"on": False}
+
+
+def fake_gemm(w, a, family=None, out=None, **kw):
+    if EXACT["on"]:   # float activations: isolates the prefill logic from q8_1 activation rounding
+        y = (a.x.astype(np.float64) @ quants.dequantize(w.raw, w.qtype).astype(np.float64).T).astype(np.float32)
+    else:
+        y = reference.gemm_int_ref(w.raw, w.qtype, reference.quantize_activations(a.x)).astype(np.float32)
+    if out is not None:
+        out[...] = y
+        return out
+    return y
+
+
+def fake_dequant_f16(w, out=None):
+    return quants.dequantize(w.raw, w.qtype).astype(np.float16)
+
+
+class FakeKernel:
+    def __init__(self, family, params):
+        self.family, self.p = family, params
+
+    def launch(self, grid, args):
+        getattr(self, "_" + self.family)(*args)
+
+    def _rmsnorm(self, x, w, y, ncols, eps):
+        xr = x.reshape(-1, int(ncols)).astype(np.float32)
+        sc = 1.0 / np.sqrt((xr * xr).sum(1, keepdims=True) / float(ncols) + np.float32(eps))
+        y.reshape(-1, int(ncols))[...] = (xr * sc) * (w if self.p["W"] else 1.0)
+
+    def _rope(self, x, n, nh, hd, nrot, ld, base, fs, pos0):
+        n, nh, hd, nrot = int(n), int(nh), int(hd), int(nrot)
+        half = nrot // 2
+        v = x.reshape(n, -1)[:, : nh * hd].reshape(n, nh, hd)
+        i = np.arange(half)
+        theta = (np.arange(n)[:, None] + int(pos0)) * float(fs) * float(base) ** (-2.0 * i / nrot)
+        c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+        a = i if self.p["NEOX"] else 2 * i
+        b = i + half if self.p["NEOX"] else 2 * i + 1
+        x0, x1 = v[:, :, a].copy(), v[:, :, b].copy()
+        v[:, :, a] = x0 * c - x1 * s
+        v[:, :, b] = x0 * s + x1 * c
+
+    def _softmax_mask(self, S, n_q, n_k, scale, window):
+        n_q, n_k, window = int(n_q), int(n_k), int(window)
+        R = S.reshape(-1, n_k)
+        q = (np.arange(R.shape[0]) % n_q)[:, None]
+        k = np.arange(n_k)[None, :]
+        vis = (k <= q) & ((window == 0) | (q - k < window))
+        z = np.where(vis, R.astype(np.float32) * float(scale), -np.inf)
+        z = np.exp(z - z.max(1, keepdims=True))
+        R[...] = z / z.sum(1, keepdims=True)
+
+    def _act_mul(self, g, u, out, n):
+        if self.p["ACT"] == 0:
+            a = 0.5 * g * (1.0 + np.tanh(0.7978845608028654 * g * (1.0 + 0.044715 * g * g)))
+        else:
+            a = g / (1.0 + np.exp(-g))
+        out[...] = (a * u).astype(out.dtype)
+
+    def _embed(self, table, tok, out, d, scale):
+        out[...] = table[tok] * np.float32(scale)
+
+
+def install(monkeypatch, exact: bool = False):
+    """Replace labkernels.gpu's device entry points with the numpy versions for one test. ``exact``: the
+    k-quant GEMMs use float activations (no q8_1), so only float32 rounding separates the two forwards."""
+    from labkernels import gpu
+
+    monkeypatch.setitem(EXACT, "on", exact)
+    cp = make_cp()
+    monkeypatch.setattr(gpu, "cp", lambda: cp)
+    monkeypatch.setattr(gpu, "kernel", lambda family, **p: FakeKernel(family, p))
+    monkeypatch.setattr(gpu, "prepass", fake_prepass)
+    monkeypatch.setattr(gpu, "gemm", fake_gemm)
+    monkeypatch.setattr(gpu, "dequant_f16", fake_dequant_f16)
+    monkeypatch.setattr(gpu, "QWeight", FakeQWeight)
+    return cp

@@ -1,0 +1,116 @@
+import sys; sys.path.insert(0, ".")
+from tools.nbtools import write_notebook, md, code, params
+
+write_notebook("notebooks/05_wall_decomposition.ipynb", [
+md("""
+# Round 5 — Wall decomposition: a whole prefill taken apart launch by launch
+
+The seeds' r37 (000) took a 3325-token prefill apart: GPU busy 2139.6 ms vs wall 2190 ms (2.3% gap, so the
+kernel-level decomposition stands for the wall), q6_K GEMM 1094.7 ms = 51.2%, and priced the queue: at the q4_K
+rate, ~−970 ms → ~2720 tok/s. This round runs the same method on the lab's own prefill
+(`labkernels/prefill.py`: q4_K/q6_K through the lab kernels, other types dequantized once + cuBLAS fp32,
+cuBLAS attention with the lab's masked softmax) on the H200:
+CUPTI traces every launch and tags it with the op, layer and weight tensor it served (external correlation
+ids, `labkernels/trace.py`); busy is checked against the untraced wall; each GEMM class gets its MACs and
+us/GMAC and a matched-shape cuBLAS fp16 reference at the same nt; the priority queue prices each class.
+The prefill itself is first checked against the CPU reference (`labkernels/prefill_ref.py`).
+"""),
+params("""
+mode = "auto"                      # measure | replay | auto
+model = "synthetic-7b"             # "gemma-3-270m-q4_k_m" or "synthetic-7b" (llama-7B shapes, Q4_K_M recipe)
+nt = 3325
+repeats = 3
+timeline_layer = 1
+"""),
+code("""
+import json
+import numpy as np, pandas as pd, matplotlib.pyplot as plt
+from labkernels import report, records
+mode = report.resolve_mode(mode, "decompose")
+if mode == "measure":
+    from labkernels import prefill_cli
+    from labkernels.decompose import run_decomposition
+    from labkernels.model import default_model_path
+    from labkernels.prefill import GpuModel, PrefillOptions
+    spec = "synthetic-7b" if model == "synthetic-7b" else str(default_model_path())
+    m = prefill_cli.load_model(spec); gm = GpuModel(m, opts=PrefillOptions(attn_f16=(model == "synthetic-7b")))
+    toks = prefill_cli.prompt_tokens(m, nt)
+    run = records.new_run("decompose", {"model": model, "nt": len(toks), "attn_f16": model == "synthetic-7b"})
+    r = run_decomposition(gm, toks, repeats=repeats)
+    run.append("classes", r["classes"].reset_index().rename(columns={"index": "class"})); run.append("queue", r["queue"])
+    run.append("refs", r["refs"]); run.append("busy_wall", [{**r["busy_wall"], **{k: v for k, v in r["wall"].items() if k != "wall_ms_all"}}])
+    L = r["launches"]; lay = L[(L.layer == timeline_layer) | L.layer.isna()]
+    run.append("timeline", lay[["name", "start", "end", "duration_ns", "op", "cls", "class", "layer", "weight"]].assign(name=lay.name.str.slice(0, 80)))
+    run.finish(valid=bool(r["busy_wall"]["valid"]), top_class=str(r["classes"].index[0]))
+else:
+    run = records.latest("decompose", where=lambda r: r.meta["params"].get("model") == model and r.meta["params"].get("nt") == nt)
+    if run is None:
+        raise RuntimeError(f"no recorded decomposition of {model} at nt={nt}")
+report.banner(mode, run)
+classes, queue, bw = run.table("classes"), run.table("queue"), run.table("busy_wall").iloc[0]
+print(json.dumps(run.meta["params"]))
+"""),
+md("## The prefill under test: parity with the CPU reference and throughput (recorded)"),
+code("""
+prun = records.latest("prefill")
+if prun is not None:
+    print(prun.describe())
+    for t in ("logits", "greedy", "throughput"):
+        if prun.has(t):
+            display(prun.table(t))
+else:
+    print("no recorded prefill parity run")
+"""),
+md("## Busy vs wall (validity check before attributing)"),
+code("""
+display(pd.DataFrame([bw]))
+print(f"GPU busy {bw.busy_ms:.1f} ms vs wall {bw.wall_ms:.1f} ms: gap {bw.gap_ms:.1f} ms = {100 * bw.gap_frac:.2f}% -> "
+      + ("decomposition VALID for the wall" if bw.valid else "gap too large: the decomposition does NOT stand for the wall"))
+print(f"classes sum to {classes.busy_ms.sum():.2f} ms = {100 * classes.busy_ms.sum() / bw.busy_ms:.3f}% of busy")
+"""),
+md("## Busy time by kernel class"),
+code("""
+show = classes[["class", "launches", "busy_ms", "share_busy", "share_wall", "gmac", "us_per_gmac", "tops_eq", "gflop_attn", "tflops_attn", "kernels"]]
+display(show.style.format({"busy_ms": "{:.2f}", "share_busy": "{:.1%}", "share_wall": "{:.1%}", "gmac": "{:.1f}", "us_per_gmac": "{:.2f}", "tops_eq": "{:.1f}", "gflop_attn": "{:.1f}", "tflops_attn": "{:.1f}"}))
+fig, ax = plt.subplots(figsize=(12, 2.6))
+left = 0
+for _, r in classes.sort_values("busy_ms", ascending=False).iterrows():
+    ax.barh(0, r.busy_ms, left=left); 
+    if r.busy_ms / bw.wall_ms > 0.03: ax.text(left + r.busy_ms / 2, 0, f"{r['class']}\\n{r.busy_ms:.0f} ms", ha="center", va="center", fontsize=7)
+    left += r.busy_ms
+ax.barh(0, max(bw.gap_ms, 0), left=left, color="lightgray"); ax.text(left, 0.45, "gap", fontsize=7)
+ax.set_yticks([]); ax.set_xlabel("ms"); ax.set_title(f"{run.meta['params']['model']} prefill, nt={run.meta['params']['nt']}: wall {bw.wall_ms:.0f} ms"); plt.show()
+"""),
+md("## Matched-shape references and the priority queue"),
+code("""
+refs = run.table("refs") if run.has("refs") else pd.DataFrame()
+display(refs)
+display(queue.style.format({c: "{:.2f}" for c in queue.columns if queue[c].dtype.kind == "f"}))
+top = queue.iloc[0] if len(queue) else None
+if top is not None:
+    print(f"principal lever: {top['class']}: {top.busy_ms:.1f} ms at {top.us_per_gmac:.1f} us/GMAC vs cuBLAS fp16 {top.ref_us_per_gmac:.1f} "
+          f"({top.ratio_to_ref:.2f}x); at the reference rate -{top.recoverable_ms:.1f} ms -> wall {top.wall_after_ms:.1f} ms -> "
+          f"{top.tok_s_ceiling:.0f} tok/s (now {top.tok_s_now:.0f})")
+"""),
+md("## One layer's launches on the timeline"),
+code("""
+tl = run.table("timeline")
+tl = tl[tl.layer == timeline_layer].sort_values("start")
+if len(tl):
+    t0 = tl.start.min()
+    fig, ax = plt.subplots(figsize=(13, 3))
+    cls = list(dict.fromkeys(tl["class"]))
+    for _, r in tl.iterrows():
+        ax.barh(cls.index(r["class"]), (r.end - r.start) / 1e3, left=(r.start - t0) / 1e3)
+    ax.set_yticks(range(len(cls))); ax.set_yticklabels(cls, fontsize=7); ax.set_xlabel("us from the layer's first launch")
+    ax.set_title(f"layer {timeline_layer}: {len(tl)} launches"); plt.tight_layout(); plt.show()
+"""),
+code("""
+report.headline(**{"model, nt": f"{run.meta['params']['model']}, {run.meta['params']['nt']}",
+                   "wall / busy": f"{bw.wall_ms:.0f} / {bw.busy_ms:.0f} ms ({100 * bw.gap_frac:.1f}% gap, {'valid' if bw.valid else 'NOT valid'})",
+                   "tok/s": f"{bw.tok_per_s:.0f}" if "tok_per_s" in bw else "-",
+                   "principal class": f"{classes.iloc[0]['class']} {classes.iloc[0].busy_ms:.0f} ms ({classes.iloc[0].share_wall:.0%} of wall)",
+                   "price": (f"{top['class']}: -{top.recoverable_ms:.0f} ms -> {top.tok_s_ceiling:.0f} tok/s" if top is not None else "-")})
+report.footer(run.provenance)
+"""),
+])
