@@ -17,13 +17,16 @@ instead of reading a key, the code says so and names the llama.cpp source that d
   ``kq_scale = 1/sqrt(head_dim)``, qwen2 q/k/v biases, optional output head (tied otherwise).
 * ``convert_hf_to_gguf.py`` ``Gemma3Model.modify_tensors`` -- Gemma's ``(1 + w)`` RMSNorm weights are
   stored with the +1 already added, so every norm here is the plain ``x / rms(x) * w``.
+
+Checked against llama.cpp itself (llama-cpp-python 0.3.36, CPU): the real Gemma 3 270M logits and greedy
+text, and synthetic llama / qwen2 / gemma3 GGUFs (rope pairing, window boundary) -- tests/test_prefill_ref.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .model import ModelError
 
@@ -86,7 +89,6 @@ class ModelConfig:
     ffn_bias: bool = False               # ffn_gate/up/down .bias present (llama, optional)
     output_bias: bool = False            # output.bias present (qwen2, optional)
     n_ctx_train: int | None = None
-    extras: dict = field(default_factory=dict)  # informational only (e.g. general.name)
 
     def __post_init__(self):
         if not self.n_rot:
