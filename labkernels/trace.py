@@ -51,6 +51,7 @@ class CuptiTracer:
         self.other: list[dict] = []
         self.ext: dict[int, int] = {}       # CUPTI correlation id -> op id
         self.ops: list[OpInfo] = []
+        self.errors: list[str] = []
         self._kinds = [cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.EXTERNAL_CORRELATION,
                        cupti.ActivityKind.MEMSET, cupti.ActivityKind.MEMCPY, cupti.ActivityKind.DRIVER,
                        cupti.ActivityKind.RUNTIME]
@@ -60,9 +61,17 @@ class CuptiTracer:
         return 8 * 1024 * 1024, 0
 
     def _buffer_completed(self, activities):
-        c = self.cupti
+        # runs on CUPTI's thread: one bad record must not drop the rest of the buffer
         for a in activities:
-            k = a.kind
+            try:
+                self._record(a)
+            except Exception as e:  # pragma: no cover - depends on the CUPTI version
+                self.errors.append(f"{getattr(a, 'kind', '?')}: {type(e).__name__}: {e}")
+
+    def _record(self, a):
+        c = self.cupti
+        if True:
+            k = int(a.kind)
             if k == c.ActivityKind.CONCURRENT_KERNEL or k == c.ActivityKind.KERNEL:
                 self.kernels.append({"name": a.name, "start": int(a.start), "end": int(a.end),
                                      "correlation_id": int(a.correlation_id), "grid": (a.grid_x, a.grid_y, a.grid_z),
@@ -72,7 +81,7 @@ class CuptiTracer:
             elif k == c.ActivityKind.EXTERNAL_CORRELATION:
                 self.ext[int(a.correlation_id)] = int(a.external_id)
             elif k in (c.ActivityKind.MEMSET, c.ActivityKind.MEMCPY):
-                self.other.append({"name": k.name.lower(), "start": int(a.start), "end": int(a.end),
+                self.other.append({"name": c.ActivityKind(k).name.lower(), "start": int(a.start), "end": int(a.end),
                                    "correlation_id": int(a.correlation_id)})
 
     def __enter__(self):
