@@ -20,7 +20,7 @@ import pandas as pd
 VALID_GAP = 0.05   # busy must be within 5% of wall for the decomposition to stand for the wall
 
 
-def weight_class(op: str, cls: str, qtype_of: dict, weight: str | None) -> str:
+def weight_class(op: str, cls: str, qtype_of: dict | None = None, weight: str | None = None) -> str:
     """Refine GEMM classes by weight role: gemm_q6k/ffn_down, gemm_q4k/attn_q, ..."""
     if cls.startswith("gemm") or cls == "output_head":
         return f"{cls}:{op}"
@@ -60,18 +60,8 @@ def _short(name: str) -> str:
     return s[:60]
 
 
-def gemm_shapes(ops) -> dict:
-    """{class: [(od, id, launches)]} of the GEMM ops, from the op records (for matched references)."""
-    out: dict = {}
-    for o in ops:
-        if o.cls.startswith("gemm") or o.cls == "output_head":
-            key = weight_class(o.name, o.cls, {}, o.weight)
-            out.setdefault(key, []).append(o.extra.get("shape") if o.extra else None)
-    return out
-
-
 def priority_queue(t: pd.DataFrame, ref_us_per_gmac: dict, wall_ms: float, n_tokens: int,
-                   hidden_tax_ms: dict | None = None) -> pd.DataFrame:
+                   hidden_tax_ms: dict | None = None, ref_tflops: float | None = None) -> pd.DataFrame:
     """For each class with a reference rate: ms recoverable at that rate and the resulting tok/s ceiling.
 
     recoverable = busy - gmac * ref_us_per_gmac / 1e3 (never negative); ceiling = n / (wall - recoverable
@@ -80,7 +70,21 @@ def priority_queue(t: pd.DataFrame, ref_us_per_gmac: dict, wall_ms: float, n_tok
     """
     rows = []
     for cls, r in t.iterrows():
+        if ref_tflops and r.get("gflop_attn", 0) and not r.gmac:
+            # FLOP-counted classes (attention GEMMs): priced at the matched cuBLAS fp16 GEMM rate
+            at_ref = r.gflop_attn * 1e9 / (ref_tflops * 1e12) * 1e3
+            rec = max(0.0, r.busy_ms - at_ref)
+            tax = (hidden_tax_ms or {}).get(cls, 0.0)
+            rows.append({"class": cls, "busy_ms": r.busy_ms, "gmac": r.gflop_attn / 2, "us_per_gmac": r.busy_ms * 1e3 / (r.gflop_attn / 2),
+                         "ref_us_per_gmac": 2e3 / ref_tflops, "ratio_to_ref": r.busy_ms / at_ref, "ms_at_ref": at_ref,
+                         "recoverable_ms": rec, "hidden_tax_ms": tax, "wall_after_ms": wall_ms - rec + tax,
+                         "tok_s_now": n_tokens / (wall_ms / 1e3), "tok_s_ceiling": n_tokens / ((wall_ms - rec + tax) / 1e3),
+                         "reference": f"same FLOPs at the matched cuBLAS fp16 GEMM rate ({ref_tflops:.0f} TFLOPS)"})
+            continue
         ref = ref_us_per_gmac.get(cls)
+        how = "cuBLAS fp16, cached dequantized weights, same (nt, od, id)"
+        if ref is None and r.gmac and ref_tflops:
+            ref, how = 2e3 / ref_tflops, f"no matched shape measured: the median matched cuBLAS fp16 rate ({ref_tflops:.0f} TFLOPS)"
         if ref is None or not r.gmac:
             continue
         at_ref = r.gmac * ref / 1e3
@@ -91,9 +95,25 @@ def priority_queue(t: pd.DataFrame, ref_us_per_gmac: dict, wall_ms: float, n_tok
                      "recoverable_ms": rec, "hidden_tax_ms": tax,
                      "wall_after_ms": wall_ms - rec + tax,
                      "tok_s_now": n_tokens / (wall_ms / 1e3),
-                     "tok_s_ceiling": n_tokens / ((wall_ms - rec + tax) / 1e3)})
+                     "tok_s_ceiling": n_tokens / ((wall_ms - rec + tax) / 1e3),
+                     "reference": how})
     q = pd.DataFrame(rows)
     return q.sort_values("recoverable_ms", ascending=False) if len(q) else q
+
+
+def fp16_rate_tflops(refs: pd.DataFrame, min_nt: int = 64) -> float | None:
+    """Median cuBLAS fp16 rate (TFLOPS) of the matched GEMM references at prefill-sized nt."""
+    if refs is None or not len(refs):
+        return None
+    r = refs[refs.nt >= min_nt]
+    return float((2e3 / r.us_per_gmac).median()) if len(r) else None
+
+
+def full_queue(classes: pd.DataFrame, refs: pd.DataFrame, wall_ms: float, n_tokens: int) -> pd.DataFrame:
+    """The queue over every priced class: GEMMs at their matched references, attention at the fp16 rate."""
+    t = classes.set_index("class") if "class" in classes.columns else classes
+    ref = {r["class"]: r.us_per_gmac for _, r in refs.iterrows()} if refs is not None and len(refs) else {}
+    return priority_queue(t, ref, wall_ms, n_tokens, ref_tflops=fp16_rate_tflops(refs))
 
 
 def busy_wall(df: pd.DataFrame, wall_ms: float) -> dict:
@@ -147,8 +167,9 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
             refs[key] = us_g
             ref_rows.append({"class": key, "nt": nt_op, "od": od, "id": id_, "ref": "cublas_f16_cached",
                              **s, "us_per_gmac": us_g})
-    q = priority_queue(t, refs, wall["wall_ms"], n)
-    return {"wall": wall, "busy_wall": bw, "classes": t, "launches": df, "ops": ops, "refs": pd.DataFrame(ref_rows),
+    ref_df = pd.DataFrame(ref_rows)
+    q = full_queue(t, ref_df, wall["wall_ms"], n)
+    return {"wall": wall, "busy_wall": bw, "classes": t, "launches": df, "ops": ops, "refs": ref_df,
             "queue": q}
 
 

@@ -130,8 +130,11 @@ class RefModel:
     """
 
     def __init__(self, model, cfg: ModelConfig | None = None, dtype=np.float64, shared: dict | None = None,
-                 keep_layers: bool = True):
+                 keep_layers: bool = True, act_quant: bool = False):
         self.model = model
+        # act_quant: round the activations entering every q4_K / q6_K matmul to q8_1 first (per 32 values,
+        # d = amax/127 stored fp16), which is what the int8-mma kernels (and llama.cpp's MMQ) compute with
+        self.act_quant = act_quant
         self.keep_layers = keep_layers  # False: dequantize each layer when used, keep only the current one
         self.cfg = cfg if cfg is not None else config_from_model(model)
         self.dtype = np.dtype(dtype)
@@ -163,9 +166,21 @@ class RefModel:
         if w is None:
             if not self.keep_layers:
                 self._layers = [None] * self.cfg.n_layer
-            w = {k: self._load(n) for k, n in layer_tensors(self.cfg, il).items()}
+            names = layer_tensors(self.cfg, il)
+            w = {k: self._load(n) for k, n in names.items()}
+            w["_kquant"] = {k for k, n in names.items() if self.model.tensor(n).qtype in ("q4_K", "q6_K")}
             self._layers[il] = w
         return w
+
+    def _mm(self, w: dict, key: str, h: np.ndarray) -> np.ndarray:
+        """h @ W^T, with h rounded through q8_1 first when emulating the int8 kernels (act_quant)."""
+        if self.act_quant and key in w["_kquant"]:
+            from .quantize_ref import quantize_q8_1
+
+            qs, d, _ = quantize_q8_1(np.ascontiguousarray(h, dtype=np.float32))
+            h = (qs.astype(self.dtype).reshape(h.shape[0], -1, 32)
+                 * d.astype(self.dtype)[:, :, None]).reshape(h.shape)
+        return h @ w[key].T
 
     @property
     def token_embd(self) -> np.ndarray:
@@ -190,9 +205,9 @@ class RefModel:
     def attention(self, il: int, h: np.ndarray, positions: np.ndarray, capture: dict | None = None) -> np.ndarray:
         cfg, w = self.cfg, self.layer(il)
         T = h.shape[0]
-        q = h @ w["attn_q"].T
-        k = h @ w["attn_k"].T
-        v = h @ w["attn_v"].T
+        q = self._mm(w, "attn_q", h)
+        k = self._mm(w, "attn_k", h)
+        v = self._mm(w, "attn_v", h)
         if cfg.attn_bias:
             q, k, v = q + w["attn_q_bias"], k + w["attn_k_bias"], v + w["attn_v_bias"]
         q = q.reshape(T, cfg.n_head, cfg.head_dim)
@@ -220,18 +235,18 @@ class RefModel:
         p = p / p.sum(axis=-1, keepdims=True)
         o = (p @ vh)                                                               # [kv, g, T, dv]
         o = o.transpose(2, 0, 1, 3).reshape(T, cfg.n_head * cfg.head_dim_v)
-        out = o @ w["attn_output"].T
+        out = self._mm(w, "attn_output", o)
         if cfg.attn_out_bias:
             out = out + w["attn_output_bias"]
         return out
 
     def ffn(self, il: int, h: np.ndarray) -> np.ndarray:
         cfg, w = self.cfg, self.layer(il)
-        gate = h @ w["ffn_gate"].T
-        up = h @ w["ffn_up"].T
+        gate = self._mm(w, "ffn_gate", h)
+        up = self._mm(w, "ffn_up", h)
         if cfg.ffn_bias:
             gate, up = gate + w["ffn_gate_bias"], up + w["ffn_up_bias"]
-        out = (ACTIVATIONS[cfg.ffn_act](gate) * up) @ w["ffn_down"].T
+        out = self._mm(w, "ffn_down", ACTIVATIONS[cfg.ffn_act](gate) * up)
         if cfg.ffn_bias:
             out = out + w["ffn_down_bias"]
         return out
@@ -330,17 +345,17 @@ def _model_cache(model) -> dict:
         return _CACHE_STRONG.setdefault(id(model), {})
 
 
-def get_ref_model(model, cfg: ModelConfig | None = None, dtype=np.float64) -> RefModel:
-    """The cached :class:`RefModel` of ``model`` for (cfg, dtype); the float32 head is shared."""
+def get_ref_model(model, cfg: ModelConfig | None = None, dtype=np.float64, act_quant: bool = False) -> RefModel:
+    """The cached :class:`RefModel` of ``model`` for (cfg, dtype, act_quant); the float32 head is shared."""
     mc = _model_cache(model)
     if cfg is None:
         cfg = mc.get("cfg")
         if cfg is None:
             cfg = mc["cfg"] = config_from_model(model)
-    key = (np.dtype(dtype).name, repr(cfg))
+    key = (np.dtype(dtype).name, repr(cfg), act_quant)
     ref = mc.get(key)
     if ref is None:
-        ref = mc[key] = RefModel(model, cfg, dtype, shared=mc.setdefault("f32", {}))
+        ref = mc[key] = RefModel(model, cfg, dtype, shared=mc.setdefault("f32", {}), act_quant=act_quant)
     return ref
 
 
@@ -349,25 +364,26 @@ def clear_cache() -> None:
     _CACHE_STRONG.clear()
 
 
-def forward_ref(model, tokens, cfg: ModelConfig | None = None, dtype=np.float64, last_only: bool = False) -> np.ndarray:
+def forward_ref(model, tokens, cfg: ModelConfig | None = None, dtype=np.float64, last_only: bool = False,
+                act_quant: bool = False) -> np.ndarray:
     """Reference logits [n_tok, vocab] (``last_only``: [vocab]) of the prefill of ``tokens``.
 
     ``model``: anything with ``.tensor(name)`` (-> ``.qtype .shape .raw() .array()``) and ``.field(key)``
     (:class:`labkernels.model.Model`, :class:`labkernels.synthetic.SyntheticModel`). Dequantized weights
     are cached per model, so repeated calls only pay for the arithmetic.
     """
-    return get_ref_model(model, cfg, dtype).forward(tokens, last_only=last_only)
+    return get_ref_model(model, cfg, dtype, act_quant=act_quant).forward(tokens, last_only=last_only)
 
 
 def greedy_ref(model, prompt_ids, n_new: int = 32, cfg: ModelConfig | None = None, dtype=np.float64,
-               stop_ids=None) -> list[int]:
+               stop_ids=None, act_quant: bool = False) -> list[int]:
     """Greedy (argmax) continuation of ``prompt_ids``: the ``n_new`` generated ids (without the prompt).
 
     Each step re-runs the reference prefill on the grown sequence and takes the argmax of the last
     position's logits (only that position's head is computed; see :meth:`RefModel.next_token`). Stops
     early at an id in ``stop_ids`` (which is included in the result).
     """
-    ref = get_ref_model(model, cfg, dtype)
+    ref = get_ref_model(model, cfg, dtype, act_quant=act_quant)
     ids = [int(t) for t in prompt_ids]
     out: list[int] = []
     stop = set(int(s) for s in stop_ids) if stop_ids else set()

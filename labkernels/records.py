@@ -101,6 +101,9 @@ class Run:
         self.meta.setdefault("summary", {}).update(summary)
         self.meta["status"] = status
         self.meta["finished"] = provenance.utc_now()
+        if self.meta.get("provenance", {}).get("gpu"):
+            # the clocks at the start may be idle clocks: record the state at the end of the work too
+            self.meta["provenance"]["gpu_at_finish"] = provenance._nvidia_smi()
         self._write_meta()
 
     def _write_meta(self) -> None:

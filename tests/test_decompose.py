@@ -1,0 +1,69 @@
+"""Round 5 arithmetic on CPU: classes from tagged launch records, busy vs wall, the priced queue."""
+import pandas as pd
+import pytest
+
+from labkernels import decompose as D
+from labkernels.trace import OpInfo
+
+
+def _records():
+    # two layers: a q6_K GEMM, attention GEMMs and a norm, plus one untagged launch
+    recs, t = [], 0
+    def add(name, op_id, op, cls, dur, layer=0, weight=None):
+        nonlocal t
+        recs.append({"name": name, "start": t, "end": t + dur, "duration_ns": dur, "op_id": op_id, "op": op,
+                     "cls": cls, "layer": layer, "weight": weight, "correlation_id": len(recs)})
+        t += dur + 100
+    add("q6k_expb_kernel<4,210,0,2>", 1, "ffn_down", "gemm_q6k", 4_000_000, 0, "blk.0.ffn_down.weight")
+    add("sm80_xmma_gemm", 2, "attn_qk", "attention_gemm", 2_000_000, 0)
+    add("rmsnorm_kernel<1>", 3, "attn_norm", "norm", 500_000, 0)
+    add("q6k_expb_kernel<4,210,0,2>", 4, "ffn_down", "gemm_q6k", 4_000_000, 1, "blk.1.ffn_down.weight")
+    add("cupy_copy", None, None, "untagged", 100_000, None)
+    ops = [OpInfo(1, "ffn_down", "gemm_q6k", 0, "blk.0.ffn_down.weight", macs=2 * 10**9),
+           OpInfo(2, "attn_qk", "attention_gemm", 0, flops=4 * 10**9), OpInfo(3, "attn_norm", "norm", 0),
+           OpInfo(4, "ffn_down", "gemm_q6k", 1, "blk.1.ffn_down.weight", macs=2 * 10**9)]
+    return recs, ops
+
+
+def test_class_table_sums_to_busy_and_normalizes():
+    recs, ops = _records()
+    df = D.classify(recs)
+    bw = D.busy_wall(df, wall_ms=11.0)
+    assert bw["busy_ms"] == pytest.approx(10.6) and bw["valid"]
+    t = D.class_table(df, ops, bw["wall_ms"], n_tokens=1000)
+    assert t.busy_ms.sum() == pytest.approx(bw["busy_ms"])
+    g = t.loc["gemm_q6k:ffn_down"]
+    assert g.launches == 2 and g.gmac == pytest.approx(4.0) and g.us_per_gmac == pytest.approx(8000 / 4.0)
+    assert t.loc["attention_gemm"].gflop_attn == pytest.approx(4.0)
+    assert "untagged" in t.index  # nothing is dropped
+    assert not D.busy_wall(df, wall_ms=20.0)["valid"]  # a 47% gap invalidates the decomposition
+
+
+def test_priority_queue_prices():
+    recs, ops = _records()
+    df = D.classify(recs)
+    t = D.class_table(df, ops, 11.0, 1000)
+    refs = pd.DataFrame([{"class": "gemm_q6k:ffn_down", "nt": 1000, "od": 1, "id": 1, "us_per_gmac": 500.0}])
+    q = D.full_queue(t.reset_index().rename(columns={"index": "class"}), refs, wall_ms=11.0, n_tokens=1000).set_index("class")
+    # q6_K: 8 ms now, 4 GMAC at 500 us/GMAC = 2 ms -> 6 ms recoverable -> 1000 tok / 5 ms
+    assert q.loc["gemm_q6k:ffn_down"].recoverable_ms == pytest.approx(6.0)
+    assert q.loc["gemm_q6k:ffn_down"].tok_s_ceiling == pytest.approx(1000 / 0.005)
+    # attention: 4 GFLOP at the fp16 rate implied by the refs (2e3/500 = 4 TFLOPS) = 1 ms -> 1 ms recoverable
+    assert q.loc["attention_gemm"].ms_at_ref == pytest.approx(1.0)
+    assert q.loc["attention_gemm"].recoverable_ms == pytest.approx(1.0)
+    # a hidden tax is added back to the wall
+    q2 = D.priority_queue(t, {"gemm_q6k:ffn_down": 500.0}, 11.0, 1000, hidden_tax_ms={"gemm_q6k:ffn_down": 1.0})
+    assert q2.iloc[0].wall_after_ms == pytest.approx(11.0 - 6.0 + 1.0)
+
+
+def test_recorded_decompositions_are_valid():
+    """The committed H200 decompositions: classes sum to busy within 1% and busy is within 5% of wall."""
+    from labkernels import records
+
+    runs = records.list_runs("decompose")
+    assert runs, "no recorded decomposition"
+    for r in runs:
+        bw = r.table("busy_wall").iloc[0]
+        c = r.table("classes")
+        assert abs(c.busy_ms.sum() - bw.busy_ms) <= 0.01 * bw.busy_ms
+        assert bw.valid and abs(bw.gap_frac) <= D.VALID_GAP
