@@ -145,13 +145,25 @@ class GpuModel:
             K = k.reshape(n, Hk, hd).transpose(1, 2, 0).astype(dt)          # [Hk, hd, n]
             V = v.reshape(n, Hk, hdv).transpose(1, 0, 2).astype(dt)         # [Hk, n, hdv]
         with tr.op("attn_qk", "attention_gemm", layer=il, flops=2 * H * n * n * hd):
-            S = cp.matmul(Q, K)                                              # [Hk, G*n, n]
+            if dt == cp.float16:
+                # one 2-D fp16 GEMM per kv head: CuPy's batched matmul upcasts fp16 operands to fp32 (the
+                # first decomposition found attention at 23 TFLOPS), 2-D fp16 GEMMs run on tensor cores
+                S = cp.empty((Hk, G * n, n), dt)
+                for h in range(Hk):
+                    cp.matmul(Q[h], K[h], out=S[h])
+            else:
+                S = cp.matmul(Q, K)                                          # [Hk, G*n, n]
         window = c.sliding_window if c.is_sliding(il) else 0
         with tr.op("attn_softmax", "attention_softmax", layer=il):
             self._k("softmax_mask", F16=int(dt == cp.float16)).launch(
                 (Hk * G * n,), (S, np.int32(n), np.int32(n), np.float32(1.0), np.int32(window or 0)))
         with tr.op("attn_pv", "attention_gemm", layer=il, flops=2 * H * n * n * hdv):
-            O = cp.matmul(S, V)                                              # [Hk, G*n, hdv]
+            if dt == cp.float16:
+                O = cp.empty((Hk, G * n, hdv), dt)
+                for h in range(Hk):
+                    cp.matmul(S[h], V[h], out=O[h])
+            else:
+                O = cp.matmul(S, V)                                          # [Hk, G*n, hdv]
         with tr.op("attn_layout", "attention_other", layer=il):
             out = O.reshape(Hk, G, n, hdv).transpose(2, 0, 1, 3).reshape(n, H * hdv).astype(cp.float32)
         return out

@@ -92,3 +92,18 @@ def test_q8_1_emulating_reference_matches_int8_path(model, monkeypatch):
     rel_q, _, _ = _compare(g, forward_ref(model, GEMMA_PROMPT, cfg=cfg, last_only=True, act_quant=True))
     rel_f, _, _ = _compare(g, forward_ref(model, GEMMA_PROMPT, cfg=cfg, last_only=True))
     assert rel_q < 1e-5 and rel_f > 1e-3, (rel_q, rel_f)
+
+
+def test_attention_f16_path_matches_f32(monkeypatch):
+    """The per-head fp16 attention path computes the same attention as the batched fp32 one."""
+    from labkernels.prefill import GpuModel, PrefillOptions
+    from labkernels.synthetic import SyntheticModel, q4_k_m_recipe, tiny_config
+
+    install(monkeypatch, exact=True)
+    cfg = tiny_config("llama", n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=64, vocab=512)
+    m = SyntheticModel(cfg, q4_k_m_recipe(cfg), seed=4)
+    toks = list(range(1, 40))
+    a = GpuModel(m).forward(toks)
+    b = GpuModel(m, opts=PrefillOptions(attn_f16=True)).forward(toks)
+    rel, ta, tb = _compare(b, np.asarray(a, np.float64))
+    assert rel < 2e-2 and ta[0] == tb[0], rel
