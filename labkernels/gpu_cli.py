@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .paths import REPO_ROOT
 
-STEPS = ("env", "tests", "sanitizer", "occupancy", "q6k", "kdr", "q4k", "prefill", "decompose", "forensics")
+STEPS = ("env", "tests", "sanitizer", "occupancy", "q6k", "kdr", "q4k", "prefill", "prefill7b", "decompose", "forensics")
 
 
 def _log(msg: str) -> None:
@@ -201,7 +201,9 @@ def step_decompose(out: Path, args) -> dict:
 
     ok = True
     runs = []
-    for spec, f16 in ((str(default_model_path()), False), ("synthetic-7b", True)):
+    models = [m for m in args.decompose_models.split(",") if m]
+    specs = [(str(default_model_path()), False) if m == "gemma" else ("synthetic-7b", True) for m in models]
+    for spec, f16 in specs:
         m = prefill_cli.load_model(spec)
         gm = GpuModel(m, opts=PrefillOptions(attn_f16=f16))
         toks = prefill_cli.prompt_tokens(m, args.decompose_nt)
@@ -226,6 +228,16 @@ def step_decompose(out: Path, args) -> dict:
         from . import gpu
         gpu.cp().get_default_memory_pool().free_all_blocks()
     return {"ok": True, "valid": ok, "runs": runs}
+
+
+def step_prefill7b(out: Path, args) -> dict:
+    """Prefill throughput of the synthetic 7B only (no model file needed on the GPU machine)."""
+    from . import prefill_cli, records
+
+    run = records.new_run("prefill", {"model": "synthetic-7b", "nts": [512, 3325]}, root=out / "data")
+    prefill_cli.throughput_run("synthetic-7b", [512, 3325], run, attn_f16=True, progress=_log)
+    run.finish()
+    return {"ok": True, "run": run.run_id}
 
 
 def step_forensics(out: Path, args) -> dict:
@@ -280,6 +292,7 @@ def register_cli(sub) -> None:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--sweep-repeats", type=int, default=10)
     p.add_argument("--decompose-nt", type=int, default=3325)
+    p.add_argument("--decompose-models", default="gemma,7b", help="comma list of gemma, 7b")
     p.add_argument("--fail-fast", action="store_true")
     p.add_argument("--sanitizer-timeout", type=int, default=240)
     p.set_defaults(func=main)

@@ -62,14 +62,16 @@ last-position logits and a 32-token greedy continuation. The int8 kernels quanti
 kernels do by design from anything else.
 """),
 code("""
-prun = records.latest("prefill")
+prun = records.latest("prefill", where=lambda r: r.has("greedy"))
 if prun is not None:
     print(prun.describe())
-    for t in ("logits", "greedy", "throughput"):
-        if prun.has(t):
-            display(prun.table(t))
+    for t in ("logits", "greedy"):
+        display(prun.table(t))
 else:
     print("no recorded prefill parity run")
+thr = [r_.table("throughput").assign(run=r_.run_id, commit=r_.provenance.get("git_commit", "")[:10]) for r_ in records.list_runs("prefill") if r_.has("throughput")]
+if thr:
+    display(pd.concat(thr)[["run", "commit", "model", "arch", "nt", "wall_ms", "tok_per_s", "attn_f16", "repeats"]])
 """),
 code("""
 # CPU-side reading of the recorded parity (needs the model file; skipped otherwise)
