@@ -306,3 +306,35 @@ def matmul_f16(x16, w16, out=None):
     """cuBLAS fp16 through cupy.matmul: [nt, id] x [od, id]^T -> fp16 [nt, od]."""
     c = cp()
     return c.matmul(x16, w16.T, out=out)
+
+
+def bmm_f16(A, B, out=None):
+    """out[b] = A[b] @ B[b] for C-contiguous fp16 [batch, M, K] x [batch, K, N] -> fp16 [batch, M, N]:
+    one cuBLAS strided-batched GEMM on the tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F).
+    (CuPy's batched ``matmul`` upcasts fp16 operands to fp32 and runs fp32 GEMMs.)"""
+    c = cp()
+    from cupy.cuda import cublas
+
+    if A.dtype != np.float16 or B.dtype != np.float16:
+        raise ShapeError(f"bmm_f16 takes float16 operands, got {A.dtype} and {B.dtype}")
+    if A.ndim != 3 or B.ndim != 3 or A.shape[0] != B.shape[0] or A.shape[2] != B.shape[1]:
+        raise ShapeError(f"bmm_f16 shapes {A.shape} x {B.shape} do not chain")
+    if not (A.flags.c_contiguous and B.flags.c_contiguous):
+        raise ShapeError("bmm_f16 needs C-contiguous operands")
+    batch, M, K = A.shape
+    N = B.shape[2]
+    if out is None:
+        out = c.empty((batch, M, N), dtype=c.float16)
+    elif out.shape != (batch, M, N) or out.dtype != np.float16 or not out.flags.c_contiguous:
+        raise ShapeError(f"out must be C-contiguous float16 {(batch, M, N)}")
+    handle = c.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, c.cuda.get_current_stream().ptr)
+    one, zero = np.array(1.0, np.float32), np.array(0.0, np.float32)
+    r16 = 2                                                     # CUDA_R_16F
+    compute = getattr(cublas, "CUBLAS_COMPUTE_32F", 68)
+    algo = getattr(cublas, "CUBLAS_GEMM_DEFAULT", -1)
+    # row-major C = A B is column-major C^T = B^T A^T: (N x K)(K x M) with leading dims N, K, N
+    cublas.gemmStridedBatchedEx(handle, 0, 0, N, M, K, one.ctypes.data, B.data.ptr, r16, N, K * N,
+                                A.data.ptr, r16, K, M * K, zero.ctypes.data, out.data.ptr, r16, N, M * N,
+                                batch, compute, algo)
+    return out

@@ -137,4 +137,5 @@ def install(monkeypatch, exact: bool = False):
     monkeypatch.setattr(gpu, "gemm", fake_gemm)
     monkeypatch.setattr(gpu, "dequant_f16", fake_dequant_f16)
     monkeypatch.setattr(gpu, "QWeight", FakeQWeight)
+    monkeypatch.setattr(gpu, "bmm_f16", lambda A, B, out=None: np.matmul(A.astype(np.float32), B.astype(np.float32)).astype(np.float16))
     return cp
