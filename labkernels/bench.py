@@ -324,3 +324,26 @@ def bench_q4k(shapes, nts, kdr: int = 4, repeats: int = 20, pairs: int = 3, run=
             progress(f"q4k od={od} id={id_} nt={nt}: " + ", ".join(
                 f"{k} {np.median([s['median_us'] for s in v]):.1f}us" for k, v in res.items()))
     return rows
+
+
+# ------------------------------------------------------------------ recorded rounds (gpu-check steps and notebooks)
+
+Q6K_PAIRS = (("generic", "expb_epi0"), ("generic", "expb_epi1"), ("cublas_f16_cached", "expb_epi0"),
+             ("cublas_f16_cached", "expb_epi1"))
+
+
+def record_q6k(run, shapes, nts, kdr: int = 4, stride: int = 210, repeats: int = 20, pairs: int = 3,
+               progress=print) -> list[dict]:
+    """Round 3 into ``run``: parity-gated benchmark rows, the mma.sync ceilings, the A/B pair ratios."""
+    rows = bench_q6k([tuple(s) for s in shapes], nts, kdr=kdr, stride=stride, repeats=repeats, pairs=pairs, run=run,
+                     progress=progress)
+    run.append("ceiling", [mma_ceiling(16), mma_ceiling(32)])
+    run.append("q6k_pairs", sum((pair_ratios(rows, a, b) for a, b in Q6K_PAIRS), []))
+    return rows
+
+
+def record_q4k(run, shapes, nts, kdr: int = 4, repeats: int = 20, pairs: int = 3, progress=print) -> list[dict]:
+    """The q4_K benchmark into ``run``: parity-gated rows and the cuBLAS A/B pair ratios."""
+    rows = bench_q4k([tuple(s) for s in shapes], nts, kdr=kdr, repeats=repeats, pairs=pairs, run=run, progress=progress)
+    run.append("q4k_pairs", pair_ratios(rows, "cublas_f16_cached", "q4k_nb"))
+    return rows

@@ -181,3 +181,19 @@ def _find_weight(gm, name):
     if gm.head is not None and gm.head.name == name:
         return gm.head
     return None
+
+
+def record_decomposition(run, gm, tokens, repeats: int = 3, timeline_layer: int = 1, progress=print) -> dict:
+    """Run a decomposition and record it: tables classes, queue, refs, busy_wall and one layer's launches
+    (timeline); the run is finished with its validity and principal class."""
+    r = run_decomposition(gm, tokens, repeats=repeats, progress=progress)
+    run.append("classes", r["classes"].reset_index().rename(columns={"index": "class"}))
+    run.append("queue", r["queue"])
+    run.append("refs", r["refs"])
+    run.append("busy_wall", [{**r["busy_wall"], **{k: v for k, v in r["wall"].items() if k != "wall_ms_all"}}])
+    L = r["launches"]
+    lay = L[(L.layer == timeline_layer) | L.layer.isna()]
+    run.append("timeline", lay[["name", "start", "end", "duration_ns", "op", "cls", "class", "layer", "weight"]]
+               .assign(name=lay.name.str.slice(0, 80)))
+    run.finish(valid=bool(r["busy_wall"]["valid"]), top_class=str(r["classes"].index[0]))
+    return r

@@ -124,19 +124,8 @@ def step_q6k(out: Path, args) -> dict:
     shapes = [(4096, 4096), (11008, 4096), (4096, 11008)]
     nts = [512, 3328, 4096]
     params = {"shapes": shapes, "nts": nts, "kdr": 4, "stride": 210, "repeats": args.repeats, "pairs": 3}
-    run = records.new_run("q6k", params, root=out / "data")
-    try:
-        rows = bench.bench_q6k(shapes, nts, kdr=4, stride=210, repeats=args.repeats, pairs=3, run=run,
-                               progress=_log)
-        ceil = [bench.mma_ceiling(16), bench.mma_ceiling(32)]
-        run.append("ceiling", ceil)
-        ratios = bench.pair_ratios(rows, "generic", "expb_epi0") + bench.pair_ratios(rows, "generic", "expb_epi1") \
-            + bench.pair_ratios(rows, "cublas_f16_cached", "expb_epi1") + bench.pair_ratios(rows, "cublas_f16_cached", "expb_epi0")
-        run.append("q6k_pairs", ratios)
-        run.finish()
-    except Exception as e:
-        run.finish("failed", error=f"{type(e).__name__}: {e}")
-        raise
+    with records.recording("q6k", params, root=out / "data") as run:
+        bench.record_q6k(run, shapes, nts, kdr=4, stride=210, repeats=args.repeats, pairs=3, progress=_log)
     return {"ok": True, "run": run.run_id}
 
 
@@ -145,14 +134,9 @@ def step_kdr(out: Path, args) -> dict:
 
     shapes = {"q6_K": [(4096, 4096), (4096, 11008)], "q4_K": [(4096, 4096), (11008, 4096)]}
     nts = [64, 128, 256, 512, 1024, 2048, 3328, 4096]
-    run = records.new_run("kdr_sweep", {"shapes": shapes, "nts": nts, "repeats": args.sweep_repeats},
-                          root=out / "data")
-    try:
+    with records.recording("kdr_sweep", {"shapes": shapes, "nts": nts, "repeats": args.sweep_repeats},
+                           root=out / "data") as run:
         bench.kdr_sweep(shapes, nts, repeats=args.sweep_repeats, run=run, progress=_log)
-        run.finish()
-    except Exception as e:
-        run.finish("failed", error=f"{type(e).__name__}: {e}")
-        raise
     return {"ok": True, "run": run.run_id}
 
 
@@ -161,15 +145,9 @@ def step_q4k(out: Path, args) -> dict:
 
     shapes = [(4096, 4096), (11008, 4096)]
     nts = [512, 3328, 4096]
-    run = records.new_run("q4k", {"shapes": shapes, "nts": nts, "kdr": 4, "repeats": args.repeats, "pairs": 3},
-                          root=out / "data")
-    try:
-        rows = bench.bench_q4k(shapes, nts, kdr=4, repeats=args.repeats, run=run, progress=_log)
-        run.append("q4k_pairs", bench.pair_ratios(rows, "cublas_f16_cached", "q4k_nb"))
-        run.finish()
-    except Exception as e:
-        run.finish("failed", error=f"{type(e).__name__}: {e}")
-        raise
+    with records.recording("q4k", {"shapes": shapes, "nts": nts, "kdr": 4, "repeats": args.repeats, "pairs": 3},
+                           root=out / "data") as run:
+        bench.record_q4k(run, shapes, nts, kdr=4, repeats=args.repeats, progress=_log)
     return {"ok": True, "run": run.run_id}
 
 
@@ -178,15 +156,12 @@ def step_prefill(out: Path, args) -> dict:
     from . import prefill_cli, records
     from .model import default_model_path
 
-    run = records.new_run("prefill", {"model": str(default_model_path()), "nts": [512, 3325]}, root=out / "data")
-    try:
+    with records.recording("prefill", {"model": str(default_model_path()), "nts": [512, 3325]},
+                           root=out / "data") as run:
         par = prefill_cli.parity_run(str(default_model_path()), run, progress=_log)
         prefill_cli.throughput_run(str(default_model_path()), [512, 3325], run, attn_f16=False, progress=_log)
         prefill_cli.throughput_run("synthetic-7b", [512, 3325], run, attn_f16=True, progress=_log)
         run.finish(greedy_identical=par["greedy"]["identical"])
-    except Exception as e:
-        run.finish("failed", error=f"{type(e).__name__}: {e}")
-        raise
     return {"ok": True, "run": run.run_id}
 
 
@@ -195,7 +170,7 @@ def step_decompose(out: Path, args) -> dict:
     import gc
 
     from . import prefill_cli, records
-    from .decompose import run_decomposition
+    from .decompose import record_decomposition
     from .model import default_model_path
     from .prefill import GpuModel, PrefillOptions
 
@@ -208,19 +183,10 @@ def step_decompose(out: Path, args) -> dict:
         gm = GpuModel(m, opts=PrefillOptions(attn_f16=f16))
         toks = prefill_cli.prompt_tokens(m, args.decompose_nt)
         label = "synthetic-7b" if spec == "synthetic-7b" else "gemma-3-270m-q4_k_m"
-        run = records.new_run("decompose", {"model": label, "nt": len(toks), "attn_f16": f16,
-                                            "q6k_variant": gm.opts.q6k_variant or "gpu.gemm default",
-                                            "q4k_kdr": gm.opts.q4k_kdr}, root=out / "data")
-        r = run_decomposition(gm, toks, repeats=3, progress=_log)
-        run.append("classes", r["classes"].reset_index().rename(columns={"index": "class"}))
-        run.append("queue", r["queue"])
-        run.append("refs", r["refs"])
-        run.append("busy_wall", [{**r["busy_wall"], **{k: v for k, v in r["wall"].items() if k != "wall_ms_all"}}])
-        L = r["launches"]
-        lay = L[(L.layer == 1) | L.layer.isna()].copy() if len(L) < 200000 else L.head(2000)
-        run.append("timeline", lay[["name", "start", "end", "duration_ns", "op", "cls", "class", "layer", "weight"]]
-                   .assign(name=lay.name.str.slice(0, 80)))
-        run.finish(valid=bool(r["busy_wall"]["valid"]), top_class=str(r["classes"].index[0]))
+        with records.recording("decompose", {"model": label, "nt": len(toks), "attn_f16": f16,
+                                             "q6k_variant": gm.opts.q6k_variant or "gpu.gemm default",
+                                             "q4k_kdr": gm.opts.q4k_kdr}, root=out / "data") as run:
+            r = record_decomposition(run, gm, toks, progress=_log)
         ok = ok and r["busy_wall"]["valid"]
         runs.append(run.run_id)
         del gm, m
@@ -234,9 +200,8 @@ def step_prefill7b(out: Path, args) -> dict:
     """Prefill throughput of the synthetic 7B only (no model file needed on the GPU machine)."""
     from . import prefill_cli, records
 
-    run = records.new_run("prefill", {"model": "synthetic-7b", "nts": [512, 3325]}, root=out / "data")
-    prefill_cli.throughput_run("synthetic-7b", [512, 3325], run, attn_f16=True, progress=_log)
-    run.finish()
+    with records.recording("prefill", {"model": "synthetic-7b", "nts": [512, 3325]}, root=out / "data") as run:
+        prefill_cli.throughput_run("synthetic-7b", [512, 3325], run, attn_f16=True, progress=_log)
     return {"ok": True, "run": run.run_id}
 
 

@@ -17,6 +17,7 @@ copied into ``data/`` here with :func:`import_runs`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -161,6 +162,22 @@ def new_run(round_name: str, params: dict | None = None, root: Path | None = Non
     run = Run(round_name, run_id, root, meta)
     run._write_meta()
     return run
+
+
+@contextlib.contextmanager
+def recording(round_name: str, params: dict | None = None, root: Path | None = None, kind: str = "measure"):
+    """``with recording("q6k", params) as run: ...`` -- the run is finished ``complete`` when the block ends
+    (unless the block finished it itself) and ``failed`` with the error when it raises; rows appended before
+    a failure stay on disk."""
+    run = new_run(round_name, params, root=root, kind=kind)
+    try:
+        yield run
+    except BaseException as e:
+        if run.meta.get("status") == "running":
+            run.finish("failed", error=f"{type(e).__name__}: {e}"[:2000])
+        raise
+    if run.meta.get("status") == "running":
+        run.finish()
 
 
 def list_runs(round_name: str, root: Path | None = None, status: str | None = "complete") -> list[Run]:

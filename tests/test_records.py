@@ -64,3 +64,17 @@ def test_committed_runs_are_well_formed():
         for t in m.get("tables", []):
             assert (p.parent / f"{m['run_id']}.{t}.csv").exists(), (p, t)
             assert len(pd.read_csv(p.parent / f"{m['run_id']}.{t}.csv")) > 0
+
+
+def test_recording_context_finishes_runs(tmp_path):
+    with records.recording("r", {"x": 1}, root=tmp_path) as run:
+        run.append("t", {"a": 1})
+    assert records.latest("r", root=tmp_path).run_id == run.run_id
+    with pytest.raises(ValueError):
+        with records.recording("r", {}, root=tmp_path) as bad:
+            bad.append("t", {"a": 2})
+            raise ValueError("sweep died")
+    failed = records.load("r", bad.run_id, root=tmp_path)
+    assert failed.meta["status"] == "failed" and "sweep died" in failed.meta["summary"]["error"]
+    assert len(failed.table("t")) == 1  # the points before the failure stay
+    assert records.latest("r", root=tmp_path).run_id == run.run_id

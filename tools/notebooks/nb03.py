@@ -36,12 +36,8 @@ from labkernels import report, records, analysis, provenance
 mode = report.resolve_mode(mode, "q6k")
 if mode == "measure":
     from labkernels import bench
-    run = records.new_run("q6k", dict(shapes=shapes, nts=nts, kdr=kdr, stride=stride, repeats=repeats, pairs=pairs))
-    rows = bench.bench_q6k([tuple(s) for s in shapes], nts, kdr=kdr, stride=stride, repeats=repeats, pairs=pairs, run=run)
-    run.append("ceiling", [bench.mma_ceiling(16), bench.mma_ceiling(32)])
-    run.append("q6k_pairs", sum((bench.pair_ratios(rows, a, b) for a, b in
-        [("generic", "expb_epi0"), ("generic", "expb_epi1"), ("cublas_f16_cached", "expb_epi0"), ("cublas_f16_cached", "expb_epi1")]), []))
-    run.finish()
+    with records.recording("q6k", dict(shapes=shapes, nts=nts, kdr=kdr, stride=stride, repeats=repeats, pairs=pairs)) as run:
+        bench.record_q6k(run, shapes, nts, kdr=kdr, stride=stride, repeats=repeats, pairs=pairs)
 else:
     run = records.latest("q6k")
 report.banner(mode, run)

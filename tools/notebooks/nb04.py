@@ -28,11 +28,10 @@ mode = report.resolve_mode(mode, "kdr_sweep")
 if mode == "measure":
     from labkernels import bench
     shapes = {"q6_K": [(4096, 4096), (4096, 11008)], "q4_K": [(4096, 4096), (11008, 4096)]}
-    run = records.new_run("kdr_sweep", dict(shapes=shapes, nts=nts, repeats=repeats))
-    bench.kdr_sweep(shapes, nts, repeats=repeats, run=run); run.finish()
-    qrun = records.new_run("q4k", dict(shapes=shapes["q4_K"], nts=q4k_nts, kdr=4, repeats=20, pairs=3))
-    rows = bench.bench_q4k(shapes["q4_K"], q4k_nts, kdr=4, run=qrun)
-    qrun.append("q4k_pairs", bench.pair_ratios(rows, "cublas_f16_cached", "q4k_nb")); qrun.finish()
+    with records.recording("kdr_sweep", dict(shapes=shapes, nts=nts, repeats=repeats)) as run:
+        bench.kdr_sweep(shapes, nts, repeats=repeats, run=run)
+    with records.recording("q4k", dict(shapes=shapes["q4_K"], nts=q4k_nts, kdr=4, repeats=20, pairs=3)) as qrun:
+        bench.record_q4k(qrun, shapes["q4_K"], q4k_nts, kdr=4)
 else:
     run, qrun = records.latest("kdr_sweep"), records.latest("q4k")
 report.banner(mode, run, note=f"q4_K benchmark: run {qrun.run_id}." if qrun else "")

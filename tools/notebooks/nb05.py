@@ -29,19 +29,14 @@ from labkernels import report, records
 mode = report.resolve_mode(mode, "decompose")
 if mode == "measure":
     from labkernels import prefill_cli
-    from labkernels.decompose import run_decomposition
+    from labkernels.decompose import record_decomposition
     from labkernels.model import default_model_path
     from labkernels.prefill import GpuModel, PrefillOptions
     spec = "synthetic-7b" if model == "synthetic-7b" else str(default_model_path())
     m = prefill_cli.load_model(spec); gm = GpuModel(m, opts=PrefillOptions(attn_f16=(model == "synthetic-7b")))
     toks = prefill_cli.prompt_tokens(m, nt)
-    run = records.new_run("decompose", {"model": model, "nt": len(toks), "attn_f16": model == "synthetic-7b"})
-    r = run_decomposition(gm, toks, repeats=repeats)
-    run.append("classes", r["classes"].reset_index().rename(columns={"index": "class"})); run.append("queue", r["queue"])
-    run.append("refs", r["refs"]); run.append("busy_wall", [{**r["busy_wall"], **{k: v for k, v in r["wall"].items() if k != "wall_ms_all"}}])
-    L = r["launches"]; lay = L[(L.layer == timeline_layer) | L.layer.isna()]
-    run.append("timeline", lay[["name", "start", "end", "duration_ns", "op", "cls", "class", "layer", "weight"]].assign(name=lay.name.str.slice(0, 80)))
-    run.finish(valid=bool(r["busy_wall"]["valid"]), top_class=str(r["classes"].index[0]))
+    with records.recording("decompose", {"model": model, "nt": len(toks), "attn_f16": model == "synthetic-7b"}) as run:
+        record_decomposition(run, gm, toks, repeats=repeats, timeline_layer=timeline_layer)
 else:
     run = records.latest("decompose", where=lambda r: r.meta["params"].get("model") == model and r.meta["params"].get("nt") == nt)
     if run is None:
