@@ -24,7 +24,10 @@ from labkernels import report, records, forensics
 mode = report.resolve_mode(mode, "forensics")
 if mode == "measure":
     import tempfile
-    res = forensics.run_forensics(tempfile.mkdtemp(prefix="lk-ncu-"), metrics_set=metrics_set, record=True)
+    from pathlib import Path
+    tmp = Path(tempfile.mkdtemp(prefix="lk-ncu-"))      # raw ncu output stays here; the run goes to data/
+    res = forensics.run_forensics(tmp, metrics_set=metrics_set, record=True)
+    records.import_runs(tmp / "data", records.data_root())
     run = records.load("forensics", res["summary"]["run"])
 else:
     run = records.latest("forensics")
