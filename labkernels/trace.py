@@ -70,19 +70,18 @@ class CuptiTracer:
 
     def _record(self, a):
         c = self.cupti
-        if True:
-            k = int(a.kind)
-            if k == c.ActivityKind.CONCURRENT_KERNEL or k == c.ActivityKind.KERNEL:
-                self.kernels.append({"name": a.name, "start": int(a.start), "end": int(a.end),
-                                     "correlation_id": int(a.correlation_id), "grid": (a.grid_x, a.grid_y, a.grid_z),
-                                     "block": (a.block_x, a.block_y, a.block_z), "stream": int(a.stream_id),
-                                     "smem": int(getattr(a, "dynamic_shared_memory", 0)),
-                                     "regs": int(getattr(a, "registers_per_thread", 0))})
-            elif k == c.ActivityKind.EXTERNAL_CORRELATION:
-                self.ext[int(a.correlation_id)] = int(a.external_id)
-            elif k in (c.ActivityKind.MEMSET, c.ActivityKind.MEMCPY):
-                self.other.append({"name": c.ActivityKind(k).name.lower(), "start": int(a.start), "end": int(a.end),
-                                   "correlation_id": int(a.correlation_id)})
+        k = int(a.kind)
+        if k == c.ActivityKind.CONCURRENT_KERNEL or k == c.ActivityKind.KERNEL:
+            self.kernels.append({"name": a.name, "start": int(a.start), "end": int(a.end),
+                                 "correlation_id": int(a.correlation_id), "grid": (a.grid_x, a.grid_y, a.grid_z),
+                                 "block": (a.block_x, a.block_y, a.block_z), "stream": int(a.stream_id),
+                                 "smem": int(getattr(a, "dynamic_shared_memory", 0)),
+                                 "regs": int(getattr(a, "registers_per_thread", 0))})
+        elif k == c.ActivityKind.EXTERNAL_CORRELATION:
+            self.ext[int(a.correlation_id)] = int(a.external_id)
+        elif k in (c.ActivityKind.MEMSET, c.ActivityKind.MEMCPY):
+            self.other.append({"name": c.ActivityKind(k).name.lower(), "start": int(a.start), "end": int(a.end),
+                               "correlation_id": int(a.correlation_id)})
 
     def __enter__(self):
         c = self.cupti
