@@ -113,6 +113,14 @@ def collect(params: dict | None = None) -> dict:
     }
 
 
+def _clock(p: dict) -> str:
+    """SM clock at the start of a run (often the idle reading) and, when recorded, at its end (under load)."""
+    g = p.get("gpu") or {}
+    start = f"{g.get('smi_sm_clock_mhz', '?')}/{g.get('smi_sm_clock_max_mhz', '?')} MHz"
+    end = (p.get("gpu_at_finish") or {}).get("sm_clock_mhz")
+    return f"{start} at start, {end} MHz at end" if end else f"{start} at start"
+
+
 def describe(p: dict) -> str:
     """One line for a page footer: GPU (or CPU), driver, clocks, commit, date."""
     g = p.get("gpu")
@@ -120,7 +128,7 @@ def describe(p: dict) -> str:
     if g:
         dev = (f"{g.get('name')} (sm_{g.get('cc', '').replace('.', '')}, {g.get('sm_count')} SMs), driver "
                f"{g.get('smi_driver', '?')}, CUDA {g.get('cuda_runtime')}, CuPy {g.get('cupy')}, "
-               f"SM clock {g.get('smi_sm_clock_mhz', '?')}/{g.get('smi_sm_clock_max_mhz', '?')} MHz")
+               f"SM clock {_clock(p)}")
     c = p.get("git_commit", "unknown")
     dirty = "+dirty" if p.get("git_dirty") else ""
     return f"{dev}; host {p.get('host')}; commit {str(c)[:10]}{dirty}; {p.get('date')}"

@@ -651,11 +651,9 @@ def dequantize(raw: np.ndarray, qtype, n: int | None = None) -> np.ndarray:
     name = _qtype_name(qtype)
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
     if name == "q8_1":
-        rows = raw.shape[0]
-        blk = raw.reshape(rows, -1, 36)
-        d = blk[:, :, 0:2].copy().view(np.float16).astype(np.float32)
-        q = blk[:, :, 4:].copy().view(np.int8).astype(np.float32)
-        return (q * d).reshape(rows, -1)
+        from .quants import dequantize as lk_dequantize
+
+        return lk_dequantize(raw, "q8_1")
     from gguf.constants import GGMLQuantizationType
     from gguf.quants import dequantize as gguf_dequantize
 
