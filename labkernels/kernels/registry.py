@@ -33,13 +33,13 @@ FAMILIES = [
          doc="f32 [nt, id] -> ggml block_q8_1 rows (36 B per 32 values)"),
     # -- the generic q6_K kernel: the old road (seeds 000 section 3.2)
     dict(family="q6k_generic", source="q6k_generic.cu", template="q6k_generic_kernel",
-         params={"STRIDE": [210, 224]}, threads=256,
+         params={"STRIDE": [210, 224]}, gemm=True, threads=256,
          smem="KD*BM*32 + BN*KD*32 + KD*BM*4 + 2*KD*BN*4", consts={"KD": 4}, tile=(BM, BN), main_path=True,
          doc="B re-derived from raw blocks per tile (ql/qh reassembly in staging), A reshuffled per chunk "
              "from ggml q8_1 rows, scalar fragment loads, KSPLIT=2"),
     # -- the expanded-B q6_K kernel (seeds 002)
     dict(family="q6k_expb", source="q6k_expb.cu", template="q6k_expb_kernel",
-         params={"KDR": [1, 2, 4, 8], "STRIDE": [210, 224], "EPI": [0, 1], "OCC": [1, 2]}, threads=256,
+         params={"KDR": [1, 2, 4, 8], "STRIDE": [210, 224], "EPI": [0, 1], "OCC": [1, 2]}, gemm=True, threads=256,
          smem="2*(KDR*BM*32 + KDR*BM*4) + BN*KDR*32 + KDR*BN*8", tile=(BM, BN),
          main_path="KDR == 4 and ((EPI == 0 and OCC == 2) or (EPI == 1 and OCC == 1))",
          doc="ql+qh expanded once per tile into a centered int8 plane, dsc float2 per (chunk,row), "
@@ -48,7 +48,7 @@ FAMILIES = [
              "(main path: KDR=4 with EPI=0/OCC=2 or EPI=1/OCC=1; the rest are sweep points)"),
     # -- the q4_K raw-nibble kernel (seeds 002 section 1, r28-r34 skeleton)
     dict(family="q4k_nb", source="q4k_nb.cu", template="q4k_nb_kernel",
-         params={"KDR": [2, 4, 8]}, threads=256,
+         params={"KDR": [2, 4, 8]}, gemm=True, threads=256,
          smem="2*(KDR*BM*32 + KDR*BM*4 + BN*KDR*16 + BN*16) + KDR*BN*8", tile=(BM, BN), main_path=True,
          doc="raw nibbles in smem unpacked in registers at mma time, m16n8k32, q8_1 sum term for mins"),
     # -- dequantize to fp16 for the cuBLAS baselines
@@ -67,6 +67,14 @@ FAMILIES = [
          threads=256, smem="0", tile=(0, 0), main_path=False, doc="GELU(tanh)/SiLU gate times up"),
     dict(family="embed", source="prefill.cu", template="embed_kernel", params={"F16": [0, 1]}, threads=256,
          smem="0", tile=(0, 0), main_path=False, doc="token embedding gather times a scale"),
+    # -- round 7: Hopper-native k-quant GEMM, weights dequantized in registers feeding wgmma (sm_90a)
+    dict(family="wgmma_kq", source="wgmma_kq.cu", template="wgmma_kq_kernel",
+         params={"QT": [4, 6], "BN": [128, 256], "STAGES": [4], "BF16": [0, 1]}, threads=384,
+         smem="STAGES*BN*128 + 1024", tile=(0, 128), main_path="BN == 128 and BF16 == 0",
+         archs=("sm_90a",), gemm=True,
+         doc="TMA-fed 128B-swizzled f16/bf16 activation tiles (B, STAGES-deep mbarrier ring, producer warpgroup) "
+             "x q4_K/q6_K weights dequantized in registers (A, register form) by two consumer warpgroups of 64 "
+             "rows, wgmma m64nBNk16 f32 accumulate; 1 CTA/SM, setmaxnreg 40/232"),
     # -- register-fed mma.sync probes: the physical ceiling line
     dict(family="mma_probe", source="mma_probe.cu", template="mma_probe_kernel",
          params={"K": [16, 32]}, threads=256, smem="0", tile=(0, 0), main_path=False,
@@ -86,6 +94,7 @@ class KernelSpec:
     main_path: bool               # the lab's main path: the audit fails on spills / local memory here
     consts: tuple = field(default=())
     doc: str = ""
+    archs: tuple = ("sm_90",)     # the targets it is built for: sm_90a for wgmma / setmaxnreg kernels
 
     @property
     def p(self) -> dict:
@@ -147,7 +156,8 @@ def _expand() -> list[KernelSpec]:
                 family=fam["family"], source=fam["source"], template=fam["template"],
                 params=tuple(zip(names, values)), threads=fam["threads"], smem_formula=fam["smem"],
                 tile=tuple(fam["tile"]), main_path=_main_path(fam["main_path"], dict(zip(names, values))),
-                consts=tuple(sorted(fam.get("consts", {}).items())), doc=fam.get("doc", "")))
+                consts=tuple(sorted(fam.get("consts", {}).items())), doc=fam.get("doc", ""),
+                archs=tuple(fam.get("archs", ("sm_90",)))))
     return out
 
 

@@ -1,0 +1,379 @@
+// Round 7: a Hopper-native q4_K / q6_K GEMM (sm_90a).
+//
+//   Y[nt, od] (f32) = X[nt, id] (f16 | bf16) * W[od, id]^T (q4_K | q6_K, repacked, same bits per weight)
+//
+// * wgmma.mma_async m64nBNk16 with f32 accumulators; the weight tile is the M operand, dequantized from the
+//   raw k-quant bits to f16/bf16 in registers (register-A form): per sub-block scale (and q4_K's min) folded
+//   into the weight, so there is no per-k epilogue at all (round 6: ~21 issue slots per IMMA went there).
+// * activations are the B operand: [BN tokens x 64 k] tiles, 128-byte swizzled, loaded by TMA
+//   (cp.async.bulk.tensor) into a STAGES-deep ring with full/empty mbarriers.
+// * warp specialization: warpgroup 0 is the producer (one thread issues TMA; setmaxnreg.dec), warpgroups 1-2
+//   are consumers (64 weight rows each; setmaxnreg.inc): 384 threads, one CTA per SM.
+// * weight layout (labkernels.wgmma.repack): q4_K keeps its 144-byte blocks, the 128 nibble bytes permuted
+//   so that lane c of a row's 4 lanes reads its 32 bytes contiguously and every 32-bit word unpacks into
+//   4 A-fragment registers with one lop3 each; q6_K becomes 4 planes (low nibbles 128 B, high 2-bit 64 B,
+//   int8 scales 16 B, fp16 d 2 B per block) with the same 210 bytes per 256 weights.
+//
+// Fragment layout (PTX ISA, wgmma register A, m64k16, 16-bit types): warp w of the warpgroup owns rows
+// 16w..16w+15; lane (g = lane/4, c = lane%4) holds a0 = (row g, k 2c..2c+1), a1 = (row g+8, k 2c..2c+1),
+// a2 = (row g, k 2c+8..2c+9), a3 = (row g+8, k 2c+8..2c+9), low half = lower k.
+// Accumulator (m64nN, f32): d[4j+0..1] = (row g, n 8j+2c..+1), d[4j+2..3] = (row g+8, n 8j+2c..+1).
+#include "common.cuh"
+#include "wgmma_ops.cuh"
+
+#ifndef LK_WG_M
+#define LK_WG_M 128  // weight rows per CTA: two consumer warpgroups x 64
+#endif
+#define LK_WG_K 64   // k per pipeline stage: one 128-byte swizzle row of 16-bit activations
+#define LK_WG_THREADS 384
+
+struct __align__(64) LkTmap {  // CUtensorMap: 128 opaque bytes, passed by value as a __grid_constant__
+    u64 w[16];
+};
+
+__device__ __forceinline__ u32 lk_smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+// ---- mbarriers (CTA scope) ----
+__device__ __forceinline__ void lk_mbar_init(u64* bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(lk_smem_u32(bar)), "r"(count));
+}
+__device__ __forceinline__ void lk_mbar_expect_tx(u64* bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(lk_smem_u32(bar)), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void lk_mbar_arrive(u64* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(lk_smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void lk_mbar_wait(u64* bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(lk_smem_u32(bar)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+// ---- TMA: one 2-D box [c1 .. c1+box1) x [c0 .. c0+box0) into shared memory, completing on an mbarrier ----
+__device__ __forceinline__ void lk_tma_load_2d(void* dst, const LkTmap* tm, int c0, int c1, u64* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            lk_smem_u32(dst)),
+        "l"((u64)tm), "r"(c0), "r"(c1), "r"(lk_smem_u32(bar))
+        : "memory");
+}
+
+// ---- wgmma plumbing ----
+__device__ __forceinline__ void lk_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void lk_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void lk_wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// keep A-fragment registers alive (unreused) until the wgmma group that reads them has retired
+__device__ __forceinline__ void lk_keep(u32 (&a)[4][4]) {
+#pragma unroll
+    for (int s = 0; s < 4; s++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[s][i])::"memory");
+}
+
+// K-major B tile of 64 16-bit k (128 bytes) per token row, 128-byte swizzle: 8-row core groups 1024 B apart
+__device__ __forceinline__ u64 lk_desc_sw128(u32 saddr) {
+    return (u64)((saddr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+
+template <int BN, int BF16>
+__device__ __forceinline__ void lk_wgmma(float (&d)[BN / 2], const u32 (&a)[4], u64 desc) {
+    if constexpr (BF16) {
+        if constexpr (BN == 64) lk_wgmma_m64n64k16_bf16_rs(d, a[0], a[1], a[2], a[3], desc, 1);
+        if constexpr (BN == 128) lk_wgmma_m64n128k16_bf16_rs(d, a[0], a[1], a[2], a[3], desc, 1);
+        if constexpr (BN == 192) lk_wgmma_m64n192k16_bf16_rs(d, a[0], a[1], a[2], a[3], desc, 1);
+        if constexpr (BN == 256) lk_wgmma_m64n256k16_bf16_rs(d, a[0], a[1], a[2], a[3], desc, 1);
+    } else {
+        if constexpr (BN == 64) lk_wgmma_m64n64k16_f16_rs(d, a[0], a[1], a[2], a[3], desc, 1);
+        if constexpr (BN == 128) lk_wgmma_m64n128k16_f16_rs(d, a[0], a[1], a[2], a[3], desc, 1);
+        if constexpr (BN == 192) lk_wgmma_m64n192k16_f16_rs(d, a[0], a[1], a[2], a[3], desc, 1);
+        if constexpr (BN == 256) lk_wgmma_m64n256k16_f16_rs(d, a[0], a[1], a[2], a[3], desc, 1);
+    }
+}
+
+// ---- 16-bit pair arithmetic (f16x2 / bf16x2) without cuda_fp16.h ----
+template <int BF16>
+__device__ __forceinline__ u32 lk_sub2(u32 a, u32 b) {
+    u32 d;
+    if constexpr (BF16) asm("sub.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+    else asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+template <int BF16>
+__device__ __forceinline__ u32 lk_fma2(u32 a, u32 b, u32 c) {
+    u32 d;
+    if constexpr (BF16) asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    else asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+template <int BF16>
+__device__ __forceinline__ u32 lk_mul2(u32 a, u32 b) {
+    u32 d;
+    if constexpr (BF16) asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+    else asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+// one float, rounded once, in both halves
+template <int BF16>
+__device__ __forceinline__ u32 lk_bcast2(float f) {
+    u32 d;
+    if constexpr (BF16) asm("cvt.rn.bf16x2.f32 %0, %1, %1;\n" : "=r"(d) : "f"(f));
+    else asm("cvt.rn.f16x2.f32 %0, %1, %1;\n" : "=r"(d) : "f"(f));
+    return d;
+}
+__device__ __forceinline__ u32 lk_lop_or_and(u32 a, u32 mask, u32 orv) {  // (a & mask) | orv: one LOP3
+    u32 d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(mask), "r"(orv));
+    return d;
+}
+// magic exponent that turns a small unsigned integer in the low mantissa bits into (bias + q), and the bias
+template <int BF16>
+struct LkMagic {
+    static constexpr u32 OR = BF16 ? 0x43004300u : 0x64006400u;    // 128.0 | 1024.0 in both halves
+    static constexpr u32 Q4 = BF16 ? 0x43004300u : 0x64006400u;    // subtract 128 | 1024: q in 0..15
+    static constexpr u32 Q6 = BF16 ? 0x43204320u : 0x64206420u;    // subtract 160 | 1056: q - 32
+};
+
+// ---- q4_K: a 144-byte block, header kept, nibble bytes permuted (labkernels.wgmma.repack) ----
+// lane c's 32 bytes at 16 + 32c: word (j, h) = bytes [b(32j+16h+2c), b(..+8), b(..+1), b(..+9)] of the GGUF qs
+struct Q4Raw {
+    uint4 hdr, qa, qb;  // d|dmin, scales[12]; words (j=0,h=0..1),(j=1,..); words (j=2..3)
+};
+__device__ __forceinline__ void q4_load(Q4Raw& r, const u8* blk, int c) {
+    r.hdr = __ldg((const uint4*)blk);
+    r.qa = __ldg((const uint4*)(blk + 16 + 32 * c));
+    r.qb = __ldg((const uint4*)(blk + 32 + 32 * c));
+}
+__device__ __forceinline__ u32 q4_word(const Q4Raw& r, int j, int h) {
+    const uint4& v = j < 2 ? r.qa : r.qb;
+    const int i = (j & 1) * 2 + h;
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+// 6-bit scale and min of sub-block is (0..7), as in ggml's get_scale_min_k4, from the header words
+__device__ __forceinline__ void q4_scale_min(const uint4& h, int is, u32& sc, u32& mn) {
+    const int b = 8 * (is & 3);
+    if (is < 4) {
+        sc = (h.y >> b) & 63;
+        mn = (h.z >> b) & 63;
+    } else {
+        sc = ((h.w >> b) & 0xF) | (((h.y >> b) >> 6 & 3) << 4);
+        mn = ((h.w >> b) >> 4 & 0xF) | (((h.z >> b) >> 6 & 3) << 4);
+    }
+}
+// A fragments of chunk j (k 64j..64j+63 of the super-block) for one row: frag[s][0] = (k 2c..), [1] = (k 2c+8..)
+template <int BF16>
+__device__ __forceinline__ void q4_chunk(const Q4Raw& r, int j, u32 (&frag)[4][2]) {
+    const float d = lk_h2f((u16)(r.hdr.x & 0xFFFF)), dmin = lk_h2f((u16)(r.hdr.x >> 16));
+#pragma unroll
+    for (int half = 0; half < 2; half++) {      // low nibbles: sub-block 2j, high nibbles: 2j+1
+        u32 sc, mn;
+        q4_scale_min(r.hdr, 2 * j + half, sc, mn);
+        const u32 s2 = lk_bcast2<BF16>(d * (float)sc), z2 = lk_bcast2<BF16>(-(dmin * (float)mn));
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const u32 w = q4_word(r, j, h) >> (4 * half);
+            const int s = 2 * half + h;           // k16 step inside the chunk
+            frag[s][0] = lk_fma2<BF16>(lk_sub2<BF16>(lk_lop_or_and(w, 0x000F000Fu, LkMagic<BF16>::OR), LkMagic<BF16>::Q4), s2, z2);
+            frag[s][1] = lk_fma2<BF16>(lk_sub2<BF16>(lk_lop_or_and(w >> 8, 0x000F000Fu, LkMagic<BF16>::OR), LkMagic<BF16>::Q4), s2, z2);
+        }
+    }
+}
+
+// ---- q6_K: planes L (128 B/block: lane c's 32 B), H (64 B/block: lane c's 16 B), SC (16 B), D (2 B) ----
+// L word (j, p): 4 bytes, byte (2c|2c+8|2c+1|2c+9 order) low nibble = step 2p, high nibble = step 2p+1
+// H word j: 2-bit field f = 2 s + t (s = step in chunk, t = 0 for k 2c.., 1 for 2c+8..) at bit 2f (lower k)
+// and 16 + 2f (upper k)
+struct Q6Raw {
+    uint4 la, lb, h, sc;  // L words (j=0..1 | j=2..3, p=0..1), H words j=0..3, int8 scales[16]
+    u16 d;
+};
+__device__ __forceinline__ void q6_load(Q6Raw& r, const u8* L, const u8* H, const u8* SC, const u8* D, size_t blk,
+                                        int c) {
+    r.la = __ldg((const uint4*)(L + blk * 128 + 32 * c));
+    r.lb = __ldg((const uint4*)(L + blk * 128 + 32 * c + 16));
+    r.h = __ldg((const uint4*)(H + blk * 64 + 16 * c));
+    r.sc = __ldg((const uint4*)(SC + blk * 16));
+    r.d = __ldg((const u16*)(D + blk * 2));
+}
+__device__ __forceinline__ u32 lk_u4(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+template <int BF16>
+__device__ __forceinline__ void q6_chunk(const Q6Raw& r, int j, u32 (&frag)[4][2]) {
+    const float d = lk_h2f(r.d);
+    const u32 hw = lk_u4(r.h, j), scw = lk_u4(r.sc, j);
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+        const u32 lw = lk_u4(j < 2 ? r.la : r.lb, (j & 1) * 2 + (s >> 1)) >> (4 * (s & 1));
+        const u32 s2 = lk_bcast2<BF16>(d * (float)(int)(s8)(scw >> (8 * s)));
+#pragma unroll
+        for (int t = 0; t < 2; t++) {
+            const int f = 2 * s + t;
+            const u32 hs = (4 - 2 * f) >= 0 ? hw << (4 - 2 * f) : hw >> (2 * f - 4);
+            const u32 lo = lk_lop_or_and(lw >> (8 * t), 0x000F000Fu, LkMagic<BF16>::OR);
+            const u32 q = lk_lop_or_and(hs, 0x00300030u, lo);
+            frag[s][t] = lk_mul2<BF16>(lk_sub2<BF16>(q, LkMagic<BF16>::Q6), s2);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------- the kernel
+template <int QT, int BN, int STAGES, int BF16>
+__device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __restrict__ W, float* __restrict__ Y,
+                                              int nt, int od, int id) {
+    constexpr int STAGE_BYTES = BN * LK_WG_K * 2;
+    extern __shared__ u8 lk_dyn_smem[];
+    __shared__ __align__(8) u64 full_bar[STAGES];
+    __shared__ __align__(8) u64 empty_bar[STAGES];
+    const u32 base = lk_smem_u32(lk_dyn_smem);
+    u8* sB = lk_dyn_smem + (((base + 1023) & ~1023u) - base);   // 128-byte swizzle wants 1024-aligned tiles
+
+    const int nk = id / LK_WG_K, nsb = id >> 8;
+    const int m0 = blockIdx.x * LK_WG_M, n0 = blockIdx.y * BN;
+    const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; s++) {
+            lk_mbar_init(&full_bar[s], 1);
+            lk_mbar_init(&empty_bar[s], 8);   // lane 0 of each of the 8 consumer warps
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // ------------------------------------------------ producer warpgroup
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tm) : "memory");
+            for (int kt = 0; kt < nk; kt++) {
+                const int s = kt % STAGES;
+                if (kt >= STAGES) lk_mbar_wait(&empty_bar[s], ((kt / STAGES) - 1) & 1);
+                lk_mbar_expect_tx(&full_bar[s], STAGE_BYTES);
+                lk_tma_load_2d(sB + s * STAGE_BYTES, &tm, kt * LK_WG_K, n0, &full_bar[s]);
+            }
+        }
+        return;
+    }
+    // ------------------------------------------------------------------ consumer warpgroups
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int r0 = m0 + (wg - 1) * 64 + warp * 16 + g, r1 = r0 + 8;
+    const int rr0 = r0 < od ? r0 : od - 1, rr1 = r1 < od ? r1 : od - 1;   // tail rows compute, never store
+
+    float acc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
+    u32 a[2][4][4];   // two A-fragment sets: chunk j uses set j&1 while the other set's wgmmas run
+
+    if constexpr (QT == 4) {
+        const u8* p0 = W + (size_t)rr0 * nsb * 144;
+        const u8* p1 = W + (size_t)rr1 * nsb * 144;
+        Q4Raw cur0, cur1, nxt0, nxt1;
+        q4_load(cur0, p0, c);
+        q4_load(cur1, p1, c);
+        for (int sb = 0; sb < nsb; sb++) {
+            if (sb + 1 < nsb) {
+                q4_load(nxt0, p0 + (size_t)(sb + 1) * 144, c);
+                q4_load(nxt1, p1 + (size_t)(sb + 1) * 144, c);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int kt = sb * 4 + j, st = kt % STAGES;
+                u32 f0[4][2], f1[4][2];
+                q4_chunk<BF16>(cur0, j, f0);
+                q4_chunk<BF16>(cur1, j, f1);
+#pragma unroll
+                for (int s = 0; s < 4; s++) {
+                    a[j & 1][s][0] = f0[s][0];
+                    a[j & 1][s][1] = f1[s][0];
+                    a[j & 1][s][2] = f0[s][1];
+                    a[j & 1][s][3] = f1[s][1];
+                }
+                lk_mbar_wait(&full_bar[st], (kt / STAGES) & 1);
+                lk_wgmma_fence();
+                const u32 sa = lk_smem_u32(sB + st * STAGE_BYTES);
+#pragma unroll
+                for (int s = 0; s < 4; s++) lk_wgmma<BN, BF16>(acc, a[j & 1][s], lk_desc_sw128(sa + 32 * s));
+                lk_wgmma_commit();
+                lk_wgmma_wait<1>();                    // the previous chunk's group has retired
+                lk_keep(a[(j & 1) ^ 1]);
+                if (kt > 0 && lane == 0) lk_mbar_arrive(&empty_bar[(kt - 1) % STAGES]);
+            }
+            cur0 = nxt0;
+            cur1 = nxt1;
+        }
+    } else {
+        const size_t nblk = (size_t)od * nsb;
+        const u8* L = W;
+        const u8* H = L + nblk * 128;
+        const u8* SC = H + nblk * 64;
+        const u8* D = SC + nblk * 16;
+        const size_t b0 = (size_t)rr0 * nsb, b1 = (size_t)rr1 * nsb;
+        Q6Raw cur0, cur1, nxt0, nxt1;
+        q6_load(cur0, L, H, SC, D, b0, c);
+        q6_load(cur1, L, H, SC, D, b1, c);
+        for (int sb = 0; sb < nsb; sb++) {
+            if (sb + 1 < nsb) {
+                q6_load(nxt0, L, H, SC, D, b0 + sb + 1, c);
+                q6_load(nxt1, L, H, SC, D, b1 + sb + 1, c);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int kt = sb * 4 + j, st = kt % STAGES;
+                u32 f0[4][2], f1[4][2];
+                q6_chunk<BF16>(cur0, j, f0);
+                q6_chunk<BF16>(cur1, j, f1);
+#pragma unroll
+                for (int s = 0; s < 4; s++) {
+                    a[j & 1][s][0] = f0[s][0];
+                    a[j & 1][s][1] = f1[s][0];
+                    a[j & 1][s][2] = f0[s][1];
+                    a[j & 1][s][3] = f1[s][1];
+                }
+                lk_mbar_wait(&full_bar[st], (kt / STAGES) & 1);
+                lk_wgmma_fence();
+                const u32 sa = lk_smem_u32(sB + st * STAGE_BYTES);
+#pragma unroll
+                for (int s = 0; s < 4; s++) lk_wgmma<BN, BF16>(acc, a[j & 1][s], lk_desc_sw128(sa + 32 * s));
+                lk_wgmma_commit();
+                lk_wgmma_wait<1>();
+                lk_keep(a[(j & 1) ^ 1]);
+                if (kt > 0 && lane == 0) lk_mbar_arrive(&empty_bar[(kt - 1) % STAGES]);
+            }
+            cur0 = nxt0;
+            cur1 = nxt1;
+        }
+    }
+    lk_wgmma_wait<0>();
+    lk_wgmma_fence_acc(acc);
+
+    // epilogue: Y is token-major [nt, od]; lanes with the same c write 8 consecutive rows (32 B)
+#pragma unroll
+    for (int jn = 0; jn < BN / 8; jn++) {
+        const int n = n0 + 8 * jn + 2 * c;
+        if (r0 < od) {
+            if (n < nt) Y[(size_t)n * od + r0] = acc[4 * jn + 0];
+            if (n + 1 < nt) Y[(size_t)(n + 1) * od + r0] = acc[4 * jn + 1];
+        }
+        if (r1 < od) {
+            if (n < nt) Y[(size_t)n * od + r1] = acc[4 * jn + 2];
+            if (n + 1 < nt) Y[(size_t)(n + 1) * od + r1] = acc[4 * jn + 3];
+        }
+    }
+}
+
+template <int QT, int BN, int STAGES, int BF16>
+__global__ void __launch_bounds__(LK_WG_THREADS, 1)
+    wgmma_kq_kernel(const __grid_constant__ LkTmap tm, const u8* __restrict__ W, float* __restrict__ Y, int nt,
+                    int od, int id) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    wgmma_kq_body<QT, BN, STAGES, BF16>(tm, W, Y, nt, od, id);
+#else
+    __trap();  // wgmma / setmaxnreg exist on sm_90a only: the launcher refuses other devices first
+#endif
+}

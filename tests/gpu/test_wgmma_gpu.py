@@ -1,0 +1,94 @@
+"""GPU gates of round 7's wgmma_kq family (sm_90a): every variant, tails in nt and od, poisoned outputs with
+guard regions, fresh random inputs; the gate of :func:`labkernels.wgmma.gate` (float64 gguf reference: max rel
+<= 1e-3, NMSE <= 5e-4; the kernel's exact function: <= 1e-5)."""
+import numpy as np
+import pytest
+
+from labkernels.kernels import registry
+
+pytestmark = pytest.mark.gpu
+
+GUARD = 512
+
+
+@pytest.fixture(scope="module")
+def cp():
+    import cupy
+
+    from labkernels import gpu, wgmma
+
+    if not wgmma.supported(gpu.device_props()["cc"]):
+        pytest.skip("wgmma_kq needs an sm_90 GPU")
+    return cupy
+
+
+def _weights(rng, qtype, od, id_):
+    from labkernels import quants
+
+    w = (rng.standard_normal((od, id_)) * rng.uniform(0.01, 0.1)).astype(np.float32)
+    w[rng.integers(0, od), rng.integers(0, id_)] *= 20  # an outlier
+    return quants.quantize(w, qtype)
+
+
+def _run(cp, raw, qtype, x, **params):
+    from labkernels import wgmma
+
+    nt, od = x.shape[0], raw.shape[0]
+    w = wgmma.WgWeight.from_gguf(raw, qtype)
+    buf = cp.full(nt * od + 2 * GUARD, np.nan, dtype=cp.float32)
+    y = buf[GUARD:GUARD + nt * od].reshape(nt, od)
+    wgmma.gemm(w, cp.asarray(x), out=y, **params)
+    g = cp.asnumpy(buf)
+    assert np.isnan(g[:GUARD]).all() and np.isnan(g[-GUARD:]).all(), "write outside the output"
+    return cp.asnumpy(y), cp.asnumpy(w.packed)
+
+
+VARIANTS = [k for k in registry.family("wgmma_kq")]
+
+
+@pytest.mark.parametrize("spec", VARIANTS, ids=[k.key for k in VARIANTS])
+@pytest.mark.parametrize("nt,od,id_", [(1, 128, 256), (77, 200, 512), (300, 256, 768), (520, 130, 1024)])
+def test_wgmma_parity(cp, rng, spec, nt, od, id_):
+    from labkernels import wgmma
+
+    qtype = "q4_K" if spec.p["QT"] == 4 else "q6_K"
+    raw = _weights(rng, qtype, od, id_)
+    x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
+    y, packed = _run(cp, raw, qtype, x, BN=spec.p["BN"], STAGES=spec.p["STAGES"], BF16=spec.p["BF16"])
+    g = wgmma.gate(y, raw, qtype, x, packed=packed, bf16=bool(spec.p["BF16"]))
+    print(spec.key, nt, od, id_, g)
+    assert g["nonfinite"] == 0
+    assert g["exact_rel"] <= wgmma.EXACT_GATE, g
+    if not spec.p["BF16"]:
+        assert g["ok"], g
+        # smaller than the int8 q8_1 path's error on the same inputs (no 8-bit activations)
+        assert g["nmse"] < wgmma.int8_path_error(raw, qtype, x)["nmse"]
+
+
+def test_wgmma_rejects_bad_shapes(cp, rng):
+    from labkernels import gpu, wgmma
+
+    raw = _weights(rng, "q4_K", 128, 512)
+    w = wgmma.WgWeight.from_gguf(raw, "q4_K")
+    with pytest.raises(gpu.ShapeError, match="inner dimensions"):
+        wgmma.gemm(w, cp.zeros((4, 256), cp.float32))
+    with pytest.raises(gpu.ShapeError, match="2-D"):
+        wgmma.gemm(w, cp.zeros((512,), cp.float32))
+    with pytest.raises(KeyError, match="no registered kernel"):
+        wgmma.gemm(w, cp.zeros((4, 512), cp.float32), BN=96)
+
+
+def test_wgmma_real_model_tensors(cp, rng):
+    """Every q4_K / q6_K tensor of Gemma 3 270M (the GGUF, or its tensor cache on a GPU machine) through the two
+    main variants: all rows, 37 fresh random tokens."""
+    from labkernels import model, wgmma
+
+    n = 0
+    for name, qtype, raw in model.load_kquant():
+        id_ = raw.shape[1] // wgmma.BLOCK_BYTES[qtype] * 256
+        x = rng.standard_normal((37, id_)).astype(np.float32)
+        y, packed = _run(cp, np.ascontiguousarray(raw), qtype, x, BN=128, STAGES=4, BF16=0)
+        g = wgmma.gate(y, raw, qtype, x, packed=packed)
+        assert g["ok"], (name, g)
+        n += 1
+    assert n >= 36

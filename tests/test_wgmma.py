@@ -1,0 +1,77 @@
+"""Round 7 on the CPU: the weight repack round-trips byte for byte, the kernel's bit extraction (emulated in numpy
+on the repacked bytes) reproduces gguf-py's dequantization to fp16/bf16 rounding, and the generated wgmma header
+is in sync with its generator."""
+
+import numpy as np
+import pytest
+
+from labkernels import quants, wgmma
+from labkernels.kernels import gen_wgmma, registry
+
+
+def _weights(qtype, od, id_, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((od, id_)).astype(np.float32) * rng.uniform(0.005, 0.05, (od, 1)).astype(np.float32)
+    return quants.quantize(x, qtype)
+
+
+@pytest.mark.parametrize("qtype", ["q4_K", "q6_K"])
+def test_repack_round_trip_random_bytes(qtype):
+    rng = np.random.default_rng(11)
+    od, nsb = 7, 3
+    raw = rng.integers(0, 256, (od, nsb * wgmma.BLOCK_BYTES[qtype]), dtype=np.uint8)
+    p = wgmma.repack(raw, qtype)
+    assert p.nbytes == raw.nbytes                      # same bits per weight: nothing added
+    assert not np.array_equal(p.ravel(), raw.ravel())  # it does permute
+    back = wgmma.unrepack(p, qtype, od, nsb * 256)
+    assert back.dtype == np.uint8 and np.array_equal(back, raw)
+
+
+@pytest.mark.parametrize("qtype", ["q4_K", "q6_K"])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_emulated_kernel_weights_match_gguf_dequant(qtype, bf16):
+    import gguf
+
+    od, id_ = 24, 512
+    raw = _weights(qtype, od, id_, 5 + bf16)
+    ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype.upper()]).astype(np.float64)
+    emu = wgmma.emulate_weights(wgmma.repack(raw, qtype), qtype, od, id_, bf16=bf16)
+    assert emu.shape == (od, id_) and np.isfinite(emu).all()
+    # every value is a rounding of the exact dequantized weight: 16-bit rounding of the scale (and min) and of
+    # the result, each <= 2^-11 (fp16) or 2^-8 (bf16) relative
+    u = 2.0 ** (-8 if bf16 else -11)
+    blocks = ref.reshape(od, id_ // 32, 32)
+    scale_mag = np.abs(blocks).max(-1, keepdims=True)        # bounds |s*q| + |z| within each 32-group
+    tol = np.repeat(3 * u * scale_mag, 32, axis=-1).reshape(od, id_) + 1e-12
+    err = np.abs(emu - ref)
+    assert (err <= tol).all(), f"max err/tol {float((err / tol).max()):.3f}"
+    # and not trivially: the emulation really used the repacked bytes (a wrong permutation breaks it)
+    bad = wgmma.repack(raw, qtype).copy()
+    bad[..., 40] ^= 0x11 if qtype == "q4_K" else 0
+    if qtype == "q6_K":
+        bad[5] ^= 0x11
+    assert not np.array_equal(wgmma.emulate_weights(bad, qtype, od, id_, bf16=bf16), emu)
+
+
+def test_repack_rejects_bad_input():
+    with pytest.raises(wgmma.RepackError, match="q4_K or q6_K"):
+        wgmma.repack(np.zeros((2, 34), np.uint8), "q8_0")
+    with pytest.raises(wgmma.RepackError, match=r"uint8 \[od, nsb\*144\]"):
+        wgmma.repack(np.zeros((2, 100), np.uint8), "q4_K")
+    with pytest.raises(wgmma.RepackError, match="planes"):
+        wgmma.unrepack(np.zeros(100, np.uint8), "q6_K", 2, 256)
+
+
+def test_generated_wgmma_header_in_sync():
+    assert gen_wgmma.HEADER.read_text() == gen_wgmma.generate(), \
+        "labkernels/kernels/wgmma_ops.cuh is stale: run python -m labkernels.kernels.gen_wgmma"
+
+
+def test_registry_rows_of_round7():
+    ks = registry.family("wgmma_kq")
+    assert {k.p["QT"] for k in ks} == {4, 6} and all(k.archs == ("sm_90a",) for k in ks)
+    assert all(k.threads == 384 for k in ks)
+    for k in ks:   # the ring of STAGES activation tiles (BN tokens x 128 B) plus 1 KB of alignment slack
+        assert k.dynamic_smem() == k.p["STAGES"] * k.p["BN"] * 128 + 1024
+    assert [k.key for k in ks if k.main_path] == ["wgmma_kq[QT=4,BN=128,STAGES=4,BF16=0]",
+                                                   "wgmma_kq[QT=6,BN=128,STAGES=4,BF16=0]"]
