@@ -371,10 +371,10 @@ class WgKernel:
 
         holders = [ctypes.create_string_buffer(tmap, 128)]
         for a in args:
-            if isinstance(a, (np.integer, int)) and not hasattr(a, "data"):
+            if isinstance(a, (np.integer, int)):
                 holders.append(ctypes.c_int32(int(a)))
             else:
-                holders.append(ctypes.c_uint64(int(a.data.ptr)))
+                holders.append(ctypes.c_uint64(int(a.data.ptr)))   # a device array
         params = np.array([ctypes.addressof(h) for h in holders], dtype=np.uintp)
         stream = _cp().cuda.get_current_stream().ptr
         (err,) = drv.cuLaunchKernel(drv.CUfunction(self._fptr), int(grid[0]), int(grid[1]), 1,
@@ -496,12 +496,15 @@ def gate(y, w_raw: np.ndarray, qtype: str, x: np.ndarray, packed: np.ndarray | N
         exact = x16 @ w16.T
         out["exact_rel"] = float(np.abs(y - exact).max() / (float(np.abs(exact).max()) or 1.0)) if finite else float("inf")
     out["ok"] = bool(finite and out["max_rel_err"] <= reference.REL_ERR_GATE and out["nmse"] <= reference.NMSE_GATE
-                     and out.get("exact_rel", 0.0) <= EXACT_GATE)
+                     and out.get("exact_rel", 0.0) <= exact_gate(x.shape[1]))
     return out
 
 
-#: kernel vs its own exact function (16-bit operands, float64 products): only fp32 accumulation order differs
-EXACT_GATE = 1e-5
+def exact_gate(id_: int) -> float:
+    """Kernel vs its own exact function (16-bit operands, float64 products): only the tensor cores' fp32
+    accumulation order differs, an error growing like sqrt(K): 1e-5 up to K=1024, 3.7e-5 at K=14336. A wrong
+    fragment, scale or row gives O(1)."""
+    return 1e-5 * max(1.0, (id_ / 1024) ** 0.5)
 
 
 def int8_path_error(w_raw: np.ndarray, qtype: str, x: np.ndarray) -> dict:
