@@ -39,7 +39,7 @@ from . import occupancy as occ
 from .kernels import registry
 
 #: the device profile each arch's occupancy row is computed for
-ARCH_DEVICE = {"sm_80": "a100", "sm_86": "rtx4090", "sm_89": "l40s", "sm_90": "h200", "sm_100": "h200",
+ARCH_DEVICE = {"sm_80": "a100", "sm_86": "rtx4090", "sm_89": "l40s", "sm_90": "h200", "sm_90a": "h200", "sm_100": "h200",
                "sm_120": "rtx5090", "sm_121": "gb10"}
 DEFAULT_ARCHS = ("sm_90",)
 CACHE_VERSION = 1
@@ -91,16 +91,23 @@ _RE_STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+
 _RE_USED = re.compile(r"ptxas info\s*:\s*Used (\d+) registers(.*)")
 
 
+#: ptxas' performance warnings that the wgmma pipeline of a function was serialized (C7510/C7515/...)
+_RE_WGMMA_SERIAL = re.compile(r"\(C75\d\d\) Potential Performance Loss: wgmma\.mma_async instructions are "
+                              r"serialized[^']*'(\w+)'")
+
+
 def parse_ptxas(text: str) -> list[dict]:
     """Entry functions of a ``-Xptxas -v`` log: mangled name, arch, regs, spills, stack frame, smem, barriers."""
     entries: list[dict] = []
     cur = None
     props_of = None
+    serialized = {m.group(1) for m in _RE_WGMMA_SERIAL.finditer(text)}
     for line in text.splitlines():
         m = _RE_ENTRY.search(line)
         if m:
             cur = {"mangled": m.group(1), "arch": m.group(2), "regs": None, "spill_stores": 0, "spill_loads": 0,
-                   "stack_frame": 0, "static_smem": 0, "barriers": 0, "cmem0": 0}
+                   "stack_frame": 0, "static_smem": 0, "barriers": 0, "cmem0": 0,
+                   "wgmma_serialized": m.group(1) in serialized}
             entries.append(cur)
             props_of = None
             continue
@@ -214,6 +221,24 @@ def _spec_args(k) -> tuple[str, ...]:
 
 # ---------------------------------------------------------------------------------------------------- compiling
 
+def arch_flag(arch: str) -> str:
+    """nvcc target flag: sm_90a (wgmma, setmaxnreg) needs the -gencode form (nvcc 13.0's -arch=sm_90a shorthand
+    also runs a plain sm_90 pass that rejects them)."""
+    if arch.endswith("a"):
+        n = arch[3:-1]
+        return f"-gencode=arch=compute_{n}a,code=sm_{n}a"
+    return f"-arch={arch}"
+
+
+def source_archs(specs, requested) -> tuple:
+    """The archs one source is audited for: its families' own targets (sm_90a kernels stand in for sm_90 and
+    are skipped on other archs, where they cannot run), else the requested ones."""
+    own = {a for k in specs for a in k.archs} if specs else set()
+    if own and all(a.endswith("a") for a in own):
+        return tuple(a for a in sorted(own) if a[:-1] in requested or a in requested)
+    return tuple(requested)
+
+
 def nvcc_path() -> str | None:
     return shutil.which("nvcc")
 
@@ -253,7 +278,7 @@ def compile_source(src: Path, specs, arch: str, kernels_dir: Path, *, nvcc: str 
     if not nvcc:
         raise AuditError("nvcc not on PATH: the ptxas audit needs the CUDA toolkit (no GPU)")
     wrapper = wrapper_source(src, specs)
-    flags = list(NVCC_FLAGS) + [f"-arch={arch}", f"-I{kernels_dir.resolve()}"] + list(extra_flags)
+    flags = list(NVCC_FLAGS) + [arch_flag(arch), f"-I{kernels_dir.resolve()}"] + list(extra_flags)
     key = hashlib.sha256(json.dumps({
         "v": CACHE_VERSION, "wrapper": wrapper, "src": hashlib.sha256(src.read_bytes()).hexdigest(),
         "headers": dir_digest or _dir_digest(kernels_dir),
@@ -315,7 +340,7 @@ def audit(kernels=None, archs=DEFAULT_ARCHS, *, kernels_dir=None, device=None, u
     if not nvcc:
         raise AuditError("nvcc not on PATH: the ptxas audit needs the CUDA toolkit (no GPU)")
     digest = _dir_digest(kdir)
-    tasks = [(src, specs, arch) for src, specs in groups.items() for arch in archs]
+    tasks = [(src, specs, arch) for src, specs in groups.items() for arch in source_archs(specs, archs)]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
         results = list(ex.map(lambda t: compile_source(kdir / t[0], t[1], t[2], kdir, nvcc=nvcc,
                                                        use_cache=use_cache, dir_digest=digest,
@@ -374,6 +399,7 @@ def _row(k, src, arch, dev, e, error=None) -> dict:
     row.update({"source": src, "arch": arch, "device": dev})
     for f in ("regs", "spill_stores", "spill_loads", "stack_frame", "static_smem", "barriers"):
         row[f] = e[f] if e else None
+    row["wgmma_serialized"] = bool(e.get("wgmma_serialized")) if e else None
     row["smem"] = (row["static_smem"] or 0) + (row["dynamic_smem"] or 0) if e else None
     row.update(_occupancy_row(dev, row["threads"], row["regs"], row["smem"]) if e else
                {"blocks_per_sm": None, "warps_per_sm": None, "occupancy": None, "limiter": None})
@@ -392,13 +418,15 @@ def check(rows, *, require_archs=DEFAULT_ARCHS, raise_on_failure: bool = False) 
             continue
         where = f"{r['key']} [{r['arch']}] ({r['source']})"
         if r.get("error"):
-            if r["arch"] in require_archs:
+            if r["arch"] in require_archs or r["arch"].rstrip("a") in require_archs:
                 fails.append(f"{where}: {r['error']}")
             continue
         if (r.get("spill_stores") or 0) > 0 or (r.get("spill_loads") or 0) > 0:
             fails.append(f"{where}: spills {r['spill_stores']} B stores / {r['spill_loads']} B loads")
         if (r.get("stack_frame") or 0) > 0:
             fails.append(f"{where}: {r['stack_frame']} B stack frame (local memory)")
+        if r.get("wgmma_serialized"):
+            fails.append(f"{where}: ptxas serialized its wgmma pipeline (C7515-class warning)")
     if fails and raise_on_failure:
         raise AuditError("ptxas audit failed:\n  " + "\n  ".join(fails))
     return fails
@@ -409,7 +437,8 @@ def check(rows, *, require_archs=DEFAULT_ARCHS, raise_on_failure: bool = False) 
 _COLS = [("key", "kernel", 40), ("arch", "arch", 6), ("regs", "regs", 4), ("spill_stores", "spSt", 4),
          ("spill_loads", "spLd", 4), ("stack_frame", "stack", 5), ("static_smem", "sSmem", 6),
          ("dynamic_smem", "dSmem", 6), ("threads", "thr", 4), ("blocks_per_sm", "blk/SM", 6),
-         ("occupancy", "occ", 6), ("limiter", "limiter", 9), ("device", "device", 7), ("main_path", "main", 4)]
+         ("occupancy", "occ", 6), ("limiter", "limiter", 9), ("device", "device", 7), ("main_path", "main", 4),
+         ("wgmma_serialized", "wgSer", 5)]
 
 
 def format_table(rows) -> str:

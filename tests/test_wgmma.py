@@ -73,5 +73,32 @@ def test_registry_rows_of_round7():
     assert all(k.threads == 384 for k in ks)
     for k in ks:   # the ring of STAGES activation tiles (BN tokens x 128 B) plus 1 KB of alignment slack
         assert k.dynamic_smem() == k.p["STAGES"] * k.p["BN"] * 128 + 1024
-    assert [k.key for k in ks if k.main_path] == ["wgmma_kq[QT=4,BN=128,STAGES=4,BF16=0]",
-                                                   "wgmma_kq[QT=6,BN=128,STAGES=4,BF16=0]"]
+    main = sorted(k.key for k in ks if k.main_path)
+    # one scale-decode form per type on the main path, both tile widths, f16 (the form ptxas pipelines cleanly)
+    assert main == sorted(f"wgmma_kq[QT={q},BN={bn},STAGES=4,BF16=0,SCL={scl}]"
+                          for q, scl in ((4, 0), (6, 1)) for bn in (128, 256))
+
+
+def test_audit_reads_wgmma_serialization_and_sm90a_targets():
+    from labkernels import audit
+
+    log = ("ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+           "non wgmma instructions defining accumulator registers of a wgmma between start and end of the pipeline "
+           "stage in the function '_Z3fooILi1EEvv'\n"
+           "ptxas info    : Compiling entry function '_Z3fooILi1EEvv' for 'sm_90a'\n"
+           "ptxas info    : Function properties for _Z3fooILi1EEvv\n"
+           "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Used 168 registers, used 1 barriers, 64 bytes smem\n"
+           "ptxas info    : Compiling entry function '_Z3barv' for 'sm_90a'\n"
+           "ptxas info    : Used 40 registers\n")
+    e = audit.parse_ptxas(log)
+    assert [x["wgmma_serialized"] for x in e] == [True, False] and e[0]["regs"] == 168
+    assert audit.arch_flag("sm_90a") == "-gencode=arch=compute_90a,code=sm_90a"
+    assert audit.arch_flag("sm_90") == "-arch=sm_90"
+    wg = registry.family("wgmma_kq")
+    assert audit.source_archs(wg, ("sm_90",)) == ("sm_90a",)
+    assert audit.source_archs(wg, ("sm_80",)) == ()              # wgmma does not exist there: not audited
+    assert audit.source_archs(registry.family("q4k_nb"), ("sm_80", "sm_90")) == ("sm_80", "sm_90")
+    row = {"main_path": True, "key": "k", "arch": "sm_90a", "source": "s.cu", "error": None, "spill_stores": 0,
+           "spill_loads": 0, "stack_frame": 0, "wgmma_serialized": True}
+    assert any("serialized" in m for m in audit.check([row]))

@@ -158,30 +158,56 @@ __device__ __forceinline__ u32 q4_word(const Q4Raw& r, int j, int h) {
 }
 // 6-bit scale and min of sub-block is (0..7), as in ggml's get_scale_min_k4, from the header words
 __device__ __forceinline__ void q4_scale_min(const uint4& h, int is, u32& sc, u32& mn) {
-    const int b = 8 * (is & 3);
-    if (is < 4) {
-        sc = (h.y >> b) & 63;
-        mn = (h.z >> b) & 63;
-    } else {
-        sc = ((h.w >> b) & 0xF) | (((h.y >> b) >> 6 & 3) << 4);
-        mn = ((h.w >> b) >> 4 & 0xF) | (((h.z >> b) >> 6 & 3) << 4);
+    const int b = 8 * (is & 3);   // both forms, then a select: no branch when is is not a compile-time constant
+    const u32 y = h.y >> b, z = h.z >> b, w = h.w >> b;
+    const u32 low = 0u - (u32)(is < 4);   // all ones for sub-blocks 0..3 (a mask, not a branch: a branch inside
+                                           // the wgmma pipeline makes ptxas serialize it, warning C7515)
+    sc = ((y & 63) & low) | (((w & 0xF) | ((y >> 6 & 3) << 4)) & ~low);
+    mn = ((z & 63) & low) | (((w >> 4 & 0xF) | ((z >> 6 & 3) << 4)) & ~low);
+}
+// scale (d*sc) and negated min (-dmin*m) of chunk j's two sub-blocks (2j: low nibbles, 2j+1: high), as 16-bit pairs
+struct Q4Scales {
+    u32 s[2], z[2];
+};
+template <int BF16>
+__device__ __forceinline__ Q4Scales q4_scales(const Q4Raw& r, int j) {
+    const float d = lk_h2f((u16)(r.hdr.x & 0xFFFF)), dmin = lk_h2f((u16)(r.hdr.x >> 16));
+    Q4Scales o;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        u32 sc, mn;
+        q4_scale_min(r.hdr, 2 * j + half, sc, mn);
+        o.s[half] = lk_bcast2<BF16>(d * (float)sc);
+        o.z[half] = lk_bcast2<BF16>(-(dmin * (float)mn));
     }
+    return o;
+}
+// SCL=1: lane c of a row's 4 lanes decodes chunk c's scales once per super-block; chunk j takes lane j's
+__device__ __forceinline__ u32 lk_from_lane(u32 v, int j) {
+    return __shfl_sync(0xffffffffu, v, (int)((threadIdx.x & 31) & ~3u) | j);
+}
+__device__ __forceinline__ Q4Scales q4_take(const Q4Scales& own, int j) {
+    Q4Scales o;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        o.s[h] = lk_from_lane(own.s[h], j);
+        o.z[h] = lk_from_lane(own.z[h], j);
+    }
+    return o;
 }
 // A fragments of chunk j (k 64j..64j+63 of the super-block) for one row: frag[s][0] = (k 2c..), [1] = (k 2c+8..)
 template <int BF16>
-__device__ __forceinline__ void q4_chunk(const Q4Raw& r, int j, u32 (&frag)[4][2]) {
-    const float d = lk_h2f((u16)(r.hdr.x & 0xFFFF)), dmin = lk_h2f((u16)(r.hdr.x >> 16));
+__device__ __forceinline__ void q4_chunk(const Q4Raw& r, int j, const Q4Scales& sc, u32 (&frag)[4][2]) {
 #pragma unroll
     for (int half = 0; half < 2; half++) {      // low nibbles: sub-block 2j, high nibbles: 2j+1
-        u32 sc, mn;
-        q4_scale_min(r.hdr, 2 * j + half, sc, mn);
-        const u32 s2 = lk_bcast2<BF16>(d * (float)sc), z2 = lk_bcast2<BF16>(-(dmin * (float)mn));
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const u32 w = q4_word(r, j, h) >> (4 * half);
             const int s = 2 * half + h;           // k16 step inside the chunk
-            frag[s][0] = lk_fma2<BF16>(lk_sub2<BF16>(lk_lop_or_and(w, 0x000F000Fu, LkMagic<BF16>::OR), LkMagic<BF16>::Q4), s2, z2);
-            frag[s][1] = lk_fma2<BF16>(lk_sub2<BF16>(lk_lop_or_and(w >> 8, 0x000F000Fu, LkMagic<BF16>::OR), LkMagic<BF16>::Q4), s2, z2);
+            frag[s][0] = lk_fma2<BF16>(lk_sub2<BF16>(lk_lop_or_and(w, 0x000F000Fu, LkMagic<BF16>::OR), LkMagic<BF16>::Q4),
+                                       sc.s[half], sc.z[half]);
+            frag[s][1] = lk_fma2<BF16>(lk_sub2<BF16>(lk_lop_or_and(w >> 8, 0x000F000Fu, LkMagic<BF16>::OR), LkMagic<BF16>::Q4),
+                                       sc.s[half], sc.z[half]);
         }
     }
 }
@@ -203,27 +229,44 @@ __device__ __forceinline__ void q6_load(Q6Raw& r, const u8* L, const u8* H, cons
     r.d = __ldg((const u16*)(D + blk * 2));
 }
 __device__ __forceinline__ u32 lk_u4(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+// the 4 step scales d*sc[4j+s] of chunk j as 16-bit pairs
+struct Q6Scales {
+    u32 s[4];
+};
 template <int BF16>
-__device__ __forceinline__ void q6_chunk(const Q6Raw& r, int j, u32 (&frag)[4][2]) {
+__device__ __forceinline__ Q6Scales q6_scales(const Q6Raw& r, int j) {
     const float d = lk_h2f(r.d);
-    const u32 hw = lk_u4(r.h, j), scw = lk_u4(r.sc, j);
+    const u32 scw = lk_u4(r.sc, j);
+    Q6Scales o;
+#pragma unroll
+    for (int s = 0; s < 4; s++) o.s[s] = lk_bcast2<BF16>(d * (float)(int)(s8)(scw >> (8 * s)));
+    return o;
+}
+__device__ __forceinline__ Q6Scales q6_take(const Q6Scales& own, int j) {
+    Q6Scales o;
+#pragma unroll
+    for (int s = 0; s < 4; s++) o.s[s] = lk_from_lane(own.s[s], j);
+    return o;
+}
+template <int BF16>
+__device__ __forceinline__ void q6_chunk(const Q6Raw& r, int j, const Q6Scales& sc, u32 (&frag)[4][2]) {
+    const u32 hw = lk_u4(r.h, j);
 #pragma unroll
     for (int s = 0; s < 4; s++) {
         const u32 lw = lk_u4(j < 2 ? r.la : r.lb, (j & 1) * 2 + (s >> 1)) >> (4 * (s & 1));
-        const u32 s2 = lk_bcast2<BF16>(d * (float)(int)(s8)(scw >> (8 * s)));
 #pragma unroll
         for (int t = 0; t < 2; t++) {
             const int f = 2 * s + t;
             const u32 hs = (4 - 2 * f) >= 0 ? hw << (4 - 2 * f) : hw >> (2 * f - 4);
             const u32 lo = lk_lop_or_and(lw >> (8 * t), 0x000F000Fu, LkMagic<BF16>::OR);
             const u32 q = lk_lop_or_and(hs, 0x00300030u, lo);
-            frag[s][t] = lk_mul2<BF16>(lk_sub2<BF16>(q, LkMagic<BF16>::Q6), s2);
+            frag[s][t] = lk_mul2<BF16>(lk_sub2<BF16>(q, LkMagic<BF16>::Q6), sc.s[s]);
         }
     }
 }
 
 // ---------------------------------------------------------------------------------------------- the kernel
-template <int QT, int BN, int STAGES, int BF16>
+template <int QT, int BN, int STAGES, int BF16, int SCL>
 __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __restrict__ W, float* __restrict__ Y,
                                               int nt, int od, int id) {
     constexpr int STAGE_BYTES = BN * LK_WG_K * 2;
@@ -281,12 +324,21 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
                 q4_load(nxt0, p0 + (size_t)(sb + 1) * 144, c);
                 q4_load(nxt1, p1 + (size_t)(sb + 1) * 144, c);
             }
+            Q4Scales sc0[4], sc1[4];   // SCL=1: all four chunks' scales, taken from their lanes up front
+            if constexpr (SCL) {
+                const Q4Scales own0 = q4_scales<BF16>(cur0, c), own1 = q4_scales<BF16>(cur1, c);
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    sc0[j] = q4_take(own0, j);
+                    sc1[j] = q4_take(own1, j);
+                }
+            }
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const int kt = sb * 4 + j, st = kt % STAGES;
                 u32 f0[4][2], f1[4][2];
-                q4_chunk<BF16>(cur0, j, f0);
-                q4_chunk<BF16>(cur1, j, f1);
+                q4_chunk<BF16>(cur0, j, SCL ? sc0[j] : q4_scales<BF16>(cur0, j), f0);
+                q4_chunk<BF16>(cur1, j, SCL ? sc1[j] : q4_scales<BF16>(cur1, j), f1);
 #pragma unroll
                 for (int s = 0; s < 4; s++) {
                     a[j & 1][s][0] = f0[s][0];
@@ -294,12 +346,15 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
                     a[j & 1][s][2] = f0[s][1];
                     a[j & 1][s][3] = f1[s][1];
                 }
+                lk_keep(a[j & 1]);   // all 16 fragments of the chunk exist (in 16 registers) before its first wgmma
                 lk_mbar_wait(&full_bar[st], (kt / STAGES) & 1);
+                lk_wgmma_fence_acc(acc);
                 lk_wgmma_fence();
                 const u32 sa = lk_smem_u32(sB + st * STAGE_BYTES);
 #pragma unroll
                 for (int s = 0; s < 4; s++) lk_wgmma<BN, BF16>(acc, a[j & 1][s], lk_desc_sw128(sa + 32 * s));
                 lk_wgmma_commit();
+                lk_wgmma_fence_acc(acc);
                 lk_wgmma_wait<1>();                    // the previous chunk's group has retired
                 lk_keep(a[(j & 1) ^ 1]);
                 if (kt > 0 && lane == 0) lk_mbar_arrive(&empty_bar[(kt - 1) % STAGES]);
@@ -318,16 +373,21 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
         q6_load(cur0, L, H, SC, D, b0, c);
         q6_load(cur1, L, H, SC, D, b1, c);
         for (int sb = 0; sb < nsb; sb++) {
-            if (sb + 1 < nsb) {
-                q6_load(nxt0, L, H, SC, D, b0 + sb + 1, c);
-                q6_load(nxt1, L, H, SC, D, b1 + sb + 1, c);
+            Q6Scales own0, own1;
+            if constexpr (SCL) {
+                own0 = q6_scales<BF16>(cur0, c);
+                own1 = q6_scales<BF16>(cur1, c);
             }
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const int kt = sb * 4 + j, st = kt % STAGES;
                 u32 f0[4][2], f1[4][2];
-                q6_chunk<BF16>(cur0, j, f0);
-                q6_chunk<BF16>(cur1, j, f1);
+                q6_chunk<BF16>(cur0, j, SCL ? q6_take(own0, j) : q6_scales<BF16>(cur0, j), f0);
+                q6_chunk<BF16>(cur1, j, SCL ? q6_take(own1, j) : q6_scales<BF16>(cur1, j), f1);
+                if (j == 1 && sb + 1 < nsb) {   // prefetch two chunks ahead: cur's low-nibble words of j=0..1 are dead
+                    q6_load(nxt0, L, H, SC, D, b0 + sb + 1, c);
+                    q6_load(nxt1, L, H, SC, D, b1 + sb + 1, c);
+                }
 #pragma unroll
                 for (int s = 0; s < 4; s++) {
                     a[j & 1][s][0] = f0[s][0];
@@ -335,12 +395,15 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
                     a[j & 1][s][2] = f0[s][1];
                     a[j & 1][s][3] = f1[s][1];
                 }
+                lk_keep(a[j & 1]);   // all 16 fragments of the chunk exist (in 16 registers) before its first wgmma
                 lk_mbar_wait(&full_bar[st], (kt / STAGES) & 1);
+                lk_wgmma_fence_acc(acc);
                 lk_wgmma_fence();
                 const u32 sa = lk_smem_u32(sB + st * STAGE_BYTES);
 #pragma unroll
                 for (int s = 0; s < 4; s++) lk_wgmma<BN, BF16>(acc, a[j & 1][s], lk_desc_sw128(sa + 32 * s));
                 lk_wgmma_commit();
+                lk_wgmma_fence_acc(acc);
                 lk_wgmma_wait<1>();
                 lk_keep(a[(j & 1) ^ 1]);
                 if (kt > 0 && lane == 0) lk_mbar_arrive(&empty_bar[(kt - 1) % STAGES]);
@@ -367,12 +430,12 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
     }
 }
 
-template <int QT, int BN, int STAGES, int BF16>
+template <int QT, int BN, int STAGES, int BF16, int SCL>
 __global__ void __launch_bounds__(LK_WG_THREADS, 1)
     wgmma_kq_kernel(const __grid_constant__ LkTmap tm, const u8* __restrict__ W, float* __restrict__ Y, int nt,
                     int od, int id) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    wgmma_kq_body<QT, BN, STAGES, BF16>(tm, W, Y, nt, od, id);
+    wgmma_kq_body<QT, BN, STAGES, BF16, SCL>(tm, W, Y, nt, od, id);
 #else
     __trap();  // wgmma / setmaxnreg exist on sm_90a only: the launcher refuses other devices first
 #endif
