@@ -219,6 +219,8 @@ class QWeight:
     od: int
     id: int
     stride: int
+    host: object = None   # the GGUF rows on the host (kept by reference, for the round-7 repack)
+    wg: object = None     # labkernels.wgmma.WgWeight, made on first use by qmatmul
 
     @classmethod
     def upload(cls, w_raw: np.ndarray, qtype: str, stride: int | None = None) -> "QWeight":
@@ -242,7 +244,7 @@ class QWeight:
             raise ShapeError(f"q6_K block stride must be 210 or 224, got {stride}")
         od, id_ = w_raw.shape[0], w_raw.shape[1] // natural * 256
         data = pad_q6k(w_raw) if stride == 224 else w_raw
-        return cls(cp().asarray(np.ascontiguousarray(data)), qtype, od, id_, stride)
+        return cls(cp().asarray(np.ascontiguousarray(data)), qtype, od, id_, stride, host=w_raw)
 
 
 def _out(nt, od, out):
@@ -338,3 +340,126 @@ def bmm_f16(A, B, out=None):
                                 A.data.ptr, r16, K, M * K, zero.ctypes.data, out.data.ptr, r16, N, M * N,
                                 batch, compute, algo)
     return out
+
+
+# ------------------------------------------------------------------ the one user-facing GEMM entry
+
+
+#: what ``qmatmul(kernel=...)`` accepts: every GEMM family of the lab, or "auto"
+QMATMUL_KERNELS = ("auto", "wgmma_kq", "int8", "q4k_nb", "q6k_expb", "q6k_generic")
+
+
+@dataclass(frozen=True)
+class Choice:
+    family: str
+    params: tuple      # ((name, value), ...)
+    reason: str
+
+    def describe(self) -> str:
+        p = ",".join(f"{k}={v}" for k, v in self.params)
+        return f"{self.family}[{p}] ({self.reason})"
+
+
+def _int8_default(qtype: str) -> tuple[str, dict]:
+    from .wgmma import INT8_FAMILY
+
+    fam, par = INT8_FAMILY[qtype]
+    return fam, dict(par)
+
+
+def choose(qtype: str, nt: int, od: int, id_: int, table=None, cc: int | None = None) -> Choice:
+    """The ``auto`` choice: the fastest family recorded by round 7 (data/wgmma, latest complete run) at the
+    nearest recorded (od, id) shape class (log distance) and nearest nt, among those that run on this device;
+    without a recorded run, a stated rule. Always says why."""
+    from . import wgmma
+
+    if cc is None:
+        cc = device_props()["cc"] if _has_gpu() else 0
+    table = wgmma.auto_table_cached() if table is None else table
+    if table is not None and len(table):
+        rows = table[(table.qtype == qtype)]
+        if not wgmma.supported(cc):
+            rows = rows[~rows.family.eq("wgmma_kq")]
+        if len(rows):
+            d = (np.log(rows.od / od) ** 2 + np.log(rows.id / id_) ** 2 + 0.25 * np.log(rows.nt / nt) ** 2)
+            r = rows.loc[d.idxmin()]
+            params = tuple((k, int(v)) for k, v in r.params.items())
+            return Choice(r.family, params, f"fastest at {r.od}x{r.id} nt={r.nt} in run {r.run_id}")
+    if wgmma.supported(cc):
+        return Choice("wgmma_kq", tuple(wgmma.default_params(qtype, nt).items()),
+                      "rule (no recorded round-7 run): wgmma on sm_90, BN=256 from nt=1024")
+    fam, par = _int8_default(qtype)
+    return Choice(fam, tuple(par.items()), f"rule: the int8 family (sm_{cc} has no wgmma)")
+
+
+def _has_gpu() -> bool:
+    try:
+        device_props()
+        return True
+    except Exception:
+        return False
+
+
+def qmatmul(x, w: QWeight, kernel: str = "auto", out=None, **params):
+    """Y[nt, od] (float32) = x[nt, id] * W^T for a q4_K / q6_K ``QWeight``.
+
+    ``x``: cupy float32 or float16 [nt, id]. ``kernel``: a family of the lab (``wgmma_kq`` -- round 7, sm_90a;
+    ``q4k_nb`` / ``q6k_expb`` / ``q6k_generic`` -- the int8 q8_1 families; ``int8``: the best int8 family of the
+    weight's type) or ``"auto"`` (see :func:`choose`);
+    ``params`` override the family's template parameters. The choice is logged (logger ``labkernels.gpu``) and
+    kept for :func:`last_choice`. Shapes or families that cannot take the input raise; nothing falls back."""
+    import logging
+
+    from . import wgmma
+
+    if kernel not in QMATMUL_KERNELS:
+        raise ShapeError(f"unknown kernel {kernel!r}: one of {', '.join(QMATMUL_KERNELS)}")
+    if kernel == "int8":
+        kernel = _int8_default(w.qtype)[0]
+    if isinstance(x, Q8Tiles):     # a prepass shared between calls: the int8 families only
+        if kernel not in ("q4k_nb", "q6k_expb"):
+            raise ShapeError(f"q8_1 tiles are the input of q4k_nb / q6k_expb, not of {kernel!r}")
+        if x.id != w.id:
+            raise ShapeError(f"inner dimensions differ: activations id={x.id}, weights id={w.id}")
+        nt = x.nt
+    else:
+        x = _check_act(x)
+        if x.shape[1] != w.id:
+            raise ShapeError(f"inner dimensions differ: activations id={x.shape[1]}, weights id={w.id}")
+        nt = x.shape[0]
+    if kernel == "auto":
+        ch = choose(w.qtype, nt, w.od, w.id)
+    elif kernel == "wgmma_kq":
+        ch = Choice("wgmma_kq", tuple(wgmma.default_params(w.qtype, nt).items()), "named")
+    else:
+        fam_q = {"q4k_nb": "q4_K", "q6k_expb": "q6_K", "q6k_generic": "q6_K"}[kernel]
+        if fam_q != w.qtype:
+            raise ShapeError(f"{kernel} takes {fam_q} weights, got {w.qtype}")
+        par = _int8_default(w.qtype)[1] if kernel == _int8_default(w.qtype)[0] else {}
+        ch = Choice(kernel, tuple(par.items()), "named")
+    if params:
+        ch = Choice(ch.family, tuple({**dict(ch.params), **params}.items()), ch.reason + ", params overridden")
+    logging.getLogger("labkernels.gpu").info("qmatmul %s x %s %dx%d nt=%d -> %s", getattr(x, "dtype", "q8_1"),
+                                             w.qtype, w.od, w.id, nt, ch.describe())
+    _LAST["choice"] = ch
+    p = dict(ch.params)
+    if ch.family == "wgmma_kq":
+        wgmma.require_sm90a()
+        if w.wg is None:
+            if w.host is None or w.stride not in (144, 210):
+                raise ShapeError("wgmma_kq needs the GGUF rows of the weight (QWeight.upload keeps them)")
+            w.wg = wgmma.WgWeight.from_gguf(np.asarray(w.host), w.qtype)
+        return wgmma.gemm(w.wg, x, out=out, **p)
+    if ch.family == "q6k_generic":
+        if x.dtype != np.float32:
+            x = x.astype(cp().float32)
+        return gemm_generic_q6k(w, quantize_q8_1_rows(x), nt, out=out)
+    return gemm(w, x if isinstance(x, Q8Tiles) else prepass(x), ch.family, out=out, **p)
+
+
+_LAST = {"choice": None}
+
+
+def last_choice() -> Choice | None:
+    """The family (and why) that the latest :func:`qmatmul` call ran."""
+    return _LAST["choice"]

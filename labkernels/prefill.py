@@ -1,7 +1,9 @@
 """A whole prefill on the GPU with the lab's kernels (llama-family and gemma3, from GGUF metadata).
 
-Weights stay quantized on the GPU: q4_K / q6_K tensors go through the lab's path (activation prepass to
-q8_1 tiles + ``q4k_nb`` / ``q6k_expb``); every other type (q5_0, q8_0, f16) is dequantized once at load
+Weights stay quantized on the GPU: q4_K / q6_K tensors go through :func:`labkernels.gpu.qmatmul` (``kernel=``
+``PrefillOptions.kernel``: ``auto`` picks round 7's ``wgmma_kq`` on sm_90 -- activations converted to fp16 once per
+shared input -- or the int8 families ``q4k_nb`` / ``q6k_expb`` behind one q8_1 prepass per shared input, from the
+recorded round-7 table); every other type (q5_0, q8_0, f16) is dequantized once at load
 and multiplied with cuBLAS in fp32 ("gemm_other" class). Attention is cuBLAS batched QK^T and PV with the
 lab's masked-softmax kernel (causal, sliding window on gemma3's local layers). Norms, RoPE, activations
 and the embedding gather are the lab's kernels in ``kernels/prefill.cu``; residual adds are CuPy
@@ -27,13 +29,16 @@ KQUANT = ("q4_K", "q6_K")
 
 @dataclass
 class PrefillOptions:
-    q6k_variant: dict = None          # template params of q6k_expb (default: gpu.gemm's)
-    q4k_kdr: int = 4
+    kernel: str = "auto"              # gpu.qmatmul's kernel for every q4_K / q6_K weight
+    q6k_variant: dict = None          # template params of q6k_expb when the int8 family runs (default: gpu.gemm's)
+    q4k_kdr: int = 8                  # q4k_nb staging depth when the int8 family runs (round 4's best)
     attn_f16: bool = False            # fp16 QK^T / PV (faster) instead of fp32
     other_f16: bool = False           # fp16 cuBLAS for the dequantized-once weights instead of fp32
 
     def __post_init__(self):
         self.q6k_variant = dict(self.q6k_variant or {})
+        if self.kernel not in gpu.QMATMUL_KERNELS:
+            raise ValueError(f"unknown GEMM kernel {self.kernel!r}: one of {', '.join(gpu.QMATMUL_KERNELS)}")
 
 
 class Weight:
@@ -95,6 +100,7 @@ class GpuModel:
         else:
             self.head = Weight(model.tensor(out_name), self.opts)
         self.load_seconds = time.time() - t0
+        self._used: list[str] = []
 
     # ---------------------------------------------------------------- building blocks
     def _k(self, fam, **p):
@@ -108,15 +114,53 @@ class GpuModel:
         self._k("rmsnorm", W=1).launch((rows,), (x, w.dense, y, np.int32(ncols), np.float32(self.cfg.rms_eps)))
         return y
 
-    def matmul(self, x, w: Weight, planes=None):
-        """x [n, id] f32 -> [n, od] f32 with the weight's path. ``planes`` reuses a prepass of x."""
+    def family(self, w: Weight, n: int) -> str:
+        """The GEMM family a k-quant weight takes at n tokens (the auto choice, or the named kernel)."""
+        if self.opts.kernel == "int8":
+            return gpu._int8_default(w.qtype)[0]
+        if self.opts.kernel != "auto":
+            return self.opts.kernel
+        return gpu.choose(w.qtype, n, w.od, w.id).family
+
+    def _act(self, x, fam: str, box: dict, tr, layer, weight):
+        """The activation form a family reads, made once per shared input (box): fp16 for wgmma_kq, q8_1 tiles
+        for the int8 families."""
+        cp = gpu.cp()
+        if fam == "wgmma_kq":
+            if "x16" not in box:
+                with tr.op("act_f16", "prepass", layer=layer, weight=weight):
+                    box["x16"] = x.astype(cp.float16)
+            return box["x16"]
+        if fam == "q6k_generic":
+            return x
+        if "planes" not in box:
+            with tr.op("prepass", "prepass", layer=layer, weight=weight):
+                box["planes"] = gpu.prepass(x)
+        return box["planes"]
+
+    def families_used(self) -> str:
+        """Which GEMM families the k-quant weights took in the latest forward (e.g. 'wgmma_kq x 226')."""
+        from collections import Counter
+
+        c = Counter(self._used)
+        return ", ".join(f"{k} x {v}" for k, v in sorted(c.items())) or "none"
+
+    def _qmatmul(self, a, w: Weight, fam: str):
+        self._used.append(fam)
+        par = {}
+        if fam == "q6k_expb":
+            par = self.opts.q6k_variant
+        elif fam == "q4k_nb":
+            par = {"KDR": self.opts.q4k_kdr}
+        return gpu.qmatmul(a, w.q, kernel=fam, **par)
+
+    def matmul(self, x, w: Weight, box=None, tr=None, layer=None):
+        """x [n, id] f32 -> [n, od] f32 with the weight's path (``box`` shares activation forms between calls)."""
         cp = gpu.cp()
         if w.q is not None:
-            if planes is None:
-                planes = gpu.prepass(x)
-            if w.qtype == "q6_K":
-                return gpu.gemm(w.q, planes, "q6k_expb", **self.opts.q6k_variant)
-            return gpu.gemm(w.q, planes, "q4k_nb", KDR=self.opts.q4k_kdr)
+            fam = self.family(w, x.shape[0])
+            a = self._act(x, fam, {} if box is None else box, tr or NullTracer(), layer, w.name)
+            return self._qmatmul(a, w, fam)
         if w.dense.dtype == cp.float16:
             return cp.matmul(x.astype(cp.float16), w.dense.T).astype(cp.float32)
         return cp.matmul(x, w.dense.T)
@@ -124,14 +168,15 @@ class GpuModel:
     def _gemm_class(self, w: Weight) -> str:
         return {"q6_K": "gemm_q6k", "q4_K": "gemm_q4k"}.get(w.qtype, f"gemm_other_{w.qtype}")
 
-    def _linear(self, tr, name, layer, x, w: Weight, planes_box: dict):
-        """One projection, tagged for the trace; the prepass of x is shared by the k-quant weights."""
+    def _linear(self, tr, name, layer, x, w: Weight, box: dict):
+        """One projection, tagged for the trace; the activation form of x is shared by the k-quant weights."""
         n = x.shape[0]
-        if w.q is not None and "planes" not in planes_box:
-            with tr.op("prepass", "prepass", layer=layer, weight=w.name):
-                planes_box["planes"] = gpu.prepass(x)
+        a = None
+        if w.q is not None:
+            fam = self.family(w, n)
+            a = self._act(x, fam, box, tr, layer, w.name)
         with tr.op(name, self._gemm_class(w), layer=layer, weight=w.name, macs=n * w.od * w.id):
-            y = self.matmul(x, w, planes_box.get("planes"))
+            y = self._qmatmul(a, w, fam) if a is not None else self.matmul(x, w)
         return y
 
     def attention(self, q, k, v, n, il, tr):
@@ -179,6 +224,7 @@ class GpuModel:
         cp = gpu.cp()
         tr = tracer or NullTracer()
         c = self.cfg
+        self._used = []
         toks = np.asarray(tokens, np.int32)
         if toks.ndim != 1 or toks.size < 1:
             raise ValueError("tokens must be a non-empty 1-D list of ids")
@@ -241,10 +287,9 @@ class GpuModel:
         else:
             box = {}
             if self.head.q is not None:
-                with tr.op("prepass", "prepass", weight=self.head_name):
-                    box["planes"] = gpu.prepass(xs)
+                self._act(xs, self.family(self.head, xs.shape[0]), box, tr, None, self.head_name)
             with tr.op("output", "output_head", weight=self.head_name, macs=macs):
-                logits = self.matmul(xs, self.head, box.get("planes"))
+                logits = self.matmul(xs, self.head, box)
         return logits if all_logits else logits[0]
 
     def greedy(self, prompt, n_new: int = 32) -> list[int]:

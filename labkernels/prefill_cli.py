@@ -51,13 +51,14 @@ def prefill_main(args) -> int:
     from .prefill_ref import detokenize
 
     m = load_model(args.model)
-    gm = GpuModel(m, opts=PrefillOptions(attn_f16=args.attn_f16))
+    gm = GpuModel(m, opts=PrefillOptions(attn_f16=args.attn_f16, kernel=args.kernel))
     toks = prompt_tokens(m, args.tokens, args.prompt_ids)
     t = timed_prefill(gm, toks, repeats=args.repeats)
     logits = gm.forward(toks)
     top = gpu.cp().asnumpy(logits).argsort()[::-1][:5]
     res = {"model": args.model, "arch": gm.cfg.arch, "n_tokens": len(toks), "wall_ms": t["wall_ms"],
-           "tok_per_s": t["tok_per_s"], "top5": [int(i) for i in top], "load_s": gm.load_seconds}
+           "tok_per_s": t["tok_per_s"], "top5": [int(i) for i in top], "load_s": gm.load_seconds,
+           "kernel": args.kernel, "gemm_families": gm.families_used()}
     try:
         res["top5_text"] = [detokenize(m, [int(i)]) for i in top]
     except Exception:
@@ -66,7 +67,7 @@ def prefill_main(args) -> int:
         print(json.dumps(res, indent=1))
     else:
         print(f"{gm.cfg.describe()}\nprefill {len(toks)} tokens: {t['wall_ms']:.1f} ms, {t['tok_per_s']:.0f} tok/s; "
-              f"top-5 next: {res['top5']} {res.get('top5_text', '')}")
+              f"top-5 next: {res['top5']} {res.get('top5_text', '')}; GEMMs: {res['gemm_families']}")
     return 0
 
 
@@ -76,7 +77,7 @@ def decompose_main(args) -> int:
     from .prefill import GpuModel, PrefillOptions
 
     m = load_model(args.model)
-    gm = GpuModel(m, opts=PrefillOptions(attn_f16=args.attn_f16))
+    gm = GpuModel(m, opts=PrefillOptions(attn_f16=args.attn_f16, kernel=args.kernel))
     toks = prompt_tokens(m, args.nt)
     r = run_decomposition(gm, toks, repeats=args.repeats, progress=lambda s: None if args.json else print(s))
     t = r["classes"].reset_index()
@@ -89,6 +90,12 @@ def decompose_main(args) -> int:
     return 0
 
 
+def _kernels():
+    from .gpu import QMATMUL_KERNELS
+
+    return QMATMUL_KERNELS
+
+
 def register_cli(sub) -> None:
     p = sub.add_parser("prefill", help="one prefill on the GPU: tok/s and the top-5 next tokens")
     p.add_argument("--model", required=True, help="GGUF path or 'synthetic-7b'")
@@ -96,6 +103,7 @@ def register_cli(sub) -> None:
     p.add_argument("--prompt-ids", type=int, nargs="*", default=None)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--attn-f16", action="store_true", help="fp16 QK^T/PV attention")
+    p.add_argument("--kernel", default="auto", choices=_kernels(), help="gpu.qmatmul kernel of the k-quant GEMMs")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=prefill_main)
     q = sub.add_parser("decompose", help="round 5: a prefill traced launch by launch, by kernel class")
@@ -103,6 +111,7 @@ def register_cli(sub) -> None:
     q.add_argument("--nt", type=int, default=3325)
     q.add_argument("--repeats", type=int, default=3)
     q.add_argument("--attn-f16", action="store_true")
+    q.add_argument("--kernel", default="auto", choices=_kernels(), help="gpu.qmatmul kernel of the k-quant GEMMs")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=decompose_main)
 
@@ -110,23 +119,25 @@ def register_cli(sub) -> None:
 # ------------------------------------------------------------------ the recorded device runs (gpu-check steps)
 
 
-def parity_run(model_path: str, run, n_new: int = 32, progress=print) -> dict:
+def parity_run(model_path: str, run, n_new: int = 32, progress=print, kernel: str = "auto") -> dict:
     """GPU prefill vs the CPU reference on Gemma: last-position logits (rel. error, top-k), greedy-32."""
     from . import gpu
     from .prefill import GpuModel
     from .prefill_ref import detokenize, forward_ref, greedy_ref
     from .model import open_model
 
+    from .prefill import PrefillOptions
+
     cp = gpu.cp()
     m = open_model(model_path)
-    gm = GpuModel(m)
+    gm = GpuModel(m, opts=PrefillOptions(kernel=kernel))
     out = {}
     for name, toks in (("prompt", GEMMA_PROMPT), ("random64", prompt_tokens(m, 64, seed=5))):
         g = cp.asnumpy(gm.forward(toks)).astype(np.float64)
         r = forward_ref(m, toks, last_only=True)
         rel = float(np.max(np.abs(g - r)) / np.max(np.abs(r)))
         top_g, top_r = np.argsort(-g)[:10], np.argsort(-r)[:10]
-        row = {"case": name, "n_tokens": len(toks), "max_rel_err": rel,
+        row = {"case": name, "kernel": kernel, "gemm_families": gm.families_used(), "n_tokens": len(toks), "max_rel_err": rel,
                "rms_rel_err": float(np.linalg.norm(g - r) / np.linalg.norm(r)),
                "top1_same": bool(top_g[0] == top_r[0]), "top5_overlap": len(set(top_g[:5]) & set(top_r[:5])),
                "top10_overlap": len(set(top_g) & set(top_r)), "gpu_top5": top_g[:5].tolist(), "ref_top5": top_r[:5].tolist()}
@@ -149,19 +160,22 @@ def parity_run(model_path: str, run, n_new: int = 32, progress=print) -> dict:
     return out
 
 
-def throughput_run(spec: str, nts, run, repeats: int = 3, attn_f16: bool = True, progress=print) -> list[dict]:
+def throughput_run(spec: str, nts, run, repeats: int = 3, attn_f16: bool = True, progress=print, kernel: str = "auto",
+                   model=None) -> list[dict]:
     from .prefill import GpuModel, PrefillOptions, timed_prefill
 
-    m = load_model(spec)
-    gm = GpuModel(m, opts=PrefillOptions(attn_f16=attn_f16))
+    m = model if model is not None else load_model(spec)
+    gm = GpuModel(m, opts=PrefillOptions(attn_f16=attn_f16, kernel=kernel))
     rows = []
     for nt in nts:
         toks = prompt_tokens(m, nt)
         t = timed_prefill(gm, toks, repeats=repeats)
         row = {"model": spec if spec == "synthetic-7b" else "gemma-3-270m-q4_k_m", "arch": gm.cfg.arch,
                "nt": nt, "wall_ms": t["wall_ms"], "tok_per_s": t["tok_per_s"], "repeats": repeats,
-               "attn_f16": attn_f16, "load_s": gm.load_seconds}
+               "attn_f16": attn_f16, "load_s": gm.load_seconds, "kernel": kernel,
+               "gemm_families": gm.families_used()}
         run.append("throughput", row)
         rows.append(row)
-        progress(f"prefill {row['model']} nt={nt}: {t['wall_ms']:.1f} ms, {t['tok_per_s']:.0f} tok/s")
+        progress(f"prefill {row['model']} nt={nt} kernel={kernel} ({row['gemm_families']}): {t['wall_ms']:.1f} ms, "
+                 f"{t['tok_per_s']:.0f} tok/s")
     return rows, gm, m

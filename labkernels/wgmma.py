@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -430,7 +431,60 @@ class WgWeight:
         return cls(_cp().asarray(np.ascontiguousarray(p)), qtype, od, id_, dt, int(p.nbytes))
 
 
-def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | None = None):
+def default_params(qtype: str, nt: int) -> dict:
+    """The main-path variant for a token count when no recorded run says otherwise (registry main path: the
+    scale-decode form ptxas pipelines for each type; the wider tile once there are enough token tiles)."""
+    return {"BN": 256 if nt >= 1024 else 128, "STAGES": 4, "BF16": 0, "SCL": 1 if qtype == "q6_K" else 0}
+
+
+def auto_table(root=None):
+    """The recorded choice table for ``gpu.qmatmul(kernel="auto")``: per (qtype, od, id, nt) of the latest
+    complete round-7 run, the fastest GEMM family/variant measured (median over pairs). None without a run."""
+    from . import records
+
+    run = records.latest("wgmma", root=root)
+    if run is None or not run.has("wgmma_bench"):
+        return None
+    df = run.table("wgmma_bench")
+    df = df[df.variant.str.startswith(("wgmma_bn", "int8_"))]
+    med = df.groupby(["qtype", "od", "id", "nt", "variant"], as_index=False).median_us.median()
+    best = med.loc[med.groupby(["qtype", "od", "id", "nt"]).median_us.idxmin()].copy()
+    best["family"], best["params"] = zip(*[variant_params(v, q) for v, q in zip(best.variant, best.qtype)])
+    best["run_id"] = run.run_id
+    return best.reset_index(drop=True)
+
+
+_VARIANT = re.compile(r"wgmma_bn(\d+)_s(\d+)_scl(\d)$")
+
+
+_AUTO = {}
+
+
+def auto_table_cached():
+    """:func:`auto_table` of the default data folder, read once per process (the prefill asks per weight)."""
+    if "t" not in _AUTO:
+        _AUTO["t"] = auto_table()
+    return _AUTO["t"]
+
+
+def variant_name(BN: int, STAGES: int, SCL: int) -> str:
+    return f"wgmma_bn{BN}_s{STAGES}_scl{SCL}"
+
+
+def variant_params(variant: str, qtype: str) -> tuple[str, dict]:
+    """A benchmark variant name -> (family, template params): 'wgmma_bn128_s4_scl0' / 'int8_q4k_nb'."""
+    if variant.startswith("int8_"):
+        fam = variant[5:]
+        f, p = INT8_FAMILY[qtype]
+        return fam, (dict(p) if f == fam else {})
+    m = _VARIANT.match(variant)
+    if not m:
+        raise ValueError(f"not a round-7 variant name: {variant!r}")
+    bn, st, scl = map(int, m.groups())
+    return "wgmma_kq", {"BN": bn, "STAGES": st, "BF16": 0, "SCL": scl}
+
+
+def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | None = None, SCL: int = 0):
     """Y[nt, od] (float32) = x[nt, id] * W^T on the wgmma_kq family. x: cupy float16 / bfloat16-as-uint16 /
     float32 (converted to f16 here, or bf16 when ``BF16=1``)."""
     from .gpu import ShapeError, _out
@@ -454,7 +508,7 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
         raise ShapeError(f"activations dtype {x.dtype} does not match the kernel's {'bf16' if bf16 else 'f16'} "
                          "operands (pass float32, or float16 for f16 / bf16 bits as uint16 for bf16)")
     qt = 4 if w.qtype == "q4_K" else 6
-    k = kernel(QT=qt, BN=BN, STAGES=STAGES, BF16=bf16)
+    k = kernel(QT=qt, BN=BN, STAGES=STAGES, BF16=bf16, SCL=SCL)
     y = _out(nt, w.od, out)
     tm = tensor_map(x16, BN, bool(bf16))
     k.launch(((w.od + 127) // 128, (nt + BN - 1) // BN), tm, w.packed, y, np.int32(nt), np.int32(w.od),
@@ -527,7 +581,7 @@ NTS = (64, 128, 256, 512, 1024, 2048, 4096)
 INT8_FAMILY = {"q4_K": ("q4k_nb", {"KDR": 8}), "q6_K": ("q6k_expb", {"KDR": 4, "EPI": 0, "OCC": 2})}
 
 
-def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4), (256, 4)), pairs: int = 3,
+def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, None), (256, 4, None)), pairs: int = 3,
           repeats: int = 10, run=None, seed: int = 0, progress=print, int8: bool = True) -> list[dict]:
     """Interleaved, L2-flushed CUDA-event timings of the wgmma_kq variants against cuBLAS fp16 on cached
     dequantized weights (and including the dequant), and the lab's best int8 kernel, at matched (nt, od, id).
@@ -555,19 +609,20 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4), (
                 y = cp.full((nt, od), np.nan, cp.float32)
                 tok = np.sort(rng.choice(nt, size=min(nt, 24), replace=False))
                 vs = {}
-                for bn, st in variants:
+                for bn, st, scl in variants:
+                    scl = default_params(qtype, nt)["SCL"] if scl is None else scl
                     y.fill(np.nan)
-                    gemm(w, x16, out=y, BN=bn, STAGES=st)
+                    gemm(w, x16, out=y, BN=bn, STAGES=st, SCL=scl)
                     g = gate(cp.asnumpy(y), raw, qtype, x, packed=cp.asnumpy(w.packed), tokens=tok)
-                    name = f"wgmma_bn{bn}_s{st}"
+                    name = variant_name(bn, st, scl)
                     if run is not None:
                         run.append("wgmma_parity", {"qtype": qtype, "od": od, "id": id_, "nt": nt, "variant": name,
                                                     **g})
                     if not g["ok"]:
                         raise AssertionError(f"{name} parity failed: {qtype} nt={nt} od={od} id={id_}: {g}")
-                    vs[name] = (lambda bn=bn, st=st: gemm(w, x16, out=y, BN=bn, STAGES=st))
-                bn0 = variants[0][0]
-                vs["wgmma_incl_f32_to_f16"] = lambda: gemm(w, xg, out=y, BN=bn0, STAGES=variants[0][1])
+                    vs[name] = (lambda bn=bn, st=st, scl=scl: gemm(w, x16, out=y, BN=bn, STAGES=st, SCL=scl))
+                main = default_params(qtype, nt)
+                vs["wgmma_incl_f32_to_f16"] = lambda: gemm(w, xg, out=y, **main)
                 y16 = cp.empty((nt, od), cp.float16)
                 vs["cublas_f16_cached"] = lambda: gpu.matmul_f16(x16, w16, out=y16)
                 vs["cublas_f16_with_dequant"] = lambda: (gpu.dequant_f16(wq, out=w16), gpu.matmul_f16(x16, w16, out=y16))

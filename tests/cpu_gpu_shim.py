@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from labkernels import quants, reference
+from labkernels import gpu, quants, reference
 
 
 class _FakeCuda:
@@ -42,22 +42,20 @@ class FakeQWeight:
     od: int
     id: int
     stride: int
+    host: np.ndarray = None
+    wg: object = None
 
     @classmethod
     def upload(cls, w_raw, qtype, stride=None):
         qtype = quants.normalize_qtype(qtype)
         nb = 144 if qtype == "q4_K" else 210
-        return cls(np.asarray(w_raw), qtype, w_raw.shape[0], w_raw.shape[1] // nb * 256, nb)
-
-
-@dataclass
-class FakePlanes:
-    x: np.ndarray
+        return cls(np.asarray(w_raw), qtype, w_raw.shape[0], w_raw.shape[1] // nb * 256, nb, host=np.asarray(w_raw))
 
 
 def fake_prepass(x):
+    """A Q8Tiles whose qa8 holds the float activations (the fake GEMM quantizes them itself)."""
     assert x.dtype == np.float32 and x.shape[1] % 256 == 0
-    return FakePlanes(np.array(x))
+    return gpu.Q8Tiles(np.array(x), None, x.shape[0], x.shape[1])
 
 
 EXACT = {"on": False}
@@ -65,9 +63,9 @@ EXACT = {"on": False}
 
 def fake_gemm(w, a, family=None, out=None, **kw):
     if EXACT["on"]:   # float activations: isolates the prefill logic from q8_1 activation rounding
-        y = (a.x.astype(np.float64) @ quants.dequantize(w.raw, w.qtype).astype(np.float64).T).astype(np.float32)
+        y = (a.qa8.astype(np.float64) @ quants.dequantize(w.raw, w.qtype).astype(np.float64).T).astype(np.float32)
     else:
-        y = reference.gemm_int_ref(w.raw, w.qtype, reference.quantize_activations(a.x)).astype(np.float32)
+        y = reference.gemm_int_ref(w.raw, w.qtype, reference.quantize_activations(a.qa8)).astype(np.float32)
     if out is not None:
         out[...] = y
         return out
@@ -139,3 +137,45 @@ def install(monkeypatch, exact: bool = False):
     monkeypatch.setattr(gpu, "QWeight", FakeQWeight)
     monkeypatch.setattr(gpu, "bmm_f16", lambda A, B, out=None: np.matmul(A.astype(np.float32), B.astype(np.float32)).astype(np.float16))
     return cp
+
+
+def install_wgmma(monkeypatch):
+    """Stand the round-7 family in on the CPU: the kernel's exact function (the emulated 16-bit weights times the
+    16-bit activations), so the prefill's wgmma path -- fp16 activations shared per input, qmatmul routing -- runs
+    without a GPU."""
+    from labkernels import wgmma
+
+    @dataclass
+    class FakeWg:
+        raw: np.ndarray
+        qtype: str
+        od: int
+        id: int
+
+    def from_gguf(raw, qtype):
+        raw = np.asarray(raw)
+        return FakeWg(wgmma.repack(raw, qtype), qtype, raw.shape[0], raw.shape[1] // wgmma.BLOCK_BYTES[qtype] * 256)
+
+    def fake_wg_gemm(w, x, out=None, **p):
+        assert x.dtype == np.float16, "the prefill hands wgmma_kq fp16 activations"
+        w16 = wgmma.emulate_weights(w.raw, w.qtype, w.od, w.id)
+        y = (x.astype(np.float64) @ w16.T).astype(np.float32)
+        if out is not None:
+            out[...] = y
+            return out
+        return y
+
+    monkeypatch.setattr(wgmma, "supported", lambda cc=None: True)
+    monkeypatch.setattr(wgmma, "require_sm90a", lambda: None)
+    monkeypatch.setattr(wgmma.WgWeight, "from_gguf", staticmethod(from_gguf))
+    monkeypatch.setattr(wgmma, "gemm", fake_wg_gemm)
+    calls = []
+    real_qmatmul = gpu.qmatmul
+
+    def counting_qmatmul(x, w, kernel="auto", out=None, **p):
+        y = real_qmatmul(x, w, kernel=kernel, out=out, **p)
+        calls.append(gpu.last_choice().family)
+        return y
+
+    monkeypatch.setattr(gpu, "qmatmul", counting_qmatmul)
+    return calls

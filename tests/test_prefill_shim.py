@@ -107,3 +107,26 @@ def test_attention_f16_path_matches_f32(monkeypatch):
     b = GpuModel(m, opts=PrefillOptions(attn_f16=True)).forward(toks)
     rel, ta, tb = _compare(b, np.asarray(a, np.float64))
     assert rel < 2e-2 and ta[0] == tb[0], rel
+
+
+def test_prefill_wgmma_path_matches_float_reference(monkeypatch):
+    """The prefill through round 7's family (emulated exactly on the CPU): every q4_K/q6_K weight goes through
+    gpu.qmatmul -> wgmma_kq with fp16 activations, and the logits agree with the float64 reference forward to
+    fp16-activation precision (no q8_1)."""
+    from labkernels.prefill import GpuModel, PrefillOptions
+    from labkernels.prefill_ref import forward_ref
+    from labkernels.synthetic import SyntheticModel, q4_k_m_recipe, tiny_config
+
+    from cpu_gpu_shim import install_wgmma
+
+    install(monkeypatch, exact=True)
+    calls = install_wgmma(monkeypatch)
+    cfg = tiny_config("llama", n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=64, vocab=512)
+    m = SyntheticModel(cfg, q4_k_m_recipe(cfg), seed=5)
+    toks = list(range(3, 40))
+    g = GpuModel(m, opts=PrefillOptions(kernel="wgmma_kq")).forward(toks)
+    n_kq = sum(1 for L in range(2) for w in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+                                             "ffn_down"))
+    assert calls.count("wgmma_kq") >= n_kq and set(calls) == {"wgmma_kq"}
+    rel, tg, tr = _compare(g, forward_ref(m, toks, last_only=True))
+    assert rel < 5e-3 and tg[0] == tr[0], rel

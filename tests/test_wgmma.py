@@ -102,3 +102,39 @@ def test_audit_reads_wgmma_serialization_and_sm90a_targets():
     row = {"main_path": True, "key": "k", "arch": "sm_90a", "source": "s.cu", "error": None, "spill_stores": 0,
            "spill_loads": 0, "stack_frame": 0, "wgmma_serialized": True}
     assert any("serialized" in m for m in audit.check([row]))
+
+
+def test_auto_choice_from_a_recorded_run(tmp_path):
+    """qmatmul's auto choice reads the latest recorded round-7 run: the fastest variant at the nearest shape and
+    nt, only among families that run on the device; without a run it states its rule."""
+    from labkernels import gpu, records
+
+    run = records.new_run("wgmma", {"t": 1}, root=tmp_path)
+    rows = []
+    for nt, times in ((512, {"wgmma_bn128_s4_scl0": 30.0, "wgmma_bn256_s4_scl0": 45.0, "int8_q4k_nb": 90.0}),
+                      (4096, {"wgmma_bn128_s4_scl0": 250.0, "wgmma_bn256_s4_scl0": 200.0, "int8_q4k_nb": 700.0})):
+        for v, us in times.items():
+            for p in range(2):
+                rows.append({"qtype": "q4_K", "od": 4096, "id": 4096, "nt": nt, "variant": v, "pair": p,
+                             "median_us": us + p})
+    run.append("wgmma_bench", rows)
+    run.finish()
+    t = wgmma.auto_table(root=tmp_path)
+    assert len(t) == 2
+    c = gpu.choose("q4_K", 600, 4096, 4096, table=t, cc=90)
+    assert (c.family, dict(c.params)["BN"]) == ("wgmma_kq", 128) and run.run_id in c.reason
+    c = gpu.choose("q4_K", 3000, 4000, 4200, table=t, cc=90)
+    assert dict(c.params)["BN"] == 256
+    c = gpu.choose("q4_K", 3000, 4096, 4096, table=t, cc=80)     # no wgmma on sm_80: the int8 row
+    assert c.family == "q4k_nb" and dict(c.params) == {"KDR": 8}
+    c = gpu.choose("q6_K", 512, 4096, 4096, table=t, cc=90)      # no q6_K rows recorded: the stated rule
+    assert c.family == "wgmma_kq" and "rule" in c.reason
+    with pytest.raises(ValueError, match="not a round-7 variant"):
+        wgmma.variant_params("wgmma_bogus", "q4_K")
+
+
+def test_qmatmul_rejects_unknown_kernels_before_touching_the_gpu():
+    from labkernels import gpu
+
+    with pytest.raises(gpu.ShapeError, match="unknown kernel 'cublas'"):
+        gpu.qmatmul(np.zeros((2, 256), np.float32), None, kernel="cublas")
