@@ -226,7 +226,8 @@ def _build(m) -> bytes:
     return _BASE[:m[1]]
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(_mutations())
 def test_fuzz_precheck_ends_in_model_error_or_a_readable_model(tmp_path, m):
     data = _build(m)
