@@ -28,6 +28,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from .model import ModelError
 
 SUPPORTED_ARCHS = ("gemma3", "llama", "qwen2")
@@ -93,6 +95,7 @@ class ModelConfig:
     def __post_init__(self):
         if not self.n_rot:
             self.n_rot = self.head_dim
+        validate_config(self)
 
     # ---- per-layer helpers ----------------------------------------------------------------------------
     def is_sliding(self, il: int) -> bool:
@@ -131,6 +134,35 @@ class ModelConfig:
                 f"{self.attn_scale:.6g}, embed_scale {self.embed_scale:.6g}, act {self.ffn_act}"
                 + (", qk_norm" if self.qk_norm else "") + (", post_norms" if self.post_norms else "")
                 + (", qkv bias" if self.attn_bias else "") + (", tied head" if self.tied_output else ""))
+
+
+def _finite_positive(v) -> bool:
+    try:
+        return math.isfinite(float(v)) and float(v) > 0
+    except (TypeError, ValueError):
+        return False
+
+
+def validate_config(cfg: ModelConfig, where: str = "model config") -> None:
+    """Raise ModelError unless every count and dimension is a positive integer and every epsilon, rope base,
+    scale and cap is finite and positive (a NaN / zero / negative one gives NaN logits, not an error)."""
+    for name in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "head_dim_v", "n_ff", "vocab", "n_rot"):
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ModelError(f"{where}: {name} = {v!r}; it must be a positive integer")
+    if cfg.n_head % cfg.n_head_kv:
+        raise ModelError(f"{where}: n_head {cfg.n_head} is not a multiple of n_head_kv {cfg.n_head_kv}")
+    for name in ("rms_eps", "rope_base", "rope_freq_scale", "embed_scale", "attn_scale"):
+        if not _finite_positive(getattr(cfg, name)):
+            raise ModelError(f"{where}: {name} = {getattr(cfg, name)!r}; it must be finite and positive")
+    for name in ("rope_base_local", "final_logit_softcap"):
+        v = getattr(cfg, name)
+        if v is not None and not _finite_positive(v):
+            raise ModelError(f"{where}: {name} = {v!r}; it must be finite and positive (or absent)")
+    if cfg.sliding_window is not None and (isinstance(cfg.sliding_window, bool) or cfg.sliding_window < 1):
+        raise ModelError(f"{where}: sliding_window = {cfg.sliding_window!r}; it must be a positive integer")
+    if len(cfg.layer_is_sliding) != cfg.n_layer:
+        raise ModelError(f"{where}: layer_is_sliding has {len(cfg.layer_is_sliding)} entries for {cfg.n_layer} layers")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -223,6 +255,22 @@ def _scalar(model, key: str, what: str, required: bool = True, default=None):
     return v
 
 
+def _int(model, key: str, what: str, required: bool = True, default=None, minimum: int = 1) -> int:
+    v = _scalar(model, key, what, required, default)
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
+        raise ModelError(f"{_where(model)}: GGUF key {key!r} ({what}) is {v!r}; it must be an integer >= {minimum}")
+    return int(v)
+
+
+def _positive(model, key: str, what: str, required: bool = True, default=None) -> float | None:
+    v = _scalar(model, key, what, required, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not _finite_positive(v):
+        raise ModelError(f"{_where(model)}: GGUF key {key!r} ({what}) is {v!r}; it must be finite and positive")
+    return float(v)
+
+
 def config_from_model(model) -> ModelConfig:
     """Read a :class:`ModelConfig` from a model's GGUF metadata (``model.field``) and tensor shapes.
 
@@ -237,20 +285,22 @@ def config_from_model(model) -> ModelConfig:
                          f"supports {', '.join(SUPPORTED_ARCHS)}")
     k = lambda s: f"{arch}.{s}"  # noqa: E731
 
-    n_layer = int(_scalar(model, k("block_count"), "number of layers"))
-    n_embd = int(_scalar(model, k("embedding_length"), "hidden size"))
-    n_ff = int(_scalar(model, k("feed_forward_length"), "FFN size"))
-    n_head = int(_scalar(model, k("attention.head_count"), "attention heads"))
+    n_layer = _int(model, k("block_count"), "number of layers")
+    n_embd = _int(model, k("embedding_length"), "hidden size")
+    n_ff = _int(model, k("feed_forward_length"), "FFN size")
+    n_head = _int(model, k("attention.head_count"), "attention heads")
     # llama-model.cpp: n_head_kv defaults to n_head; head sizes default to n_embd / n_head; n_rot to head size
-    n_head_kv = int(_scalar(model, k("attention.head_count_kv"), "kv heads", False, n_head))
-    if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
+    n_head_kv = _int(model, k("attention.head_count_kv"), "kv heads", False, n_head)
+    if n_head % n_head_kv:
         raise ModelError(f"{_where(model)}: n_head {n_head} is not a multiple of n_head_kv {n_head_kv}")
-    head_dim = int(_scalar(model, k("attention.key_length"), "q/k head size", False, n_embd // n_head))
-    head_dim_v = int(_scalar(model, k("attention.value_length"), "v head size", False, n_embd // n_head))
-    n_rot = int(_scalar(model, k("rope.dimension_count"), "rotated dims", False, head_dim))
-    rms_eps = float(_scalar(model, k("attention.layer_norm_rms_epsilon"), "RMSNorm epsilon"))
-    rope_base = float(_scalar(model, k("rope.freq_base"), "rope base", False, DEFAULT_ROPE_BASE))
+    head_dim = _int(model, k("attention.key_length"), "q/k head size", False, n_embd // n_head)
+    head_dim_v = _int(model, k("attention.value_length"), "v head size", False, n_embd // n_head)
+    n_rot = _int(model, k("rope.dimension_count"), "rotated dims", False, head_dim)
+    rms_eps = _positive(model, k("attention.layer_norm_rms_epsilon"), "RMSNorm epsilon")
+    rope_base = _positive(model, k("rope.freq_base"), "rope base", False, DEFAULT_ROPE_BASE)
     n_ctx = _scalar(model, k("context_length"), "training context", False, None)
+    if n_ctx is not None:
+        n_ctx = _int(model, k("context_length"), "training context")
     if model.field(k("expert_count")):
         raise ModelError(f"{_where(model)}: mixture-of-experts models are not supported")
 
@@ -269,6 +319,8 @@ def config_from_model(model) -> ModelConfig:
     rope_freq_scale = 1.0
     if scaling not in (None, "none", "linear"):
         raise ModelError(f"{_where(model)}: rope scaling {scaling!r} is not supported (none / linear only)")
+    if factor is not None and not _finite_positive(factor):
+        raise ModelError(f"{_where(model)}: rope scaling factor {factor!r} must be finite and positive")
     if scaling != "none" and factor:
         rope_freq_scale = 1.0 / float(factor)  # llama-model.cpp: rope_freq_scale_train = 1/ropescale
 
@@ -293,9 +345,12 @@ def config_from_model(model) -> ModelConfig:
     attn_scale = 1.0 / math.sqrt(head_dim)  # llama.cpp/qwen2.cpp: kq_scale = 1/sqrt(n_embd_head)
 
     if arch == "gemma3":
+        # llama-model.cpp: a window key of 0 (or none) means no sliding-window attention
         swa = model.field(k("attention.sliding_window"))
+        if swa is not None:
+            swa = _int(model, k("attention.sliding_window"), "sliding window", minimum=0)
         if swa:
-            sliding_window = int(swa)
+            sliding_window = swa
             pattern = model.field(k("attention.sliding_window_pattern"))
             if isinstance(pattern, (list, tuple)):  # newer llama.cpp: get_key_or_arr, per-layer flags
                 if len(pattern) != n_layer:
@@ -303,11 +358,12 @@ def config_from_model(model) -> ModelConfig:
                                      f"expected {n_layer}")
                 layer_is_sliding = [bool(x) for x in pattern]
             else:
-                n_pattern = int(pattern) if pattern is not None else GEMMA3_SWA_PATTERN
+                n_pattern = (_int(model, k("attention.sliding_window_pattern"), "SWA pattern", minimum=0)
+                             if pattern is not None else GEMMA3_SWA_PATTERN)
                 # llama-hparams.cpp set_swa_pattern(n, dense_first=false):
                 #   swa_layers[il] = n == 0 || (il % n < n - 1)  -> every n-th layer (il = n-1, 2n-1, ...) is global
                 layer_is_sliding = [n_pattern == 0 or (il % n_pattern < n_pattern - 1) for il in range(n_layer)]
-            rope_base_local = float(model.field(k("rope.freq_base_swa")) or GEMMA3_ROPE_BASE_SWA)
+            rope_base_local = _positive(model, k("rope.freq_base_swa"), "SWA rope base", False, GEMMA3_ROPE_BASE_SWA)
         else:
             # llama-model.cpp: no window -> LLAMA_SWA_TYPE_NONE -> llm_build_gemma3<false>, whose head applies
             # final-logit softcapping with f_final_logit_softcapping (default 0 = division by zero there)
@@ -315,7 +371,7 @@ def config_from_model(model) -> ModelConfig:
             if not cap:
                 raise ModelError(f"{_where(model)}: gemma3 without a sliding window needs "
                                  f"{k('final_logit_softcapping')} (llama.cpp's non-SWA graph softcaps the logits)")
-            final_softcap = float(cap)
+            final_softcap = _positive(model, k("final_logit_softcapping"), "final logit softcap")
         # llm_build_gemma3: inpL = ggml_scale(inpL, sqrtf(n_embd))
         embed_scale = math.sqrt(n_embd)
         # llama-model.cpp load_hparams (gemma3): type is LLM_TYPE_27B iff n_layer == 62, and
@@ -339,11 +395,19 @@ def config_from_model(model) -> ModelConfig:
     if arch == "qwen2" and not cfg.attn_bias:
         raise ModelError(f"{_where(model)}: qwen2 needs blk.N.attn_q/k/v.bias (llama.cpp creates them as required)")
     check_shapes(model, cfg)
+    check_unused(model, cfg)
     return cfg
 
 
+#: tensor types the reference and the GPU prefill can read: vectors (norms, biases) in float, matrices in
+#: float or one of the quantized types labkernels dequantizes (q4_K / q6_K also run on the lab's kernels)
+VECTOR_TYPES = ("f32", "f16")
+MATRIX_TYPES = ("f32", "f16", "q8_0", "q5_0", "q4_K", "q6_K")
+
+
 def check_shapes(model, cfg: ModelConfig) -> None:
-    """Raise ModelError when a tensor the config needs is missing or has the wrong shape."""
+    """Raise ModelError when a tensor the config needs is missing, has the wrong shape or a type labkernels
+    cannot compute with (objects without a ``qtype``, e.g. shape-only metadata probes, skip the type)."""
     for name, shape in expected_shapes(cfg).items():
         try:
             t = model.tensor(name)
@@ -352,3 +416,25 @@ def check_shapes(model, cfg: ModelConfig) -> None:
         if tuple(t.shape) != tuple(shape):
             raise ModelError(f"{_where(model)}: tensor {name} has shape {tuple(t.shape)}, the metadata implies "
                              f"{tuple(shape)}")
+        qtype = getattr(t, "qtype", None)
+        allowed = VECTOR_TYPES if len(shape) == 1 else MATRIX_TYPES
+        if qtype is not None and qtype not in allowed:
+            raise ModelError(f"{_where(model)}: tensor {name} has type {getattr(t, 'ggml_type', qtype)}; a "
+                             f"{len(shape)}-D {cfg.arch} tensor must be one of {', '.join(allowed)}")
+
+
+def check_unused(model, cfg: ModelConfig) -> None:
+    """Raise ModelError when the file has tensors the config does not use (llama.cpp's loader refuses such a
+    file: "wrong number of tensors"): a block_count smaller than the layers present, a stray tensor, ..."""
+    listing = getattr(model, "tensors", None)
+    if listing is None:  # a metadata-only probe has no tensor list
+        return
+    expected = expected_shapes(cfg)
+    extra = [t.name for t in listing() if t.name not in expected]
+    if extra:
+        layers = sorted({int(n.split(".")[1]) for n in extra if n.startswith("blk.") and n.split(".")[1].isdigit()})
+        hint = (f"; layers {layers[0]}..{layers[-1]} are present but block_count is {cfg.n_layer}"
+                if layers and layers[0] >= cfg.n_layer else "")
+        raise ModelError(f"{_where(model)}: {len(extra)} tensor(s) the {cfg.arch} graph does not use "
+                         f"(llama.cpp refuses such a file): {', '.join(extra[:6])}{' ...' if len(extra) > 6 else ''}"
+                         f"{hint}")

@@ -1,13 +1,14 @@
 """GGUF model access: fetching the real Gemma 3 270M Q4_K_M file and loading tensors memory-mapped.
 
-Every bad input gets a :class:`ModelError` that names the file and the problem (missing, truncated,
-not a GGUF, unsupported tensor type, row length not a multiple of 256) instead of a numpy traceback.
+Every bad input gets a :class:`ModelError` that names the file and the problem (missing, not a regular
+file, truncated, not a GGUF, a count or offset that does not fit the file, unsupported tensor type, row
+length not a multiple of 256) instead of a numpy traceback or a hang; the structural checks are
+:mod:`labkernels.gguf_check`, run before gguf-py reads the file.
 """
 
 from __future__ import annotations
 
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,26 +156,28 @@ class Model:
 
 
 def open_model(path=None) -> Model:
-    """Open a GGUF file memory-mapped, after checks that give clear errors for bad files."""
+    """Open a GGUF file memory-mapped, after checks that give clear errors for bad files.
+
+    :func:`labkernels.gguf_check.check_gguf` walks the header, metadata and tensor table first with every
+    count bounded by the file size (so no file can hang gguf-py or make it allocate without bound); only a
+    file that passes is handed to gguf-py.
+    """
     import gguf
 
+    from .gguf_check import check_gguf
+
     path = Path(path) if path else default_model_path()
-    if not path.exists():
-        hint = " (run `labkernels fetch-model`)" if path == DEFAULT_MODEL else ""
-        raise ModelError(f"model file not found: {path}{hint}")
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-    if len(head) < 8 or head[:4] != b"GGUF":
-        raise ModelError(f"{path}: not a GGUF file (magic {head[:4]!r}, {size} bytes)")
-    version = struct.unpack("<I", head[4:8])[0]
-    if version not in (2, 3):
-        raise ModelError(f"{path}: unsupported GGUF version {version}")
+    hint = " (run `labkernels fetch-model`)" if path == DEFAULT_MODEL else ""
+    layout = check_gguf(path, hint=hint)
+    size = layout.size
     try:
         reader = gguf.GGUFReader(path, "r")
-    except Exception as e:  # header/metadata cut short, corrupt counts, ...
-        raise ModelError(f"{path}: cannot parse GGUF header/metadata ({size} bytes): "
-                         f"{type(e).__name__}: {e} -- the file is truncated or corrupt") from None
+    except Exception as e:  # the pre-check passed, so this is a gguf-py limitation, not a truncation
+        raise ModelError(f"{path}: gguf-py cannot parse this GGUF file ({size} bytes) although it passed the "
+                         f"pre-check: {type(e).__name__}: {e}") from None
+    if len(reader.tensors) != len(layout.tensors):
+        raise ModelError(f"{path}: gguf-py read {len(reader.tensors)} tensors, the tensor table lists "
+                         f"{len(layout.tensors)}")
     for t in reader.tensors:
         end = int(t.data_offset) + int(t.n_bytes)
         if end > size or t.data.nbytes != int(t.n_bytes):

@@ -32,8 +32,18 @@ def load_model(spec: str):
 
 
 def prompt_tokens(model, n: int, prompt_ids=None, seed: int = 0) -> list[int]:
-    """The given ids, else n tokens: a fixed prompt repeated with deterministic random ids after it."""
+    """The given ids (the first ``n`` when n > 0), else n >= 1 tokens: a fixed prompt with deterministic random
+    ids after it. Raises ValueError for a negative n, or n = 0 without ids (an empty prompt)."""
+    if isinstance(n, bool) or int(n) != n or n < 0:
+        raise ValueError(f"token count must be a non-negative integer, got {n!r}")
+    if prompt_ids is not None and len(prompt_ids) == 0:
+        raise ValueError("--prompt-ids was given without any ids")
+    if not prompt_ids and n == 0:
+        raise ValueError("an empty prompt: give --tokens N (N >= 1) or --prompt-ids")
     if prompt_ids:
+        bad = [t for t in prompt_ids if int(t) < 0]
+        if bad:
+            raise ValueError(f"prompt ids must be non-negative, got {bad[:5]}")
         return [int(t) for t in prompt_ids][:n] if n else [int(t) for t in prompt_ids]
     from .arch import config_from_model
 
@@ -44,7 +54,41 @@ def prompt_tokens(model, n: int, prompt_ids=None, seed: int = 0) -> list[int]:
     return ids[:n]
 
 
+def _count(minimum: int):
+    """argparse type: an integer >= minimum, with a clear message otherwise."""
+    import argparse
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < minimum:
+            raise argparse.ArgumentTypeError(f"{v} is less than {minimum}")
+        return v
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def _prompt_args_error(args) -> str | None:
+    """``--tokens 0`` (the default) means "the prompt ids": without them the prompt would be empty."""
+    if args.prompt_ids is not None and len(args.prompt_ids) == 0:
+        return "--prompt-ids needs at least one id"
+    if args.tokens == 0 and not args.prompt_ids:
+        return "give --tokens N (N >= 1) or --prompt-ids ID [ID ...]; --tokens 0 without prompt ids is an empty prompt"
+    if args.prompt_ids and min(args.prompt_ids) < 0:
+        return f"prompt ids must be non-negative, got {min(args.prompt_ids)}"
+    return None
+
+
 def prefill_main(args) -> int:
+    err = _prompt_args_error(args)
+    if err:
+        import sys
+
+        print(f"labkernels prefill: error: {err}", file=sys.stderr)
+        return 2
     _need_gpu()
     from . import gpu
     from .prefill import GpuModel, PrefillOptions, timed_prefill
@@ -99,17 +143,18 @@ def _kernels():
 def register_cli(sub) -> None:
     p = sub.add_parser("prefill", help="one prefill on the GPU: tok/s and the top-5 next tokens")
     p.add_argument("--model", required=True, help="GGUF path or 'synthetic-7b'")
-    p.add_argument("--tokens", type=int, default=0, help="prompt length (default: the prompt ids)")
+    p.add_argument("--tokens", type=_count(0), default=0,
+                   help="prompt length N >= 1 (0, the default: exactly the --prompt-ids)")
     p.add_argument("--prompt-ids", type=int, nargs="*", default=None)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=_count(1), default=3)
     p.add_argument("--attn-f16", action="store_true", help="fp16 QK^T/PV attention")
     p.add_argument("--kernel", default="auto", choices=_kernels(), help="gpu.qmatmul kernel of the k-quant GEMMs")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=prefill_main)
     q = sub.add_parser("decompose", help="round 5: a prefill traced launch by launch, by kernel class")
     q.add_argument("--model", required=True, help="GGUF path or 'synthetic-7b'")
-    q.add_argument("--nt", type=int, default=3325)
-    q.add_argument("--repeats", type=int, default=3)
+    q.add_argument("--nt", type=_count(1), default=3325)
+    q.add_argument("--repeats", type=_count(1), default=3)
     q.add_argument("--attn-f16", action="store_true")
     q.add_argument("--kernel", default="auto", choices=_kernels(), help="gpu.qmatmul kernel of the k-quant GEMMs")
     q.add_argument("--json", action="store_true")

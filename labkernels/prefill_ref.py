@@ -29,7 +29,7 @@ import weakref
 
 import numpy as np
 
-from .arch import ModelConfig, config_from_model, global_tensors, layer_tensors
+from .arch import ModelConfig, check_shapes, config_from_model, global_tensors, layer_tensors, validate_config
 
 __all__ = ["RefModel", "forward_ref", "greedy_ref", "detokenize", "attention_mask", "rope", "rms_norm",
            "get_ref_model", "clear_cache"]
@@ -136,7 +136,15 @@ class RefModel:
         # d = amax/127 stored fp16), which is what the int8-mma kernels (and llama.cpp's MMQ) compute with
         self.act_quant = act_quant
         self.keep_layers = keep_layers  # False: dequantize each layer when used, keep only the current one
-        self.cfg = cfg if cfg is not None else config_from_model(model)
+        # the model check runs before any forward pass: config_from_model checks the metadata, every tensor
+        # (shape, type) and refuses unused ones; a config given explicitly is re-validated (it may have been
+        # edited after construction) and its tensors checked against the model
+        if cfg is None:
+            cfg = config_from_model(model)
+        else:
+            validate_config(cfg, where=str(getattr(model, "path", None) or "model config"))
+            check_shapes(model, cfg)
+        self.cfg = cfg
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
             raise ValueError(f"dtype must be float64 or float32, got {self.dtype}")

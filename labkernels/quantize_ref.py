@@ -62,6 +62,8 @@ __all__ = [
     "quantize_q8_0",
     "quantize_q8_1",
     "pack_q8_1",
+    "QuantOverflowError",
+    "MAX_ABS",
     "dequantize",
     "roundtrip_rmse",
 ]
@@ -82,12 +84,28 @@ _GROUP_MAX_EPS = _F32(1e-15)  # GROUP_MAX_EPS in ggml-quants.c
 _CHUNK_ELEMS = 1 << 18
 
 
+# The largest |x| a block of each format can encode: fp16 scales are at most 65504, times the largest
+# sub-block scale and the largest code (q4_K: d*sc*q with sc <= 63, q <= 15; q6_K: d*sc*q with |sc| <= 128,
+# |q| <= 32; q8_0 / q8_1: d*q with |q| <= 127). A block beyond it cannot be represented: the quantizer's fp16
+# scale overflows to inf (or, past ~1e19, its float32 intermediates do and it silently writes zeros).
+_FP16_MAX = 65504.0
+MAX_ABS = {"q4_K": _FP16_MAX * 63 * 15, "q6_K": _FP16_MAX * 128 * 32, "q8_0": _FP16_MAX * 127,
+           "q8_1": _FP16_MAX * 127}
+
+
+class QuantOverflowError(ValueError):
+    """A block whose values overflow the format's fp16 scales (named by row and block)."""
+
+
 # --------------------------------------------------------------------------- #
 # helpers
 # --------------------------------------------------------------------------- #
 def _check_input(x: np.ndarray, multiple: int, name: str) -> np.ndarray:
     if not isinstance(x, np.ndarray):
         raise ValueError(f"{name}: expected a numpy.ndarray, got {type(x).__name__}")
+    if np.iscomplexobj(x):
+        raise ValueError(f"{name}: complex input (dtype {x.dtype}) is not supported: quantizers take real "
+                         "float32 values (pass x.real explicitly if that is what you mean)")
     if x.dtype != np.float32:
         raise ValueError(
             f"{name}: expected float32 input, got dtype {x.dtype} (shape {x.shape}); "
@@ -477,15 +495,52 @@ def _default_threads() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
-def _check_all_finite(x: np.ndarray, name: str) -> None:
+def _check_all_finite(x: np.ndarray, name: str, qtype: str | None = None, qk: int = QK_K) -> None:
+    """NaN / inf anywhere, and (given ``qtype``) any block whose max |x| exceeds what the format encodes."""
     for r0, r1 in _row_chunks(x.shape[0], x.shape[1]):
         _check_finite(x[r0:r1], name, r0)
+        if qtype is not None:
+            amax = np.abs(x[r0:r1]).reshape(r1 - r0, -1, qk).max(axis=2)
+            bad = np.argwhere(amax > MAX_ABS[qtype])
+            if bad.size:
+                r, b = int(bad[0][0]), int(bad[0][1])
+                raise QuantOverflowError(
+                    f"{name}: fp16 scale overflow at row {r0 + r}, block {b} (columns {b * qk}..{(b + 1) * qk - 1}): "
+                    f"block max |x| = {float(amax[r, b]):.6g} exceeds the {MAX_ABS[qtype]:.6g} a {qtype} block "
+                    "can encode")
+
+
+def _check_scales(fields: dict, name: str, qtype: str, qk: int, x: np.ndarray) -> None:
+    """Raise QuantOverflowError naming the first (row, block) whose fp16 scale field is inf / NaN.
+    ``fields``: field name -> float16 array (rows, blocks)."""
+    for field, h in fields.items():
+        bad = np.argwhere(~np.isfinite(h))
+        if bad.size:
+            r, b = int(bad[0][0]), int(bad[0][1])
+            blk = x[r, b * qk:(b + 1) * qk]
+            raise QuantOverflowError(
+                f"{name}: fp16 scale overflow at row {r}, block {b} (columns {b * qk}..{(b + 1) * qk - 1}): "
+                f"{field} = {float(h[r, b])} (block max |x| = {float(np.abs(blk).max()):.6g}, sum = "
+                f"{float(blk.astype(np.float64).sum()):.6g}); fp16 holds at most {_FP16_MAX:g}")
+
+
+#: byte offsets of the fp16 scale fields inside a block
+_SCALE_FIELDS = {"q4_K": {"d": 0, "dmin": 2}, "q6_K": {"d": 208}}
+
+
+def _overflow_mode(overflow: str, name: str) -> bool:
+    """True when overflow must raise ("raise", the default); "ggml" reproduces ggml's inf / NaN scales."""
+    if overflow not in ("raise", "ggml"):
+        raise ValueError(f"{name}: overflow must be 'raise' or 'ggml', got {overflow!r}")
+    return overflow == "raise"
 
 
 def _quantize_k(x: np.ndarray, name: str, block_fn, block_bytes: int,
-                num_threads: int | None) -> np.ndarray:
+                num_threads: int | None, overflow: str = "raise") -> np.ndarray:
+    qtype = {144: "q4_K", 210: "q6_K"}[block_bytes]
+    strict = _overflow_mode(overflow, name)
     _check_input(x, QK_K, name)
-    _check_all_finite(x, name)
+    _check_all_finite(x, name, qtype if strict else None, QK_K)
     rows, n = x.shape
     nblk = n // QK_K
     out = np.empty((rows, nblk * block_bytes), dtype=np.uint8)
@@ -504,10 +559,14 @@ def _quantize_k(x: np.ndarray, name: str, block_fn, block_bytes: int,
     else:  # numpy releases the GIL inside its loops; chunks are independent
         with ThreadPoolExecutor(max_workers=min(nt, len(spans))) as ex:
             list(ex.map(work, spans))
+    blocks = out.reshape(rows, nblk, block_bytes)
+    if strict:
+        _check_scales({f: np.ascontiguousarray(blocks[:, :, o:o + 2]).view("<f2")[:, :, 0]
+                       for f, o in _SCALE_FIELDS[qtype].items()}, name, qtype, QK_K, x)
     return out
 
 
-def quantize_q4_K(x: np.ndarray, *, num_threads: int | None = None) -> np.ndarray:
+def quantize_q4_K(x: np.ndarray, *, num_threads: int | None = None, overflow: str = "raise") -> np.ndarray:
     """Port of ggml ``quantize_row_q4_K_ref``.
 
     x: float32 (rows, n), n a multiple of 256, finite.  Returns uint8
@@ -515,18 +574,22 @@ def quantize_q4_K(x: np.ndarray, *, num_threads: int | None = None) -> np.ndarra
     scales[12], qs[128].  Rows are processed in chunks, by ``num_threads``
     worker threads (default: ``$LABKERNELS_QUANT_THREADS`` or min(8, cpu_count));
     the result does not depend on the thread count.
+
+    A block whose values overflow the fp16 scales (max |x| beyond :data:`MAX_ABS`, or a d / dmin that
+    rounds to inf) raises :class:`QuantOverflowError` naming its row and block; ``overflow="ggml"`` instead
+    returns what ggml writes (inf / NaN scales), for bit-exactness tests.
     """
-    return _quantize_k(x, "quantize_q4_K", _q4_K_blocks, 144, num_threads)
+    return _quantize_k(x, "quantize_q4_K", _q4_K_blocks, 144, num_threads, overflow)
 
 
-def quantize_q6_K(x: np.ndarray, *, num_threads: int | None = None) -> np.ndarray:
+def quantize_q6_K(x: np.ndarray, *, num_threads: int | None = None, overflow: str = "raise") -> np.ndarray:
     """Port of ggml ``quantize_row_q6_K_ref``.
 
     x: float32 (rows, n), n a multiple of 256, finite.  Returns uint8
     (rows, n/256*210) in ``block_q6_K`` layout: ql[128], qh[64],
-    scales[16] (int8), d (f16).  ``num_threads`` as for :func:`quantize_q4_K`.
+    scales[16] (int8), d (f16).  ``num_threads`` and ``overflow`` as for :func:`quantize_q4_K`.
     """
-    return _quantize_k(x, "quantize_q6_K", _q6_K_blocks, 210, num_threads)
+    return _quantize_k(x, "quantize_q6_K", _q6_K_blocks, 210, num_threads, overflow)
 
 
 def _q8_core(xb: np.ndarray):
@@ -539,18 +602,20 @@ def _q8_core(xb: np.ndarray):
     return qs, d
 
 
-def quantize_q8_0(x: np.ndarray) -> np.ndarray:
+def quantize_q8_0(x: np.ndarray, *, overflow: str = "raise") -> np.ndarray:
     """Port of ggml ``quantize_row_q8_0_ref``.
 
     x: float32 (rows, n), n a multiple of 32, finite.  Returns uint8
-    (rows, n/32*34) in ``block_q8_0`` layout: d (f16), qs[32] (int8).
+    (rows, n/32*34) in ``block_q8_0`` layout: d (f16), qs[32] (int8).  ``overflow`` as for
+    :func:`quantize_q4_K` (d = amax/127 must fit fp16).
     """
     name = "quantize_q8_0"
+    strict = _overflow_mode(overflow, name)
     _check_input(x, QK8_0, name)
     rows, n = x.shape
     nblk = n // QK8_0
     out = np.empty((rows, nblk, 34), dtype=np.uint8)
-    _check_all_finite(x, name)
+    _check_all_finite(x, name, "q8_0" if strict else None, QK8_0)
     for r0, r1 in _row_chunks(rows, n):
         xc = np.ascontiguousarray(x[r0:r1])
         qs, d = _q8_core(xc.reshape(-1, QK8_0))
@@ -558,25 +623,29 @@ def quantize_q8_0(x: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore"):  # fp16 overflow -> inf, as in ggml
             o[:, 0:2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
         o[:, 2:] = qs.astype(np.int8).view(np.uint8)
+    if strict:
+        _check_scales({"d": np.ascontiguousarray(out[:, :, 0:2]).view("<f2")[:, :, 0]}, name, "q8_0", QK8_0, x)
     return out.reshape(rows, nblk * 34)
 
 
-def quantize_q8_1(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def quantize_q8_1(x: np.ndarray, *, overflow: str = "raise") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Port of ggml ``quantize_row_q8_1_ref``.
 
     x: float32 (rows, n), n a multiple of 32, finite.  Returns
     ``(qs int8 (rows, n), d float16 (rows, n/32), s float16 (rows, n/32))``
     with d = fp16(amax/127) and s = fp16(d_f32 * sum(qs)) (d_f32 is the
-    float32 scale *before* fp16 rounding, exactly as in ggml).
+    float32 scale *before* fp16 rounding, exactly as in ggml).  ``overflow`` as for :func:`quantize_q4_K`:
+    both d and s must fit fp16 (s overflows once |sum of a block| passes ~65504, e.g. 32 values of ~2100).
     """
     name = "quantize_q8_1"
+    strict = _overflow_mode(overflow, name)
     _check_input(x, QK8_1, name)
     rows, n = x.shape
     nblk = n // QK8_1
     qs_out = np.empty((rows, n), dtype=np.int8)
     d_out = np.empty((rows, nblk), dtype=np.float16)
     s_out = np.empty((rows, nblk), dtype=np.float16)
-    _check_all_finite(x, name)
+    _check_all_finite(x, name, "q8_1" if strict else None, QK8_1)
     for r0, r1 in _row_chunks(rows, n):
         xc = np.ascontiguousarray(x[r0:r1])
         qs, d = _q8_core(xc.reshape(-1, QK8_1))
@@ -587,6 +656,8 @@ def quantize_q8_1(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         with np.errstate(over="ignore"):  # fp16 overflow -> inf, as in ggml
             d_out[r0:r1] = d.astype(np.float16).reshape(r1 - r0, nblk)
             s_out[r0:r1] = s.astype(np.float16).reshape(r1 - r0, nblk)
+    if strict:
+        _check_scales({"d": d_out, "s = d*sum(qs)": s_out}, name, "q8_1", QK8_1, x)
     return qs_out, d_out, s_out
 
 
@@ -674,6 +745,8 @@ def roundtrip_rmse(x: np.ndarray, qtype) -> float:
     """
     name = _qtype_name(qtype)
     x = np.asarray(x)
+    if np.iscomplexobj(x):
+        raise ValueError(f"roundtrip_rmse: complex input (dtype {x.dtype}) is not supported")
     if x.dtype != np.float32 and np.issubdtype(x.dtype, np.floating):
         x = x.astype(np.float32)
     raw = _quantize_by_name(x, name)

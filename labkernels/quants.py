@@ -153,11 +153,20 @@ def quantize(x: np.ndarray, qtype) -> np.ndarray:
 
     qtype = normalize_qtype(qtype)
     x = np.asarray(x)
+    if np.iscomplexobj(x):
+        raise ValueError(f"quantize: complex input (dtype {x.dtype}) is not supported; pass x.real explicitly")
+    if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
+        raise ValueError(f"quantize: expected real numbers, got dtype {x.dtype}")
     squeeze = x.ndim == 1
     x2 = x.reshape(1, -1) if squeeze else x
     if x2.ndim != 2:
         raise ValueError(f"quantize expects a 1-D or 2-D array, got shape {x.shape}")
-    x2 = np.ascontiguousarray(x2, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        x32 = np.ascontiguousarray(x2, dtype=np.float32)
+    if x2.dtype != np.float32 and np.isfinite(x2).all() and not np.isfinite(x32).all():
+        r, c = (int(i) for i in np.argwhere(~np.isfinite(x32))[0])
+        raise ValueError(f"quantize: x[{r}, {c}] = {float(x2[r, c])!r} is beyond float32's range")
+    x2 = x32
     if qtype == "q4_K":
         out = quantize_ref.quantize_q4_K(x2)
     elif qtype == "q6_K":

@@ -6,10 +6,19 @@ Layout (one folder per round, never rewritten by later runs)::
     data/<round>/<run_id>.<table>.csv     tables, rows appended as the run goes (a sweep that dies
                                           half-way keeps the points it finished)
 
+    data/<round>/<run_id>.manifest        written last, atomically, by :meth:`Run.finish`: the sha256 and
+                                          size of the metadata and of every table, and each table's row count
+
 A run id is ``<UTC yyyymmddThhmmssZ>-<gpu or cpu>-<commit10>``, so ids sort by time. A run's files
 are written only while it runs (status ``running``); once ``complete`` or ``failed`` they are frozen:
 :func:`new_run` refuses to reuse an id and :class:`Run` refuses writes after :meth:`Run.finish`.
 Replay mode renders :func:`latest` complete run of a round.
+
+Integrity: every finished run that :func:`list_runs` / :func:`latest` / :func:`load` return has been checked
+against its manifest (:func:`verify_run`): an edited value, a cut last row, a missing or extra table is a
+:class:`RecordError` naming the file. :func:`validate_run` checks one run given its metadata path;
+:func:`import_runs` validates whole runs before copying them (atomically, never overwriting);
+:func:`check_data` (``labkernels check-data``) verifies every run under a data folder.
 
 ``LABKERNELS_DATA_DIR`` moves the root (the GPU machine writes under ``$OUT`` and the results are
 copied into ``data/`` here with :func:`import_runs`).
@@ -18,10 +27,15 @@ copied into ``data/`` here with :func:`import_runs`).
 from __future__ import annotations
 
 import contextlib
+import csv
+import glob
+import hashlib
+import io
 import json
 import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +45,10 @@ from . import provenance
 from .paths import DATA_DIR
 
 RUN_ID_RX = re.compile(r"^\d{8}T\d{6}Z-[A-Za-z0-9_.-]+$")
+MANIFEST_SUFFIX = ".manifest"
+FINISHED = ("complete", "failed")
+#: folders under data/ that hold no recorded runs
+NON_RUN_DIRS = ("models", "cache")
 
 
 class RecordError(RuntimeError):
@@ -59,6 +77,10 @@ class Run:
     @property
     def meta_path(self) -> Path:
         return self.dir / f"{self.run_id}.json"
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.dir / f"{self.run_id}{MANIFEST_SUFFIX}"
 
     def table_path(self, table: str) -> Path:
         if not re.fullmatch(r"[a-z0-9_]+", table):
@@ -106,11 +128,10 @@ class Run:
             # the clocks at the start may be idle clocks: record the state at the end of the work too
             self.meta["provenance"]["gpu_at_finish"] = provenance._nvidia_smi()
         self._write_meta()
+        write_manifest(self)
 
     def _write_meta(self) -> None:
-        tmp = self.meta_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.meta, indent=1, default=_json_default, sort_keys=False))
-        tmp.replace(self.meta_path)
+        _atomic_write(self.meta_path, json.dumps(self.meta, indent=1, default=_json_default, sort_keys=False))
 
     # ---- reading
     def table(self, table: str) -> pd.DataFrame:
@@ -181,16 +202,17 @@ def recording(round_name: str, params: dict | None = None, root: Path | None = N
 
 
 def list_runs(round_name: str, root: Path | None = None, status: str | None = "complete") -> list[Run]:
+    """The runs of a round (``status=None``: all of them), oldest first. Every finished run is verified
+    against its manifest first (:func:`verify_run`): a tampered or incomplete one raises RecordError."""
     root = Path(root) if root else data_root()
     d = root / round_name
     runs = []
     if not d.is_dir():
         return runs
     for p in sorted(d.glob("*.json")):
-        try:
-            meta = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise RecordError(f"{p}: corrupt run metadata ({e})") from None
+        meta = _read_meta(p)
+        if meta.get("status") in FINISHED:
+            verify_run(Run(round_name, meta["run_id"], root, meta))
         if status and meta.get("status") != status:
             continue
         runs.append(Run(round_name, meta["run_id"], root, meta))
@@ -210,20 +232,298 @@ def load(round_name: str, run_id: str, root: Path | None = None) -> Run:
     raise RecordError(f"no run {run_id} in round {round_name}")
 
 
+# ------------------------------------------------------------------------------------------------ integrity
+def _atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path`` (unique per process), fsync, then rename."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _read_meta(p: Path) -> dict:
+    try:
+        meta = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RecordError(f"{p}: corrupt run metadata ({e})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("run_id"), str):
+        raise RecordError(f"{p}: not run metadata (no run_id)")
+    if p.name != f"{meta['run_id']}.json":
+        raise RecordError(f"{p}: the file name does not match its run_id {meta['run_id']!r}")
+    return meta
+
+
+def table_rows(path: Path) -> int:
+    """Data rows of a recorded table, after checking that it is a whole CSV: it ends with a newline, every
+    row has the header's number of fields, and pandas reads the same number of rows. Raises RecordError."""
+    data = Path(path).read_bytes()
+    if not data.strip():
+        raise RecordError(f"{path}: empty table")
+    if not data.endswith(b"\n"):
+        raise RecordError(f"{path}: the last row is cut (no final newline)")
+    try:
+        rows = list(csv.reader(io.StringIO(data.decode("utf-8"), newline="")))
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise RecordError(f"{path}: not a readable CSV table ({e})") from None
+    width = len(rows[0])
+    for i, r in enumerate(rows[1:], start=2):
+        if len(r) != width:
+            raise RecordError(f"{path}: row {i} has {len(r)} fields, the header has {width} (a cut or edited row)")
+    try:
+        n = len(pd.read_csv(io.BytesIO(data)))
+    except Exception as e:  # pandas' parser errors have no common base
+        raise RecordError(f"{path}: pandas cannot read the table ({type(e).__name__}: {e})") from None
+    if n != len(rows) - 1:
+        raise RecordError(f"{path}: {len(rows) - 1} CSV rows but pandas reads {n}")
+    return n
+
+
+def _run_files(run: Run) -> list[Path]:
+    return [run.meta_path] + [run.table_path(t) for t in run.meta.get("tables", [])]
+
+
+def write_manifest(run: Run, sealed_later: bool = False) -> Path:
+    """Write ``<run_id>.manifest`` for a finished run (atomically; the last file of a run). ``sealed_later``
+    marks a manifest written after the fact for a run recorded before manifests existed."""
+    if run.meta.get("status") not in FINISHED:
+        raise RecordError(f"run {run.run_id} is {run.meta.get('status')}: only finished runs get a manifest")
+    files = {}
+    for p in _run_files(run):
+        if not p.exists():
+            raise RecordError(f"{p}: listed by run {run.run_id} but missing")
+        entry = {"sha256": _sha256(p), "bytes": p.stat().st_size}
+        if p.suffix == ".csv":
+            entry["rows"] = table_rows(p)
+        files[p.name] = entry
+    manifest = {"run_id": run.run_id, "round": run.round, "status": run.meta["status"],
+                "written": provenance.utc_now(), "files": files}
+    if sealed_later:
+        manifest["sealed_later"] = ("written by `labkernels check-data --seal` for a run recorded before "
+                                    "manifests existed: it attests the files as they were when sealed")
+    _atomic_write(run.manifest_path, json.dumps(manifest, indent=1))
+    return run.manifest_path
+
+
+def verify_run(run: Run) -> Run:
+    """Check a finished run against its manifest: every file present with the recorded sha256, size and row
+    count, the tables the metadata lists exactly the tables the manifest lists, no other file of the run.
+    Raises RecordError naming the bad file."""
+    mp = run.manifest_path
+    if not mp.exists():
+        raise RecordError(f"{mp}: missing: run {run.run_id} is {run.meta.get('status')} but has no manifest "
+                          "(its files cannot be verified; a run written before manifests existed is sealed with "
+                          "`labkernels check-data --seal`)")
+    try:
+        man = json.loads(mp.read_text())
+        files = man["files"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        raise RecordError(f"{mp}: corrupt manifest ({type(e).__name__}: {e})") from None
+    if man.get("run_id") != run.run_id:
+        raise RecordError(f"{mp}: manifest of run {man.get('run_id')!r}, not {run.run_id!r}")
+    want = {p.name for p in _run_files(run)}
+    if set(files) != want:
+        extra, missing = sorted(set(files) - want), sorted(want - set(files))
+        raise RecordError(f"{run.meta_path}: the run's files {sorted(want)} differ from its manifest's "
+                          f"(manifest only: {extra}, metadata only: {missing})")
+    for name, entry in files.items():
+        p = run.dir / name
+        if not p.exists():
+            raise RecordError(f"{p}: missing (listed in {mp.name})")
+        if p.stat().st_size != entry.get("bytes") or _sha256(p) != entry.get("sha256"):
+            if p.suffix == ".csv":
+                table_rows(p)  # a cut or malformed table says so
+            raise RecordError(f"{p}: content differs from the manifest (sha256/size): the recorded file was "
+                              "edited, cut or replaced")
+        if p.suffix == ".csv" and table_rows(p) != entry.get("rows"):
+            raise RecordError(f"{p}: {table_rows(p)} rows, the manifest says {entry.get('rows')}")
+    stray = sorted(q.name for q in run.dir.glob(f"{glob.escape(run.run_id)}.*")
+                   if q.name not in files and q.name != mp.name)
+    if stray:
+        raise RecordError(f"{run.dir / stray[0]}: not part of run {run.run_id} (its manifest lists "
+                          f"{sorted(files)}); stray files: {stray}")
+    return run
+
+
+def validate_run(meta_path) -> Run:
+    """Validate one recorded run given its ``<round>/<run_id>.json``: the metadata parses and matches its file
+    name, the run is finished, its manifest matches every file, every table is a whole CSV. Returns the Run."""
+    p = Path(meta_path)
+    if not p.is_file():
+        raise RecordError(f"{p}: no such run metadata file")
+    meta = _read_meta(p)
+    if not RUN_ID_RX.match(meta["run_id"]):
+        raise RecordError(f"{p}: run_id {meta['run_id']!r} is not a run id (UTC-time-device-commit)")
+    if meta.get("round") not in (None, p.parent.name):
+        raise RecordError(f"{p}: run of round {meta.get('round')!r} filed under {p.parent.name!r}")
+    if meta.get("status") not in FINISHED:
+        raise RecordError(f"{p}: run {meta['run_id']} is {meta.get('status')!r}: it never finished")
+    for key in ("provenance", "tables"):
+        if key not in meta:
+            raise RecordError(f"{p}: run metadata has no {key!r}")
+    return verify_run(Run(p.parent.name, meta["run_id"], p.parent.parent, meta))
+
+
+def _scan(root: Path, strict_top: bool) -> tuple[list[Path], list[str]]:
+    """(metadata files of the runs under root, problems) -- every file under a round folder must belong to a
+    run; with ``strict_top`` a file directly under root is a problem too (an import source)."""
+    metas, problems = [], []
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith("."):
+            continue
+        if entry.is_file():
+            if strict_top:
+                problems.append(f"{entry}: not a recorded run (runs live in <round>/<run_id>.* files; give the "
+                                "results' data/ folder)")
+            continue
+        if not entry.is_dir() or (not strict_top and entry.name in NON_RUN_DIRS):
+            continue
+        ids = []
+        for q in sorted(entry.iterdir()):
+            if q.name.startswith("."):
+                continue
+            if q.is_file() and q.suffix == ".json" and RUN_ID_RX.match(q.stem):
+                metas.append(q)
+                ids.append(q.stem)
+        for q in sorted(entry.iterdir()):
+            if q.name.startswith(".") or q in metas:
+                continue
+            if not q.is_file() or not any(q.name.startswith(i + ".") for i in ids):
+                problems.append(f"{q}: not part of a recorded run (no <run_id>.json beside it)")
+    return metas, problems
+
+
+def check_data(root: Path | None = None) -> tuple[int, list[str]]:
+    """Verify every recorded run under a data folder: (runs checked, problems naming each bad file)."""
+    root = Path(root) if root else data_root()
+    if not root.is_dir():
+        return 0, [f"{root}: no such data folder"]
+    metas, problems = _scan(root, strict_top=False)
+    for m in metas:
+        try:
+            validate_run(m)
+        except RecordError as e:
+            problems.append(str(e))
+    return len(metas), problems
+
+
+def seal_runs(root: Path | None = None) -> list[Path]:
+    """Write a manifest for every finished run under root that has none (runs recorded before manifests
+    existed), after checking that its metadata and tables parse. Runs that have a manifest are untouched."""
+    root = Path(root) if root else data_root()
+    sealed = []
+    for m in _scan(root, strict_top=False)[0]:
+        meta = _read_meta(m)
+        run = Run(m.parent.name, meta["run_id"], root, meta)
+        if meta.get("status") in FINISHED and not run.manifest_path.exists():
+            sealed.append(write_manifest(run, sealed_later=True))
+    return sealed
+
+
 def import_runs(src: Path, dest: Path | None = None) -> list[str]:
-    """Copy recorded runs from a GPU machine's results folder into data/ (never overwriting a file)."""
-    src, dest = Path(src), Path(dest) if dest else DATA_DIR
+    """Copy recorded runs from a GPU machine's results folder (its ``data/``) into ``dest`` (default: the
+    data root, ``LABKERNELS_DATA_DIR`` or data/). Returns the copied files, relative to dest.
+
+    All or nothing, and never overwriting: the source must hold only runs (a file that is not part of a run,
+    e.g. ``env.json`` of a results root, is refused); every run is validated whole (:func:`validate_run`) and
+    every target checked for a conflicting file before anything is copied. Each run is copied into a
+    temporary folder beside its target, checked against its manifest there, then linked into place with the
+    manifest last (a run is only visible as verified once all its files are in). Files already present with
+    identical content are skipped, so an import can be repeated.
+    """
+    src = Path(src)
+    dest = Path(dest) if dest else data_root()
+    if not src.is_dir():
+        raise RecordError(f"{src}: no such folder (give the results' data/ folder, e.g. OUT/data)")
+    metas, problems = _scan(src, strict_top=True)
+    runs = []
+    for m in metas:
+        try:
+            runs.append(validate_run(m))
+        except RecordError as e:
+            problems.append(str(e))
+    if problems:
+        raise RecordError(f"refusing to import from {src}: " + "; ".join(problems))
+    if not runs:
+        raise RecordError(f"{src}: no recorded runs (<round>/<run_id>.json) to import")
+    plan = []  # (run, names to copy)
+    for run in runs:
+        names = [p.name for p in _run_files(run)] + [run.manifest_path.name]
+        todo = []
+        for n in names:
+            target = dest / run.round / n
+            if target.exists():
+                if _sha256(target) != _sha256(run.dir / n):
+                    raise RecordError(f"{target} exists with different content: recorded runs are append-only "
+                                      "(nothing was imported)")
+            else:
+                todo.append(n)
+        if todo:
+            plan.append((run, todo))
     copied = []
-    for p in sorted(src.rglob("*")):
-        if not p.is_file() or not (p.suffix in (".json", ".csv")):
-            continue
-        rel = p.relative_to(src)
-        target = dest / rel
-        if target.exists():
-            if target.read_bytes() != p.read_bytes():
-                raise RecordError(f"{target} exists with different content: recorded runs are append-only")
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(p, target)
-        copied.append(str(rel))
+    for run, todo in plan:
+        d = dest / run.round
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=d, prefix=f".import-{run.run_id}-"))
+        try:
+            for n in todo:
+                shutil.copy2(run.dir / n, tmp / n)
+            man = json.loads(run.manifest_path.read_text())["files"]
+            for n in todo:
+                if n in man and _sha256(tmp / n) != man[n]["sha256"]:
+                    raise RecordError(f"{tmp / n}: the copy differs from the manifest of run {run.run_id}")
+            for n in sorted(todo, key=lambda n: n.endswith(MANIFEST_SUFFIX)):  # the manifest last
+                try:
+                    os.link(tmp / n, d / n)
+                except FileExistsError:
+                    if _sha256(d / n) != _sha256(tmp / n):
+                        raise RecordError(f"{d / n} appeared with different content during the import") from None
+                    continue
+                except OSError:  # a file system without hard links: rename, still never over a file
+                    if (d / n).exists():
+                        raise RecordError(f"{d / n} appeared during the import") from None
+                    os.rename(tmp / n, d / n)
+                copied.append(f"{run.round}/{n}")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return copied
+
+
+# ------------------------------------------------------------------------------------------------ command line
+def check_data_main(args) -> int:
+    import sys
+
+    root = Path(args.root) if args.root else data_root()
+    if args.seal:
+        for p in seal_runs(root):
+            print(f"sealed {p}")
+    n, problems = check_data(root)
+    for msg in problems:
+        print(f"BAD {msg}", file=sys.stderr)
+    if problems:
+        print(f"labkernels check-data: {len(problems)} problem(s) in {n} recorded runs under {root}", file=sys.stderr)
+        return 1
+    print(f"check-data: {n} recorded runs under {root} verified (manifest, sha256, rows)")
+    return 0
+
+
+def register_cli(sub) -> None:
+    p = sub.add_parser("check-data", help="verify every recorded run under the data folder against its manifest")
+    p.add_argument("--root", default=None, help="data folder (default $LABKERNELS_DATA_DIR or data/)")
+    p.add_argument("--seal", action="store_true",
+                   help="first write manifests for finished runs that have none (runs recorded before manifests)")
+    p.set_defaults(func=check_data_main)

@@ -19,6 +19,7 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 from labkernels import quantize_ref as qr  # noqa: E402
+from labkernels import quants  # noqa: E402
 
 F = np.float32
 
@@ -372,7 +373,7 @@ def test_nearest_int_is_round_half_even_and_bit_exact():
 # bit-exactness vs literal C transcription
 # =========================================================================== #
 def test_q4_K_matches_scalar_c_transcription(exact_blocks):
-    got = qr.quantize_q4_K(exact_blocks)
+    got = qr.quantize_q4_K(exact_blocks, overflow="ggml")  # the edge blocks include an fp16 overflow
     want = _ref_rows(c_quantize_block_q4_K, exact_blocks)
     assert got.shape == (exact_blocks.shape[0], 144)
     names = list(edge_blocks()) + [f"random{i}" for i in range(exact_blocks.shape[0])]
@@ -460,7 +461,7 @@ def test_q8_0_bit_exact_vs_gguf():
 
 def test_q8_1_matches_scalar_c_transcription_and_packing():
     x = _q8_inputs()
-    qs, d, s = qr.quantize_q8_1(x)
+    qs, d, s = qr.quantize_q8_1(x, overflow="ggml")  # row 5 (x 1e4): s = d*sum(qs) overflows fp16
     assert qs.dtype == np.int8 and qs.shape == x.shape
     assert d.dtype == np.float16 and d.shape == (8, 16)
     assert s.dtype == np.float16 and s.shape == (8, 16)
@@ -564,3 +565,72 @@ def test_pack_q8_1_and_qtype_validation():
 def test_empty_rows_ok():
     assert qr.quantize_q4_K(np.zeros((0, 512), np.float32)).shape == (0, 288)
     assert qr.quantize_q6_K(np.zeros((0, 256), np.float32)).shape == (0, 210)
+
+
+# =========================================================================== #
+# fp16 scale overflow and bad dtypes: an error naming the row and block
+# =========================================================================== #
+def _raw(qtype, x, **kw):
+    """Raw blocks of x from the reference quantizer of qtype."""
+    if qtype == "q8_1":
+        return qr.pack_q8_1(*qr.quantize_q8_1(x, **kw))
+    return {"q4_K": qr.quantize_q4_K, "q6_K": qr.quantize_q6_K, "q8_0": qr.quantize_q8_0}[qtype](x, **kw)
+
+
+@pytest.mark.parametrize("qtype,qk,amp,match", [
+    ("q4_K", 256, 1e7, r"dmin = inf"),
+    ("q4_K", 256, 1e8, r"block max \|x\| = .* exceeds the 6\.19013e\+07 a q4_K block can encode"),
+    ("q6_K", 256, 1e10, r"exceeds the 2\.68304e\+08 a q6_K block"),
+    ("q6_K", 256, 1e20, r"exceeds the 2\.68304e\+08 a q6_K block"),  # ggml: a block of zeros
+    ("q8_0", 32, 1e7, r"exceeds the 8\.31901e\+06 a q8_0 block"),
+    ("q8_1", 32, 1e7, r"exceeds the 8\.31901e\+06 a q8_1 block"),
+])
+def test_scale_overflow_raises_naming_row_and_block(qtype, qk, amp, match):
+    x = np.random.default_rng(3).standard_normal((4, 2 * qk)).astype(np.float32) * F(1e-2)
+    x[2, qk + 5] = F(amp)  # row 2, block 1 only
+    x[2, qk + 6] = F(-amp)
+    for fn in (_raw, quants.quantize):
+        with pytest.raises(qr.QuantOverflowError, match=match) as e:
+            fn(qtype, x) if fn is _raw else fn(x, qtype)
+        assert f"row 2, block 1 (columns {qk}..{2 * qk - 1})" in str(e.value)
+    # what ggml writes for the same input: an inf / NaN scale, or (q6_K at 1e20) a block of zeros
+    with np.errstate(invalid="ignore", over="ignore"):
+        blk = quants.dequantize(_raw(qtype, x, overflow="ggml"), qtype)[2, qk:2 * qk]
+    assert not np.isfinite(blk).all() or np.abs(blk - x[2, qk:2 * qk]).max() > 0.5 * amp
+
+
+def test_just_below_the_limit_is_fine():
+    x = np.zeros((1, 256), np.float32)
+    x[0, 0] = F(6.0e6)
+    raw = qr.quantize_q4_K(x)
+    assert abs(quants.dequantize(raw, "q4_K")[0, 0] - 6.0e6) / 6.0e6 < 0.01
+    y = np.full((1, 32), F(8.0e6))
+    assert abs(quants.dequantize(qr.quantize_q8_0(y), "q8_0")[0, 0] - 8.0e6) / 8.0e6 < 0.01
+
+
+def test_q8_1_sum_overflow():
+    x = np.full((3, 64), F(1.0), np.float32)
+    x[1, 32:] = F(2100.0)  # d = 16.5 fits, s = d * 32 * 127 = 67200 does not
+    with pytest.raises(qr.QuantOverflowError, match=r"row 1, block 1 .*s = d\*sum\(qs\) = inf"):
+        qr.quantize_q8_1(x)
+    x[1, 32:] = F(2000.0)
+    qs, d, s = qr.quantize_q8_1(x)
+    assert np.isfinite(s).all()
+
+
+def test_complex_and_non_numeric_input_is_refused():
+    z = np.ones((2, 256), np.complex64)
+    for f in (qr.quantize_q4_K, qr.quantize_q6_K, qr.quantize_q8_0, qr.quantize_q8_1):
+        with pytest.raises(ValueError, match="complex input"):
+            f(z)
+    for qt in ("q4_K", "q6_K", "q8_0", "q8_1"):
+        with pytest.raises(ValueError, match="complex input"):
+            quants.quantize(z, qt)
+        with pytest.raises(ValueError, match="complex input"):
+            qr.roundtrip_rmse(z, qt)
+    with pytest.raises(ValueError, match="real numbers"):
+        quants.quantize(np.array([["a"] * 256]), "q4_K")
+    with pytest.raises(ValueError, match=r"x\[0, 7\] = 1e\+300 is beyond float32's range"):
+        quants.quantize(np.where(np.arange(256) == 7, 1e300, 0.5)[None], "q4_K")
+    with pytest.raises(ValueError, match="overflow must be"):
+        qr.quantize_q4_K(np.zeros((1, 256), np.float32), overflow="ignore")

@@ -1,5 +1,6 @@
 """Recorded runs: append-only files with run ids and provenance."""
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -44,19 +45,25 @@ def test_import_never_overwrites(tmp_path):
     src, dst = tmp_path / "src", tmp_path / "dst"
     run = records.new_run("r", {}, root=src)
     run.append("t", {"a": 1}); run.finish()
-    assert len(records.import_runs(src, dst)) == 2
+    assert len(records.import_runs(src, dst)) == 3  # metadata, table, manifest
     assert records.import_runs(src, dst) == []  # identical files: nothing to do
+    # a different run with the same id in the source: refused before anything is written
     p = next((src / "r").glob("*.csv"))
     p.write_text("a\n99\n")
+    records.write_manifest(records.Run("r", run.run_id, src, run.meta))
+    before = sorted((dst / "r").iterdir())
     with pytest.raises(records.RecordError, match="append-only"):
         records.import_runs(src, dst)
+    assert sorted((dst / "r").iterdir()) == before
 
 
 def test_committed_runs_are_well_formed():
-    """Every recorded run under data/ has metadata with provenance and the tables it lists."""
+    """Every recorded run under data/ has metadata with provenance, the tables it lists, and a manifest that
+    matches every file (what `labkernels check-data` checks in CI)."""
     from labkernels.paths import DATA_DIR
 
     metas = [p for p in DATA_DIR.glob("*/*.json")]
+    assert len(metas) >= 10
     for p in metas:
         m = json.loads(p.read_text())
         assert m["run_id"] in p.name and m["status"] in ("complete", "failed", "running")
@@ -64,6 +71,8 @@ def test_committed_runs_are_well_formed():
         for t in m.get("tables", []):
             assert (p.parent / f"{m['run_id']}.{t}.csv").exists(), (p, t)
             assert len(pd.read_csv(p.parent / f"{m['run_id']}.{t}.csv")) > 0
+    n, problems = records.check_data(DATA_DIR)
+    assert n == len(metas) and problems == []
 
 
 def test_recording_context_finishes_runs(tmp_path):
@@ -78,3 +87,146 @@ def test_recording_context_finishes_runs(tmp_path):
     assert failed.meta["status"] == "failed" and "sweep died" in failed.meta["summary"]["error"]
     assert len(failed.table("t")) == 1  # the points before the failure stay
     assert records.latest("r", root=tmp_path).run_id == run.run_id
+
+
+# ------------------------------------------------------------------ integrity: manifests, validation, import
+def _finished(root, round_name="r", rows=3, **summary):
+    run = records.new_run(round_name, {"x": 1}, root=root)
+    for i in range(rows):
+        run.append("t", {"i": i, "ratio": 1.5 + i})
+    run.append("u", {"k": "a,b", "v": 2})
+    run.finish(**summary)
+    return run
+
+
+def test_finish_writes_the_manifest_last(tmp_path):
+    run = _finished(tmp_path)
+    man = json.loads(run.manifest_path.read_text())
+    assert set(man["files"]) == {run.meta_path.name, run.table_path("t").name, run.table_path("u").name}
+    assert man["files"][run.table_path("t").name]["rows"] == 3
+    assert man["run_id"] == run.run_id and man["status"] == "complete"
+    assert run.manifest_path.stat().st_mtime_ns >= run.meta_path.stat().st_mtime_ns
+    assert not list(tmp_path.rglob("*.tmp"))  # the temporary files were renamed away
+    records.validate_run(run.meta_path)
+
+
+def test_edited_value_fails_replay_naming_the_file(tmp_path):
+    run = _finished(tmp_path)
+    p = run.table_path("t")
+    p.write_text(p.read_text().replace("2.5", "9.5"))  # same length, same row count: only the hash knows
+    with pytest.raises(records.RecordError, match=rf"{re.escape(str(p))}: content differs from the manifest"):
+        records.latest("r", root=tmp_path)
+    n, problems = records.check_data(tmp_path)
+    assert n == 1 and len(problems) == 1 and str(p) in problems[0]
+
+
+def test_cut_last_row_fails(tmp_path):
+    run = _finished(tmp_path)
+    p = run.table_path("t")
+    data = p.read_bytes()
+    p.write_bytes(data[:-4])  # the last row loses its end
+    with pytest.raises(records.RecordError, match=re.escape(str(p))):
+        records.latest("r", root=tmp_path)
+    with pytest.raises(records.RecordError, match="the last row is cut"):
+        records.table_rows(p)
+    p.write_bytes(data[: data.rindex(b",")] + b"\n")  # cut inside the row, newline kept
+    with pytest.raises(records.RecordError, match="row 4 has 1 fields, the header has 2"):
+        records.table_rows(p)
+
+
+def test_missing_extra_and_unsealed_files_fail(tmp_path):
+    run = _finished(tmp_path)
+    stray = run.dir / f"{run.run_id}.extra.csv"
+    stray.write_text("a\n1\n")
+    with pytest.raises(records.RecordError, match=rf"{re.escape(str(stray))}: not part of run"):
+        records.load("r", run.run_id, root=tmp_path)
+    stray.unlink()
+    run.table_path("u").unlink()
+    with pytest.raises(records.RecordError, match=r"\.u\.csv: missing"):
+        records.latest("r", root=tmp_path)
+    run2 = _finished(tmp_path / "b")
+    run2.manifest_path.unlink()
+    with pytest.raises(records.RecordError, match="has no manifest"):
+        records.latest("r", root=tmp_path / "b")
+    assert records.seal_runs(tmp_path / "b") == [run2.manifest_path]
+    assert "sealed_later" in json.loads(run2.manifest_path.read_text())
+    assert records.latest("r", root=tmp_path / "b").run_id == run2.run_id
+
+
+def test_validate_run_refuses_unfinished_and_corrupt_runs(tmp_path):
+    run = records.new_run("r", {}, root=tmp_path)
+    run.append("t", {"a": 1})
+    with pytest.raises(records.RecordError, match="never finished"):
+        records.validate_run(run.meta_path)
+    run.finish()
+    run.meta_path.write_text(run.meta_path.read_text()[:50])  # a truncated run JSON
+    with pytest.raises(records.RecordError, match=rf"{re.escape(str(run.meta_path))}: corrupt run metadata"):
+        records.validate_run(run.meta_path)
+
+
+def _gpu_results(tmp_path):
+    """A GPU machine's results root: env.json, gpu-check.json and data/<round>/... runs."""
+    out = tmp_path / "out"
+    (out / "data").mkdir(parents=True)
+    (out / "env.json").write_text("{}")
+    (out / "gpu-check.json").write_text("{}")
+    runs = [_finished(out / "data", "q6k"), _finished(out / "data", "kdr_sweep")]
+    return out, runs
+
+
+def test_import_validates_whole_runs_and_is_all_or_nothing(tmp_path):
+    out, runs = _gpu_results(tmp_path)
+    dst = tmp_path / "dst"
+    with pytest.raises(records.RecordError, match="env.json: not a recorded run") as e:
+        records.import_runs(out, dst)  # the results root, not its data/
+    assert "gpu-check.json" in str(e.value) and not dst.exists()
+    # one bad run: nothing at all is copied, the message names the file
+    bad = runs[1].table_path("t")
+    good = bad.read_bytes()
+    for broken, match in ((good[:-3], "the last row is cut"), (good.replace(b"3.5", b"3.6"), "content differs")):
+        bad.write_bytes(broken)
+        with pytest.raises(records.RecordError, match=rf"{re.escape(str(bad))}: .*{match}"):
+            records.import_runs(out / "data", dst)
+        assert not dst.exists()
+    bad.write_bytes(good)
+    copied = records.import_runs(out / "data", dst)
+    assert len(copied) == 8 and records.check_data(dst) == (2, [])
+    assert not [p for p in dst.rglob(".*")]  # the staging folders are gone
+
+
+def test_import_conflict_copies_nothing(tmp_path):
+    out, runs = _gpu_results(tmp_path)
+    dst = tmp_path / "dst"
+    (dst / "kdr_sweep").mkdir(parents=True)
+    clash = dst / "kdr_sweep" / runs[1].manifest_path.name
+    clash.write_text("{}")
+    with pytest.raises(records.RecordError, match=rf"{re.escape(str(clash))} exists with different content"):
+        records.import_runs(out / "data", dst)
+    assert not (dst / "q6k").exists() and sorted((dst / "kdr_sweep").iterdir()) == [clash]
+
+
+def test_import_missing_or_empty_source_fails(tmp_path):
+    with pytest.raises(records.RecordError, match="no such folder"):
+        records.import_runs(tmp_path / "nope", tmp_path / "dst")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(records.RecordError, match="no recorded runs"):
+        records.import_runs(tmp_path / "empty", tmp_path / "dst")
+
+
+def test_import_runs_cli(tmp_path, monkeypatch, capsys):
+    from labkernels import cli
+
+    out, runs = _gpu_results(tmp_path)
+    monkeypatch.setenv("LABKERNELS_DATA_DIR", str(tmp_path / "dd"))
+    assert cli.main(["import-runs", str(tmp_path / "missing")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    assert cli.main(["import-runs", str(out)]) == 2
+    assert "env.json" in capsys.readouterr().err and not (tmp_path / "dd").exists()
+    assert cli.main(["import-runs", str(out / "data")]) == 0
+    assert records.latest("q6k").run_id == runs[0].run_id  # LABKERNELS_DATA_DIR was honoured
+    assert cli.main(["check-data"]) == 0
+    p = runs[0].table_path("t").name
+    f = tmp_path / "dd" / "q6k" / p
+    f.write_text(f.read_text().replace("1.5", "1.6"))
+    assert cli.main(["check-data"]) == 1
+    assert str(f) in capsys.readouterr().err
