@@ -18,7 +18,8 @@ from pathlib import Path
 
 from .paths import REPO_ROOT
 
-STEPS = ("env", "tests", "sanitizer", "occupancy", "q6k", "kdr", "q4k", "prefill", "prefill7b", "decompose", "forensics")
+STEPS = ("env", "tests", "sanitizer", "occupancy", "q6k", "kdr", "q4k", "prefill", "prefill7b", "decompose", "forensics",
+         "wgmma", "wgmma_sanitizer", "wgmma_ncu", "prefill_r7")
 
 
 def _log(msg: str) -> None:
@@ -212,6 +213,140 @@ def step_forensics(out: Path, args) -> dict:
     return forensics.gpu_check_step(out, args)
 
 
+WGMMA_DRIVER = r"""
+import sys, numpy as np, cupy as cp
+from labkernels import quants, wgmma
+from labkernels.kernels import registry
+mode = sys.argv[1]
+rng = np.random.default_rng(3)
+cases = []
+if mode == "sanitizer":       # tails in nt and od, every main-path variant
+    for k in registry.family("wgmma_kq"):
+        if k.main_path:
+            cases.append((k, 77, 200, 512))
+else:                         # ncu: the main variants at the 7B attention shape
+    for qt in (4, 6):
+        for nt, bn in ((512, 128), (4096, 128), (4096, 256)):
+            scl = 0 if qt == 4 else 1
+            cases.append((registry.find("wgmma_kq", QT=qt, BN=bn, STAGES=4, BF16=0, SCL=scl), nt, 4096, 4096))
+for k, nt, od, id_ in cases:
+    qtype = "q4_K" if k.p["QT"] == 4 else "q6_K"
+    raw = quants.quantize((rng.standard_normal((min(od, 256), id_)) * .02).astype(np.float32), qtype)
+    raw = np.ascontiguousarray(np.tile(raw, (-(-od // raw.shape[0]), 1))[:od])
+    w = wgmma.WgWeight.from_gguf(raw, qtype)
+    x = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float16))
+    y = cp.empty((nt, od), cp.float32)
+    wgmma.gemm(w, x, out=y, **{n: v for n, v in k.params if n != "QT"})
+    cp.cuda.runtime.deviceSynchronize()
+    print("case", k.key, nt, od, id_, flush=True)
+"""
+
+
+def step_wgmma(out: Path, args) -> dict:
+    """Round 7: kernel resources, real-model gates and the interleaved benchmark (labkernels.wgmma.record)."""
+    from . import records, wgmma
+
+    with records.recording("wgmma", wgmma.PLAN, root=out / "data") as run:
+        wgmma.record(run, progress=_log)
+    return {"ok": True, "run": run.run_id}
+
+
+def step_wgmma_sanitizer(out: Path, args) -> dict:
+    """compute-sanitizer memcheck, racecheck, synccheck over every main-path wgmma_kq variant (tails)."""
+    res, ok = {}, True
+    for tool in ("memcheck", "racecheck", "synccheck"):
+        cmd = ["compute-sanitizer", f"--tool={tool}", "--error-exitcode=9", sys.executable, "-c", WGMMA_DRIVER,
+               "sanitizer"]
+        try:
+            r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=args.sanitizer_timeout)
+            text, rc = r.stdout + r.stderr, r.returncode
+        except subprocess.TimeoutExpired as e:
+            text, rc = f"timeout after {args.sanitizer_timeout} s\n{e.stdout or ''}", 124
+        (out / f"wgmma-sanitizer-{tool}.txt").write_text(text)
+        summary = [ln for ln in text.splitlines() if "SUMMARY" in ln]
+        res[tool] = {"rc": rc, "summary": summary[-1] if summary else text.strip().splitlines()[-1:],
+                     "cases": sum(1 for ln in text.splitlines() if ln.startswith("case "))}
+        ok = ok and rc == 0
+        _log(f"wgmma compute-sanitizer {tool}: rc={rc} {res[tool]['summary']} ({res[tool]['cases']} cases)")
+    return {"ok": ok, **res}
+
+
+NCU_SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "WarpStateStats", "SchedulerStats", "Occupancy",
+                "MemoryWorkloadAnalysis")
+
+
+def step_wgmma_ncu(out: Path, args) -> dict:
+    """Nsight Compute sections of the main wgmma_kq variants (tensor pipe, issue, stalls), recorded."""
+    import csv
+    import io
+
+    from . import records
+
+    cmd = ["ncu", "--clock-control", "none", "-k", "regex:wgmma_kq", "--csv", "--page", "details"]
+    for sname in NCU_SECTIONS:
+        cmd += ["--section", sname]
+    cmd += [sys.executable, "-c", WGMMA_DRIVER, "ncu"]
+    r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    (out / "wgmma-ncu.txt").write_text(r.stdout + r.stderr)
+    cases = [ln.split()[1:] for ln in r.stdout.splitlines() if ln.startswith("case ")]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith('"')]
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines)))) if lines else []
+    if r.returncode != 0 or not rows:
+        _log(f"ncu failed rc={r.returncode}: {(r.stdout + r.stderr)[-800:]}")
+        return {"ok": False, "rc": r.returncode}
+    ids = sorted({int(x["ID"]) for x in rows})
+    table = []
+    for x in rows:
+        i = ids.index(int(x["ID"]))
+        key, nt, od, id_ = cases[i] if i < len(cases) else ("?", 0, 0, 0)
+        table.append({"case": i, "kernel": key, "nt": int(nt), "od": int(od), "id": int(id_),
+                      "section": x.get("Section Name"), "metric": x.get("Metric Name"), "unit": x.get("Metric Unit"),
+                      "value": x.get("Metric Value")})
+    with records.recording("wgmma", {"what": "ncu", "sections": NCU_SECTIONS, "cases": cases}, root=out / "data") as run:
+        run.append("sections", table)
+    _log(f"ncu: {len(ids)} kernels x {len(NCU_SECTIONS)} sections recorded (run {run.run_id})")
+    return {"ok": True, "run": run.run_id}
+
+
+def step_prefill_r7(out: Path, args) -> dict:
+    """Round 7 in the prefill: the synthetic 7B (and Gemma 3 270M when its GGUF is here) with the int8 families
+    and with qmatmul's auto choice, interleaved in one process, at nt 512 and 3325; Gemma logits parity."""
+    import gc
+
+    from . import gpu, prefill_cli, records
+    from .model import default_model_path
+    from .prefill import GpuModel, PrefillOptions, timed_prefill
+
+    models = [("synthetic-7b", True)]
+    if Path(args.gemma or default_model_path()).exists():
+        models.append((str(args.gemma or default_model_path()), True))
+    runs = []
+    for spec, f16 in models:
+        label = "synthetic-7b" if spec == "synthetic-7b" else "gemma-3-270m-q4_k_m"
+        with records.recording("prefill", {"model": label, "nts": [512, 3325], "attn_f16": f16,
+                                           "ab": ["int8", "auto"]}, root=out / "data") as run:
+            m = prefill_cli.load_model(spec)
+            if label != "synthetic-7b":
+                prefill_cli.parity_run(spec, run, n_new=0, progress=_log, kernel="auto")
+            gms = {k: GpuModel(m, opts=PrefillOptions(attn_f16=f16, kernel=k)) for k in ("int8", "auto")}
+            for nt in (512, 3325):
+                toks = prefill_cli.prompt_tokens(m, nt)
+                for rnd in range(3):
+                    for k, gm in gms.items():
+                        t = timed_prefill(gm, toks, repeats=3)
+                        row = {"model": label, "arch": gm.cfg.arch, "nt": nt, "kernel": k, "round": rnd,
+                               "wall_ms": t["wall_ms"], "tok_per_s": t["tok_per_s"], "repeats": 3, "attn_f16": f16,
+                               "gemm_families": gm.families_used()}
+                        run.append("throughput", row)
+                        _log(f"prefill {label} nt={nt} {k} ({row['gemm_families']}): {t['wall_ms']:.1f} ms "
+                             f"{t['tok_per_s']:.0f} tok/s")
+        runs.append(run.run_id)
+        del gms, m
+        gc.collect()
+        gpu.cp().get_default_memory_pool().free_all_blocks()
+    return {"ok": True, "runs": runs}
+
+
 def main(args) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -260,6 +395,7 @@ def register_cli(sub) -> None:
     p.add_argument("--decompose-models", default="gemma,7b", help="comma list of gemma, 7b")
     p.add_argument("--fail-fast", action="store_true")
     p.add_argument("--sanitizer-timeout", type=int, default=240)
+    p.add_argument("--gemma", default=None, help="Gemma 3 270M GGUF path for prefill_r7 (default data/models/...)")
     p.set_defaults(func=main)
     q = sub.add_parser("import-runs", help="copy recorded runs from a GPU results folder into data/")
     q.add_argument("src")

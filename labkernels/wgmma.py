@@ -365,6 +365,15 @@ class WgKernel:
     def local_bytes(self) -> int:
         return int(self.func.local_size_bytes)
 
+    def occupancy_api(self) -> int:
+        from cuda.bindings import driver as drv
+
+        err, n = drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(drv.CUfunction(self._fptr), self.spec.threads,
+                                                                 self.smem)
+        if int(err) != 0:
+            raise WgmmaError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed: {err}")
+        return int(n)
+
     def launch(self, grid, tmap: bytes, *args):
         import ctypes
 
@@ -442,8 +451,8 @@ def auto_table(root=None):
     complete round-7 run, the fastest GEMM family/variant measured (median over pairs). None without a run."""
     from . import records
 
-    run = records.latest("wgmma", root=root)
-    if run is None or not run.has("wgmma_bench"):
+    run = records.latest("wgmma", root=root, where=lambda r: r.has("wgmma_bench"))
+    if run is None:
         return None
     df = run.table("wgmma_bench")
     df = df[df.variant.str.startswith(("wgmma_bn", "int8_"))]
@@ -527,27 +536,32 @@ def to_bf16(x):
 
 
 def gate(y, w_raw: np.ndarray, qtype: str, x: np.ndarray, packed: np.ndarray | None = None, bf16: bool = False,
-         tokens=None) -> dict:
+         tokens=None, w64: np.ndarray | None = None, w16: np.ndarray | None = None) -> dict:
     """The round-7 parity gate on ``tokens`` (all rows): max|y - ref64| / max|ref64| <= 1e-3 and NMSE <= 5e-4
     against the float64 reference from gguf-py's dequantization and the float activations (the lab's gate), plus
     ``exact_rel``: against the kernel's own exact function (the emulated 16-bit weights times the 16-bit
-    activations in float64), which only fp32 accumulation order separates from the kernel."""
+    activations in float64), which only fp32 accumulation order separates from the kernel. ``w64`` (gguf-py's
+    dequantized weights) and ``w16`` (:func:`emulate_weights`) may be passed in when one matrix is gated often."""
+    import gguf
+
     from . import reference
 
     x = np.asarray(x, np.float32)
     tok = np.arange(x.shape[0]) if tokens is None else np.asarray(tokens)
     y = np.asarray(y, np.float64)[tok]
-    ref64 = reference.gemm_f64_ref(w_raw, qtype, x[tok])
+    if w64 is None:
+        w64 = gguf.quants.dequantize(np.ascontiguousarray(w_raw), gguf.GGMLQuantizationType[qtype.upper()])
+    ref64 = x[tok].astype(np.float64) @ np.asarray(w64, np.float64).T
     finite = bool(np.isfinite(y).all())
     scale = float(np.abs(ref64).max()) or 1.0
     out = {"max_rel_err": float(np.abs(y - ref64).max() / scale) if finite else float("inf"),
            "nmse": float(((y - ref64) ** 2).sum() / max((ref64 ** 2).sum(), 1e-300)) if finite else float("inf"),
            "nonfinite": int(y.size - np.isfinite(y).sum()), "tokens_checked": int(tok.size)}
-    if packed is not None:
+    if packed is not None or w16 is not None:
         od, id_ = ref64.shape[1], x.shape[1]
-        w16 = emulate_weights(packed, qtype, od, id_, bf16=bf16)
-        x16 = _round16(x[tok], bf16)
-        exact = x16 @ w16.T
+        if w16 is None:
+            w16 = emulate_weights(packed, qtype, od, id_, bf16=bf16)
+        exact = _round16(x[tok], bf16) @ w16.T
         out["exact_rel"] = float(np.abs(y - exact).max() / (float(np.abs(exact).max()) or 1.0)) if finite else float("inf")
     out["ok"] = bool(finite and out["max_rel_err"] <= reference.REL_ERR_GATE and out["nmse"] <= reference.NMSE_GATE
                      and out.get("exact_rel", 0.0) <= exact_gate(x.shape[1]))
@@ -600,6 +614,14 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
             raw = B.synthetic_weights(qtype, od, id_, rng)
             w = WgWeight.from_gguf(raw, qtype)
             wq = gpu.QWeight.upload(raw, qtype)
+            import gguf
+
+            w64 = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype.upper()])
+            w16 = emulate_weights(cp.asnumpy(w.packed), qtype, od, id_)
+            if run is not None:
+                run.append("wgmma_repack", {"qtype": qtype, "od": od, "id": id_, "repack_s": w.repack_s,
+                                            "bytes": w.nbytes, "gguf_bytes": int(raw.nbytes),
+                                            "bits_per_weight": 8 * w.nbytes / (od * id_)})
             w16 = gpu.dequant_f16(wq)
             fam, fpar = INT8_FAMILY[qtype]
             for nt in nts:
@@ -613,7 +635,7 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
                     scl = default_params(qtype, nt)["SCL"] if scl is None else scl
                     y.fill(np.nan)
                     gemm(w, x16, out=y, BN=bn, STAGES=st, SCL=scl)
-                    g = gate(cp.asnumpy(y), raw, qtype, x, packed=cp.asnumpy(w.packed), tokens=tok)
+                    g = gate(cp.asnumpy(y), raw, qtype, x, tokens=tok, w64=w64, w16=w16)
                     name = variant_name(bn, st, scl)
                     if run is not None:
                         run.append("wgmma_parity", {"qtype": qtype, "od": od, "id": id_, "nt": nt, "variant": name,
@@ -644,3 +666,66 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
                     f"{k} {2 * nt * od * id_ / (v * 1e-6) / 1e12:.0f}" for k, v in med.items())
                     + f" TOPS-eq; best/cuBLAS {med['cublas_f16_cached'] / med[best]:.2f}x ({time.time() - t0:.1f} s)")
     return rows
+
+
+# ------------------------------------------------------------------------------------------------ the recorded round
+
+
+#: the plan of round 7's measurement (the gpu-check step and the notebook's measure mode)
+PLAN = {"shapes": [list(s) for s in SHAPES], "nts": list(NTS), "qtypes": ["q4_K", "q6_K"],
+        "variants": [[128, 4, 0], [128, 4, 1], [256, 4, 0], [256, 4, 1]], "pairs": 3, "repeats": 10}
+
+
+def kernel_rows() -> list[dict]:
+    """Resources of every registered wgmma_kq instantiation as built for the device (nvcc -> cubin)."""
+    from . import occupancy
+
+    rows = []
+    for spec in registry.family("wgmma_kq"):
+        k = kernel(**spec.p)
+        smem = k.smem + k.entry["static_smem"]
+        calc = occupancy.occupancy("h200", spec.threads, k.regs, smem)
+        rows.append({"kernel": spec.key, **spec.p, "main_path": spec.main_path, "regs": k.regs,
+                     "local_bytes": k.local_bytes, "spill_stores": k.entry["spill_stores"],
+                     "wgmma_serialized": k.entry.get("wgmma_serialized", False), "dynamic_smem": k.smem,
+                     "static_smem": k.entry["static_smem"], "api_blocks_per_sm": k.occupancy_api(),
+                     "calc_blocks_per_sm": calc["blocks_per_sm"]})
+    return rows
+
+
+def real_model_rows(rng, progress=print) -> list[dict]:
+    """Every q4_K / q6_K tensor of Gemma 3 270M (all rows, 37 fresh random tokens) through the main variants,
+    with the int8 q8_1 path's error on the same inputs beside it."""
+    from . import model
+
+    cp = _cp()
+    rows = []
+    for name, qtype, raw in model.load_kquant():
+        raw = np.ascontiguousarray(raw)
+        id_ = raw.shape[1] // BLOCK_BYTES[qtype] * QK
+        x = rng.standard_normal((37, id_)).astype(np.float32)
+        w = WgWeight.from_gguf(raw, qtype)
+        i8 = int8_path_error(raw, qtype, x)
+        for bn in (128, 256):
+            p = {**default_params(qtype, 1), "BN": bn}
+            y = cp.full((37, raw.shape[0]), np.nan, cp.float32)
+            gemm(w, cp.asarray(x), out=y, **p)
+            g = gate(cp.asnumpy(y), raw, qtype, x, packed=cp.asnumpy(w.packed))
+            rows.append({"tensor": name, "qtype": qtype, "od": raw.shape[0], "id": id_,
+                         "variant": variant_name(bn, 4, p["SCL"]), **g, "int8_max_rel_err": i8["max_rel_err"],
+                         "int8_nmse": i8["nmse"]})
+            if not g["ok"]:
+                raise AssertionError(f"real-model gate failed: {name} {p}: {g}")
+    progress(f"real model: {len(rows)} gates passed; max rel err {max(r['max_rel_err'] for r in rows):.2e} "
+             f"(int8 path {max(r['int8_max_rel_err'] for r in rows):.2e})")
+    return rows
+
+
+def record(run, plan=None, progress=print, seed: int = 0) -> None:
+    """Round 7 into ``run``: kernel resources, real-model gates, the interleaved benchmark with its gates."""
+    p = {**PLAN, **(plan or {})}
+    rng = np.random.default_rng(seed or None)
+    run.append("kernels", kernel_rows())
+    run.append("real_model_parity", real_model_rows(rng, progress))
+    bench([tuple(s) for s in p["shapes"]], p["nts"], p["qtypes"], [tuple(v) for v in p["variants"]],
+          pairs=p["pairs"], repeats=p["repeats"], run=run, progress=progress)
