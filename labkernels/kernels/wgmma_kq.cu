@@ -265,8 +265,95 @@ __device__ __forceinline__ void q6_chunk(const Q6Raw& r, int j, const Q6Scales& 
     }
 }
 
+// ---- per-type traits of the main loop: load one super-block of a thread's two rows, prepare its scales, and
+// produce the A fragments of one 64-k chunk (a[s] = {row g k 2c.., row g+8 k 2c.., row g k 2c+8.., row g+8 ..})
+template <int QT, int BF16, int SCL>
+struct KQ;
+
+template <int BF16, int SCL>
+struct KQ<4, BF16, SCL> {
+    static constexpr int LOAD_AT = 0;   // chunk before which the next super-block's bytes are requested
+    struct Rows {
+        Q4Raw r0, r1;
+    };
+    const u8 *p0, *p1;
+    int c;
+    Q4Scales sc0[4], sc1[4];   // SCL=1: the super-block's four chunks' scales, taken from their lanes
+    __device__ __forceinline__ KQ(const u8* W, int od, int nsb, int rr0, int rr1, int c_)
+        : p0(W + (size_t)rr0 * nsb * 144), p1(W + (size_t)rr1 * nsb * 144), c(c_) {}
+    __device__ __forceinline__ void load(Rows& R, int sb) const {
+        q4_load(R.r0, p0 + (size_t)sb * 144, c);
+        q4_load(R.r1, p1 + (size_t)sb * 144, c);
+    }
+    __device__ __forceinline__ void prep(const Rows& R) {
+        if constexpr (SCL) {
+            const Q4Scales own0 = q4_scales<BF16>(R.r0, c), own1 = q4_scales<BF16>(R.r1, c);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                sc0[j] = q4_take(own0, j);
+                sc1[j] = q4_take(own1, j);
+            }
+        }
+    }
+    __device__ __forceinline__ void chunk(const Rows& R, int j, u32 (&a)[4][4]) const {
+        u32 f0[4][2], f1[4][2];
+        q4_chunk<BF16>(R.r0, j, SCL ? sc0[j] : q4_scales<BF16>(R.r0, j), f0);
+        q4_chunk<BF16>(R.r1, j, SCL ? sc1[j] : q4_scales<BF16>(R.r1, j), f1);
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            a[s][0] = f0[s][0];
+            a[s][1] = f1[s][0];
+            a[s][2] = f0[s][1];
+            a[s][3] = f1[s][1];
+        }
+    }
+};
+
+template <int BF16, int SCL>
+struct KQ<6, BF16, SCL> {
+    static constexpr int LOAD_AT = 2;   // later than q4_K: the low-nibble words of chunks 0-1 are dead by then
+    struct Rows {
+        Q6Raw r0, r1;
+    };
+    const u8 *L, *H, *SC, *D;
+    size_t b0, b1;
+    int c;
+    Q6Scales own0, own1;       // SCL=1: lane c's chunk-c scales of the super-block
+    __device__ __forceinline__ KQ(const u8* W, int od, int nsb, int rr0, int rr1, int c_) : c(c_) {
+        const size_t nblk = (size_t)od * nsb;
+        L = W;
+        H = L + nblk * 128;
+        SC = H + nblk * 64;
+        D = SC + nblk * 16;
+        b0 = (size_t)rr0 * nsb;
+        b1 = (size_t)rr1 * nsb;
+    }
+    __device__ __forceinline__ void load(Rows& R, int sb) const {
+        q6_load(R.r0, L, H, SC, D, b0 + sb, c);
+        q6_load(R.r1, L, H, SC, D, b1 + sb, c);
+    }
+    __device__ __forceinline__ void prep(const Rows& R) {
+        if constexpr (SCL) {
+            own0 = q6_scales<BF16>(R.r0, c);
+            own1 = q6_scales<BF16>(R.r1, c);
+        }
+    }
+    __device__ __forceinline__ void chunk(const Rows& R, int j, u32 (&a)[4][4]) const {
+        u32 f0[4][2], f1[4][2];
+        q6_chunk<BF16>(R.r0, j, SCL ? q6_take(own0, j) : q6_scales<BF16>(R.r0, j), f0);
+        q6_chunk<BF16>(R.r1, j, SCL ? q6_take(own1, j) : q6_scales<BF16>(R.r1, j), f1);
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            a[s][0] = f0[s][0];
+            a[s][1] = f1[s][0];
+            a[s][2] = f0[s][1];
+            a[s][3] = f1[s][1];
+        }
+    }
+};
+
 // ---------------------------------------------------------------------------------------------- the kernel
-template <int QT, int BN, int STAGES, int BF16, int SCL>
+template <int QT, int BN, int STAGES, int BF16, int SCL, int PIPE>
 __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __restrict__ W, float* __restrict__ Y,
                                               int nt, int od, int id) {
     constexpr int STAGE_BYTES = BN * LK_WG_K * 2;
@@ -311,106 +398,47 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
     float acc[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
-    u32 a[2][4][4];   // two A-fragment sets: chunk j uses set j&1 while the other set's wgmmas run
-
-    if constexpr (QT == 4) {
-        const u8* p0 = W + (size_t)rr0 * nsb * 144;
-        const u8* p1 = W + (size_t)rr1 * nsb * 144;
-        Q4Raw cur0, cur1, nxt0, nxt1;
-        q4_load(cur0, p0, c);
-        q4_load(cur1, p1, c);
-        for (int sb = 0; sb < nsb; sb++) {
-            if (sb + 1 < nsb) {
-                q4_load(nxt0, p0 + (size_t)(sb + 1) * 144, c);
-                q4_load(nxt1, p1 + (size_t)(sb + 1) * 144, c);
-            }
-            Q4Scales sc0[4], sc1[4];   // SCL=1: all four chunks' scales, taken from their lanes up front
-            if constexpr (SCL) {
-                const Q4Scales own0 = q4_scales<BF16>(cur0, c), own1 = q4_scales<BF16>(cur1, c);
+    // Two A-fragment sets: chunk kt's wgmmas read set kt&1 while the set of chunk kt-1 may still be in flight;
+    // PIPE=1 converts chunk kt+1 (into F) while chunks kt-1 and kt are in flight, before waiting on kt-1.
+    u32 a[2][4][4], F[4][4];
+    KQ<QT, BF16, SCL> T(W, od, nsb, rr0, rr1, c);
+    typename KQ<QT, BF16, SCL>::Rows cur, nxt;
+    T.load(cur, 0);
+    T.prep(cur);
+    if constexpr (PIPE) T.chunk(cur, 0, F);
+    for (int sb = 0; sb < nsb; sb++) {
+        if (!PIPE && sb > 0) T.prep(cur);
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    sc0[j] = q4_take(own0, j);
-                    sc1[j] = q4_take(own1, j);
+        for (int j = 0; j < 4; j++) {
+            const int kt = sb * 4 + j, st = kt % STAGES;
+            if (j == T.LOAD_AT && sb + 1 < nsb) T.load(nxt, sb + 1);
+            if constexpr (!PIPE) T.chunk(cur, j, F);
+#pragma unroll
+            for (int s = 0; s < 4; s++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) a[j & 1][s][i] = F[s][i];
+            lk_keep(a[j & 1]);   // all 16 fragments of the chunk exist (in 16 registers) before its first wgmma
+            lk_mbar_wait(&full_bar[st], (kt / STAGES) & 1);
+            lk_wgmma_fence_acc(acc);
+            lk_wgmma_fence();
+            const u32 sa = lk_smem_u32(sB + st * STAGE_BYTES);
+#pragma unroll
+            for (int s = 0; s < 4; s++) lk_wgmma<BN, BF16>(acc, a[j & 1][s], lk_desc_sw128(sa + 32 * s));
+            lk_wgmma_commit();
+            lk_wgmma_fence_acc(acc);
+            if constexpr (PIPE) {
+                if (j < 3) {
+                    T.chunk(cur, j + 1, F);
+                } else if (sb + 1 < nsb) {
+                    T.prep(nxt);
+                    T.chunk(nxt, 0, F);
                 }
             }
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int kt = sb * 4 + j, st = kt % STAGES;
-                u32 f0[4][2], f1[4][2];
-                q4_chunk<BF16>(cur0, j, SCL ? sc0[j] : q4_scales<BF16>(cur0, j), f0);
-                q4_chunk<BF16>(cur1, j, SCL ? sc1[j] : q4_scales<BF16>(cur1, j), f1);
-#pragma unroll
-                for (int s = 0; s < 4; s++) {
-                    a[j & 1][s][0] = f0[s][0];
-                    a[j & 1][s][1] = f1[s][0];
-                    a[j & 1][s][2] = f0[s][1];
-                    a[j & 1][s][3] = f1[s][1];
-                }
-                lk_keep(a[j & 1]);   // all 16 fragments of the chunk exist (in 16 registers) before its first wgmma
-                lk_mbar_wait(&full_bar[st], (kt / STAGES) & 1);
-                lk_wgmma_fence_acc(acc);
-                lk_wgmma_fence();
-                const u32 sa = lk_smem_u32(sB + st * STAGE_BYTES);
-#pragma unroll
-                for (int s = 0; s < 4; s++) lk_wgmma<BN, BF16>(acc, a[j & 1][s], lk_desc_sw128(sa + 32 * s));
-                lk_wgmma_commit();
-                lk_wgmma_fence_acc(acc);
-                lk_wgmma_wait<1>();                    // the previous chunk's group has retired
-                lk_keep(a[(j & 1) ^ 1]);
-                if (kt > 0 && lane == 0) lk_mbar_arrive(&empty_bar[(kt - 1) % STAGES]);
-            }
-            cur0 = nxt0;
-            cur1 = nxt1;
+            lk_wgmma_wait<1>();                    // chunk kt-1's group has retired
+            lk_keep(a[(j + 1) & 1]);               // ...so the set chunk kt+1 writes is free
+            if (kt > 0 && lane == 0) lk_mbar_arrive(&empty_bar[(kt - 1) % STAGES]);
         }
-    } else {
-        const size_t nblk = (size_t)od * nsb;
-        const u8* L = W;
-        const u8* H = L + nblk * 128;
-        const u8* SC = H + nblk * 64;
-        const u8* D = SC + nblk * 16;
-        const size_t b0 = (size_t)rr0 * nsb, b1 = (size_t)rr1 * nsb;
-        Q6Raw cur0, cur1, nxt0, nxt1;
-        q6_load(cur0, L, H, SC, D, b0, c);
-        q6_load(cur1, L, H, SC, D, b1, c);
-        for (int sb = 0; sb < nsb; sb++) {
-            Q6Scales own0, own1;
-            if constexpr (SCL) {
-                own0 = q6_scales<BF16>(cur0, c);
-                own1 = q6_scales<BF16>(cur1, c);
-            }
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int kt = sb * 4 + j, st = kt % STAGES;
-                u32 f0[4][2], f1[4][2];
-                q6_chunk<BF16>(cur0, j, SCL ? q6_take(own0, j) : q6_scales<BF16>(cur0, j), f0);
-                q6_chunk<BF16>(cur1, j, SCL ? q6_take(own1, j) : q6_scales<BF16>(cur1, j), f1);
-                if (j == 1 && sb + 1 < nsb) {   // prefetch two chunks ahead: cur's low-nibble words of j=0..1 are dead
-                    q6_load(nxt0, L, H, SC, D, b0 + sb + 1, c);
-                    q6_load(nxt1, L, H, SC, D, b1 + sb + 1, c);
-                }
-#pragma unroll
-                for (int s = 0; s < 4; s++) {
-                    a[j & 1][s][0] = f0[s][0];
-                    a[j & 1][s][1] = f1[s][0];
-                    a[j & 1][s][2] = f0[s][1];
-                    a[j & 1][s][3] = f1[s][1];
-                }
-                lk_keep(a[j & 1]);   // all 16 fragments of the chunk exist (in 16 registers) before its first wgmma
-                lk_mbar_wait(&full_bar[st], (kt / STAGES) & 1);
-                lk_wgmma_fence_acc(acc);
-                lk_wgmma_fence();
-                const u32 sa = lk_smem_u32(sB + st * STAGE_BYTES);
-#pragma unroll
-                for (int s = 0; s < 4; s++) lk_wgmma<BN, BF16>(acc, a[j & 1][s], lk_desc_sw128(sa + 32 * s));
-                lk_wgmma_commit();
-                lk_wgmma_fence_acc(acc);
-                lk_wgmma_wait<1>();
-                lk_keep(a[(j & 1) ^ 1]);
-                if (kt > 0 && lane == 0) lk_mbar_arrive(&empty_bar[(kt - 1) % STAGES]);
-            }
-            cur0 = nxt0;
-            cur1 = nxt1;
-        }
+        cur = nxt;
     }
     lk_wgmma_wait<0>();
     lk_wgmma_fence_acc(acc);
@@ -430,12 +458,12 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
     }
 }
 
-template <int QT, int BN, int STAGES, int BF16, int SCL>
+template <int QT, int BN, int STAGES, int BF16, int SCL, int PIPE>
 __global__ void __launch_bounds__(LK_WG_THREADS, 1)
     wgmma_kq_kernel(const __grid_constant__ LkTmap tm, const u8* __restrict__ W, float* __restrict__ Y, int nt,
                     int od, int id) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    wgmma_kq_body<QT, BN, STAGES, BF16, SCL>(tm, W, Y, nt, od, id);
+    wgmma_kq_body<QT, BN, STAGES, BF16, SCL, PIPE>(tm, W, Y, nt, od, id);
 #else
     __trap();  // wgmma / setmaxnreg exist on sm_90a only: the launcher refuses other devices first
 #endif
