@@ -242,13 +242,14 @@ def test_parse_tbo_cuda_style_lines():
         f"  MUL_MAT({p1}):     {1234:8d} runs - {310.25:8.2f} us/run - 60.13 GFLOP/run - \x1b[1;34m193.81 TFLOPS\x1b[0m",
         f"  MUL_MAT({p2}):     {100:8d} runs - {1890.5:8.2f} us/run - 369.37 GFLOP/run - \x1b[1;34m195.38 TFLOPS\x1b[0m",
         f"  MUL_MAT({p3}):     {10:8d} runs - {12.0:8.2f} us/run - 1 MFLOP/run - 1 TFLOPS",
+        f"  MUL_MAT({p1.replace('m_v=0', 'm_v=4097')}):     {10:8d} runs - {12.0:8.2f} us/run - 1 MFLOP/run - 1 TFLOPS",
         f"  MUL_MAT({p1.replace('q6_K', 'q4_K')}): not supported",
         "  Backend CUDA0: \x1b[1;32mOK\x1b[0m", "Backend 2/2: CPU", "  Skipping"])
     df, facts = peers.parse_tbo_perf(text)
     assert facts["device"] == H200 and facts["backends"] == [("CUDA0", "OK")] and len(facts["not_supported"]) == 1
     assert list(zip(df.source, df.type, df.m, df.n, df.k, df.path)) == [
         ("builtin", "q6_K", 4096, 512, 14336, "MMQ"), ("testfile", "q4_K", 11008, 4096, 4096, "MMQ")]
-    assert df.tflops.iloc[1] == pytest.approx(2 * 11008 * 4096 * 4096 / 1890.5e-6 / 1e12)  # bs=[2,1] case dropped
+    assert df.tflops.iloc[1] == pytest.approx(2 * 11008 * 4096 * 4096 / 1890.5e-6 / 1e12)  # batched / view cases dropped
 
 
 def test_tbo_without_the_cuda_device_is_an_error():
@@ -274,6 +275,14 @@ def test_parse_bench_json():
     assert df.gpu_info.iloc[0] == "" and df.model_type.iloc[0] == "llama ?B Q4_K - Medium"
     g = peers.parse_bench_json(fx("bench-gemma-cpu.json"))
     assert g.model_type.iloc[0] == "gemma3 270M Q4_K - Medium" and g.reps.iloc[0] == 2
+
+
+def test_llama_cpp_accepts_the_synthetic_7b():
+    """llama-bench of the pinned build loaded the GGUF written by labkernels.peers.synthetic_7b_gguf (CPU run)."""
+    df = peers.parse_bench_json(fx("bench-synthetic-7b-cpu.json"))
+    raw = json.loads(fx("bench-synthetic-7b-cpu.json"))[0]
+    assert df.model_type.iloc[0] == "llama 7B Q4_K - Medium" and raw["model_n_params"] == 6738415616
+    assert df.model_filename.iloc[0].endswith(".gguf") and df.n_prompt.iloc[0] == 4
 
 
 def test_bench_refusing_a_file_gives_its_message(tmp_path):
@@ -316,7 +325,8 @@ STANDIN_RUN_SH = r"""#!/bin/bash
 mode="$1"; shift
 case "$mode" in
   env) echo "== ldd bin/test-backend-ops"; echo "	libcublas.so.13 => /x/libcublas.so.13" ;;
-  tbo) file=""; while [ $# -gt 0 ]; do [ "$1" = --test-file ] && file="$2"; shift; done
+  tbo) if [ -n "${STANDIN_NO_CUDA:-}" ]; then cat "$(dirname "$0")/nocuda.txt"; echo "ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected" >&2; exit 0; fi
+       file=""; while [ $# -gt 0 ]; do [ "$1" = --test-file ] && file="$2"; shift; done
        echo "Backend 1/1: CUDA0"; echo "  Device description: NVIDIA H200"; echo
        if [ -n "$file" ]; then
          while read -r op t m n a b c ns s0 k m0 rest; do
@@ -331,17 +341,23 @@ esac
 """
 
 
-def test_gpu_run_records_one_run_and_pairs(tmp_path, monkeypatch):
+def _standin_tarball(tmp_path):
     stage = tmp_path / "stage" / "llamacpp"
     stage.mkdir(parents=True)
     (stage / "run.sh").write_text(STANDIN_RUN_SH)
     (stage / "BUILD.txt").write_text(fx("BUILD-prebuilt-sm90.txt"))
     (stage / "bench.json").write_text(fx("bench-tiny-llama-cpu.json"))
+    (stage / "nocuda.txt").write_text(fx("tbo-perf-no-cuda-device.txt"))
     tb = tmp_path / peers.TARBALL_NAME
     with tarfile.open(tb, "w:xz") as tf:
         tf.add(stage, arcname="llamacpp")
     model = tmp_path / "tiny-llama.gguf"
     model.write_bytes(b"GGUF")
+    return tb, model
+
+
+def test_gpu_run_records_one_run_and_pairs(tmp_path, monkeypatch):
+    tb, model = _standin_tarball(tmp_path)
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     monkeypatch.setattr(peers, "gpu_name", lambda: H200)
     monkeypatch.setattr(peers, "gpu_cc", lambda: 900)
@@ -480,3 +496,21 @@ def test_committed_peer_runs_are_well_formed():
         if run.has("bench"):
             assert {"model", "n_prompt", "flash_attn", "tok_s", "tok_s_std"} <= set(run.table("bench").columns)
         assert peers.run_gpu_name(run)
+
+
+def test_gpu_run_keeps_the_part_that_worked(tmp_path, monkeypatch):
+    """No CUDA device for test-backend-ops: the run records mmq_error and still the llama-bench table."""
+    tb, model = _standin_tarball(tmp_path)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setenv("STANDIN_NO_CUDA", "1")
+    monkeypatch.setattr(peers, "gpu_name", lambda: H200)
+    run_id = peers.gpu_run(tb, tmp_path / "out", models=[str(model), str(tmp_path / "missing.gguf")],
+                           progress=lambda m: None)
+    run = records.load(peers.ROUND, run_id, tmp_path / "out" / "data")
+    s = run.meta["summary"]
+    assert run.meta["status"] == "complete" and run.meta["tables"] == ["bench"]
+    assert "tested no CUDA0 backend" in s["mmq_error"] and "no CUDA-capable device" in s["mmq_error"]
+    assert list(s["bench_errors"]) == ["missing"] and "no model file" in s["bench_errors"]["missing"]
+    lab = pd.DataFrame({"qtype": ["q4_K"], "od": [4096], "id": [4096], "nt": [512], "tops_eq": [100.0]})
+    res = peers.mmq_vs_llama(lab, H200, root=tmp_path / "out" / "data")
+    assert not res.ok and f"run {run_id} has no mmq table" in res.message
