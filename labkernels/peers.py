@@ -807,12 +807,15 @@ def unpack_tarball(tarball, dest) -> Path:
 
 
 def _peer_dir(peer) -> Path:
+    """An unpacked peer build: the dir itself, its llamacpp/ child, or a tarball unpacked under $TMPDIR."""
     p = Path(peer)
+    if p.name.endswith((".tar.xz", ".tar.gz", ".tar")):  # a missing one: "no peer build at ..."
+        return unpack_tarball(p, Path(os.environ.get("TMPDIR", "/tmp")) / "labkernels-peers")
     if p.is_dir() and (p / "run.sh").is_file():
         return p
     if p.is_dir() and (p / "llamacpp" / "run.sh").is_file():
         return p / "llamacpp"
-    raise PeerError(f"{peer}: not an unpacked peer build (no run.sh; unpack the tarball or pass it to gpu-run)")
+    raise PeerError(f"{peer}: not a peer build (no run.sh in it; give the tarball or its unpacked llamacpp/ dir)")
 
 
 _LIB_ERRORS = re.compile(r"(error while loading shared libraries: [^\n]+|ERROR: libcublas[^\n]+|"
@@ -1330,7 +1333,7 @@ def register_cli(sub) -> None:
     b.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     b.set_defaults(func=build_main)
     m = ps.add_parser("mmq", help="(GPU) test-backend-ops perf MUL_MAT q4_K/q6_K at the lab's shapes, recorded")
-    m.add_argument("--peer", default=str(PEERS_CACHE / "llamacpp"), help="unpacked peer build (dir with run.sh)")
+    m.add_argument("--peer", default=str(PEERS_CACHE / TARBALL_NAME), help="peer tarball or unpacked llamacpp/ dir")
     m.add_argument("--out", default=os.environ.get("OUT", "peers-out"))
     m.add_argument("--types", default="q4_K,q6_K")
     m.add_argument("--nts", default=None, help="comma list of n (default the lab's nt + 3325, 3328)")
@@ -1341,7 +1344,7 @@ def register_cli(sub) -> None:
     m.set_defaults(func=mmq_main)
     c = ps.add_parser("bench", help="(GPU) llama-bench -p 512,3325 -n 0 -fa 1,0 -ngl 99 -r 3 on a GGUF, recorded")
     c.add_argument("--model", action="append", required=True, help="GGUF path or synthetic-7b (repeatable)")
-    c.add_argument("--peer", default=str(PEERS_CACHE / "llamacpp"))
+    c.add_argument("--peer", default=str(PEERS_CACHE / TARBALL_NAME), help="peer tarball or unpacked llamacpp/ dir")
     c.add_argument("--out", default=os.environ.get("OUT", "peers-out"))
     c.add_argument("--work", default="/tmp/labkernels-peers", help="where the synthetic 7B GGUF is written")
     c.add_argument("--prompts", default="512,3325", help="prompt lengths (llama-bench -p)")

@@ -305,7 +305,10 @@ def test_missing_peer_build_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(peers.PeerError, match="no peer build at"):
         peers.unpack_tarball(tmp_path / "none.tar.xz", tmp_path / "x")
     rc = cli_main(["peers", "mmq", "--peer", str(tmp_path / "none"), "--out", str(tmp_path / "o")])
-    assert rc == 2 and "not an unpacked peer build" in capsys.readouterr().err
+    assert rc == 2 and "not a peer build" in capsys.readouterr().err
+    rc = cli_main(["peers", "bench", "--model", "synthetic-7b", "--peer", str(tmp_path / "none.tar.xz"),
+                   "--out", str(tmp_path / "o")])
+    assert rc == 2 and "no peer build at" in capsys.readouterr().err
 
 
 def _fake_peer(d: Path, stdout: str, stderr: str, rc: int) -> Path:
