@@ -517,3 +517,31 @@ def test_gpu_run_keeps_the_part_that_worked(tmp_path, monkeypatch):
     lab = pd.DataFrame({"qtype": ["q4_K"], "od": [4096], "id": [4096], "nt": [512], "tops_eq": [100.0]})
     res = peers.mmq_vs_llama(lab, H200, root=tmp_path / "out" / "data")
     assert not res.ok and f"run {run_id} has no mmq table" in res.message
+
+
+def test_build_status_and_worker_failure(tmp_path, monkeypatch, capsys):
+    dest = tmp_path / "cache"
+    assert cli_main(["peers", "build", "--status", "--dest", str(dest)]) == 0
+    assert "no build log" in capsys.readouterr().out
+    dest.mkdir()
+    (dest / "build.log").write_text("fetching\n[3/287] Building CUDA object ggml/src/ggml-cuda/acc.cu.o\n")
+    assert cli_main(["peers", "build", "--status", "--dest", str(dest)]) == 0
+    assert "ninja [3/287] (1%)" in capsys.readouterr().out
+
+    def boom(*a, **k):
+        raise peers.PeerError("local toolchain {'gcc': '13'} != pinned")
+    monkeypatch.setattr(peers, "build_from_source", boom)
+    assert cli_main(["peers", "build", "--worker", "--dest", str(dest), "--work", str(tmp_path / "w")]) == 1
+    assert "BUILD FAILED: local toolchain" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("os").environ.get("LABKERNELS_PEERS_NETWORK"),
+                    reason="downloads 500 MB from PyPI: set LABKERNELS_PEERS_NETWORK=1")
+def test_recipe_first_steps_from_pypi(tmp_path):
+    """The real recipe: pip download of the pinned sdist + sha256, its vendored commit, the cuBLAS wheel."""
+    tree = peers.extract_source(peers.fetch_pinned("source", tmp_path), tmp_path)
+    assert peers.vendored_commit(tree) == peers.RECIPE["source"]["commit"]
+    assert (tree / "tests" / "test-backend-ops.cpp").is_file() and (tree / "tools" / "llama-bench").is_dir()
+    prefix = peers.unpack_cublas(peers.fetch_pinned("cublas", tmp_path), tmp_path)
+    assert (prefix / "lib" / "libcublasLt.so").resolve().name == "libcublasLt.so.13"
