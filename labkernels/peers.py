@@ -1169,10 +1169,12 @@ LLAMA7B_ROLE_SHAPES = {"attn_q": (4096, 4096), "attn_k": (4096, 4096), "attn_v":
 
 
 def classes_vs_llama(classes: pd.DataFrame, nt: int, lab_gpu: str | None, peer_run_id: str | None = None,
-                     root=None, shapes: dict = LLAMA7B_ROLE_SHAPES) -> PeerComparison:
+                     root=None, shapes: dict = LLAMA7B_ROLE_SHAPES, llama_n: int | None = None) -> PeerComparison:
     """Round 5 per-class µs/GMAC, lab / llama.cpp (the seeds' r37 table): each ``gemm_q4k:<role>`` /
     ``gemm_q6k:<role>`` class of a decomposition at ``nt`` tokens against llama.cpp's MUL_MAT at the role's
-    (od, id) and n = nt. Ratio > 1: the lab spends more time per GMAC."""
+    (od, id) and n = ``llama_n`` (default nt: the same GEMM; pass 512 for the n llama.cpp's own prefill runs
+    its GEMMs at -- llama-bench splits a prompt into n_ubatch=512 micro-batches). Ratio > 1: the lab spends
+    more time per GMAC."""
     if classes is None or classes.empty:
         return _none("the decomposition table is empty")
     rows = []
@@ -1182,7 +1184,7 @@ def classes_vs_llama(classes: pd.DataFrame, nt: int, lab_gpu: str | None, peer_r
             continue
         od, id_ = shapes[m[2]]
         rows.append({"class": m[0], "qtype": {"q4k": "q4_K", "q6k": "q6_K"}[m[1]], "od": od, "id": id_,
-                     "nt": int(nt), "lab_us_per_gmac": float(upg)})
+                     "lab_nt": int(nt), "nt": int(llama_n or nt), "lab_us_per_gmac": float(upg)})
     if not rows:
         return _none("no gemm_q4k:/gemm_q6k: class with a known llama-7B shape")
     lab = pd.DataFrame(rows)
@@ -1193,8 +1195,8 @@ def classes_vs_llama(classes: pd.DataFrame, nt: int, lab_gpu: str | None, peer_r
     t = res.table
     t["llama_us_per_gmac"] = t.llama_us / (t.od * t.id * t.nt / 1e9)
     t["us_per_gmac_ratio"] = t.lab_us_per_gmac / t.llama_us_per_gmac
-    res.table = t[["class", "qtype", "od", "id", "nt", "lab_us_per_gmac", "llama_us_per_gmac", "us_per_gmac_ratio",
-                   "llama_path", "llama_case"]]
+    res.table = t[["class", "qtype", "od", "id", "lab_nt", "nt", "lab_us_per_gmac", "llama_us_per_gmac",
+                   "us_per_gmac_ratio", "llama_path", "llama_case"]].rename(columns={"nt": "llama_n"})
     return res
 
 

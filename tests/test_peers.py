@@ -486,7 +486,13 @@ def test_classes_vs_llama_per_gmac(tmp_path):
     gmac = 11008 * 4096 * 3325 / 1e9
     assert t.llama_us_per_gmac.iloc[0] == pytest.approx(900.0 / gmac)
     assert t.us_per_gmac_ratio.iloc[0] == pytest.approx(11.17 / (900.0 / gmac))
+    assert list(t.lab_nt) == [3325, 3325] and list(t.llama_n) == [3325, 3325]
     assert "no peer measurement" in peers.classes_vs_llama(classes.iloc[:1], 3325, H200, root=tmp_path).message
+    # llama.cpp's own prefill runs its GEMMs at n_ubatch=512: compare against that n when asked
+    _peer_run(tmp_path, mmq=_mmq_rows([("testfile", "q4_K", 11008, 512, 4096, 150.0)]))
+    at512 = peers.classes_vs_llama(classes, 3325, H200, root=tmp_path, llama_n=512)
+    assert list(at512.table["class"]) == ["gemm_q4k:ffn_gate"] and list(at512.table.llama_n) == [512]
+    assert at512.table.llama_us_per_gmac.iloc[0] == pytest.approx(150.0 / (11008 * 4096 * 512 / 1e9))
 
 
 def test_committed_peer_runs_are_well_formed():
