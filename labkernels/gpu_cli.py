@@ -228,9 +228,7 @@ else:                         # ncu: the main variants at the 7B attention shape
     for qt in (4, 6):
         for nt, bn in ((512, 128), (4096, 128), (4096, 256)):
             scl = 0 if qt == 4 else 1
-            for pipe in (0, 1):
-                cases.append((registry.find("wgmma_kq", QT=qt, BN=bn, STAGES=4, BF16=0, SCL=scl, PIPE=pipe), nt,
-                              4096, 4096))
+            cases.append((registry.find("wgmma_kq", QT=qt, BN=bn, STAGES=4, BF16=0, SCL=scl), nt, 4096, 4096))
 for k, nt, od, id_ in cases:
     qtype = "q4_K" if k.p["QT"] == 4 else "q6_K"
     raw = quants.quantize((rng.standard_normal((min(od, 256), id_)) * .02).astype(np.float32), qtype)

@@ -443,7 +443,7 @@ class WgWeight:
 def default_params(qtype: str, nt: int) -> dict:
     """The main-path variant for a token count when no recorded run says otherwise (registry main path: the
     scale-decode form ptxas pipelines for each type; the wider tile once there are enough token tiles)."""
-    return {"BN": 256 if nt >= 1024 else 128, "STAGES": 4, "BF16": 0, "SCL": 1 if qtype == "q6_K" else 0, "PIPE": 0}
+    return {"BN": 256 if nt >= 1024 else 128, "STAGES": 4, "BF16": 0, "SCL": 1 if qtype == "q6_K" else 0}
 
 
 def auto_table(root=None):
@@ -463,7 +463,7 @@ def auto_table(root=None):
     return best.reset_index(drop=True)
 
 
-_VARIANT = re.compile(r"wgmma_bn(\d+)_s(\d+)_scl(\d)_pipe(\d)$")
+_VARIANT = re.compile(r"wgmma_bn(\d+)_s(\d+)_scl(\d)$")
 
 
 _AUTO = {}
@@ -476,12 +476,12 @@ def auto_table_cached():
     return _AUTO["t"]
 
 
-def variant_name(BN: int, STAGES: int, SCL: int, PIPE: int = 0) -> str:
-    return f"wgmma_bn{BN}_s{STAGES}_scl{SCL}_pipe{PIPE}"
+def variant_name(BN: int, STAGES: int, SCL: int) -> str:
+    return f"wgmma_bn{BN}_s{STAGES}_scl{SCL}"
 
 
 def variant_params(variant: str, qtype: str) -> tuple[str, dict]:
-    """A benchmark variant name -> (family, template params): 'wgmma_bn128_s4_scl0_pipe1' / 'int8_q4k_nb'."""
+    """A benchmark variant name -> (family, template params): 'wgmma_bn128_s4_scl0' / 'int8_q4k_nb'."""
     if variant.startswith("int8_"):
         fam = variant[5:]
         f, p = INT8_FAMILY[qtype]
@@ -489,12 +489,11 @@ def variant_params(variant: str, qtype: str) -> tuple[str, dict]:
     m = _VARIANT.match(variant)
     if not m:
         raise ValueError(f"not a round-7 variant name: {variant!r}")
-    bn, st, scl, pipe = map(int, m.groups())
-    return "wgmma_kq", {"BN": bn, "STAGES": st, "BF16": 0, "SCL": scl, "PIPE": pipe}
+    bn, st, scl = map(int, m.groups())
+    return "wgmma_kq", {"BN": bn, "STAGES": st, "BF16": 0, "SCL": scl}
 
 
-def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | None = None, SCL: int = 0,
-         PIPE: int = 0):
+def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | None = None, SCL: int = 0):
     """Y[nt, od] (float32) = x[nt, id] * W^T on the wgmma_kq family. x: cupy float16 / bfloat16-as-uint16 /
     float32 (converted to f16 here, or bf16 when ``BF16=1``)."""
     from .gpu import ShapeError, _out
@@ -518,7 +517,7 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
         raise ShapeError(f"activations dtype {x.dtype} does not match the kernel's {'bf16' if bf16 else 'f16'} "
                          "operands (pass float32, or float16 for f16 / bf16 bits as uint16 for bf16)")
     qt = 4 if w.qtype == "q4_K" else 6
-    k = kernel(QT=qt, BN=BN, STAGES=STAGES, BF16=bf16, SCL=SCL, PIPE=PIPE)
+    k = kernel(QT=qt, BN=BN, STAGES=STAGES, BF16=bf16, SCL=SCL)
     y = _out(nt, w.od, out)
     tm = tensor_map(x16, BN, bool(bf16))
     k.launch(((w.od + 127) // 128, (nt + BN - 1) // BN), tm, w.packed, y, np.int32(nt), np.int32(w.od),
@@ -611,7 +610,7 @@ NTS = (64, 128, 256, 512, 1024, 2048, 4096)
 INT8_FAMILY = {"q4_K": ("q4k_nb", {"KDR": 8}), "q6_K": ("q6k_expb", {"KDR": 4, "EPI": 0, "OCC": 2})}
 
 
-def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, None, 0), (256, 4, None, 0)), pairs: int = 3,
+def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, None), (256, 4, None)), pairs: int = 3,
           repeats: int = 10, run=None, seed: int = 0, progress=print, int8: bool = True) -> list[dict]:
     """Interleaved, L2-flushed CUDA-event timings of the wgmma_kq variants against cuBLAS fp16 on cached
     dequantized weights (and including the dequant), and the lab's best int8 kernel, at matched (nt, od, id).
@@ -647,19 +646,18 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
                 y = cp.full((nt, od), np.nan, cp.float32)
                 tok = np.sort(rng.choice(nt, size=min(nt, 24), replace=False))
                 vs = {}
-                for bn, st, scl, pipe in variants:
+                for bn, st, scl in variants:
                     scl = default_params(qtype, nt)["SCL"] if scl is None else scl
                     y.fill(np.nan)
-                    gemm(w, x16, out=y, BN=bn, STAGES=st, SCL=scl, PIPE=pipe)
+                    gemm(w, x16, out=y, BN=bn, STAGES=st, SCL=scl)
                     g = gate(cp.asnumpy(y), raw, qtype, x, tokens=tok, w64=w64, w16=w16e)
-                    name = variant_name(bn, st, scl, pipe)
+                    name = variant_name(bn, st, scl)
                     if run is not None:
                         run.append("wgmma_parity", {"qtype": qtype, "od": od, "id": id_, "nt": nt, "variant": name,
                                                     **g})
                     if not g["ok"]:
                         raise AssertionError(f"{name} parity failed: {qtype} nt={nt} od={od} id={id_}: {g}")
-                    vs[name] = (lambda bn=bn, st=st, scl=scl, pipe=pipe: gemm(w, x16, out=y, BN=bn, STAGES=st, SCL=scl,
-                                                                             PIPE=pipe))
+                    vs[name] = (lambda bn=bn, st=st, scl=scl: gemm(w, x16, out=y, BN=bn, STAGES=st, SCL=scl))
                 main = default_params(qtype, nt)
                 vs["wgmma_incl_f32_to_f16"] = lambda: gemm(w, xg, out=y, **main)
                 y16 = cp.empty((nt, od), cp.float16)
@@ -690,8 +688,7 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
 
 #: the plan of round 7's measurement (the gpu-check step and the notebook's measure mode)
 PLAN = {"shapes": [list(s) for s in SHAPES], "nts": list(NTS), "qtypes": ["q4_K", "q6_K"],
-        "variants": [[128, 4, 0, 0], [128, 4, 1, 0], [128, 4, 1, 1], [256, 4, 0, 0], [256, 4, 1, 0], [256, 4, 1, 1]],
-        "pairs": 3, "repeats": 10}
+        "variants": [[128, 4, 0], [128, 4, 1], [256, 4, 0], [256, 4, 1]], "pairs": 3, "repeats": 10}
 
 
 def kernel_rows() -> list[dict]:
@@ -730,7 +727,7 @@ def real_model_rows(rng, progress=print) -> list[dict]:
             gemm(w, cp.asarray(x), out=y, **p)
             g = gate(cp.asnumpy(y), raw, qtype, x, packed=cp.asnumpy(w.packed))
             rows.append({"tensor": name, "qtype": qtype, "od": raw.shape[0], "id": id_,
-                         "variant": variant_name(bn, 4, p["SCL"], p["PIPE"]), **g, "int8_max_rel_err_f64": i8["max_rel_err_f64"],
+                         "variant": variant_name(bn, 4, p["SCL"]), **g, "int8_max_rel_err_f64": i8["max_rel_err_f64"],
                          "int8_nmse": i8["nmse"]})
             if not g["ok"]:
                 raise AssertionError(f"real-model gate failed: {name} {p}: {g}")

@@ -75,7 +75,7 @@ def test_registry_rows_of_round7():
         assert k.dynamic_smem() == k.p["STAGES"] * k.p["BN"] * 128 + 1024
     main = sorted(k.key for k in ks if k.main_path)
     # one scale-decode form per type on the main path, both tile widths, f16 (the form ptxas pipelines cleanly)
-    assert main == sorted(f"wgmma_kq[QT={q},BN={bn},STAGES=4,BF16=0,SCL={scl},PIPE=0]"
+    assert main == sorted(f"wgmma_kq[QT={q},BN={bn},STAGES=4,BF16=0,SCL={scl}]"
                           for q, scl in ((4, 0), (6, 1)) for bn in (128, 256))
 
 
@@ -111,8 +111,8 @@ def test_auto_choice_from_a_recorded_run(tmp_path):
 
     run = records.new_run("wgmma", {"t": 1}, root=tmp_path)
     rows = []
-    for nt, times in ((512, {"wgmma_bn128_s4_scl0_pipe0": 30.0, "wgmma_bn256_s4_scl0_pipe0": 45.0, "int8_q4k_nb": 90.0}),
-                      (4096, {"wgmma_bn128_s4_scl0_pipe0": 250.0, "wgmma_bn256_s4_scl0_pipe0": 200.0, "int8_q4k_nb": 700.0})):
+    for nt, times in ((512, {"wgmma_bn128_s4_scl0": 30.0, "wgmma_bn256_s4_scl0": 45.0, "int8_q4k_nb": 90.0}),
+                      (4096, {"wgmma_bn128_s4_scl0": 250.0, "wgmma_bn256_s4_scl0": 200.0, "int8_q4k_nb": 700.0})):
         for v, us in times.items():
             for p in range(2):
                 rows.append({"qtype": "q4_K", "od": 4096, "id": 4096, "nt": nt, "variant": v, "pair": p,

@@ -353,7 +353,7 @@ struct KQ<6, BF16, SCL> {
 };
 
 // ---------------------------------------------------------------------------------------------- the kernel
-template <int QT, int BN, int STAGES, int BF16, int SCL, int PIPE>
+template <int QT, int BN, int STAGES, int BF16, int SCL>
 __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __restrict__ W, float* __restrict__ Y,
                                               int nt, int od, int id) {
     constexpr int STAGE_BYTES = BN * LK_WG_K * 2;
@@ -398,25 +398,20 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
     float acc[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
-    // Two A-fragment sets: chunk kt's wgmmas read set kt&1 while the set of chunk kt-1 may still be in flight;
-    // PIPE=1 converts chunk kt+1 (into F) while chunks kt-1 and kt are in flight, before waiting on kt-1.
-    u32 a[2][4][4], F[4][4];
+    // Two A-fragment sets: chunk kt's wgmmas read set kt&1 while chunk kt-1's (set (kt-1)&1) may still be in
+    // flight. (Converting chunk kt+1 before waiting on kt-1, into a third set of registers, was tried: ptxas
+    // compiled it without a serialization warning, and it computed NaNs at nt=512 -- not kept.)
+    u32 a[2][4][4];
     KQ<QT, BF16, SCL> T(W, od, nsb, rr0, rr1, c);
     typename KQ<QT, BF16, SCL>::Rows cur, nxt;
     T.load(cur, 0);
-    T.prep(cur);
-    if constexpr (PIPE) T.chunk(cur, 0, F);
     for (int sb = 0; sb < nsb; sb++) {
-        if (!PIPE && sb > 0) T.prep(cur);
+        T.prep(cur);
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const int kt = sb * 4 + j, st = kt % STAGES;
             if (j == T.LOAD_AT && sb + 1 < nsb) T.load(nxt, sb + 1);
-            if constexpr (!PIPE) T.chunk(cur, j, F);
-#pragma unroll
-            for (int s = 0; s < 4; s++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) a[j & 1][s][i] = F[s][i];
+            T.chunk(cur, j, a[j & 1]);
             lk_keep(a[j & 1]);   // all 16 fragments of the chunk exist (in 16 registers) before its first wgmma
             lk_mbar_wait(&full_bar[st], (kt / STAGES) & 1);
             lk_wgmma_fence_acc(acc);
@@ -426,14 +421,6 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
             for (int s = 0; s < 4; s++) lk_wgmma<BN, BF16>(acc, a[j & 1][s], lk_desc_sw128(sa + 32 * s));
             lk_wgmma_commit();
             lk_wgmma_fence_acc(acc);
-            if constexpr (PIPE) {
-                if (j < 3) {
-                    T.chunk(cur, j + 1, F);
-                } else if (sb + 1 < nsb) {
-                    T.prep(nxt);
-                    T.chunk(nxt, 0, F);
-                }
-            }
             lk_wgmma_wait<1>();                    // chunk kt-1's group has retired
             lk_keep(a[(j + 1) & 1]);               // ...so the set chunk kt+1 writes is free
             if (kt > 0 && lane == 0) lk_mbar_arrive(&empty_bar[(kt - 1) % STAGES]);
@@ -458,12 +445,12 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
     }
 }
 
-template <int QT, int BN, int STAGES, int BF16, int SCL, int PIPE>
+template <int QT, int BN, int STAGES, int BF16, int SCL>
 __global__ void __launch_bounds__(LK_WG_THREADS, 1)
     wgmma_kq_kernel(const __grid_constant__ LkTmap tm, const u8* __restrict__ W, float* __restrict__ Y, int nt,
                     int od, int id) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    wgmma_kq_body<QT, BN, STAGES, BF16, SCL, PIPE>(tm, W, Y, nt, od, id);
+    wgmma_kq_body<QT, BN, STAGES, BF16, SCL>(tm, W, Y, nt, od, id);
 #else
     __trap();  // wgmma / setmaxnreg exist on sm_90a only: the launcher refuses other devices first
 #endif
