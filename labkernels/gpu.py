@@ -368,6 +368,19 @@ def _int8_default(qtype: str) -> tuple[str, dict]:
 
 
 def choose(qtype: str, nt: int, od: int, id_: int, table=None, cc: int | None = None) -> Choice:
+    """The ``auto`` choice (see :func:`_choose`); memoized per process for the recorded table, since the prefill
+    asks once per weight per forward (a pandas lookup each time cost ~1 ms x 225 GEMMs = 0.17 s a 7B prefill)."""
+    if table is not None:
+        return _choose(qtype, nt, od, id_, table, cc)
+    return _choose_cached(qtype, int(nt), int(od), int(id_), cc)
+
+
+@lru_cache(maxsize=4096)
+def _choose_cached(qtype, nt, od, id_, cc):
+    return _choose(qtype, nt, od, id_, None, cc)
+
+
+def _choose(qtype: str, nt: int, od: int, id_: int, table=None, cc: int | None = None) -> Choice:
     """The ``auto`` choice: the fastest family recorded by round 7 (data/wgmma, latest complete run) at the
     nearest recorded (od, id) shape class (log distance) and nearest nt, among those that run on this device;
     without a recorded run, a stated rule. Always says why."""
