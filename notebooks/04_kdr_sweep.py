@@ -1,27 +1,23 @@
-import sys; sys.path.insert(0, ".")
-from tools.nbtools import write_notebook, md, code, params
+# %% [markdown]
+# # Round 4 — KDR sweep: staging depth vs occupancy vs speed, and the q4_K raw-nibble kernel
+#
+# The seeds (002 §2.3, §5) found the occupancy cliff on GB10: KDR=8 (59,392 B, 1 block/SM) collapsed a 7B prefill
+# to 1097.8 tok/s while KDR=4 (29,696 B, 2 blocks/SM) won. On the H200 the shared-memory and warp limits differ
+# (228 KB/SM, 64 warps/SM), so the cliff is elsewhere. This round sweeps the staging depth KDR (chunks of 32 staged
+# per k iteration) with the other template parameters that set occupancy (the epilogue EPI and the
+# `__launch_bounds__` minimum blocks OCC) across nt, at the 7B q6_K shapes (attn_v 4096x4096, ffn_down
+# 4096x11008) and for the q4_K raw-nibble kernel (4096x4096, 11008x4096). Every kernel is parity-gated once per
+# shape before its points are timed; each point carries registers, local memory (spills), shared memory and
+# blocks/SM from the CUDA occupancy API next to the calculator's.
 
-write_notebook("notebooks/04_kdr_sweep.ipynb", [
-md("""
-# Round 4 — KDR sweep: staging depth vs occupancy vs speed, and the q4_K raw-nibble kernel
-
-The seeds (002 §2.3, §5) found the occupancy cliff on GB10: KDR=8 (59,392 B, 1 block/SM) collapsed a 7B prefill
-to 1097.8 tok/s while KDR=4 (29,696 B, 2 blocks/SM) won. On the H200 the shared-memory and warp limits differ
-(228 KB/SM, 64 warps/SM), so the cliff is elsewhere. This round sweeps the staging depth KDR (chunks of 32 staged
-per k iteration) with the other template parameters that set occupancy (the epilogue EPI and the
-`__launch_bounds__` minimum blocks OCC) across nt, at the 7B q6_K shapes (attn_v 4096x4096, ffn_down
-4096x11008) and for the q4_K raw-nibble kernel (4096x4096, 11008x4096). Every kernel is parity-gated once per
-shape before its points are timed; each point carries registers, local memory (spills), shared memory and
-blocks/SM from the CUDA occupancy API next to the calculator's.
-"""),
-params("""
+# %% tags=["parameters"]
 mode = "auto"     # measure | replay | auto
 nts = [64, 128, 256, 512, 1024, 2048, 3328, 4096]
 repeats = 10
 q4k_nts = [512, 3328, 4096]
 headline_nt = 4096
-"""),
-code("""
+
+# %%
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
 from labkernels import report, records, analysis, occupancy as occ
 mode = report.resolve_mode(mode, "kdr_sweep")
@@ -37,16 +33,20 @@ else:
 report.banner(mode, run, note=f"q4_K benchmark: run {qrun.run_id}." if qrun else "")
 sweep = run.table("sweep")
 sweep["variant"] = np.where(sweep.qtype == "q6_K", "EPI=" + sweep.EPI.astype("Int64").astype(str) + ",OCC=" + sweep.OCC.astype("Int64").astype(str), "q4k_nb")
-"""),
-md("## Resources per kernel (one row per instantiation and shape)"),
-code("""
+
+# %% [markdown]
+# ## Resources per kernel (one row per instantiation and shape)
+
+# %%
 res = sweep.drop_duplicates(["kernel"])[["kernel", "qtype", "kdr", "variant", "regs", "local_bytes", "dynamic_smem", "api_blocks_per_sm", "calc_blocks_per_sm", "calc_limiter", "max_rel_err", "nmse"]]
 res = res.assign(gb10_blocks_per_sm=[occ.occupancy("gb10", 256, r, s)["blocks_per_sm"] if s <= occ.profile("gb10")["smem_per_block_optin"] else 0 for r, s in zip(res.regs, res.dynamic_smem)])
 display(res)
 assert (res.api_blocks_per_sm == res.calc_blocks_per_sm).all()
-"""),
-md("## TOPS-equivalent over (KDR, nt)"),
-code("""
+
+# %% [markdown]
+# ## TOPS-equivalent over (KDR, nt)
+
+# %%
 panels = [(q, od, id_, v) for (q, od, id_, v), _ in sweep.groupby(["qtype", "od", "id", "variant"])]
 n = len(panels); cols = 4; rows_ = -(-n // cols)
 fig, axes = plt.subplots(rows_, cols, figsize=(4.2 * cols, 2.9 * rows_))
@@ -62,9 +62,11 @@ for ax, (q, od, id_, v) in zip(axes.flat, panels):
     ax.set_title(f"{q} {od}x{id_} {v}", fontsize=8)
 for ax in list(axes.flat)[n:]: ax.axis("off")
 plt.tight_layout(); plt.show()
-"""),
-md("## Shared memory → blocks/SM → speed (nt from the parameters), with the GB10 prediction"),
-code("""
+
+# %% [markdown]
+# ## Shared memory → blocks/SM → speed (nt from the parameters), with the GB10 prediction
+
+# %%
 s = sweep[sweep.nt == headline_nt]
 fig, axes = plt.subplots(1, 2, figsize=(15, 4.5))
 for (q, od, id_, v), g in s.groupby(["qtype", "od", "id", "variant"]):
@@ -80,22 +82,28 @@ for k, x in sorted(set(zip(s.kdr, s.dynamic_smem))):
     axes[1].axvline(x / 1024, color="gray", lw=.5); axes[1].text(x / 1024, 0.3, f"{k}", fontsize=7)
 axes[1].set_xlabel("dynamic smem per block (KB)"); axes[1].set_ylabel("blocks/SM (calculator)"); axes[1].legend(); axes[1].set_title("where the cliff is: H200 vs GB10 prediction")
 plt.tight_layout(); plt.show()
-"""),
-md("## Ratio of every point to the best point of the same shape and nt"),
-code("""
+
+# %% [markdown]
+# ## Ratio of every point to the best point of the same shape and nt
+
+# %%
 rb = analysis.ratio_to_best(sweep)
 display(rb.pivot_table(index=["qtype", "od", "id", "variant", "kdr"], columns="nt", values="x_best").round(2))
-"""),
-md("## q4_K raw-nibble kernel vs cuBLAS fp16 (cached dequantized weights), 7B q4_K shapes"),
-code("""
+
+# %% [markdown]
+# ## q4_K raw-nibble kernel vs cuBLAS fp16 (cached dequantized weights), 7B q4_K shapes
+
+# %%
 if qrun is not None:
     qb = analysis.summarize(qrun.table("q4k_bench"))
     display(qb[["od", "id", "nt", "variant", "median_us", "p20_us", "p80_us", "us_per_gmac", "tops_eq", "spread"]].round(2))
     qp = analysis.pair_summary(qrun.table("q4k_pairs")); display(qp)
     if qrun.has("parity"): display(qrun.table("parity"))
-"""),
-md("## Conclusion (computed from the recorded numbers)"),
-code("""
+
+# %% [markdown]
+# ## Conclusion (computed from the recorded numbers)
+
+# %%
 best = analysis.best_per_kernel(sweep, headline_nt)
 q6 = sweep[(sweep.qtype == "q6_K") & (sweep.nt == headline_nt)]
 agg = q6.groupby(["kdr", "variant"]).tops_eq.mean().unstack()
@@ -113,15 +121,13 @@ report.headline(**{"q6_K default KDR (best mean TOPS at nt=%d)" % headline_nt: f
                    "q6_K KDR=8 vs KDR=4 (same variant)": f"{agg.loc[8, best_var] / agg.loc[4, best_var]:.2f}x",
                    "q4_K best KDR": f"KDR={q4.idxmax()}: {q4.max():.0f} TOPS-eq",
                    "q4_K vs cuBLAS fp16 (4096x4096, nt=4096)": (f"{qp[(qp.od == 4096) & (qp.nt == 4096)].median_ratio.iloc[0]:.2f}x cuBLAS speed" if qrun is not None else "-")})
-"""),
-md("""
-**Reading.** On the H200 the seeds' shared-memory cliff does not appear where GB10 put it: registers, not shared
-memory, set blocks/SM for every KDR (2 blocks with the 128-register cap, 1 without it), so KDR=8 costs no
-residency here. What KDR trades on this machine is per-iteration overhead against register pressure: deeper
-staging amortizes barriers and address arithmetic, until the prefetch registers force spills under the 128 cap.
-The default KDR is the best mean point above; the table of ratios shows how flat or steep the choice is.
-"""),
-code("""
+
+# %% [markdown]
+# **Reading.** On the H200 the seeds' shared-memory cliff does not appear where GB10 put it: registers, not shared
+# memory, set blocks/SM for every KDR (2 blocks with the 128-register cap, 1 without it), so KDR=8 costs no
+# residency here. What KDR trades on this machine is per-iteration overhead against register pressure: deeper
+# staging amortizes barriers and address arithmetic, until the prefetch registers force spills under the 128 cap.
+# The default KDR is the best mean point above; the table of ratios shows how flat or steep the choice is.
+
+# %%
 report.footer(run.provenance)
-"""),
-])

@@ -1,36 +1,34 @@
-import sys; sys.path.insert(0, ".")
-from tools.nbtools import write_notebook, md, code, params
+# %% [markdown]
+# # Round 2 — Shared memory and registers to occupancy, checked against CUDA
+#
+# The seeds decide kernel shapes by one chain: shared memory and registers per block → blocks per SM → warps per
+# SM → latency-bound or not (seeds 002 §2.3: KDR=4 at 29,696 B → 2 blocks/SM, KDR=8 at 59,392 B → 1 block/SM on
+# GB10). `labkernels.occupancy` computes that chain from device profiles held as data
+# (`labkernels/profiles/devices.json`, every value with its source). It is checked three ways: against CUDA's own
+# header-only calculator `cuda_occupancy.h` on thousands of random configurations per profile (tests, CPU),
+# against `cudaOccupancyMaxActiveBlocksPerMultiprocessor` for every real kernel instantiation on the H200
+# (recorded run), and the ptxas audit below gives each kernel's real registers, spills and shared memory.
 
-write_notebook("notebooks/02_occupancy_calculator.ipynb", [
-md("""
-# Round 2 — Shared memory and registers to occupancy, checked against CUDA
-
-The seeds decide kernel shapes by one chain: shared memory and registers per block → blocks per SM → warps per
-SM → latency-bound or not (seeds 002 §2.3: KDR=4 at 29,696 B → 2 blocks/SM, KDR=8 at 59,392 B → 1 block/SM on
-GB10). `labkernels.occupancy` computes that chain from device profiles held as data
-(`labkernels/profiles/devices.json`, every value with its source). It is checked three ways: against CUDA's own
-header-only calculator `cuda_occupancy.h` on thousands of random configurations per profile (tests, CPU),
-against `cudaOccupancyMaxActiveBlocksPerMultiprocessor` for every real kernel instantiation on the H200
-(recorded run), and the ptxas audit below gives each kernel's real registers, spills and shared memory.
-"""),
-params("""
+# %% tags=["parameters"]
 device = "h200"            # profile for the single-configuration table and the maps
 threads = 256              # threads per block
 regs = 85                  # registers per thread (the seeds' q6_K kernel: 85)
 kernel_family = "q6k_expb" # registry family whose KDR points are marked on the smem curves
 profiles = ["h200", "a100", "l40s", "rtx5090", "gb10"]
 run_audit = True           # compile every kernel instantiation with nvcc (needs nvcc; skipped otherwise)
-"""),
-code("""
+
+# %%
 import shutil
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
 from labkernels import occupancy as occ, report, provenance, records
 from labkernels.kernels import registry
 report.banner("cpu", note="The CUDA-API cross-check table at the end replays a run recorded on the H200.")
 report.resolve_mode("cpu")
-"""),
-md("## The seeds' GB10 statements, reproduced from the GB10 profile"),
-code("""
+
+# %% [markdown]
+# ## The seeds' GB10 statements, reproduced from the GB10 profile
+
+# %%
 rows = []
 for kdr, smem in ((4, 29696), (8, 59392)):
     for dev in ("gb10", "h200"):
@@ -45,18 +43,20 @@ implied = occ.max_warps_from_achieved(18.12, 0.3774)
 print(f"GB10 max warps/SM implied by 18.12 achieved warps = 37.74%: {implied:.2f} (profile: {occ.profile('gb10')['max_warps_per_sm']})")
 g4 = seeds[(seeds.device == "gb10") & (seeds.KDR == 4)].iloc[0]; g8 = seeds[(seeds.device == "gb10") & (seeds.KDR == 8)].iloc[0]
 assert (g4["blocks/SM"], g8["blocks/SM"]) == (2, 1) and round(implied) == 48
-"""),
-md("""
-Note the limiter column: at 85 registers the KDR=4 configuration on GB10 is held at 2 blocks/SM by **registers**
-(shared memory alone would allow 3); KDR=8 is held at 1 by shared memory. On the H200 (228 KB/SM, 64 warps) both
-depths give 2 blocks/SM at 85 registers — the seeds' cliff is not where GB10 put it.
-"""),
-code("""
+
+# %% [markdown]
+# Note the limiter column: at 85 registers the KDR=4 configuration on GB10 is held at 2 blocks/SM by **registers**
+# (shared memory alone would allow 3); KDR=8 is held at 1 by shared memory. On the H200 (228 KB/SM, 64 warps) both
+# depths give 2 blocks/SM at 85 registers — the seeds' cliff is not where GB10 put it.
+
+# %%
 one = occ.occupancy(device, threads, regs, registry.find(kernel_family, KDR=4, STRIDE=210, EPI=0, OCC=2).dynamic_smem()) if kernel_family == "q6k_expb" else None
 print(occ.format_table(one) if one else "")
-"""),
-md("## Blocks/SM against shared memory per block, per profile (256 threads; KDR points of the q6_K kernel marked)"),
-code("""
+
+# %% [markdown]
+# ## Blocks/SM against shared memory per block, per profile (256 threads; KDR points of the q6_K kernel marked)
+
+# %%
 fam = registry.family(kernel_family)
 kdr_pts = sorted({(k.p["KDR"], k.dynamic_smem()) for k in fam})
 smem = np.arange(0, 232 * 1024, 512)
@@ -74,9 +74,11 @@ for ax, r in zip(axes, (regs, 128)):
     ax.set_xlabel("shared memory per block (KB)"); ax.set_title(f"{threads} threads, {r} registers/thread")
     ax.set_xscale("symlog", linthresh=16); ax.grid(alpha=.3)
 axes[0].set_ylabel("blocks / SM"); axes[0].legend(); plt.tight_layout(); plt.show()
-"""),
-md("## Registers against occupancy (256 threads, the KDR=4 shared memory)"),
-code("""
+
+# %% [markdown]
+# ## Registers against occupancy (256 threads, the KDR=4 shared memory)
+
+# %%
 s4 = registry.find(kernel_family, KDR=4, STRIDE=210, EPI=0, OCC=2).dynamic_smem() if kernel_family == "q6k_expb" else 0
 rr = np.arange(16, 256)
 fig, ax = plt.subplots(figsize=(9, 3.8))
@@ -85,9 +87,11 @@ for name in profiles:
 ax.axvline(85, color="k", ls=":", lw=1); ax.text(86, 5, "seeds: 85", fontsize=8)
 ax.axvline(128, color="k", ls=":", lw=1); ax.text(129, 5, "__launch_bounds__(256,2): 128", fontsize=8)
 ax.set_xlabel("registers / thread"); ax.set_ylabel("theoretical occupancy %"); ax.legend(); ax.grid(alpha=.3); plt.show()
-"""),
-md("## Which limit binds: registers × shared memory (profile from the parameters, 256 threads)"),
-code("""
+
+# %% [markdown]
+# ## Which limit binds: registers × shared memory (profile from the parameters, 256 threads)
+
+# %%
 names = ["warps", "registers", "smem", "blocks"]
 R = np.arange(24, 256, 4); S = np.arange(0, occ.profile(device)["smem_per_block_optin"], 2048)
 lim = np.array([[names.index(occ.occupancy(device, threads, int(r), int(s))["limiter"]) for s in S] for r in R])
@@ -101,15 +105,15 @@ plt.colorbar(im2, ax=axes[1]); axes[1].set_title(f"{device}: blocks/SM"); axes[1
 for kdr, s in kdr_pts:
     for ax in axes: ax.plot(s / 1024, 128, "w*", ms=9)
 plt.tight_layout(); plt.show()
-"""),
-md("""
-## ptxas resource audit of every kernel instantiation
 
-Every registry instantiation compiled offline (`nvcc -cubin -arch=sm_90 -Xptxas -v`), with the launcher's dynamic
-shared memory from the registry formula and the resulting H200 occupancy row. Main-path kernels must have no
-spills and no stack frame (CI fails otherwise).
-"""),
-code("""
+# %% [markdown]
+# ## ptxas resource audit of every kernel instantiation
+#
+# Every registry instantiation compiled offline (`nvcc -cubin -arch=sm_90 -Xptxas -v`), with the launcher's dynamic
+# shared memory from the registry formula and the resulting H200 occupancy row. Main-path kernels must have no
+# spills and no stack frame (CI fails otherwise).
+
+# %%
 from labkernels import audit
 if run_audit and shutil.which("nvcc"):
     rows = audit.audit()
@@ -120,9 +124,11 @@ if run_audit and shutil.which("nvcc"):
 else:
     at, failures = None, None
     print("nvcc not available here: audit skipped (it runs in CI)")
-"""),
-md("## Cross-check with the CUDA occupancy API on the H200 (recorded)"),
-code("""
+
+# %% [markdown]
+# ## Cross-check with the CUDA occupancy API on the H200 (recorded)
+
+# %%
 run = records.latest("occupancy")
 if run is None:
     print("no recorded API cross-check yet (labkernels gpu-check --steps occupancy on a GPU)")
@@ -132,12 +138,10 @@ else:
     print(run.describe())
     agree = int(api.agree.sum()); print(f"{agree} of {len(api)} instantiations: CUDA API blocks/SM == calculator")
     display(api[["kernel", "regs", "local_bytes", "static_smem", "dynamic_smem", "api_blocks_per_sm", "calc_blocks_per_sm", "calc_limiter", "agree"]])
-"""),
-code("""
+
+# %%
 report.headline(**{"GB10 KDR=4 / KDR=8 blocks/SM": f"{g4['blocks/SM']} / {g8['blocks/SM']} ({g4['theoretical occupancy']} / {g8['theoretical occupancy']})",
                    "GB10 warps/SM implied": f"{implied:.1f}",
                    "H200 API agreement": f"{agree}/{len(api)}" if agree is not None else "not recorded",
                    "audit main-path failures": (len(failures) if failures is not None else "skipped")})
 report.footer(run.provenance if run else None)
-"""),
-])
