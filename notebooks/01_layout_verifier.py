@@ -11,22 +11,23 @@
 # so the pitfall is documented with a number.
 
 # %% tags=["parameters"]
-model_path = None          # GGUF file; None = data/models/gemma-3-270m-q4_k_m.gguf (labkernels fetch-model)
-tensor_filter = None       # regex on tensor names, None = every q4_K / q6_K tensor
-strides = [210, 224]       # q6_K block strides to check
-random_blocks = 20000      # random valid blocks per type/stride on top of the model's
-seed = 0                   # 0 = fresh seed each run (printed)
+model_path: "Optional[str]" = None     # GGUF file; None: data/models/gemma-3-270m-q4_k_m.gguf (labkernels fetch-model)
+tensor_filter: "Optional[str]" = None  # regex on tensor names; None: every q4_K / q6_K tensor
+strides = [210, 224]                   # q6_K block strides to check (bytes)
+random_blocks = 20000                  # random valid blocks per type and stride, on top of the model's
+seed = 0                               # random seed; 0: a fresh seed each run (printed)
 
 # %%
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
-from labkernels import layout, quants, report, provenance
+from labkernels import layout, quants, report, provenance, plotting
 from labkernels.model import open_model, default_model_path
-report.banner("cpu")
-report.resolve_mode("cpu")
+report.setup()
+mode = report.resolve_mode("cpu")
+report.banner(mode)
 seed = seed or int(np.random.SeedSequence().entropy % 2**32)
 rng = np.random.default_rng(seed)
 model_path = model_path or default_model_path()
-print("seed", seed, "| model", model_path)
+print(f"seed {seed} | model {report.relative_path(str(model_path))}")
 
 # %% [markdown]
 # ## The maps
@@ -41,19 +42,25 @@ print("seed", seed, "| model", model_path)
 
 # %%
 t6 = layout.q6k_element_table(); t4 = layout.q4k_element_table()
-fig, axes = plt.subplots(1, 4, figsize=(22, 4.2))
-def grid(ax, values, shifts, title, cmap):
-    im = ax.imshow(values.reshape(8, 32), cmap=cmap, aspect="auto")
-    if shifts is not None:
+fig, axes = plt.subplots(4, 1, figsize=(plotting.PAGE_WIDTH_IN, 12))
+def grid(ax, values, shifts, title, cmap, unit):
+    v = values.reshape(8, 32)
+    im = ax.imshow(v, cmap=cmap, aspect="auto")
+    if shifts is not None:  # the digit is the right-shift that extracts the element's bits from its byte
+        lo, hi = v.min(), v.max()
         for i, s in enumerate(shifts):
-            ax.text(i % 32, i // 32, str(s), ha="center", va="center", fontsize=6, color="w")
-    ax.set_title(title); ax.set_xlabel("offset in 32-chunk"); ax.set_ylabel("chunk"); plt.colorbar(im, ax=ax)
-grid(axes[0], t6.ql_byte.values, t6.ql_shift.values, "q6_K: ql byte (low 4 bits), text = shift", "viridis")
-grid(axes[1], t6.qh_byte.values, t6.qh_shift.values, "q6_K: qh byte (high 2 bits), text = shift", "plasma")
-grid(axes[2], t6.sub16.values, None, "q6_K: scale index (16 sub-blocks of 16)", "tab20")
-grid(axes[3], t4.qs_byte.values, t4.qs_shift.values, "q4_K: qs byte, text = shift (sub-block = row)", "viridis")
-plt.tight_layout(); plt.show()
-t6.iloc[[0, 15, 16, 31, 32, 63, 64, 70, 127, 128, 255]]
+            light = (v.flat[i] - lo) / max(hi - lo, 1) > 0.55
+            ax.text(i % 32, i // 32, str(s), ha="center", va="center", fontsize=9,
+                    color="black" if light else "white", fontweight="bold")
+    ax.set_title(title); ax.set_xlabel("element offset in its 32-element chunk"); ax.set_ylabel("chunk (0-7)")
+    ax.set_xticks(range(0, 32, 4)); ax.set_yticks(range(8)); ax.grid(False)
+    cb = plt.colorbar(im, ax=ax, pad=0.01); cb.set_label(unit); plotting.integer_axis(cb.ax.yaxis)
+grid(axes[0], t6.ql_byte.values, t6.ql_shift.values, "q6_K low 4 bits: colour = byte of ql[] read, digit = bit shift", "viridis", "ql byte index")
+grid(axes[1], t6.qh_byte.values, t6.qh_shift.values, "q6_K high 2 bits: colour = byte of qh[] read, digit = bit shift", "plasma", "qh byte index")
+grid(axes[2], t6.sub16.values, None, "q6_K scale: 16 sub-blocks of 16 elements, one int8 scale each", "tab20", "scales[] index")
+grid(axes[3], t4.qs_byte.values, t4.qs_shift.values, "q4_K nibble: colour = byte of qs[] read, digit = bit shift (row = sub-block)", "viridis", "qs byte index")
+plt.show()
+report.table(t6.iloc[[0, 15, 16, 31, 32, 63, 64, 70, 127, 128, 255]], caption="q6_K element map, selected elements")
 
 # %% [markdown]
 # ## Exhaustive check on random valid blocks
@@ -77,20 +84,22 @@ rows.append({"type": "q6_K expand_q6_elem (scalar seeds form) vs map", "stride":
              "elements": scalar.size, "mismatches": int((scalar != vector).sum())})
 random_table = pd.DataFrame(rows)
 assert (random_table.mismatches == 0).all(), random_table
-random_table
+report.table(random_table)
 
 # %% [markdown]
 # ## Every block of every q4_K / q6_K tensor of the real model
 
 # %%
 m = open_model(model_path)
-print(m.path, "|", m.architecture, "|", m.type_counts())
+print(report.relative_path(str(m.path)), "|", m.architecture, "|",
+      ", ".join(f"{k}: {v} tensors" for k, v in m.type_counts().items()))
 model_rows, extras = layout.verify_model(m.path, tensor_filter, strides=tuple(strides))
 model_table = pd.DataFrame(model_rows)
 totals = layout.summarize(model_rows)
-display(pd.DataFrame(totals).T)
 assert model_rows and all(v["mismatches"] == 0 for v in totals.values()), totals
-model_table[["tensor", "type", "stride", "shape", "blocks", "elements", "mismatches"]]
+display(report.table(pd.DataFrame(totals).T.rename_axis("type / stride").reset_index(), caption="totals"))
+report.table(model_table[["tensor", "type", "stride", "shape", "blocks", "elements", "mismatches"]],
+             caption="per tensor (shape = GGUF [id, od])")
 
 # %% [markdown]
 # ## The wrong model, with numbers
@@ -102,11 +111,11 @@ model_table[["tensor", "type", "stride", "shape", "blocks", "elements", "mismatc
 # %%
 q6 = model_table[(model_table.type == "q6_K") & (model_table.stride == strides[0])]
 wrong = q6[["tensor", "elements", "wrong_model_mismatches", "wrong_model_rel_rmse", "wrong_model_max_abs"]]
-display(wrong)
+display(report.table(wrong))
 err = extras["q6k_wrong_model_err"]
-fig, ax = plt.subplots(figsize=(8, 3.5))
-ax.hist(err[err != 0], bins=200, log=True)
-ax.set_xlabel("wrong-model value − true value"); ax.set_ylabel("elements (log)")
+fig, ax = plt.subplots(figsize=(9, 3.6))
+ax.hist(err[err != 0], bins=200, log=True, color=plotting.color("q6k_generic"))
+ax.set_xlabel("wrong-model value − true value (dequantized weight units)"); ax.set_ylabel("elements (log scale)")
 ax.set_title(f"'8 x 32, one scale' model on the real q6_K tensors: rel. RMSE {q6.wrong_model_rel_rmse.mean():.3f}")
 plt.show()
 
@@ -123,7 +132,7 @@ x = rng.standard_normal((256, 4096)).astype(np.float32)
 real = m.tensor([t.name for t in m.tensors() if t.qtype == "q6_K"][0]).array()[:256]
 rt = pd.DataFrame([{"qtype": q, "gaussian 256x4096": roundtrip_rmse(x, q),
                     "real ffn_down rows (re-quantized)": roundtrip_rmse(real, q)} for q in ("q8_0", "q6_K", "q4_K")])
-rt
+report.table(rt, {c: "{:.4f}" for c in rt.columns[1:]}, caption="relative RMSE of the round trip")
 
 # %%
 el = sum(v["elements"] for v in totals.values())

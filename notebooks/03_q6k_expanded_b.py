@@ -17,18 +17,19 @@
 
 # %% tags=["parameters"]
 mode = "auto"               # measure (GPU) | replay (recorded run) | auto
-shapes = [[4096, 4096], [11008, 4096], [4096, 11008]]   # [od, id], 7B shapes
-nts = [512, 3328, 4096]
-kdr = 4
-stride = 210
-repeats = 20
-pairs = 3
-headline_shape = [4096, 11008]
-headline_nt = 4096
+shapes = [[4096, 4096], [11008, 4096], [4096, 11008]]   # [od, id] pairs (llama-7B shapes); measure mode
+nts = [512, 3328, 4096]     # tokens per GEMM (measure mode; replay shows the recorded ones)
+kdr = 4                     # staging depth of the expanded-B kernel (chunks of 32 per k iteration)
+stride = 210                # q6_K block stride in bytes (210, or the 224 padded repack)
+repeats = 20                # timed launches per variant and round
+pairs = 3                   # interleaved A/B rounds
+headline_shape = [4096, 11008]   # [od, id] of the headline figures
+headline_nt = 4096          # nt of the headline figures
 
 # %%
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
-from labkernels import report, records, analysis, provenance
+from labkernels import report, records, analysis, provenance, plotting
+report.setup()
 mode = report.resolve_mode(mode, "q6k")
 if mode == "measure":
     from labkernels import bench
@@ -36,6 +37,7 @@ if mode == "measure":
         bench.record_q6k(run, shapes, nts, kdr=kdr, stride=stride, repeats=repeats, pairs=pairs)
 else:
     run = records.latest("q6k")
+    shapes = run.meta["params"].get("shapes", shapes)   # replay shows what was recorded
 report.banner(mode, run)
 bench_df = run.table("q6k_bench"); pairs_df = run.table("q6k_pairs")
 ceil = run.table("ceiling") if run.has("ceiling") else None
@@ -46,7 +48,7 @@ ceil = run.table("ceiling") if run.has("ceiling") else None
 # %%
 if run.has("parity"):
     par = run.table("parity")
-    display(par)
+    display(report.table(par))
     assert par.ok.all(), "a parity gate failed: no timing below may be trusted"
 else:
     print("This run predates the recorded parity table; its benchmark raised before timing on any failed gate "
@@ -61,7 +63,7 @@ if shutil.which("nvcc"):
     from labkernels import audit
     a = pd.DataFrame(audit.audit())
     a = a[a.family.isin(["q6k_generic", "q6k_expb", "prepass_q8_1"])][["key", "main_path", "regs", "spill_stores", "stack_frame", "dynamic_smem", "blocks_per_sm", "limiter"]]
-    display(a[(a.main_path) | a.key.str.contains("KDR=4")])
+    display(report.table(a[(a.main_path) | a.key.str.contains("KDR=4")]))
 else:
     print("nvcc not available: audit skipped")
 
@@ -73,9 +75,10 @@ summ = analysis.summarize(bench_df)
 order = ["generic", "expb_epi0", "expb_epi1", "cublas_f16_cached", "cublas_f16_with_dequant", "prepass"]
 summ["variant"] = pd.Categorical(summ.variant, order)
 tbl = summ.sort_values(["od", "id", "nt", "variant"])[["od", "id", "nt", "variant", "median_us", "p20_us", "p80_us", "us_per_gmac", "tops_eq", "spread"]]
-display(tbl.style.format({"median_us": "{:.1f}", "p20_us": "{:.1f}", "p80_us": "{:.1f}", "us_per_gmac": "{:.2f}", "tops_eq": "{:.1f}", "spread": "{:.3f}"}))
+display(report.table(tbl, {"median_us": "{:.1f}", "p20_us": "{:.1f}", "p80_us": "{:.1f}", "us_per_gmac": "{:.2f}",
+                           "tops_eq": "{:.1f}", "spread": "{:.3f}"}))
 if ceil is not None:
-    display(ceil)
+    display(report.table(ceil, caption="int8 mma.sync ceiling measured on the same GPU (register-fed, no memory traffic)"))
 
 # %% [markdown]
 # `spread` is the noise floor of each variant: the max/min ratio of its per-round medians (the same variant timed
@@ -86,20 +89,22 @@ if ceil is not None:
 
 # %%
 ps = analysis.pair_summary(pairs_df)
-display(ps)
+display(report.table(ps, {c: "{:.3f}" for c in ("median_ratio", "min_ratio", "max_ratio")}))
 
 # %%
-fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4), sharey=True)
+fig, axes = plt.subplots(1, len(shapes), figsize=(plotting.PAGE_WIDTH_IN, 4.6), sharey=True)
 for ax, (od, id_) in zip(np.atleast_1d(axes), shapes):
     s = summ[(summ.od == od) & (summ.id == id_) & (summ.variant != "prepass")]
-    piv = s.pivot(index="nt", columns="variant", values="tops_eq")
+    piv = s.assign(variant=s.variant.astype(str)).pivot(index="nt", columns="variant", values="tops_eq")
     piv = piv[[c for c in order if c in piv.columns]]
-    piv.plot.bar(ax=ax, rot=0)
+    piv.plot.bar(ax=ax, rot=0, width=0.8, color=plotting.colors(piv.columns), legend=False)
     if ceil is not None:
-        ax.axhline(float(ceil[ceil.k == 16].tops.iloc[0]), color="k", ls="--", lw=1, label="mma.sync k16 ceiling")
-    ax.set_title(f"od x id = {od} x {id_}"); ax.set_ylabel("TOPS-equivalent (2*nt*od*id/s)")
-    ax.legend(fontsize=7)
-plt.tight_layout(); plt.show()
+        ax.axhline(float(ceil[ceil.k == 16].tops.iloc[0]), color="k", ls="--", lw=1, label="int8 mma.sync k16 ceiling")
+    ax.set_title(f"od × id = {od} × {id_}"); ax.set_xlabel("nt (tokens)")
+np.atleast_1d(axes)[0].set_ylabel("TOPS-equivalent (2·nt·od·id / s, 1e12)")
+handles, labels = np.atleast_1d(axes)[0].get_legend_handles_labels()
+fig.legend(handles, labels, loc="outside upper center", ncol=len(labels))
+plt.show()
 
 # %% [markdown]
 # ## Headline and what stands in the way

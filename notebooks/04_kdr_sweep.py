@@ -12,14 +12,15 @@
 
 # %% tags=["parameters"]
 mode = "auto"     # measure | replay | auto
-nts = [64, 128, 256, 512, 1024, 2048, 3328, 4096]
-repeats = 10
-q4k_nts = [512, 3328, 4096]
-headline_nt = 4096
+nts = [64, 128, 256, 512, 1024, 2048, 3328, 4096]   # tokens per GEMM swept (measure mode)
+repeats = 10      # timed launches per point
+q4k_nts = [512, 3328, 4096]   # nt of the q4_K vs cuBLAS benchmark (measure mode)
+headline_nt = 4096            # nt of the smem/speed plot and the conclusion
 
 # %%
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
-from labkernels import report, records, analysis, occupancy as occ
+from labkernels import report, records, analysis, occupancy as occ, plotting
+report.setup()
 mode = report.resolve_mode(mode, "kdr_sweep")
 if mode == "measure":
     from labkernels import bench
@@ -40,7 +41,7 @@ sweep["variant"] = np.where(sweep.qtype == "q6_K", "EPI=" + sweep.EPI.astype("In
 # %%
 res = sweep.drop_duplicates(["kernel"])[["kernel", "qtype", "kdr", "variant", "regs", "local_bytes", "dynamic_smem", "api_blocks_per_sm", "calc_blocks_per_sm", "calc_limiter", "max_rel_err", "nmse"]]
 res = res.assign(gb10_blocks_per_sm=[occ.occupancy("gb10", 256, r, s)["blocks_per_sm"] if s <= occ.profile("gb10")["smem_per_block_optin"] else 0 for r, s in zip(res.regs, res.dynamic_smem)])
-display(res)
+display(report.table(res, {"max_rel_err": "{:.1e}", "nmse": "{:.1e}"}))
 assert (res.api_blocks_per_sm == res.calc_blocks_per_sm).all()
 
 # %% [markdown]
@@ -49,46 +50,68 @@ assert (res.api_blocks_per_sm == res.calc_blocks_per_sm).all()
 # %%
 panels = [(q, od, id_, v) for (q, od, id_, v), _ in sweep.groupby(["qtype", "od", "id", "variant"])]
 n = len(panels); cols = 4; rows_ = -(-n // cols)
-fig, axes = plt.subplots(rows_, cols, figsize=(4.2 * cols, 2.9 * rows_))
+fig, axes = plt.subplots(rows_, cols, figsize=(plotting.PAGE_WIDTH_IN, 2.7 * rows_ + 0.6), squeeze=False)
 vmax = sweep.tops_eq.max()
 for ax, (q, od, id_, v) in zip(axes.flat, panels):
     s = sweep[(sweep.qtype == q) & (sweep.od == od) & (sweep.id == id_) & (sweep.variant == v)]
     piv = s.pivot(index="kdr", columns="nt", values="tops_eq")
     im = ax.imshow(piv.values, aspect="auto", cmap="viridis", vmin=0, vmax=vmax)
-    ax.set_xticks(range(len(piv.columns))); ax.set_xticklabels(piv.columns, rotation=90, fontsize=7)
-    ax.set_yticks(range(len(piv.index))); ax.set_yticklabels([f"KDR={k}" for k in piv.index], fontsize=7)
+    ax.set_xticks(range(len(piv.columns))); ax.set_xticklabels(piv.columns, rotation=90, fontsize=8)
+    ax.set_yticks(range(len(piv.index))); ax.set_yticklabels(piv.index, fontsize=8)
+    ax.set_xlabel("nt (tokens)", fontsize=9); ax.set_ylabel("KDR", fontsize=9); ax.grid(False)
     for (i, j), val in np.ndenumerate(piv.values):
-        ax.text(j, i, f"{val:.0f}", ha="center", va="center", fontsize=6, color="w")
-    ax.set_title(f"{q} {od}x{id_} {v}", fontsize=8)
+        ax.text(j, i, f"{val:.0f}", ha="center", va="center", fontsize=7, color="black" if val > 0.6 * vmax else "white")
+    ax.set_title(f"{q} {od}×{id_}, {v}", fontsize=9)
 for ax in list(axes.flat)[n:]: ax.axis("off")
-plt.tight_layout(); plt.show()
+cb = fig.colorbar(im, ax=axes, shrink=0.8, pad=0.01); cb.set_label("TOPS-equivalent (1e12 ops/s)")
+plt.show()
 
 # %% [markdown]
 # ## Shared memory → blocks/SM → speed (nt from the parameters), with the GB10 prediction
 
 # %%
 s = sweep[sweep.nt == headline_nt]
-fig, axes = plt.subplots(1, 2, figsize=(15, 4.5))
-for (q, od, id_, v), g in s.groupby(["qtype", "od", "id", "variant"]):
-    g = g.sort_values("dynamic_smem")
-    axes[0].plot(g.dynamic_smem / 1024, g.tops_eq, "o-", label=f"{q} {od}x{id_} {v}")
-    for _, r in g.iterrows():
-        axes[0].annotate(f"K{r.kdr}:{r.api_blocks_per_sm}b/{r.regs}r" + (f"/{r.local_bytes}L" if r.local_bytes else ""), (r.dynamic_smem / 1024, r.tops_eq), fontsize=6)
-axes[0].set_xlabel("dynamic smem per block (KB)"); axes[0].set_ylabel(f"TOPS-eq at nt={headline_nt}"); axes[0].legend(fontsize=6); axes[0].set_title("H200 measured (label: KDR:blocks/SM/regs[/local B])")
+groups = [(q, od, id_) for (q, od, id_), _ in s.groupby(["qtype", "od", "id"])]
+fig, axes = plt.subplots(1, len(groups), figsize=(plotting.PAGE_WIDTH_IN, 4.2), sharey=True, squeeze=False)
+for ax, (q, od, id_) in zip(axes.flat, groups):
+    gq = s[(s.qtype == q) & (s.od == od) & (s.id == id_)]
+    for v, g in gq.groupby("variant"):
+        g = g.sort_values("dynamic_smem")
+        ax.plot(g.dynamic_smem / 1024, g.tops_eq, "-", color=plotting.color(v), label=v)
+        for b, mk in ((1, "o"), (2, "s")):
+            gb = g[g.api_blocks_per_sm == b]
+            ax.plot(gb.dynamic_smem / 1024, gb.tops_eq, mk, color=plotting.color(v), mfc="white" if b == 1 else plotting.color(v), ms=6)
+        sp = g[g.local_bytes > 0]
+        ax.plot(sp.dynamic_smem / 1024, sp.tops_eq, "x", color="red", ms=9, mew=2)
+    top = ax.secondary_xaxis("top")
+    kx = sorted(set(zip(gq.dynamic_smem / 1024, gq.kdr)))
+    top.set_xticks([x for x, _ in kx]); top.set_xticklabels([f"KDR {k}" for _, k in kx], fontsize=8)
+    ax.set_title(f"{q} {od}×{id_}", fontsize=10); ax.set_xlabel("dynamic shared memory per block (KB)")
+    ax.legend(fontsize=8, title="variant", title_fontsize=8)
+axes.flat[0].set_ylabel(f"TOPS-equivalent at nt={headline_nt}")
+fig.suptitle("H200 measured: filled square = 2 blocks/SM, open circle = 1 block/SM, red x = register spills (local memory)", fontsize=10)
+plt.show()
 smem = np.arange(0, 100 * 1024, 512)
-for name, r in (("h200", 128), ("gb10", 128), ("gb10", 85)):
-    axes[1].step(smem / 1024, [occ.occupancy(name, 256, r, int(x))["blocks_per_sm"] if x <= occ.profile(name)["smem_per_block_optin"] else np.nan for x in smem], where="post", label=f"{name}, {r} regs")
-for k, x in sorted(set(zip(s.kdr, s.dynamic_smem))):
-    axes[1].axvline(x / 1024, color="gray", lw=.5); axes[1].text(x / 1024, 0.3, f"{k}", fontsize=7)
-axes[1].set_xlabel("dynamic smem per block (KB)"); axes[1].set_ylabel("blocks/SM (calculator)"); axes[1].legend(); axes[1].set_title("where the cliff is: H200 vs GB10 prediction")
-plt.tight_layout(); plt.show()
+fig, ax = plt.subplots(figsize=(10, 3.6))
+for j, (name, r, ls, c) in enumerate((("h200", 128, "-", None), ("gb10", 128, "-", None), ("gb10", 85, "--", "#ff9896"))):
+    ys = [occ.occupancy(name, 256, r, int(x))["blocks_per_sm"] if x <= occ.profile(name)["smem_per_block_optin"] else np.nan for x in smem]
+    ax.step(smem / 1024, np.array(ys) + 0.03 * (j - 1), where="post", label=f"{name}, {r} registers/thread", color=c or plotting.color(name), ls=ls)
+for q, k, x in sorted(set(zip(s.qtype, s.kdr, s.dynamic_smem))):
+    ax.axvline(x / 1024, color="gray", lw=.5); ax.annotate(f"{q} KDR {k}", (x / 1024, 0.1), xytext=(2, 0), textcoords="offset points", fontsize=8, rotation=90)
+plotting.integer_axis(ax.yaxis); ax.set_ylim(bottom=0)
+ax.set_xlabel("dynamic shared memory per block (KB)"); ax.set_ylabel("resident blocks / SM (lines offset slightly)")
+ax.legend(); ax.set_title("where the cliff is: H200 vs the GB10 prediction (calculator, 256 threads)")
+plt.show()
 
 # %% [markdown]
 # ## Ratio of every point to the best point of the same shape and nt
 
 # %%
 rb = analysis.ratio_to_best(sweep)
-display(rb.pivot_table(index=["qtype", "od", "id", "variant", "kdr"], columns="nt", values="x_best").round(2))
+rbt = rb.pivot_table(index=["qtype", "od", "id", "variant", "kdr"], columns="nt", values="x_best").reset_index()
+rbt.columns = [f"nt={c}" if isinstance(c, (int, np.integer)) else c for c in rbt.columns]
+display(report.table(rbt, {c: "{:.2f}" for c in rbt.columns if c.startswith("nt=")},
+                     caption="time / time of the best point at the same shape and nt (1.00 = best)"))
 
 # %% [markdown]
 # ## q4_K raw-nibble kernel vs cuBLAS fp16 (cached dequantized weights), 7B q4_K shapes
@@ -96,9 +119,12 @@ display(rb.pivot_table(index=["qtype", "od", "id", "variant", "kdr"], columns="n
 # %%
 if qrun is not None:
     qb = analysis.summarize(qrun.table("q4k_bench"))
-    display(qb[["od", "id", "nt", "variant", "median_us", "p20_us", "p80_us", "us_per_gmac", "tops_eq", "spread"]].round(2))
-    qp = analysis.pair_summary(qrun.table("q4k_pairs")); display(qp)
-    if qrun.has("parity"): display(qrun.table("parity"))
+    display(report.table(qb[["od", "id", "nt", "variant", "median_us", "p20_us", "p80_us", "us_per_gmac", "tops_eq", "spread"]],
+                         {"spread": "{:.3f}"}))
+    qp = analysis.pair_summary(qrun.table("q4k_pairs"))
+    display(report.table(qp, {c: "{:.3f}" for c in ("median_ratio", "min_ratio", "max_ratio")}))
+    if qrun.has("parity"):
+        display(report.table(qrun.table("parity")))
 
 # %% [markdown]
 # ## Conclusion (computed from the recorded numbers)
@@ -108,7 +134,8 @@ best = analysis.best_per_kernel(sweep, headline_nt)
 q6 = sweep[(sweep.qtype == "q6_K") & (sweep.nt == headline_nt)]
 agg = q6.groupby(["kdr", "variant"]).tops_eq.mean().unstack()
 best_kdr, best_var = agg.stack().idxmax()
-print(agg.round(1))
+display(report.table(agg.rename_axis("KDR").reset_index(), {c: "{:.1f}" for c in agg.columns},
+                     caption=f"q6_K mean TOPS-equivalent over the two shapes at nt={headline_nt}"))
 worst = agg.stack().idxmin()
 print(f"q6_K at nt={headline_nt}, mean over the two shapes: best KDR={best_kdr} ({best_var}) {agg.stack().max():.1f} TOPS-eq; "
       f"worst KDR={worst[0]} ({worst[1]}) {agg.stack().min():.1f}")

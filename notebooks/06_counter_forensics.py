@@ -10,13 +10,14 @@
 # experiment built from a template switch in `q6k_expb.cu` (EPI: the I2F epilogue vs the magic-number epilogue).
 
 # %% tags=["parameters"]
-mode = "auto"          # measure (GPU + ncu) | replay | auto
-metrics_set = "full"   # "full" | "core"
-shape = "3328x4096x11008"   # the shape the tables below focus on
+mode = "auto"               # measure (GPU + ncu) | replay | auto
+metrics_set = "full"        # ncu metric set: "full" or "core"
+shape = "3328x4096x11008"   # nt x od x id: the shape the tables below focus on
 
 # %%
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
-from labkernels import report, records, forensics
+from labkernels import report, records, forensics, plotting
+report.setup()
 mode = report.resolve_mode(mode, "forensics")
 if mode == "measure":
     import tempfile
@@ -36,7 +37,7 @@ verd = run.table("verdicts") if run.has("verdicts") else pd.DataFrame()
 # ## Consistency first: every kernel does exactly the GEMM's tensor work
 
 # %%
-display(imma[["case", "macs", "mma_k", "imma_inst", "imma_inst_expected", "inst_exact", "ops_per_mac"]])
+display(report.table(imma[["case", "macs", "mma_k", "imma_inst", "imma_inst_expected", "inst_exact", "ops_per_mac"]]))
 assert imma.inst_exact.all() and (imma.ops_per_mac == 2.0).all(), "IMMA != MACs: the per-GMAC comparison would be meaningless"
 print("IMMA instructions == MACs / (16*8*K) exactly and IMMA ops == 2 x MACs on every kernel: per-GMAC ratios compare equal work.")
 
@@ -49,9 +50,9 @@ cols = ["duration_us_per_gmac", "warp_inst", "imma_inst", "shared_ld_inst", "sha
         "l1_global_ld_requests", "issue_active_pct", "warp_latency_per_inst", "occupancy_pct"]
 cols = [c for c in cols if c in pg.columns]
 tbl = pg[pg["shape"] == shape].set_index("variant")[cols].T
-display(tbl.style.format("{:,.3f}"))
+display(report.table(tbl.rename_axis("counter per GMAC"), index=True))
 pg = pg.assign(inst_per_imma=pg.warp_inst / pg.imma_inst)
-display(pg[["case", "inst_per_imma"]].round(2))
+display(report.table(pg[["case", "inst_per_imma"]], {"inst_per_imma": "{:.2f}"}))
 
 # %% [markdown]
 # Counts are per GMAC (extensive counters divided by the GEMM's MACs / 1e9); percentages and ratios are as
@@ -65,33 +66,35 @@ display(pg[["case", "inst_per_imma"]].round(2))
 # %%
 st = [c for c in pg.columns if c.startswith("stall_") and pg[c].abs().sum() > 0 and c != "stall_selected"]
 s = pg[pg["shape"] == shape].set_index("variant")[st]
-s.T.plot.barh(figsize=(10, 6)); plt.xlabel("warps stalled per issue-active cycle"); plt.tight_layout(); plt.show()
+ax = s.T.rename(index=lambda c: c.removeprefix("stall_")).plot.barh(figsize=(11, 0.35 * len(st) + 1.5), color=plotting.colors(s.index), width=0.8)
+ax.invert_yaxis(); ax.set_xlabel("warps stalled per issued instruction"); ax.set_ylabel("stall reason")
+ax.legend(title="variant"); ax.set_title(f"stall reasons at {shape} (nt × od × id)"); plt.show()
 
 # %% [markdown]
 # ## Duration against warp instructions (the seeds' linear law)
 
 # %%
-display(fit)
+display(report.table(fit))
 f = fit[fit.fit == "all_cases"].iloc[0]
-fig, ax = plt.subplots(figsize=(7, 4.5))
+fig, ax = plt.subplots(figsize=(9, 4.8))
 for v, g in pg.groupby("variant"):
-    ax.scatter(g.warp_inst * g.gmac / 1e9 if "gmac" in g else g.warp_inst, g.duration_us_per_gmac * g.gmac, label=v)
+    ax.scatter(g.warp_inst * g.gmac / 1e9, g.duration_us_per_gmac * g.gmac, label=v, color=plotting.color(v), s=40)
 x = np.linspace(0, (pg.warp_inst * pg.gmac).max() * 1.05, 10)
-ax.plot(x / 1e9 * 1e9 / 1e9, (f.slope_ns_per_inst * x + f.intercept_ns) / 1e3, "k--", lw=1)
-ax.set_xlabel("warp instructions (1e9)"); ax.set_ylabel("duration (us)"); ax.legend(fontsize=7)
-ax.set_title(f"fit over all cases: {f.inst_per_ns:.0f} warp-inst/ns, r2 = {f.r2:.3f}"); plt.show()
+ax.plot(x / 1e9, (f.slope_ns_per_inst * x + f.intercept_ns) / 1e3, "k--", lw=1, label="linear fit, all cases")
+ax.set_xlabel("warp instructions issued (1e9)"); ax.set_ylabel("kernel duration (µs)"); ax.legend(title="variant")
+ax.set_title(f"fit over all cases: {f.inst_per_ns:.0f} warp-instructions/ns, r² = {f.r2:.3f}"); plt.show()
 
 # %% [markdown]
 # ## Pairs at matched shapes (ratio = other / base)
 
 # %%
-display(pairs)
+display(report.table(pairs))
 
 # %% [markdown]
 # ## Counter-evidence: the EPI switch (I2F conversions removed)
 
 # %%
-display(verd)
+display(report.table(verd))
 
 # %% [markdown]
 # ## Verdict (computed from the recorded counters)
