@@ -429,10 +429,10 @@ def collect_notes(nb) -> dict:
         for o in c.get("outputs", []):
             n = (o.get("metadata") or {}).get(NOTE_KEY)
             if isinstance(n, dict):
-                head = {**notes.get("headline", {}), **n.get("headline", {})}
+                head = {**notes.get("headline", {}), **dict(n.get("headline") or [])}
                 notes.update(n)
                 if head:
-                    notes["headline"] = head
+                    notes["headline"] = head  # the JSON index keeps insertion order
     return notes
 
 
@@ -485,7 +485,8 @@ def _execute(nb: Path, out_nb: Path, params: dict, timeout: int | None) -> str |
         try:
             papermill.execute_notebook(str(nb), str(out_nb), parameters=params, cwd=str(nb.parent),
                                        kernel_name="python3", progress_bar=sys.stderr.isatty(), log_output=False,
-                                       execution_timeout=timeout, report_mode=False, config=cfg)
+                                       execution_timeout=timeout, report_mode=False, config=cfg,
+                                       shutdown_kernel="immediate")  # on Ctrl-C too: no kernel noise
         except papermill.PapermillExecutionError as e:
             return f"{e.ename}: {e.evalue}"
         except KeyboardInterrupt:

@@ -68,7 +68,7 @@ def resolve_mode(mode: str, round_name: str | None = None) -> str:
 
 
 def notes() -> dict:
-    """What this notebook has declared so far (mode, run_id, provenance, headline)."""
+    """What this notebook has declared so far (mode, run_id, provenance, headline as [name, value] pairs)."""
     return dict(_notes)
 
 
@@ -109,7 +109,10 @@ def banner(mode: str, run=None, note: str = "") -> None:
 
 def headline(**figures) -> None:
     """Declare the round's headline figures (shown on reports/index.html and in the page)."""
-    _notes.setdefault("headline", {}).update({k: _fmt(v) for k, v in figures.items()})
+    # a list of pairs: notebook JSON is written with sorted keys, and the order of the figures matters
+    head = dict(_notes.get("headline", []))
+    head.update({k: _fmt(v) for k, v in figures.items()})
+    _notes["headline"] = [[k, v] for k, v in head.items()]
     rows = "".join(f"<tr><th style='text-align:left;padding-right:1.5em'>{html.escape(k)}</th>"
                    f"<td>{html.escape(_fmt(v))}</td></tr>" for k, v in figures.items())
     _display_html(f"<table class='lk-headline'>{rows}</table>")
@@ -244,6 +247,10 @@ def table(df, formats: dict | None = None, *, index: bool = False, caption: str 
     if isinstance(d, pd.Series):
         d = d.to_frame()
     d.columns = [str(c) for c in d.columns]
+    if d.columns.duplicated().any():
+        raise ValueError(f"table: duplicate column names {sorted(set(d.columns[d.columns.duplicated()]))}")
+    if not index:
+        d = d.reset_index(drop=True)  # Styler needs a unique index, even a hidden one (concatenated tables)
     if index:
         d.index = d.index.map(lambda v: _clean_text(v) if not isinstance(v, tuple) else
                               " / ".join(str(_clean_text(x)) for x in v))
@@ -270,11 +277,14 @@ def table(df, formats: dict | None = None, *, index: bool = False, caption: str 
         # transposed tables (one metric per row): format row-wise instead
         st = d.style
         for r in d.index:
-            st = st.format(number_format(d.loc[[r]].to_numpy().ravel()), subset=pd.IndexSlice[[r], :], na_rep=na)
+            st = st.format(number_format(d.loc[[r]].to_numpy().ravel()), subset=pd.IndexSlice[[r], :], na_rep=na,
+                           escape="html")
     else:
-        st = d.style.format(fmt, na_rep=na)
+        st = d.style.format(fmt, na_rep=na, escape="html")
     # headers wrap at the underscores (api_blocks_per_sm -> "api blocks per sm"): wide tables fit the page
-    st = st.format_index(lambda c: str(c).replace("_", " "), axis="columns")
+    st = st.format_index(lambda c: html.escape(str(c).replace("_", " ")), axis="columns")
+    if index:
+        st = st.format_index(escape="html", axis="index")
     if not index:
         st = st.hide(axis="index")
     num_cols = [c for c in d.columns if pd.api.types.is_numeric_dtype(d[c]) and not pd.api.types.is_bool_dtype(d[c])]

@@ -14,7 +14,7 @@ device = "h200"            # profile for the single-configuration table and the 
 threads = 256              # threads per block
 regs = 85                  # registers per thread (the seeds' q6_K kernel: 85)
 kernel_family = "q6k_expb" # registry family whose KDR points are marked on the smem curves
-profiles = ["h200", "a100", "l40s", "rtx5090", "gb10"]
+profiles = ["h200", "a100", "l40s", "rtx5090", "gb10"]   # device profiles drawn in the plots
 run_audit = True           # compile every kernel instantiation with nvcc (needs nvcc; skipped otherwise)
 
 # %%
