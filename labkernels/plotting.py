@@ -47,7 +47,11 @@ VARIANT_COLORS = {
     # device profiles (round 2 / 4)
     "h200": "#1f77b4", "a100": "#ff7f0e", "l40s": "#9467bd", "rtx5090": "#8c564b", "gb10": "#d62728",
 }
-_FALLBACK = ["#e377c2", "#7f7f7f", "#bcbd22", "#ff7f0e", "#9467bd", "#8c564b", "#c5b0d5", "#c49c94"]
+#: other names (kernel classes, ...) take the next of these in order of first use: tab20 without the
+#: colours reserved above, then tab20b
+_FALLBACK = ["#e377c2", "#ffbb78", "#98df8a", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#aec7e8",
+             "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#5254a3", "#8ca252", "#bd9e39", "#ad494a",
+             "#a55194", "#6b6ecf", "#b5cf6b", "#e7ba52", "#d6616b", "#ce6dbd"]
 _assigned: dict[str, str] = {}
 
 

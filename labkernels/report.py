@@ -167,9 +167,33 @@ def _strip_signature(s: str) -> str:
     return s
 
 
+def _truncated_name(name: str) -> str:
+    """Best reading of a mangled name cut short (profilers truncate them): the length-prefixed identifiers,
+    nested names joined with '::', template arguments in <...>, and '…' where the text ends."""
+    i, parts, depth, out = (3 if name.startswith("_ZN") else 2), [], 0, ""
+    while i < len(name):
+        if name[i].isdigit():
+            j = i
+            while j < len(name) and name[j].isdigit():
+                j += 1
+            n = int(name[i:j])
+            ident = name[j:j + n]
+            parts.append(ident + ("…" if j + n > len(name) else ""))
+            i = j + n
+        elif name[i] == "I" and parts:
+            out += "::".join(parts) + "<"
+            parts, depth = [], depth + 1
+            i += 1
+        else:
+            break
+    out += "::".join(parts)
+    return out + ">" * depth
+
+
 def kernel_name(name: str, signature: bool = False) -> str:
     """A readable kernel name: Itanium-mangled names (``_Z13q4k_nb_kernelILi4EE...``) demangled with
-    cxxfilt (``q4k_nb_kernel<4>``; ``signature=True`` keeps the argument list). Others pass through."""
+    cxxfilt (``q4k_nb_kernel<4>``; ``signature=True`` keeps the argument list); a name cut short by a
+    profiler is read as far as it goes. Others pass through."""
     if not isinstance(name, str) or not _MANGLED.match(name):
         return name
     import cxxfilt
@@ -177,8 +201,11 @@ def kernel_name(name: str, signature: bool = False) -> str:
     try:
         out = cxxfilt.demangle(name)
     except cxxfilt.InvalidName:
-        return name
+        return _truncated_name(name) or name
     return out if signature else _strip_signature(out)
+
+
+_MANGLED_TOKEN = re.compile(r"\b_Z[A-Za-z0-9_]{4,}")
 
 
 def relative_path(value: str) -> str:
@@ -199,9 +226,9 @@ def relative_path(value: str) -> str:
 
 def _clean_text(v):
     if isinstance(v, str):
-        if ", " in v and _MANGLED.match(v.split(", ")[0]):
-            return ", ".join(kernel_name(x) for x in v.split(", "))
-        return relative_path(kernel_name(v))
+        if _MANGLED.match(v):
+            return kernel_name(v)
+        return relative_path(_MANGLED_TOKEN.sub(lambda m: kernel_name(m.group(0)), v))
     if isinstance(v, (list, tuple)):
         return ", ".join(str(_clean_text(x)) for x in v)
     if isinstance(v, dict):
@@ -272,6 +299,8 @@ def table(df, formats: dict | None = None, *, index: bool = False, caption: str 
             nums = pd.to_numeric(d[c], errors="coerce")
             if nums.notna().all() and len(d[c]) and not d[c].map(lambda v: isinstance(v, str)).any():
                 fmt[c] = number_format(nums.to_numpy())
+            else:  # mixed cells (a transposed record): numbers with 4 significant digits, the rest as text
+                fmt[c] = _value_text
     fmt.update(formats or {})
     if index and all(pd.api.types.is_numeric_dtype(d[c]) for c in d.columns) and not formats:
         # transposed tables (one metric per row): format row-wise instead
@@ -301,13 +330,21 @@ def kv_table(mapping: dict, caption: str | None = None):
     """A two-column (name, value) table of a dict: parameters of a run, one record of results."""
     import pandas as pd
 
-    return table(pd.DataFrame({"name": list(mapping), "value": [_value_text(v) for v in mapping.values()]}),
-                 caption=caption)
+    return table(pd.DataFrame({"name": list(mapping), "value": [str(v) if k in DIMENSIONS else _value_text(v)
+                                                                for k, v in mapping.items()]}), caption=caption)
 
 
 def _value_text(v) -> str:
+    import numpy as np
+
+    if isinstance(v, np.generic):
+        v = v.item()
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "—"
     if isinstance(v, float):
         return f"{v:,.4g}" if math.isfinite(v) else "—"
-    if isinstance(v, int) and not isinstance(v, bool):
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
         return f"{v:,}"
     return str(_clean_text(v))

@@ -159,7 +159,7 @@ if len(tl):
 # %%
 report.headline(**{"model, nt": f"{run.meta['params']['model']}, {run.meta['params']['nt']}",
                    "wall / busy": f"{bw.wall_ms:.0f} / {bw.busy_ms:.0f} ms ({100 * bw.gap_frac:.1f}% gap, {'valid' if bw.valid else 'NOT valid'})",
-                   "tok/s": f"{bw.tok_per_s:.0f}" if "tok_per_s" in bw else "-",
+                   "tok/s": f"{bw.tok_per_s:,.0f}" if "tok_per_s" in bw else "-",
                    "principal class": f"{classes.iloc[0]['class']} {classes.iloc[0].busy_ms:.0f} ms ({classes.iloc[0].share_wall:.0%} of wall)",
-                   "price": (f"{top['class']}: -{top.recoverable_ms:.0f} ms -> {top.tok_s_ceiling:.0f} tok/s" if top is not None else "-")})
+                   "price": (f"{top['class']}: -{top.recoverable_ms:.0f} ms -> {top.tok_s_ceiling:,.0f} tok/s" if top is not None else "-")})
 report.footer(run.provenance)

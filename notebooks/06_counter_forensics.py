@@ -88,13 +88,18 @@ ax.set_title(f"fit over all cases: {f.inst_per_ns:.0f} warp-instructions/ns, r²
 # ## Pairs at matched shapes (ratio = other / base)
 
 # %%
-display(report.table(pairs))
+if len(pairs):
+    display(report.table(pairs[["pair", "shape", "base", "other", "what"]]))
+    ratios = pairs.assign(col=pairs.pair + " @ " + pairs["shape"]).set_index("col")[[c for c in pairs.columns if c.endswith("_ratio")]]
+    ratios = ratios.rename(columns=lambda c: c.removesuffix("_ratio")).T.rename_axis("counter ratio (other / base)")
+    display(report.table(ratios, {c: "{:.3f}" for c in ratios.columns}, index=True))
 
 # %% [markdown]
 # ## Counter-evidence: the EPI switch (I2F conversions removed)
 
 # %%
-display(report.table(verd))
+if len(verd):
+    display(report.table(verd.set_index("shape").T.rename_axis("field"), index=True))
 
 # %% [markdown]
 # ## Verdict (computed from the recorded counters)

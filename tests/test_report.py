@@ -14,6 +14,11 @@ def test_kernel_names_are_demangled():
     assert report.kernel_name("_Z13q4k_nb_kernelILi4EEvPKhS1_PKjPfiii", signature=True).endswith("int, int, int)")
     assert report.kernel_name("q6k_expb[KDR=4]") == "q6k_expb[KDR=4]"  # not mangled: unchanged
     assert report.kernel_name("_Zgarbage!") == "_Zgarbage!"
+    # cut short by the profiler: read as far as it goes
+    cut = "_ZN7cutlass7Kernel2I55cutlass_75_tensorop_f16_s1688gemm_f16_"
+    assert report.kernel_name(cut) == "cutlass::Kernel2<cutlass_75_tensorop_f16_s1688gemm_f16_…>"
+    cell = report._clean_text("cupy_copy; _Z14rmsnorm_kernelILi1EEvPKfS1_Pfif; " + cut)
+    assert cell == "cupy_copy; rmsnorm_kernel<1>; cutlass::Kernel2<cutlass_75_tensorop_f16_s1688gemm_f16_…>"
 
 
 def test_paths_are_repository_relative():
