@@ -573,6 +573,9 @@ def run(names=(), pairs=(), files=(), out_dir: Path = REPORTS_DIR, notebooks_dir
                     tmp_html.write_text(html_text, encoding="utf-8")
                     os.replace(tmp_nb, out_dir / f"{stem}.ipynb")
                     os.replace(tmp_html, out_dir / f"{stem}.html")
+                elif error:  # nothing to show (the kernel did not start): no stale failed page either
+                    for stale in (f"{name}.failed.html", f"{name}.failed.ipynb"):
+                        (out_dir / stale).unlink(missing_ok=True)
                 if not error:
                     for stale in (f"{name}.failed.html", f"{name}.failed.ipynb"):
                         (out_dir / stale).unlink(missing_ok=True)

@@ -100,7 +100,7 @@ for q, k, x in sorted(set(zip(s.qtype, s.kdr, s.dynamic_smem))):
     ax.axvline(x / 1024, color="gray", lw=.5); ax.annotate(f"{q} KDR {k}", (x / 1024, 0.1), xytext=(2, 0), textcoords="offset points", fontsize=8, rotation=90)
 plotting.integer_axis(ax.yaxis); ax.set_ylim(bottom=0)
 ax.set_xlabel("dynamic shared memory per block (KB)"); ax.set_ylabel("resident blocks / SM (lines offset slightly)")
-ax.legend(); ax.set_title("where the cliff is: H200 vs the GB10 prediction (calculator, 256 threads)")
+ax.legend(loc="center right"); ax.set_title("where the cliff is: H200 vs the GB10 prediction (calculator, 256 threads)")
 plt.show()
 
 # %% [markdown]
