@@ -196,10 +196,12 @@ def kernel_name(name: str, signature: bool = False) -> str:
     profiler is read as far as it goes. Others pass through."""
     if not isinstance(name, str) or not _MANGLED.match(name):
         return name
-    import cxxfilt
-
     try:
+        import cxxfilt  # the C++ runtime's own demangler (libstdc++ / libc++)
+
         out = cxxfilt.demangle(name)
+    except (ImportError, OSError):  # no C++ runtime to load (e.g. Windows): the plain reading below
+        return _truncated_name(name) or name
     except cxxfilt.InvalidName:
         return _truncated_name(name) or name
     return out if signature else _strip_signature(out)
