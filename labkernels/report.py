@@ -260,6 +260,8 @@ def number_format(values) -> str:
     small = np.abs(a[a != 0])
     if small.size and small.min() < 1e-4:
         return "{:.2e}"
+    if small.size and small.min() >= 0.01:
+        return "{:.3f}"  # the same decimals down the column (0.940, not 0.94 under 0.923)
     return "{:.3g}"
 
 

@@ -55,6 +55,7 @@ def test_number_format_by_magnitude():
     assert report.number_format([123.45]) == "{:,.1f}"
     assert report.number_format([1.2345]) == "{:,.2f}"
     assert report.number_format([0.00264, 0.923]) == "{:.3g}"
+    assert report.number_format([0.94, 0.923]) == "{:.3f}"
     assert report.number_format([1e-7, 0.5]) == "{:.2e}"
 
 
