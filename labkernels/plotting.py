@@ -1,0 +1,92 @@
+"""Figure conventions of the round notebooks: inline rendering, one style, one colour per variant.
+
+``setup()`` (called by every round notebook's first cell) makes matplotlib draw into the notebook whatever
+``MPLBACKEND`` says (``lab.py`` and CI set ``Agg``, under which ``plt.show()`` draws nothing), and sets the
+style every published figure shares: sizes readable at the page width, light grid, tight bounding boxes.
+``color(name)`` gives a variant the same colour in every chart of every round.
+"""
+
+from __future__ import annotations
+
+import matplotlib
+
+#: the published page is ~1300 px wide: figures are at most this many inches wide at ``DPI``
+PAGE_WIDTH_IN = 13.0
+DPI = 100
+
+STYLE = {
+    "figure.dpi": DPI,
+    "savefig.dpi": DPI,
+    "font.size": 10,
+    "axes.titlesize": 11,
+    "axes.labelsize": 10,
+    "xtick.labelsize": 9,
+    "ytick.labelsize": 9,
+    "legend.fontsize": 9,
+    "legend.framealpha": 0.9,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "figure.constrained_layout.use": True,
+}
+
+#: fixed colours of the variants the rounds compare (the same kernel has the same colour everywhere)
+VARIANT_COLORS = {
+    # round 3 / 6: q6_K kernels and references
+    "generic": "#8c8c8c", "q6k_generic": "#8c8c8c",
+    "expb_epi0": "#1f77b4", "q6k_expb_epi0": "#1f77b4",
+    "expb_epi1": "#17becf", "q6k_expb_epi1_occ2": "#17becf", "q6k_expb_epi1": "#9467bd",  # OCC=1
+    "cublas_f16_cached": "#d62728", "cublas_f16": "#d62728",
+    "cublas_f16_with_dequant": "#ff9896",
+    "prepass": "#bcbd22",
+    # round 4: q6_K template variants and the q4_K kernel
+    # (OCC=2 is the default build: the same colours as round 3's expb_epi0 / expb_epi1)
+    "EPI=0,OCC=1": "#ff7f0e", "EPI=0,OCC=2": "#1f77b4", "EPI=1,OCC=1": "#9467bd", "EPI=1,OCC=2": "#17becf",
+    "q4k_nb": "#2ca02c",
+    # device profiles (round 2 / 4)
+    "h200": "#1f77b4", "a100": "#ff7f0e", "l40s": "#9467bd", "rtx5090": "#8c564b", "gb10": "#d62728",
+}
+#: other names (kernel classes, ...) take the next of these in order of first use: tab20 without the
+#: colours reserved above, then tab20b
+_FALLBACK = ["#e377c2", "#ffbb78", "#98df8a", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#aec7e8",
+             "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#5254a3", "#8ca252", "#bd9e39", "#ad494a",
+             "#a55194", "#6b6ecf", "#b5cf6b", "#e7ba52", "#d6616b", "#ce6dbd"]
+_assigned: dict[str, str] = {}
+
+
+def color(name: str) -> str:
+    """The colour of a variant / device / class, stable across every chart of a page."""
+    name = str(name)
+    if name in VARIANT_COLORS:
+        return VARIANT_COLORS[name]
+    if name not in _assigned:
+        _assigned[name] = _FALLBACK[len(_assigned) % len(_FALLBACK)]
+    return _assigned[name]
+
+
+def colors(names) -> list[str]:
+    return [color(n) for n in names]
+
+
+def setup() -> None:
+    """Inline figures (when running under IPython) and the shared style."""
+    matplotlib.rcParams.update(STYLE)
+    try:
+        from IPython import get_ipython
+    except ImportError:  # plain Python: nothing to display into
+        return
+    ip = get_ipython()
+    if ip is not None and hasattr(ip, "run_line_magic"):
+        ip.run_line_magic("matplotlib", "inline")
+        matplotlib.rcParams.update(STYLE)  # the inline backend resets some rcParams when it loads
+        from matplotlib_inline.backend_inline import set_matplotlib_formats
+
+        set_matplotlib_formats("png")
+
+
+def integer_axis(axis) -> None:
+    """Ticks only at integers (counts: blocks/SM, warps, KDR)."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
