@@ -8,7 +8,7 @@ import json
 import sys
 
 #: modules that contribute subcommands through register_cli(subparsers), in help order
-SUBCOMMAND_MODULES = ["pipeline", "layout_cli", "occupancy", "audit", "gpu_cli", "prefill_cli", "forensics"]
+SUBCOMMAND_MODULES = ["pipeline", "layout_cli", "occupancy", "audit", "gpu_cli", "prefill_cli", "forensics", "sweep"]
 
 
 def _fetch_model(args) -> int:
