@@ -676,6 +676,26 @@ class _State:
     started: float = 0.0
 
 
+def _workers(client) -> list[str]:
+    try:
+        info = client.scheduler_info(n_workers=-1)   # newer distributed lists only a few workers by default
+    except TypeError:
+        info = client.scheduler_info()
+    return list(info["workers"])
+
+
+def _other_workers(client, exclude, n_expected: int, wait_s: float = 15.0) -> list[str]:
+    """Workers that have not failed this task; while fewer workers than at the start are up (one is being
+    restarted after a death), wait a little for it rather than retry where the task just failed."""
+    t0 = time.time()
+    while True:
+        ws = _workers(client)
+        others = [w for w in ws if w not in exclude]
+        if others or len(ws) >= n_expected or time.time() - t0 > wait_s:
+            return others
+        time.sleep(0.2)
+
+
 def _start_counts(client, sweep_id: str) -> dict:
     counts = {}
     for _, msg in client.get_events(EVENT_TOPIC):
@@ -710,6 +730,7 @@ def run_sweep(plan, cluster: str = "local:2", root=None, workdir=None, force: bo
         client, cl, link = open_client(cluster, plan.max_attempts)
         log(link)
         ctx = {"sweep_id": sweep_id, "fault_dir": str(workdir / "faults")}
+        n_start = len(_workers(client))
         futs = {}
 
         def submit(st: _State, workers=None):
@@ -742,8 +763,7 @@ def run_sweep(plan, cluster: str = "local:2", root=None, workdir=None, force: bo
                     st.errors.append(f"{type(exc).__name__}: {exc}"[:1000])
                     attempts = max(st.submissions, _start_counts(client, sweep_id).get(st.task.key, 0))
                     if attempts < plan.max_attempts:
-                        others = [w for w in client.scheduler_info()["workers"] if w not in st.failed_on]
-                        ac.add(submit(st, workers=others or None))
+                        ac.add(submit(st, workers=_other_workers(client, st.failed_on, n_start) or None))
                     else:
                         st.status = "failed"
                         bar.update(1)
@@ -776,6 +796,7 @@ def _summary_table(states: dict, starts: dict) -> pd.DataFrame:
                      "seconds": round((st.result or {}).get("seconds", float("nan")), 3),
                      "run_id": task_runs[0] if task_runs else None,
                      "child_runs": ";".join(f"{r}/{i}" for r, i, role in st.runs if role == "child"),
+                     "failed_on": ";".join(str(w) for w in st.failed_on),
                      "error": " | ".join(st.errors)[-2000:] if st.status == "failed" else ""})
     return pd.DataFrame(rows)
 
