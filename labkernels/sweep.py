@@ -334,7 +334,7 @@ class _GpuBackend:
     def __init__(self, spec: dict):
         from . import bench, gpu
 
-        self.bench, self.gpu, self.cp, self.spec = bench, gpu, bench._cp(), spec
+        self.bench, self.gpu, self.cp, self.spec = bench, gpu, gpu.cp(), spec
         self.flush = bench.Flusher()
 
     def prepare(self, w_raw, x):
@@ -937,6 +937,22 @@ def pick_variant(qtype: str, od: int, id_: int, nt: int, gpu_model: str, table: 
     row = df.iloc[int(np.argmin(np.abs(np.log2(df.nt.to_numpy(float)) - math.log2(nt))))]
     return {"family": row.family, "params": json.loads(row.params), "kernel": row.kernel, "nt_measured": int(row.nt),
             "shape_class": cls, "gpu_model": row.gpu_model, "sweep_run": row.get("sweep_run")}
+
+
+def reproduction(points: pd.DataFrame, serial: pd.DataFrame, serial_again: pd.DataFrame | None = None) -> pd.DataFrame:
+    """A sweep's points against a serial run of the same kernels (e.g. the ``sweep`` table of a recorded
+    ``kdr_sweep`` run): per (kernel, od, id, nt), sweep median over pairs / serial median. This checks that
+    the same kernel reproduces -- it is not an A/B ratio. With a second serial run, ``serial_ratio`` =
+    serial_again / serial at the same point is the run-to-run noise floor to hold it against."""
+    key = ["kernel", "od", "id", "nt"]
+    sw = points.groupby(key + ["device"], as_index=False).median_us.median().rename(columns={"median_us": "sweep_us"})
+    out = sw.merge(serial[key + ["median_us"]].rename(columns={"median_us": "serial_us"}), on=key, how="inner")
+    out["ratio"] = out.sweep_us / out.serial_us
+    if serial_again is not None:
+        again = serial_again[key + ["median_us"]].rename(columns={"median_us": "serial_again_us"})
+        out = out.merge(again, on=key, how="left")
+        out["serial_ratio"] = out.serial_again_us / out.serial_us
+    return out.sort_values(key).reset_index(drop=True)
 
 
 def sweep_report(summary_run: str | None = None, root=None) -> dict:

@@ -321,3 +321,65 @@ def test_sweep_two_workers_with_a_killed_worker(tmp_path):
     assert len(records.list_runs(sweep.BENCH_ROUND, root=data, status=None)) == len(bench_runs) + 1
     assert len(records.list_runs("nb_round", root=data)) == 1
     assert len(records.list_runs(sweep.SUMMARY_ROUND, root=data)) == 2
+
+
+# ------------------------------------------------------------------ the GPU path's orchestration, on CPU
+
+
+def test_gpu_backend_orchestration_with_the_cpu_shim(tmp_path, monkeypatch):
+    """The gpu backend's Python side (weights per STRIDE, template parameters to gpu.gemm, gates before timing,
+    per-point device columns) with labkernels.gpu replaced by the numpy shim (integer-reference GEMMs)."""
+    from cpu_gpu_shim import fake_gemm, install
+
+    from labkernels import bench, gpu
+
+    install(monkeypatch)
+    calls = []
+
+    def gemm(w, a, family=None, out=None, **kw):
+        calls.append((family, uploads[id(w)], tuple(sorted(kw.items()))))
+        return fake_gemm(w, a, family, out, **kw)
+
+    uploads = {}   # id(uploaded weight) -> the stride it was uploaded with
+
+    def upload(w, q, stride=None):
+        qw = real_upload(w, q, stride)
+        uploads[id(qw)] = stride
+        return qw
+
+    real_upload = gpu.QWeight.upload
+    monkeypatch.setattr(gpu, "gemm", gemm)
+    monkeypatch.setattr(gpu.QWeight, "upload", upload)
+    monkeypatch.setattr(bench, "Flusher", lambda: None)
+    monkeypatch.setattr(bench, "time_launches", lambda fn, warmup, repeats, flush: (fn(), np.full(repeats, 7.0))[1])
+    monkeypatch.setattr(bench, "kernel_row", lambda fam, **p: {"kernel": registry.find(fam, **p).key, "regs": 99})
+    monkeypatch.setattr(sweep, "_smi", lambda sel: {"sm_clock_mhz": "1980", "index": "3"})
+    ident = {"host": "h", "device": "h/gpu3", "gpu_index": 3, "gpu_name": "NVIDIA H200", "gpu_uuid": "GPU-x",
+             "pci_bus_id": "0000:1b:00.0", "smi_start": {"sm_clock_mhz": "345"}}
+    spec = {**CPU_BENCH, "backend": "gpu", "variants": [{"KDR": 4, "STRIDE": 210, "EPI": 0, "OCC": 2},
+                                                        {"KDR": 4, "STRIDE": 224, "EPI": 1, "OCC": 1}]}
+    (task,) = sweep.load_plan(_plan(spec)).tasks
+    with records.recording(sweep.BENCH_ROUND, task.spec, root=tmp_path) as run:
+        sweep.run_bench(task.spec, run, ident, task.key, "sw")
+    assert sorted(uploads.values()) == [210, 224]                  # one upload per block stride
+    assert set(calls) == {("q6k_expb", 210, (("EPI", 0), ("KDR", 4), ("OCC", 2))),
+                          ("q6k_expb", 224, (("EPI", 1), ("KDR", 4), ("OCC", 1)))}
+    assert run.table("parity").ok.all() and run.table("kernels").regs.tolist() == [99, 99]
+    pts = run.table("points")
+    assert set(pts.device) == {"h/gpu3"} and set(pts.gpu_name) == {"NVIDIA H200"}
+    assert set(pts.sm_clock_mhz_start) == {345} and set(pts.sm_clock_mhz_end) == {1980}
+    assert (pts.median_us == 7.0).all() and run.table("ratios").ratio.tolist() == [1.0, 1.0]
+
+
+def test_reproduction_joins_serial_tables_by_registry_key():
+    pts = _points(_session("t1", "h/gpu0", {"a": [10, 12, 11]}, nt=512))
+    serial = pd.DataFrame([{"kernel": "k[a]", "od": 4096, "id": 4096, "nt": 512, "median_us": 10.0},
+                           {"kernel": "k[a]", "od": 4096, "id": 4096, "nt": 64, "median_us": 3.0}])
+    again = serial.assign(median_us=[10.5, 3.0])
+    rep = sweep.reproduction(pts, serial, again)
+    assert len(rep) == 1 and rep.ratio.iloc[0] == pytest.approx(1.1) and rep.serial_ratio.iloc[0] == pytest.approx(1.05)
+    # the recorded serial round-4 runs name kernels by the same registry keys as sweep points
+    runs = records.list_runs("kdr_sweep")
+    if runs:
+        keys = {k.key for k in registry.KERNELS}
+        assert set(runs[-1].table("sweep").kernel) <= keys
