@@ -38,6 +38,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,8 +61,8 @@ FAMILY_QTYPE = {"q6k_expb": "q6_K", "q4k_nb": "q4_K", "q6k_generic": "q6_K"}
 BENCH_KEYS = {"backend", "family", "qtype", "variants", "od", "id", "shapes", "nt", "repeats", "pairs", "warmup",
               "seed", "fault"}
 NOTEBOOK_KEYS = {"round", "params"}
-PLAN_KEYS = {"name", "max_attempts", "defaults", "tasks"}
-FAULTS = ("exit_once", "raise_once", "raise_always")  # stand-in fault injection (tests of the retry path)
+PLAN_KEYS = {"name", "max_attempts", "defaults", "tasks", "task_timeout_s"}
+FAULTS = ("exit_once", "raise_once", "raise_always", "hang_once")  # stand-in fault injection (tests of the retry path)
 
 
 class PlanError(ValueError):
@@ -121,6 +122,7 @@ class Plan:
     name: str
     tasks: list
     max_attempts: int = 3
+    task_timeout_s: float | None = None   # a task running longer has its worker restarted (counts as a death)
 
     @property
     def digest(self) -> str:
@@ -263,8 +265,11 @@ def load_plan(src) -> Plan:
     if len(set(keys)) != len(keys):
         dup = sorted({t.label for t in tasks if keys.count(t.key) > 1})
         raise PlanError(f"the plan names the same task twice: {dup}")
+    timeout = data.get("task_timeout_s")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise PlanError(f"task_timeout_s must be a positive number of seconds, got {timeout!r}")
     return Plan(name=str(data.get("name") or "sweep"), tasks=tasks,
-                max_attempts=_pos_int(data.get("max_attempts", 3), "max_attempts"))
+                max_attempts=_pos_int(data.get("max_attempts", 3), "max_attempts"), task_timeout_s=timeout)
 
 
 # ------------------------------------------------------------------ on the worker
@@ -289,19 +294,18 @@ def worker_identity(need_gpu: bool = False) -> dict:
     """Who runs this task: host, Dask worker, and (on a GPU worker) the physical GPU it is pinned to."""
     from . import provenance
 
-    ident = {"host": socket.gethostname(), "pid": os.getpid(), "worker": None, "gpu_index": None,
+    ident = {"host": socket.gethostname(), "pid": os.getpid(), "worker": _worker_address(), "gpu_index": None,
              "gpu_uuid": None, "gpu_name": None, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
-    try:
-        from distributed import get_worker
-
-        ident["worker"] = get_worker().address
-    except (ImportError, ValueError):
-        pass
     if provenance.gpu_available():
         import cupy
 
         dev = cupy.cuda.Device(0)
-        smi = _smi(dev.pci_bus_id)
+        # the GPU this process sees as device 0: by PCI bus id, else the first CUDA_VISIBLE_DEVICES entry
+        first = (ident["cuda_visible_devices"] or "0").split(",")[0].strip()
+        selector, smi = dev.pci_bus_id, _smi(dev.pci_bus_id)
+        if not smi:
+            selector, smi = first, _smi(first)
+        ident["smi_selector"] = selector
         props = cupy.cuda.runtime.getDeviceProperties(0)
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
         ident.update(gpu_index=int(smi["index"]) if smi.get("index", "").isdigit() else None,
@@ -424,6 +428,8 @@ def _apply_fault(spec: dict, key: str, ctx: dict) -> None:
     marker.touch()
     if fault == "raise_once":
         raise RuntimeError("injected fault: raise_once")
+    if fault == "hang_once":
+        time.sleep(3600)
     time.sleep(0.5)  # let the start event reach the scheduler, then die like a segfault would
     os._exit(17)
 
@@ -454,7 +460,7 @@ def run_bench(spec: dict, run, ident: dict, key: str = "", sweep_id: str = "") -
     for _ in range(spec["pairs"]):
         for k, fn in fns.items():
             res[k].append(bench.stats(be.time(fn)))
-    smi_end = _smi(ident["pci_bus_id"]) if ident.get("pci_bus_id") else {}
+    smi_end = _smi(ident["smi_selector"]) if ident.get("smi_selector") else {}
     dev = {"task_key": key, "sweep_id": sweep_id, "backend": spec["backend"], "device": ident["device"],
            "host": ident["host"], "gpu_index": ident.get("gpu_index"), "gpu_name": ident.get("gpu_name") or "cpu",
            "gpu_uuid": ident.get("gpu_uuid"),
@@ -510,16 +516,26 @@ def _run_notebook(spec: dict, tmp: Path, key: str, sweep_id: str) -> dict:
             **{k: v for k, v in _collect(reports, "reports").items() if k.endswith(".html")}}
 
 
+def _worker_address() -> str | None:
+    try:
+        from distributed import get_worker
+
+        return get_worker().address
+    except (ImportError, ValueError):
+        return None
+
+
 def execute(spec: dict, ctx: dict) -> dict:
     """Run one task on this worker into a private staging folder; return its files (bytes) and identity.
-    Nothing is written to the sweep's data/ from here."""
-    key = Task(spec).key
-    ident = worker_identity(need_gpu=spec.get("backend") == "gpu")
-    _log_event({"event": "start", "key": key, "sweep_id": ctx["sweep_id"], "worker": ident["worker"],
-                "device": ident["device"], "t": time.time()})
+    Nothing is written to the sweep's data/ from here. Start / end events go to the scheduler (attempt
+    accounting, the client's per-task timeout)."""
+    key, worker = Task(spec).key, _worker_address()
+    event = {"key": key, "sweep_id": ctx["sweep_id"], "worker": worker}
+    _log_event({**event, "event": "start", "t": time.time()})
     t0 = time.time()
     tmp = Path(tempfile.mkdtemp(prefix=f"labkernels-sweep-{key}-"))
     try:
+        ident = worker_identity(need_gpu=spec.get("backend") == "gpu")
         _apply_fault(spec, key, ctx)
         if spec["kind"] == "bench":
             with records.recording(BENCH_ROUND, spec, root=tmp / "task") as run:
@@ -529,13 +545,13 @@ def execute(spec: dict, ctx: dict) -> dict:
         else:
             files = _run_notebook(spec, tmp, key, ctx["sweep_id"])
     except Exception as e:
-        _log_event({"event": "error", "key": key, "sweep_id": ctx["sweep_id"], "worker": ident["worker"],
-                    "error": f"{type(e).__name__}: {e}"[:500]})
-        raise TaskFailure(f"{type(e).__name__}: {e}"[:2000], ident["worker"]) from None
+        _log_event({**event, "event": "error", "t": time.time(), "error": f"{type(e).__name__}: {e}"[:500]})
+        raise TaskFailure(f"{type(e).__name__}: {e}"[:2000], worker) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    if ident.get("pci_bus_id"):
-        ident["smi_end"] = _smi(ident["pci_bus_id"])
+    if ident.get("smi_selector"):
+        ident["smi_end"] = _smi(ident["smi_selector"])
+    _log_event({**event, "event": "end", "t": time.time()})
     return {"key": key, "identity": ident, "files": files, "seconds": time.time() - t0}
 
 
@@ -704,6 +720,37 @@ def _start_counts(client, sweep_id: str) -> dict:
     return counts
 
 
+def _running_attempts(client, sweep_id: str) -> dict:
+    """{(task key, worker): start time} of attempts that started and have not ended (per worker events)."""
+    running = {}
+    for _, m in client.get_events(EVENT_TOPIC):
+        if isinstance(m, dict) and m.get("sweep_id") == sweep_id:
+            if m.get("event") == "start":
+                running[(m["key"], m["worker"])] = m["t"]
+            else:
+                running.pop((m["key"], m["worker"]), None)
+    return running
+
+
+def _watchdog(client, sweep_id: str, timeout_s: float, stop, log) -> None:
+    """Restart the worker of any attempt running past ``timeout_s`` (a hung kernel, a stuck notebook): Dask
+    then reschedules the task like after a worker death, within the attempt limit."""
+    handled = set()
+    while not stop.wait(min(2.0, timeout_s / 4)):
+        try:
+            alive = set(_workers(client))
+            for (key, worker), t in _running_attempts(client, sweep_id).items():
+                if time.time() - t > timeout_s and worker in alive and (key, worker, t) not in handled:
+                    handled.add((key, worker, t))
+                    log(f"task {key} has run {time.time() - t:.0f} s on {worker} (task_timeout_s={timeout_s}): "
+                        "restarting that worker")
+                    client.restart_workers([worker], raise_for_error=False)
+        except Exception as e:  # the client closing under us ends the watchdog
+            if not stop.is_set():
+                log(f"sweep watchdog: {type(e).__name__}: {e}")
+            return
+
+
 def run_sweep(plan, cluster: str = "local:2", root=None, workdir=None, force: bool = False, progress: bool = True,
               log=print) -> dict:
     """Run a plan; returns {"sweep_id", "summary_run", "tasks": DataFrame, "failed": n}."""
@@ -741,6 +788,10 @@ def run_sweep(plan, cluster: str = "local:2", root=None, workdir=None, force: bo
             futs[f.key] = st
             return f
 
+        stop = threading.Event()
+        if plan.task_timeout_s:
+            threading.Thread(target=_watchdog, args=(client, sweep_id, plan.task_timeout_s, stop, log),
+                             daemon=True).start()
         try:
             ac = as_completed([submit(st) for st in pending])
             bar = tqdm(total=len(pending), desc=f"sweep {plan.name}", disable=not progress, file=sys.stderr)
@@ -771,6 +822,7 @@ def run_sweep(plan, cluster: str = "local:2", root=None, workdir=None, force: bo
             bar.close()
             starts = _start_counts(client, sweep_id)
         finally:
+            stop.set()
             client.close()
             if cl is not None:
                 cl.close()

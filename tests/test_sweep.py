@@ -49,6 +49,7 @@ def test_plan_expands_grids_and_keys_are_canonical():
     ({"backend": "tpu"}, "backend must be gpu or cpu"),
     ({"kdr": 4}, "unknown keys"),
     ({"backend": "gpu", "fault": "exit_once"}, "only the cpu stand-in takes fault injection"),
+    ({"fault": "explode"}, "only the cpu stand-in takes fault injection"),
 ])
 def test_bad_plans_are_clear_errors(change, match):
     with pytest.raises(sweep.PlanError, match=match):
@@ -58,6 +59,7 @@ def test_bad_plans_are_clear_errors(change, match):
 def test_bad_plan_structure_and_notebooks(tmp_path):
     for bad, match in [({"tasks": []}, "non-empty list"), ({"tasks": [{"bench": {}, "notebook": {}}]}, "each task"),
                        ({"tasks": [{"bench": CPU_BENCH}], "retries": 2}, "unknown keys"),
+                       ({"tasks": [{"bench": CPU_BENCH}], "task_timeout_s": 0}, "task_timeout_s must be"),
                        ({"tasks": [{"bench": CPU_BENCH}, {"bench": CPU_BENCH}]}, "same task twice"),
                        ({"tasks": [{"notebook": {"round": "99_nothing"}}]}, "no match"),
                        ({"tasks": [{"notebook": {"round": "01", "params": {"no_such_param": 1}}}]},
@@ -355,7 +357,7 @@ def test_gpu_backend_orchestration_with_the_cpu_shim(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "kernel_row", lambda fam, **p: {"kernel": registry.find(fam, **p).key, "regs": 99})
     monkeypatch.setattr(sweep, "_smi", lambda sel: {"sm_clock_mhz": "1980", "index": "3"})
     ident = {"host": "h", "device": "h/gpu3", "gpu_index": 3, "gpu_name": "NVIDIA H200", "gpu_uuid": "GPU-x",
-             "pci_bus_id": "0000:1b:00.0", "smi_start": {"sm_clock_mhz": "345"}}
+             "pci_bus_id": "0000:1b:00.0", "smi_selector": "0000:1b:00.0", "smi_start": {"sm_clock_mhz": "345"}}
     spec = {**CPU_BENCH, "backend": "gpu", "variants": [{"KDR": 4, "STRIDE": 210, "EPI": 0, "OCC": 2},
                                                         {"KDR": 4, "STRIDE": 224, "EPI": 1, "OCC": 1}]}
     (task,) = sweep.load_plan(_plan(spec)).tasks
@@ -383,3 +385,18 @@ def test_reproduction_joins_serial_tables_by_registry_key():
     if runs:
         keys = {k.key for k in registry.KERNELS}
         assert set(runs[-1].table("sweep").kernel) <= keys
+
+
+@pytest.mark.slow
+def test_hung_task_is_restarted_after_the_timeout(tmp_path):
+    std = {k: v for k, v in CPU_BENCH.items() if k != "nt"}
+    plan = {"name": "hang", "max_attempts": 2, "task_timeout_s": 3, "tasks": [
+        {"bench": {**std, "nt": 8, "fault": "hang_once"}}, {"bench": {**std, "nt": [16, 24]}}]}
+    logs = []
+    res = sweep.run_sweep(plan, "local:2", root=tmp_path / "data", workdir=tmp_path / "w", progress=False,
+                          log=logs.append)
+    t = res["tasks"].set_index("task_key")
+    hung = next(x.key for x in sweep.load_plan(plan).tasks if x.spec.get("fault"))
+    assert (t.status == "complete").all() and t.loc[hung, "attempts"] == 2
+    assert any("restarting that worker" in m for m in logs)
+    assert len(records.list_runs(sweep.BENCH_ROUND, root=tmp_path / "data")) == 3
