@@ -552,7 +552,8 @@ def execute(spec: dict, ctx: dict) -> dict:
     if ident.get("smi_selector"):
         ident["smi_end"] = _smi(ident["smi_selector"])
     _log_event({**event, "event": "end", "t": time.time()})
-    return {"key": key, "identity": ident, "files": files, "seconds": time.time() - t0}
+    return {"key": key, "identity": ident, "files": files, "seconds": time.time() - t0, "t_start": t0,
+            "t_end": time.time()}
 
 
 # ------------------------------------------------------------------ on the client: staging and merging
@@ -770,6 +771,11 @@ def run_sweep(plan, cluster: str = "local:2", root=None, workdir=None, force: bo
         if k in done:
             st.status, st.runs = "skipped", [(done[k][0], done[k][1], "task")]
     pending = [st for st in states.values() if st.status == "pending"]
+    kind, _, n = cluster.partition(":")
+    if kind == "local" and (int(n) if n.isdigit() else (os.cpu_count() or 1)) > 1 and any(
+            st.task.spec.get("backend") == "gpu" for st in pending):
+        raise SweepError(f"--cluster {cluster}: a LocalCluster of several processes would time GPU tasks side by "
+                         "side on one GPU; use --cluster local-cuda (one worker per GPU) or local:1")
     log(f"sweep {sweep_id}: {len(plan.tasks)} tasks, {len(plan.tasks) - len(pending)} already recorded "
         f"(skipped), {len(pending)} to run on {cluster}")
     client = cl = None
@@ -850,7 +856,24 @@ def _summary_table(states: dict, starts: dict) -> pd.DataFrame:
                      "child_runs": ";".join(f"{r}/{i}" for r, i, role in st.runs if role == "child"),
                      "failed_on": ";".join(str(w) for w in st.failed_on),
                      "error": " | ".join(st.errors)[-2000:] if st.status == "failed" else ""})
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    df["overlaps"] = _overlaps(df, states)
+    return df
+
+
+def _overlaps(df: pd.DataFrame, states: dict) -> list[str]:
+    """For each GPU task, the tasks that ran on the same device at the same time (should be none: with one
+    worker per GPU two timings never share a GPU; a hand-made cluster could break that)."""
+    span = {k: (st.result["t_start"], st.result["t_end"], st.result["identity"].get("device"))
+            for k, st in states.items() if st.result and st.task.spec.get("backend") == "gpu"}
+    out = []
+    for k in df.task_key:
+        if k not in span:
+            out.append("")
+            continue
+        a0, a1, dev = span[k]
+        out.append(";".join(o for o, (b0, b1, d) in span.items() if o != k and d == dev and a0 < b1 and b0 < a1))
+    return out
 
 
 def _record_summary(plan: Plan, sweep_id: str, table: pd.DataFrame, workdir: Path, root: Path, cluster: str) -> str:
@@ -1029,9 +1052,11 @@ def sweep_report(summary_run: str | None = None, root=None) -> dict:
                                               points=("median_us", "size")).reset_index()
         per_gpu = per_gpu.merge(clocks, on="device", how="left")
     failures = tasks[tasks.status == "failed"][["task_key", "task", "attempts", "error"]].reset_index(drop=True)
+    overlapped = tasks[tasks.overlaps.notna()] if "overlaps" in tasks else tasks.iloc[:0]   # "" reads back as NaN
     best = run.table("best_variants") if run.has("best_variants") else pd.DataFrame()
     return {"run_id": run.run_id, "sweep_id": run.meta["params"].get("sweep_id"), "coverage": cov.reset_index(),
             "per_gpu": per_gpu, "failures": failures, "best": best, "tasks": tasks,
+            "overlapped": overlapped[["task_key", "task", "device", "overlaps"]].reset_index(drop=True),
             "retried": tasks[tasks.attempts > 1][["task_key", "task", "attempts", "status"]].reset_index(drop=True)}
 
 

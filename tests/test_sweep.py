@@ -82,6 +82,20 @@ def test_cli_bad_plan_fails_before_any_cluster(tmp_path, capsys):
     assert not any(tmp_path.rglob("*.json"))
 
 
+def test_gpu_tasks_refuse_a_multi_process_local_cluster(tmp_path):
+    with pytest.raises(sweep.SweepError, match="side by side on one GPU"):
+        sweep.run_sweep(_plan({**CPU_BENCH, "backend": "gpu"}), "local:2", root=tmp_path, workdir=tmp_path / "w")
+
+
+def test_overlapping_gpu_timings_are_flagged():
+    tasks = {k: sweep._State(sweep.Task({"k": k, "backend": "gpu", "kind": "bench"}), status="complete",
+                             result={"t_start": t0, "t_end": t1, "identity": {"device": dev}})
+             for k, t0, t1, dev in [("a", 0, 10, "h/gpu0"), ("b", 5, 12, "h/gpu0"), ("c", 5, 12, "h/gpu1"),
+                                    ("d", 10, 11, "h/gpu0")]}
+    df = pd.DataFrame({"task_key": list(tasks)})
+    assert sweep._overlaps(df, {k: st for k, st in tasks.items()}) == ["b", "a;d", "", "b"]
+
+
 def test_shipped_plans_validate():
     plans = sorted((Path(sweep.__file__).parent / "plans").glob("*.yaml"))
     assert plans
@@ -306,7 +320,7 @@ def test_sweep_two_workers_with_a_killed_worker(tmp_path):
     rep = sweep.sweep_report(res["summary_run"], root=data)
     cov = rep["coverage"].set_index("kind")
     assert cov.loc["bench", "planned"] == 7 and cov.loc["bench", "failed"] == 1 and cov.loc["notebook", "complete"] == 1
-    assert rep["failures"].task_key.tolist() == [by_fault["raise_always"]]
+    assert rep["failures"].task_key.tolist() == [by_fault["raise_always"]] and rep["overlapped"].empty
     assert rep["per_gpu"].tasks.sum() == 7 and by_fault["exit_once"] in set(rep["retried"].task_key)
     assert set(rep["best"].qtype) == {"q6_K", "q4_K"} and (rep["best"].backend == "cpu").all()
     assert not sweep.best_variants(root=data, backend="cpu").empty
