@@ -653,7 +653,12 @@ def open_client(cluster: str, max_attempts: int = 3):
     except ImportError:
         dash = None
     # a worker that dies while running a task: the scheduler reschedules it up to max_attempts times in all
-    dask.config.set({"distributed.scheduler.allowed-failures": max(0, max_attempts - 1)})
+    # (read when a local scheduler starts; a remote scheduler keeps its own setting)
+    with dask.config.set({"distributed.scheduler.allowed-failures": max(0, max_attempts - 1)}):
+        return _open_client(cluster, dash, Client, LocalCluster)
+
+
+def _open_client(cluster: str, dash, Client, LocalCluster):
     kind, _, n = cluster.partition(":")
     if cluster.startswith("tcp://") or cluster.startswith("tls://"):
         client, cl = Client(cluster, timeout="30s"), None
@@ -690,7 +695,6 @@ class _State:
     status: str = "pending"
     result: dict | None = None
     runs: list = field(default_factory=list)
-    started: float = 0.0
 
 
 def _workers(client) -> list[str]:
@@ -788,7 +792,6 @@ def run_sweep(plan, cluster: str = "local:2", root=None, workdir=None, force: bo
 
         def submit(st: _State, workers=None):
             st.submissions += 1
-            st.started = st.started or time.time()
             f = client.submit(execute, st.task.spec, ctx, key=f"lk-{st.task.key}-{st.submissions}", pure=False,
                               retries=0, **({"workers": workers, "allow_other_workers": True} if workers else {}))
             futs[f.key] = st
@@ -814,7 +817,10 @@ def run_sweep(plan, cluster: str = "local:2", root=None, workdir=None, force: bo
                         st.status, st.errors = "failed", st.errors + [f"merge: {type(e).__name__}: {e}"]
                     bar.update(1)
                 else:
-                    exc = fut.exception()
+                    try:
+                        exc = fut.exception()
+                    except Exception as e:  # cancelled (scheduler lost the task): an attempt that failed
+                        exc = e
                     worker = getattr(exc, "worker", None) or getattr(getattr(exc, "last_worker", None), "address", None)
                     st.failed_on.append(worker)
                     st.errors.append(f"{type(exc).__name__}: {exc}"[:1000])
