@@ -126,6 +126,17 @@ def test_cpu_standin_bench_records_gates_points_and_ratios(tmp_path):
     assert np.allclose(rat.sort_values("pair").ratio, (ta / tb).sort_index())
 
 
+def test_a_variant_failing_its_gate_records_no_timings(tmp_path, monkeypatch):
+    (task,) = sweep.load_plan(_plan(CPU_BENCH)).tasks
+    good = sweep._CpuStandin.output
+    monkeypatch.setattr(sweep._CpuStandin, "output", lambda self, v: good(self, v) * (1.01 if v["KDR"] == 4 else 1))
+    with pytest.raises(AssertionError, match=r"parity failed for q6k_expb\[KDR=4"):
+        with records.recording(sweep.BENCH_ROUND, task.spec, root=tmp_path) as run:
+            sweep.run_bench(task.spec, run, sweep.worker_identity(), task.key, "sw")
+    assert run.meta["status"] == "failed" and not run.has("points")
+    assert run.table("parity").ok.tolist() == [True, False]
+
+
 def test_standin_kernel_is_the_reference_math():
     """The stand-in computes what the kernels compute (q8_1 activations x dequantized weights): it must
     fail the gate when it is wrong, so a broken stand-in cannot record timings."""
