@@ -677,7 +677,10 @@ def _open_client(cluster: str, dash, Client, LocalCluster):
             except ImportError as e:
                 raise SweepError(f"--cluster local-cuda needs dask-cuda (pip install 'labkernels[gpu]'): {e}") from None
             kw = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(int(n)))} if n else {}
-            cl = LocalCUDACluster(threads_per_worker=1, dashboard_address=dash, **kw)
+            try:
+                cl = LocalCUDACluster(threads_per_worker=1, dashboard_address=dash, **kw)
+            except Exception as e:  # no GPU / no NVML on this machine
+                raise SweepError(f"--cluster local-cuda: LocalCUDACluster did not start: {type(e).__name__}: {e}") from None
         client = Client(cl)
     else:
         raise SweepError(f"--cluster {cluster!r}: use local[:N], local-cuda[:N] or tcp://HOST:PORT")

@@ -87,6 +87,13 @@ def test_gpu_tasks_refuse_a_multi_process_local_cluster(tmp_path):
         sweep.run_sweep(_plan({**CPU_BENCH, "backend": "gpu"}), "local:2", root=tmp_path, workdir=tmp_path / "w")
 
 
+@pytest.mark.parametrize("cluster, match", [("local:x", "positive integer"), ("local:0", "positive integer"),
+                                             ("slurm", "use local"), ("local-cuda", "local-cuda")])
+def test_bad_clusters_are_clear_errors(cluster, match):
+    with pytest.raises(sweep.SweepError, match=match):   # local-cuda: no dask-cuda, or no GPU, on CI machines
+        sweep.open_client(cluster)
+
+
 def test_overlapping_gpu_timings_are_flagged():
     tasks = {k: sweep._State(sweep.Task({"k": k, "backend": "gpu", "kind": "bench"}), status="complete",
                              result={"t_start": t0, "t_end": t1, "identity": {"device": dev}})
