@@ -18,7 +18,22 @@ index / UUID / clocks of that worker), renames the folder into place and imports
 its canonical description; a key already recorded by a complete run is skipped, so re-running a plan only
 runs what is missing. A task that raises is resubmitted on another worker, a worker that dies has its task
 rescheduled by Dask (``distributed.scheduler.allowed-failures``), both up to ``max_attempts`` attempts in
-all (counted from the workers' start events), then the task is marked failed.
+all (counted from the workers' start events), then the task is marked failed; with ``task_timeout_s`` an
+attempt running longer has its worker restarted (a hung kernel counts as a death).
+
+A plan (examples in ``labkernels/plans/``)::
+
+    name: round4-kdr
+    max_attempts: 2              # attempts per task in all (default 3)
+    task_timeout_s: 600          # optional
+    defaults: {backend: gpu, repeats: 10, warmup: 2, pairs: 3}
+    tasks:
+      - bench: {family: q4k_nb, variants: {KDR: [2, 4, 8]}, od: 4096, id: 4096, nt: [256, 4096]}
+      - notebook: {round: 04_kdr_sweep, params: {mode: measure}}
+
+Records: bench tasks are runs of round ``sweep_bench`` (tables ``points``, ``parity``, ``kernels``,
+``ratios``), notebook tasks a run of ``sweep_notebooks`` (table ``execution``) plus the runs the notebook
+records itself, the summary a run of ``sweeps``; each carries ``provenance.sweep``.
 
 At the end the sweep records a summary run (round ``sweeps``: table ``tasks`` with key, status, attempts,
 worker, GPU, duration, run id; table ``best_variants``: per GPU model, qtype, shape class and nt, the fastest
@@ -207,7 +222,7 @@ def _bench_tasks(entry: dict, defaults: dict) -> list[Task]:
     return out
 
 
-def _notebook_tasks(entry: dict, defaults: dict) -> list[Task]:
+def _notebook_tasks(entry: dict) -> list[Task]:
     from . import pipeline
 
     unknown = set(entry) - NOTEBOOK_KEYS
@@ -260,7 +275,7 @@ def load_plan(src) -> Plan:
         (kind, body), = entry.items()
         if not isinstance(body, dict):
             raise PlanError(f"{kind} task: expected a mapping, got {body!r}")
-        tasks += _bench_tasks(body, defaults) if kind == "bench" else _notebook_tasks(body, defaults)
+        tasks += _bench_tasks(body, defaults) if kind == "bench" else _notebook_tasks(body)
     keys = [t.key for t in tasks]
     if len(set(keys)) != len(keys):
         dup = sorted({t.label for t in tasks if keys.count(t.key) > 1})
