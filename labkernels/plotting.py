@@ -44,6 +44,8 @@ VARIANT_COLORS = {
     # (OCC=2 is the default build: the same colours as round 3's expb_epi0 / expb_epi1)
     "EPI=0,OCC=1": "#ff7f0e", "EPI=0,OCC=2": "#1f77b4", "EPI=1,OCC=1": "#9467bd", "EPI=1,OCC=2": "#17becf",
     "q4k_nb": "#2ca02c",
+    # round 7: the wgmma family against the same references (int8 = the lab's rounds 3-4 families)
+    "wgmma_kq": "#6a3d9a", "wgmma_incl_f32_to_f16": "#cab2d6", "int8": "#2ca02c", "issue": "#fdbf6f",
     # device profiles (round 2 / 4)
     "h200": "#1f77b4", "a100": "#ff7f0e", "l40s": "#9467bd", "rtx5090": "#8c564b", "gb10": "#d62728",
 }

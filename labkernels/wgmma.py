@@ -745,3 +745,93 @@ def record(run, plan=None, progress=print, seed: int = 0) -> None:
     run.append("real_model_parity", real_model_rows(rng, progress))
     bench([tuple(s) for s in p["shapes"]], p["nts"], p["qtypes"], [tuple(v) for v in p["variants"]],
           pairs=p["pairs"], repeats=p["repeats"], run=run, progress=progress)
+
+
+# ------------------------------------------------------------------------------------------------ analysis (notebook)
+
+BASELINES = ("cublas_f16_cached", "cublas_f16_with_dequant")
+
+
+def medians(bench_df):
+    """Median over the interleaved pairs of each (qtype, od, id, nt, variant): median_us, tops_eq, us_per_gmac."""
+    import pandas as pd
+
+    g = bench_df.groupby(["qtype", "od", "id", "nt", "variant"], as_index=False).median_us.median()
+    gmac = g.nt * g.od * g.id / 1e9
+    g["us_per_gmac"] = g.median_us / gmac
+    g["tops_eq"] = 2 * gmac * 1e9 / (g.median_us * 1e-6) / 1e12
+    return pd.DataFrame(g)
+
+
+def summary(bench_df):
+    """Per (qtype, od, id, nt): the fastest wgmma_kq variant, its TOPS-eq and us/GMAC, and time ratios
+    (baseline time / wgmma time, > 1 = wgmma faster) against cuBLAS fp16 (cached weights, and including the
+    dequant) and the lab's int8 family -- each ratio the median of the per-pair ratios of the interleaved rounds."""
+    import pandas as pd
+
+    rows = []
+    for key, grp in bench_df.groupby(["qtype", "od", "id", "nt"]):
+        per = grp.pivot_table(index="pair", columns="variant", values="median_us")
+        wg = [c for c in per.columns if c.startswith("wgmma_bn")]
+        best = per[wg].median().idxmin()
+        q, od, id_, nt = key
+        row = {"qtype": q, "od": od, "id": id_, "nt": nt, "best": best,
+               "tops_eq": 2 * nt * od * id_ / (per[best].median() * 1e-6) / 1e12,
+               "us_per_gmac": per[best].median() / (nt * od * id_ / 1e9)}
+        for b in BASELINES:
+            row[f"vs_{b}"] = float((per[b] / per[best]).median())
+        i8 = [c for c in per.columns if c.startswith("int8_")]
+        row["vs_int8"] = float((per[i8[0]] / per[best]).median()) if i8 else float("nan")
+        row["int8_family"] = i8[0][5:] if i8 else None
+        row["cublas_tops"] = 2 * nt * od * id_ / (per["cublas_f16_cached"].median() * 1e-6) / 1e12
+        row["pairs"] = int(len(per))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def bars(s, nt_large: int = 4096, nt_small: int = 512) -> list[dict]:
+    """The issue's performance bar, row by row: nt_large >= 650 TOPS-eq and >= 0.85x cuBLAS; nt_small >= 1.0x."""
+    out = []
+    for _, r in s[s.nt.isin([nt_large, nt_small])].iterrows():
+        if r.nt == nt_large:
+            ok = r.tops_eq >= 650 and r.vs_cublas_f16_cached >= 0.85
+            want = ">= 650 TOPS-eq and >= 0.85x cuBLAS"
+        else:
+            ok = r.vs_cublas_f16_cached >= 1.0
+            want = ">= 1.0x cuBLAS"
+        out.append({"qtype": r.qtype, "od": r.od, "id": r.id, "nt": r.nt, "tops_eq": r.tops_eq,
+                    "vs_cublas": r.vs_cublas_f16_cached, "bar": want, "met": bool(ok)})
+    return out
+
+
+def traffic_bytes(qtype: str, nt: int, od: int, id_: int) -> int:
+    """The fewest bytes one GEMM must move through HBM: the weights once (their GGUF bytes), the 16-bit
+    activations once, the f32 output once."""
+    bpw = {"q4_K": 4.5, "q6_K": 6.5625}[qtype]
+    return int(od * id_ * bpw / 8 + 2 * nt * id_ + 4 * nt * od)
+
+
+#: the Nsight Compute metrics the round shows (section, metric name as ncu prints it)
+NCU_METRICS = [("GPU Speed Of Light Throughput", "Duration"), ("GPU Speed Of Light Throughput", "SM Frequency"),
+               ("GPU Speed Of Light Throughput", "Compute (SM) Throughput"),
+               ("GPU Speed Of Light Throughput", "SM Active Cycles"), ("GPU Speed Of Light Throughput", "Elapsed Cycles"),
+               ("GPU Speed Of Light Throughput", "DRAM Throughput"), ("Compute Workload Analysis", "Issue Slots Busy"),
+               ("Compute Workload Analysis", "Executed Ipc Active"), ("Scheduler Statistics", "No Eligible"),
+               ("Scheduler Statistics", "Eligible Warps Per Scheduler"),
+               ("Warp State Statistics", "Warp Cycles Per Issued Instruction"),
+               ("Occupancy", "Achieved Active Warps Per SM"), ("Memory Workload Analysis", "L2 Hit Rate")]
+
+
+def ncu_table(sections_df):
+    """One row per profiled kernel (variant, nt) and one column per metric of :data:`NCU_METRICS`, numeric."""
+    import pandas as pd
+
+    want = {m for _, m in NCU_METRICS}
+    d = sections_df[sections_df.metric.isin(want)].copy()
+    d["value"] = pd.to_numeric(d.value.astype(str).str.replace(",", ""), errors="coerce")
+    units = d.groupby("metric").unit.first().to_dict()
+    t = d.pivot_table(index=["case", "kernel", "nt", "od", "id"], columns="metric", values="value").reset_index()
+    t.columns.name = None
+    t = t.rename(columns={m: f"{m} [{units[m]}]" if isinstance(units.get(m), str) and units.get(m) else m
+                          for m in want})
+    return t
