@@ -102,13 +102,20 @@ def step_occupancy(out: Path, args) -> dict:
     run = records.new_run("occupancy", {"what": "CUDA occupancy API vs labkernels.occupancy"}, root=out / "data")
     prof = occupancy.profile("h200")
     rows, bad = [], 0
+    from . import wgmma
+
     for spec in registry.available():
-        k = gpu.Kernel(spec)
+        if "sm_90a" in spec.archs:     # built by nvcc for sm_90a (wgmma), not by NVRTC for the device's arch
+            k = wgmma.WgKernel(spec)
+            static = k.entry["static_smem"]
+        else:
+            k = gpu.Kernel(spec)
+            static = k.static_smem
         api = k.occupancy_api()
-        smem = spec.dynamic_smem() + k.static_smem
+        smem = spec.dynamic_smem() + static
         calc = occupancy.occupancy(prof, spec.threads, k.regs, smem)
         row = {"kernel": spec.key, "family": spec.family, "threads": spec.threads, "regs": k.regs,
-               "local_bytes": k.local_bytes, "static_smem": k.static_smem, "dynamic_smem": spec.dynamic_smem(),
+               "local_bytes": k.local_bytes, "static_smem": static, "dynamic_smem": spec.dynamic_smem(),
                "api_blocks_per_sm": api, "calc_blocks_per_sm": calc["blocks_per_sm"],
                "calc_limiter": calc["limiter"], "occupancy": calc["occupancy"], "agree": api == calc["blocks_per_sm"]}
         bad += not row["agree"]
