@@ -232,7 +232,7 @@ def _notebook_tasks(entry: dict) -> list[Task]:
         raise PlanError(f"notebook task: 'round' is required ({entry})")
     try:
         (nb,) = pipeline.resolve([str(entry["round"])])
-    except SystemExit as e:  # pipeline.resolve reports no match / ambiguity this way
+    except (SystemExit, pipeline.PipelineError) as e:  # no match / ambiguity
         raise PlanError(str(e)) from None
     declared = pipeline.declared_parameters(nb)
     out = []
@@ -578,7 +578,8 @@ def execute(spec: dict, ctx: dict) -> dict:
 
 
 def merge_into_data(staged: Path, dest: Path) -> list[str]:
-    """The one import of staged runs into data/ (swap in the validated, atomic import here)."""
+    """The one import of staged runs into data/: records' validated, atomic import (every run's manifest,
+    metadata and tables checked before anything is copied)."""
     return records.import_runs(staged, dest)
 
 
@@ -610,6 +611,9 @@ def _annotate_and_dedupe(staged: Path, dest: Path, sweep: dict, role: str) -> li
             mp = mp.with_name(f"{new}.json")
             meta["run_id"] = new
         _write_meta(mp, meta)
+        # the run's metadata changed (provenance.sweep, maybe its id): seal it again, so the validated import
+        # (records.import_runs: manifest, sha256, rows) checks what is merged
+        records.write_manifest(records.Run(rnd, new, staged, meta))
         out.append((rnd, new))
     return out
 
