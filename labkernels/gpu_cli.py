@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from .paths import REPO_ROOT
 
 STEPS = ("env", "tests", "sanitizer", "occupancy", "q6k", "kdr", "q4k", "prefill", "prefill7b", "decompose", "forensics",
@@ -324,29 +326,49 @@ def step_wgmma_ncu(out: Path, args) -> dict:
     return {"ok": True, "run": run.run_id}
 
 
+#: prefill variants the A/B step can compare (name -> PrefillOptions fields)
+PREFILL_VARIANTS = {"int8": {"kernel": "int8"}, "auto": {"kernel": "auto"},
+                    "auto-unfused": {"kernel": "auto", "fuse_f16": False}}
+
+
 def step_prefill_r7(out: Path, args) -> dict:
-    """Round 7 in the prefill: the synthetic 7B (and Gemma 3 270M when its GGUF is here) with the int8 families
-    and with qmatmul's auto choice, interleaved in one process, at nt 512 and 3325; Gemma logits parity."""
+    """Round 7 in the prefill: the synthetic 7B (and Gemma 3 270M when its GGUF is here), prefill variants
+    (--ab, default int8 vs auto) interleaved in one process at nt 512 and 3325; Gemma logits parity; the logits
+    of every variant against the first one's."""
     import gc
 
     from . import gpu, prefill_cli, records
     from .model import default_model_path
     from .prefill import GpuModel, PrefillOptions, timed_prefill
 
+    names = [v for v in args.ab.split(",") if v]
+    bad = [v for v in names if v not in PREFILL_VARIANTS]
+    if bad:
+        raise SystemExit(f"unknown prefill variants {bad}: {', '.join(PREFILL_VARIANTS)}")
     models = [("synthetic-7b", True)]
     if Path(args.gemma or default_model_path()).exists():
         models.append((str(args.gemma or default_model_path()), True))
     runs = []
+    cp = gpu.cp()
     for spec, f16 in models:
         label = "synthetic-7b" if spec == "synthetic-7b" else "gemma-3-270m-q4_k_m"
-        with records.recording("prefill", {"model": label, "nts": [512, 3325], "attn_f16": f16,
-                                           "ab": ["int8", "auto"]}, root=out / "data") as run:
+        with records.recording("prefill", {"model": label, "nts": [512, 3325], "attn_f16": f16, "ab": names,
+                                           "variants": {v: PREFILL_VARIANTS[v] for v in names}},
+                               root=out / "data") as run:
             m = prefill_cli.load_model(spec)
             if label != "synthetic-7b":
                 prefill_cli.parity_run(spec, run, n_new=0, progress=_log, kernel="auto")
-            gms = {k: GpuModel(m, opts=PrefillOptions(attn_f16=f16, kernel=k)) for k in ("int8", "auto")}
+            gms = {k: GpuModel(m, opts=PrefillOptions(attn_f16=f16, **PREFILL_VARIANTS[k])) for k in names}
             for nt in (512, 3325):
                 toks = prefill_cli.prompt_tokens(m, nt)
+                ref = None
+                for k, gm in gms.items():        # the variants' logits against the first variant's
+                    lg = cp.asnumpy(gm.forward(toks)).astype(np.float64)
+                    ref = lg if ref is None else ref
+                    run.append("logits_vs_first", {"model": label, "nt": nt, "variant": k, "first": names[0],
+                                                   "max_abs_diff": float(np.abs(lg - ref).max()),
+                                                   "max_rel_diff": float(np.abs(lg - ref).max() / np.abs(ref).max()),
+                                                   "top1_same": bool(lg.argmax() == ref.argmax())})
                 for rnd in range(3):
                     for k, gm in gms.items():
                         t = timed_prefill(gm, toks, repeats=3)
@@ -359,7 +381,7 @@ def step_prefill_r7(out: Path, args) -> dict:
         runs.append(run.run_id)
         del gms, m
         gc.collect()
-        gpu.cp().get_default_memory_pool().free_all_blocks()
+        cp.get_default_memory_pool().free_all_blocks()
     return {"ok": True, "runs": runs}
 
 
@@ -412,6 +434,7 @@ def register_cli(sub) -> None:
     p.add_argument("--fail-fast", action="store_true")
     p.add_argument("--sanitizer-timeout", type=int, default=240)
     p.add_argument("--kernel", default="auto", help="qmatmul kernel of the prefill/decompose steps (default auto)")
+    p.add_argument("--ab", default="int8,auto", help="prefill_r7 variants: " + ", ".join(PREFILL_VARIANTS))
     p.add_argument("--gemma", default=None, help="Gemma 3 270M GGUF path for prefill_r7 (default data/models/...)")
     p.set_defaults(func=main)
     q = sub.add_parser("import-runs", help="copy recorded runs from a GPU results folder into data/")

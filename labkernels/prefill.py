@@ -33,6 +33,8 @@ class PrefillOptions:
     q6k_variant: dict = None          # template params of q6k_expb when the int8 family runs (default: gpu.gemm's)
     q4k_kdr: int = 8                  # q4k_nb staging depth when the int8 family runs (round 4's best)
     attn_f16: bool = False            # fp16 QK^T / PV (faster) instead of fp32
+    fuse_f16: bool = True             # the norm / activation / attention feeding only wgmma_kq GEMMs writes fp16
+                                      # itself (no separate f32 -> f16 pass; the same values)
     other_f16: bool = False           # fp16 cuBLAS for the dequantized-once weights instead of fp32
 
     def __post_init__(self):
@@ -106,13 +108,19 @@ class GpuModel:
     def _k(self, fam, **p):
         return gpu.kernel(fam, **p)
 
-    def rmsnorm(self, x, w, ncols=None):
+    def rmsnorm(self, x, w, ncols=None, out16: bool = False):
         cp = gpu.cp()
         ncols = ncols or x.shape[-1]
-        y = cp.empty_like(x)
+        y = cp.empty(x.shape, cp.float16 if out16 else cp.float32)
         rows = x.size // ncols
-        self._k("rmsnorm", W=1).launch((rows,), (x, w.dense, y, np.int32(ncols), np.float32(self.cfg.rms_eps)))
+        self._k("rmsnorm", W=1, OUT16=int(out16)).launch(
+            (rows,), (x, w.dense, y, np.int32(ncols), np.float32(self.cfg.rms_eps)))
         return y
+
+    def _f16_in(self, weights, n: int) -> bool:
+        """True when every consumer of an activation is a wgmma_kq GEMM (it reads fp16): its producer then writes
+        fp16 directly (PrefillOptions.fuse_f16)."""
+        return self.opts.fuse_f16 and all(w.q is not None and self.family(w, n) == "wgmma_kq" for w in weights)
 
     def family(self, w: Weight, n: int) -> str:
         """The GEMM family a k-quant weight takes at n tokens (the auto choice, or the named kernel)."""
@@ -127,6 +135,8 @@ class GpuModel:
         for the int8 families."""
         cp = gpu.cp()
         if fam == "wgmma_kq":
+            if x.dtype == cp.float16:       # its producer wrote fp16 already (fuse_f16)
+                return x
             if "x16" not in box:
                 with tr.op("act_f16", "prepass", layer=layer, weight=weight):
                     box["x16"] = x.astype(cp.float16)
@@ -179,7 +189,7 @@ class GpuModel:
             y = self._qmatmul(a, w, fam) if a is not None else self.matmul(x, w)
         return y
 
-    def attention(self, q, k, v, n, il, tr):
+    def attention(self, q, k, v, n, il, tr, out16: bool = False):
         """Causal (sliding-window on local layers) GQA attention via cuBLAS; q [n, H*hd], k/v [n, Hkv*hd]."""
         cp = gpu.cp()
         c = self.cfg
@@ -206,7 +216,8 @@ class GpuModel:
             else:
                 O = cp.matmul(S, V)                                          # [Hk, G*n, hdv]
         with tr.op("attn_layout", "attention_other", layer=il):
-            out = O.reshape(Hk, G, n, hdv).transpose(2, 0, 1, 3).reshape(n, H * hdv).astype(cp.float32)
+            out = O.reshape(Hk, G, n, hdv).transpose(2, 0, 1, 3).reshape(n, H * hdv).astype(
+                cp.float16 if out16 else cp.float32)
         return out
 
     def rope(self, x, n, n_head, il):
@@ -237,7 +248,7 @@ class GpuModel:
             self._k("embed", F16=0).launch((n,), (self.embd, tok_g, x, np.int32(c.n_embd), np.float32(c.embed_scale)))
         for il, L in enumerate(self.layers):
             with tr.op("attn_norm", "norm", layer=il):
-                h = self.rmsnorm(x, L["attn_norm"])
+                h = self.rmsnorm(x, L["attn_norm"], out16=self._f16_in([L["attn_q"], L["attn_k"], L["attn_v"]], n))
             box: dict = {}
             q = self._linear(tr, "attn_q", il, h, L["attn_q"], box)
             k = self._linear(tr, "attn_k", il, h, L["attn_k"], box)
@@ -255,7 +266,7 @@ class GpuModel:
             if c.attn_scale != 1.0:
                 with tr.op("q_scale", "elementwise", layer=il):
                     q *= np.float32(c.attn_scale)
-            a = self.attention(q, k, v, n, il, tr)
+            a = self.attention(q, k, v, n, il, tr, out16=self._f16_in([L["attn_output"]], n))
             a = self._linear(tr, "attn_output", il, a, L["attn_output"], {})
             if c.post_norms:
                 with tr.op("post_attention_norm", "norm", layer=il):
@@ -263,14 +274,16 @@ class GpuModel:
             with tr.op("residual", "elementwise", layer=il):
                 x += a
             with tr.op("ffn_norm", "norm", layer=il):
-                h = self.rmsnorm(x, L["ffn_norm"])
+                h = self.rmsnorm(x, L["ffn_norm"], out16=self._f16_in([L["ffn_gate"], L["ffn_up"]], n))
             box = {}
             gte = self._linear(tr, "ffn_gate", il, h, L["ffn_gate"], box)
             up = self._linear(tr, "ffn_up", il, h, L["ffn_up"], box)
             with tr.op("ffn_act", "activation", layer=il):
-                m = cp.empty_like(gte)
+                out16 = self._f16_in([L["ffn_down"]], n)
+                m = cp.empty(gte.shape, cp.float16 if out16 else cp.float32)
                 act = 0 if c.ffn_act == "gelu_tanh" else 1
-                self._k("act_mul", ACT=act, OUT16=0).launch(((gte.size + 255) // 256,), (gte, up, m, np.int64(gte.size)))
+                self._k("act_mul", ACT=act, OUT16=int(out16)).launch(((gte.size + 255) // 256,),
+                                                                     (gte, up, m, np.int64(gte.size)))
             d = self._linear(tr, "ffn_down", il, m, L["ffn_down"], {})
             if c.post_norms:
                 with tr.op("post_ffw_norm", "norm", layer=il):

@@ -29,17 +29,22 @@ __device__ __forceinline__ float lk_block_max(float v, float* red) {
 
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w[(r % wrows), :]   (ggml_rms_norm then ggml_mul)
 // One block per row. W=0: no weight. The weight may be per head (wrows rows of ncols) for q/k norms.
-template <int W>
+// OUT16=1 writes y as fp16 (round to nearest even): the same values the GEMM's f32 -> f16 conversion would
+// make, for a consumer that reads fp16 (round 7's wgmma_kq), without the extra pass over y.
+template <int W, int OUT16>
 __global__ void __launch_bounds__(256) rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                                                       float* __restrict__ y, int ncols, float eps) {
+                                                       void* __restrict__ y, int ncols, float eps) {
     __shared__ float red[32];
     const float* xr = x + (size_t)blockIdx.x * ncols;
-    float* yr = y + (size_t)blockIdx.x * ncols;
     float ss = 0.f;
     for (int i = threadIdx.x; i < ncols; i += blockDim.x) ss += xr[i] * xr[i];
     ss = lk_block_sum(ss, red);
     const float scale = 1.0f / sqrtf(ss / (float)ncols + eps);
-    for (int i = threadIdx.x; i < ncols; i += blockDim.x) yr[i] = W ? (xr[i] * scale) * w[i] : xr[i] * scale;
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) {
+        const float v = W ? (xr[i] * scale) * w[i] : xr[i] * scale;
+        if (OUT16) ((u16*)y)[(size_t)blockIdx.x * ncols + i] = lk_f2h(v);
+        else ((float*)y)[(size_t)blockIdx.x * ncols + i] = v;
+    }
 }
 
 // In-place rotary embedding of x[t, h, :] (row stride ld floats per token), the first n_rot dims of each

@@ -56,8 +56,9 @@ FAMILIES = [
          params={"QT": [4, 6], "STRIDE": [0, 224]}, threads=256, smem="0", tile=(0, 0), main_path=False,
          doc="q4_K (QT=4) / q6_K (QT=6) rows -> fp16 [od, id]; STRIDE 0 = the type's natural stride"),
     # -- the prefill's other kernels (labkernels.prefill): each is a kernel class in the wall decomposition
-    dict(family="rmsnorm", source="prefill.cu", template="rmsnorm_kernel", params={"W": [0, 1]}, threads=256,
-         smem="0", tile=(0, 0), main_path=False, doc="RMSNorm rows (optionally times a weight)"),
+    dict(family="rmsnorm", source="prefill.cu", template="rmsnorm_kernel", params={"W": [0, 1], "OUT16": [0, 1]},
+         threads=256, smem="0", tile=(0, 0), main_path=False,
+         doc="RMSNorm rows (optionally times a weight); OUT16=1 writes fp16 for an fp16 consumer"),
     dict(family="rope", source="prefill.cu", template="rope_kernel", params={"NEOX": [0, 1]}, threads=256,
          smem="0", tile=(0, 0), main_path=False, doc="rotary embedding in place, normal or neox pairing"),
     dict(family="softmax_mask", source="prefill.cu", template="softmax_mask_kernel", params={"F16": [0, 1]},

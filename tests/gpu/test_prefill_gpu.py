@@ -35,12 +35,17 @@ def test_rmsnorm(cp, rng):
     x = rng.standard_normal((37, 640)).astype(np.float32)
     w = rng.standard_normal(640).astype(np.float32)
     y = np.full_like(x, np.nan)
-    d, h = _both(cp, "rmsnorm", {"W": 1}, (37,), [x, w, y, np.int32(640), np.float32(1e-6)])
+    d, h = _both(cp, "rmsnorm", {"W": 1, "OUT16": 0}, (37,), [x, w, y, np.int32(640), np.float32(1e-6)])
     assert np.allclose(d[2], h[2], rtol=2e-5, atol=1e-5)
+    # fp16 output for an fp16 consumer: the f32 values rounded to nearest even
+    y16 = np.full(x.shape, np.nan, np.float16)
+    d16, _ = _both(cp, "rmsnorm", {"W": 1, "OUT16": 1}, (37,), [x, w, y16, np.int32(640), np.float32(1e-6)])
+    assert d16[2].dtype == np.float16 and np.array_equal(d16[2], d[2].astype(np.float16))
     # per-head weights: rows of 256 (q/k norm)
     x = rng.standard_normal((10, 4 * 256)).astype(np.float32)
     w = rng.standard_normal(256).astype(np.float32)
-    d, h = _both(cp, "rmsnorm", {"W": 1}, (40,), [x, w, np.full_like(x, np.nan), np.int32(256), np.float32(1e-6)])
+    d, h = _both(cp, "rmsnorm", {"W": 1, "OUT16": 0}, (40,), [x, w, np.full_like(x, np.nan), np.int32(256),
+                                                            np.float32(1e-6)])
     assert np.allclose(d[2], h[2], rtol=2e-5, atol=1e-5)
 
 
