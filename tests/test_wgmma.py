@@ -138,3 +138,12 @@ def test_qmatmul_rejects_unknown_kernels_before_touching_the_gpu():
 
     with pytest.raises(gpu.ShapeError, match="unknown kernel 'cublas'"):
         gpu.qmatmul(np.zeros((2, 256), np.float32), None, kernel="cublas")
+
+
+def test_below_sm90_the_error_names_the_families_that_run(monkeypatch):
+    from labkernels import gpu
+
+    monkeypatch.setattr(gpu, "device_props", lambda: {"cc": 80, "name": "NVIDIA A100", "smem_optin": 166912})
+    with pytest.raises(wgmma.WgmmaError, match=r"sm_80.*q6k_generic, q6k_expb, q4k_nb"):
+        wgmma.require_sm90a()
+    assert not wgmma.supported(80) and wgmma.supported(90)
