@@ -124,7 +124,8 @@ if vs.ok:
                          {"tops_eq": "{:.1f}", "llama_tops_eq": "{:.1f}", "vs_llama": "{:.2f}x", "llama_us": "{:,.1f}"},
                          caption="lab TOPS-eq / llama.cpp TOPS-eq (> 1: the lab kernel is faster)"))
 print(vs.unmatched_note())
-print("Note:", peers.MMQ_NOTES)
+if vs.ok:
+    print("Note:", peers.MMQ_NOTES)
 
 # %% [markdown]
 # ## Headline and what stands in the way

@@ -134,7 +134,7 @@ if trun is not None:
         display(report.table(pv.table[["model", "nt", "kernel", "gemm_families", "rounds", "tok_per_s", "flash_attn", "llama_tok_s", "llama_tok_s_std", "vs_llama"]],
                              {"tok_per_s": "{:,.0f}", "llama_tok_s": "{:,.0f}", "llama_tok_s_std": "{:,.0f}", "vs_llama": "{:.2f}x"},
                              caption="whole-prefill tok/s, lab / llama.cpp (> 1: the lab is faster)"))
-    print("Note:", peers.BENCH_NOTES)
+        print("Note:", peers.BENCH_NOTES)
 else:
     pv = peers.PeerComparison(pd.DataFrame(), f"no peer measurement: no recorded prefill throughput of {model}")
     print(pv.message)
