@@ -1030,10 +1030,23 @@ class PeerComparison:
     message: str
     run_id: str | None = None
     unmatched: list = field(default_factory=list)
+    #: the n (nt) values the peer run measured (mmq pairing), named when a lab point has no match
+    peer_nts: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return self.run_id is not None and not self.table.empty
+
+    def unmatched_note(self) -> str:
+        """One line for the page on the lab points without a peer point, grouped by nt (the last key element):
+        "no peer measurement for 3 lab point(s) at nt = 3328 (llama.cpp measured n = 512, 3325, 4096)"."""
+        if not self.unmatched:
+            return ""
+        nts = sorted({key[-1] for key in self.unmatched})
+        note = (f"no peer measurement for {len(self.unmatched)} lab point(s) at nt = {', '.join(map(str, nts))}")
+        if self.peer_nts:
+            note += f" (llama.cpp measured n = {', '.join(map(str, self.peer_nts))} only)"
+        return note
 
     def _repr_markdown_(self):  # pragma: no cover - notebook display
         return self.message
@@ -1117,15 +1130,16 @@ def mmq_vs_llama(lab: pd.DataFrame, lab_gpu: str | None, qtype: str | None = Non
     table = merged[hit].copy()
     table["vs_llama"] = table[lab_col] / table.llama_tops_eq
     unmatched = sorted(set(map(tuple, merged.loc[~hit, keys].itertuples(index=False))))
+    peer_nts = sorted(int(n) for n in peer.nt.unique())
     if table.empty:
         return PeerComparison(table, f"no peer measurement: run {run.run_id} has none of the lab's "
-                              f"(type, od, id, nt) points", None, unmatched)
+                              f"(type, od, id, nt) points", None, unmatched, peer_nts)
     msg = (f"vs llama.cpp: peers run {run.run_id} ({run_gpu_name(run)}, llama.cpp "
            f"{str((run.meta.get('params') or {}).get('peer_commit') or '?')[:8]}); "
            f"{hit.sum()} of {len(merged)} lab rows matched at the same type, shape and nt")
     if unmatched:
         msg += f"; {len(unmatched)} unmatched point(s) shown without a ratio"
-    return PeerComparison(table.reset_index(drop=True), msg, run.run_id, unmatched)
+    return PeerComparison(table.reset_index(drop=True), msg, run.run_id, unmatched, peer_nts)
 
 
 def prefill_vs_llama(lab: pd.DataFrame, lab_gpu: str | None, peer_run_id: str | None = None, root=None,

@@ -107,6 +107,27 @@ fig.legend(handles, labels, loc="outside upper center", ncol=len(labels))
 plt.show()
 
 # %% [markdown]
+# ## Against llama.cpp's MMQ at the same type, shape and nt
+#
+# llama.cpp's q6_K `mul_mat_q` (MMQ: the path its CUDA backend takes for n > 8 on the H200), timed by
+# `labkernels peers mmq` with `test-backend-ops perf -o MUL_MAT` at the lab's shapes on an H200 of the same model
+# (`labkernels/peers.py`). A ratio is formed only where llama.cpp measured the same (type, od, id, nt): this round
+# recorded nt = 3328, the peer run n = 3325, so those points have no partner and are named below, not paired.
+
+# %%
+from labkernels import peers
+vs = peers.mmq_vs_llama(summ[summ.variant.isin(["generic", "expb_epi0", "expb_epi1"])].assign(variant=lambda d: d.variant.astype(str)),
+                        peers.run_gpu_name(run), qtype="q6_K")
+print(vs.message)
+if vs.ok:
+    display(report.table(vs.table[["od", "id", "nt", "variant", "tops_eq", "llama_tops_eq", "vs_llama", "llama_path", "llama_us"]],
+                         {"tops_eq": "{:.1f}", "llama_tops_eq": "{:.1f}", "vs_llama": "{:.2f}x", "llama_us": "{:,.1f}"},
+                         caption="lab TOPS-eq / llama.cpp TOPS-eq (> 1: the lab kernel is faster)"))
+print(vs.unmatched_note())
+if vs.ok:
+    print("Note:", peers.MMQ_NOTES)
+
+# %% [markdown]
 # ## Headline and what stands in the way
 
 # %%
@@ -116,12 +137,16 @@ best_expb = sel.loc[["expb_epi0", "expb_epi1"]].tops_eq.idxmax()
 gen_ratio = ps[(ps.a == "generic") & (ps.b == best_expb) & (ps.od == od) & (ps.id == id_) & (ps.nt == headline_nt)].iloc[0]
 cub_ratio = ps[(ps.a == "cublas_f16_cached") & (ps.b == best_expb) & (ps.od == od) & (ps.id == id_) & (ps.nt == headline_nt)].iloc[0]
 k16 = float(ceil[ceil.k == 16].tops.iloc[0]) if ceil is not None else float("nan")
+hv = vs.table[(vs.table.od == od) & (vs.table.id == id_) & (vs.table.nt == headline_nt) & (vs.table.variant == best_expb)] if vs.ok else vs.table
+vs_head = (f"{hv.vs_llama.iloc[0]:.2f}x ({hv.tops_eq.iloc[0]:.0f} vs {hv.llama_tops_eq.iloc[0]:.0f} TOPS-eq)" if len(hv)
+           else "no peer measurement")
 print(f"best expanded-B variant: {best_expb}: {sel.loc[best_expb, 'tops_eq']:.1f} TOPS-eq, {sel.loc[best_expb, 'us_per_gmac']:.2f} us/GMAC")
 print(f"vs generic: {gen_ratio.median_ratio:.2f}x ({gen_ratio.pairs_b_faster} pairs); cuBLAS fp16 (cached) / expb time ratio "
       f"{cub_ratio.median_ratio:.3f} (cuBLAS is {1 / cub_ratio.median_ratio:.1f}x faster); mma.sync k16 ceiling {k16:.0f} TOPS")
 report.headline(**{f"expb vs generic @{od}x{id_}, nt={headline_nt}": f"{gen_ratio.median_ratio:.2f}x ({gen_ratio.pairs_b_faster} pairs)",
                    "expb TOPS-eq": f"{sel.loc[best_expb, 'tops_eq']:.0f} ({best_expb})",
                    "cuBLAS fp16 cached TOPS": f"{sel.loc['cublas_f16_cached', 'tops_eq']:.0f}",
+                   "vs llama.cpp MMQ (same shape, nt)": vs_head,
                    "bar >= 1.6x and >= 400 TOPS": "met" if gen_ratio.median_ratio >= 1.6 and sel.loc[best_expb, 'tops_eq'] >= 400 else "NOT met"})
 
 # %% [markdown]

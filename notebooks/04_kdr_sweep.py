@@ -127,6 +127,31 @@ if qrun is not None:
         display(report.table(qrun.table("parity")))
 
 # %% [markdown]
+# ## Against llama.cpp's MMQ at the same type, shape and nt
+#
+# The best sweep point per (type, shape, nt) and the q4_K benchmark's raw-nibble kernel, against llama.cpp's
+# `mul_mat_q` (MMQ: its path for n > 8 on the H200) timed by `labkernels peers mmq` (`test-backend-ops perf -o
+# MUL_MAT`) on an H200 of the same model. Only an exact (type, od, id, nt) match forms a ratio: the sweep's other nt
+# (64 to 2048, 3328) and the benchmark's 3328 have no peer point (the peer run measured n = 3325), named below.
+
+# %%
+from labkernels import peers
+best_pts = sweep.loc[sweep.groupby(["qtype", "od", "id", "nt"]).tops_eq.idxmax()]
+lab_pts = [best_pts.assign(source="KDR sweep (best point)", variant="KDR=" + best_pts.kdr.astype(str) + " " + best_pts.variant)]
+if qrun is not None:
+    lab_pts.append(qb[qb.variant == "q4k_nb"].assign(qtype="q4_K", source="q4_K benchmark", variant=f"q4k_nb KDR={qrun.meta['params'].get('kdr', '?')}"))
+vs = peers.mmq_vs_llama(pd.concat(lab_pts, ignore_index=True)[["source", "qtype", "od", "id", "nt", "variant", "tops_eq"]],
+                        peers.run_gpu_name(run))
+print(vs.message)
+if vs.ok:
+    display(report.table(vs.table[["source", "qtype", "od", "id", "nt", "variant", "tops_eq", "llama_tops_eq", "vs_llama", "llama_path"]],
+                         {"tops_eq": "{:.1f}", "llama_tops_eq": "{:.1f}", "vs_llama": "{:.2f}x"},
+                         caption="lab TOPS-eq / llama.cpp TOPS-eq (> 1: the lab kernel is faster)"))
+print(vs.unmatched_note())
+if vs.ok:
+    print("Note:", peers.MMQ_NOTES)
+
+# %% [markdown]
 # ## Conclusion (computed from the recorded numbers)
 
 # %%
@@ -144,10 +169,14 @@ print("KDR=8 on H200: blocks/SM", sorted(set(k8.api_blocks_per_sm)), "- smem is 
       sorted(set(res[res.qtype == 'q6_K'].calc_limiter)), "); spills appear where OCC=2 caps registers at 128:",
       res[(res.qtype == 'q6_K') & (res.local_bytes > 0)].kernel.tolist())
 q4 = sweep[(sweep.qtype == "q4_K") & (sweep.nt == headline_nt)].groupby("kdr").tops_eq.mean()
+hv = vs.table[(vs.table.nt == headline_nt) & vs.table.source.str.startswith("KDR sweep")] if vs.ok else vs.table
+vs_head = ("; ".join(f"{q} {r.vs_llama.min():.2f}-{r.vs_llama.max():.2f}x" for q, r in hv.groupby("qtype")) if len(hv)
+           else "no peer measurement")
 report.headline(**{"q6_K default KDR (best mean TOPS at nt=%d)" % headline_nt: f"KDR={best_kdr}, {best_var}: {agg.stack().max():.0f} TOPS-eq",
                    "q6_K KDR=8 vs KDR=4 (same variant)": f"{agg.loc[8, best_var] / agg.loc[4, best_var]:.2f}x",
                    "q4_K best KDR": f"KDR={q4.idxmax()}: {q4.max():.0f} TOPS-eq",
-                   "q4_K vs cuBLAS fp16 (4096x4096, nt=4096)": (f"{qp[(qp.od == 4096) & (qp.nt == 4096)].median_ratio.iloc[0]:.2f}x cuBLAS speed" if qrun is not None else "-")})
+                   "q4_K vs cuBLAS fp16 (4096x4096, nt=4096)": (f"{qp[(qp.od == 4096) & (qp.nt == 4096)].median_ratio.iloc[0]:.2f}x cuBLAS speed" if qrun is not None else "-"),
+                   f"best point vs llama.cpp MMQ (nt={headline_nt})": vs_head})
 
 # %% [markdown]
 # **Reading.** On the H200 the seeds' shared-memory cliff does not appear where GB10 put it: registers, not shared

@@ -10,6 +10,11 @@
 # ids, `labkernels/trace.py`); busy is checked against the untraced wall; each GEMM class gets its MACs and
 # us/GMAC and a matched-shape cuBLAS fp16 reference at the same nt; the priority queue prices each class.
 # The prefill itself is first checked against the CPU reference (`labkernels/prefill_ref.py`).
+#
+# The page details the latest decomposition of the model and nt in the parameters and sets it beside the one
+# recorded before it (same model and nt): for the synthetic 7B that is the before / after of round 7's GEMMs
+# (`kernel=auto`: `wgmma_kq` for every k-quant weight, against the int8 `q4k_nb` / `q6k_expb` kernels before).
+# The whole prefill and each GEMM class are then set against llama.cpp on the same GGUF (`labkernels/peers.py`).
 
 # %% tags=["parameters"]
 mode = "auto"                      # measure | replay | auto
@@ -34,16 +39,29 @@ if mode == "measure":
     toks = prefill_cli.prompt_tokens(m, nt)
     with records.recording("decompose", {"model": model, "nt": len(toks), "attn_f16": model == "synthetic-7b"}) as run:
         record_decomposition(run, gm, toks, repeats=repeats, timeline_layer=timeline_layer)
-else:
-    run = records.latest("decompose", where=lambda r: r.meta["params"].get("model") == model and r.meta["params"].get("nt") == nt)
+
+def same_case(r):
+    return r.meta["params"].get("model") == model and r.meta["params"].get("nt") == nt
+
+
+if mode != "measure":
+    run = records.latest("decompose", where=same_case)
     if run is None:
         raise RuntimeError(f"no recorded decomposition of {model} at nt={nt}")
-report.banner(mode, run)
-from labkernels import decompose
-classes, bw = run.table("classes"), run.table("busy_wall").iloc[0]
-refs = run.table("refs") if run.has("refs") else pd.DataFrame()
-queue = decompose.full_queue(classes, refs, bw.wall_ms, int(bw.n_tokens))
-report.kv_table(run.meta["params"], caption="parameters of the recorded run")
+before = records.latest("decompose", where=lambda r: same_case(r) and r.run_id < run.run_id)
+report.banner(mode, run, note=f"Before: run {before.run_id}." if before is not None else "")
+from labkernels import decompose, peers
+
+
+def decomposition(r):
+    """(classes, busy_wall row, refs, priority queue) of a recorded decomposition."""
+    c, b = r.table("classes"), r.table("busy_wall").iloc[0]
+    rf = r.table("refs") if r.has("refs") else pd.DataFrame()
+    return c, b, rf, decompose.full_queue(c, rf, b.wall_ms, int(b.n_tokens))
+
+
+classes, bw, refs, queue = decomposition(run)
+display(report.kv_table(run.meta["params"], caption=f"parameters of the recorded run {run.run_id}"))
 
 # %% [markdown]
 # ## The prefill under test: parity with the CPU reference and throughput (recorded)
@@ -63,8 +81,15 @@ else:
     print("no recorded prefill parity run")
 thr = [r_.table("throughput").assign(run=r_.run_id, commit=r_.provenance.get("git_commit", "")[:10]) for r_ in records.list_runs("prefill") if r_.has("throughput")]
 if thr:
-    display(report.table(pd.concat(thr)[["run", "commit", "model", "arch", "nt", "wall_ms", "tok_per_s", "attn_f16", "repeats"]],
-                         {"tok_per_s": "{:,.0f}", "wall_ms": "{:,.1f}"}, caption="recorded prefill throughput"))
+    hist = pd.concat(thr)
+    hist["kernel"] = hist["kernel"].fillna("int8 (before --kernel)") if "kernel" in hist else "int8 (before --kernel)"
+    hist = hist.groupby(["run", "commit", "model", "kernel", "nt"], sort=False).tok_per_s.median().unstack("nt")
+    hist.columns = [f"tok/s nt={c}" for c in hist.columns]
+    display(report.table(hist.reset_index(), {c: "{:,.0f}" for c in hist.columns},
+                         caption="recorded prefill throughput, every run (median over its A/B rounds)"))
+    if "20261201T091516Z-h200-5033344a35" in set(hist.reset_index().run):
+        print("Run 20261201T091516Z's auto rows were slowed by a per-forward kernel-choice lookup (~0.17 s per prefill), "
+              "fixed by memoizing gpu.choose in commit 7a22206 and re-recorded as 20261201T092157Z.")
 
 # %%
 # CPU-side reading of the recorded parity (needs the model file; skipped otherwise)
@@ -86,18 +111,54 @@ if prun is not None and prun.has("greedy") and default_model_path().exists():
               f"({(l[i_ref] - l[i_gpu]) / abs(l[i_ref]):.1e} relative) between {i_ref} and {i_gpu}: a near tie")
 
 # %% [markdown]
-# ## Every recorded decomposition (this page details the one chosen by the parameters)
+# ## Whole prefill against llama.cpp: same GGUF, same nt
+#
+# The latest recorded throughput run of this model (median tok/s over its interleaved A/B rounds, per GEMM kernel:
+# `int8` = the `q4k_nb` / `q6k_expb` kernels, `auto` = round 7's `wgmma_kq`) against `llama-bench` on the same file
+# and prompt length, with llama.cpp's flash attention on and off. The lab's attention is cuBLAS fp16 with its own
+# masked softmax (no flash attention).
+
+# %%
+trun = records.latest("prefill", where=lambda r: r.has("throughput") and model in set(r.table("throughput").model))
+if trun is not None:
+    t_ = trun.table("throughput")
+    t_ = t_[t_.model == model]
+    for c_, default in (("kernel", "int8"), ("gemm_families", "-")):
+        if c_ not in t_:
+            t_ = t_.assign(**{c_: default})
+    lab_thr = (t_.groupby(["model", "nt", "kernel", "gemm_families"], sort=False).tok_per_s.agg(["median", "size"])
+               .reset_index().rename(columns={"median": "tok_per_s", "size": "rounds"}))
+    pv = peers.prefill_vs_llama(lab_thr, peers.run_gpu_name(trun))
+    print(f"lab: prefill run {trun.run_id}; {pv.message}")
+    if pv.ok:
+        display(report.table(pv.table[["model", "nt", "kernel", "gemm_families", "rounds", "tok_per_s", "flash_attn", "llama_tok_s", "llama_tok_s_std", "vs_llama"]],
+                             {"tok_per_s": "{:,.0f}", "llama_tok_s": "{:,.0f}", "llama_tok_s_std": "{:,.0f}", "vs_llama": "{:.2f}x"},
+                             caption="whole-prefill tok/s, lab / llama.cpp (> 1: the lab is faster)"))
+        print("Note:", peers.BENCH_NOTES)
+else:
+    pv = peers.PeerComparison(pd.DataFrame(), f"no peer measurement: no recorded prefill throughput of {model}")
+    print(pv.message)
+
+# %% [markdown]
+# ## The latest decomposition per model, and the one before this page's run
 
 # %%
 rows = []
-for r_ in records.list_runs("decompose"):
-    b_ = r_.table("busy_wall").iloc[0]; c_ = r_.table("classes")
-    q_ = decompose.full_queue(c_, r_.table("refs") if r_.has("refs") else pd.DataFrame(), b_.wall_ms, int(b_.n_tokens))
-    rows.append({"run": r_.run_id, "model": r_.meta["params"].get("model"), "nt": r_.meta["params"].get("nt"),
+latest_per_model = {r_.meta["params"].get("model"): r_ for r_ in records.list_runs("decompose")}
+shown = [(r_, "this page" if r_.run_id == run.run_id else "latest of its model") for r_ in latest_per_model.values()]
+if before is not None:
+    shown.append((before, "before (this page's model and nt)"))
+for r_, role in shown:
+    c_, b_, _, q_ = decomposition(r_)
+    rows.append({"run": r_.run_id, "role": role, "model": r_.meta["params"].get("model"), "nt": r_.meta["params"].get("nt"),
+                 "GEMM kernel": r_.meta["params"].get("kernel", "int8 (before --kernel)"),
                  "wall_ms": b_.wall_ms, "busy_ms": b_.busy_ms, "gap": f"{100 * b_.gap_frac:.2f}%", "tok/s": b_.tok_per_s,
                  "principal class": f"{c_.iloc[0]['class']} ({c_.iloc[0].share_wall:.0%})",
-                 "top lever": f"{q_.iloc[0]['class']}: -{q_.iloc[0].recoverable_ms:.1f} ms -> {q_.iloc[0].tok_s_ceiling:.0f} tok/s" if len(q_) else "-"})
+                 "top lever": f"{q_.iloc[0]['class']}: -{q_.iloc[0].recoverable_ms:.1f} ms -> {q_.iloc[0].tok_s_ceiling:,.0f} tok/s" if len(q_) else "-"})
 display(report.table(pd.DataFrame(rows), {"wall_ms": "{:,.1f}", "busy_ms": "{:,.1f}", "tok/s": "{:,.0f}"}))
+n_all = len(records.list_runs("decompose"))
+print(f"{n_all} decompositions are recorded under data/decompose/ (`labkernels.records.list_runs('decompose')`); "
+      "this table shows the latest of each model and the run before this page's one.")
 
 # %% [markdown]
 # ## Busy vs wall (validity check before attributing)
@@ -113,19 +174,77 @@ print(f"classes sum to {classes.busy_ms.sum():.2f} ms = {100 * classes.busy_ms.s
 
 # %%
 show = classes[["class", "launches", "busy_ms", "share_busy", "share_wall", "gmac", "us_per_gmac", "tops_eq", "gflop_attn", "tflops_attn", "kernels"]]
-display(report.table(show, {"busy_ms": "{:.2f}", "share_busy": "{:.1%}", "share_wall": "{:.1%}", "gmac": "{:.1f}", "us_per_gmac": "{:.2f}", "tops_eq": "{:.1f}", "gflop_attn": "{:.1f}", "tflops_attn": "{:.1f}"}))
-fig, ax = plt.subplots(figsize=(plotting.PAGE_WIDTH_IN, 3.2))
-left = 0
-for _, r in classes.sort_values("busy_ms", ascending=False).iterrows():
-    ax.barh(0, r.busy_ms, left=left, color=plotting.color(r["class"]), edgecolor="white",
-            label=f"{r['class']}: {r.busy_ms:.0f} ms ({r.busy_ms / bw.wall_ms:.0%})")
-    if r.busy_ms / bw.wall_ms > 0.08:  # labels only where they fit; the legend names every segment
-        ax.text(left + r.busy_ms / 2, 0, f"{r.busy_ms:.0f} ms", ha="center", va="center", fontsize=9, color="white", fontweight="bold")
-    left += r.busy_ms
-ax.barh(0, max(bw.gap_ms, 0), left=left, color="lightgray", label=f"gap (GPU idle): {max(bw.gap_ms, 0):.1f} ms")
-ax.set_yticks([]); ax.set_xlabel("time in the prefill (ms)"); ax.set_xlim(0, max(left + max(bw.gap_ms, 0), bw.wall_ms)); ax.grid(axis="y", visible=False)
-ax.set_title(f"{run.meta['params']['model']} prefill, nt={run.meta['params']['nt']}: wall {bw.wall_ms:.0f} ms, busy by kernel class")
-fig.legend(loc="outside lower center", ncol=3, fontsize=9); plt.show()
+display(report.table(show, {"busy_ms": "{:.2f}", "share_busy": "{:.1%}", "share_wall": "{:.1%}", "gmac": "{:.1f}", "us_per_gmac": "{:.2f}", "tops_eq": "{:.1f}", "gflop_attn": "{:.1f}", "tflops_attn": "{:.1f}"},
+                     caption=f"run {run.run_id}"))
+
+# %% [markdown]
+# ## Before / after: the class table of both runs
+#
+# The same model and nt decomposed before (the previous recorded run) and on this page's run; a GEMM class is
+# `gemm_<type>:<weight role>`. The sum of the GEMM classes is the part the k-quant kernels own.
+
+# %%
+is_gemm = lambda c: c.str.startswith("gemm_")
+bars = [("after: " + run.run_id, classes, bw)]
+if before is not None:
+    classes_b, bw_b, _, _ = decomposition(before)
+    bars.append(("before: " + before.run_id, classes_b, bw_b))
+    ba = classes_b[["class", "busy_ms", "us_per_gmac"]].merge(classes[["class", "busy_ms", "us_per_gmac", "share_wall"]], on="class",
+                                                             how="outer", suffixes=("_before", "_after"))
+    ba["after_vs_before"] = ba.busy_ms_after / ba.busy_ms_before
+    ba = ba.sort_values("busy_ms_after", ascending=False)
+    display(report.table(ba, {"busy_ms_before": "{:.2f}", "busy_ms_after": "{:.2f}", "us_per_gmac_before": "{:.2f}", "us_per_gmac_after": "{:.2f}",
+                              "share_wall": "{:.1%}", "after_vs_before": "{:.2f}x"},
+                         caption=f"busy ms per class: before {before.run_id} ({before.meta['params'].get('kernel', 'int8 kernels, before --kernel')}) vs after {run.run_id} "
+                                 f"({run.meta['params'].get('kernel', '-')}); share_wall of the after run"))
+    g_b, g_a = classes_b[is_gemm(classes_b["class"])].busy_ms.sum(), classes[is_gemm(classes["class"])].busy_ms.sum()
+    print(f"GEMM classes: {g_b:.1f} ms -> {g_a:.1f} ms ({g_b / g_a:.2f}x less); wall {bw_b.wall_ms:.1f} -> {bw.wall_ms:.1f} ms; "
+          f"{bw_b.tok_per_s:,.0f} -> {bw.tok_per_s:,.0f} tok/s ({bw.tok_per_s / bw_b.tok_per_s:.2f}x); principal class "
+          f"{classes_b.iloc[0]['class']} ({classes_b.iloc[0].share_wall:.0%}) -> {classes.iloc[0]['class']} ({classes.iloc[0].share_wall:.0%})")
+else:
+    print(f"no earlier decomposition of {model} at nt={nt}: nothing to compare with")
+fig, ax = plt.subplots(figsize=(plotting.PAGE_WIDTH_IN, 1.6 + 1.0 * len(bars)))
+seen = set()
+order = list(classes.sort_values("busy_ms", ascending=False)["class"])   # one segment order for both bars
+for y, (label, c_, b_) in enumerate(bars):
+    left = 0
+    for _, r in c_.set_index("class").reindex([c for c in order if c in set(c_["class"])] + [c for c in c_["class"] if c not in order]).reset_index().iterrows():
+        ax.barh(y, r.busy_ms, left=left, color=plotting.color(r["class"]), edgecolor="white",
+                label=None if r["class"] in seen else r["class"])
+        seen.add(r["class"])
+        if r.busy_ms / b_.wall_ms > 0.06:  # labels only where they fit; the legend names every segment
+            ax.text(left + r.busy_ms / 2, y, f"{r.busy_ms:.0f}", ha="center", va="center", fontsize=8, color="white", fontweight="bold")
+        left += r.busy_ms
+    ax.barh(y, max(b_.gap_ms, 0), left=left, color="lightgray", label=None if "gap" in seen else "gap (GPU idle)")
+    seen.add("gap")
+    ax.text(left + max(b_.gap_ms, 0) + 3, y, f"wall {b_.wall_ms:.0f} ms, {b_.tok_per_s:,.0f} tok/s", va="center", fontsize=9)
+ax.set_yticks(range(len(bars))); ax.set_yticklabels([b[0] for b in bars], fontsize=8); ax.grid(axis="y", visible=False)
+ax.set_xlabel("time in the prefill (ms; segment labels in ms)"); ax.set_xlim(0, 1.3 * max(b[2].wall_ms for b in bars))
+ax.set_title(f"{run.meta['params']['model']} prefill, nt={run.meta['params']['nt']}: busy by kernel class")
+fig.legend(loc="outside lower center", ncol=4, fontsize=8); plt.show()
+
+# %% [markdown]
+# ## Per GEMM class against llama.cpp's MUL_MAT (µs/GMAC, the seeds' r37 table)
+#
+# Each `gemm_<type>:<role>` class of the decomposition at nt tokens against llama.cpp's `mul_mat_q` on the role's
+# (od, id) at n = nt, from the peers run's `test-backend-ops` table. Ratio = lab µs/GMAC / llama.cpp µs/GMAC,
+# so a ratio above 1 means the lab spends more time per GMAC. (llama-bench itself runs its GEMMs at n_ubatch = 512.)
+
+# %%
+cv = peers.classes_vs_llama(classes, nt, peers.run_gpu_name(run))
+print(cv.message)
+if cv.ok:
+    cvt = cv.table.rename(columns={"lab_us_per_gmac": "lab_us_per_gmac_after", "us_per_gmac_ratio": "ratio_after"})
+    if before is not None:
+        cb_ = peers.classes_vs_llama(classes_b, nt, peers.run_gpu_name(before), peer_run_id=cv.run_id)
+        if cb_.ok:
+            cvt = cvt.merge(cb_.table[["class", "lab_us_per_gmac", "us_per_gmac_ratio"]].rename(
+                columns={"lab_us_per_gmac": "lab_us_per_gmac_before", "us_per_gmac_ratio": "ratio_before"}), on="class", how="left")
+    cols = [c for c in ["class", "qtype", "od", "id", "llama_n", "llama_us_per_gmac", "lab_us_per_gmac_before", "ratio_before",
+                        "lab_us_per_gmac_after", "ratio_after", "llama_path"] if c in cvt]
+    display(report.table(cvt[cols], {c: "{:.2f}" for c in cols if "us_per_gmac" in c} | {"ratio_before": "{:.2f}x", "ratio_after": "{:.2f}x", "llama_n": "{:d}"},
+                         caption="lab µs/GMAC / llama.cpp µs/GMAC per class (< 1: the lab kernel is faster)"))
+    print("Note:", peers.MMQ_NOTES)
 
 # %% [markdown]
 # ## Matched-shape references and the priority queue
@@ -157,9 +276,23 @@ if len(tl):
     ax.set_title(f"layer {timeline_layer}: {len(tl)} launches"); plt.show()
 
 # %%
+def vs_llama_head(pv, fa=1):
+    """'auto 1.85x / 1.87x; int8 ...' over the nt of the whole-prefill comparison, at llama.cpp's flash_attn=fa."""
+    if not pv.ok:
+        return pv.message
+    t_ = pv.table[pv.table.flash_attn == fa]
+    nts_ = sorted(t_.nt.unique())
+    per_k = [f"{k} " + " / ".join(f"{g.set_index('nt').vs_llama.get(n_, float('nan')):.2f}x" for n_ in nts_)
+             for k, g in t_.groupby("kernel", sort=False)]
+    return f"nt={' / '.join(map(str, nts_))}: " + "; ".join(per_k) + f" (llama-bench fa={fa})"
+
+
 report.headline(**{"model, nt": f"{run.meta['params']['model']}, {run.meta['params']['nt']}",
                    "wall / busy": f"{bw.wall_ms:.0f} / {bw.busy_ms:.0f} ms ({100 * bw.gap_frac:.1f}% gap, {'valid' if bw.valid else 'NOT valid'})",
-                   "tok/s": f"{bw.tok_per_s:,.0f}" if "tok_per_s" in bw else "-",
-                   "principal class": f"{classes.iloc[0]['class']} {classes.iloc[0].busy_ms:.0f} ms ({classes.iloc[0].share_wall:.0%} of wall)",
+                   "tok/s": (f"{bw.tok_per_s:,.0f}" if "tok_per_s" in bw else "-")
+                            + (f" (before: {bw_b.tok_per_s:,.0f}, run {before.run_id})" if before is not None else ""),
+                   "whole prefill vs llama.cpp": vs_llama_head(pv),
+                   "principal class": f"{classes.iloc[0]['class']} {classes.iloc[0].busy_ms:.0f} ms ({classes.iloc[0].share_wall:.0%} of wall)"
+                                      + (f"; GEMM classes {g_b:.0f} -> {g_a:.0f} ms" if before is not None else ""),
                    "price": (f"{top['class']}: -{top.recoverable_ms:.0f} ms -> {top.tok_s_ceiling:,.0f} tok/s" if top is not None else "-")})
 report.footer(run.provenance)

@@ -419,6 +419,12 @@ def test_mmq_pairs_only_matched_type_shape_nt(tmp_path):
     assert list(t.llama_case) == ["testfile", "testfile"] and list(t.variant) == ["expb", "expb"]
     assert res.unmatched == [("q6_K", 4096, 4096, 3328), ("q6_K", 11008, 4096, 512)]
     assert "2 of 4 lab rows matched" in res.message
+    # the page's line on the unmatched points names their nt and the n llama.cpp was measured at
+    assert res.peer_nts == [512, 3328, 4096]
+    assert res.unmatched_note() == ("no peer measurement for 2 lab point(s) at nt = 512, 3328 "
+                                    "(llama.cpp measured n = 512, 3328, 4096 only)")
+    full = peers.mmq_vs_llama(lab.iloc[:2], H200, qtype="q6_K", root=tmp_path)
+    assert full.unmatched == [] and full.unmatched_note() == ""
 
 
 def test_no_peer_measurement_never_a_stale_or_mismatched_run(tmp_path):
