@@ -68,6 +68,14 @@ def work(nt: int, od: int, id_: int, us: float) -> dict:
     return {"gmac": gmac, "us_per_gmac": us / gmac, "tops_eq": 2 * gmac * 1e9 / (us * 1e-6) / 1e12}
 
 
+def pair_rows(res: dict, key: dict, nt: int, od: int, id_: int, params: dict | None = None,
+              tail: dict | None = None) -> list[dict]:
+    """One row per (variant, interleaved round) of :func:`interleaved`'s result: the point's ``key`` columns,
+    variant, pair, ``params``, the timing stats, the work-normalized figures, then ``tail``."""
+    return [{**key, "variant": name, "pair": p, **(params or {}), **s, **work(nt, od, id_, s["median_us"]),
+             **(tail or {})} for name, per in res.items() for p, s in enumerate(per)]
+
+
 def interleaved(variants: dict, pairs: int = 3, repeats: int = 20, warmup: int = 3, flush=None) -> dict:
     """Time every variant once per round, ``pairs`` rounds, in order A, B, C, A, B, C, ...
 
@@ -182,13 +190,10 @@ def bench_q6k(shapes, nts, kdr: int = 4, stride: int = 210, repeats: int = 20, p
             variants["prepass"] = lambda: gpu.prepass(xg)
             t0 = time.time()
             res = interleaved(variants, pairs=pairs, repeats=repeats, flush=flush)
-            for name, per in res.items():
-                for p, s in enumerate(per):
-                    row = {"od": od, "id": id_, "nt": nt, "variant": name, "pair": p, "kdr": kdr,
-                           "stride": stride, **s, **work(nt, od, id_, s["median_us"])}
-                    rows.append(row)
-                    if run is not None:
-                        run.append("q6k_bench", row)
+            new = pair_rows(res, {"od": od, "id": id_, "nt": nt}, nt, od, id_, {"kdr": kdr, "stride": stride})
+            rows += new
+            if run is not None:
+                run.append("q6k_bench", new)
             progress(f"q6k od={od} id={id_} nt={nt}: " + ", ".join(
                 f"{k} {np.median([s['median_us'] for s in v]):.1f}us" for k, v in res.items())
                 + f" ({time.time() - t0:.1f} s)")
@@ -314,13 +319,11 @@ def bench_q4k(shapes, nts, kdr: int = 4, repeats: int = 20, pairs: int = 3, run=
                 "prepass": lambda: gpu.prepass(xg),
             }
             res = interleaved(variants, pairs=pairs, repeats=repeats, flush=flush)
-            for name, per in res.items():
-                for p, s in enumerate(per):
-                    row = {"od": od, "id": id_, "nt": nt, "variant": name, "pair": p, "kdr": kdr, **s,
-                           **work(nt, od, id_, s["median_us"]), "max_rel_err": g["max_rel_err"], "nmse": g["nmse"]}
-                    rows.append(row)
-                    if run is not None:
-                        run.append("q4k_bench", row)
+            new = pair_rows(res, {"od": od, "id": id_, "nt": nt}, nt, od, id_, {"kdr": kdr},
+                            {"max_rel_err": g["max_rel_err"], "nmse": g["nmse"]})
+            rows += new
+            if run is not None:
+                run.append("q4k_bench", new)
             progress(f"q4k od={od} id={id_} nt={nt}: " + ", ".join(
                 f"{k} {np.median([s['median_us'] for s in v]):.1f}us" for k, v in res.items()))
     return rows

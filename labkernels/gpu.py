@@ -448,8 +448,8 @@ def qmatmul(x, w: QWeight, kernel: str = "auto", out=None, **params):
         fam_q = {"q4k_nb": "q4_K", "q6k_expb": "q6_K", "q6k_generic": "q6_K"}[kernel]
         if fam_q != w.qtype:
             raise ShapeError(f"{kernel} takes {fam_q} weights, got {w.qtype}")
-        par = _int8_default(w.qtype)[1] if kernel == _int8_default(w.qtype)[0] else {}
-        ch = Choice(kernel, tuple(par.items()), "named")
+        best_fam, best_par = _int8_default(w.qtype)
+        ch = Choice(kernel, tuple((best_par if kernel == best_fam else {}).items()), "named")
     if params:
         ch = Choice(ch.family, tuple({**dict(ch.params), **params}.items()), ch.reason + ", params overridden")
     logging.getLogger("labkernels.gpu").info("qmatmul %s x %s %dx%d nt=%d -> %s", getattr(x, "dtype", "q8_1"),
@@ -459,7 +459,7 @@ def qmatmul(x, w: QWeight, kernel: str = "auto", out=None, **params):
     if ch.family == "wgmma_kq":
         wgmma.require_sm90a()
         if w.wg is None:
-            if w.host is None or w.stride not in (144, 210):
+            if w.host is None:   # the GGUF rows as given (a 224-byte q6_K upload keeps the 210-byte rows too)
                 raise ShapeError("wgmma_kq needs the GGUF rows of the weight (QWeight.upload keeps them)")
             w.wg = wgmma.WgWeight.from_gguf(np.asarray(w.host), w.qtype)
         return wgmma.gemm(w.wg, x, out=out, **p)

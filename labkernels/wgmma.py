@@ -617,6 +617,8 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
 
     Every (qtype, shape, nt) is parity-gated on 24 tokens (all rows) before it is timed; a failed gate raises.
     Rows (one per variant and pair) go to ``run`` tables ``wgmma_bench`` and ``wgmma_parity``."""
+    import gguf
+
     from . import bench as B
     from . import gpu
 
@@ -629,8 +631,6 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
             raw = B.synthetic_weights(qtype, od, id_, rng)
             w = WgWeight.from_gguf(raw, qtype)
             wq = gpu.QWeight.upload(raw, qtype)
-            import gguf
-
             w64 = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype.upper()])
             w16e = emulate_weights(cp.asnumpy(w.packed), qtype, od, id_)
             if run is not None:
@@ -668,13 +668,10 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
                     vs[f"int8_{fam}"] = lambda: gpu.gemm(wq, a, fam, out=y, **fpar)
                 t0 = time.time()
                 res = B.interleaved(vs, pairs=pairs, repeats=repeats, flush=flush)
-                for name, per in res.items():
-                    for p, s in enumerate(per):
-                        row = {"qtype": qtype, "od": od, "id": id_, "nt": nt, "variant": name, "pair": p, **s,
-                               **B.work(nt, od, id_, s["median_us"])}
-                        rows.append(row)
-                        if run is not None:
-                            run.append("wgmma_bench", row)
+                new = B.pair_rows(res, {"qtype": qtype, "od": od, "id": id_, "nt": nt}, nt, od, id_)
+                rows += new
+                if run is not None:
+                    run.append("wgmma_bench", new)
                 med = {k: np.median([s["median_us"] for s in v]) for k, v in res.items()}
                 best = min((k for k in med if k.startswith("wgmma_bn")), key=med.get)
                 progress(f"{qtype} {od}x{id_} nt={nt}: " + ", ".join(

@@ -147,3 +147,13 @@ def test_below_sm90_the_error_names_the_families_that_run(monkeypatch):
     with pytest.raises(wgmma.WgmmaError, match=r"sm_80.*q6k_generic, q6k_expb, q4k_nb"):
         wgmma.require_sm90a()
     assert not wgmma.supported(80) and wgmma.supported(90)
+
+
+def test_pair_rows_one_row_per_variant_and_round_in_column_order():
+    from labkernels import bench
+
+    res = {"a": [{"median_us": 10.0, "n": 3}, {"median_us": 12.0, "n": 3}], "b": [{"median_us": 5.0, "n": 3}]}
+    rows = bench.pair_rows(res, {"qtype": "q4_K", "od": 4, "id": 256, "nt": 2}, 2, 4, 256, {"kdr": 8}, {"ok": True})
+    assert [(r["variant"], r["pair"]) for r in rows] == [("a", 0), ("a", 1), ("b", 0)]
+    assert list(rows[0])[:7] == ["qtype", "od", "id", "nt", "variant", "pair", "kdr"] and list(rows[0])[-1] == "ok"
+    assert rows[2]["tops_eq"] == pytest.approx(2 * 2 * 4 * 256 / 5e-6 / 1e12)
