@@ -229,25 +229,25 @@ from labkernels.kernels import registry
 mode = sys.argv[1]
 rng = np.random.default_rng(3)
 cases = []
-if mode == "sanitizer":       # tails in nt and od, every main-path variant
-    for k in registry.family("wgmma_kq"):
+if mode == "sanitizer":       # tails in nt and od, every main-path variant, both schedulers (stream-K splits
+    for k in registry.family("wgmma_kq"):       # these tiles' k over 4 CTAs: partials, flags, fix-up)
         if k.main_path:
-            cases.append((k, 77, 200, 512))
+            cases += [(k, 77, 200, 512, 0), (k, 77, 200, 512, 1)]
 else:                         # ncu: the main variants at the 7B attention shape
     for qt in (4, 6):
-        for nt, bn in ((512, 128), (4096, 128), (4096, 256)):
-            scl = 0 if qt == 4 else 1
-            cases.append((registry.find("wgmma_kq", QT=qt, BN=bn, STAGES=4, BF16=0, SCL=scl), nt, 4096, 4096))
-for k, nt, od, id_ in cases:
+        for nt, bn, sk in ((512, 128, 0), (512, 256, 1), (4096, 256, 0)):
+            scl = wgmma.main_scl("q4_K" if qt == 4 else "q6_K", bn)
+            cases.append((registry.find("wgmma_kq", QT=qt, BN=bn, STAGES=4, BF16=0, SCL=scl), nt, 4096, 4096, sk))
+for k, nt, od, id_, sk in cases:
     qtype = "q4_K" if k.p["QT"] == 4 else "q6_K"
     raw = quants.quantize((rng.standard_normal((min(od, 256), id_)) * .02).astype(np.float32), qtype)
     raw = np.ascontiguousarray(np.tile(raw, (-(-od // raw.shape[0]), 1))[:od])
     w = wgmma.WgWeight.from_gguf(raw, qtype)
     x = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float16))
     y = cp.empty((nt, od), cp.float32)
-    wgmma.gemm(w, x, out=y, **{n: v for n, v in k.params if n != "QT"})
+    wgmma.gemm(w, x, out=y, SK=sk, **{n: v for n, v in k.params if n != "QT"})
     cp.cuda.runtime.deviceSynchronize()
-    print("case", k.key, nt, od, id_, flush=True)
+    print("case", k.key, "SK=%d" % sk, nt, od, id_, flush=True)
 """
 
 
@@ -316,8 +316,8 @@ def step_wgmma_ncu(out: Path, args) -> dict:
     table = []
     for x in rows:
         i = ids.index(int(x["ID"]))
-        key, nt, od, id_ = cases[i] if i < len(cases) else ("?", 0, 0, 0)
-        table.append({"case": i, "kernel": key, "nt": int(nt), "od": int(od), "id": int(id_),
+        key, sk, nt, od, id_ = cases[i] if i < len(cases) else ("?", "SK=0", 0, 0, 0)
+        table.append({"case": i, "kernel": key, "sk": int(sk[3:]), "nt": int(nt), "od": int(od), "id": int(id_),
                       "section": x.get("Section Name"), "metric": x.get("Metric Name"), "unit": x.get("Metric Unit"),
                       "value": x.get("Metric Value")})
     with records.recording("wgmma", {"what": "ncu", "sections": NCU_SECTIONS, "cases": cases}, root=out / "data") as run:

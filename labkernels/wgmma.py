@@ -365,6 +365,13 @@ class WgKernel:
     def local_bytes(self) -> int:
         return int(self.func.local_size_bytes)
 
+    @property
+    def blocks_per_sm(self) -> int:
+        """Resident CTAs per SM (the stream-K grid may not exceed SMs x this: its owners wait on other CTAs)."""
+        if not hasattr(self, "_bps"):
+            self._bps = max(1, self.occupancy_api())
+        return self._bps
+
     def occupancy_api(self) -> int:
         from cuda.bindings import driver as drv
 
@@ -442,8 +449,16 @@ class WgWeight:
 
 def default_params(qtype: str, nt: int) -> dict:
     """The main-path variant for a token count when no recorded run says otherwise (registry main path: the
-    scale-decode form ptxas pipelines for each type; the wider tile once there are enough token tiles)."""
-    return {"BN": 256 if nt >= 1024 else 128, "STAGES": 4, "BF16": 0, "SCL": 1 if qtype == "q6_K" else 0}
+    scale-decode form ptxas pipelines without spills for each type and tile; the wider tile once there are enough
+    token tiles; stream-K below that, where a data-parallel grid leaves SMs idle)."""
+    bn = 256 if nt >= 1024 else 128
+    return {"BN": bn, "STAGES": 4, "BF16": 0, "SCL": main_scl(qtype, bn), "SK": 0 if nt >= 1024 else 1}
+
+
+def main_scl(qtype: str, bn: int) -> int:
+    """The registry's main-path scale form: q4_K SCL=0; q6_K SCL=1 at BN=128 and SCL=0 at BN=256 (SCL=1 spills
+    there once the scheduler's state shares the consumers' registers)."""
+    return 1 if qtype == "q6_K" and bn == 128 else 0
 
 
 def auto_table(root=None):
@@ -463,7 +478,7 @@ def auto_table(root=None):
     return best.reset_index(drop=True)
 
 
-_VARIANT = re.compile(r"wgmma_bn(\d+)_s(\d+)_scl(\d)$")
+_VARIANT = re.compile(r"wgmma_bn(\d+)_s(\d+)_scl(\d)(_sk)?$")
 
 
 _AUTO = {}
@@ -476,8 +491,8 @@ def auto_table_cached():
     return _AUTO["t"]
 
 
-def variant_name(BN: int, STAGES: int, SCL: int) -> str:
-    return f"wgmma_bn{BN}_s{STAGES}_scl{SCL}"
+def variant_name(BN: int, STAGES: int, SCL: int, SK: int = 0) -> str:
+    return f"wgmma_bn{BN}_s{STAGES}_scl{SCL}" + ("_sk" if SK else "")
 
 
 def variant_params(variant: str, qtype: str) -> tuple[str, dict]:
@@ -489,14 +504,90 @@ def variant_params(variant: str, qtype: str) -> tuple[str, dict]:
     m = _VARIANT.match(variant)
     if not m:
         raise ValueError(f"not a round-7 variant name: {variant!r}")
-    bn, st, scl = map(int, m.groups())
-    return "wgmma_kq", {"BN": bn, "STAGES": st, "BF16": 0, "SCL": scl}
+    bn, st, scl = map(int, m.groups()[:3])
+    return "wgmma_kq", {"BN": bn, "STAGES": st, "BF16": 0, "SCL": scl, "SK": int(m.group(4) is not None)}
 
 
-def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | None = None, SCL: int = 0):
+def schedule(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> tuple[int, int]:
+    """(ncta, dp_tiles) of the kernel's scheduler (see ``LkSched`` in wgmma_kq.cu) for ``tiles`` = 128-row x BN
+    tiles of I = id/256 super-blocks each.
+
+    * ``SK=0`` (data-parallel): one CTA per tile, the plain grid (ncta = dp_tiles = tiles).
+    * ``SK=1`` (stream-K): a persistent grid of ncta = min(SMs, tiles x I) CTAs (one per SM: the kernel's owners wait on other
+      CTAs, so all must be resident); whole waves of tiles go data-parallel, and the last full wave plus the
+      remainder (or everything when there is less than one wave) is stream-K: split into ncta equal ranges of
+      super-block iterations, partial tiles summed in a fixed order."""
+    if sk not in (0, 1):
+        raise ValueError(f"SK is 0 (data-parallel) or 1 (stream-K), not {sk!r}")
+    tiles = ((od + 127) // 128) * ((nt + BN - 1) // BN)
+    nsb = id_ // QK
+    if tiles * nsb >= 2 ** 31 or od * nsb >= 2 ** 31:
+        raise ValueError(f"{nt} x {od} x {id_} exceeds the kernel's 32-bit iteration and block counts")
+    if not sk:
+        return tiles, tiles
+    ncta = max(1, min(int(sm_count), tiles * (id_ // QK)))
+    full, rem = divmod(tiles, ncta)
+    if rem == 0:
+        return ncta, tiles           # whole waves: persistent data-parallel, no partial tiles
+    return ncta, max(0, full - 1) * ncta
+
+
+SK_MAXSEG = 8   # LK_SK_MAXSEG in wgmma_kq.cu
+
+
+def segments(ncta: int, cta: int, I: int, tiles: int, dp_tiles: int) -> list[tuple[int, int, int]]:
+    """The (tile, klo, khi) segments CTA ``cta`` runs -- the host model of the kernel's ``lk_segment`` /
+    ``lk_sk_segments`` (data-parallel waves, then its stream-K range), for the launcher's bound check and tests."""
+    out = [(cta + w * ncta, 0, I) for w in range(dp_tiles // ncta)]
+    T = (tiles - dp_tiles) * I
+    base, extra = divmod(T, ncta)
+    start = lambda c: c * base + min(c, extra)
+    it, it1 = start(cta), start(cta + 1)
+    while it < it1:
+        t = it // I
+        khi = min(it1, (t + 1) * I) - t * I
+        out.append((dp_tiles + t, it - t * I, khi))
+        it = t * I + khi
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _check_schedule(ncta: int, I: int, tiles: int, dp_tiles: int) -> None:
+    for c in range(ncta):
+        n = len(segments(ncta, c, I, tiles, dp_tiles)) - dp_tiles // ncta
+        if n > SK_MAXSEG:
+            raise ValueError(f"stream-K range of CTA {c} has {n} segments (the kernel holds {SK_MAXSEG})")
+
+
+class _Workspace:
+    """Per (device, stream): the stream-K partial-tile buffer (ncta x 256 threads x BN/2 floats) and the helpers'
+    flags (zero between launches: each owner resets the flags it consumed). Launches on one stream run in order,
+    so one buffer per stream is enough; a stream gets its own."""
+
+    def __init__(self):
+        self._by = {}
+
+    def get(self, stream: int, ncta: int, bn: int):
+        cp = _cp()
+        key = (cp.cuda.Device().id, stream)
+        need = ncta * 256 * (bn // 2)
+        ws, fl = self._by.get(key, (None, None))
+        if ws is None or ws.size < need or fl.size < ncta:
+            ws = cp.empty(max(need, 4), cp.float32)
+            fl = cp.zeros(max(ncta, 1), cp.uint32)
+            self._by[key] = (ws, fl)
+        return ws, fl
+
+
+_WS = _Workspace()
+
+
+def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | None = None, SCL: int = 0,
+         SK: int = 0):
     """Y[nt, od] (float32) = x[nt, id] * W^T on the wgmma_kq family. x: cupy float16 / bfloat16-as-uint16 /
-    float32 (converted to f16 here, or bf16 when ``BF16=1``)."""
-    from .gpu import ShapeError, _out
+    float32 (converted to f16 here, or bf16 when ``BF16=1``). ``SK``: the tile scheduler, 0 data-parallel or 1
+    stream-K (:func:`schedule`)."""
+    from .gpu import ShapeError, _out, device_props
 
     cp = _cp()
     if not isinstance(x, cp.ndarray) or x.ndim != 2:
@@ -518,10 +609,14 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
                          "operands (pass float32, or float16 for f16 / bf16 bits as uint16 for bf16)")
     qt = 4 if w.qtype == "q4_K" else 6
     k = kernel(QT=qt, BN=BN, STAGES=STAGES, BF16=bf16, SCL=SCL)
+    ncta, dp_tiles = schedule(int(SK), nt, w.od, w.id, BN, device_props()["sm_count"] * k.blocks_per_sm)
+    if SK:
+        _check_schedule(ncta, w.id // QK, ((w.od + 127) // 128) * ((nt + BN - 1) // BN), dp_tiles)
     y = _out(nt, w.od, out)
     tm = tensor_map(x16, BN, bool(bf16))
-    k.launch(((w.od + 127) // 128, (nt + BN - 1) // BN), tm, w.packed, y, np.int32(nt), np.int32(w.od),
-             np.int32(w.id))
+    ws, flags = _WS.get(cp.cuda.get_current_stream().ptr, ncta, BN)
+    k.launch((ncta, 1), tm, w.packed, y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws, flags,
+             np.int32(dp_tiles))
     return y
 
 
@@ -610,7 +705,7 @@ NTS = (64, 128, 256, 512, 1024, 2048, 4096)
 INT8_FAMILY = {"q4_K": ("q4k_nb", {"KDR": 8}), "q6_K": ("q6k_expb", {"KDR": 4, "EPI": 0, "OCC": 2})}
 
 
-def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, None), (256, 4, None)), pairs: int = 3,
+def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, None, 1), (256, 4, None, 0)), pairs: int = 3,
           repeats: int = 10, run=None, seed: int = 0, progress=print, int8: bool = True) -> list[dict]:
     """Interleaved, L2-flushed CUDA-event timings of the wgmma_kq variants against cuBLAS fp16 on cached
     dequantized weights (and including the dequant), and the lab's best int8 kernel, at matched (nt, od, id).
@@ -646,18 +741,20 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
                 y = cp.full((nt, od), np.nan, cp.float32)
                 tok = np.sort(rng.choice(nt, size=min(nt, 24), replace=False))
                 vs = {}
-                for bn, st, scl in variants:
-                    scl = default_params(qtype, nt)["SCL"] if scl is None else scl
+                for v in variants:
+                    bn, st, scl, sk = (tuple(v) + (0,))[:4]
+                    scl = main_scl(qtype, bn) if scl is None else scl
                     y.fill(np.nan)
-                    gemm(w, x16, out=y, BN=bn, STAGES=st, SCL=scl)
+                    gemm(w, x16, out=y, BN=bn, STAGES=st, SCL=scl, SK=sk)
                     g = gate(cp.asnumpy(y), raw, qtype, x, tokens=tok, w64=w64, w16=w16e)
-                    name = variant_name(bn, st, scl)
+                    name = variant_name(bn, st, scl, sk)
                     if run is not None:
                         run.append("wgmma_parity", {"qtype": qtype, "od": od, "id": id_, "nt": nt, "variant": name,
                                                     **g})
                     if not g["ok"]:
                         raise AssertionError(f"{name} parity failed: {qtype} nt={nt} od={od} id={id_}: {g}")
-                    vs[name] = (lambda bn=bn, st=st, scl=scl: gemm(w, x16, out=y, BN=bn, STAGES=st, SCL=scl))
+                    vs[name] = (lambda bn=bn, st=st, scl=scl, sk=sk: gemm(w, x16, out=y, BN=bn, STAGES=st, SCL=scl,
+                                                                          SK=sk))
                 main = default_params(qtype, nt)
                 vs["wgmma_incl_f32_to_f16"] = lambda: gemm(w, xg, out=y, **main)
                 y16 = cp.empty((nt, od), cp.float16)
@@ -685,7 +782,8 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
 
 #: the plan of round 7's measurement (the gpu-check step and the notebook's measure mode)
 PLAN = {"shapes": [list(s) for s in SHAPES], "nts": list(NTS), "qtypes": ["q4_K", "q6_K"],
-        "variants": [[128, 4, 0], [128, 4, 1], [256, 4, 0], [256, 4, 1]], "pairs": 3, "repeats": 10}
+        "variants": [[128, 4, 0, 0], [128, 4, 1, 0], [256, 4, 0, 0], [256, 4, 1, 0],
+                     [128, 4, 0, 1], [128, 4, 1, 1], [256, 4, 0, 1], [256, 4, 1, 1]], "pairs": 3, "repeats": 10}
 
 
 def kernel_rows() -> list[dict]:
@@ -706,7 +804,8 @@ def kernel_rows() -> list[dict]:
 
 
 def real_model_rows(rng, progress=print) -> list[dict]:
-    """Every q4_K / q6_K tensor of Gemma 3 270M (all rows, 37 fresh random tokens) through the main variants,
+    """Every q4_K / q6_K tensor of Gemma 3 270M (all rows, 37 fresh random tokens) through the main variants
+    under both schedulers (at 37 tokens stream-K splits every tile's k over several CTAs: the fix-up is gated),
     with the int8 q8_1 path's error on the same inputs beside it."""
     from . import model
 
@@ -718,13 +817,13 @@ def real_model_rows(rng, progress=print) -> list[dict]:
         x = rng.standard_normal((37, id_)).astype(np.float32)
         w = WgWeight.from_gguf(raw, qtype)
         i8 = int8_path_error(raw, qtype, x)
-        for bn in (128, 256):
-            p = {**default_params(qtype, 1), "BN": bn}
+        for bn, sk in ((128, 0), (256, 0), (128, 1), (256, 1)):
+            p = {"BN": bn, "STAGES": 4, "BF16": 0, "SCL": main_scl(qtype, bn), "SK": sk}
             y = cp.full((37, raw.shape[0]), np.nan, cp.float32)
             gemm(w, cp.asarray(x), out=y, **p)
             g = gate(cp.asnumpy(y), raw, qtype, x, packed=cp.asnumpy(w.packed))
             rows.append({"tensor": name, "qtype": qtype, "od": raw.shape[0], "id": id_,
-                         "variant": variant_name(bn, 4, p["SCL"]), **g, "int8_max_rel_err_f64": i8["max_rel_err_f64"],
+                         "variant": variant_name(bn, 4, p["SCL"], sk), **g, "int8_max_rel_err_f64": i8["max_rel_err_f64"],
                          "int8_nmse": i8["nmse"]})
             if not g["ok"]:
                 raise AssertionError(f"real-model gate failed: {name} {p}: {g}")
@@ -827,7 +926,9 @@ def ncu_table(sections_df):
     d = sections_df[sections_df.metric.isin(want)].copy()
     d["value"] = pd.to_numeric(d.value.astype(str).str.replace(",", ""), errors="coerce")
     units = d.groupby("metric").unit.first().to_dict()
-    t = d.pivot_table(index=["case", "kernel", "nt", "od", "id"], columns="metric", values="value").reset_index()
+    if "sk" not in d:   # runs before the stream-K scheduler: data-parallel
+        d["sk"] = 0
+    t = d.pivot_table(index=["case", "kernel", "sk", "nt", "od", "id"], columns="metric", values="value").reset_index()
     t.columns.name = None
     t = t.rename(columns={m: f"{m} [{units[m]}]" if isinstance(units.get(m), str) and units.get(m) else m
                           for m in want})

@@ -11,8 +11,8 @@
 #   q4_K's min) folded into every weight, so the accumulators are final: no per-k epilogue.
 # * activations (fp16, converted once per layer input) are the B operand: `[BN tokens × 64 k]` tiles with the
 #   128-byte swizzle, loaded by TMA into a 4-stage ring of full/empty mbarriers;
-# * **warp specialization**: warpgroup 0 produces (one thread issues TMA; `setmaxnreg.dec 40`), warpgroups 1–2
-#   consume 64 weight rows each (`setmaxnreg.inc 232`); two A-fragment register sets so a chunk's conversion
+# * **warp specialization**: warpgroup 0 produces (one thread issues TMA; `setmaxnreg.dec 24`), warpgroups 1–2
+#   consume 64 weight rows each (`setmaxnreg.inc 240`); two A-fragment register sets so a chunk's conversion
 #   overlaps the previous chunk's `wgmma`s;
 # * **weight layout**: the same bits per weight as GGUF (q4_K 4.5, q6_K 6.5625), repacked once at load so that
 #   each thread's bytes are contiguous 16-byte loads and each 32-bit word unpacks into A-fragment pairs with one
@@ -28,6 +28,20 @@
 # **Prediction:** BN=128 is near issue-bound and reaches ~55–65% of the tensor line; BN=256 halves the conversion
 # per MAC (~35% issue) and should approach cuBLAS (~80% of the line) where there are enough token tiles; nt=512
 # (BN=128, one wave of 128 CTAs for od=4096) therefore lands near ~0.8× cuBLAS, short of the 1.0× bar.
+#
+# **Second step: a stream-K tile scheduler (`SK=1`), prediction written before its measurement.** The first
+# measurement (below, and the prediction-vs-measurement note) left nt=512 at 0.65–0.82×: BN=256 runs at ~80% of the
+# tensor line but nt=512 gives it only 64 tiles for od=4096 (half the 132 SMs idle) and 172 for od=11008 (1.3
+# waves), while BN=128 fills the machine at 51–62%. The kernel now takes a runtime schedule: `SK=0` is the plain
+# grid (one CTA per tile); `SK=1` is a persistent grid of one CTA per SM in which whole waves of tiles go
+# data-parallel and the last full wave plus the remainder is **stream-K** — its k iterations (super-blocks of 256)
+# cut into 132 equal contiguous ranges; a CTA whose range starts inside a tile writes its partial accumulators to
+# a workspace and raises a flag, and the CTA holding the tile's k = 0 adds the partials in CTA order (fixed order:
+# bitwise reproducible) and stores. **Prediction:** with per-super-block cost c and ~1 super-block of fill and
+# fix-up per segment, BN=256 stream-K at nt=512 takes ~(16·64/132 + 1)·c for 4096×4096 against 17·c data-parallel
+# on half the machine: ~1.9× faster than BN=256-DP, ~640 TOPS-eq, ≈1.03× cuBLAS; 11008×4096 ~0.95×;
+# 4096×11008 and 4096×14336 (64 tiles, K 2.7–3.5× longer, fill amortized) ~0.97–1.0×. So stream-K should bring
+# nt=512 to about cuBLAS, within ±5%, not clearly above it; nt=4096 should not move (whole waves are data-parallel).
 
 # %% tags=["parameters"]
 mode = "auto"               # measure (GPU) | replay (recorded run) | auto

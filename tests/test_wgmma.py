@@ -74,9 +74,13 @@ def test_registry_rows_of_round7():
     for k in ks:   # the ring of STAGES activation tiles (BN tokens x 128 B) plus 1 KB of alignment slack
         assert k.dynamic_smem() == k.p["STAGES"] * k.p["BN"] * 128 + 1024
     main = sorted(k.key for k in ks if k.main_path)
-    # one scale-decode form per type on the main path, both tile widths, f16 (the form ptxas pipelines cleanly)
+    # one scale-decode form per type and tile width on the main path, f16 (the forms ptxas pipelines without
+    # spills: q6_K SCL=1 spills at BN=256); wgmma.main_scl names the same ones
     assert main == sorted(f"wgmma_kq[QT={q},BN={bn},STAGES=4,BF16=0,SCL={scl}]"
-                          for q, scl in ((4, 0), (6, 1)) for bn in (128, 256))
+                          for q, bn, scl in ((4, 128, 0), (4, 256, 0), (6, 128, 1), (6, 256, 0)))
+    from labkernels import wgmma
+    assert main == sorted(f"wgmma_kq[QT={q},BN={bn},STAGES=4,BF16=0,SCL={wgmma.main_scl(t, bn)}]"
+                          for q, t in ((4, "q4_K"), (6, "q6_K")) for bn in (128, 256))
 
 
 def test_audit_reads_wgmma_serialization_and_sm90a_targets():
@@ -157,3 +161,39 @@ def test_pair_rows_one_row_per_variant_and_round_in_column_order():
     assert [(r["variant"], r["pair"]) for r in rows] == [("a", 0), ("a", 1), ("b", 0)]
     assert list(rows[0])[:7] == ["qtype", "od", "id", "nt", "variant", "pair", "kdr"] and list(rows[0])[-1] == "ok"
     assert rows[2]["tops_eq"] == pytest.approx(2 * 2 * 4 * 256 / 5e-6 / 1e12)
+
+
+@pytest.mark.parametrize("nt,od,id_,bn", [(512, 4096, 4096, 256), (512, 11008, 4096, 256), (512, 4096, 14336, 128),
+                                          (4096, 4096, 4096, 256), (3325, 11008, 4096, 256), (37, 640, 2048, 128),
+                                          (1, 128, 256, 128), (1100, 4096, 512, 128), (77, 200, 512, 256)])
+def test_stream_k_schedule_covers_every_iteration_once(nt, od, id_, bn):
+    """The launcher's schedule (and the kernel's segment rule, modelled by wgmma.segments): every (tile, k) once,
+    at most one helper segment per CTA and only as its first, the owner's chain of later CTAs completes each tile,
+    at most SK_MAXSEG stream-K segments, and data-parallel waves whole."""
+    from labkernels import wgmma
+
+    I = id_ // 256
+    tiles = -(-od // 128) * -(-nt // bn)
+    for sk in (0, 1):
+        ncta, dp = wgmma.schedule(sk, nt, od, id_, bn, 132)
+        assert dp % ncta == 0 and ncta <= (tiles if not sk else 132)
+        seen = np.zeros((tiles, I), np.int32)
+        segs = [wgmma.segments(ncta, c, I, tiles, dp) for c in range(ncta)]
+        for c, ss in enumerate(segs):
+            assert len(ss) - dp // ncta <= wgmma.SK_MAXSEG
+            for n, (t, lo, hi) in enumerate(ss):
+                assert 0 <= lo < hi <= I
+                seen[t, lo:hi] += 1
+                if lo > 0:
+                    assert n == dp // ncta, "a helper segment that is not the CTA first"
+                else:   # the owner: its segment, then the first segments of the following CTAs, complete the tile
+                    cov, cc = hi, c + 1
+                    while cov < I:
+                        t2, lo2, hi2 = next(s for s in segs[cc] if s[0] == t)
+                        assert lo2 == cov and segs[cc].index((t2, lo2, hi2)) == dp // ncta
+                        cov, cc = hi2, cc + 1
+        assert (seen == 1).all()
+        if not sk:
+            assert ncta == tiles == dp
+    with pytest.raises(ValueError, match="SK is 0"):
+        wgmma.schedule(2, 1, 128, 256, 128, 132)

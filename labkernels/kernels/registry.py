@@ -72,11 +72,11 @@ FAMILIES = [
     dict(family="wgmma_kq", source="wgmma_kq.cu", template="wgmma_kq_kernel",
          params={"QT": [4, 6], "BN": [128, 256], "STAGES": [4], "BF16": [0, 1], "SCL": [0, 1]}, threads=384,
          smem="STAGES*BN*128 + 1024", tile=(0, 128),
-         main_path="BF16 == 0 and ((QT == 4 and SCL == 0) or (QT == 6 and SCL == 1))",
+         main_path="BF16 == 0 and ((QT == 4 and SCL == 0) or (QT == 6 and SCL == (1 if BN == 128 else 0)))",
          archs=("sm_90a",), gemm=True,
          doc="TMA-fed 128B-swizzled f16/bf16 activation tiles (B, STAGES-deep mbarrier ring, producer warpgroup) "
              "x q4_K/q6_K weights dequantized in registers (A, register form) by two consumer warpgroups of 64 "
-             "rows, wgmma m64nBNk16 f32 accumulate; 1 CTA/SM, setmaxnreg 40/232; SCL=0 every lane decodes its rows' "
+             "rows, wgmma m64nBNk16 f32 accumulate; 1 CTA/SM, setmaxnreg 24/240; a data-parallel or stream-K tile scheduler (runtime SK); SCL=0 every lane decodes its rows' "
              "scales per chunk, SCL=1 each of a row's 4 lanes decodes one chunk's per super-block and shares them "
              "by shuffles"),
     # -- register-fed mma.sync probes: the physical ceiling line

@@ -281,7 +281,7 @@ struct KQ<4, BF16, SCL> {
     Q4Scales sc0[4], sc1[4];   // SCL=1: the super-block's four chunks' scales, taken from their lanes
     __device__ __forceinline__ KQ(const u8* W, int od, int nsb, int rr0, int rr1, int c_)
         : p0(W + (size_t)rr0 * nsb * 144), p1(W + (size_t)rr1 * nsb * 144), c(c_) {}
-    __device__ __forceinline__ void load(Rows& R, int sb) const {
+    __device__ __forceinline__ void load(Rows& R, int sb, int, int) const {
         q4_load(R.r0, p0 + (size_t)sb * 144, c);
         q4_load(R.r1, p1 + (size_t)sb * 144, c);
     }
@@ -315,22 +315,17 @@ struct KQ<6, BF16, SCL> {
     struct Rows {
         Q6Raw r0, r1;
     };
-    const u8 *L, *H, *SC, *D;
-    size_t b0, b1;
-    int c;
+    const u8* W;      // the planes L | H | SC | D start at W, W + 128 nblk, W + 192 nblk, W + 208 nblk (nblk =
+    u32 b0, b1;       // od nsb, from the kernel parameters at each load); 32-bit block indices (the launcher
+    int c;            // checks od x nsb < 2^31): the consumers' registers are all but taken by the accumulators
     Q6Scales own0, own1;       // SCL=1: lane c's chunk-c scales of the super-block
-    __device__ __forceinline__ KQ(const u8* W, int od, int nsb, int rr0, int rr1, int c_) : c(c_) {
-        const size_t nblk = (size_t)od * nsb;
-        L = W;
-        H = L + nblk * 128;
-        SC = H + nblk * 64;
-        D = SC + nblk * 16;
-        b0 = (size_t)rr0 * nsb;
-        b1 = (size_t)rr1 * nsb;
-    }
-    __device__ __forceinline__ void load(Rows& R, int sb) const {
-        q6_load(R.r0, L, H, SC, D, b0 + sb, c);
-        q6_load(R.r1, L, H, SC, D, b1 + sb, c);
+    __device__ __forceinline__ KQ(const u8* W_, int od, int nsb, int rr0, int rr1, int c_)
+        : W(W_), b0((u32)rr0 * (u32)nsb), b1((u32)rr1 * (u32)nsb), c(c_) {}
+    __device__ __forceinline__ void load(Rows& R, int sb, int od, int nsb) const {
+        const u32 nblk = (u32)od * (u32)nsb;
+        const u8 *L = W, *H = W + (size_t)nblk * 128, *SC = W + (size_t)nblk * 192, *D = W + (size_t)nblk * 208;
+        q6_load(R.r0, L, H, SC, D, (size_t)(b0 + sb), c);
+        q6_load(R.r1, L, H, SC, D, (size_t)(b1 + sb), c);
     }
     __device__ __forceinline__ void prep(const Rows& R) {
         if constexpr (SCL) {
@@ -352,19 +347,83 @@ struct KQ<6, BF16, SCL> {
     }
 };
 
+// ---------------------------------------------------------------------------------------------- the scheduler
+// Work = tiles x I iterations (I = super-blocks of 256 k per tile; tile t = (m tile t % mtiles, token tile
+// t / mtiles)). The first dp_tiles tiles go data-parallel in waves (CTA c: tiles c, c + ncta, ...); the rest is
+// stream-K: its iterations, tile-major, are cut into ncta equal contiguous ranges. A CTA's range therefore starts
+// inside a tile at most once (its first segment: a "helper", which writes its partial accumulators to ws[cta] and
+// raises flags[cta]) and the CTA whose segment holds a tile's k = 0 (the "owner") adds the helpers' partials in
+// CTA order (deterministic: the sum order depends only on the schedule), resets their flags and stores Y.
+// dp_tiles == tiles == ncta is the plain one-tile-per-CTA grid. The owners wait on later CTAs' first segments,
+// which never wait: this needs all ncta CTAs resident at once (the launcher keeps ncta <= SMs x blocks/SM).
+#define LK_SK_MAXSEG 8   // stream-K segments per CTA: its range spans < 2 waves of tiles + its two ends
+struct LkSeg {
+    int tile, klo, khi;
+};
+// CTA c's stream-K range [c base + min(c, extra), +base + (c < extra)) of T = (tiles - dp_tiles) I iterations
+// (32-bit: the launcher checks tiles x I < 2^31)
+__device__ __forceinline__ int lk_sk_start(int c, int T) {
+    const int base = T / (int)gridDim.x, extra = T - base * (int)gridDim.x;
+    return c * base + (c < extra ? c : extra);
+}
+// one thread writes the CTA's stream-K segments to shared memory (the consumers' registers are all taken by
+// the accumulators: the schedule lives in shared memory, the loops keep one counter)
+__device__ __forceinline__ int lk_sk_segments(LkSeg* out, int I, int tiles, int dp_tiles) {
+    const int T = (tiles - dp_tiles) * I;
+    int it = lk_sk_start(blockIdx.x, T), n = 0;
+    const int it1 = lk_sk_start(blockIdx.x + 1, T);
+    while (it < it1 && n < LK_SK_MAXSEG) {
+        const int t = it / I, tend = (t + 1) * I;
+        out[n].tile = dp_tiles + t;
+        out[n].klo = it - t * I;
+        out[n].khi = (it1 < tend ? it1 : tend) - t * I;
+        it = t * I + out[n].khi;
+        n++;
+    }
+    return it < it1 ? -1 : n;   // -1: more segments than LK_SK_MAXSEG (the launcher never asks for that)
+}
+// segment si of this CTA: data-parallel waves first (tile cta + si ncta), then the stream-K list
+__device__ __forceinline__ bool lk_segment(int si, int I, int dp_tiles, const LkSeg* sk, int nsk, LkSeg& s) {
+    const int dpw = dp_tiles / (int)gridDim.x;
+    if (si < dpw) {
+        s.tile = (int)blockIdx.x + si * (int)gridDim.x;
+        s.klo = 0;
+        s.khi = I;
+        return true;
+    }
+    if (si - dpw >= nsk) return false;
+    s = sk[si - dpw];
+    return true;
+}
+
+__device__ __forceinline__ u32 lk_ld_acquire(const u32* p) {
+    u32 v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void lk_st_release(u32* p, u32 v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void lk_consumer_sync() {   // the 256 consumer threads (named barrier 1)
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+}
+
 // ---------------------------------------------------------------------------------------------- the kernel
 template <int QT, int BN, int STAGES, int BF16, int SCL>
 __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __restrict__ W, float* __restrict__ Y,
-                                              int nt, int od, int id) {
+                                              int nt, int od, int id, float* __restrict__ ws,
+                                              u32* __restrict__ flags, int dp_tiles) {
     constexpr int STAGE_BYTES = BN * LK_WG_K * 2;
     extern __shared__ u8 lk_dyn_smem[];
     __shared__ __align__(8) u64 full_bar[STAGES];
     __shared__ __align__(8) u64 empty_bar[STAGES];
+    __shared__ LkSeg sk_seg[LK_SK_MAXSEG];
+    __shared__ int sk_n;
     const u32 base = lk_smem_u32(lk_dyn_smem);
     u8* sB = lk_dyn_smem + (((base + 1023) & ~1023u) - base);   // 128-byte swizzle wants 1024-aligned tiles
 
-    const int nk = id / LK_WG_K, nsb = id >> 8;
-    const int m0 = blockIdx.x * LK_WG_M, n0 = blockIdx.y * BN;
+    const int nsb = id >> 8;
+    const int mtiles = (od + LK_WG_M - 1) / LK_WG_M, tiles = mtiles * ((nt + BN - 1) / BN);
     const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
     if (threadIdx.x == 0) {
 #pragma unroll
@@ -373,74 +432,125 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
             lk_mbar_init(&empty_bar[s], 8);   // lane 0 of each of the 8 consumer warps
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        sk_n = lk_sk_segments(sk_seg, nsb, tiles, dp_tiles);
+        if (sk_n < 0) __trap();
     }
     __syncthreads();
+    const int nsk = sk_n;
+    LkSeg seg;
 
     if (wg == 0) {  // ------------------------------------------------ producer warpgroup
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (tid == 0) {
             asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tm) : "memory");
-            for (int kt = 0; kt < nk; kt++) {
-                const int s = kt % STAGES;
-                if (kt >= STAGES) lk_mbar_wait(&empty_bar[s], ((kt / STAGES) - 1) & 1);
-                lk_mbar_expect_tx(&full_bar[s], STAGE_BYTES);
-                lk_tma_load_2d(sB + s * STAGE_BYTES, &tm, kt * LK_WG_K, n0, &full_bar[s]);
+            u32 q = 0;   // chunks issued so far: ring slot q % STAGES, its use number q / STAGES
+            for (int si = 0; lk_segment(si, nsb, dp_tiles, sk_seg, nsk, seg); si++) {
+                const int n0 = (seg.tile / mtiles) * BN;
+                for (int kt = 4 * seg.klo; kt < 4 * seg.khi; kt++, q++) {
+                    const int s = q % STAGES;
+                    if (q >= STAGES) lk_mbar_wait(&empty_bar[s], ((q / STAGES) - 1) & 1);
+                    lk_mbar_expect_tx(&full_bar[s], STAGE_BYTES);
+                    lk_tma_load_2d(sB + s * STAGE_BYTES, &tm, kt * LK_WG_K, n0, &full_bar[s]);
+                }
             }
         }
         return;
     }
     // ------------------------------------------------------------------ consumer warpgroups
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
-    const int r0 = m0 + (wg - 1) * 64 + warp * 16 + g, r1 = r0 + 8;
-    const int rr0 = r0 < od ? r0 : od - 1, rr1 = r1 < od ? r1 : od - 1;   // tail rows compute, never store
+    const int ctid = threadIdx.x - 128;   // 0..255 over the two consumer warpgroups
+    u32 q = 0;                            // chunks consumed so far (the same ring count as the producer's)
+    for (int si = 0; lk_segment(si, nsb, dp_tiles, sk_seg, nsk, seg); si++) {
+        const int m0 = (seg.tile % mtiles) * LK_WG_M, n0 = (seg.tile / mtiles) * BN;
+        const int r0 = m0 + (wg - 1) * 64 + warp * 16 + g, r1 = r0 + 8;
+        const int rr0 = r0 < od ? r0 : od - 1, rr1 = r1 < od ? r1 : od - 1;   // tail rows compute, never store
 
-    float acc[BN / 2];
+        float acc[BN / 2];
 #pragma unroll
-    for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
-    // Two A-fragment sets: chunk kt's wgmmas read set kt&1 while chunk kt-1's (set (kt-1)&1) may still be in
-    // flight. (Converting chunk kt+1 before waiting on kt-1, into a third set of registers, was tried: ptxas
-    // compiled it without a serialization warning, and it computed NaNs at nt=512 -- not kept.)
-    u32 a[2][4][4];
-    KQ<QT, BF16, SCL> T(W, od, nsb, rr0, rr1, c);
-    typename KQ<QT, BF16, SCL>::Rows cur, nxt;
-    T.load(cur, 0);
-    for (int sb = 0; sb < nsb; sb++) {
-        T.prep(cur);
+        for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
+        // Two A-fragment sets: chunk q's wgmmas read set q&1 while chunk q-1's (the other set) may still be in
+        // flight. (Converting chunk q+1 before waiting on q-1, into a third set of registers, was tried: ptxas
+        // compiled it without a serialization warning, and it computed NaNs at nt=512 -- not kept.)
+        u32 a[2][4][4];
+        KQ<QT, BF16, SCL> T(W, od, nsb, rr0, rr1, c);
+        typename KQ<QT, BF16, SCL>::Rows cur, nxt;
+        T.load(cur, seg.klo, od, nsb);
+        for (int sb = seg.klo; sb < seg.khi; sb++) {
+            T.prep(cur);
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int kt = sb * 4 + j, st = kt % STAGES;
-            if (j == T.LOAD_AT && sb + 1 < nsb) T.load(nxt, sb + 1);
-            T.chunk(cur, j, a[j & 1]);
-            lk_keep(a[j & 1]);   // all 16 fragments of the chunk exist (in 16 registers) before its first wgmma
-            lk_mbar_wait(&full_bar[st], (kt / STAGES) & 1);
-            lk_wgmma_fence_acc(acc);
-            lk_wgmma_fence();
-            const u32 sa = lk_smem_u32(sB + st * STAGE_BYTES);
+            for (int j = 0; j < 4; j++, q++) {
+                const int st = q % STAGES;
+                if (j == T.LOAD_AT && sb + 1 < seg.khi) T.load(nxt, sb + 1, od, nsb);
+                T.chunk(cur, j, a[j & 1]);
+                lk_keep(a[j & 1]);   // all 16 fragments of the chunk exist (in 16 registers) before its first wgmma
+                lk_mbar_wait(&full_bar[st], (q / STAGES) & 1);
+                lk_wgmma_fence_acc(acc);
+                lk_wgmma_fence();
+                const u32 sa = lk_smem_u32(sB + st * STAGE_BYTES);
 #pragma unroll
-            for (int s = 0; s < 4; s++) lk_wgmma<BN, BF16>(acc, a[j & 1][s], lk_desc_sw128(sa + 32 * s));
-            lk_wgmma_commit();
-            lk_wgmma_fence_acc(acc);
-            lk_wgmma_wait<1>();                    // chunk kt-1's group has retired
-            lk_keep(a[(j + 1) & 1]);               // ...so the set chunk kt+1 writes is free
-            if (kt > 0 && lane == 0) lk_mbar_arrive(&empty_bar[(kt - 1) % STAGES]);
+                for (int s = 0; s < 4; s++) lk_wgmma<BN, BF16>(acc, a[j & 1][s], lk_desc_sw128(sa + 32 * s));
+                lk_wgmma_commit();
+                lk_wgmma_fence_acc(acc);
+                lk_wgmma_wait<1>();                    // chunk q-1's group has retired
+                lk_keep(a[(j + 1) & 1]);               // ...so the set chunk q+1 writes is free
+                // chunk q-1 (possibly the previous segment's last) has retired: its ring slot is free
+                if (q > 0 && lane == 0) lk_mbar_arrive(&empty_bar[(q - 1) % STAGES]);
+            }
+            cur = nxt;
         }
-        cur = nxt;
-    }
-    lk_wgmma_wait<0>();
-    lk_wgmma_fence_acc(acc);
+        lk_wgmma_wait<0>();
+        lk_wgmma_fence_acc(acc);
 
-    // epilogue: Y is token-major [nt, od]; lanes with the same c write 8 consecutive rows (32 B)
+        float4* part = (float4*)ws;
+        if (seg.klo > 0) {   // a helper: partial accumulators to ws[cta] (coalesced by thread), then the flag
+            float4* dst = part + (size_t)blockIdx.x * (BN / 8) * 256 + ctid;
 #pragma unroll
-    for (int jn = 0; jn < BN / 8; jn++) {
-        const int n = n0 + 8 * jn + 2 * c;
-        if (r0 < od) {
-            if (n < nt) Y[(size_t)n * od + r0] = acc[4 * jn + 0];
-            if (n + 1 < nt) Y[(size_t)(n + 1) * od + r0] = acc[4 * jn + 1];
+            for (int i = 0; i < BN / 8; i++)
+                __stcg(dst + i * 256, make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
+            lk_consumer_sync();
+            if (ctid == 0) {
+                __threadfence();
+                lk_st_release(flags + blockIdx.x, 1u);
+            }
+            continue;
         }
-        if (r1 < od) {
-            if (n < nt) Y[(size_t)n * od + r1] = acc[4 * jn + 2];
-            if (n + 1 < nt) Y[(size_t)(n + 1) * od + r1] = acc[4 * jn + 3];
+        // the owner: fold in the partials of the CTAs that hold the rest of this tile's k, in CTA order
+        for (int cc = blockIdx.x + 1, covered = seg.khi; covered < nsb && cc < (int)gridDim.x; cc++) {
+            const int T = (tiles - dp_tiles) * nsb, t0 = (seg.tile - dp_tiles) * nsb;
+            const int a1 = lk_sk_start(cc + 1, T), khi = (a1 < t0 + nsb ? a1 : t0 + nsb) - t0;
+            if (khi <= covered) continue;   // an empty range (never with the launcher's ncta <= stream-K iterations)
+            if (ctid == 0) {
+                while (lk_ld_acquire(flags + cc) == 0) __nanosleep(64);
+                flags[cc] = 0u;   // consumed: the next launch (after this one, in stream order) starts at zero
+            }
+            lk_consumer_sync();
+            const float4* src = part + (size_t)cc * (BN / 8) * 256 + ctid;
+#pragma unroll
+            for (int i = 0; i < BN / 8; i++) {
+                // at most 4 loads in flight over the live accumulators (hoisting all 32 spills registers)
+                if (i % 4 == 0) asm volatile("" ::: "memory");
+                const float4 v = __ldcg(src + i * 256);
+                acc[4 * i] += v.x;
+                acc[4 * i + 1] += v.y;
+                acc[4 * i + 2] += v.z;
+                acc[4 * i + 3] += v.w;
+            }
+            covered = khi;
+        }
+
+        // epilogue: Y is token-major [nt, od]; lanes with the same c write 8 consecutive rows (32 B)
+#pragma unroll
+        for (int jn = 0; jn < BN / 8; jn++) {
+            const int n = n0 + 8 * jn + 2 * c;
+            if (r0 < od) {
+                if (n < nt) Y[(size_t)n * od + r0] = acc[4 * jn + 0];
+                if (n + 1 < nt) Y[(size_t)(n + 1) * od + r0] = acc[4 * jn + 1];
+            }
+            if (r1 < od) {
+                if (n < nt) Y[(size_t)n * od + r1] = acc[4 * jn + 2];
+                if (n + 1 < nt) Y[(size_t)(n + 1) * od + r1] = acc[4 * jn + 3];
+            }
         }
     }
 }
@@ -448,9 +558,9 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
 template <int QT, int BN, int STAGES, int BF16, int SCL>
 __global__ void __launch_bounds__(LK_WG_THREADS, 1)
     wgmma_kq_kernel(const __grid_constant__ LkTmap tm, const u8* __restrict__ W, float* __restrict__ Y, int nt,
-                    int od, int id) {
+                    int od, int id, float* __restrict__ ws, u32* __restrict__ flags, int dp_tiles) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    wgmma_kq_body<QT, BN, STAGES, BF16, SCL>(tm, W, Y, nt, od, id);
+    wgmma_kq_body<QT, BN, STAGES, BF16, SCL>(tm, W, Y, nt, od, id, ws, flags, dp_tiles);
 #else
     __trap();  // wgmma / setmaxnreg exist on sm_90a only: the launcher refuses other devices first
 #endif

@@ -46,15 +46,17 @@ def _run(cp, raw, qtype, x, **params):
 VARIANTS = [k for k in registry.family("wgmma_kq")]
 
 
+@pytest.mark.parametrize("sk", [0, 1], ids=["dp", "sk"])
 @pytest.mark.parametrize("spec", VARIANTS, ids=[k.key for k in VARIANTS])
 @pytest.mark.parametrize("nt,od,id_", [(1, 128, 256), (77, 200, 512), (300, 256, 768), (520, 130, 1024)])
-def test_wgmma_parity(cp, rng, spec, nt, od, id_):
+def test_wgmma_parity(cp, rng, spec, nt, od, id_, sk):
     from labkernels import wgmma
 
     qtype = "q4_K" if spec.p["QT"] == 4 else "q6_K"
     raw = _weights(rng, qtype, od, id_)
     x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
-    y, packed = _run(cp, raw, qtype, x, BN=spec.p["BN"], STAGES=spec.p["STAGES"], BF16=spec.p["BF16"])
+    y, packed = _run(cp, raw, qtype, x, BN=spec.p["BN"], STAGES=spec.p["STAGES"], BF16=spec.p["BF16"],
+                     SCL=spec.p["SCL"], SK=sk)
     g = wgmma.gate(y, raw, qtype, x, packed=packed, bf16=bool(spec.p["BF16"]))
     print(spec.key, nt, od, id_, g)
     assert g["nonfinite"] == 0
@@ -63,6 +65,32 @@ def test_wgmma_parity(cp, rng, spec, nt, od, id_):
     if not spec.p["BF16"]:   # smaller than the int8 q8_1 path's error on the same inputs (bf16's 8-bit mantissa
         i8 = wgmma.int8_path_error(raw, qtype, x)            # is about as coarse as q8_1: not asserted)
         assert g["nmse"] < i8["nmse"], (g, i8)
+
+
+@pytest.mark.parametrize("qtype", ["q4_K", "q6_K"])
+@pytest.mark.parametrize("bn", [128, 256])
+@pytest.mark.parametrize("nt,od,id_", [(1100, 4096, 512), (512, 1000, 4096), (37, 640, 2048)])
+def test_wgmma_stream_k(cp, rng, qtype, bn, nt, od, id_):
+    """Stream-K: data-parallel waves + a stream-K region (1100 x 4096), tiles split over several CTAs (512 x 1000
+    x 4096: 8 x 4 tiles of 16 iterations over 132 CTAs), every tile split (37 tokens). Gated, equal to the
+    data-parallel result within fp32 summation order, bitwise reproducible, and right on a second launch (the
+    owners reset the helpers' flags)."""
+    from labkernels import gpu, wgmma
+
+    raw = _weights(rng, qtype, od, id_)
+    x = rng.standard_normal((nt, id_)).astype(np.float32)
+    scl = wgmma.main_scl(qtype, bn)
+    ncta, dp_tiles = wgmma.schedule(1, nt, od, id_, bn, gpu.device_props()["sm_count"])
+    tiles = -(-od // 128) * -(-nt // bn)
+    assert ncta <= gpu.device_props()["sm_count"] and dp_tiles % ncta == 0 and dp_tiles < tiles
+    y1, packed = _run(cp, raw, qtype, x, BN=bn, SCL=scl, SK=1)
+    y2, _ = _run(cp, raw, qtype, x, BN=bn, SCL=scl, SK=1)
+    y0, _ = _run(cp, raw, qtype, x, BN=bn, SCL=scl, SK=0)
+    g = wgmma.gate(y1, raw, qtype, x, packed=packed, tokens=np.arange(0, nt, max(1, nt // 40)))
+    assert g["ok"] and g["nonfinite"] == 0, g
+    assert np.array_equal(y1, y2), "stream-K is not bitwise reproducible"
+    scale = float(np.abs(y0).max())
+    assert np.abs(y1 - y0).max() <= 1e-5 * scale, "stream-K differs from data-parallel beyond summation order"
 
 
 def test_wgmma_rejects_bad_shapes(cp, rng):
@@ -87,8 +115,10 @@ def test_wgmma_real_model_tensors(cp, rng):
     for name, qtype, raw in model.load_kquant():
         id_ = raw.shape[1] // wgmma.BLOCK_BYTES[qtype] * 256
         x = rng.standard_normal((37, id_)).astype(np.float32)
-        y, packed = _run(cp, np.ascontiguousarray(raw), qtype, x, BN=128, STAGES=4, BF16=0)
-        g = wgmma.gate(y, raw, qtype, x, packed=packed)
-        assert g["ok"], (name, g)
+        for sk in (0, 1):
+            y, packed = _run(cp, np.ascontiguousarray(raw), qtype, x, BN=128, STAGES=4, BF16=0,
+                             SCL=wgmma.main_scl(qtype, 128), SK=sk)
+            g = wgmma.gate(y, raw, qtype, x, packed=packed)
+            assert g["ok"], (name, sk, g)
         n += 1
     assert n >= 36
