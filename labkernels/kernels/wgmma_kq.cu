@@ -528,8 +528,8 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
             const float4* src = part + (size_t)cc * (BN / 8) * 256 + ctid;
 #pragma unroll
             for (int i = 0; i < BN / 8; i++) {
-                // 16 loads (64 registers) in flight over the live accumulators: all of BN=256's 32 would spill
-                if (i % 16 == 0) asm volatile("" ::: "memory");
+                // at most 4 loads in flight over the live accumulators (hoisting all 32 spills registers)
+                if (i % 4 == 0) asm volatile("" ::: "memory");
                 const float4 v = __ldcg(src + i * 256);
                 acc[4 * i] += v.x;
                 acc[4 * i + 1] += v.y;
