@@ -397,12 +397,40 @@ def _choose(qtype: str, nt: int, od: int, id_: int, table=None, cc: int | None =
             d = (np.log(rows.od / od) ** 2 + np.log(rows.id / id_) ** 2 + 0.25 * np.log(rows.nt / nt) ** 2)
             r = rows.loc[d.idxmin()]
             params = tuple((k, int(v)) for k, v in r.params.items())
-            return Choice(r.family, params, f"fastest at {r.od}x{r.id} nt={r.nt} in run {r.run_id}")
+            ch = Choice(r.family, params, f"fastest at {r.od}x{r.id} nt={r.nt} in run {r.run_id}")
+            return ch if r.family == "wgmma_kq" else _with_sweep_variant(ch, qtype, nt, od, id_)
     if wgmma.supported(cc):
         return Choice("wgmma_kq", tuple(wgmma.default_params(qtype, nt).items()),
                       "rule (no recorded round-7 run): wgmma on sm_90, BN=256 from nt=1024")
     fam, par = _int8_default(qtype)
-    return Choice(fam, tuple(par.items()), f"rule: the int8 family (sm_{cc} has no wgmma)")
+    return _with_sweep_variant(Choice(fam, tuple(par.items()), f"rule: the int8 family (sm_{cc} has no wgmma)"),
+                               qtype, nt, od, id_)
+
+
+def _with_sweep_variant(ch: Choice, qtype: str, nt: int, od: int, id_: int, table=None) -> Choice:
+    """An int8 family's variant from the recorded Dask sweeps (data/sweeps: best variant per GPU model, qtype,
+    shape class and nt, ranked inside each task's interleaved pairs) when one covers this GPU model, family and
+    shape class; the family's registry default otherwise. Which one is said in the reason."""
+    from . import sweep
+
+    if table is None and not _has_gpu():
+        return ch   # no device to name: the recorded tables are per GPU model
+    try:
+        gpu_model = device_props()["name"] if table is None else None
+        df = sweep.best_variants(gpu_model) if table is None else table
+        df = df[df.family == ch.family] if len(df) else df
+        pick = sweep.pick_variant(qtype, od, id_, nt, gpu_model or "", table=df)
+    except (LookupError, KeyError, AttributeError):
+        return ch
+    except Exception as e:   # a GPU query or a data folder that cannot be read: say so, keep the default
+        import logging
+
+        logging.getLogger("labkernels.gpu").warning("sweep best-variant table not used: %s", e)
+        return ch
+    par = {k: int(v) for k, v in pick["params"].items() if k != "STRIDE"}   # the weight's own row stride wins
+    return Choice(ch.family, tuple({**dict(ch.params), **par}.items()),
+                  ch.reason + f"; variant {pick['kernel']} from sweep {pick['sweep_run']} "
+                              f"({pick['shape_class']}, nt={pick['nt_measured']})")
 
 
 def _has_gpu() -> bool:

@@ -432,3 +432,25 @@ def test_hung_task_is_restarted_after_the_timeout(tmp_path):
     assert (t.status == "complete").all() and t.loc[hung, "attempts"] == 2
     assert any("restarting that worker" in m for m in logs)
     assert len(records.list_runs(sweep.BENCH_ROUND, root=tmp_path / "data")) == 3
+
+
+def test_auto_choice_takes_the_int8_variant_from_the_recorded_sweep():
+    """gpu.choose: the family comes from round 7's interleaved table; an int8 family's variant from the sweeps'
+    best-variant table (its STRIDE left to the weight), said in the reason; without a covering row, the default."""
+    import json
+
+    import pandas as pd
+
+    from labkernels import gpu
+
+    table = pd.DataFrame([{"gpu_model": "NVIDIA H200", "qtype": "q6_K", "shape_class": "square", "nt": 1024,
+                           "family": "q6k_expb", "kernel": "q6k_expb[KDR=2,STRIDE=210,EPI=1,OCC=1]",
+                           "params": json.dumps({"KDR": 2, "STRIDE": 210, "EPI": 1, "OCC": 1}), "sweep_run": "S1"}])
+    base = gpu.Choice("q6k_expb", (("KDR", 4), ("EPI", 0), ("OCC", 2)), "rule")
+    ch = gpu._with_sweep_variant(base, "q6_K", 900, 4096, 4096, table=table)
+    assert dict(ch.params) == {"KDR": 2, "EPI": 1, "OCC": 1} and "sweep S1" in ch.reason
+    # another shape class, another family or qtype: nothing recorded covers it -> the default, unchanged
+    assert gpu._with_sweep_variant(base, "q6_K", 900, 11008, 4096, table=table) == base
+    assert gpu._with_sweep_variant(base, "q4_K", 900, 4096, 4096, table=table) == base
+    q4 = gpu.Choice("q4k_nb", (("KDR", 8),), "rule")
+    assert gpu._with_sweep_variant(q4, "q4_K", 900, 4096, 4096, table=table) == q4
