@@ -299,6 +299,9 @@ def _cubin(source: str) -> tuple[str, dict]:
     wrapper = audit.wrapper_source(src, specs)
     flags = ["-cubin", "-std=c++17", "-O3", "-Xptxas", "-v", "-gencode=arch=compute_90a,code=sm_90a",
              f"-I{registry.KERNELS_DIR}"]
+    # ablation builds (e.g. LK_ABLATE_NOFIX): -D names from the environment, part of the cache key; a run made with
+    # them records them in its provenance (never for the recorded benchmark of the round)
+    flags += [f"-D{d}" for d in os.environ.get("LABKERNELS_WG_DEFINES", "").split() if re.fullmatch(r"LK_ABLATE_\w+", d)]
     key = hashlib.sha256(("\n".join([wrapper, src.read_text(), audit._dir_digest(registry.KERNELS_DIR),
                                      audit._nvcc_version(nvcc), *flags])).encode()).hexdigest()[:20]
     cache = paths.CACHE_DIR / "cubin"

@@ -503,6 +503,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
         lk_wgmma_fence_acc(acc);
 
         float4* part = (float4*)ws;
+#ifndef LK_ABLATE_NOFIX   // ablation builds only (labkernels.wgmma: LABKERNELS_WG_DEFINES): skip the fix-up
         if (seg.klo > 0) {   // a helper: partial accumulators to ws[cta] (coalesced by thread), then the flag
             float4* dst = part + (size_t)blockIdx.x * (BN / 8) * 256 + ctid;
 #pragma unroll
@@ -539,6 +540,8 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
             covered = khi;
         }
 
+#endif
+#ifndef LK_ABLATE_NOSTORE   // ablation: skip the store (timing only)
         // epilogue: Y is token-major [nt, od]; lanes with the same c write 8 consecutive rows (32 B)
 #pragma unroll
         for (int jn = 0; jn < BN / 8; jn++) {
@@ -552,6 +555,9 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
                 if (n + 1 < nt) Y[(size_t)(n + 1) * od + r1] = acc[4 * jn + 3];
             }
         }
+#else
+        if (acc[0] == 12345.f) Y[0] = acc[1];   // keep the accumulators live
+#endif
     }
 }
 
