@@ -21,7 +21,7 @@ import numpy as np
 from .paths import REPO_ROOT
 
 STEPS = ("env", "tests", "sanitizer", "occupancy", "q6k", "kdr", "q4k", "prefill", "prefill7b", "decompose", "forensics",
-         "wgmma", "wgmma_sanitizer", "wgmma_ncu", "prefill_r7")
+         "wgmma", "wgmma_sanitizer", "wgmma_ncu", "wgmma_costs", "prefill_r7")
 
 
 def _log(msg: str) -> None:
@@ -257,6 +257,15 @@ def step_wgmma(out: Path, args) -> dict:
 
     with records.recording("wgmma", wgmma.PLAN, root=out / "data") as run:
         wgmma.record(run, progress=_log)
+    return {"ok": True, "run": run.run_id}
+
+
+def step_wgmma_costs(out: Path, args) -> dict:
+    """Round 7: the per-launch vs main-loop cost scan at nt=512 (labkernels.wgmma.cost_scan), recorded."""
+    from . import records, wgmma
+
+    with records.recording("wgmma", {"what": "cost_scan"}, root=out / "data") as run:
+        wgmma.cost_scan(run, progress=_log)
     return {"ok": True, "run": run.run_id}
 
 

@@ -397,7 +397,9 @@ class WgKernel:
                 holders.append(ctypes.c_uint64(int(a.data.ptr)))   # a device array
         params = np.array([ctypes.addressof(h) for h in holders], dtype=np.uintp)
         stream = _cp().cuda.get_current_stream().ptr
-        (err,) = drv.cuLaunchKernel(drv.CUfunction(self._fptr), int(grid[0]), int(grid[1]), 1,
+        if not hasattr(self, "_cufn"):
+            self._cufn = drv.CUfunction(self._fptr)
+        (err,) = drv.cuLaunchKernel(self._cufn, int(grid[0]), int(grid[1]), 1,
                                     self.spec.threads, 1, 1, self.smem, drv.CUstream(stream), params, 0)
         if int(err) != 0:
             raise WgmmaError(f"launch of {self.spec.key} grid {grid} failed: {err}")
@@ -410,14 +412,21 @@ def kernel(**params) -> WgKernel:
 
 def tensor_map(x16, box_n: int, bf16: bool = False) -> bytes:
     """CUtensorMap of the 16-bit activations [nt, id] (float16, or bf16 bits as uint16): boxes of
-    [box_n tokens x 64 k], 128-byte swizzle, out-of-range tokens read as zeros."""
+    [box_n tokens x 64 k], 128-byte swizzle, out-of-range tokens read as zeros. The 128 bytes are a function of
+    (address, shape, box, type) only, so they are cached by exactly that key (encoding costs ~10 us of host time,
+    a prefill asks ~200 times a forward with the same few buffers)."""
+    nt, id_ = x16.shape
+    return _tensor_map(int(x16.data.ptr), int(nt), int(id_), int(box_n), bool(bf16))
+
+
+@lru_cache(maxsize=8192)
+def _tensor_map(ptr: int, nt: int, id_: int, box_n: int, bf16: bool) -> bytes:
     from cuda.bindings import driver as drv
 
-    nt, id_ = x16.shape
     dt = (drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 if bf16
           else drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16)
     err, tm = drv.cuTensorMapEncodeTiled(
-        dt, 2, int(x16.data.ptr), [drv.cuuint64_t(id_), drv.cuuint64_t(nt)], [drv.cuuint64_t(id_ * 2)],
+        dt, 2, ptr, [drv.cuuint64_t(id_), drv.cuuint64_t(nt)], [drv.cuuint64_t(id_ * 2)],
         [drv.cuuint32_t(64), drv.cuuint32_t(box_n)], [drv.cuuint32_t(1), drv.cuuint32_t(1)],
         drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
         drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -535,6 +544,13 @@ def schedule(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> tup
     return ncta, max(0, full - 1) * ncta
 
 
+@lru_cache(maxsize=None)
+def _sm_count(device: int) -> int:
+    from .gpu import device_props
+
+    return int(device_props()["sm_count"])
+
+
 SK_MAXSEG = 8   # LK_SK_MAXSEG in wgmma_kq.cu
 
 
@@ -590,7 +606,7 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
     """Y[nt, od] (float32) = x[nt, id] * W^T on the wgmma_kq family. x: cupy float16 / bfloat16-as-uint16 /
     float32 (converted to f16 here, or bf16 when ``BF16=1``). ``SK``: the tile scheduler, 0 data-parallel or 1
     stream-K (:func:`schedule`)."""
-    from .gpu import ShapeError, _out, device_props
+    from .gpu import ShapeError, _out
 
     cp = _cp()
     if not isinstance(x, cp.ndarray) or x.ndim != 2:
@@ -612,7 +628,7 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
                          "operands (pass float32, or float16 for f16 / bf16 bits as uint16 for bf16)")
     qt = 4 if w.qtype == "q4_K" else 6
     k = kernel(QT=qt, BN=BN, STAGES=STAGES, BF16=bf16, SCL=SCL)
-    ncta, dp_tiles = schedule(int(SK), nt, w.od, w.id, BN, device_props()["sm_count"] * k.blocks_per_sm)
+    ncta, dp_tiles = schedule(int(SK), nt, w.od, w.id, BN, _sm_count(cp.cuda.Device().id) * k.blocks_per_sm)
     if SK:
         _check_schedule(ncta, w.id // QK, ((w.od + 127) // 128) * ((nt + BN - 1) // BN), dp_tiles)
     y = _out(nt, w.od, out)
@@ -778,6 +794,66 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
                     f"{k} {2 * nt * od * id_ / (v * 1e-6) / 1e12:.0f}" for k, v in med.items())
                     + f" TOPS-eq; best/cuBLAS {med['cublas_f16_cached'] / med[best]:.2f}x ({time.time() - t0:.1f} s)")
     return rows
+
+
+def cost_scan(run=None, od: int = 4096, ids=(256, 1024, 4096, 14336), nt: int = 512, pairs: int = 3,
+              repeats: int = 10, seed: int = 0, progress=print) -> list[dict]:
+    """Where a launch's time goes at a small token count: an id (k) scan of q4_K at (nt, od) for BN 128/256 under
+    both schedulers and cuBLAS fp16 (interleaved, L2 flushed, CUDA events), so that time = intercept + slope x k
+    separates the per-launch cost (launch, pipeline fill, epilogue) from the main loop's; plus, per id, the
+    back-to-back rate of 50 launches without a flush (host-enqueue-bound when it exceeds the kernel time) and the
+    host time of one ``gemm()`` call. Rows to ``run`` table ``cost_scan``."""
+    from . import bench as B
+
+    cp = _cp()
+    rng = np.random.default_rng(seed or None)
+    flush = B.Flusher()
+    rows = []
+    for id_ in ids:
+        raw = B.synthetic_weights("q4_K", od, id_, rng)
+        w = WgWeight.from_gguf(raw, "q4_K")
+        x16 = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float16))
+        y = cp.empty((nt, od), cp.float32)
+        y16 = cp.empty((nt, od), cp.float16)
+        w16 = cp.asarray(rng.standard_normal((od, id_)).astype(np.float16))
+        vs = {variant_name(bn, 4, 0, sk): (lambda bn=bn, sk=sk: gemm(w, x16, out=y, BN=bn, SCL=0, SK=sk))
+              for bn in (128, 256) for sk in (0, 1)}
+        vs["cublas_f16_cached"] = lambda: cp.matmul(x16, w16.T, out=y16)
+        res = B.interleaved(vs, pairs=pairs, repeats=repeats, flush=flush)
+        for name, st in res.items():
+            f = vs[name]
+            f()
+            cp.cuda.Device().synchronize()
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            t0 = time.perf_counter()
+            e0.record()
+            for _ in range(50):
+                f()
+            e1.record()
+            t1 = time.perf_counter()
+            e1.synchronize()
+            rows.append({"qtype": "q4_K", "od": od, "id": id_, "nt": nt, "variant": name,
+                         "median_us": float(np.median([r["median_us"] for r in st])),
+                         "back_to_back_us": cp.cuda.get_elapsed_time(e0, e1) * 1e3 / 50,
+                         "host_enqueue_us": (t1 - t0) / 50 * 1e6})
+        progress(f"cost scan {od}x{id_} nt={nt}: " + ", ".join(f"{r['variant']} {r['median_us']:.1f}"
+                                                            for r in rows[-len(vs):]) + " us")
+    if run is not None:
+        run.append("cost_scan", rows)
+    return rows
+
+
+def cost_fit(scan_df):
+    """Per variant: time = intercept + slope x id (least squares over the scan), and the host enqueue time."""
+    import pandas as pd
+
+    out = []
+    for v, g in scan_df.groupby("variant"):
+        slope, icpt = np.polyfit(g["id"].to_numpy(float), g.median_us.to_numpy(float), 1)
+        out.append({"variant": v, "intercept_us": icpt, "ns_per_k": slope * 1e3,
+                    "host_enqueue_us": float(g.host_enqueue_us.median()),
+                    "back_to_back_us_at_min_id": float(g.sort_values("id").back_to_back_us.iloc[0])})
+    return pd.DataFrame(out)
 
 
 # ------------------------------------------------------------------------------------------------ the recorded round

@@ -197,3 +197,18 @@ def test_stream_k_schedule_covers_every_iteration_once(nt, od, id_, bn):
             assert ncta == tiles == dp
     with pytest.raises(ValueError, match="SK is 0"):
         wgmma.schedule(2, 1, 128, 256, 128, 132)
+
+
+def test_cost_fit_separates_per_launch_and_per_k_cost():
+    import pandas as pd
+
+    from labkernels import wgmma
+
+    ids = [256, 1024, 4096, 14336]
+    rows = [{"variant": v, "id": i, "median_us": a + b * i / 1000, "host_enqueue_us": h, "back_to_back_us": 40.0 + i}
+            for v, a, b, h in (("wgmma_bn256_s4_scl0_sk", 11.8, 5.8, 45.0), ("cublas_f16_cached", 6.2, 5.3, 20.0))
+            for i in ids]
+    fit = wgmma.cost_fit(pd.DataFrame(rows)).set_index("variant")
+    assert fit.loc["wgmma_bn256_s4_scl0_sk", "intercept_us"] == pytest.approx(11.8)
+    assert fit.loc["cublas_f16_cached", "ns_per_k"] == pytest.approx(5.3)
+    assert fit.loc["cublas_f16_cached", "back_to_back_us_at_min_id"] == 40.0 + 256
