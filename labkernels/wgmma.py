@@ -797,12 +797,15 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
 
 
 def cost_scan(run=None, od: int = 4096, ids=(256, 1024, 4096, 14336), nt: int = 512, pairs: int = 3,
-              repeats: int = 10, seed: int = 0, progress=print) -> list[dict]:
+              repeats: int = 10, seed: int = 0, progress=print, ablate_id: int | None = 4096) -> list[dict]:
     """Where a launch's time goes at a small token count: an id (k) scan of q4_K at (nt, od) for BN 128/256 under
     both schedulers and cuBLAS fp16 (interleaved, L2 flushed, CUDA events), so that time = intercept + slope x k
     separates the per-launch cost (launch, pipeline fill, epilogue) from the main loop's; plus, per id, the
     back-to-back rate of 50 launches without a flush (host-enqueue-bound when it exceeds the kernel time) and the
-    host time of one ``gemm()`` call. Rows to ``run`` table ``cost_scan``."""
+    host time of one ``gemm()`` call. At ``ablate_id``, the stream-K BN=256 launch also from ablation builds
+    (``LK_ABLATE_NOFIX``: no partial sums / fix-up; ``LK_ABLATE_NOSTORE``: no output store; wrong results by design,
+    timing only), interleaved with the normal build: variant names end in ``[NOFIX]`` / ``[NOSTORE]``. Rows to
+    ``run`` table ``cost_scan``."""
     from . import bench as B
 
     cp = _cp()
@@ -838,8 +841,42 @@ def cost_scan(run=None, od: int = 4096, ids=(256, 1024, 4096, 14336), nt: int = 
                          "host_enqueue_us": (t1 - t0) / 50 * 1e6})
         progress(f"cost scan {od}x{id_} nt={nt}: " + ", ".join(f"{r['variant']} {r['median_us']:.1f}"
                                                             for r in rows[-len(vs):]) + " us")
+        if id_ == ablate_id:
+            rows += _ablation(w, x16, y, flush, pairs, repeats, {"qtype": "q4_K", "od": od, "id": id_, "nt": nt},
+                              progress)
     if run is not None:
         run.append("cost_scan", rows)
+    return rows
+
+
+ABLATIONS = ("LK_ABLATE_NOFIX", "LK_ABLATE_NOSTORE")
+
+
+def _ablation(w, x16, y, flush, pairs, repeats, key, progress) -> list[dict]:
+    from . import bench as B
+
+    spec = registry.find("wgmma_kq", QT=4, BN=256, STAGES=4, BF16=0, SCL=0)
+    base = variant_name(256, 4, 0, 1)
+    ks = {base: kernel(**spec.p)}
+    old = os.environ.get("LABKERNELS_WG_DEFINES")
+    try:
+        for d in ABLATIONS:
+            os.environ["LABKERNELS_WG_DEFINES"] = d
+            ks[f"{base}[{d[len('LK_ABLATE_'):]}]"] = WgKernel(spec)
+    finally:
+        if old is None:
+            os.environ.pop("LABKERNELS_WG_DEFINES", None)
+        else:
+            os.environ["LABKERNELS_WG_DEFINES"] = old
+    ncta, dp_tiles = schedule(1, x16.shape[0], w.od, w.id, 256, _sm_count(_cp().cuda.Device().id))
+    tm = tensor_map(x16, 256)
+    ws, flags = _WS.get(_cp().cuda.get_current_stream().ptr, ncta, 256)
+    vs = {n: (lambda k=k: k.launch((ncta, 1), tm, w.packed, y, np.int32(x16.shape[0]), np.int32(w.od),
+                                   np.int32(w.id), ws, flags, np.int32(dp_tiles))) for n, k in ks.items()}
+    res = B.interleaved(vs, pairs=pairs, repeats=repeats, flush=flush)
+    rows = [{**key, "variant": n, "median_us": float(np.median([r["median_us"] for r in st])),
+             "back_to_back_us": float("nan"), "host_enqueue_us": float("nan")} for n, st in res.items()]
+    progress("ablation: " + ", ".join(f"{r['variant']} {r['median_us']:.1f}" for r in rows) + " us")
     return rows
 
 
@@ -848,6 +885,7 @@ def cost_fit(scan_df):
     import pandas as pd
 
     out = []
+    scan_df = scan_df[~scan_df.variant.str.contains(r"\[", regex=True)]   # the ablation rows are one k only
     for v, g in scan_df.groupby("variant"):
         slope, icpt = np.polyfit(g["id"].to_numpy(float), g.median_us.to_numpy(float), 1)
         out.append({"variant": v, "intercept_us": icpt, "ns_per_k": slope * 1e3,

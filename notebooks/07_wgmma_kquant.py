@@ -154,6 +154,66 @@ bar = pd.DataFrame(wgmma.bars(summ))
 display(report.table(bar, caption="The issue's performance bar, point by point"))
 
 # %% [markdown]
+# ## The tile scheduler at nt=512: data-parallel (one CTA per tile) vs stream-K (persistent, k split)
+
+# %%
+n512 = med[(med.nt == 512) & med.variant.str.startswith(("wgmma_bn", "cublas_f16_cached"))].copy()
+if n512.variant.str.endswith("_sk").any():
+    n512["sched"] = np.where(n512.variant.str.endswith("_sk"), "stream-K",
+                             np.where(n512.variant.str.startswith("cublas"), "cuBLAS", "data-parallel"))
+    best = n512.loc[n512.groupby(["qtype", "od", "id", "sched"]).median_us.idxmin()]
+    fig, ax = plt.subplots(figsize=(11, 4))
+    keys = [(q, od, id_) for q in ("q4_K", "q6_K") for od, id_ in wgmma.SHAPES]
+    xs = np.arange(len(keys))
+    for k, (sched, col) in enumerate((("data-parallel", plotting.color("wgmma_kq")), ("stream-K", plotting.color("issue")),
+                                       ("cuBLAS", plotting.color("cublas_f16_cached")))):
+        vals = [best[(best.qtype == q) & (best.od == od) & (best.id == id_) & (best.sched == sched)].tops_eq.max()
+                for q, od, id_ in keys]
+        ax.bar(xs + (k - 1) * .27, vals, .27, label=sched if sched == "cuBLAS" else f"wgmma_kq, {sched} (best BN, SCL)",
+               color=col)
+    ax.set_xticks(xs, [f"{q}\n{od}x{id_}" for q, od, id_ in keys], fontsize=8)
+    ax.set_ylabel("TOPS-eq at nt=512"); ax.legend(fontsize=8); ax.grid(axis="y", alpha=.3)
+    ax.set_title(f"nt=512, run {run.run_id} (interleaved, L2 flushed)", fontsize=9)
+    plt.show()
+    piv = best.pivot_table(index=["qtype", "od", "id"], columns="sched", values="tops_eq").reset_index()
+    piv["stream-K / data-parallel"] = piv["stream-K"] / piv["data-parallel"]
+    piv["best / cuBLAS"] = piv[["stream-K", "data-parallel"]].max(axis=1) / piv["cuBLAS"]
+    display(report.table(piv, caption="TOPS-eq at nt=512 by scheduler (best variant of each); ratios of medians"))
+else:
+    print(f"run {run.run_id} predates the stream-K scheduler")
+
+# %% [markdown]
+# **Where a launch's time goes at nt=512.** A k scan at (nt=512, od=4096), q4_K, fits time = intercept + slope·k
+# for each variant: the slope is the main loop's cost per unit of k, the intercept what a launch pays besides
+# (launch, pipeline fill, the last tile's epilogue, the stream-K fix-up). Run separately from the benchmark
+# (`gpu-check --steps wgmma_costs`), interleaved with cuBLAS in its own process.
+
+# %%
+cs = records.latest("wgmma", where=lambda r: r.has("cost_scan"))
+if cs is None:
+    print("no cost scan recorded")
+else:
+    sc = cs.table("cost_scan")
+    fit = wgmma.cost_fit(sc)
+    display(report.table(fit, caption=f"time = intercept + slope x k at nt=512, od=4096, q4_K (run {cs.run_id}); "
+                                      "host_enqueue_us: host time of one call (50 back-to-back, no flush)"))
+    abl = sc[sc.variant.str.startswith("wgmma_bn256_s4_scl0_sk") & sc["id"].isin(
+        sc[sc.variant.str.contains("[", regex=False)]["id"])][["od", "id", "nt", "variant", "median_us"]]
+    if len(abl):
+        display(report.table(abl, caption="Ablation builds of the stream-K BN=256 launch, interleaved (timing only: "
+                                          "[NOFIX] skips the partial sums and fix-up, [NOSTORE] the output store)"))
+    sc = sc[~sc.variant.str.contains("[", regex=False)]
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    for v, g in sc.groupby("variant"):
+        g = g.sort_values("id")
+        col = plotting.color("cublas_f16_cached") if v.startswith("cublas") else None
+        ax.plot(g["id"], g.median_us, "o-", label=v, color=col, lw=2 if v.startswith("cublas") else 1.2)
+    ax.set_xlabel("k = id (elements)"); ax.set_ylabel("time per GEMM [us] (nt=512, od=4096)")
+    ax.grid(alpha=.3); ax.legend(fontsize=8)
+    ax.set_title(f"{cs.provenance.get('gpu', {}).get('name', 'GPU')}, run {cs.run_id}", fontsize=9)
+    plt.show()
+
+# %% [markdown]
 # ## Roofline: where the points sit against the fp16 tensor line and HBM
 
 # %%
@@ -186,7 +246,8 @@ else:
     nct = wgmma.ncu_table(nc.table("sections"))
     display(report.table(nct, caption=f"ncu --clock-control none, run {nc.run_id} (4096 x 4096; SM frequency as ncu read it)"))
     fig, ax = plt.subplots(figsize=(9, 3.8))
-    lab = [f"{'q4_K' if 'QT=4' in k else 'q6_K'} BN={k.split('BN=')[1].split(',')[0]} nt={n}" for k, n in zip(nct.kernel, nct.nt)]
+    lab = [f"{'q4_K' if 'QT=4' in k else 'q6_K'} BN={k.split('BN=')[1].split(',')[0]}\n{'stream-K' if sk else 'data-par.'} nt={n}"
+           for k, n, sk in zip(nct.kernel, nct.nt, nct.sk)]
     xs = np.arange(len(lab))
     ax.bar(xs - .2, nct["Compute (SM) Throughput [%]"], .4, label="SM compute throughput (tensor pipe) [%]",
            color=plotting.color("wgmma_kq"))
@@ -198,22 +259,32 @@ else:
     plt.show()
 
 # %% [markdown]
-# **Reading the counters.** At BN=256 the tensor pipe is the busiest unit (~80% of the SM's elapsed cycles), with
-# issue slots only ~31% busy: the conversion is paid for, and what remains is the pipeline's ramp at each CTA's start
-# and end (SM active cycles ≈ 88% of elapsed at one wave) and the clock the chip holds under tensor load. At BN=128
-# the tensor pipe falls to ~56–62% while issue stays below half (41–45%) and a scheduler has an eligible warp only
-# ~46% of cycles with 2.25 warps resident: the two consumer warpgroups stall on their own chains (convert → wgmma
-# → wait) rather than on issue bandwidth — a latency problem that more independent work per scheduler (a third
-# consumer group, ping-pong scheduling of the two, or converting the next chunk before waiting; the last was
-# tried and computed wrong results, see the kernel source) would address. At nt=512 that is what stands between
-# round 7 and cuBLAS.
+# **Reading the counters** (run 20261201T104510Z, the stream-K kernel). At nt=4096 with BN=256 (data-parallel, whole
+# waves) the tensor pipe is the busiest unit (76–82% of elapsed cycles) with issue slots only ~32% busy: the
+# conversion is paid for. At nt=512 the stream-K BN=256 launch fills all 132 SMs, yet SM compute throughput is only
+# ~48–55%: SMs are active 82% of the elapsed cycles and, while active, the consumer warps wait — 0.38 eligible warps
+# per scheduler of 2.2 resident, issue 22% busy. BN=128 (data-parallel, 128 CTAs) sits at the same 48–55% with
+# issue at 37–41%: its conversion per MAC is twice BN=256's, so it is nearer the issue limit. In both, the two
+# consumer warpgroups stall on their own convert → wgmma → wait chains; a third consumer group does not fit the
+# register file at BN=256 (3 × 128 threads × 240 registers), which leaves ping-pong scheduling of the two groups over
+# different tiles (one converts and issues while the other drains and stores) as the next step.
 
 # %% [markdown]
-# **Prediction against measurement.** Predicted: BN=128 near issue-bound at ~55–65% of the tensor line, BN=256
-# near cuBLAS (~80%), nt=512 near ~0.8× cuBLAS. Measured: 51–62% (BN=128) and 80–82% (BN=256) SM compute
-# throughput; nt=4096 at 0.92–1.01× cuBLAS; nt=512 at 0.65–0.82×. The BN=128 part of the prediction was right in
-# size but wrong in cause: issue slots are only 39–45% busy, so the loss is latency (too few independent warps per
-# scheduler), not issue bandwidth.
+# **Prediction against measurement.** First step — predicted: BN=128 near issue-bound at ~55–65% of the tensor line,
+# BN=256 near cuBLAS (~80%), nt=512 near ~0.8× cuBLAS. Measured (run 20261201T091148Z): 51–62% (BN=128) and 80–82%
+# (BN=256) SM compute throughput; nt=4096 at 0.92–1.01× cuBLAS; nt=512 at 0.65–0.82×. The BN=128 part was right in
+# size but wrong in cause: issue slots were only 39–45% busy, so the loss is latency, not issue bandwidth.
+#
+# Second step, stream-K — predicted: BN=256 stream-K ~1.9× BN=256 data-parallel at 4096×4096, nt=512 within ±5% of
+# cuBLAS. Measured (run 20261201T103932Z, interleaved): stream-K BN=256 is 1.22–1.49× data-parallel BN=256 (1.29× for
+# q4_K 4096×4096, not 1.9×), the best nt=512 point per shape now 0.82–0.87× cuBLAS for q4_K and 0.69–0.75×
+# for q6_K — the nt=512 bar (≥ 1.0×) is **not met**. The prediction was wrong by the per-launch cost: it assumed
+# ~1 super-block of fill and fix-up per segment, and the cost scan above puts the intercept of a stream-K BN=256
+# launch near 12 us (cuBLAS: ~6 us), about four super-blocks of one CTA's main loop, while ablation builds without
+# the fix-up or without the output store (same scan run) move the time by ~1% (so neither the partial sums nor the
+# store is it: the cost is in the pipeline's ramp, and the slope itself is ~9% above cuBLAS's). At
+# nt=4096 the scheduler changes nothing measurable (whole waves stay data-parallel; the best point per shape is
+# 0.87–1.03× cuBLAS in this run).
 
 # %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process
