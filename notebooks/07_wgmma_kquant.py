@@ -279,10 +279,11 @@ else:
 # cuBLAS. Measured (run 20261201T103932Z, interleaved): stream-K BN=256 is 1.22–1.49× data-parallel BN=256 (1.29× for
 # q4_K 4096×4096, not 1.9×), the best nt=512 point per shape now 0.82–0.87× cuBLAS for q4_K and 0.69–0.75×
 # for q6_K — the nt=512 bar (≥ 1.0×) is **not met**. The prediction was wrong by the per-launch cost: it assumed
-# ~1 super-block of fill and fix-up per segment, and the cost scan above puts the intercept of a stream-K BN=256
-# launch near 12 us (cuBLAS: ~6 us), about four super-blocks of one CTA's main loop, while ablation builds without
-# the fix-up or without the output store (same scan run) move the time by ~1% (so neither the partial sums nor the
-# store is it: the cost is in the pipeline's ramp, and the slope itself is ~9% above cuBLAS's). At
+# ~1 super-block of fill and fix-up per segment; the cost scan above (run 20261201T110331Z) puts the intercept of a
+# stream-K BN=256 launch at 11.1 us against cuBLAS's 6.7 us — about 3.5 super-blocks of one CTA's main loop — and its
+# slope at 5.88 ns per unit of k against cuBLAS's 5.24 (+12%), while ablation builds without the fix-up or without
+# the output store (same run, interleaved) move the time by < 1% (35.8 / 36.0 vs 36.0 us): neither the partial sums
+# nor the store is it; the cost is the pipeline's ramp and the main loop's latency-bound rate. At
 # nt=4096 the scheduler changes nothing measurable (whole waves stay data-parallel; the best point per shape is
 # 0.87–1.03× cuBLAS in this run).
 
