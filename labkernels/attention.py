@@ -1,0 +1,540 @@
+"""Attention of the prefill: the lab's baseline, cuDNN's fused SDPA, and PyTorch's SDPA (for comparison).
+
+``PrefillOptions(attention=...)`` picks the path (:func:`make`):
+
+* ``"cudnn"`` -- one fused FlashAttention-class kernel per layer: cuDNN's scaled-dot-product attention through the
+  ``nvidia-cudnn-frontend`` Python graph API. q / k / v stay in the prefill's token-major layout ([n, heads*d], read
+  as BSHD strides, no copy); they are converted to fp16 (or bf16, ``attn_dtype``) in one pass each; the output is
+  written in the layout ``attn_output`` reads ([n, n_head*d_v]), fp16 (what a ``wgmma_kq`` consumer takes directly).
+  Masks: causal (``diagonal_band_right_bound=0``, top-left) and, on Gemma 3's sliding layers, the window as
+  ``diagonal_band_left_bound=window`` (cuDNN masks key j for query i when j <= i - left_bound, i.e. a query sees its
+  ``window`` most recent positions itself included -- llama.cpp's ``p1 - p0 >= n_swa`` rule). Grouped-query heads
+  are K/V tensors with fewer heads; the softmax scale is ``attn_scale`` (the prefill passes 1.0: it multiplies q
+  by the architecture's scale before attention, as llama.cpp's graphs do -- Gemma's query_pre_attn_scalar
+  included); fp32 softmax statistics and accumulation. One graph per (tokens, layer kind, dtype) is built on first
+  use and cached with its workspace.
+* ``"torch"`` -- ``torch.nn.functional.scaled_dot_product_attention`` on the same CuPy buffers through DLPack (no
+  copy in; the output is permuted back into [n, heads*d]); the sliding window goes as a boolean mask (which keeps
+  PyTorch off its FlashAttention backend); the backend PyTorch picks is reported (:meth:`Torch.backend`).
+* ``"baseline"`` -- the lab's path: cuBLAS batched QK^T and PV around the lab's masked-softmax kernel over the
+  materialized [heads, n, n] scores (fp32, or fp16 with ``attn_f16``).
+* ``"auto"`` (default) -- ``cudnn`` when the frontend imports on a CUDA machine and every layer kind passes its
+  support checks, else ``baseline``, with the reason logged (logger ``labkernels.attention``) and kept in
+  ``backend.note`` (recorded by the prefill / decomposition runs). An explicit ``"cudnn"`` that cannot run is an
+  error (:class:`AttentionUnavailable`), never a silent fallback; a layer shape or mask the chosen path cannot take
+  is an :class:`AttentionError` naming the layer and the mask.
+
+FLOPs (:func:`attention_flops`): 2·(d + d_v) per visible (query, key) pair per head, the visible pairs counted as
+the area of the causal band: n²/2 for causal attention (the usual convention: causal counted as half), n²/2 -
+(n - w)²/2 with a window w < n.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import logging
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import gpu
+
+log = logging.getLogger("labkernels.attention")
+
+BACKENDS = ("auto", "cudnn", "torch", "baseline")
+DTYPES = ("f16", "bf16")
+#: head dims cuDNN's fp16/bf16 SDPA takes on sm_80..sm_90 (multiple of 8, at most 256; d_qk = 192 with d_v = 128)
+CUDNN_MAX_HEAD_DIM = 256
+
+
+class AttentionError(ValueError):
+    """A layer's attention (shape or mask) that the chosen path cannot take."""
+
+
+class AttentionUnavailable(RuntimeError):
+    """The requested attention backend cannot run on this machine (package missing, no GPU)."""
+
+
+# ------------------------------------------------------------------------------------------------ layer kinds
+@dataclass(frozen=True)
+class LayerKind:
+    """What one layer's attention computes: heads, head dims, the causal window and the softmax scale."""
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    head_dim_v: int
+    window: int = 0          # 0: causal only; w: key j visible from query i iff 0 <= i - j < w
+    scale: float = 1.0       # softmax(scale * q.k)
+
+    @property
+    def mask(self) -> str:
+        return f"causal + sliding window {self.window}" if self.window else "causal"
+
+    def describe(self) -> str:
+        return (f"{self.mask}, {self.n_head} query heads / {self.n_head_kv} kv heads x {self.head_dim}"
+                + (f" (v {self.head_dim_v})" if self.head_dim_v != self.head_dim else "") + f", scale {self.scale:g}")
+
+    def at(self, n: int) -> "LayerKind":
+        """The kind as it acts on n tokens: a window >= n masks nothing beyond causality."""
+        if self.window and self.window >= n:
+            return LayerKind(self.n_head, self.n_head_kv, self.head_dim, self.head_dim_v, 0, self.scale)
+        return self
+
+
+def layer_kind(cfg, il: int, scale: float = 1.0) -> LayerKind:
+    """Layer ``il``'s kind from a ModelConfig (``scale`` 1.0: the prefill pre-scales q by ``cfg.attn_scale``)."""
+    window = int(cfg.sliding_window) if cfg.is_sliding(il) else 0
+    return LayerKind(cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v, window, float(scale))
+
+
+def model_kinds(cfg, scale: float = 1.0) -> dict:
+    """{kind: [layers]} over a model's layers."""
+    out: dict = {}
+    for il in range(cfg.n_layer):
+        out.setdefault(layer_kind(cfg, il, scale), []).append(il)
+    return out
+
+
+def visible_pairs(n: int, window: int = 0) -> float:
+    """(query, key) pairs a causal (windowed) layer computes, as the band's area: n²/2, or n²/2 - (n - w)²/2."""
+    if n < 0 or window < 0:
+        raise ValueError(f"tokens and window must be non-negative, got n={n}, window={window}")
+    full = n * n / 2
+    if window and window < n:
+        return full - (n - window) ** 2 / 2
+    return full
+
+
+def attention_flops(n: int, kind: LayerKind) -> float:
+    """Useful FLOPs of one layer's attention on n tokens: QK^T and PV over the visible pairs."""
+    return 2.0 * kind.n_head * (kind.head_dim + kind.head_dim_v) * visible_pairs(n, kind.window)
+
+
+def dense_flops(n: int, kind: LayerKind) -> float:
+    """FLOPs of the full n x n products (what the baseline computes before masking)."""
+    return 2.0 * kind.n_head * (kind.head_dim + kind.head_dim_v) * n * n
+
+
+# ------------------------------------------------------------------------------------------------ support checks
+def cudnn_problems(kind: LayerKind) -> list[str]:
+    """Why cuDNN's fp16/bf16 SDPA cannot take a layer kind (empty: it can), from its documented support surface."""
+    bad = []
+    d, dv = kind.head_dim, kind.head_dim_v
+    if kind.n_head % kind.n_head_kv:
+        bad.append(f"{kind.n_head} query heads are not a multiple of {kind.n_head_kv} kv heads")
+    if d % 8 or dv % 8:
+        bad.append(f"head dims {d}/{dv} are not multiples of 8")
+    if max(d, dv) > CUDNN_MAX_HEAD_DIM:
+        bad.append(f"head dim {max(d, dv)} exceeds {CUDNN_MAX_HEAD_DIM}")
+    if d != dv and (d, dv) != (192, 128):
+        bad.append(f"q/k head dim {d} differs from v head dim {dv} (cuDNN takes equal dims, or 192/128)")
+    if not (np.isfinite(kind.scale) and kind.scale > 0):
+        bad.append(f"softmax scale {kind.scale!r} is not finite and positive")
+    return bad
+
+
+def check_kind(kind: LayerKind, backend: str, layers) -> None:
+    """Raise AttentionError naming the layers and the mask when ``backend`` cannot take ``kind``."""
+    bad = cudnn_problems(kind) if backend == "cudnn" else []
+    if backend == "torch" and kind.n_head % kind.n_head_kv:
+        bad.append(f"{kind.n_head} query heads are not a multiple of {kind.n_head_kv} kv heads")
+    if bad:
+        raise AttentionError(f"attention of layer(s) {_layers(layers)} ({kind.describe()}): the {backend} path cannot "
+                             f"take it: {'; '.join(bad)}")
+
+
+def _layers(layers) -> str:
+    layers = [layers] if isinstance(layers, (int, np.integer)) else list(layers)
+    return ", ".join(str(i) for i in layers) if len(layers) <= 8 else f"{layers[0]}..{layers[-1]} ({len(layers)})"
+
+
+# ------------------------------------------------------------------------------------------------ availability
+def _preload_libcudnn() -> str | None:
+    """Load libcudnn.so.9 before the frontend looks for it (it searches LD_LIBRARY_PATH, the interpreter's
+    purelib and the loader path; a wheel installed with --target, or the nvidia-cudnn-cu13 layout, can sit
+    elsewhere on sys.path). Returns the path loaded, or None when the loader finds it itself / nothing found."""
+    try:
+        ctypes.CDLL("libcudnn.so.9", mode=ctypes.RTLD_GLOBAL)
+        return None
+    except OSError:
+        pass
+    for p in sys.path:
+        for pat in ("nvidia/cudnn/lib/libcudnn.so.9", "nvidia/cu13/lib/libcudnn.so.9", "nvidia/cu12/lib/libcudnn.so.9"):
+            for f in glob.glob(os.path.join(p, pat)):
+                try:
+                    ctypes.CDLL(f, mode=ctypes.RTLD_GLOBAL)
+                    return f
+                except OSError:
+                    continue
+    return None
+
+
+_CUDNN: dict = {}
+
+
+def import_cudnn():
+    """The ``cudnn`` frontend module, or AttentionUnavailable with the reason (cached)."""
+    if "module" in _CUDNN:
+        return _CUDNN["module"]
+    if "error" in _CUDNN:
+        raise AttentionUnavailable(_CUDNN["error"])
+    try:
+        lib = _preload_libcudnn()
+        import cudnn  # nvidia-cudnn-frontend
+
+        ver = cudnn.backend_version()
+    except Exception as e:  # ImportError, a missing libcudnn (OSError / RuntimeError from the backend query)
+        _CUDNN["error"] = (f"the cuDNN frontend (Python package nvidia-cudnn-frontend, module 'cudnn') is not usable: "
+                           f"{type(e).__name__}: {e}")
+        raise AttentionUnavailable(_CUDNN["error"]) from None
+    _CUDNN["module"] = cudnn
+    _CUDNN["info"] = {"frontend": getattr(cudnn, "__version__", "?"), "backend": int(ver), "libcudnn": lib}
+    return cudnn
+
+
+def cudnn_info() -> dict:
+    """Versions of the loaded frontend / backend (empty before a successful import)."""
+    return dict(_CUDNN.get("info", {}))
+
+
+def import_torch():
+    try:
+        import torch
+        import torch.nn.functional  # noqa: F401
+    except Exception as e:
+        raise AttentionUnavailable(f"PyTorch is not importable: {type(e).__name__}: {e}") from None
+    if not torch.cuda.is_available():
+        raise AttentionUnavailable("PyTorch sees no CUDA device")
+    return torch
+
+
+def _gpu_ok() -> str | None:
+    from .provenance import gpu_available
+
+    return None if gpu_available() else "no CUDA GPU with cupy on this machine"
+
+
+def resolve(requested: str, cfg) -> tuple[str, str]:
+    """(backend that will run, note): ``auto`` -> cudnn when usable for every layer kind, else baseline with the
+    reason; an explicit backend that cannot run raises AttentionUnavailable / AttentionError."""
+    if requested not in BACKENDS:
+        raise ValueError(f"unknown attention path {requested!r}: one of {', '.join(BACKENDS)}")
+    if requested == "baseline":
+        return "baseline", "requested"
+    kinds = model_kinds(cfg)
+    if requested == "auto":
+        why = _gpu_ok()
+        if why is None:
+            try:
+                import_cudnn()
+            except AttentionUnavailable as e:
+                why = str(e)
+        if why is None:
+            bad = [f"layer(s) {_layers(ls)} ({k.describe()}): {'; '.join(cudnn_problems(k))}"
+                   for k, ls in kinds.items() if cudnn_problems(k)]
+            why = "cuDNN SDPA cannot take " + " | ".join(bad) if bad else None
+        if why is None:
+            return "cudnn", "auto: cuDNN frontend available"
+        note = f"auto: the lab's baseline attention (cuBLAS + masked softmax) runs, because {why}"
+        log.warning(note)
+        return "baseline", note
+    why = _gpu_ok()
+    if why:
+        raise AttentionUnavailable(f"attention={requested!r} needs a CUDA GPU: {why}")
+    if requested == "cudnn":
+        import_cudnn()
+    else:
+        import_torch()
+    for k, ls in kinds.items():
+        check_kind(k, requested, ls)
+    return requested, "requested"
+
+
+# ------------------------------------------------------------------------------------------------ fp16 / bf16
+#: float32 -> bfloat16 bits, round to nearest even (NaN stays a quiet NaN); header-free so NVRTC needs no cuda_bf16.h
+_BF16_FROM_F32 = """
+unsigned int u = __float_as_uint(x);
+if ((u & 0x7fffffffu) > 0x7f800000u) y = (unsigned short)((u >> 16) | 0x40u);
+else y = (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+"""
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """numpy float32 -> bfloat16 bit patterns (uint16), the same rounding as the device conversion."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), r)
+
+
+def bf16_to_f32(b: np.ndarray) -> np.ndarray:
+    return (np.asarray(b, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+_EW: dict = {}
+
+
+def _ew(name: str):
+    cp = gpu.cp()
+    if name not in _EW:
+        if name == "f32_bf16":
+            _EW[name] = cp.ElementwiseKernel("float32 x", "uint16 y", _BF16_FROM_F32, "lab_f32_to_bf16")
+        elif name == "bf16_f32":
+            _EW[name] = cp.ElementwiseKernel("uint16 x", "float32 y", "y = __uint_as_float(((unsigned int)x) << 16);",
+                                             "lab_bf16_to_f32")
+        elif name == "bf16_f16":
+            _EW[name] = cp.ElementwiseKernel("uint16 x", "float16 y",
+                                             "y = (float16)__uint_as_float(((unsigned int)x) << 16);", "lab_bf16_to_f16")
+    return _EW[name]
+
+
+def to_io(x, dtype: str):
+    """An activation in the SDPA's input type: fp16 (CuPy float16) or bf16 (bits in uint16)."""
+    cp = gpu.cp()
+    if dtype == "f16":
+        return x if x.dtype == cp.float16 else x.astype(cp.float16)
+    if x.dtype == cp.uint16:
+        return x
+    return _ew("f32_bf16")(x if x.dtype == cp.float32 else x.astype(cp.float32))
+
+
+def from_io(o, dtype: str, out16: bool):
+    """The SDPA output as the prefill wants it: fp16 for a wgmma_kq consumer (out16), else fp32."""
+    cp = gpu.cp()
+    if dtype == "f16":
+        return o if out16 else o.astype(cp.float32)
+    return _ew("bf16_f16")(o) if out16 else _ew("bf16_f32")(o)
+
+
+# ------------------------------------------------------------------------------------------------ backends
+class Backend:
+    """One attention path of a model: ``backend(q, k, v, n, il, tracer, out16)`` -> [n, n_head*d_v]."""
+    name = "?"
+
+    def __init__(self, cfg, dtype: str = "f16", note: str = "requested"):
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown attention dtype {dtype!r}: one of {', '.join(DTYPES)}")
+        self.cfg, self.dtype, self.note = cfg, dtype, note
+
+    def kind(self, il: int) -> LayerKind:
+        return layer_kind(self.cfg, il)
+
+    def describe(self) -> dict:
+        return {"attention": self.name, "attention_dtype": self.dtype, "attention_note": self.note}
+
+    def __call__(self, q, k, v, n, il, tr, out16: bool = False):
+        kind = self.kind(il).at(n)
+        with tr.op("attn_cast", "attention_other", layer=il):
+            q16, k16, v16 = (to_io(a, self.dtype) for a in (q, k, v))
+        with tr.op("attn_fused", "attention_fused", layer=il, flops=attention_flops(n, kind)):
+            o = self.sdpa(q16, k16, v16, n, kind, il)
+        if self.dtype == "f16" and out16:
+            return o
+        with tr.op("attn_cast", "attention_other", layer=il):
+            return from_io(o, self.dtype, out16)
+
+
+class Baseline(Backend):
+    """The lab's attention: cuBLAS batched QK^T and PV around the masked-softmax kernel (``f16``: fp16 GEMMs)."""
+    name = "baseline"
+
+    def __init__(self, cfg, f16: bool = False, note: str = "requested"):
+        super().__init__(cfg, "f16", note)
+        self.f16 = bool(f16)
+
+    def describe(self) -> dict:
+        return {"attention": self.name, "attention_dtype": "f16" if self.f16 else "f32", "attention_note": self.note}
+
+    def __call__(self, q, k, v, n, il, tr, out16: bool = False):
+        return self.attend(q, k, v, n, self.kind(il), il, tr, out16)
+
+    def attend(self, q, k, v, n, kind: LayerKind, il, tr, out16: bool = False):
+        """Causal (sliding-window) GQA attention; q [n, H*hd], k/v [n, Hkv*hd]."""
+        cp = gpu.cp()
+        H, Hk, hd, hdv = kind.n_head, kind.n_head_kv, kind.head_dim, kind.head_dim_v
+        G = H // Hk
+        dt = cp.float16 if self.f16 else cp.float32
+        with tr.op("attn_layout", "attention_other", layer=il):
+            Q = q.reshape(n, Hk, G, hd).transpose(1, 2, 0, 3).reshape(Hk, G * n, hd).astype(dt, order="C")
+            K = k.reshape(n, Hk, hd).transpose(1, 2, 0).astype(dt, order="C")          # [Hk, hd, n]
+            V = v.reshape(n, Hk, hdv).transpose(1, 0, 2).astype(dt, order="C")         # [Hk, n, hdv]
+        with tr.op("attn_qk", "attention_gemm", layer=il, flops=2 * H * n * n * hd):
+            if dt == cp.float16:
+                # one cuBLAS strided-batched fp16 GEMM: CuPy's batched matmul upcasts fp16 to fp32 (the first
+                # decomposition found attention at 23 TFLOPS); per-head 2-D GEMMs cost 2 launches per head
+                S = gpu.bmm_f16(Q, K)
+            else:
+                S = cp.matmul(Q, K)                                          # [Hk, G*n, n]
+        with tr.op("attn_softmax", "attention_softmax", layer=il):
+            gpu.kernel("softmax_mask", F16=int(dt == cp.float16)).launch(
+                (Hk * G * n,), (S, np.int32(n), np.int32(n), np.float32(kind.scale), np.int32(kind.window or 0)))
+        with tr.op("attn_pv", "attention_gemm", layer=il, flops=2 * H * n * n * hdv):
+            if dt == cp.float16:
+                O = gpu.bmm_f16(S, V)
+            else:
+                O = cp.matmul(S, V)                                          # [Hk, G*n, hdv]
+        with tr.op("attn_layout", "attention_other", layer=il):
+            out = O.reshape(Hk, G, n, hdv).transpose(2, 0, 1, 3).reshape(n, H * hdv).astype(
+                cp.float16 if out16 else cp.float32)
+        return out
+
+
+class Cudnn(Backend):
+    """cuDNN's fused SDPA (nvidia-cudnn-frontend); graphs cached per (tokens, layer kind, dtype)."""
+    name = "cudnn"
+
+    def __init__(self, cfg, dtype: str = "f16", note: str = "requested"):
+        super().__init__(cfg, dtype, note)
+        self.cudnn = import_cudnn()
+        self.handle = self.cudnn.create_handle()
+        self._graphs: dict = {}
+
+    def describe(self) -> dict:
+        return {**super().describe(), **{f"cudnn_{k}": v for k, v in cudnn_info().items()}}
+
+    def graph(self, n: int, kind: LayerKind, il=None):
+        key = (n, kind, self.dtype)
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._graphs[key] = self._build(n, kind, il)
+        return g
+
+    def _build(self, n: int, kind: LayerKind, il):
+        cudnn, cp = self.cudnn, gpu.cp()
+        check_kind(kind, "cudnn", il if il is not None else "?")
+        dt = cudnn.data_type.HALF if self.dtype == "f16" else cudnn.data_type.BFLOAT16
+        H, Hk, d, dv = kind.n_head, kind.n_head_kv, kind.head_dim, kind.head_dim_v
+        try:
+            g = cudnn.pygraph(io_data_type=dt, intermediate_data_type=cudnn.data_type.FLOAT,
+                              compute_data_type=cudnn.data_type.FLOAT, handle=self.handle)
+            # the prefill's token-major buffers as [batch 1, heads, tokens, dim] with BSHD strides (no copy)
+            Q = g.tensor(name="Q", dim=[1, H, n, d], stride=[n * H * d, d, H * d, 1], data_type=dt)
+            K = g.tensor(name="K", dim=[1, Hk, n, d], stride=[n * Hk * d, d, Hk * d, 1], data_type=dt)
+            V = g.tensor(name="V", dim=[1, Hk, n, dv], stride=[n * Hk * dv, dv, Hk * dv, 1], data_type=dt)
+            band = {"diagonal_alignment": cudnn.diagonal_alignment.TOP_LEFT, "diagonal_band_right_bound": 0}
+            if kind.window:
+                band["diagonal_band_left_bound"] = int(kind.window)
+            O, _ = g.sdpa(name="sdpa", q=Q, k=K, v=V, generate_stats=False, attn_scale=float(kind.scale), **band)
+            O.set_output(True).set_dim([1, H, n, dv]).set_stride([n * H * dv, dv, H * dv, 1]).set_data_type(dt)
+            g.validate()
+            g.build_operation_graph()
+            g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            g.check_support()
+            g.build_plans()
+            ws_bytes = int(g.get_workspace_size())
+        except Exception as e:
+            raise AttentionError(f"attention of layer {il} ({kind.describe()}, {n} tokens, {self.dtype}): cuDNN SDPA "
+                                 f"cannot take it: {type(e).__name__}: {e}") from None
+        ws = cp.empty(ws_bytes, cp.uint8) if ws_bytes else None
+        return {"graph": g, "Q": Q, "K": K, "V": V, "O": O, "workspace": ws, "workspace_bytes": ws_bytes}
+
+    def sdpa(self, q16, k16, v16, n, kind: LayerKind, il=None, out=None):
+        """O [n, H*dv] (io dtype) from q16 [n, H*d], k16/v16 [n, Hk*d] (io dtype, C-contiguous)."""
+        cp = gpu.cp()
+        G = self.graph(n, kind, il)
+        H, dv = kind.n_head, kind.head_dim_v
+        for a, w in ((q16, kind.n_head * kind.head_dim), (k16, kind.n_head_kv * kind.head_dim),
+                     (v16, kind.n_head_kv * dv)):
+            if a.shape != (n, w) or not a.flags.c_contiguous:
+                raise AttentionError(f"attention of layer {il}: cuDNN SDPA input of shape {a.shape} "
+                                     f"(contiguous {a.flags.c_contiguous}), expected C-contiguous ({n}, {w})")
+        o = out if out is not None else cp.empty((n, H * dv), q16.dtype)
+        self.cudnn.set_stream(self.handle, cp.cuda.get_current_stream().ptr)
+        G["graph"].execute({G["Q"]: q16.data.ptr, G["K"]: k16.data.ptr, G["V"]: v16.data.ptr, G["O"]: o.data.ptr},
+                           G["workspace"], handle=self.handle)
+        return o
+
+
+class Torch(Backend):
+    """torch.nn.functional.scaled_dot_product_attention on the CuPy buffers (DLPack, zero copy in)."""
+    name = "torch"
+
+    def __init__(self, cfg, dtype: str = "f16", note: str = "requested", backends=None):
+        super().__init__(cfg, dtype, note)
+        self.torch = import_torch()
+        self.backends = backends      # None: PyTorch's own choice; else a list of SDPBackend names to allow
+        self._masks: dict = {}
+
+    def _mask(self, n: int, window: int):
+        key = (n, window)
+        if key not in self._masks:
+            t = self.torch
+            i = t.arange(n, device="cuda")
+            d = i[:, None] - i[None, :]
+            self._masks[key] = (d >= 0) & (d < window)
+        return self._masks[key]
+
+    def _views(self, q16, k16, v16, n, kind: LayerKind):
+        t = self.torch
+
+        def view(a, heads, d):
+            x = t.from_dlpack(a)
+            if self.dtype == "bf16":
+                x = x.view(t.bfloat16)
+            return x.view(n, heads, d).transpose(0, 1).unsqueeze(0)         # [1, heads, n, d], strided
+
+        q = view(q16, kind.n_head, kind.head_dim)
+        k = view(k16, kind.n_head_kv, kind.head_dim)
+        v = view(v16, kind.n_head_kv, kind.head_dim_v)
+        mask = self._mask(n, kind.window) if kind.window else None
+        return q, k, v, mask
+
+    def _run(self, q, k, v, mask, kind: LayerKind):
+        t = self.torch
+        F = t.nn.functional
+        kw = {"attn_mask": mask, "is_causal": mask is None, "scale": float(kind.scale),
+              "enable_gqa": kind.n_head_kv != kind.n_head}
+        if self.backends is None:
+            return F.scaled_dot_product_attention(q, k, v, **kw)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([getattr(SDPBackend, b) for b in self.backends]):
+            return F.scaled_dot_product_attention(q, k, v, **kw)
+
+    def backend(self, n: int, kind: LayerKind) -> str:
+        """The SDPA backend PyTorch dispatches these inputs to (its own choice; 'unknown' if it cannot say)."""
+        cp, t = gpu.cp(), self.torch
+        kind = kind.at(n)
+        z = cp.zeros((n, kind.n_head * kind.head_dim), cp.float16 if self.dtype == "f16" else cp.uint16)
+        zk = cp.zeros((n, kind.n_head_kv * kind.head_dim), z.dtype)
+        zv = cp.zeros((n, kind.n_head_kv * kind.head_dim_v), z.dtype)
+        q, k, v, mask = self._views(z, zk, zv, n, kind)
+        try:
+            choice = int(t._fused_sdp_choice(q, k, v, mask, 0.0, mask is None, scale=float(kind.scale),
+                                             enable_gqa=kind.n_head_kv != kind.n_head))
+            from torch.nn.attention import SDPBackend
+
+            names = {int(v): k for k, v in SDPBackend.__members__.items()}
+            return names.get(choice, f"SDPBackend({choice})")
+        except Exception as e:  # a private API: say so instead of guessing
+            return f"unknown ({type(e).__name__}: {e})"
+
+    def sdpa(self, q16, k16, v16, n, kind: LayerKind, il=None):
+        cp = gpu.cp()
+        ptr = cp.cuda.get_current_stream().ptr
+        q, k, v, mask = self._views(q16, k16, v16, n, kind)
+        t = self.torch
+        if ptr:
+            with t.cuda.stream(t.cuda.ExternalStream(ptr)):
+                o = self._run(q, k, v, mask, kind)
+                o = o[0].transpose(0, 1).reshape(n, kind.n_head * kind.head_dim_v)
+        else:
+            o = self._run(q, k, v, mask, kind)
+            o = o[0].transpose(0, 1).reshape(n, kind.n_head * kind.head_dim_v)   # [n, H*dv] (a copy)
+        if self.dtype == "bf16":
+            o = o.view(t.int16)
+        out = cp.from_dlpack(o)
+        return out.view(cp.uint16) if self.dtype == "bf16" else out
+
+
+def make(requested: str, cfg, f16: bool = False, dtype: str = "f16") -> Backend:
+    """The attention backend a model runs (see the module docstring for ``auto``)."""
+    name, note = resolve(requested, cfg)
+    if name == "baseline":
+        return Baseline(cfg, f16=f16, note=note)
+    if name == "cudnn":
+        return Cudnn(cfg, dtype, note)
+    return Torch(cfg, dtype, note)
