@@ -404,7 +404,7 @@ class Cudnn(Backend):
         return g
 
     def _build(self, n: int, kind: LayerKind, il):
-        cudnn, cp = self.cudnn, gpu.cp()
+        cudnn = self.cudnn
         check_kind(kind, "cudnn", il if il is not None else "?")
         dt = cudnn.data_type.HALF if self.dtype == "f16" else cudnn.data_type.BFLOAT16
         H, Hk, d, dv = kind.n_head, kind.n_head_kv, kind.head_dim, kind.head_dim_v
@@ -429,7 +429,7 @@ class Cudnn(Backend):
         except Exception as e:
             raise AttentionError(f"attention of layer {il} ({kind.describe()}, {n} tokens, {self.dtype}): cuDNN SDPA "
                                  f"cannot take it: {type(e).__name__}: {e}") from None
-        ws = cp.empty(ws_bytes, cp.uint8) if ws_bytes else None
+        ws = gpu.cp().empty(ws_bytes, gpu.cp().uint8) if ws_bytes else None
         return {"graph": g, "Q": Q, "K": K, "V": V, "O": O, "workspace": ws, "workspace_bytes": ws_bytes}
 
     def sdpa(self, q16, k16, v16, n, kind: LayerKind, il=None, out=None):

@@ -1,0 +1,253 @@
+"""labkernels.attention on CPU: FLOP counting, the option plumbing, the fallback / error paths (no cuDNN frontend,
+unsupported shapes), the bf16 rounding, and the fused-path plumbing (casts, fp16 output) with a numpy SDPA stand-in
+inside the CPU shim of the prefill."""
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from labkernels import attention
+from labkernels.attention import AttentionError, AttentionUnavailable, LayerKind
+
+
+def _exact_pairs(n, window):
+    from labkernels.prefill_ref import attention_mask
+    from labkernels.synthetic import tiny_config
+
+    cfg = tiny_config("gemma3", n_layer=6, sliding_window=window or 8)
+    il = 0 if window else 5                      # layer 0 slides, layer 5 is global (pattern 6)
+    return int(attention_mask(cfg, il, np.arange(n)).sum())
+
+
+@pytest.mark.parametrize("n,window", [(1, 0), (7, 0), (100, 0), (100, 8), (100, 99), (100, 100), (37, 200)])
+def test_visible_pairs_is_the_band_area(n, window):
+    """The exact pair count of llama.cpp's mask (prefill_ref) is the band area plus half the diagonal: n/2 causal,
+    w/2 with a window w < n; a window >= n is plain causal."""
+    exact = _exact_pairs(n, window)
+    area = attention.visible_pairs(n, window)
+    w = window if window and window < n else n
+    assert exact == pytest.approx(area + w / 2)
+    if not window or window >= n:
+        assert area == n * n / 2
+
+
+def test_flops():
+    k = LayerKind(32, 32, 128, 128)
+    n = 3325
+    assert attention.attention_flops(n, k) == 2 * 32 * 256 * n * n / 2
+    assert attention.dense_flops(n, k) == 2 * attention.attention_flops(n, k)        # causal counted as half
+    g = LayerKind(4, 1, 256, 256, window=512)
+    assert attention.attention_flops(n, g) == 2 * 4 * 512 * (n * n / 2 - (n - 512) ** 2 / 2)
+    assert attention.attention_flops(300, g) == attention.attention_flops(300, LayerKind(4, 1, 256, 256))
+    # the baseline's trace tags count the full n x n products: the dense FLOPs
+    assert attention.dense_flops(n, k) == 2 * 32 * n * n * 128 + 2 * 32 * n * n * 128
+    with pytest.raises(ValueError):
+        attention.visible_pairs(-1)
+
+
+def test_layer_kinds_of_the_models(model):
+    """The benchmark's Gemma 3 270M layout is the real model's (heads, dims, window, scale; both layer kinds)."""
+    from labkernels.arch import config_from_model
+    from labkernels.synthetic import llama7b_config
+
+    cfg = config_from_model(model)
+    kinds = attention.model_kinds(cfg, scale=cfg.attn_scale)
+    lay = attention.bench_layouts()
+    assert set(kinds) == set(lay["gemma-3-270m"].values())
+    assert [il for k, ls in kinds.items() if not k.window for il in ls] == [5, 11, 17]   # the global layers
+    c7 = llama7b_config()
+    assert set(attention.model_kinds(c7, scale=c7.attn_scale)) == set(lay["synthetic-7b"].values())
+    assert LayerKind(4, 1, 256, 256, 512).at(400).window == 0 and LayerKind(4, 1, 256, 256, 512).at(513).window == 512
+
+
+def test_options_are_checked():
+    from labkernels.prefill import PrefillOptions
+
+    assert PrefillOptions().attention == "auto"
+    with pytest.raises(ValueError, match="unknown attention path 'flash'"):
+        PrefillOptions(attention="flash")
+    with pytest.raises(ValueError, match="attention dtype"):
+        PrefillOptions(attn_dtype="fp8")
+    with pytest.raises(ValueError, match="unknown attention path"):
+        attention.resolve("flash", None)
+
+
+def _no_frontend(monkeypatch):
+    """A machine with a GPU but without the cuDNN frontend (the import of 'cudnn' fails)."""
+    import labkernels.provenance as prov
+
+    monkeypatch.setattr(prov, "gpu_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "cudnn", None)          # import cudnn -> ImportError
+    monkeypatch.setattr(attention, "_CUDNN", {})
+    monkeypatch.setattr(attention, "_preload_libcudnn", lambda: None)
+
+
+def test_auto_without_frontend_falls_back_recorded(monkeypatch, caplog):
+    from labkernels.synthetic import tiny_config
+
+    _no_frontend(monkeypatch)
+    cfg = tiny_config("llama")
+    with caplog.at_level("WARNING", logger="labkernels.attention"):
+        name, note = attention.resolve("auto", cfg)
+    assert name == "baseline"
+    assert "nvidia-cudnn-frontend" in note and "baseline" in note and "ModuleNotFoundError" in note
+    assert any("nvidia-cudnn-frontend" in r.getMessage() for r in caplog.records)   # said, not silent
+    b = attention.make("auto", cfg, f16=True)
+    assert isinstance(b, attention.Baseline) and b.f16
+    assert b.describe() == {"attention": "baseline", "attention_dtype": "f16", "attention_note": note}
+    # an explicit request for cuDNN is not quietly served by the baseline
+    with pytest.raises(AttentionUnavailable, match="nvidia-cudnn-frontend"):
+        attention.resolve("cudnn", cfg)
+
+
+def test_auto_without_gpu_says_so(monkeypatch):
+    import labkernels.provenance as prov
+    from labkernels.synthetic import tiny_config
+
+    monkeypatch.setattr(prov, "gpu_available", lambda: False)
+    name, note = attention.resolve("auto", tiny_config("llama"))
+    assert name == "baseline" and "no CUDA GPU" in note
+    with pytest.raises(AttentionUnavailable, match="needs a CUDA GPU"):
+        attention.resolve("torch", tiny_config("llama"))
+    assert attention.resolve("baseline", tiny_config("llama")) == ("baseline", "requested")
+
+
+def test_prefill_records_the_fallback(monkeypatch):
+    """The prefill result carries which attention ran and why (GpuModel.attn), under the CPU shim."""
+    from cpu_gpu_shim import install
+    from labkernels.prefill import GpuModel, PrefillOptions
+    from labkernels.synthetic import SyntheticModel, q4_k_m_recipe, tiny_config
+
+    install(monkeypatch, exact=True)
+    _no_frontend(monkeypatch)
+    cfg = tiny_config("llama", n_layer=1, vocab=300)
+    gm = GpuModel(SyntheticModel(cfg, q4_k_m_recipe(cfg), seed=2), opts=PrefillOptions())
+    d = gm.attn.describe()
+    assert d["attention"] == "baseline" and "nvidia-cudnn-frontend" in d["attention_note"]
+    with pytest.raises(AttentionUnavailable):
+        GpuModel(SyntheticModel(cfg, q4_k_m_recipe(cfg), seed=2), opts=PrefillOptions(attention="cudnn"))
+
+
+def test_unsupported_kinds_name_layer_and_mask(monkeypatch):
+    import labkernels.provenance as prov
+    from labkernels.synthetic import tiny_config
+
+    with pytest.raises(AttentionError, match=r"layer\(s\) 3 \(causal \+ sliding window 512.*head dim 512 exceeds 256"):
+        attention.check_kind(LayerKind(4, 1, 512, 512, 512), "cudnn", 3)
+    with pytest.raises(AttentionError, match="not multiples of 8"):
+        attention.check_kind(LayerKind(4, 1, 60, 60), "cudnn", [0, 1])
+    with pytest.raises(AttentionError, match="192/128"):
+        attention.check_kind(LayerKind(4, 1, 128, 64), "cudnn", 0)
+    assert attention.cudnn_problems(LayerKind(8, 2, 192, 128)) == []
+    attention.check_kind(LayerKind(4, 1, 512, 512), "baseline", 0)          # the baseline takes any head dim
+    # a frontend that imports, a model cuDNN cannot take: auto says which layers and falls back; cudnn refuses
+    monkeypatch.setattr(prov, "gpu_available", lambda: True)
+    monkeypatch.setattr(attention, "import_cudnn", lambda: types.SimpleNamespace())
+    cfg = tiny_config("gemma3", n_layer=6, n_embd=256, n_head=1, n_head_kv=1, head_dim=320, sliding_window=16)
+    name, note = attention.resolve("auto", cfg)
+    assert name == "baseline" and "layer(s) 0, 1, 2, 3, 4 (causal + sliding window 16" in note and "layer(s) 5 (causal" in note
+    with pytest.raises(AttentionError, match=r"layer\(s\) 0, 1, 2, 3, 4 \(causal \+ sliding window 16.*320"):
+        attention.resolve("cudnn", cfg)
+
+
+class _FailingGraph:
+    def __init__(self, **kw):
+        pass
+
+    def tensor(self, **kw):
+        return types.SimpleNamespace(**kw)
+
+    def sdpa(self, **kw):
+        raise RuntimeError("cudnnGraphNotSupportedError: No valid engine configs for SDPA")
+
+
+def test_cudnn_build_failure_is_an_error_naming_the_layer(monkeypatch):
+    """A graph cuDNN declines at build time is an AttentionError with the layer, mask, tokens and cuDNN's words."""
+    fake = types.SimpleNamespace(
+        data_type=types.SimpleNamespace(HALF="half", BFLOAT16="bf16", FLOAT="float"),
+        diagonal_alignment=types.SimpleNamespace(TOP_LEFT="tl"), heur_mode=types.SimpleNamespace(A=0, FALLBACK=1),
+        pygraph=_FailingGraph, create_handle=lambda: "handle")
+    monkeypatch.setattr(attention, "import_cudnn", lambda: fake)
+    c = attention.Cudnn(None)
+    with pytest.raises(AttentionError, match=r"layer 7 \(causal \+ sliding window 512.*3325 tokens, f16\).*No valid engine"):
+        c.graph(3325, LayerKind(4, 1, 256, 256, 512), 7)
+
+
+def test_bf16_rounding():
+    x = np.array([1.0, 1 + 2**-8, 1 + 3 * 2**-8, -0.0, np.inf, -np.inf, 3.0e38, 1 + 2**-8 + 2**-20], np.float32)
+    b = attention.bf16_bits(x)
+    # halfway cases round to even; a bit above halfway rounds up; 3e38 overflows to inf (as __float2bfloat16_rn)
+    assert [hex(v) for v in b] == ["0x3f80", "0x3f80", "0x3f82", "0x8000", "0x7f80", "0xff80", "0x7f62", "0x3f81"]
+    nan = attention.bf16_bits(np.array([np.nan], np.float32))
+    assert np.isnan(attention.bf16_to_f32(nan))[0]
+    r = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    back = attention.bf16_to_f32(attention.bf16_bits(r))
+    assert np.max(np.abs(back - r) / np.abs(r)) <= 2**-8                  # bf16 keeps 8 significant bits
+    assert np.array_equal(attention.bf16_bits(back), attention.bf16_bits(r))
+
+
+class _NumpySdpa(attention.Backend):
+    """The fused path's plumbing (casts, output type, layer kinds) with a float64 numpy SDPA stand-in."""
+    name = "numpy-sdpa"
+
+    def __init__(self, cfg):
+        super().__init__(cfg, "f16", "test")
+        self.seen = []
+
+    def sdpa(self, q16, k16, v16, n, kind, il=None):
+        assert q16.dtype == np.float16 and k16.dtype == np.float16 and v16.dtype == np.float16
+        self.seen.append((il, kind))
+        H, Hk, d, dv = kind.n_head, kind.n_head_kv, kind.head_dim, kind.head_dim_v
+        q = q16.astype(np.float64).reshape(n, H, d)
+        k = k16.astype(np.float64).reshape(n, Hk, d)
+        v = v16.astype(np.float64).reshape(n, Hk, dv)
+        i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+        vis = (j <= i) & ((kind.window == 0) | (i - j < kind.window))
+        out = np.empty((n, H, dv))
+        for h in range(H):
+            s = np.where(vis, kind.scale * q[:, h] @ k[:, h // (H // Hk)].T, -np.inf)
+            p = np.exp(s - s.max(1, keepdims=True))
+            out[:, h] = (p / p.sum(1, keepdims=True)) @ v[:, h // (H // Hk)]
+        return out.reshape(n, H * dv).astype(np.float16)
+
+
+def test_fused_plumbing_matches_baseline_in_the_prefill(monkeypatch):
+    """Through the prefill (CPU shim), a fused backend gets fp16 q/k/v and the layer's kind (window on the sliding
+    layers only), and its fp16 output gives the baseline's logits to fp16 precision; the window is in effect."""
+    from cpu_gpu_shim import install
+    from labkernels.prefill import GpuModel
+    from labkernels.synthetic import SyntheticModel, q4_k_m_recipe, tiny_config
+
+    install(monkeypatch, exact=True)
+    cfg = tiny_config("gemma3", n_layer=6, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, vocab=400, sliding_window=6)
+    m = SyntheticModel(cfg, q4_k_m_recipe(cfg), seed=9)
+    toks = list(range(5, 30))
+    gm = GpuModel(m)
+    base = np.asarray(gm.forward(toks), np.float64)
+    fused = _NumpySdpa(gm.cfg)
+    gm.attn = fused
+    got = np.asarray(gm.forward(toks), np.float64)
+    assert [il for il, _ in fused.seen] == list(range(6))
+    assert [k.window for _, k in fused.seen] == [6, 6, 6, 6, 6, 0] and {k.scale for _, k in fused.seen} == {1.0}
+    rel = np.max(np.abs(got - base)) / np.max(np.abs(base))
+    assert rel < 5e-3 and np.argmax(got) == np.argmax(base), rel
+    # the stand-in without the window differs: the mask reaches the kernel
+    fused.cfg = cfg.replace(sliding_window=None, layer_is_sliding=[False] * 6)
+    nowin = np.asarray(gm.forward(toks), np.float64)
+    assert np.max(np.abs(nowin - base)) / np.max(np.abs(base)) > 10 * rel
+
+
+def test_baseline_scale_parameter(monkeypatch):
+    """The baseline applies a layer kind's softmax scale (softmax_mask's scale argument) like pre-scaled q."""
+    from cpu_gpu_shim import install
+    from labkernels.trace import NullTracer
+
+    install(monkeypatch, exact=True)
+    rng = np.random.default_rng(1)
+    n = 20
+    q, k, v = (rng.standard_normal((n, w)).astype(np.float32) for w in (4 * 16, 2 * 16, 2 * 16))
+    b = attention.Baseline(None)
+    a = b.attend(q, k, v, n, LayerKind(4, 2, 16, 16, 5, 0.25), 0, NullTracer())
+    c = b.attend(q * np.float32(0.25), k, v, n, LayerKind(4, 2, 16, 16, 5, 1.0), 0, NullTracer())
+    assert a.shape == (n, 64) and np.allclose(a, c, rtol=1e-5, atol=1e-6)
