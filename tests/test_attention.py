@@ -73,11 +73,12 @@ def test_options_are_checked():
         attention.resolve("flash", None)
 
 
-def _no_frontend(monkeypatch):
-    """A machine with a GPU but without the cuDNN frontend (the import of 'cudnn' fails)."""
+def _no_frontend(monkeypatch, gpu=True):
+    """A machine (with a GPU) without the cuDNN frontend (the import of 'cudnn' fails)."""
     import labkernels.provenance as prov
 
-    monkeypatch.setattr(prov, "gpu_available", lambda: True)
+    if gpu:
+        monkeypatch.setattr(prov, "gpu_available", lambda: True)
     monkeypatch.setitem(sys.modules, "cudnn", None)          # import cudnn -> ImportError
     monkeypatch.setattr(attention, "_CUDNN", {})
     monkeypatch.setattr(attention, "_preload_libcudnn", lambda: None)
@@ -251,3 +252,43 @@ def test_baseline_scale_parameter(monkeypatch):
     a = b.attend(q, k, v, n, LayerKind(4, 2, 16, 16, 5, 0.25), 0, NullTracer())
     c = b.attend(q * np.float32(0.25), k, v, n, LayerKind(4, 2, 16, 16, 5, 1.0), 0, NullTracer())
     assert a.shape == (n, 64) and np.allclose(a, c, rtol=1e-5, atol=1e-6)
+
+
+def test_bench_records_what_ran_and_what_could_not(monkeypatch, tmp_path):
+    """The benchmark's bookkeeping under the CPU shim (timings faked, every variant's code still executed): parity
+    rows against the fp32 baseline, the unavailable paths with their reasons, TFLOPS from the useful FLOPs, the
+    per-point summary, a complete recorded run."""
+    from cpu_gpu_shim import install
+    from labkernels import bench, records
+
+    install(monkeypatch, exact=True)
+    _no_frontend(monkeypatch, gpu=False)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    calls = []
+
+    def fake_time(fn, warmup=3, repeats=20, flush=None):
+        fn()
+        calls.append(fn)
+        return np.array([10.0, 20.0, 30.0])
+
+    monkeypatch.setattr(bench, "time_launches", fake_time)
+    monkeypatch.setattr(bench, "Flusher", lambda: None)
+    lay = {"tiny": {"causal": LayerKind(2, 1, 16, 16, 0, 0.25), "sliding": LayerKind(2, 1, 16, 16, 5, 0.25)}}
+    with records.recording("attention", {"test": True}, root=tmp_path) as run:
+        res = attention.record_bench(run, layouts=lay, nts=(12,), pairs=2, progress=lambda s: None)
+    assert res["ok"] and len(calls) == 2 * 2 * 2          # 2 kinds x 2 baseline variants x 2 pairs (op scope only)
+    r = records.load("attention", run.run_id, root=tmp_path)
+    assert r.meta["status"] == "complete" and r.meta["summary"]["parity_ok"] is True
+    t = r.table("timings")
+    assert set(t.variant) == {"baseline_f32", "baseline_f16"} and set(t.scope) == {"op"}
+    causal = t[t.layer == "causal"].iloc[0]
+    assert causal.tflops == pytest.approx(2 * 2 * 32 * 12 * 12 / 2 / 20e-6 / 1e12)
+    sliding = t[t.layer == "sliding"].iloc[0]
+    assert sliding.flops == attention.attention_flops(12, LayerKind(2, 1, 16, 16, 5)) < causal.flops
+    p = r.table("parity")
+    assert set(p.variant) == {"baseline_f16"} and (p.max_rel_err <= p.tol).all() and p.max_rel_err.gt(0).all()
+    u = r.table("unavailable")
+    assert set(u.variant) == {"cudnn", "torch"}
+    assert u[u.variant == "cudnn"].reason.str.contains("nvidia-cudnn-frontend").all()
+    s = r.table("summary")
+    assert len(s) == 2 and (s.op_ms_baseline_f16 == 0.02).all() and "cudnn_vs_torch_best" not in s.columns
