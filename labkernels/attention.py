@@ -153,23 +153,28 @@ def _layers(layers) -> str:
 
 # ------------------------------------------------------------------------------------------------ availability
 def _preload_libcudnn() -> str | None:
-    """Load libcudnn.so.9 before the frontend looks for it (it searches LD_LIBRARY_PATH, the interpreter's
-    purelib and the loader path; a wheel installed with --target, or the nvidia-cudnn-cu13 layout, can sit
-    elsewhere on sys.path). Returns the path loaded, or None when the loader finds it itself / nothing found."""
-    try:
-        ctypes.CDLL("libcudnn.so.9", mode=ctypes.RTLD_GLOBAL)
-        return None
-    except OSError:
-        pass
-    for p in sys.path:
+    """Load libcudnn.so.9 before the frontend looks for it, and put its folder first on LD_LIBRARY_PATH (the
+    frontend searches LD_LIBRARY_PATH, then globs the interpreter's purelib -- asserting a single match -- then the
+    loader path; a frontend installed with --target, or the nvidia-cudnn-cu13 layout, can sit elsewhere on
+    sys.path). Returns what was loaded, or None when no libcudnn.so.9 is found (the import then says so)."""
+    import sysconfig
+
+    roots = list(dict.fromkeys([*sys.path, sysconfig.get_path("purelib")]))
+    for p in roots:
         for pat in ("nvidia/cudnn/lib/libcudnn.so.9", "nvidia/cu13/lib/libcudnn.so.9", "nvidia/cu12/lib/libcudnn.so.9"):
             for f in glob.glob(os.path.join(p, pat)):
                 try:
                     ctypes.CDLL(f, mode=ctypes.RTLD_GLOBAL)
-                    return f
                 except OSError:
                     continue
-    return None
+                old = os.environ.get("LD_LIBRARY_PATH", "")
+                os.environ["LD_LIBRARY_PATH"] = os.path.dirname(f) + (os.pathsep + old if old else "")
+                return f
+    try:
+        ctypes.CDLL("libcudnn.so.9", mode=ctypes.RTLD_GLOBAL)
+        return "libcudnn.so.9 (loader path)"
+    except OSError:
+        return None
 
 
 _CUDNN: dict = {}
@@ -198,6 +203,21 @@ def import_cudnn():
 def cudnn_info() -> dict:
     """Versions of the loaded frontend / backend (empty before a successful import)."""
     return dict(_CUDNN.get("info", {}))
+
+
+def status() -> dict:
+    """Which fused paths this machine can run, with versions or the reason (for run parameters / logs)."""
+    out = {}
+    try:
+        import_cudnn()
+        out["cudnn"] = cudnn_info()
+    except AttentionUnavailable as e:
+        out["cudnn"] = f"unavailable: {e}"
+    try:
+        out["torch"] = import_torch().__version__
+    except AttentionUnavailable as e:
+        out["torch"] = f"unavailable: {e}"
+    return out
 
 
 def import_torch():

@@ -219,13 +219,15 @@ def step_attention(out: Path, args) -> dict:
     from . import attention, records
 
     nts = [int(x) for x in args.attention_nts.split(",") if x]
+    paths = attention.status()
+    _log(f"attention paths: {paths}")
     with records.recording("attention", {"layouts": {k: {lk: vars(v) for lk, v in d.items()}
                                                      for k, d in attention.bench_layouts().items()},
                                          "nts": nts, "dtype": args.attn_dtype, "pairs": 3, "repeats": 10,
-                                         "scopes": ["op", "kernel"]}, root=out / "data") as run:
+                                         "scopes": ["op", "kernel"], "paths": paths}, root=out / "data") as run:
         res = attention.record_bench(run, nts=nts, dtype=args.attn_dtype, progress=_log)
     runs, valid = _decompose(out, args, ["7b"])
-    return {"ok": res["ok"], "run": run.run_id, "decompose_runs": runs, "decompose_valid": valid}
+    return {"ok": res["ok"], "run": run.run_id, "decompose_runs": runs, "decompose_valid": valid, "paths": paths}
 
 
 def step_prefill7b(out: Path, args) -> dict:

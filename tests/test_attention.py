@@ -292,3 +292,26 @@ def test_bench_records_what_ran_and_what_could_not(monkeypatch, tmp_path):
     assert u[u.variant == "cudnn"].reason.str.contains("nvidia-cudnn-frontend").all()
     s = r.table("summary")
     assert len(s) == 2 and (s.op_ms_baseline_f16 == 0.02).all() and "cudnn_vs_torch_best" not in s.columns
+
+
+def test_cli_plumbing():
+    """The gpu-check step and the A/B variants exist and name valid options; the CLIs take --attention."""
+    import argparse
+
+    from labkernels import gpu_cli, prefill_cli
+    from labkernels.prefill import PrefillOptions
+
+    assert "attention" in gpu_cli.STEPS and callable(gpu_cli.step_attention)
+    for name, v in gpu_cli.PREFILL_VARIANTS.items():
+        PrefillOptions(**v)
+    assert gpu_cli.PREFILL_VARIANTS["auto-attn-baseline"]["attention"] == "baseline"
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers()
+    prefill_cli.register_cli(sub)
+    gpu_cli.register_cli(sub)
+    assert p.parse_args(["prefill", "--model", "x", "--attention", "torch"]).attention == "torch"
+    assert p.parse_args(["decompose", "--model", "x"]).attention == "auto"
+    with pytest.raises(SystemExit):
+        p.parse_args(["decompose", "--model", "x", "--attention", "flash"])
+    a = p.parse_args(["gpu-check", "--steps", "attention", "--attention-nts", "512"])
+    assert a.attention == "auto" and a.attention_nts == "512" and a.attn_dtype == "f16"
