@@ -118,6 +118,23 @@ def dense_flops(n: int, kind: LayerKind) -> float:
     return 2.0 * kind.n_head * (kind.head_dim + kind.head_dim_v) * n * n
 
 
+def sdpa_ref(q, k, v, n: int, kind: LayerKind) -> np.ndarray:
+    """float64 numpy attention (the tests' independent reference): q [n, H*d], k/v [n, Hkv*d] host arrays ->
+    [n, H*dv]; query head h reads kv head h // (H/Hkv); key j visible from query i iff 0 <= i - j (< window)."""
+    H, Hk, d, dv = kind.n_head, kind.n_head_kv, kind.head_dim, kind.head_dim_v
+    qh = np.asarray(q, np.float64).reshape(n, H, d)
+    kh = np.asarray(k, np.float64).reshape(n, Hk, d)
+    vh = np.asarray(v, np.float64).reshape(n, Hk, dv)
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    vis = (j <= i) & ((kind.window == 0) | (i - j < kind.window))
+    out = np.empty((n, H, dv))
+    for h in range(H):
+        s = np.where(vis, kind.scale * qh[:, h] @ kh[:, h // (H // Hk)].T, -np.inf)
+        p = np.exp(s - s.max(1, keepdims=True))
+        out[:, h] = (p / p.sum(1, keepdims=True)) @ vh[:, h // (H // Hk)]
+    return out.reshape(n, H * dv)
+
+
 # ------------------------------------------------------------------------------------------------ support checks
 def cudnn_problems(kind: LayerKind) -> list[str]:
     """Why cuDNN's fp16/bf16 SDPA cannot take a layer kind (empty: it can), from its documented support surface."""
@@ -372,6 +389,13 @@ class Baseline(Backend):
     def describe(self) -> dict:
         return {"attention": self.name, "attention_dtype": "f16" if self.f16 else "f32", "attention_note": self.note}
 
+    def _bmm(self, A, B):
+        if self.f16:
+            # one cuBLAS strided-batched fp16 GEMM: CuPy's batched matmul upcasts fp16 to fp32 (the first
+            # decomposition found attention at 23 TFLOPS); per-head 2-D GEMMs cost 2 launches per head
+            return gpu.bmm_f16(A, B)
+        return gpu.cp().matmul(A, B)
+
     def attend(self, q, k, v, n, kind: LayerKind, il, tr, out16: bool = False):
         """Causal (sliding-window) GQA attention; q [n, H*hd], k/v [n, Hkv*hd]."""
         cp = gpu.cp()
@@ -383,20 +407,12 @@ class Baseline(Backend):
             K = k.reshape(n, Hk, hd).transpose(1, 2, 0).astype(dt, order="C")          # [Hk, hd, n]
             V = v.reshape(n, Hk, hdv).transpose(1, 0, 2).astype(dt, order="C")         # [Hk, n, hdv]
         with tr.op("attn_qk", "attention_gemm", layer=il, flops=2 * H * n * n * hd):
-            if dt == cp.float16:
-                # one cuBLAS strided-batched fp16 GEMM: CuPy's batched matmul upcasts fp16 to fp32 (the first
-                # decomposition found attention at 23 TFLOPS); per-head 2-D GEMMs cost 2 launches per head
-                S = gpu.bmm_f16(Q, K)
-            else:
-                S = cp.matmul(Q, K)                                          # [Hk, G*n, n]
+            S = self._bmm(Q, K)                                              # [Hk, G*n, n]
         with tr.op("attn_softmax", "attention_softmax", layer=il):
             gpu.kernel("softmax_mask", F16=int(dt == cp.float16)).launch(
                 (Hk * G * n,), (S, np.int32(n), np.int32(n), np.float32(kind.scale), np.int32(kind.window or 0)))
         with tr.op("attn_pv", "attention_gemm", layer=il, flops=2 * H * n * n * hdv):
-            if dt == cp.float16:
-                O = gpu.bmm_f16(S, V)
-            else:
-                O = cp.matmul(S, V)                                          # [Hk, G*n, hdv]
+            O = self._bmm(S, V)                                              # [Hk, G*n, hdv]
         with tr.op("attn_layout", "attention_other", layer=il):
             out = O.reshape(Hk, G, n, hdv).transpose(2, 0, 1, 3).reshape(n, H * hdv).astype(
                 cp.float16 if out16 else cp.float32)

@@ -199,18 +199,7 @@ class _NumpySdpa(attention.Backend):
     def sdpa(self, q16, k16, v16, n, kind, il=None):
         assert q16.dtype == np.float16 and k16.dtype == np.float16 and v16.dtype == np.float16
         self.seen.append((il, kind))
-        H, Hk, d, dv = kind.n_head, kind.n_head_kv, kind.head_dim, kind.head_dim_v
-        q = q16.astype(np.float64).reshape(n, H, d)
-        k = k16.astype(np.float64).reshape(n, Hk, d)
-        v = v16.astype(np.float64).reshape(n, Hk, dv)
-        i, j = np.arange(n)[:, None], np.arange(n)[None, :]
-        vis = (j <= i) & ((kind.window == 0) | (i - j < kind.window))
-        out = np.empty((n, H, dv))
-        for h in range(H):
-            s = np.where(vis, kind.scale * q[:, h] @ k[:, h // (H // Hk)].T, -np.inf)
-            p = np.exp(s - s.max(1, keepdims=True))
-            out[:, h] = (p / p.sum(1, keepdims=True)) @ v[:, h // (H // Hk)]
-        return out.reshape(n, H * dv).astype(np.float16)
+        return attention.sdpa_ref(q16, k16, v16, n, kind).astype(np.float16)
 
 
 def test_fused_plumbing_matches_baseline_in_the_prefill(monkeypatch):
@@ -252,6 +241,7 @@ def test_baseline_scale_parameter(monkeypatch):
     a = b.attend(q, k, v, n, LayerKind(4, 2, 16, 16, 5, 0.25), 0, NullTracer())
     c = b.attend(q * np.float32(0.25), k, v, n, LayerKind(4, 2, 16, 16, 5, 1.0), 0, NullTracer())
     assert a.shape == (n, 64) and np.allclose(a, c, rtol=1e-5, atol=1e-6)
+    assert np.allclose(a, attention.sdpa_ref(q, k, v, n, LayerKind(4, 2, 16, 16, 5, 0.25)), rtol=1e-4, atol=1e-5)
 
 
 def test_bench_records_what_ran_and_what_could_not(monkeypatch, tmp_path):

@@ -43,19 +43,9 @@ def _acts(cp, rng, n, kind):
 
 
 def _ref64(cp, q, k, v, n, kind):
-    """float64 numpy attention with llama.cpp's mask (prefill_ref semantics: key j visible iff 0 <= i - j < window)."""
-    H, Hk, d, dv = kind.n_head, kind.n_head_kv, kind.head_dim, kind.head_dim_v
-    qh = cp.asnumpy(q).astype(np.float64).reshape(n, H, d)
-    kh = cp.asnumpy(k).astype(np.float64).reshape(n, Hk, d)
-    vh = cp.asnumpy(v).astype(np.float64).reshape(n, Hk, dv)
-    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
-    vis = (j <= i) & ((kind.window == 0) | (i - j < kind.window))
-    out = np.empty((n, H, dv))
-    for h in range(H):
-        s = np.where(vis, kind.scale * qh[:, h] @ kh[:, h // (H // Hk)].T, -np.inf)
-        p = np.exp(s - s.max(1, keepdims=True))
-        out[:, h] = (p / p.sum(1, keepdims=True)) @ vh[:, h // (H // Hk)]
-    return out.reshape(n, H * dv)
+    from labkernels.attention import sdpa_ref
+
+    return sdpa_ref(cp.asnumpy(q), cp.asnumpy(k), cp.asnumpy(v), n, kind)
 
 
 def _rel(got, ref):
