@@ -305,3 +305,29 @@ def test_cli_plumbing():
         p.parse_args(["decompose", "--model", "x", "--attention", "flash"])
     a = p.parse_args(["gpu-check", "--steps", "attention", "--attention-nts", "512"])
     assert a.attention == "auto" and a.attention_nts == "512" and a.attn_dtype == "f16"
+
+
+def test_gpu_check_attention_step_records(monkeypatch, tmp_path):
+    """gpu-check's attention step end to end on the CPU shim (timings faked, the decomposition stubbed): the
+    attention run is complete under OUT/data/attention with the layouts, nts and the paths' availability."""
+    import argparse
+
+    from cpu_gpu_shim import install
+    from labkernels import bench, gpu_cli, records
+
+    install(monkeypatch, exact=True)
+    _no_frontend(monkeypatch, gpu=False)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setattr(bench, "time_launches", lambda fn, warmup=3, repeats=20, flush=None: (fn(), np.ones(3))[1])
+    monkeypatch.setattr(bench, "Flusher", lambda: None)
+    small = {"tiny": {"global": LayerKind(2, 1, 16, 16, 0, 0.25)}}
+    monkeypatch.setattr(attention, "bench_layouts", lambda: small)
+    decomposed = []
+    monkeypatch.setattr(gpu_cli, "_decompose", lambda out, args, models: (decomposed.append(models) or ["d1"], True))
+    args = argparse.Namespace(attention_nts="9,17", attn_dtype="f16", attention="auto")
+    res = gpu_cli.step_attention(tmp_path, args)
+    assert res["ok"] and res["decompose_runs"] == ["d1"] and decomposed == [["7b"]]
+    assert "nvidia-cudnn-frontend" in res["paths"]["cudnn"]
+    run = records.load("attention", res["run"], root=tmp_path / "data")
+    assert run.meta["params"]["nts"] == [9, 17] and run.meta["params"]["layouts"]["tiny"]["global"]["head_dim"] == 16
+    assert sorted(run.table("summary").nt) == [9, 17]
