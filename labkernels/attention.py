@@ -22,7 +22,9 @@
   support checks, else ``baseline``, with the reason logged (logger ``labkernels.attention``) and kept in
   ``backend.note`` (recorded by the prefill / decomposition runs). An explicit ``"cudnn"`` that cannot run is an
   error (:class:`AttentionUnavailable`), never a silent fallback; a layer shape or mask the chosen path cannot take
-  is an :class:`AttentionError` naming the layer and the mask.
+  is an :class:`AttentionError` naming the layer and the mask. When a model is set up, a fused path runs each of
+  its layer kinds once on 64 tokens against the float64 reference (:meth:`Backend.probe`): a decline or a wrong
+  number there is caught before any prefill (``auto``: the baseline, with the reason; requested: the error).
 
 FLOPs (:func:`attention_flops`): 2·(d + d_v) per visible (query, key) pair per head, the visible pairs counted as
 the area of the causal band: n²/2 for causal attention (the usual convention: causal counted as half), n²/2 -
@@ -347,6 +349,11 @@ def from_io(o, dtype: str, out16: bool):
 
 
 # ------------------------------------------------------------------------------------------------ backends
+PROBE_TOKENS = 64
+#: parity gate of fused outputs against the fp32 baseline / float64 reference on inputs rounded to the io type
+PARITY_TOL = {"f16": 1e-3, "bf16": 1e-2, "f32": 1e-5}
+
+
 class Backend:
     """One attention path of a model: ``backend(q, k, v, n, il, tracer, out16)`` -> [n, n_head*d_v]."""
     name = "?"
@@ -364,6 +371,28 @@ class Backend:
 
     def __call__(self, q, k, v, n, il, tr, out16: bool = False):
         return self.attend(q, k, v, n, self.kind(il), il, tr, out16)
+
+    def probe(self, kinds: dict, n: int = PROBE_TOKENS) -> str | None:
+        """Run each layer kind once at n tokens (a window shrunk below n so the band is in effect) against the
+        float64 reference on the same rounded inputs; None when all agree, else what failed, naming the layers."""
+        cp = gpu.cp()
+        rng = np.random.default_rng(0)
+        for kind, layers in kinds.items():
+            k2 = LayerKind(kind.n_head, kind.n_head_kv, kind.head_dim, kind.head_dim_v,
+                           min(kind.window, n // 3) if kind.window else 0, kind.scale)
+            widths = (k2.n_head * k2.head_dim, k2.n_head_kv * k2.head_dim, k2.n_head_kv * k2.head_dim_v)
+            ins = [to_io(cp.asarray(rng.standard_normal((n, w)).astype(np.float32)), self.dtype) for w in widths]
+            try:
+                got = cp.asnumpy(from_io(self.sdpa(*ins, n, k2, layers), self.dtype, False)).astype(np.float64)
+            except AttentionError as e:
+                return str(e)
+            ref = sdpa_ref(*(cp.asnumpy(from_io(i, self.dtype, False)) for i in ins), n, k2)
+            err = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+            tol = 2 * PARITY_TOL[self.dtype]
+            if not err <= tol:
+                return (f"layer(s) {_layers(layers)} ({kind.describe()}): the {self.name} path's output at {n} tokens "
+                        f"(window {k2.window or 'none'}) differs from the float64 reference by {err:.2e} (> {tol:g})")
+        return None
 
     def attend(self, q, k, v, n, kind: LayerKind, il, tr, out16: bool = False):
         """One layer's attention of kind ``kind``: q [n, H*d], k/v [n, Hkv*d] (f32 or the io type) -> [n, H*dv]."""
@@ -568,13 +597,21 @@ class Torch(Backend):
 
 
 def make(requested: str, cfg, f16: bool = False, dtype: str = "f16") -> Backend:
-    """The attention backend a model runs (see the module docstring for ``auto``)."""
+    """The attention backend a model runs (see the module docstring for ``auto``). A fused path is probed once per
+    layer kind (:meth:`Backend.probe`, 64 tokens against the float64 reference): under ``auto`` a failing probe
+    gives the baseline with the reason; a requested path that fails it is an AttentionError naming the layers."""
     name, note = resolve(requested, cfg)
     if name == "baseline":
         return Baseline(cfg, f16=f16, note=note)
-    if name == "cudnn":
-        return Cudnn(cfg, dtype, note)
-    return Torch(cfg, dtype, note)
+    b = Cudnn(cfg, dtype, note) if name == "cudnn" else Torch(cfg, dtype, note)
+    bad = b.probe(model_kinds(cfg))
+    if bad is None:
+        return b
+    if requested == "auto":
+        note = f"auto: the lab's baseline attention (cuBLAS + masked softmax) runs, because the cuDNN probe failed: {bad}"
+        log.warning(note)
+        return Baseline(cfg, f16=f16, note=note)
+    raise AttentionError(f"attention={requested!r}: {bad}")
 
 
 # ------------------------------------------------------------------------------------------------ benchmark
@@ -593,8 +630,6 @@ def bench_layouts() -> dict:
 
 
 BENCH_NTS = (512, 3325, 8192)
-#: parity gate of the benchmark's fused outputs against the fp32 baseline on fp16-representable inputs
-PARITY_TOL = {"f16": 1e-3, "bf16": 1e-2, "f32": 1e-5}
 TORCH_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
 
 

@@ -331,3 +331,40 @@ def test_gpu_check_attention_step_records(monkeypatch, tmp_path):
     run = records.load("attention", res["run"], root=tmp_path / "data")
     assert run.meta["params"]["nts"] == [9, 17] and run.meta["params"]["layouts"]["tiny"]["global"]["head_dim"] == 16
     assert sorted(run.table("summary").nt) == [9, 17]
+
+
+class _OffByOne(attention.Backend):
+    """A fused stand-in whose window is one key too wide (the classic band-mask mistake)."""
+    name = "cudnn"
+
+    def __init__(self, cfg, dtype="f16", note="requested"):
+        super().__init__(cfg, dtype, note)
+
+    def sdpa(self, q16, k16, v16, n, kind, il=None):
+        wide = LayerKind(kind.n_head, kind.n_head_kv, kind.head_dim, kind.head_dim_v,
+                         kind.window + 1 if kind.window else 0, kind.scale)
+        return attention.sdpa_ref(q16, k16, v16, n, wide).astype(np.float16)
+
+
+def test_probe_catches_a_wrong_mask(monkeypatch):
+    """Every fused path is probed per layer kind against the float64 reference when a model is set up: a correct
+    one passes; a window off by one is caught -- auto then runs the baseline and says why, a requested path is an
+    error naming the layers and the mask."""
+    from cpu_gpu_shim import install
+    import labkernels.provenance as prov
+    from labkernels.synthetic import tiny_config
+
+    install(monkeypatch, exact=True)
+    cfg = tiny_config("gemma3", n_layer=6, n_embd=256, n_head=4, n_head_kv=2, sliding_window=16)
+    kinds = attention.model_kinds(cfg)
+    assert _NumpySdpa(cfg).probe(kinds) is None
+    bad = _OffByOne(cfg).probe(kinds)
+    assert bad.startswith("layer(s) 0, 1, 2, 3, 4 (causal + sliding window 16") and "float64 reference" in bad
+    assert _OffByOne(cfg).probe({k: v for k, v in kinds.items() if not k.window}) is None   # causal layers are fine
+    monkeypatch.setattr(prov, "gpu_available", lambda: True)
+    monkeypatch.setattr(attention, "import_cudnn", lambda: types.SimpleNamespace())
+    monkeypatch.setattr(attention, "Cudnn", _OffByOne)
+    b = attention.make("auto", cfg)
+    assert b.name == "baseline" and "probe failed" in b.note and "sliding window 16" in b.note
+    with pytest.raises(AttentionError, match=r"attention='cudnn': layer\(s\) 0, 1, 2, 3, 4 \(causal \+ sliding window"):
+        attention.make("cudnn", cfg)
