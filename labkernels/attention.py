@@ -386,6 +386,8 @@ class Backend:
                 got = cp.asnumpy(from_io(self.sdpa(*ins, n, k2, layers), self.dtype, False)).astype(np.float64)
             except AttentionError as e:
                 return str(e)
+            except Exception as e:     # a runtime failure of the library: said, with the layers
+                return f"layer(s) {_layers(layers)} ({kind.describe()}): the {self.name} path failed: {type(e).__name__}: {e}"
             ref = sdpa_ref(*(cp.asnumpy(from_io(i, self.dtype, False)) for i in ins), n, k2)
             err = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
             tol = 2 * PARITY_TOL[self.dtype]
@@ -509,8 +511,12 @@ class Cudnn(Backend):
                                      f"(contiguous {a.flags.c_contiguous}), expected C-contiguous ({n}, {w})")
         o = out if out is not None else cp.empty((n, H * dv), q16.dtype)
         self.cudnn.set_stream(self.handle, cp.cuda.get_current_stream().ptr)
-        G["graph"].execute({G["Q"]: q16.data.ptr, G["K"]: k16.data.ptr, G["V"]: v16.data.ptr, G["O"]: o.data.ptr},
-                           G["workspace"], handle=self.handle)
+        try:
+            G["graph"].execute({G["Q"]: q16.data.ptr, G["K"]: k16.data.ptr, G["V"]: v16.data.ptr, G["O"]: o.data.ptr},
+                               G["workspace"], handle=self.handle)
+        except Exception as e:
+            raise AttentionError(f"attention of layer {il} ({kind.describe()}, {n} tokens, {self.dtype}): cuDNN SDPA "
+                                 f"execution failed: {type(e).__name__}: {e}") from None
         return o
 
 
