@@ -21,7 +21,7 @@ import numpy as np
 from .paths import REPO_ROOT
 
 STEPS = ("env", "tests", "sanitizer", "occupancy", "q6k", "kdr", "q4k", "prefill", "prefill7b", "decompose", "forensics",
-         "wgmma", "wgmma_sanitizer", "wgmma_ncu", "wgmma_costs", "prefill_r7")
+         "wgmma", "wgmma_sanitizer", "wgmma_ncu", "wgmma_costs", "prefill_r7", "attention")
 
 
 def _log(msg: str) -> None:
@@ -176,34 +176,58 @@ def step_prefill(out: Path, args) -> dict:
 
 
 def step_decompose(out: Path, args) -> dict:
-    """Round 5: decompositions of Gemma 3 270M and the synthetic 7B at nt=3325."""
+    """Round 5: decompositions of Gemma 3 270M and the synthetic 7B at nt=3325 (attention path: --attention)."""
+    runs, ok = _decompose(out, args, [m for m in args.decompose_models.split(",") if m])
+    return {"ok": True, "valid": ok, "runs": runs}
+
+
+def _decompose(out: Path, args, models) -> tuple[list, bool]:
+    """Record one decomposition per model ('gemma' | '7b'); returns (run ids, all valid)."""
     import gc
 
-    from . import prefill_cli, records
+    from . import gpu, prefill_cli, records
     from .decompose import record_decomposition
     from .model import default_model_path
     from .prefill import GpuModel, PrefillOptions
 
     ok = True
     runs = []
-    models = [m for m in args.decompose_models.split(",") if m]
     specs = [(str(default_model_path()), False) if m == "gemma" else ("synthetic-7b", True) for m in models]
     for spec, f16 in specs:
         m = prefill_cli.load_model(spec)
-        gm = GpuModel(m, opts=PrefillOptions(attn_f16=f16, kernel=args.kernel))
+        gm = GpuModel(m, opts=PrefillOptions(attn_f16=f16, kernel=args.kernel, attention=args.attention))
         toks = prefill_cli.prompt_tokens(m, args.decompose_nt)
         label = "synthetic-7b" if spec == "synthetic-7b" else "gemma-3-270m-q4_k_m"
+        _log(f"decompose {label}: attention {gm.attn.name} ({gm.attn.note})")
         with records.recording("decompose", {"model": label, "nt": len(toks), "attn_f16": f16, "kernel": args.kernel,
                                              "q6k_variant": gm.opts.q6k_variant or "gpu.gemm default",
-                                             "q4k_kdr": gm.opts.q4k_kdr}, root=out / "data") as run:
+                                             "q4k_kdr": gm.opts.q4k_kdr, "attention_requested": args.attention,
+                                             **gm.attn.describe()}, root=out / "data") as run:
             r = record_decomposition(run, gm, toks, progress=_log)
         ok = ok and r["busy_wall"]["valid"]
         runs.append(run.run_id)
         del gm, m
         gc.collect()
-        from . import gpu
         gpu.cp().get_default_memory_pool().free_all_blocks()
-    return {"ok": True, "valid": ok, "runs": runs}
+    return runs, ok
+
+
+def step_attention(out: Path, args) -> dict:
+    """Issue 17: attention alone (cuDNN fused SDPA vs the lab's baseline vs PyTorch SDPA per backend, the 7B and
+    Gemma 3 270M layouts, nt 512 / 3325 / 8192, interleaved CUDA-event medians; parity against the fp32 baseline),
+    recorded under data/attention/; then round 5's decomposition of the synthetic 7B with --attention (auto)."""
+    from . import attention, records
+
+    nts = [int(x) for x in args.attention_nts.split(",") if x]
+    paths = attention.status()
+    _log(f"attention paths: {paths}")
+    with records.recording("attention", {"layouts": {k: {lk: vars(v) for lk, v in d.items()}
+                                                     for k, d in attention.bench_layouts().items()},
+                                         "nts": nts, "dtype": args.attn_dtype, "pairs": 3, "repeats": 10,
+                                         "scopes": ["op", "kernel"], "paths": paths}, root=out / "data") as run:
+        res = attention.record_bench(run, nts=nts, dtype=args.attn_dtype, progress=_log)
+    runs, valid = _decompose(out, args, ["7b"])
+    return {"ok": res["ok"], "run": run.run_id, "decompose_runs": runs, "decompose_valid": valid, "paths": paths}
 
 
 def step_prefill7b(out: Path, args) -> dict:
@@ -337,7 +361,9 @@ def step_wgmma_ncu(out: Path, args) -> dict:
 
 #: prefill variants the A/B step can compare (name -> PrefillOptions fields)
 PREFILL_VARIANTS = {"int8": {"kernel": "int8"}, "auto": {"kernel": "auto"},
-                    "auto-unfused": {"kernel": "auto", "fuse_f16": False}}
+                    "auto-unfused": {"kernel": "auto", "fuse_f16": False},
+                    "auto-attn-baseline": {"kernel": "auto", "attention": "baseline"},
+                    "auto-attn-cudnn": {"kernel": "auto", "attention": "cudnn"}}
 
 
 def step_prefill_r7(out: Path, args) -> dict:
@@ -383,7 +409,8 @@ def step_prefill_r7(out: Path, args) -> dict:
                         t = timed_prefill(gm, toks, repeats=3)
                         row = {"model": label, "arch": gm.cfg.arch, "nt": nt, "kernel": k, "round": rnd,
                                "wall_ms": t["wall_ms"], "tok_per_s": t["tok_per_s"], "repeats": 3, "attn_f16": f16,
-                               "gemm_families": gm.families_used()}
+                               "gemm_families": gm.families_used(), "attention": gm.attn.name,
+                               "attention_note": gm.attn.note}
                         run.append("throughput", row)
                         _log(f"prefill {label} nt={nt} {k} ({row['gemm_families']}): {t['wall_ms']:.1f} ms "
                              f"{t['tok_per_s']:.0f} tok/s")
@@ -445,6 +472,10 @@ def register_cli(sub) -> None:
     p.add_argument("--kernel", default="auto", help="qmatmul kernel of the prefill/decompose steps (default auto)")
     p.add_argument("--ab", default="int8,auto", help="prefill_r7 variants: " + ", ".join(PREFILL_VARIANTS))
     p.add_argument("--gemma", default=None, help="Gemma 3 270M GGUF path for prefill_r7 (default data/models/...)")
+    p.add_argument("--attention", default="auto", help="attention path of the decompose / attention steps: "
+                   "auto | cudnn | torch | baseline (labkernels.attention)")
+    p.add_argument("--attn-dtype", default="f16", help="input type of the fused attention: f16 | bf16")
+    p.add_argument("--attention-nts", default="512,3325,8192", help="token counts of the attention benchmark")
     p.set_defaults(func=main)
     q = sub.add_parser("import-runs", help="copy recorded runs from a GPU results folder into data/")
     q.add_argument("src")

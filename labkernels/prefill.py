@@ -4,8 +4,10 @@ Weights stay quantized on the GPU: q4_K / q6_K tensors go through :func:`labkern
 ``PrefillOptions.kernel``: ``auto`` picks round 7's ``wgmma_kq`` on sm_90 -- activations converted to fp16 once per
 shared input -- or the int8 families ``q4k_nb`` / ``q6k_expb`` behind one q8_1 prepass per shared input, from the
 recorded round-7 table); every other type (q5_0, q8_0, f16) is dequantized once at load
-and multiplied with cuBLAS in fp32 ("gemm_other" class). Attention is cuBLAS batched QK^T and PV with the
-lab's masked-softmax kernel (causal, sliding window on gemma3's local layers). Norms, RoPE, activations
+and multiplied with cuBLAS in fp32 ("gemm_other" class). Attention (``PrefillOptions.attention``, see
+:mod:`labkernels.attention`) is cuDNN's fused SDPA by default where the frontend is installed, else -- recorded in
+``GpuModel.attn.note`` -- the lab's cuBLAS batched QK^T and PV with its masked-softmax kernel (causal, sliding
+window on gemma3's local layers); ``"torch"`` runs PyTorch's SDPA for comparison. Norms, RoPE, activations
 and the embedding gather are the lab's kernels in ``kernels/prefill.cu``; residual adds are CuPy
 elementwise kernels. Only the last position's logits are computed unless asked (as llama.cpp does).
 
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import gpu
+from . import attention, gpu
 from .arch import ModelConfig, config_from_model, global_tensors, layer_tensors
 from .trace import NullTracer
 
@@ -36,11 +38,18 @@ class PrefillOptions:
     fuse_f16: bool = True             # the norm / activation / attention feeding only wgmma_kq GEMMs writes fp16
                                       # itself (no separate f32 -> f16 pass; the same values)
     other_f16: bool = False           # fp16 cuBLAS for the dequantized-once weights instead of fp32
+    attention: str = "auto"           # attention path: auto (cudnn when usable, else baseline, recorded) | cudnn |
+                                      # torch | baseline (labkernels.attention)
+    attn_dtype: str = "f16"           # input/output type of the cudnn / torch SDPA: f16 | bf16 (fp32 softmax)
 
     def __post_init__(self):
         self.q6k_variant = dict(self.q6k_variant or {})
         if self.kernel not in gpu.QMATMUL_KERNELS:
             raise ValueError(f"unknown GEMM kernel {self.kernel!r}: one of {', '.join(gpu.QMATMUL_KERNELS)}")
+        if self.attention not in attention.BACKENDS:
+            raise ValueError(f"unknown attention path {self.attention!r}: one of {', '.join(attention.BACKENDS)}")
+        if self.attn_dtype not in attention.DTYPES:
+            raise ValueError(f"unknown attention dtype {self.attn_dtype!r}: one of {', '.join(attention.DTYPES)}")
 
 
 class Weight:
@@ -80,6 +89,8 @@ class GpuModel:
             raise NotImplementedError("final logit softcapping is not implemented in the lab prefill")
         if self.cfg.attn_out_bias or self.cfg.ffn_bias or self.cfg.output_bias:
             raise NotImplementedError("attn_output / ffn / output biases are not implemented in the lab prefill")
+        # the attention path (resolved once: auto -> cudnn or baseline, the reason kept in self.attn.note)
+        self.attn = attention.make(self.opts.attention, self.cfg, f16=self.opts.attn_f16, dtype=self.opts.attn_dtype)
         t0 = time.time()
         self.layers = []
         for i in range(self.cfg.n_layer):
@@ -190,35 +201,9 @@ class GpuModel:
         return y
 
     def attention(self, q, k, v, n, il, tr, out16: bool = False):
-        """Causal (sliding-window on local layers) GQA attention via cuBLAS; q [n, H*hd], k/v [n, Hkv*hd]."""
-        cp = gpu.cp()
-        c = self.cfg
-        H, Hk, hd, hdv, G = c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.n_gqa
-        dt = cp.float16 if self.opts.attn_f16 else cp.float32
-        with tr.op("attn_layout", "attention_other", layer=il):
-            Q = q.reshape(n, Hk, G, hd).transpose(1, 2, 0, 3).reshape(Hk, G * n, hd).astype(dt, order="C")
-            K = k.reshape(n, Hk, hd).transpose(1, 2, 0).astype(dt, order="C")          # [Hk, hd, n]
-            V = v.reshape(n, Hk, hdv).transpose(1, 0, 2).astype(dt, order="C")         # [Hk, n, hdv]
-        with tr.op("attn_qk", "attention_gemm", layer=il, flops=2 * H * n * n * hd):
-            if dt == cp.float16:
-                # one cuBLAS strided-batched fp16 GEMM: CuPy's batched matmul upcasts fp16 to fp32 (the first
-                # decomposition found attention at 23 TFLOPS); per-head 2-D GEMMs cost 2 launches per head
-                S = gpu.bmm_f16(Q, K)
-            else:
-                S = cp.matmul(Q, K)                                          # [Hk, G*n, n]
-        window = c.sliding_window if c.is_sliding(il) else 0
-        with tr.op("attn_softmax", "attention_softmax", layer=il):
-            self._k("softmax_mask", F16=int(dt == cp.float16)).launch(
-                (Hk * G * n,), (S, np.int32(n), np.int32(n), np.float32(1.0), np.int32(window or 0)))
-        with tr.op("attn_pv", "attention_gemm", layer=il, flops=2 * H * n * n * hdv):
-            if dt == cp.float16:
-                O = gpu.bmm_f16(S, V)
-            else:
-                O = cp.matmul(S, V)                                          # [Hk, G*n, hdv]
-        with tr.op("attn_layout", "attention_other", layer=il):
-            out = O.reshape(Hk, G, n, hdv).transpose(2, 0, 1, 3).reshape(n, H * hdv).astype(
-                cp.float16 if out16 else cp.float32)
-        return out
+        """Causal (sliding-window on local layers) GQA attention of layer il; q [n, H*hd], k/v [n, Hkv*hd] (q
+        pre-scaled) -> [n, H*hdv] (fp16 when out16) through the model's attention path (self.attn)."""
+        return self.attn(q, k, v, n, il, tr, out16=out16)
 
     def rope(self, x, n, n_head, il):
         c = self.cfg

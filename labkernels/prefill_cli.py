@@ -95,14 +95,14 @@ def prefill_main(args) -> int:
     from .prefill_ref import detokenize
 
     m = load_model(args.model)
-    gm = GpuModel(m, opts=PrefillOptions(attn_f16=args.attn_f16, kernel=args.kernel))
+    gm = GpuModel(m, opts=PrefillOptions(attn_f16=args.attn_f16, kernel=args.kernel, attention=args.attention))
     toks = prompt_tokens(m, args.tokens, args.prompt_ids)
     t = timed_prefill(gm, toks, repeats=args.repeats)
     logits = gm.forward(toks)
     top = gpu.cp().asnumpy(logits).argsort()[::-1][:5]
     res = {"model": args.model, "arch": gm.cfg.arch, "n_tokens": len(toks), "wall_ms": t["wall_ms"],
            "tok_per_s": t["tok_per_s"], "top5": [int(i) for i in top], "load_s": gm.load_seconds,
-           "kernel": args.kernel, "gemm_families": gm.families_used()}
+           "kernel": args.kernel, "gemm_families": gm.families_used(), **gm.attn.describe()}
     try:
         res["top5_text"] = [detokenize(m, [int(i)]) for i in top]
     except Exception:
@@ -111,7 +111,8 @@ def prefill_main(args) -> int:
         print(json.dumps(res, indent=1))
     else:
         print(f"{gm.cfg.describe()}\nprefill {len(toks)} tokens: {t['wall_ms']:.1f} ms, {t['tok_per_s']:.0f} tok/s; "
-              f"top-5 next: {res['top5']} {res.get('top5_text', '')}; GEMMs: {res['gemm_families']}")
+              f"top-5 next: {res['top5']} {res.get('top5_text', '')}; GEMMs: {res['gemm_families']}; attention: "
+              f"{gm.attn.name} ({gm.attn.note})")
     return 0
 
 
@@ -121,12 +122,13 @@ def decompose_main(args) -> int:
     from .prefill import GpuModel, PrefillOptions
 
     m = load_model(args.model)
-    gm = GpuModel(m, opts=PrefillOptions(attn_f16=args.attn_f16, kernel=args.kernel))
+    gm = GpuModel(m, opts=PrefillOptions(attn_f16=args.attn_f16, kernel=args.kernel, attention=args.attention))
     toks = prompt_tokens(m, args.nt)
     r = run_decomposition(gm, toks, repeats=args.repeats, progress=lambda s: None if args.json else print(s))
     t = r["classes"].reset_index()
     if args.json:
-        print(json.dumps({"busy_wall": r["busy_wall"], "wall": r["wall"], "classes": t.to_dict("records"),
+        print(json.dumps({"busy_wall": r["busy_wall"], "wall": r["wall"], **gm.attn.describe(),
+                          "classes": t.to_dict("records"),
                           "queue": r["queue"].to_dict("records")}, indent=1, default=str))
     else:
         print(t.to_string())
@@ -140,6 +142,12 @@ def _kernels():
     return QMATMUL_KERNELS
 
 
+def _attention_paths():
+    from .attention import BACKENDS
+
+    return BACKENDS
+
+
 def register_cli(sub) -> None:
     p = sub.add_parser("prefill", help="one prefill on the GPU: tok/s and the top-5 next tokens")
     p.add_argument("--model", required=True, help="GGUF path or 'synthetic-7b'")
@@ -149,6 +157,8 @@ def register_cli(sub) -> None:
     p.add_argument("--repeats", type=_count(1), default=3)
     p.add_argument("--attn-f16", action="store_true", help="fp16 QK^T/PV attention")
     p.add_argument("--kernel", default="auto", choices=_kernels(), help="gpu.qmatmul kernel of the k-quant GEMMs")
+    p.add_argument("--attention", default="auto", choices=_attention_paths(), help="attention path (auto: cudnn "
+                   "when the frontend is usable, else the baseline, said in the output)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=prefill_main)
     q = sub.add_parser("decompose", help="round 5: a prefill traced launch by launch, by kernel class")
@@ -157,6 +167,7 @@ def register_cli(sub) -> None:
     q.add_argument("--repeats", type=_count(1), default=3)
     q.add_argument("--attn-f16", action="store_true")
     q.add_argument("--kernel", default="auto", choices=_kernels(), help="gpu.qmatmul kernel of the k-quant GEMMs")
+    q.add_argument("--attention", default="auto", choices=_attention_paths(), help="attention path")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=decompose_main)
 
@@ -182,7 +193,8 @@ def parity_run(model_path: str, run, n_new: int = 32, progress=print, kernel: st
         r = forward_ref(m, toks, last_only=True)
         rel = float(np.max(np.abs(g - r)) / np.max(np.abs(r)))
         top_g, top_r = np.argsort(-g)[:10], np.argsort(-r)[:10]
-        row = {"case": name, "kernel": kernel, "gemm_families": gm.families_used(), "n_tokens": len(toks), "max_rel_err": rel,
+        row = {"case": name, "kernel": kernel, "gemm_families": gm.families_used(), "attention": gm.attn.name,
+               "attention_note": gm.attn.note, "n_tokens": len(toks), "max_rel_err": rel,
                "rms_rel_err": float(np.linalg.norm(g - r) / np.linalg.norm(r)),
                "top1_same": bool(top_g[0] == top_r[0]), "top5_overlap": len(set(top_g[:5]) & set(top_r[:5])),
                "top10_overlap": len(set(top_g) & set(top_r)), "gpu_top5": top_g[:5].tolist(), "ref_top5": top_r[:5].tolist()}
@@ -218,7 +230,7 @@ def throughput_run(spec: str, nts, run, repeats: int = 3, attn_f16: bool = True,
         row = {"model": spec if spec == "synthetic-7b" else "gemma-3-270m-q4_k_m", "arch": gm.cfg.arch,
                "nt": nt, "wall_ms": t["wall_ms"], "tok_per_s": t["tok_per_s"], "repeats": repeats,
                "attn_f16": attn_f16, "load_s": gm.load_seconds, "kernel": kernel,
-               "gemm_families": gm.families_used()}
+               "gemm_families": gm.families_used(), "attention": gm.attn.name, "attention_note": gm.attn.note}
         run.append("throughput", row)
         rows.append(row)
         progress(f"prefill {row['model']} nt={nt} kernel={kernel} ({row['gemm_families']}): {t['wall_ms']:.1f} ms, "

@@ -1,0 +1,784 @@
+"""Attention of the prefill: the lab's baseline, cuDNN's fused SDPA, and PyTorch's SDPA (for comparison).
+
+``PrefillOptions(attention=...)`` picks the path (:func:`make`):
+
+* ``"cudnn"`` -- one fused FlashAttention-class kernel per layer: cuDNN's scaled-dot-product attention through the
+  ``nvidia-cudnn-frontend`` Python graph API. q / k / v stay in the prefill's token-major layout ([n, heads*d], read
+  as BSHD strides, no copy); they are converted to fp16 (or bf16, ``attn_dtype``) in one pass each; the output is
+  written in the layout ``attn_output`` reads ([n, n_head*d_v]), fp16 (what a ``wgmma_kq`` consumer takes directly).
+  Masks: causal (``diagonal_band_right_bound=0``, top-left) and, on Gemma 3's sliding layers, the window as
+  ``diagonal_band_left_bound=window`` (cuDNN masks key j for query i when j <= i - left_bound, i.e. a query sees its
+  ``window`` most recent positions itself included -- llama.cpp's ``p1 - p0 >= n_swa`` rule). Grouped-query heads
+  are K/V tensors with fewer heads; the softmax scale is ``attn_scale`` (the prefill passes 1.0: it multiplies q
+  by the architecture's scale before attention, as llama.cpp's graphs do -- Gemma's query_pre_attn_scalar
+  included); fp32 softmax statistics and accumulation. One graph per (tokens, layer kind, dtype) is built on first
+  use and cached with its workspace.
+* ``"torch"`` -- ``torch.nn.functional.scaled_dot_product_attention`` on the same CuPy buffers through DLPack (no
+  copy in; the output is permuted back into [n, heads*d]); the sliding window goes as a boolean mask (which keeps
+  PyTorch off its FlashAttention backend); the backend PyTorch picks is reported (:meth:`Torch.backend`).
+* ``"baseline"`` -- the lab's path: cuBLAS batched QK^T and PV around the lab's masked-softmax kernel over the
+  materialized [heads, n, n] scores (fp32, or fp16 with ``attn_f16``).
+* ``"auto"`` (default) -- ``cudnn`` when the frontend imports on a CUDA machine and every layer kind passes its
+  support checks, else ``baseline``, with the reason logged (logger ``labkernels.attention``) and kept in
+  ``backend.note`` (recorded by the prefill / decomposition runs). An explicit ``"cudnn"`` that cannot run is an
+  error (:class:`AttentionUnavailable`), never a silent fallback; a layer shape or mask the chosen path cannot take
+  is an :class:`AttentionError` naming the layer and the mask. When a model is set up, a fused path runs each of
+  its layer kinds once on 64 tokens against the float64 reference (:meth:`Backend.probe`): a decline or a wrong
+  number there is caught before any prefill (``auto``: the baseline, with the reason; requested: the error).
+
+FLOPs (:func:`attention_flops`): 2·(d + d_v) per visible (query, key) pair per head, the visible pairs counted as
+the area of the causal band: n²/2 for causal attention (the usual convention: causal counted as half), n²/2 -
+(n - w)²/2 with a window w < n.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import logging
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import gpu
+
+log = logging.getLogger("labkernels.attention")
+
+BACKENDS = ("auto", "cudnn", "torch", "baseline")
+DTYPES = ("f16", "bf16")
+#: head dims cuDNN's fp16/bf16 SDPA takes on sm_80..sm_90 (multiple of 8, at most 256; d_qk = 192 with d_v = 128)
+CUDNN_MAX_HEAD_DIM = 256
+
+
+class AttentionError(ValueError):
+    """A layer's attention (shape or mask) that the chosen path cannot take."""
+
+
+class AttentionUnavailable(RuntimeError):
+    """The requested attention backend cannot run on this machine (package missing, no GPU)."""
+
+
+# ------------------------------------------------------------------------------------------------ layer kinds
+@dataclass(frozen=True)
+class LayerKind:
+    """What one layer's attention computes: heads, head dims, the causal window and the softmax scale."""
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    head_dim_v: int
+    window: int = 0          # 0: causal only; w: key j visible from query i iff 0 <= i - j < w
+    scale: float = 1.0       # softmax(scale * q.k)
+
+    @property
+    def mask(self) -> str:
+        return f"causal + sliding window {self.window}" if self.window else "causal"
+
+    def describe(self) -> str:
+        return (f"{self.mask}, {self.n_head} query heads / {self.n_head_kv} kv heads x {self.head_dim}"
+                + (f" (v {self.head_dim_v})" if self.head_dim_v != self.head_dim else "") + f", scale {self.scale:g}")
+
+    def at(self, n: int) -> "LayerKind":
+        """The kind as it acts on n tokens: a window >= n masks nothing beyond causality."""
+        if self.window and self.window >= n:
+            return LayerKind(self.n_head, self.n_head_kv, self.head_dim, self.head_dim_v, 0, self.scale)
+        return self
+
+
+def layer_kind(cfg, il: int, scale: float = 1.0) -> LayerKind:
+    """Layer ``il``'s kind from a ModelConfig (``scale`` 1.0: the prefill pre-scales q by ``cfg.attn_scale``)."""
+    window = int(cfg.sliding_window) if cfg.is_sliding(il) else 0
+    return LayerKind(cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v, window, float(scale))
+
+
+def model_kinds(cfg, scale: float = 1.0) -> dict:
+    """{kind: [layers]} over a model's layers."""
+    out: dict = {}
+    for il in range(cfg.n_layer):
+        out.setdefault(layer_kind(cfg, il, scale), []).append(il)
+    return out
+
+
+def visible_pairs(n: int, window: int = 0) -> float:
+    """(query, key) pairs a causal (windowed) layer computes, as the band's area: n²/2, or n²/2 - (n - w)²/2."""
+    if n < 0 or window < 0:
+        raise ValueError(f"tokens and window must be non-negative, got n={n}, window={window}")
+    full = n * n / 2
+    if window and window < n:
+        return full - (n - window) ** 2 / 2
+    return full
+
+
+def attention_flops(n: int, kind: LayerKind) -> float:
+    """Useful FLOPs of one layer's attention on n tokens: QK^T and PV over the visible pairs."""
+    return 2.0 * kind.n_head * (kind.head_dim + kind.head_dim_v) * visible_pairs(n, kind.window)
+
+
+def dense_flops(n: int, kind: LayerKind) -> float:
+    """FLOPs of the full n x n products (what the baseline computes before masking)."""
+    return 2.0 * kind.n_head * (kind.head_dim + kind.head_dim_v) * n * n
+
+
+def sdpa_ref(q, k, v, n: int, kind: LayerKind) -> np.ndarray:
+    """float64 numpy attention (the tests' independent reference): q [n, H*d], k/v [n, Hkv*d] host arrays ->
+    [n, H*dv]; query head h reads kv head h // (H/Hkv); key j visible from query i iff 0 <= i - j (< window)."""
+    H, Hk, d, dv = kind.n_head, kind.n_head_kv, kind.head_dim, kind.head_dim_v
+    qh = np.asarray(q, np.float64).reshape(n, H, d)
+    kh = np.asarray(k, np.float64).reshape(n, Hk, d)
+    vh = np.asarray(v, np.float64).reshape(n, Hk, dv)
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    vis = (j <= i) & ((kind.window == 0) | (i - j < kind.window))
+    out = np.empty((n, H, dv))
+    for h in range(H):
+        s = np.where(vis, kind.scale * qh[:, h] @ kh[:, h // (H // Hk)].T, -np.inf)
+        p = np.exp(s - s.max(1, keepdims=True))
+        out[:, h] = (p / p.sum(1, keepdims=True)) @ vh[:, h // (H // Hk)]
+    return out.reshape(n, H * dv)
+
+
+# ------------------------------------------------------------------------------------------------ support checks
+def cudnn_problems(kind: LayerKind) -> list[str]:
+    """Why cuDNN's fp16/bf16 SDPA cannot take a layer kind (empty: it can), from its documented support surface."""
+    bad = []
+    d, dv = kind.head_dim, kind.head_dim_v
+    if kind.n_head % kind.n_head_kv:
+        bad.append(f"{kind.n_head} query heads are not a multiple of {kind.n_head_kv} kv heads")
+    if d % 8 or dv % 8:
+        bad.append(f"head dims {d}/{dv} are not multiples of 8")
+    if max(d, dv) > CUDNN_MAX_HEAD_DIM:
+        bad.append(f"head dim {max(d, dv)} exceeds {CUDNN_MAX_HEAD_DIM}")
+    if d != dv and (d, dv) != (192, 128):
+        bad.append(f"q/k head dim {d} differs from v head dim {dv} (cuDNN takes equal dims, or 192/128)")
+    if not (np.isfinite(kind.scale) and kind.scale > 0):
+        bad.append(f"softmax scale {kind.scale!r} is not finite and positive")
+    return bad
+
+
+def check_kind(kind: LayerKind, backend: str, layers) -> None:
+    """Raise AttentionError naming the layers and the mask when ``backend`` cannot take ``kind``."""
+    bad = cudnn_problems(kind) if backend == "cudnn" else []
+    if backend == "torch" and kind.n_head % kind.n_head_kv:
+        bad.append(f"{kind.n_head} query heads are not a multiple of {kind.n_head_kv} kv heads")
+    if bad:
+        raise AttentionError(f"attention of layer(s) {_layers(layers)} ({kind.describe()}): the {backend} path cannot "
+                             f"take it: {'; '.join(bad)}")
+
+
+def _layers(layers) -> str:
+    layers = [layers] if isinstance(layers, (int, np.integer)) else list(layers)
+    return ", ".join(str(i) for i in layers) if len(layers) <= 8 else f"{layers[0]}..{layers[-1]} ({len(layers)})"
+
+
+# ------------------------------------------------------------------------------------------------ availability
+def _preload_libcudnn() -> str | None:
+    """Load libcudnn.so.9 before the frontend looks for it, and put its folder first on LD_LIBRARY_PATH (the
+    frontend searches LD_LIBRARY_PATH, then globs the interpreter's purelib -- asserting a single match -- then the
+    loader path; a frontend installed with --target, or the nvidia-cudnn-cu13 layout, can sit elsewhere on
+    sys.path). Returns what was loaded, or None when no libcudnn.so.9 is found (the import then says so)."""
+    import sysconfig
+
+    roots = list(dict.fromkeys([*sys.path, sysconfig.get_path("purelib")]))
+    for p in roots:
+        for pat in ("nvidia/cudnn/lib/libcudnn.so.9", "nvidia/cu13/lib/libcudnn.so.9", "nvidia/cu12/lib/libcudnn.so.9"):
+            for f in glob.glob(os.path.join(p, pat)):
+                try:
+                    ctypes.CDLL(f, mode=ctypes.RTLD_GLOBAL)
+                except OSError:
+                    continue
+                old = os.environ.get("LD_LIBRARY_PATH", "")
+                os.environ["LD_LIBRARY_PATH"] = os.path.dirname(f) + (os.pathsep + old if old else "")
+                return f
+    try:
+        ctypes.CDLL("libcudnn.so.9", mode=ctypes.RTLD_GLOBAL)
+        return "libcudnn.so.9 (loader path)"
+    except OSError:
+        return None
+
+
+_CUDNN: dict = {}
+
+
+def import_cudnn():
+    """The ``cudnn`` frontend module, or AttentionUnavailable with the reason (cached)."""
+    if "module" in _CUDNN:
+        return _CUDNN["module"]
+    if "error" in _CUDNN:
+        raise AttentionUnavailable(_CUDNN["error"])
+    try:
+        lib = _preload_libcudnn()
+        import cudnn  # nvidia-cudnn-frontend
+
+        ver = cudnn.backend_version()
+    except Exception as e:  # ImportError, a missing libcudnn (OSError / RuntimeError from the backend query)
+        _CUDNN["error"] = (f"the cuDNN frontend (Python package nvidia-cudnn-frontend, module 'cudnn') is not usable: "
+                           f"{type(e).__name__}: {e}")
+        raise AttentionUnavailable(_CUDNN["error"]) from None
+    _CUDNN["module"] = cudnn
+    _CUDNN["info"] = {"frontend": getattr(cudnn, "__version__", "?"), "backend": int(ver), "libcudnn": lib}
+    return cudnn
+
+
+def cudnn_info() -> dict:
+    """Versions of the loaded frontend / backend (empty before a successful import)."""
+    return dict(_CUDNN.get("info", {}))
+
+
+def status() -> dict:
+    """Which fused paths this machine can run, with versions or the reason (for run parameters / logs)."""
+    out = {}
+    try:
+        import_cudnn()
+        out["cudnn"] = cudnn_info()
+    except AttentionUnavailable as e:
+        out["cudnn"] = f"unavailable: {e}"
+    try:
+        out["torch"] = import_torch().__version__
+    except AttentionUnavailable as e:
+        out["torch"] = f"unavailable: {e}"
+    return out
+
+
+def import_torch():
+    try:
+        import torch
+        import torch.nn.functional  # noqa: F401
+    except Exception as e:
+        raise AttentionUnavailable(f"PyTorch is not importable: {type(e).__name__}: {e}") from None
+    if not torch.cuda.is_available():
+        raise AttentionUnavailable("PyTorch sees no CUDA device")
+    return torch
+
+
+def _gpu_ok() -> str | None:
+    from .provenance import gpu_available
+
+    return None if gpu_available() else "no CUDA GPU with cupy on this machine"
+
+
+def resolve(requested: str, cfg) -> tuple[str, str]:
+    """(backend that will run, note): ``auto`` -> cudnn when usable for every layer kind, else baseline with the
+    reason; an explicit backend that cannot run raises AttentionUnavailable / AttentionError."""
+    if requested not in BACKENDS:
+        raise ValueError(f"unknown attention path {requested!r}: one of {', '.join(BACKENDS)}")
+    if requested == "baseline":
+        return "baseline", "requested"
+    kinds = model_kinds(cfg)
+    if requested == "auto":
+        why = _gpu_ok()
+        if why is None:
+            try:
+                import_cudnn()
+            except AttentionUnavailable as e:
+                why = str(e)
+        if why is None:
+            bad = [f"layer(s) {_layers(ls)} ({k.describe()}): {'; '.join(cudnn_problems(k))}"
+                   for k, ls in kinds.items() if cudnn_problems(k)]
+            why = "cuDNN SDPA cannot take " + " | ".join(bad) if bad else None
+        if why is None:
+            return "cudnn", "auto: cuDNN frontend available"
+        note = f"auto: the lab's baseline attention (cuBLAS + masked softmax) runs, because {why}"
+        log.warning(note)
+        return "baseline", note
+    why = _gpu_ok()
+    if why:
+        raise AttentionUnavailable(f"attention={requested!r} needs a CUDA GPU: {why}")
+    if requested == "cudnn":
+        import_cudnn()
+    else:
+        import_torch()
+    for k, ls in kinds.items():
+        check_kind(k, requested, ls)
+    return requested, "requested"
+
+
+# ------------------------------------------------------------------------------------------------ fp16 / bf16
+#: float32 -> bfloat16 bits, round to nearest even (NaN stays a quiet NaN); header-free so NVRTC needs no cuda_bf16.h
+_BF16_FROM_F32 = """
+unsigned int u = __float_as_uint(x);
+if ((u & 0x7fffffffu) > 0x7f800000u) y = (unsigned short)((u >> 16) | 0x40u);
+else y = (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+"""
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """numpy float32 -> bfloat16 bit patterns (uint16), the same rounding as the device conversion."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), r)
+
+
+def bf16_to_f32(b: np.ndarray) -> np.ndarray:
+    return (np.asarray(b, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+_EW: dict = {}
+
+
+def _ew(name: str):
+    cp = gpu.cp()
+    if name not in _EW:
+        if name == "f32_bf16":
+            _EW[name] = cp.ElementwiseKernel("float32 x", "uint16 y", _BF16_FROM_F32, "lab_f32_to_bf16")
+        elif name == "bf16_f32":
+            _EW[name] = cp.ElementwiseKernel("uint16 x", "float32 y", "y = __uint_as_float(((unsigned int)x) << 16);",
+                                             "lab_bf16_to_f32")
+        elif name == "bf16_f16":
+            _EW[name] = cp.ElementwiseKernel("uint16 x", "float16 y",
+                                             "y = (float16)__uint_as_float(((unsigned int)x) << 16);", "lab_bf16_to_f16")
+    return _EW[name]
+
+
+def to_io(x, dtype: str):
+    """An activation in the SDPA's input type: fp16 (CuPy float16) or bf16 (bits in uint16)."""
+    cp = gpu.cp()
+    if dtype == "f16":
+        return x if x.dtype == cp.float16 else x.astype(cp.float16)
+    if x.dtype == cp.uint16:
+        return x
+    return _ew("f32_bf16")(x if x.dtype == cp.float32 else x.astype(cp.float32))
+
+
+def from_io(o, dtype: str, out16: bool):
+    """The SDPA output as the prefill wants it: fp16 for a wgmma_kq consumer (out16), else fp32."""
+    cp = gpu.cp()
+    if dtype == "f16":
+        return o if out16 else o.astype(cp.float32)
+    return _ew("bf16_f16")(o) if out16 else _ew("bf16_f32")(o)
+
+
+# ------------------------------------------------------------------------------------------------ backends
+PROBE_TOKENS = 64
+#: parity gate of fused outputs against the fp32 baseline / float64 reference on inputs rounded to the io type
+PARITY_TOL = {"f16": 1e-3, "bf16": 1e-2, "f32": 1e-5}
+
+
+class Backend:
+    """One attention path of a model: ``backend(q, k, v, n, il, tracer, out16)`` -> [n, n_head*d_v]."""
+    name = "?"
+
+    def __init__(self, cfg, dtype: str = "f16", note: str = "requested"):
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown attention dtype {dtype!r}: one of {', '.join(DTYPES)}")
+        self.cfg, self.dtype, self.note = cfg, dtype, note
+
+    def kind(self, il: int) -> LayerKind:
+        return layer_kind(self.cfg, il)
+
+    def describe(self) -> dict:
+        return {"attention": self.name, "attention_dtype": self.dtype, "attention_note": self.note}
+
+    def __call__(self, q, k, v, n, il, tr, out16: bool = False):
+        return self.attend(q, k, v, n, self.kind(il), il, tr, out16)
+
+    def probe(self, kinds: dict, n: int = PROBE_TOKENS) -> str | None:
+        """Run each layer kind once at n tokens (a window shrunk below n so the band is in effect) against the
+        float64 reference on the same rounded inputs; None when all agree, else what failed, naming the layers."""
+        cp = gpu.cp()
+        rng = np.random.default_rng(0)
+        for kind, layers in kinds.items():
+            k2 = LayerKind(kind.n_head, kind.n_head_kv, kind.head_dim, kind.head_dim_v,
+                           min(kind.window, n // 3) if kind.window else 0, kind.scale)
+            widths = (k2.n_head * k2.head_dim, k2.n_head_kv * k2.head_dim, k2.n_head_kv * k2.head_dim_v)
+            ins = [to_io(cp.asarray(rng.standard_normal((n, w)).astype(np.float32)), self.dtype) for w in widths]
+            try:
+                got = cp.asnumpy(from_io(self.sdpa(*ins, n, k2, layers), self.dtype, False)).astype(np.float64)
+            except AttentionError as e:
+                return str(e)
+            except Exception as e:     # a runtime failure of the library: said, with the layers
+                return f"layer(s) {_layers(layers)} ({kind.describe()}): the {self.name} path failed: {type(e).__name__}: {e}"
+            ref = sdpa_ref(*(cp.asnumpy(from_io(i, self.dtype, False)) for i in ins), n, k2)
+            err = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+            tol = 2 * PARITY_TOL[self.dtype]
+            if not err <= tol:
+                return (f"layer(s) {_layers(layers)} ({kind.describe()}): the {self.name} path's output at {n} tokens "
+                        f"(window {k2.window or 'none'}) differs from the float64 reference by {err:.2e} (> {tol:g})")
+        return None
+
+    def attend(self, q, k, v, n, kind: LayerKind, il, tr, out16: bool = False):
+        """One layer's attention of kind ``kind``: q [n, H*d], k/v [n, Hkv*d] (f32 or the io type) -> [n, H*dv]."""
+        kind = kind.at(n)
+        with tr.op("attn_cast", "attention_other", layer=il):
+            q16, k16, v16 = (to_io(a, self.dtype) for a in (q, k, v))
+        with tr.op("attn_fused", "attention_fused", layer=il, flops=attention_flops(n, kind)):
+            o = self.sdpa(q16, k16, v16, n, kind, il)
+        if self.dtype == "f16" and out16:
+            return o
+        with tr.op("attn_cast", "attention_other", layer=il):
+            return from_io(o, self.dtype, out16)
+
+
+class Baseline(Backend):
+    """The lab's attention: cuBLAS batched QK^T and PV around the masked-softmax kernel (``f16``: fp16 GEMMs)."""
+    name = "baseline"
+
+    def __init__(self, cfg, f16: bool = False, note: str = "requested"):
+        super().__init__(cfg, "f16", note)
+        self.f16 = bool(f16)
+
+    def describe(self) -> dict:
+        return {"attention": self.name, "attention_dtype": "f16" if self.f16 else "f32", "attention_note": self.note}
+
+    def _bmm(self, A, B):
+        if self.f16:
+            # one cuBLAS strided-batched fp16 GEMM: CuPy's batched matmul upcasts fp16 to fp32 (the first
+            # decomposition found attention at 23 TFLOPS); per-head 2-D GEMMs cost 2 launches per head
+            return gpu.bmm_f16(A, B)
+        return gpu.cp().matmul(A, B)
+
+    def attend(self, q, k, v, n, kind: LayerKind, il, tr, out16: bool = False):
+        """Causal (sliding-window) GQA attention; q [n, H*hd], k/v [n, Hkv*hd]."""
+        cp = gpu.cp()
+        H, Hk, hd, hdv = kind.n_head, kind.n_head_kv, kind.head_dim, kind.head_dim_v
+        G = H // Hk
+        dt = cp.float16 if self.f16 else cp.float32
+        with tr.op("attn_layout", "attention_other", layer=il):
+            Q = q.reshape(n, Hk, G, hd).transpose(1, 2, 0, 3).reshape(Hk, G * n, hd).astype(dt, order="C")
+            K = k.reshape(n, Hk, hd).transpose(1, 2, 0).astype(dt, order="C")          # [Hk, hd, n]
+            V = v.reshape(n, Hk, hdv).transpose(1, 0, 2).astype(dt, order="C")         # [Hk, n, hdv]
+        with tr.op("attn_qk", "attention_gemm", layer=il, flops=2 * H * n * n * hd):
+            S = self._bmm(Q, K)                                              # [Hk, G*n, n]
+        with tr.op("attn_softmax", "attention_softmax", layer=il):
+            gpu.kernel("softmax_mask", F16=int(dt == cp.float16)).launch(
+                (Hk * G * n,), (S, np.int32(n), np.int32(n), np.float32(kind.scale), np.int32(kind.window or 0)))
+        with tr.op("attn_pv", "attention_gemm", layer=il, flops=2 * H * n * n * hdv):
+            O = self._bmm(S, V)                                              # [Hk, G*n, hdv]
+        with tr.op("attn_layout", "attention_other", layer=il):
+            out = O.reshape(Hk, G, n, hdv).transpose(2, 0, 1, 3).reshape(n, H * hdv).astype(
+                cp.float16 if out16 else cp.float32)
+        return out
+
+
+class Cudnn(Backend):
+    """cuDNN's fused SDPA (nvidia-cudnn-frontend); graphs cached per (tokens, layer kind, dtype)."""
+    name = "cudnn"
+
+    def __init__(self, cfg, dtype: str = "f16", note: str = "requested"):
+        super().__init__(cfg, dtype, note)
+        self.cudnn = import_cudnn()
+        self.handle = self.cudnn.create_handle()
+        self._graphs: dict = {}
+
+    def describe(self) -> dict:
+        return {**super().describe(), **{f"cudnn_{k}": v for k, v in cudnn_info().items()}}
+
+    def graph(self, n: int, kind: LayerKind, il=None):
+        key = (n, kind, self.dtype)
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._graphs[key] = self._build(n, kind, il)
+        return g
+
+    def _build(self, n: int, kind: LayerKind, il):
+        cudnn = self.cudnn
+        check_kind(kind, "cudnn", il if il is not None else "?")
+        dt = cudnn.data_type.HALF if self.dtype == "f16" else cudnn.data_type.BFLOAT16
+        H, Hk, d, dv = kind.n_head, kind.n_head_kv, kind.head_dim, kind.head_dim_v
+        try:
+            g = cudnn.pygraph(io_data_type=dt, intermediate_data_type=cudnn.data_type.FLOAT,
+                              compute_data_type=cudnn.data_type.FLOAT, handle=self.handle)
+            # the prefill's token-major buffers as [batch 1, heads, tokens, dim] with BSHD strides (no copy)
+            Q = g.tensor(name="Q", dim=[1, H, n, d], stride=[n * H * d, d, H * d, 1], data_type=dt)
+            K = g.tensor(name="K", dim=[1, Hk, n, d], stride=[n * Hk * d, d, Hk * d, 1], data_type=dt)
+            V = g.tensor(name="V", dim=[1, Hk, n, dv], stride=[n * Hk * dv, dv, Hk * dv, 1], data_type=dt)
+            band = {"diagonal_alignment": cudnn.diagonal_alignment.TOP_LEFT, "diagonal_band_right_bound": 0}
+            if kind.window:
+                band["diagonal_band_left_bound"] = int(kind.window)
+            O, _ = g.sdpa(name="sdpa", q=Q, k=K, v=V, generate_stats=False, attn_scale=float(kind.scale), **band)
+            O.set_output(True).set_dim([1, H, n, dv]).set_stride([n * H * dv, dv, H * dv, 1]).set_data_type(dt)
+            g.validate()
+            g.build_operation_graph()
+            g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            g.check_support()
+            g.build_plans()
+            ws_bytes = int(g.get_workspace_size())
+        except Exception as e:
+            raise AttentionError(f"attention of layer {il} ({kind.describe()}, {n} tokens, {self.dtype}): cuDNN SDPA "
+                                 f"cannot take it: {type(e).__name__}: {e}") from None
+        ws = gpu.cp().empty(ws_bytes, gpu.cp().uint8) if ws_bytes else None
+        return {"graph": g, "Q": Q, "K": K, "V": V, "O": O, "workspace": ws, "workspace_bytes": ws_bytes}
+
+    def sdpa(self, q16, k16, v16, n, kind: LayerKind, il=None, out=None):
+        """O [n, H*dv] (io dtype) from q16 [n, H*d], k16/v16 [n, Hk*d] (io dtype, C-contiguous)."""
+        cp = gpu.cp()
+        G = self.graph(n, kind, il)
+        H, dv = kind.n_head, kind.head_dim_v
+        for a, w in ((q16, kind.n_head * kind.head_dim), (k16, kind.n_head_kv * kind.head_dim),
+                     (v16, kind.n_head_kv * dv)):
+            if a.shape != (n, w) or not a.flags.c_contiguous:
+                raise AttentionError(f"attention of layer {il}: cuDNN SDPA input of shape {a.shape} "
+                                     f"(contiguous {a.flags.c_contiguous}), expected C-contiguous ({n}, {w})")
+        o = out if out is not None else cp.empty((n, H * dv), q16.dtype)
+        self.cudnn.set_stream(self.handle, cp.cuda.get_current_stream().ptr)
+        try:
+            G["graph"].execute({G["Q"]: q16.data.ptr, G["K"]: k16.data.ptr, G["V"]: v16.data.ptr, G["O"]: o.data.ptr},
+                               G["workspace"], handle=self.handle)
+        except Exception as e:
+            raise AttentionError(f"attention of layer {il} ({kind.describe()}, {n} tokens, {self.dtype}): cuDNN SDPA "
+                                 f"execution failed: {type(e).__name__}: {e}") from None
+        return o
+
+
+class Torch(Backend):
+    """torch.nn.functional.scaled_dot_product_attention on the CuPy buffers (DLPack, zero copy in)."""
+    name = "torch"
+
+    def __init__(self, cfg, dtype: str = "f16", note: str = "requested", backends=None):
+        super().__init__(cfg, dtype, note)
+        self.torch = import_torch()
+        self.backends = backends      # None: PyTorch's own choice; else a list of SDPBackend names to allow
+        self._masks: dict = {}
+
+    def _mask(self, n: int, window: int):
+        key = (n, window)
+        if key not in self._masks:
+            t = self.torch
+            i = t.arange(n, device="cuda")
+            d = i[:, None] - i[None, :]
+            self._masks[key] = (d >= 0) & (d < window)
+        return self._masks[key]
+
+    def _views(self, q16, k16, v16, n, kind: LayerKind):
+        t = self.torch
+
+        def view(a, heads, d):
+            x = t.from_dlpack(a)
+            if self.dtype == "bf16":
+                x = x.view(t.bfloat16)
+            return x.view(n, heads, d).transpose(0, 1).unsqueeze(0)         # [1, heads, n, d], strided
+
+        q = view(q16, kind.n_head, kind.head_dim)
+        k = view(k16, kind.n_head_kv, kind.head_dim)
+        v = view(v16, kind.n_head_kv, kind.head_dim_v)
+        mask = self._mask(n, kind.window) if kind.window else None
+        return q, k, v, mask
+
+    def _run(self, q, k, v, mask, kind: LayerKind):
+        t = self.torch
+        F = t.nn.functional
+        kw = {"attn_mask": mask, "is_causal": mask is None, "scale": float(kind.scale),
+              "enable_gqa": kind.n_head_kv != kind.n_head}
+        if self.backends is None:
+            return F.scaled_dot_product_attention(q, k, v, **kw)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([getattr(SDPBackend, b) for b in self.backends]):
+            return F.scaled_dot_product_attention(q, k, v, **kw)
+
+    def backend(self, n: int, kind: LayerKind) -> str:
+        """The SDPA backend PyTorch dispatches these inputs to (its own choice; 'unknown' if it cannot say)."""
+        cp, t = gpu.cp(), self.torch
+        kind = kind.at(n)
+        z = cp.zeros((n, kind.n_head * kind.head_dim), cp.float16 if self.dtype == "f16" else cp.uint16)
+        zk = cp.zeros((n, kind.n_head_kv * kind.head_dim), z.dtype)
+        zv = cp.zeros((n, kind.n_head_kv * kind.head_dim_v), z.dtype)
+        q, k, v, mask = self._views(z, zk, zv, n, kind)
+        try:
+            choice = int(t._fused_sdp_choice(q, k, v, mask, 0.0, mask is None, scale=float(kind.scale),
+                                             enable_gqa=kind.n_head_kv != kind.n_head))
+            from torch.nn.attention import SDPBackend
+
+            names = {int(v): k for k, v in SDPBackend.__members__.items()}
+            return names.get(choice, f"SDPBackend({choice})")
+        except Exception as e:  # a private API: say so instead of guessing
+            return f"unknown ({type(e).__name__}: {e})"
+
+    def sdpa(self, q16, k16, v16, n, kind: LayerKind, il=None):
+        cp = gpu.cp()
+        ptr = cp.cuda.get_current_stream().ptr
+        q, k, v, mask = self._views(q16, k16, v16, n, kind)
+        t = self.torch
+        if ptr:
+            with t.cuda.stream(t.cuda.ExternalStream(ptr)):
+                o = self._run(q, k, v, mask, kind)
+                o = o[0].transpose(0, 1).reshape(n, kind.n_head * kind.head_dim_v)
+        else:
+            o = self._run(q, k, v, mask, kind)
+            o = o[0].transpose(0, 1).reshape(n, kind.n_head * kind.head_dim_v)   # [n, H*dv] (a copy)
+        if self.dtype == "bf16":
+            o = o.view(t.int16)
+        out = cp.from_dlpack(o)
+        return out.view(cp.uint16) if self.dtype == "bf16" else out
+
+
+def make(requested: str, cfg, f16: bool = False, dtype: str = "f16") -> Backend:
+    """The attention backend a model runs (see the module docstring for ``auto``). A fused path is probed once per
+    layer kind (:meth:`Backend.probe`, 64 tokens against the float64 reference): under ``auto`` a failing probe
+    gives the baseline with the reason; a requested path that fails it is an AttentionError naming the layers."""
+    name, note = resolve(requested, cfg)
+    if name == "baseline":
+        return Baseline(cfg, f16=f16, note=note)
+    b = Cudnn(cfg, dtype, note) if name == "cudnn" else Torch(cfg, dtype, note)
+    bad = b.probe(model_kinds(cfg))
+    if bad is None:
+        return b
+    if requested == "auto":
+        note = f"auto: the lab's baseline attention (cuBLAS + masked softmax) runs, because the cuDNN probe failed: {bad}"
+        log.warning(note)
+        return Baseline(cfg, f16=f16, note=note)
+    raise AttentionError(f"attention={requested!r}: {bad}")
+
+
+# ------------------------------------------------------------------------------------------------ benchmark
+def bench_layouts() -> dict:
+    """{layout: {kind label: LayerKind}} of the benchmark, with each architecture's real softmax scale: the
+    synthetic 7B (llama-7B: 32 heads x 128, no GQA, all layers causal) and Gemma 3 270M (4 query heads / 1 kv head
+    x 256, window 512 on its sliding layers, global causal layers; its config read from the GGUF is checked
+    against these numbers in tests/test_attention.py)."""
+    from .synthetic import llama7b_config
+
+    c7 = llama7b_config()
+    s7 = 1.0 / float(np.sqrt(c7.head_dim))
+    return {"synthetic-7b": {"causal": LayerKind(c7.n_head, c7.n_head_kv, c7.head_dim, c7.head_dim_v, 0, s7)},
+            "gemma-3-270m": {"sliding": LayerKind(4, 1, 256, 256, 512, 1 / 16.0),
+                             "global": LayerKind(4, 1, 256, 256, 0, 1 / 16.0)}}
+
+
+BENCH_NTS = (512, 3325, 8192)
+TORCH_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
+
+
+def max_rel_err(got, ref) -> float:
+    """max |got - ref| / max |ref| in fp32 terms (both read as float64 on the host)."""
+    cp = gpu.cp()
+    g = cp.asnumpy(got).astype(np.float64)
+    r = cp.asnumpy(ref).astype(np.float64)
+    return float(np.max(np.abs(g - r)) / np.max(np.abs(r)))
+
+
+def bench_point(layout: str, label: str, kind: LayerKind, nt: int, dtype: str = "f16", pairs: int = 3,
+                repeats: int = 10, warmup: int = 3, flush=None, seed: int = 0, progress=print) -> dict:
+    """One (layout, layer kind, nt): every available path checked against the fp32 baseline, then timed interleaved
+    (bench.interleaved, CUDA events, L2 flushed) at two scopes -- ``op``: the prefill's attention() from fp32 q/k/v
+    to the fp16 [n, H*dv] its output GEMM reads (casts and layout copies included); ``kernel``: the attention
+    kernel alone on prepared fp16 inputs (cuDNN SDPA, PyTorch SDPA per backend)."""
+    from . import bench
+    from .trace import NullTracer
+
+    cp = gpu.cp()
+    tr = NullTracer()
+    rng = np.random.default_rng(seed)
+    H, Hk, d, dv = kind.n_head, kind.n_head_kv, kind.head_dim, kind.head_dim_v
+
+    def act(w):   # fp16-representable fp32 activations: the comparison is about the kernels, not input rounding
+        return cp.asarray(rng.standard_normal((nt, w), dtype=np.float32).astype(np.float16).astype(np.float32))
+
+    q, k, v = act(H * d), act(Hk * d), act(Hk * dv)
+    q16, k16, v16 = (to_io(a, dtype) for a in (q, k, v))
+    b32, b16 = Baseline(None, f16=False), Baseline(None, f16=True)
+    ref = b32.attend(q, k, v, nt, kind, None, tr)
+    op = {"baseline_f32": (lambda: b32.attend(q, k, v, nt, kind, None, tr, out16=True)),
+          "baseline_f16": (lambda: b16.attend(q, k, v, nt, kind, None, tr, out16=True))}
+    ker, unavailable, choice = {}, [], None
+    outs = {"baseline_f16": lambda: b16.attend(q, k, v, nt, kind, None, tr)}
+    try:
+        c = Cudnn(None, dtype)
+        op["cudnn"] = lambda: c.attend(q, k, v, nt, kind, None, tr, out16=True)
+        ker["cudnn"] = lambda: c.sdpa(q16, k16, v16, nt, kind.at(nt))
+        outs["cudnn"] = lambda: c.attend(q, k, v, nt, kind, None, tr)
+    except (AttentionUnavailable, AttentionError) as e:
+        unavailable.append({"variant": "cudnn", "reason": str(e)})
+    try:
+        t_default = Torch(None, dtype)
+        choice = t_default.backend(nt, kind)
+        op["torch"] = lambda: t_default.attend(q, k, v, nt, kind, None, tr, out16=True)
+        outs["torch"] = lambda: t_default.attend(q, k, v, nt, kind, None, tr)
+        for b in (None,) + TORCH_BACKENDS:
+            tb = t_default if b is None else Torch(None, dtype, backends=[b])
+            name = "torch" if b is None else f"torch_{b.lower()}"
+            views = tb._views(q16, k16, v16, nt, kind.at(nt))
+            try:
+                o = tb._run(*views, kind.at(nt))
+                err = max_rel_err(cp.from_dlpack(o[0].transpose(0, 1).reshape(nt, H * dv).float()), ref)
+            except Exception as e:   # the backend cannot take these inputs: recorded, not timed
+                unavailable.append({"variant": name, "reason": f"{type(e).__name__}: {str(e)[:300]}"})
+                continue
+            ker[name] = (lambda tb=tb, views=views: tb._run(*views, kind.at(nt)))
+            outs[f"{name}_kernel"] = err
+    except AttentionUnavailable as e:
+        unavailable.append({"variant": "torch", "reason": str(e)})
+    key = {"layout": layout, "layer": label, "mask": kind.mask, "nt": nt, "n_head": H, "n_head_kv": Hk,
+           "head_dim": d, "head_dim_v": dv, "window": kind.window, "scale": kind.scale, "dtype": dtype}
+    parity = []
+    for name, f in outs.items():
+        err = f if isinstance(f, float) else max_rel_err(f(), ref)
+        tol = PARITY_TOL["f16" if name.startswith("baseline") else dtype]
+        parity.append({**key, "variant": name, "vs": "baseline_f32", "max_rel_err": err, "tol": tol, "ok": err <= tol})
+    flops, dense = attention_flops(nt, kind), dense_flops(nt, kind)
+    rows = []
+    for scope, variants in (("op", op), ("kernel", ker)):
+        res = bench.interleaved(variants, pairs=pairs, repeats=repeats, warmup=warmup, flush=flush)
+        for name, per in res.items():
+            for p, s in enumerate(per):
+                rows.append({**key, "scope": scope, "variant": name, "pair": p, **s, "flops": flops,
+                             "tflops": flops / (s["median_us"] * 1e-6) / 1e12,
+                             "tflops_dense": dense / (s["median_us"] * 1e-6) / 1e12,
+                             "torch_choice": choice if name.startswith("torch") else None})
+    best = {}
+    for r in rows:
+        kk = (r["scope"], r["variant"])
+        best[kk] = min(best.get(kk, np.inf), r["median_us"])
+    progress(f"attention {layout} {label} nt={nt}: " + ", ".join(
+        f"{s}:{n} {flops / (us * 1e-6) / 1e12:.0f} TFLOPS" for (s, n), us in sorted(best.items()))
+        + (f"; torch picks {choice}" if choice else "") + "; parity " + ", ".join(
+        f"{p['variant']} {p['max_rel_err']:.1e}" for p in parity))
+    return {"rows": rows, "parity": parity, "unavailable": [{**key, **u} for u in unavailable], "torch_choice": choice}
+
+
+def summarize(rows) -> list[dict]:
+    """Per (layout, layer, nt, scope, variant): the best pair's median and TFLOPS; kernel-scope cuDNN vs the best
+    PyTorch backend and op-scope cuDNN vs the baseline as ratios (>1: cuDNN faster)."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    g = df.groupby(["layout", "layer", "mask", "nt", "scope", "variant"], as_index=False).agg(
+        median_us=("median_us", "min"), tflops=("tflops", "max"))
+    out = []
+    for (lay, layer, nt), p in g.groupby(["layout", "layer", "nt"]):
+        k = p[p.scope == "kernel"].set_index("variant")
+        o = p[p.scope == "op"].set_index("variant")
+        torch_k = k[k.index.str.startswith("torch")]
+        row = {"layout": lay, "layer": layer, "mask": p["mask"].iloc[0], "nt": int(nt)}
+        if "cudnn" in k.index:
+            row["cudnn_kernel_tflops"] = float(k.loc["cudnn", "tflops"])
+        if len(torch_k):
+            row["torch_best_backend"] = str(torch_k.tflops.idxmax())
+            row["torch_best_tflops"] = float(torch_k.tflops.max())
+        if "cudnn" in k.index and len(torch_k):
+            row["cudnn_vs_torch_best"] = row["cudnn_kernel_tflops"] / row["torch_best_tflops"]
+        for v in ("cudnn", "baseline_f16", "baseline_f32", "torch"):
+            if v in o.index:
+                row[f"op_ms_{v}"] = float(o.loc[v, "median_us"]) / 1e3
+        if "cudnn" in o.index and "baseline_f16" in o.index:
+            row["cudnn_vs_baseline_f16"] = float(o.loc["baseline_f16", "median_us"] / o.loc["cudnn", "median_us"])
+        out.append(row)
+    return out
+
+
+def record_bench(run, layouts: dict | None = None, nts=BENCH_NTS, dtype: str = "f16", pairs: int = 3,
+                 repeats: int = 10, progress=print) -> dict:
+    """The attention benchmark recorded into ``run``: tables timings, parity, unavailable, summary."""
+    from . import bench
+
+    layouts = layouts or bench_layouts()
+    flush = bench.Flusher()
+    rows, parity = [], []
+    for lay, kinds in layouts.items():
+        for label, kind in kinds.items():
+            for nt in nts:
+                r = bench_point(lay, label, kind, nt, dtype=dtype, pairs=pairs, repeats=repeats, flush=flush,
+                                progress=progress)
+                run.append("parity", r["parity"])
+                if r["unavailable"]:
+                    run.append("unavailable", r["unavailable"])
+                run.append("timings", r["rows"])
+                rows += r["rows"]
+                parity += r["parity"]
+                gpu.cp().get_default_memory_pool().free_all_blocks()
+    summ = summarize(rows)
+    run.append("summary", summ)
+    head = next((s for s in summ if s["layout"] == "synthetic-7b" and s["nt"] == 3325), {})
+    ok = all(p["ok"] for p in parity)
+    run.finish(parity_ok=ok, cudnn_info=cudnn_info(), **{k: v for k, v in head.items() if k not in ("layout", "layer", "mask")})
+    return {"ok": ok, "summary": summ}

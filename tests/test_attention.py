@@ -1,0 +1,370 @@
+"""labkernels.attention on CPU: FLOP counting, the option plumbing, the fallback / error paths (no cuDNN frontend,
+unsupported shapes), the bf16 rounding, and the fused-path plumbing (casts, fp16 output) with a numpy SDPA stand-in
+inside the CPU shim of the prefill."""
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from labkernels import attention
+from labkernels.attention import AttentionError, AttentionUnavailable, LayerKind
+
+
+def _exact_pairs(n, window):
+    from labkernels.prefill_ref import attention_mask
+    from labkernels.synthetic import tiny_config
+
+    cfg = tiny_config("gemma3", n_layer=6, sliding_window=window or 8)
+    il = 0 if window else 5                      # layer 0 slides, layer 5 is global (pattern 6)
+    return int(attention_mask(cfg, il, np.arange(n)).sum())
+
+
+@pytest.mark.parametrize("n,window", [(1, 0), (7, 0), (100, 0), (100, 8), (100, 99), (100, 100), (37, 200)])
+def test_visible_pairs_is_the_band_area(n, window):
+    """The exact pair count of llama.cpp's mask (prefill_ref) is the band area plus half the diagonal: n/2 causal,
+    w/2 with a window w < n; a window >= n is plain causal."""
+    exact = _exact_pairs(n, window)
+    area = attention.visible_pairs(n, window)
+    w = window if window and window < n else n
+    assert exact == pytest.approx(area + w / 2)
+    if not window or window >= n:
+        assert area == n * n / 2
+
+
+def test_flops():
+    k = LayerKind(32, 32, 128, 128)
+    n = 3325
+    assert attention.attention_flops(n, k) == 2 * 32 * 256 * n * n / 2
+    assert attention.dense_flops(n, k) == 2 * attention.attention_flops(n, k)        # causal counted as half
+    g = LayerKind(4, 1, 256, 256, window=512)
+    assert attention.attention_flops(n, g) == 2 * 4 * 512 * (n * n / 2 - (n - 512) ** 2 / 2)
+    assert attention.attention_flops(300, g) == attention.attention_flops(300, LayerKind(4, 1, 256, 256))
+    # the baseline's trace tags count the full n x n products: the dense FLOPs
+    assert attention.dense_flops(n, k) == 2 * 32 * n * n * 128 + 2 * 32 * n * n * 128
+    with pytest.raises(ValueError):
+        attention.visible_pairs(-1)
+
+
+def test_layer_kinds_of_the_models(model):
+    """The benchmark's Gemma 3 270M layout is the real model's (heads, dims, window, scale; both layer kinds)."""
+    from labkernels.arch import config_from_model
+    from labkernels.synthetic import llama7b_config
+
+    cfg = config_from_model(model)
+    kinds = attention.model_kinds(cfg, scale=cfg.attn_scale)
+    lay = attention.bench_layouts()
+    assert set(kinds) == set(lay["gemma-3-270m"].values())
+    assert [il for k, ls in kinds.items() if not k.window for il in ls] == [5, 11, 17]   # the global layers
+    c7 = llama7b_config()
+    assert set(attention.model_kinds(c7, scale=c7.attn_scale)) == set(lay["synthetic-7b"].values())
+    assert LayerKind(4, 1, 256, 256, 512).at(400).window == 0 and LayerKind(4, 1, 256, 256, 512).at(513).window == 512
+
+
+def test_options_are_checked():
+    from labkernels.prefill import PrefillOptions
+
+    assert PrefillOptions().attention == "auto"
+    with pytest.raises(ValueError, match="unknown attention path 'flash'"):
+        PrefillOptions(attention="flash")
+    with pytest.raises(ValueError, match="attention dtype"):
+        PrefillOptions(attn_dtype="fp8")
+    with pytest.raises(ValueError, match="unknown attention path"):
+        attention.resolve("flash", None)
+
+
+def _no_frontend(monkeypatch, gpu=True):
+    """A machine (with a GPU) without the cuDNN frontend (the import of 'cudnn' fails)."""
+    import labkernels.provenance as prov
+
+    if gpu:
+        monkeypatch.setattr(prov, "gpu_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "cudnn", None)          # import cudnn -> ImportError
+    monkeypatch.setattr(attention, "_CUDNN", {})
+    monkeypatch.setattr(attention, "_preload_libcudnn", lambda: None)
+
+
+def test_auto_without_frontend_falls_back_recorded(monkeypatch, caplog):
+    from labkernels.synthetic import tiny_config
+
+    _no_frontend(monkeypatch)
+    cfg = tiny_config("llama")
+    with caplog.at_level("WARNING", logger="labkernels.attention"):
+        name, note = attention.resolve("auto", cfg)
+    assert name == "baseline"
+    assert "nvidia-cudnn-frontend" in note and "baseline" in note and "ModuleNotFoundError" in note
+    assert any("nvidia-cudnn-frontend" in r.getMessage() for r in caplog.records)   # said, not silent
+    b = attention.make("auto", cfg, f16=True)
+    assert isinstance(b, attention.Baseline) and b.f16
+    assert b.describe() == {"attention": "baseline", "attention_dtype": "f16", "attention_note": note}
+    # an explicit request for cuDNN is not quietly served by the baseline
+    with pytest.raises(AttentionUnavailable, match="nvidia-cudnn-frontend"):
+        attention.resolve("cudnn", cfg)
+
+
+def test_auto_without_gpu_says_so(monkeypatch):
+    import labkernels.provenance as prov
+    from labkernels.synthetic import tiny_config
+
+    monkeypatch.setattr(prov, "gpu_available", lambda: False)
+    name, note = attention.resolve("auto", tiny_config("llama"))
+    assert name == "baseline" and "no CUDA GPU" in note
+    with pytest.raises(AttentionUnavailable, match="needs a CUDA GPU"):
+        attention.resolve("torch", tiny_config("llama"))
+    assert attention.resolve("baseline", tiny_config("llama")) == ("baseline", "requested")
+
+
+def test_prefill_records_the_fallback(monkeypatch):
+    """The prefill result carries which attention ran and why (GpuModel.attn), under the CPU shim."""
+    from cpu_gpu_shim import install
+    from labkernels.prefill import GpuModel, PrefillOptions
+    from labkernels.synthetic import SyntheticModel, q4_k_m_recipe, tiny_config
+
+    install(monkeypatch, exact=True)
+    _no_frontend(monkeypatch)
+    cfg = tiny_config("llama", n_layer=1, vocab=300)
+    gm = GpuModel(SyntheticModel(cfg, q4_k_m_recipe(cfg), seed=2), opts=PrefillOptions())
+    d = gm.attn.describe()
+    assert d["attention"] == "baseline" and "nvidia-cudnn-frontend" in d["attention_note"]
+    with pytest.raises(AttentionUnavailable):
+        GpuModel(SyntheticModel(cfg, q4_k_m_recipe(cfg), seed=2), opts=PrefillOptions(attention="cudnn"))
+
+
+def test_unsupported_kinds_name_layer_and_mask(monkeypatch):
+    import labkernels.provenance as prov
+    from labkernels.synthetic import tiny_config
+
+    with pytest.raises(AttentionError, match=r"layer\(s\) 3 \(causal \+ sliding window 512.*head dim 512 exceeds 256"):
+        attention.check_kind(LayerKind(4, 1, 512, 512, 512), "cudnn", 3)
+    with pytest.raises(AttentionError, match="not multiples of 8"):
+        attention.check_kind(LayerKind(4, 1, 60, 60), "cudnn", [0, 1])
+    with pytest.raises(AttentionError, match="192/128"):
+        attention.check_kind(LayerKind(4, 1, 128, 64), "cudnn", 0)
+    assert attention.cudnn_problems(LayerKind(8, 2, 192, 128)) == []
+    attention.check_kind(LayerKind(4, 1, 512, 512), "baseline", 0)          # the baseline takes any head dim
+    # a frontend that imports, a model cuDNN cannot take: auto says which layers and falls back; cudnn refuses
+    monkeypatch.setattr(prov, "gpu_available", lambda: True)
+    monkeypatch.setattr(attention, "import_cudnn", lambda: types.SimpleNamespace())
+    cfg = tiny_config("gemma3", n_layer=6, n_embd=256, n_head=1, n_head_kv=1, head_dim=320, sliding_window=16)
+    name, note = attention.resolve("auto", cfg)
+    assert name == "baseline" and "layer(s) 0, 1, 2, 3, 4 (causal + sliding window 16" in note and "layer(s) 5 (causal" in note
+    with pytest.raises(AttentionError, match=r"layer\(s\) 0, 1, 2, 3, 4 \(causal \+ sliding window 16.*320"):
+        attention.resolve("cudnn", cfg)
+
+
+class _FailingGraph:
+    def __init__(self, **kw):
+        pass
+
+    def tensor(self, **kw):
+        return types.SimpleNamespace(**kw)
+
+    def sdpa(self, **kw):
+        raise RuntimeError("cudnnGraphNotSupportedError: No valid engine configs for SDPA")
+
+
+def test_cudnn_build_failure_is_an_error_naming_the_layer(monkeypatch):
+    """A graph cuDNN declines at build time is an AttentionError with the layer, mask, tokens and cuDNN's words."""
+    fake = types.SimpleNamespace(
+        data_type=types.SimpleNamespace(HALF="half", BFLOAT16="bf16", FLOAT="float"),
+        diagonal_alignment=types.SimpleNamespace(TOP_LEFT="tl"), heur_mode=types.SimpleNamespace(A=0, FALLBACK=1),
+        pygraph=_FailingGraph, create_handle=lambda: "handle")
+    monkeypatch.setattr(attention, "import_cudnn", lambda: fake)
+    c = attention.Cudnn(None)
+    with pytest.raises(AttentionError, match=r"layer 7 \(causal \+ sliding window 512.*3325 tokens, f16\).*No valid engine"):
+        c.graph(3325, LayerKind(4, 1, 256, 256, 512), 7)
+
+
+def test_bf16_rounding():
+    x = np.array([1.0, 1 + 2**-8, 1 + 3 * 2**-8, -0.0, np.inf, -np.inf, 3.0e38, 1 + 2**-8 + 2**-20], np.float32)
+    b = attention.bf16_bits(x)
+    # halfway cases round to even; a bit above halfway rounds up; 3e38 overflows to inf (as __float2bfloat16_rn)
+    assert [hex(v) for v in b] == ["0x3f80", "0x3f80", "0x3f82", "0x8000", "0x7f80", "0xff80", "0x7f62", "0x3f81"]
+    nan = attention.bf16_bits(np.array([np.nan], np.float32))
+    assert np.isnan(attention.bf16_to_f32(nan))[0]
+    r = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    back = attention.bf16_to_f32(attention.bf16_bits(r))
+    assert np.max(np.abs(back - r) / np.abs(r)) <= 2**-8                  # bf16 keeps 8 significant bits
+    assert np.array_equal(attention.bf16_bits(back), attention.bf16_bits(r))
+
+
+class _NumpySdpa(attention.Backend):
+    """The fused path's plumbing (casts, output type, layer kinds) with a float64 numpy SDPA stand-in."""
+    name = "numpy-sdpa"
+
+    def __init__(self, cfg):
+        super().__init__(cfg, "f16", "test")
+        self.seen = []
+
+    def sdpa(self, q16, k16, v16, n, kind, il=None):
+        assert q16.dtype == np.float16 and k16.dtype == np.float16 and v16.dtype == np.float16
+        self.seen.append((il, kind))
+        return attention.sdpa_ref(q16, k16, v16, n, kind).astype(np.float16)
+
+
+def test_fused_plumbing_matches_baseline_in_the_prefill(monkeypatch):
+    """Through the prefill (CPU shim), a fused backend gets fp16 q/k/v and the layer's kind (window on the sliding
+    layers only), and its fp16 output gives the baseline's logits to fp16 precision; the window is in effect."""
+    from cpu_gpu_shim import install
+    from labkernels.prefill import GpuModel
+    from labkernels.synthetic import SyntheticModel, q4_k_m_recipe, tiny_config
+
+    install(monkeypatch, exact=True)
+    cfg = tiny_config("gemma3", n_layer=6, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, vocab=400, sliding_window=6)
+    m = SyntheticModel(cfg, q4_k_m_recipe(cfg), seed=9)
+    toks = list(range(5, 30))
+    gm = GpuModel(m)
+    base = np.asarray(gm.forward(toks), np.float64)
+    fused = _NumpySdpa(gm.cfg)
+    gm.attn = fused
+    got = np.asarray(gm.forward(toks), np.float64)
+    assert [il for il, _ in fused.seen] == list(range(6))
+    assert [k.window for _, k in fused.seen] == [6, 6, 6, 6, 6, 0] and {k.scale for _, k in fused.seen} == {1.0}
+    rel = np.max(np.abs(got - base)) / np.max(np.abs(base))
+    assert rel < 5e-3 and np.argmax(got) == np.argmax(base), rel
+    # the stand-in without the window differs: the mask reaches the kernel
+    fused.cfg = cfg.replace(sliding_window=None, layer_is_sliding=[False] * 6)
+    nowin = np.asarray(gm.forward(toks), np.float64)
+    assert np.max(np.abs(nowin - base)) / np.max(np.abs(base)) > 10 * rel
+
+
+def test_baseline_scale_parameter(monkeypatch):
+    """The baseline applies a layer kind's softmax scale (softmax_mask's scale argument) like pre-scaled q."""
+    from cpu_gpu_shim import install
+    from labkernels.trace import NullTracer
+
+    install(monkeypatch, exact=True)
+    rng = np.random.default_rng(1)
+    n = 20
+    q, k, v = (rng.standard_normal((n, w)).astype(np.float32) for w in (4 * 16, 2 * 16, 2 * 16))
+    b = attention.Baseline(None)
+    a = b.attend(q, k, v, n, LayerKind(4, 2, 16, 16, 5, 0.25), 0, NullTracer())
+    c = b.attend(q * np.float32(0.25), k, v, n, LayerKind(4, 2, 16, 16, 5, 1.0), 0, NullTracer())
+    assert a.shape == (n, 64) and np.allclose(a, c, rtol=1e-5, atol=1e-6)
+    assert np.allclose(a, attention.sdpa_ref(q, k, v, n, LayerKind(4, 2, 16, 16, 5, 0.25)), rtol=1e-4, atol=1e-5)
+
+
+def test_bench_records_what_ran_and_what_could_not(monkeypatch, tmp_path):
+    """The benchmark's bookkeeping under the CPU shim (timings faked, every variant's code still executed): parity
+    rows against the fp32 baseline, the unavailable paths with their reasons, TFLOPS from the useful FLOPs, the
+    per-point summary, a complete recorded run."""
+    from cpu_gpu_shim import install
+    from labkernels import bench, records
+
+    install(monkeypatch, exact=True)
+    _no_frontend(monkeypatch, gpu=False)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    calls = []
+
+    def fake_time(fn, warmup=3, repeats=20, flush=None):
+        fn()
+        calls.append(fn)
+        return np.array([10.0, 20.0, 30.0])
+
+    monkeypatch.setattr(bench, "time_launches", fake_time)
+    monkeypatch.setattr(bench, "Flusher", lambda: None)
+    lay = {"tiny": {"causal": LayerKind(2, 1, 16, 16, 0, 0.25), "sliding": LayerKind(2, 1, 16, 16, 5, 0.25)}}
+    with records.recording("attention", {"test": True}, root=tmp_path) as run:
+        res = attention.record_bench(run, layouts=lay, nts=(12,), pairs=2, progress=lambda s: None)
+    assert res["ok"] and len(calls) == 2 * 2 * 2          # 2 kinds x 2 baseline variants x 2 pairs (op scope only)
+    r = records.load("attention", run.run_id, root=tmp_path)
+    assert r.meta["status"] == "complete" and r.meta["summary"]["parity_ok"] is True
+    t = r.table("timings")
+    assert set(t.variant) == {"baseline_f32", "baseline_f16"} and set(t.scope) == {"op"}
+    causal = t[t.layer == "causal"].iloc[0]
+    assert causal.tflops == pytest.approx(2 * 2 * 32 * 12 * 12 / 2 / 20e-6 / 1e12)
+    sliding = t[t.layer == "sliding"].iloc[0]
+    assert sliding.flops == attention.attention_flops(12, LayerKind(2, 1, 16, 16, 5)) < causal.flops
+    p = r.table("parity")
+    assert set(p.variant) == {"baseline_f16"} and (p.max_rel_err <= p.tol).all() and p.max_rel_err.gt(0).all()
+    u = r.table("unavailable")
+    assert set(u.variant) == {"cudnn", "torch"}
+    assert u[u.variant == "cudnn"].reason.str.contains("nvidia-cudnn-frontend").all()
+    s = r.table("summary")
+    assert len(s) == 2 and (s.op_ms_baseline_f16 == 0.02).all() and "cudnn_vs_torch_best" not in s.columns
+
+
+def test_cli_plumbing():
+    """The gpu-check step and the A/B variants exist and name valid options; the CLIs take --attention."""
+    import argparse
+
+    from labkernels import gpu_cli, prefill_cli
+    from labkernels.prefill import PrefillOptions
+
+    assert "attention" in gpu_cli.STEPS and callable(gpu_cli.step_attention)
+    for name, v in gpu_cli.PREFILL_VARIANTS.items():
+        PrefillOptions(**v)
+    assert gpu_cli.PREFILL_VARIANTS["auto-attn-baseline"]["attention"] == "baseline"
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers()
+    prefill_cli.register_cli(sub)
+    gpu_cli.register_cli(sub)
+    assert p.parse_args(["prefill", "--model", "x", "--attention", "torch"]).attention == "torch"
+    assert p.parse_args(["decompose", "--model", "x"]).attention == "auto"
+    with pytest.raises(SystemExit):
+        p.parse_args(["decompose", "--model", "x", "--attention", "flash"])
+    a = p.parse_args(["gpu-check", "--steps", "attention", "--attention-nts", "512"])
+    assert a.attention == "auto" and a.attention_nts == "512" and a.attn_dtype == "f16"
+
+
+def test_gpu_check_attention_step_records(monkeypatch, tmp_path):
+    """gpu-check's attention step end to end on the CPU shim (timings faked, the decomposition stubbed): the
+    attention run is complete under OUT/data/attention with the layouts, nts and the paths' availability."""
+    import argparse
+
+    from cpu_gpu_shim import install
+    from labkernels import bench, gpu_cli, records
+
+    install(monkeypatch, exact=True)
+    _no_frontend(monkeypatch, gpu=False)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setattr(bench, "time_launches", lambda fn, warmup=3, repeats=20, flush=None: (fn(), np.ones(3))[1])
+    monkeypatch.setattr(bench, "Flusher", lambda: None)
+    small = {"tiny": {"global": LayerKind(2, 1, 16, 16, 0, 0.25)}}
+    monkeypatch.setattr(attention, "bench_layouts", lambda: small)
+    decomposed = []
+    monkeypatch.setattr(gpu_cli, "_decompose", lambda out, args, models: (decomposed.append(models) or ["d1"], True))
+    args = argparse.Namespace(attention_nts="9,17", attn_dtype="f16", attention="auto")
+    res = gpu_cli.step_attention(tmp_path, args)
+    assert res["ok"] and res["decompose_runs"] == ["d1"] and decomposed == [["7b"]]
+    assert "nvidia-cudnn-frontend" in res["paths"]["cudnn"]
+    run = records.load("attention", res["run"], root=tmp_path / "data")
+    assert run.meta["params"]["nts"] == [9, 17] and run.meta["params"]["layouts"]["tiny"]["global"]["head_dim"] == 16
+    assert sorted(run.table("summary").nt) == [9, 17]
+
+
+class _OffByOne(attention.Backend):
+    """A fused stand-in whose window is one key too wide (the classic band-mask mistake)."""
+    name = "cudnn"
+
+    def __init__(self, cfg, dtype="f16", note="requested"):
+        super().__init__(cfg, dtype, note)
+
+    def sdpa(self, q16, k16, v16, n, kind, il=None):
+        wide = LayerKind(kind.n_head, kind.n_head_kv, kind.head_dim, kind.head_dim_v,
+                         kind.window + 1 if kind.window else 0, kind.scale)
+        return attention.sdpa_ref(q16, k16, v16, n, wide).astype(np.float16)
+
+
+def test_probe_catches_a_wrong_mask(monkeypatch):
+    """Every fused path is probed per layer kind against the float64 reference when a model is set up: a correct
+    one passes; a window off by one is caught -- auto then runs the baseline and says why, a requested path is an
+    error naming the layers and the mask."""
+    from cpu_gpu_shim import install
+    import labkernels.provenance as prov
+    from labkernels.synthetic import tiny_config
+
+    install(monkeypatch, exact=True)
+    cfg = tiny_config("gemma3", n_layer=6, n_embd=256, n_head=4, n_head_kv=2, sliding_window=16)
+    kinds = attention.model_kinds(cfg)
+    assert _NumpySdpa(cfg).probe(kinds) is None
+    bad = _OffByOne(cfg).probe(kinds)
+    assert bad.startswith("layer(s) 0, 1, 2, 3, 4 (causal + sliding window 16") and "float64 reference" in bad
+    assert _OffByOne(cfg).probe({k: v for k, v in kinds.items() if not k.window}) is None   # causal layers are fine
+    monkeypatch.setattr(prov, "gpu_available", lambda: True)
+    monkeypatch.setattr(attention, "import_cudnn", lambda: types.SimpleNamespace())
+    monkeypatch.setattr(attention, "Cudnn", _OffByOne)
+    b = attention.make("auto", cfg)
+    assert b.name == "baseline" and "probe failed" in b.note and "sliding window 16" in b.note
+    with pytest.raises(AttentionError, match=r"attention='cudnn': layer\(s\) 0, 1, 2, 3, 4 \(causal \+ sliding window"):
+        attention.make("cudnn", cfg)
