@@ -32,24 +32,28 @@ import tempfile
 from pathlib import Path
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
 from IPython.display import HTML
+from matplotlib.patches import Patch
 from labkernels import report, records, plotting, sweep
 report.setup()
 mode = report.resolve_mode(mode, sweep.SUMMARY_ROUND if mode != "cpu" else None)
+logs = []     # the sweep's own log lines (sweep id, dashboard address, totals), shown under the banner
 root = None   # data/ (replay, measure); a temporary folder in cpu mode: a stand-in render records nothing in data/
 if mode == "measure":
-    res = sweep.run_sweep(sweep.plan_path(plan), cluster=cluster, progress=False)
+    res = sweep.run_sweep(sweep.plan_path(plan), cluster=cluster, progress=False, log=logs.append)
     summary_run = res["summary_run"]
 elif mode == "cpu":
     root = Path(tempfile.mkdtemp(prefix="lk-sweep-page-")) / "data"
     with sweep.quiet_dask():
         res = sweep.run_sweep(sweep.plan_path(cpu_plan), cluster="local:2", root=root, workdir=root.parent / "work",
-                              progress=False)
+                              progress=False, log=logs.append)
     summary_run = res["summary_run"]
 elif summary_run is None:
     summary_run = sweep.latest_summary().run_id
 rep = sweep.sweep_report(summary_run, root=root)
 run, tasks, points = rep["run"], rep["tasks"], rep["points"]
 report.banner(mode, run, f"Sweep {rep['sweep_id']} on cluster {rep['cluster']}.")
+if logs:
+    print("\n".join(logs))
 
 # %% [markdown]
 # ## Coverage: every planned task recorded once, skipped (recorded by an earlier sweep) or failed
@@ -70,19 +74,18 @@ display(report.table(tasks[["task_key", "task", "status", "attempts", "device", 
 # %%
 display(report.table(rep["per_gpu"], caption="Per device: tasks, wall seconds, attempts, points timed, SM clock (MHz) "
                                              "at task start / end (min-max over tasks)"))
-devices = list(dict.fromkeys(tasks.device.fillna("(not run)")))
-fig, ax = plt.subplots(figsize=(11, 0.35 * len(tasks) + 1.6))
-ordered = tasks.assign(device=tasks.device.fillna("(not run)")).iloc[::-1]
+ran = tasks[tasks.status != "failed"]
+devices = list(dict.fromkeys(ran.device.dropna()))
 cols = dict(zip(devices, plotting.colors(devices)))
-ax.barh(ordered.task, ordered.seconds.fillna(0), color=[cols[d] if s != "failed" else "#c0392b"
-                                                          for d, s in zip(ordered.device, ordered.status)])
-for d in devices:
-    ax.barh([], [], color=cols[d], label=d)
-if (tasks.status == "failed").any():
-    ax.barh([], [], color="#c0392b", label="failed (no record)")
+ordered = tasks.iloc[::-1]
+fig, ax = plt.subplots(figsize=(11, 0.35 * len(tasks) + 1.6))
+ax.barh(ordered.task, ordered.seconds.fillna(0), color=[cols.get(d, "#c0392b") for d in ordered.device])
+for y, r in enumerate(ordered.itertuples()):
+    if r.status == "failed":
+        ax.text(0, y, f"  failed after {r.attempts} attempts: no record", va="center", fontsize=8, color="#c0392b")
+ax.legend(handles=[Patch(color=cols[d], label=d) for d in devices], fontsize=8, loc="lower right")
 ax.set_xlabel("task wall time on its worker (s)")
 ax.set_title(f"Sweep {rep['sweep_id']}: wall time per task, coloured by device", fontsize=11)
-ax.legend(fontsize=8, loc="lower right")
 ax.grid(axis="x", alpha=.3)
 plt.show()
 
@@ -99,8 +102,8 @@ if rep["failures"].empty and rep["retried"].empty:
     print(f"No task failed or needed a second attempt in sweep {rep['sweep_id']} "
           f"({len(tasks)} tasks, at most {int(tasks.attempts.max())} attempt each).")
 if not rep["retried"].empty:
-    display(report.table(rep["retried"], caption="Tasks that took more than one attempt (failed_on: the workers "
-                                                 "of the failed attempts)"))
+    display(report.table(rep["retried"], caption="Tasks that took more than one attempt (failed_on: the workers where "
+                                                 "it raised; a worker that died is not named: Dask rescheduled the task)"))
 if not rep["failures"].empty:
     display(report.table(rep["failures"], caption="Failed tasks: no run recorded"))
 if not rep["overlapped"].empty:
@@ -187,7 +190,7 @@ if check is not None:
     head["bar (within the noise floor ±%.3f)" % check["noise_floor"]] = "met" if check["met"] else "NOT met"
 if not best.empty:
     top = best[best.nt == best.nt.max()]
-    head[f"best at nt={int(best.nt.max())}"] = "; ".join(f"{r.qtype} {r.variant}" for r in top.itertuples())
+    head[f"best at nt={int(best.nt.max())}"] = "; ".join(f"{r.qtype} {r.shape_class} {r.variant}" for r in top.itertuples())
 report.headline(**head)
 
 # %%
