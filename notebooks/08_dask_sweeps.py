@@ -23,12 +23,13 @@
 mode = "auto"               # replay (recorded sweep) | measure (run plan on cluster) | cpu (stand-in sweep, faults) | auto
 plan = "round4_kdr_h200"    # measure mode: a plan in labkernels/plans/ or a YAML path
 cluster = "local-cuda"      # measure mode: local-cuda[:N] (one worker per GPU) | tcp://HOST:PORT
+force = False               # measure mode: run the plan's tasks already recorded again (else they are skipped)
 cpu_plan = "cpu_faults_demo"   # cpu mode: stand-in plan run on a LocalCluster of 2 processes (temporary data root)
 summary_run: "Optional[str]" = None   # replay: the data/sweeps/ run shown (default: the latest GPU sweep)
 serial_runs = []            # kdr_sweep run ids to reproduce (default: the two latest on the sweep's GPU model)
 
 # %%
-import tempfile
+import shutil, tempfile
 from pathlib import Path
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
 from IPython.display import HTML
@@ -39,7 +40,8 @@ mode = report.resolve_mode(mode, sweep.SUMMARY_ROUND if mode != "cpu" else None)
 logs = []     # the sweep's own log lines (sweep id, dashboard address, totals), shown under the banner
 root = None   # data/ (replay, measure); a temporary folder in cpu mode: a stand-in render records nothing in data/
 if mode == "measure":
-    res = sweep.run_sweep(sweep.plan_path(plan), cluster=cluster, progress=False, log=logs.append)
+    with sweep.quiet_dask():   # faults show in the tables below, not as worker log lines
+        res = sweep.run_sweep(sweep.plan_path(plan), cluster=cluster, force=force, progress=False, log=logs.append)
     summary_run = res["summary_run"]
 elif mode == "cpu":
     root = Path(tempfile.mkdtemp(prefix="lk-sweep-page-")) / "data"
@@ -48,7 +50,11 @@ elif mode == "cpu":
                               progress=False, log=logs.append)
     summary_run = res["summary_run"]
 elif summary_run is None:
-    summary_run = sweep.latest_summary().run_id
+    latest = sweep.latest_summary()
+    if latest is None:
+        raise report.ModeError("no GPU sweep summary under data/sweeps/: run `labkernels sweep PLAN --cluster "
+                               "local-cuda` on a GPU machine, or render this page with -p mode=cpu")
+    summary_run = latest.run_id
 rep = sweep.sweep_report(summary_run, root=root)
 run, tasks, points = rep["run"], rep["tasks"], rep["points"]
 report.banner(mode, run, f"Sweep {rep['sweep_id']} on cluster {rep['cluster']}.")
@@ -195,3 +201,5 @@ report.headline(**head)
 
 # %%
 report.footer(run.provenance)
+if mode == "cpu":
+    shutil.rmtree(root.parent, ignore_errors=True)   # the stand-in sweep's temporary data root
