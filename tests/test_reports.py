@@ -77,3 +77,17 @@ def test_round1_seed_parameter_takes_and_shows(tmp_path, model_path):
     state = pipeline.load_state(tmp_path)["01_layout_verifier"]
     assert state["params"] == {"seed": 7, "random_blocks": 200, "tensor_filter": r"blk\.0\."}
     assert state["headline"]["random blocks checked"] == "664"  # 3 x 200 + the 64 of the scalar check
+
+
+def test_sweep_page_cpu_mode_runs_a_live_sweep_with_faults(tmp_path):
+    """Round 8 in cpu mode: the stand-in plan on a LocalCluster of 2 processes, one worker killed once and one
+    task failing every attempt -- shown in the page's tables, with no Dask log line or traceback on the page."""
+    rc = pipeline.run(["08"], ["mode=cpu"], [], out_dir=tmp_path)
+    state = pipeline.load_state(tmp_path)["08_dask_sweeps"]
+    assert rc == 0 and state["mode"] == "cpu", state.get("error")
+    assert state["headline"]["tasks complete / skipped / failed"].startswith("7 / 0 / 1 of 8 on 1 device (local:2)")
+    page = (tmp_path / "08_dask_sweeps.html").read_text()
+    assert "Tasks that took more than one attempt" in page and "injected fault: raise_always" in page
+    assert "Traceback" not in page and "Compute Failed" not in page
+    ex = nbformat.read(str(tmp_path / "08_dask_sweeps.ipynb"), as_version=4)
+    assert not [o for c in ex.cells for o in c.get("outputs", []) if o.output_type == "stream" and o.name == "stderr"]

@@ -454,3 +454,160 @@ def test_auto_choice_takes_the_int8_variant_from_the_recorded_sweep():
     assert gpu._with_sweep_variant(base, "q4_K", 900, 4096, 4096, table=table) == base
     q4 = gpu.Choice("q4k_nb", (("KDR", 8),), "rule")
     assert gpu._with_sweep_variant(q4, "q4_K", 900, 4096, 4096, table=table) == q4
+
+# ------------------------------------------------------------------ the report page's logic (notebooks/08)
+
+
+def _repro(ratio, serial_ratio):
+    """A reproduction table with the given sweep/serial and serial again/serial ratios (serial = 100 us)."""
+    r, s = np.asarray(ratio, float), np.asarray(serial_ratio, float)
+    return pd.DataFrame({"kernel": [f"fam[K={i}]" for i in range(len(r))], "od": 4096, "id": 4096, "nt": 256,
+                         "device": "h/gpu0", "sweep_us": 100 * r, "serial_us": 100.0, "ratio": r,
+                         "serial_again_us": 100 * s, "serial_ratio": s, "ratio_again": r / s})
+
+
+def test_reproduction_check_holds_the_sweep_against_the_serial_noise_floor():
+    ok = sweep.reproduction_check(_repro([0.99, 1.0, 1.005], [0.98, 1.0, 1.0]))
+    assert ok["noise_floor"] == pytest.approx(0.02) and ok["met"] and ok["within"] == 3 and ok["points"] == 3
+    assert (ok["ratio_min"], ok["ratio_max"]) == (pytest.approx(0.99), pytest.approx(1.005))
+    assert ok["ratio_again_max"] == pytest.approx(0.99 / 0.98)
+    # one point outside the floor against the first serial run
+    bad = sweep.reproduction_check(_repro([0.99, 1.03, 1.0], [0.98, 1.0, 1.0]))
+    assert not bad["met"] and bad["within"] == 2 and bad["max_deviation"] == pytest.approx(0.03)
+    # inside against the first run, outside against the second: not met either
+    again = sweep.reproduction_check(_repro([1.015, 1.0], [0.98, 1.0]))
+    assert not again["met"] and again["max_deviation"] == pytest.approx(1.015 / 0.98 - 1)
+    with pytest.raises(sweep.SweepError, match="two serial runs"):
+        sweep.reproduction_check(_repro([1.0], [1.0]).drop(columns=["serial_ratio", "ratio_again"]))
+    with pytest.raises(sweep.SweepError):
+        sweep.reproduction_check(_repro([], []))
+
+
+def test_reproduction_adds_the_ratio_against_the_second_run_and_groups_by_family():
+    pts = _points(_session("t1", "h/gpu0", {"a": [10, 12, 11], "b": [20, 20, 20]}, nt=512))
+    serial = pd.DataFrame([{"kernel": k, "od": 4096, "id": 4096, "nt": 512, "median_us": t}
+                           for k, t in (("k[a]", 10.0), ("k[b]", 25.0))])
+    rep = sweep.reproduction(pts, serial, serial.assign(median_us=[11.0, 20.0]))
+    assert rep.ratio_again.tolist() == pytest.approx([1.0, 1.0])
+    g = sweep.reproduction_groups(rep)
+    assert len(g) == 1 and g.kernels.iloc[0] == 2 and g.family.iloc[0] == "k"
+    assert (g.ratio_min.iloc[0], g.ratio_max.iloc[0]) == (pytest.approx(0.8), pytest.approx(1.1))
+    assert (g.serial_ratio_min.iloc[0], g.serial_ratio_max.iloc[0]) == (pytest.approx(0.8), pytest.approx(1.1))
+
+
+def _fake_gpu(monkeypatch):
+    """records.new_run with a chosen GPU name and a date one second later on every call."""
+    real, clock = records.provenance.collect, iter(range(10, 60))
+    gpu = {"name": None}
+
+    def collect(params=None):
+        p = real(params)
+        p["date"] = f"2026-01-01T00:00:{next(clock):02d}Z"
+        p.pop("gpu", None)
+        if gpu["name"]:
+            p["gpu"] = {"name": gpu["name"]}
+        return p
+
+    monkeypatch.setattr(records.provenance, "collect", collect)
+    return gpu
+
+
+def test_serial_runs_are_the_latest_on_the_same_gpu_model_covering_the_points(tmp_path, monkeypatch):
+    gpu = _fake_gpu(monkeypatch)
+    pts = _points(_session("t1", "h/gpu0", {"a": [10, 11]}, nt=512))
+
+    def serial(name, kernel="k[a]", nt=512):
+        gpu["name"] = name
+        with records.recording(sweep.SERIAL_ROUND, {}, root=tmp_path) as run:
+            run.append("sweep", {"kernel": kernel, "od": 4096, "id": 4096, "nt": nt, "median_us": 10.0})
+        return run.run_id
+
+    a = serial("NVIDIA H200")
+    serial("NVIDIA GB10")                       # another GPU model: never a reference
+    b = serial("NVIDIA H200")
+    serial("NVIDIA H200", nt=64)                # same model, no common point
+    c = serial("NVIDIA H200")
+    assert [r.run_id for r in sweep.serial_runs(pts, root=tmp_path)] == [b, c]
+    assert [r.run_id for r in sweep.serial_runs(pts, root=tmp_path, n=3)] == [a, b, c]
+    assert [r.run_id for r in sweep.serial_runs(pts, [c, a], root=tmp_path)] == [c, a]   # as named
+    gb10 = next(r.run_id for r in records.list_runs(sweep.SERIAL_ROUND, tmp_path) if "gb10" in r.run_id)
+    with pytest.raises(sweep.CrossDeviceError, match="not recorded on the sweep's GPU model"):
+        sweep.serial_runs(pts, [a, gb10], root=tmp_path)
+    with pytest.raises(records.RecordError, match="no run"):
+        sweep.serial_runs(pts, ["20990101T000000Z-h200-x"], root=tmp_path)
+    mixed = pd.concat([pts, pts.assign(gpu_name="NVIDIA GB10")])
+    with pytest.raises(sweep.CrossDeviceError, match="several GPU models"):
+        sweep.serial_runs(mixed, root=tmp_path)
+    assert sweep.serial_runs(pts.assign(gpu_name="NVIDIA A100"), root=tmp_path) == []
+
+
+def test_latest_summary_tells_gpu_sweeps_from_cpu_ones(tmp_path, monkeypatch):
+    _fake_gpu(monkeypatch)
+    ids = {}
+    for name, gpu_name in (("gpu", "NVIDIA H200"), ("cpu", None)):
+        with records.recording(sweep.SUMMARY_ROUND, {"sweep_id": name}, root=tmp_path) as run:
+            run.append("tasks", [{"task_key": "k", "status": "complete", "gpu_name": gpu_name}])
+        ids[name] = run.run_id
+    assert sweep.latest_summary(tmp_path).run_id == ids["gpu"]
+    assert sweep.latest_summary(tmp_path, gpu=False).run_id == ids["cpu"]
+    assert sweep.latest_summary(tmp_path / "nothing") is None
+
+
+def test_plan_path_by_name_or_file(tmp_path):
+    assert sweep.plan_path("round4_kdr_h200") == sweep.PLANS_DIR / "round4_kdr_h200.yaml"
+    assert sweep.plan_path("cpu_faults_demo.yaml") == sweep.PLANS_DIR / "cpu_faults_demo.yaml"
+    own = tmp_path / "mine.yaml"
+    own.write_text("tasks: []\n")
+    assert sweep.plan_path(str(own)) == own
+    with pytest.raises(sweep.PlanError, match="round4_kdr_h200"):   # the message lists the shipped plans
+        sweep.plan_path("round9")
+
+
+def test_cpu_faults_demo_plan_injects_one_death_and_one_permanent_failure():
+    plan = sweep.load_plan(sweep.plan_path("cpu_faults_demo"))
+    faults = sorted(t.spec.get("fault") or "" for t in plan.tasks)
+    assert faults.count("") == len(plan.tasks) - 2 and faults[-2:] == ["exit_once", "raise_always"]
+    assert plan.max_attempts == 2 and {t.spec["backend"] for t in plan.tasks} == {"cpu"}
+
+
+def test_quiet_dask_silences_and_restores(monkeypatch):
+    import logging
+    import os
+
+    monkeypatch.delenv("DASK_LOGGING__DISTRIBUTED", raising=False)
+    lg = logging.getLogger("distributed")
+    before = lg.level
+    with sweep.quiet_dask():
+        assert os.environ["DASK_LOGGING__DISTRIBUTED"] == "critical" and lg.level == logging.CRITICAL
+    assert "DASK_LOGGING__DISTRIBUTED" not in os.environ and lg.level == before
+    monkeypatch.setenv("DASK_LOGGING__DISTRIBUTED", "info")
+    with pytest.raises(RuntimeError):
+        with sweep.quiet_dask("error"):
+            raise RuntimeError
+    assert os.environ["DASK_LOGGING__DISTRIBUTED"] == "info" and lg.level == before
+
+
+def test_recorded_h200_sweep_reproduces_the_serial_round4_runs():
+    """The issue's bar on the recorded data: the local-cuda sweep of round-4 points against the two serial
+    round-4 runs of the same GPU model, within their run-to-run noise floor."""
+    summ = sweep.latest_summary()
+    if summ is None:
+        pytest.skip("no GPU sweep recorded under data/sweeps/")
+    rep = sweep.sweep_report(summ.run_id)
+    pts = rep["points"]
+    serial = sweep.serial_runs(pts)
+    if len(serial) < 2:
+        pytest.skip("fewer than two serial round-4 runs on the sweep's GPU model")
+    repro = sweep.reproduction(pts, serial[0].table("sweep"), serial[1].table("sweep"))
+    check = sweep.reproduction_check(repro)
+    assert check["points"] == len(pts.groupby(["kernel", "od", "id", "nt"])) and check["met"], check
+    assert set(pts.gpu_name) == {_gpu_of(serial[0])} == {_gpu_of(serial[1])}
+    # every point carries its GPU's clocks, shown per device
+    g = rep["per_gpu"]
+    assert g.points.sum() == len(pts) and g.sm_clock_end_min.notna().all() and g.gpu_uuid.notna().all()
+    cov = rep["coverage"].set_index("kind")
+    assert cov.planned.sum() == len(rep["tasks"]) and set(rep["best"].qtype) <= {"q4_K", "q6_K"}
+
+
+def _gpu_of(run):
+    return run.provenance["gpu"]["name"]
