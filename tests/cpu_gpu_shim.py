@@ -101,6 +101,21 @@ class FakeKernel:
         v[:, :, a] = x0 * c - x1 * s
         v[:, :, b] = x0 * s + x1 * c
 
+    def _rope_qk(self, q, k, n, nh, nhk, hd, nrot, ldq, ldk, base, fs, pos0, qscale):
+        self._rope(q, n, nh, hd, nrot, ldq, base, fs, pos0)
+        self._rope(k, n, nhk, hd, nrot, ldk, base, fs, pos0)
+        if float(qscale) != 1.0:
+            v = q.reshape(int(n), -1)[:, : int(nh) * int(hd)]
+            v *= np.float32(qscale)
+
+    def _add_rmsnorm(self, x, a, wpre, w, y, ncols, eps):
+        d = a
+        if self.p["PRE"]:
+            d = np.empty_like(a)
+            FakeKernel("rmsnorm", {"W": 1}).launch(None, (a, wpre, d, ncols, eps))
+        x += d
+        FakeKernel("rmsnorm", {"W": 1}).launch(None, (x, w, y, ncols, eps))
+
     def _softmax_mask(self, S, n_q, n_k, scale, window):
         n_q, n_k, window = int(n_q), int(n_k), int(window)
         R = S.reshape(-1, n_k)

@@ -66,6 +66,11 @@ FAMILIES = [
          doc="causal (+ sliding window) masked softmax of attention scores, in place"),
     dict(family="act_mul", source="prefill.cu", template="act_mul_kernel", params={"ACT": [0, 1], "OUT16": [0, 1]},
          threads=256, smem="0", tile=(0, 0), main_path=False, doc="GELU(tanh)/SiLU gate times up"),
+    dict(family="add_rmsnorm", source="prefill.cu", template="add_rmsnorm_kernel",
+         params={"PRE": [0, 1], "OUT16": [0, 1]}, threads=256, smem="0", tile=(0, 0), main_path=False,
+         doc="residual add (of a delta, RMS-normed first when PRE=1) fused with the next RMSNorm"),
+    dict(family="rope_qk", source="prefill.cu", template="rope_qk_kernel", params={"NEOX": [0, 1]}, threads=256,
+         smem="0", tile=(0, 0), main_path=False, doc="rotary embedding of Q and K in one launch (q scale folded in)"),
     dict(family="embed", source="prefill.cu", template="embed_kernel", params={"F16": [0, 1]}, threads=256,
          smem="0", tile=(0, 0), main_path=False, doc="token embedding gather times a scale"),
     # -- round 7: Hopper-native k-quant GEMM, weights dequantized in registers feeding wgmma (sm_90a)
