@@ -47,6 +47,12 @@ __global__ void __launch_bounds__(256) rmsnorm_kernel(const float* __restrict__ 
     }
 }
 
+// The rotation of one pair (shared by rope_kernel and rope_qk_kernel so that both compile to the same arithmetic).
+__device__ __forceinline__ void lk_rope_pair(float x0, float x1, float c, float s, float& r0, float& r1) {
+    r0 = x0 * c - x1 * s;
+    r1 = x0 * s + x1 * c;
+}
+
 // In-place rotary embedding of x[t, h, :] (row stride ld floats per token), the first n_rot dims of each
 // head: NEOX pairs (i, i + n_rot/2), otherwise (2i, 2i+1). theta = pos * freq_scale * base^(-2i/n_rot).
 // One thread per (token, head, pair).
@@ -64,9 +70,10 @@ __global__ void __launch_bounds__(256) rope_kernel(float* __restrict__ x, int n_
     sincosf(theta, &s, &c);
     float* p = x + (size_t)t * ld + (size_t)h * head_dim;
     const int a = NEOX ? i : 2 * i, b = NEOX ? i + half : 2 * i + 1;
-    const float x0 = p[a], x1 = p[b];
-    p[a] = x0 * c - x1 * s;
-    p[b] = x0 * s + x1 * c;
+    float r0, r1;
+    lk_rope_pair(p[a], p[b], c, s, r0, r1);
+    p[a] = r0;
+    p[b] = r1;
 }
 
 // Row-wise masked softmax of attention scores S [rows, n_k] (f32 or f16, in place), row r is query
@@ -184,9 +191,8 @@ __global__ void __launch_bounds__(256) rope_qk_kernel(float* __restrict__ q, flo
     const bool isq = h < n_head;
     float* p = isq ? q + (size_t)t * ldq + (size_t)h * head_dim : k + (size_t)t * ldk + (size_t)(h - n_head) * head_dim;
     const int a = NEOX ? i : 2 * i, b = NEOX ? i + half : 2 * i + 1;
-    const float x0 = p[a], x1 = p[b];
-    const float r0 = x0 * c - x1 * s;
-    const float r1 = x0 * s + x1 * c;
+    float r0, r1;
+    lk_rope_pair(p[a], p[b], c, s, r0, r1);
     if (isq && qscale != 1.0f) {
         p[a] = __fmul_rn(r0, qscale);
         p[b] = __fmul_rn(r1, qscale);
