@@ -375,7 +375,9 @@ class GpuModel:
         except GraphCaptureError as e:
             if want is True:
                 raise
-            self._record_fallback(self.graph_key(toks.size, all_logits), str(e))
+            key = self.graph_key(toks.size, all_logits)
+            if key not in self._graph_refused:     # recorded once per key; later forwards go eager directly
+                self._record_fallback(key, str(e))
             self.last_mode = "eager"
             return self._forward_eager(toks, tracer, all_logits)
         self.last_mode = "graph"
@@ -459,7 +461,8 @@ class GpuModel:
         """A forward that asked for a graph (auto) and ran eager: kept in :attr:`graph_fallbacks` and logged."""
         import logging
 
-        self.graph_fallbacks.append({"nt": key.nt, "all_logits": key.all_logits, "reason": reason})
+        self.graph_fallbacks.append({"nt": key.nt, "all_logits": key.all_logits, "options": dict(key.options),
+                                     "reason": reason})
         self._graph_refused[key] = reason
         logging.getLogger("labkernels.prefill").warning("prefill nt=%d ran eager: %s", key.nt, reason)
 
