@@ -128,11 +128,14 @@ HOST = "host_overhead"
 
 def host_overhead_table(classes: pd.DataFrame, bw: dict) -> pd.DataFrame:
     """The class table with the host's share as one more class: ``host_overhead`` = wall - GPU busy (the time
-    the GPU waited for the host: Python, kernel launches, synchronization), never negative; ``share_wall`` of
-    every row over the wall, so the rows sum to max(wall, busy)."""
+    the GPU waited for the host: Python, kernel launches, synchronization), never negative; GPU busy is that of the
+    traced graph replay when the wall was a graph's (``busy_replay_ms``), else the classes' sum. ``share_wall``
+    of every row is over the wall."""
     t = classes.reset_index().rename(columns={"index": "class"}) if "class" not in classes.columns else classes.copy()
     t = t[t["class"] != HOST]
-    gap = max(0.0, float(bw["wall_ms"]) - float(bw["busy_ms"]))
+    busy = bw.get("busy_replay_ms", np.nan)
+    busy = float(bw["busy_ms"]) if busy is None or not np.isfinite(busy) else float(busy)
+    gap = max(0.0, float(bw["wall_ms"]) - busy)
     row = {c: np.nan for c in t.columns}
     row.update({"class": HOST, "launches": 0, "busy_ms": gap, "gmac": 0.0, "gflop_attn": 0.0,
                 "kernels": "wall minus GPU busy (Python, launches, synchronization)"})
@@ -144,9 +147,9 @@ def host_overhead_table(classes: pd.DataFrame, bw: dict) -> pd.DataFrame:
 def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, progress=print) -> dict:
     """Untraced wall timing, one traced prefill, class table, matched-shape cuBLAS references, queue.
 
-    The wall is timed in the GpuModel's mode (``wall["mode"]``: 'graph' or 'eager'); the class table always comes
-    from a traced eager forward (the tracer tags each op's launches). In graph mode busy vs wall is that of a
-    traced graph replay (its launches are untagged: ``busy_eager_ms`` keeps the eager forward's busy)."""
+    The wall is timed in the GpuModel's mode (``wall["mode"]``: 'graph' or 'eager'); the class table and busy
+    always come from a traced eager forward (the tracer tags each op's launches); in graph mode a traced replay's
+    busy (its launches untagged) is ``busy_replay_ms``."""
     from . import bench, gpu
     from .prefill import timed_prefill
     from .trace import CuptiTracer
@@ -162,7 +165,7 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
     df = classify(recs)
     bw = busy_wall(df, wall["wall_ms"])
     bw["mode"] = wall["mode"]
-    bw["busy_eager_ms"] = bw["busy_ms"]
+    bw["busy_replay_ms"] = np.nan       # graph mode: the GPU busy of a traced replay (the same kernels, untagged)
     if wall["mode"] == "graph":
         with CuptiTracer() as trg:
             gm.forward(tokens)
@@ -171,12 +174,7 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
             raise RuntimeError("the traced replay ran eager")
         recs_g = trg.records()[0]
         if recs_g:
-            bw.update(busy_wall(classify(recs_g), wall["wall_ms"]))
-            bw["busy_source"] = "graph replay"
-        else:   # no kernel records from the replay: the eager forward's busy (the same kernels) stands in
-            bw["busy_source"] = "eager forward (the graph replay gave no kernel records)"
-    else:
-        bw["busy_source"] = "eager forward"
+            bw["busy_replay_ms"] = float(sum(r["duration_ns"] for r in recs_g)) / 1e6
     t = class_table(df, ops, wall["wall_ms"], n)
     progress(f"busy {bw['busy_ms']:.1f} ms vs wall {bw['wall_ms']:.1f} ms (gap {100 * bw['gap_frac']:.1f}%), "
              f"{len(df)} launches, {t.shape[0]} classes")

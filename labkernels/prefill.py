@@ -589,10 +589,11 @@ def timed_prefill(gm: GpuModel, tokens, repeats: int = 3, warmup: int = 1, graph
     if len(modes) != 1:
         raise GraphCaptureError(f"timed forwards ran in different modes: {sorted(modes)}")
     w = float(np.median(walls))
-    key = gm.graph_key(len(tokens))
+    mode = modes.pop()
+    want = gm.opts.graph if graph == "opts" else graph
+    fallback = gm._graph_refused.get(gm.graph_key(len(tokens))) if (want is None and mode == "eager") else None
     return {"n_tokens": len(tokens), "wall_ms": w * 1e3, "tok_per_s": len(tokens) / w,
-            "wall_ms_all": [x * 1e3 for x in walls], "mode": modes.pop(),
-            "fallback": gm._graph_refused.get(key)}
+            "wall_ms_all": [x * 1e3 for x in walls], "mode": mode, "fallback": fallback}
 
 
 def graph_support() -> str | None:

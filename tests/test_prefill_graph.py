@@ -79,7 +79,8 @@ def test_auto_mode_falls_back_and_records_why(monkeypatch, tiny):
     assert [f["nt"] for f in gm.graph_fallbacks] == [7, 5]
     t = timed_prefill(gm, TOKS, repeats=2)
     assert t["mode"] == "eager" and "stream capture" in t["fallback"]
-    assert timed_prefill(gm, TOKS, repeats=1, graph=False)["mode"] == "eager"
+    t = timed_prefill(gm, TOKS, repeats=1, graph=False)
+    assert t["mode"] == "eager" and t["fallback"] is None         # eager asked: not a fallback
 
 
 def test_strict_graph_raises(monkeypatch, tiny):
@@ -383,3 +384,50 @@ def test_cli_mode_flags():
     assert o.graph is False and not (o.fuse_add_norm or o.fuse_rope or o.fuse_layout)
     o = options_from_args(p.parse_args(["decompose", "--model", "x", "--graph", "--attn-f16", "--kernel", "int8"]))
     assert o.graph is True and o.attn_f16 and o.kernel == "int8"
+
+
+# ------------------------------------------------------------------ the gpu-check step's logic on the shim
+
+
+def test_graph_ab_records_every_variant(monkeypatch, tiny, tmp_path):
+    """prefill_graph's measurement loop (without the CUPTI decompositions): every variant at every nt and round,
+    the mode that ran and why a graph was refused (the shim cannot capture), logits against eager-unfused."""
+    from labkernels import gpu_cli, records
+
+    install(monkeypatch, exact=True)
+    gm = GpuModel(tiny, opts=PrefillOptions(attn_f16=True))
+    with records.recording("prefill", {"what": "graph"}, root=tmp_path) as run:
+        r = gpu_cli.graph_ab(gm, tiny, "tiny", run, nts=(6, 9), dec_nts=(), rounds=2, repeats=1,
+                             progress=lambda s: None)
+    th = run.table("throughput")
+    assert len(th) == 2 * 2 * len(gpu_cli.GRAPH_VARIANTS) and set(th.variant) == set(gpu_cli.GRAPH_VARIANTS)
+    g = th[th.variant == "graph-fused"]
+    assert (g["mode"] == "eager").all() and g.fallback.str.contains("stream capture").all()
+    assert (th[th.variant != "graph-fused"]["mode"] == "eager").all() and th[th.variant != "graph-fused"].fallback.isna().all()
+    lv = run.table("logits_vs_first")
+    assert len(lv) == 2 * 3 and lv.bitwise.all() and (lv["first"] == "eager-unfused").all()
+    ge = run.table("graph_vs_eager")
+    assert list(ge.nt) == [6, 9] and ge.bitwise.all()
+    assert sorted(r["walls"]) == sorted((nt, v) for nt in (6, 9) for v in gpu_cli.GRAPH_VARIANTS)
+    assert gm.opts.graph is None and gm.opts.fuse_add_norm       # the base options are back
+    assert [f["nt"] for f in gm.graph_fallbacks] == [6, 9]
+
+
+def test_host_overhead_is_its_own_class():
+    import pandas as pd
+
+    from labkernels import decompose as D
+
+    classes = pd.DataFrame({"launches": [2, 1], "busy_ms": [8.0, 2.0], "kernels": ["a", "b"], "gmac": [4.0, 0.0],
+                            "gflop_attn": [0.0, 4.0], "share_busy": [0.8, 0.2], "share_wall": [0.4, 0.1]},
+                           index=["gemm_q4k:attn_q", "attention_gemm"])
+    t = D.host_overhead_table(classes, {"wall_ms": 20.0, "busy_ms": 10.0})
+    h = t.set_index("class").loc["host_overhead"]
+    assert h.busy_ms == 10.0 and h.share_wall == 0.5 and h.launches == 0 and t.iloc[0]["class"] == "host_overhead"
+    assert t.busy_ms.sum() == pytest.approx(20.0) and t.share_wall.sum() == pytest.approx(1.0)
+    assert t.set_index("class").loc["gemm_q4k:attn_q"].share_wall == 0.4
+    # graph mode: the traced replay's busy; a busy above the wall is no negative host time
+    t2 = D.host_overhead_table(classes, {"wall_ms": 11.0, "busy_ms": 10.0, "busy_replay_ms": 10.5})
+    assert t2.set_index("class").loc["host_overhead"].busy_ms == pytest.approx(0.5)
+    t3 = D.host_overhead_table(t2, {"wall_ms": 9.0, "busy_ms": 10.0, "busy_replay_ms": float("nan")})
+    assert (t3["class"] == "host_overhead").sum() == 1 and t3.set_index("class").loc["host_overhead"].busy_ms == 0.0
