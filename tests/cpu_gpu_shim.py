@@ -194,3 +194,17 @@ def install_wgmma(monkeypatch):
 
     monkeypatch.setattr(gpu, "qmatmul", counting_qmatmul)
     return calls
+
+
+class OpNames:
+    """A tracer that lists the names of the ops a forward runs (inactive, like NullTracer: no launch is tagged)."""
+    active = False
+
+    def __init__(self):
+        self.names = []
+
+    def op(self, name, cls, **kw):
+        from labkernels.trace import NullTracer
+
+        self.names.append(name)
+        return NullTracer().op(name, cls, **kw)

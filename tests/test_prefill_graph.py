@@ -8,7 +8,7 @@ import types
 import numpy as np
 import pytest
 
-from cpu_gpu_shim import install
+from cpu_gpu_shim import OpNames as Ops, install
 from labkernels import gpu
 from labkernels.prefill import (GpuModel, GraphCaptureError, GraphEntry, PrefillOptions, check_add_rmsnorm,
                                 check_rope_qk, timed_prefill)
@@ -22,17 +22,6 @@ TOKS = [1, 17, 300, 42, 99, 7, 511]
 def tiny():
     cfg = tiny_config("llama", n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=64, vocab=512)
     return SyntheticModel(cfg, q4_k_m_recipe(cfg), seed=11)
-
-
-class Ops(NullTracer):
-    """A tracer that only lists op names (inactive: the forward may still take a graph)."""
-
-    def __init__(self):
-        self.names = []
-
-    def op(self, name, cls, **kw):
-        self.names.append(name)
-        return super().op(name, cls, **kw)
 
 
 # ------------------------------------------------------------------ options and keys
@@ -228,20 +217,28 @@ class CorruptingGraph:
         pass
 
 
-def test_capture_checks_the_replay_against_eager(monkeypatch, tiny):
-    cp = install(monkeypatch, exact=True)
-    gm = GpuModel(tiny, opts=PrefillOptions(graph=True))
+def _second_pass(monkeypatch, gm, change):
+    """Make the second _forward_device call (the captured pass; the first is the eager warm-up) go through
+    ``change(real_output_fn)``; returns the call counter."""
     real = gm._forward_device
     calls = {"n": 0}
 
-    def forward_device(tok_g, n, tr, all_logits):
+    def forward_device(*a):
         calls["n"] += 1
-        y = real(tok_g, n, tr, all_logits)
-        if calls["n"] == 2:        # the captured pass: its buffer ends up holding something else
-            y = y + 1.0
-        return y
+        return change(lambda: real(*a)) if calls["n"] == 2 else real(*a)
 
     monkeypatch.setattr(gm, "_forward_device", forward_device)
+    return calls
+
+
+def _raise_in_capture(run):
+    raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_capture_checks_the_replay_against_eager(monkeypatch, tiny):
+    cp = install(monkeypatch, exact=True)
+    gm = GpuModel(tiny, opts=PrefillOptions(graph=True))
+    calls = _second_pass(monkeypatch, gm, lambda run: run() + 1.0)   # the captured buffer holds something else
     _install_capture(monkeypatch, cp, CorruptingGraph())
     with pytest.raises(GraphCaptureError, match="differs from the eager forward"):
         gm.forward(TOKS)
@@ -255,16 +252,7 @@ def test_capture_checks_the_replay_against_eager(monkeypatch, tiny):
 def test_capture_failure_ends_the_capture(monkeypatch, tiny):
     cp = install(monkeypatch, exact=True)
     gm = GpuModel(tiny, opts=PrefillOptions(graph=True))
-    real = gm._forward_device
-    calls = {"n": 0}
-
-    def forward_device(tok_g, n, tr, all_logits):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise RuntimeError("operation not permitted when stream is capturing")
-        return real(tok_g, n, tr, all_logits)
-
-    monkeypatch.setattr(gm, "_forward_device", forward_device)
+    _second_pass(monkeypatch, gm, _raise_in_capture)
     _install_capture(monkeypatch, cp, CorruptingGraph())
     with pytest.raises(GraphCaptureError, match="capture of the forward at nt=7 failed: RuntimeError"):
         gm.forward(TOKS)
