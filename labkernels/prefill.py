@@ -52,6 +52,8 @@ class PrefillOptions:
                                       # one kernel (add_rmsnorm; bitwise the unfused ops)
     fuse_rope: bool = True            # RoPE of Q and K (and the q scale) in one launch (rope_qk)
     fuse_layout: bool = True          # attention's layout copies: transpose + cast in one pass (not two)
+    fuse_gate_up: bool = True         # ffn_gate and ffn_up (same type and shape) as one GEMM on their stacked rows,
+                                      # the activation reading its two halves (act_mul_gu)
     graph: bool | None = None         # CUDA-graph capture of the whole forward per (model, nt, options): True =
                                       # required (a capture failure raises GraphCaptureError), False = eager,
                                       # None = graph where it captures, else eager with the reason recorded
@@ -122,6 +124,24 @@ class Weight:
             self.q = None
             self.dense = cp.asarray(arr.astype(np.float16) if (opts.other_f16 and arr.ndim == 2) else arr)
 
+    @classmethod
+    def stacked(cls, a: "Weight", b: "Weight") -> "Weight | None":
+        """One weight of a's rows then b's (two projections of the same input as one GEMM), or None when they
+        differ in type, inner dimension or path."""
+        if a.qtype != b.qtype or a.shape[1:] != b.shape[1:] or len(a.shape) != 2 or (a.q is None) != (b.q is None):
+            return None
+        w = cls.__new__(cls)
+        w.name, w.qtype, w.shape = f"{a.name}+{b.name}", a.qtype, (a.shape[0] + b.shape[0], a.shape[1])
+        if a.q is not None:
+            if a.q.host is None or b.q.host is None:
+                return None
+            w.q = gpu.QWeight.upload(np.concatenate([np.asarray(a.q.host), np.asarray(b.q.host)]), a.qtype)
+            w.dense = None
+        else:
+            w.q = None
+            w.dense = gpu.cp().concatenate([a.dense, b.dense])
+        return w
+
     @property
     def od(self):
         return self.shape[0]
@@ -167,6 +187,7 @@ class GpuModel:
             self.head = Weight(model.tensor(out_name), self.opts)
         self.load_seconds = time.time() - t0
         self._used: list[str] = []
+        self._stacked: dict = {}             # layer -> its [gate; up] Weight (or None), made on first use
         self._graphs: dict = {}              # GraphKey -> GraphEntry
         self._graph_refused: dict = {}       # GraphKey -> why it runs eager (auto mode)
         self.graph_fallbacks: list[dict] = []
@@ -326,6 +347,44 @@ class GpuModel:
                             np.float32(self.cfg.rms_eps)))
         return y
 
+    def gate_up(self, il: int) -> Weight | None:
+        """Layer il's stacked [ffn_gate; ffn_up] weight (PrefillOptions.fuse_gate_up), made on first use; None when
+        the two cannot share one GEMM (their types differ)."""
+        if il not in self._stacked:
+            L = self.layers[il]
+            self._stacked[il] = Weight.stacked(L["ffn_gate"], L["ffn_up"])
+        return self._stacked[il]
+
+    def _ffn_in(self, tr, il, h, L, n):
+        """act(gate(h)) * up(h): two GEMMs and act_mul, or one GEMM on the stacked weight and act_mul_gu."""
+        cp = gpu.cp()
+        c = self.cfg
+        gu = self.gate_up(il) if self.opts.fuse_gate_up else None
+        act = 0 if c.ffn_act == "gelu_tanh" else 1
+        out16 = self._f16_in([L["ffn_down"]], n)
+        if gu is not None:
+            y = self._linear(tr, "ffn_gate_up", il, h, gu, {})
+            with tr.op("ffn_act", "activation", layer=il):
+                n_ff = gu.od // 2
+                m = cp.empty((n, n_ff), cp.float16 if out16 else cp.float32)
+                check_act_mul_gu(y, m, n_ff)
+                self._k("act_mul_gu", ACT=act, OUT16=int(out16)).launch(((m.size + 255) // 256,),
+                                                                        (y, m, np.int32(n_ff), np.int64(m.size)))
+            return m
+        box: dict = {}
+        gte = self._linear(tr, "ffn_gate", il, h, L["ffn_gate"], box)
+        up = self._linear(tr, "ffn_up", il, h, L["ffn_up"], box)
+        with tr.op("ffn_act", "activation", layer=il):
+            m = cp.empty(gte.shape, cp.float16 if out16 else cp.float32)
+            self._k("act_mul", ACT=act, OUT16=int(out16)).launch(((gte.size + 255) // 256,),
+                                                                 (gte, up, m, np.int64(gte.size)))
+        return m
+
+    def _ffn_in_weights(self, il: int) -> list:
+        gu = self.gate_up(il) if self.opts.fuse_gate_up else None
+        L = self.layers[il]
+        return [gu] if gu is not None else [L["ffn_gate"], L["ffn_up"]]
+
     def _residual_norm(self, tr, name, il, x, pend, w: Weight, out16: bool = False):
         """The norm before a block: x += the pending delta (RMS-normed first by gemma3's post-norm), then
         rmsnorm(x) * w -- fused (PrefillOptions.fuse_add_norm) or as the three separate ops."""
@@ -424,16 +483,8 @@ class GpuModel:
             a = self._linear(tr, "attn_output", il, a, L["attn_output"], {})
             pend = (a, L["post_attention_norm"] if c.post_norms else None, "post_attention_norm")
             h = self._residual_norm(tr, "ffn_norm", il, x, pend, L["ffn_norm"],
-                                    out16=self._f16_in([L["ffn_gate"], L["ffn_up"]], n))
-            box = {}
-            gte = self._linear(tr, "ffn_gate", il, h, L["ffn_gate"], box)
-            up = self._linear(tr, "ffn_up", il, h, L["ffn_up"], box)
-            with tr.op("ffn_act", "activation", layer=il):
-                out16 = self._f16_in([L["ffn_down"]], n)
-                m = cp.empty(gte.shape, cp.float16 if out16 else cp.float32)
-                act = 0 if c.ffn_act == "gelu_tanh" else 1
-                self._k("act_mul", ACT=act, OUT16=int(out16)).launch(((gte.size + 255) // 256,),
-                                                                     (gte, up, m, np.int64(gte.size)))
+                                    out16=self._f16_in(self._ffn_in_weights(il), n))
+            m = self._ffn_in(tr, il, h, L, n)
             d = self._linear(tr, "ffn_down", il, m, L["ffn_down"], {})
             pend = (d, L["post_ffw_norm"] if c.post_norms else None, "post_ffw_norm")
         if all_logits:
@@ -534,6 +585,8 @@ class GpuModel:
     def _prepare(self, n: int, all_logits: bool) -> None:
         """Make the lazily built per-weight state (round 7's repacked weights) outside the graph's private pool."""
         ws = [w for L in self.layers for w in L.values() if w.q is not None]
+        if self.opts.fuse_gate_up:
+            ws += [w for il in range(len(self.layers)) for w in self._ffn_in_weights(il) if w.q is not None]
         for w in ws:
             self._wg_ready(w, n)
         if self.head is not None and self.head.q is not None:
@@ -633,6 +686,16 @@ def check_add_rmsnorm(x, delta, w, pre=None) -> None:
     for what, v in (("w", w), ("pre", pre)):
         if v is not None and (tuple(v.shape) != (x.shape[1],) or str(v.dtype) != "float32"):
             raise gpu.ShapeError(f"add_rmsnorm: {what} must be float32 [{x.shape[1]}], got {v.dtype} {tuple(v.shape)}")
+
+
+def check_act_mul_gu(gu, out, n_ff: int) -> None:
+    """act_mul_gu's arguments: gu f32 [rows, 2 * n_ff] and out [rows, n_ff] (f32 or f16), C-contiguous."""
+    if gu.ndim != 2 or str(gu.dtype) != "float32" or not _c_contig(gu) or gu.shape[1] != 2 * n_ff:
+        raise gpu.ShapeError(f"act_mul_gu: gu must be C-contiguous float32 [rows, {2 * n_ff}], got {gu.dtype} "
+                             f"{tuple(gu.shape)}")
+    if tuple(out.shape) != (gu.shape[0], n_ff) or str(out.dtype) not in ("float32", "float16") or not _c_contig(out):
+        raise gpu.ShapeError(f"act_mul_gu: out must be C-contiguous float32/float16 [{gu.shape[0]}, {n_ff}], got "
+                             f"{out.dtype} {tuple(out.shape)}")
 
 
 def check_rope_qk(q, k, n: int, n_head: int, n_head_kv: int, head_dim: int, n_rot: int, qscale: float) -> None:

@@ -143,7 +143,7 @@ def options_from_args(args, cls=None):
         from .prefill import PrefillOptions as cls
     fuse = not getattr(args, "no_fuse", False)
     return cls(attn_f16=args.attn_f16, kernel=args.kernel, graph=getattr(args, "graph", None), fuse_add_norm=fuse,
-               fuse_rope=fuse, fuse_layout=fuse)
+               fuse_rope=fuse, fuse_layout=fuse, fuse_gate_up=fuse)
 
 
 def _add_mode_args(p) -> None:
@@ -153,7 +153,8 @@ def _add_mode_args(p) -> None:
                    help="CUDA-graph replay of the whole forward: --graph requires it (a capture failure is an "
                         "error), --no-graph runs eager; default: graph where it captures, else eager (said why)")
     p.add_argument("--no-fuse", action="store_true",
-                   help="the unfused small kernels (separate residual add / norm, rope per tensor, two-pass layout)")
+                   help="the unfused small kernels (separate residual add / norm, rope per tensor, two-pass layout, "
+                        "separate gate and up GEMMs)")
 
 
 def _kernels():

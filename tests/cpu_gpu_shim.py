@@ -26,7 +26,7 @@ class _FakeCuda:
 def make_cp():
     cp = types.SimpleNamespace()
     for name in ("float32", "float16", "int32", "uint8", "uint32", "empty", "empty_like", "zeros", "matmul",
-                 "argmax", "ascontiguousarray", "full", "ndarray"):
+                 "argmax", "ascontiguousarray", "full", "ndarray", "concatenate"):
         setattr(cp, name, getattr(np, name))
     cp.asarray = lambda a, dtype=None: np.array(a, dtype=dtype, copy=True)
     cp.asnumpy = lambda a: np.array(a, copy=True)
@@ -132,6 +132,11 @@ class FakeKernel:
         else:
             a = g / (1.0 + np.exp(-g))
         out[...] = (a * u).astype(out.dtype)
+
+    def _act_mul_gu(self, gu, out, n_ff, n):
+        n_ff = int(n_ff)
+        rows = gu.reshape(-1, 2 * n_ff)
+        self._act_mul(np.ascontiguousarray(rows[:, :n_ff]), rows[:, n_ff:], out.reshape(-1, n_ff), n)
 
     def _embed(self, table, tok, out, d, scale):
         out[...] = table[tok] * np.float32(scale)

@@ -10,8 +10,8 @@ import pytest
 
 from cpu_gpu_shim import OpNames as Ops, install
 from labkernels import gpu
-from labkernels.prefill import (GpuModel, GraphCaptureError, GraphEntry, PrefillOptions, check_add_rmsnorm,
-                                check_rope_qk, timed_prefill)
+from labkernels.prefill import (GpuModel, GraphCaptureError, GraphEntry, PrefillOptions, Weight, check_act_mul_gu,
+                                check_add_rmsnorm, check_rope_qk, timed_prefill)
 from labkernels.synthetic import SyntheticModel, q4_k_m_recipe, tiny_config
 from labkernels.trace import NullTracer
 
@@ -294,6 +294,41 @@ def test_add_rmsnorm_argument_checks():
         check_add_rmsnorm(x, x.copy(), w, w.astype(np.float16))
 
 
+def test_act_mul_gu_argument_checks():
+    gu, out = np.zeros((3, 2 * 512), np.float32), np.zeros((3, 512), np.float16)
+    check_act_mul_gu(gu, out, 512)
+    check_act_mul_gu(gu, out.astype(np.float32), 512)
+    with pytest.raises(gpu.ShapeError, match="gu must be"):
+        check_act_mul_gu(gu, out, 256)
+    with pytest.raises(gpu.ShapeError, match="gu must be"):
+        check_act_mul_gu(gu.astype(np.float16), out, 512)
+    with pytest.raises(gpu.ShapeError, match="out must be"):
+        check_act_mul_gu(gu, out[:2], 512)
+    with pytest.raises(gpu.ShapeError, match="out must be"):
+        check_act_mul_gu(gu, out.astype(np.int32), 512)
+
+
+def test_stacked_weights(monkeypatch, tiny, model):
+    """[gate; up] as one weight: the rows of both (k-quant GGUF rows or dequantized matrices), refused across types."""
+    install(monkeypatch, exact=True)
+    gm = GpuModel(tiny)
+    L = gm.layers[0]
+    w = gm.gate_up(0)
+    g, u = L["ffn_gate"], L["ffn_up"]
+    assert w.shape == (g.od + u.od, g.id) and w.qtype == g.qtype and w.q is not None
+    assert np.array_equal(w.q.host, np.concatenate([g.q.host, u.q.host])) and gm.gate_up(0) is w   # made once
+    assert Weight.stacked(g, L["ffn_down"]) is None                     # another inner dimension
+    from labkernels.arch import config_from_model
+
+    full = config_from_model(model)
+    gg = GpuModel(model, cfg=full.replace(n_layer=1, layer_is_sliding=full.layer_is_sliding[:1]))
+    d = gg.gate_up(0)                                                   # gemma3: q5_0, dequantized once
+    assert d.q is None and np.array_equal(d.dense, np.concatenate([gg.layers[0]["ffn_gate"].dense,
+                                                                   gg.layers[0]["ffn_up"].dense]))
+    q, v = gg.layers[0]["attn_q"], gg.layers[0]["attn_v"]
+    assert (q.qtype, v.qtype) == ("q5_0", "q8_0") and Weight.stacked(q, v) is None   # types differ: no stacking
+
+
 def test_rope_qk_argument_checks():
     q, k = np.zeros((5, 4 * 64), np.float32), np.zeros((5, 2 * 64), np.float32)
     check_rope_qk(q, k, 5, 4, 2, 64, 64, 0.125)
@@ -324,7 +359,7 @@ def test_fused_forward_equals_unfused(monkeypatch, arch, tiny, model):
         toks = [2, 818, 5279, 529, 7001, 563]
     else:
         m, cfg, toks = tiny, None, TOKS
-    off = {"fuse_add_norm": False, "fuse_rope": False, "fuse_layout": False, "graph": False}
+    off = {"fuse_add_norm": False, "fuse_rope": False, "fuse_layout": False, "fuse_gate_up": False, "graph": False}
     tu, tf = Ops(), Ops()
     u = np.asarray(GpuModel(m, cfg=cfg, opts=PrefillOptions(**off)).forward(toks, tracer=tu))
     f = np.asarray(GpuModel(m, cfg=cfg, opts=PrefillOptions(graph=False)).forward(toks, tracer=tf))
@@ -334,6 +369,7 @@ def test_fused_forward_equals_unfused(monkeypatch, arch, tiny, model):
     assert tf.names.count("ffn_norm+residual") == 2 and tf.names.count("attn_norm+residual") == 1
     assert tf.names.count("output_norm+residual") == 1
     assert tu.names.count("q_scale") == 2 and tf.names.count("q_scale") == 0   # both archs scale q (1/8, 1/16)
+    assert tu.names.count("ffn_gate") == 2 and tf.names.count("ffn_gate_up") == 2 and "ffn_gate" not in tf.names
     if arch == "gemma":
         assert tu.names.count("post_attention_norm") == 2 and "post_attention_norm" not in tf.names
     # all positions: the fused final add covers every row
@@ -369,7 +405,7 @@ def test_cli_mode_flags():
     o = options_from_args(p.parse_args(["prefill", "--model", "x", "--tokens", "8", "--graph"]))
     assert o.graph is True
     o = options_from_args(p.parse_args(["prefill", "--model", "x", "--tokens", "8", "--no-graph", "--no-fuse"]))
-    assert o.graph is False and not (o.fuse_add_norm or o.fuse_rope or o.fuse_layout)
+    assert o.graph is False and not (o.fuse_add_norm or o.fuse_rope or o.fuse_layout or o.fuse_gate_up)
     o = options_from_args(p.parse_args(["decompose", "--model", "x", "--graph", "--attn-f16", "--kernel", "int8"]))
     assert o.graph is True and o.attn_f16 and o.kernel == "int8"
 

@@ -104,20 +104,34 @@ __global__ void __launch_bounds__(256) softmax_mask_kernel(void* __restrict__ S,
     }
 }
 
-// out = act(g) * u   (ACT 0: GELU, tanh approximation as ggml_gelu; 1: SiLU). OUT16: write f16.
+// act(x) (ACT 0: GELU, tanh approximation as ggml_gelu; 1: SiLU), shared by act_mul and act_mul_gu.
+template <int ACT>
+__device__ __forceinline__ float lk_act(float x) {
+    if (ACT == 0) return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * x * (1.0f + 0.044715f * x * x)));
+    return x / (1.0f + expf(-x));
+}
+
+// out = act(g) * u. OUT16: write f16.
 template <int ACT, int OUT16>
 __global__ void __launch_bounds__(256) act_mul_kernel(const float* __restrict__ g, const float* __restrict__ u,
                                                        void* __restrict__ out, long long n) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const float x = g[i];
-    float a;
-    if (ACT == 0) {
-        a = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * x * (1.0f + 0.044715f * x * x)));
-    } else {
-        a = x / (1.0f + expf(-x));
-    }
-    const float v = a * u[i];
+    const float v = lk_act<ACT>(g[i]) * u[i];
+    if (OUT16) ((u16*)out)[i] = lk_f2h(v);
+    else ((float*)out)[i] = v;
+}
+
+// The same on the output of the merged [gate; up] GEMM (PrefillOptions.fuse_gate_up): gu [rows, 2 * n_ff], gate in
+// the first n_ff columns of a row, up in the next n_ff; out [rows, n_ff]; n = rows * n_ff.
+template <int ACT, int OUT16>
+__global__ void __launch_bounds__(256) act_mul_gu_kernel(const float* __restrict__ gu, void* __restrict__ out,
+                                                          int n_ff, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const long long r = i / n_ff, c = i % n_ff;
+    const float* row = gu + r * 2 * n_ff;
+    const float v = lk_act<ACT>(row[c]) * row[n_ff + c];
     if (OUT16) ((u16*)out)[i] = lk_f2h(v);
     else ((float*)out)[i] = v;
 }

@@ -13,7 +13,7 @@ from cpu_gpu_shim import FakeKernel  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-UNFUSED = {"fuse_add_norm": False, "fuse_rope": False, "fuse_layout": False}
+UNFUSED = {"fuse_add_norm": False, "fuse_rope": False, "fuse_layout": False, "fuse_gate_up": False}
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +90,21 @@ def test_rope_qk_is_two_ropes_and_the_q_scale_bitwise(cp, rng, neox, qscale):
     assert cp.array_equal(qf, qu) and cp.array_equal(kf, ku)
 
 
+@pytest.mark.parametrize("act", [0, 1])
+@pytest.mark.parametrize("out16", [0, 1])
+def test_act_mul_gu_is_act_mul_on_the_halves_bitwise(cp, rng, act, out16):
+    rows, n_ff = 33, 1000
+    gu = cp.asarray((rng.standard_normal((rows, 2 * n_ff)) * 3).astype(np.float32))
+    dt = cp.float16 if out16 else cp.float32
+    ref = cp.full((rows, n_ff), np.nan, dt)
+    g, u = cp.ascontiguousarray(gu[:, :n_ff]), cp.ascontiguousarray(gu[:, n_ff:])
+    _k("act_mul", ACT=act, OUT16=out16).launch(((g.size + 255) // 256,), (g, u, ref, np.int64(g.size)))
+    got = cp.full((rows, n_ff), np.nan, dt)
+    _k("act_mul_gu", ACT=act, OUT16=out16).launch(((got.size + 255) // 256,), (gu, got, np.int32(n_ff),
+                                                                             np.int64(got.size)))
+    assert cp.array_equal(got, ref)
+
+
 def _logits(gm, toks, **kw):
     import cupy
 
@@ -100,7 +115,7 @@ def _rel(a, b):
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-@pytest.mark.parametrize("fusion", ["fuse_add_norm", "fuse_rope", "fuse_layout"])
+@pytest.mark.parametrize("fusion", ["fuse_add_norm", "fuse_rope", "fuse_layout", "fuse_gate_up"])
 @pytest.mark.parametrize("attn_f16", [False, True])
 def test_each_fusion_at_the_layer_level(tiny, fusion, attn_f16):
     """One fusion on, the others off, against all off: the same logits (the fused kernels are bitwise the unfused
