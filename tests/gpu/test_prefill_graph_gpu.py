@@ -13,6 +13,7 @@ from cpu_gpu_shim import FakeKernel  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
+FUSED_RTOL = 1e-5
 UNFUSED = {"fuse_add_norm": False, "fuse_rope": False, "fuse_layout": False, "fuse_gate_up": False}
 
 
@@ -118,15 +119,17 @@ def _rel(a, b):
 @pytest.mark.parametrize("fusion", ["fuse_add_norm", "fuse_rope", "fuse_layout", "fuse_gate_up"])
 @pytest.mark.parametrize("attn_f16", [False, True])
 def test_each_fusion_at_the_layer_level(tiny, fusion, attn_f16):
-    """One fusion on, the others off, against all off: the same logits (the fused kernels are bitwise the unfused
-    ops; the gate allows float32 noise, far below what a wrong delta, row or scale gives)."""
+    """One fusion on, the others off, against all off: the same logits. The fused kernels are bitwise the unfused
+    ops (the kernel tests above); the stacked gate/up GEMM may take another variant / cuBLAS algorithm at its wider
+    shape, so the gate allows float32 noise (1e-5), far below what a wrong delta, row or scale gives (>1e-2);
+    gpu-check prefill_graph records whether the whole forward is bitwise."""
     from labkernels.prefill import GpuModel, PrefillOptions
 
     toks = list(range(3, 60))
     off = GpuModel(tiny, opts=PrefillOptions(graph=False, attn_f16=attn_f16, **UNFUSED))
     on = GpuModel(tiny, opts=PrefillOptions(graph=False, attn_f16=attn_f16, **{**UNFUSED, fusion: True}))
     a, b = _logits(on, toks), _logits(off, toks)
-    assert _rel(a, b) <= 1e-6 and a.argmax() == b.argmax(), _rel(a, b)
+    assert _rel(a, b) <= FUSED_RTOL and a.argmax() == b.argmax(), _rel(a, b)
 
 
 def test_gemma_fused_vs_unfused(model):
@@ -137,7 +140,7 @@ def test_gemma_fused_vs_unfused(model):
     f = GpuModel(model, opts=PrefillOptions(graph=False, attn_f16=True))
     u = GpuModel(model, opts=PrefillOptions(graph=False, attn_f16=True, **UNFUSED))
     a, b = _logits(f, toks), _logits(u, toks)
-    assert _rel(a, b) <= 1e-6 and a.argmax() == b.argmax(), _rel(a, b)
+    assert _rel(a, b) <= FUSED_RTOL and a.argmax() == b.argmax(), _rel(a, b)
 
 
 def _graph_vs_eager(m, kernel="auto", attn_f16=True, nts=(5, 64, 200)):
