@@ -584,10 +584,10 @@ class GpuModel:
 
     def _prepare(self, n: int, all_logits: bool) -> None:
         """Make the lazily built per-weight state (round 7's repacked weights) outside the graph's private pool."""
-        ws = [w for L in self.layers for w in L.values() if w.q is not None]
-        if self.opts.fuse_gate_up:
-            ws += [w for il in range(len(self.layers)) for w in self._ffn_in_weights(il) if w.q is not None]
-        for w in ws:
+        ws = []
+        for il, L in enumerate(self.layers):      # the weights this forward multiplies by
+            ws += [w for k, w in L.items() if k not in ("ffn_gate", "ffn_up")] + self._ffn_in_weights(il)
+        for w in (w for w in ws if w.q is not None):
             self._wg_ready(w, n)
         if self.head is not None and self.head.q is not None:
             self._wg_ready(self.head, n if all_logits else 1)
