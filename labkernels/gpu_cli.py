@@ -445,7 +445,9 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
                 use(v)
                 t = timed_prefill(gm, toks, repeats=repeats)
                 walls.setdefault((nt, v), []).append(t["wall_ms"])
+                # "kernel" names the variant too: round 5's notebook groups recorded throughput rows by it
                 run.append("throughput", {"model": label, "arch": gm.cfg.arch, "nt": nt, "variant": v,
+                                          "kernel": f"{base.kernel} {v}",
                                           "mode": t["mode"], "fallback": t["fallback"], "round": rnd,
                                           "wall_ms": t["wall_ms"], "tok_per_s": t["tok_per_s"], "repeats": repeats,
                                           "attn_f16": base.attn_f16, "gemm_families": gm.families_used()})

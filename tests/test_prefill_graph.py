@@ -425,6 +425,7 @@ def test_graph_ab_records_every_variant(monkeypatch, tiny, tmp_path):
                              progress=lambda s: None)
     th = run.table("throughput")
     assert len(th) == 2 * 2 * len(gpu_cli.GRAPH_VARIANTS) and set(th.variant) == set(gpu_cli.GRAPH_VARIANTS)
+    assert set(th.kernel) == {f"auto {v}" for v in gpu_cli.GRAPH_VARIANTS}   # round 5's notebook groups by kernel
     g = th[th.variant == "graph-fused"]
     assert (g["mode"] == "eager").all() and g.fallback.str.contains("stream capture").all()
     assert (th[th.variant != "graph-fused"]["mode"] == "eager").all() and th[th.variant != "graph-fused"].fallback.isna().all()
