@@ -413,9 +413,17 @@ class Baseline(Backend):
     """The lab's attention: cuBLAS batched QK^T and PV around the masked-softmax kernel (``f16``: fp16 GEMMs)."""
     name = "baseline"
 
-    def __init__(self, cfg, f16: bool = False, note: str = "requested"):
+    def __init__(self, cfg, f16: bool = False, note: str = "requested", fuse_layout: bool = True):
         super().__init__(cfg, "f16", note)
         self.f16 = bool(f16)
+        self.fuse_layout = bool(fuse_layout)
+
+    def _relayout(self, view, shape, dt):
+        """A transposed view -> a C-contiguous ``dt`` array of ``shape``: cast and copy in one pass
+        (PrefillOptions.fuse_layout), or the reshape copy then the cast copy (two passes; the same values)."""
+        if self.fuse_layout:
+            return view.astype(dt, order="C").reshape(shape)
+        return view.reshape(shape).astype(dt, order="C")
 
     def describe(self) -> dict:
         return {"attention": self.name, "attention_dtype": "f16" if self.f16 else "f32", "attention_note": self.note}
@@ -434,7 +442,7 @@ class Baseline(Backend):
         G = H // Hk
         dt = cp.float16 if self.f16 else cp.float32
         with tr.op("attn_layout", "attention_other", layer=il):
-            Q = q.reshape(n, Hk, G, hd).transpose(1, 2, 0, 3).reshape(Hk, G * n, hd).astype(dt, order="C")
+            Q = self._relayout(q.reshape(n, Hk, G, hd).transpose(1, 2, 0, 3), (Hk, G * n, hd), dt)
             K = k.reshape(n, Hk, hd).transpose(1, 2, 0).astype(dt, order="C")          # [Hk, hd, n]
             V = v.reshape(n, Hk, hdv).transpose(1, 0, 2).astype(dt, order="C")         # [Hk, n, hdv]
         with tr.op("attn_qk", "attention_gemm", layer=il, flops=2 * H * n * n * hd):
@@ -445,8 +453,8 @@ class Baseline(Backend):
         with tr.op("attn_pv", "attention_gemm", layer=il, flops=2 * H * n * n * hdv):
             O = self._bmm(S, V)                                              # [Hk, G*n, hdv]
         with tr.op("attn_layout", "attention_other", layer=il):
-            out = O.reshape(Hk, G, n, hdv).transpose(2, 0, 1, 3).reshape(n, H * hdv).astype(
-                cp.float16 if out16 else cp.float32)
+            out = self._relayout(O.reshape(Hk, G, n, hdv).transpose(2, 0, 1, 3), (n, H * hdv),
+                                 cp.float16 if out16 else cp.float32)
         return out
 
 
@@ -602,13 +610,13 @@ class Torch(Backend):
         return out.view(cp.uint16) if self.dtype == "bf16" else out
 
 
-def make(requested: str, cfg, f16: bool = False, dtype: str = "f16") -> Backend:
+def make(requested: str, cfg, f16: bool = False, dtype: str = "f16", fuse_layout: bool = True) -> Backend:
     """The attention backend a model runs (see the module docstring for ``auto``). A fused path is probed once per
     layer kind (:meth:`Backend.probe`, 64 tokens against the float64 reference): under ``auto`` a failing probe
     gives the baseline with the reason; a requested path that fails it is an AttentionError naming the layers."""
     name, note = resolve(requested, cfg)
     if name == "baseline":
-        return Baseline(cfg, f16=f16, note=note)
+        return Baseline(cfg, f16=f16, note=note, fuse_layout=fuse_layout)
     b = Cudnn(cfg, dtype, note) if name == "cudnn" else Torch(cfg, dtype, note)
     bad = b.probe(model_kinds(cfg))
     if bad is None:
@@ -616,7 +624,7 @@ def make(requested: str, cfg, f16: bool = False, dtype: str = "f16") -> Backend:
     if requested == "auto":
         note = f"auto: the lab's baseline attention (cuBLAS + masked softmax) runs, because the cuDNN probe failed: {bad}"
         log.warning(note)
-        return Baseline(cfg, f16=f16, note=note)
+        return Baseline(cfg, f16=f16, note=note, fuse_layout=fuse_layout)
     raise AttentionError(f"attention={requested!r}: {bad}")
 
 

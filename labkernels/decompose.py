@@ -123,8 +123,33 @@ def busy_wall(df: pd.DataFrame, wall_ms: float) -> dict:
             "traced_span_ms": span, "valid": abs(wall_ms - busy) / wall_ms <= VALID_GAP}
 
 
+HOST = "host_overhead"
+
+
+def host_overhead_table(classes: pd.DataFrame, bw: dict) -> pd.DataFrame:
+    """The class table with the host's share as one more class: ``host_overhead`` = wall - GPU busy (the time
+    the GPU waited for the host: Python, kernel launches, synchronization), never negative; GPU busy is that of the
+    traced graph replay when the wall was a graph's (``busy_replay_ms``), else the classes' sum. ``share_wall``
+    of every row is over the wall."""
+    t = classes.reset_index().rename(columns={"index": "class"}) if "class" not in classes.columns else classes.copy()
+    t = t[t["class"] != HOST]
+    busy = bw.get("busy_replay_ms", np.nan)
+    busy = float(bw["busy_ms"]) if busy is None or not np.isfinite(busy) else float(busy)
+    gap = max(0.0, float(bw["wall_ms"]) - busy)
+    row = {c: np.nan for c in t.columns}
+    row.update({"class": HOST, "launches": 0, "busy_ms": gap, "gmac": 0.0, "gflop_attn": 0.0,
+                "kernels": "wall minus GPU busy (Python, launches, synchronization)"})
+    t = pd.concat([t, pd.DataFrame([row])], ignore_index=True)
+    t["share_wall"] = t.busy_ms / float(bw["wall_ms"])
+    return t.sort_values("busy_ms", ascending=False).reset_index(drop=True)
+
+
 def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, progress=print) -> dict:
-    """Untraced wall timing, one traced prefill, class table, matched-shape cuBLAS references, queue."""
+    """Untraced wall timing, one traced prefill, class table, matched-shape cuBLAS references, queue.
+
+    The wall is timed in the GpuModel's mode (``wall["mode"]``: 'graph' or 'eager'); the class table and busy
+    always come from a traced eager forward (the tracer tags each op's launches); in graph mode a traced replay's
+    busy (its launches untagged) is ``busy_replay_ms``."""
     from . import bench, gpu
     from .prefill import timed_prefill
     from .trace import CuptiTracer
@@ -132,13 +157,24 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
     cp = gpu.cp()
     n = len(tokens)
     wall = timed_prefill(gm, tokens, repeats=repeats)
-    progress(f"prefill n={n}: wall {wall['wall_ms']:.1f} ms ({wall['tok_per_s']:.0f} tok/s)")
+    progress(f"prefill n={n} [{wall['mode']}]: wall {wall['wall_ms']:.1f} ms ({wall['tok_per_s']:.0f} tok/s)")
     with CuptiTracer() as tr:
         gm.forward(tokens, tracer=tr)
         cp.cuda.runtime.deviceSynchronize()
     recs, ops = tr.records()
     df = classify(recs)
     bw = busy_wall(df, wall["wall_ms"])
+    bw["mode"] = wall["mode"]
+    bw["busy_replay_ms"] = np.nan       # graph mode: the GPU busy of a traced replay (the same kernels, untagged)
+    if wall["mode"] == "graph":
+        with CuptiTracer() as trg:
+            gm.forward(tokens)
+            cp.cuda.runtime.deviceSynchronize()
+        if gm.last_mode != "graph":
+            raise RuntimeError("the traced replay ran eager")
+        recs_g = trg.records()[0]
+        if recs_g:
+            bw["busy_replay_ms"] = float(sum(r["duration_ns"] for r in recs_g)) / 1e6
     t = class_table(df, ops, wall["wall_ms"], n)
     progress(f"busy {bw['busy_ms']:.1f} ms vs wall {bw['wall_ms']:.1f} ms (gap {100 * bw['gap_frac']:.1f}%), "
              f"{len(df)} launches, {t.shape[0]} classes")

@@ -21,7 +21,7 @@ import numpy as np
 from .paths import REPO_ROOT
 
 STEPS = ("env", "tests", "sanitizer", "occupancy", "q6k", "kdr", "q4k", "prefill", "prefill7b", "decompose", "forensics",
-         "wgmma", "wgmma_sanitizer", "wgmma_ncu", "wgmma_costs", "prefill_r7", "attention")
+         "wgmma", "wgmma_sanitizer", "wgmma_ncu", "wgmma_costs", "prefill_r7", "attention", "prefill_graph")
 
 
 def _log(msg: str) -> None:
@@ -419,6 +419,134 @@ def step_prefill_r7(out: Path, args) -> dict:
         gc.collect()
         cp.get_default_memory_pool().free_all_blocks()
     return {"ok": True, "runs": runs}
+
+
+#: issue 18's A/B: before = the round-7 prefill (eager, the small kernels unfused), the fusions alone, and
+#: after = fused + CUDA-graph replay (name -> PrefillOptions fields over the base options; graph None: a capture
+#: that fails runs eager with the reason in the rows' fallback column, and the step is not ok)
+GRAPH_VARIANTS = {"eager-unfused": {"graph": False, "fuse_add_norm": False, "fuse_rope": False, "fuse_layout": False,
+                                    "fuse_gate_up": False},
+                  "eager-fused": {"graph": False},
+                  "graph-fused": {"graph": None}}
+GRAPH_NTS = (64, 128, 512, 1024, 3325)
+GRAPH_DECOMPOSE_NTS = (64, 512, 3325)
+
+
+def _logit_diff(a, b) -> dict:
+    d = float(np.abs(a - b).max())
+    return {"max_abs_diff": d, "max_rel_diff": d / float(np.abs(b).max()), "bitwise": bool(np.array_equal(a, b)),
+            "top1_same": bool(a.argmax() == b.argmax())}
+
+
+def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS, rounds: int = 3, repeats: int = 3,
+             progress=_log) -> dict:
+    """The prefill_graph measurements of one model on one GpuModel (options switched per variant; the graph cache
+    keys on them): per nt the logits of every variant against eager-unfused's, graph vs eager on a second prompt
+    (the replay reads the new ids from its input buffer), the variants' walls interleaved round by round; the
+    decompositions (host overhead as a class) of before and after; the captured graphs."""
+    import dataclasses
+
+    from . import gpu, prefill_cli
+    from .decompose import host_overhead_table, run_decomposition
+    from .prefill import timed_prefill
+
+    cp = gpu.cp()
+    base = gm.opts
+
+    def use(v):
+        gm.opts = dataclasses.replace(base, **GRAPH_VARIANTS[v])
+
+    names = list(GRAPH_VARIANTS)
+    walls = {}
+    for nt in nts:
+        toks = prefill_cli.prompt_tokens(m, nt)
+        ref = None
+        for v in names:
+            use(v)
+            lg = cp.asnumpy(gm.forward(toks)).astype(np.float64)
+            ref = lg if ref is None else ref
+            run.append("logits_vs_first", {"model": label, "nt": nt, "variant": v, "mode": gm.last_mode,
+                                           "first": names[0], **_logit_diff(lg, ref)})
+        toks2 = prefill_cli.prompt_tokens(m, nt, seed=7)
+        use("eager-fused")
+        e2 = cp.asnumpy(gm.forward(toks2)).astype(np.float64)
+        use("graph-fused")
+        g2 = cp.asnumpy(gm.forward(toks2)).astype(np.float64)
+        row = {"model": label, "nt": nt, "prompt": "second (seed 7)", "mode": gm.last_mode, **_logit_diff(g2, e2)}
+        run.append("graph_vs_eager", row)
+        progress(f"{label} nt={nt}: graph vs eager (2nd prompt) max rel diff {row['max_rel_diff']:.3g}, "
+                 f"bitwise {row['bitwise']}")
+        for rnd in range(rounds):
+            for v in names:
+                use(v)
+                t = timed_prefill(gm, toks, repeats=repeats)
+                walls.setdefault((nt, v), []).append(t["wall_ms"])
+                # "kernel" names the variant too: round 5's notebook groups recorded throughput rows by it
+                run.append("throughput", {"model": label, "arch": gm.cfg.arch, "nt": nt, "variant": v,
+                                          "kernel": f"{base.kernel} {v}",
+                                          "mode": t["mode"], "fallback": t["fallback"], "round": rnd,
+                                          "wall_ms": t["wall_ms"], "tok_per_s": t["tok_per_s"], "repeats": repeats,
+                                          "attn_f16": base.attn_f16, "gemm_families": gm.families_used()})
+        progress(f"{label} nt={nt}: " + ", ".join(f"{v} {np.median(walls[(nt, v)]):.2f} ms" for v in names))
+    run.append("graphs", [{"model": label, **g} for g in gm.graphs()])
+    gaps = {}
+    for nt in dec_nts:
+        toks = prefill_cli.prompt_tokens(m, nt)
+        for v in ("eager-unfused", "graph-fused"):
+            use(v)
+            r = run_decomposition(gm, toks, repeats=repeats, reference=False, progress=progress)
+            bw = r["busy_wall"]
+            t = host_overhead_table(r["classes"], bw)
+            host = float(t.loc[t["class"] == "host_overhead", "busy_ms"].iloc[0])
+            run.append("decompose_classes", t.assign(model=label, nt=nt, variant=v, mode=bw["mode"]))
+            run.append("decompose_busy_wall", [{"model": label, "nt": nt, "variant": v,
+                                                **{k: bw[k] for k in ("mode", "wall_ms", "busy_ms", "gap_ms",
+                                                                      "gap_frac", "busy_replay_ms")},
+                                                "host_overhead_ms": host, "host_frac": host / bw["wall_ms"]}])
+            gaps[(nt, v)] = host / bw["wall_ms"]
+    gm.opts = base
+    return {"walls": walls, "gaps": gaps}
+
+
+def step_prefill_graph(out: Path, args) -> dict:
+    """Issue 18: eager vs CUDA-graph prefill (and the fusions) at nt 64..3325 for the synthetic 7B and Gemma 3 270M
+    (when its GGUF is here), interleaved in one process; logits parity; round 5's decomposition with host overhead
+    as a class before (eager, unfused) and after (graph, fused) at nt 64, 512, 3325. One recorded run per model."""
+    import gc
+
+    from . import gpu, prefill_cli, records
+    from .model import default_model_path
+    from .prefill import GpuModel, PrefillOptions
+
+    models = ["synthetic-7b"]
+    gemma = Path(args.gemma or default_model_path())
+    if gemma.exists():
+        models.append(str(gemma))
+    else:
+        _log(f"prefill_graph: no Gemma GGUF at {gemma}: the synthetic 7B only")
+    cp = gpu.cp()
+    runs, summary, ok = [], {}, True
+    for spec in models:
+        label = "synthetic-7b" if spec == "synthetic-7b" else "gemma-3-270m-q4_k_m"
+        params = {"what": "graph", "model": label, "nts": list(GRAPH_NTS), "decompose_nts": list(GRAPH_DECOMPOSE_NTS),
+                  "variants": GRAPH_VARIANTS, "attn_f16": True, "kernel": args.kernel}
+        with records.recording("prefill", params, root=out / "data") as run:
+            m = prefill_cli.load_model(spec)
+            gm = GpuModel(m, opts=PrefillOptions(attn_f16=True, kernel=args.kernel))
+            r = graph_ab(gm, m, label, run)
+            w = {k: float(np.median(v)) for k, v in r["walls"].items()}
+            s = {f"speedup_nt{nt}": w[(nt, "eager-unfused")] / w[(nt, "graph-fused")] for nt in GRAPH_NTS}
+            s.update({f"host_frac_nt{nt}_{v}": g for (nt, v), g in r["gaps"].items()})
+            s["graph_fallbacks"] = gm.graph_fallbacks
+            run.finish(**s)
+        summary[label] = s
+        ok = ok and not gm.graph_fallbacks
+        runs.append(run.run_id)
+        gm.free_graphs()
+        del gm, m
+        gc.collect()
+        cp.get_default_memory_pool().free_all_blocks()
+    return {"ok": ok, "runs": runs, **summary}
 
 
 def main(args) -> int:

@@ -8,17 +8,29 @@ and multiplied with cuBLAS in fp32 ("gemm_other" class). Attention (``PrefillOpt
 :mod:`labkernels.attention`) is cuDNN's fused SDPA by default where the frontend is installed, else -- recorded in
 ``GpuModel.attn.note`` -- the lab's cuBLAS batched QK^T and PV with its masked-softmax kernel (causal, sliding
 window on gemma3's local layers); ``"torch"`` runs PyTorch's SDPA for comparison. Norms, RoPE, activations
-and the embedding gather are the lab's kernels in ``kernels/prefill.cu``; residual adds are CuPy
-elementwise kernels. Only the last position's logits are computed unless asked (as llama.cpp does).
+and the embedding gather are the lab's kernels in ``kernels/prefill.cu``; each residual add is fused with the
+RMSNorm after it (``add_rmsnorm``; ``PrefillOptions.fuse_add_norm=False``: a CuPy elementwise add, then the
+norm), RoPE runs over Q and K in one launch with the attention scale folded in (``fuse_rope``). Only the last
+position's logits are computed unless asked (as llama.cpp does).
+
+CUDA graphs (``PrefillOptions.graph``): the whole forward is captured once per (model, nt, options) with CuPy
+stream capture and replayed, so a prefill costs one graph launch instead of hundreds of Python-side kernel
+launches. Every activation of a captured forward lives in a private memory pool kept with the graph (filled by
+an eager warm-up on the capture stream, so the capture reuses its blocks), the token ids are copied into a
+persistent input buffer before each replay, and the first replay is checked against the eager warm-up's logits.
+Round 7's ``wgmma_kq`` launches encode the activation's TMA descriptor on the host at launch time: under capture
+that is the pool buffer's pointer, which stays valid for every replay. Where capture fails the forward runs eager
+and says why (``graph=None``, the default: recorded in ``GpuModel.graph_fallbacks`` and logged) or raises
+(``graph=True``); ``GpuModel.last_mode`` says what ran.
 
 Every op runs inside ``tracer.op(name, cls, ...)`` so :mod:`labkernels.decompose` can attribute each kernel
-launch to its op, layer and weight tensor.
+launch to its op, layer and weight tensor (a traced forward runs eager).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -41,6 +53,15 @@ class PrefillOptions:
     attention: str = "auto"           # attention path: auto (cudnn when usable, else baseline, recorded) | cudnn |
                                       # torch | baseline (labkernels.attention)
     attn_dtype: str = "f16"           # input/output type of the cudnn / torch SDPA: f16 | bf16 (fp32 softmax)
+    fuse_add_norm: bool = True        # residual add (+ gemma3's post-norm of the delta) and the next RMSNorm in
+                                      # one kernel (add_rmsnorm; bitwise the unfused ops)
+    fuse_rope: bool = True            # RoPE of Q and K (and the q scale) in one launch (rope_qk)
+    fuse_layout: bool = True          # attention's layout copies: transpose + cast in one pass (not two)
+    fuse_gate_up: bool = True         # ffn_gate and ffn_up (same type and shape) as one GEMM on their stacked rows,
+                                      # the activation reading its two halves (act_mul_gu)
+    graph: bool | None = None         # CUDA-graph capture of the whole forward per (model, nt, options): True =
+                                      # required (a capture failure raises GraphCaptureError), False = eager,
+                                      # None = graph where it captures, else eager with the reason recorded
 
     def __post_init__(self):
         self.q6k_variant = dict(self.q6k_variant or {})
@@ -50,6 +71,51 @@ class PrefillOptions:
             raise ValueError(f"unknown attention path {self.attention!r}: one of {', '.join(attention.BACKENDS)}")
         if self.attn_dtype not in attention.DTYPES:
             raise ValueError(f"unknown attention dtype {self.attn_dtype!r}: one of {', '.join(attention.DTYPES)}")
+        if self.graph not in (None, True, False):
+            raise ValueError(f"graph must be True, False or None (auto), got {self.graph!r}")
+
+    def key(self) -> tuple:
+        """What the captured forward depends on: every option but ``graph`` itself (a graph cache key part)."""
+        return tuple((f.name, _freeze(getattr(self, f.name))) for f in fields(self) if f.name != "graph")
+
+
+def _freeze(v):
+    return tuple(sorted(v.items())) if isinstance(v, dict) else v
+
+
+class GraphCaptureError(RuntimeError):
+    """The forward could not be captured as a CUDA graph (or its replay disagreed with the eager forward)."""
+
+
+#: graph replay vs the eager forward at capture: max |graph - eager| / max |eager| must not exceed this (the
+#: kernels and pointers are the same, so it is 0 unless a library picks another algorithm under capture)
+GRAPH_RTOL = 1e-4
+
+
+@dataclass(frozen=True)
+class GraphKey:
+    model: int              # id() of the GpuModel's model (the graph's pointers are that GpuModel's weights)
+    nt: int
+    all_logits: bool
+    options: tuple          # PrefillOptions.key()
+
+
+@dataclass
+class GraphEntry:
+    """A captured forward and everything its replay touches, kept alive with it: the private memory pool that
+    served every activation during warm-up and capture (never used by anything else), the token input buffer
+    copied into before each replay and the logits buffer the graph writes."""
+    key: GraphKey
+    graph: object
+    pool: object
+    stream: object
+    tokens: object
+    out: object
+    families: str
+    capture_s: float
+    max_rel_diff: float     # replay vs eager at capture
+    bitwise: bool
+    replays: int = 0
 
 
 class Weight:
@@ -66,6 +132,24 @@ class Weight:
             arr = np.asarray(t.array(), np.float32)
             self.q = None
             self.dense = cp.asarray(arr.astype(np.float16) if (opts.other_f16 and arr.ndim == 2) else arr)
+
+    @classmethod
+    def stacked(cls, a: "Weight", b: "Weight") -> "Weight | None":
+        """One weight of a's rows then b's (two projections of the same input as one GEMM), or None when they
+        differ in type, inner dimension or path."""
+        if a.qtype != b.qtype or a.shape[1:] != b.shape[1:] or len(a.shape) != 2 or (a.q is None) != (b.q is None):
+            return None
+        w = cls.__new__(cls)
+        w.name, w.qtype, w.shape = f"{a.name}+{b.name}", a.qtype, (a.shape[0] + b.shape[0], a.shape[1])
+        if a.q is not None:
+            if a.q.host is None or b.q.host is None:
+                return None
+            w.q = gpu.QWeight.upload(np.concatenate([np.asarray(a.q.host), np.asarray(b.q.host)]), a.qtype)
+            w.dense = None
+        else:
+            w.q = None
+            w.dense = gpu.cp().concatenate([a.dense, b.dense])
+        return w
 
     @property
     def od(self):
@@ -90,7 +174,8 @@ class GpuModel:
         if self.cfg.attn_out_bias or self.cfg.ffn_bias or self.cfg.output_bias:
             raise NotImplementedError("attn_output / ffn / output biases are not implemented in the lab prefill")
         # the attention path (resolved once: auto -> cudnn or baseline, the reason kept in self.attn.note)
-        self.attn = attention.make(self.opts.attention, self.cfg, f16=self.opts.attn_f16, dtype=self.opts.attn_dtype)
+        self.attn = attention.make(self.opts.attention, self.cfg, f16=self.opts.attn_f16, dtype=self.opts.attn_dtype,
+                                   fuse_layout=self.opts.fuse_layout)
         t0 = time.time()
         self.layers = []
         for i in range(self.cfg.n_layer):
@@ -114,6 +199,11 @@ class GpuModel:
             self.head = Weight(model.tensor(out_name), self.opts)
         self.load_seconds = time.time() - t0
         self._used: list[str] = []
+        self._stacked: dict = {}             # layer -> its [gate; up] Weight (or None), made on first use
+        self._graphs: dict = {}              # GraphKey -> GraphEntry
+        self._graph_refused: dict = {}       # GraphKey -> why it runs eager (auto mode)
+        self.graph_fallbacks: list[dict] = []
+        self.last_mode: str | None = None    # 'graph' | 'eager': what the latest forward ran
 
     # ---------------------------------------------------------------- building blocks
     def _k(self, fam, **p):
@@ -214,26 +304,140 @@ class GpuModel:
                                       np.int32(x.shape[1]), np.float32(c.rope_base_for(il)),
                                       np.float32(c.rope_scale_for(il)), np.int32(0)))
 
-    # ---------------------------------------------------------------- the forward
-    def forward(self, tokens, tracer=None, all_logits: bool = False):
-        """Logits (cupy f32) of the last position [vocab] (or all positions [n, vocab])."""
-        cp = gpu.cp()
-        tr = tracer or NullTracer()
+    def rope_qk(self, q, k, n, il, qscale: float = 1.0):
+        """RoPE of q [n, n_head*hd] and k [n, n_head_kv*hd] in place, one launch; ``qscale`` (the attention scale)
+        multiplies the rotated q, which needs every q dim rotated (n_rot == head_dim)."""
         c = self.cfg
-        self._used = []
+        check_rope_qk(q, k, n, c.n_head, c.n_head_kv, c.head_dim, c.n_rot, qscale)
+        total = n * (c.n_head + c.n_head_kv) * (c.n_rot // 2)
+        self._k("rope_qk", NEOX=int(c.rope_style == "neox")).launch(
+            ((total + 255) // 256,), (q, k, np.int32(n), np.int32(c.n_head), np.int32(c.n_head_kv),
+                                      np.int32(c.head_dim), np.int32(c.n_rot), np.int32(q.shape[1]),
+                                      np.int32(k.shape[1]), np.float32(c.rope_base_for(il)),
+                                      np.float32(c.rope_scale_for(il)), np.int32(0), np.float32(qscale)))
+
+    def add_rmsnorm(self, x, delta, w: Weight, pre: Weight | None = None, out16: bool = False):
+        """x += (rmsnorm(delta) * pre if pre else delta) in place, then rmsnorm(x) * w: one launch."""
+        cp = gpu.cp()
+        check_add_rmsnorm(x, delta, w.dense, None if pre is None else pre.dense)
+        y = cp.empty(x.shape, cp.float16 if out16 else cp.float32)
+        self._k("add_rmsnorm", PRE=int(pre is not None), OUT16=int(out16)).launch(
+            (x.shape[0],), (x, delta, (pre if pre is not None else w).dense, w.dense, y, np.int32(x.shape[1]),
+                            np.float32(self.cfg.rms_eps)))
+        return y
+
+    def gate_up(self, il: int) -> Weight | None:
+        """Layer il's stacked [ffn_gate; ffn_up] weight (PrefillOptions.fuse_gate_up), made on first use; None when
+        the two cannot share one GEMM (their types differ)."""
+        if il not in self._stacked:
+            L = self.layers[il]
+            self._stacked[il] = Weight.stacked(L["ffn_gate"], L["ffn_up"])
+        return self._stacked[il]
+
+    def _ffn_in(self, tr, il, h, L, n):
+        """act(gate(h)) * up(h): two GEMMs and act_mul, or one GEMM on the stacked weight and act_mul_gu."""
+        cp = gpu.cp()
+        c = self.cfg
+        gu = self.gate_up(il) if self.opts.fuse_gate_up else None
+        act = 0 if c.ffn_act == "gelu_tanh" else 1
+        out16 = self._f16_in([L["ffn_down"]], n)
+        if gu is not None:
+            y = self._linear(tr, "ffn_gate_up", il, h, gu, {})
+            with tr.op("ffn_act", "activation", layer=il):
+                n_ff = gu.od // 2
+                m = cp.empty((n, n_ff), cp.float16 if out16 else cp.float32)
+                check_act_mul_gu(y, m, n_ff)
+                self._k("act_mul_gu", ACT=act, OUT16=int(out16)).launch(((m.size + 255) // 256,),
+                                                                        (y, m, np.int32(n_ff), np.int64(m.size)))
+            return m
+        box: dict = {}
+        gte = self._linear(tr, "ffn_gate", il, h, L["ffn_gate"], box)
+        up = self._linear(tr, "ffn_up", il, h, L["ffn_up"], box)
+        with tr.op("ffn_act", "activation", layer=il):
+            m = cp.empty(gte.shape, cp.float16 if out16 else cp.float32)
+            self._k("act_mul", ACT=act, OUT16=int(out16)).launch(((gte.size + 255) // 256,),
+                                                                 (gte, up, m, np.int64(gte.size)))
+        return m
+
+    def _ffn_in_weights(self, il: int) -> list:
+        gu = self.gate_up(il) if self.opts.fuse_gate_up else None
+        L = self.layers[il]
+        return [gu] if gu is not None else [L["ffn_gate"], L["ffn_up"]]
+
+    def _residual_norm(self, tr, name, il, x, pend, w: Weight, out16: bool = False):
+        """The norm before a block: x += the pending delta (RMS-normed first by gemma3's post-norm), then
+        rmsnorm(x) * w -- fused (PrefillOptions.fuse_add_norm) or as the three separate ops."""
+        if pend is None:
+            with tr.op(name, "norm", layer=il):
+                return self.rmsnorm(x, w, out16=out16)
+        delta, pre, pre_name = pend
+        if self.opts.fuse_add_norm:
+            with tr.op(name + "+residual", "norm", layer=il):
+                return self.add_rmsnorm(x, delta, w, pre, out16=out16)
+        if pre is not None:
+            with tr.op(pre_name, "norm", layer=il):
+                delta = self.rmsnorm(delta, pre)
+        with tr.op("residual", "elementwise", layer=il):
+            x += delta
+        with tr.op(name, "norm", layer=il):
+            return self.rmsnorm(x, w, out16=out16)
+
+    # ---------------------------------------------------------------- the forward
+    def _tokens(self, tokens) -> np.ndarray:
         toks = np.asarray(tokens, np.int32)
         if toks.ndim != 1 or toks.size < 1:
             raise ValueError("tokens must be a non-empty 1-D list of ids")
-        if toks.min() < 0 or toks.max() >= c.vocab:
-            raise ValueError(f"token ids must be in 0..{c.vocab - 1}")
-        n = toks.size
-        tok_g = cp.asarray(toks)
+        if toks.min() < 0 or toks.max() >= self.cfg.vocab:
+            raise ValueError(f"token ids must be in 0..{self.cfg.vocab - 1}")
+        return toks
+
+    def forward(self, tokens, tracer=None, all_logits: bool = False, graph: bool | None = "opts"):
+        """Logits (cupy f32) of the last position [vocab] (or all positions [n, vocab]).
+
+        ``graph`` (default: ``PrefillOptions.graph``): replay a CUDA graph of the whole forward captured for this
+        (model, nt, options), capturing it on first use (see :meth:`_forward_graph`); a traced forward always
+        runs eager (the tracer tags each op's launches). :attr:`last_mode` says which ran ('graph' | 'eager')."""
+        toks = self._tokens(tokens)
+        want = self.opts.graph if graph == "opts" else graph
+        if want is not None and want not in (True, False):
+            raise ValueError(f"graph must be True, False or None (auto), got {want!r}")
+        if tracer is not None and getattr(tracer, "active", False):
+            if want is True:
+                raise GraphCaptureError("a traced forward runs eager (graph=True asked for a replay)")
+            want = False
+        if want is False:
+            self.last_mode = "eager"
+            return self._forward_eager(toks, tracer, all_logits)
+        try:
+            out = self._forward_graph(toks, all_logits)
+        except GraphCaptureError as e:
+            if want is True:
+                raise
+            key = self.graph_key(toks.size, all_logits)
+            if key not in self._graph_refused:     # recorded once per key; later forwards go eager directly
+                self._record_fallback(key, str(e))
+            self.last_mode = "eager"
+            return self._forward_eager(toks, tracer, all_logits)
+        self.last_mode = "graph"
+        return out
+
+    def _forward_eager(self, toks, tracer, all_logits):
+        self._used = []
+        return self._forward_device(gpu.cp().asarray(toks), toks.size, tracer or NullTracer(), all_logits)
+
+    def _forward_device(self, tok_g, n: int, tr, all_logits: bool):
+        """The forward from token ids already on the device: kernel launches only (no host <-> device copies and
+        no synchronization), so that it can be captured into a CUDA graph."""
+        cp = gpu.cp()
+        c = self.cfg
         x = cp.empty((n, c.n_embd), cp.float32)
         with tr.op("embed", "embed"):
             self._k("embed", F16=0).launch((n,), (self.embd, tok_g, x, np.int32(c.n_embd), np.float32(c.embed_scale)))
+        pend = None        # (delta, post-norm weight or None, its op name): added to x before the next norm
+        fold_scale = self.opts.fuse_rope and c.attn_scale != 1.0 and c.n_rot == c.head_dim
         for il, L in enumerate(self.layers):
-            with tr.op("attn_norm", "norm", layer=il):
-                h = self.rmsnorm(x, L["attn_norm"], out16=self._f16_in([L["attn_q"], L["attn_k"], L["attn_v"]], n))
+            h = self._residual_norm(tr, "attn_norm", il, x, pend, L["attn_norm"],
+                                    out16=self._f16_in([L["attn_q"], L["attn_k"], L["attn_v"]], n))
             box: dict = {}
             q = self._linear(tr, "attn_q", il, h, L["attn_q"], box)
             k = self._linear(tr, "attn_k", il, h, L["attn_k"], box)
@@ -246,38 +450,27 @@ class GpuModel:
                     q = self.rmsnorm(q, L["attn_q_norm"], c.head_dim)
                     k = self.rmsnorm(k, L["attn_k_norm"], c.head_dim)
             with tr.op("rope", "rope", layer=il):
-                self.rope(q, n, c.n_head, il)
-                self.rope(k, n, c.n_head_kv, il)
-            if c.attn_scale != 1.0:
+                if self.opts.fuse_rope:
+                    self.rope_qk(q, k, n, il, qscale=c.attn_scale if fold_scale else 1.0)
+                else:
+                    self.rope(q, n, c.n_head, il)
+                    self.rope(k, n, c.n_head_kv, il)
+            if c.attn_scale != 1.0 and not fold_scale:
                 with tr.op("q_scale", "elementwise", layer=il):
                     q *= np.float32(c.attn_scale)
             a = self.attention(q, k, v, n, il, tr, out16=self._f16_in([L["attn_output"]], n))
             a = self._linear(tr, "attn_output", il, a, L["attn_output"], {})
-            if c.post_norms:
-                with tr.op("post_attention_norm", "norm", layer=il):
-                    a = self.rmsnorm(a, L["post_attention_norm"])
-            with tr.op("residual", "elementwise", layer=il):
-                x += a
-            with tr.op("ffn_norm", "norm", layer=il):
-                h = self.rmsnorm(x, L["ffn_norm"], out16=self._f16_in([L["ffn_gate"], L["ffn_up"]], n))
-            box = {}
-            gte = self._linear(tr, "ffn_gate", il, h, L["ffn_gate"], box)
-            up = self._linear(tr, "ffn_up", il, h, L["ffn_up"], box)
-            with tr.op("ffn_act", "activation", layer=il):
-                out16 = self._f16_in([L["ffn_down"]], n)
-                m = cp.empty(gte.shape, cp.float16 if out16 else cp.float32)
-                act = 0 if c.ffn_act == "gelu_tanh" else 1
-                self._k("act_mul", ACT=act, OUT16=int(out16)).launch(((gte.size + 255) // 256,),
-                                                                     (gte, up, m, np.int64(gte.size)))
+            pend = (a, L["post_attention_norm"] if c.post_norms else None, "post_attention_norm")
+            h = self._residual_norm(tr, "ffn_norm", il, x, pend, L["ffn_norm"],
+                                    out16=self._f16_in(self._ffn_in_weights(il), n))
+            m = self._ffn_in(tr, il, h, L, n)
             d = self._linear(tr, "ffn_down", il, m, L["ffn_down"], {})
-            if c.post_norms:
-                with tr.op("post_ffw_norm", "norm", layer=il):
-                    d = self.rmsnorm(d, L["post_ffw_norm"])
-            with tr.op("residual", "elementwise", layer=il):
-                x += d
-        xs = x if all_logits else x[n - 1:]
-        with tr.op("output_norm", "norm"):
-            xs = self.rmsnorm(cp.ascontiguousarray(xs), self.output_norm)
+            pend = (d, L["post_ffw_norm"] if c.post_norms else None, "post_ffw_norm")
+        if all_logits:
+            xs = self._residual_norm(tr, "output_norm", None, x, pend, self.output_norm)
+        else:   # only the last row of the residual stream is needed
+            d, pre, pre_name = pend
+            xs = self._residual_norm(tr, "output_norm", None, x[n - 1:], (d[n - 1:], pre, pre_name), self.output_norm)
         macs = xs.shape[0] * c.vocab * c.n_embd
         if self.head is None:
             with tr.op("output", "output_head", weight=self.head_name, macs=macs):
@@ -290,29 +483,211 @@ class GpuModel:
                 logits = self.matmul(xs, self.head, box)
         return logits if all_logits else logits[0]
 
+    # ---------------------------------------------------------------- CUDA graphs
+    def graph_key(self, nt: int, all_logits: bool = False) -> GraphKey:
+        return GraphKey(id(self.model), int(nt), bool(all_logits), self.opts.key())
+
+    def _record_fallback(self, key: GraphKey, reason: str) -> None:
+        """A forward that asked for a graph (auto) and ran eager: kept in :attr:`graph_fallbacks` and logged."""
+        import logging
+
+        self.graph_fallbacks.append({"nt": key.nt, "all_logits": key.all_logits, "options": dict(key.options),
+                                     "reason": reason})
+        self._graph_refused[key] = reason
+        logging.getLogger("labkernels.prefill").warning("prefill nt=%d ran eager: %s", key.nt, reason)
+
+    def _forward_graph(self, toks, all_logits):
+        """Replay (capturing first when new) the graph of this (model, nt, options); the logits are copied out
+        of the graph's buffer onto the current stream."""
+        cp = gpu.cp()
+        key = self.graph_key(toks.size, all_logits)
+        if key in self._graph_refused:
+            raise GraphCaptureError(self._graph_refused[key])
+        e = self._graphs.get(key)
+        if e is None:
+            e = self._capture(key, toks)
+            self._graphs[key] = e
+        cur = cp.cuda.get_current_stream()
+        e.tokens.set(toks, stream=cur)
+        e.graph.launch(stream=cur)
+        e.replays += 1
+        self._used = list(e.families)
+        return e.out.copy()
+
+    def _capture(self, key: GraphKey, toks) -> GraphEntry:
+        """Capture the forward for ``key``: every activation comes from a private memory pool that lives with the
+        graph (an eager warm-up on the capture stream loads every module and fills the pool first, so capture
+        allocates from the same cached blocks); the token ids are read from a persistent buffer. The first replay
+        is checked against the warm-up's logits (:data:`GRAPH_RTOL`); any failure is a GraphCaptureError."""
+        cp = gpu.cp()
+        why = graph_support()
+        if why:
+            raise GraphCaptureError(why)
+        t0 = time.perf_counter()
+        self._prepare(key.nt, key.all_logits)
+        pool = cp.cuda.MemoryPool()
+        stream = cp.cuda.Stream(non_blocking=True)
+        n = key.nt
+        try:
+            cp.cuda.get_current_stream().synchronize()
+            with cp.cuda.using_allocator(pool.malloc), stream:
+                tok_buf = cp.empty((n,), cp.int32)
+                tok_buf.set(toks, stream=stream)
+                self._used = []
+                ref = self._forward_device(tok_buf, n, NullTracer(), key.all_logits).copy()
+                stream.synchronize()
+                families = list(self._used)
+                self._used = []
+                stream.begin_capture()
+                try:
+                    out = self._forward_device(tok_buf, n, NullTracer(), key.all_logits)
+                except BaseException:
+                    _end_capture_quietly(stream)
+                    raise
+                g = stream.end_capture()
+                g.launch(stream=stream)
+                stream.synchronize()
+            diff = float(cp.abs(out - ref).max())
+            scale = float(cp.abs(ref).max())
+        except GraphCaptureError:
+            raise
+        except Exception as e:
+            _end_capture_quietly(stream)
+            raise GraphCaptureError(f"capture of the forward at nt={n} failed: {type(e).__name__}: {e}") from e
+        rel = diff / scale if scale else diff
+        if not np.isfinite(rel) or rel > GRAPH_RTOL:
+            raise GraphCaptureError(f"graph replay at nt={n} differs from the eager forward: max rel diff {rel:.3g} "
+                                    f"> {GRAPH_RTOL:g}")
+        return GraphEntry(key, g, pool, stream, tok_buf, out, tuple(families), time.perf_counter() - t0, rel,
+                          diff == 0.0)
+
+    def _prepare(self, n: int, all_logits: bool) -> None:
+        """Make the lazily built per-weight state (round 7's repacked weights) outside the graph's private pool."""
+        ws = []
+        for il, L in enumerate(self.layers):      # the weights this forward multiplies by
+            ws += [w for k, w in L.items() if k not in ("ffn_gate", "ffn_up")] + self._ffn_in_weights(il)
+        for w in (w for w in ws if w.q is not None):
+            self._wg_ready(w, n)
+        if self.head is not None and self.head.q is not None:
+            self._wg_ready(self.head, n if all_logits else 1)
+
+    def _wg_ready(self, w: Weight, n: int) -> None:
+        if self.family(w, n) == "wgmma_kq" and w.q.wg is None and w.q.host is not None:
+            from . import wgmma
+
+            w.q.wg = wgmma.WgWeight.from_gguf(np.asarray(w.q.host), w.q.qtype)
+
+    def graphs(self) -> list[dict]:
+        """The captured graphs: key, capture seconds, replays, replay-vs-eager difference at capture."""
+        return [{"nt": e.key.nt, "all_logits": e.key.all_logits, "capture_s": e.capture_s, "replays": e.replays,
+                 "max_rel_diff": e.max_rel_diff, "bitwise": e.bitwise, "pool_bytes": int(e.pool.total_bytes())}
+                for e in self._graphs.values()]
+
+    def free_graphs(self) -> None:
+        """Drop every captured graph and give its private memory back."""
+        entries = list(self._graphs.values())
+        self._graphs.clear()
+        self._graph_refused.clear()
+        for e in entries:
+            e.graph = e.out = e.tokens = None
+            e.pool.free_all_blocks()
+
     def greedy(self, prompt, n_new: int = 32) -> list[int]:
         """Greedy continuation by re-running the prefill on the growing sequence (no KV cache)."""
         seq = list(int(t) for t in prompt)
         out = []
         for _ in range(n_new):
-            nxt = int(gpu.cp().asnumpy(gpu.cp().argmax(self.forward(seq))))
+            nxt = int(gpu.cp().asnumpy(gpu.cp().argmax(self.forward(seq, graph=False))))   # a new nt per step
             out.append(nxt)
             seq.append(nxt)
         return out
 
 
-def timed_prefill(gm: GpuModel, tokens, repeats: int = 3, warmup: int = 1) -> dict:
-    """Wall time of whole prefills (host clock around a synchronized forward), median of repeats."""
+def timed_prefill(gm: GpuModel, tokens, repeats: int = 3, warmup: int = 1, graph="opts") -> dict:
+    """Wall time of whole prefills (host clock around a synchronized forward), median of repeats; ``mode`` says
+    what ran ('graph' | 'eager', the same for every timed forward or an error) and ``fallback`` why a forward
+    that could take a graph ran eager (None otherwise). The warm-up forwards capture the graph when new."""
     cp = gpu.cp()
     for _ in range(warmup):
-        gm.forward(tokens)
+        gm.forward(tokens, graph=graph)
     cp.cuda.runtime.deviceSynchronize()
-    walls = []
+    walls, modes = [], set()
     for _ in range(repeats):
         t0 = time.perf_counter()
-        gm.forward(tokens)
+        gm.forward(tokens, graph=graph)
         cp.cuda.runtime.deviceSynchronize()
         walls.append(time.perf_counter() - t0)
+        modes.add(gm.last_mode)
+    if len(modes) != 1:
+        raise GraphCaptureError(f"timed forwards ran in different modes: {sorted(modes)}")
     w = float(np.median(walls))
+    mode = modes.pop()
+    want = gm.opts.graph if graph == "opts" else graph
+    fallback = gm._graph_refused.get(gm.graph_key(len(tokens))) if (want is None and mode == "eager") else None
     return {"n_tokens": len(tokens), "wall_ms": w * 1e3, "tok_per_s": len(tokens) / w,
-            "wall_ms_all": [x * 1e3 for x in walls]}
+            "wall_ms_all": [x * 1e3 for x in walls], "mode": mode, "fallback": fallback}
+
+
+def graph_support() -> str | None:
+    """None when this CuPy can capture CUDA graphs (stream capture, private memory pools), else why not."""
+    cp = gpu.cp()
+    cuda = getattr(cp, "cuda", None)
+    missing = [n for n in ("Stream", "MemoryPool", "using_allocator") if not hasattr(cuda, n)]
+    if missing or not hasattr(getattr(cuda, "Stream", None), "begin_capture"):
+        return f"this CuPy has no CUDA stream capture (missing: {', '.join(missing) or 'Stream.begin_capture'})"
+    rt = getattr(cuda, "runtime", None)
+    if getattr(rt, "is_hip", False) or getattr(rt, "_is_hip_environment", False):
+        return "CUDA graph capture is not supported on HIP"
+    return None
+
+
+def _end_capture_quietly(stream) -> None:
+    """Leave a stream out of capture after a failure inside it (the capture's graph is discarded)."""
+    try:
+        if stream.is_capturing():
+            stream.end_capture()
+    except Exception:
+        pass
+
+
+def _c_contig(a) -> bool:
+    return bool(a.flags.c_contiguous)
+
+
+def check_add_rmsnorm(x, delta, w, pre=None) -> None:
+    """add_rmsnorm's arguments: x and delta f32 [rows, ncols], C-contiguous, the same shape; w (and pre) f32
+    [ncols]. Raises gpu.ShapeError."""
+    if x.ndim != 2 or str(x.dtype) != "float32" or not _c_contig(x):
+        raise gpu.ShapeError(f"add_rmsnorm: x must be C-contiguous float32 [rows, ncols], got {x.dtype} {x.shape}")
+    if tuple(delta.shape) != tuple(x.shape) or str(delta.dtype) != "float32" or not _c_contig(delta):
+        raise gpu.ShapeError(f"add_rmsnorm: delta must be C-contiguous float32 {tuple(x.shape)}, got "
+                             f"{delta.dtype} {tuple(delta.shape)}")
+    for what, v in (("w", w), ("pre", pre)):
+        if v is not None and (tuple(v.shape) != (x.shape[1],) or str(v.dtype) != "float32"):
+            raise gpu.ShapeError(f"add_rmsnorm: {what} must be float32 [{x.shape[1]}], got {v.dtype} {tuple(v.shape)}")
+
+
+def check_act_mul_gu(gu, out, n_ff: int) -> None:
+    """act_mul_gu's arguments: gu f32 [rows, 2 * n_ff] and out [rows, n_ff] (f32 or f16), C-contiguous."""
+    if gu.ndim != 2 or str(gu.dtype) != "float32" or not _c_contig(gu) or gu.shape[1] != 2 * n_ff:
+        raise gpu.ShapeError(f"act_mul_gu: gu must be C-contiguous float32 [rows, {2 * n_ff}], got {gu.dtype} "
+                             f"{tuple(gu.shape)}")
+    if tuple(out.shape) != (gu.shape[0], n_ff) or str(out.dtype) not in ("float32", "float16") or not _c_contig(out):
+        raise gpu.ShapeError(f"act_mul_gu: out must be C-contiguous float32/float16 [{gu.shape[0]}, {n_ff}], got "
+                             f"{out.dtype} {tuple(out.shape)}")
+
+
+def check_rope_qk(q, k, n: int, n_head: int, n_head_kv: int, head_dim: int, n_rot: int, qscale: float) -> None:
+    """rope_qk's arguments: q f32 [n, >= n_head*head_dim], k f32 [n, >= n_head_kv*head_dim], C-contiguous rows;
+    0 < n_rot <= head_dim, even; a q scale != 1 only when every dim is rotated. Raises gpu.ShapeError."""
+    for what, a, nh in (("q", q, n_head), ("k", k, n_head_kv)):
+        if a.ndim != 2 or str(a.dtype) != "float32" or not _c_contig(a):
+            raise gpu.ShapeError(f"rope_qk: {what} must be C-contiguous float32 [n, heads*head_dim], got "
+                                 f"{a.dtype} {tuple(a.shape)}")
+        if a.shape[0] != n or a.shape[1] < nh * head_dim:
+            raise gpu.ShapeError(f"rope_qk: {what} {tuple(a.shape)} does not hold {n} tokens x {nh} heads x {head_dim}")
+    if n_rot <= 0 or n_rot % 2 or n_rot > head_dim:
+        raise gpu.ShapeError(f"rope_qk: n_rot={n_rot} must be even and in 1..head_dim={head_dim}")
+    if qscale != 1.0 and n_rot != head_dim:
+        raise gpu.ShapeError(f"rope_qk: the q scale is applied to rotated dims only; n_rot={n_rot} < "
+                             f"head_dim={head_dim} needs the separate q scale")

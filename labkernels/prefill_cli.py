@@ -95,14 +95,15 @@ def prefill_main(args) -> int:
     from .prefill_ref import detokenize
 
     m = load_model(args.model)
-    gm = GpuModel(m, opts=PrefillOptions(attn_f16=args.attn_f16, kernel=args.kernel, attention=args.attention))
+    gm = GpuModel(m, opts=options_from_args(args, PrefillOptions))
     toks = prompt_tokens(m, args.tokens, args.prompt_ids)
     t = timed_prefill(gm, toks, repeats=args.repeats)
     logits = gm.forward(toks)
     top = gpu.cp().asnumpy(logits).argsort()[::-1][:5]
     res = {"model": args.model, "arch": gm.cfg.arch, "n_tokens": len(toks), "wall_ms": t["wall_ms"],
            "tok_per_s": t["tok_per_s"], "top5": [int(i) for i in top], "load_s": gm.load_seconds,
-           "kernel": args.kernel, "gemm_families": gm.families_used(), **gm.attn.describe()}
+           "kernel": args.kernel, "gemm_families": gm.families_used(), **gm.attn.describe(), "mode": t["mode"],
+           "graph_fallback": t["fallback"], "graphs": gm.graphs()}
     try:
         res["top5_text"] = [detokenize(m, [int(i)]) for i in top]
     except Exception:
@@ -110,9 +111,10 @@ def prefill_main(args) -> int:
     if args.json:
         print(json.dumps(res, indent=1))
     else:
-        print(f"{gm.cfg.describe()}\nprefill {len(toks)} tokens: {t['wall_ms']:.1f} ms, {t['tok_per_s']:.0f} tok/s; "
-              f"top-5 next: {res['top5']} {res.get('top5_text', '')}; GEMMs: {res['gemm_families']}; attention: "
-              f"{gm.attn.name} ({gm.attn.note})")
+        why = f" (graph refused: {t['fallback']})" if t["fallback"] else ""
+        print(f"{gm.cfg.describe()}\nprefill {len(toks)} tokens [{t['mode']}{why}]: {t['wall_ms']:.1f} ms, "
+              f"{t['tok_per_s']:.0f} tok/s; top-5 next: {res['top5']} {res.get('top5_text', '')}; "
+              f"GEMMs: {res['gemm_families']}; attention: {gm.attn.name} ({gm.attn.note})")
     return 0
 
 
@@ -122,7 +124,7 @@ def decompose_main(args) -> int:
     from .prefill import GpuModel, PrefillOptions
 
     m = load_model(args.model)
-    gm = GpuModel(m, opts=PrefillOptions(attn_f16=args.attn_f16, kernel=args.kernel, attention=args.attention))
+    gm = GpuModel(m, opts=options_from_args(args, PrefillOptions))
     toks = prompt_tokens(m, args.nt)
     r = run_decomposition(gm, toks, repeats=args.repeats, progress=lambda s: None if args.json else print(s))
     t = r["classes"].reset_index()
@@ -134,6 +136,26 @@ def decompose_main(args) -> int:
         print(t.to_string())
         print(r["queue"].to_string())
     return 0
+
+
+def options_from_args(args, cls=None):
+    """PrefillOptions from the prefill / decompose flags (--attn-f16, --kernel, --graph/--no-graph, --no-fuse)."""
+    if cls is None:
+        from .prefill import PrefillOptions as cls
+    fuse = not getattr(args, "no_fuse", False)
+    return cls(attn_f16=args.attn_f16, kernel=args.kernel, graph=getattr(args, "graph", None), fuse_add_norm=fuse,
+               fuse_rope=fuse, fuse_layout=fuse, fuse_gate_up=fuse, attention=getattr(args, "attention", "auto"))
+
+
+def _add_mode_args(p) -> None:
+    import argparse
+
+    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="CUDA-graph replay of the whole forward: --graph requires it (a capture failure is an "
+                        "error), --no-graph runs eager; default: graph where it captures, else eager (said why)")
+    p.add_argument("--no-fuse", action="store_true",
+                   help="the unfused small kernels (separate residual add / norm, rope per tensor, two-pass layout, "
+                        "separate gate and up GEMMs)")
 
 
 def _kernels():
@@ -159,6 +181,7 @@ def register_cli(sub) -> None:
     p.add_argument("--kernel", default="auto", choices=_kernels(), help="gpu.qmatmul kernel of the k-quant GEMMs")
     p.add_argument("--attention", default="auto", choices=_attention_paths(), help="attention path (auto: cudnn "
                    "when the frontend is usable, else the baseline, said in the output)")
+    _add_mode_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=prefill_main)
     q = sub.add_parser("decompose", help="round 5: a prefill traced launch by launch, by kernel class")
@@ -168,6 +191,7 @@ def register_cli(sub) -> None:
     q.add_argument("--attn-f16", action="store_true")
     q.add_argument("--kernel", default="auto", choices=_kernels(), help="gpu.qmatmul kernel of the k-quant GEMMs")
     q.add_argument("--attention", default="auto", choices=_attention_paths(), help="attention path")
+    _add_mode_args(q)
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=decompose_main)
 
@@ -230,7 +254,8 @@ def throughput_run(spec: str, nts, run, repeats: int = 3, attn_f16: bool = True,
         row = {"model": spec if spec == "synthetic-7b" else "gemma-3-270m-q4_k_m", "arch": gm.cfg.arch,
                "nt": nt, "wall_ms": t["wall_ms"], "tok_per_s": t["tok_per_s"], "repeats": repeats,
                "attn_f16": attn_f16, "load_s": gm.load_seconds, "kernel": kernel,
-               "gemm_families": gm.families_used(), "attention": gm.attn.name, "attention_note": gm.attn.note}
+               "gemm_families": gm.families_used(), "attention": gm.attn.name, "attention_note": gm.attn.note,
+               "mode": t["mode"]}
         run.append("throughput", row)
         rows.append(row)
         progress(f"prefill {row['model']} nt={nt} kernel={kernel} ({row['gemm_families']}): {t['wall_ms']:.1f} ms, "

@@ -26,7 +26,7 @@ class _FakeCuda:
 def make_cp():
     cp = types.SimpleNamespace()
     for name in ("float32", "float16", "int32", "uint8", "uint32", "empty", "empty_like", "zeros", "matmul",
-                 "argmax", "ascontiguousarray", "full", "ndarray"):
+                 "argmax", "ascontiguousarray", "full", "ndarray", "concatenate"):
         setattr(cp, name, getattr(np, name))
     cp.asarray = lambda a, dtype=None: np.array(a, dtype=dtype, copy=True)
     cp.asnumpy = lambda a: np.array(a, copy=True)
@@ -101,6 +101,21 @@ class FakeKernel:
         v[:, :, a] = x0 * c - x1 * s
         v[:, :, b] = x0 * s + x1 * c
 
+    def _rope_qk(self, q, k, n, nh, nhk, hd, nrot, ldq, ldk, base, fs, pos0, qscale):
+        self._rope(q, n, nh, hd, nrot, ldq, base, fs, pos0)
+        self._rope(k, n, nhk, hd, nrot, ldk, base, fs, pos0)
+        if float(qscale) != 1.0:
+            v = q.reshape(int(n), -1)[:, : int(nh) * int(hd)]
+            v *= np.float32(qscale)
+
+    def _add_rmsnorm(self, x, a, wpre, w, y, ncols, eps):
+        d = a
+        if self.p["PRE"]:
+            d = np.empty_like(a)
+            FakeKernel("rmsnorm", {"W": 1}).launch(None, (a, wpre, d, ncols, eps))
+        x += d
+        FakeKernel("rmsnorm", {"W": 1}).launch(None, (x, w, y, ncols, eps))
+
     def _softmax_mask(self, S, n_q, n_k, scale, window):
         n_q, n_k, window = int(n_q), int(n_k), int(window)
         R = S.reshape(-1, n_k)
@@ -117,6 +132,11 @@ class FakeKernel:
         else:
             a = g / (1.0 + np.exp(-g))
         out[...] = (a * u).astype(out.dtype)
+
+    def _act_mul_gu(self, gu, out, n_ff, n):
+        n_ff = int(n_ff)
+        rows = gu.reshape(-1, 2 * n_ff)
+        self._act_mul(np.ascontiguousarray(rows[:, :n_ff]), rows[:, n_ff:], out.reshape(-1, n_ff), n)
 
     def _embed(self, table, tok, out, d, scale):
         out[...] = table[tok] * np.float32(scale)
@@ -179,3 +199,17 @@ def install_wgmma(monkeypatch):
 
     monkeypatch.setattr(gpu, "qmatmul", counting_qmatmul)
     return calls
+
+
+class OpNames:
+    """A tracer that lists the names of the ops a forward runs (inactive, like NullTracer: no launch is tagged)."""
+    active = False
+
+    def __init__(self):
+        self.names = []
+
+    def op(self, name, cls, **kw):
+        from labkernels.trace import NullTracer
+
+        self.names.append(name)
+        return NullTracer().op(name, cls, **kw)

@@ -47,6 +47,12 @@ __global__ void __launch_bounds__(256) rmsnorm_kernel(const float* __restrict__ 
     }
 }
 
+// The rotation of one pair (shared by rope_kernel and rope_qk_kernel so that both compile to the same arithmetic).
+__device__ __forceinline__ void lk_rope_pair(float x0, float x1, float c, float s, float& r0, float& r1) {
+    r0 = x0 * c - x1 * s;
+    r1 = x0 * s + x1 * c;
+}
+
 // In-place rotary embedding of x[t, h, :] (row stride ld floats per token), the first n_rot dims of each
 // head: NEOX pairs (i, i + n_rot/2), otherwise (2i, 2i+1). theta = pos * freq_scale * base^(-2i/n_rot).
 // One thread per (token, head, pair).
@@ -64,9 +70,10 @@ __global__ void __launch_bounds__(256) rope_kernel(float* __restrict__ x, int n_
     sincosf(theta, &s, &c);
     float* p = x + (size_t)t * ld + (size_t)h * head_dim;
     const int a = NEOX ? i : 2 * i, b = NEOX ? i + half : 2 * i + 1;
-    const float x0 = p[a], x1 = p[b];
-    p[a] = x0 * c - x1 * s;
-    p[b] = x0 * s + x1 * c;
+    float r0, r1;
+    lk_rope_pair(p[a], p[b], c, s, r0, r1);
+    p[a] = r0;
+    p[b] = r1;
 }
 
 // Row-wise masked softmax of attention scores S [rows, n_k] (f32 or f16, in place), row r is query
@@ -97,20 +104,34 @@ __global__ void __launch_bounds__(256) softmax_mask_kernel(void* __restrict__ S,
     }
 }
 
-// out = act(g) * u   (ACT 0: GELU, tanh approximation as ggml_gelu; 1: SiLU). OUT16: write f16.
+// act(x) (ACT 0: GELU, tanh approximation as ggml_gelu; 1: SiLU), shared by act_mul and act_mul_gu.
+template <int ACT>
+__device__ __forceinline__ float lk_act(float x) {
+    if (ACT == 0) return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * x * (1.0f + 0.044715f * x * x)));
+    return x / (1.0f + expf(-x));
+}
+
+// out = act(g) * u. OUT16: write f16.
 template <int ACT, int OUT16>
 __global__ void __launch_bounds__(256) act_mul_kernel(const float* __restrict__ g, const float* __restrict__ u,
                                                        void* __restrict__ out, long long n) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const float x = g[i];
-    float a;
-    if (ACT == 0) {
-        a = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * x * (1.0f + 0.044715f * x * x)));
-    } else {
-        a = x / (1.0f + expf(-x));
-    }
-    const float v = a * u[i];
+    const float v = lk_act<ACT>(g[i]) * u[i];
+    if (OUT16) ((u16*)out)[i] = lk_f2h(v);
+    else ((float*)out)[i] = v;
+}
+
+// The same on the output of the merged [gate; up] GEMM (PrefillOptions.fuse_gate_up): gu [rows, 2 * n_ff], gate in
+// the first n_ff columns of a row, up in the next n_ff; out [rows, n_ff]; n = rows * n_ff.
+template <int ACT, int OUT16>
+__global__ void __launch_bounds__(256) act_mul_gu_kernel(const float* __restrict__ gu, void* __restrict__ out,
+                                                          int n_ff, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const long long r = i / n_ff, c = i % n_ff;
+    const float* row = gu + r * 2 * n_ff;
+    const float v = lk_act<ACT>(row[c]) * row[n_ff + c];
     if (OUT16) ((u16*)out)[i] = lk_f2h(v);
     else ((float*)out)[i] = v;
 }
@@ -123,5 +144,74 @@ __global__ void __launch_bounds__(256) embed_kernel(const void* __restrict__ tab
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         const float v = F16 ? lk_h2f(((const u16*)table)[row + i]) : ((const float*)table)[row + i];
         out[(size_t)blockIdx.x * d + i] = v * scale;
+    }
+}
+
+// Residual add fused with the next RMSNorm (labkernels.prefill, PrefillOptions.fuse_add_norm):
+//   x[r, :] += PRE ? rmsnorm(a[r, :]) * wpre : a[r, :]      (the residual stream, written back)
+//   y[r, :]  = rmsnorm(x[r, :]) * w                          (f32, or fp16 when OUT16)
+// One block per row. The per-element arithmetic (no contraction: __fmul_rn / __fadd_rn) and the block reductions
+// are those of rmsnorm_kernel followed by the separate f32 add, so the fused result is bitwise the unfused one.
+template <int PRE, int OUT16>
+__global__ void __launch_bounds__(256) add_rmsnorm_kernel(float* __restrict__ x, const float* __restrict__ a,
+                                                           const float* __restrict__ wpre,
+                                                           const float* __restrict__ w, void* __restrict__ y,
+                                                           int ncols, float eps) {
+    __shared__ float red[32];
+    float* xr = x + (size_t)blockIdx.x * ncols;
+    const float* ar = a + (size_t)blockIdx.x * ncols;
+    float sa = 1.0f;
+    if (PRE) {
+        float sp = 0.f;
+        for (int i = threadIdx.x; i < ncols; i += blockDim.x) sp += ar[i] * ar[i];
+        sp = lk_block_sum(sp, red);
+        sa = 1.0f / sqrtf(sp / (float)ncols + eps);
+    }
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) {
+        const float d = PRE ? __fmul_rn(__fmul_rn(ar[i], sa), wpre[i]) : ar[i];
+        const float v = __fadd_rn(xr[i], d);
+        xr[i] = v;
+        ss += v * v;
+    }
+    ss = lk_block_sum(ss, red);
+    const float scale = 1.0f / sqrtf(ss / (float)ncols + eps);
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) {
+        const float v = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+        if (OUT16) ((u16*)y)[(size_t)blockIdx.x * ncols + i] = lk_f2h(v);
+        else ((float*)y)[(size_t)blockIdx.x * ncols + i] = v;
+    }
+}
+
+// RoPE over Q and K in one launch (PrefillOptions.fuse_rope): rope_kernel's arithmetic on q [n_tok, ldq] (n_head
+// heads) and k [n_tok, ldk] (n_head_kv heads), one thread per (token, head of q then k, pair). qscale != 1
+// multiplies the rotated q values (the attention scale folded in; only valid when n_rot == head_dim, which the
+// launcher checks): the same f32 product as a separate q *= scale after the rotation.
+template <int NEOX>
+__global__ void __launch_bounds__(256) rope_qk_kernel(float* __restrict__ q, float* __restrict__ k, int n_tok,
+                                                       int n_head, int n_head_kv, int head_dim, int n_rot, int ldq,
+                                                       int ldk, float base, float freq_scale, int pos0,
+                                                       float qscale) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const int half = n_rot / 2;
+    const int nh = n_head + n_head_kv;
+    if (idx >= (long long)n_tok * nh * half) return;
+    const int i = (int)(idx % half);
+    const int h = (int)((idx / half) % nh);
+    const int t = (int)(idx / ((long long)half * nh));
+    const float theta = (float)(t + pos0) * freq_scale * powf(base, -2.0f * (float)i / (float)n_rot);
+    float s, c;
+    sincosf(theta, &s, &c);
+    const bool isq = h < n_head;
+    float* p = isq ? q + (size_t)t * ldq + (size_t)h * head_dim : k + (size_t)t * ldk + (size_t)(h - n_head) * head_dim;
+    const int a = NEOX ? i : 2 * i, b = NEOX ? i + half : 2 * i + 1;
+    float r0, r1;
+    lk_rope_pair(p[a], p[b], c, s, r0, r1);
+    if (isq && qscale != 1.0f) {
+        p[a] = __fmul_rn(r0, qscale);
+        p[b] = __fmul_rn(r1, qscale);
+    } else {
+        p[a] = r0;
+        p[b] = r1;
     }
 }

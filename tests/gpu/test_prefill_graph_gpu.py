@@ -1,0 +1,202 @@
+"""GPU gates of issue 18: the fused small kernels against the unfused ops they replace (bitwise: the same
+per-element arithmetic and reductions), each fusion at the layer level against the unfused forward, and the
+CUDA-graph forward against the eager one (new prompts through the persistent input buffer, eager work between
+replays, the wgmma_kq path whose TMA descriptors are encoded from the captured pointers)."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+from cpu_gpu_shim import FakeKernel  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+FUSED_RTOL = 1e-5
+UNFUSED = {"fuse_add_norm": False, "fuse_rope": False, "fuse_layout": False, "fuse_gate_up": False}
+
+
+@pytest.fixture(scope="module")
+def cp():
+    import cupy
+
+    return cupy
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from labkernels.synthetic import SyntheticModel, q4_k_m_recipe, tiny_config
+
+    cfg = tiny_config("llama", n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=64, vocab=512)
+    return SyntheticModel(cfg, q4_k_m_recipe(cfg), seed=21)
+
+
+def _k(family, **p):
+    from labkernels import gpu
+
+    return gpu.kernel(family, **p)
+
+
+@pytest.mark.parametrize("pre", [0, 1])
+@pytest.mark.parametrize("out16", [0, 1])
+@pytest.mark.parametrize("ncols", [640, 4096])
+def test_add_rmsnorm_is_the_unfused_ops_bitwise(cp, rng, pre, out16, ncols):
+    rows, eps = 37, np.float32(1e-6)
+    x = cp.asarray(rng.standard_normal((rows, ncols)).astype(np.float32))
+    a = cp.asarray((rng.standard_normal((rows, ncols)) * 3).astype(np.float32))
+    wpre = cp.asarray(rng.standard_normal(ncols).astype(np.float32))
+    w = cp.asarray(rng.standard_normal(ncols).astype(np.float32))
+    # unfused: (post-norm of a), x += a, norm of x
+    xu = x.copy()
+    d = a
+    if pre:
+        d = cp.empty_like(a)
+        _k("rmsnorm", W=1, OUT16=0).launch((rows,), (a, wpre, d, np.int32(ncols), eps))
+    xu += d
+    yu = cp.empty((rows, ncols), cp.float16 if out16 else cp.float32)
+    _k("rmsnorm", W=1, OUT16=out16).launch((rows,), (xu, w, yu, np.int32(ncols), eps))
+    xf = x.copy()
+    yf = cp.full((rows, ncols), np.nan, cp.float16 if out16 else cp.float32)
+    _k("add_rmsnorm", PRE=pre, OUT16=out16).launch((rows,), (xf, a, wpre, w, yf, np.int32(ncols), eps))
+    assert cp.array_equal(xf, xu), "the residual stream differs"
+    assert cp.array_equal(yf, yu), "the normed output differs"
+    # and the numpy transcription (independent arithmetic)
+    xh, yh = cp.asnumpy(x), np.empty((rows, ncols), np.float32)
+    FakeKernel("add_rmsnorm", {"PRE": pre}).launch(None, (xh, cp.asnumpy(a), cp.asnumpy(wpre), cp.asnumpy(w), yh,
+                                                          ncols, eps))
+    assert np.allclose(cp.asnumpy(yf).astype(np.float32), yh, rtol=2e-3 if out16 else 2e-5, atol=1e-3 if out16 else 1e-5)
+
+
+@pytest.mark.parametrize("neox", [0, 1])
+@pytest.mark.parametrize("qscale", [1.0, 0.08838834764831845, 0.0625])
+def test_rope_qk_is_two_ropes_and_the_q_scale_bitwise(cp, rng, neox, qscale):
+    n, nh, nhk, hd = 45, 8, 2, 128
+    q = cp.asarray(rng.standard_normal((n, nh * hd)).astype(np.float32))
+    k = cp.asarray(rng.standard_normal((n, nhk * hd)).astype(np.float32))
+    qu, ku = q.copy(), k.copy()
+    for x, h in ((qu, nh), (ku, nhk)):
+        total = n * h * hd // 2
+        _k("rope", NEOX=neox).launch(((total + 255) // 256,), (x, np.int32(n), np.int32(h), np.int32(hd), np.int32(hd),
+                                                              np.int32(h * hd), np.float32(1e4), np.float32(1.0),
+                                                              np.int32(0)))
+    if qscale != 1.0:
+        qu *= np.float32(qscale)
+    qf, kf = q.copy(), k.copy()
+    total = n * (nh + nhk) * hd // 2
+    _k("rope_qk", NEOX=neox).launch(((total + 255) // 256,), (qf, kf, np.int32(n), np.int32(nh), np.int32(nhk),
+                                                             np.int32(hd), np.int32(hd), np.int32(nh * hd),
+                                                             np.int32(nhk * hd), np.float32(1e4), np.float32(1.0),
+                                                             np.int32(0), np.float32(qscale)))
+    assert cp.array_equal(qf, qu) and cp.array_equal(kf, ku)
+
+
+@pytest.mark.parametrize("act", [0, 1])
+@pytest.mark.parametrize("out16", [0, 1])
+def test_act_mul_gu_is_act_mul_on_the_halves_bitwise(cp, rng, act, out16):
+    rows, n_ff = 33, 1000
+    gu = cp.asarray((rng.standard_normal((rows, 2 * n_ff)) * 3).astype(np.float32))
+    dt = cp.float16 if out16 else cp.float32
+    ref = cp.full((rows, n_ff), np.nan, dt)
+    g, u = cp.ascontiguousarray(gu[:, :n_ff]), cp.ascontiguousarray(gu[:, n_ff:])
+    _k("act_mul", ACT=act, OUT16=out16).launch(((g.size + 255) // 256,), (g, u, ref, np.int64(g.size)))
+    got = cp.full((rows, n_ff), np.nan, dt)
+    _k("act_mul_gu", ACT=act, OUT16=out16).launch(((got.size + 255) // 256,), (gu, got, np.int32(n_ff),
+                                                                             np.int64(got.size)))
+    assert cp.array_equal(got, ref)
+
+
+def _logits(gm, toks, **kw):
+    import cupy
+
+    return cupy.asnumpy(gm.forward(toks, **kw)).astype(np.float64)
+
+
+def _rel(a, b):
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.mark.parametrize("fusion", ["fuse_add_norm", "fuse_rope", "fuse_layout", "fuse_gate_up"])
+@pytest.mark.parametrize("attn_f16", [False, True])
+def test_each_fusion_at_the_layer_level(tiny, fusion, attn_f16):
+    """One fusion on, the others off, against all off: the same logits. The fused kernels are bitwise the unfused
+    ops (the kernel tests above); the stacked gate/up GEMM may take another variant / cuBLAS algorithm at its wider
+    shape, so the gate allows float32 noise (1e-5), far below what a wrong delta, row or scale gives (>1e-2);
+    gpu-check prefill_graph records whether the whole forward is bitwise."""
+    from labkernels.prefill import GpuModel, PrefillOptions
+
+    toks = list(range(3, 60))
+    off = GpuModel(tiny, opts=PrefillOptions(graph=False, attn_f16=attn_f16, **UNFUSED))
+    on = GpuModel(tiny, opts=PrefillOptions(graph=False, attn_f16=attn_f16, **{**UNFUSED, fusion: True}))
+    a, b = _logits(on, toks), _logits(off, toks)
+    assert _rel(a, b) <= FUSED_RTOL and a.argmax() == b.argmax(), _rel(a, b)
+
+
+def test_gemma_fused_vs_unfused(model):
+    from labkernels.prefill import GpuModel, PrefillOptions
+    from labkernels.prefill_cli import prompt_tokens
+
+    toks = prompt_tokens(model, 200, seed=3)
+    f = GpuModel(model, opts=PrefillOptions(graph=False, attn_f16=True))
+    u = GpuModel(model, opts=PrefillOptions(graph=False, attn_f16=True, **UNFUSED))
+    a, b = _logits(f, toks), _logits(u, toks)
+    assert _rel(a, b) <= FUSED_RTOL and a.argmax() == b.argmax(), _rel(a, b)
+
+
+def _graph_vs_eager(m, kernel="auto", attn_f16=True, nts=(5, 64, 200)):
+    from labkernels.prefill import GRAPH_RTOL, GpuModel, PrefillOptions
+    from labkernels.prefill_cli import prompt_tokens
+
+    gm = GpuModel(m, opts=PrefillOptions(graph=True, kernel=kernel, attn_f16=attn_f16))
+    for nt in nts:
+        t1, t2 = prompt_tokens(m, nt, seed=1), prompt_tokens(m, nt, seed=2)
+        g1 = _logits(gm, t1)
+        assert gm.last_mode == "graph"
+        e1 = _logits(gm, t1, graph=False)
+        assert gm.last_mode == "eager"
+        _logits(gm, prompt_tokens(m, nt + 3), graph=False)       # eager work (default pool) between replays
+        g2, e2 = _logits(gm, t2), _logits(gm, t2, graph=False)    # the same graph, new ids
+        g1b = _logits(gm, t1)                                     # and the first prompt again
+        for g, e in ((g1, e1), (g2, e2), (g1b, e1)):
+            assert _rel(g, e) <= GRAPH_RTOL and g.argmax() == e.argmax(), _rel(g, e)
+        assert not np.array_equal(g1, g2)
+    assert len(gm.graphs()) == len(nts) and all(r["replays"] == 3 for r in gm.graphs())
+    ga = cupy_all(gm, prompt_tokens(m, 17))
+    assert ga[0].shape == (17, gm.cfg.vocab) and _rel(ga[0], ga[1]) <= GRAPH_RTOL
+    return gm
+
+
+def cupy_all(gm, toks):
+    import cupy
+
+    return (cupy.asnumpy(gm.forward(toks, all_logits=True)).astype(np.float64),
+            cupy.asnumpy(gm.forward(toks, all_logits=True, graph=False)).astype(np.float64))
+
+
+def test_graph_vs_eager_tiny(tiny):
+    from labkernels.prefill import timed_prefill
+    from labkernels.prefill_cli import prompt_tokens
+
+    gm = _graph_vs_eager(tiny)
+    t = timed_prefill(gm, prompt_tokens(tiny, 64, seed=1), repeats=2)
+    assert t["mode"] == "graph" and t["fallback"] is None
+    gm.free_graphs()
+    assert gm.graphs() == []
+
+
+def test_graph_vs_eager_int8(tiny):
+    _graph_vs_eager(tiny, kernel="int8", attn_f16=False, nts=(7, 130))
+
+
+def test_graph_vs_eager_wgmma(tiny):
+    """The wgmma_kq launches encode their TMA descriptor from the activation pointer on the host: under capture the
+    private pool's buffer, valid at every replay."""
+    from labkernels import gpu, wgmma
+
+    if not wgmma.supported(gpu.device_props()["cc"]):
+        pytest.skip("wgmma_kq needs an sm_90 GPU")
+    _graph_vs_eager(tiny, kernel="wgmma_kq", nts=(9, 300))
+
+
+def test_graph_vs_eager_gemma(model):
+    _graph_vs_eager(model, nts=(6, 512))
