@@ -579,22 +579,23 @@ def _check_schedule(ncta: int, I: int, tiles: int, dp_tiles: int) -> None:
 
 
 class _Workspace:
-    """Per (device, stream): the stream-K partial-tile buffer (ncta x 256 threads x BN/2 floats) and the helpers'
-    flags (zero between launches: each owner resets the flags it consumed). Launches on one stream run in order,
-    so one buffer per stream is enough; a stream gets its own."""
+    """Per (device, stream): the stream-K partial-tile buffer and the helpers' flags, sized once for the largest
+    stream-K grid (``max_cta`` = SMs x resident CTAs, BN=256: 256 threads x 128 floats each) so that it never
+    grows -- a captured CUDA graph keeps the pointers it recorded. The flags are zero between launches (each owner
+    resets the flags it consumed). Launches on one stream run in order, so one buffer per stream is enough; a
+    stream gets its own. Data-parallel launches receive the same pointers and never touch them."""
 
     def __init__(self):
         self._by = {}
 
-    def get(self, stream: int, ncta: int, bn: int):
+    def get(self, stream: int, max_cta: int):
         cp = _cp()
         key = (cp.cuda.Device().id, stream)
-        need = ncta * 256 * (bn // 2)
-        ws, fl = self._by.get(key, (None, None))
-        if ws is None or ws.size < need or fl.size < ncta:
-            ws = cp.empty(max(need, 4), cp.float32)
-            fl = cp.zeros(max(ncta, 1), cp.uint32)
-            self._by[key] = (ws, fl)
+        if key not in self._by:
+            self._by[key] = (cp.empty(max_cta * 256 * 128, cp.float32), cp.zeros(max_cta, cp.uint32), max_cta)
+        ws, fl, n = self._by[key]
+        if max_cta > n:
+            raise WgmmaError(f"stream-K workspace holds {n} CTAs, a launch asks for {max_cta}")
         return ws, fl
 
 
@@ -633,7 +634,7 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
         _check_schedule(ncta, w.id // QK, ((w.od + 127) // 128) * ((nt + BN - 1) // BN), dp_tiles)
     y = _out(nt, w.od, out)
     tm = tensor_map(x16, BN, bool(bf16))
-    ws, flags = _WS.get(cp.cuda.get_current_stream().ptr, ncta, BN)
+    ws, flags = _WS.get(cp.cuda.get_current_stream().ptr, _sm_count(cp.cuda.Device().id) * k.blocks_per_sm)
     k.launch((ncta, 1), tm, w.packed, y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws, flags,
              np.int32(dp_tiles))
     return y
@@ -870,7 +871,7 @@ def _ablation(w, x16, y, flush, pairs, repeats, key, progress) -> list[dict]:
             os.environ["LABKERNELS_WG_DEFINES"] = old
     ncta, dp_tiles = schedule(1, x16.shape[0], w.od, w.id, 256, _sm_count(_cp().cuda.Device().id))
     tm = tensor_map(x16, 256)
-    ws, flags = _WS.get(_cp().cuda.get_current_stream().ptr, ncta, 256)
+    ws, flags = _WS.get(_cp().cuda.get_current_stream().ptr, _sm_count(_cp().cuda.Device().id) * ks[base].blocks_per_sm)
     vs = {n: (lambda k=k: k.launch((ncta, 1), tm, w.packed, y, np.int32(x16.shape[0]), np.int32(w.od),
                                    np.int32(w.id), ws, flags, np.int32(dp_tiles))) for n, k in ks.items()}
     res = B.interleaved(vs, pairs=pairs, repeats=repeats, flush=flush)
