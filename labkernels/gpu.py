@@ -342,6 +342,37 @@ def bmm_f16(A, B, out=None):
     return out
 
 
+def gemm_dense(x, w, out=None):
+    """y[n, od] = x[n, id] @ w[od, id]^T for C-contiguous float32 or float16 operands of one type (fp32 accumulate;
+    float32 out) as one cuBLAS ``gemmEx`` on the current stream, called through the raw binding: unlike
+    ``cupy.matmul`` it may be captured into a CUDA graph (CuPy refuses its own cuBLAS calls during capture)."""
+    c = cp()
+    from cupy.cuda import cublas
+
+    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[1]:
+        raise ShapeError(f"gemm_dense shapes {x.shape} x {w.shape}^T do not chain")
+    if x.dtype != w.dtype or x.dtype not in (np.float32, np.float16):
+        raise ShapeError(f"gemm_dense takes float32 or float16 operands of one type, got {x.dtype} and {w.dtype}")
+    if not (x.flags.c_contiguous and w.flags.c_contiguous):
+        raise ShapeError("gemm_dense needs C-contiguous operands")
+    n, k = x.shape
+    od = w.shape[0]
+    if out is None:
+        out = c.empty((n, od), dtype=c.float32)
+    elif out.shape != (n, od) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ShapeError(f"out must be C-contiguous float32 {(n, od)}")
+    handle = c.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, c.cuda.get_current_stream().ptr)
+    one, zero = np.array(1.0, np.float32), np.array(0.0, np.float32)
+    t_in = 2 if x.dtype == np.float16 else 0                    # CUDA_R_16F | CUDA_R_32F
+    compute = getattr(cublas, "CUBLAS_COMPUTE_32F", 68)
+    algo = getattr(cublas, "CUBLAS_GEMM_DEFAULT", -1)
+    # row-major Y = X W^T is column-major Y^T (od x n) = W (od x k, stored as k x od: transposed) X^T (k x n)
+    cublas.gemmEx(handle, 1, 0, od, n, k, one.ctypes.data, w.data.ptr, t_in, k, x.data.ptr, t_in, k,
+                  zero.ctypes.data, out.data.ptr, 0, od, compute, algo)
+    return out
+
+
 # ------------------------------------------------------------------ the one user-facing GEMM entry
 
 

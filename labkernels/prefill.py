@@ -272,9 +272,10 @@ class GpuModel:
             fam = self.family(w, x.shape[0])
             a = self._act(x, fam, {} if box is None else box, tr or NullTracer(), layer, w.name)
             return self._qmatmul(a, w, fam)
+        # raw cuBLAS (gpu.gemm_dense): cupy.matmul refuses to run under CUDA-graph capture
         if w.dense.dtype == cp.float16:
-            return cp.matmul(x.astype(cp.float16), w.dense.T).astype(cp.float32)
-        return cp.matmul(x, w.dense.T)
+            return gpu.gemm_dense(cp.ascontiguousarray(x.astype(cp.float16)), w.dense)
+        return gpu.gemm_dense(cp.ascontiguousarray(x, dtype=cp.float32), w.dense)
 
     def _gemm_class(self, w: Weight) -> str:
         return {"q6_K": "gemm_q6k", "q4_K": "gemm_q4k"}.get(w.qtype, f"gemm_other_{w.qtype}")

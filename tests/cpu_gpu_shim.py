@@ -156,7 +156,14 @@ def install(monkeypatch, exact: bool = False):
     monkeypatch.setattr(gpu, "dequant_f16", fake_dequant_f16)
     monkeypatch.setattr(gpu, "QWeight", FakeQWeight)
     monkeypatch.setattr(gpu, "bmm_f16", lambda A, B, out=None: np.matmul(A.astype(np.float32), B.astype(np.float32)).astype(np.float16))
+    monkeypatch.setattr(gpu, "gemm_dense", fake_gemm_dense)
     return cp
+
+
+def fake_gemm_dense(x, w, out=None):
+    """gpu.gemm_dense on the CPU: the same checks' outcome (shapes chain, one dtype), fp32 result."""
+    assert x.ndim == 2 and w.ndim == 2 and x.shape[1] == w.shape[1] and x.dtype == w.dtype
+    return np.matmul(x.astype(np.float32), w.astype(np.float32).T)
 
 
 def install_wgmma(monkeypatch):

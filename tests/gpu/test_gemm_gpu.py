@@ -205,3 +205,31 @@ def test_occupancy_api_matches_calculator(cp):
         if api != calc["blocks_per_sm"]:
             bad.append((spec.key, k.regs, spec.dynamic_smem(), api, calc))
     assert not bad, bad
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+def test_gemm_dense_matches_matmul_and_captures(dt):
+    """gpu.gemm_dense (raw cuBLAS gemmEx) equals cupy.matmul in fp32 terms, and runs inside a CUDA-graph capture,
+    which cupy.matmul refuses."""
+    import cupy as cp
+
+    from labkernels import gpu
+
+    rng = np.random.default_rng(1)
+    x = cp.asarray(rng.standard_normal((37, 640)).astype(dt))
+    w = cp.asarray(rng.standard_normal((1000, 640)).astype(dt))
+    y = gpu.gemm_dense(x, w)
+    ref = cp.asnumpy(x.astype(cp.float32)) @ cp.asnumpy(w.astype(cp.float32)).T
+    assert np.abs(cp.asnumpy(y) - ref).max() <= 1e-3 * np.abs(ref).max()
+    s = cp.cuda.Stream(non_blocking=True)
+    out = cp.empty((37, 1000), cp.float32)
+    with s:
+        gpu.gemm_dense(x, w, out=out)       # warm-up on the capture stream (cuBLAS workspace)
+        s.synchronize()
+        s.begin_capture()
+        gpu.gemm_dense(x, w, out=out)
+        g = s.end_capture()
+    out.fill(0)
+    g.launch(s)
+    s.synchronize()
+    assert np.array_equal(cp.asnumpy(out), cp.asnumpy(y))

