@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import cases
+
 
 def _cp():
     import cupy
@@ -106,91 +108,50 @@ def mma_ceiling(k: int = 16, blocks_per_sm: int = 4, iters: int = 4096) -> dict:
 # ------------------------------------------------------------------ round 3: q6_K
 
 
-def synthetic_weights(qtype: str, od: int, id_: int, rng, base_rows: int = 256) -> np.ndarray:
-    """Realistic quantized weights fast: quantize ``base_rows`` Gaussian rows with the reference quantizer
-    and tile them to od rows (timing does not depend on which valid values the blocks hold)."""
-    from . import quants
-
-    base = quants.quantize((rng.standard_normal((min(base_rows, od), id_)) * 0.02).astype(np.float32), qtype)
-    reps = -(-od // base.shape[0])
-    return np.ascontiguousarray(np.tile(base, (reps, 1))[:od])
+#: round 3's kernels: the generic road and the two expanded-B epilogues (names of ``registry.VARIANTS``)
+Q6K_VARIANTS = ("q6k_generic", "q6k_expb_epi0", "q6k_expb_epi1")
 
 
-def _record_parity(run, variant, od, id_, nt, ntok, g) -> None:
-    """Every gate result is data: the benchmark tables are only written after it passed."""
-    if run is not None:
-        run.append("parity", {"variant": variant, "od": od, "id": id_, "nt": nt, "tokens_checked": ntok,
-                              "rows_checked": od, "max_rel_err": g["max_rel_err"], "nmse": g.get("nmse"),
-                              "nonfinite": g["nonfinite"], "ok": g["ok"]})
-
-
-@dataclass
-class Case:
-    nt: int
-    od: int
-    id: int
-
-
-def parity_subset(y_gpu, w_raw, qtype, x, tokens) -> dict:
-    """Gate a large GEMM on a subset of tokens (all rows) against the integer and float64 references."""
-    from . import reference
-
-    a = reference.quantize_activations(x[tokens])
-    ref = reference.gemm_int_ref(w_raw, qtype, a)
-    ref64 = reference.gemm_f64_ref(w_raw, qtype, x[tokens])
-    return reference.parity(np.asarray(y_gpu)[tokens], ref, ref64)
-
-
-def bench_q6k(shapes, nts, kdr: int = 4, stride: int = 210, repeats: int = 20, pairs: int = 3, run=None,
-              seed: int = 0, progress=print, epis=(0, 1)) -> list[dict]:
-    """Generic vs expanded-B vs cuBLAS fp16 (cached dequantized weights, and including the dequant).
+def bench_q6k(shapes, nts, variants=Q6K_VARIANTS, stride: int = 210, repeats: int = 20, pairs: int = 3, run=None,
+              seed: int = 0, progress=print) -> list[dict]:
+    """The q6_K variants (generic vs expanded-B) vs cuBLAS fp16 (cached dequantized weights, and including the
+    dequant).
 
     Every case is parity-gated (subset of tokens, all rows, both references) before it is timed; a failed
     gate raises. Rows are appended to ``run`` (table ``q6k_bench`` / ``q6k_pairs``) as they are measured."""
     from . import gpu
+    from .kernels import registry
 
     cp = _cp()
+    vs = [registry.variant(n) for n in variants]
+    kdrs = sorted({v.p["KDR"] for v in vs if "KDR" in v.p})
     rng = np.random.default_rng(seed or None)
     flush = Flusher()
     rows = []
     for od, id_ in shapes:
-        w_raw = synthetic_weights("q6_K", od, id_, rng)
+        w_raw = cases.synthetic_weights("q6_K", od, id_, rng)
         w = gpu.QWeight.upload(w_raw, "q6_K", stride)
         w16 = gpu.dequant_f16(w)
         for nt in nts:
             x = (rng.standard_normal((nt, id_))).astype(np.float32)
             xg = cp.asarray(x)
             x16 = xg.astype(cp.float16)
-            a = gpu.prepass(xg)
-            arows = gpu.quantize_q8_1_rows(xg)
             y = cp.full((nt, od), np.nan, cp.float32)
             tokens = np.sort(rng.choice(nt, size=min(nt, 24), replace=False))
-            variants = {}
-            # parity gates first, on fresh outputs
-            y.fill(np.nan)
-            gpu.gemm_generic_q6k(w, arows, nt, out=y)
-            g = parity_subset(cp.asnumpy(y), w_raw, "q6_K", x, tokens)
-            _record_parity(run, "generic", od, id_, nt, len(tokens), g)
-            if not g["ok"]:
-                raise AssertionError(f"generic parity failed at nt={nt} od={od} id={id_}: {g}")
-            variants["generic"] = lambda: gpu.gemm_generic_q6k(w, arows, nt, out=y)
-            for epi in epis:
-                occ = 2 if epi == 0 else 1
-                y.fill(np.nan)
-                gpu.gemm(w, a, "q6k_expb", out=y, KDR=kdr, EPI=epi, OCC=occ)
-                g = parity_subset(cp.asnumpy(y), w_raw, "q6_K", x, tokens)
-                _record_parity(run, f"expb_epi{epi}", od, id_, nt, len(tokens), g)
-                if not g["ok"]:
-                    raise AssertionError(f"expb EPI={epi} parity failed at nt={nt} od={od} id={id_}: {g}")
-                variants[f"expb_epi{epi}"] = (lambda e=epi, o=occ: gpu.gemm(w, a, "q6k_expb", out=y, KDR=kdr,
-                                                                           EPI=e, OCC=o))
+            launch = cases.launchers(w, xg, y, vs)
+            refs = cases.references(w_raw, "q6_K", x, tokens)
+            variants_fn = {}
+            for v in vs:   # parity gates first, on fresh outputs
+                cases.gate_launch(launch[v.name], y, refs, f"{v.name} at nt={nt} od={od} id={id_}", run, v.name)
+                variants_fn[v.name] = launch[v.name]
             y16 = cp.empty((nt, od), cp.float16)
-            variants["cublas_f16_cached"] = lambda: gpu.matmul_f16(x16, w16, out=y16)
-            variants["cublas_f16_with_dequant"] = lambda: (gpu.dequant_f16(w, out=w16), gpu.matmul_f16(x16, w16, out=y16))
-            variants["prepass"] = lambda: gpu.prepass(xg)
+            variants_fn["cublas_f16_cached"] = lambda: gpu.matmul_f16(x16, w16, out=y16)
+            variants_fn["cublas_f16_with_dequant"] = lambda: (gpu.dequant_f16(w, out=w16), gpu.matmul_f16(x16, w16, out=y16))
+            variants_fn["prepass"] = lambda: gpu.prepass(xg)
             t0 = time.time()
-            res = interleaved(variants, pairs=pairs, repeats=repeats, flush=flush)
-            new = pair_rows(res, {"od": od, "id": id_, "nt": nt}, nt, od, id_, {"kdr": kdr, "stride": stride})
+            res = interleaved(variants_fn, pairs=pairs, repeats=repeats, flush=flush)
+            new = pair_rows(res, {"od": od, "id": id_, "nt": nt}, nt, od, id_,
+                            {"kdr": kdrs[0] if len(kdrs) == 1 else None, "stride": stride})
             rows += new
             if run is not None:
                 run.append("q6k_bench", new)
@@ -242,15 +203,16 @@ def kdr_sweep(shapes, nts, repeats: int = 10, run=None, seed: int = 0, progress=
     blocks/SM (API and calculator). Each (variant, shape) is parity-gated once before its timings; rows
     are appended to ``run`` point by point (table ``sweep``)."""
     from . import gpu
+    from .kernels import registry
 
     cp = _cp()
     rng = np.random.default_rng(seed or None)
     flush = Flusher()
     rows = []
     for qtype in qtypes:
-        fam = "q6k_expb" if qtype == "q6_K" else "q4k_nb"
+        fam = registry.default_variant(qtype).family
         for od, id_ in shapes[qtype]:
-            w_raw = synthetic_weights(qtype, od, id_, rng)
+            w_raw = cases.synthetic_weights(qtype, od, id_, rng)
             w = gpu.QWeight.upload(w_raw, qtype)
             xs = {nt: cp.asarray(rng.standard_normal((nt, id_)).astype(np.float32)) for nt in nts}
             planes = {nt: gpu.prepass(x) for nt, x in xs.items()}
@@ -266,9 +228,8 @@ def kdr_sweep(shapes, nts, repeats: int = 10, run=None, seed: int = 0, progress=
                     gpu.gemm(w, planes[ntg], fam, out=y, **{k: v for k, v in params.items() if k != "STRIDE"})
                     x_host = cp.asnumpy(xs[ntg])
                     tok = np.sort(rng.choice(ntg, size=min(ntg, 24), replace=False))
-                    gate = parity_subset(cp.asnumpy(y), w_raw, qtype, x_host, tok)
-                    if not gate["ok"]:
-                        raise AssertionError(f"parity failed for {info['kernel']} od={od} id={id_}: {gate}")
+                    gate = cases.check(y, cases.references(w_raw, qtype, x_host, tok),
+                                       f"{info['kernel']} od={od} id={id_}")
                     for nt in nts:
                         y = cp.empty((nt, od), cp.float32)
                         fn = (lambda nt=nt, y=y: gpu.gemm(w, planes[nt], fam, out=y,
@@ -286,40 +247,39 @@ def kdr_sweep(shapes, nts, repeats: int = 10, run=None, seed: int = 0, progress=
     return rows
 
 
-def bench_q4k(shapes, nts, kdr: int = 4, repeats: int = 20, pairs: int = 3, run=None, seed: int = 0,
+def bench_q4k(shapes, nts, variant: str = "q4k_nb_kdr4", repeats: int = 20, pairs: int = 3, run=None, seed: int = 0,
               progress=print) -> list[dict]:
-    """q4_K raw-nibble kernel vs cuBLAS fp16 on cached dequantized weights (and with the dequant)."""
+    """A q4_K raw-nibble variant vs cuBLAS fp16 on cached dequantized weights (and with the dequant)."""
     from . import gpu
+    from .kernels import registry
 
     cp = _cp()
+    v = registry.variant(variant)
     rng = np.random.default_rng(seed or None)
     flush = Flusher()
     rows = []
     for od, id_ in shapes:
-        w_raw = synthetic_weights("q4_K", od, id_, rng)
+        w_raw = cases.synthetic_weights("q4_K", od, id_, rng)
         w = gpu.QWeight.upload(w_raw, "q4_K")
         w16 = gpu.dequant_f16(w)
         for nt in nts:
             x = rng.standard_normal((nt, id_)).astype(np.float32)
             xg = cp.asarray(x)
             x16 = xg.astype(cp.float16)
-            a = gpu.prepass(xg)
             y = cp.full((nt, od), np.nan, cp.float32)
-            gpu.gemm(w, a, "q4k_nb", out=y, KDR=kdr)
             tokens = np.sort(rng.choice(nt, size=min(nt, 24), replace=False))
-            g = parity_subset(cp.asnumpy(y), w_raw, "q4_K", x, tokens)
-            _record_parity(run, "q4k_nb", od, id_, nt, len(tokens), g)
-            if not g["ok"]:
-                raise AssertionError(f"q4k parity failed at nt={nt} od={od} id={id_}: {g}")
+            fn = cases.launchers(w, xg, y, [v])[v.name]
+            g = cases.gate_launch(fn, y, cases.references(w_raw, "q4_K", x, tokens),
+                                  f"{v.name} at nt={nt} od={od} id={id_}", run, v.name)
             y16 = cp.empty((nt, od), cp.float16)
             variants = {
-                "q4k_nb": lambda: gpu.gemm(w, a, "q4k_nb", out=y, KDR=kdr),
+                v.name: fn,
                 "cublas_f16_cached": lambda: gpu.matmul_f16(x16, w16, out=y16),
                 "cublas_f16_with_dequant": lambda: (gpu.dequant_f16(w, out=w16), gpu.matmul_f16(x16, w16, out=y16)),
                 "prepass": lambda: gpu.prepass(xg),
             }
             res = interleaved(variants, pairs=pairs, repeats=repeats, flush=flush)
-            new = pair_rows(res, {"od": od, "id": id_, "nt": nt}, nt, od, id_, {"kdr": kdr},
+            new = pair_rows(res, {"od": od, "id": id_, "nt": nt}, nt, od, id_, {"kdr": v.p["KDR"]},
                             {"max_rel_err": g["max_rel_err"], "nmse": g["nmse"]})
             rows += new
             if run is not None:
@@ -331,22 +291,25 @@ def bench_q4k(shapes, nts, kdr: int = 4, repeats: int = 20, pairs: int = 3, run=
 
 # ------------------------------------------------------------------ recorded rounds (gpu-check steps and notebooks)
 
-Q6K_PAIRS = (("generic", "expb_epi0"), ("generic", "expb_epi1"), ("cublas_f16_cached", "expb_epi0"),
-             ("cublas_f16_cached", "expb_epi1"))
+Q6K_PAIRS = (("q6k_generic", "q6k_expb_epi0"), ("q6k_generic", "q6k_expb_epi1"),
+             ("cublas_f16_cached", "q6k_expb_epi0"), ("cublas_f16_cached", "q6k_expb_epi1"))
 
 
-def record_q6k(run, shapes, nts, kdr: int = 4, stride: int = 210, repeats: int = 20, pairs: int = 3,
+def record_q6k(run, shapes, nts, variants=Q6K_VARIANTS, stride: int = 210, repeats: int = 20, pairs: int = 3,
                progress=print) -> list[dict]:
     """Round 3 into ``run``: parity-gated benchmark rows, the mma.sync ceilings, the A/B pair ratios."""
-    rows = bench_q6k([tuple(s) for s in shapes], nts, kdr=kdr, stride=stride, repeats=repeats, pairs=pairs, run=run,
-                     progress=progress)
+    rows = bench_q6k([tuple(s) for s in shapes], nts, variants=variants, stride=stride, repeats=repeats, pairs=pairs,
+                     run=run, progress=progress)
     run.append("ceiling", [mma_ceiling(16), mma_ceiling(32)])
-    run.append("q6k_pairs", sum((pair_ratios(rows, a, b) for a, b in Q6K_PAIRS), []))
+    run.append("q6k_pairs", sum((pair_ratios(rows, a, b) for a, b in Q6K_PAIRS if {a, b} <= {r["variant"] for r in rows}),
+                                []))
     return rows
 
 
-def record_q4k(run, shapes, nts, kdr: int = 4, repeats: int = 20, pairs: int = 3, progress=print) -> list[dict]:
+def record_q4k(run, shapes, nts, variant: str = "q4k_nb_kdr4", repeats: int = 20, pairs: int = 3,
+               progress=print) -> list[dict]:
     """The q4_K benchmark into ``run``: parity-gated rows and the cuBLAS A/B pair ratios."""
-    rows = bench_q4k([tuple(s) for s in shapes], nts, kdr=kdr, repeats=repeats, pairs=pairs, run=run, progress=progress)
-    run.append("q4k_pairs", pair_ratios(rows, "cublas_f16_cached", "q4k_nb"))
+    rows = bench_q4k([tuple(s) for s in shapes], nts, variant=variant, repeats=repeats, pairs=pairs, run=run,
+                     progress=progress)
+    run.append("q4k_pairs", pair_ratios(rows, "cublas_f16_cached", variant))
     return rows

@@ -688,7 +688,7 @@ def _concept_view_auto(df: pd.DataFrame) -> pd.DataFrame:
 #: the structural comparisons at matched shapes: (name, base variant, other variant, what it asks)
 PAIRS = (
     ("generic_vs_expb", "q6k_generic", "q6k_expb_epi0", "q6_K: generic (old road) vs expanded-B"),
-    ("q6k_vs_q4k", "q6k_expb_epi1", "q4k_nb", "q6_K expanded-B vs q4_K raw-nibble (both magic epilogue, OCC 1 vs 2)"),
+    ("q6k_vs_q4k", "q6k_expb_epi1", "q4k_nb_kdr4", "q6_K expanded-B vs q4_K raw-nibble (both magic epilogue, OCC 1 vs 2)"),
     ("epi0_vs_epi1", "q6k_expb_epi0", "q6k_expb_epi1_occ2", "EPI template switch at OCC=2"),
 )
 
@@ -912,7 +912,7 @@ def run_forensics(out_dir, cases=None, metrics_set: str = "full", record: bool =
 
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    cases = list(cases or drv.VARIANTS)
+    cases = list(cases or drv.CASES)
     shapes = [drv.shape_name(*drv.parse_shape(s)) for s in (shapes or drv.DEFAULT_SHAPES)]
     for c in cases:
         drv._variant(c)
@@ -1049,7 +1049,7 @@ def add_arguments(p) -> None:
     from . import forensics_driver as drv
 
     p.add_argument("--out", default=os.environ.get("OUT", "gpu-out"), help="results folder (default $OUT)")
-    p.add_argument("--cases", default=None, help=f"comma list of cases (default all: {','.join(drv.VARIANTS)})")
+    p.add_argument("--cases", default=None, help=f"comma list of cases (default all: {','.join(drv.CASES)})")
     p.add_argument("--shapes", default=None, help=f"comma list of NTxODxID (default {','.join(drv.DEFAULT_SHAPES)})")
     p.add_argument("--metrics-set", choices=METRIC_SETS, default="full")
     p.add_argument("--ncu", default=None, help="the ncu executable (default $NCU, PATH, /opt/nvidia/nsight-compute)")

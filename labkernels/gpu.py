@@ -61,7 +61,7 @@ def module(source: str, extra_options: tuple = ()):
     if not path.exists():
         raise GpuError(f"kernel source {path} not found")
     names = [k.name_expression for k in registry.KERNELS if k.source == source]
-    opts = ("-std=c++17", arch_option(), f"-I{registry.KERNELS_DIR}") + tuple(extra_options)
+    opts = ("-std=c++17", arch_option(), f"-I{registry.KERNELS_DIR}", *registry.cuda_defines()) + tuple(extra_options)
     try:
         mod = c.RawModule(code=path.read_text(), options=opts, name_expressions=names)
         mod.compile()
@@ -129,8 +129,13 @@ class Kernel:
 
 
 @lru_cache(maxsize=None)
+def kernel_of(spec: KernelSpec) -> Kernel:
+    """The compiled kernel of one registry instantiation (cached per process)."""
+    return Kernel(spec)
+
+
 def kernel(family: str, **params) -> Kernel:
-    return Kernel(registry.find(family, **params))
+    return kernel_of(registry.find(family, **params))
 
 
 # ------------------------------------------------------------------ activations
@@ -256,22 +261,26 @@ def _out(nt, od, out):
     return out
 
 
-def gemm(w: QWeight, a: Q8Tiles, kernel_family: str | None = None, out=None, **tparams):
-    """Y[nt, od] = A x W^T with a tile-ordered-A kernel (q6k_expb for q6_K, q4k_nb for q4_K)."""
+def gemm(w: QWeight, a: Q8Tiles, kernel: str | None = None, out=None, **tparams):
+    """Y[nt, od] = A x W^T with a tile-ordered-A kernel. ``kernel``: a variant name of
+    ``registry.VARIANTS`` (``q6k_expb_epi1``), a family (``q4k_nb``: its default variant) or None (the
+    weight type's default int8 variant); ``tparams`` override template parameters (sweep points). The weight
+    block stride is the uploaded weight's."""
     if a.id != w.id:
         raise ShapeError(f"inner dimensions differ: activations id={a.id}, weights id={w.id}")
-    fam = kernel_family or ("q6k_expb" if w.qtype == "q6_K" else "q4k_nb")
-    if fam == "q6k_expb":
-        if w.qtype != "q6_K":
-            raise ShapeError(f"{fam} takes q6_K weights, got {w.qtype}")
-        params = {"KDR": 4, "EPI": 0, "OCC": 2, **tparams, "STRIDE": w.stride}
-    elif fam == "q4k_nb":
-        if w.qtype != "q4_K":
-            raise ShapeError(f"{fam} takes q4_K weights, got {w.qtype}")
-        params = {"KDR": 4, **tparams}
-    else:
-        raise ShapeError(f"unknown tile-ordered GEMM family {fam!r}")
-    k = kernel(fam, **params)
+    try:
+        v = registry.resolve(kernel) if kernel else registry.default_variant(w.qtype)
+    except KeyError as e:
+        raise ShapeError(str(e)) from None
+    if v.act != "q8_1_tiles":
+        raise ShapeError(f"{v.name} takes {v.act} activations, not the tile-ordered q8_1 planes of gpu.prepass")
+    if v.qtype != w.qtype:
+        raise ShapeError(f"{v.name} takes {v.qtype} weights, got {w.qtype}")
+    try:
+        spec = v.spec(w.stride if v.qtype == "q6_K" else None, **tparams)
+    except KeyError as e:
+        raise ShapeError(str(e)) from None
+    k = kernel_of(spec)
     y = _out(a.nt, w.od, out)
     k.launch((a.ntile, (w.od + BN - 1) // BN),
              (w.raw, a.qa8, a.sda, y, np.int32(a.nt), np.int32(w.od), np.int32(w.id)))
@@ -279,12 +288,13 @@ def gemm(w: QWeight, a: Q8Tiles, kernel_family: str | None = None, out=None, **t
 
 
 def gemm_generic_q6k(w: QWeight, a_rows, nt: int, out=None):
-    """The old road: Y = A (ggml q8_1 rows from quantize_q8_1_rows) x W^T with q6k_generic."""
-    if w.qtype != "q6_K":
+    """The old road: Y = A (ggml q8_1 rows from quantize_q8_1_rows) x W^T with the q6k_generic variant."""
+    v = registry.variant("q6k_generic")
+    if w.qtype != v.qtype:
         raise ShapeError("the generic kernel here is the q6_K one")
     if a_rows.shape != (nt, w.id // 32 * 36):
         raise ShapeError(f"q8_1 rows must be [{nt}, {w.id // 32 * 36}], got {a_rows.shape}")
-    k = kernel("q6k_generic", STRIDE=w.stride)
+    k = kernel_of(v.spec(w.stride))
     y = _out(nt, w.od, out)
     k.launch(((nt + BM - 1) // BM, (w.od + BN - 1) // BN),
              (w.raw, a_rows, y, np.int32(nt), np.int32(w.od), np.int32(w.id)))
@@ -361,10 +371,9 @@ class Choice:
 
 
 def _int8_default(qtype: str) -> tuple[str, dict]:
-    from .wgmma import INT8_FAMILY
-
-    fam, par = INT8_FAMILY[qtype]
-    return fam, dict(par)
+    """The int8 family of a weight type and its parameters: ``registry.default_variant(qtype)``."""
+    v = registry.default_variant(qtype)
+    return v.family, v.p
 
 
 def choose(qtype: str, nt: int, od: int, id_: int, table=None, cc: int | None = None) -> Choice:
@@ -445,11 +454,10 @@ def qmatmul(x, w: QWeight, kernel: str = "auto", out=None, **params):
     elif kernel == "wgmma_kq":
         ch = Choice("wgmma_kq", tuple(wgmma.default_params(w.qtype, nt).items()), "named")
     else:
-        fam_q = {"q4k_nb": "q4_K", "q6k_expb": "q6_K", "q6k_generic": "q6_K"}[kernel]
-        if fam_q != w.qtype:
-            raise ShapeError(f"{kernel} takes {fam_q} weights, got {w.qtype}")
-        best_fam, best_par = _int8_default(w.qtype)
-        ch = Choice(kernel, tuple((best_par if kernel == best_fam else {}).items()), "named")
+        v = registry.default_variant(kernel)          # the family's default variant
+        if v.qtype != w.qtype:
+            raise ShapeError(f"{kernel} takes {v.qtype} weights, got {w.qtype}")
+        ch = Choice(kernel, v.params, f"named (variant {v.name})")
     if params:
         ch = Choice(ch.family, tuple({**dict(ch.params), **params}.items()), ch.reason + ", params overridden")
     logging.getLogger("labkernels.gpu").info("qmatmul %s x %s %dx%d nt=%d -> %s", getattr(x, "dtype", "q8_1"),

@@ -133,9 +133,11 @@ def step_q6k(out: Path, args) -> dict:
 
     shapes = [(4096, 4096), (11008, 4096), (4096, 11008)]
     nts = [512, 3328, 4096]
-    params = {"shapes": shapes, "nts": nts, "kdr": 4, "stride": 210, "repeats": args.repeats, "pairs": 3}
+    params = {"shapes": shapes, "nts": nts, "variants": list(bench.Q6K_VARIANTS), "stride": 210,
+              "repeats": args.repeats, "pairs": 3}
     with records.recording("q6k", params, root=out / "data") as run:
-        bench.record_q6k(run, shapes, nts, kdr=4, stride=210, repeats=args.repeats, pairs=3, progress=_log)
+        bench.record_q6k(run, shapes, nts, variants=bench.Q6K_VARIANTS, stride=210, repeats=args.repeats, pairs=3,
+                         progress=_log)
     return {"ok": True, "run": run.run_id}
 
 
@@ -155,9 +157,9 @@ def step_q4k(out: Path, args) -> dict:
 
     shapes = [(4096, 4096), (11008, 4096)]
     nts = [512, 3328, 4096]
-    with records.recording("q4k", {"shapes": shapes, "nts": nts, "kdr": 4, "repeats": args.repeats, "pairs": 3},
-                           root=out / "data") as run:
-        bench.record_q4k(run, shapes, nts, kdr=4, repeats=args.repeats, progress=_log)
+    with records.recording("q4k", {"shapes": shapes, "nts": nts, "variant": "q4k_nb_kdr4", "repeats": args.repeats,
+                                   "pairs": 3}, root=out / "data") as run:
+        bench.record_q4k(run, shapes, nts, variant="q4k_nb_kdr4", repeats=args.repeats, progress=_log)
     return {"ok": True, "run": run.run_id}
 
 

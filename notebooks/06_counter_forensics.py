@@ -30,6 +30,8 @@ else:
     run = records.latest("forensics")
 report.banner(mode, run)
 pg, imma, fit = run.table("per_gmac"), run.table("imma_check"), run.table("fit")
+from labkernels.kernels import registry                 # older runs labelled q4k_nb_kdr4 "q4k_nb"
+pg = pg.assign(variant=pg.variant.map(registry.canonical))
 pairs = run.table("pairs") if run.has("pairs") else pd.DataFrame()
 verd = run.table("verdicts") if run.has("verdicts") else pd.DataFrame()
 
@@ -108,7 +110,7 @@ if len(verd):
 e0 = pg[(pg["shape"] == shape) & (pg.variant == "q6k_expb_epi0")].iloc[0]
 e1 = pg[(pg["shape"] == shape) & (pg.variant == "q6k_expb_epi1_occ2")].iloc[0]
 gen = pg[(pg["shape"] == shape) & (pg.variant == "q6k_generic")].iloc[0]
-q4 = pg[(pg["shape"] == shape) & (pg.variant == "q4k_nb")].iloc[0]
+q4 = pg[(pg["shape"] == shape) & (pg.variant == "q4k_nb_kdr4")].iloc[0]
 v = verd[verd["shape"] == shape].iloc[0] if len(verd) else None
 qrun = records.latest("q6k")
 ceil = qrun.table("ceiling") if qrun is not None and qrun.has("ceiling") else None

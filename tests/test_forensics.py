@@ -183,7 +183,7 @@ def test_choose_metrics_clear_error_for_missing_required_concepts():
 
 
 def test_ncu_command_flags():
-    cmd = F.ncu_command(["-m", "labkernels.forensics_driver", "--case", "q4k_nb"], ["gpu__time_duration.sum",
+    cmd = F.ncu_command(["-m", "labkernels.forensics_driver", "--case", "q4k_nb_kdr4"], ["gpu__time_duration.sum",
                         "smsp__inst_executed.sum"], "q4k_nb_kernel", 12, 1, "/tmp/x.csv", ncu="/opt/ncu",
                         python="python3")
     s = " ".join(cmd)
@@ -193,7 +193,7 @@ def test_ncu_command_flags():
                  "--kernel-name regex:q4k_nb_kernel", "--launch-skip 12", "--launch-count 1",
                  "--log-file /tmp/x.csv"):
         assert frag in s
-    assert cmd[-5:] == ["python3", "-m", "labkernels.forensics_driver", "--case", "q4k_nb"]
+    assert cmd[-5:] == ["python3", "-m", "labkernels.forensics_driver", "--case", "q4k_nb_kdr4"]
     assert "base" not in [cmd[cmd.index("--clock-control") + 1]]
     with pytest.raises(ValueError):
         F.ncu_command([], [], "k", 0, 1, "x")
@@ -397,9 +397,9 @@ def test_case_spec_and_launch_plan():
     assert s["macs"] == s["macs_padded"] == 3328 * 4096 * 11008 and s["gmac"] == pytest.approx(150.06, rel=1e-3)
     assert s["params"] == {"KDR": 4, "STRIDE": 210, "EPI": 1, "OCC": 2}
     assert s["kernel_regex"] == "q6k_expb_kernel" and s["name_expression"] == "q6k_expb_kernel<4,210,1,2>"
-    assert s["mma_k"] == 16 and D.case_spec("q4k_nb")["mma_k"] == 32
+    assert s["mma_k"] == 16 and D.case_spec("q4k_nb_kdr4")["mma_k"] == 32
     assert D.case_spec("q6k_generic")["name_expression"] == "q6k_generic_kernel<210>"
-    odd = D.case_spec("q4k_nb", "70x130x512")                       # padded tiles: 2 x 64 tokens, 2 x 128 rows
+    odd = D.case_spec("q4k_nb_kdr4", "70x130x512")                       # padded tiles: 2 x 64 tokens, 2 x 128 rows
     assert odd["macs"] == 70 * 130 * 512 and odd["macs_padded"] == 128 * 256 * 512
     assert D.launch_plan(2, 10) == {"warmup": 2, "repeats": 10, "launch_skip": 12, "launch_count": 1}
     with pytest.raises(D.CaseError):
@@ -414,9 +414,9 @@ def test_case_spec_and_launch_plan():
 
 
 def test_driver_describe_prints_one_json_line(capsys):
-    assert D.main(["--case", "q4k_nb", "--shape", "512x4096x4096", "--describe", "--repeats", "3"]) == 0
+    assert D.main(["--case", "q4k_nb_kdr4", "--shape", "512x4096x4096", "--describe", "--repeats", "3"]) == 0
     out = json.loads(capsys.readouterr().out.strip())
-    assert out["forensics_case"] == "q4k_nb@512x4096x4096" and out["launch_skip"] == 5
+    assert out["forensics_case"] == "q4k_nb_kdr4@512x4096x4096" and out["launch_skip"] == 5
     assert out["macs"] == 512 * 4096 * 4096
 
 
@@ -455,7 +455,7 @@ spec = json.loads(r.stdout.strip().splitlines()[-1])
 assert opts["--launch-skip"] == str(spec["launch_skip"]) and opts["--launch-count"] == "1"
 assert opts["--kernel-name"] == "regex:" + spec["kernel_regex"] and opts["--clock-control"] == "none"
 per_mac = {{"q6k_generic": 10.14, "q6k_expb_epi0": 6.06, "q6k_expb_epi1_occ2": 5.9, "q6k_expb_epi1": 5.8,
-           "q4k_nb": 4.0}}[spec["variant"]] * 1e-3
+           "q4k_nb_kdr4": 4.0}}[spec["variant"]] * 1e-3
 inst = spec["macs"] * per_mac
 vals = {{}}
 for m in metrics:
@@ -511,7 +511,7 @@ def test_run_forensics_end_to_end_with_a_fake_ncu(tmp_path, monkeypatch):
     res = F.run_forensics(tmp_path / "out", shapes=shapes, ncu=str(ncu), ab_pairs=3, progress=logs.append)
     assert res["ok"] and res["summary"]["imma_ok"]
     m = res["metrics"]
-    assert len(m) == 2 * len(D.VARIANTS) and set(m.variant) == set(D.VARIANTS)
+    assert len(m) == 2 * len(D.CASES) and set(m.variant) == set(D.CASES)
     assert reject not in m.columns                                  # rejected once, dropped, profiled again
     assert any("rejected" in line for line in logs)
     assert m.kernel_args_match.all()
@@ -529,7 +529,7 @@ def test_run_forensics_end_to_end_with_a_fake_ncu(tmp_path, monkeypatch):
     assert row["warp_inst_ratio"] == pytest.approx(6.06 / 10.14)
     # recorded, replayable, and the raw ncu text and query output kept
     out = tmp_path / "out"
-    assert "### case q4k_nb@256x4096x11008" in (out / "ncu-raw.txt").read_text()
+    assert "### case q4k_nb_kdr4@256x4096x11008" in (out / "ncu-raw.txt").read_text()
     import gzip
 
     assert "gpu__time_duration" in gzip.open(out / "ncu-query-metrics.txt.gz", "rt").read()
@@ -552,9 +552,9 @@ def test_run_forensics_records_failure(tmp_path):
     ncu.write_text(f"#!{sys.executable}\nimport sys\nprint('==ERROR== LibraryNotLoaded'); sys.exit(1)\n")
     ncu.chmod(ncu.stat().st_mode | stat.S_IEXEC)
     with pytest.raises(F.MetricsError):
-        F.run_forensics(tmp_path / "o", cases=["q4k_nb"], ncu=str(ncu), progress=lambda s: None)
+        F.run_forensics(tmp_path / "o", cases=["q4k_nb_kdr4"], ncu=str(ncu), progress=lambda s: None)
     with pytest.raises(F.NcuError, match="not found"):
-        F.run_forensics(tmp_path / "o", cases=["q4k_nb"], ncu=str(tmp_path / "no-ncu"), progress=lambda s: None)
+        F.run_forensics(tmp_path / "o", cases=["q4k_nb_kdr4"], ncu=str(tmp_path / "no-ncu"), progress=lambda s: None)
 
 
 def test_cli_registers_forensics():

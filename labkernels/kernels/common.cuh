@@ -9,9 +9,9 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
-#define LK_BM 64    // tokens per block tile
-#define LK_BN 128   // output rows per block tile
-#define LK_THREADS 256
+// The int8 GEMM tile constants LK_BM (tokens per block tile), LK_BN (output rows per block tile) and LK_THREADS
+// are not written here: labkernels.kernels.registry (BM, BN, THREADS) passes them as -D options to every build,
+// and tile.cuh refuses to compile a tile kernel without them.
 
 // fp16 bits -> float without cuda_fp16.h
 __device__ __forceinline__ float lk_h2f(u16 h) {

@@ -13,7 +13,7 @@
 // Epilogue per sub-block, exact-magic form: the int32 accumulator starts at the 1.5*2^23 bits, so
 //   t = fmaf(float_bits(C), d*sc, -1.5*2^23*d*sc) = sum*d*sc with one rounding (d*sc has <= 17 significant
 //   bits, so 1.5*2^23*d*sc is exact), acc += t*da, acc -= (dmin*m)*(da*sum_a)  (the q8_1 sum term).
-#include "common.cuh"
+#include "tile.cuh"
 
 template <int KDR>
 __global__ void __launch_bounds__(LK_THREADS, 2)

@@ -21,7 +21,7 @@
 //          still scaled by its own dsc before the two meet (this is not the seeds' fused form).
 // OCC: __launch_bounds__ min blocks per SM (2 caps registers at 128 so two blocks fit).
 // Requirements (checked by the launcher): id % 256 == 0; any nt >= 1, any od >= 1.
-#include "common.cuh"
+#include "tile.cuh"
 
 template <int KDR, int STRIDE, int EPI, int OCC>
 __global__ void __launch_bounds__(LK_THREADS, OCC)

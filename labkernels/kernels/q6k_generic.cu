@@ -10,7 +10,7 @@
 //  - fragments are read with plain 32-bit shared loads (no ldmatrix), planes unpadded/unswizzled;
 //  - KSPLIT=2: two mma.m16n8k16 per 32-chunk, int32 -> float (I2F) epilogue per sub-block.
 // Tile 64 tokens x 128 rows, 256 threads, KD=4 chunks per iteration, single-buffered.
-#include "common.cuh"
+#include "tile.cuh"
 
 #define LK_GEN_KD 4
 
