@@ -5,7 +5,7 @@
 # kernels do exactly the same tensor work (IMMA = MACs), fitted duration against the warp-instruction count
 # (the linear law), and tested explanations with counter-evidence patches: a change that removes a hypothesized
 # cost and does not move duration takes the hypothesis out. This round does the same on the H200 with `ncu`
-# (driven by `labkernels/forensics.py`, one profiled launch per case from `labkernels/forensics_driver.py`),
+# (driven by `labkernels/forensics.py` -- ncu plumbing in `ncu.py`, the counter analysis in `counters.py` --, one profiled launch per case from `labkernels/forensics_driver.py`),
 # for the pairs generic vs expanded-B q6_K and q6_K vs q4_K at matched shapes, and one counter-evidence
 # experiment built from a template switch in `q6k_expb.cu` (EPI: the I2F epilogue vs the magic-number epilogue).
 
