@@ -229,27 +229,28 @@ class QWeight:
 
     @classmethod
     def upload(cls, w_raw: np.ndarray, qtype: str, stride: int | None = None) -> "QWeight":
-        from .quants import normalize_qtype, pad_q6k
+        """GGUF rows [od, row_bytes] of a GEMM weight type (``quants.QTYPES``: q4_K, q6_K; ``q6_K_224`` names
+        q6_K at its padded stride) at one of the strides its record lists (default: the natural one)."""
+        from .quants import QTYPES, normalize_qtype, pad_q6k
 
-        qtype = normalize_qtype(qtype)
-        if qtype == "q6_K_224":
-            qtype, stride = "q6_K", 224
-        if qtype not in ("q4_K", "q6_K"):
-            raise ShapeError(f"the GEMM kernels take q4_K or q6_K weights, not {qtype}")
-        natural = 144 if qtype == "q4_K" else 210
+        qt = QTYPES[normalize_qtype(qtype)]
+        if qt.name != qt.base:                    # a padded spelling: the base type at this record's stride
+            qt, stride = QTYPES[qt.base], qt.nbytes
+        if not qt.gemm_strides:
+            raise ShapeError(f"the GEMM kernels take {' or '.join(k for k, t in QTYPES.items() if t.gemm_strides)} "
+                             f"weights, not {qt.name}")
+        natural = qt.nbytes
         w_raw = np.asarray(w_raw)
         if w_raw.dtype != np.uint8 or w_raw.ndim != 2:
             raise ShapeError(f"weights must be uint8 [od, row_bytes], got {w_raw.dtype} {w_raw.shape}")
         if w_raw.shape[1] % natural:
-            raise ShapeError(f"{qtype} rows of {w_raw.shape[1]} bytes are not whole {natural}-byte blocks")
+            raise ShapeError(f"{qt.name} rows of {w_raw.shape[1]} bytes are not whole {natural}-byte blocks")
         stride = stride or natural
-        if qtype == "q4_K" and stride != 144:
-            raise ShapeError("q4_K blocks have the 144-byte stride only")
-        if qtype == "q6_K" and stride not in (210, 224):
-            raise ShapeError(f"q6_K block stride must be 210 or 224, got {stride}")
-        od, id_ = w_raw.shape[0], w_raw.shape[1] // natural * 256
-        data = pad_q6k(w_raw) if stride == 224 else w_raw
-        return cls(cp().asarray(np.ascontiguousarray(data)), qtype, od, id_, stride, host=w_raw)
+        if stride not in qt.gemm_strides:
+            raise ShapeError(f"{qt.name} block stride must be {' or '.join(map(str, qt.gemm_strides))}, got {stride}")
+        od, id_ = w_raw.shape[0], w_raw.shape[1] // natural * qt.qk
+        data = pad_q6k(w_raw) if stride != natural else w_raw
+        return cls(cp().asarray(np.ascontiguousarray(data)), qt.name, od, id_, stride, host=w_raw)
 
 
 def _out(nt, od, out):
