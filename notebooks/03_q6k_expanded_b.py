@@ -30,15 +30,10 @@ headline_nt = 4096          # nt of the headline figures
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
 from labkernels import report, records, analysis, provenance, plotting
 report.setup()
-mode = report.resolve_mode(mode, "q6k")
-if mode == "measure":
-    from labkernels import bench
-    with records.recording("q6k", dict(shapes=shapes, nts=nts, variants=variants, stride=stride, repeats=repeats, pairs=pairs)) as run:
-        bench.record_q6k(run, shapes, nts, variants=variants, stride=stride, repeats=repeats, pairs=pairs)
-else:
-    run = records.latest("q6k")
-    shapes = run.meta["params"].get("shapes", shapes)   # replay shows what was recorded
-report.banner(mode, run)
+from labkernels.rounds import open_round
+r3 = open_round("03", mode, shapes=shapes, nts=nts, variants=variants, stride=stride, repeats=repeats, pairs=pairs)
+mode, run, shapes = r3.mode, r3.run, r3.plan["shapes"]   # replay shows what was recorded
+r3.banner()
 from labkernels.kernels import registry              # older runs named the variants generic / expb_epi0 / expb_epi1
 bench_df = run.table("q6k_bench").assign(variant=lambda d: d.variant.map(registry.canonical))
 pairs_df = run.table("q6k_pairs").assign(a=lambda d: d.a.map(registry.canonical), b=lambda d: d.b.map(registry.canonical))
@@ -54,7 +49,7 @@ if run.has("parity"):
     assert par.ok.all(), "a parity gate failed: no timing below may be trusted"
 else:
     print("This run predates the recorded parity table; its benchmark raised before timing on any failed gate "
-          "(labkernels.bench.bench_q6k), and the GPU tests of the same commit passed every q6_K gate.")
+          "(labkernels.rounds.r03_q6k.bench_q6k), and the GPU tests of the same commit passed every q6_K gate.")
 
 # %% [markdown]
 # ## ptxas audit of the kernels in this round (sm_90)

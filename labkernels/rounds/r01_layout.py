@@ -10,6 +10,12 @@ from ..layout import (_E, Q4K_SUB_OF_ELEM, Q6K_D_BYTE, Q6K_SCALE_OF_ELEM, f16_co
                       q6k_codes)
 from ..quants import pad_q6k
 
+NOTEBOOK = "01_layout_verifier"
+DATA = ()            # a CPU round: nothing recorded
+PLAN = {}
+measure = None       # CPU round
+STEPS = {}
+
 
 def verify_q6k_blocks(blocks: np.ndarray, stride: int = 210) -> dict:
     """Check the closed-form q6_K map against gguf-py's dequantization for [n, stride] blocks.
