@@ -95,9 +95,10 @@ def gate_launch(fn, y, refs: dict, what: str, run=None, variant: str | None = No
     return check(y, refs, what, run, variant)
 
 
-def launchers(w, xg, y, variants) -> dict:
+def launchers(w, xg, y, variants, kernels_dir=None) -> dict:
     """{variant name: zero-argument launch writing ``y``} for :class:`registry.Variant` s (or names) on the
-    uploaded weight ``w`` and the cupy activations ``xg``; each activation format is made once."""
+    uploaded weight ``w`` and the cupy activations ``xg``; each activation format is made once. ``kernels_dir``:
+    build the GEMMs from another folder of the same sources (:func:`labkernels.gpu.module`)."""
     from . import gpu
 
     vs = [registry.variant(v) if isinstance(v, str) else v for v in variants]
@@ -115,9 +116,9 @@ def launchers(w, xg, y, variants) -> dict:
     for v in vs:
         a = acts[v.act]
         if v.act == "q8_1_rows":
-            out[v.name] = lambda a=a: gpu.gemm_generic_q6k(w, a, nt, out=y)
+            out[v.name] = lambda a=a: gpu.gemm_generic_q6k(w, a, nt, out=y, kernels_dir=kernels_dir)
         else:
-            out[v.name] = lambda a=a, v=v: gpu.gemm(w, a, v.name, out=y)
+            out[v.name] = lambda a=a, v=v: gpu.gemm(w, a, v.name, out=y, kernels_dir=kernels_dir)
     return out
 
 

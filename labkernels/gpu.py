@@ -54,14 +54,16 @@ def arch_option() -> str:
 
 
 @lru_cache(maxsize=None)
-def module(source: str, extra_options: tuple = ()):
-    """Compile one kernel source with every registered instantiation of it."""
+def module(source: str, extra_options: tuple = (), kernels_dir=None):
+    """Compile one kernel source with every registered instantiation of it (from ``kernels_dir``, default the
+    lab's kernels folder: another one holds another build of the same sources, e.g. an older commit's)."""
     c = cp()
-    path = registry.KERNELS_DIR / source
+    kdir = registry.KERNELS_DIR if kernels_dir is None else kernels_dir
+    path = kdir / source
     if not path.exists():
         raise GpuError(f"kernel source {path} not found")
     names = [k.name_expression for k in registry.KERNELS if k.source == source]
-    opts = ("-std=c++17", arch_option(), f"-I{registry.KERNELS_DIR}", *registry.cuda_defines()) + tuple(extra_options)
+    opts = ("-std=c++17", arch_option(), f"-I{kdir}", *registry.cuda_defines()) + tuple(extra_options)
     try:
         mod = c.RawModule(code=path.read_text(), options=opts, name_expressions=names)
         mod.compile()
@@ -77,9 +79,9 @@ def _attr(func, name: str) -> int:
 class Kernel:
     """A compiled registry instantiation, with its resource attributes and occupancy from the CUDA API."""
 
-    def __init__(self, spec: KernelSpec, extra_options: tuple = ()):
+    def __init__(self, spec: KernelSpec, extra_options: tuple = (), kernels_dir=None):
         self.spec = spec
-        mod = module(spec.source, tuple(extra_options))
+        mod = module(spec.source, tuple(extra_options), kernels_dir)
         self.func = mod.get_function(spec.name_expression)
         self.smem = spec.dynamic_smem()
         cap = device_props()["smem_optin"]
@@ -129,9 +131,9 @@ class Kernel:
 
 
 @lru_cache(maxsize=None)
-def kernel_of(spec: KernelSpec) -> Kernel:
-    """The compiled kernel of one registry instantiation (cached per process)."""
-    return Kernel(spec)
+def kernel_of(spec: KernelSpec, kernels_dir=None) -> Kernel:
+    """The compiled kernel of one registry instantiation (cached per process; ``kernels_dir``: see :func:`module`)."""
+    return Kernel(spec, kernels_dir=kernels_dir)
 
 
 def kernel(family: str, **params) -> Kernel:
@@ -262,7 +264,7 @@ def _out(nt, od, out):
     return out
 
 
-def gemm(w: QWeight, a: Q8Tiles, kernel: str | None = None, out=None, **tparams):
+def gemm(w: QWeight, a: Q8Tiles, kernel: str | None = None, out=None, kernels_dir=None, **tparams):
     """Y[nt, od] = A x W^T with a tile-ordered-A kernel. ``kernel``: a variant name of
     ``registry.VARIANTS`` (``q6k_expb_epi1``), a family (``q4k_nb``: its default variant) or None (the
     weight type's default int8 variant); ``tparams`` override template parameters (sweep points). The weight
@@ -281,35 +283,35 @@ def gemm(w: QWeight, a: Q8Tiles, kernel: str | None = None, out=None, **tparams)
         spec = v.spec(w.stride if v.qtype == "q6_K" else None, **tparams)
     except KeyError as e:
         raise ShapeError(str(e)) from None
-    k = kernel_of(spec)
+    k = kernel_of(spec, kernels_dir)
     y = _out(a.nt, w.od, out)
     k.launch((a.ntile, (w.od + BN - 1) // BN),
              (w.raw, a.qa8, a.sda, y, np.int32(a.nt), np.int32(w.od), np.int32(w.id)))
     return y
 
 
-def gemm_generic_q6k(w: QWeight, a_rows, nt: int, out=None):
+def gemm_generic_q6k(w: QWeight, a_rows, nt: int, out=None, kernels_dir=None):
     """The old road: Y = A (ggml q8_1 rows from quantize_q8_1_rows) x W^T with the q6k_generic variant."""
     v = registry.variant("q6k_generic")
     if w.qtype != v.qtype:
         raise ShapeError("the generic kernel here is the q6_K one")
     if a_rows.shape != (nt, w.id // 32 * 36):
         raise ShapeError(f"q8_1 rows must be [{nt}, {w.id // 32 * 36}], got {a_rows.shape}")
-    k = kernel_of(v.spec(w.stride))
+    k = kernel_of(v.spec(w.stride), kernels_dir)
     y = _out(nt, w.od, out)
     k.launch(((nt + BM - 1) // BM, (w.od + BN - 1) // BN),
              (w.raw, a_rows, y, np.int32(nt), np.int32(w.od), np.int32(w.id)))
     return y
 
 
-def dequant_f16(w: QWeight, out=None):
+def dequant_f16(w: QWeight, out=None, kernels_dir=None):
     """Weights -> fp16 [od, id] on the GPU (for the cuBLAS baselines)."""
     c = cp()
     if out is None:
         out = c.empty((w.od, w.id), dtype=c.float16)
     qt = 4 if w.qtype == "q4_K" else 6
     stride = 0 if w.stride in (144, 210) else w.stride
-    k = kernel("dequant_f16", QT=qt, STRIDE=stride)
+    k = kernel_of(registry.find("dequant_f16", QT=qt, STRIDE=stride), kernels_dir)
     n = w.od * (w.id // 32)
     k.launch(((n + 255) // 256,), (w.raw, out, np.int32(w.od), np.int32(w.id)))
     return out

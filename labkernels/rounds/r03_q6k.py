@@ -100,4 +100,11 @@ def step_q6k(out, args) -> dict:
     return {"ok": True, "run": runs[DATA[0]].run_id}
 
 
-STEPS = {"q6k": step_q6k}
+def step_tile_ab(out, args) -> dict:
+    """``gpu-check --steps tile_ab``: the tile skeleton's old vs new kernel builds at rounds 3 and 4's shapes."""
+    from .. import tile_ab
+
+    return tile_ab.step_tile_ab(out, args)
+
+
+STEPS = {"q6k": step_q6k, "tile_ab": step_tile_ab}
