@@ -278,7 +278,8 @@ def compile_source(src: Path, specs, arch: str, kernels_dir: Path, *, nvcc: str 
     if not nvcc:
         raise AuditError("nvcc not on PATH: the ptxas audit needs the CUDA toolkit (no GPU)")
     wrapper = wrapper_source(src, specs)
-    flags = list(NVCC_FLAGS) + [arch_flag(arch), f"-I{kernels_dir.resolve()}"] + list(extra_flags)
+    flags = (list(NVCC_FLAGS) + [arch_flag(arch), f"-I{kernels_dir.resolve()}"] + list(registry.cuda_defines())
+             + list(extra_flags))
     key = hashlib.sha256(json.dumps({
         "v": CACHE_VERSION, "wrapper": wrapper, "src": hashlib.sha256(src.read_bytes()).hexdigest(),
         "headers": dir_digest or _dir_digest(kernels_dir),

@@ -12,10 +12,9 @@
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
 
 import numpy as np
+
 
 
 def _cp():
@@ -103,103 +102,6 @@ def mma_ceiling(k: int = 16, blocks_per_sm: int = 4, iters: int = 4096) -> dict:
     return {"k": k, "tops": ops / (s["median_us"] * 1e-6) / 1e12, **s}
 
 
-# ------------------------------------------------------------------ round 3: q6_K
-
-
-def synthetic_weights(qtype: str, od: int, id_: int, rng, base_rows: int = 256) -> np.ndarray:
-    """Realistic quantized weights fast: quantize ``base_rows`` Gaussian rows with the reference quantizer
-    and tile them to od rows (timing does not depend on which valid values the blocks hold)."""
-    from . import quants
-
-    base = quants.quantize((rng.standard_normal((min(base_rows, od), id_)) * 0.02).astype(np.float32), qtype)
-    reps = -(-od // base.shape[0])
-    return np.ascontiguousarray(np.tile(base, (reps, 1))[:od])
-
-
-def _record_parity(run, variant, od, id_, nt, ntok, g) -> None:
-    """Every gate result is data: the benchmark tables are only written after it passed."""
-    if run is not None:
-        run.append("parity", {"variant": variant, "od": od, "id": id_, "nt": nt, "tokens_checked": ntok,
-                              "rows_checked": od, "max_rel_err": g["max_rel_err"], "nmse": g.get("nmse"),
-                              "nonfinite": g["nonfinite"], "ok": g["ok"]})
-
-
-@dataclass
-class Case:
-    nt: int
-    od: int
-    id: int
-
-
-def parity_subset(y_gpu, w_raw, qtype, x, tokens) -> dict:
-    """Gate a large GEMM on a subset of tokens (all rows) against the integer and float64 references."""
-    from . import reference
-
-    a = reference.quantize_activations(x[tokens])
-    ref = reference.gemm_int_ref(w_raw, qtype, a)
-    ref64 = reference.gemm_f64_ref(w_raw, qtype, x[tokens])
-    return reference.parity(np.asarray(y_gpu)[tokens], ref, ref64)
-
-
-def bench_q6k(shapes, nts, kdr: int = 4, stride: int = 210, repeats: int = 20, pairs: int = 3, run=None,
-              seed: int = 0, progress=print, epis=(0, 1)) -> list[dict]:
-    """Generic vs expanded-B vs cuBLAS fp16 (cached dequantized weights, and including the dequant).
-
-    Every case is parity-gated (subset of tokens, all rows, both references) before it is timed; a failed
-    gate raises. Rows are appended to ``run`` (table ``q6k_bench`` / ``q6k_pairs``) as they are measured."""
-    from . import gpu
-
-    cp = _cp()
-    rng = np.random.default_rng(seed or None)
-    flush = Flusher()
-    rows = []
-    for od, id_ in shapes:
-        w_raw = synthetic_weights("q6_K", od, id_, rng)
-        w = gpu.QWeight.upload(w_raw, "q6_K", stride)
-        w16 = gpu.dequant_f16(w)
-        for nt in nts:
-            x = (rng.standard_normal((nt, id_))).astype(np.float32)
-            xg = cp.asarray(x)
-            x16 = xg.astype(cp.float16)
-            a = gpu.prepass(xg)
-            arows = gpu.quantize_q8_1_rows(xg)
-            y = cp.full((nt, od), np.nan, cp.float32)
-            tokens = np.sort(rng.choice(nt, size=min(nt, 24), replace=False))
-            variants = {}
-            # parity gates first, on fresh outputs
-            y.fill(np.nan)
-            gpu.gemm_generic_q6k(w, arows, nt, out=y)
-            g = parity_subset(cp.asnumpy(y), w_raw, "q6_K", x, tokens)
-            _record_parity(run, "generic", od, id_, nt, len(tokens), g)
-            if not g["ok"]:
-                raise AssertionError(f"generic parity failed at nt={nt} od={od} id={id_}: {g}")
-            variants["generic"] = lambda: gpu.gemm_generic_q6k(w, arows, nt, out=y)
-            for epi in epis:
-                occ = 2 if epi == 0 else 1
-                y.fill(np.nan)
-                gpu.gemm(w, a, "q6k_expb", out=y, KDR=kdr, EPI=epi, OCC=occ)
-                g = parity_subset(cp.asnumpy(y), w_raw, "q6_K", x, tokens)
-                _record_parity(run, f"expb_epi{epi}", od, id_, nt, len(tokens), g)
-                if not g["ok"]:
-                    raise AssertionError(f"expb EPI={epi} parity failed at nt={nt} od={od} id={id_}: {g}")
-                variants[f"expb_epi{epi}"] = (lambda e=epi, o=occ: gpu.gemm(w, a, "q6k_expb", out=y, KDR=kdr,
-                                                                           EPI=e, OCC=o))
-            y16 = cp.empty((nt, od), cp.float16)
-            variants["cublas_f16_cached"] = lambda: gpu.matmul_f16(x16, w16, out=y16)
-            variants["cublas_f16_with_dequant"] = lambda: (gpu.dequant_f16(w, out=w16), gpu.matmul_f16(x16, w16, out=y16))
-            variants["prepass"] = lambda: gpu.prepass(xg)
-            t0 = time.time()
-            res = interleaved(variants, pairs=pairs, repeats=repeats, flush=flush)
-            new = pair_rows(res, {"od": od, "id": id_, "nt": nt}, nt, od, id_, {"kdr": kdr, "stride": stride})
-            rows += new
-            if run is not None:
-                run.append("q6k_bench", new)
-            progress(f"q6k od={od} id={id_} nt={nt}: " + ", ".join(
-                f"{k} {np.median([s['median_us'] for s in v]):.1f}us" for k, v in res.items())
-                + f" ({time.time() - t0:.1f} s)")
-    return rows
-
-
 def pair_ratios(rows, a: str, b: str) -> list[dict]:
     """Per-pair speed ratio time(a)/time(b) at matched shapes (> 1 means b is faster)."""
     import pandas as pd
@@ -214,7 +116,7 @@ def pair_ratios(rows, a: str, b: str) -> list[dict]:
     return out
 
 
-# ------------------------------------------------------------------ round 4: KDR sweep, and q4_K
+# ------------------------------------------------------------------ kernel resources
 
 
 def kernel_row(family: str, **params) -> dict:
@@ -227,126 +129,3 @@ def kernel_row(family: str, **params) -> dict:
     return {"kernel": k.spec.key, "regs": k.regs, "local_bytes": k.local_bytes, "dynamic_smem": k.smem,
             "api_blocks_per_sm": k.occupancy_api(), "calc_blocks_per_sm": calc["blocks_per_sm"],
             "calc_limiter": calc["limiter"], "occupancy": calc["occupancy"]}
-
-
-SWEEP_VARIANTS = {
-    "q6_K": [dict(EPI=e, OCC=o) for e, o in ((0, 2), (1, 1), (1, 2), (0, 1))],
-    "q4_K": [dict()],
-}
-SWEEP_KDR = {"q6_K": (1, 2, 4, 8), "q4_K": (2, 4, 8)}
-
-
-def kdr_sweep(shapes, nts, repeats: int = 10, run=None, seed: int = 0, progress=print,
-              qtypes=("q6_K", "q4_K")) -> list[dict]:
-    """Staging depth (KDR) x variant x nt x shape: us/GMAC, TOPS-eq (p20/p80), registers, spills, smem,
-    blocks/SM (API and calculator). Each (variant, shape) is parity-gated once before its timings; rows
-    are appended to ``run`` point by point (table ``sweep``)."""
-    from . import gpu
-
-    cp = _cp()
-    rng = np.random.default_rng(seed or None)
-    flush = Flusher()
-    rows = []
-    for qtype in qtypes:
-        fam = "q6k_expb" if qtype == "q6_K" else "q4k_nb"
-        for od, id_ in shapes[qtype]:
-            w_raw = synthetic_weights(qtype, od, id_, rng)
-            w = gpu.QWeight.upload(w_raw, qtype)
-            xs = {nt: cp.asarray(rng.standard_normal((nt, id_)).astype(np.float32)) for nt in nts}
-            planes = {nt: gpu.prepass(x) for nt, x in xs.items()}
-            for kdr in SWEEP_KDR[qtype]:
-                for var in SWEEP_VARIANTS[qtype]:
-                    params = {"KDR": kdr, **var}
-                    if qtype == "q6_K":
-                        params["STRIDE"] = 210
-                    info = kernel_row(fam, **params)
-                    # parity gate once per (kernel, shape), at the smallest nt that holds 24 tokens
-                    ntg = min(n for n in nts if n >= 24) if any(n >= 24 for n in nts) else nts[0]
-                    y = cp.full((ntg, od), np.nan, cp.float32)
-                    gpu.gemm(w, planes[ntg], fam, out=y, **{k: v for k, v in params.items() if k != "STRIDE"})
-                    x_host = cp.asnumpy(xs[ntg])
-                    tok = np.sort(rng.choice(ntg, size=min(ntg, 24), replace=False))
-                    gate = parity_subset(cp.asnumpy(y), w_raw, qtype, x_host, tok)
-                    if not gate["ok"]:
-                        raise AssertionError(f"parity failed for {info['kernel']} od={od} id={id_}: {gate}")
-                    for nt in nts:
-                        y = cp.empty((nt, od), cp.float32)
-                        fn = (lambda nt=nt, y=y: gpu.gemm(w, planes[nt], fam, out=y,
-                                                            **{k: v for k, v in params.items() if k != "STRIDE"}))
-                        s = stats(time_launches(fn, 2, repeats, flush))
-                        row = {"qtype": qtype, "od": od, "id": id_, "nt": nt, "kdr": kdr, **var, **info, **s,
-                               **work(nt, od, id_, s["median_us"]), "max_rel_err": gate["max_rel_err"],
-                               "nmse": gate["nmse"]}
-                        rows.append(row)
-                        if run is not None:
-                            run.append("sweep", row)
-                    progress(f"sweep {info['kernel']} od={od} id={id_}: regs {info['regs']} local "
-                             f"{info['local_bytes']} B, {info['api_blocks_per_sm']} blk/SM, best "
-                             f"{max(r['tops_eq'] for r in rows if r['kernel'] == info['kernel'] and r['od'] == od and r['id'] == id_):.0f} TOPS")
-    return rows
-
-
-def bench_q4k(shapes, nts, kdr: int = 4, repeats: int = 20, pairs: int = 3, run=None, seed: int = 0,
-              progress=print) -> list[dict]:
-    """q4_K raw-nibble kernel vs cuBLAS fp16 on cached dequantized weights (and with the dequant)."""
-    from . import gpu
-
-    cp = _cp()
-    rng = np.random.default_rng(seed or None)
-    flush = Flusher()
-    rows = []
-    for od, id_ in shapes:
-        w_raw = synthetic_weights("q4_K", od, id_, rng)
-        w = gpu.QWeight.upload(w_raw, "q4_K")
-        w16 = gpu.dequant_f16(w)
-        for nt in nts:
-            x = rng.standard_normal((nt, id_)).astype(np.float32)
-            xg = cp.asarray(x)
-            x16 = xg.astype(cp.float16)
-            a = gpu.prepass(xg)
-            y = cp.full((nt, od), np.nan, cp.float32)
-            gpu.gemm(w, a, "q4k_nb", out=y, KDR=kdr)
-            tokens = np.sort(rng.choice(nt, size=min(nt, 24), replace=False))
-            g = parity_subset(cp.asnumpy(y), w_raw, "q4_K", x, tokens)
-            _record_parity(run, "q4k_nb", od, id_, nt, len(tokens), g)
-            if not g["ok"]:
-                raise AssertionError(f"q4k parity failed at nt={nt} od={od} id={id_}: {g}")
-            y16 = cp.empty((nt, od), cp.float16)
-            variants = {
-                "q4k_nb": lambda: gpu.gemm(w, a, "q4k_nb", out=y, KDR=kdr),
-                "cublas_f16_cached": lambda: gpu.matmul_f16(x16, w16, out=y16),
-                "cublas_f16_with_dequant": lambda: (gpu.dequant_f16(w, out=w16), gpu.matmul_f16(x16, w16, out=y16)),
-                "prepass": lambda: gpu.prepass(xg),
-            }
-            res = interleaved(variants, pairs=pairs, repeats=repeats, flush=flush)
-            new = pair_rows(res, {"od": od, "id": id_, "nt": nt}, nt, od, id_, {"kdr": kdr},
-                            {"max_rel_err": g["max_rel_err"], "nmse": g["nmse"]})
-            rows += new
-            if run is not None:
-                run.append("q4k_bench", new)
-            progress(f"q4k od={od} id={id_} nt={nt}: " + ", ".join(
-                f"{k} {np.median([s['median_us'] for s in v]):.1f}us" for k, v in res.items()))
-    return rows
-
-
-# ------------------------------------------------------------------ recorded rounds (gpu-check steps and notebooks)
-
-Q6K_PAIRS = (("generic", "expb_epi0"), ("generic", "expb_epi1"), ("cublas_f16_cached", "expb_epi0"),
-             ("cublas_f16_cached", "expb_epi1"))
-
-
-def record_q6k(run, shapes, nts, kdr: int = 4, stride: int = 210, repeats: int = 20, pairs: int = 3,
-               progress=print) -> list[dict]:
-    """Round 3 into ``run``: parity-gated benchmark rows, the mma.sync ceilings, the A/B pair ratios."""
-    rows = bench_q6k([tuple(s) for s in shapes], nts, kdr=kdr, stride=stride, repeats=repeats, pairs=pairs, run=run,
-                     progress=progress)
-    run.append("ceiling", [mma_ceiling(16), mma_ceiling(32)])
-    run.append("q6k_pairs", sum((pair_ratios(rows, a, b) for a, b in Q6K_PAIRS), []))
-    return rows
-
-
-def record_q4k(run, shapes, nts, kdr: int = 4, repeats: int = 20, pairs: int = 3, progress=print) -> list[dict]:
-    """The q4_K benchmark into ``run``: parity-gated rows and the cuBLAS A/B pair ratios."""
-    rows = bench_q4k([tuple(s) for s in shapes], nts, kdr=kdr, repeats=repeats, pairs=pairs, run=run, progress=progress)
-    run.append("q4k_pairs", pair_ratios(rows, "cublas_f16_cached", "q4k_nb"))
-    return rows

@@ -1,7 +1,7 @@
 """One matched-shape GEMM case per process, for Nsight Compute (``labkernels.forensics``).
 
 ``python3 -m labkernels.forensics_driver --case NAME [--shape NTxODxID]`` sets up one case (synthetic
-weights from :func:`labkernels.bench.synthetic_weights`, prepass / q8_1 rows), then launches the target
+weights, activations and the launch from :class:`labkernels.cases.Case`), then launches the target
 kernel in a fixed, known order:
 
 1. ``warmup`` launches (the first one's output is parity-gated against the CPU references unless
@@ -35,27 +35,11 @@ import numpy as np
 from .kernels import registry
 from .kernels.registry import BM, BN
 
-#: the kernel variants of this round. ``mma_k``: the K of the warp-level mma.sync.m16n8kK the kernel issues
-#: (its IMMA instruction count is MACs / (16*8*K)); ``params``: template parameters (STRIDE added for q6_K)
-VARIANTS = {
-    "q6k_generic": dict(qtype="q6_K", family="q6k_generic", params={}, mma_k=16,
-                        doc="the old road: B re-derived per tile, plain q8_1 rows, scalar fragments, I2F epilogue"),
-    "q6k_expb_epi0": dict(qtype="q6_K", family="q6k_expb", params={"KDR": 4, "EPI": 0, "OCC": 2}, mma_k=16,
-                          doc="expanded-B q6_K, seeds' float epilogue (int32 -> float I2F per sub-block), OCC=2"),
-    "q6k_expb_epi1_occ2": dict(qtype="q6_K", family="q6k_expb", params={"KDR": 4, "EPI": 1, "OCC": 2}, mma_k=16,
-                               doc="expanded-B q6_K, magic-number epilogue (no I2F), OCC=2: the counter-evidence "
-                                   "variant of q6k_expb_epi0 (only the EPI template switch differs)"),
-    "q6k_expb_epi1": dict(qtype="q6_K", family="q6k_expb", params={"KDR": 4, "EPI": 1, "OCC": 1}, mma_k=16,
-                          doc="expanded-B q6_K, magic-number epilogue, OCC=1 (main path)"),
-    "q4k_nb": dict(qtype="q4_K", family="q4k_nb", params={"KDR": 4}, mma_k=32,
-                   doc="q4_K raw-nibble kernel, m16n8k32, magic-number epilogue"),
-}
+#: the kernel variants of this round (names of ``registry.VARIANTS``: family, template parameters, mma shape)
+CASES = ("q6k_generic", "q6k_expb_epi0", "q6k_expb_epi1_occ2", "q6k_expb_epi1", "q4k_nb_kdr4")
 
 #: matched shapes (nt x od x id): a q-proj-class square GEMM and a down-proj-class one (id = 11008)
 DEFAULT_SHAPES = ("3328x4096x4096", "3328x4096x11008")
-
-STRIDE = 210  # q6_K natural block stride (the lab's main path)
-
 
 class CaseError(ValueError):
     pass
@@ -82,17 +66,13 @@ def shape_name(nt: int, od: int, id_: int) -> str:
 
 
 def kernel_spec(variant: str) -> registry.KernelSpec:
-    v = _variant(variant)
-    params = dict(v["params"])
-    if v["family"] in ("q6k_generic", "q6k_expb"):
-        params["STRIDE"] = STRIDE
-    return registry.find(v["family"], **params)
+    return _variant(variant).spec()        # q6_K at the natural 210-byte stride (the lab's main path)
 
 
-def _variant(variant: str) -> dict:
-    if variant not in VARIANTS:
-        raise CaseError(f"unknown case {variant!r}; cases: {', '.join(VARIANTS)}")
-    return VARIANTS[variant]
+def _variant(variant: str) -> registry.Variant:
+    if variant not in CASES:
+        raise CaseError(f"unknown case {variant!r}; cases: {', '.join(CASES)}")
+    return registry.variant(variant)
 
 
 def case_spec(variant: str, shape=DEFAULT_SHAPES[0]) -> dict:
@@ -109,11 +89,11 @@ def case_spec(variant: str, shape=DEFAULT_SHAPES[0]) -> dict:
     macs_padded = tiles_m * BM * tiles_n * BN * id_
     return {
         "case": f"{variant}@{shape_name(nt, od, id_)}", "variant": variant, "shape": shape_name(nt, od, id_),
-        "nt": nt, "od": od, "id": id_, "qtype": v["qtype"], "family": v["family"],
+        "nt": nt, "od": od, "id": id_, "qtype": v.qtype, "family": v.family,
         "params": spec.p, "kernel_key": spec.key, "template": spec.template,
         "name_expression": spec.name_expression, "kernel_regex": spec.template,
-        "mma_k": v["mma_k"], "macs": macs, "macs_padded": macs_padded, "gmac": macs / 1e9,
-        "grid": [tiles_m, tiles_n, 1], "block": [spec.threads, 1, 1], "doc": v["doc"],
+        "mma_k": v.mma_k, "macs": macs, "macs_padded": macs_padded, "gmac": macs / 1e9,
+        "grid": [tiles_m, tiles_n, 1], "block": [spec.threads, 1, 1], "doc": v.doc,
     }
 
 
@@ -130,54 +110,13 @@ def launch_plan(warmup: int = 2, repeats: int = 10) -> dict:
 # ------------------------------------------------------------------ GPU side
 
 
-class _Case:
-    """A set-up case: weights, activations and a zero-argument launch of the target kernel."""
+def _case(variant: str, shape, seed: int = 0):
+    from .cases import Case
 
-    def __init__(self, variant: str, shape, seed: int = 0):
-        import cupy as cp
-
-        from . import bench, gpu
-
-        self.spec = case_spec(variant, shape)
-        v = VARIANTS[variant]
-        nt, od, id_ = self.spec["nt"], self.spec["od"], self.spec["id"]
-        rng = np.random.default_rng(seed)
-        self.w_raw = bench.synthetic_weights(v["qtype"], od, id_, rng)
-        self.qtype = v["qtype"]
-        self.w = gpu.QWeight.upload(self.w_raw, v["qtype"], STRIDE if v["qtype"] == "q6_K" else None)
-        self.x = rng.standard_normal((nt, id_)).astype(np.float32)
-        xg = cp.asarray(self.x)
-        self.y = cp.full((nt, od), np.nan, cp.float32)
-        fam, params = v["family"], dict(v["params"])
-        if fam == "q6k_generic":
-            self.arows = gpu.quantize_q8_1_rows(xg)
-            self.fn = lambda: gpu.gemm_generic_q6k(self.w, self.arows, nt, out=self.y)
-        else:
-            self.a = gpu.prepass(xg)
-            self.fn = lambda: gpu.gemm(self.w, self.a, fam, out=self.y, **params)
-        cp.cuda.runtime.deviceSynchronize()
-        self.rng = rng
-
-    def parity(self) -> dict:
-        """Gate one launch's output on 24 tokens (all rows) against the integer reference (and float64 one
-        when gguf is importable)."""
-        import cupy as cp
-
-        from . import reference
-
-        nt = self.spec["nt"]
-        tokens = np.sort(self.rng.choice(nt, size=min(nt, 24), replace=False))
-        self.y.fill(np.nan)
-        self.fn()
-        y = cp.asnumpy(self.y)[tokens]
-        ref = reference.gemm_int_ref(self.w_raw, self.qtype, reference.quantize_activations(self.x[tokens]))
-        try:
-            ref64 = reference.gemm_f64_ref(self.w_raw, self.qtype, self.x[tokens])
-        except ImportError:  # gguf not on this machine: the integer gate alone
-            ref64 = None
-        g = reference.parity(y, ref, ref64)
-        g["tokens"] = int(len(tokens))
-        return g
+    spec = case_spec(variant, shape)
+    c = Case(variant, spec["nt"], spec["od"], spec["id"], seed=seed)
+    c.spec = spec
+    return c
 
 
 def run_case(variant: str, shape, warmup: int = 2, repeats: int = 10, parity: bool = True,
@@ -189,11 +128,11 @@ def run_case(variant: str, shape, warmup: int = 2, repeats: int = 10, parity: bo
 
     plan = launch_plan(warmup, repeats)
     t0 = time.time()
-    c = _Case(variant, shape, seed)
+    c = _case(variant, shape, seed)
     gate = None
     for i in range(warmup):
         if i == 0 and parity:
-            gate = c.parity()
+            gate = c.gate()
             if not gate["ok"]:
                 raise AssertionError(f"parity failed for {c.spec['case']}: {gate}")
         else:
@@ -219,8 +158,8 @@ def run_ab(base: str, variant: str, shape, pairs: int = 5, repeats: int = 20, wa
     """Interleaved timing BASE, VARIANT, BASE' per round in one process; both parity-gated first."""
     from . import bench
 
-    cb, cv = _Case(base, shape, seed), _Case(variant, shape, seed)
-    gates = {base: cb.parity(), variant: cv.parity()}
+    cb, cv = _case(base, shape, seed), _case(variant, shape, seed)
+    gates = {base: cb.gate(), variant: cv.gate()}
     for name, g in gates.items():
         if not g["ok"]:
             raise AssertionError(f"parity failed for {name}@{shape}: {g}")
@@ -246,7 +185,7 @@ def _json_default(o):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m labkernels.forensics_driver", description=__doc__.splitlines()[0])
-    ap.add_argument("--case", choices=list(VARIANTS), help="the kernel variant to launch")
+    ap.add_argument("--case", choices=list(CASES), help="the kernel variant to launch")
     ap.add_argument("--ab", nargs=2, metavar=("BASE", "VARIANT"), help="interleaved A/B timing, no ncu")
     ap.add_argument("--shape", default=DEFAULT_SHAPES[0], help="NTxODxID (default %(default)s)")
     ap.add_argument("--warmup", type=int, default=2)

@@ -54,14 +54,16 @@ def arch_option() -> str:
 
 
 @lru_cache(maxsize=None)
-def module(source: str, extra_options: tuple = ()):
-    """Compile one kernel source with every registered instantiation of it."""
+def module(source: str, extra_options: tuple = (), kernels_dir=None):
+    """Compile one kernel source with every registered instantiation of it (from ``kernels_dir``, default the
+    lab's kernels folder: another one holds another build of the same sources, e.g. an older commit's)."""
     c = cp()
-    path = registry.KERNELS_DIR / source
+    kdir = registry.KERNELS_DIR if kernels_dir is None else kernels_dir
+    path = kdir / source
     if not path.exists():
         raise GpuError(f"kernel source {path} not found")
     names = [k.name_expression for k in registry.KERNELS if k.source == source]
-    opts = ("-std=c++17", arch_option(), f"-I{registry.KERNELS_DIR}") + tuple(extra_options)
+    opts = ("-std=c++17", arch_option(), f"-I{kdir}", *registry.cuda_defines()) + tuple(extra_options)
     try:
         mod = c.RawModule(code=path.read_text(), options=opts, name_expressions=names)
         mod.compile()
@@ -77,9 +79,9 @@ def _attr(func, name: str) -> int:
 class Kernel:
     """A compiled registry instantiation, with its resource attributes and occupancy from the CUDA API."""
 
-    def __init__(self, spec: KernelSpec, extra_options: tuple = ()):
+    def __init__(self, spec: KernelSpec, extra_options: tuple = (), kernels_dir=None):
         self.spec = spec
-        mod = module(spec.source, tuple(extra_options))
+        mod = module(spec.source, tuple(extra_options), kernels_dir)
         self.func = mod.get_function(spec.name_expression)
         self.smem = spec.dynamic_smem()
         cap = device_props()["smem_optin"]
@@ -129,8 +131,13 @@ class Kernel:
 
 
 @lru_cache(maxsize=None)
+def kernel_of(spec: KernelSpec, kernels_dir=None) -> Kernel:
+    """The compiled kernel of one registry instantiation (cached per process; ``kernels_dir``: see :func:`module`)."""
+    return Kernel(spec, kernels_dir=kernels_dir)
+
+
 def kernel(family: str, **params) -> Kernel:
-    return Kernel(registry.find(family, **params))
+    return kernel_of(registry.find(family, **params))
 
 
 # ------------------------------------------------------------------ activations
@@ -224,27 +231,28 @@ class QWeight:
 
     @classmethod
     def upload(cls, w_raw: np.ndarray, qtype: str, stride: int | None = None) -> "QWeight":
-        from .quants import normalize_qtype, pad_q6k
+        """GGUF rows [od, row_bytes] of a GEMM weight type (``quants.QTYPES``: q4_K, q6_K; ``q6_K_224`` names
+        q6_K at its padded stride) at one of the strides its record lists (default: the natural one)."""
+        from .quants import QTYPES, normalize_qtype, pad_q6k
 
-        qtype = normalize_qtype(qtype)
-        if qtype == "q6_K_224":
-            qtype, stride = "q6_K", 224
-        if qtype not in ("q4_K", "q6_K"):
-            raise ShapeError(f"the GEMM kernels take q4_K or q6_K weights, not {qtype}")
-        natural = 144 if qtype == "q4_K" else 210
+        qt = QTYPES[normalize_qtype(qtype)]
+        if qt.name != qt.base:                    # a padded spelling: the base type at this record's stride
+            qt, stride = QTYPES[qt.base], qt.nbytes
+        if not qt.gemm_strides:
+            raise ShapeError(f"the GEMM kernels take {' or '.join(k for k, t in QTYPES.items() if t.gemm_strides)} "
+                             f"weights, not {qt.name}")
+        natural = qt.nbytes
         w_raw = np.asarray(w_raw)
         if w_raw.dtype != np.uint8 or w_raw.ndim != 2:
             raise ShapeError(f"weights must be uint8 [od, row_bytes], got {w_raw.dtype} {w_raw.shape}")
         if w_raw.shape[1] % natural:
-            raise ShapeError(f"{qtype} rows of {w_raw.shape[1]} bytes are not whole {natural}-byte blocks")
+            raise ShapeError(f"{qt.name} rows of {w_raw.shape[1]} bytes are not whole {natural}-byte blocks")
         stride = stride or natural
-        if qtype == "q4_K" and stride != 144:
-            raise ShapeError("q4_K blocks have the 144-byte stride only")
-        if qtype == "q6_K" and stride not in (210, 224):
-            raise ShapeError(f"q6_K block stride must be 210 or 224, got {stride}")
-        od, id_ = w_raw.shape[0], w_raw.shape[1] // natural * 256
-        data = pad_q6k(w_raw) if stride == 224 else w_raw
-        return cls(cp().asarray(np.ascontiguousarray(data)), qtype, od, id_, stride, host=w_raw)
+        if stride not in qt.gemm_strides:
+            raise ShapeError(f"{qt.name} block stride must be {' or '.join(map(str, qt.gemm_strides))}, got {stride}")
+        od, id_ = w_raw.shape[0], w_raw.shape[1] // natural * qt.qk
+        data = pad_q6k(w_raw) if stride != natural else w_raw
+        return cls(cp().asarray(np.ascontiguousarray(data)), qt.name, od, id_, stride, host=w_raw)
 
 
 def _out(nt, od, out):
@@ -256,49 +264,54 @@ def _out(nt, od, out):
     return out
 
 
-def gemm(w: QWeight, a: Q8Tiles, kernel_family: str | None = None, out=None, **tparams):
-    """Y[nt, od] = A x W^T with a tile-ordered-A kernel (q6k_expb for q6_K, q4k_nb for q4_K)."""
+def gemm(w: QWeight, a: Q8Tiles, kernel: str | None = None, out=None, kernels_dir=None, **tparams):
+    """Y[nt, od] = A x W^T with a tile-ordered-A kernel. ``kernel``: a variant name of
+    ``registry.VARIANTS`` (``q6k_expb_epi1``), a family (``q4k_nb``: its default variant) or None (the
+    weight type's default int8 variant); ``tparams`` override template parameters (sweep points). The weight
+    block stride is the uploaded weight's."""
     if a.id != w.id:
         raise ShapeError(f"inner dimensions differ: activations id={a.id}, weights id={w.id}")
-    fam = kernel_family or ("q6k_expb" if w.qtype == "q6_K" else "q4k_nb")
-    if fam == "q6k_expb":
-        if w.qtype != "q6_K":
-            raise ShapeError(f"{fam} takes q6_K weights, got {w.qtype}")
-        params = {"KDR": 4, "EPI": 0, "OCC": 2, **tparams, "STRIDE": w.stride}
-    elif fam == "q4k_nb":
-        if w.qtype != "q4_K":
-            raise ShapeError(f"{fam} takes q4_K weights, got {w.qtype}")
-        params = {"KDR": 4, **tparams}
-    else:
-        raise ShapeError(f"unknown tile-ordered GEMM family {fam!r}")
-    k = kernel(fam, **params)
+    try:
+        v = registry.resolve(kernel) if kernel else registry.default_variant(w.qtype)
+    except KeyError as e:
+        raise ShapeError(str(e)) from None
+    if v.act != "q8_1_tiles":
+        raise ShapeError(f"{v.name} takes {v.act} activations, not the tile-ordered q8_1 planes of gpu.prepass")
+    if v.qtype != w.qtype:
+        raise ShapeError(f"{v.name} takes {v.qtype} weights, got {w.qtype}")
+    try:
+        spec = v.spec(w.stride if v.qtype == "q6_K" else None, **tparams)
+    except KeyError as e:
+        raise ShapeError(str(e)) from None
+    k = kernel_of(spec, kernels_dir)
     y = _out(a.nt, w.od, out)
     k.launch((a.ntile, (w.od + BN - 1) // BN),
              (w.raw, a.qa8, a.sda, y, np.int32(a.nt), np.int32(w.od), np.int32(w.id)))
     return y
 
 
-def gemm_generic_q6k(w: QWeight, a_rows, nt: int, out=None):
-    """The old road: Y = A (ggml q8_1 rows from quantize_q8_1_rows) x W^T with q6k_generic."""
-    if w.qtype != "q6_K":
+def gemm_generic_q6k(w: QWeight, a_rows, nt: int, out=None, kernels_dir=None):
+    """The old road: Y = A (ggml q8_1 rows from quantize_q8_1_rows) x W^T with the q6k_generic variant."""
+    v = registry.variant("q6k_generic")
+    if w.qtype != v.qtype:
         raise ShapeError("the generic kernel here is the q6_K one")
     if a_rows.shape != (nt, w.id // 32 * 36):
         raise ShapeError(f"q8_1 rows must be [{nt}, {w.id // 32 * 36}], got {a_rows.shape}")
-    k = kernel("q6k_generic", STRIDE=w.stride)
+    k = kernel_of(v.spec(w.stride), kernels_dir)
     y = _out(nt, w.od, out)
     k.launch(((nt + BM - 1) // BM, (w.od + BN - 1) // BN),
              (w.raw, a_rows, y, np.int32(nt), np.int32(w.od), np.int32(w.id)))
     return y
 
 
-def dequant_f16(w: QWeight, out=None):
+def dequant_f16(w: QWeight, out=None, kernels_dir=None):
     """Weights -> fp16 [od, id] on the GPU (for the cuBLAS baselines)."""
     c = cp()
     if out is None:
         out = c.empty((w.od, w.id), dtype=c.float16)
     qt = 4 if w.qtype == "q4_K" else 6
     stride = 0 if w.stride in (144, 210) else w.stride
-    k = kernel("dequant_f16", QT=qt, STRIDE=stride)
+    k = kernel_of(registry.find("dequant_f16", QT=qt, STRIDE=stride), kernels_dir)
     n = w.od * (w.id // 32)
     k.launch(((n + 255) // 256,), (w.raw, out, np.int32(w.od), np.int32(w.id)))
     return out
@@ -392,10 +405,9 @@ class Choice:
 
 
 def _int8_default(qtype: str) -> tuple[str, dict]:
-    from .wgmma import INT8_FAMILY
-
-    fam, par = INT8_FAMILY[qtype]
-    return fam, dict(par)
+    """The int8 family of a weight type and its parameters: ``registry.default_variant(qtype)``."""
+    v = registry.default_variant(qtype)
+    return v.family, v.p
 
 
 def choose(qtype: str, nt: int, od: int, id_: int, table=None, cc: int | None = None) -> Choice:
@@ -504,11 +516,10 @@ def qmatmul(x, w: QWeight, kernel: str = "auto", out=None, **params):
     elif kernel == "wgmma_kq":
         ch = Choice("wgmma_kq", tuple(wgmma.default_params(w.qtype, nt).items()), "named")
     else:
-        fam_q = {"q4k_nb": "q4_K", "q6k_expb": "q6_K", "q6k_generic": "q6_K"}[kernel]
-        if fam_q != w.qtype:
-            raise ShapeError(f"{kernel} takes {fam_q} weights, got {w.qtype}")
-        best_fam, best_par = _int8_default(w.qtype)
-        ch = Choice(kernel, tuple((best_par if kernel == best_fam else {}).items()), "named")
+        v = registry.default_variant(kernel)          # the family's default variant
+        if v.qtype != w.qtype:
+            raise ShapeError(f"{kernel} takes {v.qtype} weights, got {w.qtype}")
+        ch = Choice(kernel, v.params, f"named (variant {v.name})")
     if params:
         ch = Choice(ch.family, tuple({**dict(ch.params), **params}.items()), ch.reason + ", params overridden")
     logging.getLogger("labkernels.gpu").info("qmatmul %s x %s %dx%d nt=%d -> %s", getattr(x, "dtype", "q8_1"),

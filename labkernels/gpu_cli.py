@@ -20,8 +20,10 @@ import numpy as np
 
 from .paths import REPO_ROOT
 
-STEPS = ("env", "tests", "sanitizer", "occupancy", "q6k", "kdr", "q4k", "prefill", "prefill7b", "decompose", "forensics",
-         "wgmma", "wgmma_sanitizer", "wgmma_ncu", "wgmma_costs", "prefill_r7", "attention", "prefill_graph")
+#: the steps written here (machine-wide checks, round 7's and the prefill issues'); every round's own steps come
+#: from the table of rounds (labkernels.rounds: occupancy, q6k, kdr, q4k, prefill, prefill7b, decompose, forensics)
+STEPS = ("env", "tests", "sanitizer", "wgmma", "wgmma_sanitizer", "wgmma_ncu", "wgmma_costs", "prefill_r7", "attention",
+         "prefill_graph")
 
 
 def _log(msg: str) -> None:
@@ -96,122 +98,6 @@ def step_sanitizer(out: Path, args) -> dict:
     return {"ok": ok, **res}
 
 
-def step_occupancy(out: Path, args) -> dict:
-    """Record cudaOccupancyMaxActiveBlocksPerMultiprocessor vs the calculator for every instantiation."""
-    from . import gpu, occupancy, records
-    from .kernels import registry
-
-    run = records.new_run("occupancy", {"what": "CUDA occupancy API vs labkernels.occupancy"}, root=out / "data")
-    prof = occupancy.profile("h200")
-    rows, bad = [], 0
-    from . import wgmma
-
-    for spec in registry.available():
-        if "sm_90a" in spec.archs:     # built by nvcc for sm_90a (wgmma), not by NVRTC for the device's arch
-            k = wgmma.WgKernel(spec)
-            static = k.entry["static_smem"]
-        else:
-            k = gpu.Kernel(spec)
-            static = k.static_smem
-        api = k.occupancy_api()
-        smem = spec.dynamic_smem() + static
-        calc = occupancy.occupancy(prof, spec.threads, k.regs, smem)
-        row = {"kernel": spec.key, "family": spec.family, "threads": spec.threads, "regs": k.regs,
-               "local_bytes": k.local_bytes, "static_smem": static, "dynamic_smem": spec.dynamic_smem(),
-               "api_blocks_per_sm": api, "calc_blocks_per_sm": calc["blocks_per_sm"],
-               "calc_limiter": calc["limiter"], "occupancy": calc["occupancy"], "agree": api == calc["blocks_per_sm"]}
-        bad += not row["agree"]
-        rows.append(row)
-    run.append("api_check", rows)
-    run.finish(kernels=len(rows), disagreements=bad)
-    _log(f"occupancy API check: {len(rows)} kernels, {bad} disagreements (run {run.run_id})")
-    return {"ok": bad == 0, "run": run.run_id}
-
-
-def step_q6k(out: Path, args) -> dict:
-    from . import bench, records
-
-    shapes = [(4096, 4096), (11008, 4096), (4096, 11008)]
-    nts = [512, 3328, 4096]
-    params = {"shapes": shapes, "nts": nts, "kdr": 4, "stride": 210, "repeats": args.repeats, "pairs": 3}
-    with records.recording("q6k", params, root=out / "data") as run:
-        bench.record_q6k(run, shapes, nts, kdr=4, stride=210, repeats=args.repeats, pairs=3, progress=_log)
-    return {"ok": True, "run": run.run_id}
-
-
-def step_kdr(out: Path, args) -> dict:
-    from . import bench, records
-
-    shapes = {"q6_K": [(4096, 4096), (4096, 11008)], "q4_K": [(4096, 4096), (11008, 4096)]}
-    nts = [64, 128, 256, 512, 1024, 2048, 3328, 4096]
-    with records.recording("kdr_sweep", {"shapes": shapes, "nts": nts, "repeats": args.sweep_repeats},
-                           root=out / "data") as run:
-        bench.kdr_sweep(shapes, nts, repeats=args.sweep_repeats, run=run, progress=_log)
-    return {"ok": True, "run": run.run_id}
-
-
-def step_q4k(out: Path, args) -> dict:
-    from . import bench, records
-
-    shapes = [(4096, 4096), (11008, 4096)]
-    nts = [512, 3328, 4096]
-    with records.recording("q4k", {"shapes": shapes, "nts": nts, "kdr": 4, "repeats": args.repeats, "pairs": 3},
-                           root=out / "data") as run:
-        bench.record_q4k(run, shapes, nts, kdr=4, repeats=args.repeats, progress=_log)
-    return {"ok": True, "run": run.run_id}
-
-
-def step_prefill(out: Path, args) -> dict:
-    """Gemma parity (logits, greedy-32 vs the CPU reference) and prefill throughput, Gemma and synthetic 7B."""
-    from . import prefill_cli, records
-    from .model import default_model_path
-
-    with records.recording("prefill", {"model": str(default_model_path()), "nts": [512, 3325]},
-                           root=out / "data") as run:
-        par = prefill_cli.parity_run(str(default_model_path()), run, progress=_log)
-        prefill_cli.throughput_run(str(default_model_path()), [512, 3325], run, attn_f16=False, progress=_log)
-        prefill_cli.throughput_run("synthetic-7b", [512, 3325], run, attn_f16=True, progress=_log)
-        run.finish(greedy_identical=par["greedy"]["identical"])
-    return {"ok": True, "run": run.run_id}
-
-
-def step_decompose(out: Path, args) -> dict:
-    """Round 5: decompositions of Gemma 3 270M and the synthetic 7B at nt=3325 (attention path: --attention)."""
-    runs, ok = _decompose(out, args, [m for m in args.decompose_models.split(",") if m])
-    return {"ok": True, "valid": ok, "runs": runs}
-
-
-def _decompose(out: Path, args, models) -> tuple[list, bool]:
-    """Record one decomposition per model ('gemma' | '7b'); returns (run ids, all valid)."""
-    import gc
-
-    from . import gpu, prefill_cli, records
-    from .decompose import record_decomposition
-    from .model import default_model_path
-    from .prefill import GpuModel, PrefillOptions
-
-    ok = True
-    runs = []
-    specs = [(str(default_model_path()), False) if m == "gemma" else ("synthetic-7b", True) for m in models]
-    for spec, f16 in specs:
-        m = prefill_cli.load_model(spec)
-        gm = GpuModel(m, opts=PrefillOptions(attn_f16=f16, kernel=args.kernel, attention=args.attention))
-        toks = prefill_cli.prompt_tokens(m, args.decompose_nt)
-        label = "synthetic-7b" if spec == "synthetic-7b" else "gemma-3-270m-q4_k_m"
-        _log(f"decompose {label}: attention {gm.attn.name} ({gm.attn.note})")
-        with records.recording("decompose", {"model": label, "nt": len(toks), "attn_f16": f16, "kernel": args.kernel,
-                                             "q6k_variant": gm.opts.q6k_variant or "gpu.gemm default",
-                                             "q4k_kdr": gm.opts.q4k_kdr, "attention_requested": args.attention,
-                                             **gm.attn.describe()}, root=out / "data") as run:
-            r = record_decomposition(run, gm, toks, progress=_log)
-        ok = ok and r["busy_wall"]["valid"]
-        runs.append(run.run_id)
-        del gm, m
-        gc.collect()
-        gpu.cp().get_default_memory_pool().free_all_blocks()
-    return runs, ok
-
-
 def step_attention(out: Path, args) -> dict:
     """Issue 17: attention alone (cuDNN fused SDPA vs the lab's baseline vs PyTorch SDPA per backend, the 7B and
     Gemma 3 270M layouts, nt 512 / 3325 / 8192, interleaved CUDA-event medians; parity against the fp32 baseline),
@@ -226,24 +112,10 @@ def step_attention(out: Path, args) -> dict:
                                          "nts": nts, "dtype": args.attn_dtype, "pairs": 3, "repeats": 10,
                                          "scopes": ["op", "kernel"], "paths": paths}, root=out / "data") as run:
         res = attention.record_bench(run, nts=nts, dtype=args.attn_dtype, progress=_log)
-    runs, valid = _decompose(out, args, ["7b"])
+    from .rounds.r05_wall import decompose_models
+
+    runs, valid = decompose_models(out, args, ["7b"])
     return {"ok": res["ok"], "run": run.run_id, "decompose_runs": runs, "decompose_valid": valid, "paths": paths}
-
-
-def step_prefill7b(out: Path, args) -> dict:
-    """Prefill throughput of the synthetic 7B only (no model file needed on the GPU machine)."""
-    from . import prefill_cli, records
-
-    with records.recording("prefill", {"model": "synthetic-7b", "nts": [512, 3325]}, root=out / "data") as run:
-        prefill_cli.throughput_run("synthetic-7b", [512, 3325], run, attn_f16=True, progress=_log)
-    return {"ok": True, "run": run.run_id}
-
-
-def step_forensics(out: Path, args) -> dict:
-    """Round 6: Nsight Compute counters per GMAC for the paired kernels (labkernels.forensics)."""
-    from . import forensics
-
-    return forensics.gpu_check_step(out, args)
 
 
 WGMMA_DRIVER = r"""
@@ -554,7 +426,10 @@ def main(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     steps = args.steps.split(",") if args.steps else ["env", "tests", "sanitizer", "occupancy", "q6k"]
     results, failed = {}, []
-    funcs = {k[5:]: v for k, v in globals().items() if k.startswith("step_")}
+    from . import rounds
+
+    args.log = _log
+    funcs = {**{k[5:]: v for k, v in globals().items() if k.startswith("step_")}, **rounds.gpu_check_steps()}
     for s in steps:
         if s not in funcs:
             raise SystemExit(f"unknown step {s!r}; steps: {', '.join(funcs)}")
@@ -599,6 +474,8 @@ def register_cli(sub) -> None:
     p.add_argument("--sanitizer-timeout", type=int, default=240)
     p.add_argument("--kernel", default="auto", help="qmatmul kernel of the prefill/decompose steps (default auto)")
     p.add_argument("--ab", default="int8,auto", help="prefill_r7 variants: " + ", ".join(PREFILL_VARIANTS))
+    p.add_argument("--old-kernels", default=None,
+                   help="tile_ab: the kernel sources before the tile skeleton (default: git archive eef6c5d)")
     p.add_argument("--gemma", default=None, help="Gemma 3 270M GGUF path for prefill_r7 (default data/models/...)")
     p.add_argument("--attention", default="auto", help="attention path of the decompose / attention steps: "
                    "auto | cudnn | torch | baseline (labkernels.attention)")

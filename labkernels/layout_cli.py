@@ -4,11 +4,11 @@ from __future__ import annotations
 
 
 def main(args) -> int:
-    from . import layout
+    from .rounds import r01_layout
     from .cli import print_json
 
-    rows, _ = layout.verify_model(args.model, args.filter, strides=tuple(args.stride))
-    totals = layout.summarize(rows)
+    rows, _ = r01_layout.verify_model(args.model, args.filter, strides=tuple(args.stride))
+    totals = r01_layout.summarize(rows)
     if args.json:
         print_json({"model": str(args.model), "totals": totals,
                     "tensors": rows if args.per_tensor else None})

@@ -34,16 +34,16 @@ STYLE = {
 #: fixed colours of the variants the rounds compare (the same kernel has the same colour everywhere)
 VARIANT_COLORS = {
     # round 3 / 6: q6_K kernels and references
-    "generic": "#8c8c8c", "q6k_generic": "#8c8c8c",
-    "expb_epi0": "#1f77b4", "q6k_expb_epi0": "#1f77b4",
-    "expb_epi1": "#17becf", "q6k_expb_epi1_occ2": "#17becf", "q6k_expb_epi1": "#9467bd",  # OCC=1
+    # (variant names of labkernels.kernels.registry.VARIANTS; older recorded names resolve to them)
+    "q6k_generic": "#8c8c8c", "q6k_expb_epi0": "#1f77b4",
+    "q6k_expb_epi1_occ2": "#17becf", "q6k_expb_epi1": "#9467bd",  # OCC=1
     "cublas_f16_cached": "#d62728", "cublas_f16": "#d62728",
     "cublas_f16_with_dequant": "#ff9896",
     "prepass": "#bcbd22",
     # round 4: q6_K template variants and the q4_K kernel
-    # (OCC=2 is the default build: the same colours as round 3's expb_epi0 / expb_epi1)
+    # (the same colours as the named variants of the same EPI/OCC)
     "EPI=0,OCC=1": "#ff7f0e", "EPI=0,OCC=2": "#1f77b4", "EPI=1,OCC=1": "#9467bd", "EPI=1,OCC=2": "#17becf",
-    "q4k_nb": "#2ca02c",
+    "q4k_nb_kdr4": "#2ca02c",
     # round 7: the wgmma family against the same references (int8 = the lab's rounds 3-4 families)
     "wgmma_kq": "#6a3d9a", "wgmma_incl_f32_to_f16": "#cab2d6", "int8": "#2ca02c", "issue": "#fdbf6f",
     # device profiles (round 2 / 4)
@@ -59,7 +59,9 @@ _assigned: dict[str, str] = {}
 
 def color(name: str) -> str:
     """The colour of a variant / device / class, stable across every chart of a page."""
-    name = str(name)
+    from .kernels.registry import canonical
+
+    name = canonical(str(name))
     if name in VARIANT_COLORS:
         return VARIANT_COLORS[name]
     if name not in _assigned:

@@ -721,10 +721,12 @@ def dequantize(raw: np.ndarray, qtype, n: int | None = None) -> np.ndarray:
     """
     name = _qtype_name(qtype)
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
-    if name == "q8_1":
-        from .quants import dequantize as lk_dequantize
+    if name == "q8_1":   # d * qs per 36-byte block (d f16 @0, qs int8 @4)
+        from .layout import f16_column
 
-        return lk_dequantize(raw, "q8_1")
+        b = raw.reshape(-1, 36)
+        y = b[:, 4:].view(np.int8).astype(np.float32) * f16_column(b[:, :2])
+        return y.reshape(raw.shape[:-1] + (raw.shape[-1] // 36 * 32,))
     from gguf.constants import GGMLQuantizationType
     from gguf.quants import dequantize as gguf_dequantize
 

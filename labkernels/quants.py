@@ -20,43 +20,117 @@ are independent implementations of the same format.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import numpy as np
 
+from . import layout, quantize_ref
+
 QK_K = 256
-
-#: numpy structured dtypes, one element = one block
-BLOCK_DTYPES: dict[str, np.dtype] = {
-    "q4_K": np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", (12,)), ("qs", "u1", (128,))]),
-    "q6_K": np.dtype([("ql", "u1", (128,)), ("qh", "u1", (64,)), ("scales", "i1", (16,)), ("d", "<f2")]),
-    "q6_K_224": np.dtype([("ql", "u1", (128,)), ("qh", "u1", (64,)), ("scales", "i1", (16,)), ("d", "<f2"),
-                          ("pad", "u1", (14,))]),
-    "q8_0": np.dtype([("d", "<f2"), ("qs", "i1", (32,))]),
-    "q5_0": np.dtype([("d", "<f2"), ("qh", "u1", (4,)), ("qs", "u1", (16,))]),
-    "q8_1": np.dtype([("d", "<f2"), ("s", "<f2"), ("qs", "i1", (32,))]),
-}
-
-#: (elements per block, bytes per block)
-BLOCK_SIZES: dict[str, tuple[int, int]] = {
-    "q4_K": (256, 144),
-    "q6_K": (256, 210),
-    "q6_K_224": (256, 224),
-    "q8_0": (32, 34),
-    "q5_0": (32, 22),
-    "q8_1": (32, 36),
-}
-
-for _name, (_, _nbytes) in BLOCK_SIZES.items():
-    assert BLOCK_DTYPES[_name].itemsize == _nbytes, _name
-
-#: GGML type names (as gguf-py spells them) -> labkernels names
-GGML_NAMES = {"Q4_K": "q4_K", "Q6_K": "q6_K", "Q8_0": "q8_0", "Q5_0": "q5_0", "Q8_1": "q8_1"}
-
-DEQUANT_TYPES = ("q4_K", "q6_K", "q6_K_224", "q8_0", "q5_0", "q8_1")
-QUANT_TYPES = ("q4_K", "q6_K", "q6_K_224", "q8_0", "q8_1")
 
 
 class QuantFormatError(ValueError):
     """Raised for raw data that does not form whole blocks of the named type, or unknown types."""
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    return layout.f16_column(b)
+
+
+# ---- per-type decoders (float32, gguf-py's operation order) over [n, nbytes] uint8 blocks -> [n, qk]
+
+def _dequant_q6k(blocks):
+    q = layout.q6k_codes(blocks) - np.int8(32)                 # [n, 256] int8, -32..31
+    d = _f16(blocks[:, 208:210])                               # [n, 1]
+    sc = blocks[:, 192:208].view(np.int8).astype(np.float32)   # [n, 16]
+    ds = (d * sc)[:, layout.Q6K_SCALE_OF_ELEM]                 # d*sc per element (same op as gguf)
+    return ds * q.astype(np.float32)
+
+
+def _dequant_q4k(blocks):
+    q = layout.q4k_codes(blocks)                               # [n, 256] uint8 0..15
+    d = _f16(blocks[:, 0:2])
+    dmin = _f16(blocks[:, 2:4])
+    sc, mn = layout.q4k_scale_min(blocks[:, 4:16])             # [n, 8] each, 0..63
+    dl = (d * sc.astype(np.float32))[:, layout.Q4K_SUB_OF_ELEM]
+    ml = (dmin * mn.astype(np.float32))[:, layout.Q4K_SUB_OF_ELEM]
+    return dl * q.astype(np.float32) - ml
+
+
+def _dequant_q5_0(blocks):
+    q = layout.q5_0_codes(blocks).astype(np.int8) - np.int8(16)
+    return _f16(blocks[:, 0:2]) * q.astype(np.float32)
+
+
+def _dequant_q8(qs_at: int):
+    return lambda blocks: blocks[:, qs_at:qs_at + 32].view(np.int8).astype(np.float32) * _f16(blocks[:, 0:2])
+
+
+@dataclass(frozen=True)
+class QType:
+    """One GGUF block format: its name, elements and bytes per block (the one table of sizes), the numpy
+    layout of one block, gguf-py's name, the type whose blocks these are (``q6_K_224`` pads ``q6_K``), the
+    block strides the GEMM kernels take (empty: not a GEMM weight type), the dequantizer and the reference
+    quantizer (``ggml``'s ``_ref`` algorithm; None where the lab has none)."""
+    name: str
+    qk: int
+    nbytes: int
+    fields: tuple
+    ggml: str | None
+    base: str
+    gemm_strides: tuple
+    dequant: Callable
+    quant: Callable | None
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(list(self.fields))
+
+
+def _quant_q6k_224(x):
+    return pad_q6k(quantize_ref.quantize_q6_K(x))
+
+
+def _quant_q8_1(x):
+    return quantize_ref.pack_q8_1(*quantize_ref.quantize_q8_1(x))
+
+
+_Q6K_FIELDS = (("ql", "u1", (128,)), ("qh", "u1", (64,)), ("scales", "i1", (16,)), ("d", "<f2"))
+
+#: the block formats of the lab, one record each
+QTYPES: dict[str, QType] = {t.name: t for t in [
+    QType("q4_K", 256, 144, (("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", (12,)), ("qs", "u1", (128,))),
+          "Q4_K", "q4_K", (144,), _dequant_q4k, lambda x: quantize_ref.quantize_q4_K(x)),
+    QType("q6_K", 256, 210, _Q6K_FIELDS, "Q6_K", "q6_K", (210, 224), _dequant_q6k,
+          lambda x: quantize_ref.quantize_q6_K(x)),
+    QType("q6_K_224", 256, 224, _Q6K_FIELDS + (("pad", "u1", (14,)),), None, "q6_K", (), _dequant_q6k,
+          _quant_q6k_224),
+    QType("q8_0", 32, 34, (("d", "<f2"), ("qs", "i1", (32,))), "Q8_0", "q8_0", (), _dequant_q8(2),
+          lambda x: quantize_ref.quantize_q8_0(x)),
+    QType("q5_0", 32, 22, (("d", "<f2"), ("qh", "u1", (4,)), ("qs", "u1", (16,))), "Q5_0", "q5_0", (),
+          _dequant_q5_0, None),
+    QType("q8_1", 32, 36, (("d", "<f2"), ("s", "<f2"), ("qs", "i1", (32,))), "Q8_1", "q8_1", (), _dequant_q8(4),
+          _quant_q8_1),
+]}
+
+for _t in QTYPES.values():
+    assert _t.dtype.itemsize == _t.nbytes, _t.name
+
+#: views of the table: numpy structured dtypes (one element = one block), (elements, bytes) per block
+BLOCK_DTYPES: dict[str, np.dtype] = {k: t.dtype for k, t in QTYPES.items()}
+BLOCK_SIZES: dict[str, tuple[int, int]] = {k: (t.qk, t.nbytes) for k, t in QTYPES.items()}
+
+#: GGML type names (as gguf-py spells them) -> labkernels names
+GGML_NAMES = {t.ggml: k for k, t in QTYPES.items() if t.ggml}
+
+DEQUANT_TYPES = tuple(QTYPES)
+QUANT_TYPES = tuple(k for k, t in QTYPES.items() if t.quant is not None)
+
+
+def qtype_info(qtype) -> QType:
+    """The record of a type (any spelling :func:`normalize_qtype` accepts)."""
+    return QTYPES[normalize_qtype(qtype)]
 
 
 def normalize_qtype(qtype) -> str:
@@ -93,11 +167,6 @@ def blocks_view(raw: np.ndarray, qtype: str) -> np.ndarray:
     return as_blocks(raw, qtype).view(BLOCK_DTYPES[qtype]).reshape(-1)
 
 
-def _f16(b: np.ndarray) -> np.ndarray:
-    """Little-endian fp16 stored in 2 uint8 columns -> float32 column vector [n, 1]."""
-    return np.ascontiguousarray(b).view("<f2").astype(np.float32).reshape(-1, 1)
-
-
 def dequantize(raw: np.ndarray, qtype) -> np.ndarray:
     """Dequantize raw GGUF blocks to float32.
 
@@ -106,8 +175,6 @@ def dequantize(raw: np.ndarray, qtype) -> np.ndarray:
     Bit-for-bit equal to ``gguf.quants.dequantize`` for q4_K, q6_K, q8_0, q5_0 (q6_K_224 is q6_K with a
     224-byte stride; q8_1 is the activation format).
     """
-    from . import layout  # the closed-form element maps live there
-
     qtype = normalize_qtype(qtype)
     blocks = as_blocks(raw, qtype)
     qk, nbytes = BLOCK_SIZES[qtype]
@@ -115,29 +182,7 @@ def dequantize(raw: np.ndarray, qtype) -> np.ndarray:
     out_shape = raw.shape[:-1] + (raw.shape[-1] // nbytes * qk,)
     n = blocks.shape[0]
 
-    if qtype in ("q6_K", "q6_K_224"):
-        q = layout.q6k_codes(blocks) - np.int8(32)                 # [n, 256] int8, -32..31
-        d = _f16(blocks[:, 208:210])                               # [n, 1]
-        sc = blocks[:, 192:208].view(np.int8).astype(np.float32)   # [n, 16]
-        ds = (d * sc)[:, layout.Q6K_SCALE_OF_ELEM]                 # d*sc per element (same op as gguf)
-        y = ds * q.astype(np.float32)
-    elif qtype == "q4_K":
-        q = layout.q4k_codes(blocks)                               # [n, 256] uint8 0..15
-        d = _f16(blocks[:, 0:2])
-        dmin = _f16(blocks[:, 2:4])
-        sc, mn = layout.q4k_scale_min(blocks[:, 4:16])             # [n, 8] each, 0..63
-        dl = (d * sc.astype(np.float32))[:, layout.Q4K_SUB_OF_ELEM]
-        ml = (dmin * mn.astype(np.float32))[:, layout.Q4K_SUB_OF_ELEM]
-        y = dl * q.astype(np.float32) - ml
-    elif qtype == "q8_0":
-        y = blocks[:, 2:34].view(np.int8).astype(np.float32) * _f16(blocks[:, 0:2])
-    elif qtype == "q5_0":
-        q = layout.q5_0_codes(blocks).astype(np.int8) - np.int8(16)
-        y = _f16(blocks[:, 0:2]) * q.astype(np.float32)
-    elif qtype == "q8_1":
-        y = blocks[:, 4:36].view(np.int8).astype(np.float32) * _f16(blocks[:, 0:2])
-    else:  # pragma: no cover - normalize_qtype guards this
-        raise QuantFormatError(qtype)
+    y = QTYPES[qtype].dequant(blocks)
     assert y.shape == (n, qk)
     return y.astype(np.float32, copy=False).reshape(out_shape)
 
@@ -149,9 +194,9 @@ def quantize(x: np.ndarray, qtype) -> np.ndarray:
     q4_K / q6_K need n % 256 == 0; q8_0 / q8_1 need n % 32 == 0. ``q6_K_224`` gives q6_K blocks padded
     to the 224-byte stride (pad bytes zero).
     """
-    from . import quantize_ref
-
     qtype = normalize_qtype(qtype)
+    if QTYPES[qtype].quant is None:
+        raise QuantFormatError(f"quantize does not support {qtype!r} (supported: {', '.join(QUANT_TYPES)})")
     x = np.asarray(x)
     if np.iscomplexobj(x):
         raise ValueError(f"quantize: complex input (dtype {x.dtype}) is not supported; pass x.real explicitly")
@@ -167,18 +212,7 @@ def quantize(x: np.ndarray, qtype) -> np.ndarray:
         r, c = (int(i) for i in np.argwhere(~np.isfinite(x32))[0])
         raise ValueError(f"quantize: x[{r}, {c}] = {float(x2[r, c])!r} is beyond float32's range")
     x2 = x32
-    if qtype == "q4_K":
-        out = quantize_ref.quantize_q4_K(x2)
-    elif qtype == "q6_K":
-        out = quantize_ref.quantize_q6_K(x2)
-    elif qtype == "q6_K_224":
-        out = pad_q6k(quantize_ref.quantize_q6_K(x2))
-    elif qtype == "q8_0":
-        out = quantize_ref.quantize_q8_0(x2)
-    elif qtype == "q8_1":
-        out = quantize_ref.pack_q8_1(*quantize_ref.quantize_q8_1(x2))
-    else:
-        raise QuantFormatError(f"quantize does not support {qtype!r} (supported: {', '.join(QUANT_TYPES)})")
+    out = QTYPES[qtype].quant(x2)
     return out[0] if squeeze else out
 
 

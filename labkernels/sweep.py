@@ -454,25 +454,21 @@ def run_bench(spec: dict, run, ident: dict, key: str = "", sweep_id: str = "") -
     """One bench task into ``run``: parity gate per variant, interleaved timing, tables ``kernels``,
     ``parity``, ``points`` (one row per variant and pair, with the device) and ``ratios`` (vs the first
     variant, per pair)."""
-    from . import bench, reference
+    from . import bench, cases
 
     be = _GpuBackend(spec) if spec["backend"] == "gpu" else _CpuStandin(spec)
     qtype, od, id_, nt = spec["qtype"], spec["od"], spec["id"], spec["nt"]
     rng = np.random.default_rng(spec["seed"] or None)
-    w_raw = bench.synthetic_weights(qtype, od, id_, rng)
+    w_raw = cases.synthetic_weights(qtype, od, id_, rng)
     x = rng.standard_normal((nt, id_)).astype(np.float32)
     tokens = np.sort(rng.choice(nt, size=min(nt, 24), replace=False))
     # both references once per point (all variants share weights and inputs), every variant gated on them
-    ref = reference.gemm_int_ref(w_raw, qtype, reference.quantize_activations(x[tokens]))
-    ref64 = reference.gemm_f64_ref(w_raw, qtype, x[tokens])
+    refs = cases.references(w_raw, qtype, x, tokens)
     be.prepare(w_raw, x)
     fns = {}
     for v in spec["variants"]:
         label = variant_label(v)
-        g = reference.parity(be.output(v)[tokens], ref, ref64)
-        bench._record_parity(run, label, od, id_, nt, len(tokens), g)
-        if not g["ok"]:
-            raise AssertionError(f"parity failed for {spec['family']}[{label}] od={od} id={id_} nt={nt}: {g}")
+        cases.check(be.output(v), refs, f"{spec['family']}[{label}] od={od} id={id_} nt={nt}", run, label)
         fns[label] = be.launcher(v)
         run.append("kernels", {"variant": label, "params": canonical(v), **be.kernel_info(v)})
     res = {k: [] for k in fns}

@@ -20,6 +20,7 @@ seed = 0                               # random seed; 0: a fresh seed each run (
 # %%
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
 from labkernels import layout, quants, report, provenance, plotting
+from labkernels.rounds import r01_layout
 from labkernels.model import open_model, default_model_path
 report.setup()
 mode = report.resolve_mode("cpu")
@@ -72,12 +73,12 @@ report.table(t6.iloc[[0, 15, 16, 31, 32, 63, 64, 70, 127, 128, 255]], caption="q
 # %%
 rows = []
 for stride in strides:
-    b = layout.random_q6k_blocks(random_blocks, rng, stride)
-    r = layout.verify_q6k_blocks(b, stride)
+    b = r01_layout.random_q6k_blocks(random_blocks, rng, stride)
+    r = r01_layout.verify_q6k_blocks(b, stride)
     rows.append({k: v for k, v in r.items() if not k.startswith("_")})
-b4 = layout.random_q4k_blocks(random_blocks, rng)
-rows.append(layout.verify_q4k_blocks(b4))
-one = layout.random_q6k_blocks(64, rng, 224)
+b4 = r01_layout.random_q4k_blocks(random_blocks, rng)
+rows.append(r01_layout.verify_q4k_blocks(b4))
+one = r01_layout.random_q6k_blocks(64, rng, 224)
 scalar = np.array([[layout.expand_q6_elem(one[i], e) for e in range(256)] for i in range(64)])
 vector = layout.q6k_codes(one).astype(int) - 32
 rows.append({"type": "q6_K expand_q6_elem (scalar seeds form) vs map", "stride": 224, "blocks": 64,
@@ -93,9 +94,9 @@ report.table(random_table)
 m = open_model(model_path)
 print(report.relative_path(str(m.path)), "|", m.architecture, "|",
       ", ".join(f"{k}: {v} tensors" for k, v in m.type_counts().items()))
-model_rows, extras = layout.verify_model(m.path, tensor_filter, strides=tuple(strides))
+model_rows, extras = r01_layout.verify_model(m.path, tensor_filter, strides=tuple(strides))
 model_table = pd.DataFrame(model_rows)
-totals = layout.summarize(model_rows)
+totals = r01_layout.summarize(model_rows)
 assert model_rows and all(v["mismatches"] == 0 for v in totals.values()), totals
 display(report.table(pd.DataFrame(totals).T.rename_axis("type / stride").reset_index(), caption="totals"))
 report.table(model_table[["tensor", "type", "stride", "shape", "blocks", "elements", "mismatches"]],

@@ -51,7 +51,7 @@ assert (g4["blocks/SM"], g8["blocks/SM"]) == (2, 1) and round(implied) == 48
 # depths give 2 blocks/SM at 85 registers — the seeds' cliff is not where GB10 put it.
 
 # %%
-one = occ.occupancy(device, threads, regs, registry.find(kernel_family, KDR=4, STRIDE=210, EPI=0, OCC=2).dynamic_smem()) if kernel_family == "q6k_expb" else None
+one = occ.occupancy(device, threads, regs, registry.default_variant(kernel_family).spec().dynamic_smem()) if kernel_family == "q6k_expb" else None
 print(occ.format_table(one) if one else "")
 
 # %% [markdown]
@@ -83,7 +83,7 @@ axes[0].set_ylabel("resident blocks / SM (lines offset slightly)"); axes[0].lege
 # ## Registers against occupancy (256 threads, the KDR=4 shared memory)
 
 # %%
-s4 = registry.find(kernel_family, KDR=4, STRIDE=210, EPI=0, OCC=2).dynamic_smem() if kernel_family == "q6k_expb" else 0
+s4 = registry.default_variant(kernel_family).spec().dynamic_smem() if kernel_family == "q6k_expb" else 0
 rr = np.arange(16, 256)
 fig, ax = plt.subplots(figsize=(10, 4))
 for name in profiles:

@@ -19,7 +19,7 @@
 mode = "auto"               # measure (GPU) | replay (recorded run) | auto
 shapes = [[4096, 4096], [11008, 4096], [4096, 11008]]   # [od, id] pairs (llama-7B shapes); measure mode
 nts = [512, 3328, 4096]     # tokens per GEMM (measure mode; replay shows the recorded ones)
-kdr = 4                     # staging depth of the expanded-B kernel (chunks of 32 per k iteration)
+variants = ["q6k_generic", "q6k_expb_epi0", "q6k_expb_epi1"]   # kernel variants (labkernels.kernels.registry.VARIANTS)
 stride = 210                # q6_K block stride in bytes (210, or the 224 padded repack)
 repeats = 20                # timed launches per variant and round
 pairs = 3                   # interleaved A/B rounds
@@ -30,16 +30,13 @@ headline_nt = 4096          # nt of the headline figures
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
 from labkernels import report, records, analysis, provenance, plotting
 report.setup()
-mode = report.resolve_mode(mode, "q6k")
-if mode == "measure":
-    from labkernels import bench
-    with records.recording("q6k", dict(shapes=shapes, nts=nts, kdr=kdr, stride=stride, repeats=repeats, pairs=pairs)) as run:
-        bench.record_q6k(run, shapes, nts, kdr=kdr, stride=stride, repeats=repeats, pairs=pairs)
-else:
-    run = records.latest("q6k")
-    shapes = run.meta["params"].get("shapes", shapes)   # replay shows what was recorded
-report.banner(mode, run)
-bench_df = run.table("q6k_bench"); pairs_df = run.table("q6k_pairs")
+from labkernels.rounds import open_round
+r3 = open_round("03", mode, shapes=shapes, nts=nts, variants=variants, stride=stride, repeats=repeats, pairs=pairs)
+mode, run, shapes = r3.mode, r3.run, r3.plan["shapes"]   # replay shows what was recorded
+r3.banner()
+from labkernels.kernels import registry              # older runs named the variants generic / expb_epi0 / expb_epi1
+bench_df = run.table("q6k_bench").assign(variant=lambda d: d.variant.map(registry.canonical))
+pairs_df = run.table("q6k_pairs").assign(a=lambda d: d.a.map(registry.canonical), b=lambda d: d.b.map(registry.canonical))
 ceil = run.table("ceiling") if run.has("ceiling") else None
 
 # %% [markdown]
@@ -47,12 +44,12 @@ ceil = run.table("ceiling") if run.has("ceiling") else None
 
 # %%
 if run.has("parity"):
-    par = run.table("parity")
+    par = run.table("parity").assign(variant=lambda d: d.variant.map(registry.canonical))
     display(report.table(par))
     assert par.ok.all(), "a parity gate failed: no timing below may be trusted"
 else:
     print("This run predates the recorded parity table; its benchmark raised before timing on any failed gate "
-          "(labkernels.bench.bench_q6k), and the GPU tests of the same commit passed every q6_K gate.")
+          "(labkernels.rounds.r03_q6k.bench_q6k), and the GPU tests of the same commit passed every q6_K gate.")
 
 # %% [markdown]
 # ## ptxas audit of the kernels in this round (sm_90)
@@ -72,7 +69,7 @@ else:
 
 # %%
 summ = analysis.summarize(bench_df)
-order = ["generic", "expb_epi0", "expb_epi1", "cublas_f16_cached", "cublas_f16_with_dequant", "prepass"]
+order = ["q6k_generic", "q6k_expb_epi0", "q6k_expb_epi1", "cublas_f16_cached", "cublas_f16_with_dequant", "prepass"]
 summ["variant"] = pd.Categorical(summ.variant, order)
 tbl = summ.sort_values(["od", "id", "nt", "variant"])[["od", "id", "nt", "variant", "median_us", "p20_us", "p80_us", "us_per_gmac", "tops_eq", "spread"]]
 display(report.table(tbl, {"median_us": "{:.1f}", "p20_us": "{:.1f}", "p80_us": "{:.1f}", "us_per_gmac": "{:.2f}",
@@ -116,7 +113,7 @@ plt.show()
 
 # %%
 from labkernels import peers
-vs = peers.mmq_vs_llama(summ[summ.variant.isin(["generic", "expb_epi0", "expb_epi1"])].assign(variant=lambda d: d.variant.astype(str)),
+vs = peers.mmq_vs_llama(summ[summ.variant.isin(["q6k_generic", "q6k_expb_epi0", "q6k_expb_epi1"])].assign(variant=lambda d: d.variant.astype(str)),
                         peers.run_gpu_name(run), qtype="q6_K")
 print(vs.message)
 if vs.ok:
@@ -133,8 +130,8 @@ if vs.ok:
 # %%
 od, id_ = headline_shape
 sel = summ[(summ.od == od) & (summ.id == id_) & (summ.nt == headline_nt)].set_index("variant")
-best_expb = sel.loc[["expb_epi0", "expb_epi1"]].tops_eq.idxmax()
-gen_ratio = ps[(ps.a == "generic") & (ps.b == best_expb) & (ps.od == od) & (ps.id == id_) & (ps.nt == headline_nt)].iloc[0]
+best_expb = sel.loc[["q6k_expb_epi0", "q6k_expb_epi1"]].tops_eq.idxmax()
+gen_ratio = ps[(ps.a == "q6k_generic") & (ps.b == best_expb) & (ps.od == od) & (ps.id == id_) & (ps.nt == headline_nt)].iloc[0]
 cub_ratio = ps[(ps.a == "cublas_f16_cached") & (ps.b == best_expb) & (ps.od == od) & (ps.id == id_) & (ps.nt == headline_nt)].iloc[0]
 k16 = float(ceil[ceil.k == 16].tops.iloc[0]) if ceil is not None else float("nan")
 hv = vs.table[(vs.table.od == od) & (vs.table.id == id_) & (vs.table.nt == headline_nt) & (vs.table.variant == best_expb)] if vs.ok else vs.table

@@ -20,17 +20,11 @@ headline_nt = 4096            # nt of the smem/speed plot and the conclusion
 # %%
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
 from labkernels import report, records, analysis, occupancy as occ, plotting
+from labkernels.kernels import registry
 report.setup()
-mode = report.resolve_mode(mode, "kdr_sweep")
-if mode == "measure":
-    from labkernels import bench
-    shapes = {"q6_K": [(4096, 4096), (4096, 11008)], "q4_K": [(4096, 4096), (11008, 4096)]}
-    with records.recording("kdr_sweep", dict(shapes=shapes, nts=nts, repeats=repeats)) as run:
-        bench.kdr_sweep(shapes, nts, repeats=repeats, run=run)
-    with records.recording("q4k", dict(shapes=shapes["q4_K"], nts=q4k_nts, kdr=4, repeats=20, pairs=3)) as qrun:
-        bench.record_q4k(qrun, shapes["q4_K"], q4k_nts, kdr=4)
-else:
-    run, qrun = records.latest("kdr_sweep"), records.latest("q4k")
+from labkernels.rounds import open_round
+r4 = open_round("04", mode, nts=nts, repeats=repeats, q4k_nts=q4k_nts)   # the shapes: labkernels.rounds.r04_kdr.PLAN
+mode, run, qrun = r4.mode, r4.runs["kdr_sweep"], r4.runs["q4k"]
 report.banner(mode, run, note=f"q4_K benchmark: run {qrun.run_id}." if qrun else "")
 sweep = run.table("sweep")
 sweep["variant"] = np.where(sweep.qtype == "q6_K", "EPI=" + sweep.EPI.astype("Int64").astype(str) + ",OCC=" + sweep.OCC.astype("Int64").astype(str), "q4k_nb")
@@ -139,7 +133,7 @@ from labkernels import peers
 best_pts = sweep.loc[sweep.groupby(["qtype", "od", "id", "nt"]).tops_eq.idxmax()]
 lab_pts = [best_pts.assign(source="KDR sweep (best point)", variant="KDR=" + best_pts.kdr.astype(str) + " " + best_pts.variant)]
 if qrun is not None:
-    lab_pts.append(qb[qb.variant == "q4k_nb"].assign(qtype="q4_K", source="q4_K benchmark", variant=f"q4k_nb KDR={qrun.meta['params'].get('kdr', '?')}"))
+    lab_pts.append(qb[qb.variant.map(registry.canonical) == "q4k_nb_kdr4"].assign(qtype="q4_K", source="q4_K benchmark", variant=f"q4k_nb KDR={int(qrun.table('q4k_bench').kdr.iloc[0])}"))
 vs = peers.mmq_vs_llama(pd.concat(lab_pts, ignore_index=True)[["source", "qtype", "od", "id", "nt", "variant", "tops_eq"]],
                         peers.run_gpu_name(run))
 print(vs.message)

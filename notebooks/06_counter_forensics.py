@@ -5,7 +5,7 @@
 # kernels do exactly the same tensor work (IMMA = MACs), fitted duration against the warp-instruction count
 # (the linear law), and tested explanations with counter-evidence patches: a change that removes a hypothesized
 # cost and does not move duration takes the hypothesis out. This round does the same on the H200 with `ncu`
-# (driven by `labkernels/forensics.py`, one profiled launch per case from `labkernels/forensics_driver.py`),
+# (driven by `labkernels/forensics.py` -- ncu plumbing in `ncu.py`, the counter analysis in `counters.py` --, one profiled launch per case from `labkernels/forensics_driver.py`),
 # for the pairs generic vs expanded-B q6_K and q6_K vs q4_K at matched shapes, and one counter-evidence
 # experiment built from a template switch in `q6k_expb.cu` (EPI: the I2F epilogue vs the magic-number epilogue).
 
@@ -30,6 +30,8 @@ else:
     run = records.latest("forensics")
 report.banner(mode, run)
 pg, imma, fit = run.table("per_gmac"), run.table("imma_check"), run.table("fit")
+from labkernels.kernels import registry                 # older runs labelled q4k_nb_kdr4 "q4k_nb"
+pg = pg.assign(variant=pg.variant.map(registry.canonical))
 pairs = run.table("pairs") if run.has("pairs") else pd.DataFrame()
 verd = run.table("verdicts") if run.has("verdicts") else pd.DataFrame()
 
@@ -108,7 +110,7 @@ if len(verd):
 e0 = pg[(pg["shape"] == shape) & (pg.variant == "q6k_expb_epi0")].iloc[0]
 e1 = pg[(pg["shape"] == shape) & (pg.variant == "q6k_expb_epi1_occ2")].iloc[0]
 gen = pg[(pg["shape"] == shape) & (pg.variant == "q6k_generic")].iloc[0]
-q4 = pg[(pg["shape"] == shape) & (pg.variant == "q4k_nb")].iloc[0]
+q4 = pg[(pg["shape"] == shape) & (pg.variant == "q4k_nb_kdr4")].iloc[0]
 v = verd[verd["shape"] == shape].iloc[0] if len(verd) else None
 qrun = records.latest("q6k")
 ceil = qrun.table("ceiling") if qrun is not None and qrun.has("ceiling") else None

@@ -47,9 +47,9 @@ class FakeQWeight:
 
     @classmethod
     def upload(cls, w_raw, qtype, stride=None):
-        qtype = quants.normalize_qtype(qtype)
-        nb = 144 if qtype == "q4_K" else 210
-        return cls(np.asarray(w_raw), qtype, w_raw.shape[0], w_raw.shape[1] // nb * 256, nb, host=np.asarray(w_raw))
+        qt = quants.qtype_info(qtype)
+        return cls(np.asarray(w_raw), qt.name, w_raw.shape[0], w_raw.shape[1] // qt.nbytes * qt.qk, qt.nbytes,
+                   host=np.asarray(w_raw))
 
 
 def fake_prepass(x):

@@ -10,7 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from labkernels import counters as C
 from labkernels import forensics as F
+from labkernels import ncu as N
 from labkernels import forensics_driver as D
 from labkernels import records
 
@@ -98,39 +100,39 @@ DETAILS_CSV = """\
 
 
 def test_parse_query_metrics_table_skips_headers_noise_and_wrapped_descriptions():
-    names = F.parse_query_metrics(QUERY_BASE)
+    names = N.parse_query_metrics(QUERY_BASE)
     assert "gpu__time_duration" in names and "smsp__inst_executed" in names
     assert "sm__ops_path_tensor_op_imma_src_int8" in names
     assert not any(n.startswith(("Metric", "Device", "==", "-", "#", "generated")) for n in names)
     assert len(names) == 21
-    assert F.query_device(QUERY_BASE) == "NVIDIA H200 (GH100)"
+    assert N.query_device(QUERY_BASE) == "NVIDIA H200 (GH100)"
 
 
 def test_parse_query_metrics_suffix_mode_and_csv():
-    names = F.parse_query_metrics(QUERY_SUFFIX)
+    names = N.parse_query_metrics(QUERY_SUFFIX)
     assert {"sm__inst_executed.avg", "sm__inst_executed.sum", "smsp__inst_executed.sum", "smsp__inst_executed.max",
             "sm__warps_active.avg.pct_of_peak_sustained_active"} <= names
-    csv_names = F.parse_query_metrics(QUERY_CSV)
+    csv_names = N.parse_query_metrics(QUERY_CSV)
     assert csv_names == {"gpu__time_duration", "smsp__inst_executed", "sm__inst_executed_pipe_tensor_op_imma"}
-    assert F.parse_query_metrics("==ERROR== the profiler could not be loaded\n") == set()
+    assert N.parse_query_metrics("==ERROR== the profiler could not be loaded\n") == set()
 
 
 def test_metric_available_base_and_full_listings():
-    base = F.parse_query_metrics(QUERY_BASE)
-    assert F.metric_available("smsp__inst_executed.sum", base)
-    assert F.metric_available("sm__warps_active.avg.pct_of_peak_sustained_active", base)
-    assert not F.metric_available("dram__bytes_write.sum", base)
-    full = F.parse_query_metrics(QUERY_SUFFIX)
-    assert F.metric_available("sm__inst_executed.sum", full)
-    assert not F.metric_available("sm__inst_executed.max", full)       # listed variants, rollup not among them
-    assert F.metric_available("sm__warps_active.avg.pct_of_peak_sustained_active", full)
+    base = N.parse_query_metrics(QUERY_BASE)
+    assert N.metric_available("smsp__inst_executed.sum", base)
+    assert N.metric_available("sm__warps_active.avg.pct_of_peak_sustained_active", base)
+    assert not N.metric_available("dram__bytes_write.sum", base)
+    full = N.parse_query_metrics(QUERY_SUFFIX)
+    assert N.metric_available("sm__inst_executed.sum", full)
+    assert not N.metric_available("sm__inst_executed.max", full)       # listed variants, rollup not among them
+    assert N.metric_available("sm__warps_active.avg.pct_of_peak_sustained_active", full)
 
 
 # ------------------------------------------------------------------ choosing metrics
 
 
 def test_choose_metrics_prefers_hopper_names_and_finds_the_stall_family():
-    ch = F.choose_metrics(F.parse_query_metrics(QUERY_BASE))
+    ch = N.choose_metrics(N.parse_query_metrics(QUERY_BASE))
     assert ch["duration"] == "gpu__time_duration.sum"
     assert ch["warp_inst"] == "smsp__inst_executed.sum"
     assert ch["imma_inst"] == "sm__inst_executed_pipe_tensor_op_imma.sum"
@@ -145,10 +147,10 @@ def test_choose_metrics_prefers_hopper_names_and_finds_the_stall_family():
     # the first stall family present wins, every reason of it, the not_issued variants excluded
     assert ch["stalls"] == [f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio"
                             for r in ("barrier", "long_scoreboard", "mio_throttle")]
-    assert [F.stall_reason(m) for m in ch["stalls"]] == ["barrier", "long_scoreboard", "mio_throttle"]
-    flat = F.metric_list(ch)
+    assert [N.stall_reason(m) for m in ch["stalls"]] == ["barrier", "long_scoreboard", "mio_throttle"]
+    flat = N.metric_list(ch)
     assert len(flat) == len(set(flat)) and "gpu__time_duration.sum" in flat
-    cols = F.concept_columns(ch)
+    cols = N.concept_columns(ch)
     assert cols["smsp__inst_executed.sum"] == "warp_inst" and cols[ch["stalls"][0]] == "stall_barrier"
 
 
@@ -156,34 +158,34 @@ def test_choose_metrics_falls_back_and_core_set_is_smaller():
     avail = {"gpu__time_duration", "sm__inst_executed", "sm__inst_executed_pipe_tensor",
              "smsp__pcsamp_warps_issue_stalled_barrier", "smsp__pcsamp_warps_issue_stalled_wait",
              "smsp__pcsamp_warps_issue_stalled_wait_not_issued", "sm__ops_path_tensor_src_int8"}
-    ch = F.choose_metrics(avail)
+    ch = N.choose_metrics(avail)
     assert ch["warp_inst"] == "sm__inst_executed.sum"                  # smsp__ not offered
     assert ch["imma_inst"] == "sm__inst_executed_pipe_tensor.sum"      # last resort: the whole tensor pipe
     assert ch["imma_ops"] == "sm__ops_path_tensor_src_int8.sum"
     assert ch["stalls"] == ["smsp__pcsamp_warps_issue_stalled_barrier", "smsp__pcsamp_warps_issue_stalled_wait"]
-    core = F.choose_metrics(F.parse_query_metrics(QUERY_BASE), "core")
+    core = N.choose_metrics(N.parse_query_metrics(QUERY_BASE), "core")
     assert "stalls" not in core and "shared_ld_inst" not in core
     assert {"duration", "warp_inst", "imma_inst", "imma_ops", "occupancy_pct"} <= set(core)
     with pytest.raises(ValueError):
-        F.choose_metrics(avail, "everything")
+        N.choose_metrics(avail, "everything")
 
 
 def test_choose_metrics_clear_error_for_missing_required_concepts():
-    with pytest.raises(F.MetricsError, match="imma_inst") as e:
-        F.choose_metrics({"gpu__time_duration", "smsp__inst_executed", "dram__bytes_read"})
+    with pytest.raises(N.MetricsError, match="imma_inst") as e:
+        N.choose_metrics({"gpu__time_duration", "smsp__inst_executed", "dram__bytes_read"})
     assert "sm__inst_executed_pipe_tensor_op_imma.sum" in str(e.value)   # says what it tried
     assert "duration" not in str(e.value).split("concept(s):")[1].split("(")[0]
-    with pytest.raises(F.MetricsError, match="duration.*warp_inst|warp_inst"):
-        F.choose_metrics({"sm__inst_executed_pipe_tensor_op_imma"})
-    with pytest.raises(F.MetricsError, match="listed no metrics"):
-        F.choose_metrics(set())
+    with pytest.raises(N.MetricsError, match="duration.*warp_inst|warp_inst"):
+        N.choose_metrics({"sm__inst_executed_pipe_tensor_op_imma"})
+    with pytest.raises(N.MetricsError, match="listed no metrics"):
+        N.choose_metrics(set())
 
 
 # ------------------------------------------------------------------ ncu command
 
 
 def test_ncu_command_flags():
-    cmd = F.ncu_command(["-m", "labkernels.forensics_driver", "--case", "q4k_nb"], ["gpu__time_duration.sum",
+    cmd = N.ncu_command(["-m", "labkernels.forensics_driver", "--case", "q4k_nb_kdr4"], ["gpu__time_duration.sum",
                         "smsp__inst_executed.sum"], "q4k_nb_kernel", 12, 1, "/tmp/x.csv", ncu="/opt/ncu",
                         python="python3")
     s = " ".join(cmd)
@@ -193,19 +195,19 @@ def test_ncu_command_flags():
                  "--kernel-name regex:q4k_nb_kernel", "--launch-skip 12", "--launch-count 1",
                  "--log-file /tmp/x.csv"):
         assert frag in s
-    assert cmd[-5:] == ["python3", "-m", "labkernels.forensics_driver", "--case", "q4k_nb"]
+    assert cmd[-5:] == ["python3", "-m", "labkernels.forensics_driver", "--case", "q4k_nb_kdr4"]
     assert "base" not in [cmd[cmd.index("--clock-control") + 1]]
     with pytest.raises(ValueError):
-        F.ncu_command([], [], "k", 0, 1, "x")
+        N.ncu_command([], [], "k", 0, 1, "x")
     with pytest.raises(ValueError):
-        F.ncu_command([], ["a.sum"], "k", 0, 0, "x")
+        N.ncu_command([], ["a.sum"], "k", 0, 0, "x")
 
 
 # ------------------------------------------------------------------ ncu CSV
 
 
 def test_parse_ncu_csv_raw_page_units_commas_and_noise():
-    df = F.parse_ncu_csv(RAW_CSV)
+    df = N.parse_ncu_csv(RAW_CSV)
     assert len(df) == 2 and list(df.ID) == [0, 1]
     assert list(df.columns[:4]) == ["ID", "Kernel Name", "Grid Size", "Block Size"]
     assert df["Grid Size"][0] == "(52, 32, 1)" and df["Block Size"][0] == "(256, 1, 1)"
@@ -234,16 +236,16 @@ H200_RAW = """\
 
 
 def test_parse_ncu_csv_real_h200_excerpt_passes_the_imma_check():
-    df = F.parse_ncu_csv(H200_RAW)
+    df = N.parse_ncu_csv(H200_RAW)
     assert len(df) == 1 and df["Kernel Name"][0].startswith("void q4k_nb_kernel<4>(")
     r = df.iloc[0]
     assert r["gpu__time_duration.sum"] == 103776.0 and df.attrs["units"]["gpu__time_duration.sum"] == "nsecond"
     assert r["smsp__inst_executed.sum"] == 56043008.0 and r["sm__cycles_elapsed.avg.per_second"] == 1788264817.46
     assert r["launch__registers_per_thread"] == 128.0
     macs = 512 * 4096 * 4096
-    chk = F.imma_check(df, macs, 32)                               # m16n8k32: MACs / 4096 IMMA, 2 ops per MAC
-    assert F.imma_ok(chk) and chk["ops_per_mac"][0] == 2.0
-    assert F.per_gmac(df, macs)["smsp__inst_executed.sum"][0] == pytest.approx(56043008 / 8.589934592)
+    chk = C.imma_check(df, macs, 32)                               # m16n8k32: MACs / 4096 IMMA, 2 ops per MAC
+    assert C.imma_ok(chk) and chk["ops_per_mac"][0] == 2.0
+    assert C.per_gmac(df, macs)["smsp__inst_executed.sum"][0] == pytest.approx(56043008 / 8.589934592)
 
 
 def test_parse_query_metrics_real_h200_layout():
@@ -258,25 +260,25 @@ FBSP.TriageCompute.dramc__write_throughput_internal_activity                    
                                                                                                                             activity
 gpu__time_duration                                                                          Counter         ns              total duration in nanoseconds
 """
-    assert F.parse_query_metrics(text) == {"gpu__time_duration"}
-    assert F.query_device(text) == "NVIDIA H200 (GH100)"
+    assert N.parse_query_metrics(text) == {"gpu__time_duration"}
+    assert N.query_device(text) == "NVIDIA H200 (GH100)"
 
 
 def test_parse_ncu_csv_base_units_details_page_and_empty():
     text = HEADER + ',"gpu__time_duration.sum"\n' + '"","","","","","","","","","","","nsecond"\n' + \
         '"0","1","p","h","k(int)","1","7","(1, 1, 1)","(1, 1, 1)","0","9.0","2,848"\n'
-    df = F.parse_ncu_csv(text)
+    df = N.parse_ncu_csv(text)
     assert df["gpu__time_duration.sum"][0] == 2848.0
-    det = F.parse_ncu_csv(DETAILS_CSV)
+    det = N.parse_ncu_csv(DETAILS_CSV)
     assert len(det) == 1 and det["gpu__time_duration.sum"][0] == 250000.0
     assert det["smsp__inst_executed.sum"][0] == 1e6
-    empty = F.parse_ncu_csv("==PROF== Connected\n==WARNING== No kernels were profiled.\n")
+    empty = N.parse_ncu_csv("==PROF== Connected\n==WARNING== No kernels were profiled.\n")
     assert len(empty) == 0 and "Kernel Name" in empty.columns
 
 
 def test_rejected_metrics_from_error_lines():
     text = "==ERROR== Failed to find metric sm__bogus.sum\n==PROF== Disconnected\n"
-    assert F.rejected_metrics(text, ["gpu__time_duration.sum", "sm__bogus.sum"]) == ["sm__bogus.sum"]
+    assert N.rejected_metrics(text, ["gpu__time_duration.sum", "sm__bogus.sum"]) == ["sm__bogus.sum"]
 
 
 # ------------------------------------------------------------------ per-GMAC
@@ -288,21 +290,21 @@ def test_per_gmac_arithmetic():
                        "sm__warps_active.avg.pct_of_peak_sustained_active": [40.0, 50.0],
                        "Kernel Name": ["ka", "kb"]})
     macs = [2e9, 5e9]                                                           # 2 and 5 GMAC
-    pg = F.per_gmac(df, macs)
+    pg = C.per_gmac(df, macs)
     assert pg["smsp__inst_executed.sum"].tolist() == [5.0e7, 6.0e7]
     assert pg["gpu__time_duration.sum"].tolist() == [2.0e5, 2.0e5]              # ns per GMAC
     assert pg["sm__warps_active.avg.pct_of_peak_sustained_active"].tolist() == [40.0, 50.0]   # a rate: unchanged
     assert pg["Kernel Name"].tolist() == ["ka", "kb"] and pg["gmac"].tolist() == [2.0, 5.0]
     # same answer from a mapping keyed by case, and from a column; concept columns normalize too
-    assert F.per_gmac(df, {"b": 5e9, "a": 2e9})["smsp__inst_executed.sum"].tolist() == [5.0e7, 6.0e7]
+    assert C.per_gmac(df, {"b": 5e9, "a": 2e9})["smsp__inst_executed.sum"].tolist() == [5.0e7, 6.0e7]
     cv = df.rename(columns={"smsp__inst_executed.sum": "warp_inst", "gpu__time_duration.sum": "duration"})
     cv["macs"] = macs
-    pc = F.per_gmac(cv, "macs")
+    pc = C.per_gmac(cv, "macs")
     assert pc["warp_inst"].tolist() == [5.0e7, 6.0e7] and pc["duration"].tolist() == [2.0e5, 2.0e5]
     with pytest.raises(ValueError):
-        F.per_gmac(df, [1e9])
+        C.per_gmac(df, [1e9])
     with pytest.raises(ValueError):
-        F.per_gmac(df, [1e9, 0])
+        C.per_gmac(df, [1e9, 0])
 
 
 # ------------------------------------------------------------------ IMMA consistency
@@ -316,36 +318,36 @@ def _imma_frame(inst, ops, macs, k):
 def test_imma_check_passes_when_counts_match_the_mma_shapes():
     macs = 3328 * 4096 * 4096
     df = _imma_frame([macs / 2048, macs / 4096], [2 * macs, 2 * macs], [macs, macs], [16, 32])
-    chk = F.imma_check(df, "macs_padded", "mma_k")
+    chk = C.imma_check(df, "macs_padded", "mma_k")
     assert chk["imma_inst_expected"].tolist() == [macs / 2048, macs / 4096]
-    assert chk["ops_per_mac"].tolist() == [2.0, 2.0] and chk["ok"].all() and F.imma_ok(chk)
+    assert chk["ops_per_mac"].tolist() == [2.0, 2.0] and chk["ok"].all() and C.imma_ok(chk)
     assert chk["inst_ratio"].tolist() == [1.0, 1.0]
     # raw metric names are understood too
     raw = df.rename(columns={"imma_inst": "sm__inst_executed_pipe_tensor_op_imma.sum",
                              "imma_ops": "sm__ops_path_tensor_op_imma_src_int8.sum"})
-    assert F.imma_ok(F.imma_check(raw, "macs_padded", "mma_k"))
+    assert C.imma_ok(C.imma_check(raw, "macs_padded", "mma_k"))
 
 
 def test_imma_check_catches_mismatches():
     macs = 64 * 128 * 256 * 10
     # one extra IMMA instruction on the second kernel
-    bad_inst = F.imma_check(_imma_frame([macs / 2048, macs / 2048 + 1], [2 * macs] * 2, [macs] * 2, 16),
+    bad_inst = C.imma_check(_imma_frame([macs / 2048, macs / 2048 + 1], [2 * macs] * 2, [macs] * 2, 16),
                             "macs_padded", "mma_k")
-    assert bad_inst["ok"].tolist() == [True, False] and not F.imma_ok(bad_inst)
+    assert bad_inst["ok"].tolist() == [True, False] and not C.imma_ok(bad_inst)
     # m16n8k32 counted as two m16n8k16: the ratio says so
-    split = F.imma_check(_imma_frame([macs / 2048], [2 * macs], [macs], 32), "macs_padded", "mma_k")
+    split = C.imma_check(_imma_frame([macs / 2048], [2 * macs], [macs], 32), "macs_padded", "mma_k")
     assert split["inst_ratio"][0] == 2.0 and not split["ok"][0]
     # ops per MAC differs between the paired kernels: neither is ok
-    diff = F.imma_check(_imma_frame([macs / 2048] * 2, [2 * macs, 2 * macs * 1.01], [macs] * 2, 16),
+    diff = C.imma_check(_imma_frame([macs / 2048] * 2, [2 * macs, 2 * macs * 1.01], [macs] * 2, 16),
                         "macs_padded", "mma_k")
     assert not diff["ops_identical"].any() and not diff["ok"].any()
     # identical but not the expected 2 per MAC
-    one = F.imma_check(_imma_frame([macs / 2048] * 2, [macs, macs], [macs] * 2, 16), "macs_padded", "mma_k")
-    assert one["ops_identical"].all() and not one["ops_expected"].any() and not F.imma_ok(one)
-    assert F.imma_ok(F.imma_check(_imma_frame([macs / 2048] * 2, [macs, macs], [macs] * 2, 16), "macs_padded",
+    one = C.imma_check(_imma_frame([macs / 2048] * 2, [macs, macs], [macs] * 2, 16), "macs_padded", "mma_k")
+    assert one["ops_identical"].all() and not one["ops_expected"].any() and not C.imma_ok(one)
+    assert C.imma_ok(C.imma_check(_imma_frame([macs / 2048] * 2, [macs, macs], [macs] * 2, 16), "macs_padded",
                                   "mma_k", ops_per_mac_expected=1.0))
     # no IMMA counter at all is not ok
-    assert not F.imma_ok(F.imma_check(pd.DataFrame({"case": ["x"]}), macs, 16))
+    assert not C.imma_ok(C.imma_check(pd.DataFrame({"case": ["x"]}), macs, 16))
 
 
 # ------------------------------------------------------------------ linear law, verdict
@@ -353,39 +355,39 @@ def test_imma_check_catches_mismatches():
 
 def test_fit_linear_recovers_an_exact_line():
     x = np.array([1e8, 2.5e8, 4e8, 7e8, 1.1e9])
-    slope, icpt, r2 = F.fit_linear(x, 7.5 * x + 1234.0)
+    slope, icpt, r2 = C.fit_linear(x, 7.5 * x + 1234.0)
     assert slope == pytest.approx(7.5, rel=1e-12) and icpt == pytest.approx(1234.0, rel=1e-6)
     assert r2 == pytest.approx(1.0, abs=1e-12)
     rng = np.random.default_rng(0)
-    s2, _, r2n = F.fit_linear(x, 7.5 * x + rng.normal(0, 1e8, x.size))
+    s2, _, r2n = C.fit_linear(x, 7.5 * x + rng.normal(0, 1e8, x.size))
     assert r2n < 1.0 and s2 == pytest.approx(7.5, rel=0.2)
-    assert F.fit_linear([1, 2, np.nan], [2, 4, 5])[0] == pytest.approx(2.0)    # NaN pairs dropped
-    assert math.isnan(F.fit_linear([1, 2, 3], [5, 5, 5])[2])
+    assert C.fit_linear([1, 2, np.nan], [2, 4, 5])[0] == pytest.approx(2.0)    # NaN pairs dropped
+    assert math.isnan(C.fit_linear([1, 2, 3], [5, 5, 5])[2])
     with pytest.raises(ValueError):
-        F.fit_linear([1, 1], [2, 3])
+        C.fit_linear([1, 1], [2, 3])
     with pytest.raises(ValueError):
-        F.fit_linear([1], [2])
+        C.fit_linear([1], [2])
 
 
 def test_verdict_rule():
-    assert F.verdict(100.0, 101.0, 0.02) == "hypothesis out"        # +1 % within a 2 % band
-    assert F.verdict(100.0, 98.5, 0.02) == "hypothesis out"
-    assert F.verdict(100.0, 100.0, 0.0) == "hypothesis out"
-    assert F.verdict(100.0, 90.0, 0.02) == "supported"              # 10 % faster
-    assert F.verdict(100.0, 116.0, 0.02) == "inconclusive"          # slower: another cost came in
-    assert F.verdict([100, 101, 99], [90, 91, 89], 0.02) == "supported"   # medians
+    assert C.verdict(100.0, 101.0, 0.02) == "hypothesis out"        # +1 % within a 2 % band
+    assert C.verdict(100.0, 98.5, 0.02) == "hypothesis out"
+    assert C.verdict(100.0, 100.0, 0.0) == "hypothesis out"
+    assert C.verdict(100.0, 90.0, 0.02) == "supported"              # 10 % faster
+    assert C.verdict(100.0, 116.0, 0.02) == "inconclusive"          # slower: another cost came in
+    assert C.verdict([100, 101, 99], [90, 91, 89], 0.02) == "supported"   # medians
     for bad in ((100.0, 90.0, float("nan")), (0.0, 90.0, 0.02), (100.0, None, 0.02), (100.0, 90.0, -0.1)):
-        assert F.verdict(*bad) == "inconclusive"
-    assert set(F.VERDICTS) == {"hypothesis out", "supported", "inconclusive"}
+        assert C.verdict(*bad) == "inconclusive"
+    assert set(C.VERDICTS) == {"hypothesis out", "supported", "inconclusive"}
 
 
 def test_ab_summary_noise_band():
     rounds = [{"base_us": 100, "variant_us": 100.5, "base_again_us": 101, "ratio": 1.005, "self_ratio": 1.01},
               {"base_us": 100, "variant_us": 99.8, "base_again_us": 99.7, "ratio": 0.998, "self_ratio": 0.997}]
-    s = F.ab_summary({"rounds": rounds})
+    s = C.ab_summary({"rounds": rounds})
     assert s["noise"] == pytest.approx(0.01) and s["delta"] == pytest.approx((1.005 + 0.998) / 2 - 1)
-    assert F.verdict(s["base_us"], s["variant_us"], s["noise"]) == "hypothesis out"
-    assert F.ab_summary({"rounds": rounds[:1]}, noise_floor=0.05)["noise"] == 0.05
+    assert C.verdict(s["base_us"], s["variant_us"], s["noise"]) == "hypothesis out"
+    assert C.ab_summary({"rounds": rounds[:1]}, noise_floor=0.05)["noise"] == 0.05
 
 
 # ------------------------------------------------------------------ driver (CPU parts)
@@ -397,9 +399,9 @@ def test_case_spec_and_launch_plan():
     assert s["macs"] == s["macs_padded"] == 3328 * 4096 * 11008 and s["gmac"] == pytest.approx(150.06, rel=1e-3)
     assert s["params"] == {"KDR": 4, "STRIDE": 210, "EPI": 1, "OCC": 2}
     assert s["kernel_regex"] == "q6k_expb_kernel" and s["name_expression"] == "q6k_expb_kernel<4,210,1,2>"
-    assert s["mma_k"] == 16 and D.case_spec("q4k_nb")["mma_k"] == 32
+    assert s["mma_k"] == 16 and D.case_spec("q4k_nb_kdr4")["mma_k"] == 32
     assert D.case_spec("q6k_generic")["name_expression"] == "q6k_generic_kernel<210>"
-    odd = D.case_spec("q4k_nb", "70x130x512")                       # padded tiles: 2 x 64 tokens, 2 x 128 rows
+    odd = D.case_spec("q4k_nb_kdr4", "70x130x512")                       # padded tiles: 2 x 64 tokens, 2 x 128 rows
     assert odd["macs"] == 70 * 130 * 512 and odd["macs_padded"] == 128 * 256 * 512
     assert D.launch_plan(2, 10) == {"warmup": 2, "repeats": 10, "launch_skip": 12, "launch_count": 1}
     with pytest.raises(D.CaseError):
@@ -414,9 +416,9 @@ def test_case_spec_and_launch_plan():
 
 
 def test_driver_describe_prints_one_json_line(capsys):
-    assert D.main(["--case", "q4k_nb", "--shape", "512x4096x4096", "--describe", "--repeats", "3"]) == 0
+    assert D.main(["--case", "q4k_nb_kdr4", "--shape", "512x4096x4096", "--describe", "--repeats", "3"]) == 0
     out = json.loads(capsys.readouterr().out.strip())
-    assert out["forensics_case"] == "q4k_nb@512x4096x4096" and out["launch_skip"] == 5
+    assert out["forensics_case"] == "q4k_nb_kdr4@512x4096x4096" and out["launch_skip"] == 5
     assert out["macs"] == 512 * 4096 * 4096
 
 
@@ -455,7 +457,7 @@ spec = json.loads(r.stdout.strip().splitlines()[-1])
 assert opts["--launch-skip"] == str(spec["launch_skip"]) and opts["--launch-count"] == "1"
 assert opts["--kernel-name"] == "regex:" + spec["kernel_regex"] and opts["--clock-control"] == "none"
 per_mac = {{"q6k_generic": 10.14, "q6k_expb_epi0": 6.06, "q6k_expb_epi1_occ2": 5.9, "q6k_expb_epi1": 5.8,
-           "q4k_nb": 4.0}}[spec["variant"]] * 1e-3
+           "q4k_nb_kdr4": 4.0}}[spec["variant"]] * 1e-3
 inst = spec["macs"] * per_mac
 vals = {{}}
 for m in metrics:
@@ -511,7 +513,7 @@ def test_run_forensics_end_to_end_with_a_fake_ncu(tmp_path, monkeypatch):
     res = F.run_forensics(tmp_path / "out", shapes=shapes, ncu=str(ncu), ab_pairs=3, progress=logs.append)
     assert res["ok"] and res["summary"]["imma_ok"]
     m = res["metrics"]
-    assert len(m) == 2 * len(D.VARIANTS) and set(m.variant) == set(D.VARIANTS)
+    assert len(m) == 2 * len(D.CASES) and set(m.variant) == set(D.CASES)
     assert reject not in m.columns                                  # rejected once, dropped, profiled again
     assert any("rejected" in line for line in logs)
     assert m.kernel_args_match.all()
@@ -529,7 +531,7 @@ def test_run_forensics_end_to_end_with_a_fake_ncu(tmp_path, monkeypatch):
     assert row["warp_inst_ratio"] == pytest.approx(6.06 / 10.14)
     # recorded, replayable, and the raw ncu text and query output kept
     out = tmp_path / "out"
-    assert "### case q4k_nb@256x4096x11008" in (out / "ncu-raw.txt").read_text()
+    assert "### case q4k_nb_kdr4@256x4096x11008" in (out / "ncu-raw.txt").read_text()
     import gzip
 
     assert "gpu__time_duration" in gzip.open(out / "ncu-query-metrics.txt.gz", "rt").read()
@@ -551,10 +553,10 @@ def test_run_forensics_records_failure(tmp_path):
     ncu = tmp_path / "ncu"
     ncu.write_text(f"#!{sys.executable}\nimport sys\nprint('==ERROR== LibraryNotLoaded'); sys.exit(1)\n")
     ncu.chmod(ncu.stat().st_mode | stat.S_IEXEC)
-    with pytest.raises(F.MetricsError):
-        F.run_forensics(tmp_path / "o", cases=["q4k_nb"], ncu=str(ncu), progress=lambda s: None)
-    with pytest.raises(F.NcuError, match="not found"):
-        F.run_forensics(tmp_path / "o", cases=["q4k_nb"], ncu=str(tmp_path / "no-ncu"), progress=lambda s: None)
+    with pytest.raises(N.MetricsError):
+        F.run_forensics(tmp_path / "o", cases=["q4k_nb_kdr4"], ncu=str(ncu), progress=lambda s: None)
+    with pytest.raises(N.NcuError, match="not found"):
+        F.run_forensics(tmp_path / "o", cases=["q4k_nb_kdr4"], ncu=str(tmp_path / "no-ncu"), progress=lambda s: None)
 
 
 def test_cli_registers_forensics():

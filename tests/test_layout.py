@@ -7,18 +7,19 @@ import numpy as np
 import pytest
 
 from labkernels import layout
+from labkernels.rounds import r01_layout
 
 
 @pytest.mark.parametrize("stride", [210, 224])
 def test_q6k_map_exhaustive_random(stride, rng):
-    b = layout.random_q6k_blocks(4000, rng, stride)
-    r = layout.verify_q6k_blocks(b, stride)
+    b = r01_layout.random_q6k_blocks(4000, rng, stride)
+    r = r01_layout.verify_q6k_blocks(b, stride)
     assert r["elements"] == 4000 * 256 and r["mismatches"] == 0
     assert r["wrong_model_mismatches"] > 0 and r["wrong_model_rel_rmse"] > 0.1
 
 
 def test_seeds_scalar_expand_matches_vector_map(rng):
-    b = layout.random_q6k_blocks(16, rng, 224)
+    b = r01_layout.random_q6k_blocks(16, rng, 224)
     vec = layout.q6k_codes(b).astype(int) - 32
     for i in range(16):
         assert [layout.expand_q6_elem(b[i], e) for e in range(256)] == vec[i].tolist()
@@ -40,13 +41,13 @@ def test_maps_cover_each_bit_once():
 
 
 def test_q4k_map_exhaustive_random(rng):
-    r = layout.verify_q4k_blocks(layout.random_q4k_blocks(4000, rng))
+    r = r01_layout.verify_q4k_blocks(r01_layout.random_q4k_blocks(4000, rng))
     assert r["mismatches"] == 0 and r["naive_scale_unpack_mismatches"] > 0
 
 
 def test_every_block_of_the_real_model(model_path):
-    rows, extras = layout.verify_model(model_path)
-    totals = layout.summarize(rows)
+    rows, extras = r01_layout.verify_model(model_path)
+    totals = r01_layout.summarize(rows)
     assert set(totals) == {"q4_K", "q6_K/210", "q6_K/224"}
     assert all(v["mismatches"] == 0 for v in totals.values())
     assert totals["q6_K/210"]["tensors"] == 9 and totals["q4_K"]["tensors"] == 27

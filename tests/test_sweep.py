@@ -147,12 +147,12 @@ def test_a_variant_failing_its_gate_records_no_timings(tmp_path, monkeypatch):
 def test_standin_kernel_is_the_reference_math():
     """The stand-in computes what the kernels compute (q8_1 activations x dequantized weights): it must
     fail the gate when it is wrong, so a broken stand-in cannot record timings."""
-    from labkernels import bench, reference
+    from labkernels import cases, reference
 
     spec = sweep.load_plan(_plan(CPU_BENCH)).tasks[0].spec
     be = sweep._CpuStandin(spec)
     rng = np.random.default_rng(3)
-    w = bench.synthetic_weights("q6_K", 128, 512, rng)
+    w = cases.synthetic_weights("q6_K", 128, 512, rng)
     x = rng.standard_normal((8, 512)).astype(np.float32)
     be.prepare(w, x)
     y = be.output(spec["variants"][0])

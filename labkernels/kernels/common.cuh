@@ -9,9 +9,9 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
-#define LK_BM 64    // tokens per block tile
-#define LK_BN 128   // output rows per block tile
-#define LK_THREADS 256
+// The int8 GEMM tile constants LK_BM (tokens per block tile), LK_BN (output rows per block tile) and LK_THREADS
+// are not written here: labkernels.kernels.registry (BM, BN, THREADS) passes them as -D options to every build,
+// and tile.cuh refuses to compile a tile kernel without them.
 
 // fp16 bits -> float without cuda_fp16.h
 __device__ __forceinline__ float lk_h2f(u16 h) {
@@ -88,13 +88,21 @@ __device__ __forceinline__ u32 lk_ld32(const u8* p) {
 // centre 6-bit codes (0..63 per byte) to int8 (code - 32) in all 4 bytes, without SIMD emulation
 __device__ __forceinline__ u32 lk_center32(u32 v) { return ((v | 0x80808080u) - 0x20202020u) ^ 0x80808080u; }
 
-// q6_K: 4 codes (bytes) of 32-chunk cc (0..7 inside the super-block), word w (0..7), of one block.
-// ql byte = it*64 + (cc&1)*32 + 4w, shift 4*((cc>>1)&1); qh byte = 128 + it*32 + 4w, shift 2*(cc&3)
-template <bool ALIGNED4>
-__device__ __forceinline__ u32 lk_q6k_word(const u8* blk, int cc, int w) {
-    const int it = cc >> 2;
-    const u32 ql = lk_ld32<ALIGNED4>(blk + it * 64 + (cc & 1) * 32 + 4 * w);
-    const u32 qh = lk_ld32<ALIGNED4>(blk + 128 + it * 32 + 4 * w);
-    const u32 v = ((ql >> (4 * ((cc >> 1) & 1))) & 0x0F0F0F0Fu) | (((qh >> (2 * (cc & 3))) & 0x03030303u) << 4);
-    return lk_center32(v);
+// ---- per-type unpack shared by the GEMMs and dequant.cu
+// q6_K: the 6-bit codes (0..63, one per byte) of 32-chunk cc (0..7 of a super-block) from its ql and qh bytes
+// (ql byte it*64 + (cc&1)*32 + m, shift 4*((cc>>1)&1); qh byte 128 + it*32 + m, shift 2*(cc&3), it = cc>>2):
+// 4 codes of a 32-bit word, or one of a single byte
+__device__ __forceinline__ u32 lk_q6k_codes(u32 ql, u32 qh, int cc) {
+    return ((ql >> (4 * ((cc >> 1) & 1))) & 0x0F0F0F0Fu) | (((qh >> (2 * (cc & 3))) & 0x03030303u) << 4);
+}
+
+// q4_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed scale bytes q (block bytes 4..15)
+__device__ __forceinline__ void lk_q4k_scale_min(const u8* q, int j, int& sc, int& mn) {
+    if (j < 4) {
+        sc = q[j] & 63;
+        mn = q[j + 4] & 63;
+    } else {
+        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
 }

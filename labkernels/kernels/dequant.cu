@@ -21,22 +21,13 @@ __global__ void __launch_bounds__(256) dequant_f16_kernel(const u8* __restrict__
         const float ds0 = d * (float)(s8)blk[192 + 2 * cc], ds1 = d * (float)(s8)blk[192 + 2 * cc + 1];
         const int it = cc >> 2;
         for (int m = 0; m < 32; m++) {
-            const int lo = (blk[it * 64 + (cc & 1) * 32 + m] >> (4 * ((cc >> 1) & 1))) & 0xF;
-            const int hi = (blk[128 + it * 32 + m] >> (2 * (cc & 3))) & 0x3;
-            const int q = (lo | (hi << 4)) - 32;
+            const int q = (int)lk_q6k_codes(blk[it * 64 + (cc & 1) * 32 + m], blk[128 + it * 32 + m], cc) - 32;
             o[m] = lk_f2h((m < 16 ? ds0 : ds1) * (float)q);
         }
     } else {
         const float d = lk_h2f(*(const u16*)blk), dmin = lk_h2f(*(const u16*)(blk + 2));
-        const u8* q = blk + 4;
         int sc, mn;
-        if (cc < 4) {
-            sc = q[cc] & 63;
-            mn = q[cc + 4] & 63;
-        } else {
-            sc = (q[cc + 4] & 0xF) | ((q[cc - 4] >> 6) << 4);
-            mn = (q[cc + 4] >> 4) | ((q[cc] >> 6) << 4);
-        }
+        lk_q4k_scale_min(blk + 4, cc, sc, mn);
         const float dl = d * (float)sc, ml = dmin * (float)mn;
         for (int m = 0; m < 32; m++) {
             const int v = (blk[16 + (cc >> 1) * 32 + m] >> (4 * (cc & 1))) & 0xF;

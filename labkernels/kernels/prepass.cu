@@ -1,6 +1,6 @@
 // Activation prepass: f32 (F16=0) or f16 (F16=1) activations [nt, id] -> q8_1 (ggml's quantize_row_q8_1:
 // per 32 values d = amax/127, q = roundf(x * (1/d)), sum term), bit-identical to labkernels.quantize_ref.
-#include "common.cuh"
+#include "tile.cuh"
 
 template <int F16>
 __device__ __forceinline__ float lk_load_act(const void* x, long long i) {
@@ -33,10 +33,10 @@ __device__ __forceinline__ int lk_q8_1_lane(const void* x, int t, int nt, int id
 //        m*16 + g*2 + h for token p = m*16 + h*8 + g (the pair a thread needs is one 8-byte load).
 // Tokens nt..ntile*64-1 are written as zeros. Grid: ntile*64*nchunk/8 blocks of 256 threads.
 template <int F16>
-__global__ void __launch_bounds__(256) prepass_q8_1_tiles(const void* __restrict__ x, u8* __restrict__ qa8g,
+__global__ void __launch_bounds__(LK_THREADS) prepass_q8_1_tiles(const void* __restrict__ x, u8* __restrict__ qa8g,
                                                             u32* __restrict__ sdag, int nt, int id) {
     const int nchunk = id >> 5;
-    const long long wg = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
+    const long long wg = (long long)blockIdx.x * (LK_THREADS / 32) + (threadIdx.x >> 5);
     const int t = (int)(wg / nchunk), c = (int)(wg % nchunk);
     const int lane = threadIdx.x & 31;
     float d;
@@ -55,10 +55,10 @@ __global__ void __launch_bounds__(256) prepass_q8_1_tiles(const void* __restrict
 // ggml's block_q8_1 rows [nt][id/32] x 36 B: half d, half s = d*sum (fp16), int8 qs[32].
 // Grid: nt*nchunk/8 blocks of 256 threads.
 template <int F16>
-__global__ void __launch_bounds__(256) quantize_q8_1_rows(const void* __restrict__ x, u8* __restrict__ out,
+__global__ void __launch_bounds__(LK_THREADS) quantize_q8_1_rows(const void* __restrict__ x, u8* __restrict__ out,
                                                             int nt, int id) {
     const int nchunk = id >> 5;
-    const long long wg = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
+    const long long wg = (long long)blockIdx.x * (LK_THREADS / 32) + (threadIdx.x >> 5);
     if (wg >= (long long)nt * nchunk) return;
     const int t = (int)(wg / nchunk), c = (int)(wg % nchunk);
     const int lane = threadIdx.x & 31;

@@ -13,7 +13,7 @@
 // Epilogue per sub-block, exact-magic form: the int32 accumulator starts at the 1.5*2^23 bits, so
 //   t = fmaf(float_bits(C), d*sc, -1.5*2^23*d*sc) = sum*d*sc with one rounding (d*sc has <= 17 significant
 //   bits, so 1.5*2^23*d*sc is exact), acc += t*da, acc -= (dmin*m)*(da*sum_a)  (the q8_1 sum term).
-#include "common.cuh"
+#include "tile.cuh"
 
 template <int KDR>
 __global__ void __launch_bounds__(LK_THREADS, 2)
@@ -35,14 +35,7 @@ q4k_nb_kernel(const u8* __restrict__ W, const u8* __restrict__ qa8g, const u32* 
 
     auto issue = [&](int kt) {  // everything iteration kt needs, as 16-byte cp.async, into buffer kt&1
         u8* buf = lk_smem + (kt & 1) * BUF;
-        const size_t qbase = ((size_t)blockIdx.x * nchunk + (size_t)kt * KDR) * (LK_BM * 32);
-#pragma unroll
-        for (int i = 0; i < (KDR * LK_BM * 32 / 16 + LK_THREADS - 1) / LK_THREADS; i++) {
-            const int off = tid + i * LK_THREADS;
-            if (off < KDR * LK_BM * 32 / 16) lk_cp_async16(buf + off * 16, qa8g + qbase + (size_t)off * 16);
-        }
-        const size_t sbase = ((size_t)blockIdx.x * nchunk + (size_t)kt * KDR) * LK_BM;
-        if (tid < KDR * LK_BM / 4) lk_cp_async16(buf + O_SDA + tid * 16, sdag + sbase + (size_t)tid * 4);
+        lk_stage_a<KDR>(buf, buf + O_SDA, qa8g, sdag, kt, nchunk, tid);
         const int sb = (kt * KDR) >> 3, cbase = (kt * KDR) & 7;
         // raw qs bytes of the KDR sub-blocks (KDR/2 nibble pairs of 32 bytes) + the 16-byte block header
 #pragma unroll
@@ -61,13 +54,8 @@ q4k_nb_kernel(const u8* __restrict__ W, const u8* __restrict__ qa8g, const u32* 
         lk_cp_async_commit();
     };
 
-    float acc[4][2][4];
-#pragma unroll
-    for (int m = 0; m < 4; m++)
-#pragma unroll
-        for (int nh = 0; nh < 2; nh++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[m][nh][i] = 0.f;
+    lk_acc_t acc;
+    lk_acc_zero(acc);
 
     issue(0);
     for (int kt = 0; kt < nkt; kt++) {
@@ -89,16 +77,8 @@ q4k_nb_kernel(const u8* __restrict__ W, const u8* __restrict__ qa8g, const u32* 
                 const int kd = s / LK_BN, jj = s % LK_BN;
                 const u8* h = buf + O_HDR + jj * 16;
                 const float d = lk_h2f(*(const u16*)h), dmin = lk_h2f(*(const u16*)(h + 2));
-                const u8* q = h + 4;
-                const int sub = cbase + kd;
                 int sc, mn;
-                if (sub < 4) {
-                    sc = q[sub] & 63;
-                    mn = q[sub + 4] & 63;
-                } else {
-                    sc = (q[sub + 4] & 0xF) | ((q[sub - 4] >> 6) << 4);
-                    mn = (q[sub + 4] >> 4) | ((q[sub] >> 6) << 4);
-                }
+                lk_q4k_scale_min(h + 4, cbase + kd, sc, mn);
                 sds[s] = make_float2(d * (float)sc, dmin * (float)mn);
             }
         }
@@ -118,27 +98,20 @@ q4k_nb_kernel(const u8* __restrict__ W, const u8* __restrict__ qa8g, const u32* 
                 b[nh][0] = (q0 >> (4 * hn)) & 0x0F0F0F0Fu;
                 b[nh][1] = (q1 >> (4 * hn)) & 0x0F0F0F0Fu;
             }
-            float4 sc[2];
-#pragma unroll
-            for (int nh = 0; nh < 2; nh++)
-                sc[nh] = *(const float4*)(sds + kd * LK_BN + warp * 16 + nh * 8 + 2 * t4);
+            const lk_bscales S = lk_b_scales(sds, kd, warp, t4);
 #pragma unroll
             for (int m = 0; m < 4; m++) {
-                u32 a[4];
-                const int tok = m * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
-                lk_ldmatrix_x4(a, qa8 + kd * LK_BM * 32 + tok * 32 + (((lane >> 4) ^ ((tok >> 2) & 1)) << 4));
-                const uint2 dw = *(const uint2*)(sda + kd * LK_BM + m * 16 + 2 * g);
-                const float da0 = lk_h2f((u16)(dw.x & 0xFFFF)), da1 = lk_h2f((u16)(dw.y & 0xFFFF));
-                const float ds0 = da0 * (float)(short)(dw.x >> 16), ds1 = da1 * (float)(short)(dw.y >> 16);
+                const lk_afrag A = lk_a_load(qa8, sda, kd, m, lane, g);
+                const float ds0 = A.d0 * (float)(short)(A.w.x >> 16), ds1 = A.d1 * (float)(short)(A.w.y >> 16);
 #pragma unroll
                 for (int nh = 0; nh < 2; nh++) {
                     int c[4] = {LK_MAGIC_I, LK_MAGIC_I, LK_MAGIC_I, LK_MAGIC_I};
-                    lk_mma_16832(c, a[0], a[1], a[2], a[3], b[nh][0], b[nh][1]);
+                    lk_mma_16832(c, A.a[0], A.a[1], A.a[2], A.a[3], b[nh][0], b[nh][1]);
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
-                        const float dsc = (i & 1) ? sc[nh].z : sc[nh].x;
-                        const float dmm = (i & 1) ? sc[nh].w : sc[nh].y;
-                        const float da = (i >> 1) ? da1 : da0, dsum = (i >> 1) ? ds1 : ds0;
+                        const float dsc = (i & 1) ? S.v[nh].z : S.v[nh].x;
+                        const float dmm = (i & 1) ? S.v[nh].w : S.v[nh].y;
+                        const float da = (i >> 1) ? A.d1 : A.d0, dsum = (i >> 1) ? ds1 : ds0;
                         const float tq = fmaf(__int_as_float(c[i]), dsc, -LK_MAGIC_F * dsc);
                         acc[m][nh][i] = fmaf(tq, da, acc[m][nh][i]);
                         acc[m][nh][i] = fmaf(-dmm, dsum, acc[m][nh][i]);
@@ -147,14 +120,5 @@ q4k_nb_kernel(const u8* __restrict__ W, const u8* __restrict__ qa8g, const u32* 
             }
         }
     }
-#pragma unroll
-    for (int m = 0; m < 4; m++)
-#pragma unroll
-        for (int nh = 0; nh < 2; nh++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int t = blockIdx.x * LK_BM + m * 16 + g + 8 * (i >> 1);
-                const int j = j0 + warp * 16 + nh * 8 + 2 * t4 + (i & 1);
-                if (t < nt && j < od) Y[(size_t)t * od + j] = acc[m][nh][i];
-            }
+    lk_tile_store(acc, Y, blockIdx.x * LK_BM, j0, nt, od, warp, g, t4);
 }

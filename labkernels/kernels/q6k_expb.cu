@@ -21,7 +21,7 @@
 //          still scaled by its own dsc before the two meet (this is not the seeds' fused form).
 // OCC: __launch_bounds__ min blocks per SM (2 caps registers at 128 so two blocks fit).
 // Requirements (checked by the launcher): id % 256 == 0; any nt >= 1, any od >= 1.
-#include "common.cuh"
+#include "tile.cuh"
 
 template <int KDR, int STRIDE, int EPI, int OCC>
 __global__ void __launch_bounds__(LK_THREADS, OCC)
@@ -48,15 +48,7 @@ q6k_expb_kernel(const u8* __restrict__ W, const u8* __restrict__ qa8g, const u32
 
     auto issue_a = [&](int kt) {  // cp.async of the A planes of iteration kt into buffer kt&1
         u8* qa8 = lk_smem + (kt & 1) * ABYTES;
-        u32* sda = (u32*)(qa8 + KDR * LK_BM * 32);
-        const size_t qbase = ((size_t)blockIdx.x * nchunk + (size_t)kt * KDR) * (LK_BM * 32);
-#pragma unroll
-        for (int i = 0; i < (KDR * LK_BM * 32 / 16 + LK_THREADS - 1) / LK_THREADS; i++) {
-            const int off = tid + i * LK_THREADS;
-            if (off < KDR * LK_BM * 32 / 16) lk_cp_async16(qa8 + off * 16, qa8g + qbase + (size_t)off * 16);
-        }
-        const size_t sbase = ((size_t)blockIdx.x * nchunk + (size_t)kt * KDR) * LK_BM;
-        if (tid < KDR * LK_BM / 4) lk_cp_async16(sda + tid * 4, sdag + sbase + (size_t)tid * 4);
+        lk_stage_a<KDR>(qa8, qa8 + KDR * LK_BM * 32, qa8g, sdag, kt, nchunk, tid);
         lk_cp_async_commit();
     };
 
@@ -112,8 +104,7 @@ q6k_expb_kernel(const u8* __restrict__ W, const u8* __restrict__ qa8g, const u32
                 // cbase is a multiple of KDR, so for KDR >= 2 the ql word index (cc & 1) == (kd & 1) is static
                 const u32 ql = KDR == 1 ? rql[i][0] : (KDR == 8 ? rql[i][(kd >> 2) * 2 + (kd & 1)] : rql[i][kd & 1]);
                 const u32 qh = KDR == 8 ? rqh[i][kd >> 2] : rqh[i][0];
-                const u32 v = ((ql >> (4 * ((cc >> 1) & 1))) & 0x0F0F0F0Fu) | (((qh >> (2 * (cc & 3))) & 0x03030303u) << 4);
-                *(u32*)(qb + lk_swz<R16>(jj, kd * 32 + 4 * w)) = lk_center32(v);
+                *(u32*)(qb + lk_swz<R16>(jj, kd * 32 + 4 * w)) = lk_center32(lk_q6k_codes(ql, qh, cc));
             }
         }
 #pragma unroll
@@ -126,13 +117,8 @@ q6k_expb_kernel(const u8* __restrict__ W, const u8* __restrict__ qa8g, const u32
         }
     };
 
-    float acc[4][2][4];
-#pragma unroll
-    for (int m = 0; m < 4; m++)
-#pragma unroll
-        for (int nh = 0; nh < 2; nh++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[m][nh][i] = 0.f;
+    lk_acc_t acc;
+    lk_acc_zero(acc);
 
     issue_a(0);
     load_raw(0);
@@ -159,28 +145,21 @@ q6k_expb_kernel(const u8* __restrict__ W, const u8* __restrict__ qa8g, const u32
                 b[nh][0] = *(const u32*)(qb + lk_swz<R16>(jj, kd * 32 + 4 * t4));
                 b[nh][1] = *(const u32*)(qb + lk_swz<R16>(jj, kd * 32 + 16 + 4 * t4));
             }
-            float4 sc[2];
-#pragma unroll
-            for (int nh = 0; nh < 2; nh++)
-                sc[nh] = *(const float4*)(sds + kd * LK_BN + warp * 16 + nh * 8 + 2 * t4);
+            const lk_bscales S = lk_b_scales(sds, kd, warp, t4);
 #pragma unroll
             for (int m = 0; m < 4; m++) {
-                u32 a[4];
-                const int tok = m * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
-                lk_ldmatrix_x4(a, qa8 + kd * LK_BM * 32 + tok * 32 + (((lane >> 4) ^ ((tok >> 2) & 1)) << 4));
-                const uint2 dw = *(const uint2*)(sda + kd * LK_BM + m * 16 + 2 * g);
-                const float da0 = lk_h2f((u16)(dw.x & 0xFFFF)), da1 = lk_h2f((u16)(dw.y & 0xFFFF));
+                const lk_afrag A = lk_a_load(qa8, sda, kd, m, lane, g);
 #pragma unroll
                 for (int nh = 0; nh < 2; nh++) {
                     const int init = EPI == 1 ? LK_MAGIC_I : 0;
                     int clo[4] = {init, init, init, init}, chi[4] = {init, init, init, init};
-                    lk_mma_16816(clo, a[0], a[1], b[nh][0]);
-                    lk_mma_16816(chi, a[2], a[3], b[nh][1]);
+                    lk_mma_16816(clo, A.a[0], A.a[1], b[nh][0]);
+                    lk_mma_16816(chi, A.a[2], A.a[3], b[nh][1]);
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
-                        const float da = (i >> 1) ? da1 : da0;
-                        const float s0 = (i & 1) ? sc[nh].z : sc[nh].x;
-                        const float s1 = (i & 1) ? sc[nh].w : sc[nh].y;
+                        const float da = (i >> 1) ? A.d1 : A.d0;
+                        const float s0 = (i & 1) ? S.v[nh].z : S.v[nh].x;
+                        const float s1 = (i & 1) ? S.v[nh].w : S.v[nh].y;
                         if (EPI == 0) {
                             acc[m][nh][i] += (da * s0) * (float)clo[i];
                             acc[m][nh][i] += (da * s1) * (float)chi[i];
@@ -194,15 +173,5 @@ q6k_expb_kernel(const u8* __restrict__ W, const u8* __restrict__ qa8g, const u32
             }
         }
     }
-    // ---- store: C element i of (m, nh): token m*16 + g + 8*(i>>1), row warp*16 + nh*8 + 2*t4 + (i&1)
-#pragma unroll
-    for (int m = 0; m < 4; m++)
-#pragma unroll
-        for (int nh = 0; nh < 2; nh++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int t = blockIdx.x * LK_BM + m * 16 + g + 8 * (i >> 1);
-                const int j = j0 + warp * 16 + nh * 8 + 2 * t4 + (i & 1);
-                if (t < nt && j < od) Y[(size_t)t * od + j] = acc[m][nh][i];
-            }
+    lk_tile_store(acc, Y, blockIdx.x * LK_BM, j0, nt, od, warp, g, t4);
 }

@@ -10,7 +10,7 @@
 //  - fragments are read with plain 32-bit shared loads (no ldmatrix), planes unpadded/unswizzled;
 //  - KSPLIT=2: two mma.m16n8k16 per 32-chunk, int32 -> float (I2F) epilogue per sub-block.
 // Tile 64 tokens x 128 rows, 256 threads, KD=4 chunks per iteration, single-buffered.
-#include "common.cuh"
+#include "tile.cuh"
 
 #define LK_GEN_KD 4
 
@@ -33,13 +33,8 @@ q6k_generic_kernel(const u8* __restrict__ W, const u8* __restrict__ Aq8_1, float
     const int i0 = blockIdx.x * LK_BM, j0 = blockIdx.y * LK_BN;
     const size_t rowbytes = (size_t)nsb * STRIDE;
 
-    float acc[4][2][4];
-#pragma unroll
-    for (int m = 0; m < 4; m++)
-#pragma unroll
-        for (int nh = 0; nh < 2; nh++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[m][nh][i] = 0.f;
+    lk_acc_t acc;
+    lk_acc_zero(acc);
 
     for (int kt = 0; kt < nchunk / KD; kt++) {
         __syncthreads();
@@ -122,14 +117,5 @@ q6k_generic_kernel(const u8* __restrict__ W, const u8* __restrict__ Aq8_1, float
             }
         }
     }
-#pragma unroll
-    for (int m = 0; m < 4; m++)
-#pragma unroll
-        for (int nh = 0; nh < 2; nh++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int t = i0 + m * 16 + g + 8 * (i >> 1);
-                const int j = j0 + warp * 16 + nh * 8 + 2 * t4 + (i & 1);
-                if (t < nt && j < od) Y[(size_t)t * od + j] = acc[m][nh][i];
-            }
+    lk_tile_store(acc, Y, i0, j0, nt, od, warp, g, t4);
 }

@@ -18,28 +18,36 @@ from pathlib import Path
 
 KERNELS_DIR = Path(__file__).resolve().parent
 
-#: tile constants shared by the GEMM kernels (tokens per block, output rows per block)
+#: tile constants shared by the int8 GEMM kernels (tokens per block, output rows per block, threads per block):
+#: the one place they are written; the CUDA sources receive them as ``-DLK_BM=.. -DLK_BN=.. -DLK_THREADS=..``
+#: (:func:`cuda_defines`), and ``tile.cuh`` refuses to compile without them
 BM = 64
 BN = 128
+THREADS = 256
+
+
+def cuda_defines() -> tuple[str, ...]:
+    """The compiler options carrying the registry's tile constants to every CUDA source (NVRTC and nvcc)."""
+    return (f"-DLK_BM={BM}", f"-DLK_BN={BN}", f"-DLK_THREADS={THREADS}")
 
 FAMILIES = [
     # -- activation prepass: f32 activations -> q8_1 in the tile-ordered layout of the GEMM kernels
     dict(family="prepass_q8_1", source="prepass.cu", template="prepass_q8_1_tiles",
-         params={"F16": [0, 1]}, threads=256, smem="0", tile=(BM, 0), main_path=True,
+         params={"F16": [0, 1]}, threads=THREADS, smem="0", tile=(BM, 0), main_path=True,
          doc="f32 [nt, id] -> q8_1 planes (qa8 swizzled per 32-chunk, sda d|sum) per 64-token tile"),
     # -- q8_1 in ggml's plain row-major block_q8_1 layout (input of the generic kernel)
     dict(family="quantize_q8_1_rows", source="prepass.cu", template="quantize_q8_1_rows",
-         params={"F16": [0]}, threads=256, smem="0", tile=(0, 0), main_path=True,
+         params={"F16": [0]}, threads=THREADS, smem="0", tile=(0, 0), main_path=True,
          doc="f32 [nt, id] -> ggml block_q8_1 rows (36 B per 32 values)"),
     # -- the generic q6_K kernel: the old road (seeds 000 section 3.2)
     dict(family="q6k_generic", source="q6k_generic.cu", template="q6k_generic_kernel",
-         params={"STRIDE": [210, 224]}, gemm=True, threads=256,
+         params={"STRIDE": [210, 224]}, gemm=True, threads=THREADS,
          smem="KD*BM*32 + BN*KD*32 + KD*BM*4 + 2*KD*BN*4", consts={"KD": 4}, tile=(BM, BN), main_path=True,
          doc="B re-derived from raw blocks per tile (ql/qh reassembly in staging), A reshuffled per chunk "
              "from ggml q8_1 rows, scalar fragment loads, KSPLIT=2"),
     # -- the expanded-B q6_K kernel (seeds 002)
     dict(family="q6k_expb", source="q6k_expb.cu", template="q6k_expb_kernel",
-         params={"KDR": [1, 2, 4, 8], "STRIDE": [210, 224], "EPI": [0, 1], "OCC": [1, 2]}, gemm=True, threads=256,
+         params={"KDR": [1, 2, 4, 8], "STRIDE": [210, 224], "EPI": [0, 1], "OCC": [1, 2]}, gemm=True, threads=THREADS,
          smem="2*(KDR*BM*32 + KDR*BM*4) + BN*KDR*32 + KDR*BN*8", tile=(BM, BN),
          main_path="KDR == 4 and ((EPI == 0 and OCC == 2) or (EPI == 1 and OCC == 1))",
          doc="ql+qh expanded once per tile into a centered int8 plane, dsc float2 per (chunk,row), "
@@ -48,7 +56,7 @@ FAMILIES = [
              "(main path: KDR=4 with EPI=0/OCC=2 or EPI=1/OCC=1; the rest are sweep points)"),
     # -- the q4_K raw-nibble kernel (seeds 002 section 1, r28-r34 skeleton)
     dict(family="q4k_nb", source="q4k_nb.cu", template="q4k_nb_kernel",
-         params={"KDR": [2, 4, 8]}, gemm=True, threads=256,
+         params={"KDR": [2, 4, 8]}, gemm=True, threads=THREADS,
          smem="2*(KDR*BM*32 + KDR*BM*4 + BN*KDR*16 + BN*16) + KDR*BN*8", tile=(BM, BN), main_path=True,
          doc="raw nibbles in smem unpacked in registers at mma time, m16n8k32, q8_1 sum term for mins"),
     # -- dequantize to fp16 for the cuBLAS baselines
@@ -195,3 +203,115 @@ def family(name: str) -> list[KernelSpec]:
 def available(kernels=None) -> list[KernelSpec]:
     """Registry entries whose source file exists (rounds add sources over time)."""
     return [k for k in (kernels or KERNELS) if k.path.exists()]
+
+
+# ------------------------------------------------------------------ named kernel variants
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One named GEMM kernel variant: the only name the lab gives it (benchmark rows, forensics cases, ncu
+    filters, gpu-check steps, notebooks, colours). ``params`` are its template parameters except the weight's
+    block stride (``STRIDE`` is the uploaded weight's, added by :meth:`spec`); ``default_for`` lists what it is
+    the default of: a qtype (the int8 kernel ``gpu.gemm`` / ``qmatmul(kernel="int8")`` run for that type) and/or
+    a family (the parameters a family named without parameters runs with)."""
+    name: str
+    family: str
+    params: tuple           # ((name, value), ...) in template order, without STRIDE
+    qtype: str              # the weight type it takes
+    act: str                # activation format: q8_1_tiles (gpu.prepass) | q8_1_rows (gpu.quantize_q8_1_rows)
+    mma: str                # the warp-level instruction: mma.sync.m16n8kK (K 16 or 32)
+    main_path: bool         # the lab's main path (the audit fails on spills here)
+    default_for: tuple = ()
+    doc: str = ""
+
+    @property
+    def p(self) -> dict:
+        return dict(self.params)
+
+    @property
+    def mma_k(self) -> int:
+        """K of the mma.sync.m16n8kK it issues (its IMMA instruction count is MACs / (16*8*K))."""
+        return int(self.mma.rsplit("k", 1)[1])
+
+    def spec(self, stride: int | None = None, **override) -> KernelSpec:
+        """The registry instantiation at a weight block stride (q6_K: 210 or 224; q4_K has none), with
+        ``override`` replacing template parameters (a sweep point of the same family)."""
+        params = {**self.p, **override}
+        params.pop("STRIDE", None)
+        if any(n == "STRIDE" for fam in FAMILIES if fam["family"] == self.family for n in fam["params"]):
+            params["STRIDE"] = 210 if stride is None else int(stride)
+        return find(self.family, **params)
+
+
+def _v(name, family, params, qtype, act, mma, main_path=True, default_for=(), doc=""):
+    return Variant(name, family, tuple(params.items()), qtype, act, mma, main_path, tuple(default_for), doc)
+
+
+VARIANTS: dict[str, Variant] = {v.name: v for v in [
+    _v("q6k_generic", "q6k_generic", {}, "q6_K", "q8_1_rows", "m16n8k16", default_for=("q6k_generic",),
+       doc="the old road: B re-derived per tile, plain q8_1 rows, scalar fragments, I2F epilogue"),
+    _v("q6k_expb_epi0", "q6k_expb", {"KDR": 4, "EPI": 0, "OCC": 2}, "q6_K", "q8_1_tiles", "m16n8k16",
+       default_for=("q6_K", "q6k_expb"),
+       doc="expanded-B q6_K, seeds' float epilogue (int32 -> float I2F per sub-block), OCC=2"),
+    _v("q6k_expb_epi1", "q6k_expb", {"KDR": 4, "EPI": 1, "OCC": 1}, "q6_K", "q8_1_tiles", "m16n8k16",
+       doc="expanded-B q6_K, magic-number epilogue (no I2F), OCC=1"),
+    _v("q6k_expb_epi1_occ2", "q6k_expb", {"KDR": 4, "EPI": 1, "OCC": 2}, "q6_K", "q8_1_tiles", "m16n8k16",
+       main_path=False, doc="expanded-B q6_K, magic-number epilogue, OCC=2: the counter-evidence variant of "
+                            "q6k_expb_epi0 (only the EPI template switch differs)"),
+    _v("q4k_nb_kdr4", "q4k_nb", {"KDR": 4}, "q4_K", "q8_1_tiles", "m16n8k32",
+       doc="q4_K raw-nibble kernel at KDR=4 (rounds 3 and 6's measured point), m16n8k32, magic-number epilogue"),
+    _v("q4k_nb_kdr8", "q4k_nb", {"KDR": 8}, "q4_K", "q8_1_tiles", "m16n8k32", default_for=("q4_K", "q4k_nb"),
+       doc="q4_K raw-nibble kernel at KDR=8: round 4's best staging depth"),
+]}
+
+#: labels older recorded runs gave these variants (round 3's tables; "q4k_nb" in rounds 3-4's q4_K benchmark and
+#: round 6 was KDR=4): read-compat for recorded labels only (:func:`canonical`), never written
+LEGACY_NAMES = {"generic": "q6k_generic", "expb_epi0": "q6k_expb_epi0", "expb_epi1": "q6k_expb_epi1",
+                "q4k_nb": "q4k_nb_kdr4"}
+
+
+def variant(name: str) -> Variant:
+    """The named variant (a label of an older recorded run is resolved, see :data:`LEGACY_NAMES`)."""
+    v = VARIANTS.get(name) or VARIANTS.get(LEGACY_NAMES.get(name, ""))
+    if v is None:
+        raise KeyError(f"unknown kernel variant {name!r}; variants: {', '.join(VARIANTS)}")
+    return v
+
+
+def canonical(name: str) -> str:
+    """A variant's one name for any label a recorded run used; other labels (cuBLAS, prepass) unchanged."""
+    return name if name in VARIANTS else LEGACY_NAMES.get(name, name)
+
+
+def resolve(name: str) -> Variant:
+    """What a caller names a kernel by: a family (``q4k_nb``: that family's default variant) or a variant."""
+    if name in VARIANTS:
+        return VARIANTS[name]
+    try:
+        return default_variant(name)
+    except KeyError:
+        raise KeyError(f"{name!r} is neither a kernel variant ({', '.join(VARIANTS)}) nor a GEMM family with a "
+                       f"default variant ({', '.join(sorted({v.family for v in VARIANTS.values()}))})") from None
+
+
+def _check_names() -> None:
+    for v in VARIANTS.values():
+        fam = [f["family"] for f in FAMILIES]
+        if v.name in fam and v.name not in v.default_for:
+            raise ValueError(f"variant {v.name!r} is named like a family it is not the default of")
+        if v.name in LEGACY_NAMES:
+            raise ValueError(f"variant {v.name!r} is also a legacy label")
+
+
+def default_variant(of: str) -> Variant:
+    """The variant that is the default of a qtype (``"q4_K"``, ``"q6_K"``: the int8 GEMM for that type) or of a
+    family (``"q4k_nb"``: what it runs named without parameters). Exactly one variant declares each default."""
+    hits = [v for v in VARIANTS.values() if of in v.default_for]
+    if len(hits) != 1:
+        raise KeyError(f"{len(hits)} variants are the default of {of!r} (need exactly one): "
+                       + ", ".join(v.name for v in hits))
+    return hits[0]
+
+
+_check_names()

@@ -35,12 +35,9 @@ def _weights(rng, qtype, od, id_):
 
 
 def _gate(y_gpu, w_raw, qtype, x, stride=None):
-    from labkernels import reference
+    from labkernels import cases
 
-    a = reference.quantize_activations(x)
-    ref = reference.gemm_int_ref(w_raw, qtype, a, stride=stride)
-    ref64 = reference.gemm_f64_ref(w_raw, qtype, x, stride=stride)
-    return reference.parity(y_gpu, ref, ref64)
+    return cases.gate(y_gpu, cases.references(w_raw, qtype, x, stride=stride))
 
 
 @pytest.fixture(scope="module")
@@ -144,8 +141,9 @@ def test_q4k_nb_parity(cp, rng, kdr):
 
 
 def test_real_model_tensors(cp, rng):
-    """Every q6_K (both strides, both epilogues) and every q4_K tensor of Gemma 3 270M."""
+    """Every q6_K (both strides) and every q4_K tensor of Gemma 3 270M, through every main-path tile variant."""
     from labkernels import gpu
+    from labkernels.kernels import registry
     from labkernels.model import load_kquant
 
     tensors = load_kquant()
@@ -156,17 +154,17 @@ def test_real_model_tensors(cp, rng):
         id_ = raw.shape[1] // (210 if qtype == "q6_K" else 144) * 256
         x = rng.standard_normal((nt, id_)).astype(np.float32)
         a = gpu.prepass(cp.asarray(x))
-        confs = ([("q6k_expb", s, dict(KDR=4, EPI=e, OCC=2 - e)) for s in (210, 224) for e in (0, 1)]
-                 if qtype == "q6_K" else [("q4k_nb", 144, dict(KDR=4))])
-        for fam, stride, var in confs:
+        confs = [(v.name, s) for v in registry.VARIANTS.values() if v.qtype == qtype and v.main_path
+                 and v.act == "q8_1_tiles" for s in ((210, 224) if qtype == "q6_K" else (144,))]
+        for vname, stride in confs:
             w = gpu.QWeight.upload(raw, qtype, stride)
             buf, y = _poisoned(cp, nt, w.od)
-            gpu.gemm(w, a, fam, out=y, **var)
+            gpu.gemm(w, a, vname, out=y)
             cp.cuda.runtime.deviceSynchronize()
             _check_guards(cp, buf)
             res = _gate(cp.asnumpy(y), raw, qtype, x)
             if not res["ok"]:
-                failures.append((name, fam, stride, var, res))
+                failures.append((name, vname, stride, res))
     assert not failures, failures
 
 
@@ -233,3 +231,21 @@ def test_gemm_dense_matches_matmul_and_captures(dt):
     g.launch(s)
     s.synchronize()
     assert np.array_equal(cp.asnumpy(out), cp.asnumpy(y))
+
+
+def test_gemm_defaults_come_from_the_variant_table(cp, rng):
+    """gpu.gemm without a kernel runs the weight type's default variant (q4_K: KDR=8, round 4's best): its output
+    equals the named default variant's bit for bit."""
+    from labkernels import gpu
+    from labkernels.kernels import registry
+
+    x = rng.standard_normal((70, 512)).astype(np.float32)
+    a = gpu.prepass(cp.asarray(x))
+    for qtype in ("q4_K", "q6_K"):
+        raw = _weights(rng, qtype, 130, 512)
+        w = gpu.QWeight.upload(raw, qtype)
+        dflt = registry.default_variant(qtype)
+        y0, y1 = gpu.gemm(w, a), gpu.gemm(w, a, dflt.name)
+        assert cp.array_equal(y0, y1)
+        assert _gate(cp.asnumpy(y0), raw, qtype, x)["ok"]
+    assert registry.default_variant("q4_K").p == {"KDR": 8}

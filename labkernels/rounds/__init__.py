@@ -1,0 +1,100 @@
+"""One module per round, each beside its notebook of the same number (``notebooks/NN_name.py``), and the table
+of rounds.
+
+A round module declares ``NOTEBOOK`` (its notebook's name), ``DATA`` (the ``data/<folder>/`` names of its recorded
+runs, the first the one its page replays), ``PLAN`` (its one default plan), ``measure(run, progress, **plan)`` (GPU: record
+the round into ``run``, a new run of its first folder; None for a CPU round) and ``STEPS`` (its ``labkernels gpu-check`` steps: name ->
+``fn(out, args)``). :data:`ROUNDS` lists them by number; :func:`open_round` resolves measure / replay / cpu,
+measures into new runs or opens the latest ones, and returns them with the banner; ``gpu-check`` takes its steps
+from :func:`gpu_check_steps`. Round 7 joins the table by adding ``"r07_..."`` to :data:`MODULES`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+#: the round modules in order (number = position + 1)
+MODULES = ("r01_layout", "r02_occupancy", "r03_q6k", "r04_kdr", "r05_wall", "r06_forensics")
+
+
+class RoundError(KeyError):
+    pass
+
+
+def module(name: str):
+    """A round module by number (3, "3", "03"), module name ("r03_q6k") or notebook name ("03_q6k_expanded_b")."""
+    for m in MODULES:
+        mod = importlib.import_module(f"{__name__}.{m}")
+        num = int(m[1:3])
+        if str(name) in (m, mod.NOTEBOOK, str(num), f"{num:02d}") or name == num:
+            return mod
+    raise RoundError(f"no round {name!r}; rounds: {', '.join(MODULES)}")
+
+
+def rounds() -> list:
+    return [module(m) for m in MODULES]
+
+
+def gpu_check_steps() -> dict:
+    """{step name: fn(out, args)} over every round of the table (a name declared twice is an error)."""
+    out = {}
+    for mod in rounds():
+        for k, fn in getattr(mod, "STEPS", {}).items():
+            if k in out:
+                raise RoundError(f"gpu-check step {k!r} declared by two rounds")
+            out[k] = fn
+    return out
+
+
+@dataclass
+class Opened:
+    """What a round's notebook shows: the mode, the plan it ran or replays, and one run per data folder."""
+    round: str
+    mode: str
+    plan: dict
+    runs: dict = field(default_factory=dict)
+
+    @property
+    def run(self):
+        """The run of the round's first data folder (None for a CPU round)."""
+        return next(iter(self.runs.values()), None)
+
+    def banner(self, note: str = "") -> None:
+        from .. import report
+
+        others = [f"{k}: run {r.run_id}" for k, r in list(self.runs.items())[1:] if r is not None]
+        report.banner(self.mode, self.run, note=note or "; ".join(others))
+
+
+def measure_into(mod, root=None, progress=print, **plan) -> dict:
+    """Record ``mod.measure(run, **plan)`` into a new run of its first data folder (under ``root``, default
+    ``data/``); a round with more folders records those runs itself and returns them. {folder: run}."""
+    from .. import records
+
+    full = {**mod.PLAN, **plan}
+    with records.recording(mod.DATA[0], full, root=root) as run:
+        extra = mod.measure(run, progress=progress, **full) or {}
+    return {mod.DATA[0]: run, **extra}
+
+
+def open_round(name, mode: str = "auto", **plan) -> Opened:
+    """measure: run ``measure(run, **plan)`` into new runs of the round's data folders (GPU); replay: the latest
+    complete run of each folder, its plan read back from the recording; cpu: a round without GPU data."""
+    from .. import records, report
+
+    mod = module(name)
+    bad = sorted(set(plan) - set(mod.PLAN))
+    if bad:
+        raise RoundError(f"round {mod.NOTEBOOK} has no plan parameter {bad}; plan: {', '.join(mod.PLAN)}")
+    full = {**mod.PLAN, **plan}
+    if not mod.DATA:
+        return Opened(mod.NOTEBOOK, "cpu", full)
+    mode = report.resolve_mode(mode, mod.DATA[0])
+    if mode == "measure":
+        if mod.measure is None:
+            raise RoundError(f"round {mod.NOTEBOOK} has no measure() in the table yet: its notebook measures itself")
+        return Opened(mod.NOTEBOOK, mode, full, measure_into(mod, **full))
+    runs = {d: records.latest(d) for d in mod.DATA}
+    recorded = dict(runs[mod.DATA[0]].meta.get("params") or {})
+    return Opened(mod.NOTEBOOK, mode, {**full, **{k: v for k, v in recorded.items() if k in full}}, runs)

@@ -1,0 +1,163 @@
+"""Round 4 -- KDR sweep: staging depth vs occupancy vs speed, and the q4_K raw-nibble kernel
+(``notebooks/04_kdr_sweep``): the sweep (table ``sweep`` of a ``kdr_sweep`` run) and the q4_K benchmark against
+cuBLAS fp16 (a ``q4k`` run), every point parity-gated first (:mod:`labkernels.cases`)."""
+
+from __future__ import annotations
+
+
+import numpy as np
+
+from .. import bench, cases, records
+
+NOTEBOOK = "04_kdr_sweep"
+DATA = ("kdr_sweep", "q4k")
+
+PLAN = {"shapes": {"q6_K": [[4096, 4096], [4096, 11008]], "q4_K": [[4096, 4096], [11008, 4096]]},
+        "nts": [64, 128, 256, 512, 1024, 2048, 3328, 4096], "repeats": 10,
+        "q4k_nts": [512, 3328, 4096], "q4k_variant": "q4k_nb_kdr4", "q4k_repeats": 20, "q4k_pairs": 3}
+
+
+SWEEP_VARIANTS = {
+    "q6_K": [dict(EPI=e, OCC=o) for e, o in ((0, 2), (1, 1), (1, 2), (0, 1))],
+    "q4_K": [dict()],
+}
+
+
+SWEEP_KDR = {"q6_K": (1, 2, 4, 8), "q4_K": (2, 4, 8)}
+
+
+def kdr_sweep(shapes, nts, repeats: int = 10, run=None, seed: int = 0, progress=print,
+              qtypes=("q6_K", "q4_K")) -> list[dict]:
+    """Staging depth (KDR) x variant x nt x shape: us/GMAC, TOPS-eq (p20/p80), registers, spills, smem,
+    blocks/SM (API and calculator). Each (variant, shape) is parity-gated once before its timings; rows
+    are appended to ``run`` point by point (table ``sweep``)."""
+    from .. import gpu
+    from ..kernels import registry
+
+    cp = gpu.cp()
+    rng = np.random.default_rng(seed or None)
+    flush = bench.Flusher()
+    rows = []
+    for qtype in qtypes:
+        fam = registry.default_variant(qtype).family
+        for od, id_ in shapes[qtype]:
+            w_raw = cases.synthetic_weights(qtype, od, id_, rng)
+            w = gpu.QWeight.upload(w_raw, qtype)
+            xs = {nt: cp.asarray(rng.standard_normal((nt, id_)).astype(np.float32)) for nt in nts}
+            planes = {nt: gpu.prepass(x) for nt, x in xs.items()}
+            for kdr in SWEEP_KDR[qtype]:
+                for var in SWEEP_VARIANTS[qtype]:
+                    params = {"KDR": kdr, **var}
+                    if qtype == "q6_K":
+                        params["STRIDE"] = 210
+                    info = bench.kernel_row(fam, **params)
+                    # parity gate once per (kernel, shape), at the smallest nt that holds 24 tokens
+                    ntg = min(n for n in nts if n >= 24) if any(n >= 24 for n in nts) else nts[0]
+                    y = cp.full((ntg, od), np.nan, cp.float32)
+                    gpu.gemm(w, planes[ntg], fam, out=y, **{k: v for k, v in params.items() if k != "STRIDE"})
+                    x_host = cp.asnumpy(xs[ntg])
+                    tok = np.sort(rng.choice(ntg, size=min(ntg, 24), replace=False))
+                    gate = cases.check(y, cases.references(w_raw, qtype, x_host, tok),
+                                       f"{info['kernel']} od={od} id={id_}")
+                    for nt in nts:
+                        y = cp.empty((nt, od), cp.float32)
+                        fn = (lambda nt=nt, y=y: gpu.gemm(w, planes[nt], fam, out=y,
+                                                            **{k: v for k, v in params.items() if k != "STRIDE"}))
+                        s = bench.stats(bench.time_launches(fn, 2, repeats, flush))
+                        row = {"qtype": qtype, "od": od, "id": id_, "nt": nt, "kdr": kdr, **var, **info, **s,
+                               **bench.work(nt, od, id_, s["median_us"]), "max_rel_err": gate["max_rel_err"],
+                               "nmse": gate["nmse"]}
+                        rows.append(row)
+                        if run is not None:
+                            run.append("sweep", row)
+                    progress(f"sweep {info['kernel']} od={od} id={id_}: regs {info['regs']} local "
+                             f"{info['local_bytes']} B, {info['api_blocks_per_sm']} blk/SM, best "
+                             f"{max(r['tops_eq'] for r in rows if r['kernel'] == info['kernel'] and r['od'] == od and r['id'] == id_):.0f} TOPS")
+    return rows
+
+
+def bench_q4k(shapes, nts, variant: str = "q4k_nb_kdr4", repeats: int = 20, pairs: int = 3, run=None, seed: int = 0,
+              progress=print) -> list[dict]:
+    """A q4_K raw-nibble variant vs cuBLAS fp16 on cached dequantized weights (and with the dequant)."""
+    from .. import gpu
+    from ..kernels import registry
+
+    cp = gpu.cp()
+    v = registry.variant(variant)
+    rng = np.random.default_rng(seed or None)
+    flush = bench.Flusher()
+    rows = []
+    for od, id_ in shapes:
+        w_raw = cases.synthetic_weights("q4_K", od, id_, rng)
+        w = gpu.QWeight.upload(w_raw, "q4_K")
+        w16 = gpu.dequant_f16(w)
+        for nt in nts:
+            x = rng.standard_normal((nt, id_)).astype(np.float32)
+            xg = cp.asarray(x)
+            x16 = xg.astype(cp.float16)
+            y = cp.full((nt, od), np.nan, cp.float32)
+            tokens = np.sort(rng.choice(nt, size=min(nt, 24), replace=False))
+            fn = cases.launchers(w, xg, y, [v])[v.name]
+            g = cases.gate_launch(fn, y, cases.references(w_raw, "q4_K", x, tokens),
+                                  f"{v.name} at nt={nt} od={od} id={id_}", run, v.name)
+            y16 = cp.empty((nt, od), cp.float16)
+            variants = {
+                v.name: fn,
+                "cublas_f16_cached": lambda: gpu.matmul_f16(x16, w16, out=y16),
+                "cublas_f16_with_dequant": lambda: (gpu.dequant_f16(w, out=w16), gpu.matmul_f16(x16, w16, out=y16)),
+                "prepass": lambda: gpu.prepass(xg),
+            }
+            res = bench.interleaved(variants, pairs=pairs, repeats=repeats, flush=flush)
+            new = bench.pair_rows(res, {"od": od, "id": id_, "nt": nt}, nt, od, id_, {"kdr": v.p["KDR"]},
+                            {"max_rel_err": g["max_rel_err"], "nmse": g["nmse"]})
+            rows += new
+            if run is not None:
+                run.append("q4k_bench", new)
+            progress(f"q4k od={od} id={id_} nt={nt}: " + ", ".join(
+                f"{k} {np.median([s['median_us'] for s in v]):.1f}us" for k, v in res.items()))
+    return rows
+
+
+def record_q4k(run, shapes, nts, variant: str = "q4k_nb_kdr4", repeats: int = 20, pairs: int = 3,
+               progress=print) -> list[dict]:
+    """The q4_K benchmark into ``run``: parity-gated rows and the cuBLAS A/B pair ratios."""
+    rows = bench_q4k([tuple(s) for s in shapes], nts, variant=variant, repeats=repeats, pairs=pairs, run=run,
+                     progress=progress)
+    run.append("q4k_pairs", bench.pair_ratios(rows, "cublas_f16_cached", variant))
+    return rows
+
+
+def measure_sweep(run, progress=print, *, shapes, nts, repeats, **_) -> None:
+    kdr_sweep(shapes, nts, repeats=repeats, run=run, progress=progress)
+
+
+def measure_q4k(progress=print, root=None, *, shapes, q4k_nts, q4k_variant, q4k_repeats, q4k_pairs, **_):
+    """The q4_K benchmark into a new ``q4k`` run (under ``root``)."""
+    with records.recording(DATA[1], {"shapes": shapes["q4_K"], "nts": q4k_nts, "variant": q4k_variant,
+                                     "repeats": q4k_repeats, "pairs": q4k_pairs}, root=root) as qrun:
+        record_q4k(qrun, shapes["q4_K"], q4k_nts, variant=q4k_variant, repeats=q4k_repeats, pairs=q4k_pairs,
+                   progress=progress)
+    return qrun
+
+
+def measure(run, progress=print, **plan) -> dict:
+    """The sweep into ``run`` (a new ``kdr_sweep`` run), the q4_K benchmark into a new ``q4k`` run beside it."""
+    measure_sweep(run, progress, **plan)
+    return {DATA[1]: measure_q4k(progress, run.root, **plan)}
+
+
+def step_kdr(out, args) -> dict:
+    """``gpu-check --steps kdr``: the sweep (``--sweep-repeats``)."""
+    plan = {**PLAN, "repeats": args.sweep_repeats}
+    with records.recording(DATA[0], {k: plan[k] for k in ("shapes", "nts", "repeats")}, root=out / "data") as run:
+        measure_sweep(run, args.log, **plan)
+    return {"ok": True, "run": run.run_id}
+
+
+def step_q4k(out, args) -> dict:
+    """``gpu-check --steps q4k``: the q4_K benchmark (``--repeats``)."""
+    run = measure_q4k(args.log, out / "data", **{**PLAN, "q4k_repeats": args.repeats})
+    return {"ok": True, "run": run.run_id}
+
+
+STEPS = {"kdr": step_kdr, "q4k": step_q4k}

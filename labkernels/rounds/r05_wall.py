@@ -1,0 +1,75 @@
+"""Round 5 -- wall decomposition: a whole prefill taken apart launch by launch (``notebooks/05_wall_decomposition``):
+the GPU checks record prefill parity and throughput (``prefill`` runs) and the decompositions (``decompose``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+NOTEBOOK = "05_wall_decomposition"
+DATA = ("decompose", "prefill")
+PLAN = {"model": "synthetic-7b", "nt": 3325, "repeats": 3}
+measure = None       # not yet through open_round: the notebook still measures itself (see its first cell)
+
+
+def step_prefill(out: Path, args) -> dict:
+    """Gemma parity (logits, greedy-32 vs the CPU reference) and prefill throughput, Gemma and synthetic 7B."""
+    from .. import prefill_cli, records
+    from ..model import default_model_path
+
+    with records.recording("prefill", {"model": str(default_model_path()), "nts": [512, 3325]},
+                           root=out / "data") as run:
+        par = prefill_cli.parity_run(str(default_model_path()), run, progress=args.log)
+        prefill_cli.throughput_run(str(default_model_path()), [512, 3325], run, attn_f16=False, progress=args.log)
+        prefill_cli.throughput_run("synthetic-7b", [512, 3325], run, attn_f16=True, progress=args.log)
+        run.finish(greedy_identical=par["greedy"]["identical"])
+    return {"ok": True, "run": run.run_id}
+
+
+def step_decompose(out: Path, args) -> dict:
+    """Round 5: decompositions of Gemma 3 270M and the synthetic 7B at nt=3325 (attention path: --attention)."""
+    runs, ok = decompose_models(out, args, [m for m in args.decompose_models.split(",") if m])
+    return {"ok": True, "valid": ok, "runs": runs}
+
+
+def decompose_models(out: Path, args, models) -> tuple[list, bool]:
+    """Record one decomposition per model ('gemma' | '7b'); returns (run ids, all valid)."""
+    import gc
+
+    from .. import gpu, prefill_cli, records
+    from ..decompose import record_decomposition
+    from ..model import default_model_path
+    from ..prefill import GpuModel, PrefillOptions
+
+    ok = True
+    runs = []
+    attention = getattr(args, "attention", "auto")
+    specs = [(str(default_model_path()), False) if m == "gemma" else ("synthetic-7b", True) for m in models]
+    for spec, f16 in specs:
+        m = prefill_cli.load_model(spec)
+        gm = GpuModel(m, opts=PrefillOptions(attn_f16=f16, kernel=args.kernel, attention=attention))
+        toks = prefill_cli.prompt_tokens(m, args.decompose_nt)
+        label = "synthetic-7b" if spec == "synthetic-7b" else "gemma-3-270m-q4_k_m"
+        args.log(f"decompose {label}: attention {gm.attn.name} ({gm.attn.note})")
+        with records.recording("decompose", {"model": label, "nt": len(toks), "attn_f16": f16, "kernel": args.kernel,
+                                             "q6k_variant": gm.opts.q6k_variant or "gpu.gemm default",
+                                             "q4k_kdr": gm.opts.q4k_kdr, "attention_requested": attention,
+                                             **gm.attn.describe()}, root=out / "data") as run:
+            r = record_decomposition(run, gm, toks, progress=args.log)
+        ok = ok and r["busy_wall"]["valid"]
+        runs.append(run.run_id)
+        del gm, m
+        gc.collect()
+        gpu.cp().get_default_memory_pool().free_all_blocks()
+    return runs, ok
+
+
+def step_prefill7b(out: Path, args) -> dict:
+    """Prefill throughput of the synthetic 7B only (no model file needed on the GPU machine)."""
+    from .. import prefill_cli, records
+
+    with records.recording("prefill", {"model": "synthetic-7b", "nts": [512, 3325]}, root=out / "data") as run:
+        prefill_cli.throughput_run("synthetic-7b", [512, 3325], run, attn_f16=True, progress=args.log)
+    return {"ok": True, "run": run.run_id}
+
+
+STEPS = {"prefill": step_prefill, "prefill7b": step_prefill7b, "decompose": step_decompose}

@@ -1,0 +1,41 @@
+"""The table of rounds: one module per round named like its notebook, its data folders, its plan, its gpu-check
+steps; open_round resolves replay / cpu on this machine (no GPU)."""
+from pathlib import Path
+
+import pytest
+
+from labkernels import records, rounds
+from labkernels.paths import REPO_ROOT
+
+
+def test_every_round_module_names_its_notebook_and_data():
+    nbs = {p.stem for p in (REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.py")}
+    for i, m in enumerate(rounds.MODULES, start=1):
+        mod = rounds.module(i)
+        assert mod.NOTEBOOK in nbs and mod.NOTEBOOK.startswith(f"{i:02d}_") and m.startswith(f"r{i:02d}_")
+        assert rounds.module(mod.NOTEBOOK) is mod and rounds.module(m) is mod and rounds.module(f"{i:02d}") is mod
+        assert mod.measure is None or callable(mod.measure)
+        assert isinstance(mod.PLAN, dict) and isinstance(mod.STEPS, dict)
+        for folder in mod.DATA:
+            assert records.latest(folder) is not None, f"round {m}: no recorded run under data/{folder}"
+    with pytest.raises(rounds.RoundError, match="no round 'r99'"):
+        rounds.module("r99")
+
+
+def test_gpu_check_takes_the_rounds_steps():
+    steps = rounds.gpu_check_steps()
+    assert {"occupancy", "q6k", "kdr", "q4k", "prefill", "prefill7b", "decompose", "forensics"} <= set(steps)
+    from labkernels import gpu_cli
+
+    assert not set(gpu_cli.STEPS) & set(steps)          # each step written once
+
+
+def test_open_round_replays_the_latest_run_with_its_recorded_plan():
+    r3 = rounds.open_round("03", "replay")
+    assert r3.mode == "replay" and r3.run.run_id == records.latest("q6k").run_id
+    assert r3.plan["shapes"] == r3.run.meta["params"]["shapes"]
+    r4 = rounds.open_round("04_kdr_sweep", "replay")
+    assert set(r4.runs) == {"kdr_sweep", "q4k"} and r4.runs["q4k"].run_id == records.latest("q4k").run_id
+    assert rounds.open_round(1, "auto").mode == "cpu"
+    with pytest.raises(rounds.RoundError, match="no plan parameter \\['kdr'\\]"):
+        rounds.open_round("03", "replay", kdr=4)
