@@ -323,7 +323,10 @@ def test_gpu_check_attention_step_records(monkeypatch, tmp_path):
     small = {"tiny": {"global": LayerKind(2, 1, 16, 16, 0, 0.25)}}
     monkeypatch.setattr(attention, "bench_layouts", lambda: small)
     decomposed = []
-    monkeypatch.setattr(gpu_cli, "_decompose", lambda out, args, models: (decomposed.append(models) or ["d1"], True))
+    from labkernels.rounds import r05_wall
+
+    monkeypatch.setattr(r05_wall, "decompose_models",
+                        lambda out, args, models: (decomposed.append(models) or ["d1"], True))
     args = argparse.Namespace(attention_nts="9,17", attn_dtype="f16", attention="auto")
     res = gpu_cli.step_attention(tmp_path, args)
     assert res["ok"] and res["decompose_runs"] == ["d1"] and decomposed == [["7b"]]
