@@ -342,8 +342,7 @@ def bmm_f16(A, B, out=None):
         out = c.empty((batch, M, N), dtype=c.float16)
     elif out.shape != (batch, M, N) or out.dtype != np.float16 or not out.flags.c_contiguous:
         raise ShapeError(f"out must be C-contiguous float16 {(batch, M, N)}")
-    handle = c.cuda.device.get_cublas_handle()
-    cublas.setStream(handle, c.cuda.get_current_stream().ptr)
+    handle = _cublas_handle_on_current_stream()
     one, zero = np.array(1.0, np.float32), np.array(0.0, np.float32)
     r16 = 2                                                     # CUDA_R_16F
     compute = getattr(cublas, "CUBLAS_COMPUTE_32F", 68)
@@ -353,6 +352,20 @@ def bmm_f16(A, B, out=None):
                                 A.data.ptr, r16, K, M * K, zero.ctypes.data, out.data.ptr, r16, N, M * N,
                                 batch, compute, algo)
     return out
+
+
+def _cublas_handle_on_current_stream() -> int:
+    """CuPy's cuBLAS handle bound to the current stream. CuPy's ``setStream`` refuses to run while the stream is
+    capturing a CUDA graph (cuBLAS itself captures fine), so the stream is only set when it differs: the eager
+    warm-up that precedes a capture on the same stream binds it, and the captured calls find it bound."""
+    c = cp()
+    from cupy.cuda import cublas
+
+    handle = c.cuda.device.get_cublas_handle()
+    s = c.cuda.get_current_stream().ptr
+    if cublas.getStream(handle) != s:
+        cublas.setStream(handle, s)   # raises NotImplementedError under capture: the capture then falls back
+    return handle
 
 
 def gemm_dense(x, w, out=None):
@@ -374,8 +387,7 @@ def gemm_dense(x, w, out=None):
         out = c.empty((n, od), dtype=c.float32)
     elif out.shape != (n, od) or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ShapeError(f"out must be C-contiguous float32 {(n, od)}")
-    handle = c.cuda.device.get_cublas_handle()
-    cublas.setStream(handle, c.cuda.get_current_stream().ptr)
+    handle = _cublas_handle_on_current_stream()
     one, zero = np.array(1.0, np.float32), np.array(0.0, np.float32)
     t_in = 2 if x.dtype == np.float16 else 0                    # CUDA_R_16F | CUDA_R_32F
     compute = getattr(cublas, "CUBLAS_COMPUTE_32F", 68)

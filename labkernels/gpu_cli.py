@@ -390,11 +390,12 @@ def step_prefill_graph(out: Path, args) -> dict:
     from .model import default_model_path
     from .prefill import GpuModel, PrefillOptions
 
-    models = ["synthetic-7b"]
+    want = [m for m in (getattr(args, "graph_models", None) or "7b,gemma").split(",") if m]
+    models = ["synthetic-7b"] if "7b" in want else []
     gemma = Path(args.gemma or default_model_path())
-    if gemma.exists():
+    if "gemma" in want and gemma.exists():
         models.append(str(gemma))
-    else:
+    elif "gemma" in want:
         _log(f"prefill_graph: no Gemma GGUF at {gemma}: the synthetic 7B only")
     cp = gpu.cp()
     runs, summary, ok = [], {}, True
@@ -470,6 +471,7 @@ def register_cli(sub) -> None:
     p.add_argument("--sweep-repeats", type=int, default=10)
     p.add_argument("--decompose-nt", type=int, default=3325)
     p.add_argument("--decompose-models", default="gemma,7b", help="comma list of gemma, 7b")
+    p.add_argument("--graph-models", default="7b,gemma", help="prefill_graph: comma list of 7b, gemma")
     p.add_argument("--fail-fast", action="store_true")
     p.add_argument("--sanitizer-timeout", type=int, default=240)
     p.add_argument("--kernel", default="auto", help="qmatmul kernel of the prefill/decompose steps (default auto)")
