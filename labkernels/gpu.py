@@ -355,25 +355,56 @@ def bmm_f16(A, B, out=None):
 
 
 def _cublas_handle_on_current_stream() -> int:
-    """CuPy's cuBLAS handle bound to the current stream. CuPy's ``setStream`` refuses to run while the stream is
-    capturing a CUDA graph (cuBLAS itself captures fine), so the stream is only set when it differs: the eager
-    warm-up that precedes a capture on the same stream binds it, and the captured calls find it bound."""
+    """CuPy's cuBLAS handle bound to the current stream (CuPy's wrappers; refused under CUDA-graph capture)."""
     c = cp()
     from cupy.cuda import cublas
 
     handle = c.cuda.device.get_cublas_handle()
-    s = c.cuda.get_current_stream().ptr
-    if cublas.getStream(handle) != s:
-        cublas.setStream(handle, s)   # raises NotImplementedError under capture: the capture then falls back
+    cublas.setStream(handle, c.cuda.get_current_stream().ptr)
     return handle
+
+
+@lru_cache(maxsize=None)
+def _libcublas():
+    """The libcublas CuPy loaded (found in this process's mappings), through ctypes: CuPy's own wrappers call
+    ``setStream`` first, which refuses to run while a stream captures a CUDA graph -- cuBLAS itself captures fine."""
+    import ctypes
+
+    cp().cuda.device.get_cublas_handle()   # make sure CuPy has loaded and initialized it
+    paths = sorted({ln.split()[-1] for ln in open("/proc/self/maps") if "/libcublas.so" in ln})
+    if not paths:
+        raise GpuError("libcublas is not mapped in this process")
+    lib = ctypes.CDLL(paths[0])
+    lib.cublasSetStream_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.cublasGetStream_v2.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+    lib.cublasGemmEx.argtypes = ([ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                  ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                  ctypes.c_int, ctypes.c_int, ctypes.c_int])
+    return lib
+
+
+def _gemm_ex_capturable(transa, transb, m, n, k, A, atype, lda, B, btype, ldb, C, ctype, ldc):
+    """cublasGemmEx (alpha 1, beta 0, fp32 compute) on the current stream through :func:`_libcublas`."""
+    import ctypes
+
+    c = cp()
+    lib = _libcublas()
+    handle = ctypes.c_void_p(int(c.cuda.device.get_cublas_handle()))
+    stream = ctypes.c_void_p(int(c.cuda.get_current_stream().ptr))
+    st = lib.cublasSetStream_v2(handle, stream)
+    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    st = st or lib.cublasGemmEx(handle, transa, transb, m, n, k, ctypes.byref(one), A, atype, lda, B, btype, ldb,
+                                ctypes.byref(zero), C, ctype, ldc, 68, -1)   # CUBLAS_COMPUTE_32F, GEMM_DEFAULT
+    if st:
+        raise GpuError(f"cublasGemmEx failed: status {st}")
 
 
 def gemm_dense(x, w, out=None):
     """y[n, od] = x[n, id] @ w[od, id]^T for C-contiguous float32 or float16 operands of one type (fp32 accumulate;
-    float32 out) as one cuBLAS ``gemmEx`` on the current stream, called through the raw binding: unlike
+    float32 out) as one cuBLAS ``cublasGemmEx`` on the current stream, called through ctypes: unlike
     ``cupy.matmul`` it may be captured into a CUDA graph (CuPy refuses its own cuBLAS calls during capture)."""
     c = cp()
-    from cupy.cuda import cublas
 
     if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[1]:
         raise ShapeError(f"gemm_dense shapes {x.shape} x {w.shape}^T do not chain")
@@ -387,14 +418,9 @@ def gemm_dense(x, w, out=None):
         out = c.empty((n, od), dtype=c.float32)
     elif out.shape != (n, od) or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ShapeError(f"out must be C-contiguous float32 {(n, od)}")
-    handle = _cublas_handle_on_current_stream()
-    one, zero = np.array(1.0, np.float32), np.array(0.0, np.float32)
     t_in = 2 if x.dtype == np.float16 else 0                    # CUDA_R_16F | CUDA_R_32F
-    compute = getattr(cublas, "CUBLAS_COMPUTE_32F", 68)
-    algo = getattr(cublas, "CUBLAS_GEMM_DEFAULT", -1)
     # row-major Y = X W^T is column-major Y^T (od x n) = W (od x k, stored as k x od: transposed) X^T (k x n)
-    cublas.gemmEx(handle, 1, 0, od, n, k, one.ctypes.data, w.data.ptr, t_in, k, x.data.ptr, t_in, k,
-                  zero.ctypes.data, out.data.ptr, 0, od, compute, algo)
+    _gemm_ex_capturable(1, 0, od, n, k, w.data.ptr, t_in, k, x.data.ptr, t_in, k, out.data.ptr, 0, od)
     return out
 
 
