@@ -475,7 +475,8 @@ class GpuModel:
         macs = xs.shape[0] * c.vocab * c.n_embd
         if self.head is None:
             with tr.op("output", "output_head", weight=self.head_name, macs=macs):
-                logits = cp.matmul(xs, self.embd.T)
+                # tied embeddings (Gemma): raw cuBLAS, capturable (cupy.matmul refuses under CUDA-graph capture)
+                logits = gpu.gemm_dense(cp.ascontiguousarray(xs, dtype=cp.float32), self.embd)
         else:
             box = {}
             if self.head.q is not None:
