@@ -1066,9 +1066,10 @@ def run_gpu_name(run) -> str | None:
     return g.get("name") or (run.meta.get("params") or {}).get("gpu_name")
 
 
-def find_peer_run(gpu: str | None, table: str, run_id: str | None = None, root=None):
+def find_peer_run(gpu: str | None, table: str, run_id: str | None = None, root=None, models=None):
     """(run, None) for the named peer run -- or, unnamed, the latest complete one -- that ran on the GPU model
-    ``gpu`` and holds ``table``; else (None, why)."""
+    ``gpu`` and holds ``table`` (with a row for one of ``models`` when given: a later run of another model does not
+    hide the latest one of this model); else (None, why)."""
     from . import records
 
     if not gpu:
@@ -1087,6 +1088,8 @@ def find_peer_run(gpu: str | None, table: str, run_id: str | None = None, root=N
             why.append(f"run {r.run_id} ran on {run_gpu_name(r) or 'an unknown GPU'}, not {gpu}")
         elif not r.has(table):
             why.append(f"run {r.run_id} has no {table} table")
+        elif models is not None and "model" in r.table(table) and not set(models) & set(r.table(table).model):
+            why.append(f"run {r.run_id} has no {table} row of {sorted(set(models))}")
         else:
             return r, None
     return None, "; ".join(why[:3])
@@ -1150,7 +1153,7 @@ def prefill_vs_llama(lab: pd.DataFrame, lab_gpu: str | None, peer_run_id: str | 
     setting (or only ``flash_attn``); llama-bench's mean tok/s with its stddev/min/max over the repetitions."""
     if lab is None or lab.empty:
         return _none("the lab table is empty")
-    run, why = find_peer_run(lab_gpu, "bench", peer_run_id, root)
+    run, why = find_peer_run(lab_gpu, "bench", peer_run_id, root, models=None if peer_run_id else set(lab.model))
     if run is None:
         return _none(why)
     peer = run.table("bench").rename(columns={"n_prompt": "nt"})

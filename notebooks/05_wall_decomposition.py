@@ -115,8 +115,9 @@ if prun is not None and prun.has("greedy") and default_model_path().exists():
 #
 # The latest recorded throughput run of this model (median tok/s over its interleaved A/B rounds, per GEMM kernel:
 # `int8` = the `q4k_nb` / `q6k_expb` kernels, `auto` = round 7's `wgmma_kq`) against `llama-bench` on the same file
-# and prompt length, with llama.cpp's flash attention on and off. The lab's attention is cuBLAS fp16 with its own
-# masked softmax (no flash attention).
+# and prompt length, with llama.cpp's flash attention on and off. The lab's attention is the run's recorded path
+# (`attention` in the run's parameters: cuDNN's fused SDPA where available since issue 17, else cuBLAS fp16 with the
+# lab's masked softmax); `mode` says whether the forward ran eager or as one CUDA-graph replay (issue 18).
 
 # %%
 trun = records.latest("prefill", where=lambda r: r.has("throughput") and model in set(r.table("throughput").model))
@@ -126,18 +127,51 @@ if trun is not None:
     for c_, default in (("kernel", "int8"), ("gemm_families", "-")):
         if c_ not in t_:
             t_ = t_.assign(**{c_: default})
-    lab_thr = (t_.groupby(["model", "nt", "kernel", "gemm_families"], sort=False).tok_per_s.agg(["median", "size"])
+    if "mode" not in t_:
+        t_ = t_.assign(mode="eager")
+    lab_thr = (t_.groupby(["model", "nt", "kernel", "mode", "gemm_families"], sort=False).tok_per_s.agg(["median", "size"])
                .reset_index().rename(columns={"median": "tok_per_s", "size": "rounds"}))
     pv = peers.prefill_vs_llama(lab_thr, peers.run_gpu_name(trun))
     print(f"lab: prefill run {trun.run_id}; {pv.message}")
     if pv.ok:
-        display(report.table(pv.table[["model", "nt", "kernel", "gemm_families", "rounds", "tok_per_s", "flash_attn", "llama_tok_s", "llama_tok_s_std", "vs_llama"]],
+        display(report.table(pv.table[["model", "nt", "kernel", "mode", "gemm_families", "rounds", "tok_per_s", "flash_attn", "llama_tok_s", "llama_tok_s_std", "vs_llama"]],
                              {"tok_per_s": "{:,.0f}", "llama_tok_s": "{:,.0f}", "llama_tok_s_std": "{:,.0f}", "vs_llama": "{:.2f}x"},
                              caption="whole-prefill tok/s, lab / llama.cpp (> 1: the lab is faster)"))
         print("Note:", peers.BENCH_NOTES)
 else:
     pv = peers.PeerComparison(pd.DataFrame(), f"no peer measurement: no recorded prefill throughput of {model}")
     print(pv.message)
+
+# %% [markdown]
+# ## Host overhead: eager launches vs one CUDA-graph replay (issue 18)
+#
+# `gpu-check --steps prefill_graph` times, interleaved in one process, the forward eager with the small kernels
+# unfused (before), eager fused, and captured as one CUDA graph and replayed (after), and decomposes nt 64 / 512 /
+# 3325 with **host overhead** (wall minus GPU busy: Python, launches, synchronization) as its own class. A forward
+# whose capture was refused runs eager and says why (`graph_fallbacks`): its "graph-fused" rows then ran eager.
+
+# %%
+grun = records.latest("prefill", where=lambda r: r.has("decompose_busy_wall") and model in set(r.table("throughput").model))
+if grun is None:
+    print(f"no recorded prefill_graph run of {model}")
+else:
+    gbw = grun.table("decompose_busy_wall")
+    display(report.table(gbw[["nt", "variant", "mode", "wall_ms", "busy_ms", "host_overhead_ms", "host_frac"]],
+                         {"wall_ms": "{:.2f}", "busy_ms": "{:.2f}", "host_overhead_ms": "{:.2f}", "host_frac": "{:.1%}"},
+                         caption=f"{model}: wall vs GPU busy, run {grun.run_id} ({peers.run_gpu_name(grun)})"))
+    fb = (grun.meta.get("summary") or {}).get("graph_fallbacks") or []
+    print(f"graph fallbacks: {len(fb)}" + (f" -- e.g. nt={fb[0]['nt']}: {fb[0]['reason']}" if fb else " (every nt replayed a graph)"))
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    nts_ = sorted(gbw.nt.unique())
+    for k, (v, g) in enumerate(gbw.groupby("variant", sort=False)):
+        g = g.set_index("nt").reindex(nts_)
+        ax.bar(np.arange(len(nts_)) + (k - 0.5) * 0.38, 100 * g.host_frac, 0.38,
+               label=f"{v} ({', '.join(sorted(set(g['mode'].dropna())))})")
+    ax.axhline(5, color="0.3", ls="--", lw=1, label="5% (the issue's bar at nt=512)")
+    ax.set_xticks(range(len(nts_)), [f"nt={n}" for n in nts_]); ax.set_ylabel("host overhead [% of wall]")
+    ax.set_title(f"{model}: wall minus GPU busy, run {grun.run_id}", fontsize=9); ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=.3)
+    plt.show()
 
 # %% [markdown]
 # ## The latest decomposition per model, and the one before this page's run

@@ -557,3 +557,26 @@ def test_recipe_first_steps_from_pypi(tmp_path):
     assert (tree / "tests" / "test-backend-ops.cpp").is_file() and (tree / "tools" / "llama-bench").is_dir()
     prefix = peers.unpack_cublas(peers.fetch_pinned("cublas", tmp_path), tmp_path)
     assert (prefix / "lib" / "libcublasLt.so").resolve().name == "libcublasLt.so.13"
+
+
+def test_prefill_vs_llama_takes_the_latest_peer_run_of_that_model(tmp_path):
+    """A later llama-bench run of another model (Gemma) does not hide the latest one of this model (the 7B)."""
+    import pandas as pd
+
+    from labkernels import peers, records
+
+    def bench_run(model, tok):
+        run = records.new_run(peers.ROUND, {"what": "bench"}, root=tmp_path)
+        run.meta["provenance"] = {**run.meta.get("provenance", {}), "gpu": {"name": "NVIDIA H200"}}
+        run.append("bench", [{"model": model, "n_prompt": 512, "n_gen": 0, "flash_attn": 1, "n_ubatch": 512,
+                              "tok_s": tok, "tok_s_std": 1.0, "tok_s_min": tok, "tok_s_max": tok}])
+        run.finish()
+        return run.run_id
+
+    first = bench_run("synthetic-7b", 9000.0)
+    import time
+    time.sleep(1.1)
+    bench_run("gemma", 50000.0)
+    lab = pd.DataFrame([{"model": "synthetic-7b", "nt": 512, "tok_per_s": 18000.0}])
+    pv = peers.prefill_vs_llama(lab, "NVIDIA H200", root=tmp_path)
+    assert pv.ok and pv.run_id == first and float(pv.table.vs_llama.iloc[0]) == 2.0
