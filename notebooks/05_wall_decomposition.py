@@ -174,6 +174,41 @@ else:
     plt.show()
 
 # %% [markdown]
+# ## Attention alone: cuDNN's fused SDPA vs the lab's baseline vs PyTorch SDPA (issue 17)
+#
+# `gpu-check --steps attention`: each layer kind of the 7B and Gemma 3 270M layouts at nt 512 / 3325 / 8192, interleaved
+# CUDA-event medians (L2 flushed); TFLOPS count useful FLOPs only (causal: half the square, sliding window: the band).
+# `kernel` scope times the attention kernel alone, `op` the whole call from the prefill's fp32 q/k/v to the fp16 output
+# the next GEMM reads. Each path is gated against the fp32 baseline (max rel err ≤ 1e-3) before it is timed.
+
+# %%
+arun = records.latest("attention")
+if arun is None:
+    print("no recorded attention benchmark")
+else:
+    asum = arun.table("summary")
+    apar = arun.table("parity")
+    display(report.table(asum, {c: "{:.1f}" for c in asum.columns if c.endswith("tflops")} |
+                         {c: "{:.3f}" for c in asum.columns if c.startswith("op_ms")} |
+                         {c: "{:.2f}x" for c in asum.columns if "_vs_" in c},
+                         caption=f"attention alone, run {arun.run_id} ({peers.run_gpu_name(arun)}); torch_best_backend = the "
+                                 "fastest backend PyTorch's SDPA ran (its own choice, or forced flash / efficient / cuDNN)"))
+    print(f"parity: {int(apar.ok.sum())} of {len(apar)} gates passed (max rel err vs the fp32 baseline "
+          f"{apar.max_rel_err.max():.1e})")
+    at = arun.table("timings")
+    at = at[at.scope == "kernel"].groupby(["layout", "layer", "nt", "variant"], as_index=False).tflops.median()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8), sharey=True)
+    for ax, (key, g) in zip(axes, at.groupby(["layout", "layer"])):
+        for v, gv in g.groupby("variant"):
+            gv = gv.sort_values("nt")
+            ax.plot(gv.nt, gv.tflops, "o-", label=v, lw=2.2 if v == "cudnn" else 1.1)
+        ax.set_xscale("log", base=2); ax.set_title(f"{key[0]} {key[1]}", fontsize=9); ax.grid(alpha=.3)
+        ax.set_xlabel("nt (tokens)"); ax.legend(fontsize=7)
+    axes[0].set_ylabel("TFLOPS (useful FLOPs, kernel scope)")
+    fig.suptitle(f"Attention kernels on the {peers.run_gpu_name(arun)}, run {arun.run_id}", fontsize=10)
+    plt.show()
+
+# %% [markdown]
 # ## The latest decomposition per model, and the one before this page's run
 
 # %%
