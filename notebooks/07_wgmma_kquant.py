@@ -206,8 +206,10 @@ else:
     fig, ax = plt.subplots(figsize=(8, 4.2))
     for v, g in sc.groupby("variant"):
         g = g.sort_values("id")
-        col = plotting.color("cublas_f16_cached") if v.startswith("cublas") else None
-        ax.plot(g["id"], g.median_us, "o-", label=v, color=col, lw=2 if v.startswith("cublas") else 1.2)
+        if v.startswith("cublas"):
+            ax.plot(g["id"], g.median_us, "s--", label=v, color="0.15", lw=2)
+        else:
+            ax.plot(g["id"], g.median_us, "o-", label=v, lw=1.4)
     ax.set_xlabel("k = id (elements)"); ax.set_ylabel("time per GEMM [us] (nt=512, od=4096)")
     ax.grid(alpha=.3); ax.legend(fontsize=8)
     ax.set_title(f"{cs.provenance.get('gpu', {}).get('name', 'GPU')}, run {cs.run_id}", fontsize=9)
