@@ -735,6 +735,7 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
     import gguf
 
     from . import bench as B
+    from . import cases
     from . import gpu
 
     cp = _cp()
@@ -743,7 +744,7 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
     rows = []
     for qtype in qtypes:
         for od, id_ in shapes:
-            raw = B.synthetic_weights(qtype, od, id_, rng)
+            raw = cases.synthetic_weights(qtype, od, id_, rng)
             w = WgWeight.from_gguf(raw, qtype)
             wq = gpu.QWeight.upload(raw, qtype)
             w64 = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype.upper()])
@@ -808,13 +809,14 @@ def cost_scan(run=None, od: int = 4096, ids=(256, 1024, 4096, 14336), nt: int = 
     timing only), interleaved with the normal build: variant names end in ``[NOFIX]`` / ``[NOSTORE]``. Rows to
     ``run`` table ``cost_scan``."""
     from . import bench as B
+    from . import cases
 
     cp = _cp()
     rng = np.random.default_rng(seed or None)
     flush = B.Flusher()
     rows = []
     for id_ in ids:
-        raw = B.synthetic_weights("q4_K", od, id_, rng)
+        raw = cases.synthetic_weights("q4_K", od, id_, rng)
         w = WgWeight.from_gguf(raw, "q4_K")
         x16 = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float16))
         y = cp.empty((nt, od), cp.float32)

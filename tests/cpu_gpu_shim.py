@@ -166,7 +166,7 @@ def fake_gemm_dense(x, w, out=None):
     return np.matmul(x.astype(np.float32), w.astype(np.float32).T)
 
 
-def install_wgmma(monkeypatch):
+def install_wgmma(monkeypatch, f16_only: bool = True):
     """Stand the round-7 family in on the CPU: the kernel's exact function (the emulated 16-bit weights times the
     16-bit activations), so the prefill's wgmma path -- fp16 activations shared per input, qmatmul routing -- runs
     without a GPU."""
@@ -174,17 +174,28 @@ def install_wgmma(monkeypatch):
 
     @dataclass
     class FakeWg:
-        raw: np.ndarray
+        raw: np.ndarray      # the repacked bytes
         qtype: str
         od: int
         id: int
+        repack_s: float = 0.0
+
+        @property
+        def packed(self):
+            return self.raw
+
+        @property
+        def nbytes(self):
+            return int(self.raw.nbytes)
 
     def from_gguf(raw, qtype):
         raw = np.asarray(raw)
         return FakeWg(wgmma.repack(raw, qtype), qtype, raw.shape[0], raw.shape[1] // wgmma.BLOCK_BYTES[qtype] * 256)
 
     def fake_wg_gemm(w, x, out=None, **p):
-        assert x.dtype == np.float16, "the prefill hands wgmma_kq fp16 activations"
+        if f16_only:
+            assert x.dtype == np.float16, "the prefill hands wgmma_kq fp16 activations"
+        x = x.astype(np.float16)   # what wgmma.gemm does with float32 activations
         w16 = wgmma.emulate_weights(w.raw, w.qtype, w.od, w.id)
         y = (x.astype(np.float64) @ w16.T).astype(np.float32)
         if out is not None:

@@ -212,3 +212,30 @@ def test_cost_fit_separates_per_launch_and_per_k_cost():
     assert fit.loc["wgmma_bn256_s4_scl0_sk", "intercept_us"] == pytest.approx(11.8)
     assert fit.loc["cublas_f16_cached", "ns_per_k"] == pytest.approx(5.3)
     assert fit.loc["cublas_f16_cached", "back_to_back_us_at_min_id"] == 40.0 + 256
+
+
+def test_bench_runs_end_to_end_on_the_cpu_shim(monkeypatch, tmp_path):
+    """Round 7's benchmark (the gpu-check step's body) end to end with the kernel's exact function standing in
+    for the GPU and the timings faked: every variant is gated on fresh inputs before it is timed, and the tables
+    the notebook reads are recorded. (It guards the GPU-only code path against API drift: it once called a
+    case-setup helper that had moved to labkernels.cases.)"""
+    from cpu_gpu_shim import install, install_wgmma
+
+    from labkernels import bench, records, wgmma
+
+    cp = install(monkeypatch, exact=True)
+    install_wgmma(monkeypatch, f16_only=False)
+    monkeypatch.setattr(wgmma, "_cp", lambda: cp)
+    monkeypatch.setattr(bench, "time_launches", lambda fn, warmup=3, repeats=20, flush=None: (fn(), np.ones(3))[1])
+    monkeypatch.setattr(bench, "Flusher", lambda: None)
+    variants = ((128, 4, None, 0), (256, 4, None, 1))
+    with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
+        rows = wgmma.bench(shapes=[(256, 512)], nts=[8, 40], qtypes=("q4_K", "q6_K"), variants=variants, pairs=2,
+                           repeats=2, run=run, progress=lambda s: None)
+    run = records.load("wgmma", run.run_id, root=tmp_path)
+    par = run.table("wgmma_parity")
+    assert len(par) == 2 * 2 * len(variants) and par.ok.all()
+    assert {"wgmma_bn128_s4_scl0", "wgmma_bn128_s4_scl1", "wgmma_bn256_s4_scl0_sk"} <= set(par.variant)
+    b = run.table("wgmma_bench")
+    assert len(b) == len(rows) and set(b.pair) == {0, 1}
+    assert {"cublas_f16_cached", "int8_q4k_nb", "int8_q6k_expb"} <= set(b.variant)
