@@ -124,6 +124,15 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def source(run) -> str:
+    """Where a figure's numbers come from, for its title: 'NVIDIA H200, run <id>, commit <10 hex>' from the
+    recorded run's provenance ("no GPU recorded" / "commit ?" when the run does not record them)."""
+    prov = getattr(run, "provenance", None) or {}
+    gpu = (prov.get("gpu") or {}).get("name") or "no GPU recorded"
+    commit = str(prov.get("git_commit") or "?")[:10]
+    return f"{gpu}, run {run.run_id}, commit {commit}"
+
+
 def params_text(params: dict) -> str:
     """``name = value`` pairs for a page (not raw JSON)."""
     return ", ".join(f"{k} = {relative_path(v) if isinstance(v, str) else v}" for k, v in params.items())

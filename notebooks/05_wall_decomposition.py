@@ -169,7 +169,7 @@ else:
                label=f"{v} ({', '.join(sorted(set(g['mode'].dropna())))})")
     ax.axhline(5, color="0.3", ls="--", lw=1, label="5% (the issue's bar at nt=512)")
     ax.set_xticks(range(len(nts_)), [f"nt={n}" for n in nts_]); ax.set_ylabel("host overhead [% of wall]")
-    ax.set_title(f"{model}: wall minus GPU busy, run {grun.run_id}", fontsize=9); ax.legend(fontsize=8)
+    ax.set_title(f"{model}: wall minus GPU busy ({report.source(grun)})", fontsize=9); ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=.3)
     plt.show()
 
@@ -205,7 +205,7 @@ else:
         ax.set_xscale("log", base=2); ax.set_title(f"{key[0]} {key[1]}", fontsize=9); ax.grid(alpha=.3)
         ax.set_xlabel("nt (tokens)"); ax.legend(fontsize=7)
     axes[0].set_ylabel("TFLOPS (useful FLOPs, kernel scope)")
-    fig.suptitle(f"Attention kernels on the {peers.run_gpu_name(arun)}, run {arun.run_id}", fontsize=10)
+    fig.suptitle(f"Attention kernels ({report.source(arun)})", fontsize=10)
     plt.show()
 
 # %% [markdown]
@@ -289,7 +289,8 @@ for y, (label, c_, b_) in enumerate(bars):
     ax.text(left + max(b_.gap_ms, 0) + 3, y, f"wall {b_.wall_ms:.0f} ms, {b_.tok_per_s:,.0f} tok/s", va="center", fontsize=9)
 ax.set_yticks(range(len(bars))); ax.set_yticklabels([b[0] for b in bars], fontsize=8); ax.grid(axis="y", visible=False)
 ax.set_xlabel("time in the prefill (ms; segment labels in ms)"); ax.set_xlim(0, 1.3 * max(b[2].wall_ms for b in bars))
-ax.set_title(f"{run.meta['params']['model']} prefill, nt={run.meta['params']['nt']}: busy by kernel class")
+ax.set_title(f"{run.meta['params']['model']} prefill, nt={run.meta['params']['nt']}: busy by kernel class\n"
+             f"({report.source(run)}; the before bar: its run on the left)", fontsize=10)
 fig.legend(loc="outside lower center", ncol=4, fontsize=8); plt.show()
 
 # %% [markdown]
@@ -342,7 +343,7 @@ if len(tl):
         ax.barh(cls.index(r["class"]), (r.end - r.start) / 1e3, left=(r.start - t0) / 1e3, color=plotting.color(r["class"]))
     ax.set_yticks(range(len(cls))); ax.set_yticklabels(cls, fontsize=9); ax.invert_yaxis()
     ax.set_xlabel("time from the layer's first launch (µs)")
-    ax.set_title(f"layer {timeline_layer}: {len(tl)} launches"); plt.show()
+    ax.set_title(f"layer {timeline_layer}: {len(tl)} launches ({report.source(run)})", fontsize=10); plt.show()
 
 # %%
 def vs_llama_head(pv, fa=1):

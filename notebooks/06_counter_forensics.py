@@ -70,7 +70,7 @@ st = [c for c in pg.columns if c.startswith("stall_") and pg[c].abs().sum() > 0 
 s = pg[pg["shape"] == shape].set_index("variant")[st]
 ax = s.T.rename(index=lambda c: c.removeprefix("stall_")).plot.barh(figsize=(11, 0.35 * len(st) + 1.5), color=plotting.colors(s.index), width=0.8)
 ax.invert_yaxis(); ax.set_xlabel("warps stalled per issued instruction"); ax.set_ylabel("stall reason")
-ax.legend(title="variant"); ax.set_title(f"stall reasons at {shape} (nt × od × id)"); plt.show()
+ax.legend(title="variant"); ax.set_title(f"stall reasons at {shape} (nt × od × id)\n{report.source(run)}", fontsize=10); plt.show()
 
 # %% [markdown]
 # ## Duration against warp instructions (the seeds' linear law)
@@ -84,7 +84,7 @@ for v, g in pg.groupby("variant"):
 x = np.linspace(0, (pg.warp_inst * pg.gmac).max() * 1.05, 10)
 ax.plot(x / 1e9, (f.slope_ns_per_inst * x + f.intercept_ns) / 1e3, "k--", lw=1, label="linear fit, all cases")
 ax.set_xlabel("warp instructions issued (1e9)"); ax.set_ylabel("kernel duration (µs)"); ax.legend(title="variant")
-ax.set_title(f"fit over all cases: {f.inst_per_ns:.0f} warp-instructions/ns, r² = {f.r2:.3f}"); plt.show()
+ax.set_title(f"fit over all cases: {f.inst_per_ns:.0f} warp-instructions/ns, r² = {f.r2:.3f}\n{report.source(run)}", fontsize=10); plt.show()
 
 # %% [markdown]
 # ## Pairs at matched shapes (ratio = other / base)

@@ -133,8 +133,8 @@ for i, q in enumerate(["q4_K", "q6_K"]):
         if i == 1:
             ax.set_xlabel("nt (tokens)")
 axes[0, 0].legend(fontsize=8, loc="upper left")
-fig.suptitle(f"Round 7 on the {run.provenance.get('gpu', {}).get('name', 'GPU')} (run {run.run_id}): median of "
-             f"{int(bench_df.pair.max()) + 1} interleaved rounds, L2 flushed", fontsize=11)
+fig.suptitle(f"Round 7 ({report.source(run)}): median of {int(bench_df.pair.max()) + 1} interleaved rounds, "
+             "L2 flushed", fontsize=11)
 plt.show()
 
 # %% [markdown]
@@ -173,7 +173,7 @@ if n512.variant.str.endswith("_sk").any():
                color=col)
     ax.set_xticks(xs, [f"{q}\n{od}x{id_}" for q, od, id_ in keys], fontsize=8)
     ax.set_ylabel("TOPS-eq at nt=512"); ax.legend(fontsize=8); ax.grid(axis="y", alpha=.3)
-    ax.set_title(f"nt=512, run {run.run_id} (interleaved, L2 flushed)", fontsize=9)
+    ax.set_title(f"nt=512, interleaved, L2 flushed ({report.source(run)})", fontsize=9)
     plt.show()
     piv = best.pivot_table(index=["qtype", "od", "id"], columns="sched", values="tops_eq").reset_index()
     piv["stream-K / data-parallel"] = piv["stream-K"] / piv["data-parallel"]
@@ -212,7 +212,7 @@ else:
             ax.plot(g["id"], g.median_us, "o-", label=v, lw=1.4)
     ax.set_xlabel("k = id (elements)"); ax.set_ylabel("time per GEMM [us] (nt=512, od=4096)")
     ax.grid(alpha=.3); ax.legend(fontsize=8)
-    ax.set_title(f"{cs.provenance.get('gpu', {}).get('name', 'GPU')}, run {cs.run_id}", fontsize=9)
+    ax.set_title(report.source(cs), fontsize=9)
     plt.show()
 
 # %% [markdown]
@@ -234,7 +234,7 @@ ax.set_xlim(60, 4000); ax.set_ylim(40, 1300)
 ax.set_xlabel("arithmetic intensity (FLOP per byte of the fewest HBM bytes: weights once, fp16 x, f32 y)")
 ax.set_ylabel("TFLOPS (TOPS-eq)")
 ax.legend(fontsize=8); ax.grid(alpha=.3, which="both")
-ax.set_title(f"{run.provenance.get('gpu', {}).get('name', 'GPU')}, run {run.run_id}", fontsize=9)
+ax.set_title(report.source(run), fontsize=9)
 plt.show()
 
 # %% [markdown]
@@ -255,8 +255,7 @@ else:
            color=plotting.color("wgmma_kq"))
     ax.bar(xs + .2, nct["Issue Slots Busy [%]"], .4, label="issue slots busy [%]", color=plotting.color("issue"))
     ax.set_xticks(xs, lab, fontsize=8); ax.set_ylabel("% of peak"); ax.set_ylim(0, 100); ax.legend(fontsize=8)
-    ax.set_title(f"Nsight Compute on the {nc.provenance.get('gpu', {}).get('name', 'GPU')}, run {nc.run_id} "
-                 f"(commit {str(nc.provenance.get('git_commit', '?'))[:10]})", fontsize=9)
+    ax.set_title(f"Nsight Compute ({report.source(nc)})", fontsize=9)
     ax.grid(axis="y", alpha=.3)
     plt.show()
 

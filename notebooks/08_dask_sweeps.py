@@ -91,7 +91,8 @@ for y, r in enumerate(ordered.itertuples()):
         ax.text(0, y, f"  failed after {r.attempts} attempts: no record", va="center", fontsize=8, color="#c0392b")
 ax.legend(handles=[Patch(color=cols[d], label=d) for d in devices], fontsize=8, loc="lower right")
 ax.set_xlabel("task wall time on its worker (s)")
-ax.set_title(f"Sweep {rep['sweep_id']}: wall time per task, coloured by device", fontsize=11)
+ax.set_title(f"Sweep {rep['sweep_id']}: wall time per task, coloured by device\n(summary: {report.source(rep['run'])})",
+             fontsize=10)
 ax.grid(axis="x", alpha=.3)
 plt.show()
 
@@ -179,7 +180,7 @@ else:
     ax.set_xlabel("serial median time of the point (µs, log scale)")
     ax.set_ylabel("time ratio at the same kernel, shape and nt")
     ax.set_title(f"{len(repro)} round-4 points on the {points.gpu_name.iloc[0]}: sweep ({rep['cluster']}) vs two "
-                 f"serial runs", fontsize=11)
+                 f"serial runs\n(summary: {report.source(rep['run'])})", fontsize=10)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, frameon=False)
     ax.grid(alpha=.3)
     plt.show()

@@ -76,3 +76,14 @@ def test_notes_travel_in_display_metadata(monkeypatch):
     report.headline(x=1.23456)
     report.headline(b=2, a=1)
     assert shown[-1] == {"labkernels": {"mode": "cpu", "headline": [["x", "1.235"], ["b", "2"], ["a", "1"]]}}
+
+
+def test_source_names_gpu_run_and_commit():
+    from types import SimpleNamespace
+
+    from labkernels import report
+
+    r = SimpleNamespace(run_id="20261201T000000Z-h200-abc", provenance={"gpu": {"name": "NVIDIA H200"},
+                                                                          "git_commit": "0123456789abcdef"})
+    assert report.source(r) == "NVIDIA H200, run 20261201T000000Z-h200-abc, commit 0123456789"
+    assert report.source(SimpleNamespace(run_id="x", provenance={})) == "no GPU recorded, run x, commit ?"
