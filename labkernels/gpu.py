@@ -342,7 +342,8 @@ def bmm_f16(A, B, out=None):
         out = c.empty((batch, M, N), dtype=c.float16)
     elif out.shape != (batch, M, N) or out.dtype != np.float16 or not out.flags.c_contiguous:
         raise ShapeError(f"out must be C-contiguous float16 {(batch, M, N)}")
-    handle = _cublas_handle_on_current_stream()
+    handle = c.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, c.cuda.get_current_stream().ptr)   # CuPy's wrapper: refused under graph capture
     one, zero = np.array(1.0, np.float32), np.array(0.0, np.float32)
     r16 = 2                                                     # CUDA_R_16F
     compute = getattr(cublas, "CUBLAS_COMPUTE_32F", 68)
@@ -352,16 +353,6 @@ def bmm_f16(A, B, out=None):
                                 A.data.ptr, r16, K, M * K, zero.ctypes.data, out.data.ptr, r16, N, M * N,
                                 batch, compute, algo)
     return out
-
-
-def _cublas_handle_on_current_stream() -> int:
-    """CuPy's cuBLAS handle bound to the current stream (CuPy's wrappers; refused under CUDA-graph capture)."""
-    c = cp()
-    from cupy.cuda import cublas
-
-    handle = c.cuda.device.get_cublas_handle()
-    cublas.setStream(handle, c.cuda.get_current_stream().ptr)
-    return handle
 
 
 @lru_cache(maxsize=None)
@@ -500,14 +491,17 @@ def _with_sweep_variant(ch: Choice, qtype: str, nt: int, od: int, id_: int, tabl
         gpu_model = device_props()["name"] if table is None else None
         df = sweep.best_variants(gpu_model) if table is None else table
         df = df[df.family == ch.family] if len(df) else df
+        if len(df) == 0:
+            return ch            # no sweep recorded this family on this GPU model
         pick = sweep.pick_variant(qtype, od, id_, nt, gpu_model or "", table=df)
-    except (LookupError, KeyError, AttributeError):
-        return ch
-    except Exception as e:   # a GPU query or a data folder that cannot be read: say so, keep the default
+    except Exception as e:   # pick_variant's "no row for this shape class" is the one expected case
+        if type(e) is LookupError:
+            return ch
+        # a GPU query, a data folder or a table that cannot be read: say so, keep the default
         import logging
 
         logging.getLogger("labkernels.gpu").warning("sweep best-variant table not used: %s", e)
-        return ch
+        return Choice(ch.family, ch.params, ch.reason + f"; sweep best-variant table not used ({type(e).__name__}: {e})")
     par = {k: int(v) for k, v in pick["params"].items() if k != "STRIDE"}   # the weight's own row stride wins
     return Choice(ch.family, tuple({**dict(ch.params), **par}.items()),
                   ch.reason + f"; variant {pick['kernel']} from sweep {pick['sweep_run']} "

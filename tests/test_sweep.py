@@ -611,3 +611,15 @@ def test_recorded_h200_sweep_reproduces_the_serial_round4_runs():
 
 def _gpu_of(run):
     return run.provenance["gpu"]["name"]
+
+
+def test_auto_choice_says_when_the_sweep_table_cannot_be_read():
+    """A broken best-variant table (a missing column) is not silently treated as 'nothing recorded'."""
+    import pandas as pd
+
+    from labkernels import gpu
+
+    base = gpu.Choice("q6k_expb", (("KDR", 4),), "rule")
+    broken = pd.DataFrame([{"gpu_model": "NVIDIA H200", "qtype": "q6_K", "family": "q6k_expb", "nt": 1024}])
+    ch = gpu._with_sweep_variant(base, "q6_K", 900, 4096, 4096, table=broken)
+    assert ch.params == base.params and "sweep best-variant table not used (" in ch.reason
