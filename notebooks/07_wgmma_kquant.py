@@ -263,7 +263,7 @@ else:
 # **Reading the counters** (run 20261201T104510Z, the stream-K kernel). At nt=4096 with BN=256 (data-parallel, whole
 # waves) the tensor pipe is the busiest unit (76–82% of elapsed cycles) with issue slots only ~32% busy: the
 # conversion is paid for. At nt=512 the stream-K BN=256 launch fills all 132 SMs, yet SM compute throughput is only
-# ~48–55%: SMs are active 82% of the elapsed cycles and, while active, the consumer warps wait — 0.38 eligible warps
+# ~48–55%: SMs are active 78–82% of the elapsed cycles and, while active, the consumer warps wait — 0.38 eligible warps
 # per scheduler of 2.2 resident, issue 22% busy. BN=128 (data-parallel, 128 CTAs) sits at the same 48–55% with
 # issue at 37–41%: its conversion per MAC is twice BN=256's, so it is nearer the issue limit. In both, the two
 # consumer warpgroups stall on their own convert → wgmma → wait chains; a third consumer group does not fit the
