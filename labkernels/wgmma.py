@@ -298,7 +298,7 @@ def _cubin(source: str) -> tuple[str, dict]:
     src = registry.KERNELS_DIR / source
     wrapper = audit.wrapper_source(src, specs)
     flags = ["-cubin", "-std=c++17", "-O3", "-Xptxas", "-v", "-gencode=arch=compute_90a,code=sm_90a",
-             f"-I{registry.KERNELS_DIR}"]
+             f"-I{registry.KERNELS_DIR}", *registry.cuda_defines()]
     # ablation builds (e.g. LK_ABLATE_NOFIX): -D names from the environment, part of the cache key; a run made with
     # them records them in its provenance (never for the recorded benchmark of the round)
     flags += [f"-D{d}" for d in os.environ.get("LABKERNELS_WG_DEFINES", "").split() if re.fullmatch(r"LK_ABLATE_\w+", d)]
@@ -551,7 +551,7 @@ def _sm_count(device: int) -> int:
     return int(device_props()["sm_count"])
 
 
-SK_MAXSEG = 8   # LK_SK_MAXSEG in wgmma_kq.cu
+SK_MAXSEG = registry.SK_MAXSEG   # the kernel's stream-K segment list (-DLK_SK_MAXSEG, registry.cuda_defines)
 
 
 def segments(ncta: int, cta: int, I: int, tiles: int, dp_tiles: int) -> list[tuple[int, int, int]]:

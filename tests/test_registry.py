@@ -50,9 +50,12 @@ def test_names_resolve_one_way():
 
 def test_tile_constants_are_written_once():
     assert registry.cuda_defines() == (f"-DLK_BM={registry.BM}", f"-DLK_BN={registry.BN}",
-                                       f"-DLK_THREADS={registry.THREADS}")
+                                       f"-DLK_THREADS={registry.THREADS}", f"-DLK_SK_MAXSEG={registry.SK_MAXSEG}")
     for src in registry.KERNELS_DIR.glob("*.cu*"):
-        assert not re.search(r"#define\s+LK_(BM|BN|THREADS)\b", src.read_text()), src.name
+        assert not re.search(r"#define\s+LK_(BM|BN|THREADS|SK_MAXSEG)\b", src.read_text()), src.name
+    from labkernels import wgmma
+    assert wgmma.SK_MAXSEG == registry.SK_MAXSEG
+    assert "#error" in (registry.KERNELS_DIR / "wgmma_kq.cu").read_text().split("LK_SK_MAXSEG", 2)[1]
     tile = (registry.KERNELS_DIR / "tile.cuh").read_text()
     assert "#error" in tile and "LK_BM" in tile
     for fam in ("q6k_expb", "q4k_nb", "q6k_generic", "prepass_q8_1"):

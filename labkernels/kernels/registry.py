@@ -24,11 +24,13 @@ KERNELS_DIR = Path(__file__).resolve().parent
 BM = 64
 BN = 128
 THREADS = 256
+#: round 7's wgmma_kq: stream-K segments a CTA's shared-memory list holds (the launcher checks a schedule against it)
+SK_MAXSEG = 8
 
 
 def cuda_defines() -> tuple[str, ...]:
     """The compiler options carrying the registry's tile constants to every CUDA source (NVRTC and nvcc)."""
-    return (f"-DLK_BM={BM}", f"-DLK_BN={BN}", f"-DLK_THREADS={THREADS}")
+    return (f"-DLK_BM={BM}", f"-DLK_BN={BN}", f"-DLK_THREADS={THREADS}", f"-DLK_SK_MAXSEG={SK_MAXSEG}")
 
 FAMILIES = [
     # -- activation prepass: f32 activations -> q8_1 in the tile-ordered layout of the GEMM kernels

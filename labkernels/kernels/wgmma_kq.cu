@@ -356,7 +356,9 @@ struct KQ<6, BF16, SCL> {
 // CTA order (deterministic: the sum order depends only on the schedule), resets their flags and stores Y.
 // dp_tiles == tiles == ncta is the plain one-tile-per-CTA grid. The owners wait on later CTAs' first segments,
 // which never wait: this needs all ncta CTAs resident at once (the launcher keeps ncta <= SMs x blocks/SM).
-#define LK_SK_MAXSEG 8   // stream-K segments per CTA: its range spans < 2 waves of tiles + its two ends
+#ifndef LK_SK_MAXSEG      // stream-K segments per CTA (its range spans < 2 waves of tiles + its two ends): the
+#error "LK_SK_MAXSEG comes from the registry (registry.SK_MAXSEG via -D); the launcher checks schedules against it"
+#endif
 struct LkSeg {
     int tile, klo, khi;
 };
