@@ -366,6 +366,12 @@ class Backend:
     def kind(self, il: int) -> LayerKind:
         return layer_kind(self.cfg, il)
 
+    @property
+    def takes_f16(self) -> bool:
+        """Whether fp16 q/k/v give this path the same result as the f32 ones (it rounds them to fp16 itself): the
+        prefill's rope may then write them in fp16 (PrefillOptions.fuse_qkv16)."""
+        return self.dtype == "f16"
+
     def describe(self) -> dict:
         return {"attention": self.name, "attention_dtype": self.dtype, "attention_note": self.note}
 
@@ -427,6 +433,10 @@ class Baseline(Backend):
 
     def describe(self) -> dict:
         return {"attention": self.name, "attention_dtype": "f16" if self.f16 else "f32", "attention_note": self.note}
+
+    @property
+    def takes_f16(self) -> bool:
+        return self.f16
 
     def _bmm(self, A, B):
         if self.f16:

@@ -297,7 +297,8 @@ def step_prefill_r7(out: Path, args) -> dict:
 #: after = fused + CUDA-graph replay (name -> PrefillOptions fields over the base options; graph None: a capture
 #: that fails runs eager with the reason in the rows' fallback column, and the step is not ok)
 GRAPH_VARIANTS = {"eager-unfused": {"graph": False, "fuse_add_norm": False, "fuse_rope": False, "fuse_layout": False,
-                                    "fuse_gate_up": False},
+                                    "fuse_gate_up": False, "fuse_qkv16": False,
+                                    "fuse_qkv": False, "fuse_qk_norm": False},
                   "eager-fused": {"graph": False},
                   "graph-fused": {"graph": None}}
 GRAPH_NTS = (64, 128, 512, 1024, 3325)
@@ -391,16 +392,23 @@ def step_prefill_graph(out: Path, args) -> dict:
     from .prefill import GpuModel, PrefillOptions
 
     want = [m for m in (getattr(args, "graph_models", None) or "7b,gemma").split(",") if m]
-    models = ["synthetic-7b"] if "7b" in want else []
+    models = []
     gemma = Path(args.gemma or default_model_path())
-    if "gemma" in want and gemma.exists():
-        models.append(str(gemma))
-    elif "gemma" in want:
-        _log(f"prefill_graph: no Gemma GGUF at {gemma}: the synthetic 7B only")
+    for w in want:
+        if w == "7b":
+            models.append("synthetic-7b")
+        elif w == "gemma" and gemma.exists():
+            models.append(str(gemma))
+        elif w == "gemma":
+            _log(f"prefill_graph: no Gemma GGUF at {gemma}: left out")
+        elif w in prefill_cli.SYNTHETIC:
+            models.append(w)
+        else:
+            raise SystemExit(f"prefill_graph: unknown model {w!r}: 7b, gemma or one of {', '.join(prefill_cli.SYNTHETIC)}")
     cp = gpu.cp()
     runs, summary, ok = [], {}, True
     for spec in models:
-        label = "synthetic-7b" if spec == "synthetic-7b" else "gemma-3-270m-q4_k_m"
+        label = spec if spec in prefill_cli.SYNTHETIC else "gemma-3-270m-q4_k_m"
         params = {"what": "graph", "model": label, "nts": list(GRAPH_NTS), "decompose_nts": list(GRAPH_DECOMPOSE_NTS),
                   "variants": GRAPH_VARIANTS, "attn_f16": True, "kernel": args.kernel}
         with records.recording("prefill", params, root=out / "data") as run:
@@ -471,7 +479,7 @@ def register_cli(sub) -> None:
     p.add_argument("--sweep-repeats", type=int, default=10)
     p.add_argument("--decompose-nt", type=int, default=3325)
     p.add_argument("--decompose-models", default="gemma,7b", help="comma list of gemma, 7b")
-    p.add_argument("--graph-models", default="7b,gemma", help="prefill_graph: comma list of 7b, gemma")
+    p.add_argument("--graph-models", default="7b,gemma", help="prefill_graph: comma list of 7b, gemma (the real GGUF), synthetic-gemma3 (its shapes, random weights)")
     p.add_argument("--fail-fast", action="store_true")
     p.add_argument("--sanitizer-timeout", type=int, default=240)
     p.add_argument("--kernel", default="auto", help="qmatmul kernel of the prefill/decompose steps (default auto)")

@@ -39,6 +39,7 @@ from .arch import ModelConfig, config_from_model, global_tensors, layer_tensors
 from .trace import NullTracer
 
 KQUANT = ("q4_K", "q6_K")
+QKV = ("attn_q", "attn_k", "attn_v")
 
 
 @dataclass
@@ -56,6 +57,10 @@ class PrefillOptions:
     fuse_add_norm: bool = True        # residual add (+ gemma3's post-norm of the delta) and the next RMSNorm in
                                       # one kernel (add_rmsnorm; bitwise the unfused ops)
     fuse_rope: bool = True            # RoPE of Q and K (and the q scale) in one launch (rope_qk)
+    fuse_qkv: bool = True             # Q, K, V projections that share a path as one GEMM on their stacked rows
+    fuse_qk_norm: bool = True         # gemma3's per-head q and k RMSNorms in one launch (rmsnorm_qk)
+    fuse_qkv16: bool = True           # with an fp16 attention path: RoPE, the q scale and the fp16 cast of Q, K, V
+                                      # in one launch (rope_qkv16; no separate casts around attention)
     fuse_layout: bool = True          # attention's layout copies: transpose + cast in one pass (not two)
     fuse_gate_up: bool = True         # ffn_gate and ffn_up (same type and shape) as one GEMM on their stacked rows,
                                       # the activation reading its two halves (act_mul_gu)
@@ -136,11 +141,17 @@ class Weight:
     @classmethod
     def stacked(cls, a: "Weight", b: "Weight") -> "Weight | None":
         """One weight of a's rows then b's (two projections of the same input as one GEMM), or None when they
-        differ in type, inner dimension or path."""
-        if a.qtype != b.qtype or a.shape[1:] != b.shape[1:] or len(a.shape) != 2 or (a.q is None) != (b.q is None):
+        differ in inner dimension or path, or (k-quants) in type; dequantized weights of one dtype stack whatever
+        their GGUF types (the stacked type then names both, e.g. 'q5_0+q8_0')."""
+        if a.shape[1:] != b.shape[1:] or len(a.shape) != 2 or (a.q is None) != (b.q is None):
+            return None
+        if a.q is not None and a.qtype != b.qtype:
+            return None
+        if a.q is None and a.dense.dtype != b.dense.dtype:
             return None
         w = cls.__new__(cls)
-        w.name, w.qtype, w.shape = f"{a.name}+{b.name}", a.qtype, (a.shape[0] + b.shape[0], a.shape[1])
+        qt = a.qtype if a.qtype == b.qtype or b.qtype in a.qtype.split("+") else f"{a.qtype}+{b.qtype}"
+        w.name, w.qtype, w.shape = f"{a.name}+{b.name}", qt, (a.shape[0] + b.shape[0], a.shape[1])
         if a.q is not None:
             if a.q.host is None or b.q.host is None:
                 return None
@@ -212,6 +223,9 @@ class GpuModel:
     def rmsnorm(self, x, w, ncols=None, out16: bool = False):
         cp = gpu.cp()
         ncols = ncols or x.shape[-1]
+        if not _c_contig(x) or str(x.dtype) != "float32" or x.size % ncols:
+            raise gpu.ShapeError(f"rmsnorm: x must be C-contiguous float32 rows of {ncols}, got {x.dtype} "
+                                 f"{tuple(x.shape)} (contiguous {_c_contig(x)})")
         y = cp.empty(x.shape, cp.float16 if out16 else cp.float32)
         rows = x.size // ncols
         self._k("rmsnorm", W=1, OUT16=int(out16)).launch(
@@ -296,13 +310,61 @@ class GpuModel:
         pre-scaled) -> [n, H*hdv] (fp16 when out16) through the model's attention path (self.attn)."""
         return self.attn(q, k, v, n, il, tr, out16=out16)
 
+    def rmsnorm_qk(self, q, k, L):
+        """gemma3's q and k norms (per head, over head_dim) in one launch; q/k may be row views of the stacked QKV
+        output -> C-contiguous f32 copies normed."""
+        cp = gpu.cp()
+        c = self.cfg
+        check_rows(q, "rmsnorm_qk q", c.n_head * c.head_dim)
+        check_rows(k, "rmsnorm_qk k", c.n_head_kv * c.head_dim)
+        n = q.shape[0]
+        yq = cp.empty((n, c.n_head * c.head_dim), cp.float32)
+        yk = cp.empty((n, c.n_head_kv * c.head_dim), cp.float32)
+        self._k("rmsnorm_qk").launch((n * (c.n_head + c.n_head_kv),), (
+            q, k, L["attn_q_norm"].dense, L["attn_k_norm"].dense, yq, yk, np.int32(c.n_head), np.int32(c.n_head_kv),
+            np.int32(c.head_dim), np.int32(_ld(q)), np.int32(_ld(k)), np.float32(c.rms_eps)))
+        return yq, yk
+
+    def qkv_groups(self, il: int) -> list:
+        """Layer il's Q, K, V projections as [(weight, names)]: with fuse_qkv neighbours that share a path stacked
+        into one weight (Q+K+V, Q+K, or none), made on first use."""
+        L = self.layers[il]
+        if not self.opts.fuse_qkv:
+            return [(L[nm], (nm,)) for nm in QKV]
+        key = ("qkv", il)
+        if key not in self._stacked:
+            groups, cur, names = [], L[QKV[0]], [QKV[0]]
+            for nm in QKV[1:]:
+                st = Weight.stacked(cur, L[nm])
+                if st is None:
+                    groups.append((cur, tuple(names)))
+                    cur, names = L[nm], [nm]
+                else:
+                    cur, names = st, names + [nm]
+            groups.append((cur, tuple(names)))
+            self._stacked[key] = groups
+        return self._stacked[key]
+
+    def _qkv(self, tr, il, h, L, n):
+        """q, k, v of layer il (f32 [n, width]; row views of one output where the projections were stacked)."""
+        out, box = {}, {}
+        for w, names in self.qkv_groups(il):
+            y = self._linear(tr, "+".join(names), il, h, w, box)
+            off = 0
+            for nm in names:
+                od = L[nm].od
+                out[nm] = y if len(names) == 1 else y[:, off:off + od]
+                off += od
+        return out["attn_q"], out["attn_k"], out["attn_v"]
+
     def rope(self, x, n, n_head, il):
         c = self.cfg
         half = c.n_rot // 2
+        check_rows(x, "rope x", n_head * c.head_dim, n)
         total = n * n_head * half
         self._k("rope", NEOX=int(c.rope_style == "neox")).launch(
             ((total + 255) // 256,), (x, np.int32(n), np.int32(n_head), np.int32(c.head_dim), np.int32(c.n_rot),
-                                      np.int32(x.shape[1]), np.float32(c.rope_base_for(il)),
+                                      np.int32(_ld(x)), np.float32(c.rope_base_for(il)),
                                       np.float32(c.rope_scale_for(il)), np.int32(0)))
 
     def rope_qk(self, q, k, n, il, qscale: float = 1.0):
@@ -313,9 +375,27 @@ class GpuModel:
         total = n * (c.n_head + c.n_head_kv) * (c.n_rot // 2)
         self._k("rope_qk", NEOX=int(c.rope_style == "neox")).launch(
             ((total + 255) // 256,), (q, k, np.int32(n), np.int32(c.n_head), np.int32(c.n_head_kv),
-                                      np.int32(c.head_dim), np.int32(c.n_rot), np.int32(q.shape[1]),
-                                      np.int32(k.shape[1]), np.float32(c.rope_base_for(il)),
+                                      np.int32(c.head_dim), np.int32(c.n_rot), np.int32(_ld(q)),
+                                      np.int32(_ld(k)), np.float32(c.rope_base_for(il)),
                                       np.float32(c.rope_scale_for(il)), np.int32(0), np.float32(qscale)))
+
+    def rope_qkv16(self, q, k, v, n, il, qscale: float = 1.0):
+        """rope_qk on q and k, q times ``qscale``, and the fp16 cast of q, k and v in one launch (fuse_qkv16):
+        fp16 C-contiguous (q16 [n, n_head*hd], k16 [n, n_head_kv*hd], v16 [n, n_head_kv*hd_v])."""
+        cp = gpu.cp()
+        c = self.cfg
+        check_rope_qkv16(q, k, v, n, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.n_rot)
+        q16 = cp.empty((n, c.n_head * c.head_dim), cp.float16)
+        k16 = cp.empty((n, c.n_head_kv * c.head_dim), cp.float16)
+        v16 = cp.empty((n, c.n_head_kv * c.head_dim_v), cp.float16)
+        total = n * ((c.n_head + c.n_head_kv) * (c.head_dim // 2) + c.n_head_kv * (c.head_dim_v // 2))
+        self._k("rope_qkv16", NEOX=int(c.rope_style == "neox")).launch(
+            ((total + 255) // 256,), (q, k, v, q16, k16, v16, np.int32(n), np.int32(c.n_head), np.int32(c.n_head_kv),
+                                      np.int32(c.head_dim), np.int32(c.head_dim_v), np.int32(c.n_rot),
+                                      np.int32(_ld(q)), np.int32(_ld(k)), np.int32(_ld(v)),
+                                      np.float32(c.rope_base_for(il)), np.float32(c.rope_scale_for(il)), np.int32(0),
+                                      np.float32(qscale)))
+        return q16, k16, v16
 
     def add_rmsnorm(self, x, delta, w: Weight, pre: Weight | None = None, out16: bool = False):
         """x += (rmsnorm(delta) * pre if pre else delta) in place, then rmsnorm(x) * w: one launch."""
@@ -438,25 +518,28 @@ class GpuModel:
         fold_scale = self.opts.fuse_rope and c.attn_scale != 1.0 and c.n_rot == c.head_dim
         for il, L in enumerate(self.layers):
             h = self._residual_norm(tr, "attn_norm", il, x, pend, L["attn_norm"],
-                                    out16=self._f16_in([L["attn_q"], L["attn_k"], L["attn_v"]], n))
-            box: dict = {}
-            q = self._linear(tr, "attn_q", il, h, L["attn_q"], box)
-            k = self._linear(tr, "attn_k", il, h, L["attn_k"], box)
-            v = self._linear(tr, "attn_v", il, h, L["attn_v"], box)
+                                    out16=self._f16_in([w for w, _ in self.qkv_groups(il)], n))
+            q, k, v = self._qkv(tr, il, h, L, n)
             if c.attn_bias:
                 with tr.op("qkv_bias", "elementwise", layer=il):
                     q += L["attn_q_bias"].dense; k += L["attn_k_bias"].dense; v += L["attn_v_bias"].dense
             if c.qk_norm:
                 with tr.op("qk_norm", "norm", layer=il):
-                    q = self.rmsnorm(q, L["attn_q_norm"], c.head_dim)
-                    k = self.rmsnorm(k, L["attn_k_norm"], c.head_dim)
+                    if self.opts.fuse_qk_norm:
+                        q, k = self.rmsnorm_qk(q, k, L)
+                    else:        # rmsnorm reads whole rows: views of a stacked output are copied first
+                        q = self.rmsnorm(cp.ascontiguousarray(q), L["attn_q_norm"], c.head_dim)
+                        k = self.rmsnorm(cp.ascontiguousarray(k), L["attn_k_norm"], c.head_dim)
+            qkv16 = self.opts.fuse_qkv16 and getattr(self.attn, "takes_f16", False)
             with tr.op("rope", "rope", layer=il):
-                if self.opts.fuse_rope:
+                if qkv16:       # rope + q scale + the fp16 cast the attention would do: one launch
+                    q, k, v = self.rope_qkv16(q, k, v, n, il, qscale=c.attn_scale)
+                elif self.opts.fuse_rope:
                     self.rope_qk(q, k, n, il, qscale=c.attn_scale if fold_scale else 1.0)
                 else:
                     self.rope(q, n, c.n_head, il)
                     self.rope(k, n, c.n_head_kv, il)
-            if c.attn_scale != 1.0 and not fold_scale:
+            if c.attn_scale != 1.0 and not fold_scale and not qkv16:
                 with tr.op("q_scale", "elementwise", layer=il):
                     q *= np.float32(c.attn_scale)
             a = self.attention(q, k, v, n, il, tr, out16=self._f16_in([L["attn_output"]], n))
@@ -567,7 +650,8 @@ class GpuModel:
         """Make the lazily built per-weight state (round 7's repacked weights) outside the graph's private pool."""
         ws = []
         for il, L in enumerate(self.layers):      # the weights this forward multiplies by
-            ws += [w for k, w in L.items() if k not in ("ffn_gate", "ffn_up")] + self._ffn_in_weights(il)
+            ws += [w for k, w in L.items() if k not in ("ffn_gate", "ffn_up") + QKV] + self._ffn_in_weights(il)
+            ws += [w for w, _ in self.qkv_groups(il)]
         for w in (w for w in ws if w.q is not None):
             self._wg_ready(w, n)
         if self.head is not None and self.head.q is not None:
@@ -656,6 +740,27 @@ def _c_contig(a) -> bool:
     return bool(a.flags.c_contiguous)
 
 
+def _rows_contig(a) -> bool:
+    """A 2-D array whose rows are contiguous (a C-contiguous one, or a column range of one): what the kernels
+    that take a row stride read."""
+    return a.ndim == 2 and (a.shape[1] <= 1 or a.strides[1] == a.itemsize) and a.strides[0] % a.itemsize == 0 \
+        and a.strides[0] >= a.shape[1] * a.itemsize
+
+
+def _ld(a) -> int:
+    """The row stride of a 2-D array in elements."""
+    return int(a.strides[0] // a.itemsize)
+
+
+def check_rows(a, what: str, width: int, n: int | None = None) -> None:
+    """a: float32 [n, >= width] with contiguous rows (a row stride is fine). Raises gpu.ShapeError."""
+    if a.ndim != 2 or str(a.dtype) != "float32" or not _rows_contig(a):
+        raise gpu.ShapeError(f"{what} must be float32 [n, {width}] with contiguous rows, got {a.dtype} "
+                             f"{tuple(a.shape)} strides {tuple(a.strides)}")
+    if a.shape[1] < width or (n is not None and a.shape[0] != n):
+        raise gpu.ShapeError(f"{what} {tuple(a.shape)} does not hold {n if n is not None else 'n'} tokens x {width}")
+
+
 def check_add_rmsnorm(x, delta, w, pre=None) -> None:
     """add_rmsnorm's arguments: x and delta f32 [rows, ncols], C-contiguous, the same shape; w (and pre) f32
     [ncols]. Raises gpu.ShapeError."""
@@ -679,12 +784,27 @@ def check_act_mul_gu(gu, out, n_ff: int) -> None:
                              f"{out.dtype} {tuple(out.shape)}")
 
 
+def check_rope_qkv16(q, k, v, n: int, n_head: int, n_head_kv: int, head_dim: int, head_dim_v: int,
+                     n_rot: int) -> None:
+    """rope_qkv16's arguments: q, k as rope_qk takes them, v f32 [n, >= n_head_kv*head_dim_v] C-contiguous rows;
+    head_dim and head_dim_v even (the kernel moves pairs). Raises gpu.ShapeError."""
+    check_rope_qk(q, k, n, n_head, n_head_kv, head_dim, n_rot, 1.0)
+    if v.ndim != 2 or str(v.dtype) != "float32" or not _rows_contig(v):
+        raise gpu.ShapeError(f"rope_qkv16: v must be float32 [n, heads*head_dim_v] with contiguous rows, got "
+                             f"{v.dtype} {tuple(v.shape)}")
+    if v.shape[0] != n or v.shape[1] < n_head_kv * head_dim_v:
+        raise gpu.ShapeError(f"rope_qkv16: v {tuple(v.shape)} does not hold {n} tokens x {n_head_kv} heads x "
+                             f"{head_dim_v}")
+    if head_dim % 2 or head_dim_v % 2:
+        raise gpu.ShapeError(f"rope_qkv16: head_dim={head_dim} and head_dim_v={head_dim_v} must be even")
+
+
 def check_rope_qk(q, k, n: int, n_head: int, n_head_kv: int, head_dim: int, n_rot: int, qscale: float) -> None:
     """rope_qk's arguments: q f32 [n, >= n_head*head_dim], k f32 [n, >= n_head_kv*head_dim], C-contiguous rows;
     0 < n_rot <= head_dim, even; a q scale != 1 only when every dim is rotated. Raises gpu.ShapeError."""
     for what, a, nh in (("q", q, n_head), ("k", k, n_head_kv)):
-        if a.ndim != 2 or str(a.dtype) != "float32" or not _c_contig(a):
-            raise gpu.ShapeError(f"rope_qk: {what} must be C-contiguous float32 [n, heads*head_dim], got "
+        if a.ndim != 2 or str(a.dtype) != "float32" or not _rows_contig(a):
+            raise gpu.ShapeError(f"rope_qk: {what} must be float32 [n, heads*head_dim] with contiguous rows, got "
                                  f"{a.dtype} {tuple(a.shape)}")
         if a.shape[0] != n or a.shape[1] < nh * head_dim:
             raise gpu.ShapeError(f"rope_qk: {what} {tuple(a.shape)} does not hold {n} tokens x {nh} heads x {head_dim}")

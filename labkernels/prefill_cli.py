@@ -19,13 +19,18 @@ def _need_gpu():
                          "(recorded runs render in replay mode: labkernels run 05)")
 
 
-def load_model(spec: str):
-    """'synthetic-7b' (llama-7B shapes, Q4_K_M recipe, random weights) or a GGUF path."""
-    if spec in ("synthetic-7b", "llama7b"):
-        from .synthetic import SyntheticModel, llama7b_config, q4_k_m_recipe
+#: the synthetic model specs load_model takes -> their config functions in labkernels.synthetic
+SYNTHETIC = {"synthetic-7b": "llama7b_config", "llama7b": "llama7b_config", "synthetic-gemma3": "gemma3_270m_config"}
 
-        cfg = llama7b_config()
-        return SyntheticModel(cfg, q4_k_m_recipe(cfg), seed=1234)
+
+def load_model(spec: str):
+    """'synthetic-7b' (llama-7B shapes, Q4_K_M recipe, random weights), 'synthetic-gemma3' (Gemma 3 270M's shapes
+    and recipe, random weights: a stand-in where the real file is not at hand) or a GGUF path."""
+    if spec in SYNTHETIC:
+        from . import synthetic
+
+        cfg = getattr(synthetic, SYNTHETIC[spec])()
+        return synthetic.SyntheticModel(cfg, synthetic.q4_k_m_recipe(cfg), seed=1234)
     from .model import open_model
 
     return open_model(spec)
@@ -144,7 +149,7 @@ def options_from_args(args, cls=None):
         from .prefill import PrefillOptions as cls
     fuse = not getattr(args, "no_fuse", False)
     return cls(attn_f16=args.attn_f16, kernel=args.kernel, graph=getattr(args, "graph", None), fuse_add_norm=fuse,
-               fuse_rope=fuse, fuse_layout=fuse, fuse_gate_up=fuse, attention=getattr(args, "attention", "auto"))
+               fuse_rope=fuse, fuse_qkv16=fuse, fuse_qkv=fuse, fuse_qk_norm=fuse, fuse_layout=fuse, fuse_gate_up=fuse, attention=getattr(args, "attention", "auto"))
 
 
 def _add_mode_args(p) -> None:

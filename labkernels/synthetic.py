@@ -105,6 +105,14 @@ def llama7b_config() -> ModelConfig:
                          vocab=32000, rms_eps=1e-5, rope_base=10000.0, n_ctx=4096)
 
 
+def gemma3_270m_config() -> ModelConfig:
+    """Gemma 3 270M's shapes: 18 layers (every 6th global, the rest a 512-token sliding window), n_embd 640,
+    4 query heads x 256 over 1 kv head, n_ff 2048, vocab 262144, tied embeddings; what config_from_model reads
+    from the real GGUF (a CPU test holds the two equal)."""
+    return _build_config("gemma3", n_layer=18, n_embd=640, n_ff=2048, n_head=4, n_head_kv=1, head_dim=256,
+                         vocab=262144, rms_eps=1e-6, rope_base=1e6, sliding_window=512, n_ctx=32768)
+
+
 def tiny_config(arch: str = "llama", n_layer: int = 2, n_embd: int = 256, n_ff: int = 512, n_head: int = 4,
                 n_head_kv: int = 2, head_dim: int | None = None, vocab: int = 1000, sliding_window: int | None = 8,
                 rope_base: float | None = None, rms_eps: float | None = None, tied: bool | None = None) -> ModelConfig:

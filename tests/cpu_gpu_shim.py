@@ -91,7 +91,8 @@ class FakeKernel:
     def _rope(self, x, n, nh, hd, nrot, ld, base, fs, pos0):
         n, nh, hd, nrot = int(n), int(nh), int(hd), int(nrot)
         half = nrot // 2
-        v = x.reshape(n, -1)[:, : nh * hd].reshape(n, nh, hd)
+        x2 = x if x.ndim == 2 else x.reshape(n, -1)       # a row view (stacked QKV output) stays a view
+        v = x2[:, : nh * hd].reshape(n, nh, hd)
         i = np.arange(half)
         theta = (np.arange(n)[:, None] + int(pos0)) * float(fs) * float(base) ** (-2.0 * i / nrot)
         c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
@@ -107,6 +108,24 @@ class FakeKernel:
         if float(qscale) != 1.0:
             v = q.reshape(int(n), -1)[:, : int(nh) * int(hd)]
             v *= np.float32(qscale)
+
+    def _rope_qkv16(self, q, k, v, q16, k16, v16, n, nh, nhk, hd, hdv, nrot, ldq, ldk, ldv, base, fs, pos0, qscale):
+        n = int(n)
+        q, k = q.copy(), k.copy()                    # the kernel reads f32 and writes fp16 copies
+        self._rope_qk(q, k, n, nh, nhk, hd, nrot, ldq, ldk, base, fs, pos0, 1.0)
+        q = q.reshape(n, -1)[:, : int(nh) * int(hd)]
+        if float(qscale) != 1.0:
+            q *= np.float32(qscale)
+        for src, dst, w in ((q, q16, int(nh) * int(hd)), (k, k16, int(nhk) * int(hd)), (v, v16, int(nhk) * int(hdv))):
+            dst.reshape(n, w)[...] = src.reshape(n, -1)[:, :w].astype(np.float16)
+
+    def _rmsnorm_qk(self, q, k, wq, wk, yq, yk, nh, nhk, hd, ldq, ldk, eps):
+        n, hd = q.shape[0], int(hd)
+        for src, dst, h in ((q, yq, int(nh)), (k, yk, int(nhk))):
+            rows = np.ascontiguousarray(src[:, : h * hd]).reshape(-1, hd)
+            out = np.empty_like(rows)
+            FakeKernel("rmsnorm", {"W": 1}).launch(None, (rows, wq if src is q else wk, out, hd, eps))
+            dst.reshape(n, h * hd)[...] = out.reshape(n, h * hd)
 
     def _add_rmsnorm(self, x, a, wpre, w, y, ncols, eps):
         d = a

@@ -11,7 +11,7 @@ import pytest
 from cpu_gpu_shim import OpNames as Ops, install
 from labkernels import gpu
 from labkernels.prefill import (GpuModel, GraphCaptureError, GraphEntry, PrefillOptions, Weight, check_act_mul_gu,
-                                check_add_rmsnorm, check_rope_qk, timed_prefill)
+                                check_add_rmsnorm, check_rope_qk, check_rope_qkv16, timed_prefill)
 from labkernels.synthetic import SyntheticModel, q4_k_m_recipe, tiny_config
 from labkernels.trace import NullTracer
 
@@ -325,8 +325,17 @@ def test_stacked_weights(monkeypatch, tiny, model):
     d = gg.gate_up(0)                                                   # gemma3: q5_0, dequantized once
     assert d.q is None and np.array_equal(d.dense, np.concatenate([gg.layers[0]["ffn_gate"].dense,
                                                                    gg.layers[0]["ffn_up"].dense]))
-    q, v = gg.layers[0]["attn_q"], gg.layers[0]["attn_v"]
-    assert (q.qtype, v.qtype) == ("q5_0", "q8_0") and Weight.stacked(q, v) is None   # types differ: no stacking
+    q, k, v = gg.layers[0]["attn_q"], gg.layers[0]["attn_k"], gg.layers[0]["attn_v"]
+    qk = Weight.stacked(q, k)
+    qkv = Weight.stacked(qk, v)        # dequantized matrices stack across GGUF types; the type names both
+    assert (q.qtype, v.qtype) == ("q5_0", "q8_0") and qk.qtype == "q5_0" and qkv.qtype == "q5_0+q8_0"
+    assert np.array_equal(qkv.dense, np.concatenate([q.dense, k.dense, v.dense])) and qkv.shape == (1536, 640)
+    assert [names for _, names in gg.qkv_groups(0)] == [("attn_q", "attn_k", "attn_v")]
+    # k-quants of two types do not: q4_K [gate; up] against q6_K down of the same inner dimension
+    t = GpuModel(tiny, cfg=None)
+    a = t.layers[0]["attn_q"]
+    b = next(w for L in t.layers for w in L.values() if w.q is not None and w.qtype != a.qtype and w.id == a.id)
+    assert a.q is not None and Weight.stacked(a, b) is None
 
 
 def test_rope_qk_argument_checks():
@@ -359,7 +368,8 @@ def test_fused_forward_equals_unfused(monkeypatch, arch, tiny, model):
         toks = [2, 818, 5279, 529, 7001, 563]
     else:
         m, cfg, toks = tiny, None, TOKS
-    off = {"fuse_add_norm": False, "fuse_rope": False, "fuse_layout": False, "fuse_gate_up": False, "graph": False}
+    off = {"fuse_add_norm": False, "fuse_rope": False, "fuse_layout": False, "fuse_gate_up": False, "fuse_qkv16": False,
+           "fuse_qkv": False, "fuse_qk_norm": False, "graph": False}
     tu, tf = Ops(), Ops()
     u = np.asarray(GpuModel(m, cfg=cfg, opts=PrefillOptions(**off)).forward(toks, tracer=tu))
     f = np.asarray(GpuModel(m, cfg=cfg, opts=PrefillOptions(graph=False)).forward(toks, tracer=tf))
@@ -377,6 +387,42 @@ def test_fused_forward_equals_unfused(monkeypatch, arch, tiny, model):
     gm_f = GpuModel(m, cfg=cfg, opts=PrefillOptions(graph=False))
     au, af = np.asarray(gm_u.forward(toks, all_logits=True)), np.asarray(gm_f.forward(toks, all_logits=True))
     assert af.shape == (len(toks), gm_f.cfg.vocab) and np.abs(af - au).max() <= 1e-6 * np.abs(au).max()
+
+
+def test_rope_qkv16_argument_checks():
+    q, k, v = (np.zeros((5, h * 64), np.float32) for h in (4, 2, 2))
+    check_rope_qkv16(q, k, v, 5, 4, 2, 64, 64, 32)
+    with pytest.raises(gpu.ShapeError, match="v must be"):
+        check_rope_qkv16(q, k, v.astype(np.float16), 5, 4, 2, 64, 64, 64)
+    with pytest.raises(gpu.ShapeError, match="v .* does not hold"):
+        check_rope_qkv16(q, k, v, 5, 4, 2, 64, 96, 64)
+    with pytest.raises(gpu.ShapeError, match="must be even"):
+        check_rope_qkv16(np.zeros((5, 4 * 63), np.float32), np.zeros((5, 2 * 63), np.float32), v, 5, 4, 2, 63, 64, 62)
+    with pytest.raises(gpu.ShapeError, match="n_rot"):
+        check_rope_qkv16(q, k, v, 5, 4, 2, 64, 64, 66)
+
+
+@pytest.mark.parametrize("n_rot", [64, 32])
+def test_qkv16_fusion_replaces_the_casts_and_the_q_scale(monkeypatch, tiny, n_rot):
+    """With an fp16 attention path the rope writes fp16 q/k/v (the q scale applied to every dim, partial rotary
+    too): the same logits as rope + q scale + the attention's casts; an f32 attention path never takes it."""
+    install(monkeypatch, exact=True)
+    from labkernels.arch import config_from_model
+
+    cfg = config_from_model(tiny).replace(n_rot=n_rot)
+    calls = []
+    real = GpuModel.rope_qkv16
+    monkeypatch.setattr(GpuModel, "rope_qkv16", lambda self, *a, **k: calls.append(k) or real(self, *a, **k))
+    t_on, t_off = Ops(), Ops()
+    on = np.asarray(GpuModel(tiny, cfg=cfg, opts=PrefillOptions(graph=False, attn_f16=True)).forward(TOKS, tracer=t_on))
+    assert len(calls) == cfg.n_layer and all(c["qscale"] == cfg.attn_scale for c in calls)
+    off = np.asarray(GpuModel(tiny, cfg=cfg, opts=PrefillOptions(graph=False, attn_f16=True, fuse_qkv16=False))
+                     .forward(TOKS, tracer=t_off))
+    assert len(calls) == cfg.n_layer                      # the unfused forward did not call it
+    assert t_on.names.count("q_scale") == 0 and t_off.names.count("q_scale") == (2 if n_rot < 64 else 0)
+    assert np.abs(on - off).max() <= 1e-6 * np.abs(off).max() and on.argmax() == off.argmax()
+    GpuModel(tiny, cfg=cfg, opts=PrefillOptions(graph=False, attn_f16=False)).forward(TOKS)
+    assert len(calls) == cfg.n_layer                      # fp32 attention: no fp16 q/k/v
 
 
 def test_fold_scale_only_when_every_dim_rotates(monkeypatch, tiny):

@@ -169,3 +169,12 @@ def test_tensor_names_cover_the_model():
     assert global_tensors(g)["output"] == "token_embd.weight"
     assert layer_tensors(g, 0)["post_ffw_norm"] == "blk.0.post_ffw_norm.weight"
     assert layer_tensors(tiny_config("qwen2"), 1)["attn_v_bias"] == "blk.1.attn_v.bias"
+
+
+def test_gemma3_270m_config_is_the_real_files(model):
+    """The synthetic Gemma stand-in has exactly the config the real GGUF gives (every field)."""
+    from labkernels.arch import config_from_model
+    from labkernels.synthetic import gemma3_270m_config
+
+    assert gemma3_270m_config() == config_from_model(model)
+    assert {k: v.lower() for k, v in q4_k_m_recipe(gemma3_270m_config()).items()} == {t.name: t.qtype.lower() for t in model.tensors()}

@@ -31,26 +31,59 @@ __device__ __forceinline__ float lk_block_max(float v, float* red) {
 // One block per row. W=0: no weight. The weight may be per head (wrows rows of ncols) for q/k norms.
 // OUT16=1 writes y as fp16 (round to nearest even): the same values the GEMM's f32 -> f16 conversion would
 // make, for a consumer that reads fp16 (round 7's wgmma_kq), without the extra pass over y.
+// One row of it (one block): rmsnorm_kernel and rmsnorm_qk_kernel share this, so both make the same values.
 template <int W, int OUT16>
-__global__ void __launch_bounds__(256) rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                                                       void* __restrict__ y, int ncols, float eps) {
-    __shared__ float red[32];
-    const float* xr = x + (size_t)blockIdx.x * ncols;
+__device__ __forceinline__ void lk_rmsnorm_row(const float* __restrict__ xr, const float* __restrict__ w,
+                                               void* __restrict__ y, size_t yoff, int ncols, float eps, float* red) {
     float ss = 0.f;
     for (int i = threadIdx.x; i < ncols; i += blockDim.x) ss += xr[i] * xr[i];
     ss = lk_block_sum(ss, red);
     const float scale = 1.0f / sqrtf(ss / (float)ncols + eps);
     for (int i = threadIdx.x; i < ncols; i += blockDim.x) {
         const float v = W ? (xr[i] * scale) * w[i] : xr[i] * scale;
-        if (OUT16) ((u16*)y)[(size_t)blockIdx.x * ncols + i] = lk_f2h(v);
-        else ((float*)y)[(size_t)blockIdx.x * ncols + i] = v;
+        if (OUT16) ((u16*)y)[yoff + i] = lk_f2h(v);
+        else ((float*)y)[yoff + i] = v;
     }
+}
+
+template <int W, int OUT16>
+__global__ void __launch_bounds__(256) rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                                                       void* __restrict__ y, int ncols, float eps) {
+    __shared__ float red[32];
+    lk_rmsnorm_row<W, OUT16>(x + (size_t)blockIdx.x * ncols, w, y, (size_t)blockIdx.x * ncols, ncols, eps, red);
+}
+
+// Gemma's per-head q and k norms in one launch (PrefillOptions.fuse_qk_norm): block r is token r / (n_head +
+// n_head_kv), head r % (n_head + n_head_kv) (q's heads, then k's), read from rows of ldq / ldk floats (views of
+// the stacked QKV GEMM's output), rmsnorm_kernel's arithmetic with the per-head weight wq / wk, written
+// C-contiguous: yq [n_tok, n_head*head_dim], yk [n_tok, n_head_kv*head_dim] (f32).
+__global__ void __launch_bounds__(256) rmsnorm_qk_kernel(const float* __restrict__ q, const float* __restrict__ k,
+                                                          const float* __restrict__ wq, const float* __restrict__ wk,
+                                                          float* __restrict__ yq, float* __restrict__ yk,
+                                                          int n_head, int n_head_kv, int head_dim, int ldq, int ldk,
+                                                          float eps) {
+    __shared__ float red[32];
+    const int nh = n_head + n_head_kv;
+    const int t = (int)(blockIdx.x / nh), h = (int)(blockIdx.x % nh);
+    if (h < n_head)
+        lk_rmsnorm_row<1, 0>(q + (size_t)t * ldq + (size_t)h * head_dim, wq, yq,
+                             ((size_t)t * n_head + h) * head_dim, head_dim, eps, red);
+    else
+        lk_rmsnorm_row<1, 0>(k + (size_t)t * ldk + (size_t)(h - n_head) * head_dim, wk, yk,
+                             ((size_t)t * n_head_kv + h - n_head) * head_dim, head_dim, eps, red);
 }
 
 // The rotation of one pair (shared by rope_kernel and rope_qk_kernel so that both compile to the same arithmetic).
 __device__ __forceinline__ void lk_rope_pair(float x0, float x1, float c, float s, float& r0, float& r1) {
     r0 = x0 * c - x1 * s;
     r1 = x0 * s + x1 * c;
+}
+
+// cos / sin of the rotation of pair i at position pos: theta = pos * freq_scale * base^(-2i/n_rot).
+__device__ __forceinline__ void lk_rope_cs(int pos, int i, int n_rot, float base, float freq_scale, float& s,
+                                           float& c) {
+    const float theta = (float)pos * freq_scale * powf(base, -2.0f * (float)i / (float)n_rot);
+    sincosf(theta, &s, &c);
 }
 
 // In-place rotary embedding of x[t, h, :] (row stride ld floats per token), the first n_rot dims of each
@@ -65,15 +98,70 @@ __global__ void __launch_bounds__(256) rope_kernel(float* __restrict__ x, int n_
     const int i = (int)(idx % half);
     const int h = (int)((idx / half) % n_head);
     const int t = (int)(idx / ((long long)half * n_head));
-    const float theta = (float)(t + pos0) * freq_scale * powf(base, -2.0f * (float)i / (float)n_rot);
     float s, c;
-    sincosf(theta, &s, &c);
+    lk_rope_cs(t + pos0, i, n_rot, base, freq_scale, s, c);
     float* p = x + (size_t)t * ld + (size_t)h * head_dim;
     const int a = NEOX ? i : 2 * i, b = NEOX ? i + half : 2 * i + 1;
     float r0, r1;
     lk_rope_pair(p[a], p[b], c, s, r0, r1);
     p[a] = r0;
     p[b] = r1;
+}
+
+// RoPE of Q and K and the fp16 cast of Q, K and V in one launch (PrefillOptions.fuse_qkv16) for an fp16 attention
+// path: reads f32 q [n_tok, ldq] (n_head heads), k [n_tok, ldk] and v [n_tok, ldv] (n_head_kv heads of head_dim /
+// head_dim_v) and writes C-contiguous fp16 q16 [n_tok, n_head*head_dim], k16, v16. rope_qk_kernel's rotation; qscale
+// multiplies every q value after it (the separate q *= scale, or rope_qk's folded scale: the same f32 product), then
+// each value is rounded to fp16 once (lk_f2h, as the cast it replaces). One thread per (token, pair slot): a head's
+// head_dim/2 slots are its n_rot/2 rotated pairs, then its unrotated dims two by two; V's slots follow K's.
+template <int NEOX>
+__global__ void __launch_bounds__(256) rope_qkv16_kernel(const float* __restrict__ q, const float* __restrict__ k,
+                                                          const float* __restrict__ v, u16* __restrict__ q16,
+                                                          u16* __restrict__ k16, u16* __restrict__ v16, int n_tok,
+                                                          int n_head, int n_head_kv, int head_dim, int head_dim_v,
+                                                          int n_rot, int ldq, int ldk, int ldv, float base,
+                                                          float freq_scale, int pos0, float qscale) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const int hp = head_dim / 2, half = n_rot / 2;
+    const int sq = n_head * hp, sk = n_head_kv * hp, sv = n_head_kv * (head_dim_v / 2);
+    const int per_tok = sq + sk + sv;
+    if (idx >= (long long)n_tok * per_tok) return;
+    const int t = (int)(idx / per_tok);
+    int slot = (int)(idx % per_tok);
+    if (slot >= sq + sk) {                     // V: cast two values
+        slot -= sq + sk;
+        const float* src = v + (size_t)t * ldv + 2 * slot;
+        u16* dst = v16 + (size_t)t * n_head_kv * head_dim_v + 2 * slot;
+        dst[0] = lk_f2h(src[0]);
+        dst[1] = lk_f2h(src[1]);
+        return;
+    }
+    const bool isq = slot < sq;
+    if (!isq) slot -= sq;
+    const int h = slot / hp, j = slot % hp;
+    const float* src = (isq ? q + (size_t)t * ldq : k + (size_t)t * ldk) + (size_t)h * head_dim;
+    u16* dst = (isq ? q16 + (size_t)t * n_head * head_dim : k16 + (size_t)t * n_head_kv * head_dim) +
+               (size_t)h * head_dim;
+    int a, b;
+    float r0, r1;
+    if (j < half) {
+        float s, c;
+        lk_rope_cs(t + pos0, j, n_rot, base, freq_scale, s, c);
+        a = NEOX ? j : 2 * j;
+        b = NEOX ? j + half : 2 * j + 1;
+        lk_rope_pair(src[a], src[b], c, s, r0, r1);
+    } else {
+        a = n_rot + 2 * (j - half);
+        b = a + 1;
+        r0 = src[a];
+        r1 = src[b];
+    }
+    if (isq && qscale != 1.0f) {
+        r0 = __fmul_rn(r0, qscale);
+        r1 = __fmul_rn(r1, qscale);
+    }
+    dst[a] = lk_f2h(r0);
+    dst[b] = lk_f2h(r1);
 }
 
 // Row-wise masked softmax of attention scores S [rows, n_k] (f32 or f16, in place), row r is query
@@ -199,9 +287,8 @@ __global__ void __launch_bounds__(256) rope_qk_kernel(float* __restrict__ q, flo
     const int i = (int)(idx % half);
     const int h = (int)((idx / half) % nh);
     const int t = (int)(idx / ((long long)half * nh));
-    const float theta = (float)(t + pos0) * freq_scale * powf(base, -2.0f * (float)i / (float)n_rot);
     float s, c;
-    sincosf(theta, &s, &c);
+    lk_rope_cs(t + pos0, i, n_rot, base, freq_scale, s, c);
     const bool isq = h < n_head;
     float* p = isq ? q + (size_t)t * ldq + (size_t)h * head_dim : k + (size_t)t * ldk + (size_t)(h - n_head) * head_dim;
     const int a = NEOX ? i : 2 * i, b = NEOX ? i + half : 2 * i + 1;

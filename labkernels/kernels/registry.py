@@ -84,6 +84,12 @@ FAMILIES = [
          doc="residual add (of a delta, RMS-normed first when PRE=1) fused with the next RMSNorm"),
     dict(family="rope_qk", source="prefill.cu", template="rope_qk_kernel", params={"NEOX": [0, 1]}, threads=256,
          smem="0", tile=(0, 0), main_path=False, doc="rotary embedding of Q and K in one launch (q scale folded in)"),
+    dict(family="rmsnorm_qk", source="prefill.cu", template="rmsnorm_qk_kernel", params={}, threads=256,
+         smem="0", tile=(0, 0), main_path=False,
+         doc="gemma3's per-head q and k RMSNorms in one launch, reading strided rows (the stacked QKV output)"),
+    dict(family="rope_qkv16", source="prefill.cu", template="rope_qkv16_kernel", params={"NEOX": [0, 1]},
+         threads=256, smem="0", tile=(0, 0), main_path=False,
+         doc="rotary embedding of Q and K, the q scale and the fp16 cast of Q, K, V for an fp16 attention, one launch"),
     dict(family="embed", source="prefill.cu", template="embed_kernel", params={"F16": [0, 1]}, threads=256,
          smem="0", tile=(0, 0), main_path=False, doc="token embedding gather times a scale"),
     # -- round 7: Hopper-native k-quant GEMM, weights dequantized in registers feeding wgmma (sm_90a)

@@ -14,7 +14,8 @@ from cpu_gpu_shim import FakeKernel  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 FUSED_RTOL = 1e-5
-UNFUSED = {"fuse_add_norm": False, "fuse_rope": False, "fuse_layout": False, "fuse_gate_up": False}
+UNFUSED = {"fuse_add_norm": False, "fuse_rope": False, "fuse_layout": False, "fuse_gate_up": False, "fuse_qkv16": False,
+           "fuse_qkv": False, "fuse_qk_norm": False}
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +92,58 @@ def test_rope_qk_is_two_ropes_and_the_q_scale_bitwise(cp, rng, neox, qscale):
     assert cp.array_equal(qf, qu) and cp.array_equal(kf, ku)
 
 
+@pytest.mark.parametrize("neox", [0, 1])
+@pytest.mark.parametrize("n_rot,qscale", [(128, 1.0), (128, 0.08838834764831845), (64, 0.0625)])
+@pytest.mark.parametrize("hdv", [128, 64])
+def test_rope_qkv16_is_rope_qk_the_q_scale_and_the_casts_bitwise(cp, rng, neox, n_rot, qscale, hdv):
+    """rope_qkv16 (fuse_qkv16) against the ops it replaces: rope_qk (q scale folded when every dim rotates, else
+    q *= scale after it), then q/k/v astype(float16); row strides wider than the heads; outputs NaN-poisoned."""
+    n, nh, nhk, hd = 45, 8, 2, 128
+    q = cp.asarray(rng.standard_normal((n, nh * hd + 16)).astype(np.float32))
+    k = cp.asarray(rng.standard_normal((n, nhk * hd + 8)).astype(np.float32))
+    v = cp.asarray(rng.standard_normal((n, nhk * hdv + 4)).astype(np.float32))
+    qu, ku = q.copy(), k.copy()
+    fold = n_rot == hd
+    total = n * (nh + nhk) * n_rot // 2
+    _k("rope_qk", NEOX=neox).launch(((total + 255) // 256,), (qu, ku, np.int32(n), np.int32(nh), np.int32(nhk),
+                                                             np.int32(hd), np.int32(n_rot), np.int32(q.shape[1]),
+                                                             np.int32(k.shape[1]), np.float32(1e4), np.float32(0.5),
+                                                             np.int32(0), np.float32(qscale if fold else 1.0)))
+    if not fold:
+        qu *= np.float32(qscale)
+    want = [a[:, :w].astype(cp.float16) for a, w in ((qu, nh * hd), (ku, nhk * hd), (v, nhk * hdv))]
+    got = [cp.full(w.shape, np.nan, cp.float16) for w in want]
+    total = n * ((nh + nhk) * hd // 2 + nhk * hdv // 2)
+    _k("rope_qkv16", NEOX=neox).launch(((total + 255) // 256,), (q, k, v, *got, np.int32(n), np.int32(nh),
+                                                                np.int32(nhk), np.int32(hd), np.int32(hdv),
+                                                                np.int32(n_rot), np.int32(q.shape[1]),
+                                                                np.int32(k.shape[1]), np.int32(v.shape[1]),
+                                                                np.float32(1e4), np.float32(0.5), np.int32(0),
+                                                                np.float32(qscale)))
+    for g, w, name in zip(got, want, "qkv"):
+        assert cp.array_equal(g.view(cp.uint16), w.view(cp.uint16)), name
+
+
+def test_rmsnorm_qk_is_two_rmsnorms_on_strided_rows_bitwise(cp, rng):
+    """rmsnorm_qk (fuse_qk_norm) on row views of one stacked [q | k | v] output against rmsnorm on contiguous
+    copies of q and k (gemma3's shapes: 4 q heads, 1 kv head of 256)."""
+    n, nh, nhk, hd = 37, 4, 1, 256
+    y = cp.asarray(rng.standard_normal((n, (nh + 2 * nhk) * hd)).astype(np.float32))
+    q, k = y[:, :nh * hd], y[:, nh * hd:(nh + nhk) * hd]
+    wq, wk = (cp.asarray(rng.standard_normal(hd).astype(np.float32)) for _ in range(2))
+    eps = np.float32(1e-6)
+    want = []
+    for a, w in ((q, wq), (k, wk)):
+        a = cp.ascontiguousarray(a)
+        o = cp.full(a.shape, np.nan, cp.float32)
+        _k("rmsnorm", W=1, OUT16=0).launch((a.size // hd,), (a, w, o, np.int32(hd), eps))
+        want.append(o)
+    yq, yk = cp.full((n, nh * hd), np.nan, cp.float32), cp.full((n, nhk * hd), np.nan, cp.float32)
+    _k("rmsnorm_qk").launch((n * (nh + nhk),), (q, k, wq, wk, yq, yk, np.int32(nh), np.int32(nhk), np.int32(hd),
+                                               np.int32(y.shape[1]), np.int32(y.shape[1]), eps))
+    assert cp.array_equal(yq, want[0]) and cp.array_equal(yk, want[1])
+
+
 @pytest.mark.parametrize("act", [0, 1])
 @pytest.mark.parametrize("out16", [0, 1])
 def test_act_mul_gu_is_act_mul_on_the_halves_bitwise(cp, rng, act, out16):
@@ -116,7 +169,8 @@ def _rel(a, b):
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-@pytest.mark.parametrize("fusion", ["fuse_add_norm", "fuse_rope", "fuse_layout", "fuse_gate_up"])
+@pytest.mark.parametrize("fusion", ["fuse_add_norm", "fuse_rope", "fuse_layout", "fuse_gate_up", "fuse_qkv16",
+                                    "fuse_qkv", "fuse_qk_norm"])
 @pytest.mark.parametrize("attn_f16", [False, True])
 def test_each_fusion_at_the_layer_level(tiny, fusion, attn_f16):
     """One fusion on, the others off, against all off: the same logits. The fused kernels are bitwise the unfused
