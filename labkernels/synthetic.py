@@ -38,7 +38,7 @@ NORM_NOISE = 0.05
 POOL_ELEMS = 1 << 20   # floats quantized per pool (4096 q4_K / q6_K blocks, 32768 q8_0 blocks)
 
 #: (elements per block, bytes per block) of the GGML types the synthetic model can produce
-_QBLOCK = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34)}
+_QBLOCK = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34), "Q5_0": (32, 22)}
 _FLOAT = {"F32": np.float32, "F16": np.float16}
 
 
@@ -291,6 +291,13 @@ class SyntheticTensor(Tensor):
         return quants.dequantize(r, self.qtype).reshape(self.shape)
 
 
+def _quantize_gguf_py(gtype: str):
+    """gguf-py's quantizer of a type the lab has no reference quantizer for (Q5_0: Gemma 3 270M's q/k/v/gate/up)."""
+    from gguf import GGMLQuantizationType, quants
+
+    return lambda x: quants.quantize(np.asarray(x, np.float32), GGMLQuantizationType[gtype])
+
+
 class SyntheticModel:
     """In-memory model with :class:`labkernels.model.Model`'s interface, built from a config and a
     recipe (tensor name -> GGML type; default :func:`q4_k_m_recipe`).
@@ -389,7 +396,7 @@ class SyntheticModel:
             x = (self._rng(0x9001, zlib.crc32(gtype.encode())).standard_normal((POOL_ELEMS // 4096, 4096))
                  * WEIGHT_STD).astype(np.float32)
             fn = {"Q4_K": quantize_ref.quantize_q4_K, "Q6_K": quantize_ref.quantize_q6_K,
-                  "Q8_0": quantize_ref.quantize_q8_0}[gtype]
+                  "Q8_0": quantize_ref.quantize_q8_0, "Q5_0": _quantize_gguf_py("Q5_0")}[gtype]
             p = np.ascontiguousarray(fn(x).reshape(-1, nb))
             p.setflags(write=False)
             self._pools[gtype] = p

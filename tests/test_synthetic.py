@@ -178,3 +178,16 @@ def test_gemma3_270m_config_is_the_real_files(model):
 
     assert gemma3_270m_config() == config_from_model(model)
     assert {k: v.lower() for k, v in q4_k_m_recipe(gemma3_270m_config()).items()} == {t.name: t.qtype.lower() for t in model.tensors()}
+
+
+def test_synthetic_q5_0_rows_dequantize_with_gguf_py():
+    """Gemma's Q5_0 tensors in the synthetic stand-in: gguf-py-quantized pool rows, read back by gguf-py."""
+    from gguf import GGMLQuantizationType, quants
+
+    from labkernels.synthetic import gemma3_270m_config
+
+    m = SyntheticModel(gemma3_270m_config(), seed=3)
+    t = m.tensor("blk.0.attn_q.weight")
+    w = np.asarray(t.array())
+    assert t.qtype.lower() == "q5_0" and w.shape == (1024, 640) and 0.015 < w.std() < 0.025
+    assert np.array_equal(w, quants.dequantize(np.asarray(t.raw()), GGMLQuantizationType.Q5_0).reshape(w.shape))
