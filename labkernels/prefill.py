@@ -35,6 +35,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from . import attention, gpu
+from .kernels import registry
 from .arch import ModelConfig, config_from_model, global_tensors, layer_tensors
 from .trace import NullTracer
 
@@ -357,6 +358,40 @@ class GpuModel:
                 off += od
         return out["attn_q"], out["attn_k"], out["attn_v"]
 
+    def _rope(self, tr, il, q, k, v, n, qkv16: bool, fold_scale: bool):
+        """RoPE of layer il: with the q scale and the fp16 casts (qkv16), rope_qk (the scale folded when every dim
+        rotates) or two rope launches -> q, k, v."""
+        c = self.cfg
+        with tr.op("rope", "rope", layer=il):
+            if qkv16:       # rope + q scale + the fp16 cast the attention would do: one launch
+                return self.rope_qkv16(q, k, v, n, il, qscale=c.attn_scale)
+            if self.opts.fuse_rope:
+                self.rope_qk(q, k, n, il, qscale=c.attn_scale if fold_scale else 1.0)
+            else:
+                self.rope(q, n, c.n_head, il)
+                self.rope(k, n, c.n_head_kv, il)
+        return q, k, v
+
+    def qk_norm_rope_qkv16(self, q, k, v, L, n, il, qscale: float = 1.0):
+        """gemma3's q/k norms, then rope_qkv16's RoPE, q scale and fp16 casts, in one launch (fuse_qk_norm with
+        fuse_qkv16) -> fp16 C-contiguous q16, k16, v16."""
+        cp = gpu.cp()
+        c = self.cfg
+        check_rope_qkv16(q, k, v, n, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.n_rot)
+        if c.head_dim > registry.QKNORM_MAXHD:
+            raise gpu.ShapeError(f"qk_norm_rope_qkv16: head_dim {c.head_dim} > {registry.QKNORM_MAXHD} (the row it "
+                                 "stages in shared memory); run with fuse_qk_norm=False")
+        q16 = cp.empty((n, c.n_head * c.head_dim), cp.float16)
+        k16 = cp.empty((n, c.n_head_kv * c.head_dim), cp.float16)
+        v16 = cp.empty((n, c.n_head_kv * c.head_dim_v), cp.float16)
+        self._k("qk_norm_rope_qkv16", NEOX=int(c.rope_style == "neox")).launch(
+            (n * (c.n_head + 2 * c.n_head_kv),),
+            (q, k, v, L["attn_q_norm"].dense, L["attn_k_norm"].dense, q16, k16, v16, np.int32(c.n_head),
+             np.int32(c.n_head_kv), np.int32(c.head_dim), np.int32(c.head_dim_v), np.int32(c.n_rot),
+             np.int32(_ld(q)), np.int32(_ld(k)), np.int32(_ld(v)), np.float32(c.rms_eps),
+             np.float32(c.rope_base_for(il)), np.float32(c.rope_scale_for(il)), np.int32(0), np.float32(qscale)))
+        return q16, k16, v16
+
     def rope(self, x, n, n_head, il):
         c = self.cfg
         half = c.n_rot // 2
@@ -523,22 +558,20 @@ class GpuModel:
             if c.attn_bias:
                 with tr.op("qkv_bias", "elementwise", layer=il):
                     q += L["attn_q_bias"].dense; k += L["attn_k_bias"].dense; v += L["attn_v_bias"].dense
-            if c.qk_norm:
+            qkv16 = self.opts.fuse_qkv16 and getattr(self.attn, "takes_f16", False)
+            one = qkv16 and c.qk_norm and self.opts.fuse_qk_norm     # norms + rope + scale + casts: one launch
+            if one:
+                with tr.op("qk_norm+rope", "rope", layer=il):
+                    q, k, v = self.qk_norm_rope_qkv16(q, k, v, L, n, il, qscale=c.attn_scale)
+            elif c.qk_norm:
                 with tr.op("qk_norm", "norm", layer=il):
                     if self.opts.fuse_qk_norm:
                         q, k = self.rmsnorm_qk(q, k, L)
                     else:        # rmsnorm reads whole rows: views of a stacked output are copied first
                         q = self.rmsnorm(cp.ascontiguousarray(q), L["attn_q_norm"], c.head_dim)
                         k = self.rmsnorm(cp.ascontiguousarray(k), L["attn_k_norm"], c.head_dim)
-            qkv16 = self.opts.fuse_qkv16 and getattr(self.attn, "takes_f16", False)
-            with tr.op("rope", "rope", layer=il):
-                if qkv16:       # rope + q scale + the fp16 cast the attention would do: one launch
-                    q, k, v = self.rope_qkv16(q, k, v, n, il, qscale=c.attn_scale)
-                elif self.opts.fuse_rope:
-                    self.rope_qk(q, k, n, il, qscale=c.attn_scale if fold_scale else 1.0)
-                else:
-                    self.rope(q, n, c.n_head, il)
-                    self.rope(k, n, c.n_head_kv, il)
+            if not one:
+                q, k, v = self._rope(tr, il, q, k, v, n, qkv16, fold_scale)
             if c.attn_scale != 1.0 and not fold_scale and not qkv16:
                 with tr.op("q_scale", "elementwise", layer=il):
                     q *= np.float32(c.attn_scale)

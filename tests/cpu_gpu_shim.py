@@ -127,6 +127,14 @@ class FakeKernel:
             FakeKernel("rmsnorm", {"W": 1}).launch(None, (rows, wq if src is q else wk, out, hd, eps))
             dst.reshape(n, h * hd)[...] = out.reshape(n, h * hd)
 
+    def _qk_norm_rope_qkv16(self, q, k, v, wq, wk, q16, k16, v16, nh, nhk, hd, hdv, nrot, ldq, ldk, ldv, eps, base,
+                            fs, pos0, qscale):
+        n = q.shape[0]
+        yq, yk = np.empty((n, int(nh) * int(hd)), np.float32), np.empty((n, int(nhk) * int(hd)), np.float32)
+        self._rmsnorm_qk(q, k, wq, wk, yq, yk, nh, nhk, hd, ldq, ldk, eps)
+        self._rope_qkv16(yq, yk, v, q16, k16, v16, n, nh, nhk, hd, hdv, nrot, yq.shape[1], yk.shape[1], ldv, base, fs,
+                         pos0, qscale)
+
     def _add_rmsnorm(self, x, a, wpre, w, y, ncols, eps):
         d = a
         if self.p["PRE"]:

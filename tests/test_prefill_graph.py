@@ -425,6 +425,31 @@ def test_qkv16_fusion_replaces_the_casts_and_the_q_scale(monkeypatch, tiny, n_ro
     assert len(calls) == cfg.n_layer                      # fp32 attention: no fp16 q/k/v
 
 
+def test_gemma_qk_norm_rope_and_casts_in_one_launch(monkeypatch, model):
+    """gemma3 with an fp16 attention: Q/K/V stacked into one GEMM (their dequantized rows), the q/k norms, RoPE,
+    q scale and casts in one launch (qk_norm+rope), the same logits as the separate ops; fuse_qk_norm off leaves
+    rmsnorm_qk then rope_qkv16."""
+    install(monkeypatch, exact=True)
+    from labkernels.arch import config_from_model
+
+    full = config_from_model(model)
+    cfg = full.replace(n_layer=2, layer_is_sliding=full.layer_is_sliding[:2])
+    toks = [2, 818, 5279, 529, 7001, 563]
+    runs = {}
+    for name, kw in {"one": {}, "two": {"fuse_qk_norm": False},
+                     "off": {"fuse_qkv": False, "fuse_qk_norm": False, "fuse_qkv16": False}}.items():
+        t = Ops()
+        runs[name] = (np.asarray(GpuModel(model, cfg=cfg, opts=PrefillOptions(graph=False, attn_f16=True, **kw))
+                                 .forward(toks, tracer=t)), t.names)
+    (one, n1), (two, n2), (off, n0) = runs["one"], runs["two"], runs["off"]
+    assert n1.count("qk_norm+rope") == 2 and "qk_norm" not in n1 and "rope" not in n1
+    assert n1.count("attn_q+attn_k+attn_v") == 2 and "attn_q" not in n1
+    assert n2.count("qk_norm") == 2 and n2.count("rope") == 2 and "qk_norm+rope" not in n2
+    assert n0.count("attn_q") == 2 and n0.count("qk_norm") == 2
+    for got in (one, two):
+        assert np.abs(got - off).max() <= 1e-6 * np.abs(off).max() and got.argmax() == off.argmax()
+
+
 def test_fold_scale_only_when_every_dim_rotates(monkeypatch, tiny):
     install(monkeypatch, exact=True)
     from labkernels.arch import config_from_model

@@ -50,9 +50,11 @@ def test_names_resolve_one_way():
 
 def test_tile_constants_are_written_once():
     assert registry.cuda_defines() == (f"-DLK_BM={registry.BM}", f"-DLK_BN={registry.BN}",
-                                       f"-DLK_THREADS={registry.THREADS}", f"-DLK_SK_MAXSEG={registry.SK_MAXSEG}")
+                                       f"-DLK_THREADS={registry.THREADS}", f"-DLK_SK_MAXSEG={registry.SK_MAXSEG}",
+                                       f"-DLK_QKNORM_MAXHD={registry.QKNORM_MAXHD}")
     for src in registry.KERNELS_DIR.glob("*.cu*"):
-        assert not re.search(r"#define\s+LK_(BM|BN|THREADS|SK_MAXSEG)\b", src.read_text()), src.name
+        assert not re.search(r"#define\s+LK_(BM|BN|THREADS|SK_MAXSEG|QKNORM_MAXHD)\b", src.read_text()), src.name
+    assert "#error" in (registry.KERNELS_DIR / "prefill.cu").read_text().split("LK_QKNORM_MAXHD", 2)[1]
     from labkernels import wgmma
     assert wgmma.SK_MAXSEG == registry.SK_MAXSEG
     assert "#error" in (registry.KERNELS_DIR / "wgmma_kq.cu").read_text().split("LK_SK_MAXSEG", 2)[1]

@@ -108,6 +108,39 @@ __global__ void __launch_bounds__(256) rope_kernel(float* __restrict__ x, int n_
     p[b] = r1;
 }
 
+#ifndef LK_QKNORM_MAXHD   // the largest head_dim qk_norm_rope_qkv16_kernel stages (the launcher checks)
+#error "LK_QKNORM_MAXHD comes from the registry (registry.QKNORM_MAXHD via -D)"
+#endif
+
+// Pair slot j of one head (rope_qkv16 / qk_norm_rope_qkv16): j < n_rot/2 rotates pair j (NEOX: (j, j + n_rot/2),
+// else (2j, 2j+1)) at position pos, larger j copy the unrotated dims n_rot + 2(j - n_rot/2) and the next; then
+// times qscale (1 for k) and rounded to fp16 once.
+template <int NEOX>
+__device__ __forceinline__ void lk_rope16_slot(const float* src, u16* __restrict__ dst, int j, int n_rot, int pos,
+                                               float base, float freq_scale, float qscale) {
+    const int half = n_rot / 2;
+    int a, b;
+    float r0, r1;
+    if (j < half) {
+        float s, c;
+        lk_rope_cs(pos, j, n_rot, base, freq_scale, s, c);
+        a = NEOX ? j : 2 * j;
+        b = NEOX ? j + half : 2 * j + 1;
+        lk_rope_pair(src[a], src[b], c, s, r0, r1);
+    } else {
+        a = n_rot + 2 * (j - half);
+        b = a + 1;
+        r0 = src[a];
+        r1 = src[b];
+    }
+    if (qscale != 1.0f) {
+        r0 = __fmul_rn(r0, qscale);
+        r1 = __fmul_rn(r1, qscale);
+    }
+    dst[a] = lk_f2h(r0);
+    dst[b] = lk_f2h(r1);
+}
+
 // RoPE of Q and K and the fp16 cast of Q, K and V in one launch (PrefillOptions.fuse_qkv16) for an fp16 attention
 // path: reads f32 q [n_tok, ldq] (n_head heads), k [n_tok, ldk] and v [n_tok, ldv] (n_head_kv heads of head_dim /
 // head_dim_v) and writes C-contiguous fp16 q16 [n_tok, n_head*head_dim], k16, v16. rope_qk_kernel's rotation; qscale
@@ -122,7 +155,7 @@ __global__ void __launch_bounds__(256) rope_qkv16_kernel(const float* __restrict
                                                           int n_rot, int ldq, int ldk, int ldv, float base,
                                                           float freq_scale, int pos0, float qscale) {
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const int hp = head_dim / 2, half = n_rot / 2;
+    const int hp = head_dim / 2;
     const int sq = n_head * hp, sk = n_head_kv * hp, sv = n_head_kv * (head_dim_v / 2);
     const int per_tok = sq + sk + sv;
     if (idx >= (long long)n_tok * per_tok) return;
@@ -142,26 +175,38 @@ __global__ void __launch_bounds__(256) rope_qkv16_kernel(const float* __restrict
     const float* src = (isq ? q + (size_t)t * ldq : k + (size_t)t * ldk) + (size_t)h * head_dim;
     u16* dst = (isq ? q16 + (size_t)t * n_head * head_dim : k16 + (size_t)t * n_head_kv * head_dim) +
                (size_t)h * head_dim;
-    int a, b;
-    float r0, r1;
-    if (j < half) {
-        float s, c;
-        lk_rope_cs(t + pos0, j, n_rot, base, freq_scale, s, c);
-        a = NEOX ? j : 2 * j;
-        b = NEOX ? j + half : 2 * j + 1;
-        lk_rope_pair(src[a], src[b], c, s, r0, r1);
-    } else {
-        a = n_rot + 2 * (j - half);
-        b = a + 1;
-        r0 = src[a];
-        r1 = src[b];
+    lk_rope16_slot<NEOX>(src, dst, j, n_rot, t + pos0, base, freq_scale, isq ? qscale : 1.0f);
+}
+
+// Gemma's q/k norms, RoPE, the q scale and the fp16 cast of Q, K, V in one launch (PrefillOptions.fuse_qk_norm
+// with fuse_qkv16): rmsnorm_qk_kernel's row arithmetic (lk_rmsnorm_row, into shared memory) then rope_qkv16_kernel's
+// pair arithmetic (lk_rope16_slot) -- the values of those two launches. One block of 256 per (token, head): q's
+// heads, then k's, then v's (cast only); q/k/v rows of ldq / ldk / ldv floats (views of the stacked QKV output).
+template <int NEOX>
+__global__ void __launch_bounds__(256) qk_norm_rope_qkv16_kernel(
+        const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+        const float* __restrict__ wq, const float* __restrict__ wk, u16* __restrict__ q16, u16* __restrict__ k16,
+        u16* __restrict__ v16, int n_head, int n_head_kv, int head_dim, int head_dim_v, int n_rot, int ldq, int ldk,
+        int ldv, float eps, float base, float freq_scale, int pos0, float qscale) {
+    __shared__ float red[32];
+    __shared__ float xs[LK_QKNORM_MAXHD];
+    const int nh = n_head + 2 * n_head_kv;
+    const int t = (int)(blockIdx.x / nh), h = (int)(blockIdx.x % nh);
+    if (h >= n_head + n_head_kv) {                 // a v head: the cast
+        const int hv = h - n_head - n_head_kv;
+        const float* src = v + (size_t)t * ldv + (size_t)hv * head_dim_v;
+        u16* dst = v16 + ((size_t)t * n_head_kv + hv) * head_dim_v;
+        for (int i = threadIdx.x; i < head_dim_v; i += blockDim.x) dst[i] = lk_f2h(src[i]);
+        return;
     }
-    if (isq && qscale != 1.0f) {
-        r0 = __fmul_rn(r0, qscale);
-        r1 = __fmul_rn(r1, qscale);
-    }
-    dst[a] = lk_f2h(r0);
-    dst[b] = lk_f2h(r1);
+    const bool isq = h < n_head;
+    const int hh = isq ? h : h - n_head;
+    const float* src = isq ? q + (size_t)t * ldq + (size_t)hh * head_dim : k + (size_t)t * ldk + (size_t)hh * head_dim;
+    u16* dst = isq ? q16 + ((size_t)t * n_head + hh) * head_dim : k16 + ((size_t)t * n_head_kv + hh) * head_dim;
+    lk_rmsnorm_row<1, 0>(src, isq ? wq : wk, xs, 0, head_dim, eps, red);
+    __syncthreads();
+    for (int j = threadIdx.x; j < head_dim / 2; j += blockDim.x)
+        lk_rope16_slot<NEOX>(xs, dst, j, n_rot, t + pos0, base, freq_scale, isq ? qscale : 1.0f);
 }
 
 // Row-wise masked softmax of attention scores S [rows, n_k] (f32 or f16, in place), row r is query

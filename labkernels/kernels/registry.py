@@ -26,11 +26,14 @@ BN = 128
 THREADS = 256
 #: round 7's wgmma_kq: stream-K segments a CTA's shared-memory list holds (the launcher checks a schedule against it)
 SK_MAXSEG = 8
+#: the largest head_dim the fused q/k-norm + RoPE kernel of the prefill stages in shared memory (one row of floats)
+QKNORM_MAXHD = 512
 
 
 def cuda_defines() -> tuple[str, ...]:
     """The compiler options carrying the registry's tile constants to every CUDA source (NVRTC and nvcc)."""
-    return (f"-DLK_BM={BM}", f"-DLK_BN={BN}", f"-DLK_THREADS={THREADS}", f"-DLK_SK_MAXSEG={SK_MAXSEG}")
+    return (f"-DLK_BM={BM}", f"-DLK_BN={BN}", f"-DLK_THREADS={THREADS}", f"-DLK_SK_MAXSEG={SK_MAXSEG}",
+            f"-DLK_QKNORM_MAXHD={QKNORM_MAXHD}")
 
 FAMILIES = [
     # -- activation prepass: f32 activations -> q8_1 in the tile-ordered layout of the GEMM kernels
@@ -87,6 +90,9 @@ FAMILIES = [
     dict(family="rmsnorm_qk", source="prefill.cu", template="rmsnorm_qk_kernel", params={}, threads=256,
          smem="0", tile=(0, 0), main_path=False,
          doc="gemma3's per-head q and k RMSNorms in one launch, reading strided rows (the stacked QKV output)"),
+    dict(family="qk_norm_rope_qkv16", source="prefill.cu", template="qk_norm_rope_qkv16_kernel",
+         params={"NEOX": [0, 1]}, threads=256, smem="0", tile=(0, 0), main_path=False,
+         doc="gemma3's q/k RMSNorms, RoPE, the q scale and the fp16 cast of Q, K, V in one launch (strided rows)"),
     dict(family="rope_qkv16", source="prefill.cu", template="rope_qkv16_kernel", params={"NEOX": [0, 1]},
          threads=256, smem="0", tile=(0, 0), main_path=False,
          doc="rotary embedding of Q and K, the q scale and the fp16 cast of Q, K, V for an fp16 attention, one launch"),

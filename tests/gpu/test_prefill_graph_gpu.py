@@ -144,6 +144,34 @@ def test_rmsnorm_qk_is_two_rmsnorms_on_strided_rows_bitwise(cp, rng):
     assert cp.array_equal(yq, want[0]) and cp.array_equal(yk, want[1])
 
 
+@pytest.mark.parametrize("neox", [0, 1])
+@pytest.mark.parametrize("n_rot,qscale", [(256, 0.0625), (128, 0.125)])
+def test_qk_norm_rope_qkv16_is_rmsnorm_qk_then_rope_qkv16_bitwise(cp, rng, neox, n_rot, qscale):
+    """The one-launch gemma path (fuse_qk_norm + fuse_qkv16) against its two launches, on row views of one stacked
+    [q | k | v] output; outputs NaN-poisoned."""
+    n, nh, nhk, hd = 41, 4, 1, 256
+    y = cp.asarray(rng.standard_normal((n, (nh + 2 * nhk) * hd)).astype(np.float32))
+    q, k, v = y[:, :nh * hd], y[:, nh * hd:(nh + nhk) * hd], y[:, (nh + nhk) * hd:]
+    wq, wk = (cp.asarray((1 + 0.1 * rng.standard_normal(hd)).astype(np.float32)) for _ in range(2))
+    eps, ld = np.float32(1e-6), np.int32(y.shape[1])
+    yq, yk = cp.empty((n, nh * hd), cp.float32), cp.empty((n, nhk * hd), cp.float32)
+    _k("rmsnorm_qk").launch((n * (nh + nhk),), (q, k, wq, wk, yq, yk, np.int32(nh), np.int32(nhk), np.int32(hd),
+                                               ld, ld, eps))
+    want = [cp.full((n, w), np.nan, cp.float16) for w in (nh * hd, nhk * hd, nhk * hd)]
+    total = n * ((nh + 2 * nhk) * hd // 2)
+    rope = (np.float32(1e4), np.float32(1.0), np.int32(0), np.float32(qscale))
+    _k("rope_qkv16", NEOX=neox).launch(((total + 255) // 256,), (yq, yk, v, *want, np.int32(n), np.int32(nh),
+                                                                np.int32(nhk), np.int32(hd), np.int32(hd),
+                                                                np.int32(n_rot), np.int32(nh * hd), np.int32(nhk * hd),
+                                                                ld, *rope))
+    got = [cp.full(w.shape, np.nan, cp.float16) for w in want]
+    _k("qk_norm_rope_qkv16", NEOX=neox).launch((n * (nh + 2 * nhk),), (
+        q, k, v, wq, wk, *got, np.int32(nh), np.int32(nhk), np.int32(hd), np.int32(hd), np.int32(n_rot), ld, ld, ld,
+        eps, *rope))
+    for g, w, name in zip(got, want, "qkv"):
+        assert cp.array_equal(g.view(cp.uint16), w.view(cp.uint16)), name
+
+
 @pytest.mark.parametrize("act", [0, 1])
 @pytest.mark.parametrize("out16", [0, 1])
 def test_act_mul_gu_is_act_mul_on_the_halves_bitwise(cp, rng, act, out16):
