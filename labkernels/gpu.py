@@ -391,6 +391,14 @@ def _gemm_ex_capturable(transa, transb, m, n, k, A, atype, lda, B, btype, ldb, C
         raise GpuError(f"cublasGemmEx failed: status {st}")
 
 
+def pinned_empty(shape, dtype):
+    """A numpy array in page-locked host memory (cupyx.empty_pinned): a copy from it is asynchronous and may be a
+    node of a captured CUDA graph (a copy from pageable memory may not)."""
+    import cupyx
+
+    return cupyx.empty_pinned(shape, dtype)
+
+
 def gemm_dense(x, w, out=None):
     """y[n, od] = x[n, id] @ w[od, id]^T for C-contiguous float32 or float16 operands of one type (fp32 accumulate;
     float32 out) as one cuBLAS ``cublasGemmEx`` on the current stream, called through ctypes: unlike

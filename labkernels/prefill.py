@@ -122,6 +122,8 @@ class GraphEntry:
     max_rel_diff: float     # replay vs eager at capture
     bitwise: bool
     replays: int = 0
+    host_tokens: object = None   # pinned host ids the graph's first node copies in (None: tokens.set per replay)
+    done: object = None          # event after the latest replay: its ids were read before host_tokens is rewritten
 
 
 class Weight:
@@ -626,8 +628,15 @@ class GpuModel:
             e = self._capture(key, toks)
             self._graphs[key] = e
         cur = cp.cuda.get_current_stream()
-        e.tokens.set(toks, stream=cur)
+        if e.host_tokens is not None:     # the graph copies the ids in from this pinned buffer (its first node)
+            if e.done is not None:
+                e.done.synchronize()      # the previous replay has read them
+            e.host_tokens[...] = toks
+        else:
+            e.tokens.set(toks, stream=cur)
         e.graph.launch(stream=cur)
+        if e.done is not None:
+            e.done.record(cur)
         e.replays += 1
         self._used = list(e.families)
         return e.out.copy()
@@ -646,11 +655,13 @@ class GpuModel:
         pool = cp.cuda.MemoryPool()
         stream = cp.cuda.Stream(non_blocking=True)
         n = key.nt
+        host = gpu.pinned_empty((n,), np.int32)       # the ids' host side: pinned, so the copy can be a graph node
+        host[...] = toks
         try:
             cp.cuda.get_current_stream().synchronize()
             with cp.cuda.using_allocator(pool.malloc), stream:
                 tok_buf = cp.empty((n,), cp.int32)
-                tok_buf.set(toks, stream=stream)
+                tok_buf.set(host, stream=stream)
                 self._used = []
                 ref = self._forward_device(tok_buf, n, NullTracer(), key.all_logits).copy()
                 stream.synchronize()
@@ -658,6 +669,7 @@ class GpuModel:
                 self._used = []
                 stream.begin_capture()
                 try:
+                    tok_buf.set(host, stream=stream)       # the graph's first node: the ids, from the pinned buffer
                     out = self._forward_device(tok_buf, n, NullTracer(), key.all_logits)
                 except BaseException:
                     _end_capture_quietly(stream)
@@ -677,7 +689,7 @@ class GpuModel:
             raise GraphCaptureError(f"graph replay at nt={n} differs from the eager forward: max rel diff {rel:.3g} "
                                     f"> {GRAPH_RTOL:g}")
         return GraphEntry(key, g, pool, stream, tok_buf, out, tuple(families), time.perf_counter() - t0, rel,
-                          diff == 0.0)
+                          diff == 0.0, host_tokens=host, done=cp.cuda.Event(block=False, disable_timing=True))
 
     def _prepare(self, n: int, all_logits: bool) -> None:
         """Make the lazily built per-weight state (round 7's repacked weights) outside the graph's private pool."""
@@ -727,6 +739,7 @@ def timed_prefill(gm: GpuModel, tokens, repeats: int = 3, warmup: int = 1, graph
     what ran ('graph' | 'eager', the same for every timed forward or an error) and ``fallback`` why a forward
     that could take a graph ran eager (None otherwise). The warm-up forwards capture the graph when new."""
     cp = gpu.cp()
+    tokens = gm._tokens(tokens)       # the ids as an int32 array once, as a caller holding them would pass them
     for _ in range(warmup):
         gm.forward(tokens, graph=graph)
     cp.cuda.runtime.deviceSynchronize()

@@ -184,6 +184,7 @@ def install(monkeypatch, exact: bool = False):
     monkeypatch.setattr(gpu, "QWeight", FakeQWeight)
     monkeypatch.setattr(gpu, "bmm_f16", lambda A, B, out=None: np.matmul(A.astype(np.float32), B.astype(np.float32)).astype(np.float16))
     monkeypatch.setattr(gpu, "gemm_dense", fake_gemm_dense)
+    monkeypatch.setattr(gpu, "pinned_empty", lambda shape, dtype: np.empty(shape, dtype))
     return cp
 
 

@@ -203,7 +203,8 @@ def _install_capture(monkeypatch, cp, graph):
     cuda = types.SimpleNamespace(Stream=stream, MemoryPool=lambda: types.SimpleNamespace(
         malloc=None, total_bytes=lambda: 0, free_all_blocks=lambda: None),
         using_allocator=lambda f: contextlib.nullcontext(), runtime=cp.cuda.runtime,
-        get_current_stream=cp.cuda.get_current_stream)
+        get_current_stream=cp.cuda.get_current_stream,
+        Event=lambda **kw: types.SimpleNamespace(record=lambda stream=None: None, synchronize=lambda: None))
     cuda.Stream.begin_capture = True                             # graph_support() looks for it
     monkeypatch.setattr(cp, "cuda", cuda)
     monkeypatch.setattr(cp, "abs", np.abs, raising=False)
