@@ -399,6 +399,17 @@ def pinned_empty(shape, dtype):
     return cupyx.empty_pinned(shape, dtype)
 
 
+def h2d_async(dst, host, stream) -> None:
+    """Copy the pinned numpy array ``host`` into the C-contiguous device array ``dst`` on ``stream`` with the
+    runtime's memcpyAsync (which stream capture records as a graph node; CuPy's ``ndarray.set`` refuses to run
+    while a stream captures)."""
+    c = cp()
+    if dst.nbytes != host.nbytes or not dst.flags.c_contiguous or not host.flags.c_contiguous:
+        raise ShapeError(f"h2d_async: {host.nbytes} host bytes into a {dst.nbytes}-byte device array")
+    c.cuda.runtime.memcpyAsync(dst.data.ptr, host.ctypes.data, host.nbytes, c.cuda.runtime.memcpyHostToDevice,
+                               stream.ptr)
+
+
 def gemm_dense(x, w, out=None):
     """y[n, od] = x[n, id] @ w[od, id]^T for C-contiguous float32 or float16 operands of one type (fp32 accumulate;
     float32 out) as one cuBLAS ``cublasGemmEx`` on the current stream, called through ctypes: unlike

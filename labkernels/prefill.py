@@ -661,7 +661,7 @@ class GpuModel:
             cp.cuda.get_current_stream().synchronize()
             with cp.cuda.using_allocator(pool.malloc), stream:
                 tok_buf = cp.empty((n,), cp.int32)
-                tok_buf.set(host, stream=stream)
+                gpu.h2d_async(tok_buf, host, stream)
                 self._used = []
                 ref = self._forward_device(tok_buf, n, NullTracer(), key.all_logits).copy()
                 stream.synchronize()
@@ -669,7 +669,7 @@ class GpuModel:
                 self._used = []
                 stream.begin_capture()
                 try:
-                    tok_buf.set(host, stream=stream)       # the graph's first node: the ids, from the pinned buffer
+                    gpu.h2d_async(tok_buf, host, stream)   # the graph's first node: the ids, from the pinned buffer
                     out = self._forward_device(tok_buf, n, NullTracer(), key.all_logits)
                 except BaseException:
                     _end_capture_quietly(stream)

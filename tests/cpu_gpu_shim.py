@@ -185,6 +185,7 @@ def install(monkeypatch, exact: bool = False):
     monkeypatch.setattr(gpu, "bmm_f16", lambda A, B, out=None: np.matmul(A.astype(np.float32), B.astype(np.float32)).astype(np.float16))
     monkeypatch.setattr(gpu, "gemm_dense", fake_gemm_dense)
     monkeypatch.setattr(gpu, "pinned_empty", lambda shape, dtype: np.empty(shape, dtype))
+    monkeypatch.setattr(gpu, "h2d_async", lambda dst, host, stream: dst.__setitem__(Ellipsis, host))
     return cp
 
 
