@@ -1160,12 +1160,15 @@ def plan_path(name: str) -> Path:
                     f"in {PLANS_DIR.name}/")
 
 
+def ran_on_gpu(summary) -> bool:
+    """Whether a sweep summary run's tasks ran on GPUs (its ``tasks`` table names a GPU)."""
+    t = summary.table("tasks")
+    return bool("gpu_name" in t and t.gpu_name.notna().any())
+
+
 def latest_summary(root=None, gpu: bool = True):
     """The most recent sweep summary run whose tasks ran on GPUs (``gpu=False``: on CPU workers only)."""
-    def on_gpu(r):
-        t = r.table("tasks")
-        return bool("gpu_name" in t and t.gpu_name.notna().any()) == gpu
-    return records.latest(SUMMARY_ROUND, root, where=on_gpu)
+    return records.latest(SUMMARY_ROUND, root, where=lambda r: ran_on_gpu(r) == gpu)
 
 
 def sweep_report(summary_run: str | None = None, root=None) -> dict:

@@ -22,12 +22,29 @@ def test_every_round_module_names_its_notebook_and_data():
         rounds.module("r99")
 
 
+#: every step name `labkernels gpu-check --steps` has accepted (the lead's runbooks name them)
+GPU_CHECK_STEPS = ("env", "tests", "sanitizer", "occupancy", "q6k", "tile_ab", "kdr", "q4k", "prefill", "prefill7b",
+                   "decompose", "forensics", "wgmma", "wgmma_sanitizer", "wgmma_ncu", "wgmma_costs", "prefill_r7",
+                   "attention", "prefill_graph")
+
+
 def test_gpu_check_takes_the_rounds_steps():
     steps = rounds.gpu_check_steps()
-    assert {"occupancy", "q6k", "kdr", "q4k", "prefill", "prefill7b", "decompose", "forensics"} <= set(steps)
+    assert {"occupancy", "q6k", "kdr", "q4k", "prefill", "prefill7b", "decompose", "forensics", "wgmma",
+            "wgmma_sanitizer", "wgmma_ncu", "wgmma_costs", "prefill_r7"} <= set(steps)
+    assert set(rounds.module(7).STEPS) == {"wgmma", "wgmma_sanitizer", "wgmma_ncu", "wgmma_costs", "prefill_r7"}
     from labkernels import gpu_cli
 
     assert not set(gpu_cli.STEPS) & set(steps)          # each step written once
+    assert set(GPU_CHECK_STEPS) == set(gpu_cli.STEPS) | set(steps)
+
+
+def test_gpu_check_refuses_an_unknown_step_before_running_any(tmp_path):
+    from labkernels import cli
+
+    with pytest.raises(SystemExit, match="unknown step 'wgmma_bogus'; steps: .*prefill_r7"):
+        cli.main(["gpu-check", "--out", str(tmp_path), "--steps", "env,wgmma_bogus"])
+    assert not (tmp_path / "gpu-check.json").exists()        # env did not run either
 
 
 def test_open_round_replays_the_latest_run_with_its_recorded_plan():
@@ -37,5 +54,12 @@ def test_open_round_replays_the_latest_run_with_its_recorded_plan():
     r4 = rounds.open_round("04_kdr_sweep", "replay")
     assert set(r4.runs) == {"kdr_sweep", "q4k"} and r4.runs["q4k"].run_id == records.latest("q4k").run_id
     assert rounds.open_round(1, "auto").mode == "cpu"
+    r7 = rounds.open_round("07_wgmma_kquant", "replay")     # the benchmark, not a newer sanitizer / ncu run
+    assert r7.run.has("wgmma_bench") and r7.run.run_id == records.latest("wgmma", where=lambda r: r.has("wgmma_bench")).run_id
+    assert r7.plan["shapes"] == r7.run.meta["params"]["shapes"]
+    r8 = rounds.open_round(8, "replay")
+    from labkernels import sweep
+
+    assert r8.run.run_id == sweep.latest_summary().run_id
     with pytest.raises(rounds.RoundError, match="no plan parameter \\['kdr'\\]"):
         rounds.open_round("03", "replay", kdr=4)

@@ -6,7 +6,9 @@ runs, the first the one its page replays), ``PLAN`` (its one default plan), ``me
 the round into ``run``, a new run of its first folder; None for a CPU round) and ``STEPS`` (its ``labkernels gpu-check`` steps: name ->
 ``fn(out, args)``). :data:`ROUNDS` lists them by number; :func:`open_round` resolves measure / replay / cpu,
 measures into new runs or opens the latest ones, and returns them with the banner; ``gpu-check`` takes its steps
-from :func:`gpu_check_steps`. Round 7 joins the table by adding ``"r07_..."`` to :data:`MODULES`.
+from :func:`gpu_check_steps`. A round whose page replays one kind of run among several in a folder names it in
+``REPLAY_WHERE`` ({series: predicate(run)}, e.g. round 7's benchmark among its sanitizer and ncu runs). A new round
+joins the table by adding its module to :data:`MODULES`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import importlib
 from dataclasses import dataclass, field
 
 #: the round modules in order (number = position + 1)
-MODULES = ("r01_layout", "r02_occupancy", "r03_q6k", "r04_kdr", "r05_wall", "r06_forensics")
+MODULES = ("r01_layout", "r02_occupancy", "r03_q6k", "r04_kdr", "r05_wall", "r06_forensics", "r07_wgmma", "r08_sweeps")
 
 
 class RoundError(KeyError):
@@ -95,6 +97,7 @@ def open_round(name, mode: str = "auto", **plan) -> Opened:
         if mod.measure is None:
             raise RoundError(f"round {mod.NOTEBOOK} has no measure() in the table yet: its notebook measures itself")
         return Opened(mod.NOTEBOOK, mode, full, measure_into(mod, **full))
-    runs = {d: records.latest(d) for d in mod.DATA}
+    where = getattr(mod, "REPLAY_WHERE", {})
+    runs = {d: records.latest(d, where=where.get(d)) for d in mod.DATA}
     recorded = dict(runs[mod.DATA[0]].meta.get("params") or {})
     return Opened(mod.NOTEBOOK, mode, {**full, **{k: v for k, v in recorded.items() if k in full}}, runs)
