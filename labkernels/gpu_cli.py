@@ -101,7 +101,7 @@ def step_sanitizer(out: Path, args) -> dict:
 def step_attention(out: Path, args) -> dict:
     """Issue 17: attention alone (cuDNN fused SDPA vs the lab's baseline vs PyTorch SDPA per backend, the 7B and
     Gemma 3 270M layouts, nt 512 / 3325 / 8192, interleaved CUDA-event medians; parity against the fp32 baseline),
-    recorded under data/attention/; then round 5's decomposition of the synthetic 7B with --attention (auto)."""
+    recorded as an ``attention`` run (data/05_wall_decomposition/); then round 5's decomposition of the synthetic 7B with --attention (auto)."""
     from . import attention, records
 
     nts = [int(x) for x in args.attention_nts.split(",") if x]

@@ -310,7 +310,7 @@ def test_cli_plumbing():
 
 def test_gpu_check_attention_step_records(monkeypatch, tmp_path):
     """gpu-check's attention step end to end on the CPU shim (timings faked, the decomposition stubbed): the
-    attention run is complete under OUT/data/attention with the layouts, nts and the paths' availability."""
+    attention run is complete under OUT/data/05_wall_decomposition with the layouts, nts and the paths' availability."""
     import argparse
 
     from cpu_gpu_shim import install

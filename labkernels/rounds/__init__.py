@@ -9,6 +9,21 @@ measures into new runs or opens the latest ones, and returns them with the banne
 from :func:`gpu_check_steps`. A round whose page replays one kind of run among several in a folder names it in
 ``REPLAY_WHERE`` ({series: predicate(run)}, e.g. round 7's benchmark among its sanitizer and ncu runs). A new round
 joins the table by adding its module to :data:`MODULES`.
+
+**Data folders.** A round's recorded runs live in ``data/<its notebook's name>/`` (``data/03_q6k_expanded_b/``).
+Every run names its *series* (the ``round`` of its metadata: ``q6k``, ``kdr_sweep``, ``wgmma``, the names the code
+records and reads by, and the folder names before #14); :data:`FOLDERS` is the one table from series to folder,
+which :mod:`labkernels.records` resolves every recording, reading, check and import through (``recording("q6k")``
+writes into ``data/03_q6k_expanded_b/``; the runs of several series share their round's folder, a reader by series
+sees its own). Two folders keep a plain name because no single round owns them:
+
+* ``data/prefill/`` -- whole-model prefill runs (Gemma parity, throughput, the CUDA-graph A/B): recorded by round
+  5's steps (``prefill``, ``prefill7b``, ``prefill_graph``) and round 7's (``prefill_r7``, the int8 vs wgmma A/B),
+  and read by both pages;
+* ``data/peers/`` -- llama.cpp measured as the peer (``labkernels peers``), read by rounds 3, 4, 5 and 7.
+
+``labkernels migrate-data`` moves the runs of the old folders (``data/q6k/``...) into the round folders, bytes
+unchanged (``records.migrate``).
 """
 
 from __future__ import annotations
@@ -18,6 +33,26 @@ from dataclasses import dataclass, field
 
 #: the round modules in order (number = position + 1)
 MODULES = ("r01_layout", "r02_occupancy", "r03_q6k", "r04_kdr", "r05_wall", "r06_forensics", "r07_wgmma", "r08_sweeps")
+
+
+#: the one table of data folders: run series (the old folder names) -> the round folder its runs live in; a series
+#: not listed (``prefill``, ``peers``: shared by several rounds) is its own folder
+FOLDERS = {
+    "occupancy": "02_occupancy_calculator",      # the CUDA occupancy API vs the calculator
+    "q6k": "03_q6k_expanded_b",
+    "tile_ab": "03_q6k_expanded_b",              # the tile skeleton's old vs new builds (rounds 3 and 4's shapes)
+    "kdr_sweep": "04_kdr_sweep",
+    "q4k": "04_kdr_sweep",
+    "decompose": "05_wall_decomposition",
+    "attention": "05_wall_decomposition",        # fused attention alone (issue 17), shown by round 5's page
+    "forensics": "06_counter_forensics",
+    "wgmma": "07_wgmma_kquant",
+    "sweeps": "08_dask_sweeps",
+    "sweep_bench": "08_dask_sweeps",
+    "sweep_notebooks": "08_dask_sweeps",
+}
+#: folders that hold the runs of several rounds (see above)
+SHARED = ("prefill", "peers")
 
 
 class RoundError(KeyError):
