@@ -63,3 +63,36 @@ def test_open_round_replays_the_latest_run_with_its_recorded_plan():
     assert r8.run.run_id == sweep.latest_summary().run_id
     with pytest.raises(rounds.RoundError, match="no plan parameter \\['kdr'\\]"):
         rounds.open_round("03", "replay", kdr=4)
+
+
+def test_open_round_replays_round5_by_its_plan_and_refuses_a_case_not_recorded():
+    r5 = rounds.open_round("05_wall_decomposition", "replay", model="synthetic-7b", nt=3325)
+    assert r5.run.meta["params"]["model"] == "synthetic-7b" and r5.run.meta["params"]["nt"] == 3325
+    assert r5.run.run_id == records.latest("decompose", where=lambda r: rounds.module(5).same_case(r, r5.plan)).run_id
+    from labkernels import report
+
+    with pytest.raises(report.ModeError, match="no complete decompose run .* 'nt': 7"):
+        rounds.open_round(5, "replay", nt=7)
+    with pytest.raises(ValueError, match="round 5 decomposes .*not 'llama'"):
+        rounds.module(5).gpu_model("llama")
+
+
+def test_cpu_rounds_refuse_measure_or_replay():
+    with pytest.raises(rounds.RoundError, match="runs on the CPU"):
+        rounds.open_round(2, "replay")
+    assert rounds.open_round(2, "cpu").run is None
+
+
+def test_round_plans_agree_with_their_notebooks_parameters():
+    """The plan a round measures by default is the one its page declares: no second, drifting copy."""
+    from labkernels import pipeline
+    from labkernels.paths import NOTEBOOKS_DIR
+
+    checked = 0
+    for mod in rounds.rounds():
+        declared = pipeline.declared_parameters(NOTEBOOKS_DIR / f"{mod.NOTEBOOK}.ipynb")
+        for k, v in mod.PLAN.items():
+            if k in declared:
+                assert declared[k]["default"] == v, (mod.NOTEBOOK, k)
+                checked += 1
+    assert checked >= 15

@@ -7,7 +7,9 @@ the round into ``run``, a new run of its first folder; None for a CPU round) and
 ``fn(out, args)``). :data:`ROUNDS` lists them by number; :func:`open_round` resolves measure / replay / cpu,
 measures into new runs or opens the latest ones, and returns them with the banner; ``gpu-check`` takes its steps
 from :func:`gpu_check_steps`. A round whose page replays one kind of run among several in a folder names it in
-``REPLAY_WHERE`` ({series: predicate(run)}, e.g. round 7's benchmark among its sanitizer and ncu runs). A new round
+``REPLAY_WHERE`` ({series: predicate(run, plan)}: round 5's decomposition of the plan's model and nt, round 7's
+benchmark among its sanitizer and ncu runs). A round whose measurement records its own runs (round 6: one ncu
+process per case) declares ``record_runs(root, progress, **plan) -> {series: run}`` instead of ``measure``. A new round
 joins the table by adding its module to :data:`MODULES`.
 
 **Data folders.** A round's recorded runs live in ``data/<its notebook's name>/`` (``data/03_q6k_expanded_b/``).
@@ -106,10 +108,15 @@ class Opened:
 
 def measure_into(mod, root=None, progress=print, **plan) -> dict:
     """Record ``mod.measure(run, **plan)`` into a new run of its first data folder (under ``root``, default
-    ``data/``); a round with more folders records those runs itself and returns them. {folder: run}."""
+    ``data/``); a round with more folders records those runs itself and returns them; a round with
+    ``record_runs`` records all its runs itself. {series: run}."""
     from .. import records
 
     full = {**mod.PLAN, **plan}
+    if getattr(mod, "record_runs", None) is not None:
+        return mod.record_runs(root=root, progress=progress, **full)
+    if mod.measure is None:
+        raise RoundError(f"round {mod.NOTEBOOK} measures nothing into a run (its runs come from its own command)")
     with records.recording(mod.DATA[0], full, root=root) as run:
         extra = mod.measure(run, progress=progress, **full) or {}
     return {mod.DATA[0]: run, **extra}
@@ -126,13 +133,16 @@ def open_round(name, mode: str = "auto", **plan) -> Opened:
         raise RoundError(f"round {mod.NOTEBOOK} has no plan parameter {bad}; plan: {', '.join(mod.PLAN)}")
     full = {**mod.PLAN, **plan}
     if not mod.DATA:
+        if mode not in ("auto", "cpu"):
+            raise RoundError(f"round {mod.NOTEBOOK} runs on the CPU (nothing recorded to {mode}): mode 'cpu' or 'auto'")
         return Opened(mod.NOTEBOOK, "cpu", full)
     mode = report.resolve_mode(mode, mod.DATA[0])
     if mode == "measure":
-        if mod.measure is None:
-            raise RoundError(f"round {mod.NOTEBOOK} has no measure() in the table yet: its notebook measures itself")
         return Opened(mod.NOTEBOOK, mode, full, measure_into(mod, **full))
     where = getattr(mod, "REPLAY_WHERE", {})
-    runs = {d: records.latest(d, where=where.get(d)) for d in mod.DATA}
+    runs = {d: records.latest(d, where=(lambda r, w=where[d]: w(r, full)) if d in where else None) for d in mod.DATA}
+    if runs[mod.DATA[0]] is None:
+        raise report.ModeError(f"round {mod.NOTEBOOK}: no complete {mod.DATA[0]} run recorded under "
+                               f"{records.data_root() / records.folder(mod.DATA[0])} for the plan {full}")
     recorded = dict(runs[mod.DATA[0]].meta.get("params") or {})
     return Opened(mod.NOTEBOOK, mode, {**full, **{k: v for k, v in recorded.items() if k in full}}, runs)

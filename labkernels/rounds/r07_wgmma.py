@@ -18,7 +18,7 @@ from ..paths import REPO_ROOT
 NOTEBOOK = "07_wgmma_kquant"
 DATA = ("wgmma",)
 #: the run of each series the page replays: the benchmark (a sanitizer, ncu or cost-scan run is newer at times)
-REPLAY_WHERE = {"wgmma": lambda r: r.has("wgmma_bench")}
+REPLAY_WHERE = {"wgmma": lambda run, plan: run.has("wgmma_bench")}
 
 
 #: the round's one plan: the benchmark's own (:data:`labkernels.wgmma.PLAN`, which ``wgmma.record`` completes with)

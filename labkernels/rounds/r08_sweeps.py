@@ -16,7 +16,7 @@ STEPS = {}           # the GPU run is `labkernels sweep PLAN --cluster local-cud
 
 
 
-def _on_gpu(run) -> bool:
+def _on_gpu(run, plan) -> bool:
     from ..sweep import ran_on_gpu
 
     return ran_on_gpu(run)
