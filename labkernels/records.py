@@ -489,6 +489,12 @@ def import_runs(src: Path, dest: Path | None = None) -> list[str]:
     if not runs:
         raise RecordError(f"{src}: no recorded runs (<round>/<run_id>.json) to import")
     plan = []  # (run, names to copy)
+    ids = {}
+    for run in runs:                   # two source folders of one round (old names) with one run id
+        other = ids.setdefault((folder(run.round), run.run_id), run)
+        if other is not run:
+            raise RecordError(f"{run.meta_path} and {other.meta_path} are both run {run.run_id} of folder "
+                              f"{folder(run.round)!r} (nothing was imported)")
     for run in runs:
         names = [p.name for p in _run_files(run)] + [run.manifest_path.name]
         todo = []
@@ -564,7 +570,7 @@ def migrate(root: Path | None = None) -> list[tuple[str, str, str]]:
     folders are removed. Idempotent: a second call finds nothing to move. Returns [(from, to, how)] relative to
     root, how = "git mv" | "move" | "git rm (identical)" | "drop (identical)"."""
     root = Path(root) if root else data_root()
-    plan, problems = [], []
+    plan, problems, planned = [], [], {}      # planned: target -> the legacy file moving there
     for src_dir in legacy_folders(root):
         dst_dir = root / folder(src_dir.name)
         for f in sorted(src_dir.iterdir()):
@@ -572,6 +578,12 @@ def migrate(root: Path | None = None) -> list[tuple[str, str, str]]:
                 problems.append(f"{f}: not a plain file (a recorded run is files only): move it away first")
                 continue
             t = dst_dir / f.name
+            first = planned.setdefault(t, f)
+            if first is not f:                 # two old folders of one round hold the same file name
+                if _sha256(first) != _sha256(f):
+                    problems.append(f"{f} and {first} would both become {t}, with different content")
+                plan.append((f, t, True))
+                continue
             if t.exists() and (not t.is_file() or _sha256(t) != _sha256(f)):
                 problems.append(f"{t} exists with different content from {f}: recorded runs are append-only")
             plan.append((f, t, t.exists()))

@@ -12,7 +12,7 @@ from labkernels.paths import DATA_DIR
 
 def _finished(root, series, rows=2):
     run = records.new_run(series, {"x": 1}, root=root)
-    run.append("t", [{"i": i, "v": 0.5 + i} for i in range(rows)])
+    run.append("t", [{"i": i, "v": 0.5 + i, "series": series} for i in range(rows)])   # no two tables alike
     run.finish()
     return run
 
@@ -32,7 +32,8 @@ def _legacy_tree(root):
 
 
 def _snapshot(root):
-    return {p.name: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    """(file name, bytes) of every file, wherever it lies (two folders may hold the same run id)."""
+    return sorted((p.name, p.read_bytes()) for p in root.rglob("*") if p.is_file())
 
 
 def test_the_folder_table_agrees_with_the_rounds():
@@ -98,6 +99,25 @@ def test_migrate_refuses_a_conflicting_file_and_drops_an_identical_one(tmp_path)
     assert not (tmp_path / "q6k").exists() and records.check_data(tmp_path) == (4, [])
 
 
+def test_migrate_refuses_two_old_folders_giving_one_file_two_contents(tmp_path):
+    """kdr_sweep and q4k both move into 04_kdr_sweep: one run id in both (recorded in the same second) with
+    different bytes is refused before anything moves; the same bytes twice move once."""
+    runs = _legacy_tree(tmp_path)
+    sweep = runs[1]
+    twin = tmp_path / "q4k" / f"{sweep.run_id}.t.csv"
+    original = (tmp_path / "kdr_sweep" / twin.name).read_bytes()
+    twin.write_bytes(b"i\n1\n")
+    before = _snapshot(tmp_path)
+    with pytest.raises(records.RecordError, match=f"would both become .*04_kdr_sweep/{sweep.run_id}.t.csv"):
+        records.migrate(tmp_path)
+    assert _snapshot(tmp_path) == before
+    shutil.copy2(tmp_path / "kdr_sweep" / twin.name, twin)
+    done = records.migrate(tmp_path)
+    assert [how for a, _, how in done if a == f"q4k/{twin.name}"] == ["drop (identical)"]
+    assert (tmp_path / "04_kdr_sweep" / twin.name).read_bytes() == original
+    assert not (tmp_path / "q4k").exists()
+
+
 def test_migrate_in_a_git_repo_is_git_mv(tmp_path):
     if not shutil.which("git"):
         pytest.skip("no git")
@@ -108,14 +128,11 @@ def test_migrate_in_a_git_repo_is_git_mv(tmp_path):
     subprocess.run(git[:3] + ["init", "-q"], check=True)
     subprocess.run(git + ["add", "data"], check=True)
     subprocess.run(git + ["commit", "-qm", "runs"], check=True)
-    extra = _finished(root, "q4k")                       # untracked: a plain move
-    shutil.move(str(extra.dir), str(root / "q4k_tmp"))
-    for f in (root / "q4k_tmp").iterdir():
-        f.rename(root / "q4k" / f.name)
-    (root / "q4k_tmp").rmdir()
+    extra = _finished(root, "occupancy")                 # untracked: a plain move
+    extra.dir.rename(root / "occupancy")
     done = records.migrate(root)
     hows = {a: how for a, _, how in done}
-    assert hows[f"q4k/{extra.run_id}.json"] == "move" and list(hows.values()).count("git mv") == 9
+    assert hows[f"occupancy/{extra.run_id}.json"] == "move" and list(hows.values()).count("git mv") == 9
     st = subprocess.run(git[:3] + ["status", "--porcelain"], capture_output=True, text=True, check=True).stdout
     renames = [ln for ln in st.splitlines() if ln.startswith("R ")]
     assert len(renames) == 9 and all(" -> data/0" in ln for ln in renames)
@@ -123,7 +140,7 @@ def test_migrate_in_a_git_repo_is_git_mv(tmp_path):
     show = subprocess.run(git[:3] + ["show", "-M", "--name-status", "--format="], capture_output=True, text=True,
                           check=True).stdout.split("\n")
     assert [ln.split("\t")[0] for ln in show if ln] == ["R100"] * 9
-    assert records.migrate(root) == [] and records.check_data(root) == (5, [])
+    assert records.migrate(root) == [] and records.check_data(root) == (5, [])   # 4 runs + the untracked one
 
 
 def test_import_of_a_tree_with_the_old_folder_names(tmp_path):
@@ -150,3 +167,17 @@ def test_the_committed_tree_is_migrated():
     assert records.legacy_folders(DATA_DIR) == []
     assert {p.name for p in DATA_DIR.iterdir() if p.is_dir()} - set(records.NON_RUN_DIRS) <= \
         set(rounds.FOLDERS.values()) | set(rounds.SHARED)
+
+
+def test_import_refuses_one_run_id_from_two_old_folders_of_one_round(tmp_path, monkeypatch):
+    collect = records.provenance.collect
+    monkeypatch.setattr(records.provenance, "collect",
+                        lambda params=None: {**collect(params), "date": "2026-01-01T00:00:00Z"})
+    src = tmp_path / "src"
+    a, b = _finished(tmp_path / "a", "kdr_sweep"), _finished(tmp_path / "b", "q4k")
+    assert a.run_id == b.run_id
+    for r in (a, b):
+        shutil.copytree(r.dir, src / r.round)
+    with pytest.raises(records.RecordError, match=f"are both run {a.run_id} of folder '04_kdr_sweep'"):
+        records.import_runs(src, tmp_path / "dst")
+    assert not (tmp_path / "dst").exists()
