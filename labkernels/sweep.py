@@ -72,8 +72,8 @@ NOTEBOOK_ROUND = "sweep_notebooks"
 SUMMARY_ROUND = "sweeps"
 EVENT_TOPIC = "labkernels-sweep"
 
-#: GEMM families a bench task can time, with the weight type they take
-FAMILY_QTYPE = {"q6k_expb": "q6_K", "q4k_nb": "q4_K", "q6k_generic": "q6_K"}
+#: GEMM families a bench task can time (the int8 families of the registry's named variants), with their weight type
+FAMILY_QTYPE = {v.family: v.qtype for v in registry.VARIANTS.values()}
 BENCH_KEYS = {"backend", "family", "qtype", "variants", "od", "id", "shapes", "nt", "repeats", "pairs", "warmup",
               "seed", "fault"}
 NOTEBOOK_KEYS = {"round", "params"}

@@ -76,7 +76,7 @@ def kdr_sweep(shapes, nts, repeats: int = 10, run=None, seed: int = 0, progress=
     return rows
 
 
-def bench_q4k(shapes, nts, variant: str = "q4k_nb_kdr4", repeats: int = 20, pairs: int = 3, run=None, seed: int = 0,
+def bench_q4k(shapes, nts, variant: str = PLAN["q4k_variant"], repeats: int = 20, pairs: int = 3, run=None, seed: int = 0,
               progress=print) -> list[dict]:
     """A q4_K raw-nibble variant vs cuBLAS fp16 on cached dequantized weights (and with the dequant)."""
     from .. import gpu
@@ -118,7 +118,7 @@ def bench_q4k(shapes, nts, variant: str = "q4k_nb_kdr4", repeats: int = 20, pair
     return rows
 
 
-def record_q4k(run, shapes, nts, variant: str = "q4k_nb_kdr4", repeats: int = 20, pairs: int = 3,
+def record_q4k(run, shapes, nts, variant: str = PLAN["q4k_variant"], repeats: int = 20, pairs: int = 3,
                progress=print) -> list[dict]:
     """The q4_K benchmark into ``run``: parity-gated rows and the cuBLAS A/B pair ratios."""
     rows = bench_q4k([tuple(s) for s in shapes], nts, variant=variant, repeats=repeats, pairs=pairs, run=run,
