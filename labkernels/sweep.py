@@ -461,7 +461,7 @@ def run_bench(spec: dict, run, ident: dict, key: str = "", sweep_id: str = "") -
     rng = np.random.default_rng(spec["seed"] or None)
     w_raw = cases.synthetic_weights(qtype, od, id_, rng)
     x = rng.standard_normal((nt, id_)).astype(np.float32)
-    tokens = np.sort(rng.choice(nt, size=min(nt, 24), replace=False))
+    tokens = cases.gate_tokens(rng, nt)
     # both references once per point (all variants share weights and inputs), every variant gated on them
     refs = cases.references(w_raw, qtype, x, tokens)
     be.prepare(w_raw, x)

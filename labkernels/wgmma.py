@@ -757,11 +757,7 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
             w16 = gpu.dequant_f16(wq)
             fam, fpar = gpu._int8_default(qtype)
             for nt in nts:
-                x = rng.standard_normal((nt, id_)).astype(np.float32)
-                xg = cp.asarray(x)
-                x16 = xg.astype(cp.float16)
-                y = cp.full((nt, od), np.nan, cp.float32)
-                tok = np.sort(rng.choice(nt, size=min(nt, 24), replace=False))
+                x, xg, x16, y, tok = cases.point_inputs(rng, nt, od, id_)
                 vs = {}
                 for v in variants:
                     bn, st, scl, sk = (tuple(v) + (0,))[:4]

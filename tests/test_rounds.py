@@ -96,3 +96,45 @@ def test_round_plans_agree_with_their_notebooks_parameters():
                 assert declared[k]["default"] == v, (mod.NOTEBOOK, k)
                 checked += 1
     assert checked >= 15
+
+
+def test_rounds_3_and_4_measure_through_the_table_on_the_cpu_shim(monkeypatch, tmp_path):
+    """gpu-check's q6k, kdr and q4k steps (the rounds' measure with their plan) end to end with the kernels' exact
+    functions standing in for the GPU and the timings faked: every case parity-gated, the runs recorded under
+    the rounds' folders, named by their series."""
+    import argparse
+
+    import numpy as np
+    from cpu_gpu_shim import install
+
+    from labkernels import bench
+
+    install(monkeypatch)                     # the GEMMs: the exact integer reference, what the gates check
+    from labkernels import gpu
+
+    monkeypatch.setattr(gpu, "matmul_f16", lambda a, b, out=None: a.astype(np.float32) @ b.astype(np.float32).T)
+    monkeypatch.setattr(bench, "time_launches", lambda fn, warmup=3, repeats=20, flush=None: (fn(), np.ones(3))[1])
+    monkeypatch.setattr(bench, "Flusher", lambda: None)
+    monkeypatch.setattr(bench, "mma_ceiling", lambda k: {"mma_k": k, "tops": 1.0})
+    monkeypatch.setattr(bench, "kernel_row", lambda fam, **p: {"kernel": f"{fam}{sorted(p.items())}", "regs": 1,
+                                                               "local_bytes": 0, "api_blocks_per_sm": 1})
+    r3, r4 = rounds.module(3), rounds.module(4)
+    monkeypatch.setitem(r3.PLAN, "shapes", [[256, 512]])
+    monkeypatch.setitem(r3.PLAN, "nts", [30])
+    monkeypatch.setitem(r3.PLAN, "variants", ["q6k_expb_epi0", "q6k_expb_epi1"])   # the shim has no q8_1 rows kernel
+    monkeypatch.setitem(r4.PLAN, "shapes", {"q6_K": [[256, 512]], "q4_K": [[256, 512]]})
+    monkeypatch.setitem(r4.PLAN, "nts", [30])
+    monkeypatch.setitem(r4.PLAN, "q4k_nts", [30])
+    monkeypatch.setattr(r4, "SWEEP_KDR", {"q6_K": (4,), "q4_K": (8,)})
+    args = argparse.Namespace(log=lambda s: None, repeats=2, sweep_repeats=2)
+    steps = rounds.gpu_check_steps()
+    got = {s: steps[s](tmp_path, args) for s in ("q6k", "kdr", "q4k")}
+    root = tmp_path / "data"
+    assert sorted(p.name for p in root.iterdir()) == ["03_q6k_expanded_b", "04_kdr_sweep"]
+    q6 = records.load("q6k", got["q6k"]["run"], root)
+    assert q6.meta["round"] == "q6k" and q6.table("parity").ok.all()
+    assert set(q6.table("q6k_bench").variant) >= {"q6k_expb_epi0", "q6k_expb_epi1", "cublas_f16_cached"}
+    assert len(records.load("kdr_sweep", got["kdr"]["run"], root).table("sweep")) == 4 + 1   # 4 q6_K variants, q4_K
+    q4 = records.load("q4k", got["q4k"]["run"], root)
+    assert q4.table("parity").ok.all() and set(q4.table("q4k_bench").variant) >= {"q4k_nb_kdr4"}
+    assert records.check_data(root) == (3, [])

@@ -56,7 +56,7 @@ def kdr_sweep(shapes, nts, repeats: int = 10, run=None, seed: int = 0, progress=
                     y = cp.full((ntg, od), np.nan, cp.float32)
                     gpu.gemm(w, planes[ntg], fam, out=y, **{k: v for k, v in params.items() if k != "STRIDE"})
                     x_host = cp.asnumpy(xs[ntg])
-                    tok = np.sort(rng.choice(ntg, size=min(ntg, 24), replace=False))
+                    tok = cases.gate_tokens(rng, ntg)
                     gate = cases.check(y, cases.references(w_raw, qtype, x_host, tok),
                                        f"{info['kernel']} od={od} id={id_}")
                     for nt in nts:
@@ -92,11 +92,7 @@ def bench_q4k(shapes, nts, variant: str = PLAN["q4k_variant"], repeats: int = 20
         w = gpu.QWeight.upload(w_raw, "q4_K")
         w16 = gpu.dequant_f16(w)
         for nt in nts:
-            x = rng.standard_normal((nt, id_)).astype(np.float32)
-            xg = cp.asarray(x)
-            x16 = xg.astype(cp.float16)
-            y = cp.full((nt, od), np.nan, cp.float32)
-            tokens = np.sort(rng.choice(nt, size=min(nt, 24), replace=False))
+            x, xg, x16, y, tokens = cases.point_inputs(rng, nt, od, id_)
             fn = cases.launchers(w, xg, y, [v])[v.name]
             g = cases.gate_launch(fn, y, cases.references(w_raw, "q4_K", x, tokens),
                                   f"{v.name} at nt={nt} od={od} id={id_}", run, v.name)
