@@ -35,8 +35,8 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from . import attention, gpu
-from .arch import ModelConfig, config_from_model, global_tensors, layer_tensors
 from .kernels import registry
+from .arch import ModelConfig, config_from_model, global_tensors, layer_tensors
 from .trace import NullTracer
 
 KQUANT = ("q4_K", "q6_K")
