@@ -34,6 +34,22 @@ def synthetic_weights(qtype: str, od: int, id_: int, rng, base_rows: int = 256) 
     return np.ascontiguousarray(np.tile(base, (reps, 1))[:od])
 
 
+def gate_tokens(rng, nt: int, n: int = 24) -> np.ndarray:
+    """The tokens a gate checks: ``min(nt, n)`` distinct rows of the activations, drawn from ``rng``, sorted."""
+    return np.sort(rng.choice(nt, size=min(nt, n), replace=False))
+
+
+def point_inputs(rng, nt: int, od: int, id_: int) -> tuple:
+    """A timed point's inputs, drawn from ``rng``: (x float32 [nt, id] on the host, x on the device, its fp16 copy,
+    a NaN-filled float32 output [nt, od], the gate's tokens)."""
+    from . import gpu
+
+    cp = gpu.cp()
+    x = rng.standard_normal((nt, id_)).astype(np.float32)
+    xg = cp.asarray(x)
+    return x, xg, xg.astype(cp.float16), cp.full((nt, od), np.nan, cp.float32), gate_tokens(rng, nt)
+
+
 def references(w_raw, qtype: str, x, tokens=None, stride: int | None = None, f64: str = "required") -> dict:
     """Both references of the gate, once per (weights, inputs): the exact integer one and the float64
     dequantized one of the GGUF rows ``w_raw`` (block ``stride``) on the ``tokens`` of ``x`` (all when None).
@@ -144,7 +160,7 @@ class Case:
 
     def gate(self, f64: str = "optional") -> dict:
         """Gate one launch's output on 24 random tokens (all rows); returns the gate (``ok`` may be False)."""
-        tokens = np.sort(self.rng.choice(self.nt, size=min(self.nt, 24), replace=False))
+        tokens = gate_tokens(self.rng, self.nt)
         self.y.fill(np.nan)
         self.fn()
         return gate(self.y, references(self.w_raw, self.qtype, self.x, tokens, f64=f64))

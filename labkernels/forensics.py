@@ -154,7 +154,7 @@ def run_forensics(out_dir, cases=None, metrics_set: str = "full", record: bool =
                   ncu: str | None = None, warmup: int = 2, repeats: int = 0, ab_pairs: int = 5, ab_repeats: int = 20,
                   noise_floor: float = 0.005, parity: bool = True, timeout: int = 600, progress=print) -> dict:
     """The whole round on the GPU machine. ``out_dir`` gets ``ncu-query-metrics.txt.gz``, ``ncu-raw.txt``
-    (every case's raw ncu output) and, with ``record``, the run under ``out_dir/data/forensics/``.
+    (every case's raw ncu output) and, with ``record``, the run under ``out_dir/data/06_counter_forensics/``.
 
     Per case: one ncu process over :mod:`labkernels.forensics_driver` (``warmup`` launches, the first
     parity-gated, then the profiled one; ``repeats`` CUDA-event-timed launches in between are off by

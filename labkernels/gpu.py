@@ -472,7 +472,7 @@ def _choose_cached(qtype, nt, od, id_, cc):
 
 
 def _choose(qtype: str, nt: int, od: int, id_: int, table=None, cc: int | None = None) -> Choice:
-    """The ``auto`` choice: the fastest family recorded by round 7 (data/wgmma, latest complete run) at the
+    """The ``auto`` choice: the fastest family recorded by round 7 (``wgmma`` runs, data/07_wgmma_kquant/, latest complete) at the
     nearest recorded (od, id) shape class (log distance) and nearest nt, among those that run on this device;
     without a recorded run, a stated rule. Always says why."""
     from . import wgmma
@@ -499,7 +499,7 @@ def _choose(qtype: str, nt: int, od: int, id_: int, table=None, cc: int | None =
 
 
 def _with_sweep_variant(ch: Choice, qtype: str, nt: int, od: int, id_: int, table=None) -> Choice:
-    """An int8 family's variant from the recorded Dask sweeps (data/sweeps: best variant per GPU model, qtype,
+    """An int8 family's variant from the recorded Dask sweeps (``sweeps`` runs, data/08_dask_sweeps/: best variant per GPU model, qtype,
     shape class and nt, ranked inside each task's interleaved pairs) when one covers this GPU model, family and
     shape class; the family's registry default otherwise. Which one is said in the reason."""
     from . import sweep

@@ -47,7 +47,7 @@ QKV = ("attn_q", "attn_k", "attn_v")
 class PrefillOptions:
     kernel: str = "auto"              # gpu.qmatmul's kernel for every q4_K / q6_K weight
     q6k_variant: dict = None          # template params of q6k_expb when the int8 family runs (default: gpu.gemm's)
-    q4k_kdr: int = 8                  # q4k_nb staging depth when the int8 family runs (round 4's best)
+    q4k_kdr: int = registry.default_variant("q4k_nb").p["KDR"]   # q4k_nb staging depth when the int8 family runs
     attn_f16: bool = False            # fp16 QK^T / PV (faster) instead of fp32
     fuse_f16: bool = True             # the norm / activation / attention feeding only wgmma_kq GEMMs writes fp16
                                       # itself (no separate f32 -> f16 pass; the same values)

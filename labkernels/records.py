@@ -1,13 +1,21 @@
 """Recorded runs: GPU measurements are data, append-only, with run ids and provenance.
 
-Layout (one folder per round, never rewritten by later runs)::
+Layout (one folder per round, named after its notebook, never rewritten by later runs)::
 
-    data/<round>/<run_id>.json            metadata: run id, round, status, provenance, params, summary
-    data/<round>/<run_id>.<table>.csv     tables, rows appended as the run goes (a sweep that dies
+    data/<folder>/<run_id>.json           metadata: run id, round (the run's series), status, provenance, params,
+                                          summary
+    data/<folder>/<run_id>.<table>.csv    tables, rows appended as the run goes (a sweep that dies
                                           half-way keeps the points it finished)
 
-    data/<round>/<run_id>.manifest        written last, atomically, by :meth:`Run.finish`: the sha256 and
+    data/<folder>/<run_id>.manifest       written last, atomically, by :meth:`Run.finish`: the sha256 and
                                           size of the metadata and of every table, and each table's row count
+
+A run belongs to a *series* (``q6k``, ``kdr_sweep``, ``wgmma``, ...: the ``round`` its metadata names, and the
+name every caller records and reads it by); the series' folder is :func:`folder` (the one table,
+``labkernels.rounds.FOLDERS``: ``q6k`` -> ``03_q6k_expanded_b``). A round's folder holds the runs of its series
+side by side (round 4's ``kdr_sweep`` and ``q4k``): a reader by series sees only its own. Runs recorded before
+the folders were named after their rounds (``data/q6k/``...) are moved with :func:`migrate` (``labkernels
+migrate-data``), bytes unchanged: their metadata still names the series, which resolves to the new folder.
 
 A run id is ``<UTC yyyymmddThhmmssZ>-<gpu or cpu>-<commit10>``, so ids sort by time. A run's files
 are written only while it runs (status ``running``); once ``complete`` or ``failed`` they are frozen:
@@ -36,6 +44,7 @@ import os
 import re
 import shutil
 import tempfile
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,20 +68,29 @@ def data_root() -> Path:
     return Path(os.environ.get("LABKERNELS_DATA_DIR", DATA_DIR))
 
 
+def folder(series: str) -> str:
+    """The data folder of a run series (``labkernels.rounds.FOLDERS``: a legacy folder name -> its round's folder;
+    any other name is its own folder)."""
+    from .rounds import FOLDERS
+
+    return FOLDERS.get(series, series)
+
+
 def _slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "", s or "")[:16] or "x"
 
 
 @dataclass
 class Run:
-    round: str
+    round: str           # the run's series (its metadata's "round")
     run_id: str
     root: Path
     meta: dict
+    folder: str | None = None   # the folder it lies in (default: its series' folder, :func:`folder`)
 
     @property
     def dir(self) -> Path:
-        return self.root / self.round
+        return self.root / (self.folder or folder(self.round))
 
     @property
     def meta_path(self) -> Path:
@@ -172,7 +190,7 @@ def new_run(round_name: str, params: dict | None = None, root: Path | None = Non
     prov = provenance.collect(params)
     dev = _slug(prov["gpu"]["name"].replace("NVIDIA", "")) if prov.get("gpu") else "cpu"
     run_id = f"{prov['date'].replace('-', '').replace(':', '')}-{dev.lower()}-{provenance.short_commit()[:10]}"
-    d = root / round_name
+    d = root / folder(round_name)
     d.mkdir(parents=True, exist_ok=True)
     base, n = run_id, 1
     while (d / f"{run_id}.json").exists():
@@ -202,20 +220,25 @@ def recording(round_name: str, params: dict | None = None, root: Path | None = N
 
 
 def list_runs(round_name: str, root: Path | None = None, status: str | None = "complete") -> list[Run]:
-    """The runs of a round (``status=None``: all of them), oldest first. Every finished run is verified
-    against its manifest first (:func:`verify_run`): a tampered or incomplete one raises RecordError."""
+    """The runs of a series (``status=None``: all of them), oldest first, from its folder (:func:`folder`; a
+    folder's name lists every run in it). Every finished run is verified against its manifest first
+    (:func:`verify_run`): a tampered or incomplete one raises RecordError."""
     root = Path(root) if root else data_root()
-    d = root / round_name
+    d = root / folder(round_name)
     runs = []
     if not d.is_dir():
         return runs
     for p in sorted(d.glob("*.json")):
         meta = _read_meta(p)
+        series = meta.get("round") or d.name
+        if round_name != d.name and series != round_name:
+            continue            # another series of the round's folder
+        run = Run(series, meta["run_id"], root, meta, folder=d.name)
         if meta.get("status") in FINISHED:
-            verify_run(Run(round_name, meta["run_id"], root, meta))
+            verify_run(run)
         if status and meta.get("status") != status:
             continue
-        runs.append(Run(round_name, meta["run_id"], root, meta))
+        runs.append(run)
     return sorted(runs, key=lambda r: r.run_id)
 
 
@@ -368,14 +391,16 @@ def validate_run(meta_path) -> Run:
     meta = _read_meta(p)
     if not RUN_ID_RX.match(meta["run_id"]):
         raise RecordError(f"{p}: run_id {meta['run_id']!r} is not a run id (UTC-time-device-commit)")
-    if meta.get("round") not in (None, p.parent.name):
-        raise RecordError(f"{p}: run of round {meta.get('round')!r} filed under {p.parent.name!r}")
+    series = meta.get("round")
+    if series not in (None, p.parent.name) and folder(series) != p.parent.name:
+        raise RecordError(f"{p}: run of round {series!r} filed under {p.parent.name!r} (its folder is "
+                          f"{folder(series)!r})")
     if meta.get("status") not in FINISHED:
         raise RecordError(f"{p}: run {meta['run_id']} is {meta.get('status')!r}: it never finished")
     for key in ("provenance", "tables"):
         if key not in meta:
             raise RecordError(f"{p}: run metadata has no {key!r}")
-    return verify_run(Run(p.parent.name, meta["run_id"], p.parent.parent, meta))
+    return verify_run(Run(series or p.parent.name, meta["run_id"], p.parent.parent, meta, folder=p.parent.name))
 
 
 def _scan(root: Path, strict_top: bool) -> tuple[list[Path], list[str]]:
@@ -413,6 +438,8 @@ def check_data(root: Path | None = None) -> tuple[int, list[str]]:
     if not root.is_dir():
         return 0, [f"{root}: no such data folder"]
     metas, problems = _scan(root, strict_top=False)
+    problems += [f"{d}: a folder of the old layout; its runs belong in {d.parent / folder(d.name)} (run `labkernels "
+                 f"migrate-data --root {root}`)" for d in legacy_folders(root)]
     for m in metas:
         try:
             validate_run(m)
@@ -428,7 +455,7 @@ def seal_runs(root: Path | None = None) -> list[Path]:
     sealed = []
     for m in _scan(root, strict_top=False)[0]:
         meta = _read_meta(m)
-        run = Run(m.parent.name, meta["run_id"], root, meta)
+        run = Run(meta.get("round") or m.parent.name, meta["run_id"], root, meta, folder=m.parent.name)
         if meta.get("status") in FINISHED and not run.manifest_path.exists():
             sealed.append(write_manifest(run, sealed_later=True))
     return sealed
@@ -436,7 +463,8 @@ def seal_runs(root: Path | None = None) -> list[Path]:
 
 def import_runs(src: Path, dest: Path | None = None) -> list[str]:
     """Copy recorded runs from a GPU machine's results folder (its ``data/``) into ``dest`` (default: the
-    data root, ``LABKERNELS_DATA_DIR`` or data/). Returns the copied files, relative to dest.
+    data root, ``LABKERNELS_DATA_DIR`` or data/), each into its series' folder (:func:`folder`: a source tree
+    written with the old folder names lands in the round folders). Returns the copied files, relative to dest.
 
     All or nothing, and never overwriting: the source must hold only runs (a file that is not part of a run,
     e.g. ``env.json`` of a results root, is refused); every run is validated whole (:func:`validate_run`) and
@@ -461,11 +489,17 @@ def import_runs(src: Path, dest: Path | None = None) -> list[str]:
     if not runs:
         raise RecordError(f"{src}: no recorded runs (<round>/<run_id>.json) to import")
     plan = []  # (run, names to copy)
+    ids = {}
+    for run in runs:                   # two source folders of one round (old names) with one run id
+        other = ids.setdefault((folder(run.round), run.run_id), run)
+        if other is not run:
+            raise RecordError(f"{run.meta_path} and {other.meta_path} are both run {run.run_id} of folder "
+                              f"{folder(run.round)!r} (nothing was imported)")
     for run in runs:
         names = [p.name for p in _run_files(run)] + [run.manifest_path.name]
         todo = []
         for n in names:
-            target = dest / run.round / n
+            target = dest / folder(run.round) / n
             if target.exists():
                 if _sha256(target) != _sha256(run.dir / n):
                     raise RecordError(f"{target} exists with different content: recorded runs are append-only "
@@ -476,7 +510,7 @@ def import_runs(src: Path, dest: Path | None = None) -> list[str]:
             plan.append((run, todo))
     copied = []
     for run, todo in plan:
-        d = dest / run.round
+        d = dest / folder(run.round)
         d.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=d, prefix=f".import-{run.run_id}-"))
         try:
@@ -497,10 +531,97 @@ def import_runs(src: Path, dest: Path | None = None) -> list[str]:
                     if (d / n).exists():
                         raise RecordError(f"{d / n} appeared during the import") from None
                     os.rename(tmp / n, d / n)
-                copied.append(f"{run.round}/{n}")
+                copied.append(f"{d.name}/{n}")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return copied
+
+
+# ------------------------------------------------------------------------------------------------ migration
+def legacy_folders(root: Path | None = None) -> list[Path]:
+    """The folders under root named after a series whose runs now live in a round's folder (``data/q6k``...)."""
+    from .rounds import FOLDERS
+
+    root = Path(root) if root else data_root()
+    return [root / k for k, v in FOLDERS.items() if k != v and (root / k).is_dir()]
+
+
+def _git_toplevel(path: Path) -> Path | None:
+    try:
+        r = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    except FileNotFoundError:
+        return None
+    return Path(r.stdout.strip()) if r.returncode == 0 else None
+
+
+def _git(top: Path, *args) -> str:
+    r = subprocess.run(["git", "-C", str(top), *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RecordError(f"git {' '.join(args[:2])} failed: {r.stderr.strip()}")
+    return r.stdout
+
+
+def migrate(root: Path | None = None) -> list[tuple[str, str, str]]:
+    """Move every file of the legacy folders under root (:func:`legacy_folders`) into its round's folder, bytes
+    unchanged: ``git mv`` for files git tracks (root inside a git work tree: the commit shows 100% renames), a
+    plain rename otherwise; a file already in the round folder with the same bytes is dropped from the legacy one
+    (``git rm`` if tracked). All or nothing: every move is planned and checked first -- a differing file already
+    in the target, or an entry that is not a plain file, refuses the whole migration naming it. Emptied legacy
+    folders are removed. Idempotent: a second call finds nothing to move. Returns [(from, to, how)] relative to
+    root, how = "git mv" | "move" | "git rm (identical)" | "drop (identical)"."""
+    root = Path(root) if root else data_root()
+    plan, problems, planned = [], [], {}      # planned: target -> the legacy file moving there
+    for src_dir in legacy_folders(root):
+        dst_dir = root / folder(src_dir.name)
+        for f in sorted(src_dir.iterdir()):
+            if not f.is_file() or f.is_symlink():
+                problems.append(f"{f}: not a plain file (a recorded run is files only): move it away first")
+                continue
+            t = dst_dir / f.name
+            first = planned.setdefault(t, f)
+            if first is not f:                 # two old folders of one round hold the same file name
+                if _sha256(first) != _sha256(f):
+                    problems.append(f"{f} and {first} would both become {t}, with different content")
+                plan.append((f, t, True))
+                continue
+            if t.exists() and (not t.is_file() or _sha256(t) != _sha256(f)):
+                problems.append(f"{t} exists with different content from {f}: recorded runs are append-only")
+            plan.append((f, t, t.exists()))
+    if problems:
+        raise RecordError("refusing to migrate (nothing was moved): " + "; ".join(problems))
+    if not plan:
+        for d in legacy_folders(root):      # an empty legacy folder
+            d.rmdir()
+        return []
+    top = _git_toplevel(root)
+    tracked = set()
+    if top is not None:
+        out = _git(top, "ls-files", "-z", "--", *[str(d.resolve()) for d in legacy_folders(root)])
+        tracked = {(top / n).resolve() for n in out.split("\0") if n}
+    git = {f: f.resolve() in tracked for f, _, _ in plan}
+    for src_dir in legacy_folders(root):
+        (root / folder(src_dir.name)).mkdir(exist_ok=True)
+    moves = [(f, t) for f, t, same in plan if not same]
+    drops = [f for f, t, same in plan if same]
+    for dst_dir in sorted({t.parent for f, t in moves if git[f]}):
+        srcs = [str(f.resolve()) for f, t in moves if git[f] and t.parent == dst_dir]
+        for i in range(0, len(srcs), 200):      # keep command lines short
+            _git(top, "mv", "--", *srcs[i:i + 200], str(dst_dir.resolve()) + "/")
+    for f, t in moves:
+        if not git[f]:
+            os.rename(f, t)
+    if any(git[f] for f in drops):
+        _git(top, "rm", "-q", "--", *[str(f.resolve()) for f in drops if git[f]])
+    for f in drops:
+        if f.exists():
+            f.unlink()
+    done = [(str(f.relative_to(root)), str(t.relative_to(root)),
+             ("git rm (identical)" if git[f] else "drop (identical)") if same else ("git mv" if git[f] else "move"))
+            for f, t, same in plan]
+    for d in {f.parent for f, _, _ in plan}:
+        with contextlib.suppress(OSError):
+            d.rmdir()
+    return done
 
 
 # ------------------------------------------------------------------------------------------------ command line
@@ -521,9 +642,23 @@ def check_data_main(args) -> int:
     return 0
 
 
+def migrate_main(args) -> int:
+    root = Path(args.root) if args.root else data_root()
+    done = migrate(root)
+    for a, b, how in done:
+        print(f"{how}: {a} -> {b}")
+    print(f"migrate-data: {len(done)} file(s) moved into the round folders under {root}" if done else
+          f"migrate-data: nothing to move under {root}")
+    return 0
+
+
 def register_cli(sub) -> None:
     p = sub.add_parser("check-data", help="verify every recorded run under the data folder against its manifest")
     p.add_argument("--root", default=None, help="data folder (default $LABKERNELS_DATA_DIR or data/)")
     p.add_argument("--seal", action="store_true",
                    help="first write manifests for finished runs that have none (runs recorded before manifests)")
     p.set_defaults(func=check_data_main)
+    m = sub.add_parser("migrate-data", help="move runs of the old per-series folders (data/q6k, ...) into the round "
+                       "folders (data/03_q6k_expanded_b, ...): git mv, bytes unchanged, idempotent")
+    m.add_argument("--root", default=None, help="data folder (default $LABKERNELS_DATA_DIR or data/)")
+    m.set_defaults(func=migrate_main)

@@ -72,8 +72,8 @@ NOTEBOOK_ROUND = "sweep_notebooks"
 SUMMARY_ROUND = "sweeps"
 EVENT_TOPIC = "labkernels-sweep"
 
-#: GEMM families a bench task can time, with the weight type they take
-FAMILY_QTYPE = {"q6k_expb": "q6_K", "q4k_nb": "q4_K", "q6k_generic": "q6_K"}
+#: GEMM families a bench task can time (the int8 families of the registry's named variants), with their weight type
+FAMILY_QTYPE = {v.family: v.qtype for v in registry.VARIANTS.values()}
 BENCH_KEYS = {"backend", "family", "qtype", "variants", "od", "id", "shapes", "nt", "repeats", "pairs", "warmup",
               "seed", "fault"}
 NOTEBOOK_KEYS = {"round", "params"}
@@ -461,7 +461,7 @@ def run_bench(spec: dict, run, ident: dict, key: str = "", sweep_id: str = "") -
     rng = np.random.default_rng(spec["seed"] or None)
     w_raw = cases.synthetic_weights(qtype, od, id_, rng)
     x = rng.standard_normal((nt, id_)).astype(np.float32)
-    tokens = np.sort(rng.choice(nt, size=min(nt, 24), replace=False))
+    tokens = cases.gate_tokens(rng, nt)
     # both references once per point (all variants share weights and inputs), every variant gated on them
     refs = cases.references(w_raw, qtype, x, tokens)
     be.prepare(w_raw, x)
@@ -590,16 +590,17 @@ def _write_meta(p: Path, meta: dict) -> None:
 
 def _annotate_and_dedupe(staged: Path, dest: Path, sweep: dict, role: str) -> list[tuple[str, str]]:
     """Add provenance.sweep to every staged run and give it an id free in ``dest`` (runs recorded at the
-    same second on two GPUs of one model would share one); returns [(round, run_id)]."""
+    same second on two GPUs of one model would share one); returns [(series, run_id)]."""
     out = []
     for mp in sorted(staged.glob("*/*.json")):
         meta = _read_meta(mp)
-        rnd, rid = mp.parent.name, meta["run_id"]
+        rnd, rid = mp.parent.name, meta["run_id"]          # rnd: the folder; the run's series is meta["round"]
+        series = meta.get("round") or rnd
         if meta.get("status") not in ("complete", "failed"):
             raise SweepError(f"staged run {rnd}/{rid} is {meta.get('status')!r}: only finished runs are merged")
         meta.setdefault("provenance", {})["sweep"] = {**sweep, "role": role}
         new, n = rid, 1
-        while (dest / rnd / f"{new}.json").exists():
+        while (dest / records.folder(series) / f"{new}.json").exists():
             n += 1
             new = f"{rid}-{n}"
         if new != rid:
@@ -610,8 +611,8 @@ def _annotate_and_dedupe(staged: Path, dest: Path, sweep: dict, role: str) -> li
         _write_meta(mp, meta)
         # the run's metadata changed (provenance.sweep, maybe its id): seal it again, so the validated import
         # (records.import_runs: manifest, sha256, rows) checks what is merged
-        records.write_manifest(records.Run(rnd, new, staged, meta))
-        out.append((rnd, new))
+        records.write_manifest(records.Run(series, new, staged, meta, folder=rnd))
+        out.append((series, new))
     return out
 
 
@@ -1160,12 +1161,15 @@ def plan_path(name: str) -> Path:
                     f"in {PLANS_DIR.name}/")
 
 
+def ran_on_gpu(summary) -> bool:
+    """Whether a sweep summary run's tasks ran on GPUs (its ``tasks`` table names a GPU)."""
+    t = summary.table("tasks")
+    return bool("gpu_name" in t and t.gpu_name.notna().any())
+
+
 def latest_summary(root=None, gpu: bool = True):
     """The most recent sweep summary run whose tasks ran on GPUs (``gpu=False``: on CPU workers only)."""
-    def on_gpu(r):
-        t = r.table("tasks")
-        return bool("gpu_name" in t and t.gpu_name.notna().any()) == gpu
-    return records.latest(SUMMARY_ROUND, root, where=on_gpu)
+    return records.latest(SUMMARY_ROUND, root, where=lambda r: ran_on_gpu(r) == gpu)
 
 
 def sweep_report(summary_run: str | None = None, root=None) -> dict:
@@ -1174,7 +1178,7 @@ def sweep_report(summary_run: str | None = None, root=None) -> dict:
     root = Path(root) if root else records.data_root()
     run = records.load(SUMMARY_ROUND, summary_run, root) if summary_run else records.latest(SUMMARY_ROUND, root)
     if run is None:
-        raise records.RecordError(f"no complete sweep summary under {root / SUMMARY_ROUND}")
+        raise records.RecordError(f"no complete sweep summary under {root / records.folder(SUMMARY_ROUND)}")
     tasks = run.table("tasks")
     cov = (tasks.assign(n=1).pivot_table(index="kind", columns="status", values="n", aggfunc="sum", fill_value=0)
            .reindex(columns=["complete", "skipped", "failed"], fill_value=0))

@@ -77,7 +77,7 @@ def record(run, old_dir: Path, pairs: int = 5, repeats: int = 20, progress=print
     for variant, od, id_, nt in cases_:
         c = cases.Case(variant, nt, od, id_, seed=nt + od)
         old_fn = cases.launchers(c.w, cp.asarray(c.x), c.y, [variant], kernels_dir=old_dir)[variant]
-        tokens = np.sort(c.rng.choice(nt, size=min(nt, 24), replace=False))
+        tokens = cases.gate_tokens(c.rng, nt)
         refs = cases.references(c.w_raw, c.qtype, c.x, tokens)
         for build, fn in (("old", old_fn), ("new", c.fn)):
             cases.gate_launch(fn, c.y, refs, f"{build} {variant} {od}x{id_} nt={nt}", run, f"{build}:{variant}")

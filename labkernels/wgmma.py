@@ -510,8 +510,10 @@ def variant_name(BN: int, STAGES: int, SCL: int, SK: int = 0) -> str:
 def variant_params(variant: str, qtype: str) -> tuple[str, dict]:
     """A benchmark variant name -> (family, template params): 'wgmma_bn128_s4_scl0' / 'int8_q4k_nb'."""
     if variant.startswith("int8_"):
+        from .gpu import _int8_default      # the registry's default int8 variant of the type
+
         fam = variant[5:]
-        f, p = INT8_FAMILY[qtype]
+        f, p = _int8_default(qtype)
         return fam, (dict(p) if f == fam else {})
     m = _VARIANT.match(variant)
     if not m:
@@ -722,7 +724,6 @@ def int8_path_error(w_raw: np.ndarray, qtype: str, x: np.ndarray) -> dict:
 #: the four 7B shapes of the issue (od x id) and the token counts of the nt sweep
 SHAPES = ((4096, 4096), (11008, 4096), (4096, 11008), (4096, 14336))
 NTS = (64, 128, 256, 512, 1024, 2048, 4096)
-INT8_FAMILY = {"q4_K": ("q4k_nb", {"KDR": 8}), "q6_K": ("q6k_expb", {"KDR": 4, "EPI": 0, "OCC": 2})}
 
 
 def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, None, 1), (256, 4, None, 0)), pairs: int = 3,
@@ -754,13 +755,9 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
                                             "bytes": w.nbytes, "gguf_bytes": int(raw.nbytes),
                                             "bits_per_weight": 8 * w.nbytes / (od * id_)})
             w16 = gpu.dequant_f16(wq)
-            fam, fpar = INT8_FAMILY[qtype]
+            fam, fpar = gpu._int8_default(qtype)
             for nt in nts:
-                x = rng.standard_normal((nt, id_)).astype(np.float32)
-                xg = cp.asarray(x)
-                x16 = xg.astype(cp.float16)
-                y = cp.full((nt, od), np.nan, cp.float32)
-                tok = np.sort(rng.choice(nt, size=min(nt, 24), replace=False))
+                x, xg, x16, y, tok = cases.point_inputs(rng, nt, od, id_)
                 vs = {}
                 for v in variants:
                     bn, st, scl, sk = (tuple(v) + (0,))[:4]

@@ -20,11 +20,12 @@ seed = 0                               # random seed; 0: a fresh seed each run (
 # %%
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
 from labkernels import layout, quants, report, provenance, plotting
-from labkernels.rounds import r01_layout
+from labkernels.rounds import open_round, r01_layout
 from labkernels.model import open_model, default_model_path
 report.setup()
-mode = report.resolve_mode("cpu")
-report.banner(mode)
+r1 = open_round("01", "cpu")
+mode = r1.mode
+r1.banner()
 seed = seed or int(np.random.SeedSequence().entropy % 2**32)
 rng = np.random.default_rng(seed)
 model_path = model_path or default_model_path()

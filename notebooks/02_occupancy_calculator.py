@@ -22,9 +22,11 @@ import shutil
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
 from labkernels import occupancy as occ, report, provenance, records, plotting
 from labkernels.kernels import registry
+from labkernels.rounds import open_round
 report.setup()
-mode = report.resolve_mode("cpu")
-report.banner(mode, note="The CUDA-API cross-check table at the end replays a run recorded on the H200.")
+r2 = open_round("02", "cpu")
+mode = r2.mode
+r2.banner(note="The CUDA-API cross-check table at the end replays a run recorded on the H200.")
 
 # %% [markdown]
 # ## The seeds' GB10 statements, reproduced from the GB10 profile

@@ -28,28 +28,11 @@ import json
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
 from labkernels import report, records, plotting
 report.setup()
-mode = report.resolve_mode(mode, "decompose")
-if mode == "measure":
-    from labkernels import prefill_cli
-    from labkernels.decompose import record_decomposition
-    from labkernels.model import default_model_path
-    from labkernels.prefill import GpuModel, PrefillOptions
-    spec = "synthetic-7b" if model == "synthetic-7b" else str(default_model_path())
-    m = prefill_cli.load_model(spec); gm = GpuModel(m, opts=PrefillOptions(attn_f16=(model == "synthetic-7b")))
-    toks = prefill_cli.prompt_tokens(m, nt)
-    with records.recording("decompose", {"model": model, "nt": len(toks), "attn_f16": model == "synthetic-7b"}) as run:
-        record_decomposition(run, gm, toks, repeats=repeats, timeline_layer=timeline_layer)
-
-def same_case(r):
-    return r.meta["params"].get("model") == model and r.meta["params"].get("nt") == nt
-
-
-if mode != "measure":
-    run = records.latest("decompose", where=same_case)
-    if run is None:
-        raise RuntimeError(f"no recorded decomposition of {model} at nt={nt}")
-before = records.latest("decompose", where=lambda r: same_case(r) and r.run_id < run.run_id)
-report.banner(mode, run, note=f"Before: run {before.run_id}." if before is not None else "")
+from labkernels.rounds import open_round, r05_wall
+r5 = open_round("05", mode, model=model, nt=nt, repeats=repeats, timeline_layer=timeline_layer)
+mode, run = r5.mode, r5.run     # the decomposition of this model and nt: measured now, or the latest recorded
+before = records.latest("decompose", where=lambda r: r05_wall.same_case(r, r5.plan) and r.run_id < run.run_id)
+r5.banner(note=f"Before: run {before.run_id}." if before is not None else "")
 from labkernels import decompose, peers
 
 
@@ -226,7 +209,8 @@ for r_, role in shown:
                  "top lever": f"{q_.iloc[0]['class']}: -{q_.iloc[0].recoverable_ms:.1f} ms -> {q_.iloc[0].tok_s_ceiling:,.0f} tok/s" if len(q_) else "-"})
 display(report.table(pd.DataFrame(rows), {"wall_ms": "{:,.1f}", "busy_ms": "{:,.1f}", "tok/s": "{:,.0f}"}))
 n_all = len(records.list_runs("decompose"))
-print(f"{n_all} decompositions are recorded under data/decompose/ (`labkernels.records.list_runs('decompose')`); "
+print(f"{n_all} decompositions are recorded under data/{records.folder('decompose')}/ "
+      "(`labkernels.records.list_runs('decompose')`); "
       "this table shows the latest of each model and the run before this page's one.")
 
 # %% [markdown]

@@ -18,17 +18,10 @@ shape = "3328x4096x11008"   # nt x od x id: the shape the tables below focus on
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
 from labkernels import report, records, forensics, plotting
 report.setup()
-mode = report.resolve_mode(mode, "forensics")
-if mode == "measure":
-    import tempfile
-    from pathlib import Path
-    tmp = Path(tempfile.mkdtemp(prefix="lk-ncu-"))      # raw ncu output stays here; the run goes to data/
-    res = forensics.run_forensics(tmp, metrics_set=metrics_set, record=True)
-    records.import_runs(tmp / "data", records.data_root())
-    run = records.load("forensics", res["summary"]["run"])
-else:
-    run = records.latest("forensics")
-report.banner(mode, run)
+from labkernels.rounds import open_round
+r6 = open_round("06", mode, metrics_set=metrics_set)   # measure: ncu per case, the run imported into data/
+mode, run = r6.mode, r6.run
+r6.banner()
 pg, imma, fit = run.table("per_gmac"), run.table("imma_check"), run.table("fit")
 from labkernels.kernels import registry                 # older runs labelled q4k_nb_kdr4 "q4k_nb"
 pg = pg.assign(variant=pg.variant.map(registry.canonical))

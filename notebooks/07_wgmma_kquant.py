@@ -57,14 +57,10 @@ headline_nt = 4096          # nt of the headline figures
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
 from labkernels import report, records, plotting, wgmma, peers
 report.setup()
-mode = report.resolve_mode(mode, "wgmma")
-if mode == "measure":
-    plan = dict(wgmma.PLAN, shapes=shapes, nts=nts, qtypes=qtypes, pairs=pairs, repeats=repeats)
-    with records.recording("wgmma", plan) as run:
-        wgmma.record(run, plan)
-else:
-    run = records.latest("wgmma", where=lambda r: r.has("wgmma_bench"))
-report.banner(mode, run)
+from labkernels.rounds import open_round
+r7 = open_round("07", mode, shapes=shapes, nts=nts, qtypes=qtypes, pairs=pairs, repeats=repeats)
+mode, run = r7.mode, r7.run      # the benchmark run: measured now, or the latest recorded
+r7.banner()
 bench_df = run.table("wgmma_bench")
 summ = wgmma.summary(bench_df)
 med = wgmma.medians(bench_df)

@@ -2,20 +2,20 @@
 # # Round 8 — Dask sweeps: kernel-variant points fanned out over one worker per GPU, recorded like every run
 #
 # A kernel lab's heavy work is sweeps (round 4: KDR x epilogue x occupancy x nt; round 7: tiles, stages,
-# schedulers). `labkernels sweep PLAN.yaml --cluster local[:N] | local-cuda[:N] | tcp://ADDRESS` runs a plan's
-# tasks on Dask distributed: dask-cuda's `LocalCUDACluster` (one worker per GPU, pinned by
-# `CUDA_VISIBLE_DEVICES`, one thread, so two timings never share a GPU), a `LocalCluster` of processes on a CPU
-# machine, or a scheduler address. Each *bench* task parity-gates every variant of one point (qtype, od, id, nt)
-# against the exact references and times them in interleaved pairs on its GPU; each task records a run under
-# `data/sweep_bench/` through the same validated import as a single-GPU run (provenance: sweep id, host, GPU
-# index / UUID / clocks). A task that raises is retried on another worker, a dead worker's task is rescheduled,
-# both up to the plan's attempt limit; re-running a plan skips the task keys already recorded. The sweep ends
-# with a summary run in `data/sweeps/` (tables `tasks` and `best_variants`).
+# schedulers). `labkernels sweep PLAN.yaml --cluster local[:N] | local-cuda[:N] | tcp://ADDRESS` runs a plan's tasks
+# on Dask distributed: dask-cuda's `LocalCUDACluster` (one worker per GPU, pinned by `CUDA_VISIBLE_DEVICES`, one
+# thread, so two timings never share a GPU), a `LocalCluster` of processes on a CPU machine, or a scheduler address.
+# Each *bench* task parity-gates every variant of one point (qtype, od, id, nt) against the exact references and
+# times them in interleaved pairs on its GPU; each task records a run under `data/08_dask_sweeps/` (series
+# `sweep_bench`) through the same validated import as a single-GPU run (provenance: sweep id, host, GPU index / UUID
+# / clocks). A task that raises is retried on another worker, a dead worker's task is rescheduled, both up to the
+# plan's attempt limit; re-running a plan skips the task keys already recorded. The sweep ends with a summary run
+# beside them (series `sweeps`, tables `tasks` and `best_variants`).
 #
-# This page shows one sweep: **coverage**, **per-GPU timings**, **failures and retries**, the **best variant**
-# per (GPU model, qtype, shape class, nt), and the bar — **an H200 sweep of round-4 points through
-# `local-cuda` reproduces the serial numbers within the noise floor**: each point's sweep median against the
-# same kernel at the same shape in two serial round-4 runs (`data/kdr_sweep/`), whose disagreement with each
+# This page shows one sweep: **coverage**, **per-GPU timings**, **failures and retries**, the **best variant** per
+# (GPU model, qtype, shape class, nt), and the bar — **an H200 sweep of round-4 points through `local-cuda`
+# reproduces the serial numbers within the noise floor**: each point's sweep median against the same kernel at the
+# same shape in two serial round-4 runs (`kdr_sweep` runs in `data/04_kdr_sweep/`), whose disagreement with each
 # other is the noise floor. Logic: `labkernels/sweep.py` (plans in `labkernels/plans/`), tests
 # `tests/test_sweep.py`.
 
@@ -25,7 +25,7 @@ plan = "round4_kdr_h200"    # measure mode: a plan in labkernels/plans/ or a YAM
 cluster = "local-cuda"      # measure mode: local-cuda[:N] (one worker per GPU) | tcp://HOST:PORT
 force = False               # measure mode: run the plan's tasks already recorded again (else they are skipped)
 cpu_plan = "cpu_faults_demo"   # cpu mode: stand-in plan run on a LocalCluster of 2 processes (temporary data root)
-summary_run: "Optional[str]" = None   # replay: the data/sweeps/ run shown (default: the latest GPU sweep)
+summary_run: "Optional[str]" = None   # replay: the sweeps run shown (default: the latest GPU sweep)
 serial_runs = []            # kdr_sweep run ids to reproduce (default: the two latest on the sweep's GPU model)
 
 # %%
@@ -52,7 +52,7 @@ elif mode == "cpu":
 elif summary_run is None:
     latest = sweep.latest_summary()
     if latest is None:
-        raise report.ModeError("no GPU sweep summary under data/sweeps/: run `labkernels sweep PLAN --cluster "
+        raise report.ModeError("no GPU sweep summary under data/08_dask_sweeps/: run `labkernels sweep PLAN --cluster "
                                "local-cuda` on a GPU machine, or render this page with -p mode=cpu")
     summary_run = latest.run_id
 rep = sweep.sweep_report(summary_run, root=root)

@@ -290,11 +290,12 @@ def test_cli_plumbing():
 
     from labkernels import gpu_cli, prefill_cli
     from labkernels.prefill import PrefillOptions
+    from labkernels.rounds import r07_wgmma
 
     assert "attention" in gpu_cli.STEPS and callable(gpu_cli.step_attention)
-    for name, v in gpu_cli.PREFILL_VARIANTS.items():
+    for name, v in r07_wgmma.PREFILL_VARIANTS.items():
         PrefillOptions(**v)
-    assert gpu_cli.PREFILL_VARIANTS["auto-attn-baseline"]["attention"] == "baseline"
+    assert r07_wgmma.PREFILL_VARIANTS["auto-attn-baseline"]["attention"] == "baseline"
     p = argparse.ArgumentParser()
     sub = p.add_subparsers()
     prefill_cli.register_cli(sub)
@@ -309,7 +310,7 @@ def test_cli_plumbing():
 
 def test_gpu_check_attention_step_records(monkeypatch, tmp_path):
     """gpu-check's attention step end to end on the CPU shim (timings faked, the decomposition stubbed): the
-    attention run is complete under OUT/data/attention with the layouts, nts and the paths' availability."""
+    attention run is complete under OUT/data/05_wall_decomposition with the layouts, nts and the paths' availability."""
     import argparse
 
     from cpu_gpu_shim import install

@@ -197,12 +197,12 @@ def test_import_validates_whole_runs_and_is_all_or_nothing(tmp_path):
 def test_import_conflict_copies_nothing(tmp_path):
     out, runs = _gpu_results(tmp_path)
     dst = tmp_path / "dst"
-    (dst / "kdr_sweep").mkdir(parents=True)
-    clash = dst / "kdr_sweep" / runs[1].manifest_path.name
+    (dst / "04_kdr_sweep").mkdir(parents=True)
+    clash = dst / "04_kdr_sweep" / runs[1].manifest_path.name
     clash.write_text("{}")
     with pytest.raises(records.RecordError, match=rf"{re.escape(str(clash))} exists with different content"):
         records.import_runs(out / "data", dst)
-    assert not (dst / "q6k").exists() and sorted((dst / "kdr_sweep").iterdir()) == [clash]
+    assert not (dst / "03_q6k_expanded_b").exists() and sorted((dst / "04_kdr_sweep").iterdir()) == [clash]
 
 
 def test_import_missing_or_empty_source_fails(tmp_path):
@@ -226,7 +226,7 @@ def test_import_runs_cli(tmp_path, monkeypatch, capsys):
     assert records.latest("q6k").run_id == runs[0].run_id  # LABKERNELS_DATA_DIR was honoured
     assert cli.main(["check-data"]) == 0
     p = runs[0].table_path("t").name
-    f = tmp_path / "dd" / "q6k" / p
+    f = tmp_path / "dd" / "03_q6k_expanded_b" / p
     f.write_text(f.read_text().replace("1.5", "1.6"))
     assert cli.main(["check-data"]) == 1
     assert str(f) in capsys.readouterr().err

@@ -34,6 +34,23 @@ def test_gpu_int8_defaults_read_the_table():
     assert gpu._int8_default("q6_K") == ("q6k_expb", {"KDR": 4, "EPI": 0, "OCC": 2})
 
 
+def test_every_caller_takes_its_default_from_the_table(monkeypatch):
+    """Move q4_K's default to KDR=4 in the table: the int8 path of round 7's benchmark (and so ``auto``'s int8
+    rows) follows; the prefill's option starts at the table's value."""
+    import dataclasses
+
+    from labkernels import wgmma
+    from labkernels.prefill import PrefillOptions
+
+    assert PrefillOptions().q4k_kdr == registry.default_variant("q4k_nb").p["KDR"] == 8
+    assert wgmma.variant_params("int8_q6k_expb", "q6_K") == ("q6k_expb", {"KDR": 4, "EPI": 0, "OCC": 2})
+    v4, v8 = registry.VARIANTS["q4k_nb_kdr4"], registry.VARIANTS["q4k_nb_kdr8"]
+    monkeypatch.setitem(registry.VARIANTS, "q4k_nb_kdr4", dataclasses.replace(v4, default_for=v8.default_for))
+    monkeypatch.setitem(registry.VARIANTS, "q4k_nb_kdr8", dataclasses.replace(v8, default_for=()))
+    assert wgmma.variant_params("int8_q4k_nb", "q4_K") == ("q4k_nb", {"KDR": 4})
+    assert gpu._int8_default("q4_K") == ("q4k_nb", {"KDR": 4})
+
+
 def test_names_resolve_one_way():
     assert registry.resolve("q4k_nb").name == "q4k_nb_kdr8"                  # a family: its default variant
     assert registry.resolve("q4k_nb_kdr8").p == {"KDR": 8}

@@ -592,7 +592,7 @@ def test_recorded_h200_sweep_reproduces_the_serial_round4_runs():
     round-4 runs of the same GPU model, within their run-to-run noise floor."""
     summ = sweep.latest_summary()
     if summ is None:
-        pytest.skip("no GPU sweep recorded under data/sweeps/")
+        pytest.skip("no GPU sweep recorded under data/08_dask_sweeps/")
     rep = sweep.sweep_report(summ.run_id)
     pts = rep["points"]
     serial = sweep.serial_runs(pts)

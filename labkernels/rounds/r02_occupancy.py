@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 NOTEBOOK = "02_occupancy_calculator"
-DATA = ()            # the page is computed on the CPU; the API cross-check runs are under data/occupancy/
+DATA = ()            # the page is computed on the CPU; the API cross-check's ``occupancy`` runs
+                     # are under data/02_occupancy_calculator/
 PLAN = {}
 measure = None       # CPU page
 

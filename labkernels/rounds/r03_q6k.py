@@ -48,11 +48,7 @@ def bench_q6k(shapes, nts, variants=Q6K_VARIANTS, stride: int = 210, repeats: in
         w = gpu.QWeight.upload(w_raw, "q6_K", stride)
         w16 = gpu.dequant_f16(w)
         for nt in nts:
-            x = (rng.standard_normal((nt, id_))).astype(np.float32)
-            xg = cp.asarray(x)
-            x16 = xg.astype(cp.float16)
-            y = cp.full((nt, od), np.nan, cp.float32)
-            tokens = np.sort(rng.choice(nt, size=min(nt, 24), replace=False))
+            x, xg, x16, y, tokens = cases.point_inputs(rng, nt, od, id_)
             launch = cases.launchers(w, xg, y, vs)
             refs = cases.references(w_raw, "q6_K", x, tokens)
             variants_fn = {}

@@ -56,7 +56,7 @@ def kdr_sweep(shapes, nts, repeats: int = 10, run=None, seed: int = 0, progress=
                     y = cp.full((ntg, od), np.nan, cp.float32)
                     gpu.gemm(w, planes[ntg], fam, out=y, **{k: v for k, v in params.items() if k != "STRIDE"})
                     x_host = cp.asnumpy(xs[ntg])
-                    tok = np.sort(rng.choice(ntg, size=min(ntg, 24), replace=False))
+                    tok = cases.gate_tokens(rng, ntg)
                     gate = cases.check(y, cases.references(w_raw, qtype, x_host, tok),
                                        f"{info['kernel']} od={od} id={id_}")
                     for nt in nts:
@@ -76,7 +76,7 @@ def kdr_sweep(shapes, nts, repeats: int = 10, run=None, seed: int = 0, progress=
     return rows
 
 
-def bench_q4k(shapes, nts, variant: str = "q4k_nb_kdr4", repeats: int = 20, pairs: int = 3, run=None, seed: int = 0,
+def bench_q4k(shapes, nts, variant: str = PLAN["q4k_variant"], repeats: int = 20, pairs: int = 3, run=None, seed: int = 0,
               progress=print) -> list[dict]:
     """A q4_K raw-nibble variant vs cuBLAS fp16 on cached dequantized weights (and with the dequant)."""
     from .. import gpu
@@ -92,11 +92,7 @@ def bench_q4k(shapes, nts, variant: str = "q4k_nb_kdr4", repeats: int = 20, pair
         w = gpu.QWeight.upload(w_raw, "q4_K")
         w16 = gpu.dequant_f16(w)
         for nt in nts:
-            x = rng.standard_normal((nt, id_)).astype(np.float32)
-            xg = cp.asarray(x)
-            x16 = xg.astype(cp.float16)
-            y = cp.full((nt, od), np.nan, cp.float32)
-            tokens = np.sort(rng.choice(nt, size=min(nt, 24), replace=False))
+            x, xg, x16, y, tokens = cases.point_inputs(rng, nt, od, id_)
             fn = cases.launchers(w, xg, y, [v])[v.name]
             g = cases.gate_launch(fn, y, cases.references(w_raw, "q4_K", x, tokens),
                                   f"{v.name} at nt={nt} od={od} id={id_}", run, v.name)
@@ -118,7 +114,7 @@ def bench_q4k(shapes, nts, variant: str = "q4k_nb_kdr4", repeats: int = 20, pair
     return rows
 
 
-def record_q4k(run, shapes, nts, variant: str = "q4k_nb_kdr4", repeats: int = 20, pairs: int = 3,
+def record_q4k(run, shapes, nts, variant: str = PLAN["q4k_variant"], repeats: int = 20, pairs: int = 3,
                progress=print) -> list[dict]:
     """The q4_K benchmark into ``run``: parity-gated rows and the cuBLAS A/B pair ratios."""
     rows = bench_q4k([tuple(s) for s in shapes], nts, variant=variant, repeats=repeats, pairs=pairs, run=run,

@@ -1,5 +1,6 @@
 """Round 5 -- wall decomposition: a whole prefill taken apart launch by launch (``notebooks/05_wall_decomposition``):
-the GPU checks record prefill parity and throughput (``prefill`` runs) and the decompositions (``decompose``)."""
+the page measures or replays one decomposition (a ``decompose`` run of the plan's model and nt); the GPU checks record
+prefill parity and throughput (``prefill`` runs, the shared folder) and the decompositions of both models."""
 
 from __future__ import annotations
 
@@ -7,8 +8,47 @@ from pathlib import Path
 
 NOTEBOOK = "05_wall_decomposition"
 DATA = ("decompose", "prefill")
-PLAN = {"model": "synthetic-7b", "nt": 3325, "repeats": 3}
-measure = None       # not yet through open_round: the notebook still measures itself (see its first cell)
+PLAN = {"model": "synthetic-7b", "nt": 3325, "repeats": 3, "timeline_layer": 1}
+
+
+def same_case(run, plan) -> bool:
+    """A decomposition of the plan's model at its nt."""
+    p = run.meta.get("params") or {}
+    return p.get("model") == plan["model"] and p.get("nt") == plan["nt"]
+
+
+#: the page replays the latest decomposition of its plan's model and nt
+REPLAY_WHERE = {"decompose": same_case}
+
+
+#: the models round 5 decomposes (name -> the label its runs record)
+MODELS = {"synthetic-7b": "synthetic-7b", "7b": "synthetic-7b", "gemma-3-270m-q4_k_m": "gemma-3-270m-q4_k_m",
+          "gemma": "gemma-3-270m-q4_k_m"}
+
+
+def gpu_model(model: str, kernel: str = "auto", attention: str = "auto"):
+    """(model, GpuModel, label) of ``"synthetic-7b"`` / ``"7b"`` (attention inputs in fp16) or
+    ``"gemma-3-270m-q4_k_m"`` / ``"gemma"`` (the GGUF under data/models/, fp32 attention inputs)."""
+    from .. import prefill_cli
+    from ..model import default_model_path
+    from ..prefill import GpuModel, PrefillOptions
+
+    if model not in MODELS:
+        raise ValueError(f"round 5 decomposes {', '.join(MODELS)}, not {model!r}")
+    f16 = MODELS[model] == "synthetic-7b"
+    m = prefill_cli.load_model("synthetic-7b" if f16 else str(default_model_path()))
+    gm = GpuModel(m, opts=PrefillOptions(attn_f16=f16, kernel=kernel, attention=attention))
+    return m, gm, MODELS[model]
+
+
+def measure(run, progress=print, *, model, nt, repeats, timeline_layer) -> None:
+    """One decomposition of ``model`` at ``nt`` tokens into ``run`` (a new ``decompose`` run)."""
+    from .. import prefill_cli
+    from ..decompose import record_decomposition
+
+    m, gm, _ = gpu_model(model)
+    record_decomposition(run, gm, prefill_cli.prompt_tokens(m, nt), repeats=repeats, timeline_layer=timeline_layer,
+                         progress=progress)
 
 
 def step_prefill(out: Path, args) -> dict:
@@ -37,23 +77,18 @@ def decompose_models(out: Path, args, models) -> tuple[list, bool]:
 
     from .. import gpu, prefill_cli, records
     from ..decompose import record_decomposition
-    from ..model import default_model_path
-    from ..prefill import GpuModel, PrefillOptions
 
     ok = True
     runs = []
     attention = getattr(args, "attention", "auto")
-    specs = [(str(default_model_path()), False) if m == "gemma" else ("synthetic-7b", True) for m in models]
-    for spec, f16 in specs:
-        m = prefill_cli.load_model(spec)
-        gm = GpuModel(m, opts=PrefillOptions(attn_f16=f16, kernel=args.kernel, attention=attention))
+    for name in models:
+        m, gm, label = gpu_model(name, kernel=args.kernel, attention=attention)
         toks = prefill_cli.prompt_tokens(m, args.decompose_nt)
-        label = "synthetic-7b" if spec == "synthetic-7b" else "gemma-3-270m-q4_k_m"
         args.log(f"decompose {label}: attention {gm.attn.name} ({gm.attn.note})")
-        with records.recording("decompose", {"model": label, "nt": len(toks), "attn_f16": f16, "kernel": args.kernel,
-                                             "q6k_variant": gm.opts.q6k_variant or "gpu.gemm default",
-                                             "q4k_kdr": gm.opts.q4k_kdr, "attention_requested": attention,
-                                             **gm.attn.describe()}, root=out / "data") as run:
+        with records.recording(DATA[0], {"model": label, "nt": len(toks), "attn_f16": gm.opts.attn_f16,
+                                         "kernel": args.kernel, "q6k_variant": gm.opts.q6k_variant or "gpu.gemm default",
+                                         "q4k_kdr": gm.opts.q4k_kdr, "attention_requested": attention,
+                                         **gm.attn.describe()}, root=out / "data") as run:
             r = record_decomposition(run, gm, toks, progress=args.log)
         ok = ok and r["busy_wall"]["valid"]
         runs.append(run.run_id)
