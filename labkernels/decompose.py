@@ -144,6 +144,11 @@ def host_overhead_table(classes: pd.DataFrame, bw: dict) -> pd.DataFrame:
     return t.sort_values("busy_ms", ascending=False).reset_index(drop=True)
 
 
+#: graph mode: timed replays for the wall, traced replays for the busy (medians of each)
+GRAPH_WALL_REPEATS = 11
+GRAPH_BUSY_REPLAYS = 5
+
+
 def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, progress=print) -> dict:
     """Untraced wall timing, one traced prefill, class table, matched-shape cuBLAS references, queue.
 
@@ -156,7 +161,9 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
 
     cp = gpu.cp()
     n = len(tokens)
-    wall = timed_prefill(gm, tokens, repeats=repeats)
+    graph = gm.opts.graph is not False
+    # a replay is short: time more of them, so that wall - busy (a few % of the wall) is not the two medians' noise
+    wall = timed_prefill(gm, tokens, repeats=max(repeats, GRAPH_WALL_REPEATS) if graph else repeats)
     progress(f"prefill n={n} [{wall['mode']}]: wall {wall['wall_ms']:.1f} ms ({wall['tok_per_s']:.0f} tok/s)")
     with CuptiTracer() as tr:
         gm.forward(tokens, tracer=tr)
@@ -166,15 +173,22 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
     bw = busy_wall(df, wall["wall_ms"])
     bw["mode"] = wall["mode"]
     bw["busy_replay_ms"] = np.nan       # graph mode: the GPU busy of a traced replay (the same kernels, untagged)
+    bw["span_replay_ms"] = np.nan       # first launch's start to last launch's end of a traced replay
     if wall["mode"] == "graph":
-        with CuptiTracer() as trg:
-            gm.forward(tokens)
-            cp.cuda.runtime.deviceSynchronize()
-        if gm.last_mode != "graph":
-            raise RuntimeError("the traced replay ran eager")
-        recs_g = trg.records()[0]
-        if recs_g:
-            bw["busy_replay_ms"] = float(sum(r["duration_ns"] for r in recs_g)) / 1e6
+        busy, span = [], []
+        for _ in range(GRAPH_BUSY_REPLAYS):
+            with CuptiTracer() as trg:
+                gm.forward(tokens)
+                cp.cuda.runtime.deviceSynchronize()
+            if gm.last_mode != "graph":
+                raise RuntimeError("the traced replay ran eager")
+            recs_g = trg.records()[0]
+            if recs_g:
+                busy.append(sum(r["duration_ns"] for r in recs_g) / 1e6)
+                span.append((max(r["start"] + r["duration_ns"] for r in recs_g) - recs_g[0]["start"]) / 1e6)
+        if busy:
+            bw["busy_replay_ms"] = float(np.median(busy))
+            bw["span_replay_ms"] = float(np.median(span))
     t = class_table(df, ops, wall["wall_ms"], n)
     progress(f"busy {bw['busy_ms']:.1f} ms vs wall {bw['wall_ms']:.1f} ms (gap {100 * bw['gap_frac']:.1f}%), "
              f"{len(df)} launches, {t.shape[0]} classes")
