@@ -307,6 +307,85 @@ def compile_source(src: Path, specs, arch: str, kernels_dir: Path, *, nvcc: str 
     return res
 
 
+# ---------------------------------------------------------------------------------------------------- machine code A/B
+
+def elf_text_sections(blob: bytes) -> dict:
+    """{function name: its machine code} of a cubin (an ELF64 file): the bytes of every ``.text.<name>`` section.
+    Two builds whose sections are byte-identical run the same instructions, whatever their file offsets."""
+    import struct
+
+    if blob[:4] != b"\x7fELF" or blob[4] != 2:
+        raise AuditError("not an ELF64 cubin")
+    e_shoff, = struct.unpack_from("<Q", blob, 0x28)
+    e_shentsize, e_shnum, e_shstrndx = struct.unpack_from("<HHH", blob, 0x3A)
+
+    def sh(i):
+        name, _typ, _flags, _addr, off, size = struct.unpack_from("<IIQQQQ", blob, e_shoff + i * e_shentsize)
+        return name, off, size
+
+    _, str_off, str_size = sh(e_shstrndx)
+    names = blob[str_off:str_off + str_size]
+    out = {}
+    for i in range(e_shnum):
+        n, off, size = sh(i)
+        name = names[n:names.index(b"\0", n)].decode()
+        if name.startswith(".text."):
+            out[name[len(".text."):]] = blob[off:off + size]
+    return out
+
+
+def text_digests(kernels_dir, families, arch: str = "sm_90", *, nvcc: str | None = None) -> dict:
+    """{registry key: sha256 of its machine code} for every instantiation of ``families`` built from the sources in
+    ``kernels_dir`` (the registry's instantiations and -D constants; one nvcc call per source)."""
+    nvcc = nvcc or nvcc_path()
+    if not nvcc:
+        raise AuditError("nvcc not on PATH: the machine-code comparison needs the CUDA toolkit (no GPU)")
+    kdir = Path(kernels_dir)
+    specs = [k for k in registry.KERNELS if k.family in set(families)]
+    unknown = set(families) - {k.family for k in specs}
+    if unknown:
+        raise AuditError(f"no registry family {sorted(unknown)}")
+    out = {}
+    by_src: dict = {}
+    for k in specs:
+        by_src.setdefault(k.source, []).append(k)
+    for src, ks in by_src.items():
+        with tempfile.TemporaryDirectory(prefix="lk-text-") as td:
+            w = Path(td) / f"{Path(src).stem}__text.cu"
+            w.write_text(wrapper_source(kdir / src, ks))
+            cub = Path(td) / "k.cubin"
+            cmd = [nvcc, "-cubin", "-std=c++17", arch_flag(arch), f"-I{kdir.resolve()}", *registry.cuda_defines(),
+                   "-o", str(cub), str(w)]
+            r = subprocess.run(cmd, capture_output=True, text=True, cwd=td)
+            if r.returncode:
+                raise AuditError(f"{src} from {kdir} does not build:\n{r.stderr[-2000:]}")
+            text = elf_text_sections(cub.read_bytes())
+        for k in ks:
+            sym = [n for n in text if _demangled_matches(n, k)]
+            if len(sym) != 1:
+                raise AuditError(f"{k.key}: {len(sym)} functions in the cubin match its name expression")
+            out[k.key] = hashlib.sha256(text[sym[0]]).hexdigest()
+    return out
+
+
+def _demangled_matches(mangled: str, k) -> bool:
+    """Whether a mangled kernel name is k's instantiation: the template name and its integer arguments in order
+    (Itanium mangling: ``_Z<len><name>I Li<v>E ... E``; a non-template function has no ``I...E``)."""
+    prefix = f"_Z{len(k.template)}{k.template}"
+    if not mangled.startswith(prefix):
+        return False
+    m = re.match(r"I((?:Lin?\d+E)+)E", mangled[len(prefix):])
+    args = re.findall(r"Li(n?\d+)E", m.group(1)) if m else []
+    return args == [str(v).replace("-", "n") for _, v in k.params]
+
+
+def text_ab(old_dir, new_dir, families, arch: str = "sm_90") -> list[dict]:
+    """Machine code of two source trees, instantiation by instantiation: [{key, same}] (same = byte-identical
+    .text). Identical code is identical speed: the strongest 'numbers did not move' a refactor can show."""
+    a, b = text_digests(old_dir, families, arch), text_digests(new_dir, families, arch)
+    return [{"kernel": k, "same": a.get(k) == b[k], "old": a.get(k, "absent")[:12], "new": b[k][:12]} for k in b]
+
+
 # ---------------------------------------------------------------------------------------------------- audit
 
 def _occupancy_row(device: str, threads, regs, smem) -> dict:

@@ -92,8 +92,13 @@ __device__ __forceinline__ u32 lk_center32(u32 v) { return ((v | 0x80808080u) - 
 // q6_K: the 6-bit codes (0..63, one per byte) of 32-chunk cc (0..7 of a super-block) from its ql and qh bytes
 // (ql byte it*64 + (cc&1)*32 + m, shift 4*((cc>>1)&1); qh byte 128 + it*32 + m, shift 2*(cc&3), it = cc>>2):
 // 4 codes of a 32-bit word, or one of a single byte
-__device__ __forceinline__ u32 lk_q6k_codes(u32 ql, u32 qh, int cc) {
-    return ((ql >> (4 * ((cc >> 1) & 1))) & 0x0F0F0F0Fu) | (((qh >> (2 * (cc & 3))) & 0x03030303u) << 4);
+// (T = u32: a word of 4 codes; T = int: one byte's code, the masks cut to one byte so that each caller keeps the
+// instructions it had before the two shared this)
+template <typename T>
+__device__ __forceinline__ T lk_q6k_codes(T ql, T qh, int cc) {
+    constexpr bool WORD = T(-1) > T(0);                  // u32: four codes at once; int: one
+    constexpr T M4 = WORD ? T(0x0F0F0F0Fu) : T(0xF), M2 = WORD ? T(0x03030303u) : T(0x3);
+    return ((ql >> (4 * ((cc >> 1) & 1))) & M4) | (((qh >> (2 * (cc & 3))) & M2) << 4);
 }
 
 // q4_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed scale bytes q (block bytes 4..15)

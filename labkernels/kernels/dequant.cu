@@ -21,7 +21,7 @@ __global__ void __launch_bounds__(256) dequant_f16_kernel(const u8* __restrict__
         const float ds0 = d * (float)(s8)blk[192 + 2 * cc], ds1 = d * (float)(s8)blk[192 + 2 * cc + 1];
         const int it = cc >> 2;
         for (int m = 0; m < 32; m++) {
-            const int q = (int)lk_q6k_codes(blk[it * 64 + (cc & 1) * 32 + m], blk[128 + it * 32 + m], cc) - 32;
+            const int q = lk_q6k_codes<int>(blk[it * 64 + (cc & 1) * 32 + m], blk[128 + it * 32 + m], cc) - 32;
             o[m] = lk_f2h((m < 16 ? ds0 : ds1) * (float)q);
         }
     } else {

@@ -101,17 +101,17 @@ q4k_nb_kernel(const u8* __restrict__ W, const u8* __restrict__ qa8g, const u32* 
             const lk_bscales S = lk_b_scales(sds, kd, warp, t4);
 #pragma unroll
             for (int m = 0; m < 4; m++) {
-                const lk_afrag A = lk_a_load(qa8, sda, kd, m, lane, g);
-                const float ds0 = A.d0 * (float)(short)(A.w.x >> 16), ds1 = A.d1 * (float)(short)(A.w.y >> 16);
+                LK_A_LOAD(a, dw, da0, da1, qa8, sda, kd, m, lane, g)
+                const float ds0 = da0 * (float)(short)(dw.x >> 16), ds1 = da1 * (float)(short)(dw.y >> 16);
 #pragma unroll
                 for (int nh = 0; nh < 2; nh++) {
                     int c[4] = {LK_MAGIC_I, LK_MAGIC_I, LK_MAGIC_I, LK_MAGIC_I};
-                    lk_mma_16832(c, A.a[0], A.a[1], A.a[2], A.a[3], b[nh][0], b[nh][1]);
+                    lk_mma_16832(c, a[0], a[1], a[2], a[3], b[nh][0], b[nh][1]);
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
                         const float dsc = (i & 1) ? S.v[nh].z : S.v[nh].x;
                         const float dmm = (i & 1) ? S.v[nh].w : S.v[nh].y;
-                        const float da = (i >> 1) ? A.d1 : A.d0, dsum = (i >> 1) ? ds1 : ds0;
+                        const float da = (i >> 1) ? da1 : da0, dsum = (i >> 1) ? ds1 : ds0;
                         const float tq = fmaf(__int_as_float(c[i]), dsc, -LK_MAGIC_F * dsc);
                         acc[m][nh][i] = fmaf(tq, da, acc[m][nh][i]);
                         acc[m][nh][i] = fmaf(-dmm, dsum, acc[m][nh][i]);
@@ -120,5 +120,5 @@ q4k_nb_kernel(const u8* __restrict__ W, const u8* __restrict__ qa8g, const u32* 
             }
         }
     }
-    lk_tile_store(acc, Y, blockIdx.x * LK_BM, j0, nt, od, warp, g, t4);
+    LK_TILE_STORE(acc, Y, blockIdx.x * LK_BM, j0, nt, od, warp, g, t4)
 }

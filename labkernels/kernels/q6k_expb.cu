@@ -48,7 +48,7 @@ q6k_expb_kernel(const u8* __restrict__ W, const u8* __restrict__ qa8g, const u32
 
     auto issue_a = [&](int kt) {  // cp.async of the A planes of iteration kt into buffer kt&1
         u8* qa8 = lk_smem + (kt & 1) * ABYTES;
-        lk_stage_a<KDR>(qa8, qa8 + KDR * LK_BM * 32, qa8g, sdag, kt, nchunk, tid);
+        lk_stage_a<KDR>(qa8, (u32*)(qa8 + KDR * LK_BM * 32), qa8g, sdag, kt, nchunk, tid);
         lk_cp_async_commit();
     };
 
@@ -148,16 +148,16 @@ q6k_expb_kernel(const u8* __restrict__ W, const u8* __restrict__ qa8g, const u32
             const lk_bscales S = lk_b_scales(sds, kd, warp, t4);
 #pragma unroll
             for (int m = 0; m < 4; m++) {
-                const lk_afrag A = lk_a_load(qa8, sda, kd, m, lane, g);
+                LK_A_LOAD(a, dw, da0, da1, qa8, sda, kd, m, lane, g)
 #pragma unroll
                 for (int nh = 0; nh < 2; nh++) {
                     const int init = EPI == 1 ? LK_MAGIC_I : 0;
                     int clo[4] = {init, init, init, init}, chi[4] = {init, init, init, init};
-                    lk_mma_16816(clo, A.a[0], A.a[1], b[nh][0]);
-                    lk_mma_16816(chi, A.a[2], A.a[3], b[nh][1]);
+                    lk_mma_16816(clo, a[0], a[1], b[nh][0]);
+                    lk_mma_16816(chi, a[2], a[3], b[nh][1]);
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
-                        const float da = (i >> 1) ? A.d1 : A.d0;
+                        const float da = (i >> 1) ? da1 : da0;
                         const float s0 = (i & 1) ? S.v[nh].z : S.v[nh].x;
                         const float s1 = (i & 1) ? S.v[nh].w : S.v[nh].y;
                         if (EPI == 0) {
@@ -173,5 +173,5 @@ q6k_expb_kernel(const u8* __restrict__ W, const u8* __restrict__ qa8g, const u32
             }
         }
     }
-    lk_tile_store(acc, Y, blockIdx.x * LK_BM, j0, nt, od, warp, g, t4);
+    LK_TILE_STORE(acc, Y, blockIdx.x * LK_BM, j0, nt, od, warp, g, t4)
 }

@@ -117,5 +117,5 @@ q6k_generic_kernel(const u8* __restrict__ W, const u8* __restrict__ Aq8_1, float
             }
         }
     }
-    lk_tile_store(acc, Y, i0, j0, nt, od, warp, g, t4);
+    LK_TILE_STORE(acc, Y, i0, j0, nt, od, warp, g, t4)
 }

@@ -22,25 +22,22 @@ __device__ __forceinline__ void lk_acc_zero(lk_acc_t acc) {
             for (int i = 0; i < 4; i++) acc[m][nh][i] = 0.f;
 }
 
-// the guarded store of a warp's accumulators: tokens t0.., rows j0 + 16*warp.. of Y [nt, od]
-__device__ __forceinline__ void lk_tile_store(const lk_acc_t acc, float* __restrict__ Y, int t0, int j0, int nt,
-                                              int od, int warp, int g, int t4) {
-#pragma unroll
-    for (int m = 0; m < 4; m++)
-#pragma unroll
-        for (int nh = 0; nh < 2; nh++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int t = t0 + m * 16 + g + 8 * (i >> 1);
-                const int j = j0 + warp * 16 + nh * 8 + 2 * t4 + (i & 1);
-                if (t < nt && j < od) Y[(size_t)t * od + j] = acc[m][nh][i];
-            }
-}
+// the guarded store of a warp's accumulators: tokens t0.., rows j0 + 16*warp.. of Y [nt, od]. A macro for the
+// reason LK_A_LOAD is one (as a function it changed q6k_generic[STRIDE=210]'s machine code).
+#define LK_TILE_STORE(acc, Y, t0, j0, nt, od, warp, g, t4)                                                      \
+    _Pragma("unroll") for (int m_ = 0; m_ < 4; m_++)                                                            \
+    _Pragma("unroll") for (int nh_ = 0; nh_ < 2; nh_++)                                                         \
+    _Pragma("unroll") for (int i_ = 0; i_ < 4; i_++) {                                                          \
+        const int t_ = (t0) + m_ * 16 + (g) + 8 * (i_ >> 1);                                                    \
+        const int j_ = (j0) + (warp) * 16 + nh_ * 8 + 2 * (t4) + (i_ & 1);                                      \
+        if (t_ < (nt) && j_ < (od)) (Y)[(size_t)t_ * (od) + j_] = (acc)[m_][nh_][i_];                           \
+    }
 
 // A staging of the prepass planes for KDR chunks of iteration kt (no commit): qa8 [KDR][LK_BM][32] codes and
-// sda [KDR][LK_BM] d|sum words, 16-byte cp.async copies
-template <int KDR>
-__device__ __forceinline__ void lk_stage_a(u8* qa8, void* sda, const u8* __restrict__ qa8g,
+// sda [KDR][LK_BM] d|sum words, 16-byte cp.async copies. sda's pointer type is the caller's (u8 or u32): the
+// offset is written in its units, so each kernel compiles to the machine code it had before the skeleton.
+template <int KDR, typename SP>
+__device__ __forceinline__ void lk_stage_a(u8* qa8, SP* sda, const u8* __restrict__ qa8g,
                                            const u32* __restrict__ sdag, int kt, int nchunk, int tid) {
     const size_t qbase = ((size_t)blockIdx.x * nchunk + (size_t)kt * KDR) * (LK_BM * 32);
 #pragma unroll
@@ -49,25 +46,22 @@ __device__ __forceinline__ void lk_stage_a(u8* qa8, void* sda, const u8* __restr
         if (off < KDR * LK_BM * 32 / 16) lk_cp_async16(qa8 + off * 16, qa8g + qbase + (size_t)off * 16);
     }
     const size_t sbase = ((size_t)blockIdx.x * nchunk + (size_t)kt * KDR) * LK_BM;
-    if (tid < KDR * LK_BM / 4) lk_cp_async16((u8*)sda + tid * 16, sdag + sbase + (size_t)tid * 4);
+    if (tid < KDR * LK_BM / 4) lk_cp_async16(sda + tid * (int)(16 / sizeof(SP)), sdag + sbase + (size_t)tid * 4);
 }
 
-// A operand of chunk kd, m16 sub-tile m: the ldmatrix fragment (over the prepass's half-swapped rows) and its two
-// tokens' q8_1 words (tokens g and g+8 of the sub-tile: d f16 | int16 sum of codes << 16), d decoded
-struct lk_afrag {
-    u32 a[4];
-    uint2 w;
-    float d0, d1;
-};
-__device__ __forceinline__ lk_afrag lk_a_load(const u8* qa8, const u32* sda, int kd, int m, int lane, int g) {
-    lk_afrag f;
-    const int tok = m * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
-    lk_ldmatrix_x4(f.a, qa8 + kd * LK_BM * 32 + tok * 32 + (((lane >> 4) ^ ((tok >> 2) & 1)) << 4));
-    f.w = *(const uint2*)(sda + kd * LK_BM + m * 16 + 2 * g);
-    f.d0 = lk_h2f((u16)(f.w.x & 0xFFFF));
-    f.d1 = lk_h2f((u16)(f.w.y & 0xFFFF));
-    return f;
-}
+// A operand of chunk kd, m16 sub-tile m: declares the ldmatrix fragment a[4] (over the prepass's half-swapped rows),
+// the two tokens' q8_1 words dw (tokens g and g+8 of the sub-tile: d f16 | int16 sum of codes << 16) and their d
+// decoded (da0, da1) in the caller's scope. A macro, not a function: inlined function forms (a struct return, or
+// out-parameters) made ptxas schedule q6k_expb differently (1-2% slower on the H200, tile_ab 20261201T125104Z);
+// the macro compiles to the pre-skeleton machine code (audit.text_ab).
+#define LK_A_LOAD(a, dw, da0, da1, qa8, sda, kd, m, lane, g)                                                     \
+    u32 a[4];                                                                                                   \
+    {                                                                                                           \
+        const int tok_ = (m) * 16 + (((lane) >> 3) & 1) * 8 + ((lane) & 7);                                     \
+        lk_ldmatrix_x4(a, (qa8) + (kd) * LK_BM * 32 + tok_ * 32 + ((((lane) >> 4) ^ ((tok_ >> 2) & 1)) << 4));  \
+    }                                                                                                           \
+    const uint2 dw = *(const uint2*)((sda) + (kd) * LK_BM + (m) * 16 + 2 * (g));                                \
+    const float da0 = lk_h2f((u16)(dw.x & 0xFFFF)), da1 = lk_h2f((u16)(dw.y & 0xFFFF));
 
 // the per-(chunk, row) float2 scales of a warp's two n8 half-tiles: (x, y) of row 2*t4, (z, w) of row 2*t4 + 1
 struct lk_bscales {

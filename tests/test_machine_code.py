@@ -1,0 +1,67 @@
+"""The tile skeleton (issue 14) is a refactor of the int8 GEMM sources: their machine code must be what it was
+before it (commit eef6c5d), instantiation by instantiation, so that round 3 and 4's recorded numbers stand."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from labkernels import audit
+from labkernels.kernels import registry
+
+ROOT = Path(__file__).resolve().parents[1]
+BEFORE = "eef6c5d"            # the last commit before the tile skeleton
+FAMILIES = ["q6k_expb", "q4k_nb", "q6k_generic", "dequant_f16", "prepass_q8_1"]
+
+
+def _need_nvcc():
+    if audit.nvcc_path() is None:
+        if os.environ.get("LABKERNELS_REQUIRE_NVCC") == "1":
+            pytest.fail("nvcc required (LABKERNELS_REQUIRE_NVCC=1) but not on PATH")
+        pytest.skip("nvcc not on PATH")
+
+
+def test_demangled_names_select_one_instantiation():
+    k = registry.find("q6k_expb", KDR=4, STRIDE=224, EPI=1, OCC=1)
+    assert audit._demangled_matches("_Z15q6k_expb_kernelILi4ELi224ELi1ELi1EEvPKhS1_PKjPfiii", k)
+    assert not audit._demangled_matches("_Z15q6k_expb_kernelILi4ELi224ELi1ELi2EEvPKhS1_PKjPfiii", k)
+    assert not audit._demangled_matches("_Z15q6k_expb_kernelILi4ELi210ELi1ELi1EEvPKhS1_PKjPfiii", k)
+    qk = registry.find("rmsnorm_qk")
+    assert audit._demangled_matches("_Z17rmsnorm_qk_kernelPKfS0_S0_S0_PfS1_iiiiif", qk)
+
+
+def test_elf_text_sections_refuse_what_is_not_a_cubin():
+    with pytest.raises(audit.AuditError, match="ELF64"):
+        audit.elf_text_sections(b"not an elf")
+
+
+def test_a_changed_source_changes_its_machine_code(tmp_path):
+    """The comparison can fail: one changed constant in a copy of dequant.cu is seen, the other sources are not."""
+    _need_nvcc()
+    for f in registry.KERNELS_DIR.glob("*.cu*"):
+        (tmp_path / f.name).write_text(f.read_text())
+    src = tmp_path / "dequant.cu"
+    text = src.read_text()
+    assert "- 32;" in text
+    src.write_text(text.replace("- 32;", "- 31;", 1))
+    rows = audit.text_ab(registry.KERNELS_DIR, tmp_path, ["dequant_f16", "prepass_q8_1"])
+    same = {r["kernel"]: r["same"] for r in rows}
+    assert not same["dequant_f16[QT=6,STRIDE=0]"] and same["dequant_f16[QT=4,STRIDE=0]"]
+    assert all(v for k, v in same.items() if k.startswith("prepass"))
+
+
+def test_tile_skeleton_keeps_the_machine_code_of_every_instantiation(tmp_path):
+    _need_nvcc()
+    r = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{BEFORE}^{{commit}}"], capture_output=True)
+    if r.returncode:
+        pytest.skip(f"commit {BEFORE} not in this clone (shallow?)")
+    arch = subprocess.run(["git", "-C", str(ROOT), "archive", BEFORE, "labkernels/kernels"], capture_output=True,
+                          check=True).stdout
+    subprocess.run(["tar", "-x", "--strip-components=2", "-C", str(tmp_path)], input=arch, check=True)
+    rows = audit.text_ab(tmp_path, registry.KERNELS_DIR, FAMILIES)
+    assert len(rows) == sum(len(registry.family(f)) for f in FAMILIES) == 43
+    moved = [r["kernel"] for r in rows if not r["same"]]
+    assert not moved, f"machine code differs from {BEFORE}: {moved}"
