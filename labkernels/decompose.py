@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pandas as pd
 
@@ -174,21 +176,28 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
     bw["mode"] = wall["mode"]
     bw["busy_replay_ms"] = np.nan       # graph mode: the GPU busy of a traced replay (the same kernels, untagged)
     bw["span_replay_ms"] = np.nan       # first launch's start to last launch's end of a traced replay
+    bw["host_paired_frac"] = np.nan    # median over traced replays of (its wall - its busy) / its wall
     if wall["mode"] == "graph":
-        busy, span = [], []
+        busy, span, fr = [], [], []
         for _ in range(GRAPH_BUSY_REPLAYS):
             with CuptiTracer() as trg:
+                t0 = time.perf_counter()
                 gm.forward(tokens)
                 cp.cuda.runtime.deviceSynchronize()
+                w = (time.perf_counter() - t0) * 1e3
             if gm.last_mode != "graph":
                 raise RuntimeError("the traced replay ran eager")
             recs_g = trg.records()[0]
             if recs_g:
                 busy.append(sum(r["duration_ns"] for r in recs_g) / 1e6)
                 span.append((max(r["start"] + r["duration_ns"] for r in recs_g) - recs_g[0]["start"]) / 1e6)
+                fr.append((w - busy[-1]) / w)
         if busy:
             bw["busy_replay_ms"] = float(np.median(busy))
             bw["span_replay_ms"] = float(np.median(span))
+            # the same forward's wall and busy: free of the drift between two timing phases (GPU clocks moved the
+            # separately timed walls by up to 3% at one nt, runs 20261201T132423Z/132454Z)
+            bw["host_paired_frac"] = float(np.median(fr))
     t = class_table(df, ops, wall["wall_ms"], n)
     progress(f"busy {bw['busy_ms']:.1f} ms vs wall {bw['wall_ms']:.1f} ms (gap {100 * bw['gap_frac']:.1f}%), "
              f"{len(df)} launches, {t.shape[0]} classes")
