@@ -200,11 +200,9 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
             run.append("decompose_busy_wall", [{"model": label, "nt": nt, "variant": v,
                                                 **{k: bw[k] for k in ("mode", "wall_ms", "busy_ms", "gap_ms",
                                                                       "gap_frac", "busy_replay_ms",
-                                                                      "span_replay_ms", "host_paired_frac")},
+                                                                      "span_replay_ms")},
                                                 "host_overhead_ms": host, "host_frac": host / bw["wall_ms"]}])
             gaps[(nt, v)] = host / bw["wall_ms"]
-            if np.isfinite(bw.get("host_paired_frac", np.nan)):
-                gaps[(nt, f"{v}-paired")] = bw["host_paired_frac"]
     gm.opts = base
     return {"walls": walls, "gaps": gaps}
 

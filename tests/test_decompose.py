@@ -67,3 +67,18 @@ def test_recorded_decompositions_are_valid():
         c = r.table("classes")
         assert abs(c.busy_ms.sum() - bw.busy_ms) <= 0.01 * bw.busy_ms
         assert bw.valid and abs(bw.gap_frac) <= D.VALID_GAP
+
+
+def test_host_overhead_untraced_takes_the_interleaved_walls():
+    import pandas as pd
+
+    from labkernels.decompose import host_overhead_untraced
+
+    thr = pd.DataFrame({"model": ["m"] * 5 + ["x"], "nt": [512] * 6,
+                        "variant": ["graph-fused"] * 3 + ["eager-fused"] * 2 + ["graph-fused"],
+                        "mode": ["graph"] * 3 + ["eager"] * 2 + ["graph"], "wall_ms": [3.3, 3.2, 3.4, 9.0, 9.0, 7.0]})
+    bw = pd.DataFrame({"model": ["m", "m"], "nt": [512, 512], "variant": ["eager-unfused", "graph-fused"],
+                       "mode": ["eager", "graph"], "busy_replay_ms": [float("nan"), 3.1], "wall_ms": [20.0, 3.6]})
+    t = host_overhead_untraced(thr, bw)
+    assert len(t) == 1 and t.walls[0] == 3 and abs(t.wall_ms[0] - 3.3) < 1e-12        # its model, variant, mode only
+    assert abs(t.host_frac[0] - 0.2 / 3.3) < 1e-12 and abs(t.host_overhead_ms[0] - 0.2) < 1e-12
