@@ -121,9 +121,9 @@ def step_attention(out: Path, args) -> dict:
 #: issue 18's A/B: before = the round-7 prefill (eager, the small kernels unfused), the fusions alone, and
 #: after = fused + CUDA-graph replay (name -> PrefillOptions fields over the base options; graph None: a capture
 #: that fails runs eager with the reason in the rows' fallback column, and the step is not ok)
-GRAPH_VARIANTS = {"eager-unfused": {"graph": False, "fuse_add_norm": False, "fuse_rope": False, "fuse_layout": False,
-                                    "fuse_gate_up": False, "fuse_qkv16": False,
-                                    "fuse_qkv": False, "fuse_qk_norm": False},
+from .prefill import FUSIONS  # noqa: E402  (the fusion flags; prefill needs no GPU to import)
+
+GRAPH_VARIANTS = {"eager-unfused": {"graph": False, **{f: False for f in FUSIONS}},
                   "eager-fused": {"graph": False},
                   "graph-fused": {"graph": None}}
 GRAPH_NTS = (64, 128, 512, 1024, 3325)

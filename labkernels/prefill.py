@@ -41,6 +41,9 @@ from .trace import NullTracer
 
 KQUANT = ("q4_K", "q6_K")
 QKV = ("attn_q", "attn_k", "attn_v")
+#: the PrefillOptions that fuse small kernels (issue 18); each computes the unfused ops' values, and all of them off
+#: is the 'unfused' baseline of gpu-check prefill_graph and the CLI's --no-fuse
+FUSIONS = ("fuse_add_norm", "fuse_rope", "fuse_qkv", "fuse_qk_norm", "fuse_qkv16", "fuse_layout", "fuse_gate_up")
 
 
 @dataclass
@@ -319,8 +322,8 @@ class GpuModel:
         cp = gpu.cp()
         c = self.cfg
         check_rows(q, "rmsnorm_qk q", c.n_head * c.head_dim)
-        check_rows(k, "rmsnorm_qk k", c.n_head_kv * c.head_dim)
         n = q.shape[0]
+        check_rows(k, "rmsnorm_qk k", c.n_head_kv * c.head_dim, n)
         yq = cp.empty((n, c.n_head * c.head_dim), cp.float32)
         yk = cp.empty((n, c.n_head_kv * c.head_dim), cp.float32)
         self._k("rmsnorm_qk").launch((n * (c.n_head + c.n_head_kv),), (
@@ -383,9 +386,7 @@ class GpuModel:
         if c.head_dim > registry.QKNORM_MAXHD:
             raise gpu.ShapeError(f"qk_norm_rope_qkv16: head_dim {c.head_dim} > {registry.QKNORM_MAXHD} (the row it "
                                  "stages in shared memory); run with fuse_qk_norm=False")
-        q16 = cp.empty((n, c.n_head * c.head_dim), cp.float16)
-        k16 = cp.empty((n, c.n_head_kv * c.head_dim), cp.float16)
-        v16 = cp.empty((n, c.n_head_kv * c.head_dim_v), cp.float16)
+        q16, k16, v16 = self._qkv16_out(n)
         self._k("qk_norm_rope_qkv16", NEOX=int(c.rope_style == "neox")).launch(
             (n * (c.n_head + 2 * c.n_head_kv),),
             (q, k, v, L["attn_q_norm"].dense, L["attn_k_norm"].dense, q16, k16, v16, np.int32(c.n_head),
@@ -416,15 +417,21 @@ class GpuModel:
                                       np.int32(_ld(k)), np.float32(c.rope_base_for(il)),
                                       np.float32(c.rope_scale_for(il)), np.int32(0), np.float32(qscale)))
 
+    def _qkv16_out(self, n: int):
+        """The C-contiguous fp16 q16 [n, n_head*hd], k16 [n, n_head_kv*hd], v16 [n, n_head_kv*hd_v] an fp16
+        attention path reads."""
+        cp = gpu.cp()
+        c = self.cfg
+        return tuple(cp.empty((n, w), cp.float16) for w in (c.n_head * c.head_dim, c.n_head_kv * c.head_dim,
+                                                             c.n_head_kv * c.head_dim_v))
+
     def rope_qkv16(self, q, k, v, n, il, qscale: float = 1.0):
         """rope_qk on q and k, q times ``qscale``, and the fp16 cast of q, k and v in one launch (fuse_qkv16):
         fp16 C-contiguous (q16 [n, n_head*hd], k16 [n, n_head_kv*hd], v16 [n, n_head_kv*hd_v])."""
         cp = gpu.cp()
         c = self.cfg
         check_rope_qkv16(q, k, v, n, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.n_rot)
-        q16 = cp.empty((n, c.n_head * c.head_dim), cp.float16)
-        k16 = cp.empty((n, c.n_head_kv * c.head_dim), cp.float16)
-        v16 = cp.empty((n, c.n_head_kv * c.head_dim_v), cp.float16)
+        q16, k16, v16 = self._qkv16_out(n)
         total = n * ((c.n_head + c.n_head_kv) * (c.head_dim // 2) + c.n_head_kv * (c.head_dim_v // 2))
         self._k("rope_qkv16", NEOX=int(c.rope_style == "neox")).launch(
             ((total + 255) // 256,), (q, k, v, q16, k16, v16, np.int32(n), np.int32(c.n_head), np.int32(c.n_head_kv),
@@ -560,7 +567,7 @@ class GpuModel:
             if c.attn_bias:
                 with tr.op("qkv_bias", "elementwise", layer=il):
                     q += L["attn_q_bias"].dense; k += L["attn_k_bias"].dense; v += L["attn_v_bias"].dense
-            qkv16 = self.opts.fuse_qkv16 and getattr(self.attn, "takes_f16", False)
+            qkv16 = self.opts.fuse_qkv16 and self.attn.takes_f16
             one = qkv16 and c.qk_norm and self.opts.fuse_qk_norm     # norms + rope + scale + casts: one launch
             if one:
                 with tr.op("qk_norm+rope", "rope", layer=il):
@@ -835,12 +842,7 @@ def check_rope_qkv16(q, k, v, n: int, n_head: int, n_head_kv: int, head_dim: int
     """rope_qkv16's arguments: q, k as rope_qk takes them, v f32 [n, >= n_head_kv*head_dim_v] C-contiguous rows;
     head_dim and head_dim_v even (the kernel moves pairs). Raises gpu.ShapeError."""
     check_rope_qk(q, k, n, n_head, n_head_kv, head_dim, n_rot, 1.0)
-    if v.ndim != 2 or str(v.dtype) != "float32" or not _rows_contig(v):
-        raise gpu.ShapeError(f"rope_qkv16: v must be float32 [n, heads*head_dim_v] with contiguous rows, got "
-                             f"{v.dtype} {tuple(v.shape)}")
-    if v.shape[0] != n or v.shape[1] < n_head_kv * head_dim_v:
-        raise gpu.ShapeError(f"rope_qkv16: v {tuple(v.shape)} does not hold {n} tokens x {n_head_kv} heads x "
-                             f"{head_dim_v}")
+    check_rows(v, "rope_qkv16: v", n_head_kv * head_dim_v, n)
     if head_dim % 2 or head_dim_v % 2:
         raise gpu.ShapeError(f"rope_qkv16: head_dim={head_dim} and head_dim_v={head_dim_v} must be even")
 
@@ -849,11 +851,7 @@ def check_rope_qk(q, k, n: int, n_head: int, n_head_kv: int, head_dim: int, n_ro
     """rope_qk's arguments: q f32 [n, >= n_head*head_dim], k f32 [n, >= n_head_kv*head_dim], C-contiguous rows;
     0 < n_rot <= head_dim, even; a q scale != 1 only when every dim is rotated. Raises gpu.ShapeError."""
     for what, a, nh in (("q", q, n_head), ("k", k, n_head_kv)):
-        if a.ndim != 2 or str(a.dtype) != "float32" or not _rows_contig(a):
-            raise gpu.ShapeError(f"rope_qk: {what} must be float32 [n, heads*head_dim] with contiguous rows, got "
-                                 f"{a.dtype} {tuple(a.shape)}")
-        if a.shape[0] != n or a.shape[1] < nh * head_dim:
-            raise gpu.ShapeError(f"rope_qk: {what} {tuple(a.shape)} does not hold {n} tokens x {nh} heads x {head_dim}")
+        check_rows(a, f"rope_qk: {what}", nh * head_dim, n)
     if n_rot <= 0 or n_rot % 2 or n_rot > head_dim:
         raise gpu.ShapeError(f"rope_qk: n_rot={n_rot} must be even and in 1..head_dim={head_dim}")
     if qscale != 1.0 and n_rot != head_dim:

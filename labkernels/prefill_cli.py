@@ -148,8 +148,10 @@ def options_from_args(args, cls=None):
     if cls is None:
         from .prefill import PrefillOptions as cls
     fuse = not getattr(args, "no_fuse", False)
-    return cls(attn_f16=args.attn_f16, kernel=args.kernel, graph=getattr(args, "graph", None), fuse_add_norm=fuse,
-               fuse_rope=fuse, fuse_qkv16=fuse, fuse_qkv=fuse, fuse_qk_norm=fuse, fuse_layout=fuse, fuse_gate_up=fuse, attention=getattr(args, "attention", "auto"))
+    from .prefill import FUSIONS
+
+    return cls(attn_f16=args.attn_f16, kernel=args.kernel, graph=getattr(args, "graph", None),
+               attention=getattr(args, "attention", "auto"), **{f: fuse for f in FUSIONS})
 
 
 def _add_mode_args(p) -> None:

@@ -10,8 +10,8 @@ import pytest
 
 from cpu_gpu_shim import OpNames as Ops, install
 from labkernels import gpu
-from labkernels.prefill import (GpuModel, GraphCaptureError, GraphEntry, PrefillOptions, Weight, check_act_mul_gu,
-                                check_add_rmsnorm, check_rope_qk, check_rope_qkv16, timed_prefill)
+from labkernels.prefill import (FUSIONS, GpuModel, GraphCaptureError, GraphEntry, PrefillOptions, Weight,
+                                check_act_mul_gu, check_add_rmsnorm, check_rope_qk, check_rope_qkv16, timed_prefill)
 from labkernels.synthetic import SyntheticModel, q4_k_m_recipe, tiny_config
 from labkernels.trace import NullTracer
 
@@ -25,6 +25,16 @@ def tiny():
 
 
 # ------------------------------------------------------------------ options and keys
+
+
+def test_fusions_list_every_fusion_flag():
+    """FUSIONS (the 'unfused' baseline's switches) names every launch fusion of PrefillOptions; fuse_f16 is a
+    precision-neutral output format, not a launch fusion, and stays on in the baseline."""
+    from dataclasses import fields
+
+    flags = {f.name for f in fields(PrefillOptions) if f.name.startswith("fuse_")}
+    assert set(FUSIONS) == flags - {"fuse_f16"} and len(FUSIONS) == len(set(FUSIONS))
+    assert all(getattr(PrefillOptions(), f) is True for f in FUSIONS)
 
 
 def test_options_key_excludes_graph_and_tracks_the_rest():
@@ -369,8 +379,7 @@ def test_fused_forward_equals_unfused(monkeypatch, arch, tiny, model):
         toks = [2, 818, 5279, 529, 7001, 563]
     else:
         m, cfg, toks = tiny, None, TOKS
-    off = {"fuse_add_norm": False, "fuse_rope": False, "fuse_layout": False, "fuse_gate_up": False, "fuse_qkv16": False,
-           "fuse_qkv": False, "fuse_qk_norm": False, "graph": False}
+    off = {**{f: False for f in FUSIONS}, "graph": False}
     tu, tf = Ops(), Ops()
     u = np.asarray(GpuModel(m, cfg=cfg, opts=PrefillOptions(**off)).forward(toks, tracer=tu))
     f = np.asarray(GpuModel(m, cfg=cfg, opts=PrefillOptions(graph=False)).forward(toks, tracer=tf))

@@ -11,11 +11,12 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 from cpu_gpu_shim import FakeKernel  # noqa: E402
 
+from labkernels.prefill import FUSIONS  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 FUSED_RTOL = 1e-5
-UNFUSED = {"fuse_add_norm": False, "fuse_rope": False, "fuse_layout": False, "fuse_gate_up": False, "fuse_qkv16": False,
-           "fuse_qkv": False, "fuse_qk_norm": False}
+UNFUSED = {f: False for f in FUSIONS}
 
 
 @pytest.fixture(scope="module")
@@ -197,8 +198,7 @@ def _rel(a, b):
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-@pytest.mark.parametrize("fusion", ["fuse_add_norm", "fuse_rope", "fuse_layout", "fuse_gate_up", "fuse_qkv16",
-                                    "fuse_qkv", "fuse_qk_norm"])
+@pytest.mark.parametrize("fusion", FUSIONS)
 @pytest.mark.parametrize("attn_f16", [False, True])
 def test_each_fusion_at_the_layer_level(tiny, fusion, attn_f16):
     """One fusion on, the others off, against all off: the same logits. The fused kernels are bitwise the unfused
