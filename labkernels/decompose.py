@@ -151,8 +151,8 @@ GRAPH_BUSY_REPLAYS = 5
 
 def host_overhead_untraced(throughput: pd.DataFrame, busy_wall: pd.DataFrame) -> pd.DataFrame:
     """Host overhead of the graph forwards of a prefill_graph run, from untraced walls: per (model, nt) of the graph
-    rows of ``busy_wall``, the median wall of the interleaved throughput rounds of the same variant (timed before
-    any tracing in that process) minus the median GPU busy of the traced replays; ``host_frac`` over that wall.
+    rows of ``busy_wall``, the median wall of the interleaved throughput rounds of the same variant (``rounds`` of them, each a median of
+    its repeats, timed before any tracing in that process) minus the median GPU busy of the traced replays; ``host_frac`` over that wall.
     The decomposition's own wall is a second timing phase, and GPU clocks moved walls between phases by up to 3%
     (runs 20261201T132423Z/132454Z) -- as much as the quantity measured."""
     g = busy_wall[(busy_wall["mode"] == "graph") & busy_wall["busy_replay_ms"].notna()]
@@ -166,7 +166,7 @@ def host_overhead_untraced(throughput: pd.DataFrame, busy_wall: pd.DataFrame) ->
             continue
         w = float(t["wall_ms"].median())
         rows.append({"model": r.get("model"), "nt": int(r["nt"]), "variant": r["variant"], "wall_ms": w,
-                     "walls": len(t), "busy_ms": float(r["busy_replay_ms"]), "host_overhead_ms": w - r["busy_replay_ms"],
+                     "rounds": len(t), "busy_ms": float(r["busy_replay_ms"]), "host_overhead_ms": w - r["busy_replay_ms"],
                      "host_frac": (w - r["busy_replay_ms"]) / w})
     return pd.DataFrame(rows)
 

@@ -80,5 +80,5 @@ def test_host_overhead_untraced_takes_the_interleaved_walls():
     bw = pd.DataFrame({"model": ["m", "m"], "nt": [512, 512], "variant": ["eager-unfused", "graph-fused"],
                        "mode": ["eager", "graph"], "busy_replay_ms": [float("nan"), 3.1], "wall_ms": [20.0, 3.6]})
     t = host_overhead_untraced(thr, bw)
-    assert len(t) == 1 and t.walls[0] == 3 and abs(t.wall_ms[0] - 3.3) < 1e-12        # its model, variant, mode only
+    assert len(t) == 1 and t.rounds[0] == 3 and abs(t.wall_ms[0] - 3.3) < 1e-12        # its model, variant, mode only
     assert abs(t.host_frac[0] - 0.2 / 3.3) < 1e-12 and abs(t.host_overhead_ms[0] - 0.2) < 1e-12
