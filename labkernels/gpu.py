@@ -583,6 +583,8 @@ def qmatmul(x, w: QWeight, kernel: str = "auto", out=None, **params):
             if w.host is None:   # the GGUF rows as given (a 224-byte q6_K upload keeps the 210-byte rows too)
                 raise ShapeError("wgmma_kq needs the GGUF rows of the weight (QWeight.upload keeps them)")
             w.wg = wgmma.WgWeight.from_gguf(np.asarray(w.host), w.qtype)
+        if p.get("FORM") and w.wg.gguf is None and w.qtype == "q4_K":
+            w.wg.gguf = w.raw    # the shared-memory form reads the uploaded GGUF rows as they are
         return wgmma.gemm(w.wg, x, out=out, **p)
     if ch.family == "q6k_generic":
         if x.dtype != np.float32:

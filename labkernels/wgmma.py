@@ -384,12 +384,13 @@ class WgKernel:
             raise WgmmaError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed: {err}")
         return int(n)
 
-    def launch(self, grid, tmap: bytes, *args):
+    def launch(self, grid, tmap, *args):
+        """``tmap``: one 128-byte CUtensorMap or a tuple of them (the kernel's leading __grid_constant__ params)."""
         import ctypes
 
         from cuda.bindings import driver as drv
 
-        holders = [ctypes.create_string_buffer(tmap, 128)]
+        holders = [ctypes.create_string_buffer(t, 128) for t in ((tmap,) if isinstance(tmap, bytes) else tmap)]
         for a in args:
             if isinstance(a, (np.integer, int)):
                 holders.append(ctypes.c_int32(int(a)))
@@ -406,8 +407,35 @@ class WgKernel:
 
 
 @lru_cache(maxsize=None)
-def kernel(**params) -> WgKernel:
-    return WgKernel(registry.find("wgmma_kq", **params))
+def kernel(family: str = "wgmma_kq", **params) -> WgKernel:
+    """A compiled round-7 kernel: ``wgmma_kq`` (register form) or ``wgmma_kqs`` (shared-memory form)."""
+    return WgKernel(registry.find(family, **params))
+
+
+def weight_tensor_map(rows) -> bytes:
+    """CUtensorMap of raw GGUF q4_K rows (cupy uint8 [od, nsb*144]) for the shared-memory form: boxes of one
+    super-block (144 bytes) x 128 rows, no swizzle; rows past od read as zeros (converted, never stored)."""
+    od, nb = rows.shape
+    if nb % 144:
+        raise WgmmaError(f"q4_K rows of {nb} bytes are not whole 144-byte blocks")
+    return _weight_map(int(rows.data.ptr), int(od), int(nb))
+
+
+@lru_cache(maxsize=4096)
+def _weight_map(ptr: int, od: int, nb: int) -> bytes:
+    from cuda.bindings import driver as drv
+
+    if ptr % 16:
+        raise WgmmaError("the weight rows must start 16-byte aligned for TMA")
+    err, tm = drv.cuTensorMapEncodeTiled(
+        drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, ptr, [drv.cuuint64_t(nb), drv.cuuint64_t(od)],
+        [drv.cuuint64_t(nb)], [drv.cuuint32_t(144), drv.cuuint32_t(128)], [drv.cuuint32_t(1), drv.cuuint32_t(1)],
+        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if int(err) != 0:
+        raise WgmmaError(f"cuTensorMapEncodeTiled(q4_K rows {od} x {nb} B, box 128 x 144) failed: {err}")
+    return np.array([int(v) for v in tm.opaque], dtype=np.uint64).tobytes()
 
 
 def tensor_map(x16, box_n: int, bf16: bool = False) -> bytes:
@@ -445,6 +473,7 @@ class WgWeight:
     id: int
     repack_s: float   # host repack time
     nbytes: int
+    gguf: object = None   # cupy uint8 GGUF rows [od, nsb*144] (q4_K): the shared-memory form reads them as they are
 
     @classmethod
     def from_gguf(cls, raw: np.ndarray, qtype: str) -> "WgWeight":
@@ -482,7 +511,7 @@ def auto_table(root=None):
     if run is None:
         return None
     df = run.table("wgmma_bench")
-    df = df[df.variant.str.startswith(("wgmma_bn", "int8_"))]
+    df = df[df.variant.str.startswith(("wgmma_bn", "wgmma_smem", "int8_"))]
     med = df.groupby(["qtype", "od", "id", "nt", "variant"], as_index=False).median_us.median()
     best = med.loc[med.groupby(["qtype", "od", "id", "nt"]).median_us.idxmin()].copy()
     best["family"], best["params"] = zip(*[variant_params(v, q) for v, q in zip(best.variant, best.qtype)])
@@ -491,6 +520,7 @@ def auto_table(root=None):
 
 
 _VARIANT = re.compile(r"wgmma_bn(\d+)_s(\d+)_scl(\d)(_sk)?$")
+_VARIANT_SMEM = re.compile(r"wgmma_smem_bn(\d+)_s(\d+)(_sk)?$")
 
 
 _AUTO = {}
@@ -503,7 +533,9 @@ def auto_table_cached():
     return _AUTO["t"]
 
 
-def variant_name(BN: int, STAGES: int, SCL: int, SK: int = 0) -> str:
+def variant_name(BN: int, STAGES: int, SCL: int, SK: int = 0, FORM: int = 0) -> str:
+    if FORM:
+        return f"wgmma_smem_bn{BN}_s{STAGES}" + ("_sk" if SK else "")
     return f"wgmma_bn{BN}_s{STAGES}_scl{SCL}" + ("_sk" if SK else "")
 
 
@@ -515,6 +547,10 @@ def variant_params(variant: str, qtype: str) -> tuple[str, dict]:
         fam = variant[5:]
         f, p = _int8_default(qtype)
         return fam, (dict(p) if f == fam else {})
+    m = _VARIANT_SMEM.match(variant)
+    if m:
+        bn, st = map(int, m.groups()[:2])
+        return "wgmma_kq", {"BN": bn, "STAGES": st, "BF16": 0, "SK": int(m.group(3) is not None), "FORM": 1}
     m = _VARIANT.match(variant)
     if not m:
         raise ValueError(f"not a round-7 variant name: {variant!r}")
@@ -605,10 +641,11 @@ _WS = _Workspace()
 
 
 def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | None = None, SCL: int = 0,
-         SK: int = 0):
+         SK: int = 0, FORM: int = 0):
     """Y[nt, od] (float32) = x[nt, id] * W^T on the wgmma_kq family. x: cupy float16 / bfloat16-as-uint16 /
     float32 (converted to f16 here, or bf16 when ``BF16=1``). ``SK``: the tile scheduler, 0 data-parallel or 1
-    stream-K (:func:`schedule`)."""
+    stream-K (:func:`schedule`). ``FORM``: 0 the register form (``wgmma_kq``, the repacked weight), 1 the
+    shared-memory form (``wgmma_kqs``, q4_K, the GGUF rows ``w.gguf``; ``SCL`` does not apply)."""
     from .gpu import ShapeError, _out
 
     cp = _cp()
@@ -630,15 +667,29 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
         raise ShapeError(f"activations dtype {x.dtype} does not match the kernel's {'bf16' if bf16 else 'f16'} "
                          "operands (pass float32, or float16 for f16 / bf16 bits as uint16 for bf16)")
     qt = 4 if w.qtype == "q4_K" else 6
-    k = kernel(QT=qt, BN=BN, STAGES=STAGES, BF16=bf16, SCL=SCL)
+    if FORM not in (0, 1):
+        raise ValueError(f"FORM is 0 (register) or 1 (shared memory), not {FORM!r}")
+    if FORM:
+        if w.qtype != "q4_K":
+            raise ShapeError(f"the shared-memory form (wgmma_kqs) takes q4_K weights, not {w.qtype}")
+        if w.gguf is None:
+            raise ShapeError("the shared-memory form reads the GGUF rows on the GPU (WgWeight.gguf), which this "
+                             "weight does not hold")
+        k = kernel("wgmma_kqs", QT=qt, BN=BN, STAGES=STAGES, BF16=bf16)
+    else:
+        k = kernel(QT=qt, BN=BN, STAGES=STAGES, BF16=bf16, SCL=SCL)
     ncta, dp_tiles = schedule(int(SK), nt, w.od, w.id, BN, _sm_count(cp.cuda.Device().id) * k.blocks_per_sm)
     if SK:
         _check_schedule(ncta, w.id // QK, ((w.od + 127) // 128) * ((nt + BN - 1) // BN), dp_tiles)
     y = _out(nt, w.od, out)
     tm = tensor_map(x16, BN, bool(bf16))
     ws, flags = _WS.get(cp.cuda.get_current_stream().ptr, _sm_count(cp.cuda.Device().id) * k.blocks_per_sm)
-    k.launch((ncta, 1), tm, w.packed, y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws, flags,
-             np.int32(dp_tiles))
+    if FORM:
+        k.launch((ncta, 1), (tm, weight_tensor_map(w.gguf)), y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws,
+                 flags, np.int32(dp_tiles))
+    else:
+        k.launch((ncta, 1), tm, w.packed, y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws, flags,
+                 np.int32(dp_tiles))
     return y
 
 
@@ -748,6 +799,8 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
             raw = cases.synthetic_weights(qtype, od, id_, rng)
             w = WgWeight.from_gguf(raw, qtype)
             wq = gpu.QWeight.upload(raw, qtype)
+            if qtype == "q4_K":
+                w.gguf = wq.raw        # the shared-memory form reads the GGUF rows as uploaded
             w64 = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype.upper()])
             w16e = emulate_weights(cp.asnumpy(w.packed), qtype, od, id_)
             if run is not None:
@@ -760,19 +813,21 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
                 x, xg, x16, y, tok = cases.point_inputs(rng, nt, od, id_)
                 vs = {}
                 for v in variants:
-                    bn, st, scl, sk = (tuple(v) + (0,))[:4]
+                    bn, st, scl, sk, form = (tuple(v) + (0, 0))[:5]
+                    if form and qtype != "q4_K":
+                        continue           # the shared-memory form takes q4_K
                     scl = main_scl(qtype, bn) if scl is None else scl
                     y.fill(np.nan)
-                    gemm(w, x16, out=y, BN=bn, STAGES=st, SCL=scl, SK=sk)
+                    gemm(w, x16, out=y, BN=bn, STAGES=st, SCL=scl, SK=sk, FORM=form)
                     g = gate(cp.asnumpy(y), raw, qtype, x, tokens=tok, w64=w64, w16=w16e)
-                    name = variant_name(bn, st, scl, sk)
+                    name = variant_name(bn, st, scl, sk, form)
                     if run is not None:
                         run.append("wgmma_parity", {"qtype": qtype, "od": od, "id": id_, "nt": nt, "variant": name,
                                                     **g})
                     if not g["ok"]:
                         raise AssertionError(f"{name} parity failed: {qtype} nt={nt} od={od} id={id_}: {g}")
-                    vs[name] = (lambda bn=bn, st=st, scl=scl, sk=sk: gemm(w, x16, out=y, BN=bn, STAGES=st, SCL=scl,
-                                                                          SK=sk))
+                    vs[name] = (lambda bn=bn, st=st, scl=scl, sk=sk, form=form: gemm(
+                        w, x16, out=y, BN=bn, STAGES=st, SCL=scl, SK=sk, FORM=form))
                 main = default_params(qtype, nt)
                 vs["wgmma_incl_f32_to_f16"] = lambda: gemm(w, xg, out=y, **main)
                 y16 = cp.empty((nt, od), cp.float16)
@@ -788,7 +843,7 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
                 if run is not None:
                     run.append("wgmma_bench", new)
                 med = {k: np.median([s["median_us"] for s in v]) for k, v in res.items()}
-                best = min((k for k in med if k.startswith("wgmma_bn")), key=med.get)
+                best = min((k for k in med if k.startswith(("wgmma_bn", "wgmma_smem"))), key=med.get)
                 progress(f"{qtype} {od}x{id_} nt={nt}: " + ", ".join(
                     f"{k} {2 * nt * od * id_ / (v * 1e-6) / 1e12:.0f}" for k, v in med.items())
                     + f" TOPS-eq; best/cuBLAS {med['cublas_f16_cached'] / med[best]:.2f}x ({time.time() - t0:.1f} s)")

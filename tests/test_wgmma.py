@@ -83,6 +83,21 @@ def test_registry_rows_of_round7():
                           for q, t in ((4, "q4_K"), (6, "q6_K")) for bn in (128, 256))
 
 
+def test_registry_rows_of_the_shared_memory_form():
+    from labkernels import wgmma
+
+    ks = registry.family("wgmma_kqs")
+    assert ks and all(k.p["QT"] == 4 and k.threads == 384 and k.archs == ("sm_90a",) for k in ks)
+    for k in ks:   # STAGES x (activation tile + 16 KB converted A tile) + the 3-deep raw ring (128 rows x 144 B)
+        assert k.dynamic_smem() == k.p["STAGES"] * (k.p["BN"] * 128 + 16384) + 3 * 128 * 144 + 1024
+        assert k.dynamic_smem() <= 227 * 1024, k.key          # the H200's opt-in cap per block
+    assert ("BN", 256) not in [kv for k in ks if k.p["STAGES"] == 4 for kv in k.params]   # over the cap: not built
+    assert wgmma.variant_name(128, 4, 0, 1, FORM=1) == "wgmma_smem_bn128_s4_sk"
+    assert wgmma.variant_params("wgmma_smem_bn256_s3", "q4_K") == (
+        "wgmma_kq", {"BN": 256, "STAGES": 3, "BF16": 0, "SK": 0, "FORM": 1})
+    assert wgmma.variant_params("wgmma_bn128_s4_scl1_sk", "q6_K")[1]["SCL"] == 1
+
+
 def test_audit_reads_wgmma_serialization_and_sm90a_targets():
     from labkernels import audit
 

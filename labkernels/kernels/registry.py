@@ -109,6 +109,18 @@ FAMILIES = [
              "rows, wgmma m64nBNk16 f32 accumulate; 1 CTA/SM, setmaxnreg 24/240; a data-parallel or stream-K tile scheduler (runtime SK); SCL=0 every lane decodes its rows' "
              "scales per chunk, SCL=1 each of a row's 4 lanes decodes one chunk's per super-block and shares them "
              "by shuffles"),
+    # -- round 7, the shared-memory form: a converter warpgroup dequantizes TMA-staged raw q4_K super-blocks into
+    #    swizzled f16/bf16 A tiles; the consumers issue wgmma with both operands from shared memory
+    dict(family="wgmma_kqs", source="wgmma_kq.cu", template="wgmma_kqs_kernel",
+         params={"QT": [4], "BN": [128, 256], "STAGES": [3, 4], "BF16": [0, 1]}, threads=384,
+         smem="STAGES*(BN*128 + 16384) + 3*18432 + 1024", tile=(0, 128),
+         valid="BN == 128 or STAGES == 3",
+         main_path="BF16 == 0", archs=("sm_90a",), gemm=True,
+         doc="shared-memory form of wgmma_kq: warpgroup 0 converts (thread = weight row; its thread 0 issues the "
+             "TMA of the activation tiles and of the raw GGUF q4_K super-blocks, a 3-deep ring) into 128B-swizzled "
+             "f16/bf16 A tiles in the same STAGES-deep ring as the activations; warpgroups 1-2 issue wgmma "
+             "m64nBNk16 with A and B from shared memory; 1 CTA/SM, setmaxnreg 80/208; the same data-parallel / "
+             "stream-K scheduler"),
     # -- register-fed mma.sync probes: the physical ceiling line
     dict(family="mma_probe", source="mma_probe.cu", template="mma_probe_kernel",
          params={"K": [16, 32]}, threads=256, smem="0", tile=(0, 0), main_path=False,

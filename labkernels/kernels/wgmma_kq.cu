@@ -410,6 +410,71 @@ __device__ __forceinline__ void lk_consumer_sync() {   // the 256 consumer threa
     asm volatile("bar.sync 1, 256;\n" ::: "memory");
 }
 
+// ---- the end of a consumer's segment (both forms): a stream-K helper writes its partial accumulators and raises
+// its flag; an owner folds in the helpers' partials (in CTA order) and stores its rows of Y
+template <int BN>
+__device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const LkSeg& seg, float* __restrict__ Y,
+                                                  int nt, int od, int nsb, int tiles, int dp_tiles,
+                                                  float* __restrict__ ws, u32* __restrict__ flags, int r0, int r1,
+                                                  int n0, int c, int ctid) {
+    float4* part = (float4*)ws;
+#ifndef LK_ABLATE_NOFIX   // ablation builds only (labkernels.wgmma: LABKERNELS_WG_DEFINES): skip the fix-up
+    if (seg.klo > 0) {   // a helper: partial accumulators to ws[cta] (coalesced by thread), then the flag
+        float4* dst = part + (size_t)blockIdx.x * (BN / 8) * 256 + ctid;
+#pragma unroll
+        for (int i = 0; i < BN / 8; i++)
+            __stcg(dst + i * 256, make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
+        lk_consumer_sync();
+        if (ctid == 0) {
+            __threadfence();
+            lk_st_release(flags + blockIdx.x, 1u);
+        }
+        return;
+    }
+    // the owner: fold in the partials of the CTAs that hold the rest of this tile's k, in CTA order
+    for (int cc = blockIdx.x + 1, covered = seg.khi; covered < nsb && cc < (int)gridDim.x; cc++) {
+        const int T = (tiles - dp_tiles) * nsb, t0 = (seg.tile - dp_tiles) * nsb;
+        const int a1 = lk_sk_start(cc + 1, T), khi = (a1 < t0 + nsb ? a1 : t0 + nsb) - t0;
+        if (khi <= covered) continue;   // an empty range (never with the launcher's ncta <= stream-K iterations)
+        if (ctid == 0) {
+            while (lk_ld_acquire(flags + cc) == 0) __nanosleep(64);
+            flags[cc] = 0u;   // consumed: the next launch (after this one, in stream order) starts at zero
+        }
+        lk_consumer_sync();
+        const float4* src = part + (size_t)cc * (BN / 8) * 256 + ctid;
+#pragma unroll
+        for (int i = 0; i < BN / 8; i++) {
+            // at most 4 loads in flight over the live accumulators (hoisting all 32 spills registers)
+            if (i % 4 == 0) asm volatile("" ::: "memory");
+            const float4 v = __ldcg(src + i * 256);
+            acc[4 * i] += v.x;
+            acc[4 * i + 1] += v.y;
+            acc[4 * i + 2] += v.z;
+            acc[4 * i + 3] += v.w;
+        }
+        covered = khi;
+    }
+
+#endif
+#ifndef LK_ABLATE_NOSTORE   // ablation: skip the store (timing only)
+    // epilogue: Y is token-major [nt, od]; lanes with the same c write 8 consecutive rows (32 B)
+#pragma unroll
+    for (int jn = 0; jn < BN / 8; jn++) {
+        const int n = n0 + 8 * jn + 2 * c;
+        if (r0 < od) {
+            if (n < nt) Y[(size_t)n * od + r0] = acc[4 * jn + 0];
+            if (n + 1 < nt) Y[(size_t)(n + 1) * od + r0] = acc[4 * jn + 1];
+        }
+        if (r1 < od) {
+            if (n < nt) Y[(size_t)n * od + r1] = acc[4 * jn + 2];
+            if (n + 1 < nt) Y[(size_t)(n + 1) * od + r1] = acc[4 * jn + 3];
+        }
+    }
+#else
+    if (acc[0] == 12345.f) Y[0] = acc[1];   // keep the accumulators live
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------- the kernel
 template <int QT, int BN, int STAGES, int BF16, int SCL>
 __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __restrict__ W, float* __restrict__ Y,
@@ -504,62 +569,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
         lk_wgmma_wait<0>();
         lk_wgmma_fence_acc(acc);
 
-        float4* part = (float4*)ws;
-#ifndef LK_ABLATE_NOFIX   // ablation builds only (labkernels.wgmma: LABKERNELS_WG_DEFINES): skip the fix-up
-        if (seg.klo > 0) {   // a helper: partial accumulators to ws[cta] (coalesced by thread), then the flag
-            float4* dst = part + (size_t)blockIdx.x * (BN / 8) * 256 + ctid;
-#pragma unroll
-            for (int i = 0; i < BN / 8; i++)
-                __stcg(dst + i * 256, make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
-            lk_consumer_sync();
-            if (ctid == 0) {
-                __threadfence();
-                lk_st_release(flags + blockIdx.x, 1u);
-            }
-            continue;
-        }
-        // the owner: fold in the partials of the CTAs that hold the rest of this tile's k, in CTA order
-        for (int cc = blockIdx.x + 1, covered = seg.khi; covered < nsb && cc < (int)gridDim.x; cc++) {
-            const int T = (tiles - dp_tiles) * nsb, t0 = (seg.tile - dp_tiles) * nsb;
-            const int a1 = lk_sk_start(cc + 1, T), khi = (a1 < t0 + nsb ? a1 : t0 + nsb) - t0;
-            if (khi <= covered) continue;   // an empty range (never with the launcher's ncta <= stream-K iterations)
-            if (ctid == 0) {
-                while (lk_ld_acquire(flags + cc) == 0) __nanosleep(64);
-                flags[cc] = 0u;   // consumed: the next launch (after this one, in stream order) starts at zero
-            }
-            lk_consumer_sync();
-            const float4* src = part + (size_t)cc * (BN / 8) * 256 + ctid;
-#pragma unroll
-            for (int i = 0; i < BN / 8; i++) {
-                // at most 4 loads in flight over the live accumulators (hoisting all 32 spills registers)
-                if (i % 4 == 0) asm volatile("" ::: "memory");
-                const float4 v = __ldcg(src + i * 256);
-                acc[4 * i] += v.x;
-                acc[4 * i + 1] += v.y;
-                acc[4 * i + 2] += v.z;
-                acc[4 * i + 3] += v.w;
-            }
-            covered = khi;
-        }
-
-#endif
-#ifndef LK_ABLATE_NOSTORE   // ablation: skip the store (timing only)
-        // epilogue: Y is token-major [nt, od]; lanes with the same c write 8 consecutive rows (32 B)
-#pragma unroll
-        for (int jn = 0; jn < BN / 8; jn++) {
-            const int n = n0 + 8 * jn + 2 * c;
-            if (r0 < od) {
-                if (n < nt) Y[(size_t)n * od + r0] = acc[4 * jn + 0];
-                if (n + 1 < nt) Y[(size_t)(n + 1) * od + r0] = acc[4 * jn + 1];
-            }
-            if (r1 < od) {
-                if (n < nt) Y[(size_t)n * od + r1] = acc[4 * jn + 2];
-                if (n + 1 < nt) Y[(size_t)(n + 1) * od + r1] = acc[4 * jn + 3];
-            }
-        }
-#else
-        if (acc[0] == 12345.f) Y[0] = acc[1];   // keep the accumulators live
-#endif
+        lk_finish_segment<BN>(acc, seg, Y, nt, od, nsb, tiles, dp_tiles, ws, flags, r0, r1, n0, c, ctid);
     }
 }
 
@@ -569,6 +579,240 @@ __global__ void __launch_bounds__(LK_WG_THREADS, 1)
                     int od, int id, float* __restrict__ ws, u32* __restrict__ flags, int dp_tiles) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     wgmma_kq_body<QT, BN, STAGES, BF16, SCL>(tm, W, Y, nt, od, id, ws, flags, dp_tiles);
+#else
+    __trap();  // wgmma / setmaxnreg exist on sm_90a only: the launcher refuses other devices first
+#endif
+}
+
+// ============================================================================ the shared-memory form (wgmma_kqs)
+// The register form's consumers convert their own A fragments between wgmmas, so conversion, issue and the
+// tensor pipe share one dependency chain (round 7: issue-active ~40%, tensor pipe ~55% at nt=512). Here the
+// first warpgroup converts and the consumers only issue wgmma, both operands from shared memory (cuBLAS's
+// structure):
+// * warpgroup 0, "converters": thread r owns row r of the CTA's 128-row tile. Thread 0 also issues every TMA:
+//   the activations' [BN x 64] tiles (as the register form's producer) and the raw q4_K super-blocks of the tile
+//   (the GGUF bytes as they are: a [128 rows x 144 B] box of the weight viewed as a 2-D byte array) into a
+//   LK_WS_RAW-deep ring, LK_WS_RAW - 1 super-blocks ahead. Per 64-k chunk each thread reads its row's 32 nibble
+//   bytes and scale header from shared memory, dequantizes them (scale and min folded in, the register form's
+//   arithmetic: bitwise the same f16/bf16 weights) and writes them 128-byte swizzled into the chunk's A slot
+//   ([128 rows x 64 k] f16, K-major: the layout the wgmma descriptor reads), then fence.proxy.async + arrive.
+// * warpgroups 1-2, consumers: wait for the A and B slots of the chunk, 4 x wgmma m64nBNk16 (A: their 64 rows
+//   of the slot, B: the activations), release the slot one chunk later; the same tile scheduler, stream-K
+//   fix-up and store as the register form.
+// q4_K only (q6_K's 210-byte blocks are not a TMA box; its planes would need their own order).
+#define LK_WS_RAW 3          // raw super-block ring of the shared-memory form
+#define LK_WS_RAW_BYTES (LK_WG_M * 144)
+
+__device__ __forceinline__ uint4 lk_lds128(const u8* p) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(lk_smem_u32(p)));
+    return v;
+}
+__device__ __forceinline__ void lk_sts128(u32 addr, uint4 v) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+__device__ __forceinline__ u32 lk_prmt(u32 a, u32 sel) {
+    u32 d;
+    asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(d) : "r"(a), "r"(sel));
+    return d;
+}
+template <int BN, int BF16>
+__device__ __forceinline__ void lk_wgmma_ss(float (&d)[BN / 2], u64 da, u64 db) {
+    if constexpr (BF16) {
+        if constexpr (BN == 128) lk_wgmma_m64n128k16_bf16_ss(d, da, db, 1);
+        if constexpr (BN == 256) lk_wgmma_m64n256k16_bf16_ss(d, da, db, 1);
+    } else {
+        if constexpr (BN == 128) lk_wgmma_m64n128k16_f16_ss(d, da, db, 1);
+        if constexpr (BN == 256) lk_wgmma_m64n256k16_f16_ss(d, da, db, 1);
+    }
+}
+// the f16/bf16 pairs of one nibble word w = GGUF qs bytes [b0 b1 b2 b3] (k = 4m .. 4m+3 of the chunk's low
+// nibbles, k = 32 + 4m .. of its high ones): lo[0] = (k 4m, 4m+1), lo[1] = (4m+2, 4m+3), hi likewise
+template <int BF16>
+__device__ __forceinline__ void q4s_word(u32 w, u32 s0, u32 z0, u32 s1, u32 z1, u32 (&lo)[2], u32 (&hi)[2]) {
+    const u32 p = lk_prmt(w, 0x3120);      // bytes [b0 b2 b1 b3]: b0|b1 and (>> 8) b2|b3 sit in the two halves
+    const u32 p8 = p >> 8;
+    lo[0] = lk_fma2<BF16>(lk_sub2<BF16>(lk_lop_or_and(p, 0x000F000Fu, LkMagic<BF16>::OR), LkMagic<BF16>::Q4), s0, z0);
+    lo[1] = lk_fma2<BF16>(lk_sub2<BF16>(lk_lop_or_and(p8, 0x000F000Fu, LkMagic<BF16>::OR), LkMagic<BF16>::Q4), s0, z0);
+    if constexpr (BF16) {   // bf16 has 7 mantissa bits: 16 q does not fit under the magic exponent, shift down
+        hi[0] = lk_fma2<BF16>(lk_sub2<BF16>(lk_lop_or_and(p >> 4, 0x000F000Fu, LkMagic<BF16>::OR), LkMagic<BF16>::Q4), s1, z1);
+        hi[1] = lk_fma2<BF16>(lk_sub2<BF16>(lk_lop_or_and(p8 >> 4, 0x000F000Fu, LkMagic<BF16>::OR), LkMagic<BF16>::Q4), s1, z1);
+    } else {                // f16: (1024 + 16 q) / 16 - 64 = q exactly, no shift
+        hi[0] = lk_fma2<BF16>(lk_fma2<BF16>(lk_lop_or_and(p, 0x00F000F0u, 0x64006400u), 0x2C002C00u, 0xD400D400u), s1, z1);
+        hi[1] = lk_fma2<BF16>(lk_fma2<BF16>(lk_lop_or_and(p8, 0x00F000F0u, 0x64006400u), 0x2C002C00u, 0xD400D400u), s1, z1);
+    }
+}
+// a consumer's or converter's walk over the CTA's super-blocks in schedule order (segment si, super-block sb)
+struct LkCursor {
+    LkSeg seg;
+    int si, sb;
+    bool ok;
+    __device__ __forceinline__ LkCursor(int I, int dp_tiles, const LkSeg* sk, int nsk) : si(0) {
+        ok = lk_segment(0, I, dp_tiles, sk, nsk, seg);
+        sb = seg.klo;
+    }
+    __device__ __forceinline__ void next(int I, int dp_tiles, const LkSeg* sk, int nsk) {
+        if (!ok) return;
+        if (++sb >= seg.khi) {
+            ok = lk_segment(++si, I, dp_tiles, sk, nsk, seg);
+            sb = seg.klo;
+        }
+    }
+};
+
+template <int QT, int BN, int STAGES, int BF16>
+__device__ __forceinline__ void wgmma_kqs_body(const LkTmap& tmx, const LkTmap& tmw, float* __restrict__ Y, int nt,
+                                               int od, int id, float* __restrict__ ws, u32* __restrict__ flags,
+                                               int dp_tiles) {
+    static_assert(QT == 4, "the shared-memory form takes q4_K");
+    constexpr int B_BYTES = BN * LK_WG_K * 2, A_BYTES = LK_WG_M * LK_WG_K * 2;
+    extern __shared__ u8 lk_dyn_smem[];
+    __shared__ __align__(8) u64 full_b[STAGES], full_a[STAGES], empty_bar[STAGES];
+    __shared__ __align__(8) u64 raw_full[LK_WS_RAW], raw_empty[LK_WS_RAW];
+    __shared__ LkSeg sk_seg[LK_SK_MAXSEG];
+    __shared__ int sk_n;
+    const u32 base = lk_smem_u32(lk_dyn_smem);
+    u8* sB = lk_dyn_smem + (((base + 1023) & ~1023u) - base);   // 128-byte swizzle wants 1024-aligned tiles
+    u8* sA = sB + STAGES * B_BYTES;
+    u8* sR = sA + STAGES * A_BYTES;
+
+    const int nsb = id >> 8;
+    const int mtiles = (od + LK_WG_M - 1) / LK_WG_M, tiles = mtiles * ((nt + BN - 1) / BN);
+    const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127, lane = tid & 31;
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; s++) {
+            lk_mbar_init(&full_b[s], 1);
+            lk_mbar_init(&full_a[s], 4);      // lane 0 of each converter warp
+            lk_mbar_init(&empty_bar[s], 8);   // lane 0 of each of the 8 consumer warps
+        }
+#pragma unroll
+        for (int s = 0; s < LK_WS_RAW; s++) {
+            lk_mbar_init(&raw_full[s], 1);
+            lk_mbar_init(&raw_empty[s], 4);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        sk_n = lk_sk_segments(sk_seg, nsb, tiles, dp_tiles);
+        if (sk_n < 0) __trap();
+    }
+    __syncthreads();
+    const int nsk = sk_n;
+
+    if (wg == 0) {  // ------------------------------------------------ converter warpgroup (+ the TMA thread)
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 80;\n");
+        const bool issuer = tid == 0;
+        LkCursor ahead(nsb, dp_tiles, sk_seg, nsk);   // the next super-block to request
+        if (issuer) {
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tmx) : "memory");
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tmw) : "memory");
+            for (int t = 0; t < LK_WS_RAW - 1 && ahead.ok; t++) {
+                lk_mbar_expect_tx(&raw_full[t], LK_WS_RAW_BYTES);
+                lk_tma_load_2d(sR + t * LK_WS_RAW_BYTES, &tmw, ahead.sb * 144,
+                               (ahead.seg.tile % mtiles) * LK_WG_M, &raw_full[t]);
+                ahead.next(nsb, dp_tiles, sk_seg, nsk);
+            }
+        }
+        // this thread's row in the A slot: 64-row half (one consumer warpgroup's), 8-row core group, swizzle
+        const u32 a_row = (u32)((tid >> 6) * 8192 + ((tid & 63) >> 3) * 1024 + (tid & 7) * 128);
+        const u32 sw = (u32)(tid & 7);
+        const u32 sA0 = lk_smem_u32(sA);
+        u32 q = 0, u = 0;   // chunks and super-blocks converted so far (the consumers count the same chunks)
+        LkCursor cur(nsb, dp_tiles, sk_seg, nsk);
+        for (; cur.ok; cur.next(nsb, dp_tiles, sk_seg, nsk), u++) {
+            const int n0 = (cur.seg.tile / mtiles) * BN;
+            const int rs = u % LK_WS_RAW;
+            lk_mbar_wait(&raw_full[rs], (u / LK_WS_RAW) & 1);
+            const u8* rp = sR + rs * LK_WS_RAW_BYTES + tid * 144;
+            const uint4 hdr = lk_lds128(rp);
+            const float d = lk_h2f((u16)(hdr.x & 0xFFFF)), dmin = lk_h2f((u16)(hdr.x >> 16));
+#pragma unroll
+            for (int j = 0; j < 4; j++, q++) {
+                const int st = q % STAGES;
+                if (q >= STAGES) lk_mbar_wait(&empty_bar[st], ((q / STAGES) - 1) & 1);
+                if (issuer) {
+                    lk_mbar_expect_tx(&full_b[st], B_BYTES);
+                    lk_tma_load_2d(sB + st * B_BYTES, &tmx, (cur.sb * 4 + j) * LK_WG_K, n0, &full_b[st]);
+                }
+                u32 sc, mn;
+                q4_scale_min(hdr, 2 * j, sc, mn);
+                const u32 s0 = lk_bcast2<BF16>(d * (float)sc), z0 = lk_bcast2<BF16>(-(dmin * (float)mn));
+                q4_scale_min(hdr, 2 * j + 1, sc, mn);
+                const u32 s1 = lk_bcast2<BF16>(d * (float)sc), z1 = lk_bcast2<BF16>(-(dmin * (float)mn));
+                const u32 arow = sA0 + st * A_BYTES + a_row;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {   // nibble bytes 16h .. 16h+15 of the chunk's 32: k 16h.. and 32+16h..
+                    const uint4 v = lk_lds128(rp + 16 + 32 * j + 16 * h);
+                    u32 lo[4][2], hi[4][2];
+                    q4s_word<BF16>(v.x, s0, z0, s1, z1, lo[0], hi[0]);
+                    q4s_word<BF16>(v.y, s0, z0, s1, z1, lo[1], hi[1]);
+                    q4s_word<BF16>(v.z, s0, z0, s1, z1, lo[2], hi[2]);
+                    q4s_word<BF16>(v.w, s0, z0, s1, z1, lo[3], hi[3]);
+                    // 16-byte chunk c16 of the row = k 8 c16 .. 8 c16 + 7, at position c16 ^ (row & 7)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const u32 c_lo = 2 * h + e, c_hi = 4 + 2 * h + e;
+                        lk_sts128(arow + ((c_lo ^ sw) << 4), make_uint4(lo[2 * e][0], lo[2 * e][1], lo[2 * e + 1][0], lo[2 * e + 1][1]));
+                        lk_sts128(arow + ((c_hi ^ sw) << 4), make_uint4(hi[2 * e][0], hi[2 * e][1], hi[2 * e + 1][0], hi[2 * e + 1][1]));
+                    }
+                }
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // generic writes -> wgmma's reads
+                __syncwarp();
+                if (lane == 0) lk_mbar_arrive(&full_a[st]);
+                if (j == 0 && issuer && ahead.ok) {   // request super-block u + RAW - 1 (its slot held u - 1)
+                    const int t = (int)(u + LK_WS_RAW - 1) % LK_WS_RAW;
+                    if (u >= 1) lk_mbar_wait(&raw_empty[t], ((u - 1) / LK_WS_RAW) & 1);
+                    lk_mbar_expect_tx(&raw_full[t], LK_WS_RAW_BYTES);
+                    lk_tma_load_2d(sR + t * LK_WS_RAW_BYTES, &tmw, ahead.sb * 144,
+                                   (ahead.seg.tile % mtiles) * LK_WG_M, &raw_full[t]);
+                    ahead.next(nsb, dp_tiles, sk_seg, nsk);
+                }
+            }
+            __syncwarp();
+            if (lane == 0) lk_mbar_arrive(&raw_empty[rs]);   // this warp is done with the super-block's bytes
+        }
+        return;
+    }
+    // ------------------------------------------------------------------ consumer warpgroups
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 208;\n");
+    const int warp = tid >> 5, g = lane >> 2, c = lane & 3;
+    const int ctid = threadIdx.x - 128;
+    u32 q = 0;
+    LkSeg seg;
+    for (int si = 0; lk_segment(si, nsb, dp_tiles, sk_seg, nsk, seg); si++) {
+        const int m0 = (seg.tile % mtiles) * LK_WG_M, n0 = (seg.tile / mtiles) * BN;
+        const int r0 = m0 + (wg - 1) * 64 + warp * 16 + g, r1 = r0 + 8;
+        float acc[BN / 2];
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
+        for (int kc = 4 * seg.klo; kc < 4 * seg.khi; kc++, q++) {
+            const int st = q % STAGES;
+            lk_mbar_wait(&full_a[st], (q / STAGES) & 1);
+            lk_mbar_wait(&full_b[st], (q / STAGES) & 1);
+            lk_wgmma_fence_acc(acc);
+            lk_wgmma_fence();
+            const u32 sa = lk_smem_u32(sA + st * A_BYTES + (wg - 1) * 8192), sb = lk_smem_u32(sB + st * B_BYTES);
+#pragma unroll
+            for (int s = 0; s < 4; s++) lk_wgmma_ss<BN, BF16>(acc, lk_desc_sw128(sa + 32 * s), lk_desc_sw128(sb + 32 * s));
+            lk_wgmma_commit();
+            lk_wgmma_fence_acc(acc);
+            lk_wgmma_wait<1>();
+            if (q > 0 && lane == 0) lk_mbar_arrive(&empty_bar[(q - 1) % STAGES]);
+        }
+        lk_wgmma_wait<0>();
+        lk_wgmma_fence_acc(acc);
+        lk_finish_segment<BN>(acc, seg, Y, nt, od, nsb, tiles, dp_tiles, ws, flags, r0, r1, n0, c, ctid);
+    }
+}
+
+template <int QT, int BN, int STAGES, int BF16>
+__global__ void __launch_bounds__(LK_WG_THREADS, 1)
+    wgmma_kqs_kernel(const __grid_constant__ LkTmap tmx, const __grid_constant__ LkTmap tmw, float* __restrict__ Y,
+                     int nt, int od, int id, float* __restrict__ ws, u32* __restrict__ flags, int dp_tiles) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    wgmma_kqs_body<QT, BN, STAGES, BF16>(tmx, tmw, Y, nt, od, id, ws, flags, dp_tiles);
 #else
     __trap();  // wgmma / setmaxnreg exist on sm_90a only: the launcher refuses other devices first
 #endif

@@ -35,6 +35,8 @@ def _run(cp, raw, qtype, x, **params):
 
     nt, od = x.shape[0], raw.shape[0]
     w = wgmma.WgWeight.from_gguf(raw, qtype)
+    if params.get("FORM"):
+        w.gguf = cp.asarray(np.ascontiguousarray(raw))   # the shared-memory form reads the GGUF rows as they are
     buf = cp.full(nt * od + 2 * GUARD, np.nan, dtype=cp.float32)
     y = buf[GUARD:GUARD + nt * od].reshape(nt, od)
     wgmma.gemm(w, cp.asarray(x), out=y, **params)
@@ -91,6 +93,52 @@ def test_wgmma_stream_k(cp, rng, qtype, bn, nt, od, id_):
     assert np.array_equal(y1, y2), "stream-K is not bitwise reproducible"
     scale = float(np.abs(y0).max())
     assert np.abs(y1 - y0).max() <= 1e-5 * scale, "stream-K differs from data-parallel beyond summation order"
+
+
+SMEM = registry.family("wgmma_kqs")
+
+
+@pytest.mark.parametrize("sk", [0, 1], ids=["dp", "sk"])
+@pytest.mark.parametrize("spec", SMEM, ids=[k.key for k in SMEM])
+@pytest.mark.parametrize("nt,od,id_", [(1, 128, 256), (77, 200, 512), (300, 256, 768), (520, 130, 1024),
+                                       (512, 1000, 4096)])
+def test_wgmma_smem_form_parity(cp, rng, spec, nt, od, id_, sk):
+    """The shared-memory form (wgmma_kqs): the gate on every variant with tails in nt and od, poisoned output with
+    guards, and against the register form of the same tile: the same f16/bf16 weights (the converters' arithmetic
+    is the register form's), so the two agree to fp32 summation order."""
+    from labkernels import wgmma
+
+    raw = _weights(rng, "q4_K", od, id_)
+    x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
+    p = dict(BN=spec.p["BN"], STAGES=spec.p["STAGES"], BF16=spec.p["BF16"], SK=sk)
+    y, packed = _run(cp, raw, "q4_K", x, FORM=1, **p)
+    g = wgmma.gate(y, raw, "q4_K", x, packed=packed, bf16=bool(spec.p["BF16"]))
+    print(spec.key, nt, od, id_, sk, g)
+    assert g["nonfinite"] == 0
+    assert g["exact_rel"] <= wgmma.exact_gate(id_), g
+    assert g["ok"], g
+    y_reg, _ = _run(cp, raw, "q4_K", x, SCL=0, **{**p, "STAGES": 4})
+    scale = float(np.abs(y_reg).max())
+    d = float(np.abs(y - y_reg).max())
+    print("smem vs register form: max abs diff", d, "of", scale, "bitwise", np.array_equal(y, y_reg))
+    assert d <= 1e-5 * scale, (d, scale)
+    y2, _ = _run(cp, raw, "q4_K", x, FORM=1, **p)
+    assert np.array_equal(y, y2), "the shared-memory form is not bitwise reproducible"
+
+
+def test_wgmma_smem_form_refuses_what_it_cannot_take(cp, rng):
+    from labkernels import gpu, wgmma
+
+    raw = _weights(rng, "q6_K", 128, 512)
+    w = wgmma.WgWeight.from_gguf(raw, "q6_K")
+    with pytest.raises(gpu.ShapeError, match="takes q4_K"):
+        wgmma.gemm(w, cp.zeros((4, 512), cp.float32), FORM=1)
+    w4 = wgmma.WgWeight.from_gguf(_weights(rng, "q4_K", 128, 512), "q4_K")
+    with pytest.raises(gpu.ShapeError, match="GGUF rows"):
+        wgmma.gemm(w4, cp.zeros((4, 512), cp.float32), FORM=1)
+    w4.gguf = cp.zeros((128, 2 * 144), cp.uint8)
+    with pytest.raises(KeyError, match="no registered kernel"):
+        wgmma.gemm(w4, cp.zeros((4, 512), cp.float32), FORM=1, BN=256, STAGES=4)   # over the smem cap
 
 
 def test_wgmma_rejects_bad_shapes(cp, rng):
