@@ -194,6 +194,36 @@ def _round16(x: np.ndarray, bf16: bool) -> np.ndarray:
     return u.astype(np.uint32).view(np.float32).astype(np.float64)
 
 
+def _q4_scales(hdr: np.ndarray, bf16: bool):
+    """The 8 sub-block scales d*sc and negated mins -(dmin*m) of q4_K block headers [..., 16] as the kernel rounds
+    them (f32 products, then one rounding to fp16/bf16), float64 [..., 8] each."""
+    d = hdr[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    dmin = hdr[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    sc8 = hdr[..., 4:16].astype(np.int64)
+    scale = np.zeros(hdr.shape[:-1] + (8,)); mins = np.zeros(hdr.shape[:-1] + (8,))
+    for i in range(8):      # get_scale_min_k4
+        if i < 4:
+            s_, m_ = sc8[..., i] & 63, sc8[..., i + 4] & 63
+        else:
+            s_ = (sc8[..., i + 4] & 0xF) | ((sc8[..., i - 4] >> 6) << 4)
+            m_ = (sc8[..., i + 4] >> 4) | ((sc8[..., i] >> 6) << 4)
+        scale[..., i] = _round16(d * s_.astype(np.float32), bf16)
+        mins[..., i] = _round16(-(dmin * m_.astype(np.float32)), bf16)
+    return scale, mins
+
+
+def scale_plane(blocks: np.ndarray, od: int, nsb: int) -> np.ndarray:
+    """q4_K's precomputed f16 scale plane [od, nsb * 32] (uint8) that the f16 register form reads beside the
+    144-byte blocks: per block the 8 sub-block scales d*sc, then the 8 negated mins -(dmin*m), fp16, in sub-block
+    order -- exactly the values the kernel used to decode per chunk (f32 product, one rounding), so the weights it
+    feeds the tensor cores are unchanged. Derived from the headers: it adds 1.0 bit per weight (4.5 -> 5.5) and
+    nothing to the round trip."""
+    hdr = np.asarray(blocks, np.uint8).reshape(od, nsb, 144)[..., :16]
+    scale, mins = _q4_scales(hdr, False)
+    out = np.concatenate([scale.astype(np.float16), mins.astype(np.float16)], axis=-1)   # exact: already fp16
+    return np.ascontiguousarray(out).view(np.uint8).reshape(od, nsb * 32)
+
+
 def emulate_weights(packed: np.ndarray, qtype: str, od: int, id_: int, bf16: bool = False) -> np.ndarray:
     """The weights [od, id] (float64 holding fp16/bf16 values) that the kernel feeds the tensor cores, computed
     from the *repacked* bytes with the kernel's own bit extraction and rounding order."""
@@ -201,19 +231,7 @@ def emulate_weights(packed: np.ndarray, qtype: str, od: int, id_: int, bf16: boo
     c = np.arange(4)
     if qtype == "q4_K":
         blk = np.asarray(packed, np.uint8).reshape(od, nsb, 144)
-        hdr = blk[..., :16]
-        d = hdr[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-        dmin = hdr[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-        sc8 = hdr[..., 4:16].astype(np.int64)
-        scale = np.zeros((od, nsb, 8)); mins = np.zeros((od, nsb, 8))
-        for i in range(8):      # get_scale_min_k4
-            if i < 4:
-                s_, m_ = sc8[..., i] & 63, sc8[..., i + 4] & 63
-            else:
-                s_ = (sc8[..., i + 4] & 0xF) | ((sc8[..., i - 4] >> 6) << 4)
-                m_ = (sc8[..., i + 4] >> 4) | ((sc8[..., i] >> 6) << 4)
-            scale[..., i] = _round16(d * s_.astype(np.float32), bf16)
-            mins[..., i] = _round16(-(dmin * m_.astype(np.float32)), bf16)
+        scale, mins = _q4_scales(blk[..., :16], bf16)
         words = blk[..., 16:].reshape(od, nsb, 4, 4, 2, 4)                      # [c, j, h, byte]
         w = words.astype(np.uint32)
         word = w[..., 0] | (w[..., 1] << 8) | (w[..., 2] << 16) | (w[..., 3] << 24)   # [od, nsb, c, j, h]
@@ -474,6 +492,7 @@ class WgWeight:
     repack_s: float   # host repack time
     nbytes: int
     gguf: object = None   # cupy uint8 GGUF rows [od, nsb*144] (q4_K): the shared-memory form reads them as they are
+    scales: object = None  # cupy uint8 [od, nsb*32] (q4_K): the f16 scale plane of the register form (scale_plane)
 
     @classmethod
     def from_gguf(cls, raw: np.ndarray, qtype: str) -> "WgWeight":
@@ -482,10 +501,14 @@ class WgWeight:
         qtype = normalize_qtype(qtype)
         t0 = time.perf_counter()
         p = repack(np.asarray(raw), qtype)
-        dt = time.perf_counter() - t0
         od = raw.shape[0]
         id_ = raw.shape[1] // BLOCK_BYTES[qtype] * QK
-        return cls(_cp().asarray(np.ascontiguousarray(p)), qtype, od, id_, dt, int(p.nbytes))
+        sp = scale_plane(p, od, id_ // QK) if qtype == "q4_K" else None
+        dt = time.perf_counter() - t0
+        cp = _cp()
+        return cls(cp.asarray(np.ascontiguousarray(p)), qtype, od, id_, dt,
+                   int(p.nbytes) + (int(sp.nbytes) if sp is not None else 0),
+                   scales=cp.asarray(sp) if sp is not None else None)
 
 
 def default_params(qtype: str, nt: int) -> dict:
@@ -688,8 +711,11 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
         k.launch((ncta, 1), (tm, weight_tensor_map(w.gguf)), y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws,
                  flags, np.int32(dp_tiles))
     else:
-        k.launch((ncta, 1), tm, w.packed, y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws, flags,
-                 np.int32(dp_tiles))
+        if qt == 4 and not bf16 and w.scales is None:
+            raise ShapeError("the f16 q4_K register form reads the weight's scale plane (WgWeight.scales), which "
+                             "this weight does not hold")
+        k.launch((ncta, 1), tm, w.packed, w.scales if w.scales is not None else w.packed, y, np.int32(nt),
+                 np.int32(w.od), np.int32(w.id), ws, flags, np.int32(dp_tiles))
     return y
 
 
@@ -955,7 +981,10 @@ def cost_fit(scan_df):
 #: the plan of round 7's measurement (the gpu-check step and the notebook's measure mode)
 PLAN = {"shapes": [list(s) for s in SHAPES], "nts": list(NTS), "qtypes": ["q4_K", "q6_K"],
         "variants": [[128, 4, 0, 0], [128, 4, 1, 0], [256, 4, 0, 0], [256, 4, 1, 0],
-                     [128, 4, 0, 1], [128, 4, 1, 1], [256, 4, 0, 1], [256, 4, 1, 1]], "pairs": 3, "repeats": 10}
+                     [128, 4, 0, 1], [128, 4, 1, 1], [256, 4, 0, 1], [256, 4, 1, 1],
+                     # the shared-memory form (q4_K): [BN, STAGES, -, SK, FORM=1]
+                     [128, 4, 0, 0, 1], [128, 4, 0, 1, 1], [256, 3, 0, 0, 1], [256, 3, 0, 1, 1]],
+        "pairs": 3, "repeats": 10}
 
 
 def kernel_rows() -> list[dict]:
@@ -963,8 +992,8 @@ def kernel_rows() -> list[dict]:
     from . import occupancy
 
     rows = []
-    for spec in registry.family("wgmma_kq"):
-        k = kernel(**spec.p)
+    for spec in registry.family("wgmma_kq") + registry.family("wgmma_kqs"):
+        k = kernel(spec.family, **spec.p)
         smem = k.smem + k.entry["static_smem"]
         calc = occupancy.occupancy("h200", spec.threads, k.regs, smem)
         rows.append({"kernel": spec.key, **spec.p, "main_path": spec.main_path, "regs": k.regs,
@@ -988,14 +1017,20 @@ def real_model_rows(rng, progress=print) -> list[dict]:
         id_ = raw.shape[1] // BLOCK_BYTES[qtype] * QK
         x = rng.standard_normal((37, id_)).astype(np.float32)
         w = WgWeight.from_gguf(raw, qtype)
+        if qtype == "q4_K":
+            w.gguf = cp.asarray(raw)
         i8 = int8_path_error(raw, qtype, x)
-        for bn, sk in ((128, 0), (256, 0), (128, 1), (256, 1)):
-            p = {"BN": bn, "STAGES": 4, "BF16": 0, "SCL": main_scl(qtype, bn), "SK": sk}
+        forms = ((128, 0, 0), (256, 0, 0), (128, 1, 0), (256, 1, 0))
+        if qtype == "q4_K":      # the shared-memory form too
+            forms += ((128, 0, 1), (128, 1, 1), (256, 1, 1))
+        for bn, sk, form in forms:
+            p = {"BN": bn, "STAGES": 3 if form and bn == 256 else 4, "BF16": 0, "SCL": main_scl(qtype, bn), "SK": sk,
+                 "FORM": form}
             y = cp.full((37, raw.shape[0]), np.nan, cp.float32)
             gemm(w, cp.asarray(x), out=y, **p)
             g = gate(cp.asnumpy(y), raw, qtype, x, packed=cp.asnumpy(w.packed))
             rows.append({"tensor": name, "qtype": qtype, "od": raw.shape[0], "id": id_,
-                         "variant": variant_name(bn, 4, p["SCL"], sk), **g, "int8_max_rel_err_f64": i8["max_rel_err_f64"],
+                         "variant": variant_name(bn, p["STAGES"], p["SCL"], sk, form), **g, "int8_max_rel_err_f64": i8["max_rel_err_f64"],
                          "int8_nmse": i8["nmse"]})
             if not g["ok"]:
                 raise AssertionError(f"real-model gate failed: {name} {p}: {g}")

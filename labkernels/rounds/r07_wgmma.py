@@ -38,7 +38,8 @@ mode = sys.argv[1]
 rng = np.random.default_rng(3)
 cases = []
 if mode == "sanitizer":       # tails in nt and od, every main-path variant, both schedulers (stream-K splits
-    for k in registry.family("wgmma_kq"):       # these tiles' k over 4 CTAs: partials, flags, fix-up)
+    for k in registry.family("wgmma_kq") + registry.family("wgmma_kqs"):   # these tiles' k over 4 CTAs:
+                                                # partials, flags, fix-up; both forms)
         if k.main_path:
             cases += [(k, 77, 200, 512, 0), (k, 77, 200, 512, 1)]
 else:                         # ncu: the main variants at the 7B attention shape
@@ -51,9 +52,12 @@ for k, nt, od, id_, sk in cases:
     raw = quants.quantize((rng.standard_normal((min(od, 256), id_)) * .02).astype(np.float32), qtype)
     raw = np.ascontiguousarray(np.tile(raw, (-(-od // raw.shape[0]), 1))[:od])
     w = wgmma.WgWeight.from_gguf(raw, qtype)
+    form = int(k.family == "wgmma_kqs")
+    if form:
+        w.gguf = cp.asarray(raw)
     x = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float16))
     y = cp.empty((nt, od), cp.float32)
-    wgmma.gemm(w, x, out=y, SK=sk, **{n: v for n, v in k.params if n != "QT"})
+    wgmma.gemm(w, x, out=y, SK=sk, FORM=form, **{n: v for n, v in k.params if n != "QT"})
     cp.cuda.runtime.deviceSynchronize()
     print("case", k.key, "SK=%d" % sk, nt, od, id_, flush=True)
 """
