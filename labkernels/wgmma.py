@@ -212,18 +212,6 @@ def _q4_scales(hdr: np.ndarray, bf16: bool):
     return scale, mins
 
 
-def scale_plane(blocks: np.ndarray, od: int, nsb: int) -> np.ndarray:
-    """q4_K's precomputed f16 scale plane [od, nsb * 32] (uint8) that the f16 register form reads beside the
-    144-byte blocks: per block the 8 sub-block scales d*sc, then the 8 negated mins -(dmin*m), fp16, in sub-block
-    order -- exactly the values the kernel used to decode per chunk (f32 product, one rounding), so the weights it
-    feeds the tensor cores are unchanged. Derived from the headers: it adds 1.0 bit per weight (4.5 -> 5.5) and
-    nothing to the round trip."""
-    hdr = np.asarray(blocks, np.uint8).reshape(od, nsb, 144)[..., :16]
-    scale, mins = _q4_scales(hdr, False)
-    out = np.concatenate([scale.astype(np.float16), mins.astype(np.float16)], axis=-1)   # exact: already fp16
-    return np.ascontiguousarray(out).view(np.uint8).reshape(od, nsb * 32)
-
-
 def emulate_weights(packed: np.ndarray, qtype: str, od: int, id_: int, bf16: bool = False) -> np.ndarray:
     """The weights [od, id] (float64 holding fp16/bf16 values) that the kernel feeds the tensor cores, computed
     from the *repacked* bytes with the kernel's own bit extraction and rounding order."""
@@ -492,7 +480,6 @@ class WgWeight:
     repack_s: float   # host repack time
     nbytes: int
     gguf: object = None   # cupy uint8 GGUF rows [od, nsb*144] (q4_K): the shared-memory form reads them as they are
-    scales: object = None  # cupy uint8 [od, nsb*32] (q4_K): the f16 scale plane of the register form (scale_plane)
 
     @classmethod
     def from_gguf(cls, raw: np.ndarray, qtype: str) -> "WgWeight":
@@ -501,14 +488,10 @@ class WgWeight:
         qtype = normalize_qtype(qtype)
         t0 = time.perf_counter()
         p = repack(np.asarray(raw), qtype)
+        dt = time.perf_counter() - t0
         od = raw.shape[0]
         id_ = raw.shape[1] // BLOCK_BYTES[qtype] * QK
-        sp = scale_plane(p, od, id_ // QK) if qtype == "q4_K" else None
-        dt = time.perf_counter() - t0
-        cp = _cp()
-        return cls(cp.asarray(np.ascontiguousarray(p)), qtype, od, id_, dt,
-                   int(p.nbytes) + (int(sp.nbytes) if sp is not None else 0),
-                   scales=cp.asarray(sp) if sp is not None else None)
+        return cls(_cp().asarray(np.ascontiguousarray(p)), qtype, od, id_, dt, int(p.nbytes))
 
 
 def default_params(qtype: str, nt: int) -> dict:
@@ -711,11 +694,8 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
         k.launch((ncta, 1), (tm, weight_tensor_map(w.gguf)), y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws,
                  flags, np.int32(dp_tiles))
     else:
-        if qt == 4 and not bf16 and w.scales is None:
-            raise ShapeError("the f16 q4_K register form reads the weight's scale plane (WgWeight.scales), which "
-                             "this weight does not hold")
-        k.launch((ncta, 1), tm, w.packed, w.scales if w.scales is not None else w.packed, y, np.int32(nt),
-                 np.int32(w.od), np.int32(w.id), ws, flags, np.int32(dp_tiles))
+        k.launch((ncta, 1), tm, w.packed, y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws, flags,
+                 np.int32(dp_tiles))
     return y
 
 

@@ -53,29 +53,6 @@ def test_emulated_kernel_weights_match_gguf_dequant(qtype, bf16):
     assert not np.array_equal(wgmma.emulate_weights(bad, qtype, od, id_, bf16=bf16), emu)
 
 
-def test_q4k_scale_plane_dequantizes_like_gguf(rng):
-    """The f16 scale plane (s = d*sc, z = -(dmin*m) per sub-block, fp16) with the GGUF nibbles gives gguf-py's
-    dequantization to within the fp16 rounding of s and z; the plane's layout is [8 scales | 8 mins] per block."""
-    import gguf
-
-    from labkernels import quants, wgmma
-
-    od, id_ = 6, 512
-    raw = quants.quantize((rng.standard_normal((od, id_)) * 0.05).astype(np.float32), "q4_K")
-    plane = wgmma.scale_plane(wgmma.repack(raw, "q4_K"), od, id_ // 256)
-    assert plane.shape == (od, id_ // 256 * 32) and plane.dtype == np.uint8
-    sz = plane.reshape(od, id_ // 256, 32).view(np.float16)      # view: 32 B -> 16 fp16
-    s, z = sz[..., :8].astype(np.float64), sz[..., 8:].astype(np.float64)
-    qs = raw.reshape(od, id_ // 256, 144)[..., 16:].reshape(od, id_ // 256, 4, 32)
-    q = np.concatenate([qs & 0xF, qs >> 4], axis=-1).reshape(od, id_ // 256, 8, 32)   # sub-block 2j: low, 2j+1: high
-    w = (q * s[..., None] + z[..., None]).reshape(od, id_)
-    ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_K).astype(np.float64)
-    assert np.abs(w - ref).max() <= 2e-3 * np.abs(ref).max()
-    assert np.abs(w - ref).max() > 0          # fp16 s and z really are rounded (the test can tell)
-    assert np.array_equal(wgmma.emulate_weights(wgmma.repack(raw, "q4_K"), "q4_K", od, id_),
-                          wgmma._round16(w, False))
-
-
 def test_repack_rejects_bad_input():
     with pytest.raises(wgmma.RepackError, match="q4_K or q6_K"):
         wgmma.repack(np.zeros((2, 34), np.uint8), "q8_0")

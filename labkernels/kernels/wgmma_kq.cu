@@ -141,8 +141,6 @@ struct LkMagic {
     static constexpr u32 Q6 = BF16 ? 0x43204320u : 0x64206420u;    // subtract 160 | 1056: q - 32
 };
 
-__device__ __forceinline__ u32 lk_u4(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-
 // ---- q4_K: a 144-byte block, header kept, nibble bytes permuted (labkernels.wgmma.repack) ----
 // lane c's 32 bytes at 16 + 32c: word (j, h) = bytes [b(32j+16h+2c), b(..+8), b(..+1), b(..+9)] of the GGUF qs
 struct Q4Raw {
@@ -198,38 +196,20 @@ __device__ __forceinline__ Q4Scales q4_take(const Q4Scales& own, int j) {
     return o;
 }
 // A fragments of chunk j (k 64j..64j+63 of the super-block) for one row: frag[s][0] = (k 2c..), [1] = (k 2c+8..)
-// the q in 0..15 of a nibble pair as a 16-bit pair: nibbles at bits 0-3 / 16-19 (HI=0) or 4-7 / 20-23 (HI=1);
-// f16 takes the high ones in place ((1024 + 16 q) / 16 - 64 = q exactly, one shift fewer), bf16 (7 mantissa
-// bits) shifts them down
-template <int BF16, int HI>
-__device__ __forceinline__ u32 lk_q4_pair(u32 w) {
-    if constexpr (HI && !BF16)
-        return lk_fma2<BF16>(lk_lop_or_and(w, 0x00F000F0u, 0x64006400u), 0x2C002C00u, 0xD400D400u);
-    else
-        return lk_sub2<BF16>(lk_lop_or_and(HI ? w >> 4 : w, 0x000F000Fu, LkMagic<BF16>::OR), LkMagic<BF16>::Q4);
-}
 template <int BF16>
 __device__ __forceinline__ void q4_chunk(const Q4Raw& r, int j, const Q4Scales& sc, u32 (&frag)[4][2]) {
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const u32 w = q4_word(r, j, h), w8 = w >> 8;
-        // low nibbles: sub-block 2j (k16 step h), high nibbles: 2j+1 (step 2 + h)
-        frag[h][0] = lk_fma2<BF16>(lk_q4_pair<BF16, 0>(w), sc.s[0], sc.z[0]);
-        frag[h][1] = lk_fma2<BF16>(lk_q4_pair<BF16, 0>(w8), sc.s[0], sc.z[0]);
-        frag[2 + h][0] = lk_fma2<BF16>(lk_q4_pair<BF16, 1>(w), sc.s[1], sc.z[1]);
-        frag[2 + h][1] = lk_fma2<BF16>(lk_q4_pair<BF16, 1>(w8), sc.s[1], sc.z[1]);
+    for (int half = 0; half < 2; half++) {      // low nibbles: sub-block 2j, high nibbles: 2j+1
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const u32 w = q4_word(r, j, h) >> (4 * half);
+            const int s = 2 * half + h;           // k16 step inside the chunk
+            frag[s][0] = lk_fma2<BF16>(lk_sub2<BF16>(lk_lop_or_and(w, 0x000F000Fu, LkMagic<BF16>::OR), LkMagic<BF16>::Q4),
+                                       sc.s[half], sc.z[half]);
+            frag[s][1] = lk_fma2<BF16>(lk_sub2<BF16>(lk_lop_or_and(w >> 8, 0x000F000Fu, LkMagic<BF16>::OR), LkMagic<BF16>::Q4),
+                                       sc.s[half], sc.z[half]);
+        }
     }
-}
-// f16: the scales and negated mins of the 8 sub-blocks as precomputed f16 (labkernels.wgmma.scale_plane, 32 B
-// per block beside the 144-byte blocks): word j of S = (s 2j | s 2j+1), of Z likewise; PRMT broadcasts one half
-__device__ __forceinline__ Q4Scales q4_plane_scales(const uint4& S, const uint4& Z, int j) {
-    const u32 sw = lk_u4(S, j), zw = lk_u4(Z, j);
-    Q4Scales o;
-    o.s[0] = __byte_perm(sw, 0, 0x1010);
-    o.s[1] = __byte_perm(sw, 0, 0x3232);
-    o.z[0] = __byte_perm(zw, 0, 0x1010);
-    o.z[1] = __byte_perm(zw, 0, 0x3232);
-    return o;
 }
 
 // ---- q6_K: planes L (128 B/block: lane c's 32 B), H (64 B/block: lane c's 16 B), SC (16 B), D (2 B) ----
@@ -248,6 +228,7 @@ __device__ __forceinline__ void q6_load(Q6Raw& r, const u8* L, const u8* H, cons
     r.sc = __ldg((const uint4*)(SC + blk * 16));
     r.d = __ldg((const u16*)(D + blk * 2));
 }
+__device__ __forceinline__ u32 lk_u4(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 // the 4 step scales d*sc[4j+s] of chunk j as 16-bit pairs
 struct Q6Scales {
     u32 s[4];
@@ -292,34 +273,20 @@ struct KQ;
 template <int BF16, int SCL>
 struct KQ<4, BF16, SCL> {
     static constexpr int LOAD_AT = 0;   // chunk before which the next super-block's bytes are requested
-    static constexpr bool PLANE = !BF16;   // f16: scales from the precomputed plane (SCL does not apply)
     struct Rows {
         Q4Raw r0, r1;
-        uint4 s0, z0, s1, z1;   // PLANE: the rows' f16 scale / negated-min words of the super-block
     };
-    const u8 *p0, *p1, *q0, *q1;
+    const u8 *p0, *p1;
     int c;
     Q4Scales sc0[4], sc1[4];   // SCL=1: the super-block's four chunks' scales, taken from their lanes
-    __device__ __forceinline__ KQ(const u8* W, const u8* S, int od, int nsb, int rr0, int rr1, int c_)
-        : p0(W + (size_t)rr0 * nsb * 144), p1(W + (size_t)rr1 * nsb * 144), q0(S + (size_t)rr0 * nsb * 32),
-          q1(S + (size_t)rr1 * nsb * 32), c(c_) {}
+    __device__ __forceinline__ KQ(const u8* W, int od, int nsb, int rr0, int rr1, int c_)
+        : p0(W + (size_t)rr0 * nsb * 144), p1(W + (size_t)rr1 * nsb * 144), c(c_) {}
     __device__ __forceinline__ void load(Rows& R, int sb, int, int) const {
-        if constexpr (PLANE) {
-            R.r0.qa = __ldg((const uint4*)(p0 + (size_t)sb * 144 + 16 + 32 * c));
-            R.r0.qb = __ldg((const uint4*)(p0 + (size_t)sb * 144 + 32 + 32 * c));
-            R.r1.qa = __ldg((const uint4*)(p1 + (size_t)sb * 144 + 16 + 32 * c));
-            R.r1.qb = __ldg((const uint4*)(p1 + (size_t)sb * 144 + 32 + 32 * c));
-            R.s0 = __ldg((const uint4*)(q0 + (size_t)sb * 32));
-            R.z0 = __ldg((const uint4*)(q0 + (size_t)sb * 32 + 16));
-            R.s1 = __ldg((const uint4*)(q1 + (size_t)sb * 32));
-            R.z1 = __ldg((const uint4*)(q1 + (size_t)sb * 32 + 16));
-        } else {
-            q4_load(R.r0, p0 + (size_t)sb * 144, c);
-            q4_load(R.r1, p1 + (size_t)sb * 144, c);
-        }
+        q4_load(R.r0, p0 + (size_t)sb * 144, c);
+        q4_load(R.r1, p1 + (size_t)sb * 144, c);
     }
     __device__ __forceinline__ void prep(const Rows& R) {
-        if constexpr (SCL && !PLANE) {
+        if constexpr (SCL) {
             const Q4Scales own0 = q4_scales<BF16>(R.r0, c), own1 = q4_scales<BF16>(R.r1, c);
 #pragma unroll
             for (int j = 0; j < 4; j++) {
@@ -330,13 +297,8 @@ struct KQ<4, BF16, SCL> {
     }
     __device__ __forceinline__ void chunk(const Rows& R, int j, u32 (&a)[4][4]) const {
         u32 f0[4][2], f1[4][2];
-        if constexpr (PLANE) {
-            q4_chunk<BF16>(R.r0, j, q4_plane_scales(R.s0, R.z0, j), f0);
-            q4_chunk<BF16>(R.r1, j, q4_plane_scales(R.s1, R.z1, j), f1);
-        } else {
-            q4_chunk<BF16>(R.r0, j, SCL ? sc0[j] : q4_scales<BF16>(R.r0, j), f0);
-            q4_chunk<BF16>(R.r1, j, SCL ? sc1[j] : q4_scales<BF16>(R.r1, j), f1);
-        }
+        q4_chunk<BF16>(R.r0, j, SCL ? sc0[j] : q4_scales<BF16>(R.r0, j), f0);
+        q4_chunk<BF16>(R.r1, j, SCL ? sc1[j] : q4_scales<BF16>(R.r1, j), f1);
 #pragma unroll
         for (int s = 0; s < 4; s++) {
             a[s][0] = f0[s][0];
@@ -357,7 +319,7 @@ struct KQ<6, BF16, SCL> {
     u32 b0, b1;       // od nsb, from the kernel parameters at each load); 32-bit block indices (the launcher
     int c;            // checks od x nsb < 2^31): the consumers' registers are all but taken by the accumulators
     Q6Scales own0, own1;       // SCL=1: lane c's chunk-c scales of the super-block
-    __device__ __forceinline__ KQ(const u8* W_, const u8*, int od, int nsb, int rr0, int rr1, int c_)
+    __device__ __forceinline__ KQ(const u8* W_, int od, int nsb, int rr0, int rr1, int c_)
         : W(W_), b0((u32)rr0 * (u32)nsb), b1((u32)rr1 * (u32)nsb), c(c_) {}
     __device__ __forceinline__ void load(Rows& R, int sb, int od, int nsb) const {
         const u32 nblk = (u32)od * (u32)nsb;
@@ -515,8 +477,7 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
 
 // ---------------------------------------------------------------------------------------------- the kernel
 template <int QT, int BN, int STAGES, int BF16, int SCL>
-__device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __restrict__ W, const u8* __restrict__ S,
-                                              float* __restrict__ Y,
+__device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __restrict__ W, float* __restrict__ Y,
                                               int nt, int od, int id, float* __restrict__ ws,
                                               u32* __restrict__ flags, int dp_tiles) {
     constexpr int STAGE_BYTES = BN * LK_WG_K * 2;
@@ -579,7 +540,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
         // flight. (Converting chunk q+1 before waiting on q-1, into a third set of registers, was tried: ptxas
         // compiled it without a serialization warning, and it computed NaNs at nt=512 -- not kept.)
         u32 a[2][4][4];
-        KQ<QT, BF16, SCL> T(W, S, od, nsb, rr0, rr1, c);
+        KQ<QT, BF16, SCL> T(W, od, nsb, rr0, rr1, c);
         typename KQ<QT, BF16, SCL>::Rows cur, nxt;
         T.load(cur, seg.klo, od, nsb);
         for (int sb = seg.klo; sb < seg.khi; sb++) {
@@ -614,11 +575,10 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
 
 template <int QT, int BN, int STAGES, int BF16, int SCL>
 __global__ void __launch_bounds__(LK_WG_THREADS, 1)
-    wgmma_kq_kernel(const __grid_constant__ LkTmap tm, const u8* __restrict__ W, const u8* __restrict__ S,
-                    float* __restrict__ Y, int nt,
+    wgmma_kq_kernel(const __grid_constant__ LkTmap tm, const u8* __restrict__ W, float* __restrict__ Y, int nt,
                     int od, int id, float* __restrict__ ws, u32* __restrict__ flags, int dp_tiles) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    wgmma_kq_body<QT, BN, STAGES, BF16, SCL>(tm, W, S, Y, nt, od, id, ws, flags, dp_tiles);
+    wgmma_kq_body<QT, BN, STAGES, BF16, SCL>(tm, W, Y, nt, od, id, ws, flags, dp_tiles);
 #else
     __trap();  // wgmma / setmaxnreg exist on sm_90a only: the launcher refuses other devices first
 #endif
