@@ -1055,7 +1055,7 @@ def summary(bench_df):
     rows = []
     for key, grp in bench_df.groupby(["qtype", "od", "id", "nt"]):
         per = grp.pivot_table(index="pair", columns="variant", values="median_us")
-        wg = [c for c in per.columns if c.startswith("wgmma_bn")]
+        wg = [c for c in per.columns if c.startswith(("wgmma_bn", "wgmma_smem"))]   # both forms
         best = per[wg].median().idxmin()
         q, od, id_, nt = key
         row = {"qtype": q, "od": od, "id": id_, "nt": nt, "best": best,
@@ -1069,6 +1069,24 @@ def summary(bench_df):
         row["cublas_tops"] = 2 * nt * od * id_ / (per["cublas_f16_cached"].median() * 1e-6) / 1e12
         row["pairs"] = int(len(per))
         rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def forms(bench_df):
+    """Per (qtype, od, id, nt) where both forms ran: the best register-form and shared-memory-form variant and
+    their time ratios to cuBLAS fp16 on cached weights (baseline time / form time, medians over the pairs)."""
+    import pandas as pd
+
+    med = medians(bench_df)
+    rows = []
+    for key, g in med.groupby(["qtype", "od", "id", "nt"]):
+        t = g.set_index("variant").median_us
+        reg, sm = t[t.index.str.startswith("wgmma_bn")], t[t.index.str.startswith("wgmma_smem")]
+        if not len(reg) or not len(sm) or "cublas_f16_cached" not in t:
+            continue
+        cb = t["cublas_f16_cached"]
+        rows.append(dict(zip(["qtype", "od", "id", "nt"], key), register=reg.idxmin(), register_vs_cublas=cb / reg.min(),
+                         smem=sm.idxmin(), smem_vs_cublas=cb / sm.min(), smem_vs_register=reg.min() / sm.min()))
     return pd.DataFrame(rows)
 
 

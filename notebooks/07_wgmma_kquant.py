@@ -119,6 +119,10 @@ for i, q in enumerate(["q4_K", "q6_K"]):
         for v in ("cublas_f16_cached", "cublas_f16_with_dequant", "wgmma_incl_f32_to_f16"):
             dv = d[d.variant == v].sort_values("nt")
             ax.plot(dv.nt, dv.tops_eq, "--" if "cublas" in v else ":", color=plotting.color(v), label=v)
+        sm = d[d.variant.str.startswith("wgmma_smem")]
+        if len(sm):          # the shared-memory form (q4_K): its best variant per nt
+            sm = sm.loc[sm.groupby("nt").median_us.idxmin()].sort_values("nt")
+            ax.plot(sm.nt, sm.tops_eq, "-^", ms=4, color=plotting.color("issue"), label="wgmma_kqs, shared-memory form (best)")
         i8 = d[d.variant.str.startswith("int8_")].sort_values("nt")
         ax.plot(i8.nt, i8.tops_eq, "-s", ms=3, color=plotting.color("int8"), label="lab int8 (rounds 3-4)")
         ax.set_xscale("log", base=2)
@@ -210,6 +214,41 @@ else:
     ax.grid(alpha=.3); ax.legend(fontsize=8)
     ax.set_title(report.source(cs), fontsize=9)
     plt.show()
+
+# %% [markdown]
+# ## The shared-memory form: conversion off the consumers' chain
+#
+# **Why, and the prediction (written before the measurement).** The counters below say the register form's two
+# consumer warpgroups stall on their own convert → wgmma → wait chain. The shared-memory form (`wgmma_kqs`, q4_K)
+# moves the conversion to warpgroup 0: thread r dequantizes row r of the tile from TMA-staged raw GGUF super-blocks
+# (the bytes as stored, no repack) into a 128B-swizzled f16 A tile, and the consumers issue wgmma with both operands
+# from shared memory, as cuBLAS does. Predicted: the consumers near cuBLAS's issue pattern, nt=512 within ±10% of
+# cuBLAS. **What could make it wrong**, estimated the same day: shared-memory bandwidth (128 B/clk per SM). Per 64-k
+# chunk at BN=128 the two warpgroups' wgmmas read A and B from shared memory (2 × 4 × (2 + 4) KB = 48 KB), TMA
+# writes 16 KB of activations and 4.6 KB of raw weights, the converters read 4.6 KB and write 16 KB: ~89 KB against
+# 512 cycles of tensor work, i.e. ~700 cycles of shared-memory traffic (137%); at BN=256, ~137 KB against 1,024
+# cycles (~105%). The register form reads only B from shared memory: ~48 KB / ~96 KB per chunk (~73% at both).
+#
+# **Measured** (same process, interleaved, the table below): the shared-memory form is the slower one at every point
+# — ~0.70× cuBLAS at nt=512 against the register form's 0.83–0.87×, and ~0.77–0.82× at nt=4096 against 0.94–0.98×.
+# The prediction was wrong and the caveat right: the form is bound by shared-memory traffic, the cost cuBLAS avoids
+# by TMA-loading A already in f16 (16 KB per chunk, no read-convert-write pass). It passes every gate (fresh inputs
+# with tails, all q4_K tensors of Gemma 3 270M, compute-sanitizer) and stays selectable as a variant; `auto` does
+# not pick it.
+#
+# **A second experiment, not kept** (exploratory, printed only, commit c227a0ff49): the register form's q4_K scale
+# decode replaced by a precomputed f16 plane (32 B per block, +1 bit per weight) and the high nibbles converted in
+# place — ~30% fewer SASS instructions per chunk (108–117 against 153–178) — ran *slower* in the same process
+# (4096×4096, nt=512: 440 against 478 TOPS-eq for BN=128; 456 against 479 for BN=256 stream-K): the register
+# form's main loop is not issue-bound either; its extra weight loads cost more than the instructions saved.
+
+# %%
+fm = wgmma.forms(bench_df)
+if len(fm):
+    display(report.table(fm, caption=f"Register vs shared-memory form, q4_K, best variant of each ({report.source(run)}); "
+                                      "ratios of medians over interleaved rounds (> 1 = faster)"))
+else:
+    print(f"run {run.run_id} has no shared-memory-form rows")
 
 # %% [markdown]
 # ## Roofline: where the points sit against the fp16 tensor line and HBM
