@@ -292,7 +292,13 @@ def require_sm90a() -> None:
 
 
 @lru_cache(maxsize=None)
-def _cubin(source: str) -> tuple[str, dict]:
+def build_defines() -> tuple[str, ...]:
+    """The ablation / exploratory -D names of ``LABKERNELS_WG_DEFINES`` (``LK_ABLATE_*``, ``LK_EXP_*``) in force now."""
+    return tuple(sorted(d for d in os.environ.get("LABKERNELS_WG_DEFINES", "").split()
+                        if re.fullmatch(r"LK_(ABLATE|EXP)_\w+", d)))
+
+
+def _cubin(source: str, defines: tuple = ()) -> tuple[str, dict]:
     """nvcc -cubin for sm_90a of every registered instantiation of ``source`` (cached by content), and the map
     registry key -> mangled entry name (from ptxas' report, demangled with the audit's parser)."""
     from . import audit, paths
@@ -305,9 +311,10 @@ def _cubin(source: str) -> tuple[str, dict]:
     wrapper = audit.wrapper_source(src, specs)
     flags = ["-cubin", "-std=c++17", "-O3", "-Xptxas", "-v", "-gencode=arch=compute_90a,code=sm_90a",
              f"-I{registry.KERNELS_DIR}", *registry.cuda_defines()]
-    # ablation builds (e.g. LK_ABLATE_NOFIX): -D names from the environment, part of the cache key; a run made with
-    # them records them in its provenance (never for the recorded benchmark of the round)
-    flags += [f"-D{d}" for d in os.environ.get("LABKERNELS_WG_DEFINES", "").split() if re.fullmatch(r"LK_ABLATE_\w+", d)]
+    # ablation / exploratory builds (e.g. LK_ABLATE_NOFIX, LK_EXP_L2PF): -D names (build_defines), an argument of
+    # this cached function and part of the file cache key (before 2026-12-01 14:40 UTC the in-process cache was keyed
+    # by the source alone: an ablation build made after the plain one got the plain cubin)
+    flags += [f"-D{d}" for d in defines]
     key = hashlib.sha256(("\n".join([wrapper, src.read_text(), audit._dir_digest(registry.KERNELS_DIR),
                                      audit._nvcc_version(nvcc), *flags])).encode()).hexdigest()[:20]
     cache = paths.CACHE_DIR / "cubin"
@@ -352,7 +359,8 @@ class WgKernel:
         cp = _cp()
         require_sm90a()
         self.spec = spec
-        path, names = _cubin(spec.source)
+        self.defines = build_defines()
+        path, names = _cubin(spec.source, self.defines)
         self.entry = names[spec.key]
         self.module = cp.RawModule(path=path)
         self.func = self.module.get_function(self.entry["mangled"])
