@@ -100,13 +100,9 @@ FAMILIES = [
          smem="0", tile=(0, 0), main_path=False, doc="token embedding gather times a scale"),
     # -- round 7: Hopper-native k-quant GEMM, weights dequantized in registers feeding wgmma (sm_90a)
     dict(family="wgmma_kq", source="wgmma_kq.cu", template="wgmma_kq_kernel",
-         params={"QT": [4, 6], "BN": [128, 192, 256], "STAGES": [4, 6, 8], "BF16": [0, 1], "SCL": [0, 1]}, threads=384,
+         params={"QT": [4, 6], "BN": [128, 256], "STAGES": [4], "BF16": [0, 1], "SCL": [0, 1]}, threads=384,
          smem="STAGES*BN*128 + 1024", tile=(0, 128),
-         # exploratory rows (f16 only): deeper activation rings (8 x 16 KB at BN=128, 6 x 32 KB at BN=256) and a
-         # 192-token tile
-         valid="(STAGES == 4 and BN != 192) or (BF16 == 0 and ((BN == 128 and STAGES == 8) or (BN == 256 and STAGES == 6)"
-               " or (BN == 192 and STAGES == 4 and SCL == 0)))",
-         main_path="STAGES == 4 and BN != 192 and BF16 == 0 and ((QT == 4 and SCL == 0) or (QT == 6 and SCL == (1 if BN == 128 else 0)))",
+         main_path="BF16 == 0 and ((QT == 4 and SCL == 0) or (QT == 6 and SCL == (1 if BN == 128 else 0)))",
          archs=("sm_90a",), gemm=True,
          doc="TMA-fed 128B-swizzled f16/bf16 activation tiles (B, STAGES-deep mbarrier ring, producer warpgroup) "
              "x q4_K/q6_K weights dequantized in registers (A, register form) by two consumer warpgroups of 64 "

@@ -265,10 +265,6 @@ __device__ __forceinline__ void q6_chunk(const Q6Raw& r, int j, const Q6Scales& 
     }
 }
 
-__device__ __forceinline__ void lk_prefetch_l2(const void* p) {
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"((u64)p));
-}
-
 // ---- per-type traits of the main loop: load one super-block of a thread's two rows, prepare its scales, and
 // produce the A fragments of one 64-k chunk (a[s] = {row g k 2c.., row g+8 k 2c.., row g k 2c+8.., row g+8 ..})
 template <int QT, int BF16, int SCL>
@@ -288,11 +284,6 @@ struct KQ<4, BF16, SCL> {
     __device__ __forceinline__ void load(Rows& R, int sb, int, int) const {
         q4_load(R.r0, p0 + (size_t)sb * 144, c);
         q4_load(R.r1, p1 + (size_t)sb * 144, c);
-    }
-    // exploratory builds (-DLK_EXP_L2PF): pull super-block sb's bytes of both rows into L2 ahead of the load
-    __device__ __forceinline__ void prefetch(int sb, int, int) const {
-        lk_prefetch_l2(p0 + (size_t)sb * 144 + 16 + 32 * c);
-        lk_prefetch_l2(p1 + (size_t)sb * 144 + 16 + 32 * c);
     }
     __device__ __forceinline__ void prep(const Rows& R) {
         if constexpr (SCL) {
@@ -335,13 +326,6 @@ struct KQ<6, BF16, SCL> {
         const u8 *L = W, *H = W + (size_t)nblk * 128, *SC = W + (size_t)nblk * 192, *D = W + (size_t)nblk * 208;
         q6_load(R.r0, L, H, SC, D, (size_t)(b0 + sb), c);
         q6_load(R.r1, L, H, SC, D, (size_t)(b1 + sb), c);
-    }
-    __device__ __forceinline__ void prefetch(int sb, int od, int nsb) const {
-        const u32 nblk = (u32)od * (u32)nsb;
-        lk_prefetch_l2(W + (size_t)(b0 + sb) * 128 + 32 * c);
-        lk_prefetch_l2(W + (size_t)(b1 + sb) * 128 + 32 * c);
-        lk_prefetch_l2(W + (size_t)nblk * 128 + (size_t)(b0 + sb) * 64 + 16 * c);
-        lk_prefetch_l2(W + (size_t)nblk * 128 + (size_t)(b1 + sb) * 64 + 16 * c);
     }
     __device__ __forceinline__ void prep(const Rows& R) {
         if constexpr (SCL) {
@@ -565,9 +549,6 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
             for (int j = 0; j < 4; j++, q++) {
                 const int st = q % STAGES;
                 if (j == T.LOAD_AT && sb + 1 < seg.khi) T.load(nxt, sb + 1, od, nsb);
-#ifdef LK_EXP_L2PF
-                if (j == 1 && sb + 2 < seg.khi) T.prefetch(sb + 2, od, nsb);
-#endif
                 T.chunk(cur, j, a[j & 1]);
                 lk_keep(a[j & 1]);   // all 16 fragments of the chunk exist (in 16 registers) before its first wgmma
                 lk_mbar_wait(&full_bar[st], (q / STAGES) & 1);
