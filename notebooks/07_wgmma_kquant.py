@@ -315,13 +315,27 @@ else:
 # cuBLAS. Measured (run 20261201T103932Z, interleaved): stream-K BN=256 is 1.22–1.49× data-parallel BN=256 (1.29× for
 # q4_K 4096×4096, not 1.9×), the best nt=512 point per shape now 0.82–0.87× cuBLAS for q4_K and 0.69–0.75×
 # for q6_K — the nt=512 bar (≥ 1.0×) is **not met**. The prediction was wrong by the per-launch cost: it assumed
-# ~1 super-block of fill and fix-up per segment; the cost scan above (run 20261201T110331Z) puts the intercept of a
-# stream-K BN=256 launch at 11.1 us against cuBLAS's 6.7 us — about 3.5 super-blocks of one CTA's main loop — and its
-# slope at 5.88 ns per unit of k against cuBLAS's 5.24 (+12%), while ablation builds without the fix-up or without
-# the output store (same run, interleaved) move the time by < 1% (35.8 / 36.0 vs 36.0 us): neither the partial sums
-# nor the store is it; the cost is the pipeline's ramp and the main loop's latency-bound rate. At
-# nt=4096 the scheduler changes nothing measurable (whole waves stay data-parallel; the best point per shape is
-# 0.87–1.03× cuBLAS in this run).
+# ~1 super-block of fill and fix-up per segment; the cost scan above (run 20261201T143621Z; 20261201T110331Z before
+# it agrees) puts the intercept of a stream-K BN=256 launch at 10.8 us against cuBLAS's 6.7 us — about 3.5
+# super-blocks of one CTA's main loop — and its slope at 5.90 ns per unit of k against cuBLAS's 5.29 (+12%; the
+# data-parallel BN=128 launch has cuBLAS's intercept, 7.2 us, and a 33% steeper slope, 7.05 ns). Ablation builds
+# without the fix-up or without the output store (same run, interleaved) move the time by < 1% (35.2 / 35.3 against
+# 35.4 us): neither the partial sums nor the store is it; the cost is the pipeline's ramp and the main loop's
+# latency-bound rate. (Correction: the ablation rows of run 110331Z timed the plain kernel — the in-process cubin
+# cache was keyed by the source alone, so a build with -D flags made after the plain one got the plain cubin; fixed
+# in commit 6ccc2725a1, and run 143621Z above is the first with real ablation builds. Its conclusion is the same.)
+# At nt=4096 the scheduler changes nothing measurable (whole waves stay data-parallel; the best point per shape is
+# 0.87–1.03× cuBLAS in that run).
+#
+# **What else was tried at nt=512** (exploratory, printed, not recorded; same process, interleaved with cuBLAS): an
+# L2 prefetch of the super-block two ahead (`-DLK_EXP_L2PF`, commit 6ccc2725a1): within ±1%, so L2-to-SM latency of
+# the weight loads is not the limit. An 8-deep activation ring at BN=128 (16 KB stages): 1–4% faster at all six
+# points — the B ring is not it either. A 192-token tile (m64n192k16): slower than BN=256 stream-K at every shape
+# (0.59–0.79× cuBLAS). With the shared-memory form and the scale-plane experiment above, five changes to what feeds
+# the consumers moved nt=512 by at most a few percent: what is left is the register form's own convert → wgmma →
+# wait chain per warpgroup (two per SM), which none of them shortens. Not tried: ping-pong consumers on different
+# tiles, clusters with TMA multicast of the activations, and a per-CTA phase trace that would say where a stream-K
+# CTA's extra ~4 us goes.
 
 # %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process
