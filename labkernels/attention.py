@@ -488,7 +488,9 @@ class Cudnn(Backend):
             g = self._graphs[key] = self._build(n, kind, il)
         return g
 
-    def _build(self, n: int, kind: LayerKind, il):
+    def define(self, n: int, kind: LayerKind, il=None) -> dict:
+        """The SDPA graph of (tokens, layer kind) with its operation graph built and no plan yet: {graph, Q, K, V,
+        O} (the plans are made by :meth:`_build`; ``labkernels.graph_nodes`` lists every candidate plan)."""
         cudnn = self.cudnn
         check_kind(kind, "cudnn", il if il is not None else "?")
         dt = cudnn.data_type.HALF if self.dtype == "f16" else cudnn.data_type.BFLOAT16
@@ -507,7 +509,16 @@ class Cudnn(Backend):
             O.set_output(True).set_dim([1, H, n, dv]).set_stride([n * H * dv, dv, H * dv, 1]).set_data_type(dt)
             g.validate()
             g.build_operation_graph()
-            g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        except Exception as e:
+            raise AttentionError(f"attention of layer {il} ({kind.describe()}, {n} tokens, {self.dtype}): cuDNN SDPA "
+                                 f"cannot take it: {type(e).__name__}: {e}") from None
+        return {"graph": g, "Q": Q, "K": K, "V": V, "O": O}
+
+    def _build(self, n: int, kind: LayerKind, il):
+        G = self.define(n, kind, il)
+        g = G["graph"]
+        try:
+            g.create_execution_plans([self.cudnn.heur_mode.A, self.cudnn.heur_mode.FALLBACK])
             g.check_support()
             g.build_plans()
             ws_bytes = int(g.get_workspace_size())
@@ -515,7 +526,7 @@ class Cudnn(Backend):
             raise AttentionError(f"attention of layer {il} ({kind.describe()}, {n} tokens, {self.dtype}): cuDNN SDPA "
                                  f"cannot take it: {type(e).__name__}: {e}") from None
         ws = gpu.cp().empty(ws_bytes, gpu.cp().uint8) if ws_bytes else None
-        return {"graph": g, "Q": Q, "K": K, "V": V, "O": O, "workspace": ws, "workspace_bytes": ws_bytes}
+        return {**G, "workspace": ws, "workspace_bytes": ws_bytes}
 
     def sdpa(self, q16, k16, v16, n, kind: LayerKind, il=None, out=None):
         """O [n, H*dv] (io dtype) from q16 [n, H*d], k16/v16 [n, Hk*d] (io dtype, C-contiguous)."""

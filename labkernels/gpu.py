@@ -426,8 +426,6 @@ def gemm_dense(x, w, out=None, path: str | None = None):
     that does not split k and needs no workspace (:func:`dense_plan`, chosen once per shape and pointer alignment);
     where there is none, or cuBLASLt cannot be reached, it runs ``cublasGemmEx`` and says why in
     :func:`dense_fallbacks` (and the log). ``"gemm_ex"``: ``cublasGemmEx`` with cuBLAS's own algorithm."""
-    c = cp()
-
     path = DENSE_PATH if path is None else path
     if path not in DENSE_PATHS:
         raise ValueError(f"gemm_dense path must be one of {DENSE_PATHS}, got {path!r}")
@@ -439,10 +437,10 @@ def gemm_dense(x, w, out=None, path: str | None = None):
         raise ShapeError("gemm_dense needs C-contiguous operands")
     n, k = x.shape
     od = w.shape[0]
-    if out is None:
-        out = c.empty((n, od), dtype=c.float32)
-    elif out.shape != (n, od) or out.dtype != np.float32 or not out.flags.c_contiguous:
+    if out is not None and (out.shape != (n, od) or out.dtype != np.float32 or not out.flags.c_contiguous):
         raise ShapeError(f"out must be C-contiguous float32 {(n, od)}")
+    if out is None:
+        out = cp().empty((n, od), dtype=np.float32)
     if n == 0 or od == 0:
         return out
     t_in = 2 if x.dtype == np.float16 else 0                    # CUDA_R_16F | CUDA_R_32F
@@ -626,11 +624,15 @@ class DensePlan:
 _DENSE_PLANS: dict = {}
 
 
+def _device_id() -> int:
+    return int(cp().cuda.Device().id)
+
+
 def dense_plan(t_in: int, n: int, od: int, k: int, align_b: int = 256, align_a: int = 256,
                align_d: int = 256) -> DensePlan:
     """The cached :class:`DensePlan` of one gemm_dense shape (input type CUDA_R_32F 0 / CUDA_R_16F 2, x's rows n,
     w's rows od, depth k) and operand alignments on this device; a plan that has no algorithm is logged once."""
-    key = (cp().cuda.Device().id, t_in, n, od, k, align_a, align_b, align_d)
+    key = (_device_id(), t_in, n, od, k, align_a, align_b, align_d)
     p = _DENSE_PLANS.get(key)
     if p is None:
         p = _DENSE_PLANS[key] = DensePlan(t_in, n, od, k, (align_a, align_b, align_d, align_d))

@@ -23,7 +23,7 @@ from .paths import REPO_ROOT
 #: the steps written here (machine-wide checks and the prefill issues'); every round's own steps come from the
 #: table of rounds (labkernels.rounds: occupancy, q6k, tile_ab, kdr, q4k, prefill, prefill7b, decompose, forensics,
 #: wgmma, wgmma_sanitizer, wgmma_ncu, wgmma_costs, prefill_r7)
-STEPS = ("env", "tests", "sanitizer", "attention", "prefill_graph")
+STEPS = ("env", "tests", "sanitizer", "attention", "prefill_graph", "graph_nodes")
 
 
 def _log(msg: str) -> None:
@@ -254,6 +254,37 @@ def step_prefill_graph(out: Path, args) -> dict:
         gc.collect()
         cp.get_default_memory_pool().free_all_blocks()
     return {"ok": ok, "runs": runs, **summary}
+
+
+def step_graph_nodes(out: Path, args) -> dict:
+    """Issue 18: the memset nodes of the prefill's graph. Gemma 3 270M's dense GEMMs (stacked Q/K/V at nt 64 / 512 /
+    3325, ...) and its cuDNN SDPA layer kinds, each captured alone into a CUDA graph and counted node by node
+    (labkernels.graph_nodes): gemm_dense through cublasGemmEx (before) and cuBLASLt without split-K (after), outputs
+    compared bitwise and to float64; the SDPA with the prefill's plan and every candidate plan. One ``prefill``
+    run (tables dense_nodes, sdpa_nodes)."""
+    from . import attention, gpu, graph_nodes, records
+
+    params = {"what": "graph_nodes", "dense_points": [list(p) for p in graph_nodes.DENSE_POINTS],
+              "dense_shapes": graph_nodes.GEMMA_DENSE, "dense_rtol": graph_nodes.DENSE_RTOL,
+              "dense_path": gpu.DENSE_PATH, "sdpa_nts": list(graph_nodes.SDPA_NTS),
+              "sdpa_plan_nts": list(graph_nodes.SDPA_PLAN_NTS), "sdpa_dtype": args.attn_dtype,
+              "sdpa_kinds": {k: vars(v) for k, v in attention.bench_layouts()["gemma-3-270m"].items()}}
+    with records.recording("prefill", params, root=out / "data") as run:
+        dense = graph_nodes.dense_census(progress=_log)
+        run.append("dense_nodes", dense)
+        try:
+            sdpa = graph_nodes.sdpa_census(dtype=args.attn_dtype, progress=_log)
+        except (attention.AttentionUnavailable, attention.AttentionError) as e:
+            sdpa = [{"kind": "all", "plan": "all", "error": f"{type(e).__name__}: {e}"}]
+        run.append("sdpa_nodes", sdpa)
+        v = graph_nodes.check(dense, sdpa)
+        v["dense_fallbacks"] = gpu.dense_fallbacks()
+        for p in v["problems"]:
+            _log(f"graph_nodes: {p}")
+        run.finish(**{k: x for k, x in v.items() if k != "ok"}, ok=v["ok"])
+    _log("graph_nodes: " + ", ".join(f"{k}={x}" for k, x in v.items() if k.startswith("memsets_")))
+    _log(f"graph_nodes: SDPA plans without a memset: {v['sdpa_plans_without_memset'] or 'none'}")
+    return {**v, "run": run.run_id}
 
 
 def main(args) -> int:
