@@ -396,6 +396,10 @@ def check(dense: list[dict], sdpa: list[dict]) -> dict:
     for r in sdpa:
         if r.get("plan") == "prefill":
             summ[f"memsets_sdpa_{r['kind']}_nt{r['nt']}"] = r["n_memset"]
+    t = {(r["shape"], r["nt"], r["dtype"], r["path"]): r.get("us_per_call") for r in dense}
+    summ["dense_lt_vs_gemm_ex_time"] = {f"{a} nt={n} {d}": round(t[(a, n, d, "lt")] / t[(a, n, d, "gemm_ex")], 3)
+                                        for (a, n, d, p) in t if p == "lt" and (a, n, d, "gemm_ex") in t
+                                        and t[(a, n, d, "lt")] and t[(a, n, d, "gemm_ex")]}
     free = [f"{r['kind']} nt={r['nt']} plan {r['plan']} ({r.get('plan_name', '')})" for r in sdpa
             if r.get("plan") not in ("prefill", "all") and "error" not in r and r["n_memset"] == 0]
     summ["sdpa_plans_without_memset"] = free

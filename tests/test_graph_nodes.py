@@ -151,8 +151,10 @@ def _dense_row(path, n_memset=0, **kw):
 
 
 def test_check_flags_a_memset_or_fallback_on_the_lt_path():
-    good = [_dense_row("gemm_ex", 1), _dense_row("lt", lt_note="cublasLt: heuristic candidate #0 of 8")]
+    good = [_dense_row("gemm_ex", 1, us_per_call=10.0),
+            _dense_row("lt", lt_note="cublasLt: heuristic candidate #0 of 8", us_per_call=9.0)]
     v = graph_nodes.check(good, [])
+    assert v["dense_lt_vs_gemm_ex_time"] == {"attn_qkv nt=512 f32": 0.9}
     assert v["ok"] and v["memsets_attn_qkv_nt512_f32_gemm_ex"] == 1 and v["memsets_attn_qkv_nt512_f32_lt"] == 0
     v = graph_nodes.check([_dense_row("lt", 1, lt_note="cublasLt: ...")], [])
     assert not v["ok"] and "1 memset node" in v["problems"][0]
