@@ -100,14 +100,14 @@ def census(graph: int) -> list[dict]:
         out = []
         for node in nodes:
             t = _check(drv.cuGraphNodeGetType(node), "cuGraphNodeGetType")
-            tname = t.name.replace("CU_GRAPH_NODE_TYPE_", "") if hasattr(t, "name") else str(t)
+            tname = str(getattr(t, "name", t)).split(".")[-1].replace("CU_GRAPH_NODE_TYPE_", "")
             row = {"type": tname, "name": "", "dst": 0, "bytes": 0}
             if tname == "KERNEL":
                 row["name"] = _kernel_name(drv, node)
             elif tname == "MEMSET":
                 p = _check(drv.cuGraphMemsetNodeGetParams(node), "cuGraphMemsetNodeGetParams")
                 row.update(dst=int(p.dst), bytes=int(p.elementSize) * int(p.width) * max(1, int(p.height)),
-                           value=int(p.value))
+                           value=int(p.value), height=int(p.height))
             elif tname == "GRAPH":
                 out.extend(walk(_check(drv.cuGraphChildGraphNodeGetGraph(node), "cuGraphChildGraphNodeGetGraph")))
                 continue
@@ -201,10 +201,15 @@ def _region_zero(ptr: int, nbytes: int) -> bool:
 
 
 def _memsets_zero_after(nodes: list[dict]) -> str:
+    """Per memset of a replayed graph: whether its region reads zero again after the graph ran ('True'/'False'),
+    or why it was not read (memory the graph allocates and frees itself; a 2-D memset)."""
     ms = [r for r in nodes if r["type"] == "MEMSET"]
     if not ms:
         return ""
-    return "; ".join(str(_region_zero(r["dst"], r["bytes"])) for r in ms)
+    if any(r["type"] in ("MEM_ALLOC", "MEM_FREE") for r in nodes):
+        return "; ".join("not read (graph-owned memory)" for _ in ms)
+    return "; ".join(str(_region_zero(r["dst"], r["bytes"])) if r.get("height", 1) <= 1 else "not read (2-D)"
+                     for r in ms)
 
 
 def dense_census(points=DENSE_POINTS, reps: int = 20, launches: int = 5, progress=print) -> list[dict]:

@@ -180,3 +180,10 @@ def test_graph_nodes_is_a_gpu_check_step():
     from labkernels import gpu_cli
 
     assert "graph_nodes" in gpu_cli.STEPS and callable(gpu_cli.step_graph_nodes)
+
+
+def test_memset_regions_are_not_read_where_the_graph_owns_the_memory():
+    ms = {"type": "MEMSET", "name": "", "dst": 4096, "bytes": 64, "height": 1}
+    assert graph_nodes._memsets_zero_after([]) == ""
+    assert graph_nodes._memsets_zero_after([ms, {"type": "MEM_ALLOC"}]) == "not read (graph-owned memory)"
+    assert graph_nodes._memsets_zero_after([{**ms, "height": 4}]) == "not read (2-D)"
