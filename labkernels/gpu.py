@@ -466,15 +466,18 @@ def _align(ptr: int) -> int:
 
 @lru_cache(maxsize=None)
 def _libcublaslt():
-    """The libcublasLt that CuPy's libcublas loaded (in this process's mappings), through ctypes."""
+    """libcublasLt through ctypes: the one beside the libcublas CuPy loaded (its dependency), else the first one
+    mapped in this process. Its handles are made with its own cublasLtCreate (:func:`_lt_handle`)."""
     import ctypes
+    import os
 
-    _libcublas()
+    here = os.path.dirname(_libcublas()._name)
     paths = sorted({ln.split()[-1] for ln in open("/proc/self/maps") if "/libcublasLt.so" in ln})
     if not paths:
         raise GpuError("libcublasLt is not mapped in this process")
-    lib = ctypes.CDLL(paths[0])
+    lib = ctypes.CDLL(next((p for p in paths if os.path.dirname(p) == here), paths[0]))
     vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    lib.cublasLtCreate.argtypes = [ctypes.POINTER(vp)]
     lib.cublasLtMatmulDescCreate.argtypes = [ctypes.POINTER(vp), ctypes.c_int, ctypes.c_int]
     lib.cublasLtMatmulDescSetAttribute.argtypes = [vp, ctypes.c_int, vp, sz]
     lib.cublasLtMatrixLayoutCreate.argtypes = [ctypes.POINTER(vp), ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,
@@ -503,12 +506,23 @@ def _lt_result_type():
 _LT_DESC_TRANSA, _LT_DESC_TRANSB = 3, 4                        # cublasLtMatmulDescAttributes_t
 _LT_PREF_MAX_WORKSPACE = 1                                     # cublasLtMatmulPreferenceAttributes_t
 _LT_PREF_MIN_ALIGN = {"A": 5, "B": 6, "C": 7, "D": 8}
+
+
 def _lt_handle():
-    """CuPy's cuBLAS handle of the current device, as a cuBLASLt handle (cuBLAS docs, cublasLtHandle_t: any valid
-    cublasHandle_t can be used in place of a cublasLtHandle_t with a simple cast)."""
+    """This device's cuBLASLt handle (cublasLtCreate of :func:`_libcublaslt`, one per device: a handle is tied to the
+    device current at its creation), made once and kept for the process."""
+    return _lt_handle_of(_device_id())
+
+
+@lru_cache(maxsize=None)
+def _lt_handle_of(device: int):
     import ctypes
 
-    return ctypes.c_void_p(int(cp().cuda.device.get_cublas_handle()))
+    h = ctypes.c_void_p()
+    st = _libcublaslt().cublasLtCreate(ctypes.byref(h))
+    if st:
+        raise GpuError(f"cublasLtCreate failed: status {st}")
+    return h
 
 
 _LT_CFG = {"algo_id": 0, "tile": 1, "splitk": 2, "reduction": 3, "swizzle": 4, "custom": 5, "stages": 6}
@@ -547,11 +561,11 @@ class DensePlan:
         self.info: dict = {}
         try:
             lib = _libcublaslt()
+            handle = _lt_handle()
         except GpuError as e:
             self.note = f"cublasGemmEx runs: {e}"
             return
-        self.lib = lib
-        handle = _lt_handle()
+        self.lib, self.handle = lib, handle         # the plan's device's (dense_plan keys plans by device)
         vp = ctypes.c_void_p
 
         def ok(st, what):
@@ -614,7 +628,7 @@ class DensePlan:
         one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
         A, B, D = self.layouts
         stream = ctypes.c_void_p(int(cp().cuda.get_current_stream().ptr))
-        st = self.lib.cublasLtMatmul(_lt_handle(), self.desc, ctypes.byref(one), ctypes.c_void_p(w_ptr), A,
+        st = self.lib.cublasLtMatmul(self.handle, self.desc, ctypes.byref(one), ctypes.c_void_p(w_ptr), A,
                                      ctypes.c_void_p(x_ptr), B, ctypes.byref(zero), ctypes.c_void_p(out_ptr), D,
                                      ctypes.c_void_p(out_ptr), D, self.algo, None, 0, stream)
         if st:
