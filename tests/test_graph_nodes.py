@@ -165,15 +165,28 @@ def test_check_flags_a_memset_or_fallback_on_the_lt_path():
 
 
 def test_check_lists_sdpa_plans_without_memset_and_unavailable_cudnn():
-    sdpa = [{"kind": "global", "nt": 512, "plan": "prefill", "n_memset": 1, "graph_bitwise_eager": True},
+    pol = {"kind": "global", "nt": 512, "dtype": "f16", "graph_bitwise_eager": True}
+    sdpa = [{**pol, "plan": "heuristic", "n_memset": 1, "max_rel_vs_prefill": 0.0},
+            {**pol, "plan": "no_memset", "n_memset": 0, "max_rel_vs_prefill": 1e-3},
             {"kind": "global", "nt": 512, "plan": "0", "plan_name": "eng0", "n_memset": 1},
             {"kind": "global", "nt": 512, "plan": "1", "plan_name": "eng9", "n_memset": 0},
             {"kind": "global", "nt": 512, "plan": "2", "error": "not supported"}]
     v = graph_nodes.check([], sdpa)
     assert v["ok"] and v["sdpa_plans_without_memset"] == ["global nt=512 plan 1 (eng9)"]
-    assert v["memsets_sdpa_global_nt512"] == 1
+    assert v["memsets_sdpa_global_nt512_heuristic"] == 1 and v["memsets_sdpa_global_nt512_no_memset"] == 0
+    sdpa[1]["max_rel_vs_prefill"] = 5e-3                     # > 2 x attention.PARITY_TOL["f16"]
+    v = graph_nodes.check([], sdpa)
+    assert not v["ok"] and "from the heuristic plan" in v["problems"][0]
     v = graph_nodes.check([], [{"kind": "all", "plan": "all", "error": "AttentionUnavailable: no frontend"}])
     assert not v["ok"] and "no frontend" in v["problems"][0]
+
+
+def test_cudnn_plan_policy_is_checked_before_the_library():
+    from labkernels import attention
+
+    assert attention.CUDNN_PLAN in attention.CUDNN_PLANS == ("heuristic", "no_memset")
+    with pytest.raises(ValueError, match="cuDNN plan must be one of"):
+        attention.Cudnn(None, "f16", plan="fastest")
 
 
 def test_graph_nodes_is_a_gpu_check_step():
@@ -187,3 +200,16 @@ def test_memset_regions_are_not_read_where_the_graph_owns_the_memory():
     assert graph_nodes._memsets_zero_after([]) == ""
     assert graph_nodes._memsets_zero_after([ms, {"type": "MEM_ALLOC"}]) == "not read (graph-owned memory)"
     assert graph_nodes._memsets_zero_after([{**ms, "height": 4}]) == "not read (2-D)"
+
+
+def test_gpu_check_sets_the_dense_path_and_cudnn_plan_for_its_steps(monkeypatch):
+    import argparse
+
+    from labkernels import attention, gpu_cli
+
+    monkeypatch.setattr(gpu, "DENSE_PATH", "lt")
+    monkeypatch.setattr(attention, "CUDNN_PLAN", "heuristic")
+    gpu_cli._set_paths(argparse.Namespace(dense_path=None, cudnn_plan=None))
+    assert (gpu.DENSE_PATH, attention.CUDNN_PLAN) == ("lt", "heuristic")
+    gpu_cli._set_paths(argparse.Namespace(dense_path="gemm_ex", cudnn_plan="no_memset"))
+    assert (gpu.DENSE_PATH, attention.CUDNN_PLAN) == ("gemm_ex", "no_memset")
