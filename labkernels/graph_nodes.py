@@ -12,9 +12,10 @@ Two censuses of the calls behind the prefill's memsets, each checked against its
   splits k at some shapes and zeroes the split-K counters with a memset first) and through cuBLASLt with an
   algorithm that does not split k (:func:`labkernels.gpu.dense_plan`);
 * :func:`sdpa_census` -- the prefill's cuDNN SDPA (4 query heads, 1 kv head, head_dim 256; causal and sliding
-  window 512) with the plan the prefill runs, and, at the token counts asked, every candidate plan of the
-  heuristics (name, workspace, nodes, time, output against the prefill's plan), to show whether any plan runs
-  without the memset that precedes cuDNN's flash kernel.
+  window 512) under both plan policies of ``attention.Cudnn`` (the heuristic plan the prefill runs by default, and
+  ``no_memset``: :func:`no_memset_plan`), and, at the token counts asked, every candidate plan of the heuristics
+  (name, workspace, nodes, time, output against the heuristic plan), to show whether any plan runs without the
+  memset that precedes cuDNN's flash kernel.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ DENSE_RTOL = 1e-3
 SDPA_NTS = (64, 512, 3325)
 #: the SDPA census's rows per (kind, nt) that run a Cudnn backend with a plan policy (attention.CUDNN_PLANS)
 POLICY_ROWS = ("heuristic", "no_memset")
-
 SDPA_PLAN_NTS = (512, 3325)
 
 
@@ -122,7 +122,7 @@ def census(graph: int) -> list[dict]:
 
 def summarize(nodes: list[dict], regions: dict | None = None) -> dict:
     """Counts of a census by node type (``n_kernel``, ``n_memset``, ...; ``nodes`` in all), the kernels' names
-    (in graph order, '; '-joined), the memsets' total bytes and, for ``regions`` {label: (address, bytes)}, in
+    (in the census's order, '; '-joined), the memsets' total bytes and, for ``regions`` {label: (address, bytes)}, in
     which region each memset writes ('elsewhere' if none)."""
     s = {"nodes": len(nodes)}
     for r in nodes:
@@ -176,8 +176,8 @@ def time_graph(fn, stream, reps: int = 20, launches: int = 5) -> float:
         destroy(g)
 
 
-def run_once(fn, stream) -> dict:
-    """Capture ``fn`` once, read its census, replay it once; {nodes: census, ...}."""
+def run_once(fn, stream) -> list[dict]:
+    """Capture ``fn`` once, read its census (:func:`census`), replay it once on ``stream`` and wait for it."""
     rt = _rt()
     g = capture(fn, stream)
     try:
@@ -191,6 +191,13 @@ def run_once(fn, stream) -> dict:
     finally:
         destroy(g)
     return nodes
+
+
+def _clear(a, stream) -> None:
+    """Zero ``a`` on ``stream`` and wait (before a replay that must write it)."""
+    with stream:
+        a.fill(0)
+        stream.synchronize()
 
 
 def _region_zero(ptr: int, nbytes: int) -> bool:
@@ -235,10 +242,12 @@ def dense_census(points=DENSE_POINTS, reps: int = 20, launches: int = 5, progres
         res = {}
         for path in ("gemm_ex", "lt"):
             out = cp.zeros((nt, od), cp.float32)
+            cp.cuda.runtime.deviceSynchronize()                   # inputs made on the legacy stream: in place
             with stream:
                 gpu.gemm_dense(x, w, out=out, path=path)          # eager (plans the shape, loads the kernels)
                 stream.synchronize()
             eager = cp.asnumpy(out)
+            _clear(out, stream)                                   # the replay must write it again
             nodes = run_once(lambda: gpu.gemm_dense(x, w, out=out, path=path), stream)
             replay = cp.asnumpy(out)
             row = {"shape": label, "nt": nt, "od": od, "k": k, "dtype": dt, "path": path,
@@ -320,10 +329,12 @@ def _backend_row(b, kind, n: int, ins, stream, reps: int, launches: int) -> tupl
     cp = gpu.cp()
     q, k, v = ins
     o = cp.zeros((n, kind.n_head * kind.head_dim_v), q.dtype)
+    cp.cuda.runtime.deviceSynchronize()                   # inputs made on the legacy stream: in place
     with stream:
         b.sdpa(q, k, v, n, kind, out=o)
         stream.synchronize()
     eager = cp.asnumpy(o)
+    _clear(o, stream)
     G = b.graph(n, kind)
     if G.get("plan_index") is not None:
         pname = b.plan_notes.get((n, kind, b.dtype), "")
@@ -377,10 +388,12 @@ def _plan_trial(b, G, i: int, ins, width: int, stream) -> tuple[dict, np.ndarray
         ws = cp.empty(wsb, cp.uint8) if wsb else None
         q, k, v = ins
         o = cp.zeros((q.shape[0], width), q.dtype)
+        cp.cuda.runtime.deviceSynchronize()
         with stream:
             b.execute(G, q, k, v, o, index=i, workspace=ws)
             stream.synchronize()
         got = cp.asnumpy(o)
+        _clear(o, stream)
         nodes = run_once(lambda: b.execute(G, q, k, v, o, index=i, workspace=ws), stream)
         regions = {"workspace": (ws.data.ptr, ws.nbytes)} if ws is not None else {}
         row.update({"workspace_bytes": wsb, **summarize(nodes, regions), "memset_zero_after": _memsets_zero_after(nodes),
@@ -440,6 +453,7 @@ def no_memset_plan(b, n: int, kind, ref_G: dict, seed: int = 0) -> tuple[dict, s
     ins = _sdpa_inputs(kind, n, b.dtype, np.random.default_rng(seed))
     q, k, v = ins
     o = cp.zeros((n, kind.n_head * kind.head_dim_v), q.dtype)
+    cp.cuda.runtime.deviceSynchronize()
     with stream:
         b.execute(ref_G, q, k, v, o)
         stream.synchronize()
