@@ -642,10 +642,11 @@ def _device_id() -> int:
     return int(cp().cuda.Device().id)
 
 
-def dense_plan(t_in: int, n: int, od: int, k: int, align_b: int = 256, align_a: int = 256,
+def dense_plan(t_in: int, n: int, od: int, k: int, align_a: int = 256, align_b: int = 256,
                align_d: int = 256) -> DensePlan:
     """The cached :class:`DensePlan` of one gemm_dense shape (input type CUDA_R_32F 0 / CUDA_R_16F 2, x's rows n,
-    w's rows od, depth k) and operand alignments on this device; a plan that has no algorithm is logged once."""
+    w's rows od, depth k) and operand alignments in bytes (A = w, B = x, D = out) on this device; a plan that has no
+    algorithm is logged once."""
     key = (_device_id(), t_in, n, od, k, align_a, align_b, align_d)
     p = _DENSE_PLANS.get(key)
     if p is None:
