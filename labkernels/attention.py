@@ -468,18 +468,37 @@ class Baseline(Backend):
         return out
 
 
+#: the plan cuDNN's SDPA runs (Cudnn's default): "heuristic" = the frontend's pick (heuristics A then FALLBACK, the
+#: first plan that builds); "no_memset" = per (tokens, layer kind) the first plan in that order whose captured execution
+#: has no memset node and whose output is within 2 x PARITY_TOL of the heuristic plan's, else the heuristic plan
+CUDNN_PLANS = ("heuristic", "no_memset")
+CUDNN_PLAN = "heuristic"
+NO_MEMSET_MAX_PLANS = 6          # candidates "no_memset" tries, in the heuristics' order (each one is built and run)
+_OWN = object()                  # Cudnn.execute: the graph's own workspace
+
+
 class Cudnn(Backend):
-    """cuDNN's fused SDPA (nvidia-cudnn-frontend); graphs cached per (tokens, layer kind, dtype)."""
+    """cuDNN's fused SDPA (nvidia-cudnn-frontend); graphs cached per (tokens, layer kind, dtype). ``plan`` (default
+    :data:`CUDNN_PLAN`): which execution plan runs; under "no_memset" the choice and its reason per graph are in
+    ``plan_notes`` and :meth:`describe` (``labkernels.graph_nodes.no_memset_plan`` tries the plans)."""
     name = "cudnn"
 
-    def __init__(self, cfg, dtype: str = "f16", note: str = "requested"):
+    def __init__(self, cfg, dtype: str = "f16", note: str = "requested", plan: str | None = None):
+        plan = CUDNN_PLAN if plan is None else plan
+        if plan not in CUDNN_PLANS:
+            raise ValueError(f"cuDNN plan must be one of {CUDNN_PLANS}, got {plan!r}")
         super().__init__(cfg, dtype, note)
         self.cudnn = import_cudnn()
         self.handle = self.cudnn.create_handle()
+        self.plan = plan
+        self.plan_notes: dict = {}
         self._graphs: dict = {}
 
     def describe(self) -> dict:
-        return {**super().describe(), **{f"cudnn_{k}": v for k, v in cudnn_info().items()}}
+        d = {**super().describe(), **{f"cudnn_{k}": v for k, v in cudnn_info().items()}, "cudnn_plan": self.plan}
+        if self.plan_notes:
+            d["cudnn_plan_notes"] = "; ".join(f"{n} tokens, {k.mask}: {why}" for (n, k, _), why in self.plan_notes.items())
+        return d
 
     def graph(self, n: int, kind: LayerKind, il=None):
         key = (n, kind, self.dtype)
@@ -488,7 +507,9 @@ class Cudnn(Backend):
             g = self._graphs[key] = self._build(n, kind, il)
         return g
 
-    def _build(self, n: int, kind: LayerKind, il):
+    def define(self, n: int, kind: LayerKind, il=None) -> dict:
+        """The SDPA graph of (tokens, layer kind) with its operation graph built and no plan yet: {graph, Q, K, V,
+        O} (the plans are made by :meth:`_build`; ``labkernels.graph_nodes`` lists every candidate plan)."""
         cudnn = self.cudnn
         check_kind(kind, "cudnn", il if il is not None else "?")
         dt = cudnn.data_type.HALF if self.dtype == "f16" else cudnn.data_type.BFLOAT16
@@ -507,7 +528,24 @@ class Cudnn(Backend):
             O.set_output(True).set_dim([1, H, n, dv]).set_stride([n * H * dv, dv, H * dv, 1]).set_data_type(dt)
             g.validate()
             g.build_operation_graph()
-            g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        except Exception as e:
+            raise AttentionError(f"attention of layer {il} ({kind.describe()}, {n} tokens, {self.dtype}): cuDNN SDPA "
+                                 f"cannot take it: {type(e).__name__}: {e}") from None
+        return {"graph": g, "Q": Q, "K": K, "V": V, "O": O}
+
+    def _build(self, n: int, kind: LayerKind, il):
+        G = self._build_heuristic(n, kind, il)
+        if self.plan == "no_memset":
+            from . import graph_nodes
+
+            G, self.plan_notes[(n, kind, self.dtype)] = graph_nodes.no_memset_plan(self, n, kind, G)
+        return G
+
+    def _build_heuristic(self, n: int, kind: LayerKind, il):
+        G = self.define(n, kind, il)
+        g = G["graph"]
+        try:
+            g.create_execution_plans([self.cudnn.heur_mode.A, self.cudnn.heur_mode.FALLBACK])
             g.check_support()
             g.build_plans()
             ws_bytes = int(g.get_workspace_size())
@@ -515,7 +553,7 @@ class Cudnn(Backend):
             raise AttentionError(f"attention of layer {il} ({kind.describe()}, {n} tokens, {self.dtype}): cuDNN SDPA "
                                  f"cannot take it: {type(e).__name__}: {e}") from None
         ws = gpu.cp().empty(ws_bytes, gpu.cp().uint8) if ws_bytes else None
-        return {"graph": g, "Q": Q, "K": K, "V": V, "O": O, "workspace": ws, "workspace_bytes": ws_bytes}
+        return {**G, "workspace": ws, "workspace_bytes": ws_bytes}
 
     def sdpa(self, q16, k16, v16, n, kind: LayerKind, il=None, out=None):
         """O [n, H*dv] (io dtype) from q16 [n, H*d], k16/v16 [n, Hk*d] (io dtype, C-contiguous)."""
@@ -528,14 +566,26 @@ class Cudnn(Backend):
                 raise AttentionError(f"attention of layer {il}: cuDNN SDPA input of shape {a.shape} "
                                      f"(contiguous {a.flags.c_contiguous}), expected C-contiguous ({n}, {w})")
         o = out if out is not None else cp.empty((n, H * dv), q16.dtype)
-        self.cudnn.set_stream(self.handle, cp.cuda.get_current_stream().ptr)
         try:
-            G["graph"].execute({G["Q"]: q16.data.ptr, G["K"]: k16.data.ptr, G["V"]: v16.data.ptr, G["O"]: o.data.ptr},
-                               G["workspace"], handle=self.handle)
+            self.execute(G, q16, k16, v16, o)
         except Exception as e:
             raise AttentionError(f"attention of layer {il} ({kind.describe()}, {n} tokens, {self.dtype}): cuDNN SDPA "
                                  f"execution failed: {type(e).__name__}: {e}") from None
         return o
+
+    def execute(self, G: dict, q16, k16, v16, o, index=None, workspace=_OWN) -> None:
+        """Run graph ``G`` (from :meth:`graph` / :meth:`define`) on the current stream: its chosen plan (``G``'s
+        ``plan_index`` if set, else the frontend's selected plan) or plan ``index``; ``workspace``: G's own unless
+        given (None: no workspace)."""
+        cp = gpu.cp()
+        ws = G["workspace"] if workspace is _OWN else workspace
+        index = G.get("plan_index") if index is None else index
+        pack = {G["Q"]: q16.data.ptr, G["K"]: k16.data.ptr, G["V"]: v16.data.ptr, G["O"]: o.data.ptr}
+        self.cudnn.set_stream(self.handle, cp.cuda.get_current_stream().ptr)
+        if index is None:
+            G["graph"].execute(pack, ws, handle=self.handle)
+        else:
+            G["graph"].execute_plan_at_index(pack, ws, index=index, handle=self.handle)
 
 
 class Torch(Backend):

@@ -410,12 +410,25 @@ def h2d_async(dst, host, stream) -> None:
                                stream.ptr)
 
 
-def gemm_dense(x, w, out=None):
-    """y[n, od] = x[n, id] @ w[od, id]^T for C-contiguous float32 or float16 operands of one type (fp32 accumulate;
-    float32 out) as one cuBLAS ``cublasGemmEx`` on the current stream, called through ctypes: unlike
-    ``cupy.matmul`` it may be captured into a CUDA graph (CuPy refuses its own cuBLAS calls during capture)."""
-    c = cp()
+#: gemm_dense's paths: "lt" = cublasLtMatmul with an algorithm chosen once per shape that does not split k (no
+#: split-K reduction, so no memset of its counters before the GEMM: one graph node instead of two), "gemm_ex" =
+#: cublasGemmEx with cuBLAS's own choice (which splits k at some shapes, e.g. Gemma's stacked QKV at nt=512)
+DENSE_PATHS = ("lt", "gemm_ex")
+DENSE_PATH = "lt"
 
+
+def gemm_dense(x, w, out=None, path: str | None = None):
+    """y[n, od] = x[n, id] @ w[od, id]^T for C-contiguous float32 or float16 operands of one type (fp32 accumulate;
+    float32 out) as one cuBLAS call on the current stream, called through ctypes: unlike ``cupy.matmul`` it may be
+    captured into a CUDA graph (CuPy refuses its own cuBLAS calls during capture).
+
+    ``path`` (default :data:`DENSE_PATH`): ``"lt"`` runs ``cublasLtMatmul`` with the heuristic's best algorithm
+    that does not split k and needs no workspace (:func:`dense_plan`, chosen once per shape and pointer alignment);
+    where there is none, or cuBLASLt cannot be reached, it runs ``cublasGemmEx`` and says why in
+    :func:`dense_fallbacks` (and the log). ``"gemm_ex"``: ``cublasGemmEx`` with cuBLAS's own algorithm."""
+    path = DENSE_PATH if path is None else path
+    if path not in DENSE_PATHS:
+        raise ValueError(f"gemm_dense path must be one of {DENSE_PATHS}, got {path!r}")
     if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[1]:
         raise ShapeError(f"gemm_dense shapes {x.shape} x {w.shape}^T do not chain")
     if x.dtype != w.dtype or x.dtype not in (np.float32, np.float16):
@@ -424,14 +437,231 @@ def gemm_dense(x, w, out=None):
         raise ShapeError("gemm_dense needs C-contiguous operands")
     n, k = x.shape
     od = w.shape[0]
-    if out is None:
-        out = c.empty((n, od), dtype=c.float32)
-    elif out.shape != (n, od) or out.dtype != np.float32 or not out.flags.c_contiguous:
+    if out is not None and (out.shape != (n, od) or out.dtype != np.float32 or not out.flags.c_contiguous):
         raise ShapeError(f"out must be C-contiguous float32 {(n, od)}")
+    if out is None:
+        out = cp().empty((n, od), dtype=np.float32)
+    if n == 0 or od == 0:
+        return out
     t_in = 2 if x.dtype == np.float16 else 0                    # CUDA_R_16F | CUDA_R_32F
+    if path == "lt":
+        plan = dense_plan(t_in, n, od, k, align_a=_align(w.data.ptr), align_b=_align(x.data.ptr),
+                          align_d=_align(out.data.ptr))
+        if plan.algo is not None:
+            plan.run(w.data.ptr, x.data.ptr, out.data.ptr)
+            return out
     # row-major Y = X W^T is column-major Y^T (od x n) = W (od x k, stored as k x od: transposed) X^T (k x n)
     _gemm_ex_capturable(1, 0, od, n, k, w.data.ptr, t_in, k, x.data.ptr, t_in, k, out.data.ptr, 0, od)
     return out
+
+
+def _align(ptr: int) -> int:
+    """The largest power of two (at most 256) that divides a device address: cuBLASLt's algorithms state the
+    alignment they need, and the heuristic is told what the operands have."""
+    a = 256
+    while a > 1 and ptr % a:
+        a //= 2
+    return a
+
+
+@lru_cache(maxsize=None)
+def _libcublaslt():
+    """libcublasLt through ctypes: the one beside the libcublas CuPy loaded (its dependency), else the first one
+    mapped in this process. Its handles are made with its own cublasLtCreate (:func:`_lt_handle`)."""
+    import ctypes
+    import os
+
+    here = os.path.dirname(_libcublas()._name)
+    paths = sorted({ln.split()[-1] for ln in open("/proc/self/maps") if "/libcublasLt.so" in ln})
+    if not paths:
+        raise GpuError("libcublasLt is not mapped in this process")
+    lib = ctypes.CDLL(next((p for p in paths if os.path.dirname(p) == here), paths[0]))
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    lib.cublasLtCreate.argtypes = [ctypes.POINTER(vp)]
+    lib.cublasLtMatmulDescCreate.argtypes = [ctypes.POINTER(vp), ctypes.c_int, ctypes.c_int]
+    lib.cublasLtMatmulDescSetAttribute.argtypes = [vp, ctypes.c_int, vp, sz]
+    lib.cublasLtMatrixLayoutCreate.argtypes = [ctypes.POINTER(vp), ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,
+                                               ctypes.c_int64]
+    lib.cublasLtMatmulPreferenceCreate.argtypes = [ctypes.POINTER(vp)]
+    lib.cublasLtMatmulPreferenceSetAttribute.argtypes = [vp, ctypes.c_int, vp, sz]
+    lib.cublasLtMatmulPreferenceDestroy.argtypes = [vp]
+    lib.cublasLtMatmulAlgoGetHeuristic.argtypes = [vp, vp, vp, vp, vp, vp, vp, ctypes.c_int, vp,
+                                                   ctypes.POINTER(ctypes.c_int)]
+    lib.cublasLtMatmulAlgoConfigGetAttribute.argtypes = [vp, ctypes.c_int, vp, sz, ctypes.POINTER(sz)]
+    lib.cublasLtMatmul.argtypes = [vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, sz, vp]
+    return lib
+
+
+def _lt_result_type():
+    """cublasLtMatmulHeuristicResult_t (cublasLt.h): algo (uint64 x 8), workspaceSize, state, wavesCount, int x 4."""
+    import ctypes
+
+    class Result(ctypes.Structure):
+        _fields_ = [("algo", ctypes.c_uint64 * 8), ("workspaceSize", ctypes.c_size_t), ("state", ctypes.c_int),
+                    ("wavesCount", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
+    return Result
+
+
+#: cublasLt.h enum values used here
+_LT_DESC_TRANSA, _LT_DESC_TRANSB = 3, 4                        # cublasLtMatmulDescAttributes_t
+_LT_PREF_MAX_WORKSPACE = 1                                     # cublasLtMatmulPreferenceAttributes_t
+_LT_PREF_MIN_ALIGN = {"A": 5, "B": 6, "C": 7, "D": 8}
+
+
+def _lt_handle():
+    """This device's cuBLASLt handle (cublasLtCreate of :func:`_libcublaslt`, one per device: a handle is tied to the
+    device current at its creation), made once and kept for the process."""
+    return _lt_handle_of(_device_id())
+
+
+@lru_cache(maxsize=None)
+def _lt_handle_of(device: int):
+    import ctypes
+
+    h = ctypes.c_void_p()
+    st = _libcublaslt().cublasLtCreate(ctypes.byref(h))
+    if st:
+        raise GpuError(f"cublasLtCreate failed: status {st}")
+    return h
+
+
+_LT_CFG = {"algo_id": 0, "tile": 1, "splitk": 2, "reduction": 3, "swizzle": 4, "custom": 5, "stages": 6}
+LT_HEURISTIC_COUNT = 16                                        # candidates asked of the heuristic
+
+
+def pick_dense_algo(candidates: list[dict]) -> tuple[int | None, str]:
+    """The first candidate (the heuristic's order: best estimate first) that succeeded, needs no workspace and does
+    not split k (``splitk`` <= 1: nothing to reduce, so no zeroed counters or output before the GEMM); returns
+    (its position, why) or (None, why none fits)."""
+    if not candidates:
+        return None, "the cuBLASLt heuristic returned no algorithm"
+    why = []
+    for i, c in enumerate(candidates):
+        if c.get("state", 0) != 0:
+            why.append(f"#{i} state {c['state']}")
+        elif c.get("workspace", 0):
+            why.append(f"#{i} needs {c['workspace']} B of workspace")
+        elif c.get("splitk", 1) > 1:
+            why.append(f"#{i} splits k {c['splitk']} ways (reduction scheme {c.get('reduction')})")
+        else:
+            return i, f"heuristic candidate #{i} of {len(candidates)} (the first without split-K)"
+    return None, f"none of the {len(candidates)} cuBLASLt candidates runs without split-K and workspace: " + \
+        "; ".join(why)
+
+
+class DensePlan:
+    """One cuBLASLt matmul (descriptors + chosen algorithm) of gemm_dense's shape, kept for the process: the
+    heuristic runs once, on the host, so the plan can be made (and run) inside a CUDA-graph capture."""
+
+    def __init__(self, t_in: int, n: int, od: int, k: int, aligns: tuple):
+        import ctypes
+
+        self.key = (t_in, n, od, k, aligns)
+        self.algo = None
+        self.info: dict = {}
+        try:
+            lib = _libcublaslt()
+            handle = _lt_handle()
+        except GpuError as e:
+            self.note = f"cublasGemmEx runs: {e}"
+            return
+        self.lib, self.handle = lib, handle         # the plan's device's (dense_plan keys plans by device)
+        vp = ctypes.c_void_p
+
+        def ok(st, what):
+            if st:
+                raise GpuError(f"{what} failed: cuBLAS status {st}")
+
+        self.desc = vp()
+        ok(lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), 68, 0), "cublasLtMatmulDescCreate")  # COMPUTE_32F, R_32F
+        for attr, v in ((_LT_DESC_TRANSA, 1), (_LT_DESC_TRANSB, 0)):                                 # W^T, X as stored
+            x = ctypes.c_int32(v)
+            ok(lib.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(x), 4), "cublasLtMatmulDescSetAttribute")
+        # column-major view of gemm_dense (as in cublasGemmEx): A = W stored k x od, B = X^T stored k x n, D od x n
+        self.layouts = [vp() for _ in range(3)]
+        for lay, (t, r, cc, ld) in zip(self.layouts, ((t_in, k, od, k), (t_in, k, n, k), (0, od, n, od))):
+            ok(lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), t, r, cc, ld), "cublasLtMatrixLayoutCreate")
+        pref = vp()
+        ok(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
+        try:
+            ws = ctypes.c_uint64(0)
+            ok(lib.cublasLtMatmulPreferenceSetAttribute(pref, _LT_PREF_MAX_WORKSPACE, ctypes.byref(ws), 8),
+               "cublasLtMatmulPreferenceSetAttribute")
+            for name, a in zip("ABCD", aligns):
+                v = ctypes.c_uint32(a)
+                ok(lib.cublasLtMatmulPreferenceSetAttribute(pref, _LT_PREF_MIN_ALIGN[name], ctypes.byref(v), 4),
+                   "cublasLtMatmulPreferenceSetAttribute")
+            res = (_lt_result_type() * LT_HEURISTIC_COUNT)()
+            got = ctypes.c_int(0)
+            A, B, D = self.layouts
+            st = lib.cublasLtMatmulAlgoGetHeuristic(handle, self.desc, A, B, D, D, pref, LT_HEURISTIC_COUNT,
+                                                    res, ctypes.byref(got))
+        finally:
+            lib.cublasLtMatmulPreferenceDestroy(pref)
+        if st:
+            self.note = f"cublasGemmEx runs: cublasLtMatmulAlgoGetHeuristic failed: status {st}"
+            return
+        self.candidates = [self._describe(r) for r in res[:got.value]]
+        i, why = pick_dense_algo(self.candidates)
+        if i is None:
+            self.note = f"cublasGemmEx runs: {why}"
+            return
+        self._result = type(res[i]).from_buffer_copy(res[i])      # kept: the algorithm every matmul reads
+        self.algo = ctypes.byref(self._result, 0)
+        self.info = self.candidates[i]
+        self.note = f"cublasLt: {why}"
+
+    def _describe(self, r) -> dict:
+        import ctypes
+
+        d = {"state": int(r.state), "workspace": int(r.workspaceSize), "waves": float(r.wavesCount)}
+        for name, attr in _LT_CFG.items():
+            v, n = ctypes.c_uint32(0), ctypes.c_size_t(0)
+            st = self.lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(r, 0), attr, ctypes.byref(v), 4,
+                                                               ctypes.byref(n))
+            d[name] = int(v.value) if st == 0 else None
+        return d
+
+    def run(self, w_ptr: int, x_ptr: int, out_ptr: int) -> None:
+        import ctypes
+
+        one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        A, B, D = self.layouts
+        stream = ctypes.c_void_p(int(cp().cuda.get_current_stream().ptr))
+        st = self.lib.cublasLtMatmul(self.handle, self.desc, ctypes.byref(one), ctypes.c_void_p(w_ptr), A,
+                                     ctypes.c_void_p(x_ptr), B, ctypes.byref(zero), ctypes.c_void_p(out_ptr), D,
+                                     ctypes.c_void_p(out_ptr), D, self.algo, None, 0, stream)
+        if st:
+            raise GpuError(f"cublasLtMatmul failed: status {st} (shape n={self.key[1]} od={self.key[2]} k={self.key[3]})")
+
+
+_DENSE_PLANS: dict = {}
+
+
+def _device_id() -> int:
+    return int(cp().cuda.Device().id)
+
+
+def dense_plan(t_in: int, n: int, od: int, k: int, align_a: int = 256, align_b: int = 256,
+               align_d: int = 256) -> DensePlan:
+    """The cached :class:`DensePlan` of one gemm_dense shape (input type CUDA_R_32F 0 / CUDA_R_16F 2, x's rows n,
+    w's rows od, depth k) and operand alignments in bytes (A = w, B = x, D = out) on this device; a plan that has no
+    algorithm is logged once."""
+    key = (_device_id(), t_in, n, od, k, align_a, align_b, align_d)
+    p = _DENSE_PLANS.get(key)
+    if p is None:
+        p = _DENSE_PLANS[key] = DensePlan(t_in, n, od, k, (align_a, align_b, align_d, align_d))
+        if p.algo is None:
+            import logging
+
+            logging.getLogger("labkernels.gpu").warning("gemm_dense n=%d od=%d k=%d: %s", n, od, k, p.note)
+    return p
+
+
+def dense_fallbacks() -> list[dict]:
+    """Every gemm_dense shape of this process that ran cublasGemmEx instead of cuBLASLt, and why."""
+    return [{"device": k[0], "type": "f16" if k[1] == 2 else "f32", "n": k[2], "od": k[3], "k": k[4], "note": p.note}
+            for k, p in _DENSE_PLANS.items() if p.algo is None]
 
 
 # ------------------------------------------------------------------ the one user-facing GEMM entry

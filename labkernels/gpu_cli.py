@@ -23,7 +23,7 @@ from .paths import REPO_ROOT
 #: the steps written here (machine-wide checks and the prefill issues'); every round's own steps come from the
 #: table of rounds (labkernels.rounds: occupancy, q6k, tile_ab, kdr, q4k, prefill, prefill7b, decompose, forensics,
 #: wgmma, wgmma_sanitizer, wgmma_ncu, wgmma_costs, prefill_r7)
-STEPS = ("env", "tests", "sanitizer", "attention", "prefill_graph")
+STEPS = ("env", "tests", "sanitizer", "attention", "prefill_graph", "graph_nodes")
 
 
 def _log(msg: str) -> None:
@@ -213,7 +213,7 @@ def step_prefill_graph(out: Path, args) -> dict:
     as a class before (eager, unfused) and after (graph, fused) at nt 64, 512, 3325. One recorded run per model."""
     import gc
 
-    from . import gpu, prefill_cli, records
+    from . import attention, gpu, prefill_cli, records
     from .model import default_model_path
     from .prefill import GpuModel, PrefillOptions
 
@@ -236,7 +236,8 @@ def step_prefill_graph(out: Path, args) -> dict:
     for spec in models:
         label = spec if spec in prefill_cli.SYNTHETIC else "gemma-3-270m-q4_k_m"
         params = {"what": "graph", "model": label, "nts": list(GRAPH_NTS), "decompose_nts": list(GRAPH_DECOMPOSE_NTS),
-                  "variants": GRAPH_VARIANTS, "attn_f16": True, "kernel": args.kernel}
+                  "variants": GRAPH_VARIANTS, "attn_f16": True, "kernel": args.kernel,
+                  "dense_path": gpu.DENSE_PATH, "cudnn_plan": attention.CUDNN_PLAN}
         with records.recording("prefill", params, root=out / "data") as run:
             m = prefill_cli.load_model(spec)
             gm = GpuModel(m, opts=PrefillOptions(attn_f16=True, kernel=args.kernel))
@@ -256,6 +257,49 @@ def step_prefill_graph(out: Path, args) -> dict:
     return {"ok": ok, "runs": runs, **summary}
 
 
+def step_graph_nodes(out: Path, args) -> dict:
+    """Issue 18: the memset nodes of the prefill's graph. Gemma 3 270M's dense GEMMs (stacked Q/K/V at nt 64 / 512 /
+    3325, ...) and its cuDNN SDPA layer kinds, each captured alone into a CUDA graph and counted node by node
+    (labkernels.graph_nodes): gemm_dense through cublasGemmEx (before) and cuBLASLt without split-K (after), outputs
+    compared bitwise and to float64; the SDPA with the prefill's plan and every candidate plan. One ``prefill``
+    run (tables dense_nodes, sdpa_nodes)."""
+    from . import attention, gpu, graph_nodes, records
+
+    params = {"what": "graph_nodes", "dense_points": [list(p) for p in graph_nodes.DENSE_POINTS],
+              "dense_shapes": graph_nodes.GEMMA_DENSE, "dense_rtol": graph_nodes.DENSE_RTOL,
+              "dense_path": gpu.DENSE_PATH, "cudnn_plan": attention.CUDNN_PLAN, "sdpa_nts": list(graph_nodes.SDPA_NTS),
+              "sdpa_plan_nts": list(graph_nodes.SDPA_PLAN_NTS), "sdpa_dtype": args.attn_dtype,
+              "sdpa_kinds": {k: vars(v) for k, v in attention.bench_layouts()["gemma-3-270m"].items()}}
+    with records.recording("prefill", params, root=out / "data") as run:
+        dense = graph_nodes.dense_census(progress=_log)
+        run.append("dense_nodes", dense)
+        try:
+            sdpa = graph_nodes.sdpa_census(dtype=args.attn_dtype, progress=_log)
+        except (attention.AttentionUnavailable, attention.AttentionError) as e:
+            sdpa = [{"kind": "all", "plan": "all", "error": f"{type(e).__name__}: {e}"}]
+        run.append("sdpa_nodes", sdpa)
+        v = graph_nodes.check(dense, sdpa)
+        v["dense_fallbacks"] = gpu.dense_fallbacks()
+        for p in v["problems"]:
+            _log(f"graph_nodes: {p}")
+        run.finish(**{k: x for k, x in v.items() if k != "ok"}, ok=v["ok"])
+    _log("graph_nodes: " + ", ".join(f"{k}={x}" for k, x in v.items() if k.startswith("memsets_")))
+    _log(f"graph_nodes: SDPA plans without a memset: {v['sdpa_plans_without_memset'] or 'none'}")
+    return {**v, "run": run.run_id}
+
+
+def _set_paths(args) -> None:
+    """--dense-path / --cudnn-plan: gemm_dense's path (gpu.DENSE_PATH) and the cuDNN SDPA plan policy
+    (attention.CUDNN_PLAN) for every step of this gpu-check (the prefill runs record both)."""
+    from . import attention, gpu
+
+    if getattr(args, "dense_path", None):
+        gpu.DENSE_PATH = args.dense_path
+    if getattr(args, "cudnn_plan", None):
+        attention.CUDNN_PLAN = args.cudnn_plan
+    _log(f"gemm_dense path {gpu.DENSE_PATH}, cuDNN plan policy {attention.CUDNN_PLAN}")
+
+
 def main(args) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -264,6 +308,7 @@ def main(args) -> int:
     from . import rounds
 
     args.log = _log
+    _set_paths(args)
     funcs = {**{k[5:]: v for k, v in globals().items() if k.startswith("step_")}, **rounds.gpu_check_steps()}
     bad = [s for s in steps if s not in funcs]
     if bad:                                   # before any step runs
@@ -320,6 +365,12 @@ def register_cli(sub) -> None:
                    "auto | cudnn | torch | baseline (labkernels.attention)")
     p.add_argument("--attn-dtype", default="f16", help="input type of the fused attention: f16 | bf16")
     p.add_argument("--attention-nts", default="512,3325,8192", help="token counts of the attention benchmark")
+    from . import attention, gpu
+
+    p.add_argument("--dense-path", default=None, choices=gpu.DENSE_PATHS,
+                   help=f"gemm_dense's cuBLAS path for every step (default {gpu.DENSE_PATH}: labkernels.gpu.gemm_dense)")
+    p.add_argument("--cudnn-plan", default=None, choices=attention.CUDNN_PLANS,
+                   help=f"cuDNN SDPA plan policy for every step (default {attention.CUDNN_PLAN}: labkernels.attention.Cudnn)")
     p.set_defaults(func=main)
     q = sub.add_parser("import-runs", help="copy recorded runs from a GPU results folder into data/")
     q.add_argument("src")

@@ -205,10 +205,11 @@ def test_occupancy_api_matches_calculator(cp):
     assert not bad, bad
 
 
+@pytest.mark.parametrize("path", ["lt", "gemm_ex"])
 @pytest.mark.parametrize("dt", ["float32", "float16"])
-def test_gemm_dense_matches_matmul_and_captures(dt):
-    """gpu.gemm_dense (raw cuBLAS gemmEx) equals cupy.matmul in fp32 terms, and runs inside a CUDA-graph capture,
-    which cupy.matmul refuses."""
+def test_gemm_dense_matches_matmul_and_captures(dt, path):
+    """gpu.gemm_dense (raw cuBLAS: cuBLASLt without split-K, or cublasGemmEx) equals cupy.matmul in fp32 terms, and
+    runs inside a CUDA-graph capture, which cupy.matmul refuses."""
     import cupy as cp
 
     from labkernels import gpu
@@ -216,16 +217,16 @@ def test_gemm_dense_matches_matmul_and_captures(dt):
     rng = np.random.default_rng(1)
     x = cp.asarray(rng.standard_normal((37, 640)).astype(dt))
     w = cp.asarray(rng.standard_normal((1000, 640)).astype(dt))
-    y = gpu.gemm_dense(x, w)
+    y = gpu.gemm_dense(x, w, path=path)
     ref = cp.asnumpy(x.astype(cp.float32)) @ cp.asnumpy(w.astype(cp.float32)).T
     assert np.abs(cp.asnumpy(y) - ref).max() <= 1e-3 * np.abs(ref).max()
     s = cp.cuda.Stream(non_blocking=True)
     out = cp.empty((37, 1000), cp.float32)
     with s:
-        gpu.gemm_dense(x, w, out=out)       # warm-up on the capture stream (cuBLAS workspace)
+        gpu.gemm_dense(x, w, out=out, path=path)       # warm-up on the capture stream (cuBLAS workspace)
         s.synchronize()
         s.begin_capture()
-        gpu.gemm_dense(x, w, out=out)
+        gpu.gemm_dense(x, w, out=out, path=path)
         g = s.end_capture()
     out.fill(0)
     g.launch(s)
