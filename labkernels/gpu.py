@@ -412,9 +412,12 @@ def h2d_async(dst, host, stream) -> None:
 
 #: gemm_dense's paths: "lt" = cublasLtMatmul with an algorithm chosen once per shape that does not split k (no
 #: split-K reduction, so no memset of its counters before the GEMM: one graph node instead of two), "gemm_ex" =
-#: cublasGemmEx with cuBLAS's own choice (which splits k at some shapes, e.g. Gemma's stacked QKV at nt=512)
+#: cublasGemmEx with cuBLAS's own choice (which splits k at some shapes, e.g. Gemma's stacked QKV at nt=512).
+#: The default is gemm_ex: in the same-session A/B on the H200 (prefill runs 20261201T145658Z..145843Z, Gemma 3 270M
+#: graph replay) lt removed 18 memset nodes per forward at nt=512 (36 at nt=64) but its no-split kernels made the
+#: forward slower: nt=64 1.97-1.99 vs 1.66-1.72 ms, nt=512 3.40-3.50 vs 3.29-3.37 ms
 DENSE_PATHS = ("lt", "gemm_ex")
-DENSE_PATH = "lt"
+DENSE_PATH = "gemm_ex"
 
 
 def gemm_dense(x, w, out=None, path: str | None = None):
@@ -422,7 +425,7 @@ def gemm_dense(x, w, out=None, path: str | None = None):
     float32 out) as one cuBLAS call on the current stream, called through ctypes: unlike ``cupy.matmul`` it may be
     captured into a CUDA graph (CuPy refuses its own cuBLAS calls during capture).
 
-    ``path`` (default :data:`DENSE_PATH`): ``"lt"`` runs ``cublasLtMatmul`` with the heuristic's best algorithm
+    ``path`` (default :data:`DENSE_PATH`, ``"gemm_ex"``): ``"lt"`` runs ``cublasLtMatmul`` with the heuristic's best algorithm
     that does not split k and needs no workspace (:func:`dense_plan`, chosen once per shape and pointer alignment);
     where there is none, or cuBLASLt cannot be reached, it runs ``cublasGemmEx`` and says why in
     :func:`dense_fallbacks` (and the log). ``"gemm_ex"``: ``cublasGemmEx`` with cuBLAS's own algorithm."""

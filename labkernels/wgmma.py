@@ -1128,7 +1128,9 @@ NCU_METRICS = [("GPU Speed Of Light Throughput", "Duration"), ("GPU Speed Of Lig
                ("Compute Workload Analysis", "Executed Ipc Active"), ("Scheduler Statistics", "No Eligible"),
                ("Scheduler Statistics", "Eligible Warps Per Scheduler"),
                ("Warp State Statistics", "Warp Cycles Per Issued Instruction"),
-               ("Occupancy", "Achieved Active Warps Per SM"), ("Memory Workload Analysis", "L2 Hit Rate")]
+               ("Occupancy", "Achieved Active Warps Per SM"), ("Memory Workload Analysis", "L2 Hit Rate"),
+               # shared memory is L1/TEX traffic: the shared-memory form's limit
+               ("GPU Speed Of Light Throughput", "L1/TEX Cache Throughput"), ("Memory Workload Analysis", "Mem Pipes Busy")]
 
 
 def ncu_table(sections_df):

@@ -175,7 +175,13 @@ else:
     plt.show()
 
 # %% [markdown]
-# The same figure over every recorded graph run of this model, so the spread between runs is visible. At nt=3325
+# The same figure over every recorded graph run of this model, so the spread between runs is visible; `dense_path`
+# names how the dense (non-k-quant) GEMMs ran: `gemm_ex` = cuBLAS's own algorithm, which at Gemma's stacked Q/K/V
+# shape and nt=512 splits k and puts a memset node before the GEMM; `lt` = a cuBLASLt algorithm that does not split k
+# (no memset: 184 instead of 202 launches per forward at nt=512). The same-session A/B (runs 145658Z-145843Z, the lt
+# and gemm_ex paths alternating) puts the spread between runs of one path (3.5-6.3% lt, 5.0-7.4% gemm_ex at
+# nt=512) above the difference between the paths, and lt's kernels make the forward slower (nt=64 ~15%, nt=512 ~3%):
+# gemm_ex stays the default, and the 5% bar at nt=512 is met in some runs and not in others. At nt=3325
 # the synthetic 7B's interleaved walls sit 6-10 ms above the traced busy in every run, while its decomposition
 # phase's wall is only 2-6 ms above: not explained yet (not host work -- the forward is one graph launch); the
 # issue's bar is at nt=512.
@@ -189,11 +195,13 @@ for r in records.list_runs("prefill"):
     if model not in set(thr.model):
         continue
     h = host_overhead_untraced(thr, r.table("decompose_busy_wall"))
-    hrows += [dict(run=r.run_id, gpu=peers.run_gpu_name(r), **row) for row in h.to_dict("records")
+    dense = (r.meta.get("params") or {}).get("dense_path", "gemm_ex")   # runs before the lt path: cublasGemmEx
+    hrows += [dict(run=r.run_id, gpu=peers.run_gpu_name(r), dense_path=dense, **row) for row in h.to_dict("records")
               if row["variant"] == "graph-fused"]
 if hrows:
     ht = pd.DataFrame(hrows)
-    display(report.table(ht[["run", "gpu", "nt", "rounds", "wall_ms", "busy_ms", "host_overhead_ms", "host_frac"]],
+    display(report.table(ht[["run", "gpu", "dense_path", "nt", "rounds", "wall_ms", "busy_ms", "host_overhead_ms",
+                             "host_frac"]],
                          {"wall_ms": "{:.3f}", "busy_ms": "{:.3f}", "host_overhead_ms": "{:.3f}", "host_frac": "{:.1%}"},
                          caption=f"{model}: graph replay, untraced interleaved wall vs traced busy, per recorded run "
                                  "(the run id names its commit)"))

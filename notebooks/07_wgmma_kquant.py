@@ -283,8 +283,8 @@ else:
     nct = wgmma.ncu_table(nc.table("sections"))
     display(report.table(nct, caption=f"ncu --clock-control none, run {nc.run_id} (4096 x 4096; SM frequency as ncu read it)"))
     fig, ax = plt.subplots(figsize=(9, 3.8))
-    lab = [f"{'q4_K' if 'QT=4' in k else 'q6_K'} BN={k.split('BN=')[1].split(',')[0]}\n{'stream-K' if sk else 'data-par.'} nt={n}"
-           for k, n, sk in zip(nct.kernel, nct.nt, nct.sk)]
+    lab = [f"{'q4_K' if 'QT=4' in k else 'q6_K'} BN={k.split('BN=')[1].split(',')[0]}{' smem' if k.startswith('wgmma_kqs') else ''}"
+           f"\n{'stream-K' if sk else 'data-par.'} nt={n}" for k, n, sk in zip(nct.kernel, nct.nt, nct.sk)]
     xs = np.arange(len(lab))
     ax.bar(xs - .2, nct["Compute (SM) Throughput [%]"], .4, label="SM compute throughput (tensor pipe) [%]",
            color=plotting.color("wgmma_kq"))

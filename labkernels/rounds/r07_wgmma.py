@@ -47,6 +47,8 @@ else:                         # ncu: the main variants at the 7B attention shape
         for nt, bn, sk in ((512, 128, 0), (512, 256, 1), (4096, 256, 0)):
             scl = wgmma.main_scl("q4_K" if qt == 4 else "q6_K", bn)
             cases.append((registry.find("wgmma_kq", QT=qt, BN=bn, STAGES=4, BF16=0, SCL=scl), nt, 4096, 4096, sk))
+    for nt, bn, st in ((512, 128, 4), (4096, 256, 3)):   # the shared-memory form (q4_K), data-parallel
+        cases.append((registry.find("wgmma_kqs", QT=4, BN=bn, STAGES=st, BF16=0), nt, 4096, 4096, 0))
 for k, nt, od, id_, sk in cases:
     qtype = "q4_K" if k.p["QT"] == 4 else "q6_K"
     raw = quants.quantize((rng.standard_normal((min(od, 256), id_)) * .02).astype(np.float32), qtype)
