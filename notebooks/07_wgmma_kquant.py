@@ -231,10 +231,15 @@ else:
 #
 # **Measured** (same process, interleaved, the table below): the shared-memory form is the slower one at every point
 # — ~0.70× cuBLAS at nt=512 against the register form's 0.83–0.87×, and ~0.77–0.82× at nt=4096 against 0.94–0.98×.
-# The prediction was wrong and the caveat right: the form is bound by shared-memory traffic, the cost cuBLAS avoids
-# by TMA-loading A already in f16 (16 KB per chunk, no read-convert-write pass). It passes every gate (fresh inputs
-# with tails, all q4_K tensors of Gemma 3 270M, compute-sanitizer) and stays selectable as a variant; `auto` does
-# not pick it.
+# The prediction was wrong. The caveat is only half confirmed: Nsight Compute (run 20261201T150328Z, the table in the
+# next section) has the form's tensor pipe at 40% (nt=512) / 63% (nt=4096) of elapsed cycles against the register
+# form's 54% / 82%, its L1/TEX throughput (the shared-memory loads and stores of the threads) at 56% / 61% against
+# 48% / 58%, issue slots 33% / 28% busy — higher shared-memory load, but no unit saturated (whether that metric also
+# counts wgmma's own operand reads, we could not tell), so what is left is the converters' latency chain (wait for
+# the slot, load, convert, store, proxy fence, arrive) per chunk, on one warpgroup for 128 rows. cuBLAS avoids the
+# read-convert-write pass entirely by TMA-loading A already in f16. The form passes every gate (fresh inputs with
+# tails, all q4_K tensors of Gemma 3 270M, compute-sanitizer) and stays selectable as a variant; `auto` does not
+# pick it.
 #
 # **A second experiment, not kept** (exploratory, printed only, commit c227a0ff49): the register form's q4_K scale
 # decode replaced by a precomputed f16 plane (32 B per block, +1 bit per weight) and the high nibbles converted in
@@ -295,7 +300,7 @@ else:
     plt.show()
 
 # %% [markdown]
-# **Reading the counters** (run 20261201T104510Z, the stream-K kernel). At nt=4096 with BN=256 (data-parallel, whole
+# **Reading the counters** (run 20261201T104510Z, the stream-K kernel; run 20261201T150328Z, shown above, agrees within 1-2 points). At nt=4096 with BN=256 (data-parallel, whole
 # waves) the tensor pipe is the busiest unit (76–82% of elapsed cycles) with issue slots only ~32% busy: the
 # conversion is paid for. At nt=512 the stream-K BN=256 launch fills all 132 SMs, yet SM compute throughput is only
 # ~48–55%: SMs are active 78–82% of the elapsed cycles and, while active, the consumer warps wait — 0.38 eligible warps
