@@ -18,11 +18,15 @@ NS = (64, 128, 192, 256)           # token-tile widths (wgmma N) the round-7 reg
 TYPES = {"f16": "f16", "bf16": "bf16"}
 
 
-def _wrapper(n: int, t: str) -> str:
+def _acc(n: int) -> tuple[int, str, str]:
+    """An m64nN f32 accumulator's register count, its asm operand list and its "+f" constraints."""
     nd = n // 2
-    dlist = ", ".join(f"%{i}" for i in range(nd))
+    return nd, ", ".join(f"%{i}" for i in range(nd)), ", ".join(f'"+f"(d[{i}])' for i in range(nd))
+
+
+def _wrapper(n: int, t: str) -> str:
+    nd, dlist, outs = _acc(n)
     a = ", ".join(f"%{nd + i}" for i in range(4))
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(nd))
     return (
         f"// D[64 x {n}] (f32, registers) += A[64 x 16] ({t}, registers) * B[16 x {n}] ({t}, smem descriptor)\n"
         f"__device__ __forceinline__ void lk_wgmma_m64n{n}k16_{t}_rs(float (&d)[{nd}], u32 a0, u32 a1, u32 a2, "
@@ -41,9 +45,7 @@ def _wrapper(n: int, t: str) -> str:
 
 
 def _wrapper_ss(n: int, t: str) -> str:
-    nd = n // 2
-    dlist = ", ".join(f"%{i}" for i in range(nd))
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(nd))
+    nd, dlist, outs = _acc(n)
     return (
         f"// D[64 x {n}] (f32, registers) += A[64 x 16] ({t}, smem descriptor) * B[16 x {n}] ({t}, smem descriptor)\n"
         f"__device__ __forceinline__ void lk_wgmma_m64n{n}k16_{t}_ss(float (&d)[{nd}], u64 da, u64 db, "
