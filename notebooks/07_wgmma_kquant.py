@@ -18,6 +18,8 @@
 #   each thread's bytes are contiguous 16-byte loads and each 32-bit word unpacks into A-fragment pairs with one
 #   `lop3` (q4_K keeps its 144-byte blocks with the nibble bytes permuted; q6_K becomes four planes). The repack
 #   round-trips to the GGUF bytes exactly (`tests/test_wgmma.py`).
+# * a second form, measured beside it: the **shared-memory form** (`wgmma_kqs`, q4_K; its section below), where a
+#   converter warpgroup writes the dequantized weights to shared memory and the consumers only issue wgmma.
 #
 # **The issue-slot arithmetic, written down before the measurement.** An H200 SM issues 4 warp-instructions per
 # clock and runs 2048 fp16 MACs per clock on the tensor cores. One `m64n128k16` (131,072 MACs) takes 64 clocks;
