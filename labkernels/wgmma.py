@@ -949,6 +949,94 @@ def _ablation(w, x16, y, flush, pairs, repeats, key, progress) -> list[dict]:
     return rows
 
 
+#: the phases a -DLK_EXP_TRACE build of the register form stamps per CTA (wgmma_kq.cu, LK_TRACE): slot i of 15
+TRACE_EVENTS = ("entry", "setup", "first_tile",
+                *[f"seg{i}_{p}" for i in range(4) for p in ("start", "mma_end", "done")])
+TRACE_CTAS = 1024        # LK_TRACE_CTAS
+
+
+def trace_rows(ns, clk) -> list[dict]:
+    """Rows (cta, smid, event, t_us, cta_us, cycles) from the kernel's trace arrays ``ns`` / ``clk`` [ncta, 16]
+    (globaltimer ns / clock64; slot 15 of ``ns`` = the CTA's SM): ``t_us`` from the earliest entry of any CTA,
+    ``cta_us`` from the CTA's own entry (globaltimer), ``cycles`` from its own entry (clock64, the SM's clock).
+    Slots never written (0) are left out: a CTA with fewer segments stamps fewer events."""
+    ns = np.asarray(ns, np.uint64)
+    clk = np.asarray(clk, np.uint64)
+    if ns.ndim != 2 or ns.shape[1] != len(TRACE_EVENTS) + 1 or clk.shape != ns.shape:
+        raise ValueError(f"trace arrays must be [ncta, {len(TRACE_EVENTS) + 1}], got {ns.shape} / {clk.shape}")
+    entry = ns[:, 0].astype(np.int64)
+    if (entry == 0).any():
+        raise WgmmaError(f"{int((entry == 0).sum())} CTA(s) never stamped their entry: not a trace build, or the "
+                         "launch did not run")
+    t0 = int(entry.min())
+    rows = []
+    for c in range(ns.shape[0]):
+        for e, name in enumerate(TRACE_EVENTS):
+            if ns[c, e] == 0:
+                continue
+            rows.append({"cta": c, "smid": int(ns[c, -1]), "event": name, "t_us": (int(ns[c, e]) - t0) / 1e3,
+                         "cta_us": (int(ns[c, e]) - int(entry[c])) / 1e3,
+                         "cycles": int(clk[c, e]) - int(clk[c, 0])})
+    return rows
+
+
+def trace_summary(rows):
+    """Per event: how many CTAs stamped it, and the median / min / max over CTAs of its time from the launch's first
+    entry (``t_us``) and from the CTA's own entry (``cta_us``); the entries' spread is the launch ramp."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    order = {e: i for i, e in enumerate(TRACE_EVENTS)}
+    g = df.groupby("event").agg(ctas=("cta", "nunique"), t_us_median=("t_us", "median"), t_us_min=("t_us", "min"),
+                                t_us_max=("t_us", "max"), cta_us_median=("cta_us", "median"),
+                                cta_us_max=("cta_us", "max"), cycles_median=("cycles", "median")).reset_index()
+    return g.sort_values("event", key=lambda s: s.map(order)).reset_index(drop=True)
+
+
+def trace_launch(w: WgWeight, x16, BN: int = 128, STAGES: int = 4, SCL: int = 0, SK: int = 0, warmup: int = 2):
+    """Exploratory: the per-CTA phase stamps (:func:`trace_rows`) of one register-form launch, from a
+    ``-DLK_EXP_TRACE`` build (its own cubin: the plain build stays as it is), after ``warmup`` launches of it.
+    ``x16``: float16 activations [nt, id]. The trace build's timings include the stamps' own cost (a few global
+    stores per CTA)."""
+    cp = _cp()
+    spec = registry.find("wgmma_kq", QT=4 if w.qtype == "q4_K" else 6, BN=BN, STAGES=STAGES, BF16=0, SCL=SCL)
+    old = os.environ.get("LABKERNELS_WG_DEFINES")
+    try:
+        os.environ["LABKERNELS_WG_DEFINES"] = "LK_EXP_TRACE"
+        k = WgKernel(spec)
+    finally:
+        if old is None:
+            os.environ.pop("LABKERNELS_WG_DEFINES", None)
+        else:
+            os.environ["LABKERNELS_WG_DEFINES"] = old
+    nt = x16.shape[0]
+    sm = _sm_count(cp.cuda.Device().id)
+    ncta, dp_tiles = schedule(int(SK), nt, w.od, w.id, BN, sm * k.blocks_per_sm)
+    if ncta > TRACE_CTAS:
+        raise WgmmaError(f"the trace build stamps {TRACE_CTAS} CTAs, this launch has {ncta}")
+    if SK:
+        _check_schedule(ncta, w.id // QK, ((w.od + 127) // 128) * ((nt + BN - 1) // BN), dp_tiles)
+    tm = tensor_map(x16, BN)
+    ws, flags = _WS.get(cp.cuda.get_current_stream().ptr, sm * k.blocks_per_sm)
+    y = cp.empty((nt, w.od), cp.float32)
+    n = TRACE_CTAS * (len(TRACE_EVENTS) + 1)
+    ns = cp.ndarray((n,), cp.uint64, memptr=k.module.get_global("lk_trace_ns"))
+    clk = cp.ndarray((n,), cp.uint64, memptr=k.module.get_global("lk_trace_clk"))
+
+    def launch():
+        k.launch((ncta, 1), tm, w.packed, y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws, flags,
+                 np.int32(dp_tiles))
+
+    for _ in range(warmup):
+        launch()
+    ns.fill(0)
+    clk.fill(0)
+    launch()
+    cp.cuda.get_current_stream().synchronize()
+    shape = (TRACE_CTAS, len(TRACE_EVENTS) + 1)
+    return trace_rows(cp.asnumpy(ns).reshape(shape)[:ncta], cp.asnumpy(clk).reshape(shape)[:ncta])
+
+
 def cost_fit(scan_df):
     """Per variant: time = intercept + slope x id (least squares over the scan), and the host enqueue time."""
     import pandas as pd

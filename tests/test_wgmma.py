@@ -214,6 +214,37 @@ def test_stream_k_schedule_covers_every_iteration_once(nt, od, id_, bn):
         wgmma.schedule(2, 1, 128, 256, 128, 132)
 
 
+def test_trace_rows_and_summary_from_stamp_arrays():
+    """The -DLK_EXP_TRACE build's arrays -> rows and the per-event summary: times from the first entry and from each
+    CTA's own, unstamped slots left out, the SM id from slot 15; arrays without entries are refused."""
+    from labkernels import wgmma
+
+    E = len(wgmma.TRACE_EVENTS)
+    ns = np.zeros((3, E + 1), np.uint64)
+    clk = np.zeros_like(ns)
+    for c, t0 in enumerate((1_000_000, 1_000_500, 1_002_000)):   # CTAs enter 0 / 0.5 / 2 us apart
+        ns[c, :3] = [t0, t0 + 1_000, t0 + 3_000]                   # setup 1 us, first tile 3 us after entry
+        ns[c, 3:6] = [t0 + 3_100, t0 + 20_000, t0 + 21_000]         # one segment
+        clk[c, :6] = [5, 1_805, 5_405, 5_585, 36_005, 37_805]
+        ns[c, E] = 7 + c
+    ns[1, 6:9] = [1_021_600, 1_030_500, 1_031_000]                  # CTA 1 has a second segment
+    clk[1, 6:9] = [1, 2, 3]
+    rows = wgmma.trace_rows(ns, clk)
+    assert len(rows) == 3 * 6 + 3 and {r["smid"] for r in rows} == {7, 8, 9}
+    r = {(x["cta"], x["event"]): x for x in rows}
+    assert r[(2, "entry")]["t_us"] == 2.0 and r[(2, "first_tile")]["cta_us"] == 3.0
+    assert r[(0, "seg0_mma_end")]["cycles"] == 36_000 and (1, "seg1_done") in r and (0, "seg1_start") not in r
+    s = wgmma.trace_summary(rows)
+    assert list(s.event[:3]) == ["entry", "setup", "first_tile"] and list(s.event).index("seg1_done") == 8
+    first = s.set_index("event")
+    assert first.loc["entry", "t_us_max"] == 2.0 and first.loc["first_tile", "cta_us_median"] == 3.0
+    assert first.loc["seg1_start", "ctas"] == 1
+    with pytest.raises(wgmma.WgmmaError, match="never stamped"):
+        wgmma.trace_rows(np.zeros((2, E + 1), np.uint64), np.zeros((2, E + 1), np.uint64))
+    with pytest.raises(ValueError, match="trace arrays"):
+        wgmma.trace_rows(np.zeros((2, 3), np.uint64), np.zeros((2, 3), np.uint64))
+
+
 def test_cost_fit_separates_per_launch_and_per_k_cost():
     import pandas as pd
 

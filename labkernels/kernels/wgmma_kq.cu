@@ -27,6 +27,34 @@
 #define LK_WG_K 64   // k per pipeline stage: one 128-byte swizzle row of 16-bit activations
 #define LK_WG_THREADS 384
 
+// exploratory builds (-DLK_EXP_TRACE; labkernels.wgmma.trace_launch): the first consumer thread of each CTA writes
+// %globaltimer (ns) and clock64 at the phases of its launch -- entry, setup done, first activation tile, and per
+// stream-K segment (up to 4) its start, the end of its main loop and the end of its fix-up/store; slot 15 = %smid
+#ifdef LK_EXP_TRACE
+#define LK_TRACE_EVENTS 16
+#define LK_TRACE_CTAS 1024
+__device__ unsigned long long lk_trace_ns[LK_TRACE_CTAS * LK_TRACE_EVENTS];
+__device__ unsigned long long lk_trace_clk[LK_TRACE_CTAS * LK_TRACE_EVENTS];
+__device__ __forceinline__ void lk_trace(int ev) {
+    if (threadIdx.x != 128 || blockIdx.x >= LK_TRACE_CTAS || ev >= LK_TRACE_EVENTS - 1) return;
+    unsigned long long t, k;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+    asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(k));
+    lk_trace_ns[blockIdx.x * LK_TRACE_EVENTS + ev] = t;
+    lk_trace_clk[blockIdx.x * LK_TRACE_EVENTS + ev] = k;
+    if (ev == 0) {
+        unsigned int sm;
+        asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
+        lk_trace_ns[blockIdx.x * LK_TRACE_EVENTS + LK_TRACE_EVENTS - 1] = sm;
+    }
+}
+#define LK_TRACE(ev) lk_trace(ev)
+#else
+#define LK_TRACE(ev) \
+    do {             \
+    } while (0)
+#endif
+
 struct __align__(64) LkTmap {  // CUtensorMap: 128 opaque bytes, passed by value as a __grid_constant__
     u64 w[16];
 };
@@ -481,6 +509,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
                                               int nt, int od, int id, float* __restrict__ ws,
                                               u32* __restrict__ flags, int dp_tiles) {
     constexpr int STAGE_BYTES = BN * LK_WG_K * 2;
+    LK_TRACE(0);
     extern __shared__ u8 lk_dyn_smem[];
     __shared__ __align__(8) u64 full_bar[STAGES];
     __shared__ __align__(8) u64 empty_bar[STAGES];
@@ -503,6 +532,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
         if (sk_n < 0) __trap();
     }
     __syncthreads();
+    LK_TRACE(1);
     const int nsk = sk_n;
     LkSeg seg;
 
@@ -540,6 +570,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
         // flight. (Converting chunk q+1 before waiting on q-1, into a third set of registers, was tried: ptxas
         // compiled it without a serialization warning, and it computed NaNs at nt=512 -- not kept.)
         u32 a[2][4][4];
+        LK_TRACE(3 + 3 * si);
         KQ<QT, BF16, SCL> T(W, od, nsb, rr0, rr1, c);
         typename KQ<QT, BF16, SCL>::Rows cur, nxt;
         T.load(cur, seg.klo, od, nsb);
@@ -552,6 +583,9 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
                 T.chunk(cur, j, a[j & 1]);
                 lk_keep(a[j & 1]);   // all 16 fragments of the chunk exist (in 16 registers) before its first wgmma
                 lk_mbar_wait(&full_bar[st], (q / STAGES) & 1);
+#ifdef LK_EXP_TRACE
+                if (q == 0) LK_TRACE(2);
+#endif
                 lk_wgmma_fence_acc(acc);
                 lk_wgmma_fence();
                 const u32 sa = lk_smem_u32(sB + st * STAGE_BYTES);
@@ -568,8 +602,10 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
         }
         lk_wgmma_wait<0>();
         lk_wgmma_fence_acc(acc);
+        LK_TRACE(4 + 3 * si);
 
         lk_finish_segment<BN>(acc, seg, Y, nt, od, nsb, tiles, dp_tiles, ws, flags, r0, r1, n0, c, ctid);
+        LK_TRACE(5 + 3 * si);
     }
 }
 

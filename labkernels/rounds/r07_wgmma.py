@@ -83,6 +83,32 @@ def step_wgmma_costs(out: Path, args) -> dict:
     return {"ok": True, "run": run.run_id}
 
 
+def step_wgmma_trace(out: Path, args) -> dict:
+    """Round 7, exploratory: per-CTA phase stamps (a -DLK_EXP_TRACE build) of the nt=512 launches, q4_K 4096 x 4096:
+    BN=128 data-parallel and BN=256 stream-K -- where a launch's time goes before, between and after the main loops
+    (labkernels.wgmma.trace_launch), recorded with their per-event summary."""
+    import numpy as np
+
+    from .. import cases, records
+
+    rng = np.random.default_rng(11)
+    with records.recording(DATA[0], {"what": "trace", "defines": ["LK_EXP_TRACE"], "qtype": "q4_K", "od": 4096,
+                                     "id": 4096, "nt": 512}, root=out / "data") as run:
+        raw = cases.synthetic_weights("q4_K", 4096, 4096, rng)
+        w = wgmma.WgWeight.from_gguf(raw, "q4_K")
+        x16 = wgmma._cp().asarray(rng.standard_normal((512, 4096)).astype(np.float16))
+        for bn, sk in ((128, 0), (256, 1)):
+            name = wgmma.variant_name(bn, 4, 0, sk)
+            rows = [{"variant": name, **r} for r in wgmma.trace_launch(w, x16, BN=bn, SCL=0, SK=sk)]
+            run.append("trace", rows)
+            summ = wgmma.trace_summary(rows)
+            run.append("trace_summary", [{"variant": name, **r} for r in summ.to_dict("records")])
+            last = summ.t_us_max.max()
+            args.log(f"trace {name}: {summ.ctas.max()} CTAs, entries within {summ.t_us_max.iloc[0]:.2f} us, "
+                     f"first tile at {summ.cta_us_median.iloc[2]:.2f} us (median per CTA), last stamp {last:.1f} us")
+    return {"ok": True, "run": run.run_id}
+
+
 def step_wgmma_sanitizer(out: Path, args) -> dict:
     """compute-sanitizer memcheck, racecheck, synccheck over every main-path wgmma_kq variant (tails)."""
     from .. import records
@@ -212,4 +238,4 @@ def step_prefill_r7(out: Path, args) -> dict:
 
 
 STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_ncu": step_wgmma_ncu,
-         "wgmma_costs": step_wgmma_costs, "prefill_r7": step_prefill_r7}
+         "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "prefill_r7": step_prefill_r7}

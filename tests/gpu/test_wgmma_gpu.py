@@ -170,3 +170,28 @@ def test_wgmma_real_model_tensors(cp, rng):
             assert g["ok"], (name, sk, g)
         n += 1
     assert n >= 36
+
+
+@pytest.mark.parametrize("bn,sk", [(128, 0), (256, 1)])
+def test_wgmma_trace_build_stamps_every_cta_in_order(cp, rng, bn, sk):
+    """The exploratory -DLK_EXP_TRACE build (labkernels.wgmma.trace_launch): every CTA stamps its entry, setup,
+    first tile and at least one segment, in that order in time and in cycles; a stream-K launch has CTAs with two
+    segments."""
+    import pandas as pd
+
+    from labkernels import wgmma
+
+    od, id_, nt = 1000, 4096, 512
+    raw = _weights(rng, "q4_K", od, id_)
+    w = wgmma.WgWeight.from_gguf(raw, "q4_K")
+    x16 = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float16))
+    df = pd.DataFrame(wgmma.trace_launch(w, x16, BN=bn, SK=sk))
+    ncta = wgmma.schedule(sk, nt, od, id_, bn, 132)[0]
+    assert df.cta.nunique() == ncta
+    for ev in ("entry", "setup", "first_tile", "seg0_start", "seg0_mma_end", "seg0_done"):
+        assert (df.event == ev).sum() == ncta, ev
+    for _, g in df.groupby("cta"):
+        g = g.set_index("event").reindex([e for e in wgmma.TRACE_EVENTS if e in set(g.event)])
+        assert g.cta_us.is_monotonic_increasing and g.cycles.is_monotonic_increasing, g
+    if sk:
+        assert (df.event == "seg1_start").any(), "no CTA of the stream-K launch ran a second segment"
