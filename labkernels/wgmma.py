@@ -291,13 +291,24 @@ def require_sm90a() -> None:
                          f"{p['name']} (sm_{p['cc']}). GEMM families that run here: {runs}")
 
 
-@lru_cache(maxsize=None)
+_DEFINE = re.compile(r"LK_(ABLATE|EXP)_\w+")
+
+
 def build_defines() -> tuple[str, ...]:
-    """The ablation / exploratory -D names of ``LABKERNELS_WG_DEFINES`` (``LK_ABLATE_*``, ``LK_EXP_*``) in force now."""
-    return tuple(sorted(d for d in os.environ.get("LABKERNELS_WG_DEFINES", "").split()
-                        if re.fullmatch(r"LK_(ABLATE|EXP)_\w+", d)))
+    """The ablation / exploratory -D names of ``LABKERNELS_WG_DEFINES`` (``LK_ABLATE_*``, ``LK_EXP_*``), read from the
+    environment at each call (a build made after the variable changes sees the change)."""
+    return tuple(sorted(d for d in os.environ.get("LABKERNELS_WG_DEFINES", "").split() if _DEFINE.fullmatch(d)))
 
 
+def check_defines(defines) -> tuple[str, ...]:
+    """``defines`` as the sorted tuple a build is keyed by; anything but ``LK_ABLATE_*`` / ``LK_EXP_*`` is refused."""
+    bad = [d for d in defines if not _DEFINE.fullmatch(str(d))]
+    if bad:
+        raise ValueError(f"build defines must be LK_ABLATE_* or LK_EXP_* names, got {bad}")
+    return tuple(sorted(set(defines)))
+
+
+@lru_cache(maxsize=None)
 def _cubin(source: str, defines: tuple = ()) -> tuple[str, dict]:
     """nvcc -cubin for sm_90a of every registered instantiation of ``source`` (cached by content), and the map
     registry key -> mangled entry name (from ptxas' report, demangled with the audit's parser)."""
@@ -311,9 +322,9 @@ def _cubin(source: str, defines: tuple = ()) -> tuple[str, dict]:
     wrapper = audit.wrapper_source(src, specs)
     flags = ["-cubin", "-std=c++17", "-O3", "-Xptxas", "-v", "-gencode=arch=compute_90a,code=sm_90a",
              f"-I{registry.KERNELS_DIR}", *registry.cuda_defines()]
-    # ablation / exploratory builds (e.g. LK_ABLATE_NOFIX, LK_EXP_L2PF): -D names (build_defines), an argument of
-    # this cached function and part of the file cache key (before 2026-12-01 14:40 UTC the in-process cache was keyed
-    # by the source alone: an ablation build made after the plain one got the plain cubin)
+    # ablation / exploratory builds (e.g. LK_ABLATE_NOFIX, LK_EXP_TRACE): -D names, an argument of this cached
+    # function and part of the file cache key (twice on 2026-12-01 an ablation build made after the plain one got
+    # the plain cubin: first this cache was keyed by the source alone, then the environment read was cached)
     flags += [f"-D{d}" for d in defines]
     key = hashlib.sha256(("\n".join([wrapper, src.read_text(), audit._dir_digest(registry.KERNELS_DIR),
                                      audit._nvcc_version(nvcc), *flags])).encode()).hexdigest()[:20]
@@ -355,11 +366,12 @@ class WgKernel:
     """One compiled instantiation of the wgmma_kq family (cubin from nvcc, launched through the driver API so
     the 128-byte tensor map can be passed by value as a ``__grid_constant__`` parameter)."""
 
-    def __init__(self, spec):
+    def __init__(self, spec, defines=None):
+        """``defines``: ablation / exploratory -D names of this build (default: ``LABKERNELS_WG_DEFINES``)."""
+        self.defines = build_defines() if defines is None else check_defines(defines)
         cp = _cp()
         require_sm90a()
         self.spec = spec
-        self.defines = build_defines()
         path, names = _cubin(spec.source, self.defines)
         self.entry = names[spec.key]
         self.module = cp.RawModule(path=path)
@@ -435,21 +447,30 @@ def weight_tensor_map(rows) -> bytes:
     return _weight_map(int(rows.data.ptr), int(od), int(nb))
 
 
-@lru_cache(maxsize=4096)
-def _weight_map(ptr: int, od: int, nb: int) -> bytes:
+def _encode_2d(dtype: str, ptr: int, inner: int, outer: int, row_bytes: int, box_inner: int, box_outer: int,
+               swizzle: str, what: str) -> bytes:
+    """cuTensorMapEncodeTiled of a 2-D row-major array (``inner`` elements per row, ``outer`` rows, ``row_bytes``
+    apart) in boxes of [box_outer x box_inner], out-of-range elements read as zeros: the map's 128 bytes."""
     from cuda.bindings import driver as drv
 
-    if ptr % 16:
-        raise WgmmaError("the weight rows must start 16-byte aligned for TMA")
     err, tm = drv.cuTensorMapEncodeTiled(
-        drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, ptr, [drv.cuuint64_t(nb), drv.cuuint64_t(od)],
-        [drv.cuuint64_t(nb)], [drv.cuuint32_t(144), drv.cuuint32_t(128)], [drv.cuuint32_t(1), drv.cuuint32_t(1)],
-        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+        getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{dtype}"), 2, ptr,
+        [drv.cuuint64_t(inner), drv.cuuint64_t(outer)], [drv.cuuint64_t(row_bytes)],
+        [drv.cuuint32_t(box_inner), drv.cuuint32_t(box_outer)], [drv.cuuint32_t(1), drv.cuuint32_t(1)],
+        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        getattr(drv.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle}"),
         drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     if int(err) != 0:
-        raise WgmmaError(f"cuTensorMapEncodeTiled(q4_K rows {od} x {nb} B, box 128 x 144) failed: {err}")
+        raise WgmmaError(f"cuTensorMapEncodeTiled({what}, box {box_outer} x {box_inner}) failed: {err}")
     return np.array([int(v) for v in tm.opaque], dtype=np.uint64).tobytes()
+
+
+@lru_cache(maxsize=4096)
+def _weight_map(ptr: int, od: int, nb: int) -> bytes:
+    if ptr % 16:
+        raise WgmmaError("the weight rows must start 16-byte aligned for TMA")
+    return _encode_2d("UINT8", ptr, nb, od, nb, 144, 128, "NONE", f"q4_K rows {od} x {nb} B")
 
 
 def tensor_map(x16, box_n: int, bf16: bool = False) -> bytes:
@@ -463,19 +484,7 @@ def tensor_map(x16, box_n: int, bf16: bool = False) -> bytes:
 
 @lru_cache(maxsize=8192)
 def _tensor_map(ptr: int, nt: int, id_: int, box_n: int, bf16: bool) -> bytes:
-    from cuda.bindings import driver as drv
-
-    dt = (drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 if bf16
-          else drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16)
-    err, tm = drv.cuTensorMapEncodeTiled(
-        dt, 2, ptr, [drv.cuuint64_t(id_), drv.cuuint64_t(nt)], [drv.cuuint64_t(id_ * 2)],
-        [drv.cuuint32_t(64), drv.cuuint32_t(box_n)], [drv.cuuint32_t(1), drv.cuuint32_t(1)],
-        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-    if int(err) != 0:
-        raise WgmmaError(f"cuTensorMapEncodeTiled({nt} x {id_}, box {box_n} x 64) failed: {err}")
-    return np.array([int(v) for v in tm.opaque], dtype=np.uint64).tobytes()
+    return _encode_2d("BFLOAT16" if bf16 else "FLOAT16", ptr, id_, nt, id_ * 2, 64, box_n, "128B", f"{nt} x {id_}")
 
 
 @dataclass
@@ -927,16 +936,8 @@ def _ablation(w, x16, y, flush, pairs, repeats, key, progress) -> list[dict]:
     spec = registry.find("wgmma_kq", QT=4, BN=256, STAGES=4, BF16=0, SCL=0)
     base = variant_name(256, 4, 0, 1)
     ks = {base: kernel(**spec.p)}
-    old = os.environ.get("LABKERNELS_WG_DEFINES")
-    try:
-        for d in ABLATIONS:
-            os.environ["LABKERNELS_WG_DEFINES"] = d
-            ks[f"{base}[{d[len('LK_ABLATE_'):]}]"] = WgKernel(spec)
-    finally:
-        if old is None:
-            os.environ.pop("LABKERNELS_WG_DEFINES", None)
-        else:
-            os.environ["LABKERNELS_WG_DEFINES"] = old
+    for d in ABLATIONS:
+        ks[f"{base}[{d[len('LK_ABLATE_'):]}]"] = WgKernel(spec, defines=(d,))
     ncta, dp_tiles = schedule(1, x16.shape[0], w.od, w.id, 256, _sm_count(_cp().cuda.Device().id))
     tm = tensor_map(x16, 256)
     ws, flags = _WS.get(_cp().cuda.get_current_stream().ptr, _sm_count(_cp().cuda.Device().id) * ks[base].blocks_per_sm)
@@ -1000,15 +1001,7 @@ def trace_launch(w: WgWeight, x16, BN: int = 128, STAGES: int = 4, SCL: int = 0,
     stores per CTA)."""
     cp = _cp()
     spec = registry.find("wgmma_kq", QT=4 if w.qtype == "q4_K" else 6, BN=BN, STAGES=STAGES, BF16=0, SCL=SCL)
-    old = os.environ.get("LABKERNELS_WG_DEFINES")
-    try:
-        os.environ["LABKERNELS_WG_DEFINES"] = "LK_EXP_TRACE"
-        k = WgKernel(spec)
-    finally:
-        if old is None:
-            os.environ.pop("LABKERNELS_WG_DEFINES", None)
-        else:
-            os.environ["LABKERNELS_WG_DEFINES"] = old
+    k = WgKernel(spec, defines=("LK_EXP_TRACE",))
     nt = x16.shape[0]
     sm = _sm_count(cp.cuda.Device().id)
     ncta, dp_tiles = schedule(int(SK), nt, w.od, w.id, BN, sm * k.blocks_per_sm)

@@ -98,7 +98,7 @@ print(f"error vs float64 against the int8 q8_1 path: NMSE {rm.nmse.max():.1e} vs
 san_run = records.latest("wgmma", where=lambda r: r.has("sanitizer"))
 if san_run is not None:
     display(report.table(san_run.table("sanitizer"), caption=f"compute-sanitizer on every main-path variant, tails in "
-                                                           f"nt and od (run {san_run.run_id})"))
+                                                           f"nt and od ({report.source(san_run)})"))
 kern = run.table("kernels")
 display(report.table(kern[["kernel", "main_path", "regs", "local_bytes", "spill_stores", "wgmma_serialized",
                            "dynamic_smem", "api_blocks_per_sm", "calc_blocks_per_sm"]],
@@ -174,7 +174,8 @@ if n512.variant.str.endswith("_sk").any():
         ax.bar(xs + (k - 1) * .27, vals, .27, label=sched if sched == "cuBLAS" else f"wgmma_kq, {sched} (best BN, SCL)",
                color=col)
     ax.set_xticks(xs, [f"{q}\n{od}x{id_}" for q, od, id_ in keys], fontsize=8)
-    ax.set_ylabel("TOPS-eq at nt=512"); ax.legend(fontsize=8); ax.grid(axis="y", alpha=.3)
+    ax.set_ylabel("TOPS-eq at nt=512"); ax.set_ylim(0, 1.25 * ax.get_ylim()[1])   # headroom: the legend stays off the bars
+    ax.legend(fontsize=8, ncol=3, loc="upper left"); ax.grid(axis="y", alpha=.3)
     ax.set_title(f"nt=512, interleaved, L2 flushed ({report.source(run)})", fontsize=9)
     plt.show()
     piv = best.pivot_table(index=["qtype", "od", "id"], columns="sched", values="tops_eq").reset_index()
@@ -197,13 +198,18 @@ if cs is None:
 else:
     sc = cs.table("cost_scan")
     fit = wgmma.cost_fit(sc)
-    display(report.table(fit, caption=f"time = intercept + slope x k at nt=512, od=4096, q4_K (run {cs.run_id}); "
+    display(report.table(fit, caption=f"time = intercept + slope x k at nt=512, od=4096, q4_K ({report.source(cs)}); "
                                       "host_enqueue_us: host time of one call (50 back-to-back, no flush)"))
     abl = sc[sc.variant.str.startswith("wgmma_bn256_s4_scl0_sk") & sc["id"].isin(
         sc[sc.variant.str.contains("[", regex=False)]["id"])][["od", "id", "nt", "variant", "median_us"]]
-    if len(abl):
+    # every cost scan up to 20261201T143621Z built its "ablation" kernels without their -D flags (a cache bug, fixed
+    # after commit 9ceeaf9): those rows timed the plain kernel three times and are not shown as ablations
+    if len(abl) and cs.run_id[:16] > "20261201T143621Z":
         display(report.table(abl, caption="Ablation builds of the stream-K BN=256 launch, interleaved (timing only: "
                                           "[NOFIX] skips the partial sums and fix-up, [NOSTORE] the output store)"))
+    elif len(abl):
+        print(f"run {cs.run_id}: its ablation rows timed the plain kernel (the build ignored their -D flags), so no "
+              "ablation is shown; no valid ablation run is recorded yet")
     sc = sc[~sc.variant.str.contains("[", regex=False)]
     fig, ax = plt.subplots(figsize=(8, 4.2))
     for v, g in sc.groupby("variant"):
@@ -288,7 +294,7 @@ if nc is None:
     print("no Nsight Compute run recorded")
 else:
     nct = wgmma.ncu_table(nc.table("sections"))
-    display(report.table(nct, caption=f"ncu --clock-control none, run {nc.run_id} (4096 x 4096; SM frequency as ncu read it)"))
+    display(report.table(nct, caption=f"ncu --clock-control none, {report.source(nc)} (4096 x 4096; SM frequency as ncu read it)"))
     fig, ax = plt.subplots(figsize=(9, 3.8))
     lab = [f"{'q4_K' if 'QT=4' in k else 'q6_K'} BN={k.split('BN=')[1].split(',')[0]}{' smem' if k.startswith('wgmma_kqs') else ''}"
            f"\n{'stream-K' if sk else 'data-par.'} nt={n}" for k, n, sk in zip(nct.kernel, nct.nt, nct.sk)]
@@ -325,24 +331,27 @@ else:
 # ~1 super-block of fill and fix-up per segment; the cost scan above (run 20261201T143621Z; 20261201T110331Z before
 # it agrees) puts the intercept of a stream-K BN=256 launch at 10.8 us against cuBLAS's 6.7 us — about 3.5
 # super-blocks of one CTA's main loop — and its slope at 5.90 ns per unit of k against cuBLAS's 5.29 (+12%; the
-# data-parallel BN=128 launch has cuBLAS's intercept, 7.2 us, and a 33% steeper slope, 7.05 ns). Ablation builds
-# without the fix-up or without the output store (same run, interleaved) move the time by < 1% (35.2 / 35.3 against
-# 35.4 us): neither the partial sums nor the store is it; the cost is the pipeline's ramp and the main loop's
-# latency-bound rate. (Correction: the ablation rows of run 110331Z timed the plain kernel — the in-process cubin
-# cache was keyed by the source alone, so a build with -D flags made after the plain one got the plain cubin; fixed
-# in commit 6ccc2725a1, and run 143621Z above is the first with real ablation builds. Its conclusion is the same.)
-# At nt=4096 the scheduler changes nothing measurable (whole waves stay data-parallel; the best point per shape is
-# 0.87–1.03× cuBLAS in that run).
+# data-parallel BN=128 launch has cuBLAS's intercept, 7.2 us, and a 33% steeper slope, 7.05 ns). **Whether the
+# stream-K fix-up or the output store is part of that cost is not known yet.** Both cost scans recorded so far
+# (20261201T110331Z and 143621Z) timed "ablation builds" without the fix-up and without the store at 35.2–36.0 us
+# against 35.4–36.0 us, but neither build got its -D flag: the in-process cubin cache was first keyed by the source
+# alone, and after that fix (commit 6ccc2725a1) the reading of the flags from the environment was itself cached. Both
+# times the "ablations" were the plain kernel, which is why they matched it; the fix after commit 9ceeaf9 passes the
+# flags to each build explicitly and a CPU test builds the kernel with and without one and checks the two cubins
+# differ. An earlier version of this paragraph drew a conclusion from those rows; it is withdrawn. At nt=4096 the
+# scheduler changes nothing measurable (whole waves stay data-parallel; the best point per shape is 0.87–1.03×
+# cuBLAS in that run).
 #
 # **What else was tried at nt=512** (exploratory, printed, not recorded; same process, interleaved with cuBLAS): an
-# L2 prefetch of the super-block two ahead (`-DLK_EXP_L2PF`, commit 6ccc2725a1): within ±1%, so L2-to-SM latency of
-# the weight loads is not the limit. An 8-deep activation ring at BN=128 (16 KB stages): 1–4% faster at all six
-# points — the B ring is not it either. A 192-token tile (m64n192k16): slower than BN=256 stream-K at every shape
-# (0.59–0.79× cuBLAS). With the shared-memory form and the scale-plane experiment above, five changes to what feeds
-# the consumers moved nt=512 by at most a few percent: what is left is the register form's own convert → wgmma →
-# wait chain per warpgroup (two per SM), which none of them shortens. Not tried: ping-pong consumers on different
-# tiles, clusters with TMA multicast of the activations, and a per-CTA phase trace that would say where a stream-K
-# CTA's extra ~4 us goes.
+# 8-deep activation ring at BN=128 (16 KB stages): 1–4% faster at all six points — the B ring is not it. A 192-token
+# tile (m64n192k16): slower than BN=256 stream-K at every shape (0.59–0.79× cuBLAS). An L2 prefetch of the
+# super-block two ahead (`-DLK_EXP_L2PF`, commit 6ccc2725a1) was timed too, but that build hit the same -D bug as the
+# ablations: the "prefetch" kernel was the plain one, so the L2 prefetch is **untested**. With the shared-memory form
+# and the scale-plane experiment above, four changes to what feeds the consumers moved nt=512 by at most a few
+# percent; the register form's own convert → wgmma → wait chain per warpgroup (two per SM) is the remaining
+# suspect, not a measured cause. Not tried: ping-pong consumers on different tiles, clusters with TMA multicast of
+# the activations, the L2 prefetch (for real), and a per-CTA phase trace (prepared: `gpu-check --steps
+# wgmma_trace`) that would say where a stream-K CTA's extra ~4 us goes.
 
 # %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process

@@ -214,6 +214,30 @@ def test_stream_k_schedule_covers_every_iteration_once(nt, od, id_, bn):
         wgmma.schedule(2, 1, 128, 256, 128, 132)
 
 
+def test_build_defines_are_read_at_each_build(monkeypatch):
+    """An ablation or trace build made after the plain one must get its own -D flags: the environment is read at
+    each call, explicit names are checked, and the cubin cache keys on them (two builds, two different cubins)."""
+    import shutil
+
+    from labkernels import wgmma
+
+    monkeypatch.setenv("LABKERNELS_WG_DEFINES", "")
+    assert wgmma.build_defines() == ()
+    monkeypatch.setenv("LABKERNELS_WG_DEFINES", "LK_ABLATE_NOSTORE -DEVIL LK_EXP_TRACE")
+    assert wgmma.build_defines() == ("LK_ABLATE_NOSTORE", "LK_EXP_TRACE")       # other names never reach nvcc
+    assert wgmma.check_defines(["LK_EXP_TRACE", "LK_EXP_TRACE"]) == ("LK_EXP_TRACE",)
+    with pytest.raises(ValueError, match="LK_ABLATE"):
+        wgmma.check_defines(["NDEBUG"])
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    plain, _ = wgmma._cubin("wgmma_kq.cu", ())
+    traced, names = wgmma._cubin("wgmma_kq.cu", ("LK_EXP_TRACE",))
+    assert plain != traced
+    from pathlib import Path
+    assert Path(plain).read_bytes() != Path(traced).read_bytes()
+    assert names and all(e["mangled"] for e in names.values())
+
+
 def test_trace_rows_and_summary_from_stamp_arrays():
     """The -DLK_EXP_TRACE build's arrays -> rows and the per-event summary: times from the first entry and from each
     CTA's own, unstamped slots left out, the SM id from slot 15; arrays without entries are refused."""
