@@ -123,6 +123,74 @@ def busy_wall(df: pd.DataFrame, wall_ms: float) -> dict:
             "traced_span_ms": span, "valid": abs(wall_ms - busy) / wall_ms <= VALID_GAP}
 
 
+def busy_union_ns(recs) -> int:
+    """GPU-busy time of a set of launch records (``start``, ``duration_ns``): the length of the union of their
+    intervals. With programmatic dependent launch a kernel's record can begin while the one before it still runs
+    (it waits in griddepcontrol.wait): summing durations would count that time twice."""
+    iv = sorted((int(r["start"]), int(r["start"]) + int(r["duration_ns"])) for r in recs)
+    total, cur_s, cur_e = 0, None, None
+    for a, b in iv:
+        if cur_e is None or a > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = a, b
+        else:
+            cur_e = max(cur_e, b)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def replay_gaps(recs) -> list[dict]:
+    """Launch by launch in start order: name, start (us from the first), duration and the gap before it -- its start
+    minus the latest end of every launch before it (negative: it began while an earlier one ran, as a programmatic
+    launch may) -- the idle time a graph's node boundaries cost."""
+    recs = sorted(recs, key=lambda r: int(r["start"]))
+    if not recs:
+        return []
+    t0, last_end, prev, out = int(recs[0]["start"]), None, None, []
+    for i, r in enumerate(recs):
+        st, du = int(r["start"]), int(r["duration_ns"])
+        out.append({"i": i, "name": str(r.get("name", ""))[:80], "prev": prev, "start_us": (st - t0) / 1e3,
+                    "dur_us": du / 1e3, "gap_before_us": np.nan if last_end is None else (st - last_end) / 1e3})
+        last_end = st + du if last_end is None else max(last_end, st + du)
+        prev = out[-1]["name"]
+    return out
+
+
+def kernel_kind(name: str) -> str:
+    """A short label of a launch's origin from its name: memset / memcpy, cuBLAS, cuDNN, the lab's wgmma GEMMs, the
+    lab's prefill kernels (their function names), CuPy's elementwise kernels, else other."""
+    n = str(name)
+    if n in ("memset", "memcpy"):
+        return n
+    if "cudnn" in n:
+        return "cudnn"
+    if "wgmma_kq" in n:
+        return "lab_wgmma"
+    if any(k in n for k in ("gemm", "gemv", "xmma", "cublas", "sm90_", "sm80_")):
+        return "cublas"
+    if n.startswith("_Z") or "_kernel" in n:
+        return "lab"
+    if n.startswith("cupy_"):
+        return "cupy"
+    return "other"
+
+
+def gap_summary(gaps: pd.DataFrame) -> pd.DataFrame:
+    """Idle time between consecutive launches by (kind before -> kind after): boundaries, total and median gap (us),
+    negative gaps (overlap) counted as zero idle time."""
+    g = gaps.dropna(subset=["gap_before_us"]).copy()
+    if g.empty:
+        return pd.DataFrame(columns=["transition", "boundaries", "idle_us", "median_gap_us"])
+    g["transition"] = g.prev.map(kernel_kind) + " -> " + g.name.map(kernel_kind)
+    g["idle"] = g.gap_before_us.clip(lower=0)
+    keys = [k for k in ("model", "nt", "variant") if k in g.columns]
+    t = g.groupby(keys + ["transition"]).agg(boundaries=("idle", "size"), idle_us=("idle", "sum"),
+                                            median_gap_us=("gap_before_us", "median")).reset_index()
+    return t.sort_values(keys + ["idle_us"], ascending=[True] * len(keys) + [False]).reset_index(drop=True)
+
+
 HOST = "host_overhead"
 
 
@@ -176,7 +244,8 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
 
     The wall is timed in the GpuModel's mode (``wall["mode"]``: 'graph' or 'eager'); the class table and busy
     always come from a traced eager forward (the tracer tags each op's launches); in graph mode a traced replay's
-    busy (its launches untagged) is ``busy_replay_ms``."""
+    busy (its launches untagged; the union of their intervals, :func:`busy_union_ns`) is ``busy_replay_ms`` and the
+    first traced replay's launch-by-launch gaps are ``replay_gaps`` (:func:`replay_gaps`)."""
     from . import bench, gpu
     from .prefill import timed_prefill
     from .trace import CuptiTracer
@@ -196,9 +265,11 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
     bw["mode"] = wall["mode"]
     bw["busy_replay_ms"] = np.nan       # graph mode: the GPU busy of a traced replay (the same kernels, untagged)
     bw["span_replay_ms"] = np.nan       # first launch's start to last launch's end of a traced replay
+    bw["busy_sum_replay_ms"] = np.nan   # the replay's launch durations summed (= busy when no two overlap)
+    gaps = []
     if wall["mode"] == "graph":
-        busy, span = [], []
-        for _ in range(GRAPH_BUSY_REPLAYS):
+        busy, bsum, span = [], [], []
+        for i in range(GRAPH_BUSY_REPLAYS):
             with CuptiTracer() as trg:
                 gm.forward(tokens)
                 cp.cuda.runtime.deviceSynchronize()
@@ -206,10 +277,14 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
                 raise RuntimeError("the traced replay ran eager")
             recs_g = trg.records()[0]
             if recs_g:
-                busy.append(sum(r["duration_ns"] for r in recs_g) / 1e6)
+                busy.append(busy_union_ns(recs_g) / 1e6)
+                bsum.append(sum(r["duration_ns"] for r in recs_g) / 1e6)
                 span.append((max(r["start"] + r["duration_ns"] for r in recs_g) - recs_g[0]["start"]) / 1e6)
+                if i == 0:
+                    gaps = replay_gaps(recs_g)
         if busy:     # a traced replay's own wall is not used: CUPTI inflates it (run 20261201T132809Z: 40% at nt=512)
             bw["busy_replay_ms"] = float(np.median(busy))
+            bw["busy_sum_replay_ms"] = float(np.median(bsum))
             bw["span_replay_ms"] = float(np.median(span))
     t = class_table(df, ops, wall["wall_ms"], n)
     progress(f"busy {bw['busy_ms']:.1f} ms vs wall {bw['wall_ms']:.1f} ms (gap {100 * bw['gap_frac']:.1f}%), "
@@ -242,7 +317,7 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
     ref_df = pd.DataFrame(ref_rows)
     q = full_queue(t, ref_df, wall["wall_ms"], n)
     return {"wall": wall, "busy_wall": bw, "classes": t, "launches": df, "ops": ops, "refs": ref_df,
-            "queue": q}
+            "queue": q, "replay_gaps": gaps}
 
 
 def _find_weight(gm, name):

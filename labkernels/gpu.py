@@ -11,8 +11,11 @@ row of blocks per output feature), outputs ``Y`` are float32 [nt, od] row-major.
 
 from __future__ import annotations
 
+import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
@@ -30,6 +33,111 @@ class ShapeError(ValueError):
 
 class SharedMemoryError(GpuError):
     """A kernel configuration needs more shared memory per block than the device allows."""
+
+
+# ------------------------------------------------------------------ programmatic dependent launch (issue 18)
+
+_PDL = {"on": False, "launches": 0}
+
+
+@contextmanager
+def programmatic_launches(on: bool = True):
+    """Inside this context the lab's kernels from PDL-capable sources (:func:`pdl_sources`) are launched with CUDA's
+    programmatic-stream-serialization attribute (``cuLaunchKernelEx``): each may be scheduled while the kernel ahead
+    of it in the stream is finishing, and waits in its ``LK_PDL_ENTRY()`` (``griddepcontrol.wait``) until that kernel
+    has completed and its memory is visible. Every other launch -- cuBLAS, cuDNN, CuPy's own kernels, a lab source
+    without the entry -- stays a normal stream-ordered launch. The prefill's graph capture uses it
+    (``PrefillOptions.pdl``); captured, such launches become programmatic edges of the graph."""
+    old = _PDL["on"]
+    _PDL["on"] = bool(on)
+    try:
+        yield
+    finally:
+        _PDL["on"] = old
+
+
+def pdl_active() -> bool:
+    return _PDL["on"]
+
+
+def pdl_launch_count() -> int:
+    """Programmatic launches issued so far in this process (a capture's count is the difference around it)."""
+    return _PDL["launches"]
+
+
+_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_GLOBAL = re.compile(r"__global__\b[^{;]*\{")
+
+
+def pdl_entry_report(text: str) -> tuple[int, int]:
+    """(kernels, kernels whose body begins with ``LK_PDL_ENTRY();``) of one CUDA source text (comments ignored)."""
+    s = _COMMENTS.sub("", text)
+    heads = list(_GLOBAL.finditer(s))
+    ok = sum(1 for m in heads if s[m.end():].lstrip().startswith("LK_PDL_ENTRY();"))
+    return len(heads), ok
+
+
+@lru_cache(maxsize=None)
+def pdl_sources(kernels_dir=None) -> frozenset:
+    """The kernel sources whose every ``__global__`` function begins with ``LK_PDL_ENTRY()`` (kernels/common.cuh):
+    only their kernels are ever launched programmatically (a kernel without the wait could read its predecessor's
+    output before it is written)."""
+    kdir = registry.KERNELS_DIR if kernels_dir is None else Path(kernels_dir)
+    out = set()
+    for p in sorted(Path(kdir).glob("*.cu")):
+        n, ok = pdl_entry_report(p.read_text())
+        if n and ok == n:
+            out.add(p.name)
+    return frozenset(out)
+
+
+_SCALARS = {np.dtype(np.int32): "c_int32", np.dtype(np.uint32): "c_uint32", np.dtype(np.int64): "c_int64",
+            np.dtype(np.uint64): "c_uint64", np.dtype(np.float32): "c_float", np.dtype(np.float64): "c_double"}
+
+
+def kernel_params(args, prefix: tuple = ()):
+    """(holders, params) for a driver-API launch: ``prefix`` are raw by-value parameters (bytes, e.g. 128-byte tensor
+    maps), then each argument as CuPy passes it -- a device array by its pointer, a numpy scalar by its type; anything
+    else is refused (a Python int's width would be a guess). ``params`` is the array of the holders' addresses; keep
+    ``holders`` alive until the launch call has returned."""
+    import ctypes
+
+    holders = [ctypes.create_string_buffer(bytes(t), len(t)) for t in prefix]
+    for a in args:
+        if isinstance(a, np.generic):
+            t = _SCALARS.get(a.dtype)
+            if t is None:
+                raise GpuError(f"a driver-API launch takes int32/uint32/int64/uint64/float32/float64 scalars, got "
+                               f"{a.dtype}")
+            holders.append(getattr(ctypes, t)(a.item()))
+        elif hasattr(a, "data") and hasattr(a.data, "ptr"):
+            holders.append(ctypes.c_uint64(int(a.data.ptr)))
+        else:
+            raise GpuError(f"a driver-API launch takes device arrays and numpy scalars, got {type(a).__name__} "
+                           f"(wrap Python numbers in np.int32 / np.float32 ...)")
+    return holders, np.array([ctypes.addressof(h) for h in holders], dtype=np.uintp)
+
+
+def launch_programmatic(func_ptr: int, grid, block, smem: int, params, stream_ptr: int, what: str = "kernel"):
+    """``cuLaunchKernelEx`` with the programmatic-stream-serialization attribute (see :func:`programmatic_launches`)."""
+    from cuda.bindings import driver as drv
+
+    g = tuple(int(v) for v in grid) + (1,) * (3 - len(grid))
+    b = tuple(int(v) for v in block) + (1,) * (3 - len(block))
+    cfg = drv.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = g[:3]
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = b[:3]
+    cfg.sharedMemBytes = int(smem)
+    cfg.hStream = drv.CUstream(int(stream_ptr))
+    at = drv.CUlaunchAttribute()
+    at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    at.value.programmaticStreamSerializationAllowed = 1
+    cfg.attrs = [at]
+    cfg.numAttrs = 1
+    (err,) = drv.cuLaunchKernelEx(cfg, drv.CUfunction(int(func_ptr)), params, 0)
+    if int(err) != 0:
+        raise GpuError(f"programmatic launch of {what} grid {g} failed: {err}")
+    _PDL["launches"] += 1
 
 
 def cp():
@@ -81,6 +189,7 @@ class Kernel:
 
     def __init__(self, spec: KernelSpec, extra_options: tuple = (), kernels_dir=None):
         self.spec = spec
+        self.kernels_dir = kernels_dir
         mod = module(spec.source, tuple(extra_options), kernels_dir)
         self.func = mod.get_function(spec.name_expression)
         self.smem = spec.dynamic_smem()
@@ -123,7 +232,14 @@ class Kernel:
         return int(n)
 
     def launch(self, grid, args):
-        """Launch on the current stream (use ``with cupy.cuda.Stream(): ...`` for another)."""
+        """Launch on the current stream (use ``with cupy.cuda.Stream(): ...`` for another); inside
+        :func:`programmatic_launches`, a kernel of a PDL-capable source launches programmatically."""
+        if _PDL["on"] and self.spec.source in pdl_sources(self.kernels_dir):
+            holders, params = kernel_params(args)
+            launch_programmatic(self.ptr, grid, (self.spec.threads,), self.smem, params,
+                                cp().cuda.get_current_stream().ptr, self.spec.key)
+            del holders
+            return
         try:
             self.func(tuple(int(g) for g in grid), (self.spec.threads,), args, shared_mem=self.smem)
         except Exception as e:

@@ -125,7 +125,10 @@ from .prefill import FUSIONS  # noqa: E402  (the fusion flags; prefill needs no 
 
 GRAPH_VARIANTS = {"eager-unfused": {"graph": False, **{f: False for f in FUSIONS}},
                   "eager-fused": {"graph": False},
+                  "graph-fused-nopdl": {"graph": None, "pdl": False},   # the graph without programmatic launches
                   "graph-fused": {"graph": None}}
+#: the variants whose decomposition (host overhead as a class, the replay's launch gaps) is recorded
+GRAPH_DECOMPOSE_VARIANTS = ("eager-unfused", "graph-fused-nopdl", "graph-fused")
 GRAPH_NTS = (64, 128, 512, 1024, 3325)
 GRAPH_DECOMPOSE_NTS = (64, 512, 3325)
 
@@ -136,12 +139,13 @@ def _logit_diff(a, b) -> dict:
             "top1_same": bool(a.argmax() == b.argmax())}
 
 
-def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS, rounds: int = 3, repeats: int = 3,
+def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS, rounds: int = 5, repeats: int = 3,
              progress=_log) -> dict:
     """The prefill_graph measurements of one model on one GpuModel (options switched per variant; the graph cache
     keys on them): per nt the logits of every variant against eager-unfused's, graph vs eager on a second prompt
     (the replay reads the new ids from its input buffer), the variants' walls interleaved round by round; the
-    decompositions (host overhead as a class) of before and after; the captured graphs."""
+    decompositions (host overhead as a class) of before and after, with and without programmatic launches, and the
+    graph replays' launch-by-launch gaps (table replay_gaps); the captured graphs."""
     import dataclasses
 
     from . import gpu, prefill_cli
@@ -190,9 +194,11 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
     gaps = {}
     for nt in dec_nts:
         toks = prefill_cli.prompt_tokens(m, nt)
-        for v in ("eager-unfused", "graph-fused"):
+        for v in GRAPH_DECOMPOSE_VARIANTS:
             use(v)
             r = run_decomposition(gm, toks, repeats=repeats, reference=False, progress=progress)
+            if r["replay_gaps"]:
+                run.append("replay_gaps", [{"model": label, "nt": nt, "variant": v, **g} for g in r["replay_gaps"]])
             bw = r["busy_wall"]
             t = host_overhead_table(r["classes"], bw)
             host = float(t.loc[t["class"] == "host_overhead", "busy_ms"].iloc[0])
@@ -200,7 +206,7 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
             run.append("decompose_busy_wall", [{"model": label, "nt": nt, "variant": v,
                                                 **{k: bw[k] for k in ("mode", "wall_ms", "busy_ms", "gap_ms",
                                                                       "gap_frac", "busy_replay_ms",
-                                                                      "span_replay_ms")},
+                                                                      "busy_sum_replay_ms", "span_replay_ms")},
                                                 "host_overhead_ms": host, "host_frac": host / bw["wall_ms"]}])
             gaps[(nt, v)] = host / bw["wall_ms"]
     gm.opts = base

@@ -68,6 +68,10 @@ class PrefillOptions:
     fuse_layout: bool = True          # attention's layout copies: transpose + cast in one pass (not two)
     fuse_gate_up: bool = True         # ffn_gate and ffn_up (same type and shape) as one GEMM on their stacked rows,
                                       # the activation reading its two halves (act_mul_gu)
+    pdl: bool = True                  # in a captured graph, the lab's kernels launch programmatically (PDL): each
+                                      # is scheduled while the kernel ahead of it finishes and waits for it on the
+                                      # GPU (griddepcontrol.wait), so the launch gap overlaps work (issue 18);
+                                      # eager forwards launch normally either way
     graph: bool | None = None         # CUDA-graph capture of the whole forward per (model, nt, options): True =
                                       # required (a capture failure raises GraphCaptureError), False = eager,
                                       # None = graph where it captures, else eager with the reason recorded
@@ -125,6 +129,7 @@ class GraphEntry:
     max_rel_diff: float     # replay vs eager at capture
     bitwise: bool
     replays: int = 0
+    pdl_launches: int = 0        # the capture's programmatic launches (PrefillOptions.pdl)
     host_tokens: object = None   # pinned host ids the graph's first node copies in (None: tokens.set per replay)
     done: object = None          # event after the latest replay: its ids were read before host_tokens is rewritten
 
@@ -675,13 +680,16 @@ class GpuModel:
                 families = list(self._used)
                 self._used = []
                 stream.begin_capture()
+                pdl0 = gpu.pdl_launch_count()
                 try:
                     gpu.h2d_async(tok_buf, host, stream)   # the graph's first node: the ids, from the pinned buffer
-                    out = self._forward_device(tok_buf, n, NullTracer(), key.all_logits)
+                    with gpu.programmatic_launches(self.opts.pdl):
+                        out = self._forward_device(tok_buf, n, NullTracer(), key.all_logits)
                 except BaseException:
                     _end_capture_quietly(stream)
                     raise
                 g = stream.end_capture()
+                pdl_n = gpu.pdl_launch_count() - pdl0
                 g.launch(stream=stream)
                 stream.synchronize()
             diff = float(cp.abs(out - ref).max())
@@ -696,7 +704,8 @@ class GpuModel:
             raise GraphCaptureError(f"graph replay at nt={n} differs from the eager forward: max rel diff {rel:.3g} "
                                     f"> {GRAPH_RTOL:g}")
         return GraphEntry(key, g, pool, stream, tok_buf, out, tuple(families), time.perf_counter() - t0, rel,
-                          diff == 0.0, host_tokens=host, done=cp.cuda.Event(block=False, disable_timing=True))
+                          diff == 0.0, pdl_launches=pdl_n, host_tokens=host,
+                          done=cp.cuda.Event(block=False, disable_timing=True))
 
     def _prepare(self, n: int, all_logits: bool) -> None:
         """Make the lazily built per-weight state (round 7's repacked weights) outside the graph's private pool."""
@@ -716,9 +725,11 @@ class GpuModel:
             w.q.wg = wgmma.WgWeight.from_gguf(np.asarray(w.q.host), w.q.qtype)
 
     def graphs(self) -> list[dict]:
-        """The captured graphs: key, capture seconds, replays, replay-vs-eager difference at capture."""
+        """The captured graphs: key, capture seconds, replays, replay-vs-eager difference at capture, whether its lab
+        kernels launched programmatically and how many did."""
         return [{"nt": e.key.nt, "all_logits": e.key.all_logits, "capture_s": e.capture_s, "replays": e.replays,
-                 "max_rel_diff": e.max_rel_diff, "bitwise": e.bitwise, "pool_bytes": int(e.pool.total_bytes())}
+                 "max_rel_diff": e.max_rel_diff, "bitwise": e.bitwise, "pool_bytes": int(e.pool.total_bytes()),
+                 "pdl": bool(dict(e.key.options).get("pdl", False)), "pdl_launches": e.pdl_launches}
                 for e in self._graphs.values()]
 
     def free_graphs(self) -> None:

@@ -411,7 +411,8 @@ class WgKernel:
         return int(n)
 
     def launch(self, grid, tmap, *args):
-        """``tmap``: one 128-byte CUtensorMap or a tuple of them (the kernel's leading __grid_constant__ params)."""
+        """``tmap``: one 128-byte CUtensorMap or a tuple of them (the kernel's leading __grid_constant__ params).
+        Inside ``gpu.programmatic_launches`` the launch is programmatic (the kernels begin with LK_PDL_ENTRY)."""
         import ctypes
 
         from cuda.bindings import driver as drv
@@ -424,6 +425,11 @@ class WgKernel:
                 holders.append(ctypes.c_uint64(int(a.data.ptr)))   # a device array
         params = np.array([ctypes.addressof(h) for h in holders], dtype=np.uintp)
         stream = _cp().cuda.get_current_stream().ptr
+        from . import gpu
+
+        if gpu.pdl_active() and self.spec.source in gpu.pdl_sources():   # the prefill's graph capture (issue 18)
+            gpu.launch_programmatic(self._fptr, grid, (self.spec.threads,), self.smem, params, stream, self.spec.key)
+            return
         if not hasattr(self, "_cufn"):
             self._cufn = drv.CUfunction(self._fptr)
         (err,) = drv.cuLaunchKernel(self._cufn, int(grid[0]), int(grid[1]), 1,
@@ -954,6 +960,8 @@ def _ablation(w, x16, y, flush, pairs, repeats, key, progress) -> list[dict]:
 TRACE_EVENTS = ("entry", "setup", "first_tile",
                 *[f"seg{i}_{p}" for i in range(4) for p in ("start", "mma_end", "done")])
 TRACE_CTAS = 1024        # LK_TRACE_CTAS
+#: the same events in the order a CTA passes them: the first tile arrives inside the first segment's main loop
+TRACE_ORDER = ("entry", "setup", "seg0_start", "first_tile", *TRACE_EVENTS[4:])
 
 
 def trace_rows(ns, clk) -> list[dict]:
@@ -987,7 +995,7 @@ def trace_summary(rows):
     import pandas as pd
 
     df = pd.DataFrame(rows)
-    order = {e: i for i, e in enumerate(TRACE_EVENTS)}
+    order = {e: i for i, e in enumerate(TRACE_ORDER)}
     g = df.groupby("event").agg(ctas=("cta", "nunique"), t_us_median=("t_us", "median"), t_us_min=("t_us", "min"),
                                 t_us_max=("t_us", "max"), cta_us_median=("cta_us", "median"),
                                 cta_us_max=("cta_us", "max"), cycles_median=("cycles", "median")).reset_index()

@@ -162,14 +162,17 @@ else:
     print(f"graph fallbacks: {len(fb)}" + (f" -- e.g. nt={fb[0]['nt']}: {fb[0]['reason']}" if fb else " (every nt replayed a graph)"))
     fig, ax = plt.subplots(figsize=(8, 3.6))
     nts_ = sorted(gbw.nt.unique())
+    nv = gbw.variant.nunique()
+    bw_ = 0.8 / nv
     for k, (v, g) in enumerate(gbw.groupby("variant", sort=False)):
         g = g.set_index("nt").reindex(nts_)
         graph = (g["mode"] == "graph").all() and g.host_frac_untraced.notna().all()
-        ax.bar(np.arange(len(nts_)) + (k - 0.5) * 0.38, 100 * (g.host_frac_untraced if graph else g.host_frac), 0.38,
+        ax.bar(np.arange(len(nts_)) + (k - (nv - 1) / 2) * bw_, 100 * (g.host_frac_untraced if graph else g.host_frac), bw_,
                label=f"{v} ({', '.join(sorted(set(g['mode'].dropna())))}; "
                      f"{'untraced interleaved wall' if graph else 'decomposition wall'} - traced busy)")
     ax.axhline(5, color="0.3", ls="--", lw=1, label="5% (the issue's bar at nt=512)")
     ax.set_xticks(range(len(nts_)), [f"nt={n}" for n in nts_]); ax.set_ylabel("host overhead [% of wall]")
+    ax.set_yscale("log"); ax.set_ylim(0.3, 150)
     ax.set_title(f"{model}: wall minus GPU busy ({report.source(grun)})", fontsize=9); ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=.3)
     plt.show()
@@ -196,17 +199,61 @@ for r in records.list_runs("prefill"):
         continue
     h = host_overhead_untraced(thr, r.table("decompose_busy_wall"))
     dense = (r.meta.get("params") or {}).get("dense_path", "gemm_ex")   # runs before the lt path: cublasGemmEx
-    hrows += [dict(run=r.run_id, gpu=peers.run_gpu_name(r), dense_path=dense, **row) for row in h.to_dict("records")
-              if row["variant"] == "graph-fused"]
+    gr = r.table("graphs") if r.has("graphs") else pd.DataFrame()
+    # programmatic launches: the graphs table says per capture (runs before it existed had none)
+    pdl_on = bool(gr["pdl"].any()) if "pdl" in gr.columns else False
+    hrows += [dict(run=r.run_id, gpu=peers.run_gpu_name(r), dense_path=dense,
+                   pdl=(pdl_on and row["variant"] == "graph-fused"), **row) for row in h.to_dict("records")
+              if row["variant"] in ("graph-fused", "graph-fused-nopdl")]
 if hrows:
     ht = pd.DataFrame(hrows)
-    display(report.table(ht[["run", "gpu", "dense_path", "nt", "rounds", "wall_ms", "busy_ms", "host_overhead_ms",
+    display(report.table(ht[["run", "gpu", "dense_path", "pdl", "nt", "rounds", "wall_ms", "busy_ms", "host_overhead_ms",
                              "host_frac"]],
                          {"wall_ms": "{:.3f}", "busy_ms": "{:.3f}", "host_overhead_ms": "{:.3f}", "host_frac": "{:.1%}"},
                          caption=f"{model}: graph replay, untraced interleaved wall vs traced busy, per recorded run "
                                  "(the run id names its commit)"))
 else:
     print(f"no recorded graph replay of {model} with traced busy")
+
+# %% [markdown]
+# ### Where a graph replay's idle time sits: the gaps between its launches
+#
+# From the first traced replay of each graph variant (`decompose.replay_gaps`): the gap before a launch is its start
+# minus the latest end of any launch before it. A negative gap means the launch began while the one ahead of it still
+# ran: a programmatic launch (PDL, `PrefillOptions.pdl`) scheduled early and waiting on the GPU in its
+# `griddepcontrol.wait`. GPU busy is the union of the launch intervals (`decompose.busy_union_ns`), so such an overlap
+# is counted once. The gaps are summed by the kinds of the two launches around each boundary (`decompose.gap_summary`;
+# `lab` = the lab's small kernels, `lab_wgmma` = its k-quant GEMMs). Only the lab's own kernels launch
+# programmatically: a boundary into cuBLAS or cuDNN, or into a memset node, keeps its full gap with or without PDL.
+
+# %%
+from labkernels.decompose import gap_summary
+
+gaprun = records.latest("prefill", where=lambda r: r.has("replay_gaps") and model in set(r.table("throughput").model))
+if gaprun is None:
+    print(f"no recorded launch gaps of a {model} graph replay (a prefill_graph run from before the gap table)")
+else:
+    gp = gaprun.table("replay_gaps")
+    gs = gap_summary(gp)
+    tot = (gs.groupby(["nt", "variant"], sort=False)
+             .agg(boundaries=("boundaries", "sum"), idle_us=("idle_us", "sum")).reset_index())
+    tot["idle_us_per_boundary"] = tot.idle_us / tot.boundaries
+    display(report.table(tot, {"idle_us": "{:,.1f}", "idle_us_per_boundary": "{:.2f}"},
+                         caption=f"{model}: idle GPU time between the launches of one traced graph replay, run "
+                                 f"{gaprun.run_id} ({peers.run_gpu_name(gaprun)}); graph-fused launches the lab's "
+                                 "kernels programmatically, graph-fused-nopdl does not"))
+    g512 = gs[gs.nt == (512 if (gs.nt == 512).any() else gs.nt.max())]
+    pv_ = g512.pivot_table(index="transition", columns="variant", values="idle_us", aggfunc="sum").fillna(0)
+    pv_ = pv_.loc[pv_.max(axis=1).sort_values().index]
+    fig, ax = plt.subplots(figsize=(8, 0.32 * len(pv_) + 1.4))
+    h_ = 0.8 / max(1, pv_.shape[1])
+    for k, v in enumerate(pv_.columns):
+        ax.barh(np.arange(len(pv_)) + (k - (pv_.shape[1] - 1) / 2) * h_, pv_[v], h_, label=v)
+    ax.set_yticks(range(len(pv_)), pv_.index, fontsize=8)
+    ax.set_xlabel("idle time summed over the boundaries [us per forward]")
+    ax.set_title(f"{model}, nt={int(g512.nt.iloc[0])}: idle time by boundary kind ({report.source(gaprun)})", fontsize=9)
+    ax.legend(fontsize=8); ax.grid(axis="x", alpha=.3)
+    plt.show()
 
 # %% [markdown]
 # ## Attention alone: cuDNN's fused SDPA vs the lab's baseline vs PyTorch SDPA (issue 17)

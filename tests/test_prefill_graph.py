@@ -507,16 +507,20 @@ def test_graph_ab_records_every_variant(monkeypatch, tiny, tmp_path):
     th = run.table("throughput")
     assert len(th) == 2 * 2 * len(gpu_cli.GRAPH_VARIANTS) and set(th.variant) == set(gpu_cli.GRAPH_VARIANTS)
     assert set(th.kernel) == {f"auto {v}" for v in gpu_cli.GRAPH_VARIANTS}   # round 5's notebook groups by kernel
-    g = th[th.variant == "graph-fused"]
+    graphs = [v for v, o in gpu_cli.GRAPH_VARIANTS.items() if o["graph"] is not False]
+    assert set(graphs) == {"graph-fused", "graph-fused-nopdl"}
+    assert gpu_cli.GRAPH_VARIANTS["graph-fused-nopdl"]["pdl"] is False and "pdl" not in gpu_cli.GRAPH_VARIANTS["graph-fused"]
+    g = th[th.variant.isin(graphs)]
     assert (g["mode"] == "eager").all() and g.fallback.str.contains("stream capture").all()
-    assert (th[th.variant != "graph-fused"]["mode"] == "eager").all() and th[th.variant != "graph-fused"].fallback.isna().all()
+    rest = th[~th.variant.isin(graphs)]
+    assert (rest["mode"] == "eager").all() and rest.fallback.isna().all()
     lv = run.table("logits_vs_first")
-    assert len(lv) == 2 * 3 and lv.bitwise.all() and (lv["first"] == "eager-unfused").all()
+    assert len(lv) == 2 * len(gpu_cli.GRAPH_VARIANTS) and lv.bitwise.all() and (lv["first"] == "eager-unfused").all()
     ge = run.table("graph_vs_eager")
     assert list(ge.nt) == [6, 9] and ge.bitwise.all()
     assert sorted(r["walls"]) == sorted((nt, v) for nt in (6, 9) for v in gpu_cli.GRAPH_VARIANTS)
     assert gm.opts.graph is None and gm.opts.fuse_add_norm       # the base options are back
-    assert [f["nt"] for f in gm.graph_fallbacks] == [6, 9]
+    assert [f["nt"] for f in gm.graph_fallbacks] == [6, 6, 9, 9]          # once per (nt, options): pdl and nopdl
 
 
 def test_host_overhead_is_its_own_class():

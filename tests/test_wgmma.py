@@ -248,8 +248,8 @@ def test_trace_rows_and_summary_from_stamp_arrays():
     clk = np.zeros_like(ns)
     for c, t0 in enumerate((1_000_000, 1_000_500, 1_002_000)):   # CTAs enter 0 / 0.5 / 2 us apart
         ns[c, :3] = [t0, t0 + 1_000, t0 + 3_000]                   # setup 1 us, first tile 3 us after entry
-        ns[c, 3:6] = [t0 + 3_100, t0 + 20_000, t0 + 21_000]         # one segment
-        clk[c, :6] = [5, 1_805, 5_405, 5_585, 36_005, 37_805]
+        ns[c, 3:6] = [t0 + 1_100, t0 + 20_000, t0 + 21_000]         # one segment (its first tile arrives inside)
+        clk[c, :6] = [5, 1_805, 5_405, 1_985, 36_005, 37_805]
         ns[c, E] = 7 + c
     ns[1, 6:9] = [1_021_600, 1_030_500, 1_031_000]                  # CTA 1 has a second segment
     clk[1, 6:9] = [1, 2, 3]
@@ -259,7 +259,8 @@ def test_trace_rows_and_summary_from_stamp_arrays():
     assert r[(2, "entry")]["t_us"] == 2.0 and r[(2, "first_tile")]["cta_us"] == 3.0
     assert r[(0, "seg0_mma_end")]["cycles"] == 36_000 and (1, "seg1_done") in r and (0, "seg1_start") not in r
     s = wgmma.trace_summary(rows)
-    assert list(s.event[:3]) == ["entry", "setup", "first_tile"] and list(s.event).index("seg1_done") == 8
+    assert list(s.event[:4]) == ["entry", "setup", "seg0_start", "first_tile"]     # the order a CTA passes them
+    assert list(s.event).index("seg1_done") == 8
     first = s.set_index("event")
     assert first.loc["entry", "t_us_max"] == 2.0 and first.loc["first_tile", "cta_us_median"] == 3.0
     assert first.loc["seg1_start", "ctas"] == 1

@@ -13,6 +13,25 @@ typedef unsigned long long u64;
 // are not written here: labkernels.kernels.registry (BM, BN, THREADS) passes them as -D options to every build,
 // and tile.cuh refuses to compile a tile kernel without them.
 
+// Programmatic dependent launch (issue 18; sm_90+). A kernel launched with the programmatic-stream-serialization
+// attribute (labkernels.gpu.programmatic_launches: the prefill's captured graph) may be scheduled while the kernel
+// ahead of it in the stream is still running. Every kernel of a source the launcher marks PDL-capable therefore
+// starts with LK_PDL_ENTRY(): griddepcontrol.wait blocks until every prerequisite grid has completed and its memory
+// is visible (it returns at once after a normal launch), then launch_dependents lets the next kernel in the stream be
+// scheduled (its CTAs wait in their own LK_PDL_ENTRY). Nothing is read or written before the wait.
+// labkernels.gpu.pdl_sources() checks that every __global__ of a source begins with it.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+#define LK_PDL_ENTRY()                                          \
+    do {                                                        \
+        asm volatile("griddepcontrol.wait;\n" ::: "memory");    \
+        asm volatile("griddepcontrol.launch_dependents;\n" ::); \
+    } while (0)
+#else
+#define LK_PDL_ENTRY() \
+    do {               \
+    } while (0)
+#endif
+
 // fp16 bits -> float without cuda_fp16.h
 __device__ __forceinline__ float lk_h2f(u16 h) {
     float f;

@@ -49,6 +49,7 @@ __device__ __forceinline__ void lk_rmsnorm_row(const float* __restrict__ xr, con
 template <int W, int OUT16>
 __global__ void __launch_bounds__(256) rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w,
                                                        void* __restrict__ y, int ncols, float eps) {
+    LK_PDL_ENTRY();
     __shared__ float red[32];
     lk_rmsnorm_row<W, OUT16>(x + (size_t)blockIdx.x * ncols, w, y, (size_t)blockIdx.x * ncols, ncols, eps, red);
 }
@@ -62,6 +63,7 @@ __global__ void __launch_bounds__(256) rmsnorm_qk_kernel(const float* __restrict
                                                           float* __restrict__ yq, float* __restrict__ yk,
                                                           int n_head, int n_head_kv, int head_dim, int ldq, int ldk,
                                                           float eps) {
+    LK_PDL_ENTRY();
     __shared__ float red[32];
     const int nh = n_head + n_head_kv;
     const int t = (int)(blockIdx.x / nh), h = (int)(blockIdx.x % nh);
@@ -92,6 +94,7 @@ __device__ __forceinline__ void lk_rope_cs(int pos, int i, int n_rot, float base
 template <int NEOX>
 __global__ void __launch_bounds__(256) rope_kernel(float* __restrict__ x, int n_tok, int n_head, int head_dim,
                                                     int n_rot, int ld, float base, float freq_scale, int pos0) {
+    LK_PDL_ENTRY();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const int half = n_rot / 2;
     if (idx >= (long long)n_tok * n_head * half) return;
@@ -154,6 +157,7 @@ __global__ void __launch_bounds__(256) rope_qkv16_kernel(const float* __restrict
                                                           int n_head, int n_head_kv, int head_dim, int head_dim_v,
                                                           int n_rot, int ldq, int ldk, int ldv, float base,
                                                           float freq_scale, int pos0, float qscale) {
+    LK_PDL_ENTRY();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const int hp = head_dim / 2;
     const int sq = n_head * hp, sk = n_head_kv * hp, sv = n_head_kv * (head_dim_v / 2);
@@ -188,6 +192,7 @@ __global__ void __launch_bounds__(256) qk_norm_rope_qkv16_kernel(
         const float* __restrict__ wq, const float* __restrict__ wk, u16* __restrict__ q16, u16* __restrict__ k16,
         u16* __restrict__ v16, int n_head, int n_head_kv, int head_dim, int head_dim_v, int n_rot, int ldq, int ldk,
         int ldv, float eps, float base, float freq_scale, int pos0, float qscale) {
+    LK_PDL_ENTRY();
     __shared__ float red[32];
     __shared__ float xs[LK_QKNORM_MAXHD];
     const int nh = n_head + 2 * n_head_kv;
@@ -214,6 +219,7 @@ __global__ void __launch_bounds__(256) qk_norm_rope_qkv16_kernel(
 template <int F16>
 __global__ void __launch_bounds__(256) softmax_mask_kernel(void* __restrict__ S, int n_q, int n_k, float scale,
                                                             int window) {
+    LK_PDL_ENTRY();
     __shared__ float red[32];
     const long long r = blockIdx.x;
     const int q = (int)(r % n_q);
@@ -248,6 +254,7 @@ __device__ __forceinline__ float lk_act(float x) {
 template <int ACT, int OUT16>
 __global__ void __launch_bounds__(256) act_mul_kernel(const float* __restrict__ g, const float* __restrict__ u,
                                                        void* __restrict__ out, long long n) {
+    LK_PDL_ENTRY();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float v = lk_act<ACT>(g[i]) * u[i];
@@ -260,6 +267,7 @@ __global__ void __launch_bounds__(256) act_mul_kernel(const float* __restrict__ 
 template <int ACT, int OUT16>
 __global__ void __launch_bounds__(256) act_mul_gu_kernel(const float* __restrict__ gu, void* __restrict__ out,
                                                           int n_ff, long long n) {
+    LK_PDL_ENTRY();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const long long r = i / n_ff, c = i % n_ff;
@@ -273,6 +281,7 @@ __global__ void __launch_bounds__(256) act_mul_gu_kernel(const float* __restrict
 template <int F16>
 __global__ void __launch_bounds__(256) embed_kernel(const void* __restrict__ table, const int* __restrict__ tok,
                                                      float* __restrict__ out, int d, float scale) {
+    LK_PDL_ENTRY();
     const size_t row = (size_t)tok[blockIdx.x] * d;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         const float v = F16 ? lk_h2f(((const u16*)table)[row + i]) : ((const float*)table)[row + i];
@@ -290,6 +299,7 @@ __global__ void __launch_bounds__(256) add_rmsnorm_kernel(float* __restrict__ x,
                                                            const float* __restrict__ wpre,
                                                            const float* __restrict__ w, void* __restrict__ y,
                                                            int ncols, float eps) {
+    LK_PDL_ENTRY();
     __shared__ float red[32];
     float* xr = x + (size_t)blockIdx.x * ncols;
     const float* ar = a + (size_t)blockIdx.x * ncols;
@@ -325,6 +335,7 @@ __global__ void __launch_bounds__(256) rope_qk_kernel(float* __restrict__ q, flo
                                                        int n_head, int n_head_kv, int head_dim, int n_rot, int ldq,
                                                        int ldk, float base, float freq_scale, int pos0,
                                                        float qscale) {
+    LK_PDL_ENTRY();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const int half = n_rot / 2;
     const int nh = n_head + n_head_kv;

@@ -613,6 +613,7 @@ template <int QT, int BN, int STAGES, int BF16, int SCL>
 __global__ void __launch_bounds__(LK_WG_THREADS, 1)
     wgmma_kq_kernel(const __grid_constant__ LkTmap tm, const u8* __restrict__ W, float* __restrict__ Y, int nt,
                     int od, int id, float* __restrict__ ws, u32* __restrict__ flags, int dp_tiles) {
+    LK_PDL_ENTRY();
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     wgmma_kq_body<QT, BN, STAGES, BF16, SCL>(tm, W, Y, nt, od, id, ws, flags, dp_tiles);
 #else
@@ -847,6 +848,7 @@ template <int QT, int BN, int STAGES, int BF16>
 __global__ void __launch_bounds__(LK_WG_THREADS, 1)
     wgmma_kqs_kernel(const __grid_constant__ LkTmap tmx, const __grid_constant__ LkTmap tmw, float* __restrict__ Y,
                      int nt, int od, int id, float* __restrict__ ws, u32* __restrict__ flags, int dp_tiles) {
+    LK_PDL_ENTRY();
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     wgmma_kqs_body<QT, BN, STAGES, BF16>(tmx, tmw, Y, nt, od, id, ws, flags, dp_tiles);
 #else

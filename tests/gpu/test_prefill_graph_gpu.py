@@ -292,3 +292,47 @@ def test_graph_vs_eager_wgmma(tiny):
 
 def test_graph_vs_eager_gemma(model):
     _graph_vs_eager(model, nts=(6, 512))
+
+
+def _pdl_ab(m, kernel="auto", nts=(9, 300), replays=8):
+    """The graph with programmatic launches (the default) against the same forward captured without them: every
+    replay bitwise the same (a kernel that read its predecessor's output early would make replays differ), equal to
+    the non-PDL graph and to eager within GRAPH_RTOL, and the capture counted its programmatic launches."""
+    import dataclasses
+
+    from labkernels.prefill import GRAPH_RTOL, GpuModel, PrefillOptions
+    from labkernels.prefill_cli import prompt_tokens
+
+    base = PrefillOptions(graph=True, kernel=kernel, attn_f16=True)
+    gm = GpuModel(m, opts=base)
+    for nt in nts:
+        t = prompt_tokens(m, nt, seed=3)
+        a = [_logits(gm, t) for _ in range(replays)]
+        assert gm.last_mode == "graph"
+        gm.opts = dataclasses.replace(base, pdl=False)
+        b = _logits(gm, t)
+        gm.opts = base
+        e = _logits(gm, t, graph=False)
+        assert all(np.array_equal(x, a[0]) for x in a[1:])
+        assert _rel(a[0], b) <= GRAPH_RTOL and _rel(a[0], e) <= GRAPH_RTOL and a[0].argmax() == e.argmax()
+    g = gm.graphs()
+    assert sorted(r["pdl"] for r in g) == [False] * len(nts) + [True] * len(nts)
+    assert all((r["pdl_launches"] > 0) == r["pdl"] for r in g), g
+    return gm
+
+
+def test_pdl_graph_tiny(tiny):
+    _pdl_ab(tiny)
+
+
+def test_pdl_graph_wgmma(tiny):
+    from labkernels import gpu, wgmma
+
+    if not wgmma.supported(gpu.device_props()["cc"]):
+        pytest.skip("wgmma_kq needs an sm_90 GPU")
+    gm = _pdl_ab(tiny, kernel="wgmma_kq", nts=(9, 300))
+    assert "wgmma_kq" in gm.families_used()
+
+
+def test_pdl_graph_gemma(model):
+    _pdl_ab(model, nts=(64, 512))

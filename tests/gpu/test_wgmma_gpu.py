@@ -175,7 +175,8 @@ def test_wgmma_real_model_tensors(cp, rng):
 @pytest.mark.parametrize("bn,sk", [(128, 0), (256, 1)])
 def test_wgmma_trace_build_stamps_every_cta_in_order(cp, rng, bn, sk):
     """The exploratory -DLK_EXP_TRACE build (labkernels.wgmma.trace_launch): every CTA stamps its entry, setup,
-    first tile and at least one segment, in that order in time and in cycles; a stream-K launch has CTAs with two
+    its first segment's start, the first tile's arrival and the segment's ends, in that order (wgmma.TRACE_ORDER) in
+    time and in cycles; a stream-K launch has CTAs with two
     segments."""
     import pandas as pd
 
@@ -191,7 +192,7 @@ def test_wgmma_trace_build_stamps_every_cta_in_order(cp, rng, bn, sk):
     for ev in ("entry", "setup", "first_tile", "seg0_start", "seg0_mma_end", "seg0_done"):
         assert (df.event == ev).sum() == ncta, ev
     for _, g in df.groupby("cta"):
-        g = g.set_index("event").reindex([e for e in wgmma.TRACE_EVENTS if e in set(g.event)])
+        g = g.set_index("event").reindex([e for e in wgmma.TRACE_ORDER if e in set(g.event)])
         assert g.cta_us.is_monotonic_increasing and g.cycles.is_monotonic_increasing, g
     if sk:
         assert (df.event == "seg1_start").any(), "no CTA of the stream-K launch ran a second segment"
