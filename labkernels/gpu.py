@@ -515,6 +515,17 @@ def pinned_empty(shape, dtype):
     return cupyx.empty_pinned(shape, dtype)
 
 
+def host_device_pointer(host) -> np.uint64:
+    """The device-side address of a pinned numpy array (``cuMemHostGetDevicePointer``), as the kernel argument a
+    kernel reads the host buffer through (the prefill graph's token ids, PrefillOptions.ids_from_host)."""
+    from cuda.bindings import driver as drv
+
+    err, ptr = drv.cuMemHostGetDevicePointer(int(host.ctypes.data), 0)
+    if int(err) != 0:
+        raise GpuError(f"cuMemHostGetDevicePointer failed: {err} (is the buffer pinned?)")
+    return np.uint64(int(ptr))
+
+
 def h2d_async(dst, host, stream) -> None:
     """Copy the pinned numpy array ``host`` into the C-contiguous device array ``dst`` on ``stream`` with the
     runtime's memcpyAsync (which stream capture records as a graph node; CuPy's ``ndarray.set`` refuses to run

@@ -125,10 +125,14 @@ from .prefill import FUSIONS  # noqa: E402  (the fusion flags; prefill needs no 
 
 GRAPH_VARIANTS = {"eager-unfused": {"graph": False, **{f: False for f in FUSIONS}},
                   "eager-fused": {"graph": False},
-                  "graph-fused-nopdl": {"graph": None, "pdl": False},   # the graph without programmatic launches
+                  # the graph as round 7 left it: normal launches, the memset and token-copy nodes kept
+                  "graph-fused-plain": {"graph": None, "pdl": False, "memsets_as_kernels": False, "ids_from_host": False},
+                  # + programmatic launches of the lab's kernels
+                  "graph-fused-pdl": {"graph": None, "memsets_as_kernels": False, "ids_from_host": False},
+                  # + memset nodes as fill kernels and the ids read from the pinned buffer (the defaults)
                   "graph-fused": {"graph": None}}
 #: the variants whose decomposition (host overhead as a class, the replay's launch gaps) is recorded
-GRAPH_DECOMPOSE_VARIANTS = ("eager-unfused", "graph-fused-nopdl", "graph-fused")
+GRAPH_DECOMPOSE_VARIANTS = ("eager-unfused", "graph-fused-plain", "graph-fused-pdl", "graph-fused")
 GRAPH_NTS = (64, 128, 512, 1024, 3325)
 GRAPH_DECOMPOSE_NTS = (64, 512, 3325)
 

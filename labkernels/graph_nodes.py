@@ -120,6 +120,92 @@ def census(graph: int) -> list[dict]:
     return walk(drv.CUgraph(int(graph)))
 
 
+def _count_call(fn, node):
+    """cuGraphNodeGetDependencies / cuGraphNodeGetDependentNodes across binding versions: (err, nodes, [edge data,]
+    count) -- asked once for the count, then for the nodes."""
+    r = fn(node, 0)
+    if int(r[0]) != 0:
+        raise CaptureError(f"{fn.__name__} failed: {r[0]}")
+    n = int(r[-1])
+    if n == 0:
+        return []
+    r = fn(node, n)
+    if int(r[0]) != 0:
+        raise CaptureError(f"{fn.__name__} failed: {r[0]}")
+    return list(r[1])[:n]
+
+
+def _add_edges(drv, graph, frm: list, to: list) -> None:
+    if not frm:
+        return
+    try:
+        r = drv.cuGraphAddDependencies(graph, frm, to, len(frm))
+    except TypeError:                      # bindings whose call takes the edge data (None: plain edges)
+        r = drv.cuGraphAddDependencies(graph, frm, to, None, len(frm))
+    if int(r[0]) != 0:
+        raise CaptureError(f"cuGraphAddDependencies failed: {r[0]}")
+
+
+def fill_launch(p) -> dict:
+    """The fill kernel launch (kernels/prefill.cu, fill_kernel) that does what a memset node with parameters ``p``
+    (``dst, value, elementSize, width, height, pitch``) does: template ES, grid and arguments."""
+    es, width, height = int(p.elementSize), int(p.width), max(1, int(p.height))
+    if es not in (1, 2, 4):
+        raise CaptureError(f"a memset of {es}-byte elements has no fill kernel")
+    pitch = int(p.pitch) if height > 1 else width * es
+    n = width * height
+    grid = max(1, min((n + 255) // 256, 1024))
+    return {"ES": es, "grid": grid, "args": (np.uint64(int(p.dst)), np.uint32(int(p.value) & 0xFFFFFFFF),
+                                             np.uint64(width), np.uint64(height), np.uint64(pitch)),
+            "bytes": n * es}
+
+
+def memsets_to_kernels(graph: int) -> dict:
+    """Replace every memset node of a captured graph's top level by a node of the lab's fill kernel with the same
+    parameters and the same dependencies (issue 18: a memset node costs the boundaries around it ~5 us at Gemma's
+    prefill, a kernel-to-kernel boundary well under 1 us). Returns {'replaced': n, 'bytes': total, 'left': memsets
+    inside child graphs, which are not touched}. The graph must not be instantiated yet."""
+    from cuda.bindings import driver as drv
+
+    from . import gpu
+
+    g = drv.CUgraph(int(graph))
+    _, n = _check(drv.cuGraphGetNodes(g, 0), "cuGraphGetNodes")
+    nodes, _ = _check(drv.cuGraphGetNodes(g, n), "cuGraphGetNodes") if n else ([], 0)
+    replaced, nbytes, left = 0, 0, 0
+    for node in nodes:
+        t = _check(drv.cuGraphNodeGetType(node), "cuGraphNodeGetType")
+        tname = str(getattr(t, "name", t)).split(".")[-1].replace("CU_GRAPH_NODE_TYPE_", "")
+        if tname == "GRAPH":
+            child = _check(drv.cuGraphChildGraphNodeGetGraph(node), "cuGraphChildGraphNodeGetGraph")
+            left += sum(1 for r in census(int(child)) if r["type"] == "MEMSET")
+            continue
+        if tname != "MEMSET":
+            continue
+        p = _check(drv.cuGraphMemsetNodeGetParams(node), "cuGraphMemsetNodeGetParams")
+        f = fill_launch(p)
+        k = gpu.kernel("fill", ES=f["ES"])
+        deps = _count_call(drv.cuGraphNodeGetDependencies, node)
+        outs = _count_call(drv.cuGraphNodeGetDependentNodes, node)
+        holders, params = gpu.kernel_params(f["args"])
+        kp = drv.CUDA_KERNEL_NODE_PARAMS()
+        kp.func = drv.CUfunction(k.ptr)
+        kp.gridDimX, kp.gridDimY, kp.gridDimZ = f["grid"], 1, 1
+        kp.blockDimX, kp.blockDimY, kp.blockDimZ = k.spec.threads, 1, 1
+        kp.sharedMemBytes = 0
+        kp.kernelParams = params
+        kp.extra = 0
+        new = _check(drv.cuGraphAddKernelNode(g, deps, len(deps), kp), "cuGraphAddKernelNode")
+        del holders
+        _add_edges(drv, g, [new] * len(outs), outs)
+        (err,) = drv.cuGraphDestroyNode(node)
+        if int(err) != 0:
+            raise CaptureError(f"cuGraphDestroyNode failed: {err}")
+        replaced += 1
+        nbytes += f["bytes"]
+    return {"replaced": replaced, "bytes": nbytes, "left": left}
+
+
 def summarize(nodes: list[dict], regions: dict | None = None) -> dict:
     """Counts of a census by node type (``n_kernel``, ``n_memset``, ...; ``nodes`` in all), the kernels' names
     (in the census's order, '; '-joined), the memsets' total bytes and, for ``regions`` {label: (address, bytes)}, in

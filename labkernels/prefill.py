@@ -34,7 +34,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from . import attention, gpu
+from . import attention, gpu, graph_nodes
 from .kernels import registry
 from .arch import ModelConfig, config_from_model, global_tensors, layer_tensors
 from .trace import NullTracer
@@ -72,6 +72,11 @@ class PrefillOptions:
                                       # is scheduled while the kernel ahead of it finishes and waits for it on the
                                       # GPU (griddepcontrol.wait), so the launch gap overlaps work (issue 18);
                                       # eager forwards launch normally either way
+    memsets_as_kernels: bool = True   # in a captured graph, the memset nodes of cuBLAS (split-K counters) and cuDNN
+                                      # (its workspace flag) become the lab's fill kernel with the same parameters
+                                      # (graph_nodes.memsets_to_kernels): a memset node costs ~5 us of idle GPU
+    ids_from_host: bool = True        # a captured graph's embedding reads the token ids from the pinned host buffer
+                                      # (no host-to-device copy node at its start: ~31 us before the first kernel)
     graph: bool | None = None         # CUDA-graph capture of the whole forward per (model, nt, options): True =
                                       # required (a capture failure raises GraphCaptureError), False = eager,
                                       # None = graph where it captures, else eager with the reason recorded
@@ -130,6 +135,8 @@ class GraphEntry:
     bitwise: bool
     replays: int = 0
     pdl_launches: int = 0        # the capture's programmatic launches (PrefillOptions.pdl)
+    memsets_replaced: int = 0    # memset nodes rewritten as fill kernels (PrefillOptions.memsets_as_kernels)
+    memsets_left: int = 0        # memset nodes inside child graphs (not rewritten)
     host_tokens: object = None   # pinned host ids the graph's first node copies in (None: tokens.set per replay)
     done: object = None          # event after the latest replay: its ids were read before host_tokens is rewritten
 
@@ -556,8 +563,9 @@ class GpuModel:
         return self._forward_device(gpu.cp().asarray(toks), toks.size, tracer or NullTracer(), all_logits)
 
     def _forward_device(self, tok_g, n: int, tr, all_logits: bool):
-        """The forward from token ids already on the device: kernel launches only (no host <-> device copies and
-        no synchronization), so that it can be captured into a CUDA graph."""
+        """The forward from token ids the GPU can read -- a device int32 array, or (a captured graph with
+        ``ids_from_host``) the device address of the pinned host buffer as np.uint64: kernel launches only (no host
+        <-> device copies and no synchronization), so that it can be captured into a CUDA graph."""
         cp = gpu.cp()
         c = self.cfg
         x = cp.empty((n, c.n_embd), cp.float32)
@@ -657,7 +665,12 @@ class GpuModel:
         """Capture the forward for ``key``: every activation comes from a private memory pool that lives with the
         graph (an eager warm-up on the capture stream loads every module and fills the pool first, so capture
         allocates from the same cached blocks); the token ids are read from a persistent buffer. The first replay
-        is checked against the warm-up's logits (:data:`GRAPH_RTOL`); any failure is a GraphCaptureError."""
+        is checked against the warm-up's logits (:data:`GRAPH_RTOL`); any failure is a GraphCaptureError.
+
+        The capture is the runtime's (``cudaStreamBeginCapture``, relaxed), so that the captured ``cudaGraph_t`` can
+        be rewritten before it is instantiated (``memsets_as_kernels``); with ``ids_from_host`` the embedding reads the
+        ids through the pinned buffer's device pointer instead of a copy node; with ``pdl`` the lab's kernels launch
+        programmatically (:func:`labkernels.gpu.programmatic_launches`)."""
         cp = gpu.cp()
         why = graph_support()
         if why:
@@ -679,17 +692,28 @@ class GpuModel:
                 stream.synchronize()
                 families = list(self._used)
                 self._used = []
-                stream.begin_capture()
+                ids = gpu.host_device_pointer(host) if self.opts.ids_from_host else tok_buf
+                _capture_begin(stream)
                 pdl0 = gpu.pdl_launch_count()
                 try:
-                    gpu.h2d_async(tok_buf, host, stream)   # the graph's first node: the ids, from the pinned buffer
+                    if not self.opts.ids_from_host:   # the graph's first node: the ids, from the pinned buffer
+                        gpu.h2d_async(tok_buf, host, stream)
                     with gpu.programmatic_launches(self.opts.pdl):
-                        out = self._forward_device(tok_buf, n, NullTracer(), key.all_logits)
+                        out = self._forward_device(ids, n, NullTracer(), key.all_logits)
                 except BaseException:
                     _end_capture_quietly(stream)
                     raise
-                g = stream.end_capture()
+                graw = _capture_end(stream)
+                if not graw:
+                    raise GraphCaptureError(f"stream capture of the forward at nt={n} returned no graph")
                 pdl_n = gpu.pdl_launch_count() - pdl0
+                try:
+                    rew = graph_nodes.memsets_to_kernels(graw) if self.opts.memsets_as_kernels else \
+                        {"replaced": 0, "left": sum(r["type"] == "MEMSET" for r in graph_nodes.census(graw))}
+                    g = _instantiate(graw)
+                except BaseException:
+                    _destroy(graw)
+                    raise
                 g.launch(stream=stream)
                 stream.synchronize()
             diff = float(cp.abs(out - ref).max())
@@ -704,7 +728,8 @@ class GpuModel:
             raise GraphCaptureError(f"graph replay at nt={n} differs from the eager forward: max rel diff {rel:.3g} "
                                     f"> {GRAPH_RTOL:g}")
         return GraphEntry(key, g, pool, stream, tok_buf, out, tuple(families), time.perf_counter() - t0, rel,
-                          diff == 0.0, pdl_launches=pdl_n, host_tokens=host,
+                          diff == 0.0, pdl_launches=pdl_n, memsets_replaced=rew["replaced"],
+                          memsets_left=rew["left"], host_tokens=host,
                           done=cp.cuda.Event(block=False, disable_timing=True))
 
     def _prepare(self, n: int, all_logits: bool) -> None:
@@ -729,7 +754,9 @@ class GpuModel:
         kernels launched programmatically and how many did."""
         return [{"nt": e.key.nt, "all_logits": e.key.all_logits, "capture_s": e.capture_s, "replays": e.replays,
                  "max_rel_diff": e.max_rel_diff, "bitwise": e.bitwise, "pool_bytes": int(e.pool.total_bytes()),
-                 "pdl": bool(dict(e.key.options).get("pdl", False)), "pdl_launches": e.pdl_launches}
+                 "pdl": bool(dict(e.key.options).get("pdl", False)), "pdl_launches": e.pdl_launches,
+                 "memsets_replaced": e.memsets_replaced, "memsets_left": e.memsets_left,
+                 "ids_from_host": bool(dict(e.key.options).get("ids_from_host", False))}
                 for e in self._graphs.values()]
 
     def free_graphs(self) -> None:
@@ -738,6 +765,8 @@ class GpuModel:
         self._graphs.clear()
         self._graph_refused.clear()
         for e in entries:
+            if hasattr(e.graph, "close"):
+                e.graph.close()
             e.graph = e.out = e.tokens = None
             e.pool.free_all_blocks()
 
@@ -791,13 +820,61 @@ def graph_support() -> str | None:
     return None
 
 
+def _capture_begin(stream) -> None:
+    """The runtime's stream capture (relaxed mode), so that the captured cudaGraph_t is ours to rewrite."""
+    rt = gpu.cp().cuda.runtime
+    rt.streamBeginCapture(stream.ptr, getattr(rt, "streamCaptureModeRelaxed", 2))
+
+
+def _capture_end(stream) -> int:
+    return gpu.cp().cuda.runtime.streamEndCapture(stream.ptr)
+
+
+def _instantiate(graph):
+    return RawGraph(graph)
+
+
+def _destroy(graph) -> None:
+    gpu.cp().cuda.runtime.graphDestroy(graph)
+
+
 def _end_capture_quietly(stream) -> None:
     """Leave a stream out of capture after a failure inside it (the capture's graph is discarded)."""
     try:
         if stream.is_capturing():
-            stream.end_capture()
+            g = _capture_end(stream)
+            if g:
+                _destroy(g)
     except Exception:
         pass
+
+
+class RawGraph:
+    """A captured ``cudaGraph_t`` and its executable (instantiated here); :meth:`launch` replays it on a stream.
+    Both are destroyed with this object (:meth:`close`)."""
+
+    def __init__(self, graph: int):
+        rt = gpu.cp().cuda.runtime
+        self.graph = int(graph)
+        self.exec = int(rt.graphInstantiate(self.graph))
+
+    def launch(self, stream) -> None:
+        gpu.cp().cuda.runtime.graphLaunch(self.exec, stream.ptr)
+
+    def close(self) -> None:
+        rt = gpu.cp().cuda.runtime
+        if getattr(self, "exec", 0):
+            rt.graphExecDestroy(self.exec)
+            self.exec = 0
+        if getattr(self, "graph", 0):
+            rt.graphDestroy(self.graph)
+            self.graph = 0
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
 
 
 def _c_contig(a) -> bool:

@@ -198,17 +198,22 @@ for r in records.list_runs("prefill"):
     if model not in set(thr.model):
         continue
     h = host_overhead_untraced(thr, r.table("decompose_busy_wall"))
-    dense = (r.meta.get("params") or {}).get("dense_path", "gemm_ex")   # runs before the lt path: cublasGemmEx
+    params = r.meta.get("params") or {}
+    dense = params.get("dense_path", "gemm_ex")   # runs before the lt path: cublasGemmEx
     gr = r.table("graphs") if r.has("graphs") else pd.DataFrame()
-    # programmatic launches: the graphs table says per capture (runs before it existed had none)
-    pdl_on = bool(gr["pdl"].any()) if "pdl" in gr.columns else False
-    hrows += [dict(run=r.run_id, gpu=peers.run_gpu_name(r), dense_path=dense,
-                   pdl=(pdl_on and row["variant"] == "graph-fused"), **row) for row in h.to_dict("records")
-              if row["variant"] in ("graph-fused", "graph-fused-nopdl")]
+    new_opts = "pdl" in gr.columns                # runs before programmatic launches had none of the rewrites
+    for row in h.to_dict("records"):
+        if not row["variant"].startswith("graph-"):
+            continue
+        o = (params.get("variants") or {}).get(row["variant"], {})
+        hrows.append(dict(run=r.run_id, gpu=peers.run_gpu_name(r), dense_path=dense,
+                          pdl=new_opts and o.get("pdl", True),
+                          memsets_as_kernels=new_opts and "memsets_as_kernels" in gr.columns and o.get("memsets_as_kernels", True),
+                          ids_from_host=new_opts and "ids_from_host" in gr.columns and o.get("ids_from_host", True), **row))
 if hrows:
     ht = pd.DataFrame(hrows)
-    display(report.table(ht[["run", "gpu", "dense_path", "pdl", "nt", "rounds", "wall_ms", "busy_ms", "host_overhead_ms",
-                             "host_frac"]],
+    display(report.table(ht[["run", "gpu", "dense_path", "variant", "pdl", "memsets_as_kernels", "ids_from_host", "nt",
+                             "rounds", "wall_ms", "busy_ms", "host_overhead_ms", "host_frac"]],
                          {"wall_ms": "{:.3f}", "busy_ms": "{:.3f}", "host_overhead_ms": "{:.3f}", "host_frac": "{:.1%}"},
                          caption=f"{model}: graph replay, untraced interleaved wall vs traced busy, per recorded run "
                                  "(the run id names its commit)"))
@@ -216,7 +221,13 @@ else:
     print(f"no recorded graph replay of {model} with traced busy")
 
 # %% [markdown]
-# ### Where a graph replay's idle time sits: the gaps between its launches
+# ### Where a graph replay's idle time sits, and three changes that remove it
+#
+# The graph variants of a prefill_graph run: `graph-fused-plain` is the graph as round 7 left it; `graph-fused-pdl`
+# adds programmatic dependent launch of the lab's kernels (`PrefillOptions.pdl`); `graph-fused` (the default) also
+# rewrites the graph's memset nodes -- cuBLAS's split-K counters, cuDNN's workspace flag -- as the lab's fill kernel
+# (`memsets_as_kernels`, `graph_nodes.memsets_to_kernels`) and lets the embedding read the token ids through the
+# pinned host buffer's device address instead of a copy node (`ids_from_host`).
 #
 # From the first traced replay of each graph variant (`decompose.replay_gaps`): the gap before a launch is its start
 # minus the latest end of any launch before it. A negative gap means the launch began while the one ahead of it still

@@ -134,3 +134,36 @@ def test_replay_gaps_and_their_summary():
     assert s.boundaries.sum() == 4 and s.idle_us.sum() == pytest.approx(3.0)
     assert D.kernel_kind("cudnn_generated_fort_native_sdpa_sm90") == "cudnn"
     assert D.kernel_kind("cupy_copy__float32_float32") == "cupy"
+
+
+def test_the_graph_rewrites_are_options_of_the_captured_forward():
+    from labkernels.prefill import PrefillOptions
+
+    a = PrefillOptions()
+    assert a.memsets_as_kernels and a.ids_from_host
+    keys = {a.key(), PrefillOptions(memsets_as_kernels=False).key(), PrefillOptions(ids_from_host=False).key()}
+    assert len(keys) == 3
+
+
+def test_fill_launch_is_the_memset_node():
+    from types import SimpleNamespace as NS
+
+    from labkernels import graph_nodes as G
+
+    f = G.fill_launch(NS(dst=0x7000, value=0xABCD1234, elementSize=4, width=10, height=1, pitch=0))
+    assert f["ES"] == 4 and f["grid"] == 1 and f["bytes"] == 40
+    dst, val, width, height, pitch = f["args"]
+    assert (int(dst), int(val), int(width), int(height), int(pitch)) == (0x7000, 0xABCD1234, 10, 1, 40)
+    assert [a.dtype for a in f["args"]] == [np.uint64, np.uint32, np.uint64, np.uint64, np.uint64]
+    f = G.fill_launch(NS(dst=1, value=7, elementSize=1, width=1000, height=300, pitch=1024))
+    assert f["grid"] == 1024 and int(f["args"][4]) == 1024 and f["bytes"] == 300_000   # a 2-D memset keeps its pitch
+    with pytest.raises(G.CaptureError, match="8-byte"):
+        G.fill_launch(NS(dst=1, value=0, elementSize=8, width=1, height=1, pitch=0))
+
+
+@pytest.mark.nvcc
+def test_fill_kernel_is_registered_for_each_element_size():
+    ptx = _ptx("prefill.cu", "sm_90")
+    assert sum(1 for k in registry.KERNELS if k.family == "fill") == 3
+    for es in (1, 2, 4):
+        assert f"_Z11fill_kernelILi{es}EEvPhjyyy" in ptx

@@ -217,6 +217,15 @@ def _install_capture(monkeypatch, cp, graph):
         Event=lambda **kw: types.SimpleNamespace(record=lambda stream=None: None, synchronize=lambda: None))
     cuda.Stream.begin_capture = True                             # graph_support() looks for it
     monkeypatch.setattr(cp, "cuda", cuda)
+    # the runtime's capture, the graph rewrite and its instantiation, on the fake stream
+    from labkernels import graph_nodes, prefill
+
+    monkeypatch.setattr(prefill, "_capture_begin", lambda s: s.begin_capture())
+    monkeypatch.setattr(prefill, "_capture_end", lambda s: s.end_capture())
+    monkeypatch.setattr(prefill, "_instantiate", lambda g: g)
+    monkeypatch.setattr(prefill, "_destroy", lambda g: None)
+    monkeypatch.setattr(graph_nodes, "memsets_to_kernels", lambda g: {"replaced": 0, "bytes": 0, "left": 0})
+    monkeypatch.setattr(prefill.gpu, "host_device_pointer", lambda host: host)   # the fake kernels read numpy
     monkeypatch.setattr(cp, "abs", np.abs, raising=False)
     monkeypatch.setattr(cp, "empty", lambda shape, dtype=np.float32: np.empty(shape, dtype).view(Settable))
 
@@ -508,8 +517,12 @@ def test_graph_ab_records_every_variant(monkeypatch, tiny, tmp_path):
     assert len(th) == 2 * 2 * len(gpu_cli.GRAPH_VARIANTS) and set(th.variant) == set(gpu_cli.GRAPH_VARIANTS)
     assert set(th.kernel) == {f"auto {v}" for v in gpu_cli.GRAPH_VARIANTS}   # round 5's notebook groups by kernel
     graphs = [v for v, o in gpu_cli.GRAPH_VARIANTS.items() if o["graph"] is not False]
-    assert set(graphs) == {"graph-fused", "graph-fused-nopdl"}
-    assert gpu_cli.GRAPH_VARIANTS["graph-fused-nopdl"]["pdl"] is False and "pdl" not in gpu_cli.GRAPH_VARIANTS["graph-fused"]
+    assert set(graphs) == {"graph-fused", "graph-fused-pdl", "graph-fused-plain"}
+    V = gpu_cli.GRAPH_VARIANTS
+    assert V["graph-fused"] == {"graph": None}           # the defaults: PDL, memsets as kernels, ids from the host
+    assert V["graph-fused-plain"]["pdl"] is False and "pdl" not in V["graph-fused-pdl"]
+    assert all(V[v]["memsets_as_kernels"] is False and V[v]["ids_from_host"] is False
+               for v in ("graph-fused-plain", "graph-fused-pdl"))
     g = th[th.variant.isin(graphs)]
     assert (g["mode"] == "eager").all() and g.fallback.str.contains("stream capture").all()
     rest = th[~th.variant.isin(graphs)]
@@ -520,7 +533,7 @@ def test_graph_ab_records_every_variant(monkeypatch, tiny, tmp_path):
     assert list(ge.nt) == [6, 9] and ge.bitwise.all()
     assert sorted(r["walls"]) == sorted((nt, v) for nt in (6, 9) for v in gpu_cli.GRAPH_VARIANTS)
     assert gm.opts.graph is None and gm.opts.fuse_add_norm       # the base options are back
-    assert [f["nt"] for f in gm.graph_fallbacks] == [6, 6, 9, 9]          # once per (nt, options): pdl and nopdl
+    assert [f["nt"] for f in gm.graph_fallbacks] == [6] * 3 + [9] * 3      # once per (nt, options): 3 graph variants
 
 
 def test_host_overhead_is_its_own_class():

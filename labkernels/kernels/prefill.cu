@@ -277,6 +277,25 @@ __global__ void __launch_bounds__(256) act_mul_gu_kernel(const float* __restrict
     else ((float*)out)[i] = v;
 }
 
+// A memset as a kernel (issue 18, PrefillOptions.memsets_as_kernels): the memset nodes cuBLAS (split-K counters)
+// and cuDNN (its workspace flag) put into the prefill's captured graph are replaced by this kernel with the node's
+// parameters -- height rows of width elements of ES bytes set to value, rows pitch bytes apart -- so that the
+// boundaries around it are kernel-to-kernel ones (labkernels.graph_nodes.memsets_to_kernels).
+template <int ES>
+__global__ void __launch_bounds__(256) fill_kernel(u8* __restrict__ dst, u32 value, unsigned long long width,
+                                                    unsigned long long height, unsigned long long pitch) {
+    LK_PDL_ENTRY();
+    const unsigned long long n = width * height;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * 256 + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * 256) {
+        const unsigned long long r = i / width, c = i - r * width;
+        u8* q = dst + r * pitch + c * ES;
+        if constexpr (ES == 4) *(u32*)q = value;
+        else if constexpr (ES == 2) *(u16*)q = (u16)value;
+        else *q = (u8)value;
+    }
+}
+
 // out[t, :] = table[tok[t], :] * scale  (f32 table). One block per token.
 template <int F16>
 __global__ void __launch_bounds__(256) embed_kernel(const void* __restrict__ table, const int* __restrict__ tok,

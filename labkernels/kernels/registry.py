@@ -98,6 +98,9 @@ FAMILIES = [
          doc="rotary embedding of Q and K, the q scale and the fp16 cast of Q, K, V for an fp16 attention, one launch"),
     dict(family="embed", source="prefill.cu", template="embed_kernel", params={"F16": [0, 1]}, threads=256,
          smem="0", tile=(0, 0), main_path=False, doc="token embedding gather times a scale"),
+    dict(family="fill", source="prefill.cu", template="fill_kernel", params={"ES": [1, 2, 4]}, threads=256,
+         smem="0", tile=(0, 0), main_path=False,
+         doc="a memset (rows of 1/2/4-byte elements) as a kernel: the captured prefill graph's memset nodes"),
     # -- round 7: Hopper-native k-quant GEMM, weights dequantized in registers feeding wgmma (sm_90a)
     dict(family="wgmma_kq", source="wgmma_kq.cu", template="wgmma_kq_kernel",
          params={"QT": [4, 6], "BN": [128, 256], "STAGES": [4], "BF16": [0, 1], "SCL": [0, 1]}, threads=384,

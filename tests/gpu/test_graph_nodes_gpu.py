@@ -29,6 +29,54 @@ def test_census_counts_a_captured_memset_and_kernel():
     assert sm["n_kernel"] == 1 and "multiply" in sm["kernels"]
 
 
+def test_memsets_become_fill_kernels_that_write_the_same_bytes():
+    """memsets_to_kernels: 1-, 2-, 4-byte and 2-D (pitched) memset nodes between CuPy kernels are replaced by the
+    lab's fill kernel with the same dependencies; the replay writes exactly what the memsets wrote (the bytes
+    around each region untouched) and in the same order relative to the kernels around them."""
+    import cupy as cp
+    from cuda.bindings import driver as drv
+
+    from labkernels import graph_nodes
+
+    s = cp.cuda.Stream(non_blocking=True)
+    b = cp.full(4096, 0x5A, cp.uint8)
+    a = cp.arange(64, dtype=cp.float32)
+
+    def work():
+        cp.cuda.runtime.memsetAsync(b.data.ptr + 3, 0x11, 101, s.ptr)                       # bytes
+        a[:] += 1                                                                           # a kernel between
+        assert int(drv.cuMemsetD16Async(b.data.ptr + 200, 0xBEEF, 33, s.ptr)[0]) == 0        # 2-byte elements
+        assert int(drv.cuMemsetD32Async(b.data.ptr + 400, 0xCAFEF00D, 17, s.ptr)[0]) == 0    # 4-byte elements
+        assert int(drv.cuMemsetD2D8Async(b.data.ptr + 1024, 256, 0x77, 50, 8, s.ptr)[0]) == 0  # 8 rows of 50, pitch 256
+        a[:] *= 2
+
+    want = cp.asnumpy(b).copy()
+    want[3:104] = 0x11
+    want[200:266] = np.frombuffer(np.full(33, 0xBEEF, "<u2").tobytes(), np.uint8)
+    want[400:468] = np.frombuffer(np.full(17, 0xCAFEF00D, "<u4").tobytes(), np.uint8)
+    for r in range(8):
+        want[1024 + 256 * r:1024 + 256 * r + 50] = 0x77
+    g = graph_nodes.capture(work, s)
+    try:
+        before = graph_nodes.summarize(graph_nodes.census(g))
+        rew = graph_nodes.memsets_to_kernels(g)
+        after = graph_nodes.census(g)
+        sm = graph_nodes.summarize(after)
+        ge = cp.cuda.runtime.graphInstantiate(g)
+        try:
+            cp.cuda.runtime.graphLaunch(ge, s.ptr)
+            s.synchronize()
+        finally:
+            cp.cuda.runtime.graphExecDestroy(ge)
+    finally:
+        graph_nodes.destroy(g)
+    assert before["n_memset"] == 4 and rew == {"replaced": 4, "bytes": 101 + 66 + 68 + 400, "left": 0}
+    assert sm["n_memset"] == 0 and sm["n_kernel"] == before["n_kernel"] + 4
+    assert sum("fill_kernel" in r["name"] for r in after) == 4
+    assert np.array_equal(cp.asnumpy(b), want)
+    assert np.array_equal(cp.asnumpy(a), (np.arange(64, dtype=np.float32) + 1) * 2)
+
+
 def test_gemm_dense_lt_has_no_memset_at_gemmas_qkv_and_matches_gemm_ex():
     """Gemma's stacked Q/K/V GEMM (x [nt, 640] fp32 @ w [1536, 640]^T): cublasGemmEx puts a memset before the
     GEMM at nt=512 (split-K, round 5's decomposition 20261201T132809Z); gemm_dense's cuBLASLt path has none at
