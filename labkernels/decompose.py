@@ -218,11 +218,20 @@ GRAPH_BUSY_REPLAYS = 5
 
 
 def host_overhead_untraced(throughput: pd.DataFrame, busy_wall: pd.DataFrame) -> pd.DataFrame:
-    """Host overhead of the graph forwards of a prefill_graph run, from untraced walls: per (model, nt) of the graph
-    rows of ``busy_wall``, the median wall of the interleaved throughput rounds of the same variant (``rounds`` of them, each a median of
-    its repeats, timed before any tracing in that process) minus the median GPU busy of the traced replays; ``host_frac`` over that wall.
-    The decomposition's own wall is a second timing phase, and GPU clocks moved walls between phases by up to 3%
-    (runs 20261201T132423Z/132454Z) -- as much as the quantity measured."""
+    """Host overhead of the graph forwards of a prefill_graph run, per (model, nt, variant) of the graph rows of
+    ``busy_wall``, from the interleaved throughput rounds (``rounds`` of them, each a median of its repeats, timed
+    before any tracing in that process):
+
+    * ``host_frac_traced_busy`` (the measure up to run 20261201T161314Z): the median untraced wall minus the median
+      GPU busy of the traced replays, over the wall. The two come from different phases of the process, and the GPU
+      clocks differ between them: the synthetic 7B's untraced walls sit 5-7% above its traced replays' whole span at
+      nt 512 and 3325 (runs 20261201T160548Z/161314Z) -- GPU time that is no host time;
+    * ``host_frac`` (the bar's, where the rows have ``host_outside_ms``): the time each untraced forward spends outside
+      its graph launch's GPU events (wall - event span: Python, the ids' host copy, the synchronization; a
+      difference within one forward, so that clocks cancel), median over rounds, plus the GPU idle inside a traced
+      replay's launch events (event span - busy: the graph's launch latency and the gaps between its nodes; again
+      within one replay), over the median wall. Both parts are time the GPU spent waiting for nothing of this
+      forward's work."""
     g = busy_wall[(busy_wall["mode"] == "graph") & busy_wall["busy_replay_ms"].notna()]
     rows = []
     for _, r in g.iterrows():
@@ -233,9 +242,18 @@ def host_overhead_untraced(throughput: pd.DataFrame, busy_wall: pd.DataFrame) ->
         if t.empty:
             continue
         w = float(t["wall_ms"].median())
-        rows.append({"model": r.get("model"), "nt": int(r["nt"]), "variant": r["variant"], "wall_ms": w,
-                     "rounds": len(t), "busy_ms": float(r["busy_replay_ms"]), "host_overhead_ms": w - r["busy_replay_ms"],
-                     "host_frac": (w - r["busy_replay_ms"]) / w})
+        row = {"model": r.get("model"), "nt": int(r["nt"]), "variant": r["variant"], "wall_ms": w,
+               "rounds": len(t), "busy_ms": float(r["busy_replay_ms"]),
+               "host_frac_traced_busy": (w - r["busy_replay_ms"]) / w}
+        idle = r.get("idle_replay_ms", np.nan)
+        if "host_outside_ms" in t.columns and t["host_outside_ms"].notna().all() and np.isfinite(idle):
+            outside = float(t["host_outside_ms"].median())
+            row.update(host_outside_ms=outside, graph_idle_ms=float(idle), host_overhead_ms=outside + float(idle),
+                       host_frac=(outside + float(idle)) / w, measure="outside events + idle inside")
+        else:
+            row.update(host_outside_ms=np.nan, graph_idle_ms=np.nan, host_overhead_ms=w - r["busy_replay_ms"],
+                       host_frac=(w - r["busy_replay_ms"]) / w, measure="wall - traced busy")
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -267,8 +285,9 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
     bw["span_replay_ms"] = np.nan       # first launch's start to last launch's end of a traced replay
     bw["busy_sum_replay_ms"] = np.nan   # the replay's launch durations summed (= busy when no two overlap)
     gaps = []
+    bw["idle_replay_ms"] = np.nan      # graph mode: event span of the launch minus GPU busy, same traced replay
     if wall["mode"] == "graph":
-        busy, bsum, span = [], [], []
+        busy, bsum, span, idle = [], [], [], []
         for i in range(GRAPH_BUSY_REPLAYS):
             with CuptiTracer() as trg:
                 gm.forward(tokens)
@@ -277,15 +296,19 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
                 raise RuntimeError("the traced replay ran eager")
             recs_g = trg.records()[0]
             if recs_g:
-                busy.append(busy_union_ns(recs_g) / 1e6)
+                b = busy_union_ns(recs_g) / 1e6
+                busy.append(b)
                 bsum.append(sum(r["duration_ns"] for r in recs_g) / 1e6)
                 span.append((max(r["start"] + r["duration_ns"] for r in recs_g) - recs_g[0]["start"]) / 1e6)
+                # the graph's launch latency + its idle gaps: GPU time inside the launch's events not spent busy
+                idle.append(gm.last_graph_span_ms() - b)
                 if i == 0:
                     gaps = replay_gaps(recs_g)
         if busy:     # a traced replay's own wall is not used: CUPTI inflates it (run 20261201T132809Z: 40% at nt=512)
             bw["busy_replay_ms"] = float(np.median(busy))
             bw["busy_sum_replay_ms"] = float(np.median(bsum))
             bw["span_replay_ms"] = float(np.median(span))
+            bw["idle_replay_ms"] = float(np.median(idle))
     t = class_table(df, ops, wall["wall_ms"], n)
     progress(f"busy {bw['busy_ms']:.1f} ms vs wall {bw['wall_ms']:.1f} ms (gap {100 * bw['gap_frac']:.1f}%), "
              f"{len(df)} launches, {t.shape[0]} classes")

@@ -192,6 +192,7 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
                                           "kernel": f"{base.kernel} {v}",
                                           "mode": t["mode"], "fallback": t["fallback"], "round": rnd,
                                           "wall_ms": t["wall_ms"], "tok_per_s": t["tok_per_s"], "repeats": repeats,
+                                          "gpu_span_ms": t["gpu_span_ms"], "host_outside_ms": t["host_outside_ms"],
                                           "attn_f16": base.attn_f16, "gemm_families": gm.families_used()})
         progress(f"{label} nt={nt}: " + ", ".join(f"{v} {np.median(walls[(nt, v)]):.2f} ms" for v in names))
     run.append("graphs", [{"model": label, **g} for g in gm.graphs()])
@@ -210,7 +211,8 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
             run.append("decompose_busy_wall", [{"model": label, "nt": nt, "variant": v,
                                                 **{k: bw[k] for k in ("mode", "wall_ms", "busy_ms", "gap_ms",
                                                                       "gap_frac", "busy_replay_ms",
-                                                                      "busy_sum_replay_ms", "span_replay_ms")},
+                                                                      "busy_sum_replay_ms", "span_replay_ms",
+                                                                      "idle_replay_ms")},
                                                 "host_overhead_ms": host, "host_frac": host / bw["wall_ms"]}])
             gaps[(nt, v)] = host / bw["wall_ms"]
     gm.opts = base

@@ -139,6 +139,7 @@ class GraphEntry:
     memsets_left: int = 0        # memset nodes inside child graphs (not rewritten)
     host_tokens: object = None   # pinned host ids the graph's first node copies in (None: tokens.set per replay)
     done: object = None          # event after the latest replay: its ids were read before host_tokens is rewritten
+    span: object = None          # (timing events) recorded just before and after each replay's graph launch
 
 
 class Weight:
@@ -654,12 +655,26 @@ class GpuModel:
             e.host_tokens[...] = toks
         else:
             e.tokens.set(toks, stream=cur)
+        if e.span is not None:
+            e.span[0].record(cur)
         e.graph.launch(stream=cur)
+        if e.span is not None:
+            e.span[1].record(cur)
         if e.done is not None:
             e.done.record(cur)
+        self._last_graph = e
         e.replays += 1
         self._used = list(e.families)
         return e.out.copy()
+
+    def last_graph_span_ms(self) -> float:
+        """GPU time between the events recorded just before and just after the latest graph launch (call after the
+        replay has finished): the graph's launch latency plus its execution, idle gaps included, at the clocks that
+        replay ran at. NaN when the latest forward was no graph replay."""
+        e = getattr(self, "_last_graph", None)
+        if self.last_mode != "graph" or e is None or e.span is None:
+            return float("nan")
+        return float(gpu.cp().cuda.get_elapsed_time(e.span[0], e.span[1]))
 
     def _capture(self, key: GraphKey, toks) -> GraphEntry:
         """Capture the forward for ``key``: every activation comes from a private memory pool that lives with the
@@ -730,7 +745,8 @@ class GpuModel:
         return GraphEntry(key, g, pool, stream, tok_buf, out, tuple(families), time.perf_counter() - t0, rel,
                           diff == 0.0, pdl_launches=pdl_n, memsets_replaced=rew["replaced"],
                           memsets_left=rew["left"], host_tokens=host,
-                          done=cp.cuda.Event(block=False, disable_timing=True))
+                          done=cp.cuda.Event(block=False, disable_timing=True),
+                          span=(cp.cuda.Event(), cp.cuda.Event()))
 
     def _prepare(self, n: int, all_logits: bool) -> None:
         """Make the lazily built per-weight state (round 7's repacked weights) outside the graph's private pool."""
@@ -784,27 +800,35 @@ class GpuModel:
 def timed_prefill(gm: GpuModel, tokens, repeats: int = 3, warmup: int = 1, graph="opts") -> dict:
     """Wall time of whole prefills (host clock around a synchronized forward), median of repeats; ``mode`` says
     what ran ('graph' | 'eager', the same for every timed forward or an error) and ``fallback`` why a forward
-    that could take a graph ran eager (None otherwise). The warm-up forwards capture the graph when new."""
+    that could take a graph ran eager (None otherwise). The warm-up forwards capture the graph when new.
+
+    A graph replay also gives ``gpu_span_ms`` (median of :meth:`GpuModel.last_graph_span_ms`: from just before its
+    launch to the end of its last node, on the GPU) and ``host_outside_ms`` = wall - that span: the time of the
+    forward the GPU never saw (Python, the host copy of the ids, the synchronization), a difference within the same
+    forwards, so that GPU clocks cancel out of it."""
     cp = gpu.cp()
     tokens = gm._tokens(tokens)       # the ids as an int32 array once, as a caller holding them would pass them
     for _ in range(warmup):
         gm.forward(tokens, graph=graph)
     cp.cuda.runtime.deviceSynchronize()
-    walls, modes = [], set()
+    walls, modes, spans = [], set(), []
     for _ in range(repeats):
         t0 = time.perf_counter()
         gm.forward(tokens, graph=graph)
         cp.cuda.runtime.deviceSynchronize()
         walls.append(time.perf_counter() - t0)
         modes.add(gm.last_mode)
+        spans.append(gm.last_graph_span_ms())
     if len(modes) != 1:
         raise GraphCaptureError(f"timed forwards ran in different modes: {sorted(modes)}")
     w = float(np.median(walls))
     mode = modes.pop()
     want = gm.opts.graph if graph == "opts" else graph
     fallback = gm._graph_refused.get(gm.graph_key(len(tokens))) if (want is None and mode == "eager") else None
+    span = float(np.median(spans)) if mode == "graph" else float("nan")
     return {"n_tokens": len(tokens), "wall_ms": w * 1e3, "tok_per_s": len(tokens) / w,
-            "wall_ms_all": [x * 1e3 for x in walls], "mode": mode, "fallback": fallback}
+            "wall_ms_all": [x * 1e3 for x in walls], "mode": mode, "fallback": fallback,
+            "gpu_span_ms": span, "host_outside_ms": w * 1e3 - span if mode == "graph" else float("nan")}
 
 
 def graph_support() -> str | None:

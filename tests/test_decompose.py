@@ -82,3 +82,26 @@ def test_host_overhead_untraced_takes_the_interleaved_walls():
     t = host_overhead_untraced(thr, bw)
     assert len(t) == 1 and t.rounds[0] == 3 and abs(t.wall_ms[0] - 3.3) < 1e-12        # its model, variant, mode only
     assert abs(t.host_frac[0] - 0.2 / 3.3) < 1e-12 and abs(t.host_overhead_ms[0] - 0.2) < 1e-12
+
+
+def test_host_overhead_from_the_launch_events_cancels_the_clocks():
+    """With the launch's event spans: host time outside the events (wall - span, per forward) plus the GPU idle inside
+    a traced replay's events (span - busy); the older wall - traced busy is kept beside it. A GPU that ran 6% slower
+    in the throughput phase than in the traced one is no host overhead in the new measure."""
+    import pandas as pd
+
+    from labkernels.decompose import host_overhead_untraced
+
+    walls = [10.62, 10.65, 10.60]
+    thr = pd.DataFrame({"model": ["m"] * 3, "nt": [512] * 3, "variant": ["graph-fused"] * 3, "mode": ["graph"] * 3,
+                        "wall_ms": walls, "gpu_span_ms": [w - 0.05 for w in walls],
+                        "host_outside_ms": [0.05, 0.06, 0.04]})
+    bw = pd.DataFrame({"model": ["m"], "nt": [512], "variant": ["graph-fused"], "mode": ["graph"],
+                       "busy_replay_ms": [10.0], "idle_replay_ms": [0.03], "wall_ms": [10.7]})
+    t = host_overhead_untraced(thr, bw).iloc[0]
+    assert t.measure == "outside events + idle inside"
+    assert t.host_overhead_ms == pytest.approx(0.05 + 0.03) and t.host_frac == pytest.approx(0.08 / 10.62)
+    assert t.host_frac_traced_busy == pytest.approx(0.62 / 10.62)        # the clock difference counted as host time
+    # a run without event spans keeps the old measure, and says so
+    t2 = host_overhead_untraced(thr.drop(columns=["gpu_span_ms", "host_outside_ms"]), bw).iloc[0]
+    assert t2.measure == "wall - traced busy" and t2.host_frac == pytest.approx(0.62 / 10.62)
