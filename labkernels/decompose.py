@@ -227,11 +227,10 @@ def host_overhead_untraced(throughput: pd.DataFrame, busy_wall: pd.DataFrame) ->
       clocks differ between them: the synthetic 7B's untraced walls sit 5-7% above its traced replays' whole span at
       nt 512 and 3325 (runs 20261201T160548Z/161314Z) -- GPU time that is no host time;
     * ``host_frac`` (the bar's, where the rows have ``host_outside_ms``): the time each untraced forward spends outside
-      its graph launch's GPU events (wall - event span: Python, the ids' host copy, the synchronization; a
-      difference within one forward, so that clocks cancel), median over rounds, plus the GPU idle inside a traced
-      replay's launch events (event span - busy: the graph's launch latency and the gaps between its nodes; again
-      within one replay), over the median wall. Both parts are time the GPU spent waiting for nothing of this
-      forward's work."""
+      its graph's execution (wall - the span between the graph's first and last nodes, two event records in it:
+      Python, the launch and its latency, the logits copy, the synchronization; a difference within one forward, so
+      that clocks cancel), median over rounds, plus the idle gaps between the nodes of a traced replay (its span -
+      its busy; again within one replay), over the median wall."""
     g = busy_wall[(busy_wall["mode"] == "graph") & busy_wall["busy_replay_ms"].notna()]
     rows = []
     for _, r in g.iterrows():
@@ -285,7 +284,7 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
     bw["span_replay_ms"] = np.nan       # first launch's start to last launch's end of a traced replay
     bw["busy_sum_replay_ms"] = np.nan   # the replay's launch durations summed (= busy when no two overlap)
     gaps = []
-    bw["idle_replay_ms"] = np.nan      # graph mode: event span of the launch minus GPU busy, same traced replay
+    bw["idle_replay_ms"] = np.nan      # graph mode: a traced replay's span minus its GPU busy (the gaps in it)
     if wall["mode"] == "graph":
         busy, bsum, span, idle = [], [], [], []
         for i in range(GRAPH_BUSY_REPLAYS):
@@ -300,8 +299,9 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
                 busy.append(b)
                 bsum.append(sum(r["duration_ns"] for r in recs_g) / 1e6)
                 span.append((max(r["start"] + r["duration_ns"] for r in recs_g) - recs_g[0]["start"]) / 1e6)
-                # the graph's launch latency + its idle gaps: GPU time inside the launch's events not spent busy
-                idle.append(gm.last_graph_span_ms() - b)
+                # the idle gaps between the graph's nodes: first start to last end, not spent busy (CUPTI slows the
+                # traced replay's launch, so its event span is not used)
+                idle.append(span[-1] - b)
                 if i == 0:
                     gaps = replay_gaps(recs_g)
         if busy:     # a traced replay's own wall is not used: CUPTI inflates it (run 20261201T132809Z: 40% at nt=512)

@@ -526,6 +526,18 @@ def host_device_pointer(host) -> np.uint64:
     return np.uint64(int(ptr))
 
 
+def record_in_graph(event, stream) -> None:
+    """Record a CuPy event on a capturing stream as an event-record node of the graph (``cuEventRecordWithFlags``,
+    external): each replay then timestamps it, so that the elapsed time between two such events is the GPU time
+    between those points of the replay."""
+    from cuda.bindings import driver as drv
+
+    (err,) = drv.cuEventRecordWithFlags(drv.CUevent(int(event.ptr)), drv.CUstream(int(stream.ptr)),
+                                        drv.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL)
+    if int(err) != 0:
+        raise GpuError(f"cuEventRecordWithFlags (external, in a capture) failed: {err}")
+
+
 def h2d_async(dst, host, stream) -> None:
     """Copy the pinned numpy array ``host`` into the C-contiguous device array ``dst`` on ``stream`` with the
     runtime's memcpyAsync (which stream capture records as a graph node; CuPy's ``ndarray.set`` refuses to run

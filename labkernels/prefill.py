@@ -139,7 +139,7 @@ class GraphEntry:
     memsets_left: int = 0        # memset nodes inside child graphs (not rewritten)
     host_tokens: object = None   # pinned host ids the graph's first node copies in (None: tokens.set per replay)
     done: object = None          # event after the latest replay: its ids were read before host_tokens is rewritten
-    span: object = None          # (timing events) recorded just before and after each replay's graph launch
+    span: object = None          # (timing events) the graph's first and last nodes: event records inside it
 
 
 class Weight:
@@ -655,11 +655,7 @@ class GpuModel:
             e.host_tokens[...] = toks
         else:
             e.tokens.set(toks, stream=cur)
-        if e.span is not None:
-            e.span[0].record(cur)
         e.graph.launch(stream=cur)
-        if e.span is not None:
-            e.span[1].record(cur)
         if e.done is not None:
             e.done.record(cur)
         self._last_graph = e
@@ -668,8 +664,8 @@ class GpuModel:
         return e.out.copy()
 
     def last_graph_span_ms(self) -> float:
-        """GPU time between the events recorded just before and just after the latest graph launch (call after the
-        replay has finished): the graph's launch latency plus its execution, idle gaps included, at the clocks that
+        """GPU time from the latest replay's first node to its last (both event-record nodes of the graph; call
+        after the replay has finished): its execution, the idle gaps between its nodes included, at the clocks that
         replay ran at. NaN when the latest forward was no graph replay."""
         e = getattr(self, "_last_graph", None)
         if self.last_mode != "graph" or e is None or e.span is None:
@@ -708,13 +704,16 @@ class GpuModel:
                 families = list(self._used)
                 self._used = []
                 ids = gpu.host_device_pointer(host) if self.opts.ids_from_host else tok_buf
+                span = (cp.cuda.Event(), cp.cuda.Event())
                 _capture_begin(stream)
                 pdl0 = gpu.pdl_launch_count()
                 try:
-                    if not self.opts.ids_from_host:   # the graph's first node: the ids, from the pinned buffer
+                    gpu.record_in_graph(span[0], stream)   # the first node: a timing event (last_graph_span_ms)
+                    if not self.opts.ids_from_host:   # then the ids, from the pinned buffer
                         gpu.h2d_async(tok_buf, host, stream)
                     with gpu.programmatic_launches(self.opts.pdl):
                         out = self._forward_device(ids, n, NullTracer(), key.all_logits)
+                    gpu.record_in_graph(span[1], stream)   # and the last
                 except BaseException:
                     _end_capture_quietly(stream)
                     raise
@@ -745,8 +744,7 @@ class GpuModel:
         return GraphEntry(key, g, pool, stream, tok_buf, out, tuple(families), time.perf_counter() - t0, rel,
                           diff == 0.0, pdl_launches=pdl_n, memsets_replaced=rew["replaced"],
                           memsets_left=rew["left"], host_tokens=host,
-                          done=cp.cuda.Event(block=False, disable_timing=True),
-                          span=(cp.cuda.Event(), cp.cuda.Event()))
+                          done=cp.cuda.Event(block=False, disable_timing=True), span=span)
 
     def _prepare(self, n: int, all_logits: bool) -> None:
         """Make the lazily built per-weight state (round 7's repacked weights) outside the graph's private pool."""
@@ -802,10 +800,10 @@ def timed_prefill(gm: GpuModel, tokens, repeats: int = 3, warmup: int = 1, graph
     what ran ('graph' | 'eager', the same for every timed forward or an error) and ``fallback`` why a forward
     that could take a graph ran eager (None otherwise). The warm-up forwards capture the graph when new.
 
-    A graph replay also gives ``gpu_span_ms`` (median of :meth:`GpuModel.last_graph_span_ms`: from just before its
-    launch to the end of its last node, on the GPU) and ``host_outside_ms`` = wall - that span: the time of the
-    forward the GPU never saw (Python, the host copy of the ids, the synchronization), a difference within the same
-    forwards, so that GPU clocks cancel out of it."""
+    A graph replay also gives ``gpu_span_ms`` (median of :meth:`GpuModel.last_graph_span_ms`: from the graph's first
+    node to its last, on the GPU) and ``host_outside_ms`` = wall - that span: the time of the forward outside the
+    graph's execution (Python, the graph launch and its latency, the logits copy, the synchronization), a difference
+    within the same forwards, so that GPU clocks cancel out of it."""
     cp = gpu.cp()
     tokens = gm._tokens(tokens)       # the ids as an int32 array once, as a caller holding them would pass them
     for _ in range(warmup):

@@ -139,9 +139,9 @@ else:
 # walls sit 5-7% above its traced replays' whole span at nt 512 and 3325 (runs 20261201T160548Z/161314Z), which is
 # GPU time, not host time. The issue's figure (`decompose.host_overhead_untraced`, `host_frac`) therefore adds two
 # differences each taken within one forward, so that clocks cancel: the time an untraced forward spends outside its
-# graph launch's GPU events (wall minus event span: Python, the ids' host copy, the synchronization), median over
-# the rounds, plus the GPU idle inside a traced replay's launch events (event span minus busy: the graph's launch
-# latency and the gaps between its nodes). Runs recorded before the event spans keep the older measure (untraced
+# graph's execution (wall minus the GPU time between the graph's first and last nodes, two event records in it:
+# Python, the launch and its latency, the logits copy, the synchronization), median over the rounds, plus the idle
+# gaps between the nodes of a traced replay (its span minus its busy). Runs recorded before the event spans keep the older measure (untraced
 # wall minus traced busy, `host_frac_traced_busy`), and the table says which measure each row is. The plot shows the
 # bar's figure for the graph replays, and the decomposition phase's wall minus busy for the eager baseline (whose
 # overhead is tens of percent, far above either timing's noise).

@@ -226,6 +226,7 @@ def _install_capture(monkeypatch, cp, graph):
     monkeypatch.setattr(prefill, "_destroy", lambda g: None)
     monkeypatch.setattr(graph_nodes, "memsets_to_kernels", lambda g: {"replaced": 0, "bytes": 0, "left": 0})
     monkeypatch.setattr(prefill.gpu, "host_device_pointer", lambda host: host)   # the fake kernels read numpy
+    monkeypatch.setattr(prefill.gpu, "record_in_graph", lambda ev, s: None)
     monkeypatch.setattr(cp, "abs", np.abs, raising=False)
     monkeypatch.setattr(cp, "empty", lambda shape, dtype=np.float32: np.empty(shape, dtype).view(Settable))
 

@@ -314,6 +314,9 @@ def _pdl_ab(m, kernel="auto", nts=(9, 300), replays=8):
         gm.opts = base
         e = _logits(gm, t, graph=False)
         assert all(np.array_equal(x, a[0]) for x in a[1:])
+        gm.opts = base
+        _logits(gm, t)
+        assert 0 < gm.last_graph_span_ms() < 1e3        # the graph's own first-to-last-node events
         assert _rel(a[0], b) <= GRAPH_RTOL and _rel(a[0], e) <= GRAPH_RTOL and a[0].argmax() == e.argmax()
     g = gm.graphs()
     assert sorted(r["pdl"] for r in g) == [False] * len(nts) + [True] * len(nts)
