@@ -163,8 +163,10 @@ def fill_launch(p) -> dict:
 def memsets_to_kernels(graph: int) -> dict:
     """Replace every memset node of a captured graph's top level by a node of the lab's fill kernel with the same
     parameters and the same dependencies (issue 18: a memset node costs the boundaries around it ~5 us at Gemma's
-    prefill, a kernel-to-kernel boundary well under 1 us). Returns {'replaced': n, 'bytes': total, 'left': memsets
-    inside child graphs, which are not touched}. The graph must not be instantiated yet."""
+    prefill, a kernel-to-kernel boundary well under 1 us). A memset node the driver refuses to remove stays as it
+    was (its replacement is taken out again). Returns {'replaced': n, 'bytes': their total, 'left': memset nodes still
+    in the graph (those kept and those inside child graphs, which are not touched), 'kept', 'kept_why'}. The graph
+    must not be instantiated yet."""
     from cuda.bindings import driver as drv
 
     from . import gpu
@@ -172,7 +174,7 @@ def memsets_to_kernels(graph: int) -> dict:
     g = drv.CUgraph(int(graph))
     _, n = _check(drv.cuGraphGetNodes(g, 0), "cuGraphGetNodes")
     nodes, _ = _check(drv.cuGraphGetNodes(g, n), "cuGraphGetNodes") if n else ([], 0)
-    replaced, nbytes, left = 0, 0, 0
+    replaced, nbytes, left, kept = 0, 0, 0, []
     for node in nodes:
         t = _check(drv.cuGraphNodeGetType(node), "cuGraphNodeGetType")
         tname = str(getattr(t, "name", t)).split(".")[-1].replace("CU_GRAPH_NODE_TYPE_", "")
@@ -197,13 +199,21 @@ def memsets_to_kernels(graph: int) -> dict:
         kp.extra = 0
         new = _check(drv.cuGraphAddKernelNode(g, deps, len(deps), kp), "cuGraphAddKernelNode")
         del holders
-        _add_edges(drv, g, [new] * len(outs), outs)
         (err,) = drv.cuGraphDestroyNode(node)
         if int(err) != 0:
-            raise CaptureError(f"cuGraphDestroyNode failed: {err}")
+            # the driver keeps some memset nodes (Gemma's cuBLAS split-K memset: CUDA_ERROR_NOT_SUPPORTED, run
+            # 20261201T162602Z): take the new node out again, the memset node stays as it was
+            (err2,) = drv.cuGraphDestroyNode(new)
+            if int(err2) != 0:
+                raise CaptureError(f"cuGraphDestroyNode of a memset failed ({err}) and its replacement could not be "
+                                   f"removed ({err2})")
+            kept.append(str(getattr(err, "name", err)))
+            continue
+        _add_edges(drv, g, [new] * len(outs), outs)
         replaced += 1
         nbytes += f["bytes"]
-    return {"replaced": replaced, "bytes": nbytes, "left": left}
+    return {"replaced": replaced, "bytes": nbytes, "left": left + len(kept), "kept": len(kept),
+            "kept_why": "; ".join(sorted(set(kept)))}
 
 
 def summarize(nodes: list[dict], regions: dict | None = None) -> dict:

@@ -70,7 +70,8 @@ def test_memsets_become_fill_kernels_that_write_the_same_bytes():
             cp.cuda.runtime.graphExecDestroy(ge)
     finally:
         graph_nodes.destroy(g)
-    assert before["n_memset"] == 4 and rew == {"replaced": 4, "bytes": 101 + 66 + 68 + 400, "left": 0}
+    assert before["n_memset"] == 4 and rew == {"replaced": 4, "bytes": 101 + 66 + 68 + 400, "left": 0, "kept": 0,
+                                               "kept_why": ""}
     assert sm["n_memset"] == 0 and sm["n_kernel"] == before["n_kernel"] + 4
     assert sum("fill_kernel" in r["name"] for r in after) == 4
     assert np.array_equal(cp.asnumpy(b), want)
