@@ -219,18 +219,18 @@ GRAPH_BUSY_REPLAYS = 5
 
 def host_overhead_untraced(throughput: pd.DataFrame, busy_wall: pd.DataFrame) -> pd.DataFrame:
     """Host overhead of the graph forwards of a prefill_graph run, per (model, nt, variant) of the graph rows of
-    ``busy_wall``, from the interleaved throughput rounds (``rounds`` of them, each a median of its repeats, timed
-    before any tracing in that process):
+    ``busy_wall``: the median wall of the interleaved throughput rounds (``rounds`` of them, each a median of its
+    repeats, timed before any tracing in that process) minus the median GPU busy of the traced replays (the union of
+    their launch intervals), over that wall -- ``host_frac``, the issue's wall minus busy.
 
-    * ``host_frac_traced_busy`` (the measure up to run 20261201T161314Z): the median untraced wall minus the median
-      GPU busy of the traced replays, over the wall. The two come from different phases of the process, and the GPU
-      clocks differ between them: the synthetic 7B's untraced walls sit 5-7% above its traced replays' whole span at
-      nt 512 and 3325 (runs 20261201T160548Z/161314Z) -- GPU time that is no host time;
-    * ``host_frac`` (the bar's, where the rows have ``host_outside_ms``): the time each untraced forward spends outside
-      its graph's execution (wall - the span between the graph's first and last nodes, two event records in it:
-      Python, the launch and its latency, the logits copy, the synchronization; a difference within one forward, so
-      that clocks cancel), median over rounds, plus the idle gaps between the nodes of a traced replay (its span -
-      its busy; again within one replay), over the median wall."""
+    Where the rows have the graph's own execution span (two event-record nodes in it, runs from 20261201T162640Z on),
+    the figure splits into ``host_outside_ms`` (wall - that span, median over rounds: Python, the launch and its
+    latency, the logits copy, the synchronization -- a difference within each untraced forward) and
+    ``graph_idle_ms`` (that span - the traced busy: the gaps between the graph's nodes, untraced). GPU clocks can
+    differ between the two phases: where the untraced GPU ran slower (the synthetic 7B's sustained runs, 5-7% at nt
+    512 and 3325), ``graph_idle_ms`` and the whole figure count GPU time as host time; ``graph_idle_traced_ms`` is the
+    traced replays' own gaps (span - busy in one replay; CUPTI lengthens them: Gemma 0.25 ms against 0.07 untraced
+    at nt=512, run 20261201T163146Z)."""
     g = busy_wall[(busy_wall["mode"] == "graph") & busy_wall["busy_replay_ms"].notna()]
     rows = []
     for _, r in g.iterrows():
@@ -241,17 +241,14 @@ def host_overhead_untraced(throughput: pd.DataFrame, busy_wall: pd.DataFrame) ->
         if t.empty:
             continue
         w = float(t["wall_ms"].median())
+        b = float(r["busy_replay_ms"])
         row = {"model": r.get("model"), "nt": int(r["nt"]), "variant": r["variant"], "wall_ms": w,
-               "rounds": len(t), "busy_ms": float(r["busy_replay_ms"]),
-               "host_frac_traced_busy": (w - r["busy_replay_ms"]) / w}
-        idle = r.get("idle_replay_ms", np.nan)
-        if "host_outside_ms" in t.columns and t["host_outside_ms"].notna().all() and np.isfinite(idle):
+               "rounds": len(t), "busy_ms": b, "host_overhead_ms": w - b, "host_frac": (w - b) / w,
+               "host_outside_ms": np.nan, "graph_idle_ms": np.nan,
+               "graph_idle_traced_ms": float(r.get("idle_replay_ms", np.nan))}
+        if "host_outside_ms" in t.columns and t["host_outside_ms"].notna().all():
             outside = float(t["host_outside_ms"].median())
-            row.update(host_outside_ms=outside, graph_idle_ms=float(idle), host_overhead_ms=outside + float(idle),
-                       host_frac=(outside + float(idle)) / w, measure="outside events + idle inside")
-        else:
-            row.update(host_outside_ms=np.nan, graph_idle_ms=np.nan, host_overhead_ms=w - r["busy_replay_ms"],
-                       host_frac=(w - r["busy_replay_ms"]) / w, measure="wall - traced busy")
+            row.update(host_outside_ms=outside, graph_idle_ms=w - outside - b)
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -174,6 +174,15 @@ def memsets_to_kernels(graph: int) -> dict:
     g = drv.CUgraph(int(graph))
     _, n = _check(drv.cuGraphGetNodes(g, 0), "cuGraphGetNodes")
     nodes, _ = _check(drv.cuGraphGetNodes(g, n), "cuGraphGetNodes") if n else ([], 0)
+    n_memset = sum(1 for r in census(int(graph)) if r["type"] == "MEMSET")
+    # can nodes of this graph be removed at all? (Gemma's graphs, with cuBLAS's nodes in them, refuse every
+    # cuGraphDestroyNode: CUDA_ERROR_NOT_SUPPORTED, runs 20261201T162602Z / 163146Z) -- probed on an empty node of
+    # its own, which stays behind as a harmless root when the answer is no
+    probe = _check(drv.cuGraphAddEmptyNode(g, [], 0), "cuGraphAddEmptyNode")
+    (err,) = drv.cuGraphDestroyNode(probe)
+    if int(err) != 0:
+        return {"replaced": 0, "bytes": 0, "left": n_memset, "kept": n_memset,
+                "kept_why": f"cuGraphDestroyNode: {getattr(err, 'name', err)} in this graph"}
     replaced, nbytes, left, kept = 0, 0, 0, []
     for node in nodes:
         t = _check(drv.cuGraphNodeGetType(node), "cuGraphNodeGetType")

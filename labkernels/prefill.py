@@ -74,7 +74,8 @@ class PrefillOptions:
                                       # eager forwards launch normally either way
     memsets_as_kernels: bool = True   # in a captured graph, the memset nodes of cuBLAS (split-K counters) and cuDNN
                                       # (its workspace flag) become the lab's fill kernel with the same parameters
-                                      # (graph_nodes.memsets_to_kernels): a memset node costs ~5 us of idle GPU
+                                      # (graph_nodes.memsets_to_kernels; a graph whose nodes cannot be removed, as
+                                      # Gemma's with cuBLAS in it, keeps them): a memset node costs ~5 us idle GPU
     ids_from_host: bool = True        # a captured graph's embedding reads the token ids from the pinned host buffer
                                       # (no host-to-device copy node at its start: ~31 us before the first kernel)
     graph: bool | None = None         # CUDA-graph capture of the whole forward per (model, nt, options): True =

@@ -135,16 +135,17 @@ else:
 
 # %% [markdown]
 # Two timings of the same graph replay sit on this page: the interleaved throughput rounds (untraced, back to back)
-# and the traced replays of the decomposition. GPU clocks differ between the two phases: the synthetic 7B's untraced
-# walls sit 5-7% above its traced replays' whole span at nt 512 and 3325 (runs 20261201T160548Z/161314Z), which is
-# GPU time, not host time. The issue's figure (`decompose.host_overhead_untraced`, `host_frac`) therefore adds two
-# differences each taken within one forward, so that clocks cancel: the time an untraced forward spends outside its
-# graph's execution (wall minus the GPU time between the graph's first and last nodes, two event records in it:
-# Python, the launch and its latency, the logits copy, the synchronization), median over the rounds, plus the idle
-# gaps between the nodes of a traced replay (its span minus its busy). Runs recorded before the event spans keep the older measure (untraced
-# wall minus traced busy, `host_frac_traced_busy`), and the table says which measure each row is. The plot shows the
-# bar's figure for the graph replays, and the decomposition phase's wall minus busy for the eager baseline (whose
-# overhead is tens of percent, far above either timing's noise).
+# and the traced replays of the decomposition. The issue's figure (`decompose.host_overhead_untraced`, `host_frac`)
+# is the median untraced interleaved wall minus the median GPU busy of five traced replays (the union of their launch
+# intervals, so that overlapping programmatic launches count once). From run 20261201T162640Z on, two event-record
+# nodes inside each graph split it: `host_outside_ms` (wall minus the graph's own execution span, per untraced
+# forward: Python, the launch and its latency, the logits copy, the synchronization) and `graph_idle_ms` (that span
+# minus the traced busy: the gaps between the nodes). Two caveats, both measured: GPU clocks differ between the two
+# phases -- the synthetic 7B's sustained untraced runs are 5-7% slower than its traced replays at nt 512 and 3325, so
+# for it `graph_idle_ms` and the whole figure count GPU time as host time -- and CUPTI lengthens the traced replays'
+# own gaps (`graph_idle_traced_ms`; Gemma at nt=512: 0.25 ms traced against 0.07 ms untraced). The plot shows the
+# figure for the graph replays, and the decomposition phase's wall minus busy for the eager baseline (whose overhead
+# is tens of percent, far above either timing's noise).
 
 # %%
 from labkernels.decompose import host_overhead_untraced
@@ -162,7 +163,7 @@ else:
                          {"wall_ms": "{:.2f}", "busy_ms": "{:.2f}", "host_overhead_ms": "{:.2f}", "host_frac": "{:.1%}",
                           "host_frac_untraced": "{:.1%}"},
                          caption=f"{model}: wall vs GPU busy, run {grun.run_id} ({peers.run_gpu_name(grun)}); host_frac: "
-                                 "the decomposition phase's wall - busy; host_frac_untraced: the bar's measure (see above)"))
+                                 "the decomposition phase's wall - busy; host_frac_untraced: the interleaved walls (the bar's)"))
     fb = (grun.meta.get("summary") or {}).get("graph_fallbacks") or []
     print(f"graph fallbacks: {len(fb)}" + (f" -- e.g. nt={fb[0]['nt']}: {fb[0]['reason']}" if fb else " (every nt replayed a graph)"))
     fig, ax = plt.subplots(figsize=(8, 3.6))
@@ -218,12 +219,13 @@ for r in records.list_runs("prefill"):
 if hrows:
     ht = pd.DataFrame(hrows)
     display(report.table(ht[["run", "gpu", "dense_path", "variant", "pdl", "memsets_as_kernels", "ids_from_host", "nt",
-                             "rounds", "wall_ms", "busy_ms", "measure", "host_overhead_ms", "host_frac",
-                             "host_frac_traced_busy"]],
+                             "rounds", "wall_ms", "busy_ms", "host_overhead_ms", "host_outside_ms", "graph_idle_ms",
+                             "graph_idle_traced_ms", "host_frac"]],
                          {"wall_ms": "{:.3f}", "busy_ms": "{:.3f}", "host_overhead_ms": "{:.3f}", "host_frac": "{:.1%}",
-                          "host_frac_traced_busy": "{:.1%}"},
-                         caption=f"{model}: graph replays, host overhead per recorded run (the run id names its commit; "
-                                 "measure: which of the two measures above the run allows)"))
+                          "host_outside_ms": "{:.3f}", "graph_idle_ms": "{:.3f}", "graph_idle_traced_ms": "{:.3f}"},
+                         caption=f"{model}: graph replays, untraced interleaved wall minus traced busy per recorded run "
+                                 "(the run id names its commit; outside / idle: the split, where the run has the graph's "
+                                 "event span)"))
 else:
     print(f"no recorded graph replay of {model} with traced busy")
 

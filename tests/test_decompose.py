@@ -1,5 +1,6 @@
 """Round 5 arithmetic on CPU: classes from tagged launch records, busy vs wall, the priced queue."""
 import pandas as pd
+import numpy as np
 import pytest
 
 from labkernels import decompose as D
@@ -84,24 +85,23 @@ def test_host_overhead_untraced_takes_the_interleaved_walls():
     assert abs(t.host_frac[0] - 0.2 / 3.3) < 1e-12 and abs(t.host_overhead_ms[0] - 0.2) < 1e-12
 
 
-def test_host_overhead_from_the_launch_events_cancels_the_clocks():
-    """With the launch's event spans: host time outside the events (wall - span, per forward) plus the GPU idle inside
-    a traced replay's events (span - busy); the older wall - traced busy is kept beside it. A GPU that ran 6% slower
-    in the throughput phase than in the traced one is no host overhead in the new measure."""
+def test_host_overhead_splits_into_outside_and_inside_the_graph():
+    """With the graph's own event span: wall - traced busy splits into the time outside the graph's execution (per
+    untraced forward) and the idle inside it; the traced replays' own gaps are kept beside them."""
     import pandas as pd
 
     from labkernels.decompose import host_overhead_untraced
 
-    walls = [10.62, 10.65, 10.60]
+    walls = [3.36, 3.35, 3.34]
     thr = pd.DataFrame({"model": ["m"] * 3, "nt": [512] * 3, "variant": ["graph-fused"] * 3, "mode": ["graph"] * 3,
-                        "wall_ms": walls, "gpu_span_ms": [w - 0.05 for w in walls],
-                        "host_outside_ms": [0.05, 0.06, 0.04]})
+                        "wall_ms": walls, "gpu_span_ms": [w - 0.12 for w in walls],
+                        "host_outside_ms": [0.12, 0.13, 0.11]})
     bw = pd.DataFrame({"model": ["m"], "nt": [512], "variant": ["graph-fused"], "mode": ["graph"],
-                       "busy_replay_ms": [10.0], "idle_replay_ms": [0.03], "wall_ms": [10.7]})
+                       "busy_replay_ms": [3.15], "idle_replay_ms": [0.25], "wall_ms": [3.4]})
     t = host_overhead_untraced(thr, bw).iloc[0]
-    assert t.measure == "outside events + idle inside"
-    assert t.host_overhead_ms == pytest.approx(0.05 + 0.03) and t.host_frac == pytest.approx(0.08 / 10.62)
-    assert t.host_frac_traced_busy == pytest.approx(0.62 / 10.62)        # the clock difference counted as host time
-    # a run without event spans keeps the old measure, and says so
+    assert t.host_overhead_ms == pytest.approx(0.20) and t.host_frac == pytest.approx(0.20 / 3.35)
+    assert t.host_outside_ms == pytest.approx(0.12) and t.graph_idle_ms == pytest.approx(0.08)
+    assert t.host_outside_ms + t.graph_idle_ms == pytest.approx(t.host_overhead_ms)
+    assert t.graph_idle_traced_ms == 0.25
     t2 = host_overhead_untraced(thr.drop(columns=["gpu_span_ms", "host_outside_ms"]), bw).iloc[0]
-    assert t2.measure == "wall - traced busy" and t2.host_frac == pytest.approx(0.62 / 10.62)
+    assert np.isnan(t2.host_outside_ms) and t2.host_frac == pytest.approx(0.20 / 3.35)
