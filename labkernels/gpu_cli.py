@@ -125,14 +125,16 @@ from .prefill import FUSIONS  # noqa: E402  (the fusion flags; prefill needs no 
 
 GRAPH_VARIANTS = {"eager-unfused": {"graph": False, **{f: False for f in FUSIONS}},
                   "eager-fused": {"graph": False},
-                  # the graph as round 7 left it: normal launches, the memset and token-copy nodes kept
-                  "graph-fused-plain": {"graph": None, "pdl": False, "memsets_as_kernels": False, "ids_from_host": False},
+                  # the graph as round 7 left it (the defaults): normal launches, memset and token-copy nodes kept
+                  "graph-fused": {"graph": None},
                   # + programmatic launches of the lab's kernels
-                  "graph-fused-pdl": {"graph": None, "memsets_as_kernels": False, "ids_from_host": False},
-                  # + memset nodes as fill kernels and the ids read from the pinned buffer (the defaults)
-                  "graph-fused": {"graph": None}}
+                  "graph-fused-pdl": {"graph": None, "pdl": True},
+                  # + memset nodes as fill kernels and the ids read from the pinned buffer
+                  "graph-fused-pdl-nodes": {"graph": None, "pdl": True, "memsets_as_kernels": True, "ids_from_host": True}}
+#: the graph options a variant may set (their defaults are recorded with each prefill_graph run)
+GRAPH_OPTIONS = ("pdl", "memsets_as_kernels", "ids_from_host")
 #: the variants whose decomposition (host overhead as a class, the replay's launch gaps) is recorded
-GRAPH_DECOMPOSE_VARIANTS = ("eager-unfused", "graph-fused-plain", "graph-fused-pdl", "graph-fused")
+GRAPH_DECOMPOSE_VARIANTS = ("eager-unfused", "graph-fused", "graph-fused-pdl", "graph-fused-pdl-nodes")
 GRAPH_NTS = (64, 128, 512, 1024, 3325)
 GRAPH_DECOMPOSE_NTS = (64, 512, 3325)
 
@@ -248,7 +250,9 @@ def step_prefill_graph(out: Path, args) -> dict:
     for spec in models:
         label = spec if spec in prefill_cli.SYNTHETIC else "gemma-3-270m-q4_k_m"
         params = {"what": "graph", "model": label, "nts": list(GRAPH_NTS), "decompose_nts": list(GRAPH_DECOMPOSE_NTS),
-                  "variants": GRAPH_VARIANTS, "attn_f16": True, "kernel": args.kernel,
+                  "variants": GRAPH_VARIANTS,
+                  "option_defaults": {f: getattr(PrefillOptions(), f) for f in GRAPH_OPTIONS},
+                  "attn_f16": True, "kernel": args.kernel,
                   "dense_path": gpu.DENSE_PATH, "cudnn_plan": attention.CUDNN_PLAN}
         with records.recording("prefill", params, root=out / "data") as run:
             m = prefill_cli.load_model(spec)

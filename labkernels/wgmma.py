@@ -1002,6 +1002,48 @@ def trace_summary(rows):
     return g.sort_values("event", key=lambda s: s.map(order)).reset_index(drop=True)
 
 
+def trace_phases(rows, od: int, id_: int, nt: int):
+    """Per CTA and segment of a traced launch (:func:`trace_rows` rows, several variants allowed): its role in the
+    schedule (``owner``: holds the tile's k = 0 and stores it; ``helper``: writes partial sums; ``whole``: the whole
+    tile), super-block iterations, and its phases in us: ``fill`` (segment start to the first activation tile, first
+    segment only), ``main`` (to the end of the main loop), ``finish`` (the fix-up and the store: partial sums written,
+    or the helpers' waited for, folded in and Y stored); ``start_us`` / ``end_us`` from the launch's first entry;
+    ``cycles_per_iter`` of the main loop (clock64) and the SM clock ``mhz`` over the CTA's launch (clock64 cycles per
+    globaltimer us)."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    out = []
+    for v, g in df.groupby("variant"):
+        _, p = variant_params(v, "q4_K")
+        bn, sk = p["BN"], p["SK"]
+        ncta = g.cta.nunique()
+        I = id_ // QK
+        tiles = ((od + 127) // 128) * ((nt + bn - 1) // bn)
+        nc, dp = schedule(sk, nt, od, id_, bn, ncta)
+        if nc != ncta:
+            raise WgmmaError(f"{v}: {ncta} CTAs traced, the schedule at nt={nt}, od={od}, id={id_} has {nc}")
+        for c, gc in g.groupby("cta"):
+            ev = gc.set_index("event")
+            segs = segments(ncta, int(c), I, tiles, dp)
+            last = ev.loc["seg0_done", "cta_us"] if "seg0_done" in ev.index else np.nan
+            mhz = ev.loc["seg0_mma_end", "cycles"] / ev.loc["seg0_mma_end", "cta_us"] if "seg0_mma_end" in ev.index \
+                else np.nan
+            for si, (tile, klo, khi) in enumerate(segs):
+                if f"seg{si}_done" not in ev.index:
+                    break
+                t0 = ev.loc[f"seg{si}_start"]
+                ft = ev.loc["first_tile"] if si == 0 else t0
+                me, dn = ev.loc[f"seg{si}_mma_end"], ev.loc[f"seg{si}_done"]
+                owns = klo == 0
+                role = "whole" if (owns and khi == I) else ("owner" if owns else "helper")
+                out.append({"variant": v, "cta": int(c), "seg": si, "tile": tile, "role": role, "iters": khi - klo,
+                            "start_us": t0.t_us, "end_us": dn.t_us, "fill_us": ft.cta_us - t0.cta_us,
+                            "main_us": me.cta_us - ft.cta_us, "finish_us": dn.cta_us - me.cta_us,
+                            "cycles_per_iter": (me.cycles - ft.cycles) / max(1, khi - klo), "mhz": mhz})
+    return pd.DataFrame(out)
+
+
 def trace_launch(w: WgWeight, x16, BN: int = 128, STAGES: int = 4, SCL: int = 0, SK: int = 0, warmup: int = 2):
     """Exploratory: the per-CTA phase stamps (:func:`trace_rows`) of one register-form launch, from a
     ``-DLK_EXP_TRACE`` build (its own cubin: the plain build stays as it is), after ``warmup`` launches of it.

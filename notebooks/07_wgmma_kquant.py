@@ -224,6 +224,68 @@ else:
     plt.show()
 
 # %% [markdown]
+# **Where a launch's time goes, CTA by CTA.** An exploratory build (`-DLK_EXP_TRACE`, its own cubin: the plain kernel is
+# unchanged) has each CTA's first consumer thread stamp `%globaltimer` and `clock64` at its entry, setup, the first
+# activation tile's arrival and, per segment, its start, the end of its main loop and the end of its fix-up and store
+# (`gpu-check --steps wgmma_trace`, q4_K 4096×4096 at nt=512; `wgmma.trace_phases` gives each segment its role in the
+# schedule). The stamps cost a few global stores per CTA.
+
+# %%
+tr = records.latest("wgmma", where=lambda r: r.has("trace"))
+if tr is None:
+    print("no per-CTA trace recorded (gpu-check --steps wgmma_trace)")
+else:
+    tp = tr.meta.get("params") or {}
+    ph = wgmma.trace_phases(tr.table("trace").to_dict("records"), tp.get("od", 4096), tp.get("id", 4096), tp.get("nt", 512))
+    tsum = (ph.groupby(["variant", "seg", "role"])
+              .agg(segments=("cta", "size"), iters=("iters", "median"), fill_us=("fill_us", "median"),
+                   main_us=("main_us", "median"), finish_us=("finish_us", "median"),
+                   finish_us_max=("finish_us", "max"), last_end_us=("end_us", "max"),
+                   cycles_per_iter=("cycles_per_iter", "median"), sm_mhz=("mhz", "median")).reset_index())
+    display(report.table(tsum, {"fill_us": "{:.2f}", "main_us": "{:.2f}", "finish_us": "{:.2f}",
+                                "finish_us_max": "{:.2f}", "last_end_us": "{:.1f}", "cycles_per_iter": "{:,.0f}",
+                                "sm_mhz": "{:,.0f}", "iters": "{:.1f}"},
+                         caption=f"per-CTA phases of one launch, medians over the CTAs of each role ({report.source(tr)}); "
+                                 "iters = 256-k super-blocks; cycles_per_iter = main-loop clock64 cycles per super-block "
+                                 "(the tensor pipe's rate: 4096 for BN=256, 2048 for BN=128); sm_mhz = clock64 over "
+                                 "globaltimer"))
+    sk = ph[ph.variant.str.endswith("_sk")].sort_values(["cta", "seg"])
+    if len(sk):
+        from matplotlib.patches import Patch
+
+        fig, ax = plt.subplots(figsize=(10, 4.4))
+        cols = {"fill": "0.75", "main": plotting.color("wgmma_kq"), "helper": plotting.color("cublas_f16_cached"),
+                "owner": plotting.color("issue"), "whole": plotting.color("issue")}
+        for r in sk.itertuples():
+            a = r.start_us
+            ax.barh(r.cta, r.fill_us, left=a, color=cols["fill"], height=.9, lw=0)
+            ax.barh(r.cta, r.main_us, left=a + r.fill_us, color=cols["main"], height=.9, lw=0)
+            ax.barh(r.cta, r.finish_us, left=a + r.fill_us + r.main_us, color=cols[r.role], height=.9, lw=0)
+        ax.legend(handles=[Patch(color=cols["fill"], label="waiting for the first activation tile"),
+                           Patch(color=cols["main"], label="main loop (wgmma)"),
+                           Patch(color=cols["helper"], label="helper: partial sums written"),
+                           Patch(color=cols["owner"], label="owner: helpers waited for, folded in, Y stored")],
+                  fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), framealpha=.95)
+        ax.set_xlabel("time from the launch's first CTA entry [us]"); ax.set_ylabel("CTA")
+        ax.set_title(f"{sk.variant.iloc[0]}, q4_K 4096x4096, nt=512: each CTA's segments ({report.source(tr)})", fontsize=9)
+        ax.grid(axis="x", alpha=.3)
+        plt.show()
+
+# %% [markdown]
+# Measured (trace run 20261201T155423Z, cost scan 20261201T155450Z, both at commit 5b08b8f): in the stream-K BN=256
+# launch the main loop runs at 4,145 clock64 cycles per super-block against the tensor pipe's 4,096 — **~99% of the
+# pipe's rate at the clock it ran at** (~1.53 GHz by clock64 over globaltimer, below the 1.83 GHz the 989 TFLOPS
+# figure assumes). What the launch loses at nt=512 is around the loop: each CTA waits ~1.5 us for its first
+# activation tile, and the tile's owner waits for its helper's partial sums (the helper writes them in ~2.7 us after
+# its own loop), folds them in and stores Y: ~6.5 us (max 7.9) after its loop ends, on the critical path. The
+# ablations agree: without the fix-up the launch takes 32.4 us, without the store 31.2 us, against 35.6 us for the
+# plain build and 28.4 us for cuBLAS in the same run. The data-parallel BN=128 launch has no fix-up (store 1.9 us)
+# but its loop runs at 2,973 cycles per super-block against the pipe's 2,048 (69%): at 128 tokens a chunk's
+# conversion is not hidden behind its wgmmas. Next: a shorter serial epilogue — the owner and its helper each
+# folding and storing half the tile's rows, the partial sums through distributed shared memory in a 2-CTA cluster
+# instead of L2, a TMA store from shared memory — and an earlier first tile.
+
+# %% [markdown]
 # ## The shared-memory form: conversion off the consumers' chain
 #
 # **Why, and the prediction (written before the measurement).** The counters below say the register form's two
@@ -331,14 +393,11 @@ else:
 # ~1 super-block of fill and fix-up per segment; the cost scan above (run 20261201T143621Z; 20261201T110331Z before
 # it agrees) puts the intercept of a stream-K BN=256 launch at 10.8 us against cuBLAS's 6.7 us — about 3.5
 # super-blocks of one CTA's main loop — and its slope at 5.90 ns per unit of k against cuBLAS's 5.29 (+12%; the
-# data-parallel BN=128 launch has cuBLAS's intercept, 7.2 us, and a 33% steeper slope, 7.05 ns). **Whether the
-# stream-K fix-up or the output store is part of that cost is not known yet.** Both cost scans recorded so far
-# (20261201T110331Z and 143621Z) timed "ablation builds" without the fix-up and without the store at 35.2–36.0 us
-# against 35.4–36.0 us, but neither build got its -D flag: the in-process cubin cache was first keyed by the source
-# alone, and after that fix (commit 6ccc2725a1) the reading of the flags from the environment was itself cached. Both
-# times the "ablations" were the plain kernel, which is why they matched it; the fix after commit 9ceeaf9 passes the
-# flags to each build explicitly and a CPU test builds the kernel with and without one and checks the two cubins
-# differ. An earlier version of this paragraph drew a conclusion from those rows; it is withdrawn. At nt=4096 the
+# data-parallel BN=128 launch has cuBLAS's intercept, 7.2 us, and a 33% steeper slope, 7.05 ns). The cost scans up to
+# 20261201T143621Z also timed "ablation builds" that did not get their -D flags (a cache bug, fixed after commit
+# 9ceeaf9), so their "ablations" were the plain kernel; the conclusion an earlier version of this paragraph drew from
+# them is withdrawn. The valid ablations and the per-CTA trace (above, runs 20261201T155450Z / 155423Z) now put the
+# extra intercept in the stream-K epilogue: fix-up 3.2 us, store 4.4 us of the 35.6 us launch. At nt=4096 the
 # scheduler changes nothing measurable (whole waves stay data-parallel; the best point per shape is 0.87–1.03×
 # cuBLAS in that run).
 #
@@ -350,8 +409,8 @@ else:
 # and the scale-plane experiment above, four changes to what feeds the consumers moved nt=512 by at most a few
 # percent; the register form's own convert → wgmma → wait chain per warpgroup (two per SM) is the remaining
 # suspect, not a measured cause. Not tried: ping-pong consumers on different tiles, clusters with TMA multicast of
-# the activations, the L2 prefetch (for real), and a per-CTA phase trace (prepared: `gpu-check --steps
-# wgmma_trace`) that would say where a stream-K CTA's extra ~4 us goes.
+# the activations, the L2 prefetch (for real). The per-CTA trace (above) has since said where a stream-K launch's
+# extra time goes: its serial epilogue, not the main loop.
 
 # %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process

@@ -225,6 +225,7 @@ def _install_capture(monkeypatch, cp, graph):
     monkeypatch.setattr(prefill, "_instantiate", lambda g: g)
     monkeypatch.setattr(prefill, "_destroy", lambda g: None)
     monkeypatch.setattr(graph_nodes, "memsets_to_kernels", lambda g: {"replaced": 0, "bytes": 0, "left": 0})
+    monkeypatch.setattr(graph_nodes, "census", lambda g: [])
     monkeypatch.setattr(prefill.gpu, "host_device_pointer", lambda host: host)   # the fake kernels read numpy
     monkeypatch.setattr(prefill.gpu, "record_in_graph", lambda ev, s: None)
     monkeypatch.setattr(cp, "abs", np.abs, raising=False)
@@ -518,12 +519,12 @@ def test_graph_ab_records_every_variant(monkeypatch, tiny, tmp_path):
     assert len(th) == 2 * 2 * len(gpu_cli.GRAPH_VARIANTS) and set(th.variant) == set(gpu_cli.GRAPH_VARIANTS)
     assert set(th.kernel) == {f"auto {v}" for v in gpu_cli.GRAPH_VARIANTS}   # round 5's notebook groups by kernel
     graphs = [v for v, o in gpu_cli.GRAPH_VARIANTS.items() if o["graph"] is not False]
-    assert set(graphs) == {"graph-fused", "graph-fused-pdl", "graph-fused-plain"}
+    assert set(graphs) == {"graph-fused", "graph-fused-pdl", "graph-fused-pdl-nodes"}
     V = gpu_cli.GRAPH_VARIANTS
-    assert V["graph-fused"] == {"graph": None}           # the defaults: PDL, memsets as kernels, ids from the host
-    assert V["graph-fused-plain"]["pdl"] is False and "pdl" not in V["graph-fused-pdl"]
-    assert all(V[v]["memsets_as_kernels"] is False and V[v]["ids_from_host"] is False
-               for v in ("graph-fused-plain", "graph-fused-pdl"))
+    assert V["graph-fused"] == {"graph": None}           # the defaults: none of the three graph changes
+    assert not any(getattr(PrefillOptions(), f) for f in gpu_cli.GRAPH_OPTIONS)
+    assert V["graph-fused-pdl"] == {"graph": None, "pdl": True}
+    assert all(V["graph-fused-pdl-nodes"][f] is True for f in gpu_cli.GRAPH_OPTIONS)
     g = th[th.variant.isin(graphs)]
     assert (g["mode"] == "eager").all() and g.fallback.str.contains("stream capture").all()
     rest = th[~th.variant.isin(graphs)]

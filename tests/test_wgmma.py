@@ -310,3 +310,40 @@ def test_bench_runs_end_to_end_on_the_cpu_shim(monkeypatch, tmp_path):
     b = run.table("wgmma_bench")
     assert len(b) == len(rows) and set(b.pair) == {0, 1}
     assert {"cublas_f16_cached", "int8_q4k_nb", "int8_q6k_expb"} <= set(b.variant)
+
+
+def test_trace_phases_roles_and_durations():
+    """trace_phases on synthetic stamps of a stream-K launch: each CTA's segments get the schedule's roles (a tile's
+    k = 0 holder is its owner, the rest helpers), and fill / main / finish are the differences of its stamps."""
+    from labkernels import wgmma
+
+    od, id_, nt, bn = 256, 1024, 256, 256        # 2 tiles x 4 super-blocks over 3 CTAs: ranges of 2-3 iterations
+    ncta, dp = wgmma.schedule(1, nt, od, id_, bn, 3)
+    assert (ncta, dp) == (3, 0)
+    E = len(wgmma.TRACE_EVENTS)
+    ns = np.zeros((ncta, E + 1), np.uint64)
+    clk = np.zeros_like(ns)
+    tiles = 2
+    for c in range(ncta):
+        segs = wgmma.segments(ncta, c, 4, tiles, dp)
+        t0 = 1_000_000 + 100 * c
+        ns[c, :3] = [t0, t0 + 100, t0 + 2_000]                   # entry, setup, first tile 2 us in
+        clk[c, :3] = [1, 161, 3_201]
+        t = t0 + 500
+        for si, (tile, klo, khi) in enumerate(segs):
+            e = 3 + 3 * si
+            main_end = max(t, t0 + 2_000) + 1_000 * (khi - klo)   # 1 us per super-block
+            ns[c, e:e + 3] = [t, main_end, main_end + (3_000 if klo == 0 else 700)]
+            clk[c, e:e + 3] = [(t - t0) * 1.6 + 1, (main_end - t0) * 1.6 + 1, (main_end - t0) * 1.6 + 9]
+            t = main_end + 800
+    rows = [{"variant": "wgmma_bn256_s4_scl0_sk", **r} for r in wgmma.trace_rows(ns, clk)]
+    ph = wgmma.trace_phases(rows, od, id_, nt)
+    want = [(c, si, "owner" if klo == 0 else "helper", khi - klo) for c in range(ncta)
+            for si, (_, klo, khi) in enumerate(wgmma.segments(ncta, c, 4, tiles, dp))]
+    assert [(r.cta, r.seg, r.role, r.iters) for r in ph.itertuples()] == want
+    first = ph[ph.seg == 0]
+    assert np.allclose(first.fill_us, 1.5) and np.allclose(first.main_us, first.iters * 1.0)
+    assert np.allclose(ph[ph.role == "owner"].finish_us, 3.0) and np.allclose(ph[ph.role == "helper"].finish_us, 0.7)
+    assert np.allclose(first.mhz, 1600, rtol=1e-3)
+    with pytest.raises(wgmma.WgmmaError, match="CTAs traced"):    # a data-parallel grid there has 2 CTAs, not 3
+        wgmma.trace_phases([dict(r, variant="wgmma_bn256_s4_scl0") for r in rows], od, id_, nt)

@@ -295,7 +295,8 @@ def test_graph_vs_eager_gemma(model):
 
 
 def _pdl_ab(m, kernel="auto", nts=(9, 300), replays=8):
-    """The graph with programmatic launches (the default) against the same forward captured without them: every
+    """The graph with programmatic launches (and the memset / ids rewrites) against the same forward captured
+    without programmatic launches: every
     replay bitwise the same (a kernel that read its predecessor's output early would make replays differ), equal to
     the non-PDL graph and to eager within GRAPH_RTOL, and the capture counted its programmatic launches."""
     import dataclasses
@@ -303,7 +304,8 @@ def _pdl_ab(m, kernel="auto", nts=(9, 300), replays=8):
     from labkernels.prefill import GRAPH_RTOL, GpuModel, PrefillOptions
     from labkernels.prefill_cli import prompt_tokens
 
-    base = PrefillOptions(graph=True, kernel=kernel, attn_f16=True)
+    base = PrefillOptions(graph=True, kernel=kernel, attn_f16=True, pdl=True, memsets_as_kernels=True,
+                          ids_from_host=True)
     gm = GpuModel(m, opts=base)
     for nt in nts:
         t = prompt_tokens(m, nt, seed=3)
