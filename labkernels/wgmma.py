@@ -659,7 +659,8 @@ class _Workspace:
         cp = _cp()
         key = (cp.cuda.Device().id, stream)
         if key not in self._by:
-            self._by[key] = (cp.empty(max_cta * 256 * 128, cp.float32), cp.zeros(max_cta, cp.uint32), max_cta)
+            # two flag banks: the plain fix-up uses the first, the exploratory split finish both (LK_EXP_SPLITFIN)
+            self._by[key] = (cp.empty(max_cta * 256 * 128, cp.float32), cp.zeros(2 * max_cta, cp.uint32), max_cta)
         ws, fl, n = self._by[key]
         if max_cta > n:
             raise WgmmaError(f"stream-K workspace holds {n} CTAs, a launch asks for {max_cta}")
@@ -953,6 +954,83 @@ def _ablation(w, x16, y, flush, pairs, repeats, key, progress) -> list[dict]:
     rows = [{**key, "variant": n, "median_us": float(np.median([r["median_us"] for r in st])),
              "back_to_back_us": float("nan"), "host_enqueue_us": float("nan")} for n, st in res.items()]
     progress("ablation: " + ", ".join(f"{r['variant']} {r['median_us']:.1f}" for r in rows) + " us")
+    return rows
+
+
+#: the shapes of the split-finish experiment (q4_K and q6_K at nt=512): od=4096 with an even number of super-blocks,
+#: where a grid of two CTAs per tile (128 of the 132 SMs) cuts every tile into two halves of k
+SPLITFIN_POINTS = ((4096, 4096), (4096, 14336))
+
+
+def paired_schedule(nt: int, od: int, id_: int, BN: int, sm_count: int) -> tuple[int, int]:
+    """(ncta, dp_tiles) of a stream-K grid of exactly two CTAs per tile, each with half of its k (the kernel's own
+    range split gives that when ncta = 2 x tiles and the super-blocks per tile are even): every tile is then shared
+    by an owner and a helper whose segment is its last -- what the split finish (-DLK_EXP_SPLITFIN) takes. Refused
+    where it does not fit: more than ``sm_count`` CTAs, or an odd number of super-blocks."""
+    tiles = ((od + 127) // 128) * ((nt + BN - 1) // BN)
+    I = id_ // QK
+    if 2 * tiles > sm_count or I % 2:
+        raise WgmmaError(f"no paired stream-K grid at nt={nt}, od={od}, id={id_}, BN={BN}: {tiles} tiles x 2 CTAs on "
+                         f"{sm_count} SMs, {I} super-blocks per tile")
+    return 2 * tiles, 0
+
+
+def splitfin_ab(run=None, points=SPLITFIN_POINTS, nt: int = 512, qtypes=("q4_K", "q6_K"), pairs: int = 3,
+                repeats: int = 10, seed: int = 0, progress=print) -> list[dict]:
+    """Exploratory: the stream-K BN=256 launch with the split finish (``-DLK_EXP_SPLITFIN``: owner and helper each
+    fold in and store half of a two-CTA tile) against the plain build, on the default stream-K grid (one CTA per
+    SM) and on the paired grid (:func:`paired_schedule`), same process, interleaved, L2 flushed. Each split launch is
+    gated first: two launches bitwise equal to the plain build on the same grid (the same sums in the other order;
+    the second checks the flags were reset). Rows to ``run`` table ``splitfin``."""
+    from . import bench as B
+    from . import cases
+
+    cp = _cp()
+    rng = np.random.default_rng(seed or None)
+    flush = B.Flusher()
+    sm = _sm_count(cp.cuda.Device().id)
+    rows = []
+    for qtype in qtypes:
+        spec = registry.find("wgmma_kq", QT=4 if qtype == "q4_K" else 6, BN=256, STAGES=4, BF16=0,
+                             SCL=main_scl(qtype, 256))
+        ks = {"plain": kernel(**spec.p), "splitfin": WgKernel(spec, defines=("LK_EXP_SPLITFIN",))}
+        for od, id_ in points:
+            raw = cases.synthetic_weights(qtype, od, id_, rng)
+            w = WgWeight.from_gguf(raw, qtype)
+            x16 = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float16))
+            I, tiles = id_ // QK, ((od + 127) // 128) * ((nt + 255) // 256)
+            grids = {"sk": schedule(1, nt, od, id_, 256, sm * ks["plain"].blocks_per_sm),
+                     "paired": paired_schedule(nt, od, id_, 256, sm * ks["plain"].blocks_per_sm)}
+            for g in grids.values():
+                _check_schedule(g[0], I, tiles, g[1])
+            tm = tensor_map(x16, 256)
+            ws, flags = _WS.get(cp.cuda.get_current_stream().ptr, sm * ks["plain"].blocks_per_sm)
+            ys = {(b, g): cp.full((nt, od), np.nan, cp.float32) for b in ks for g in grids}
+
+            def go(b, g):
+                ncta, dp = grids[g]
+                ks[b].launch((ncta, 1), tm, w.packed, ys[(b, g)], np.int32(nt), np.int32(od), np.int32(id_), ws, flags,
+                             np.int32(dp))
+
+            for g in grids:
+                go("plain", g)
+                for _ in range(2):
+                    ys[("splitfin", g)].fill(np.nan)
+                    go("splitfin", g)
+                    if not bool(cp.array_equal(ys[("splitfin", g)], ys[("plain", g)])):
+                        raise AssertionError(f"split finish differs from the plain build: {qtype} {od}x{id_} nt={nt} "
+                                             f"grid {g} {grids[g]}")
+            res = B.interleaved({f"{b}@{g}": (lambda b=b, g=g: go(b, g)) for b in ks for g in grids}, pairs=pairs,
+                                repeats=repeats, flush=flush)
+            med = {n: float(np.median([r["median_us"] for r in st])) for n, st in res.items()}
+            for n, st in res.items():
+                b, g = n.split("@")
+                rows.append({"qtype": qtype, "od": od, "id": id_, "nt": nt, "build": b, "grid": g,
+                             "ncta": grids[g][0], "median_us": med[n], "bitwise_vs_plain_same_grid": True})
+            progress(f"split finish {qtype} {od}x{id_} nt={nt}: " + ", ".join(f"{n} {v:.1f}" for n, v in med.items())
+                     + " us")
+    if run is not None:
+        run.append("splitfin", rows)
     return rows
 
 

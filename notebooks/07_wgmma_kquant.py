@@ -286,6 +286,27 @@ else:
 # instead of L2, a TMA store from shared memory — and an earlier first tile.
 
 # %% [markdown]
+# **The split finish (exploratory, `-DLK_EXP_SPLITFIN`).** The owner's first warpgroup folds in and stores rows
+# 0–63 of a two-CTA tile and the helper's second warpgroup rows 64–127, each from the other CTA's partial sums
+# (`wgmma_kq.cu`, `lk_sk_roles`), so the owner no longer does the whole epilogue alone. On the default grid only
+# some tiles are held by exactly two CTAs (50 of 64 at 4096×4096, nt=512; none at 4096×11008), so the launch's
+# last tiles keep the plain fix-up; a paired grid of two CTAs per tile (`wgmma.paired_schedule`: 128 of 132 SMs,
+# each CTA half of a tile's k) splits every tile. Prediction: the paired split launch at 4096×4096, nt=512 within
+# ~3 us of cuBLAS (the owners' ~6.5 us finish roughly halved). The build spills a few bytes in its epilogue (q4_K
+# BN=256: 4 B stored, q6_K: 76 B; the plain build none). `gpu-check --steps wgmma_splitfin` gates each split
+# launch bitwise against the plain build on the same grid, then times all four interleaved.
+
+# %%
+sf = records.latest("wgmma", where=lambda r: r.has("splitfin"))
+if sf is None:
+    print("the split-finish experiment (gpu-check --steps wgmma_splitfin) is prepared and not yet run on the GPU")
+else:
+    sft = sf.table("splitfin").pivot_table(index=["qtype", "od", "id", "nt"], columns=["build", "grid"],
+                                           values="median_us").reset_index()
+    sft.columns = ["_".join(c for c in col if c) if isinstance(col, tuple) else col for col in sft.columns]
+    display(report.table(sft, caption=f"split finish vs plain, stream-K BN=256, us per GEMM ({report.source(sf)})"))
+
+# %% [markdown]
 # ## The shared-memory form: conversion off the consumers' chain
 #
 # **Why, and the prediction (written before the measurement).** The counters below say the register form's two

@@ -347,3 +347,76 @@ def test_trace_phases_roles_and_durations():
     assert np.allclose(first.mhz, 1600, rtol=1e-3)
     with pytest.raises(wgmma.WgmmaError, match="CTAs traced"):    # a data-parallel grid there has 2 CTAs, not 3
         wgmma.trace_phases([dict(r, variant="wgmma_bn256_s4_scl0") for r in rows], od, id_, nt)
+
+
+def test_split_finish_build_is_its_own_cubin():
+    """-DLK_EXP_SPLITFIN (exploratory): it compiles for every instantiation, its cubin differs from the plain one, and
+    the plain build's machine code does not depend on it being defined elsewhere (the define only guards code)."""
+    import shutil
+    from pathlib import Path
+
+    from labkernels import audit, wgmma
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    plain, n0 = wgmma._cubin("wgmma_kq.cu", ())
+    split, n1 = wgmma._cubin("wgmma_kq.cu", ("LK_EXP_SPLITFIN",))
+    assert set(n0) == set(n1)
+    a = audit.elf_text_sections(Path(plain).read_bytes())
+    b = audit.elf_text_sections(Path(split).read_bytes())
+    main = n0["wgmma_kq[QT=4,BN=256,STAGES=4,BF16=0,SCL=0]"]["mangled"]
+    assert a[main] != b[main]                       # the stream-K epilogue changed
+    small = n0["wgmma_kq[QT=4,BN=128,STAGES=4,BF16=0,SCL=0]"]
+    assert n1["wgmma_kq[QT=4,BN=128,STAGES=4,BF16=0,SCL=0]"]["spill_stores"] == small["spill_stores"] == 0
+
+
+def test_split_roles_pair_every_two_cta_tile():
+    """The split finish's roles (lk_sk_roles in wgmma_kq.cu) on the Python schedule: at nt=512 and od=4096 every
+    stream-K tile is held by exactly two CTAs, the helper's segment being its last, so every CTA is an owner or a
+    helper of a split; a role pairs only with its neighbour's opposite role."""
+    from labkernels import wgmma
+
+    def roles(ncta, I, tiles, dp):
+        T = (tiles - dp) * I
+        start = lambda c: c * (T // ncta) + min(c, T % ncta)    # lk_sk_start
+        out = {}
+        for c in range(ncta):
+            for si, (t, klo, khi) in enumerate(wgmma.segments(ncta, c, I, tiles, dp)):
+                if t < dp:
+                    continue
+                t0 = (t - dp) * I
+                own = klo == 0 and khi < I and c + 2 <= ncta and start(c + 2) == t0 + I
+                hlp = klo > 0 and khi == I and c >= 1 and start(c - 1) <= t0 and start(c + 1) == t0 + I
+                out[(c, t)] = 1 if own else 2 if hlp else 0
+        return out
+
+    ncta, dp = wgmma.schedule(1, 512, 4096, 4096, 256, 132)
+    r = roles(ncta, 16, 64, dp)
+    assert sum(v == 1 for v in r.values()) == sum(v == 2 for v in r.values()) > 0
+    for (c, t), v in r.items():
+        if v == 1:
+            assert r.get((c + 1, t)) == 2
+        if v == 2:
+            assert r.get((c - 1, t)) == 1
+    # a tile over three CTAs is never split (the plain fix-up keeps it)
+    r3 = roles(7, 3, 2, 0)
+    for (c, t), v in r3.items():
+        held = [cc for (cc, tt) in r3 if tt == t]
+        if len(held) != 2:
+            assert v == 0
+
+
+def test_paired_schedule_halves_every_tile():
+    """The paired grid: two CTAs per tile, each with exactly half of its super-blocks, the helper's segment its last
+    (what the split finish takes); refused for odd super-block counts or more CTAs than SMs."""
+    from labkernels import wgmma
+
+    ncta, dp = wgmma.paired_schedule(512, 4096, 4096, 256, 132)
+    assert (ncta, dp) == (128, 0)
+    for c in range(ncta):
+        segs = wgmma.segments(ncta, c, 16, 64, dp)
+        assert segs == [(c // 2, 8 * (c % 2), 8 * (c % 2) + 8)]
+    with pytest.raises(wgmma.WgmmaError, match="super-blocks"):
+        wgmma.paired_schedule(512, 4096, 11008, 256, 132)      # 43 super-blocks per tile
+    with pytest.raises(wgmma.WgmmaError, match="SMs"):
+        wgmma.paired_schedule(512, 11008, 4096, 256, 132)      # 172 tiles

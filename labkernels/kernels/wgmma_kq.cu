@@ -438,20 +438,70 @@ __device__ __forceinline__ void lk_consumer_sync() {   // the 256 consumer threa
     asm volatile("bar.sync 1, 256;\n" ::: "memory");
 }
 
+#ifdef LK_EXP_SPLITFIN
+// exploratory build (-DLK_EXP_SPLITFIN; labkernels.wgmma.splitfin_ab): a stream-K tile held by exactly two CTAs,
+// the helper's segment being its last, is finished by both. The owner's first warpgroup folds in and stores rows
+// 0..63, the helper's second warpgroup rows 64..127; the CTA's other warpgroup writes its partial sums to the CTA's
+// own slots (its threads' float4s, as the plain helper does) and raises a flag -- bank 0, flags[cta]: the helper's
+// rows 0..63; bank 1, flags[ncta + cta]: the owner's rows 64..127. Round 7's trace (run 20261201T155423Z) has the
+// owner's finish at ~6.5 us after its main loop against the helper's ~2.7: this halves what the owner does alone.
+// Each sum is the plain build's (a + b in the other order: bitwise the same). A finisher's wait is on a partial its
+// partner writes right after its own main loop, and the partner is the CTA before (a helper waits on its owner,
+// whose earlier segments wait only on CTAs before it) or a helper that waits on nothing before writing: no cycle.
+__device__ __forceinline__ void lk_wg_sync(int wgi) {   // the 128 threads of one consumer warpgroup
+    if (wgi == 0) asm volatile("bar.sync 2, 128;\n" ::: "memory");
+    else asm volatile("bar.sync 3, 128;\n" ::: "memory");
+}
+// each stream-K segment's part in a split finish, worked out once by the thread that writes the schedule (the
+// consumers' registers are all but taken by the accumulators): 1 = it owns a tile whose rest is the next CTA's last
+// segment, 2 = it is that last segment (its tile's k = 0 is the previous CTA's), 0 = neither (the plain fix-up)
+__device__ __forceinline__ void lk_sk_roles(const LkSeg* sk, int n, signed char* role, int nsb, int tiles,
+                                            int dp_tiles) {
+    const int T = (tiles - dp_tiles) * nsb, me = blockIdx.x, G = gridDim.x;
+    const int it1 = lk_sk_start(me + 1, T);
+    for (int i = 0; i < n; i++) {
+        const int t0 = (sk[i].tile - dp_tiles) * nsb;
+        const bool owner = sk[i].klo == 0 && sk[i].khi < nsb && me + 2 <= G && lk_sk_start(me + 2, T) == t0 + nsb;
+        const bool helper = sk[i].klo > 0 && sk[i].khi == nsb && me >= 1 && lk_sk_start(me - 1, T) <= t0 &&
+                            it1 == t0 + nsb;
+        role[i] = owner ? 1 : helper ? 2 : 0;
+    }
+}
+#endif
+
 // ---- the end of a consumer's segment (both forms): a stream-K helper writes its partial accumulators and raises
 // its flag; an owner folds in the helpers' partials (in CTA order) and stores its rows of Y
 template <int BN>
 __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const LkSeg& seg, float* __restrict__ Y,
                                                   int nt, int od, int nsb, int tiles, int dp_tiles,
                                                   float* __restrict__ ws, u32* __restrict__ flags, int r0, int r1,
-                                                  int n0, int c, int ctid) {
+                                                  int n0, int c, int ctid, const signed char* sk_role, int si) {
     float4* part = (float4*)ws;
 #ifndef LK_ABLATE_NOFIX   // ablation builds only (labkernels.wgmma: LABKERNELS_WG_DEFINES): skip the fix-up
-    if (seg.klo > 0) {   // a helper: partial accumulators to ws[cta] (coalesced by thread), then the flag
-        float4* dst = part + (size_t)blockIdx.x * (BN / 8) * 256 + ctid;
+#ifdef LK_EXP_SPLITFIN
+    const int dpw = dp_tiles / (int)gridDim.x;
+    const int kind = si >= dpw ? sk_role[si - dpw] : 0;
+    const bool split_owner = kind == 1;   // the owner's second warpgroup hands over, the helper's first
+    const int split = kind == 0 ? 0 : (split_owner == ((ctid >> 7) == 1) ? 1 : 2);
+#else
+    constexpr int split = 0;
+    constexpr bool split_owner = false;
+#endif
+    if ((seg.klo > 0 && split == 0) || split == 1) {   // a helper: partial accumulators to ws[cta] (coalesced by
+        float4* dst = part + (size_t)blockIdx.x * (BN / 8) * 256 + ctid;   // thread), then the flag
 #pragma unroll
         for (int i = 0; i < BN / 8; i++)
             __stcg(dst + i * 256, make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
+#ifdef LK_EXP_SPLITFIN
+        if (split) {   // one warpgroup's rows: its own barrier, the flag of its bank
+            lk_wg_sync(ctid >> 7);
+            if ((ctid & 127) == 0) {
+                __threadfence();
+                lk_st_release(flags + (split_owner ? gridDim.x + blockIdx.x : blockIdx.x), 1u);
+            }
+            return;
+        }
+#endif
         lk_consumer_sync();
         if (ctid == 0) {
             __threadfence();
@@ -459,6 +509,27 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
         }
         return;
     }
+#ifdef LK_EXP_SPLITFIN
+    if (split == 2) {   // fold in the partner's half and store it (below)
+        const int partner = split_owner ? blockIdx.x + 1 : blockIdx.x - 1;
+        u32* f = flags + (split_owner ? partner : gridDim.x + partner);
+        if ((ctid & 127) == 0) {
+            while (lk_ld_acquire(f) == 0) __nanosleep(64);
+            *f = 0u;   // consumed: zero again for the next launch
+        }
+        lk_wg_sync(ctid >> 7);
+        const float4* src = part + (size_t)partner * (BN / 8) * 256 + ctid;
+#pragma unroll
+        for (int i = 0; i < BN / 8; i++) {
+            if (i % 4 == 0) asm volatile("" ::: "memory");
+            const float4 v = __ldcg(src + i * 256);
+            acc[4 * i] += v.x;
+            acc[4 * i + 1] += v.y;
+            acc[4 * i + 2] += v.z;
+            acc[4 * i + 3] += v.w;
+        }
+    } else
+#endif
     // the owner: fold in the partials of the CTAs that hold the rest of this tile's k, in CTA order
     for (int cc = blockIdx.x + 1, covered = seg.khi; covered < nsb && cc < (int)gridDim.x; cc++) {
         const int T = (tiles - dp_tiles) * nsb, t0 = (seg.tile - dp_tiles) * nsb;
@@ -514,6 +585,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
     __shared__ __align__(8) u64 full_bar[STAGES];
     __shared__ __align__(8) u64 empty_bar[STAGES];
     __shared__ LkSeg sk_seg[LK_SK_MAXSEG];
+    __shared__ signed char sk_role[LK_SK_MAXSEG];   // LK_EXP_SPLITFIN: each stream-K segment's part (lk_sk_roles)
     __shared__ int sk_n;
     const u32 base = lk_smem_u32(lk_dyn_smem);
     u8* sB = lk_dyn_smem + (((base + 1023) & ~1023u) - base);   // 128-byte swizzle wants 1024-aligned tiles
@@ -529,6 +601,9 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         sk_n = lk_sk_segments(sk_seg, nsb, tiles, dp_tiles);
+#ifdef LK_EXP_SPLITFIN
+        if (sk_n > 0) lk_sk_roles(sk_seg, sk_n, sk_role, nsb, tiles, dp_tiles);
+#endif
         if (sk_n < 0) __trap();
     }
     __syncthreads();
@@ -604,7 +679,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
         lk_wgmma_fence_acc(acc);
         LK_TRACE(4 + 3 * si);
 
-        lk_finish_segment<BN>(acc, seg, Y, nt, od, nsb, tiles, dp_tiles, ws, flags, r0, r1, n0, c, ctid);
+        lk_finish_segment<BN>(acc, seg, Y, nt, od, nsb, tiles, dp_tiles, ws, flags, r0, r1, n0, c, ctid, sk_role, si);
         LK_TRACE(5 + 3 * si);
     }
 }
@@ -710,6 +785,7 @@ __device__ __forceinline__ void wgmma_kqs_body(const LkTmap& tmx, const LkTmap& 
     __shared__ __align__(8) u64 full_b[STAGES], full_a[STAGES], empty_bar[STAGES];
     __shared__ __align__(8) u64 raw_full[LK_WS_RAW], raw_empty[LK_WS_RAW];
     __shared__ LkSeg sk_seg[LK_SK_MAXSEG];
+    __shared__ signed char sk_role[LK_SK_MAXSEG];   // LK_EXP_SPLITFIN: each stream-K segment's part (lk_sk_roles)
     __shared__ int sk_n;
     const u32 base = lk_smem_u32(lk_dyn_smem);
     u8* sB = lk_dyn_smem + (((base + 1023) & ~1023u) - base);   // 128-byte swizzle wants 1024-aligned tiles
@@ -733,6 +809,9 @@ __device__ __forceinline__ void wgmma_kqs_body(const LkTmap& tmx, const LkTmap& 
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         sk_n = lk_sk_segments(sk_seg, nsb, tiles, dp_tiles);
+#ifdef LK_EXP_SPLITFIN
+        if (sk_n > 0) lk_sk_roles(sk_seg, sk_n, sk_role, nsb, tiles, dp_tiles);
+#endif
         if (sk_n < 0) __trap();
     }
     __syncthreads();
@@ -840,7 +919,7 @@ __device__ __forceinline__ void wgmma_kqs_body(const LkTmap& tmx, const LkTmap& 
         }
         lk_wgmma_wait<0>();
         lk_wgmma_fence_acc(acc);
-        lk_finish_segment<BN>(acc, seg, Y, nt, od, nsb, tiles, dp_tiles, ws, flags, r0, r1, n0, c, ctid);
+        lk_finish_segment<BN>(acc, seg, Y, nt, od, nsb, tiles, dp_tiles, ws, flags, r0, r1, n0, c, ctid, sk_role, si);
     }
 }
 

@@ -83,6 +83,18 @@ def step_wgmma_costs(out: Path, args) -> dict:
     return {"ok": True, "run": run.run_id}
 
 
+def step_wgmma_splitfin(out: Path, args) -> dict:
+    """Round 7, exploratory: the split finish of two-CTA stream-K tiles (-DLK_EXP_SPLITFIN) against the plain
+    build at nt=512, bitwise-gated and interleaved (labkernels.wgmma.splitfin_ab), recorded."""
+    from .. import records
+
+    with records.recording(DATA[0], {"what": "splitfin", "defines": ["LK_EXP_SPLITFIN"],
+                                     "points": [list(p) for p in wgmma.SPLITFIN_POINTS], "nt": 512},
+                           root=out / "data") as run:
+        wgmma.splitfin_ab(run, progress=args.log)
+    return {"ok": True, "run": run.run_id}
+
+
 def step_wgmma_trace(out: Path, args) -> dict:
     """Round 7, exploratory: per-CTA phase stamps (a -DLK_EXP_TRACE build) of the nt=512 launches, q4_K 4096 x 4096:
     BN=128 data-parallel and BN=256 stream-K -- where a launch's time goes before, between and after the main loops
@@ -238,4 +250,5 @@ def step_prefill_r7(out: Path, args) -> dict:
 
 
 STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_ncu": step_wgmma_ncu,
-         "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "prefill_r7": step_prefill_r7}
+         "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
+         "prefill_r7": step_prefill_r7}

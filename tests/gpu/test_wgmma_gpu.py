@@ -196,3 +196,16 @@ def test_wgmma_trace_build_stamps_every_cta_in_order(cp, rng, bn, sk):
         assert g.cta_us.is_monotonic_increasing and g.cycles.is_monotonic_increasing, g
     if sk:
         assert (df.event == "seg1_start").any(), "no CTA of the stream-K launch ran a second segment"
+
+
+@pytest.mark.parametrize("od,id_,nt", [(4096, 4096, 512), (1000, 4096, 300)])
+def test_split_finish_build_is_bitwise_the_plain_build(od, id_, nt):
+    """The exploratory split finish (-DLK_EXP_SPLITFIN) on the default stream-K grid and on the paired one (every
+    tile two halves of k): bitwise the plain build on the same grid, twice in a row (the flags reset), tails in od
+    and nt included (labkernels.wgmma.splitfin_ab raises on any difference)."""
+    from labkernels import wgmma
+
+    rows = wgmma.splitfin_ab(points=((od, id_),), nt=nt, pairs=1, repeats=1, progress=lambda *a: None)
+    assert {(r["qtype"], r["build"], r["grid"]) for r in rows} == {
+        (q, b, g) for q in ("q4_K", "q6_K") for b in ("plain", "splitfin") for g in ("sk", "paired")}
+    assert all(r["bitwise_vs_plain_same_grid"] and r["median_us"] > 0 for r in rows)
