@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pandas as pd
 
@@ -230,7 +232,8 @@ def host_overhead_untraced(throughput: pd.DataFrame, busy_wall: pd.DataFrame) ->
     differ between the two phases: where the untraced GPU ran slower (the synthetic 7B's sustained runs, 5-7% at nt
     512 and 3325), ``graph_idle_ms`` and the whole figure count GPU time as host time; ``graph_idle_traced_ms`` is the
     traced replays' own gaps (span - busy in one replay; CUPTI lengthens them: Gemma 0.25 ms against 0.07 untraced
-    at nt=512, run 20261201T163146Z)."""
+    at nt=512, run 20261201T163146Z). ``host_frac_paired`` (runs from commit 3ce244e on): the same difference with the
+    wall of untraced forwards each timed just before one of the traced replays, at the clocks those replays saw."""
     g = busy_wall[(busy_wall["mode"] == "graph") & busy_wall["busy_replay_ms"].notna()]
     rows = []
     for _, r in g.iterrows():
@@ -242,8 +245,10 @@ def host_overhead_untraced(throughput: pd.DataFrame, busy_wall: pd.DataFrame) ->
             continue
         w = float(t["wall_ms"].median())
         b = float(r["busy_replay_ms"])
+        wp = float(r.get("wall_paired_ms", np.nan))
         row = {"model": r.get("model"), "nt": int(r["nt"]), "variant": r["variant"], "wall_ms": w,
                "rounds": len(t), "busy_ms": b, "host_overhead_ms": w - b, "host_frac": (w - b) / w,
+               "wall_paired_ms": wp, "host_frac_paired": (wp - b) / wp if np.isfinite(wp) else np.nan,
                "host_outside_ms": np.nan, "graph_idle_ms": np.nan,
                "graph_idle_traced_ms": float(r.get("idle_replay_ms", np.nan))}
         if "host_outside_ms" in t.columns and t["host_outside_ms"].notna().all():
@@ -282,9 +287,16 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
     bw["busy_sum_replay_ms"] = np.nan   # the replay's launch durations summed (= busy when no two overlap)
     gaps = []
     bw["idle_replay_ms"] = np.nan      # graph mode: a traced replay's span minus its GPU busy (the gaps in it)
+    bw["wall_paired_ms"] = np.nan      # graph mode: untraced forwards each timed just before a traced replay
     if wall["mode"] == "graph":
-        busy, bsum, span, idle = [], [], [], []
+        busy, bsum, span, idle, paired = [], [], [], [], []
         for i in range(GRAPH_BUSY_REPLAYS):
+            # one untraced forward right before each traced replay: the two see the same GPU clocks, which the
+            # sustained throughput rounds do not (the 7B's untraced walls there sit 5-7% above its traced spans)
+            t0 = time.perf_counter()
+            gm.forward(tokens)
+            cp.cuda.runtime.deviceSynchronize()
+            paired.append((time.perf_counter() - t0) * 1e3)
             with CuptiTracer() as trg:
                 gm.forward(tokens)
                 cp.cuda.runtime.deviceSynchronize()
@@ -306,6 +318,7 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
             bw["busy_sum_replay_ms"] = float(np.median(bsum))
             bw["span_replay_ms"] = float(np.median(span))
             bw["idle_replay_ms"] = float(np.median(idle))
+            bw["wall_paired_ms"] = float(np.median(paired))
     t = class_table(df, ops, wall["wall_ms"], n)
     progress(f"busy {bw['busy_ms']:.1f} ms vs wall {bw['wall_ms']:.1f} ms (gap {100 * bw['gap_frac']:.1f}%), "
              f"{len(df)} launches, {t.shape[0]} classes")

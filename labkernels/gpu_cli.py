@@ -214,7 +214,7 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
                                                 **{k: bw[k] for k in ("mode", "wall_ms", "busy_ms", "gap_ms",
                                                                       "gap_frac", "busy_replay_ms",
                                                                       "busy_sum_replay_ms", "span_replay_ms",
-                                                                      "idle_replay_ms")},
+                                                                      "idle_replay_ms", "wall_paired_ms")},
                                                 "host_overhead_ms": host, "host_frac": host / bw["wall_ms"]}])
             gaps[(nt, v)] = host / bw["wall_ms"]
     gm.opts = base

@@ -806,7 +806,8 @@ def timed_prefill(gm: GpuModel, tokens, repeats: int = 3, warmup: int = 1, graph
     A graph replay also gives ``gpu_span_ms`` (median of :meth:`GpuModel.last_graph_span_ms`: from the graph's first
     node to its last, on the GPU) and ``host_outside_ms`` = wall - that span: the time of the forward outside the
     graph's execution (Python, the graph launch and its latency, the logits copy, the synchronization), a difference
-    within the same forwards, so that GPU clocks cancel out of it."""
+    within the same forwards, so that GPU clocks cancel out of it (the median of the per-forward differences; runs
+    before commit 3ce244e recorded the difference of the two medians, which carries the walls' spread)."""
     cp = gpu.cp()
     tokens = gm._tokens(tokens)       # the ids as an int32 array once, as a caller holding them would pass them
     for _ in range(warmup):
@@ -826,10 +827,13 @@ def timed_prefill(gm: GpuModel, tokens, repeats: int = 3, warmup: int = 1, graph
     mode = modes.pop()
     want = gm.opts.graph if graph == "opts" else graph
     fallback = gm._graph_refused.get(gm.graph_key(len(tokens))) if (want is None and mode == "eager") else None
-    span = float(np.median(spans)) if mode == "graph" else float("nan")
+    graph_mode = mode == "graph"
+    span = float(np.median(spans)) if graph_mode else float("nan")
+    # per forward, then the median: a difference of two medians would take the spread of the walls for host time
+    outside = float(np.median([x * 1e3 - sp for x, sp in zip(walls, spans)])) if graph_mode else float("nan")
     return {"n_tokens": len(tokens), "wall_ms": w * 1e3, "tok_per_s": len(tokens) / w,
             "wall_ms_all": [x * 1e3 for x in walls], "mode": mode, "fallback": fallback,
-            "gpu_span_ms": span, "host_outside_ms": w * 1e3 - span if mode == "graph" else float("nan")}
+            "gpu_span_ms": span, "host_outside_ms": outside}
 
 
 def graph_support() -> str | None:

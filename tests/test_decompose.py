@@ -105,3 +105,20 @@ def test_host_overhead_splits_into_outside_and_inside_the_graph():
     assert t.graph_idle_traced_ms == 0.25
     t2 = host_overhead_untraced(thr.drop(columns=["gpu_span_ms", "host_outside_ms"]), bw).iloc[0]
     assert np.isnan(t2.host_outside_ms) and t2.host_frac == pytest.approx(0.20 / 3.35)
+
+
+def test_host_overhead_paired_with_the_traced_replays():
+    """Where the decomposition timed an untraced forward just before each traced replay, host_frac_paired is the wall
+    of those minus the same busy; runs without them leave it NaN."""
+    import pandas as pd
+
+    from labkernels.decompose import host_overhead_untraced
+
+    thr = pd.DataFrame({"model": ["m"] * 3, "nt": [512] * 3, "variant": ["graph-fused"] * 3, "mode": ["graph"] * 3,
+                        "wall_ms": [17.6, 17.5, 17.7]})
+    bw = pd.DataFrame({"model": ["m"], "nt": [512], "variant": ["graph-fused"], "mode": ["graph"],
+                       "busy_replay_ms": [16.2], "wall_paired_ms": [16.45], "wall_ms": [17.6]})
+    t = host_overhead_untraced(thr, bw).iloc[0]
+    assert t.host_frac == pytest.approx(1.4 / 17.6) and t.host_frac_paired == pytest.approx(0.25 / 16.45)
+    t2 = host_overhead_untraced(thr, bw.drop(columns=["wall_paired_ms"])).iloc[0]
+    assert np.isnan(t2.host_frac_paired)

@@ -556,3 +556,38 @@ def test_host_overhead_is_its_own_class():
     assert t2.set_index("class").loc["host_overhead"].busy_ms == pytest.approx(0.5)
     t3 = D.host_overhead_table(t2, {"wall_ms": 9.0, "busy_ms": 10.0, "busy_replay_ms": float("nan")})
     assert (t3["class"] == "host_overhead").sum() == 1 and t3.set_index("class").loc["host_overhead"].busy_ms == 0.0
+
+
+def test_timed_prefill_takes_the_outside_time_per_forward(monkeypatch):
+    """host_outside_ms is the median of wall - graph span per forward, not the difference of the two medians (which
+    would carry the walls' spread): walls 10/20/30 ms with spans 9.5/19.9/29.0 ms -> 0.5 ms, not 20 - 19.9."""
+    import types
+
+    from labkernels import prefill
+
+    clock = iter([0.0, 0.010, 1.0, 1.020, 2.0, 2.030, 3.0, 3.0])
+    spans = iter([9.5, 19.9, 29.0])
+    monkeypatch.setattr(prefill.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(prefill.gpu, "cp", lambda: types.SimpleNamespace(
+        cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(deviceSynchronize=lambda: None))))
+
+    class GM:
+        opts = types.SimpleNamespace(graph=None)
+        last_mode = "graph"
+        _graph_refused = {}
+
+        def _tokens(self, t):
+            return np.asarray(t, np.int32)
+
+        def forward(self, toks, graph="opts"):
+            pass
+
+        def last_graph_span_ms(self):
+            return next(spans)
+
+        def graph_key(self, n):
+            return n
+
+    t = prefill.timed_prefill(GM(), [1, 2, 3], repeats=3, warmup=0)
+    assert t["mode"] == "graph" and t["wall_ms"] == pytest.approx(20.0)
+    assert t["gpu_span_ms"] == pytest.approx(19.9) and t["host_outside_ms"] == pytest.approx(0.5)   # not 0.1
