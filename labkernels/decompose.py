@@ -232,7 +232,7 @@ def host_overhead_untraced(throughput: pd.DataFrame, busy_wall: pd.DataFrame) ->
     differ between the two phases: where the untraced GPU ran slower (the synthetic 7B's sustained runs, 5-7% at nt
     512 and 3325), ``graph_idle_ms`` and the whole figure count GPU time as host time; ``graph_idle_traced_ms`` is the
     traced replays' own gaps (span - busy in one replay; CUPTI lengthens them: Gemma 0.25 ms against 0.07 untraced
-    at nt=512, run 20261201T163146Z). ``host_frac_paired`` (runs from commit 3ce244e on): the same difference with the
+    at nt=512, run 20261201T163146Z). ``host_frac_paired`` (runs that record ``wall_paired_ms``): the same difference with the
     wall of untraced forwards each timed just before one of the traced replays, at the clocks those replays saw."""
     g = busy_wall[(busy_wall["mode"] == "graph") & busy_wall["busy_replay_ms"].notna()]
     rows = []

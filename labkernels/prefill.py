@@ -807,7 +807,7 @@ def timed_prefill(gm: GpuModel, tokens, repeats: int = 3, warmup: int = 1, graph
     node to its last, on the GPU) and ``host_outside_ms`` = wall - that span: the time of the forward outside the
     graph's execution (Python, the graph launch and its latency, the logits copy, the synchronization), a difference
     within the same forwards, so that GPU clocks cancel out of it (the median of the per-forward differences; runs
-    before commit 3ce244e recorded the difference of the two medians, which carries the walls' spread)."""
+    up to 20261201T163853Z recorded the difference of the two medians, which carries the walls' spread)."""
     cp = gpu.cp()
     tokens = gm._tokens(tokens)       # the ids as an int32 array once, as a caller holding them would pass them
     for _ in range(warmup):

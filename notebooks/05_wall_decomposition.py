@@ -143,10 +143,11 @@ else:
 # minus the traced busy: the gaps between the nodes). Two caveats, both measured: GPU clocks differ between the two
 # phases -- the synthetic 7B's sustained untraced runs are 5-7% slower than its traced replays at nt 512 and 3325, so
 # for it `graph_idle_ms` and the whole figure count GPU time as host time -- and CUPTI lengthens the traced replays'
-# own gaps (`graph_idle_traced_ms`; Gemma at nt=512: 0.25 ms traced against 0.07 ms untraced). From commit 3ce244e on,
-# the decomposition also times one untraced forward just before each traced replay (`host_frac_paired`: that wall
-# minus the same busy, at the clocks the replays saw), and `host_outside_ms` is the median of per-forward differences
-# (before, the difference of two medians, which carries the walls' spread at large nt). The plot shows the
+# own gaps (`graph_idle_traced_ms`; Gemma at nt=512: 0.25 ms traced against 0.07 ms untraced). Runs after
+# 20261201T163853Z also time one untraced forward just before each traced replay (`host_frac_paired`: that wall minus
+# the same busy, at the clocks the replays saw; empty for the runs before), and their `host_outside_ms` is the median
+# of per-forward differences (up to that run, the difference of two medians, which carries the walls' spread at
+# large nt). The plot shows the
 # figure for the graph replays, and the decomposition phase's wall minus busy for the eager baseline (whose overhead
 # is tens of percent, far above either timing's noise).
 
