@@ -139,7 +139,8 @@ class GraphEntry:
     replays: int = 0
     pdl_launches: int = 0        # the capture's programmatic launches (PrefillOptions.pdl)
     memsets_replaced: int = 0    # memset nodes rewritten as fill kernels (PrefillOptions.memsets_as_kernels)
-    memsets_left: int = 0        # memset nodes inside child graphs (not rewritten)
+    memsets_left: int = 0        # memset nodes still in the graph (kept by the driver, or inside child graphs)
+    memsets_kept_why: str = ""   # why the rewrite left memset nodes (e.g. the driver refuses node removal)
     host_tokens: object = None   # pinned host ids the graph's first node copies in (None: tokens.set per replay)
     done: object = None          # event after the latest replay: its ids were read before host_tokens is rewritten
     span: object = None          # (timing events) the graph's first and last nodes: event records inside it
@@ -746,7 +747,7 @@ class GpuModel:
                                     f"> {GRAPH_RTOL:g}")
         return GraphEntry(key, g, pool, stream, tok_buf, out, tuple(families), time.perf_counter() - t0, rel,
                           diff == 0.0, pdl_launches=pdl_n, memsets_replaced=rew["replaced"],
-                          memsets_left=rew["left"], host_tokens=host,
+                          memsets_left=rew["left"], memsets_kept_why=rew.get("kept_why", ""), host_tokens=host,
                           done=cp.cuda.Event(block=False, disable_timing=True), span=span)
 
     def _prepare(self, n: int, all_logits: bool) -> None:
@@ -773,6 +774,7 @@ class GpuModel:
                  "max_rel_diff": e.max_rel_diff, "bitwise": e.bitwise, "pool_bytes": int(e.pool.total_bytes()),
                  "pdl": bool(dict(e.key.options).get("pdl", False)), "pdl_launches": e.pdl_launches,
                  "memsets_replaced": e.memsets_replaced, "memsets_left": e.memsets_left,
+                 "memsets_kept_why": e.memsets_kept_why,
                  "ids_from_host": bool(dict(e.key.options).get("ids_from_host", False))}
                 for e in self._graphs.values()]
 

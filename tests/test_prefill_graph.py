@@ -292,6 +292,8 @@ def test_capture_keeps_its_buffers(monkeypatch, tiny):
     assert np.array_equal(np.asarray(e.tokens), np.asarray(TOKS, np.int32)) and e.out.shape == (512,)
     assert np.array_equal(np.asarray(y), np.asarray(GpuModel(tiny, opts=PrefillOptions(graph=False)).forward(TOKS)))
     assert e.families and gm.graphs()[0]["nt"] == 7
+    g0 = gm.graphs()[0]
+    assert (g0["pdl"], g0["memsets_replaced"], g0["memsets_kept_why"], g0["ids_from_host"]) == (False, 0, "", False)
 
 
 # ------------------------------------------------------------------ the fused kernels
