@@ -413,20 +413,12 @@ class WgKernel:
     def launch(self, grid, tmap, *args):
         """``tmap``: one 128-byte CUtensorMap or a tuple of them (the kernel's leading __grid_constant__ params).
         Inside ``gpu.programmatic_launches`` the launch is programmatic (the kernels begin with LK_PDL_ENTRY)."""
-        import ctypes
-
         from cuda.bindings import driver as drv
 
-        holders = [ctypes.create_string_buffer(t, 128) for t in ((tmap,) if isinstance(tmap, bytes) else tmap)]
-        for a in args:
-            if isinstance(a, (np.integer, int)):
-                holders.append(ctypes.c_int32(int(a)))
-            else:
-                holders.append(ctypes.c_uint64(int(a.data.ptr)))   # a device array
-        params = np.array([ctypes.addressof(h) for h in holders], dtype=np.uintp)
-        stream = _cp().cuda.get_current_stream().ptr
         from . import gpu
 
+        holders, params = gpu.kernel_params(args, prefix=(tmap,) if isinstance(tmap, bytes) else tuple(tmap))
+        stream = _cp().cuda.get_current_stream().ptr
         if gpu.pdl_active() and self.spec.source in gpu.pdl_sources():   # the prefill's graph capture (issue 18)
             gpu.launch_programmatic(self._fptr, grid, (self.spec.threads,), self.smem, params, stream, self.spec.key)
             return
@@ -434,6 +426,7 @@ class WgKernel:
             self._cufn = drv.CUfunction(self._fptr)
         (err,) = drv.cuLaunchKernel(self._cufn, int(grid[0]), int(grid[1]), 1,
                                     self.spec.threads, 1, 1, self.smem, drv.CUstream(stream), params, 0)
+        del holders                        # the driver has copied the parameters
         if int(err) != 0:
             raise WgmmaError(f"launch of {self.spec.key} grid {grid} failed: {err}")
 
