@@ -709,28 +709,29 @@ class GpuModel:
                 self._used = []
                 ids = gpu.host_device_pointer(host) if self.opts.ids_from_host else tok_buf
                 span = (cp.cuda.Event(), cp.cuda.Event())
-                _capture_begin(stream)
-                pdl0 = gpu.pdl_launch_count()
-                try:
+                captured = {}
+
+                def work():
                     gpu.record_in_graph(span[0], stream)   # the first node: a timing event (last_graph_span_ms)
                     if not self.opts.ids_from_host:   # then the ids, from the pinned buffer
                         gpu.h2d_async(tok_buf, host, stream)
                     with gpu.programmatic_launches(self.opts.pdl):
-                        out = self._forward_device(ids, n, NullTracer(), key.all_logits)
+                        captured["out"] = self._forward_device(ids, n, NullTracer(), key.all_logits)
                     gpu.record_in_graph(span[1], stream)   # and the last
-                except BaseException:
-                    _end_capture_quietly(stream)
-                    raise
-                graw = _capture_end(stream)
-                if not graw:
-                    raise GraphCaptureError(f"stream capture of the forward at nt={n} returned no graph")
+
+                pdl0 = gpu.pdl_launch_count()
+                try:   # the runtime's capture (relaxed): the cudaGraph_t is ours to rewrite before it is instantiated
+                    graw = graph_nodes.capture(work, stream)
+                except graph_nodes.CaptureError as e:
+                    raise GraphCaptureError(f"stream capture of the forward at nt={n} returned no graph") from e
+                out = captured["out"]
                 pdl_n = gpu.pdl_launch_count() - pdl0
                 try:
                     rew = graph_nodes.memsets_to_kernels(graw) if self.opts.memsets_as_kernels else \
                         {"replaced": 0, "left": sum(r["type"] == "MEMSET" for r in graph_nodes.census(graw))}
                     g = _instantiate(graw)
                 except BaseException:
-                    _destroy(graw)
+                    graph_nodes.destroy(graw)
                     raise
                 g.launch(stream=stream)
                 stream.synchronize()
@@ -738,8 +739,7 @@ class GpuModel:
             scale = float(cp.abs(ref).max())
         except GraphCaptureError:
             raise
-        except Exception as e:
-            _end_capture_quietly(stream)
+        except Exception as e:   # (graph_nodes.capture has ended a capture that failed inside it)
             raise GraphCaptureError(f"capture of the forward at nt={n} failed: {type(e).__name__}: {e}") from e
         rel = diff / scale if scale else diff
         if not np.isfinite(rel) or rel > GRAPH_RTOL:
@@ -851,33 +851,8 @@ def graph_support() -> str | None:
     return None
 
 
-def _capture_begin(stream) -> None:
-    """The runtime's stream capture (relaxed mode), so that the captured cudaGraph_t is ours to rewrite."""
-    rt = gpu.cp().cuda.runtime
-    rt.streamBeginCapture(stream.ptr, getattr(rt, "streamCaptureModeRelaxed", 2))
-
-
-def _capture_end(stream) -> int:
-    return gpu.cp().cuda.runtime.streamEndCapture(stream.ptr)
-
-
 def _instantiate(graph):
     return RawGraph(graph)
-
-
-def _destroy(graph) -> None:
-    gpu.cp().cuda.runtime.graphDestroy(graph)
-
-
-def _end_capture_quietly(stream) -> None:
-    """Leave a stream out of capture after a failure inside it (the capture's graph is discarded)."""
-    try:
-        if stream.is_capturing():
-            g = _capture_end(stream)
-            if g:
-                _destroy(g)
-    except Exception:
-        pass
 
 
 class RawGraph:
@@ -886,8 +861,8 @@ class RawGraph:
 
     def __init__(self, graph: int):
         rt = gpu.cp().cuda.runtime
-        self.graph = int(graph)
-        self.exec = int(rt.graphInstantiate(self.graph))
+        ge = int(rt.graphInstantiate(int(graph)))   # first: a failure leaves the graph to the caller, not to __del__
+        self.graph, self.exec = int(graph), ge
 
     def launch(self, stream) -> None:
         gpu.cp().cuda.runtime.graphLaunch(self.exec, stream.ptr)

@@ -220,10 +220,18 @@ def _install_capture(monkeypatch, cp, graph):
     # the runtime's capture, the graph rewrite and its instantiation, on the fake stream
     from labkernels import graph_nodes, prefill
 
-    monkeypatch.setattr(prefill, "_capture_begin", lambda s: s.begin_capture())
-    monkeypatch.setattr(prefill, "_capture_end", lambda s: s.end_capture())
+    def capture(fn, s):       # graph_nodes.capture on the fake stream: a failure inside ends the capture
+        s.begin_capture()
+        try:
+            fn()
+        except BaseException:
+            s.end_capture()
+            raise
+        return s.end_capture()
+
+    monkeypatch.setattr(graph_nodes, "capture", capture)
+    monkeypatch.setattr(graph_nodes, "destroy", lambda g: None)
     monkeypatch.setattr(prefill, "_instantiate", lambda g: g)
-    monkeypatch.setattr(prefill, "_destroy", lambda g: None)
     monkeypatch.setattr(graph_nodes, "memsets_to_kernels", lambda g: {"replaced": 0, "bytes": 0, "left": 0})
     monkeypatch.setattr(graph_nodes, "census", lambda g: [])
     monkeypatch.setattr(prefill.gpu, "host_device_pointer", lambda host: host)   # the fake kernels read numpy
