@@ -860,7 +860,14 @@ def _choose(qtype: str, nt: int, od: int, id_: int, table=None, cc: int | None =
             d = (np.log(rows.od / od) ** 2 + np.log(rows.id / id_) ** 2 + 0.25 * np.log(rows.nt / nt) ** 2)
             r = rows.loc[d.idxmin()]
             params = tuple((k, int(v)) for k, v in r.params.items())
-            ch = Choice(r.family, params, f"fastest at {r.od}x{r.id} nt={r.nt} in run {r.run_id}")
+            why = f"fastest at {r.od}x{r.id} nt={r.nt} in run {r.run_id}"
+            p = dict(params)
+            if r.family == "wgmma_kq" and p.get("SK") == 2:
+                sm = device_props()["sm_count"] if _has_gpu() else 132
+                if not wgmma.sk_fits(2, nt, od, id_, p["BN"], sm):   # the uniform split-k grid takes few shapes
+                    params = tuple((k, 1 if k == "SK" else v) for k, v in params)
+                    why += f"; its uniform split-k grid (SK=2) does not fit {od}x{id_} nt={nt}: stream-K (SK=1)"
+            ch = Choice(r.family, params, why)
             return ch if r.family == "wgmma_kq" else _with_sweep_variant(ch, qtype, nt, od, id_)
     if wgmma.supported(cc):
         return Choice("wgmma_kq", tuple(wgmma.default_params(qtype, nt).items()),

@@ -135,6 +135,9 @@ GRAPH_VARIANTS = {"eager-unfused": {"graph": False, **{f: False for f in FUSIONS
 GRAPH_OPTIONS = ("pdl", "memsets_as_kernels", "ids_from_host")
 #: the variants whose decomposition (host overhead as a class, the replay's launch gaps) is recorded
 GRAPH_DECOMPOSE_VARIANTS = ("eager-unfused", "graph-fused", "graph-fused-pdl", "graph-fused-pdl-nodes")
+#: the graph variants whose replays are stamped (replay_breakdown: where the wall outside the graph goes)
+BREAKDOWN_VARIANTS = ("graph-fused", "graph-fused-pdl-nodes")
+GRAPH_BREAKDOWN_REPEATS = 11
 GRAPH_NTS = (64, 128, 512, 1024, 3325)
 GRAPH_DECOMPOSE_NTS = (64, 512, 3325)
 
@@ -198,6 +201,16 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
                                           "attn_f16": base.attn_f16, "gemm_families": gm.families_used()})
         progress(f"{label} nt={nt}: " + ", ".join(f"{v} {np.median(walls[(nt, v)]):.2f} ms" for v in names))
     run.append("graphs", [{"model": label, **g} for g in gm.graphs()])
+    for nt in nts:      # where the time outside the graph goes: host stamps and events around each replay
+        toks = prefill_cli.prompt_tokens(m, nt)
+        for v in BREAKDOWN_VARIANTS:
+            use(v)
+            t = timed_prefill(gm, toks, repeats=GRAPH_BREAKDOWN_REPEATS, breakdown=True)
+            if t["breakdown"]:
+                run.append("replay_breakdown", {"model": label, "nt": nt, "variant": v,
+                                                "repeats": GRAPH_BREAKDOWN_REPEATS, **t["breakdown"]})
+        progress(f"{label} nt={nt}: outside the graph " + ", ".join(
+            f"{k[:-3]} {v:.3f}" for k, v in (t["breakdown"] or {}).items()) + " ms")
     gaps = {}
     for nt in dec_nts:
         toks = prefill_cli.prompt_tokens(m, nt)

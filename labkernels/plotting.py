@@ -46,6 +46,7 @@ VARIANT_COLORS = {
     "q4k_nb_kdr4": "#2ca02c",
     # round 7: the wgmma family against the same references (int8 = the lab's rounds 3-4 families)
     "wgmma_kq": "#6a3d9a", "wgmma_incl_f32_to_f16": "#cab2d6", "int8": "#2ca02c", "issue": "#fdbf6f",
+    "uniform_split": "#1b9e77",      # the wgmma_kq launch on the uniform split-k grid (SK=2)
     # device profiles (round 2 / 4)
     "h200": "#1f77b4", "a100": "#ff7f0e", "l40s": "#9467bd", "rtx5090": "#8c564b", "gb10": "#d62728",
 }

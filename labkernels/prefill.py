@@ -144,6 +144,8 @@ class GraphEntry:
     host_tokens: object = None   # pinned host ids the graph's first node copies in (None: tokens.set per replay)
     done: object = None          # event after the latest replay: its ids were read before host_tokens is rewritten
     span: object = None          # (timing events) the graph's first and last nodes: event records inside it
+    marks: object = None         # (timing events) recorded on the replay stream just before the graph's launch and
+                                 # after the logits' copy, when GpuModel.stamp_replays asks (replay_breakdown)
 
 
 class Weight:
@@ -238,6 +240,8 @@ class GpuModel:
         self._graph_refused: dict = {}       # GraphKey -> why it runs eager (auto mode)
         self.graph_fallbacks: list[dict] = []
         self.last_mode: str | None = None    # 'graph' | 'eager': what the latest forward ran
+        self.stamp_replays = False           # replays also stamp host clocks and two events around the launch
+        self._last_stamps = None             # (before the launch, after it, after the logits' copy): perf_counter s
 
     # ---------------------------------------------------------------- building blocks
     def _k(self, fam, **p):
@@ -659,13 +663,25 @@ class GpuModel:
             e.host_tokens[...] = toks
         else:
             e.tokens.set(toks, stream=cur)
+        marks = None
+        if self.stamp_replays:
+            if e.marks is None:
+                e.marks = (cp.cuda.Event(), cp.cuda.Event())
+            marks = e.marks
+            marks[0].record(cur)
+        t1 = time.perf_counter()
         e.graph.launch(stream=cur)
+        t2 = time.perf_counter()
         if e.done is not None:
             e.done.record(cur)
         self._last_graph = e
         e.replays += 1
         self._used = list(e.families)
-        return e.out.copy()
+        out = e.out.copy()
+        if marks is not None:
+            marks[1].record(cur)
+        self._last_stamps = (t1, t2, time.perf_counter()) if marks is not None else None
+        return out
 
     def last_graph_span_ms(self) -> float:
         """GPU time from the latest replay's first node to its last (both event-record nodes of the graph; call
@@ -675,6 +691,32 @@ class GpuModel:
         if self.last_mode != "graph" or e is None or e.span is None:
             return float("nan")
         return float(gpu.cp().cuda.get_elapsed_time(e.span[0], e.span[1]))
+
+    def replay_breakdown(self, t0: float, t_end: float) -> dict:
+        """Where the latest replay's wall went outside the graph's execution (call after a forward with
+        :attr:`stamp_replays` set, timed from host clock ``t0`` before the forward to ``t_end`` after the device was
+        synchronized; ms): ``py_pre`` (``t0`` to the graph's launch call: argument checks, the cache lookup, the ids'
+        write), ``launch_call`` (the host's ``cudaGraphLaunch``), ``py_post`` (its return to the forward's return: the
+        event record and the logits' copy launch), ``sync`` (the forward's return to the synchronization's),
+        ``gpu_lead`` (on the GPU, from the event recorded just before the launch call to the graph's first node),
+        ``gpu_span`` (the graph's first node to its last), ``gpu_tail`` (the last node to the event after the logits'
+        copy) and ``submit_wake`` = wall - py_pre - (lead + span + tail): the latency of the first submission to an
+        idle GPU and of the host's waking when the GPU has finished. NaN fields where the forward was no stamped
+        replay."""
+        keys = ("py_pre", "launch_call", "py_post", "sync", "gpu_lead", "gpu_span", "gpu_tail", "submit_wake")
+        e = getattr(self, "_last_graph", None)
+        st = self._last_stamps
+        if self.last_mode != "graph" or e is None or st is None or e.marks is None or e.span is None:
+            return {k + "_ms": float("nan") for k in keys}
+        el = gpu.cp().cuda.get_elapsed_time
+        t1, t2, t3 = st
+        lead, span, tail = (float(el(e.marks[0], e.span[0])), float(el(e.span[0], e.span[1])),
+                            float(el(e.span[1], e.marks[1])))
+        wall = (t_end - t0) * 1e3
+        pre = (t1 - t0) * 1e3
+        vals = (pre, (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t_end - t3) * 1e3, lead, span, tail,
+                wall - pre - (lead + span + tail))
+        return {k + "_ms": v for k, v in zip(keys, vals)}
 
     def _capture(self, key: GraphKey, toks) -> GraphEntry:
         """Capture the forward for ``key``: every activation comes from a private memory pool that lives with the
@@ -800,7 +842,8 @@ class GpuModel:
         return out
 
 
-def timed_prefill(gm: GpuModel, tokens, repeats: int = 3, warmup: int = 1, graph="opts") -> dict:
+def timed_prefill(gm: GpuModel, tokens, repeats: int = 3, warmup: int = 1, graph="opts",
+                  breakdown: bool = False) -> dict:
     """Wall time of whole prefills (host clock around a synchronized forward), median of repeats; ``mode`` says
     what ran ('graph' | 'eager', the same for every timed forward or an error) and ``fallback`` why a forward
     that could take a graph ran eager (None otherwise). The warm-up forwards capture the graph when new.
@@ -809,20 +852,35 @@ def timed_prefill(gm: GpuModel, tokens, repeats: int = 3, warmup: int = 1, graph
     node to its last, on the GPU) and ``host_outside_ms`` = wall - that span: the time of the forward outside the
     graph's execution (Python, the graph launch and its latency, the logits copy, the synchronization), a difference
     within the same forwards, so that GPU clocks cancel out of it (the median of the per-forward differences; runs
-    up to 20261201T163853Z recorded the difference of the two medians, which carries the walls' spread)."""
+    up to 20261201T163853Z recorded the difference of the two medians, which carries the walls' spread).
+
+    ``breakdown``: the timed replays also stamp their host clocks and two events around the launch
+    (:meth:`GpuModel.replay_breakdown`), and ``breakdown`` holds each part's median over the repeats (ms), the
+    parts' own walls included (``wall_ms``); the stamps cost the replay two event records, so a stamped forward is
+    not the one the throughput figures time."""
     cp = gpu.cp()
     tokens = gm._tokens(tokens)       # the ids as an int32 array once, as a caller holding them would pass them
     for _ in range(warmup):
         gm.forward(tokens, graph=graph)
     cp.cuda.runtime.deviceSynchronize()
-    walls, modes, spans = [], set(), []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        gm.forward(tokens, graph=graph)
-        cp.cuda.runtime.deviceSynchronize()
-        walls.append(time.perf_counter() - t0)
-        modes.add(gm.last_mode)
-        spans.append(gm.last_graph_span_ms())
+    walls, modes, spans, parts = [], set(), [], []
+    stamp0 = getattr(gm, "stamp_replays", False)
+    if breakdown:
+        gm.stamp_replays = True
+    try:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            gm.forward(tokens, graph=graph)
+            cp.cuda.runtime.deviceSynchronize()
+            t_end = time.perf_counter()
+            walls.append(t_end - t0)
+            modes.add(gm.last_mode)
+            spans.append(gm.last_graph_span_ms())
+            if breakdown:
+                parts.append({"wall_ms": (t_end - t0) * 1e3, **gm.replay_breakdown(t0, t_end)})
+    finally:
+        if breakdown:
+            gm.stamp_replays = stamp0
     if len(modes) != 1:
         raise GraphCaptureError(f"timed forwards ran in different modes: {sorted(modes)}")
     w = float(np.median(walls))
@@ -835,7 +893,8 @@ def timed_prefill(gm: GpuModel, tokens, repeats: int = 3, warmup: int = 1, graph
     outside = float(np.median([x * 1e3 - sp for x, sp in zip(walls, spans)])) if graph_mode else float("nan")
     return {"n_tokens": len(tokens), "wall_ms": w * 1e3, "tok_per_s": len(tokens) / w,
             "wall_ms_all": [x * 1e3 for x in walls], "mode": mode, "fallback": fallback,
-            "gpu_span_ms": span, "host_outside_ms": outside}
+            "gpu_span_ms": span, "host_outside_ms": outside,
+            "breakdown": {k: float(np.median([p[k] for p in parts])) for k in parts[0]} if parts else None}
 
 
 def graph_support() -> str | None:

@@ -161,18 +161,22 @@ display(report.table(bar, caption="The issue's performance bar, point by point")
 # %%
 n512 = med[(med.nt == 512) & med.variant.str.startswith(("wgmma_bn", "cublas_f16_cached"))].copy()
 if n512.variant.str.endswith("_sk").any():
-    n512["sched"] = np.where(n512.variant.str.endswith("_sk"), "stream-K",
-                             np.where(n512.variant.str.startswith("cublas"), "cuBLAS", "data-parallel"))
+    n512["sched"] = np.select([n512.variant.str.endswith("_sku"), n512.variant.str.endswith("_sk"),
+                               n512.variant.str.startswith("cublas")],
+                              ["uniform split-k", "stream-K", "cuBLAS"], "data-parallel")
     best = n512.loc[n512.groupby(["qtype", "od", "id", "sched"]).median_us.idxmin()]
     fig, ax = plt.subplots(figsize=(11, 4))
     keys = [(q, od, id_) for q in ("q4_K", "q6_K") for od, id_ in wgmma.SHAPES]
     xs = np.arange(len(keys))
-    for k, (sched, col) in enumerate((("data-parallel", plotting.color("wgmma_kq")), ("stream-K", plotting.color("issue")),
-                                       ("cuBLAS", plotting.color("cublas_f16_cached")))):
+    scheds = [s for s in (("data-parallel", plotting.color("wgmma_kq")), ("stream-K", plotting.color("issue")),
+                          ("uniform split-k", plotting.color("uniform_split")), ("cuBLAS", plotting.color("cublas_f16_cached")))
+              if (best.sched == s[0]).any()]
+    wbar = .8 / len(scheds)
+    for k, (sched, col) in enumerate(scheds):
         vals = [best[(best.qtype == q) & (best.od == od) & (best.id == id_) & (best.sched == sched)].tops_eq.max()
                 for q, od, id_ in keys]
-        ax.bar(xs + (k - 1) * .27, vals, .27, label=sched if sched == "cuBLAS" else f"wgmma_kq, {sched} (best BN, SCL)",
-               color=col)
+        ax.bar(xs + (k - (len(scheds) - 1) / 2) * wbar, vals, wbar,
+               label=sched if sched == "cuBLAS" else f"wgmma_kq, {sched} (best BN, SCL)", color=col)
     ax.set_xticks(xs, [f"{q}\n{od}x{id_}" for q, od, id_ in keys], fontsize=8)
     ax.set_ylabel("TOPS-eq at nt=512"); ax.set_ylim(0, 1.25 * ax.get_ylim()[1])   # headroom: the legend stays off the bars
     ax.legend(fontsize=8, ncol=3, loc="upper left"); ax.grid(axis="y", alpha=.3)
@@ -180,7 +184,10 @@ if n512.variant.str.endswith("_sk").any():
     plt.show()
     piv = best.pivot_table(index=["qtype", "od", "id"], columns="sched", values="tops_eq").reset_index()
     piv["stream-K / data-parallel"] = piv["stream-K"] / piv["data-parallel"]
-    piv["best / cuBLAS"] = piv[["stream-K", "data-parallel"]].max(axis=1) / piv["cuBLAS"]
+    lab = [c for c in ("stream-K", "data-parallel", "uniform split-k") if c in piv.columns]
+    if "uniform split-k" in piv.columns:    # NaN where its grid does not fit the shape (not run)
+        piv["uniform / stream-K"] = piv["uniform split-k"] / piv["stream-K"]
+    piv["best / cuBLAS"] = piv[lab].max(axis=1) / piv["cuBLAS"]
     display(report.table(piv, caption="TOPS-eq at nt=512 by scheduler (best variant of each); ratios of medians"))
 else:
     print(f"run {run.run_id} predates the stream-K scheduler")
@@ -305,6 +312,22 @@ else:
                                            values="median_us").reset_index()
     sft.columns = ["_".join(c for c in col if c) if isinstance(col, tuple) else col for col in sft.columns]
     display(report.table(sft, caption=f"split finish vs plain, stream-K BN=256, us per GEMM ({report.source(sf)})"))
+
+# %% [markdown]
+# **Measured (run 20261201T174118Z, commit 6260974): the prediction was wrong, and the grid was what mattered.**
+# Every split launch was bitwise the plain build on its grid. At 4096×4096, nt=512, q4_K: plain 35.2 us on the
+# default stream-K grid, 33.6 on the paired grid, the split finish 36.4 / 33.4 — the split finish is worth
+# nothing on the paired grid (0.2 us) and costs 1.2 us on the default one; for q6_K it is slower on both (43.6 /
+# 38.0 against 39.7 / 36.7; its epilogue spills). The paired grid alone gains 5–10% at all four points (q4_K
+# 4096×14336 95.5 → 88.1, q6_K 110.9 → 99.7): every CTA finishes its loop at the same time as its tile's other
+# CTA, so no owner waits for a helper that started late. Against cuBLAS's 28.4 us at the same point (the cost
+# scan 20261201T155450Z; this run timed no cuBLAS) the paired split launch is still ~5 us away, not the predicted
+# ~3. So the split finish stays an experiment, and the grid
+# becomes a scheduler of the kernel: **`SK=2`, the uniform split-k grid** (`wgmma.schedule`): G × tiles CTAs,
+# G the largest divisor of a tile's super-blocks that fits the SMs (the paired grid is G=2), refused where G < 2
+# (e.g. 11008 rows at nt=512, or 4096×11008's 43 super-blocks: a ShapeError, never another grid); the benchmark
+# times it as the `_sku` variants where it fits, and `auto` takes it where it won, as stream-K where it was
+# recorded but does not fit.
 
 # %% [markdown]
 # ## The shared-memory form: conversion off the consumers' chain

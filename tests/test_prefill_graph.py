@@ -601,3 +601,77 @@ def test_timed_prefill_takes_the_outside_time_per_forward(monkeypatch):
     t = prefill.timed_prefill(GM(), [1, 2, 3], repeats=3, warmup=0)
     assert t["mode"] == "graph" and t["wall_ms"] == pytest.approx(20.0)
     assert t["gpu_span_ms"] == pytest.approx(19.9) and t["host_outside_ms"] == pytest.approx(0.5)   # not 0.1
+
+
+def test_replay_breakdown_splits_the_wall_outside_the_graph(monkeypatch):
+    """A stamped replay's wall splits into the host's parts (before the launch call, the call, after it, the
+    synchronization) and the GPU's (the event before the launch to the graph's first node, the graph, its last node
+    to the event after the logits' copy); submit_wake is what neither side saw. Unstamped: NaN, never a guess."""
+    import types
+
+    from labkernels import prefill
+
+    m0, m1, s0, s1 = "m0", "m1", "s0", "s1"
+    el = {(m0, s0): 0.030, (s0, s1): 3.2, (s1, m1): 0.006}
+    monkeypatch.setattr(prefill.gpu, "cp", lambda: types.SimpleNamespace(
+        cuda=types.SimpleNamespace(get_elapsed_time=lambda a, b: el[(a, b)])))
+    gm = GpuModel.__new__(GpuModel)
+    gm.last_mode = "graph"
+    gm._last_graph = types.SimpleNamespace(marks=(m0, m1), span=(s0, s1))
+    gm._last_stamps = (1.000020, 1.000045, 1.000060)     # launch call at +20 us, returns at +45, forward at +60
+    b = gm.replay_breakdown(1.0, 1.003300)                # synchronized at +3.3 ms
+    assert b["py_pre_ms"] == pytest.approx(0.020) and b["launch_call_ms"] == pytest.approx(0.025)
+    assert b["py_post_ms"] == pytest.approx(0.015) and b["sync_ms"] == pytest.approx(3.3 - 0.060)
+    assert (b["gpu_lead_ms"], b["gpu_span_ms"], b["gpu_tail_ms"]) == (0.030, 3.2, 0.006)
+    assert b["submit_wake_ms"] == pytest.approx(3.3 - 0.020 - 3.236)
+    gm._last_stamps = None                                 # a replay that was not stamped
+    assert all(np.isnan(v) for v in gm.replay_breakdown(1.0, 1.0033).values())
+    gm._last_stamps, gm.last_mode = (1.0, 1.0, 1.0), "eager"
+    assert all(np.isnan(v) for v in gm.replay_breakdown(1.0, 1.0033).values())
+
+
+def test_timed_prefill_breakdown_stamps_only_its_own_forwards(monkeypatch):
+    """breakdown=True stamps the timed forwards (not the warm-up), gives each part's median and puts the model's
+    stamp setting back, also when a forward raises."""
+    import types
+
+    from labkernels import prefill
+
+    monkeypatch.setattr(prefill.gpu, "cp", lambda: types.SimpleNamespace(
+        cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(deviceSynchronize=lambda: None))))
+    seen = []
+
+    class GM:
+        opts = types.SimpleNamespace(graph=None)
+        last_mode = "graph"
+        _graph_refused = {}
+        stamp_replays = False
+        fail = False
+
+        def _tokens(self, t):
+            return np.asarray(t, np.int32)
+
+        def forward(self, toks, graph="opts"):
+            seen.append(self.stamp_replays)
+            if self.fail and len(seen) > 1:
+                raise RuntimeError("boom")
+
+        def last_graph_span_ms(self):
+            return 1.0
+
+        def replay_breakdown(self, t0, t1):
+            return {"gpu_lead_ms": [0.01, 0.05, 0.02][(len(seen) - 2) % 3], "sync_ms": 0.5}
+
+        def graph_key(self, n):
+            return n
+
+    gm = GM()
+    t = prefill.timed_prefill(gm, [1, 2], repeats=3, warmup=1, breakdown=True)
+    assert seen == [False, True, True, True] and gm.stamp_replays is False
+    assert t["breakdown"]["gpu_lead_ms"] == pytest.approx(0.02) and t["breakdown"]["sync_ms"] == 0.5
+    assert set(t["breakdown"]) == {"wall_ms", "gpu_lead_ms", "sync_ms"}
+    assert prefill.timed_prefill(gm, [1, 2], repeats=2, warmup=0)["breakdown"] is None
+    gm.fail, seen[:] = True, []
+    with pytest.raises(RuntimeError, match="boom"):
+        prefill.timed_prefill(gm, [1, 2], repeats=2, warmup=1, breakdown=True)
+    assert gm.stamp_replays is False

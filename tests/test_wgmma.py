@@ -5,7 +5,7 @@ is in sync with its generator."""
 import numpy as np
 import pytest
 
-from labkernels import quants, wgmma
+from labkernels import gpu, quants, wgmma
 from labkernels.kernels import gen_wgmma, registry
 
 
@@ -189,7 +189,11 @@ def test_stream_k_schedule_covers_every_iteration_once(nt, od, id_, bn):
 
     I = id_ // 256
     tiles = -(-od // 128) * -(-nt // bn)
-    for sk in (0, 1):
+    for sk in (0, 1, 2):
+        if not wgmma.sk_fits(sk, nt, od, id_, bn, 132):
+            with pytest.raises(gpu.ShapeError, match="no uniform split-k grid"):
+                wgmma.schedule(sk, nt, od, id_, bn, 132)
+            continue
         ncta, dp = wgmma.schedule(sk, nt, od, id_, bn, 132)
         assert dp % ncta == 0 and ncta <= (tiles if not sk else 132)
         seen = np.zeros((tiles, I), np.int32)
@@ -211,7 +215,60 @@ def test_stream_k_schedule_covers_every_iteration_once(nt, od, id_, bn):
         if not sk:
             assert ncta == tiles == dp
     with pytest.raises(ValueError, match="SK is 0"):
-        wgmma.schedule(2, 1, 128, 256, 128, 132)
+        wgmma.schedule(3, 1, 128, 256, 128, 132)
+
+
+@pytest.mark.parametrize("nt,od,id_,bn,g", [(512, 4096, 4096, 256, 2), (512, 4096, 14336, 256, 2),
+                                             (256, 4096, 4096, 256, 4), (64, 4096, 11008, 256, 1),
+                                             (64, 640, 2048, 128, 8), (512, 11008, 4096, 256, 0)])
+def test_uniform_split_grid_gives_every_cta_one_equal_part_of_one_tile(nt, od, id_, bn, g):
+    """SK=2: G x tiles CTAs, G the largest divisor of the super-blocks per tile that fits the SMs; every CTA runs
+    one segment, I/G super-blocks long and aligned to them, of one tile (so the kernel's own range split is the
+    uniform split); G < 2 is refused, never run on another grid. 4096 x 11008 has 43 super-blocks (prime): G=1."""
+    from labkernels import wgmma
+
+    I = id_ // 256
+    tiles = -(-od // 128) * -(-nt // bn)
+    assert wgmma.uniform_split(tiles, I, 132) == g
+    assert wgmma.sk_fits(2, nt, od, id_, bn, 132) == (g >= 2)
+    if g < 2:
+        with pytest.raises(gpu.ShapeError, match=r"no uniform split-k grid \(SK=2\).*use SK=1"):
+            wgmma.schedule(2, nt, od, id_, bn, 132)
+        return
+    ncta, dp = wgmma.schedule(2, nt, od, id_, bn, 132)
+    assert (ncta, dp) == (g * tiles, 0) and ncta <= 132
+    part = I // g
+    for c in range(ncta):
+        assert wgmma.segments(ncta, c, I, tiles, dp) == [(c // g, part * (c % g), part * (c % g) + part)]
+
+
+def test_variant_names_carry_the_scheduler():
+    from labkernels import wgmma
+
+    for sk, suffix in ((0, ""), (1, "_sk"), (2, "_sku")):
+        name = wgmma.variant_name(256, 4, 0, sk)
+        assert name == "wgmma_bn256_s4_scl0" + suffix
+        assert wgmma.variant_params(name, "q4_K") == ("wgmma_kq", {"BN": 256, "STAGES": 4, "BF16": 0, "SCL": 0,
+                                                                   "SK": sk})
+        smem = wgmma.variant_name(128, 4, 0, sk, FORM=1)
+        assert wgmma.variant_params(smem, "q4_K")[1]["SK"] == sk and smem.startswith("wgmma_smem_bn128_s4")
+
+
+def test_auto_choice_leaves_the_uniform_grid_where_it_does_not_fit(tmp_path):
+    """A recorded SK=2 winner at a shape class is used as it is where its grid fits, and as stream-K (SK=1), said in
+    the reason, where it does not (the nearest class is 4096x4096, but 4096 x 11008 has 43 super-blocks a tile)."""
+    from labkernels import gpu, records
+
+    run = records.new_run("wgmma", {"t": 1}, root=tmp_path)
+    run.append("wgmma_bench", [{"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": v, "pair": 0,
+                                "median_us": us}
+                               for v, us in (("wgmma_bn256_s4_scl0_sku", 33.0), ("wgmma_bn256_s4_scl0_sk", 35.0))])
+    run.finish()
+    t = wgmma.auto_table(root=tmp_path)
+    c = gpu.choose("q4_K", 512, 4096, 4096, table=t, cc=90)
+    assert dict(c.params)["SK"] == 2 and "does not fit" not in c.reason
+    c = gpu.choose("q4_K", 512, 4096, 11008, table=t, cc=90)
+    assert dict(c.params)["SK"] == 1 and "uniform split-k grid (SK=2) does not fit 4096x11008 nt=512" in c.reason
 
 
 def test_build_defines_are_read_at_each_build(monkeypatch):

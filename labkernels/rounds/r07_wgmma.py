@@ -37,11 +37,11 @@ from labkernels.kernels import registry
 mode = sys.argv[1]
 rng = np.random.default_rng(3)
 cases = []
-if mode == "sanitizer":       # tails in nt and od, every main-path variant, both schedulers (stream-K splits
-    for k in registry.family("wgmma_kq") + registry.family("wgmma_kqs"):   # these tiles' k over 4 CTAs:
-                                                # partials, flags, fix-up; both forms)
+if mode == "sanitizer":       # tails in nt and od, every main-path variant, the three schedulers (stream-K
+    for k in registry.family("wgmma_kq") + registry.family("wgmma_kqs"):   # splits these tiles' k over 4 CTAs,
+                                                # the uniform split over 2 each: partials, flags, fix-up; both forms)
         if k.main_path:
-            cases += [(k, 77, 200, 512, 0), (k, 77, 200, 512, 1)]
+            cases += [(k, 77, 200, 512, 0), (k, 77, 200, 512, 1), (k, 77, 200, 512, 2)]
 else:                         # ncu: the main variants at the 7B attention shape
     for qt in (4, 6):
         for nt, bn, sk in ((512, 128, 0), (512, 256, 1), (4096, 256, 0)):

@@ -95,6 +95,33 @@ def test_wgmma_stream_k(cp, rng, qtype, bn, nt, od, id_):
     assert np.abs(y1 - y0).max() <= 1e-5 * scale, "stream-K differs from data-parallel beyond summation order"
 
 
+@pytest.mark.parametrize("qtype", ["q4_K", "q6_K"])
+@pytest.mark.parametrize("bn", [128, 256])
+@pytest.mark.parametrize("nt,od,id_", [(512, 4096, 4096), (300, 1000, 4096), (37, 640, 2048), (1, 130, 1024)])
+def test_wgmma_uniform_split(cp, rng, qtype, bn, nt, od, id_):
+    """The uniform split-k grid (SK=2, G CTAs a tile): gated with tails in nt and od, equal to data-parallel within
+    fp32 summation order, bitwise reproducible over two launches (the flags reset); where G < 2 a clear
+    ShapeError before any launch (512 x 4096 at BN=128: 128 tiles)."""
+    from labkernels import gpu, wgmma
+
+    raw = _weights(rng, qtype, od, id_)
+    x = rng.standard_normal((nt, id_)).astype(np.float32)
+    scl = wgmma.main_scl(qtype, bn)
+    if not wgmma.sk_fits(2, nt, od, id_, bn, gpu.device_props()["sm_count"]):
+        w = wgmma.WgWeight.from_gguf(raw, qtype)
+        with pytest.raises(gpu.ShapeError, match="no uniform split-k grid"):
+            wgmma.gemm(w, cp.asarray(x), BN=bn, SCL=scl, SK=2)
+        return
+    y2, packed = _run(cp, raw, qtype, x, BN=bn, SCL=scl, SK=2)
+    y2b, _ = _run(cp, raw, qtype, x, BN=bn, SCL=scl, SK=2)
+    y0, _ = _run(cp, raw, qtype, x, BN=bn, SCL=scl, SK=0)
+    g = wgmma.gate(y2, raw, qtype, x, packed=packed, tokens=np.arange(0, nt, max(1, nt // 40)))
+    assert g["ok"] and g["nonfinite"] == 0, g
+    assert np.array_equal(y2, y2b), "the uniform split is not bitwise reproducible"
+    scale = float(np.abs(y0).max())
+    assert np.abs(y2 - y0).max() <= 1e-5 * scale, "the uniform split differs from data-parallel beyond summation order"
+
+
 SMEM = registry.family("wgmma_kqs")
 
 
@@ -176,26 +203,29 @@ def test_wgmma_real_model_tensors(cp, rng):
 def test_wgmma_trace_build_stamps_every_cta_in_order(cp, rng, bn, sk):
     """The exploratory -DLK_EXP_TRACE build (labkernels.wgmma.trace_launch): every CTA stamps its entry, setup,
     its first segment's start, the first tile's arrival and the segment's ends, in that order (wgmma.TRACE_ORDER) in
-    time and in cycles; a stream-K launch has CTAs with two
-    segments."""
+    time and in cycles; exactly the CTAs whose stream-K range crosses a tile boundary in the host model
+    (wgmma.segments) stamp a second segment (id 4352: 17 super-blocks a tile, so ranges of 2-3 cross them; at 4096
+    ranges of 2 never do)."""
     import pandas as pd
 
     from labkernels import wgmma
 
-    od, id_, nt = 1000, 4096, 512
+    od, id_, nt = 1000, 4352, 512
     raw = _weights(rng, "q4_K", od, id_)
     w = wgmma.WgWeight.from_gguf(raw, "q4_K")
     x16 = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float16))
     df = pd.DataFrame(wgmma.trace_launch(w, x16, BN=bn, SK=sk))
-    ncta = wgmma.schedule(sk, nt, od, id_, bn, 132)[0]
+    ncta, dp = wgmma.schedule(sk, nt, od, id_, bn, 132)
     assert df.cta.nunique() == ncta
     for ev in ("entry", "setup", "first_tile", "seg0_start", "seg0_mma_end", "seg0_done"):
         assert (df.event == ev).sum() == ncta, ev
     for _, g in df.groupby("cta"):
         g = g.set_index("event").reindex([e for e in wgmma.TRACE_ORDER if e in set(g.event)])
         assert g.cta_us.is_monotonic_increasing and g.cycles.is_monotonic_increasing, g
-    if sk:
-        assert (df.event == "seg1_start").any(), "no CTA of the stream-K launch ran a second segment"
+    tiles = ((od + 127) // 128) * ((nt + bn - 1) // bn)
+    two = {c for c in range(ncta) if len(wgmma.segments(ncta, c, id_ // 256, tiles, dp)) > 1}
+    assert set(df.cta[df.event == "seg1_start"]) == two
+    assert bool(two) == bool(sk)        # stream-K here has CTAs with two segments; data-parallel none
 
 
 @pytest.mark.parametrize("od,id_,nt", [(4096, 4096, 512), (1000, 4096, 300)])
