@@ -95,9 +95,22 @@ class PrefillOptions:
         if self.graph not in (None, True, False):
             raise ValueError(f"graph must be True, False or None (auto), got {self.graph!r}")
 
+    def __setattr__(self, name, value):
+        object.__setattr__(self, name, value)
+        if name != "_key_cache":
+            object.__setattr__(self, "_key_cache", None)      # any field set: the key is computed anew
+
     def key(self) -> tuple:
-        """What the captured forward depends on: every option but ``graph`` itself (a graph cache key part)."""
-        return tuple((f.name, _freeze(getattr(self, f.name))) for f in fields(self) if f.name != "graph")
+        """What the captured forward depends on: every option but ``graph`` itself (a graph cache key part).
+        Cached until a field is set (or q6k_variant's items change in place): each graph replay asks for it, and
+        building it costs more than the rest of the replay's Python (~4 of ~16 us on a CI core)."""
+        c = self.__dict__.get("_key_cache")
+        q6 = tuple(sorted(self.q6k_variant.items()))
+        if c is not None and c[0] == q6:
+            return c[1]
+        k = tuple((f.name, _freeze(getattr(self, f.name))) for f in fields(self) if f.name != "graph")
+        object.__setattr__(self, "_key_cache", (q6, k))
+        return k
 
 
 def _freeze(v):
@@ -241,7 +254,8 @@ class GpuModel:
         self.graph_fallbacks: list[dict] = []
         self.last_mode: str | None = None    # 'graph' | 'eager': what the latest forward ran
         self.stamp_replays = False           # replays also stamp host clocks and two events around the launch
-        self._last_stamps = None             # (before the launch, after it, after the logits' copy): perf_counter s
+        self._last_stamps = None             # perf_counter s: replay entry, after the lookup, after the ids, before
+                                             # the launch call, after it, after the logits' copy
 
     # ---------------------------------------------------------------- building blocks
     def _k(self, fam, **p):
@@ -648,6 +662,8 @@ class GpuModel:
     def _forward_graph(self, toks, all_logits):
         """Replay (capturing first when new) the graph of this (model, nt, options); the logits are copied out
         of the graph's buffer onto the current stream."""
+        stamp = self.stamp_replays
+        ta = time.perf_counter() if stamp else 0.0
         cp = gpu.cp()
         key = self.graph_key(toks.size, all_logits)
         if key in self._graph_refused:
@@ -657,6 +673,7 @@ class GpuModel:
             e = self._capture(key, toks)
             self._graphs[key] = e
         cur = cp.cuda.get_current_stream()
+        tb = time.perf_counter() if stamp else 0.0
         if e.host_tokens is not None:     # the graph copies the ids in from this pinned buffer (its first node)
             if e.done is not None:
                 e.done.synchronize()      # the previous replay has read them
@@ -664,7 +681,8 @@ class GpuModel:
         else:
             e.tokens.set(toks, stream=cur)
         marks = None
-        if self.stamp_replays:
+        if stamp:
+            tc = time.perf_counter()
             if e.marks is None:
                 e.marks = (cp.cuda.Event(), cp.cuda.Event())
             marks = e.marks
@@ -680,7 +698,7 @@ class GpuModel:
         out = e.out.copy()
         if marks is not None:
             marks[1].record(cur)
-        self._last_stamps = (t1, t2, time.perf_counter()) if marks is not None else None
+        self._last_stamps = (ta, tb, tc, t1, t2, time.perf_counter()) if marks is not None else None
         return out
 
     def last_graph_span_ms(self) -> float:
@@ -701,21 +719,24 @@ class GpuModel:
         ``gpu_lead`` (on the GPU, from the event recorded just before the launch call to the graph's first node),
         ``gpu_span`` (the graph's first node to its last), ``gpu_tail`` (the last node to the event after the logits'
         copy) and ``submit_wake`` = wall - py_pre - (lead + span + tail): the latency of the first submission to an
-        idle GPU and of the host's waking when the GPU has finished. NaN fields where the forward was no stamped
-        replay."""
-        keys = ("py_pre", "launch_call", "py_post", "sync", "gpu_lead", "gpu_span", "gpu_tail", "submit_wake")
+        idle GPU and of the host's waking when the GPU has finished. ``py_pre`` splits into ``py_entry`` (``t0`` to the
+        replay method: the call, the ids' checks, the mode), ``lookup`` (the graph's key and cache entry),
+        ``ids`` (waiting for the previous replay's event, writing the ids) and ``mark`` (the stamp's own event
+        record). NaN fields where the forward was no stamped replay."""
+        keys = ("py_pre", "launch_call", "py_post", "sync", "gpu_lead", "gpu_span", "gpu_tail", "submit_wake",
+                "py_entry", "lookup", "ids", "mark")
         e = getattr(self, "_last_graph", None)
         st = self._last_stamps
         if self.last_mode != "graph" or e is None or st is None or e.marks is None or e.span is None:
             return {k + "_ms": float("nan") for k in keys}
         el = gpu.cp().cuda.get_elapsed_time
-        t1, t2, t3 = st
+        ta, tb, tc, t1, t2, t3 = st
         lead, span, tail = (float(el(e.marks[0], e.span[0])), float(el(e.span[0], e.span[1])),
                             float(el(e.span[1], e.marks[1])))
         wall = (t_end - t0) * 1e3
         pre = (t1 - t0) * 1e3
         vals = (pre, (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t_end - t3) * 1e3, lead, span, tail,
-                wall - pre - (lead + span + tail))
+                wall - pre - (lead + span + tail), (ta - t0) * 1e3, (tb - ta) * 1e3, (tc - tb) * 1e3, (t1 - tc) * 1e3)
         return {k + "_ms": v for k, v in zip(keys, vals)}
 
     def _capture(self, key: GraphKey, toks) -> GraphEntry:

@@ -295,6 +295,52 @@ else:
     plt.show()
 
 # %% [markdown]
+# ### Outside the graph: where a replay's host time goes
+#
+# Runs from 20261201T18 on also stamp eleven replays per nt and variant (`timed_prefill(breakdown=True)`,
+# `GpuModel.replay_breakdown`): host clocks before and after the graph's launch call and at the forward's return,
+# and two events on the replay stream just before the launch and after the logits' copy. The wall then splits into
+# `py_pre` (the forward's Python before the launch call), `launch_call` (the host's `cudaGraphLaunch`), `py_post`
+# (after it: an event record and the logits' copy launch), `sync` (the forward's return to the synchronization's
+# return, which overlaps the GPU's work); on the GPU, `gpu_lead` (from the event before the launch to the graph's
+# first node), `gpu_span` (the graph) and `gpu_tail` (its last node to the event after the copy); `submit_wake` is
+# wall − py_pre − (lead + span + tail): the latency of the first submission to an idle GPU and of the host's
+# waking once it is done. The stamps cost a replay two event records, so these walls are not the throughput rows'.
+# Later runs split `py_pre` too: `py_entry` (the call, the ids' checks), `lookup` (the graph's key and cache entry),
+# `ids` (waiting for the previous replay's event and writing the ids into the pinned buffer), `mark` (the stamp's
+# own event record).
+
+# %%
+brun = records.latest("prefill", where=lambda r: r.has("replay_breakdown") and model in set(r.table("throughput").model))
+if brun is None:
+    print(f"no stamped replays of {model} recorded yet (prefill_graph runs before the replay_breakdown table)")
+else:
+    bd = brun.table("replay_breakdown")
+    bd = bd[bd.model == model].copy()
+    bd["outside_ms"] = bd.wall_ms - bd.gpu_span_ms
+    cols = ["nt", "variant", "wall_ms", "gpu_span_ms", "outside_ms", "py_pre_ms", "launch_call_ms", "py_post_ms",
+            "gpu_lead_ms", "gpu_tail_ms", "submit_wake_ms", "sync_ms"]
+    cols += [c for c in ("py_entry_ms", "lookup_ms", "ids_ms", "mark_ms") if c in bd.columns]   # py_pre's parts
+    display(report.table(bd[cols], {c: "{:.3f}" for c in cols[2:]},
+                         caption=f"{model}: one stamped replay's parts, median of {int(bd.repeats.iloc[0])} per row "
+                                 f"(ms), run {brun.run_id} ({peers.run_gpu_name(brun)})"))
+    parts = [("py_pre_ms", "Python before the launch"), ("gpu_lead_ms", "launch to the graph's first node (GPU)"),
+             ("gpu_tail_ms", "last node to the copy's end (GPU)"), ("submit_wake_ms", "submission + wake-up latency")]
+    v0 = bd.variant.iloc[0]
+    b0 = bd[bd.variant == v0].sort_values("nt")
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    bottom = np.zeros(len(b0))
+    for c, lab in parts:
+        vals = 1e3 * b0[c].clip(lower=0).to_numpy()
+        ax.bar(range(len(b0)), vals, 0.6, bottom=bottom, label=lab, color=plotting.color(c))
+        bottom += vals
+    ax.plot(range(len(b0)), 1e3 * b0.outside_ms, "k_", ms=30, mew=2, label="wall - graph span")
+    ax.set_xticks(range(len(b0)), [f"nt={n}" for n in b0.nt]); ax.set_ylabel("time outside the graph [us per forward]")
+    ax.set_title(f"{model}, {v0}: the wall outside the graph's execution ({report.source(brun)})", fontsize=9)
+    ax.legend(fontsize=8); ax.grid(axis="y", alpha=.3)
+    plt.show()
+
+# %% [markdown]
 # ## Attention alone: cuDNN's fused SDPA vs the lab's baseline vs PyTorch SDPA (issue 17)
 #
 # `gpu-check --steps attention`: each layer kind of the 7B and Gemma 3 270M layouts at nt 512 / 3325 / 8192, interleaved

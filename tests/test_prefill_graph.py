@@ -48,6 +48,25 @@ def test_options_key_excludes_graph_and_tracks_the_rest():
         PrefillOptions(graph="yes")
 
 
+def test_options_key_is_cached_until_an_option_changes():
+    """key() is cached (each replay asks for it) and follows every change: a field set, q6k_variant edited in
+    place, a dataclasses.replace copy."""
+    import dataclasses
+
+    o = PrefillOptions()
+    k = o.key()
+    assert o.key() is k                                          # cached
+    o.fuse_rope = False
+    assert dict(o.key())["fuse_rope"] is False and o.key() != k
+    o.fuse_rope = True
+    assert o.key() == k
+    o.q6k_variant["KDR"] = 8                                     # in place
+    assert dict(o.key())["q6k_variant"] == (("KDR", 8),)
+    r = dataclasses.replace(o, pdl=True)
+    assert dict(r.key())["pdl"] is True and dict(o.key())["pdl"] is False
+    assert r == dataclasses.replace(o, pdl=True) and "_key_cache" not in repr(r)
+
+
 def test_graph_key(monkeypatch, tiny):
     install(monkeypatch, exact=True)
     gm = GpuModel(tiny)
@@ -618,15 +637,17 @@ def test_replay_breakdown_splits_the_wall_outside_the_graph(monkeypatch):
     gm = GpuModel.__new__(GpuModel)
     gm.last_mode = "graph"
     gm._last_graph = types.SimpleNamespace(marks=(m0, m1), span=(s0, s1))
-    gm._last_stamps = (1.000020, 1.000045, 1.000060)     # launch call at +20 us, returns at +45, forward at +60
+    # replay entry +5 us, lookup done +8, ids written +15, launch call at +20 us, returns at +45, forward at +60
+    gm._last_stamps = (1.000005, 1.000008, 1.000015, 1.000020, 1.000045, 1.000060)
     b = gm.replay_breakdown(1.0, 1.003300)                # synchronized at +3.3 ms
     assert b["py_pre_ms"] == pytest.approx(0.020) and b["launch_call_ms"] == pytest.approx(0.025)
+    assert (b["py_entry_ms"], b["lookup_ms"], b["ids_ms"], b["mark_ms"]) == pytest.approx((0.005, 0.003, 0.007, 0.005))
     assert b["py_post_ms"] == pytest.approx(0.015) and b["sync_ms"] == pytest.approx(3.3 - 0.060)
     assert (b["gpu_lead_ms"], b["gpu_span_ms"], b["gpu_tail_ms"]) == (0.030, 3.2, 0.006)
     assert b["submit_wake_ms"] == pytest.approx(3.3 - 0.020 - 3.236)
     gm._last_stamps = None                                 # a replay that was not stamped
     assert all(np.isnan(v) for v in gm.replay_breakdown(1.0, 1.0033).values())
-    gm._last_stamps, gm.last_mode = (1.0, 1.0, 1.0), "eager"
+    gm._last_stamps, gm.last_mode = (1.0,) * 6, "eager"
     assert all(np.isnan(v) for v in gm.replay_breakdown(1.0, 1.0033).values())
 
 
