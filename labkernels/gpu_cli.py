@@ -130,13 +130,16 @@ GRAPH_VARIANTS = {"eager-unfused": {"graph": False, **{f: False for f in FUSIONS
                   # + programmatic launches of the lab's kernels
                   "graph-fused-pdl": {"graph": None, "pdl": True},
                   # + memset nodes as fill kernels and the ids read from the pinned buffer
-                  "graph-fused-pdl-nodes": {"graph": None, "pdl": True, "memsets_as_kernels": True, "ids_from_host": True}}
+                  "graph-fused-pdl-nodes": {"graph": None, "pdl": True, "memsets_as_kernels": True, "ids_from_host": True},
+                  # the default graph with the dequantized-once weights on fp16 cuBLAS (tensor cores)
+                  "graph-fused-f16dense": {"graph": None, "other_f16": True}}
 #: the graph options a variant may set (their defaults are recorded with each prefill_graph run)
 GRAPH_OPTIONS = ("pdl", "memsets_as_kernels", "ids_from_host")
 #: the variants whose decomposition (host overhead as a class, the replay's launch gaps) is recorded
-GRAPH_DECOMPOSE_VARIANTS = ("eager-unfused", "graph-fused", "graph-fused-pdl", "graph-fused-pdl-nodes")
+GRAPH_DECOMPOSE_VARIANTS = ("eager-unfused", "graph-fused", "graph-fused-pdl", "graph-fused-pdl-nodes",
+                            "graph-fused-f16dense")
 #: the graph variants whose replays are stamped (replay_breakdown: where the wall outside the graph goes)
-BREAKDOWN_VARIANTS = ("graph-fused", "graph-fused-pdl-nodes")
+BREAKDOWN_VARIANTS = ("graph-fused", "graph-fused-pdl-nodes", "graph-fused-f16dense")
 GRAPH_BREAKDOWN_REPEATS = 11
 GRAPH_NTS = (64, 128, 512, 1024, 3325)
 GRAPH_DECOMPOSE_NTS = (64, 512, 3325)

@@ -54,7 +54,9 @@ class PrefillOptions:
     attn_f16: bool = False            # fp16 QK^T / PV (faster) instead of fp32
     fuse_f16: bool = True             # the norm / activation / attention feeding only wgmma_kq GEMMs writes fp16
                                       # itself (no separate f32 -> f16 pass; the same values)
-    other_f16: bool = False           # fp16 cuBLAS for the dequantized-once weights instead of fp32
+    other_f16: bool = False           # fp16 cuBLAS (tensor cores, fp32 accumulate) for the dequantized-once weights
+                                      # instead of fp32 SIMT GEMMs (Gemma's q5_0 / q8_0 Q/K/V and gate/up: 1.76 of
+                                      # its 3.4 ms at nt=512, run 20261201T163853Z); the norms feeding them write fp16
     attention: str = "auto"           # attention path: auto (cudnn when usable, else baseline, recorded) | cudnn |
                                       # torch | baseline (labkernels.attention)
     attn_dtype: str = "f16"           # input/output type of the cudnn / torch SDPA: f16 | bf16 (fp32 softmax)
@@ -274,9 +276,12 @@ class GpuModel:
         return y
 
     def _f16_in(self, weights, n: int) -> bool:
-        """True when every consumer of an activation is a wgmma_kq GEMM (it reads fp16): its producer then writes
-        fp16 directly (PrefillOptions.fuse_f16)."""
-        return self.opts.fuse_f16 and all(w.q is not None and self.family(w, n) == "wgmma_kq" for w in weights)
+        """True when every consumer of an activation reads fp16 -- a wgmma_kq GEMM, or cuBLAS on an fp16 weight
+        (``other_f16``): its producer then writes fp16 directly (PrefillOptions.fuse_f16)."""
+        cp = gpu.cp()
+        return self.opts.fuse_f16 and all(
+            (w.q is not None and self.family(w, n) == "wgmma_kq") or (w.q is None and w.dense.dtype == cp.float16)
+            for w in weights)
 
     def family(self, w: Weight, n: int) -> str:
         """The GEMM family a k-quant weight takes at n tokens (the auto choice, or the named kernel)."""
@@ -328,8 +333,8 @@ class GpuModel:
             a = self._act(x, fam, {} if box is None else box, tr or NullTracer(), layer, w.name)
             return self._qmatmul(a, w, fam)
         # raw cuBLAS (gpu.gemm_dense): cupy.matmul refuses to run under CUDA-graph capture
-        if w.dense.dtype == cp.float16:
-            return gpu.gemm_dense(cp.ascontiguousarray(x.astype(cp.float16)), w.dense)
+        if w.dense.dtype == cp.float16:     # (an fp16 x comes from a producer that wrote it: no second cast)
+            return gpu.gemm_dense(cp.ascontiguousarray(x, dtype=cp.float16), w.dense)
         return gpu.gemm_dense(cp.ascontiguousarray(x, dtype=cp.float32), w.dense)
 
     def _gemm_class(self, w: Weight) -> str:

@@ -548,7 +548,7 @@ def test_graph_ab_records_every_variant(monkeypatch, tiny, tmp_path):
     assert len(th) == 2 * 2 * len(gpu_cli.GRAPH_VARIANTS) and set(th.variant) == set(gpu_cli.GRAPH_VARIANTS)
     assert set(th.kernel) == {f"auto {v}" for v in gpu_cli.GRAPH_VARIANTS}   # round 5's notebook groups by kernel
     graphs = [v for v, o in gpu_cli.GRAPH_VARIANTS.items() if o["graph"] is not False]
-    assert set(graphs) == {"graph-fused", "graph-fused-pdl", "graph-fused-pdl-nodes"}
+    assert set(graphs) == {"graph-fused", "graph-fused-pdl", "graph-fused-pdl-nodes", "graph-fused-f16dense"}
     V = gpu_cli.GRAPH_VARIANTS
     assert V["graph-fused"] == {"graph": None}           # the defaults: none of the three graph changes
     assert not any(getattr(PrefillOptions(), f) for f in gpu_cli.GRAPH_OPTIONS)
@@ -564,7 +564,7 @@ def test_graph_ab_records_every_variant(monkeypatch, tiny, tmp_path):
     assert list(ge.nt) == [6, 9] and ge.bitwise.all()
     assert sorted(r["walls"]) == sorted((nt, v) for nt in (6, 9) for v in gpu_cli.GRAPH_VARIANTS)
     assert gm.opts.graph is None and gm.opts.fuse_add_norm       # the base options are back
-    assert [f["nt"] for f in gm.graph_fallbacks] == [6] * 3 + [9] * 3      # once per (nt, options): 3 graph variants
+    assert [f["nt"] for f in gm.graph_fallbacks] == [6] * 4 + [9] * 4      # once per (nt, options): 4 graph variants
 
 
 def test_host_overhead_is_its_own_class():

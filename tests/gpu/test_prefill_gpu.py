@@ -104,6 +104,30 @@ def test_gemma_prefill_vs_reference(model):
     assert len(set(np.argsort(-g)[:5]) & set(np.argsort(-r)[:5])) >= 4
 
 
+@pytest.mark.parametrize("fuse_f16", [True, False])
+def test_gemma_prefill_other_f16_vs_reference(model, fuse_f16):
+    """other_f16 (Gemma's q5_0 / q8_0 weights on fp16 cuBLAS, the norms feeding them writing fp16): the same
+    float64-reference gate as the default path, fp16 attention; with the norms' fp16 output (fuse_f16) bitwise the
+    separate cast (the same round-to-nearest of the same f32 values)."""
+    from labkernels.prefill import GpuModel, PrefillOptions
+    from labkernels.prefill_cli import GEMMA_PROMPT
+    from labkernels.prefill_ref import forward_ref
+    import cupy
+
+    gm = GpuModel(model, opts=PrefillOptions(graph=False, attn_f16=True, other_f16=True, fuse_f16=fuse_f16))
+    assert any(w.q is None and w.dense.dtype == cupy.float16 for L in gm.layers for w in L.values() if w.dense is not None
+               and w.dense.ndim == 2)
+    g = cupy.asnumpy(gm.forward(GEMMA_PROMPT)).astype(np.float64)
+    r = forward_ref(model, GEMMA_PROMPT, last_only=True)
+    rel = float(np.max(np.abs(g - r)) / np.max(np.abs(r)))
+    print("other_f16 fuse_f16", fuse_f16, "rel", rel)
+    assert np.argmax(g) == np.argmax(r) and rel < 3e-2, rel
+    assert len(set(np.argsort(-g)[:5]) & set(np.argsort(-r)[:5])) >= 4
+    if fuse_f16:
+        u = GpuModel(model, opts=PrefillOptions(graph=False, attn_f16=True, other_f16=True, fuse_f16=False))
+        assert np.array_equal(g, cupy.asnumpy(u.forward(GEMMA_PROMPT)).astype(np.float64))
+
+
 @pytest.mark.parametrize("shape", [(3, 70, 64, 90), (2, 256, 128, 256)])
 def test_bmm_f16_matches_fp32_matmul(cp, rng, shape):
     from labkernels import gpu
