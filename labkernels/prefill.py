@@ -176,7 +176,8 @@ class Weight:
         else:
             arr = np.asarray(t.array(), np.float32)
             self.q = None
-            self.dense = cp.asarray(arr.astype(np.float16) if (opts.other_f16 and arr.ndim == 2) else arr)
+            self.dense = cp.asarray(arr)     # float32, exact; fp16 on demand (dense16, PrefillOptions.other_f16)
+        self._dense16 = None
 
     @classmethod
     def stacked(cls, a: "Weight", b: "Weight") -> "Weight | None":
@@ -187,9 +188,8 @@ class Weight:
             return None
         if a.q is not None and a.qtype != b.qtype:
             return None
-        if a.q is None and a.dense.dtype != b.dense.dtype:
-            return None
         w = cls.__new__(cls)
+        w._dense16 = None
         qt = a.qtype if a.qtype == b.qtype or b.qtype in a.qtype.split("+") else f"{a.qtype}+{b.qtype}"
         w.name, w.qtype, w.shape = f"{a.name}+{b.name}", qt, (a.shape[0] + b.shape[0], a.shape[1])
         if a.q is not None:
@@ -201,6 +201,15 @@ class Weight:
             w.q = None
             w.dense = gpu.cp().concatenate([a.dense, b.dense])
         return w
+
+    def dense16(self):
+        """The dequantized matrix in fp16 (made once, on first use; the float32 one stays the exact copy): what
+        cuBLAS multiplies with PrefillOptions.other_f16, whatever the options were when the weight was loaded."""
+        if self._dense16 is None:
+            if self.dense is None or self.dense.ndim != 2:
+                raise gpu.ShapeError(f"{self.name}: only a dequantized 2-D weight has an fp16 copy")
+            self._dense16 = self.dense.astype(gpu.cp().float16)
+        return self._dense16
 
     @property
     def od(self):
@@ -278,9 +287,8 @@ class GpuModel:
     def _f16_in(self, weights, n: int) -> bool:
         """True when every consumer of an activation reads fp16 -- a wgmma_kq GEMM, or cuBLAS on an fp16 weight
         (``other_f16``): its producer then writes fp16 directly (PrefillOptions.fuse_f16)."""
-        cp = gpu.cp()
         return self.opts.fuse_f16 and all(
-            (w.q is not None and self.family(w, n) == "wgmma_kq") or (w.q is None and w.dense.dtype == cp.float16)
+            (w.q is not None and self.family(w, n) == "wgmma_kq") or (w.q is None and self.opts.other_f16)
             for w in weights)
 
     def family(self, w: Weight, n: int) -> str:
@@ -333,8 +341,8 @@ class GpuModel:
             a = self._act(x, fam, {} if box is None else box, tr or NullTracer(), layer, w.name)
             return self._qmatmul(a, w, fam)
         # raw cuBLAS (gpu.gemm_dense): cupy.matmul refuses to run under CUDA-graph capture
-        if w.dense.dtype == cp.float16:     # (an fp16 x comes from a producer that wrote it: no second cast)
-            return gpu.gemm_dense(cp.ascontiguousarray(x, dtype=cp.float16), w.dense)
+        if self.opts.other_f16:     # (an fp16 x comes from a producer that wrote it: no second cast)
+            return gpu.gemm_dense(cp.ascontiguousarray(x, dtype=cp.float16), w.dense16())
         return gpu.gemm_dense(cp.ascontiguousarray(x, dtype=cp.float32), w.dense)
 
     def _gemm_class(self, w: Weight) -> str:
@@ -641,8 +649,12 @@ class GpuModel:
         macs = xs.shape[0] * c.vocab * c.n_embd
         if self.head is None:
             with tr.op("output", "output_head", weight=self.head_name, macs=macs):
-                # tied embeddings (Gemma): raw cuBLAS, capturable (cupy.matmul refuses under CUDA-graph capture)
-                logits = gpu.gemm_dense(cp.ascontiguousarray(xs, dtype=cp.float32), self.embd)
+                # tied embeddings (Gemma): raw cuBLAS, capturable (cupy.matmul refuses under CUDA-graph capture);
+                # with other_f16 on the table's fp16 copy (half the bytes of the forward's largest read)
+                if self.opts.other_f16:
+                    logits = gpu.gemm_dense(cp.ascontiguousarray(xs, dtype=cp.float16), self.embd16())
+                else:
+                    logits = gpu.gemm_dense(cp.ascontiguousarray(xs, dtype=cp.float32), self.embd)
         else:
             box = {}
             if self.head.q is not None:
@@ -826,8 +838,19 @@ class GpuModel:
             ws += [w for w, _ in self.qkv_groups(il)]
         for w in (w for w in ws if w.q is not None):
             self._wg_ready(w, n)
+        if self.opts.other_f16:      # the fp16 copies of the dequantized weights: made here, not in the graph's pool
+            for w in (w for w in ws if w.q is None):
+                w.dense16()
+            if self.head is None:
+                self.embd16()
         if self.head is not None and self.head.q is not None:
             self._wg_ready(self.head, n if all_logits else 1)
+
+    def embd16(self):
+        """The tied output head's fp16 copy of the f32 embedding table (made once; other_f16)."""
+        if getattr(self, "_embd16", None) is None:
+            self._embd16 = self.embd.astype(gpu.cp().float16)
+        return self._embd16
 
     def _wg_ready(self, w: Weight, n: int) -> None:
         if self.family(w, n) == "wgmma_kq" and w.q.wg is None and w.q.host is not None:

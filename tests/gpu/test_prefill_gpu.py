@@ -114,10 +114,15 @@ def test_gemma_prefill_other_f16_vs_reference(model, fuse_f16):
     from labkernels.prefill_ref import forward_ref
     import cupy
 
-    gm = GpuModel(model, opts=PrefillOptions(graph=False, attn_f16=True, other_f16=True, fuse_f16=fuse_f16))
-    assert any(w.q is None and w.dense.dtype == cupy.float16 for L in gm.layers for w in L.values() if w.dense is not None
-               and w.dense.ndim == 2)
+    gm = GpuModel(model, opts=PrefillOptions(graph=False, attn_f16=True, fuse_f16=fuse_f16))
+    base = cupy.asnumpy(gm.forward(GEMMA_PROMPT)).astype(np.float64)
+    gm.opts.other_f16 = True                   # switched after loading: the fp16 copies are made on first use
     g = cupy.asnumpy(gm.forward(GEMMA_PROMPT)).astype(np.float64)
+    ws = [w for L in gm.layers for w in L.values()]
+    for v in gm._stacked.values():          # gate/up: a Weight (or None); Q/K/V: [(Weight, names)]
+        ws += [g for g, _ in v] if isinstance(v, list) else [v]
+    used = [w for w in ws if w is not None and w.q is None and w._dense16 is not None]
+    assert used and all(w.dense.dtype == cupy.float32 for w in used) and not np.array_equal(g, base)
     r = forward_ref(model, GEMMA_PROMPT, last_only=True)
     rel = float(np.max(np.abs(g - r)) / np.max(np.abs(r)))
     print("other_f16 fuse_f16", fuse_f16, "rel", rel)
