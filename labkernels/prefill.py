@@ -839,7 +839,7 @@ class GpuModel:
         for w in (w for w in ws if w.q is not None):
             self._wg_ready(w, n)
         if self.opts.other_f16:      # the fp16 copies of the dequantized weights: made here, not in the graph's pool
-            for w in (w for w in ws if w.q is None):
+            for w in (w for w in ws if w.q is None and w.dense.ndim == 2):
                 w.dense16()
             if self.head is None:
                 self.embd16()
