@@ -125,21 +125,21 @@ from .prefill import FUSIONS  # noqa: E402  (the fusion flags; prefill needs no 
 
 GRAPH_VARIANTS = {"eager-unfused": {"graph": False, **{f: False for f in FUSIONS}},
                   "eager-fused": {"graph": False},
-                  # the graph as round 7 left it (the defaults): normal launches, memset and token-copy nodes kept
+                  # the graph with the defaults (from 20261201T18: the dequantized weights on fp16 cuBLAS)
                   "graph-fused": {"graph": None},
-                  # + programmatic launches of the lab's kernels
-                  "graph-fused-pdl": {"graph": None, "pdl": True},
-                  # + memset nodes as fill kernels and the ids read from the pinned buffer
-                  "graph-fused-pdl-nodes": {"graph": None, "pdl": True, "memsets_as_kernels": True, "ids_from_host": True},
-                  # the default graph with the dequantized-once weights on fp16 cuBLAS (tensor cores)
-                  "graph-fused-f16dense": {"graph": None, "other_f16": True}}
+                  # the same with those weights in fp32 (the default before): the other_f16 A/B
+                  "graph-fused-f32dense": {"graph": None, "other_f16": False},
+                  # + memset nodes as fill kernels and the ids read from the pinned buffer (no PDL)
+                  "graph-fused-nodes": {"graph": None, "memsets_as_kernels": True, "ids_from_host": True},
+                  # + programmatic launches of the lab's kernels too
+                  "graph-fused-pdl-nodes": {"graph": None, "pdl": True, "memsets_as_kernels": True, "ids_from_host": True}}
 #: the graph options a variant may set (their defaults are recorded with each prefill_graph run)
 GRAPH_OPTIONS = ("pdl", "memsets_as_kernels", "ids_from_host")
 #: the variants whose decomposition (host overhead as a class, the replay's launch gaps) is recorded
-GRAPH_DECOMPOSE_VARIANTS = ("eager-unfused", "graph-fused", "graph-fused-pdl", "graph-fused-pdl-nodes",
-                            "graph-fused-f16dense")
+GRAPH_DECOMPOSE_VARIANTS = ("eager-unfused", "graph-fused", "graph-fused-f32dense", "graph-fused-nodes",
+                            "graph-fused-pdl-nodes")
 #: the graph variants whose replays are stamped (replay_breakdown: where the wall outside the graph goes)
-BREAKDOWN_VARIANTS = ("graph-fused", "graph-fused-pdl-nodes", "graph-fused-f16dense")
+BREAKDOWN_VARIANTS = ("graph-fused", "graph-fused-nodes", "graph-fused-f32dense")
 GRAPH_BREAKDOWN_REPEATS = 11
 GRAPH_NTS = (64, 128, 512, 1024, 3325)
 GRAPH_DECOMPOSE_NTS = (64, 512, 3325)
@@ -267,7 +267,7 @@ def step_prefill_graph(out: Path, args) -> dict:
         label = spec if spec in prefill_cli.SYNTHETIC else "gemma-3-270m-q4_k_m"
         params = {"what": "graph", "model": label, "nts": list(GRAPH_NTS), "decompose_nts": list(GRAPH_DECOMPOSE_NTS),
                   "variants": GRAPH_VARIANTS,
-                  "option_defaults": {f: getattr(PrefillOptions(), f) for f in GRAPH_OPTIONS},
+                  "option_defaults": {f: getattr(PrefillOptions(), f) for f in GRAPH_OPTIONS + ("other_f16",)},
                   "attn_f16": True, "kernel": args.kernel,
                   "dense_path": gpu.DENSE_PATH, "cudnn_plan": attention.CUDNN_PLAN}
         with records.recording("prefill", params, root=out / "data") as run:

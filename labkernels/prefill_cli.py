@@ -151,7 +151,8 @@ def options_from_args(args, cls=None):
     from .prefill import FUSIONS
 
     return cls(attn_f16=args.attn_f16, kernel=args.kernel, graph=getattr(args, "graph", None),
-               attention=getattr(args, "attention", "auto"), **{f: fuse for f in FUSIONS})
+               attention=getattr(args, "attention", "auto"), other_f16=not getattr(args, "f32_dense", False),
+               **{f: fuse for f in FUSIONS})
 
 
 def _add_mode_args(p) -> None:
@@ -160,6 +161,9 @@ def _add_mode_args(p) -> None:
     p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
                    help="CUDA-graph replay of the whole forward: --graph requires it (a capture failure is an "
                         "error), --no-graph runs eager; default: graph where it captures, else eager (said why)")
+    p.add_argument("--f32-dense", action="store_true",
+                   help="the dequantized-once (non-k-quant) weights on fp32 cuBLAS, as exact float32 (default: an "
+                        "fp16 copy on the tensor cores, PrefillOptions.other_f16)")
     p.add_argument("--no-fuse", action="store_true",
                    help="the unfused small kernels (separate residual add / norm, rope per tensor, two-pass layout, "
                         "separate gate and up GEMMs)")

@@ -548,11 +548,12 @@ def test_graph_ab_records_every_variant(monkeypatch, tiny, tmp_path):
     assert len(th) == 2 * 2 * len(gpu_cli.GRAPH_VARIANTS) and set(th.variant) == set(gpu_cli.GRAPH_VARIANTS)
     assert set(th.kernel) == {f"auto {v}" for v in gpu_cli.GRAPH_VARIANTS}   # round 5's notebook groups by kernel
     graphs = [v for v, o in gpu_cli.GRAPH_VARIANTS.items() if o["graph"] is not False]
-    assert set(graphs) == {"graph-fused", "graph-fused-pdl", "graph-fused-pdl-nodes", "graph-fused-f16dense"}
+    assert set(graphs) == {"graph-fused", "graph-fused-f32dense", "graph-fused-nodes", "graph-fused-pdl-nodes"}
     V = gpu_cli.GRAPH_VARIANTS
     assert V["graph-fused"] == {"graph": None}           # the defaults: none of the three graph changes
     assert not any(getattr(PrefillOptions(), f) for f in gpu_cli.GRAPH_OPTIONS)
-    assert V["graph-fused-pdl"] == {"graph": None, "pdl": True}
+    assert V["graph-fused-nodes"] == {"graph": None, "memsets_as_kernels": True, "ids_from_host": True}
+    assert V["graph-fused-f32dense"] == {"graph": None, "other_f16": False} and PrefillOptions().other_f16
     assert all(V["graph-fused-pdl-nodes"][f] is True for f in gpu_cli.GRAPH_OPTIONS)
     g = th[th.variant.isin(graphs)]
     assert (g["mode"] == "eager").all() and g.fallback.str.contains("stream capture").all()

@@ -81,14 +81,15 @@ def test_q8_1_emulating_reference_matches_int8_path(model, monkeypatch):
     discontinuous, so float32-vs-float64 differences flip codes at rounding boundaries and the flips grow
     layer by layer - the reason a GPU greedy run can leave the float64 reference at a near tie.)"""
     from labkernels.arch import config_from_model
-    from labkernels.prefill import GpuModel
+    from labkernels.prefill import GpuModel, PrefillOptions
     from labkernels.prefill_cli import GEMMA_PROMPT
     from labkernels.prefill_ref import forward_ref
 
     install(monkeypatch, exact=False)
     full = config_from_model(model)
     cfg = full.replace(n_layer=2, layer_is_sliding=full.layer_is_sliding[:2])
-    g = GpuModel(model, cfg=cfg).forward(GEMMA_PROMPT)
+    # the dequantized weights in exact float32 (other_f16 off): the reference computes that function
+    g = GpuModel(model, cfg=cfg, opts=PrefillOptions(other_f16=False)).forward(GEMMA_PROMPT)
     rel_q, _, _ = _compare(g, forward_ref(model, GEMMA_PROMPT, cfg=cfg, last_only=True, act_quant=True))
     rel_f, _, _ = _compare(g, forward_ref(model, GEMMA_PROMPT, cfg=cfg, last_only=True))
     assert rel_q < 1e-5 and rel_f > 1e-3, (rel_q, rel_f)
