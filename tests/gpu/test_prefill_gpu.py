@@ -114,7 +114,7 @@ def test_gemma_prefill_other_f16_vs_reference(model, fuse_f16):
     from labkernels.prefill_ref import forward_ref
     import cupy
 
-    gm = GpuModel(model, opts=PrefillOptions(graph=False, attn_f16=True, fuse_f16=fuse_f16))
+    gm = GpuModel(model, opts=PrefillOptions(graph=False, attn_f16=True, fuse_f16=fuse_f16, other_f16=False))
     base = cupy.asnumpy(gm.forward(GEMMA_PROMPT)).astype(np.float64)
     gm.opts.other_f16 = True                   # switched after loading: the fp16 copies are made on first use
     g = cupy.asnumpy(gm.forward(GEMMA_PROMPT)).astype(np.float64)
