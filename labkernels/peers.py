@@ -1066,6 +1066,20 @@ def run_gpu_name(run) -> str | None:
     return g.get("name") or (run.meta.get("params") or {}).get("gpu_name")
 
 
+#: llama-bench's model_type of a GGUF -> the lab's label of the same file (runs label a bench row by the file name
+#: they were given: the Gemma GGUF assembled on the GPU machine as /tmp/gemma.gguf is "gemma" there)
+LAB_LABELS = {"gemma3 270M Q4_K - Medium": "gemma-3-270m-q4_k_m"}
+
+
+def lab_labels(bench: pd.DataFrame) -> pd.Series:
+    """The lab's model label of each llama-bench row: by its model_type where the lab knows the file, else the
+    row's own label."""
+    if "model_type" not in bench:
+        return bench["model"]
+    return pd.Series([LAB_LABELS.get(str(t), m) for m, t in zip(bench["model"], bench["model_type"])],
+                     index=bench.index)
+
+
 def find_peer_run(gpu: str | None, table: str, run_id: str | None = None, root=None, models=None):
     """(run, None) for the named peer run -- or, unnamed, the latest complete one -- that ran on the GPU model
     ``gpu`` and holds ``table`` (with a row for one of ``models`` when given: a later run of another model does not
@@ -1088,7 +1102,8 @@ def find_peer_run(gpu: str | None, table: str, run_id: str | None = None, root=N
             why.append(f"run {r.run_id} ran on {run_gpu_name(r) or 'an unknown GPU'}, not {gpu}")
         elif not r.has(table):
             why.append(f"run {r.run_id} has no {table} table")
-        elif models is not None and "model" in r.table(table) and not set(models) & set(r.table(table).model):
+        elif models is not None and "model" in r.table(table) and not set(models) & set(
+                lab_labels(r.table(table)) if table == "bench" else r.table(table).model):
             why.append(f"run {r.run_id} has no {table} row of {sorted(set(models))}")
         else:
             return r, None
@@ -1157,6 +1172,7 @@ def prefill_vs_llama(lab: pd.DataFrame, lab_gpu: str | None, peer_run_id: str | 
     if run is None:
         return _none(why)
     peer = run.table("bench").rename(columns={"n_prompt": "nt"})
+    peer = peer.assign(model=lab_labels(peer))
     if flash_attn is not None:
         peer = peer[peer.flash_attn == flash_attn]
     peer = peer[peer.n_gen == 0][["model", "nt", "flash_attn", "n_ubatch", "tok_s", "tok_s_std", "tok_s_min",

@@ -62,14 +62,21 @@ if prun is not None:
         display(report.table(prun.table(t), caption=t))
 else:
     print("no recorded prefill parity run")
+HISTORY_RUNS = 6      # recorded runs a history table shows (the latest)
+ISSUE18_MODELS = [model] + [m_ for m_ in ("gemma-3-270m-q4_k_m", "synthetic-7b") if m_ != model]
 thr = [r_.table("throughput").assign(run=r_.run_id, commit=r_.provenance.get("git_commit", "")[:10]) for r_ in records.list_runs("prefill") if r_.has("throughput")]
 if thr:
     hist = pd.concat(thr)
     hist["kernel"] = hist["kernel"].fillna("int8 (before --kernel)") if "kernel" in hist else "int8 (before --kernel)"
     hist = hist.groupby(["run", "commit", "model", "kernel", "nt"], sort=False).tok_per_s.median().unstack("nt")
     hist.columns = [f"tok/s nt={c}" for c in hist.columns]
-    display(report.table(hist.reset_index(), {c: "{:,.0f}" for c in hist.columns},
-                         caption="recorded prefill throughput, every run (median over its A/B rounds)"))
+    runs_ = list(dict.fromkeys(hist.reset_index().run))
+    shown = hist.reset_index()
+    shown = shown[shown.run.isin(runs_[-HISTORY_RUNS:])]
+    display(report.table(shown, {c: "{:,.0f}" for c in hist.columns},
+                         caption=f"recorded prefill throughput, the latest {min(HISTORY_RUNS, len(runs_))} of "
+                                 f"{len(runs_)} runs (median over its A/B rounds; every run: "
+                                 "labkernels.records.list_runs('prefill'))"))
     if "20261201T091516Z-h200-5033344a35" in set(hist.reset_index().run):
         print("Run 20261201T091516Z's auto rows were slowed by a per-forward kernel-choice lookup (~0.17 s per prefill), "
               "fixed by memoizing gpu.choose in commit 7a22206 and re-recorded as 20261201T092157Z.")
@@ -125,6 +132,38 @@ else:
     pv = peers.PeerComparison(pd.DataFrame(), f"no peer measurement: no recorded prefill throughput of {model}")
     print(pv.message)
 
+
+def lab_vs_llama(m_, fa=1):
+    """The latest recorded throughput run of model m_ against llama-bench (flash attention ``fa``)."""
+    tr_ = records.latest("prefill", where=lambda r: r.has("throughput") and m_ in set(r.table("throughput").model))
+    if tr_ is None:
+        return None, f"no recorded prefill throughput of {m_}"
+    t2 = tr_.table("throughput")
+    t2 = t2[t2.model == m_]
+    lt = (t2.groupby(["model", "nt", "kernel", "mode", "gemm_families"], sort=False).tok_per_s.agg(["median", "size"])
+          .reset_index().rename(columns={"median": "tok_per_s", "size": "rounds"}))
+    c = peers.prefill_vs_llama(lt, peers.run_gpu_name(tr_))
+    if not c.ok:
+        return None, c.message
+    return c.table[c.table.flash_attn == fa], f"lab: prefill run {tr_.run_id}; {c.message}"
+
+
+# %% [markdown]
+# The other model of issue 18 (the bar: Gemma 3 270M at nt=512 ≥ 1.5× llama-bench pp512, and never below 1.0× at
+# any nt), against llama.cpp with flash attention on:
+
+# %%
+for m_ in ISSUE18_MODELS[1:]:
+    tab_, msg_ = lab_vs_llama(m_)
+    print(msg_)
+    if tab_ is not None:
+        display(report.table(tab_[["model", "nt", "kernel", "mode", "rounds", "tok_per_s", "llama_tok_s",
+                                   "llama_tok_s_std", "vs_llama"]],
+                             {"tok_per_s": "{:,.0f}", "llama_tok_s": "{:,.0f}", "llama_tok_s_std": "{:,.0f}",
+                              "vs_llama": "{:.2f}x"},
+                             caption=f"{m_}: whole-prefill tok/s, lab / llama.cpp with flash attention (> 1: the "
+                                     "lab is faster)"))
+
 # %% [markdown]
 # ## Host overhead: eager launches vs one CUDA-graph replay (issue 18)
 #
@@ -154,38 +193,60 @@ else:
 # %%
 from labkernels.decompose import host_overhead_untraced
 
-grun = records.latest("prefill", where=lambda r: r.has("decompose_busy_wall") and model in set(r.table("throughput").model))
-if grun is None:
-    print(f"no recorded prefill_graph run of {model}")
-else:
-    gbw = grun.table("decompose_busy_wall")
-    hu = host_overhead_untraced(grun.table("throughput"), gbw)
-    gbw = gbw.merge(hu[["nt", "variant", "host_frac"]].rename(columns={"host_frac": "host_frac_untraced"}),
-                    on=["nt", "variant"], how="left")
-    display(report.table(gbw[["nt", "variant", "mode", "wall_ms", "busy_ms", "host_overhead_ms", "host_frac",
-                              "host_frac_untraced"]],
-                         {"wall_ms": "{:.2f}", "busy_ms": "{:.2f}", "host_overhead_ms": "{:.2f}", "host_frac": "{:.1%}",
-                          "host_frac_untraced": "{:.1%}"},
-                         caption=f"{model}: wall vs GPU busy, run {grun.run_id} ({peers.run_gpu_name(grun)}); host_frac: "
-                                 "the decomposition phase's wall - busy; host_frac_untraced: the interleaved walls (the bar's)"))
-    fb = (grun.meta.get("summary") or {}).get("graph_fallbacks") or []
-    print(f"graph fallbacks: {len(fb)}" + (f" -- e.g. nt={fb[0]['nt']}: {fb[0]['reason']}" if fb else " (every nt replayed a graph)"))
-    fig, ax = plt.subplots(figsize=(8, 3.6))
-    nts_ = sorted(gbw.nt.unique())
-    nv = gbw.variant.nunique()
-    bw_ = 0.8 / nv
-    for k, (v, g) in enumerate(gbw.groupby("variant", sort=False)):
-        g = g.set_index("nt").reindex(nts_)
-        graph = (g["mode"] == "graph").all() and g.host_frac_untraced.notna().all()
-        ax.bar(np.arange(len(nts_)) + (k - (nv - 1) / 2) * bw_, 100 * (g.host_frac_untraced if graph else g.host_frac), bw_,
-               label=f"{v} ({', '.join(sorted(set(g['mode'].dropna())))}; "
-                     f"{'the bar measure' if graph else 'decomposition wall - traced busy'})")
-    ax.axhline(5, color="0.3", ls="--", lw=1, label="5% (the issue's bar at nt=512)")
-    ax.set_xticks(range(len(nts_)), [f"nt={n}" for n in nts_]); ax.set_ylabel("host overhead [% of wall]")
-    ax.set_yscale("log"); ax.set_ylim(0.3, 150)
-    ax.set_title(f"{model}: wall minus GPU busy ({report.source(grun)})", fontsize=9); ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=.3)
-    plt.show()
+def host_overhead_latest(m_):
+    grun = records.latest("prefill", where=lambda r: r.has("decompose_busy_wall") and m_ in set(r.table("throughput").model))
+    if grun is None:
+        print(f"no recorded prefill_graph run of {m_}")
+    else:
+        gbw = grun.table("decompose_busy_wall")
+        hu = host_overhead_untraced(grun.table("throughput"), gbw)
+        gbw = gbw.merge(hu[["nt", "variant", "host_frac"]].rename(columns={"host_frac": "host_frac_untraced"}),
+                        on=["nt", "variant"], how="left")
+        display(report.table(gbw[["nt", "variant", "mode", "wall_ms", "busy_ms", "host_overhead_ms", "host_frac",
+                                  "host_frac_untraced"]],
+                             {"wall_ms": "{:.2f}", "busy_ms": "{:.2f}", "host_overhead_ms": "{:.2f}", "host_frac": "{:.1%}",
+                              "host_frac_untraced": "{:.1%}"},
+                             caption=f"{m_}: wall vs GPU busy, run {grun.run_id} ({peers.run_gpu_name(grun)}); host_frac: "
+                                     "the decomposition phase's wall - busy; host_frac_untraced: the interleaved walls (the bar's)"))
+        fb = (grun.meta.get("summary") or {}).get("graph_fallbacks") or []
+        print(f"graph fallbacks: {len(fb)}" + (f" -- e.g. nt={fb[0]['nt']}: {fb[0]['reason']}" if fb else " (every nt replayed a graph)"))
+        fig, ax = plt.subplots(figsize=(11, 3.6))
+        nts_ = sorted(gbw.nt.unique())
+        nv = gbw.variant.nunique()
+        bw_ = 0.8 / nv
+        for k, (v, g) in enumerate(gbw.groupby("variant", sort=False)):
+            g = g.set_index("nt").reindex(nts_)
+            graph = (g["mode"] == "graph").all() and g.host_frac_untraced.notna().all()
+            ax.bar(np.arange(len(nts_)) + (k - (nv - 1) / 2) * bw_, 100 * (g.host_frac_untraced if graph else g.host_frac), bw_,
+                   label=f"{v} ({', '.join(sorted(set(g['mode'].dropna())))}; "
+                         f"{'the bar measure' if graph else 'decomposition wall - traced busy'})")
+        ax.axhline(5, color="0.3", ls="--", lw=1, label="5% (the issue's bar at nt=512)")
+        ax.set_xticks(range(len(nts_)), [f"nt={n}" for n in nts_]); ax.set_ylabel("host overhead [% of wall]")
+        ax.set_yscale("log"); ax.set_ylim(0.3, 150)
+        ax.set_title(f"{m_}: wall minus GPU busy ({report.source(grun)})", fontsize=9)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        ax.grid(axis="y", alpha=.3)
+        plt.show()
+
+
+
+for m_ in ISSUE18_MODELS:
+    host_overhead_latest(m_)
+
+# %% [markdown]
+# **Where the 5% bar stands (H200, runs 20261201T180033Z–181853Z, commits f108e8f–4380af2).** With the dequantized
+# weights in fp32 (the default until 4380af2), Gemma 3 270M's nt=512 replay is at 4.8% and 5.2% in two runs (3.7–4.5%
+# with PDL), the synthetic 7B at 3.1% (run 180116Z). Then the default changed: Gemma's q5_0 / q8_0 Q/K/V and gate/up
+# projections and its tied output head moved from fp32 SIMT GEMMs (1.76 of 3.4 ms at nt=512) to fp16 cuBLAS on the
+# tensor cores (`PrefillOptions.other_f16`), and the forward became 2.0× faster at nt=512 (3.30 → 1.65 ms) and 3.3×
+# at 3325, logits within 1.3e-3 of the fp32 path's and 1.8e-3 of the float64 reference's. The host and idle time did not
+# shrink with it: ~0.14 ms a forward, now 8.4% of the shorter wall (run 181810Z); 5.7% with PDL and the node rewrites
+# (`graph-fused-pdl-nodes`). The synthetic 7B has no dequantized 2-D weights, so its figure is the fp32 one: 4.7% (run
+# 181853Z; 5.3% with PDL and the rewrites). What is left of Gemma's ~0.09–0.14 ms: ~0.02 ms of Python before the
+# launch call (the stamped replays below), ~0.02 ms of GPU launch latency and wake-up, and 0.05–0.09 ms of idle
+# between the graph's ~200 nodes -- most of it before each of cuDNN's 18 SDPA kernels (a 4-byte workspace memset node
+# the driver will not let the lab remove from this graph; cuDNN's memset-free plan is 4 us slower per call at nt=512,
+# run 20261201T145258Z) and at the cuBLAS boundaries, where programmatic launch does not reach.
 
 # %% [markdown]
 # The same figure over every recorded graph run of this model, so the spread between runs is visible; `dense_path`
@@ -200,41 +261,54 @@ else:
 # issue's bar is at nt=512.
 
 # %%
-hrows = []
-for r in records.list_runs("prefill"):
-    if not r.has("decompose_busy_wall"):
-        continue
-    thr = r.table("throughput")
-    if model not in set(thr.model):
-        continue
-    h = host_overhead_untraced(thr, r.table("decompose_busy_wall"))
-    params = r.meta.get("params") or {}
-    dense = params.get("dense_path", "gemm_ex")   # runs before the lt path: cublasGemmEx
-    gr = r.table("graphs") if r.has("graphs") else pd.DataFrame()
-    # the graph options of each variant: its own settings over the run's defaults (runs before the options had none
-    # of them; the runs from 20261201T160549Z to 163853Z had them on by default)
-    opts_at = {f: False for f in ("pdl", "memsets_as_kernels", "ids_from_host")}
-    if "pdl" in gr.columns:
-        opts_at = params.get("option_defaults") or {"pdl": True, "memsets_as_kernels": "memsets_replaced" in gr.columns,
-                                                    "ids_from_host": "ids_from_host" in gr.columns}
-    for row in h.to_dict("records"):
-        if not row["variant"].startswith("graph-"):
+def host_overhead_history(m_, last=4):
+    hrows = []
+    for r in records.list_runs("prefill")[::-1]:   # newest first
+        if not r.has("decompose_busy_wall"):
             continue
-        o = {**opts_at, **{k: v for k, v in ((params.get("variants") or {}).get(row["variant"], {})).items() if k in opts_at}}
-        hrows.append(dict(run=r.run_id, gpu=peers.run_gpu_name(r), dense_path=dense, **o, **row))
-if hrows:
-    ht = pd.DataFrame(hrows)
-    display(report.table(ht[["run", "gpu", "dense_path", "variant", "pdl", "memsets_as_kernels", "ids_from_host", "nt",
-                             "rounds", "wall_ms", "busy_ms", "host_overhead_ms", "host_outside_ms", "graph_idle_ms",
-                             "graph_idle_traced_ms", "host_frac", "host_frac_paired"]],
-                         {"wall_ms": "{:.3f}", "busy_ms": "{:.3f}", "host_overhead_ms": "{:.3f}", "host_frac": "{:.1%}",
-                          "host_outside_ms": "{:.3f}", "graph_idle_ms": "{:.3f}", "graph_idle_traced_ms": "{:.3f}",
-                          "host_frac_paired": "{:.1%}"},
-                         caption=f"{model}: graph replays, untraced interleaved wall minus traced busy per recorded run "
-                                 "(the run id names its commit; outside / idle: the split, where the run has the graph's "
-                                 "event span)"))
-else:
-    print(f"no recorded graph replay of {model} with traced busy")
+        thr = r.table("throughput")
+        if m_ not in set(thr.model):
+            continue
+        h = host_overhead_untraced(thr, r.table("decompose_busy_wall"))
+        params = r.meta.get("params") or {}
+        dense = params.get("dense_path", "gemm_ex")   # runs before the lt path: cublasGemmEx
+        gr = r.table("graphs") if r.has("graphs") else pd.DataFrame()
+        # the graph options of each variant: its own settings over the run's defaults (runs before the options had none
+        # of them; the runs from 20261201T160549Z to 163853Z had them on by default)
+        opts_at = {f: False for f in ("pdl", "memsets_as_kernels", "ids_from_host")}
+        if "pdl" in gr.columns:
+            opts_at = params.get("option_defaults") or {"pdl": True, "memsets_as_kernels": "memsets_replaced" in gr.columns,
+                                                        "ids_from_host": "ids_from_host" in gr.columns}
+        opts_at = {"other_f16": False, **opts_at}     # fp16 dense weights: the default from commit 4380af2
+        for row in h.to_dict("records"):
+            if not row["variant"].startswith("graph-"):
+                continue
+            if r.provenance.get("git_commit", "").startswith("f108e8f") and row["variant"] == "graph-fused-f16dense":
+                continue      # at f108e8f this variant set other_f16 after loading: its weights stayed fp32 (aefb8c4)
+            o = {**opts_at, **{k: v for k, v in ((params.get("variants") or {}).get(row["variant"], {})).items() if k in opts_at}}
+            hrows.append(dict(run=r.run_id, gpu=peers.run_gpu_name(r), dense_path=dense, **o, **row))
+        if len({h_["run"] for h_ in hrows}) >= last:
+            break
+    if hrows:
+        ht = pd.DataFrame(hrows)
+        display(report.table(ht[["run", "variant", "other_f16", "pdl", "memsets_as_kernels", "ids_from_host", "nt",
+                                 "wall_ms", "busy_ms", "host_overhead_ms", "host_outside_ms", "graph_idle_ms",
+                                 "host_frac", "host_frac_paired"]],
+                             {"wall_ms": "{:.3f}", "busy_ms": "{:.3f}", "host_overhead_ms": "{:.3f}", "host_frac": "{:.1%}",
+                              "host_outside_ms": "{:.3f}", "graph_idle_ms": "{:.3f}", "graph_idle_traced_ms": "{:.3f}",
+                              "host_frac_paired": "{:.1%}"},
+                             caption=f"{m_}: graph replays, untraced interleaved wall minus traced busy, the latest "
+                                     f"{last} recorded runs on {', '.join(sorted(set(ht.gpu)))} (the run id names its "
+                                     "commit; outside / idle: the split, where the run has the graph's event span; "
+                                     "other_f16: the dequantized weights in fp16; dense GEMMs through "
+                                     f"{', '.join(sorted(set(ht.dense_path)))})"))
+    else:
+        print(f"no recorded graph replay of {m_} with traced busy")
+
+
+
+for m_ in ISSUE18_MODELS:
+    host_overhead_history(m_)
 
 # %% [markdown]
 # ### Where a graph replay's idle time sits, and three changes that remove it
@@ -268,31 +342,37 @@ else:
 # %%
 from labkernels.decompose import gap_summary
 
-gaprun = records.latest("prefill", where=lambda r: r.has("replay_gaps") and model in set(r.table("throughput").model))
-if gaprun is None:
-    print(f"no recorded launch gaps of a {model} graph replay (a prefill_graph run from before the gap table)")
-else:
-    gp = gaprun.table("replay_gaps")
-    gs = gap_summary(gp)
-    tot = (gs.groupby(["nt", "variant"], sort=False)
-             .agg(boundaries=("boundaries", "sum"), idle_us=("idle_us", "sum")).reset_index())
-    tot["idle_us_per_boundary"] = tot.idle_us / tot.boundaries
-    display(report.table(tot, {"idle_us": "{:,.1f}", "idle_us_per_boundary": "{:.2f}"},
-                         caption=f"{model}: idle GPU time between the launches of one traced graph replay, run "
-                                 f"{gaprun.run_id} ({peers.run_gpu_name(gaprun)}); each variant's graph options: the "
-                                 "per-run table above"))
-    g512 = gs[gs.nt == (512 if (gs.nt == 512).any() else gs.nt.max())]
-    pv_ = g512.pivot_table(index="transition", columns="variant", values="idle_us", aggfunc="sum").fillna(0)
-    pv_ = pv_.loc[pv_.max(axis=1).sort_values().index]
-    fig, ax = plt.subplots(figsize=(8, 0.32 * len(pv_) + 1.4))
-    h_ = 0.8 / max(1, pv_.shape[1])
-    for k, v in enumerate(pv_.columns):
-        ax.barh(np.arange(len(pv_)) + (k - (pv_.shape[1] - 1) / 2) * h_, pv_[v], h_, label=v)
-    ax.set_yticks(range(len(pv_)), pv_.index, fontsize=8)
-    ax.set_xlabel("idle time summed over the boundaries [us per forward]")
-    ax.set_title(f"{model}, nt={int(g512.nt.iloc[0])}: idle time by boundary kind ({report.source(gaprun)})", fontsize=9)
-    ax.legend(fontsize=8); ax.grid(axis="x", alpha=.3)
-    plt.show()
+def replay_gap_tables(m_):
+    gaprun = records.latest("prefill", where=lambda r: r.has("replay_gaps") and m_ in set(r.table("throughput").model))
+    if gaprun is None:
+        print(f"no recorded launch gaps of a {m_} graph replay (a prefill_graph run from before the gap table)")
+    else:
+        gp = gaprun.table("replay_gaps")
+        gs = gap_summary(gp)
+        tot = (gs.groupby(["nt", "variant"], sort=False)
+                 .agg(boundaries=("boundaries", "sum"), idle_us=("idle_us", "sum")).reset_index())
+        tot["idle_us_per_boundary"] = tot.idle_us / tot.boundaries
+        display(report.table(tot, {"idle_us": "{:,.1f}", "idle_us_per_boundary": "{:.2f}"},
+                             caption=f"{m_}: idle GPU time between the launches of one traced graph replay, run "
+                                     f"{gaprun.run_id} ({peers.run_gpu_name(gaprun)}); each variant's graph options: the "
+                                     "per-run table above"))
+        g512 = gs[gs.nt == (512 if (gs.nt == 512).any() else gs.nt.max())]
+        pv_ = g512.pivot_table(index="transition", columns="variant", values="idle_us", aggfunc="sum").fillna(0)
+        pv_ = pv_.loc[pv_.max(axis=1).sort_values().index]
+        fig, ax = plt.subplots(figsize=(8, 0.32 * len(pv_) + 1.4))
+        h_ = 0.8 / max(1, pv_.shape[1])
+        for k, v in enumerate(pv_.columns):
+            ax.barh(np.arange(len(pv_)) + (k - (pv_.shape[1] - 1) / 2) * h_, pv_[v], h_, label=v)
+        ax.set_yticks(range(len(pv_)), pv_.index, fontsize=8)
+        ax.set_xlabel("idle time summed over the boundaries [us per forward]")
+        ax.set_title(f"{m_}, nt={int(g512.nt.iloc[0])}: idle time by boundary kind ({report.source(gaprun)})", fontsize=9)
+        ax.legend(fontsize=8); ax.grid(axis="x", alpha=.3)
+        plt.show()
+
+
+
+for m_ in ISSUE18_MODELS:
+    replay_gap_tables(m_)
 
 # %% [markdown]
 # ### Outside the graph: where a replay's host time goes
@@ -311,34 +391,40 @@ else:
 # own event record).
 
 # %%
-brun = records.latest("prefill", where=lambda r: r.has("replay_breakdown") and model in set(r.table("throughput").model))
-if brun is None:
-    print(f"no stamped replays of {model} recorded yet (prefill_graph runs before the replay_breakdown table)")
-else:
-    bd = brun.table("replay_breakdown")
-    bd = bd[bd.model == model].copy()
-    bd["outside_ms"] = bd.wall_ms - bd.gpu_span_ms
-    cols = ["nt", "variant", "wall_ms", "gpu_span_ms", "outside_ms", "py_pre_ms", "launch_call_ms", "py_post_ms",
-            "gpu_lead_ms", "gpu_tail_ms", "submit_wake_ms", "sync_ms"]
-    cols += [c for c in ("py_entry_ms", "lookup_ms", "ids_ms", "mark_ms") if c in bd.columns]   # py_pre's parts
-    display(report.table(bd[cols], {c: "{:.3f}" for c in cols[2:]},
-                         caption=f"{model}: one stamped replay's parts, median of {int(bd.repeats.iloc[0])} per row "
-                                 f"(ms), run {brun.run_id} ({peers.run_gpu_name(brun)})"))
-    parts = [("py_pre_ms", "Python before the launch"), ("gpu_lead_ms", "launch to the graph's first node (GPU)"),
-             ("gpu_tail_ms", "last node to the copy's end (GPU)"), ("submit_wake_ms", "submission + wake-up latency")]
-    v0 = bd.variant.iloc[0]
-    b0 = bd[bd.variant == v0].sort_values("nt")
-    fig, ax = plt.subplots(figsize=(8, 3.6))
-    bottom = np.zeros(len(b0))
-    for c, lab in parts:
-        vals = 1e3 * b0[c].clip(lower=0).to_numpy()
-        ax.bar(range(len(b0)), vals, 0.6, bottom=bottom, label=lab, color=plotting.color(c))
-        bottom += vals
-    ax.plot(range(len(b0)), 1e3 * b0.outside_ms, "k_", ms=30, mew=2, label="wall - graph span")
-    ax.set_xticks(range(len(b0)), [f"nt={n}" for n in b0.nt]); ax.set_ylabel("time outside the graph [us per forward]")
-    ax.set_title(f"{model}, {v0}: the wall outside the graph's execution ({report.source(brun)})", fontsize=9)
-    ax.legend(fontsize=8); ax.grid(axis="y", alpha=.3)
-    plt.show()
+def replay_breakdown_tables(m_):
+    brun = records.latest("prefill", where=lambda r: r.has("replay_breakdown") and m_ in set(r.table("throughput").model))
+    if brun is None:
+        print(f"no stamped replays of {m_} recorded yet (prefill_graph runs before the replay_breakdown table)")
+    else:
+        bd = brun.table("replay_breakdown")
+        bd = bd[bd.model == m_].copy()
+        bd["outside_ms"] = bd.wall_ms - bd.gpu_span_ms
+        cols = ["nt", "variant", "wall_ms", "gpu_span_ms", "outside_ms", "py_pre_ms", "launch_call_ms", "py_post_ms",
+                "gpu_lead_ms", "gpu_tail_ms", "submit_wake_ms", "sync_ms"]
+        cols += [c for c in ("py_entry_ms", "lookup_ms", "ids_ms", "mark_ms") if c in bd.columns]   # py_pre's parts
+        display(report.table(bd[cols], {c: "{:.3f}" for c in cols[2:]},
+                             caption=f"{m_}: one stamped replay's parts, median of {int(bd.repeats.iloc[0])} per row "
+                                     f"(ms), run {brun.run_id} ({peers.run_gpu_name(brun)})"))
+        parts = [("py_pre_ms", "Python before the launch"), ("gpu_lead_ms", "launch to the graph's first node (GPU)"),
+                 ("gpu_tail_ms", "last node to the copy's end (GPU)"), ("submit_wake_ms", "submission + wake-up latency")]
+        v0 = bd.variant.iloc[0]
+        b0 = bd[bd.variant == v0].sort_values("nt")
+        fig, ax = plt.subplots(figsize=(8, 3.6))
+        bottom = np.zeros(len(b0))
+        for c, lab in parts:
+            vals = 1e3 * b0[c].clip(lower=0).to_numpy()
+            ax.bar(range(len(b0)), vals, 0.6, bottom=bottom, label=lab, color=plotting.color(c))
+            bottom += vals
+        ax.plot(range(len(b0)), 1e3 * b0.outside_ms, "k_", ms=30, mew=2, label="wall - graph span")
+        ax.set_xticks(range(len(b0)), [f"nt={n}" for n in b0.nt]); ax.set_ylabel("time outside the graph [us per forward]")
+        ax.set_title(f"{m_}, {v0}: the wall outside the graph's execution ({report.source(brun)})", fontsize=9)
+        ax.legend(fontsize=8); ax.grid(axis="y", alpha=.3)
+        plt.show()
+
+
+
+for m_ in ISSUE18_MODELS:
+    replay_breakdown_tables(m_)
 
 # %% [markdown]
 # ## Attention alone: cuDNN's fused SDPA vs the lab's baseline vs PyTorch SDPA (issue 17)

@@ -580,3 +580,15 @@ def test_prefill_vs_llama_takes_the_latest_peer_run_of_that_model(tmp_path):
     lab = pd.DataFrame([{"model": "synthetic-7b", "nt": 512, "tok_per_s": 18000.0}])
     pv = peers.prefill_vs_llama(lab, "NVIDIA H200", root=tmp_path)
     assert pv.ok and pv.run_id == first and float(pv.table.vs_llama.iloc[0]) == 2.0
+
+
+def test_prefill_pairs_a_bench_row_by_its_model_type(tmp_path):
+    """A llama-bench row labelled by the file name it was given on the GPU machine ('gemma' for /tmp/gemma.gguf)
+    pairs with the lab's label of the same GGUF through llama-bench's model_type; an unknown type keeps its label."""
+    rows = _bench_rows([("gemma", 512, 1, 50000.0), ("other", 512, 1, 1.0)])
+    rows["model_type"] = ["gemma3 270M Q4_K - Medium", "llama 7B Q4_K - Medium"]
+    _peer_run(tmp_path, bench=rows)
+    lab = pd.DataFrame({"model": ["gemma-3-270m-q4_k_m", "other"], "nt": [512, 512], "tok_per_s": [300000.0, 2.0]})
+    res = peers.prefill_vs_llama(lab, H200, root=tmp_path)
+    assert list(zip(res.table.model, res.table.vs_llama)) == [("gemma-3-270m-q4_k_m", 6.0), ("other", 2.0)]
+    assert list(peers.lab_labels(rows)) == ["gemma-3-270m-q4_k_m", "other"]
