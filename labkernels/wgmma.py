@@ -1254,10 +1254,12 @@ def real_model_rows(rng, progress=print) -> list[dict]:
         if qtype == "q4_K":
             w.gguf = cp.asarray(raw)
         i8 = int8_path_error(raw, qtype, x)
-        forms = ((128, 0, 0), (256, 0, 0), (128, 1, 0), (256, 1, 0))
+        forms = ((128, 0, 0), (256, 0, 0), (128, 1, 0), (256, 1, 0), (128, 2, 0), (256, 2, 0))
         if qtype == "q4_K":      # the shared-memory form too
             forms += ((128, 0, 1), (128, 1, 1), (256, 1, 1))
         for bn, sk, form in forms:
+            if not sk_fits(sk, 37, raw.shape[0], id_, bn, _sm_count(cp.cuda.Device().id)):
+                continue     # the uniform split-k grid where it fits this tensor (every Gemma tensor, at 37 tokens)
             p = {"BN": bn, "STAGES": 3 if form and bn == 256 else 4, "BF16": 0, "SCL": main_scl(qtype, bn), "SK": sk,
                  "FORM": form}
             y = cp.full((37, raw.shape[0]), np.nan, cp.float32)

@@ -455,6 +455,19 @@ else:
 # suspect, not a measured cause. Not tried: ping-pong consumers on different tiles, clusters with TMA multicast of
 # the activations, the L2 prefetch (for real). The per-CTA trace (above) has since said where a stream-K launch's
 # extra time goes: its serial epilogue, not the main loop.
+#
+# Third step, the uniform split-k grid (`SK=2`) — predicted from the paired-grid runs of the split-finish A/B (run
+# 20261201T174118Z): 5–10% faster than stream-K where it fits, nothing elsewhere. Measured in the benchmark of record
+# (run 20261201T174905Z, commit 5fd9d93, 225 real-model gates, sanitizers clean over 21 cases): at nt=512 it is the
+# best variant at 4096×4096 and 4096×14336 for both types, 1.06–1.11× stream-K, taking q4_K 4096×14336 to 0.93×
+# cuBLAS (q4_K 0.83–0.87× at nt=512 in run 20261201T142707Z) and q6_K to 0.76× / 0.84× (0.69–0.75× there);
+# 11008×4096 (172 tiles) and 4096×11008 (43
+# super-blocks, a prime) do not take it, and stay at 0.73–0.84×. So the nt=512 bar is still **not met** at any point
+# (0.72–0.93×). At nt=4096 the same run has q6_K 4096×4096 at 650.0 and 11008×4096 at 632.5 TOPS-eq (0.87× / 0.91×
+# cuBLAS): by the absolute figure at and just below the 650 line that run 20261201T142707Z cleared at every point
+# (659 and 650 there; its cuBLAS was 1–4% faster at the same points, so the GPU ran faster in that run); by the
+# ratio, above 0.85× everywhere. It also made `_sku` the auto
+# choice at small nt for these shapes (nt=64–256: 0.87–0.98× cuBLAS at 4096×4096).
 
 # %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process
