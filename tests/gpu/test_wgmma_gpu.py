@@ -182,21 +182,27 @@ def test_wgmma_rejects_bad_shapes(cp, rng):
 
 
 def test_wgmma_real_model_tensors(cp, rng):
-    """Every q4_K / q6_K tensor of Gemma 3 270M (the GGUF, or its tensor cache on a GPU machine) through the two
-    main variants: all rows, 37 fresh random tokens."""
-    from labkernels import model, wgmma
+    """Every q4_K / q6_K tensor of Gemma 3 270M (the GGUF, or its tensor cache on a GPU machine) through the main
+    BN=128 variant under the three schedulers (the uniform split-k grid where it fits): all rows, 37 fresh random
+    tokens."""
+    from labkernels import gpu, model, wgmma
 
-    n = 0
+    n, n2 = 0, 0
+    sm = gpu.device_props()["sm_count"]
     for name, qtype, raw in model.load_kquant():
         id_ = raw.shape[1] // wgmma.BLOCK_BYTES[qtype] * 256
         x = rng.standard_normal((37, id_)).astype(np.float32)
-        for sk in (0, 1):
+        for sk in (0, 1, 2):
+            if not wgmma.sk_fits(sk, 37, raw.shape[0], id_, 128, sm):
+                continue
+            n2 += sk == 2
             y, packed = _run(cp, np.ascontiguousarray(raw), qtype, x, BN=128, STAGES=4, BF16=0,
                              SCL=wgmma.main_scl(qtype, 128), SK=sk)
             g = wgmma.gate(y, raw, qtype, x, packed=packed)
             assert g["ok"], (name, sk, g)
         n += 1
-    assert n >= 36
+    assert n >= 36 and n2 >= 1
+    print(f"{n} tensors, {n2} of them also on the uniform split-k grid")
 
 
 @pytest.mark.parametrize("bn,sk", [(128, 0), (256, 1)])
