@@ -229,7 +229,6 @@ def host_overhead_latest(m_):
         plt.show()
 
 
-
 for m_ in ISSUE18_MODELS:
     host_overhead_latest(m_)
 
@@ -306,7 +305,6 @@ def host_overhead_history(m_, last=4):
         print(f"no recorded graph replay of {m_} with traced busy")
 
 
-
 for m_ in ISSUE18_MODELS:
     host_overhead_history(m_)
 
@@ -370,7 +368,6 @@ def replay_gap_tables(m_):
         plt.show()
 
 
-
 for m_ in ISSUE18_MODELS:
     replay_gap_tables(m_)
 
@@ -420,7 +417,6 @@ def replay_breakdown_tables(m_):
         ax.set_title(f"{m_}, {v0}: the wall outside the graph's execution ({report.source(brun)})", fontsize=9)
         ax.legend(fontsize=8); ax.grid(axis="y", alpha=.3)
         plt.show()
-
 
 
 for m_ in ISSUE18_MODELS:
