@@ -258,6 +258,50 @@ def host_overhead_untraced(throughput: pd.DataFrame, busy_wall: pd.DataFrame) ->
     return pd.DataFrame(rows)
 
 
+#: graph variants of recorded prefill_graph runs that did not measure what their name says: (commit prefix, variant)
+#: -> why (left out of :func:`graph_run_history`)
+SUPERSEDED = {("f108e8f", "graph-fused-f16dense"): "set other_f16 after loading: its weights stayed fp32 (fixed in "
+                                                    "aefb8c4)"}
+#: the graph options a history row names (runs before an option had it off)
+HISTORY_OPTIONS = ("other_f16", "pdl", "memsets_as_kernels", "ids_from_host")
+
+
+def graph_run_history(model: str, last: int = 4, root=None) -> pd.DataFrame:
+    """Issue 18's figure over the latest ``last`` recorded prefill_graph runs of ``model`` (newest first): one row
+    per graph variant and nt of :func:`host_overhead_untraced`, with the run, its GPU, its dense GEMM path and the
+    variant's graph options (its own settings over the run's recorded defaults; the runs from 20261201T160549Z to
+    163853Z had pdl / memsets_as_kernels / ids_from_host on by default and recorded no defaults; other_f16 is off in
+    runs that do not name it). Variants listed in :data:`SUPERSEDED` are left out."""
+    from . import peers, records
+
+    rows, seen = [], []
+    for r in records.list_runs("prefill", root)[::-1]:
+        if not r.has("decompose_busy_wall") or not r.has("throughput"):
+            continue
+        thr = r.table("throughput")
+        if "model" not in thr or model not in set(thr.model):
+            continue
+        h = host_overhead_untraced(thr[thr.model == model], r.table("decompose_busy_wall"))
+        params = r.meta.get("params") or {}
+        gr = r.table("graphs") if r.has("graphs") else pd.DataFrame()
+        at = {f: False for f in HISTORY_OPTIONS}
+        if "pdl" in gr.columns:
+            at.update(params.get("option_defaults") or {"pdl": True, "memsets_as_kernels": "memsets_replaced" in gr.columns,
+                                                       "ids_from_host": "ids_from_host" in gr.columns})
+        commit = str(r.provenance.get("git_commit", ""))
+        for row in h.to_dict("records"):
+            v = row["variant"]
+            if not v.startswith("graph-") or any(commit.startswith(c) and v == sv for c, sv in SUPERSEDED):
+                continue
+            own = (params.get("variants") or {}).get(v, {})
+            rows.append({"run": r.run_id, "gpu": peers.run_gpu_name(r), "dense_path": params.get("dense_path", "gemm_ex"),
+                         **{f: bool(own.get(f, at[f])) for f in HISTORY_OPTIONS}, **row})
+        seen.append(r.run_id)
+        if len(seen) >= last:
+            break
+    return pd.DataFrame(rows)
+
+
 def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, progress=print) -> dict:
     """Untraced wall timing, one traced prefill, class table, matched-shape cuBLAS references, queue.
 

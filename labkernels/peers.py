@@ -1194,6 +1194,27 @@ def prefill_vs_llama(lab: pd.DataFrame, lab_gpu: str | None, peer_run_id: str | 
     return PeerComparison(table.reset_index(drop=True), msg, run.run_id, unmatched)
 
 
+def latest_prefill_vs_llama(model: str, flash_attn: int | None = 1, root=None) -> PeerComparison:
+    """The latest recorded prefill throughput run of ``model`` (median tok/s per nt, kernel and mode over its
+    rounds) against llama-bench on the same GGUF and nt (:func:`prefill_vs_llama`, llama.cpp's flash attention
+    ``flash_attn``; None: both settings)."""
+    from . import records
+
+    run = records.latest("prefill", root=root, where=lambda r: r.has("throughput") and "model" in r.table("throughput")
+                         and model in set(r.table("throughput").model))
+    if run is None:
+        return _none(f"no recorded prefill throughput of {model}")
+    t = run.table("throughput")
+    t = t[t.model == model]
+    for c, default in (("kernel", "int8"), ("gemm_families", "-"), ("mode", "eager")):
+        if c not in t:
+            t = t.assign(**{c: default})
+    lab = (t.groupby(["model", "nt", "kernel", "mode", "gemm_families"], sort=False).tok_per_s.agg(["median", "size"])
+           .reset_index().rename(columns={"median": "tok_per_s", "size": "rounds"}))
+    c = prefill_vs_llama(lab, run_gpu_name(run), root=root, flash_attn=flash_attn)
+    return PeerComparison(c.table, f"lab: prefill run {run.run_id}; {c.message}", c.run_id, c.unmatched)
+
+
 #: (od, id) of each weight role in llama-7B (labkernels.synthetic.llama7b_config): the round-5 class names
 #: are ``gemm_<q4k|q6k>:<role>``
 LLAMA7B_ROLE_SHAPES = {"attn_q": (4096, 4096), "attn_k": (4096, 4096), "attn_v": (4096, 4096),

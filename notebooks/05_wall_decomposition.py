@@ -133,31 +133,16 @@ else:
     print(pv.message)
 
 
-def lab_vs_llama(m_, fa=1):
-    """The latest recorded throughput run of model m_ against llama-bench (flash attention ``fa``)."""
-    tr_ = records.latest("prefill", where=lambda r: r.has("throughput") and m_ in set(r.table("throughput").model))
-    if tr_ is None:
-        return None, f"no recorded prefill throughput of {m_}"
-    t2 = tr_.table("throughput")
-    t2 = t2[t2.model == m_]
-    lt = (t2.groupby(["model", "nt", "kernel", "mode", "gemm_families"], sort=False).tok_per_s.agg(["median", "size"])
-          .reset_index().rename(columns={"median": "tok_per_s", "size": "rounds"}))
-    c = peers.prefill_vs_llama(lt, peers.run_gpu_name(tr_))
-    if not c.ok:
-        return None, c.message
-    return c.table[c.table.flash_attn == fa], f"lab: prefill run {tr_.run_id}; {c.message}"
-
-
 # %% [markdown]
 # The other model of issue 18 (the bar: Gemma 3 270M at nt=512 ≥ 1.5× llama-bench pp512, and never below 1.0× at
 # any nt), against llama.cpp with flash attention on:
 
 # %%
 for m_ in ISSUE18_MODELS[1:]:
-    tab_, msg_ = lab_vs_llama(m_)
-    print(msg_)
-    if tab_ is not None:
-        display(report.table(tab_[["model", "nt", "kernel", "mode", "rounds", "tok_per_s", "llama_tok_s",
+    c_ = peers.latest_prefill_vs_llama(m_, flash_attn=1)
+    print(c_.message)
+    if c_.ok:
+        display(report.table(c_.table[["model", "nt", "kernel", "mode", "rounds", "tok_per_s", "llama_tok_s",
                                    "llama_tok_s_std", "vs_llama"]],
                              {"tok_per_s": "{:,.0f}", "llama_tok_s": "{:,.0f}", "llama_tok_s_std": "{:,.0f}",
                               "vs_llama": "{:.2f}x"},
@@ -261,41 +246,13 @@ for m_ in ISSUE18_MODELS:
 
 # %%
 def host_overhead_history(m_, last=4):
-    hrows = []
-    for r in records.list_runs("prefill")[::-1]:   # newest first
-        if not r.has("decompose_busy_wall"):
-            continue
-        thr = r.table("throughput")
-        if m_ not in set(thr.model):
-            continue
-        h = host_overhead_untraced(thr, r.table("decompose_busy_wall"))
-        params = r.meta.get("params") or {}
-        dense = params.get("dense_path", "gemm_ex")   # runs before the lt path: cublasGemmEx
-        gr = r.table("graphs") if r.has("graphs") else pd.DataFrame()
-        # the graph options of each variant: its own settings over the run's defaults (runs before the options had none
-        # of them; the runs from 20261201T160549Z to 163853Z had them on by default)
-        opts_at = {f: False for f in ("pdl", "memsets_as_kernels", "ids_from_host")}
-        if "pdl" in gr.columns:
-            opts_at = params.get("option_defaults") or {"pdl": True, "memsets_as_kernels": "memsets_replaced" in gr.columns,
-                                                        "ids_from_host": "ids_from_host" in gr.columns}
-        opts_at = {"other_f16": False, **opts_at}     # fp16 dense weights: the default from commit 4380af2
-        for row in h.to_dict("records"):
-            if not row["variant"].startswith("graph-"):
-                continue
-            if r.provenance.get("git_commit", "").startswith("f108e8f") and row["variant"] == "graph-fused-f16dense":
-                continue      # at f108e8f this variant set other_f16 after loading: its weights stayed fp32 (aefb8c4)
-            o = {**opts_at, **{k: v for k, v in ((params.get("variants") or {}).get(row["variant"], {})).items() if k in opts_at}}
-            hrows.append(dict(run=r.run_id, gpu=peers.run_gpu_name(r), dense_path=dense, **o, **row))
-        if len({h_["run"] for h_ in hrows}) >= last:
-            break
-    if hrows:
-        ht = pd.DataFrame(hrows)
+    ht = decompose.graph_run_history(m_, last)
+    if len(ht):
         display(report.table(ht[["run", "variant", "other_f16", "pdl", "memsets_as_kernels", "ids_from_host", "nt",
                                  "wall_ms", "busy_ms", "host_overhead_ms", "host_outside_ms", "graph_idle_ms",
                                  "host_frac", "host_frac_paired"]],
                              {"wall_ms": "{:.3f}", "busy_ms": "{:.3f}", "host_overhead_ms": "{:.3f}", "host_frac": "{:.1%}",
-                              "host_outside_ms": "{:.3f}", "graph_idle_ms": "{:.3f}", "graph_idle_traced_ms": "{:.3f}",
-                              "host_frac_paired": "{:.1%}"},
+                              "host_outside_ms": "{:.3f}", "graph_idle_ms": "{:.3f}", "host_frac_paired": "{:.1%}"},
                              caption=f"{m_}: graph replays, untraced interleaved wall minus traced busy, the latest "
                                      f"{last} recorded runs on {', '.join(sorted(set(ht.gpu)))} (the run id names its "
                                      "commit; outside / idle: the split, where the run has the graph's event span; "

@@ -122,3 +122,46 @@ def test_host_overhead_paired_with_the_traced_replays():
     assert t.host_frac == pytest.approx(1.4 / 17.6) and t.host_frac_paired == pytest.approx(0.25 / 16.45)
     t2 = host_overhead_untraced(thr, bw.drop(columns=["wall_paired_ms"])).iloc[0]
     assert np.isnan(t2.host_frac_paired)
+
+
+def test_graph_run_history_takes_the_latest_runs_and_each_variants_options(tmp_path, monkeypatch):
+    """graph_run_history: newest run first, at most ``last`` runs of that model, each graph variant's options its
+    own over the run's recorded defaults (absent options off), eager rows and superseded variants left out."""
+    import pandas as pd
+
+    from labkernels import decompose, records
+
+    def run(variants, defaults=None, models=("m",)):
+        r = records.new_run("prefill", {"what": "graph", "variants": variants,
+                                        **({"option_defaults": defaults} if defaults else {})}, root=tmp_path)
+        thr, bw = [], []
+        for mdl in models:
+            for v in variants:
+                mode = "eager" if v.startswith("eager") else "graph"
+                thr.append({"model": mdl, "nt": 512, "variant": v, "mode": mode, "wall_ms": 3.3})
+                bw.append({"model": mdl, "nt": 512, "variant": v, "mode": mode, "wall_ms": 3.4,
+                           "busy_replay_ms": 3.1 if mode == "graph" else float("nan")})
+        r.append("throughput", thr)
+        r.append("decompose_busy_wall", bw)
+        r.append("graphs", [{"model": models[0], "nt": 512, "pdl": False}])
+        r.finish()
+        return r
+
+    old = run({"eager-unfused": {"graph": False}, "graph-fused": {"graph": None}, "graph-fused-pdl": {"pdl": True}},
+              defaults={"pdl": False, "memsets_as_kernels": False, "ids_from_host": False})
+    new = run({"graph-fused": {"graph": None}, "graph-fused-f32dense": {"other_f16": False}},
+              defaults={"pdl": False, "memsets_as_kernels": False, "ids_from_host": False, "other_f16": True})
+    run({"graph-fused": {"graph": None}}, models=("other",))
+    h = decompose.graph_run_history("m", last=4, root=tmp_path)
+    assert list(h.run.unique()) == [new.run_id, old.run_id]             # newest first; the other model's run not
+    assert set(h.variant) == {"graph-fused", "graph-fused-f32dense", "graph-fused-pdl"}    # no eager rows
+    f = h.set_index(["run", "variant"])
+    assert f.loc[(new.run_id, "graph-fused"), "other_f16"] and not f.loc[(new.run_id, "graph-fused-f32dense"), "other_f16"]
+    assert not f.loc[(old.run_id, "graph-fused"), "other_f16"] and f.loc[(old.run_id, "graph-fused-pdl"), "pdl"]
+    assert f.loc[(new.run_id, "graph-fused"), "host_frac"] == pytest.approx(0.2 / 3.3)
+    assert list(decompose.graph_run_history("m", last=1, root=tmp_path).run.unique()) == [new.run_id]
+    commit = str(new.provenance.get("git_commit", ""))
+    monkeypatch.setattr(decompose, "SUPERSEDED", {(commit[:7], "graph-fused-f32dense"): "test"})
+    h2 = decompose.graph_run_history("m", last=4, root=tmp_path)
+    assert "graph-fused-f32dense" not in set(h2.variant) and "graph-fused-pdl" in set(h2.variant)
+    assert decompose.graph_run_history("nobody", root=tmp_path).empty

@@ -592,3 +592,22 @@ def test_prefill_pairs_a_bench_row_by_its_model_type(tmp_path):
     res = peers.prefill_vs_llama(lab, H200, root=tmp_path)
     assert list(zip(res.table.model, res.table.vs_llama)) == [("gemma-3-270m-q4_k_m", 6.0), ("other", 2.0)]
     assert list(peers.lab_labels(rows)) == ["gemma-3-270m-q4_k_m", "other"]
+
+
+def test_latest_prefill_vs_llama_reads_the_latest_run_of_that_model(tmp_path):
+    """The latest prefill throughput run of the model (medians over its rounds per nt / kernel / mode) against
+    llama-bench with flash attention on; a model with no recorded throughput says so."""
+    rows = _bench_rows([("gemma", 512, 1, 50000.0), ("gemma", 512, 0, 40000.0)])
+    rows["model_type"] = "gemma3 270M Q4_K - Medium"
+    _peer_run(tmp_path, bench=rows)
+    for tok in ((100000.0, 120000.0), (300000.0, 310000.0, 290000.0)):
+        r = records.new_run("prefill", {"gpu_name": H200}, root=tmp_path)
+        r.append("throughput", [{"model": "gemma-3-270m-q4_k_m", "nt": 512, "kernel": "auto", "mode": "graph",
+                                 "tok_per_s": t, "round": i} for i, t in enumerate(tok)])
+        r.finish()
+    c = peers.latest_prefill_vs_llama("gemma-3-270m-q4_k_m", root=tmp_path)
+    assert c.ok and list(c.table.flash_attn) == [1] and c.table.rounds.iloc[0] == 3
+    assert c.table.vs_llama.iloc[0] == pytest.approx(6.0) and r.run_id in c.message
+    assert len(peers.latest_prefill_vs_llama("gemma-3-270m-q4_k_m", flash_attn=None, root=tmp_path).table) == 2
+    none = peers.latest_prefill_vs_llama("synthetic-7b", root=tmp_path)
+    assert not none.ok and "no recorded prefill throughput of synthetic-7b" in none.message
