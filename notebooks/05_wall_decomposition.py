@@ -4,8 +4,9 @@
 # The seeds' r37 (000) took a 3325-token prefill apart: GPU busy 2139.6 ms vs wall 2190 ms (2.3% gap, so the
 # kernel-level decomposition stands for the wall), q6_K GEMM 1094.7 ms = 51.2%, and priced the queue: at the q4_K
 # rate, ~−970 ms → ~2720 tok/s. This round runs the same method on the lab's own prefill
-# (`labkernels/prefill.py`: q4_K/q6_K through the lab kernels, other types dequantized once + cuBLAS fp32,
-# cuBLAS attention with the lab's masked softmax) on the H200:
+# (`labkernels/prefill.py`: q4_K/q6_K through the lab kernels, other types dequantized once + cuBLAS -- fp16 on the
+# tensor cores since commit 4380af2, fp32 before --, attention through cuDNN's fused SDPA where it runs, else cuBLAS
+# with the lab's masked softmax) on the H200:
 # CUPTI traces every launch and tags it with the op, layer and weight tensor it served (external correlation
 # ids, `labkernels/trace.py`); busy is checked against the untraced wall; each GEMM class gets its MACs and
 # us/GMAC and a matched-shape cuBLAS fp16 reference at the same nt; the priority queue prices each class.
