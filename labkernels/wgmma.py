@@ -587,6 +587,11 @@ def variant_params(variant: str, qtype: str) -> tuple[str, dict]:
     return "wgmma_kq", {"BN": bn, "STAGES": st, "BF16": 0, "SCL": scl, "SK": _sk_of(m.group(4))}
 
 
+def tile_count(nt: int, od: int, BN: int) -> int:
+    """The output tiles of a launch: 128 weight rows x BN tokens each, tails rounded up."""
+    return ((od + 127) // 128) * ((nt + BN - 1) // BN)
+
+
 def schedule(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> tuple[int, int]:
     """(ncta, dp_tiles) of the kernel's scheduler (see ``LkSched`` in wgmma_kq.cu) for ``tiles`` = 128-row x BN
     tiles of I = id/256 super-blocks each.
@@ -603,7 +608,7 @@ def schedule(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> tup
       nt=512). A shape with G < 2 is refused (ShapeError), never run on another grid."""
     if sk not in (0, 1, 2):
         raise ValueError(f"SK is 0 (data-parallel), 1 (stream-K) or 2 (uniform split-k), not {sk!r}")
-    tiles = ((od + 127) // 128) * ((nt + BN - 1) // BN)
+    tiles = tile_count(nt, od, BN)
     nsb = id_ // QK
     if tiles * nsb >= 2 ** 31 or od * nsb >= 2 ** 31:
         raise ValueError(f"{nt} x {od} x {id_} exceeds the kernel's 32-bit iteration and block counts")
@@ -636,7 +641,7 @@ def sk_fits(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> bool
     """Whether :func:`schedule` takes this scheduler at this shape (only SK=2 refuses shapes)."""
     if sk != 2:
         return True
-    tiles = ((od + 127) // 128) * ((nt + BN - 1) // BN)
+    tiles = tile_count(nt, od, BN)
     return uniform_split(tiles, id_ // QK, sm_count) >= 2
 
 
@@ -739,7 +744,7 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
         k = kernel(QT=qt, BN=BN, STAGES=STAGES, BF16=bf16, SCL=SCL)
     ncta, dp_tiles = schedule(int(SK), nt, w.od, w.id, BN, _sm_count(cp.cuda.Device().id) * k.blocks_per_sm)
     if SK:
-        _check_schedule(ncta, w.id // QK, ((w.od + 127) // 128) * ((nt + BN - 1) // BN), dp_tiles)
+        _check_schedule(ncta, w.id // QK, tile_count(nt, w.od, BN), dp_tiles)
     y = _out(nt, w.od, out)
     tm = tensor_map(x16, BN, bool(bf16))
     ws, flags = _WS.get(cp.cuda.get_current_stream().ptr, _sm_count(cp.cuda.Device().id) * k.blocks_per_sm)
@@ -1002,7 +1007,7 @@ def paired_schedule(nt: int, od: int, id_: int, BN: int, sm_count: int) -> tuple
     range split gives that when ncta = 2 x tiles and the super-blocks per tile are even): every tile is then shared
     by an owner and a helper whose segment is its last -- what the split finish (-DLK_EXP_SPLITFIN) takes. Refused
     where it does not fit: more than ``sm_count`` CTAs, or an odd number of super-blocks."""
-    tiles = ((od + 127) // 128) * ((nt + BN - 1) // BN)
+    tiles = tile_count(nt, od, BN)
     I = id_ // QK
     if 2 * tiles > sm_count or I % 2:
         raise WgmmaError(f"no paired stream-K grid at nt={nt}, od={od}, id={id_}, BN={BN}: {tiles} tiles x 2 CTAs on "
@@ -1033,7 +1038,7 @@ def splitfin_ab(run=None, points=SPLITFIN_POINTS, nt: int = 512, qtypes=("q4_K",
             raw = cases.synthetic_weights(qtype, od, id_, rng)
             w = WgWeight.from_gguf(raw, qtype)
             x16 = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float16))
-            I, tiles = id_ // QK, ((od + 127) // 128) * ((nt + 255) // 256)
+            I, tiles = id_ // QK, tile_count(nt, od, 256)
             grids = {"sk": schedule(1, nt, od, id_, 256, sm * ks["plain"].blocks_per_sm),
                      "paired": paired_schedule(nt, od, id_, 256, sm * ks["plain"].blocks_per_sm)}
             for g in grids.values():
@@ -1132,7 +1137,7 @@ def trace_phases(rows, od: int, id_: int, nt: int):
         bn, sk = p["BN"], p["SK"]
         ncta = g.cta.nunique()
         I = id_ // QK
-        tiles = ((od + 127) // 128) * ((nt + bn - 1) // bn)
+        tiles = tile_count(nt, od, bn)
         nc, dp = schedule(sk, nt, od, id_, bn, ncta)
         if nc != ncta:
             raise WgmmaError(f"{v}: {ncta} CTAs traced, the schedule at nt={nt}, od={od}, id={id_} has {nc}")
@@ -1171,7 +1176,7 @@ def trace_launch(w: WgWeight, x16, BN: int = 128, STAGES: int = 4, SCL: int = 0,
     if ncta > TRACE_CTAS:
         raise WgmmaError(f"the trace build stamps {TRACE_CTAS} CTAs, this launch has {ncta}")
     if SK:
-        _check_schedule(ncta, w.id // QK, ((w.od + 127) // 128) * ((nt + BN - 1) // BN), dp_tiles)
+        _check_schedule(ncta, w.id // QK, tile_count(nt, w.od, BN), dp_tiles)
     tm = tensor_map(x16, BN)
     ws, flags = _WS.get(cp.cuda.get_current_stream().ptr, sm * k.blocks_per_sm)
     y = cp.empty((nt, w.od), cp.float32)
