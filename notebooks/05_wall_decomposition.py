@@ -227,7 +227,8 @@ for m_ in ISSUE18_MODELS:
 # `graph_idle_ms` likewise means the untraced span was shorter than the traced busy, not negative idle.
 
 # %% [markdown]
-# The same figure over every recorded graph run of this model, so the spread between runs is visible; `dense_path`
+# The same figure over the latest four recorded graph runs of each model (every run: `decompose.graph_run_history`
+# with a larger `last`), so the spread between runs is visible; `dense_path`
 # names how the dense (non-k-quant) GEMMs ran: `gemm_ex` = cuBLAS's own algorithm, which at Gemma's stacked Q/K/V
 # shape and nt=512 splits k and puts a memset node before the GEMM; `lt` = a cuBLASLt algorithm that does not split k
 # (no memset: 184 instead of 202 launches per forward at nt=512). The same-session A/B (runs 145658Z-145843Z, the lt
