@@ -46,7 +46,7 @@ from . import gpu
 
 log = logging.getLogger("labkernels.attention")
 
-BACKENDS = ("auto", "cudnn", "torch", "baseline")
+BACKENDS = ("auto", "cudnn", "lab", "torch", "baseline")
 DTYPES = ("f16", "bf16")
 #: head dims cuDNN's fp16/bf16 SDPA takes on sm_80..sm_90 (multiple of 8, at most 256; d_qk = 192 with d_v = 128)
 CUDNN_MAX_HEAD_DIM = 256
@@ -155,9 +155,36 @@ def cudnn_problems(kind: LayerKind) -> list[str]:
     return bad
 
 
+#: head dims the lab's fused attention (kernels/flash_attn.cu) is instantiated for
+LAB_HEAD_DIMS = (64, 128, 256)
+
+
+def lab_problems(kind: LayerKind) -> list[str]:
+    """Why the lab's fused attention kernel cannot take a layer kind (empty: it can)."""
+    bad = []
+    if kind.n_head % kind.n_head_kv:
+        bad.append(f"{kind.n_head} query heads are not a multiple of {kind.n_head_kv} kv heads")
+    if kind.head_dim != kind.head_dim_v:
+        bad.append(f"q/k head dim {kind.head_dim} differs from v head dim {kind.head_dim_v}")
+    if kind.head_dim not in LAB_HEAD_DIMS:
+        bad.append(f"head dim {kind.head_dim} is not one the kernel is built for ({', '.join(map(str, LAB_HEAD_DIMS))})")
+    if not (np.isfinite(kind.scale) and kind.scale > 0):
+        bad.append(f"softmax scale {kind.scale!r} is not finite and positive")
+    if kind.window < 0:
+        bad.append(f"window {kind.window} is negative")
+    return bad
+
+
+def lab_heads_per_cta(kind: LayerKind) -> int:
+    """Query heads one CTA of the lab's kernel covers (they share its kv head): 4, 2 or 1, the largest dividing the
+    group size; the CTA's other warps take more query rows (16 per warp, 4 warps)."""
+    g = kind.n_head // kind.n_head_kv
+    return 4 if g % 4 == 0 else (2 if g % 2 == 0 else 1)
+
+
 def check_kind(kind: LayerKind, backend: str, layers) -> None:
     """Raise AttentionError naming the layers and the mask when ``backend`` cannot take ``kind``."""
-    bad = cudnn_problems(kind) if backend == "cudnn" else []
+    bad = cudnn_problems(kind) if backend == "cudnn" else (lab_problems(kind) if backend == "lab" else [])
     if backend == "torch" and kind.n_head % kind.n_head_kv:
         bad.append(f"{kind.n_head} query heads are not a multiple of {kind.n_head_kv} kv heads")
     if bad:
@@ -285,7 +312,7 @@ def resolve(requested: str, cfg) -> tuple[str, str]:
         raise AttentionUnavailable(f"attention={requested!r} needs a CUDA GPU: {why}")
     if requested == "cudnn":
         import_cudnn()
-    else:
+    elif requested == "torch":
         import_torch()
     for k, ls in kinds.items():
         check_kind(k, requested, ls)
@@ -588,6 +615,57 @@ class Cudnn(Backend):
             G["graph"].execute_plan_at_index(pack, ws, index=index, handle=self.handle)
 
 
+def _address(a) -> int:
+    """A device array's address (CuPy), or a host array's (the tests' numpy stand-in)."""
+    d = getattr(a, "data", None)
+    return int(d.ptr) if hasattr(d, "ptr") else int(a.ctypes.data)
+
+
+class Lab(Backend):
+    """The lab's fused attention: one kernel per layer (kernels/flash_attn.cu, ``flash_attn`` in the registry) --
+    FlashAttention-2 on mma.sync f16 with fp32 softmax and accumulation, causal and sliding-window masks, grouped
+    kv heads read in place from the token-major buffers; no workspace, no memset node, programmatic launch inside
+    the prefill's graph. fp16 only."""
+    name = "lab"
+    THREADS = 128
+
+    def __init__(self, cfg, dtype: str = "f16", note: str = "requested"):
+        if dtype != "f16":
+            raise AttentionError(f"the lab's fused attention takes fp16 only, not {dtype!r}")
+        super().__init__(cfg, dtype, note)
+
+    def launch_shape(self, n: int, kind: LayerKind) -> tuple:
+        """(grid, heads per CTA): x = query blocks of 16 * (4 / heads) rows, y = head groups."""
+        wh = lab_heads_per_cta(kind)
+        bq = 16 * (4 // wh)
+        return ((n + bq - 1) // bq, kind.n_head // wh), wh
+
+    def sdpa(self, q16, k16, v16, n, kind: LayerKind, il=None, out=None):
+        """O [n, H*d] fp16 from q16 [n, H*d], k16/v16 [n, Hk*d] fp16 (C-contiguous, 16-byte aligned)."""
+        cp = gpu.cp()
+        bad = lab_problems(kind)
+        if bad:
+            raise AttentionError(f"attention of layer {il} ({kind.describe()}): the lab path cannot take it: "
+                                 f"{'; '.join(bad)}")
+        if not n >= 1:
+            raise AttentionError(f"attention of layer {il}: {n} tokens")
+        H, Hk, d = kind.n_head, kind.n_head_kv, kind.head_dim
+        for nm, a, w in (("q", q16, H * d), ("k", k16, Hk * d), ("v", v16, Hk * d)):
+            if a.dtype != cp.float16 or a.shape != (n, w) or not a.flags.c_contiguous or _address(a) % 16:
+                raise AttentionError(f"attention of layer {il}: the lab path's {nm} input is {a.dtype} {a.shape} "
+                                     f"(contiguous {a.flags.c_contiguous}, address mod 16 = {_address(a) % 16}); "
+                                     f"expected C-contiguous 16-byte-aligned float16 ({n}, {w})")
+        o = out if out is not None else cp.empty((n, H * d), cp.float16)
+        if o.dtype != cp.float16 or o.shape != (n, H * d) or not o.flags.c_contiguous or _address(o) % 4:
+            raise AttentionError(f"attention of layer {il}: the lab path's output buffer is {o.dtype} {o.shape}, "
+                                 f"expected C-contiguous float16 ({n}, {H * d})")
+        grid, wh = self.launch_shape(n, kind)
+        gpu.kernel("flash_attn", D=d).launch(grid, (q16, k16, v16, o, np.int32(n), np.int32(H), np.int32(Hk),
+                                                    np.int32(wh), np.int32(kind.window),
+                                                    np.float32(kind.scale * np.log2(np.e))))
+        return o
+
+
 class Torch(Backend):
     """torch.nn.functional.scaled_dot_product_attention on the CuPy buffers (DLPack, zero copy in)."""
     name = "torch"
@@ -677,7 +755,7 @@ def make(requested: str, cfg, f16: bool = False, dtype: str = "f16", fuse_layout
     name, note = resolve(requested, cfg)
     if name == "baseline":
         return Baseline(cfg, f16=f16, note=note, fuse_layout=fuse_layout)
-    b = Cudnn(cfg, dtype, note) if name == "cudnn" else Torch(cfg, dtype, note)
+    b = {"cudnn": Cudnn, "lab": Lab, "torch": Torch}[name](cfg, dtype, note)
     bad = b.probe(model_kinds(cfg))
     if bad is None:
         return b
@@ -747,6 +825,13 @@ def bench_point(layout: str, label: str, kind: LayerKind, nt: int, dtype: str = 
         outs["cudnn"] = lambda: c.attend(q, k, v, nt, kind, None, tr)
     except (AttentionUnavailable, AttentionError) as e:
         unavailable.append({"variant": "cudnn", "reason": str(e)})
+    if not lab_problems(kind) and dtype == "f16":
+        la = Lab(None, dtype)
+        op["lab"] = lambda: la.attend(q, k, v, nt, kind, None, tr, out16=True)
+        ker["lab"] = lambda: la.sdpa(q16, k16, v16, nt, kind.at(nt))
+        outs["lab"] = lambda: la.attend(q, k, v, nt, kind, None, tr)
+    else:
+        unavailable.append({"variant": "lab", "reason": "; ".join(lab_problems(kind)) or f"dtype {dtype}"})
     try:
         t_default = Torch(None, dtype)
         choice = t_default.backend(nt, kind)
@@ -815,7 +900,11 @@ def summarize(rows) -> list[dict]:
             row["torch_best_tflops"] = float(torch_k.tflops.max())
         if "cudnn" in k.index and len(torch_k):
             row["cudnn_vs_torch_best"] = row["cudnn_kernel_tflops"] / row["torch_best_tflops"]
-        for v in ("cudnn", "baseline_f16", "baseline_f32", "torch"):
+        if "lab" in k.index:
+            row["lab_kernel_tflops"] = float(k.loc["lab", "tflops"])
+            if "cudnn" in k.index:      # > 1: the lab's kernel faster than cuDNN's at the same point
+                row["lab_vs_cudnn"] = float(k.loc["cudnn", "median_us"] / k.loc["lab", "median_us"])
+        for v in ("cudnn", "lab", "baseline_f16", "baseline_f32", "torch"):
             if v in o.index:
                 row[f"op_ms_{v}"] = float(o.loc[v, "median_us"]) / 1e3
         if "cudnn" in o.index and "baseline_f16" in o.index:

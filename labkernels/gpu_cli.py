@@ -71,6 +71,11 @@ gpu.dequant_f16(W4)
 for k in registry.family("q4k_nb"):
     gpu.gemm(W4, a, "q4k_nb", KDR=k.p["KDR"])
 gpu.prepass(x.astype(cp.float16))
+from labkernels import attention
+for n, H, Hk, d, w in ((37, 4, 1, 256, 0), (50, 4, 1, 256, 20), (33, 2, 2, 64, 0), (70, 6, 2, 128, 9)):
+    kind = attention.LayerKind(H, Hk, d, d, w, 1.0 / np.sqrt(d))
+    q, k, v = (cp.asarray(rng.standard_normal((n, c)).astype(np.float16)) for c in (H * d, Hk * d, Hk * d))
+    attention.Lab(None).sdpa(q, k, v, n, kind)
 cp.cuda.runtime.deviceSynchronize()
 print("sanitizer driver done")
 """
@@ -79,7 +84,7 @@ print("sanitizer driver done")
 def step_sanitizer(out: Path, args) -> dict:
     res = {}
     ok = True
-    for tool in ("memcheck", "racecheck"):
+    for tool in ("memcheck", "racecheck", "synccheck"):
         cmd = ["compute-sanitizer", f"--tool={tool}", "--error-exitcode=9", sys.executable, "-c", SANITIZE_DRIVER]
         t0 = time.time()
         try:
@@ -132,14 +137,19 @@ GRAPH_VARIANTS = {"eager-unfused": {"graph": False, **{f: False for f in FUSIONS
                   # + memset nodes as fill kernels and the ids read from the pinned buffer (no PDL)
                   "graph-fused-nodes": {"graph": None, "memsets_as_kernels": True, "ids_from_host": True},
                   # + programmatic launches of the lab's kernels too
-                  "graph-fused-pdl-nodes": {"graph": None, "pdl": True, "memsets_as_kernels": True, "ids_from_host": True}}
+                  "graph-fused-pdl-nodes": {"graph": None, "pdl": True, "memsets_as_kernels": True, "ids_from_host": True},
+                  # the lab's fused attention kernel instead of cuDNN's SDPA (no memset node before each layer's
+                  # attention), with and without the graph options above
+                  "graph-fused-labattn": {"graph": None, "attention": "lab"},
+                  "graph-fused-pdl-nodes-labattn": {"graph": None, "attention": "lab", "pdl": True,
+                                                    "memsets_as_kernels": True, "ids_from_host": True}}
 #: the graph options a variant may set (their defaults are recorded with each prefill_graph run)
 GRAPH_OPTIONS = ("pdl", "memsets_as_kernels", "ids_from_host")
 #: the variants whose decomposition (host overhead as a class, the replay's launch gaps) is recorded
 GRAPH_DECOMPOSE_VARIANTS = ("eager-unfused", "graph-fused", "graph-fused-f32dense", "graph-fused-nodes",
-                            "graph-fused-pdl-nodes")
+                            "graph-fused-pdl-nodes", "graph-fused-labattn", "graph-fused-pdl-nodes-labattn")
 #: the graph variants whose replays are stamped (replay_breakdown: where the wall outside the graph goes)
-BREAKDOWN_VARIANTS = ("graph-fused", "graph-fused-nodes", "graph-fused-f32dense")
+BREAKDOWN_VARIANTS = ("graph-fused", "graph-fused-nodes", "graph-fused-f32dense", "graph-fused-labattn")
 GRAPH_BREAKDOWN_REPEATS = 11
 GRAPH_NTS = (64, 128, 512, 1024, 3325)
 GRAPH_DECOMPOSE_NTS = (64, 512, 3325)

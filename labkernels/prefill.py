@@ -61,7 +61,8 @@ class PrefillOptions:
                                       # 2.0x faster at nt=512, 3.3x at 3325, logits within 1.3e-3 of the fp32 path's
                                       # (run 20261201T180839Z). False: the exact float32 weights, as before
     attention: str = "auto"           # attention path: auto (cudnn when usable, else baseline, recorded) | cudnn |
-                                      # torch | baseline (labkernels.attention)
+                                      # lab (the lab's fused kernel, flash_attn.cu) | torch | baseline
+                                      # (labkernels.attention)
     attn_dtype: str = "f16"           # input/output type of the cudnn / torch SDPA: f16 | bf16 (fp32 softmax)
     fuse_add_norm: bool = True        # residual add (+ gemma3's post-norm of the delta) and the next RMSNorm in
                                       # one kernel (add_rmsnorm; bitwise the unfused ops)
@@ -236,9 +237,10 @@ class GpuModel:
             raise NotImplementedError("final logit softcapping is not implemented in the lab prefill")
         if self.cfg.attn_out_bias or self.cfg.ffn_bias or self.cfg.output_bias:
             raise NotImplementedError("attn_output / ffn / output biases are not implemented in the lab prefill")
-        # the attention path (resolved once: auto -> cudnn or baseline, the reason kept in self.attn.note)
-        self.attn = attention.make(self.opts.attention, self.cfg, f16=self.opts.attn_f16, dtype=self.opts.attn_dtype,
-                                   fuse_layout=self.opts.fuse_layout)
+        # the attention path (resolved per attention option set: auto -> cudnn or baseline, the reason kept in
+        # self.attn.note); the one of the construction options is resolved (and probed) here
+        self._attns: dict = {}
+        self.attn
         t0 = time.time()
         self.layers = []
         for i in range(self.cfg.n_layer):
@@ -361,6 +363,25 @@ class GpuModel:
         with tr.op(name, self._gemm_class(w), layer=layer, weight=w.name, macs=n * w.od * w.id):
             y = self._qmatmul(a, w, fam) if a is not None else self.matmul(x, w)
         return y
+
+    @property
+    def attn(self) -> attention.Backend:
+        """The attention backend of the current options (``opts.attention``, ``attn_f16``, ``attn_dtype``,
+        ``fuse_layout``), made and probed on first use of that option set and kept: a variant that switches
+        ``opts.attention`` runs that path (and its graph, keyed on the options, is its own)."""
+        o = self.opts
+        key = (o.attention, o.attn_f16, o.attn_dtype, o.fuse_layout)
+        b = self._attns.get(key)
+        if b is None:
+            b = self._attns[key] = attention.make(o.attention, self.cfg, f16=o.attn_f16, dtype=o.attn_dtype,
+                                                  fuse_layout=o.fuse_layout)
+        return b
+
+    @attn.setter
+    def attn(self, backend: attention.Backend):
+        """Install ``backend`` as the attention path of the current attention options (tests, experiments)."""
+        o = self.opts
+        self._attns[(o.attention, o.attn_f16, o.attn_dtype, o.fuse_layout)] = backend
 
     def attention(self, q, k, v, n, il, tr, out16: bool = False):
         """Causal (sliding-window on local layers) GQA attention of layer il; q [n, H*hd], k/v [n, Hkv*hd] (q

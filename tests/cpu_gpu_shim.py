@@ -165,6 +165,14 @@ class FakeKernel:
         rows = gu.reshape(-1, 2 * n_ff)
         self._act_mul(np.ascontiguousarray(rows[:, :n_ff]), rows[:, n_ff:], out.reshape(-1, n_ff), n)
 
+    def _flash_attn(self, q, k, v, o, n, H, Hk, WH, window, scale_log2):
+        from labkernels.attention import LayerKind, sdpa_ref
+
+        n, H, Hk, d = int(n), int(H), int(Hk), int(self.p["D"])
+        assert H % int(WH) == 0 and (H // Hk) % int(WH) == 0      # a CTA's heads share one kv head
+        kind = LayerKind(H, Hk, d, d, int(window), float(scale_log2) / np.log2(np.e))
+        o[...] = sdpa_ref(q, k, v, n, kind).astype(np.float16)
+
     def _embed(self, table, tok, out, d, scale):
         out[...] = table[tok] * np.float32(scale)
 
@@ -186,6 +194,11 @@ def install(monkeypatch, exact: bool = False):
     monkeypatch.setattr(gpu, "gemm_dense", fake_gemm_dense)
     monkeypatch.setattr(gpu, "pinned_empty", lambda shape, dtype: np.empty(shape, dtype))
     monkeypatch.setattr(gpu, "h2d_async", lambda dst, host, stream: dst.__setitem__(Ellipsis, host))
+    from labkernels import attention
+
+    # the fake device counts as a GPU for an explicitly requested lab attention (its kernel is faked above);
+    # "auto" still finds no cuDNN here and runs the baseline
+    monkeypatch.setattr(attention, "_gpu_ok", lambda: None)
     return cp
 
 

@@ -278,8 +278,9 @@ def test_bench_records_what_ran_and_what_could_not(monkeypatch, tmp_path):
     p = r.table("parity")
     assert set(p.variant) == {"baseline_f16"} and (p.max_rel_err <= p.tol).all() and p.max_rel_err.gt(0).all()
     u = r.table("unavailable")
-    assert set(u.variant) == {"cudnn", "torch"}
+    assert set(u.variant) == {"cudnn", "torch", "lab"}
     assert u[u.variant == "cudnn"].reason.str.contains("nvidia-cudnn-frontend").all()
+    assert u[u.variant == "lab"].reason.str.contains("head dim 16 is not one the kernel is built for").all()
     s = r.table("summary")
     assert len(s) == 2 and (s.op_ms_baseline_f16 == 0.02).all() and "cudnn_vs_torch_best" not in s.columns
 

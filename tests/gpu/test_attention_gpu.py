@@ -63,7 +63,7 @@ CASES = [(300, 8, 8, 128, 0), (333, 8, 2, 64, 0), (400, 4, 1, 256, 64), (400, 4,
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("path", ["cudnn", "torch"])
+@pytest.mark.parametrize("path", ["cudnn", "torch", "lab"])
 def test_fused_layer_matches_baseline(cp, rng, case, path):
     """Per-layer attention output of the fused path vs the fp32 baseline: max rel err <= 1e-3 in fp32 terms (fp16
     inputs, fp16 output); both against a float64 reference at the small sizes; the fp16 output (for a wgmma_kq
@@ -72,24 +72,25 @@ def test_fused_layer_matches_baseline(cp, rng, case, path):
     from labkernels.attention import LayerKind
     from labkernels.trace import NullTracer
 
-    _cudnn() if path == "cudnn" else _torch()
+    if path != "lab":
+        _cudnn() if path == "cudnn" else _torch()
     n, H, Hk, d, w = case
     kind = LayerKind(H, Hk, d, d, w, 1 / np.sqrt(d))
     q, k, v = _acts(cp, rng, n, kind)
     tr = NullTracer()
     base = attention.Baseline(None).attend(q, k, v, n, kind, 0, tr)
-    B = attention.Cudnn(None) if path == "cudnn" else attention.Torch(None)
+    B = {"cudnn": attention.Cudnn, "torch": attention.Torch, "lab": attention.Lab}[path](None)
     got = B.attend(q, k, v, n, kind, 0, tr)
     assert got.dtype == cp.float32 and got.shape == (n, H * d)
     err = _rel(got, base)
     # the bar is the fused (cudnn) path's; PyTorch may dispatch a masked case to a backend that rounds more
-    assert err <= (1e-3 if path == "cudnn" else 2e-3), (path, case, err)
+    assert err <= (2e-3 if path == "torch" else 1e-3), (path, case, err)
     g16 = B.attend(q, k, v, n, kind, 0, tr, out16=True)
     assert g16.dtype == cp.float16 and _rel(g16, got) <= 1e-3
     if n <= 400:
         r64 = _ref64(cp, q, k, v, n, kind)
         assert _rel(base, r64) <= 1e-4
-        assert _rel(got, r64) <= (1e-3 if path == "cudnn" else 2e-3)
+        assert _rel(got, r64) <= (2e-3 if path == "torch" else 1e-3)
 
 
 def test_cudnn_7b_layout_at_3325(cp, rng):
@@ -172,7 +173,7 @@ def _logits_vs_ref(gm, model, toks):
     return g, rel, _top1_agrees(g, r), top5
 
 
-@pytest.mark.parametrize("path", ["baseline", "cudnn"])
+@pytest.mark.parametrize("path", ["baseline", "cudnn", "lab"])
 def test_gemma_prefill_vs_reference_per_attention_path(model, path):
     """Gemma 3 270M logits vs the float64 CPU reference, unchanged by the attention path: the fixed prompt, and 700
     tokens (the sliding layers' 512-token window in effect)."""

@@ -1,0 +1,233 @@
+// labkernels: the lab's fused attention (issue 18) -- causal / sliding-window grouped-query attention of the
+// prefill in one kernel, FlashAttention-2 style, on mma.sync m16n8k16 f16 x f16 -> f32.
+//
+//   q [n, H*D], k / v [n, Hk*D]   fp16, token-major (the layout the prefill's rope kernel writes; q pre-scaled or
+//                                  not: `scale_log2` = softmax scale * log2(e) is applied to the scores)
+//   o [n, H*D]                     fp16, the layout attn_output's GEMM reads
+//   key j is visible from query i iff j <= i and (window == 0 or i - j < window); keys >= n do not exist.
+//
+// One CTA = 4 warps = 16 query rows x WH heads x RW row groups (WH * RW = 4; WH heads share one kv head, so the
+// K/V block staged in shared memory feeds all four warps). Warp w owns 16 rows of head (w % WH), rows
+// 16 * (w / WH) .. +15 of the CTA's BQ = 16 * RW rows. Grid: x = query blocks (heaviest -- latest -- first),
+// y = H / WH head groups. Shared memory: Q [64 rows][D] and a 2-stage cp.async ring of K and V blocks of 32 keys
+// [32][D], every plane 16-byte-chunk XOR swizzled (chunk ^ row & 7) so that ldmatrix is conflict-free.
+// Per 32-key block a warp computes S = Q K^T (16 x 32, fp32, ldmatrix A from Q, ldmatrix B from K), masks it,
+// runs the online softmax in base 2 (fp32 row max / sum), and accumulates O += P V (P re-packed from the S
+// accumulators as the A operand, V by ldmatrix.trans). No workspace, no memset, no second kernel: one launch per
+// layer. Rows >= n are computed on zero-filled inputs and not written.
+#include "common.cuh"
+
+#define FA_BK 32        // keys per K/V block (one pipeline stage)
+#define FA_THREADS 128  // 4 warps
+#define FA_NEG_INF __int_as_float(0xff800000u)
+
+__device__ __forceinline__ void fa_mma(float c[4], const u32 a[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void fa_ldsm_x4_t(u32 r[4], const void* smem_row) {
+    u32 addr = (u32)__cvta_generic_to_shared(smem_row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// 16-byte cp.async that zero-fills the destination when `ok` is false (nothing is read then)
+__device__ __forceinline__ void fa_cp16(void* smem, const void* gmem, bool ok) {
+    u32 s = (u32)__cvta_generic_to_shared(smem);
+    int sz = ok ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(sz));
+}
+
+// two floats -> f16x2 (lo in the low half), round to nearest even
+__device__ __forceinline__ u32 fa_pack(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ float fa_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// byte offset of 16-byte chunk `c` of row `r` in a swizzled [rows][D] fp16 plane
+template <int D>
+__device__ __forceinline__ int fa_off(int r, int c) {
+    return r * (D * 2) + ((c ^ (r & 7)) << 4);
+}
+
+template <int D>
+__global__ void __launch_bounds__(FA_THREADS, 2)
+    flash_attn_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
+                      u16* __restrict__ o, int n, int H, int Hk, int WH, int window, float scale_log2) {
+    LK_PDL_ENTRY();
+    static_assert(D % 16 == 0 && D >= 64 && D <= 256, "head dim must be 64..256, a multiple of 16");
+    constexpr int C16 = D / 8;        // 16-byte chunks per row
+    constexpr int NT = D / 8;         // n-tiles of 8 dims in O
+    extern __shared__ __align__(128) unsigned char fa_smem[];
+    unsigned char* Qs = fa_smem;                              // [64][D]
+    unsigned char* Ks = Qs + 64 * D * 2;                      // [2][FA_BK][D]
+    unsigned char* Vs = Ks + 2 * FA_BK * D * 2;               // [2][FA_BK][D]
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int RW = 4 / WH, BQ = 16 * RW;
+    const int qb = gridDim.x - 1 - blockIdx.x;                // latest (heaviest) query blocks first
+    const int q0 = qb * BQ;
+    const int hg = blockIdx.y;
+    const int G = H / Hk;
+    const int kh = (hg * WH) / G;                             // the kv head of all WH heads of this CTA
+    const int hw = warp % WH;
+    const int h = hg * WH + hw;
+    const int r0 = q0 + 16 * (warp / WH);                     // this warp's first query row
+    const size_t qstride = (size_t)H * D, kstride = (size_t)Hk * D;
+
+    // key blocks this CTA needs: [lo, hi) rounded out to FA_BK
+    const int hi = min(n, q0 + BQ);
+    const int lo = window > 0 ? max(0, q0 - window + 1) : 0;
+    const int kb0 = lo / FA_BK, kb1 = (hi - 1) / FA_BK;      // inclusive
+    const int nkb = kb1 - kb0 + 1;
+
+    // ---- Q: 64 rows (4 warps x 16) into shared memory, with K/V block 0 (one commit group)
+    for (int idx = tid; idx < 64 * C16; idx += FA_THREADS) {
+        const int R = idx / C16, c = idx % C16;
+        const int w = R >> 4, rr = R & 15;
+        const int row = q0 + 16 * (w / WH) + rr;
+        const int hh = hg * WH + (w % WH);
+        const bool ok = row < n;
+        fa_cp16(Qs + fa_off<D>(R, c), q + (ok ? (size_t)row * qstride + (size_t)hh * D + c * 8 : 0), ok);
+    }
+    auto issue = [&](int j, int stage) {
+        const int k0 = (kb0 + j) * FA_BK;
+        unsigned char* ks = Ks + stage * FA_BK * D * 2;
+        unsigned char* vs = Vs + stage * FA_BK * D * 2;
+        for (int idx = tid; idx < FA_BK * C16; idx += FA_THREADS) {
+            const int r = idx / C16, c = idx % C16;
+            const int key = k0 + r;
+            const bool ok = key < n;
+            const size_t off = ok ? (size_t)key * kstride + (size_t)kh * D + c * 8 : 0;
+            fa_cp16(ks + fa_off<D>(r, c), k + off, ok);
+            fa_cp16(vs + fa_off<D>(r, c), v + off, ok);
+        }
+    };
+    issue(0, 0);
+    lk_cp_async_commit();
+
+    float acc[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+    float m_a = FA_NEG_INF, m_b = FA_NEG_INF;   // running max (base-2 scaled) of rows g and g+8
+    float l_a = 0.f, l_b = 0.f;               // this thread's partial row sums
+    const int g = lane >> 2, t4 = lane & 3;
+    const int ia = r0 + g, ib = r0 + g + 8;   // the two query rows this thread holds
+    const unsigned char* qw = Qs + warp * 16 * D * 2;
+
+    for (int j = 0; j < nkb; ++j) {
+        if (j + 1 < nkb) {
+            issue(j + 1, (j + 1) & 1);
+            lk_cp_async_commit();
+            lk_cp_async_wait_group<1>();
+        } else {
+            lk_cp_async_wait_group<0>();
+        }
+        __syncthreads();
+        const int k0 = (kb0 + j) * FA_BK;
+        // does any (row, key) of this warp's 16 x 32 block survive the mask?
+        const bool live = r0 < n && k0 <= r0 + 15 && (window <= 0 || k0 + FA_BK - 1 > r0 - window);
+        if (live) {
+            const unsigned char* ks = Ks + (j & 1) * FA_BK * D * 2;
+            const unsigned char* vs = Vs + (j & 1) * FA_BK * D * 2;
+            float s[4][4];
+#pragma unroll
+            for (int t = 0; t < 4; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+            // S = Q K^T over D (not unrolled fully: the 128 O accumulators of D = 256 need the registers)
+#pragma unroll 2
+            for (int kk = 0; kk < D / 16; ++kk) {
+                u32 a[4];
+                lk_ldmatrix_x4(a, qw + fa_off<D>((lane & 7) + 8 * ((lane >> 3) & 1), 2 * kk + (lane >> 4)));
+#pragma unroll
+                for (int p = 0; p < 2; ++p) {
+                    u32 b[4];
+                    lk_ldmatrix_x4(b, ks + fa_off<D>(16 * p + (lane & 7) + 8 * (lane >> 4), 2 * kk + ((lane >> 3) & 1)));
+                    fa_mma(s[2 * p], a, b[0], b[1]);
+                    fa_mma(s[2 * p + 1], a, b[2], b[3]);
+                }
+            }
+            // mask, scale, block row max
+            float bm_a = FA_NEG_INF, bm_b = FA_NEG_INF;
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int key = k0 + 8 * t + 2 * t4 + e;
+                    const bool va = key < n && key <= ia && (window <= 0 || ia - key < window);
+                    const bool vb = key < n && key <= ib && (window <= 0 || ib - key < window);
+                    s[t][e] = va ? s[t][e] * scale_log2 : FA_NEG_INF;
+                    s[t][2 + e] = vb ? s[t][2 + e] * scale_log2 : FA_NEG_INF;
+                    bm_a = fmaxf(bm_a, s[t][e]);
+                    bm_b = fmaxf(bm_b, s[t][2 + e]);
+                }
+            }
+            bm_a = fmaxf(bm_a, __shfl_xor_sync(0xffffffffu, bm_a, 1));
+            bm_a = fmaxf(bm_a, __shfl_xor_sync(0xffffffffu, bm_a, 2));
+            bm_b = fmaxf(bm_b, __shfl_xor_sync(0xffffffffu, bm_b, 1));
+            bm_b = fmaxf(bm_b, __shfl_xor_sync(0xffffffffu, bm_b, 2));
+            const float mn_a = fmaxf(m_a, bm_a), mn_b = fmaxf(m_b, bm_b);
+            // a row that has seen no visible key yet keeps everything at zero (no inf - inf)
+            const float ref_a = mn_a == FA_NEG_INF ? 0.f : mn_a, ref_b = mn_b == FA_NEG_INF ? 0.f : mn_b;
+            const float al_a = fa_exp2(m_a - ref_a), al_b = fa_exp2(m_b - ref_b);
+            m_a = mn_a;
+            m_b = mn_b;
+            l_a *= al_a;
+            l_b *= al_b;
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                acc[t][0] *= al_a;
+                acc[t][1] *= al_a;
+                acc[t][2] *= al_b;
+                acc[t][3] *= al_b;
+            }
+            u32 pa[2][4];   // P as the A operand of two k16 steps (keys 0-15, 16-31)
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                const float p0 = fa_exp2(s[t][0] - ref_a), p1 = fa_exp2(s[t][1] - ref_a);
+                const float p2 = fa_exp2(s[t][2] - ref_b), p3 = fa_exp2(s[t][3] - ref_b);
+                l_a += p0 + p1;
+                l_b += p2 + p3;
+                pa[t >> 1][(t & 1) * 2 + 0] = fa_pack(p0, p1);
+                pa[t >> 1][(t & 1) * 2 + 1] = fa_pack(p2, p3);
+            }
+            // O += P V
+#pragma unroll
+            for (int kk = 0; kk < 2; ++kk) {
+#pragma unroll
+                for (int dp = 0; dp < NT / 2; ++dp) {
+                    u32 b[4];
+                    fa_ldsm_x4_t(b, vs + fa_off<D>(16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1), 2 * dp + (lane >> 4)));
+                    fa_mma(acc[2 * dp], pa[kk], b[0], b[1]);
+                    fa_mma(acc[2 * dp + 1], pa[kk], b[2], b[3]);
+                }
+            }
+        }
+        __syncthreads();   // the stage read here is refilled by the next iteration's issue
+    }
+
+    // ---- normalize and write the two rows of this thread
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+    const float inv_a = l_a > 0.f ? 1.f / l_a : 0.f, inv_b = l_b > 0.f ? 1.f / l_b : 0.f;
+    u16* oa = o + (size_t)ia * qstride + (size_t)h * D + 2 * t4;
+    u16* ob = o + (size_t)ib * qstride + (size_t)h * D + 2 * t4;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        if (ia < n) *reinterpret_cast<u32*>(oa + 8 * t) = fa_pack(acc[t][0] * inv_a, acc[t][1] * inv_a);
+        if (ib < n) *reinterpret_cast<u32*>(ob + 8 * t) = fa_pack(acc[t][2] * inv_b, acc[t][3] * inv_b);
+    }
+}
