@@ -627,7 +627,6 @@ class Lab(Backend):
     kv heads read in place from the token-major buffers; no workspace, no memset node, programmatic launch inside
     the prefill's graph. fp16 only."""
     name = "lab"
-    THREADS = 128
 
     def __init__(self, cfg, dtype: str = "f16", note: str = "requested"):
         if dtype != "f16":

@@ -6,19 +6,21 @@
 //   o [n, H*D]                     fp16, the layout attn_output's GEMM reads
 //   key j is visible from query i iff j <= i and (window == 0 or i - j < window); keys >= n do not exist.
 //
-// One CTA = 4 warps = 16 query rows x WH heads x RW row groups (WH * RW = 4; WH heads share one kv head, so the
-// K/V block staged in shared memory feeds all four warps). Warp w owns 16 rows of head (w % WH), rows
-// 16 * (w / WH) .. +15 of the CTA's BQ = 16 * RW rows. Grid: x = query blocks (heaviest -- latest -- first),
-// y = H / WH head groups. Shared memory: Q [64 rows][D] and a 2-stage cp.async ring of K and V blocks of 32 keys
-// [32][D], every plane 16-byte-chunk XOR swizzled (chunk ^ row & 7) so that ldmatrix is conflict-free.
-// Per 32-key block a warp computes S = Q K^T (16 x 32, fp32, ldmatrix A from Q, ldmatrix B from K), masks it,
+// One CTA = 8 warps over 16 query rows x WH heads x RW row groups (WH * RW = 4; WH heads share one kv head, so the
+// K/V block staged in shared memory feeds every warp). Role w = warp % 4 owns 16 rows of head (w % WH), rows
+// 16 * (w / WH) .. +15 of the CTA's BQ = 16 * RW rows; warps 0-3 take keys 0-31 of each 64-key block, warps 4-7
+// keys 32-63 (two warps per scheduler, each with half the keys), and the two halves' softmax states are merged in
+// shared memory at the end. Grid: x = query blocks (heaviest -- latest -- first), y = H / WH head groups. Shared
+// memory: Q [64 rows][D] and a 2-stage cp.async ring of K and V blocks of 64 keys [64][D], every plane
+// 16-byte-chunk XOR swizzled (chunk ^ row & 7) so that ldmatrix is conflict-free.
+// Per 32 keys a warp computes S = Q K^T (16 x 32, fp32, ldmatrix A from Q, ldmatrix B from K), masks it,
 // runs the online softmax in base 2 (fp32 row max / sum), and accumulates O += P V (P re-packed from the S
 // accumulators as the A operand, V by ldmatrix.trans). No workspace, no memset, no second kernel: one launch per
 // layer. Rows >= n are computed on zero-filled inputs and not written.
 #include "common.cuh"
 
-#define FA_BK 32        // keys per K/V block (one pipeline stage)
-#define FA_THREADS 128  // 4 warps
+#define FA_BK 64        // keys per K/V block (one pipeline stage); each of a row group's two warps takes 32
+#define FA_THREADS 256  // 8 warps: 4 (row group, head) roles x 2 key halves
 #define FA_NEG_INF __int_as_float(0xff800000u)
 
 __device__ __forceinline__ void fa_mma(float c[4], const u32 a[4], u32 b0, u32 b1) {
@@ -63,7 +65,7 @@ __device__ __forceinline__ int fa_off(int r, int c) {
 }
 
 template <int D>
-__global__ void __launch_bounds__(FA_THREADS, 2)
+__global__ void __launch_bounds__(FA_THREADS, 1)
     flash_attn_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
                       u16* __restrict__ o, int n, int H, int Hk, int WH, int window, float scale_log2) {
     LK_PDL_ENTRY();
@@ -75,7 +77,9 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     unsigned char* Ks = Qs + 64 * D * 2;                      // [2][FA_BK][D]
     unsigned char* Vs = Ks + 2 * FA_BK * D * 2;               // [2][FA_BK][D]
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int warp = (tid >> 5) & 3;                          // the (row group, head) role: 4 of them
+    const int half = tid >> 7;                                // which 32 keys of each 64-key block this warp takes
     const int RW = 4 / WH, BQ = 16 * RW;
     const int qb = gridDim.x - 1 - blockIdx.x;                // latest (heaviest) query blocks first
     const int q0 = qb * BQ;
@@ -138,10 +142,11 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         __syncthreads();
         const int k0 = (kb0 + j) * FA_BK;
         // does any (row, key) of this warp's 16 x 32 block survive the mask?
-        const bool live = r0 < n && k0 <= r0 + 15 && (window <= 0 || k0 + FA_BK - 1 > r0 - window);
+        const int kw = k0 + 32 * half;                        // this warp's 32 keys: kw .. kw + 31
+        const bool live = r0 < n && kw <= r0 + 15 && (window <= 0 || kw + 31 > r0 - window);
         if (live) {
-            const unsigned char* ks = Ks + (j & 1) * FA_BK * D * 2;
-            const unsigned char* vs = Vs + (j & 1) * FA_BK * D * 2;
+            const unsigned char* ks = Ks + (j & 1) * FA_BK * D * 2 + half * 32 * D * 2;
+            const unsigned char* vs = Vs + (j & 1) * FA_BK * D * 2 + half * 32 * D * 2;
             float s[4][4];
 #pragma unroll
             for (int t = 0; t < 4; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
@@ -164,7 +169,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
             for (int t = 0; t < 4; ++t) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const int key = k0 + 8 * t + 2 * t4 + e;
+                    const int key = kw + 8 * t + 2 * t4 + e;
                     const bool va = key < n && key <= ia && (window <= 0 || ia - key < window);
                     const bool vb = key < n && key <= ib && (window <= 0 || ib - key < window);
                     s[t][e] = va ? s[t][e] * scale_log2 : FA_NEG_INF;
@@ -217,6 +222,36 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         __syncthreads();   // the stage read here is refilled by the next iteration's issue
     }
 
+    // ---- the two key halves of each (row group, head): half 1 hands its state to half 0 through shared memory
+    // (the K/V ring is free after the loop's last barrier), half 0 merges and writes
+    float* red = reinterpret_cast<float*>(Ks);                // [4 roles][NT][32 lanes][4]
+    float* red_ml = red + 4 * NT * 32 * 4;                    // [4 roles][32 lanes][4]: m_a, m_b, l_a, l_b
+    if (half == 1) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+            *reinterpret_cast<float4*>(red + ((warp * NT + t) * 32 + lane) * 4) =
+                make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
+        *reinterpret_cast<float4*>(red_ml + (warp * 32 + lane) * 4) = make_float4(m_a, m_b, l_a, l_b);
+    }
+    __syncthreads();
+    if (half == 1) return;
+    {
+        const float4 p = *reinterpret_cast<const float4*>(red_ml + (warp * 32 + lane) * 4);
+        const float M_a = fmaxf(m_a, p.x), M_b = fmaxf(m_b, p.y);
+        const float R_a = M_a == FA_NEG_INF ? 0.f : M_a, R_b = M_b == FA_NEG_INF ? 0.f : M_b;
+        const float s0a = fa_exp2(m_a - R_a), s1a = fa_exp2(p.x - R_a);
+        const float s0b = fa_exp2(m_b - R_b), s1b = fa_exp2(p.y - R_b);
+        l_a = l_a * s0a + p.z * s1a;
+        l_b = l_b * s0b + p.w * s1b;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const float4 q4 = *reinterpret_cast<const float4*>(red + ((warp * NT + t) * 32 + lane) * 4);
+            acc[t][0] = acc[t][0] * s0a + q4.x * s1a;
+            acc[t][1] = acc[t][1] * s0a + q4.y * s1a;
+            acc[t][2] = acc[t][2] * s0b + q4.z * s1b;
+            acc[t][3] = acc[t][3] * s0b + q4.w * s1b;
+        }
+    }
     // ---- normalize and write the two rows of this thread
     l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
     l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);

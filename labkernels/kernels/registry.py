@@ -102,10 +102,11 @@ FAMILIES = [
          smem="0", tile=(0, 0), main_path=False,
          doc="a memset (rows of 1/2/4-byte elements) as a kernel: the captured prefill graph's memset nodes"),
     dict(family="flash_attn", source="flash_attn.cu", template="flash_attn_kernel", params={"D": [64, 128, 256]},
-         threads=128, smem="(64 + 4*32) * D * 2", tile=(0, 0), main_path=True,
+         threads=256, smem="(64 + 4*64) * D * 2", tile=(0, 0), main_path=True,
          doc="the lab's fused causal / sliding-window GQA attention (issue 18): 16 query rows x 4 heads sharing a kv "
-             "head per CTA, mma.sync m16n8k16 f16 -> f32, Q and a 2-stage cp.async ring of 32-key K/V blocks in "
-             "swizzled shared memory, online softmax in base 2; one launch per layer, no workspace"),
+             "head per CTA, 8 warps (two per row group, each half of every 64-key block, merged at the end), "
+             "mma.sync m16n8k16 f16 -> f32, Q and a 2-stage cp.async ring of 64-key K/V blocks in swizzled shared "
+             "memory, online softmax in base 2; one launch per layer, no workspace"),
     # -- round 7: Hopper-native k-quant GEMM, weights dequantized in registers feeding wgmma (sm_90a)
     dict(family="wgmma_kq", source="wgmma_kq.cu", template="wgmma_kq_kernel",
          params={"QT": [4, 6], "BN": [128, 256], "STAGES": [4], "BF16": [0, 1], "SCL": [0, 1]}, threads=384,
