@@ -615,6 +615,16 @@ class Cudnn(Backend):
             G["graph"].execute_plan_at_index(pack, ws, index=index, handle=self.handle)
 
 
+def _raw_array(cp, size: int, dtype):
+    """A device array on its own cudaMalloc (not from a memory pool: a buffer a captured graph keeps reading must
+    not live in, or be freed with, another graph's private pool); the tests' numpy stand-in: np.empty."""
+    mem_cls = getattr(getattr(cp, "cuda", None), "Memory", None)
+    if mem_cls is None:
+        return cp.empty(size, dtype)
+    itemsize = np.dtype(dtype).itemsize
+    return cp.ndarray((size,), dtype, cp.cuda.MemoryPointer(mem_cls(size * itemsize), 0))
+
+
 def _address(a) -> int:
     """A device array's address (CuPy), or a host array's (the tests' numpy stand-in)."""
     d = getattr(a, "data", None)
@@ -628,16 +638,70 @@ class Lab(Backend):
     the prefill's graph. fp16 only."""
     name = "lab"
 
+    #: split-KV below this many CTAs (query blocks x head groups): half the H200's 132 SMs
+    SPLIT_BELOW_CTAS = 66
+    #: a query block's key range in at most this many chunks (the merging CTA reads every chunk's state)
+    MAX_CHUNKS = 4
+    KEY_BLOCK = 64
+
     def __init__(self, cfg, dtype: str = "f16", note: str = "requested"):
         if dtype != "f16":
             raise AttentionError(f"the lab's fused attention takes fp16 only, not {dtype!r}")
         super().__init__(cfg, dtype, note)
+        self._plans: dict = {}
+        self._cnt = None          # split-KV arrival counters, zeroed once (each merging CTA re-arms its own)
 
     def launch_shape(self, n: int, kind: LayerKind) -> tuple:
         """(grid, heads per CTA): x = query blocks of 16 * (4 / heads) rows, y = head groups."""
         wh = lab_heads_per_cta(kind)
         bq = 16 * (4 // wh)
         return ((n + bq - 1) // bq, kind.n_head // wh), wh
+
+    def split_plan(self, n: int, kind: LayerKind) -> dict:
+        """How a launch of n tokens is cut (host-side, no GPU): ``items`` None (one CTA per query block and head
+        group) when the grid has at least SPLIT_BELOW_CTAS CTAs or a block needs one key block; else the
+        (query block, chunk) list, heaviest query blocks first, each chunk ``kcb`` key blocks of 64, at most
+        MAX_CHUNKS per query block (``maxc``)."""
+        (nqb, hg), wh = self.launch_shape(n, kind)
+        bq, kb = 16 * (4 // wh), self.KEY_BLOCK
+        nkb = []
+        for qb in range(nqb):
+            q0 = qb * bq
+            hi, lo = min(n, q0 + bq), (max(0, q0 - kind.window + 1) if kind.window else 0)
+            nkb.append((hi - 1) // kb - lo // kb + 1)
+        plan = {"grid": (nqb, hg), "wh": wh, "items": None, "kcb": 0, "maxc": 1}
+        if nqb * hg >= self.SPLIT_BELOW_CTAS or max(nkb) < 2:
+            return plan
+        kcb = -(-max(nkb) // self.MAX_CHUNKS)
+        order = sorted(range(nqb), key=lambda b: (-nkb[b], -b))
+        items = [(b, c) for b in order for c in range(-(-nkb[b] // kcb))]
+        plan.update(items=np.asarray(items, np.int32), kcb=kcb, maxc=-(-max(nkb) // kcb),
+                    grid=(len(items), hg))
+        return plan
+
+    def _device_plan(self, n: int, kind: LayerKind) -> dict:
+        """split_plan with its device buffers (made once per (n, kind), outside any graph capture: the prefill's
+        eager warm-up makes them): the item list, the chunk-state workspace, the shared counters."""
+        key = (n, kind)
+        p = self._plans.get(key)
+        if p is not None:
+            return p
+        p = self.split_plan(n, kind)
+        if p["items"] is not None:
+            cp = gpu.cp()
+            nqb, hg = self.launch_shape(n, kind)[0]
+            nt = kind.head_dim // 8
+            slot = 4 * nt * 32 * 4 + 4 * 32 * 4
+            p["ws"] = _raw_array(cp, nqb * hg * p["maxc"] * slot, cp.float32)
+            it = _raw_array(cp, p["items"].size, cp.int32)
+            it.set(p["items"].ravel()) if hasattr(it, "set") else it.__setitem__(Ellipsis, p["items"].ravel())
+            p["items_dev"] = it
+            if self._cnt is None or self._cnt.size < nqb * hg:
+                c = _raw_array(cp, max(1024, nqb * hg), cp.int32)
+                c[...] = 0
+                self._cnt = c
+        self._plans[key] = p
+        return p
 
     def sdpa(self, q16, k16, v16, n, kind: LayerKind, il=None, out=None):
         """O [n, H*d] fp16 from q16 [n, H*d], k16/v16 [n, Hk*d] fp16 (C-contiguous, 16-byte aligned)."""
@@ -658,10 +722,13 @@ class Lab(Backend):
         if o.dtype != cp.float16 or o.shape != (n, H * d) or not o.flags.c_contiguous or _address(o) % 4:
             raise AttentionError(f"attention of layer {il}: the lab path's output buffer is {o.dtype} {o.shape}, "
                                  f"expected C-contiguous float16 ({n}, {H * d})")
-        grid, wh = self.launch_shape(n, kind)
-        gpu.kernel("flash_attn", D=d).launch(grid, (q16, k16, v16, o, np.int32(n), np.int32(H), np.int32(Hk),
-                                                    np.int32(wh), np.int32(kind.window),
-                                                    np.float32(kind.scale * np.log2(np.e))))
+        p = self._device_plan(n, kind)
+        split = p["items"] is not None
+        null = np.uint64(0)
+        gpu.kernel("flash_attn", D=d).launch(p["grid"], (
+            q16, k16, v16, o, np.int32(n), np.int32(H), np.int32(Hk), np.int32(p["wh"]), np.int32(kind.window),
+            np.float32(kind.scale * np.log2(np.e)), p["items_dev"] if split else null, np.int32(p["kcb"]),
+            np.int32(p["maxc"]), p["ws"] if split else null, self._cnt if split else null))
         return o
 
 

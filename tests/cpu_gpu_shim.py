@@ -165,7 +165,7 @@ class FakeKernel:
         rows = gu.reshape(-1, 2 * n_ff)
         self._act_mul(np.ascontiguousarray(rows[:, :n_ff]), rows[:, n_ff:], out.reshape(-1, n_ff), n)
 
-    def _flash_attn(self, q, k, v, o, n, H, Hk, WH, window, scale_log2):
+    def _flash_attn(self, q, k, v, o, n, H, Hk, WH, window, scale_log2, items, kcb, maxc, ws, cnt):
         from labkernels.attention import LayerKind, sdpa_ref
 
         n, H, Hk, d = int(n), int(H), int(Hk), int(self.p["D"])

@@ -373,3 +373,31 @@ def test_probe_catches_a_wrong_mask(monkeypatch):
     assert b.name == "baseline" and "probe failed" in b.note and "sliding window 16" in b.note
     with pytest.raises(AttentionError, match=r"attention='cudnn': layer\(s\) 0, 1, 2, 3, 4 \(causal \+ sliding window"):
         attention.make("cudnn", cfg)
+
+
+def test_lab_split_plan():
+    """The lab kernel's launch plan (host side): Gemma's 4 heads / 1 kv head at nt=512 split into 80 (query block,
+    chunk) items, heaviest first, 2 key blocks a chunk, at most 4 chunks; no split where the grid fills the machine
+    (nt=3325, the 7B's 32 head groups) or a query block needs one key block (nt=64); the window bounds the chunks."""
+    from labkernels.attention import Lab, lab_heads_per_cta, lab_problems
+
+    lab = Lab.__new__(Lab)          # no GPU needed for the plan
+    Lab.__init__(lab, None)
+    g = LayerKind(4, 1, 256, 256, 0, 1 / 16.0)
+    p = lab.split_plan(512, g)
+    assert p["grid"] == (80, 1) and p["wh"] == 4 and p["kcb"] == 2 and p["maxc"] == 4
+    it = p["items"]
+    assert tuple(it[0]) == (31, 0) and tuple(it[3]) == (31, 3) and tuple(it[-1]) == (0, 0)
+    assert sorted(map(tuple, it)) == sorted({(b, c) for b in range(32) for c in range(-(-(b // 4 + 1) // 2))})
+    assert lab.split_plan(3325, g)["items"] is None and lab.split_plan(3325, g)["grid"] == (208, 1)
+    assert lab.split_plan(64, g)["items"] is None
+    s7 = LayerKind(32, 32, 128, 128, 0, 1.0)
+    assert lab_heads_per_cta(s7) == 1 and lab.split_plan(512, s7) == {"grid": (8, 32), "wh": 1, "items": None,
+                                                                      "kcb": 0, "maxc": 1}
+    w = lab.split_plan(700, LayerKind(4, 1, 256, 256, 64, 1.0))   # window 64: at most 2 key blocks per query block
+    assert w["kcb"] == 1 and w["maxc"] == 2 and w["grid"][0] < 2 * 44
+    assert lab_heads_per_cta(LayerKind(6, 2, 64, 64)) == 1 and lab_heads_per_cta(LayerKind(8, 2, 64, 64)) == 4
+    assert lab_problems(LayerKind(4, 1, 96, 96)) == ["head dim 96 is not one the kernel is built for (64, 128, 256)"]
+    assert lab_problems(LayerKind(4, 1, 128, 64))[0].startswith("q/k head dim 128 differs")
+    with pytest.raises(attention.AttentionError, match="fp16 only"):
+        Lab(None, "bf16")

@@ -15,8 +15,12 @@
 // 16-byte-chunk XOR swizzled (chunk ^ row & 7) so that ldmatrix is conflict-free.
 // Per 32 keys a warp computes S = Q K^T (16 x 32, fp32, ldmatrix A from Q, ldmatrix B from K), masks it,
 // runs the online softmax in base 2 (fp32 row max / sum), and accumulates O += P V (P re-packed from the S
-// accumulators as the A operand, V by ldmatrix.trans). No workspace, no memset, no second kernel: one launch per
-// layer. Rows >= n are computed on zero-filled inputs and not written.
+// accumulators as the A operand, V by ldmatrix.trans). Rows >= n are computed on zero-filled inputs, not written.
+// Split-KV (few query blocks, e.g. Gemma's 4 heads at nt = 512: 32 CTAs for 132 SMs): with `items` the grid is a
+// list of (query block, chunk) pairs, each chunk kcb key blocks of its query block's range; a chunk writes its
+// softmax state (unnormalized O, row max, row sums) to `ws`, and the CTA whose atomicAdd on the query block's
+// counter `cnt` comes last merges the states and writes O, then re-arms the counter (zeroed once when the lab
+// allocates it, so a graph replay needs no memset). Still one launch per layer.
 #include "common.cuh"
 
 #define FA_BK 64        // keys per K/V block (one pipeline stage); each of a row group's two warps takes 32
@@ -67,7 +71,8 @@ __device__ __forceinline__ int fa_off(int r, int c) {
 template <int D>
 __global__ void __launch_bounds__(FA_THREADS, 1)
     flash_attn_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
-                      u16* __restrict__ o, int n, int H, int Hk, int WH, int window, float scale_log2) {
+                      u16* __restrict__ o, int n, int H, int Hk, int WH, int window, float scale_log2,
+                      const int* __restrict__ items, int kcb, int maxc, float* __restrict__ ws, int* __restrict__ cnt) {
     LK_PDL_ENTRY();
     static_assert(D % 16 == 0 && D >= 64 && D <= 256, "head dim must be 64..256, a multiple of 16");
     constexpr int C16 = D / 8;        // 16-byte chunks per row
@@ -81,7 +86,10 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
     const int warp = (tid >> 5) & 3;                          // the (row group, head) role: 4 of them
     const int half = tid >> 7;                                // which 32 keys of each 64-key block this warp takes
     const int RW = 4 / WH, BQ = 16 * RW;
-    const int qb = gridDim.x - 1 - blockIdx.x;                // latest (heaviest) query blocks first
+    // split-KV (items != 0): this CTA is chunk `chunk` (key blocks chunk*kcb .. +kcb-1 of its query block's range)
+    // of query block items[2*bx]; without it, query block gridDim.x - 1 - bx (the latest, heaviest, first)
+    const int qb = items ? items[2 * blockIdx.x] : gridDim.x - 1 - blockIdx.x;
+    const int chunk = items ? items[2 * blockIdx.x + 1] : 0;
     const int q0 = qb * BQ;
     const int hg = blockIdx.y;
     const int G = H / Hk;
@@ -96,6 +104,8 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
     const int lo = window > 0 ? max(0, q0 - window + 1) : 0;
     const int kb0 = lo / FA_BK, kb1 = (hi - 1) / FA_BK;      // inclusive
     const int nkb = kb1 - kb0 + 1;
+    const int jb0 = items ? chunk * kcb : 0, jb1 = items ? min(nkb, jb0 + kcb) : nkb;   // this CTA's blocks
+    const int nchunks = items ? (nkb + kcb - 1) / kcb : 1;
 
     // ---- Q: 64 rows (4 warps x 16) into shared memory, with K/V block 0 (one commit group)
     for (int idx = tid; idx < 64 * C16; idx += FA_THREADS) {
@@ -119,7 +129,7 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
             fa_cp16(vs + fa_off<D>(r, c), v + off, ok);
         }
     };
-    issue(0, 0);
+    issue(jb0, 0);
     lk_cp_async_commit();
 
     float acc[NT][4];
@@ -131,9 +141,10 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
     const int ia = r0 + g, ib = r0 + g + 8;   // the two query rows this thread holds
     const unsigned char* qw = Qs + warp * 16 * D * 2;
 
-    for (int j = 0; j < nkb; ++j) {
-        if (j + 1 < nkb) {
-            issue(j + 1, (j + 1) & 1);
+    for (int j = jb0; j < jb1; ++j) {
+        const int st = (j - jb0) & 1;
+        if (j + 1 < jb1) {
+            issue(j + 1, st ^ 1);
             lk_cp_async_commit();
             lk_cp_async_wait_group<1>();
         } else {
@@ -145,8 +156,8 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
         const int kw = k0 + 32 * half;                        // this warp's 32 keys: kw .. kw + 31
         const bool live = r0 < n && kw <= r0 + 15 && (window <= 0 || kw + 31 > r0 - window);
         if (live) {
-            const unsigned char* ks = Ks + (j & 1) * FA_BK * D * 2 + half * 32 * D * 2;
-            const unsigned char* vs = Vs + (j & 1) * FA_BK * D * 2 + half * 32 * D * 2;
+            const unsigned char* ks = Ks + st * FA_BK * D * 2 + half * 32 * D * 2;
+            const unsigned char* vs = Vs + st * FA_BK * D * 2 + half * 32 * D * 2;
             float s[4][4];
 #pragma unroll
             for (int t = 0; t < 4; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
@@ -243,6 +254,8 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
         const float s0b = fa_exp2(m_b - R_b), s1b = fa_exp2(p.y - R_b);
         l_a = l_a * s0a + p.z * s1a;
         l_b = l_b * s0b + p.w * s1b;
+        m_a = M_a;
+        m_b = M_b;
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
             const float4 q4 = *reinterpret_cast<const float4*>(red + ((warp * NT + t) * 32 + lane) * 4);
@@ -252,14 +265,68 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
             acc[t][3] = acc[t][3] * s0b + q4.w * s1b;
         }
     }
+    // ---- split-KV: write this chunk's state (fragment order, per-thread partial sums); the CTA that finishes its
+    // query block's last chunk merges every chunk's state and writes the output, then re-arms the counter
+    if (nchunks > 1) {
+        const size_t slot = ((size_t)(qb * gridDim.y + hg) * maxc);
+        constexpr int SLOT = 4 * NT * 32 * 4 + 4 * 32 * 4;   // floats per chunk state
+        float* mine = ws + (slot + chunk) * SLOT;
+        float4* mine4 = reinterpret_cast<float4*>(mine) + warp * NT * 32 + lane;   // + 32 t: immediate offsets
+#pragma unroll
+        for (int t = 0; t < NT; ++t) __stcg(mine4 + 32 * t, make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]));
+        __stcg(reinterpret_cast<float4*>(mine + 4 * NT * 32 * 4 + (warp * 32 + lane) * 4),
+               make_float4(m_a, m_b, l_a, l_b));
+        __threadfence();
+        asm volatile("bar.sync 1, 128;\n" ::: "memory");    // the four merging warps (half 1 has left)
+        int* flag = reinterpret_cast<int*>(red_ml + 4 * 32 * 4);
+        if (tid == 0) {
+            int* c = cnt + qb * gridDim.y + hg;
+            const int last = atomicAdd(c, 1) == nchunks - 1;
+            if (last) atomicExch(c, 0);                       // ready for the next launch
+            *flag = last;
+        }
+        asm volatile("bar.sync 1, 128;\n" ::: "memory");
+        if (!*flag) return;
+        __threadfence();
+        // merge every chunk's state, this one's included (read back: nothing has to stay live across the barrier)
+        m_a = m_b = FA_NEG_INF;
+        l_a = l_b = 0.f;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+#pragma unroll 1
+        for (int c2 = 0; c2 < nchunks; ++c2) {
+            const float* oth = ws + (slot + c2) * SLOT;
+            const float4 p = __ldcg(reinterpret_cast<const float4*>(oth + 4 * NT * 32 * 4 + (warp * 32 + lane) * 4));
+            const float M_a = fmaxf(m_a, p.x), M_b = fmaxf(m_b, p.y);
+            const float R_a = M_a == FA_NEG_INF ? 0.f : M_a, R_b = M_b == FA_NEG_INF ? 0.f : M_b;
+            const float s0a = fa_exp2(m_a - R_a), s1a = fa_exp2(p.x - R_a);
+            const float s0b = fa_exp2(m_b - R_b), s1b = fa_exp2(p.y - R_b);
+            l_a = l_a * s0a + p.z * s1a;
+            l_b = l_b * s0b + p.w * s1b;
+            m_a = M_a;
+            m_b = M_b;
+            const float4* oth4 = reinterpret_cast<const float4*>(oth) + warp * NT * 32 + lane;
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if ((t & 7) == 0) asm volatile("" ::: "memory");  // at most 8 loads in flight: no spills at D = 256
+                const float4 q4 = __ldcg(oth4 + 32 * t);
+                acc[t][0] = acc[t][0] * s0a + q4.x * s1a;
+                acc[t][1] = acc[t][1] * s0a + q4.y * s1a;
+                acc[t][2] = acc[t][2] * s0b + q4.z * s1b;
+                acc[t][3] = acc[t][3] * s0b + q4.w * s1b;
+            }
+        }
+    }
     // ---- normalize and write the two rows of this thread
     l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
     l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
     l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
     l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
     const float inv_a = l_a > 0.f ? 1.f / l_a : 0.f, inv_b = l_b > 0.f ? 1.f / l_b : 0.f;
-    u16* oa = o + (size_t)ia * qstride + (size_t)h * D + 2 * t4;
-    u16* ob = o + (size_t)ib * qstride + (size_t)h * D + 2 * t4;
+    size_t ra = (size_t)ia * qstride + (size_t)h * D + 2 * t4, rb = (size_t)ib * qstride + (size_t)h * D + 2 * t4;
+    asm volatile("" : "+l"(ra), "+l"(rb));     // computed here, not kept live through the split merge (D = 256 spills)
+    u16* oa = o + ra;
+    u16* ob = o + rb;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
         if (ia < n) *reinterpret_cast<u32*>(oa + 8 * t) = fa_pack(acc[t][0] * inv_a, acc[t][1] * inv_a);
