@@ -18,8 +18,13 @@
   PyTorch off its FlashAttention backend); the backend PyTorch picks is reported (:meth:`Torch.backend`).
 * ``"baseline"`` -- the lab's path: cuBLAS batched QK^T and PV around the lab's masked-softmax kernel over the
   materialized [heads, n, n] scores (fp32, or fp16 with ``attn_f16``).
-* ``"auto"`` (default) -- ``cudnn`` when the frontend imports on a CUDA machine and every layer kind passes its
-  support checks, else ``baseline``, with the reason logged (logger ``labkernels.attention``) and kept in
+* ``"lab"`` -- the lab's fused kernel (``kernels/flash_attn.cu``): FlashAttention-2 on mma.sync f16 with fp32
+  softmax, one launch per layer without workspace or memset node, split over the keys (chunk states merged by the
+  last-arriving CTA) when the grid has few query-block CTAs (:class:`Lab`).
+* ``"lab+cudnn"`` -- per launch the lab's kernel where its launch is split over the keys, cuDNN elsewhere
+  (:class:`Routed`).
+* ``"auto"`` (default) -- ``lab+cudnn`` when the frontend imports on a CUDA machine and every layer kind passes both
+  paths' support checks (``cudnn`` when only cuDNN's pass), else ``baseline``, with the reason logged (logger ``labkernels.attention``) and kept in
   ``backend.note`` (recorded by the prefill / decomposition runs). An explicit ``"cudnn"`` that cannot run is an
   error (:class:`AttentionUnavailable`), never a silent fallback; a layer shape or mask the chosen path cannot take
   is an :class:`AttentionError` naming the layer and the mask. When a model is set up, a fused path runs each of
@@ -46,7 +51,7 @@ from . import gpu
 
 log = logging.getLogger("labkernels.attention")
 
-BACKENDS = ("auto", "cudnn", "lab", "torch", "baseline")
+BACKENDS = ("auto", "lab+cudnn", "cudnn", "lab", "torch", "baseline")
 DTYPES = ("f16", "bf16")
 #: head dims cuDNN's fp16/bf16 SDPA takes on sm_80..sm_90 (multiple of 8, at most 256; d_qk = 192 with d_v = 128)
 CUDNN_MAX_HEAD_DIM = 256
@@ -303,19 +308,25 @@ def resolve(requested: str, cfg) -> tuple[str, str]:
                    for k, ls in kinds.items() if cudnn_problems(k)]
             why = "cuDNN SDPA cannot take " + " | ".join(bad) if bad else None
         if why is None:
-            return "cudnn", "auto: cuDNN frontend available"
+            lab_bad = [f"layer(s) {_layers(ls)}: {'; '.join(lab_problems(k))}" for k, ls in kinds.items()
+                       if lab_problems(k)]
+            if not lab_bad:
+                return "lab+cudnn", ("auto: the lab's fused kernel where its launch is split over the keys (fewer "
+                                     f"than {Lab.SPLIT_BELOW_CTAS} query-block CTAs), cuDNN SDPA elsewhere")
+            return "cudnn", "auto: cuDNN frontend available (the lab kernel cannot take " + " | ".join(lab_bad) + ")"
         note = f"auto: the lab's baseline attention (cuBLAS + masked softmax) runs, because {why}"
         log.warning(note)
         return "baseline", note
     why = _gpu_ok()
     if why:
         raise AttentionUnavailable(f"attention={requested!r} needs a CUDA GPU: {why}")
-    if requested == "cudnn":
+    if requested in ("cudnn", "lab+cudnn"):
         import_cudnn()
     elif requested == "torch":
         import_torch()
     for k, ls in kinds.items():
-        check_kind(k, requested, ls)
+        for part in requested.split("+"):
+            check_kind(k, part, ls)
     return requested, "requested"
 
 
@@ -732,6 +743,42 @@ class Lab(Backend):
         return o
 
 
+class Routed(Backend):
+    """``lab+cudnn`` (``auto``'s choice where both can run): per launch, the lab's kernel where its split-KV plan
+    applies -- few query-block CTAs, e.g. Gemma 3 270M's 4 heads on 1 kv head up to ~1000 tokens, where cuDNN's SDPA
+    is no faster and costs a workspace memset node and a ~4 us launch gap before each layer's kernel in a captured
+    graph (prefill run 20261201T194423Z) -- and cuDNN's SDPA elsewhere (2-3x faster than the lab's mma.sync kernel at
+    nt=3325: attention run 20261201T1943). Which one ran for each (tokens, layer kind) is in :attr:`routes` and
+    :meth:`describe`."""
+    name = "lab+cudnn"
+
+    def __init__(self, cfg, dtype: str = "f16", note: str = "requested"):
+        super().__init__(cfg, dtype, note)
+        self.lab = Lab(cfg, dtype, note)
+        self.cudnn = Cudnn(cfg, dtype, note)
+        self.routes: dict = {}
+
+    def route(self, n: int, kind: LayerKind) -> str:
+        """'lab' when the lab kernel's launch at n tokens is split over the keys, else 'cudnn'."""
+        return "lab" if self.lab.split_plan(n, kind)["items"] is not None else "cudnn"
+
+    def describe(self) -> dict:
+        d = {**super().describe(), **{k: v for k, v in self.cudnn.describe().items() if k.startswith("cudnn_")}}
+        if self.routes:
+            d["attention_routes"] = "; ".join(f"{n} tokens, {k.mask}: {r}" for (n, k), r in sorted(
+                self.routes.items(), key=lambda x: (x[0][0], x[0][1].window)))
+        return d
+
+    def probe(self, kinds: dict, n: int = PROBE_TOKENS) -> str | None:
+        """Both paths on every layer kind: cuDNN and the lab kernel at n tokens, and the lab kernel at 300 tokens
+        too (a split-KV launch for Gemma-like layouts)."""
+        return self.cudnn.probe(kinds, n) or self.lab.probe(kinds, n) or self.lab.probe(kinds, 300)
+
+    def sdpa(self, q16, k16, v16, n, kind: LayerKind, il=None, out=None):
+        r = self.routes.setdefault((n, kind), self.route(n, kind))
+        return (self.lab if r == "lab" else self.cudnn).sdpa(q16, k16, v16, n, kind, il, out=out)
+
+
 class Torch(Backend):
     """torch.nn.functional.scaled_dot_product_attention on the CuPy buffers (DLPack, zero copy in)."""
     name = "torch"
@@ -821,7 +868,7 @@ def make(requested: str, cfg, f16: bool = False, dtype: str = "f16", fuse_layout
     name, note = resolve(requested, cfg)
     if name == "baseline":
         return Baseline(cfg, f16=f16, note=note, fuse_layout=fuse_layout)
-    b = {"cudnn": Cudnn, "lab": Lab, "torch": Torch}[name](cfg, dtype, note)
+    b = {"cudnn": Cudnn, "lab": Lab, "torch": Torch, "lab+cudnn": Routed}[name](cfg, dtype, note)
     bad = b.probe(model_kinds(cfg))
     if bad is None:
         return b

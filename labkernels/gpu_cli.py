@@ -138,18 +138,19 @@ GRAPH_VARIANTS = {"eager-unfused": {"graph": False, **{f: False for f in FUSIONS
                   "graph-fused-nodes": {"graph": None, "memsets_as_kernels": True, "ids_from_host": True},
                   # + programmatic launches of the lab's kernels too
                   "graph-fused-pdl-nodes": {"graph": None, "pdl": True, "memsets_as_kernels": True, "ids_from_host": True},
-                  # the lab's fused attention kernel instead of cuDNN's SDPA (no memset node before each layer's
-                  # attention), with and without the graph options above
-                  "graph-fused-labattn": {"graph": None, "attention": "lab"},
-                  "graph-fused-pdl-nodes-labattn": {"graph": None, "attention": "lab", "pdl": True,
-                                                    "memsets_as_kernels": True, "ids_from_host": True}}
+                  # cuDNN's SDPA for every layer (the default attention before 20261201T20: auto is now the lab's
+                  # kernel where its launch splits over the keys, cuDNN elsewhere)
+                  "graph-fused-cudnnattn": {"graph": None, "attention": "cudnn"},
+                  "graph-fused-pdl-nodes-cudnnattn": {"graph": None, "attention": "cudnn", "pdl": True,
+                                                      "memsets_as_kernels": True, "ids_from_host": True}}
 #: the graph options a variant may set (their defaults are recorded with each prefill_graph run)
 GRAPH_OPTIONS = ("pdl", "memsets_as_kernels", "ids_from_host")
 #: the variants whose decomposition (host overhead as a class, the replay's launch gaps) is recorded
 GRAPH_DECOMPOSE_VARIANTS = ("eager-unfused", "graph-fused", "graph-fused-f32dense", "graph-fused-nodes",
-                            "graph-fused-pdl-nodes", "graph-fused-labattn", "graph-fused-pdl-nodes-labattn")
+                            "graph-fused-pdl-nodes", "graph-fused-cudnnattn", "graph-fused-pdl-nodes-cudnnattn")
 #: the graph variants whose replays are stamped (replay_breakdown: where the wall outside the graph goes)
-BREAKDOWN_VARIANTS = ("graph-fused", "graph-fused-nodes", "graph-fused-f32dense", "graph-fused-labattn")
+BREAKDOWN_VARIANTS = ("graph-fused", "graph-fused-nodes", "graph-fused-f32dense", "graph-fused-pdl-nodes",
+                      "graph-fused-cudnnattn")
 GRAPH_BREAKDOWN_REPEATS = 11
 GRAPH_NTS = (64, 128, 512, 1024, 3325)
 GRAPH_DECOMPOSE_NTS = (64, 512, 3325)
@@ -170,7 +171,7 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
     graph replays' launch-by-launch gaps (table replay_gaps); the captured graphs."""
     import dataclasses
 
-    from . import gpu, prefill_cli
+    from . import attention, gpu, prefill_cli
     from .decompose import host_overhead_table, run_decomposition
     from .prefill import timed_prefill
 
@@ -180,7 +181,16 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
     def use(v):
         gm.opts = dataclasses.replace(base, **GRAPH_VARIANTS[v])
 
-    names = list(GRAPH_VARIANTS)
+    names = []
+    for v in GRAPH_VARIANTS:     # a variant whose attention path cannot run here is recorded with the reason, not run
+        use(v)
+        try:
+            gm.attn
+        except (attention.AttentionUnavailable, attention.AttentionError) as e:
+            run.append("variants_unavailable", {"model": label, "variant": v, "reason": str(e)})
+            progress(f"{label}: variant {v} left out: {e}")
+            continue
+        names.append(v)
     walls = {}
     for nt in nts:
         toks = prefill_cli.prompt_tokens(m, nt)
@@ -216,7 +226,7 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
     run.append("graphs", [{"model": label, **g} for g in gm.graphs()])
     for nt in nts:      # where the time outside the graph goes: host stamps and events around each replay
         toks = prefill_cli.prompt_tokens(m, nt)
-        for v in BREAKDOWN_VARIANTS:
+        for v in (v for v in BREAKDOWN_VARIANTS if v in names):
             use(v)
             t = timed_prefill(gm, toks, repeats=GRAPH_BREAKDOWN_REPEATS, breakdown=True)
             if t["breakdown"]:
@@ -227,7 +237,7 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
     gaps = {}
     for nt in dec_nts:
         toks = prefill_cli.prompt_tokens(m, nt)
-        for v in GRAPH_DECOMPOSE_VARIANTS:
+        for v in (v for v in GRAPH_DECOMPOSE_VARIANTS if v in names):
             use(v)
             r = run_decomposition(gm, toks, repeats=repeats, reference=False, progress=progress)
             if r["replay_gaps"]:

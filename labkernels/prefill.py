@@ -60,8 +60,9 @@ class PrefillOptions:
                                       # its 3.4 ms at nt=512 in fp32 (run 20261201T163853Z); in fp16 the forward is
                                       # 2.0x faster at nt=512, 3.3x at 3325, logits within 1.3e-3 of the fp32 path's
                                       # (run 20261201T180839Z). False: the exact float32 weights, as before
-    attention: str = "auto"           # attention path: auto (cudnn when usable, else baseline, recorded) | cudnn |
-                                      # lab (the lab's fused kernel, flash_attn.cu) | torch | baseline
+    attention: str = "auto"           # attention path: auto (lab+cudnn when both run, else cudnn, else baseline,
+                                      # recorded) | lab+cudnn (the lab's kernel where its launch splits over the
+                                      # keys, cuDNN elsewhere) | cudnn | lab (flash_attn.cu) | torch | baseline
                                       # (labkernels.attention)
     attn_dtype: str = "f16"           # input/output type of the cudnn / torch SDPA: f16 | bf16 (fp32 softmax)
     fuse_add_norm: bool = True        # residual add (+ gemma3's post-norm of the delta) and the next RMSNorm in

@@ -401,3 +401,28 @@ def test_lab_split_plan():
     assert lab_problems(LayerKind(4, 1, 128, 64))[0].startswith("q/k head dim 128 differs")
     with pytest.raises(attention.AttentionError, match="fp16 only"):
         Lab(None, "bf16")
+
+
+def test_auto_picks_lab_plus_cudnn_where_both_run(monkeypatch):
+    """With a frontend that imports: auto routes Gemma-like layouts to lab+cudnn (the route per launch: the lab's
+    kernel where it splits over the keys, cuDNN elsewhere), a head dim only cuDNN takes to cudnn with the reason;
+    an explicit lab+cudnn checks both paths' support."""
+    import labkernels.provenance as prov
+    from labkernels.synthetic import tiny_config
+
+    monkeypatch.setattr(prov, "gpu_available", lambda: True)
+    monkeypatch.setattr(attention, "import_cudnn", lambda: types.SimpleNamespace())
+    g = tiny_config("gemma3", n_layer=6, n_embd=256, n_head=4, n_head_kv=1, head_dim=256, sliding_window=16)
+    name, note = attention.resolve("auto", g)
+    assert name == "lab+cudnn" and "split over the keys" in note
+    c = tiny_config("gemma3", n_layer=6, n_embd=256, n_head=4, n_head_kv=1, head_dim=96, sliding_window=16)
+    name, note = attention.resolve("auto", c)
+    assert name == "cudnn" and "head dim 96 is not one the kernel is built for" in note
+    with pytest.raises(AttentionError, match="the lab path cannot take it: head dim 96"):
+        attention.resolve("lab+cudnn", c)
+    r = attention.Routed.__new__(attention.Routed)
+    r.lab = attention.Lab.__new__(attention.Lab)
+    attention.Lab.__init__(r.lab, None)
+    gk = LayerKind(4, 1, 256, 256, 0, 1.0)
+    assert r.route(512, gk) == "lab" and r.route(3325, gk) == "cudnn" and r.route(64, gk) == "cudnn"
+    assert r.route(512, LayerKind(32, 32, 128, 128, 0, 1.0)) == "cudnn"
