@@ -311,8 +311,8 @@ def resolve(requested: str, cfg) -> tuple[str, str]:
             lab_bad = [f"layer(s) {_layers(ls)}: {'; '.join(lab_problems(k))}" for k, ls in kinds.items()
                        if lab_problems(k)]
             if not lab_bad:
-                return "lab+cudnn", ("auto: the lab's fused kernel where its launch is split over the keys (fewer "
-                                     f"than {Lab.SPLIT_BELOW_CTAS} query-block CTAs), cuDNN SDPA elsewhere")
+                return "lab+cudnn", ("auto: the lab's fused kernel where its launch is split over the keys and has "
+                                     f"fewer than {Routed.ROUTE_BELOW_CTAS} query-block CTAs, cuDNN SDPA elsewhere")
             return "cudnn", "auto: cuDNN frontend available (the lab kernel cannot take " + " | ".join(lab_bad) + ")"
         note = f"auto: the lab's baseline attention (cuBLAS + masked softmax) runs, because {why}"
         log.warning(note)
@@ -758,9 +758,17 @@ class Routed(Backend):
         self.cudnn = Cudnn(cfg, dtype, note)
         self.routes: dict = {}
 
+    #: the lab's kernel below this many query-block CTAs (and split over the keys): Gemma up to 512 tokens. At
+    #: 1024 (64 CTAs, split) cuDNN's kernel is faster by more than its memset and launch gap cost (Gemma's forward
+    #: 2.36 vs 2.50 ms, prefill run 20261201T195305Z)
+    ROUTE_BELOW_CTAS = 40
+
     def route(self, n: int, kind: LayerKind) -> str:
-        """'lab' when the lab kernel's launch at n tokens is split over the keys, else 'cudnn'."""
-        return "lab" if self.lab.split_plan(n, kind)["items"] is not None else "cudnn"
+        """'lab' when the lab kernel's launch at n tokens is split over the keys and has fewer than
+        ROUTE_BELOW_CTAS query-block CTAs, else 'cudnn'."""
+        (nqb, hg), _ = self.lab.launch_shape(n, kind)
+        split = self.lab.split_plan(n, kind)["items"] is not None
+        return "lab" if split and nqb * hg < self.ROUTE_BELOW_CTAS else "cudnn"
 
     def describe(self) -> dict:
         d = {**super().describe(), **{k: v for k, v in self.cudnn.describe().items() if k.startswith("cudnn_")}}

@@ -130,27 +130,27 @@ from .prefill import FUSIONS  # noqa: E402  (the fusion flags; prefill needs no 
 
 GRAPH_VARIANTS = {"eager-unfused": {"graph": False, **{f: False for f in FUSIONS}},
                   "eager-fused": {"graph": False},
-                  # the graph with the defaults (from 20261201T18: the dequantized weights on fp16 cuBLAS)
+                  # the graph with the defaults (from 20261201T20: lab+cudnn attention, PDL and the node rewrites on;
+                  # the dequantized weights on fp16 cuBLAS since 20261201T18)
                   "graph-fused": {"graph": None},
-                  # the same with those weights in fp32 (the default before): the other_f16 A/B
+                  # the same with those weights in fp32 (the default before 20261201T18): the other_f16 A/B
                   "graph-fused-f32dense": {"graph": None, "other_f16": False},
-                  # + memset nodes as fill kernels and the ids read from the pinned buffer (no PDL)
-                  "graph-fused-nodes": {"graph": None, "memsets_as_kernels": True, "ids_from_host": True},
-                  # + programmatic launches of the lab's kernels too
-                  "graph-fused-pdl-nodes": {"graph": None, "pdl": True, "memsets_as_kernels": True, "ids_from_host": True},
-                  # cuDNN's SDPA for every layer (the default attention before 20261201T20: auto is now the lab's
-                  # kernel where its launch splits over the keys, cuDNN elsewhere)
+                  # the three graph options off (the default before 20261201T20) ...
+                  "graph-fused-plain": {"graph": None, "pdl": False, "memsets_as_kernels": False, "ids_from_host": False},
+                  # ... and only PDL off
+                  "graph-fused-nodes": {"graph": None, "pdl": False},
+                  # cuDNN's SDPA for every layer (auto's choice before 20261201T20), with and without the graph options:
+                  # the latter is the whole default of 20261201T18
                   "graph-fused-cudnnattn": {"graph": None, "attention": "cudnn"},
-                  "graph-fused-pdl-nodes-cudnnattn": {"graph": None, "attention": "cudnn", "pdl": True,
-                                                      "memsets_as_kernels": True, "ids_from_host": True}}
+                  "graph-fused-plain-cudnnattn": {"graph": None, "attention": "cudnn", "pdl": False,
+                                                  "memsets_as_kernels": False, "ids_from_host": False}}
 #: the graph options a variant may set (their defaults are recorded with each prefill_graph run)
 GRAPH_OPTIONS = ("pdl", "memsets_as_kernels", "ids_from_host")
 #: the variants whose decomposition (host overhead as a class, the replay's launch gaps) is recorded
-GRAPH_DECOMPOSE_VARIANTS = ("eager-unfused", "graph-fused", "graph-fused-f32dense", "graph-fused-nodes",
-                            "graph-fused-pdl-nodes", "graph-fused-cudnnattn", "graph-fused-pdl-nodes-cudnnattn")
+GRAPH_DECOMPOSE_VARIANTS = ("eager-unfused", "graph-fused", "graph-fused-f32dense", "graph-fused-plain",
+                            "graph-fused-nodes", "graph-fused-cudnnattn", "graph-fused-plain-cudnnattn")
 #: the graph variants whose replays are stamped (replay_breakdown: where the wall outside the graph goes)
-BREAKDOWN_VARIANTS = ("graph-fused", "graph-fused-nodes", "graph-fused-f32dense", "graph-fused-pdl-nodes",
-                      "graph-fused-cudnnattn")
+BREAKDOWN_VARIANTS = ("graph-fused", "graph-fused-plain", "graph-fused-cudnnattn")
 GRAPH_BREAKDOWN_REPEATS = 11
 GRAPH_NTS = (64, 128, 512, 1024, 3325)
 GRAPH_DECOMPOSE_NTS = (64, 512, 3325)
@@ -221,7 +221,8 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
                                           "mode": t["mode"], "fallback": t["fallback"], "round": rnd,
                                           "wall_ms": t["wall_ms"], "tok_per_s": t["tok_per_s"], "repeats": repeats,
                                           "gpu_span_ms": t["gpu_span_ms"], "host_outside_ms": t["host_outside_ms"],
-                                          "attn_f16": base.attn_f16, "gemm_families": gm.families_used()})
+                                          "attn_f16": base.attn_f16, "gemm_families": gm.families_used(),
+                                          "attention": gm.attn.name})
         progress(f"{label} nt={nt}: " + ", ".join(f"{v} {np.median(walls[(nt, v)]):.2f} ms" for v in names))
     run.append("graphs", [{"model": label, **g} for g in gm.graphs()])
     for nt in nts:      # where the time outside the graph goes: host stamps and events around each replay
@@ -287,7 +288,7 @@ def step_prefill_graph(out: Path, args) -> dict:
         label = spec if spec in prefill_cli.SYNTHETIC else "gemma-3-270m-q4_k_m"
         params = {"what": "graph", "model": label, "nts": list(GRAPH_NTS), "decompose_nts": list(GRAPH_DECOMPOSE_NTS),
                   "variants": GRAPH_VARIANTS,
-                  "option_defaults": {f: getattr(PrefillOptions(), f) for f in GRAPH_OPTIONS + ("other_f16",)},
+                  "option_defaults": {f: getattr(PrefillOptions(), f) for f in GRAPH_OPTIONS + ("other_f16", "attention")},
                   "attn_f16": True, "kernel": args.kernel,
                   "dense_path": gpu.DENSE_PATH, "cudnn_plan": attention.CUDNN_PLAN}
         with records.recording("prefill", params, root=out / "data") as run:

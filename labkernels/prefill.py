@@ -75,17 +75,18 @@ class PrefillOptions:
     fuse_layout: bool = True          # attention's layout copies: transpose + cast in one pass (not two)
     fuse_gate_up: bool = True         # ffn_gate and ffn_up (same type and shape) as one GEMM on their stacked rows,
                                       # the activation reading its two halves (act_mul_gu)
-    # three changes to the captured graph (issue 18), opt-in: none of them is a measured win on both models
-    # (prefill runs 20261201T161416Z-163853Z: with pdl the synthetic 7B's nt=512 replay is 0.5-4% slower, Gemma's
-    # ~1% faster; Gemma's graphs refuse node removal, so memsets_as_kernels leaves them as they are)
-    pdl: bool = False                 # the lab's kernels launch programmatically (PDL) in the captured graph: each
+    # three changes to the captured graph (issue 18), on by default from 20261201T20 (prefill runs 195305Z / 195405Z,
+    # with the lab+cudnn attention: Gemma 3 270M at nt=512 2.96% host with them, 5.74% without; the synthetic 7B
+    # 4.86% / 4.49%, its walls within 0.2% of each other). Earlier runs (161416Z-163853Z, cuDNN attention) had found
+    # pdl 0.5-4% slower on the 7B at nt=512; with the lab attention Gemma's graphs take the node rewrites
+    pdl: bool = True                  # the lab's kernels launch programmatically (PDL) in the captured graph: each
                                       # is scheduled while the kernel ahead of it finishes and waits for it on the
                                       # GPU (griddepcontrol.wait); eager forwards launch normally either way
-    memsets_as_kernels: bool = False  # the graph's memset nodes (cuBLAS split-K counters, cuDNN's workspace flag)
+    memsets_as_kernels: bool = True   # the graph's memset nodes (cuBLAS split-K counters, cuDNN's workspace flag)
                                       # become the lab's fill kernel with the same parameters
-                                      # (graph_nodes.memsets_to_kernels; a graph whose nodes cannot be removed, as
-                                      # Gemma's with cuBLAS in it, keeps them): a memset node costs ~5 us idle GPU
-    ids_from_host: bool = False       # the graph's embedding reads the token ids from the pinned host buffer (no
+                                      # (graph_nodes.memsets_to_kernels; a graph whose nodes cannot be removed keeps
+                                      # them, and says why in its record): a memset node costs ~5 us idle GPU
+    ids_from_host: bool = True        # the graph's embedding reads the token ids from the pinned host buffer (no
                                       # host-to-device copy node at its start: ~31 us idle before the first kernel)
     graph: bool | None = None         # CUDA-graph capture of the whole forward per (model, nt, options): True =
                                       # required (a capture failure raises GraphCaptureError), False = eager,

@@ -102,8 +102,8 @@ def test_programmatic_launches_is_scoped():
 def test_pdl_is_an_option_of_the_captured_forward():
     from labkernels.prefill import PrefillOptions
 
-    a, b = PrefillOptions(), PrefillOptions(pdl=True)
-    assert not a.pdl and a.key() != b.key()       # opt-in; two graphs, one per setting
+    a, b = PrefillOptions(), PrefillOptions(pdl=False)
+    assert a.pdl and a.key() != b.key()           # on by default (20261201T20); two graphs, one per setting
 
 
 def _rec(name, start, dur):
@@ -140,8 +140,8 @@ def test_the_graph_rewrites_are_options_of_the_captured_forward():
     from labkernels.prefill import PrefillOptions
 
     a = PrefillOptions()
-    assert not a.memsets_as_kernels and not a.ids_from_host      # opt-in
-    keys = {a.key(), PrefillOptions(memsets_as_kernels=True).key(), PrefillOptions(ids_from_host=True).key()}
+    assert a.memsets_as_kernels and a.ids_from_host              # on by default (20261201T20)
+    keys = {a.key(), PrefillOptions(memsets_as_kernels=False).key(), PrefillOptions(ids_from_host=False).key()}
     assert len(keys) == 3
 
 

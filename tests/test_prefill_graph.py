@@ -62,9 +62,9 @@ def test_options_key_is_cached_until_an_option_changes():
     assert o.key() == k
     o.q6k_variant["KDR"] = 8                                     # in place
     assert dict(o.key())["q6k_variant"] == (("KDR", 8),)
-    r = dataclasses.replace(o, pdl=True)
-    assert dict(r.key())["pdl"] is True and dict(o.key())["pdl"] is False
-    assert r == dataclasses.replace(o, pdl=True) and "_key_cache" not in repr(r)
+    r = dataclasses.replace(o, pdl=False)
+    assert dict(r.key())["pdl"] is False and dict(o.key())["pdl"] is True
+    assert r == dataclasses.replace(o, pdl=False) and "_key_cache" not in repr(r)
 
 
 def test_graph_key(monkeypatch, tiny):
@@ -311,7 +311,7 @@ def test_capture_failure_ends_the_capture(monkeypatch, tiny):
 def test_capture_keeps_its_buffers(monkeypatch, tiny):
     """A capture that works: the entry holds the token and logits buffers and the pool, and is bitwise."""
     cp = install(monkeypatch, exact=True)
-    gm = GpuModel(tiny, opts=PrefillOptions(graph=True))
+    gm = GpuModel(tiny, opts=PrefillOptions(graph=True, pdl=False, memsets_as_kernels=False, ids_from_host=False))
     _install_capture(monkeypatch, cp, CorruptingGraph())        # a no-op launch: out keeps the captured pass's values
     y = gm.forward(TOKS)
     e = next(iter(gm._graphs.values()))
@@ -549,16 +549,16 @@ def test_graph_ab_records_every_variant(monkeypatch, tiny, tmp_path):
     assert len(th) == 2 * 2 * len(ran) and set(th.variant) == set(ran)
     assert set(th.kernel) == {f"auto {v}" for v in ran}   # round 5's notebook groups by kernel
     graphs = [v for v, o in gpu_cli.GRAPH_VARIANTS.items() if o["graph"] is not False]
-    assert set(graphs) == {"graph-fused", "graph-fused-f32dense", "graph-fused-nodes", "graph-fused-pdl-nodes",
-                           "graph-fused-cudnnattn", "graph-fused-pdl-nodes-cudnnattn"}
+    assert set(graphs) == {"graph-fused", "graph-fused-f32dense", "graph-fused-plain", "graph-fused-nodes",
+                           "graph-fused-cudnnattn", "graph-fused-plain-cudnnattn"}
     V = gpu_cli.GRAPH_VARIANTS
-    assert V["graph-fused-cudnnattn"] == {"graph": None, "attention": "cudnn"}
-    assert V["graph-fused-pdl-nodes-cudnnattn"] == {**V["graph-fused-pdl-nodes"], "attention": "cudnn"}
-    assert V["graph-fused"] == {"graph": None}           # the defaults: none of the three graph changes
-    assert not any(getattr(PrefillOptions(), f) for f in gpu_cli.GRAPH_OPTIONS)
-    assert V["graph-fused-nodes"] == {"graph": None, "memsets_as_kernels": True, "ids_from_host": True}
+    assert V["graph-fused"] == {"graph": None}           # the defaults: all three graph changes on
+    assert all(getattr(PrefillOptions(), f) for f in gpu_cli.GRAPH_OPTIONS)
+    assert V["graph-fused-plain"] == {"graph": None, **{f: False for f in gpu_cli.GRAPH_OPTIONS}}
+    assert V["graph-fused-nodes"] == {"graph": None, "pdl": False}
     assert V["graph-fused-f32dense"] == {"graph": None, "other_f16": False} and PrefillOptions().other_f16
-    assert all(V["graph-fused-pdl-nodes"][f] is True for f in gpu_cli.GRAPH_OPTIONS)
+    assert V["graph-fused-cudnnattn"] == {"graph": None, "attention": "cudnn"}
+    assert V["graph-fused-plain-cudnnattn"] == {**V["graph-fused-plain"], "attention": "cudnn"}
     graphs = [v for v in graphs if v in ran]
     g = th[th.variant.isin(graphs)]
     assert (g["mode"] == "eager").all() and g.fallback.str.contains("stream capture").all()
@@ -575,7 +575,8 @@ def test_graph_ab_records_every_variant(monkeypatch, tiny, tmp_path):
     # the lab-attention variants ran the lab path (its backend made on first use of that option set), the rest auto
     assert {b.name for b in gm._attns.values()} == {"baseline"}
     un = run.table("variants_unavailable")       # no cuDNN frontend here: the cuDNN-attention variants are left out
-    assert sorted(un.variant) == ["graph-fused-cudnnattn", "graph-fused-pdl-nodes-cudnnattn"]
+    assert sorted(un.variant) == ["graph-fused-cudnnattn", "graph-fused-plain-cudnnattn"]
+    assert (th.attention == "baseline").all()
     assert un.reason.str.contains("nvidia-cudnn-frontend").all()
 
 
