@@ -748,7 +748,7 @@ class Routed(Backend):
     applies -- few query-block CTAs, e.g. Gemma 3 270M's 4 heads on 1 kv head up to ~1000 tokens, where cuDNN's SDPA
     is no faster and costs a workspace memset node and a ~4 us launch gap before each layer's kernel in a captured
     graph (prefill run 20261201T194423Z) -- and cuDNN's SDPA elsewhere (2-3x faster than the lab's mma.sync kernel at
-    nt=3325: attention run 20261201T1943). Which one ran for each (tokens, layer kind) is in :attr:`routes` and
+    nt=3325: attention run 20261201T194347Z). Which one ran for each (tokens, layer kind) is in :attr:`routes` and
     :meth:`describe`."""
     name = "lab+cudnn"
 

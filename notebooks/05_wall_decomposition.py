@@ -5,7 +5,8 @@
 # kernel-level decomposition stands for the wall), q6_K GEMM 1094.7 ms = 51.2%, and priced the queue: at the q4_K
 # rate, ~−970 ms → ~2720 tok/s. This round runs the same method on the lab's own prefill
 # (`labkernels/prefill.py`: q4_K/q6_K through the lab kernels, other types dequantized once + cuBLAS -- fp16 on the
-# tensor cores since commit 4380af2, fp32 before --, attention through cuDNN's fused SDPA where it runs, else cuBLAS
+# tensor cores since commit 4380af2, fp32 before --, attention through the lab's fused kernel where its launch splits
+# over the keys (Gemma 3 270M up to 512 tokens, since commit 4f0922c) and cuDNN's fused SDPA elsewhere, else cuBLAS
 # with the lab's masked softmax) on the H200:
 # CUPTI traces every launch and tags it with the op, layer and weight tensor it served (external correlation
 # ids, `labkernels/trace.py`); busy is checked against the untraced wall; each GEMM class gets its MACs and
@@ -205,19 +206,31 @@ for m_ in ISSUE18_MODELS:
     host_overhead_latest(m_)
 
 # %% [markdown]
-# **Where the 5% bar stands (H200, runs 20261201T180033Z–181853Z, commits f108e8f–4380af2).** With the dequantized
-# weights in fp32 (the default until 4380af2), Gemma 3 270M's nt=512 replay is at 4.8% and 5.2% in two runs (3.7–4.5%
-# with PDL), the synthetic 7B at 3.1% (run 180116Z). Then the default changed: Gemma's q5_0 / q8_0 Q/K/V and gate/up
-# projections and its tied output head moved from fp32 SIMT GEMMs (1.76 of 3.4 ms at nt=512) to fp16 cuBLAS on the
-# tensor cores (`PrefillOptions.other_f16`), and the forward became 2.0× faster at nt=512 (3.30 → 1.65 ms) and 3.3×
-# at 3325, logits within 1.3e-3 of the fp32 path's and 1.8e-3 of the float64 reference's. The host and idle time did not
-# shrink with it: ~0.14 ms a forward, now 8.4% of the shorter wall (run 181810Z); 5.7% with PDL and the node rewrites
-# (`graph-fused-pdl-nodes`). The synthetic 7B has no dequantized 2-D weights, so its figure is the fp32 one: 4.7% (run
-# 181853Z; 5.3% with PDL and the rewrites). What is left of Gemma's ~0.09–0.14 ms: ~0.02 ms of Python before the
-# launch call (the stamped replays below), ~0.02 ms of GPU launch latency and wake-up, and 0.05–0.09 ms of idle
-# between the graph's ~200 nodes -- most of it before each of cuDNN's 18 SDPA kernels (a 4-byte workspace memset node
-# the driver will not let the lab remove from this graph; cuDNN's memset-free plan is 4 us slower per call at nt=512,
-# run 20261201T145258Z) and at the cuBLAS boundaries, where programmatic launch does not reach.
+# **Where the 5% bar stands (H200, runs 20261201T201433Z and 201603Z, commit 4f0922c): met for both models.** Gemma 3
+# 270M's nt=512 replay is at **2.7%** host overhead (wall 1.563 ms, 327,532 tok/s), the synthetic 7B's at **4.4%**.
+# Two changes got Gemma there from 7.3% (its previous default, `graph-fused-plain-cudnnattn` in the same run):
+#
+# * **The lab's own fused attention** (`labkernels/kernels/flash_attn.cu`, `PrefillOptions.attention`): cuDNN's SDPA
+#   put a 4-byte workspace memset node before each of Gemma's 18 attention kernels and its kernel started ~4 us after
+#   it (~5.5 us idle a layer, the largest part of the in-graph idle, runs 181810Z / 194423Z). The lab's kernel is one
+#   launch without workspace or memset: FlashAttention-2 on mma.sync f16 (fp32 softmax), 16 query rows x Gemma's 4
+#   heads per CTA sharing the kv head, 8 warps over two halves of each 64-key block, and -- where the grid has few
+#   query-block CTAs, Gemma at nt=512 has 32 -- split over the keys, the last-arriving CTA of a query block merging the
+#   chunks' softmax states (its arrival counter re-armed by that CTA, so a replay needs no memset). Its kernel takes
+#   about as long as cuDNN's at nt=512 (16.6 us against 15.8 us plus the 0.8 us memset node, in the traced replays of
+#   synthetic-gemma3 run 194423Z) but is 2-3x slower at nt=3325 (101-145 against 231-277 TFLOPS, attention run
+#   194347Z), so `auto` is now `lab+cudnn`: the lab's kernel below 40 query-block CTAs (Gemma up to 512 tokens),
+#   cuDNN's SDPA elsewhere.
+# * **PDL and the two node rewrites on by default** (`pdl`, `memsets_as_kernels`, `ids_from_host`): with cuDNN gone
+#   from Gemma's small-nt graphs the rewrites apply, and programmatic launches overlap the lab-to-lab boundaries. The
+#   synthetic 7B's walls with and without them are within 2% of each other in these runs (17.03 vs 17.34 ms at nt=512),
+#   where three earlier runs (161416Z-163853Z) had found PDL 0.5-4% slower.
+#
+# What is left at nt=512: ~0.034 ms outside the graph (Python, the launch, the wake-up) and ~0.01 ms of idle in it for
+# Gemma; for the 7B ~0.04 ms outside and ~0.7 ms of idle among its ~300 much longer kernels (4.4% of 17 ms). Before
+# (runs 180033Z-181853Z): with the dequantized weights in fp32 (the default until 4380af2) Gemma was at 4.8-5.2%; fp16
+# tensor cores for them (`other_f16`) made the forward 2.0x faster at nt=512 and left the same ~0.14 ms of host and
+# idle time at 8.4% of the shorter wall (run 181810Z).
 #
 # The bar's figure is `host_frac` (the interleaved untraced walls). `host_frac_paired` in the tables below is not a
 # cleaner one in these runs: for Gemma the single untraced forward timed just before each traced replay is ~0.2 ms
@@ -243,7 +256,7 @@ for m_ in ISSUE18_MODELS:
 def host_overhead_history(m_, last=4):
     ht = decompose.graph_run_history(m_, last)
     if len(ht):
-        display(report.table(ht[["run", "variant", "other_f16", "pdl", "memsets_as_kernels", "ids_from_host", "nt",
+        display(report.table(ht[["run", "variant", "attention", "other_f16", "pdl", "memsets_as_kernels", "ids_from_host", "nt",
                                  "wall_ms", "busy_ms", "host_overhead_ms", "host_outside_ms", "graph_idle_ms",
                                  "host_frac", "host_frac_paired"]],
                              {"wall_ms": "{:.3f}", "busy_ms": "{:.3f}", "host_overhead_ms": "{:.3f}", "host_frac": "{:.1%}",
@@ -263,23 +276,21 @@ for m_ in ISSUE18_MODELS:
 # %% [markdown]
 # ### Where a graph replay's idle time sits, and three changes that remove it
 #
-# The graph variants of a prefill_graph run: `graph-fused` is the graph as round 7 left it (the defaults);
-# `graph-fused-pdl` adds programmatic dependent launch of the lab's kernels (`PrefillOptions.pdl`);
-# `graph-fused-pdl-nodes` also rewrites the graph's memset nodes -- cuBLAS's split-K counters, cuDNN's workspace flag
-# -- as the lab's fill kernel (`memsets_as_kernels`, `graph_nodes.memsets_to_kernels`) and lets the embedding read the
-# token ids through the pinned host buffer's device address instead of a copy node (`ids_from_host`). The runs from
-# 20261201T160549Z to 163853Z had the three on by default and named the variants `graph-fused-plain`,
-# `graph-fused-pdl` and `graph-fused` (all three on); the per-run table below names each row's options.
+# The graph variants of a prefill_graph run (runs from 20261201T201433Z; the per-run table above names each row's
+# options and attention path, so older runs' names read right too): `graph-fused` = the defaults -- programmatic
+# dependent launch of the lab's kernels (`PrefillOptions.pdl`), the graph's memset nodes rewritten as the lab's fill
+# kernel (`memsets_as_kernels`, `graph_nodes.memsets_to_kernels`: cuBLAS's split-K counters, cuDNN's workspace flag)
+# and the embedding reading the token ids through the pinned host buffer's device address instead of a copy node
+# (`ids_from_host`); `graph-fused-plain` = the three off; `graph-fused-nodes` = only PDL off; `-cudnnattn` = cuDNN's
+# SDPA on every layer; `graph-fused-plain-cudnnattn` = the defaults of commit 4380af2. Runs 20261201T160549Z-163853Z
+# also had the three on by default; runs from 164000Z to 195405Z had them off (`graph-fused-pdl-nodes` = on).
 #
-# Measured (runs 20261201T161416Z-163853Z, same process, interleaved): programmatic launches turn the lab-to-lab
-# boundaries' gaps into overlaps (median gap +0.3-0.4 us without, -6 to -13 us with) and the rewrites remove the
-# memset and copy nodes' idle (~1.3 + 3.7 us around each memset node, ~31 us after the ids' copy): the synthetic 7B's
-# traced replay at nt=512 goes from 0.34 ms of gaps to 0.03 ms. The untraced walls do not follow: the 7B's nt=512
-# replay is 0.5-4% *slower* with PDL in three runs, Gemma's ~1% faster; and Gemma's graphs -- the ones with cuBLAS's
-# nodes in them -- refuse every node removal (`cuGraphDestroyNode`: not supported), so its memsets stay. Gemma's
-# host overhead at nt=512 is 5.7-7.3% in every one of these runs, with or without the changes; the largest part is
-# now outside the graph (0.12-0.14 ms: Python, the launch, the logits copy, the synchronization), the idle inside it
-# 0.08-0.12 ms. The three changes are therefore opt-in, not defaults.
+# History of the three: in runs 161416Z-163853Z (cuDNN attention) programmatic launches turned the lab-to-lab
+# boundaries' gaps into overlaps (median gap +0.3-0.4 us without, -6 to -13 us with) and the rewrites removed the
+# memset and copy nodes' idle (~1.3 + 3.7 us around each memset node, ~31 us after the ids' copy), but the untraced
+# walls did not follow (the 7B 0.5-4% slower with PDL, Gemma ~1% faster), and Gemma's graphs with cuDNN's nodes
+# refused every node removal (`cuGraphDestroyNode`: not supported), so they stayed opt-in. With the lab's attention
+# Gemma's graphs at nt <= 512 take the rewrites, and the same-call A/B of runs 195305Z / 201433Z made them defaults.
 #
 # From the first traced replay of each graph variant (`decompose.replay_gaps`): the gap before a launch is its start
 # minus the latest end of any launch before it. A negative gap means the launch began while the one ahead of it still
@@ -380,7 +391,10 @@ for m_ in ISSUE18_MODELS:
 # `gpu-check --steps attention`: each layer kind of the 7B and Gemma 3 270M layouts at nt 512 / 3325 / 8192, interleaved
 # CUDA-event medians (L2 flushed); TFLOPS count useful FLOPs only (causal: half the square, sliding window: the band).
 # `kernel` scope times the attention kernel alone, `op` the whole call from the prefill's fp32 q/k/v to the fp16 output
-# the next GEMM reads. Each path is gated against the fp32 baseline (max rel err ≤ 1e-3) before it is timed.
+# the next GEMM reads. Each path is gated against the fp32 baseline (max rel err ≤ 1e-3) before it is timed. Runs from
+# 20261201T193642Z also time the lab's fused kernel (`lab`, issue 18) at nt 64 / 512 / 3325. At nt ≤ 512 these
+# per-call CUDA-event timings are bounded by the host's launch path (~20 us a call, cuDNN's and the lab's alike): the
+# kernels' own times there are in the traced graph replays (the launch-gap tables above).
 
 # %%
 arun = records.latest("attention")
