@@ -78,7 +78,8 @@ class PrefillOptions:
     # three changes to the captured graph (issue 18), on by default from 20261201T20 (prefill runs 195305Z / 195405Z,
     # with the lab+cudnn attention: Gemma 3 270M at nt=512 2.96% host with them, 5.74% without; the synthetic 7B
     # 4.86% / 4.49%, its walls within 0.2% of each other). Earlier runs (161416Z-163853Z, cuDNN attention) had found
-    # pdl 0.5-4% slower on the 7B at nt=512; with the lab attention Gemma's graphs take the node rewrites
+    # pdl 0.5-4% slower on the 7B at nt=512. Gemma's graphs still refuse node removal (their one memset left at
+    # nt=512 is cuBLAS's, before the output head: the lab attention has none)
     pdl: bool = True                  # the lab's kernels launch programmatically (PDL) in the captured graph: each
                                       # is scheduled while the kernel ahead of it finishes and waits for it on the
                                       # GPU (griddepcontrol.wait); eager forwards launch normally either way

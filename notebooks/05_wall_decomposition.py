@@ -221,10 +221,12 @@ for m_ in ISSUE18_MODELS:
 #   synthetic-gemma3 run 194423Z) but is 2-3x slower at nt=3325 (101-145 against 231-277 TFLOPS, attention run
 #   194347Z), so `auto` is now `lab+cudnn`: the lab's kernel below 40 query-block CTAs (Gemma up to 512 tokens),
 #   cuDNN's SDPA elsewhere.
-# * **PDL and the two node rewrites on by default** (`pdl`, `memsets_as_kernels`, `ids_from_host`): with cuDNN gone
-#   from Gemma's small-nt graphs the rewrites apply, and programmatic launches overlap the lab-to-lab boundaries. The
-#   synthetic 7B's walls with and without them are within 2% of each other in these runs (17.03 vs 17.34 ms at nt=512),
-#   where three earlier runs (161416Z-163853Z) had found PDL 0.5-4% slower.
+# * **PDL and the two node rewrites on by default** (`pdl`, `memsets_as_kernels`, `ids_from_host`): programmatic
+#   launches overlap the lab-to-lab boundaries (with the lab's attention kernel, most of Gemma's), and the embedding
+#   reads the ids from the pinned buffer (no copy node). Gemma's graphs still refuse node removal, so the one memset
+#   left in them at nt=512 (cuBLAS's, before the output head; 19 with cuDNN's attention) stays. The synthetic 7B's
+#   walls with and without the three are within 2% of each other in these runs (17.03 vs 17.34 ms at nt=512), where
+#   three earlier runs (161416Z-163853Z) had found PDL 0.5-4% slower; its graphs take the rewrite (32 memsets).
 #
 # What is left at nt=512: ~0.034 ms outside the graph (Python, the launch, the wake-up) and ~0.01 ms of idle in it for
 # Gemma; for the 7B ~0.04 ms outside and ~0.7 ms of idle among its ~300 much longer kernels (4.4% of 17 ms). Before
@@ -289,8 +291,9 @@ for m_ in ISSUE18_MODELS:
 # boundaries' gaps into overlaps (median gap +0.3-0.4 us without, -6 to -13 us with) and the rewrites removed the
 # memset and copy nodes' idle (~1.3 + 3.7 us around each memset node, ~31 us after the ids' copy), but the untraced
 # walls did not follow (the 7B 0.5-4% slower with PDL, Gemma ~1% faster), and Gemma's graphs with cuDNN's nodes
-# refused every node removal (`cuGraphDestroyNode`: not supported), so they stayed opt-in. With the lab's attention
-# Gemma's graphs at nt <= 512 take the rewrites, and the same-call A/B of runs 195305Z / 201433Z made them defaults.
+# refused every node removal (`cuGraphDestroyNode`: not supported), so they stayed opt-in. They still do; but with the
+# lab's attention only one memset is left in Gemma's nt <= 512 graphs, PDL reaches most of its boundaries, and the
+# same-call A/B of runs 195305Z / 201433Z made the three defaults.
 #
 # From the first traced replay of each graph variant (`decompose.replay_gaps`): the gap before a launch is its start
 # minus the latest end of any launch before it. A negative gap means the launch began while the one ahead of it still
