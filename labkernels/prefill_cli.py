@@ -190,8 +190,9 @@ def register_cli(sub) -> None:
     p.add_argument("--repeats", type=_count(1), default=3)
     p.add_argument("--attn-f16", action="store_true", help="fp16 QK^T/PV attention")
     p.add_argument("--kernel", default="auto", choices=_kernels(), help="gpu.qmatmul kernel of the k-quant GEMMs")
-    p.add_argument("--attention", default="auto", choices=_attention_paths(), help="attention path (auto: cudnn "
-                   "when the frontend is usable, else the baseline, said in the output)")
+    p.add_argument("--attention", default="auto", choices=_attention_paths(), help="attention path (auto: lab+cudnn "
+                   "-- the lab's fused kernel where its launch splits over the keys, cuDNN elsewhere -- when the "
+                   "frontend is usable, else the baseline, said in the output)")
     _add_mode_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=prefill_main)

@@ -68,6 +68,29 @@ __device__ __forceinline__ int fa_off(int r, int c) {
     return r * (D * 2) + ((c ^ (r & 7)) << 4);
 }
 
+// Merge another softmax state of the same two rows (p = its row maxes m_a, m_b and this lane's partial sums l_a,
+// l_b) into this thread's (m, l updated); returns the factors that rescale this thread's accumulators (x) and the
+// other state's (y) per row: acc = acc * x + other * y. A row that has seen no key in either keeps zeros.
+struct FaRescale {
+    float xa, ya, xb, yb;
+};
+__device__ __forceinline__ FaRescale fa_merge_state(float& m_a, float& m_b, float& l_a, float& l_b, float4 p) {
+    const float M_a = fmaxf(m_a, p.x), M_b = fmaxf(m_b, p.y);
+    const float R_a = M_a == FA_NEG_INF ? 0.f : M_a, R_b = M_b == FA_NEG_INF ? 0.f : M_b;
+    const FaRescale r{fa_exp2(m_a - R_a), fa_exp2(p.x - R_a), fa_exp2(m_b - R_b), fa_exp2(p.y - R_b)};
+    l_a = l_a * r.xa + p.z * r.ya;
+    l_b = l_b * r.xb + p.w * r.yb;
+    m_a = M_a;
+    m_b = M_b;
+    return r;
+}
+__device__ __forceinline__ void fa_merge_acc(float a[4], float4 q, const FaRescale& r) {
+    a[0] = a[0] * r.xa + q.x * r.ya;
+    a[1] = a[1] * r.xa + q.y * r.ya;
+    a[2] = a[2] * r.xb + q.z * r.yb;
+    a[3] = a[3] * r.xb + q.w * r.yb;
+}
+
 template <int D>
 __global__ void __launch_bounds__(FA_THREADS, 1)
     flash_attn_kernel(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
@@ -238,32 +261,19 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
     float* red = reinterpret_cast<float*>(Ks);                // [4 roles][NT][32 lanes][4]
     float* red_ml = red + 4 * NT * 32 * 4;                    // [4 roles][32 lanes][4]: m_a, m_b, l_a, l_b
     if (half == 1) {
+        float4* red4 = reinterpret_cast<float4*>(red) + warp * NT * 32 + lane;
 #pragma unroll
-        for (int t = 0; t < NT; ++t)
-            *reinterpret_cast<float4*>(red + ((warp * NT + t) * 32 + lane) * 4) =
-                make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
+        for (int t = 0; t < NT; ++t) red4[32 * t] = make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
         *reinterpret_cast<float4*>(red_ml + (warp * 32 + lane) * 4) = make_float4(m_a, m_b, l_a, l_b);
     }
     __syncthreads();
     if (half == 1) return;
     {
-        const float4 p = *reinterpret_cast<const float4*>(red_ml + (warp * 32 + lane) * 4);
-        const float M_a = fmaxf(m_a, p.x), M_b = fmaxf(m_b, p.y);
-        const float R_a = M_a == FA_NEG_INF ? 0.f : M_a, R_b = M_b == FA_NEG_INF ? 0.f : M_b;
-        const float s0a = fa_exp2(m_a - R_a), s1a = fa_exp2(p.x - R_a);
-        const float s0b = fa_exp2(m_b - R_b), s1b = fa_exp2(p.y - R_b);
-        l_a = l_a * s0a + p.z * s1a;
-        l_b = l_b * s0b + p.w * s1b;
-        m_a = M_a;
-        m_b = M_b;
+        const FaRescale r = fa_merge_state(m_a, m_b, l_a, l_b,
+                                           *reinterpret_cast<const float4*>(red_ml + (warp * 32 + lane) * 4));
+        const float4* oth4 = reinterpret_cast<const float4*>(red) + warp * NT * 32 + lane;
 #pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            const float4 q4 = *reinterpret_cast<const float4*>(red + ((warp * NT + t) * 32 + lane) * 4);
-            acc[t][0] = acc[t][0] * s0a + q4.x * s1a;
-            acc[t][1] = acc[t][1] * s0a + q4.y * s1a;
-            acc[t][2] = acc[t][2] * s0b + q4.z * s1b;
-            acc[t][3] = acc[t][3] * s0b + q4.w * s1b;
-        }
+        for (int t = 0; t < NT; ++t) fa_merge_acc(acc[t], oth4[32 * t], r);
     }
     // ---- split-KV: write this chunk's state (fragment order, per-thread partial sums); the CTA that finishes its
     // query block's last chunk merges every chunk's state and writes the output, then re-arms the counter
@@ -296,24 +306,13 @@ __global__ void __launch_bounds__(FA_THREADS, 1)
 #pragma unroll 1
         for (int c2 = 0; c2 < nchunks; ++c2) {
             const float* oth = ws + (slot + c2) * SLOT;
-            const float4 p = __ldcg(reinterpret_cast<const float4*>(oth + 4 * NT * 32 * 4 + (warp * 32 + lane) * 4));
-            const float M_a = fmaxf(m_a, p.x), M_b = fmaxf(m_b, p.y);
-            const float R_a = M_a == FA_NEG_INF ? 0.f : M_a, R_b = M_b == FA_NEG_INF ? 0.f : M_b;
-            const float s0a = fa_exp2(m_a - R_a), s1a = fa_exp2(p.x - R_a);
-            const float s0b = fa_exp2(m_b - R_b), s1b = fa_exp2(p.y - R_b);
-            l_a = l_a * s0a + p.z * s1a;
-            l_b = l_b * s0b + p.w * s1b;
-            m_a = M_a;
-            m_b = M_b;
+            const FaRescale r = fa_merge_state(
+                m_a, m_b, l_a, l_b, __ldcg(reinterpret_cast<const float4*>(oth + 4 * NT * 32 * 4 + (warp * 32 + lane) * 4)));
             const float4* oth4 = reinterpret_cast<const float4*>(oth) + warp * NT * 32 + lane;
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 if ((t & 7) == 0) asm volatile("" ::: "memory");  // at most 8 loads in flight: no spills at D = 256
-                const float4 q4 = __ldcg(oth4 + 32 * t);
-                acc[t][0] = acc[t][0] * s0a + q4.x * s1a;
-                acc[t][1] = acc[t][1] * s0a + q4.y * s1a;
-                acc[t][2] = acc[t][2] * s0b + q4.z * s1b;
-                acc[t][3] = acc[t][3] * s0b + q4.w * s1b;
+                fa_merge_acc(acc[t], __ldcg(oth4 + 32 * t), r);
             }
         }
     }
