@@ -389,7 +389,7 @@ for m_ in ISSUE18_MODELS:
     replay_breakdown_tables(m_)
 
 # %% [markdown]
-# ## Attention alone: cuDNN's fused SDPA vs the lab's baseline vs PyTorch SDPA (issue 17)
+# ## Attention alone: the lab's fused kernel vs cuDNN's fused SDPA vs the lab's baseline vs PyTorch SDPA (issues 17, 18)
 #
 # `gpu-check --steps attention`: each layer kind of the 7B and Gemma 3 270M layouts at nt 512 / 3325 / 8192, interleaved
 # CUDA-event medians (L2 flushed); TFLOPS count useful FLOPs only (causal: half the square, sliding window: the band).
@@ -419,7 +419,7 @@ else:
     for ax, (key, g) in zip(axes, at.groupby(["layout", "layer"])):
         for v, gv in g.groupby("variant"):
             gv = gv.sort_values("nt")
-            ax.plot(gv.nt, gv.tflops, "o-", label=v, lw=2.2 if v == "cudnn" else 1.1)
+            ax.plot(gv.nt, gv.tflops, "o-", label=v, lw=2.2 if v in ("cudnn", "lab") else 1.1, zorder=3 if v == "lab" else 2)
         ax.set_xscale("log", base=2); ax.set_title(f"{key[0]} {key[1]}", fontsize=9); ax.grid(alpha=.3)
         ax.set_xlabel("nt (tokens)"); ax.legend(fontsize=7)
     axes[0].set_ylabel("TFLOPS (useful FLOPs, kernel scope)")
