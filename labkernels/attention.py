@@ -288,7 +288,7 @@ def _gpu_ok() -> str | None:
     return None if gpu_available() else "no CUDA GPU with cupy on this machine"
 
 
-def resolve(requested: str, cfg) -> tuple[str, str]:
+def resolve(requested: str, cfg, dtype: str = "f16") -> tuple[str, str]:
     """(backend that will run, note): ``auto`` -> cudnn when usable for every layer kind, else baseline with the
     reason; an explicit backend that cannot run raises AttentionUnavailable / AttentionError."""
     if requested not in BACKENDS:
@@ -310,6 +310,8 @@ def resolve(requested: str, cfg) -> tuple[str, str]:
         if why is None:
             lab_bad = [f"layer(s) {_layers(ls)}: {'; '.join(lab_problems(k))}" for k, ls in kinds.items()
                        if lab_problems(k)]
+            if dtype != "f16":
+                lab_bad.append(f"it takes fp16 only, not {dtype}")
             if not lab_bad:
                 return "lab+cudnn", ("auto: the lab's fused kernel where its launch is split over the keys and has "
                                      f"fewer than {Routed.ROUTE_BELOW_CTAS} query-block CTAs, cuDNN SDPA elsewhere")
@@ -412,6 +414,10 @@ class Backend:
 
     def describe(self) -> dict:
         return {"attention": self.name, "attention_dtype": self.dtype, "attention_note": self.note}
+
+    def ran(self, n: int) -> str:
+        """The path(s) that ran this backend's launches at n tokens (a routed backend: the routes taken)."""
+        return self.name
 
     def __call__(self, q, k, v, n, il, tr, out16: bool = False):
         return self.attend(q, k, v, n, self.kind(il), il, tr, out16)
@@ -626,14 +632,20 @@ class Cudnn(Backend):
             G["graph"].execute_plan_at_index(pack, ws, index=index, handle=self.handle)
 
 
-def _raw_array(cp, size: int, dtype):
+def _raw_array(cp, size: int, dtype, host=None):
     """A device array on its own cudaMalloc (not from a memory pool: a buffer a captured graph keeps reading must
-    not live in, or be freed with, another graph's private pool); the tests' numpy stand-in: np.empty."""
+    not live in, or be freed with, another graph's private pool), filled from ``host`` when given (a synchronous
+    copy: not under capture); the tests' numpy stand-in: a numpy array."""
     mem_cls = getattr(getattr(cp, "cuda", None), "Memory", None)
     if mem_cls is None:
-        return cp.empty(size, dtype)
-    itemsize = np.dtype(dtype).itemsize
-    return cp.ndarray((size,), dtype, cp.cuda.MemoryPointer(mem_cls(size * itemsize), 0))
+        a = cp.empty(size, dtype)
+        if host is not None:
+            a[...] = host
+        return a
+    a = cp.ndarray((size,), dtype, cp.cuda.MemoryPointer(mem_cls(size * np.dtype(dtype).itemsize), 0))
+    if host is not None:
+        a.set(np.ascontiguousarray(host, dtype))
+    return a
 
 
 def _address(a) -> int:
@@ -702,15 +714,11 @@ class Lab(Backend):
             cp = gpu.cp()
             nqb, hg = self.launch_shape(n, kind)[0]
             nt = kind.head_dim // 8
-            slot = 4 * nt * 32 * 4 + 4 * 32 * 4
+            slot = 4 * nt * 32 * 4 + 4 * 32 * 4       # floats of one chunk state: the kernel's SLOT
             p["ws"] = _raw_array(cp, nqb * hg * p["maxc"] * slot, cp.float32)
-            it = _raw_array(cp, p["items"].size, cp.int32)
-            it.set(p["items"].ravel()) if hasattr(it, "set") else it.__setitem__(Ellipsis, p["items"].ravel())
-            p["items_dev"] = it
+            p["items_dev"] = _raw_array(cp, p["items"].size, cp.int32, host=p["items"].ravel())
             if self._cnt is None or self._cnt.size < nqb * hg:
-                c = _raw_array(cp, max(1024, nqb * hg), cp.int32)
-                c[...] = 0
-                self._cnt = c
+                self._cnt = _raw_array(cp, max(1024, nqb * hg), cp.int32, host=np.zeros(max(1024, nqb * hg), np.int32))
         self._plans[key] = p
         return p
 
@@ -776,6 +784,10 @@ class Routed(Backend):
             d["attention_routes"] = "; ".join(f"{n} tokens, {k.mask}: {r}" for (n, k), r in sorted(
                 self.routes.items(), key=lambda x: (x[0][0], x[0][1].window)))
         return d
+
+    def ran(self, n: int) -> str:
+        taken = sorted({r for (m, _), r in self.routes.items() if m == n})
+        return "+".join(taken) if taken else "none yet"
 
     def probe(self, kinds: dict, n: int = PROBE_TOKENS) -> str | None:
         """Both paths on every layer kind: cuDNN and the lab kernel at n tokens, and the lab kernel at 300 tokens
@@ -873,7 +885,7 @@ def make(requested: str, cfg, f16: bool = False, dtype: str = "f16", fuse_layout
     """The attention backend a model runs (see the module docstring for ``auto``). A fused path is probed once per
     layer kind (:meth:`Backend.probe`, 64 tokens against the float64 reference): under ``auto`` a failing probe
     gives the baseline with the reason; a requested path that fails it is an AttentionError naming the layers."""
-    name, note = resolve(requested, cfg)
+    name, note = resolve(requested, cfg, dtype)
     if name == "baseline":
         return Baseline(cfg, f16=f16, note=note, fuse_layout=fuse_layout)
     b = {"cudnn": Cudnn, "lab": Lab, "torch": Torch, "lab+cudnn": Routed}[name](cfg, dtype, note)
@@ -881,7 +893,7 @@ def make(requested: str, cfg, f16: bool = False, dtype: str = "f16", fuse_layout
     if bad is None:
         return b
     if requested == "auto":
-        note = f"auto: the lab's baseline attention (cuBLAS + masked softmax) runs, because the cuDNN probe failed: {bad}"
+        note = f"auto: the lab's baseline attention (cuBLAS + masked softmax) runs, because the {name} probe failed: {bad}"
         log.warning(note)
         return Baseline(cfg, f16=f16, note=note, fuse_layout=fuse_layout)
     raise AttentionError(f"attention={requested!r}: {bad}")

@@ -266,6 +266,15 @@ SUPERSEDED = {("f108e8f", "graph-fused-f16dense"): "set other_f16 after loading:
 HISTORY_OPTIONS = ("other_f16", "pdl", "memsets_as_kernels", "ids_from_host")
 
 
+def latest_graph_run(model: str, table: str, root=None):
+    """The newest recorded prefill_graph run (``prefill`` round) with table ``table`` whose throughput rows include
+    ``model``, or None."""
+    from . import records
+
+    return records.latest("prefill", root, where=lambda r: r.has(table) and r.has("throughput")
+                          and model in set(r.table("throughput").model))
+
+
 def _auto_attention(commit: str) -> str:
     """What ``attention="auto"`` resolved to on the GPU machine in a run whose throughput rows do not name the path
     (before 20261201T20): lab+cudnn at commit 1a431ee (runs 195305Z / 195405Z), cudnn before."""
@@ -277,8 +286,9 @@ def graph_run_history(model: str, last: int = 4, root=None) -> pd.DataFrame:
     per graph variant and nt of :func:`host_overhead_untraced`, with the run, its GPU, its dense GEMM path and the
     variant's graph options (its own settings over the run's recorded defaults; the runs from 20261201T160549Z to
     163853Z had pdl / memsets_as_kernels / ids_from_host on by default and recorded no defaults; other_f16 is off in
-    runs that do not name it) and the attention path that ran (the throughput rows name it from 20261201T20, see
-    :func:`_auto_attention` before). Variants listed in :data:`SUPERSEDED` are left out."""
+    runs that do not name it) and the attention path (the throughput rows name it from 20261201T20, see
+    :func:`_auto_attention` before; ``attention_ran``: which paths a routed backend took at that nt, in runs that
+    record it, else None). Variants listed in :data:`SUPERSEDED` are left out."""
     from . import peers, records
 
     rows, seen = [], []
@@ -296,7 +306,9 @@ def graph_run_history(model: str, last: int = 4, root=None) -> pd.DataFrame:
             at.update(params.get("option_defaults") or {"pdl": True, "memsets_as_kernels": "memsets_replaced" in gr.columns,
                                                        "ids_from_host": "ids_from_host" in gr.columns})
         commit = str(r.provenance.get("git_commit", ""))
-        ran = thr[thr.model == model].groupby("variant").attention.first().to_dict() if "attention" in thr else {}
+        mt = thr[thr.model == model]
+        ran = mt.groupby("variant").attention.first().to_dict() if "attention" in mt else {}
+        took = mt.groupby(["variant", "nt"]).attention_ran.first().to_dict() if "attention_ran" in mt else {}
         for row in h.to_dict("records"):
             v = row["variant"]
             if not v.startswith("graph-") or any(commit.startswith(c) and v == sv for c, sv in SUPERSEDED):
@@ -304,7 +316,8 @@ def graph_run_history(model: str, last: int = 4, root=None) -> pd.DataFrame:
             own = (params.get("variants") or {}).get(v, {})
             rows.append({"run": r.run_id, "gpu": peers.run_gpu_name(r), "dense_path": params.get("dense_path", "gemm_ex"),
                          **{f: bool(own.get(f, at[f])) for f in HISTORY_OPTIONS},
-                         "attention": ran.get(v) or own.get("attention") or _auto_attention(commit), **row})
+                         "attention": ran.get(v) or own.get("attention") or _auto_attention(commit),
+                         "attention_ran": took.get((v, row["nt"])), **row})
         seen.append(r.run_id)
         if len(seen) >= last:
             break

@@ -222,7 +222,7 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
                                           "wall_ms": t["wall_ms"], "tok_per_s": t["tok_per_s"], "repeats": repeats,
                                           "gpu_span_ms": t["gpu_span_ms"], "host_outside_ms": t["host_outside_ms"],
                                           "attn_f16": base.attn_f16, "gemm_families": gm.families_used(),
-                                          "attention": gm.attn.name})
+                                          "attention": gm.attn.name, "attention_ran": gm.attn.ran(nt)})
         progress(f"{label} nt={nt}: " + ", ".join(f"{v} {np.median(walls[(nt, v)]):.2f} ms" for v in names))
     run.append("graphs", [{"model": label, **g} for g in gm.graphs()])
     for nt in nts:      # where the time outside the graph goes: host stamps and events around each replay

@@ -4,10 +4,12 @@ Weights stay quantized on the GPU: q4_K / q6_K tensors go through :func:`labkern
 ``PrefillOptions.kernel``: ``auto`` picks round 7's ``wgmma_kq`` on sm_90 -- activations converted to fp16 once per
 shared input -- or the int8 families ``q4k_nb`` / ``q6k_expb`` behind one q8_1 prepass per shared input, from the
 recorded round-7 table); every other type (q5_0, q8_0, f16) is dequantized once at load
-and multiplied with cuBLAS in fp32 ("gemm_other" class). Attention (``PrefillOptions.attention``, see
-:mod:`labkernels.attention`) is cuDNN's fused SDPA by default where the frontend is installed, else -- recorded in
-``GpuModel.attn.note`` -- the lab's cuBLAS batched QK^T and PV with its masked-softmax kernel (causal, sliding
-window on gemma3's local layers); ``"torch"`` runs PyTorch's SDPA for comparison. Norms, RoPE, activations
+and multiplied with cuBLAS, fp16 on the tensor cores by default (``other_f16``; fp32 otherwise) ("gemm_other"
+class). Attention (``PrefillOptions.attention``, see :mod:`labkernels.attention`) is by default ``lab+cudnn`` where
+cuDNN's frontend is installed -- the lab's fused kernel (``kernels/flash_attn.cu``) where its launch splits over the
+keys, cuDNN's fused SDPA elsewhere -- else, recorded in ``GpuModel.attn.note``, the lab's cuBLAS batched QK^T and PV
+with its masked-softmax kernel (causal, sliding window on gemma3's local layers); ``"torch"`` runs PyTorch's SDPA
+for comparison. Norms, RoPE, activations
 and the embedding gather are the lab's kernels in ``kernels/prefill.cu``; each residual add is fused with the
 RMSNorm after it (``add_rmsnorm``; ``PrefillOptions.fuse_add_norm=False``: a CuPy elementwise add, then the
 norm), RoPE runs over Q and K in one launch with the attention scale folded in (``fuse_rope``). Only the last

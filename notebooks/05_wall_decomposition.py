@@ -167,7 +167,7 @@ for m_ in ISSUE18_MODELS[1:]:
 from labkernels.decompose import host_overhead_untraced
 
 def host_overhead_latest(m_):
-    grun = records.latest("prefill", where=lambda r: r.has("decompose_busy_wall") and m_ in set(r.table("throughput").model))
+    grun = decompose.latest_graph_run(m_, "decompose_busy_wall")
     if grun is None:
         print(f"no recorded prefill_graph run of {m_}")
     else:
@@ -258,14 +258,17 @@ for m_ in ISSUE18_MODELS:
 def host_overhead_history(m_, last=4):
     ht = decompose.graph_run_history(m_, last)
     if len(ht):
-        display(report.table(ht[["run", "variant", "attention", "other_f16", "pdl", "memsets_as_kernels", "ids_from_host", "nt",
-                                 "wall_ms", "busy_ms", "host_overhead_ms", "host_outside_ms", "graph_idle_ms",
+        display(report.table(ht[["run", "variant", "attention", "attention_ran", "other_f16", "pdl",
+                                 "memsets_as_kernels", "ids_from_host", "nt", "wall_ms", "busy_ms", "host_overhead_ms", "host_outside_ms", "graph_idle_ms",
                                  "host_frac", "host_frac_paired"]],
                              {"wall_ms": "{:.3f}", "busy_ms": "{:.3f}", "host_overhead_ms": "{:.3f}", "host_frac": "{:.1%}",
                               "host_outside_ms": "{:.3f}", "graph_idle_ms": "{:.3f}", "host_frac_paired": "{:.1%}"},
                              caption=f"{m_}: graph replays, untraced interleaved wall minus traced busy, the latest "
                                      f"{last} recorded runs on {', '.join(sorted(set(ht.gpu)))} (the run id names its "
                                      "commit; outside / idle: the split, where the run has the graph's event span; "
+                                     "attention: the path asked for (lab+cudnn routes each launch), attention_ran: "
+                                     "the paths it took at that nt, in runs that record it -- for the synthetic 7B "
+                                     "lab+cudnn runs cuDNN on every layer (256 query-block CTAs at nt=512); "
                                      "other_f16: the dequantized weights in fp16; dense GEMMs through "
                                      f"{', '.join(sorted(set(ht.dense_path)))})"))
     else:
@@ -307,7 +310,7 @@ for m_ in ISSUE18_MODELS:
 from labkernels.decompose import gap_summary
 
 def replay_gap_tables(m_):
-    gaprun = records.latest("prefill", where=lambda r: r.has("replay_gaps") and m_ in set(r.table("throughput").model))
+    gaprun = decompose.latest_graph_run(m_, "replay_gaps")
     if gaprun is None:
         print(f"no recorded launch gaps of a {m_} graph replay (a prefill_graph run from before the gap table)")
     else:
@@ -355,7 +358,7 @@ for m_ in ISSUE18_MODELS:
 
 # %%
 def replay_breakdown_tables(m_):
-    brun = records.latest("prefill", where=lambda r: r.has("replay_breakdown") and m_ in set(r.table("throughput").model))
+    brun = decompose.latest_graph_run(m_, "replay_breakdown")
     if brun is None:
         print(f"no stamped replays of {m_} recorded yet (prefill_graph runs before the replay_breakdown table)")
     else:

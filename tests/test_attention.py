@@ -426,3 +426,18 @@ def test_auto_picks_lab_plus_cudnn_where_both_run(monkeypatch):
     gk = LayerKind(4, 1, 256, 256, 0, 1.0)
     assert r.route(512, gk) == "lab" and r.route(3325, gk) == "cudnn" and r.route(64, gk) == "cudnn"
     assert r.route(512, LayerKind(32, 32, 128, 128, 0, 1.0)) == "cudnn"
+    r.routes = {(512, gk): "lab", (512, LayerKind(4, 1, 256, 256, 512, 1.0)): "lab", (3325, gk): "cudnn"}
+    assert r.ran(512) == "lab" and r.ran(3325) == "cudnn" and r.ran(64) == "none yet"
+
+
+def test_auto_with_bf16_takes_cudnn(monkeypatch):
+    """The lab kernel is fp16 only: with attn_dtype bf16, auto runs cuDNN alone and says why."""
+    import labkernels.provenance as prov
+    from labkernels.synthetic import tiny_config
+
+    monkeypatch.setattr(prov, "gpu_available", lambda: True)
+    monkeypatch.setattr(attention, "import_cudnn", lambda: types.SimpleNamespace())
+    g = tiny_config("gemma3", n_layer=6, n_embd=256, n_head=4, n_head_kv=1, head_dim=256, sliding_window=16)
+    assert attention.resolve("auto", g)[0] == "lab+cudnn"
+    name, note = attention.resolve("auto", g, "bf16")
+    assert name == "cudnn" and "fp16 only, not bf16" in note

@@ -165,3 +165,20 @@ def test_graph_run_history_takes_the_latest_runs_and_each_variants_options(tmp_p
     h2 = decompose.graph_run_history("m", last=4, root=tmp_path)
     assert "graph-fused-f32dense" not in set(h2.variant) and "graph-fused-pdl" in set(h2.variant)
     assert decompose.graph_run_history("nobody", root=tmp_path).empty
+    # the attention path: from the throughput rows where they name it, else what auto resolved to at that commit
+    assert set(h.attention) == {"cudnn"} and decompose._auto_attention("1a431eef1d") == "lab+cudnn"
+    lab = records.new_run("prefill", {"what": "graph", "variants": {"graph-fused": {"graph": None}}}, root=tmp_path)
+    lab.append("throughput", [{"model": "m", "nt": 512, "variant": "graph-fused", "mode": "graph", "wall_ms": 3.3,
+                               "attention": "lab+cudnn", "attention_ran": "lab"}])
+    lab.append("decompose_busy_wall", [{"model": "m", "nt": 512, "variant": "graph-fused", "mode": "graph",
+                                        "wall_ms": 3.4, "busy_replay_ms": 3.1}])
+    lab.finish()
+    h3 = decompose.graph_run_history("m", last=1, root=tmp_path)
+    assert list(h3.run) == [lab.run_id] and list(h3.attention) == ["lab+cudnn"] and list(h3.attention_ran) == ["lab"]
+    assert h.attention_ran.isna().all()                 # runs that do not record the routes taken
+    # the newest run of a model that has a table
+    assert decompose.latest_graph_run("m", "decompose_busy_wall", root=tmp_path).run_id == lab.run_id
+    assert decompose.latest_graph_run("m", "graphs", root=tmp_path).run_id == new.run_id
+    assert decompose.latest_graph_run("other", "graphs", root=tmp_path).meta["params"]["variants"] == {
+        "graph-fused": {"graph": None}}
+    assert decompose.latest_graph_run("nobody", "graphs", root=tmp_path) is None

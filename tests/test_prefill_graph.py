@@ -576,7 +576,7 @@ def test_graph_ab_records_every_variant(monkeypatch, tiny, tmp_path):
     assert {b.name for b in gm._attns.values()} == {"baseline"}
     un = run.table("variants_unavailable")       # no cuDNN frontend here: the cuDNN-attention variants are left out
     assert sorted(un.variant) == ["graph-fused-cudnnattn", "graph-fused-plain-cudnnattn"]
-    assert (th.attention == "baseline").all()
+    assert (th.attention == "baseline").all() and (th.attention_ran == "baseline").all()
     assert un.reason.str.contains("nvidia-cudnn-frontend").all()
 
 

@@ -85,14 +85,23 @@ def test_wgmma_stream_k(cp, rng, qtype, bn, nt, od, id_):
     ncta, dp_tiles = wgmma.schedule(1, nt, od, id_, bn, gpu.device_props()["sm_count"])
     tiles = -(-od // 128) * -(-nt // bn)
     assert ncta <= gpu.device_props()["sm_count"] and dp_tiles % ncta == 0 and dp_tiles < tiles
-    y1, packed = _run(cp, raw, qtype, x, BN=bn, SCL=scl, SK=1)
-    y2, _ = _run(cp, raw, qtype, x, BN=bn, SCL=scl, SK=1)
+    _gated_reproducible_near_dp(cp, raw, qtype, x, bn, scl, 1, "stream-K")
+
+
+def _gated_reproducible_near_dp(cp, raw, qtype, x, bn, scl, sk, what):
+    """Scheduler ``sk``'s output: gated against the reference, bitwise equal over two launches, and equal to the
+    data-parallel grid's (SK=0) within fp32 summation order."""
+    from labkernels import wgmma
+
+    nt = x.shape[0]
+    y1, packed = _run(cp, raw, qtype, x, BN=bn, SCL=scl, SK=sk)
+    y2, _ = _run(cp, raw, qtype, x, BN=bn, SCL=scl, SK=sk)
     y0, _ = _run(cp, raw, qtype, x, BN=bn, SCL=scl, SK=0)
     g = wgmma.gate(y1, raw, qtype, x, packed=packed, tokens=np.arange(0, nt, max(1, nt // 40)))
     assert g["ok"] and g["nonfinite"] == 0, g
-    assert np.array_equal(y1, y2), "stream-K is not bitwise reproducible"
+    assert np.array_equal(y1, y2), f"{what} is not bitwise reproducible"
     scale = float(np.abs(y0).max())
-    assert np.abs(y1 - y0).max() <= 1e-5 * scale, "stream-K differs from data-parallel beyond summation order"
+    assert np.abs(y1 - y0).max() <= 1e-5 * scale, f"{what} differs from data-parallel beyond summation order"
 
 
 @pytest.mark.parametrize("qtype", ["q4_K", "q6_K"])
@@ -112,14 +121,7 @@ def test_wgmma_uniform_split(cp, rng, qtype, bn, nt, od, id_):
         with pytest.raises(gpu.ShapeError, match="no uniform split-k grid"):
             wgmma.gemm(w, cp.asarray(x), BN=bn, SCL=scl, SK=2)
         return
-    y2, packed = _run(cp, raw, qtype, x, BN=bn, SCL=scl, SK=2)
-    y2b, _ = _run(cp, raw, qtype, x, BN=bn, SCL=scl, SK=2)
-    y0, _ = _run(cp, raw, qtype, x, BN=bn, SCL=scl, SK=0)
-    g = wgmma.gate(y2, raw, qtype, x, packed=packed, tokens=np.arange(0, nt, max(1, nt // 40)))
-    assert g["ok"] and g["nonfinite"] == 0, g
-    assert np.array_equal(y2, y2b), "the uniform split is not bitwise reproducible"
-    scale = float(np.abs(y0).max())
-    assert np.abs(y2 - y0).max() <= 1e-5 * scale, "the uniform split differs from data-parallel beyond summation order"
+    _gated_reproducible_near_dp(cp, raw, qtype, x, bn, scl, 2, "the uniform split")
 
 
 SMEM = registry.family("wgmma_kqs")
