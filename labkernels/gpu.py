@@ -862,11 +862,15 @@ def _choose(qtype: str, nt: int, od: int, id_: int, table=None, cc: int | None =
             params = tuple((k, int(v)) for k, v in r.params.items())
             why = f"fastest at {r.od}x{r.id} nt={r.nt} in run {r.run_id}"
             p = dict(params)
-            if r.family == "wgmma_kq" and p.get("SK") == 2:
+            if r.family == "wgmma_kq" and p.get("SK") in (2, 3):
                 sm = device_props()["sm_count"] if _has_gpu() else 132
-                if not wgmma.sk_fits(2, nt, od, id_, p["BN"], sm):   # the uniform split-k grid takes few shapes
+                if not wgmma.sk_fits(p["SK"], nt, od, id_, p["BN"], sm):   # the split-k grids take few shapes
+                    grid = {2: "uniform", 3: "tile-aligned"}[p["SK"]]
+                    why += f"; its {grid} split-k grid (SK={p['SK']}) does not fit {od}x{id_} nt={nt}: stream-K (SK=1)"
                     params = tuple((k, 1 if k == "SK" else v) for k, v in params)
-                    why += f"; its uniform split-k grid (SK=2) does not fit {od}x{id_} nt={nt}: stream-K (SK=1)"
+            if r.family == "wgmma_kq" and p.get("EPI") == 2 and od % 4:
+                params = tuple((k, 1 if k == "EPI" else v) for k, v in params)
+                why += f"; its TMA-store epilogue (EPI=2) needs od % 4 == 0, od={od}: the bulk fold alone (EPI=1)"
             ch = Choice(r.family, params, why)
             return ch if r.family == "wgmma_kq" else _with_sweep_variant(ch, qtype, nt, od, id_)
     if wgmma.supported(cc):

@@ -486,6 +486,32 @@ def _tensor_map(ptr: int, nt: int, id_: int, box_n: int, bf16: bool) -> bytes:
     return _encode_2d("BFLOAT16" if bf16 else "FLOAT16", ptr, id_, nt, id_ * 2, 64, box_n, "128B", f"{nt} x {id_}")
 
 
+#: the Y map slot of a register-form launch whose epilogue does not read it (EPI 0 / 1)
+NO_MAP = bytes(128)
+
+
+def output_map(y, box_n: int) -> bytes:
+    """CUtensorMap of the float32 output Y [nt, od] for the TMA-store epilogue (EPI=2): boxes of [box_n tokens x
+    32 rows] (128 bytes of a token's row), 128-byte swizzle -- the layout the kernel stages the tile in; tokens and
+    rows past the array are clipped by the TMA unit on store. Refused (ShapeError) for a Y the map cannot
+    describe: not float32 C-contiguous [nt, od], od not a multiple of 4, or a base not 16-byte aligned."""
+    from .gpu import ShapeError
+
+    if y.dtype != np.float32 or y.ndim != 2 or not y.flags.c_contiguous:
+        raise ShapeError(f"the TMA-store epilogue writes a C-contiguous float32 [nt, od] array, not {y.dtype} "
+                         f"{tuple(y.shape)} (c_contiguous={bool(y.flags.c_contiguous)})")
+    nt, od = y.shape
+    if od % 4 or int(y.data.ptr) % 16:
+        raise ShapeError(f"the TMA-store epilogue needs od % 4 == 0 and a 16-byte aligned output (od={od}, "
+                         f"address % 16 = {int(y.data.ptr) % 16})")
+    return _output_map(int(y.data.ptr), int(nt), int(od), int(box_n))
+
+
+@lru_cache(maxsize=8192)
+def _output_map(ptr: int, nt: int, od: int, box_n: int) -> bytes:
+    return _encode_2d("FLOAT32", ptr, od, nt, od * 4, 32, box_n, "128B", f"Y {nt} x {od} f32")
+
+
 @dataclass
 class WgWeight:
     """A q4_K / q6_K matrix on the GPU in the round-7 layout (see the module docstring)."""
@@ -541,8 +567,8 @@ def auto_table(root=None):
     return best.reset_index(drop=True)
 
 
-_VARIANT = re.compile(r"wgmma_bn(\d+)_s(\d+)_scl(\d)(_sku|_sk)?$")
-_VARIANT_SMEM = re.compile(r"wgmma_smem_bn(\d+)_s(\d+)(_sku|_sk)?$")
+_VARIANT = re.compile(r"wgmma_bn(\d+)_s(\d+)_scl(\d)(_sku|_skt|_sk)?(?:_e([12]))?$")
+_VARIANT_SMEM = re.compile(r"wgmma_smem_bn(\d+)_s(\d+)(_sku|_skt|_sk)?$")
 
 
 _AUTO = {}
@@ -555,13 +581,18 @@ def auto_table_cached():
     return _AUTO["t"]
 
 
-_SK_SUFFIX = {0: "", 1: "_sk", 2: "_sku"}     # the scheduler in a variant's name: data-parallel, stream-K, uniform
+#: the scheduler in a variant's name: data-parallel, stream-K, uniform split-k, tile-aligned split-k
+_SK_SUFFIX = {0: "", 1: "_sk", 2: "_sku", 3: "_skt"}
 
 
-def variant_name(BN: int, STAGES: int, SCL: int, SK: int = 0, FORM: int = 0) -> str:
+def variant_name(BN: int, STAGES: int, SCL: int, SK: int = 0, FORM: int = 0, EPI: int = 0) -> str:
+    """The one name of a round-7 variant: tile, stages, scale form, then the scheduler (``_sk`` / ``_sku`` /
+    ``_skt``) and the epilogue form (``_e1`` bulk fold, ``_e2`` bulk fold + TMA store; none for the plain one)."""
     if FORM:
+        if EPI:
+            raise ValueError("the shared-memory form has the plain epilogue only (EPI=0)")
         return f"wgmma_smem_bn{BN}_s{STAGES}" + _SK_SUFFIX[int(SK)]
-    return f"wgmma_bn{BN}_s{STAGES}_scl{SCL}" + _SK_SUFFIX[int(SK)]
+    return f"wgmma_bn{BN}_s{STAGES}_scl{SCL}" + _SK_SUFFIX[int(SK)] + (f"_e{int(EPI)}" if EPI else "")
 
 
 def _sk_of(suffix) -> int:
@@ -584,7 +615,10 @@ def variant_params(variant: str, qtype: str) -> tuple[str, dict]:
     if not m:
         raise ValueError(f"not a round-7 variant name: {variant!r}")
     bn, st, scl = map(int, m.groups()[:3])
-    return "wgmma_kq", {"BN": bn, "STAGES": st, "BF16": 0, "SCL": scl, "SK": _sk_of(m.group(4))}
+    p = {"BN": bn, "STAGES": st, "BF16": 0, "SCL": scl, "SK": _sk_of(m.group(4))}
+    if m.group(5):                 # the epilogue form, named only where it is not the plain one
+        p["EPI"] = int(m.group(5))
+    return "wgmma_kq", p
 
 
 def tile_count(nt: int, od: int, BN: int) -> int:
@@ -605,9 +639,14 @@ def schedule(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> tup
       G x tiles <= SMs (:func:`uniform_split`): the kernel's range split then gives every CTA one G-th of one tile's
       k, so all CTAs finish their loops together and an owner waits for G - 1 helpers that started when it did
       (the paired grid of the split-finish experiment, run 20261201T174118Z: 5-10% faster than SK=1 at od 4096,
-      nt=512). A shape with G < 2 is refused (ShapeError), never run on another grid."""
-    if sk not in (0, 1, 2):
-        raise ValueError(f"SK is 0 (data-parallel), 1 (stream-K) or 2 (uniform split-k), not {sk!r}")
+      nt=512). A shape with G < 2 is refused (ShapeError), never run on another grid.
+    * ``SK=3`` (tile-aligned split-k): G x tiles CTAs with G from :func:`tile_split` -- every CTA one part of one
+      tile, floor(I/G) or ceil(I/G) super-blocks, whether or not G divides I (the kernel's ``split_g``): the uniform
+      grid for tiles whose super-block count has no divisor that fits, e.g. 4096 x 11008's 43 at nt=512 (G=2: 21 and
+      22). Where G divides I it is SK=2's grid. G < 2 is refused (ShapeError)."""
+    if sk not in (0, 1, 2, 3):
+        raise ValueError(f"SK is 0 (data-parallel), 1 (stream-K), 2 (uniform split-k) or 3 (tile-aligned split-k), "
+                         f"not {sk!r}")
     tiles = tile_count(nt, od, BN)
     nsb = id_ // QK
     if tiles * nsb >= 2 ** 31 or od * nsb >= 2 ** 31:
@@ -623,6 +662,15 @@ def schedule(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> tup
                              f"{nsb} super-blocks on {sm_count} SMs leave no divisor G >= 2 of {nsb} with G x tiles "
                              f"<= {sm_count} (use SK=1)")
         return g * tiles, 0
+    if sk == 3:
+        g = tile_split(tiles, nsb, sm_count)
+        if g < 2:
+            from .gpu import ShapeError
+
+            raise ShapeError(f"no tile-aligned split-k grid (SK=3) at nt={nt}, od={od}, id={id_}, BN={BN}: {tiles} "
+                             f"tiles of {nsb} super-blocks on {sm_count} SMs leave no G >= 2 with G x tiles <= "
+                             f"{sm_count} (use SK=1)")
+        return g * tiles, 0
     ncta = max(1, min(int(sm_count), tiles * (id_ // QK)))
     full, rem = divmod(tiles, ncta)
     if rem == 0:
@@ -637,12 +685,30 @@ def uniform_split(tiles: int, nsb: int, sm_count: int) -> int:
     return max(fit) if fit else 0
 
 
+def tile_split(tiles: int, nsb: int, sm_count: int) -> int:
+    """G of the tile-aligned split-k grid (``SK=3``): the fewest parts per tile that give the shortest longest part
+    ceil(nsb / G) the SMs allow (G x ``tiles`` <= ``sm_count``, G <= ``nsb``); fewer parts mean fewer partial tiles
+    to fold for the same critical path. 1 where only one part fits, 0 where not even one wave of tiles does."""
+    gmax = min(int(nsb), int(sm_count) // int(tiles)) if tiles else 0
+    if gmax < 1:
+        return 0
+    longest = -(-nsb // gmax)
+    return min(g for g in range(1, gmax + 1) if -(-nsb // g) == longest)
+
+
+def split_g(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> int:
+    """The kernel's ``split_g`` argument: SK=3's G (:func:`tile_split`), 0 for every other scheduler."""
+    return tile_split(tile_count(nt, od, BN), id_ // QK, sm_count) if sk == 3 else 0
+
+
 def sk_fits(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> bool:
-    """Whether :func:`schedule` takes this scheduler at this shape (only SK=2 refuses shapes)."""
-    if sk != 2:
-        return True
+    """Whether :func:`schedule` takes this scheduler at this shape (SK=2 and SK=3 refuse shapes)."""
     tiles = tile_count(nt, od, BN)
-    return uniform_split(tiles, id_ // QK, sm_count) >= 2
+    if sk == 2:
+        return uniform_split(tiles, id_ // QK, sm_count) >= 2
+    if sk == 3:
+        return tile_split(tiles, id_ // QK, sm_count) >= 2
+    return True
 
 
 @lru_cache(maxsize=None)
@@ -655,13 +721,22 @@ def _sm_count(device: int) -> int:
 SK_MAXSEG = registry.SK_MAXSEG   # the kernel's stream-K segment list (-DLK_SK_MAXSEG, registry.cuda_defines)
 
 
-def segments(ncta: int, cta: int, I: int, tiles: int, dp_tiles: int) -> list[tuple[int, int, int]]:
+def sk_start(c: int, ncta: int, I: int, tiles: int, dp_tiles: int, G: int = 0) -> int:
+    """The host model of the kernel's ``lk_sk_start``: where CTA ``c``'s stream-K range begins (``c = ncta`` gives
+    the end). G = 0: ncta equal ranges of the (tiles - dp_tiles) x I iterations; G > 0 (SK=3): part c % G of tile
+    c // G, at floor((c % G) x I / G)."""
+    if G > 0:
+        t, p = divmod(c, G)
+        return t * I + (p * I) // G
+    base, extra = divmod((tiles - dp_tiles) * I, ncta)
+    return c * base + min(c, extra)
+
+
+def segments(ncta: int, cta: int, I: int, tiles: int, dp_tiles: int, G: int = 0) -> list[tuple[int, int, int]]:
     """The (tile, klo, khi) segments CTA ``cta`` runs -- the host model of the kernel's ``lk_segment`` /
     ``lk_sk_segments`` (data-parallel waves, then its stream-K range), for the launcher's bound check and tests."""
     out = [(cta + w * ncta, 0, I) for w in range(dp_tiles // ncta)]
-    T = (tiles - dp_tiles) * I
-    base, extra = divmod(T, ncta)
-    start = lambda c: c * base + min(c, extra)
+    start = lambda c: sk_start(c, ncta, I, tiles, dp_tiles, G)
     it, it1 = start(cta), start(cta + 1)
     while it < it1:
         t = it // I
@@ -672,9 +747,9 @@ def segments(ncta: int, cta: int, I: int, tiles: int, dp_tiles: int) -> list[tup
 
 
 @lru_cache(maxsize=4096)
-def _check_schedule(ncta: int, I: int, tiles: int, dp_tiles: int) -> None:
+def _check_schedule(ncta: int, I: int, tiles: int, dp_tiles: int, G: int = 0) -> None:
     for c in range(ncta):
-        n = len(segments(ncta, c, I, tiles, dp_tiles)) - dp_tiles // ncta
+        n = len(segments(ncta, c, I, tiles, dp_tiles, G)) - dp_tiles // ncta
         if n > SK_MAXSEG:
             raise ValueError(f"stream-K range of CTA {c} has {n} segments (the kernel holds {SK_MAXSEG})")
 
@@ -705,11 +780,13 @@ _WS = _Workspace()
 
 
 def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | None = None, SCL: int = 0,
-         SK: int = 0, FORM: int = 0):
+         SK: int = 0, FORM: int = 0, EPI: int = 0):
     """Y[nt, od] (float32) = x[nt, id] * W^T on the wgmma_kq family. x: cupy float16 / bfloat16-as-uint16 /
-    float32 (converted to f16 here, or bf16 when ``BF16=1``). ``SK``: the tile scheduler, 0 data-parallel or 1
-    stream-K (:func:`schedule`). ``FORM``: 0 the register form (``wgmma_kq``, the repacked weight), 1 the
-    shared-memory form (``wgmma_kqs``, q4_K, the GGUF rows ``w.gguf``; ``SCL`` does not apply)."""
+    float32 (converted to f16 here, or bf16 when ``BF16=1``). ``SK``: the tile scheduler, 0 data-parallel, 1
+    stream-K, 2 uniform split-k, 3 tile-aligned split-k (:func:`schedule`). ``FORM``: 0 the register form
+    (``wgmma_kq``, the repacked weight), 1 the shared-memory form (``wgmma_kqs``, q4_K, the GGUF rows ``w.gguf``;
+    ``SCL`` does not apply). ``EPI`` (register form): 0 the plain epilogue, 1 the bulk fold of stream-K partials,
+    2 the bulk fold and a TMA store of Y (needs od % 4 == 0 and a 16-byte aligned, C-contiguous ``out``)."""
     from .gpu import ShapeError, _out
 
     cp = _cp()
@@ -733,6 +810,13 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
     qt = 4 if w.qtype == "q4_K" else 6
     if FORM not in (0, 1):
         raise ValueError(f"FORM is 0 (register) or 1 (shared memory), not {FORM!r}")
+    if EPI not in (0, 1, 2):
+        raise ValueError(f"EPI is 0 (plain), 1 (bulk fold) or 2 (bulk fold + TMA store), not {EPI!r}")
+    if EPI and FORM:
+        raise ShapeError("the shared-memory form (wgmma_kqs) has the plain epilogue only (EPI=0)")
+    if EPI == 2 and w.od % 4:
+        raise ShapeError(f"EPI=2 stores Y through a TMA map, whose rows must be 16-byte multiples: od={w.od} is not a "
+                         "multiple of 4 (use EPI=0 or 1)")
     if FORM:
         if w.qtype != "q4_K":
             raise ShapeError(f"the shared-memory form (wgmma_kqs) takes q4_K weights, not {w.qtype}")
@@ -741,19 +825,21 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
                              "weight does not hold")
         k = kernel("wgmma_kqs", QT=qt, BN=BN, STAGES=STAGES, BF16=bf16)
     else:
-        k = kernel(QT=qt, BN=BN, STAGES=STAGES, BF16=bf16, SCL=SCL)
-    ncta, dp_tiles = schedule(int(SK), nt, w.od, w.id, BN, _sm_count(cp.cuda.Device().id) * k.blocks_per_sm)
+        k = kernel(QT=qt, BN=BN, STAGES=STAGES, BF16=bf16, SCL=SCL, EPI=int(EPI))
+    sms = _sm_count(cp.cuda.Device().id) * k.blocks_per_sm
+    ncta, dp_tiles = schedule(int(SK), nt, w.od, w.id, BN, sms)
+    g = split_g(int(SK), nt, w.od, w.id, BN, sms)
     if SK:
-        _check_schedule(ncta, w.id // QK, tile_count(nt, w.od, BN), dp_tiles)
+        _check_schedule(ncta, w.id // QK, tile_count(nt, w.od, BN), dp_tiles, g)
     y = _out(nt, w.od, out)
     tm = tensor_map(x16, BN, bool(bf16))
-    ws, flags = _WS.get(cp.cuda.get_current_stream().ptr, _sm_count(cp.cuda.Device().id) * k.blocks_per_sm)
+    ws, flags = _WS.get(cp.cuda.get_current_stream().ptr, sms)
     if FORM:
         k.launch((ncta, 1), (tm, weight_tensor_map(w.gguf)), y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws,
-                 flags, np.int32(dp_tiles))
+                 flags, np.int32(dp_tiles), np.int32(g))
     else:
-        k.launch((ncta, 1), tm, w.packed, y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws, flags,
-                 np.int32(dp_tiles))
+        k.launch((ncta, 1), (tm, output_map(y, BN) if EPI == 2 else NO_MAP), w.packed, y, np.int32(nt),
+                 np.int32(w.od), np.int32(w.id), ws, flags, np.int32(dp_tiles), np.int32(g))
     return y
 
 
@@ -842,12 +928,15 @@ NTS = (64, 128, 256, 512, 1024, 2048, 4096)
 
 
 def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, None, 1), (256, 4, None, 0)), pairs: int = 3,
-          repeats: int = 10, run=None, seed: int = 0, progress=print, int8: bool = True) -> list[dict]:
+          repeats: int = 10, run=None, seed: int = 0, progress=print, int8: bool = True,
+          table: str = "wgmma_bench") -> list[dict]:
     """Interleaved, L2-flushed CUDA-event timings of the wgmma_kq variants against cuBLAS fp16 on cached
     dequantized weights (and including the dequant), and the lab's best int8 kernel, at matched (nt, od, id).
+    ``variants``: tuples (BN, STAGES, SCL or None for the main scale form, SK, FORM, EPI), trailing zeros optional.
 
     Every (qtype, shape, nt) is parity-gated on 24 tokens (all rows) before it is timed; a failed gate raises.
-    Rows (one per variant and pair) go to ``run`` tables ``wgmma_bench`` and ``wgmma_parity``."""
+    Rows (one per variant and pair) go to ``run`` tables ``table`` (``wgmma_bench``: the benchmark of record, which
+    ``auto`` reads; an experiment names its own) and ``wgmma_parity``."""
     import gguf
 
     from . import bench as B
@@ -877,27 +966,28 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
                 x, xg, x16, y, tok = cases.point_inputs(rng, nt, od, id_)
                 vs = {}
                 for v in variants:
-                    bn, st, scl, sk, form = (tuple(v) + (0, 0))[:5]
+                    bn, st, scl, sk, form, epi = (tuple(v) + (0, 0, 0))[:6]
                     if form and qtype != "q4_K":
                         continue           # the shared-memory form takes q4_K
                     scl = main_scl(qtype, bn) if scl is None else scl
-                    if sk == 2 and not sk_fits(sk, nt, od, id_, bn, _sm_count(cp.cuda.Device().id)):
-                        if run is not None:     # the uniform split-k grid does not fit: not run, and said so
+                    if sk in (2, 3) and not sk_fits(sk, nt, od, id_, bn, _sm_count(cp.cuda.Device().id)):
+                        if run is not None:     # the split-k grid does not fit: not run, and said so
                             run.append("wgmma_not_applicable", {"qtype": qtype, "od": od, "id": id_, "nt": nt,
-                                                                "variant": variant_name(bn, st, scl, sk, form),
-                                                                "why": "no uniform split-k grid (G < 2)"})
+                                                                "variant": variant_name(bn, st, scl, sk, form, epi),
+                                                                "why": f"no {'uniform' if sk == 2 else 'tile-aligned'} "
+                                                                       "split-k grid (G < 2)"})
                         continue
                     y.fill(np.nan)
-                    gemm(w, x16, out=y, BN=bn, STAGES=st, SCL=scl, SK=sk, FORM=form)
+                    gemm(w, x16, out=y, BN=bn, STAGES=st, SCL=scl, SK=sk, FORM=form, EPI=epi)
                     g = gate(cp.asnumpy(y), raw, qtype, x, tokens=tok, w64=w64, w16=w16e)
-                    name = variant_name(bn, st, scl, sk, form)
+                    name = variant_name(bn, st, scl, sk, form, epi)
                     if run is not None:
                         run.append("wgmma_parity", {"qtype": qtype, "od": od, "id": id_, "nt": nt, "variant": name,
                                                     **g})
                     if not g["ok"]:
                         raise AssertionError(f"{name} parity failed: {qtype} nt={nt} od={od} id={id_}: {g}")
-                    vs[name] = (lambda bn=bn, st=st, scl=scl, sk=sk, form=form: gemm(
-                        w, x16, out=y, BN=bn, STAGES=st, SCL=scl, SK=sk, FORM=form))
+                    vs[name] = (lambda bn=bn, st=st, scl=scl, sk=sk, form=form, epi=epi: gemm(
+                        w, x16, out=y, BN=bn, STAGES=st, SCL=scl, SK=sk, FORM=form, EPI=epi))
                 main = default_params(qtype, nt)
                 vs["wgmma_incl_f32_to_f16"] = lambda: gemm(w, xg, out=y, **main)
                 y16 = cp.empty((nt, od), cp.float16)
@@ -911,7 +1001,7 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
                 new = B.pair_rows(res, {"qtype": qtype, "od": od, "id": id_, "nt": nt}, nt, od, id_)
                 rows += new
                 if run is not None:
-                    run.append("wgmma_bench", new)
+                    run.append(table, new)
                 med = {k: np.median([s["median_us"] for s in v]) for k, v in res.items()}
                 best = min((k for k in med if k.startswith(("wgmma_bn", "wgmma_smem"))), key=med.get)
                 progress(f"{qtype} {od}x{id_} nt={nt}: " + ", ".join(
@@ -980,7 +1070,7 @@ ABLATIONS = ("LK_ABLATE_NOFIX", "LK_ABLATE_NOSTORE")
 def _ablation(w, x16, y, flush, pairs, repeats, key, progress) -> list[dict]:
     from . import bench as B
 
-    spec = registry.find("wgmma_kq", QT=4, BN=256, STAGES=4, BF16=0, SCL=0)
+    spec = registry.find("wgmma_kq", QT=4, BN=256, STAGES=4, BF16=0, SCL=0, EPI=0)
     base = variant_name(256, 4, 0, 1)
     ks = {base: kernel(**spec.p)}
     for d in ABLATIONS:
@@ -988,8 +1078,8 @@ def _ablation(w, x16, y, flush, pairs, repeats, key, progress) -> list[dict]:
     ncta, dp_tiles = schedule(1, x16.shape[0], w.od, w.id, 256, _sm_count(_cp().cuda.Device().id))
     tm = tensor_map(x16, 256)
     ws, flags = _WS.get(_cp().cuda.get_current_stream().ptr, _sm_count(_cp().cuda.Device().id) * ks[base].blocks_per_sm)
-    vs = {n: (lambda k=k: k.launch((ncta, 1), tm, w.packed, y, np.int32(x16.shape[0]), np.int32(w.od),
-                                   np.int32(w.id), ws, flags, np.int32(dp_tiles))) for n, k in ks.items()}
+    vs = {n: (lambda k=k: k.launch((ncta, 1), (tm, NO_MAP), w.packed, y, np.int32(x16.shape[0]), np.int32(w.od),
+                                   np.int32(w.id), ws, flags, np.int32(dp_tiles), np.int32(0))) for n, k in ks.items()}
     res = B.interleaved(vs, pairs=pairs, repeats=repeats, flush=flush)
     rows = [{**key, "variant": n, "median_us": float(np.median([r["median_us"] for r in st])),
              "back_to_back_us": float("nan"), "host_enqueue_us": float("nan")} for n, st in res.items()]
@@ -1032,7 +1122,7 @@ def splitfin_ab(run=None, points=SPLITFIN_POINTS, nt: int = 512, qtypes=("q4_K",
     rows = []
     for qtype in qtypes:
         spec = registry.find("wgmma_kq", QT=4 if qtype == "q4_K" else 6, BN=256, STAGES=4, BF16=0,
-                             SCL=main_scl(qtype, 256))
+                             SCL=main_scl(qtype, 256), EPI=0)
         ks = {"plain": kernel(**spec.p), "splitfin": WgKernel(spec, defines=("LK_EXP_SPLITFIN",))}
         for od, id_ in points:
             raw = cases.synthetic_weights(qtype, od, id_, rng)
@@ -1049,8 +1139,8 @@ def splitfin_ab(run=None, points=SPLITFIN_POINTS, nt: int = 512, qtypes=("q4_K",
 
             def go(b, g):
                 ncta, dp = grids[g]
-                ks[b].launch((ncta, 1), tm, w.packed, ys[(b, g)], np.int32(nt), np.int32(od), np.int32(id_), ws, flags,
-                             np.int32(dp))
+                ks[b].launch((ncta, 1), (tm, NO_MAP), w.packed, ys[(b, g)], np.int32(nt), np.int32(od), np.int32(id_),
+                             ws, flags, np.int32(dp), np.int32(0))
 
             for g in grids:
                 go("plain", g)
@@ -1168,7 +1258,7 @@ def trace_launch(w: WgWeight, x16, BN: int = 128, STAGES: int = 4, SCL: int = 0,
     ``x16``: float16 activations [nt, id]. The trace build's timings include the stamps' own cost (a few global
     stores per CTA)."""
     cp = _cp()
-    spec = registry.find("wgmma_kq", QT=4 if w.qtype == "q4_K" else 6, BN=BN, STAGES=STAGES, BF16=0, SCL=SCL)
+    spec = registry.find("wgmma_kq", QT=4 if w.qtype == "q4_K" else 6, BN=BN, STAGES=STAGES, BF16=0, SCL=SCL, EPI=0)
     k = WgKernel(spec, defines=("LK_EXP_TRACE",))
     nt = x16.shape[0]
     sm = _sm_count(cp.cuda.Device().id)
@@ -1185,8 +1275,8 @@ def trace_launch(w: WgWeight, x16, BN: int = 128, STAGES: int = 4, SCL: int = 0,
     clk = cp.ndarray((n,), cp.uint64, memptr=k.module.get_global("lk_trace_clk"))
 
     def launch():
-        k.launch((ncta, 1), tm, w.packed, y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws, flags,
-                 np.int32(dp_tiles))
+        k.launch((ncta, 1), (tm, NO_MAP), w.packed, y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws, flags,
+                 np.int32(dp_tiles), np.int32(0))
 
     for _ in range(warmup):
         launch()
@@ -1210,6 +1300,30 @@ def cost_fit(scan_df):
                     "host_enqueue_us": float(g.host_enqueue_us.median()),
                     "back_to_back_us_at_min_id": float(g.sort_values("id").back_to_back_us.iloc[0])})
     return pd.DataFrame(out)
+
+
+# ------------------------------------------------------------------------------------------- the epilogue A/B
+
+#: the epilogue-form and tile-aligned-split experiment (``gpu-check --steps wgmma_epi``): each scheduler that the
+#: benchmark of record found best somewhere at nt <= 1024, with the plain epilogue and the two new forms, and the
+#: tile-aligned split (SK=3) -- tuples (BN, STAGES, SCL or None, SK, FORM, EPI)
+EPI_AB = {"shapes": [list(s) for s in SHAPES], "nts": [256, 512, 1024], "qtypes": ["q4_K", "q6_K"],
+          "variants": [[256, 4, None, 2, 0, e] for e in (0, 1, 2)] + [[256, 4, None, 1, 0, e] for e in (0, 1, 2)]
+          + [[128, 4, None, 1, 0, e] for e in (0, 2)] + [[128, 4, None, 0, 0, e] for e in (0, 2)]
+          + [[256, 4, None, 3, 0, e] for e in (0, 1, 2)],
+          "pairs": 3, "repeats": 10}
+
+
+def epi_ab(run, plan=None, progress=print, seed: int = 0) -> None:
+    """The epilogue forms (EPI 1 / 2) and the tile-aligned split (SK=3) against the plain launches and cuBLAS,
+    interleaved per point (:func:`bench`, its own table ``wgmma_epi_ab``: ``auto`` keeps reading the benchmark of
+    record), after the real-model gates of the new forms on every Gemma tensor."""
+    p = {**EPI_AB, **(plan or {})}
+    rng = np.random.default_rng(seed or None)
+    new = tuple(f for f in REAL_MODEL_FORMS if f[1] == 3 or f[3])
+    run.append("real_model_parity", real_model_rows(rng, progress, forms=new))
+    bench([tuple(s) for s in p["shapes"]], p["nts"], p["qtypes"], [tuple(v) for v in p["variants"]],
+          pairs=p["pairs"], repeats=p["repeats"], run=run, progress=progress, table="wgmma_epi_ab")
 
 
 # ------------------------------------------------------------------------------------------------ the recorded round
@@ -1243,10 +1357,17 @@ def kernel_rows() -> list[dict]:
     return rows
 
 
-def real_model_rows(rng, progress=print) -> list[dict]:
+#: the (BN, SK, FORM, EPI) forms the real-model gates run (each where its scheduler fits the tensor at 37 tokens)
+REAL_MODEL_FORMS = ((128, 0, 0, 0), (256, 0, 0, 0), (128, 1, 0, 0), (256, 1, 0, 0), (128, 2, 0, 0), (256, 2, 0, 0),
+                    (128, 0, 1, 0), (128, 1, 1, 0), (256, 1, 1, 0),      # the shared-memory form (q4_K)
+                    (128, 3, 0, 0), (256, 3, 0, 0),                      # the tile-aligned split-k grid
+                    (128, 1, 0, 1), (256, 2, 0, 1), (128, 0, 0, 2), (128, 1, 0, 2), (256, 2, 0, 2), (256, 3, 0, 2))
+
+
+def real_model_rows(rng, progress=print, forms=REAL_MODEL_FORMS) -> list[dict]:
     """Every q4_K / q6_K tensor of Gemma 3 270M (all rows, 37 fresh random tokens) through the main variants
-    under both schedulers (at 37 tokens stream-K splits every tile's k over several CTAs: the fix-up is gated),
-    with the int8 q8_1 path's error on the same inputs beside it."""
+    under every scheduler and epilogue form in ``forms`` (at 37 tokens stream-K splits every tile's k over several
+    CTAs: the fix-up is gated), with the int8 q8_1 path's error on the same inputs beside it."""
     from . import model
 
     cp = _cp()
@@ -1259,19 +1380,20 @@ def real_model_rows(rng, progress=print) -> list[dict]:
         if qtype == "q4_K":
             w.gguf = cp.asarray(raw)
         i8 = int8_path_error(raw, qtype, x)
-        forms = ((128, 0, 0), (256, 0, 0), (128, 1, 0), (256, 1, 0), (128, 2, 0), (256, 2, 0))
-        if qtype == "q4_K":      # the shared-memory form too
-            forms += ((128, 0, 1), (128, 1, 1), (256, 1, 1))
-        for bn, sk, form in forms:
+        for bn, sk, form, epi in forms:
+            if form and qtype != "q4_K":
+                continue     # the shared-memory form takes q4_K
             if not sk_fits(sk, 37, raw.shape[0], id_, bn, _sm_count(cp.cuda.Device().id)):
-                continue     # the uniform split-k grid where it fits this tensor (every Gemma tensor, at 37 tokens)
+                continue     # a split-k grid where it fits this tensor (every Gemma tensor, at 37 tokens)
+            if epi == 2 and raw.shape[0] % 4:
+                continue     # the TMA-store epilogue's rows are 16-byte multiples
             p = {"BN": bn, "STAGES": 3 if form and bn == 256 else 4, "BF16": 0, "SCL": main_scl(qtype, bn), "SK": sk,
-                 "FORM": form}
+                 "FORM": form, "EPI": epi}
             y = cp.full((37, raw.shape[0]), np.nan, cp.float32)
             gemm(w, cp.asarray(x), out=y, **p)
             g = gate(cp.asnumpy(y), raw, qtype, x, packed=cp.asnumpy(w.packed))
             rows.append({"tensor": name, "qtype": qtype, "od": raw.shape[0], "id": id_,
-                         "variant": variant_name(bn, p["STAGES"], p["SCL"], sk, form), **g, "int8_max_rel_err_f64": i8["max_rel_err_f64"],
+                         "variant": variant_name(bn, p["STAGES"], p["SCL"], sk, form, epi), **g, "int8_max_rel_err_f64": i8["max_rel_err_f64"],
                          "int8_nmse": i8["nmse"]})
             if not g["ok"]:
                 raise AssertionError(f"real-model gate failed: {name} {p}: {g}")
@@ -1305,6 +1427,25 @@ def medians(bench_df):
     g["us_per_gmac"] = g.median_us / gmac
     g["tops_eq"] = 2 * gmac * 1e9 / (g.median_us * 1e-6) / 1e12
     return pd.DataFrame(g)
+
+
+def epi_table(ab_df):
+    """The epilogue A/B (``wgmma_epi_ab``) as the notebook shows it: per (qtype, od, id, nt) and scheduler, the
+    plain / bulk-fold / TMA-store launches as ratios to cuBLAS fp16 (cached) of the same point (medians over pairs);
+    a form that did not run at a point (its grid does not fit) is NaN."""
+    import pandas as pd
+
+    m = medians(ab_df)
+    key = ["qtype", "od", "id", "nt"]
+    cb = m[m.variant == "cublas_f16_cached"].set_index(key).median_us.rename("cublas_us")
+    m = m[m.variant.str.startswith("wgmma_bn")].join(cb, on=key)
+    parsed = [variant_params(v, q)[1] for v, q in zip(m.variant, m.qtype)]
+    m["sched"] = [f"BN={p['BN']} " + {0: "SK=0", 1: "SK=1", 2: "SK=2", 3: "SK=3"}[p["SK"]] for p in parsed]
+    m["epi"] = [{0: "plain", 1: "bulk fold", 2: "+TMA store"}[p.get("EPI", 0)] for p in parsed]
+    m["vs_cublas"] = m.cublas_us / m.median_us
+    t = m.pivot_table(index=key + ["sched"], columns="epi", values="vs_cublas")
+    return pd.DataFrame(t.reindex(columns=[c for c in ("plain", "bulk fold", "+TMA store") if c in t.columns])
+                        ).reset_index()
 
 
 def summary(bench_df):

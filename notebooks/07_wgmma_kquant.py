@@ -54,8 +54,10 @@ pairs = 3                   # interleaved rounds (every variant once per round)
 repeats = 10                # timed launches per variant and round (L2 flushed before each)
 headline_shape = [4096, 11008]   # [od, id] of the headline figures
 headline_nt = 4096          # nt of the headline figures
+run_audit = True            # compile the wgmma_kq instantiations with nvcc for the ptxas table (skipped without nvcc)
 
 # %%
+import shutil
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
 from labkernels import report, records, plotting, wgmma, peers
 report.setup()
@@ -474,6 +476,63 @@ else:
 # 0.82× / 0.84× / 0.95× / 0.82× cuBLAS for q4_K (4096×4096, 4096×11008, 4096×14336, 11008×4096), 0.76× / 0.71× /
 # 0.84× / 0.73× for q6_K: the bar is still not met. nt=4096: q4_K 684–761 TOPS-eq (0.95–1.00×), q6_K 636–700
 # (0.87–0.98×); q6_K 11008×4096 at 636 is under the 650 line in this run again (it cleared it in run 142707Z).
+
+# %% [markdown]
+# ## Fourth step: the epilogue of a CTA's last segment, and the tile-aligned split (built; prediction first)
+#
+# The trace and the ablations above put what the stream-K BN=256 launch loses at nt=512 after its main loop: the
+# fix-up 3.2 us and the store 4.4 us of a 35.6 us launch (cuBLAS: 28.4 us), the owner's finish ~6.5 us on the
+# critical path. Its two serial parts are what this step changes; both run on a CTA's last segment only, where the
+# activation ring (STAGES × BN × 128 B: exactly one BN × 128 tile of f32) is idle.
+#
+# * **`EPI=1`, the bulk fold.** An owner used to read each helper's partial sums with 32 (BN=256) float4 L2 loads
+#   per thread, 4 in flight at a time (more in flight spill the accumulators): 8 dependent L2 round trips per helper. Now its
+#   first thread copies the helper's contiguous BN × 512-byte block into the ring with `cp.async.bulk` (16 KB
+#   pieces on one mbarrier; acquire, then `fence.proxy.async.global`), and every thread folds its float4s from
+#   shared memory: one bandwidth-bound transfer (128 KB at the SM's ~64–128 B/clk: ~0.7–1.4 us) instead of a latency
+#   chain. The sums are the same, in the same order: bitwise the plain epilogue (GPU test).
+# * **`EPI=2`, and a TMA store.** The tile then goes to the ring as four 128-byte-swizzled [BN tokens × 32 rows]
+#   f32 boxes (conflict-free scalar stores) and out with four `cp.async.bulk.tensor` stores of whole 128-byte
+#   lines, instead of BN/2 scalar 4-byte stores per thread into 32-byte sectors; the TMA unit clips the nt and od
+#   tails. Needs od % 4 == 0 (the Y map's rows), refused otherwise.
+# * **`SK=3`, the tile-aligned split-k grid.** G parts per tile of floor/ceil(I/G) super-blocks whether or not G
+#   divides I (the kernel's `split_g`): 4096×11008 (43 super-blocks, prime) gets the two-CTAs-per-tile grid at
+#   nt=512 that SK=2 gave the other od=4096 shapes (21 + 22 super-blocks).
+#
+# Resources (ptxas, below): every new instantiation is spill-free except q6_K BN=256 with EPI 1 / 2 (40 / 48 bytes:
+# its consumers already sit at setmaxnreg's 240 registers with the plain epilogue), which stays off the main path.
+#
+# **Prediction** (written before any GPU run of these builds): at nt=512, `EPI=1` takes 1–2 us off the SK=1 / SK=2
+# launches (most of the owner's share of the 3.2 us fix-up), nothing at SK=0; `EPI=2` another 0.5–1.5 us (part of
+# the 4.4 us store); `SK=3` at 4096×11008 1.06–1.11× its stream-K launch, as SK=2 was at the other shapes. Together:
+# q4_K 4096×4096 from 0.82× to ~0.90–0.95× cuBLAS, 4096×14336 from 0.95× to ~1.0×, 4096×11008 from 0.84× to
+# ~0.92×; q6_K 0.71–0.84× to ~0.78–0.90×. So the nt=512 bar (≥ 1.0× at every shape) is predicted to stay **not
+# met** for q6_K even if this works; nt=4096 should not move (data-parallel whole waves store 1.9 us per tile of a
+# 100+ us launch). `gpu-check --steps wgmma_epi` gates the new forms on every Gemma tensor and times them against
+# the plain ones and cuBLAS at nt 256–1024 (its own table: `auto` keeps reading the benchmark of record).
+
+# %%
+if run_audit and shutil.which("nvcc"):
+    from labkernels import audit
+    from labkernels.kernels import registry as kreg
+
+    ar = pd.DataFrame(audit.audit(kernels=kreg.family("wgmma_kq"), archs=("sm_90a",)))
+    ar = ar[ar.key.str.contains("BF16=0")][["key", "main_path", "regs", "spill_stores", "spill_loads", "stack_frame",
+                                            "static_smem", "dynamic_smem"]]
+    display(report.table(ar, caption="wgmma_kq f16 instantiations, nvcc -cubin -arch=sm_90a (compiled here; regs = "
+                                      "the launch's 168: setmaxnreg gives the consumers 240)"))
+else:
+    print("nvcc not available here: the ptxas table is skipped (it runs in CI)")
+
+# %%
+ea = records.latest("wgmma", where=lambda r: r.has("wgmma_epi_ab"))
+if ea is None:
+    print("the epilogue A/B (gpu-check --steps wgmma_epi) is built and not yet run on the GPU: no measurement of "
+          "EPI=1/2 or SK=3 exists")
+else:
+    display(report.table(wgmma.epi_table(ea.table("wgmma_epi_ab")),
+                         caption=f"× cuBLAS fp16 (cached) per scheduler and epilogue form, ratios of medians over "
+                                 f"the interleaved pairs ({report.source(ea)})"))
 
 # %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process

@@ -73,14 +73,22 @@ def test_registry_rows_of_round7():
     assert all(k.threads == 384 for k in ks)
     for k in ks:   # the ring of STAGES activation tiles (BN tokens x 128 B) plus 1 KB of alignment slack
         assert k.dynamic_smem() == k.p["STAGES"] * k.p["BN"] * 128 + 1024
-    main = sorted(k.key for k in ks if k.main_path)
+    main = sorted(k.key for k in ks if k.main_path and k.p["EPI"] == 0)
     # one scale-decode form per type and tile width on the main path, f16 (the forms ptxas pipelines without
     # spills: q6_K SCL=1 spills at BN=256); wgmma.main_scl names the same ones
-    assert main == sorted(f"wgmma_kq[QT={q},BN={bn},STAGES=4,BF16=0,SCL={scl}]"
+    assert main == sorted(f"wgmma_kq[QT={q},BN={bn},STAGES=4,BF16=0,SCL={scl},EPI=0]"
                           for q, bn, scl in ((4, 128, 0), (4, 256, 0), (6, 128, 1), (6, 256, 0)))
     from labkernels import wgmma
-    assert main == sorted(f"wgmma_kq[QT={q},BN={bn},STAGES=4,BF16=0,SCL={wgmma.main_scl(t, bn)}]"
+    assert main == sorted(f"wgmma_kq[QT={q},BN={bn},STAGES=4,BF16=0,SCL={wgmma.main_scl(t, bn)},EPI=0]"
                           for q, t in ((4, "q4_K"), (6, "q6_K")) for bn in (128, 256))
+    # the epilogue forms: built on the main scale form only (f16); main path where ptxas fits them without spills
+    # (q6_K BN=256 does not: its consumers are at setmaxnreg's 240 with the plain epilogue)
+    epi = {(k.p["QT"], k.p["BN"], k.p["EPI"]): k for k in ks if k.p["EPI"]}
+    assert set(epi) == {(q, bn, e) for q in (4, 6) for bn in (128, 256) for e in (1, 2)}
+    for (q, bn, e), k in epi.items():
+        assert k.p["BF16"] == 0 and k.p["SCL"] == wgmma.main_scl("q4_K" if q == 4 else "q6_K", bn)
+        assert k.main_path == (q == 4 or bn == 128), k.key
+        assert k.dynamic_smem() >= bn * 512    # the ring holds one tile of f32 partials / outputs
 
 
 def test_registry_rows_of_the_shared_memory_form():
@@ -189,15 +197,17 @@ def test_stream_k_schedule_covers_every_iteration_once(nt, od, id_, bn):
 
     I = id_ // 256
     tiles = -(-od // 128) * -(-nt // bn)
-    for sk in (0, 1, 2):
+    for sk in (0, 1, 2, 3):
         if not wgmma.sk_fits(sk, nt, od, id_, bn, 132):
-            with pytest.raises(gpu.ShapeError, match="no uniform split-k grid"):
+            with pytest.raises(gpu.ShapeError, match="no (uniform|tile-aligned) split-k grid"):
                 wgmma.schedule(sk, nt, od, id_, bn, 132)
             continue
         ncta, dp = wgmma.schedule(sk, nt, od, id_, bn, 132)
+        g = wgmma.split_g(sk, nt, od, id_, bn, 132)
+        assert (g > 0) == (sk == 3)
         assert dp % ncta == 0 and ncta <= (tiles if not sk else 132)
         seen = np.zeros((tiles, I), np.int32)
-        segs = [wgmma.segments(ncta, c, I, tiles, dp) for c in range(ncta)]
+        segs = [wgmma.segments(ncta, c, I, tiles, dp, g) for c in range(ncta)]
         for c, ss in enumerate(segs):
             assert len(ss) - dp // ncta <= wgmma.SK_MAXSEG
             for n, (t, lo, hi) in enumerate(ss):
@@ -215,7 +225,7 @@ def test_stream_k_schedule_covers_every_iteration_once(nt, od, id_, bn):
         if not sk:
             assert ncta == tiles == dp
     with pytest.raises(ValueError, match="SK is 0"):
-        wgmma.schedule(3, 1, 128, 256, 128, 132)
+        wgmma.schedule(4, 1, 128, 256, 128, 132)
 
 
 @pytest.mark.parametrize("nt,od,id_,bn,g", [(512, 4096, 4096, 256, 2), (512, 4096, 14336, 256, 2),
@@ -242,6 +252,54 @@ def test_uniform_split_grid_gives_every_cta_one_equal_part_of_one_tile(nt, od, i
         assert wgmma.segments(ncta, c, I, tiles, dp) == [(c // g, part * (c % g), part * (c % g) + part)]
 
 
+@pytest.mark.parametrize("nt,od,id_,bn,g,parts", [
+    (512, 4096, 11008, 256, 2, (21, 22)),      # 43 super-blocks (prime): SK=2 refuses it
+    (512, 4096, 4096, 256, 2, (8, 8)),         # G divides I: SK=2's grid
+    (64, 4096, 11008, 256, 4, (10, 11, 11, 11)),
+    (300, 1000, 1792, 128, 4, (1, 2, 2, 2)),   # 24 tiles, 5 would fit: ceil(7/5) = ceil(7/4) = 2, so 4 parts
+    (512, 4096, 4096, 128, 1, None),           # 128 tiles: one part only -- refused
+    (512, 11008, 4096, 256, 0, None)])         # 172 tiles: not one wave -- refused
+def test_tile_aligned_split_gives_every_cta_one_part_of_one_tile(nt, od, id_, bn, g, parts):
+    """SK=3: G x tiles CTAs, each one tile-aligned part of floor/ceil(I/G) super-blocks (the kernel's split_g
+    range rule, modelled by wgmma.sk_start), G the fewest parts with the shortest longest part; where G divides
+    I it is exactly SK=2's grid and segments; G < 2 is a ShapeError."""
+    from labkernels import wgmma
+
+    I = id_ // 256
+    tiles = -(-od // 128) * -(-nt // bn)
+    assert wgmma.tile_split(tiles, I, 132) == g
+    if g < 2:
+        assert not wgmma.sk_fits(3, nt, od, id_, bn, 132)
+        with pytest.raises(gpu.ShapeError, match=r"no tile-aligned split-k grid \(SK=3\).*use SK=1"):
+            wgmma.schedule(3, nt, od, id_, bn, 132)
+        return
+    ncta, dp = wgmma.schedule(3, nt, od, id_, bn, 132)
+    assert (ncta, dp) == (g * tiles, 0) and wgmma.split_g(3, nt, od, id_, bn, 132) == g
+    for c in range(ncta):
+        segs = wgmma.segments(ncta, c, I, tiles, dp, g)
+        assert len(segs) == 1 and segs[0][0] == c // g
+        assert segs[0][2] - segs[0][1] == parts[c % g]
+    if I % g == 0 and wgmma.sk_fits(2, nt, od, id_, bn, 132) and wgmma.uniform_split(tiles, I, 132) == g:
+        assert wgmma.schedule(2, nt, od, id_, bn, 132) == (ncta, dp)
+        assert all(wgmma.segments(ncta, c, I, tiles, dp, g) == wgmma.segments(ncta, c, I, tiles, dp)
+                   for c in range(ncta))
+
+
+def test_kernel_split_rule_matches_its_host_model():
+    """The kernel's lk_sk_start (wgmma_kq.cu) and wgmma.sk_start are one rule written twice (device, host): the
+    source's G > 0 branch is the formula the host model evaluates, t I + (p I) / G with t, p = c / G, c % G."""
+    from labkernels.kernels import registry
+    from labkernels import wgmma
+
+    src = (registry.KERNELS_DIR / "wgmma_kq.cu").read_text()
+    body = src[src.index("int lk_sk_start(int c, int T, int I, int G)"):]
+    body = body[:body.index("\n}\n")]
+    assert "const int t = c / G, p = c - t * G;" in body and "return t * I + (p * I) / G;" in body
+    # the end of the last CTA is the end of the work, for every G
+    for tiles, I, G in ((64, 43, 2), (24, 7, 4), (32, 16, 4)):
+        assert wgmma.sk_start(G * tiles, G * tiles, I, tiles, 0, G) == tiles * I
+
+
 def test_variant_names_carry_the_scheduler():
     from labkernels import wgmma
 
@@ -252,6 +310,18 @@ def test_variant_names_carry_the_scheduler():
                                                                    "SK": sk})
         smem = wgmma.variant_name(128, 4, 0, sk, FORM=1)
         assert wgmma.variant_params(smem, "q4_K")[1]["SK"] == sk and smem.startswith("wgmma_smem_bn128_s4")
+    assert wgmma.variant_name(256, 4, 0, 3) == "wgmma_bn256_s4_scl0_skt"
+    for epi in (1, 2):   # the epilogue form is named after the scheduler, and only where it is not the plain one
+        name = wgmma.variant_name(256, 4, 0, 2, EPI=epi)
+        assert name == f"wgmma_bn256_s4_scl0_sku_e{epi}"
+        assert wgmma.variant_params(name, "q4_K")[1] == {"BN": 256, "STAGES": 4, "BF16": 0, "SCL": 0, "SK": 2,
+                                                         "EPI": epi}
+        assert wgmma.variant_params(f"wgmma_bn128_s4_scl1_e{epi}", "q6_K")[1]["EPI"] == epi
+    assert "EPI" not in wgmma.variant_params("wgmma_bn256_s4_scl0_sku", "q4_K")[1]
+    with pytest.raises(ValueError, match="not a round-7 variant"):
+        wgmma.variant_params("wgmma_bn256_s4_scl0_e3", "q4_K")
+    with pytest.raises(ValueError, match="plain epilogue only"):
+        wgmma.variant_name(128, 4, 0, 1, FORM=1, EPI=1)
 
 
 def test_auto_choice_leaves_the_uniform_grid_where_it_does_not_fit(tmp_path):
@@ -269,6 +339,64 @@ def test_auto_choice_leaves_the_uniform_grid_where_it_does_not_fit(tmp_path):
     assert dict(c.params)["SK"] == 2 and "does not fit" not in c.reason
     c = gpu.choose("q4_K", 512, 4096, 11008, table=t, cc=90)
     assert dict(c.params)["SK"] == 1 and "uniform split-k grid (SK=2) does not fit 4096x11008 nt=512" in c.reason
+
+
+def test_auto_choice_keeps_a_recorded_epilogue_form_and_says_where_it_cannot(tmp_path):
+    """A recorded winner with the TMA-store epilogue (EPI=2) on the tile-aligned split (SK=3) is used as recorded
+    where both fit; where the split does not fit it runs stream-K, and where od is not a multiple of 4 (the Y map's
+    rows) the bulk fold alone (EPI=1) -- each said in the reason."""
+    from labkernels import gpu, records
+
+    run = records.new_run("wgmma", {"t": 1}, root=tmp_path)
+    run.append("wgmma_bench", [{"qtype": "q4_K", "od": 4096, "id": 11008, "nt": 512, "variant": v, "pair": 0,
+                                "median_us": us}
+                               for v, us in (("wgmma_bn256_s4_scl0_skt_e2", 60.0), ("wgmma_bn256_s4_scl0_sk", 70.0))])
+    run.finish()
+    t = wgmma.auto_table(root=tmp_path)
+    c = gpu.choose("q4_K", 512, 4096, 11008, table=t, cc=90)
+    assert dict(c.params) == {"BN": 256, "STAGES": 4, "BF16": 0, "SCL": 0, "SK": 3, "EPI": 2}
+    assert "does not fit" not in c.reason and "EPI=1" not in c.reason
+    c = gpu.choose("q4_K", 512, 11008, 4096, table=t, cc=90)        # 172 tiles: no split-k grid
+    assert dict(c.params)["SK"] == 1 and dict(c.params)["EPI"] == 2
+    assert "tile-aligned split-k grid (SK=3) does not fit 11008x4096 nt=512" in c.reason
+    c = gpu.choose("q4_K", 512, 4094, 11008, table=t, cc=90)
+    assert dict(c.params)["EPI"] == 1 and "needs od % 4 == 0, od=4094" in c.reason
+
+
+def test_output_map_refuses_what_the_tma_store_cannot_describe():
+    """The TMA-store epilogue's Y map is refused with the reason before any encode: not float32, not contiguous,
+    od not a multiple of 4, a base not 16-byte aligned."""
+    import types
+
+    def fake(dtype=np.float32, shape=(8, 64), contig=True, ptr=1 << 20):
+        return types.SimpleNamespace(dtype=np.dtype(dtype), ndim=len(shape), shape=shape,
+                                     flags=types.SimpleNamespace(c_contiguous=contig),
+                                     data=types.SimpleNamespace(ptr=ptr))
+
+    for y, msg in ((fake(dtype=np.float16), "float32"), (fake(contig=False), "C-contiguous"),
+                   (fake(shape=(8, 62)), "od % 4 == 0"), (fake(ptr=(1 << 20) + 4), "16-byte aligned")):
+        with pytest.raises(gpu.ShapeError, match=msg):
+            wgmma.output_map(y, 128)
+
+
+def test_epi_table_ratios_per_scheduler_and_form():
+    """The notebook's A/B table: ratios of medians to the same point's cuBLAS, one row per scheduler, the forms as
+    columns (plain, bulk fold, +TMA store), a form that did not run left empty."""
+    import pandas as pd
+
+    rows = []
+    for pair, f in ((0, 1.0), (1, 1.1), (2, 0.9)):
+        for v, us in (("cublas_f16_cached", 28.0), ("wgmma_bn256_s4_scl0_sku", 35.0), ("wgmma_bn256_s4_scl0_sku_e1", 32.0),
+                      ("wgmma_bn256_s4_scl0_sku_e2", 30.0), ("wgmma_bn128_s4_scl0", 40.0),
+                      ("wgmma_bn128_s4_scl0_e2", 38.0), ("int8_q4k_nb", 120.0)):
+            rows.append({"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": v, "pair": pair,
+                         "median_us": us * f})
+    t = wgmma.epi_table(pd.DataFrame(rows)).set_index("sched")
+    assert list(t.columns[-3:]) == ["plain", "bulk fold", "+TMA store"]
+    assert t.loc["BN=256 SK=2", "plain"] == pytest.approx(28 / 35)
+    assert t.loc["BN=256 SK=2", "+TMA store"] == pytest.approx(28 / 30)
+    assert t.loc["BN=128 SK=0", "plain"] == pytest.approx(28 / 40) and np.isnan(t.loc["BN=128 SK=0", "bulk fold"])
+    assert len(t) == 2     # cuBLAS and the int8 kernel are the reference and not rows
 
 
 def test_build_defines_are_read_at_each_build(monkeypatch):
@@ -421,10 +549,10 @@ def test_split_finish_build_is_its_own_cubin():
     assert set(n0) == set(n1)
     a = audit.elf_text_sections(Path(plain).read_bytes())
     b = audit.elf_text_sections(Path(split).read_bytes())
-    main = n0["wgmma_kq[QT=4,BN=256,STAGES=4,BF16=0,SCL=0]"]["mangled"]
+    main = n0["wgmma_kq[QT=4,BN=256,STAGES=4,BF16=0,SCL=0,EPI=0]"]["mangled"]
     assert a[main] != b[main]                       # the stream-K epilogue changed
-    small = n0["wgmma_kq[QT=4,BN=128,STAGES=4,BF16=0,SCL=0]"]
-    assert n1["wgmma_kq[QT=4,BN=128,STAGES=4,BF16=0,SCL=0]"]["spill_stores"] == small["spill_stores"] == 0
+    small = n0["wgmma_kq[QT=4,BN=128,STAGES=4,BF16=0,SCL=0,EPI=0]"]
+    assert n1["wgmma_kq[QT=4,BN=128,STAGES=4,BF16=0,SCL=0,EPI=0]"]["spill_stores"] == small["spill_stores"] == 0
 
 
 def test_split_roles_pair_every_two_cta_tile():

@@ -391,17 +391,24 @@ struct LkSeg {
     int tile, klo, khi;
 };
 // CTA c's stream-K range [c base + min(c, extra), +base + (c < extra)) of T = (tiles - dp_tiles) I iterations
-// (32-bit: the launcher checks tiles x I < 2^31)
-__device__ __forceinline__ int lk_sk_start(int c, int T) {
+// (32-bit: the launcher checks tiles x I < 2^31). G > 0 (SK=3, the tile-aligned split-k grid: G x tiles CTAs, no
+// data-parallel waves): CTA c = G t + p starts at part p of tile t, t I + floor(p I / G), so every CTA holds one
+// segment of one tile, floor(I/G) or ceil(I/G) super-blocks long, whether or not G divides I (where it does, this is
+// the even range split above: SK=2's grid)
+__device__ __forceinline__ int lk_sk_start(int c, int T, int I, int G) {
+    if (G > 0) {
+        const int t = c / G, p = c - t * G;
+        return t * I + (p * I) / G;
+    }
     const int base = T / (int)gridDim.x, extra = T - base * (int)gridDim.x;
     return c * base + (c < extra ? c : extra);
 }
 // one thread writes the CTA's stream-K segments to shared memory (the consumers' registers are all taken by
 // the accumulators: the schedule lives in shared memory, the loops keep one counter)
-__device__ __forceinline__ int lk_sk_segments(LkSeg* out, int I, int tiles, int dp_tiles) {
+__device__ __forceinline__ int lk_sk_segments(LkSeg* out, int I, int tiles, int dp_tiles, int G) {
     const int T = (tiles - dp_tiles) * I;
-    int it = lk_sk_start(blockIdx.x, T), n = 0;
-    const int it1 = lk_sk_start(blockIdx.x + 1, T);
+    int it = lk_sk_start(blockIdx.x, T, I, G), n = 0;
+    const int it1 = lk_sk_start(blockIdx.x + 1, T, I, G);
     while (it < it1 && n < LK_SK_MAXSEG) {
         const int t = it / I, tend = (t + 1) * I;
         out[n].tile = dp_tiles + t;
@@ -458,24 +465,62 @@ __device__ __forceinline__ void lk_wg_sync(int wgi) {   // the 128 threads of on
 __device__ __forceinline__ void lk_sk_roles(const LkSeg* sk, int n, signed char* role, int nsb, int tiles,
                                             int dp_tiles) {
     const int T = (tiles - dp_tiles) * nsb, me = blockIdx.x, G = gridDim.x;
-    const int it1 = lk_sk_start(me + 1, T);
+    const int it1 = lk_sk_start(me + 1, T, nsb, 0);   // the split finish runs on the even range split (G = 0)
     for (int i = 0; i < n; i++) {
         const int t0 = (sk[i].tile - dp_tiles) * nsb;
-        const bool owner = sk[i].klo == 0 && sk[i].khi < nsb && me + 2 <= G && lk_sk_start(me + 2, T) == t0 + nsb;
-        const bool helper = sk[i].klo > 0 && sk[i].khi == nsb && me >= 1 && lk_sk_start(me - 1, T) <= t0 &&
+        const bool owner = sk[i].klo == 0 && sk[i].khi < nsb && me + 2 <= G && lk_sk_start(me + 2, T, nsb, 0) == t0 + nsb;
+        const bool helper = sk[i].klo > 0 && sk[i].khi == nsb && me >= 1 && lk_sk_start(me - 1, T, nsb, 0) <= t0 &&
                             it1 == t0 + nsb;
         role[i] = owner ? 1 : helper ? 2 : 0;
     }
 }
 #endif
 
+// ---- the epilogue forms (registry parameter EPI of wgmma_kq; both apply to a CTA's last segment only, where the
+// activation ring is idle: every chunk it was loaded with has been consumed and the producer has nothing left to
+// load -- on an earlier segment the producer is already filling the ring for the next one, and the plain epilogue
+// runs there):
+// * EPI=1, the bulk fold: an owner copies each helper's partial accumulators (one contiguous BN x 512-byte block of
+//   the workspace) into the ring with bulk async copies (cp.async.bulk, 16 KB each, completing on one mbarrier)
+//   and folds them in from shared memory, instead of 32 (BN=256) dependent float4 L2 loads per thread in groups
+//   of 4 (round 7's trace: an owner's finish ~6.5 us, mostly that chain). Same sums in the same order: bitwise
+//   the plain epilogue.
+// * EPI=2, the bulk fold and a TMA store: the tile is then written to the ring as four 128-byte swizzled boxes of
+//   [BN tokens x 32 rows] f32 (the layout of the Y tensor map, labkernels.wgmma.output_map) and stored by four
+//   cp.async.bulk.tensor stores (full 128-byte lines; out-of-range tokens and rows are clipped by the TMA unit)
+//   instead of BN/2 scalar 4-byte stores per thread.
+#define LK_FOLD_PIECE 16384
+__device__ __forceinline__ void lk_bulk_g2s(u32 dst, const void* src, u32 bytes, u64* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"((u64)src), "r"(bytes), "r"(lk_smem_u32(bar))
+                 : "memory");
+}
+__device__ __forceinline__ void lk_tma_store_2d(const LkTmap* tm, u32 src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"((u64)tm),
+                 "r"(src), "r"(c0), "r"(c1)
+                 : "memory");
+}
+__device__ __forceinline__ void lk_sts32(u32 addr, float v) {
+    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
+}
+__device__ __forceinline__ float4 lk_lds128f(u32 addr) {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr)
+                 : "memory");
+    return v;
+}
+
 // ---- the end of a consumer's segment (both forms): a stream-K helper writes its partial accumulators and raises
-// its flag; an owner folds in the helpers' partials (in CTA order) and stores its rows of Y
-template <int BN>
+// its flag; an owner folds in the helpers' partials (in CTA order) and stores its rows of Y. ``last``: this is the
+// CTA's last segment (the EPI forms apply); ``ring``: the activation ring's shared address; ``fold_bar``: the bulk
+// fold's mbarrier (EPI >= 1); ``tmy``: the Y tensor map (EPI = 2); ``G``: the tile-aligned split (SK=3) or 0.
+template <int BN, int EPI>
 __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const LkSeg& seg, float* __restrict__ Y,
                                                   int nt, int od, int nsb, int tiles, int dp_tiles,
                                                   float* __restrict__ ws, u32* __restrict__ flags, int r0, int r1,
-                                                  int n0, int c, int ctid, const signed char* sk_role, int si) {
+                                                  int n0, int c, int ctid, const signed char* sk_role, int si,
+                                                  int G, bool last, u32 ring, u64* fold_bar, const LkTmap* tmy) {
+    static_assert(EPI >= 0 && EPI <= 2, "EPI is 0 (plain), 1 (bulk fold) or 2 (bulk fold + TMA store)");
     float4* part = (float4*)ws;
 #ifndef LK_ABLATE_NOFIX   // ablation builds only (labkernels.wgmma: LABKERNELS_WG_DEFINES): skip the fix-up
 #ifdef LK_EXP_SPLITFIN
@@ -530,32 +575,87 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
         }
     } else
 #endif
-    // the owner: fold in the partials of the CTAs that hold the rest of this tile's k, in CTA order
-    for (int cc = blockIdx.x + 1, covered = seg.khi; covered < nsb && cc < (int)gridDim.x; cc++) {
-        const int T = (tiles - dp_tiles) * nsb, t0 = (seg.tile - dp_tiles) * nsb;
-        const int a1 = lk_sk_start(cc + 1, T), khi = (a1 < t0 + nsb ? a1 : t0 + nsb) - t0;
-        if (khi <= covered) continue;   // an empty range (never with the launcher's ncta <= stream-K iterations)
-        if (ctid == 0) {
-            while (lk_ld_acquire(flags + cc) == 0) __nanosleep(64);
-            flags[cc] = 0u;   // consumed: the next launch (after this one, in stream order) starts at zero
-        }
-        lk_consumer_sync();
-        const float4* src = part + (size_t)cc * (BN / 8) * 256 + ctid;
+    {   // the owner: fold in the partials of the CTAs that hold the rest of this tile's k, in CTA order -- from L2
+        // (plain), or (EPI >= 1, the CTA's last segment) each through the idle ring by bulk copies
+        const bool bulk = EPI >= 1 && last;
+        u32 nf = 0;   // bulk folds so far: the mbarrier's phase
+        for (int cc = blockIdx.x + 1, covered = seg.khi; covered < nsb && cc < (int)gridDim.x; cc++) {
+            const int T = (tiles - dp_tiles) * nsb, t0 = (seg.tile - dp_tiles) * nsb;
+            const int a1 = lk_sk_start(cc + 1, T, nsb, G), khi = (a1 < t0 + nsb ? a1 : t0 + nsb) - t0;
+            if (khi <= covered) continue;   // an empty range (never with the launcher's ncta <= stream-K iterations)
+            if (ctid == 0) {
+                while (lk_ld_acquire(flags + cc) == 0) __nanosleep(64);
+                flags[cc] = 0u;   // consumed: the next launch (after this one, in stream order) starts at zero
+            }
+            // every consumer is past its main loop (for the bulk fold: the ring's last wgmma reads have retired)
+            // and past the previous fold's reads (the ring may be overwritten)
+            lk_consumer_sync();
+            if (EPI >= 1 && bulk) {
+                if (ctid == 0) {
+                    // the helper's generic stores, acquired above, before this thread's async-proxy reads of them
+                    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+                    lk_mbar_expect_tx(fold_bar, BN * 512);
+                    const u8* src = (const u8*)(part + (size_t)cc * (BN / 8) * 256);
 #pragma unroll
-        for (int i = 0; i < BN / 8; i++) {
-            // at most 4 loads in flight over the live accumulators (hoisting all 32 spills registers)
-            if (i % 4 == 0) asm volatile("" ::: "memory");
-            const float4 v = __ldcg(src + i * 256);
-            acc[4 * i] += v.x;
-            acc[4 * i + 1] += v.y;
-            acc[4 * i + 2] += v.z;
-            acc[4 * i + 3] += v.w;
+                    for (int p = 0; p < BN * 512 / LK_FOLD_PIECE; p++)
+                        lk_bulk_g2s(ring + p * LK_FOLD_PIECE, src + p * LK_FOLD_PIECE, LK_FOLD_PIECE, fold_bar);
+                }
+                lk_mbar_wait(fold_bar, nf & 1);
+                nf++;
+#pragma unroll
+                for (int i = 0; i < BN / 8; i++) {   // thread ctid's float4s as the helper wrote them (conflict-free)
+                    if (i % 4 == 0) asm volatile("" ::: "memory");
+                    const float4 v = lk_lds128f(ring + (u32)(i * 256 + ctid) * 16);
+                    acc[4 * i] += v.x;
+                    acc[4 * i + 1] += v.y;
+                    acc[4 * i + 2] += v.z;
+                    acc[4 * i + 3] += v.w;
+                }
+            } else {
+                const float4* src = part + (size_t)cc * (BN / 8) * 256 + ctid;
+#pragma unroll
+                for (int i = 0; i < BN / 8; i++) {
+                    // at most 4 loads in flight over the live accumulators (hoisting all 32 spills registers)
+                    if (i % 4 == 0) asm volatile("" ::: "memory");
+                    const float4 v = __ldcg(src + i * 256);
+                    acc[4 * i] += v.x;
+                    acc[4 * i + 1] += v.y;
+                    acc[4 * i + 2] += v.z;
+                    acc[4 * i + 3] += v.w;
+                }
+            }
+            covered = khi;
         }
-        covered = khi;
     }
 
 #endif
 #ifndef LK_ABLATE_NOSTORE   // ablation: skip the store (timing only)
+    if (EPI == 2 && last) {   // the tile through the ring and four TMA stores
+        lk_consumer_sync();   // every consumer's wgmmas (no fold) or fold reads (EPI >= 1) are done with the ring
+        // box b = local row / 32 holds [BN tokens x 32 rows]: token n's 128 bytes at n * 128, its 16-byte chunk
+        // k = (row % 32) / 4 at k ^ (n % 8) (the 128-byte swizzle), the row's float at (row % 4) * 4
+        const int lr0 = (ctid >> 5) * 16 + (r0 & 15);   // r0's row in the 128-row tile (m0 is a multiple of 128)
+#pragma unroll
+        for (int jn = 0; jn < BN / 8; jn++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int lr = lr0 + (e >> 1) * 8, n = 8 * jn + 2 * c + (e & 1);
+                const u32 a = ring + (u32)(lr >> 5) * (BN * 128) + (u32)n * 128 +
+                              ((u32)(((lr & 31) >> 2) ^ (n & 7)) << 4) + (u32)(lr & 3) * 4;
+                lk_sts32(a, acc[4 * jn + e]);
+            }
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the generic writes -> the TMA's reads
+        lk_consumer_sync();
+        if (ctid == 0) {
+            const int m0 = r0 - lr0;
+#pragma unroll
+            for (int b = 0; b < 4; b++) lk_tma_store_2d(tmy, ring + (u32)b * (BN * 128), m0 + 32 * b, n0);
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+            asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");   // the ring is read before exit
+        }
+        return;
+    }
     // epilogue: Y is token-major [nt, od]; lanes with the same c write 8 consecutive rows (32 B)
 #pragma unroll
     for (int jn = 0; jn < BN / 8; jn++) {
@@ -575,15 +675,17 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
 }
 
 // ---------------------------------------------------------------------------------------------- the kernel
-template <int QT, int BN, int STAGES, int BF16, int SCL>
-__device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __restrict__ W, float* __restrict__ Y,
-                                              int nt, int od, int id, float* __restrict__ ws,
-                                              u32* __restrict__ flags, int dp_tiles) {
+template <int QT, int BN, int STAGES, int BF16, int SCL, int EPI>
+__device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tmy, const u8* __restrict__ W,
+                                              float* __restrict__ Y, int nt, int od, int id, float* __restrict__ ws,
+                                              u32* __restrict__ flags, int dp_tiles, int split_g) {
+    static_assert(EPI == 0 || STAGES * BN * 128 >= BN * 512, "the EPI forms stage a BN x 128 f32 tile in the ring");
     constexpr int STAGE_BYTES = BN * LK_WG_K * 2;
     LK_TRACE(0);
     extern __shared__ u8 lk_dyn_smem[];
     __shared__ __align__(8) u64 full_bar[STAGES];
     __shared__ __align__(8) u64 empty_bar[STAGES];
+    __shared__ __align__(8) u64 fold_bar;          // EPI >= 1: the bulk fold's copies
     __shared__ LkSeg sk_seg[LK_SK_MAXSEG];
     __shared__ signed char sk_role[LK_SK_MAXSEG];   // LK_EXP_SPLITFIN: each stream-K segment's part (lk_sk_roles)
     __shared__ int sk_n;
@@ -599,8 +701,9 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
             lk_mbar_init(&full_bar[s], 1);
             lk_mbar_init(&empty_bar[s], 8);   // lane 0 of each of the 8 consumer warps
         }
+        lk_mbar_init(&fold_bar, 1);           // the first consumer thread, with the copies' byte count
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        sk_n = lk_sk_segments(sk_seg, nsb, tiles, dp_tiles);
+        sk_n = lk_sk_segments(sk_seg, nsb, tiles, dp_tiles, split_g);
 #ifdef LK_EXP_SPLITFIN
         if (sk_n > 0) lk_sk_roles(sk_seg, sk_n, sk_role, nsb, tiles, dp_tiles);
 #endif
@@ -615,6 +718,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (tid == 0) {
             asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tm) : "memory");
+            if (EPI == 2) asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tmy) : "memory");
             u32 q = 0;   // chunks issued so far: ring slot q % STAGES, its use number q / STAGES
             for (int si = 0; lk_segment(si, nsb, dp_tiles, sk_seg, nsk, seg); si++) {
                 const int n0 = (seg.tile / mtiles) * BN;
@@ -679,18 +783,25 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const u8* __rest
         lk_wgmma_fence_acc(acc);
         LK_TRACE(4 + 3 * si);
 
-        lk_finish_segment<BN>(acc, seg, Y, nt, od, nsb, tiles, dp_tiles, ws, flags, r0, r1, n0, c, ctid, sk_role, si);
+        // the CTA's last segment (the ring is idle); both read again from shared memory here, not kept in registers
+        // over the main loop (q6_K BN=256 has none to spare)
+        const bool last = si + 1 == dp_tiles / (int)gridDim.x + *(volatile int*)&sk_n;
+        const u32 ring = (lk_smem_u32(lk_dyn_smem) + 1023) & ~1023u;
+        lk_finish_segment<BN, EPI>(acc, seg, Y, nt, od, nsb, tiles, dp_tiles, ws, flags, r0, r1, n0, c, ctid, sk_role,
+                                   si, split_g, last, ring, &fold_bar, &tmy);
         LK_TRACE(5 + 3 * si);
     }
 }
 
-template <int QT, int BN, int STAGES, int BF16, int SCL>
+// tmy: the Y tensor map (EPI=2; other forms receive zeros and never read it); split_g: SK=3's G, else 0
+template <int QT, int BN, int STAGES, int BF16, int SCL, int EPI>
 __global__ void __launch_bounds__(LK_WG_THREADS, 1)
-    wgmma_kq_kernel(const __grid_constant__ LkTmap tm, const u8* __restrict__ W, float* __restrict__ Y, int nt,
-                    int od, int id, float* __restrict__ ws, u32* __restrict__ flags, int dp_tiles) {
+    wgmma_kq_kernel(const __grid_constant__ LkTmap tm, const __grid_constant__ LkTmap tmy, const u8* __restrict__ W,
+                    float* __restrict__ Y, int nt, int od, int id, float* __restrict__ ws, u32* __restrict__ flags,
+                    int dp_tiles, int split_g) {
     LK_PDL_ENTRY();
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    wgmma_kq_body<QT, BN, STAGES, BF16, SCL>(tm, W, Y, nt, od, id, ws, flags, dp_tiles);
+    wgmma_kq_body<QT, BN, STAGES, BF16, SCL, EPI>(tm, tmy, W, Y, nt, od, id, ws, flags, dp_tiles, split_g);
 #else
     __trap();  // wgmma / setmaxnreg exist on sm_90a only: the launcher refuses other devices first
 #endif
@@ -778,7 +889,7 @@ struct LkCursor {
 template <int QT, int BN, int STAGES, int BF16>
 __device__ __forceinline__ void wgmma_kqs_body(const LkTmap& tmx, const LkTmap& tmw, float* __restrict__ Y, int nt,
                                                int od, int id, float* __restrict__ ws, u32* __restrict__ flags,
-                                               int dp_tiles) {
+                                               int dp_tiles, int split_g) {
     static_assert(QT == 4, "the shared-memory form takes q4_K");
     constexpr int B_BYTES = BN * LK_WG_K * 2, A_BYTES = LK_WG_M * LK_WG_K * 2;
     extern __shared__ u8 lk_dyn_smem[];
@@ -808,7 +919,7 @@ __device__ __forceinline__ void wgmma_kqs_body(const LkTmap& tmx, const LkTmap& 
             lk_mbar_init(&raw_empty[s], 4);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        sk_n = lk_sk_segments(sk_seg, nsb, tiles, dp_tiles);
+        sk_n = lk_sk_segments(sk_seg, nsb, tiles, dp_tiles, split_g);
 #ifdef LK_EXP_SPLITFIN
         if (sk_n > 0) lk_sk_roles(sk_seg, sk_n, sk_role, nsb, tiles, dp_tiles);
 #endif
@@ -919,17 +1030,19 @@ __device__ __forceinline__ void wgmma_kqs_body(const LkTmap& tmx, const LkTmap& 
         }
         lk_wgmma_wait<0>();
         lk_wgmma_fence_acc(acc);
-        lk_finish_segment<BN>(acc, seg, Y, nt, od, nsb, tiles, dp_tiles, ws, flags, r0, r1, n0, c, ctid, sk_role, si);
+        lk_finish_segment<BN, 0>(acc, seg, Y, nt, od, nsb, tiles, dp_tiles, ws, flags, r0, r1, n0, c, ctid, sk_role,
+                                 si, split_g, false, 0u, nullptr, nullptr);
     }
 }
 
 template <int QT, int BN, int STAGES, int BF16>
 __global__ void __launch_bounds__(LK_WG_THREADS, 1)
     wgmma_kqs_kernel(const __grid_constant__ LkTmap tmx, const __grid_constant__ LkTmap tmw, float* __restrict__ Y,
-                     int nt, int od, int id, float* __restrict__ ws, u32* __restrict__ flags, int dp_tiles) {
+                     int nt, int od, int id, float* __restrict__ ws, u32* __restrict__ flags, int dp_tiles,
+                     int split_g) {
     LK_PDL_ENTRY();
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    wgmma_kqs_body<QT, BN, STAGES, BF16>(tmx, tmw, Y, nt, od, id, ws, flags, dp_tiles);
+    wgmma_kqs_body<QT, BN, STAGES, BF16>(tmx, tmw, Y, nt, od, id, ws, flags, dp_tiles, split_g);
 #else
     __trap();  // wgmma / setmaxnreg exist on sm_90a only: the launcher refuses other devices first
 #endif

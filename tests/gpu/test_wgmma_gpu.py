@@ -57,8 +57,15 @@ def test_wgmma_parity(cp, rng, spec, nt, od, id_, sk):
     qtype = "q4_K" if spec.p["QT"] == 4 else "q6_K"
     raw = _weights(rng, qtype, od, id_)
     x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
-    y, packed = _run(cp, raw, qtype, x, BN=spec.p["BN"], STAGES=spec.p["STAGES"], BF16=spec.p["BF16"],
-                     SCL=spec.p["SCL"], SK=sk)
+    params = dict(BN=spec.p["BN"], STAGES=spec.p["STAGES"], BF16=spec.p["BF16"], SCL=spec.p["SCL"], SK=sk,
+                  EPI=spec.p["EPI"])
+    if spec.p["EPI"] == 2 and od % 4:      # the TMA-store epilogue's rows are 16-byte multiples: refused, not run
+        from labkernels import gpu
+
+        with pytest.raises(gpu.ShapeError, match="od % 4"):
+            _run(cp, raw, qtype, x, **params)
+        return
+    y, packed = _run(cp, raw, qtype, x, **params)
     g = wgmma.gate(y, raw, qtype, x, packed=packed, bf16=bool(spec.p["BF16"]))
     print(spec.key, nt, od, id_, g)
     assert g["nonfinite"] == 0
@@ -124,6 +131,53 @@ def test_wgmma_uniform_split(cp, rng, qtype, bn, nt, od, id_):
     _gated_reproducible_near_dp(cp, raw, qtype, x, bn, scl, 2, "the uniform split")
 
 
+@pytest.mark.parametrize("qtype", ["q4_K", "q6_K"])
+@pytest.mark.parametrize("bn", [128, 256])
+@pytest.mark.parametrize("nt,od,id_", [(512, 4096, 11008), (300, 1000, 1792), (37, 640, 2048), (1, 132, 768)])
+def test_wgmma_tile_aligned_split(cp, rng, qtype, bn, nt, od, id_):
+    """The tile-aligned split-k grid (SK=3): G parts a tile of floor/ceil(I/G) super-blocks, G not dividing I
+    (4096 x 11008: 43 super-blocks in 21 + 22 at BN=256; 1000 x 1792 at BN=128: 7 in 1 + 2 + 2 + 2): gated with
+    tails, equal to data-parallel within fp32 summation order, bitwise reproducible; G < 2 a clear ShapeError."""
+    from labkernels import gpu, wgmma
+
+    raw = _weights(rng, qtype, od, id_)
+    x = rng.standard_normal((nt, id_)).astype(np.float32)
+    scl = wgmma.main_scl(qtype, bn)
+    if not wgmma.sk_fits(3, nt, od, id_, bn, gpu.device_props()["sm_count"]):
+        w = wgmma.WgWeight.from_gguf(raw, qtype)
+        with pytest.raises(gpu.ShapeError, match="no tile-aligned split-k grid"):
+            wgmma.gemm(w, cp.asarray(x), BN=bn, SCL=scl, SK=3)
+        return
+    _gated_reproducible_near_dp(cp, raw, qtype, x, bn, scl, 3, "the tile-aligned split")
+
+
+EPI_SPECS = [k for k in registry.family("wgmma_kq") if k.p["EPI"] > 0]
+
+
+@pytest.mark.parametrize("sk", [0, 1, 2, 3], ids=["dp", "sk", "sku", "skt"])
+@pytest.mark.parametrize("spec", EPI_SPECS, ids=[k.key for k in EPI_SPECS])
+@pytest.mark.parametrize("nt,od,id_", [(77, 200, 512), (512, 1000, 4096), (37, 640, 2048)])
+def test_wgmma_epilogue_forms_are_bitwise_the_plain_one(cp, rng, spec, nt, od, id_, sk):
+    """EPI=1 (the bulk fold through the idle ring) and EPI=2 (and the TMA store) sum the same partials in the same
+    order as the plain epilogue: bitwise its output on the same grid, at every scheduler, with tails in nt and od
+    (the TMA unit clips the store), NaN-poisoned outputs and untouched guard regions; twice (flags reset)."""
+    from labkernels import gpu, wgmma
+
+    qtype = "q4_K" if spec.p["QT"] == 4 else "q6_K"
+    bn = spec.p["BN"]
+    if not wgmma.sk_fits(sk, nt, od, id_, bn, gpu.device_props()["sm_count"]):
+        pytest.skip(f"SK={sk} does not fit {nt} x {od} x {id_} at BN={bn} (refusal tested elsewhere)")
+    raw = _weights(rng, qtype, od, id_)
+    x = rng.standard_normal((nt, id_)).astype(np.float32)
+    p = dict(BN=bn, STAGES=spec.p["STAGES"], SCL=spec.p["SCL"], SK=sk)
+    y0, packed = _run(cp, raw, qtype, x, EPI=0, **p)
+    for _ in range(2):
+        y, _ = _run(cp, raw, qtype, x, EPI=spec.p["EPI"], **p)
+        assert np.array_equal(y, y0), f"{spec.key} SK={sk} differs from the plain epilogue"
+    g = wgmma.gate(y, raw, qtype, x, packed=packed, tokens=np.arange(0, nt, max(1, nt // 40)))
+    assert g["ok"] and g["nonfinite"] == 0, g
+
+
 SMEM = registry.family("wgmma_kqs")
 
 
@@ -181,6 +235,14 @@ def test_wgmma_rejects_bad_shapes(cp, rng):
         wgmma.gemm(w, cp.zeros((512,), cp.float32))
     with pytest.raises(KeyError, match="no registered kernel"):
         wgmma.gemm(w, cp.zeros((4, 512), cp.float32), BN=96)
+    with pytest.raises(ValueError, match="EPI is 0"):
+        wgmma.gemm(w, cp.zeros((4, 512), cp.float32), EPI=3)
+    with pytest.raises(gpu.ShapeError, match="plain epilogue only"):
+        wgmma.gemm(w, cp.zeros((4, 512), cp.float32), FORM=1, EPI=1)
+    off = cp.full(4 * 128 + 1, np.nan, cp.float32)[1:].reshape(4, 128)    # 4 bytes past a 16-byte boundary
+    with pytest.raises(gpu.ShapeError, match="16-byte aligned"):
+        wgmma.gemm(w, cp.zeros((4, 512), cp.float32), out=off, EPI=2)
+    assert bool(cp.isnan(off).all()), "a refused launch wrote the output"
 
 
 def test_wgmma_real_model_tensors(cp, rng):
