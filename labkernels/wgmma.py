@@ -785,8 +785,9 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
     float32 (converted to f16 here, or bf16 when ``BF16=1``). ``SK``: the tile scheduler, 0 data-parallel, 1
     stream-K, 2 uniform split-k, 3 tile-aligned split-k (:func:`schedule`). ``FORM``: 0 the register form
     (``wgmma_kq``, the repacked weight), 1 the shared-memory form (``wgmma_kqs``, q4_K, the GGUF rows ``w.gguf``;
-    ``SCL`` does not apply). ``EPI`` (register form): 0 the plain epilogue, 1 the bulk fold of stream-K partials,
-    2 the bulk fold and a TMA store of Y (needs od % 4 == 0 and a 16-byte aligned, C-contiguous ``out``)."""
+    ``SCL`` does not apply). ``EPI`` (register form): 0 the plain epilogue, 1 the bulk fold of split-k partials,
+    2 the bulk fold and a TMA store of Y (needs od % 4 == 0 and a 16-byte aligned, C-contiguous ``out``); both on
+    grids of one segment per CTA (SK 0, 2, 3), refused with stream-K (SK=1)."""
     from .gpu import ShapeError, _out
 
     cp = _cp()
@@ -814,6 +815,9 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
         raise ValueError(f"EPI is 0 (plain), 1 (bulk fold) or 2 (bulk fold + TMA store), not {EPI!r}")
     if EPI and FORM:
         raise ShapeError("the shared-memory form (wgmma_kqs) has the plain epilogue only (EPI=0)")
+    if EPI and SK == 1:
+        raise ShapeError(f"EPI={EPI} stages through the activation ring, idle only on grids of one segment per CTA "
+                         "(SK=0, 2, 3): stream-K (SK=1) takes the plain epilogue (EPI=0)")
     if EPI == 2 and w.od % 4:
         raise ShapeError(f"EPI=2 stores Y through a TMA map, whose rows must be 16-byte multiples: od={w.od} is not a "
                          "multiple of 4 (use EPI=0 or 1)")
@@ -1304,13 +1308,13 @@ def cost_fit(scan_df):
 
 # ------------------------------------------------------------------------------------------- the epilogue A/B
 
-#: the epilogue-form and tile-aligned-split experiment (``gpu-check --steps wgmma_epi``): each scheduler that the
-#: benchmark of record found best somewhere at nt <= 1024, with the plain epilogue and the two new forms, and the
-#: tile-aligned split (SK=3) -- tuples (BN, STAGES, SCL or None, SK, FORM, EPI)
+#: the epilogue-form and tile-aligned-split experiment (``gpu-check --steps wgmma_epi``): the one-segment-per-CTA
+#: schedulers (SK 0, 2, 3) with the plain epilogue and the new forms, and the stream-K launches (plain only) that
+#: the benchmark of record found best at some nt <= 1024 -- tuples (BN, STAGES, SCL or None, SK, FORM, EPI)
 EPI_AB = {"shapes": [list(s) for s in SHAPES], "nts": [256, 512, 1024], "qtypes": ["q4_K", "q6_K"],
-          "variants": [[256, 4, None, 2, 0, e] for e in (0, 1, 2)] + [[256, 4, None, 1, 0, e] for e in (0, 1, 2)]
-          + [[128, 4, None, 1, 0, e] for e in (0, 2)] + [[128, 4, None, 0, 0, e] for e in (0, 2)]
-          + [[256, 4, None, 3, 0, e] for e in (0, 1, 2)],
+          "variants": [[256, 4, None, 2, 0, e] for e in (0, 1, 2)] + [[256, 4, None, 3, 0, e] for e in (0, 1, 2)]
+          + [[128, 4, None, 0, 0, e] for e in (0, 2)] + [[256, 4, None, 0, 0, e] for e in (0, 2)]
+          + [[256, 4, None, 1, 0, 0], [128, 4, None, 1, 0, 0]],     # stream-K (the plain epilogue only)
           "pairs": 3, "repeats": 10}
 
 
@@ -1361,7 +1365,8 @@ def kernel_rows() -> list[dict]:
 REAL_MODEL_FORMS = ((128, 0, 0, 0), (256, 0, 0, 0), (128, 1, 0, 0), (256, 1, 0, 0), (128, 2, 0, 0), (256, 2, 0, 0),
                     (128, 0, 1, 0), (128, 1, 1, 0), (256, 1, 1, 0),      # the shared-memory form (q4_K)
                     (128, 3, 0, 0), (256, 3, 0, 0),                      # the tile-aligned split-k grid
-                    (128, 1, 0, 1), (256, 2, 0, 1), (128, 0, 0, 2), (128, 1, 0, 2), (256, 2, 0, 2), (256, 3, 0, 2))
+                    (256, 0, 0, 1), (256, 2, 0, 1), (128, 0, 0, 2), (256, 0, 0, 2), (256, 2, 0, 2), (256, 3, 0, 2),
+                    (128, 3, 0, 1))
 
 
 def real_model_rows(rng, progress=print, forms=REAL_MODEL_FORMS) -> list[dict]:

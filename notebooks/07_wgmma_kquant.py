@@ -482,8 +482,10 @@ else:
 #
 # The trace and the ablations above put what the stream-K BN=256 launch loses at nt=512 after its main loop: the
 # fix-up 3.2 us and the store 4.4 us of a 35.6 us launch (cuBLAS: 28.4 us), the owner's finish ~6.5 us on the
-# critical path. Its two serial parts are what this step changes; both run on a CTA's last segment only, where the
-# activation ring (STAGES × BN × 128 B: exactly one BN × 128 tile of f32) is idle.
+# critical path. Its two serial parts are what this step changes. Both stage through the activation ring (STAGES ×
+# BN × 128 B: exactly one BN × 128 tile of f32), idle once a CTA's only segment has left its main loop: so they take
+# the grids of one segment per CTA (data-parallel SK=0, the split-k grids SK=2 and SK=3), not stream-K, whose
+# producer is already filling the ring for the CTA's next segment (refused with a clear error; the kernel traps).
 #
 # * **`EPI=1`, the bulk fold.** An owner used to read each helper's partial sums with 32 (BN=256) float4 L2 loads
 #   per thread, 4 in flight at a time (more in flight spill the accumulators): 8 dependent L2 round trips per helper. Now its
@@ -499,16 +501,18 @@ else:
 #   divides I (the kernel's `split_g`): 4096×11008 (43 super-blocks, prime) gets the two-CTAs-per-tile grid at
 #   nt=512 that SK=2 gave the other od=4096 shapes (21 + 22 super-blocks).
 #
-# Resources (ptxas, below): every new instantiation is spill-free except q6_K BN=256 with EPI 1 / 2 (40 / 48 bytes:
-# its consumers already sit at setmaxnreg's 240 registers with the plain epilogue), which stays off the main path.
+# Resources (ptxas, below): every new instantiation is spill-free and on the main path. A first build that kept the
+# plain epilogue in the same kernel for a stream-K CTA's earlier segments spilled 40 / 48 bytes in q6_K BN=256's
+# main loop (its consumers sit at setmaxnreg's 240 registers with the plain epilogue); one form per build does not.
 #
-# **Prediction** (written before any GPU run of these builds): at nt=512, `EPI=1` takes 1–2 us off the SK=1 / SK=2
+# **Prediction** (written before any GPU run of these builds): at nt=512, `EPI=1` takes 1–2 us off the SK=2 / SK=3
 # launches (most of the owner's share of the 3.2 us fix-up), nothing at SK=0; `EPI=2` another 0.5–1.5 us (part of
-# the 4.4 us store); `SK=3` at 4096×11008 1.06–1.11× its stream-K launch, as SK=2 was at the other shapes. Together:
-# q4_K 4096×4096 from 0.82× to ~0.90–0.95× cuBLAS, 4096×14336 from 0.95× to ~1.0×, 4096×11008 from 0.84× to
-# ~0.92×; q6_K 0.71–0.84× to ~0.78–0.90×. So the nt=512 bar (≥ 1.0× at every shape) is predicted to stay **not
-# met** for q6_K even if this works; nt=4096 should not move (data-parallel whole waves store 1.9 us per tile of a
-# 100+ us launch). `gpu-check --steps wgmma_epi` gates the new forms on every Gemma tensor and times them against
+# the 4.4 us store), at SK=0 too; `SK=3` at 4096×11008 1.06–1.11× its stream-K launch, as SK=2 was at the other
+# shapes. Together: q4_K 4096×4096 from 0.82× to ~0.90–0.95× cuBLAS, 4096×14336 from 0.95× to ~1.0×, 4096×11008
+# from 0.84× to ~0.92×; q6_K 0.71–0.84× to ~0.78–0.90×. 11008×4096 (172 tiles: no split-k grid fits, stream-K
+# stays best) should not move, unless BN=128 SK=0 with the TMA store overtakes it. So the nt=512 bar (≥ 1.0× at
+# every shape) is predicted to stay **not met** even if this works; nt=4096 should not move (data-parallel whole
+# waves store 1.9 us per tile of a 100+ us launch). `gpu-check --steps wgmma_epi` gates the new forms on every Gemma tensor and times them against
 # the plain ones and cuBLAS at nt 256–1024 (its own table: `auto` keeps reading the benchmark of record).
 
 # %%

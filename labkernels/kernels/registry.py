@@ -113,16 +113,14 @@ FAMILIES = [
          threads=384, smem="STAGES*BN*128 + 1024", tile=(0, 128),
          # the epilogue forms (EPI 1: bulk fold, 2: bulk fold + TMA store) are built on the main scale form, f16
          valid="EPI == 0 or (BF16 == 0 and SCL == (1 if QT == 6 and BN == 128 else 0))",
-         # q6_K BN=256 with EPI 1/2 spills 40-48 B (its consumers sit at setmaxnreg's 240 with EPI=0): not main path
-         main_path="BF16 == 0 and ((QT == 4 and SCL == 0) or (QT == 6 and SCL == (1 if BN == 128 else 0))) and "
-                   "(EPI == 0 or QT == 4 or BN == 128)",
+         main_path="BF16 == 0 and ((QT == 4 and SCL == 0) or (QT == 6 and SCL == (1 if BN == 128 else 0)))",
          archs=("sm_90a",), gemm=True,
          doc="TMA-fed 128B-swizzled f16/bf16 activation tiles (B, STAGES-deep mbarrier ring, producer warpgroup) "
              "x q4_K/q6_K weights dequantized in registers (A, register form) by two consumer warpgroups of 64 "
              "rows, wgmma m64nBNk16 f32 accumulate; 1 CTA/SM, setmaxnreg 24/240; a data-parallel, stream-K or split-k tile scheduler (runtime SK); SCL=0 every lane decodes its rows' "
              "scales per chunk, SCL=1 each of a row's 4 lanes decodes one chunk's per super-block and shares them "
              "by shuffles; EPI=0 plain epilogue, EPI=1 the owner folds helpers' partials in through bulk async "
-             "copies into the idle ring, EPI=2 that and a TMA store of the tile (a CTA's last segment)"),
+             "copies into the idle ring, EPI=2 that and a TMA store of the tile (grids of one segment per CTA: SK=0/2/3)"),
     # -- round 7, the shared-memory form: a converter warpgroup dequantizes TMA-staged raw q4_K super-blocks into
     #    swizzled f16/bf16 A tiles; the consumers issue wgmma with both operands from shared memory
     dict(family="wgmma_kqs", source="wgmma_kq.cu", template="wgmma_kqs_kernel",

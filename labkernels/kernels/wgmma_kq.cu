@@ -476,10 +476,12 @@ __device__ __forceinline__ void lk_sk_roles(const LkSeg* sk, int n, signed char*
 }
 #endif
 
-// ---- the epilogue forms (registry parameter EPI of wgmma_kq; both apply to a CTA's last segment only, where the
-// activation ring is idle: every chunk it was loaded with has been consumed and the producer has nothing left to
-// load -- on an earlier segment the producer is already filling the ring for the next one, and the plain epilogue
-// runs there):
+// ---- the epilogue forms (registry parameter EPI of wgmma_kq). Both stage through the activation ring, which is
+// idle once a CTA's last segment has left its main loop (every chunk it was loaded with is consumed, the producer
+// has nothing left to load); so they take grids of one segment per CTA only -- SK=0, 2, 3, never stream-K (SK=1),
+// where the producer fills the ring for the next segment while an owner folds. The launcher refuses SK=1 with EPI
+// > 0 and the kernel traps on such a schedule. (A build that kept the plain epilogue for a stream-K CTA's earlier
+// segments as well spilled 40-48 B in q6_K BN=256's main loop: its consumers sit at setmaxnreg's 240 registers.)
 // * EPI=1, the bulk fold: an owner copies each helper's partial accumulators (one contiguous BN x 512-byte block of
 //   the workspace) into the ring with bulk async copies (cp.async.bulk, 16 KB each, completing on one mbarrier)
 //   and folds them in from shared memory, instead of 32 (BN=256) dependent float4 L2 loads per thread in groups
@@ -511,15 +513,15 @@ __device__ __forceinline__ float4 lk_lds128f(u32 addr) {
 }
 
 // ---- the end of a consumer's segment (both forms): a stream-K helper writes its partial accumulators and raises
-// its flag; an owner folds in the helpers' partials (in CTA order) and stores its rows of Y. ``last``: this is the
-// CTA's last segment (the EPI forms apply); ``ring``: the activation ring's shared address; ``fold_bar``: the bulk
-// fold's mbarrier (EPI >= 1); ``tmy``: the Y tensor map (EPI = 2); ``G``: the tile-aligned split (SK=3) or 0.
+// its flag; an owner folds in the helpers' partials (in CTA order) and stores its rows of Y. ``ring``: the
+// activation ring's shared address (EPI >= 1, the CTA's one segment); ``fold_bar``: the bulk fold's mbarrier
+// (EPI >= 1); ``tmy``: the Y tensor map (EPI = 2); ``G``: the tile-aligned split (SK=3) or 0.
 template <int BN, int EPI>
 __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const LkSeg& seg, float* __restrict__ Y,
                                                   int nt, int od, int nsb, int tiles, int dp_tiles,
                                                   float* __restrict__ ws, u32* __restrict__ flags, int r0, int r1,
                                                   int n0, int c, int ctid, const signed char* sk_role, int si,
-                                                  int G, bool last, u32 ring, u64* fold_bar, const LkTmap* tmy) {
+                                                  int G, u32 ring, u64* fold_bar, const LkTmap* tmy) {
     static_assert(EPI >= 0 && EPI <= 2, "EPI is 0 (plain), 1 (bulk fold) or 2 (bulk fold + TMA store)");
     float4* part = (float4*)ws;
 #ifndef LK_ABLATE_NOFIX   // ablation builds only (labkernels.wgmma: LABKERNELS_WG_DEFINES): skip the fix-up
@@ -576,8 +578,8 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
     } else
 #endif
     {   // the owner: fold in the partials of the CTAs that hold the rest of this tile's k, in CTA order -- from L2
-        // (plain), or (EPI >= 1, the CTA's last segment) each through the idle ring by bulk copies
-        const bool bulk = EPI >= 1 && last;
+        // (plain), or (EPI >= 1) each through the idle ring by bulk copies
+        constexpr bool bulk = EPI >= 1;
         u32 nf = 0;   // bulk folds so far: the mbarrier's phase
         for (int cc = blockIdx.x + 1, covered = seg.khi; covered < nsb && cc < (int)gridDim.x; cc++) {
             const int T = (tiles - dp_tiles) * nsb, t0 = (seg.tile - dp_tiles) * nsb;
@@ -630,7 +632,7 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
 
 #endif
 #ifndef LK_ABLATE_NOSTORE   // ablation: skip the store (timing only)
-    if (EPI == 2 && last) {   // the tile through the ring and four TMA stores
+    if (EPI == 2) {   // the tile through the ring and four TMA stores
         lk_consumer_sync();   // every consumer's wgmmas (no fold) or fold reads (EPI >= 1) are done with the ring
         // box b = local row / 32 holds [BN tokens x 32 rows]: token n's 128 bytes at n * 128, its 16-byte chunk
         // k = (row % 32) / 4 at k ^ (n % 8) (the 128-byte swizzle), the row's float at (row % 4) * 4
@@ -708,6 +710,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
         if (sk_n > 0) lk_sk_roles(sk_seg, sk_n, sk_role, nsb, tiles, dp_tiles);
 #endif
         if (sk_n < 0) __trap();
+        if (EPI >= 1 && dp_tiles / (int)gridDim.x + sk_n != 1) __trap();   // the EPI forms: one segment per CTA
     }
     __syncthreads();
     LK_TRACE(1);
@@ -783,12 +786,9 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
         lk_wgmma_fence_acc(acc);
         LK_TRACE(4 + 3 * si);
 
-        // the CTA's last segment (the ring is idle); both read again from shared memory here, not kept in registers
-        // over the main loop (q6_K BN=256 has none to spare)
-        const bool last = si + 1 == dp_tiles / (int)gridDim.x + *(volatile int*)&sk_n;
-        const u32 ring = (lk_smem_u32(lk_dyn_smem) + 1023) & ~1023u;
+        const u32 ring = (lk_smem_u32(lk_dyn_smem) + 1023) & ~1023u;   // recomputed: no register over the loop
         lk_finish_segment<BN, EPI>(acc, seg, Y, nt, od, nsb, tiles, dp_tiles, ws, flags, r0, r1, n0, c, ctid, sk_role,
-                                   si, split_g, last, ring, &fold_bar, &tmy);
+                                   si, split_g, ring, &fold_bar, &tmy);
         LK_TRACE(5 + 3 * si);
     }
 }
@@ -1031,7 +1031,7 @@ __device__ __forceinline__ void wgmma_kqs_body(const LkTmap& tmx, const LkTmap& 
         lk_wgmma_wait<0>();
         lk_wgmma_fence_acc(acc);
         lk_finish_segment<BN, 0>(acc, seg, Y, nt, od, nsb, tiles, dp_tiles, ws, flags, r0, r1, n0, c, ctid, sk_role,
-                                 si, split_g, false, 0u, nullptr, nullptr);
+                                 si, split_g, 0u, nullptr, nullptr);
     }
 }
 

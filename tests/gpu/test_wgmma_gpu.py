@@ -154,13 +154,14 @@ def test_wgmma_tile_aligned_split(cp, rng, qtype, bn, nt, od, id_):
 EPI_SPECS = [k for k in registry.family("wgmma_kq") if k.p["EPI"] > 0]
 
 
-@pytest.mark.parametrize("sk", [0, 1, 2, 3], ids=["dp", "sk", "sku", "skt"])
+@pytest.mark.parametrize("sk", [0, 2, 3], ids=["dp", "sku", "skt"])
 @pytest.mark.parametrize("spec", EPI_SPECS, ids=[k.key for k in EPI_SPECS])
 @pytest.mark.parametrize("nt,od,id_", [(77, 200, 512), (512, 1000, 4096), (37, 640, 2048)])
 def test_wgmma_epilogue_forms_are_bitwise_the_plain_one(cp, rng, spec, nt, od, id_, sk):
     """EPI=1 (the bulk fold through the idle ring) and EPI=2 (and the TMA store) sum the same partials in the same
-    order as the plain epilogue: bitwise its output on the same grid, at every scheduler, with tails in nt and od
-    (the TMA unit clips the store), NaN-poisoned outputs and untouched guard regions; twice (flags reset)."""
+    order as the plain epilogue: bitwise its output on the same grid, at every one-segment-per-CTA scheduler, with
+    tails in nt and od (the TMA unit clips the store), NaN-poisoned outputs and untouched guard regions; twice
+    (flags reset). Stream-K (SK=1) is refused before any launch."""
     from labkernels import gpu, wgmma
 
     qtype = "q4_K" if spec.p["QT"] == 4 else "q6_K"
@@ -171,6 +172,9 @@ def test_wgmma_epilogue_forms_are_bitwise_the_plain_one(cp, rng, spec, nt, od, i
     x = rng.standard_normal((nt, id_)).astype(np.float32)
     p = dict(BN=bn, STAGES=spec.p["STAGES"], SCL=spec.p["SCL"], SK=sk)
     y0, packed = _run(cp, raw, qtype, x, EPI=0, **p)
+    if sk == 0:
+        with pytest.raises(gpu.ShapeError, match="stream-K"):
+            _run(cp, raw, qtype, x, EPI=spec.p["EPI"], **{**p, "SK": 1})
     for _ in range(2):
         y, _ = _run(cp, raw, qtype, x, EPI=spec.p["EPI"], **p)
         assert np.array_equal(y, y0), f"{spec.key} SK={sk} differs from the plain epilogue"
