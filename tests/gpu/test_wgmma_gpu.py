@@ -59,10 +59,10 @@ def test_wgmma_parity(cp, rng, spec, nt, od, id_, sk):
     x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
     params = dict(BN=spec.p["BN"], STAGES=spec.p["STAGES"], BF16=spec.p["BF16"], SCL=spec.p["SCL"], SK=sk,
                   EPI=spec.p["EPI"])
-    if spec.p["EPI"] == 2 and od % 4:      # the TMA-store epilogue's rows are 16-byte multiples: refused, not run
-        from labkernels import gpu
+    if (spec.p["EPI"] == 2 and od % 4) or (spec.p["EPI"] and sk == 1):   # refused, never run: the TMA-store
+        from labkernels import gpu                                        # rows are 16-byte multiples; the EPI
 
-        with pytest.raises(gpu.ShapeError, match="od % 4"):
+        with pytest.raises(gpu.ShapeError, match="multiple of 4|stream-K"):   # forms take one segment per CTA
             _run(cp, raw, qtype, x, **params)
         return
     y, packed = _run(cp, raw, qtype, x, **params)
@@ -107,8 +107,9 @@ def _gated_reproducible_near_dp(cp, raw, qtype, x, bn, scl, sk, what):
     g = wgmma.gate(y1, raw, qtype, x, packed=packed, tokens=np.arange(0, nt, max(1, nt // 40)))
     assert g["ok"] and g["nonfinite"] == 0, g
     assert np.array_equal(y1, y2), f"{what} is not bitwise reproducible"
-    scale = float(np.abs(y0).max())
-    assert np.abs(y1 - y0).max() <= 1e-5 * scale, f"{what} differs from data-parallel beyond summation order"
+    scale = float(np.abs(y0).max())   # two fp32 summation orders: the kernel's own bound, growing like sqrt(K)
+    assert np.abs(y1 - y0).max() <= 2 * wgmma.exact_gate(x.shape[1]) * scale, \
+        f"{what} differs from data-parallel beyond summation order"
 
 
 @pytest.mark.parametrize("qtype", ["q4_K", "q6_K"])
