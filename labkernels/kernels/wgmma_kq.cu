@@ -512,6 +512,15 @@ __device__ __forceinline__ float4 lk_lds128f(u32 addr) {
     return v;
 }
 
+// acc[4i .. 4i+3] += v: one float4 of partial sums folded into a thread's accumulators (every fix-up path)
+template <int N>
+__device__ __forceinline__ void lk_add4(float (&acc)[N], int i, const float4& v) {
+    acc[4 * i] += v.x;
+    acc[4 * i + 1] += v.y;
+    acc[4 * i + 2] += v.z;
+    acc[4 * i + 3] += v.w;
+}
+
 // ---- the end of a consumer's segment (both forms): a stream-K helper writes its partial accumulators and raises
 // its flag; an owner folds in the helpers' partials (in CTA order) and stores its rows of Y. ``ring``: the
 // activation ring's shared address (EPI >= 1, the CTA's one segment); ``fold_bar``: the bulk fold's mbarrier
@@ -570,10 +579,7 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
         for (int i = 0; i < BN / 8; i++) {
             if (i % 4 == 0) asm volatile("" ::: "memory");
             const float4 v = __ldcg(src + i * 256);
-            acc[4 * i] += v.x;
-            acc[4 * i + 1] += v.y;
-            acc[4 * i + 2] += v.z;
-            acc[4 * i + 3] += v.w;
+            lk_add4(acc, i, v);
         }
     } else
 #endif
@@ -608,10 +614,7 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
                 for (int i = 0; i < BN / 8; i++) {   // thread ctid's float4s as the helper wrote them (conflict-free)
                     if (i % 4 == 0) asm volatile("" ::: "memory");
                     const float4 v = lk_lds128f(ring + (u32)(i * 256 + ctid) * 16);
-                    acc[4 * i] += v.x;
-                    acc[4 * i + 1] += v.y;
-                    acc[4 * i + 2] += v.z;
-                    acc[4 * i + 3] += v.w;
+                    lk_add4(acc, i, v);
                 }
             } else {
                 const float4* src = part + (size_t)cc * (BN / 8) * 256 + ctid;
@@ -620,10 +623,7 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
                     // at most 4 loads in flight over the live accumulators (hoisting all 32 spills registers)
                     if (i % 4 == 0) asm volatile("" ::: "memory");
                     const float4 v = __ldcg(src + i * 256);
-                    acc[4 * i] += v.x;
-                    acc[4 * i + 1] += v.y;
-                    acc[4 * i + 2] += v.z;
-                    acc[4 * i + 3] += v.w;
+                    lk_add4(acc, i, v);
                 }
             }
             covered = khi;
