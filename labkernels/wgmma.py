@@ -653,23 +653,15 @@ def schedule(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> tup
         raise ValueError(f"{nt} x {od} x {id_} exceeds the kernel's 32-bit iteration and block counts")
     if not sk:
         return tiles, tiles
-    if sk == 2:
-        g = uniform_split(tiles, nsb, sm_count)
+    if sk in (2, 3):
+        g = split_parts(sk, tiles, nsb, sm_count)
         if g < 2:
             from .gpu import ShapeError
 
-            raise ShapeError(f"no uniform split-k grid (SK=2) at nt={nt}, od={od}, id={id_}, BN={BN}: {tiles} tiles of "
-                             f"{nsb} super-blocks on {sm_count} SMs leave no divisor G >= 2 of {nsb} with G x tiles "
-                             f"<= {sm_count} (use SK=1)")
-        return g * tiles, 0
-    if sk == 3:
-        g = tile_split(tiles, nsb, sm_count)
-        if g < 2:
-            from .gpu import ShapeError
-
-            raise ShapeError(f"no tile-aligned split-k grid (SK=3) at nt={nt}, od={od}, id={id_}, BN={BN}: {tiles} "
-                             f"tiles of {nsb} super-blocks on {sm_count} SMs leave no G >= 2 with G x tiles <= "
-                             f"{sm_count} (use SK=1)")
+            grid, rule = ("uniform", f"no divisor G >= 2 of {nsb}") if sk == 2 else ("tile-aligned", "no G >= 2")
+            raise ShapeError(f"no {grid} split-k grid (SK={sk}) at nt={nt}, od={od}, id={id_}, BN={BN}: {tiles} tiles "
+                             f"of {nsb} super-blocks on {sm_count} SMs leave {rule} with G x tiles <= {sm_count} "
+                             "(use SK=1)")
         return g * tiles, 0
     ncta = max(1, min(int(sm_count), tiles * (id_ // QK)))
     full, rem = divmod(tiles, ncta)
@@ -696,19 +688,19 @@ def tile_split(tiles: int, nsb: int, sm_count: int) -> int:
     return min(g for g in range(1, gmax + 1) if -(-nsb // g) == longest)
 
 
+def split_parts(sk: int, tiles: int, nsb: int, sm_count: int) -> int:
+    """G, the CTAs per tile of a split-k grid: SK=2 :func:`uniform_split`, SK=3 :func:`tile_split`."""
+    return uniform_split(tiles, nsb, sm_count) if sk == 2 else tile_split(tiles, nsb, sm_count)
+
+
 def split_g(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> int:
     """The kernel's ``split_g`` argument: SK=3's G (:func:`tile_split`), 0 for every other scheduler."""
-    return tile_split(tile_count(nt, od, BN), id_ // QK, sm_count) if sk == 3 else 0
+    return split_parts(3, tile_count(nt, od, BN), id_ // QK, sm_count) if sk == 3 else 0
 
 
 def sk_fits(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> bool:
     """Whether :func:`schedule` takes this scheduler at this shape (SK=2 and SK=3 refuse shapes)."""
-    tiles = tile_count(nt, od, BN)
-    if sk == 2:
-        return uniform_split(tiles, id_ // QK, sm_count) >= 2
-    if sk == 3:
-        return tile_split(tiles, id_ // QK, sm_count) >= 2
-    return True
+    return sk not in (2, 3) or split_parts(sk, tile_count(nt, od, BN), id_ // QK, sm_count) >= 2
 
 
 @lru_cache(maxsize=None)

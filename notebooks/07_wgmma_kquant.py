@@ -539,8 +539,9 @@ else:
                                  f"the interleaved pairs ({report.source(ea)})"))
 
 # %% [markdown]
-# **Measured (A/B run 20261201T230951Z at commit d5fff86; GPU tests, 396 passed, and sanitizers, run 231201Z, at the
-# same code): the epilogue prediction was wrong, the split prediction right.** Every EPI launch was bitwise its plain
+# **Measured (A/B run 20261201T230951Z and sanitizer run 231201Z at commit d5fff86; the GPU tests, 396 passed, at
+# the same kernel code with the test-only changes of 9e8632a -- a pytest run, not a recorded one): the epilogue
+# prediction was wrong, the split prediction right.** Every EPI launch was bitwise its plain
 # launch on the same grid (GPU tests at every one-segment scheduler, tails in nt and od), the 324 real-model gates
 # of the new forms passed (max rel err vs float64 1.32e-3; the int8 q8_1 path 7.93e-3), and compute-sanitizer
 # memcheck / racecheck / synccheck were clean over 52 cases. But at nt=512 the bulk fold is 0–4% *slower* than the
