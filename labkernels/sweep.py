@@ -673,8 +673,13 @@ def open_client(cluster: str, max_attempts: int = 3):
     except ImportError:
         dash = None
     # a worker that dies while running a task: the scheduler reschedules it up to max_attempts times in all
-    # (read when a local scheduler starts; a remote scheduler keeps its own setting)
-    with dask.config.set({"distributed.scheduler.allowed-failures": max(0, max_attempts - 1)}):
+    # (read when a local scheduler starts; a remote scheduler keeps its own setting). Work stealing is off: a
+    # retry is placed on the workers it has not failed on with allow_other_workers (so it cannot hang when they
+    # are gone), and a loosely restricted task is one the stealing extension hands to any idle worker -- the
+    # very worker it just failed on (distributed/stealing.py, _get_thief). Tasks without restrictions are
+    # queued on the scheduler and handed to free workers, which is the balancing a sweep needs.
+    with dask.config.set({"distributed.scheduler.allowed-failures": max(0, max_attempts - 1),
+                          "distributed.scheduler.work-stealing": False}):
         return _open_client(cluster, dash, Client, LocalCluster)
 
 

@@ -623,3 +623,17 @@ def test_auto_choice_says_when_the_sweep_table_cannot_be_read():
     broken = pd.DataFrame([{"gpu_model": "NVIDIA H200", "qtype": "q6_K", "family": "q6k_expb", "nt": 1024}])
     ch = gpu._with_sweep_variant(base, "q6_K", 900, 4096, 4096, table=broken)
     assert ch.params == base.params and "sweep best-variant table not used (" in ch.reason
+
+
+def test_local_scheduler_retries_without_work_stealing():
+    # a retry is restricted (loosely) to the workers it has not failed on; the stealing extension would hand
+    # such a task to any idle worker, the one it just failed on included -- so the local scheduler has none,
+    # and keeps the allowed-failures setting it was opened with
+    client, cl, _ = sweep.open_client("local:1", max_attempts=4)
+    try:
+        ext, fails = client.run_on_scheduler(
+            lambda dask_scheduler: (sorted(dask_scheduler.extensions), dask_scheduler.allowed_failures))
+        assert "stealing" not in ext and fails == 3
+    finally:
+        client.close()
+        cl.close()
