@@ -76,13 +76,14 @@ def test_registry_rows_of_round7():
     main = sorted(k.key for k in ks if k.main_path and k.p["EPI"] == 0)
     # one scale-decode form per type and tile width on the main path, f16 (the forms ptxas pipelines without
     # spills: q6_K SCL=1 spills at BN=256); wgmma.main_scl names the same ones
-    assert main == sorted(f"wgmma_kq[QT={q},BN={bn},STAGES=4,BF16=0,SCL={scl},EPI=0]"
+    assert main == sorted(f"wgmma_kq[QT={q},BN={bn},STAGES=4,BF16=0,SCL={scl},EPI=0,AQ=2]"
                           for q, bn, scl in ((4, 128, 0), (4, 256, 0), (6, 128, 1), (6, 256, 0)))
     from labkernels import wgmma
-    assert main == sorted(f"wgmma_kq[QT={q},BN={bn},STAGES=4,BF16=0,SCL={wgmma.main_scl(t, bn)},EPI=0]"
+    assert main == sorted(f"wgmma_kq[QT={q},BN={bn},STAGES=4,BF16=0,SCL={wgmma.main_scl(t, bn)},EPI=0,AQ=2]"
                           for q, t in ((4, "q4_K"), (6, "q6_K")) for bn in (128, 256))
     # the epilogue forms: built on the main scale form only (f16), all on the main path (0 spills: CI's audit)
     epi = {(k.p["QT"], k.p["BN"], k.p["EPI"]): k for k in ks if k.p["EPI"]}
+    assert all(k.p["AQ"] == 2 for k in epi.values())
     assert set(epi) == {(q, bn, e) for q in (4, 6) for bn in (128, 256) for e in (1, 2)}
     for (q, bn, e), k in epi.items():
         assert k.p["BF16"] == 0 and k.p["SCL"] == wgmma.main_scl("q4_K" if q == 4 else "q6_K", bn)
@@ -321,6 +322,27 @@ def test_variant_names_carry_the_scheduler():
         wgmma.variant_params("wgmma_bn256_s4_scl0_e3", "q4_K")
     with pytest.raises(ValueError, match="plain epilogue only"):
         wgmma.variant_name(128, 4, 0, 1, FORM=1, EPI=1)
+    # the A-fragment sets come last, named only where they are not AQ=2, and read back
+    assert wgmma.variant_name(128, 4, 1, 3, AQ=4) == "wgmma_bn128_s4_scl1_skt_a4"
+    assert wgmma.variant_params("wgmma_bn128_s4_scl1_skt_a4", "q6_K")[1] == {"BN": 128, "STAGES": 4, "BF16": 0,
+                                                                             "SCL": 1, "SK": 3, "AQ": 4}
+    assert "AQ" not in wgmma.variant_params("wgmma_bn128_s4_scl0", "q4_K")[1]
+    with pytest.raises(ValueError, match="not a round-7 variant"):
+        wgmma.variant_params("wgmma_bn128_s4_scl0_a3", "q4_K")
+    with pytest.raises(ValueError, match="no register A sets"):
+        wgmma.variant_name(128, 4, 0, 0, FORM=1, AQ=4)
+
+
+def test_registry_rows_of_the_four_a_set_form():
+    """AQ=4: BN=128 only (BN=256's consumers spill with two more sets), the plain epilogue, f16, the main scale
+    form; an experiment, off the main path; every other row keeps AQ=2."""
+    from labkernels import wgmma
+
+    ks = registry.family("wgmma_kq")
+    aq4 = sorted((k.p["QT"], k.p["BN"], k.p["SCL"], k.p["EPI"], k.p["BF16"]) for k in ks if k.p["AQ"] == 4)
+    assert aq4 == [(4, 128, wgmma.main_scl("q4_K", 128), 0, 0), (6, 128, wgmma.main_scl("q6_K", 128), 0, 0)]
+    assert not any(k.main_path for k in ks if k.p["AQ"] == 4)
+    assert {k.p["AQ"] for k in ks if k.p["AQ"] != 4} == {2}
 
 
 def test_auto_choice_leaves_the_uniform_grid_where_it_does_not_fit(tmp_path):
@@ -549,10 +571,10 @@ def test_split_finish_build_is_its_own_cubin():
     assert set(n0) == set(n1)
     a = audit.elf_text_sections(Path(plain).read_bytes())
     b = audit.elf_text_sections(Path(split).read_bytes())
-    main = n0["wgmma_kq[QT=4,BN=256,STAGES=4,BF16=0,SCL=0,EPI=0]"]["mangled"]
+    main = n0["wgmma_kq[QT=4,BN=256,STAGES=4,BF16=0,SCL=0,EPI=0,AQ=2]"]["mangled"]
     assert a[main] != b[main]                       # the stream-K epilogue changed
-    small = n0["wgmma_kq[QT=4,BN=128,STAGES=4,BF16=0,SCL=0,EPI=0]"]
-    assert n1["wgmma_kq[QT=4,BN=128,STAGES=4,BF16=0,SCL=0,EPI=0]"]["spill_stores"] == small["spill_stores"] == 0
+    small = n0["wgmma_kq[QT=4,BN=128,STAGES=4,BF16=0,SCL=0,EPI=0,AQ=2]"]
+    assert n1["wgmma_kq[QT=4,BN=128,STAGES=4,BF16=0,SCL=0,EPI=0,AQ=2]"]["spill_stores"] == small["spill_stores"] == 0
 
 
 def test_split_roles_pair_every_two_cta_tile():

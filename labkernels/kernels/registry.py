@@ -109,18 +109,24 @@ FAMILIES = [
              "memory, online softmax in base 2; one launch per layer, no workspace"),
     # -- round 7: Hopper-native k-quant GEMM, weights dequantized in registers feeding wgmma (sm_90a)
     dict(family="wgmma_kq", source="wgmma_kq.cu", template="wgmma_kq_kernel",
-         params={"QT": [4, 6], "BN": [128, 256], "STAGES": [4], "BF16": [0, 1], "SCL": [0, 1], "EPI": [0, 1, 2]},
+         params={"QT": [4, 6], "BN": [128, 256], "STAGES": [4], "BF16": [0, 1], "SCL": [0, 1], "EPI": [0, 1, 2],
+                 "AQ": [2, 4]},
          threads=384, smem="STAGES*BN*128 + 1024", tile=(0, 128),
          # the epilogue forms (EPI 1: bulk fold, 2: bulk fold + TMA store) are built on the main scale form, f16
-         valid="EPI == 0 or (BF16 == 0 and SCL == (1 if QT == 6 and BN == 128 else 0))",
-         main_path="BF16 == 0 and ((QT == 4 and SCL == 0) or (QT == 6 and SCL == (1 if BN == 128 else 0)))",
+         # AQ=4 (four A-fragment sets, the conversion ahead of the wait): BN=128 only (BN=256 spills), plain
+         # epilogue, f16, the main scale form -- an experiment (gpu-check --steps wgmma_aq), not on the main path
+         valid="(EPI == 0 or (BF16 == 0 and SCL == (1 if QT == 6 and BN == 128 else 0))) and "
+               "(AQ == 2 or (BN == 128 and EPI == 0 and BF16 == 0 and SCL == (1 if QT == 6 else 0)))",
+         main_path="AQ == 2 and BF16 == 0 and ((QT == 4 and SCL == 0) or (QT == 6 and SCL == (1 if BN == 128 else 0)))",
          archs=("sm_90a",), gemm=True,
          doc="TMA-fed 128B-swizzled f16/bf16 activation tiles (B, STAGES-deep mbarrier ring, producer warpgroup) "
              "x q4_K/q6_K weights dequantized in registers (A, register form) by two consumer warpgroups of 64 "
              "rows, wgmma m64nBNk16 f32 accumulate; 1 CTA/SM, setmaxnreg 24/240; a data-parallel, stream-K or split-k tile scheduler (runtime SK); SCL=0 every lane decodes its rows' "
              "scales per chunk, SCL=1 each of a row's 4 lanes decodes one chunk's per super-block and shares them "
              "by shuffles; EPI=0 plain epilogue, EPI=1 the owner folds helpers' partials in through bulk async "
-             "copies into the idle ring, EPI=2 that and a TMA store of the tile (grids of one segment per CTA: SK=0/2/3)"),
+             "copies into the idle ring, EPI=2 that and a TMA store of the tile (grids of one segment per CTA: SK=0/2/3); "
+             "AQ=2 two A-fragment sets (convert after the wait for chunk q-1), AQ=4 four (convert chunk q+1 before "
+             "that wait, so two groups stay queued)"),
     # -- round 7, the shared-memory form: a converter warpgroup dequantizes TMA-staged raw q4_K super-blocks into
     #    swizzled f16/bf16 A tiles; the consumers issue wgmma with both operands from shared memory
     dict(family="wgmma_kqs", source="wgmma_kq.cu", template="wgmma_kqs_kernel",

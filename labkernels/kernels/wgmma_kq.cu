@@ -106,6 +106,20 @@ __device__ __forceinline__ void lk_keep(u32 (&a)[4][4]) {
         for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[s][i])::"memory");
 }
 
+// AQ=4: a real (never executed: ``never`` is false at run time) use of a retired A set after the wait that
+// retired it, so ptxas keeps the set in its own registers up to there and cannot give the next chunk's
+// conversion the same registers (which forces that conversion below the wait)
+__device__ __forceinline__ void lk_hold(const u32 (&a)[4][4], u32 never) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.u32 p, %16, 0;\n"
+        "@p st.shared.v4.b32 [%16], {%0, %1, %2, %3};\n@p st.shared.v4.b32 [%16], {%4, %5, %6, %7};\n"
+        "@p st.shared.v4.b32 [%16], {%8, %9, %10, %11};\n@p st.shared.v4.b32 [%16], {%12, %13, %14, %15};\n}\n" ::"r"(
+            a[0][0]),
+        "r"(a[0][1]), "r"(a[0][2]), "r"(a[0][3]), "r"(a[1][0]), "r"(a[1][1]), "r"(a[1][2]), "r"(a[1][3]), "r"(a[2][0]),
+        "r"(a[2][1]), "r"(a[2][2]), "r"(a[2][3]), "r"(a[3][0]), "r"(a[3][1]), "r"(a[3][2]), "r"(a[3][3]), "r"(never)
+        : "memory");
+}
+
 // K-major B tile of 64 16-bit k (128 bytes) per token row, 128-byte swizzle: 8-row core groups 1024 B apart
 __device__ __forceinline__ u64 lk_desc_sw128(u32 saddr) {
     return (u64)((saddr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
@@ -677,11 +691,12 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
 }
 
 // ---------------------------------------------------------------------------------------------- the kernel
-template <int QT, int BN, int STAGES, int BF16, int SCL, int EPI>
+template <int QT, int BN, int STAGES, int BF16, int SCL, int EPI, int AQ>
 __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tmy, const u8* __restrict__ W,
                                               float* __restrict__ Y, int nt, int od, int id, float* __restrict__ ws,
                                               u32* __restrict__ flags, int dp_tiles, int split_g) {
     static_assert(EPI == 0 || STAGES * BN * 128 >= BN * 512, "the EPI forms stage a BN x 128 f32 tile in the ring");
+    static_assert(AQ == 2 || AQ == 4, "AQ: 2 or 4 A-fragment sets");
     constexpr int STAGE_BYTES = BN * LK_WG_K * 2;
     LK_TRACE(0);
     extern __shared__ u8 lk_dyn_smem[];
@@ -748,35 +763,72 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
         float acc[BN / 2];
 #pragma unroll
         for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
-        // Two A-fragment sets: chunk q's wgmmas read set q&1 while chunk q-1's (the other set) may still be in
-        // flight. (Converting chunk q+1 before waiting on q-1, into a third set of registers, was tried: ptxas
-        // compiled it without a serialization warning, and it computed NaNs at nt=512 -- not kept.)
-        u32 a[2][4][4];
+        // AQ=2: two A-fragment sets -- chunk q's wgmmas read set q&1 while chunk q-1's (the other set) may still be
+        // in flight; the consumer waits for q-1 to retire, then converts q+1: while it converts, only chunk q of
+        // this warpgroup is queued on the tensor pipe.
+        // AQ=4: the conversion moves ahead of the wait -- after issuing chunk q the consumer converts chunk q+1
+        // (into set (q+1)&3, last read by chunk q-3, retired two waits ago), then waits for q-1: while it converts,
+        // chunks q-1 and q are queued, twice AQ=2's work, for BN=128, whose 64-k chunk is half BN=256's tensor
+        // time over the same conversion. Four sets, one per chunk of the super-block: compile-time indices (no
+        // register rotation); the next super-block's chunk 0 is converted during this one's chunk 3 (its bytes
+        // loaded at chunk 0, its scales prepared then). wait_group 1 as in AQ=2: with wait_group 2 (issue chunk
+        // q, wait for q-2, convert) ptxas serializes the pipeline (C7513).
+        u32 a[AQ][4][4];
+        const u32 never = nt < 0;   // AQ=4's lk_hold: false, and not known to the compiler
         LK_TRACE(3 + 3 * si);
         KQ<QT, BF16, SCL> T(W, od, nsb, rr0, rr1, c);
         typename KQ<QT, BF16, SCL>::Rows cur, nxt;
         T.load(cur, seg.klo, od, nsb);
-        for (int sb = seg.klo; sb < seg.khi; sb++) {
+        if constexpr (AQ == 4) {
             T.prep(cur);
+            T.chunk(cur, 0, a[0]);
+            lk_keep(a[0]);
+            lk_wgmma_fence_acc(acc);
+            lk_wgmma_fence();   // the zeroed accumulators and chunk 0's set before the segment's first wgmmas
+        }
+        for (int sb = seg.klo; sb < seg.khi; sb++) {
+            if constexpr (AQ == 2) T.prep(cur);
 #pragma unroll
             for (int j = 0; j < 4; j++, q++) {
                 const int st = q % STAGES;
-                if (j == T.LOAD_AT && sb + 1 < seg.khi) T.load(nxt, sb + 1, od, nsb);
-                T.chunk(cur, j, a[j & 1]);
-                lk_keep(a[j & 1]);   // all 16 fragments of the chunk exist (in 16 registers) before its first wgmma
+                const int sn = j % AQ;                 // this chunk's set (compile-time after unrolling)
+                if constexpr (AQ == 2) {
+                    if (j == T.LOAD_AT && sb + 1 < seg.khi) T.load(nxt, sb + 1, od, nsb);
+                    T.chunk(cur, j, a[sn]);
+                    lk_keep(a[sn]);   // all 16 fragments of the chunk exist (in 16 registers) before its first wgmma
+                } else {
+                    if (j == 0 && sb + 1 < seg.khi) T.load(nxt, sb + 1, od, nsb);   // 3 chunks before its use
+                }
                 lk_mbar_wait(&full_bar[st], (q / STAGES) & 1);
 #ifdef LK_EXP_TRACE
                 if (q == 0) LK_TRACE(2);
 #endif
                 lk_wgmma_fence_acc(acc);
-                lk_wgmma_fence();
+                if constexpr (AQ == 2) lk_wgmma_fence();   // AQ=4: fenced right after the conversion (below)
                 const u32 sa = lk_smem_u32(sB + st * STAGE_BYTES);
 #pragma unroll
-                for (int s = 0; s < 4; s++) lk_wgmma<BN, BF16>(acc, a[j & 1][s], lk_desc_sw128(sa + 32 * s));
+                for (int s = 0; s < 4; s++) lk_wgmma<BN, BF16>(acc, a[sn][s], lk_desc_sw128(sa + 32 * s));
                 lk_wgmma_commit();
                 lk_wgmma_fence_acc(acc);
-                lk_wgmma_wait<1>();                    // chunk q-1's group has retired
-                lk_keep(a[(j + 1) & 1]);               // ...so the set chunk q+1 writes is free
+                if constexpr (AQ == 4) {   // convert chunk q+1 while q-1 and q are queued
+                    if (j < 3) {
+                        T.chunk(cur, j + 1, a[j + 1]);
+                        lk_keep(a[j + 1]);
+                    } else if (sb + 1 < seg.khi) {
+                        T.prep(nxt);
+                        T.chunk(nxt, 0, a[0]);
+                        lk_keep(a[0]);
+                    }
+                    // the fence that orders these register writes before chunk q+1's wgmmas, issued here, before the
+                    // wait: ptxas keeps the conversion ahead of it, so it cannot sink the conversion below the wait
+                    // and into the registers of chunk q-1 (which it did without: the two sets then shared
+                    // registers and the conversion ran after the wait, as in AQ=2). Nothing writes the accumulators
+                    // or the A sets between here and those wgmmas.
+                    lk_wgmma_fence();
+                }
+                lk_wgmma_wait<1>();                        // chunk q-1's group has retired
+                if constexpr (AQ == 4) lk_hold(a[(j + 3) & 3], never);
+                lk_keep(a[(j + AQ - 1) % AQ]);             // ...its set lived up to here (AQ=2: chunk q+1 writes it)
                 // chunk q-1 (possibly the previous segment's last) has retired: its ring slot is free
                 if (q > 0 && lane == 0) lk_mbar_arrive(&empty_bar[(q - 1) % STAGES]);
             }
@@ -794,14 +846,14 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
 }
 
 // tmy: the Y tensor map (EPI=2; other forms receive zeros and never read it); split_g: SK=3's G, else 0
-template <int QT, int BN, int STAGES, int BF16, int SCL, int EPI>
+template <int QT, int BN, int STAGES, int BF16, int SCL, int EPI, int AQ>
 __global__ void __launch_bounds__(LK_WG_THREADS, 1)
     wgmma_kq_kernel(const __grid_constant__ LkTmap tm, const __grid_constant__ LkTmap tmy, const u8* __restrict__ W,
                     float* __restrict__ Y, int nt, int od, int id, float* __restrict__ ws, u32* __restrict__ flags,
                     int dp_tiles, int split_g) {
     LK_PDL_ENTRY();
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    wgmma_kq_body<QT, BN, STAGES, BF16, SCL, EPI>(tm, tmy, W, Y, nt, od, id, ws, flags, dp_tiles, split_g);
+    wgmma_kq_body<QT, BN, STAGES, BF16, SCL, EPI, AQ>(tm, tmy, W, Y, nt, od, id, ws, flags, dp_tiles, split_g);
 #else
     __trap();  // wgmma / setmaxnreg exist on sm_90a only: the launcher refuses other devices first
 #endif

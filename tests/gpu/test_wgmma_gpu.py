@@ -58,7 +58,7 @@ def test_wgmma_parity(cp, rng, spec, nt, od, id_, sk):
     raw = _weights(rng, qtype, od, id_)
     x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
     params = dict(BN=spec.p["BN"], STAGES=spec.p["STAGES"], BF16=spec.p["BF16"], SCL=spec.p["SCL"], SK=sk,
-                  EPI=spec.p["EPI"])
+                  EPI=spec.p["EPI"], AQ=spec.p["AQ"])
     if (spec.p["EPI"] == 2 and od % 4) or (spec.p["EPI"] and sk == 1):   # refused, never run: the TMA-store
         from labkernels import gpu                                        # rows are 16-byte multiples; the EPI
 
@@ -183,6 +183,33 @@ def test_wgmma_epilogue_forms_are_bitwise_the_plain_one(cp, rng, spec, nt, od, i
     assert g["ok"] and g["nonfinite"] == 0, g
 
 
+AQ_SPECS = [k for k in registry.family("wgmma_kq") if k.p["AQ"] != 2]
+
+
+@pytest.mark.parametrize("sk", [0, 1, 2, 3], ids=["dp", "sk", "sku", "skt"])
+@pytest.mark.parametrize("spec", AQ_SPECS, ids=[k.key for k in AQ_SPECS])
+@pytest.mark.parametrize("nt,od,id_", [(77, 200, 512), (512, 1000, 4096), (37, 640, 2048), (130, 256, 11008)])
+def test_wgmma_four_a_sets_are_bitwise_two(cp, rng, spec, nt, od, id_, sk):
+    """AQ=4 converts chunk q+1 before the wait for chunk q-1 into a fourth register set; the wgmmas and their order
+    into each accumulator are AQ=2's, so its output is bitwise AQ=2's on the same grid, at every scheduler (segments
+    starting and ending inside a super-block's chunks, stream-K fix-ups), with tails in nt and od, NaN-poisoned
+    outputs and untouched guard regions; twice (ring phases and flags carried over)."""
+    from labkernels import gpu, wgmma
+
+    qtype = "q4_K" if spec.p["QT"] == 4 else "q6_K"
+    if not wgmma.sk_fits(sk, nt, od, id_, 128, gpu.device_props()["sm_count"]):
+        pytest.skip(f"SK={sk} does not fit {nt} x {od} x {id_} at BN=128 (refusal tested elsewhere)")
+    raw = _weights(rng, qtype, od, id_)
+    x = rng.standard_normal((nt, id_)).astype(np.float32)
+    p = dict(BN=128, STAGES=spec.p["STAGES"], SCL=spec.p["SCL"], SK=sk)
+    y0, packed = _run(cp, raw, qtype, x, AQ=2, **p)
+    for _ in range(2):
+        y, _ = _run(cp, raw, qtype, x, AQ=spec.p["AQ"], **p)
+        assert np.array_equal(y, y0), f"{spec.key} SK={sk} differs from AQ=2"
+    g = wgmma.gate(y, raw, qtype, x, packed=packed, tokens=np.arange(0, nt, max(1, nt // 40)))
+    assert g["ok"] and g["nonfinite"] == 0, g
+
+
 SMEM = registry.family("wgmma_kqs")
 
 
@@ -242,6 +269,11 @@ def test_wgmma_rejects_bad_shapes(cp, rng):
         wgmma.gemm(w, cp.zeros((4, 512), cp.float32), BN=96)
     with pytest.raises(ValueError, match="EPI is 0"):
         wgmma.gemm(w, cp.zeros((4, 512), cp.float32), EPI=3)
+    with pytest.raises(ValueError, match="AQ is 2 or 4"):
+        wgmma.gemm(w, cp.zeros((4, 512), cp.float32), AQ=3)
+    for bad in (dict(BN=256), dict(EPI=1), dict(SCL=1), dict(BF16=1)):
+        with pytest.raises(gpu.ShapeError, match="AQ=4 is built for"):
+            wgmma.gemm(w, cp.zeros((4, 512), cp.float32), AQ=4, **bad)
     with pytest.raises(gpu.ShapeError, match="plain epilogue only"):
         wgmma.gemm(w, cp.zeros((4, 512), cp.float32), FORM=1, EPI=1)
     off = cp.full(4 * 128 + 1, np.nan, cp.float32)[1:].reshape(4, 128)    # 4 bytes past a 16-byte boundary
