@@ -49,6 +49,9 @@ else:                         # ncu: the main variants at the 7B attention shape
         for nt, bn, sk in ((512, 128, 0), (512, 256, 1), (4096, 256, 0)):
             scl = wgmma.main_scl("q4_K" if qt == 4 else "q6_K", bn)
             cases.append((registry.find("wgmma_kq", QT=qt, BN=bn, STAGES=4, BF16=0, SCL=scl, EPI=0, AQ=2), nt, 4096, 4096, sk))
+        scl = wgmma.main_scl("q4_K" if qt == 4 else "q6_K", 128)   # the four-A-set form beside BN=128's
+        cases.append((registry.find("wgmma_kq", QT=qt, BN=128, STAGES=4, BF16=0, SCL=scl, EPI=0, AQ=4), 512, 4096, 4096, 0))
+        cases.append((registry.find("wgmma_kq", QT=qt, BN=256, STAGES=4, BF16=0, SCL=0, EPI=0, AQ=2), 512, 4096, 4096, 3))
     for nt, bn, st in ((512, 128, 4), (4096, 256, 3)):   # the shared-memory form (q4_K), data-parallel
         cases.append((registry.find("wgmma_kqs", QT=4, BN=bn, STAGES=st, BF16=0), nt, 4096, 4096, 0))
 for k, nt, od, id_, sk in cases:
@@ -174,6 +177,10 @@ def step_wgmma_sanitizer(out: Path, args) -> dict:
 
 NCU_SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "WarpStateStats", "SchedulerStats", "Occupancy",
                 "MemoryWorkloadAnalysis")
+#: raw metrics beside the sections: the stall reasons (warps stalled per issued instruction, one per reason: what the
+#: "Warp Cycles Per Issued Instruction" of WarpStateStats is made of) and the tensor pipes' active cycles
+NCU_METRICS = ("regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio$",
+               "regex:sm__pipe_tensor.*cycles_active\\.avg\\.pct_of_peak_sustained_(active|elapsed)$")
 
 
 def step_wgmma_ncu(out: Path, args) -> dict:
@@ -186,8 +193,14 @@ def step_wgmma_ncu(out: Path, args) -> dict:
     cmd = ["ncu", "--clock-control", "none", "-k", "regex:wgmma_kq", "--csv", "--page", "details"]
     for sname in NCU_SECTIONS:
         cmd += ["--section", sname]
-    cmd += [sys.executable, "-c", WGMMA_DRIVER, "ncu"]
-    r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    drv = [sys.executable, "-c", WGMMA_DRIVER, "ncu"]
+    metrics = list(NCU_METRICS)
+    r = subprocess.run(cmd + ["--metrics", ",".join(metrics)] + drv, cwd=REPO_ROOT, capture_output=True, text=True,
+                       timeout=600)
+    if r.returncode != 0 and "metric" in (r.stdout + r.stderr).lower():   # this ncu names them otherwise: the
+        args.log(f"ncu refused the raw metrics ({(r.stdout + r.stderr)[-300:]!r}); sections only")   # sections alone
+        metrics = []
+        r = subprocess.run(cmd + drv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     (out / "wgmma-ncu.txt").write_text(r.stdout + r.stderr)
     cases = [ln.split()[1:] for ln in r.stdout.splitlines() if ln.startswith("case ")]
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith('"')]
@@ -203,7 +216,8 @@ def step_wgmma_ncu(out: Path, args) -> dict:
         table.append({"case": i, "kernel": key, "sk": int(sk[3:]), "nt": int(nt), "od": int(od), "id": int(id_),
                       "section": x.get("Section Name"), "metric": x.get("Metric Name"), "unit": x.get("Metric Unit"),
                       "value": x.get("Metric Value")})
-    with records.recording(DATA[0], {"what": "ncu", "sections": NCU_SECTIONS, "cases": cases}, root=out / "data") as run:
+    with records.recording(DATA[0], {"what": "ncu", "sections": NCU_SECTIONS, "metrics": metrics, "cases": cases},
+                           root=out / "data") as run:
         run.append("sections", table)
     args.log(f"ncu: {len(ids)} kernels x {len(NCU_SECTIONS)} sections recorded (run {run.run_id})")
     return {"ok": True, "run": run.run_id}
