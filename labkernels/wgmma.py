@@ -567,7 +567,7 @@ def auto_table(root=None):
     return best.reset_index(drop=True)
 
 
-_VARIANT = re.compile(r"wgmma_bn(\d+)_s(\d+)_scl(\d)(_sku|_skt|_sk)?(?:_e([12]))?(?:_a(4))?$")
+_VARIANT = re.compile(r"wgmma_bn(\d+)_s(\d+)_scl(\d)(_sku|_skt|_sk)?(?:_e([12]))?(?:_a(4))?(?:_p([12]))?$")
 _VARIANT_SMEM = re.compile(r"wgmma_smem_bn(\d+)_s(\d+)(_sku|_skt|_sk)?$")
 
 
@@ -585,16 +585,17 @@ def auto_table_cached():
 _SK_SUFFIX = {0: "", 1: "_sk", 2: "_sku", 3: "_skt"}
 
 
-def variant_name(BN: int, STAGES: int, SCL: int, SK: int = 0, FORM: int = 0, EPI: int = 0, AQ: int = 2) -> str:
+def variant_name(BN: int, STAGES: int, SCL: int, SK: int = 0, FORM: int = 0, EPI: int = 0, AQ: int = 2,
+                 PF: int = 0) -> str:
     """The one name of a round-7 variant: tile, stages, scale form, then the scheduler (``_sk`` / ``_sku`` /
     ``_skt``), the epilogue form (``_e1`` bulk fold, ``_e2`` bulk fold + TMA store; none for the plain one) and
-    the A-fragment sets (``_a4``; none for AQ=2)."""
+    the A-fragment sets (``_a4``; none for AQ=2), the L2 prefetch distance (``_p1`` / ``_p2``; none without)."""
     if FORM:
-        if EPI or AQ != 2:
+        if EPI or AQ != 2 or PF:
             raise ValueError("the shared-memory form has the plain epilogue only (EPI=0) and no register A sets (AQ)")
         return f"wgmma_smem_bn{BN}_s{STAGES}" + _SK_SUFFIX[int(SK)]
     return (f"wgmma_bn{BN}_s{STAGES}_scl{SCL}" + _SK_SUFFIX[int(SK)] + (f"_e{int(EPI)}" if EPI else "")
-            + (f"_a{int(AQ)}" if AQ != 2 else ""))
+            + (f"_a{int(AQ)}" if AQ != 2 else "") + (f"_p{int(PF)}" if PF else ""))
 
 
 def _sk_of(suffix) -> int:
@@ -622,6 +623,8 @@ def variant_params(variant: str, qtype: str) -> tuple[str, dict]:
         p["EPI"] = int(m.group(5))
     if m.group(6):                 # the A-fragment sets, named only where they are not AQ=2
         p["AQ"] = int(m.group(6))
+    if m.group(7):                 # the L2 prefetch distance, named only where there is one
+        p["PF"] = int(m.group(7))
     return "wgmma_kq", p
 
 
@@ -776,7 +779,7 @@ _WS = _Workspace()
 
 
 def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | None = None, SCL: int = 0,
-         SK: int = 0, FORM: int = 0, EPI: int = 0, AQ: int = 2):
+         SK: int = 0, FORM: int = 0, EPI: int = 0, AQ: int = 2, PF: int = 0):
     """Y[nt, od] (float32) = x[nt, id] * W^T on the wgmma_kq family. x: cupy float16 / bfloat16-as-uint16 /
     float32 (converted to f16 here, or bf16 when ``BF16=1``). ``SK``: the tile scheduler, 0 data-parallel, 1
     stream-K, 2 uniform split-k, 3 tile-aligned split-k (:func:`schedule`). ``FORM``: 0 the register form
@@ -785,7 +788,9 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
     2 the bulk fold and a TMA store of Y (needs od % 4 == 0 and a 16-byte aligned, C-contiguous ``out``); both on
     grids of one segment per CTA (SK 0, 2, 3), refused with stream-K (SK=1). ``AQ`` (register form): the A-fragment
     sets of a consumer, 2 (convert after the wait for the previous chunk) or 4 (convert the next chunk before that
-    wait; BN=128, the plain epilogue, the main scale form: the registry's rows)."""
+    wait; BN=128, the plain epilogue, the main scale form: the registry's rows). ``PF`` (register form): 0, or an L2
+    prefetch of each row's weight bytes 1 or 2 super-blocks ahead of its loads (AQ=2 main scale forms, f16, the
+    plain epilogue; not q6_K BN=256, which spills with it)."""
     from .gpu import ShapeError, _out
 
     cp = _cp()
@@ -813,6 +818,12 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
         raise ValueError(f"EPI is 0 (plain), 1 (bulk fold) or 2 (bulk fold + TMA store), not {EPI!r}")
     if EPI and FORM:
         raise ShapeError("the shared-memory form (wgmma_kqs) has the plain epilogue only (EPI=0)")
+    if PF not in (0, 1, 2):
+        raise ValueError(f"PF is 0, 1 or 2 (L2 prefetch distance in super-blocks), not {PF!r}")
+    if PF and (FORM or AQ != 2 or EPI or bf16 or SCL != main_scl(w.qtype, BN) or (w.qtype == "q6_K" and BN == 256)):
+        raise ShapeError(f"PF={PF} is built for the register form with AQ=2, the plain epilogue, f16 and the main "
+                         f"scale form, not q6_K at BN=256 (its consumers spill); asked: {w.qtype} FORM={FORM} BN={BN} "
+                         f"AQ={AQ} EPI={EPI} BF16={bf16} SCL={SCL}")
     if AQ not in (2, 4):
         raise ValueError(f"AQ is 2 or 4 (A-fragment sets), not {AQ!r}")
     if AQ != 2 and (FORM or BN != 128 or EPI or bf16 or SCL != main_scl(w.qtype, BN)):
@@ -833,7 +844,7 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
                              "weight does not hold")
         k = kernel("wgmma_kqs", QT=qt, BN=BN, STAGES=STAGES, BF16=bf16)
     else:
-        k = kernel(QT=qt, BN=BN, STAGES=STAGES, BF16=bf16, SCL=SCL, EPI=int(EPI), AQ=int(AQ))
+        k = kernel(QT=qt, BN=BN, STAGES=STAGES, BF16=bf16, SCL=SCL, EPI=int(EPI), AQ=int(AQ), PF=int(PF))
     sms = _sm_count(cp.cuda.Device().id) * k.blocks_per_sm
     ncta, dp_tiles = schedule(int(SK), nt, w.od, w.id, BN, sms)
     g = split_g(int(SK), nt, w.od, w.id, BN, sms)
@@ -940,8 +951,8 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
           table: str = "wgmma_bench") -> list[dict]:
     """Interleaved, L2-flushed CUDA-event timings of the wgmma_kq variants against cuBLAS fp16 on cached
     dequantized weights (and including the dequant), and the lab's best int8 kernel, at matched (nt, od, id).
-    ``variants``: tuples (BN, STAGES, SCL or None for the main scale form, SK, FORM, EPI, AQ), trailing defaults
-    optional (SK, FORM, EPI 0; AQ 2).
+    ``variants``: tuples (BN, STAGES, SCL or None for the main scale form, SK, FORM, EPI, AQ, PF), trailing defaults
+    optional (SK, FORM, EPI 0; AQ 2; PF 0).
 
     Every (qtype, shape, nt) is parity-gated on 24 tokens (all rows) before it is timed; a failed gate raises.
     Rows (one per variant and pair) go to ``run`` tables ``table`` (``wgmma_bench``: the benchmark of record, which
@@ -975,28 +986,30 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
                 x, xg, x16, y, tok = cases.point_inputs(rng, nt, od, id_)
                 vs = {}
                 for v in variants:
-                    bn, st, scl, sk, form, epi, aq = (tuple(v) + (0, 0, 0, 0, 0, 0, 2)[len(v):])[:7]
+                    bn, st, scl, sk, form, epi, aq, pf = (tuple(v) + (0, 0, 0, 0, 0, 0, 2, 0)[len(v):])[:8]
                     if form and qtype != "q4_K":
                         continue           # the shared-memory form takes q4_K
+                    if pf and qtype == "q6_K" and bn == 256:
+                        continue           # no q6_K BN=256 prefetch build (its consumers spill with it)
                     scl = main_scl(qtype, bn) if scl is None else scl
                     if sk in (2, 3) and not sk_fits(sk, nt, od, id_, bn, _sm_count(cp.cuda.Device().id)):
                         if run is not None:     # the split-k grid does not fit: not run, and said so
                             run.append("wgmma_not_applicable", {"qtype": qtype, "od": od, "id": id_, "nt": nt,
-                                                                "variant": variant_name(bn, st, scl, sk, form, epi, aq),
+                                                                "variant": variant_name(bn, st, scl, sk, form, epi, aq, pf),
                                                                 "why": f"no {'uniform' if sk == 2 else 'tile-aligned'} "
                                                                        "split-k grid (G < 2)"})
                         continue
                     y.fill(np.nan)
-                    gemm(w, x16, out=y, BN=bn, STAGES=st, SCL=scl, SK=sk, FORM=form, EPI=epi, AQ=aq)
+                    gemm(w, x16, out=y, BN=bn, STAGES=st, SCL=scl, SK=sk, FORM=form, EPI=epi, AQ=aq, PF=pf)
                     g = gate(cp.asnumpy(y), raw, qtype, x, tokens=tok, w64=w64, w16=w16e)
-                    name = variant_name(bn, st, scl, sk, form, epi, aq)
+                    name = variant_name(bn, st, scl, sk, form, epi, aq, pf)
                     if run is not None:
                         run.append("wgmma_parity", {"qtype": qtype, "od": od, "id": id_, "nt": nt, "variant": name,
                                                     **g})
                     if not g["ok"]:
                         raise AssertionError(f"{name} parity failed: {qtype} nt={nt} od={od} id={id_}: {g}")
-                    vs[name] = (lambda bn=bn, st=st, scl=scl, sk=sk, form=form, epi=epi, aq=aq: gemm(
-                        w, x16, out=y, BN=bn, STAGES=st, SCL=scl, SK=sk, FORM=form, EPI=epi, AQ=aq))
+                    vs[name] = (lambda bn=bn, st=st, scl=scl, sk=sk, form=form, epi=epi, aq=aq, pf=pf: gemm(
+                        w, x16, out=y, BN=bn, STAGES=st, SCL=scl, SK=sk, FORM=form, EPI=epi, AQ=aq, PF=pf))
                 main = default_params(qtype, nt)
                 vs["wgmma_incl_f32_to_f16"] = lambda: gemm(w, xg, out=y, **main)
                 y16 = cp.empty((nt, od), cp.float16)
@@ -1079,7 +1092,7 @@ ABLATIONS = ("LK_ABLATE_NOFIX", "LK_ABLATE_NOSTORE")
 def _ablation(w, x16, y, flush, pairs, repeats, key, progress) -> list[dict]:
     from . import bench as B
 
-    spec = registry.find("wgmma_kq", QT=4, BN=256, STAGES=4, BF16=0, SCL=0, EPI=0, AQ=2)
+    spec = registry.find("wgmma_kq", QT=4, BN=256, STAGES=4, BF16=0, SCL=0, EPI=0, AQ=2, PF=0)
     base = variant_name(256, 4, 0, 1)
     ks = {base: kernel(**spec.p)}
     for d in ABLATIONS:
@@ -1131,7 +1144,7 @@ def splitfin_ab(run=None, points=SPLITFIN_POINTS, nt: int = 512, qtypes=("q4_K",
     rows = []
     for qtype in qtypes:
         spec = registry.find("wgmma_kq", QT=4 if qtype == "q4_K" else 6, BN=256, STAGES=4, BF16=0,
-                             SCL=main_scl(qtype, 256), EPI=0, AQ=2)
+                             SCL=main_scl(qtype, 256), EPI=0, AQ=2, PF=0)
         ks = {"plain": kernel(**spec.p), "splitfin": WgKernel(spec, defines=("LK_EXP_SPLITFIN",))}
         for od, id_ in points:
             raw = cases.synthetic_weights(qtype, od, id_, rng)
@@ -1267,7 +1280,7 @@ def trace_launch(w: WgWeight, x16, BN: int = 128, STAGES: int = 4, SCL: int = 0,
     ``x16``: float16 activations [nt, id]. The trace build's timings include the stamps' own cost (a few global
     stores per CTA)."""
     cp = _cp()
-    spec = registry.find("wgmma_kq", QT=4 if w.qtype == "q4_K" else 6, BN=BN, STAGES=STAGES, BF16=0, SCL=SCL, EPI=0, AQ=2)
+    spec = registry.find("wgmma_kq", QT=4 if w.qtype == "q4_K" else 6, BN=BN, STAGES=STAGES, BF16=0, SCL=SCL, EPI=0, AQ=2, PF=0)
     k = WgKernel(spec, defines=("LK_EXP_TRACE",))
     nt = x16.shape[0]
     sm = _sm_count(cp.cuda.Device().id)
@@ -1358,6 +1371,29 @@ def aq_ab(run, plan=None, progress=print, seed: int = 0) -> None:
           pairs=p["pairs"], repeats=p["repeats"], run=run, progress=progress, table="wgmma_aq_ab")
 
 
+# ------------------------------------------------------------------------------------------- the L2-prefetch A/B
+
+#: the L2-prefetch experiment (``gpu-check --steps wgmma_pf``; ncu run 20261202T005336Z: q6_K's consumers stall on
+#: their weight loads, 1.4-2.0 warps per issued instruction in long_scoreboard): PF 0 / 1 / 2 on the nt=512 and
+#: nt=4096 launches of record -- tuples (BN, STAGES, SCL or None, SK, FORM, EPI, AQ, PF)
+PF_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 4096], "qtypes": ["q4_K", "q6_K"],
+         "variants": [[256, 4, None, 3, 0, 0, 2, p] for p in (0, 1, 2)] + [[256, 4, None, 0, 0, 0, 2, p] for p in (0, 1, 2)]
+         + [[128, 4, None, 0, 0, 0, 2, p] for p in (0, 1, 2)] + [[128, 4, None, 3, 0, 0, 2, p] for p in (0, 2)]
+         + [[256, 4, None, 1]],
+         "pairs": 3, "repeats": 10}
+
+
+def pf_ab(run, plan=None, progress=print, seed: int = 0) -> None:
+    """The L2 prefetch (PF 1 / 2) against none, interleaved per point with cuBLAS (:func:`bench`, its own table
+    ``wgmma_pf_ab``), after the real-model gates of the PF forms on every Gemma tensor."""
+    p = {**PF_AB, **(plan or {})}
+    rng = np.random.default_rng(seed or None)
+    new = tuple(f for f in REAL_MODEL_FORMS if len(f) > 5 and f[5])
+    run.append("real_model_parity", real_model_rows(rng, progress, forms=new))
+    bench([tuple(s) for s in p["shapes"]], p["nts"], p["qtypes"], [tuple(v) for v in p["variants"]],
+          pairs=p["pairs"], repeats=p["repeats"], run=run, progress=progress, table="wgmma_pf_ab")
+
+
 # ------------------------------------------------------------------------------------------------ the recorded round
 
 
@@ -1391,13 +1427,14 @@ def kernel_rows() -> list[dict]:
     return rows
 
 
-#: the (BN, SK, FORM, EPI[, AQ]) forms the real-model gates run (each where its scheduler fits the tensor at 37 tokens)
+#: the (BN, SK, FORM, EPI[, AQ[, PF]]) forms the real-model gates run (each where its scheduler fits the tensor at 37 tokens)
 REAL_MODEL_FORMS = ((128, 0, 0, 0), (256, 0, 0, 0), (128, 1, 0, 0), (256, 1, 0, 0), (128, 2, 0, 0), (256, 2, 0, 0),
                     (128, 0, 1, 0), (128, 1, 1, 0), (256, 1, 1, 0),      # the shared-memory form (q4_K)
                     (128, 3, 0, 0), (256, 3, 0, 0),                      # the tile-aligned split-k grid
                     (256, 0, 0, 1), (256, 2, 0, 1), (128, 0, 0, 2), (256, 0, 0, 2), (256, 2, 0, 2), (256, 3, 0, 2),
                     (128, 3, 0, 1),
-                    (128, 0, 0, 0, 4), (128, 1, 0, 0, 4), (128, 3, 0, 0, 4))     # four A-fragment sets (AQ=4)
+                    (128, 0, 0, 0, 4), (128, 1, 0, 0, 4), (128, 3, 0, 0, 4),     # four A-fragment sets (AQ=4)
+                    (128, 0, 0, 0, 2, 2), (128, 1, 0, 0, 2, 1), (256, 3, 0, 0, 2, 2))   # the L2 prefetch (PF)
 
 
 def real_model_rows(rng, progress=print, forms=REAL_MODEL_FORMS) -> list[dict]:
@@ -1417,7 +1454,9 @@ def real_model_rows(rng, progress=print, forms=REAL_MODEL_FORMS) -> list[dict]:
             w.gguf = cp.asarray(raw)
         i8 = int8_path_error(raw, qtype, x)
         for f in forms:
-            bn, sk, form, epi, aq = (tuple(f) + (2,))[:5]
+            bn, sk, form, epi, aq, pf = (tuple(f) + (2, 0)[len(f) - 4:])[:6]
+            if pf and qtype == "q6_K" and bn == 256:
+                continue     # no q6_K BN=256 prefetch build (it spills)
             if form and qtype != "q4_K":
                 continue     # the shared-memory form takes q4_K
             if not sk_fits(sk, 37, raw.shape[0], id_, bn, _sm_count(cp.cuda.Device().id)):
@@ -1425,12 +1464,12 @@ def real_model_rows(rng, progress=print, forms=REAL_MODEL_FORMS) -> list[dict]:
             if epi == 2 and raw.shape[0] % 4:
                 continue     # the TMA-store epilogue's rows are 16-byte multiples
             p = {"BN": bn, "STAGES": 3 if form and bn == 256 else 4, "BF16": 0, "SCL": main_scl(qtype, bn), "SK": sk,
-                 "FORM": form, "EPI": epi, "AQ": aq}
+                 "FORM": form, "EPI": epi, "AQ": aq, "PF": pf}
             y = cp.full((37, raw.shape[0]), np.nan, cp.float32)
             gemm(w, cp.asarray(x), out=y, **p)
             g = gate(cp.asnumpy(y), raw, qtype, x, packed=cp.asnumpy(w.packed))
             rows.append({"tensor": name, "qtype": qtype, "od": raw.shape[0], "id": id_,
-                         "variant": variant_name(bn, p["STAGES"], p["SCL"], sk, form, epi, aq), **g, "int8_max_rel_err_f64": i8["max_rel_err_f64"],
+                         "variant": variant_name(bn, p["STAGES"], p["SCL"], sk, form, epi, aq, pf), **g, "int8_max_rel_err_f64": i8["max_rel_err_f64"],
                          "int8_nmse": i8["nmse"]})
             if not g["ok"]:
                 raise AssertionError(f"real-model gate failed: {name} {p}: {g}")

@@ -76,10 +76,10 @@ def test_registry_rows_of_round7():
     main = sorted(k.key for k in ks if k.main_path and k.p["EPI"] == 0)
     # one scale-decode form per type and tile width on the main path, f16 (the forms ptxas pipelines without
     # spills: q6_K SCL=1 spills at BN=256); wgmma.main_scl names the same ones
-    assert main == sorted(f"wgmma_kq[QT={q},BN={bn},STAGES=4,BF16=0,SCL={scl},EPI=0,AQ=2]"
+    assert main == sorted(f"wgmma_kq[QT={q},BN={bn},STAGES=4,BF16=0,SCL={scl},EPI=0,AQ=2,PF=0]"
                           for q, bn, scl in ((4, 128, 0), (4, 256, 0), (6, 128, 1), (6, 256, 0)))
     from labkernels import wgmma
-    assert main == sorted(f"wgmma_kq[QT={q},BN={bn},STAGES=4,BF16=0,SCL={wgmma.main_scl(t, bn)},EPI=0,AQ=2]"
+    assert main == sorted(f"wgmma_kq[QT={q},BN={bn},STAGES=4,BF16=0,SCL={wgmma.main_scl(t, bn)},EPI=0,AQ=2,PF=0]"
                           for q, t in ((4, "q4_K"), (6, "q6_K")) for bn in (128, 256))
     # the epilogue forms: built on the main scale form only (f16), all on the main path (0 spills: CI's audit)
     epi = {(k.p["QT"], k.p["BN"], k.p["EPI"]): k for k in ks if k.p["EPI"]}
@@ -331,6 +331,23 @@ def test_variant_names_carry_the_scheduler():
         wgmma.variant_params("wgmma_bn128_s4_scl0_a3", "q4_K")
     with pytest.raises(ValueError, match="no register A sets"):
         wgmma.variant_name(128, 4, 0, 0, FORM=1, AQ=4)
+    assert wgmma.variant_name(256, 4, 0, 3, PF=2) == "wgmma_bn256_s4_scl0_skt_p2"
+    assert wgmma.variant_params("wgmma_bn256_s4_scl0_skt_p2", "q4_K")[1] == {"BN": 256, "STAGES": 4, "BF16": 0,
+                                                                             "SCL": 0, "SK": 3, "PF": 2}
+
+
+def test_registry_rows_of_the_l2_prefetch():
+    """PF 1 / 2: the AQ=2 main scale forms, f16, plain epilogue, for q4_K at both tiles and q6_K at BN=128 (q6_K
+    BN=256's consumers spill with it); off the main path."""
+    from labkernels import wgmma
+
+    ks = registry.family("wgmma_kq")
+    pf = sorted((k.p["QT"], k.p["BN"], k.p["PF"]) for k in ks if k.p["PF"])
+    assert pf == [(4, 128, 1), (4, 128, 2), (4, 256, 1), (4, 256, 2), (6, 128, 1), (6, 128, 2)]
+    for k in ks:
+        if k.p["PF"]:
+            assert not k.main_path and k.p["AQ"] == 2 and k.p["EPI"] == 0 and k.p["BF16"] == 0
+            assert k.p["SCL"] == wgmma.main_scl("q4_K" if k.p["QT"] == 4 else "q6_K", k.p["BN"])
 
 
 def test_registry_rows_of_the_four_a_set_form():
@@ -571,10 +588,10 @@ def test_split_finish_build_is_its_own_cubin():
     assert set(n0) == set(n1)
     a = audit.elf_text_sections(Path(plain).read_bytes())
     b = audit.elf_text_sections(Path(split).read_bytes())
-    main = n0["wgmma_kq[QT=4,BN=256,STAGES=4,BF16=0,SCL=0,EPI=0,AQ=2]"]["mangled"]
+    main = n0["wgmma_kq[QT=4,BN=256,STAGES=4,BF16=0,SCL=0,EPI=0,AQ=2,PF=0]"]["mangled"]
     assert a[main] != b[main]                       # the stream-K epilogue changed
-    small = n0["wgmma_kq[QT=4,BN=128,STAGES=4,BF16=0,SCL=0,EPI=0,AQ=2]"]
-    assert n1["wgmma_kq[QT=4,BN=128,STAGES=4,BF16=0,SCL=0,EPI=0,AQ=2]"]["spill_stores"] == small["spill_stores"] == 0
+    small = n0["wgmma_kq[QT=4,BN=128,STAGES=4,BF16=0,SCL=0,EPI=0,AQ=2,PF=0]"]
+    assert n1["wgmma_kq[QT=4,BN=128,STAGES=4,BF16=0,SCL=0,EPI=0,AQ=2,PF=0]"]["spill_stores"] == small["spill_stores"] == 0
 
 
 def test_split_roles_pair_every_two_cta_tile():

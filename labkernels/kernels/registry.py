@@ -110,14 +110,18 @@ FAMILIES = [
     # -- round 7: Hopper-native k-quant GEMM, weights dequantized in registers feeding wgmma (sm_90a)
     dict(family="wgmma_kq", source="wgmma_kq.cu", template="wgmma_kq_kernel",
          params={"QT": [4, 6], "BN": [128, 256], "STAGES": [4], "BF16": [0, 1], "SCL": [0, 1], "EPI": [0, 1, 2],
-                 "AQ": [2, 4]},
+                 "AQ": [2, 4], "PF": [0, 1, 2]},
          threads=384, smem="STAGES*BN*128 + 1024", tile=(0, 128),
          # the epilogue forms (EPI 1: bulk fold, 2: bulk fold + TMA store) are built on the main scale form, f16
          # AQ=4 (four A-fragment sets, the conversion ahead of the wait): BN=128 only (BN=256 spills), plain
          # epilogue, f16, the main scale form -- an experiment (gpu-check --steps wgmma_aq), not on the main path
          valid="(EPI == 0 or (BF16 == 0 and SCL == (1 if QT == 6 and BN == 128 else 0))) and "
-               "(AQ == 2 or (BN == 128 and EPI == 0 and BF16 == 0 and SCL == (1 if QT == 6 else 0)))",
-         main_path="AQ == 2 and BF16 == 0 and ((QT == 4 and SCL == 0) or (QT == 6 and SCL == (1 if BN == 128 else 0)))",
+               "(AQ == 2 or (BN == 128 and EPI == 0 and BF16 == 0 and SCL == (1 if QT == 6 else 0) and PF == 0)) and "
+               # PF > 0 (an L2 prefetch of the weights PF super-blocks ahead): the AQ=2 main scale forms, f16, plain
+               # epilogue, spill-free -- not q6_K BN=256, whose consumers (at 240 registers) spill 40 B with it
+               "(PF == 0 or (AQ == 2 and EPI == 0 and BF16 == 0 and SCL == (1 if QT == 6 and BN == 128 else 0) and "
+               "not (QT == 6 and BN == 256)))",
+         main_path="AQ == 2 and PF == 0 and BF16 == 0 and ((QT == 4 and SCL == 0) or (QT == 6 and SCL == (1 if BN == 128 else 0)))",
          archs=("sm_90a",), gemm=True,
          doc="TMA-fed 128B-swizzled f16/bf16 activation tiles (B, STAGES-deep mbarrier ring, producer warpgroup) "
              "x q4_K/q6_K weights dequantized in registers (A, register form) by two consumer warpgroups of 64 "
@@ -126,7 +130,7 @@ FAMILIES = [
              "by shuffles; EPI=0 plain epilogue, EPI=1 the owner folds helpers' partials in through bulk async "
              "copies into the idle ring, EPI=2 that and a TMA store of the tile (grids of one segment per CTA: SK=0/2/3); "
              "AQ=2 two A-fragment sets (convert after the wait for chunk q-1), AQ=4 four (convert chunk q+1 before "
-             "that wait, so two groups stay queued)"),
+             "that wait, so two groups stay queued); PF=1/2 an L2 prefetch of the weights 1/2 super-blocks ahead"),
     # -- round 7, the shared-memory form: a converter warpgroup dequantizes TMA-staged raw q4_K super-blocks into
     #    swizzled f16/bf16 A tiles; the consumers issue wgmma with both operands from shared memory
     dict(family="wgmma_kqs", source="wgmma_kq.cu", template="wgmma_kqs_kernel",

@@ -270,6 +270,11 @@ __device__ __forceinline__ void q6_load(Q6Raw& r, const u8* L, const u8* H, cons
     r.sc = __ldg((const uint4*)(SC + blk * 16));
     r.d = __ldg((const u16*)(D + blk * 2));
 }
+// PF > 0: an L2 prefetch of a super-block's bytes ahead of its register loads (the weights stream from HBM once
+// per token tile; round 7's stall counters, ncu run 20261202T005336Z, have q6_K's consumers waiting on these loads)
+__device__ __forceinline__ void lk_prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"((u64)p));
+}
 __device__ __forceinline__ u32 lk_u4(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 // the 4 step scales d*sc[4j+s] of chunk j as 16-bit pairs
 struct Q6Scales {
@@ -327,6 +332,11 @@ struct KQ<4, BF16, SCL> {
         q4_load(R.r0, p0 + (size_t)sb * 144, c);
         q4_load(R.r1, p1 + (size_t)sb * 144, c);
     }
+    __device__ __forceinline__ void prefetch(int sb, int, int) const {   // the lines of both rows' 144-byte blocks
+        const int off = c == 3 ? 143 : 48 * c;   // lanes 0..3: bytes 0, 48, 96, 143 -- every line a block touches
+        lk_prefetch_l2(p0 + (size_t)sb * 144 + off);
+        lk_prefetch_l2(p1 + (size_t)sb * 144 + off);
+    }
     __device__ __forceinline__ void prep(const Rows& R) {
         if constexpr (SCL) {
             const Q4Scales own0 = q4_scales<BF16>(R.r0, c), own1 = q4_scales<BF16>(R.r1, c);
@@ -368,6 +378,15 @@ struct KQ<6, BF16, SCL> {
         const u8 *L = W, *H = W + (size_t)nblk * 128, *SC = W + (size_t)nblk * 192, *D = W + (size_t)nblk * 208;
         q6_load(R.r0, L, H, SC, D, (size_t)(b0 + sb), c);
         q6_load(R.r1, L, H, SC, D, (size_t)(b1 + sb), c);
+    }
+    __device__ __forceinline__ void prefetch(int sb, int od, int nsb) const {   // each plane's bytes of both rows:
+        const u32 nblk = (u32)od * (u32)nsb;                                       // lane c the one of its four
+        const size_t blk = (size_t)((c & 2 ? b1 : b0) + sb);                       // (c = 0, 1: row 0; 2, 3: row 1)
+        const u8* L = W + blk * 128 + 64 * (c & 1);
+        const u8* P = (c & 1) ? W + (size_t)nblk * 128 + blk * 64 : W + (size_t)nblk * 192 + blk * 16;   // H | SC
+        lk_prefetch_l2(L);
+        lk_prefetch_l2(P);
+        if ((c & 1) == 0) lk_prefetch_l2(W + (size_t)nblk * 208 + blk * 2);      // D
     }
     __device__ __forceinline__ void prep(const Rows& R) {
         if constexpr (SCL) {
@@ -691,12 +710,13 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
 }
 
 // ---------------------------------------------------------------------------------------------- the kernel
-template <int QT, int BN, int STAGES, int BF16, int SCL, int EPI, int AQ>
+template <int QT, int BN, int STAGES, int BF16, int SCL, int EPI, int AQ, int PF>
 __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tmy, const u8* __restrict__ W,
                                               float* __restrict__ Y, int nt, int od, int id, float* __restrict__ ws,
                                               u32* __restrict__ flags, int dp_tiles, int split_g) {
     static_assert(EPI == 0 || STAGES * BN * 128 >= BN * 512, "the EPI forms stage a BN x 128 f32 tile in the ring");
     static_assert(AQ == 2 || AQ == 4, "AQ: 2 or 4 A-fragment sets");
+    static_assert(PF >= 0 && PF <= 2, "PF: no L2 prefetch (0), or of the super-block 1 or 2 ahead");
     constexpr int STAGE_BYTES = BN * LK_WG_K * 2;
     LK_TRACE(0);
     extern __shared__ u8 lk_dyn_smem[];
@@ -792,6 +812,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
             for (int j = 0; j < 4; j++, q++) {
                 const int st = q % STAGES;
                 const int sn = j % AQ;                 // this chunk's set (compile-time after unrolling)
+                if (PF > 0 && j == 0 && sb + PF < seg.khi) T.prefetch(sb + PF, od, nsb);   // L2, PF super-blocks ahead
                 if constexpr (AQ == 2) {
                     if (j == T.LOAD_AT && sb + 1 < seg.khi) T.load(nxt, sb + 1, od, nsb);
                     T.chunk(cur, j, a[sn]);
@@ -846,14 +867,14 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
 }
 
 // tmy: the Y tensor map (EPI=2; other forms receive zeros and never read it); split_g: SK=3's G, else 0
-template <int QT, int BN, int STAGES, int BF16, int SCL, int EPI, int AQ>
+template <int QT, int BN, int STAGES, int BF16, int SCL, int EPI, int AQ, int PF>
 __global__ void __launch_bounds__(LK_WG_THREADS, 1)
     wgmma_kq_kernel(const __grid_constant__ LkTmap tm, const __grid_constant__ LkTmap tmy, const u8* __restrict__ W,
                     float* __restrict__ Y, int nt, int od, int id, float* __restrict__ ws, u32* __restrict__ flags,
                     int dp_tiles, int split_g) {
     LK_PDL_ENTRY();
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    wgmma_kq_body<QT, BN, STAGES, BF16, SCL, EPI, AQ>(tm, tmy, W, Y, nt, od, id, ws, flags, dp_tiles, split_g);
+    wgmma_kq_body<QT, BN, STAGES, BF16, SCL, EPI, AQ, PF>(tm, tmy, W, Y, nt, od, id, ws, flags, dp_tiles, split_g);
 #else
     __trap();  // wgmma / setmaxnreg exist on sm_90a only: the launcher refuses other devices first
 #endif

@@ -40,7 +40,7 @@ cases = []
 if mode == "sanitizer":       # tails in nt and od, every main-path variant, the three schedulers (stream-K
     for k in registry.family("wgmma_kq") + registry.family("wgmma_kqs"):   # splits these tiles' k over 4 CTAs,
                                                 # the uniform split over 2 each: partials, flags, fix-up; both forms)
-        if k.main_path or k.p.get("AQ", 2) != 2:   # (and the AQ=4 experiment) ... and the tile-aligned split (SK=3) where G does not divide the 7 super-blocks (1+2+2+2);
+        if k.main_path or k.p.get("AQ", 2) != 2 or k.p.get("PF"):   # (and the AQ=4 experiment) ... and the tile-aligned split (SK=3) where G does not divide the 7 super-blocks (1+2+2+2);
                           # the epilogue forms (EPI > 0) take no stream-K grid
             cases += [(k, 77, 200, 512, sk) for sk in (0, 1, 2) if not (sk == 1 and k.p.get("EPI"))]
             cases += [(k, 77, 4000, 1792, 3)]
@@ -48,10 +48,10 @@ else:                         # ncu: the main variants at the 7B attention shape
     for qt in (4, 6):
         for nt, bn, sk in ((512, 128, 0), (512, 256, 1), (4096, 256, 0)):
             scl = wgmma.main_scl("q4_K" if qt == 4 else "q6_K", bn)
-            cases.append((registry.find("wgmma_kq", QT=qt, BN=bn, STAGES=4, BF16=0, SCL=scl, EPI=0, AQ=2), nt, 4096, 4096, sk))
+            cases.append((registry.find("wgmma_kq", QT=qt, BN=bn, STAGES=4, BF16=0, SCL=scl, EPI=0, AQ=2, PF=0), nt, 4096, 4096, sk))
         scl = wgmma.main_scl("q4_K" if qt == 4 else "q6_K", 128)   # the four-A-set form beside BN=128's
-        cases.append((registry.find("wgmma_kq", QT=qt, BN=128, STAGES=4, BF16=0, SCL=scl, EPI=0, AQ=4), 512, 4096, 4096, 0))
-        cases.append((registry.find("wgmma_kq", QT=qt, BN=256, STAGES=4, BF16=0, SCL=0, EPI=0, AQ=2), 512, 4096, 4096, 3))
+        cases.append((registry.find("wgmma_kq", QT=qt, BN=128, STAGES=4, BF16=0, SCL=scl, EPI=0, AQ=4, PF=0), 512, 4096, 4096, 0))
+        cases.append((registry.find("wgmma_kq", QT=qt, BN=256, STAGES=4, BF16=0, SCL=0, EPI=0, AQ=2, PF=0), 512, 4096, 4096, 3))
     for nt, bn, st in ((512, 128, 4), (4096, 256, 3)):   # the shared-memory form (q4_K), data-parallel
         cases.append((registry.find("wgmma_kqs", QT=4, BN=bn, STAGES=st, BF16=0), nt, 4096, 4096, 0))
 for k, nt, od, id_, sk in cases:
@@ -117,6 +117,16 @@ def step_wgmma_aq(out: Path, args) -> dict:
 
     with records.recording(DATA[0], {"what": "aq_ab", "plan": wgmma.AQ_AB}, root=out / "data") as run:
         wgmma.aq_ab(run, progress=args.log)
+    return {"ok": True, "run": run.run_id}
+
+
+def step_wgmma_pf(out: Path, args) -> dict:
+    """Round 7: an L2 prefetch of the weights 1 or 2 super-blocks ahead (PF) against none, at nt 512 and 4096 on the
+    launches of record, beside cuBLAS (labkernels.wgmma.pf_ab), real-model gated, recorded."""
+    from .. import records
+
+    with records.recording(DATA[0], {"what": "pf_ab", "plan": wgmma.PF_AB}, root=out / "data") as run:
+        wgmma.pf_ab(run, progress=args.log)
     return {"ok": True, "run": run.run_id}
 
 
@@ -287,4 +297,4 @@ def step_prefill_r7(out: Path, args) -> dict:
 
 STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_ncu": step_wgmma_ncu,
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
-         "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "prefill_r7": step_prefill_r7}
+         "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "prefill_r7": step_prefill_r7}

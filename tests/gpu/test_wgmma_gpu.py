@@ -58,7 +58,7 @@ def test_wgmma_parity(cp, rng, spec, nt, od, id_, sk):
     raw = _weights(rng, qtype, od, id_)
     x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
     params = dict(BN=spec.p["BN"], STAGES=spec.p["STAGES"], BF16=spec.p["BF16"], SCL=spec.p["SCL"], SK=sk,
-                  EPI=spec.p["EPI"], AQ=spec.p["AQ"])
+                  EPI=spec.p["EPI"], AQ=spec.p["AQ"], PF=spec.p["PF"])
     if (spec.p["EPI"] == 2 and od % 4) or (spec.p["EPI"] and sk == 1):   # refused, never run: the TMA-store
         from labkernels import gpu                                        # rows are 16-byte multiples; the EPI
 
@@ -210,6 +210,29 @@ def test_wgmma_four_a_sets_are_bitwise_two(cp, rng, spec, nt, od, id_, sk):
     assert g["ok"] and g["nonfinite"] == 0, g
 
 
+PF_SPECS = [k for k in registry.family("wgmma_kq") if k.p["PF"]]
+
+
+@pytest.mark.parametrize("sk", [0, 1, 3], ids=["dp", "sk", "skt"])
+@pytest.mark.parametrize("spec", PF_SPECS, ids=[k.key for k in PF_SPECS])
+@pytest.mark.parametrize("nt,od,id_", [(77, 200, 512), (512, 1000, 4096), (130, 256, 11008)])
+def test_wgmma_l2_prefetch_is_bitwise_none(cp, rng, spec, nt, od, id_, sk):
+    """PF only adds L2 prefetches (of the rows' blocks PF super-blocks ahead, clamped to the segment): bitwise the
+    PF=0 build on the same grid, tails in nt and od (the tail rows' clamped addresses), guard regions intact."""
+    from labkernels import gpu, wgmma
+
+    qtype = "q4_K" if spec.p["QT"] == 4 else "q6_K"
+    bn = spec.p["BN"]
+    if not wgmma.sk_fits(sk, nt, od, id_, bn, gpu.device_props()["sm_count"]):
+        pytest.skip(f"SK={sk} does not fit {nt} x {od} x {id_} at BN={bn}")
+    raw = _weights(rng, qtype, od, id_)
+    x = rng.standard_normal((nt, id_)).astype(np.float32)
+    p = dict(BN=bn, STAGES=spec.p["STAGES"], SCL=spec.p["SCL"], SK=sk)
+    y0, packed = _run(cp, raw, qtype, x, PF=0, **p)
+    y, _ = _run(cp, raw, qtype, x, PF=spec.p["PF"], **p)
+    assert np.array_equal(y, y0), f"{spec.key} SK={sk} differs from PF=0"
+
+
 SMEM = registry.family("wgmma_kqs")
 
 
@@ -274,6 +297,14 @@ def test_wgmma_rejects_bad_shapes(cp, rng):
     for bad in (dict(BN=256), dict(EPI=1), dict(SCL=1), dict(BF16=1)):
         with pytest.raises(gpu.ShapeError, match="AQ=4 is built for"):
             wgmma.gemm(w, cp.zeros((4, 512), cp.float32), AQ=4, **bad)
+    with pytest.raises(ValueError, match="PF is 0, 1 or 2"):
+        wgmma.gemm(w, cp.zeros((4, 512), cp.float32), PF=3)
+    for bad in (dict(AQ=4), dict(EPI=1), dict(SCL=1), dict(BF16=1)):
+        with pytest.raises(gpu.ShapeError, match="PF=1 is built for"):
+            wgmma.gemm(w, cp.zeros((4, 512), cp.float32), PF=1, **bad)
+    w6 = wgmma.WgWeight.from_gguf(_weights(rng, "q6_K", 128, 512), "q6_K")
+    with pytest.raises(gpu.ShapeError, match="not q6_K at BN=256"):
+        wgmma.gemm(w6, cp.zeros((4, 512), cp.float32), BN=256, PF=2)
     with pytest.raises(gpu.ShapeError, match="plain epilogue only"):
         wgmma.gemm(w, cp.zeros((4, 512), cp.float32), FORM=1, EPI=1)
     off = cp.full(4 * 128 + 1, np.nan, cp.float32)[1:].reshape(4, 128)    # 4 bytes past a 16-byte boundary
