@@ -1618,3 +1618,48 @@ def ncu_table(sections_df):
     t = t.rename(columns={m: f"{m} [{units[m]}]" if isinstance(units.get(m), str) and units.get(m) else m
                           for m in want})
     return t
+
+
+def suffix_ab(ab_df, suffixes=("_a4", "_p1", "_p2")):
+    """A build-option A/B (``wgmma_aq_ab``, ``wgmma_pf_ab``) as speedups: for every variant named ``base + suffix``
+    timed beside ``base`` at the same (qtype, od, id, nt), median(base) / median(variant) over the interleaved pairs
+    (> 1: the option is faster), with each one's ratio to cuBLAS fp16 (cached) at that point."""
+    import pandas as pd
+
+    m = medians(ab_df)
+    key = ["qtype", "od", "id", "nt"]
+    us = m.set_index(key + ["variant"]).median_us
+    rows = []
+    for (q, od, id_, nt, v), t in us.items():
+        for sfx in suffixes:
+            if v.endswith(sfx) and (q, od, id_, nt, v[:-len(sfx)]) in us.index:
+                base = us[(q, od, id_, nt, v[:-len(sfx)])]
+                cb = us.get((q, od, id_, nt, "cublas_f16_cached"), np.nan)
+                rows.append({"qtype": q, "od": od, "id": id_, "nt": nt, "option": sfx[1:], "base": v[:-len(sfx)],
+                             "speedup": base / t, "base_vs_cublas": cb / base, "option_vs_cublas": cb / t})
+    return pd.DataFrame(rows)
+
+
+#: the stall reasons the ncu step records (raw metrics, warps stalled per issued instruction)
+_STALL = "smsp__average_warps_issue_stalled_"
+
+
+def ncu_stalls(sections_df, min_share: float = 0.1):
+    """Per profiled kernel (case): each stall reason's warps per issued instruction (``--metrics`` of the ncu step;
+    empty for runs without them) -- the reasons above ``min_share`` at some case, 'selected' (the issuing warp
+    itself) left out -- and the tensor pipe's active cycles (% of peak over elapsed and over active cycles)."""
+    import pandas as pd
+
+    d = sections_df[sections_df.metric.astype(str).str.startswith((_STALL, "sm__pipe_tensor_cycles_active"))].copy()
+    if d.empty:
+        return pd.DataFrame()
+    d["value"] = pd.to_numeric(d.value.astype(str).str.replace(",", ""), errors="coerce")
+    d["metric"] = (d.metric.str.replace(_STALL, "", regex=False).str.replace("_per_issue_active.ratio", "", regex=False)
+                   .str.replace("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_", "tensor pipe % ", regex=False))
+    t = d.pivot_table(index=["case", "kernel", "sk", "nt"], columns="metric", values="value").reset_index()
+    t.columns.name = None
+    reasons = [c for c in t.columns if c not in ("case", "kernel", "sk", "nt", "selected")
+               and not c.startswith("tensor pipe") and t[c].max() >= min_share]
+    reasons.sort(key=lambda c: -t[c].mean())
+    pipe = [c for c in t.columns if c.startswith("tensor pipe")]
+    return t[["case", "kernel", "sk", "nt"] + pipe + reasons]

@@ -404,8 +404,9 @@ else:
     nct = wgmma.ncu_table(nc.table("sections"))
     display(report.table(nct, caption=f"ncu --clock-control none, {report.source(nc)} (4096 x 4096; SM frequency as ncu read it)"))
     fig, ax = plt.subplots(figsize=(9, 3.8))
+    sched = {0: "data-par.", 1: "stream-K", 2: "split-k", 3: "tile split"}
     lab = [f"{'q4_K' if 'QT=4' in k else 'q6_K'} BN={k.split('BN=')[1].split(',')[0]}{' smem' if k.startswith('wgmma_kqs') else ''}"
-           f"\n{'stream-K' if sk else 'data-par.'} nt={n}" for k, n, sk in zip(nct.kernel, nct.nt, nct.sk)]
+           f"{' AQ=4' if 'AQ=4' in k else ''}\n{sched[sk]} nt={n}" for k, n, sk in zip(nct.kernel, nct.nt, nct.sk)]
     xs = np.arange(len(lab))
     ax.bar(xs - .2, nct["Compute (SM) Throughput [%]"], .4, label="SM compute throughput (tensor pipe) [%]",
            color=plotting.color("wgmma_kq"))
@@ -556,6 +557,125 @@ else:
 # 4096×14336, 11008×4096) and 0.76× / 0.79× / 0.83× / 0.72× for q6_K: 4096×11008 up from 0.84× / 0.71× (run
 # 201816Z), the others unchanged, the nt=512 bar still **not met**. nt=4096: q4_K 700–766 TOPS-eq (0.94–1.00×),
 # q6_K 630–702 (0.87–0.95×); q6_K 11008×4096 at 630 stays under the 650 line.
+
+# %% [markdown]
+# ## Fifth step: what the consumers wait on, and two changes to their main loop (measured, not kept)
+#
+# Session 5 tried two changes to the consumers' main loop, each a registry parameter of `wgmma_kq` (off the main
+# path, spill-free, gated and sanitizer-checked like the rest), each with its prediction written in its commit
+# message before its run:
+#
+# * **`AQ=4`, four A-fragment sets** (BN=128). With two sets (`AQ=2`) a consumer waits for chunk q−1's wgmmas to
+#   retire before it converts chunk q+1, so while it converts only chunk q of its warpgroup is queued on the tensor
+#   pipe. With four, it converts q+1 first and then waits, so q−1 and q stay queued. BN=128's loop runs at ~69% of
+#   the pipe's rate against BN=256's ~99% (trace above), and BN=128 has half the tensor time per chunk for the same
+#   conversion. ptxas did not make this easy. With `wait_group 2` it serialized the pipeline (C7513). With the
+#   conversion ahead of `wait_group 1`, it gave the new set chunk q−1's registers and sank the conversion below
+#   the wait again. A never-taken shared store of the retired set (`lk_hold`) keeps the four sets apart, yet the SASS
+#   still schedules most of the conversion after the wait. **Prediction** (commit 1aa241b, from that SASS): within
+#   ±5% of `AQ=2`.
+# * **`PF=1/2`, an L2 prefetch** (`prefetch.global.L2`) of each row's weight bytes one or two super-blocks ahead
+#   of the register loads: q4_K at both tiles, q6_K at BN=128 (q6_K BN=256 spills 40 B with it). It came after
+#   the stall counters below: q6_K's consumers stall most on long_scoreboard (1.4–2.0 warps per issued
+#   instruction). **Prediction** (commit 1b32804): q6_K BN=128 +3–8%, q4_K within ±3%.
+#
+# The figure shows what each option did at every timed point, interleaved in one process with its base variant and
+# cuBLAS.
+
+# %%
+opt_runs = [(r, t) for t in ("wgmma_aq_ab", "wgmma_pf_ab")
+            for r in [records.latest("wgmma", where=lambda r, t=t: r.has(t))] if r is not None]
+if not opt_runs:
+    print("no recorded AQ / PF A/B run (gpu-check --steps wgmma_aq / wgmma_pf)")
+else:
+    sab = pd.concat([wgmma.suffix_ab(r.table(t)).assign(run=r.run_id) for r, t in opt_runs], ignore_index=True)
+    names = {"a4": "AQ=4 vs AQ=2", "p1": "PF=1 vs PF=0", "p2": "PF=2 vs PF=0"}
+    fig, ax = plt.subplots(figsize=(8.5, 4))
+    cats = [(o, q) for o in ("a4", "p1", "p2") for q in ("q4_K", "q6_K") if len(sab[(sab.option == o) & (sab.qtype == q)])]
+    marks = {256: "v", 512: "o", 1024: "^", 4096: "s"}
+    for i, (o, q) in enumerate(cats):
+        d = sab[(sab.option == o) & (sab.qtype == q)]
+        for nt_, mk in marks.items():
+            dd = d[d.nt == nt_]
+            if len(dd):
+                ax.scatter(i + np.linspace(-.25, .25, len(dd)), dd.speedup, marker=mk, s=22, alpha=.75,
+                           color=plotting.color("wgmma_kq" if q == "q4_K" else "issue"))
+    ax.axhline(1, color="0.3", lw=1)
+    ax.set_xticks(range(len(cats)), [f"{names[o]}\n{q}" for o, q in cats], fontsize=8)
+    ax.set_ylabel("speedup (base time / option time)")
+    shown = sorted(set(sab.nt))
+    ax.legend([plt.Line2D([], [], ls="", marker=marks[n], color="0.4") for n in shown], [f"nt={n}" for n in shown],
+              fontsize=8, ncol=len(shown), loc="upper right")
+    ax.set_ylim(0.85, 1.12); ax.grid(axis="y", alpha=.3)
+    ax.set_title("each build option against its base variant: every shape and scheduler timed, interleaved\n"
+                 + "; ".join(report.source(r) for r, _ in opt_runs), fontsize=8)
+    plt.show()
+    agg = sab.groupby(["option", "qtype"]).agg(points=("speedup", "size"), median=("speedup", "median"),
+                                               worst=("speedup", "min"), best=("speedup", "max")).reset_index()
+    agg["option"] = agg.option.map(names)
+    display(report.table(agg, caption="speedup of each option over its base variant (ratio of medians over 3 "
+                                      "interleaved pairs per point; > 1 = the option is faster)"))
+
+# %%
+st = wgmma.ncu_stalls(nc.table("sections")) if nc is not None else pd.DataFrame()
+if st.empty:
+    print("the latest Nsight Compute run has no stall-reason metrics")
+else:
+    reasons = [c for c in st.columns if c not in ("case", "kernel", "sk", "nt") and not c.startswith("tensor pipe")]
+    top = reasons[:8]
+    fig, ax = plt.subplots(figsize=(9, 5.4))
+    ylab = [f"{'q4_K' if 'QT=4' in k else 'q6_K'} BN={k.split('BN=')[1].split(',')[0]}{' smem' if k.startswith('wgmma_kqs') else ''}"
+            f"{' AQ=4' if 'AQ=4' in k else ''}, {sched[sk]} nt={n}" for k, n, sk in zip(st.kernel, st.nt, st.sk)]
+    left = np.zeros(len(st))
+    cmap = plt.get_cmap("tab10")
+    for i, rsn in enumerate(top + ["other"]):
+        v = st[top].sum(axis=1).rsub(st[reasons].sum(axis=1)).to_numpy() if rsn == "other" else st[rsn].to_numpy()
+        ax.barh(np.arange(len(st)), v, left=left, color="0.75" if rsn == "other" else cmap(i), label=rsn)
+        left += v
+    for y, (pa, pe) in enumerate(zip(st["tensor pipe % active"], st["tensor pipe % elapsed"])):
+        ax.text(left[y] + .05, y, f"tensor pipe {pe:.0f}% of elapsed", va="center", fontsize=7)
+    ax.set_yticks(np.arange(len(st)), ylab, fontsize=7); ax.invert_yaxis()
+    ax.set_xlabel("warps stalled per issued instruction, by reason (the issuing warp excluded)")
+    ax.set_xlim(0, left.max() * 1.4)
+    ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.45, -0.13))
+    ax.set_title(f"Nsight Compute stall reasons, 4096 x 4096 ({report.source(nc)})", fontsize=9)
+    ax.grid(axis="x", alpha=.3)
+    plt.show()
+
+# %% [markdown]
+# **Measured: both predictions wrong in the direction that matters, and nothing at nt=512 moved.**
+#
+# * **AQ=4** (A/B run 20261202T003808Z at 1aa241b; 108 real-model gates of its forms passed). It is bitwise `AQ=2`
+#   at every scheduler (GPU tests) and sanitizer-clean. It is 4–10% *slower* for q4_K (median 0.94×) and 0–4%
+#   faster for q6_K (median 1.014×). The best launch at every nt=512 point is still BN=256 on the tile-aligned or
+#   stream-K grid. As the SASS said, the conversion still runs after the wait, and `lk_hold`'s stores and branches
+#   cost issue slots.
+# * **PF** (A/B run 20261202T010302Z at 1b32804; 99 real-model gates passed). It is bitwise `PF=0`. It is 0–5%
+#   slower for q4_K and −3…+2% for q6_K BN=128: the +3–8% predicted for q6_K did not happen. An L2 prefetch does not
+#   shorten what q6_K's consumers wait for, so their loads are not waiting on HBM. The shared-memory form's
+#   consumers wait only on mbarriers, and they show 3.7–4.5 long_scoreboard stalls per issue. So long_scoreboard
+#   also counts the register form's `mbarrier.try_wait` on the activation ring, not only its weight loads.
+#
+# **What stands between the kernel and the 989 TFLOPS line** (ncu run 20261202T005336Z, `--clock-control none`,
+# 4096 × 4096; the figure above and the tables earlier in this section):
+#
+# * **Tensor pipe.** It is active 47–57% of the elapsed cycles at nt=512 and 76–82% at nt=4096 (BN=256,
+#   data-parallel). cuBLAS's fp16 GEMM reaches ~0.75–0.8 of the dense line at these shapes, which is the ceiling
+#   a conversion-free kernel would have.
+# * **Where a consumer warp waits**, per issued instruction. Two reasons are near 1 in every variant: `wait`
+#   (fixed-latency dependencies, such as the conversion's chains of 16-bit arithmetic) and `dispatch_stall` (the
+#   dispatcher could not issue the selected instruction; the register-sourced wgmma operands are a plausible
+#   source, not shown here).
+#   * q4_K adds `gmma` (0.5–0.7: waiting for its own wgmmas to retire) and math-pipe throttle.
+#   * q6_K adds long_scoreboard (1.4–2.0).
+#   * Every BN=256 launch has `barrier` at 0.7–1.3 (0.1–0.2 at BN=128), data-parallel ones included; its source
+#     is not identified.
+# * **Where this leaves nt=512.** The launches lose ~40–50% of the pipe to the work around and between the
+#   wgmmas, not to bandwidth or issue: in the table of this run above, DRAM is at 8–14% of its peak, L1/TEX at
+#   44–58% and the issue slots 21–41% busy. So the next lever is structural. Candidates: ping-pong consumers, with one warpgroup's conversion
+#   overlapping the other's wgmmas on a different tile; a converter warpgroup feeding shared memory for the BN=256
+#   launches (the shared-memory form lost at BN=128 on its single converter warpgroup); or the two-CTA cluster
+#   exchange of the split grid's partial sums. None of these was built this session.
 
 # %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process

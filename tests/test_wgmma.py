@@ -644,3 +644,43 @@ def test_paired_schedule_halves_every_tile():
         wgmma.paired_schedule(512, 4096, 11008, 256, 132)      # 43 super-blocks per tile
     with pytest.raises(wgmma.WgmmaError, match="SMs"):
         wgmma.paired_schedule(512, 11008, 4096, 256, 132)      # 172 tiles
+
+
+def test_suffix_ab_pairs_each_option_with_its_base():
+    """The A/B helper pairs 'X_a4' with 'X' at the same point only, speedup = base / option time, and the ratios to
+    cuBLAS of both; a point without the base gives no row."""
+    import pandas as pd
+
+    from labkernels import wgmma
+
+    rows = []
+    for pair in range(3):
+        for v, us in (("wgmma_bn128_s4_scl0", 40.0), ("wgmma_bn128_s4_scl0_a4", 50.0), ("cublas_f16_cached", 30.0),
+                      ("wgmma_bn256_s4_scl0_skt_p2", 20.0)):
+            rows.append({"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": v, "pair": pair,
+                         "median_us": us + pair * 0.1})
+    t = wgmma.suffix_ab(pd.DataFrame(rows))
+    assert len(t) == 1 and t.option.iloc[0] == "a4" and t.base.iloc[0] == "wgmma_bn128_s4_scl0"
+    assert t.speedup.iloc[0] == pytest.approx(40.1 / 50.1)
+    assert t.option_vs_cublas.iloc[0] == pytest.approx(30.1 / 50.1) and t.base_vs_cublas.iloc[0] == pytest.approx(30.1 / 40.1)
+
+
+def test_ncu_stalls_reads_the_raw_metrics():
+    import pandas as pd
+
+    from labkernels import wgmma
+
+    rows = []
+    for case, (lsb, gm) in enumerate(((1.5, 0.3), (0.2, 0.7))):
+        for m, v in ((f"smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio", lsb),
+                     (f"smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio", gm),
+                     (f"smsp__average_warps_issue_stalled_selected_per_issue_active.ratio", 1.0),
+                     (f"smsp__average_warps_issue_stalled_drain_per_issue_active.ratio", 0.01),
+                     ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed", "55.5"),
+                     ("Duration", "30")):
+            rows.append({"case": case, "kernel": f"k{case}", "sk": 0, "nt": 512, "section": "s", "metric": m,
+                         "unit": "", "value": v})
+    t = wgmma.ncu_stalls(pd.DataFrame(rows))
+    assert list(t.columns) == ["case", "kernel", "sk", "nt", "tensor pipe % elapsed", "long_scoreboard", "gmma"]
+    assert t["long_scoreboard"].tolist() == [1.5, 0.2] and t["tensor pipe % elapsed"].tolist() == [55.5, 55.5]
+    assert wgmma.ncu_stalls(pd.DataFrame(rows[-1:])).empty
