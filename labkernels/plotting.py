@@ -95,3 +95,35 @@ def integer_axis(axis) -> None:
     from matplotlib.ticker import MaxNLocator
 
     axis.set_major_locator(MaxNLocator(integer=True))
+
+
+#: the nt of an option A/B point -> its marker (:func:`option_speedups`)
+NT_MARKERS = {256: "v", 512: "o", 1024: "^", 4096: "s"}
+
+
+def option_speedups(ax, sab, names: dict, title: str = "") -> None:
+    """Every point of a build-option A/B (:func:`labkernels.wgmma.suffix_ab`: columns option, qtype, nt, speedup)
+    as a strip per (option, qtype): marker = nt, colour = weight type, the 1.0 line drawn; x labels from
+    ``names`` (option -> label)."""
+    import numpy as np
+    from matplotlib.lines import Line2D
+
+    cats = [(o, q) for o in names for q in ("q4_K", "q6_K") if len(sab[(sab.option == o) & (sab.qtype == q)])]
+    for i, (o, q) in enumerate(cats):
+        d = sab[(sab.option == o) & (sab.qtype == q)]
+        for nt, mk in NT_MARKERS.items():
+            dd = d[d.nt == nt]
+            if len(dd):
+                ax.scatter(i + np.linspace(-.25, .25, len(dd)), dd.speedup, marker=mk, s=22, alpha=.75,
+                           color=color("wgmma_kq" if q == "q4_K" else "issue"))
+    ax.axhline(1, color="0.3", lw=1)
+    ax.set_xticks(range(len(cats)), [f"{names[o]}\n{q}" for o, q in cats], fontsize=8)
+    ax.set_ylabel("speedup (base time / option time)")
+    shown = [n for n in NT_MARKERS if n in set(sab.nt)]
+    ax.legend([Line2D([], [], ls="", marker=NT_MARKERS[n], color="0.4") for n in shown], [f"nt={n}" for n in shown],
+              fontsize=8, ncol=len(shown), loc="upper right")
+    lo, hi = float(sab.speedup.min()), float(sab.speedup.max())
+    ax.set_ylim(min(0.85, lo - 0.02), max(1.12, hi + 0.04))
+    ax.grid(axis="y", alpha=.3)
+    if title:
+        ax.set_title(title, fontsize=8)
