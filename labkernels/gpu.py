@@ -118,8 +118,10 @@ def kernel_params(args, prefix: tuple = ()):
     return holders, np.array([ctypes.addressof(h) for h in holders], dtype=np.uintp)
 
 
-def launch_programmatic(func_ptr: int, grid, block, smem: int, params, stream_ptr: int, what: str = "kernel"):
-    """``cuLaunchKernelEx`` with the programmatic-stream-serialization attribute (see :func:`programmatic_launches`)."""
+def launch_programmatic(func_ptr: int, grid, block, smem: int, params, stream_ptr: int, what: str = "kernel",
+                        cluster: int = 1, programmatic: bool = True):
+    """``cuLaunchKernelEx`` with the programmatic-stream-serialization attribute (see :func:`programmatic_launches`)
+    and/or, ``cluster`` > 1, thread-block clusters of that many CTAs along x (round 7's pair exchange, EPI=3)."""
     from cuda.bindings import driver as drv
 
     g = tuple(int(v) for v in grid) + (1,) * (3 - len(grid))
@@ -129,15 +131,27 @@ def launch_programmatic(func_ptr: int, grid, block, smem: int, params, stream_pt
     cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = b[:3]
     cfg.sharedMemBytes = int(smem)
     cfg.hStream = drv.CUstream(int(stream_ptr))
-    at = drv.CUlaunchAttribute()
-    at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    at.value.programmaticStreamSerializationAllowed = 1
-    cfg.attrs = [at]
-    cfg.numAttrs = 1
+    attrs = []
+    if programmatic:
+        at = drv.CUlaunchAttribute()
+        at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        at.value.programmaticStreamSerializationAllowed = 1
+        attrs.append(at)
+    if cluster > 1:
+        if g[0] % cluster:
+            raise GpuError(f"launch of {what}: grid {g} is not a multiple of its cluster of {cluster} CTAs")
+        cl = drv.CUlaunchAttribute()
+        cl.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        cl.value.clusterDim.x, cl.value.clusterDim.y, cl.value.clusterDim.z = int(cluster), 1, 1
+        attrs.append(cl)
+    cfg.attrs = attrs
+    cfg.numAttrs = len(attrs)
     (err,) = drv.cuLaunchKernelEx(cfg, drv.CUfunction(int(func_ptr)), params, 0)
     if int(err) != 0:
-        raise GpuError(f"programmatic launch of {what} grid {g} failed: {err}")
-    _PDL["launches"] += 1
+        raise GpuError(f"{'programmatic ' if programmatic else ''}launch of {what} grid {g}"
+                       f"{f' in clusters of {cluster}' if cluster > 1 else ''} failed: {err}")
+    if programmatic:
+        _PDL["launches"] += 1
 
 
 def cp():
@@ -875,6 +889,12 @@ def _choose(qtype: str, nt: int, od: int, id_: int, table=None, cc: int | None =
             if r.family == "wgmma_kq" and p.get("EPI") == 2 and od % 4:
                 params = tuple((k, 1 if k == "EPI" else v) for k, v in params)
                 why += f"; its TMA-store epilogue (EPI=2) needs od % 4 == 0, od={od}: the bulk fold alone (EPI=1)"
+            if r.family == "wgmma_kq" and p.get("EPI") == 3:
+                sm = device_props()["sm_count"] if _has_gpu() else 132
+                if not wgmma.pair_fits(nt, od, id_, p["BN"], sm):
+                    params = tuple((k, 0 if k == "EPI" else v) for k, v in params)
+                    why += (f"; its pair exchange (EPI=3) needs two CTAs per tile, which SK=3 does not give at "
+                            f"{od}x{id_} nt={nt}: the plain epilogue (EPI=0)")
             ch = Choice(r.family, params, why)
             return ch if r.family == "wgmma_kq" else _with_sweep_variant(ch, qtype, nt, od, id_)
     if wgmma.supported(cc):

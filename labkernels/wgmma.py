@@ -410,17 +410,20 @@ class WgKernel:
             raise WgmmaError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed: {err}")
         return int(n)
 
-    def launch(self, grid, tmap, *args):
+    def launch(self, grid, tmap, *args, cluster: int = 1):
         """``tmap``: one 128-byte CUtensorMap or a tuple of them (the kernel's leading __grid_constant__ params).
-        Inside ``gpu.programmatic_launches`` the launch is programmatic (the kernels begin with LK_PDL_ENTRY)."""
+        Inside ``gpu.programmatic_launches`` the launch is programmatic (the kernels begin with LK_PDL_ENTRY);
+        ``cluster`` > 1 launches clusters of that many CTAs (EPI=3's pairs)."""
         from cuda.bindings import driver as drv
 
         from . import gpu
 
         holders, params = gpu.kernel_params(args, prefix=(tmap,) if isinstance(tmap, bytes) else tuple(tmap))
         stream = _cp().cuda.get_current_stream().ptr
-        if gpu.pdl_active() and self.spec.source in gpu.pdl_sources():   # the prefill's graph capture (issue 18)
-            gpu.launch_programmatic(self._fptr, grid, (self.spec.threads,), self.smem, params, stream, self.spec.key)
+        pdl = gpu.pdl_active() and self.spec.source in gpu.pdl_sources()   # the prefill's graph capture (issue 18)
+        if pdl or cluster > 1:
+            gpu.launch_programmatic(self._fptr, grid, (self.spec.threads,), self.smem, params, stream, self.spec.key,
+                                    cluster=cluster, programmatic=pdl)
             return
         if not hasattr(self, "_cufn"):
             self._cufn = drv.CUfunction(self._fptr)
@@ -567,7 +570,7 @@ def auto_table(root=None):
     return best.reset_index(drop=True)
 
 
-_VARIANT = re.compile(r"wgmma_bn(\d+)_s(\d+)_scl(\d)(_sku|_skt|_sk)?(?:_e([12]))?(?:_a(4))?(?:_p([12]))?$")
+_VARIANT = re.compile(r"wgmma_bn(\d+)_s(\d+)_scl(\d)(_sku|_skt|_sk)?(?:_e([123]))?(?:_a(4))?(?:_p([12]))?$")
 _VARIANT_SMEM = re.compile(r"wgmma_smem_bn(\d+)_s(\d+)(_sku|_skt|_sk)?$")
 
 
@@ -814,8 +817,8 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
     qt = 4 if w.qtype == "q4_K" else 6
     if FORM not in (0, 1):
         raise ValueError(f"FORM is 0 (register) or 1 (shared memory), not {FORM!r}")
-    if EPI not in (0, 1, 2):
-        raise ValueError(f"EPI is 0 (plain), 1 (bulk fold) or 2 (bulk fold + TMA store), not {EPI!r}")
+    if EPI not in (0, 1, 2, 3):
+        raise ValueError(f"EPI is 0 (plain), 1 (bulk fold), 2 (bulk fold + TMA store) or 3 (pair exchange), not {EPI!r}")
     if EPI and FORM:
         raise ShapeError("the shared-memory form (wgmma_kqs) has the plain epilogue only (EPI=0)")
     if PF not in (0, 1, 2):
@@ -833,6 +836,9 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
     if EPI and SK == 1:
         raise ShapeError(f"EPI={EPI} stages through the activation ring, idle only on grids of one segment per CTA "
                          "(SK=0, 2, 3): stream-K (SK=1) takes the plain epilogue (EPI=0)")
+    if EPI == 3 and SK != 3:
+        raise ShapeError(f"EPI=3 exchanges a tile's two partial sums inside a 2-CTA cluster: it runs on the "
+                         f"tile-aligned split-k grid (SK=3) with two CTAs per tile, not SK={SK}")
     if EPI == 2 and w.od % 4:
         raise ShapeError(f"EPI=2 stores Y through a TMA map, whose rows must be 16-byte multiples: od={w.od} is not a "
                          "multiple of 4 (use EPI=0 or 1)")
@@ -848,6 +854,9 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
     sms = _sm_count(cp.cuda.Device().id) * k.blocks_per_sm
     ncta, dp_tiles = schedule(int(SK), nt, w.od, w.id, BN, sms)
     g = split_g(int(SK), nt, w.od, w.id, BN, sms)
+    if EPI == 3 and g != 2:
+        raise ShapeError(f"EPI=3 pairs a tile's two CTAs in a cluster: SK=3 gives {g} CTAs per tile at nt={nt}, "
+                         f"od={w.od}, id={w.id}, BN={BN} on {sms} SMs, not 2 (use EPI=0)")
     if SK:
         _check_schedule(ncta, w.id // QK, tile_count(nt, w.od, BN), dp_tiles, g)
     y = _out(nt, w.od, out)
@@ -858,7 +867,8 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
                  flags, np.int32(dp_tiles), np.int32(g))
     else:
         k.launch((ncta, 1), (tm, output_map(y, BN) if EPI == 2 else NO_MAP), w.packed, y, np.int32(nt),
-                 np.int32(w.od), np.int32(w.id), ws, flags, np.int32(dp_tiles), np.int32(g))
+                 np.int32(w.od), np.int32(w.id), ws, flags, np.int32(dp_tiles), np.int32(g),
+                 cluster=2 if EPI == 3 else 1)
     return y
 
 
@@ -992,6 +1002,14 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
                     if pf and qtype == "q6_K" and bn == 256:
                         continue           # no q6_K BN=256 prefetch build (its consumers spill with it)
                     scl = main_scl(qtype, bn) if scl is None else scl
+                    if epi == 3 and (qtype == "q6_K" and bn == 256 or not pair_fits(nt, od, id_, bn,
+                                                                                      _sm_count(cp.cuda.Device().id))):
+                        if run is not None:     # the pair exchange: two CTAs per tile only (no q6_K BN=256 build)
+                            why = ("no q6_K BN=256 build" if qtype == "q6_K" and bn == 256
+                                   else "no two-CTA-per-tile grid (SK=3, G != 2)")
+                            run.append("wgmma_not_applicable", {"qtype": qtype, "od": od, "id": id_, "nt": nt, "why": why,
+                                                                "variant": variant_name(bn, st, scl, sk, form, epi, aq, pf)})
+                        continue
                     if sk in (2, 3) and not sk_fits(sk, nt, od, id_, bn, _sm_count(cp.cuda.Device().id)):
                         if run is not None:     # the split-k grid does not fit: not run, and said so
                             run.append("wgmma_not_applicable", {"qtype": qtype, "od": od, "id": id_, "nt": nt,
@@ -1394,6 +1412,33 @@ def pf_ab(run, plan=None, progress=print, seed: int = 0) -> None:
           pairs=p["pairs"], repeats=p["repeats"], run=run, progress=progress, table="wgmma_pf_ab")
 
 
+# ------------------------------------------------------------------------------------------- the pair-exchange A/B
+
+#: the pair exchange (``gpu-check --steps wgmma_pair``): EPI=3 on the tile-aligned split (SK=3) where it gives two
+#: CTAs per tile, against the plain epilogue on the same grid, stream-K and cuBLAS -- tuples as in :data:`PLAN`
+PAIR_AB = {"shapes": [list(s) for s in SHAPES], "nts": [256, 512, 1024], "qtypes": ["q4_K", "q6_K"],
+           "variants": [[256, 4, None, 3, 0, e] for e in (0, 3)] + [[128, 4, None, 3, 0, e] for e in (0, 3)]
+           + [[256, 4, None, 1], [128, 4, None, 1]],
+           "pairs": 3, "repeats": 10}
+
+
+def pair_fits(nt: int, od: int, id_: int, BN: int, sm_count: int) -> bool:
+    """Whether EPI=3 takes this shape: SK=3 gives exactly two CTAs per tile (its 2-CTA clusters)."""
+    return split_g(3, nt, od, id_, BN, sm_count) == 2
+
+
+def pair_ab(run, plan=None, progress=print, seed: int = 0) -> None:
+    """EPI=3 against the plain epilogue on SK=3's grid, stream-K and cuBLAS, interleaved per point (:func:`bench`,
+    its own table ``wgmma_pair_ab``; a point where SK=3 does not give two CTAs per tile is recorded as not
+    applicable), after the real-model gates of the EPI=3 forms."""
+    p = {**PAIR_AB, **(plan or {})}
+    rng = np.random.default_rng(seed or None)
+    new = tuple(f for f in REAL_MODEL_FORMS if f[3] == 3)
+    run.append("real_model_parity", real_model_rows(rng, progress, forms=new))
+    bench([tuple(s) for s in p["shapes"]], p["nts"], p["qtypes"], [tuple(v) for v in p["variants"]],
+          pairs=p["pairs"], repeats=p["repeats"], run=run, progress=progress, table="wgmma_pair_ab")
+
+
 # ------------------------------------------------------------------------------------------------ the recorded round
 
 
@@ -1434,7 +1479,8 @@ REAL_MODEL_FORMS = ((128, 0, 0, 0), (256, 0, 0, 0), (128, 1, 0, 0), (256, 1, 0, 
                     (256, 0, 0, 1), (256, 2, 0, 1), (128, 0, 0, 2), (256, 0, 0, 2), (256, 2, 0, 2), (256, 3, 0, 2),
                     (128, 3, 0, 1),
                     (128, 0, 0, 0, 4), (128, 1, 0, 0, 4), (128, 3, 0, 0, 4),     # four A-fragment sets (AQ=4)
-                    (128, 0, 0, 0, 2, 2), (128, 1, 0, 0, 2, 1), (256, 3, 0, 0, 2, 2))   # the L2 prefetch (PF)
+                    (128, 0, 0, 0, 2, 2), (128, 1, 0, 0, 2, 1), (256, 3, 0, 0, 2, 2),   # the L2 prefetch (PF)
+                    (128, 3, 0, 3), (256, 3, 0, 3))                      # the pair exchange (EPI=3)
 
 
 def real_model_rows(rng, progress=print, forms=REAL_MODEL_FORMS) -> list[dict]:
@@ -1455,14 +1501,16 @@ def real_model_rows(rng, progress=print, forms=REAL_MODEL_FORMS) -> list[dict]:
         i8 = int8_path_error(raw, qtype, x)
         for f in forms:
             bn, sk, form, epi, aq, pf = (tuple(f) + (2, 0)[len(f) - 4:])[:6]
-            if pf and qtype == "q6_K" and bn == 256:
-                continue     # no q6_K BN=256 prefetch build (it spills)
+            if (pf or epi == 3) and qtype == "q6_K" and bn == 256:
+                continue     # no q6_K BN=256 prefetch or pair-exchange build (they spill)
             if form and qtype != "q4_K":
                 continue     # the shared-memory form takes q4_K
             if not sk_fits(sk, 37, raw.shape[0], id_, bn, _sm_count(cp.cuda.Device().id)):
                 continue     # a split-k grid where it fits this tensor (every Gemma tensor, at 37 tokens)
             if epi == 2 and raw.shape[0] % 4:
                 continue     # the TMA-store epilogue's rows are 16-byte multiples
+            if epi == 3 and split_g(3, 37, raw.shape[0], id_, bn, _sm_count(cp.cuda.Device().id)) != 2:
+                continue     # the pair exchange: two CTAs per tile only
             p = {"BN": bn, "STAGES": 3 if form and bn == 256 else 4, "BF16": 0, "SCL": main_scl(qtype, bn), "SK": sk,
                  "FORM": form, "EPI": epi, "AQ": aq, "PF": pf}
             y = cp.full((37, raw.shape[0]), np.nan, cp.float32)
@@ -1517,10 +1565,11 @@ def epi_table(ab_df):
     m = m[m.variant.str.startswith("wgmma_bn")].join(cb, on=key)
     parsed = [variant_params(v, q)[1] for v, q in zip(m.variant, m.qtype)]
     m["sched"] = [f"BN={p['BN']} " + {0: "SK=0", 1: "SK=1", 2: "SK=2", 3: "SK=3"}[p["SK"]] for p in parsed]
-    m["epi"] = [{0: "plain", 1: "bulk fold", 2: "+TMA store"}[p.get("EPI", 0)] for p in parsed]
+    m["epi"] = [{0: "plain", 1: "bulk fold", 2: "+TMA store", 3: "pair exchange"}[p.get("EPI", 0)] for p in parsed]
     m["vs_cublas"] = m.cublas_us / m.median_us
     t = m.pivot_table(index=key + ["sched"], columns="epi", values="vs_cublas")
-    return pd.DataFrame(t.reindex(columns=[c for c in ("plain", "bulk fold", "+TMA store") if c in t.columns])
+    return pd.DataFrame(t.reindex(columns=[c for c in ("plain", "bulk fold", "+TMA store", "pair exchange")
+                                           if c in t.columns])
                         ).reset_index()
 
 

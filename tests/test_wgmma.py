@@ -82,7 +82,7 @@ def test_registry_rows_of_round7():
     assert main == sorted(f"wgmma_kq[QT={q},BN={bn},STAGES=4,BF16=0,SCL={wgmma.main_scl(t, bn)},EPI=0,AQ=2,PF=0]"
                           for q, t in ((4, "q4_K"), (6, "q6_K")) for bn in (128, 256))
     # the epilogue forms: built on the main scale form only (f16), all on the main path (0 spills: CI's audit)
-    epi = {(k.p["QT"], k.p["BN"], k.p["EPI"]): k for k in ks if k.p["EPI"]}
+    epi = {(k.p["QT"], k.p["BN"], k.p["EPI"]): k for k in ks if k.p["EPI"] in (1, 2)}
     assert all(k.p["AQ"] == 2 for k in epi.values())
     assert set(epi) == {(q, bn, e) for q in (4, 6) for bn in (128, 256) for e in (1, 2)}
     for (q, bn, e), k in epi.items():
@@ -319,7 +319,7 @@ def test_variant_names_carry_the_scheduler():
         assert wgmma.variant_params(f"wgmma_bn128_s4_scl1_e{epi}", "q6_K")[1]["EPI"] == epi
     assert "EPI" not in wgmma.variant_params("wgmma_bn256_s4_scl0_sku", "q4_K")[1]
     with pytest.raises(ValueError, match="not a round-7 variant"):
-        wgmma.variant_params("wgmma_bn256_s4_scl0_e3", "q4_K")
+        wgmma.variant_params("wgmma_bn256_s4_scl0_e4", "q4_K")
     with pytest.raises(ValueError, match="plain epilogue only"):
         wgmma.variant_name(128, 4, 0, 1, FORM=1, EPI=1)
     # the A-fragment sets come last, named only where they are not AQ=2, and read back
@@ -332,6 +332,7 @@ def test_variant_names_carry_the_scheduler():
     with pytest.raises(ValueError, match="no register A sets"):
         wgmma.variant_name(128, 4, 0, 0, FORM=1, AQ=4)
     assert wgmma.variant_name(256, 4, 0, 3, PF=2) == "wgmma_bn256_s4_scl0_skt_p2"
+    assert wgmma.variant_params(wgmma.variant_name(128, 4, 0, 3, EPI=3), "q4_K")[1]["EPI"] == 3
     assert wgmma.variant_params("wgmma_bn256_s4_scl0_skt_p2", "q4_K")[1] == {"BN": 256, "STAGES": 4, "BF16": 0,
                                                                              "SCL": 0, "SK": 3, "PF": 2}
 
@@ -684,3 +685,33 @@ def test_ncu_stalls_reads_the_raw_metrics():
     assert list(t.columns) == ["case", "kernel", "sk", "nt", "tensor pipe % elapsed", "long_scoreboard", "gmma"]
     assert t["long_scoreboard"].tolist() == [1.5, 0.2] and t["tensor pipe % elapsed"].tolist() == [55.5, 55.5]
     assert wgmma.ncu_stalls(pd.DataFrame(rows[-1:])).empty
+
+
+def test_registry_rows_and_fit_of_the_pair_exchange():
+    """EPI=3 (the 2-CTA cluster pair exchange): the AQ=2 main scale forms, f16, not q6_K BN=256 (it spills in the
+    main loop), off the main path; it takes only the shapes where SK=3 gives two CTAs per tile."""
+    from labkernels import wgmma
+
+    ks = [k for k in registry.family("wgmma_kq") if k.p["EPI"] == 3]
+    assert sorted((k.p["QT"], k.p["BN"]) for k in ks) == [(4, 128), (4, 256), (6, 128)]
+    assert all(not k.main_path and k.p["AQ"] == 2 and k.p["PF"] == 0 and k.p["BF16"] == 0 for k in ks)
+    assert wgmma.pair_fits(512, 4096, 11008, 256, 132) and wgmma.pair_fits(512, 4096, 4096, 256, 132)
+    assert not wgmma.pair_fits(512, 4096, 4096, 128, 132)       # 128 tiles: one CTA each
+    assert not wgmma.pair_fits(512, 1000, 4096, 256, 132)       # 16 tiles: 8 CTAs each
+    assert wgmma.pair_fits(77, 200, 512, 128, 132) and wgmma.pair_fits(256, 4000, 1792, 128, 132)
+
+
+def test_auto_drops_a_pair_exchange_that_does_not_pair(tmp_path):
+    """A recorded EPI=3 winner is used as recorded where SK=3 gives two CTAs per tile, and with the plain epilogue,
+    said in the reason, where it does not."""
+    import pandas as pd
+
+    from labkernels import gpu
+
+    t = pd.DataFrame([{"qtype": "q4_K", "od": 4096, "id": 11008, "nt": 512, "variant": "wgmma_bn256_s4_scl0_skt_e3",
+                       "median_us": 30.0, "family": "wgmma_kq",
+                       "params": {"BN": 256, "STAGES": 4, "BF16": 0, "SCL": 0, "SK": 3, "EPI": 3}, "run_id": "r"}])
+    c = gpu.choose("q4_K", 512, 4096, 11008, table=t, cc=90)
+    assert dict(c.params)["EPI"] == 3 and "pair exchange" not in c.reason
+    c = gpu.choose("q4_K", 512, 1000, 4096, table=t, cc=90)
+    assert dict(c.params)["EPI"] == 0 and dict(c.params)["SK"] == 3 and "pair exchange (EPI=3)" in c.reason

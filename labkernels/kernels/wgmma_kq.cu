@@ -545,6 +545,43 @@ __device__ __forceinline__ float4 lk_lds128f(u32 addr) {
     return v;
 }
 
+// ---- EPI=3, the pair exchange in a 2-CTA cluster: distributed shared memory and cluster-scope mbarriers
+__device__ __forceinline__ u32 lk_cluster_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ u32 lk_cluster_size() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void lk_cluster_sync() {   // every thread of both CTAs (all of them still running)
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ u32 lk_mapa(u32 saddr, u32 rank) {   // this CTA's shared address -> the peer's
+    u32 r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(saddr), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ void lk_mbar_arrive_peer(u32 bar) {   // release at cluster scope: this thread's stores
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void lk_mbar_wait_cluster(u64* bar, u32 parity) {   // acquire at cluster scope
+    u32 done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(lk_smem_u32(bar)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void lk_st_peer_v4(u32 addr, float a, float b, float c, float d) {
+    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d)
+                 : "memory");
+}
+
 // acc[4i .. 4i+3] += v: one float4 of partial sums folded into a thread's accumulators (every fix-up path)
 template <int N>
 __device__ __forceinline__ void lk_add4(float (&acc)[N], int i, const float4& v) {
@@ -557,15 +594,45 @@ __device__ __forceinline__ void lk_add4(float (&acc)[N], int i, const float4& v)
 // ---- the end of a consumer's segment (both forms): a stream-K helper writes its partial accumulators and raises
 // its flag; an owner folds in the helpers' partials (in CTA order) and stores its rows of Y. ``ring``: the
 // activation ring's shared address (EPI >= 1, the CTA's one segment); ``fold_bar``: the bulk fold's mbarrier
-// (EPI >= 1); ``tmy``: the Y tensor map (EPI = 2); ``G``: the tile-aligned split (SK=3) or 0.
+// (EPI 1, 2) or the pair exchange's two (EPI = 3: fold_bar[1] the peer's ring is free, fold_bar[2] its partial
+// sums have arrived); ``tmy``: the Y tensor map (EPI = 2); ``G``: the tile-aligned split (SK=3) or 0.
 template <int BN, int EPI>
 __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const LkSeg& seg, float* __restrict__ Y,
                                                   int nt, int od, int nsb, int tiles, int dp_tiles,
                                                   float* __restrict__ ws, u32* __restrict__ flags, int r0, int r1,
                                                   int n0, int c, int ctid, const signed char* sk_role, int si,
                                                   int G, u32 ring, u64* fold_bar, const LkTmap* tmy) {
-    static_assert(EPI >= 0 && EPI <= 2, "EPI is 0 (plain), 1 (bulk fold) or 2 (bulk fold + TMA store)");
+    static_assert(EPI >= 0 && EPI <= 3, "EPI is 0 (plain), 1 (bulk fold), 2 (bulk fold + TMA store), 3 (pair exchange)");
     float4* part = (float4*)ws;
+    if constexpr (EPI == 3) {
+        // EPI=3, the pair exchange: the tile's two CTAs (SK=3, G=2: CTAs 2t and 2t+1, one 2-CTA cluster) each hold
+        // its partial sums over half of k. Cluster rank r keeps consumer warpgroup r's 64 rows and sends the other
+        // warpgroup's 64 rows into the peer's idle ring through distributed shared memory -- no workspace, no L2
+        // round trip, no flag -- then folds the peer's half of its rows in and stores them: each CTA stores half
+        // the tile. Rank 0's sum is the plain owner's (its k-half + the other); rank 1's adds the same two numbers
+        // in the other order: IEEE addition is commutative, so bitwise the plain epilogue.
+        const u32 me = lk_cluster_rank(), peer = me ^ 1u;
+        const int wgi = ctid >> 7, t = ctid & 127;
+        lk_consumer_sync();   // every consumer's wgmmas have retired: this CTA's ring is free for the peer
+        if (ctid == 0) lk_mbar_arrive_peer(lk_mapa(lk_smem_u32(&fold_bar[1]), peer));
+        if (wgi != (int)me) {   // the peer's rows: wait for its ring, write them there, arrive (128 threads)
+            lk_mbar_wait_cluster(&fold_bar[1], 0);
+            const u32 dst = lk_mapa(ring, peer);
+#pragma unroll
+            for (int i = 0; i < BN / 8; i++)
+                lk_st_peer_v4(dst + (u32)(i * 128 + t) * 16, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+            lk_mbar_arrive_peer(lk_mapa(lk_smem_u32(&fold_bar[2]), peer));
+            return;
+        }
+        lk_mbar_wait_cluster(&fold_bar[2], 0);   // the peer's 128 senders' stores have landed in this ring
+#pragma unroll
+        for (int i = 0; i < BN / 8; i++) {
+            if (i % 4 == 0) asm volatile("" ::: "memory");
+            const float4 v = lk_lds128f(ring + (u32)(i * 128 + t) * 16);
+            lk_add4(acc, i, v);
+        }
+    }
+    if constexpr (EPI != 3) {
 #ifndef LK_ABLATE_NOFIX   // ablation builds only (labkernels.wgmma: LABKERNELS_WG_DEFINES): skip the fix-up
 #ifdef LK_EXP_SPLITFIN
     const int dpw = dp_tiles / (int)gridDim.x;
@@ -664,6 +731,7 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
     }
 
 #endif
+    }   // EPI != 3
 #ifndef LK_ABLATE_NOSTORE   // ablation: skip the store (timing only)
     if (EPI == 2) {   // the tile through the ring and four TMA stores
         lk_consumer_sync();   // every consumer's wgmmas (no fold) or fold reads (EPI >= 1) are done with the ring
@@ -722,7 +790,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
     extern __shared__ u8 lk_dyn_smem[];
     __shared__ __align__(8) u64 full_bar[STAGES];
     __shared__ __align__(8) u64 empty_bar[STAGES];
-    __shared__ __align__(8) u64 fold_bar;          // EPI >= 1: the bulk fold's copies
+    __shared__ __align__(8) u64 fold_bar[3];       // EPI 1, 2: [0] the bulk fold's copies; EPI 3: [1], [2] the pair's
     __shared__ LkSeg sk_seg[LK_SK_MAXSEG];
     __shared__ signed char sk_role[LK_SK_MAXSEG];   // LK_EXP_SPLITFIN: each stream-K segment's part (lk_sk_roles)
     __shared__ int sk_n;
@@ -738,7 +806,9 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
             lk_mbar_init(&full_bar[s], 1);
             lk_mbar_init(&empty_bar[s], 8);   // lane 0 of each of the 8 consumer warps
         }
-        lk_mbar_init(&fold_bar, 1);           // the first consumer thread, with the copies' byte count
+        lk_mbar_init(&fold_bar[0], 1);        // the first consumer thread, with the copies' byte count
+        lk_mbar_init(&fold_bar[1], 1);        // EPI=3: the peer's first consumer thread (its ring is free)
+        lk_mbar_init(&fold_bar[2], 128);      // EPI=3: the peer's 128 sending threads
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         sk_n = lk_sk_segments(sk_seg, nsb, tiles, dp_tiles, split_g);
 #ifdef LK_EXP_SPLITFIN
@@ -746,8 +816,10 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
 #endif
         if (sk_n < 0) __trap();
         if (EPI >= 1 && dp_tiles / (int)gridDim.x + sk_n != 1) __trap();   // the EPI forms: one segment per CTA
+        if (EPI == 3 && (split_g != 2 || lk_cluster_size() != 2)) __trap();   // a pair of CTAs per tile, clustered
     }
     __syncthreads();
+    if (EPI == 3) lk_cluster_sync();   // the peer's mbarriers are initialized before anything arrives on them
     LK_TRACE(1);
     const int nsk = sk_n;
     LkSeg seg;
@@ -861,7 +933,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
 
         const u32 ring = (lk_smem_u32(lk_dyn_smem) + 1023) & ~1023u;   // recomputed: no register over the loop
         lk_finish_segment<BN, EPI>(acc, seg, Y, nt, od, nsb, tiles, dp_tiles, ws, flags, r0, r1, n0, c, ctid, sk_role,
-                                   si, split_g, ring, &fold_bar, &tmy);
+                                   si, split_g, ring, fold_bar, &tmy);
         LK_TRACE(5 + 3 * si);
     }
 }

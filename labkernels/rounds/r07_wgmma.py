@@ -40,7 +40,9 @@ cases = []
 if mode == "sanitizer":       # tails in nt and od, every main-path variant, the three schedulers (stream-K
     for k in registry.family("wgmma_kq") + registry.family("wgmma_kqs"):   # splits these tiles' k over 4 CTAs,
                                                 # the uniform split over 2 each: partials, flags, fix-up; both forms)
-        if k.main_path or k.p.get("AQ", 2) != 2 or k.p.get("PF"):   # (and the AQ=4 experiment) ... and the tile-aligned split (SK=3) where G does not divide the 7 super-blocks (1+2+2+2);
+        if k.p.get("EPI") == 3:   # the pair exchange: SK=3 with two CTAs per tile (2 tiles of 2 super-blocks)
+            cases += [(k, 77, 200, 512, 3)]
+        elif k.main_path or k.p.get("AQ", 2) != 2 or k.p.get("PF"):   # (and the AQ=4 experiment) ... and the tile-aligned split (SK=3) where G does not divide the 7 super-blocks (1+2+2+2);
                           # the epilogue forms (EPI > 0) take no stream-K grid
             cases += [(k, 77, 200, 512, sk) for sk in (0, 1, 2) if not (sk == 1 and k.p.get("EPI"))]
             cases += [(k, 77, 4000, 1792, 3)]
@@ -127,6 +129,17 @@ def step_wgmma_pf(out: Path, args) -> dict:
 
     with records.recording(DATA[0], {"what": "pf_ab", "plan": wgmma.PF_AB}, root=out / "data") as run:
         wgmma.pf_ab(run, progress=args.log)
+    return {"ok": True, "run": run.run_id}
+
+
+def step_wgmma_pair(out: Path, args) -> dict:
+    """Round 7: the pair exchange (EPI=3: a tile's two split-k CTAs in one cluster, partial sums through distributed
+    shared memory) against the plain epilogue on the same grid, stream-K and cuBLAS at nt 256-1024
+    (labkernels.wgmma.pair_ab), real-model gated, recorded."""
+    from .. import records
+
+    with records.recording(DATA[0], {"what": "pair_ab", "plan": wgmma.PAIR_AB}, root=out / "data") as run:
+        wgmma.pair_ab(run, progress=args.log)
     return {"ok": True, "run": run.run_id}
 
 
@@ -297,4 +310,4 @@ def step_prefill_r7(out: Path, args) -> dict:
 
 STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_ncu": step_wgmma_ncu,
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
-         "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "prefill_r7": step_prefill_r7}
+         "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair, "prefill_r7": step_prefill_r7}

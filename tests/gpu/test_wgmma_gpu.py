@@ -59,6 +59,13 @@ def test_wgmma_parity(cp, rng, spec, nt, od, id_, sk):
     x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
     params = dict(BN=spec.p["BN"], STAGES=spec.p["STAGES"], BF16=spec.p["BF16"], SCL=spec.p["SCL"], SK=sk,
                   EPI=spec.p["EPI"], AQ=spec.p["AQ"], PF=spec.p["PF"])
+    if spec.p["EPI"] == 3:   # the pair exchange runs on SK=3 only (test_wgmma_pair_exchange_is_bitwise_the_plain_one)
+        from labkernels import gpu
+
+        with pytest.raises(gpu.ShapeError, match="stream-K|EPI=3"):
+            _run(cp, _weights(rng, "q4_K" if spec.p["QT"] == 4 else "q6_K", od, id_), "q4_K" if spec.p["QT"] == 4
+                 else "q6_K", np.zeros((nt, id_), np.float32), **params)
+        return
     if (spec.p["EPI"] == 2 and od % 4) or (spec.p["EPI"] and sk == 1):   # refused, never run: the TMA-store
         from labkernels import gpu                                        # rows are 16-byte multiples; the EPI
 
@@ -152,7 +159,7 @@ def test_wgmma_tile_aligned_split(cp, rng, qtype, bn, nt, od, id_):
     _gated_reproducible_near_dp(cp, raw, qtype, x, bn, scl, 3, "the tile-aligned split")
 
 
-EPI_SPECS = [k for k in registry.family("wgmma_kq") if k.p["EPI"] > 0]
+EPI_SPECS = [k for k in registry.family("wgmma_kq") if k.p["EPI"] in (1, 2)]
 
 
 @pytest.mark.parametrize("sk", [0, 2, 3], ids=["dp", "sku", "skt"])
@@ -206,6 +213,38 @@ def test_wgmma_four_a_sets_are_bitwise_two(cp, rng, spec, nt, od, id_, sk):
     for _ in range(2):
         y, _ = _run(cp, raw, qtype, x, AQ=spec.p["AQ"], **p)
         assert np.array_equal(y, y0), f"{spec.key} SK={sk} differs from AQ=2"
+    g = wgmma.gate(y, raw, qtype, x, packed=packed, tokens=np.arange(0, nt, max(1, nt // 40)))
+    assert g["ok"] and g["nonfinite"] == 0, g
+
+
+PAIR_SPECS = [k for k in registry.family("wgmma_kq") if k.p["EPI"] == 3]
+
+
+@pytest.mark.parametrize("spec", PAIR_SPECS, ids=[k.key for k in PAIR_SPECS])
+@pytest.mark.parametrize("nt,od,id_", [(77, 200, 512), (512, 4096, 11008), (256, 4000, 1792), (512, 1000, 4096)])
+def test_wgmma_pair_exchange_is_bitwise_the_plain_one(cp, rng, spec, nt, od, id_):
+    """EPI=3: a tile's two CTAs (SK=3 with G=2, one 2-CTA cluster) swap halves of their partial sums through
+    distributed shared memory and each stores half the tile -- the same two numbers added per output (rank 1 in
+    the other order: commutative), so bitwise the plain epilogue on the same grid; twice (the mbarriers are
+    per launch), tails in nt and od, NaN-poisoned output, guard regions intact. A shape without two CTAs per tile
+    is refused, and so is any other scheduler."""
+    from labkernels import gpu, wgmma
+
+    qtype = "q4_K" if spec.p["QT"] == 4 else "q6_K"
+    bn = spec.p["BN"]
+    raw = _weights(rng, qtype, od, id_)
+    x = rng.standard_normal((nt, id_)).astype(np.float32)
+    p = dict(BN=bn, STAGES=spec.p["STAGES"], SCL=spec.p["SCL"])
+    if not wgmma.pair_fits(nt, od, id_, bn, gpu.device_props()["sm_count"]):
+        with pytest.raises(gpu.ShapeError, match="EPI=3 pairs"):
+            _run(cp, raw, qtype, x, SK=3, EPI=3, **p)
+        return
+    with pytest.raises(gpu.ShapeError, match="EPI=3 exchanges"):
+        _run(cp, raw, qtype, x, SK=2 if nt == 77 else 0, EPI=3, **p)
+    y0, packed = _run(cp, raw, qtype, x, SK=3, EPI=0, **p)
+    for _ in range(2):
+        y, _ = _run(cp, raw, qtype, x, SK=3, EPI=3, **p)
+        assert np.array_equal(y, y0), f"{spec.key} differs from the plain epilogue"
     g = wgmma.gate(y, raw, qtype, x, packed=packed, tokens=np.arange(0, nt, max(1, nt // 40)))
     assert g["ok"] and g["nonfinite"] == 0, g
 
