@@ -668,6 +668,50 @@ else:
 #   exchange of the split grid's partial sums. None of these was built this session.
 
 # %% [markdown]
+# ## Sixth step: the split grid's partial sums through distributed shared memory (built; prediction first)
+#
+# **Why.** The fourth step's forms and the split finish all moved the owner's reads, stores or share of the work,
+# and none of them helped. What they did not change is the aggregate traffic. At 4096 × 4096, nt=512, on the
+# split grid (two CTAs per tile), every tile's helper writes 128 KB of partial sums to L2 and its owner reads them
+# back, while every owner also stores its 128 KB of Y. All 128 CTAs do this in the same few microseconds: 8 MB
+# written, 8 MB read and 8 MB stored, ~24 MB through L2 in the finish, whichever CTA does which part.
+#
+# **Design: `EPI=3`, the pair exchange.**
+# * **The grid.** SK=3 where it gives two CTAs per tile (G=2: CTAs 2t and 2t+1), launched as 2-CTA clusters
+#   (`cuLaunchKernelEx` with a cluster dimension).
+# * **The exchange.** Each CTA keeps one consumer warpgroup's 64 rows (cluster rank r keeps warpgroup r). It sends
+#   the other warpgroup's partial sums, 64 KB at BN=256, straight into the peer's idle activation ring with
+#   `st.shared::cluster`, between two cluster-scope mbarriers: "my ring is free" and "my 128 senders' stores are
+#   in". It then folds the peer's half of its own rows in and stores those rows. No workspace, no flag, no L2
+#   round trip for the partial sums: the L2 traffic of the finish is Y's 8 MB, as in cuBLAS.
+# * **Bitwise.** Rank 0 adds its k-half to the other's, as the plain owner does. Rank 1 adds the same two numbers
+#   in the other order, and IEEE addition is commutative, so the output is bitwise the plain epilogue's.
+# * **Where it runs.** q4_K at both tiles and q6_K at BN=128, each off the main path. Their epilogues spill 4–32
+#   bytes after the main loop. q6_K BN=256 is not built, because it spills inside the main loop.
+#
+# **Prediction** (written before any GPU run of this build). 2–4 us off the SK=3 BN=256 launches at nt=512, so
+# q4_K 4096 × 4096 from ~0.80× to ~0.88–0.95× cuBLAS, and 4096 × 11008 and 4096 × 14336 from 0.89–0.95× to
+# ~0.95–1.05×. 11008 × 4096 (no G=2 grid) does not change.
+#
+# **Status.** It compiles for sm_90a, its CPU tests pass, and its GPU tests (bitwise against the plain epilogue,
+# twice, with refusals), sanitizer case, real-model gates and A/B step (`gpu-check --steps wgmma_pair`) are
+# written. This session's device time ran out before any of them ran, so **nothing about it is measured yet**.
+
+# %%
+pr = records.latest("wgmma", where=lambda r: r.has("wgmma_pair_ab"))
+if pr is None:
+    print("the pair exchange (EPI=3) is built and not yet run on the GPU: no measurement of it exists")
+else:
+    ppx = wgmma.suffix_ab(pr.table("wgmma_pair_ab"), suffixes=("_e3",))
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    plotting.option_speedups(ax, ppx, {"e3": "pair exchange (EPI=3)\nvs plain, SK=3"},
+                             f"the pair exchange against the plain epilogue on the same grid ({report.source(pr)})")
+    plt.show()
+    et = wgmma.epi_table(pr.table("wgmma_pair_ab"))
+    display(report.table(et[et.nt == 512].drop(columns="nt"), caption=f"nt=512: × cuBLAS fp16 (cached) per scheduler "
+                                                                        f"and epilogue form ({report.source(pr)})"))
+
+# %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process
 
 # %%
