@@ -567,7 +567,7 @@ else:
 # %% [markdown]
 # ## Fifth step: what the consumers wait on, and two changes to their main loop (measured, not kept)
 #
-# Session 5 tried two changes to the consumers' main loop, each a registry parameter of `wgmma_kq` (off the main
+# This step tried two changes to the consumers' main loop, each a registry parameter of `wgmma_kq` (off the main
 # path, spill-free, gated and sanitizer-checked like the rest), each with its prediction written in its commit
 # message before its run:
 #
@@ -663,9 +663,9 @@ else:
 # * **Where this leaves nt=512.** The launches lose ~40–50% of the pipe to the work around and between the
 #   wgmmas, not to bandwidth or issue: in the table of this run above, DRAM is at 8–14% of its peak, L1/TEX at
 #   44–58% and the issue slots 21–41% busy. So the next lever is structural. Candidates: ping-pong consumers, with one warpgroup's conversion
-#   overlapping the other's wgmmas on a different tile; a converter warpgroup feeding shared memory for the BN=256
-#   launches (the shared-memory form lost at BN=128 on its single converter warpgroup); or the two-CTA cluster
-#   exchange of the split grid's partial sums. None of these was built this session.
+#   overlapping the other's wgmmas on a different tile; more than one converter warpgroup feeding shared memory
+#   (the shared-memory form above, with one, was slower at both tiles); or the two-CTA cluster
+#   exchange of the split grid's partial sums (the sixth step, below).
 
 # %% [markdown]
 # ## Sixth step: the split grid's partial sums through distributed shared memory (built; prediction first)
@@ -695,7 +695,8 @@ else:
 #
 # **Status.** It compiles for sm_90a, its CPU tests pass, and its GPU tests (bitwise against the plain epilogue,
 # twice, with refusals), sanitizer case, real-model gates and A/B step (`gpu-check --steps wgmma_pair`) are
-# written. This session's device time ran out before any of them ran, so **nothing about it is measured yet**.
+# written. The device time of the session that built it (2026-12-02) ran out before any of them ran, so **nothing
+# about it is measured yet**.
 
 # %%
 pr = records.latest("wgmma", where=lambda r: r.has("wgmma_pair_ab"))
