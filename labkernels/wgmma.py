@@ -410,6 +410,25 @@ class WgKernel:
             raise WgmmaError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed: {err}")
         return int(n)
 
+    def max_active_clusters(self, cluster: int = 2, grid: int = 128) -> int:
+        """How many clusters of ``cluster`` CTAs of this kernel the device runs at once
+        (``cuOccupancyMaxActiveClusters``): EPI=3's 2-CTA pairs beyond it wait for a second wave."""
+        from cuda.bindings import driver as drv
+
+        cfg = drv.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = int(grid), 1, 1
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self.spec.threads, 1, 1
+        cfg.sharedMemBytes = self.smem
+        at = drv.CUlaunchAttribute()
+        at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        at.value.clusterDim.x, at.value.clusterDim.y, at.value.clusterDim.z = int(cluster), 1, 1
+        cfg.attrs = [at]
+        cfg.numAttrs = 1
+        err, n = drv.cuOccupancyMaxActiveClusters(drv.CUfunction(self._fptr), cfg)
+        if int(err) != 0:
+            raise WgmmaError(f"cuOccupancyMaxActiveClusters of {self.spec.key} failed: {err}")
+        return int(n)
+
     def launch(self, grid, tmap, *args, cluster: int = 1):
         """``tmap``: one 128-byte CUtensorMap or a tuple of them (the kernel's leading __grid_constant__ params).
         Inside ``gpu.programmatic_launches`` the launch is programmatic (the kernels begin with LK_PDL_ENTRY);
@@ -1434,6 +1453,10 @@ def pair_ab(run, plan=None, progress=print, seed: int = 0) -> None:
     p = {**PAIR_AB, **(plan or {})}
     rng = np.random.default_rng(seed or None)
     new = tuple(f for f in REAL_MODEL_FORMS if f[3] == 3)
+    occ = [{"kernel": k.key, "cluster": 2, "max_active_clusters": kernel(k.family, **k.p).max_active_clusters(2)}
+           for k in registry.family("wgmma_kq") if k.p["EPI"] == 3]
+    run.append("cluster_occupancy", occ)
+    progress("2-CTA clusters resident at once: " + ", ".join(f"{o['kernel']} {o['max_active_clusters']}" for o in occ))
     run.append("real_model_parity", real_model_rows(rng, progress, forms=new))
     bench([tuple(s) for s in p["shapes"]], p["nts"], p["qtypes"], [tuple(v) for v in p["variants"]],
           pairs=p["pairs"], repeats=p["repeats"], run=run, progress=progress, table="wgmma_pair_ab")
