@@ -232,6 +232,7 @@ def test_wgmma_pair_exchange_is_bitwise_the_plain_one(cp, rng, spec, nt, od, id_
 
     qtype = "q4_K" if spec.p["QT"] == 4 else "q6_K"
     bn = spec.p["BN"]
+    assert wgmma.kernel(spec.family, **spec.p).max_active_clusters(2) >= 1   # the pairs can be resident at all
     raw = _weights(rng, qtype, od, id_)
     x = rng.standard_normal((nt, id_)).astype(np.float32)
     p = dict(BN=bn, STAGES=spec.p["STAGES"], SCL=spec.p["SCL"])
