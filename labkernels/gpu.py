@@ -876,8 +876,8 @@ def _choose(qtype: str, nt: int, od: int, id_: int, table=None, cc: int | None =
             params = tuple((k, int(v)) for k, v in r.params.items())
             why = f"fastest at {r.od}x{r.id} nt={r.nt} in run {r.run_id}"
             p = dict(params)
+            sm = device_props()["sm_count"] if _has_gpu() else 132
             if r.family == "wgmma_kq" and p.get("SK") in (2, 3):
-                sm = device_props()["sm_count"] if _has_gpu() else 132
                 if not wgmma.sk_fits(p["SK"], nt, od, id_, p["BN"], sm):   # the split-k grids take few shapes
                     grid = {2: "uniform", 3: "tile-aligned"}[p["SK"]]
                     why += f"; its {grid} split-k grid (SK={p['SK']}) does not fit {od}x{id_} nt={nt}: stream-K (SK=1)"
@@ -890,7 +890,6 @@ def _choose(qtype: str, nt: int, od: int, id_: int, table=None, cc: int | None =
                 params = tuple((k, 1 if k == "EPI" else v) for k, v in params)
                 why += f"; its TMA-store epilogue (EPI=2) needs od % 4 == 0, od={od}: the bulk fold alone (EPI=1)"
             if r.family == "wgmma_kq" and p.get("EPI") == 3:
-                sm = device_props()["sm_count"] if _has_gpu() else 132
                 if not wgmma.pair_fits(nt, od, id_, p["BN"], sm):
                     params = tuple((k, 0 if k == "EPI" else v) for k, v in params)
                     why += (f"; its pair exchange (EPI=3) needs two CTAs per tile, which SK=3 does not give at "

@@ -1532,7 +1532,7 @@ def real_model_rows(rng, progress=print, forms=REAL_MODEL_FORMS) -> list[dict]:
                 continue     # a split-k grid where it fits this tensor (every Gemma tensor, at 37 tokens)
             if epi == 2 and raw.shape[0] % 4:
                 continue     # the TMA-store epilogue's rows are 16-byte multiples
-            if epi == 3 and split_g(3, 37, raw.shape[0], id_, bn, _sm_count(cp.cuda.Device().id)) != 2:
+            if epi == 3 and not pair_fits(37, raw.shape[0], id_, bn, _sm_count(cp.cuda.Device().id)):
                 continue     # the pair exchange: two CTAs per tile only
             p = {"BN": bn, "STAGES": 3 if form and bn == 256 else 4, "BF16": 0, "SCL": main_scl(qtype, bn), "SK": sk,
                  "FORM": form, "EPI": epi, "AQ": aq, "PF": pf}
@@ -1673,6 +1673,18 @@ NCU_METRICS = [("GPU Speed Of Light Throughput", "Duration"), ("GPU Speed Of Lig
                ("Occupancy", "Achieved Active Warps Per SM"), ("Memory Workload Analysis", "L2 Hit Rate"),
                # shared memory is L1/TEX traffic: the shared-memory form's limit
                ("GPU Speed Of Light Throughput", "L1/TEX Cache Throughput"), ("Memory Workload Analysis", "Mem Pipes Busy")]
+
+
+#: the tile scheduler of a profiled launch, as the Nsight Compute figures name it
+SCHED_LABEL = {0: "data-par.", 1: "stream-K", 2: "split-k", 3: "tile split"}
+
+
+def ncu_label(kernel_key: str, sk: int, nt: int, sep: str = "\n") -> str:
+    """A profiled kernel as the Nsight Compute figures label it: type, tile, form (shared-memory, AQ=4), then
+    ``sep`` and the scheduler and nt -- e.g. 'q4_K BN=256\ntile split nt=512'."""
+    head = (f"{'q4_K' if 'QT=4' in kernel_key else 'q6_K'} BN={kernel_key.split('BN=')[1].split(',')[0]}"
+            f"{' smem' if kernel_key.startswith('wgmma_kqs') else ''}{' AQ=4' if 'AQ=4' in kernel_key else ''}")
+    return f"{head}{sep}{SCHED_LABEL[int(sk)]} nt={nt}"
 
 
 def ncu_table(sections_df):

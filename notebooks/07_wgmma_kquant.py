@@ -403,21 +403,23 @@ if nc is None:
 else:
     nct = wgmma.ncu_table(nc.table("sections"))
     display(report.table(nct, caption=f"ncu --clock-control none, {report.source(nc)} (4096 x 4096; SM frequency as ncu read it)"))
-    fig, ax = plt.subplots(figsize=(9, 3.8))
-    sched = {0: "data-par.", 1: "stream-K", 2: "split-k", 3: "tile split"}
-    lab = [f"{'q4_K' if 'QT=4' in k else 'q6_K'} BN={k.split('BN=')[1].split(',')[0]}{' smem' if k.startswith('wgmma_kqs') else ''}"
-           f"{' AQ=4' if 'AQ=4' in k else ''}\n{sched[sk]} nt={n}" for k, n, sk in zip(nct.kernel, nct.nt, nct.sk)]
-    xs = np.arange(len(lab))
-    ax.bar(xs - .2, nct["Compute (SM) Throughput [%]"], .4, label="SM compute throughput (tensor pipe) [%]",
-           color=plotting.color("wgmma_kq"))
-    ax.bar(xs + .2, nct["Issue Slots Busy [%]"], .4, label="issue slots busy [%]", color=plotting.color("issue"))
-    ax.set_xticks(xs, lab, fontsize=8); ax.set_ylabel("% of peak"); ax.set_ylim(0, 100); ax.legend(fontsize=8)
-    ax.set_title(f"Nsight Compute ({report.source(nc)})", fontsize=9)
-    ax.grid(axis="y", alpha=.3)
+    lab = [wgmma.ncu_label(k, sk, n, sep=", ") for k, n, sk in zip(nct.kernel, nct.nt, nct.sk)]
+    fig, ax = plt.subplots(figsize=(9, 1.4 + 0.36 * len(lab)))
+    ys = np.arange(len(lab))
+    ax.barh(ys - .2, nct["Compute (SM) Throughput [%]"], .4, label="SM compute throughput (tensor pipe) [%]",
+            color=plotting.color("wgmma_kq"))
+    ax.barh(ys + .2, nct["Issue Slots Busy [%]"], .4, label="issue slots busy [%]", color=plotting.color("issue"))
+    ax.set_yticks(ys, lab, fontsize=8); ax.invert_yaxis()
+    ax.set_xlabel("% of peak"); ax.set_xlim(0, 100)
+    ax.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.4, -0.11))
+    ax.set_title(f"Nsight Compute, 4096 x 4096 ({report.source(nc)})", fontsize=9)
+    ax.grid(axis="x", alpha=.3)
     plt.show()
 
 # %% [markdown]
-# **Reading the counters** (run 20261201T104510Z, the stream-K kernel; run 20261201T150328Z, shown above, agrees within 1-2 points). At nt=4096 with BN=256 (data-parallel, whole
+# **Reading the counters** (run 20261201T104510Z, the stream-K kernel; run 20261201T150328Z agrees within 1-2 points,
+# and so does the run shown above, 20261202T005336Z, for the variants both profiled -- it adds AQ=4 and the
+# tile-aligned split, read in the fifth step below). At nt=4096 with BN=256 (data-parallel, whole
 # waves) the tensor pipe is the busiest unit (76–82% of elapsed cycles) with issue slots only ~32% busy: the
 # conversion is paid for. At nt=512 the stream-K BN=256 launch fills all 132 SMs, yet SM compute throughput is only
 # ~48–55%: SMs are active 78–82% of the elapsed cycles and, while active, the consumer warps wait — 0.38 eligible warps
@@ -614,15 +616,14 @@ else:
     reasons = [c for c in st.columns if c not in ("case", "kernel", "sk", "nt") and not c.startswith("tensor pipe")]
     top = reasons[:8]
     fig, ax = plt.subplots(figsize=(9, 5.4))
-    ylab = [f"{'q4_K' if 'QT=4' in k else 'q6_K'} BN={k.split('BN=')[1].split(',')[0]}{' smem' if k.startswith('wgmma_kqs') else ''}"
-            f"{' AQ=4' if 'AQ=4' in k else ''}, {sched[sk]} nt={n}" for k, n, sk in zip(st.kernel, st.nt, st.sk)]
+    ylab = [wgmma.ncu_label(k, sk, n, sep=", ") for k, n, sk in zip(st.kernel, st.nt, st.sk)]
     left = np.zeros(len(st))
     cmap = plt.get_cmap("tab10")
     for i, rsn in enumerate(top + ["other"]):
         v = st[top].sum(axis=1).rsub(st[reasons].sum(axis=1)).to_numpy() if rsn == "other" else st[rsn].to_numpy()
         ax.barh(np.arange(len(st)), v, left=left, color="0.75" if rsn == "other" else cmap(i), label=rsn)
         left += v
-    for y, (pa, pe) in enumerate(zip(st["tensor pipe % active"], st["tensor pipe % elapsed"])):
+    for y, pe in enumerate(st["tensor pipe % elapsed"]):
         ax.text(left[y] + .05, y, f"tensor pipe {pe:.0f}% of elapsed", va="center", fontsize=7)
     ax.set_yticks(np.arange(len(st)), ylab, fontsize=7); ax.invert_yaxis()
     ax.set_xlabel("warps stalled per issued instruction, by reason (the issuing warp excluded)")
@@ -650,7 +651,8 @@ else:
 # 4096 × 4096; the figure above and the tables earlier in this section):
 #
 # * **Tensor pipe.** It is active 47–57% of the elapsed cycles at nt=512 and 76–82% at nt=4096 (BN=256,
-#   data-parallel). cuBLAS's fp16 GEMM reaches ~0.75–0.8 of the dense line at these shapes, which is the ceiling
+#   data-parallel). cuBLAS's fp16 GEMM reaches ~0.72–0.79 of the dense line at these shapes (711–777 TOPS-eq at
+#   nt=4096 in the L2-prefetch A/B run above), which is the ceiling
 #   a conversion-free kernel would have.
 # * **Where a consumer warp waits**, per issued instruction. Two reasons are near 1 in every variant: `wait`
 #   (fixed-latency dependencies, such as the conversion's chains of 16-bit arithmetic) and `dispatch_stall` (the

@@ -715,3 +715,13 @@ def test_auto_drops_a_pair_exchange_that_does_not_pair(tmp_path):
     assert dict(c.params)["EPI"] == 3 and "pair exchange" not in c.reason
     c = gpu.choose("q4_K", 512, 1000, 4096, table=t, cc=90)
     assert dict(c.params)["EPI"] == 0 and dict(c.params)["SK"] == 3 and "pair exchange (EPI=3)" in c.reason
+
+
+def test_ncu_label_names_type_tile_form_and_scheduler():
+    from labkernels import wgmma
+
+    assert wgmma.ncu_label("wgmma_kq[QT=4,BN=256,STAGES=4,BF16=0,SCL=0,EPI=0,AQ=2,PF=0]", 3, 512) == \
+        "q4_K BN=256\ntile split nt=512"
+    assert wgmma.ncu_label("wgmma_kq[QT=6,BN=128,STAGES=4,BF16=0,SCL=1,EPI=0,AQ=4,PF=0]", 0, 512, ", ") == \
+        "q6_K BN=128 AQ=4, data-par. nt=512"
+    assert wgmma.ncu_label("wgmma_kqs[QT=4,BN=128,STAGES=4,BF16=0]", 1, 4096) == "q4_K BN=128 smem\nstream-K nt=4096"

@@ -590,6 +590,16 @@ __device__ __forceinline__ void lk_add4(float (&acc)[N], int i, const float4& v)
     acc[4 * i + 2] += v.z;
     acc[4 * i + 3] += v.w;
 }
+// acc += a tile of partial sums staged in shared memory at ``ring``, float4 i of thread t at (i * threads + t) * 16
+// (the order its writer stored them: conflict-free); at most 4 loads in flight over the live accumulators
+template <int BN>
+__device__ __forceinline__ void lk_fold_lds(float (&acc)[BN / 2], u32 ring, int threads, int t) {
+#pragma unroll
+    for (int i = 0; i < BN / 8; i++) {
+        if (i % 4 == 0) asm volatile("" ::: "memory");
+        lk_add4(acc, i, lk_lds128f(ring + (u32)(i * threads + t) * 16));
+    }
+}
 
 // ---- the end of a consumer's segment (both forms): a stream-K helper writes its partial accumulators and raises
 // its flag; an owner folds in the helpers' partials (in CTA order) and stores its rows of Y. ``ring``: the
@@ -625,12 +635,7 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
             return;
         }
         lk_mbar_wait_cluster(&fold_bar[2], 0);   // the peer's 128 senders' stores have landed in this ring
-#pragma unroll
-        for (int i = 0; i < BN / 8; i++) {
-            if (i % 4 == 0) asm volatile("" ::: "memory");
-            const float4 v = lk_lds128f(ring + (u32)(i * 128 + t) * 16);
-            lk_add4(acc, i, v);
-        }
+        lk_fold_lds<BN>(acc, ring, 128, t);
     }
     if constexpr (EPI != 3) {
 #ifndef LK_ABLATE_NOFIX   // ablation builds only (labkernels.wgmma: LABKERNELS_WG_DEFINES): skip the fix-up
@@ -710,12 +715,7 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
                 }
                 lk_mbar_wait(fold_bar, nf & 1);
                 nf++;
-#pragma unroll
-                for (int i = 0; i < BN / 8; i++) {   // thread ctid's float4s as the helper wrote them (conflict-free)
-                    if (i % 4 == 0) asm volatile("" ::: "memory");
-                    const float4 v = lk_lds128f(ring + (u32)(i * 256 + ctid) * 16);
-                    lk_add4(acc, i, v);
-                }
+                lk_fold_lds<BN>(acc, ring, 256, ctid);   // thread ctid's float4s as the helper wrote them
             } else {
                 const float4* src = part + (size_t)cc * (BN / 8) * 256 + ctid;
 #pragma unroll
