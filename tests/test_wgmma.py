@@ -701,6 +701,21 @@ def test_registry_rows_and_fit_of_the_pair_exchange():
     assert wgmma.pair_fits(77, 200, 512, 128, 132) and wgmma.pair_fits(256, 4000, 1792, 128, 132)
 
 
+def test_pair_nt_is_the_fewest_tokens_that_pair():
+    """The real-model gates run EPI=3 at pair_nt tokens: Gemma 3 270M's 640-row tensors (5 row tiles) pair at 7
+    token tiles of 128 over 4 super-blocks (35 tiles x 2 CTAs <= 132 < x 3) and 9 over 8; one tile short of a
+    multiple of BN (a tail); never where no nt pairs (more tiles than SMs)."""
+    from labkernels import wgmma
+
+    assert wgmma.pair_nt(640, 1024, 128, 132) == 7 * 128 - 27
+    assert wgmma.pair_nt(640, 2048, 128, 132) == 9 * 128 - 27
+    for od, id_, bn in ((640, 1024, 128), (640, 2048, 256), (200, 512, 128)):
+        nt = wgmma.pair_nt(od, id_, bn, 132)
+        assert wgmma.pair_fits(nt, od, id_, bn, 132) and nt % bn
+        assert not any(wgmma.pair_fits(m * bn - 27, od, id_, bn, 132) for m in range(1, (nt + 27) // bn))
+    assert wgmma.pair_nt(262144, 2048, 128, 132) is None
+
+
 def test_auto_drops_a_pair_exchange_that_does_not_pair(tmp_path):
     """A recorded EPI=3 winner is used as recorded where SK=3 gives two CTAs per tile, and with the plain epilogue,
     said in the reason, where it does not."""

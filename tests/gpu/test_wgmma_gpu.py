@@ -236,7 +236,12 @@ def test_wgmma_pair_exchange_is_bitwise_the_plain_one(cp, rng, spec, nt, od, id_
     raw = _weights(rng, qtype, od, id_)
     x = rng.standard_normal((nt, id_)).astype(np.float32)
     p = dict(BN=bn, STAGES=spec.p["STAGES"], SCL=spec.p["SCL"])
-    if not wgmma.pair_fits(nt, od, id_, bn, gpu.device_props()["sm_count"]):
+    sm = gpu.device_props()["sm_count"]
+    if not wgmma.sk_fits(3, nt, od, id_, bn, sm):
+        with pytest.raises(gpu.ShapeError, match="no tile-aligned split-k grid"):
+            _run(cp, raw, qtype, x, SK=3, EPI=3, **p)
+        return
+    if not wgmma.pair_fits(nt, od, id_, bn, sm):
         with pytest.raises(gpu.ShapeError, match="EPI=3 pairs"):
             _run(cp, raw, qtype, x, SK=3, EPI=3, **p)
         return
