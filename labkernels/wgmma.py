@@ -1484,7 +1484,9 @@ PLAN = {"shapes": [list(s) for s in SHAPES], "nts": list(NTS), "qtypes": ["q4_K"
                      # the uniform split-k grid (SK=2), BN=256 main scale form; where it fits (G >= 2)
                      [256, 4, 0, 2], [128, 4, 0, 2], [128, 4, 1, 2],
                      # the tile-aligned split-k grid (SK=3, run 20261201T2310: 1.07-1.11x stream-K at 4096x11008)
-                     [256, 4, 0, 3], [128, 4, 0, 3], [128, 4, 1, 3]],
+                     [256, 4, 0, 3], [128, 4, 0, 3], [128, 4, 1, 3],
+                     # the pair exchange on SK=3's grid (EPI=3; main scale form; where a tile gets two CTAs)
+                     [256, 4, None, 3, 0, 3], [128, 4, None, 3, 0, 3]],
         "pairs": 3, "repeats": 10}
 
 

@@ -936,6 +936,11 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
                                    si, split_g, ring, fold_bar, &tmy);
         LK_TRACE(5 + 3 * si);
     }
+    // EPI=3: neither CTA of a pair exits while its peer may still write its ring. The mbarrier protocol already
+    // orders it (a CTA's receivers wait for all 128 of the peer's stores), but only a cluster barrier before exit
+    // says so to compute-sanitizer racecheck ("write ... in a block that might have already exited"), and it is
+    // the CUDA guide's rule for distributed shared memory. The producers have exited: they do not count.
+    if constexpr (EPI == 3) lk_cluster_sync();
 }
 
 // tmy: the Y tensor map (EPI=2; other forms receive zeros and never read it); split_g: SK=3's G, else 0
