@@ -882,13 +882,16 @@ def _choose(qtype: str, nt: int, od: int, id_: int, table=None, cc: int | None =
                     grid = {2: "uniform", 3: "tile-aligned"}[p["SK"]]
                     why += f"; its {grid} split-k grid (SK={p['SK']}) does not fit {od}x{id_} nt={nt}: stream-K (SK=1)"
                     params = tuple((k, 1 if k == "SK" else v) for k, v in params)
-                    if p.get("EPI"):     # the epilogue forms take one segment per CTA: not stream-K
+                    if p.get("EPI") in (1, 2, 3):     # these epilogue forms take one segment per CTA: not stream-K
                         params = tuple((k, 0 if k == "EPI" else v) for k, v in params)
                         why += f" with the plain epilogue (EPI={p['EPI']} takes one segment per CTA)"
                     p = dict(params)
             if r.family == "wgmma_kq" and p.get("EPI") == 2 and od % 4:
                 params = tuple((k, 1 if k == "EPI" else v) for k, v in params)
                 why += f"; its TMA-store epilogue (EPI=2) needs od % 4 == 0, od={od}: the bulk fold alone (EPI=1)"
+            if r.family == "wgmma_kq" and p.get("EPI") == 4 and od % 4:
+                params = tuple((k, 0 if k == "EPI" else v) for k, v in params)
+                why += f"; its staged TMA store (EPI=4) needs od % 4 == 0, od={od}: the plain epilogue (EPI=0)"
             if r.family == "wgmma_kq" and p.get("EPI") == 3:
                 if not wgmma.pair_fits(nt, od, id_, p["BN"], sm):
                     params = tuple((k, 0 if k == "EPI" else v) for k, v in params)

@@ -589,7 +589,7 @@ def auto_table(root=None):
     return best.reset_index(drop=True)
 
 
-_VARIANT = re.compile(r"wgmma_bn(\d+)_s(\d+)_scl(\d)(_sku|_skt|_sk)?(?:_e([123]))?(?:_a(4))?(?:_p([12]))?$")
+_VARIANT = re.compile(r"wgmma_bn(\d+)_s(\d+)_scl(\d)(_sku|_skt|_sk)?(?:_e([1234]))?(?:_a(4))?(?:_p([12]))?$")
 _VARIANT_SMEM = re.compile(r"wgmma_smem_bn(\d+)_s(\d+)(_sku|_skt|_sk)?$")
 
 
@@ -808,7 +808,9 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
     (``wgmma_kq``, the repacked weight), 1 the shared-memory form (``wgmma_kqs``, q4_K, the GGUF rows ``w.gguf``;
     ``SCL`` does not apply). ``EPI`` (register form): 0 the plain epilogue, 1 the bulk fold of split-k partials,
     2 the bulk fold and a TMA store of Y (needs od % 4 == 0 and a 16-byte aligned, C-contiguous ``out``); both on
-    grids of one segment per CTA (SK 0, 2, 3), refused with stream-K (SK=1). ``AQ`` (register form): the A-fragment
+    grids of one segment per CTA (SK 0, 2, 3), refused with stream-K (SK=1); 3 the pair exchange (SK=3 with two
+    CTAs per tile, 2-CTA clusters); 4 the staged TMA store (any scheduler: every tile through a staging buffer of its
+    own and TMA stores the consumers do not wait for; od % 4 == 0 as EPI=2). ``AQ`` (register form): the A-fragment
     sets of a consumer, 2 (convert after the wait for the previous chunk) or 4 (convert the next chunk before that
     wait; BN=128, the plain epilogue, the main scale form: the registry's rows). ``PF`` (register form): 0, or an L2
     prefetch of each row's weight bytes 1 or 2 super-blocks ahead of its loads (AQ=2 main scale forms, f16, the
@@ -836,8 +838,9 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
     qt = 4 if w.qtype == "q4_K" else 6
     if FORM not in (0, 1):
         raise ValueError(f"FORM is 0 (register) or 1 (shared memory), not {FORM!r}")
-    if EPI not in (0, 1, 2, 3):
-        raise ValueError(f"EPI is 0 (plain), 1 (bulk fold), 2 (bulk fold + TMA store) or 3 (pair exchange), not {EPI!r}")
+    if EPI not in (0, 1, 2, 3, 4):
+        raise ValueError(f"EPI is 0 (plain), 1 (bulk fold), 2 (bulk fold + TMA store), 3 (pair exchange) or 4 (staged "
+                         f"TMA store), not {EPI!r}")
     if EPI and FORM:
         raise ShapeError("the shared-memory form (wgmma_kqs) has the plain epilogue only (EPI=0)")
     if PF not in (0, 1, 2):
@@ -852,15 +855,15 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
         raise ShapeError(f"AQ={AQ} is built for the register form at BN=128 with the plain epilogue, f16 and the "
                          f"main scale form (SCL={main_scl(w.qtype, 128)} for {w.qtype}); asked: FORM={FORM} BN={BN} "
                          f"EPI={EPI} BF16={bf16} SCL={SCL}")
-    if EPI and SK == 1:
+    if EPI in (1, 2, 3) and SK == 1:
         raise ShapeError(f"EPI={EPI} stages through the activation ring, idle only on grids of one segment per CTA "
                          "(SK=0, 2, 3): stream-K (SK=1) takes the plain epilogue (EPI=0)")
     if EPI == 3 and SK != 3:
         raise ShapeError(f"EPI=3 exchanges a tile's two partial sums inside a 2-CTA cluster: it runs on the "
                          f"tile-aligned split-k grid (SK=3) with two CTAs per tile, not SK={SK}")
-    if EPI == 2 and w.od % 4:
-        raise ShapeError(f"EPI=2 stores Y through a TMA map, whose rows must be 16-byte multiples: od={w.od} is not a "
-                         "multiple of 4 (use EPI=0 or 1)")
+    if EPI in (2, 4) and w.od % 4:
+        raise ShapeError(f"EPI={EPI} stores Y through a TMA map, whose rows must be 16-byte multiples: od={w.od} is "
+                         f"not a multiple of 4 (use EPI={'0 or 1' if EPI == 2 else 0})")
     if FORM:
         if w.qtype != "q4_K":
             raise ShapeError(f"the shared-memory form (wgmma_kqs) takes q4_K weights, not {w.qtype}")
@@ -885,9 +888,9 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
         k.launch((ncta, 1), (tm, weight_tensor_map(w.gguf)), y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws,
                  flags, np.int32(dp_tiles), np.int32(g))
     else:
-        k.launch((ncta, 1), (tm, output_map(y, BN) if EPI == 2 else NO_MAP), w.packed, y, np.int32(nt),
-                 np.int32(w.od), np.int32(w.id), ws, flags, np.int32(dp_tiles), np.int32(g),
-                 cluster=2 if EPI == 3 else 1)
+        ymap = output_map(y, BN) if EPI == 2 else output_map(y, 128) if EPI == 4 else NO_MAP   # EPI=4: 128 a round
+        k.launch((ncta, 1), (tm, ymap), w.packed, y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws, flags,
+                 np.int32(dp_tiles), np.int32(g), cluster=2 if EPI == 3 else 1)
     return y
 
 
@@ -1472,6 +1475,28 @@ def pair_ab(run, plan=None, progress=print, seed: int = 0) -> None:
           pairs=p["pairs"], repeats=p["repeats"], run=run, progress=progress, table="wgmma_pair_ab")
 
 
+# --------------------------------------------------------------------------------------------- the staged-store A/B
+
+#: the staged TMA store (``gpu-check --steps wgmma_staged``): EPI=4 against the plain epilogue on the same grid --
+#: data-parallel and stream-K at BN=256 (nt=4096's launches of record, ~10 tiles per CTA), BN=128 data-parallel and
+#: SK=3 (nt=512's), beside cuBLAS -- tuples as in :data:`PLAN`
+STAGED_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 2048, 4096], "qtypes": ["q4_K", "q6_K"],
+             "variants": [[256, 4, None, sk, 0, e] for sk in (0, 1) for e in (0, 4)]
+             + [[128, 4, None, 0, 0, e] for e in (0, 4)] + [[256, 4, None, 3, 0, e] for e in (0, 4)],
+             "pairs": 3, "repeats": 10}
+
+
+def staged_ab(run, plan=None, progress=print, seed: int = 0) -> None:
+    """EPI=4 against the plain epilogue, interleaved per point with cuBLAS (:func:`bench`, its own table
+    ``wgmma_staged_ab``), after the real-model gates of the EPI=4 forms on every Gemma tensor."""
+    p = {**STAGED_AB, **(plan or {})}
+    rng = np.random.default_rng(seed or None)
+    new = tuple(f for f in REAL_MODEL_FORMS if f[3] == 4)
+    run.append("real_model_parity", real_model_rows(rng, progress, forms=new))
+    bench([tuple(s) for s in p["shapes"]], p["nts"], p["qtypes"], [tuple(v) for v in p["variants"]],
+          pairs=p["pairs"], repeats=p["repeats"], run=run, progress=progress, table="wgmma_staged_ab")
+
+
 # ------------------------------------------------------------------------------------------------ the recorded round
 
 
@@ -1515,7 +1540,8 @@ REAL_MODEL_FORMS = ((128, 0, 0, 0), (256, 0, 0, 0), (128, 1, 0, 0), (256, 1, 0, 
                     (128, 3, 0, 1),
                     (128, 0, 0, 0, 4), (128, 1, 0, 0, 4), (128, 3, 0, 0, 4),     # four A-fragment sets (AQ=4)
                     (128, 0, 0, 0, 2, 2), (128, 1, 0, 0, 2, 1), (256, 3, 0, 0, 2, 2),   # the L2 prefetch (PF)
-                    (128, 3, 0, 3), (256, 3, 0, 3))                      # the pair exchange (EPI=3)
+                    (128, 3, 0, 3), (256, 3, 0, 3),                      # the pair exchange (EPI=3)
+                    (128, 0, 0, 4), (256, 0, 0, 4), (128, 1, 0, 4), (256, 1, 0, 4), (256, 3, 0, 4))   # staged (EPI=4)
 
 
 def real_model_rows(rng, progress=print, forms=REAL_MODEL_FORMS) -> list[dict]:
@@ -1548,7 +1574,7 @@ def real_model_rows(rng, progress=print, forms=REAL_MODEL_FORMS) -> list[dict]:
                     continue     # the pair exchange: two CTAs per tile only
             if not sk_fits(sk, nt, raw.shape[0], id_, bn, sm):
                 continue     # a split-k grid where it fits this tensor (every Gemma tensor, at 37 tokens)
-            if epi == 2 and raw.shape[0] % 4:
+            if epi in (2, 4) and raw.shape[0] % 4:
                 continue     # the TMA-store epilogue's rows are 16-byte multiples
             if nt not in inputs:
                 x = rng.standard_normal((nt, id_)).astype(np.float32)
@@ -1610,7 +1636,7 @@ def epi_table(ab_df):
     m = m[m.variant.str.startswith("wgmma_bn")].join(cb, on=key)
     parsed = [variant_params(v, q)[1] for v, q in zip(m.variant, m.qtype)]
     m["sched"] = [f"BN={p['BN']} " + {0: "SK=0", 1: "SK=1", 2: "SK=2", 3: "SK=3"}[p["SK"]] for p in parsed]
-    m["epi"] = [{0: "plain", 1: "bulk fold", 2: "+TMA store", 3: "pair exchange"}[p.get("EPI", 0)] for p in parsed]
+    m["epi"] = [{0: "plain", 1: "bulk fold", 2: "+TMA store", 3: "pair exchange", 4: "staged TMA store"}[p.get("EPI", 0)] for p in parsed]
     m["vs_cublas"] = m.cublas_us / m.median_us
     t = m.pivot_table(index=key + ["sched"], columns="epi", values="vs_cublas")
     return pd.DataFrame(t.reindex(columns=[c for c in ("plain", "bulk fold", "+TMA store", "pair exchange")

@@ -71,8 +71,9 @@ def test_registry_rows_of_round7():
     ks = registry.family("wgmma_kq")
     assert {k.p["QT"] for k in ks} == {4, 6} and all(k.archs == ("sm_90a",) for k in ks)
     assert all(k.threads == 384 for k in ks)
-    for k in ks:   # the ring of STAGES activation tiles (BN tokens x 128 B) plus 1 KB of alignment slack
-        assert k.dynamic_smem() == k.p["STAGES"] * k.p["BN"] * 128 + 1024
+    for k in ks:   # the ring of STAGES activation tiles (BN tokens x 128 B) plus 1 KB of alignment slack (and
+        # EPI=4's 64 KB staging buffer)
+        assert k.dynamic_smem() == k.p["STAGES"] * k.p["BN"] * 128 + 1024 + (65536 if k.p["EPI"] == 4 else 0)
     main = sorted(k.key for k in ks if k.main_path and k.p["EPI"] == 0)
     # one scale-decode form per type and tile width on the main path, f16 (the forms ptxas pipelines without
     # spills: q6_K SCL=1 spills at BN=256); wgmma.main_scl names the same ones
@@ -311,7 +312,7 @@ def test_variant_names_carry_the_scheduler():
         smem = wgmma.variant_name(128, 4, 0, sk, FORM=1)
         assert wgmma.variant_params(smem, "q4_K")[1]["SK"] == sk and smem.startswith("wgmma_smem_bn128_s4")
     assert wgmma.variant_name(256, 4, 0, 3) == "wgmma_bn256_s4_scl0_skt"
-    for epi in (1, 2):   # the epilogue form is named after the scheduler, and only where it is not the plain one
+    for epi in (1, 2, 3, 4):   # the epilogue form is named after the scheduler, and only where it is not the plain one
         name = wgmma.variant_name(256, 4, 0, 2, EPI=epi)
         assert name == f"wgmma_bn256_s4_scl0_sku_e{epi}"
         assert wgmma.variant_params(name, "q4_K")[1] == {"BN": 256, "STAGES": 4, "BF16": 0, "SCL": 0, "SK": 2,
@@ -319,7 +320,7 @@ def test_variant_names_carry_the_scheduler():
         assert wgmma.variant_params(f"wgmma_bn128_s4_scl1_e{epi}", "q6_K")[1]["EPI"] == epi
     assert "EPI" not in wgmma.variant_params("wgmma_bn256_s4_scl0_sku", "q4_K")[1]
     with pytest.raises(ValueError, match="not a round-7 variant"):
-        wgmma.variant_params("wgmma_bn256_s4_scl0_e4", "q4_K")
+        wgmma.variant_params("wgmma_bn256_s4_scl0_e5", "q4_K")
     with pytest.raises(ValueError, match="plain epilogue only"):
         wgmma.variant_name(128, 4, 0, 1, FORM=1, EPI=1)
     # the A-fragment sets come last, named only where they are not AQ=2, and read back
@@ -699,6 +700,32 @@ def test_registry_rows_and_fit_of_the_pair_exchange():
     assert not wgmma.pair_fits(512, 4096, 4096, 128, 132)       # 128 tiles: one CTA each
     assert not wgmma.pair_fits(512, 1000, 4096, 256, 132)       # 16 tiles: 8 CTAs each
     assert wgmma.pair_fits(77, 200, 512, 128, 132) and wgmma.pair_fits(256, 4000, 1792, 128, 132)
+
+
+def test_registry_rows_and_auto_of_the_staged_store(tmp_path):
+    """EPI=4 (the staged TMA store): the AQ=2 main scale forms of both types and tiles, f16, off the main path, 64 KB
+    of staging beyond the ring (BN=256: 4 x 32 KB + 64 KB + alignment still one CTA under the 227 KB cap). A
+    recorded EPI=4 winner keeps its epilogue on stream-K (it takes any scheduler, unlike EPI 1-3) and falls back to
+    the plain one, said in the reason, where od is not a multiple of 4."""
+    from labkernels import gpu, records, wgmma
+
+    ks = [k for k in registry.family("wgmma_kq") if k.p["EPI"] == 4]
+    assert sorted((k.p["QT"], k.p["BN"]) for k in ks) == [(4, 128), (4, 256), (6, 128), (6, 256)]
+    assert all(not k.main_path and k.p["AQ"] == 2 and k.p["PF"] == 0 and k.p["BF16"] == 0 for k in ks)
+    assert all(k.p["SCL"] == wgmma.main_scl("q4_K" if k.p["QT"] == 4 else "q6_K", k.p["BN"]) for k in ks)
+    plain = registry.find("wgmma_kq", QT=6, BN=256, STAGES=4, BF16=0, SCL=0, EPI=0, AQ=2, PF=0)
+    big = registry.find("wgmma_kq", QT=6, BN=256, STAGES=4, BF16=0, SCL=0, EPI=4, AQ=2, PF=0)
+    assert big.dynamic_smem() - plain.dynamic_smem() == 65536 and big.dynamic_smem() <= 227 * 1024
+    run = records.new_run("wgmma", {"t": 1}, root=tmp_path)
+    run.append("wgmma_bench", [{"qtype": "q6_K", "od": 11008, "id": 4096, "nt": 4096, "variant": v, "pair": 0,
+                                "median_us": us}
+                               for v, us in (("wgmma_bn256_s4_scl0_sk_e4", 500.0), ("wgmma_bn256_s4_scl0_sk", 520.0))])
+    run.finish()
+    t = wgmma.auto_table(root=tmp_path)
+    c = gpu.choose("q6_K", 4096, 11008, 4096, table=t, cc=90)
+    assert dict(c.params) == {"BN": 256, "STAGES": 4, "BF16": 0, "SCL": 0, "SK": 1, "EPI": 4} and "EPI=0" not in c.reason
+    c = gpu.choose("q6_K", 4096, 11006, 4096, table=t, cc=90)
+    assert dict(c.params)["EPI"] == 0 and "staged TMA store (EPI=4) needs od % 4 == 0, od=11006" in c.reason
 
 
 def test_pair_nt_is_the_fewest_tokens_that_pair():

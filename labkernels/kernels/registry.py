@@ -109,9 +109,9 @@ FAMILIES = [
              "memory, online softmax in base 2; one launch per layer, no workspace"),
     # -- round 7: Hopper-native k-quant GEMM, weights dequantized in registers feeding wgmma (sm_90a)
     dict(family="wgmma_kq", source="wgmma_kq.cu", template="wgmma_kq_kernel",
-         params={"QT": [4, 6], "BN": [128, 256], "STAGES": [4], "BF16": [0, 1], "SCL": [0, 1], "EPI": [0, 1, 2, 3],
+         params={"QT": [4, 6], "BN": [128, 256], "STAGES": [4], "BF16": [0, 1], "SCL": [0, 1], "EPI": [0, 1, 2, 3, 4],
                  "AQ": [2, 4], "PF": [0, 1, 2]},
-         threads=384, smem="STAGES*BN*128 + 1024", tile=(0, 128),
+         threads=384, smem="STAGES*BN*128 + 1024 + (EPI // 4) * 65536", tile=(0, 128),
          # the epilogue forms (EPI 1: bulk fold, 2: bulk fold + TMA store) are built on the main scale form, f16
          # AQ=4 (four A-fragment sets, the conversion ahead of the wait): BN=128 only (BN=256 spills), plain
          # epilogue, f16, the main scale form -- an experiment (gpu-check --steps wgmma_aq), not on the main path
@@ -124,8 +124,11 @@ FAMILIES = [
                # EPI=3 (the pair exchange through distributed shared memory, 2-CTA clusters on SK=3's G=2 grid): an
                # experiment off the main path; its epilogue spills a few bytes after the main loop, and q6_K
                # BN=256's spills inside it (not built)
-               "(EPI != 3 or (AQ == 2 and PF == 0 and not (QT == 6 and BN == 256)))",
-         main_path="EPI != 3 and AQ == 2 and PF == 0 and BF16 == 0 and ((QT == 4 and SCL == 0) or (QT == 6 and SCL == (1 if BN == 128 else 0)))",
+               "(EPI != 3 or (AQ == 2 and PF == 0 and not (QT == 6 and BN == 256))) and "
+               # EPI=4 (the staged TMA store, any scheduler; its own 64 KB staging buffer): an experiment off the
+               # main path, the AQ=2 main scale forms, f16
+               "(EPI != 4 or (AQ == 2 and PF == 0))",
+         main_path="EPI < 3 and AQ == 2 and PF == 0 and BF16 == 0 and ((QT == 4 and SCL == 0) or (QT == 6 and SCL == (1 if BN == 128 else 0)))",
          archs=("sm_90a",), gemm=True,
          doc="TMA-fed 128B-swizzled f16/bf16 activation tiles (B, STAGES-deep mbarrier ring, producer warpgroup) "
              "x q4_K/q6_K weights dequantized in registers (A, register form) by two consumer warpgroups of 64 "

@@ -477,6 +477,15 @@ __device__ __forceinline__ void lk_st_release(u32* p, u32 v) {
 __device__ __forceinline__ void lk_consumer_sync() {   // the 256 consumer threads (named barrier 1)
     asm volatile("bar.sync 1, 256;\n" ::: "memory");
 }
+__device__ __forceinline__ void lk_wg_sync(int wgi) {   // the 128 threads of one consumer warpgroup (2 and 3)
+    if (wgi == 0) asm volatile("bar.sync 2, 128;\n" ::: "memory");
+    else asm volatile("bar.sync 3, 128;\n" ::: "memory");
+}
+// the same with the barrier's id in a register, no branch: EPI=4's epilogue with lk_wg_sync's two branches made ptxas
+// spill 36 B inside q6_K BN=256's main loop, with this none
+__device__ __forceinline__ void lk_wg_sync_id(int wgi) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wgi) : "memory");
+}
 
 #ifdef LK_EXP_SPLITFIN
 // exploratory build (-DLK_EXP_SPLITFIN; labkernels.wgmma.splitfin_ab): a stream-K tile held by exactly two CTAs,
@@ -488,10 +497,6 @@ __device__ __forceinline__ void lk_consumer_sync() {   // the 256 consumer threa
 // Each sum is the plain build's (a + b in the other order: bitwise the same). A finisher's wait is on a partial its
 // partner writes right after its own main loop, and the partner is the CTA before (a helper waits on its owner,
 // whose earlier segments wait only on CTAs before it) or a helper that waits on nothing before writing: no cycle.
-__device__ __forceinline__ void lk_wg_sync(int wgi) {   // the 128 threads of one consumer warpgroup
-    if (wgi == 0) asm volatile("bar.sync 2, 128;\n" ::: "memory");
-    else asm volatile("bar.sync 3, 128;\n" ::: "memory");
-}
 // each stream-K segment's part in a split finish, worked out once by the thread that writes the schedule (the
 // consumers' registers are all but taken by the accumulators): 1 = it owns a tile whose rest is the next CTA's last
 // segment, 2 = it is that last segment (its tile's k = 0 is the previous CTA's), 0 = neither (the plain fix-up)
@@ -524,6 +529,13 @@ __device__ __forceinline__ void lk_sk_roles(const LkSeg* sk, int n, signed char*
 //   [BN tokens x 32 rows] f32 (the layout of the Y tensor map, labkernels.wgmma.output_map) and stored by four
 //   cp.async.bulk.tensor stores (full 128-byte lines; out-of-range tokens and rows are clipped by the TMA unit)
 //   instead of BN/2 scalar 4-byte stores per thread.
+// * EPI=4, the staged store (any scheduler, any number of segments per CTA): not the ring but a staging buffer of
+//   its own behind it (64 KB: [128 tokens x 64 rows] f32 per consumer warpgroup) carries each tile to two TMA
+//   stores per warpgroup and 128 tokens -- BN=256 in two rounds, the second waiting only until the TMA unit has
+//   read the first (cp.async.bulk.wait_group.read). The consumers go on to their next tile while the stores drain:
+//   on a multi-tile grid (nt=4096: ~10 tiles per CTA, all CTAs storing at the same moment) the plain epilogue's
+//   BN/2 scalar stores per thread queue behind one another and hold the tensor pipe; here only the shared-memory
+//   writes do. The same accumulators stored: bitwise the plain epilogue.
 #define LK_FOLD_PIECE 16384
 __device__ __forceinline__ void lk_bulk_g2s(u32 dst, const void* src, u32 bytes, u64* bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
@@ -605,14 +617,16 @@ __device__ __forceinline__ void lk_fold_lds(float (&acc)[BN / 2], u32 ring, int 
 // its flag; an owner folds in the helpers' partials (in CTA order) and stores its rows of Y. ``ring``: the
 // activation ring's shared address (EPI >= 1, the CTA's one segment); ``fold_bar``: the bulk fold's mbarrier
 // (EPI 1, 2) or the pair exchange's two (EPI = 3: fold_bar[1] the peer's ring is free, fold_bar[2] its partial
-// sums have arrived); ``tmy``: the Y tensor map (EPI = 2); ``G``: the tile-aligned split (SK=3) or 0.
+// sums have arrived); ``tmy``: the Y tensor map (EPI = 2, 4); ``stg``: EPI=4's staging buffer; ``G``: the
+// tile-aligned split (SK=3) or 0.
 template <int BN, int EPI>
 __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const LkSeg& seg, float* __restrict__ Y,
                                                   int nt, int od, int nsb, int tiles, int dp_tiles,
                                                   float* __restrict__ ws, u32* __restrict__ flags, int r0, int r1,
                                                   int n0, int c, int ctid, const signed char* sk_role, int si,
-                                                  int G, u32 ring, u64* fold_bar, const LkTmap* tmy) {
-    static_assert(EPI >= 0 && EPI <= 3, "EPI is 0 (plain), 1 (bulk fold), 2 (bulk fold + TMA store), 3 (pair exchange)");
+                                                  int G, u32 ring, u64* fold_bar, const LkTmap* tmy, u32 stg) {
+    static_assert(EPI >= 0 && EPI <= 4, "EPI is 0 (plain), 1 (bulk fold), 2 (bulk fold + TMA store), 3 (pair exchange), "
+                                        "4 (staged TMA store)");
     float4* part = (float4*)ws;
     if constexpr (EPI == 3) {
         // EPI=3, the pair exchange: the tile's two CTAs (SK=3, G=2: CTAs 2t and 2t+1, one 2-CTA cluster) each hold
@@ -690,7 +704,7 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
 #endif
     {   // the owner: fold in the partials of the CTAs that hold the rest of this tile's k, in CTA order -- from L2
         // (plain), or (EPI >= 1) each through the idle ring by bulk copies
-        constexpr bool bulk = EPI >= 1;
+        constexpr bool bulk = EPI == 1 || EPI == 2;
         u32 nf = 0;   // bulk folds so far: the mbarrier's phase
         for (int cc = blockIdx.x + 1, covered = seg.khi; covered < nsb && cc < (int)gridDim.x; cc++) {
             const int T = (tiles - dp_tiles) * nsb, t0 = (seg.tile - dp_tiles) * nsb;
@@ -733,6 +747,38 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
 #endif
     }   // EPI != 3
 #ifndef LK_ABLATE_NOSTORE   // ablation: skip the store (timing only)
+    if constexpr (EPI == 4) {   // per warpgroup: its 64 rows through its staging half, 128 tokens a round
+        const int wgi = ctid >> 7, t = ctid & 127;
+        const u32 wst = stg + (u32)wgi * 32768u;           // [128 tokens x 64 rows] f32: two boxes of 32 rows
+        const int lw0 = (t >> 5) * 16 + ((t & 31) >> 2);   // the thread's first row among the warpgroup's 64
+#pragma unroll
+        for (int h = 0; h < BN / 128; h++) {
+            // the previous round's (or tile's) stores have read the buffer: this warpgroup's leader committed them
+            if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+            lk_wg_sync_id(wgi);
+            // box b = row / 32 holds [128 tokens x 32 rows]: token n's 128 bytes at n * 128, its 16-byte chunk
+            // k = (row % 32) / 4 at k ^ (n % 8) (the 128-byte swizzle), the row's float at (row % 4) * 4
+#pragma unroll
+            for (int jn = 16 * h; jn < 16 * h + 16; jn++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int lw = lw0 + (e >> 1) * 8, n = 8 * (jn - 16 * h) + 2 * c + (e & 1);
+                    const u32 a = wst + (u32)(lw >> 5) * 16384u + (u32)n * 128 +
+                                  ((u32)(((lw & 31) >> 2) ^ (n & 7)) << 4) + (u32)(lw & 3) * 4;
+                    lk_sts32(a, acc[4 * jn + e]);
+                }
+            }
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the generic writes -> the TMA's reads
+            lk_wg_sync_id(wgi);
+            if (t == 0) {
+                const int m0w = r0 - lw0;   // the warpgroup's first row
+                lk_tma_store_2d(tmy, wst, m0w, n0 + 128 * h);
+                lk_tma_store_2d(tmy, wst + 16384u, m0w + 32, n0 + 128 * h);
+                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+            }
+        }
+        return;
+    }
     if (EPI == 2) {   // the tile through the ring and four TMA stores
         lk_consumer_sync();   // every consumer's wgmmas (no fold) or fold reads (EPI >= 1) are done with the ring
         // box b = local row / 32 holds [BN tokens x 32 rows]: token n's 128 bytes at n * 128, its 16-byte chunk
@@ -783,6 +829,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
                                               float* __restrict__ Y, int nt, int od, int id, float* __restrict__ ws,
                                               u32* __restrict__ flags, int dp_tiles, int split_g) {
     static_assert(EPI == 0 || STAGES * BN * 128 >= BN * 512, "the EPI forms stage a BN x 128 f32 tile in the ring");
+    static_assert(EPI != 4 || BN % 128 == 0, "EPI=4 stages 128 tokens a round");
     static_assert(AQ == 2 || AQ == 4, "AQ: 2 or 4 A-fragment sets");
     static_assert(PF >= 0 && PF <= 2, "PF: no L2 prefetch (0), or of the super-block 1 or 2 ahead");
     constexpr int STAGE_BYTES = BN * LK_WG_K * 2;
@@ -815,7 +862,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
         if (sk_n > 0) lk_sk_roles(sk_seg, sk_n, sk_role, nsb, tiles, dp_tiles);
 #endif
         if (sk_n < 0) __trap();
-        if (EPI >= 1 && dp_tiles / (int)gridDim.x + sk_n != 1) __trap();   // the EPI forms: one segment per CTA
+        if (EPI >= 1 && EPI <= 3 && dp_tiles / (int)gridDim.x + sk_n != 1) __trap();   // EPI 1-3: one segment per CTA
         if (EPI == 3 && (split_g != 2 || lk_cluster_size() != 2)) __trap();   // a pair of CTAs per tile, clustered
     }
     __syncthreads();
@@ -828,7 +875,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (tid == 0) {
             asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tm) : "memory");
-            if (EPI == 2) asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tmy) : "memory");
+            if (EPI == 2 || EPI == 4) asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tmy) : "memory");
             u32 q = 0;   // chunks issued so far: ring slot q % STAGES, its use number q / STAGES
             for (int si = 0; lk_segment(si, nsb, dp_tiles, sk_seg, nsk, seg); si++) {
                 const int n0 = (seg.tile / mtiles) * BN;
@@ -933,8 +980,12 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
 
         const u32 ring = (lk_smem_u32(lk_dyn_smem) + 1023) & ~1023u;   // recomputed: no register over the loop
         lk_finish_segment<BN, EPI>(acc, seg, Y, nt, od, nsb, tiles, dp_tiles, ws, flags, r0, r1, n0, c, ctid, sk_role,
-                                   si, split_g, ring, fold_bar, &tmy);
+                                   si, split_g, ring, fold_bar, &tmy, ring + (u32)(STAGES * STAGE_BYTES));
         LK_TRACE(5 + 3 * si);
+    }
+    // EPI=4: the last tile's stores have read the staging buffer before the CTA's shared memory is released
+    if constexpr (EPI == 4) {
+        if ((ctid & 127) == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
     }
     // EPI=3: neither CTA of a pair exits while its peer may still write its ring. The mbarrier protocol already
     // orders it (a CTA's receivers wait for all 128 of the peer's stores), but only a cluster barrier before exit
@@ -943,7 +994,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
     if constexpr (EPI == 3) lk_cluster_sync();
 }
 
-// tmy: the Y tensor map (EPI=2; other forms receive zeros and never read it); split_g: SK=3's G, else 0
+// tmy: the Y tensor map (EPI=2, 4; other forms receive zeros and never read it); split_g: SK=3's G, else 0
 template <int QT, int BN, int STAGES, int BF16, int SCL, int EPI, int AQ, int PF>
 __global__ void __launch_bounds__(LK_WG_THREADS, 1)
     wgmma_kq_kernel(const __grid_constant__ LkTmap tm, const __grid_constant__ LkTmap tmy, const u8* __restrict__ W,
@@ -1181,7 +1232,7 @@ __device__ __forceinline__ void wgmma_kqs_body(const LkTmap& tmx, const LkTmap& 
         lk_wgmma_wait<0>();
         lk_wgmma_fence_acc(acc);
         lk_finish_segment<BN, 0>(acc, seg, Y, nt, od, nsb, tiles, dp_tiles, ws, flags, r0, r1, n0, c, ctid, sk_role,
-                                 si, split_g, 0u, nullptr, nullptr);
+                                 si, split_g, 0u, nullptr, nullptr, 0u);
     }
 }
 

@@ -42,10 +42,13 @@ if mode == "sanitizer":       # tails in nt and od, every main-path variant, the
                                                 # the uniform split over 2 each: partials, flags, fix-up; both forms)
         if k.p.get("EPI") == 3:   # the pair exchange: SK=3 with two CTAs per tile (2 tiles of 2 super-blocks)
             cases += [(k, 77, 200, 512, 3)]
-        elif k.main_path or k.p.get("AQ", 2) != 2 or k.p.get("PF"):   # (and the AQ=4 experiment) ... and the tile-aligned split (SK=3) where G does not divide the 7 super-blocks (1+2+2+2);
-                          # the epilogue forms (EPI > 0) take no stream-K grid
-            cases += [(k, 77, 200, 512, sk) for sk in (0, 1, 2) if not (sk == 1 and k.p.get("EPI"))]
+        elif k.main_path or k.p.get("AQ", 2) != 2 or k.p.get("PF") or k.p.get("EPI") == 4:   # (and the AQ=4, PF
+            # and EPI=4 experiments) ... and the tile-aligned split (SK=3) where G does not divide the 7 super-blocks
+            # (1+2+2+2); the epilogue forms EPI 1, 2 take no stream-K grid
+            cases += [(k, 77, 200, 512, sk) for sk in (0, 1, 2) if not (sk == 1 and k.p.get("EPI") in (1, 2))]
             cases += [(k, 77, 4000, 1792, 3)]
+            if k.p.get("EPI") == 4:   # the staged store over several tiles per CTA (160 or 128 tiles, data-parallel)
+                cases += [(k, 600, 4000, 512, 0)]
 else:                         # ncu: the main variants at the 7B attention shape
     for qt in (4, 6):
         for nt, bn, sk in ((512, 128, 0), (512, 256, 1), (4096, 256, 0)):
@@ -140,6 +143,17 @@ def step_wgmma_pair(out: Path, args) -> dict:
 
     with records.recording(DATA[0], {"what": "pair_ab", "plan": wgmma.PAIR_AB}, root=out / "data") as run:
         wgmma.pair_ab(run, progress=args.log)
+    return {"ok": True, "run": run.run_id}
+
+
+def step_wgmma_staged(out: Path, args) -> dict:
+    """Round 7: the staged TMA store (EPI=4: every tile through a staging buffer of its own, TMA stores the next
+    tile does not wait for) against the plain epilogue on the same grids at nt 512-4096 (labkernels.wgmma.staged_ab),
+    real-model gated, recorded."""
+    from .. import records
+
+    with records.recording(DATA[0], {"what": "staged_ab", "plan": wgmma.STAGED_AB}, root=out / "data") as run:
+        wgmma.staged_ab(run, progress=args.log)
     return {"ok": True, "run": run.run_id}
 
 
@@ -310,4 +324,5 @@ def step_prefill_r7(out: Path, args) -> dict:
 
 STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_ncu": step_wgmma_ncu,
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
-         "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair, "prefill_r7": step_prefill_r7}
+         "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
+         "wgmma_staged": step_wgmma_staged, "prefill_r7": step_prefill_r7}

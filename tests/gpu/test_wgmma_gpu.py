@@ -255,6 +255,39 @@ def test_wgmma_pair_exchange_is_bitwise_the_plain_one(cp, rng, spec, nt, od, id_
     assert g["ok"] and g["nonfinite"] == 0, g
 
 
+STAGED_SPECS = [k for k in registry.family("wgmma_kq") if k.p["EPI"] == 4]
+
+
+@pytest.mark.parametrize("sk", [0, 1, 2, 3], ids=["dp", "sk", "sku", "skt"])
+@pytest.mark.parametrize("spec", STAGED_SPECS, ids=[k.key for k in STAGED_SPECS])
+@pytest.mark.parametrize("nt,od,id_", [(77, 200, 512), (600, 4000, 512), (1000, 1028, 1792), (300, 256, 11008)])
+def test_wgmma_staged_store_is_bitwise_the_plain_one(cp, rng, spec, nt, od, id_, sk):
+    """EPI=4 stores every tile through its own staging buffer and TMA stores (128 tokens a round, the next tile's
+    main loop not waiting for them): the same accumulators as the plain epilogue's scalar stores, so bitwise the
+    same on the same grid at every scheduler, several tiles per CTA (600 x 4000: 160 or 96 tiles; 1000 x 1028),
+    tails in nt and od, NaN-poisoned output, guard regions intact (no store outside Y: the TMA unit clips), twice
+    (the bulk groups drain before exit). od not a multiple of 4 is refused."""
+    from labkernels import gpu, wgmma
+
+    qtype = "q4_K" if spec.p["QT"] == 4 else "q6_K"
+    bn = spec.p["BN"]
+    if not wgmma.sk_fits(sk, nt, od, id_, bn, gpu.device_props()["sm_count"]):
+        pytest.skip(f"SK={sk} does not fit {nt} x {od} x {id_} at BN={bn} (refusal tested elsewhere)")
+    raw = _weights(rng, qtype, od, id_)
+    x = rng.standard_normal((nt, id_)).astype(np.float32)
+    p = dict(BN=bn, STAGES=spec.p["STAGES"], SCL=spec.p["SCL"], SK=sk)
+    y0, packed = _run(cp, raw, qtype, x, EPI=0, **p)
+    for _ in range(2):
+        y, _ = _run(cp, raw, qtype, x, EPI=4, **p)
+        assert np.array_equal(y, y0), f"{spec.key} SK={sk} differs from the plain epilogue"
+    g = wgmma.gate(y, raw, qtype, x, packed=packed, tokens=np.arange(0, nt, max(1, nt // 40)))
+    assert g["ok"] and g["nonfinite"] == 0, g
+    if sk == 0:
+        raw2 = _weights(rng, qtype, 202, id_)
+        with pytest.raises(gpu.ShapeError, match="16-byte multiples"):
+            _run(cp, raw2, qtype, x[:5], EPI=4, **p)
+
+
 PF_SPECS = [k for k in registry.family("wgmma_kq") if k.p["PF"]]
 
 
