@@ -1511,7 +1511,10 @@ PLAN = {"shapes": [list(s) for s in SHAPES], "nts": list(NTS), "qtypes": ["q4_K"
                      # the tile-aligned split-k grid (SK=3, run 20261201T2310: 1.07-1.11x stream-K at 4096x11008)
                      [256, 4, 0, 3], [128, 4, 0, 3], [128, 4, 1, 3],
                      # the pair exchange on SK=3's grid (EPI=3; main scale form; where a tile gets two CTAs)
-                     [256, 4, None, 3, 0, 3], [128, 4, None, 3, 0, 3]],
+                     [256, 4, None, 3, 0, 3], [128, 4, None, 3, 0, 3],
+                     # the staged TMA store on stream-K (EPI=4; run 20261202T030856Z: 1.015-1.028x the plain
+                     # epilogue at 11008x4096, 0.96-0.99x at q6_K 4096x11008 / 4096x14336, neutral data-parallel)
+                     [256, 4, None, 1, 0, 4]],
         "pairs": 3, "repeats": 10}
 
 
