@@ -98,7 +98,7 @@ def integer_axis(axis) -> None:
 
 
 #: the nt of an option A/B point -> its marker (:func:`option_speedups`)
-NT_MARKERS = {256: "v", 512: "o", 1024: "^", 4096: "s"}
+NT_MARKERS = {256: "v", 512: "o", 1024: "^", 2048: "D", 4096: "s"}
 
 
 def option_speedups(ax, sab, names: dict, title: str = "") -> None:
