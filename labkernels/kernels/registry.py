@@ -135,7 +135,9 @@ FAMILIES = [
              "rows, wgmma m64nBNk16 f32 accumulate; 1 CTA/SM, setmaxnreg 24/240; a data-parallel, stream-K or split-k tile scheduler (runtime SK); SCL=0 every lane decodes its rows' "
              "scales per chunk, SCL=1 each of a row's 4 lanes decodes one chunk's per super-block and shares them "
              "by shuffles; EPI=0 plain epilogue, EPI=1 the owner folds helpers' partials in through bulk async "
-             "copies into the idle ring, EPI=2 that and a TMA store of the tile (grids of one segment per CTA: SK=0/2/3); "
+             "copies into the idle ring, EPI=2 that and a TMA store of the tile (grids of one segment per CTA: SK=0/2/3), "
+             "EPI=3 the pair exchange of SK=3's two partial sums through distributed shared memory (2-CTA clusters), "
+             "EPI=4 every tile through a staging buffer of its own and TMA stores (any scheduler); "
              "AQ=2 two A-fragment sets (convert after the wait for chunk q-1), AQ=4 four (convert chunk q+1 before "
              "that wait, so two groups stay queued); PF=1/2 an L2 prefetch of the weights 1/2 super-blocks ahead"),
     # -- round 7, the shared-memory form: a converter warpgroup dequantizes TMA-staged raw q4_K super-blocks into

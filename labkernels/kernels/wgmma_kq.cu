@@ -514,11 +514,11 @@ __device__ __forceinline__ void lk_sk_roles(const LkSeg* sk, int n, signed char*
 }
 #endif
 
-// ---- the epilogue forms (registry parameter EPI of wgmma_kq). Both stage through the activation ring, which is
+// ---- the epilogue forms (registry parameter EPI of wgmma_kq). EPI 1 and 2 stage through the activation ring, which is
 // idle once a CTA's last segment has left its main loop (every chunk it was loaded with is consumed, the producer
 // has nothing left to load); so they take grids of one segment per CTA only -- SK=0, 2, 3, never stream-K (SK=1),
 // where the producer fills the ring for the next segment while an owner folds. The launcher refuses SK=1 with EPI
-// > 0 and the kernel traps on such a schedule. (A build that kept the plain epilogue for a stream-K CTA's earlier
+// 1-3 and the kernel traps on such a schedule (EPI=4, below, has a buffer of its own and takes every scheduler). (A build that kept the plain epilogue for a stream-K CTA's earlier
 // segments as well spilled 40-48 B in q6_K BN=256's main loop: its consumers sit at setmaxnreg's 240 registers.)
 // * EPI=1, the bulk fold: an owner copies each helper's partial accumulators (one contiguous BN x 512-byte block of
 //   the workspace) into the ring with bulk async copies (cp.async.bulk, 16 KB each, completing on one mbarrier)
