@@ -590,7 +590,7 @@ def auto_table(root=None):
 
 
 _VARIANT = re.compile(r"wgmma_bn(\d+)_s(\d+)_scl(\d)(_sku|_skt|_sk)?(?:_e([1234]))?(?:_a(4))?(?:_p([12]))?$")
-_VARIANT_SMEM = re.compile(r"wgmma_smem_bn(\d+)_s(\d+)(_sku|_skt|_sk)?$")
+_VARIANT_SMEM = re.compile(r"wgmma_smem_bn(\d+)_s(\d+)(_sku|_skt|_sk)?(_c2)?$")
 
 
 _AUTO = {}
@@ -611,11 +611,13 @@ def variant_name(BN: int, STAGES: int, SCL: int, SK: int = 0, FORM: int = 0, EPI
                  PF: int = 0) -> str:
     """The one name of a round-7 variant: tile, stages, scale form, then the scheduler (``_sk`` / ``_sku`` /
     ``_skt``), the epilogue form (``_e1`` bulk fold, ``_e2`` bulk fold + TMA store; none for the plain one) and
-    the A-fragment sets (``_a4``; none for AQ=2), the L2 prefetch distance (``_p1`` / ``_p2``; none without)."""
+    the A-fragment sets (``_a4``; none for AQ=2), the L2 prefetch distance (``_p1`` / ``_p2``; none without). The
+    shared-memory form: ``wgmma_smem_bn{BN}_s{STAGES}``, the scheduler, ``_c2`` with two converter warpgroups
+    (FORM=2)."""
     if FORM:
         if EPI or AQ != 2 or PF:
             raise ValueError("the shared-memory form has the plain epilogue only (EPI=0) and no register A sets (AQ)")
-        return f"wgmma_smem_bn{BN}_s{STAGES}" + _SK_SUFFIX[int(SK)]
+        return f"wgmma_smem_bn{BN}_s{STAGES}" + _SK_SUFFIX[int(SK)] + ("_c2" if FORM == 2 else "")
     return (f"wgmma_bn{BN}_s{STAGES}_scl{SCL}" + _SK_SUFFIX[int(SK)] + (f"_e{int(EPI)}" if EPI else "")
             + (f"_a{int(AQ)}" if AQ != 2 else "") + (f"_p{int(PF)}" if PF else ""))
 
@@ -635,7 +637,7 @@ def variant_params(variant: str, qtype: str) -> tuple[str, dict]:
     m = _VARIANT_SMEM.match(variant)
     if m:
         bn, st = map(int, m.groups()[:2])
-        return "wgmma_kq", {"BN": bn, "STAGES": st, "BF16": 0, "SK": _sk_of(m.group(3)), "FORM": 1}
+        return "wgmma_kq", {"BN": bn, "STAGES": st, "BF16": 0, "SK": _sk_of(m.group(3)), "FORM": 2 if m.group(4) else 1}
     m = _VARIANT.match(variant)
     if not m:
         raise ValueError(f"not a round-7 variant name: {variant!r}")
@@ -806,7 +808,7 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
     float32 (converted to f16 here, or bf16 when ``BF16=1``). ``SK``: the tile scheduler, 0 data-parallel, 1
     stream-K, 2 uniform split-k, 3 tile-aligned split-k (:func:`schedule`). ``FORM``: 0 the register form
     (``wgmma_kq``, the repacked weight), 1 the shared-memory form (``wgmma_kqs``, q4_K, the GGUF rows ``w.gguf``;
-    ``SCL`` does not apply). ``EPI`` (register form): 0 the plain epilogue, 1 the bulk fold of split-k partials,
+    ``SCL`` does not apply), 2 the same with two converter warpgroups (BN=128, STAGES=4, f16). ``EPI`` (register form): 0 the plain epilogue, 1 the bulk fold of split-k partials,
     2 the bulk fold and a TMA store of Y (needs od % 4 == 0 and a 16-byte aligned, C-contiguous ``out``); both on
     grids of one segment per CTA (SK 0, 2, 3), refused with stream-K (SK=1); 3 the pair exchange (SK=3 with two
     CTAs per tile, 2-CTA clusters); 4 the staged TMA store (any scheduler: every tile through a staging buffer of its
@@ -836,8 +838,9 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
         raise ShapeError(f"activations dtype {x.dtype} does not match the kernel's {'bf16' if bf16 else 'f16'} "
                          "operands (pass float32, or float16 for f16 / bf16 bits as uint16 for bf16)")
     qt = 4 if w.qtype == "q4_K" else 6
-    if FORM not in (0, 1):
-        raise ValueError(f"FORM is 0 (register) or 1 (shared memory), not {FORM!r}")
+    if FORM not in (0, 1, 2):
+        raise ValueError(f"FORM is 0 (register), 1 (shared memory) or 2 (shared memory, two converter warpgroups), "
+                         f"not {FORM!r}")
     if EPI not in (0, 1, 2, 3, 4):
         raise ValueError(f"EPI is 0 (plain), 1 (bulk fold), 2 (bulk fold + TMA store), 3 (pair exchange) or 4 (staged "
                          f"TMA store), not {EPI!r}")
@@ -870,7 +873,11 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
         if w.gguf is None:
             raise ShapeError("the shared-memory form reads the GGUF rows on the GPU (WgWeight.gguf), which this "
                              "weight does not hold")
-        k = kernel("wgmma_kqs", QT=qt, BN=BN, STAGES=STAGES, BF16=bf16)
+        if FORM == 2 and (BN != 128 or STAGES != 4 or bf16):
+            raise ShapeError(f"the shared-memory form with two converter warpgroups (FORM=2) is built for BN=128, "
+                             f"STAGES=4, f16 (512 threads: m64n256k16 does not fit their register budget), not "
+                             f"BN={BN} STAGES={STAGES} BF16={bf16}")
+        k = kernel("wgmma_kqs", QT=qt, BN=BN, STAGES=STAGES, BF16=bf16, NCV=int(FORM))
     else:
         k = kernel(QT=qt, BN=BN, STAGES=STAGES, BF16=bf16, SCL=SCL, EPI=int(EPI), AQ=int(AQ), PF=int(PF))
     sms = _sm_count(cp.cuda.Device().id) * k.blocks_per_sm
@@ -1497,6 +1504,28 @@ def staged_ab(run, plan=None, progress=print, seed: int = 0) -> None:
           pairs=p["pairs"], repeats=p["repeats"], run=run, progress=progress, table="wgmma_staged_ab")
 
 
+# ------------------------------------------------------------------------------------- the two-converter A/B
+
+#: two converter warpgroups for the shared-memory form (``gpu-check --steps wgmma_conv2``): FORM=2 against FORM=1
+#: (one converter) at BN=128 under both schedulers, beside the register form's launches and cuBLAS (q4_K) --
+#: tuples as in :data:`PLAN`
+CONV2_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 4096], "qtypes": ["q4_K"],
+            "variants": [[128, 4, None, sk, f] for sk in (0, 1) for f in (1, 2)]
+            + [[128, 4, None, 0], [256, 4, None, 0], [256, 4, None, 1], [256, 4, None, 3]],
+            "pairs": 3, "repeats": 10}
+
+
+def conv2_ab(run, plan=None, progress=print, seed: int = 0) -> None:
+    """FORM=2 against FORM=1 and the register form, interleaved per point with cuBLAS (:func:`bench`, its own table
+    ``wgmma_conv2_ab``), after the real-model gates of the FORM=2 forms on every Gemma q4_K tensor."""
+    p = {**CONV2_AB, **(plan or {})}
+    rng = np.random.default_rng(seed or None)
+    new = tuple(f for f in REAL_MODEL_FORMS if f[2] == 2)
+    run.append("real_model_parity", real_model_rows(rng, progress, forms=new))
+    bench([tuple(s) for s in p["shapes"]], p["nts"], p["qtypes"], [tuple(v) for v in p["variants"]],
+          pairs=p["pairs"], repeats=p["repeats"], run=run, progress=progress, table="wgmma_conv2_ab")
+
+
 # ------------------------------------------------------------------------------------------------ the recorded round
 
 
@@ -1544,7 +1573,8 @@ REAL_MODEL_FORMS = ((128, 0, 0, 0), (256, 0, 0, 0), (128, 1, 0, 0), (256, 1, 0, 
                     (128, 0, 0, 0, 4), (128, 1, 0, 0, 4), (128, 3, 0, 0, 4),     # four A-fragment sets (AQ=4)
                     (128, 0, 0, 0, 2, 2), (128, 1, 0, 0, 2, 1), (256, 3, 0, 0, 2, 2),   # the L2 prefetch (PF)
                     (128, 3, 0, 3), (256, 3, 0, 3),                      # the pair exchange (EPI=3)
-                    (128, 0, 0, 4), (256, 0, 0, 4), (128, 1, 0, 4), (256, 1, 0, 4), (256, 3, 0, 4))   # staged (EPI=4)
+                    (128, 0, 0, 4), (256, 0, 0, 4), (128, 1, 0, 4), (256, 1, 0, 4), (256, 3, 0, 4),   # staged (EPI=4)
+                    (128, 0, 2, 0), (128, 1, 2, 0))                      # two converter warpgroups (FORM=2)
 
 
 def real_model_rows(rng, progress=print, forms=REAL_MODEL_FORMS) -> list[dict]:

@@ -96,12 +96,18 @@ def test_registry_rows_of_the_shared_memory_form():
     from labkernels import wgmma
 
     ks = registry.family("wgmma_kqs")
-    assert ks and all(k.p["QT"] == 4 and k.threads == 384 and k.archs == ("sm_90a",) for k in ks)
+    assert ks and all(k.p["QT"] == 4 and k.threads == 128 * (2 + k.p["NCV"]) and k.archs == ("sm_90a",) for k in ks)
+    # two converter warpgroups (512 threads): BN=128, 4 stages, f16, off the main path
+    assert [k.key for k in ks if k.p["NCV"] == 2] == ["wgmma_kqs[QT=4,BN=128,STAGES=4,BF16=0,NCV=2]"]
+    assert not registry.find("wgmma_kqs", QT=4, BN=128, STAGES=4, BF16=0, NCV=2).main_path
     for k in ks:   # STAGES x (activation tile + 16 KB converted A tile) + the 3-deep raw ring (128 rows x 144 B)
         assert k.dynamic_smem() == k.p["STAGES"] * (k.p["BN"] * 128 + 16384) + 3 * 128 * 144 + 1024
         assert k.dynamic_smem() <= 227 * 1024, k.key          # the H200's opt-in cap per block
     assert ("BN", 256) not in [kv for k in ks if k.p["STAGES"] == 4 for kv in k.params]   # over the cap: not built
     assert wgmma.variant_name(128, 4, 0, 1, FORM=1) == "wgmma_smem_bn128_s4_sk"
+    assert wgmma.variant_name(128, 4, 0, 1, FORM=2) == "wgmma_smem_bn128_s4_sk_c2"
+    assert wgmma.variant_params("wgmma_smem_bn128_s4_sk_c2", "q4_K")[1] == {"BN": 128, "STAGES": 4, "BF16": 0,
+                                                                            "SK": 1, "FORM": 2}
     assert wgmma.variant_params("wgmma_smem_bn256_s3", "q4_K") == (
         "wgmma_kq", {"BN": 256, "STAGES": 3, "BF16": 0, "SK": 0, "FORM": 1})
     assert wgmma.variant_params("wgmma_bn128_s4_scl1_sk", "q6_K")[1]["SCL"] == 1

@@ -143,15 +143,18 @@ FAMILIES = [
     # -- round 7, the shared-memory form: a converter warpgroup dequantizes TMA-staged raw q4_K super-blocks into
     #    swizzled f16/bf16 A tiles; the consumers issue wgmma with both operands from shared memory
     dict(family="wgmma_kqs", source="wgmma_kq.cu", template="wgmma_kqs_kernel",
-         params={"QT": [4], "BN": [128, 256], "STAGES": [3, 4], "BF16": [0, 1]}, threads=384,
+         params={"QT": [4], "BN": [128, 256], "STAGES": [3, 4], "BF16": [0, 1], "NCV": [1, 2]},
+         threads="128 * (2 + NCV)",
          smem="STAGES*(BN*128 + 16384) + 3*18432 + 1024", tile=(0, 128),
-         valid="BN == 128 or STAGES == 3",
-         main_path="BF16 == 0", archs=("sm_90a",), gemm=True,
+         # NCV=2 (two converter warpgroups, 512 threads: 128 registers a thread at launch) takes BN=128 only:
+         # ptxas cannot fit m64n256k16's 128 accumulators under that target (C7602)
+         valid="(BN == 128 or STAGES == 3) and (NCV == 1 or (BN == 128 and STAGES == 4 and BF16 == 0))",
+         main_path="BF16 == 0 and NCV == 1", archs=("sm_90a",), gemm=True,
          doc="shared-memory form of wgmma_kq: warpgroup 0 converts (thread = weight row; its thread 0 issues the "
              "TMA of the activation tiles and of the raw GGUF q4_K super-blocks, a 3-deep ring) into 128B-swizzled "
              "f16/bf16 A tiles in the same STAGES-deep ring as the activations; warpgroups 1-2 issue wgmma "
              "m64nBNk16 with A and B from shared memory; 1 CTA/SM, setmaxnreg 80/208; the same data-parallel / "
-             "stream-K scheduler"),
+             "stream-K scheduler; NCV=2 two converter warpgroups, each half of every chunk (setmaxnreg 80/176)"),
     # -- register-fed mma.sync probes: the physical ceiling line
     dict(family="mma_probe", source="mma_probe.cu", template="mma_probe_kernel",
          params={"K": [16, 32]}, threads=256, smem="0", tile=(0, 0), main_path=False,
@@ -233,7 +236,9 @@ def _expand() -> list[KernelSpec]:
                 continue          # a combination the template refuses (static_assert): not instantiated
             out.append(KernelSpec(
                 family=fam["family"], source=fam["source"], template=fam["template"],
-                params=tuple(zip(names, values)), threads=fam["threads"], smem_formula=fam["smem"],
+                params=tuple(zip(names, values)), smem_formula=fam["smem"],
+                threads=(fam["threads"] if isinstance(fam["threads"], int)     # or a formula over the parameters
+                         else int(_safe_eval(fam["threads"], dict(zip(names, values))))),
                 tile=tuple(fam["tile"]), main_path=_main_path(fam["main_path"], dict(zip(names, values))),
                 consts=tuple(sorted(fam.get("consts", {}).items())), doc=fam.get("doc", ""),
                 archs=tuple(fam.get("archs", ("sm_90",)))))

@@ -1024,6 +1024,12 @@ __global__ void __launch_bounds__(LK_WG_THREADS, 1)
 //   of the slot, B: the activations), release the slot one chunk later; the same tile scheduler, stream-K
 //   fix-up and store as the register form.
 // q4_K only (q6_K's 210-byte blocks are not a TMA box; its planes would need their own order).
+// NCV = 2: two converter warpgroups (512 threads). Thread r of converter c still owns row r, and converts half of
+// each chunk: nibble bytes 16c .. 16c + 15 (k 16c .. 16c + 15 and 32 + 16c ..), the other half being the other
+// converter's -- the same weights written to the same places, so bitwise NCV=1's. With one converter warpgroup
+// (one warp per SM sub-partition) the form ran at 0.5-0.75x the register form (round 7's benchmark of record):
+// its conversion was latency-bound, not issue-bound; two warps per sub-partition halve each one's chain.
+// setmaxnreg 80 for the converters, 176 for the consumers (the 512-thread budget: 2 x 80 + 2 x 176 = 512 / 128).
 #define LK_WS_RAW 3          // raw super-block ring of the shared-memory form
 #define LK_WS_RAW_BYTES (LK_WG_M * 144)
 
@@ -1087,11 +1093,12 @@ struct LkCursor {
     }
 };
 
-template <int QT, int BN, int STAGES, int BF16>
+template <int QT, int BN, int STAGES, int BF16, int NCV>
 __device__ __forceinline__ void wgmma_kqs_body(const LkTmap& tmx, const LkTmap& tmw, float* __restrict__ Y, int nt,
                                                int od, int id, float* __restrict__ ws, u32* __restrict__ flags,
                                                int dp_tiles, int split_g) {
     static_assert(QT == 4, "the shared-memory form takes q4_K");
+    static_assert(NCV == 1 || NCV == 2, "NCV: one or two converter warpgroups");
     constexpr int B_BYTES = BN * LK_WG_K * 2, A_BYTES = LK_WG_M * LK_WG_K * 2;
     extern __shared__ u8 lk_dyn_smem[];
     __shared__ __align__(8) u64 full_b[STAGES], full_a[STAGES], empty_bar[STAGES];
@@ -1111,13 +1118,13 @@ __device__ __forceinline__ void wgmma_kqs_body(const LkTmap& tmx, const LkTmap& 
 #pragma unroll
         for (int s = 0; s < STAGES; s++) {
             lk_mbar_init(&full_b[s], 1);
-            lk_mbar_init(&full_a[s], 4);      // lane 0 of each converter warp
+            lk_mbar_init(&full_a[s], 4 * NCV);   // lane 0 of each converter warp
             lk_mbar_init(&empty_bar[s], 8);   // lane 0 of each of the 8 consumer warps
         }
 #pragma unroll
         for (int s = 0; s < LK_WS_RAW; s++) {
             lk_mbar_init(&raw_full[s], 1);
-            lk_mbar_init(&raw_empty[s], 4);
+            lk_mbar_init(&raw_empty[s], 4 * NCV);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         sk_n = lk_sk_segments(sk_seg, nsb, tiles, dp_tiles, split_g);
@@ -1129,9 +1136,9 @@ __device__ __forceinline__ void wgmma_kqs_body(const LkTmap& tmx, const LkTmap& 
     __syncthreads();
     const int nsk = sk_n;
 
-    if (wg == 0) {  // ------------------------------------------------ converter warpgroup (+ the TMA thread)
+    if (NCV == 1 ? wg == 0 : wg < NCV) {  // ------------------------- converter warpgroup(s) (+ the TMA thread)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 80;\n");
-        const bool issuer = tid == 0;
+        const bool issuer = NCV == 1 ? tid == 0 : threadIdx.x == 0;   // thread 0 of converter 0
         LkCursor ahead(nsb, dp_tiles, sk_seg, nsk);   // the next super-block to request
         if (issuer) {
             asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tmx) : "memory");
@@ -1171,7 +1178,8 @@ __device__ __forceinline__ void wgmma_kqs_body(const LkTmap& tmx, const LkTmap& 
                 const u32 s1 = lk_bcast2<BF16>(d * (float)sc), z1 = lk_bcast2<BF16>(-(dmin * (float)mn));
                 const u32 arow = sA0 + st * A_BYTES + a_row;
 #pragma unroll
-                for (int h = 0; h < 2; h++) {   // nibble bytes 16h .. 16h+15 of the chunk's 32: k 16h.. and 32+16h..
+                for (int hh = 0; hh < 2 / NCV; hh++) {   // nibble bytes 16h .. 16h+15 of the chunk's 32: k 16h.. and
+                    const int h = NCV == 1 ? hh : wg;      // 32+16h.. (NCV=2: converter wg takes h = wg)
                     const uint4 v = lk_lds128(rp + 16 + 32 * j + 16 * h);
                     u32 lo[4][2], hi[4][2];
                     q4s_word<BF16>(v.x, s0, z0, s1, z1, lo[0], hi[0]);
@@ -1204,14 +1212,15 @@ __device__ __forceinline__ void wgmma_kqs_body(const LkTmap& tmx, const LkTmap& 
         return;
     }
     // ------------------------------------------------------------------ consumer warpgroups
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 208;\n");
+    if constexpr (NCV == 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 208;\n");
+    else asm volatile("setmaxnreg.inc.sync.aligned.u32 176;\n");
     const int warp = tid >> 5, g = lane >> 2, c = lane & 3;
-    const int ctid = threadIdx.x - 128;
+    const int ctid = threadIdx.x - 128 * NCV;   // 0..255 over the two consumer warpgroups
     u32 q = 0;
     LkSeg seg;
     for (int si = 0; lk_segment(si, nsb, dp_tiles, sk_seg, nsk, seg); si++) {
         const int m0 = (seg.tile % mtiles) * LK_WG_M, n0 = (seg.tile / mtiles) * BN;
-        const int r0 = m0 + (wg - 1) * 64 + warp * 16 + g, r1 = r0 + 8;
+        const int r0 = m0 + (wg - NCV) * 64 + warp * 16 + g, r1 = r0 + 8;
         float acc[BN / 2];
 #pragma unroll
         for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
@@ -1221,7 +1230,7 @@ __device__ __forceinline__ void wgmma_kqs_body(const LkTmap& tmx, const LkTmap& 
             lk_mbar_wait(&full_b[st], (q / STAGES) & 1);
             lk_wgmma_fence_acc(acc);
             lk_wgmma_fence();
-            const u32 sa = lk_smem_u32(sA + st * A_BYTES + (wg - 1) * 8192), sb = lk_smem_u32(sB + st * B_BYTES);
+            const u32 sa = lk_smem_u32(sA + st * A_BYTES + (wg - NCV) * 8192), sb = lk_smem_u32(sB + st * B_BYTES);
 #pragma unroll
             for (int s = 0; s < 4; s++) lk_wgmma_ss<BN, BF16>(acc, lk_desc_sw128(sa + 32 * s), lk_desc_sw128(sb + 32 * s));
             lk_wgmma_commit();
@@ -1236,14 +1245,14 @@ __device__ __forceinline__ void wgmma_kqs_body(const LkTmap& tmx, const LkTmap& 
     }
 }
 
-template <int QT, int BN, int STAGES, int BF16>
-__global__ void __launch_bounds__(LK_WG_THREADS, 1)
+template <int QT, int BN, int STAGES, int BF16, int NCV>
+__global__ void __launch_bounds__(128 * (2 + NCV), 1)
     wgmma_kqs_kernel(const __grid_constant__ LkTmap tmx, const __grid_constant__ LkTmap tmw, float* __restrict__ Y,
                      int nt, int od, int id, float* __restrict__ ws, u32* __restrict__ flags, int dp_tiles,
                      int split_g) {
     LK_PDL_ENTRY();
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    wgmma_kqs_body<QT, BN, STAGES, BF16>(tmx, tmw, Y, nt, od, id, ws, flags, dp_tiles, split_g);
+    wgmma_kqs_body<QT, BN, STAGES, BF16, NCV>(tmx, tmw, Y, nt, od, id, ws, flags, dp_tiles, split_g);
 #else
     __trap();  // wgmma / setmaxnreg exist on sm_90a only: the launcher refuses other devices first
 #endif

@@ -42,9 +42,10 @@ if mode == "sanitizer":       # tails in nt and od, every main-path variant, the
                                                 # the uniform split over 2 each: partials, flags, fix-up; both forms)
         if k.p.get("EPI") == 3:   # the pair exchange: SK=3 with two CTAs per tile (2 tiles of 2 super-blocks)
             cases += [(k, 77, 200, 512, 3)]
-        elif k.main_path or k.p.get("AQ", 2) != 2 or k.p.get("PF") or k.p.get("EPI") == 4:   # (and the AQ=4, PF
-            # and EPI=4 experiments) ... and the tile-aligned split (SK=3) where G does not divide the 7 super-blocks
-            # (1+2+2+2); the epilogue forms EPI 1, 2 take no stream-K grid
+        elif (k.main_path or k.p.get("AQ", 2) != 2 or k.p.get("PF") or k.p.get("EPI") == 4
+              or k.p.get("NCV") == 2):   # (and the AQ=4, PF, EPI=4 and two-converter experiments) ... and the
+            # tile-aligned split (SK=3) where G does not divide the 7 super-blocks (1+2+2+2); the epilogue forms
+            # EPI 1, 2 take no stream-K grid
             cases += [(k, 77, 200, 512, sk) for sk in (0, 1, 2) if not (sk == 1 and k.p.get("EPI") in (1, 2))]
             cases += [(k, 77, 4000, 1792, 3)]
             if k.p.get("EPI") == 4:   # the staged store over several tiles per CTA (160 or 128 tiles, data-parallel)
@@ -58,18 +59,18 @@ else:                         # ncu: the main variants at the 7B attention shape
         cases.append((registry.find("wgmma_kq", QT=qt, BN=128, STAGES=4, BF16=0, SCL=scl, EPI=0, AQ=4, PF=0), 512, 4096, 4096, 0))
         cases.append((registry.find("wgmma_kq", QT=qt, BN=256, STAGES=4, BF16=0, SCL=0, EPI=0, AQ=2, PF=0), 512, 4096, 4096, 3))
     for nt, bn, st in ((512, 128, 4), (4096, 256, 3)):   # the shared-memory form (q4_K), data-parallel
-        cases.append((registry.find("wgmma_kqs", QT=4, BN=bn, STAGES=st, BF16=0), nt, 4096, 4096, 0))
+        cases.append((registry.find("wgmma_kqs", QT=4, BN=bn, STAGES=st, BF16=0, NCV=1), nt, 4096, 4096, 0))
 for k, nt, od, id_, sk in cases:
     qtype = "q4_K" if k.p["QT"] == 4 else "q6_K"
     raw = quants.quantize((rng.standard_normal((min(od, 256), id_)) * .02).astype(np.float32), qtype)
     raw = np.ascontiguousarray(np.tile(raw, (-(-od // raw.shape[0]), 1))[:od])
     w = wgmma.WgWeight.from_gguf(raw, qtype)
-    form = int(k.family == "wgmma_kqs")
+    form = k.p["NCV"] if k.family == "wgmma_kqs" else 0   # 1 / 2 converter warpgroups
     if form:
         w.gguf = cp.asarray(raw)
     x = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float16))
     y = cp.empty((nt, od), cp.float32)
-    wgmma.gemm(w, x, out=y, SK=sk, FORM=form, **{n: v for n, v in k.params if n != "QT"})
+    wgmma.gemm(w, x, out=y, SK=sk, FORM=form, **{n: v for n, v in k.params if n not in ("QT", "NCV")})
     cp.cuda.runtime.deviceSynchronize()
     print("case", k.key, "SK=%d" % sk, nt, od, id_, flush=True)
 """
@@ -154,6 +155,16 @@ def step_wgmma_staged(out: Path, args) -> dict:
 
     with records.recording(DATA[0], {"what": "staged_ab", "plan": wgmma.STAGED_AB}, root=out / "data") as run:
         wgmma.staged_ab(run, progress=args.log)
+    return {"ok": True, "run": run.run_id}
+
+
+def step_wgmma_conv2(out: Path, args) -> dict:
+    """Round 7: the shared-memory form with two converter warpgroups (FORM=2, 512 threads) against one, and the
+    register form, at nt 512 and 4096 (labkernels.wgmma.conv2_ab), real-model gated, recorded."""
+    from .. import records
+
+    with records.recording(DATA[0], {"what": "conv2_ab", "plan": wgmma.CONV2_AB}, root=out / "data") as run:
+        wgmma.conv2_ab(run, progress=args.log)
     return {"ok": True, "run": run.run_id}
 
 
@@ -325,4 +336,4 @@ def step_prefill_r7(out: Path, args) -> dict:
 STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_ncu": step_wgmma_ncu,
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
          "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
-         "wgmma_staged": step_wgmma_staged, "prefill_r7": step_prefill_r7}
+         "wgmma_staged": step_wgmma_staged, "wgmma_conv2": step_wgmma_conv2, "prefill_r7": step_prefill_r7}

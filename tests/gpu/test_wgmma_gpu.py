@@ -321,13 +321,18 @@ SMEM = registry.family("wgmma_kqs")
 def test_wgmma_smem_form_parity(cp, rng, spec, nt, od, id_, sk):
     """The shared-memory form (wgmma_kqs): the gate on every variant with tails in nt and od, poisoned output with
     guards, and against the register form of the same tile: the same f16/bf16 weights (the converters' arithmetic
-    is the register form's), so the two agree to fp32 summation order."""
+    is the register form's), so the two agree to fp32 summation order. Two converter warpgroups (NCV=2, FORM=2)
+    write the same weights to the same places: bitwise one converter's."""
     from labkernels import wgmma
 
     raw = _weights(rng, "q4_K", od, id_)
     x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
     p = dict(BN=spec.p["BN"], STAGES=spec.p["STAGES"], BF16=spec.p["BF16"], SK=sk)
-    y, packed = _run(cp, raw, "q4_K", x, FORM=1, **p)
+    form = spec.p["NCV"]
+    y, packed = _run(cp, raw, "q4_K", x, FORM=form, **p)
+    if form == 2:
+        y1, _ = _run(cp, raw, "q4_K", x, FORM=1, **p)
+        assert np.array_equal(y, y1), "two converter warpgroups differ from one"
     g = wgmma.gate(y, raw, "q4_K", x, packed=packed, bf16=bool(spec.p["BF16"]))
     print(spec.key, nt, od, id_, sk, g)
     assert g["nonfinite"] == 0
@@ -338,7 +343,7 @@ def test_wgmma_smem_form_parity(cp, rng, spec, nt, od, id_, sk):
     d = float(np.abs(y - y_reg).max())
     print("smem vs register form: max abs diff", d, "of", scale, "bitwise", np.array_equal(y, y_reg))
     assert d <= 1e-5 * scale, (d, scale)
-    y2, _ = _run(cp, raw, "q4_K", x, FORM=1, **p)
+    y2, _ = _run(cp, raw, "q4_K", x, FORM=form, **p)
     assert np.array_equal(y, y2), "the shared-memory form is not bitwise reproducible"
 
 
