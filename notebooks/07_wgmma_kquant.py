@@ -789,6 +789,50 @@ else:
                                       f"nt 512 and 4096 ({report.source(sr)})"))
 
 # %% [markdown]
+# ## Eighth step: two converter warpgroups for the shared-memory form (built; prediction first)
+#
+# **Why.** The sixth and seventh steps took the finish out of the question at nt=512. What is left is the main loop,
+# where the register form's consumers convert their own A fragments between wgmmas. The shared-memory form moves
+# the conversion to a converter warpgroup and leaves the consumers only wgmma, both operands from shared memory,
+# which is cuBLAS's structure. With one converter it ran at 0.65–0.76× the register form at BN=128 in the
+# benchmark of record. That one converter is a single warp per SM sub-partition: the hypothesis (not measured) is
+# that it is latency-bound on its own chains of 16-bit arithmetic and shared-memory stores.
+#
+# **Design: `FORM=2` (`wgmma_kqs` NCV=2).**
+# * 512 threads: two converter warpgroups, then the two consumers.
+# * Thread r of converter c converts nibble bytes 16c..16c+15 of row r's chunk, half of what one converter did, into
+#   the same places of the A slot. The A tile is therefore bitwise FORM=1's.
+# * The A-slot and raw-ring barriers count both converters' warps.
+# * Registers: `setmaxnreg` 80 for the converters and 176 for the consumers, the 512-thread budget.
+# * Built for BN=128, STAGES=4, f16 only. At 512 threads a thread has 128 registers at launch, and ptxas cannot fit
+#   m64n256k16's 128 accumulators under that target (C7602).
+# * Spill-free. FORM=1's SASS is byte-identical to before.
+#
+# **Prediction** (in its commit): FORM=2 at 1.2–1.5× FORM=1; q4_K 4096 × 4096 from 366 to 450–520 TOPS-eq at
+# nt=512, and from 409 to 500–600 at nt=4096. That is still not above the register form's best at nt=512 (511). If
+# it lands near the top of that range, BN=256 is the next build, since it halves the conversion per MAC. It needs a
+# register budget that 512 threads do not leave.
+#
+# **Status.** The GPU test (bitwise against FORM=1, with tails, both schedulers), the sanitizer cases, the
+# real-model gates and the A/B step (`gpu-check --steps wgmma_conv2`) are written. None of them has run yet: this
+# session's device time was spent on the sixth and seventh steps.
+
+# %%
+cr = records.latest("wgmma", where=lambda r: r.has("wgmma_conv2_ab"))
+if cr is None:
+    print("FORM=2 is built and not yet run on the GPU: no measurement of it exists")
+else:
+    cx = wgmma.suffix_ab(cr.table("wgmma_conv2_ab"), suffixes=("_c2",))
+    cx["option"] = np.where(cx.base.str.endswith("_sk"), "stream-K", "data-parallel")
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    plotting.option_speedups(ax, cx, {"data-parallel": "FORM=2 vs FORM=1\ndata-parallel",
+                                      "stream-K": "FORM=2 vs FORM=1\nstream-K"},
+                             f"two converter warpgroups against one, BN=128 ({report.source(cr)})")
+    plt.show()
+    display(report.table(cx.drop(columns=["option"]), caption=f"FORM=2 over FORM=1 (> 1: faster), and each one's "
+                                                               f"ratio to cuBLAS fp16 ({report.source(cr)})"))
+
+# %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process
 
 # %%
