@@ -1383,16 +1383,23 @@ EPI_AB = {"shapes": [list(s) for s in SHAPES], "nts": [256, 512, 1024], "qtypes"
           "pairs": 3, "repeats": 10}
 
 
+def option_ab(run, defaults: dict, table: str, forms, plan=None, progress=print, seed: int = 0) -> None:
+    """One build-option A/B into ``run``: the real-model gates of the forms it adds (the :data:`REAL_MODEL_FORMS`
+    where ``forms(f)``) on every Gemma tensor, then the plan (``defaults`` updated by ``plan``) interleaved per point
+    with cuBLAS by :func:`bench` into its own ``table`` (``auto`` keeps reading the benchmark of record)."""
+    p = {**defaults, **(plan or {})}
+    rng = np.random.default_rng(seed or None)
+    new = tuple(f for f in REAL_MODEL_FORMS if forms(f))
+    run.append("real_model_parity", real_model_rows(rng, progress, forms=new))
+    bench([tuple(s) for s in p["shapes"]], p["nts"], p["qtypes"], [tuple(v) for v in p["variants"]],
+          pairs=p["pairs"], repeats=p["repeats"], run=run, progress=progress, table=table)
+
+
 def epi_ab(run, plan=None, progress=print, seed: int = 0) -> None:
     """The epilogue forms (EPI 1 / 2) and the tile-aligned split (SK=3) against the plain launches and cuBLAS,
     interleaved per point (:func:`bench`, its own table ``wgmma_epi_ab``: ``auto`` keeps reading the benchmark of
     record), after the real-model gates of the new forms on every Gemma tensor."""
-    p = {**EPI_AB, **(plan or {})}
-    rng = np.random.default_rng(seed or None)
-    new = tuple(f for f in REAL_MODEL_FORMS if f[1] == 3 or f[3])
-    run.append("real_model_parity", real_model_rows(rng, progress, forms=new))
-    bench([tuple(s) for s in p["shapes"]], p["nts"], p["qtypes"], [tuple(v) for v in p["variants"]],
-          pairs=p["pairs"], repeats=p["repeats"], run=run, progress=progress, table="wgmma_epi_ab")
+    option_ab(run, EPI_AB, "wgmma_epi_ab", lambda f: f[1] == 3 or f[3], plan, progress, seed)
 
 
 # ------------------------------------------------------------------------------------- the A-fragment-set A/B
@@ -1410,12 +1417,7 @@ def aq_ab(run, plan=None, progress=print, seed: int = 0) -> None:
     """AQ=4 against AQ=2 (and BN=256's nt=512 schedulers, cuBLAS), interleaved per point (:func:`bench`, its own
     table ``wgmma_aq_ab``: ``auto`` keeps reading the benchmark of record), after the real-model gates of the AQ=4
     forms on every Gemma tensor."""
-    p = {**AQ_AB, **(plan or {})}
-    rng = np.random.default_rng(seed or None)
-    new = tuple(f for f in REAL_MODEL_FORMS if len(f) > 4 and f[4] != 2)
-    run.append("real_model_parity", real_model_rows(rng, progress, forms=new))
-    bench([tuple(s) for s in p["shapes"]], p["nts"], p["qtypes"], [tuple(v) for v in p["variants"]],
-          pairs=p["pairs"], repeats=p["repeats"], run=run, progress=progress, table="wgmma_aq_ab")
+    option_ab(run, AQ_AB, "wgmma_aq_ab", lambda f: len(f) > 4 and f[4] != 2, plan, progress, seed)
 
 
 # ------------------------------------------------------------------------------------------- the L2-prefetch A/B
@@ -1433,12 +1435,7 @@ PF_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 4096], "qtypes": ["q4
 def pf_ab(run, plan=None, progress=print, seed: int = 0) -> None:
     """The L2 prefetch (PF 1 / 2) against none, interleaved per point with cuBLAS (:func:`bench`, its own table
     ``wgmma_pf_ab``), after the real-model gates of the PF forms on every Gemma tensor."""
-    p = {**PF_AB, **(plan or {})}
-    rng = np.random.default_rng(seed or None)
-    new = tuple(f for f in REAL_MODEL_FORMS if len(f) > 5 and f[5])
-    run.append("real_model_parity", real_model_rows(rng, progress, forms=new))
-    bench([tuple(s) for s in p["shapes"]], p["nts"], p["qtypes"], [tuple(v) for v in p["variants"]],
-          pairs=p["pairs"], repeats=p["repeats"], run=run, progress=progress, table="wgmma_pf_ab")
+    option_ab(run, PF_AB, "wgmma_pf_ab", lambda f: len(f) > 5 and f[5], plan, progress, seed)
 
 
 # ------------------------------------------------------------------------------------------- the pair-exchange A/B
@@ -1470,16 +1467,11 @@ def pair_ab(run, plan=None, progress=print, seed: int = 0) -> None:
     """EPI=3 against the plain epilogue on SK=3's grid, stream-K and cuBLAS, interleaved per point (:func:`bench`,
     its own table ``wgmma_pair_ab``; a point where SK=3 does not give two CTAs per tile is recorded as not
     applicable), after the real-model gates of the EPI=3 forms."""
-    p = {**PAIR_AB, **(plan or {})}
-    rng = np.random.default_rng(seed or None)
-    new = tuple(f for f in REAL_MODEL_FORMS if f[3] == 3)
     occ = [{"kernel": k.key, "cluster": 2, "max_active_clusters": kernel(k.family, **k.p).max_active_clusters(2)}
            for k in registry.family("wgmma_kq") if k.p["EPI"] == 3]
     run.append("cluster_occupancy", occ)
     progress("2-CTA clusters resident at once: " + ", ".join(f"{o['kernel']} {o['max_active_clusters']}" for o in occ))
-    run.append("real_model_parity", real_model_rows(rng, progress, forms=new))
-    bench([tuple(s) for s in p["shapes"]], p["nts"], p["qtypes"], [tuple(v) for v in p["variants"]],
-          pairs=p["pairs"], repeats=p["repeats"], run=run, progress=progress, table="wgmma_pair_ab")
+    option_ab(run, PAIR_AB, "wgmma_pair_ab", lambda f: f[3] == 3, plan, progress, seed)
 
 
 # --------------------------------------------------------------------------------------------- the staged-store A/B
@@ -1496,12 +1488,7 @@ STAGED_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 2048, 4096], "qty
 def staged_ab(run, plan=None, progress=print, seed: int = 0) -> None:
     """EPI=4 against the plain epilogue, interleaved per point with cuBLAS (:func:`bench`, its own table
     ``wgmma_staged_ab``), after the real-model gates of the EPI=4 forms on every Gemma tensor."""
-    p = {**STAGED_AB, **(plan or {})}
-    rng = np.random.default_rng(seed or None)
-    new = tuple(f for f in REAL_MODEL_FORMS if f[3] == 4)
-    run.append("real_model_parity", real_model_rows(rng, progress, forms=new))
-    bench([tuple(s) for s in p["shapes"]], p["nts"], p["qtypes"], [tuple(v) for v in p["variants"]],
-          pairs=p["pairs"], repeats=p["repeats"], run=run, progress=progress, table="wgmma_staged_ab")
+    option_ab(run, STAGED_AB, "wgmma_staged_ab", lambda f: f[3] == 4, plan, progress, seed)
 
 
 # ------------------------------------------------------------------------------------- the two-converter A/B
@@ -1518,12 +1505,7 @@ CONV2_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 4096], "qtypes": [
 def conv2_ab(run, plan=None, progress=print, seed: int = 0) -> None:
     """FORM=2 against FORM=1 and the register form, interleaved per point with cuBLAS (:func:`bench`, its own table
     ``wgmma_conv2_ab``), after the real-model gates of the FORM=2 forms on every Gemma q4_K tensor."""
-    p = {**CONV2_AB, **(plan or {})}
-    rng = np.random.default_rng(seed or None)
-    new = tuple(f for f in REAL_MODEL_FORMS if f[2] == 2)
-    run.append("real_model_parity", real_model_rows(rng, progress, forms=new))
-    bench([tuple(s) for s in p["shapes"]], p["nts"], p["qtypes"], [tuple(v) for v in p["variants"]],
-          pairs=p["pairs"], repeats=p["repeats"], run=run, progress=progress, table="wgmma_conv2_ab")
+    option_ab(run, CONV2_AB, "wgmma_conv2_ab", lambda f: f[2] == 2, plan, progress, seed)
 
 
 # ------------------------------------------------------------------------------------------------ the recorded round
@@ -1788,7 +1770,8 @@ def ncu_table(sections_df):
 def suffix_ab(ab_df, suffixes=("_a4", "_p1", "_p2")):
     """A build-option A/B (``wgmma_aq_ab``, ``wgmma_pf_ab``) as speedups: for every variant named ``base + suffix``
     timed beside ``base`` at the same (qtype, od, id, nt), median(base) / median(variant) over the interleaved pairs
-    (> 1: the option is faster), with each one's ratio to cuBLAS fp16 (cached) at that point."""
+    (> 1: the option is faster), with each one's ratio to cuBLAS fp16 (cached) at that point; ``launch`` names the
+    base's tile and scheduler (e.g. 'BN=256 stream-K')."""
     import pandas as pd
 
     m = medians(ab_df)
@@ -1800,7 +1783,9 @@ def suffix_ab(ab_df, suffixes=("_a4", "_p1", "_p2")):
             if v.endswith(sfx) and (q, od, id_, nt, v[:-len(sfx)]) in us.index:
                 base = us[(q, od, id_, nt, v[:-len(sfx)])]
                 cb = us.get((q, od, id_, nt, "cublas_f16_cached"), np.nan)
+                bp = variant_params(v[:-len(sfx)], q)[1]
                 rows.append({"qtype": q, "od": od, "id": id_, "nt": nt, "option": sfx[1:], "base": v[:-len(sfx)],
+                             "launch": f"BN={bp['BN']} {SCHED_LABEL[bp['SK']]}",
                              "speedup": base / t, "base_vs_cublas": cb / base, "option_vs_cublas": cb / t})
     return pd.DataFrame(rows)
 

@@ -775,12 +775,9 @@ sr = records.latest("wgmma", where=lambda r: r.has("wgmma_staged_ab"))
 if sr is None:
     print("no recorded run of the staged store (gpu-check --steps wgmma_staged)")
 else:
-    spx = wgmma.suffix_ab(sr.table("wgmma_staged_ab"), suffixes=("_e4",))
-    grids = {"": "BN=256 data-parallel", "_sk": "BN=256 stream-K", "_skt": "BN=256 SK=3"}
-    spx["option"] = [("BN=128 data-parallel" if b.startswith("wgmma_bn128") else grids[b[len("wgmma_bn256_s4_scl0"):]])
-                     for b in spx.base]
+    spx = wgmma.suffix_ab(sr.table("wgmma_staged_ab"), suffixes=("_e4",)).assign(option=lambda d: d.launch)
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
-    plotting.option_speedups(ax, spx, {g: g.replace(" ", "\n", 1) for g in list(grids.values()) + ["BN=128 data-parallel"]},
+    plotting.option_speedups(ax, spx, {g: g.replace(" ", "\n", 1) for g in sorted(spx.launch.unique(), reverse=True)},
                              f"EPI=4 (staged store) against the plain epilogue on the same grid ({report.source(sr)})")
     plt.show()
     st_ = spx[spx.nt.isin([512, 4096])].pivot_table(index=["qtype", "od", "id", "nt"], columns="option",
@@ -822,12 +819,10 @@ cr = records.latest("wgmma", where=lambda r: r.has("wgmma_conv2_ab"))
 if cr is None:
     print("FORM=2 is built and not yet run on the GPU: no measurement of it exists")
 else:
-    cx = wgmma.suffix_ab(cr.table("wgmma_conv2_ab"), suffixes=("_c2",))
-    cx["option"] = np.where(cx.base.str.endswith("_sk"), "stream-K", "data-parallel")
+    cx = wgmma.suffix_ab(cr.table("wgmma_conv2_ab"), suffixes=("_c2",)).assign(option=lambda d: d.launch)
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    plotting.option_speedups(ax, cx, {"data-parallel": "FORM=2 vs FORM=1\ndata-parallel",
-                                      "stream-K": "FORM=2 vs FORM=1\nstream-K"},
-                             f"two converter warpgroups against one, BN=128 ({report.source(cr)})")
+    plotting.option_speedups(ax, cx, {g: f"FORM=2 vs FORM=1\n{g}" for g in sorted(cx.launch.unique())},
+                             f"two converter warpgroups against one ({report.source(cr)})")
     plt.show()
     display(report.table(cx.drop(columns=["option"]), caption=f"FORM=2 over FORM=1 (> 1: faster), and each one's "
                                                                f"ratio to cuBLAS fp16 ({report.source(cr)})"))

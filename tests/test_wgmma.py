@@ -370,17 +370,25 @@ def test_registry_rows_of_the_four_a_set_form():
     assert {k.p["AQ"] for k in ks if k.p["AQ"] != 4} == {2}
 
 
+def _recorded_auto_table(root, qtype, od, id_, nt, times: dict):
+    """``auto``'s table of one recorded wgmma run (under ``root``) with one pair of ``times`` (variant -> us) at one
+    point."""
+    from labkernels import records
+
+    run = records.new_run("wgmma", {"t": 1}, root=root)
+    run.append("wgmma_bench", [{"qtype": qtype, "od": od, "id": id_, "nt": nt, "variant": v, "pair": 0,
+                                "median_us": us} for v, us in times.items()])
+    run.finish()
+    return wgmma.auto_table(root=root)
+
+
 def test_auto_choice_leaves_the_uniform_grid_where_it_does_not_fit(tmp_path):
     """A recorded SK=2 winner at a shape class is used as it is where its grid fits, and as stream-K (SK=1), said in
     the reason, where it does not (the nearest class is 4096x4096, but 4096 x 11008 has 43 super-blocks a tile)."""
-    from labkernels import gpu, records
+    from labkernels import gpu
 
-    run = records.new_run("wgmma", {"t": 1}, root=tmp_path)
-    run.append("wgmma_bench", [{"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": v, "pair": 0,
-                                "median_us": us}
-                               for v, us in (("wgmma_bn256_s4_scl0_sku", 33.0), ("wgmma_bn256_s4_scl0_sk", 35.0))])
-    run.finish()
-    t = wgmma.auto_table(root=tmp_path)
+    t = _recorded_auto_table(tmp_path, "q4_K", 4096, 4096, 512, {"wgmma_bn256_s4_scl0_sku": 33.0,
+                                                                 "wgmma_bn256_s4_scl0_sk": 35.0})
     c = gpu.choose("q4_K", 512, 4096, 4096, table=t, cc=90)
     assert dict(c.params)["SK"] == 2 and "does not fit" not in c.reason
     c = gpu.choose("q4_K", 512, 4096, 11008, table=t, cc=90)
@@ -391,14 +399,10 @@ def test_auto_choice_keeps_a_recorded_epilogue_form_and_says_where_it_cannot(tmp
     """A recorded winner with the TMA-store epilogue (EPI=2) on the tile-aligned split (SK=3) is used as recorded
     where both fit; where the split does not fit it runs stream-K with the plain epilogue, and where od is not a
     multiple of 4 (the Y map's rows) the bulk fold alone (EPI=1) -- each said in the reason."""
-    from labkernels import gpu, records
+    from labkernels import gpu
 
-    run = records.new_run("wgmma", {"t": 1}, root=tmp_path)
-    run.append("wgmma_bench", [{"qtype": "q4_K", "od": 4096, "id": 11008, "nt": 512, "variant": v, "pair": 0,
-                                "median_us": us}
-                               for v, us in (("wgmma_bn256_s4_scl0_skt_e2", 60.0), ("wgmma_bn256_s4_scl0_sk", 70.0))])
-    run.finish()
-    t = wgmma.auto_table(root=tmp_path)
+    t = _recorded_auto_table(tmp_path, "q4_K", 4096, 11008, 512, {"wgmma_bn256_s4_scl0_skt_e2": 60.0,
+                                                                  "wgmma_bn256_s4_scl0_sk": 70.0})
     c = gpu.choose("q4_K", 512, 4096, 11008, table=t, cc=90)
     assert dict(c.params) == {"BN": 256, "STAGES": 4, "BF16": 0, "SCL": 0, "SK": 3, "EPI": 2}
     assert "does not fit" not in c.reason and "EPI=1" not in c.reason
@@ -713,7 +717,7 @@ def test_registry_rows_and_auto_of_the_staged_store(tmp_path):
     of staging beyond the ring (BN=256: 4 x 32 KB + 64 KB + alignment still one CTA under the 227 KB cap). A
     recorded EPI=4 winner keeps its epilogue on stream-K (it takes any scheduler, unlike EPI 1-3) and falls back to
     the plain one, said in the reason, where od is not a multiple of 4."""
-    from labkernels import gpu, records, wgmma
+    from labkernels import gpu, wgmma
 
     ks = [k for k in registry.family("wgmma_kq") if k.p["EPI"] == 4]
     assert sorted((k.p["QT"], k.p["BN"]) for k in ks) == [(4, 128), (4, 256), (6, 128), (6, 256)]
@@ -722,12 +726,8 @@ def test_registry_rows_and_auto_of_the_staged_store(tmp_path):
     plain = registry.find("wgmma_kq", QT=6, BN=256, STAGES=4, BF16=0, SCL=0, EPI=0, AQ=2, PF=0)
     big = registry.find("wgmma_kq", QT=6, BN=256, STAGES=4, BF16=0, SCL=0, EPI=4, AQ=2, PF=0)
     assert big.dynamic_smem() - plain.dynamic_smem() == 65536 and big.dynamic_smem() <= 227 * 1024
-    run = records.new_run("wgmma", {"t": 1}, root=tmp_path)
-    run.append("wgmma_bench", [{"qtype": "q6_K", "od": 11008, "id": 4096, "nt": 4096, "variant": v, "pair": 0,
-                                "median_us": us}
-                               for v, us in (("wgmma_bn256_s4_scl0_sk_e4", 500.0), ("wgmma_bn256_s4_scl0_sk", 520.0))])
-    run.finish()
-    t = wgmma.auto_table(root=tmp_path)
+    t = _recorded_auto_table(tmp_path, "q6_K", 11008, 4096, 4096, {"wgmma_bn256_s4_scl0_sk_e4": 500.0,
+                                                                   "wgmma_bn256_s4_scl0_sk": 520.0})
     c = gpu.choose("q6_K", 4096, 11008, 4096, table=t, cc=90)
     assert dict(c.params) == {"BN": 256, "STAGES": 4, "BF16": 0, "SCL": 0, "SK": 1, "EPI": 4} and "EPI=0" not in c.reason
     c = gpu.choose("q6_K", 4096, 11006, 4096, table=t, cc=90)

@@ -477,13 +477,9 @@ __device__ __forceinline__ void lk_st_release(u32* p, u32 v) {
 __device__ __forceinline__ void lk_consumer_sync() {   // the 256 consumer threads (named barrier 1)
     asm volatile("bar.sync 1, 256;\n" ::: "memory");
 }
-__device__ __forceinline__ void lk_wg_sync(int wgi) {   // the 128 threads of one consumer warpgroup (2 and 3)
-    if (wgi == 0) asm volatile("bar.sync 2, 128;\n" ::: "memory");
-    else asm volatile("bar.sync 3, 128;\n" ::: "memory");
-}
-// the same with the barrier's id in a register, no branch: EPI=4's epilogue with lk_wg_sync's two branches made ptxas
-// spill 36 B inside q6_K BN=256's main loop, with this none
-__device__ __forceinline__ void lk_wg_sync_id(int wgi) {
+// the 128 threads of one consumer warpgroup (named barriers 2 and 3), the barrier's id in a register: no branch (EPI=4's
+// epilogue with a two-branch form, one bar.sync per warpgroup, made ptxas spill 36 B inside q6_K BN=256's main loop)
+__device__ __forceinline__ void lk_wg_sync(int wgi) {
     asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wgi) : "memory");
 }
 
@@ -755,7 +751,7 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
         for (int h = 0; h < BN / 128; h++) {
             // the previous round's (or tile's) stores have read the buffer: this warpgroup's leader committed them
             if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-            lk_wg_sync_id(wgi);
+            lk_wg_sync(wgi);
             // box b = row / 32 holds [128 tokens x 32 rows]: token n's 128 bytes at n * 128, its 16-byte chunk
             // k = (row % 32) / 4 at k ^ (n % 8) (the 128-byte swizzle), the row's float at (row % 4) * 4
 #pragma unroll
@@ -769,7 +765,7 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
                 }
             }
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the generic writes -> the TMA's reads
-            lk_wg_sync_id(wgi);
+            lk_wg_sync(wgi);
             if (t == 0) {
                 const int m0w = r0 - lw0;   // the warpgroup's first row
                 lk_tma_store_2d(tmy, wst, m0w, n0 + 128 * h);

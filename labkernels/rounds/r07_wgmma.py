@@ -106,66 +106,51 @@ def step_wgmma_splitfin(out: Path, args) -> dict:
     return {"ok": True, "run": run.run_id}
 
 
+def _record_ab(out: Path, args, what: str, plan: dict, ab) -> dict:
+    """A build-option A/B step: ``ab`` (labkernels.wgmma's ``*_ab``) into a run recorded as ``what`` with its plan."""
+    from .. import records
+
+    with records.recording(DATA[0], {"what": what, "plan": plan}, root=out / "data") as run:
+        ab(run, progress=args.log)
+    return {"ok": True, "run": run.run_id}
+
+
 def step_wgmma_epi(out: Path, args) -> dict:
     """Round 7: the epilogue forms (bulk fold, TMA store) and the tile-aligned split-k grid against the plain
     launches and cuBLAS at nt 256-1024 (labkernels.wgmma.epi_ab), real-model gated, recorded."""
-    from .. import records
-
-    with records.recording(DATA[0], {"what": "epi_ab", "plan": wgmma.EPI_AB}, root=out / "data") as run:
-        wgmma.epi_ab(run, progress=args.log)
-    return {"ok": True, "run": run.run_id}
+    return _record_ab(out, args, "epi_ab", wgmma.EPI_AB, wgmma.epi_ab)
 
 
 def step_wgmma_aq(out: Path, args) -> dict:
     """Round 7: four A-fragment sets (AQ=4, the next chunk converted before the wait) against two, at BN=128 under
     three schedulers, beside BN=256 and cuBLAS at nt 256-1024 (labkernels.wgmma.aq_ab), real-model gated, recorded."""
-    from .. import records
-
-    with records.recording(DATA[0], {"what": "aq_ab", "plan": wgmma.AQ_AB}, root=out / "data") as run:
-        wgmma.aq_ab(run, progress=args.log)
-    return {"ok": True, "run": run.run_id}
+    return _record_ab(out, args, "aq_ab", wgmma.AQ_AB, wgmma.aq_ab)
 
 
 def step_wgmma_pf(out: Path, args) -> dict:
     """Round 7: an L2 prefetch of the weights 1 or 2 super-blocks ahead (PF) against none, at nt 512 and 4096 on the
     launches of record, beside cuBLAS (labkernels.wgmma.pf_ab), real-model gated, recorded."""
-    from .. import records
-
-    with records.recording(DATA[0], {"what": "pf_ab", "plan": wgmma.PF_AB}, root=out / "data") as run:
-        wgmma.pf_ab(run, progress=args.log)
-    return {"ok": True, "run": run.run_id}
+    return _record_ab(out, args, "pf_ab", wgmma.PF_AB, wgmma.pf_ab)
 
 
 def step_wgmma_pair(out: Path, args) -> dict:
     """Round 7: the pair exchange (EPI=3: a tile's two split-k CTAs in one cluster, partial sums through distributed
     shared memory) against the plain epilogue on the same grid, stream-K and cuBLAS at nt 256-1024
     (labkernels.wgmma.pair_ab), real-model gated, recorded."""
-    from .. import records
-
-    with records.recording(DATA[0], {"what": "pair_ab", "plan": wgmma.PAIR_AB}, root=out / "data") as run:
-        wgmma.pair_ab(run, progress=args.log)
-    return {"ok": True, "run": run.run_id}
+    return _record_ab(out, args, "pair_ab", wgmma.PAIR_AB, wgmma.pair_ab)
 
 
 def step_wgmma_staged(out: Path, args) -> dict:
     """Round 7: the staged TMA store (EPI=4: every tile through a staging buffer of its own, TMA stores the next
     tile does not wait for) against the plain epilogue on the same grids at nt 512-4096 (labkernels.wgmma.staged_ab),
     real-model gated, recorded."""
-    from .. import records
-
-    with records.recording(DATA[0], {"what": "staged_ab", "plan": wgmma.STAGED_AB}, root=out / "data") as run:
-        wgmma.staged_ab(run, progress=args.log)
-    return {"ok": True, "run": run.run_id}
+    return _record_ab(out, args, "staged_ab", wgmma.STAGED_AB, wgmma.staged_ab)
 
 
 def step_wgmma_conv2(out: Path, args) -> dict:
     """Round 7: the shared-memory form with two converter warpgroups (FORM=2, 512 threads) against one, and the
     register form, at nt 512 and 4096 (labkernels.wgmma.conv2_ab), real-model gated, recorded."""
-    from .. import records
-
-    with records.recording(DATA[0], {"what": "conv2_ab", "plan": wgmma.CONV2_AB}, root=out / "data") as run:
-        wgmma.conv2_ab(run, progress=args.log)
-    return {"ok": True, "run": run.run_id}
+    return _record_ab(out, args, "conv2_ab", wgmma.CONV2_AB, wgmma.conv2_ab)
 
 
 def step_wgmma_trace(out: Path, args) -> dict:
