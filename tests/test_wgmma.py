@@ -673,6 +673,7 @@ def test_suffix_ab_pairs_each_option_with_its_base():
                          "median_us": us + pair * 0.1})
     t = wgmma.suffix_ab(pd.DataFrame(rows))
     assert len(t) == 1 and t.option.iloc[0] == "a4" and t.base.iloc[0] == "wgmma_bn128_s4_scl0"
+    assert t.launch.iloc[0] == "BN=128 data-par."   # the base's tile and scheduler, as the figures group them
     assert t.speedup.iloc[0] == pytest.approx(40.1 / 50.1)
     assert t.option_vs_cublas.iloc[0] == pytest.approx(30.1 / 50.1) and t.base_vs_cublas.iloc[0] == pytest.approx(30.1 / 40.1)
 
