@@ -459,6 +459,12 @@ def kernel(family: str = "wgmma_kq", **params) -> WgKernel:
     return WgKernel(registry.find(family, **params))
 
 
+@lru_cache(maxsize=None)
+def kernel_built(defines: tuple, family: str = "wgmma_kq", **params) -> WgKernel:
+    """:func:`kernel` of an ablation / exploratory build (``defines``: sorted ``LK_ABLATE_*`` / ``LK_EXP_*`` names)."""
+    return WgKernel(registry.find(family, **params), defines=defines)
+
+
 def weight_tensor_map(rows) -> bytes:
     """CUtensorMap of raw GGUF q4_K rows (cupy uint8 [od, nsb*144]) for the shared-memory form: boxes of one
     super-block (144 bytes) x 128 rows, no swizzle; rows past od read as zeros (converted, never stored)."""
@@ -803,7 +809,7 @@ _WS = _Workspace()
 
 
 def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | None = None, SCL: int = 0,
-         SK: int = 0, FORM: int = 0, EPI: int = 0, AQ: int = 2, PF: int = 0):
+         SK: int = 0, FORM: int = 0, EPI: int = 0, AQ: int = 2, PF: int = 0, defines: tuple = ()):
     """Y[nt, od] (float32) = x[nt, id] * W^T on the wgmma_kq family. x: cupy float16 / bfloat16-as-uint16 /
     float32 (converted to f16 here, or bf16 when ``BF16=1``). ``SK``: the tile scheduler, 0 data-parallel, 1
     stream-K, 2 uniform split-k, 3 tile-aligned split-k (:func:`schedule`). ``FORM``: 0 the register form
@@ -816,7 +822,9 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
     sets of a consumer, 2 (convert after the wait for the previous chunk) or 4 (convert the next chunk before that
     wait; BN=128, the plain epilogue, the main scale form: the registry's rows). ``PF`` (register form): 0, or an L2
     prefetch of each row's weight bytes 1 or 2 super-blocks ahead of its loads (AQ=2 main scale forms, f16, the
-    plain epilogue; not q6_K BN=256, which spills with it)."""
+    plain epilogue; not q6_K BN=256, which spills with it). ``defines``: an ablation / exploratory build of the
+    same kernel (``LK_ABLATE_*`` / ``LK_EXP_*`` -D names, e.g. ``("LK_EXP_OLDCONV",)``), for A/B runs; () the plain
+    build (or ``LABKERNELS_WG_DEFINES``)."""
     from .gpu import ShapeError, _out
 
     cp = _cp()
@@ -879,7 +887,8 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
                              f"BN={BN} STAGES={STAGES} BF16={bf16}")
         k = kernel("wgmma_kqs", QT=qt, BN=BN, STAGES=STAGES, BF16=bf16, NCV=int(FORM))
     else:
-        k = kernel(QT=qt, BN=BN, STAGES=STAGES, BF16=bf16, SCL=SCL, EPI=int(EPI), AQ=int(AQ), PF=int(PF))
+        kp = dict(QT=qt, BN=BN, STAGES=STAGES, BF16=bf16, SCL=SCL, EPI=int(EPI), AQ=int(AQ), PF=int(PF))
+        k = kernel_built(check_defines(defines), **kp) if defines else kernel(**kp)
     sms = _sm_count(cp.cuda.Device().id) * k.blocks_per_sm
     ncta, dp_tiles = schedule(int(SK), nt, w.od, w.id, BN, sms)
     g = split_g(int(SK), nt, w.od, w.id, BN, sms)
@@ -1506,6 +1515,98 @@ def conv2_ab(run, plan=None, progress=print, seed: int = 0) -> None:
     """FORM=2 against FORM=1 and the register form, interleaved per point with cuBLAS (:func:`bench`, its own table
     ``wgmma_conv2_ab``), after the real-model gates of the FORM=2 forms on every Gemma q4_K tensor."""
     option_ab(run, CONV2_AB, "wgmma_conv2_ab", lambda f: f[2] == 2, plan, progress, seed)
+
+
+#: the 16-bit scale path's A/B (``gpu-check --steps wgmma_conv16``): the register form's launches of record --
+#: (BN, scheduler) -- at nt 512 and 4096, the new conversion against the build of the one before it
+CONV16_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 4096], "qtypes": ["q4_K", "q6_K"],
+             "launches": [[128, 0], [256, 1], [256, 3], [256, 0]], "pairs": 3, "repeats": 10}
+OLDCONV = ("LK_EXP_OLDCONV",)
+#: the real-model gates of the A/B (:func:`real_model_rows` forms): the plain register-form launches, every scheduler
+CONV16_REAL_FORMS = ((128, 0, 0, 0), (256, 0, 0, 0), (128, 1, 0, 0), (256, 1, 0, 0), (128, 3, 0, 0), (256, 3, 0, 0))
+
+
+def conv16_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
+    """The register form's conversion since the 16-bit scale path (f16 scale pairs by byte permutes and one f16x2
+    multiply, f16 high nibbles in place, one descriptor per chunk) against the build of the one before it
+    (``-DLK_EXP_OLDCONV``, whose SASS is that commit's), on the plan's launches (BN, scheduler; the main scale
+    form), same process, interleaved with cuBLAS fp16 on cached dequantized weights, L2 flushed. Every launch is
+    gated first at its point: the new build's Y bitwise the old build's (NaN-poisoned outputs, twice) and its
+    parity gate (:func:`gate`) passed; a failure raises. Rows: ``wgmma_conv16_ab`` (the old build's variants named
+    ``<variant>_oldconv``) and ``wgmma_conv16_gate``."""
+    from . import bench as B
+    from . import cases
+    from . import gpu
+
+    import gguf
+
+    p = {**CONV16_AB, **(plan or {})}
+    cp = _cp()
+    rng = np.random.default_rng(seed or None)
+    if run is not None:   # the new conversion on every Gemma tensor first, at the plain launches of each scheduler
+        run.append("real_model_parity", real_model_rows(rng, progress, forms=CONV16_REAL_FORMS))
+    flush = B.Flusher()
+    sm = _sm_count(cp.cuda.Device().id)
+    rows = []
+    for qtype in p["qtypes"]:
+        for od, id_ in (tuple(s) for s in p["shapes"]):
+            raw = cases.synthetic_weights(qtype, od, id_, rng)
+            w = WgWeight.from_gguf(raw, qtype)
+            wq = gpu.QWeight.upload(raw, qtype)
+            w16 = gpu.dequant_f16(wq)
+            w64 = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype.upper()])
+            w16e = emulate_weights(cp.asnumpy(w.packed), qtype, od, id_)
+            for nt in p["nts"]:
+                x, xg, x16, y, tok = cases.point_inputs(rng, nt, od, id_)
+                y_old = cp.empty_like(y)
+                vs = {}
+                for bn, sk in (tuple(v) for v in p["launches"]):
+                    if sk in (2, 3) and not sk_fits(sk, nt, od, id_, bn, sm):
+                        continue
+                    if sk == 0 and bn == 256 and nt <= 512:
+                        continue            # one tile per 2 SMs: not a launch of record at nt <= 512
+                    prm = dict(BN=bn, SCL=main_scl(qtype, bn), SK=sk)
+                    name = variant_name(bn, 4, prm["SCL"], sk)
+                    for _ in range(2):
+                        y.fill(np.nan)
+                        y_old.fill(np.nan)
+                        gemm(w, x16, out=y, **prm)
+                        gemm(w, x16, out=y_old, defines=OLDCONV, **prm)
+                        same = bool(cp.array_equal(y.view(cp.uint32), y_old.view(cp.uint32)))
+                        if not same:
+                            raise AssertionError(f"{name}: the 16-bit scale path differs from the previous conversion"
+                                                 f" at {qtype} {od}x{id_} nt={nt}")
+                    g = gate(cp.asnumpy(y), raw, qtype, x, tokens=tok, w64=w64, w16=w16e)
+                    if run is not None:
+                        run.append("wgmma_conv16_gate", {"qtype": qtype, "od": od, "id": id_, "nt": nt,
+                                                         "variant": name, "bitwise_vs_oldconv": same, **g})
+                    if not g["ok"]:
+                        raise AssertionError(f"{name} parity failed: {qtype} nt={nt} od={od} id={id_}: {g}")
+                    vs[name] = lambda prm=prm: gemm(w, x16, out=y, **prm)
+                    vs[name + "_oldconv"] = lambda prm=prm: gemm(w, x16, out=y, defines=OLDCONV, **prm)
+                y16 = cp.empty((nt, od), cp.float16)
+                vs["cublas_f16_cached"] = lambda: gpu.matmul_f16(x16, w16, out=y16)
+                res = B.interleaved(vs, pairs=p["pairs"], repeats=p["repeats"], flush=flush)
+                new = B.pair_rows(res, {"qtype": qtype, "od": od, "id": id_, "nt": nt}, nt, od, id_)
+                rows += new
+                if run is not None:
+                    run.append("wgmma_conv16_ab", new)
+                med = {k: np.median([s["median_us"] for s in v]) for k, v in res.items()}
+                progress(f"conv16 {qtype} {od}x{id_} nt={nt}: " + ", ".join(
+                    f"{k} {2 * nt * od * id_ / (v * 1e-6) / 1e12:.0f}" for k, v in med.items()) + " TOPS-eq")
+    return rows
+
+
+def conv16_table(ab_df):
+    """The 16-bit scale path's A/B as one row per (point, launch): new / old speed (median(old) / median(new) over
+    the interleaved pairs: > 1, the new conversion is faster) and each build's ratio to cuBLAS fp16 (cached)."""
+    t = suffix_ab(ab_df, suffixes=("_oldconv",))
+    if t.empty:
+        return t
+    return (t.assign(new_over_old=1 / t.speedup, new_vs_cublas=t.base_vs_cublas, old_vs_cublas=t.option_vs_cublas)
+            [["qtype", "od", "id", "nt", "launch", "base", "new_over_old", "new_vs_cublas", "old_vs_cublas"]]
+            .rename(columns={"base": "variant"}).sort_values(["qtype", "od", "id", "nt", "launch"])
+            .reset_index(drop=True))
 
 
 # ------------------------------------------------------------------------------------------------ the recorded round

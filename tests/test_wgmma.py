@@ -678,6 +678,38 @@ def test_suffix_ab_pairs_each_option_with_its_base():
     assert t.option_vs_cublas.iloc[0] == pytest.approx(30.1 / 50.1) and t.base_vs_cublas.iloc[0] == pytest.approx(30.1 / 40.1)
 
 
+def test_conv16_table_is_new_over_old():
+    """The 16-bit scale path's A/B table: one row per launch, new_over_old = median(old) / median(new) (> 1: the new
+    conversion is faster), each build's ratio to cuBLAS; cuBLAS itself is not a launch."""
+    import pandas as pd
+
+    from labkernels import wgmma
+
+    rows = []
+    for pair in range(3):
+        for v, us in (("wgmma_bn128_s4_scl0", 40.0), ("wgmma_bn128_s4_scl0_oldconv", 50.0),
+                      ("wgmma_bn256_s4_scl0_sk", 30.0), ("wgmma_bn256_s4_scl0_sk_oldconv", 30.0),
+                      ("cublas_f16_cached", 36.0)):
+            rows.append({"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": v, "pair": pair,
+                         "median_us": us + pair * 0.1})
+    t = wgmma.conv16_table(pd.DataFrame(rows)).set_index("variant")
+    assert list(t.index) == ["wgmma_bn128_s4_scl0", "wgmma_bn256_s4_scl0_sk"]
+    assert t.loc["wgmma_bn128_s4_scl0", "new_over_old"] == pytest.approx(50.1 / 40.1)
+    assert t.loc["wgmma_bn256_s4_scl0_sk", "new_over_old"] == pytest.approx(1.0)
+    assert t.loc["wgmma_bn128_s4_scl0", "new_vs_cublas"] == pytest.approx(36.1 / 40.1)
+    assert t.loc["wgmma_bn128_s4_scl0", "old_vs_cublas"] == pytest.approx(36.1 / 50.1)
+    assert t.loc["wgmma_bn256_s4_scl0_sk", "launch"] == "BN=256 stream-K"
+
+
+def test_gemm_refuses_defines_outside_the_ablation_names():
+    """An A/B build is named by LK_ABLATE_* / LK_EXP_* defines only; anything else is refused before any build."""
+    from labkernels import wgmma
+
+    with pytest.raises(ValueError):
+        wgmma.check_defines(("LK_BM=32",))
+    assert wgmma.check_defines(wgmma.OLDCONV) == ("LK_EXP_OLDCONV",)
+
+
 def test_ncu_stalls_reads_the_raw_metrics():
     import pandas as pd
 

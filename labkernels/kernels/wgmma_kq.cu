@@ -175,6 +175,18 @@ __device__ __forceinline__ u32 lk_lop_or_and(u32 a, u32 mask, u32 orv) {  // (a 
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(mask), "r"(orv));
     return d;
 }
+__device__ __forceinline__ u32 lk_lop_or_or_and(u32 a, u32 b, u32 mask) {  // a | (b & mask): one LOP3
+    u32 d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xF8;\n" : "=r"(d) : "r"(a), "r"(b), "r"(mask));
+    return d;
+}
+// LK_EXP_OLDCONV (A/B builds only): the register form's conversion and descriptors as before the 16-bit scale
+// path (fp32 scale arithmetic, shifted high nibbles, a descriptor encoded per wgmma) -- its SASS is that build's
+#ifdef LK_EXP_OLDCONV
+constexpr bool LK_NEWCONV = false;
+#else
+constexpr bool LK_NEWCONV = true;
+#endif
 // magic exponent that turns a small unsigned integer in the low mantissa bits into (bias + q), and the bias
 template <int BF16>
 struct LkMagic {
@@ -224,6 +236,33 @@ __device__ __forceinline__ Q4Scales q4_scales(const Q4Raw& r, int j) {
     }
     return o;
 }
+// f16 (the SCL=0 path): the same pairs in 16-bit arithmetic. Sub-blocks 2j and 2j+1's 6-bit scales (mins) go into
+// the two halves of one word (byte permutes of the header words; ggml's two forms, is < 4 and is >= 4), become f16
+// by the magic exponent (1024 + v, exact), and one f16x2 multiply by (d, d) / (-dmin, -dmin) gives both sub-blocks'
+// values: RNE(d * sc) of the exact product, as the fp32 path's exact product rounded once by cvt.rn -- bitwise the
+// same pairs, in ~10 instructions per row and chunk fewer (no int -> float conversions, no per-half extraction)
+__device__ __forceinline__ Q4Scales q4_scales_h(const uint4& h, int j) {
+    const u32 b = j < 2 ? 2 * j : 2 * j - 4;            // header byte of sub-block 2j (is & 3), then 2j+1
+    const u32 sel = b | ((b + 1) << 8) | 0x4040u;       // bytes b, b+1 into the low bytes of the two halves
+    u32 scv, mnv;                                       // (1024 + sc) | (1024 + sc'), (1024 + m) | (1024 + m')
+    if (j < 2) {
+        scv = lk_lop_or_and(__byte_perm(h.y, 0, sel), 0x003F003Fu, 0x64006400u);
+        mnv = lk_lop_or_and(__byte_perm(h.z, 0, sel), 0x003F003Fu, 0x64006400u);
+    } else {   // low 4 bits from scales[8 + i], the top 2 from bits 6-7 of scales[i] (mins: [i + 4])
+        const u32 wp = __byte_perm(h.w, 0, sel);
+        scv = lk_lop_or_or_and(lk_lop_or_and(wp, 0x000F000Fu, 0x64006400u), __byte_perm(h.y, 0, sel) >> 2, 0x00300030u);
+        mnv = lk_lop_or_or_and(lk_lop_or_and(wp >> 4, 0x000F000Fu, 0x64006400u), __byte_perm(h.z, 0, sel) >> 2,
+                               0x00300030u);
+    }
+    const u32 dd = __byte_perm(h.x, 0, 0x1010), ndm = __byte_perm(h.x, 0, 0x3232) ^ 0x80008000u;
+    const u32 sp = lk_mul2<0>(lk_sub2<0>(scv, 0x64006400u), dd), zp = lk_mul2<0>(lk_sub2<0>(mnv, 0x64006400u), ndm);
+    Q4Scales o;
+    o.s[0] = __byte_perm(sp, 0, 0x1010);
+    o.s[1] = __byte_perm(sp, 0, 0x3232);
+    o.z[0] = __byte_perm(zp, 0, 0x1010);
+    o.z[1] = __byte_perm(zp, 0, 0x3232);
+    return o;
+}
 // SCL=1: lane c of a row's 4 lanes decodes chunk c's scales once per super-block; chunk j takes lane j's
 __device__ __forceinline__ u32 lk_from_lane(u32 v, int j) {
     return __shfl_sync(0xffffffffu, v, (int)((threadIdx.x & 31) & ~3u) | j);
@@ -244,8 +283,18 @@ __device__ __forceinline__ void q4_chunk(const Q4Raw& r, int j, const Q4Scales& 
     for (int half = 0; half < 2; half++) {      // low nibbles: sub-block 2j, high nibbles: 2j+1
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const u32 w = q4_word(r, j, h) >> (4 * half);
             const int s = 2 * half + h;           // k16 step inside the chunk
+            if (LK_NEWCONV && BF16 == 0 && half == 1) {
+                // f16, high nibbles in place: (1024 + 16q) / 16 - 64 = q exactly, one FMA instead of two shifts and
+                // a subtraction (bf16's 7-bit mantissa cannot hold 16q: it keeps the shifts)
+                const u32 w = q4_word(r, j, h);
+                frag[s][0] = lk_fma2<BF16>(lk_fma2<BF16>(lk_lop_or_and(w, 0x00F000F0u, 0x64006400u), 0x2C002C00u, 0xD400D400u),
+                                           sc.s[half], sc.z[half]);
+                frag[s][1] = lk_fma2<BF16>(lk_fma2<BF16>(lk_lop_or_and(w >> 8, 0x00F000F0u, 0x64006400u), 0x2C002C00u,
+                                                         0xD400D400u), sc.s[half], sc.z[half]);
+                continue;
+            }
+            const u32 w = q4_word(r, j, h) >> (4 * half);
             frag[s][0] = lk_fma2<BF16>(lk_sub2<BF16>(lk_lop_or_and(w, 0x000F000Fu, LkMagic<BF16>::OR), LkMagic<BF16>::Q4),
                                        sc.s[half], sc.z[half]);
             frag[s][1] = lk_fma2<BF16>(lk_sub2<BF16>(lk_lop_or_and(w >> 8, 0x000F000Fu, LkMagic<BF16>::OR), LkMagic<BF16>::Q4),
@@ -287,6 +336,22 @@ __device__ __forceinline__ Q6Scales q6_scales(const Q6Raw& r, int j) {
     Q6Scales o;
 #pragma unroll
     for (int s = 0; s < 4; s++) o.s[s] = lk_bcast2<BF16>(d * (float)(int)(s8)(scw >> (8 * s)));
+    return o;
+}
+// f16: the same pairs in 16-bit arithmetic -- two int8 scales per word (byte permutes), as f16 by the magic exponent
+// ((s ^ 0x80) + 1024 = s + 1152, exact), times (d, d) in one f16x2 multiply: RNE(d * s) of the exact product, as the
+// fp32 path's (11 x 8 bits: exact) rounded once by cvt.rn -- bitwise the same pairs
+__device__ __forceinline__ Q6Scales q6_scales_h(const Q6Raw& r, int j) {
+    const u32 scw = lk_u4(r.sc, j), dd = __byte_perm((u32)r.d, 0, 0x1010);
+    Q6Scales o;
+#pragma unroll
+    for (int p = 0; p < 2; p++) {   // steps 2p, 2p+1
+        u32 v;
+        asm("lop3.b32 %0, %1, 0x00800080, 0x64006400, 0xBE;\n" : "=r"(v) : "r"(__byte_perm(scw, 0, p ? 0x4342u : 0x4140u)));
+        const u32 sp = lk_mul2<0>(lk_sub2<0>(v, 0x64806480u), dd);   // (s ^ 0x80) | 0x6400 - 1152 = s
+        o.s[2 * p] = __byte_perm(sp, 0, 0x1010);
+        o.s[2 * p + 1] = __byte_perm(sp, 0, 0x3232);
+    }
     return o;
 }
 __device__ __forceinline__ Q6Scales q6_take(const Q6Scales& own, int j) {
@@ -349,8 +414,8 @@ struct KQ<4, BF16, SCL> {
     }
     __device__ __forceinline__ void chunk(const Rows& R, int j, u32 (&a)[4][4]) const {
         u32 f0[4][2], f1[4][2];
-        q4_chunk<BF16>(R.r0, j, SCL ? sc0[j] : q4_scales<BF16>(R.r0, j), f0);
-        q4_chunk<BF16>(R.r1, j, SCL ? sc1[j] : q4_scales<BF16>(R.r1, j), f1);
+        q4_chunk<BF16>(R.r0, j, SCL ? sc0[j] : (BF16 || !LK_NEWCONV) ? q4_scales<BF16>(R.r0, j) : q4_scales_h(R.r0.hdr, j), f0);
+        q4_chunk<BF16>(R.r1, j, SCL ? sc1[j] : (BF16 || !LK_NEWCONV) ? q4_scales<BF16>(R.r1, j) : q4_scales_h(R.r1.hdr, j), f1);
 #pragma unroll
         for (int s = 0; s < 4; s++) {
             a[s][0] = f0[s][0];
@@ -396,8 +461,8 @@ struct KQ<6, BF16, SCL> {
     }
     __device__ __forceinline__ void chunk(const Rows& R, int j, u32 (&a)[4][4]) const {
         u32 f0[4][2], f1[4][2];
-        q6_chunk<BF16>(R.r0, j, SCL ? q6_take(own0, j) : q6_scales<BF16>(R.r0, j), f0);
-        q6_chunk<BF16>(R.r1, j, SCL ? q6_take(own1, j) : q6_scales<BF16>(R.r1, j), f1);
+        q6_chunk<BF16>(R.r0, j, SCL ? q6_take(own0, j) : (BF16 || !LK_NEWCONV) ? q6_scales<BF16>(R.r0, j) : q6_scales_h(R.r0, j), f0);
+        q6_chunk<BF16>(R.r1, j, SCL ? q6_take(own1, j) : (BF16 || !LK_NEWCONV) ? q6_scales<BF16>(R.r1, j) : q6_scales_h(R.r1, j), f1);
 #pragma unroll
         for (int s = 0; s < 4; s++) {
             a[s][0] = f0[s][0];
@@ -933,7 +998,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
             if constexpr (AQ == 2) T.prep(cur);
 #pragma unroll
             for (int j = 0; j < 4; j++, q++) {
-                const int st = q % STAGES;
+                const int st = LK_NEWCONV && STAGES == 4 ? j : q % STAGES;   // q = 4 x (super-blocks so far) + j: a constant
                 const int sn = j % AQ;                 // this chunk's set (compile-time after unrolling)
                 if (PF > 0 && j == 0 && sb + PF < seg.khi) T.prefetch(sb + PF, od, nsb);   // L2, PF super-blocks ahead
                 if constexpr (AQ == 2) {
@@ -951,14 +1016,17 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
 #endif
                 LK_FENCE_ACC();
                 if constexpr (AQ == 2) lk_wgmma_fence();   // AQ=4: fenced right after the conversion (below)
+                // one descriptor per chunk: the k16 steps' are it + 2 s (32 bytes further in the 1024-aligned stage;
+                // the 14-bit address field cannot carry below 256 KB), the same bits as encoding each
                 const u32 sa = lk_smem_u32(sB + st * STAGE_BYTES);
+                const u64 dsc = lk_desc_sw128(sa);
 #pragma unroll
                 for (int s = 0; s < 4; s++) {
 #ifdef LK_EXP_ACC2
-                    if (s & 1) lk_wgmma<BN, BF16>(acc2, a[sn][s], lk_desc_sw128(sa + 32 * s));
+                    if (s & 1) lk_wgmma<BN, BF16>(acc2, a[sn][s], LK_NEWCONV ? dsc + 2 * s : lk_desc_sw128(sa + 32 * s));
                     else
 #endif
-                    lk_wgmma<BN, BF16>(acc, a[sn][s], lk_desc_sw128(sa + 32 * s));
+                    lk_wgmma<BN, BF16>(acc, a[sn][s], LK_NEWCONV ? dsc + 2 * s : lk_desc_sw128(sa + 32 * s));
                 }
                 lk_wgmma_commit();
                 LK_FENCE_ACC();

@@ -318,7 +318,15 @@ def step_prefill_r7(out: Path, args) -> dict:
     return {"ok": True, "runs": runs}
 
 
+def step_wgmma_conv16(out: Path, args) -> dict:
+    """Round 7: the 16-bit scale path of the register form's conversion against the build of the one before it
+    (-DLK_EXP_OLDCONV), bitwise- and parity-gated per launch, interleaved with cuBLAS at nt 512 and 4096
+    (labkernels.wgmma.conv16_ab), recorded."""
+    return _record_ab(out, args, "conv16_ab", {**wgmma.CONV16_AB, "defines_old": list(wgmma.OLDCONV)},
+                      wgmma.conv16_ab)
+
+
 STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_ncu": step_wgmma_ncu,
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
          "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
-         "wgmma_staged": step_wgmma_staged, "wgmma_conv2": step_wgmma_conv2, "prefill_r7": step_prefill_r7}
+         "wgmma_staged": step_wgmma_staged, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "prefill_r7": step_prefill_r7}

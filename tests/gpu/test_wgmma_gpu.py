@@ -83,6 +83,34 @@ def test_wgmma_parity(cp, rng, spec, nt, od, id_, sk):
         assert g["nmse"] < i8["nmse"], (g, i8)
 
 
+MAIN_LOOP_VARIANTS = [k for k in VARIANTS if k.p["EPI"] == 0]
+
+
+@pytest.mark.parametrize("sk", [0, 1], ids=["dp", "sk"])
+@pytest.mark.parametrize("spec", MAIN_LOOP_VARIANTS, ids=[k.key for k in MAIN_LOOP_VARIANTS])
+@pytest.mark.parametrize("nt,od,id_", [(77, 200, 512), (300, 256, 2048)])
+def test_16bit_scale_path_is_bitwise_the_previous_conversion(cp, rng, spec, nt, od, id_, sk):
+    """The register form's conversion since the 16-bit scale path (f16 scale pairs by byte permutes and one f16x2
+    multiply, high nibbles in place, one descriptor per chunk) against the build of the conversion before it
+    (-DLK_EXP_OLDCONV): the same Y bit for bit at every main-loop variant (bf16 and SCL=1 included, which keep the
+    fp32 scale path), both schedulers, tails in nt and od, and scales of both signs and a wide range."""
+    from labkernels import wgmma
+
+    from labkernels import quants
+
+    qtype = "q4_K" if spec.p["QT"] == 4 else "q6_K"
+    w = rng.standard_normal((od, id_)) * 10.0 ** rng.uniform(-5, 1, (od, 1))   # rows from ~1e-5 to ~10
+    raw = quants.quantize(w.astype(np.float32), qtype)
+    x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
+    params = dict(BN=spec.p["BN"], STAGES=spec.p["STAGES"], BF16=spec.p["BF16"], SCL=spec.p["SCL"], SK=sk,
+                  AQ=spec.p["AQ"], PF=spec.p["PF"])
+    y_new, _ = _run(cp, raw, qtype, x, **params)
+    y_old, _ = _run(cp, raw, qtype, x, defines=wgmma.OLDCONV, **params)
+    assert np.isfinite(y_new).all()
+    assert np.array_equal(y_new.view(np.uint32), y_old.view(np.uint32)), (
+        spec.key, int((y_new.view(np.uint32) != y_old.view(np.uint32)).sum()))
+
+
 @pytest.mark.parametrize("qtype", ["q4_K", "q6_K"])
 @pytest.mark.parametrize("bn", [128, 256])
 @pytest.mark.parametrize("nt,od,id_", [(1100, 4096, 512), (512, 1000, 4096), (37, 640, 2048)])
