@@ -765,7 +765,7 @@ else:
 # EPI=4 on stream-K joined the benchmark of record. There the prediction that it would be best at 11008 × 4096
 # from nt=2048 held, and it was also best at both types' 11008 × 4096 at nt=512 and at q4_K 4096 × 4096 at
 # nt=4096. **Run 20261202T031202Z** (commit 21faa44; 1,071 real-model gates of every form passed, max rel err vs
-# float64 1.29e-3, the int8 path 8.87e-3) is the run this page's bar table reads:
+# float64 1.29e-3, the int8 path 8.87e-3) was the benchmark of record until the ninth step's run (below):
 # * **nt=4096:** q4_K 710–773 TOPS-eq (0.94–1.03× cuBLAS), q6_K 654–706 (0.87–1.02×). All eight points clear
 #   650 TOPS-eq and 0.85×. q6_K 11008 × 4096 is at 654 (633 in the previous benchmark of record, 20261202T024948Z).
 # * **nt=512:** q4_K 0.83–0.95×, q6_K 0.73–0.84×. **Not met** at any point.
@@ -838,6 +838,91 @@ else:
     plt.show()
     display(report.table(cx.drop(columns=["option"]), caption=f"FORM=2 over FORM=1 (> 1: faster), and each one's "
                                                                f"ratio to cuBLAS fp16 ({report.source(cr)})"))
+
+# %% [markdown]
+# ## Ninth step: the register form's conversion in 16-bit arithmetic (prediction first, then measured)
+#
+# **Why: two exploratory builds said where the BN=128 main loop goes** (script `.gpu/acc2.py` at commit
+# 92d328b, H200, same process, interleaved, L2 flushed; printed, not a recorded run, so its numbers are not on
+# this page's figures):
+# * **`LK_EXP_ACC2`**, two accumulator chains per warpgroup (k16 steps 0, 2 and 1, 3, summed after the loop), so
+#   that consecutive wgmmas of a warpgroup do not depend on each other: 0.97–1.01× the plain build. The dependent
+#   wgmma chain is not what holds BN=128.
+# * **`LK_ABLATE_NOCONV`**, the loop converting nothing (timing only): 1.32–1.71× the plain build at nt=512.
+#   q4_K 4096 × 4096 went from 489 to 646 TOPS-eq (cuBLAS 602 in the same process), and 4096 × 14336 from 551
+#   to 805 (cuBLAS 721). **The conversion is the lever.** Without it, BN=128 data-parallel would clear the
+#   nt=512 bar at two of the four shapes.
+#
+# **What the SASS said.** The q4_K BN=128 loop issued 534 instructions per thread per super-block (four chunks,
+# 16 wgmmas), i.e. ~142 per chunk. That is 55% of a sub-partition's issue slots in the chunk's 512 tensor clocks,
+# from two consumer warps. About a third of it was the scale decode (6-bit extraction, int → float, fp32
+# multiply, convert, per sub-block and row). Another ~30 per chunk were uniform-datapath instructions that
+# re-encoded the shared-memory descriptor for every wgmma.
+#
+# **Design (commit 592efcb): three changes, each bitwise the old result.**
+# * **f16 scale pairs.** A chunk's two sub-blocks' 6-bit scales (and mins) go into the two halves of one word by
+#   byte permutes of the header words, in both of ggml's forms. They become f16 by the magic exponent (1024 + v,
+#   exact). One f16x2 multiply by (d, d), or (−dmin, −dmin), then gives both sub-blocks' values. That is RNE of
+#   the exact product, as before (the fp32 product of an 11-bit and a 6-bit value is exact, and `cvt.rn` rounded
+#   it once). q6_K's int8 scales take the same path ((s ^ 0x80) + 1024 = s + 1152).
+# * **f16 high nibbles in place.** (1024 + 16q) / 16 − 64 = q exactly, in one FMA instead of two shifts and a
+#   subtraction.
+# * **One descriptor per chunk**, plus 2 per k16 step; the ring stage is a constant at STAGES=4.
+#
+# bf16 and SCL=1 keep the fp32 scale path: bf16's 7-bit mantissa cannot hold 16q, and an f16 d rounded to bf16
+# would round twice. `-DLK_EXP_OLDCONV` builds the previous conversion, and its SASS is byte-identical to commit
+# 1b09c42's: that build is the A/B's baseline. The q4_K BN=128 loop went from 534 to 377 instructions per
+# super-block (−29%), q6_K BN=256 by ~4%. All builds are spill-free.
+#
+# **Prediction** (in the commit): q4_K BN=128 at nt=512 +8–15% (4096 × 4096 from 489 to 530–560 TOPS-eq); q6_K
+# 0–4%; q4_K BN=256 at nt=4096 +3–8%.
+#
+# **Measured** (H200, commit 592efcb):
+# * **Correctness.** The GPU test passed at every main-loop variant (bf16 and SCL=1 included), both schedulers,
+#   tails, rows of weights from ~1e-5 to ~10 (96 passed): every output is bitwise the old build's. Before the
+#   A/B's timings, its 216 real-model gates passed (max rel err vs float64 1.28e-3, the int8 q8_1 path 8.49e-3),
+#   and so did every launch's bitwise check and parity gate at its point. compute-sanitizer memcheck, racecheck
+#   and synccheck were clean over 111 cases (run 20261202T053232Z).
+# * **q4_K BN=128: 1.09–1.17× the old conversion** (median 1.10) at both nt. 4096 × 4096 nt=512 went from 484 to
+#   530 TOPS-eq, at the low end of the predicted range. **q4_K BN=256: 0.99–1.04× (median 1.00), so that part of
+#   the prediction was wrong.** At 256 tokens a chunk's wgmmas already hide its conversion, as the per-CTA trace
+#   said (the BN=256 loop runs at ~99% of the pipe's rate). **q6_K:** BN=256 1.01–1.05×, BN=128 (SCL=1, which
+#   keeps its path) 0.99–1.05×.
+# * **The new benchmark of record**, run 20261202T053352Z (1,125 real-model gates of every form passed, max rel
+#   err vs float64 1.15e-3), is the run the bar table above reads:
+#   * **nt=4096:** q4_K 706–763 TOPS-eq (0.95–1.03× cuBLAS), q6_K 652–714 (0.89–1.02×). Met at all eight
+#     points. q6_K 11008 × 4096, at 652, is 2 TOPS-eq over the 650 line.
+#   * **nt=512:** q4_K 0.84–0.95×, q6_K 0.74–0.85×. **Not met.** BN=128 data-parallel is now the best q4_K launch
+#     at 4096 × 4096 (520 TOPS-eq, 0.86×). Elsewhere the BN=256 split grids stay ahead.
+#
+# **What is left at nt=512.** The no-conversion ceiling of BN=128 (646 TOPS-eq at q4_K 4096 × 4096) is 1.07×
+# cuBLAS, and the new conversion gets 530 of it. So ~20% of the loop is still conversion that the two
+# consumers' wgmmas do not hide. The remaining scale work is the byte permutes and the broadcast of each pair,
+# and the nibbles need one LOP3, one HADD2/HFMA2 and one HFMA2 per pair. The next levers are fewer instructions
+# per weight and more tensor work per conversion, not the finish:
+# * a scale plane precomputed at load time (f16 pairs, +0.5–1 bit per weight, to be stated);
+# * BN=192/256 tiles at nt=512 without the split-k finish (ping-pong consumers on two token tiles).
+
+# %%
+c16 = records.latest("wgmma", where=lambda r: r.has("wgmma_conv16_ab"))
+if c16 is None:
+    print("no recorded run of the 16-bit scale path's A/B (gpu-check --steps wgmma_conv16)")
+else:
+    t16 = wgmma.conv16_table(c16.table("wgmma_conv16_ab"))
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    plotting.option_speedups(ax, t16.assign(option=t16.launch, speedup=t16.new_over_old),
+                             {g: g.replace(" ", "\n", 1) for g in sorted(t16.launch.unique())},
+                             f"the 16-bit scale path against the previous conversion, same launch "
+                             f"({report.source(c16)})")
+    ax.set_ylabel("speedup (old time / new time)")
+    plt.show()
+    g16 = c16.table("wgmma_conv16_gate")
+    print(f"run {c16.run_id}: {len(g16)} launches gated at their points, bitwise the old build: "
+          f"{bool(g16.bitwise_vs_oldconv.all())}, parity gates passed: {bool(g16.ok.all())}; "
+          f"{len(c16.table('real_model_parity'))} real-model gates before the timings")
+    display(report.table(t16[t16.nt == 512].drop(columns=["nt"]),
+                         caption=f"nt=512: new / old conversion (> 1: faster) and each one's ratio to cuBLAS fp16 "
+                                 f"(cached), per launch ({report.source(c16)})"))
 
 # %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process
