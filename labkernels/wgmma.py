@@ -212,6 +212,24 @@ def _q4_scales(hdr: np.ndarray, bf16: bool):
     return scale, mins
 
 
+#: the q4_K scale plane's bytes per row and super-block (SCL=2): four chunks x two f16 pairs
+PLANE_BYTES = 32
+
+
+def scale_plane(hdr: np.ndarray) -> np.ndarray:
+    """The q4_K scale plane of the register form's SCL=2 (wgmma_kq.cu ``q4_scales_pl``) from block headers
+    [..., 16] (d, dmin, scales[12]: the GGUF header, kept by :func:`repack`): uint8 [..., 32], per super-block the
+    words [sp0 zp0 sp1 zp1 sp2 zp2 sp3 zp3] -- sp_j the f16 pair (d sc_2j, d sc_2j+1), zp_j (-dmin m_2j,
+    -dmin m_2j+1), each rounded once from the exact product, as the kernel's f16 scale path (``q4_scales_h``) and
+    its fp32 one round them: the A fragments are bitwise SCL=0's. 32 bytes per 256 weights: +1 bit per weight over
+    the 4.5 of the repacked blocks, which keep their headers (so the repack still round-trips to the GGUF bytes)."""
+    scale, mins = _q4_scales(np.asarray(hdr, np.uint8), bf16=False)
+    out = np.empty(scale.shape[:-1] + (4, 2, 2), np.float16)   # [..., chunk j, (sp, zp), half]
+    out[..., 0, :] = scale.reshape(scale.shape[:-1] + (4, 2))
+    out[..., 1, :] = mins.reshape(mins.shape[:-1] + (4, 2))
+    return out.reshape(scale.shape[:-1] + (16,)).view(np.uint8)
+
+
 def emulate_weights(packed: np.ndarray, qtype: str, od: int, id_: int, bf16: bool = False) -> np.ndarray:
     """The weights [od, id] (float64 holding fp16/bf16 values) that the kernel feeds the tensor cores, computed
     from the *repacked* bytes with the kernel's own bit extraction and rounding order."""
@@ -550,18 +568,37 @@ class WgWeight:
     repack_s: float   # host repack time
     nbytes: int
     gguf: object = None   # cupy uint8 GGUF rows [od, nsb*144] (q4_K): the shared-memory form reads them as they are
+    plane: object = None  # cupy uint8 [od, nsb, 32] (q4_K): the scale plane of SCL=2, right behind ``packed``
+    plane_s: float = 0.0  # host time of the plane
+
+    @property
+    def plane_bytes(self) -> int:
+        return 0 if self.plane is None else int(self.plane.nbytes)
 
     @classmethod
     def from_gguf(cls, raw: np.ndarray, qtype: str) -> "WgWeight":
+        """Repacked once (``repack_s``); q4_K also gets its scale plane (:func:`scale_plane`, ``plane_s``) in the same
+        device allocation, right behind the blocks, where the SCL=2 kernel reads it (+1 bit per weight; ``nbytes``
+        counts the blocks, ``plane_bytes`` the plane)."""
         from .quants import normalize_qtype
 
         qtype = normalize_qtype(qtype)
         t0 = time.perf_counter()
-        p = repack(np.asarray(raw), qtype)
+        p = np.ascontiguousarray(repack(np.asarray(raw), qtype))
         dt = time.perf_counter() - t0
         od = raw.shape[0]
         id_ = raw.shape[1] // BLOCK_BYTES[qtype] * QK
-        return cls(_cp().asarray(np.ascontiguousarray(p)), qtype, od, id_, dt, int(p.nbytes))
+        cp = _cp()
+        if qtype != "q4_K":
+            return cls(cp.asarray(p), qtype, od, id_, dt, int(p.nbytes))
+        t1 = time.perf_counter()
+        pl = scale_plane(p.reshape(od, id_ // QK, 144)[..., :16])
+        ps = time.perf_counter() - t1
+        buf = cp.empty(p.nbytes + pl.nbytes, cp.uint8)
+        buf[:p.nbytes] = cp.asarray(p.ravel())
+        buf[p.nbytes:] = cp.asarray(pl.ravel())
+        return cls(buf[:p.nbytes].reshape(p.shape), qtype, od, id_, dt, int(p.nbytes),
+                   plane=buf[p.nbytes:].reshape(pl.shape), plane_s=ps)
 
 
 def default_params(qtype: str, nt: int) -> dict:
@@ -866,6 +903,17 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
         raise ShapeError(f"AQ={AQ} is built for the register form at BN=128 with the plain epilogue, f16 and the "
                          f"main scale form (SCL={main_scl(w.qtype, 128)} for {w.qtype}); asked: FORM={FORM} BN={BN} "
                          f"EPI={EPI} BF16={bf16} SCL={SCL}")
+    if SCL not in (0, 1, 2):
+        raise ValueError(f"SCL is 0 (per-chunk scale decode), 1 (per super-block, shared by shuffles) or 2 (the q4_K "
+                         f"scale plane), not {SCL!r}")
+    if SCL == 2:
+        if FORM or w.qtype != "q4_K" or bf16 or BN != 128 or EPI or AQ != 2 or PF:
+            raise ShapeError(f"SCL=2 (the scale plane: f16 pairs) is built for the q4_K register form at BN=128, f16, "
+                             f"the plain epilogue, AQ=2, no prefetch; asked: {w.qtype} FORM={FORM} BN={BN} BF16={bf16} "
+                             f"EPI={EPI} AQ={AQ} PF={PF}")
+        if w.plane is None or w.plane.data.ptr != w.packed.data.ptr + w.packed.nbytes:
+            raise ShapeError("SCL=2 reads the scale plane right behind the repacked blocks: this weight has none "
+                             "there (make it with WgWeight.from_gguf)")
     if EPI in (1, 2, 3) and SK == 1:
         raise ShapeError(f"EPI={EPI} stages through the activation ring, idle only on grids of one segment per CTA "
                          "(SK=0, 2, 3): stream-K (SK=1) takes the plain epilogue (EPI=0)")
@@ -1027,7 +1075,9 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
             if run is not None:
                 run.append("wgmma_repack", {"qtype": qtype, "od": od, "id": id_, "repack_s": w.repack_s,
                                             "bytes": w.nbytes, "gguf_bytes": int(raw.nbytes),
-                                            "bits_per_weight": 8 * w.nbytes / (od * id_)})
+                                            "bits_per_weight": 8 * w.nbytes / (od * id_),
+                                            "plane_bytes": w.plane_bytes, "plane_s": w.plane_s,   # q4_K's SCL=2 plane
+                                            "bits_per_weight_with_plane": 8 * (w.nbytes + w.plane_bytes) / (od * id_)})
             w16 = gpu.dequant_f16(wq)
             fam, fpar = gpu._int8_default(qtype)
             for nt in nts:
@@ -1609,6 +1659,38 @@ def conv16_table(ab_df):
             .reset_index(drop=True))
 
 
+#: the scale plane's A/B (``gpu-check --steps wgmma_plane``): q4_K BN=128 with the plane (SCL=2) against the header
+#: decode (SCL=0) under three schedulers, beside the BN=256 split grids, at nt 512 and 4096
+PLANE_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 4096], "qtypes": ["q4_K"],
+            "variants": [[128, 4, scl, sk] for sk in (0, 1, 3) for scl in (0, 2)] + [[256, 4, 0, 1], [256, 4, 0, 3]],
+            "pairs": 3, "repeats": 10}
+
+
+def plane_ab(run, plan=None, progress=print, seed: int = 0) -> None:
+    """SCL=2 against SCL=0 and the BN=256 launches, interleaved per point with cuBLAS (:func:`bench`, its own table
+    ``wgmma_plane_ab``), after the real-model gates of the SCL=2 forms on every Gemma q4_K tensor."""
+    option_ab(run, PLANE_AB, "wgmma_plane_ab", lambda f: len(f) > 6 and f[6] == 2, plan, progress, seed)
+
+
+def plane_table(ab_df):
+    """The scale plane's A/B as one row per (point, scheduler): median(SCL=0) / median(SCL=2) over the interleaved
+    pairs (> 1: the plane is faster) and each one's ratio to cuBLAS fp16 (cached)."""
+    import pandas as pd
+
+    m = medians(ab_df)
+    us = m.set_index(["qtype", "od", "id", "nt", "variant"]).median_us
+    rows = []
+    for (q, od, id_, nt, v), t in us.items():
+        if "_scl2" not in v or (q, od, id_, nt, v.replace("_scl2", "_scl0")) not in us.index:
+            continue
+        base = us[(q, od, id_, nt, v.replace("_scl2", "_scl0"))]
+        cb = us.get((q, od, id_, nt, "cublas_f16_cached"), np.nan)
+        bp = variant_params(v, q)[1]
+        rows.append({"qtype": q, "od": od, "id": id_, "nt": nt, "launch": f"BN={bp['BN']} {SCHED_LABEL[bp['SK']]}",
+                     "plane_over_header": base / t, "plane_vs_cublas": cb / t, "header_vs_cublas": cb / base})
+    return pd.DataFrame(rows)
+
+
 # ------------------------------------------------------------------------------------------------ the recorded round
 
 
@@ -1657,7 +1739,8 @@ REAL_MODEL_FORMS = ((128, 0, 0, 0), (256, 0, 0, 0), (128, 1, 0, 0), (256, 1, 0, 
                     (128, 0, 0, 0, 2, 2), (128, 1, 0, 0, 2, 1), (256, 3, 0, 0, 2, 2),   # the L2 prefetch (PF)
                     (128, 3, 0, 3), (256, 3, 0, 3),                      # the pair exchange (EPI=3)
                     (128, 0, 0, 4), (256, 0, 0, 4), (128, 1, 0, 4), (256, 1, 0, 4), (256, 3, 0, 4),   # staged (EPI=4)
-                    (128, 0, 2, 0), (128, 1, 2, 0))                      # two converter warpgroups (FORM=2)
+                    (128, 0, 2, 0), (128, 1, 2, 0),                      # two converter warpgroups (FORM=2)
+                    (128, 0, 0, 0, 2, 0, 2), (128, 1, 0, 0, 2, 0, 2), (128, 3, 0, 0, 2, 0, 2))   # the scale plane (SCL=2)
 
 
 def real_model_rows(rng, progress=print, forms=REAL_MODEL_FORMS) -> list[dict]:
@@ -1678,7 +1761,9 @@ def real_model_rows(rng, progress=print, forms=REAL_MODEL_FORMS) -> list[dict]:
             w.gguf = cp.asarray(raw)
         inputs = {}    # nt -> (x, the int8 q8_1 path's error on x): 37 tokens, or EPI=3's pair_nt
         for f in forms:
-            bn, sk, form, epi, aq, pf = (tuple(f) + (2, 0)[len(f) - 4:])[:6]
+            bn, sk, form, epi, aq, pf, scl = (tuple(f) + (2, 0, None)[len(f) - 4:])[:7]
+            if scl == 2 and qtype != "q4_K":
+                continue     # the scale plane is q4_K's
             if (pf or epi == 3) and qtype == "q6_K" and bn == 256:
                 continue     # no q6_K BN=256 prefetch or pair-exchange build (they spill)
             if form and qtype != "q4_K":
@@ -1696,7 +1781,8 @@ def real_model_rows(rng, progress=print, forms=REAL_MODEL_FORMS) -> list[dict]:
                 x = rng.standard_normal((nt, id_)).astype(np.float32)
                 inputs[nt] = (x, int8_path_error(raw, qtype, x))
             x, i8 = inputs[nt]
-            p = {"BN": bn, "STAGES": 3 if form and bn == 256 else 4, "BF16": 0, "SCL": main_scl(qtype, bn), "SK": sk,
+            p = {"BN": bn, "STAGES": 3 if form and bn == 256 else 4, "BF16": 0,
+                 "SCL": main_scl(qtype, bn) if scl is None else scl, "SK": sk,
                  "FORM": form, "EPI": epi, "AQ": aq, "PF": pf}
             y = cp.full((nt, raw.shape[0]), np.nan, cp.float32)
             gemm(w, cp.asarray(x), out=y, **p)

@@ -107,7 +107,9 @@ display(report.table(kern[["kernel", "main_path", "regs", "local_bytes", "spill_
                      caption="Resources as built for the H200 (nvcc -> cubin, sm_90a); wgmma_serialized = ptxas "
                              "warned (C7515) that it serialized the wgmma pipeline"))
 rep = run.table("wgmma_repack")
-display(report.table(rep, caption="Weight repack at load time: bytes = GGUF bytes (nothing added), host seconds"))
+display(report.table(rep, caption="Weight repack at load time: the repacked blocks' bytes = GGUF bytes (nothing added), "
+                                  "host seconds; runs since the scale plane also list q4_K's plane (SCL=2: "
+                                  "+1 bit per weight, built at load)"))
 
 # %% [markdown]
 # ## Throughput over nt, both types, the four 7B shapes
@@ -923,6 +925,54 @@ else:
     display(report.table(t16[t16.nt == 512].drop(columns=["nt"]),
                          caption=f"nt=512: new / old conversion (> 1: faster) and each one's ratio to cuBLAS fp16 "
                                  f"(cached), per launch ({report.source(c16)})"))
+
+# %% [markdown]
+# ## Tenth step: the q4_K scale plane (`SCL=2`) — built, not yet run (prediction first)
+#
+# **Why.** After the ninth step, the q4_K BN=128 loop still spends per row and chunk ~12–18 instructions building
+# its two scale pairs from the block header. The no-conversion ceiling says the conversion is still ~20% of
+# the loop at nt=512.
+#
+# **Design.**
+# * At load, `WgWeight.from_gguf` writes a scale plane (`wgmma.scale_plane`) right behind the repacked blocks, in
+#   the same allocation. Per row and super-block it holds 32 bytes: each chunk's two f16 pairs (d·sc, d·sc′) and
+#   (−dmin·m, −dmin·m′), each rounded once from the exact product. These are the words the f16 scale path builds
+#   in the loop, so the A fragments are bitwise SCL=0's.
+# * The kernel reads the plane with two 16-byte loads per row and super-block, and a chunk's scales become four
+#   byte permutes per row. The header is no longer read.
+# * The q4_K BN=128 loop goes from 377 to 321 instructions per super-block (−15%; −40% against before the ninth
+#   step), spill-free.
+# * BN=256 spills 12 B with it and already hides its conversion, so it is not built. q6_K has no plane.
+# * **Bits:** the plane adds 32 bytes per 256 weights, +1 bit per weight: 5.5 with the blocks' 4.5. The blocks
+#   keep their headers, so the repack still round-trips to the GGUF bytes. `wgmma_repack` rows now list it.
+#
+# **Written, not run:**
+# * the GPU tests: SCL=2 bitwise SCL=0 with tails under three schedulers, and the refusals;
+# * the sanitizer cases;
+# * real-model gates (three SCL=2 forms in `REAL_MODEL_FORMS`);
+# * the A/B step `gpu-check --steps wgmma_plane` (`wgmma.plane_ab`, table `wgmma_plane_ab`).
+#
+# The CPU tests check the plane against an integer emulation of the kernel's byte-permute path and against the
+# fp32 roundings.
+#
+# **Prediction.** The ninth step's −29% of the loop's instructions gave BN=128 +9–17%. This −15% should give
+# +4–8%: q4_K 4096 × 4096 at nt=512 from 530 to 550–570 TOPS-eq (0.90–0.93× cuBLAS), and 4096 × 14336 from 611
+# to 635–660. That is still under the 1.0× bar.
+
+# %%
+pr2 = records.latest("wgmma", where=lambda r: r.has("wgmma_plane_ab"))
+if pr2 is None:
+    print("the scale plane (SCL=2) is built and not yet run on the GPU: no measurement of it exists")
+else:
+    pt = wgmma.plane_table(pr2.table("wgmma_plane_ab"))
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    plotting.option_speedups(ax, pt.assign(option=pt.launch, speedup=pt.plane_over_header),
+                             {g: g.replace(" ", "\n", 1) for g in sorted(pt.launch.unique())},
+                             f"the scale plane (SCL=2) against the header decode (SCL=0) ({report.source(pr2)})")
+    ax.set_ylabel("speedup (SCL=0 time / SCL=2 time)")
+    plt.show()
+    display(report.table(pt, caption=f"SCL=2 over SCL=0 (> 1: faster) and each one's ratio to cuBLAS fp16 (cached) "
+                                     f"({report.source(pr2)})"))
 
 # %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process

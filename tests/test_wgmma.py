@@ -678,6 +678,78 @@ def test_suffix_ab_pairs_each_option_with_its_base():
     assert t.option_vs_cublas.iloc[0] == pytest.approx(30.1 / 50.1) and t.base_vs_cublas.iloc[0] == pytest.approx(30.1 / 40.1)
 
 
+def _q4_pairs_by_byte_permutes(hdr: np.ndarray, j: int):
+    """wgmma_kq.cu's q4_scales_h for one 16-byte header and chunk j, step by step in integers (byte permutes, the
+    magic exponent, one f16 multiply of the exact value): the words (sp, zp) the f16 scale path builds."""
+    def perm(x, y, sel):
+        b = list(int(x).to_bytes(4, "little")) + list(int(y).to_bytes(4, "little"))
+        return int.from_bytes(bytes(b[(sel >> (4 * n)) & 7] for n in range(4)), "little")
+
+    x, y, z, w = (int.from_bytes(hdr[4 * i:4 * i + 4].tobytes(), "little") for i in range(4))
+    b = 2 * j if j < 2 else 2 * j - 4
+    sel = b | ((b + 1) << 8) | 0x4040
+    if j < 2:
+        scv = (perm(y, 0, sel) & 0x003F003F) | 0x64006400
+        mnv = (perm(z, 0, sel) & 0x003F003F) | 0x64006400
+    else:
+        wp = perm(w, 0, sel)
+        scv = (wp & 0x000F000F) | 0x64006400 | ((perm(y, 0, sel) >> 2) & 0x00300030)
+        mnv = ((wp >> 4) & 0x000F000F) | 0x64006400 | ((perm(z, 0, sel) >> 2) & 0x00300030)
+
+    def halves(u):
+        return np.array([u & 0xFFFF, u >> 16], np.uint16).view(np.float16).astype(np.float64)
+
+    dd, ndm = halves(perm(x, 0, 0x1010)), halves(perm(x, 0, 0x3232) ^ 0x80008000)
+    sp = ((halves(scv) - 1024) * dd).astype(np.float16)      # one rounding of the exact product
+    zp = ((halves(mnv) - 1024) * ndm).astype(np.float16)
+    return sp.view(np.uint16), zp.view(np.uint16)
+
+
+def test_scale_plane_is_the_kernels_scale_pairs():
+    """The q4_K scale plane (SCL=2) holds, per row, super-block and chunk, the f16 pairs the f16 scale path builds
+    from the header in the loop (q4_scales_h, emulated here in integers), and those are the fp32 path's roundings
+    (_q4_scales); 32 bytes per 256 weights (+1 bit per weight)."""
+    from labkernels import quants, wgmma
+
+    rng = np.random.default_rng(7)
+    w = (rng.standard_normal((6, 1024)) * 10.0 ** rng.uniform(-6, 2, (6, 1))).astype(np.float32)
+    raw = quants.quantize(w, "q4_K")
+    hdr = wgmma.repack(raw, "q4_K").reshape(6, 4, 144)[..., :16]
+    pl = wgmma.scale_plane(hdr)
+    assert pl.shape == (6, 4, wgmma.PLANE_BYTES) and pl.dtype == np.uint8
+    words = pl.view(np.uint16).reshape(6, 4, 4, 2, 2)          # [row, super-block, chunk, (sp, zp), half]
+    for r in range(6):
+        for sb in range(4):
+            for j in range(4):
+                sp, zp = _q4_pairs_by_byte_permutes(hdr[r, sb], j)
+                assert np.array_equal(words[r, sb, j, 0], sp) and np.array_equal(words[r, sb, j, 1], zp), (r, sb, j)
+    sc, mn = wgmma._q4_scales(hdr, bf16=False)
+    f = words.view(np.float16).astype(np.float64)
+    assert np.array_equal(f[..., 0, :].reshape(6, 4, 8), sc) and np.array_equal(f[..., 1, :].reshape(6, 4, 8), mn)
+    assert 8 * wgmma.PLANE_BYTES / 256 == 1.0
+
+
+def _ab_rows(variants, pairs: int = 3):
+    """Benchmark rows of one point (q4_K 4096 x 4096, nt=512): each (variant, us) once per interleaved pair, the
+    pair's time 0.1 us later than the one before."""
+    return [{"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": v, "pair": p, "median_us": us + p * 0.1}
+            for p in range(pairs) for v, us in variants]
+
+
+def test_plane_table_pairs_scl2_with_scl0_per_scheduler():
+    import pandas as pd
+
+    from labkernels import wgmma
+
+    rows = _ab_rows((("wgmma_bn128_s4_scl0", 40.0), ("wgmma_bn128_s4_scl2", 32.0), ("wgmma_bn128_s4_scl0_skt", 30.0),
+                     ("wgmma_bn128_s4_scl2_skt", 30.0), ("wgmma_bn256_s4_scl0_skt", 28.0), ("cublas_f16_cached", 36.0)))
+    t = wgmma.plane_table(pd.DataFrame(rows)).set_index("launch")
+    assert sorted(t.index) == ["BN=128 data-par.", "BN=128 tile split"]
+    assert t.loc["BN=128 data-par.", "plane_over_header"] == pytest.approx(40.1 / 32.1)
+    assert t.loc["BN=128 tile split", "plane_over_header"] == pytest.approx(1.0)
+    assert t.loc["BN=128 data-par.", "plane_vs_cublas"] == pytest.approx(36.1 / 32.1)
+
+
 def test_conv16_table_is_new_over_old():
     """The 16-bit scale path's A/B table: one row per launch, new_over_old = median(old) / median(new) (> 1: the new
     conversion is faster), each build's ratio to cuBLAS; cuBLAS itself is not a launch."""
@@ -685,13 +757,9 @@ def test_conv16_table_is_new_over_old():
 
     from labkernels import wgmma
 
-    rows = []
-    for pair in range(3):
-        for v, us in (("wgmma_bn128_s4_scl0", 40.0), ("wgmma_bn128_s4_scl0_oldconv", 50.0),
-                      ("wgmma_bn256_s4_scl0_sk", 30.0), ("wgmma_bn256_s4_scl0_sk_oldconv", 30.0),
-                      ("cublas_f16_cached", 36.0)):
-            rows.append({"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": v, "pair": pair,
-                         "median_us": us + pair * 0.1})
+    rows = _ab_rows((("wgmma_bn128_s4_scl0", 40.0), ("wgmma_bn128_s4_scl0_oldconv", 50.0),
+                     ("wgmma_bn256_s4_scl0_sk", 30.0), ("wgmma_bn256_s4_scl0_sk_oldconv", 30.0),
+                     ("cublas_f16_cached", 36.0)))
     t = wgmma.conv16_table(pd.DataFrame(rows)).set_index("variant")
     assert list(t.index) == ["wgmma_bn128_s4_scl0", "wgmma_bn256_s4_scl0_sk"]
     assert t.loc["wgmma_bn128_s4_scl0", "new_over_old"] == pytest.approx(50.1 / 40.1)

@@ -109,7 +109,7 @@ FAMILIES = [
              "memory, online softmax in base 2; one launch per layer, no workspace"),
     # -- round 7: Hopper-native k-quant GEMM, weights dequantized in registers feeding wgmma (sm_90a)
     dict(family="wgmma_kq", source="wgmma_kq.cu", template="wgmma_kq_kernel",
-         params={"QT": [4, 6], "BN": [128, 256], "STAGES": [4], "BF16": [0, 1], "SCL": [0, 1], "EPI": [0, 1, 2, 3, 4],
+         params={"QT": [4, 6], "BN": [128, 256], "STAGES": [4], "BF16": [0, 1], "SCL": [0, 1, 2], "EPI": [0, 1, 2, 3, 4],
                  "AQ": [2, 4], "PF": [0, 1, 2]},
          threads=384, smem="STAGES*BN*128 + 1024 + (EPI // 4) * 65536", tile=(0, 128),
          # the epilogue forms (EPI 1: bulk fold, 2: bulk fold + TMA store) are built on the main scale form, f16
@@ -127,14 +127,17 @@ FAMILIES = [
                "(EPI != 3 or (AQ == 2 and PF == 0 and not (QT == 6 and BN == 256))) and "
                # EPI=4 (the staged TMA store, any scheduler; its own 64 KB staging buffer): an experiment off the
                # main path, the AQ=2 main scale forms, f16
-               "(EPI != 4 or (AQ == 2 and PF == 0))",
+               "(EPI != 4 or (AQ == 2 and PF == 0)) and "
+               # SCL=2 (q4_K, f16: the scale plane written at load, +1 bit per weight): BN=128 -- the tile whose
+               # loop the conversion holds; BN=256 hides it and spills 12 B with the plane -- plain epilogue, AQ=2
+               "(SCL < 2 or (QT == 4 and BN == 128 and BF16 == 0 and EPI == 0 and AQ == 2 and PF == 0))",
          main_path="EPI < 3 and AQ == 2 and PF == 0 and BF16 == 0 and ((QT == 4 and SCL == 0) or (QT == 6 and SCL == (1 if BN == 128 else 0)))",
          archs=("sm_90a",), gemm=True,
          doc="TMA-fed 128B-swizzled f16/bf16 activation tiles (B, STAGES-deep mbarrier ring, producer warpgroup) "
              "x q4_K/q6_K weights dequantized in registers (A, register form) by two consumer warpgroups of 64 "
              "rows, wgmma m64nBNk16 f32 accumulate; 1 CTA/SM, setmaxnreg 24/240; a data-parallel, stream-K or split-k tile scheduler (runtime SK); SCL=0 every lane decodes its rows' "
              "scales per chunk, SCL=1 each of a row's 4 lanes decodes one chunk's per super-block and shares them "
-             "by shuffles; EPI=0 plain epilogue, EPI=1 the owner folds helpers' partials in through bulk async "
+             "by shuffles, SCL=2 (q4_K f16) reads them from a scale plane written at load; EPI=0 plain epilogue, EPI=1 the owner folds helpers' partials in through bulk async "
              "copies into the idle ring, EPI=2 that and a TMA store of the tile (grids of one segment per CTA: SK=0/2/3), "
              "EPI=3 the pair exchange of SK=3's two partial sums through distributed shared memory (2-CTA clusters), "
              "EPI=4 every tile through a staging buffer of its own and TMA stores (any scheduler); "

@@ -241,6 +241,15 @@ __device__ __forceinline__ Q4Scales q4_scales(const Q4Raw& r, int j) {
 // by the magic exponent (1024 + v, exact), and one f16x2 multiply by (d, d) / (-dmin, -dmin) gives both sub-blocks'
 // values: RNE(d * sc) of the exact product, as the fp32 path's exact product rounded once by cvt.rn -- bitwise the
 // same pairs, in ~10 instructions per row and chunk fewer (no int -> float conversions, no per-half extraction)
+// the chunk's scale pairs as the fragments take them: each sub-block's value in both halves of a word
+__device__ __forceinline__ Q4Scales q4_pairs(u32 sp, u32 zp) {
+    Q4Scales o;
+    o.s[0] = __byte_perm(sp, 0, 0x1010);
+    o.s[1] = __byte_perm(sp, 0, 0x3232);
+    o.z[0] = __byte_perm(zp, 0, 0x1010);
+    o.z[1] = __byte_perm(zp, 0, 0x3232);
+    return o;
+}
 __device__ __forceinline__ Q4Scales q4_scales_h(const uint4& h, int j) {
     const u32 b = j < 2 ? 2 * j : 2 * j - 4;            // header byte of sub-block 2j (is & 3), then 2j+1
     const u32 sel = b | ((b + 1) << 8) | 0x4040u;       // bytes b, b+1 into the low bytes of the two halves
@@ -255,13 +264,7 @@ __device__ __forceinline__ Q4Scales q4_scales_h(const uint4& h, int j) {
                                0x00300030u);
     }
     const u32 dd = __byte_perm(h.x, 0, 0x1010), ndm = __byte_perm(h.x, 0, 0x3232) ^ 0x80008000u;
-    const u32 sp = lk_mul2<0>(lk_sub2<0>(scv, 0x64006400u), dd), zp = lk_mul2<0>(lk_sub2<0>(mnv, 0x64006400u), ndm);
-    Q4Scales o;
-    o.s[0] = __byte_perm(sp, 0, 0x1010);
-    o.s[1] = __byte_perm(sp, 0, 0x3232);
-    o.z[0] = __byte_perm(zp, 0, 0x1010);
-    o.z[1] = __byte_perm(zp, 0, 0x3232);
-    return o;
+    return q4_pairs(lk_mul2<0>(lk_sub2<0>(scv, 0x64006400u), dd), lk_mul2<0>(lk_sub2<0>(mnv, 0x64006400u), ndm));
 }
 // SCL=1: lane c of a row's 4 lanes decodes chunk c's scales once per super-block; chunk j takes lane j's
 __device__ __forceinline__ u32 lk_from_lane(u32 v, int j) {
@@ -379,23 +382,57 @@ __device__ __forceinline__ void q6_chunk(const Q6Raw& r, int j, const Q6Scales& 
 
 // ---- per-type traits of the main loop: load one super-block of a thread's two rows, prepare its scales, and
 // produce the A fragments of one 64-k chunk (a[s] = {row g k 2c.., row g+8 k 2c.., row g k 2c+8.., row g+8 ..})
+template <bool C, class A, class B>
+struct LkIf {
+    using type = A;
+};
+template <class A, class B>
+struct LkIf<false, A, B> {
+    using type = B;
+};
 template <int QT, int BF16, int SCL>
 struct KQ;
 
+// SCL=2 (q4_K, f16): the scale plane written once at load (labkernels.wgmma.scale_plane), after the od x nsb
+// blocks: per row and super-block 32 bytes, words [sp0 zp0 sp1 zp1 | sp2 zp2 sp3 zp3] -- chunk j's pairs
+// (d sc, d sc') and (-dmin m, -dmin m') of sub-blocks 2j and 2j+1, RNE of the exact products: the words
+// q4_scales_h makes from the header, so the A fragments are bitwise SCL=0's. A chunk's scales are then four byte
+// permutes per row (the pairs' halves broadcast); the header is not read.
+__device__ __forceinline__ Q4Scales q4_scales_pl(const uint4 (&pl)[2], int j) {
+    const uint4& v = pl[j >> 1];
+    return q4_pairs((j & 1) ? v.z : v.x, (j & 1) ? v.w : v.y);
+}
+
 template <int BF16, int SCL>
 struct KQ<4, BF16, SCL> {
+    static_assert(SCL != 2 || BF16 == 0, "the scale plane (SCL=2) holds f16 pairs");
     static constexpr int LOAD_AT = 0;   // chunk before which the next super-block's bytes are requested
-    struct Rows {
+    struct RowsBytes {
         Q4Raw r0, r1;
     };
-    const u8 *p0, *p1;
+    struct RowsPlane {
+        Q4Raw r0, r1;
+        uint4 pl0[2], pl1[2];   // SCL=2: the rows' scale-plane words of the super-block
+    };
+    using Rows = typename LkIf<SCL == 2, RowsPlane, RowsBytes>::type;
+    const u8 *p0, *p1, *q0, *q1;
     int c;
     Q4Scales sc0[4], sc1[4];   // SCL=1: the super-block's four chunks' scales, taken from their lanes
     __device__ __forceinline__ KQ(const u8* W, int od, int nsb, int rr0, int rr1, int c_)
-        : p0(W + (size_t)rr0 * nsb * 144), p1(W + (size_t)rr1 * nsb * 144), c(c_) {}
+        : p0(W + (size_t)rr0 * nsb * 144), p1(W + (size_t)rr1 * nsb * 144),
+          q0(W + (size_t)od * nsb * 144 + (size_t)rr0 * nsb * 32), q1(W + (size_t)od * nsb * 144 + (size_t)rr1 * nsb * 32),
+          c(c_) {}
     __device__ __forceinline__ void load(Rows& R, int sb, int, int) const {
-        q4_load(R.r0, p0 + (size_t)sb * 144, c);
+        q4_load(R.r0, p0 + (size_t)sb * 144, c);   // SCL=2: the header words are never used (their loads dead)
         q4_load(R.r1, p1 + (size_t)sb * 144, c);
+        if constexpr (SCL == 2) {
+            const uint4* a = (const uint4*)(q0 + (size_t)sb * 32);
+            const uint4* b = (const uint4*)(q1 + (size_t)sb * 32);
+            R.pl0[0] = __ldg(a);
+            R.pl0[1] = __ldg(a + 1);
+            R.pl1[0] = __ldg(b);
+            R.pl1[1] = __ldg(b + 1);
+        }
     }
     __device__ __forceinline__ void prefetch(int sb, int, int) const {   // the lines of both rows' 144-byte blocks
         const int off = c == 3 ? 143 : 48 * c;   // lanes 0..3: bytes 0, 48, 96, 143 -- every line a block touches
@@ -403,7 +440,7 @@ struct KQ<4, BF16, SCL> {
         lk_prefetch_l2(p1 + (size_t)sb * 144 + off);
     }
     __device__ __forceinline__ void prep(const Rows& R) {
-        if constexpr (SCL) {
+        if constexpr (SCL == 1) {
             const Q4Scales own0 = q4_scales<BF16>(R.r0, c), own1 = q4_scales<BF16>(R.r1, c);
 #pragma unroll
             for (int j = 0; j < 4; j++) {
@@ -412,10 +449,18 @@ struct KQ<4, BF16, SCL> {
             }
         }
     }
+    template <int ROW>
+    __device__ __forceinline__ Q4Scales scales(const Rows& R, int j) const {
+        const Q4Raw& r = ROW ? R.r1 : R.r0;
+        if constexpr (SCL == 1) return ROW ? sc1[j] : sc0[j];
+        else if constexpr (SCL == 2) return q4_scales_pl(ROW ? R.pl1 : R.pl0, j);
+        else if constexpr (BF16 || !LK_NEWCONV) return q4_scales<BF16>(r, j);
+        else return q4_scales_h(r.hdr, j);
+    }
     __device__ __forceinline__ void chunk(const Rows& R, int j, u32 (&a)[4][4]) const {
         u32 f0[4][2], f1[4][2];
-        q4_chunk<BF16>(R.r0, j, SCL ? sc0[j] : (BF16 || !LK_NEWCONV) ? q4_scales<BF16>(R.r0, j) : q4_scales_h(R.r0.hdr, j), f0);
-        q4_chunk<BF16>(R.r1, j, SCL ? sc1[j] : (BF16 || !LK_NEWCONV) ? q4_scales<BF16>(R.r1, j) : q4_scales_h(R.r1.hdr, j), f1);
+        q4_chunk<BF16>(R.r0, j, scales<0>(R, j), f0);
+        q4_chunk<BF16>(R.r1, j, scales<1>(R, j), f1);
 #pragma unroll
         for (int s = 0; s < 4; s++) {
             a[s][0] = f0[s][0];
@@ -428,6 +473,7 @@ struct KQ<4, BF16, SCL> {
 
 template <int BF16, int SCL>
 struct KQ<6, BF16, SCL> {
+    static_assert(SCL < 2, "q6_K: no scale plane");
     static constexpr int LOAD_AT = 2;   // later than q4_K: the low-nibble words of chunks 0-1 are dead by then
     struct Rows {
         Q6Raw r0, r1;

@@ -43,7 +43,8 @@ if mode == "sanitizer":       # tails in nt and od, every main-path variant, the
         if k.p.get("EPI") == 3:   # the pair exchange: SK=3 with two CTAs per tile (2 tiles of 2 super-blocks)
             cases += [(k, 77, 200, 512, 3)]
         elif (k.main_path or k.p.get("AQ", 2) != 2 or k.p.get("PF") or k.p.get("EPI") == 4
-              or k.p.get("NCV") == 2):   # (and the AQ=4, PF, EPI=4 and two-converter experiments) ... and the
+              or k.p.get("NCV") == 2 or k.p.get("SCL") == 2):   # (and the AQ=4, PF, EPI=4, two-converter and
+            # scale-plane experiments) ... and the
             # tile-aligned split (SK=3) where G does not divide the 7 super-blocks (1+2+2+2); the epilogue forms
             # EPI 1, 2 take no stream-K grid
             cases += [(k, 77, 200, 512, sk) for sk in (0, 1, 2) if not (sk == 1 and k.p.get("EPI") in (1, 2))]
@@ -326,7 +327,14 @@ def step_wgmma_conv16(out: Path, args) -> dict:
                       wgmma.conv16_ab)
 
 
+def step_wgmma_plane(out: Path, args) -> dict:
+    """Round 7: the q4_K scale plane (SCL=2, written at load) against the in-loop header decode (SCL=0) at BN=128,
+    beside the BN=256 split grids and cuBLAS at nt 512 and 4096 (labkernels.wgmma.plane_ab), real-model gated,
+    recorded."""
+    return _record_ab(out, args, "plane_ab", wgmma.PLANE_AB, wgmma.plane_ab)
+
+
 STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_ncu": step_wgmma_ncu,
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
          "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
-         "wgmma_staged": step_wgmma_staged, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "prefill_r7": step_prefill_r7}
+         "wgmma_staged": step_wgmma_staged, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane, "prefill_r7": step_prefill_r7}

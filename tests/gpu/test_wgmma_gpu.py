@@ -83,6 +83,46 @@ def test_wgmma_parity(cp, rng, spec, nt, od, id_, sk):
         assert g["nmse"] < i8["nmse"], (g, i8)
 
 
+@pytest.mark.parametrize("sk", [0, 1, 3], ids=["dp", "sk", "skt"])
+@pytest.mark.parametrize("nt,od,id_", [(77, 200, 512), (300, 256, 2048), (130, 1000, 4096)])
+def test_scale_plane_is_bitwise_the_header_decode(cp, rng, nt, od, id_, sk):
+    """SCL=2 (q4_K BN=128: the chunk's scale pairs read from the plane written at load) against SCL=0 (decoded
+    from the block headers in the loop): the same Y bit for bit, tails in nt and od, rows of weights from ~1e-5 to
+    ~10; the plane sits right behind the blocks, 32 bytes per row and super-block."""
+    from labkernels import gpu, quants, wgmma
+
+    w = rng.standard_normal((od, id_)) * 10.0 ** rng.uniform(-5, 1, (od, 1))
+    raw = quants.quantize(w.astype(np.float32), "q4_K")
+    if sk == 3 and not wgmma.sk_fits(3, nt, od, id_, 128, wgmma._sm_count(cp.cuda.Device().id)):
+        with pytest.raises(gpu.ShapeError):
+            _run(cp, raw, "q4_K", np.zeros((nt, id_), np.float32), BN=128, SCL=2, SK=sk)
+        return
+    x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
+    y_plane, _ = _run(cp, raw, "q4_K", x, BN=128, SCL=2, SK=sk)
+    y_hdr, _ = _run(cp, raw, "q4_K", x, BN=128, SCL=0, SK=sk)
+    assert np.isfinite(y_plane).all()
+    assert np.array_equal(y_plane.view(np.uint32), y_hdr.view(np.uint32))
+    wg = wgmma.WgWeight.from_gguf(raw, "q4_K")
+    assert wg.plane_bytes == od * (id_ // 256) * wgmma.PLANE_BYTES
+    assert wg.plane.data.ptr == wg.packed.data.ptr + wg.packed.nbytes
+
+
+def test_scale_plane_refuses_what_it_was_not_built_for(cp, rng):
+    """SCL=2 is the q4_K f16 BN=128 plain-epilogue build: q6_K, bf16, BN=256 and a weight without its plane get a
+    clear error, never a launch."""
+    from labkernels import gpu, quants, wgmma
+
+    w4 = wgmma.WgWeight.from_gguf(quants.quantize(rng.standard_normal((128, 512)).astype(np.float32), "q4_K"), "q4_K")
+    w6 = wgmma.WgWeight.from_gguf(quants.quantize(rng.standard_normal((128, 512)).astype(np.float32), "q6_K"), "q6_K")
+    x = cp.asarray(rng.standard_normal((64, 512)).astype(np.float32))
+    for w, p in ((w6, {}), (w4, {"BF16": 1}), (w4, {"BN": 256}), (w4, {"EPI": 4})):
+        with pytest.raises(gpu.ShapeError, match="SCL=2"):
+            wgmma.gemm(w, x, SCL=2, **{"BN": 128, **p})
+    bare = wgmma.WgWeight(cp.asarray(cp.asnumpy(w4.packed)), "q4_K", w4.od, w4.id, 0.0, w4.nbytes)
+    with pytest.raises(gpu.ShapeError, match="scale plane"):
+        wgmma.gemm(bare, x, BN=128, SCL=2)
+
+
 MAIN_LOOP_VARIANTS = [k for k in VARIANTS if k.p["EPI"] == 0]
 
 
