@@ -221,6 +221,8 @@ def install_wgmma(monkeypatch, f16_only: bool = True):
         od: int
         id: int
         repack_s: float = 0.0
+        plane: np.ndarray | None = None   # q4_K: the scale plane of SCL=2, as WgWeight.from_gguf makes it
+        plane_s: float = 0.0
 
         @property
         def packed(self):
@@ -230,9 +232,16 @@ def install_wgmma(monkeypatch, f16_only: bool = True):
         def nbytes(self):
             return int(self.raw.nbytes)
 
+        @property
+        def plane_bytes(self):
+            return 0 if self.plane is None else int(self.plane.nbytes)
+
     def from_gguf(raw, qtype):
         raw = np.asarray(raw)
-        return FakeWg(wgmma.repack(raw, qtype), qtype, raw.shape[0], raw.shape[1] // wgmma.BLOCK_BYTES[qtype] * 256)
+        od, id_ = raw.shape[0], raw.shape[1] // wgmma.BLOCK_BYTES[qtype] * 256
+        p = wgmma.repack(raw, qtype)
+        plane = wgmma.scale_plane(p.reshape(od, id_ // 256, 144)[..., :16]) if qtype == "q4_K" else None
+        return FakeWg(p, qtype, od, id_, plane=plane)
 
     def fake_wg_gemm(w, x, out=None, **p):
         if f16_only:
