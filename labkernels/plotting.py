@@ -127,3 +127,11 @@ def option_speedups(ax, sab, names: dict, title: str = "") -> None:
     ax.grid(axis="y", alpha=.3)
     if title:
         ax.set_title(title, fontsize=8)
+
+
+def launch_speedups(ax, table, speedup: str, title: str, ylabel: str) -> None:
+    """:func:`option_speedups` of an A/B table with one row per (point, launch) -- a strip per base launch
+    (column ``launch``, e.g. 'BN=128 data-par.') and weight type, its ``speedup`` column on the y axis."""
+    option_speedups(ax, table.assign(option=table.launch, speedup=table[speedup]),
+                    {g: g.replace(" ", "\n", 1) for g in sorted(table.launch.unique())}, title)
+    ax.set_ylabel(ylabel)

@@ -1674,21 +1674,16 @@ def plane_ab(run, plan=None, progress=print, seed: int = 0) -> None:
 
 def plane_table(ab_df):
     """The scale plane's A/B as one row per (point, scheduler): median(SCL=0) / median(SCL=2) over the interleaved
-    pairs (> 1: the plane is faster) and each one's ratio to cuBLAS fp16 (cached)."""
-    import pandas as pd
-
-    m = medians(ab_df)
-    us = m.set_index(["qtype", "od", "id", "nt", "variant"]).median_us
-    rows = []
-    for (q, od, id_, nt, v), t in us.items():
-        if "_scl2" not in v or (q, od, id_, nt, v.replace("_scl2", "_scl0")) not in us.index:
-            continue
-        base = us[(q, od, id_, nt, v.replace("_scl2", "_scl0"))]
-        cb = us.get((q, od, id_, nt, "cublas_f16_cached"), np.nan)
-        bp = variant_params(v, q)[1]
-        rows.append({"qtype": q, "od": od, "id": id_, "nt": nt, "launch": f"BN={bp['BN']} {SCHED_LABEL[bp['SK']]}",
-                     "plane_over_header": base / t, "plane_vs_cublas": cb / t, "header_vs_cublas": cb / base})
-    return pd.DataFrame(rows)
+    pairs (> 1: the plane is faster) and each one's ratio to cuBLAS fp16 (cached) -- :func:`suffix_ab` with each
+    SCL=2 variant named as its SCL=0 base plus ``_plane``."""
+    plane = ab_df.variant.str.contains("_scl2")
+    named = ab_df.assign(variant=ab_df.variant.where(~plane, ab_df.variant.str.replace("_scl2", "_scl0") + "_plane"))
+    t = suffix_ab(named, suffixes=("_plane",))
+    if t.empty:
+        return t
+    return (t.rename(columns={"speedup": "plane_over_header", "option_vs_cublas": "plane_vs_cublas",
+                              "base_vs_cublas": "header_vs_cublas"})
+            [["qtype", "od", "id", "nt", "launch", "plane_over_header", "plane_vs_cublas", "header_vs_cublas"]])
 
 
 # ------------------------------------------------------------------------------------------------ the recorded round

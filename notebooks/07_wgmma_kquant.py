@@ -849,13 +849,15 @@ else:
 # this page's figures):
 # * **`LK_EXP_ACC2`**, two accumulator chains per warpgroup (k16 steps 0, 2 and 1, 3, summed after the loop), so
 #   that consecutive wgmmas of a warpgroup do not depend on each other: 0.97–1.01× the plain build. The dependent
-#   wgmma chain is not what holds BN=128.
+#   wgmma chain is not what holds BN=128. (The build was removed after this measurement; it is in commit 92d328b.)
 # * **`LK_ABLATE_NOCONV`**, the loop converting nothing (timing only): 1.32–1.71× the plain build at nt=512.
 #   q4_K 4096 × 4096 went from 489 to 646 TOPS-eq (cuBLAS 602 in the same process), and 4096 × 14336 from 551
 #   to 805 (cuBLAS 721). **The conversion is the lever.** Without it, BN=128 data-parallel would clear the
 #   nt=512 bar at two of the four shapes.
 #
-# **What the SASS said.** The q4_K BN=128 loop issued 534 instructions per thread per super-block (four chunks,
+# **What the SASS said** (`cuobjdump -sass` of the nvcc 13.0 sm_90a build, instructions between the loop's first
+# and sixteenth wgmma; static counts, reproducible on a CPU). The q4_K BN=128 loop issued 534 instructions per
+# thread per super-block (four chunks,
 # 16 wgmmas), i.e. ~142 per chunk. That is 55% of a sub-partition's issue slots in the chunk's 512 tensor clocks,
 # from two consumer warps. About a third of it was the scale decode (6-bit extraction, int → float, fp32
 # multiply, convert, per sub-block and row). Another ~30 per chunk were uniform-datapath instructions that
@@ -912,11 +914,8 @@ if c16 is None:
 else:
     t16 = wgmma.conv16_table(c16.table("wgmma_conv16_ab"))
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
-    plotting.option_speedups(ax, t16.assign(option=t16.launch, speedup=t16.new_over_old),
-                             {g: g.replace(" ", "\n", 1) for g in sorted(t16.launch.unique())},
-                             f"the 16-bit scale path against the previous conversion, same launch "
-                             f"({report.source(c16)})")
-    ax.set_ylabel("speedup (old time / new time)")
+    plotting.launch_speedups(ax, t16, "new_over_old", f"the 16-bit scale path against the previous conversion, "
+                             f"same launch ({report.source(c16)})", "speedup (old time / new time)")
     plt.show()
     g16 = c16.table("wgmma_conv16_gate")
     print(f"run {c16.run_id}: {len(g16)} launches gated at their points, bitwise the old build: "
@@ -966,10 +965,8 @@ if pr2 is None:
 else:
     pt = wgmma.plane_table(pr2.table("wgmma_plane_ab"))
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    plotting.option_speedups(ax, pt.assign(option=pt.launch, speedup=pt.plane_over_header),
-                             {g: g.replace(" ", "\n", 1) for g in sorted(pt.launch.unique())},
-                             f"the scale plane (SCL=2) against the header decode (SCL=0) ({report.source(pr2)})")
-    ax.set_ylabel("speedup (SCL=0 time / SCL=2 time)")
+    plotting.launch_speedups(ax, pt, "plane_over_header", f"the scale plane (SCL=2) against the header decode "
+                             f"(SCL=0) ({report.source(pr2)})", "speedup (SCL=0 time / SCL=2 time)")
     plt.show()
     display(report.table(pt, caption=f"SCL=2 over SCL=0 (> 1: faster) and each one's ratio to cuBLAS fp16 (cached) "
                                      f"({report.source(pr2)})"))

@@ -87,3 +87,24 @@ def test_source_names_gpu_run_and_commit():
                                                                           "git_commit": "0123456789abcdef"})
     assert report.source(r) == "NVIDIA H200, run 20261201T000000Z-h200-abc, commit 0123456789"
     assert report.source(SimpleNamespace(run_id="x", provenance={})) == "no GPU recorded, run x, commit ?"
+
+
+def test_launch_speedups_draws_a_strip_per_launch_and_type():
+    """The A/B figure of round 7's later steps: one x tick per (launch, weight type) present, labelled with the
+    launch on two lines, the 1.0 line, the y label given, every point drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from labkernels import plotting
+
+    t = pd.DataFrame({"qtype": ["q4_K", "q4_K", "q6_K"], "nt": [512, 4096, 512],
+                      "launch": ["BN=128 data-par.", "BN=128 data-par.", "BN=256 stream-K"], "gain": [1.1, 1.05, 0.99]})
+    fig, ax = plt.subplots()
+    plotting.launch_speedups(ax, t, "gain", "title", "speedup (old time / new time)")
+    assert [x.get_text() for x in ax.get_xticklabels()] == ["BN=128\ndata-par.\nq4_K", "BN=256\nstream-K\nq6_K"]
+    assert ax.get_ylabel() == "speedup (old time / new time)"
+    assert sum(len(c.get_offsets()) for c in ax.collections) == 3
+    plt.close(fig)

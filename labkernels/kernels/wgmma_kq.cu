@@ -1009,14 +1009,6 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
         float acc[BN / 2];
 #pragma unroll
         for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
-#ifdef LK_EXP_ACC2   // exploratory: two accumulator chains, k16 steps 0, 2 into acc and 1, 3 into acc2, summed after
-        float acc2[BN / 2];   // the loop -- a warpgroup's consecutive wgmmas then do not depend on each other
-#pragma unroll
-        for (int i = 0; i < BN / 2; i++) acc2[i] = 0.f;
-#define LK_FENCE_ACC() (lk_wgmma_fence_acc(acc), lk_wgmma_fence_acc(acc2))
-#else
-#define LK_FENCE_ACC() lk_wgmma_fence_acc(acc)
-#endif
         // AQ=2: two A-fragment sets -- chunk q's wgmmas read set q&1 while chunk q-1's (the other set) may still be
         // in flight; the consumer waits for q-1 to retire, then converts q+1: while it converts, only chunk q of
         // this warpgroup is queued on the tensor pipe.
@@ -1037,7 +1029,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
             T.prep(cur);
             T.chunk(cur, 0, a[0]);
             lk_keep(a[0]);
-            LK_FENCE_ACC();
+            lk_wgmma_fence_acc(acc);
             lk_wgmma_fence();   // the zeroed accumulators and chunk 0's set before the segment's first wgmmas
         }
         for (int sb = seg.klo; sb < seg.khi; sb++) {
@@ -1060,22 +1052,17 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
 #ifdef LK_EXP_TRACE
                 if (q == 0) LK_TRACE(2);
 #endif
-                LK_FENCE_ACC();
+                lk_wgmma_fence_acc(acc);
                 if constexpr (AQ == 2) lk_wgmma_fence();   // AQ=4: fenced right after the conversion (below)
                 // one descriptor per chunk: the k16 steps' are it + 2 s (32 bytes further in the 1024-aligned stage;
                 // the 14-bit address field cannot carry below 256 KB), the same bits as encoding each
                 const u32 sa = lk_smem_u32(sB + st * STAGE_BYTES);
                 const u64 dsc = lk_desc_sw128(sa);
 #pragma unroll
-                for (int s = 0; s < 4; s++) {
-#ifdef LK_EXP_ACC2
-                    if (s & 1) lk_wgmma<BN, BF16>(acc2, a[sn][s], LK_NEWCONV ? dsc + 2 * s : lk_desc_sw128(sa + 32 * s));
-                    else
-#endif
+                for (int s = 0; s < 4; s++)
                     lk_wgmma<BN, BF16>(acc, a[sn][s], LK_NEWCONV ? dsc + 2 * s : lk_desc_sw128(sa + 32 * s));
-                }
                 lk_wgmma_commit();
-                LK_FENCE_ACC();
+                lk_wgmma_fence_acc(acc);
                 if constexpr (AQ == 4) {   // convert chunk q+1 while q-1 and q are queued
                     if (j < 3) {
 #ifndef LK_ABLATE_NOCONV
@@ -1105,12 +1092,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
             cur = nxt;
         }
         lk_wgmma_wait<0>();
-        LK_FENCE_ACC();
-#ifdef LK_EXP_ACC2
-#pragma unroll
-        for (int i = 0; i < BN / 2; i++) acc[i] += acc2[i];
-#endif
-#undef LK_FENCE_ACC
+        lk_wgmma_fence_acc(acc);
         LK_TRACE(4 + 3 * si);
 
         const u32 ring = (lk_smem_u32(lk_dyn_smem) + 1023) & ~1023u;   // recomputed: no register over the loop
