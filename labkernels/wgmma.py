@@ -576,10 +576,11 @@ class WgWeight:
         return 0 if self.plane is None else int(self.plane.nbytes)
 
     @classmethod
-    def from_gguf(cls, raw: np.ndarray, qtype: str) -> "WgWeight":
-        """Repacked once (``repack_s``); q4_K also gets its scale plane (:func:`scale_plane`, ``plane_s``) in the same
-        device allocation, right behind the blocks, where the SCL=2 kernel reads it (+1 bit per weight; ``nbytes``
-        counts the blocks, ``plane_bytes`` the plane)."""
+    def from_gguf(cls, raw: np.ndarray, qtype: str, plane: bool = False) -> "WgWeight":
+        """Repacked once (``repack_s``). ``plane`` (q4_K): also its scale plane (:func:`scale_plane`, ``plane_s``) in
+        the same device allocation, right behind the blocks, where the SCL=2 kernel reads it (+1 bit per weight;
+        ``nbytes`` counts the blocks, ``plane_bytes`` the plane). Off by default: SCL=2 was measured slower than the
+        header decode (run 20261202T070827Z-2, 0.80-0.86x), so nothing but its A/B and tests makes one."""
         from .quants import normalize_qtype
 
         qtype = normalize_qtype(qtype)
@@ -589,7 +590,7 @@ class WgWeight:
         od = raw.shape[0]
         id_ = raw.shape[1] // BLOCK_BYTES[qtype] * QK
         cp = _cp()
-        if qtype != "q4_K":
+        if qtype != "q4_K" or not plane:
             return cls(cp.asarray(p), qtype, od, id_, dt, int(p.nbytes))
         t1 = time.perf_counter()
         pl = scale_plane(p.reshape(od, id_ // QK, 144)[..., :16])
@@ -1066,7 +1067,7 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
     for qtype in qtypes:
         for od, id_ in shapes:
             raw = cases.synthetic_weights(qtype, od, id_, rng)
-            w = WgWeight.from_gguf(raw, qtype)
+            w = WgWeight.from_gguf(raw, qtype, plane=any(len(v) > 2 and v[2] == 2 for v in variants))
             wq = gpu.QWeight.upload(raw, qtype)
             if qtype == "q4_K":
                 w.gguf = wq.raw        # the shared-memory form reads the GGUF rows as uploaded
@@ -1579,22 +1580,30 @@ CONV16_REAL_FORMS = ((128, 0, 0, 0), (256, 0, 0, 0), (128, 1, 0, 0), (256, 1, 0,
 def conv16_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
     """The register form's conversion since the 16-bit scale path (f16 scale pairs by byte permutes and one f16x2
     multiply, f16 high nibbles in place, one descriptor per chunk) against the build of the one before it
-    (``-DLK_EXP_OLDCONV``, whose SASS is that commit's), on the plan's launches (BN, scheduler; the main scale
-    form), same process, interleaved with cuBLAS fp16 on cached dequantized weights, L2 flushed. Every launch is
-    gated first at its point: the new build's Y bitwise the old build's (NaN-poisoned outputs, twice) and its
-    parity gate (:func:`gate`) passed; a failure raises. Rows: ``wgmma_conv16_ab`` (the old build's variants named
+    (``-DLK_EXP_OLDCONV``, whose SASS is that commit's): :func:`builds_ab` with the old build checked bitwise
+    against the new one at every launch. Rows: ``wgmma_conv16_ab`` (the old build's variants named
     ``<variant>_oldconv``) and ``wgmma_conv16_gate``."""
+    p = {**CONV16_AB, **(plan or {})}
+    rng = np.random.default_rng(seed or None)
+    if run is not None:   # the new conversion on every Gemma tensor first, at the plain launches of each scheduler
+        run.append("real_model_parity", real_model_rows(rng, progress, forms=CONV16_REAL_FORMS))
+    return builds_ab(run, p, {"_oldconv": OLDCONV}, "conv16", rng, bitwise=True, progress=progress)
+
+
+def builds_ab(run, p: dict, builds: dict, name: str, rng, bitwise: bool, progress=print) -> list[dict]:
+    """Builds of the register form against the plain one, on the plan ``p``'s launches (BN, scheduler; the main
+    scale form) at its (qtype, shape, nt) points, same process, interleaved with cuBLAS fp16 on cached dequantized
+    weights, L2 flushed. ``builds``: variant suffix -> build defines. Every plain launch is gated first at its point
+    (NaN-poisoned output, :func:`gate`; a failure raises). ``bitwise``: each build's Y must be bitwise the plain
+    build's (twice; else it raises) -- otherwise the builds are ablations, timed only (their Y means nothing).
+    Rows: ``wgmma_<name>_ab`` (a build's variant named ``<variant><suffix>``) and ``wgmma_<name>_gate``."""
     from . import bench as B
     from . import cases
     from . import gpu
 
     import gguf
 
-    p = {**CONV16_AB, **(plan or {})}
     cp = _cp()
-    rng = np.random.default_rng(seed or None)
-    if run is not None:   # the new conversion on every Gemma tensor first, at the plain launches of each scheduler
-        run.append("real_model_parity", real_model_rows(rng, progress, forms=CONV16_REAL_FORMS))
     flush = B.Flusher()
     sm = _sm_count(cp.cuda.Device().id)
     rows = []
@@ -1608,7 +1617,7 @@ def conv16_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
             w16e = emulate_weights(cp.asnumpy(w.packed), qtype, od, id_)
             for nt in p["nts"]:
                 x, xg, x16, y, tok = cases.point_inputs(rng, nt, od, id_)
-                y_old = cp.empty_like(y)
+                y_b = cp.empty_like(y)
                 vs = {}
                 for bn, sk in (tuple(v) for v in p["launches"]):
                     if sk in (2, 3) and not sk_fits(sk, nt, od, id_, bn, sm):
@@ -1616,33 +1625,38 @@ def conv16_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
                     if sk == 0 and bn == 256 and nt <= 512:
                         continue            # one tile per 2 SMs: not a launch of record at nt <= 512
                     prm = dict(BN=bn, SCL=main_scl(qtype, bn), SK=sk)
-                    name = variant_name(bn, 4, prm["SCL"], sk)
-                    for _ in range(2):
-                        y.fill(np.nan)
-                        y_old.fill(np.nan)
-                        gemm(w, x16, out=y, **prm)
-                        gemm(w, x16, out=y_old, defines=OLDCONV, **prm)
-                        same = bool(cp.array_equal(y.view(cp.uint32), y_old.view(cp.uint32)))
-                        if not same:
-                            raise AssertionError(f"{name}: the 16-bit scale path differs from the previous conversion"
-                                                 f" at {qtype} {od}x{id_} nt={nt}")
+                    vname = variant_name(bn, 4, prm["SCL"], sk)
+                    y.fill(np.nan)
+                    gemm(w, x16, out=y, **prm)
                     g = gate(cp.asnumpy(y), raw, qtype, x, tokens=tok, w64=w64, w16=w16e)
+                    same = {}
+                    for sfx, d in builds.items():
+                        for _ in range(2 if bitwise else 1):
+                            y_b.fill(np.nan)
+                            gemm(w, x16, out=y_b, defines=d, **prm)
+                            if bitwise:
+                                same[sfx] = bool(cp.array_equal(y.view(cp.uint32), y_b.view(cp.uint32)))
+                                if not same[sfx]:
+                                    raise AssertionError(f"{vname}{sfx} differs from the plain build at {qtype} "
+                                                         f"{od}x{id_} nt={nt}")
                     if run is not None:
-                        run.append("wgmma_conv16_gate", {"qtype": qtype, "od": od, "id": id_, "nt": nt,
-                                                         "variant": name, "bitwise_vs_oldconv": same, **g})
+                        run.append(f"wgmma_{name}_gate", {"qtype": qtype, "od": od, "id": id_, "nt": nt,
+                                                         "variant": vname, **{f"bitwise_vs{k}": v for k, v in same.items()},
+                                                         **g})
                     if not g["ok"]:
-                        raise AssertionError(f"{name} parity failed: {qtype} nt={nt} od={od} id={id_}: {g}")
-                    vs[name] = lambda prm=prm: gemm(w, x16, out=y, **prm)
-                    vs[name + "_oldconv"] = lambda prm=prm: gemm(w, x16, out=y, defines=OLDCONV, **prm)
+                        raise AssertionError(f"{vname} parity failed: {qtype} nt={nt} od={od} id={id_}: {g}")
+                    vs[vname] = lambda prm=prm: gemm(w, x16, out=y, **prm)
+                    for sfx, d in builds.items():
+                        vs[vname + sfx] = lambda prm=prm, d=d: gemm(w, x16, out=y_b, defines=d, **prm)
                 y16 = cp.empty((nt, od), cp.float16)
                 vs["cublas_f16_cached"] = lambda: gpu.matmul_f16(x16, w16, out=y16)
                 res = B.interleaved(vs, pairs=p["pairs"], repeats=p["repeats"], flush=flush)
                 new = B.pair_rows(res, {"qtype": qtype, "od": od, "id": id_, "nt": nt}, nt, od, id_)
                 rows += new
                 if run is not None:
-                    run.append("wgmma_conv16_ab", new)
+                    run.append(f"wgmma_{name}_ab", new)
                 med = {k: np.median([s["median_us"] for s in v]) for k, v in res.items()}
-                progress(f"conv16 {qtype} {od}x{id_} nt={nt}: " + ", ".join(
+                progress(f"{name} {qtype} {od}x{id_} nt={nt}: " + ", ".join(
                     f"{k} {2 * nt * od * id_ / (v * 1e-6) / 1e12:.0f}" for k, v in med.items()) + " TOPS-eq")
     return rows
 
@@ -1657,6 +1671,42 @@ def conv16_table(ab_df):
             [["qtype", "od", "id", "nt", "launch", "base", "new_over_old", "new_vs_cublas", "old_vs_cublas"]]
             .rename(columns={"base": "variant"}).sort_values(["qtype", "od", "id", "nt", "launch"])
             .reset_index(drop=True))
+
+
+#: the weights' share of the loop (``gpu-check --steps wgmma_ceiling``): the plain launches of record against two
+#: ablation builds of themselves, timed only -- LK_ABLATE_NOLOAD (the conversion of the same registers at every
+#: super-block, no weight loads in the loop) and LK_ABLATE_NOCONV (no conversion; ptxas then drops the loads as
+#: dead): the skeleton's ceiling (TMA ring, wgmma, scheduler, finish) and what the loads and the conversion cost
+CEILING_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 4096], "qtypes": ["q4_K", "q6_K"],
+              "launches": [[128, 0], [256, 1], [256, 3], [256, 0]], "pairs": 3, "repeats": 10}
+CEILING_BUILDS = {"_noload": ("LK_ABLATE_NOLOAD",), "_noconv": ("LK_ABLATE_NOCONV",)}
+
+
+def ceiling_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
+    """:func:`builds_ab` of the plain launches against their NOLOAD and NOCONV ablation builds (timing only; each
+    plain launch parity-gated at its point). Rows: ``wgmma_ceiling_ab``, ``wgmma_ceiling_gate``."""
+    p = {**CEILING_AB, **(plan or {})}
+    return builds_ab(run, p, CEILING_BUILDS, "ceiling", np.random.default_rng(seed or None), bitwise=False,
+                     progress=progress)
+
+
+def ceiling_table(ab_df):
+    """The ceiling A/B as one row per (point, launch): each build's ratio to cuBLAS fp16 (cached) -- plain, without
+    weight loads, without conversion (the skeleton) -- and the share of the plain launch's excess time over the
+    skeleton that the loads account for: (t_plain - t_noload) / (t_plain - t_noconv)."""
+    t = suffix_ab(ab_df, suffixes=tuple(CEILING_BUILDS))
+    if t.empty:
+        return t
+    key = ["qtype", "od", "id", "nt", "launch", "base"]
+    w = t.pivot_table(index=key, columns="option", values=["speedup", "option_vs_cublas"], aggfunc="first")
+    out = w.index.to_frame(index=False)
+    out["plain_vs_cublas"] = t.groupby(key, sort=True).base_vs_cublas.first().to_numpy()
+    out["noload_vs_cublas"] = w[("option_vs_cublas", "noload")].to_numpy()
+    out["noconv_vs_cublas"] = w[("option_vs_cublas", "noconv")].to_numpy()
+    # times relative to the plain launch's: 1 / speedup
+    r_load, r_conv = 1 / w[("speedup", "noload")].to_numpy(), 1 / w[("speedup", "noconv")].to_numpy()
+    out["loads_share"] = (1 - r_load) / (1 - r_conv)
+    return out.rename(columns={"base": "variant"}).sort_values(["qtype", "od", "id", "nt", "launch"]).reset_index(drop=True)
 
 
 #: the scale plane's A/B (``gpu-check --steps wgmma_plane``): q4_K BN=128 with the plane (SCL=2) against the header
@@ -1751,7 +1801,7 @@ def real_model_rows(rng, progress=print, forms=REAL_MODEL_FORMS) -> list[dict]:
     for name, qtype, raw in model.load_kquant():
         raw = np.ascontiguousarray(raw)
         id_ = raw.shape[1] // BLOCK_BYTES[qtype] * QK
-        w = WgWeight.from_gguf(raw, qtype)
+        w = WgWeight.from_gguf(raw, qtype, plane=any(len(f) > 6 and f[6] == 2 for f in forms))
         if qtype == "q4_K":
             w.gguf = cp.asarray(raw)
         inputs = {}    # nt -> (x, the int8 q8_1 path's error on x): 37 tokens, or EPI=3's pair_nt

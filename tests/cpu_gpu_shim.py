@@ -221,7 +221,7 @@ def install_wgmma(monkeypatch, f16_only: bool = True):
         od: int
         id: int
         repack_s: float = 0.0
-        plane: np.ndarray | None = None   # q4_K: the scale plane of SCL=2, as WgWeight.from_gguf makes it
+        plane: np.ndarray | None = None   # q4_K: the scale plane of SCL=2, as WgWeight.from_gguf(plane=True) makes it
         plane_s: float = 0.0
 
         @property
@@ -236,12 +236,12 @@ def install_wgmma(monkeypatch, f16_only: bool = True):
         def plane_bytes(self):
             return 0 if self.plane is None else int(self.plane.nbytes)
 
-    def from_gguf(raw, qtype):
+    def from_gguf(raw, qtype, plane=False):
         raw = np.asarray(raw)
         od, id_ = raw.shape[0], raw.shape[1] // wgmma.BLOCK_BYTES[qtype] * 256
         p = wgmma.repack(raw, qtype)
-        plane = wgmma.scale_plane(p.reshape(od, id_ // 256, 144)[..., :16]) if qtype == "q4_K" else None
-        return FakeWg(p, qtype, od, id_, plane=plane)
+        pl = wgmma.scale_plane(p.reshape(od, id_ // 256, 144)[..., :16]) if qtype == "q4_K" and plane else None
+        return FakeWg(p, qtype, od, id_, plane=pl)
 
     def fake_wg_gemm(w, x, out=None, **p):
         if f16_only:

@@ -769,6 +769,27 @@ def test_conv16_table_is_new_over_old():
     assert t.loc["wgmma_bn256_s4_scl0_sk", "launch"] == "BN=256 stream-K"
 
 
+def test_ceiling_table_splits_the_weights_cost_into_loads_and_conversion():
+    """The ceiling A/B table: per launch, each build's ratio to cuBLAS and the loads' share of the plain launch's
+    excess over the no-conversion skeleton, (t - t_noload) / (t - t_noconv); cuBLAS itself is not a launch."""
+    import pandas as pd
+
+    from labkernels import wgmma
+
+    rows = _ab_rows((("wgmma_bn128_s4_scl0", 40.0), ("wgmma_bn128_s4_scl0_noload", 36.0),
+                     ("wgmma_bn128_s4_scl0_noconv", 30.0), ("wgmma_bn256_s4_scl0_sk", 30.0),
+                     ("wgmma_bn256_s4_scl0_sk_noload", 30.0), ("wgmma_bn256_s4_scl0_sk_noconv", 20.0),
+                     ("cublas_f16_cached", 36.0)))
+    t = wgmma.ceiling_table(pd.DataFrame(rows)).set_index("variant")
+    assert list(t.index) == ["wgmma_bn128_s4_scl0", "wgmma_bn256_s4_scl0_sk"]
+    a = t.loc["wgmma_bn128_s4_scl0"]
+    assert a.launch == "BN=128 data-par."
+    assert a.plain_vs_cublas == pytest.approx(36.1 / 40.1) and a.noconv_vs_cublas == pytest.approx(36.1 / 30.1)
+    assert a.noload_vs_cublas == pytest.approx(36.1 / 36.1)
+    assert a.loads_share == pytest.approx((40.1 - 36.1) / (40.1 - 30.1))
+    assert t.loc["wgmma_bn256_s4_scl0_sk", "loads_share"] == pytest.approx(0.0, abs=1e-12)
+
+
 def test_gemm_refuses_defines_outside_the_ablation_names():
     """An A/B build is named by LK_ABLATE_* / LK_EXP_* defines only; anything else is refused before any build."""
     from labkernels import wgmma

@@ -380,6 +380,23 @@ __device__ __forceinline__ void q6_chunk(const Q6Raw& r, int j, const Q6Scales& 
     }
 }
 
+// LK_ABLATE_NOLOAD (ablation builds only, timing only): the loop loads no weight bytes -- each super-block converts
+// the segment's first super-block's registers again, made opaque to the compiler at every super-block so that the
+// conversion is neither hoisted nor folded. With LK_ABLATE_NOCONV (no conversion, whose loads ptxas then drops as
+// dead) it splits what the weights cost the loop into their loads and their conversion.
+#ifdef LK_ABLATE_NOLOAD
+constexpr bool LK_LOADS = false;
+#else
+constexpr bool LK_LOADS = true;
+#endif
+template <class T>
+__device__ __forceinline__ void lk_opaque(T& v) {
+    static_assert(sizeof(T) % 4 == 0, "registers as 32-bit words");
+    u32* p = reinterpret_cast<u32*>(&v);
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof(T) / 4); i++) asm volatile("" : "+r"(p[i]));
+}
+
 // ---- per-type traits of the main loop: load one super-block of a thread's two rows, prepare its scales, and
 // produce the A fragments of one 64-k chunk (a[s] = {row g k 2c.., row g+8 k 2c.., row g k 2c+8.., row g+8 ..})
 template <bool C, class A, class B>
@@ -1038,15 +1055,15 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
             for (int j = 0; j < 4; j++, q++) {
                 const int st = LK_NEWCONV && STAGES == 4 ? j : q % STAGES;   // q = 4 x (super-blocks so far) + j: a constant
                 const int sn = j % AQ;                 // this chunk's set (compile-time after unrolling)
-                if (PF > 0 && j == 0 && sb + PF < seg.khi) T.prefetch(sb + PF, od, nsb);   // L2, PF super-blocks ahead
+                if (LK_LOADS && PF > 0 && j == 0 && sb + PF < seg.khi) T.prefetch(sb + PF, od, nsb);   // L2, PF ahead
                 if constexpr (AQ == 2) {
-                    if (j == T.LOAD_AT && sb + 1 < seg.khi) T.load(nxt, sb + 1, od, nsb);
+                    if (LK_LOADS && j == T.LOAD_AT && sb + 1 < seg.khi) T.load(nxt, sb + 1, od, nsb);
 #ifndef LK_ABLATE_NOCONV   // ablation: the loop converts nothing (A keeps its first chunk: timing only)
                     T.chunk(cur, j, a[sn]);
 #endif
                     lk_keep(a[sn]);   // all 16 fragments of the chunk exist (in 16 registers) before its first wgmma
                 } else {
-                    if (j == 0 && sb + 1 < seg.khi) T.load(nxt, sb + 1, od, nsb);   // 3 chunks before its use
+                    if (LK_LOADS && j == 0 && sb + 1 < seg.khi) T.load(nxt, sb + 1, od, nsb);   // 3 chunks ahead
                 }
                 lk_mbar_wait(&full_bar[st], (q / STAGES) & 1);
 #ifdef LK_EXP_TRACE
@@ -1070,6 +1087,10 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
 #endif
                         lk_keep(a[j + 1]);
                     } else if (sb + 1 < seg.khi) {
+                        if constexpr (!LK_LOADS) {
+                            lk_opaque(cur);
+                            nxt = cur;
+                        }
                         T.prep(nxt);
 #ifndef LK_ABLATE_NOCONV
                         T.chunk(nxt, 0, a[0]);
@@ -1089,7 +1110,8 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
                 // chunk q-1 (possibly the previous segment's last) has retired: its ring slot is free
                 if (q > 0 && lane == 0) lk_mbar_arrive(&empty_bar[(q - 1) % STAGES]);
             }
-            cur = nxt;
+            if constexpr (LK_LOADS) cur = nxt;
+            else lk_opaque(cur);   // NOLOAD: the same bytes again, unknown to the compiler
         }
         lk_wgmma_wait<0>();
         lk_wgmma_fence_acc(acc);

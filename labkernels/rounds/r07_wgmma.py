@@ -59,13 +59,15 @@ else:                         # ncu: the main variants at the 7B attention shape
         scl = wgmma.main_scl("q4_K" if qt == 4 else "q6_K", 128)   # the four-A-set form beside BN=128's
         cases.append((registry.find("wgmma_kq", QT=qt, BN=128, STAGES=4, BF16=0, SCL=scl, EPI=0, AQ=4, PF=0), 512, 4096, 4096, 0))
         cases.append((registry.find("wgmma_kq", QT=qt, BN=256, STAGES=4, BF16=0, SCL=0, EPI=0, AQ=2, PF=0), 512, 4096, 4096, 3))
+    # the q4_K scale plane (SCL=2, measured 0.80-0.86x the header decode) beside its SCL=0 case above
+    cases.append((registry.find("wgmma_kq", QT=4, BN=128, STAGES=4, BF16=0, SCL=2, EPI=0, AQ=2, PF=0), 512, 4096, 4096, 0))
     for nt, bn, st in ((512, 128, 4), (4096, 256, 3)):   # the shared-memory form (q4_K), data-parallel
         cases.append((registry.find("wgmma_kqs", QT=4, BN=bn, STAGES=st, BF16=0, NCV=1), nt, 4096, 4096, 0))
 for k, nt, od, id_, sk in cases:
     qtype = "q4_K" if k.p["QT"] == 4 else "q6_K"
     raw = quants.quantize((rng.standard_normal((min(od, 256), id_)) * .02).astype(np.float32), qtype)
     raw = np.ascontiguousarray(np.tile(raw, (-(-od // raw.shape[0]), 1))[:od])
-    w = wgmma.WgWeight.from_gguf(raw, qtype)
+    w = wgmma.WgWeight.from_gguf(raw, qtype, plane=k.p.get("SCL") == 2)
     form = k.p["NCV"] if k.family == "wgmma_kqs" else 0   # 1 / 2 converter warpgroups
     if form:
         w.gguf = cp.asarray(raw)
@@ -334,7 +336,16 @@ def step_wgmma_plane(out: Path, args) -> dict:
     return _record_ab(out, args, "plane_ab", wgmma.PLANE_AB, wgmma.plane_ab)
 
 
+def step_wgmma_ceiling(out: Path, args) -> dict:
+    """Round 7: the plain launches against their no-load and no-conversion ablation builds (timing only), each plain
+    launch parity-gated, interleaved with cuBLAS at nt 512 and 4096 (labkernels.wgmma.ceiling_ab), recorded."""
+    return _record_ab(out, args, "ceiling_ab", {**wgmma.CEILING_AB, "builds": {k: list(v) for k, v in
+                                                                               wgmma.CEILING_BUILDS.items()}},
+                      wgmma.ceiling_ab)
+
+
 STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_ncu": step_wgmma_ncu,
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
          "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
-         "wgmma_staged": step_wgmma_staged, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane, "prefill_r7": step_prefill_r7}
+         "wgmma_staged": step_wgmma_staged, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane,
+         "wgmma_ceiling": step_wgmma_ceiling, "prefill_r7": step_prefill_r7}

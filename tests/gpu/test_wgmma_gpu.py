@@ -34,7 +34,7 @@ def _run(cp, raw, qtype, x, **params):
     from labkernels import wgmma
 
     nt, od = x.shape[0], raw.shape[0]
-    w = wgmma.WgWeight.from_gguf(raw, qtype)
+    w = wgmma.WgWeight.from_gguf(raw, qtype, plane=params.get("SCL") == 2)
     if params.get("FORM"):
         w.gguf = cp.asarray(np.ascontiguousarray(raw))   # the shared-memory form reads the GGUF rows as they are
     buf = cp.full(nt * od + 2 * GUARD, np.nan, dtype=cp.float32)
@@ -102,7 +102,8 @@ def test_scale_plane_is_bitwise_the_header_decode(cp, rng, nt, od, id_, sk):
     y_hdr, _ = _run(cp, raw, "q4_K", x, BN=128, SCL=0, SK=sk)
     assert np.isfinite(y_plane).all()
     assert np.array_equal(y_plane.view(np.uint32), y_hdr.view(np.uint32))
-    wg = wgmma.WgWeight.from_gguf(raw, "q4_K")
+    assert wgmma.WgWeight.from_gguf(raw, "q4_K").plane is None   # no plane unless asked (the prefill's weights)
+    wg = wgmma.WgWeight.from_gguf(raw, "q4_K", plane=True)
     assert wg.plane_bytes == od * (id_ // 256) * wgmma.PLANE_BYTES
     assert wg.plane.data.ptr == wg.packed.data.ptr + wg.packed.nbytes
 
@@ -112,7 +113,8 @@ def test_scale_plane_refuses_what_it_was_not_built_for(cp, rng):
     clear error, never a launch."""
     from labkernels import gpu, quants, wgmma
 
-    w4 = wgmma.WgWeight.from_gguf(quants.quantize(rng.standard_normal((128, 512)).astype(np.float32), "q4_K"), "q4_K")
+    w4 = wgmma.WgWeight.from_gguf(quants.quantize(rng.standard_normal((128, 512)).astype(np.float32), "q4_K"), "q4_K",
+                                  plane=True)
     w6 = wgmma.WgWeight.from_gguf(quants.quantize(rng.standard_normal((128, 512)).astype(np.float32), "q6_K"), "q6_K")
     x = cp.asarray(rng.standard_normal((64, 512)).astype(np.float32))
     for w, p in ((w6, {}), (w4, {"BF16": 1}), (w4, {"BN": 256}), (w4, {"EPI": 4})):
