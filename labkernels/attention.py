@@ -24,7 +24,9 @@
 * ``"lab+cudnn"`` -- per launch the lab's kernel where its launch is split over the keys, cuDNN elsewhere
   (:class:`Routed`).
 * ``"auto"`` (default) -- ``lab+cudnn`` when the frontend imports on a CUDA machine and every layer kind passes both
-  paths' support checks (``cudnn`` when only cuDNN's pass), else ``baseline``, with the reason logged (logger ``labkernels.attention``) and kept in
+  paths' support checks (``cudnn`` when only cuDNN's pass); without a usable cuDNN, ``lab`` where the lab's kernel
+  takes every layer kind (fp16; it beat the baseline at every point of run 20261201T194347Z, and a graph can
+  capture it), else ``baseline``; the reason is logged (logger ``labkernels.attention``) and kept in
   ``backend.note`` (recorded by the prefill / decomposition runs). An explicit ``"cudnn"`` that cannot run is an
   error (:class:`AttentionUnavailable`), never a silent fallback; a layer shape or mask the chosen path cannot take
   is an :class:`AttentionError` naming the layer and the mask. When a model is set up, a fused path runs each of
@@ -289,8 +291,8 @@ def _gpu_ok() -> str | None:
 
 
 def resolve(requested: str, cfg, dtype: str = "f16") -> tuple[str, str]:
-    """(backend that will run, note): ``auto`` -> cudnn when usable for every layer kind, else baseline with the
-    reason; an explicit backend that cannot run raises AttentionUnavailable / AttentionError."""
+    """(backend that will run, note): ``auto`` as the module docstring says (lab+cudnn, cudnn, lab or baseline, with
+    the reason); an explicit backend that cannot run raises AttentionUnavailable / AttentionError."""
     if requested not in BACKENDS:
         raise ValueError(f"unknown attention path {requested!r}: one of {', '.join(BACKENDS)}")
     if requested == "baseline":
@@ -298,25 +300,33 @@ def resolve(requested: str, cfg, dtype: str = "f16") -> tuple[str, str]:
     kinds = model_kinds(cfg)
     if requested == "auto":
         why = _gpu_ok()
-        if why is None:
-            try:
-                import_cudnn()
-            except AttentionUnavailable as e:
-                why = str(e)
+        if why is not None:
+            note = f"auto: the lab's baseline attention (cuBLAS + masked softmax) runs, because {why}"
+            log.warning(note)
+            return "baseline", note
+        lab_bad = [f"layer(s) {_layers(ls)}: {'; '.join(lab_problems(k))}" for k, ls in kinds.items()
+                   if lab_problems(k)]
+        if dtype != "f16":
+            lab_bad.append(f"it takes fp16 only, not {dtype}")
+        try:
+            import_cudnn()
+        except AttentionUnavailable as e:
+            why = str(e)
         if why is None:
             bad = [f"layer(s) {_layers(ls)} ({k.describe()}): {'; '.join(cudnn_problems(k))}"
                    for k, ls in kinds.items() if cudnn_problems(k)]
             why = "cuDNN SDPA cannot take " + " | ".join(bad) if bad else None
         if why is None:
-            lab_bad = [f"layer(s) {_layers(ls)}: {'; '.join(lab_problems(k))}" for k, ls in kinds.items()
-                       if lab_problems(k)]
-            if dtype != "f16":
-                lab_bad.append(f"it takes fp16 only, not {dtype}")
             if not lab_bad:
                 return "lab+cudnn", ("auto: the lab's fused kernel where its launch is split over the keys and has "
                                      f"fewer than {Routed.ROUTE_BELOW_CTAS} query-block CTAs, cuDNN SDPA elsewhere")
             return "cudnn", "auto: cuDNN frontend available (the lab kernel cannot take " + " | ".join(lab_bad) + ")"
-        note = f"auto: the lab's baseline attention (cuBLAS + masked softmax) runs, because {why}"
+        if not lab_bad:   # faster than the baseline at every point measured (run 20261201T194347Z: 1.8-4.0x)
+            note = f"auto: the lab's fused kernel runs every layer, because {why}"
+            log.warning(note)
+            return "lab", note
+        note = (f"auto: the lab's baseline attention (cuBLAS + masked softmax) runs, because {why}, and the lab "
+                f"kernel cannot take " + " | ".join(lab_bad))
         log.warning(note)
         return "baseline", note
     why = _gpu_ok()

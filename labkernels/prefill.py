@@ -7,7 +7,8 @@ recorded round-7 table); every other type (q5_0, q8_0, f16) is dequantized once 
 and multiplied with cuBLAS, fp16 on the tensor cores by default (``other_f16``; fp32 otherwise) ("gemm_other"
 class). Attention (``PrefillOptions.attention``, see :mod:`labkernels.attention`) is by default ``lab+cudnn`` where
 cuDNN's frontend is installed -- the lab's fused kernel (``kernels/flash_attn.cu``) where its launch splits over the
-keys, cuDNN's fused SDPA elsewhere -- else, recorded in ``GpuModel.attn.note``, the lab's cuBLAS batched QK^T and PV
+keys, cuDNN's fused SDPA elsewhere -- without it the lab's fused kernel alone where it takes every layer (fp16),
+else, recorded in ``GpuModel.attn.note``, the lab's cuBLAS batched QK^T and PV
 with its masked-softmax kernel (causal, sliding window on gemma3's local layers); ``"torch"`` runs PyTorch's SDPA
 for comparison. Norms, RoPE, activations
 and the embedding gather are the lab's kernels in ``kernels/prefill.cu``; each residual add is fused with the

@@ -192,7 +192,8 @@ def register_cli(sub) -> None:
     p.add_argument("--kernel", default="auto", choices=_kernels(), help="gpu.qmatmul kernel of the k-quant GEMMs")
     p.add_argument("--attention", default="auto", choices=_attention_paths(), help="attention path (auto: lab+cudnn "
                    "-- the lab's fused kernel where its launch splits over the keys, cuDNN elsewhere -- when the "
-                   "frontend is usable, else the baseline, said in the output)")
+                   "frontend is usable; else the lab's kernel alone where it takes every layer (fp16), else the baseline, "
+                   "said in the output)")
     _add_mode_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=prefill_main)

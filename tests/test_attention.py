@@ -84,20 +84,27 @@ def _no_frontend(monkeypatch, gpu=True):
     monkeypatch.setattr(attention, "_preload_libcudnn", lambda: None)
 
 
-def test_auto_without_frontend_falls_back_recorded(monkeypatch, caplog):
+def test_auto_without_frontend_takes_the_lab_kernel_said(monkeypatch, caplog):
+    """Without the cuDNN frontend, auto runs the lab's fused kernel where it takes every layer kind (fp16), and the
+    baseline where it does not (a head dim it is not built for, bf16) -- each time with the reason, logged."""
     from labkernels.synthetic import tiny_config
 
     _no_frontend(monkeypatch)
     cfg = tiny_config("llama")
     with caplog.at_level("WARNING", logger="labkernels.attention"):
         name, note = attention.resolve("auto", cfg)
-    assert name == "baseline"
-    assert "nvidia-cudnn-frontend" in note and "baseline" in note and "ModuleNotFoundError" in note
+    assert name == "lab"
+    assert "nvidia-cudnn-frontend" in note and "lab's fused kernel" in note and "ModuleNotFoundError" in note
     assert any("nvidia-cudnn-frontend" in r.getMessage() for r in caplog.records)   # said, not silent
-    b = attention.make("auto", cfg, f16=True)
+    name, note = attention.resolve("auto", cfg, "bf16")
+    assert name == "baseline" and "fp16 only, not bf16" in note and "nvidia-cudnn-frontend" in note
+    odd = tiny_config("gemma3", n_layer=2, n_embd=256, n_head=4, n_head_kv=1, head_dim=96, sliding_window=16)
+    name, note = attention.resolve("auto", odd)
+    assert name == "baseline" and "head dim 96 is not one the kernel is built for" in note
+    b = attention.make("auto", odd, f16=True)
     assert isinstance(b, attention.Baseline) and b.f16
     assert b.describe() == {"attention": "baseline", "attention_dtype": "f16", "attention_note": note}
-    # an explicit request for cuDNN is not quietly served by the baseline
+    # an explicit request for cuDNN is not quietly served by another path
     with pytest.raises(AttentionUnavailable, match="nvidia-cudnn-frontend"):
         attention.resolve("cudnn", cfg)
 
@@ -123,9 +130,10 @@ def test_prefill_records_the_fallback(monkeypatch):
     install(monkeypatch, exact=True)
     _no_frontend(monkeypatch)
     cfg = tiny_config("llama", n_layer=1, vocab=300)
-    gm = GpuModel(SyntheticModel(cfg, q4_k_m_recipe(cfg), seed=2), opts=PrefillOptions())
+    gm = GpuModel(SyntheticModel(cfg, q4_k_m_recipe(cfg), seed=2), opts=PrefillOptions(attn_dtype="bf16"))
     d = gm.attn.describe()
     assert d["attention"] == "baseline" and "nvidia-cudnn-frontend" in d["attention_note"]
+    assert "fp16 only" in d["attention_note"]
     with pytest.raises(AttentionUnavailable):
         GpuModel(SyntheticModel(cfg, q4_k_m_recipe(cfg), seed=2), opts=PrefillOptions(attention="cudnn"))
 
