@@ -266,13 +266,24 @@ SUPERSEDED = {("f108e8f", "graph-fused-f16dense"): "set other_f16 after loading:
 HISTORY_OPTIONS = ("other_f16", "pdl", "memsets_as_kernels", "ids_from_host")
 
 
-def latest_graph_run(model: str, table: str, root=None):
+def with_cudnn(run) -> bool:
+    """Whether a prefill run had the project's whole GPU stack: its default attention (``auto``) did not run the
+    lab's kernel alone, which it does only without a usable cuDNN frontend (runs whose rows do not name the path
+    count as with it). The pages of record read these runs; a run without the frontend is its own experiment."""
+    t = run.table("throughput")
+    if "attention" not in t or "variant" not in t:
+        return True
+    d = t[t.variant.isin(["graph-fused", "eager-fused"])]
+    return d.empty or not (d.attention == "lab").all()
+
+
+def latest_graph_run(model: str, table: str, root=None, cudnn: bool = True):
     """The newest recorded prefill_graph run (``prefill`` round) with table ``table`` whose throughput rows include
-    ``model``, or None."""
+    ``model``, or None; ``cudnn``: with the cuDNN frontend (:func:`with_cudnn`; False: the newest run without it)."""
     from . import records
 
     return records.latest("prefill", root, where=lambda r: r.has(table) and r.has("throughput")
-                          and model in set(r.table("throughput").model))
+                          and model in set(r.table("throughput").model) and with_cudnn(r) == cudnn)
 
 
 def _auto_attention(commit: str) -> str:

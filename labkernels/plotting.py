@@ -135,3 +135,28 @@ def launch_speedups(ax, table, speedup: str, title: str, ylabel: str) -> None:
     option_speedups(ax, table.assign(option=table.launch, speedup=table[speedup]),
                     {g: g.replace(" ", "\n", 1) for g in sorted(table.launch.unique())}, title)
     ax.set_ylabel(ylabel)
+
+
+#: the builds of the ceiling A/B (:func:`labkernels.wgmma.ceiling_table` columns) and their bar labels
+CEILING_BARS = {"plain_vs_cublas": "plain (loads + conversion)", "noload_vs_cublas": "no weight loads (conversion)",
+                "noconv_vs_cublas": "no conversion (the skeleton)"}
+
+
+def ceiling_bars(ax, table, nt: int = 512, title: str = "") -> None:
+    """The ceiling A/B at one nt: per (weight type, shape) the launch whose plain build is fastest, its three builds'
+    ratios to cuBLAS fp16 as grouped bars, the 1.0 line (the bar) drawn, the launch named under each group."""
+    import numpy as np
+
+    t = table[table.nt == nt].sort_values("plain_vs_cublas").groupby(["qtype", "od", "id"], sort=True).last().reset_index()
+    x = np.arange(len(t))
+    w = 0.8 / len(CEILING_BARS)
+    for i, (col, label) in enumerate(CEILING_BARS.items()):
+        ax.bar(x + (i - 1) * w, t[col], w, label=label, color=("0.3", "0.6", "0.85")[i], edgecolor="0.2", lw=.5)
+    ax.axhline(1, color="0.2", lw=1)
+    ax.set_xticks(x, [f"{q}\n{od}x{id_}\n{ln}" for q, od, id_, ln in zip(t.qtype, t.od, t["id"], t.launch)], fontsize=7)
+    ax.set_ylabel("ratio to cuBLAS fp16 (cached), same shape")
+    ax.set_ylim(0, max(1.2, float(t[list(CEILING_BARS)].max().max()) + 0.1))
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.28))
+    ax.grid(axis="y", alpha=.3)
+    if title:
+        ax.set_title(title, fontsize=8)

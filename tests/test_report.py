@@ -108,3 +108,29 @@ def test_launch_speedups_draws_a_strip_per_launch_and_type():
     assert ax.get_ylabel() == "speedup (old time / new time)"
     assert sum(len(c.get_offsets()) for c in ax.collections) == 3
     plt.close(fig)
+
+
+def test_ceiling_bars_take_the_fastest_launch_per_point():
+    """The eleventh step's figure: per (type, shape) at the nt asked, the launch whose plain build is fastest, three
+    bars (plain, no loads, no conversion), the launch named in the tick, the 1.0 line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from labkernels import plotting
+
+    t = pd.DataFrame({"qtype": ["q4_K", "q4_K", "q6_K", "q4_K"], "od": [4096] * 4, "id": [4096] * 4,
+                      "nt": [512, 512, 512, 4096], "launch": ["BN=128 data-par.", "BN=256 stream-K", "BN=256 tile split",
+                                                              "BN=256 data-par."],
+                      "plain_vs_cublas": [0.86, 0.77, 0.75, 0.93], "noload_vs_cublas": [0.88, 0.8, 0.81, 0.95],
+                      "noconv_vs_cublas": [1.05, 0.84, 0.85, 1.01]})
+    fig, ax = plt.subplots()
+    plotting.ceiling_bars(ax, t, nt=512)
+    assert [x.get_text() for x in ax.get_xticklabels()] == ["q4_K\n4096x4096\nBN=128 data-par.",
+                                                           "q6_K\n4096x4096\nBN=256 tile split"]
+    hs = sorted(round(p.get_height(), 2) for p in ax.patches)
+    assert hs == [0.75, 0.81, 0.85, 0.86, 0.88, 1.05]
+    assert any(list(l.get_ydata()) == [1, 1] for l in ax.get_lines())
+    plt.close(fig)
