@@ -1690,21 +1690,6 @@ def ceiling_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]
                      progress=progress)
 
 
-#: the per-thread shared-memory staging of the weights (``gpu-check --steps wgmma_wstage``, exploratory build
-#: -DLK_EXP_WSTAGE, AQ=2): against the plain register loads at every launch of record, bitwise-checked
-WSTAGE = ("LK_EXP_WSTAGE",)
-WSTAGE_AB = {**CEILING_AB}
-
-
-def wstage_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
-    """:func:`builds_ab` of the plain launches against the ``-DLK_EXP_WSTAGE`` build (each thread's weight bytes
-    through its own shared-memory slots by cp.async, a super-block ahead), every launch's Y bitwise the plain
-    build's. Rows: ``wgmma_wstage_ab`` (``<variant>_wstage``), ``wgmma_wstage_gate``."""
-    p = {**WSTAGE_AB, **(plan or {})}
-    return builds_ab(run, p, {"_wstage": WSTAGE}, "wstage", np.random.default_rng(seed or None), bitwise=True,
-                     progress=progress)
-
-
 def ceiling_table(ab_df):
     """The ceiling A/B as one row per (point, launch): each build's ratio to cuBLAS fp16 (cached) -- plain, without
     weight loads, without conversion (the skeleton) -- and the share of the plain launch's excess time over the

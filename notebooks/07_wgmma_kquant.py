@@ -59,7 +59,7 @@ run_audit = True            # compile the wgmma_kq instantiations with nvcc for 
 # %%
 import shutil
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
-from labkernels import report, records, plotting, wgmma, peers
+from labkernels import report, records, plotting, wgmma, peers, decompose
 report.setup()
 from labkernels.rounds import open_round
 r7 = open_round("07", mode, shapes=shapes, nts=nts, qtypes=qtypes, pairs=pairs, repeats=repeats)
@@ -926,7 +926,7 @@ else:
                                  f"(cached), per launch ({report.source(c16)})"))
 
 # %% [markdown]
-# ## Tenth step: the q4_K scale plane (`SCL=2`) — built, not yet run (prediction first)
+# ## Tenth step: the q4_K scale plane (`SCL=2`) (prediction first, then measured)
 #
 # **Why.** After the ninth step, the q4_K BN=128 loop still spends per row and chunk ~12–18 instructions building
 # its two scale pairs from the block header. The no-conversion ceiling says the conversion is still ~20% of
@@ -945,14 +945,10 @@ else:
 # * **Bits:** the plane adds 32 bytes per 256 weights, +1 bit per weight: 5.5 with the blocks' 4.5. The blocks
 #   keep their headers, so the repack still round-trips to the GGUF bytes. `wgmma_repack` rows now list it.
 #
-# **Written, not run:**
-# * the GPU tests: SCL=2 bitwise SCL=0 with tails under three schedulers, and the refusals;
-# * the sanitizer cases;
-# * real-model gates (three SCL=2 forms in `REAL_MODEL_FORMS`);
-# * the A/B step `gpu-check --steps wgmma_plane` (`wgmma.plane_ab`, table `wgmma_plane_ab`).
-#
-# The CPU tests check the plane against an integer emulation of the kernel's byte-permute path and against the
-# fp32 roundings.
+# **Checks.** The CPU tests compare the plane against an integer emulation of the kernel's byte-permute path and
+# against the fp32 roundings. On the H200 (commit 6cb39c9): the GPU tests (SCL=2 bitwise SCL=0 with tails under
+# three schedulers, and the refusals: 10 passed), compute-sanitizer memcheck, racecheck and synccheck clean over 115
+# cases (run 20261202T070827Z), and 81 real-model gates of the three SCL=2 forms before the A/B's timings.
 #
 # **Prediction.** The ninth step's −29% of the loop's instructions gave BN=128 +9–17%. This −15% should give
 # +4–8%: q4_K 4096 × 4096 at nt=512 from 530 to 550–570 TOPS-eq (0.90–0.93× cuBLAS), and 4096 × 14336 from 611
@@ -970,6 +966,101 @@ else:
     plt.show()
     display(report.table(pt, caption=f"SCL=2 over SCL=0 (> 1: faster) and each one's ratio to cuBLAS fp16 (cached) "
                                      f"({report.source(pr2)})"))
+
+# %% [markdown]
+# **Measured: the prediction was wrong in sign.** SCL=2 is 0.80–0.86× SCL=0 at every point and scheduler (A/B run
+# 20261202T070827Z-2): q4_K 4096 × 4096 at nt=512 went from 527 to 437 TOPS-eq, not to 550–570. The loop has fewer
+# instructions, and the consumers wait longer: in Nsight Compute (run 20261202T075626Z, the same launch at nt=512)
+# long_scoreboard rises from 0.53 to 2.67 warps per issued instruction and the tensor pipe's active share falls
+# from 68% to 55%. The plane's loads, from a second region of memory, arrive later than the block headers' did;
+# why (their sector pattern or an L1 miss) is not established. The plane is now opt-in
+# (`WgWeight.from_gguf(plane=True)`), so the prefill's q4_K weights no longer carry its +1 bit per weight.
+
+# %% [markdown]
+# ## Eleventh step: what the weights cost the loop — their loads against their conversion (prediction first)
+#
+# **Why.** The ninth step's ablation without conversion (`LK_ABLATE_NOCONV`) also drops the weight loads: ptxas
+# removes them as dead. So its 1.32–1.71× mixed two costs, and the tenth step's result says the loads matter.
+#
+# **Design.** A second ablation build, `LK_ABLATE_NOLOAD`: no weight loads in the loop. Every super-block converts
+# the segment's first super-block's registers again, made opaque to the compiler at each super-block so the
+# conversion is neither hoisted nor folded (the q4_K BN=128 loop goes from 520 to 470 instructions; its LOP3 and
+# HFMA2 count is unchanged; NOCONV's is 119). `gpu-check --steps wgmma_ceiling` (`wgmma.ceiling_ab`) times the plain
+# launches of record with both ablation builds, interleaved with cuBLAS, each plain launch parity-gated at its
+# point; the ablations are timing only (their Y means nothing). `loads_share` = (t_plain − t_noload) /
+# (t_plain − t_noconv): the loads' part of what the weights cost over the skeleton (TMA ring, wgmma, scheduler,
+# finish).
+#
+# **Prediction** (commit a0b98c6, before the run): q4_K BN=128 at nt=512, the loads ≥ half of it (`loads_share` ≥
+# 0.5), q6_K ≥ 0.6; the skeleton ≥ 1.05× cuBLAS at BN=128 and at the BN=256 split grids.
+
+# %%
+ce = records.latest("wgmma", where=lambda r: r.has("wgmma_ceiling_ab"))
+if ce is None:
+    print("no recorded ceiling A/B run (gpu-check --steps wgmma_ceiling)")
+else:
+    ct = wgmma.ceiling_table(ce.table("wgmma_ceiling_ab"))
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    plotting.ceiling_bars(ax, ct, nt=512, title=f"nt=512, the fastest plain launch per shape with its two ablation "
+                          f"builds (timing only) ({report.source(ce)})")
+    plt.show()
+    display(report.table(ct[ct.nt == 512].drop(columns=["nt", "variant"]),
+                         caption=f"nt=512: each build's ratio to cuBLAS fp16 (cached) and the loads' share of the "
+                                 f"weights' cost over the skeleton, per launch ({report.source(ce)})"))
+
+# %% [markdown]
+# **Measured** (run 20261202T075528Z, commit a0b98c6; every plain launch parity-gated):
+#
+# * **q4_K: the conversion, not the loads — the prediction was wrong.** At BN=128 and nt=512 the loads are 12–37%
+#   of the weights' cost (4096 × 4096: 526 plain, 537 without loads, 645 without conversion; cuBLAS 611).
+# * **q6_K: half each** (`loads_share` 0.52–0.57 at BN=128, 0.47–0.65 on the BN=256 split grids), as predicted.
+# * **The skeleton** is 1.03–1.11× cuBLAS at BN=128 at three shapes, but 0.91× at 11008 × 4096 for both types (344
+#   tiles of 128 × 128 on 132 SMs: 2.6 waves), and the BN=256 split grids' skeletons are 0.84–1.05×. At 11008 × 4096
+#   and nt=512 no launch here reaches cuBLAS even without weights to convert: the bar there needs another
+#   skeleton (a stream-K BN=128 grid, or a different tile), not a faster conversion.
+# * **What stands between nt=512 and the bar**, then: at 4096 × {4096, 11008, 14336}, the conversion (q4_K: 63–88%
+#   of the gap to the skeleton at BN=128) and, for q6_K, its loads as much; at 11008 × 4096, the skeleton too.
+#   The 989 TFLOPS line is further still: the skeleton reaches 0.65–0.82 of it (645–808 TOPS-eq).
+
+# %% [markdown]
+# ## Twelfth step: the weights staged in shared memory per thread (exploratory build, prediction first)
+#
+# **Why.** The eleventh step gives q6_K's loads half of its weights' cost: its consumers read the next super-block
+# into registers only two chunks ahead (`LOAD_AT=2`, for registers), so the loads' latency shows.
+#
+# **Design** (`-DLK_EXP_WSTAGE`, AQ=2): each consumer thread copies its own weight bytes (q4_K: header and its two
+# nibble words of both rows; q6_K: L, H, scales and the D plane's aligned word) with `cp.async` into two private
+# shared-memory slots (48 KB per CTA for q4_K, 68 KB for q6_K). The copies of super-block sb+2 are issued once
+# chunk 3 has converted sb's registers (the slot they overwrite is sb's); sb+1 is then waited for and read back:
+# a whole super-block of latency instead of two chunks. No barrier: no other thread reads a slot. The GPU test
+# checks it bitwise against the plain build at every main-loop variant with tails (150 passed).
+#
+# **Prediction** (commit 82d821d): q6_K BN=128 nt=512 +8–15% (its no-load ceiling is +25%), q6_K BN=256 +3–8%,
+# q4_K BN=128 +2–5%.
+
+# %%
+ws = records.latest("wgmma", where=lambda r: r.has("wgmma_wstage_ab"))
+if ws is None:
+    print("no recorded run of the staging A/B (gpu-check --steps wgmma_wstage)")
+else:
+    wt = wgmma.suffix_ab(ws.table("wgmma_wstage_ab"), suffixes=("_wstage",))
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    plotting.launch_speedups(ax, wt, "speedup", f"weights staged per thread in shared memory (cp.async) against the "
+                             f"register loads, same launch ({report.source(ws)})", "speedup (plain time / staged time)")
+    plt.show()
+    g = ws.table("wgmma_wstage_gate")
+    print(f"run {ws.run_id}: {len(g)} launches gated, bitwise the plain build: {bool(g.bitwise_vs_wstage.all())}, "
+          f"parity gates passed: {bool(g.ok.all())}")
+
+# %% [markdown]
+# **Measured: wrong again, in sign** (run 20261202T090329Z). The staged build is slower at every launch: q4_K
+# BN=128 0.64–0.75×, BN=256 0.89–0.96×; q6_K BN=128 0.78–0.86×, BN=256 0.89–1.00×. The copies and read-backs add
+# ~20 instructions per super-block, and the staging adds 24–34 KB of shared-memory traffic per super-block beside
+# the wgmmas' own reads of the activation tiles; which of the two costs more was not measured. Its sanitizer run
+# (20261202T090327Z) was clean over the 51 cases it reached; then the EPI=4 build refused to launch, since the
+# staging's static 48 KB on top of its 193 KB exceeds the 227 KB per block (a clear `SharedMemoryError`). The
+# build is ruled out and has left the kernel (it stays in commit 82d821d; this page reads its recorded run). Hiding q6_K's loads needs them off the consumers' path (the producer warpgroup's TMA),
+# not the consumers' own copies.
 
 # %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process
@@ -1013,13 +1104,21 @@ heads["nt=512 vs cuBLAS (worst / best shape)"] = (
 # the 7B bar's command (`labkernels prefill --model synthetic-7b --tokens 3325 --attn-f16`) runs the captured graph
 # with the fusions by default: its figure is the latest prefill_graph run's graph-fused wall (round 5's source too)
 g7 = [r for r in records.list_runs("prefill") if (r.meta.get("params") or {}).get("what") == "graph"
-      and (r.meta.get("params") or {}).get("model") == "synthetic-7b" and r.has("throughput")]
+      and (r.meta.get("params") or {}).get("model") == "synthetic-7b" and r.has("throughput")
+      and decompose.with_cudnn(r)]   # the whole stack; a run without the cuDNN frontend is its own experiment
 if g7:
     tg = g7[-1].table("throughput")
     tg = tg[(tg.nt == 3325) & (tg.variant == "graph-fused")]
     b7 = float(tg.tok_per_s.median())
     heads["7B prefill nt=3325"] = (f"{b7:,.0f} tok/s graph-fused, median of {len(tg)} rounds (run {g7[-1].run_id}; "
                                    f"{b7 / 8428:.2f}x the issue's 8,428): bar >= 2x {'met' if b7 >= 2 * 8428 else 'NOT met'}")
+    nof = decompose.latest_graph_run("synthetic-7b", "throughput", cudnn=False)
+    if nof is not None:   # auto's attention without the frontend: the lab's kernel alone, still captured
+        tn = nof.table("throughput")
+        tn = tn[(tn.nt == 3325) & (tn.variant == "graph-fused")]
+        heads["7B prefill nt=3325, no cuDNN frontend"] = (
+            f"{tn.tok_per_s.median():,.0f} tok/s graph-fused, attention {tn.attention.iloc[0]} (run {nof.run_id}; "
+            f"{tn.tok_per_s.median() / 8428:.2f}x the issue's 8,428)")
 elif abr:
     b7 = best[(best.model == "synthetic-7b") & (best.nt == 3325)].tok_per_s.iloc[0]
     heads["7B prefill nt=3325"] = (f"{b7:,.0f} tok/s (A/B run; {b7 / 8428:.2f}x the issue's 8,428): bar >= 2x "

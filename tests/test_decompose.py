@@ -182,3 +182,24 @@ def test_graph_run_history_takes_the_latest_runs_and_each_variants_options(tmp_p
     assert decompose.latest_graph_run("other", "graphs", root=tmp_path).meta["params"]["variants"] == {
         "graph-fused": {"graph": None}}
     assert decompose.latest_graph_run("nobody", "graphs", root=tmp_path) is None
+
+
+def test_with_cudnn_tells_a_run_without_the_frontend():
+    """The pages of record read prefill runs made with the whole GPU stack: a run whose default variants ran the lab's
+    attention kernel alone (auto without a usable cuDNN frontend) is told apart; rows that do not name the path (older
+    runs) and routed / cuDNN runs count as with it."""
+    import types
+
+    import pandas as pd
+
+    from labkernels import decompose
+
+    def run(rows):
+        return types.SimpleNamespace(table=lambda name: pd.DataFrame(rows))
+
+    assert not decompose.with_cudnn(run([{"variant": "graph-fused", "attention": "lab"},
+                                         {"variant": "eager-fused", "attention": "lab"}]))
+    assert decompose.with_cudnn(run([{"variant": "graph-fused", "attention": "lab+cudnn"},
+                                     {"variant": "graph-fused-cudnnattn", "attention": "cudnn"}]))
+    assert decompose.with_cudnn(run([{"variant": "graph-fused", "wall_ms": 1.0}]))     # no attention column
+    assert decompose.with_cudnn(run([{"variant": "auto", "attention": "lab"}]))         # no default graph variant

@@ -397,40 +397,6 @@ __device__ __forceinline__ void lk_opaque(T& v) {
     for (int i = 0; i < (int)(sizeof(T) / 4); i++) asm volatile("" : "+r"(p[i]));
 }
 
-// LK_EXP_WSTAGE (exploratory, AQ=2): each consumer thread stages its own weight bytes in shared memory with cp.async,
-// a super-block ahead -- the copies of super-block sb+2 are issued once chunk 3 of sb has converted its registers
-// (the slot they overwrite is the one sb came from: its bytes are consumed), and sb+1 is read back (ld.shared) right
-// after: a full super-block of latency for the global reads instead of the two chunks of LOAD_AT. Thread-private
-// slots (no other thread reads them: no barrier), two per thread, 16-byte fields [slot][field][thread].
-#ifdef LK_EXP_WSTAGE
-constexpr bool LK_WST = true;
-#else
-constexpr bool LK_WST = false;
-#endif
-#define LK_WST_THREADS 256   // the two consumer warpgroups
-__device__ __forceinline__ void lk_cp16(u32 dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"((u64)src) : "memory");
-}
-__device__ __forceinline__ void lk_cp4(u32 dst, const void* src, u32 bytes) {   // bytes < 4: the rest zero-filled
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"((u64)src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void lk_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void lk_cp_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ uint4 lk_lds16(u32 a) {
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a) : "memory");
-    return v;
-}
-__device__ __forceinline__ u32 lk_lds4(u32 a) {
-    u32 v;
-    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a) : "memory");
-    return v;
-}
-#define LK_WST_F (LK_WST_THREADS * 16)   // bytes between two fields of a slot
-
 // ---- per-type traits of the main loop: load one super-block of a thread's two rows, prepare its scales, and
 // produce the A fragments of one 64-k chunk (a[s] = {row g k 2c.., row g+8 k 2c.., row g k 2c+8.., row g+8 ..})
 template <bool C, class A, class B>
@@ -483,42 +449,6 @@ struct KQ<4, BF16, SCL> {
             R.pl0[1] = __ldg(a + 1);
             R.pl1[0] = __ldg(b);
             R.pl1[1] = __ldg(b + 1);
-        }
-    }
-    // LK_EXP_WSTAGE: fields hdr, qa, qb of row 0, then of row 1 (SCL=2: the plane's two words of each row after them)
-    static constexpr int WST_BYTES = (SCL == 2 ? 10 : 6) * LK_WST_F;   // one slot
-    __device__ __forceinline__ void stage(u32 base, u32 t16, int sb, int, int) const {
-        const u32 slot = base + t16;
-        const u8* b0 = p0 + (size_t)sb * 144;
-        const u8* b1 = p1 + (size_t)sb * 144;
-        lk_cp16(slot, b0);
-        lk_cp16(slot + LK_WST_F, b0 + 16 + 32 * c);
-        lk_cp16(slot + 2 * LK_WST_F, b0 + 32 + 32 * c);
-        lk_cp16(slot + 3 * LK_WST_F, b1);
-        lk_cp16(slot + 4 * LK_WST_F, b1 + 16 + 32 * c);
-        lk_cp16(slot + 5 * LK_WST_F, b1 + 32 + 32 * c);
-        if constexpr (SCL == 2) {
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                lk_cp16(slot + (6 + i) * LK_WST_F, q0 + (size_t)sb * 32 + 16 * i);
-                lk_cp16(slot + (8 + i) * LK_WST_F, q1 + (size_t)sb * 32 + 16 * i);
-            }
-        }
-    }
-    __device__ __forceinline__ void unstage(Rows& R, u32 base, u32 t16, int) const {
-        const u32 slot = base + t16;
-        R.r0.hdr = lk_lds16(slot);
-        R.r0.qa = lk_lds16(slot + LK_WST_F);
-        R.r0.qb = lk_lds16(slot + 2 * LK_WST_F);
-        R.r1.hdr = lk_lds16(slot + 3 * LK_WST_F);
-        R.r1.qa = lk_lds16(slot + 4 * LK_WST_F);
-        R.r1.qb = lk_lds16(slot + 5 * LK_WST_F);
-        if constexpr (SCL == 2) {
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                R.pl0[i] = lk_lds16(slot + (6 + i) * LK_WST_F);
-                R.pl1[i] = lk_lds16(slot + (8 + i) * LK_WST_F);
-            }
         }
     }
     __device__ __forceinline__ void prefetch(int sb, int, int) const {   // the lines of both rows' 144-byte blocks
@@ -576,39 +506,6 @@ struct KQ<6, BF16, SCL> {
         const u8 *L = W, *H = W + (size_t)nblk * 128, *SC = W + (size_t)nblk * 192, *D = W + (size_t)nblk * 208;
         q6_load(R.r0, L, H, SC, D, (size_t)(b0 + sb), c);
         q6_load(R.r1, L, H, SC, D, (size_t)(b1 + sb), c);
-    }
-    // LK_EXP_WSTAGE: fields la, lb, h, sc of row 0, then of row 1; then each row's 4-byte word of the D plane that
-    // holds its d (the aligned pair of blocks; the last block of an odd count copies 2 bytes, zero-filling the rest)
-    static constexpr int WST_BYTES = 8 * LK_WST_F + 2 * LK_WST_THREADS * 4;
-    __device__ __forceinline__ void stage(u32 base, u32 t16, int sb, int od, int nsb) const {
-        const u32 slot = base + t16;   // the thread's 16-byte fields: slot + f * LK_WST_F
-        const u32 nblk = (u32)od * (u32)nsb;
-        const u8 *L = W, *H = W + (size_t)nblk * 128, *SC = W + (size_t)nblk * 192, *D = W + (size_t)nblk * 208;
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const u32 blk = (r ? b1 : b0) + (u32)sb;
-            const u32 f = slot + 4 * r * LK_WST_F;
-            lk_cp16(f, L + (size_t)blk * 128 + 32 * c);
-            lk_cp16(f + LK_WST_F, L + (size_t)blk * 128 + 32 * c + 16);
-            lk_cp16(f + 2 * LK_WST_F, H + (size_t)blk * 64 + 16 * c);
-            lk_cp16(f + 3 * LK_WST_F, SC + (size_t)blk * 16);
-            lk_cp4(base + 8 * LK_WST_F + r * LK_WST_THREADS * 4 + t16 / 4, D + (size_t)(blk & ~1u) * 2,
-                   (blk | 1u) < nblk ? 4u : 2u);
-        }
-    }
-    __device__ __forceinline__ void unstage(Rows& R, u32 base, u32 t16, int sb) const {
-        const u32 slot = base + t16;
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            Q6Raw& q = r ? R.r1 : R.r0;
-            const u32 f = slot + 4 * r * LK_WST_F;
-            q.la = lk_lds16(f);
-            q.lb = lk_lds16(f + LK_WST_F);
-            q.h = lk_lds16(f + 2 * LK_WST_F);
-            q.sc = lk_lds16(f + 3 * LK_WST_F);
-            const u32 dw = lk_lds4(base + 8 * LK_WST_F + r * LK_WST_THREADS * 4 + t16 / 4);
-            q.d = (u16)((((r ? b1 : b0) + (u32)sb) & 1u) ? dw >> 16 : dw & 0xFFFFu);
-        }
     }
     __device__ __forceinline__ void prefetch(int sb, int od, int nsb) const {   // each plane's bytes of both rows:
         const u32 nblk = (u32)od * (u32)nsb;                                       // lane c the one of its four
@@ -1144,24 +1041,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
         LK_TRACE(3 + 3 * si);
         KQ<QT, BF16, SCL> T(W, od, nsb, rr0, rr1, c);
         typename KQ<QT, BF16, SCL>::Rows cur, nxt;
-        constexpr bool WST = LK_WST && AQ == 2;   // LK_EXP_WSTAGE: the register form of AQ=2 only
-        constexpr int WSB = KQ<QT, BF16, SCL>::WST_BYTES;
-#ifdef LK_EXP_WSTAGE
-        __shared__ __align__(16) u8 lk_wst[AQ == 2 ? 2 * WSB : 16];   // two slots
-        const u32 wst = lk_smem_u32(lk_wst), t16 = (u32)ctid * 16;
-#else
-        const u32 wst = 0, t16 = 0;
-#endif
-        if constexpr (WST) {   // super-blocks klo and klo+1 into slots klo&1, (klo+1)&1; klo read back
-            T.stage(wst + (seg.klo & 1) * WSB, t16, seg.klo, od, nsb);
-            lk_cp_commit();
-            if (seg.klo + 1 < seg.khi) T.stage(wst + ((seg.klo + 1) & 1) * WSB, t16, seg.klo + 1, od, nsb);
-            lk_cp_commit();
-            lk_cp_wait<1>();
-            T.unstage(cur, wst + (seg.klo & 1) * WSB, t16, seg.klo);
-        } else {
-            T.load(cur, seg.klo, od, nsb);
-        }
+        T.load(cur, seg.klo, od, nsb);
         if constexpr (AQ == 4) {
             T.prep(cur);
             T.chunk(cur, 0, a[0]);
@@ -1177,19 +1057,10 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
                 const int sn = j % AQ;                 // this chunk's set (compile-time after unrolling)
                 if (LK_LOADS && PF > 0 && j == 0 && sb + PF < seg.khi) T.prefetch(sb + PF, od, nsb);   // L2, PF ahead
                 if constexpr (AQ == 2) {
-                    if (!WST && LK_LOADS && j == T.LOAD_AT && sb + 1 < seg.khi) T.load(nxt, sb + 1, od, nsb);
+                    if (LK_LOADS && j == T.LOAD_AT && sb + 1 < seg.khi) T.load(nxt, sb + 1, od, nsb);
 #ifndef LK_ABLATE_NOCONV   // ablation: the loop converts nothing (A keeps its first chunk: timing only)
                     T.chunk(cur, j, a[sn]);
 #endif
-                    if constexpr (WST) {
-                        if (j == 3) {   // sb's bytes are converted: its slot takes sb+2; sb+1 (issued a super-block
-                                        // ago) is waited for and read back into the same registers
-                            if (sb + 2 < seg.khi) T.stage(wst + (sb & 1) * WSB, t16, sb + 2, od, nsb);
-                            lk_cp_commit();
-                            lk_cp_wait<1>();
-                            if (sb + 1 < seg.khi) T.unstage(cur, wst + ((sb + 1) & 1) * WSB, t16, sb + 1);
-                        }
-                    }
                     lk_keep(a[sn]);   // all 16 fragments of the chunk exist (in 16 registers) before its first wgmma
                 } else {
                     if (LK_LOADS && j == 0 && sb + 1 < seg.khi) T.load(nxt, sb + 1, od, nsb);   // 3 chunks ahead
@@ -1239,12 +1110,8 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
                 // chunk q-1 (possibly the previous segment's last) has retired: its ring slot is free
                 if (q > 0 && lane == 0) lk_mbar_arrive(&empty_bar[(q - 1) % STAGES]);
             }
-            if constexpr (WST) {
-            } else if constexpr (LK_LOADS) {
-                cur = nxt;
-            } else {
-                lk_opaque(cur);   // NOLOAD: the same bytes again, unknown to the compiler
-            }
+            if constexpr (LK_LOADS) cur = nxt;
+            else lk_opaque(cur);   // NOLOAD: the same bytes again, unknown to the compiler
         }
         lk_wgmma_wait<0>();
         lk_wgmma_fence_acc(acc);

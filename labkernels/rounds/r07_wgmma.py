@@ -337,13 +337,6 @@ def step_wgmma_plane(out: Path, args) -> dict:
     return _record_ab(out, args, "plane_ab", wgmma.PLANE_AB, wgmma.plane_ab)
 
 
-def step_wgmma_wstage(out: Path, args) -> dict:
-    """Round 7, exploratory: the weights staged per thread in shared memory by cp.async a super-block ahead
-    (-DLK_EXP_WSTAGE) against the plain register loads, bitwise- and parity-gated per launch, interleaved with cuBLAS
-    at nt 512 and 4096 (labkernels.wgmma.wstage_ab), recorded."""
-    return _record_ab(out, args, "wstage_ab", {**wgmma.WSTAGE_AB, "defines": list(wgmma.WSTAGE)}, wgmma.wstage_ab)
-
-
 def step_wgmma_ceiling(out: Path, args) -> dict:
     """Round 7: the plain launches against their no-load and no-conversion ablation builds (timing only), each plain
     launch parity-gated, interleaved with cuBLAS at nt 512 and 4096 (labkernels.wgmma.ceiling_ab), recorded."""
@@ -356,4 +349,4 @@ STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_nc
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
          "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
          "wgmma_staged": step_wgmma_staged, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane,
-         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_wstage": step_wgmma_wstage, "prefill_r7": step_prefill_r7}
+         "wgmma_ceiling": step_wgmma_ceiling, "prefill_r7": step_prefill_r7}
