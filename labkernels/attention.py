@@ -25,8 +25,8 @@
   (:class:`Routed`).
 * ``"auto"`` (default) -- ``lab+cudnn`` when the frontend imports on a CUDA machine and every layer kind passes both
   paths' support checks (``cudnn`` when only cuDNN's pass); without a usable cuDNN, ``lab`` where the lab's kernel
-  takes every layer kind (fp16; it beat the baseline at every point of run 20261201T194347Z, and a graph can
-  capture it), else ``baseline``; the reason is logged (logger ``labkernels.attention``) and kept in
+  takes every layer kind and the attention is fp16 (``attn_f16``; it beat the baseline at every point of run
+  20261201T194347Z, and a graph can capture it), else ``baseline``; the reason is logged (logger ``labkernels.attention``) and kept in
   ``backend.note`` (recorded by the prefill / decomposition runs). An explicit ``"cudnn"`` that cannot run is an
   error (:class:`AttentionUnavailable`), never a silent fallback; a layer shape or mask the chosen path cannot take
   is an :class:`AttentionError` naming the layer and the mask. When a model is set up, a fused path runs each of
@@ -290,7 +290,7 @@ def _gpu_ok() -> str | None:
     return None if gpu_available() else "no CUDA GPU with cupy on this machine"
 
 
-def resolve(requested: str, cfg, dtype: str = "f16") -> tuple[str, str]:
+def resolve(requested: str, cfg, dtype: str = "f16", f16: bool = True) -> tuple[str, str]:
     """(backend that will run, note): ``auto`` as the module docstring says (lab+cudnn, cudnn, lab or baseline, with
     the reason); an explicit backend that cannot run raises AttentionUnavailable / AttentionError."""
     if requested not in BACKENDS:
@@ -321,6 +321,8 @@ def resolve(requested: str, cfg, dtype: str = "f16") -> tuple[str, str]:
                 return "lab+cudnn", ("auto: the lab's fused kernel where its launch is split over the keys and has "
                                      f"fewer than {Routed.ROUTE_BELOW_CTAS} query-block CTAs, cuDNN SDPA elsewhere")
             return "cudnn", "auto: cuDNN frontend available (the lab kernel cannot take " + " | ".join(lab_bad) + ")"
+        if not f16:       # the baseline's fp32 products were asked for (attn_f16 off): not the fp16 kernel alone
+            lab_bad.append("attention in fp32 was asked (attn_f16 off) and the kernel is fp16")
         if not lab_bad:   # faster than the baseline at every point measured (run 20261201T194347Z: 1.8-4.0x)
             note = f"auto: the lab's fused kernel runs every layer, because {why}"
             log.warning(note)
@@ -895,7 +897,7 @@ def make(requested: str, cfg, f16: bool = False, dtype: str = "f16", fuse_layout
     """The attention backend a model runs (see the module docstring for ``auto``). A fused path is probed once per
     layer kind (:meth:`Backend.probe`, 64 tokens against the float64 reference): under ``auto`` a failing probe
     gives the baseline with the reason; a requested path that fails it is an AttentionError naming the layers."""
-    name, note = resolve(requested, cfg, dtype)
+    name, note = resolve(requested, cfg, dtype, f16=f16)
     if name == "baseline":
         return Baseline(cfg, f16=f16, note=note, fuse_layout=fuse_layout)
     b = {"cudnn": Cudnn, "lab": Lab, "torch": Torch, "lab+cudnn": Routed}[name](cfg, dtype, note)

@@ -995,18 +995,20 @@ else:
 # 0.5), q6_K ≥ 0.6; the skeleton ≥ 1.05× cuBLAS at BN=128 and at the BN=256 split grids.
 
 # %%
-ce = records.latest("wgmma", where=lambda r: r.has("wgmma_ceiling_ab"))
-if ce is None:
+ces = [r for r in records.list_runs("wgmma") if r.has("wgmma_ceiling_ab")]
+if not ces:
     print("no recorded ceiling A/B run (gpu-check --steps wgmma_ceiling)")
-else:
-    ct = wgmma.ceiling_table(ce.table("wgmma_ceiling_ab"))
+else:   # each run's ratios from its own interleaved timings; a later run adds launches (BN=128 stream-K)
+    ct = pd.concat([wgmma.ceiling_table(r.table("wgmma_ceiling_ab")).assign(run=r.run_id.split("-h200")[0])
+                    for r in ces], ignore_index=True)
+    src = "; ".join(report.source(r) for r in ces)
     fig, ax = plt.subplots(figsize=(9, 4.2))
     plotting.ceiling_bars(ax, ct, nt=512, title=f"nt=512, the fastest plain launch per shape with its two ablation "
-                          f"builds (timing only) ({report.source(ce)})")
+                          f"builds (timing only)\n{src}")
     plt.show()
     display(report.table(ct[ct.nt == 512].drop(columns=["nt", "variant"]),
                          caption=f"nt=512: each build's ratio to cuBLAS fp16 (cached) and the loads' share of the "
-                                 f"weights' cost over the skeleton, per launch ({report.source(ce)})"))
+                                 f"weights' cost over the skeleton, per launch and run ({src})"))
 
 # %% [markdown]
 # **Measured** (run 20261202T075528Z, commit a0b98c6; every plain launch parity-gated):
@@ -1016,10 +1018,14 @@ else:
 # * **q6_K: half each** (`loads_share` 0.52–0.57 at BN=128, 0.47–0.65 on the BN=256 split grids), as predicted.
 # * **The skeleton** is 1.03–1.11× cuBLAS at BN=128 at three shapes, but 0.91× at 11008 × 4096 for both types (344
 #   tiles of 128 × 128 on 132 SMs: 2.6 waves), and the BN=256 split grids' skeletons are 0.84–1.05×. At 11008 × 4096
-#   and nt=512 no launch here reaches cuBLAS even without weights to convert: the bar there needs another
-#   skeleton (a stream-K BN=128 grid, or a different tile), not a faster conversion.
+#   and nt=512 none of these launches reaches cuBLAS even without weights to convert.
+# * **BN=128 on the stream-K grid** (run 20261202T091332Z, commit fee9c2f, the same A/B on that launch): its
+#   skeleton is 1.00× cuBLAS at 11008 × 4096 for both types (721 vs 720 TOPS-eq) — the one skeleton here that
+#   reaches cuBLAS at that shape, with no margin for any conversion — and 0.98–1.05× elsewhere; its plain launch is
+#   0.74–0.80× (q4_K) and 0.57–0.64× (q6_K). (BN=128 on the tile-aligned split has no grid at nt=512.)
 # * **What stands between nt=512 and the bar**, then: at 4096 × {4096, 11008, 14336}, the conversion (q4_K: 63–88%
-#   of the gap to the skeleton at BN=128) and, for q6_K, its loads as much; at 11008 × 4096, the skeleton too.
+#   of the gap to the skeleton at BN=128) and, for q6_K, its loads as much; at 11008 × 4096, the skeleton too: the
+#   best one there (BN=128 stream-K) only ties cuBLAS.
 #   The 989 TFLOPS line is further still: the skeleton reaches 0.65–0.82 of it (645–808 TOPS-eq).
 
 # %% [markdown]

@@ -98,6 +98,8 @@ def test_auto_without_frontend_takes_the_lab_kernel_said(monkeypatch, caplog):
     assert any("nvidia-cudnn-frontend" in r.getMessage() for r in caplog.records)   # said, not silent
     name, note = attention.resolve("auto", cfg, "bf16")
     assert name == "baseline" and "fp16 only, not bf16" in note and "nvidia-cudnn-frontend" in note
+    name, note = attention.resolve("auto", cfg, f16=False)     # fp32 attention asked: the baseline's fp32 products
+    assert name == "baseline" and "attn_f16 off" in note
     odd = tiny_config("gemma3", n_layer=2, n_embd=256, n_head=4, n_head_kv=1, head_dim=96, sliding_window=16)
     name, note = attention.resolve("auto", odd)
     assert name == "baseline" and "head dim 96 is not one the kernel is built for" in note

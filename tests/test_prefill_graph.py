@@ -573,10 +573,11 @@ def test_graph_ab_records_every_variant(monkeypatch, tiny, tmp_path):
     assert gm.opts.graph is None and gm.opts.fuse_add_norm       # the base options are back
     assert [f["nt"] for f in gm.graph_fallbacks] == [6] * 4 + [9] * 4      # once per (nt, options): 4 graph variants
     # the lab-attention variants ran the lab path (its backend made on first use of that option set), the rest auto
-    assert {b.name for b in gm._attns.values()} == {"baseline"}
+    # (auto without the cuDNN frontend: the lab's fused kernel, which the shim runs, in fp16 -- attn_f16 is on here)
+    assert {b.name for b in gm._attns.values()} == {"lab"}
     un = run.table("variants_unavailable")       # no cuDNN frontend here: the cuDNN-attention variants are left out
     assert sorted(un.variant) == ["graph-fused-cudnnattn", "graph-fused-plain-cudnnattn"]
-    assert (th.attention == "baseline").all() and (th.attention_ran == "baseline").all()
+    assert (th.attention == "lab").all() and (th.attention_ran == "lab").all()
     assert un.reason.str.contains("nvidia-cudnn-frontend").all()
 
 
