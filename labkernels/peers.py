@@ -1197,11 +1197,13 @@ def prefill_vs_llama(lab: pd.DataFrame, lab_gpu: str | None, peer_run_id: str | 
 def latest_prefill_vs_llama(model: str, flash_attn: int | None = 1, root=None) -> PeerComparison:
     """The latest recorded prefill throughput run of ``model`` (median tok/s per nt, kernel and mode over its
     rounds) against llama-bench on the same GGUF and nt (:func:`prefill_vs_llama`, llama.cpp's flash attention
-    ``flash_attn``; None: both settings)."""
+    ``flash_attn``; None: both settings). A run without the cuDNN frontend (:func:`labkernels.decompose.with_cudnn`)
+    is its own experiment, not the lab's figure of record: it is skipped."""
     from . import records
+    from .decompose import with_cudnn
 
     run = records.latest("prefill", root=root, where=lambda r: r.has("throughput") and "model" in r.table("throughput")
-                         and model in set(r.table("throughput").model))
+                         and model in set(r.table("throughput").model) and with_cudnn(r))
     if run is None:
         return _none(f"no recorded prefill throughput of {model}")
     t = run.table("throughput")
