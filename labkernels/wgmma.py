@@ -580,7 +580,7 @@ class WgWeight:
         """Repacked once (``repack_s``). ``plane`` (q4_K): also its scale plane (:func:`scale_plane`, ``plane_s``) in
         the same device allocation, right behind the blocks, where the SCL=2 kernel reads it (+1 bit per weight;
         ``nbytes`` counts the blocks, ``plane_bytes`` the plane). Off by default: SCL=2 was measured slower than the
-        header decode (run 20261202T070827Z-2, 0.80-0.86x), so nothing but its A/B and tests makes one."""
+        header decode (run 20261202T070827Z-2, 0.80-0.91x), so nothing but its A/B and tests makes one."""
         from .quants import normalize_qtype
 
         qtype = normalize_qtype(qtype)
@@ -914,7 +914,7 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
                              f"EPI={EPI} AQ={AQ} PF={PF}")
         if w.plane is None or w.plane.data.ptr != w.packed.data.ptr + w.packed.nbytes:
             raise ShapeError("SCL=2 reads the scale plane right behind the repacked blocks: this weight has none "
-                             "there (make it with WgWeight.from_gguf)")
+                             "there (make it with WgWeight.from_gguf(..., plane=True))")
     if EPI in (1, 2, 3) and SK == 1:
         raise ShapeError(f"EPI={EPI} stages through the activation ring, idle only on grids of one segment per CTA "
                          "(SK=0, 2, 3): stream-K (SK=1) takes the plain epilogue (EPI=0)")
@@ -1626,12 +1626,11 @@ def builds_ab(run, p: dict, builds: dict, name: str, rng, bitwise: bool, progres
                         continue            # one tile per 2 SMs: not a launch of record at nt <= 512
                     prm = dict(BN=bn, SCL=main_scl(qtype, bn), SK=sk)
                     vname = variant_name(bn, 4, prm["SCL"], sk)
-                    y.fill(np.nan)
-                    gemm(w, x16, out=y, **prm)
-                    g = gate(cp.asnumpy(y), raw, qtype, x, tokens=tok, w64=w64, w16=w16e)
                     same = {}
-                    for sfx, d in builds.items():
-                        for _ in range(2 if bitwise else 1):
+                    for _ in range(2 if bitwise else 1):   # bitwise: both builds launched twice, each pair compared
+                        y.fill(np.nan)
+                        gemm(w, x16, out=y, **prm)
+                        for sfx, d in builds.items():
                             y_b.fill(np.nan)
                             gemm(w, x16, out=y_b, defines=d, **prm)
                             if bitwise:
@@ -1639,6 +1638,7 @@ def builds_ab(run, p: dict, builds: dict, name: str, rng, bitwise: bool, progres
                                 if not same[sfx]:
                                     raise AssertionError(f"{vname}{sfx} differs from the plain build at {qtype} "
                                                          f"{od}x{id_} nt={nt}")
+                    g = gate(cp.asnumpy(y), raw, qtype, x, tokens=tok, w64=w64, w16=w16e)
                     if run is not None:
                         run.append(f"wgmma_{name}_gate", {"qtype": qtype, "od": od, "id": id_, "nt": nt,
                                                          "variant": vname, **{f"bitwise_vs{k}": v for k, v in same.items()},
@@ -1698,9 +1698,10 @@ def ceiling_table(ab_df):
     if t.empty:
         return t
     key = ["qtype", "od", "id", "nt", "launch", "base"]
-    w = t.pivot_table(index=key, columns="option", values=["speedup", "option_vs_cublas"], aggfunc="first")
+    w = t.pivot_table(index=key, columns="option", values=["speedup", "option_vs_cublas", "base_vs_cublas"],
+                      aggfunc="first")
     out = w.index.to_frame(index=False)
-    out["plain_vs_cublas"] = t.groupby(key, sort=True).base_vs_cublas.first().to_numpy()
+    out["plain_vs_cublas"] = w[("base_vs_cublas", "noload")].to_numpy()   # the base's: the same under both options
     out["noload_vs_cublas"] = w[("option_vs_cublas", "noload")].to_numpy()
     out["noconv_vs_cublas"] = w[("option_vs_cublas", "noconv")].to_numpy()
     # times relative to the plain launch's: 1 / speedup

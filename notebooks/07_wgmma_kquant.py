@@ -968,7 +968,7 @@ else:
                                      f"({report.source(pr2)})"))
 
 # %% [markdown]
-# **Measured: the prediction was wrong in sign.** SCL=2 is 0.80–0.86× SCL=0 at every point and scheduler (A/B run
+# **Measured: the prediction was wrong in sign.** SCL=2 is 0.80–0.91× SCL=0 at every point and scheduler (0.80–0.85× at nt=512; A/B run
 # 20261202T070827Z-2): q4_K 4096 × 4096 at nt=512 went from 527 to 437 TOPS-eq, not to 550–570. The loop has fewer
 # instructions, and the consumers wait longer: in Nsight Compute (run 20261202T075626Z, the same launch at nt=512)
 # long_scoreboard rises from 0.53 to 2.67 warps per issued instruction and the tensor pipe's active share falls
@@ -984,8 +984,9 @@ else:
 #
 # **Design.** A second ablation build, `LK_ABLATE_NOLOAD`: no weight loads in the loop. Every super-block converts
 # the segment's first super-block's registers again, made opaque to the compiler at each super-block so the
-# conversion is neither hoisted nor folded (the q4_K BN=128 loop goes from 520 to 470 instructions; its LOP3 and
-# HFMA2 count is unchanged; NOCONV's is 119). `gpu-check --steps wgmma_ceiling` (`wgmma.ceiling_ab`) times the plain
+# conversion is neither hoisted nor folded. In the SASS of the nvcc 13.0 build, counted over the whole loop body
+# from its head to its back branch (not the ninth step's per-super-block count), the q4_K BN=128 loop goes from 520
+# to 470 instructions with the same LOP3 and HFMA2 count; NOCONV's has 119. `gpu-check --steps wgmma_ceiling` (`wgmma.ceiling_ab`) times the plain
 # launches of record with both ablation builds, interleaved with cuBLAS, each plain launch parity-gated at its
 # point; the ablations are timing only (their Y means nothing). `loads_share` = (t_plain − t_noload) /
 # (t_plain − t_noconv): the loads' part of what the weights cost over the skeleton (TMA ring, wgmma, scheduler,
@@ -1026,7 +1027,7 @@ else:   # each run's ratios from its own interleaved timings; a later run adds l
 # * **What stands between nt=512 and the bar**, then: at 4096 × {4096, 11008, 14336}, the conversion (q4_K: 63–88%
 #   of the gap to the skeleton at BN=128) and, for q6_K, its loads as much; at 11008 × 4096, the skeleton too: the
 #   best one there (BN=128 stream-K) only ties cuBLAS.
-#   The 989 TFLOPS line is further still: the skeleton reaches 0.65–0.82 of it (645–808 TOPS-eq).
+#   The 989 TFLOPS line is further still: the best skeleton per shape reaches 0.65–0.82 of it (645–808 TOPS-eq).
 
 # %% [markdown]
 # ## Twelfth step: the weights staged in shared memory per thread (exploratory build, prediction first)
@@ -1060,9 +1061,10 @@ else:
 
 # %% [markdown]
 # **Measured: wrong again, in sign** (run 20261202T090329Z). The staged build is slower at every launch: q4_K
-# BN=128 0.64–0.75×, BN=256 0.89–0.96×; q6_K BN=128 0.78–0.86×, BN=256 0.89–1.00×. The copies and read-backs add
-# ~20 instructions per super-block, and the staging adds 24–34 KB of shared-memory traffic per super-block beside
-# the wgmmas' own reads of the activation tiles; which of the two costs more was not measured. Its sanitizer run
+# BN=128 0.64–0.75×, BN=256 0.89–0.96×; q6_K BN=128 0.78–0.86×, BN=256 0.89–1.00×. Its loop has about as many
+# instructions as the plain one (q4_K BN=128 520 → 510, q6_K BN=128 660 → 682, counted as in the eleventh step),
+# but each CTA writes and reads back 24 KB (q4_K) or 34 KB (q6_K) of shared memory per super-block beside the
+# wgmmas' own reads of the activation tiles; that this traffic is the cost was not measured. Its sanitizer run
 # (20261202T090327Z) was clean over the 51 cases it reached; then the EPI=4 build refused to launch, since the
 # staging's static 48 KB on top of its 193 KB exceeds the 227 KB per block (a clear `SharedMemoryError`). The
 # build is ruled out and has left the kernel (it stays in commit 82d821d; this page reads its recorded run). Hiding q6_K's loads needs them off the consumers' path (the producer warpgroup's TMA),
