@@ -394,7 +394,7 @@ class WgKernel:
         self.entry = names[spec.key]
         self.module = cp.RawModule(path=path)
         self.func = self.module.get_function(self.entry["mangled"])
-        self.smem = spec.dynamic_smem()
+        self.smem = spec.dynamic_smem() + wtma_ring_bytes(spec, self.defines)
         from .gpu import SharedMemoryError, device_props
 
         cap = device_props()["smem_optin"]
@@ -481,6 +481,40 @@ def kernel(family: str = "wgmma_kq", **params) -> WgKernel:
 def kernel_built(defines: tuple, family: str = "wgmma_kq", **params) -> WgKernel:
     """:func:`kernel` of an ablation / exploratory build (``defines``: sorted ``LK_ABLATE_*`` / ``LK_EXP_*`` names)."""
     return WgKernel(registry.find(family, **params), defines=defines)
+
+
+#: the exploratory build whose producer loads the weights by TMA into a shared-memory ring (kernel: LK_EXP_WTMA)
+WTMA = ("LK_EXP_WTMA",)
+WTMA_STAGES = 3                                      # LK_WTMA_STAGES: super-blocks in the weight ring
+WTMA_SLOT = {4: 128 * 144, 6: 128 * (128 + 64 + 16)}  # bytes of one slot: a super-block of 128 rows (LkWtma::BYTES)
+
+
+def wtma_ring_bytes(spec, defines) -> int:
+    """The weight ring's shared memory of a ``wgmma_kq`` build with ``LK_EXP_WTMA`` (behind the activation ring
+    and EPI=4's staging buffer), 0 for any other build."""
+    if spec.family != "wgmma_kq" or "LK_EXP_WTMA" not in defines:
+        return 0
+    return WTMA_STAGES * WTMA_SLOT[int(spec.p["QT"])]
+
+
+def wtma_maps(w) -> tuple[bytes, bytes, bytes]:
+    """The three weight tensor maps of an ``LK_EXP_WTMA`` launch (boxes of one super-block x 128 rows, rows past od
+    read as zeros): q4_K the repacked blocks [od, nsb*144 B] (no swizzle) and two unused slots; q6_K the planes L
+    [od, nsb*128 B] (128-byte swizzle), H [od, nsb*64 B] and SC [od, nsb*16 B] (no swizzle)."""
+    nsb = w.id // QK
+    ptr = int(w.packed.data.ptr)
+    if ptr % 16:
+        raise WgmmaError("the repacked weight must start 16-byte aligned for TMA")
+    if w.qtype == "q4_K":
+        return _weight_map(ptr, w.od, nsb * 144), NO_MAP, NO_MAP
+    nblk = w.od * nsb
+    return (_plane_map(ptr, w.od, nsb * 128, 128, "128B"), _plane_map(ptr + 128 * nblk, w.od, nsb * 64, 64, "NONE"),
+            _plane_map(ptr + 192 * nblk, w.od, nsb * 16, 16, "NONE"))
+
+
+@lru_cache(maxsize=4096)
+def _plane_map(ptr: int, od: int, nb: int, box: int, swizzle: str) -> bytes:
+    return _encode_2d("UINT8", ptr, nb, od, nb, box, 128, swizzle, f"q6_K plane {od} x {nb} B")
 
 
 def weight_tensor_map(rows) -> bytes:
@@ -954,7 +988,8 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
                  flags, np.int32(dp_tiles), np.int32(g))
     else:
         ymap = output_map(y, BN) if EPI == 2 else output_map(y, 128) if EPI == 4 else NO_MAP   # EPI=4: 128 a round
-        k.launch((ncta, 1), (tm, ymap), w.packed, y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws, flags,
+        maps = (tm, ymap, *wtma_maps(w)) if "LK_EXP_WTMA" in k.defines else (tm, ymap)
+        k.launch((ncta, 1), maps, w.packed, y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws, flags,
                  np.int32(dp_tiles), np.int32(g), cluster=2 if EPI == 3 else 1)
     return y
 
@@ -1687,6 +1722,22 @@ def ceiling_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]
     plain launch parity-gated at its point). Rows: ``wgmma_ceiling_ab``, ``wgmma_ceiling_gate``."""
     p = {**CEILING_AB, **(plan or {})}
     return builds_ab(run, p, CEILING_BUILDS, "ceiling", np.random.default_rng(seed or None), bitwise=False,
+                     progress=progress)
+
+
+#: the weights through a shared-memory ring by the producer's TMA (``gpu-check --steps wgmma_wtma``, exploratory
+#: build -DLK_EXP_WTMA): against the plain register loads at every launch of record, bitwise-checked
+WTMA_AB = {**CEILING_AB, "launches": [[128, 0], [128, 1], [256, 1], [256, 3], [256, 0]]}
+
+
+def wtma_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
+    """:func:`builds_ab` of the plain launches against the ``-DLK_EXP_WTMA`` build (the producer warpgroup loads
+    each super-block of the tile's 128 weight rows by TMA into a 3-slot ring; the consumers read their registers
+    from there), every launch's Y bitwise the plain build's. Rows: ``wgmma_wtma_ab`` (``<variant>_wtma``),
+    ``wgmma_wtma_gate``. The plan adds BN=128 on the stream-K grid (the skeleton that ties cuBLAS at 11008 x 4096,
+    run 20261202T091332Z) to the ceiling's launches; every one fits the ring's shared memory (EPI=0)."""
+    p = {**WTMA_AB, **(plan or {})}
+    return builds_ab(run, p, {"_wtma": WTMA}, "wtma", np.random.default_rng(seed or None), bitwise=True,
                      progress=progress)
 
 

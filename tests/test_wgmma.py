@@ -895,3 +895,41 @@ def test_ncu_label_names_type_tile_form_and_scheduler():
     assert wgmma.ncu_label("wgmma_kq[QT=6,BN=128,STAGES=4,BF16=0,SCL=1,EPI=0,AQ=4,PF=0]", 0, 512, ", ") == \
         "q6_K BN=128 AQ=4, data-par. nt=512"
     assert wgmma.ncu_label("wgmma_kqs[QT=4,BN=128,STAGES=4,BF16=0]", 1, 4096) == "q4_K BN=128 smem\nstream-K nt=4096"
+
+
+def test_weight_tma_build_is_its_own_cubin_and_its_ring_fits():
+    """-DLK_EXP_WTMA (exploratory: the weights through a shared-memory ring by the producer's TMA): its ring's bytes
+    are counted in the launch's shared memory for wgmma_kq builds with the define only; every launch its A/B plan
+    times fits the H200's opt-in limit with the ring; it compiles for every instantiation and its register-form
+    entries differ from the plain build's (the define only guards code)."""
+    import shutil
+    from pathlib import Path
+
+    from labkernels import audit, wgmma
+    from labkernels.kernels import registry
+
+    k4 = registry.find("wgmma_kq", QT=4, BN=128, STAGES=4, BF16=0, SCL=0, EPI=0, AQ=2, PF=0)
+    k6 = registry.find("wgmma_kq", QT=6, BN=256, STAGES=4, BF16=0, SCL=0, EPI=0, AQ=2, PF=0)
+    assert wgmma.wtma_ring_bytes(k4, ()) == wgmma.wtma_ring_bytes(k4, ("LK_EXP_OLDCONV",)) == 0
+    assert wgmma.wtma_ring_bytes(k4, wgmma.WTMA) == 3 * 128 * 144
+    assert wgmma.wtma_ring_bytes(k6, wgmma.WTMA) == 3 * 128 * 208
+    kqs = registry.find("wgmma_kqs", QT=4, BN=128, STAGES=4, BF16=0, NCV=1)
+    assert wgmma.wtma_ring_bytes(kqs, wgmma.WTMA) == 0
+    optin = 232448                                    # H200: smem_per_block_optin (recorded runs' provenance)
+    for qtype in wgmma.WTMA_AB["qtypes"]:
+        for bn, _sk in wgmma.WTMA_AB["launches"]:
+            k = registry.find("wgmma_kq", QT=4 if qtype == "q4_K" else 6, BN=bn, STAGES=4, BF16=0,
+                              SCL=wgmma.main_scl(qtype, bn), EPI=0, AQ=2, PF=0)
+            assert k.dynamic_smem() + wgmma.wtma_ring_bytes(k, wgmma.WTMA) + 1024 <= optin, (qtype, bn)
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    plain, n0 = wgmma._cubin("wgmma_kq.cu", ())
+    wt, n1 = wgmma._cubin("wgmma_kq.cu", wgmma.WTMA)
+    assert set(n0) == set(n1)
+    a = audit.elf_text_sections(Path(plain).read_bytes())
+    b = audit.elf_text_sections(Path(wt).read_bytes())
+    for key in (k4.key, k6.key):
+        assert n0[key]["mangled"] != n1[key]["mangled"]     # three more tensor-map parameters
+        assert a[n0[key]["mangled"]] != b[n1[key]["mangled"]]
+    kqs_name = n0[kqs.key]["mangled"]
+    assert a[kqs_name] == b[n1[kqs.key]["mangled"]]         # the shared-memory form does not take the define

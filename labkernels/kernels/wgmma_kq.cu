@@ -91,6 +91,40 @@ __device__ __forceinline__ void lk_tma_load_2d(void* dst, const LkTmap* tm, int 
         : "memory");
 }
 
+// ---- LK_EXP_WTMA (exploratory build; labkernels.wgmma.wtma_ab): the weights through shared memory by TMA. The
+// producer's thread also loads each super-block of the CTA's 128 weight rows -- q4_K: one [128 rows x 144 B] box of
+// the repacked blocks (no swizzle: a row's lanes read 16 + 32c, conflict-free at the 144-byte row pitch); q6_K: the
+// L plane as a [128 x 128 B] box (128-byte swizzle), H [128 x 64 B] and SC [128 x 16 B] (no swizzle; D, 2 bytes per
+// block, stays a global load) -- into a ring of LK_WTMA_STAGES slots with full/empty mbarriers, one super-block
+// ahead of the consumers' loads, which read their registers from there (ld.shared) instead of global memory. The
+// same bytes into the same registers: bitwise the plain build.
+#ifdef LK_EXP_WTMA
+#ifndef LK_WTMA_STAGES
+#define LK_WTMA_STAGES 3
+#endif
+#ifdef LK_ABLATE_NOLOAD
+#error "LK_EXP_WTMA loads every super-block through its ring: no LK_ABLATE_NOLOAD build of it"
+#endif
+template <int QT>
+struct LkWtma {
+    static constexpr u32 BYTES = QT == 4 ? 128u * 144u : 128u * (128u + 64u + 16u);   // one slot: a super-block
+};
+__device__ __forceinline__ uint4 lk_lds128(u32 addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr)
+                 : "memory");
+    return v;
+}
+#define LK_WTMA_PARAMS \
+    const __grid_constant__ LkTmap tmw0, const __grid_constant__ LkTmap tmw1, const __grid_constant__ LkTmap tmw2,
+#define LK_WTMA_ARGS tmw0, tmw1, tmw2,
+#define LK_WTMA_BODY_PARAMS const LkTmap &tmw0, const LkTmap &tmw1, const LkTmap &tmw2,
+#else
+#define LK_WTMA_PARAMS
+#define LK_WTMA_ARGS
+#define LK_WTMA_BODY_PARAMS
+#endif
+
 // ---- wgmma plumbing ----
 __device__ __forceinline__ void lk_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void lk_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -451,6 +485,30 @@ struct KQ<4, BF16, SCL> {
             R.pl1[1] = __ldg(b + 1);
         }
     }
+#ifdef LK_EXP_WTMA
+    // the super-block's bytes of rows lr0 and lr0 + 8 of the tile from the ring slot at ``slot`` (LK_EXP_WTMA)
+    __device__ __forceinline__ void load_s(Rows& R, u32 slot, int lr0, int sb, int, int) const {
+        const u32 b0 = slot + (u32)lr0 * 144u, b1 = b0 + 8u * 144u;
+        R.r0.hdr = lk_lds128(b0);
+        R.r0.qa = lk_lds128(b0 + 16u + 32u * (u32)c);
+        R.r0.qb = lk_lds128(b0 + 32u + 32u * (u32)c);
+        R.r1.hdr = lk_lds128(b1);
+        R.r1.qa = lk_lds128(b1 + 16u + 32u * (u32)c);
+        R.r1.qb = lk_lds128(b1 + 32u + 32u * (u32)c);
+        if constexpr (SCL == 2) {
+            const uint4* a = (const uint4*)(q0 + (size_t)sb * 32);
+            const uint4* b = (const uint4*)(q1 + (size_t)sb * 32);
+            R.pl0[0] = __ldg(a);
+            R.pl0[1] = __ldg(a + 1);
+            R.pl1[0] = __ldg(b);
+            R.pl1[1] = __ldg(b + 1);
+        }
+    }
+    __device__ __forceinline__ static void tma(u8* dst, const LkTmap* m0, const LkTmap*, const LkTmap*, int sb, int row,
+                                               u64* bar) {
+        lk_tma_load_2d(dst, m0, sb * 144, row, bar);
+    }
+#endif
     __device__ __forceinline__ void prefetch(int sb, int, int) const {   // the lines of both rows' 144-byte blocks
         const int off = c == 3 ? 143 : 48 * c;   // lanes 0..3: bytes 0, 48, 96, 143 -- every line a block touches
         lk_prefetch_l2(p0 + (size_t)sb * 144 + off);
@@ -507,6 +565,31 @@ struct KQ<6, BF16, SCL> {
         q6_load(R.r0, L, H, SC, D, (size_t)(b0 + sb), c);
         q6_load(R.r1, L, H, SC, D, (size_t)(b1 + sb), c);
     }
+#ifdef LK_EXP_WTMA
+    // rows lr0 and lr0 + 8 of the tile from the ring slot (L: 128-byte swizzled, 16-byte chunk i at i ^ (row % 8);
+    // H; SC), D from global memory as the plain build
+    __device__ __forceinline__ void load_s(Rows& R, u32 slot, int lr0, int sb, int od, int nsb) const {
+        const u32 nblk = (u32)od * (u32)nsb;
+        const u8* D = W + (size_t)nblk * 208;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            Q6Raw& r = i ? R.r1 : R.r0;
+            const u32 lr = (u32)lr0 + 8u * (u32)i, sw = lr & 7u;
+            const u32 L = slot + lr * 128u;
+            r.la = lk_lds128(L + (((2u * (u32)c) ^ sw) << 4));
+            r.lb = lk_lds128(L + (((2u * (u32)c + 1u) ^ sw) << 4));
+            r.h = lk_lds128(slot + 16384u + lr * 64u + 16u * (u32)c);
+            r.sc = lk_lds128(slot + 24576u + lr * 16u);
+            r.d = __ldg((const u16*)(D + (size_t)((i ? b1 : b0) + sb) * 2));
+        }
+    }
+    __device__ __forceinline__ static void tma(u8* dst, const LkTmap* mL, const LkTmap* mH, const LkTmap* mS, int sb,
+                                               int row, u64* bar) {
+        lk_tma_load_2d(dst, mL, sb * 128, row, bar);
+        lk_tma_load_2d(dst + 16384, mH, sb * 64, row, bar);
+        lk_tma_load_2d(dst + 24576, mS, sb * 16, row, bar);
+    }
+#endif
     __device__ __forceinline__ void prefetch(int sb, int od, int nsb) const {   // each plane's bytes of both rows:
         const u32 nblk = (u32)od * (u32)nsb;                                       // lane c the one of its four
         const size_t blk = (size_t)((c & 2 ? b1 : b0) + sb);                       // (c = 0, 1: row 0; 2, 3: row 1)
@@ -949,7 +1032,7 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
 
 // ---------------------------------------------------------------------------------------------- the kernel
 template <int QT, int BN, int STAGES, int BF16, int SCL, int EPI, int AQ, int PF>
-__device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tmy, const u8* __restrict__ W,
+__device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tmy, LK_WTMA_BODY_PARAMS const u8* __restrict__ W,
                                               float* __restrict__ Y, int nt, int od, int id, float* __restrict__ ws,
                                               u32* __restrict__ flags, int dp_tiles, int split_g) {
     static_assert(EPI == 0 || STAGES * BN * 128 >= BN * 512, "the EPI forms stage a BN x 128 f32 tile in the ring");
@@ -962,6 +1045,10 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
     __shared__ __align__(8) u64 full_bar[STAGES];
     __shared__ __align__(8) u64 empty_bar[STAGES];
     __shared__ __align__(8) u64 fold_bar[3];       // EPI 1, 2: [0] the bulk fold's copies; EPI 3: [1], [2] the pair's
+#ifdef LK_EXP_WTMA
+    __shared__ __align__(8) u64 wfull_bar[LK_WTMA_STAGES];    // the weight ring (LK_EXP_WTMA): a super-block landed
+    __shared__ __align__(8) u64 wempty_bar[LK_WTMA_STAGES];   // ... and every consumer warp has converted it
+#endif
     __shared__ LkSeg sk_seg[LK_SK_MAXSEG];
     __shared__ signed char sk_role[LK_SK_MAXSEG];   // LK_EXP_SPLITFIN: each stream-K segment's part (lk_sk_roles)
     __shared__ int sk_n;
@@ -971,6 +1058,10 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
     const int nsb = id >> 8;
     const int mtiles = (od + LK_WG_M - 1) / LK_WG_M, tiles = mtiles * ((nt + BN - 1) / BN);
     const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+#ifdef LK_EXP_WTMA
+    static_assert(LK_WG_M == 128, "the weight boxes are 128 rows");
+    u8* sW = sB + STAGES * STAGE_BYTES + (EPI == 4 ? 65536 : 0);   // 1024-aligned (the swizzled L box wants it)
+#endif
     if (threadIdx.x == 0) {
 #pragma unroll
         for (int s = 0; s < STAGES; s++) {
@@ -980,6 +1071,13 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
         lk_mbar_init(&fold_bar[0], 1);        // the first consumer thread, with the copies' byte count
         lk_mbar_init(&fold_bar[1], 1);        // EPI=3: the peer's first consumer thread (its ring is free)
         lk_mbar_init(&fold_bar[2], 128);      // EPI=3: the peer's 128 sending threads
+#ifdef LK_EXP_WTMA
+#pragma unroll
+        for (int s = 0; s < LK_WTMA_STAGES; s++) {
+            lk_mbar_init(&wfull_bar[s], 1);
+            lk_mbar_init(&wempty_bar[s], 8);
+        }
+#endif
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         sk_n = lk_sk_segments(sk_seg, nsb, tiles, dp_tiles, split_g);
 #ifdef LK_EXP_SPLITFIN
@@ -1001,9 +1099,27 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
             asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tm) : "memory");
             if (EPI == 2 || EPI == 4) asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tmy) : "memory");
             u32 q = 0;   // chunks issued so far: ring slot q % STAGES, its use number q / STAGES
+#ifdef LK_EXP_WTMA
+            u32 wq = 0;   // weight super-blocks issued so far: slot wq % LK_WTMA_STAGES
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tmw0) : "memory");
+            auto wload = [&](int sb, int row) {
+                const u32 s = wq % LK_WTMA_STAGES;
+                if (wq >= LK_WTMA_STAGES) lk_mbar_wait(&wempty_bar[s], ((wq / LK_WTMA_STAGES) - 1) & 1);
+                lk_mbar_expect_tx(&wfull_bar[s], LkWtma<QT>::BYTES);
+                KQ<QT, BF16, SCL>::tma(sW + s * LkWtma<QT>::BYTES, &tmw0, &tmw1, &tmw2, sb, row, &wfull_bar[s]);
+                wq++;
+            };
+#endif
             for (int si = 0; lk_segment(si, nsb, dp_tiles, sk_seg, nsk, seg); si++) {
                 const int n0 = (seg.tile / mtiles) * BN;
+#ifdef LK_EXP_WTMA
+                const int wm0 = (seg.tile % mtiles) * LK_WG_M;
+                wload(seg.klo, wm0);   // the segment's first super-block, then each next one ahead of its chunks
+#endif
                 for (int kt = 4 * seg.klo; kt < 4 * seg.khi; kt++, q++) {
+#ifdef LK_EXP_WTMA
+                    if ((kt & 3) == 0 && (kt >> 2) + 1 < seg.khi) wload((kt >> 2) + 1, wm0);
+#endif
                     const int s = q % STAGES;
                     if (q >= STAGES) lk_mbar_wait(&empty_bar[s], ((q / STAGES) - 1) & 1);
                     lk_mbar_expect_tx(&full_bar[s], STAGE_BYTES);
@@ -1041,7 +1157,18 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
         LK_TRACE(3 + 3 * si);
         KQ<QT, BF16, SCL> T(W, od, nsb, rr0, rr1, c);
         typename KQ<QT, BF16, SCL>::Rows cur, nxt;
+#ifdef LK_EXP_WTMA
+        // super-block n of the CTA's sequence (q / 4: the chunks so far) from its ring slot, once it has landed
+        const int lr0 = (wg - 1) * 64 + warp * 16 + g;
+        auto wget = [&](typename KQ<QT, BF16, SCL>::Rows& R, int sb, u32 n) {
+            const u32 s = n % LK_WTMA_STAGES;
+            lk_mbar_wait(&wfull_bar[s], (n / LK_WTMA_STAGES) & 1);
+            T.load_s(R, lk_smem_u32(sW) + s * LkWtma<QT>::BYTES, lr0, sb, od, nsb);
+        };
+        wget(cur, seg.klo, q >> 2);
+#else
         T.load(cur, seg.klo, od, nsb);
+#endif
         if constexpr (AQ == 4) {
             T.prep(cur);
             T.chunk(cur, 0, a[0]);
@@ -1057,13 +1184,21 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
                 const int sn = j % AQ;                 // this chunk's set (compile-time after unrolling)
                 if (LK_LOADS && PF > 0 && j == 0 && sb + PF < seg.khi) T.prefetch(sb + PF, od, nsb);   // L2, PF ahead
                 if constexpr (AQ == 2) {
+#ifdef LK_EXP_WTMA
+                    if (j == T.LOAD_AT && sb + 1 < seg.khi) wget(nxt, sb + 1, (q >> 2) + 1);
+#else
                     if (LK_LOADS && j == T.LOAD_AT && sb + 1 < seg.khi) T.load(nxt, sb + 1, od, nsb);
+#endif
 #ifndef LK_ABLATE_NOCONV   // ablation: the loop converts nothing (A keeps its first chunk: timing only)
                     T.chunk(cur, j, a[sn]);
 #endif
                     lk_keep(a[sn]);   // all 16 fragments of the chunk exist (in 16 registers) before its first wgmma
                 } else {
+#ifdef LK_EXP_WTMA
+                    if (j == 0 && sb + 1 < seg.khi) wget(nxt, sb + 1, (q >> 2) + 1);
+#else
                     if (LK_LOADS && j == 0 && sb + 1 < seg.khi) T.load(nxt, sb + 1, od, nsb);   // 3 chunks ahead
+#endif
                 }
                 lk_mbar_wait(&full_bar[st], (q / STAGES) & 1);
 #ifdef LK_EXP_TRACE
@@ -1110,6 +1245,10 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
                 // chunk q-1 (possibly the previous segment's last) has retired: its ring slot is free
                 if (q > 0 && lane == 0) lk_mbar_arrive(&empty_bar[(q - 1) % STAGES]);
             }
+#ifdef LK_EXP_WTMA
+            // super-block sb is converted (its registers used by all four chunks): its slot is free (q / 4 - 1)
+            if (lane == 0) lk_mbar_arrive(&wempty_bar[((q >> 2) - 1) % LK_WTMA_STAGES]);
+#endif
             if constexpr (LK_LOADS) cur = nxt;
             else lk_opaque(cur);   // NOLOAD: the same bytes again, unknown to the compiler
         }
@@ -1136,12 +1275,13 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
 // tmy: the Y tensor map (EPI=2, 4; other forms receive zeros and never read it); split_g: SK=3's G, else 0
 template <int QT, int BN, int STAGES, int BF16, int SCL, int EPI, int AQ, int PF>
 __global__ void __launch_bounds__(LK_WG_THREADS, 1)
-    wgmma_kq_kernel(const __grid_constant__ LkTmap tm, const __grid_constant__ LkTmap tmy, const u8* __restrict__ W,
+    wgmma_kq_kernel(const __grid_constant__ LkTmap tm, const __grid_constant__ LkTmap tmy, LK_WTMA_PARAMS const u8* __restrict__ W,
                     float* __restrict__ Y, int nt, int od, int id, float* __restrict__ ws, u32* __restrict__ flags,
                     int dp_tiles, int split_g) {
     LK_PDL_ENTRY();
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    wgmma_kq_body<QT, BN, STAGES, BF16, SCL, EPI, AQ, PF>(tm, tmy, W, Y, nt, od, id, ws, flags, dp_tiles, split_g);
+    wgmma_kq_body<QT, BN, STAGES, BF16, SCL, EPI, AQ, PF>(tm, tmy, LK_WTMA_ARGS W, Y, nt, od, id, ws, flags, dp_tiles,
+                                                          split_g);
 #else
     __trap();  // wgmma / setmaxnreg exist on sm_90a only: the launcher refuses other devices first
 #endif

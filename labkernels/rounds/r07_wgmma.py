@@ -33,6 +33,7 @@ def measure(run, progress=print, **plan) -> None:
 WGMMA_DRIVER = r"""
 import sys, numpy as np, cupy as cp
 from labkernels import quants, wgmma
+from labkernels.gpu import SharedMemoryError
 from labkernels.kernels import registry
 mode = sys.argv[1]
 rng = np.random.default_rng(3)
@@ -73,7 +74,13 @@ for k, nt, od, id_, sk in cases:
         w.gguf = cp.asarray(raw)
     x = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float16))
     y = cp.empty((nt, od), cp.float32)
-    wgmma.gemm(w, x, out=y, SK=sk, FORM=form, **{n: v for n, v in k.params if n not in ("QT", "NCV")})
+    try:
+        wgmma.gemm(w, x, out=y, SK=sk, FORM=form, **{n: v for n, v in k.params if n not in ("QT", "NCV")})
+    except SharedMemoryError as e:   # an exploratory build's extra shared memory (LK_EXP_WTMA's weight ring) may
+        if not wgmma.build_defines():   # not fit beside a variant's own: that case is left out, said; the plain
+            raise                       # build has no such case
+        print("skipped", k.key, "SK=%d" % sk, nt, od, id_, "--", e, flush=True)
+        continue
     cp.cuda.runtime.deviceSynchronize()
     print("case", k.key, "SK=%d" % sk, nt, od, id_, flush=True)
 """
@@ -200,10 +207,11 @@ def step_wgmma_sanitizer(out: Path, args) -> dict:
         (out / f"wgmma-sanitizer-{tool}.txt").write_text(text)
         summary = [ln for ln in text.splitlines() if "SUMMARY" in ln]
         res[tool] = {"rc": rc, "summary": summary[-1] if summary else text.strip().splitlines()[-1:],
-                     "cases": sum(1 for ln in text.splitlines() if ln.startswith("case "))}
+                     "cases": sum(1 for ln in text.splitlines() if ln.startswith("case ")),
+                     "skipped": sum(1 for ln in text.splitlines() if ln.startswith("skipped "))}
         ok = ok and rc == 0
         rows.append({"tool": tool, "rc": rc, "summary": str(res[tool]["summary"]), "cases": res[tool]["cases"],
-                     "clean": rc == 0})
+                     "skipped": res[tool]["skipped"], "clean": rc == 0})
         args.log(f"wgmma compute-sanitizer {tool}: rc={rc} {res[tool]['summary']} ({res[tool]['cases']} cases)")
     # an exploratory build's run (LABKERNELS_WG_DEFINES) names its defines: the page reads the plain build's
     with records.recording(DATA[0], {"what": "sanitizer", "tools": [r["tool"] for r in rows],
@@ -337,6 +345,13 @@ def step_wgmma_plane(out: Path, args) -> dict:
     return _record_ab(out, args, "plane_ab", wgmma.PLANE_AB, wgmma.plane_ab)
 
 
+def step_wgmma_wtma(out: Path, args) -> dict:
+    """Round 7, exploratory: the weights through a shared-memory ring by the producer's TMA (-DLK_EXP_WTMA) against
+    the plain register loads, bitwise- and parity-gated per launch, interleaved with cuBLAS at nt 512 and 4096
+    (labkernels.wgmma.wtma_ab), recorded."""
+    return _record_ab(out, args, "wtma_ab", {**wgmma.WTMA_AB, "defines": list(wgmma.WTMA)}, wgmma.wtma_ab)
+
+
 def step_wgmma_ceiling(out: Path, args) -> dict:
     """Round 7: the plain launches against their no-load and no-conversion ablation builds (timing only), each plain
     launch parity-gated, interleaved with cuBLAS at nt 512 and 4096 (labkernels.wgmma.ceiling_ab), recorded."""
@@ -349,4 +364,4 @@ STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_nc
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
          "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
          "wgmma_staged": step_wgmma_staged, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane,
-         "wgmma_ceiling": step_wgmma_ceiling, "prefill_r7": step_prefill_r7}
+         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}

@@ -128,14 +128,17 @@ def test_scale_plane_refuses_what_it_was_not_built_for(cp, rng):
 MAIN_LOOP_VARIANTS = [k for k in VARIANTS if k.p["EPI"] == 0]
 
 
+@pytest.mark.parametrize("build", ["LK_EXP_OLDCONV", "LK_EXP_WTMA"])
 @pytest.mark.parametrize("sk", [0, 1], ids=["dp", "sk"])
 @pytest.mark.parametrize("spec", MAIN_LOOP_VARIANTS, ids=[k.key for k in MAIN_LOOP_VARIANTS])
-@pytest.mark.parametrize("nt,od,id_", [(77, 200, 512), (300, 256, 2048)])
-def test_16bit_scale_path_is_bitwise_the_previous_conversion(cp, rng, spec, nt, od, id_, sk):
-    """The register form's conversion since the 16-bit scale path (f16 scale pairs by byte permutes and one f16x2
-    multiply, high nibbles in place, one descriptor per chunk) against the build of the conversion before it
-    (-DLK_EXP_OLDCONV): the same Y bit for bit at every main-loop variant (bf16 and SCL=1 included, which keep the
-    fp32 scale path), both schedulers, tails in nt and od, and scales of both signs and a wide range."""
+@pytest.mark.parametrize("nt,od,id_", [(77, 200, 512), (300, 256, 2048), (64, 77, 768)])
+def test_exploratory_builds_are_bitwise_the_plain_one(cp, rng, spec, nt, od, id_, sk, build):
+    """The A/B builds against the plain one: the same Y bit for bit at every main-loop variant (bf16, SCL=1/2, AQ=4,
+    PF included), both schedulers, tails in nt and od (77 rows: a weight box mostly past od, read as zeros; 3
+    super-blocks: an odd count through the 3-slot ring), and scales of both signs and a wide range.
+    LK_EXP_OLDCONV: the conversion before the 16-bit scale path (f16 scale pairs by byte permutes and one f16x2
+    multiply, high nibbles in place, one descriptor per chunk); LK_EXP_WTMA: the weights through a shared-memory
+    ring by the producer's TMA."""
     from labkernels import wgmma
 
     from labkernels import quants
@@ -147,7 +150,7 @@ def test_16bit_scale_path_is_bitwise_the_previous_conversion(cp, rng, spec, nt, 
     params = dict(BN=spec.p["BN"], STAGES=spec.p["STAGES"], BF16=spec.p["BF16"], SCL=spec.p["SCL"], SK=sk,
                   AQ=spec.p["AQ"], PF=spec.p["PF"])
     y_new, _ = _run(cp, raw, qtype, x, **params)
-    y_old, _ = _run(cp, raw, qtype, x, defines=wgmma.OLDCONV, **params)
+    y_old, _ = _run(cp, raw, qtype, x, defines=(build,), **params)
     assert np.isfinite(y_new).all()
     assert np.array_equal(y_new.view(np.uint32), y_old.view(np.uint32)), (
         spec.key, int((y_new.view(np.uint32) != y_old.view(np.uint32)).sum()))
