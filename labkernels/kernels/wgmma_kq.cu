@@ -92,11 +92,12 @@ __device__ __forceinline__ void lk_tma_load_2d(void* dst, const LkTmap* tm, int 
 }
 
 // ---- LK_EXP_WTMA (exploratory build; labkernels.wgmma.wtma_ab): the weights through shared memory by TMA. The
-// producer's thread also loads each super-block of the CTA's 128 weight rows -- q4_K: one [128 rows x 144 B] box of
+// producer warpgroup's second thread (lane 0 of its warp 1; thread 0 issues the activations) loads each super-block
+// of the CTA's 128 weight rows -- q4_K: one [128 rows x 144 B] box of
 // the repacked blocks (no swizzle: a row's lanes read 16 + 32c, conflict-free at the 144-byte row pitch); q6_K: the
 // L plane as a [128 x 128 B] box (128-byte swizzle), H [128 x 64 B] and SC [128 x 16 B] (no swizzle; D, 2 bytes per
-// block, stays a global load) -- into a ring of LK_WTMA_STAGES slots with full/empty mbarriers, one super-block
-// ahead of the consumers' loads, which read their registers from there (ld.shared) instead of global memory. The
+// block, stays a global load) -- into a ring of LK_WTMA_STAGES slots with full/empty mbarriers, as far ahead of the
+// consumers' loads as the free slots allow; they read their registers from there (ld.shared), not from global. The
 // same bytes into the same registers: bitwise the plain build.
 #ifdef LK_EXP_WTMA
 #ifndef LK_WTMA_STAGES
@@ -1099,27 +1100,9 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
             asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tm) : "memory");
             if (EPI == 2 || EPI == 4) asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tmy) : "memory");
             u32 q = 0;   // chunks issued so far: ring slot q % STAGES, its use number q / STAGES
-#ifdef LK_EXP_WTMA
-            u32 wq = 0;   // weight super-blocks issued so far: slot wq % LK_WTMA_STAGES
-            asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tmw0) : "memory");
-            auto wload = [&](int sb, int row) {
-                const u32 s = wq % LK_WTMA_STAGES;
-                if (wq >= LK_WTMA_STAGES) lk_mbar_wait(&wempty_bar[s], ((wq / LK_WTMA_STAGES) - 1) & 1);
-                lk_mbar_expect_tx(&wfull_bar[s], LkWtma<QT>::BYTES);
-                KQ<QT, BF16, SCL>::tma(sW + s * LkWtma<QT>::BYTES, &tmw0, &tmw1, &tmw2, sb, row, &wfull_bar[s]);
-                wq++;
-            };
-#endif
             for (int si = 0; lk_segment(si, nsb, dp_tiles, sk_seg, nsk, seg); si++) {
                 const int n0 = (seg.tile / mtiles) * BN;
-#ifdef LK_EXP_WTMA
-                const int wm0 = (seg.tile % mtiles) * LK_WG_M;
-                wload(seg.klo, wm0);   // the segment's first super-block, then each next one ahead of its chunks
-#endif
                 for (int kt = 4 * seg.klo; kt < 4 * seg.khi; kt++, q++) {
-#ifdef LK_EXP_WTMA
-                    if ((kt & 3) == 0 && (kt >> 2) + 1 < seg.khi) wload((kt >> 2) + 1, wm0);
-#endif
                     const int s = q % STAGES;
                     if (q >= STAGES) lk_mbar_wait(&empty_bar[s], ((q / STAGES) - 1) & 1);
                     lk_mbar_expect_tx(&full_bar[s], STAGE_BYTES);
@@ -1127,6 +1110,23 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
                 }
             }
         }
+#ifdef LK_EXP_WTMA
+        // the weights' own thread (warp 1 of the producer warpgroup): every super-block of every segment in the
+        // consumers' order, as far ahead as the ring's free slots allow -- not held back by the activation ring
+        if (tid == 32) {
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tmw0) : "memory");
+            u32 wq = 0;   // weight super-blocks issued so far: slot wq % LK_WTMA_STAGES
+            for (int si = 0; lk_segment(si, nsb, dp_tiles, sk_seg, nsk, seg); si++) {
+                const int wm0 = (seg.tile % mtiles) * LK_WG_M;
+                for (int sb = seg.klo; sb < seg.khi; sb++, wq++) {
+                    const u32 s = wq % LK_WTMA_STAGES;
+                    if (wq >= LK_WTMA_STAGES) lk_mbar_wait(&wempty_bar[s], ((wq / LK_WTMA_STAGES) - 1) & 1);
+                    lk_mbar_expect_tx(&wfull_bar[s], LkWtma<QT>::BYTES);
+                    KQ<QT, BF16, SCL>::tma(sW + s * LkWtma<QT>::BYTES, &tmw0, &tmw1, &tmw2, sb, wm0, &wfull_bar[s]);
+                }
+            }
+        }
+#endif
         return;
     }
     // ------------------------------------------------------------------ consumer warpgroups
