@@ -261,8 +261,9 @@ def step_wgmma_ncu(out: Path, args) -> dict:
         table.append({"case": i, "kernel": key, "sk": int(sk[3:]), "nt": int(nt), "od": int(od), "id": int(id_),
                       "section": x.get("Section Name"), "metric": x.get("Metric Name"), "unit": x.get("Metric Unit"),
                       "value": x.get("Metric Value")})
-    with records.recording(DATA[0], {"what": "ncu", "sections": NCU_SECTIONS, "metrics": metrics, "cases": cases},
-                           root=out / "data") as run:
+    # an exploratory build's counters (LABKERNELS_WG_DEFINES) name its defines: the page's main table reads the plain
+    with records.recording(DATA[0], {"what": "ncu", "sections": NCU_SECTIONS, "metrics": metrics, "cases": cases,
+                                     "defines": list(wgmma.build_defines())}, root=out / "data") as run:
         run.append("sections", table)
     args.log(f"ncu: {len(ids)} kernels x {len(NCU_SECTIONS)} sections recorded (run {run.run_id})")
     return {"ok": True, "run": run.run_id}
