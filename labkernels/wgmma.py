@@ -2074,6 +2074,18 @@ def suffix_ab(ab_df, suffixes=("_a4", "_p1", "_p2")):
     return pd.DataFrame(rows)
 
 
+def build_ab_view(run, name: str):
+    """A recorded bitwise build A/B (:func:`builds_ab`'s ``wgmma_<name>_ab`` and ``wgmma_<name>_gate`` tables, the
+    build's variants named ``<variant>_<name>``) as the page shows it: the per-launch speedups (:func:`suffix_ab`:
+    plain time / build time, each one's ratio to cuBLAS) and one line on its gates -- how many launches, whether
+    every one was bitwise the plain build and passed its parity gate."""
+    t = suffix_ab(run.table(f"wgmma_{name}_ab"), suffixes=(f"_{name}",))
+    g = run.table(f"wgmma_{name}_gate")
+    line = (f"run {run.run_id}: {len(g)} launches gated at their points, bitwise the plain build: "
+            f"{bool(g[f'bitwise_vs_{name}'].all())}, parity gates passed: {bool(g.ok.all())}")
+    return t, line
+
+
 #: the stall reasons the ncu step records (raw metrics, warps stalled per issued instruction)
 _STALL = "smsp__average_warps_issue_stalled_"
 

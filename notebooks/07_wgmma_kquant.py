@@ -1050,14 +1050,12 @@ ws = records.latest("wgmma", where=lambda r: r.has("wgmma_wstage_ab"))
 if ws is None:
     print("no recorded run of the staging A/B (gpu-check --steps wgmma_wstage)")
 else:
-    wt = wgmma.suffix_ab(ws.table("wgmma_wstage_ab"), suffixes=("_wstage",))
+    wt, line = wgmma.build_ab_view(ws, "wstage")
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
     plotting.launch_speedups(ax, wt, "speedup", f"weights staged per thread in shared memory (cp.async) against the "
                              f"register loads, same launch ({report.source(ws)})", "speedup (plain time / staged time)")
     plt.show()
-    g = ws.table("wgmma_wstage_gate")
-    print(f"run {ws.run_id}: {len(g)} launches gated, bitwise the plain build: {bool(g.bitwise_vs_wstage.all())}, "
-          f"parity gates passed: {bool(g.ok.all())}")
+    print(line)
 
 # %% [markdown]
 # **Measured: wrong again, in sign** (run 20261202T090329Z). The staged build is slower at every launch: q4_K
@@ -1069,6 +1067,70 @@ else:
 # staging's static 48 KB on top of its 193 KB exceeds the 227 KB per block (a clear `SharedMemoryError`). The
 # build is ruled out and has left the kernel (it stays in commit 82d821d; this page reads its recorded run). Hiding q6_K's loads needs them off the consumers' path (the producer warpgroup's TMA),
 # not the consumers' own copies.
+
+# %% [markdown]
+# ## Thirteenth step: the weights through shared memory by the producer's TMA (exploratory build, prediction first)
+#
+# **Why.** The eleventh step gives q6_K's loads about half of its weights' cost at nt=512; the twelfth step's
+# per-thread copies put more work on the consumers and lost. Here the consumers issue no global load for the weights
+# at all: the producer warpgroup, idle but for its one TMA thread, loads them.
+#
+# **Design** (`-DLK_EXP_WTMA`, every register-form variant): a ring of 3 shared-memory slots, each one super-block
+# of the CTA's 128 weight rows, with full/empty mbarriers. q4_K: one TMA box [128 rows × 144 B] of the repacked
+# blocks (no swizzle: at the 144-byte row pitch a row's four lanes read conflict-free); q6_K: the L plane as a
+# [128 × 128 B] box with the 128-byte swizzle, H [128 × 64 B] and the scales [128 × 16 B] (the 2-byte D stays a
+# global load). The consumers read the same bytes into the same registers with `ld.shared` where they loaded them
+# from global memory before (`LOAD_AT` unchanged), and free a slot once its super-block is converted. Rows past
+# `od` arrive as zeros (converted, never stored). Shared memory grows by 54 KB (q4_K) or 78 KB (q6_K); every launch
+# of the A/B fits. Bitwise the plain build by construction, and checked so at every main-loop variant with tails
+# (GPU test, 150 passed) and at every timed launch. The plain build's machine code is unchanged (whole cubin
+# compared).
+#
+# **Prediction** (commit dde549e, from the eleventh step's no-load builds): q6_K BN=128 +15–25% at nt=512, q6_K
+# BN=256 +5–12%, q4_K BN=128 +2–6%; q6_K still under 1.0× cuBLAS at nt=512 (its no-load builds reach 0.83–0.93×).
+
+# %%
+wts = sorted((r for r in records.list_runs("wgmma") if r.has("wgmma_wtma_ab")), key=lambda r: r.run_id)
+if not wts:
+    print("no recorded run of the weight-TMA A/B (gpu-check --steps wgmma_wtma)")
+else:
+    label = {"dde549e72c": "first build: one producer thread issues both rings",
+             "50a336b17d": "the weights' own producer thread"}
+    fig, axes = plt.subplots(1, len(wts), figsize=(6.2 * len(wts), 3.9), sharey=True, squeeze=False)
+    views = []
+    for ax, r in zip(axes[0], wts):
+        t, line = wgmma.build_ab_view(r, "wtma")
+        commit = r.meta["provenance"]["git_commit"]
+        views.append(t.assign(build=label.get(commit, commit)))
+        plotting.launch_speedups(ax, t, "speedup", f"{label.get(commit, commit)}\n({report.source(r)})",
+                                 "speedup (plain time / TMA-ring time)")
+        print(line)
+    plt.show()
+    last = views[-1]
+    display(report.table(last[last.nt == 512].drop(columns=["nt", "option", "build"]),
+                         caption=f"nt=512, the weights' own producer thread: plain / TMA-ring time (> 1: faster) and "
+                                 f"each build's ratio to cuBLAS fp16 (cached), per launch ({report.source(wts[-1])})"))
+
+# %% [markdown]
+# **Measured: right in sign for q6_K, wrong in size, and no gain for q4_K** (every launch bitwise the plain build
+# and parity-gated at its point):
+#
+# * **First build** (run 20261202T151044Z, commit dde549e): the activation thread also issued the weight boxes, so
+#   a box waited behind the activation ring (4 chunks deep) and landed about 3 chunks before q4_K asks for it
+#   (`LOAD_AT=0`), later than the plain build's own loads. q4_K BN=128 0.84–0.91×, q6_K BN=128 0.98–1.07×.
+# * **The weights' own producer thread** (run 20261202T151606Z, commit 50a336b; lane 0 of the producer's second
+#   warp, as far ahead as the 3 slots allow): q6_K BN=128 1.05–1.08× at nt=512 data-parallel and 1.07–1.09×
+#   stream-K (1.01–1.11× over both nts); q6_K BN=256 0.99–1.04×; q4_K 0.95–1.02× (BN=128 at nt=512: 0.95–0.99×).
+#   The prediction for q6_K BN=128 (+15–25%) was too high by half or more: at nt=512 the ring recovers a fifth to a
+#   third (17–35%, on a log scale) of the no-load builds' 1.20–1.35× at BN=128 (ceiling runs 20261202T075528Z and
+#   091332Z, the same launches), and little of their 1.09–1.16× at BN=256. The loop itself grew (q6_K BN=128: 660 → 683 instructions:
+#   the swizzled addresses, the two barrier operations; q4_K 520 → 527), and the no-load build also freed the
+#   registers of the next super-block, which this build still holds.
+# * **Against the bar:** the best launch per point at nt=512 with the ring is 0.81–0.95× cuBLAS for q4_K (the plain
+#   build's 0.83–0.95× in the same run) and 0.75–0.89× for q6_K (plain 0.74–0.86×). q6_K's best launches are the
+#   BN=256 split grids, where the ring gains least.
+# * **Outcome:** the build stays exploratory (`LK_EXP_WTMA`, off the registry's main path); q6_K BN=128 is not a
+#   launch of record at nt=512. What is left at nt=512 is the conversion, for both types.
 
 # %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process

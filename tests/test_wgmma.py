@@ -933,3 +933,32 @@ def test_weight_tma_build_is_its_own_cubin_and_its_ring_fits():
         assert a[n0[key]["mangled"]] != b[n1[key]["mangled"]]
     kqs_name = n0[kqs.key]["mangled"]
     assert a[kqs_name] == b[n1[kqs.key]["mangled"]]         # the shared-memory form does not take the define
+
+
+def test_build_ab_view_reads_speedups_and_gates_of_a_build_run():
+    """The page's view of a bitwise build A/B run: plain time / build time per launch and point (from the pairs'
+    medians), the launch named, and the gate line saying whether every launch was bitwise and passed."""
+    import pandas as pd
+
+    from labkernels import wgmma
+
+    class Run:
+        run_id = "20261202T000000Z-h200-abc"
+
+        def __init__(self, ab, gate):
+            self.t = {"wgmma_wtma_ab": ab, "wgmma_wtma_gate": gate}
+
+        def table(self, name):
+            return self.t[name]
+
+    ab = pd.DataFrame({"qtype": "q6_K", "od": 4096, "id": 4096, "nt": 512,
+                       "variant": ["wgmma_bn128_s4_scl1", "wgmma_bn128_s4_scl1_wtma", "cublas_f16_cached"] * 2,
+                       "pair": [0, 0, 0, 1, 1, 1], "median_us": [40.0, 36.0, 28.0, 42.0, 38.0, 28.0]})
+    gate = pd.DataFrame({"variant": ["wgmma_bn128_s4_scl1"], "bitwise_vs_wtma": [True], "ok": [True]})
+    t, line = wgmma.build_ab_view(Run(ab, gate), "wtma")
+    assert len(t) == 1 and t.launch.iloc[0] == "BN=128 data-par."
+    assert t.speedup.iloc[0] == pytest.approx(41.0 / 37.0)
+    assert t.option_vs_cublas.iloc[0] == pytest.approx(28.0 / 37.0)
+    assert "1 launches gated" in line and "bitwise the plain build: True" in line
+    gate.loc[0, "bitwise_vs_wtma"] = False
+    assert "bitwise the plain build: False" in wgmma.build_ab_view(Run(ab, gate), "wtma")[1]
