@@ -97,7 +97,8 @@ __device__ __forceinline__ void lk_tma_load_2d(void* dst, const LkTmap* tm, int 
 // the repacked blocks (no swizzle: a row's lanes read 16 + 32c, conflict-free at the 144-byte row pitch); q6_K: the
 // L plane as a [128 x 128 B] box (128-byte swizzle), H [128 x 64 B] and SC [128 x 16 B] (no swizzle; D, 2 bytes per
 // block, stays a global load) -- into a ring of LK_WTMA_STAGES slots with full/empty mbarriers, as far ahead of the
-// consumers' loads as the free slots allow; they read their registers from there (ld.shared), not from global. The
+// consumers' loads as the free slots allow; they read their registers from there (ld.shared), not from global, and
+// free the slot right after the read. The
 // same bytes into the same registers: bitwise the plain build.
 #ifdef LK_EXP_WTMA
 #ifndef LK_WTMA_STAGES
@@ -1164,6 +1165,13 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
             const u32 s = n % LK_WTMA_STAGES;
             lk_mbar_wait(&wfull_bar[s], (n / LK_WTMA_STAGES) & 1);
             T.load_s(R, lk_smem_u32(sW) + s * LkWtma<QT>::BYTES, lr0, sb, od, nsb);
+            // the slot is free once the warp's reads of it are done: __syncwarp orders the other lanes' reads before
+            // lane 0's arrive, whose release semantics order them before the producer's next TMA into the slot (the
+            // bytes live in registers from here on). Freed at the read, not after the conversion: the producer then
+            // runs LK_WTMA_STAGES super-blocks ahead of the reads (run 20261202T154226Z: q4_K's consumers waited on
+            // the ring, long_scoreboard 0.53 -> 1.08, when a slot was freed only after its super-block's four chunks)
+            __syncwarp();
+            if (lane == 0) lk_mbar_arrive(&wempty_bar[s]);
         };
         wget(cur, seg.klo, q >> 2);
 #else
@@ -1245,10 +1253,6 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
                 // chunk q-1 (possibly the previous segment's last) has retired: its ring slot is free
                 if (q > 0 && lane == 0) lk_mbar_arrive(&empty_bar[(q - 1) % STAGES]);
             }
-#ifdef LK_EXP_WTMA
-            // super-block sb is converted (its registers used by all four chunks): its slot is free (q / 4 - 1)
-            if (lane == 0) lk_mbar_arrive(&wempty_bar[((q >> 2) - 1) % LK_WTMA_STAGES]);
-#endif
             if constexpr (LK_LOADS) cur = nxt;
             else lk_opaque(cur);   // NOLOAD: the same bytes again, unknown to the compiler
         }
