@@ -97,8 +97,7 @@ __device__ __forceinline__ void lk_tma_load_2d(void* dst, const LkTmap* tm, int 
 // the repacked blocks (no swizzle: a row's lanes read 16 + 32c, conflict-free at the 144-byte row pitch); q6_K: the
 // L plane as a [128 x 128 B] box (128-byte swizzle), H [128 x 64 B] and SC [128 x 16 B] (no swizzle; D, 2 bytes per
 // block, stays a global load) -- into a ring of LK_WTMA_STAGES slots with full/empty mbarriers, as far ahead of the
-// consumers' loads as the free slots allow; they read their registers from there (ld.shared), not from global, and
-// free the slot right after the read. The
+// consumers' loads as the free slots allow; they read their registers from there (ld.shared), not from global. The
 // same bytes into the same registers: bitwise the plain build.
 #ifdef LK_EXP_WTMA
 #ifndef LK_WTMA_STAGES
@@ -116,18 +115,6 @@ __device__ __forceinline__ uint4 lk_lds128(u32 addr) {
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr)
                  : "memory");
     return v;
-}
-// a real (never executed: ``never`` is false at run time) use of one register of each of a warp's 8 ld.shared, so that
-// the instruction waits for every one of them to have returned: what the slot's release needs. (A release arrive
-// right after the reads, with __syncwarp and no such use, let the next TMA overwrite the slot before the reads were
-// done: run 20261202T154625Z, q4_K BN=256 stream-K differed from the plain build; ptxas puts no wait on the loads
-// before an mbarrier arrive, and compute-sanitizer racecheck, clean over 105 cases, did not see it.)
-__device__ __forceinline__ void lk_hold8(u32 a, u32 b, u32 c, u32 d, u32 e, u32 f, u32 g, u32 h, u32 never) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.u32 p, %8, 0;\n"
-        "@p st.shared.v4.b32 [%8], {%0, %1, %2, %3};\n@p st.shared.v4.b32 [%8], {%4, %5, %6, %7};\n}\n" ::"r"(a),
-        "r"(b), "r"(c), "r"(d), "r"(e), "r"(f), "r"(g), "r"(h), "r"(never)
-        : "memory");
 }
 #define LK_WTMA_PARAMS \
     const __grid_constant__ LkTmap tmw0, const __grid_constant__ LkTmap tmw1, const __grid_constant__ LkTmap tmw2,
@@ -518,9 +505,6 @@ struct KQ<4, BF16, SCL> {
             R.pl1[1] = __ldg(b + 1);
         }
     }
-    __device__ __forceinline__ static void hold(const Rows& R, u32 never) {   // every ld.shared of load_s returned
-        lk_hold8(R.r0.hdr.x, R.r0.qa.x, R.r0.qb.x, R.r1.hdr.x, R.r1.qa.x, R.r1.qb.x, R.r0.hdr.y, R.r1.hdr.y, never);
-    }
     __device__ __forceinline__ static void tma(u8* dst, const LkTmap* m0, const LkTmap*, const LkTmap*, int sb, int row,
                                                u64* bar) {
         lk_tma_load_2d(dst, m0, sb * 144, row, bar);
@@ -599,9 +583,6 @@ struct KQ<6, BF16, SCL> {
             r.sc = lk_lds128(slot + 24576u + lr * 16u);
             r.d = __ldg((const u16*)(D + (size_t)((i ? b1 : b0) + sb) * 2));
         }
-    }
-    __device__ __forceinline__ static void hold(const Rows& R, u32 never) {   // every ld.shared of load_s returned
-        lk_hold8(R.r0.la.x, R.r0.lb.x, R.r0.h.x, R.r0.sc.x, R.r1.la.x, R.r1.lb.x, R.r1.h.x, R.r1.sc.x, never);
     }
     __device__ __forceinline__ static void tma(u8* dst, const LkTmap* mL, const LkTmap* mH, const LkTmap* mS, int sb,
                                                int row, u64* bar) {
@@ -1183,14 +1164,6 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
             const u32 s = n % LK_WTMA_STAGES;
             lk_mbar_wait(&wfull_bar[s], (n / LK_WTMA_STAGES) & 1);
             T.load_s(R, lk_smem_u32(sW) + s * LkWtma<QT>::BYTES, lr0, sb, od, nsb);
-            // the slot is free once the warp's reads of it are done: lk_hold8 waits for this thread's loads to have
-            // returned, __syncwarp for the other lanes', then lane 0 arrives (the bytes live in registers from here
-            // on). Freed at the read, not after the conversion: the producer then runs LK_WTMA_STAGES super-blocks
-            // ahead of the reads (run 20261202T154226Z: q4_K's consumers waited on the ring, long_scoreboard 0.53 ->
-            // 1.08, when a slot was freed only after its super-block's four chunks)
-            T.hold(R, never);
-            __syncwarp();
-            if (lane == 0) lk_mbar_arrive(&wempty_bar[s]);
         };
         wget(cur, seg.klo, q >> 2);
 #else
@@ -1272,6 +1245,10 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
                 // chunk q-1 (possibly the previous segment's last) has retired: its ring slot is free
                 if (q > 0 && lane == 0) lk_mbar_arrive(&empty_bar[(q - 1) % STAGES]);
             }
+#ifdef LK_EXP_WTMA
+            // super-block sb is converted (its registers used by all four chunks): its slot is free (q / 4 - 1)
+            if (lane == 0) lk_mbar_arrive(&wempty_bar[((q >> 2) - 1) % LK_WTMA_STAGES]);
+#endif
             if constexpr (LK_LOADS) cur = nxt;
             else lk_opaque(cur);   // NOLOAD: the same bytes again, unknown to the compiler
         }
