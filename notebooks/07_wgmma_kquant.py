@@ -1107,7 +1107,8 @@ else:
         print(line)
     plt.show()
     last = views[-1]
-    display(report.table(last[last.nt == 512].drop(columns=["nt", "option", "build"]),
+    display(report.table(last[last.nt == 512].drop(columns=["nt", "option", "build", "base"]).rename(columns={
+        "speedup": "plain / TMA ring", "base_vs_cublas": "plain vs cuBLAS", "option_vs_cublas": "TMA ring vs cuBLAS"}),
                          caption=f"nt=512, the weights' own producer thread: plain / TMA-ring time (> 1: faster) and "
                                  f"each build's ratio to cuBLAS fp16 (cached), per launch ({report.source(wts[-1])})"))
 
@@ -1129,6 +1130,20 @@ else:
 # * **Against the bar:** the best launch per point at nt=512 with the ring is 0.81–0.95× cuBLAS for q4_K (the plain
 #   build's 0.83–0.95× in the same run) and 0.75–0.89× for q6_K (plain 0.74–0.86×). q6_K's best launches are the
 #   BN=256 split grids, where the ring gains least.
+# * **Counters** (Nsight Compute, run 20261202T154226Z of this build against run 20261202T075626Z of the plain one,
+#   4096 × 4096, nt=512, BN=128 data-parallel): q6_K long_scoreboard 1.55 → 1.11 warps per issued instruction,
+#   short_scoreboard 0.14 → 0.33 (the shared-memory reads), math_pipe_throttle 0.36 → 0.74, tensor pipe 52.4 →
+#   53.2% of peak; q4_K long_scoreboard 0.53 → 1.08 and tensor pipe 68.3 → 64.4%: its consumers wait on the ring.
+#   compute-sanitizer memcheck, racecheck and synccheck of this build (run 20261202T154256Z) were clean over 105
+#   cases; 10 were left out, said in the run (BN=256 with EPI=4: the ring does not fit beside the staging buffer).
+# * **Freeing a slot at the read, not after the conversion** (so the weights' thread runs 3 super-blocks ahead, for
+#   q4_K's waits): **a race, caught by the bitwise gate.** Both attempts — the release right after the warp's
+#   `ld.shared` (commit 0b556ed) and the same with a never-executed store that waits for every load to return
+#   (commit 88fc1c6) — differed from the plain build at q4_K BN=256 stream-K, 4096 × 4096, nt=512 (A/B runs
+#   20261202T154625Z and 155033Z, recorded as failed; no timing was taken). The GPU bitwise test (150 passed, small
+#   shapes) and compute-sanitizer (runs 154708Z and 155121Z, clean over 105 cases each) did not see it. Why the
+#   second attempt still races is not established. The kernel keeps the release after the conversion (the build
+#   measured above, commit 50a336b).
 # * **Outcome:** the build stays exploratory (`LK_EXP_WTMA`, off the registry's main path); q6_K BN=128 is not a
 #   launch of record at nt=512. What is left at nt=512 is the conversion, for both types.
 
