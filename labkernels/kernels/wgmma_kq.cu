@@ -474,17 +474,19 @@ struct KQ<4, BF16, SCL> {
         : p0(W + (size_t)rr0 * nsb * 144), p1(W + (size_t)rr1 * nsb * 144),
           q0(W + (size_t)od * nsb * 144 + (size_t)rr0 * nsb * 32), q1(W + (size_t)od * nsb * 144 + (size_t)rr1 * nsb * 32),
           c(c_) {}
+    // SCL=2: the rows' scale-plane words of super-block sb (global memory, in every build)
+    __device__ __forceinline__ void load_plane(Rows& R, int sb) const {
+        const uint4* a = (const uint4*)(q0 + (size_t)sb * 32);
+        const uint4* b = (const uint4*)(q1 + (size_t)sb * 32);
+        R.pl0[0] = __ldg(a);
+        R.pl0[1] = __ldg(a + 1);
+        R.pl1[0] = __ldg(b);
+        R.pl1[1] = __ldg(b + 1);
+    }
     __device__ __forceinline__ void load(Rows& R, int sb, int, int) const {
         q4_load(R.r0, p0 + (size_t)sb * 144, c);   // SCL=2: the header words are never used (their loads dead)
         q4_load(R.r1, p1 + (size_t)sb * 144, c);
-        if constexpr (SCL == 2) {
-            const uint4* a = (const uint4*)(q0 + (size_t)sb * 32);
-            const uint4* b = (const uint4*)(q1 + (size_t)sb * 32);
-            R.pl0[0] = __ldg(a);
-            R.pl0[1] = __ldg(a + 1);
-            R.pl1[0] = __ldg(b);
-            R.pl1[1] = __ldg(b + 1);
-        }
+        if constexpr (SCL == 2) load_plane(R, sb);
     }
 #ifdef LK_EXP_WTMA
     // the super-block's bytes of rows lr0 and lr0 + 8 of the tile from the ring slot at ``slot`` (LK_EXP_WTMA)
@@ -496,14 +498,7 @@ struct KQ<4, BF16, SCL> {
         R.r1.hdr = lk_lds128(b1);
         R.r1.qa = lk_lds128(b1 + 16u + 32u * (u32)c);
         R.r1.qb = lk_lds128(b1 + 32u + 32u * (u32)c);
-        if constexpr (SCL == 2) {
-            const uint4* a = (const uint4*)(q0 + (size_t)sb * 32);
-            const uint4* b = (const uint4*)(q1 + (size_t)sb * 32);
-            R.pl0[0] = __ldg(a);
-            R.pl0[1] = __ldg(a + 1);
-            R.pl1[0] = __ldg(b);
-            R.pl1[1] = __ldg(b + 1);
-        }
+        if constexpr (SCL == 2) load_plane(R, sb);
     }
     __device__ __forceinline__ static void tma(u8* dst, const LkTmap* m0, const LkTmap*, const LkTmap*, int sb, int row,
                                                u64* bar) {
