@@ -1118,7 +1118,7 @@ else:
 #
 # * **First build** (run 20261202T151044Z, commit dde549e): the activation thread also issued the weight boxes, so
 #   a box waited behind the activation ring (4 chunks deep) and landed about 3 chunks before q4_K asks for it
-#   (`LOAD_AT=0`), later than the plain build's own loads. q4_K BN=128 0.84–0.91×, q6_K BN=128 0.98–1.07×.
+#   (`LOAD_AT=0`), later than the plain build's own loads. q4_K BN=128 0.84–0.92×, q6_K BN=128 0.98–1.07×.
 # * **The weights' own producer thread** (run 20261202T151606Z, commit 50a336b; lane 0 of the producer's second
 #   warp, as far ahead as the 3 slots allow): q6_K BN=128 1.05–1.08× at nt=512 data-parallel and 1.07–1.09×
 #   stream-K (1.01–1.11× over both nts); q6_K BN=256 0.99–1.04×; q4_K 0.95–1.02× (BN=128 at nt=512: 0.95–0.99×).
