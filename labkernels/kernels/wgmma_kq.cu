@@ -97,7 +97,8 @@ __device__ __forceinline__ void lk_tma_load_2d(void* dst, const LkTmap* tm, int 
 // the repacked blocks (no swizzle: a row's lanes read 16 + 32c, conflict-free at the 144-byte row pitch); q6_K: the
 // L plane as a [128 x 128 B] box (128-byte swizzle), H [128 x 64 B] and SC [128 x 16 B] (no swizzle; D, 2 bytes per
 // block, stays a global load) -- into a ring of LK_WTMA_STAGES slots with full/empty mbarriers, as far ahead of the
-// consumers' loads as the free slots allow; they read their registers from there (ld.shared), not from global. The
+// consumers' loads as the free slots allow; they read their registers from there (ld.shared), not from global, and
+// free a slot once their reads of it have returned. The
 // same bytes into the same registers: bitwise the plain build.
 #ifdef LK_EXP_WTMA
 #ifndef LK_WTMA_STAGES
@@ -115,6 +116,18 @@ __device__ __forceinline__ uint4 lk_lds128(u32 addr) {
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr)
                  : "memory");
     return v;
+}
+// an mbarrier arrive that cannot issue before ``dep`` exists: its address is bar + (dep & never), ``never`` being 0 at
+// run time and unknown to the compiler. ``dep`` is made of one register of each of a warp's ld.shared of a ring slot,
+// so the release waits for every one of them to have returned. (ptxas puts no wait on outstanding loads before an
+// arrive: a release right after the reads let the next TMA overwrite a slot being read -- run 20261202T154625Z; and a
+// never-executed predicated store of the registers, commit 88fc1c6, was compiled to a branch around it, so the
+// executed path still had no wait -- run 20261202T155033Z. compute-sanitizer racecheck saw neither.)
+__device__ __forceinline__ void lk_mbar_arrive_after(u64* bar, u32 dep, u32 never) {
+    asm volatile("{\n.reg .b32 z, a;\nand.b32 z, %1, %2;\nadd.u32 a, %0, z;\nmbarrier.arrive.shared::cta.b64 _, [a];\n}\n" ::"r"(
+                     lk_smem_u32(bar)),
+                 "r"(dep), "r"(never)
+                 : "memory");
 }
 #define LK_WTMA_PARAMS \
     const __grid_constant__ LkTmap tmw0, const __grid_constant__ LkTmap tmw1, const __grid_constant__ LkTmap tmw2,
@@ -500,6 +513,9 @@ struct KQ<4, BF16, SCL> {
         R.r1.qb = lk_lds128(b1 + 32u + 32u * (u32)c);
         if constexpr (SCL == 2) load_plane(R, sb);
     }
+    __device__ __forceinline__ static u32 dep(const Rows& R) {   // one register of each ld.shared of load_s
+        return R.r0.hdr.x ^ R.r0.qa.x ^ R.r0.qb.x ^ R.r1.hdr.x ^ R.r1.qa.x ^ R.r1.qb.x;
+    }
     __device__ __forceinline__ static void tma(u8* dst, const LkTmap* m0, const LkTmap*, const LkTmap*, int sb, int row,
                                                u64* bar) {
         lk_tma_load_2d(dst, m0, sb * 144, row, bar);
@@ -578,6 +594,9 @@ struct KQ<6, BF16, SCL> {
             r.sc = lk_lds128(slot + 24576u + lr * 16u);
             r.d = __ldg((const u16*)(D + (size_t)((i ? b1 : b0) + sb) * 2));
         }
+    }
+    __device__ __forceinline__ static u32 dep(const Rows& R) {   // one register of each ld.shared of load_s
+        return R.r0.la.x ^ R.r0.lb.x ^ R.r0.h.x ^ R.r0.sc.x ^ R.r1.la.x ^ R.r1.lb.x ^ R.r1.h.x ^ R.r1.sc.x;
     }
     __device__ __forceinline__ static void tma(u8* dst, const LkTmap* mL, const LkTmap* mH, const LkTmap* mS, int sb,
                                                int row, u64* bar) {
@@ -1159,6 +1178,14 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
             const u32 s = n % LK_WTMA_STAGES;
             lk_mbar_wait(&wfull_bar[s], (n / LK_WTMA_STAGES) & 1);
             T.load_s(R, lk_smem_u32(sW) + s * LkWtma<QT>::BYTES, lr0, sb, od, nsb);
+            // the slot is free once the warp's reads of it have returned (the bytes live in registers from here on):
+            // freed at the read, not after the conversion, so the weights' thread runs LK_WTMA_STAGES super-blocks
+            // ahead of the reads (run 20261202T154226Z: with the release after the conversion q4_K's consumers
+            // waited on the ring, long_scoreboard 0.53 -> 1.08). lk_mbar_arrive_after waits for lane 0's loads, which
+            // return with the warp's; __syncwarp orders the other lanes' before it.
+            const u32 d = T.dep(R);
+            __syncwarp();
+            if (lane == 0) lk_mbar_arrive_after(&wempty_bar[s], d, never);
         };
         wget(cur, seg.klo, q >> 2);
 #else
@@ -1240,10 +1267,6 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
                 // chunk q-1 (possibly the previous segment's last) has retired: its ring slot is free
                 if (q > 0 && lane == 0) lk_mbar_arrive(&empty_bar[(q - 1) % STAGES]);
             }
-#ifdef LK_EXP_WTMA
-            // super-block sb is converted (its registers used by all four chunks): its slot is free (q / 4 - 1)
-            if (lane == 0) lk_mbar_arrive(&wempty_bar[((q >> 2) - 1) % LK_WTMA_STAGES]);
-#endif
             if constexpr (LK_LOADS) cur = nxt;
             else lk_opaque(cur);   // NOLOAD: the same bytes again, unknown to the compiler
         }
