@@ -1095,55 +1095,61 @@ if not wts:
     print("no recorded run of the weight-TMA A/B (gpu-check --steps wgmma_wtma)")
 else:
     label = {"dde549e72c": "first build: one producer thread issues both rings",
-             "50a336b17d": "the weights' own producer thread"}
-    fig, axes = plt.subplots(1, len(wts), figsize=(6.2 * len(wts), 3.9), sharey=True, squeeze=False)
+             "50a336b17d": "second build: the weights' own producer thread, a slot freed after its conversion",
+             "c900b161cd": "fifth build (kept): a slot freed once the warp's reads of it have returned"}
+    fig, axes = plt.subplots(len(wts), 1, figsize=(10, 3.7 * len(wts)), squeeze=False)
     views = []
-    for ax, r in zip(axes[0], wts):
+    for ax, r in zip(axes[:, 0], wts):
         t, line = wgmma.build_ab_view(r, "wtma")
         commit = r.meta["provenance"]["git_commit"]
         views.append(t.assign(build=label.get(commit, commit)))
         plotting.launch_speedups(ax, t, "speedup", f"{label.get(commit, commit)}\n({report.source(r)})",
                                  "speedup (plain time / TMA-ring time)")
         print(line)
+    lims = [ax.get_ylim() for ax in axes[:, 0]]   # one y range for all panels, each panel's points inside it
+    for ax in axes[:, 0]:
+        ax.set_ylim(min(l[0] for l in lims), max(l[1] for l in lims))
     plt.show()
     last = views[-1]
     display(report.table(last[last.nt == 512].drop(columns=["nt", "option", "build", "base"]).rename(columns={
         "speedup": "plain / TMA ring", "base_vs_cublas": "plain vs cuBLAS", "option_vs_cublas": "TMA ring vs cuBLAS"}),
-                         caption=f"nt=512, the weights' own producer thread: plain / TMA-ring time (> 1: faster) and "
+                         caption=f"nt=512, the kept build: plain / TMA-ring time (> 1: faster) and "
                                  f"each build's ratio to cuBLAS fp16 (cached), per launch ({report.source(wts[-1])})"))
 
 # %% [markdown]
-# **Measured: right in sign for q6_K, wrong in size, and no gain for q4_K** (every launch bitwise the plain build
-# and parity-gated at its point):
+# **Measured: right in sign for q6_K, wrong in size, and no gain for q4_K** (every launch of the three timed builds
+# bitwise the plain build and parity-gated at its point):
 #
 # * **First build** (run 20261202T151044Z, commit dde549e): the activation thread also issued the weight boxes, so
 #   a box waited behind the activation ring (4 chunks deep) and landed about 3 chunks before q4_K asks for it
 #   (`LOAD_AT=0`), later than the plain build's own loads. q4_K BN=128 0.84–0.92×, q6_K BN=128 0.98–1.07×.
-# * **The weights' own producer thread** (run 20261202T151606Z, commit 50a336b; lane 0 of the producer's second
-#   warp, as far ahead as the 3 slots allow): q6_K BN=128 1.05–1.08× at nt=512 data-parallel and 1.07–1.09×
-#   stream-K (1.01–1.11× over both nts); q6_K BN=256 0.99–1.04×; q4_K 0.95–1.02× (BN=128 at nt=512: 0.95–0.99×).
-#   The prediction for q6_K BN=128 (+15–25%) was too high by half or more: at nt=512 the ring recovers a fifth to a
-#   third (17–35%, on a log scale) of the no-load builds' 1.20–1.35× at BN=128 (ceiling runs 20261202T075528Z and
-#   091332Z, the same launches), and little of their 1.09–1.16× at BN=256. The loop itself grew (q6_K BN=128: 660 → 683 instructions:
-#   the swizzled addresses, the two barrier operations; q4_K 520 → 527), and the no-load build also freed the
-#   registers of the next super-block, which this build still holds.
-# * **Against the bar:** the best launch per point at nt=512 with the ring is 0.81–0.95× cuBLAS for q4_K (the plain
-#   build's 0.83–0.95× in the same run) and 0.75–0.89× for q6_K (plain 0.74–0.86×). q6_K's best launches are the
+# * **Second build, the weights' own producer thread** (run 20261202T151606Z, commit 50a336b; lane 0 of the
+#   producer's second warp, as far ahead as the 3 slots allow; a slot freed once its super-block is converted):
+#   q6_K BN=128 1.05–1.08× at nt=512 data-parallel and 1.07–1.09× stream-K; q6_K BN=256 0.99–1.04×; q4_K
+#   0.95–1.02×. Its counters (Nsight Compute run 20261202T154226Z against the plain build's 075626Z, 4096 × 4096,
+#   nt=512, BN=128 data-parallel): q4_K long_scoreboard 0.53 → 1.08 warps per issued instruction, tensor pipe
+#   68.3 → 64.4% of peak; q6_K long_scoreboard 1.55 → 1.11, short_scoreboard 0.14 → 0.33, tensor pipe 52.4 → 53.2%.
+# * **Freeing a slot at the read, for q4_K's waits: twice a race, caught by the bitwise gate, then fixed.** The
+#   release right after the warp's `ld.shared` (commit 0b556ed) and the same with a never-executed predicated store
+#   of the loaded registers (commit 88fc1c6) both differed from the plain build at q4_K BN=256 stream-K, 4096 ×
+#   4096, nt=512 (A/B runs 20261202T154625Z and 155033Z, recorded as failed, no timing taken); the GPU bitwise test
+#   (150 passed, small shapes) and compute-sanitizer (runs 154708Z and 155121Z, clean over 105 cases) did not see
+#   it. In the SASS, ptxas puts no wait on outstanding loads before an mbarrier arrive, and it compiled the
+#   predicated store to a branch around it, so the executed path had no wait either. The **fifth build** (commit
+#   c900b161) gives the arrive a real dependency: its address is the barrier's plus (the xor of one register of
+#   each load AND a run-time zero) — three LOP3 into the arrive's address, no branch. Its A/B run
+#   (20261202T162332Z) was bitwise the plain build at all 62 launches; its sanitizer run (20261202T162456Z) clean
+#   over 105 cases (10 left out and said: BN=256 with EPI=4, where the ring does not fit beside the staging buffer).
+# * **The fifth build's speed** (the prediction — q4_K BN=128 1.00–1.04× — wrong again): q4_K BN=128 0.95–0.99×,
+#   BN=256 0.92–1.03×; q6_K BN=128 1.04–1.09× at nt=512 data-parallel, 1.07–1.11× stream-K (1.02–1.16× over both
+#   nts), BN=256 0.95–1.03×. At BN=128 the ring recovers 15–36% (on a log scale; 30–36% but at one point) of the
+#   no-load builds' 1.20–1.35× (ceiling runs 20261202T075528Z and 091332Z, the same launches). q4_K's consumers still wait (ncu run
+#   20261202T162514Z: long_scoreboard 1.01, tensor pipe 63.6% against the plain build's 0.53 and 68.3%) with the
+#   ring three super-blocks ahead, so the wait is not the ring's lead; each super-block now has a blocking wait on
+#   the full barrier in the chunk where q4_K loads (`LOAD_AT=0`), which is a likely cause, not measured apart.
+# * **Against the bar:** the best launch per point at nt=512 with the ring is 0.80–0.93× cuBLAS for q4_K (the plain
+#   build's 0.83–0.93× in the same run) and 0.76–0.88× for q6_K (plain 0.74–0.85×). q6_K's best launches are the
 #   BN=256 split grids, where the ring gains least.
-# * **Counters** (Nsight Compute, run 20261202T154226Z of this build against run 20261202T075626Z of the plain one,
-#   4096 × 4096, nt=512, BN=128 data-parallel): q6_K long_scoreboard 1.55 → 1.11 warps per issued instruction,
-#   short_scoreboard 0.14 → 0.33 (the shared-memory reads), math_pipe_throttle 0.36 → 0.74, tensor pipe 52.4 →
-#   53.2% of peak; q4_K long_scoreboard 0.53 → 1.08 and tensor pipe 68.3 → 64.4%: its consumers wait on the ring.
-#   compute-sanitizer memcheck, racecheck and synccheck of this build (run 20261202T154256Z) were clean over 105
-#   cases; 10 were left out, said in the run (BN=256 with EPI=4: the ring does not fit beside the staging buffer).
-# * **Freeing a slot at the read, not after the conversion** (so the weights' thread runs 3 super-blocks ahead, for
-#   q4_K's waits): **a race, caught by the bitwise gate.** Both attempts — the release right after the warp's
-#   `ld.shared` (commit 0b556ed) and the same with a never-executed store that waits for every load to return
-#   (commit 88fc1c6) — differed from the plain build at q4_K BN=256 stream-K, 4096 × 4096, nt=512 (A/B runs
-#   20261202T154625Z and 155033Z, recorded as failed; no timing was taken). The GPU bitwise test (150 passed, small
-#   shapes) and compute-sanitizer (runs 154708Z and 155121Z, clean over 105 cases each) did not see it. Why the
-#   second attempt still races is not established. The kernel keeps the release after the conversion (the build
-#   measured above, commit 50a336b).
 # * **Outcome:** the build stays exploratory (`LK_EXP_WTMA`, off the registry's main path); q6_K BN=128 is not a
 #   launch of record at nt=512. What is left at nt=512 is the conversion, for both types.
 
