@@ -344,6 +344,8 @@ def _cubin(source: str, defines: tuple = ()) -> tuple[str, dict]:
     # function and part of the file cache key (twice on 2026-12-01 an ablation build made after the plain one got
     # the plain cubin: first this cache was keyed by the source alone, then the environment read was cached)
     flags += [f"-D{d}" for d in defines]
+    if "LK_EXP_WTMA" in defines:   # the weight ring's depth, one number for the kernel and wtma_ring_bytes
+        flags.append(f"-DLK_WTMA_STAGES={WTMA_STAGES}")
     key = hashlib.sha256(("\n".join([wrapper, src.read_text(), audit._dir_digest(registry.KERNELS_DIR),
                                      audit._nvcc_version(nvcc), *flags])).encode()).hexdigest()[:20]
     cache = paths.CACHE_DIR / "cubin"
@@ -399,7 +401,8 @@ class WgKernel:
 
         cap = device_props()["smem_optin"]
         if self.smem + self.entry["static_smem"] > cap:
-            raise SharedMemoryError(f"{spec.key} needs {self.smem} B of dynamic shared memory per block; this "
+            built = f" built with {' '.join(self.defines)}" if self.defines else ""
+            raise SharedMemoryError(f"{spec.key}{built} needs {self.smem} B of dynamic shared memory per block; this "
                                     f"device allows {cap} B")
         self.func.max_dynamic_shared_size_bytes = self.smem
         self._fptr = int(self.func.ptr) if hasattr(self.func, "ptr") else int(self.func.kernel.ptr)
@@ -485,7 +488,7 @@ def kernel_built(defines: tuple, family: str = "wgmma_kq", **params) -> WgKernel
 
 #: the exploratory build whose producer loads the weights by TMA into a shared-memory ring (kernel: LK_EXP_WTMA)
 WTMA = ("LK_EXP_WTMA",)
-WTMA_STAGES = 3                                      # LK_WTMA_STAGES: super-blocks in the weight ring
+WTMA_STAGES = 3                                      # super-blocks in the weight ring (-DLK_WTMA_STAGES to nvcc)
 WTMA_SLOT = {4: 128 * 144, 6: 128 * (128 + 64 + 16)}  # bytes of one slot: a super-block of 128 rows (LkWtma::BYTES)
 
 
@@ -2084,6 +2087,25 @@ def build_ab_view(run, name: str):
     line = (f"run {run.run_id}: {len(g)} launches gated at their points, bitwise the plain build: "
             f"{bool(g[f'bitwise_vs_{name}'].all())}, parity gates passed: {bool(g.ok.all())}")
     return t, line
+
+
+NCU_COMPARE = ("tensor pipe % active", "long_scoreboard", "short_scoreboard", "math_pipe_throttle")
+
+
+def ncu_compare(plain_sections, build_sections, columns=NCU_COMPARE):
+    """Two ncu runs of the same driver cases -- the plain build's and an exploratory build's -- side by side: per
+    kernel and grid present in both (:func:`ncu_stalls`), each of ``columns`` as '<column> plain' and '<column>
+    build', the launch named by :func:`ncu_label`."""
+    import pandas as pd
+
+    a, b = ncu_stalls(plain_sections, 0.0), ncu_stalls(build_sections, 0.0)
+    if a.empty or b.empty:
+        return pd.DataFrame()
+    key = ["kernel", "sk", "nt"]
+    cols = [c for c in columns if c in a.columns and c in b.columns]
+    m = a[key + cols].merge(b[key + cols], on=key, suffixes=(" plain", " build"))
+    m.insert(0, "launch", [ncu_label(k, s, n, ", ") for k, s, n in zip(m.kernel, m.sk, m.nt)])
+    return m[["launch", "kernel", "sk", "nt"] + [f"{c} {w}" for c in cols for w in ("plain", "build")]]
 
 
 #: the stall reasons the ncu step records (raw metrics, warps stalled per issued instruction)

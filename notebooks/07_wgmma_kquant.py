@@ -1116,6 +1116,20 @@ else:
                          caption=f"nt=512, the kept build: plain / TMA-ring time (> 1: faster) and "
                                  f"each build's ratio to cuBLAS fp16 (cached), per launch ({report.source(wts[-1])})"))
 
+# %%
+wnc = records.latest("wgmma", where=lambda r: r.has("sections") and
+                     "LK_EXP_WTMA" in ((r.meta.get("params") or {}).get("defines") or []))
+if nc is None or wnc is None:
+    print("no Nsight Compute run of both the plain and the LK_EXP_WTMA build")
+else:
+    cmp_ = wgmma.ncu_compare(nc.table("sections"), wnc.table("sections"))
+    cmp_ = cmp_[(cmp_.nt == 512) & cmp_.kernel.str.startswith("wgmma_kq[") & cmp_.kernel.str.contains("AQ=2")
+                & ~cmp_.kernel.str.contains("SCL=2")]
+    display(report.table(cmp_.drop(columns=["kernel", "sk", "nt"]),
+                         caption=f"Nsight Compute at 4096 x 4096, nt=512: the plain build ({report.source(nc)}) and "
+                                 f"the kept LK_EXP_WTMA build ({report.source(wnc)}); stalls in warps per issued "
+                                 f"instruction, tensor pipe in % of peak over active cycles"))
+
 # %% [markdown]
 # **Measured: right in sign for q6_K, wrong in size, and no gain for q4_K** (every launch of the three timed builds
 # bitwise the plain build and parity-gated at its point):
@@ -1143,8 +1157,9 @@ else:
 # * **The fifth build's speed** (the prediction — q4_K BN=128 1.00–1.04× — wrong again): q4_K BN=128 0.95–0.99×,
 #   BN=256 0.92–1.03×; q6_K BN=128 1.04–1.09× at nt=512 data-parallel, 1.07–1.11× stream-K (1.02–1.16× over both
 #   nts), BN=256 0.95–1.03×. At BN=128 the ring recovers 15–36% (on a log scale; 30–36% but at one point) of the
-#   no-load builds' 1.20–1.35× (ceiling runs 20261202T075528Z and 091332Z, the same launches). q4_K's consumers still wait (ncu run
-#   20261202T162514Z: long_scoreboard 1.01, tensor pipe 63.6% against the plain build's 0.53 and 68.3%) with the
+#   no-load builds' 1.20–1.35× (ceiling runs 20261202T075528Z and 091332Z, the same launches). q4_K's consumers still wait (the table above, ncu run
+#   20261202T162514Z: long_scoreboard 1.01, tensor pipe 63.6% against the plain build's 0.53 and 68.3%; at BN=256
+#   it rises too for q4_K, and for q6_K on the stream-K grid, not on the tile split) with the
 #   ring three super-blocks ahead, so the wait is not the ring's lead; each super-block now has a blocking wait on
 #   the full barrier in the chunk where q4_K loads (`LOAD_AT=0`), which is a likely cause, not measured apart.
 # * **Against the bar:** the best launch per point at nt=512 with the ring is 0.80–0.93× cuBLAS for q4_K (the plain

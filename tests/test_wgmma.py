@@ -962,3 +962,30 @@ def test_build_ab_view_reads_speedups_and_gates_of_a_build_run():
     assert "1 launches gated" in line and "bitwise the plain build: True" in line
     gate.loc[0, "bitwise_vs_wtma"] = False
     assert "bitwise the plain build: False" in wgmma.build_ab_view(Run(ab, gate), "wtma")[1]
+
+
+def test_ncu_compare_pairs_the_same_kernel_and_grid_of_two_runs():
+    """Two ncu runs side by side: rows only for (kernel, grid, nt) in both, each metric as plain / build columns from
+    its own run, the launch named."""
+    import pandas as pd
+
+    from labkernels import wgmma
+
+    k4 = "wgmma_kq[QT=4,BN=128,STAGES=4,BF16=0,SCL=0,EPI=0,AQ=2,PF=0]"
+    k6 = "wgmma_kq[QT=6,BN=128,STAGES=4,BF16=0,SCL=1,EPI=0,AQ=2,PF=0]"
+
+    def run(rows):
+        return pd.DataFrame([{"case": c, "kernel": k, "sk": 0, "nt": 512, "od": 4096, "id": 4096, "section": "m",
+                              "metric": m, "unit": "", "value": v} for c, k, m, v in rows])
+
+    ls = "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"
+    tp = "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"
+    plain = run([(0, k4, ls, "0.53"), (0, k4, tp, "68.30"), (1, k6, ls, "1.55"), (1, k6, tp, "52.42")])
+    build = run([(0, k4, ls, "1.01"), (0, k4, tp, "63.56")])
+    t = wgmma.ncu_compare(plain, build, columns=("tensor pipe % active", "long_scoreboard"))
+    assert len(t) == 1 and t.kernel.iloc[0] == k4
+    assert t["long_scoreboard plain"].iloc[0] == pytest.approx(0.53)
+    assert t["long_scoreboard build"].iloc[0] == pytest.approx(1.01)
+    assert t["tensor pipe % active build"].iloc[0] == pytest.approx(63.56)
+    assert t.launch.iloc[0].startswith("q4_K BN=128")
+    assert wgmma.ncu_compare(plain, build.iloc[0:0]).empty

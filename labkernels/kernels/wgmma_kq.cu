@@ -101,8 +101,8 @@ __device__ __forceinline__ void lk_tma_load_2d(void* dst, const LkTmap* tm, int 
 // free a slot once their reads of it have returned. The
 // same bytes into the same registers: bitwise the plain build.
 #ifdef LK_EXP_WTMA
-#ifndef LK_WTMA_STAGES
-#define LK_WTMA_STAGES 3
+#ifndef LK_WTMA_STAGES   // the ring's depth: labkernels.wgmma.WTMA_STAGES (-D), which also sizes its shared memory
+#error "LK_WTMA_STAGES comes from labkernels.wgmma.WTMA_STAGES (-D with LK_EXP_WTMA)"
 #endif
 #ifdef LK_ABLATE_NOLOAD
 #error "LK_EXP_WTMA loads every super-block through its ring: no LK_ABLATE_NOLOAD build of it"
@@ -1062,7 +1062,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
     __shared__ __align__(8) u64 fold_bar[3];       // EPI 1, 2: [0] the bulk fold's copies; EPI 3: [1], [2] the pair's
 #ifdef LK_EXP_WTMA
     __shared__ __align__(8) u64 wfull_bar[LK_WTMA_STAGES];    // the weight ring (LK_EXP_WTMA): a super-block landed
-    __shared__ __align__(8) u64 wempty_bar[LK_WTMA_STAGES];   // ... and every consumer warp has converted it
+    __shared__ __align__(8) u64 wempty_bar[LK_WTMA_STAGES];   // ... and every consumer warp's reads have returned
 #endif
     __shared__ LkSeg sk_seg[LK_SK_MAXSEG];
     __shared__ signed char sk_role[LK_SK_MAXSEG];   // LK_EXP_SPLITFIN: each stream-K segment's part (lk_sk_roles)

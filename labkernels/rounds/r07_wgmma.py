@@ -212,7 +212,8 @@ def step_wgmma_sanitizer(out: Path, args) -> dict:
         ok = ok and rc == 0
         rows.append({"tool": tool, "rc": rc, "summary": str(res[tool]["summary"]), "cases": res[tool]["cases"],
                      "skipped": res[tool]["skipped"], "clean": rc == 0})
-        args.log(f"wgmma compute-sanitizer {tool}: rc={rc} {res[tool]['summary']} ({res[tool]['cases']} cases)")
+        args.log(f"wgmma compute-sanitizer {tool}: rc={rc} {res[tool]['summary']} ({res[tool]['cases']} cases, "
+                 f"{res[tool]['skipped']} left out)")
     # an exploratory build's run (LABKERNELS_WG_DEFINES) names its defines: the page reads the plain build's
     with records.recording(DATA[0], {"what": "sanitizer", "tools": [r["tool"] for r in rows],
                                      "defines": list(wgmma.build_defines())}, root=out / "data") as run:
