@@ -1377,14 +1377,15 @@ def trace_summary(rows):
     return g.sort_values("event", key=lambda s: s.map(order)).reset_index(drop=True)
 
 
-def trace_phases(rows, od: int, id_: int, nt: int):
+def trace_phases(rows, od: int, id_: int, nt: int, sm_count: int | None = None):
     """Per CTA and segment of a traced launch (:func:`trace_rows` rows, several variants allowed): its role in the
     schedule (``owner``: holds the tile's k = 0 and stores it; ``helper``: writes partial sums; ``whole``: the whole
     tile), super-block iterations, and its phases in us: ``fill`` (segment start to the first activation tile, first
     segment only), ``main`` (to the end of the main loop), ``finish`` (the fix-up and the store: partial sums written,
     or the helpers' waited for, folded in and Y stored); ``start_us`` / ``end_us`` from the launch's first entry;
     ``cycles_per_iter`` of the main loop (clock64) and the SM clock ``mhz`` over the CTA's launch (clock64 cycles per
-    globaltimer us)."""
+    globaltimer us). ``sm_count``: the SMs the launch was scheduled for (the tile-aligned split's G depends on it;
+    None: the traced CTAs, which is the data-parallel and stream-K grids' count)."""
     import pandas as pd
 
     df = pd.DataFrame(rows)
@@ -1393,15 +1394,16 @@ def trace_phases(rows, od: int, id_: int, nt: int):
         _, p = variant_params(v, "q4_K")
         bn, sk = p["BN"], p["SK"]
         ncta = g.cta.nunique()
+        sms = int(sm_count) if sm_count else ncta
         I = id_ // QK
         tiles = tile_count(nt, od, bn)
-        nc, dp = schedule(sk, nt, od, id_, bn, ncta)
+        nc, dp = schedule(sk, nt, od, id_, bn, sms)
+        G = split_g(sk, nt, od, id_, bn, sms)
         if nc != ncta:
             raise WgmmaError(f"{v}: {ncta} CTAs traced, the schedule at nt={nt}, od={od}, id={id_} has {nc}")
         for c, gc in g.groupby("cta"):
             ev = gc.set_index("event")
-            segs = segments(ncta, int(c), I, tiles, dp)
-            last = ev.loc["seg0_done", "cta_us"] if "seg0_done" in ev.index else np.nan
+            segs = segments(ncta, int(c), I, tiles, dp, G)
             mhz = ev.loc["seg0_mma_end", "cycles"] / ev.loc["seg0_mma_end", "cta_us"] if "seg0_mma_end" in ev.index \
                 else np.nan
             for si, (tile, klo, khi) in enumerate(segs):
@@ -1419,40 +1421,45 @@ def trace_phases(rows, od: int, id_: int, nt: int):
     return pd.DataFrame(out)
 
 
-def trace_launch(w: WgWeight, x16, BN: int = 128, STAGES: int = 4, SCL: int = 0, SK: int = 0, warmup: int = 2):
-    """Exploratory: the per-CTA phase stamps (:func:`trace_rows`) of one register-form launch, from a
-    ``-DLK_EXP_TRACE`` build (its own cubin: the plain build stays as it is), after ``warmup`` launches of it.
-    ``x16``: float16 activations [nt, id]. The trace build's timings include the stamps' own cost (a few global
-    stores per CTA)."""
+def trace_launch(w: WgWeight, x16, BN: int = 128, STAGES: int = 4, SCL: int = 0, SK: int = 0, EPI: int = 0,
+                 warmup: int = 2, timed: int = 0):
+    """Exploratory: the per-CTA phase stamps (:func:`trace_rows`) of one register-form launch -- any scheduler and
+    epilogue form :func:`gemm` takes (EPI=3's 2-CTA clusters included) -- from a ``-DLK_EXP_TRACE`` build (its own
+    cubin: the plain build stays as it is), after ``warmup`` launches of it. ``x16``: float16 activations [nt, id].
+    ``timed`` > 0: also the median CUDA-event time of that many launches of the trace build, returned as
+    ``(rows, median_us)`` (the span of the stamps against the launch's whole time: its ramp and its drain). The trace
+    build's timings include the stamps' own cost (a few global stores per CTA)."""
     cp = _cp()
-    spec = registry.find("wgmma_kq", QT=4 if w.qtype == "q4_K" else 6, BN=BN, STAGES=STAGES, BF16=0, SCL=SCL, EPI=0, AQ=2, PF=0)
-    k = WgKernel(spec, defines=("LK_EXP_TRACE",))
+    qt = 4 if w.qtype == "q4_K" else 6
+    kw = dict(BN=BN, STAGES=STAGES, SCL=SCL, SK=SK, EPI=EPI, defines=("LK_EXP_TRACE",))
+    k = kernel_built(("LK_EXP_TRACE",), QT=qt, BN=BN, STAGES=STAGES, BF16=0, SCL=SCL, EPI=EPI, AQ=2, PF=0)
     nt = x16.shape[0]
-    sm = _sm_count(cp.cuda.Device().id)
-    ncta, dp_tiles = schedule(int(SK), nt, w.od, w.id, BN, sm * k.blocks_per_sm)
+    ncta, _ = schedule(int(SK), nt, w.od, w.id, BN, _sm_count(cp.cuda.Device().id) * k.blocks_per_sm)
     if ncta > TRACE_CTAS:
         raise WgmmaError(f"the trace build stamps {TRACE_CTAS} CTAs, this launch has {ncta}")
-    if SK:
-        _check_schedule(ncta, w.id // QK, tile_count(nt, w.od, BN), dp_tiles)
-    tm = tensor_map(x16, BN)
-    ws, flags = _WS.get(cp.cuda.get_current_stream().ptr, sm * k.blocks_per_sm)
-    y = cp.empty((nt, w.od), cp.float32)
     n = TRACE_CTAS * (len(TRACE_EVENTS) + 1)
     ns = cp.ndarray((n,), cp.uint64, memptr=k.module.get_global("lk_trace_ns"))
     clk = cp.ndarray((n,), cp.uint64, memptr=k.module.get_global("lk_trace_clk"))
-
-    def launch():
-        k.launch((ncta, 1), (tm, NO_MAP), w.packed, y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws, flags,
-                 np.int32(dp_tiles), np.int32(0))
-
+    y = cp.empty((nt, w.od), cp.float32)
     for _ in range(warmup):
-        launch()
+        gemm(w, x16, out=y, **kw)
     ns.fill(0)
     clk.fill(0)
-    launch()
+    gemm(w, x16, out=y, **kw)
     cp.cuda.get_current_stream().synchronize()
     shape = (TRACE_CTAS, len(TRACE_EVENTS) + 1)
-    return trace_rows(cp.asnumpy(ns).reshape(shape)[:ncta], cp.asnumpy(clk).reshape(shape)[:ncta])
+    rows = trace_rows(cp.asnumpy(ns).reshape(shape)[:ncta], cp.asnumpy(clk).reshape(shape)[:ncta])
+    if not timed:
+        return rows
+    ts = []
+    for _ in range(int(timed)):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record()
+        gemm(w, x16, out=y, **kw)
+        b.record()
+        b.synchronize()
+        ts.append(cp.cuda.get_elapsed_time(a, b) * 1e3)
+    return rows, float(np.median(ts))
 
 
 def cost_fit(scan_df):

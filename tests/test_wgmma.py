@@ -585,6 +585,33 @@ def test_trace_phases_roles_and_durations():
         wgmma.trace_phases([dict(r, variant="wgmma_bn256_s4_scl0") for r in rows], od, id_, nt)
 
 
+def test_trace_phases_on_the_tile_aligned_split():
+    """trace_phases of a tile-aligned split grid (SK=3): the schedule's G comes from the SMs the launch was scheduled
+    for, each tile's part 0 is its owner and the others helpers, one segment per CTA; an SM count that gives another
+    grid is refused, not read as this one."""
+    from labkernels import wgmma
+
+    od, id_, nt, bn = 256, 1024, 256, 256        # 2 tiles x 4 super-blocks; 4 SMs: G = 2, 4 CTAs of 2 super-blocks
+    assert wgmma.split_g(3, nt, od, id_, bn, 4) == 2
+    ncta, dp = wgmma.schedule(3, nt, od, id_, bn, 4)
+    assert (ncta, dp) == (4, 0)
+    E = len(wgmma.TRACE_EVENTS)
+    ns = np.zeros((ncta, E + 1), np.uint64)
+    clk = np.zeros_like(ns)
+    for c in range(ncta):
+        t0 = 1_000_000 + 50 * c
+        ns[c, :6] = [t0, t0 + 100, t0 + 1_500, t0 + 200, t0 + 1_500 + 2_000, t0 + 1_500 + 2_000 + (4_000 if c % 2 == 0
+                                                                                                     else 1_000)]
+        clk[c, :6] = [1, 2, 3, 4, 5, 6]
+    rows = [{"variant": "wgmma_bn256_s4_scl0_skt", **r} for r in wgmma.trace_rows(ns, clk)]
+    ph = wgmma.trace_phases(rows, od, id_, nt, sm_count=4)
+    assert list(ph.role) == ["owner", "helper", "owner", "helper"] and list(ph.tile) == [0, 0, 1, 1]
+    assert (ph.iters == 2).all() and np.allclose(ph.fill_us, 1.3) and np.allclose(ph.main_us, 2.0)
+    assert np.allclose(ph.finish_us, [4.0, 1.0, 4.0, 1.0])
+    with pytest.raises(wgmma.WgmmaError, match="CTAs traced"):    # 8 SMs: G = 4, an 8-CTA grid
+        wgmma.trace_phases(rows, od, id_, nt, sm_count=8)
+
+
 def test_split_finish_build_is_its_own_cubin():
     """-DLK_EXP_SPLITFIN (exploratory): it compiles for every instantiation, its cubin differs from the plain one, and
     the plain build's machine code does not depend on it being defined elsewhere (the define only guards code)."""

@@ -163,29 +163,47 @@ def step_wgmma_conv2(out: Path, args) -> dict:
     return _record_ab(out, args, "conv2_ab", wgmma.CONV2_AB, wgmma.conv2_ab)
 
 
+#: the traced launches of ``gpu-check --steps wgmma_trace``: per shape and type, the nt=512 launches of record that
+#: bracket the bar -- BN=128 data-parallel (its loop converts under 128 tokens) and the BN=256 split grids (the
+#: tile-aligned split and its pair exchange where two CTAs share each tile, stream-K with the staged store where not)
+TRACE_PLAN = {(4096, 4096): {"q4_K": ("wgmma_bn128_s4_scl0", "wgmma_bn256_s4_scl0_skt", "wgmma_bn256_s4_scl0_skt_e3"),
+                             "q6_K": ("wgmma_bn128_s4_scl1", "wgmma_bn256_s4_scl0_skt")},
+              (11008, 4096): {"q4_K": ("wgmma_bn128_s4_scl0_sk", "wgmma_bn256_s4_scl0_sk_e4"),
+                              "q6_K": ("wgmma_bn128_s4_scl1_sk", "wgmma_bn256_s4_scl0_sk_e4")}}
+
+
 def step_wgmma_trace(out: Path, args) -> dict:
-    """Round 7, exploratory: per-CTA phase stamps (a -DLK_EXP_TRACE build) of the nt=512 launches, q4_K 4096 x 4096:
-    BN=128 data-parallel and BN=256 stream-K -- where a launch's time goes before, between and after the main loops
-    (labkernels.wgmma.trace_launch), recorded with their per-event summary."""
+    """Round 7, exploratory: per-CTA phase stamps (a -DLK_EXP_TRACE build) of the nt=512 launches of
+    :data:`TRACE_PLAN` -- where a launch's time goes before, between and after the main loops
+    (labkernels.wgmma.trace_launch), each with the trace build's own event-timed median (the stamps' span against the
+    launch's whole time), recorded with the per-event summary."""
     import numpy as np
 
     from .. import cases, records
 
     rng = np.random.default_rng(11)
-    with records.recording(DATA[0], {"what": "trace", "defines": ["LK_EXP_TRACE"], "qtype": "q4_K", "od": 4096,
-                                     "id": 4096, "nt": 512}, root=out / "data") as run:
-        raw = cases.synthetic_weights("q4_K", 4096, 4096, rng)
-        w = wgmma.WgWeight.from_gguf(raw, "q4_K")
-        x16 = wgmma._cp().asarray(rng.standard_normal((512, 4096)).astype(np.float16))
-        for bn, sk in ((128, 0), (256, 1)):
-            name = wgmma.variant_name(bn, 4, 0, sk)
-            rows = [{"variant": name, **r} for r in wgmma.trace_launch(w, x16, BN=bn, SCL=0, SK=sk)]
-            run.append("trace", rows)
-            summ = wgmma.trace_summary(rows)
-            run.append("trace_summary", [{"variant": name, **r} for r in summ.to_dict("records")])
-            last = summ.t_us_max.max()
-            args.log(f"trace {name}: {summ.ctas.max()} CTAs, entries within {summ.t_us_max.iloc[0]:.2f} us, "
-                     f"first tile at {summ.cta_us_median.iloc[2]:.2f} us (median per CTA), last stamp {last:.1f} us")
+    nt = 512
+    sms = wgmma._sm_count(wgmma._cp().cuda.Device().id)
+    with records.recording(DATA[0], {"what": "trace", "defines": ["LK_EXP_TRACE"], "nt": nt, "sm_count": sms,
+                                     "plan": {f"{od}x{id_}": v for (od, id_), v in TRACE_PLAN.items()}},
+                           root=out / "data") as run:
+        for (od, id_), per in TRACE_PLAN.items():
+            x16 = wgmma._cp().asarray(rng.standard_normal((nt, id_)).astype(np.float16))
+            for qtype, variants in per.items():
+                w = wgmma.WgWeight.from_gguf(cases.synthetic_weights(qtype, od, id_, rng), qtype)
+                for name in variants:
+                    _, p = wgmma.variant_params(name, qtype)
+                    rows, us = wgmma.trace_launch(w, x16, BN=p["BN"], STAGES=p["STAGES"], SCL=p["SCL"], SK=p["SK"],
+                                                  EPI=p.get("EPI", 0), timed=20)
+                    key = {"qtype": qtype, "od": od, "id": id_, "nt": nt, "variant": name}
+                    run.append("trace", [{**key, **r} for r in rows])
+                    run.append("trace_timed", [{**key, "median_us": us, "ctas": len({r["cta"] for r in rows}),
+                                                "span_us": max(r["t_us"] for r in rows)}])
+                    summ = wgmma.trace_summary(rows)
+                    run.append("trace_summary", [{**key, **r} for r in summ.to_dict("records")])
+                    args.log(f"trace {qtype} {od}x{id_} {name}: {summ.ctas.max()} CTAs, event-timed {us:.1f} us, "
+                             f"stamps span {summ.t_us_max.max():.1f} us, first tile at "
+                             f"{summ.cta_us_median.iloc[2]:.2f} us (median per CTA)")
     return {"ok": True, "run": run.run_id}
 
 

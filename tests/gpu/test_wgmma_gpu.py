@@ -493,8 +493,8 @@ def test_wgmma_real_model_tensors(cp, rng):
     print(f"{n} tensors, {n2} of them also on the uniform split-k grid")
 
 
-@pytest.mark.parametrize("bn,sk", [(128, 0), (256, 1)])
-def test_wgmma_trace_build_stamps_every_cta_in_order(cp, rng, bn, sk):
+@pytest.mark.parametrize("bn,sk,epi", [(128, 0, 0), (256, 1, 0), (256, 3, 0), (256, 1, 4)])
+def test_wgmma_trace_build_stamps_every_cta_in_order(cp, rng, bn, sk, epi):
     """The exploratory -DLK_EXP_TRACE build (labkernels.wgmma.trace_launch): every CTA stamps its entry, setup,
     its first segment's start, the first tile's arrival and the segment's ends, in that order (wgmma.TRACE_ORDER) in
     time and in cycles; exactly the CTAs whose stream-K range crosses a tile boundary in the host model
@@ -508,8 +508,12 @@ def test_wgmma_trace_build_stamps_every_cta_in_order(cp, rng, bn, sk):
     raw = _weights(rng, "q4_K", od, id_)
     w = wgmma.WgWeight.from_gguf(raw, "q4_K")
     x16 = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float16))
-    df = pd.DataFrame(wgmma.trace_launch(w, x16, BN=bn, SK=sk))
-    ncta, dp = wgmma.schedule(sk, nt, od, id_, bn, 132)
+    rows, us = wgmma.trace_launch(w, x16, BN=bn, SK=sk, EPI=epi, timed=3)
+    df = pd.DataFrame(rows)
+    sms = wgmma._sm_count(cp.cuda.Device().id)
+    ncta, dp = wgmma.schedule(sk, nt, od, id_, bn, sms)
+    G = wgmma.split_g(sk, nt, od, id_, bn, sms)
+    assert us > df.t_us.max()           # the launch's event-timed span holds every stamp
     assert df.cta.nunique() == ncta
     for ev in ("entry", "setup", "first_tile", "seg0_start", "seg0_mma_end", "seg0_done"):
         assert (df.event == ev).sum() == ncta, ev
@@ -517,9 +521,14 @@ def test_wgmma_trace_build_stamps_every_cta_in_order(cp, rng, bn, sk):
         g = g.set_index("event").reindex([e for e in wgmma.TRACE_ORDER if e in set(g.event)])
         assert g.cta_us.is_monotonic_increasing and g.cycles.is_monotonic_increasing, g
     tiles = ((od + 127) // 128) * ((nt + bn - 1) // bn)
-    two = {c for c in range(ncta) if len(wgmma.segments(ncta, c, id_ // 256, tiles, dp)) > 1}
+    two = {c for c in range(ncta) if len(wgmma.segments(ncta, c, id_ // 256, tiles, dp, G)) > 1}
     assert set(df.cta[df.event == "seg1_start"]) == two
-    assert bool(two) == bool(sk)        # stream-K here has CTAs with two segments; data-parallel none
+    assert bool(two) == (sk == 1)       # stream-K here has CTAs with two segments; data-parallel and the split none
+    ph = wgmma.trace_phases([{"variant": wgmma.variant_name(bn, 4, 0, sk, EPI=epi), **r} for r in rows], od, id_, nt, sms)
+    assert len(ph) == sum(len(wgmma.segments(ncta, c, id_ // 256, tiles, dp, G)) for c in range(ncta))
+    assert (ph.main_us > 0).all() and (ph.finish_us > 0).all()
+    if sk == 3:                         # every tile split G ways: one owner and G - 1 helpers per tile
+        assert G >= 2 and (ph.groupby("tile").role.apply(lambda r: (r == "owner").sum()) == 1).all()
 
 
 @pytest.mark.parametrize("od,id_,nt", [(4096, 4096, 512), (1000, 4096, 300)])
