@@ -160,3 +160,33 @@ def ceiling_bars(ax, table, nt: int = 512, title: str = "") -> None:
     ax.grid(axis="y", alpha=.3)
     if title:
         ax.set_title(title, fontsize=8)
+
+
+#: the phases of :func:`phase_bars` -> (column, label, colour name)
+PHASES = (("fill_us", "waiting for the first activation tile", None), ("main_us", "main loop (wgmma)", "wgmma_kq"),
+          ("finish_us", "finish: partial sums, fold, store (median)", "issue"))
+
+
+def phase_bars(ax, roles, title: str = "") -> None:
+    """:func:`labkernels.wgmma.trace_roles` as stacked horizontal bars, one per (launch, role): the median fill,
+    main loop and finish of that role's segments (us), the slowest finish as a whisker, the launch's last segment
+    end as a black tick; labelled with the variant, the role and how many segments it has."""
+    import numpy as np
+
+    r = roles.reset_index(drop=True)
+    y = np.arange(len(r))[::-1]
+    left = np.zeros(len(r))
+    for col, label, cname in PHASES:
+        ax.barh(y, r[col], left=left, height=.75, color=color(cname) if cname else "0.75", label=label, lw=0)
+        left = left + r[col].to_numpy()
+    fin0 = left - r["finish_us"].to_numpy()
+    ax.errorbar(fin0 + r["finish_us_max"], y, xerr=[r["finish_us_max"] - r["finish_us"], np.zeros(len(r))],
+                fmt="none", ecolor="0.2", lw=.8, capsize=2)
+    ax.scatter(r["end_us_max"], y, marker="|", s=120, color="k", label="launch's last segment end (stamps)", zorder=3)
+    ax.set_yticks(y, [f"{v.removeprefix('wgmma_')} {ro} (x{n})" for v, ro, n in zip(r.variant, r.role, r.segments)],
+                  fontsize=7)
+    ax.set_xlabel("time from the segment's start, medians over its role's segments [us]")
+    ax.grid(axis="x", alpha=.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), framealpha=.95)
+    if title:
+        ax.set_title(title, fontsize=8)

@@ -670,7 +670,7 @@ def auto_table(root=None):
     return best.reset_index(drop=True)
 
 
-_VARIANT = re.compile(r"wgmma_bn(\d+)_s(\d+)_scl(\d)(_sku|_skt|_sk)?(?:_e([1234]))?(?:_a(4))?(?:_p([12]))?$")
+_VARIANT = re.compile(r"wgmma_bn(\d+)_s(\d+)_scl(\d)(_sku|_skt|_sk)?(?:_e([12345]))?(?:_a(4))?(?:_p([12]))?$")
 _VARIANT_SMEM = re.compile(r"wgmma_smem_bn(\d+)_s(\d+)(_sku|_skt|_sk)?(_c2)?$")
 
 
@@ -851,6 +851,29 @@ def segments(ncta: int, cta: int, I: int, tiles: int, dp_tiles: int, G: int = 0)
 
 
 @lru_cache(maxsize=4096)
+def reduce_finish_fits(ncta: int, I: int, tiles: int, dp_tiles: int, G: int = 0) -> bool:
+    """Whether EPI=5's reduce finish takes this schedule (the host model, :func:`segments`): every tile held by at
+    most two CTAs, a split tile's helper the CTA right after its owner (whose flag it waits on), and no CTA holding
+    two split tiles from their k = 0 (its producer zeroes one)."""
+    held = {}
+    for c in range(ncta):
+        own = 0
+        for tile, klo, khi in segments(ncta, c, I, tiles, dp_tiles, G):
+            held.setdefault(tile, []).append((c, klo, khi))
+            own += klo == 0 and khi < I
+        if own > 1:
+            return False
+    for parts in held.values():
+        if len(parts) > 2:
+            return False
+        if len(parts) == 2:
+            (c0, k0, _), (c1, k1, _) = sorted(parts, key=lambda p: p[1])
+            if k0 != 0 or c1 != c0 + 1:
+                return False
+    return True
+
+
+@lru_cache(maxsize=4096)
 def _check_schedule(ncta: int, I: int, tiles: int, dp_tiles: int, G: int = 0) -> None:
     for c in range(ncta):
         n = len(segments(ncta, c, I, tiles, dp_tiles, G)) - dp_tiles // ncta
@@ -893,7 +916,7 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
     2 the bulk fold and a TMA store of Y (needs od % 4 == 0 and a 16-byte aligned, C-contiguous ``out``); both on
     grids of one segment per CTA (SK 0, 2, 3), refused with stream-K (SK=1); 3 the pair exchange (SK=3 with two
     CTAs per tile, 2-CTA clusters); 4 the staged TMA store (any scheduler: every tile through a staging buffer of its
-    own and TMA stores the consumers do not wait for; od % 4 == 0 as EPI=2). ``AQ`` (register form): the A-fragment
+    own and TMA stores the consumers do not wait for; od % 4 == 0 as EPI=2); 5 the reduce finish (EPI=4's buffer, and a split tile's two CTAs add their partial sums into Y, zeroed early by its owner, with TMA reduce-adds: grids of at most two CTAs a tile, :func:`reduce_finish_fits`). ``AQ`` (register form): the A-fragment
     sets of a consumer, 2 (convert after the wait for the previous chunk) or 4 (convert the next chunk before that
     wait; BN=128, the plain epilogue, the main scale form: the registry's rows). ``PF`` (register form): 0, or an L2
     prefetch of each row's weight bytes 1 or 2 super-blocks ahead of its loads (AQ=2 main scale forms, f16, the
@@ -924,9 +947,9 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
     if FORM not in (0, 1, 2):
         raise ValueError(f"FORM is 0 (register), 1 (shared memory) or 2 (shared memory, two converter warpgroups), "
                          f"not {FORM!r}")
-    if EPI not in (0, 1, 2, 3, 4):
-        raise ValueError(f"EPI is 0 (plain), 1 (bulk fold), 2 (bulk fold + TMA store), 3 (pair exchange) or 4 (staged "
-                         f"TMA store), not {EPI!r}")
+    if EPI not in (0, 1, 2, 3, 4, 5):
+        raise ValueError(f"EPI is 0 (plain), 1 (bulk fold), 2 (bulk fold + TMA store), 3 (pair exchange), 4 (staged "
+                         f"TMA store) or 5 (reduce finish), not {EPI!r}")
     if EPI and FORM:
         raise ShapeError("the shared-memory form (wgmma_kqs) has the plain epilogue only (EPI=0)")
     if PF not in (0, 1, 2):
@@ -958,9 +981,12 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
     if EPI == 3 and SK != 3:
         raise ShapeError(f"EPI=3 exchanges a tile's two partial sums inside a 2-CTA cluster: it runs on the "
                          f"tile-aligned split-k grid (SK=3) with two CTAs per tile, not SK={SK}")
-    if EPI in (2, 4) and w.od % 4:
+    if EPI in (2, 4, 5) and w.od % 4:
         raise ShapeError(f"EPI={EPI} stores Y through a TMA map, whose rows must be 16-byte multiples: od={w.od} is "
                          f"not a multiple of 4 (use EPI={'0 or 1' if EPI == 2 else 0})")
+    if EPI == 5 and "LK_EXP_WTMA" in (defines or build_defines()):
+        raise ShapeError("EPI=5 zeroes its split tiles with the producer's warps 1-3, where LK_EXP_WTMA's weight "
+                         "thread runs: no EPI=5 build of it")
     if FORM:
         if w.qtype != "q4_K":
             raise ShapeError(f"the shared-memory form (wgmma_kqs) takes q4_K weights, not {w.qtype}")
@@ -983,6 +1009,10 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
                          f"od={w.od}, id={w.id}, BN={BN} on {sms} SMs, not 2 (use EPI=0)")
     if SK:
         _check_schedule(ncta, w.id // QK, tile_count(nt, w.od, BN), dp_tiles, g)
+    if EPI == 5 and not reduce_finish_fits(ncta, w.id // QK, tile_count(nt, w.od, BN), dp_tiles, g):
+        raise ShapeError(f"EPI=5 adds a split tile's partial sums into Y in either order, which is deterministic for "
+                         f"two CTAs a tile (the helper the owner's next CTA) and not for more: SK={SK} at nt={nt}, "
+                         f"od={w.od}, id={w.id}, BN={BN} on {sms} SMs splits a tile over more (use EPI=4)")
     y = _out(nt, w.od, out)
     tm = tensor_map(x16, BN, bool(bf16))
     ws, flags = _WS.get(cp.cuda.get_current_stream().ptr, sms)
@@ -990,7 +1020,7 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
         k.launch((ncta, 1), (tm, weight_tensor_map(w.gguf)), y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws,
                  flags, np.int32(dp_tiles), np.int32(g))
     else:
-        ymap = output_map(y, BN) if EPI == 2 else output_map(y, 128) if EPI == 4 else NO_MAP   # EPI=4: 128 a round
+        ymap = output_map(y, BN) if EPI == 2 else output_map(y, 128) if EPI >= 4 else NO_MAP   # EPI=4, 5: 128 a round
         maps = (tm, ymap, *wtma_maps(w)) if "LK_EXP_WTMA" in k.defines else (tm, ymap)
         k.launch((ncta, 1), maps, w.packed, y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws, flags,
                  np.int32(dp_tiles), np.int32(g), cluster=2 if EPI == 3 else 1)
@@ -1136,6 +1166,12 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
                                    else "no two-CTA-per-tile grid (SK=3, G != 2)")
                             run.append("wgmma_not_applicable", {"qtype": qtype, "od": od, "id": id_, "nt": nt, "why": why,
                                                                 "variant": variant_name(bn, st, scl, sk, form, epi, aq, pf)})
+                        continue
+                    if epi == 5 and not reduce_fits(sk, nt, od, id_, bn, _sm_count(cp.cuda.Device().id)):
+                        if run is not None:     # the reduce finish: at most two CTAs a tile
+                            run.append("wgmma_not_applicable", {"qtype": qtype, "od": od, "id": id_, "nt": nt,
+                                                                "variant": variant_name(bn, st, scl, sk, form, epi, aq, pf),
+                                                                "why": "a tile over more than two CTAs (EPI=5)"})
                         continue
                     if sk in (2, 3) and not sk_fits(sk, nt, od, id_, bn, _sm_count(cp.cuda.Device().id)):
                         if run is not None:     # the split-k grid does not fit: not run, and said so
@@ -1421,6 +1457,26 @@ def trace_phases(rows, od: int, id_: int, nt: int, sm_count: int | None = None):
     return pd.DataFrame(out)
 
 
+def trace_roles(trace, sm_count: int | None = None):
+    """A recorded trace table (``wgmma_trace``'s ``trace``: several shapes, types and variants) as one row per
+    (qtype, od, id, nt, variant, role) of :func:`trace_phases`: how many segments, their median iterations and
+    fill / main / finish times (us), the slowest finish, the last segment's end (the stamps' span), the main loop's
+    median clock64 cycles per super-block and the SM clock (MHz)."""
+    import pandas as pd
+
+    df = pd.DataFrame(trace)
+    parts = []
+    for (q, od, id_, nt), g in df.groupby(["qtype", "od", "id", "nt"], sort=False):
+        ph = trace_phases(g.to_dict("records"), int(od), int(id_), int(nt), sm_count)
+        parts.append(ph.assign(qtype=q, od=int(od), id=int(id_), nt=int(nt)))
+    ph = pd.concat(parts, ignore_index=True)
+    return (ph.groupby(["qtype", "od", "id", "nt", "variant", "role"], sort=False)
+              .agg(segments=("cta", "size"), iters=("iters", "median"), fill_us=("fill_us", "median"),
+                   main_us=("main_us", "median"), finish_us=("finish_us", "median"),
+                   finish_us_max=("finish_us", "max"), end_us_max=("end_us", "max"),
+                   cycles_per_iter=("cycles_per_iter", "median"), mhz=("mhz", "median")).reset_index())
+
+
 def trace_launch(w: WgWeight, x16, BN: int = 128, STAGES: int = 4, SCL: int = 0, SK: int = 0, EPI: int = 0,
                  warmup: int = 2, timed: int = 0):
     """Exploratory: the per-CTA phase stamps (:func:`trace_rows`) of one register-form launch -- any scheduler and
@@ -1594,6 +1650,26 @@ def staged_ab(run, plan=None, progress=print, seed: int = 0) -> None:
     """EPI=4 against the plain epilogue, interleaved per point with cuBLAS (:func:`bench`, its own table
     ``wgmma_staged_ab``), after the real-model gates of the EPI=4 forms on every Gemma tensor."""
     option_ab(run, STAGED_AB, "wgmma_staged_ab", lambda f: f[3] == 4, plan, progress, seed)
+
+
+# ------------------------------------------------------------------------------------------- the reduce-finish A/B
+
+#: the reduce finish (``gpu-check --steps wgmma_reduce``; trace run 20261202T190840Z: on the nt=512 split grids the
+#: owner's finish -- the helper's partial sums through the workspace, its flag, the fold, the store -- takes 4.7-7.0
+#: us of a ~30 us launch): EPI=5 against EPI=0 and EPI=4 on the same grids (the tile-aligned split and stream-K at
+#: both tiles; EPI=3 where it pairs), beside BN=128 data-parallel and cuBLAS, at the bar's nt=512 and at nt=4096 --
+#: tuples as in :data:`PLAN`; a point whose grid puts three CTAs on a tile is recorded as not applicable
+REDUCE_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 4096], "qtypes": ["q4_K", "q6_K"],
+             "variants": [[256, 4, None, 3, 0, e] for e in (0, 3, 4, 5)] + [[256, 4, None, 1, 0, e] for e in (0, 4, 5)]
+             + [[128, 4, None, 1, 0, e] for e in (0, 4, 5)] + [[128, 4, None, 0]],
+             "pairs": 3, "repeats": 10}
+
+
+def reduce_ab(run, plan=None, progress=print, seed: int = 0) -> None:
+    """EPI=5 against the plain and staged epilogues on the same grids, interleaved per point with cuBLAS
+    (:func:`bench`, its own table ``wgmma_reduce_ab``), after the real-model gates of the EPI=5 forms on every Gemma
+    tensor."""
+    option_ab(run, REDUCE_AB, "wgmma_reduce_ab", lambda f: f[3] == 5, plan, progress, seed)
 
 
 # ------------------------------------------------------------------------------------- the two-converter A/B
@@ -1846,8 +1922,32 @@ REAL_MODEL_FORMS = ((128, 0, 0, 0), (256, 0, 0, 0), (128, 1, 0, 0), (256, 1, 0, 
                     (128, 0, 0, 0, 2, 2), (128, 1, 0, 0, 2, 1), (256, 3, 0, 0, 2, 2),   # the L2 prefetch (PF)
                     (128, 3, 0, 3), (256, 3, 0, 3),                      # the pair exchange (EPI=3)
                     (128, 0, 0, 4), (256, 0, 0, 4), (128, 1, 0, 4), (256, 1, 0, 4), (256, 3, 0, 4),   # staged (EPI=4)
+                    (128, 1, 0, 5), (256, 1, 0, 5), (128, 3, 0, 5), (256, 3, 0, 5),   # the reduce finish (EPI=5)
                     (128, 0, 2, 0), (128, 1, 2, 0),                      # two converter warpgroups (FORM=2)
                     (128, 0, 0, 0, 2, 0, 2), (128, 1, 0, 0, 2, 0, 2), (128, 3, 0, 0, 2, 0, 2))   # the scale plane (SCL=2)
+
+
+def reduce_fits(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> bool:
+    """Whether EPI=5 takes this launch: the scheduler's grid fits (:func:`sk_fits`) and its tiles have at most two
+    CTAs each (:func:`reduce_finish_fits`)."""
+    if not sk_fits(sk, nt, od, id_, BN, sm_count):
+        return False
+    ncta, dp = schedule(sk, nt, od, id_, BN, sm_count)
+    return reduce_finish_fits(ncta, id_ // QK, tile_count(nt, od, BN), dp, split_g(sk, nt, od, id_, BN, sm_count))
+
+
+def reduce_nt(sk: int, od: int, id_: int, BN: int, sm_count: int) -> int | None:
+    """The fewest tokens (a multiple of 8 up to 4096) at which EPI=5 takes scheduler ``sk`` on this weight with some
+    tile split over two CTAs -- the real-model gate's nt for the reduce finish; None where there is none."""
+    I = id_ // QK
+    for nt in range(8, 4097, 8):
+        if not reduce_fits(sk, nt, od, id_, BN, sm_count):
+            continue
+        ncta, dp = schedule(sk, nt, od, id_, BN, sm_count)
+        G = split_g(sk, nt, od, id_, BN, sm_count)
+        if any(klo > 0 for c in range(ncta) for _, klo, _ in segments(ncta, c, I, tile_count(nt, od, BN), dp, G)):
+            return nt
+    return None
 
 
 def real_model_rows(rng, progress=print, forms=REAL_MODEL_FORMS) -> list[dict]:
@@ -1880,9 +1980,13 @@ def real_model_rows(rng, progress=print, forms=REAL_MODEL_FORMS) -> list[dict]:
                 nt = pair_nt(raw.shape[0], id_, bn, sm)
                 if nt is None:
                     continue     # the pair exchange: two CTAs per tile only
+            if epi == 5:
+                nt = reduce_nt(sk, raw.shape[0], id_, bn, sm)
+                if nt is None or raw.shape[0] % 4:
+                    continue     # the reduce finish: a grid of at most two CTAs a tile, some of them split
             if not sk_fits(sk, nt, raw.shape[0], id_, bn, sm):
                 continue     # a split-k grid where it fits this tensor (every Gemma tensor, at 37 tokens)
-            if epi in (2, 4) and raw.shape[0] % 4:
+            if epi in (2, 4, 5) and raw.shape[0] % 4:
                 continue     # the TMA-store epilogue's rows are 16-byte multiples
             if nt not in inputs:
                 x = rng.standard_normal((nt, id_)).astype(np.float32)
@@ -1931,6 +2035,31 @@ def medians(bench_df):
     g["us_per_gmac"] = g.median_us / gmac
     g["tops_eq"] = 2 * gmac * 1e9 / (g.median_us * 1e-6) / 1e12
     return pd.DataFrame(g)
+
+
+def best_vs_cublas(ab_df, option: str = "_e5"):
+    """Per point (qtype, od, id, nt) of an option A/B: the fastest wgmma launch without the ``option`` suffix and the
+    fastest of all (the option's launches included), each one's ratio to cuBLAS fp16 (cached) timed beside it
+    (medians over the interleaved pairs) -- what the option does to the point's best, which is what the bar asks."""
+    import pandas as pd
+
+    m = medians(ab_df)
+    key = ["qtype", "od", "id", "nt"]
+    rows = []
+    for k, g in m.groupby(key):
+        cb = g[g.variant == "cublas_f16_cached"].median_us
+        w = g[g.variant.str.startswith("wgmma_")]
+        if cb.empty or w.empty:
+            continue
+        without = w[~w.variant.str.endswith(option)]
+        b0 = without.loc[without.median_us.idxmin()] if len(without) else None
+        b1 = w.loc[w.median_us.idxmin()]
+        rows.append({**dict(zip(key, k)), "cuBLAS us": float(cb.iloc[0]),
+                     "best without": b0.variant.removeprefix("wgmma_") if b0 is not None else "",
+                     "without vs cuBLAS": float(cb.iloc[0] / b0.median_us) if b0 is not None else float("nan"),
+                     "best with": b1.variant.removeprefix("wgmma_"),
+                     "with vs cuBLAS": float(cb.iloc[0] / b1.median_us)})
+    return pd.DataFrame(rows)
 
 
 def epi_table(ab_df):

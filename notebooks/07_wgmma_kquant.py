@@ -242,7 +242,7 @@ else:
 # schedule). The stamps cost a few global stores per CTA.
 
 # %%
-tr = records.latest("wgmma", where=lambda r: r.has("trace"))
+tr = records.latest("wgmma", where=lambda r: r.has("trace") and r.run_id.startswith("20261201T155423Z"))   # this paragraph's run
 if tr is None:
     print("no per-CTA trace recorded (gpu-check --steps wgmma_trace)")
 else:
@@ -1167,6 +1167,97 @@ else:
 #   BN=256 split grids, where the ring gains least.
 # * **Outcome:** the build stays exploratory (`LK_EXP_WTMA`, off the registry's main path); q6_K BN=128 is not a
 #   launch of record at nt=512. What is left at nt=512 is the conversion, for both types.
+
+# %% [markdown]
+# ## Fourteenth step: where the nt=512 split launches lose their time, and the reduce finish (prediction first)
+#
+# **Why.** At nt=512 the best launches are the BN=256 split grids (the tile-aligned split at three shapes, stream-K
+# at 11008 × 4096). A second trace (`gpu-check --steps wgmma_trace`, run 20261202T190840Z, commit 7057289) stamps
+# them beside BN=128, per CTA and per role in the schedule (`wgmma.trace_roles`; the bars below are medians over a
+# role's segments, the whisker the slowest, the black tick the launch's last stamp). What it shows:
+#
+# * **The loop is not the loss at BN=256.** q4_K's main loop runs at 4,107 clock64 cycles per super-block against
+#   the tensor pipe's 4,096. q6_K's at 5,350–5,400: there, the conversion is not hidden even at 256 tokens.
+# * **The owner's finish is.** A split tile's owner waits for its helper's partial sums (written through L2), folds
+#   them in and stores Y: 6.7 us at q4_K 4096 × 4096 (max 7.6), 7.0 us for q6_K, against 2.6–2.8 us for the helper
+#   and ~1.8 us for a whole tile's store. That is ~20% of a ~30 us launch, on the critical path.
+# * **BN=128 data-parallel** has no fix-up, but its loop runs at 2,439 cycles per super-block against 2,048 (84%):
+#   with perfect conversion it would only tie cuBLAS at 4096 × 4096.
+#
+# The trace build's own event timings in that run (`trace_timed`) are host-bound (one `gemm()` call a launch,
+# ~95–140 us against stamp spans of 28–108 us), so they are not used here; later trace runs do not take them.
+
+# %%
+ttr = records.latest("wgmma", where=lambda r: r.has("trace_summary") and "sm_count" in (r.meta.get("params") or {}))
+if ttr is None:
+    print("no trace of the nt=512 split launches (gpu-check --steps wgmma_trace)")
+else:
+    roles = wgmma.trace_roles(ttr.table("trace"), ttr.meta["params"]["sm_count"])
+    shapes = list(roles.groupby(["qtype", "od", "id"], sort=False).groups)
+    fig, axes = plt.subplots(len(shapes), 1, figsize=(10, 0.32 * len(roles) + 1.1 * len(shapes)), squeeze=False,
+                             gridspec_kw={"height_ratios": [len(roles[(roles.qtype == q) & (roles.od == o)])
+                                                            for q, o, _ in shapes]})
+    for ax, (q, od, id_) in zip(axes[:, 0], shapes):
+        plotting.phase_bars(ax, roles[(roles.qtype == q) & (roles.od == od) & (roles.id == id_)],
+                            f"{q} {od}x{id_}, nt=512")
+        if ax is not axes[0, 0]:
+            ax.get_legend().remove()
+    xmax = max(ax.get_xlim()[1] for ax in axes[:, 0])
+    for ax in axes[:, 0]:
+        ax.set_xlim(0, xmax)
+    fig.suptitle(f"per-CTA phases by role ({report.source(ttr)})", fontsize=9)
+    fig.tight_layout()
+    plt.show()
+    display(report.table(roles.drop(columns=["nt"]).rename(columns={"end_us_max": "last end_us"}),
+                         {"fill_us": "{:.2f}", "main_us": "{:.2f}", "finish_us": "{:.2f}", "finish_us_max": "{:.2f}",
+                          "last end_us": "{:.1f}", "cycles_per_iter": "{:,.0f}", "mhz": "{:,.0f}", "iters": "{:.1f}"},
+                         caption=f"the traced launches at nt=512, per role: medians over its segments "
+                                 f"({report.source(ttr)}); cycles_per_iter = main-loop clock64 cycles per 256-k "
+                                 f"super-block (the tensor pipe: 4,096 at BN=256, 2,048 at BN=128); mhz = clock64 "
+                                 f"over globaltimer"))
+
+# %% [markdown]
+# **Design: `EPI=5`, the reduce finish** (off the main path; grids where every tile has at most two CTAs, the
+# helper the owner's next CTA, no CTA owning two split tiles — `wgmma.reduce_finish_fits` on the host model of the
+# schedule, else a ShapeError; at nt=512 BN=256 that is the tile-aligned split at 4096 × 4096, 4096 × 11008 and
+# 4096 × 14336, and stream-K at 11008 × 4096):
+#
+# * No partial sums through the workspace and no fold. The owner's producer warpgroup has three idle warps: at the
+#   CTA's start they fill the split tile of Y with −0.0 (vector stores), fence for the async proxy, then set a flag
+#   for the helper and arrive on an mbarrier for the CTA's own consumers.
+# * When its own main loop ends, each of the tile's two CTAs writes its accumulators to EPI=4's staging buffer and
+#   issues TMA reduce-adds (`cp.reduce.async.bulk.tensor … .add`) into Y, after waiting only for the zeroing (done
+#   ~30 us earlier). Neither waits for the other.
+# * Y = (−0 + a) + b = a + b in either order (IEEE addition is commutative and −0 is its identity): bitwise the
+#   plain epilogue's owner + helper, up to a subnormal sum, which the reduce's f32 add flushes (as
+#   `red.global.add.f32` does). Whole tiles use EPI=4's TMA store.
+# * Cost: one more pass over a split tile of Y (the zeros), and the reduce's read-modify-write in L2. q4_K BN=128's
+#   EPI=5 build spills 56 B after its main loop (the other three none); the existing instantiations' SASS is
+#   byte-identical to before.
+#
+# **Prediction** (commit message, before the run): the owner's finish from 6.7 to ~2.5 us at q4_K 4096 × 4096;
+# at nt=512, q4_K's tile-aligned split from 0.82× to 0.90–0.96× cuBLAS, q6_K's from 0.76× to 0.83–0.88×; stream-K
+# at 11008 × 4096 +2–5% (its owners' finish is 5 us of a ~75 us launch); nt=4096 within ±2%. The nt=512 bar (1.0×)
+# probably still not met.
+
+# %%
+rr = records.latest("wgmma", where=lambda r: r.has("wgmma_reduce_ab"))
+if rr is None:
+    print("no recorded run of the reduce finish (gpu-check --steps wgmma_reduce)")
+else:
+    rab = wgmma.suffix_ab(rr.table("wgmma_reduce_ab"), suffixes=("_e5", "_e4", "_e3"))
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    lab = {"e5": "EPI=5 reduce finish", "e4": "EPI=4 staged store", "e3": "EPI=3 pair exchange"}
+    plotting.option_speedups(ax, rab.assign(option=rab.option + " " + rab.launch),
+                             {f"{o} {l}": f"{lab[o]}\n{l}" for o in ("e5", "e4", "e3")
+                              for l in sorted(rab.launch.unique(), reverse=True)
+                              if len(rab[(rab.option == o) & (rab.launch == l)])},
+                             f"epilogue forms against the plain epilogue on the same grid ({report.source(rr)})")
+    ax.tick_params(axis="x", labelsize=6)
+    plt.show()
+    best = wgmma.best_vs_cublas(rr.table("wgmma_reduce_ab"))
+    display(report.table(best, caption=f"per point: the fastest launch of the A/B with and without EPI=5, each "
+                                       f"one's ratio to cuBLAS fp16 (cached) timed beside it ({report.source(rr)})"))
 
 # %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process

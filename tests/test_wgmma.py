@@ -72,8 +72,8 @@ def test_registry_rows_of_round7():
     assert {k.p["QT"] for k in ks} == {4, 6} and all(k.archs == ("sm_90a",) for k in ks)
     assert all(k.threads == 384 for k in ks)
     for k in ks:   # the ring of STAGES activation tiles (BN tokens x 128 B) plus 1 KB of alignment slack (and
-        # EPI=4's 64 KB staging buffer)
-        assert k.dynamic_smem() == k.p["STAGES"] * k.p["BN"] * 128 + 1024 + (65536 if k.p["EPI"] == 4 else 0)
+        # the 64 KB staging buffer of EPI=4 and of EPI=5, which stores through it)
+        assert k.dynamic_smem() == k.p["STAGES"] * k.p["BN"] * 128 + 1024 + (65536 if k.p["EPI"] >= 4 else 0)
     main = sorted(k.key for k in ks if k.main_path and k.p["EPI"] == 0)
     # one scale-decode form per type and tile width on the main path, f16 (the forms ptxas pipelines without
     # spills: q6_K SCL=1 spills at BN=256); wgmma.main_scl names the same ones
@@ -318,7 +318,7 @@ def test_variant_names_carry_the_scheduler():
         smem = wgmma.variant_name(128, 4, 0, sk, FORM=1)
         assert wgmma.variant_params(smem, "q4_K")[1]["SK"] == sk and smem.startswith("wgmma_smem_bn128_s4")
     assert wgmma.variant_name(256, 4, 0, 3) == "wgmma_bn256_s4_scl0_skt"
-    for epi in (1, 2, 3, 4):   # the epilogue form is named after the scheduler, and only where it is not the plain one
+    for epi in (1, 2, 3, 4, 5):   # the epilogue form is named after the scheduler, and only where it is not the plain one
         name = wgmma.variant_name(256, 4, 0, 2, EPI=epi)
         assert name == f"wgmma_bn256_s4_scl0_sku_e{epi}"
         assert wgmma.variant_params(name, "q4_K")[1] == {"BN": 256, "STAGES": 4, "BF16": 0, "SCL": 0, "SK": 2,
@@ -326,7 +326,7 @@ def test_variant_names_carry_the_scheduler():
         assert wgmma.variant_params(f"wgmma_bn128_s4_scl1_e{epi}", "q6_K")[1]["EPI"] == epi
     assert "EPI" not in wgmma.variant_params("wgmma_bn256_s4_scl0_sku", "q4_K")[1]
     with pytest.raises(ValueError, match="not a round-7 variant"):
-        wgmma.variant_params("wgmma_bn256_s4_scl0_e5", "q4_K")
+        wgmma.variant_params("wgmma_bn256_s4_scl0_e6", "q4_K")
     with pytest.raises(ValueError, match="plain epilogue only"):
         wgmma.variant_name(128, 4, 0, 1, FORM=1, EPI=1)
     # the A-fragment sets come last, named only where they are not AQ=2, and read back
@@ -612,6 +612,52 @@ def test_trace_phases_on_the_tile_aligned_split():
         wgmma.trace_phases(rows, od, id_, nt, sm_count=8)
 
 
+def test_best_vs_cublas_names_the_best_launch_with_and_without_the_option():
+    """best_vs_cublas: per point, the median over pairs of each launch; the fastest without the option's suffix and
+    the fastest of all, as ratios to cuBLAS timed at that point; a point without cuBLAS is left out."""
+    import pandas as pd
+
+    from labkernels import wgmma
+
+    rows = []
+    for pair, (cb, a, b) in enumerate(((30.0, 36.0, 31.0), (30.0, 34.0, 33.0), (31.0, 35.0, 32.0))):
+        for v, us in (("cublas_f16_cached", cb), ("wgmma_bn256_s4_scl0_skt", a), ("wgmma_bn256_s4_scl0_skt_e5", b)):
+            rows.append({"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": v, "median_us": us})
+    rows.append({"qtype": "q6_K", "od": 4096, "id": 4096, "nt": 512, "variant": "wgmma_bn128_s4_scl1",
+                 "median_us": 40.0})
+    t = wgmma.best_vs_cublas(pd.DataFrame(rows))
+    assert len(t) == 1
+    r = t.iloc[0]
+    assert r["best without"] == "bn256_s4_scl0_skt" and np.isclose(r["without vs cuBLAS"], 30 / 35)
+    assert r["best with"] == "bn256_s4_scl0_skt_e5" and np.isclose(r["with vs cuBLAS"], 30 / 32)
+
+
+def test_trace_roles_groups_every_shape_of_a_trace_table():
+    """trace_roles: a recorded trace table of two shapes is split per shape before trace_phases (each has its own
+    schedule) and summarized per role -- the tile-aligned split's owners with their 4 us finish and helpers with 1 us,
+    the data-parallel grid's whole tiles, each role's segment count and its last end."""
+    from labkernels import wgmma
+
+    E = len(wgmma.TRACE_EVENTS)
+    rows = []
+    for od, variant, ncta in ((256, "wgmma_bn256_s4_scl0_skt", 4), (512, "wgmma_bn256_s4_scl0", 4)):
+        ns = np.zeros((ncta, E + 1), np.uint64)
+        clk = np.zeros_like(ns)
+        for c in range(ncta):
+            t0 = 1_000_000 + 50 * c
+            fin = (4_000 if c % 2 == 0 else 1_000) if variant.endswith("skt") else 500
+            ns[c, :6] = [t0, t0 + 100, t0 + 1_500, t0 + 200, t0 + 3_500, t0 + 3_500 + fin]
+            clk[c, :6] = [1, 2, 3, 4, 5, 6]
+        rows += [{"qtype": "q4_K", "od": od, "id": 1024, "nt": 256, "variant": variant, **r}
+                 for r in wgmma.trace_rows(ns, clk)]
+    t = wgmma.trace_roles(rows, sm_count=4).set_index(["od", "role"])
+    assert sorted(t.index) == [(256, "helper"), (256, "owner"), (512, "whole")]
+    assert t.loc[(256, "owner"), "segments"] == 2 and np.isclose(t.loc[(256, "owner"), "finish_us"], 4.0)
+    assert np.isclose(t.loc[(256, "helper"), "finish_us"], 1.0) and t.loc[(256, "helper"), "iters"] == 2
+    assert t.loc[(512, "whole"), "segments"] == 4 and t.loc[(512, "whole"), "iters"] == 4
+    assert np.isclose(t.loc[(256, "owner"), "end_us_max"], 0.1 + 3.5 + 4.0)   # CTA 2 starts 100 ns after CTA 0
+
+
 def test_split_finish_build_is_its_own_cubin():
     """-DLK_EXP_SPLITFIN (exploratory): it compiles for every instantiation, its cubin differs from the plain one, and
     the plain build's machine code does not depend on it being defined elsewhere (the define only guards code)."""
@@ -859,6 +905,48 @@ def test_registry_rows_and_fit_of_the_pair_exchange():
     assert not wgmma.pair_fits(512, 4096, 4096, 128, 132)       # 128 tiles: one CTA each
     assert not wgmma.pair_fits(512, 1000, 4096, 256, 132)       # 16 tiles: 8 CTAs each
     assert wgmma.pair_fits(77, 200, 512, 128, 132) and wgmma.pair_fits(256, 4000, 1792, 128, 132)
+
+
+def test_registry_rows_and_fit_of_the_reduce_finish():
+    """EPI=5 (the reduce finish: a split tile's two CTAs TMA-add into Y, zeroed by the owner's producer warps): the
+    AQ=2 main scale forms of both types and tiles, f16, off the main path, EPI=4's 64 KB of staging. It takes a
+    schedule only where every tile has at most two CTAs, the helper right after the owner, and no CTA owns two split
+    tiles -- the bar's nt=512 BN=256 grids (the tile-aligned split at three shapes, stream-K at 11008 x 4096), not
+    stream-K at 4096 x 14336 (56 super-blocks a tile, ~27 a CTA: three CTAs share a tile)."""
+    from labkernels import wgmma
+
+    ks = [k for k in registry.family("wgmma_kq") if k.p["EPI"] == 5]
+    assert sorted((k.p["QT"], k.p["BN"]) for k in ks) == [(4, 128), (4, 256), (6, 128), (6, 256)]
+    assert all(not k.main_path and k.p["AQ"] == 2 and k.p["PF"] == 0 and k.p["BF16"] == 0 for k in ks)
+    for od, id_ in ((4096, 4096), (4096, 11008), (4096, 14336)):
+        assert wgmma.reduce_fits(3, 512, od, id_, 256, 132)
+    assert wgmma.reduce_fits(1, 512, 11008, 4096, 256, 132)
+    assert not wgmma.reduce_fits(1, 512, 4096, 14336, 256, 132)
+    assert not wgmma.reduce_fits(3, 512, 4096, 4096, 128, 132)        # no tile-aligned grid fits at all
+    # the host model, directly: two CTAs a tile (G=2, owner 2t, helper 2t+1) fits; three a tile does not
+    assert wgmma.reduce_finish_fits(64, 16, 32, 0, 2)
+    assert not wgmma.reduce_finish_fits(96, 16, 32, 0, 3)
+    # a schedule that splits no tile (one whole tile a CTA) is EPI=4's, and fits
+    assert wgmma.reduce_finish_fits(32, 16, 32, 32)
+    # every split tile of a fitting stream-K grid: owner from k = 0, helper the next CTA, to the end of k
+    ncta, dp = wgmma.schedule(1, 512, 11008, 4096, 256, 132)
+    I, tiles = 4096 // 256, wgmma.tile_count(512, 11008, 256)
+    held = {}
+    for c in range(ncta):
+        for t, klo, khi in wgmma.segments(ncta, c, I, tiles, dp):
+            held.setdefault(t, []).append((c, klo, khi))
+    split = [sorted(v, key=lambda p: p[1]) for v in held.values() if len(v) > 1]
+    assert split and all(a[0] + 1 == b[0] and a[1] == 0 and a[2] == b[1] and b[2] == I for a, b in split)
+    # the real-model gate's nt: the fewest tokens at which some tile is split and the grid still fits
+    nt = wgmma.reduce_nt(1, 640, 1024, 128, 132)
+    assert nt is not None and wgmma.reduce_fits(1, nt, 640, 1024, 128, 132)
+
+    def splits(m):   # some tile of the grid at m tokens is held by two CTAs
+        ncta, dp = wgmma.schedule(1, m, 640, 1024, 128, 132)
+        return any(klo > 0 for c in range(ncta)
+                   for _, klo, _ in wgmma.segments(ncta, c, 1024 // 256, wgmma.tile_count(m, 640, 128), dp))
+
+    assert splits(nt) and not any(wgmma.reduce_fits(1, m, 640, 1024, 128, 132) and splits(m) for m in range(8, nt, 8))
 
 
 def test_registry_rows_and_auto_of_the_staged_store(tmp_path):

@@ -109,7 +109,7 @@ FAMILIES = [
              "memory, online softmax in base 2; one launch per layer, no workspace"),
     # -- round 7: Hopper-native k-quant GEMM, weights dequantized in registers feeding wgmma (sm_90a)
     dict(family="wgmma_kq", source="wgmma_kq.cu", template="wgmma_kq_kernel",
-         params={"QT": [4, 6], "BN": [128, 256], "STAGES": [4], "BF16": [0, 1], "SCL": [0, 1, 2], "EPI": [0, 1, 2, 3, 4],
+         params={"QT": [4, 6], "BN": [128, 256], "STAGES": [4], "BF16": [0, 1], "SCL": [0, 1, 2], "EPI": [0, 1, 2, 3, 4, 5],
                  "AQ": [2, 4], "PF": [0, 1, 2]},
          threads=384, smem="STAGES*BN*128 + 1024 + (EPI // 4) * 65536", tile=(0, 128),
          # the epilogue forms (EPI 1: bulk fold, 2: bulk fold + TMA store) are built on the main scale form, f16
@@ -125,9 +125,10 @@ FAMILIES = [
                # experiment off the main path; its epilogue spills a few bytes after the main loop, and q6_K
                # BN=256's spills inside it (not built)
                "(EPI != 3 or (AQ == 2 and PF == 0 and not (QT == 6 and BN == 256))) and "
-               # EPI=4 (the staged TMA store, any scheduler; its own 64 KB staging buffer): an experiment off the
-               # main path, the AQ=2 main scale forms, f16
-               "(EPI != 4 or (AQ == 2 and PF == 0)) and "
+               # EPI=4 (the staged TMA store, any scheduler; its own 64 KB staging buffer) and EPI=5 (the reduce
+               # finish through the same buffer: grids of at most two CTAs a tile): experiments off the main path,
+               # the AQ=2 main scale forms, f16
+               "(EPI < 4 or (AQ == 2 and PF == 0)) and "
                # SCL=2 (q4_K, f16: the scale plane written at load, +1 bit per weight): BN=128 -- the tile whose
                # loop the conversion holds; BN=256 hides it and spills 12 B with the plane -- plain epilogue, AQ=2
                "(SCL < 2 or (QT == 4 and BN == 128 and BF16 == 0 and EPI == 0 and AQ == 2 and PF == 0))",
@@ -140,7 +141,9 @@ FAMILIES = [
              "by shuffles, SCL=2 (q4_K f16) reads them from a scale plane written at load; EPI=0 plain epilogue, EPI=1 the owner folds helpers' partials in through bulk async "
              "copies into the idle ring, EPI=2 that and a TMA store of the tile (grids of one segment per CTA: SK=0/2/3), "
              "EPI=3 the pair exchange of SK=3's two partial sums through distributed shared memory (2-CTA clusters), "
-             "EPI=4 every tile through a staging buffer of its own and TMA stores (any scheduler); "
+             "EPI=4 every tile through a staging buffer of its own and TMA stores (any scheduler); EPI=5 that, and a split "
+             "tile's two CTAs adding their partial sums into Y (zeroed by its owner's producer warps) with TMA "
+             "reduce-adds, no fold (grids of at most two CTAs a tile); "
              "AQ=2 two A-fragment sets (convert after the wait for chunk q-1), AQ=4 four (convert chunk q+1 before "
              "that wait, so two groups stay queued); PF=1/2 an L2 prefetch of the weights 1/2 super-blocks ahead"),
     # -- round 7, the shared-memory form: a converter warpgroup dequantizes TMA-staged raw q4_K super-blocks into

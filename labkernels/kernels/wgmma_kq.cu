@@ -758,6 +758,16 @@ __device__ __forceinline__ void lk_sk_roles(const LkSeg* sk, int n, signed char*
 //   on a multi-tile grid (nt=4096: ~10 tiles per CTA, all CTAs storing at the same moment) the plain epilogue's
 //   BN/2 scalar stores per thread queue behind one another and hold the tensor pipe; here only the shared-memory
 //   writes do. The same accumulators stored: bitwise the plain epilogue.
+// * EPI=5, the reduce finish (grids whose tiles have at most two CTAs each, the helper's owner the CTA before it --
+//   the launcher checks): no partial sums through the workspace and no fold. The CTA that holds a split tile's k = 0
+//   fills the tile of Y with -0.0 early -- its producer warpgroup's three idle warps, at the CTA's start, then a flag
+//   (flags[cta], for the helper) and an mbarrier (for its own consumers) -- and each of the tile's two CTAs adds its
+//   partial sums into Y through EPI=4's staging buffer with TMA reduce-adds (cp.reduce.async.bulk.tensor .add) as
+//   soon as its own main loop ends: neither waits for the other. Y = (-0 + a) + b = a + b in either order (IEEE
+//   addition is commutative, -0 its identity): bitwise the plain epilogue's owner + helper, up to the flush of a
+//   subnormal sum (the reduce's f32 add flushes them, as red.global.add.f32 does). Whole tiles: EPI=4's store.
+//   Round 7's trace (run 20261202T190840Z): the owner's finish on the split grids 4.7-7.0 us, the helper's 2.6-3.6,
+//   EPI=4's whole tile 2.2.
 #define LK_FOLD_PIECE 16384
 __device__ __forceinline__ void lk_bulk_g2s(u32 dst, const void* src, u32 bytes, u64* bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
@@ -766,6 +776,13 @@ __device__ __forceinline__ void lk_bulk_g2s(u32 dst, const void* src, u32 bytes,
 }
 __device__ __forceinline__ void lk_tma_store_2d(const LkTmap* tm, u32 src, int c0, int c1) {
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"((u64)tm),
+                 "r"(src), "r"(c0), "r"(c1)
+                 : "memory");
+}
+// EPI=5: the same box added into Y element by element in L2 (f32 add, as red.global.add.f32: subnormals flushed)
+__device__ __forceinline__ void lk_tma_reduce_add_2d(const LkTmap* tm, u32 src, int c0, int c1) {
+    asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+                     (u64)tm),
                  "r"(src), "r"(c0), "r"(c1)
                  : "memory");
 }
@@ -847,8 +864,8 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
                                                   float* __restrict__ ws, u32* __restrict__ flags, int r0, int r1,
                                                   int n0, int c, int ctid, const signed char* sk_role, int si,
                                                   int G, u32 ring, u64* fold_bar, const LkTmap* tmy, u32 stg) {
-    static_assert(EPI >= 0 && EPI <= 4, "EPI is 0 (plain), 1 (bulk fold), 2 (bulk fold + TMA store), 3 (pair exchange), "
-                                        "4 (staged TMA store)");
+    static_assert(EPI >= 0 && EPI <= 5, "EPI is 0 (plain), 1 (bulk fold), 2 (bulk fold + TMA store), 3 (pair exchange), "
+                                        "4 (staged TMA store), 5 (reduce finish)");
     float4* part = (float4*)ws;
     if constexpr (EPI == 3) {
         // EPI=3, the pair exchange: the tile's two CTAs (SK=3, G=2: CTAs 2t and 2t+1, one 2-CTA cluster) each hold
@@ -873,7 +890,23 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
         lk_mbar_wait_cluster(&fold_bar[2], 0);   // the peer's 128 senders' stores have landed in this ring
         lk_fold_lds<BN>(acc, ring, 128, t);
     }
-    if constexpr (EPI != 3) {
+    // EPI=5: a split tile's two CTAs add into Y (zeroed by the owner's producer warps) -- no fold; a helper waits
+    // only for that zeroing (done at the owner's start), the owner for its own producer's
+    const bool red = EPI == 5 && (seg.klo > 0 || seg.khi < nsb);
+    (void)red;
+    if constexpr (EPI == 5) {
+        if (seg.klo > 0) {
+            if (ctid == 0) {
+                u32* f = flags + blockIdx.x - 1;   // the owner: the CTA before (the launcher checks)
+                while (lk_ld_acquire(f) == 0) __nanosleep(64);
+                *f = 0u;   // consumed (only this CTA reads it): zero again for the next launch
+            }
+            lk_consumer_sync();
+        } else if (red) {
+            lk_mbar_wait(fold_bar, 0);   // this CTA's producer warps have zeroed the tile (once per launch)
+        }
+    }
+    if constexpr (EPI != 3 && EPI != 5) {
 #ifndef LK_ABLATE_NOFIX   // ablation builds only (labkernels.wgmma: LABKERNELS_WG_DEFINES): skip the fix-up
 #ifdef LK_EXP_SPLITFIN
     const int dpw = dp_tiles / (int)gridDim.x;
@@ -967,9 +1000,9 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
     }
 
 #endif
-    }   // EPI != 3
+    }   // EPI != 3, 5
 #ifndef LK_ABLATE_NOSTORE   // ablation: skip the store (timing only)
-    if constexpr (EPI == 4) {   // per warpgroup: its 64 rows through its staging half, 128 tokens a round
+    if constexpr (EPI == 4 || EPI == 5) {   // per warpgroup: its 64 rows through its staging half, 128 tokens a round
         const int wgi = ctid >> 7, t = ctid & 127;
         const u32 wst = stg + (u32)wgi * 32768u;           // [128 tokens x 64 rows] f32: two boxes of 32 rows
         const int lw0 = (t >> 5) * 16 + ((t & 31) >> 2);   // the thread's first row among the warpgroup's 64
@@ -994,8 +1027,14 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
             lk_wg_sync(wgi);
             if (t == 0) {
                 const int m0w = r0 - lw0;   // the warpgroup's first row
-                lk_tma_store_2d(tmy, wst, m0w, n0 + 128 * h);
-                lk_tma_store_2d(tmy, wst + 16384u, m0w + 32, n0 + 128 * h);
+                if (EPI == 5 && red) {      // a split tile: add into the zeroed Y (the zeros' generic writes, acquired
+                    asm volatile("fence.proxy.async.global;\n" ::: "memory");   // above, before the async adds)
+                    lk_tma_reduce_add_2d(tmy, wst, m0w, n0 + 128 * h);
+                    lk_tma_reduce_add_2d(tmy, wst + 16384u, m0w + 32, n0 + 128 * h);
+                } else {
+                    lk_tma_store_2d(tmy, wst, m0w, n0 + 128 * h);
+                    lk_tma_store_2d(tmy, wst + 16384u, m0w + 32, n0 + 128 * h);
+                }
                 asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
             }
         }
@@ -1051,7 +1090,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
                                               float* __restrict__ Y, int nt, int od, int id, float* __restrict__ ws,
                                               u32* __restrict__ flags, int dp_tiles, int split_g) {
     static_assert(EPI == 0 || STAGES * BN * 128 >= BN * 512, "the EPI forms stage a BN x 128 f32 tile in the ring");
-    static_assert(EPI != 4 || BN % 128 == 0, "EPI=4 stages 128 tokens a round");
+    static_assert(EPI < 4 || BN % 128 == 0, "EPI=4 and 5 stage 128 tokens a round");
     static_assert(AQ == 2 || AQ == 4, "AQ: 2 or 4 A-fragment sets");
     static_assert(PF >= 0 && PF <= 2, "PF: no L2 prefetch (0), or of the super-block 1 or 2 ahead");
     constexpr int STAGE_BYTES = BN * LK_WG_K * 2;
@@ -1101,6 +1140,14 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
         if (sk_n < 0) __trap();
         if (EPI >= 1 && EPI <= 3 && dp_tiles / (int)gridDim.x + sk_n != 1) __trap();   // EPI 1-3: one segment per CTA
         if (EPI == 3 && (split_g != 2 || lk_cluster_size() != 2)) __trap();   // a pair of CTAs per tile, clustered
+        if (EPI == 5) {   // at most one split tile held from its k = 0 (the producer zeroes one), and a helper's
+            int own = 0;  // owner is the CTA before it (its flag): the launcher checks both on the host model
+            for (int i = 0; i < sk_n; i++) own += sk_seg[i].klo == 0 && sk_seg[i].khi < nsb;
+            if (own > 1 || (sk_n > 0 && sk_seg[0].klo > 0 && blockIdx.x == 0)) __trap();
+        }
+#ifdef LK_EXP_WTMA
+        if (EPI == 5) __trap();   // not built with the weight thread (the zeroing warps are its warp)
+#endif
     }
     __syncthreads();
     if (EPI == 3) lk_cluster_sync();   // the peer's mbarriers are initialized before anything arrives on them
@@ -1112,7 +1159,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (tid == 0) {
             asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tm) : "memory");
-            if (EPI == 2 || EPI == 4) asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tmy) : "memory");
+            if (EPI == 2 || EPI >= 4) asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tmy) : "memory");
             u32 q = 0;   // chunks issued so far: ring slot q % STAGES, its use number q / STAGES
             for (int si = 0; lk_segment(si, nsb, dp_tiles, sk_seg, nsk, seg); si++) {
                 const int n0 = (seg.tile / mtiles) * BN;
@@ -1124,6 +1171,34 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
                 }
             }
         }
+#ifndef LK_EXP_WTMA   // its weight thread is warp 1 of the producer: no EPI=5 there (the launcher refuses it)
+        if constexpr (EPI == 5) {
+            // warps 1-3 of the producer: the tile this CTA holds from k = 0 without finishing it (its helper is the
+            // next CTA) is filled with -0.0 in Y now, long before either CTA adds into it (EPI=5 above)
+            if (tid >= 32) {
+                int zt = -1;
+                for (int i = 0; i < nsk; i++)
+                    if (sk_seg[i].klo == 0 && sk_seg[i].khi < nsb) zt = sk_seg[i].tile;
+                if (zt >= 0) {
+                    const int m0 = (zt % mtiles) * LK_WG_M, n0 = (zt / mtiles) * BN, z = tid - 32;
+                    for (int e = z; e < BN * (LK_WG_M / 4); e += 96) {   // token-major: 512 contiguous bytes a token
+                        const int n = n0 + e / (LK_WG_M / 4), r = m0 + 4 * (e % (LK_WG_M / 4));
+                        if (n < nt && r < od)   // od % 4 == 0 (the launcher): a float4 is all in or all out
+                            asm volatile("st.global.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"l"(Y + (size_t)n * od + r),
+                                         "r"(0x80000000u)
+                                         : "memory");
+                    }
+                    __threadfence();
+                    asm volatile("fence.proxy.async.global;\n" ::: "memory");   // -> the TMA reduce-adds' reads
+                    asm volatile("bar.sync 4, 96;\n" ::: "memory");
+                    if (z == 0) {
+                        lk_st_release(flags + blockIdx.x, 1u);   // the helper (the next CTA)
+                        lk_mbar_arrive(&fold_bar[0]);            // this CTA's consumers
+                    }
+                }
+            }
+        }
+#endif
 #ifdef LK_EXP_WTMA
         // the weights' own thread (warp 1 of the producer warpgroup): every super-block of every segment in the
         // consumers' order, as far ahead as the ring's free slots allow -- not held back by the activation ring
@@ -1279,8 +1354,8 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
                                    si, split_g, ring, fold_bar, &tmy, ring + (u32)(STAGES * STAGE_BYTES));
         LK_TRACE(5 + 3 * si);
     }
-    // EPI=4: the last tile's stores have read the staging buffer before the CTA's shared memory is released
-    if constexpr (EPI == 4) {
+    // EPI=4, 5: the last tile's stores have read the staging buffer before the CTA's shared memory is released
+    if constexpr (EPI == 4 || EPI == 5) {
         if ((ctid & 127) == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
     }
     // EPI=3: neither CTA of a pair exits while its peer may still write its ring. The mbarrier protocol already

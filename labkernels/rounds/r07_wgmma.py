@@ -43,6 +43,8 @@ if mode == "sanitizer":       # tails in nt and od, every main-path variant, the
                                                 # the uniform split over 2 each: partials, flags, fix-up; both forms)
         if k.p.get("EPI") == 3:   # the pair exchange: SK=3 with two CTAs per tile (2 tiles of 2 super-blocks)
             cases += [(k, 77, 200, 512, 3)]
+        elif k.p.get("EPI") == 5:   # the reduce finish: split grids of two CTAs a tile (zeroing, flag, TMA adds),
+            cases += [(k, 77, 200, 512, sk) for sk in (1, 3)] + [(k, 600, 4000, 512, 1)]   # and several tiles a CTA
         elif (k.main_path or k.p.get("AQ", 2) != 2 or k.p.get("PF") or k.p.get("EPI") == 4
               or k.p.get("NCV") == 2 or k.p.get("SCL") == 2):   # (and the AQ=4, PF, EPI=4, two-converter and
             # scale-plane experiments) ... and the
@@ -157,6 +159,13 @@ def step_wgmma_staged(out: Path, args) -> dict:
     return _record_ab(out, args, "staged_ab", wgmma.STAGED_AB, wgmma.staged_ab)
 
 
+def step_wgmma_reduce(out: Path, args) -> dict:
+    """Round 7: the reduce finish (EPI=5: a split tile's two CTAs TMA-add their partial sums into Y, zeroed early by
+    the owner) against the plain and staged epilogues on the same grids at nt 512 and 4096
+    (labkernels.wgmma.reduce_ab), real-model gated, recorded."""
+    return _record_ab(out, args, "reduce_ab", wgmma.REDUCE_AB, wgmma.reduce_ab)
+
+
 def step_wgmma_conv2(out: Path, args) -> dict:
     """Round 7: the shared-memory form with two converter warpgroups (FORM=2, 512 threads) against one, and the
     register form, at nt 512 and 4096 (labkernels.wgmma.conv2_ab), real-model gated, recorded."""
@@ -166,17 +175,18 @@ def step_wgmma_conv2(out: Path, args) -> dict:
 #: the traced launches of ``gpu-check --steps wgmma_trace``: per shape and type, the nt=512 launches of record that
 #: bracket the bar -- BN=128 data-parallel (its loop converts under 128 tokens) and the BN=256 split grids (the
 #: tile-aligned split and its pair exchange where two CTAs share each tile, stream-K with the staged store where not)
-TRACE_PLAN = {(4096, 4096): {"q4_K": ("wgmma_bn128_s4_scl0", "wgmma_bn256_s4_scl0_skt", "wgmma_bn256_s4_scl0_skt_e3"),
-                             "q6_K": ("wgmma_bn128_s4_scl1", "wgmma_bn256_s4_scl0_skt")},
-              (11008, 4096): {"q4_K": ("wgmma_bn128_s4_scl0_sk", "wgmma_bn256_s4_scl0_sk_e4"),
-                              "q6_K": ("wgmma_bn128_s4_scl1_sk", "wgmma_bn256_s4_scl0_sk_e4")}}
+#: and the reduce finish (EPI=5) on the same split grids
+TRACE_PLAN = {(4096, 4096): {"q4_K": ("wgmma_bn128_s4_scl0", "wgmma_bn256_s4_scl0_skt", "wgmma_bn256_s4_scl0_skt_e3",
+                                      "wgmma_bn256_s4_scl0_skt_e5"),
+                             "q6_K": ("wgmma_bn128_s4_scl1", "wgmma_bn256_s4_scl0_skt", "wgmma_bn256_s4_scl0_skt_e5")},
+              (11008, 4096): {"q4_K": ("wgmma_bn128_s4_scl0_sk", "wgmma_bn256_s4_scl0_sk_e4", "wgmma_bn256_s4_scl0_sk_e5"),
+                              "q6_K": ("wgmma_bn128_s4_scl1_sk", "wgmma_bn256_s4_scl0_sk_e4", "wgmma_bn256_s4_scl0_sk_e5")}}
 
 
 def step_wgmma_trace(out: Path, args) -> dict:
     """Round 7, exploratory: per-CTA phase stamps (a -DLK_EXP_TRACE build) of the nt=512 launches of
     :data:`TRACE_PLAN` -- where a launch's time goes before, between and after the main loops
-    (labkernels.wgmma.trace_launch), each with the trace build's own event-timed median (the stamps' span against the
-    launch's whole time), recorded with the per-event summary."""
+    (labkernels.wgmma.trace_launch), recorded with the per-event summary."""
     import numpy as np
 
     from .. import cases, records
@@ -193,15 +203,15 @@ def step_wgmma_trace(out: Path, args) -> dict:
                 w = wgmma.WgWeight.from_gguf(cases.synthetic_weights(qtype, od, id_, rng), qtype)
                 for name in variants:
                     _, p = wgmma.variant_params(name, qtype)
-                    rows, us = wgmma.trace_launch(w, x16, BN=p["BN"], STAGES=p["STAGES"], SCL=p["SCL"], SK=p["SK"],
-                                                  EPI=p.get("EPI", 0), timed=20)
+                    # no event timing of the trace build: one gemm() call a launch is host-bound at ~95-140 us
+                    # (run 20261202T190840Z's trace_timed against stamp spans of 28-108 us) -- bench times launches
+                    rows = wgmma.trace_launch(w, x16, BN=p["BN"], STAGES=p["STAGES"], SCL=p["SCL"], SK=p["SK"],
+                                              EPI=p.get("EPI", 0))
                     key = {"qtype": qtype, "od": od, "id": id_, "nt": nt, "variant": name}
                     run.append("trace", [{**key, **r} for r in rows])
-                    run.append("trace_timed", [{**key, "median_us": us, "ctas": len({r["cta"] for r in rows}),
-                                                "span_us": max(r["t_us"] for r in rows)}])
                     summ = wgmma.trace_summary(rows)
                     run.append("trace_summary", [{**key, **r} for r in summ.to_dict("records")])
-                    args.log(f"trace {qtype} {od}x{id_} {name}: {summ.ctas.max()} CTAs, event-timed {us:.1f} us, "
+                    args.log(f"trace {qtype} {od}x{id_} {name}: {summ.ctas.max()} CTAs, "
                              f"stamps span {summ.t_us_max.max():.1f} us, first tile at "
                              f"{summ.cta_us_median.iloc[2]:.2f} us (median per CTA)")
     return {"ok": True, "run": run.run_id}
@@ -383,5 +393,5 @@ def step_wgmma_ceiling(out: Path, args) -> dict:
 STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_ncu": step_wgmma_ncu,
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
          "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
-         "wgmma_staged": step_wgmma_staged, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane,
+         "wgmma_staged": step_wgmma_staged, "wgmma_reduce": step_wgmma_reduce, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane,
          "wgmma_ceiling": step_wgmma_ceiling, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}

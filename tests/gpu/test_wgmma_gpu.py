@@ -361,6 +361,48 @@ def test_wgmma_staged_store_is_bitwise_the_plain_one(cp, rng, spec, nt, od, id_,
             _run(cp, raw2, qtype, x[:5], EPI=4, **p)
 
 
+REDUCE_SPECS = [k for k in registry.family("wgmma_kq") if k.p["EPI"] == 5]
+
+
+@pytest.mark.parametrize("sk", [1, 3], ids=["sk", "skt"])
+@pytest.mark.parametrize("spec", REDUCE_SPECS, ids=[k.key for k in REDUCE_SPECS])
+@pytest.mark.parametrize("nt,od,id_", [(77, 200, 512), (600, 4000, 512), (500, 4000, 4096), (900, 1500, 2048),
+                                       (1000, 1028, 1792)])
+def test_wgmma_reduce_finish_is_bitwise_the_plain_one(cp, rng, spec, nt, od, id_, sk):
+    """EPI=5: a split tile's owner fills its tile of Y with -0.0 at its start (producer warps 1-3), and the tile's
+    two CTAs each TMA-add their partial sums into it, in either order: (-0 + a) + b = a + b, so bitwise the plain
+    epilogue's owner + helper on the same grid (no sum here is subnormal); tails in nt and od, NaN-poisoned output
+    (every element overwritten), guard regions intact, twice (the flags are zeroed again by their readers: a plain
+    launch after it still matches). A grid with three CTAs on a tile is refused (1000 x 1028 x 1792), and so is
+    od not a multiple of 4."""
+    from labkernels import gpu, wgmma
+
+    qtype = "q4_K" if spec.p["QT"] == 4 else "q6_K"
+    bn = spec.p["BN"]
+    sm = gpu.device_props()["sm_count"]
+    if not wgmma.sk_fits(sk, nt, od, id_, bn, sm):
+        pytest.skip(f"SK={sk} does not fit {nt} x {od} x {id_} at BN={bn} (refusal tested elsewhere)")
+    raw = _weights(rng, qtype, od, id_)
+    x = rng.standard_normal((nt, id_)).astype(np.float32)
+    p = dict(BN=bn, STAGES=spec.p["STAGES"], SCL=spec.p["SCL"], SK=sk)
+    if not wgmma.reduce_fits(sk, nt, od, id_, bn, sm):
+        with pytest.raises(gpu.ShapeError, match="EPI=5 adds"):
+            _run(cp, raw, qtype, x, EPI=5, **p)
+        return
+    y0, packed = _run(cp, raw, qtype, x, EPI=0, **p)
+    for _ in range(2):
+        y, _ = _run(cp, raw, qtype, x, EPI=5, **p)
+        assert np.array_equal(y, y0), f"{spec.key} SK={sk} differs from the plain epilogue"
+    y1, _ = _run(cp, raw, qtype, x, EPI=0, **p)
+    assert np.array_equal(y1, y0), "a plain launch after EPI=5 differs (flags left set?)"
+    g = wgmma.gate(y, raw, qtype, x, packed=packed, tokens=np.arange(0, nt, max(1, nt // 40)))
+    assert g["ok"] and g["nonfinite"] == 0, g
+    if nt == 77:
+        raw2 = _weights(rng, qtype, 202, id_)
+        with pytest.raises(gpu.ShapeError, match="16-byte multiples"):
+            _run(cp, raw2, qtype, x[:5], EPI=5, **p)
+
+
 PF_SPECS = [k for k in registry.family("wgmma_kq") if k.p["PF"]]
 
 
