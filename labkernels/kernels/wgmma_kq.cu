@@ -760,7 +760,8 @@ __device__ __forceinline__ void lk_sk_roles(const LkSeg* sk, int n, signed char*
 //   writes do. The same accumulators stored: bitwise the plain epilogue.
 // * EPI=5, the reduce finish (grids whose tiles have at most two CTAs each, the helper's owner the CTA before it --
 //   the launcher checks): no partial sums through the workspace and no fold. The CTA that holds a split tile's k = 0
-//   fills the tile of Y with -0.0 early -- its producer warpgroup's three idle warps, at the CTA's start, then a flag
+//   fills the tile of Y with -0.0 early -- its producer warpgroup's three idle warps, at the CTA's start, by TMA
+//   stores of a 16 KB box of -0.0 behind the staging buffer (EPI=5's own 16 KB), then a flag
 //   (flags[cta], for the helper) and an mbarrier (for its own consumers) -- and each of the tile's two CTAs adds its
 //   partial sums into Y through EPI=4's staging buffer with TMA reduce-adds (cp.reduce.async.bulk.tensor .add) as
 //   soon as its own main loop ends: neither waits for the other. Y = (-0 + a) + b = a + b in either order (IEEE
@@ -1174,24 +1175,31 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
 #ifndef LK_EXP_WTMA   // its weight thread is warp 1 of the producer: no EPI=5 there (the launcher refuses it)
         if constexpr (EPI == 5) {
             // warps 1-3 of the producer: the tile this CTA holds from k = 0 without finishing it (its helper is the
-            // next CTA) is filled with -0.0 in Y now, long before either CTA adds into it (EPI=5 above)
+            // next CTA) is filled with -0.0 in Y now, long before either CTA adds into it (EPI=5 above). By TMA
+            // stores of a 16 KB box of -0.0 behind the staging buffer, not by the warps' own stores: the first build's
+            // st.global.v4 (128 KB a CTA through the SM's load/store path) slowed the consumers' main loop by ~6%
+            // (trace run 20261202T230839Z: 4,360 against 4,109 clock64 cycles per super-block)
             if (tid >= 32) {
                 int zt = -1;
                 for (int i = 0; i < nsk; i++)
                     if (sk_seg[i].klo == 0 && sk_seg[i].khi < nsb) zt = sk_seg[i].tile;
                 if (zt >= 0) {
                     const int m0 = (zt % mtiles) * LK_WG_M, n0 = (zt / mtiles) * BN, z = tid - 32;
-                    for (int e = z; e < BN * (LK_WG_M / 4); e += 96) {   // token-major: 512 contiguous bytes a token
-                        const int n = n0 + e / (LK_WG_M / 4), r = m0 + 4 * (e % (LK_WG_M / 4));
-                        if (n < nt && r < od)   // od % 4 == 0 (the launcher): a float4 is all in or all out
-                            asm volatile("st.global.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"l"(Y + (size_t)n * od + r),
-                                         "r"(0x80000000u)
-                                         : "memory");
-                    }
-                    __threadfence();
-                    asm volatile("fence.proxy.async.global;\n" ::: "memory");   // -> the TMA reduce-adds' reads
+                    const u32 zb = lk_smem_u32(sB) + (u32)(STAGES * STAGE_BYTES) + 65536u;   // [128 tokens x 32 rows]
+                    for (int e = z; e < 1024; e += 96)
+                        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(zb + 16u * (u32)e),
+                                     "r"(0x80000000u)
+                                     : "memory");
+                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // -> the TMA unit's reads
                     asm volatile("bar.sync 4, 96;\n" ::: "memory");
                     if (z == 0) {
+                        for (int h = 0; h < BN / 128; h++)       // the map's box: 32 rows x 128 tokens (clipped at
+                            for (int r = 0; r < LK_WG_M; r += 32)   // od and nt by the TMA unit)
+                                lk_tma_store_2d(&tmy, zb, m0 + r, n0 + 128 * h);
+                        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");   // written, not only read
+                        asm volatile("fence.proxy.async.global;\n" ::: "memory");
+                        __threadfence();
                         lk_st_release(flags + blockIdx.x, 1u);   // the helper (the next CTA)
                         lk_mbar_arrive(&fold_bar[0]);            // this CTA's consumers
                     }
