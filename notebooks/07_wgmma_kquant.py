@@ -1241,23 +1241,44 @@ else:
 # probably still not met.
 
 # %%
-rr = records.latest("wgmma", where=lambda r: r.has("wgmma_reduce_ab"))
-if rr is None:
+rrs = sorted((r for r in records.list_runs("wgmma") if r.has("wgmma_reduce_ab")), key=lambda r: r.run_id)
+if not rrs:
     print("no recorded run of the reduce finish (gpu-check --steps wgmma_reduce)")
 else:
-    rab = wgmma.suffix_ab(rr.table("wgmma_reduce_ab"), suffixes=("_e5", "_e4", "_e3"))
-    fig, ax = plt.subplots(figsize=(9, 3.8))
-    lab = {"e5": "EPI=5 reduce finish", "e4": "EPI=4 staged store", "e3": "EPI=3 pair exchange"}
-    plotting.option_speedups(ax, rab.assign(option=rab.option + " " + rab.launch),
-                             {f"{o} {l}": f"{lab[o]}\n{l}" for o in ("e5", "e4", "e3")
-                              for l in sorted(rab.launch.unique(), reverse=True)
-                              if len(rab[(rab.option == o) & (rab.launch == l)])},
-                             f"epilogue forms against the plain epilogue on the same grid ({report.source(rr)})")
-    ax.tick_params(axis="x", labelsize=6)
+    label = {"058d1f732d": "first build: the zeros by the producer warps' vector stores",
+             "21c49fe8e0": "second build: the zeros by TMA from 16 KB of shared memory of their own",
+             "REDUCE3": "third build: the zeros by TMA from the staging buffer"}
+    fig, axes = plt.subplots(len(rrs), 1, figsize=(10, 3.5 * len(rrs)), squeeze=False)
+    for ax, r in zip(axes[:, 0], rrs):
+        t = wgmma.suffix_ab(r.table("wgmma_reduce_ab"), suffixes=("_e5",))
+        commit = r.meta["provenance"]["git_commit"]
+        plotting.launch_speedups(ax, t, "speedup", f"{label.get(commit, commit)} ({report.source(r)})",
+                                 "speedup (plain time / EPI=5 time)")
+    lims = [ax.get_ylim() for ax in axes[:, 0]]   # one y range for all panels
+    for ax in axes[:, 0]:
+        ax.set_ylim(min(l[0] for l in lims), max(l[1] for l in lims))
+    fig.tight_layout()
     plt.show()
-    best = wgmma.best_vs_cublas(rr.table("wgmma_reduce_ab"))
-    display(report.table(best, caption=f"per point: the fastest launch of the A/B with and without EPI=5, each "
-                                       f"one's ratio to cuBLAS fp16 (cached) timed beside it ({report.source(rr)})"))
+    rr = rrs[-1]
+    display(report.table(wgmma.best_vs_cublas(rr.table("wgmma_reduce_ab")),
+                         {"cuBLAS us": "{:.1f}", "without vs cuBLAS": "{:.3f}", "with vs cuBLAS": "{:.3f}"},
+                         caption=f"per point, the last build: the fastest launch of the A/B without and with EPI=5, "
+                                 f"each one's ratio to cuBLAS fp16 (cached) timed beside it ({report.source(rr)})"))
+
+# %%
+trs = [r for r in records.list_runs("wgmma") if r.has("trace_summary") and "sm_count" in (r.meta.get("params") or {})]
+if trs:
+    rows = []
+    for r in trs:
+        t = wgmma.trace_roles(r.table("trace"), r.meta["params"]["sm_count"])
+        t = t[(t.od == 4096) & (t.id == 4096) & t.variant.str.contains("skt") & ~t.variant.str.endswith("e3")]
+        rows.append(t.assign(run=r.run_id[:16]))
+    tt = pd.concat(rows)[["run", "qtype", "variant", "role", "main_us", "cycles_per_iter", "finish_us", "end_us_max"]]
+    display(report.table(tt.rename(columns={"end_us_max": "last end_us"}),
+                         {"main_us": "{:.2f}", "cycles_per_iter": "{:,.0f}", "finish_us": "{:.2f}",
+                          "last end_us": "{:.1f}"},
+                         caption="the tile-aligned split at 4096 x 4096, nt=512, in each trace run: the plain epilogue "
+                                 "and EPI=5 of the build at that run's commit (medians over the role's 64 segments)"))
 
 # %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process

@@ -111,7 +111,7 @@ FAMILIES = [
     dict(family="wgmma_kq", source="wgmma_kq.cu", template="wgmma_kq_kernel",
          params={"QT": [4, 6], "BN": [128, 256], "STAGES": [4], "BF16": [0, 1], "SCL": [0, 1, 2], "EPI": [0, 1, 2, 3, 4, 5],
                  "AQ": [2, 4], "PF": [0, 1, 2]},
-         threads=384, smem="STAGES*BN*128 + 1024 + (EPI // 4) * 65536 + (EPI // 5) * 16384", tile=(0, 128),
+         threads=384, smem="STAGES*BN*128 + 1024 + (EPI // 4) * 65536", tile=(0, 128),
          # the epilogue forms (EPI 1: bulk fold, 2: bulk fold + TMA store) are built on the main scale form, f16
          # AQ=4 (four A-fragment sets, the conversion ahead of the wait): BN=128 only (BN=256 spills), plain
          # epilogue, f16, the main scale form -- an experiment (gpu-check --steps wgmma_aq), not on the main path

@@ -761,7 +761,7 @@ __device__ __forceinline__ void lk_sk_roles(const LkSeg* sk, int n, signed char*
 // * EPI=5, the reduce finish (grids whose tiles have at most two CTAs each, the helper's owner the CTA before it --
 //   the launcher checks): no partial sums through the workspace and no fold. The CTA that holds a split tile's k = 0
 //   fills the tile of Y with -0.0 early -- its producer warpgroup's three idle warps, at the CTA's start, by TMA
-//   stores of a 16 KB box of -0.0 behind the staging buffer (EPI=5's own 16 KB), then a flag
+//   stores of a 16 KB box of -0.0 in the staging buffer (its consumers wait for the reads), then a flag
 //   (flags[cta], for the helper) and an mbarrier (for its own consumers) -- and each of the tile's two CTAs adds its
 //   partial sums into Y through EPI=4's staging buffer with TMA reduce-adds (cp.reduce.async.bulk.tensor .add) as
 //   soon as its own main loop ends: neither waits for the other. Y = (-0 + a) + b = a + b in either order (IEEE
@@ -1004,6 +1004,7 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
     }   // EPI != 3, 5
 #ifndef LK_ABLATE_NOSTORE   // ablation: skip the store (timing only)
     if constexpr (EPI == 4 || EPI == 5) {   // per warpgroup: its 64 rows through its staging half, 128 tokens a round
+        if (EPI == 5) lk_mbar_wait(&fold_bar[1], 0);   // the producer's TMA has read its zeros from the buffer
         const int wgi = ctid >> 7, t = ctid & 127;
         const u32 wst = stg + (u32)wgi * 32768u;           // [128 tokens x 64 rows] f32: two boxes of 32 rows
         const int lw0 = (t >> 5) * 16 + ((t & 31) >> 2);   // the thread's first row among the warpgroup's 64
@@ -1175,17 +1176,21 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
 #ifndef LK_EXP_WTMA   // its weight thread is warp 1 of the producer: no EPI=5 there (the launcher refuses it)
         if constexpr (EPI == 5) {
             // warps 1-3 of the producer: the tile this CTA holds from k = 0 without finishing it (its helper is the
-            // next CTA) is filled with -0.0 in Y now, long before either CTA adds into it (EPI=5 above). By TMA
-            // stores of a 16 KB box of -0.0 behind the staging buffer, not by the warps' own stores: the first build's
-            // st.global.v4 (128 KB a CTA through the SM's load/store path) slowed the consumers' main loop by ~6%
-            // (trace run 20261202T230839Z: 4,360 against 4,109 clock64 cycles per super-block)
+            // next CTA) is filled with -0.0 in Y now, long before either CTA adds into it (EPI=5 above), by TMA
+            // stores of a 16 KB box of -0.0 written to the start of the staging buffer. Not by the warps' own stores
+            // (the first build: 128 KB a CTA through the SM's load/store path slowed the consumers' main loop from
+            // 4,109 to 4,360 clock64 cycles per super-block, trace run 20261202T230839Z), and not from 16 KB of shared
+            // memory of its own (the second build: q6_K's loop slowed by ~11% with the smaller L1 beside it, trace
+            // run 20261202T231817Z). fold_bar[1]: the staging buffer read (every EPI=5 CTA arrives once, its
+            // consumers wait before their first staging write); fold_bar[0] and the flag: the zeros written
             if (tid >= 32) {
                 int zt = -1;
                 for (int i = 0; i < nsk; i++)
                     if (sk_seg[i].klo == 0 && sk_seg[i].khi < nsb) zt = sk_seg[i].tile;
+                const int z = tid - 32;
                 if (zt >= 0) {
-                    const int m0 = (zt % mtiles) * LK_WG_M, n0 = (zt / mtiles) * BN, z = tid - 32;
-                    const u32 zb = lk_smem_u32(sB) + (u32)(STAGES * STAGE_BYTES) + 65536u;   // [128 tokens x 32 rows]
+                    const int m0 = (zt % mtiles) * LK_WG_M, n0 = (zt / mtiles) * BN;
+                    const u32 zb = lk_smem_u32(sB) + (u32)(STAGES * STAGE_BYTES);   // [128 tokens x 32 rows]
                     for (int e = z; e < 1024; e += 96)
                         asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(zb + 16u * (u32)e),
                                      "r"(0x80000000u)
@@ -1197,12 +1202,16 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
                             for (int r = 0; r < LK_WG_M; r += 32)   // od and nt by the TMA unit)
                                 lk_tma_store_2d(&tmy, zb, m0 + r, n0 + 128 * h);
                         asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+                        lk_mbar_arrive(&fold_bar[1]);            // the staging buffer is the consumers' again
                         asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");   // written, not only read
                         asm volatile("fence.proxy.async.global;\n" ::: "memory");
                         __threadfence();
                         lk_st_release(flags + blockIdx.x, 1u);   // the helper (the next CTA)
                         lk_mbar_arrive(&fold_bar[0]);            // this CTA's consumers
                     }
+                } else if (z == 0) {
+                    lk_mbar_arrive(&fold_bar[1]);   // nothing to zero: the staging buffer is free from the start
                 }
             }
         }
