@@ -1206,7 +1206,6 @@ else:
     for ax in axes[:, 0]:
         ax.set_xlim(0, xmax)
     fig.suptitle(f"per-CTA phases by role ({report.source(ttr)})", fontsize=9)
-    fig.tight_layout()
     plt.show()
     display(report.table(roles.drop(columns=["nt"]).rename(columns={"end_us_max": "last end_us"}),
                          {"fill_us": "{:.2f}", "main_us": "{:.2f}", "finish_us": "{:.2f}", "finish_us_max": "{:.2f}",
@@ -1247,7 +1246,7 @@ if not rrs:
 else:
     label = {"058d1f732d": "first build: the zeros by the producer warps' vector stores",
              "21c49fe8e0": "second build: the zeros by TMA from 16 KB of shared memory of their own",
-             "REDUCE3": "third build: the zeros by TMA from the staging buffer"}
+             "6818ffca45": "third build: the zeros by TMA from the staging buffer"}
     fig, axes = plt.subplots(len(rrs), 1, figsize=(10, 3.5 * len(rrs)), squeeze=False)
     for ax, r in zip(axes[:, 0], rrs):
         t = wgmma.suffix_ab(r.table("wgmma_reduce_ab"), suffixes=("_e5",))
@@ -1257,7 +1256,6 @@ else:
     lims = [ax.get_ylim() for ax in axes[:, 0]]   # one y range for all panels
     for ax in axes[:, 0]:
         ax.set_ylim(min(l[0] for l in lims), max(l[1] for l in lims))
-    fig.tight_layout()
     plt.show()
     rr = rrs[-1]
     display(report.table(wgmma.best_vs_cublas(rr.table("wgmma_reduce_ab")),
