@@ -1174,9 +1174,9 @@ else:
 # **Why.** At nt=512 the best launches are the BN=256 split grids (the tile-aligned split at three shapes, stream-K
 # at 11008 × 4096). A second trace (`gpu-check --steps wgmma_trace`, run 20261202T190840Z, commit 7057289) stamps
 # them beside BN=128, per CTA and per role in the schedule (`wgmma.trace_roles`; the bars below are medians over a
-# role's segments, the whisker the slowest, the black tick the launch's last stamp; the figure is the latest trace
-# run, which also holds EPI=5's launches: its plain launches agree with 20261202T190840Z's within 3%, table further
-# down). What it shows:
+# role's segments, the whisker the slowest, the black tick the launch's last stamp). The figure is the latest trace
+# run, which also holds EPI=5's launches; its plain launches' medians agree with 20261202T190840Z's within 6% per
+# role and phase, their cycles per super-block within 3% (the table further down has both runs). What it shows:
 #
 # * **The loop is not the loss at BN=256.** q4_K's main loop runs at 4,107 clock64 cycles per super-block against
 #   the tensor pipe's 4,096. q6_K's at 5,350–5,400: there, the conversion is not hidden even at 256 tokens.
@@ -1275,7 +1275,7 @@ if trs:
     for r in trs:
         t = wgmma.trace_roles(r.table("trace"), r.meta["params"]["sm_count"])
         t = t[(t.od == 4096) & (t.id == 4096) & t.variant.str.contains("skt") & ~t.variant.str.endswith("e3")]
-        rows.append(t.assign(run=r.run_id[:16]))
+        rows.append(t.assign(run=r.run_id))   # the whole id: time, GPU and commit
     tt = pd.concat(rows)[["run", "qtype", "variant", "role", "main_us", "cycles_per_iter", "finish_us", "end_us_max"]]
     display(report.table(tt.rename(columns={"end_us_max": "last end_us"}),
                          {"main_us": "{:.2f}", "cycles_per_iter": "{:,.0f}", "finish_us": "{:.2f}",
@@ -1293,19 +1293,20 @@ if trs:
 #   producer warps' zero stores compete with the loop. The tile split gained 1.04× at q4_K 4096 × 4096
 #   (0.82 → 0.85× cuBLAS), 1.01–1.04× for q6_K; stream-K 0.91–1.01×. Prediction (0.90–0.96× for q4_K) wrong.
 # * **Second build** (21c49fe; A/B 20261202T231605Z, trace 20261202T231817Z): the loop back to 4,194 cycles, the
-#   stamps' span 26.7 us, yet timed slower than the first, most at q6_K (4096 × 11008: 549 vs 584 TOPS-eq): its
-#   16 KB of extra shared memory per CTA (a smaller L1 carve-out is the likely cause; not measured apart).
+#   stamps' span 26.7 us, yet timed slower than the first, most at q6_K (4096 × 11008: 549 vs 584 TOPS-eq). The
+#   likely cause is its 16 KB of extra shared memory per CTA, which leaves L1 less room (not measured apart).
 # * **Third build** (kernel of 6818ffc; its own run of 2026-12-02 was lost before import and is re-measured here at
 #   commit 8c82599, the same cubins: A/B 20261203T055851Z, trace 20261203T060103Z, sanitizer 20261203T060137Z): the
-#   owner's loop 4,185 cycles, its finish 2.0 us, the stamps' span 30.1 → 27.0 us at q4_K 4096 × 4096 and 35.6 → 31.8 us at
-#   q6_K. Timed: the tile split 1.04× at q4_K 4096 × 4096 (0.86× cuBLAS), 1.01–1.02× at the wide shapes;
+#   owner's loop 4,185 cycles, its finish 2.0 us, the stamps' span 30.1 → 27.0 us at q4_K 4096 × 4096 and
+#   35.6 → 31.8 us at q6_K. Timed: the tile split 1.04× at q4_K 4096 × 4096 (0.86× cuBLAS), 1.01–1.02× at the wide
+#   shapes;
 #   q6_K 1.01–1.03× (0.77–0.85×); stream-K at 11008 × 4096 ±1%; nt=4096 within −3% / +3%. Against the prediction
 #   written before it (1.05–1.07× q4_K, 1.03–1.05× q6_K), a little short.
 #
 # The finish was the part of the split launches the trace could see; removing ~4.7 us of it bought ~1.4 us of
 # launch time at q4_K 4096 × 4096 (34.5 → 33.1 us timed): the reduce-adds drain after the last stamp, and the
-# ~6 us between the stamps' span (27.0 us) and the timed launch stay. **The nt=512 bar is still not met:** the best launch per point is 0.85–0.94× cuBLAS for q4_K and
-# 0.75–0.85× for q6_K (table above). What stands between: q6_K's conversion is not hidden even at 256 tokens
+# ~6 us between the stamps' span (27.0 us) and the timed launch stay. **The nt=512 bar is still not met:** the best
+# launch per point is 0.85–0.94× cuBLAS for q4_K and 0.75–0.85× for q6_K (table above). What stands between: q6_K's conversion is not hidden even at 256 tokens
 # (5,080–5,370 cycles per super-block against the tensor pipe's 4,096), BN=128 data-parallel runs its loop at ~84%
 # of the pipe, and a ~33 us launch carries ~6 us outside its CTAs' stamped work.
 
