@@ -38,8 +38,37 @@ class Flusher:
         self.buf.fill(self.i)
 
 
-def time_launches(fn, warmup: int = 3, repeats: int = 20, flush: Flusher | None = None) -> np.ndarray:
-    """Per-launch device times in microseconds."""
+class Lead:
+    """A one-thread GPU wait of ``us`` microseconds, queued after the flush and before the start event, so that the
+    host's enqueue time of the timed call (argument checks, launch setup, the driver call) passes while the GPU is
+    busy: the events then bracket device work only. Without it, a call whose host path outlasts the flush leaves
+    the GPU idle between the start event and its first kernel, and that idle time is timed as the call's."""
+
+    SOURCE = r"""extern "C" __global__ void lk_lead(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { __nanosleep(1000); asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}"""
+
+    def __init__(self, us: float = 500.0):
+        if not (us > 0 and np.isfinite(us)):
+            raise ValueError(f"a lead is a positive number of microseconds, not {us!r}")
+        cp = _cp()
+        self.us = float(us)
+        self._k = cp.RawKernel(self.SOURCE, "lk_lead")
+        self._ns = np.uint64(round(self.us * 1e3))
+
+    def __call__(self):
+        self._k((1,), (1,), (self._ns,))
+
+
+def time_launches(fn, warmup: int = 3, repeats: int = 20, flush: Flusher | None = None, lead: Lead | None = None,
+                  host: list | None = None) -> np.ndarray:
+    """Per-launch device times in microseconds: each launch between two CUDA events, after ``flush`` (when given)
+    and then ``lead`` (when given: :class:`Lead`). ``host``: a list that gets each timed call's host time (us, from
+    its first line to its return: what it takes to enqueue, not to run)."""
+    import time
+
     cp = _cp()
     for _ in range(warmup):
         fn()
@@ -49,11 +78,17 @@ def time_launches(fn, warmup: int = 3, repeats: int = 20, flush: Flusher | None 
     for r in range(repeats):
         if flush:
             flush()
+        if lead:
+            lead()
         start.record()
+        t0 = time.perf_counter()
         fn()
+        t1 = time.perf_counter()
         end.record()
         end.synchronize()
         out[r] = cp.cuda.get_elapsed_time(start, end) * 1e3
+        if host is not None:
+            host.append((t1 - t0) * 1e6)
     return out
 
 
@@ -75,15 +110,29 @@ def pair_rows(res: dict, key: dict, nt: int, od: int, id_: int, params: dict | N
              **(tail or {})} for name, per in res.items() for p, s in enumerate(per)]
 
 
-def interleaved(variants: dict, pairs: int = 3, repeats: int = 20, warmup: int = 3, flush=None) -> dict:
+def interleaved(variants: dict, pairs: int = 3, repeats: int = 20, warmup: int = 3, flush=None,
+                leads: dict | None = None) -> dict:
     """Time every variant once per round, ``pairs`` rounds, in order A, B, C, A, B, C, ...
 
+    ``leads``: {name: :class:`Lead` or None} for the variants timed behind a lead (see :func:`time_launches`); with
+    it each round's stats also hold ``host_us``, the median host time of the timed calls.
     Returns {name: [stats per round]}; ratios are formed per round by the caller."""
     res = {k: [] for k in variants}
     for _ in range(pairs):
         for name, fn in variants.items():
-            res[name].append(stats(time_launches(fn, warmup, repeats, flush)))
+            if leads is None:
+                res[name].append(stats(time_launches(fn, warmup, repeats, flush)))
+                continue
+            host: list = []
+            s = stats(time_launches(fn, warmup, repeats, flush, leads.get(name), host))
+            res[name].append({**s, "host_us": float(np.median(host))})
     return res
+
+
+def flush_us(flush: Flusher, repeats: int = 10) -> float:
+    """The flush's own device time (us, median): how long a timed call's host path may take, with no lead, before
+    the GPU waits for it."""
+    return float(np.median(time_launches(flush, warmup=2, repeats=repeats)))
 
 
 def mma_ceiling(k: int = 16, blocks_per_sm: int = 4, iters: int = 4096) -> dict:

@@ -1113,13 +1113,16 @@ NTS = (64, 128, 256, 512, 1024, 2048, 4096)
 
 def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, None, 1), (256, 4, None, 0)), pairs: int = 3,
           repeats: int = 10, run=None, seed: int = 0, progress=print, int8: bool = True,
-          table: str = "wgmma_bench") -> list[dict]:
+          table: str = "wgmma_bench", leads_us: tuple = ()) -> list[dict]:
     """Interleaved, L2-flushed CUDA-event timings of the wgmma_kq variants against cuBLAS fp16 on cached
     dequantized weights (and including the dequant), and the lab's best int8 kernel, at matched (nt, od, id).
     ``variants``: tuples (BN, STAGES, SCL or None for the main scale form, SK, FORM, EPI, AQ, PF), trailing defaults
     optional (SK, FORM, EPI 0; AQ 2; PF 0).
 
     Every (qtype, shape, nt) is parity-gated on 24 tokens (all rows) before it is timed; a failed gate raises.
+    ``leads_us``: also time every call behind a :class:`labkernels.bench.Lead` of each of these microseconds,
+    interleaved call by call with the plain timing (rows' ``timing``: ``events`` or ``lead<us>``, with ``host_us``,
+    each call's host time, and ``flush_us``, the flush's device time).
     Rows (one per variant and pair) go to ``run`` tables ``table`` (``wgmma_bench``: the benchmark of record, which
     ``auto`` reads; an experiment names its own) and ``wgmma_parity``."""
     import gguf
@@ -1131,6 +1134,10 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
     cp = _cp()
     rng = np.random.default_rng(seed or None)
     flush = B.Flusher()
+    timings = {"events": None, **{f"lead{int(u)}": B.Lead(float(u)) for u in leads_us}}
+    fl_us = B.flush_us(flush) if leads_us else None
+    if leads_us:
+        progress(f"flush: {fl_us:.1f} us of device time; leads {', '.join(f'{u:g}' for u in leads_us)} us")
     rows = []
     for qtype in qtypes:
         for od, id_ in shapes:
@@ -1200,16 +1207,27 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
                     a = gpu.prepass(xg)
                     vs[f"int8_{fam}"] = lambda: gpu.gemm(wq, a, fam, out=y, **fpar)
                 t0 = time.time()
-                res = B.interleaved(vs, pairs=pairs, repeats=repeats, flush=flush)
-                new = B.pair_rows(res, {"qtype": qtype, "od": od, "id": id_, "nt": nt}, nt, od, id_)
+                key = {"qtype": qtype, "od": od, "id": id_, "nt": nt}
+                if not leads_us:
+                    res = B.interleaved(vs, pairs=pairs, repeats=repeats, flush=flush)
+                    per = {"": res}
+                    new = B.pair_rows(res, key, nt, od, id_)
+                else:                      # each call under every timing, one after the other, round by round
+                    combo = {(n, t): f for n, f in vs.items() for t in timings}
+                    res = B.interleaved(combo, pairs=pairs, repeats=repeats, flush=flush,
+                                        leads={k: timings[k[1]] for k in combo})
+                    per = {t: {n: res[(n, t)] for n in vs} for t in timings}
+                    new = [r for t in timings for r in B.pair_rows(per[t], {**key, "timing": t}, nt, od, id_,
+                                                                    tail={"flush_us": fl_us})]
                 rows += new
                 if run is not None:
                     run.append(table, new)
-                med = {k: np.median([s["median_us"] for s in v]) for k, v in res.items()}
-                best = min((k for k in med if k.startswith(("wgmma_bn", "wgmma_smem"))), key=med.get)
-                progress(f"{qtype} {od}x{id_} nt={nt}: " + ", ".join(
-                    f"{k} {2 * nt * od * id_ / (v * 1e-6) / 1e12:.0f}" for k, v in med.items())
-                    + f" TOPS-eq; best/cuBLAS {med['cublas_f16_cached'] / med[best]:.2f}x ({time.time() - t0:.1f} s)")
+                for t, rt in per.items():
+                    med = {k: np.median([s["median_us"] for s in v]) for k, v in rt.items()}
+                    best = min((k for k in med if k.startswith(("wgmma_bn", "wgmma_smem"))), key=med.get)
+                    progress(f"{qtype} {od}x{id_} nt={nt}{' ' + t if t else ''}: " + ", ".join(
+                        f"{k} {2 * nt * od * id_ / (v * 1e-6) / 1e12:.0f}" for k, v in med.items())
+                        + f" TOPS-eq; best/cuBLAS {med['cublas_f16_cached'] / med[best]:.2f}x ({time.time() - t0:.1f} s)")
     return rows
 
 
@@ -1670,6 +1688,27 @@ def reduce_ab(run, plan=None, progress=print, seed: int = 0) -> None:
     (:func:`bench`, its own table ``wgmma_reduce_ab``), after the real-model gates of the EPI=5 forms on every Gemma
     tensor."""
     option_ab(run, REDUCE_AB, "wgmma_reduce_ab", lambda f: f[3] == 5, plan, progress, seed)
+
+
+# ------------------------------------------------------------------------------------- the timing method A/B
+
+#: the timing A/B (``gpu-check --steps wgmma_lead``): every call of the launches of record and of cuBLAS timed as the
+#: benchmark times it (events right after the flush) and behind a 500 us GPU wait (:class:`labkernels.bench.Lead`),
+#: call by call, with each call's host time -- does the host path of ``gemm()`` outlast the flush, so that the GPU
+#: waits inside the timed interval? Tuples as in :data:`PLAN`.
+LEAD_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 4096], "qtypes": ["q4_K", "q6_K"],
+           "variants": [[256, 4, None, 3, 0, 5], [256, 4, None, 1, 0, 5], [128, 4, None, 1, 0, 0],
+                        [128, 4, None, 0], [256, 4, None, 0]],
+           "leads_us": [500], "pairs": 3, "repeats": 10}
+
+
+def lead_ab(run, plan=None, progress=print, seed: int = 0) -> None:
+    """The timing A/B of :data:`LEAD_AB` into ``run`` (table ``wgmma_lead_ab``; no kernel is new, so no real-model
+    gates beyond :func:`bench`'s own per point)."""
+    p = {**LEAD_AB, **(plan or {})}
+    bench([tuple(s) for s in p["shapes"]], p["nts"], p["qtypes"], [tuple(v) for v in p["variants"]],
+          pairs=p["pairs"], repeats=p["repeats"], run=run, progress=progress, table="wgmma_lead_ab",
+          leads_us=tuple(p["leads_us"]), int8=False, seed=seed)
 
 
 # ------------------------------------------------------------------------------------- the two-converter A/B

@@ -549,6 +549,49 @@ def test_bench_runs_end_to_end_on_the_cpu_shim(monkeypatch, tmp_path):
     assert {"cublas_f16_cached", "int8_q4k_nb", "int8_q6k_expb"} <= set(b.variant)
 
 
+def test_bench_with_a_lead_times_every_call_both_ways(monkeypatch, tmp_path):
+    """bench(leads_us=...) on the CPU shim: every call is timed plainly and behind the lead, call by call (the lead
+    handed only to the lead timing's calls), and each row says which timing, the call's host time and the flush's."""
+    from cpu_gpu_shim import install, install_wgmma
+
+    from labkernels import bench, records, wgmma
+
+    cp = install(monkeypatch, exact=True)
+    install_wgmma(monkeypatch, f16_only=False)
+    monkeypatch.setattr(wgmma, "_cp", lambda: cp)
+    seen = []
+
+    def fake(fn, warmup=3, repeats=20, flush=None, lead=None, host=None):
+        fn()
+        seen.append(lead)
+        host.extend([7.0, 9.0])
+        return np.full(2, 5.0 if lead is None else 4.0)
+
+    monkeypatch.setattr(bench, "time_launches", fake)
+    monkeypatch.setattr(bench, "Flusher", lambda: None)
+    monkeypatch.setattr(bench, "flush_us", lambda flush: 31.0)
+    monkeypatch.setattr(bench, "Lead", lambda us: ("lead", us))
+    with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
+        wgmma.lead_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"],
+                            "variants": [[128, 4, None, 0]], "pairs": 2})
+    b = records.load("wgmma", run.run_id, root=tmp_path).table("wgmma_lead_ab")
+    assert set(b.timing) == {"events", "lead500"}
+    assert set(b.variant) == {"wgmma_bn128_s4_scl0", "wgmma_incl_f32_to_f16", "cublas_f16_cached",
+                              "cublas_f16_with_dequant"}
+    assert (b.groupby(["timing", "variant"]).size() == 2).all()      # two rounds each
+    assert (b[b.timing == "events"].median_us == 5.0).all() and (b[b.timing == "lead500"].median_us == 4.0).all()
+    assert (b.host_us == 8.0).all() and (b.flush_us == 31.0).all()
+    assert seen.count(None) == seen.count(("lead", 500.0)) == len(b) // 2    # each call once per timing per round
+
+
+def test_lead_refuses_a_nonpositive_wait():
+    from labkernels import bench
+
+    for us in (0, -5, float("nan")):
+        with pytest.raises(ValueError, match="positive number of microseconds"):
+            bench.Lead(us)
+
+
 def test_trace_phases_roles_and_durations():
     """trace_phases on synthetic stamps of a stream-K launch: each CTA's segments get the schedule's roles (a tile's
     k = 0 holder is its owner, the rest helpers), and fill / main / finish are the differences of its stamps."""

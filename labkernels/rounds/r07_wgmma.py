@@ -166,6 +166,13 @@ def step_wgmma_reduce(out: Path, args) -> dict:
     return _record_ab(out, args, "reduce_ab", wgmma.REDUCE_AB, wgmma.reduce_ab)
 
 
+def step_wgmma_lead(out: Path, args) -> dict:
+    """Round 7: the timing method -- every call of the launches of record and of cuBLAS timed right after the flush
+    (as the benchmark does) and behind a GPU wait that hides the host path, call by call, with each call's host time
+    (labkernels.wgmma.lead_ab), recorded."""
+    return _record_ab(out, args, "lead_ab", wgmma.LEAD_AB, wgmma.lead_ab)
+
+
 def step_wgmma_conv2(out: Path, args) -> dict:
     """Round 7: the shared-memory form with two converter warpgroups (FORM=2, 512 threads) against one, and the
     register form, at nt 512 and 4096 (labkernels.wgmma.conv2_ab), real-model gated, recorded."""
@@ -393,5 +400,5 @@ def step_wgmma_ceiling(out: Path, args) -> dict:
 STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_ncu": step_wgmma_ncu,
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
          "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
-         "wgmma_staged": step_wgmma_staged, "wgmma_reduce": step_wgmma_reduce, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane,
+         "wgmma_staged": step_wgmma_staged, "wgmma_reduce": step_wgmma_reduce, "wgmma_lead": step_wgmma_lead, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane,
          "wgmma_ceiling": step_wgmma_ceiling, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}

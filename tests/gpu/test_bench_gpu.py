@@ -1,0 +1,30 @@
+"""GPU tests of the timing harness (labkernels.bench): what the CUDA events bracket."""
+import time
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def test_lead_keeps_the_host_path_out_of_the_timed_interval():
+    """A call that spends 2 ms on the host before its one tiny kernel: timed right after the flush (no lead), the
+    GPU waits for it inside the interval and the events read >= ~2 ms; behind a 5 ms lead they read the kernel
+    only. The host times the harness records are the call's own (>= 2 ms each)."""
+    cp = pytest.importorskip("cupy")
+    from labkernels import bench
+
+    a = cp.zeros(1024, cp.float32)
+
+    def call():
+        time.sleep(0.002)
+        a.fill(1.0)
+
+    flush = bench.Flusher()
+    plain = np.median(bench.time_launches(call, warmup=1, repeats=5, flush=flush))
+    host: list = []
+    led = np.median(bench.time_launches(call, warmup=1, repeats=5, flush=flush, lead=bench.Lead(5000), host=host))
+    assert plain > 1500, f"no lead: {plain:.0f} us (expected the host's 2 ms inside the interval)"
+    assert led < 300, f"5 ms lead: {led:.0f} us (expected the fill kernel alone)"
+    assert len(host) == 5 and min(host) >= 2000
+    assert bench.flush_us(flush, repeats=3) > 0
