@@ -167,6 +167,29 @@ PHASES = (("fill_us", "waiting for the first activation tile", None), ("main_us"
           ("finish_us", "finish: partial sums, fold, store (median)", "issue"))
 
 
+def timing_pairs(ax, view, nt: int, title: str = "") -> None:
+    """The timing A/B (:func:`labkernels.wgmma.lead_view`) at one nt: per (weight type, shape) the best launch's
+    ratio to cuBLAS under each timing as paired bars, the 1.0 line (the bar) drawn."""
+    import numpy as np
+
+    v = view[view.nt == nt]
+    pts = list(v.groupby(["qtype", "od", "id"], sort=False).groups)
+    timings = list(dict.fromkeys(v.timing))
+    x = np.arange(len(pts))
+    w = 0.8 / len(timings)
+    for i, t in enumerate(timings):
+        r = v[v.timing == t].set_index(["qtype", "od", "id"]).loc[pts, "ratio"]
+        label = "events right after the flush" if t == "events" else f"behind a {t[4:]} us lead"
+        ax.bar(x + (i - (len(timings) - 1) / 2) * w, r.values, w, label=label, color=("0.35", "0.75")[i % 2],
+               edgecolor="0.2", lw=.5)
+    ax.axhline(1, color="0.2", lw=1)
+    ax.set_xticks(x, [f"{q}\n{od}×\n{id_}" for q, od, id_ in pts], fontsize=7)
+    ax.set_ylabel("best launch / cuBLAS fp16 (cached)")
+    ax.set_ylim(0, 1.25)
+    ax.legend(fontsize=7, loc="upper center", ncol=2, frameon=False)
+    ax.set_title(title, fontsize=9)
+
+
 def phase_bars(ax, roles, title: str = "") -> None:
     """:func:`labkernels.wgmma.trace_roles` as stacked horizontal bars, one per (launch, role): the median fill,
     main loop and finish of that role's segments (us), the slowest finish as a whisker, the launch's last segment

@@ -2264,6 +2264,25 @@ def build_ab_view(run, name: str):
     return t, line
 
 
+def lead_view(run):
+    """The timing A/B (:func:`lead_ab`'s ``wgmma_lead_ab``) per (qtype, od, id, nt): under each timing the best
+    wgmma launch (median over the rounds of each launch's medians) and cuBLAS fp16 (cached), their ratio, and the
+    host times of both calls, with the flush's device time -- what the page tables and plots."""
+    import pandas as pd
+
+    b = run.table("wgmma_lead_ab")
+    med = b.groupby(["qtype", "od", "id", "nt", "timing", "variant"], as_index=False).agg(
+        us=("median_us", "median"), host_us=("host_us", "median"), flush_us=("flush_us", "first"))
+    rows = []
+    for (q, od, id_, nt, t), g in med.groupby(["qtype", "od", "id", "nt", "timing"], sort=False):
+        wg = g[g.variant.str.startswith("wgmma_bn")].sort_values("us").iloc[0]
+        cb = g[g.variant == "cublas_f16_cached"].iloc[0]
+        rows.append({"qtype": q, "od": od, "id": id_, "nt": nt, "timing": t, "best launch": wg.variant,
+                     "wgmma us": wg.us, "cuBLAS us": cb.us, "ratio": cb.us / wg.us,
+                     "wgmma host us": wg.host_us, "cuBLAS host us": cb.host_us, "flush us": wg.flush_us})
+    return pd.DataFrame(rows)
+
+
 NCU_COMPARE = ("tensor pipe % active", "long_scoreboard", "short_scoreboard", "math_pipe_throttle")
 
 

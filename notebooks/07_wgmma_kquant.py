@@ -1311,6 +1311,52 @@ if trs:
 # of the pipe, and a ~33 us launch carries ~6 us outside its CTAs' stamped work.
 
 # %% [markdown]
+# ## Fifteenth step: is the time outside the stamps the host's? (timing method, prediction first)
+#
+# **Why.** The trace leaves ~6 us of a ~33 us nt=512 launch outside its CTAs' stamped work. The benchmark records
+# the start event right after the L2 flush and then calls `gemm()`, whose Python path (checks, launch setup, the
+# driver call) might outlast the flush: then the GPU would wait for the host inside the timed interval.
+#
+# **Design** (`gpu-check --steps wgmma_lead`, `wgmma.LEAD_AB`): every call of the launches of record and of cuBLAS
+# is timed both ways, call by call: as the benchmark times it, and behind `bench.Lead`, a 500 us one-thread GPU wait
+# queued between the flush and the start event, so that any host path shorter than that runs while the GPU is
+# busy. Each row also holds the call's host time, and the run the flush's own device time. A GPU test checks that the
+# lead hides a 2 ms host path and that the plain timing does not.
+#
+# **Prediction** (commit 7f1a131): the wgmma nt=512 launches 2–6 us faster behind the lead, cuBLAS 0–2 us; the
+# ratio to cuBLAS up by 0.05–0.15 at nt=512; at nt=4096 within 3%. If `gemm()`'s host time stays below the
+# flush's device time, the lead changes nothing and the hypothesis is wrong.
+
+# %%
+lr = records.latest("wgmma", where=lambda r: r.has("wgmma_lead_ab"))
+if lr is None:
+    print("no recorded run of the timing A/B (gpu-check --steps wgmma_lead)")
+else:
+    lv = wgmma.lead_view(lr)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, nt_ in zip(axes, (512, 4096)):
+        plotting.timing_pairs(ax, lv, nt_, f"nt={nt_}")
+    fig.suptitle(f"best wgmma launch per point against cuBLAS, timed two ways ({report.source(lr)})", fontsize=9)
+    plt.show()
+    d = lv.pivot_table(index=["qtype", "od", "id", "nt"], columns="timing", values="ratio")
+    print(f"flush: {lv['flush us'].iloc[0]:.1f} us of device time; host time of the timed calls: wgmma "
+          f"{lv['wgmma host us'].min():.0f}-{lv['wgmma host us'].max():.0f} us, cuBLAS "
+          f"{lv['cuBLAS host us'].min():.0f}-{lv['cuBLAS host us'].max():.0f} us; ratio lead / events per point: "
+          f"{(d['lead500'] / d['events']).min():.3f}-{(d['lead500'] / d['events']).max():.3f}")
+    display(report.table(lv[lv.timing == "events"].drop(columns=["timing", "flush us"]),
+                         caption="the plain timing of the same run: the best launch per point, its time and "
+                                 "cuBLAS's (medians over 3 rounds), their ratio, and each call's host time"))
+
+# %% [markdown]
+# **Measured** (run 20261203T114336Z, commit 7f1a131, 48 s on the H200): the flush takes 160 us of device time, and
+# every timed call's host path is shorter (at most ~120 us, the line under the figure). The GPU never waits for the
+# host inside the timed interval, and behind the lead every ratio stays within 1% of the plain timing (2% at one
+# nt=4096 point: q4_K 4096 × 14336). **The prediction was wrong:** the benchmark's numbers are device time, and the ~6
+# us outside the stamps is on the device: the launch and CTA start before the first stamp, the reduce-adds and exit
+# after the last (how it splits between them is not measured). The same run repeats the standing of the bar at nt=512 (q4_K 0.82–0.94×, q6_K 0.74–0.86× cuBLAS) and at
+# nt=4096 (q4_K 0.94–1.00×, q6_K 0.88–0.92×).
+
+# %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process
 
 # %%

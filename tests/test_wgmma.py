@@ -582,6 +582,9 @@ def test_bench_with_a_lead_times_every_call_both_ways(monkeypatch, tmp_path):
     assert (b[b.timing == "events"].median_us == 5.0).all() and (b[b.timing == "lead500"].median_us == 4.0).all()
     assert (b.host_us == 8.0).all() and (b.flush_us == 31.0).all()
     assert seen.count(None) == seen.count(("lead", 500.0)) == len(b) // 2    # each call once per timing per round
+    v = wgmma.lead_view(records.load("wgmma", run.run_id, root=tmp_path))
+    assert list(v.timing) == ["events", "lead500"] and (v["best launch"] == "wgmma_bn128_s4_scl0").all()
+    assert list(v["wgmma us"]) == [5.0, 4.0] and (v.ratio == 1.0).all() and (v["flush us"] == 31.0).all()
 
 
 def test_lead_refuses_a_nonpositive_wait():
