@@ -1303,12 +1303,12 @@ if trs:
 #   q6_K 1.01–1.03× (0.77–0.85×); stream-K at 11008 × 4096 ±1%; nt=4096 within −3% / +3%. Against the prediction
 #   written before it (1.05–1.07× q4_K, 1.03–1.05× q6_K), a little short.
 #
-# The finish was the part of the split launches the trace could see; removing ~4.7 us of it bought ~1.4 us of
-# launch time at q4_K 4096 × 4096 (34.5 → 33.1 us timed): the reduce-adds drain after the last stamp, and the
-# ~6 us between the stamps' span (27.0 us) and the timed launch stay. **The nt=512 bar is still not met:** the best
-# launch per point is 0.85–0.94× cuBLAS for q4_K and 0.75–0.85× for q6_K (table above). What stands between: q6_K's conversion is not hidden even at 256 tokens
-# (5,080–5,370 cycles per super-block against the tensor pipe's 4,096), BN=128 data-parallel runs its loop at ~84%
-# of the pipe, and a ~33 us launch carries ~6 us outside its CTAs' stamped work.
+# The finish was the part of the split launches the trace could see; removing ~4.7 us of it bought ~1.4 us of launch
+# time at q4_K 4096 × 4096 (34.5 → 33.1 us timed): the reduce-adds drain after the last stamp, and the ~6 us between
+# the stamps' span (27.0 us) and the timed launch stay. **The nt=512 bar is still not met:** the best launch per point
+# is 0.85–0.94× cuBLAS for q4_K and 0.75–0.85× for q6_K (table above). What stands between: q6_K's conversion is not
+# hidden even at 256 tokens (5,080–5,370 cycles per super-block against the tensor pipe's 4,096), BN=128 data-parallel
+# runs its loop at ~84% of the pipe, and a ~33 us launch carries ~6 us outside its CTAs' stamped work.
 
 # %% [markdown]
 # ## Fifteenth step: is the time outside the stamps the host's? (timing method, prediction first)
@@ -1339,22 +1339,25 @@ else:
     fig.suptitle(f"best wgmma launch per point against cuBLAS, timed two ways ({report.source(lr)})", fontsize=9)
     plt.show()
     d = lv.pivot_table(index=["qtype", "od", "id", "nt"], columns="timing", values="ratio")
+    lt = next(t for t in d.columns if t != "events")   # the lead's timing (wgmma.LEAD_AB's leads_us)
     print(f"flush: {lv['flush us'].iloc[0]:.1f} us of device time; host time of the timed calls: wgmma "
           f"{lv['wgmma host us'].min():.0f}-{lv['wgmma host us'].max():.0f} us, cuBLAS "
           f"{lv['cuBLAS host us'].min():.0f}-{lv['cuBLAS host us'].max():.0f} us; ratio lead / events per point: "
-          f"{(d['lead500'] / d['events']).min():.3f}-{(d['lead500'] / d['events']).max():.3f}")
+          f"{(d[lt] / d['events']).min():.3f}-{(d[lt] / d['events']).max():.3f}")
     display(report.table(lv[lv.timing == "events"].drop(columns=["timing", "flush us"]),
-                         caption="the plain timing of the same run: the best launch per point, its time and "
-                                 "cuBLAS's (medians over 3 rounds), their ratio, and each call's host time"))
+                         caption=f"the plain timing of the same run: the best launch per point, its time and "
+                                 f"cuBLAS's (medians over {lr.table('wgmma_lead_ab').pair.nunique()} rounds), their "
+                                 f"ratio, and each call's host time"))
 
 # %% [markdown]
-# **Measured** (run 20261203T114336Z, commit 7f1a131, 48 s on the H200): the flush takes 160 us of device time, and
-# every timed call's host path is shorter (at most ~120 us, the line under the figure). The GPU never waits for the
-# host inside the timed interval, and behind the lead every ratio stays within 1% of the plain timing (2% at one
-# nt=4096 point: q4_K 4096 × 14336). **The prediction was wrong:** the benchmark's numbers are device time, and the ~6
-# us outside the stamps is on the device: the launch and CTA start before the first stamp, the reduce-adds and exit
-# after the last (how it splits between them is not measured). The same run repeats the standing of the bar at nt=512 (q4_K 0.82–0.94×, q6_K 0.74–0.86× cuBLAS) and at
-# nt=4096 (q4_K 0.94–1.00×, q6_K 0.88–0.92×).
+# **Measured** (run 20261203T114336Z, commit 7f1a131, 48 s on the H200): the flush takes 160 us of device time,
+# and every timed call's host path is shorter (at most ~120 us, the line under the figure). The GPU never waits
+# for the host inside the timed interval, and behind the lead every ratio stays within 1% of the plain timing (2%
+# at one nt=4096 point: q4_K 4096 × 14336). **The prediction was wrong:** the benchmark's numbers are device time,
+# and the ~6 us outside the stamps is on the device: the launch and CTA start before the first stamp, the
+# reduce-adds and exit after the last (how it splits between them is not measured). The same run repeats the
+# standing of the bar at nt=512 (q4_K 0.82–0.94×, q6_K 0.74–0.86× cuBLAS) and at nt=4096 (q4_K 0.94–1.00×, q6_K
+# 0.88–0.92×).
 
 # %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process
