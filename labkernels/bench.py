@@ -62,6 +62,24 @@ class Lead:
         self._k((1,), (1,), (self._ns,))
 
 
+class EmptyLaunch:
+    """The event timing's own floor: one launch of an empty kernel (``grid`` CTAs of ``threads`` threads, no shared
+    memory), timed as any call is. What a timed launch costs before its kernel does anything: the events, the
+    launch and the CTAs' start and exit."""
+
+    SOURCE = r"""extern "C" __global__ void lk_empty() {}"""
+
+    def __init__(self, grid: int = 1, threads: int = 32):
+        if not (isinstance(grid, (int, np.integer)) and isinstance(threads, (int, np.integer))
+                and grid >= 1 and 1 <= threads <= 1024):
+            raise ValueError(f"an empty launch takes grid >= 1 CTAs of 1..1024 threads, not {grid!r} x {threads!r}")
+        self.grid, self.threads = int(grid), int(threads)
+        self._k = _cp().RawKernel(self.SOURCE, "lk_empty")
+
+    def __call__(self):
+        self._k((self.grid,), (self.threads,), ())
+
+
 def time_launches(fn, warmup: int = 3, repeats: int = 20, flush: Flusher | None = None, lead: Lead | None = None,
                   host: list | None = None) -> np.ndarray:
     """Per-launch device times in microseconds: each launch between two CUDA events, after ``flush`` (when given)

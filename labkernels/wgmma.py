@@ -1001,7 +1001,10 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
     else:
         kp = dict(QT=qt, BN=BN, STAGES=STAGES, BF16=bf16, SCL=SCL, EPI=int(EPI), AQ=int(AQ), PF=int(PF))
         k = kernel_built(check_defines(defines), **kp) if defines else kernel(**kp)
-    sms = _sm_count(cp.cuda.Device().id) * k.blocks_per_sm
+    # resident CTAs per SM: the plain build's for the empty ablation (LK_ABLATE_EMPTY holds no registers, so more of
+    # it fit an SM, which would give the stream-K grid more CTAs than the launch whose floor it measures)
+    res = kernel(**kp).blocks_per_sm if not FORM and "LK_ABLATE_EMPTY" in k.defines else k.blocks_per_sm
+    sms = _sm_count(cp.cuda.Device().id) * res
     ncta, dp_tiles = schedule(int(SK), nt, w.od, w.id, BN, sms)
     g = split_g(int(SK), nt, w.od, w.id, BN, sms)
     if EPI == 3 and g != 2:
@@ -1496,13 +1499,15 @@ def trace_roles(trace, sm_count: int | None = None):
 
 
 def trace_launch(w: WgWeight, x16, BN: int = 128, STAGES: int = 4, SCL: int = 0, SK: int = 0, EPI: int = 0,
-                 warmup: int = 2, timed: int = 0):
+                 warmup: int = 2, timed: int = 0, flush=None):
     """Exploratory: the per-CTA phase stamps (:func:`trace_rows`) of one register-form launch -- any scheduler and
     epilogue form :func:`gemm` takes (EPI=3's 2-CTA clusters included) -- from a ``-DLK_EXP_TRACE`` build (its own
     cubin: the plain build stays as it is), after ``warmup`` launches of it. ``x16``: float16 activations [nt, id].
     ``timed`` > 0: also the median CUDA-event time of that many launches of the trace build, returned as
     ``(rows, median_us)`` (the span of the stamps against the launch's whole time: its ramp and its drain). The trace
-    build's timings include the stamps' own cost (a few global stores per CTA)."""
+    build's timings include the stamps' own cost (a few global stores per CTA). ``flush``: a
+    :class:`labkernels.bench.Flusher` run right before the traced launch, so that it starts from a cold L2 as every
+    benchmarked launch does (without it the warm-up launches leave the weights and activations in L2)."""
     cp = _cp()
     qt = 4 if w.qtype == "q4_K" else 6
     kw = dict(BN=BN, STAGES=STAGES, SCL=SCL, SK=SK, EPI=EPI, defines=("LK_EXP_TRACE",))
@@ -1519,6 +1524,8 @@ def trace_launch(w: WgWeight, x16, BN: int = 128, STAGES: int = 4, SCL: int = 0,
         gemm(w, x16, out=y, **kw)
     ns.fill(0)
     clk.fill(0)
+    if flush is not None:
+        flush()
     gemm(w, x16, out=y, **kw)
     cp.cuda.get_current_stream().synchronize()
     shape = (TRACE_CTAS, len(TRACE_EVENTS) + 1)
@@ -1750,12 +1757,15 @@ def conv16_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
     return builds_ab(run, p, {"_oldconv": OLDCONV}, "conv16", rng, bitwise=True, progress=progress)
 
 
-def builds_ab(run, p: dict, builds: dict, name: str, rng, bitwise: bool, progress=print) -> list[dict]:
-    """Builds of the register form against the plain one, on the plan ``p``'s launches (BN, scheduler; the main
-    scale form) at its (qtype, shape, nt) points, same process, interleaved with cuBLAS fp16 on cached dequantized
-    weights, L2 flushed. ``builds``: variant suffix -> build defines. Every plain launch is gated first at its point
-    (NaN-poisoned output, :func:`gate`; a failure raises). ``bitwise``: each build's Y must be bitwise the plain
-    build's (twice; else it raises) -- otherwise the builds are ablations, timed only (their Y means nothing).
+def builds_ab(run, p: dict, builds: dict, name: str, rng, bitwise: bool, progress=print,
+              extra: dict | None = None) -> list[dict]:
+    """Builds of the register form against the plain one, on the plan ``p``'s launches (BN, scheduler[, EPI]; the
+    main scale form) at its (qtype, shape, nt) points, same process, interleaved with cuBLAS fp16 on cached
+    dequantized weights, L2 flushed. ``builds``: variant suffix -> build defines. Every plain launch is gated first
+    at its point (NaN-poisoned output, :func:`gate`; a failure raises). ``bitwise``: each build's Y must be bitwise
+    the plain build's (twice; else it raises) -- otherwise the builds are ablations, timed only (their Y means
+    nothing). A launch whose grid does not take the scheduler or the epilogue at a point is left out there.
+    ``extra``: name -> callable, timed beside them at every point (e.g. :class:`labkernels.bench.EmptyLaunch`).
     Rows: ``wgmma_<name>_ab`` (a build's variant named ``<variant><suffix>``) and ``wgmma_<name>_gate``."""
     from . import bench as B
     from . import cases
@@ -1779,13 +1789,15 @@ def builds_ab(run, p: dict, builds: dict, name: str, rng, bitwise: bool, progres
                 x, xg, x16, y, tok = cases.point_inputs(rng, nt, od, id_)
                 y_b = cp.empty_like(y)
                 vs = {}
-                for bn, sk in (tuple(v) for v in p["launches"]):
+                for bn, sk, epi in ((tuple(v) + (0,))[:3] for v in p["launches"]):
                     if sk in (2, 3) and not sk_fits(sk, nt, od, id_, bn, sm):
                         continue
                     if sk == 0 and bn == 256 and nt <= 512:
                         continue            # one tile per 2 SMs: not a launch of record at nt <= 512
-                    prm = dict(BN=bn, SCL=main_scl(qtype, bn), SK=sk)
-                    vname = variant_name(bn, 4, prm["SCL"], sk)
+                    if epi == 5 and not reduce_fits(sk, nt, od, id_, bn, sm):
+                        continue            # the reduce finish takes at most two CTAs a tile
+                    prm = dict(BN=bn, SCL=main_scl(qtype, bn), SK=sk, EPI=epi)
+                    vname = variant_name(bn, 4, prm["SCL"], sk, 0, epi)
                     same = {}
                     for _ in range(2 if bitwise else 1):   # bitwise: both builds launched twice, each pair compared
                         y.fill(np.nan)
@@ -1810,6 +1822,7 @@ def builds_ab(run, p: dict, builds: dict, name: str, rng, bitwise: bool, progres
                         vs[vname + sfx] = lambda prm=prm, d=d: gemm(w, x16, out=y_b, defines=d, **prm)
                 y16 = cp.empty((nt, od), cp.float16)
                 vs["cublas_f16_cached"] = lambda: gpu.matmul_f16(x16, w16, out=y16)
+                vs.update(extra or {})
                 res = B.interleaved(vs, pairs=p["pairs"], repeats=p["repeats"], flush=flush)
                 new = B.pair_rows(res, {"qtype": qtype, "od": od, "id": id_, "nt": nt}, nt, od, id_)
                 rows += new
@@ -1864,6 +1877,64 @@ def wtma_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
     p = {**WTMA_AB, **(plan or {})}
     return builds_ab(run, p, {"_wtma": WTMA}, "wtma", np.random.default_rng(seed or None), bitwise=True,
                      progress=progress)
+
+
+#: the launch floor (``gpu-check --steps wgmma_floor``): the launches of record at nt=512 -- (BN, scheduler, EPI) --
+#: against an empty build of themselves (LK_ABLATE_EMPTY: the same grid, threads, dynamic shared memory and
+#: parameters; every CTA returns at once), timed only, beside cuBLAS and a 1-CTA empty kernel (the events' own floor)
+FLOOR_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512], "qtypes": ["q4_K", "q6_K"],
+            "launches": [[256, 3, 5], [256, 1, 5], [128, 1, 0], [128, 0, 0]], "pairs": 3, "repeats": 10}
+FLOOR_BUILDS = {"_empty": ("LK_ABLATE_EMPTY",)}
+EMPTY_1CTA = "empty_kernel_1cta"
+
+
+def floor_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
+    """:func:`builds_ab` of the launches of record against their empty builds (timing only; each plain launch
+    parity-gated at its point), with a 1-CTA empty kernel timed beside them (:data:`EMPTY_1CTA`). Rows:
+    ``wgmma_floor_ab`` (``<variant>_empty``), ``wgmma_floor_gate``."""
+    from . import bench as B
+
+    p = {**FLOOR_AB, **(plan or {})}
+    return builds_ab(run, p, FLOOR_BUILDS, "floor", np.random.default_rng(seed or None), bitwise=False,
+                     progress=progress, extra={EMPTY_1CTA: B.EmptyLaunch(1, 32)})
+
+
+def floor_view(ab_df, spans=None):
+    """The launch floor per (point, launch of record): the plain launch's median time, its empty build's (the same
+    launch doing nothing), what the launch spends above that floor, cuBLAS fp16 (cached) and the 1-CTA empty
+    kernel, all medians over the interleaved rounds of each one's medians; ``ratio`` = cuBLAS / plain. ``spans``: a
+    trace's per-launch stamp spans (columns qtype, od, id, nt, variant, span_us, e.g. :func:`trace_spans`) to add
+    ``outside_us`` = plain - span (the time outside the CTAs' stamps) and ``drain_us`` = outside - empty (what of it
+    the floor does not explain: after the last stamp, the stores and reduce-adds draining and the exit)."""
+    import pandas as pd
+
+    med = ab_df.groupby(["qtype", "od", "id", "nt", "variant"], as_index=False).median_us.median()
+    rows = []
+    for (q, od, id_, nt), g in med.groupby(["qtype", "od", "id", "nt"], sort=False):
+        us = dict(zip(g.variant, g.median_us))
+        for v in [v for v in g.variant if v.startswith("wgmma_bn") and not v.endswith("_empty")]:
+            e = us.get(v + "_empty")
+            if e is None:
+                continue
+            rows.append({"qtype": q, "od": od, "id": id_, "nt": nt, "variant": v, "plain_us": us[v], "empty_us": e,
+                         "above_floor_us": us[v] - e, "cublas_us": us.get("cublas_f16_cached", np.nan),
+                         "empty_1cta_us": us.get(EMPTY_1CTA, np.nan)})
+    t = pd.DataFrame(rows)
+    if t.empty:
+        return t
+    t["ratio"] = t.cublas_us / t.plain_us
+    if spans is not None and len(spans):
+        t = t.merge(spans[["qtype", "od", "id", "nt", "variant", "span_us"]], how="left",
+                    on=["qtype", "od", "id", "nt", "variant"])
+        t["outside_us"] = t.plain_us - t.span_us
+        t["drain_us"] = t.outside_us - t.empty_us
+    return t
+
+
+def trace_spans(trace_df):
+    """Per traced launch (qtype, od, id, nt, variant): the span of its CTAs' stamps, first to last (us)."""
+    g = trace_df.groupby(["qtype", "od", "id", "nt", "variant"], as_index=False).t_us
+    return g.agg(lambda s: s.max() - s.min()).rename(columns={"t_us": "span_us"})
 
 
 def ceiling_table(ab_df):

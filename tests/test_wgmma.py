@@ -1151,3 +1151,71 @@ def test_ncu_compare_pairs_the_same_kernel_and_grid_of_two_runs():
     assert t["tensor pipe % active build"].iloc[0] == pytest.approx(63.56)
     assert t.launch.iloc[0].startswith("q4_K BN=128")
     assert wgmma.ncu_compare(plain, build.iloc[0:0]).empty
+
+
+def test_floor_ab_times_every_launch_of_record_beside_its_empty_build(monkeypatch, tmp_path):
+    """floor_ab on the CPU shim: at each point every launch of record that the grid takes is gated, then timed with
+    its empty build (``<variant>_empty``), cuBLAS and the 1-CTA empty kernel; floor_view pairs each launch with its
+    empty build and subtracts, and with a trace's spans says what lies outside the stamps and above the floor."""
+    import types
+
+    import pandas as pd
+    from cpu_gpu_shim import install, install_wgmma
+
+    from labkernels import bench, records, wgmma
+
+    cp = install(monkeypatch, exact=True)
+    install_wgmma(monkeypatch, f16_only=False)
+    monkeypatch.setattr(wgmma, "_cp", lambda: cp)
+
+    def fake(fn, warmup=3, repeats=20, flush=None, **kw):
+        fn()
+        return np.full(3, 10.0)
+
+    calls = []
+    monkeypatch.setattr(bench, "time_launches", fake)
+    monkeypatch.setattr(bench, "Flusher", lambda: None)
+    monkeypatch.setattr(bench, "EmptyLaunch", lambda grid, threads: lambda: calls.append((grid, threads)))
+    monkeypatch.setattr(cp.cuda, "Device", lambda: types.SimpleNamespace(id=0), raising=False)
+    monkeypatch.setattr(wgmma, "_sm_count", lambda dev: 132)
+    with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
+        wgmma.floor_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2})
+    r = records.load("wgmma", run.run_id, root=tmp_path)
+    ab, gate = r.table("wgmma_floor_ab"), r.table("wgmma_floor_gate")
+    launches = set(gate.variant)
+    assert gate.ok.all() and "wgmma_bn128_s4_scl0" in launches
+    assert set(ab.variant) == launches | {v + "_empty" for v in launches} | {"cublas_f16_cached",
+                                                                           wgmma.EMPTY_1CTA}
+    assert calls and set(calls) == {(1, 32)}
+    # the view on a made-up table: plain 30, empty 5, cuBLAS 27, 1-CTA 3; a trace span of 24
+    df = pd.DataFrame({"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512,
+                       "variant": ["wgmma_bn128_s4_scl0", "wgmma_bn128_s4_scl0_empty", "cublas_f16_cached",
+                                   wgmma.EMPTY_1CTA] * 2, "pair": [0] * 4 + [1] * 4,
+                       "median_us": [29.0, 4.0, 26.0, 2.0, 31.0, 6.0, 28.0, 4.0]})
+    spans = pd.DataFrame({"qtype": ["q4_K"], "od": [4096], "id": [4096], "nt": [512],
+                          "variant": ["wgmma_bn128_s4_scl0"], "span_us": [24.0]})
+    v = wgmma.floor_view(df, spans)
+    assert len(v) == 1
+    row = v.iloc[0]
+    assert (row.plain_us, row.empty_us, row.above_floor_us, row.cublas_us, row.empty_1cta_us) == (30, 5, 25, 27, 3)
+    assert row.ratio == pytest.approx(0.9) and row.outside_us == 6.0 and row.drain_us == 1.0
+    assert "outside_us" not in wgmma.floor_view(df).columns
+
+
+def test_trace_spans_first_to_last_stamp():
+    import pandas as pd
+
+    from labkernels import wgmma
+
+    t = pd.DataFrame({"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": ["a", "a", "a", "b", "b"],
+                      "t_us": [0.1, 5.0, 26.9, 0.0, 3.5]})
+    s = wgmma.trace_spans(t).set_index("variant").span_us
+    assert s["a"] == pytest.approx(26.8) and s["b"] == pytest.approx(3.5)
+
+
+def test_empty_launch_refuses_a_shape_no_launch_has():
+    from labkernels import bench
+
+    for grid, threads in ((0, 32), (1, 0), (1, 2048), (1.5, 32)):
+        with pytest.raises(ValueError, match="empty launch"):
+            bench.EmptyLaunch(grid, threads)

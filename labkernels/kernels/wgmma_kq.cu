@@ -1389,6 +1389,12 @@ __global__ void __launch_bounds__(LK_WG_THREADS, 1)
                     float* __restrict__ Y, int nt, int od, int id, float* __restrict__ ws, u32* __restrict__ flags,
                     int dp_tiles, int split_g) {
     LK_PDL_ENTRY();
+#ifdef LK_ABLATE_EMPTY
+    // ablation (labkernels.wgmma.floor_ab, timing only): the launch floor -- the same grid, threads, dynamic shared
+    // memory and parameters as the plain launch, and no work: every CTA returns at once, writing nothing (Y, the
+    // stream-K workspace and the flags are left as they were)
+    return;
+#endif
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     wgmma_kq_body<QT, BN, STAGES, BF16, SCL, EPI, AQ, PF>(tm, tmy, LK_WTMA_ARGS W, Y, nt, od, id, ws, flags, dp_tiles,
                                                           split_g);

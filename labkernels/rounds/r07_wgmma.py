@@ -193,12 +193,14 @@ TRACE_PLAN = {(4096, 4096): {"q4_K": ("wgmma_bn128_s4_scl0", "wgmma_bn256_s4_scl
 def step_wgmma_trace(out: Path, args) -> dict:
     """Round 7, exploratory: per-CTA phase stamps (a -DLK_EXP_TRACE build) of the nt=512 launches of
     :data:`TRACE_PLAN` -- where a launch's time goes before, between and after the main loops
-    (labkernels.wgmma.trace_launch), recorded with the per-event summary."""
+    (labkernels.wgmma.trace_launch), recorded with the per-event summary: after warm-up launches (table ``trace``)
+    and once more right after an L2 flush, as the benchmark times a launch (``trace_flushed``)."""
     import numpy as np
 
-    from .. import cases, records
+    from .. import bench, cases, records
 
     rng = np.random.default_rng(11)
+    flusher = bench.Flusher()
     nt = 512
     sms = wgmma._sm_count(wgmma._cp().cuda.Device().id)
     with records.recording(DATA[0], {"what": "trace", "defines": ["LK_EXP_TRACE"], "nt": nt, "sm_count": sms,
@@ -218,9 +220,15 @@ def step_wgmma_trace(out: Path, args) -> dict:
                     run.append("trace", [{**key, **r} for r in rows])
                     summ = wgmma.trace_summary(rows)
                     run.append("trace_summary", [{**key, **r} for r in summ.to_dict("records")])
+                    # the same launch from a cold L2, as the benchmark times it (table trace_flushed)
+                    cold = wgmma.trace_launch(w, x16, BN=p["BN"], STAGES=p["STAGES"], SCL=p["SCL"], SK=p["SK"],
+                                              EPI=p.get("EPI", 0), flush=flusher)
+                    run.append("trace_flushed", [{**key, **r} for r in cold])
+                    csum = wgmma.trace_summary(cold)
                     args.log(f"trace {qtype} {od}x{id_} {name}: {summ.ctas.max()} CTAs, "
-                             f"stamps span {summ.t_us_max.max():.1f} us, first tile at "
-                             f"{summ.cta_us_median.iloc[2]:.2f} us (median per CTA)")
+                             f"stamps span {summ.t_us_max.max():.1f} us warm / {csum.t_us_max.max():.1f} us from a "
+                             f"flushed L2, first tile at {summ.cta_us_median.iloc[2]:.2f} / "
+                             f"{csum.cta_us_median.iloc[2]:.2f} us (median per CTA)")
     return {"ok": True, "run": run.run_id}
 
 
@@ -397,8 +405,17 @@ def step_wgmma_ceiling(out: Path, args) -> dict:
                       wgmma.ceiling_ab)
 
 
+def step_wgmma_floor(out: Path, args) -> dict:
+    """Round 7: the launch floor -- the launches of record at nt=512 against an empty build of themselves (the same
+    grid, threads, shared memory and parameters, no work; timing only), each plain launch parity-gated, interleaved
+    with cuBLAS and a 1-CTA empty kernel (labkernels.wgmma.floor_ab), recorded."""
+    return _record_ab(out, args, "floor_ab", {**wgmma.FLOOR_AB, "builds": {k: list(v) for k, v in
+                                                                           wgmma.FLOOR_BUILDS.items()}},
+                      wgmma.floor_ab)
+
+
 STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_ncu": step_wgmma_ncu,
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
          "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
          "wgmma_staged": step_wgmma_staged, "wgmma_reduce": step_wgmma_reduce, "wgmma_lead": step_wgmma_lead, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane,
-         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}
+         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}

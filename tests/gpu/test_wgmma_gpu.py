@@ -584,3 +584,31 @@ def test_split_finish_build_is_bitwise_the_plain_build(od, id_, nt):
     assert {(r["qtype"], r["build"], r["grid"]) for r in rows} == {
         (q, b, g) for q in ("q4_K", "q6_K") for b in ("plain", "splitfin") for g in ("sk", "paired")}
     assert all(r["bitwise_vs_plain_same_grid"] and r["median_us"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("bn,sk,epi", [(256, 3, 5), (256, 1, 5), (128, 1, 0), (128, 0, 0)],
+                         ids=["skt_e5", "sk_e5", "bn128_sk", "bn128_dp"])
+def test_empty_build_launches_and_writes_nothing(cp, rng, bn, sk, epi, monkeypatch):
+    """The launch floor's ablation (LK_ABLATE_EMPTY) on the launches of record: it launches on the plain launch's
+    grid (the scheduler is handed the same CTAs per SM, although more of the empty kernel would fit) and writes
+    nothing -- the NaN-poisoned Y stays NaN, guards intact -- and leaves no state behind: the plain launch right
+    after it (EPI=5 reads the flags the empty build must not have set) still passes its gate."""
+    from labkernels import gpu, wgmma
+
+    grids = []
+    real = wgmma.schedule
+    monkeypatch.setattr(wgmma, "schedule", lambda *a: grids.append(real(*a)) or grids[-1])
+
+    qtype, nt, od, id_ = "q4_K", 512, 1000, 4096
+    sm = gpu.device_props()["sm_count"]
+    if epi == 5 and not wgmma.reduce_fits(sk, nt, od, id_, bn, sm):
+        pytest.skip(f"EPI=5 does not take SK={sk} at {nt} x {od} x {id_}")
+    raw = _weights(rng, qtype, od, id_)
+    x = rng.standard_normal((nt, id_)).astype(np.float32)
+    p = dict(BN=bn, SCL=wgmma.main_scl(qtype, bn), SK=sk, EPI=epi)
+    y_e, _ = _run(cp, raw, qtype, x, defines=("LK_ABLATE_EMPTY",), **p)
+    assert np.isnan(y_e).all(), "the empty build wrote into Y"
+    y, packed = _run(cp, raw, qtype, x, **p)
+    assert len(grids) == 2 and grids[0] == grids[1], grids
+    g = wgmma.gate(y, raw, qtype, x, packed=packed, tokens=np.arange(0, nt, 13))
+    assert g["ok"] and g["nonfinite"] == 0, g
