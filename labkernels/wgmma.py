@@ -346,6 +346,8 @@ def _cubin(source: str, defines: tuple = ()) -> tuple[str, dict]:
     flags += [f"-D{d}" for d in defines]
     if "LK_EXP_WTMA" in defines:   # the weight ring's depth, one number for the kernel and wtma_ring_bytes
         flags.append(f"-DLK_WTMA_STAGES={WTMA_STAGES}")
+    if "LK_EXP_TMAPF" in defines:  # how far ahead the producer prefetches the weights into L2
+        flags.append(f"-DLK_TMAPF_AHEAD={TMAPF_AHEAD}")
     key = hashlib.sha256(("\n".join([wrapper, src.read_text(), audit._dir_digest(registry.KERNELS_DIR),
                                      audit._nvcc_version(nvcc), *flags])).encode()).hexdigest()[:20]
     cache = paths.CACHE_DIR / "cubin"
@@ -488,6 +490,8 @@ def kernel_built(defines: tuple, family: str = "wgmma_kq", **params) -> WgKernel
 
 #: the exploratory build whose producer loads the weights by TMA into a shared-memory ring (kernel: LK_EXP_WTMA)
 WTMA = ("LK_EXP_WTMA",)
+TMAPF = ("LK_EXP_TMAPF",)
+TMAPF_AHEAD = 2                                      # super-blocks the L2 prefetch runs ahead (-DLK_TMAPF_AHEAD)
 WTMA_STAGES = 3                                      # super-blocks in the weight ring (-DLK_WTMA_STAGES to nvcc)
 WTMA_SLOT = {4: 128 * 144, 6: 128 * (128 + 64 + 16)}  # bytes of one slot: a super-block of 128 rows (LkWtma::BYTES)
 
@@ -1024,7 +1028,8 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
                  flags, np.int32(dp_tiles), np.int32(g))
     else:
         ymap = output_map(y, BN) if EPI == 2 else output_map(y, 128) if EPI >= 4 else NO_MAP   # EPI=4, 5: 128 a round
-        maps = (tm, ymap, *wtma_maps(w)) if "LK_EXP_WTMA" in k.defines else (tm, ymap)
+        weight_maps = "LK_EXP_WTMA" in k.defines or "LK_EXP_TMAPF" in k.defines   # the weight boxes' maps
+        maps = (tm, ymap, *wtma_maps(w)) if weight_maps else (tm, ymap)
         k.launch((ncta, 1), maps, w.packed, y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws, flags,
                  np.int32(dp_tiles), np.int32(g), cluster=2 if EPI == 3 else 1)
     return y
@@ -1935,6 +1940,22 @@ def trace_spans(trace_df):
     """Per traced launch (qtype, od, id, nt, variant): the span of its CTAs' stamps, first to last (us)."""
     g = trace_df.groupby(["qtype", "od", "id", "nt", "variant"], as_index=False).t_us
     return g.agg(lambda s: s.max() - s.min()).rename(columns={"t_us": "span_us"})
+
+
+#: the weights prefetched into L2 by the producer's TMA (``gpu-check --steps wgmma_tmapf``, exploratory build
+#: -DLK_EXP_TMAPF, TMAPF_AHEAD super-blocks ahead): against the plain build at the launches of record (BN,
+#: scheduler, EPI), bitwise-checked, nt 512 and 4096
+TMAPF_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 4096], "qtypes": ["q4_K", "q6_K"],
+            "launches": [[256, 3, 5], [256, 1, 5], [128, 1, 0], [128, 0, 0], [256, 0, 0]], "pairs": 3, "repeats": 10}
+
+
+def tmapf_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
+    """:func:`builds_ab` of the launches of record against the ``-DLK_EXP_TMAPF`` build (the producer's activation
+    thread prefetches the CTA's weight boxes into L2, TMAPF_AHEAD super-blocks ahead), every launch's Y bitwise the
+    plain build's. Rows: ``wgmma_tmapf_ab`` (``<variant>_tmapf``), ``wgmma_tmapf_gate``."""
+    p = {**TMAPF_AB, **(plan or {})}
+    return builds_ab(run, p, {"_tmapf": TMAPF}, "tmapf", np.random.default_rng(seed or None), bitwise=True,
+                     progress=progress)
 
 
 def ceiling_table(ab_df):

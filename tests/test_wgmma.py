@@ -1219,3 +1219,34 @@ def test_empty_launch_refuses_a_shape_no_launch_has():
     for grid, threads in ((0, 32), (1, 0), (1, 2048), (1.5, 32)):
         with pytest.raises(ValueError, match="empty launch"):
             bench.EmptyLaunch(grid, threads)
+
+
+def test_l2_prefetch_build_is_its_own_cubin_on_the_plain_shared_memory():
+    """-DLK_EXP_TMAPF (exploratory: the producer prefetches the weights into L2 by TMA): no shared memory of its own,
+    the prefetch distance passed to nvcc from TMAPF_AHEAD, refused beside LK_EXP_WTMA by the kernel itself; it
+    compiles for every instantiation, and its register-form entries take the three weight maps (their names differ)
+    and run other machine code than the plain build's."""
+    import shutil
+    from pathlib import Path
+
+    from labkernels import audit, wgmma
+    from labkernels.kernels import registry
+
+    k6 = registry.find("wgmma_kq", QT=6, BN=256, STAGES=4, BF16=0, SCL=0, EPI=5, AQ=2, PF=0)
+    assert wgmma.wtma_ring_bytes(k6, wgmma.TMAPF) == 0
+    assert wgmma.TMAPF_AHEAD >= 1
+    src = (registry.KERNELS_DIR / "wgmma_kq.cu").read_text()
+    assert '#error "LK_EXP_TMAPF and LK_EXP_WTMA are two exploratory builds, not one"' in src
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    plain, n0 = wgmma._cubin("wgmma_kq.cu", ())
+    pf, n1 = wgmma._cubin("wgmma_kq.cu", wgmma.TMAPF)
+    assert set(n0) == set(n1)
+    a = audit.elf_text_sections(Path(plain).read_bytes())
+    b = audit.elf_text_sections(Path(pf).read_bytes())
+    k4 = registry.find("wgmma_kq", QT=4, BN=128, STAGES=4, BF16=0, SCL=0, EPI=0, AQ=2, PF=0)
+    for key in (k4.key, k6.key):
+        assert n0[key]["mangled"] != n1[key]["mangled"]     # three more tensor-map parameters
+        assert a[n0[key]["mangled"]] != b[n1[key]["mangled"]]
+    with pytest.raises(ValueError, match="LK_ABLATE_"):
+        wgmma.check_defines(("LK_TMAPF_AHEAD=4",))          # the distance is not a build name

@@ -129,6 +129,26 @@ __device__ __forceinline__ void lk_mbar_arrive_after(u64* bar, u32 dep, u32 neve
                  "r"(dep), "r"(never)
                  : "memory");
 }
+#endif
+// ---- LK_EXP_TMAPF (exploratory build; labkernels.wgmma.tmapf_ab): the weights prefetched into L2 by TMA. The
+// producer's activation thread, each time it starts a super-block's chunks, issues the L2 prefetch of the CTA's
+// weight boxes (LK_EXP_WTMA's maps and boxes) LK_TMAPF_AHEAD super-blocks further along the CTA's own sequence of
+// segments, and the first LK_TMAPF_AHEAD of them at its start. No shared memory, no barrier, no consumer instruction:
+// the consumers' own loads then find their lines in L2. (The sixteenth step's trace from a flushed L2: q6_K's main
+// loop runs 18-20% slower cold than warm, q4_K's not.) Bitwise the plain build by construction.
+#ifdef LK_EXP_TMAPF
+#ifdef LK_EXP_WTMA
+#error "LK_EXP_TMAPF and LK_EXP_WTMA are two exploratory builds, not one"
+#endif
+#ifndef LK_TMAPF_AHEAD   // labkernels.wgmma.TMAPF_AHEAD (-D with LK_EXP_TMAPF)
+#error "LK_TMAPF_AHEAD comes from labkernels.wgmma.TMAPF_AHEAD (-D with LK_EXP_TMAPF)"
+#endif
+__device__ __forceinline__ void lk_tma_prefetch_2d(const LkTmap* tm, int c0, int c1) {
+    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"((u64)tm), "r"(c0), "r"(c1)
+                 : "memory");
+}
+#endif
+#if defined(LK_EXP_WTMA) || defined(LK_EXP_TMAPF)
 #define LK_WTMA_PARAMS \
     const __grid_constant__ LkTmap tmw0, const __grid_constant__ LkTmap tmw1, const __grid_constant__ LkTmap tmw2,
 #define LK_WTMA_ARGS tmw0, tmw1, tmw2,
@@ -521,6 +541,11 @@ struct KQ<4, BF16, SCL> {
         lk_tma_load_2d(dst, m0, sb * 144, row, bar);
     }
 #endif
+#ifdef LK_EXP_TMAPF
+    __device__ __forceinline__ static void tma_prefetch(const LkTmap* m0, const LkTmap*, const LkTmap*, int sb, int row) {
+        lk_tma_prefetch_2d(m0, sb * 144, row);
+    }
+#endif
     __device__ __forceinline__ void prefetch(int sb, int, int) const {   // the lines of both rows' 144-byte blocks
         const int off = c == 3 ? 143 : 48 * c;   // lanes 0..3: bytes 0, 48, 96, 143 -- every line a block touches
         lk_prefetch_l2(p0 + (size_t)sb * 144 + off);
@@ -603,6 +628,14 @@ struct KQ<6, BF16, SCL> {
         lk_tma_load_2d(dst, mL, sb * 128, row, bar);
         lk_tma_load_2d(dst + 16384, mH, sb * 64, row, bar);
         lk_tma_load_2d(dst + 24576, mS, sb * 16, row, bar);
+    }
+#endif
+#ifdef LK_EXP_TMAPF
+    __device__ __forceinline__ static void tma_prefetch(const LkTmap* mL, const LkTmap* mH, const LkTmap* mS, int sb,
+                                                        int row) {   // the three planes' boxes (D: one line a row)
+        lk_tma_prefetch_2d(mL, sb * 128, row);
+        lk_tma_prefetch_2d(mH, sb * 64, row);
+        lk_tma_prefetch_2d(mS, sb * 16, row);
     }
 #endif
     __device__ __forceinline__ void prefetch(int sb, int od, int nsb) const {   // each plane's bytes of both rows:
@@ -1162,11 +1195,35 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
         if (tid == 0) {
             asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tm) : "memory");
             if (EPI == 2 || EPI >= 4) asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tmy) : "memory");
+#ifdef LK_EXP_TMAPF
+            // a second walk over the CTA's super-blocks, LK_TMAPF_AHEAD ahead of the one the ring is issuing
+            LkSeg pseg;
+            int psi = 0, psb = 0;
+            bool pok = lk_segment(0, nsb, dp_tiles, sk_seg, nsk, pseg);
+            if (pok) psb = pseg.klo;
+            auto pf_next = [&]() {
+                if (!pok) return;
+                KQ<QT, BF16, SCL>::tma_prefetch(&tmw0, &tmw1, &tmw2, psb, (pseg.tile % mtiles) * LK_WG_M);
+                if (++psb >= pseg.khi) {
+                    pok = lk_segment(++psi, nsb, dp_tiles, sk_seg, nsk, pseg);
+                    if (pok) psb = pseg.klo;
+                }
+            };
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tmw0) : "memory");
+            if (QT == 6) {
+                asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tmw1) : "memory");
+                asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tmw2) : "memory");
+            }
+            for (int i = 0; i < LK_TMAPF_AHEAD; i++) pf_next();   // the first ones, as the consumers' first loads go
+#endif
             u32 q = 0;   // chunks issued so far: ring slot q % STAGES, its use number q / STAGES
             for (int si = 0; lk_segment(si, nsb, dp_tiles, sk_seg, nsk, seg); si++) {
                 const int n0 = (seg.tile / mtiles) * BN;
                 for (int kt = 4 * seg.klo; kt < 4 * seg.khi; kt++, q++) {
                     const int s = q % STAGES;
+#ifdef LK_EXP_TMAPF
+                    if ((kt & 3) == 0) pf_next();   // a super-block begins: the one LK_TMAPF_AHEAD further on
+#endif
                     if (q >= STAGES) lk_mbar_wait(&empty_bar[s], ((q / STAGES) - 1) & 1);
                     lk_mbar_expect_tx(&full_bar[s], STAGE_BYTES);
                     lk_tma_load_2d(sB + s * STAGE_BYTES, &tm, kt * LK_WG_K, n0, &full_bar[s]);

@@ -414,8 +414,16 @@ def step_wgmma_floor(out: Path, args) -> dict:
                       wgmma.floor_ab)
 
 
+def step_wgmma_tmapf(out: Path, args) -> dict:
+    """Round 7, exploratory: the weights prefetched into L2 by the producer's TMA (-DLK_EXP_TMAPF) against the plain
+    build, bitwise- and parity-gated per launch, interleaved with cuBLAS at nt 512 and 4096 (labkernels.wgmma.tmapf_ab),
+    recorded."""
+    return _record_ab(out, args, "tmapf_ab", {**wgmma.TMAPF_AB, "defines": list(wgmma.TMAPF),
+                                              "ahead": wgmma.TMAPF_AHEAD}, wgmma.tmapf_ab)
+
+
 STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_ncu": step_wgmma_ncu,
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
          "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
          "wgmma_staged": step_wgmma_staged, "wgmma_reduce": step_wgmma_reduce, "wgmma_lead": step_wgmma_lead, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane,
-         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}
+         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}

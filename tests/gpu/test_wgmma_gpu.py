@@ -596,13 +596,12 @@ def test_empty_build_launches_and_writes_nothing(cp, rng, bn, sk, epi, nt, od, i
     after it (EPI=5 reads the flags the empty build must not have set) still passes its gate."""
     from labkernels import gpu, wgmma
 
-    grids = []
-    real = wgmma.schedule
-    monkeypatch.setattr(wgmma, "schedule", lambda *a: grids.append(real(*a)) or grids[-1])
-
     qtype = "q4_K"
     sm = gpu.device_props()["sm_count"]
     assert epi != 5 or wgmma.reduce_fits(sk, nt, od, id_, bn, sm), "a shape EPI=5 takes on 132 SMs"
+    grids = []          # the grids of the two launches below (reduce_fits above calls schedule too)
+    real = wgmma.schedule
+    monkeypatch.setattr(wgmma, "schedule", lambda *a: grids.append(real(*a)) or grids[-1])
     raw = _weights(rng, qtype, od, id_)
     x = rng.standard_normal((nt, id_)).astype(np.float32)
     p = dict(BN=bn, SCL=wgmma.main_scl(qtype, bn), SK=sk, EPI=epi)
@@ -612,3 +611,23 @@ def test_empty_build_launches_and_writes_nothing(cp, rng, bn, sk, epi, nt, od, i
     assert len(grids) == 2 and grids[0] == grids[1], grids
     g = wgmma.gate(y, raw, qtype, x, packed=packed, tokens=np.arange(0, nt, 13))
     assert g["ok"] and g["nonfinite"] == 0, g
+
+
+@pytest.mark.parametrize("qtype", ["q4_K", "q6_K"])
+@pytest.mark.parametrize("bn,sk,epi,nt,od,id_", [(256, 3, 5, 500, 4000, 4096), (256, 1, 5, 600, 4000, 512),
+                                                 (128, 1, 0, 300, 1000, 2048), (128, 0, 0, 77, 200, 768),
+                                                 (256, 0, 0, 520, 130, 1024)],
+                         ids=["skt_e5", "sk_e5", "bn128_sk", "bn128_dp", "bn256_dp"])
+def test_l2_prefetch_build_is_bitwise_the_plain_one(cp, rng, qtype, bn, sk, epi, nt, od, id_):
+    """LK_EXP_TMAPF on the launches of record, EPI=5 included (its zeroing warps are not the prefetching thread):
+    the same Y bit for bit as the plain build, tails in nt and od (boxes past od are not fetched), every segment
+    order of the stream-K grid, guards intact."""
+    from labkernels import wgmma
+
+    raw = _weights(rng, qtype, od, id_)
+    x = rng.standard_normal((nt, id_)).astype(np.float32)
+    p = dict(BN=bn, SCL=wgmma.main_scl(qtype, bn), SK=sk, EPI=epi)
+    y0, _ = _run(cp, raw, qtype, x, **p)
+    y1, _ = _run(cp, raw, qtype, x, defines=wgmma.TMAPF, **p)
+    assert np.isfinite(y0).all()
+    assert np.array_equal(y0.view(np.uint32), y1.view(np.uint32)), int((y0.view(np.uint32) != y1.view(np.uint32)).sum())
