@@ -80,6 +80,59 @@ class EmptyLaunch:
         self._k((self.grid,), (self.threads,), ())
 
 
+class ClockProbe:
+    """The SM clock while a launch runs: a one-thread kernel on a second stream, started with the launch (both wait
+    for the same flush), spins ``window_us`` of %globaltimer and counts clock64 cycles over it. All SMs share one
+    clock, so the probe's SM tells the launch's. It takes one warp slot on one SM beside the launch's CTAs (the
+    launch is not held back by it: the probe ends on its own)."""
+
+    SOURCE = r"""extern "C" __global__ void lk_clock_probe(unsigned long long* out, unsigned long long ns) {
+    unsigned long long t0, t, c0, c;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    c0 = clock64();
+    do { __nanosleep(100); asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+    c = clock64();
+    out[0] = t - t0;
+    out[1] = c - c0;
+}"""
+
+    def __init__(self, window_us: float = 12.0):
+        if not (window_us > 0 and np.isfinite(window_us)):
+            raise ValueError(f"a clock probe's window is a positive number of microseconds, not {window_us!r}")
+        cp = _cp()
+        self.window_us = float(window_us)
+        self._k = cp.RawKernel(self.SOURCE, "lk_clock_probe")
+        self._ns = np.uint64(round(self.window_us * 1e3))
+        self._out = cp.zeros(2, dtype=cp.uint64)
+        self._stream = cp.cuda.Stream(non_blocking=True)
+
+    def mhz(self, fn, flush: Flusher | None = None, repeats: int = 10, warmup: int = 2) -> list[float]:
+        """The SM clock (MHz) over the probe's window in each of ``repeats`` launches of ``fn`` after ``flush``;
+        ``fn`` None: the probe alone (the idle clock)."""
+        cp = _cp()
+        main = cp.cuda.get_current_stream()
+        for _ in range(warmup):
+            if fn is not None:
+                fn()
+        main.synchronize()
+        out = []
+        for _ in range(repeats):
+            if flush:
+                flush()
+            ev = cp.cuda.Event(disable_timing=True)
+            ev.record(main)
+            self._stream.wait_event(ev)
+            with self._stream:
+                self._k((1,), (1,), (self._out, self._ns))
+            if fn is not None:
+                fn()
+            main.synchronize()
+            self._stream.synchronize()
+            ns, cyc = (int(v) for v in cp.asnumpy(self._out))
+            out.append(cyc / ns * 1e3)
+        return out
+
+
 def time_launches(fn, warmup: int = 3, repeats: int = 20, flush: Flusher | None = None, lead: Lead | None = None,
                   host: list | None = None) -> np.ndarray:
     """Per-launch device times in microseconds: each launch between two CUDA events, after ``flush`` (when given)

@@ -1936,6 +1936,98 @@ def floor_view(ab_df, spans=None):
     return t
 
 
+#: the SM clock during the launches of record and cuBLAS at nt=512 (``gpu-check --steps wgmma_clock``):
+#: :class:`labkernels.bench.ClockProbe` beside every launch, after the flush, interleaved round by round
+CLOCK_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512], "qtypes": ["q4_K", "q6_K"],
+            "launches": [[256, 3, 5], [256, 1, 5], [128, 0, 0]], "pairs": 3, "repeats": 10, "window_us": 12.0}
+
+
+def clock_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
+    """The SM clock (MHz) over a 12 us window inside each launch: the launches of record that the grid takes at
+    each point (each parity-gated first), cuBLAS fp16 (cached) and the probe alone, round by round after the L2
+    flush, with each one's CUDA-event time in the same round. Rows: ``wgmma_clock`` (variant, round, mhz_median,
+    mhz_mean, median_us) and ``wgmma_clock_gate``."""
+    from . import bench as B
+    from . import cases
+    from . import gpu
+
+    import gguf
+
+    p = {**CLOCK_AB, **(plan or {})}
+    cp = _cp()
+    rng = np.random.default_rng(seed or None)
+    flush = B.Flusher()
+    probe = B.ClockProbe(p["window_us"])
+    sm = _sm_count(cp.cuda.Device().id)
+    rows = []
+    for qtype in p["qtypes"]:
+        for od, id_ in (tuple(s) for s in p["shapes"]):
+            raw = cases.synthetic_weights(qtype, od, id_, rng)
+            w = WgWeight.from_gguf(raw, qtype)
+            wq = gpu.QWeight.upload(raw, qtype)
+            w16 = gpu.dequant_f16(wq)
+            w64 = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype.upper()])
+            w16e = emulate_weights(cp.asnumpy(w.packed), qtype, od, id_)
+            for nt in p["nts"]:
+                x, xg, x16, y, tok = cases.point_inputs(rng, nt, od, id_)
+                vs = {}
+                for bn, sk, epi in ((tuple(v) + (0,))[:3] for v in p["launches"]):
+                    if (sk in (2, 3) and not sk_fits(sk, nt, od, id_, bn, sm)) or (
+                            epi == 5 and not reduce_fits(sk, nt, od, id_, bn, sm)):
+                        continue
+                    prm = dict(BN=bn, SCL=main_scl(qtype, bn), SK=sk, EPI=epi)
+                    name = variant_name(bn, 4, prm["SCL"], sk, 0, epi)
+                    y.fill(np.nan)
+                    gemm(w, x16, out=y, **prm)
+                    g = gate(cp.asnumpy(y), raw, qtype, x, tokens=tok, w64=w64, w16=w16e)
+                    if run is not None:
+                        run.append("wgmma_clock_gate", {"qtype": qtype, "od": od, "id": id_, "nt": nt,
+                                                        "variant": name, **g})
+                    if not g["ok"]:
+                        raise AssertionError(f"{name} parity failed: {qtype} nt={nt} od={od} id={id_}: {g}")
+                    vs[name] = lambda prm=prm: gemm(w, x16, out=y, **prm)
+                y16 = cp.empty((nt, od), cp.float16)
+                vs["cublas_f16_cached"] = lambda: gpu.matmul_f16(x16, w16, out=y16)
+                vs["probe_alone"] = None
+                new = []
+                for rnd in range(p["pairs"]):
+                    for name, fn in vs.items():
+                        mhz = probe.mhz(fn, flush, repeats=p["repeats"])
+                        us = (float(np.median(B.time_launches(fn, 2, p["repeats"], flush))) if fn is not None
+                              else float("nan"))
+                        new.append({"qtype": qtype, "od": od, "id": id_, "nt": nt, "variant": name, "round": rnd,
+                                    "mhz_median": float(np.median(mhz)), "mhz_mean": float(np.mean(mhz)),
+                                    "median_us": us, "window_us": p["window_us"]})
+                rows += new
+                if run is not None:
+                    run.append("wgmma_clock", new)
+                med = {}
+                for r in new:
+                    med.setdefault(r["variant"], []).append(r["mhz_median"])
+                progress(f"clock {qtype} {od}x{id_} nt={nt}: " + ", ".join(
+                    f"{k} {np.median(v):.0f} MHz" for k, v in med.items()))
+    return rows
+
+
+def clock_view(clock_df):
+    """Per point and launch: the median over rounds of the SM clock during it (MHz) and of its time, the clock
+    against cuBLAS's at the same point, and its time in cycles at that clock (us x MHz: what it would take at
+    any one clock)."""
+    import pandas as pd
+
+    m = clock_df.groupby(["qtype", "od", "id", "nt", "variant"], as_index=False, sort=False).agg(
+        mhz=("mhz_median", "median"), us=("median_us", "median"))
+    rows = []
+    for _, g in m.groupby(["qtype", "od", "id", "nt"], sort=False):
+        cb = g[g.variant == "cublas_f16_cached"].iloc[0]
+        idle = g[g.variant == "probe_alone"]
+        for _, r in g[g.variant != "probe_alone"].iterrows():
+            rows.append({**r.to_dict(), "idle_mhz": float(idle.mhz.iloc[0]) if len(idle) else np.nan,
+                         "mhz_vs_cublas": r.mhz / cb.mhz, "kcycles": r.us * r.mhz / 1e3,
+                         "ratio": cb.us / r.us, "ratio_in_cycles": (cb.us * cb.mhz) / (r.us * r.mhz)})
+    return pd.DataFrame(rows)
+
+
 def trace_spans(trace_df):
     """Per traced launch (qtype, od, id, nt, variant): the span of its CTAs' stamps, first to last (us)."""
     g = trace_df.groupby(["qtype", "od", "id", "nt", "variant"], as_index=False).t_us

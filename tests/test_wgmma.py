@@ -1250,3 +1250,57 @@ def test_l2_prefetch_build_is_its_own_cubin_on_the_plain_shared_memory():
         assert a[n0[key]["mangled"]] != b[n1[key]["mangled"]]
     with pytest.raises(ValueError, match="LK_ABLATE_"):
         wgmma.check_defines(("LK_TMAPF_AHEAD=4",))          # the distance is not a build name
+
+
+def test_clock_ab_probes_every_launch_and_cublas_and_the_view_compares_clocks(monkeypatch, tmp_path):
+    """clock_ab on the CPU shim: each launch of record that the grid takes is gated, then probed round by round with
+    cuBLAS and the probe alone (the idle clock); clock_view gives each launch its clock against cuBLAS's and the
+    ratio in time and in cycles."""
+    import types
+
+    import pandas as pd
+    from cpu_gpu_shim import install, install_wgmma
+
+    from labkernels import bench, records, wgmma
+
+    cp = install(monkeypatch, exact=True)
+    install_wgmma(monkeypatch, f16_only=False)
+    monkeypatch.setattr(wgmma, "_cp", lambda: cp)
+    monkeypatch.setattr(cp.cuda, "Device", lambda: types.SimpleNamespace(id=0), raising=False)
+    monkeypatch.setattr(wgmma, "_sm_count", lambda dev: 132)
+    monkeypatch.setattr(bench, "Flusher", lambda: None)
+    monkeypatch.setattr(bench, "time_launches", lambda fn, warmup=3, repeats=20, flush=None, **kw: (fn(), np.ones(3))[1])
+
+    class Probe:
+        def __init__(self, window_us):
+            self.window_us = window_us
+
+        def mhz(self, fn, flush=None, repeats=10):
+            if fn is not None:
+                fn()
+            return [1500.0 if fn is None else 1700.0] * repeats
+
+    monkeypatch.setattr(bench, "ClockProbe", Probe)
+    with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
+        wgmma.clock_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q6_K"], "pairs": 2})
+    r = records.load("wgmma", run.run_id, root=tmp_path)
+    c, g = r.table("wgmma_clock"), r.table("wgmma_clock_gate")
+    assert g.ok.all() and set(c.variant) == set(g.variant) | {"cublas_f16_cached", "probe_alone"}
+    assert (c.groupby("variant").size() == 2).all() and c.median_us.isna().sum() == 2   # the probe alone: no time
+    df = pd.DataFrame({"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512,
+                       "variant": ["wgmma_bn256_s4_scl0_skt_e5", "cublas_f16_cached", "probe_alone"],
+                       "round": 0, "mhz_median": [1600.0, 1800.0, 1980.0], "median_us": [32.0, 27.0, np.nan]})
+    v = wgmma.clock_view(df).set_index("variant")
+    assert list(v.index) == ["wgmma_bn256_s4_scl0_skt_e5", "cublas_f16_cached"]
+    w = v.loc["wgmma_bn256_s4_scl0_skt_e5"]
+    assert w.mhz_vs_cublas == pytest.approx(1600 / 1800) and w.kcycles == pytest.approx(32 * 1.6)
+    assert w.ratio == pytest.approx(27 / 32) and w.ratio_in_cycles == pytest.approx(27 * 1800 / (32 * 1600))
+    assert w.idle_mhz == 1980.0
+
+
+def test_clock_probe_refuses_a_window_it_cannot_spin():
+    from labkernels import bench
+
+    for us in (0, -1, float("inf")):
+        with pytest.raises(ValueError, match="positive number of microseconds"):
+            bench.ClockProbe(us)

@@ -28,3 +28,17 @@ def test_lead_keeps_the_host_path_out_of_the_timed_interval():
     assert led < 300, f"5 ms lead: {led:.0f} us (expected the fill kernel alone)"
     assert len(host) == 5 and min(host) >= 2000
     assert bench.flush_us(flush, repeats=3) > 0
+
+
+def test_clock_probe_reads_a_clock_the_gpu_can_have():
+    """bench.ClockProbe alone and beside a launch that outlasts its window (a 300 us lead on the main stream): the
+    clock64 cycles over the %globaltimer window give 0.3-2.5 GHz each time, so the probe ran its window and
+    counted real cycles, whether the GPU was idle or busy."""
+    pytest.importorskip("cupy")
+    from labkernels import bench
+
+    probe = bench.ClockProbe(12.0)
+    lead = bench.Lead(300.0)
+    for fn in (None, lead):
+        mhz = probe.mhz(fn, repeats=5)
+        assert len(mhz) == 5 and all(300.0 < m < 2500.0 for m in mhz), mhz
