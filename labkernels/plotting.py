@@ -213,3 +213,50 @@ def phase_bars(ax, roles, title: str = "") -> None:
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), framealpha=.95)
     if title:
         ax.set_title(title, fontsize=8)
+
+
+def _best_per_point(view, us: str):
+    """The fastest wgmma launch (smallest ``us``) of each (qtype, od, id) of a per-launch view, in view order."""
+    v = view[view.variant.str.startswith("wgmma_bn")]
+    return v.loc[v.groupby(["qtype", "od", "id"], sort=False)[us].idxmin()]
+
+
+def floor_bars(ax, view, title: str = "") -> None:
+    """The launch floor (:func:`labkernels.wgmma.floor_view`): per point the fastest launch of record as a stacked
+    bar -- its empty build's time (the floor) and what it spends above it -- beside cuBLAS fp16 (cached); the
+    1-CTA empty kernel as a dashed line. Times in us."""
+    import numpy as np
+
+    b = _best_per_point(view, "plain_us")
+    x = np.arange(len(b))
+    ax.bar(x - 0.2, b.empty_us, 0.4, color="0.25", label="floor: its empty build (same grid, no work)")
+    ax.bar(x - 0.2, b.above_floor_us, 0.4, bottom=b.empty_us, color=color("wgmma_kq"), label="above the floor")
+    ax.bar(x + 0.2, b.cublas_us, 0.4, color=color("cublas_f16_cached"), label="cuBLAS fp16 (cached), whole")
+    ax.axhline(float(b.empty_1cta_us.median()), color="0.2", ls="--", lw=.8, label="1-CTA empty kernel")
+    for xi, (_, r) in zip(x, b.iterrows()):
+        ax.text(xi - 0.2, r.plain_us, f"{r.ratio:.2f}×", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(x, [f"{q}\n{od}×{id_}\n{v.removeprefix('wgmma_')}" for q, od, id_, v in
+                      zip(b.qtype, b.od, b.id, b.variant)], fontsize=7)
+    ax.set_ylabel("us per launch (median)")
+    ax.legend(fontsize=7, loc="upper left", frameon=False)
+    ax.set_title(title, fontsize=9)
+
+
+def clock_bars(ax, view, title: str = "") -> None:
+    """The SM clock during the launches (:func:`labkernels.wgmma.clock_view`): per point the fastest launch of
+    record beside cuBLAS fp16 (cached), MHz, with the idle clock (the probe alone) as a dashed line."""
+    import numpy as np
+
+    b = _best_per_point(view, "us")
+    cb = view[view.variant == "cublas_f16_cached"].set_index(["qtype", "od", "id"])
+    x = np.arange(len(b))
+    ax.bar(x - 0.2, b.mhz, 0.4, color=color("wgmma_kq"), label="fastest wgmma launch")
+    ax.bar(x + 0.2, cb.loc[list(zip(b.qtype, b.od, b.id)), "mhz"].values, 0.4, color=color("cublas_f16_cached"),
+           label="cuBLAS fp16 (cached)")
+    ax.axhline(float(view.idle_mhz.median()), color="0.2", ls="--", lw=.8, label="idle (the probe alone)")
+    ax.set_ylim(1400, 2100)
+    ax.set_xticks(x, [f"{q}\n{od}×{id_}\n{v.removeprefix('wgmma_')}" for q, od, id_, v in
+                      zip(b.qtype, b.od, b.id, b.variant)], fontsize=7)
+    ax.set_ylabel("SM clock during the launch (MHz)")
+    ax.legend(fontsize=7, loc="upper left", ncol=3, frameon=False)
+    ax.set_title(title, fontsize=9)

@@ -2028,6 +2028,22 @@ def clock_view(clock_df):
     return pd.DataFrame(rows)
 
 
+def trace_cold(run):
+    """A trace run's launches warm (table ``trace``: after warm-up launches) against the same launches from a flushed
+    L2 (``trace_flushed``), per role (:func:`trace_roles`): medians of fill, main loop and cycles per super-block
+    both ways, and each launch's stamp span both ways."""
+    sm = run.meta["params"]["sm_count"]
+    keys = ["qtype", "od", "id", "nt", "variant", "role"]
+    cols = ["fill_us", "main_us", "cycles_per_iter"]
+    warm, cold = (trace_roles(run.table(t), sm)[keys + cols] for t in ("trace", "trace_flushed"))
+    m = warm.merge(cold, on=keys, suffixes=("_warm", "_cold"))
+    sp = trace_spans(run.table("trace")).merge(trace_spans(run.table("trace_flushed")),
+                                               on=keys[:-1], suffixes=("_warm", "_cold"))
+    m = m.merge(sp, on=keys[:-1])
+    m["cycles_cold_over_warm"] = m.cycles_per_iter_cold / m.cycles_per_iter_warm
+    return m
+
+
 def trace_spans(trace_df):
     """Per traced launch (qtype, od, id, nt, variant): the span of its CTAs' stamps, first to last (us)."""
     g = trace_df.groupby(["qtype", "od", "id", "nt", "variant"], as_index=False).t_us

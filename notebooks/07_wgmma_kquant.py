@@ -1360,6 +1360,183 @@ else:
 # 0.88–0.92×).
 
 # %% [markdown]
+# ## Sixteenth step: the launch floor, and the trace from a cold L2 (prediction first)
+#
+# **Why.** The fifteenth step put the ~6 us between a timed nt=512 launch and its CTAs' stamps on the device, but
+# did not split it. Two things were not measured: what an empty launch of the same shape costs, and whether the
+# trace, taken after warm-up launches, is the launch the benchmark times. The benchmark flushes L2 before every
+# launch, so its launches start cold.
+#
+# **Design** (`gpu-check --steps wgmma_floor,wgmma_trace`):
+# * `LK_ABLATE_EMPTY`, an empty build of the register form. It launches on the plain launch's grid, threads,
+#   dynamic shared memory and parameters, and every CTA returns at once. The scheduler is handed the plain build's
+#   CTAs per SM (more of the empty kernel would fit an SM). `wgmma.floor_ab` times the launches of record at nt=512
+#   beside their empty builds, cuBLAS and a 1-CTA empty kernel (`bench.EmptyLaunch`, the events' own floor), with
+#   each plain launch parity-gated. A GPU test checks that the empty build writes nothing, runs on the same grid and
+#   leaves no state behind. The plain build's machine code is byte-identical to the build of record (51 of 51
+#   functions).
+# * The trace step now also traces each launch once right after a flush (table `trace_flushed`).
+#
+# **Prediction** (commit e9d5a87): the empty build of the BN=256 split launches 3.5–5.0 us, the 1-CTA kernel 2–3 us.
+# The flushed trace's span 1–3 us longer than the warm one. Then plain time − flushed span ≈ the floor, and what is
+# left after the last stamp ≤ 1.5 us.
+
+# %%
+fr = records.latest("wgmma", where=lambda r: r.has("wgmma_floor_ab"))
+tc = records.latest("wgmma", where=lambda r: r.has("trace_flushed"))
+if fr is None:
+    print("no recorded run of the launch floor (gpu-check --steps wgmma_floor)")
+else:
+    fv = wgmma.floor_view(fr.table("wgmma_floor_ab"),
+                          wgmma.trace_spans(tc.table("trace_flushed")) if tc is not None else None)
+    fig, ax = plt.subplots(figsize=(11, 4))
+    plotting.floor_bars(ax, fv, f"nt=512: the fastest launch of record per point, its floor and cuBLAS; "
+                                f"labels: cuBLAS / launch ({report.source(fr)})")
+    plt.show()
+    e = fv.empty_us
+    print(f"empty builds of the launches of record: {e.min():.2f}-{e.max():.2f} us; 1-CTA empty kernel: "
+          f"{fv.empty_1cta_us.median():.2f} us")
+    cols = ["qtype", "od", "id", "variant", "plain_us", "empty_us", "above_floor_us", "cublas_us", "ratio"]
+    cols += ["span_us", "outside_us", "drain_us"] if "span_us" in fv else []
+    display(report.table(fv[cols].rename(columns={"span_us": "cold span_us"}),
+                         {c: "{:.2f}" for c in cols[4:] if c != "ratio"} | {"ratio": "{:.3f}"},
+                         caption=f"per launch of record at nt=512 ({report.source(fr)}): medians over the "
+                                 f"interleaved rounds; cold span = the stamps' span of the same launch traced right "
+                                 f"after a flush ({report.source(tc) if tc is not None else 'no trace'}), outside = "
+                                 f"time − cold span, drain = outside − the empty build (blank: not traced)"))
+if tc is not None:
+    cold = wgmma.trace_cold(tc)
+    display(report.table(cold[["qtype", "od", "id", "variant", "role", "fill_us_warm", "fill_us_cold", "main_us_warm",
+                               "main_us_cold", "cycles_per_iter_warm", "cycles_per_iter_cold", "cycles_cold_over_warm",
+                               "span_us_warm", "span_us_cold"]],
+                         {"fill_us_warm": "{:.2f}", "fill_us_cold": "{:.2f}", "main_us_warm": "{:.2f}",
+                          "main_us_cold": "{:.2f}", "cycles_per_iter_warm": "{:,.0f}", "cycles_per_iter_cold": "{:,.0f}",
+                          "cycles_cold_over_warm": "{:.3f}", "span_us_warm": "{:.1f}", "span_us_cold": "{:.1f}"},
+                         caption=f"the traced launches at nt=512, warm (after warm-up launches) and cold (right "
+                                 f"after a flush), per role: medians over its segments ({report.source(tc)})"))
+
+# %% [markdown]
+# **Measured** (runs 20261203T130432Z and 130504Z, commit e9d5a87, H200; every plain launch parity-gated, GPU test
+# passed):
+#
+# * **The floor is ~3 us.** The empty builds take 2.85–3.44 us and the 1-CTA empty kernel 2.66 us. So a launch of
+#   128–132 CTAs of 384 threads with ~200 KB of shared memory costs 0.2–0.8 us more than the events' own floor.
+#   cuBLAS's launch has a floor too; it was not measured.
+# * **The earlier traces were warm; the benchmark is cold.** From a flushed L2 the spans grow: q4_K by 0.5–1.7 us at
+#   4096 × 4096, mostly a later first tile (fill +0.4–1.6 us); q6_K by 3.5–7.7 us. At 4096 × 4096 q6_K's main loop
+#   runs 10–20% slower cold (tile split with EPI=5: 5,106 → 6,047 cycles per super-block; BN=128: 3,222 → 3,872);
+#   at 11008 × 4096 it takes 1–5% more cycles per super-block. q4_K's BN=256 loop runs at the same rate both ways
+#   at 4096 × 4096 (4,103–4,143 cycles), and its BN=128 loop 6% slower cold.
+# * **Where the ~6 us went** (q4_K 4096 × 4096, tile split, EPI=5): ~1.7 us was the warm trace against the cold
+#   launch, ~3.3 us is the floor, and ~1.4 us is after the last stamp (the reduce-adds draining and the exit). For
+#   BN=128 data-parallel the floor explains all of it (drain −0.02 us). For q6_K the one cold trace launch is
+#   slower than the benchmark's median plain launch, so no drain can be read from it (negative in the table).
+# * **Against the prediction:** the floor is a little lower than predicted (2.9–3.4 us against 3.5–5.0), and the
+#   drain is as predicted (≤ 1.5 us). The span grew about as predicted for q4_K (0.5–1.7 us against 1–3) and far
+#   more for q6_K (3.5–7.7 us), which was not predicted.
+# * **Against cuBLAS** (q4_K 4096 × 4096, 27.7 us a launch): if its floor is the same ~3 us, it does its work in
+#   ~24.5 us. This launch needs ~30 us above the floor, and its main loop takes ~20.5 us of that.
+
+# %% [markdown]
+# ## Seventeenth step: the weights prefetched into L2 by the producer's TMA (exploratory build, prediction first)
+#
+# **Why.** The cold trace has q6_K's main loop 10–20% slower than warm at 4096 × 4096, q4_K's BN=256 loop not. q6_K's consumers load the next
+# super-block only two chunks ahead (q4_K four), so a cold line's HBM latency could show in the loop.
+#
+# **Design** (`-DLK_EXP_TMAPF`, `wgmma.tmapf_ab`): the producer's activation thread issues a TMA L2 prefetch
+# (`cp.async.bulk.prefetch.tensor.2d.L2`) of the CTA's weight boxes (the thirteenth step's maps: q4_K one
+# [128 × 144 B] box, q6_K the L, H and SC planes; D, one line a row, is left out). It issues them two super-blocks
+# ahead along the CTA's own segments, each time it starts a super-block's chunks, and the first two at its start.
+# It adds no shared memory, no barrier and no consumer instruction, and it is bitwise the plain build by
+# construction. The GPU test checks that at the launches of record (EPI=5 included, with tails), and so does every
+# timed launch. The plain machine code is unchanged.
+#
+# **Prediction** (commit 2070f21): at nt=512 q6_K +8–14% on the split grids and +10–15% at BN=128, q4_K 0–3%; at
+# nt=4096 q6_K +3–8%, q4_K ±2%.
+
+# %%
+pr = records.latest("wgmma", where=lambda r: r.has("wgmma_tmapf_ab"))
+if pr is None:
+    print("no recorded run of the L2-prefetch build (gpu-check --steps wgmma_tmapf)")
+else:
+    pt, pline = wgmma.build_ab_view(pr, "tmapf")
+    fig, ax = plt.subplots(figsize=(11, 4))
+    plotting.launch_speedups(ax, pt, "speedup", f"the L2-prefetch build against the plain one ({report.source(pr)})",
+                             "speedup (plain time / prefetch build time)")
+    plt.show()
+    print(pline)
+    print("speedup by type and tile: " + "; ".join(
+        f"{q} BN={bn}: {g.speedup.min():.2f}-{g.speedup.max():.2f}x" for (q, bn), g in
+        pt.assign(bn=pt.base.str.extract(r"bn(\d+)")[0]).groupby(["qtype", "bn"])))
+
+# %% [markdown]
+# **Measured: wrong** (run 20261203T132153Z, commit 2070f21; the build was bitwise the plain one at all 56 timed
+# launches, and the GPU test passed 10 of 10). q6_K moved by 0.97–1.05× (median ~1.00), so having its weights in L2
+# ahead of the loads does not make its cold loop faster. The cold slowdown has some other cause, not found here.
+# q4_K lost: 0.84–0.91× at BN=128 and 0.97–1.02× at BN=256. The prefetches share the activation thread's issue,
+# and the prefetched lines share HBM with the loop's own first touches; which of the two costs q4_K was not
+# measured. The build stays exploratory, off the main path. Like the per-thread prefetch (`PF`, fifth step), it
+# does not shorten what q6_K waits for.
+
+# %% [markdown]
+# ## Eighteenth step: the SM clock during the launches, against cuBLAS's (prediction first)
+#
+# **Why.** The traces give the kernel's clock (1.62–1.77 GHz under load, against 1.98 idle), but not cuBLAS's.
+# If cuBLAS ran at a higher clock, part of the nt=512 gap would be power, not cycles.
+#
+# **Design** (`bench.ClockProbe`, `wgmma.clock_ab`): a one-thread kernel on a second stream waits for the same flush
+# as the launch, then spins a 12 us window of `%globaltimer` and counts `clock64` cycles over it. All SMs share
+# one clock, so the probe's SM tells the launch's. The launches of record and cuBLAS are probed round by round at
+# nt=512, with the probe alone for the idle clock, and each one's time in the same round. A GPU test checks that
+# the probe reads 0.3–2.5 GHz idle and beside a busy GPU.
+#
+# **Prediction** (commit e0fb934): the launches of record at 1.60–1.70 GHz, cuBLAS 0–7% higher, the probe alone
+# ~1.98 GHz. The ratio to cuBLAS in cycles 0.00–0.06 above the ratio in time.
+
+# %%
+cr = records.latest("wgmma", where=lambda r: r.has("wgmma_clock"))
+if cr is None:
+    print("no recorded run of the clock probe (gpu-check --steps wgmma_clock)")
+else:
+    cv = wgmma.clock_view(cr.table("wgmma_clock"))
+    fig, ax = plt.subplots(figsize=(11, 4))
+    plotting.clock_bars(ax, cv, f"nt=512: SM clock over a 12 us window inside each launch ({report.source(cr)})")
+    plt.show()
+    best = cv[cv.variant.str.startswith("wgmma")].sort_values("us").groupby(["qtype", "od", "id"], sort=False).head(1)
+    print(f"cuBLAS {cv[cv.variant == 'cublas_f16_cached'].mhz.min():.0f}-"
+          f"{cv[cv.variant == 'cublas_f16_cached'].mhz.max():.0f} MHz; the fastest launch per point "
+          f"{best.mhz.min():.0f}-{best.mhz.max():.0f} MHz; idle {cv.idle_mhz.median():.0f} MHz; its ratio to cuBLAS "
+          f"in time {best.ratio.min():.2f}-{best.ratio.max():.2f}, in cycles "
+          f"{best.ratio_in_cycles.min():.2f}-{best.ratio_in_cycles.max():.2f}")
+    display(report.table(cv.drop(columns=["nt", "idle_mhz"]),
+                         {"mhz": "{:,.0f}", "us": "{:.1f}", "mhz_vs_cublas": "{:.3f}", "kcycles": "{:,.1f}",
+                          "ratio": "{:.3f}", "ratio_in_cycles": "{:.3f}"},
+                         caption=f"per launch at nt=512 ({report.source(cr)}): medians over 3 rounds of the clock "
+                                 f"(MHz) and the time (us, 10 launches a round, L2 flushed); kcycles = us × MHz / "
+                                 f"1000; ratio = cuBLAS / launch in time, ratio_in_cycles the same in clock cycles"))
+
+# %% [markdown]
+# **Measured: wrong in sign** (run 20261203T132845Z, commit e0fb934). cuBLAS runs at the *lower* clock:
+# 1,657–1,684 MHz against 1,585–1,769 MHz for the launches of record, with the idle clock at 1,980. The fastest
+# launch per point clocks 2–6% above cuBLAS, except q6_K 11008 × 4096 on the stream-K grid (1,585 MHz, 0.94×). So in
+# cycles the kernel is further behind than in time: q4_K 0.78–0.90× and q6_K 0.73–0.81× at nt=512 (in time 0.82–0.94×
+# and 0.75–0.86× in this run). Power does not explain the nt=512 gap. The gap is cycles, at a clock the GPU
+# lowers less for this kernel than for cuBLAS.
+#
+# **What stands between the kernel and the nt=512 bar, after these three steps.** Per launch, cuBLAS does its work
+# in fewer cycles, at a lower clock.
+# * **Per launch, not per loop:** at q4_K BN=256 the loop runs at the tensor pipe's rate (4,103–4,109 cycles per
+#   super-block against 4,096).
+# * **Around the loop:** the split launches carry a ~3 us floor (measured here), ~1.5–2.7 us of first-tile fill from
+#   a cold L2, ~2–3.5 us of finish and ~1.4 us of drain.
+# * **q6_K:** at 4096 × 4096 its loop runs 10–20% slower cold than warm. Neither prefetch changed that, and its
+#   cause is not found.
+#
+# **Levers not built:** ping-pong consumers, whose epilogue overlaps the other warpgroup's next tile; 2-CTA clusters
+# with multicast activations, so that a 64-row CTA can run a whole tile without a split; and q4_K's min term as a
+# correction GEMM.
+
+# %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process
 
 # %%

@@ -1304,3 +1304,21 @@ def test_clock_probe_refuses_a_window_it_cannot_spin():
     for us in (0, -1, float("inf")):
         with pytest.raises(ValueError, match="positive number of microseconds"):
             bench.ClockProbe(us)
+
+
+def test_trace_cold_pairs_each_role_warm_and_from_a_flushed_l2():
+    """trace_cold on the recorded trace run of the sixteenth step (data/, run 20261203T130504Z): every role of every
+    traced launch appears once, both ways, its ratio of cycles per super-block is the two columns' quotient, and the
+    spans are the stamps' first-to-last of each table."""
+    from labkernels import records, wgmma
+
+    run = records.load("wgmma", "20261203T130504Z-h200-e9d5a870b7")
+    t = wgmma.trace_cold(run)
+    roles = wgmma.trace_roles(run.table("trace"), run.meta["params"]["sm_count"])
+    assert len(t) == len(roles) and not t.duplicated(["qtype", "od", "id", "variant", "role"]).any()
+    assert np.allclose(t.cycles_cold_over_warm, t.cycles_per_iter_cold / t.cycles_per_iter_warm)
+    sp = wgmma.trace_spans(run.table("trace_flushed")).set_index("variant")
+    q4 = t[(t.qtype == "q4_K") & (t.od == 4096) & (t.variant == "wgmma_bn256_s4_scl0_skt_e5")]
+    assert set(q4.role) == {"owner", "helper"}
+    assert np.allclose(q4.span_us_cold, sp[(sp.qtype == "q4_K") & (sp.od == 4096)].loc["wgmma_bn256_s4_scl0_skt_e5",
+                                                                                      "span_us"])
