@@ -1762,6 +1762,58 @@ def conv16_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
     return builds_ab(run, p, {"_oldconv": OLDCONV}, "conv16", rng, bitwise=True, progress=progress)
 
 
+def _plan_points(p: dict, rng):
+    """The points of an A/B plan ``p`` (its qtypes x shapes x nts), in order: yields (qtype, od, id_, nt, pt), ``pt``
+    a namespace of the point's synthetic weight (``raw``, ``w`` repacked, ``wq`` the GGUF upload, ``w16`` cuBLAS's
+    fp16 copy, ``w64`` gguf-py's float64 dequantization, ``w16e`` the kernel's exact weights) and its fresh inputs
+    (``x``, ``xg``, ``x16``, ``y``, ``tok``: :func:`labkernels.cases.point_inputs`)."""
+    from types import SimpleNamespace
+
+    import gguf
+
+    from . import cases
+    from . import gpu
+
+    cp = _cp()
+    for qtype in p["qtypes"]:
+        for od, id_ in (tuple(s) for s in p["shapes"]):
+            raw = cases.synthetic_weights(qtype, od, id_, rng)
+            w = WgWeight.from_gguf(raw, qtype)
+            wq = gpu.QWeight.upload(raw, qtype)
+            wts = dict(raw=raw, w=w, wq=wq, w16=gpu.dequant_f16(wq),
+                       w64=gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype.upper()]),
+                       w16e=emulate_weights(cp.asnumpy(w.packed), qtype, od, id_))
+            for nt in p["nts"]:
+                x, xg, x16, y, tok = cases.point_inputs(rng, nt, od, id_)
+                yield qtype, od, id_, nt, SimpleNamespace(**wts, x=x, xg=xg, x16=x16, y=y, tok=tok)
+
+
+def _plan_launches(p: dict, qtype: str, nt: int, od: int, id_: int, sm: int):
+    """The plan's register-form launches (BN, scheduler[, EPI]; the main scale form) that the grid takes at a point:
+    (variant name, :func:`gemm` parameters). Left out: a split grid that does not fit, BN=256 data-parallel at
+    nt <= 512 (one tile per two SMs: not a launch of record), EPI=5 on a grid with more than two CTAs a tile."""
+    for bn, sk, epi in ((tuple(v) + (0,))[:3] for v in p["launches"]):
+        if sk in (2, 3) and not sk_fits(sk, nt, od, id_, bn, sm):
+            continue
+        if sk == 0 and bn == 256 and nt <= 512:
+            continue
+        if epi == 5 and not reduce_fits(sk, nt, od, id_, bn, sm):
+            continue
+        prm = dict(BN=bn, SCL=main_scl(qtype, bn), SK=sk, EPI=epi)
+        yield variant_name(bn, 4, prm["SCL"], sk, 0, epi), prm
+
+
+def _gate_point(run, table: str, qtype: str, od: int, id_: int, nt: int, name: str, pt, extra: dict | None = None):
+    """:func:`gate` of the launch's Y now in ``pt.y`` against the point's references; the row (with ``extra``) into
+    ``run`` table ``table``; a failed gate raises."""
+    cp = _cp()
+    g = gate(cp.asnumpy(pt.y), pt.raw, qtype, pt.x, tokens=pt.tok, w64=pt.w64, w16=pt.w16e)
+    if run is not None:
+        run.append(table, {"qtype": qtype, "od": od, "id": id_, "nt": nt, "variant": name, **(extra or {}), **g})
+    if not g["ok"]:
+        raise AssertionError(f"{name} parity failed: {qtype} nt={nt} od={od} id={id_}: {g}")
+
+
 def builds_ab(run, p: dict, builds: dict, name: str, rng, bitwise: bool, progress=print,
               extra: dict | None = None) -> list[dict]:
     """Builds of the register form against the plain one, on the plan ``p``'s launches (BN, scheduler[, EPI]; the
@@ -1769,73 +1821,50 @@ def builds_ab(run, p: dict, builds: dict, name: str, rng, bitwise: bool, progres
     dequantized weights, L2 flushed. ``builds``: variant suffix -> build defines. Every plain launch is gated first
     at its point (NaN-poisoned output, :func:`gate`; a failure raises). ``bitwise``: each build's Y must be bitwise
     the plain build's (twice; else it raises) -- otherwise the builds are ablations, timed only (their Y means
-    nothing). A launch whose grid does not take the scheduler or the epilogue at a point is left out there.
-    ``extra``: name -> callable, timed beside them at every point (e.g. :class:`labkernels.bench.EmptyLaunch`).
+    nothing). A launch whose grid does not take the scheduler or the epilogue at a point is left out there
+    (:func:`_plan_launches`). ``extra``: name -> callable, timed beside them at every point (e.g.
+    :class:`labkernels.bench.EmptyLaunch`).
     Rows: ``wgmma_<name>_ab`` (a build's variant named ``<variant><suffix>``) and ``wgmma_<name>_gate``."""
     from . import bench as B
-    from . import cases
     from . import gpu
-
-    import gguf
 
     cp = _cp()
     flush = B.Flusher()
     sm = _sm_count(cp.cuda.Device().id)
     rows = []
-    for qtype in p["qtypes"]:
-        for od, id_ in (tuple(s) for s in p["shapes"]):
-            raw = cases.synthetic_weights(qtype, od, id_, rng)
-            w = WgWeight.from_gguf(raw, qtype)
-            wq = gpu.QWeight.upload(raw, qtype)
-            w16 = gpu.dequant_f16(wq)
-            w64 = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype.upper()])
-            w16e = emulate_weights(cp.asnumpy(w.packed), qtype, od, id_)
-            for nt in p["nts"]:
-                x, xg, x16, y, tok = cases.point_inputs(rng, nt, od, id_)
-                y_b = cp.empty_like(y)
-                vs = {}
-                for bn, sk, epi in ((tuple(v) + (0,))[:3] for v in p["launches"]):
-                    if sk in (2, 3) and not sk_fits(sk, nt, od, id_, bn, sm):
-                        continue
-                    if sk == 0 and bn == 256 and nt <= 512:
-                        continue            # one tile per 2 SMs: not a launch of record at nt <= 512
-                    if epi == 5 and not reduce_fits(sk, nt, od, id_, bn, sm):
-                        continue            # the reduce finish takes at most two CTAs a tile
-                    prm = dict(BN=bn, SCL=main_scl(qtype, bn), SK=sk, EPI=epi)
-                    vname = variant_name(bn, 4, prm["SCL"], sk, 0, epi)
-                    same = {}
-                    for _ in range(2 if bitwise else 1):   # bitwise: both builds launched twice, each pair compared
-                        y.fill(np.nan)
-                        gemm(w, x16, out=y, **prm)
-                        for sfx, d in builds.items():
-                            y_b.fill(np.nan)
-                            gemm(w, x16, out=y_b, defines=d, **prm)
-                            if bitwise:
-                                same[sfx] = bool(cp.array_equal(y.view(cp.uint32), y_b.view(cp.uint32)))
-                                if not same[sfx]:
-                                    raise AssertionError(f"{vname}{sfx} differs from the plain build at {qtype} "
-                                                         f"{od}x{id_} nt={nt}")
-                    g = gate(cp.asnumpy(y), raw, qtype, x, tokens=tok, w64=w64, w16=w16e)
-                    if run is not None:
-                        run.append(f"wgmma_{name}_gate", {"qtype": qtype, "od": od, "id": id_, "nt": nt,
-                                                         "variant": vname, **{f"bitwise_vs{k}": v for k, v in same.items()},
-                                                         **g})
-                    if not g["ok"]:
-                        raise AssertionError(f"{vname} parity failed: {qtype} nt={nt} od={od} id={id_}: {g}")
-                    vs[vname] = lambda prm=prm: gemm(w, x16, out=y, **prm)
-                    for sfx, d in builds.items():
-                        vs[vname + sfx] = lambda prm=prm, d=d: gemm(w, x16, out=y_b, defines=d, **prm)
-                y16 = cp.empty((nt, od), cp.float16)
-                vs["cublas_f16_cached"] = lambda: gpu.matmul_f16(x16, w16, out=y16)
-                vs.update(extra or {})
-                res = B.interleaved(vs, pairs=p["pairs"], repeats=p["repeats"], flush=flush)
-                new = B.pair_rows(res, {"qtype": qtype, "od": od, "id": id_, "nt": nt}, nt, od, id_)
-                rows += new
-                if run is not None:
-                    run.append(f"wgmma_{name}_ab", new)
-                med = {k: np.median([s["median_us"] for s in v]) for k, v in res.items()}
-                progress(f"{name} {qtype} {od}x{id_} nt={nt}: " + ", ".join(
-                    f"{k} {2 * nt * od * id_ / (v * 1e-6) / 1e12:.0f}" for k, v in med.items()) + " TOPS-eq")
+    for qtype, od, id_, nt, pt in _plan_points(p, rng):
+        w, x16, y = pt.w, pt.x16, pt.y
+        y_b = cp.empty_like(y)
+        vs = {}
+        for vname, prm in _plan_launches(p, qtype, nt, od, id_, sm):
+            same = {}
+            for _ in range(2 if bitwise else 1):   # bitwise: both builds launched twice, each pair compared
+                y.fill(np.nan)
+                gemm(w, x16, out=y, **prm)
+                for sfx, d in builds.items():
+                    y_b.fill(np.nan)
+                    gemm(w, x16, out=y_b, defines=d, **prm)
+                    if bitwise:
+                        same[sfx] = bool(cp.array_equal(y.view(cp.uint32), y_b.view(cp.uint32)))
+                        if not same[sfx]:
+                            raise AssertionError(f"{vname}{sfx} differs from the plain build at {qtype} "
+                                                 f"{od}x{id_} nt={nt}")
+            _gate_point(run, f"wgmma_{name}_gate", qtype, od, id_, nt, vname, pt,
+                        {f"bitwise_vs{k}": v for k, v in same.items()})
+            vs[vname] = lambda prm=prm: gemm(w, x16, out=y, **prm)
+            for sfx, d in builds.items():
+                vs[vname + sfx] = lambda prm=prm, d=d: gemm(w, x16, out=y_b, defines=d, **prm)
+        y16 = cp.empty((nt, od), cp.float16)
+        vs["cublas_f16_cached"] = lambda: gpu.matmul_f16(x16, pt.w16, out=y16)
+        vs.update(extra or {})
+        res = B.interleaved(vs, pairs=p["pairs"], repeats=p["repeats"], flush=flush)
+        new = B.pair_rows(res, {"qtype": qtype, "od": od, "id": id_, "nt": nt}, nt, od, id_)
+        rows += new
+        if run is not None:
+            run.append(f"wgmma_{name}_ab", new)
+        med = {k: np.median([s["median_us"] for s in v]) for k, v in res.items()}
+        progress(f"{name} {qtype} {od}x{id_} nt={nt}: " + ", ".join(
+            f"{k} {2 * nt * od * id_ / (v * 1e-6) / 1e12:.0f}" for k, v in med.items()) + " TOPS-eq")
     return rows
 
 
@@ -1948,64 +1977,41 @@ def clock_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
     flush, with each one's CUDA-event time in the same round. Rows: ``wgmma_clock`` (variant, round, mhz_median,
     mhz_mean, median_us) and ``wgmma_clock_gate``."""
     from . import bench as B
-    from . import cases
     from . import gpu
-
-    import gguf
 
     p = {**CLOCK_AB, **(plan or {})}
     cp = _cp()
-    rng = np.random.default_rng(seed or None)
     flush = B.Flusher()
     probe = B.ClockProbe(p["window_us"])
     sm = _sm_count(cp.cuda.Device().id)
     rows = []
-    for qtype in p["qtypes"]:
-        for od, id_ in (tuple(s) for s in p["shapes"]):
-            raw = cases.synthetic_weights(qtype, od, id_, rng)
-            w = WgWeight.from_gguf(raw, qtype)
-            wq = gpu.QWeight.upload(raw, qtype)
-            w16 = gpu.dequant_f16(wq)
-            w64 = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype.upper()])
-            w16e = emulate_weights(cp.asnumpy(w.packed), qtype, od, id_)
-            for nt in p["nts"]:
-                x, xg, x16, y, tok = cases.point_inputs(rng, nt, od, id_)
-                vs = {}
-                for bn, sk, epi in ((tuple(v) + (0,))[:3] for v in p["launches"]):
-                    if (sk in (2, 3) and not sk_fits(sk, nt, od, id_, bn, sm)) or (
-                            epi == 5 and not reduce_fits(sk, nt, od, id_, bn, sm)):
-                        continue
-                    prm = dict(BN=bn, SCL=main_scl(qtype, bn), SK=sk, EPI=epi)
-                    name = variant_name(bn, 4, prm["SCL"], sk, 0, epi)
-                    y.fill(np.nan)
-                    gemm(w, x16, out=y, **prm)
-                    g = gate(cp.asnumpy(y), raw, qtype, x, tokens=tok, w64=w64, w16=w16e)
-                    if run is not None:
-                        run.append("wgmma_clock_gate", {"qtype": qtype, "od": od, "id": id_, "nt": nt,
-                                                        "variant": name, **g})
-                    if not g["ok"]:
-                        raise AssertionError(f"{name} parity failed: {qtype} nt={nt} od={od} id={id_}: {g}")
-                    vs[name] = lambda prm=prm: gemm(w, x16, out=y, **prm)
-                y16 = cp.empty((nt, od), cp.float16)
-                vs["cublas_f16_cached"] = lambda: gpu.matmul_f16(x16, w16, out=y16)
-                vs["probe_alone"] = None
-                new = []
-                for rnd in range(p["pairs"]):
-                    for name, fn in vs.items():
-                        mhz = probe.mhz(fn, flush, repeats=p["repeats"])
-                        us = (float(np.median(B.time_launches(fn, 2, p["repeats"], flush))) if fn is not None
-                              else float("nan"))
-                        new.append({"qtype": qtype, "od": od, "id": id_, "nt": nt, "variant": name, "round": rnd,
-                                    "mhz_median": float(np.median(mhz)), "mhz_mean": float(np.mean(mhz)),
-                                    "median_us": us, "window_us": p["window_us"]})
-                rows += new
-                if run is not None:
-                    run.append("wgmma_clock", new)
-                med = {}
-                for r in new:
-                    med.setdefault(r["variant"], []).append(r["mhz_median"])
-                progress(f"clock {qtype} {od}x{id_} nt={nt}: " + ", ".join(
-                    f"{k} {np.median(v):.0f} MHz" for k, v in med.items()))
+    for qtype, od, id_, nt, pt in _plan_points(p, np.random.default_rng(seed or None)):
+        vs = {}
+        for name, prm in _plan_launches(p, qtype, nt, od, id_, sm):
+            pt.y.fill(np.nan)
+            gemm(pt.w, pt.x16, out=pt.y, **prm)
+            _gate_point(run, "wgmma_clock_gate", qtype, od, id_, nt, name, pt)
+            vs[name] = lambda prm=prm: gemm(pt.w, pt.x16, out=pt.y, **prm)
+        y16 = cp.empty((nt, od), cp.float16)
+        vs["cublas_f16_cached"] = lambda: gpu.matmul_f16(pt.x16, pt.w16, out=y16)
+        vs["probe_alone"] = None
+        new = []
+        for rnd in range(p["pairs"]):
+            for name, fn in vs.items():
+                mhz = probe.mhz(fn, flush, repeats=p["repeats"])
+                us = (float(np.median(B.time_launches(fn, 2, p["repeats"], flush))) if fn is not None
+                      else float("nan"))
+                new.append({"qtype": qtype, "od": od, "id": id_, "nt": nt, "variant": name, "round": rnd,
+                            "mhz_median": float(np.median(mhz)), "mhz_mean": float(np.mean(mhz)),
+                            "median_us": us, "window_us": p["window_us"]})
+        rows += new
+        if run is not None:
+            run.append("wgmma_clock", new)
+        med = {}
+        for r in new:
+            med.setdefault(r["variant"], []).append(r["mhz_median"])
+        progress(f"clock {qtype} {od}x{id_} nt={nt}: " + ", ".join(f"{k} {np.median(v):.0f} MHz"
+                                                                   for k, v in med.items()))
     return rows
 
 
