@@ -1440,8 +1440,9 @@ if tc is not None:
 # %% [markdown]
 # ## Seventeenth step: the weights prefetched into L2 by the producer's TMA (exploratory build, prediction first)
 #
-# **Why.** The cold trace has q6_K's main loop 10–20% slower than warm at 4096 × 4096, q4_K's BN=256 loop not. q6_K's consumers load the next
-# super-block only two chunks ahead (q4_K four), so a cold line's HBM latency could show in the loop.
+# **Why.** The cold trace has q6_K's main loop 10–20% slower than warm at 4096 × 4096, q4_K's BN=256 loop not.
+# q6_K's consumers load the next super-block only two chunks ahead (q4_K four), so a cold line's HBM latency could
+# show in the loop.
 #
 # **Design** (`-DLK_EXP_TMAPF`, `wgmma.tmapf_ab`): the producer's activation thread issues a TMA L2 prefetch
 # (`cp.async.bulk.prefetch.tensor.2d.L2`) of the CTA's weight boxes (the thirteenth step's maps: q4_K one
@@ -1518,17 +1519,52 @@ else:
 # %% [markdown]
 # **Measured: wrong in sign** (run 20261203T132845Z, commit e0fb934). cuBLAS runs at the *lower* clock:
 # 1,657–1,684 MHz against 1,585–1,769 MHz for the launches of record, with the idle clock at 1,980. The fastest
-# launch per point clocks 2–6% above cuBLAS, except q6_K 11008 × 4096 on the stream-K grid (1,585 MHz, 0.94×). So in
-# cycles the kernel is further behind than in time: q4_K 0.78–0.90× and q6_K 0.73–0.81× at nt=512 (in time 0.82–0.94×
-# and 0.75–0.86× in this run). Power does not explain the nt=512 gap. The gap is cycles, at a clock the GPU
-# lowers less for this kernel than for cuBLAS.
+# launch per point clocks 2–6% above cuBLAS, except q6_K 11008 × 4096 on the stream-K grid (1,585 MHz, 0.94×).
+# So in cycles the kernel is further behind than in time: q4_K 0.78–0.90× and q6_K 0.73–0.81× at nt=512 (in time
+# 0.82–0.94× and 0.75–0.86× in this run). Power does not explain the nt=512 gap. The gap is cycles, at a clock the
+# GPU lowers less for this kernel than for cuBLAS.
+
+# %% [markdown]
+# ## Nineteenth step: the helper's reduce-adds in the other order (exploratory build, prediction first)
 #
-# **What stands between the kernel and the nt=512 bar, after these three steps.** Per launch, cuBLAS does its work
-# in fewer cycles, at a lower clock.
+# **Why.** In the cold trace the helper of a split tile finishes in ~3.5 us against the owner's ~2.1 us (q4_K
+# 4096 × 4096, tile split, EPI=5). Both CTAs end their loops together and reduce-add into the same 128 KB of Y,
+# the same 128 tokens first.
+#
+# **Design** (`-DLK_EXP_SWAPRED`, `wgmma.swapred_ab`): the helper adds its second 128 tokens first, so the two CTAs
+# add into different halves of the tile at a time. Each element still gets −0 + a + b, so the result is bitwise
+# the plain EPI=5. In that build the rounds are a lambda of a compile-time round index (the accumulators stay in
+# registers). The plain build keeps its loop: its machine code is byte-identical to the build of record. A GPU
+# test checks the build bitwise against the plain EPI=5 with tails (8 passed), and so does every timed launch.
+#
+# **Prediction** (commit c301da5): the EPI=5 split launches at nt=512 +2–4%, stream-K at 11008 × 4096 +1–3%;
+# nt=4096 ±1%.
+
+# %%
+sr = records.latest("wgmma", where=lambda r: r.has("wgmma_swapred_ab"))
+if sr is None:
+    print("no recorded run of the swapped reduce order (gpu-check --steps wgmma_swapred)")
+else:
+    st, sline = wgmma.build_ab_view(sr, "swapred")
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    plotting.launch_speedups(ax, st, "speedup", f"the helper's rounds swapped against the plain EPI=5 "
+                                                f"({report.source(sr)})", "speedup (plain time / swapped time)")
+    plt.show()
+    print(sline)
+
+# %% [markdown]
+# **Measured: wrong** (run 20261203T134832Z, commit c301da5; bitwise at all 16 timed launches). At nt=512 q4_K gains
+# 0.5–1.1% and q6_K moves by −1.7…−0.1%. At nt=4096 the launches lose up to 4.7% (q6_K 4096 × 14336). Two CTAs
+# adding into the same lines at once is not what makes the helper's finish longer. The build stays exploratory,
+# off the main path.
+#
+# **What stands between the kernel and the nt=512 bar, after the sixteenth to nineteenth steps.** Per launch,
+# cuBLAS does its work in fewer cycles, at a lower clock.
 # * **Per launch, not per loop:** at q4_K BN=256 the loop runs at the tensor pipe's rate (4,103–4,109 cycles per
 #   super-block against 4,096).
 # * **Around the loop:** the split launches carry a ~3 us floor (measured here), ~1.5–2.7 us of first-tile fill from
-#   a cold L2, ~2–3.5 us of finish and ~1.4 us of drain.
+#   a cold L2, ~2–3.5 us of finish (not two CTAs adding into the same lines: the nineteenth step) and ~1.4 us of
+#   drain.
 # * **q6_K:** at 4096 × 4096 its loop runs 10–20% slower cold than warm. Neither prefetch changed that, and its
 #   cause is not found.
 #
