@@ -491,7 +491,6 @@ def kernel_built(defines: tuple, family: str = "wgmma_kq", **params) -> WgKernel
 #: the exploratory build whose producer loads the weights by TMA into a shared-memory ring (kernel: LK_EXP_WTMA)
 WTMA = ("LK_EXP_WTMA",)
 TMAPF = ("LK_EXP_TMAPF",)
-SWAPRED = ("LK_EXP_SWAPRED",)
 TMAPF_AHEAD = 2                                      # super-blocks the L2 prefetch runs ahead (-DLK_TMAPF_AHEAD)
 WTMA_STAGES = 3                                      # super-blocks in the weight ring (-DLK_WTMA_STAGES to nvcc)
 WTMA_SLOT = {4: 128 * 144, 6: 128 * (128 + 64 + 16)}  # bytes of one slot: a super-block of 128 rows (LkWtma::BYTES)
@@ -2070,22 +2069,6 @@ def tmapf_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
     plain build's. Rows: ``wgmma_tmapf_ab`` (``<variant>_tmapf``), ``wgmma_tmapf_gate``."""
     p = {**TMAPF_AB, **(plan or {})}
     return builds_ab(run, p, {"_tmapf": TMAPF}, "tmapf", np.random.default_rng(seed or None), bitwise=True,
-                     progress=progress)
-
-
-#: a split tile's helper adding its two rounds in the other order (``gpu-check --steps wgmma_swapred``, exploratory
-#: build -DLK_EXP_SWAPRED): against the plain EPI=5 on its grids (BN, scheduler, EPI), bitwise-checked
-SWAPRED_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 4096], "qtypes": ["q4_K", "q6_K"],
-              "launches": [[256, 3, 5], [256, 1, 5]], "pairs": 3, "repeats": 10}
-
-
-def swapred_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
-    """:func:`builds_ab` of the EPI=5 launches against the ``-DLK_EXP_SWAPRED`` build (a split tile's helper
-    reduce-adds its second 128 tokens first, so that the tile's two CTAs add into different halves at a time),
-    every launch's Y bitwise the plain build's. Rows: ``wgmma_swapred_ab`` (``<variant>_swapred``),
-    ``wgmma_swapred_gate``."""
-    p = {**SWAPRED_AB, **(plan or {})}
-    return builds_ab(run, p, {"_swapred": SWAPRED}, "swapred", np.random.default_rng(seed or None), bitwise=True,
                      progress=progress)
 
 

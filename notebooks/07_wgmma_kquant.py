@@ -1531,7 +1531,7 @@ else:
 # 4096 × 4096, tile split, EPI=5). Both CTAs end their loops together and reduce-add into the same 128 KB of Y,
 # the same 128 tokens first.
 #
-# **Design** (`-DLK_EXP_SWAPRED`, `wgmma.swapred_ab`): the helper adds its second 128 tokens first, so the two CTAs
+# **Design** (`-DLK_EXP_SWAPRED`, `wgmma.swapred_ab`, both in commit c301da5 only): the helper adds its second 128 tokens first, so the two CTAs
 # add into different halves of the tile at a time. Each element still gets −0 + a + b, so the result is bitwise
 # the plain EPI=5. In that build the rounds are a lambda of a compile-time round index (the accumulators stay in
 # registers). The plain build keeps its loop: its machine code is byte-identical to the build of record. A GPU
@@ -1555,8 +1555,8 @@ else:
 # %% [markdown]
 # **Measured: wrong** (run 20261203T134832Z, commit c301da5; bitwise at all 16 timed launches). At nt=512 q4_K gains
 # 0.5–1.1% and q6_K moves by −1.7…−0.1%. At nt=4096 the launches lose up to 4.7% (q6_K 4096 × 14336). Two CTAs
-# adding into the same lines at once is not what makes the helper's finish longer. The build stays exploratory,
-# off the main path.
+# adding into the same lines at once is not what makes the helper's finish longer. The build is ruled out and has
+# left the kernel (it stays in commit c301da5; this page reads its recorded run).
 #
 # **What stands between the kernel and the nt=512 bar, after the sixteenth to nineteenth steps.** Per launch,
 # cuBLAS does its work in fewer cycles, at a lower clock.

@@ -1323,27 +1323,3 @@ def test_trace_cold_pairs_each_role_warm_and_from_a_flushed_l2():
     assert np.allclose(q4.span_us_cold, sp[(sp.qtype == "q4_K") & (sp.od == 4096)].loc["wgmma_bn256_s4_scl0_skt_e5",
                                                                                       "span_us"])
 
-
-def test_swapped_reduce_build_changes_only_the_staged_epilogues():
-    """-DLK_EXP_SWAPRED (exploratory: a split tile's helper adds its rounds in the other order) compiles for every
-    instantiation; its EPI=5 BN=256 entries run other machine code than the plain build's, and every entry without
-    the staged epilogue (EPI 0-3) is byte-identical to the plain build's: the define guards EPI 4 and 5 only."""
-    import shutil
-    from pathlib import Path
-
-    from labkernels import audit, wgmma
-    from labkernels.kernels import registry
-
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc not on PATH")
-    plain, n0 = wgmma._cubin("wgmma_kq.cu", ())
-    sw, n1 = wgmma._cubin("wgmma_kq.cu", wgmma.SWAPRED)
-    assert set(n0) == set(n1)
-    a = audit.elf_text_sections(Path(plain).read_bytes())
-    b = audit.elf_text_sections(Path(sw).read_bytes())
-    for k in registry.family("wgmma_kq"):
-        same = a[n0[k.key]["mangled"]] == b[n1[k.key]["mangled"]]
-        if k.p["EPI"] < 4:
-            assert same, k.key
-        elif k.p["EPI"] == 5 and k.p["BN"] == 256:
-            assert not same, k.key

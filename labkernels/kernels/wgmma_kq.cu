@@ -19,9 +19,6 @@
 // a2 = (row g, k 2c+8..2c+9), a3 = (row g+8, k 2c+8..2c+9), low half = lower k.
 // Accumulator (m64nN, f32): d[4j+0..1] = (row g, n 8j+2c..+1), d[4j+2..3] = (row g+8, n 8j+2c..+1).
 #include "common.cuh"
-#ifdef LK_EXP_SWAPRED
-#include <type_traits>
-#endif
 #include "wgmma_ops.cuh"
 
 #ifndef LK_WG_M
@@ -1045,51 +1042,6 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
         const int wgi = ctid >> 7, t = ctid & 127;
         const u32 wst = stg + (u32)wgi * 32768u;           // [128 tokens x 64 rows] f32: two boxes of 32 rows
         const int lw0 = (t >> 5) * 16 + ((t & 31) >> 2);   // the thread's first row among the warpgroup's 64
-#ifdef LK_EXP_SWAPRED   // (std::integral_constant: <type_traits>, included at the top for this build)
-        // exploratory (labkernels.wgmma.swapred_ab): a split tile's helper adds its two rounds in the other order, so
-        // that the tile's two CTAs, finishing together, add into different halves of it at a time (the sum is the
-        // same: each element gets -0 + a + b in either order). The rounds as a lambda of a compile-time h (the
-        // accumulators stay in registers); the plain build keeps its loop, whose machine code this form changes.
-        auto round = [&](auto H) {
-            constexpr int h = decltype(H)::value;
-            // the previous round's (or tile's) stores have read the buffer: this warpgroup's leader committed them
-            if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-            lk_wg_sync(wgi);
-            // box b = row / 32 holds [128 tokens x 32 rows]: token n's 128 bytes at n * 128, its 16-byte chunk
-            // k = (row % 32) / 4 at k ^ (n % 8) (the 128-byte swizzle), the row's float at (row % 4) * 4
-#pragma unroll
-            for (int jn = 16 * h; jn < 16 * h + 16; jn++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int lw = lw0 + (e >> 1) * 8, n = 8 * (jn - 16 * h) + 2 * c + (e & 1);
-                    const u32 a = wst + (u32)(lw >> 5) * 16384u + (u32)n * 128 +
-                                  ((u32)(((lw & 31) >> 2) ^ (n & 7)) << 4) + (u32)(lw & 3) * 4;
-                    lk_sts32(a, acc[4 * jn + e]);
-                }
-            }
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the generic writes -> the TMA's reads
-            lk_wg_sync(wgi);
-            if (t == 0) {
-                const int m0w = r0 - lw0;   // the warpgroup's first row
-                if (EPI == 5 && red) {      // a split tile: add into the zeroed Y (the zeros' generic writes, acquired
-                    asm volatile("fence.proxy.async.global;\n" ::: "memory");   // above, before the async adds)
-                    lk_tma_reduce_add_2d(tmy, wst, m0w, n0 + 128 * h);
-                    lk_tma_reduce_add_2d(tmy, wst + 16384u, m0w + 32, n0 + 128 * h);
-                } else {
-                    lk_tma_store_2d(tmy, wst, m0w, n0 + 128 * h);
-                    lk_tma_store_2d(tmy, wst + 16384u, m0w + 32, n0 + 128 * h);
-                }
-                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-            }
-                };
-        if (EPI == 5 && BN == 256 && red && seg.klo > 0) {
-            round(std::integral_constant<int, BN / 128 - 1>{});
-            round(std::integral_constant<int, 0>{});
-        } else {
-            round(std::integral_constant<int, 0>{});
-            if constexpr (BN / 128 > 1) round(std::integral_constant<int, 1>{});
-        }
-#else
 #pragma unroll
         for (int h = 0; h < BN / 128; h++) {
             // the previous round's (or tile's) stores have read the buffer: this warpgroup's leader committed them
@@ -1122,7 +1074,6 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
                 asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
             }
         }
-#endif
         return;
     }
     if (EPI == 2) {   // the tile through the ring and four TMA stores

@@ -428,15 +428,8 @@ def step_wgmma_clock(out: Path, args) -> dict:
     return _record_ab(out, args, "clock_ab", wgmma.CLOCK_AB, wgmma.clock_ab)
 
 
-def step_wgmma_swapred(out: Path, args) -> dict:
-    """Round 7, exploratory: a split tile's helper adding its two rounds in the other order (-DLK_EXP_SWAPRED)
-    against the plain EPI=5, bitwise- and parity-gated per launch, interleaved with cuBLAS at nt 512 and 4096
-    (labkernels.wgmma.swapred_ab), recorded."""
-    return _record_ab(out, args, "swapred_ab", {**wgmma.SWAPRED_AB, "defines": list(wgmma.SWAPRED)}, wgmma.swapred_ab)
-
-
 STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_ncu": step_wgmma_ncu,
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
          "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
          "wgmma_staged": step_wgmma_staged, "wgmma_reduce": step_wgmma_reduce, "wgmma_lead": step_wgmma_lead, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane,
-         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_clock": step_wgmma_clock, "wgmma_swapred": step_wgmma_swapred, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}
+         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_clock": step_wgmma_clock, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}

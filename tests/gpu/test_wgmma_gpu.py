@@ -632,24 +632,3 @@ def test_l2_prefetch_build_is_bitwise_the_plain_one(cp, rng, qtype, bn, sk, epi,
     assert np.isfinite(y0).all()
     assert np.array_equal(y0.view(np.uint32), y1.view(np.uint32)), int((y0.view(np.uint32) != y1.view(np.uint32)).sum())
 
-
-@pytest.mark.parametrize("qtype", ["q4_K", "q6_K"])
-@pytest.mark.parametrize("sk,nt,od,id_", [(3, 500, 4000, 4096), (1, 600, 4000, 512), (3, 900, 1500, 2048),
-                                          (1, 77, 200, 512)], ids=["skt", "sk", "skt_wide", "sk_small"])
-def test_swapped_reduce_order_is_bitwise_the_plain_one(cp, rng, qtype, sk, nt, od, id_):
-    """LK_EXP_SWAPRED: a split tile's helper reduce-adds its two 128-token rounds in the other order; Y is bitwise
-    the plain EPI=5's (each element -0 + a + b, IEEE addition commutative), tails in nt and od, NaN-poisoned output
-    all overwritten, guards intact, and a plain launch after it still matches (the flags zeroed again)."""
-    from labkernels import gpu, wgmma
-
-    sm = gpu.device_props()["sm_count"]
-    assert wgmma.reduce_fits(sk, nt, od, id_, 256, sm), "a shape EPI=5 takes on 132 SMs"
-    raw = _weights(rng, qtype, od, id_)
-    x = rng.standard_normal((nt, id_)).astype(np.float32)
-    p = dict(BN=256, SCL=wgmma.main_scl(qtype, 256), SK=sk, EPI=5)
-    y0, _ = _run(cp, raw, qtype, x, **p)
-    y1, _ = _run(cp, raw, qtype, x, defines=wgmma.SWAPRED, **p)
-    y2, _ = _run(cp, raw, qtype, x, **p)
-    assert np.isfinite(y0).all()
-    assert np.array_equal(y0.view(np.uint32), y1.view(np.uint32)), int((y0.view(np.uint32) != y1.view(np.uint32)).sum())
-    assert np.array_equal(y0.view(np.uint32), y2.view(np.uint32))
