@@ -38,6 +38,13 @@ class Flusher:
         self.buf.fill(self.i)
 
 
+def _positive_us(us, what: str) -> float:
+    """``us`` as a float, or a ValueError naming ``what`` when it is not a finite positive number of microseconds."""
+    if not (us > 0 and np.isfinite(us)):
+        raise ValueError(f"{what} is a positive number of microseconds, not {us!r}")
+    return float(us)
+
+
 class Lead:
     """A one-thread GPU wait of ``us`` microseconds, queued after the flush and before the start event, so that the
     host's enqueue time of the timed call (argument checks, launch setup, the driver call) passes while the GPU is
@@ -51,10 +58,8 @@ class Lead:
 }"""
 
     def __init__(self, us: float = 500.0):
-        if not (us > 0 and np.isfinite(us)):
-            raise ValueError(f"a lead is a positive number of microseconds, not {us!r}")
+        self.us = _positive_us(us, "a lead")
         cp = _cp()
-        self.us = float(us)
         self._k = cp.RawKernel(self.SOURCE, "lk_lead")
         self._ns = np.uint64(round(self.us * 1e3))
 
@@ -84,7 +89,8 @@ class ClockProbe:
     """The SM clock while a launch runs: a one-thread kernel on a second stream, started with the launch (both wait
     for the same flush), spins ``window_us`` of %globaltimer and counts clock64 cycles over it. All SMs share one
     clock, so the probe's SM tells the launch's. It takes one warp slot on one SM beside the launch's CTAs (the
-    launch is not held back by it: the probe ends on its own)."""
+    launch is not held back by it: the probe ends on its own). The window must lie inside the launch: time launches
+    a few windows long (wgmma.clock_ab: 12 us against nt=512 launches of >= 27 us), or idle time is mixed in."""
 
     SOURCE = r"""extern "C" __global__ void lk_clock_probe(unsigned long long* out, unsigned long long ns) {
     unsigned long long t0, t, c0, c;
@@ -97,10 +103,8 @@ class ClockProbe:
 }"""
 
     def __init__(self, window_us: float = 12.0):
-        if not (window_us > 0 and np.isfinite(window_us)):
-            raise ValueError(f"a clock probe's window is a positive number of microseconds, not {window_us!r}")
+        self.window_us = _positive_us(window_us, "a clock probe's window")
         cp = _cp()
-        self.window_us = float(window_us)
         self._k = cp.RawKernel(self.SOURCE, "lk_clock_probe")
         self._ns = np.uint64(round(self.window_us * 1e3))
         self._out = cp.zeros(2, dtype=cp.uint64)

@@ -1403,7 +1403,9 @@ else:
                          caption=f"per launch of record at nt=512 ({report.source(fr)}): medians over the "
                                  f"interleaved rounds; cold span = the stamps' span of the same launch traced right "
                                  f"after a flush ({report.source(tc) if tc is not None else 'no trace'}), outside = "
-                                 f"time − cold span, drain = outside − the empty build (blank: not traced)"))
+                                 f"time − cold span, drain = outside − the empty build (blank: not traced; "
+                                 f"negative: the one cold trace launch ran longer than the median timed launch, so "
+                                 f"it cannot be read)"))
 if tc is not None:
     cold = wgmma.trace_cold(tc)
     display(report.table(cold[["qtype", "od", "id", "variant", "role", "fill_us_warm", "fill_us_cold", "main_us_warm",
