@@ -460,32 +460,67 @@ def _nav(nbs_all: list[Path], nb: Path, status: str, params: dict) -> dict:
 def _kernel_env():
     """Kernel settings for one execution: figures drawn inline whatever MPLBACKEND the caller has (lab.py
     and CI set Agg, under which plt.show() draws nothing), and the kernel on IPC sockets in a private
-    folder where the OS has them (no TCP port, no 'running over TCP without encryption' warning)."""
+    folder where the OS has them (no TCP port, no 'running over TCP without encryption' warning).
+
+    Yields (config, kernel manager class). The class records every kernel manager papermill makes, so that
+    a kernel still alive on the way out (a Ctrl-C while it was starting, before nbclient owned its
+    shutdown) is killed before its socket folder goes: otherwise it starts after the folder is gone, prints
+    a zmq traceback into the build's stderr and lives on until it notices its parent has exited."""
+    from jupyter_client.manager import AsyncKernelManager
     from traitlets.config import Config
+
+    managers: list = []
+
+    class RecordedKernelManager(AsyncKernelManager):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            managers.append(self)
 
     saved = os.environ.get("MPLBACKEND")
     os.environ["MPLBACKEND"] = INLINE_BACKEND
     d = tempfile.mkdtemp(prefix="lk-kernel-")
     cfg = Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(d, "k")}}) if os.name == "posix" else Config()
     try:
-        yield cfg
+        yield cfg, RecordedKernelManager
     finally:
         if saved is None:
             os.environ.pop("MPLBACKEND", None)
         else:
             os.environ["MPLBACKEND"] = saved
+        _kill_kernels(managers)
         shutil.rmtree(d, ignore_errors=True)
+
+
+def _kill_kernels(managers: list) -> int:
+    """Kill the kernel processes of these managers that are still running (synchronously: the event loop
+    may have been left by a KeyboardInterrupt) and remove their connection files; how many were killed."""
+    killed = 0
+    for km in managers:
+        proc = getattr(km.provisioner, "process", None) if km.provisioner is not None else None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            try:
+                proc.wait(timeout=10)
+            except Exception:  # a process that outlives SIGKILL for 10 s: nothing more to do here
+                pass
+            killed += 1
+        try:
+            km.cleanup_connection_file()
+        except Exception:
+            pass
+    return killed
 
 
 def _execute(nb: Path, out_nb: Path, params: dict, timeout: int | None) -> str | None:
     """Run one notebook into out_nb; the error text, or None."""
     import papermill
 
-    with _kernel_env() as cfg:
+    with _kernel_env() as (cfg, km_class):
         try:
             papermill.execute_notebook(str(nb), str(out_nb), parameters=params, cwd=str(nb.parent),
                                        kernel_name="python3", progress_bar=sys.stderr.isatty(), log_output=False,
                                        execution_timeout=timeout, report_mode=False, config=cfg,
+                                       kernel_manager_class=km_class,
                                        shutdown_kernel="immediate")  # on Ctrl-C too: no kernel noise
         except papermill.PapermillExecutionError as e:
             return f"{e.ename}: {e.evalue}"

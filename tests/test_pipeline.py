@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import nbformat
@@ -150,10 +151,10 @@ def test_corrupt_index_is_an_error_not_empty(tmp_path, capsys):
         pipeline.load_state(out)
 
 
-def _spawn(out, nbd, names=(), session=False):
+def _spawn(out, nbd, names=(), session=False, tag=""):
     code = ("import sys; from labkernels import pipeline; "
             f"sys.exit(pipeline.run({list(names)!r}, [], [], out_dir={str(out)!r}, notebooks_dir={str(nbd)!r}))")
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), LK_TEST_TAG=tag)
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=str(REPO), start_new_session=session)
 
@@ -185,11 +186,12 @@ def test_sigint_stops_cleanly_and_leaves_nothing_partial(tmp_path):
     assert pipeline.run([], [], [], out_dir=out, notebooks_dir=nbd) == 0
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.suffix != ".lock"}
     _nb(nbd / "02_slow.ipynb", [nbformat.v4.new_markdown_cell("# Slow"),
-                                nbformat.v4.new_code_cell("print('STARTED', flush=True)"),
+                                nbformat.v4.new_code_cell("print('STA' + 'RTED', flush=True)"),
                                 nbformat.v4.new_code_cell("import time\ntime.sleep(120)")])
     p = _spawn(out, nbd, ["02"], session=True)
     deadline = time.time() + 120
-    # papermill saves the executed notebook after each cell: wait until the first cell has run
+    # papermill saves the executed notebook after each cell: wait until the first cell's output is there (the
+    # word is split in the source, so the notebook papermill writes before the kernel starts does not match)
     while time.time() < deadline and not any("STARTED" in q.read_text() for q in out.glob(".02_slow.*.tmp.ipynb")):
         time.sleep(0.2)
     time.sleep(0.5)
@@ -199,6 +201,41 @@ def test_sigint_stops_cleanly_and_leaves_nothing_partial(tmp_path):
     assert "interrupted" in err and "Traceback" not in err
     after = {q.name: q.read_bytes() for q in out.iterdir() if q.is_file() and q.suffix != ".lock"}
     assert after == before  # nothing partial: no executed notebook, no page, the index as it was
+
+
+def _tagged_processes(tag: str) -> list[int]:
+    """Pids of the processes whose environment holds LK_TEST_TAG=tag (the kernels inherit it)."""
+    pids = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if f"LK_TEST_TAG={tag}".encode() in (d / "environ").read_bytes().split(b"\0"):
+                pids.append(int(d.name))
+        except OSError:
+            pass
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc/<pid>/environ")
+@pytest.mark.parametrize("delay", [0.0, 0.15, 0.4])
+def test_sigint_while_the_kernel_starts_leaves_no_kernel_and_no_traceback(tmp_path, delay):
+    """Ctrl-C between papermill writing its first notebook and the kernel binding its sockets: the kernel
+    is killed before its socket folder goes (it used to start after, print a zmq traceback and live on)."""
+    nbd, out = tmp_path / "nb", tmp_path / "out"
+    nbd.mkdir()
+    _nb(nbd / "02_slow.ipynb", [nbformat.v4.new_markdown_cell("# Slow"),
+                                nbformat.v4.new_code_cell("import time\ntime.sleep(120)")])
+    tag = uuid.uuid4().hex
+    p = _spawn(out, nbd, ["02"], session=True, tag=tag)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(out.glob(".02_slow.*.tmp.ipynb")):
+        time.sleep(0.01)
+    time.sleep(delay)
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err and "Warning" not in err, err
+    assert _tagged_processes(tag) == []  # no kernel outlives the build
+    assert not list(out.glob(".02_slow.*")) and not (out / "02_slow.html").exists()
 
 
 def test_sync_check_refuses_out_of_sync_pairs(tmp_path, capsys):
