@@ -2056,6 +2056,97 @@ def trace_spans(trace_df):
     return g.agg(lambda s: s.max() - s.min()).rename(columns={"t_us": "span_us"})
 
 
+#: the k scan (``gpu-check --steps wgmma_kscan``): the launches of record at nt=512 and od=4096 over id, cuBLAS fp16
+#: (cached) beside them at every point and alone at small k (``cublas_small_ids``), so that time = intercept +
+#: slope x id splits each one's fixed cost per launch from its main loop's cost per k
+KSCAN_AB = {"shapes": [[4096, k] for k in (512, 1024, 2048, 4096, 8192, 14336)], "nts": [512],
+            "qtypes": ["q4_K", "q6_K"], "launches": [[256, 3, 5], [256, 1, 5], [128, 1, 0], [128, 0, 0]],
+            "pairs": 3, "repeats": 10, "cublas_small_ids": [16, 64, 256]}
+CUBLAS = "cublas_f16_cached"
+
+
+def kscan_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
+    """:func:`builds_ab` with no other build over the plan's ids (each launch of record parity-gated at its point,
+    timed interleaved with cuBLAS fp16 and the 1-CTA empty kernel, L2 flushed), then cuBLAS alone (with the empty
+    kernel) at each ``cublas_small_ids`` k, where its time is nearly all fixed cost. Rows: ``wgmma_kscan_ab``,
+    ``wgmma_kscan_gate``."""
+    from . import bench as B
+    from . import gpu
+
+    p = {**KSCAN_AB, **(plan or {})}
+    rng = np.random.default_rng(seed or None)
+    empty = B.EmptyLaunch(1, 32)
+    rows = builds_ab(run, p, {}, "kscan", rng, bitwise=False, progress=progress, extra={EMPTY_1CTA: empty})
+    cp = _cp()
+    flush = B.Flusher()
+    for nt in p["nts"]:
+        for od in sorted({int(s[0]) for s in p["shapes"]}):
+            for k in p["cublas_small_ids"]:
+                x16 = cp.asarray(rng.standard_normal((nt, k)).astype(np.float16))
+                w16 = cp.asarray(rng.standard_normal((od, k)).astype(np.float16))
+                y16 = cp.empty((nt, od), cp.float16)
+                res = B.interleaved({CUBLAS: lambda x16=x16, w16=w16, y16=y16: gpu.matmul_f16(x16, w16, out=y16),
+                                     EMPTY_1CTA: empty}, pairs=p["pairs"], repeats=p["repeats"], flush=flush)
+                new = B.pair_rows(res, {"qtype": "f16", "od": od, "id": k, "nt": nt}, nt, od, k)
+                rows += new
+                if run is not None:
+                    run.append("wgmma_kscan_ab", new)
+                progress(f"kscan cuBLAS alone {od}x{k} nt={nt}: "
+                         f"{np.median([s['median_us'] for s in res[CUBLAS]]):.1f} us")
+    return rows
+
+
+def kscan_fit(ab_df):
+    """Per (qtype, od, nt, launch): time = intercept + slope x id, least squares over the point medians (the median
+    over the interleaved rounds of each one's median) at the ids where the k-quant launches ran; cuBLAS fitted per
+    qtype on the same points. Also the fastest launch per point fitted as one line (``best``), cuBLAS alone at its
+    smallest k (``cublas_min_k_us``, ``cublas_min_k``) and the 1-CTA empty kernel (``empty_1cta_us``). Columns:
+    qtype, od, nt, variant, n_ids, intercept_us, ns_per_k, max_resid_us, plus the per-qtype context columns."""
+    import pandas as pd
+
+    med = ab_df.groupby(["qtype", "od", "id", "nt", "variant"], as_index=False).median_us.median()
+    small = med[(med.qtype == "f16") & (med.variant == CUBLAS)]
+    empty = med[med.variant == EMPTY_1CTA].median_us
+    rows = []
+
+    def fit(g, q, od, nt, v):
+        g = g.sort_values("id")
+        if len(g) < 2:
+            return
+        x, y = g["id"].to_numpy(float), g.median_us.to_numpy(float)
+        slope, icpt = np.polyfit(x, y, 1)
+        rows.append({"qtype": q, "od": od, "nt": nt, "variant": v, "n_ids": len(g), "intercept_us": icpt,
+                     "ns_per_k": slope * 1e3, "max_resid_us": float(np.abs(y - (icpt + slope * x)).max())})
+
+    for (q, od, nt), g in med[med.qtype != "f16"].groupby(["qtype", "od", "nt"], sort=False):
+        for v, gv in g[g.variant != EMPTY_1CTA].groupby("variant", sort=False):
+            fit(gv, q, od, nt, v)
+        k = g[g.variant.str.startswith("wgmma_")]
+        fit(k.loc[k.groupby("id").median_us.idxmin()], q, od, nt, "best")
+    t = pd.DataFrame(rows)
+    if t.empty:
+        return t
+    sm = small.sort_values("id")
+    t["cublas_min_k"] = int(sm.id.iloc[0]) if len(sm) else np.nan
+    t["cublas_min_k_us"] = float(sm.median_us.iloc[0]) if len(sm) else np.nan
+    t["empty_1cta_us"] = float(empty.median()) if len(empty) else np.nan
+    return t
+
+
+def kscan_points(ab_df):
+    """The k scan's point medians (qtype, od, id, nt, variant, median_us) and, per k-quant point, the fastest
+    launch's ratio to cuBLAS at the same point (``ratio``: cuBLAS / launch, on the rows of the fastest launch)."""
+    med = ab_df.groupby(["qtype", "od", "id", "nt", "variant"], as_index=False).median_us.median()
+    med["ratio"] = np.nan
+    for _, g in med[med.qtype != "f16"].groupby(["qtype", "od", "id", "nt"]):
+        k = g[g.variant.str.startswith("wgmma_")]
+        cb = g[g.variant == CUBLAS]
+        if len(k) and len(cb):
+            i = k.median_us.idxmin()
+            med.loc[i, "ratio"] = float(cb.median_us.iloc[0]) / med.loc[i, "median_us"]
+    return med
+
+
 #: the weights prefetched into L2 by the producer's TMA (``gpu-check --steps wgmma_tmapf``, exploratory build
 #: -DLK_EXP_TMAPF, TMAPF_AHEAD super-blocks ahead): against the plain build at the launches of record (BN,
 #: scheduler, EPI), bitwise-checked, nt 512 and 4096

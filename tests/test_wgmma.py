@@ -1323,3 +1323,66 @@ def test_trace_cold_pairs_each_role_warm_and_from_a_flushed_l2():
     assert np.allclose(q4.span_us_cold, sp[(sp.qtype == "q4_K") & (sp.od == 4096)].loc["wgmma_bn256_s4_scl0_skt_e5",
                                                                                       "span_us"])
 
+
+
+def test_kscan_ab_gates_times_and_fits_the_fixed_cost_per_launch(monkeypatch, tmp_path):
+    """kscan_ab on the CPU shim: every launch of record at every id is gated, then timed with cuBLAS and the 1-CTA
+    empty kernel; cuBLAS is also timed alone at the small ids. kscan_fit recovers a made-up line's intercept and
+    slope per launch and for the fastest launch per point, and kscan_points marks the fastest launch's ratio."""
+    import types
+
+    import pandas as pd
+    from cpu_gpu_shim import install, install_wgmma
+
+    from labkernels import bench, records, wgmma
+
+    cp = install(monkeypatch, exact=True)
+    install_wgmma(monkeypatch, f16_only=False)
+    monkeypatch.setattr(wgmma, "_cp", lambda: cp)
+
+    def fake(fn, warmup=3, repeats=20, flush=None, **kw):
+        fn()
+        return np.full(3, 10.0)
+
+    calls = []
+    monkeypatch.setattr(bench, "time_launches", fake)
+    monkeypatch.setattr(bench, "Flusher", lambda: None)
+    monkeypatch.setattr(bench, "EmptyLaunch", lambda grid, threads: lambda: calls.append((grid, threads)))
+    monkeypatch.setattr(cp.cuda, "Device", lambda: types.SimpleNamespace(id=0), raising=False)
+    monkeypatch.setattr(wgmma, "_sm_count", lambda dev: 132)
+    with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
+        wgmma.kscan_ab(run, {"shapes": [[256, 256], [256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2,
+                             "cublas_small_ids": [16, 64]})
+    r = records.load("wgmma", run.run_id, root=tmp_path)
+    ab, gate = r.table("wgmma_kscan_ab"), r.table("wgmma_kscan_gate")
+    assert gate.ok.all() and set(gate["id"]) == {256, 512} and "wgmma_bn128_s4_scl0" in set(gate.variant)
+    kq = ab[ab.qtype == "q4_K"]
+    assert set(kq.variant) == set(gate.variant) | {wgmma.CUBLAS, wgmma.EMPTY_1CTA}
+    alone = ab[ab.qtype == "f16"]
+    assert set(alone["id"]) == {16, 64} and set(alone.variant) == {wgmma.CUBLAS, wgmma.EMPTY_1CTA}
+    assert len(alone) == 2 * 2 * 2 and calls and set(calls) == {(1, 32)}
+    # made-up medians: launch a = 8 + 0.005 id, launch b = 3 + 0.007 id (faster below id 2500), cuBLAS 6 + 0.0055 id
+    ids = [512, 1024, 4096, 8192]
+    lines = {"wgmma_a": (8.0, 0.005), "wgmma_b": (3.0, 0.007), wgmma.CUBLAS: (6.0, 0.0055)}
+    rows = [{"qtype": "q4_K", "od": 4096, "id": k, "nt": 512, "variant": v, "pair": pr,
+             "median_us": a + b * k + (0.5 if pr == 1 else 0.0) - (0.5 if pr == 2 else 0.0)}
+            for v, (a, b) in lines.items() for k in ids for pr in range(3)]
+    rows += [{"qtype": "f16", "od": 4096, "id": k, "nt": 512, "variant": wgmma.CUBLAS, "pair": 0,
+              "median_us": 6.0 + k * 0.001} for k in (64, 16)]
+    rows += [{"qtype": "q4_K", "od": 4096, "id": 512, "nt": 512, "variant": wgmma.EMPTY_1CTA, "pair": 0,
+              "median_us": 2.5}]
+    df = pd.DataFrame(rows)
+    fit = wgmma.kscan_fit(df).set_index("variant")
+    for v, (a, b) in lines.items():
+        assert fit.loc[v, "intercept_us"] == pytest.approx(a) and fit.loc[v, "ns_per_k"] == pytest.approx(b * 1e3)
+        assert fit.loc[v, "max_resid_us"] < 1e-9 and fit.loc[v, "n_ids"] == 4
+    best = [min(8 + 0.005 * k, 3 + 0.007 * k) for k in ids]
+    slope, icpt = np.polyfit(ids, best, 1)
+    assert fit.loc["best", "intercept_us"] == pytest.approx(icpt) and fit.loc["best", "ns_per_k"] == pytest.approx(slope * 1e3)
+    assert fit.loc["best", "max_resid_us"] > 0.1     # the min of two lines is not a line
+    assert (fit.cublas_min_k == 16).all() and fit.cublas_min_k_us.iloc[0] == pytest.approx(6.016)
+    assert fit.empty_1cta_us.iloc[0] == 2.5
+    pts = wgmma.kscan_points(df)
+    marked = pts.dropna(subset=["ratio"]).sort_values("id")
+    assert list(marked["id"]) == ids and list(marked.variant) == ["wgmma_b", "wgmma_b", "wgmma_a", "wgmma_a"]
+    assert marked.ratio.iloc[0] == pytest.approx((6 + 0.0055 * 512) / (3 + 0.007 * 512))

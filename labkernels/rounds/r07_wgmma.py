@@ -428,8 +428,15 @@ def step_wgmma_clock(out: Path, args) -> dict:
     return _record_ab(out, args, "clock_ab", wgmma.CLOCK_AB, wgmma.clock_ab)
 
 
+def step_wgmma_kscan(out: Path, args) -> dict:
+    """Round 7: the launches of record and cuBLAS fp16 over id at nt=512, od=4096 (time = intercept + slope x id:
+    fixed cost per launch against the main loop's cost per k), cuBLAS also alone at small k, each launch
+    parity-gated (labkernels.wgmma.kscan_ab), recorded."""
+    return _record_ab(out, args, "kscan_ab", wgmma.KSCAN_AB, wgmma.kscan_ab)
+
+
 STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_ncu": step_wgmma_ncu,
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
          "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
          "wgmma_staged": step_wgmma_staged, "wgmma_reduce": step_wgmma_reduce, "wgmma_lead": step_wgmma_lead, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane,
-         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_clock": step_wgmma_clock, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}
+         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_clock": step_wgmma_clock, "wgmma_kscan": step_wgmma_kscan, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}
