@@ -242,6 +242,48 @@ def floor_bars(ax, view, title: str = "") -> None:
     ax.set_title(title, fontsize=9)
 
 
+def kscan_lines(ax, points, fits, qtype: str, title: str = "", max_id: float | None = None) -> None:
+    """The k scan of one qtype (:func:`labkernels.wgmma.kscan_points`, :func:`~labkernels.wgmma.kscan_fit`): each
+    launch's median time against id as markers with its fitted line (dashed), cuBLAS fp16 (cached) beside them
+    and alone at small k (open markers), the 1-CTA empty kernel as a dotted line. Times in us, id in elements.
+    ``max_id``: show id up to it only (a zoom on the intercepts; the y range follows)."""
+    import numpy as np
+
+    pq = points[points.qtype == qtype]
+    fq = fits[fits.qtype == qtype].set_index("variant")
+    names = [v for v in dict.fromkeys(pq.variant) if v.startswith("wgmma_bn") and v in fq.index]
+    names.append("cublas_f16_cached")
+    ids = np.array(sorted(pq["id"].unique()), float)
+    xs = np.linspace(0, ids.max() * 1.02, 50)
+    marks = dict(zip(names, "osD^vx"))
+    for i, v in enumerate(names):
+        g = pq[pq.variant == v].sort_values("id")
+        c = color(v)
+        f = fq.loc[v]
+        lab = (f"{v.removeprefix('wgmma_')}: {f.intercept_us:.1f} us + {f.ns_per_k:.2f} ns/k"
+               if not v.startswith("cublas") else f"cuBLAS fp16 (cached): {f.intercept_us:.1f} us + {f.ns_per_k:.2f} ns/k")
+        ax.plot(g["id"], g.median_us, marks[v], color=c, ms=4, label=lab)
+        ax.plot(xs, f.intercept_us + f.ns_per_k * 1e-3 * xs, "--", color=c, lw=.8)
+    alone = points[(points.qtype == "f16") & (points.variant == "cublas_f16_cached")].sort_values("id")
+    if len(alone):
+        ax.plot(alone["id"], alone.median_us, "o", mfc="none", color=color("cublas_f16_cached"), ms=5,
+                label="cuBLAS alone at small k")
+    e = points[points.variant == "empty_kernel_1cta"].median_us
+    if len(e):
+        ax.axhline(float(e.median()), color="0.3", ls=":", lw=.8, label="1-CTA empty kernel")
+    if max_id is None:
+        ax.set_xlim(0, ids.max() * 1.03)
+        ax.set_ylim(0, None)
+    else:
+        shown = pq[(pq["id"] <= max_id) & pq.variant.isin(names)].median_us
+        ax.set_xlim(0, max_id)
+        ax.set_ylim(0, float(shown.max()) * 1.15 if len(shown) else None)
+    ax.set_xlabel("id (k, elements)")
+    ax.set_ylabel("time per launch (us)")
+    ax.legend(fontsize=7, loc="upper left", frameon=False)
+    ax.set_title(title, fontsize=9)
+
+
 def clock_bars(ax, view, title: str = "") -> None:
     """The SM clock during the launches (:func:`labkernels.wgmma.clock_view`): per point the fastest launch of
     record beside cuBLAS fp16 (cached), MHz, with the idle clock (the probe alone) as a dashed line."""

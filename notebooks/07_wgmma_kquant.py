@@ -1559,20 +1559,98 @@ else:
 # 0.5–1.1% and q6_K moves by −1.7…−0.1%. At nt=4096 the launches lose up to 4.7% (q6_K 4096 × 14336). Two CTAs
 # adding into the same lines at once is not what makes the helper's finish longer. The build is ruled out and has
 # left the kernel (it stays in commit c301da5; this page reads its recorded run).
+
+# %% [markdown]
+# ## Twentieth step: what a launch pays once against what it pays per k — the k scan (prediction first)
 #
-# **What stands between the kernel and the nt=512 bar, after the sixteenth to nineteenth steps.** Per launch,
-# cuBLAS does its work in fewer cycles, at a lower clock.
-# * **Per launch, not per loop:** at q4_K BN=256 the loop runs at the tensor pipe's rate (4,103–4,109 cycles per
-#   super-block against 4,096).
-# * **Around the loop:** the split launches carry a ~3 us floor (measured here), ~1.5–2.7 us of first-tile fill from
-#   a cold L2, ~2–3.5 us of finish (not two CTAs adding into the same lines: the nineteenth step) and ~1.4 us of
-#   drain.
-# * **q6_K:** at 4096 × 4096 its loop runs 10–20% slower cold than warm. Neither prefetch changed that, and its
-#   cause is not found.
+# **Why.** The floor, trace and clock steps each measured one piece of a launch, and cuBLAS's fixed cost was only
+# assumed. A scan over id at fixed (nt, od) splits every launch's time, cuBLAS's too, into what it pays once (the
+# intercept: launch, fill, finish, drain) and what its loop pays per k (the slope), in one run.
 #
-# **Levers not built:** ping-pong consumers, whose epilogue overlaps the other warpgroup's next tile; 2-CTA clusters
-# with multicast activations, so that a 64-row CTA can run a whole tile without a split; and q4_K's min term as a
-# correction GEMM.
+# **Design** (`wgmma.kscan_ab`, `gpu-check --steps wgmma_kscan`): the launches of record at nt=512, od=4096 and six
+# ids from 512 to 14336, each parity-gated at its point, interleaved with cuBLAS fp16 (cached) and the 1-CTA empty
+# kernel, L2 flushed, 10 launches × 3 rounds; cuBLAS also alone at k = 16, 64 and 256. `wgmma.kscan_fit` fits
+# time = intercept + slope × id per launch over the six ids, and once over the fastest launch per point (`best`).
+#
+# **Prediction** (commit 755e1b8, from the three ids of run 20261203T132153Z):
+# * cuBLAS 5.0–6.5 us + 5.3–5.6 ns/k, and 4–6 us alone at k=16 (its fixed cost mostly the launch floor);
+# * q4_K BN=256 tile split (`skt_e5`) 10.5–12.5 us + 5.2–5.5 ns/k: q4_K's nt=512 gap all fixed cost, none of it
+#   the loop; q6_K `skt_e5` 10–12.5 us + 5.8–6.3 ns/k;
+# * BN=128 data-parallel 5–7 us, with 6.2–6.7 ns/k (q4_K) and 8.1–8.6 ns/k (q6_K, `SCL=1`);
+# * the fixed-grid launches on their lines within 1 us; cuBLAS may change kernels over k and bend.
+
+# %%
+kr = records.latest("wgmma", where=lambda r: r.has("wgmma_kscan_ab"))
+if kr is None:
+    print("no recorded run of the k scan (gpu-check --steps wgmma_kscan)")
+else:
+    kab = kr.table("wgmma_kscan_ab")
+    kfit, kpts = wgmma.kscan_fit(kab), wgmma.kscan_points(kab)
+    fig, axs = plt.subplots(2, 2, figsize=(12, 8.4))
+    for j, q in enumerate(("q4_K", "q6_K")):
+        plotting.kscan_lines(axs[0, j], kpts, kfit, q, f"{q}, nt=512, od=4096")
+        plotting.kscan_lines(axs[1, j], kpts, kfit, q, f"{q}: the same, id ≤ 2,200 (the intercepts)", max_id=2200)
+    fig.suptitle(f"time per launch against id, with least-squares lines ({report.source(kr)})", fontsize=9)
+    plt.show()
+    display(report.table(kfit.drop(columns=["od", "nt", "cublas_min_k", "cublas_min_k_us", "empty_1cta_us"]),
+                         {"intercept_us": "{:.2f}", "ns_per_k": "{:.2f}", "max_resid_us": "{:.2f}"},
+                         caption=f"time = intercept + slope × id per launch, least squares over the six ids at "
+                                 f"nt=512, od=4096 ({report.source(kr)}); best = the fastest launch per point as "
+                                 f"one line; max_resid_us = the largest distance of a point from its line"))
+    pv = kpts[kpts.qtype != "f16"].pivot_table(index=["qtype", "id"], columns="variant", values="median_us")
+    pv.columns = [c.removeprefix("wgmma_") for c in pv.columns]
+    rt = kpts.dropna(subset=["ratio"]).set_index(["qtype", "id"])
+    pv["fastest"] = rt.variant.str.removeprefix("wgmma_")
+    pv["ratio"] = rt.ratio
+    display(report.table(pv.reset_index(), {c: "{:.2f}" for c in pv.columns if c not in ("fastest",)},
+                         caption=f"median time per launch (us) at nt=512, od=4096 ({report.source(kr)}); ratio = "
+                                 f"cuBLAS / the fastest launch at the point; empty cells: a launch the grid does "
+                                 f"not take there"))
+    al = kpts[(kpts.qtype == "f16") & (kpts.variant == wgmma.CUBLAS)].sort_values("id")
+    f = kfit.set_index(["qtype", "variant"])
+    print("cuBLAS alone: " + ", ".join(f"k={int(r.id)} {r.median_us:.1f} us" for r in al.itertuples())
+          + f"; the 1-CTA empty kernel {kfit.empty_1cta_us.iloc[0]:.2f} us")
+    for q, dp in (("q4_K", "wgmma_bn128_s4_scl0"), ("q6_K", "wgmma_bn128_s4_scl1")):
+        sp, cb, d = f.loc[(q, "wgmma_bn256_s4_scl0_skt_e5")], f.loc[(q, wgmma.CUBLAS)], f.loc[(q, dp)]
+        hyb = {k: d.intercept_us + sp.ns_per_k * 1e-3 * k for k in (4096, 14336)}
+        meas = {k: float(kpts[(kpts.qtype == q) & (kpts["id"] == k) & (kpts.variant == wgmma.CUBLAS)].median_us.iloc[0])
+                for k in hyb}
+        print(f"{q}: the split's fixed cost {sp.intercept_us - cb.intercept_us:+.1f} us over cuBLAS's line, its cost "
+              f"per k {sp.ns_per_k / cb.ns_per_k - 1:+.1%}; BN=128 data-parallel {d.intercept_us - cb.intercept_us:+.1f} us"
+              f", {d.ns_per_k / cb.ns_per_k - 1:+.1%} per k")
+        for k in hyb:
+            print(f"    BN=128's intercept with the split's slope at id={k}: {hyb[k]:.1f} us against cuBLAS "
+                  f"{meas[k]:.1f} ({meas[k] / hyb[k]:.2f}x)")
+
+# %% [markdown]
+# **Measured** (run 20261203T163237Z, commit 755e1b8; 38 launches parity-gated):
+# * **cuBLAS:** 6.0 us + 5.35 ns/k on the q4_K points and 6.3 + 5.35 on the q6_K ones, as predicted. Alone at k=16
+#   it takes 7.1 us, not 4–6: at this output shape cuBLAS pays ~7 us with almost no k, 2.7 us of it the launch floor
+#   of the 1-CTA empty kernel. Its line bends a little (0.7 us at most), and its intercept reads its fixed cost
+#   ~1 us low.
+# * **The split launches:** q4_K `skt_e5` 11.9 us + 5.37 ns/k, q6_K 12.1 + 5.88. As predicted, q4_K's loop costs
+#   per k what cuBLAS's does (+0.3%), and its whole nt=512 gap is ~5.9 us more fixed cost per launch. q6_K carries
+#   the same fixed cost and a loop 10% dearer per k.
+# * **BN=128 data-parallel:** q4_K 7.6 us + 6.31 ns/k (the intercept a little above the predicted 5–7), q6_K
+#   7.4 + 8.29. Its fixed cost is 1.1–1.6 us above cuBLAS's line, but its loop is 18% (q4_K) and 55% (q6_K) dearer
+#   per k: each weight is converted for 128 tokens, not 256.
+# * **Lines:** the tile split and the data-parallel launches lie on their lines within 0.6 us; stream-K BN=128 does
+#   not (1.2–1.7 us), since its grid changes with k.
+#
+# **What stands between the kernel and the nt=512 bar, after the sixteenth to twentieth steps.**
+# * **No launch has both halves.** The split launch has cuBLAS's cost per k (q4_K) and pays 4.3–4.7 us more fixed
+#   cost than BN=128 for it. BN=128 has nearly cuBLAS's fixed cost and pays in the loop. A launch with BN=128's intercept
+#   and the split's slope would still fall short: the figures printed above give it 0.94× at q4_K 4096 × 4096 and
+#   0.98× at 4096 × 14336. The bar needs cuBLAS's fixed cost *and* the split's loop at once.
+# * **Where the split's fixed cost goes** (sixteenth step): a ~3 us floor that every launch pays, ~1.5–2.7 us of
+#   first-tile fill from a cold L2, ~2–3.5 us of finish (not two CTAs adding into the same lines: the nineteenth
+#   step) and ~1.4 us of drain.
+# * **q6_K:** its loop costs 10% more per k than cuBLAS's even in the split launch, and at 4096 × 4096 runs 10–20%
+#   slower cold than warm. Neither prefetch changed that, and its cause is not found.
+#
+# **Levers not built:** a BN=256 loop without the split's finish, i.e. one tile per 64-row CTA (2-CTA clusters with
+# multicast activations, so that the pair shares one activation stream); ping-pong consumers, whose epilogue
+# overlaps the other warpgroup's next tile; and q4_K's min term as a correction GEMM.
 
 # %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process
