@@ -1815,7 +1815,7 @@ def _gate_point(run, table: str, qtype: str, od: int, id_: int, nt: int, name: s
 
 
 def builds_ab(run, p: dict, builds: dict, name: str, rng, bitwise: bool, progress=print,
-              extra: dict | None = None) -> list[dict]:
+              extra: dict | None = None, per_point=None) -> list[dict]:
     """Builds of the register form against the plain one, on the plan ``p``'s launches (BN, scheduler[, EPI]; the
     main scale form) at its (qtype, shape, nt) points, same process, interleaved with cuBLAS fp16 on cached
     dequantized weights, L2 flushed. ``builds``: variant suffix -> build defines. Every plain launch is gated first
@@ -1823,7 +1823,9 @@ def builds_ab(run, p: dict, builds: dict, name: str, rng, bitwise: bool, progres
     the plain build's (twice; else it raises) -- otherwise the builds are ablations, timed only (their Y means
     nothing). A launch whose grid does not take the scheduler or the epilogue at a point is left out there
     (:func:`_plan_launches`). ``extra``: name -> callable, timed beside them at every point (e.g.
-    :class:`labkernels.bench.EmptyLaunch`).
+    :class:`labkernels.bench.EmptyLaunch`); ``per_point``: a function of the point's namespace (see
+    :func:`_plan_points`) giving more such name -> callable, made at each point (e.g. another cuBLAS call on its
+    operands).
     Rows: ``wgmma_<name>_ab`` (a build's variant named ``<variant><suffix>``) and ``wgmma_<name>_gate``."""
     from . import bench as B
     from . import gpu
@@ -1857,6 +1859,7 @@ def builds_ab(run, p: dict, builds: dict, name: str, rng, bitwise: bool, progres
         y16 = cp.empty((nt, od), cp.float16)
         vs["cublas_f16_cached"] = lambda: gpu.matmul_f16(x16, pt.w16, out=y16)
         vs.update(extra or {})
+        vs.update(per_point(pt) if per_point is not None else {})
         res = B.interleaved(vs, pairs=p["pairs"], repeats=p["repeats"], flush=flush)
         new = B.pair_rows(res, {"qtype": qtype, "od": od, "id": id_, "nt": nt}, nt, od, id_)
         rows += new
@@ -2063,36 +2066,45 @@ KSCAN_AB = {"shapes": [[4096, k] for k in (512, 1024, 2048, 4096, 8192, 14336)],
             "qtypes": ["q4_K", "q6_K"], "launches": [[256, 3, 5], [256, 1, 5], [128, 1, 0], [128, 0, 0]],
             "pairs": 3, "repeats": 10, "cublas_small_ids": [16, 64, 256]}
 CUBLAS = "cublas_f16_cached"
+CUBLAS_F32OUT = "cublas_f16_f32out"   # cuBLAS fp16 operands with float32 output (cublasGemmEx): the kernel's output
 
 
 def kscan_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
     """:func:`builds_ab` with no other build over the plan's ids (each launch of record parity-gated at its point,
     timed interleaved with cuBLAS fp16 and the 1-CTA empty kernel, L2 flushed), then cuBLAS alone (with the empty
-    kernel) at each ``cublas_small_ids`` k, where its time is nearly all fixed cost. Rows: ``wgmma_kscan_ab``,
-    ``wgmma_kscan_gate``."""
+    kernel) at each ``cublas_small_ids`` k, where its time is nearly all fixed cost. Both times cuBLAS also with
+    float32 output (:data:`CUBLAS_F32OUT`, :func:`labkernels.gpu.gemm_dense`): the kernel writes float32, cuBLAS's
+    baseline of record float16, half the bytes. Rows: ``wgmma_kscan_ab``, ``wgmma_kscan_gate``."""
     from . import bench as B
     from . import gpu
 
     p = {**KSCAN_AB, **(plan or {})}
     rng = np.random.default_rng(seed or None)
     empty = B.EmptyLaunch(1, 32)
-    rows = builds_ab(run, p, {}, "kscan", rng, bitwise=False, progress=progress, extra={EMPTY_1CTA: empty})
+    def f32out(pt):
+        y32 = cp.empty(pt.y.shape, cp.float32)
+        return {CUBLAS_F32OUT: lambda: gpu.gemm_dense(pt.x16, pt.w16, out=y32)}
+
     cp = _cp()
+    rows = builds_ab(run, p, {}, "kscan", rng, bitwise=False, progress=progress, extra={EMPTY_1CTA: empty},
+                     per_point=f32out)
     flush = B.Flusher()
     for nt in p["nts"]:
         for od in sorted({int(s[0]) for s in p["shapes"]}):
             for k in p["cublas_small_ids"]:
                 x16 = cp.asarray(rng.standard_normal((nt, k)).astype(np.float16))
                 w16 = cp.asarray(rng.standard_normal((od, k)).astype(np.float16))
-                y16 = cp.empty((nt, od), cp.float16)
+                y16, y32 = cp.empty((nt, od), cp.float16), cp.empty((nt, od), cp.float32)
                 res = B.interleaved({CUBLAS: lambda x16=x16, w16=w16, y16=y16: gpu.matmul_f16(x16, w16, out=y16),
+                                     CUBLAS_F32OUT: lambda x16=x16, w16=w16, y32=y32: gpu.gemm_dense(x16, w16, out=y32),
                                      EMPTY_1CTA: empty}, pairs=p["pairs"], repeats=p["repeats"], flush=flush)
                 new = B.pair_rows(res, {"qtype": "f16", "od": od, "id": k, "nt": nt}, nt, od, k)
                 rows += new
                 if run is not None:
                     run.append("wgmma_kscan_ab", new)
                 progress(f"kscan cuBLAS alone {od}x{k} nt={nt}: "
-                         f"{np.median([s['median_us'] for s in res[CUBLAS]]):.1f} us")
+                         f"{np.median([s['median_us'] for s in res[CUBLAS]]):.1f} us (fp16 out), "
+                         f"{np.median([s['median_us'] for s in res[CUBLAS_F32OUT]]):.1f} us (fp32 out)")
     return rows
 
 
@@ -2100,12 +2112,14 @@ def kscan_fit(ab_df):
     """Per (qtype, od, nt, launch): time = intercept + slope x id, least squares over the point medians (the median
     over the interleaved rounds of each one's median) at the ids where the k-quant launches ran; cuBLAS fitted per
     qtype on the same points. Also the fastest launch per point fitted as one line (``best``), cuBLAS alone at its
-    smallest k (``cublas_min_k_us``, ``cublas_min_k``) and the 1-CTA empty kernel (``empty_1cta_us``). Columns:
+    smallest k (``cublas_min_k_us``, ``cublas_min_k``; with float32 output ``cublas_f32out_min_k_us``) and the
+    1-CTA empty kernel (``empty_1cta_us``). Columns:
     qtype, od, nt, variant, n_ids, intercept_us, ns_per_k, max_resid_us, plus the per-qtype context columns."""
     import pandas as pd
 
     med = ab_df.groupby(["qtype", "od", "id", "nt", "variant"], as_index=False).median_us.median()
     small = med[(med.qtype == "f16") & (med.variant == CUBLAS)]
+    small32 = med[(med.qtype == "f16") & (med.variant == CUBLAS_F32OUT)]
     empty = med[med.variant == EMPTY_1CTA].median_us
     rows = []
 
@@ -2129,6 +2143,8 @@ def kscan_fit(ab_df):
     sm = small.sort_values("id")
     t["cublas_min_k"] = int(sm.id.iloc[0]) if len(sm) else np.nan
     t["cublas_min_k_us"] = float(sm.median_us.iloc[0]) if len(sm) else np.nan
+    s32 = small32.sort_values("id")
+    t["cublas_f32out_min_k_us"] = float(s32.median_us.iloc[0]) if len(s32) else np.nan
     t["empty_1cta_us"] = float(empty.median()) if len(empty) else np.nan
     return t
 

@@ -1344,12 +1344,14 @@ def test_kscan_ab_gates_times_and_fits_the_fixed_cost_per_launch(monkeypatch, tm
         fn()
         return np.full(3, 10.0)
 
-    calls = []
+    calls, dense = [], []
     monkeypatch.setattr(bench, "time_launches", fake)
     monkeypatch.setattr(bench, "Flusher", lambda: None)
     monkeypatch.setattr(bench, "EmptyLaunch", lambda grid, threads: lambda: calls.append((grid, threads)))
     monkeypatch.setattr(cp.cuda, "Device", lambda: types.SimpleNamespace(id=0), raising=False)
     monkeypatch.setattr(wgmma, "_sm_count", lambda dev: 132)
+    from labkernels import gpu
+    monkeypatch.setattr(gpu, "gemm_dense", lambda x, w, out=None: dense.append(out))
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
         wgmma.kscan_ab(run, {"shapes": [[256, 256], [256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2,
                              "cublas_small_ids": [16, 64]})
@@ -1357,10 +1359,11 @@ def test_kscan_ab_gates_times_and_fits_the_fixed_cost_per_launch(monkeypatch, tm
     ab, gate = r.table("wgmma_kscan_ab"), r.table("wgmma_kscan_gate")
     assert gate.ok.all() and set(gate["id"]) == {256, 512} and "wgmma_bn128_s4_scl0" in set(gate.variant)
     kq = ab[ab.qtype == "q4_K"]
-    assert set(kq.variant) == set(gate.variant) | {wgmma.CUBLAS, wgmma.EMPTY_1CTA}
+    assert set(kq.variant) == set(gate.variant) | {wgmma.CUBLAS, wgmma.CUBLAS_F32OUT, wgmma.EMPTY_1CTA}
     alone = ab[ab.qtype == "f16"]
-    assert set(alone["id"]) == {16, 64} and set(alone.variant) == {wgmma.CUBLAS, wgmma.EMPTY_1CTA}
-    assert len(alone) == 2 * 2 * 2 and calls and set(calls) == {(1, 32)}
+    assert set(alone["id"]) == {16, 64} and set(alone.variant) == {wgmma.CUBLAS, wgmma.CUBLAS_F32OUT, wgmma.EMPTY_1CTA}
+    assert len(alone) == 2 * 3 * 2 and calls and set(calls) == {(1, 32)}
+    assert dense and all(o.dtype == np.float32 and o.shape == (40, 256) for o in dense)  # fp32 out, the point's shape
     # made-up medians: launch a = 8 + 0.005 id, launch b = 3 + 0.007 id (faster below id 2500), cuBLAS 6 + 0.0055 id
     ids = [512, 1024, 4096, 8192]
     lines = {"wgmma_a": (8.0, 0.005), "wgmma_b": (3.0, 0.007), wgmma.CUBLAS: (6.0, 0.0055)}
@@ -1381,7 +1384,7 @@ def test_kscan_ab_gates_times_and_fits_the_fixed_cost_per_launch(monkeypatch, tm
     assert fit.loc["best", "intercept_us"] == pytest.approx(icpt) and fit.loc["best", "ns_per_k"] == pytest.approx(slope * 1e3)
     assert fit.loc["best", "max_resid_us"] > 0.1     # the min of two lines is not a line
     assert (fit.cublas_min_k == 16).all() and fit.cublas_min_k_us.iloc[0] == pytest.approx(6.016)
-    assert fit.empty_1cta_us.iloc[0] == 2.5
+    assert fit.empty_1cta_us.iloc[0] == 2.5 and fit.cublas_f32out_min_k_us.isna().all()  # none in this table
     pts = wgmma.kscan_points(df)
     marked = pts.dropna(subset=["ratio"]).sort_values("id")
     assert list(marked["id"]) == ids and list(marked.variant) == ["wgmma_b", "wgmma_b", "wgmma_a", "wgmma_a"]
