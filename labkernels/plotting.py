@@ -244,24 +244,25 @@ def floor_bars(ax, view, title: str = "") -> None:
 
 def kscan_lines(ax, points, fits, qtype: str, title: str = "", max_id: float | None = None) -> None:
     """The k scan of one qtype (:func:`labkernels.wgmma.kscan_points`, :func:`~labkernels.wgmma.kscan_fit`): each
-    launch's median time against id as markers with its fitted line (dashed), cuBLAS fp16 (cached) beside them
-    and alone at small k (open markers), the 1-CTA empty kernel as a dotted line. Times in us, id in elements.
+    launch's median time against id as markers with its fitted line (dashed), cuBLAS fp16 (cached; and with fp32
+    output where the scan has it) beside them and alone at small k (open markers), the 1-CTA empty kernel as a dotted line. Times in us, id in elements.
     ``max_id``: show id up to it only (a zoom on the intercepts; the y range follows)."""
     import numpy as np
 
     pq = points[points.qtype == qtype]
     fq = fits[fits.qtype == qtype].set_index("variant")
     names = [v for v in dict.fromkeys(pq.variant) if v.startswith("wgmma_bn") and v in fq.index]
-    names.append("cublas_f16_cached")
+    names += [v for v in ("cublas_f16_cached", "cublas_f16_f32out") if v in fq.index]
     ids = np.array(sorted(pq["id"].unique()), float)
     xs = np.linspace(0, ids.max() * 1.02, 50)
     marks = dict(zip(names, "osD^vx"))
+    marks.update({"cublas_f16_cached": "^", "cublas_f16_f32out": "v"})
+    cublas_label = {"cublas_f16_cached": "cuBLAS fp16 (cached)", "cublas_f16_f32out": "cuBLAS fp16, fp32 out"}
     for i, v in enumerate(names):
         g = pq[pq.variant == v].sort_values("id")
         c = color(v)
         f = fq.loc[v]
-        lab = (f"{v.removeprefix('wgmma_')}: {f.intercept_us:.1f} us + {f.ns_per_k:.2f} ns/k"
-               if not v.startswith("cublas") else f"cuBLAS fp16 (cached): {f.intercept_us:.1f} us + {f.ns_per_k:.2f} ns/k")
+        lab = f"{cublas_label.get(v, v.removeprefix('wgmma_'))}: {f.intercept_us:.1f} us + {f.ns_per_k:.2f} ns/k"
         ax.plot(g["id"], g.median_us, marks[v], color=c, ms=4, label=lab)
         ax.plot(xs, f.intercept_us + f.ns_per_k * 1e-3 * xs, "--", color=c, lw=.8)
     alone = points[(points.qtype == "f16") & (points.variant == "cublas_f16_cached")].sort_values("id")

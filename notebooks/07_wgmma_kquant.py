@@ -1571,6 +1571,8 @@ else:
 # ids from 512 to 14336, each parity-gated at its point, interleaved with cuBLAS fp16 (cached) and the 1-CTA empty
 # kernel, L2 flushed, 10 launches × 3 rounds; cuBLAS also alone at k = 16, 64 and 256. `wgmma.kscan_fit` fits
 # time = intercept + slope × id per launch over the six ids, and once over the fastest launch per point (`best`).
+# The second run (commit b243ed7) also times cuBLAS with float32 output (`cublasGemmEx`, fp16 operands): the kernel
+# writes float32 Y, 8 MB at nt=512 and od=4096, and the baseline of record writes float16, half that.
 #
 # **Prediction** (commit 755e1b8, from the three ids of run 20261203T132153Z):
 # * cuBLAS 5.0–6.5 us + 5.3–5.6 ns/k, and 4–6 us alone at k=16 (its fixed cost mostly the launch floor);
@@ -1578,6 +1580,8 @@ else:
 #   the loop; q6_K `skt_e5` 10–12.5 us + 5.8–6.3 ns/k;
 # * BN=128 data-parallel 5–7 us, with 6.2–6.7 ns/k (q4_K) and 8.1–8.6 ns/k (q6_K, `SCL=1`);
 # * the fixed-grid launches on their lines within 1 us; cuBLAS may change kernels over k and bend.
+# * second run (commit b243ed7): cuBLAS with fp32 output on the fp16-output slope within 2% and 0.5–1.5 us above
+#   its intercept; alone at k=16, 0.8–1.5 us above; the first run's figures repeated within 3%.
 
 # %%
 kr = records.latest("wgmma", where=lambda r: r.has("wgmma_kscan_ab"))
@@ -1606,10 +1610,17 @@ else:
                          caption=f"median time per launch (us) at nt=512, od=4096 ({report.source(kr)}); ratio = "
                                  f"cuBLAS / the fastest launch at the point; empty cells: a launch the grid does "
                                  f"not take there"))
-    al = kpts[(kpts.qtype == "f16") & (kpts.variant == wgmma.CUBLAS)].sort_values("id")
     f = kfit.set_index(["qtype", "variant"])
-    print("cuBLAS alone: " + ", ".join(f"k={int(r.id)} {r.median_us:.1f} us" for r in al.itertuples())
-          + f"; the 1-CTA empty kernel {kfit.empty_1cta_us.iloc[0]:.2f} us")
+    for v, what in ((wgmma.CUBLAS, "fp16 out"), (wgmma.CUBLAS_F32OUT, "fp32 out")):
+        al = kpts[(kpts.qtype == "f16") & (kpts.variant == v)].sort_values("id")
+        if len(al):
+            print(f"cuBLAS alone, {what}: " + ", ".join(f"k={int(r.id)} {r.median_us:.1f} us" for r in al.itertuples()))
+    print(f"the 1-CTA empty kernel {kfit.empty_1cta_us.iloc[0]:.2f} us")
+    if ("q4_K", wgmma.CUBLAS_F32OUT) in f.index:
+        print("cuBLAS fp32 out against fp16 out: " + "; ".join(
+            f"{q} {f.loc[(q, wgmma.CUBLAS_F32OUT)].intercept_us - f.loc[(q, wgmma.CUBLAS)].intercept_us:+.2f} us "
+            f"intercept, {f.loc[(q, wgmma.CUBLAS_F32OUT)].ns_per_k / f.loc[(q, wgmma.CUBLAS)].ns_per_k - 1:+.1%} per k"
+            for q in ("q4_K", "q6_K")))
     for q, dp in (("q4_K", "wgmma_bn128_s4_scl0"), ("q6_K", "wgmma_bn128_s4_scl1")):
         sp, cb, d = f.loc[(q, "wgmma_bn256_s4_scl0_skt_e5")], f.loc[(q, wgmma.CUBLAS)], f.loc[(q, dp)]
         hyb = {k: d.intercept_us + sp.ns_per_k * 1e-3 * k for k in (4096, 14336)}
@@ -1623,29 +1634,38 @@ else:
                   f"{meas[k]:.1f} ({meas[k] / hyb[k]:.2f}x)")
 
 # %% [markdown]
-# **Measured** (run 20261203T163237Z, commit 755e1b8; 38 launches parity-gated):
-# * **cuBLAS:** 6.0 us + 5.35 ns/k on the q4_K points and 6.3 + 5.35 on the q6_K ones, as predicted. Alone at k=16
-#   it takes 7.1 us, not 4–6: at this output shape cuBLAS pays ~7 us with almost no k, 2.7 us of it the launch floor
-#   of the 1-CTA empty kernel. Its line bends a little (0.7 us at most), and its intercept reads its fixed cost
-#   ~1 us low.
-# * **The split launches:** q4_K `skt_e5` 11.9 us + 5.37 ns/k, q6_K 12.1 + 5.88. As predicted, q4_K's loop costs
-#   per k what cuBLAS's does (+0.3%), and its whole nt=512 gap is ~5.9 us more fixed cost per launch. q6_K carries
-#   the same fixed cost and a loop 10% dearer per k.
-# * **BN=128 data-parallel:** q4_K 7.6 us + 6.31 ns/k (the intercept a little above the predicted 5–7), q6_K
-#   7.4 + 8.29. Its fixed cost is 1.1–1.6 us above cuBLAS's line, but its loop is 18% (q4_K) and 55% (q6_K) dearer
-#   per k: each weight is converted for 128 tokens, not 256.
-# * **Lines:** the tile split and the data-parallel launches lie on their lines within 0.6 us; stream-K BN=128 does
-#   not (1.2–1.7 us), since its grid changes with k.
+# **Measured** (the page reads run 20261203T165118Z, commit b243ed7; the first run, 20261203T163237Z at commit
+# 755e1b8, in parentheses; 38 launches parity-gated in each):
+# * **cuBLAS:** 6.1 us + 5.34 ns/k on the q4_K points and 6.2 + 5.31 on the q6_K ones (6.0 + 5.35, 6.3 + 5.35), as
+#   predicted. Alone at k=16 it takes 7.1 us both runs, not the predicted 4–6: at this output shape cuBLAS pays
+#   ~7 us with almost no k, 2.7 us of it the launch floor of the 1-CTA empty kernel. Its line bends a little
+#   (0.5–1.3 us at most, either output), so its intercept reads its fixed cost ~1 us low.
+# * **cuBLAS with fp32 output:** the same slope (+0.0% and −0.6% per k) and an intercept 0.85–0.87 us higher, as
+#   predicted. Alone at k=16 it is only 0.14 us slower (predicted 0.8–1.5; 0.93 at k=64, 0.62 at k=256). So under
+#   1 us of the kernel's extra fixed cost is writing float32 where the baseline of record writes float16.
+# * **The split launches:** q4_K `skt_e5` 11.6 us + 5.31 ns/k (11.9 + 5.37), q6_K 12.0 + 5.89 (12.1 + 5.88). As
+#   predicted, q4_K's loop costs per k what cuBLAS's does (−0.6%; +0.3%), and its whole nt=512 gap is 5.5 us
+#   (5.9) more fixed cost per launch, 4.7 us of it above cuBLAS with fp32 output. q6_K carries the same fixed cost
+#   and a loop 10–11% dearer per k.
+# * **BN=128 data-parallel:** q4_K 7.2 us + 6.26 ns/k (7.6 + 6.31, the intercept above the predicted 5–7), q6_K
+#   7.6 + 8.27 (7.4 + 8.29). Its fixed cost is 1.1–1.6 us above cuBLAS's line, but its loop is 17–18% (q4_K) and
+#   55–56% (q6_K) dearer per k: each weight is converted for 128 tokens, not 256.
+# * **Lines:** the tile split and the data-parallel launches lie on their lines within 0.7 us; stream-K BN=128 does
+#   not (1.2–1.8 us), since its grid changes with k.
+# * **Repeat:** the two runs agree within 2.5% on every launch's intercept and slope except BN=128 q4_K's
+#   intercept (4.4%), so the predicted "within 3%" is wrong at that one figure.
 #
 # **What stands between the kernel and the nt=512 bar, after the sixteenth to twentieth steps.**
 # * **No launch has both halves.** The split launch has cuBLAS's cost per k (q4_K) and pays 4.3–4.7 us more fixed
-#   cost than BN=128 for it. BN=128 has nearly cuBLAS's fixed cost and pays in the loop. A launch with BN=128's intercept
-#   and the split's slope would still fall short: the figures printed above give it 0.94× at q4_K 4096 × 4096 and
-#   0.98× at 4096 × 14336. The bar needs cuBLAS's fixed cost *and* the split's loop at once.
+#   cost than BN=128 for it. BN=128 has nearly cuBLAS's fixed cost and pays in the loop. A launch with BN=128's
+#   intercept and the split's slope would only reach the bar at q4_K: the figures printed above give it 0.97× at
+#   4096 × 4096 and 1.00× at 4096 × 14336 (0.94× and 0.98× in the first run), and q6_K 0.86–0.90×, whose loop is
+#   11% dearer per k than cuBLAS's. The bar needs cuBLAS's fixed cost *and* the split's loop at once, and for q6_K
+#   a cheaper loop as well.
 # * **Where the split's fixed cost goes** (sixteenth step): a ~3 us floor that every launch pays, ~1.5–2.7 us of
 #   first-tile fill from a cold L2, ~2–3.5 us of finish (not two CTAs adding into the same lines: the nineteenth
 #   step) and ~1.4 us of drain.
-# * **q6_K:** its loop costs 10% more per k than cuBLAS's even in the split launch, and at 4096 × 4096 runs 10–20%
+# * **q6_K:** its loop costs 10–11% more per k than cuBLAS's even in the split launch, and at 4096 × 4096 runs 10–20%
 #   slower cold than warm. Neither prefetch changed that, and its cause is not found.
 #
 # **Levers not built:** a BN=256 loop without the split's finish, i.e. one tile per 64-row CTA (2-CTA clusters with
