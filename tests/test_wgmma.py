@@ -1389,3 +1389,39 @@ def test_kscan_ab_gates_times_and_fits_the_fixed_cost_per_launch(monkeypatch, tm
     marked = pts.dropna(subset=["ratio"]).sort_values("id")
     assert list(marked["id"]) == ids and list(marked.variant) == ["wgmma_b", "wgmma_b", "wgmma_a", "wgmma_a"]
     assert marked.ratio.iloc[0] == pytest.approx((6 + 0.0055 * 512) / (3 + 0.007 * 512))
+
+
+def test_kscan_lines_draws_every_fitted_launch_with_units_and_zooms():
+    """plotting.kscan_lines: one marker series and one fitted line per launch with a fit and per cuBLAS form, the
+    open markers of cuBLAS alone, the empty kernel's floor; labelled axes with units; max_id zooms x and y."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from labkernels import plotting, wgmma
+
+    ids = [512, 1024, 4096]
+    lines = {"wgmma_bn128_s4_scl0": (7.0, 0.006), "wgmma_bn256_s4_scl0_skt_e5": (12.0, 0.005),
+             wgmma.CUBLAS: (6.0, 0.0053), wgmma.CUBLAS_F32OUT: (7.0, 0.0053)}
+    rows = [{"qtype": "q4_K", "od": 4096, "id": k, "nt": 512, "variant": v, "pair": 0, "median_us": a + b * k}
+            for v, (a, b) in lines.items() for k in ids]
+    rows += [{"qtype": "q4_K", "od": 4096, "id": 512, "nt": 512, "variant": "wgmma_bn256_s4_scl0_sk_e5", "pair": 0,
+              "median_us": 14.0},   # one id only: no line, not drawn
+             {"qtype": "q4_K", "od": 4096, "id": 512, "nt": 512, "variant": wgmma.EMPTY_1CTA, "pair": 0,
+              "median_us": 2.7}]
+    rows += [{"qtype": "f16", "od": 4096, "id": k, "nt": 512, "variant": wgmma.CUBLAS, "pair": 0, "median_us": 7.0}
+             for k in (16, 64)]
+    df = pd.DataFrame(rows)
+    pts, fit = wgmma.kscan_points(df), wgmma.kscan_fit(df)
+    fig, (a, b) = plt.subplots(1, 2)
+    plotting.kscan_lines(a, pts, fit, "q4_K", "full")
+    plotting.kscan_lines(b, pts, fit, "q4_K", "zoom", max_id=1100)
+    labels = [t.get_text() for t in a.get_legend().get_texts()]
+    assert len(labels) == 4 + 2 and any(t.startswith("cuBLAS fp16, fp32 out: 7.0 us + 5.30 ns/k") for t in labels)
+    assert "bn256_s4_scl0_skt_e5: 12.0 us + 5.00 ns/k" in labels and not any("sk_e5" in t for t in labels)
+    assert len(a.lines) == 2 * 4 + 2        # markers + line per fit, cuBLAS alone, the empty kernel's floor
+    assert "(us)" in a.get_ylabel() and "elements" in a.get_xlabel()
+    assert b.get_xlim() == (0, 1100) and b.get_ylim()[1] == pytest.approx((12.0 + 5.12) * 1.15)
+    plt.close(fig)
