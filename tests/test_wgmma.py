@@ -1153,16 +1153,15 @@ def test_ncu_compare_pairs_the_same_kernel_and_grid_of_two_runs():
     assert wgmma.ncu_compare(plain, build.iloc[0:0]).empty
 
 
-def test_floor_ab_times_every_launch_of_record_beside_its_empty_build(monkeypatch, tmp_path):
-    """floor_ab on the CPU shim: at each point every launch of record that the grid takes is gated, then timed with
-    its empty build (``<variant>_empty``), cuBLAS and the 1-CTA empty kernel; floor_view pairs each launch with its
-    empty build and subtracts, and with a trace's spans says what lies outside the stamps and above the floor."""
+def _timing_shim(monkeypatch) -> list:
+    """The CPU shim for an A/B step of labkernels.wgmma: the GPU and the wgmma kernels emulated, every timing a
+    constant 10 us after one call, no flush, a 132-SM device; returns the list the 1-CTA empty kernel's (grid,
+    threads) are appended to when it is launched."""
     import types
 
-    import pandas as pd
     from cpu_gpu_shim import install, install_wgmma
 
-    from labkernels import bench, records, wgmma
+    from labkernels import bench, wgmma
 
     cp = install(monkeypatch, exact=True)
     install_wgmma(monkeypatch, f16_only=False)
@@ -1178,6 +1177,18 @@ def test_floor_ab_times_every_launch_of_record_beside_its_empty_build(monkeypatc
     monkeypatch.setattr(bench, "EmptyLaunch", lambda grid, threads: lambda: calls.append((grid, threads)))
     monkeypatch.setattr(cp.cuda, "Device", lambda: types.SimpleNamespace(id=0), raising=False)
     monkeypatch.setattr(wgmma, "_sm_count", lambda dev: 132)
+    return calls
+
+
+def test_floor_ab_times_every_launch_of_record_beside_its_empty_build(monkeypatch, tmp_path):
+    """floor_ab on the CPU shim: at each point every launch of record that the grid takes is gated, then timed with
+    its empty build (``<variant>_empty``), cuBLAS and the 1-CTA empty kernel; floor_view pairs each launch with its
+    empty build and subtracts, and with a trace's spans says what lies outside the stamps and above the floor."""
+    import pandas as pd
+
+    from labkernels import records, wgmma
+
+    calls = _timing_shim(monkeypatch)
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
         wgmma.floor_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2})
     r = records.load("wgmma", run.run_id, root=tmp_path)
@@ -1329,28 +1340,11 @@ def test_kscan_ab_gates_times_and_fits_the_fixed_cost_per_launch(monkeypatch, tm
     """kscan_ab on the CPU shim: every launch of record at every id is gated, then timed with cuBLAS and the 1-CTA
     empty kernel; cuBLAS is also timed alone at the small ids. kscan_fit recovers a made-up line's intercept and
     slope per launch and for the fastest launch per point, and kscan_points marks the fastest launch's ratio."""
-    import types
-
     import pandas as pd
-    from cpu_gpu_shim import install, install_wgmma
 
-    from labkernels import bench, records, wgmma
+    from labkernels import gpu, records, wgmma
 
-    cp = install(monkeypatch, exact=True)
-    install_wgmma(monkeypatch, f16_only=False)
-    monkeypatch.setattr(wgmma, "_cp", lambda: cp)
-
-    def fake(fn, warmup=3, repeats=20, flush=None, **kw):
-        fn()
-        return np.full(3, 10.0)
-
-    calls, dense = [], []
-    monkeypatch.setattr(bench, "time_launches", fake)
-    monkeypatch.setattr(bench, "Flusher", lambda: None)
-    monkeypatch.setattr(bench, "EmptyLaunch", lambda grid, threads: lambda: calls.append((grid, threads)))
-    monkeypatch.setattr(cp.cuda, "Device", lambda: types.SimpleNamespace(id=0), raising=False)
-    monkeypatch.setattr(wgmma, "_sm_count", lambda dev: 132)
-    from labkernels import gpu
+    calls, dense = _timing_shim(monkeypatch), []
     monkeypatch.setattr(gpu, "gemm_dense", lambda x, w, out=None: dense.append(out))
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
         wgmma.kscan_ab(run, {"shapes": [[256, 256], [256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2,
