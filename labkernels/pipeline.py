@@ -491,10 +491,9 @@ def _kernel_env():
         shutil.rmtree(d, ignore_errors=True)
 
 
-def _kill_kernels(managers: list) -> int:
+def _kill_kernels(managers: list) -> None:
     """Kill the kernel processes of these managers that are still running (synchronously: the event loop
-    may have been left by a KeyboardInterrupt) and remove their connection files; how many were killed."""
-    killed = 0
+    may have been left by a KeyboardInterrupt) and remove their connection files."""
     for km in managers:
         proc = getattr(km.provisioner, "process", None) if km.provisioner is not None else None
         if proc is not None and proc.poll() is None:
@@ -503,12 +502,10 @@ def _kill_kernels(managers: list) -> int:
                 proc.wait(timeout=10)
             except Exception:  # a process that outlives SIGKILL for 10 s: nothing more to do here
                 pass
-            killed += 1
         try:
             km.cleanup_connection_file()
         except Exception:
             pass
-    return killed
 
 
 def _execute(nb: Path, out_nb: Path, params: dict, timeout: int | None) -> str | None:

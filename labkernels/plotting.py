@@ -245,8 +245,9 @@ def floor_bars(ax, view, title: str = "") -> None:
 def kscan_lines(ax, points, fits, qtype: str, title: str = "", max_id: float | None = None) -> None:
     """The k scan of one qtype (:func:`labkernels.wgmma.kscan_points`, :func:`~labkernels.wgmma.kscan_fit`): each
     launch's median time against id as markers with its fitted line (dashed), cuBLAS fp16 (cached; and with fp32
-    output where the scan has it) beside them and alone at small k (open markers), the 1-CTA empty kernel as a dotted line. Times in us, id in elements.
-    ``max_id``: show id up to it only (a zoom on the intercepts; the y range follows)."""
+    output where the scan has it) beside them and alone at small k (open markers), the 1-CTA empty kernel as a
+    dotted line. Times in us, id in elements. ``max_id``: show id up to it only (a zoom on the intercepts; the y
+    range follows)."""
     import numpy as np
 
     pq = points[points.qtype == qtype]
@@ -258,7 +259,7 @@ def kscan_lines(ax, points, fits, qtype: str, title: str = "", max_id: float | N
     marks = dict(zip(names, "osD^vx"))
     marks.update({"cublas_f16_cached": "^", "cublas_f16_f32out": "v"})
     cublas_label = {"cublas_f16_cached": "cuBLAS fp16 (cached)", "cublas_f16_f32out": "cuBLAS fp16, fp32 out"}
-    for i, v in enumerate(names):
+    for v in names:
         g = pq[pq.variant == v].sort_values("id")
         c = color(v)
         f = fq.loc[v]

@@ -2079,13 +2079,14 @@ def kscan_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
     from . import gpu
 
     p = {**KSCAN_AB, **(plan or {})}
+    cp = _cp()
     rng = np.random.default_rng(seed or None)
     empty = B.EmptyLaunch(1, 32)
+
     def f32out(pt):
         y32 = cp.empty(pt.y.shape, cp.float32)
         return {CUBLAS_F32OUT: lambda: gpu.gemm_dense(pt.x16, pt.w16, out=y32)}
 
-    cp = _cp()
     rows = builds_ab(run, p, {}, "kscan", rng, bitwise=False, progress=progress, extra={EMPTY_1CTA: empty},
                      per_point=f32out)
     flush = B.Flusher()
@@ -2117,7 +2118,7 @@ def kscan_fit(ab_df):
     qtype, od, nt, variant, n_ids, intercept_us, ns_per_k, max_resid_us, plus the per-qtype context columns."""
     import pandas as pd
 
-    med = ab_df.groupby(["qtype", "od", "id", "nt", "variant"], as_index=False).median_us.median()
+    med = medians(ab_df)
     small = med[(med.qtype == "f16") & (med.variant == CUBLAS)]
     small32 = med[(med.qtype == "f16") & (med.variant == CUBLAS_F32OUT)]
     empty = med[med.variant == EMPTY_1CTA].median_us
@@ -2152,7 +2153,7 @@ def kscan_fit(ab_df):
 def kscan_points(ab_df):
     """The k scan's point medians (qtype, od, id, nt, variant, median_us) and, per k-quant point, the fastest
     launch's ratio to cuBLAS at the same point (``ratio``: cuBLAS / launch, on the rows of the fastest launch)."""
-    med = ab_df.groupby(["qtype", "od", "id", "nt", "variant"], as_index=False).median_us.median()
+    med = medians(ab_df)[["qtype", "od", "id", "nt", "variant", "median_us"]]
     med["ratio"] = np.nan
     for _, g in med[med.qtype != "f16"].groupby(["qtype", "od", "id", "nt"]):
         k = g[g.variant.str.startswith("wgmma_")]
@@ -2161,6 +2162,37 @@ def kscan_points(ab_df):
             i = k.median_us.idxmin()
             med.loc[i, "ratio"] = float(cb.median_us.iloc[0]) / med.loc[i, "median_us"]
     return med
+
+
+def kscan_compare(fit, points, ids=(4096, 14336)):
+    """Per qtype of a k scan (:func:`kscan_fit`, :func:`kscan_points`): the fixed cost (intercept, us) and the cost
+    per k (slope, relative) of the BN=256 tile split (``split_*``) and of BN=128 data-parallel (``bn128_*``) over
+    cuBLAS fp16's line, and of cuBLAS with fp32 output over it (``f32out_*``; NaN without it); then, at each of
+    ``ids``, a launch with BN=128's intercept and the split's slope (``hybrid_us_<id>``) against cuBLAS's measured
+    time there (``hybrid_ratio_<id>`` = cuBLAS / hybrid). The launches are the main scale form's (:func:`main_scl`)."""
+    import pandas as pd
+
+    f = fit.set_index(["qtype", "variant"])
+    rows = []
+    for q in dict.fromkeys(fit.qtype):
+        split, dp = variant_name(256, 4, main_scl(q, 256), 3, 0, 5), variant_name(128, 4, main_scl(q, 128), 0)
+        if not all((q, v) in f.index for v in (split, dp, CUBLAS)):
+            continue
+        cb, sp, d = f.loc[(q, CUBLAS)], f.loc[(q, split)], f.loc[(q, dp)]
+        r = {"qtype": q,
+             "split_extra_us": sp.intercept_us - cb.intercept_us, "split_per_k": sp.ns_per_k / cb.ns_per_k - 1,
+             "bn128_extra_us": d.intercept_us - cb.intercept_us, "bn128_per_k": d.ns_per_k / cb.ns_per_k - 1,
+             "f32out_extra_us": np.nan, "f32out_per_k": np.nan}
+        if (q, CUBLAS_F32OUT) in f.index:
+            c32 = f.loc[(q, CUBLAS_F32OUT)]
+            r.update(f32out_extra_us=c32.intercept_us - cb.intercept_us, f32out_per_k=c32.ns_per_k / cb.ns_per_k - 1)
+        for k in ids:
+            hyb = d.intercept_us + sp.ns_per_k * 1e-3 * k
+            meas = points[(points.qtype == q) & (points["id"] == k) & (points.variant == CUBLAS)].median_us
+            r[f"hybrid_us_{k}"] = hyb
+            r[f"hybrid_ratio_{k}"] = float(meas.iloc[0]) / hyb if len(meas) else np.nan
+        rows.append(r)
+    return pd.DataFrame(rows)
 
 
 #: the weights prefetched into L2 by the producer's TMA (``gpu-check --steps wgmma_tmapf``, exploratory build

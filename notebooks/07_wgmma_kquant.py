@@ -1610,28 +1610,21 @@ else:
                          caption=f"median time per launch (us) at nt=512, od=4096 ({report.source(kr)}); ratio = "
                                  f"cuBLAS / the fastest launch at the point; empty cells: a launch the grid does "
                                  f"not take there"))
-    f = kfit.set_index(["qtype", "variant"])
     for v, what in ((wgmma.CUBLAS, "fp16 out"), (wgmma.CUBLAS_F32OUT, "fp32 out")):
         al = kpts[(kpts.qtype == "f16") & (kpts.variant == v)].sort_values("id")
         if len(al):
             print(f"cuBLAS alone, {what}: " + ", ".join(f"k={int(r.id)} {r.median_us:.1f} us" for r in al.itertuples()))
     print(f"the 1-CTA empty kernel {kfit.empty_1cta_us.iloc[0]:.2f} us")
-    if ("q4_K", wgmma.CUBLAS_F32OUT) in f.index:
-        print("cuBLAS fp32 out against fp16 out: " + "; ".join(
-            f"{q} {f.loc[(q, wgmma.CUBLAS_F32OUT)].intercept_us - f.loc[(q, wgmma.CUBLAS)].intercept_us:+.2f} us "
-            f"intercept, {f.loc[(q, wgmma.CUBLAS_F32OUT)].ns_per_k / f.loc[(q, wgmma.CUBLAS)].ns_per_k - 1:+.1%} per k"
-            for q in ("q4_K", "q6_K")))
-    for q, dp in (("q4_K", "wgmma_bn128_s4_scl0"), ("q6_K", "wgmma_bn128_s4_scl1")):
-        sp, cb, d = f.loc[(q, "wgmma_bn256_s4_scl0_skt_e5")], f.loc[(q, wgmma.CUBLAS)], f.loc[(q, dp)]
-        hyb = {k: d.intercept_us + sp.ns_per_k * 1e-3 * k for k in (4096, 14336)}
-        meas = {k: float(kpts[(kpts.qtype == q) & (kpts["id"] == k) & (kpts.variant == wgmma.CUBLAS)].median_us.iloc[0])
-                for k in hyb}
-        print(f"{q}: the split's fixed cost {sp.intercept_us - cb.intercept_us:+.1f} us over cuBLAS's line, its cost "
-              f"per k {sp.ns_per_k / cb.ns_per_k - 1:+.1%}; BN=128 data-parallel {d.intercept_us - cb.intercept_us:+.1f} us"
-              f", {d.ns_per_k / cb.ns_per_k - 1:+.1%} per k")
-        for k in hyb:
-            print(f"    BN=128's intercept with the split's slope at id={k}: {hyb[k]:.1f} us against cuBLAS "
-                  f"{meas[k]:.1f} ({meas[k] / hyb[k]:.2f}x)")
+    cmp_ = wgmma.kscan_compare(kfit, kpts)
+    fmt = {c: "{:+.2f}" for c in cmp_ if c.endswith("_extra_us")}
+    fmt |= {c: "{:+.1%}" for c in cmp_ if c.endswith("_per_k")}
+    fmt |= {c: "{:.1f}" if c.startswith("hybrid_us") else "{:.2f}" for c in cmp_ if c.startswith("hybrid")}
+    display(report.table(cmp_, fmt,
+                         caption=f"against cuBLAS fp16's line ({report.source(kr)}): *_extra_us = intercept − "
+                                 f"cuBLAS's (us), *_per_k = slope / cuBLAS's − 1, for the BN=256 tile split, BN=128 "
+                                 f"data-parallel and cuBLAS with fp32 output; hybrid = BN=128's intercept with the "
+                                 f"split's slope at id 4096 and 14336 (us); hybrid ratio = cuBLAS's measured time there / "
+                                 f"hybrid"))
 
 # %% [markdown]
 # **Measured** (the page reads run 20261203T165118Z, commit b243ed7; the first run, 20261203T163237Z at commit
@@ -1658,15 +1651,15 @@ else:
 # **What stands between the kernel and the nt=512 bar, after the sixteenth to twentieth steps.**
 # * **No launch has both halves.** The split launch has cuBLAS's cost per k (q4_K) and pays 4.3–4.7 us more fixed
 #   cost than BN=128 for it. BN=128 has nearly cuBLAS's fixed cost and pays in the loop. A launch with BN=128's
-#   intercept and the split's slope would only reach the bar at q4_K: the figures printed above give it 0.97× at
+#   intercept and the split's slope would only reach the bar at q4_K: the comparison table above gives it 0.97× at
 #   4096 × 4096 and 1.00× at 4096 × 14336 (0.94× and 0.98× in the first run), and q6_K 0.86–0.90×, whose loop is
 #   11% dearer per k than cuBLAS's. The bar needs cuBLAS's fixed cost *and* the split's loop at once, and for q6_K
 #   a cheaper loop as well.
 # * **Where the split's fixed cost goes** (sixteenth step): a ~3 us floor that every launch pays, ~1.5–2.7 us of
 #   first-tile fill from a cold L2, ~2–3.5 us of finish (not two CTAs adding into the same lines: the nineteenth
 #   step) and ~1.4 us of drain.
-# * **q6_K:** its loop costs 10–11% more per k than cuBLAS's even in the split launch, and at 4096 × 4096 runs 10–20%
-#   slower cold than warm. Neither prefetch changed that, and its cause is not found.
+# * **q6_K:** its loop costs 10–11% more per k than cuBLAS's even in the split launch, and at 4096 × 4096 runs
+#   10–20% slower cold than warm. Neither prefetch changed that, and its cause is not found.
 #
 # **Levers not built:** a BN=256 loop without the split's finish, i.e. one tile per 64-row CTA (2-CTA clusters with
 # multicast activations, so that the pair shares one activation stream); ping-pong consumers, whose epilogue

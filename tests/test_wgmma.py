@@ -1383,6 +1383,19 @@ def test_kscan_ab_gates_times_and_fits_the_fixed_cost_per_launch(monkeypatch, tm
     marked = pts.dropna(subset=["ratio"]).sort_values("id")
     assert list(marked["id"]) == ids and list(marked.variant) == ["wgmma_b", "wgmma_b", "wgmma_a", "wgmma_a"]
     assert marked.ratio.iloc[0] == pytest.approx((6 + 0.0055 * 512) / (3 + 0.007 * 512))
+    # kscan_compare on launches named as the main path's: split 12 + 0.005 k, BN=128 7 + 0.006 k, cuBLAS 6 + 0.005 k,
+    # cuBLAS fp32 out 7 + 0.005 k
+    named = {"wgmma_bn256_s4_scl0_skt_e5": (12.0, 0.005), "wgmma_bn128_s4_scl0": (7.0, 0.006),
+             wgmma.CUBLAS: (6.0, 0.005), wgmma.CUBLAS_F32OUT: (7.0, 0.005)}
+    df2 = pd.DataFrame([{"qtype": "q4_K", "od": 4096, "id": k, "nt": 512, "variant": v, "pair": 0,
+                         "median_us": a + b * k} for v, (a, b) in named.items() for k in (512, 4096, 14336)])
+    c = wgmma.kscan_compare(wgmma.kscan_fit(df2), wgmma.kscan_points(df2)).iloc[0]
+    assert c.split_extra_us == pytest.approx(6.0) and c.split_per_k == pytest.approx(0.0, abs=1e-9)
+    assert c.bn128_extra_us == pytest.approx(1.0) and c.bn128_per_k == pytest.approx(0.2)
+    assert c.f32out_extra_us == pytest.approx(1.0) and c.f32out_per_k == pytest.approx(0.0, abs=1e-9)
+    assert c.hybrid_us_4096 == pytest.approx(7 + 0.005 * 4096)
+    assert c.hybrid_ratio_14336 == pytest.approx((6 + 0.005 * 14336) / (7 + 0.005 * 14336))
+    assert wgmma.kscan_compare(wgmma.kscan_fit(df), wgmma.kscan_points(df)).empty   # no launch of the main path
 
 
 def test_kscan_lines_draws_every_fitted_launch_with_units_and_zooms():

@@ -429,9 +429,9 @@ def step_wgmma_clock(out: Path, args) -> dict:
 
 
 def step_wgmma_kscan(out: Path, args) -> dict:
-    """Round 7: the launches of record and cuBLAS fp16 over id at nt=512, od=4096 (time = intercept + slope x id:
-    fixed cost per launch against the main loop's cost per k), cuBLAS also alone at small k, each launch
-    parity-gated (labkernels.wgmma.kscan_ab), recorded."""
+    """Round 7: the launches of record and cuBLAS fp16 (fp16 and fp32 output) over id at nt=512, od=4096 (time =
+    intercept + slope x id: fixed cost per launch against the main loop's cost per k), cuBLAS also alone at small
+    k, each launch parity-gated (labkernels.wgmma.kscan_ab), recorded."""
     return _record_ab(out, args, "kscan_ab", wgmma.KSCAN_AB, wgmma.kscan_ab)
 
 
