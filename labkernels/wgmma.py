@@ -1005,6 +1005,9 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
     else:
         kp = dict(QT=qt, BN=BN, STAGES=STAGES, BF16=bf16, SCL=SCL, EPI=int(EPI), AQ=int(AQ), PF=int(PF))
         k = kernel_built(check_defines(defines), **kp) if defines else kernel(**kp)
+        if "LK_EXP_KPAIR" in k.defines:
+            return _gemm_kpair(k, w, x16, out, dict(BN=BN, STAGES=STAGES, BF16=bf16, SCL=SCL, SK=SK, EPI=EPI, AQ=AQ,
+                                                    PF=PF))
     # resident CTAs per SM: the plain build's for the empty ablation (LK_ABLATE_EMPTY holds no registers, so more of
     # it fit an SM, which would give the stream-K grid more CTAs than the launch whose floor it measures)
     res = kernel(**kp).blocks_per_sm if not FORM and "LK_ABLATE_EMPTY" in k.defines else k.blocks_per_sm
@@ -1032,6 +1035,39 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
         maps = (tm, ymap, *wtma_maps(w)) if weight_maps else (tm, ymap)
         k.launch((ncta, 1), maps, w.packed, y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws, flags,
                  np.int32(dp_tiles), np.int32(g), cluster=2 if EPI == 3 else 1)
+    return y
+
+
+#: the exploratory build of one 64-row x 256-token tile per CTA, its two consumer warpgroups each over half of every
+#: super-block's k, the halves added through shared memory, 2-CTA clusters multicasting the activations (kernel:
+#: LK_EXP_KPAIR)
+KPAIR = ("LK_EXP_KPAIR",)
+#: the one launch shape it is built for: BN=256, 4 stages, f16, the main scale form, the plain epilogue, the
+#: data-parallel grid
+KPAIR_PARAMS = dict(BN=256, STAGES=4, BF16=0, SCL=0, SK=0, EPI=0, AQ=2, PF=0)
+
+
+def kpair_grid(nt: int, od: int) -> int:
+    """CTAs of an ``LK_EXP_KPAIR`` launch: ceil(od / 64) m tiles rounded up to even (a cluster's two CTAs hold the same
+    token tile; a padded tile computes clamped rows and stores none) x ceil(nt / 256) token tiles."""
+    mt = -(-int(od) // 64)
+    return (mt + (mt & 1)) * -(-int(nt) // 256)
+
+
+def _gemm_kpair(k, w, x16, out, prm: dict):
+    """:func:`gemm` on an ``LK_EXP_KPAIR`` build: its one launch shape (:data:`KPAIR_PARAMS`; anything else is refused,
+    never run another way), the activation map's box half a stage (128 tokens: each CTA of a cluster loads one half
+    and multicasts it), clusters of 2."""
+    from .gpu import ShapeError, _out
+
+    if prm != KPAIR_PARAMS:
+        raise ShapeError(f"LK_EXP_KPAIR is built for {KPAIR_PARAMS} only, asked {prm}")
+    cp = _cp()
+    nt, id_ = x16.shape
+    y = _out(nt, w.od, out)
+    ws, flags = _WS.get(cp.cuda.get_current_stream().ptr, _sm_count(cp.cuda.Device().id))   # unread by the build
+    k.launch((kpair_grid(nt, w.od), 1), (tensor_map(x16, 128), NO_MAP), w.packed, y, np.int32(nt), np.int32(w.od),
+             np.int32(id_), ws, flags, np.int32(0), np.int32(0), cluster=2)
     return y
 
 
@@ -2192,6 +2228,109 @@ def kscan_compare(fit, points, ids=(4096, 14336)):
             r[f"hybrid_us_{k}"] = hyb
             r[f"hybrid_ratio_{k}"] = float(meas.iloc[0]) / hyb if len(meas) else np.nan
         rows.append(r)
+    return pd.DataFrame(rows)
+
+
+#: one 64-row x 256-token tile per CTA, k split between its two consumer warpgroups, 2-CTA clusters multicasting the
+#: activations (``gpu-check --steps wgmma_kpair``, exploratory build -DLK_EXP_KPAIR): against the launches of record
+#: (BN, scheduler, EPI) and cuBLAS fp16 at the bar's shapes, nt 512 and 4096; every launch parity-gated at its point
+KPAIR_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 4096], "qtypes": ["q4_K", "q6_K"],
+            "launches": [[256, 3, 5], [256, 1, 5], [128, 1, 0], [128, 0, 0], [256, 0, 0]], "pairs": 3, "repeats": 10}
+KPAIR_VARIANT = "wgmma_kpair_bn256"
+#: the real-model gates of the build: every Gemma 3 270M q4_K / q6_K tensor at these token counts (37: one token
+#: tile, most of it past nt; 300: a second tile 44 tokens deep)
+KPAIR_REAL_NTS = (37, 300)
+
+
+def kpair_real_rows(rng, progress=print, nts=KPAIR_REAL_NTS) -> list[dict]:
+    """Every q4_K / q6_K tensor of Gemma 3 270M (all rows, fresh random tokens at each of ``nts``) through the
+    ``LK_EXP_KPAIR`` launch, NaN-poisoned output, :func:`gate` against gguf-py's float64 dequantization and the kernel's
+    exact weights, the int8 q8_1 path's error on the same inputs beside it; a failed gate raises."""
+    from . import model
+
+    cp = _cp()
+    rows = []
+    for name, qtype, raw in model.load_kquant():
+        raw = np.ascontiguousarray(raw)
+        id_ = raw.shape[1] // BLOCK_BYTES[qtype] * QK
+        w = WgWeight.from_gguf(raw, qtype)
+        for nt in nts:
+            x = rng.standard_normal((nt, id_)).astype(np.float32)
+            y = cp.full((nt, raw.shape[0]), np.nan, cp.float32)
+            gemm(w, cp.asarray(x), out=y, defines=KPAIR, **KPAIR_PARAMS)
+            g = gate(cp.asnumpy(y), raw, qtype, x, packed=cp.asnumpy(w.packed))
+            i8 = int8_path_error(raw, qtype, x)
+            rows.append({"tensor": name, "qtype": qtype, "od": raw.shape[0], "id": id_, "nt": nt,
+                         "variant": KPAIR_VARIANT, **g, "int8_max_rel_err_f64": i8["max_rel_err_f64"],
+                         "int8_nmse": i8["nmse"]})
+            if not g["ok"]:
+                raise AssertionError(f"real-model gate failed: {name} LK_EXP_KPAIR nt={nt}: {g}")
+    if not rows:
+        raise AssertionError("no real-model gate ran: the model has no q4_K / q6_K tensor")
+    progress(f"kpair real model: {len(rows)} gates passed; max rel err vs float64 "
+             f"{max(r['max_rel_err_f64'] for r in rows):.2e} (int8 q8_1 path "
+             f"{max(r['int8_max_rel_err_f64'] for r in rows):.2e})")
+    return rows
+
+
+def kpair_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
+    """The ``LK_EXP_KPAIR`` build (:data:`KPAIR_PARAMS`, :func:`kpair_grid` CTAs in 2-CTA clusters) against the
+    launches of record of the plan (:func:`_plan_launches`) and cuBLAS fp16 on cached dequantized weights, same
+    process, interleaved, L2 flushed. First every Gemma tensor through the build (:func:`kpair_real_rows`, run table
+    ``real_model_parity``); then at each point every launch -- the build's included -- is gated (NaN-poisoned output,
+    :func:`gate`; a failure raises) before it is timed. Rows: ``wgmma_kpair_ab`` (the build's variant
+    :data:`KPAIR_VARIANT`) and ``wgmma_kpair_gate``."""
+    from . import bench as B
+    from . import gpu
+
+    p = {**KPAIR_AB, **(plan or {})}
+    rng = np.random.default_rng(seed or None)
+    if run is not None:
+        run.append("real_model_parity", kpair_real_rows(rng, progress))
+    cp = _cp()
+    flush = B.Flusher()
+    sm = _sm_count(cp.cuda.Device().id)
+    rows = []
+    for qtype, od, id_, nt, pt in _plan_points(p, rng):
+        launches = dict(_plan_launches(p, qtype, nt, od, id_, sm))
+        calls = {v: (lambda prm=prm: gemm(pt.w, pt.x16, out=pt.y, **prm)) for v, prm in launches.items()}
+        calls[KPAIR_VARIANT] = lambda: gemm(pt.w, pt.x16, out=pt.y, defines=KPAIR, **KPAIR_PARAMS)
+        for v, call in calls.items():
+            pt.y.fill(np.nan)
+            call()
+            _gate_point(run, "wgmma_kpair_gate", qtype, od, id_, nt, v, pt)
+        y16 = cp.empty((nt, od), cp.float16)
+        calls["cublas_f16_cached"] = lambda: gpu.matmul_f16(pt.x16, pt.w16, out=y16)
+        res = B.interleaved(calls, pairs=p["pairs"], repeats=p["repeats"], flush=flush)
+        new = B.pair_rows(res, {"qtype": qtype, "od": od, "id": id_, "nt": nt}, nt, od, id_)
+        rows += new
+        if run is not None:
+            run.append("wgmma_kpair_ab", new)
+        med = {k: np.median([s["median_us"] for s in v]) for k, v in res.items()}
+        progress(f"kpair {qtype} {od}x{id_} nt={nt}: " + ", ".join(
+            f"{k} {2 * nt * od * id_ / (v * 1e-6) / 1e12:.0f}" for k, v in med.items()) + " TOPS-eq")
+    return rows
+
+
+def kpair_table(ab_df):
+    """The build's A/B per point (qtype, od, id, nt): cuBLAS fp16 (cached), the fastest launch of record and the
+    build (medians over the interleaved pairs, us), each one's ratio to cuBLAS (cuBLAS / launch: >= 1 is the nt=512
+    bar) and the build's speed over the best launch of record (> 1: faster)."""
+    import pandas as pd
+
+    m = medians(ab_df)
+    rows = []
+    for k, g in m.groupby(["qtype", "od", "id", "nt"]):
+        us = dict(zip(g.variant, g.median_us))
+        rec = {v: t for v, t in us.items() if v.startswith("wgmma_bn")}
+        if "cublas_f16_cached" not in us or KPAIR_VARIANT not in us or not rec:
+            continue
+        best = min(rec, key=rec.get)
+        cb, kp = us["cublas_f16_cached"], us[KPAIR_VARIANT]
+        rows.append({**dict(zip(["qtype", "od", "id", "nt"], k)), "cublas_us": cb,
+                     "best_record": best.removeprefix("wgmma_"), "best_record_us": rec[best], "kpair_us": kp,
+                     "best_record_vs_cublas": cb / rec[best], "kpair_vs_cublas": cb / kp,
+                     "kpair_over_best": rec[best] / kp})
     return pd.DataFrame(rows)
 
 

@@ -1432,3 +1432,104 @@ def test_kscan_lines_draws_every_fitted_launch_with_units_and_zooms():
     assert "(us)" in a.get_ylabel() and "elements" in a.get_xlabel()
     assert b.get_xlim() == (0, 1100) and b.get_ylim()[1] == pytest.approx((12.0 + 5.12) * 1.15)
     plt.close(fig)
+
+
+def test_kpair_grid_pairs_m_tiles_and_the_launcher_refuses_other_shapes():
+    """LK_EXP_KPAIR's grid: 64-row m tiles rounded up to an even count (a cluster's two CTAs share a token tile) x
+    256-token tiles; its launcher takes the one launch shape it is built for and refuses the rest before any GPU
+    call."""
+    from labkernels import gpu, wgmma
+
+    assert wgmma.kpair_grid(512, 4096) == 64 * 2          # the bar's nt=512 at od=4096: 128 CTAs, one wave
+    assert wgmma.kpair_grid(512, 11008) == 172 * 2
+    assert wgmma.kpair_grid(37, 640) == 10                # Gemma's 640 rows: 10 m tiles, one token tile
+    assert wgmma.kpair_grid(300, 130) == 4 * 2            # 3 m tiles -> 4 (one padded), 2 token tiles
+    assert wgmma.kpair_grid(256, 64) == 2 and wgmma.kpair_grid(257, 64) == 4
+    for bad in ({"BN": 128}, {"SK": 3}, {"EPI": 5}, {"AQ": 4}, {"BF16": 1}):
+        with pytest.raises(gpu.ShapeError, match="LK_EXP_KPAIR is built for"):
+            wgmma._gemm_kpair(None, None, None, None, {**wgmma.KPAIR_PARAMS, **bad})
+
+
+def test_kpair_build_compiles_its_two_instantiations_without_spills():
+    """-DLK_EXP_KPAIR builds every registered instantiation (the others trap: the launcher never runs them); its
+    two launch shapes (q4_K and q6_K at BN=256, the main scale form, the plain epilogue) have no spills, and the
+    kernel refuses being built beside another exploratory body."""
+    import shutil
+
+    from labkernels import wgmma
+    from labkernels.kernels import registry
+
+    src = (registry.KERNELS_DIR / "wgmma_kq.cu").read_text()
+    assert '#error "LK_EXP_KPAIR is a kernel body of its own: no other exploratory build of it"' in src
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    _, names = wgmma._cubin("wgmma_kq.cu", wgmma.KPAIR)
+    for qt in (4, 6):
+        k = registry.find("wgmma_kq", QT=qt, **{n: v for n, v in wgmma.KPAIR_PARAMS.items() if n != "SK"})
+        e = names[k.key]
+        assert e["spill_stores"] == 0 and e["spill_loads"] == 0 and e["stack_frame"] == 0, e
+        assert not e["wgmma_serialized"], e
+
+
+def _kpair_shim(monkeypatch, off: float = 1.0):
+    """The timing shim, every gemm call recorded as (defines, params); the build's Y scaled by ``off`` (1: exact)
+    and the model a q4_K and a q6_K synthetic tensor."""
+    from labkernels import cases, model, wgmma
+
+    _timing_shim(monkeypatch)
+    seen, real = [], wgmma.gemm
+
+    def gemm(w, x, out=None, defines=(), **p):
+        seen.append((tuple(defines), p))
+        y = real(w, x, out=out, **p)
+        if defines == wgmma.KPAIR:
+            y *= off
+        return y
+
+    monkeypatch.setattr(wgmma, "gemm", gemm)
+    rng = np.random.default_rng(5)
+    monkeypatch.setattr(model, "load_kquant", lambda path=None: [
+        ("blk.0.ffn_up.weight", "q4_K", cases.synthetic_weights("q4_K", 96, 512, rng)),
+        ("blk.0.ffn_down.weight", "q6_K", cases.synthetic_weights("q6_K", 64, 256, rng))])
+    return seen
+
+
+def test_kpair_ab_gates_the_build_on_the_model_and_at_every_point_then_times_it(monkeypatch, tmp_path):
+    """kpair_ab on the CPU shim: the build through every model tensor at both token counts, then at each point every
+    launch of record that the grid takes and the build are gated before they are timed with cuBLAS; kpair_table
+    puts the build beside the fastest launch of record."""
+    import pandas as pd
+
+    from labkernels import records, wgmma
+
+    seen = _kpair_shim(monkeypatch)
+    with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
+        wgmma.kpair_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K", "q6_K"], "pairs": 2})
+    r = records.load("wgmma", run.run_id, root=tmp_path)
+    real, ab, gate = r.table("real_model_parity"), r.table("wgmma_kpair_ab"), r.table("wgmma_kpair_gate")
+    assert len(real) == 2 * len(wgmma.KPAIR_REAL_NTS) and real.ok.all() and set(real.variant) == {wgmma.KPAIR_VARIANT}
+    assert set(real.nt) == set(wgmma.KPAIR_REAL_NTS) and (real.int8_nmse > 0).all()
+    assert gate.ok.all() and set(gate.qtype) == {"q4_K", "q6_K"}
+    for q in ("q4_K", "q6_K"):
+        v = set(gate[gate.qtype == q].variant)
+        assert wgmma.KPAIR_VARIANT in v and any(x.startswith("wgmma_bn128_s4_scl") for x in v) and len(v) >= 3
+        assert set(ab[ab.qtype == q].variant) == v | {"cublas_f16_cached"}
+    built = [p for d, p in seen if d == wgmma.KPAIR]
+    assert built and all(p == wgmma.KPAIR_PARAMS for p in built)
+    # made-up medians: cuBLAS 10 us, the launches of record 12 and 11, the build 9.5
+    rows = [{"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": v, "pair": p, "median_us": t}
+            for v, t in (("cublas_f16_cached", 10.0), ("wgmma_bn256_s4_scl0_skt_e5", 12.0),
+                         ("wgmma_bn128_s4_scl0", 11.0), (wgmma.KPAIR_VARIANT, 9.5)) for p in range(3)]
+    t = wgmma.kpair_table(pd.DataFrame(rows)).iloc[0]
+    assert t.best_record == "bn128_s4_scl0" and t.best_record_us == 11.0 and t.kpair_us == 9.5
+    assert t.kpair_vs_cublas == pytest.approx(10 / 9.5) and t.best_record_vs_cublas == pytest.approx(10 / 11)
+    assert t.kpair_over_best == pytest.approx(11 / 9.5)
+
+
+def test_kpair_ab_stops_at_a_build_that_fails_the_model_gate(monkeypatch, tmp_path):
+    from labkernels import records, wgmma
+
+    _kpair_shim(monkeypatch, off=1.01)
+    with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
+        with pytest.raises(AssertionError, match="real-model gate failed: blk.0.ffn_up.weight LK_EXP_KPAIR nt=37"):
+            wgmma.kpair_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2})

@@ -1440,6 +1440,158 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
     if constexpr (EPI == 3) lk_cluster_sync();
 }
 
+// ---- LK_EXP_KPAIR (exploratory build; labkernels.wgmma.kpair_ab): a tile of 64 weight rows x 256 tokens per CTA,
+// its two consumer warpgroups on the same 64 rows, each over one half of every super-block's k (warpgroup 1: chunks
+// 0-1, k 0..127; warpgroup 2: chunks 2-3, k 128..255), their two partial sums added through the idle ring at the end
+// -- no workspace, no flag, no second CTA per tile. The k scan (run 20261203T165118Z) had the BN=256 split launch at
+// cuBLAS's cost per k with ~5.5 us more per launch, and BN=128 (one tile per CTA, no split) near cuBLAS's fixed cost
+// with a dearer loop: this is one tile per CTA with BN=256's loop (each weight converted once per 256 tokens) on
+// od/64 x nt/256 CTAs (128 at od = 4096, nt = 512). A 64-row tile reads its activations twice as often per MAC as a
+// 128-row one, so CTAs run in 2-CTA clusters (m tiles 2i and 2i+1, the same token tile) whose producers each load
+// half of every stage (128 tokens) and multicast it to both CTAs: the L2 reads of the 128-row tile. A stage is
+// consumed by one warpgroup in each CTA, whose 4 + 4 warps release it on both CTAs' empty barriers (count 8, as the
+// plain build's 8 consumer warps). The plain build's launch shapes only: BN=256, STAGES=4, f16, SCL=0, EPI=0, AQ=2,
+// PF=0, the data-parallel grid (the launcher refuses the rest; other instantiations trap). Not bitwise the plain
+// build (two partial sums over k, then one add): the parity gate holds it.
+#ifdef LK_EXP_KPAIR
+#if defined(LK_EXP_WTMA) || defined(LK_EXP_TMAPF) || defined(LK_EXP_TRACE) || defined(LK_EXP_SPLITFIN)
+#error "LK_EXP_KPAIR is a kernel body of its own: no other exploratory build of it"
+#endif
+__device__ __forceinline__ void lk_tma_load_2d_mc(void* dst, const LkTmap* tm, int c0, int c1, u64* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
+        "%3}], [%4], %5;\n" ::"r"(lk_smem_u32(dst)),
+        "l"((u64)tm), "r"(c0), "r"(c1), "r"(lk_smem_u32(bar)), "h"((unsigned short)3)
+        : "memory");
+}
+__device__ __forceinline__ void lk_sts128f(u32 addr, float a, float b, float c, float d) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+// consumer warpgroup 1 + HALF: chunks 2 HALF and 2 HALF + 1 of every super-block (compile-time, as the plain loop's j)
+template <int QT, int HALF>
+__device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, float* __restrict__ Y, int nt, int od,
+                                                  int nsb, int m0, int n0, u8* sB, u64* full_bar, u64* empty_bar,
+                                                  u32 peer) {
+    constexpr int BN = 256, STAGE_BYTES = BN * LK_WG_K * 2;
+    const int tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int r0 = m0 + warp * 16 + g, r1 = r0 + 8;
+    const int rr0 = r0 < od ? r0 : od - 1, rr1 = r1 < od ? r1 : od - 1;   // tail rows compute, never store
+    float acc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
+    u32 a[2][4][4];
+    KQ<QT, 0, 0> T(W, od, nsb, rr0, rr1, c);
+    typename KQ<QT, 0, 0>::Rows cur, nxt;
+    T.load(cur, 0, od, nsb);
+    for (int sb = 0; sb < nsb; sb++) {
+        T.prep(cur);
+#pragma unroll
+        for (int jj = 0; jj < 2; jj++) {
+            const int j = 2 * HALF + jj;   // the chunk, and its ring stage
+            if (jj == 0 && sb + 1 < nsb) T.load(nxt, sb + 1, od, nsb);
+            T.chunk(cur, j, a[jj]);
+            lk_keep(a[jj]);
+            lk_mbar_wait(&full_bar[j], sb & 1);   // stage j's use number is the super-block's
+            lk_wgmma_fence_acc(acc);
+            lk_wgmma_fence();
+            const u64 dsc = lk_desc_sw128(lk_smem_u32(sB + j * STAGE_BYTES));
+#pragma unroll
+            for (int s = 0; s < 4; s++) lk_wgmma<BN, 0>(acc, a[jj][s], dsc + 2 * s);
+            lk_wgmma_commit();
+            lk_wgmma_fence_acc(acc);
+            lk_wgmma_wait<1>();   // this half's previous chunk has retired: its stage is free in both CTAs
+            lk_keep(a[jj ^ 1]);
+            if ((sb > 0 || jj > 0) && lane == 0) {
+                u64* e = &empty_bar[2 * HALF + (jj ^ 1)];
+                lk_mbar_arrive(e);
+                lk_mbar_arrive_peer(lk_mapa(lk_smem_u32(e), peer));
+            }
+        }
+        cur = nxt;
+    }
+    lk_wgmma_wait<0>();
+    lk_wgmma_fence_acc(acc);
+    // the two halves' sums: warpgroup HALF keeps token columns 128 HALF .. 128 HALF + 127 (accumulators 64 HALF ..
+    // 64 HALF + 63) and hands the other 128 columns to its partner through the ring -- thread t's float4 i at
+    // (i x 128 + t) x 16 of the partner's half (the partner's thread t holds the same rows and columns)
+    const u32 ring = lk_smem_u32(sB);
+    lk_consumer_sync();   // both warpgroups' wgmmas have retired, and every stage has landed: the ring is idle
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const int k = 4 * (i + 64 * (1 - HALF) / 4);   // the other half's accumulators
+        lk_sts128f(ring + (u32)(1 - HALF) * 32768u + (u32)(i * 128 + tid) * 16, acc[k], acc[k + 1], acc[k + 2],
+                   acc[k + 3]);
+    }
+    lk_consumer_sync();
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        if (i % 4 == 0) asm volatile("" ::: "memory");
+        const float4 v = lk_lds128f(ring + (u32)HALF * 32768u + (u32)(i * 128 + tid) * 16);
+        lk_add4(acc, i + 16 * HALF, v);   // own + partner: commutative, the same sum in either warpgroup
+    }
+#pragma unroll
+    for (int jn = 16 * HALF; jn < 16 * HALF + 16; jn++) {
+        const int n = n0 + 8 * jn + 2 * c;
+        if (r0 < od) {
+            if (n < nt) Y[(size_t)n * od + r0] = acc[4 * jn + 0];
+            if (n + 1 < nt) Y[(size_t)(n + 1) * od + r0] = acc[4 * jn + 1];
+        }
+        if (r1 < od) {
+            if (n < nt) Y[(size_t)n * od + r1] = acc[4 * jn + 2];
+            if (n + 1 < nt) Y[(size_t)(n + 1) * od + r1] = acc[4 * jn + 3];
+        }
+    }
+}
+template <int QT>
+__device__ __forceinline__ void wgmma_kq_kpair_body(const LkTmap& tm, const u8* __restrict__ W, float* __restrict__ Y,
+                                                    int nt, int od, int id) {
+    constexpr int BN = 256, STAGES = 4, STAGE_BYTES = BN * LK_WG_K * 2;
+    extern __shared__ u8 lk_dyn_smem[];
+    __shared__ __align__(8) u64 full_bar[STAGES];
+    __shared__ __align__(8) u64 empty_bar[STAGES];
+    const u32 base = lk_smem_u32(lk_dyn_smem);
+    u8* sB = lk_dyn_smem + (((base + 1023) & ~1023u) - base);
+    const int nsb = id >> 8;
+    const int mtiles = (((od + 63) >> 6) + 1) & ~1;   // even: a cluster's two CTAs hold the same token tile
+    const int m0 = ((int)blockIdx.x % mtiles) * 64, n0 = ((int)blockIdx.x / mtiles) * BN;
+    const u32 rank = lk_cluster_rank();
+    const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+    if (threadIdx.x == 0) {
+        if (lk_cluster_size() != 2 || (int)gridDim.x != mtiles * ((nt + BN - 1) / BN)) __trap();
+#pragma unroll
+        for (int s = 0; s < STAGES; s++) {
+            lk_mbar_init(&full_bar[s], 1);
+            lk_mbar_init(&empty_bar[s], 8);   // 4 warps of one consumer warpgroup, in each of the two CTAs
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    lk_cluster_sync();   // both CTAs' mbarriers exist before a multicast or a remote arrive reaches them
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        if (tid == 0) {
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tm) : "memory");
+            // this CTA's half of every stage (tokens n0 + 128 rank ..): into both CTAs at the same offset, completing
+            // on each one's full barrier, which expects the whole stage (both halves) from its own producer's arrive
+            for (int kt = 0; kt < 4 * nsb; kt++) {
+                const int s = kt & 3;
+                if (kt >= STAGES) lk_mbar_wait(&empty_bar[s], ((kt >> 2) - 1) & 1);
+                lk_mbar_expect_tx(&full_bar[s], STAGE_BYTES);
+                lk_tma_load_2d_mc(sB + s * STAGE_BYTES + rank * (STAGE_BYTES / 2), &tm, kt * LK_WG_K, n0 + 128 * (int)rank,
+                                  &full_bar[s]);
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    if (wg == 1) lk_kpair_consumer<QT, 0>(W, Y, nt, od, nsb, m0, n0, sB, full_bar, empty_bar, rank ^ 1u);
+    else lk_kpair_consumer<QT, 1>(W, Y, nt, od, nsb, m0, n0, sB, full_bar, empty_bar, rank ^ 1u);
+    // the peer's consumers arrive on this CTA's empty barriers up to their last chunk: neither CTA exits before both
+    // are done (the producers have exited: they do not count)
+    lk_cluster_sync();
+}
+#endif
+
 // tmy: the Y tensor map (EPI=2, 4; other forms receive zeros and never read it); split_g: SK=3's G, else 0
 template <int QT, int BN, int STAGES, int BF16, int SCL, int EPI, int AQ, int PF>
 __global__ void __launch_bounds__(LK_WG_THREADS, 1)
@@ -1454,8 +1606,15 @@ __global__ void __launch_bounds__(LK_WG_THREADS, 1)
     return;
 #endif
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#ifdef LK_EXP_KPAIR
+    if constexpr (BN == 256 && STAGES == 4 && BF16 == 0 && SCL == 0 && EPI == 0 && AQ == 2 && PF == 0)
+        wgmma_kq_kpair_body<QT>(tm, W, Y, nt, od, id);
+    else
+        __trap();   // the build's one launch shape (the launcher refuses the others)
+#else
     wgmma_kq_body<QT, BN, STAGES, BF16, SCL, EPI, AQ, PF>(tm, tmy, LK_WTMA_ARGS W, Y, nt, od, id, ws, flags, dp_tiles,
                                                           split_g);
+#endif
 #else
     __trap();  // wgmma / setmaxnreg exist on sm_90a only: the launcher refuses other devices first
 #endif

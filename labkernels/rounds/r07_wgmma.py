@@ -38,7 +38,11 @@ from labkernels.kernels import registry
 mode = sys.argv[1]
 rng = np.random.default_rng(3)
 cases = []
-if mode == "sanitizer":       # tails in nt and od, every main-path variant, the three schedulers (stream-K
+if mode == "sanitizer" and "LK_EXP_KPAIR" in wgmma.build_defines():   # that build's one launch shape (2-CTA
+    for qt in (4, 6):         # clusters, multicast stages, the halves' add through the ring), tails in nt and od
+        k = registry.find("wgmma_kq", QT=qt, **{n: v for n, v in wgmma.KPAIR_PARAMS.items() if n != "SK"})
+        cases += [(k, 77, 200, 512, 0), (k, 300, 130, 1024, 0), (k, 520, 384, 768, 0)]   # od=130: a padded m tile
+elif mode == "sanitizer":     # tails in nt and od, every main-path variant, the three schedulers (stream-K
     for k in registry.family("wgmma_kq") + registry.family("wgmma_kqs"):   # splits these tiles' k over 4 CTAs,
                                                 # the uniform split over 2 each: partials, flags, fix-up; both forms)
         if k.p.get("EPI") == 3:   # the pair exchange: SK=3 with two CTAs per tile (2 tiles of 2 super-blocks)
@@ -435,8 +439,16 @@ def step_wgmma_kscan(out: Path, args) -> dict:
     return _record_ab(out, args, "kscan_ab", wgmma.KSCAN_AB, wgmma.kscan_ab)
 
 
+def step_wgmma_kpair(out: Path, args) -> dict:
+    """Round 7, exploratory: one 64-row x 256-token tile per CTA with k split between its two consumer warpgroups, in
+    2-CTA clusters multicasting the activations (-DLK_EXP_KPAIR), real-model gated, against the launches of record and
+    cuBLAS at nt 512 and 4096, every launch parity-gated (labkernels.wgmma.kpair_ab), recorded."""
+    return _record_ab(out, args, "kpair_ab", {**wgmma.KPAIR_AB, "defines": list(wgmma.KPAIR),
+                                              "real_nts": list(wgmma.KPAIR_REAL_NTS)}, wgmma.kpair_ab)
+
+
 STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_ncu": step_wgmma_ncu,
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
          "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
          "wgmma_staged": step_wgmma_staged, "wgmma_reduce": step_wgmma_reduce, "wgmma_lead": step_wgmma_lead, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane,
-         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_clock": step_wgmma_clock, "wgmma_kscan": step_wgmma_kscan, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}
+         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_clock": step_wgmma_clock, "wgmma_kscan": step_wgmma_kscan, "wgmma_kpair": step_wgmma_kpair, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}

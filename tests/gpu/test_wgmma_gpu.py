@@ -632,3 +632,32 @@ def test_l2_prefetch_build_is_bitwise_the_plain_one(cp, rng, qtype, bn, sk, epi,
     assert np.isfinite(y0).all()
     assert np.array_equal(y0.view(np.uint32), y1.view(np.uint32)), int((y0.view(np.uint32) != y1.view(np.uint32)).sum())
 
+
+
+@pytest.mark.parametrize("qtype", ["q4_K", "q6_K"])
+@pytest.mark.parametrize("nt,od,id_", [(1, 128, 256), (77, 200, 512), (300, 130, 1024), (520, 4000, 2048),
+                                       (256, 64, 768)])
+def test_kpair_build_passes_the_gate_with_tails_and_guards(cp, rng, qtype, nt, od, id_):
+    """LK_EXP_KPAIR (one 64-row tile per CTA, k split between its consumer warpgroups, 2-CTA clusters multicasting the
+    activations): the gate at tails in nt (a token tile the peer's half of which lies past nt) and od (a padded m
+    tile: od=130 and od=64 give an odd count, rounded up), guards intact, and within float32 rounding of the plain
+    BN=256 launch on the same inputs (two partial sums over k, then one add)."""
+    from labkernels import wgmma
+
+    raw = _weights(rng, qtype, od, id_)
+    x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
+    y, packed = _run(cp, raw, qtype, x, defines=wgmma.KPAIR, **wgmma.KPAIR_PARAMS)
+    g = wgmma.gate(y, raw, qtype, x, packed=packed)
+    assert g["nonfinite"] == 0 and g["exact_rel"] <= wgmma.exact_gate(id_) and g["ok"], g
+    y0, _ = _run(cp, raw, qtype, x, BN=256, SCL=0)
+    assert np.abs(y - y0).max() <= 1e-5 * np.abs(y0).max()
+
+
+def test_kpair_build_refuses_every_other_launch_shape(cp, rng):
+    from labkernels import gpu, wgmma
+
+    raw = _weights(rng, "q4_K", 256, 512)
+    x = rng.standard_normal((64, 512)).astype(np.float32)
+    for p in ({"BN": 128}, {"SK": 1}, {"EPI": 5}, {"SCL": 1}):
+        with pytest.raises(gpu.ShapeError, match="LK_EXP_KPAIR is built for"):
+            _run(cp, raw, "q4_K", x, defines=wgmma.KPAIR, **{**wgmma.KPAIR_PARAMS, **p})
