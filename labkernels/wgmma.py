@@ -346,6 +346,8 @@ def _cubin(source: str, defines: tuple = ()) -> tuple[str, dict]:
     flags += [f"-D{d}" for d in defines]
     if "LK_EXP_WTMA" in defines:   # the weight ring's depth, one number for the kernel and wtma_ring_bytes
         flags.append(f"-DLK_WTMA_STAGES={WTMA_STAGES}")
+    if "LK_EXP_KPAIR" in defines:  # the ring's stages per consumer warpgroup, one number for the kernel and the host
+        flags.append(f"-DLK_KPAIR_HALF_STAGES={KPAIR_HALF_STAGES}")
     if "LK_EXP_TMAPF" in defines:  # how far ahead the producer prefetches the weights into L2
         flags.append(f"-DLK_TMAPF_AHEAD={TMAPF_AHEAD}")
     key = hashlib.sha256(("\n".join([wrapper, src.read_text(), audit._dir_digest(registry.KERNELS_DIR),
@@ -398,7 +400,7 @@ class WgKernel:
         self.entry = names[spec.key]
         self.module = cp.RawModule(path=path)
         self.func = self.module.get_function(self.entry["mangled"])
-        self.smem = spec.dynamic_smem() + wtma_ring_bytes(spec, self.defines)
+        self.smem = spec.dynamic_smem() + wtma_ring_bytes(spec, self.defines) + kpair_ring_bytes(spec, self.defines)
         from .gpu import SharedMemoryError, device_props
 
         cap = device_props()["smem_optin"]
@@ -494,6 +496,18 @@ TMAPF = ("LK_EXP_TMAPF",)
 TMAPF_AHEAD = 2                                      # super-blocks the L2 prefetch runs ahead (-DLK_TMAPF_AHEAD)
 WTMA_STAGES = 3                                      # super-blocks in the weight ring (-DLK_WTMA_STAGES to nvcc)
 WTMA_SLOT = {4: 128 * 144, 6: 128 * (128 + 64 + 16)}  # bytes of one slot: a super-block of 128 rows (LkWtma::BYTES)
+
+
+#: the LK_EXP_KPAIR ring: stages per consumer warpgroup (-DLK_KPAIR_HALF_STAGES to nvcc), 2 x this in all
+KPAIR_HALF_STAGES = 3
+
+
+def kpair_ring_bytes(spec, defines) -> int:
+    """What an ``LK_EXP_KPAIR`` build's ring adds to the plain launch's shared memory: 2 x :data:`KPAIR_HALF_STAGES`
+    stages of [256 tokens x 64 k] f16 where the registry's instantiation has STAGES of them (0 for any other build)."""
+    if "LK_EXP_KPAIR" not in defines or spec.family != "wgmma_kq":
+        return 0
+    return (2 * KPAIR_HALF_STAGES - spec.p["STAGES"]) * spec.p["BN"] * 128
 
 
 def wtma_ring_bytes(spec, defines) -> int:

@@ -1445,6 +1445,13 @@ def test_kpair_grid_pairs_m_tiles_and_the_launcher_refuses_other_shapes():
     assert wgmma.kpair_grid(37, 640) == 10                # Gemma's 640 rows: 10 m tiles, one token tile
     assert wgmma.kpair_grid(300, 130) == 4 * 2            # 3 m tiles -> 4 (one padded), 2 token tiles
     assert wgmma.kpair_grid(256, 64) == 2 and wgmma.kpair_grid(257, 64) == 4
+    from labkernels.kernels import registry
+
+    k = registry.find("wgmma_kq", QT=4, **{n: v for n, v in wgmma.KPAIR_PARAMS.items() if n != "SK"})
+    ring = 2 * wgmma.KPAIR_HALF_STAGES * 256 * 64 * 2     # stages of [256 tokens x 64 k] f16, both warpgroups'
+    assert k.dynamic_smem() + wgmma.kpair_ring_bytes(k, wgmma.KPAIR) == ring + 1024   # + the 1024-byte alignment
+    assert wgmma.kpair_ring_bytes(k, ()) == 0 and wgmma.kpair_ring_bytes(k, wgmma.TMAPF) == 0
+    assert ring + 1024 + 96 <= 232448                     # the H200's opt-in shared memory per block
     for bad in ({"BN": 128}, {"SK": 3}, {"EPI": 5}, {"AQ": 4}, {"BF16": 1}):
         with pytest.raises(gpu.ShapeError, match="LK_EXP_KPAIR is built for"):
             wgmma._gemm_kpair(None, None, None, None, {**wgmma.KPAIR_PARAMS, **bad})

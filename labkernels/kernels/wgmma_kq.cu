@@ -1450,8 +1450,9 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
 // 128-row one, so CTAs run in 2-CTA clusters (m tiles 2i and 2i+1, the same token tile) whose producers each load
 // half of every stage (128 tokens) and multicast it to both CTAs: the L2 reads of the 128-row tile. A stage is
 // consumed by one warpgroup in each CTA, whose 4 + 4 warps release it on both CTAs' empty barriers (count 8, as the
-// plain build's 8 consumer warps). The plain build's launch shapes only: BN=256, STAGES=4, f16, SCL=0, EPI=0, AQ=2,
-// PF=0, the data-parallel grid (the launcher refuses the rest; other instantiations trap). Not bitwise the plain
+// plain build's 8 consumer warps); the ring holds LK_KPAIR_HALF_STAGES stages per warpgroup. The registry's
+// instantiation BN=256, STAGES=4 (its ring then 2 x LK_KPAIR_HALF_STAGES deep), f16, SCL=0, EPI=0, AQ=2, PF=0, the
+// data-parallel grid only (the launcher refuses the rest; other instantiations trap). Not bitwise the plain
 // build (two partial sums over k, then one add): the parity gate holds it.
 #ifdef LK_EXP_KPAIR
 #if defined(LK_EXP_WTMA) || defined(LK_EXP_TMAPF) || defined(LK_EXP_TRACE) || defined(LK_EXP_SPLITFIN)
@@ -1464,10 +1465,20 @@ __device__ __forceinline__ void lk_tma_load_2d_mc(void* dst, const LkTmap* tm, i
         "l"((u64)tm), "r"(c0), "r"(c1), "r"(lk_smem_u32(bar)), "h"((unsigned short)3)
         : "memory");
 }
+#ifndef LK_KPAIR_HALF_STAGES   // stages of the ring per consumer warpgroup: labkernels.wgmma.KPAIR_HALF_STAGES (-D)
+#error "LK_KPAIR_HALF_STAGES comes from labkernels.wgmma.KPAIR_HALF_STAGES (-D with LK_EXP_KPAIR)"
+#endif
+#define LK_KP_HS LK_KPAIR_HALF_STAGES
+// the 256 consumer threads, from the two warpgroups' own code paths: not bar.sync (.aligned: every thread at the same
+// instruction -- compute-sanitizer synccheck, run of commit 8f051eb, "divergent thread(s) in block")
+__device__ __forceinline__ void lk_kpair_sync() { asm volatile("barrier.sync 1, 256;\n" ::: "memory"); }
 __device__ __forceinline__ void lk_sts128f(u32 addr, float a, float b, float c, float d) {
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }
-// consumer warpgroup 1 + HALF: chunks 2 HALF and 2 HALF + 1 of every super-block (compile-time, as the plain loop's j)
+// consumer warpgroup 1 + HALF: chunks 2 HALF and 2 HALF + 1 of every super-block (compile-time, as the plain loop's j);
+// its u-th chunk (u = 2 sb + jj) in stage HALF LK_KP_HS + u % LK_KP_HS of the ring, use number u / LK_KP_HS. (The first
+// build gave each warpgroup two stages, one chunk each: 0.49-0.64x the launches of record, every one of its loads
+// exposed -- run of commit 8f051eb.)
 template <int QT, int HALF>
 __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, float* __restrict__ Y, int nt, int od,
                                                   int nsb, int m0, int n0, u8* sB, u64* full_bar, u64* empty_bar,
@@ -1487,22 +1498,22 @@ __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, floa
         T.prep(cur);
 #pragma unroll
         for (int jj = 0; jj < 2; jj++) {
-            const int j = 2 * HALF + jj;   // the chunk, and its ring stage
+            const int j = 2 * HALF + jj, u = 2 * sb + jj, st = HALF * LK_KP_HS + u % LK_KP_HS;
             if (jj == 0 && sb + 1 < nsb) T.load(nxt, sb + 1, od, nsb);
             T.chunk(cur, j, a[jj]);
             lk_keep(a[jj]);
-            lk_mbar_wait(&full_bar[j], sb & 1);   // stage j's use number is the super-block's
+            lk_mbar_wait(&full_bar[st], (u / LK_KP_HS) & 1);
             lk_wgmma_fence_acc(acc);
             lk_wgmma_fence();
-            const u64 dsc = lk_desc_sw128(lk_smem_u32(sB + j * STAGE_BYTES));
+            const u64 dsc = lk_desc_sw128(lk_smem_u32(sB + st * STAGE_BYTES));
 #pragma unroll
             for (int s = 0; s < 4; s++) lk_wgmma<BN, 0>(acc, a[jj][s], dsc + 2 * s);
             lk_wgmma_commit();
             lk_wgmma_fence_acc(acc);
             lk_wgmma_wait<1>();   // this half's previous chunk has retired: its stage is free in both CTAs
             lk_keep(a[jj ^ 1]);
-            if ((sb > 0 || jj > 0) && lane == 0) {
-                u64* e = &empty_bar[2 * HALF + (jj ^ 1)];
+            if (u > 0 && lane == 0) {
+                u64* e = &empty_bar[HALF * LK_KP_HS + (u - 1) % LK_KP_HS];
                 lk_mbar_arrive(e);
                 lk_mbar_arrive_peer(lk_mapa(lk_smem_u32(e), peer));
             }
@@ -1515,14 +1526,14 @@ __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, floa
     // 64 HALF + 63) and hands the other 128 columns to its partner through the ring -- thread t's float4 i at
     // (i x 128 + t) x 16 of the partner's half (the partner's thread t holds the same rows and columns)
     const u32 ring = lk_smem_u32(sB);
-    lk_consumer_sync();   // both warpgroups' wgmmas have retired, and every stage has landed: the ring is idle
+    lk_kpair_sync();   // both warpgroups' wgmmas have retired, and every stage has landed: the ring is idle
 #pragma unroll
     for (int i = 0; i < 16; i++) {
         const int k = 4 * (i + 64 * (1 - HALF) / 4);   // the other half's accumulators
         lk_sts128f(ring + (u32)(1 - HALF) * 32768u + (u32)(i * 128 + tid) * 16, acc[k], acc[k + 1], acc[k + 2],
                    acc[k + 3]);
     }
-    lk_consumer_sync();
+    lk_kpair_sync();
 #pragma unroll
     for (int i = 0; i < 16; i++) {
         if (i % 4 == 0) asm volatile("" ::: "memory");
@@ -1545,7 +1556,7 @@ __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, floa
 template <int QT>
 __device__ __forceinline__ void wgmma_kq_kpair_body(const LkTmap& tm, const u8* __restrict__ W, float* __restrict__ Y,
                                                     int nt, int od, int id) {
-    constexpr int BN = 256, STAGES = 4, STAGE_BYTES = BN * LK_WG_K * 2;
+    constexpr int BN = 256, STAGES = 2 * LK_KP_HS, STAGE_BYTES = BN * LK_WG_K * 2;
     extern __shared__ u8 lk_dyn_smem[];
     __shared__ __align__(8) u64 full_bar[STAGES];
     __shared__ __align__(8) u64 empty_bar[STAGES];
@@ -1573,9 +1584,9 @@ __device__ __forceinline__ void wgmma_kq_kpair_body(const LkTmap& tm, const u8* 
             asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tm) : "memory");
             // this CTA's half of every stage (tokens n0 + 128 rank ..): into both CTAs at the same offset, completing
             // on each one's full barrier, which expects the whole stage (both halves) from its own producer's arrive
-            for (int kt = 0; kt < 4 * nsb; kt++) {
-                const int s = kt & 3;
-                if (kt >= STAGES) lk_mbar_wait(&empty_bar[s], ((kt >> 2) - 1) & 1);
+            for (int kt = 0; kt < 4 * nsb; kt++) {   // chunk j = kt % 4: warpgroup j / 2's u-th, u = 2 sb + j % 2
+                const int h = (kt >> 1) & 1, u = 2 * (kt >> 2) + (kt & 1), s = h * LK_KP_HS + u % LK_KP_HS;
+                if (u >= LK_KP_HS) lk_mbar_wait(&empty_bar[s], ((u / LK_KP_HS) - 1) & 1);
                 lk_mbar_expect_tx(&full_bar[s], STAGE_BYTES);
                 lk_tma_load_2d_mc(sB + s * STAGE_BYTES + rank * (STAGE_BYTES / 2), &tm, kt * LK_WG_K, n0 + 128 * (int)rank,
                                   &full_bar[s]);
