@@ -504,9 +504,11 @@ KPAIR_HALF_STAGES = 3
 
 def kpair_ring_bytes(spec, defines) -> int:
     """What an ``LK_EXP_KPAIR`` build's ring adds to the plain launch's shared memory: 2 x :data:`KPAIR_HALF_STAGES`
-    stages of [256 tokens x 64 k] f16 where the registry's instantiation has STAGES of them (0 for any other build)."""
-    if "LK_EXP_KPAIR" not in defines or spec.family != "wgmma_kq":
-        return 0
+    stages of [256 tokens x 64 k] f16 where the registry's instantiation has STAGES of them (0 for any other build,
+    and for the build's instantiations other than :data:`KPAIR_PARAMS`)."""
+    if "LK_EXP_KPAIR" not in defines or spec.family != "wgmma_kq" or any(
+            spec.p[n] != v for n, v in KPAIR_PARAMS.items() if n != "SK"):
+        return 0   # the build's other instantiations trap (the launcher refuses them first)
     return (2 * KPAIR_HALF_STAGES - spec.p["STAGES"]) * spec.p["BN"] * 128
 
 

@@ -1451,6 +1451,8 @@ def test_kpair_grid_pairs_m_tiles_and_the_launcher_refuses_other_shapes():
     ring = 2 * wgmma.KPAIR_HALF_STAGES * 256 * 64 * 2     # stages of [256 tokens x 64 k] f16, both warpgroups'
     assert k.dynamic_smem() + wgmma.kpair_ring_bytes(k, wgmma.KPAIR) == ring + 1024   # + the 1024-byte alignment
     assert wgmma.kpair_ring_bytes(k, ()) == 0 and wgmma.kpair_ring_bytes(k, wgmma.TMAPF) == 0
+    k5 = registry.find("wgmma_kq", QT=4, BN=256, STAGES=4, BF16=0, SCL=0, EPI=5, AQ=2, PF=0)
+    assert wgmma.kpair_ring_bytes(k5, wgmma.KPAIR) == 0    # an instantiation the build traps in (refused first)
     assert ring + 1024 + 96 <= 232448                     # the H200's opt-in shared memory per block
     for bad in ({"BN": 128}, {"SK": 3}, {"EPI": 5}, {"AQ": 4}, {"BF16": 1}):
         with pytest.raises(gpu.ShapeError, match="LK_EXP_KPAIR is built for"):

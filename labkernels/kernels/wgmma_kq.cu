@@ -1441,8 +1441,9 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
 }
 
 // ---- LK_EXP_KPAIR (exploratory build; labkernels.wgmma.kpair_ab): a tile of 64 weight rows x 256 tokens per CTA,
-// its two consumer warpgroups on the same 64 rows, each over one half of every super-block's k (warpgroup 1: chunks
-// 0-1, k 0..127; warpgroup 2: chunks 2-3, k 128..255), their two partial sums added through the idle ring at the end
+// its two consumer warpgroups on the same 64 rows, each over every other super-block (warpgroup 1: super-blocks 0, 2,
+// 4, ...; warpgroup 2: 1, 3, 5, ...; each loads its next one a whole super-block ahead, as the plain loop does), their
+// two partial sums added through the idle ring at the end
 // -- no workspace, no flag, no second CTA per tile. The k scan (run 20261203T165118Z) had the BN=256 split launch at
 // cuBLAS's cost per k with ~5.5 us more per launch, and BN=128 (one tile per CTA, no split) near cuBLAS's fixed cost
 // with a dearer loop: this is one tile per CTA with BN=256's loop (each weight converted once per 256 tokens) on
@@ -1475,10 +1476,10 @@ __device__ __forceinline__ void lk_kpair_sync() { asm volatile("barrier.sync 1, 
 __device__ __forceinline__ void lk_sts128f(u32 addr, float a, float b, float c, float d) {
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }
-// consumer warpgroup 1 + HALF: chunks 2 HALF and 2 HALF + 1 of every super-block (compile-time, as the plain loop's j);
-// its u-th chunk (u = 2 sb + jj) in stage HALF LK_KP_HS + u % LK_KP_HS of the ring, use number u / LK_KP_HS. (The first
-// build gave each warpgroup two stages, one chunk each: 0.49-0.64x the launches of record, every one of its loads
-// exposed -- run of commit 8f051eb.)
+// consumer warpgroup 1 + HALF: super-blocks HALF, HALF + 2, ...; its u-th chunk (u = 4 (sb / 2) + j) in stage
+// HALF LK_KP_HS + u % LK_KP_HS of the ring, use number u / LK_KP_HS. (The first two builds split every super-block's k
+// between the warpgroups, chunks 0-1 and 2-3, so each loaded its next weights only two chunks ahead: 0.45-0.57x
+// cuBLAS with two stages per warpgroup, run 20261203T183132Z, and 0.50-0.61x with three, run of commit 2dfdfe9.)
 template <int QT, int HALF>
 __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, float* __restrict__ Y, int nt, int od,
                                                   int nsb, int m0, int n0, u8* sB, u64* full_bar, u64* empty_bar,
@@ -1493,13 +1494,14 @@ __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, floa
     u32 a[2][4][4];
     KQ<QT, 0, 0> T(W, od, nsb, rr0, rr1, c);
     typename KQ<QT, 0, 0>::Rows cur, nxt;
-    T.load(cur, 0, od, nsb);
-    for (int sb = 0; sb < nsb; sb++) {
+    if (HALF < nsb) T.load(cur, HALF, od, nsb);
+    int u = 0;   // this warpgroup's chunks so far
+    for (int sb = HALF; sb < nsb; sb += 2) {
         T.prep(cur);
 #pragma unroll
-        for (int jj = 0; jj < 2; jj++) {
-            const int j = 2 * HALF + jj, u = 2 * sb + jj, st = HALF * LK_KP_HS + u % LK_KP_HS;
-            if (jj == 0 && sb + 1 < nsb) T.load(nxt, sb + 1, od, nsb);
+        for (int j = 0; j < 4; j++, u++) {
+            const int jj = j & 1, st = HALF * LK_KP_HS + u % LK_KP_HS;
+            if (j == T.LOAD_AT && sb + 2 < nsb) T.load(nxt, sb + 2, od, nsb);
             T.chunk(cur, j, a[jj]);
             lk_keep(a[jj]);
             lk_mbar_wait(&full_bar[st], (u / LK_KP_HS) & 1);
@@ -1510,7 +1512,7 @@ __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, floa
             for (int s = 0; s < 4; s++) lk_wgmma<BN, 0>(acc, a[jj][s], dsc + 2 * s);
             lk_wgmma_commit();
             lk_wgmma_fence_acc(acc);
-            lk_wgmma_wait<1>();   // this half's previous chunk has retired: its stage is free in both CTAs
+            lk_wgmma_wait<1>();   // this warpgroup's previous chunk has retired: its stage is free in both CTAs
             lk_keep(a[jj ^ 1]);
             if (u > 0 && lane == 0) {
                 u64* e = &empty_bar[HALF * LK_KP_HS + (u - 1) % LK_KP_HS];
@@ -1522,7 +1524,7 @@ __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, floa
     }
     lk_wgmma_wait<0>();
     lk_wgmma_fence_acc(acc);
-    // the two halves' sums: warpgroup HALF keeps token columns 128 HALF .. 128 HALF + 127 (accumulators 64 HALF ..
+    // the two warpgroups' sums: warpgroup HALF keeps token columns 128 HALF .. 128 HALF + 127 (accumulators 64 HALF ..
     // 64 HALF + 63) and hands the other 128 columns to its partner through the ring -- thread t's float4 i at
     // (i x 128 + t) x 16 of the partner's half (the partner's thread t holds the same rows and columns)
     const u32 ring = lk_smem_u32(sB);
@@ -1584,12 +1586,16 @@ __device__ __forceinline__ void wgmma_kq_kpair_body(const LkTmap& tm, const u8* 
             asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tm) : "memory");
             // this CTA's half of every stage (tokens n0 + 128 rank ..): into both CTAs at the same offset, completing
             // on each one's full barrier, which expects the whole stage (both halves) from its own producer's arrive
-            for (int kt = 0; kt < 4 * nsb; kt++) {   // chunk j = kt % 4: warpgroup j / 2's u-th, u = 2 sb + j % 2
-                const int h = (kt >> 1) & 1, u = 2 * (kt >> 2) + (kt & 1), s = h * LK_KP_HS + u % LK_KP_HS;
-                if (u >= LK_KP_HS) lk_mbar_wait(&empty_bar[s], ((u / LK_KP_HS) - 1) & 1);
-                lk_mbar_expect_tx(&full_bar[s], STAGE_BYTES);
-                lk_tma_load_2d_mc(sB + s * STAGE_BYTES + rank * (STAGE_BYTES / 2), &tm, kt * LK_WG_K, n0 + 128 * (int)rank,
-                                  &full_bar[s]);
+            // the two warpgroups' u-th chunks in turn: super-block 2 (u / 4) + h, chunk u % 4, for h = 0, 1
+            for (int u = 0; u < 4 * ((nsb + 1) >> 1); u++) {
+                for (int h = 0; h < 2; h++) {
+                    const int sb = 2 * (u >> 2) + h, s = h * LK_KP_HS + u % LK_KP_HS;
+                    if (sb >= nsb) continue;
+                    if (u >= LK_KP_HS) lk_mbar_wait(&empty_bar[s], ((u / LK_KP_HS) - 1) & 1);
+                    lk_mbar_expect_tx(&full_bar[s], STAGE_BYTES);
+                    lk_tma_load_2d_mc(sB + s * STAGE_BYTES + rank * (STAGE_BYTES / 2), &tm, (4 * sb + (u & 3)) * LK_WG_K,
+                                      n0 + 128 * (int)rank, &full_bar[s]);
+                }
             }
         }
         return;
