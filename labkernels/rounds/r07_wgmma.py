@@ -58,6 +58,10 @@ elif mode == "sanitizer":     # tails in nt and od, every main-path variant, the
             cases += [(k, 77, 4000, 1792, 3)]
             if k.p.get("EPI") == 4:   # the staged store over several tiles per CTA (160 or 128 tiles, data-parallel)
                 cases += [(k, 600, 4000, 512, 0)]
+elif "LK_EXP_KPAIR" in wgmma.build_defines():   # ncu of that build: its one launch shape at nt 512 and 4096
+    for qt in (4, 6):
+        k = registry.find("wgmma_kq", QT=qt, **{n: v for n, v in wgmma.KPAIR_PARAMS.items() if n != "SK"})
+        cases += [(k, 512, 4096, 4096, 0), (k, 4096, 4096, 4096, 0)]
 else:                         # ncu: the main variants at the 7B attention shape
     for qt in (4, 6):
         for nt, bn, sk in ((512, 128, 0), (512, 256, 1), (4096, 256, 0)):
