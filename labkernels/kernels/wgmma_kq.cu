@@ -1473,6 +1473,14 @@ __device__ __forceinline__ void lk_tma_load_2d_mc(void* dst, const LkTmap* tm, i
 // the 256 consumer threads, from the two warpgroups' own code paths: not bar.sync (.aligned: every thread at the same
 // instruction -- compute-sanitizer synccheck, run of commit 8f051eb, "divergent thread(s) in block")
 __device__ __forceinline__ void lk_kpair_sync() { asm volatile("barrier.sync 1, 256;\n" ::: "memory"); }
+// a stage's release on the peer's empty barrier: the arrive's default semantics (release at CTA scope), as CUTLASS's
+// ClusterBarrier::arrive(cta_id) -- not lk_mbar_arrive_peer's .release.cluster, which put a cluster-scope fence in
+// front of every chunk's arrive: the third build's warps stalled 3.7-4.9 cycles per issued instruction on "membar"
+// (ncu run 20261203T185051Z; the plain build 0.00). What it orders is the retired wgmma reads of the stage (wait_group)
+// before the peer's TMA overwrites it, not any of this thread's memory writes.
+__device__ __forceinline__ void lk_mbar_arrive_remote(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
 __device__ __forceinline__ void lk_sts128f(u32 addr, float a, float b, float c, float d) {
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }
@@ -1517,7 +1525,7 @@ __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, floa
             if (u > 0 && lane == 0) {
                 u64* e = &empty_bar[HALF * LK_KP_HS + (u - 1) % LK_KP_HS];
                 lk_mbar_arrive(e);
-                lk_mbar_arrive_peer(lk_mapa(lk_smem_u32(e), peer));
+                lk_mbar_arrive_remote(lk_mapa(lk_smem_u32(e), peer));
             }
         }
         cur = nxt;
