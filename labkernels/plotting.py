@@ -304,3 +304,33 @@ def clock_bars(ax, view, title: str = "") -> None:
     ax.set_ylabel("SM clock during the launch (MHz)")
     ax.legend(fontsize=7, loc="upper left", ncol=3, frameon=False)
     ax.set_title(title, fontsize=9)
+
+
+def build_series_bars(ax, table, qtype: str, nt: int, title: str = "") -> None:
+    """A series of exploratory builds (:func:`labkernels.wgmma.kpair_builds`) at one (weight type, nt): per shape,
+    the best launch of record (of the last build's run) and each build as grouped bars of their ratio to cuBLAS fp16
+    timed beside them, the 1.0 line (the nt=512 bar) drawn."""
+    import numpy as np
+
+    t = table[(table.qtype == qtype) & (table.nt == nt)]
+    builds = list(dict.fromkeys(t.build))
+    shapes = sorted({(od, id_) for od, id_ in zip(t.od, t["id"])})
+    x = np.arange(len(shapes))
+    n = len(builds) + 1
+    w = 0.8 / n
+    last = t[t.build == builds[-1]].set_index(["od", "id"])
+    ax.bar(x - 0.4 + w / 2, [last.loc[s, "best_record_vs_cublas"] for s in shapes], w, color="0.25",
+           label="best launch of record", edgecolor="0.2", lw=.5)
+    grey = np.linspace(0.85, 0.5, len(builds))
+    for i, b in enumerate(builds):
+        g = t[t.build == b].set_index(["od", "id"])
+        ax.bar(x - 0.4 + w * (i + 1.5), [g.loc[s, "kpair_vs_cublas"] if s in g.index else np.nan for s in shapes], w,
+               color=color("wgmma_kq") if i == len(builds) - 1 else str(grey[i]), label=b, edgecolor="0.2", lw=.5)
+    ax.axhline(1, color="0.2", lw=1)
+    ax.set_xticks(x, [f"{od} x {id_}" for od, id_ in shapes], fontsize=7)
+    ax.set_xlabel("od x id", fontsize=8)
+    ax.set_ylabel("ratio to cuBLAS fp16 (cached), same shape")
+    ax.set_ylim(0, 1.15)
+    ax.grid(axis="y", alpha=.3)
+    if title:
+        ax.set_title(title, fontsize=8)

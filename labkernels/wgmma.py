@@ -2350,6 +2350,47 @@ def kpair_table(ab_df):
     return pd.DataFrame(rows)
 
 
+def kpair_builds(runs):
+    """The builds of an ``LK_EXP_KPAIR`` series side by side: ``runs`` = [(label, run)] (each a recorded
+    ``wgmma_kpair_ab`` run). One row per (label, point) of :func:`kpair_table`, with the build's label; the best
+    launch of record is each run's own (timed beside that build)."""
+    import pandas as pd
+
+    parts = [kpair_table(r.table("wgmma_kpair_ab")).assign(build=label) for label, r in runs]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+#: ncu metrics of the KPAIR comparison (:func:`kpair_ncu`): throughputs, the tensor pipe and the stall reasons
+#: that changed between the builds (warps stalled per issued instruction)
+KPAIR_NCU_METRICS = {"sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active": "tensor pipe active %",
+                     "Issue Slots Busy": "issue slots busy %", "L1/TEX Cache Throughput": "L1/TEX throughput %",
+                     "L2 Cache Throughput": "L2 throughput %",
+                     "smsp__average_warps_issue_stalled_membar_per_issue_active.ratio": "stall: membar",
+                     "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio":
+                         "stall: long scoreboard",
+                     "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio": "stall: barrier",
+                     "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio": "stall: wait",
+                     "smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio": "stall: dispatch"}
+
+
+def kpair_ncu(cases):
+    """Nsight Compute counters side by side: ``cases`` = [(label, sections table of an ncu run, kernel-key
+    substring, sk, nt)] -> one row per :data:`KPAIR_NCU_METRICS` metric, one column per label (the first case of
+    the run that matches; a metric the run lacks is NaN, a case that matches nothing raises)."""
+    import pandas as pd
+
+    cols = {}
+    for label, t, key, sk, nt in cases:
+        m = t[t.kernel.str.contains(key, regex=False) & (t.sk == sk) & (t.nt == nt)]
+        if m.empty:
+            raise ValueError(f"no ncu case {key!r} SK={sk} nt={nt} for {label!r}")
+        m = m[m.case == m.case.min()]
+        vals = dict(zip(m.metric, m.value))
+        cols[label] = {name: pd.to_numeric(str(vals[k]).replace(",", ""), errors="coerce") if k in vals else np.nan
+                       for k, name in KPAIR_NCU_METRICS.items()}
+    return pd.DataFrame(cols)
+
+
 #: the weights prefetched into L2 by the producer's TMA (``gpu-check --steps wgmma_tmapf``, exploratory build
 #: -DLK_EXP_TMAPF, TMAPF_AHEAD super-blocks ahead): against the plain build at the launches of record (BN,
 #: scheduler, EPI), bitwise-checked, nt 512 and 4096

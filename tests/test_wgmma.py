@@ -1542,3 +1542,61 @@ def test_kpair_ab_stops_at_a_build_that_fails_the_model_gate(monkeypatch, tmp_pa
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
         with pytest.raises(AssertionError, match="real-model gate failed: blk.0.ffn_up.weight LK_EXP_KPAIR nt=37"):
             wgmma.kpair_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2})
+
+
+def _kpair_rows(kp: float, rec: float = 11.0, cb: float = 10.0):
+    """Made-up A/B rows: cuBLAS, one launch of record and the build at every point, times scaled with id."""
+    from labkernels import wgmma
+
+    return [{"qtype": q, "od": 4096, "id": i, "nt": nt, "variant": v, "pair": p, "median_us": t * (i / 4096)}
+            for q in ("q4_K", "q6_K") for i in (4096, 14336) for nt in (512, 4096) for p in range(3)
+            for v, t in (("cublas_f16_cached", cb), ("wgmma_bn256_s4_scl0_skt_e5", rec), (wgmma.KPAIR_VARIANT, kp))]
+
+
+def test_kpair_builds_and_series_bars_put_every_build_beside_the_best_launch_of_record():
+    """kpair_builds labels each run's kpair_table rows by build; plotting.build_series_bars draws, per shape, the
+    last run's best launch of record and one bar per build (its ratio to cuBLAS), the 1.0 line, labelled axes."""
+    import types
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from labkernels import plotting, wgmma
+
+    runs = [(f"build {k}", types.SimpleNamespace(table=lambda name, kp=kp: pd.DataFrame(_kpair_rows(kp))))
+            for k, kp in ((1, 20.0), (2, 12.5))]
+    t = wgmma.kpair_builds(runs)
+    assert list(dict.fromkeys(t.build)) == ["build 1", "build 2"] and len(t) == 2 * 2 * 2 * 2
+    b2 = t[(t.build == "build 2") & (t.qtype == "q4_K") & (t.nt == 512)]
+    assert np.allclose(b2.kpair_vs_cublas, 10 / 12.5) and np.allclose(b2.best_record_vs_cublas, 10 / 11)
+    fig, ax = plt.subplots()
+    plotting.build_series_bars(ax, t, "q4_K", 512, "q4_K, nt=512")
+    heights = [round(p.get_height(), 4) for p in ax.patches]
+    assert len(ax.patches) == 3 * 2                           # best of record + 2 builds, 2 shapes
+    assert heights.count(round(10 / 11, 4)) == 2 and heights.count(0.5) == 2 and heights.count(0.8) == 2
+    assert [tk.get_text() for tk in ax.get_xticklabels()] == ["4096 x 4096", "4096 x 14336"]
+    assert "cuBLAS" in ax.get_ylabel() and ax.get_xlabel() and any(ln.get_ydata()[0] == 1 for ln in ax.lines)
+    plt.close(fig)
+
+
+def test_kpair_ncu_reads_each_case_and_refuses_one_that_is_not_there():
+    import pandas as pd
+
+    from labkernels import wgmma
+
+    key = "QT=4,BN=256,STAGES=4,BF16=0,SCL=0,EPI=0"
+    rows = [{"case": c, "kernel": f"wgmma_kq[{key},AQ=2,PF=0]", "sk": sk, "nt": nt, "od": 4096, "id": 4096,
+             "metric": m, "value": v}
+            for c, sk, nt, mult in ((0, 0, 512, 1.0), (1, 0, 4096, 2.0), (2, 3, 512, 3.0))
+            for m, v in (("L2 Cache Throughput", f"{40 * mult:.2f}"), ("Issue Slots Busy", "1,234.5"),
+                         ("smsp__average_warps_issue_stalled_membar_per_issue_active.ratio", str(0.1 * mult)))]
+    t = pd.DataFrame(rows)
+    v = wgmma.kpair_ncu([("a", t, key, 0, 4096), ("b", t, key, 3, 512)])
+    assert v.loc["L2 throughput %", "a"] == 80 and v.loc["L2 throughput %", "b"] == 120
+    assert v.loc["stall: membar", "a"] == pytest.approx(0.2) and v.loc["issue slots busy %", "b"] == 1234.5
+    assert np.isnan(v.loc["stall: wait", "a"])                # not in the run: NaN, not a made-up number
+    with pytest.raises(ValueError, match="no ncu case"):
+        wgmma.kpair_ncu([("c", t, key, 1, 512)])
