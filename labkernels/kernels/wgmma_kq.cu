@@ -868,6 +868,25 @@ __device__ __forceinline__ void lk_st_peer_v4(u32 addr, float a, float b, float 
                  : "memory");
 }
 
+// the plain store of a thread's accumulators, 8-token column groups J0 .. J1-1 of the tile: Y is token-major [nt, od],
+// rows r0 and r1 = r0 + 8 (the fragment's g and g + 8), tokens n0 + 8 jn + 2 c and + 1; rows past od and tokens past
+// nt are not stored
+template <int N, int J0, int J1>
+__device__ __forceinline__ void lk_store_y(const float (&acc)[N], float* __restrict__ Y, int nt, int od, int r0, int r1,
+                                           int n0, int c) {
+#pragma unroll
+    for (int jn = J0; jn < J1; jn++) {
+        const int n = n0 + 8 * jn + 2 * c;
+        if (r0 < od) {
+            if (n < nt) Y[(size_t)n * od + r0] = acc[4 * jn + 0];
+            if (n + 1 < nt) Y[(size_t)(n + 1) * od + r0] = acc[4 * jn + 1];
+        }
+        if (r1 < od) {
+            if (n < nt) Y[(size_t)n * od + r1] = acc[4 * jn + 2];
+            if (n + 1 < nt) Y[(size_t)(n + 1) * od + r1] = acc[4 * jn + 3];
+        }
+    }
+}
 // acc[4i .. 4i+3] += v: one float4 of partial sums folded into a thread's accumulators (every fix-up path)
 template <int N>
 __device__ __forceinline__ void lk_add4(float (&acc)[N], int i, const float4& v) {
@@ -1103,18 +1122,7 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
         return;
     }
     // epilogue: Y is token-major [nt, od]; lanes with the same c write 8 consecutive rows (32 B)
-#pragma unroll
-    for (int jn = 0; jn < BN / 8; jn++) {
-        const int n = n0 + 8 * jn + 2 * c;
-        if (r0 < od) {
-            if (n < nt) Y[(size_t)n * od + r0] = acc[4 * jn + 0];
-            if (n + 1 < nt) Y[(size_t)(n + 1) * od + r0] = acc[4 * jn + 1];
-        }
-        if (r1 < od) {
-            if (n < nt) Y[(size_t)n * od + r1] = acc[4 * jn + 2];
-            if (n + 1 < nt) Y[(size_t)(n + 1) * od + r1] = acc[4 * jn + 3];
-        }
-    }
+    lk_store_y<BN / 2, 0, BN / 8>(acc, Y, nt, od, r0, r1, n0, c);
 #else
     if (acc[0] == 12345.f) Y[0] = acc[1];   // keep the accumulators live
 #endif
@@ -1550,18 +1558,7 @@ __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, floa
         const float4 v = lk_lds128f(ring + (u32)HALF * 32768u + (u32)(i * 128 + tid) * 16);
         lk_add4(acc, i + 16 * HALF, v);   // own + partner: commutative, the same sum in either warpgroup
     }
-#pragma unroll
-    for (int jn = 16 * HALF; jn < 16 * HALF + 16; jn++) {
-        const int n = n0 + 8 * jn + 2 * c;
-        if (r0 < od) {
-            if (n < nt) Y[(size_t)n * od + r0] = acc[4 * jn + 0];
-            if (n + 1 < nt) Y[(size_t)(n + 1) * od + r0] = acc[4 * jn + 1];
-        }
-        if (r1 < od) {
-            if (n < nt) Y[(size_t)n * od + r1] = acc[4 * jn + 2];
-            if (n + 1 < nt) Y[(size_t)(n + 1) * od + r1] = acc[4 * jn + 3];
-        }
-    }
+    lk_store_y<BN / 2, 16 * HALF, 16 * HALF + 16>(acc, Y, nt, od, r0, r1, n0, c);   // this warpgroup's 128 columns
 }
 template <int QT>
 __device__ __forceinline__ void wgmma_kq_kpair_body(const LkTmap& tm, const u8* __restrict__ W, float* __restrict__ Y,
