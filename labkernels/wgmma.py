@@ -1054,9 +1054,9 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
     return y
 
 
-#: the exploratory build of one 64-row x 256-token tile per CTA, its two consumer warpgroups each over half of every
-#: super-block's k, the halves added through shared memory, 2-CTA clusters multicasting the activations (kernel:
-#: LK_EXP_KPAIR)
+#: the exploratory build of one 64-row x 256-token tile per CTA, its two consumer warpgroups on the same rows each over
+#: every other super-block, their partial sums added through shared memory, 2-CTA clusters multicasting the
+#: activations (kernel: LK_EXP_KPAIR; round 7's twenty-first step)
 KPAIR = ("LK_EXP_KPAIR",)
 #: the one launch shape it is built for: BN=256, 4 stages, f16, the main scale form, the plain epilogue, the
 #: data-parallel grid
@@ -2247,9 +2247,10 @@ def kscan_compare(fit, points, ids=(4096, 14336)):
     return pd.DataFrame(rows)
 
 
-#: one 64-row x 256-token tile per CTA, k split between its two consumer warpgroups, 2-CTA clusters multicasting the
-#: activations (``gpu-check --steps wgmma_kpair``, exploratory build -DLK_EXP_KPAIR): against the launches of record
-#: (BN, scheduler, EPI) and cuBLAS fp16 at the bar's shapes, nt 512 and 4096; every launch parity-gated at its point
+#: one 64-row x 256-token tile per CTA, k split between its two consumer warpgroups (every other super-block), 2-CTA
+#: clusters multicasting the activations (``gpu-check --steps wgmma_kpair``, exploratory build -DLK_EXP_KPAIR):
+#: against the launches of record (BN, scheduler, EPI) and cuBLAS fp16 at the bar's shapes, nt 512 and 4096; every
+#: launch parity-gated at its point
 KPAIR_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 4096], "qtypes": ["q4_K", "q6_K"],
             "launches": [[256, 3, 5], [256, 1, 5], [128, 1, 0], [128, 0, 0], [256, 0, 0]], "pairs": 3, "repeats": 10}
 KPAIR_VARIANT = "wgmma_kpair_bn256"
