@@ -1662,9 +1662,10 @@ else:
 # * **q6_K:** its loop costs 10–11% more per k than cuBLAS's even in the split launch, and at 4096 × 4096 runs
 #   10–20% slower cold than warm. Neither prefetch changed that, and its cause is not found.
 #
-# **Levers not built:** a BN=256 loop without the split's finish, i.e. one tile per 64-row CTA (2-CTA clusters with
-# multicast activations, so that the pair shares one activation stream); ping-pong consumers, whose epilogue
-# overlaps the other warpgroup's next tile; and q4_K's min term as a correction GEMM.
+# **Levers not built at this step:** a BN=256 loop without the split's finish, i.e. one tile per 64-row CTA (2-CTA
+# clusters with multicast activations, so that the pair shares one activation stream; built in the twenty-first
+# step, below); ping-pong consumers, whose epilogue overlaps the other warpgroup's next tile; and q4_K's min term as a
+# correction GEMM.
 
 # %% [markdown]
 # ## Twenty-first step: one 64-row tile per CTA, its k split between the two consumer warpgroups (exploratory build, prediction first)
