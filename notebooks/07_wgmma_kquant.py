@@ -1784,7 +1784,11 @@ else:
 # **Levers not built:** ping-pong consumers (the epilogue of one warpgroup's tile under the other's loop), and q4_K's
 # min term as a correction GEMM. For this build: a persistent grid for 11008 × 4096. A `.relaxed.cluster` form of the
 # remote arrive (PTX 8.6) was built and not run: its machine code is byte-identical to the CTA-scope form's (51 of 51
-# functions), so the 0.2–0.4 membar stall that is left comes from something else.
+# functions). The membar stall that is left (0.2–0.4) is the two cluster barriers': the SASS of the measured build
+# (`cuobjdump -sass` on the GPU machine) has its only `MEMBAR.ALL.GPU`s at the start and at the exit
+# `barrier.cluster.arrive.release`. The exit one waits for the CTA's own Y stores. With one wave (nt=512) that wait is
+# on the launch's path anyway; a relaxed exit arrive could help only where a CTA's successor waits for its SM
+# (nt=4096, ~8 waves). Not built.
 
 # %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process
