@@ -2251,6 +2251,37 @@ def kscan_compare(fit, points, ids=(4096, 14336)):
 #: clusters multicasting the activations (``gpu-check --steps wgmma_kpair``, exploratory build -DLK_EXP_KPAIR):
 #: against the launches of record (BN, scheduler, EPI) and cuBLAS fp16 at the bar's shapes, nt 512 and 4096; every
 #: launch parity-gated at its point
+#: LK_ABLATE_HALFB: the KPAIR build whose CTAs each receive only their own producer's half of every activation stage
+#: (timing only; round 7's twenty-second step)
+HALFB = ("LK_EXP_KPAIR", "LK_ABLATE_HALFB")
+#: its A/B: the KPAIR build and its half-B ablation beside the launches of record and cuBLAS (od = 4096 shapes)
+HALFB_AB = {"shapes": [[4096, 4096], [4096, 14336]], "nts": [512, 4096], "qtypes": ["q4_K", "q6_K"],
+            "launches": [[256, 3, 5], [128, 0, 0], [256, 0, 0]], "pairs": 3, "repeats": 10}
+#: the tensor pipe's fp16 rate, MACs per SM per clock (dense, sm_90)
+MACS_PER_CLK = 2048
+
+
+def smem_bytes_per_clk(rows: int, tokens: int, a_in_smem: bool = False, a_written: bool = False,
+                       recv_tokens: int | None = None) -> dict:
+    """Shared-memory bytes per SM per clock that a CTA tile of ``rows`` weight rows x ``tokens`` tokens moves while the
+    tensor pipe runs at its full fp16 rate (:data:`MACS_PER_CLK`), by source (a model, round 7's twenty-second step):
+
+    * ``b_read``: wgmma's reads of B (the activations) -- an m64nNk16 reads N x 16 x 2 bytes for 64 N 16 MACs, 1/32
+      byte per MAC whatever N, so 64 B/clk;
+    * ``b_write``: the TMA's writes of the activation tile: ``recv_tokens`` (default ``tokens``) x k x 2 bytes per
+      rows x tokens x k MACs;
+    * ``a_read`` (``a_in_smem``: A from shared memory, the SS form): 64 x 16 x 2 bytes per wgmma, 2/tokens per MAC;
+    * ``a_write`` (``a_written``: A staged through shared memory -- by TMA as fp16, or by converter warps): 2/tokens
+      per MAC.
+    The register form (the lab's main path) has b_read + b_write only."""
+    recv = tokens if recv_tokens is None else recv_tokens
+    r = {"b_read": MACS_PER_CLK / 32.0, "b_write": MACS_PER_CLK * 2.0 * recv / (rows * tokens),
+         "a_read": MACS_PER_CLK * 2.0 / tokens if a_in_smem else 0.0,
+         "a_write": MACS_PER_CLK * 2.0 / tokens if a_written else 0.0}
+    r["total"] = sum(r.values())
+    return r
+
+
 KPAIR_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 4096], "qtypes": ["q4_K", "q6_K"],
             "launches": [[256, 3, 5], [256, 1, 5], [128, 1, 0], [128, 0, 0], [256, 0, 0]], "pairs": 3, "repeats": 10}
 KPAIR_VARIANT = "wgmma_kpair_bn256"
@@ -2290,13 +2321,15 @@ def kpair_real_rows(rng, progress=print, nts=KPAIR_REAL_NTS) -> list[dict]:
     return rows
 
 
-def kpair_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
+def kpair_ab(run=None, plan=None, progress=print, seed: int = 0, ablations: dict | None = None) -> list[dict]:
     """The ``LK_EXP_KPAIR`` build (:data:`KPAIR_PARAMS`, :func:`kpair_grid` CTAs in 2-CTA clusters) against the
     launches of record of the plan (:func:`_plan_launches`) and cuBLAS fp16 on cached dequantized weights, same
     process, interleaved, L2 flushed. First every Gemma tensor through the build (:func:`kpair_real_rows`, run table
     ``real_model_parity``); then at each point every launch -- the build's included -- is gated (NaN-poisoned output,
-    :func:`gate`; a failure raises) before it is timed. Rows: ``wgmma_kpair_ab`` (the build's variant
-    :data:`KPAIR_VARIANT`) and ``wgmma_kpair_gate``."""
+    :func:`gate`; a failure raises) before it is timed. ``ablations``: variant suffix -> defines of ablation builds of
+    the KPAIR build (e.g. :data:`HALFB`), timed beside it as ``KPAIR_VARIANT + suffix``, never gated (timing only:
+    their Y means nothing). Rows: ``wgmma_kpair_ab`` (the build's variant :data:`KPAIR_VARIANT`) and
+    ``wgmma_kpair_gate``."""
     from . import bench as B
     from . import gpu
 
@@ -2316,6 +2349,9 @@ def kpair_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
             pt.y.fill(np.nan)
             call()
             _gate_point(run, "wgmma_kpair_gate", qtype, od, id_, nt, v, pt)
+        y_x = cp.empty_like(pt.y)   # the ablations' Y: never read
+        for sfx, d in (ablations or {}).items():
+            calls[KPAIR_VARIANT + sfx] = lambda d=d: gemm(pt.w, pt.x16, out=y_x, defines=d, **KPAIR_PARAMS)
         y16 = cp.empty((nt, od), cp.float16)
         calls["cublas_f16_cached"] = lambda: gpu.matmul_f16(pt.x16, pt.w16, out=y16)
         res = B.interleaved(calls, pairs=p["pairs"], repeats=p["repeats"], flush=flush)

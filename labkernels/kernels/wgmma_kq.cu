@@ -1463,17 +1463,29 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
 // instantiation BN=256, STAGES=4 (its ring then 2 x LK_KPAIR_HALF_STAGES deep), f16, SCL=0, EPI=0, AQ=2, PF=0, the
 // data-parallel grid only (the launcher refuses the rest; other instantiations trap). Not bitwise the plain
 // build (two partial sums over k, then one add): the parity gate holds it.
+#if defined(LK_ABLATE_HALFB) && !defined(LK_EXP_KPAIR)
+#error "LK_ABLATE_HALFB is an ablation of the LK_EXP_KPAIR build (its multicast stages) only"
+#endif
 #ifdef LK_EXP_KPAIR
 #if defined(LK_EXP_WTMA) || defined(LK_EXP_TMAPF) || defined(LK_EXP_TRACE) || defined(LK_EXP_SPLITFIN)
 #error "LK_EXP_KPAIR is a kernel body of its own: no other exploratory build of it"
 #endif
-__device__ __forceinline__ void lk_tma_load_2d_mc(void* dst, const LkTmap* tm, int c0, int c1, u64* bar) {
+__device__ __forceinline__ void lk_tma_load_2d_mc(void* dst, const LkTmap* tm, int c0, int c1, u64* bar, u16 mask) {
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
         "%3}], [%4], %5;\n" ::"r"(lk_smem_u32(dst)),
-        "l"((u64)tm), "r"(c0), "r"(c1), "r"(lk_smem_u32(bar)), "h"((unsigned short)3)
+        "l"((u64)tm), "r"(c0), "r"(c1), "r"(lk_smem_u32(bar)), "h"(mask)
         : "memory");
 }
+// LK_ABLATE_HALFB (ablation of this build only, timing only: its Y means nothing; round 7's twenty-second step): each
+// producer's half of a stage goes to its own CTA alone (multicast mask of its rank, the full barrier expecting half a
+// stage), so a CTA's shared memory receives 128 tokens x 64 k per stage instead of 256 -- the TMA's shared-memory
+// writes and the bytes delivered to the SM halve; the wgmmas, the weights, the barriers and the remote releases stay
+#ifdef LK_ABLATE_HALFB
+constexpr int LK_KP_RECV = 1;   // halves of a stage a CTA receives
+#else
+constexpr int LK_KP_RECV = 2;
+#endif
 #ifndef LK_KPAIR_HALF_STAGES   // stages of the ring per consumer warpgroup: labkernels.wgmma.KPAIR_HALF_STAGES (-D)
 #error "LK_KPAIR_HALF_STAGES comes from labkernels.wgmma.KPAIR_HALF_STAGES (-D with LK_EXP_KPAIR)"
 #endif
@@ -1597,9 +1609,10 @@ __device__ __forceinline__ void wgmma_kq_kpair_body(const LkTmap& tm, const u8* 
                     const int sb = 2 * (u >> 2) + h, s = h * LK_KP_HS + u % LK_KP_HS;
                     if (sb >= nsb) continue;
                     if (u >= LK_KP_HS) lk_mbar_wait(&empty_bar[s], ((u / LK_KP_HS) - 1) & 1);
-                    lk_mbar_expect_tx(&full_bar[s], STAGE_BYTES);
+                    lk_mbar_expect_tx(&full_bar[s], LK_KP_RECV * (STAGE_BYTES / 2));
                     lk_tma_load_2d_mc(sB + s * STAGE_BYTES + rank * (STAGE_BYTES / 2), &tm, (4 * sb + (u & 3)) * LK_WG_K,
-                                      n0 + 128 * (int)rank, &full_bar[s]);
+                                      n0 + 128 * (int)rank, &full_bar[s],
+                                      (u16)(LK_KP_RECV == 2 ? 3u : 1u << rank));
                 }
             }
         }

@@ -321,6 +321,118 @@ def step_wgmma_ncu(out: Path, args) -> dict:
     return {"ok": True, "run": run.run_id}
 
 
+#: the twenty-second step's driver: one launch per process, profiled between cudaProfilerStart / Stop after warm-up
+#: calls (ncu --profile-from-start off): cuBLAS fp16 (the benchmark's baseline call, gpu.matmul_f16) or a lab launch
+#: (plain launch of record, the KPAIR build or its half-B ablation), printing its case line
+SMEM_DRIVER = r"""
+import sys, numpy as np, cupy as cp
+from labkernels import quants, wgmma, gpu
+who, qtype, nt, od, id_, bn, sk, epi = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:9])
+rng = np.random.default_rng(5)
+x16 = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float16))
+if who == "cublas":
+    w16 = cp.asarray((rng.standard_normal((od, id_)) * .02).astype(np.float16))
+    y = cp.empty((nt, od), cp.float16)
+    launch = lambda: gpu.matmul_f16(x16, w16, out=y)
+else:
+    raw = quants.quantize((rng.standard_normal((min(od, 256), id_)) * .02).astype(np.float32), qtype)
+    raw = np.ascontiguousarray(np.tile(raw, (-(-od // raw.shape[0]), 1))[:od])
+    w = wgmma.WgWeight.from_gguf(raw, qtype)
+    y = cp.empty((nt, od), cp.float32)
+    if who == "lab":
+        prm = dict(BN=bn, SCL=wgmma.main_scl(qtype, bn), SK=sk, EPI=epi)
+    else:
+        prm = dict(defines=wgmma.KPAIR if who == "kpair" else wgmma.HALFB, **wgmma.KPAIR_PARAMS)
+    launch = lambda: wgmma.gemm(w, x16, out=y, **prm)
+for _ in range(3):
+    launch()
+cp.cuda.runtime.deviceSynchronize()
+cp.cuda.runtime.profilerStart()
+launch()
+cp.cuda.runtime.deviceSynchronize()
+cp.cuda.runtime.profilerStop()
+print("case", who, qtype, nt, od, id_, bn, sk, epi, flush=True)
+"""
+#: its cases: (who, qtype, nt, od, id, BN, SK, EPI) -- cuBLAS at the bar's shapes and both nts; the launches of record,
+#: the KPAIR build and its half-B ablation at 4096 x 4096
+SMEM_CASES = tuple([("cublas", "f16", nt, od, id_, 0, 0, 0) for nt in (512, 4096) for od, id_ in wgmma.SHAPES]
+                   + [(who, q, nt, 4096, 4096, bn, sk, epi) for q in ("q4_K", "q6_K")
+                      for who, nt, bn, sk, epi in (("lab", 512, 128, 0, 0), ("lab", 512, 256, 3, 5),
+                                                   ("lab", 4096, 256, 0, 0), ("kpair", 512, 256, 0, 0),
+                                                   ("kpair", 4096, 256, 0, 0), ("halfb", 512, 256, 0, 0),
+                                                   ("halfb", 4096, 256, 0, 0))])
+#: sections (LaunchStats: grid, block, cluster, registers, shared memory) and the raw metrics wanted beside them,
+#: each kept only where this ncu lists it: the tensor pipe, and shared memory's data-bank reads and writes (what
+#: the twenty-second step's model predicts) with the LSU's shared-memory wavefronts
+SMEM_SECTIONS = ("SpeedOfLight", "LaunchStats", "ComputeWorkloadAnalysis", "WarpStateStats", "MemoryWorkloadAnalysis",
+                 "MemoryWorkloadAnalysis_Tables")
+SMEM_METRICS = ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+                "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
+                "l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed",
+                "l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed",
+                "l1tex__data_bank_reads.sum", "l1tex__data_bank_writes.sum",
+                "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum",
+                "l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed",
+                "smsp__cycles_active.avg", "sm__cycles_elapsed.avg",
+                "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
+                "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
+                "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio",
+                "smsp__average_warps_issue_stalled_membar_per_issue_active.ratio")
+
+
+def step_wgmma_smem(out: Path, args) -> dict:
+    """Round 7, twenty-second step: (1) Nsight Compute of cuBLAS fp16 (the baseline) at the bar's shapes and nt 512 /
+    4096 beside the launches of record, the KPAIR build and its half-B ablation (LK_ABLATE_HALFB) at 4096 x 4096 --
+    launch configuration, tensor pipe, shared memory's data banks -- one process per case; (2) the half-B ablation's
+    timing A/B beside the KPAIR build, the launches of record and cuBLAS (labkernels.wgmma.kpair_ab with
+    ``ablations``; the KPAIR build real-model gated and every non-ablation launch parity-gated); both recorded."""
+    import csv
+    import io
+
+    from .. import ncu, records
+
+    qtext, avail = ncu.query_metrics()
+    (out / "smem-ncu-query.txt").write_text("\n".join(ln for ln in qtext.splitlines()
+                                                       if any(w in ln for w in ("l1tex__data", "tensor", "shared", "gmma"))))
+    metrics = [m for m in SMEM_METRICS if ncu.metric_available(m, avail)]
+    args.log(f"smem ncu: {len(metrics)} of {len(SMEM_METRICS)} wanted metrics listed by this ncu: {metrics}")
+    table, log = [], []
+    for i, case in enumerate(SMEM_CASES):
+        who = case[0]
+        cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "details"]
+        if who != "cublas":
+            cmd += ["-k", "regex:wgmma_kq"]
+        for sname in SMEM_SECTIONS:
+            cmd += ["--section", sname]
+        if metrics:
+            cmd += ["--metrics", ",".join(metrics)]
+        cmd += [sys.executable, "-c", SMEM_DRIVER, *map(str, case)]
+        r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+        log.append(f"### case {i} {case} rc={r.returncode}\n" + r.stdout[-4000:] + r.stderr[-4000:])
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith('"')]
+        rows = list(csv.DictReader(io.StringIO("\n".join(lines)))) if lines else []
+        if r.returncode != 0 or not rows or not any(ln.startswith("case ") for ln in r.stdout.splitlines()):
+            args.log(f"smem ncu case {case} failed rc={r.returncode}: {(r.stdout + r.stderr)[-600:]}")
+            continue
+        who, qtype, nt, od, id_, bn, sk, epi = case
+        for x in rows:
+            table.append({"case": i, "who": who, "qtype": qtype, "nt": nt, "od": od, "id": id_, "BN": bn, "SK": sk,
+                          "EPI": epi, "kernel_id": int(x["ID"]), "kernel_name": x.get("Kernel Name"),
+                          "section": x.get("Section Name"), "metric": x.get("Metric Name"),
+                          "unit": x.get("Metric Unit"), "value": x.get("Metric Value")})
+    (out / "smem-ncu.txt").write_text("\n".join(log))
+    ok = len({t["case"] for t in table}) == len(SMEM_CASES)
+    with records.recording(DATA[0], {"what": "smem_ncu", "sections": list(SMEM_SECTIONS), "metrics": metrics,
+                                     "cases": [list(c) for c in SMEM_CASES]}, root=out / "data") as run:
+        run.append("smem_ncu", table)
+    args.log(f"smem ncu: {len({t['case'] for t in table})} of {len(SMEM_CASES)} cases recorded (run {run.run_id})")
+    with records.recording(DATA[0], {"what": "halfb_ab", "plan": wgmma.HALFB_AB, "defines": list(wgmma.KPAIR),
+                                     "ablations": {"_halfb": list(wgmma.HALFB)},
+                                     "real_nts": list(wgmma.KPAIR_REAL_NTS)}, root=out / "data") as run2:
+        wgmma.kpair_ab(run2, plan=wgmma.HALFB_AB, progress=args.log, ablations={"_halfb": wgmma.HALFB})
+    return {"ok": ok, "run": run.run_id, "ab_run": run2.run_id}
+
+
 #: prefill variants the A/B step can compare (name -> PrefillOptions fields)
 PREFILL_VARIANTS = {"int8": {"kernel": "int8"}, "auto": {"kernel": "auto"},
                     "auto-unfused": {"kernel": "auto", "fuse_f16": False},
@@ -455,4 +567,4 @@ STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_nc
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
          "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
          "wgmma_staged": step_wgmma_staged, "wgmma_reduce": step_wgmma_reduce, "wgmma_lead": step_wgmma_lead, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane,
-         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_clock": step_wgmma_clock, "wgmma_kscan": step_wgmma_kscan, "wgmma_kpair": step_wgmma_kpair, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}
+         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_clock": step_wgmma_clock, "wgmma_kscan": step_wgmma_kscan, "wgmma_kpair": step_wgmma_kpair, "wgmma_smem": step_wgmma_smem, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}
