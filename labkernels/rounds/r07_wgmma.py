@@ -346,11 +346,14 @@ else:
     launch = lambda: wgmma.gemm(w, x16, out=y, **prm)
 for _ in range(3):
     launch()
-cp.cuda.runtime.deviceSynchronize()
-cp.cuda.runtime.profilerStart()
+rt = cp.cuda.runtime
+start, stop = (rt.profilerStart, rt.profilerStop) if hasattr(rt, "profilerStart") else (
+    cp.cuda.profiler.start, cp.cuda.profiler.stop)
+rt.deviceSynchronize()
+start()
 launch()
-cp.cuda.runtime.deviceSynchronize()
-cp.cuda.runtime.profilerStop()
+rt.deviceSynchronize()
+stop()
 print("case", who, qtype, nt, od, id_, bn, sk, epi, flush=True)
 """
 #: its cases: (who, qtype, nt, od, id, BN, SK, EPI) -- cuBLAS at the bar's shapes and both nts; the launches of record,
