@@ -334,3 +334,43 @@ def build_series_bars(ax, table, qtype: str, nt: int, title: str = "") -> None:
     ax.grid(axis="y", alpha=.3)
     if title:
         ax.set_title(title, fontsize=8)
+
+
+def _smem_label(r) -> str:
+    """A case of :func:`labkernels.wgmma.smem_table` in a few words: who, shape, nt (and the lab's launch)."""
+    if r.who == "cublas":
+        return f"cuBLAS {r.od}x{r.id} nt={r.nt}"
+    launch = {"kpair": "KPAIR", "halfb": "KPAIR half B"}.get(r.who)
+    if launch is None:
+        launch = f"BN={r.BN} " + ("data-par." if r.SK == 0 else f"SK={r.SK} EPI={r.EPI}")
+    return f"{r.qtype} {launch} nt={r.nt}"
+
+
+def smem_bars(axs, table, title: str = "") -> None:
+    """The twenty-second step (:func:`labkernels.wgmma.smem_table`) on two axes: ``axs[0]`` shared memory's measured
+    bytes per SM per tensor-active clock (data-bank reads and writes) as bars with the model's values
+    (:func:`labkernels.wgmma.smem_model`) as black ticks, ``axs[1]`` the tensor pipe's active share of the same
+    cases; one x position per case."""
+    import numpy as np
+
+    t = table.reset_index(drop=True)
+    x = np.arange(len(t))
+    w = 0.38
+    ax = axs[0]
+    ax.bar(x - w / 2, t.read_per_tensor_clk, w, color="#1f77b4", label="reads (measured)")
+    ax.bar(x + w / 2, t.write_per_tensor_clk, w, color="#ff7f0e", label="writes (measured)")
+    ax.scatter(x - w / 2, t.model_read, marker="_", s=220, color="k", lw=2, zorder=3, label="model")
+    ax.scatter(x + w / 2, t.model_write, marker="_", s=220, color="k", lw=2, zorder=3)
+    ax.set_ylabel("shared memory, B per SM\nper tensor-active clock")
+    ax.legend(fontsize=8, ncol=3, loc="upper right")
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax2 = axs[1]
+    ax2.bar(x, t.tensor_active_pct, 0.6, color=[color("cublas_f16") if w_ == "cublas" else color("wgmma_kq")
+                                                for w_ in t.who])
+    ax2.set_ylabel("tensor pipe active\n(% of active cycles)")
+    ax2.set_ylim(0, 100)
+    for a in axs:
+        a.set_xticks(x, [_smem_label(r) for r in t.itertuples()], rotation=60, ha="right", fontsize=7)
+        a.grid(axis="y", alpha=.3)
+    axs[0].tick_params(labelbottom=False)

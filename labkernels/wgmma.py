@@ -2387,6 +2387,104 @@ def kpair_table(ab_df):
     return pd.DataFrame(rows)
 
 
+def halfb_builds(ab_df):
+    """The half-B ablation's A/B (``wgmma_kpair_ab`` with the ``_halfb`` variant) as :func:`kpair_builds` rows: the
+    KPAIR build (``build`` "KPAIR") and its ablation ("KPAIR, half B (ablation)", in the ``kpair_*`` columns), each
+    against cuBLAS and the best launch of record timed beside them in the same run, for
+    :func:`labkernels.plotting.build_series_bars`; plus ``halfb_over_kpair`` (> 1: the ablation is faster)."""
+    import pandas as pd
+
+    hv = KPAIR_VARIANT + "_halfb"
+    kp = kpair_table(ab_df[ab_df.variant != hv]).assign(build="KPAIR")
+    hb = kpair_table(ab_df[ab_df.variant != KPAIR_VARIANT].replace({"variant": {hv: KPAIR_VARIANT}}))
+    hb = hb.assign(build="KPAIR, half B (ablation)")
+    key = ["qtype", "od", "id", "nt"]
+    hb = hb.merge(kp[key + ["kpair_us"]].rename(columns={"kpair_us": "kpair_full_us"}), on=key)
+    hb["halfb_over_kpair"] = hb.kpair_full_us / hb.kpair_us
+    return pd.concat([kp, hb.drop(columns="kpair_full_us")], ignore_index=True)
+
+
+#: the twenty-second step's ncu columns: (metric, short name)
+SMEM_NCU_COLUMNS = {"Grid Size": "grid", "Cluster Size": "cluster", "Duration": "duration_ns",
+                    "SM Frequency": "sm_hz", "sm__cycles_elapsed.avg": "cycles",
+                    "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active": "tensor_active_pct",
+                    "l1tex__data_bank_reads.sum": "bank_reads", "l1tex__data_bank_writes.sum": "bank_writes",
+                    "l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed": "bank_reads_pct",
+                    "l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed": "bank_writes_pct",
+                    "Issue Slots Busy": "issue_busy_pct"}
+#: bytes of one shared-memory data-bank access (32 banks of 4 bytes)
+BANK_BYTES = 4
+
+
+def cublas_tile(kernel_name: str) -> tuple[int, int] | None:
+    """(M, N) of the wgmma tile that a cuBLAS ``nvjet_sm90_*_<a>x<b>_...`` kernel name gives: wgmma's M comes in
+    64-row steps, so a side that is not a multiple of 64 is its N (168 x 128: M = 128, N = 168), else (a, b). None
+    for a name without a tile."""
+    m = re.search(r"_(\d+)x(\d+)_\d+x\d+_", str(kernel_name))
+    if not m:
+        return None
+    a, b = int(m.group(1)), int(m.group(2))
+    return (b, a) if a % 64 else (a, b)
+
+
+def smem_model(who: str, kernel_name: str, BN: int) -> dict:
+    """:func:`smem_bytes_per_clk` of one case of the twenty-second step: cuBLAS's shared-memory tile (both operands
+    TMA-staged and wgmma-read, the tile from :func:`cublas_tile`), the register form's 128-row tile of BN tokens, the
+    KPAIR build's 64-row x 256-token tile, its half-B ablation (128 of the 256 tokens received)."""
+    if who == "cublas":
+        t = cublas_tile(kernel_name)
+        if t is None:
+            return {"b_read": np.nan, "b_write": np.nan, "a_read": np.nan, "a_write": np.nan, "total": np.nan}
+        m, n = t
+        return smem_bytes_per_clk(m, n, a_in_smem=True, a_written=True)
+    if who == "kpair":
+        return smem_bytes_per_clk(64, 256)
+    if who == "halfb":
+        return smem_bytes_per_clk(64, 256, recv_tokens=128)
+    return smem_bytes_per_clk(128, int(BN))
+
+
+def smem_table(ncu_df, sm_count: int = 132):
+    """The twenty-second step's ncu run (table ``smem_ncu``) as one row per case (the first kernel of its profiled
+    range): who, shape, the kernel (its function name) and the launch in short (cuBLAS: its name's tile, stages,
+    cluster and layout; the lab: tile and scheduler), grid and cluster, duration (us) and SM clock (MHz), the tensor
+    pipe's active share, shared memory's measured bytes per SM per clock (data-bank reads and writes x
+    :data:`BANK_BYTES` over the elapsed cycles), the same per tensor-active clock beside :func:`smem_model`'s, and the
+    banks' use in % of ncu's peak."""
+    import pandas as pd
+
+    d = ncu_df[ncu_df.kernel_id == ncu_df.groupby("case").kernel_id.transform("min")]
+    d = d[d.metric.isin(SMEM_NCU_COLUMNS)].copy()
+    d["v"] = pd.to_numeric(d.value.astype(str).str.replace(",", ""), errors="coerce")
+    key = ["case", "who", "qtype", "nt", "od", "id", "BN", "SK", "EPI"]
+    p = d.pivot_table(index=key, columns="metric", values="v", aggfunc="first").rename(columns=SMEM_NCU_COLUMNS)
+    names = d.groupby("case").kernel_name.first()
+    rows = []
+    for k, r in p.iterrows():
+        c = dict(zip(key, k))
+        name = str(names.loc[c["case"]])
+        t = r.tensor_active_pct / 100.0
+        rd = r.bank_reads * BANK_BYTES / sm_count / r.cycles
+        wr = r.bank_writes * BANK_BYTES / sm_count / r.cycles
+        mdl = smem_model(c["who"], name, c["BN"])
+        kern = name.split("(")[0].removeprefix("void ").strip()
+        if c["who"] == "cublas":
+            launch = kern.removeprefix("nvjet_sm90_hsh_")
+        elif c["who"] in ("kpair", "halfb"):
+            launch = "KPAIR 64 x 256" + (", half B" if c["who"] == "halfb" else "")
+        else:
+            launch = f"128 x {c['BN']} " + ("data-parallel" if c["SK"] == 0 else f"SK={c['SK']} EPI={c['EPI']}")
+        rows.append({**c, "kernel": kern, "launch": launch,
+                     "grid": int(r.grid), "cluster": int(r.cluster), "duration_us": r.duration_ns / 1e3,
+                     "sm_mhz": r.sm_hz / 1e6, "tensor_active_pct": r.tensor_active_pct,
+                     "issue_busy_pct": r.issue_busy_pct,
+                     "read_B_per_clk": rd, "write_B_per_clk": wr,
+                     "read_per_tensor_clk": rd / t, "write_per_tensor_clk": wr / t,
+                     "model_read": mdl["b_read"] + mdl["a_read"], "model_write": mdl["b_write"] + mdl["a_write"],
+                     "bank_reads_pct": r.bank_reads_pct, "bank_writes_pct": r.bank_writes_pct})
+    return pd.DataFrame(rows)
+
+
 def kpair_builds(runs):
     """The builds of an ``LK_EXP_KPAIR`` series side by side: ``runs`` = [(label, run)] (each a recorded
     ``wgmma_kpair_ab`` run). One row per (label, point) of :func:`kpair_table`, with the build's label; the best

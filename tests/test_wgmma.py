@@ -1600,3 +1600,193 @@ def test_kpair_ncu_reads_each_case_and_refuses_one_that_is_not_there():
     assert np.isnan(v.loc["stall: wait", "a"])                # not in the run: NaN, not a made-up number
     with pytest.raises(ValueError, match="no ncu case"):
         wgmma.kpair_ncu([("c", t, key, 1, 512)])
+
+
+# ---- twenty-second step: the shared-memory budget, the half-B ablation, the baseline's counters ----
+
+def test_smem_bytes_per_clk_is_the_budget_of_each_tile_form():
+    """The model: wgmma's B reads are 64 B/clk whatever the token tile; the TMA's activation writes 4096 / rows (what
+    a CTA receives); the shared-memory form adds A's reads and writes, 4096 / tokens each."""
+    from labkernels import wgmma
+
+    assert wgmma.smem_bytes_per_clk(128, 256)["total"] == 96 == wgmma.smem_bytes_per_clk(128, 128)["total"]
+    kp = wgmma.smem_bytes_per_clk(64, 256)
+    assert (kp["b_read"], kp["b_write"], kp["total"]) == (64, 64, 128)
+    assert wgmma.smem_bytes_per_clk(64, 256, recv_tokens=128)["total"] == 96          # the half-B ablation
+    ss = wgmma.smem_bytes_per_clk(128, 128, a_in_smem=True, a_written=True)
+    assert (ss["a_read"], ss["a_write"], ss["total"]) == (32, 32, 160)
+    assert wgmma.smem_model("kpair", "", 256)["total"] == 128 and wgmma.smem_model("halfb", "", 256)["total"] == 96
+    assert wgmma.smem_model("lab", "", 128)["total"] == 96
+
+
+def test_cublas_tile_reads_wgmma_m_and_n_from_the_kernel_name():
+    from labkernels import wgmma
+
+    assert wgmma.cublas_tile("nvjet_sm90_hsh_128x128_64x6_2x1_v_bz_TNT") == (128, 128)
+    assert wgmma.cublas_tile("nvjet_sm90_hsh_168x128_64x5_1x2_h_bz_TNN") == (128, 168)   # M in steps of 64
+    assert wgmma.cublas_tile("nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_TNT") == (256, 128)
+    assert wgmma.cublas_tile("sm90_gemm_kernel") is None
+    m = wgmma.smem_model("cublas", "nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_TNT", 0)
+    assert (m["b_read"] + m["a_read"], m["b_write"] + m["a_write"]) == (96, 48)
+    assert np.isnan(wgmma.smem_model("cublas", "a kernel without a tile", 0)["total"])
+
+
+def _smem_ncu_rows(case, who, name, bn, tensor, reads, writes, cycles=1000.0, sm=132):
+    """Made-up ncu rows of one case of the twenty-second step (its first kernel; a second kernel's rows beside)."""
+    vals = {"Grid Size": "128", "Cluster Size": "2", "Duration": "25,536", "SM Frequency": "1.655e9",
+            "sm__cycles_elapsed.avg": str(cycles),
+            "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active": str(tensor),
+            "l1tex__data_bank_reads.sum": str(reads * sm * cycles / 4),
+            "l1tex__data_bank_writes.sum": str(writes * sm * cycles / 4),
+            "l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed": "28.3",
+            "l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed": "19.0", "Issue Slots Busy": "10.8",
+            "Block Size": "384"}
+    base = {"case": case, "who": who, "qtype": "q4_K" if who != "cublas" else "f16", "nt": 512, "od": 4096,
+            "id": 4096, "BN": bn, "SK": 0, "EPI": 0, "kernel_name": name, "section": "s", "unit": ""}
+    return ([{**base, "kernel_id": 0, "metric": m, "value": v} for m, v in vals.items()]
+            + [{**base, "kernel_id": 1, "kernel_name": "other", "metric": "Grid Size", "value": "7"}])
+
+
+def test_smem_table_turns_bank_counts_into_bytes_per_clock_beside_the_model():
+    """smem_table: per case its first kernel only; bytes per SM per clock = bank accesses x 4 B / SMs / elapsed
+    cycles, per tensor-active clock over the tensor pipe's share; the model's reads and writes beside; a short
+    launch name; plotting.smem_bars draws both measures with the model's ticks and one label per case."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from labkernels import plotting, wgmma
+
+    rows = (_smem_ncu_rows(0, "cublas", "nvjet_sm90_hsh_128x128_64x6_2x1_v_bz_TNT", 0, 85.0, 72.25, 48.45)
+            + _smem_ncu_rows(1, "kpair", "void wgmma_kq_kernel<4, 256, 4, 0, 0, 0, 2, 0>(LkTmap)", 256, 50.0, 32.0,
+                             32.0))
+    t = wgmma.smem_table(pd.DataFrame(rows)).set_index("case")
+    assert list(t.grid) == [128, 128] and t.loc[0, "duration_us"] == pytest.approx(25.536)
+    assert t.loc[0, "read_B_per_clk"] == pytest.approx(72.25) and t.loc[0, "read_per_tensor_clk"] == pytest.approx(85)
+    assert t.loc[0, "write_per_tensor_clk"] == pytest.approx(57) and t.loc[0, "sm_mhz"] == pytest.approx(1655)
+    assert (t.loc[0, "model_read"], t.loc[0, "model_write"]) == (96, 64)
+    assert (t.loc[1, "model_read"], t.loc[1, "model_write"]) == (64, 64) and t.loc[1, "write_per_tensor_clk"] == 64
+    assert t.loc[0, "launch"] == "128x128_64x6_2x1_v_bz_TNT" and t.loc[1, "launch"] == "KPAIR 64 x 256"
+    assert t.loc[1, "kernel"] == "wgmma_kq_kernel<4, 256, 4, 0, 0, 0, 2, 0>"
+    fig, axs = plt.subplots(2, 1)
+    plotting.smem_bars(axs, t.reset_index(), "t")
+    assert len(axs[0].patches) == 4 and len(axs[1].patches) == 2
+    ticks = [tk.get_text() for tk in axs[1].get_xticklabels()]
+    assert ticks == ["cuBLAS 4096x4096 nt=512", "q4_K KPAIR nt=512"]
+    assert "tensor-active clock" in axs[0].get_ylabel() and "%" in axs[1].get_ylabel()
+    assert len(axs[0].collections) == 2                      # the model's reads and writes
+    plt.close(fig)
+
+
+def test_halfb_builds_puts_the_ablation_beside_the_kpair_build():
+    import pandas as pd
+
+    from labkernels import wgmma
+
+    rows = _kpair_rows(12.5) + [{**r, "variant": wgmma.KPAIR_VARIANT + "_halfb", "median_us": r["median_us"] * 0.8}
+                                for r in _kpair_rows(12.5) if r["variant"] == wgmma.KPAIR_VARIANT]
+    t = wgmma.halfb_builds(pd.DataFrame(rows))
+    assert list(dict.fromkeys(t.build)) == ["KPAIR", "KPAIR, half B (ablation)"] and len(t) == 2 * 8
+    h = t[t.build != "KPAIR"]
+    assert np.allclose(h.halfb_over_kpair, 1 / 0.8) and np.allclose(h.kpair_vs_cublas, 10 / 10)
+    assert t[t.build == "KPAIR"].halfb_over_kpair.isna().all()
+
+
+def test_kpair_ab_times_an_ablation_beside_the_build_and_never_gates_it(monkeypatch, tmp_path):
+    """kpair_ab(ablations=...): the half-B build is launched with its own defines and the build's one launch shape,
+    timed beside the rest, and never gated (its Y, here all NaN, would fail any gate)."""
+    from labkernels import records, wgmma
+
+    seen = _kpair_shim(monkeypatch)
+    real = wgmma.gemm
+
+    def gemm(w, x, out=None, defines=(), **p):
+        y = real(w, x, out=out, defines=defines, **p)
+        if tuple(defines) == wgmma.HALFB:
+            y.fill(np.nan)
+        return y
+
+    monkeypatch.setattr(wgmma, "gemm", gemm)
+    with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
+        wgmma.kpair_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2},
+                       ablations={"_halfb": wgmma.HALFB})
+    r = records.load("wgmma", run.run_id, root=tmp_path)
+    ab, gate = r.table("wgmma_kpair_ab"), r.table("wgmma_kpair_gate")
+    hv = wgmma.KPAIR_VARIANT + "_halfb"
+    assert hv in set(ab.variant) and len(ab[ab.variant == hv]) == 2 and hv not in set(gate.variant)
+    assert gate.ok.all() and wgmma.KPAIR_VARIANT in set(gate.variant)
+    hb = [p for d, p in seen if d == wgmma.HALFB]
+    assert hb and all(p == wgmma.KPAIR_PARAMS for p in hb)
+
+
+def test_halfb_build_compiles_without_spills_and_only_beside_kpair():
+    import shutil
+
+    from labkernels import wgmma
+    from labkernels.kernels import registry
+
+    src = (registry.KERNELS_DIR / "wgmma_kq.cu").read_text()
+    assert "#if defined(LK_ABLATE_HALFB) && !defined(LK_EXP_KPAIR)" in src
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    _, names = wgmma._cubin("wgmma_kq.cu", wgmma.check_defines(wgmma.HALFB))
+    for qt in (4, 6):
+        k = registry.find("wgmma_kq", QT=qt, **{n: v for n, v in wgmma.KPAIR_PARAMS.items() if n != "SK"})
+        e = names[k.key]
+        assert e["spill_stores"] == 0 and e["spill_loads"] == 0 and e["stack_frame"] == 0, e
+    with pytest.raises(wgmma.WgmmaError, match="LK_ABLATE_HALFB is an ablation of the LK_EXP_KPAIR build"):
+        wgmma._cubin("wgmma_kq.cu", ("LK_ABLATE_HALFB",))
+
+
+def test_smem_step_profiles_each_case_in_its_own_process_and_records_what_ran(monkeypatch, tmp_path):
+    """gpu-check's wgmma_smem: one ncu process per case, profiled from cudaProfilerStart (--profile-from-start off),
+    cuBLAS's kernels unfiltered and the lab's by name, only the metrics this ncu lists; the rows of each case that
+    ran (its case line printed) recorded with the case's fields; a failing case is said and left out (ok False);
+    then the half-B A/B through kpair_ab with the ablation."""
+    import subprocess
+    import types
+
+    from labkernels import ncu, records, wgmma
+    from labkernels.rounds import r07_wgmma as r7
+
+    monkeypatch.setattr(ncu, "query_metrics", lambda: ("l1tex__data_bank_reads\nsm__pipe_tensor", {
+        "sm__pipe_tensor_cycles_active", "l1tex__data_bank_reads", "sm__cycles_elapsed"}))
+    cmds = []
+
+    real_run = subprocess.run
+
+    def run(cmd, **kw):
+        if cmd[0] != "ncu":   # the recording's provenance (git) runs for real
+            return real_run(cmd, **kw)
+        cmds.append(cmd)
+        case = cmd[-8:]
+        if case[0] == "halfb" and case[2] == "4096" and case[1] == "q6_K":
+            return types.SimpleNamespace(returncode=1, stdout="", stderr="==ERROR== profiling failed")
+        out = ('"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"\n'
+               f'"0","k_{case[0]}","SOL","Duration","ns","1,000"\n' + "case " + " ".join(case) + "\n")
+        return types.SimpleNamespace(returncode=0, stdout=out, stderr="")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    ab = []
+    monkeypatch.setattr(wgmma, "kpair_ab", lambda run, plan=None, progress=print, ablations=None:
+                        ab.append((plan, ablations)))
+    logs = []
+    res = r7.step_wgmma_smem(tmp_path, types.SimpleNamespace(log=logs.append))
+    assert len(cmds) == len(r7.SMEM_CASES) and all("--profile-from-start" in c and "off" in c for c in cmds)
+    for c in cmds:
+        assert ("-k" in c) == (c[-8] != "cublas")
+        m = c[c.index("--metrics") + 1].split(",")
+        assert set(m) == {"sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+                          "l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed", "l1tex__data_bank_reads.sum",
+                          "sm__cycles_elapsed.avg"}
+    assert res["ok"] is False and any("failed rc=1" in x for x in logs)
+    r = records.load("wgmma", res["run"], root=tmp_path / "data")
+    t = r.table("smem_ncu")
+    assert t.case.nunique() == len(r7.SMEM_CASES) - 1 and set(t.who) == {"cublas", "lab", "kpair", "halfb"}
+    row = t[t.who == "cublas"].iloc[0]
+    assert row.kernel_name == "k_cublas" and row.metric == "Duration" and row.value == "1,000" and row.od in (4096, 11008)
+    assert {(c[0], c[2]) for c in r7.SMEM_CASES if c[0] == "cublas"} == {("cublas", n) for n in (512, 4096)}
+    assert len([c for c in r7.SMEM_CASES if c[0] == "cublas"]) == 2 * len(wgmma.SHAPES)
+    assert ab == [(wgmma.HALFB_AB, {"_halfb": wgmma.HALFB})]
