@@ -23,7 +23,7 @@ from .paths import REPO_ROOT
 #: the steps written here (machine-wide checks and the prefill issues'); every round's own steps come from the
 #: table of rounds (labkernels.rounds: occupancy, q6k, tile_ab, kdr, q4k, prefill, prefill7b, decompose, forensics,
 #: wgmma, wgmma_sanitizer, wgmma_ncu, wgmma_costs, wgmma_trace, wgmma_epi, wgmma_aq, wgmma_pf, wgmma_pair, wgmma_staged, wgmma_reduce, wgmma_lead,
-#: wgmma_conv2, wgmma_conv16, wgmma_plane, wgmma_ceiling, wgmma_floor, wgmma_tmapf, wgmma_clock, wgmma_kscan, wgmma_kpair, wgmma_smem, wgmma_wtma, prefill_r7)
+#: wgmma_conv2, wgmma_conv16, wgmma_plane, wgmma_ceiling, wgmma_floor, wgmma_tmapf, wgmma_clock, wgmma_kscan, wgmma_kpair, wgmma_smem, wgmma_smemform, wgmma_wtma, prefill_r7)
 STEPS = ("env", "tests", "sanitizer", "attention", "prefill_graph", "graph_nodes")
 
 

@@ -1017,7 +1017,8 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
             raise ShapeError(f"the shared-memory form with two converter warpgroups (FORM=2) is built for BN=128, "
                              f"STAGES=4, f16 (512 threads: m64n256k16 does not fit their register budget), not "
                              f"BN={BN} STAGES={STAGES} BF16={bf16}")
-        k = kernel("wgmma_kqs", QT=qt, BN=BN, STAGES=STAGES, BF16=bf16, NCV=int(FORM))
+        kp = dict(QT=qt, BN=BN, STAGES=STAGES, BF16=bf16, NCV=int(FORM))
+        k = kernel_built(check_defines(defines), "wgmma_kqs", **kp) if defines else kernel("wgmma_kqs", **kp)
     else:
         kp = dict(QT=qt, BN=BN, STAGES=STAGES, BF16=bf16, SCL=SCL, EPI=int(EPI), AQ=int(AQ), PF=int(PF))
         k = kernel_built(check_defines(defines), **kp) if defines else kernel(**kp)
@@ -2257,6 +2258,80 @@ HALFB = ("LK_EXP_KPAIR", "LK_ABLATE_HALFB")
 #: its A/B: the KPAIR build and its half-B ablation beside the launches of record and cuBLAS (od = 4096 shapes)
 HALFB_AB = {"shapes": [[4096, 4096], [4096, 14336]], "nts": [512, 4096], "qtypes": ["q4_K", "q6_K"],
             "launches": [[256, 3, 5], [128, 0, 0], [256, 0, 0]], "pairs": 3, "repeats": 10}
+#: the twenty-third step: the shared-memory form (q4_K, data-parallel, BN=128) with one and two converter warpgroups,
+#: each beside its LK_ABLATE_NOCONV build (the converters store nothing: timing only), the register form's BN=128
+#: launch and its no-conversion skeleton, BN=256 at nt=4096, and cuBLAS
+SMEMFORM_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 4096], "qtypes": ["q4_K"], "pairs": 3, "repeats": 10}
+NOCONV = ("LK_ABLATE_NOCONV",)
+
+
+def smemform_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
+    """The shared-memory form against its own no-conversion ablation (``gpu-check --steps wgmma_smemform``): at each
+    point of :data:`SMEMFORM_AB`, same process, interleaved, L2 flushed, data-parallel grids: ``wgmma_smem_bn128_s4``
+    (FORM=1) and ``..._c2`` (FORM=2), the register form's ``wgmma_bn128_s4_scl0`` (and ``wgmma_bn256_s4_scl0`` at
+    nt > 512), each gated (NaN-poisoned output, :func:`gate`; a failure raises) before it is timed; beside them the
+    ``_noconv`` builds of the three BN=128 launches (timing only) and cuBLAS fp16 on cached dequantized weights.
+    Rows: ``wgmma_smemform_ab`` and ``wgmma_smemform_gate``."""
+    from . import bench as B
+    from . import gpu
+
+    p = {**SMEMFORM_AB, **(plan or {})}
+    rng = np.random.default_rng(seed or None)
+    cp = _cp()
+    flush = B.Flusher()
+    rows = []
+    for qtype, od, id_, nt, pt in _plan_points(p, rng):
+        pt.w.gguf = pt.wq.raw   # the shared-memory form reads the GGUF rows as uploaded
+        launches = {"wgmma_smem_bn128_s4": dict(BN=128, STAGES=4, FORM=1),
+                    "wgmma_smem_bn128_s4_c2": dict(BN=128, STAGES=4, FORM=2),
+                    "wgmma_bn128_s4_scl0": dict(BN=128, SCL=main_scl(qtype, 128))}
+        if nt > 512:
+            launches["wgmma_bn256_s4_scl0"] = dict(BN=256, SCL=main_scl(qtype, 256))
+        calls = {}
+        for v, prm in launches.items():
+            pt.y.fill(np.nan)
+            gemm(pt.w, pt.x16, out=pt.y, **prm)
+            _gate_point(run, "wgmma_smemform_gate", qtype, od, id_, nt, v, pt)
+            calls[v] = lambda prm=prm: gemm(pt.w, pt.x16, out=pt.y, **prm)
+        y_x = cp.empty_like(pt.y)   # the ablations' Y: never read
+        for v in ("wgmma_smem_bn128_s4", "wgmma_smem_bn128_s4_c2", "wgmma_bn128_s4_scl0"):
+            calls[v + "_noconv"] = lambda prm=launches[v]: gemm(pt.w, pt.x16, out=y_x, defines=NOCONV, **prm)
+        y16 = cp.empty((nt, od), cp.float16)
+        calls["cublas_f16_cached"] = lambda: gpu.matmul_f16(pt.x16, pt.w16, out=y16)
+        res = B.interleaved(calls, pairs=p["pairs"], repeats=p["repeats"], flush=flush)
+        new = B.pair_rows(res, {"qtype": qtype, "od": od, "id": id_, "nt": nt}, nt, od, id_)
+        rows += new
+        if run is not None:
+            run.append("wgmma_smemform_ab", new)
+        med = {k: np.median([s["median_us"] for s in v]) for k, v in res.items()}
+        progress(f"smemform {qtype} {od}x{id_} nt={nt}: " + ", ".join(
+            f"{k} {2 * nt * od * id_ / (v * 1e-6) / 1e12:.0f}" for k, v in med.items()) + " TOPS-eq")
+    return rows
+
+
+def smemform_table(ab_df):
+    """The twenty-third step's A/B per point: each launch's and each no-conversion build's ratio to cuBLAS fp16
+    (cuBLAS / launch, medians over the interleaved rounds), and what the conversion costs each BN=128 form
+    (``conv_cost`` = its time / its no-conversion build's time)."""
+    import pandas as pd
+
+    m = medians(ab_df)
+    rows = []
+    for k, g in m.groupby(["qtype", "od", "id", "nt"]):
+        us = dict(zip(g.variant, g.median_us))
+        cb = us.get("cublas_f16_cached")
+        if cb is None:
+            continue
+        for v in ("wgmma_smem_bn128_s4", "wgmma_smem_bn128_s4_c2", "wgmma_bn128_s4_scl0", "wgmma_bn256_s4_scl0"):
+            if v not in us:
+                continue
+            nc = us.get(v + "_noconv")
+            rows.append({**dict(zip(["qtype", "od", "id", "nt"], k)), "launch": v.removeprefix("wgmma_"),
+                         "us": us[v], "vs_cublas": cb / us[v],
+                         "noconv_vs_cublas": cb / nc if nc else np.nan, "conv_cost": us[v] / nc if nc else np.nan})
+    return pd.DataFrame(rows)
+
+
 #: the tensor pipe's fp16 rate, MACs per SM per clock (dense, sm_90)
 MACS_PER_CLK = 2048
 

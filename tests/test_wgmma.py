@@ -1790,3 +1790,40 @@ def test_smem_step_profiles_each_case_in_its_own_process_and_records_what_ran(mo
     assert {(c[0], c[2]) for c in r7.SMEM_CASES if c[0] == "cublas"} == {("cublas", n) for n in (512, 4096)}
     assert len([c for c in r7.SMEM_CASES if c[0] == "cublas"]) == 2 * len(wgmma.SHAPES)
     assert ab == [(wgmma.HALFB_AB, {"_halfb": wgmma.HALFB})]
+
+
+def test_smemform_ab_gates_every_form_and_times_each_beside_its_no_conversion_build(monkeypatch, tmp_path):
+    """smemform_ab on the CPU shim: both shared-memory forms and the register form (BN=256 too above nt=512) gated
+    then timed; each BN=128 form's LK_ABLATE_NOCONV build launched with its own parameters and never gated (its Y,
+    here all NaN, would fail any gate); smemform_table's ratios to cuBLAS and the conversion's cost."""
+    import pandas as pd
+
+    from labkernels import records, wgmma
+
+    _timing_shim(monkeypatch)
+    seen, real = [], wgmma.gemm
+
+    def gemm(w, x, out=None, defines=(), **p):
+        seen.append((tuple(defines), p))
+        y = real(w, x, out=out, **p)
+        if tuple(defines) == wgmma.NOCONV:
+            y.fill(np.nan)
+        return y
+
+    monkeypatch.setattr(wgmma, "gemm", gemm)
+    with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
+        wgmma.smemform_ab(run, {"shapes": [[256, 512]], "nts": [40, 600], "pairs": 2})
+    r = records.load("wgmma", run.run_id, root=tmp_path)
+    ab, gate = r.table("wgmma_smemform_ab"), r.table("wgmma_smemform_gate")
+    assert gate.ok.all() and len(gate[gate.nt == 40]) == 3 and len(gate[gate.nt == 600]) == 4
+    assert not any(v.endswith("_noconv") for v in gate.variant)
+    nc = {v for v in ab.variant if v.endswith("_noconv")}
+    assert nc == {"wgmma_smem_bn128_s4_noconv", "wgmma_smem_bn128_s4_c2_noconv", "wgmma_bn128_s4_scl0_noconv"}
+    assert {p.get("FORM") for d, p in seen if d == wgmma.NOCONV} == {1, 2, None}
+    rows = [{"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": v, "pair": p, "median_us": t}
+            for v, t in (("cublas_f16_cached", 10.0), ("wgmma_smem_bn128_s4", 20.0),
+                         ("wgmma_smem_bn128_s4_noconv", 16.0), ("wgmma_bn128_s4_scl0", 12.0),
+                         ("wgmma_bn128_s4_scl0_noconv", 9.5)) for p in range(3)]
+    t = wgmma.smemform_table(pd.DataFrame(rows)).set_index("launch")
+    assert t.loc["smem_bn128_s4", "vs_cublas"] == 0.5 and t.loc["smem_bn128_s4", "noconv_vs_cublas"] == 10 / 16
+    assert t.loc["smem_bn128_s4", "conv_cost"] == 20 / 16 and t.loc["bn128_s4_scl0", "conv_cost"] == 12 / 9.5

@@ -1824,6 +1824,10 @@ __device__ __forceinline__ void wgmma_kqs_body(const LkTmap& tmx, const LkTmap& 
                 q4_scale_min(hdr, 2 * j + 1, sc, mn);
                 const u32 s1 = lk_bcast2<BF16>(d * (float)sc), z1 = lk_bcast2<BF16>(-(dmin * (float)mn));
                 const u32 arow = sA0 + st * A_BYTES + a_row;
+#ifndef LK_ABLATE_NOCONV   // ablation (timing only; round 7's twenty-third step): the converters convert and store
+                           // nothing -- the A slot keeps whatever it held -- but keep the slot's protocol (waits, fence,
+                           // arrive), the raw ring and the activation TMA: what the shared-memory form costs without
+                           // its conversion
 #pragma unroll
                 for (int hh = 0; hh < 2 / NCV; hh++) {   // nibble bytes 16h .. 16h+15 of the chunk's 32: k 16h.. and
                     const int h = NCV == 1 ? hh : wg;      // 32+16h.. (NCV=2: converter wg takes h = wg)
@@ -1841,6 +1845,9 @@ __device__ __forceinline__ void wgmma_kqs_body(const LkTmap& tmx, const LkTmap& 
                         lk_sts128(arow + ((c_hi ^ sw) << 4), make_uint4(hi[2 * e][0], hi[2 * e][1], hi[2 * e + 1][0], hi[2 * e + 1][1]));
                     }
                 }
+#else
+                (void)s0; (void)z0; (void)s1; (void)z1; (void)arow;
+#endif
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // generic writes -> wgmma's reads
                 __syncwarp();
                 if (lane == 0) lk_mbar_arrive(&full_a[st]);

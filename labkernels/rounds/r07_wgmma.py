@@ -436,6 +436,14 @@ def step_wgmma_smem(out: Path, args) -> dict:
     return {"ok": ok, "run": run.run_id, "ab_run": run2.run_id}
 
 
+def step_wgmma_smemform(out: Path, args) -> dict:
+    """Round 7, twenty-third step: the shared-memory form (one and two converter warpgroups) and the register form at
+    BN=128, each beside its no-conversion build (LK_ABLATE_NOCONV, timing only), and cuBLAS, at the bar's shapes and
+    nt 512 / 4096 (labkernels.wgmma.smemform_ab; every plain launch parity-gated), recorded."""
+    return _record_ab(out, args, "smemform_ab", {**wgmma.SMEMFORM_AB, "ablations": list(wgmma.NOCONV)},
+                      wgmma.smemform_ab)
+
+
 #: prefill variants the A/B step can compare (name -> PrefillOptions fields)
 PREFILL_VARIANTS = {"int8": {"kernel": "int8"}, "auto": {"kernel": "auto"},
                     "auto-unfused": {"kernel": "auto", "fuse_f16": False},
@@ -570,4 +578,4 @@ STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_nc
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
          "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
          "wgmma_staged": step_wgmma_staged, "wgmma_reduce": step_wgmma_reduce, "wgmma_lead": step_wgmma_lead, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane,
-         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_clock": step_wgmma_clock, "wgmma_kscan": step_wgmma_kscan, "wgmma_kpair": step_wgmma_kpair, "wgmma_smem": step_wgmma_smem, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}
+         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_clock": step_wgmma_clock, "wgmma_kscan": step_wgmma_kscan, "wgmma_kpair": step_wgmma_kpair, "wgmma_smem": step_wgmma_smem, "wgmma_smemform": step_wgmma_smemform, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}
