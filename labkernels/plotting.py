@@ -374,3 +374,36 @@ def smem_bars(axs, table, title: str = "") -> None:
         a.set_xticks(x, [_smem_label(r) for r in t.itertuples()], rotation=60, ha="right", fontsize=7)
         a.grid(axis="y", alpha=.3)
     axs[0].tick_params(labelbottom=False)
+
+
+#: the forms of :func:`smemform_bars`: launch (smemform_table's) -> label
+SMEMFORM_LAUNCHES = {"smem_bn128_s4": "shared-memory form, 1 converter warpgroup",
+                     "smem_bn128_s4_c2": "shared-memory form, 2 converter warpgroups",
+                     "bn128_s4_scl0": "register form"}
+
+
+def smemform_bars(ax, table, nt: int, title: str = "") -> None:
+    """The twenty-third step (:func:`labkernels.wgmma.smemform_table`) at one nt: per shape and BN=128 form, its
+    ratio to cuBLAS fp16 as a bar and its no-conversion build's as an outlined bar behind it; the 1.0 line."""
+    import numpy as np
+
+    t = table[(table.nt == nt) & table.launch.isin(SMEMFORM_LAUNCHES)]
+    shapes = sorted({(od, id_) for od, id_ in zip(t.od, t["id"])})
+    x = np.arange(len(shapes))
+    w = 0.8 / len(SMEMFORM_LAUNCHES)
+    cols = ("#1f77b4", "#17becf", color("wgmma_kq"))
+    for i, (ln, label) in enumerate(SMEMFORM_LAUNCHES.items()):
+        g = t[t.launch == ln].set_index(["od", "id"])
+        pos = x - 0.4 + w * (i + 0.5)
+        ax.bar(pos, [g.loc[s, "noconv_vs_cublas"] if s in g.index else np.nan for s in shapes], w, fill=False,
+               edgecolor=cols[i], lw=1.2, hatch="//", label=f"{label}, no conversion (ablation)")
+        ax.bar(pos, [g.loc[s, "vs_cublas"] if s in g.index else np.nan for s in shapes], w * 0.7, color=cols[i],
+               edgecolor="0.2", lw=.5, label=label)
+    ax.axhline(1, color="0.2", lw=1)
+    ax.set_xticks(x, [f"{od} x {id_}" for od, id_ in shapes], fontsize=8)
+    ax.set_xlabel("od x id (q4_K)")
+    ax.set_ylabel("ratio to cuBLAS fp16 (cached), same shape")
+    ax.set_ylim(0, 1.25)
+    ax.grid(axis="y", alpha=.3)
+    if title:
+        ax.set_title(title, fontsize=9)

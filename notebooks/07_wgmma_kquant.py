@@ -1913,6 +1913,63 @@ else:
 # * **The bar is still not met at any point.**
 
 # %% [markdown]
+# ## Twenty-third step: the shared-memory form without its conversion (ablation, prediction first)
+#
+# **Why.** The twenty-second step ruled out shared-memory bandwidth. cuBLAS's structure, with consumers that issue
+# only wgmma and operands from shared memory, runs 85–95% tensor-active on the lab's own BN=128 grid. So the
+# shared-memory form's 0.50–0.70× has no known cause. Either its converters are too slow, or its protocol is: the
+# A-slot hand-off, and the activation TMA that the converter's issuing thread starts as it reaches each chunk.
+#
+# **Design** (`gpu-check --steps wgmma_smemform`, `wgmma.smemform_ab`; commit 513243c). `LK_ABLATE_NOCONV` now
+# applies to the shared-memory form too. Its converters store nothing into the A slot but keep everything else: the
+# slot's waits, the proxy fence and the arrive, the raw-weight TMA ring, and the activation TMA. q4_K, the bar's four
+# shapes, nt 512 and 4096, data-parallel. Timed: FORM=1, FORM=2 and the register form's BN=128 (and BN=256 at
+# nt=4096), each parity-gated, beside the three BN=128 launches' no-conversion builds (timing only) and cuBLAS.
+#
+# **Prediction** (commit 513243c): the converters hold the form. Its no-conversion build reaches ≥ 0.95× cuBLAS at
+# nt=512 at three of the four shapes, so the conversion costs it ≥ 1.3×. If the build stays ≤ 0.80×, the protocol
+# holds the form, not the conversion.
+
+# %%
+sf_runs = [r for r in records.list_runs("wgmma") if r.has("wgmma_smemform_ab")]
+if not sf_runs:
+    print("no recorded run of the shared-memory form's ablation (gpu-check --steps wgmma_smemform)")
+else:
+    sfr = sf_runs[-1]
+    sft = wgmma.smemform_table(sfr.table("wgmma_smemform_ab"))
+    fig, axs = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
+    for ax, nt in zip(axs, (512, 4096)):
+        plotting.smemform_bars(ax, sft, nt, f"nt={nt}")
+    axs[1].set_ylabel("")
+    fig.legend(*axs[0].get_legend_handles_labels(), fontsize=8, ncol=3, loc="outside lower center")
+    fig.suptitle(f"each BN=128 form (solid) and its build without conversion (hatched, timing only) over cuBLAS fp16 "
+                 f"timed beside them ({report.source(sfr)})", fontsize=9)
+    plt.show()
+    display(report.table(sft, {"us": "{:.1f}", "vs_cublas": "{:.3f}", "noconv_vs_cublas": "{:.3f}",
+                               "conv_cost": "{:.2f}"},
+                         caption=f"q4_K, data-parallel grids, medians over 3 interleaved rounds of 10 launches, L2 "
+                                 f"flushed ({report.source(sfr)}); *_vs_cublas = cuBLAS time / launch time; conv_cost "
+                                 f"= the launch's time over its no-conversion build's"))
+    g = sfr.table("wgmma_smemform_gate")
+    print(f"gates at the timed points: {int(g.ok.sum())} of {len(g)} passed (max rel err vs float64 "
+          f"{g.max_rel_err_f64.max():.2e}); the no-conversion builds are timed only")
+
+# %% [markdown]
+# **Measured** (run 20261204T142127Z; all 28 gates passed). **The prediction was wrong in its either/or: both halves
+# cost the shared-memory form.**
+# * **The protocol.** Without conversion the form reaches 0.86, 0.89 and 0.90× cuBLAS at 4096 × {4096, 11008,
+#   14336} and 0.72× at 11008 × 4096 (nt=512). That is 0.78–0.84× the register form's no-conversion skeleton, which
+#   repeats the eleventh step: 1.02, 1.09, 1.11 and 0.91×.
+# * **The conversion.** On top of that, the conversion costs the form 1.44–1.58× at nt=512 and 1.57–1.78× at
+#   nt=4096. A second converter warpgroup brings that down to 1.37–1.47×. The register form's conversion, done in the
+#   consumers, costs 1.20–1.31×.
+#
+# So converting in the consumers' registers is the cheaper place for it, and the form's own hand-off costs about a
+# fifth before any conversion. This rules the shared-memory form out as the route to the bar unless its protocol
+# is rebuilt. The suspects are not measured: the per-chunk A-slot barrier (4 converter warps → 8 consumer warps) and
+# the activation TMA issued from the converter's progress.
+
+# %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process
 
 # %%

@@ -1827,3 +1827,26 @@ def test_smemform_ab_gates_every_form_and_times_each_beside_its_no_conversion_bu
     t = wgmma.smemform_table(pd.DataFrame(rows)).set_index("launch")
     assert t.loc["smem_bn128_s4", "vs_cublas"] == 0.5 and t.loc["smem_bn128_s4", "noconv_vs_cublas"] == 10 / 16
     assert t.loc["smem_bn128_s4", "conv_cost"] == 20 / 16 and t.loc["bn128_s4_scl0", "conv_cost"] == 12 / 9.5
+
+
+def test_smemform_bars_draw_each_form_with_its_no_conversion_build():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from labkernels import plotting
+
+    t = pd.DataFrame([{"qtype": "q4_K", "od": od, "id": 4096, "nt": 512, "launch": ln, "vs_cublas": v,
+                       "noconv_vs_cublas": v + 0.2}
+                      for od in (4096, 11008) for ln, v in (("smem_bn128_s4", 0.5), ("smem_bn128_s4_c2", 0.6),
+                                                             ("bn128_s4_scl0", 0.8), ("bn256_s4_scl0", 0.9))])
+    fig, ax = plt.subplots()
+    plotting.smemform_bars(ax, t, 512, "nt=512")
+    h = sorted(round(p.get_height(), 3) for p in ax.patches)
+    assert len(ax.patches) == 3 * 2 * 2 and h == sorted([0.5, 0.6, 0.8, 0.7, 0.8, 1.0] * 2)   # BN=256 left out
+    assert [tk.get_text() for tk in ax.get_xticklabels()] == ["4096 x 4096", "11008 x 4096"]
+    assert "cuBLAS" in ax.get_ylabel() and any(ln.get_ydata()[0] == 1 for ln in ax.lines)
+    assert sum("no conversion" in t_.get_text() for t_ in ax.legend().get_texts()) == 3
+    plt.close(fig)
