@@ -1899,8 +1899,8 @@ else:
 #   * At nt=4096 it takes 256 × 128 "coopA" tiles on a 1×2 cluster (192 × 192 at 11008 × 4096), 95–98% active.
 #
 # **What stands between the kernel and the nt=512 bar, after the twenty-second step:**
-# * **Shared memory is out.** It is not what limits any of the lab's loops: none of its cases uses more than 23% of either way's
-#   bank peak, and cuBLAS uses ≤ 39%.
+# * **Shared memory is out.** It is not what limits any of the lab's loops: none of its cases uses more than 23% of
+#   either way's bank peak, and cuBLAS uses ≤ 39%.
 # * **At od=4096 the whole gap is the loop on the same grid.** cuBLAS and the lab's BN=128 launch have the same grid
 #   and tile. cuBLAS keeps the tensor pipe 85–95% busy; the lab's loop keeps it 53–67% busy. The gap is the
 #   conversion on the consumers' own path. Its skeleton without conversion was 1.03–1.11× cuBLAS (eleventh step).
@@ -1961,8 +1961,8 @@ else:
 #   14336} and 0.72× at 11008 × 4096 (nt=512). That is 0.78–0.84× the register form's no-conversion skeleton, which
 #   repeats the eleventh step: 1.02, 1.09, 1.11 and 0.91×.
 # * **The conversion.** On top of that, the conversion costs the form 1.44–1.58× at nt=512 and 1.57–1.78× at
-#   nt=4096. A second converter warpgroup brings that down to 1.37–1.47×. The register form's conversion, done in the
-#   consumers, costs 1.20–1.31×.
+#   nt=4096. A second converter warpgroup brings that down to 1.37–1.47× at nt=512. The register form's conversion,
+#   done in the consumers, costs 1.20–1.31× at nt=512 (1.17–1.27× at nt=4096).
 #
 # So converting in the consumers' registers is the cheaper place for it, and the form's own hand-off costs about a
 # fifth before any conversion. This rules the shared-memory form out as the route to the bar unless its protocol
