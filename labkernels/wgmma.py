@@ -1881,7 +1881,6 @@ def builds_ab(run, p: dict, builds: dict, name: str, rng, bitwise: bool, progres
     operands).
     Rows: ``wgmma_<name>_ab`` (a build's variant named ``<variant><suffix>``) and ``wgmma_<name>_gate``."""
     from . import bench as B
-    from . import gpu
 
     cp = _cp()
     flush = B.Flusher()
@@ -1909,18 +1908,9 @@ def builds_ab(run, p: dict, builds: dict, name: str, rng, bitwise: bool, progres
             vs[vname] = lambda prm=prm: gemm(w, x16, out=y, **prm)
             for sfx, d in builds.items():
                 vs[vname + sfx] = lambda prm=prm, d=d: gemm(w, x16, out=y_b, defines=d, **prm)
-        y16 = cp.empty((nt, od), cp.float16)
-        vs["cublas_f16_cached"] = lambda: gpu.matmul_f16(x16, pt.w16, out=y16)
         vs.update(extra or {})
         vs.update(per_point(pt) if per_point is not None else {})
-        res = B.interleaved(vs, pairs=p["pairs"], repeats=p["repeats"], flush=flush)
-        new = B.pair_rows(res, {"qtype": qtype, "od": od, "id": id_, "nt": nt}, nt, od, id_)
-        rows += new
-        if run is not None:
-            run.append(f"wgmma_{name}_ab", new)
-        med = {k: np.median([s["median_us"] for s in v]) for k, v in res.items()}
-        progress(f"{name} {qtype} {od}x{id_} nt={nt}: " + ", ".join(
-            f"{k} {2 * nt * od * id_ / (v * 1e-6) / 1e12:.0f}" for k, v in med.items()) + " TOPS-eq")
+        rows += _time_with_cublas(run, name, vs, (qtype, od, id_, nt), pt, p, flush, progress)
     return rows
 
 
@@ -2273,7 +2263,6 @@ def smemform_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict
     ``_noconv`` builds of the three BN=128 launches (timing only) and cuBLAS fp16 on cached dequantized weights.
     Rows: ``wgmma_smemform_ab`` and ``wgmma_smemform_gate``."""
     from . import bench as B
-    from . import gpu
 
     p = {**SMEMFORM_AB, **(plan or {})}
     rng = np.random.default_rng(seed or None)
@@ -2296,17 +2285,28 @@ def smemform_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict
         y_x = cp.empty_like(pt.y)   # the ablations' Y: never read
         for v in ("wgmma_smem_bn128_s4", "wgmma_smem_bn128_s4_c2", "wgmma_bn128_s4_scl0"):
             calls[v + "_noconv"] = lambda prm=launches[v]: gemm(pt.w, pt.x16, out=y_x, defines=NOCONV, **prm)
-        y16 = cp.empty((nt, od), cp.float16)
-        calls["cublas_f16_cached"] = lambda: gpu.matmul_f16(pt.x16, pt.w16, out=y16)
-        res = B.interleaved(calls, pairs=p["pairs"], repeats=p["repeats"], flush=flush)
-        new = B.pair_rows(res, {"qtype": qtype, "od": od, "id": id_, "nt": nt}, nt, od, id_)
-        rows += new
-        if run is not None:
-            run.append("wgmma_smemform_ab", new)
-        med = {k: np.median([s["median_us"] for s in v]) for k, v in res.items()}
-        progress(f"smemform {qtype} {od}x{id_} nt={nt}: " + ", ".join(
-            f"{k} {2 * nt * od * id_ / (v * 1e-6) / 1e12:.0f}" for k, v in med.items()) + " TOPS-eq")
+        rows += _time_with_cublas(run, "smemform", calls, (qtype, od, id_, nt), pt, p, flush, progress)
     return rows
+
+
+def _time_with_cublas(run, name: str, calls: dict, point, pt, p: dict, flush, progress) -> list[dict]:
+    """The end of an A/B point: ``calls`` and cuBLAS fp16 on the point's cached dequantized weights timed
+    interleaved (``p``'s pairs and repeats, ``flush``), the rows into ``run`` table ``wgmma_<name>_ab`` and returned,
+    each call's TOPS-eq logged."""
+    from . import bench as B
+    from . import gpu
+
+    qtype, od, id_, nt = point
+    y16 = _cp().empty((nt, od), np.float16)
+    calls = {**calls, "cublas_f16_cached": lambda: gpu.matmul_f16(pt.x16, pt.w16, out=y16)}
+    res = B.interleaved(calls, pairs=p["pairs"], repeats=p["repeats"], flush=flush)
+    new = B.pair_rows(res, {"qtype": qtype, "od": od, "id": id_, "nt": nt}, nt, od, id_)
+    if run is not None:
+        run.append(f"wgmma_{name}_ab", new)
+    med = {k: np.median([s["median_us"] for s in v]) for k, v in res.items()}
+    progress(f"{name} {qtype} {od}x{id_} nt={nt}: " + ", ".join(
+        f"{k} {2 * nt * od * id_ / (v * 1e-6) / 1e12:.0f}" for k, v in med.items()) + " TOPS-eq")
+    return new
 
 
 def smemform_table(ab_df):
@@ -2406,7 +2406,6 @@ def kpair_ab(run=None, plan=None, progress=print, seed: int = 0, ablations: dict
     their Y means nothing). Rows: ``wgmma_kpair_ab`` (the build's variant :data:`KPAIR_VARIANT`) and
     ``wgmma_kpair_gate``."""
     from . import bench as B
-    from . import gpu
 
     p = {**KPAIR_AB, **(plan or {})}
     rng = np.random.default_rng(seed or None)
@@ -2427,16 +2426,7 @@ def kpair_ab(run=None, plan=None, progress=print, seed: int = 0, ablations: dict
         y_x = cp.empty_like(pt.y)   # the ablations' Y: never read
         for sfx, d in (ablations or {}).items():
             calls[KPAIR_VARIANT + sfx] = lambda d=d: gemm(pt.w, pt.x16, out=y_x, defines=d, **KPAIR_PARAMS)
-        y16 = cp.empty((nt, od), cp.float16)
-        calls["cublas_f16_cached"] = lambda: gpu.matmul_f16(pt.x16, pt.w16, out=y16)
-        res = B.interleaved(calls, pairs=p["pairs"], repeats=p["repeats"], flush=flush)
-        new = B.pair_rows(res, {"qtype": qtype, "od": od, "id": id_, "nt": nt}, nt, od, id_)
-        rows += new
-        if run is not None:
-            run.append("wgmma_kpair_ab", new)
-        med = {k: np.median([s["median_us"] for s in v]) for k, v in res.items()}
-        progress(f"kpair {qtype} {od}x{id_} nt={nt}: " + ", ".join(
-            f"{k} {2 * nt * od * id_ / (v * 1e-6) / 1e12:.0f}" for k, v in med.items()) + " TOPS-eq")
+        rows += _time_with_cublas(run, "kpair", calls, (qtype, od, id_, nt), pt, p, flush, progress)
     return rows
 
 
