@@ -2476,7 +2476,7 @@ SMEM_NCU_COLUMNS = {"Grid Size": "grid", "Cluster Size": "cluster", "Duration": 
                     "l1tex__data_bank_reads.sum": "bank_reads", "l1tex__data_bank_writes.sum": "bank_writes",
                     "l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed": "bank_reads_pct",
                     "l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed": "bank_writes_pct",
-                    "Issue Slots Busy": "issue_busy_pct"}
+                    "Issue Slots Busy": "issue_busy_pct", "# SMs": "sms"}
 #: bytes of one shared-memory data-bank access (32 banks of 4 bytes)
 BANK_BYTES = 4
 
@@ -2509,13 +2509,13 @@ def smem_model(who: str, kernel_name: str, BN: int) -> dict:
     return smem_bytes_per_clk(128, int(BN))
 
 
-def smem_table(ncu_df, sm_count: int = 132):
+def smem_table(ncu_df):
     """The twenty-second step's ncu run (table ``smem_ncu``) as one row per case (the first kernel of its profiled
     range): who, shape, the kernel (its function name) and the launch in short (cuBLAS: its name's tile, stages,
     cluster and layout; the lab: tile and scheduler), grid and cluster, duration (us) and SM clock (MHz), the tensor
     pipe's active share, shared memory's measured bytes per SM per clock (data-bank reads and writes x
-    :data:`BANK_BYTES` over the elapsed cycles), the same per tensor-active clock beside :func:`smem_model`'s, and the
-    banks' use in % of ncu's peak."""
+    :data:`BANK_BYTES` over the SMs of the case's LaunchStats and its elapsed cycles), the same per tensor-active clock
+    beside :func:`smem_model`'s, and the banks' use in % of ncu's peak. A case without its SM count raises."""
     import pandas as pd
 
     d = ncu_df[ncu_df.kernel_id == ncu_df.groupby("case").kernel_id.transform("min")]
@@ -2529,8 +2529,10 @@ def smem_table(ncu_df, sm_count: int = 132):
         c = dict(zip(key, k))
         name = str(names.loc[c["case"]])
         t = r.tensor_active_pct / 100.0
-        rd = r.bank_reads * BANK_BYTES / sm_count / r.cycles
-        wr = r.bank_writes * BANK_BYTES / sm_count / r.cycles
+        if not r.get("sms", 0) > 0:
+            raise ValueError(f"smem_ncu case {c['case']} has no '# SMs' (LaunchStats): bytes per SM unknown")
+        rd = r.bank_reads * BANK_BYTES / r.sms / r.cycles
+        wr = r.bank_writes * BANK_BYTES / r.sms / r.cycles
         mdl = smem_model(c["who"], name, c["BN"])
         kern = name.split("(")[0].removeprefix("void ").strip()
         if c["who"] == "cublas":

@@ -1846,8 +1846,8 @@ else:
                                      "bank_reads_pct": "{:.1f}", "bank_writes_pct": "{:.1f}"},
                          caption=f"Nsight Compute per case, one profiled launch each ({report.source(smr)}): "
                                  f"duration and clock under ncu (clocks not locked); *_per_tensor_clk = bytes per SM "
-                                 f"per clock of tensor-pipe activity; bank_*_pct = % of ncu's peak (64 bank accesses, "
-                                 f"256 B, per SM per clock each way)"))
+                                 f"per clock of tensor-pipe activity (4 B per bank access); bank_*_pct = % of ncu's "
+                                 f"peak (derived from the counts: 64 bank accesses per SM per clock each way)"))
 hb_runs = [r for r in records.list_runs("wgmma") if r.has("wgmma_kpair_ab")
            and "ablations" in (r.meta.get("params") or {})]
 if not hb_runs:
@@ -1889,7 +1889,10 @@ else:
 #   * the ablation: writes 36–41 (model 32).
 #
 #   So wgmma's operand reads are counted in the data banks. But ncu's peak is 64 bank accesses (256 B) per SM per
-#   clock for reads, and as many for writes. KPAIR uses 20% of each, not ≥ 85%, and no case reaches 40%.
+#   clock for reads, and as many for writes. KPAIR uses 20% of each, not ≥ 85%, and no case reaches 40%. Two of these
+#   figures are derived, not read: the peak is each case's access count per SM and elapsed clock over ncu's
+#   percentage (63.97–64.03 in every case), and the bytes take 4 B per bank access (32 banks of 4 B), which the
+#   agreement with the model supports.
 # * **Prediction 3 refuted the model, as it said it might.** cuBLAS at nt=512 runs `nvjet_sm90_hsh_128x128_64x6_2x1`:
 #   128 × 128 tiles, six k64 stages, 2-CTA clusters, 384 threads, 168 registers, on 128 CTAs. That is the lab's BN=128
 #   data-parallel grid. Its tensor pipe is 85% active at 4096 × 4096 and 93–95% at the wider ids, while it moves

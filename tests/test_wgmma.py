@@ -1640,7 +1640,7 @@ def _smem_ncu_rows(case, who, name, bn, tensor, reads, writes, cycles=1000.0, sm
             "l1tex__data_bank_writes.sum": str(writes * sm * cycles / 4),
             "l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed": "28.3",
             "l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed": "19.0", "Issue Slots Busy": "10.8",
-            "Block Size": "384"}
+            "Block Size": "384", "# SMs": str(sm)}
     base = {"case": case, "who": who, "qtype": "q4_K" if who != "cublas" else "f16", "nt": 512, "od": 4096,
             "id": 4096, "BN": bn, "SK": 0, "EPI": 0, "kernel_name": name, "section": "s", "unit": ""}
     return ([{**base, "kernel_id": 0, "metric": m, "value": v} for m, v in vals.items()]
@@ -1670,6 +1670,10 @@ def test_smem_table_turns_bank_counts_into_bytes_per_clock_beside_the_model():
     assert (t.loc[1, "model_read"], t.loc[1, "model_write"]) == (64, 64) and t.loc[1, "write_per_tensor_clk"] == 64
     assert t.loc[0, "launch"] == "128x128_64x6_2x1_v_bz_TNT" and t.loc[1, "launch"] == "KPAIR 64 x 256"
     assert t.loc[1, "kernel"] == "wgmma_kq_kernel<4, 256, 4, 0, 0, 0, 2, 0>"
+    other = pd.DataFrame(_smem_ncu_rows(0, "lab", "k", 128, 50.0, 32.0, 16.0, sm=66))   # per SM of its own run
+    assert wgmma.smem_table(other).read_B_per_clk.iloc[0] == pytest.approx(32)
+    with pytest.raises(ValueError, match="no '# SMs'"):
+        wgmma.smem_table(pd.DataFrame([x for x in rows if x["metric"] != "# SMs"]))
     fig, axs = plt.subplots(2, 1)
     plotting.smem_bars(axs, t.reset_index(), "t")
     assert len(axs[0].patches) == 4 and len(axs[1].patches) == 2

@@ -326,7 +326,7 @@ def step_wgmma_ncu(out: Path, args) -> dict:
 #: (plain launch of record, the KPAIR build or its half-B ablation), printing its case line
 SMEM_DRIVER = r"""
 import sys, numpy as np, cupy as cp
-from labkernels import quants, wgmma, gpu
+from labkernels import cases, wgmma, gpu
 who, qtype, nt, od, id_, bn, sk, epi = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:9])
 rng = np.random.default_rng(5)
 x16 = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float16))
@@ -335,9 +335,7 @@ if who == "cublas":
     y = cp.empty((nt, od), cp.float16)
     launch = lambda: gpu.matmul_f16(x16, w16, out=y)
 else:
-    raw = quants.quantize((rng.standard_normal((min(od, 256), id_)) * .02).astype(np.float32), qtype)
-    raw = np.ascontiguousarray(np.tile(raw, (-(-od // raw.shape[0]), 1))[:od])
-    w = wgmma.WgWeight.from_gguf(raw, qtype)
+    w = wgmma.WgWeight.from_gguf(cases.synthetic_weights(qtype, od, id_, rng), qtype)
     y = cp.empty((nt, od), cp.float32)
     if who == "lab":
         prm = dict(BN=bn, SCL=wgmma.main_scl(qtype, bn), SK=sk, EPI=epi)
