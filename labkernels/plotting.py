@@ -340,7 +340,9 @@ def _smem_label(r) -> str:
     """A case of :func:`labkernels.wgmma.smem_table` in a few words: who, shape, nt (and the lab's launch)."""
     if r.who == "cublas":
         return f"cuBLAS {r.od}x{r.id} nt={r.nt}"
-    launch = {"kpair": "KPAIR", "halfb": "KPAIR half B"}.get(r.who)
+    from .wgmma import KPAIR_BUILD_LABELS
+
+    launch = KPAIR_BUILD_LABELS.get(r.who)
     if launch is None:
         launch = f"BN={r.BN} " + ("data-par." if r.SK == 0 else f"SK={r.SK} EPI={r.EPI}")
     return f"{r.qtype} {launch} nt={r.nt}"

@@ -2248,6 +2248,23 @@ HALFB = ("LK_EXP_KPAIR", "LK_ABLATE_HALFB")
 #: its A/B: the KPAIR build and its half-B ablation beside the launches of record and cuBLAS (od = 4096 shapes)
 HALFB_AB = {"shapes": [[4096, 4096], [4096, 14336]], "nts": [512, 4096], "qtypes": ["q4_K", "q6_K"],
             "launches": [[256, 3, 5], [128, 0, 0], [256, 0, 0]], "pairs": 3, "repeats": 10}
+#: LK_ABLATE_DECOUPLE: the half-B build whose consumers release a stage on their own CTA's empty barrier only (no
+#: remote arrive): the pair's lock-step gone, the bytes received the half-B build's (timing only; round 7's
+#: twenty-fourth step)
+DECOUPLED = ("LK_ABLATE_DECOUPLE", "LK_ABLATE_HALFB", "LK_EXP_KPAIR")
+#: LK_ABLATE_NOCONV of the KPAIR build and of the decoupled one: the consumers convert nothing (their A fragments
+#: converted once before the loop; the weights' loads die): the loop's wgmmas, barriers and ring alone
+KPAIR_NOCONV = ("LK_ABLATE_NOCONV", "LK_EXP_KPAIR")
+DECOUPLED_NOCONV = ("LK_ABLATE_DECOUPLE", "LK_ABLATE_HALFB", "LK_ABLATE_NOCONV", "LK_EXP_KPAIR")
+#: the KPAIR build and its ablations by short name (the ncu cases' ``who``, the A/B's variant suffix ``_<name>``)
+KPAIR_BUILDS = {"kpair": KPAIR, "halfb": HALFB, "decoupled": DECOUPLED, "noconv": KPAIR_NOCONV,
+                "decoupled_noconv": DECOUPLED_NOCONV}
+#: what each ablation is, in a few words (figures and tables)
+KPAIR_BUILD_LABELS = {"kpair": "KPAIR", "halfb": "KPAIR, half B", "decoupled": "KPAIR, half B, decoupled",
+                      "noconv": "KPAIR, no conversion", "decoupled_noconv": "KPAIR, half B, decoupled, no conversion"}
+#: the twenty-fourth step's A/B: the KPAIR build and its four ablations at the half-B step's points
+DECOUPLE_AB = HALFB_AB
+DECOUPLE_ABLATIONS = {f"_{k}": v for k, v in KPAIR_BUILDS.items() if k != "kpair"}
 #: the twenty-third step: the shared-memory form (q4_K, data-parallel, BN=128) with one and two converter warpgroups,
 #: each beside its LK_ABLATE_NOCONV build (the converters store nothing: timing only), the register form's BN=128
 #: launch and its no-conversion skeleton, BN=256 at nt=4096, and cuBLAS
@@ -2452,21 +2469,59 @@ def kpair_table(ab_df):
     return pd.DataFrame(rows)
 
 
-def halfb_builds(ab_df):
-    """The half-B ablation's A/B (``wgmma_kpair_ab`` with the ``_halfb`` variant) as :func:`kpair_builds` rows: the
-    KPAIR build (``build`` "KPAIR") and its ablation ("KPAIR, half B (ablation)", in the ``kpair_*`` columns), each
-    against cuBLAS and the best launch of record timed beside them in the same run, for
-    :func:`labkernels.plotting.build_series_bars`; plus ``halfb_over_kpair`` (> 1: the ablation is faster)."""
+def kpair_ablation_builds(ab_df, labels: dict):
+    """A ``wgmma_kpair_ab`` run with ablation variants (``KPAIR_VARIANT + suffix``) as :func:`kpair_builds` rows: the
+    KPAIR build (``build`` "KPAIR") and each ablation of ``labels`` (suffix -> its build label, in the ``kpair_*``
+    columns), each against cuBLAS and the best launch of record timed beside them in the same run, for
+    :func:`labkernels.plotting.build_series_bars`; plus ``over_kpair`` = the KPAIR build's time / the ablation's
+    (> 1: the ablation is faster; blank on the KPAIR rows)."""
     import pandas as pd
 
-    hv = KPAIR_VARIANT + "_halfb"
-    kp = kpair_table(ab_df[ab_df.variant != hv]).assign(build="KPAIR")
-    hb = kpair_table(ab_df[ab_df.variant != KPAIR_VARIANT].replace({"variant": {hv: KPAIR_VARIANT}}))
-    hb = hb.assign(build="KPAIR, half B (ablation)")
+    abl = {KPAIR_VARIANT + sfx for sfx in labels}
+    kp = kpair_table(ab_df[~ab_df.variant.isin(abl)]).assign(build="KPAIR")
     key = ["qtype", "od", "id", "nt"]
-    hb = hb.merge(kp[key + ["kpair_us"]].rename(columns={"kpair_us": "kpair_full_us"}), on=key)
-    hb["halfb_over_kpair"] = hb.kpair_full_us / hb.kpair_us
-    return pd.concat([kp, hb.drop(columns="kpair_full_us")], ignore_index=True)
+    out = [kp]
+    for sfx, label in labels.items():
+        v = KPAIR_VARIANT + sfx
+        if not (ab_df.variant == v).any():
+            continue
+        t = ab_df[(ab_df.variant != KPAIR_VARIANT) & (~ab_df.variant.isin(abl - {v}))]
+        t = kpair_table(t.replace({"variant": {v: KPAIR_VARIANT}})).assign(build=label)
+        t = t.merge(kp[key + ["kpair_us"]].rename(columns={"kpair_us": "kpair_full_us"}), on=key)
+        t["over_kpair"] = t.kpair_full_us / t.kpair_us
+        out.append(t.drop(columns="kpair_full_us"))
+    return pd.concat(out, ignore_index=True)
+
+
+def halfb_builds(ab_df):
+    """The half-B ablation's A/B (``wgmma_kpair_ab`` with the ``_halfb`` variant): :func:`kpair_ablation_builds` with
+    the ablation as "KPAIR, half B (ablation)" and its ``over_kpair`` as ``halfb_over_kpair``."""
+    return kpair_ablation_builds(ab_df, {"_halfb": "KPAIR, half B (ablation)"}).rename(
+        columns={"over_kpair": "halfb_over_kpair"})
+
+
+def decouple_table(ab_df):
+    """The twenty-fourth step's A/B per point: cuBLAS fp16 (cached) and the KPAIR build (us), each build's ratio to
+    cuBLAS (``<name>_vs_cublas``, cuBLAS / launch) for the KPAIR build and its ablations (:data:`KPAIR_BUILDS`), and
+    three quotients of medians: ``conversion`` = KPAIR / no conversion (what converting costs the coupled loop),
+    ``coupling`` = half B / half B decoupled (what the pair's lock-step costs), ``conversion_decoupled`` = decoupled /
+    decoupled without conversion. Points without the KPAIR build or cuBLAS are left out."""
+    import pandas as pd
+
+    m = medians(ab_df)
+    rows = []
+    for k, g in m.groupby(["qtype", "od", "id", "nt"]):
+        us = dict(zip(g.variant, g.median_us))
+        cb, kp = us.get("cublas_f16_cached"), us.get(KPAIR_VARIANT)
+        if cb is None or kp is None:
+            continue
+        b = {n: us.get(KPAIR_VARIANT if n == "kpair" else f"{KPAIR_VARIANT}_{n}", np.nan) for n in KPAIR_BUILDS}
+        row = {**dict(zip(["qtype", "od", "id", "nt"], k)), "cublas_us": cb, "kpair_us": kp}
+        row |= {f"{n}_vs_cublas": cb / t for n, t in b.items()}
+        row |= {"conversion": b["kpair"] / b["noconv"], "coupling": b["halfb"] / b["decoupled"],
+                "conversion_decoupled": b["decoupled"] / b["decoupled_noconv"]}
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 #: the twenty-second step's ncu columns: (metric, short name)
@@ -2502,9 +2557,9 @@ def smem_model(who: str, kernel_name: str, BN: int) -> dict:
             return {"b_read": np.nan, "b_write": np.nan, "a_read": np.nan, "a_write": np.nan, "total": np.nan}
         m, n = t
         return smem_bytes_per_clk(m, n, a_in_smem=True, a_written=True)
-    if who == "kpair":
+    if who in ("kpair", "noconv"):
         return smem_bytes_per_clk(64, 256)
-    if who == "halfb":
+    if who in ("halfb", "decoupled", "decoupled_noconv"):   # each CTA receives its own producer's 128 tokens
         return smem_bytes_per_clk(64, 256, recv_tokens=128)
     return smem_bytes_per_clk(128, int(BN))
 
@@ -2537,8 +2592,8 @@ def smem_table(ncu_df):
         kern = name.split("(")[0].removeprefix("void ").strip()
         if c["who"] == "cublas":
             launch = kern.removeprefix("nvjet_sm90_hsh_")
-        elif c["who"] in ("kpair", "halfb"):
-            launch = "KPAIR 64 x 256" + (", half B" if c["who"] == "halfb" else "")
+        elif c["who"] in KPAIR_BUILDS:
+            launch = "KPAIR 64 x 256" + KPAIR_BUILD_LABELS[c["who"]].removeprefix("KPAIR")
         else:
             launch = f"128 x {c['BN']} " + ("data-parallel" if c["SK"] == 0 else f"SK={c['SK']} EPI={c['EPI']}")
         rows.append({**c, "kernel": kern, "launch": launch,

@@ -1698,6 +1698,61 @@ def test_halfb_builds_puts_the_ablation_beside_the_kpair_build():
     assert t[t.build == "KPAIR"].halfb_over_kpair.isna().all()
 
 
+def test_decouple_table_and_ablation_builds_put_each_ablation_beside_the_kpair_build():
+    """decouple_table's ratios to cuBLAS and its three quotients (conversion, coupling, conversion when decoupled);
+    kpair_ablation_builds: one block of rows per ablation present, each with its own time in the kpair_* columns and
+    over_kpair = KPAIR / ablation; build_series_bars draws every build."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from labkernels import plotting, wgmma
+
+    f = {"_halfb": 0.95, "_decoupled": 0.8, "_noconv": 0.9, "_decoupled_noconv": 0.64}
+    base = _kpair_rows(12.5)
+    rows = base + [{**r, "variant": wgmma.KPAIR_VARIANT + sfx, "median_us": r["median_us"] * k}
+                   for sfx, k in f.items() for r in base if r["variant"] == wgmma.KPAIR_VARIANT]
+    t = wgmma.decouple_table(pd.DataFrame(rows))
+    assert len(t) == 8 and np.allclose(t.kpair_vs_cublas, 0.8) and np.allclose(t.decoupled_vs_cublas, 1.0)   # cuBLAS 10
+    assert np.allclose(t.conversion, 1 / 0.9) and np.allclose(t.coupling, 0.95 / 0.8)
+    assert np.allclose(t.conversion_decoupled, 0.8 / 0.64)
+    assert wgmma.decouple_table(pd.DataFrame([r for r in rows if r["variant"] != wgmma.KPAIR_VARIANT])).empty
+    labels = {k: wgmma.KPAIR_BUILD_LABELS[k.lstrip("_")] for k in wgmma.DECOUPLE_ABLATIONS}
+    b = wgmma.kpair_ablation_builds(pd.DataFrame(rows), labels)
+    assert list(dict.fromkeys(b.build)) == ["KPAIR", *labels.values()] and len(b) == 5 * 8
+    for sfx, k in f.items():
+        g = b[b.build == labels[sfx]]
+        assert np.allclose(g.over_kpair, 1 / k) and np.allclose(g.kpair_vs_cublas, 0.8 / k)
+    assert b[b.build == "KPAIR"].over_kpair.isna().all()
+    fig, ax = plt.subplots()
+    plotting.build_series_bars(ax, b, "q4_K", 512)
+    assert len(ax.patches) == 6 * 2   # best of record + 5 builds, at each of the two shapes
+    plt.close(fig)
+
+
+def test_decouple_builds_compile_without_spills_and_decouple_only_beside_halfb():
+    import shutil
+
+    from labkernels import wgmma
+    from labkernels.kernels import registry
+
+    src = (registry.KERNELS_DIR / "wgmma_kq.cu").read_text()
+    assert "#if defined(LK_ABLATE_DECOUPLE) && !defined(LK_ABLATE_HALFB)" in src
+    assert set(wgmma.DECOUPLE_ABLATIONS) == {"_halfb", "_decoupled", "_noconv", "_decoupled_noconv"}
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    for d in (wgmma.DECOUPLED, wgmma.KPAIR_NOCONV, wgmma.DECOUPLED_NOCONV):
+        _, names = wgmma._cubin("wgmma_kq.cu", wgmma.check_defines(d))
+        for qt in (4, 6):
+            k = registry.find("wgmma_kq", QT=qt, **{n: v for n, v in wgmma.KPAIR_PARAMS.items() if n != "SK"})
+            e = names[k.key]
+            assert e["spill_stores"] == 0 and e["spill_loads"] == 0 and e["stack_frame"] == 0, (d, e)
+    with pytest.raises(wgmma.WgmmaError, match="LK_ABLATE_DECOUPLE is an ablation of the LK_ABLATE_HALFB build"):
+        wgmma._cubin("wgmma_kq.cu", ("LK_ABLATE_DECOUPLE", "LK_EXP_KPAIR"))
+
+
 def test_kpair_ab_times_an_ablation_beside_the_build_and_never_gates_it(monkeypatch, tmp_path):
     """kpair_ab(ablations=...): the half-B build is launched with its own defines and the build's one launch shape,
     timed beside the rest, and never gated (its Y, here all NaN, would fail any gate)."""
@@ -1794,6 +1849,41 @@ def test_smem_step_profiles_each_case_in_its_own_process_and_records_what_ran(mo
     assert {(c[0], c[2]) for c in r7.SMEM_CASES if c[0] == "cublas"} == {("cublas", n) for n in (512, 4096)}
     assert len([c for c in r7.SMEM_CASES if c[0] == "cublas"]) == 2 * len(wgmma.SHAPES)
     assert ab == [(wgmma.HALFB_AB, {"_halfb": wgmma.HALFB})]
+
+
+def test_decouple_step_profiles_the_kpair_builds_and_times_every_ablation(monkeypatch, tmp_path):
+    """gpu-check's wgmma_decouple: one ncu process per case of DECOUPLE_CASES (cuBLAS and each KPAIR build at the
+    bar's point), the lab's cases filtered by name; the cases recorded with their fields; then the A/B through
+    kpair_ab with the four ablations; the driver maps every KPAIR build name to its defines."""
+    import subprocess
+    import types
+
+    from labkernels import ncu, records, wgmma
+    from labkernels.rounds import r07_wgmma as r7
+
+    monkeypatch.setattr(ncu, "query_metrics", lambda: ("sm__pipe_tensor", {"sm__pipe_tensor_cycles_active"}))
+    cmds, real_run = [], subprocess.run
+
+    def run(cmd, **kw):
+        if cmd[0] != "ncu":
+            return real_run(cmd, **kw)
+        cmds.append(cmd)
+        case = cmd[-8:]
+        out = ('"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"\n'
+               f'"0","k_{case[0]}","SOL","Duration","ns","1,000"\n' + "case " + " ".join(case) + "\n")
+        return types.SimpleNamespace(returncode=0, stdout=out, stderr="")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    ab = []
+    monkeypatch.setattr(wgmma, "kpair_ab", lambda run, plan=None, progress=print, ablations=None:
+                        ab.append((plan, ablations)))
+    res = r7.step_wgmma_decouple(tmp_path, types.SimpleNamespace(log=lambda m: None))
+    assert res["ok"] is True and len(cmds) == len(r7.DECOUPLE_CASES) == 1 + 2 * len(wgmma.KPAIR_BUILDS)
+    assert [("-k" in c) for c in cmds] == [c[-8] != "cublas" for c in cmds]
+    t = records.load("wgmma", res["run"], root=tmp_path / "data").table("smem_ncu")
+    assert set(t.who) == {"cublas", *wgmma.KPAIR_BUILDS} and set(t.nt) == {512} and set(t.od) == {4096}
+    assert ab == [(wgmma.DECOUPLE_AB, wgmma.DECOUPLE_ABLATIONS)]
+    assert "wgmma.KPAIR_BUILDS[who]" in r7.SMEM_DRIVER
 
 
 def test_smemform_ab_gates_every_form_and_times_each_beside_its_no_conversion_build(monkeypatch, tmp_path):

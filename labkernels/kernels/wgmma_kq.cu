@@ -1486,6 +1486,21 @@ constexpr int LK_KP_RECV = 1;   // halves of a stage a CTA receives
 #else
 constexpr int LK_KP_RECV = 2;
 #endif
+// LK_ABLATE_DECOUPLE (ablation of the half-B build only, timing only; round 7's twenty-fourth step): on top of
+// LK_ABLATE_HALFB, a CTA's consumers release a stage on their own CTA's empty barrier only (no remote arrive; the
+// barrier counts this CTA's 4 warps), so neither CTA of a pair waits for the other's consumers before its producer
+// reloads a stage -- the pair's lock-step goes, the bytes each CTA receives and its wgmmas, weights and conversion stay
+// the half-B build's. LK_ABLATE_NOCONV (any KPAIR build): the consumers convert nothing -- their two A-fragment sets
+// are converted once from the first super-block before the loop and reused (the weights' loads then die): the loop's
+// wgmmas, barriers and ring without the weights
+#if defined(LK_ABLATE_DECOUPLE) && !defined(LK_ABLATE_HALFB)
+#error "LK_ABLATE_DECOUPLE is an ablation of the LK_ABLATE_HALFB build (its stages, each CTA's own half) only"
+#endif
+#ifdef LK_ABLATE_DECOUPLE
+constexpr u32 LK_KP_RELEASERS = 4;   // warps releasing a stage: this CTA's consumer warpgroup only
+#else
+constexpr u32 LK_KP_RELEASERS = 8;   // 4 warps of one consumer warpgroup, in each of the two CTAs
+#endif
 #ifndef LK_KPAIR_HALF_STAGES   // stages of the ring per consumer warpgroup: labkernels.wgmma.KPAIR_HALF_STAGES (-D)
 #error "LK_KPAIR_HALF_STAGES comes from labkernels.wgmma.KPAIR_HALF_STAGES (-D with LK_EXP_KPAIR)"
 #endif
@@ -1523,6 +1538,11 @@ __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, floa
     KQ<QT, 0, 0> T(W, od, nsb, rr0, rr1, c);
     typename KQ<QT, 0, 0>::Rows cur, nxt;
     if (HALF < nsb) T.load(cur, HALF, od, nsb);
+#ifdef LK_ABLATE_NOCONV
+    T.prep(cur);
+    T.chunk(cur, 0, a[0]);
+    T.chunk(cur, 1, a[1]);
+#endif
     int u = 0;   // this warpgroup's chunks so far
     for (int sb = HALF; sb < nsb; sb += 2) {
         T.prep(cur);
@@ -1530,7 +1550,9 @@ __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, floa
         for (int j = 0; j < 4; j++, u++) {
             const int jj = j & 1, st = HALF * LK_KP_HS + u % LK_KP_HS;
             if (j == T.LOAD_AT && sb + 2 < nsb) T.load(nxt, sb + 2, od, nsb);
+#ifndef LK_ABLATE_NOCONV
             T.chunk(cur, j, a[jj]);
+#endif
             lk_keep(a[jj]);
             lk_mbar_wait(&full_bar[st], (u / LK_KP_HS) & 1);
             lk_wgmma_fence_acc(acc);
@@ -1545,7 +1567,9 @@ __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, floa
             if (u > 0 && lane == 0) {
                 u64* e = &empty_bar[HALF * LK_KP_HS + (u - 1) % LK_KP_HS];
                 lk_mbar_arrive(e);
+#ifndef LK_ABLATE_DECOUPLE
                 lk_mbar_arrive_remote(lk_mapa(lk_smem_u32(e), peer));
+#endif
             }
         }
         cur = nxt;
@@ -1591,7 +1615,7 @@ __device__ __forceinline__ void wgmma_kq_kpair_body(const LkTmap& tm, const u8* 
 #pragma unroll
         for (int s = 0; s < STAGES; s++) {
             lk_mbar_init(&full_bar[s], 1);
-            lk_mbar_init(&empty_bar[s], 8);   // 4 warps of one consumer warpgroup, in each of the two CTAs
+            lk_mbar_init(&empty_bar[s], LK_KP_RELEASERS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }

@@ -323,7 +323,7 @@ def step_wgmma_ncu(out: Path, args) -> dict:
 
 #: the twenty-second step's driver: one launch per process, profiled between cudaProfilerStart / Stop after warm-up
 #: calls (ncu --profile-from-start off): cuBLAS fp16 (the benchmark's baseline call, gpu.matmul_f16) or a lab launch
-#: (plain launch of record, the KPAIR build or its half-B ablation), printing its case line
+#: (plain launch of record, the KPAIR build or one of its ablations, wgmma.KPAIR_BUILDS), printing its case line
 SMEM_DRIVER = r"""
 import sys, numpy as np, cupy as cp
 from labkernels import cases, wgmma, gpu
@@ -340,7 +340,7 @@ else:
     if who == "lab":
         prm = dict(BN=bn, SCL=wgmma.main_scl(qtype, bn), SK=sk, EPI=epi)
     else:
-        prm = dict(defines=wgmma.KPAIR if who == "kpair" else wgmma.HALFB, **wgmma.KPAIR_PARAMS)
+        prm = dict(defines=wgmma.KPAIR_BUILDS[who], **wgmma.KPAIR_PARAMS)
     launch = lambda: wgmma.gemm(w, x16, out=y, **prm)
 for _ in range(3):
     launch()
@@ -381,24 +381,24 @@ SMEM_METRICS = ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"
                 "smsp__average_warps_issue_stalled_membar_per_issue_active.ratio")
 
 
-def step_wgmma_smem(out: Path, args) -> dict:
-    """Round 7, twenty-second step: (1) Nsight Compute of cuBLAS fp16 (the baseline) at the bar's shapes and nt 512 /
-    4096 beside the launches of record, the KPAIR build and its half-B ablation (LK_ABLATE_HALFB) at 4096 x 4096 --
-    launch configuration, tensor pipe, shared memory's data banks -- one process per case; (2) the half-B ablation's
-    timing A/B beside the KPAIR build, the launches of record and cuBLAS (labkernels.wgmma.kpair_ab with
-    ``ablations``; the KPAIR build real-model gated and every non-ablation launch parity-gated); both recorded."""
+def _ncu_cases(out: Path, args, cases, tag: str) -> tuple[list[dict], list[str], bool]:
+    """Nsight Compute of ``cases`` ((who, qtype, nt, od, id, BN, SK, EPI), :data:`SMEM_DRIVER`), one process per case
+    profiled from cudaProfilerStart (``--profile-from-start off``; cuBLAS's kernels unfiltered, the lab's by name),
+    :data:`SMEM_SECTIONS` and those of :data:`SMEM_METRICS` this ncu lists. The rows of each case that ran (its case
+    line printed), the metrics asked for, and whether every case ran; a failing case is said and left out. Logs:
+    ``<tag>-ncu.txt``, ``<tag>-ncu-query.txt``."""
     import csv
     import io
 
-    from .. import ncu, records
+    from .. import ncu
 
     qtext, avail = ncu.query_metrics()
-    (out / "smem-ncu-query.txt").write_text("\n".join(ln for ln in qtext.splitlines()
+    (out / f"{tag}-ncu-query.txt").write_text("\n".join(ln for ln in qtext.splitlines()
                                                        if any(w in ln for w in ("l1tex__data", "tensor", "shared", "gmma"))))
     metrics = [m for m in SMEM_METRICS if ncu.metric_available(m, avail)]
-    args.log(f"smem ncu: {len(metrics)} of {len(SMEM_METRICS)} wanted metrics listed by this ncu: {metrics}")
+    args.log(f"{tag} ncu: {len(metrics)} of {len(SMEM_METRICS)} wanted metrics listed by this ncu: {metrics}")
     table, log = [], []
-    for i, case in enumerate(SMEM_CASES):
+    for i, case in enumerate(cases):
         who = case[0]
         cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "details"]
         if who != "cublas":
@@ -413,7 +413,7 @@ def step_wgmma_smem(out: Path, args) -> dict:
         lines = [ln for ln in r.stdout.splitlines() if ln.startswith('"')]
         rows = list(csv.DictReader(io.StringIO("\n".join(lines)))) if lines else []
         if r.returncode != 0 or not rows or not any(ln.startswith("case ") for ln in r.stdout.splitlines()):
-            args.log(f"smem ncu case {case} failed rc={r.returncode}: {(r.stdout + r.stderr)[-600:]}")
+            args.log(f"{tag} ncu case {case} failed rc={r.returncode}: {(r.stdout + r.stderr)[-600:]}")
             continue
         who, qtype, nt, od, id_, bn, sk, epi = case
         for x in rows:
@@ -421,8 +421,19 @@ def step_wgmma_smem(out: Path, args) -> dict:
                           "EPI": epi, "kernel_id": int(x["ID"]), "kernel_name": x.get("Kernel Name"),
                           "section": x.get("Section Name"), "metric": x.get("Metric Name"),
                           "unit": x.get("Metric Unit"), "value": x.get("Metric Value")})
-    (out / "smem-ncu.txt").write_text("\n".join(log))
-    ok = len({t["case"] for t in table}) == len(SMEM_CASES)
+    (out / f"{tag}-ncu.txt").write_text("\n".join(log))
+    return table, metrics, len({t["case"] for t in table}) == len(cases)
+
+
+def step_wgmma_smem(out: Path, args) -> dict:
+    """Round 7, twenty-second step: (1) Nsight Compute of cuBLAS fp16 (the baseline) at the bar's shapes and nt 512 /
+    4096 beside the launches of record, the KPAIR build and its half-B ablation (LK_ABLATE_HALFB) at 4096 x 4096 --
+    launch configuration, tensor pipe, shared memory's data banks -- one process per case; (2) the half-B ablation's
+    timing A/B beside the KPAIR build, the launches of record and cuBLAS (labkernels.wgmma.kpair_ab with
+    ``ablations``; the KPAIR build real-model gated and every non-ablation launch parity-gated); both recorded."""
+    from .. import records
+
+    table, metrics, ok = _ncu_cases(out, args, SMEM_CASES, "smem")
     with records.recording(DATA[0], {"what": "smem_ncu", "sections": list(SMEM_SECTIONS), "metrics": metrics,
                                      "cases": [list(c) for c in SMEM_CASES]}, root=out / "data") as run:
         run.append("smem_ncu", table)
@@ -431,6 +442,34 @@ def step_wgmma_smem(out: Path, args) -> dict:
                                      "ablations": {"_halfb": list(wgmma.HALFB)},
                                      "real_nts": list(wgmma.KPAIR_REAL_NTS)}, root=out / "data") as run2:
         wgmma.kpair_ab(run2, plan=wgmma.HALFB_AB, progress=args.log, ablations={"_halfb": wgmma.HALFB})
+    return {"ok": ok, "run": run.run_id, "ab_run": run2.run_id}
+
+
+#: the twenty-fourth step's ncu cases: cuBLAS and the KPAIR build with each of its ablations (wgmma.KPAIR_BUILDS) at
+#: 4096 x 4096, nt=512 (the bar's point, one wave)
+DECOUPLE_CASES = tuple([("cublas", "f16", 512, 4096, 4096, 0, 0, 0)]
+                       + [(who, q, 512, 4096, 4096, 256, 0, 0) for q in ("q4_K", "q6_K") for who in wgmma.KPAIR_BUILDS])
+
+
+def step_wgmma_decouple(out: Path, args) -> dict:
+    """Round 7, twenty-fourth step: what holds the KPAIR build's loop -- its pair's lock-step or its conversion.
+    (1) Nsight Compute of :data:`DECOUPLE_CASES`, one process per case; (2) the timing A/B of the KPAIR build beside
+    its ablations (wgmma.DECOUPLE_ABLATIONS: half B, half B decoupled, no conversion, decoupled without conversion),
+    the launches of record and cuBLAS (labkernels.wgmma.kpair_ab; the KPAIR build real-model gated, every
+    non-ablation launch parity-gated); both recorded."""
+    from .. import records
+
+    table, metrics, ok = _ncu_cases(out, args, DECOUPLE_CASES, "decouple")
+    with records.recording(DATA[0], {"what": "decouple_ncu", "sections": list(SMEM_SECTIONS), "metrics": metrics,
+                                     "cases": [list(c) for c in DECOUPLE_CASES]}, root=out / "data") as run:
+        run.append("smem_ncu", table)
+    args.log(f"decouple ncu: {len({t['case'] for t in table})} of {len(DECOUPLE_CASES)} cases recorded "
+             f"(run {run.run_id})")
+    abl = {k: list(v) for k, v in wgmma.DECOUPLE_ABLATIONS.items()}
+    with records.recording(DATA[0], {"what": "decouple_ab", "plan": wgmma.DECOUPLE_AB, "defines": list(wgmma.KPAIR),
+                                     "ablations": abl, "real_nts": list(wgmma.KPAIR_REAL_NTS)},
+                           root=out / "data") as run2:
+        wgmma.kpair_ab(run2, plan=wgmma.DECOUPLE_AB, progress=args.log, ablations=wgmma.DECOUPLE_ABLATIONS)
     return {"ok": ok, "run": run.run_id, "ab_run": run2.run_id}
 
 
@@ -576,4 +615,4 @@ STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_nc
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
          "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
          "wgmma_staged": step_wgmma_staged, "wgmma_reduce": step_wgmma_reduce, "wgmma_lead": step_wgmma_lead, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane,
-         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_clock": step_wgmma_clock, "wgmma_kscan": step_wgmma_kscan, "wgmma_kpair": step_wgmma_kpair, "wgmma_smem": step_wgmma_smem, "wgmma_smemform": step_wgmma_smemform, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}
+         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_clock": step_wgmma_clock, "wgmma_kscan": step_wgmma_kscan, "wgmma_kpair": step_wgmma_kpair, "wgmma_smem": step_wgmma_smem, "wgmma_smemform": step_wgmma_smemform, "wgmma_decouple": step_wgmma_decouple, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}
