@@ -1827,7 +1827,8 @@ else:
 #    shared-memory tile above 80% would refute the model as a hard bound.
 
 # %%
-sm_runs = [r for r in records.list_runs("wgmma") if r.has("smem_ncu")]
+sm_runs = [r for r in records.list_runs("wgmma") if r.has("smem_ncu")
+           and (r.meta.get("params") or {}).get("what") == "smem_ncu"]   # the twenty-fourth step has its own
 if not sm_runs:
     print("no recorded run of the shared-memory step (gpu-check --steps wgmma_smem)")
 else:
@@ -1849,7 +1850,7 @@ else:
                                  f"per clock of tensor-pipe activity (4 B per bank access); bank_*_pct = % of ncu's "
                                  f"peak (derived from the counts: 64 bank accesses per SM per clock each way)"))
 hb_runs = [r for r in records.list_runs("wgmma") if r.has("wgmma_kpair_ab")
-           and "ablations" in (r.meta.get("params") or {})]
+           and (r.meta.get("params") or {}).get("what") == "halfb_ab"]
 if not hb_runs:
     print("no recorded run of the half-B ablation (gpu-check --steps wgmma_smem)")
 else:
