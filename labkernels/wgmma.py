@@ -2567,7 +2567,8 @@ def smem_model(who: str, kernel_name: str, BN: int) -> dict:
 def smem_table(ncu_df):
     """The twenty-second step's ncu run (table ``smem_ncu``) as one row per case (the first kernel of its profiled
     range): who, shape, the kernel (its function name) and the launch in short (cuBLAS: its name's tile, stages,
-    cluster and layout; the lab: tile and scheduler), grid and cluster, duration (us) and SM clock (MHz), the tensor
+    cluster and layout; the lab: tile and scheduler), grid and cluster, duration (us), SM clock (MHz) and elapsed
+    cycles (per SM), the tensor
     pipe's active share, shared memory's measured bytes per SM per clock (data-bank reads and writes x
     :data:`BANK_BYTES` over the SMs of the case's LaunchStats and its elapsed cycles), the same per tensor-active clock
     beside :func:`smem_model`'s, and the banks' use in % of ncu's peak. A case without its SM count raises."""
@@ -2598,7 +2599,7 @@ def smem_table(ncu_df):
             launch = f"128 x {c['BN']} " + ("data-parallel" if c["SK"] == 0 else f"SK={c['SK']} EPI={c['EPI']}")
         rows.append({**c, "kernel": kern, "launch": launch,
                      "grid": int(r.grid), "cluster": int(r.cluster), "duration_us": r.duration_ns / 1e3,
-                     "sm_mhz": r.sm_hz / 1e6, "tensor_active_pct": r.tensor_active_pct,
+                     "sm_mhz": r.sm_hz / 1e6, "cycles": r.cycles, "tensor_active_pct": r.tensor_active_pct,
                      "issue_busy_pct": r.issue_busy_pct,
                      "read_B_per_clk": rd, "write_B_per_clk": wr,
                      "read_per_tensor_clk": rd / t, "write_per_tensor_clk": wr / t,

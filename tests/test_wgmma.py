@@ -1664,6 +1664,7 @@ def test_smem_table_turns_bank_counts_into_bytes_per_clock_beside_the_model():
                              32.0))
     t = wgmma.smem_table(pd.DataFrame(rows)).set_index("case")
     assert list(t.grid) == [128, 128] and t.loc[0, "duration_us"] == pytest.approx(25.536)
+    assert list(t.cycles) == [1000.0, 1000.0]
     assert t.loc[0, "read_B_per_clk"] == pytest.approx(72.25) and t.loc[0, "read_per_tensor_clk"] == pytest.approx(85)
     assert t.loc[0, "write_per_tensor_clk"] == pytest.approx(57) and t.loc[0, "sm_mhz"] == pytest.approx(1655)
     assert (t.loc[0, "model_read"], t.loc[0, "model_write"]) == (96, 64)
