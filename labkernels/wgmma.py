@@ -1557,7 +1557,7 @@ def trace_roles(trace, sm_count: int | None = None):
 
 
 def trace_launch(w: WgWeight, x16, BN: int = 128, STAGES: int = 4, SCL: int = 0, SK: int = 0, EPI: int = 0,
-                 warmup: int = 2, timed: int = 0, flush=None):
+                 warmup: int = 2, timed: int = 0, flush=None, kpair: bool = False):
     """Exploratory: the per-CTA phase stamps (:func:`trace_rows`) of one register-form launch -- any scheduler and
     epilogue form :func:`gemm` takes (EPI=3's 2-CTA clusters included) -- from a ``-DLK_EXP_TRACE`` build (its own
     cubin: the plain build stays as it is), after ``warmup`` launches of it. ``x16``: float16 activations [nt, id].
@@ -1565,13 +1565,21 @@ def trace_launch(w: WgWeight, x16, BN: int = 128, STAGES: int = 4, SCL: int = 0,
     ``(rows, median_us)`` (the span of the stamps against the launch's whole time: its ramp and its drain). The trace
     build's timings include the stamps' own cost (a few global stores per CTA). ``flush``: a
     :class:`labkernels.bench.Flusher` run right before the traced launch, so that it starts from a cold L2 as every
-    benchmarked launch does (without it the warm-up launches leave the weights and activations in L2)."""
+    benchmarked launch does (without it the warm-up launches leave the weights and activations in L2). ``kpair``: the
+    ``LK_EXP_KPAIR`` build's one launch shape instead (:data:`KPAIR_PARAMS`, :func:`kpair_grid` CTAs; the tile
+    arguments are then not read): its stamps are :func:`kpair_trace_phases`'."""
     cp = _cp()
     qt = 4 if w.qtype == "q4_K" else 6
-    kw = dict(BN=BN, STAGES=STAGES, SCL=SCL, SK=SK, EPI=EPI, defines=("LK_EXP_TRACE",))
-    k = kernel_built(("LK_EXP_TRACE",), QT=qt, BN=BN, STAGES=STAGES, BF16=0, SCL=SCL, EPI=EPI, AQ=2, PF=0)
     nt = x16.shape[0]
-    ncta, _ = schedule(int(SK), nt, w.od, w.id, BN, _sm_count(cp.cuda.Device().id) * k.blocks_per_sm)
+    if kpair:
+        defines = check_defines(KPAIR + ("LK_EXP_TRACE",))
+        kw = dict(defines=defines, **KPAIR_PARAMS)
+        k = kernel_built(defines, QT=qt, **{n: v for n, v in KPAIR_PARAMS.items() if n != "SK"})
+        ncta = kpair_grid(nt, w.od)
+    else:
+        kw = dict(BN=BN, STAGES=STAGES, SCL=SCL, SK=SK, EPI=EPI, defines=("LK_EXP_TRACE",))
+        k = kernel_built(("LK_EXP_TRACE",), QT=qt, BN=BN, STAGES=STAGES, BF16=0, SCL=SCL, EPI=EPI, AQ=2, PF=0)
+        ncta, _ = schedule(int(SK), nt, w.od, w.id, BN, _sm_count(cp.cuda.Device().id) * k.blocks_per_sm)
     if ncta > TRACE_CTAS:
         raise WgmmaError(f"the trace build stamps {TRACE_CTAS} CTAs, this launch has {ncta}")
     n = TRACE_CTAS * (len(TRACE_EVENTS) + 1)
@@ -1599,6 +1607,43 @@ def trace_launch(w: WgWeight, x16, BN: int = 128, STAGES: int = 4, SCL: int = 0,
         b.synchronize()
         ts.append(cp.cuda.get_elapsed_time(a, b) * 1e3)
     return rows, float(np.median(ts))
+
+
+#: the KPAIR body's trace slots by meaning: its one segment starts at the setup stamp (a stamp of its own made q6_K's
+#: consumers spill); slot 6, "seg1_start" in the plain body's naming, is its exit barrier passed
+KPAIR_TRACE = {"entry": "entry", "setup": "setup", "first_tile": "first_tile", "mma_end": "seg0_mma_end",
+               "done": "seg0_done", "exit": "seg1_start"}
+
+
+def kpair_trace_phases(rows, id_: int):
+    """Per CTA of a traced ``LK_EXP_KPAIR`` launch (:func:`trace_launch` with ``kpair``; warpgroup 1's first thread
+    stamps): ``setup_us`` (entry to the setup stamp: barriers, cluster sync -- the consumers start right after it),
+    ``fill_us`` (from there to its first activation stage landed), ``main_us`` (to the end of its main loop, the fill
+    included), ``finish_us`` (the two warpgroups' exchange of
+    partial sums and its Y stores), ``exit_us`` (waiting at the cluster's exit barrier), ``end_us`` (the exit from the
+    launch's first entry), ``cycles_per_iter`` (clock64 cycles of the main loop per super-block of the warpgroup:
+    ceil(id / 512) of them) and ``mhz`` (clock64 cycles per globaltimer us over the CTA). A CTA without every stamp
+    raises."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    need = list(KPAIR_TRACE.values())
+    us = df.pivot_table(index="cta", columns="event", values="cta_us", aggfunc="first")
+    cyc = df.pivot_table(index="cta", columns="event", values="cycles", aggfunc="first")
+    t = df.pivot_table(index="cta", columns="event", values="t_us", aggfunc="first")
+    miss = [e for e in need if e not in us.columns or us[e].isna().any()]
+    if miss:
+        raise WgmmaError(f"a KPAIR trace without every stamp: {miss} missing (not a KPAIR trace build?)")
+    e = KPAIR_TRACE
+    iters = -(-(int(id_) // QK) // 2)
+    out = pd.DataFrame({"cta": us.index, "setup_us": us[e["setup"]] - us[e["entry"]],
+                        "fill_us": us[e["first_tile"]] - us[e["setup"]],
+                        "main_us": us[e["mma_end"]] - us[e["setup"]],
+                        "finish_us": us[e["done"]] - us[e["mma_end"]],
+                        "exit_us": us[e["exit"]] - us[e["done"]], "end_us": t[e["exit"]],
+                        "cycles_per_iter": (cyc[e["mma_end"]] - cyc[e["setup"]]) / iters,
+                        "mhz": cyc[e["exit"]] / us[e["exit"]]})
+    return out.reset_index(drop=True)
 
 
 def cost_fit(scan_df):

@@ -1754,6 +1754,26 @@ def test_decouple_builds_compile_without_spills_and_decouple_only_beside_halfb()
         wgmma._cubin("wgmma_kq.cu", ("LK_ABLATE_DECOUPLE", "LK_EXP_KPAIR"))
 
 
+def test_kpair_trace_phases_reads_the_kpair_bodys_stamps():
+    """kpair_trace_phases: per CTA the phases between the KPAIR body's stamps (its exit in slot 6), cycles per
+    super-block of warpgroup 1 (ceil(id / 512)), the SM clock; a trace without the exit stamp is refused."""
+    from labkernels import wgmma
+
+    ev = wgmma.KPAIR_TRACE
+    stamps = {"entry": (0.0, 0), "setup": (0.5, 850), "first_tile": (2.5, 4250), "mma_end": (20.5, 34850),
+              "done": (22.5, 38250), "exit": (22.75, 38675)}
+    rows = [{"cta": c, "smid": c, "event": ev[k], "t_us": us + c, "cta_us": us, "cycles": cy}
+            for c in range(3) for k, (us, cy) in stamps.items()]
+    t = wgmma.kpair_trace_phases(rows, id_=4096)
+    assert len(t) == 3 and np.allclose(t.setup_us, 0.5) and np.allclose(t.fill_us, 2.0)
+    assert np.allclose(t.main_us, 20.0) and np.allclose(t.finish_us, 2.0) and np.allclose(t.exit_us, 0.25)
+    assert list(t.end_us) == [22.75, 23.75, 24.75]
+    assert np.allclose(t.cycles_per_iter, (34850 - 850) / 8) and np.allclose(t.mhz, 1700)
+    assert np.allclose(wgmma.kpair_trace_phases(rows, id_=4352).cycles_per_iter, (34850 - 850) / 9)   # 17 sb: 9
+    with pytest.raises(wgmma.WgmmaError, match="without every stamp"):
+        wgmma.kpair_trace_phases([r for r in rows if r["event"] != ev["exit"]], id_=4096)
+
+
 def test_kpair_ab_times_an_ablation_beside_the_build_and_never_gates_it(monkeypatch, tmp_path):
     """kpair_ab(ablations=...): the half-B build is launched with its own defines and the build's one launch shape,
     timed beside the rest, and never gated (its Y, here all NaN, would fail any gate)."""

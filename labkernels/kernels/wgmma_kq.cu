@@ -1467,8 +1467,8 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
 #error "LK_ABLATE_HALFB is an ablation of the LK_EXP_KPAIR build (its multicast stages) only"
 #endif
 #ifdef LK_EXP_KPAIR
-#if defined(LK_EXP_WTMA) || defined(LK_EXP_TMAPF) || defined(LK_EXP_TRACE) || defined(LK_EXP_SPLITFIN)
-#error "LK_EXP_KPAIR is a kernel body of its own: no other exploratory build of it"
+#if defined(LK_EXP_WTMA) || defined(LK_EXP_TMAPF) || defined(LK_EXP_SPLITFIN)
+#error "LK_EXP_KPAIR is a kernel body of its own: no other exploratory build of it (but the trace, LK_EXP_TRACE)"
 #endif
 __device__ __forceinline__ void lk_tma_load_2d_mc(void* dst, const LkTmap* tm, int c0, int c1, u64* bar, u16 mask) {
     asm volatile(
@@ -1538,6 +1538,14 @@ __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, floa
     KQ<QT, 0, 0> T(W, od, nsb, rr0, rr1, c);
     typename KQ<QT, 0, 0>::Rows cur, nxt;
     if (HALF < nsb) T.load(cur, HALF, od, nsb);
+#ifdef LK_EXP_TRACE
+    // the first activation stage of this warpgroup has landed (warpgroup 1's thread stamps): waited for here, outside
+    // the loop (a stamp inside it made q6_K's consumers spill), and again, at once, by the loop's first wait
+    lk_mbar_wait(&full_bar[HALF * LK_KP_HS], 0);
+    LK_TRACE(2);
+#endif
+    // LK_EXP_TRACE: the segment's start is the setup stamp (1: a stamp here made q6_K's consumers spill 8 B); its
+    // main loop's end (4) and its store's end (5) as the plain body's
 #ifdef LK_ABLATE_NOCONV
     T.prep(cur);
     T.chunk(cur, 0, a[0]);
@@ -1576,6 +1584,9 @@ __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, floa
     }
     lk_wgmma_wait<0>();
     lk_wgmma_fence_acc(acc);
+    // LK_EXP_TRACE: the main loop's end. With this stamp ptxas spills 8 B in q6_K's trace build (its consumers sit at
+    // 240 registers; 0 without it, and in every other build): where, the run's SASS check says (wgmma_kpairtrace)
+    LK_TRACE(4);
     // the two warpgroups' sums: warpgroup HALF keeps token columns 128 HALF .. 128 HALF + 127 (accumulators 64 HALF ..
     // 64 HALF + 63) and hands the other 128 columns to its partner through the ring -- thread t's float4 i at
     // (i x 128 + t) x 16 of the partner's half (the partner's thread t holds the same rows and columns)
@@ -1595,11 +1606,13 @@ __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, floa
         lk_add4(acc, i + 16 * HALF, v);   // own + partner: commutative, the same sum in either warpgroup
     }
     lk_store_y<BN / 2, 16 * HALF, 16 * HALF + 16>(acc, Y, nt, od, r0, r1, n0, c);   // this warpgroup's 128 columns
+    LK_TRACE(5);
 }
 template <int QT>
 __device__ __forceinline__ void wgmma_kq_kpair_body(const LkTmap& tm, const u8* __restrict__ W, float* __restrict__ Y,
                                                     int nt, int od, int id) {
     constexpr int BN = 256, STAGES = 2 * LK_KP_HS, STAGE_BYTES = BN * LK_WG_K * 2;
+    LK_TRACE(0);
     extern __shared__ u8 lk_dyn_smem[];
     __shared__ __align__(8) u64 full_bar[STAGES];
     __shared__ __align__(8) u64 empty_bar[STAGES];
@@ -1621,6 +1634,7 @@ __device__ __forceinline__ void wgmma_kq_kpair_body(const LkTmap& tm, const u8* 
     }
     __syncthreads();
     lk_cluster_sync();   // both CTAs' mbarriers exist before a multicast or a remote arrive reaches them
+    LK_TRACE(1);
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (tid == 0) {
@@ -1648,6 +1662,7 @@ __device__ __forceinline__ void wgmma_kq_kpair_body(const LkTmap& tm, const u8* 
     // the peer's consumers arrive on this CTA's empty barriers up to their last chunk: neither CTA exits before both
     // are done (the producers have exited: they do not count)
     lk_cluster_sync();
+    LK_TRACE(6);   // LK_EXP_TRACE: past the exit barrier (labkernels.wgmma.KPAIR_TRACE_EVENTS: "exit")
 }
 #endif
 

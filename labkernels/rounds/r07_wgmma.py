@@ -473,6 +473,52 @@ def step_wgmma_decouple(out: Path, args) -> dict:
     return {"ok": ok, "run": run.run_id, "ab_run": run2.run_id}
 
 
+#: the twenty-fifth step's shapes (od, id) at nt=512: the KPAIR build and the BN=128 launch of record traced
+KPAIR_TRACE_SHAPES = ((4096, 4096), (4096, 14336))
+
+
+def step_wgmma_kpairtrace(out: Path, args) -> dict:
+    """Round 7, twenty-fifth step: the per-CTA phase stamps of the KPAIR build (a -DLK_EXP_KPAIR -DLK_EXP_TRACE
+    build) beside those of the BN=128 data-parallel launch of record (-DLK_EXP_TRACE), q4_K and q6_K at
+    :data:`KPAIR_TRACE_SHAPES`, nt=512 -- each after warm-up launches and once more right after an L2 flush, as the
+    benchmark times a launch. Tables ``kpair_trace`` / ``kpair_trace_flushed`` (labkernels.wgmma.kpair_trace_phases)
+    and ``bn128_trace`` / ``bn128_trace_flushed`` (labkernels.wgmma.trace_roles), recorded."""
+    import numpy as np
+
+    from .. import bench, cases, records
+
+    rng = np.random.default_rng(25)
+    flusher = bench.Flusher()
+    nt = 512
+    sms = wgmma._sm_count(wgmma._cp().cuda.Device().id)
+    with records.recording(DATA[0], {"what": "kpair_trace", "defines": list(wgmma.KPAIR) + ["LK_EXP_TRACE"], "nt": nt,
+                                     "sm_count": sms, "shapes": [list(x) for x in KPAIR_TRACE_SHAPES]},
+                           root=out / "data") as run:
+        for od, id_ in KPAIR_TRACE_SHAPES:
+            x16 = wgmma._cp().asarray(rng.standard_normal((nt, id_)).astype(np.float16))
+            for qtype in ("q4_K", "q6_K"):
+                w = wgmma.WgWeight.from_gguf(cases.synthetic_weights(qtype, od, id_, rng), qtype)
+                bn128 = f"wgmma_bn128_s4_scl{wgmma.main_scl(qtype, 128)}"
+                for name, tab, kw in ((wgmma.KPAIR_VARIANT, "kpair_trace", {"kpair": True}),
+                                      (bn128, "bn128_trace", {"BN": 128, "SCL": wgmma.main_scl(qtype, 128)})):
+                    key = {"qtype": qtype, "od": od, "id": id_, "nt": nt, "variant": name}
+                    warm = wgmma.trace_launch(w, x16, **kw)
+                    cold = wgmma.trace_launch(w, x16, flush=flusher, **kw)
+                    run.append(tab, [{**key, **r} for r in warm])
+                    run.append(tab + "_flushed", [{**key, **r} for r in cold])
+                    if kw.get("kpair"):
+                        ph = wgmma.kpair_trace_phases(cold, id_).median()
+                        args.log(f"kpair trace {qtype} {od}x{id_} (cold, medians over CTAs): fill {ph.fill_us:.2f} us, "
+                                 f"main {ph.main_us:.2f} us ({ph.cycles_per_iter:,.0f} cycles a super-block), finish "
+                                 f"{ph.finish_us:.2f} us, exit {ph.exit_us:.2f} us, end {ph.end_us:.1f} us")
+                    else:
+                        ro = wgmma.trace_roles([{**key, **r} for r in cold], sms).iloc[0]
+                        args.log(f"bn128 trace {qtype} {od}x{id_} (cold): fill {ro.fill_us:.2f} us, main "
+                                 f"{ro.main_us:.2f} us ({ro.cycles_per_iter:,.0f} cycles a super-block), finish "
+                                 f"{ro.finish_us:.2f} us, end {ro.end_us_max:.1f} us")
+    return {"ok": True, "run": run.run_id}
+
+
 def step_wgmma_smemform(out: Path, args) -> dict:
     """Round 7, twenty-third step: the shared-memory form (one and two converter warpgroups) and the register form at
     BN=128, each beside its no-conversion build (LK_ABLATE_NOCONV, timing only), and cuBLAS, at the bar's shapes and
@@ -615,4 +661,4 @@ STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_nc
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
          "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
          "wgmma_staged": step_wgmma_staged, "wgmma_reduce": step_wgmma_reduce, "wgmma_lead": step_wgmma_lead, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane,
-         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_clock": step_wgmma_clock, "wgmma_kscan": step_wgmma_kscan, "wgmma_kpair": step_wgmma_kpair, "wgmma_smem": step_wgmma_smem, "wgmma_smemform": step_wgmma_smemform, "wgmma_decouple": step_wgmma_decouple, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}
+         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_clock": step_wgmma_clock, "wgmma_kscan": step_wgmma_kscan, "wgmma_kpair": step_wgmma_kpair, "wgmma_smem": step_wgmma_smem, "wgmma_smemform": step_wgmma_smemform, "wgmma_decouple": step_wgmma_decouple, "wgmma_kpairtrace": step_wgmma_kpairtrace, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}
