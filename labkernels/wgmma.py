@@ -1622,8 +1622,8 @@ def kpair_trace_phases(rows, id_: int):
     included), ``finish_us`` (the two warpgroups' exchange of
     partial sums and its Y stores), ``exit_us`` (waiting at the cluster's exit barrier), ``end_us`` (the exit from the
     launch's first entry), ``cycles_per_iter`` (clock64 cycles of the main loop per super-block of the warpgroup:
-    ceil(id / 512) of them) and ``mhz`` (clock64 cycles per globaltimer us over the CTA). A CTA without every stamp
-    raises."""
+    ceil(id / 512) of them), ``loop_cycles_per_iter`` (the same from its first activation stage on: the fill left out)
+    and ``mhz`` (clock64 cycles per globaltimer us over the CTA). A CTA without every stamp raises."""
     import pandas as pd
 
     df = pd.DataFrame(rows)
@@ -1642,8 +1642,48 @@ def kpair_trace_phases(rows, id_: int):
                         "finish_us": us[e["done"]] - us[e["mma_end"]],
                         "exit_us": us[e["exit"]] - us[e["done"]], "end_us": t[e["exit"]],
                         "cycles_per_iter": (cyc[e["mma_end"]] - cyc[e["setup"]]) / iters,
+                        "loop_cycles_per_iter": (cyc[e["mma_end"]] - cyc[e["first_tile"]]) / iters,
                         "mhz": cyc[e["exit"]] / us[e["exit"]]})
     return out.reset_index(drop=True)
+
+
+def kpair_trace_table(run) -> "pd.DataFrame":
+    """The twenty-fifth step's trace run as one row per (L2 state, qtype, id, build): the KPAIR build (tables
+    ``kpair_trace[_flushed]``, :func:`kpair_trace_phases`) and the BN=128 data-parallel launch (``bn128_trace[_flushed]``)
+    on the same phases, medians over CTAs: ``to_first_tile_us`` (entry to the first activation stage: setup, register
+    hand-over, the first loads), ``loop_us`` (from there to the main loop's end) and its clock64 cycles per iteration
+    beside the tensor pipe's (``pipe_cycles``: 2,048 per BN=128 super-block; 4,096 per KPAIR warpgroup super-block, the
+    two warpgroups sharing the pipe), ``finish_us`` (the exchange and stores), ``exit_us`` (KPAIR's cluster exit
+    barrier; blank for BN=128), ``end_us_max`` (the launch's last stamp from its first entry) and the SM clock."""
+    import pandas as pd
+
+    rows = []
+    for state, sfx in (("warm", ""), ("cold", "_flushed")):
+        for build, tab in (("KPAIR 64 x 256", "kpair_trace"), ("BN=128 data-parallel", "bn128_trace")):
+            if not run.has(tab + sfx):
+                continue
+            d = run.table(tab + sfx)
+            for (q, id_), g in d.groupby(["qtype", "id"], sort=False):
+                if build.startswith("KPAIR"):
+                    ph = kpair_trace_phases(g.to_dict("records"), int(id_))
+                    m = ph.median()
+                    r = {"to_first_tile_us": m.setup_us + m.fill_us, "loop_us": m.main_us - m.fill_us,
+                         "loop_cycles_per_iter": m.loop_cycles_per_iter, "pipe_cycles": 2 * MACS_PER_CLK,
+                         "finish_us": m.finish_us, "exit_us": m.exit_us, "end_us_max": ph.end_us.max(), "mhz": m.mhz}
+                else:
+                    us = g.pivot_table(index="cta", columns="event", values="cta_us", aggfunc="first")
+                    cyc = g.pivot_table(index="cta", columns="event", values="cycles", aggfunc="first")
+                    t = g.pivot_table(index="cta", columns="event", values="t_us", aggfunc="first")
+                    nsb = int(id_) // QK
+                    r = {"to_first_tile_us": us.first_tile.median(),
+                         "loop_us": (us.seg0_mma_end - us.first_tile).median(),
+                         "loop_cycles_per_iter": ((cyc.seg0_mma_end - cyc.first_tile) / nsb).median(),
+                         "pipe_cycles": MACS_PER_CLK, "finish_us": (us.seg0_done - us.seg0_mma_end).median(),
+                         "exit_us": np.nan, "end_us_max": t.seg0_done.max(),
+                         "mhz": (cyc.seg0_done / us.seg0_done).median()}
+                rows.append({"L2": state, "qtype": q, "id": int(id_), "build": build, **r,
+                             "loop_over_pipe": r["loop_cycles_per_iter"] / r["pipe_cycles"]})
+    return pd.DataFrame(rows)
 
 
 def cost_fit(scan_df):

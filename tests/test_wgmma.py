@@ -1770,8 +1770,36 @@ def test_kpair_trace_phases_reads_the_kpair_bodys_stamps():
     assert list(t.end_us) == [22.75, 23.75, 24.75]
     assert np.allclose(t.cycles_per_iter, (34850 - 850) / 8) and np.allclose(t.mhz, 1700)
     assert np.allclose(wgmma.kpair_trace_phases(rows, id_=4352).cycles_per_iter, (34850 - 850) / 9)   # 17 sb: 9
+    assert np.allclose(t.loop_cycles_per_iter, (34850 - 4250) / 8)
     with pytest.raises(wgmma.WgmmaError, match="without every stamp"):
         wgmma.kpair_trace_phases([r for r in rows if r["event"] != ev["exit"]], id_=4096)
+    # kpair_trace_table: both builds on the same phases, from a run's tables (BN=128: the plain body's stamps)
+    import pandas as pd
+
+    bn = [{"cta": c, "smid": c, "event": e, "t_us": us, "cta_us": us, "cycles": cy}
+          for c in range(2) for e, (us, cy) in {"entry": (0.0, 0), "setup": (0.1, 170), "seg0_start": (0.8, 1360),
+                                                 "first_tile": (2.0, 3400), "seg0_mma_end": (22.0, 36168),
+                                                 "seg0_done": (24.0, 40800)}.items()]
+    key = {"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512}
+
+    class Run:
+        tabs = {"kpair_trace_flushed": pd.DataFrame([{**key, "variant": "k", **r} for r in rows]),
+                "bn128_trace_flushed": pd.DataFrame([{**key, "variant": "b", **r} for r in bn])}
+
+        def has(self, n):
+            return n in self.tabs
+
+        def table(self, n):
+            return self.tabs[n]
+
+    tt = wgmma.kpair_trace_table(Run()).set_index("build")
+    assert list(tt.L2) == ["cold", "cold"]
+    k, b = tt.loc["KPAIR 64 x 256"], tt.loc["BN=128 data-parallel"]
+    assert k.to_first_tile_us == pytest.approx(2.5) and k.loop_us == pytest.approx(18.0) and k.pipe_cycles == 4096
+    assert k.loop_over_pipe == pytest.approx((34850 - 4250) / 8 / 4096) and k.end_us_max == pytest.approx(24.75)
+    assert b.to_first_tile_us == pytest.approx(2.0) and b.loop_us == pytest.approx(20.0) and b.pipe_cycles == 2048
+    assert b.loop_cycles_per_iter == pytest.approx((36168 - 3400) / 16) and np.isnan(b.exit_us)
+    assert b.finish_us == pytest.approx(2.0) and b.end_us_max == pytest.approx(24.0) and b.mhz == pytest.approx(1700)
 
 
 def test_kpair_ab_times_an_ablation_beside_the_build_and_never_gates_it(monkeypatch, tmp_path):
