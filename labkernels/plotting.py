@@ -409,3 +409,36 @@ def smemform_bars(ax, table, nt: int, title: str = "") -> None:
     ax.grid(axis="y", alpha=.3)
     if title:
         ax.set_title(title, fontsize=9)
+
+
+#: the phases of :func:`labkernels.wgmma.kpair_trace_table`, in a CTA's order: (column, label, colour, hatch)
+TRACE_PHASES = (("to_first_tile_us", "to the first activation stage", "0.75", ""),
+                ("loop_pipe_us", "main loop at the tensor pipe's rate", None, ""),
+                ("loop_excess_us", "main loop above the pipe's rate", "#c5b0d5", ""),
+                ("finish_us", "finish (partial sums, Y stores)", "0.4", ""),
+                ("exit_us", "cluster exit barrier (KPAIR)", "white", "///"))
+
+
+def trace_phase_bars(ax, table, title: str = "") -> None:
+    """The twenty-fifth step's traces (:func:`labkernels.wgmma.kpair_trace_table`, one L2 state): per (type, shape,
+    build) a horizontal bar of a CTA's median phases, in us from its entry -- the main loop split into its time at
+    the tensor pipe's rate (cycles per iteration at the pipe's rate, the SM clock of the trace) and what it takes
+    above that; the launch's last stamp as a tick."""
+    import numpy as np
+
+    t = table.copy()
+    t["loop_pipe_us"] = t.loop_us / t.loop_over_pipe
+    t["loop_excess_us"] = t.loop_us - t.loop_pipe_us
+    y = np.arange(len(t))
+    left = np.zeros(len(t))
+    for col, label, c, hatch in TRACE_PHASES:
+        v = t[col].fillna(0).to_numpy(float)
+        ax.barh(y, v, left=left, color=c or color("wgmma_kq"), hatch=hatch, edgecolor="0.3", lw=.5, label=label)
+        left += v
+    ax.scatter(t.end_us_max, y, marker="|", s=120, color="k", zorder=3, label="the launch's last stamp")
+    ax.set_yticks(y, [f"{r.qtype} 4096 x {r.id}, {r.build}" for r in t.itertuples()], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("us from the CTA's entry (median over CTAs)")
+    ax.grid(axis="x", alpha=.3)
+    if title:
+        ax.set_title(title, fontsize=9)

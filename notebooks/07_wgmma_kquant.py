@@ -2085,6 +2085,96 @@ if dn_runs:
 # 128 × 128 one at once, and no build so far has both.
 
 # %% [markdown]
+# ## Twenty-fifth step: where the 64-row CTA's time goes, stamped beside BN=128's (trace, prediction first)
+#
+# **Why.** The twenty-fourth step left the KPAIR build 14k cycles idle at 4096 × 4096, nt=512, even with neither its
+# conversion nor its lock-step, against cuBLAS's 6.3k. Its two-point line had a fixed cost near cuBLAS's and a dearer
+# loop. Those are totals over the launch, and the phase stamps (fourteenth and sixteenth steps) split a CTA's time.
+#
+# **Design** (`gpu-check --steps wgmma_kpairtrace`, commit f2a7460). The trace build now takes the KPAIR body
+# (`-DLK_EXP_KPAIR -DLK_EXP_TRACE`). Warpgroup 1's first thread stamps:
+# * the entry, and the setup, which is also where the consumers start;
+# * the first activation stage, waited for once before the loop;
+# * the end of the main loop, and the end of its Y stores;
+# * the exit barrier passed.
+#
+# The BN=128 data-parallel launch of record is traced beside it, as before. Both run at q4_K and q6_K, 4096 × 4096
+# and 4096 × 14336, nt=512, each once after warm-up launches and once right after an L2 flush, as the benchmark times
+# a launch.
+#
+# The q6_K trace build spills 8 B: one store at the kernel's start and one load at the main-loop-end stamp, none in
+# the loop (its SASS, dumped on the GPU machine). The plain trace builds of the earlier steps spill 4–104 B.
+#
+# **Prediction** (commit f2a7460), KPAIR q4_K, cold, 4096 × 4096:
+# * setup 0.5–1.0 us, then 1.5–2.5 us to its first stage;
+# * a loop at 4,350–4,600 cycles per warpgroup super-block (the pipe's rate is 4,096 when both warpgroups share it),
+#   and 4,700–5,100 for q6_K;
+# * a finish of 1.5–2.5 us and an exit wait of 0.1–0.5 us;
+# * for BN=128: 2,500–2,650 cycles per super-block, a fill of 1.5–2.0 us and a finish of 1.5–2.2 us.
+
+# %%
+kt_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "kpair_trace"]
+if not kt_runs:
+    print("no recorded trace of the KPAIR build (gpu-check --steps wgmma_kpairtrace)")
+else:
+    ktr = kt_runs[-1]
+    ktt = wgmma.kpair_trace_table(ktr)
+    fig, axs = plt.subplots(1, 2, figsize=(13, 4.4), sharey=True)
+    for ax, state in zip(axs, ("cold", "warm")):
+        plotting.trace_phase_bars(ax, ktt[ktt.L2 == state].reset_index(drop=True),
+                                  "right after an L2 flush (as the benchmark times)" if state == "cold"
+                                  else "after warm-up launches")
+    fig.legend(*axs[0].get_legend_handles_labels(), fontsize=8, ncol=3, loc="outside lower center")
+    fig.suptitle(f"a CTA's phases at nt=512, the KPAIR build beside the BN=128 data-parallel launch "
+                 f"({report.source(ktr)})", fontsize=9)
+    plt.show()
+    display(report.table(ktt, {"to_first_tile_us": "{:.2f}", "loop_us": "{:.2f}", "loop_cycles_per_iter": "{:,.0f}",
+                               "pipe_cycles": "{:,.0f}", "finish_us": "{:.2f}", "exit_us": "{:.2f}",
+                               "end_us_max": "{:.2f}", "mhz": "{:.0f}", "loop_over_pipe": "{:.2f}"},
+                         caption=f"medians over the CTAs of one traced launch ({report.source(ktr)}); od=4096, nt=512; "
+                                 f"loop_cycles_per_iter = clock64 cycles of the main loop (from the first activation "
+                                 f"stage) per iteration: a super-block for BN=128, a warpgroup's super-block for KPAIR; "
+                                 f"pipe_cycles = the tensor pipe's at its full fp16 rate; end_us_max = the launch's "
+                                 f"last stamp from its first entry"))
+
+# %% [markdown]
+# **Measured** (run 20261204T165923Z, commit f2a7460; table above, cold rows). **The 64-row CTA runs the better loop
+# and pays more around it.**
+# * **Its loop.** KPAIR's main loop runs at 1.07× the pipe's cycles for q4_K and 1.22× for q6_K at 4096 × 4096
+#   (1.11× and 1.25× at 4096 × 14336). BN=128's runs at 1.27× and 1.90× (1.30× and 1.87×). So converting each weight
+#   for 256 tokens pays in the loop, as designed.
+# * **Around its loop.** Against BN=128's, KPAIR takes:
+#   * 2.78 us to its first activation stage against 2.27, with 0.83 us of setup that includes the cluster's start
+#     barrier;
+#   * a finish of 2.35 us against 1.89 (q6_K 2.66 against 1.73): the two warpgroups' exchange through the ring, then
+#     the same 64 KB of f32 Y per CTA in scalar stores;
+#   * 1.17 us at the cluster's exit barrier (median), where BN=128 has none.
+#
+#   That is ~6.3 us around a 22 us loop. The last stamp comes at 28.45 us against BN=128's 29.79 (q4_K).
+# * **Against the prediction:**
+#   * right: the setup (0.83 us), the fill (1.95 us from the setup), the finish, and all three BN=128 figures;
+#   * the loop: 4,393 cycles per super-block, inside 4,350–4,600, once its fill is left out. The trace's own
+#     cycles_per_iter counts the fill and gives 4,876, above. q6_K's 4,995 (5,527 with the fill) is at the top of
+#     4,700–5,100 or above it;
+#   * wrong: the exit wait (1.17 us, predicted 0.1–0.5).
+# * **Against cuBLAS** (4096 × 4096, q4_K). Its kernel runs ~25.7 us under ncu, ~21.8 us of them tensor-active. KPAIR's
+#   loop is already within ~1.5 us of the pipe's rate, and its ~6.3 us around the loop is where it loses.
+#
+# **What stands between the kernel and the nt=512 bar, after the twenty-fifth step.** The levers the trace shows are
+# small and do not add up to the bar. None is built:
+# * an exit barrier that the pair arrives at right after its main loops (the last CTA passed it 0.67 us after its
+#   stores' end);
+# * a staged TMA store for KPAIR's finish, as EPI=4 is for the plain form (its finish is 0.5–0.9 us longer than
+#   BN=128's);
+# * a cheaper start than the cluster's barrier (0.5 us more than BN=128 to the first stage).
+#
+# If each took off all of what it costs here, about 2 us in all, KPAIR q4_K would go from 0.90× to about 0.97× cuBLAS at
+# 4096 × 4096 (an estimate, not a measurement). The rest is the loop: 7% over the
+# pipe for q4_K (11% at 4096 × 14336) and 22–25% for q6_K, whose conversion is not hidden even at 256 tokens. cuBLAS's
+# fixed time is what a fp16 kernel with both operands staged by TMA and a 32 KB fp16 store per tile costs. A k-quant
+# kernel that writes f32 Y and converts its weights in its consumers has not matched it in twenty-five steps.
+
+# %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process
 
 # %%

@@ -1800,6 +1800,20 @@ def test_kpair_trace_phases_reads_the_kpair_bodys_stamps():
     assert b.to_first_tile_us == pytest.approx(2.0) and b.loop_us == pytest.approx(20.0) and b.pipe_cycles == 2048
     assert b.loop_cycles_per_iter == pytest.approx((36168 - 3400) / 16) and np.isnan(b.exit_us)
     assert b.finish_us == pytest.approx(2.0) and b.end_us_max == pytest.approx(24.0) and b.mhz == pytest.approx(1700)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkernels import plotting
+
+    fig, ax = plt.subplots()
+    plotting.trace_phase_bars(ax, tt.reset_index(), "t")
+    assert len(ax.patches) == 2 * len(plotting.TRACE_PHASES)   # every phase of both bars (BN=128's exit: 0 wide)
+    widths = [p.get_width() for p in ax.patches]
+    assert sum(widths[:2]) == pytest.approx(2.5 + 2.0) and widths[-1] == 0   # first-stage phase; BN=128 no exit
+    assert "us" in ax.get_xlabel() and ax.get_yticklabels()[0].get_text().startswith("q4_K 4096 x 4096")
+    plt.close(fig)
 
 
 def test_kpair_ab_times_an_ablation_beside_the_build_and_never_gates_it(monkeypatch, tmp_path):
