@@ -1647,7 +1647,7 @@ def kpair_trace_phases(rows, id_: int):
     return out.reset_index(drop=True)
 
 
-def kpair_trace_table(run) -> "pd.DataFrame":
+def kpair_trace_table(run):
     """The twenty-fifth step's trace run as one row per (L2 state, qtype, id, build): the KPAIR build (tables
     ``kpair_trace[_flushed]``, :func:`kpair_trace_phases`) and the BN=128 data-parallel launch (``bn128_trace[_flushed]``)
     on the same phases, medians over CTAs: ``to_first_tile_us`` (entry to the first activation stage: setup, register

@@ -2162,8 +2162,8 @@ else:
 #
 # **What stands between the kernel and the nt=512 bar, after the twenty-fifth step.** The levers the trace shows are
 # small and do not add up to the bar. None is built:
-# * an exit barrier that the pair arrives at right after its main loops (the last CTA passed it 0.67 us after its
-#   stores' end);
+# * an exit barrier that the pair arrives at right after its main loops (the last exit came 0.67 us after the last
+#   CTA's stores ended);
 # * a staged TMA store for KPAIR's finish, as EPI=4 is for the plain form (its finish is 0.5–0.9 us longer than
 #   BN=128's);
 # * a cheaper start than the cluster's barrier (0.5 us more than BN=128 to the first stage).

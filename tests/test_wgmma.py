@@ -1862,12 +1862,39 @@ def test_halfb_build_compiles_without_spills_and_only_beside_kpair():
         wgmma._cubin("wgmma_kq.cu", ("LK_ABLATE_HALFB",))
 
 
+def _ncu_step_shim(monkeypatch, fail=lambda case: False):
+    """The ncu steps' outside world on the CPU: each ``ncu`` command recorded and answered with one made-up CSV row
+    and its case line (rc=1 and no output where ``fail(case)``; any other command runs for real: the recording's git
+    provenance), and ``wgmma.kpair_ab`` recording what it was asked. Returns (commands, kpair_ab calls)."""
+    import subprocess
+    import types
+
+    from labkernels import wgmma
+
+    cmds, ab, real_run = [], [], subprocess.run
+
+    def run(cmd, **kw):
+        if cmd[0] != "ncu":
+            return real_run(cmd, **kw)
+        cmds.append(cmd)
+        case = cmd[-8:]
+        if fail(case):
+            return types.SimpleNamespace(returncode=1, stdout="", stderr="==ERROR== profiling failed")
+        out = ('"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"\n'
+               f'"0","k_{case[0]}","SOL","Duration","ns","1,000"\n' + "case " + " ".join(case) + "\n")
+        return types.SimpleNamespace(returncode=0, stdout=out, stderr="")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(wgmma, "kpair_ab", lambda run, plan=None, progress=print, ablations=None:
+                        ab.append((plan, ablations)))
+    return cmds, ab
+
+
 def test_smem_step_profiles_each_case_in_its_own_process_and_records_what_ran(monkeypatch, tmp_path):
     """gpu-check's wgmma_smem: one ncu process per case, profiled from cudaProfilerStart (--profile-from-start off),
     cuBLAS's kernels unfiltered and the lab's by name, only the metrics this ncu lists; the rows of each case that
     ran (its case line printed) recorded with the case's fields; a failing case is said and left out (ok False);
     then the half-B A/B through kpair_ab with the ablation."""
-    import subprocess
     import types
 
     from labkernels import ncu, records, wgmma
@@ -1875,25 +1902,8 @@ def test_smem_step_profiles_each_case_in_its_own_process_and_records_what_ran(mo
 
     monkeypatch.setattr(ncu, "query_metrics", lambda: ("l1tex__data_bank_reads\nsm__pipe_tensor", {
         "sm__pipe_tensor_cycles_active", "l1tex__data_bank_reads", "sm__cycles_elapsed"}))
-    cmds = []
-
-    real_run = subprocess.run
-
-    def run(cmd, **kw):
-        if cmd[0] != "ncu":   # the recording's provenance (git) runs for real
-            return real_run(cmd, **kw)
-        cmds.append(cmd)
-        case = cmd[-8:]
-        if case[0] == "halfb" and case[2] == "4096" and case[1] == "q6_K":
-            return types.SimpleNamespace(returncode=1, stdout="", stderr="==ERROR== profiling failed")
-        out = ('"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"\n'
-               f'"0","k_{case[0]}","SOL","Duration","ns","1,000"\n' + "case " + " ".join(case) + "\n")
-        return types.SimpleNamespace(returncode=0, stdout=out, stderr="")
-
-    monkeypatch.setattr(subprocess, "run", run)
-    ab = []
-    monkeypatch.setattr(wgmma, "kpair_ab", lambda run, plan=None, progress=print, ablations=None:
-                        ab.append((plan, ablations)))
+    cmds, ab = _ncu_step_shim(monkeypatch, fail=lambda case: case[0] == "halfb" and case[2] == "4096"
+                              and case[1] == "q6_K")
     logs = []
     res = r7.step_wgmma_smem(tmp_path, types.SimpleNamespace(log=logs.append))
     assert len(cmds) == len(r7.SMEM_CASES) and all("--profile-from-start" in c and "off" in c for c in cmds)
@@ -1918,28 +1928,13 @@ def test_decouple_step_profiles_the_kpair_builds_and_times_every_ablation(monkey
     """gpu-check's wgmma_decouple: one ncu process per case of DECOUPLE_CASES (cuBLAS and each KPAIR build at the
     bar's point), the lab's cases filtered by name; the cases recorded with their fields; then the A/B through
     kpair_ab with the four ablations; the driver maps every KPAIR build name to its defines."""
-    import subprocess
     import types
 
     from labkernels import ncu, records, wgmma
     from labkernels.rounds import r07_wgmma as r7
 
     monkeypatch.setattr(ncu, "query_metrics", lambda: ("sm__pipe_tensor", {"sm__pipe_tensor_cycles_active"}))
-    cmds, real_run = [], subprocess.run
-
-    def run(cmd, **kw):
-        if cmd[0] != "ncu":
-            return real_run(cmd, **kw)
-        cmds.append(cmd)
-        case = cmd[-8:]
-        out = ('"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"\n'
-               f'"0","k_{case[0]}","SOL","Duration","ns","1,000"\n' + "case " + " ".join(case) + "\n")
-        return types.SimpleNamespace(returncode=0, stdout=out, stderr="")
-
-    monkeypatch.setattr(subprocess, "run", run)
-    ab = []
-    monkeypatch.setattr(wgmma, "kpair_ab", lambda run, plan=None, progress=print, ablations=None:
-                        ab.append((plan, ablations)))
+    cmds, ab = _ncu_step_shim(monkeypatch)
     res = r7.step_wgmma_decouple(tmp_path, types.SimpleNamespace(log=lambda m: None))
     assert res["ok"] is True and len(cmds) == len(r7.DECOUPLE_CASES) == 1 + 2 * len(wgmma.KPAIR_BUILDS)
     assert [("-k" in c) for c in cmds] == [c[-8] != "cublas" for c in cmds]
