@@ -1469,7 +1469,7 @@ def test_kpair_build_compiles_its_two_instantiations_without_spills():
     from labkernels.kernels import registry
 
     src = (registry.KERNELS_DIR / "wgmma_kq.cu").read_text()
-    assert '#error "LK_EXP_KPAIR is a kernel body of its own: no other exploratory build of it"' in src
+    assert '#error "LK_EXP_KPAIR is a kernel body of its own: no other exploratory build of it' in src
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not on PATH")
     _, names = wgmma._cubin("wgmma_kq.cu", wgmma.KPAIR)
@@ -1478,6 +1478,12 @@ def test_kpair_build_compiles_its_two_instantiations_without_spills():
         e = names[k.key]
         assert e["spill_stores"] == 0 and e["spill_loads"] == 0 and e["stack_frame"] == 0, e
         assert not e["wgmma_serialized"], e
+    with pytest.raises(wgmma.WgmmaError, match="LK_EXP_KPAIR is a kernel body of its own"):
+        wgmma._cubin("wgmma_kq.cu", ("LK_EXP_KPAIR", "LK_EXP_WTMA"))
+    # the trace of it builds (twenty-fifth step): q4_K without spills, q6_K's 8 B outside its main loop (the run's SASS)
+    _, names = wgmma._cubin("wgmma_kq.cu", wgmma.check_defines(wgmma.KPAIR + ("LK_EXP_TRACE",)))
+    k = registry.find("wgmma_kq", QT=4, **{n: v for n, v in wgmma.KPAIR_PARAMS.items() if n != "SK"})
+    assert names[k.key]["spill_stores"] == 0 and not names[k.key]["wgmma_serialized"]
 
 
 def _kpair_shim(monkeypatch, off: float = 1.0):
