@@ -1059,6 +1059,9 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
 #: every other super-block, their partial sums added through shared memory, 2-CTA clusters multicasting the
 #: activations (kernel: LK_EXP_KPAIR; round 7's twenty-first step)
 KPAIR = ("LK_EXP_KPAIR",)
+#: its form with the twenty-fifth step's two levers (kernel: LK_EXP_KPAIR_FIN): Y through the idle ring and TMA stores,
+#: and the pair's exit barrier arrived at right after the main loops (round 7's twenty-sixth step); bitwise the build
+KPAIR_FIN = ("LK_EXP_KPAIR", "LK_EXP_KPAIR_FIN")
 #: the one launch shape it is built for: BN=256, 4 stages, f16, the main scale form, the plain epilogue, the
 #: data-parallel grid
 KPAIR_PARAMS = dict(BN=256, STAGES=4, BF16=0, SCL=0, SK=0, EPI=0, AQ=2, PF=0)
@@ -1083,7 +1086,8 @@ def _gemm_kpair(k, w, x16, out, prm: dict):
     nt, id_ = x16.shape
     y = _out(nt, w.od, out)
     ws, flags = _WS.get(cp.cuda.get_current_stream().ptr, _sm_count(cp.cuda.Device().id))   # unread by the build
-    k.launch((kpair_grid(nt, w.od), 1), (tensor_map(x16, 128), NO_MAP), w.packed, y, np.int32(nt), np.int32(w.od),
+    ymap = output_map(y, 128) if "LK_EXP_KPAIR_FIN" in k.defines else NO_MAP   # FIN: Y leaves by TMA stores
+    k.launch((kpair_grid(nt, w.od), 1), (tensor_map(x16, 128), ymap), w.packed, y, np.int32(nt), np.int32(w.od),
              np.int32(id_), ws, flags, np.int32(0), np.int32(0), cluster=2)
     return y
 
@@ -2467,7 +2471,7 @@ KPAIR_VARIANT = "wgmma_kpair_bn256"
 KPAIR_REAL_NTS = (37, 300)
 
 
-def kpair_real_rows(rng, progress=print, nts=KPAIR_REAL_NTS) -> list[dict]:
+def kpair_real_rows(rng, progress=print, nts=KPAIR_REAL_NTS, defines=KPAIR, variant=None) -> list[dict]:
     """Every q4_K / q6_K tensor of Gemma 3 270M (all rows, fresh random tokens at each of ``nts``) through the
     ``LK_EXP_KPAIR`` launch, NaN-poisoned output, :func:`gate` against gguf-py's float64 dequantization and the kernel's
     exact weights, the int8 q8_1 path's error on the same inputs beside it; a failed gate raises."""
@@ -2482,30 +2486,33 @@ def kpair_real_rows(rng, progress=print, nts=KPAIR_REAL_NTS) -> list[dict]:
         for nt in nts:
             x = rng.standard_normal((nt, id_)).astype(np.float32)
             y = cp.full((nt, raw.shape[0]), np.nan, cp.float32)
-            gemm(w, cp.asarray(x), out=y, defines=KPAIR, **KPAIR_PARAMS)
+            gemm(w, cp.asarray(x), out=y, defines=defines, **KPAIR_PARAMS)
             g = gate(cp.asnumpy(y), raw, qtype, x, packed=cp.asnumpy(w.packed))
             i8 = int8_path_error(raw, qtype, x)
             rows.append({"tensor": name, "qtype": qtype, "od": raw.shape[0], "id": id_, "nt": nt,
-                         "variant": KPAIR_VARIANT, **g, "int8_max_rel_err_f64": i8["max_rel_err_f64"],
+                         "variant": variant or KPAIR_VARIANT, **g, "int8_max_rel_err_f64": i8["max_rel_err_f64"],
                          "int8_nmse": i8["nmse"]})
             if not g["ok"]:
-                raise AssertionError(f"real-model gate failed: {name} LK_EXP_KPAIR nt={nt}: {g}")
+                raise AssertionError(f"real-model gate failed: {name} {' '.join(defines)} nt={nt}: {g}")
     if not rows:
         raise AssertionError("no real-model gate ran: the model has no q4_K / q6_K tensor")
-    progress(f"kpair real model: {len(rows)} gates passed; max rel err vs float64 "
+    progress(f"kpair real model ({' '.join(defines)}): {len(rows)} gates passed; max rel err vs float64 "
              f"{max(r['max_rel_err_f64'] for r in rows):.2e} (int8 q8_1 path "
              f"{max(r['int8_max_rel_err_f64'] for r in rows):.2e})")
     return rows
 
 
-def kpair_ab(run=None, plan=None, progress=print, seed: int = 0, ablations: dict | None = None) -> list[dict]:
+def kpair_ab(run=None, plan=None, progress=print, seed: int = 0, ablations: dict | None = None,
+             builds: dict | None = None) -> list[dict]:
     """The ``LK_EXP_KPAIR`` build (:data:`KPAIR_PARAMS`, :func:`kpair_grid` CTAs in 2-CTA clusters) against the
     launches of record of the plan (:func:`_plan_launches`) and cuBLAS fp16 on cached dequantized weights, same
     process, interleaved, L2 flushed. First every Gemma tensor through the build (:func:`kpair_real_rows`, run table
     ``real_model_parity``); then at each point every launch -- the build's included -- is gated (NaN-poisoned output,
     :func:`gate`; a failure raises) before it is timed. ``ablations``: variant suffix -> defines of ablation builds of
     the KPAIR build (e.g. :data:`HALFB`), timed beside it as ``KPAIR_VARIANT + suffix``, never gated (timing only:
-    their Y means nothing). Rows: ``wgmma_kpair_ab`` (the build's variant :data:`KPAIR_VARIANT`) and
+    their Y means nothing). ``builds``: variant suffix -> defines of other forms of the build that compute Y (e.g.
+    :data:`KPAIR_FIN`): real-model gated as the build is (``real_model_parity``, their variant named) and gated and
+    timed at every point beside it. Rows: ``wgmma_kpair_ab`` (the build's variant :data:`KPAIR_VARIANT`) and
     ``wgmma_kpair_gate``."""
     from . import bench as B
 
@@ -2513,6 +2520,8 @@ def kpair_ab(run=None, plan=None, progress=print, seed: int = 0, ablations: dict
     rng = np.random.default_rng(seed or None)
     if run is not None:
         run.append("real_model_parity", kpair_real_rows(rng, progress))
+        for sfx, d in (builds or {}).items():
+            run.append("real_model_parity", kpair_real_rows(rng, progress, defines=d, variant=KPAIR_VARIANT + sfx))
     cp = _cp()
     flush = B.Flusher()
     sm = _sm_count(cp.cuda.Device().id)
@@ -2521,6 +2530,8 @@ def kpair_ab(run=None, plan=None, progress=print, seed: int = 0, ablations: dict
         launches = dict(_plan_launches(p, qtype, nt, od, id_, sm))
         calls = {v: (lambda prm=prm: gemm(pt.w, pt.x16, out=pt.y, **prm)) for v, prm in launches.items()}
         calls[KPAIR_VARIANT] = lambda: gemm(pt.w, pt.x16, out=pt.y, defines=KPAIR, **KPAIR_PARAMS)
+        for sfx, d in (builds or {}).items():
+            calls[KPAIR_VARIANT + sfx] = lambda d=d: gemm(pt.w, pt.x16, out=pt.y, defines=d, **KPAIR_PARAMS)
         for v, call in calls.items():
             pt.y.fill(np.nan)
             call()

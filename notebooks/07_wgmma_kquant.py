@@ -1699,7 +1699,7 @@ else:
 KPAIR_LABELS = {"8f051eb": "1: k halves, 2 stages", "2dfdfe9": "2: k halves, 3 stages",
                 "baabb2d": "3: super-block split", "76896f2": "4: CTA-scope arrive"}
 kp_runs = [r for r in records.list_runs("wgmma") if r.has("wgmma_kpair_ab")
-           and "ablations" not in (r.meta.get("params") or {})]   # the half-B runs: the next section
+           and not {"ablations", "builds"} & set(r.meta.get("params") or {})]   # later steps' runs: their sections
 if not kp_runs:
     print("no recorded run of the KPAIR build (gpu-check --steps wgmma_kpair)")
 else:

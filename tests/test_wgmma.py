@@ -1550,6 +1550,58 @@ def test_kpair_ab_stops_at_a_build_that_fails_the_model_gate(monkeypatch, tmp_pa
             wgmma.kpair_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2})
 
 
+def test_kpair_ab_gates_a_second_form_of_the_build_and_times_it_beside(monkeypatch, tmp_path):
+    """kpair_ab(builds=...): the FIN form real-model gated under its own variant and gated at every point, launched
+    with its own defines and the build's one launch shape, timed beside the build; a FIN that fails its gate stops the
+    A/B (here its Y made 1% off)."""
+    from labkernels import records, wgmma
+
+    seen = _kpair_shim(monkeypatch)
+    plan = {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2}
+    with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
+        wgmma.kpair_ab(run, plan, builds={"_fin": wgmma.KPAIR_FIN})
+    r = records.load("wgmma", run.run_id, root=tmp_path)
+    real, ab, gate = r.table("real_model_parity"), r.table("wgmma_kpair_ab"), r.table("wgmma_kpair_gate")
+    fv = wgmma.KPAIR_VARIANT + "_fin"
+    assert set(real.variant) == {wgmma.KPAIR_VARIANT, fv} and real.ok.all()
+    assert len(real[real.variant == fv]) == 2 * len(wgmma.KPAIR_REAL_NTS)
+    assert fv in set(gate.variant) and gate.ok.all() and len(ab[ab.variant == fv]) == 2
+    fin = [p for d, p in seen if d == wgmma.KPAIR_FIN]
+    assert fin and all(p == wgmma.KPAIR_PARAMS for p in fin)
+    real_gemm = wgmma.gemm
+
+    def gemm(w, x, out=None, defines=(), **p):
+        y = real_gemm(w, x, out=out, defines=defines, **p)
+        if tuple(defines) == wgmma.KPAIR_FIN:
+            y *= 1.01
+        return y
+
+    monkeypatch.setattr(wgmma, "gemm", gemm)
+    with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
+        with pytest.raises(AssertionError, match="real-model gate failed: .* LK_EXP_KPAIR LK_EXP_KPAIR_FIN nt=37"):
+            wgmma.kpair_ab(run, plan, builds={"_fin": wgmma.KPAIR_FIN})
+
+
+def test_kpair_fin_compiles_without_spills_and_only_beside_kpair():
+    import shutil
+
+    from labkernels import wgmma
+    from labkernels.kernels import registry
+
+    src = (registry.KERNELS_DIR / "wgmma_kq.cu").read_text()
+    assert "#if defined(LK_EXP_KPAIR_FIN) && !defined(LK_EXP_KPAIR)" in src
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    _, names = wgmma._cubin("wgmma_kq.cu", wgmma.check_defines(wgmma.KPAIR_FIN))
+    for qt in (4, 6):
+        k = registry.find("wgmma_kq", QT=qt, **{n: v for n, v in wgmma.KPAIR_PARAMS.items() if n != "SK"})
+        e = names[k.key]
+        assert e["spill_stores"] == 0 and e["spill_loads"] == 0 and e["stack_frame"] == 0, e
+        assert not e["wgmma_serialized"], e
+    with pytest.raises(wgmma.WgmmaError, match="LK_EXP_KPAIR_FIN is a form of the LK_EXP_KPAIR build only"):
+        wgmma._cubin("wgmma_kq.cu", ("LK_EXP_KPAIR_FIN",))
+
+
 def _kpair_rows(kp: float, rec: float = 11.0, cb: float = 10.0):
     """Made-up A/B rows: cuBLAS, one launch of record and the build at every point, times scaled with id."""
     from labkernels import wgmma

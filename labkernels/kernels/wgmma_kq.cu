@@ -1463,6 +1463,9 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
 // instantiation BN=256, STAGES=4 (its ring then 2 x LK_KPAIR_HALF_STAGES deep), f16, SCL=0, EPI=0, AQ=2, PF=0, the
 // data-parallel grid only (the launcher refuses the rest; other instantiations trap). Not bitwise the plain
 // build (two partial sums over k, then one add): the parity gate holds it.
+#if defined(LK_EXP_KPAIR_FIN) && !defined(LK_EXP_KPAIR)
+#error "LK_EXP_KPAIR_FIN is a form of the LK_EXP_KPAIR build only"
+#endif
 #if defined(LK_ABLATE_HALFB) && !defined(LK_EXP_KPAIR)
 #error "LK_ABLATE_HALFB is an ablation of the LK_EXP_KPAIR build (its multicast stages) only"
 #endif
@@ -1493,6 +1496,12 @@ constexpr int LK_KP_RECV = 2;
 // the half-B build's. LK_ABLATE_NOCONV (any KPAIR build): the consumers convert nothing -- their two A-fragment sets
 // are converted once from the first super-block before the loop and reused (the weights' loads then die): the loop's
 // wgmmas, barriers and ring without the weights
+// LK_EXP_KPAIR_FIN (exploratory, of this build only; round 7's twenty-sixth step): the two levers the twenty-fifth
+// step's trace showed around the loop. (1) Each warpgroup's 64 rows x 128 tokens of Y leave through the idle ring and
+// two TMA stores (EPI=4's staging: [128 tokens x 32 rows] boxes, 128-byte swizzle, the Y tensor map), not 64 scalar
+// stores a thread (the finish: 2.35 us against BN=128's 1.89). (2) The pair's exit barrier is split: every consumer
+// arrives (release: after its last remote arrive on the peer) right after its main loop and waits only at the exit, so
+// a CTA no longer waits there for its peer's finish (1.17 us median). The same sums stored: bitwise the KPAIR build.
 #if defined(LK_ABLATE_DECOUPLE) && !defined(LK_ABLATE_HALFB)
 #error "LK_ABLATE_DECOUPLE is an ablation of the LK_ABLATE_HALFB build (its stages, each CTA's own half) only"
 #endif
@@ -1526,7 +1535,7 @@ __device__ __forceinline__ void lk_sts128f(u32 addr, float a, float b, float c, 
 template <int QT, int HALF>
 __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, float* __restrict__ Y, int nt, int od,
                                                   int nsb, int m0, int n0, u8* sB, u64* full_bar, u64* empty_bar,
-                                                  u32 peer) {
+                                                  u32 peer, const LkTmap* tmy) {
     constexpr int BN = 256, STAGE_BYTES = BN * LK_WG_K * 2;
     const int tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int r0 = m0 + warp * 16 + g, r1 = r0 + 8;
@@ -1587,6 +1596,11 @@ __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, floa
     // LK_EXP_TRACE: the main loop's end. With this stamp ptxas spills 8 B in q6_K's trace build (its consumers sit at
     // 240 registers; 0 without it, and in every other build): where, the run's SASS check says (wgmma_kpairtrace)
     LK_TRACE(4);
+#ifdef LK_EXP_KPAIR_FIN
+    // this thread's part of the pair's exit barrier: its last remote arrive (lane 0, inside the loop) is ordered before
+    // it (release); the wait is at the exit
+    asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+#endif
     // the two warpgroups' sums: warpgroup HALF keeps token columns 128 HALF .. 128 HALF + 127 (accumulators 64 HALF ..
     // 64 HALF + 63) and hands the other 128 columns to its partner through the ring -- thread t's float4 i at
     // (i x 128 + t) x 16 of the partner's half (the partner's thread t holds the same rows and columns)
@@ -1605,12 +1619,37 @@ __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, floa
         const float4 v = lk_lds128f(ring + (u32)HALF * 32768u + (u32)(i * 128 + tid) * 16);
         lk_add4(acc, i + 16 * HALF, v);   // own + partner: commutative, the same sum in either warpgroup
     }
+#ifdef LK_EXP_KPAIR_FIN
+    // this warpgroup's 64 rows x 128 columns through the ring behind the exchange's 64 KB (idle: every stage has landed
+    // and been read) and two TMA stores: EPI=4's staging and boxes (rows and tokens past Y clipped by the TMA unit)
+    const u32 wst = ring + 65536u + (u32)HALF * 32768u;
+    const int lw0 = warp * 16 + g;   // the thread's first row among the warpgroup's 64
+#pragma unroll
+    for (int jn = 16 * HALF; jn < 16 * HALF + 16; jn++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int lw = lw0 + (e >> 1) * 8, n = 8 * (jn - 16 * HALF) + 2 * c + (e & 1);
+            lk_sts32(wst + (u32)(lw >> 5) * 16384u + (u32)n * 128 + ((u32)(((lw & 31) >> 2) ^ (n & 7)) << 4) +
+                         (u32)(lw & 3) * 4,
+                     acc[4 * jn + e]);
+        }
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the generic writes -> the TMA's reads
+    lk_wg_sync(HALF);
+    if (tid == 0) {
+        lk_tma_store_2d(tmy, wst, m0, n0 + 128 * HALF);
+        lk_tma_store_2d(tmy, wst + 16384u, m0 + 32, n0 + 128 * HALF);
+        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");   // the ring is read before the CTA exits
+    }
+#else
     lk_store_y<BN / 2, 16 * HALF, 16 * HALF + 16>(acc, Y, nt, od, r0, r1, n0, c);   // this warpgroup's 128 columns
+#endif
     LK_TRACE(5);
 }
 template <int QT>
-__device__ __forceinline__ void wgmma_kq_kpair_body(const LkTmap& tm, const u8* __restrict__ W, float* __restrict__ Y,
-                                                    int nt, int od, int id) {
+__device__ __forceinline__ void wgmma_kq_kpair_body(const LkTmap& tm, const LkTmap& tmy, const u8* __restrict__ W,
+                                                    float* __restrict__ Y, int nt, int od, int id) {
     constexpr int BN = 256, STAGES = 2 * LK_KP_HS, STAGE_BYTES = BN * LK_WG_K * 2;
     LK_TRACE(0);
     extern __shared__ u8 lk_dyn_smem[];
@@ -1639,6 +1678,9 @@ __device__ __forceinline__ void wgmma_kq_kpair_body(const LkTmap& tm, const u8* 
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (tid == 0) {
             asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tm) : "memory");
+#ifdef LK_EXP_KPAIR_FIN
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tmy) : "memory");
+#endif
             // this CTA's half of every stage (tokens n0 + 128 rank ..): into both CTAs at the same offset, completing
             // on each one's full barrier, which expects the whole stage (both halves) from its own producer's arrive
             // the two warpgroups' u-th chunks in turn: super-block 2 (u / 4) + h, chunk u % 4, for h = 0, 1
@@ -1657,11 +1699,15 @@ __device__ __forceinline__ void wgmma_kq_kpair_body(const LkTmap& tm, const u8* 
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
-    if (wg == 1) lk_kpair_consumer<QT, 0>(W, Y, nt, od, nsb, m0, n0, sB, full_bar, empty_bar, rank ^ 1u);
-    else lk_kpair_consumer<QT, 1>(W, Y, nt, od, nsb, m0, n0, sB, full_bar, empty_bar, rank ^ 1u);
+    if (wg == 1) lk_kpair_consumer<QT, 0>(W, Y, nt, od, nsb, m0, n0, sB, full_bar, empty_bar, rank ^ 1u, &tmy);
+    else lk_kpair_consumer<QT, 1>(W, Y, nt, od, nsb, m0, n0, sB, full_bar, empty_bar, rank ^ 1u, &tmy);
     // the peer's consumers arrive on this CTA's empty barriers up to their last chunk: neither CTA exits before both
     // are done (the producers have exited: they do not count)
+#ifdef LK_EXP_KPAIR_FIN
+    asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");   // arrived right after the main loops
+#else
     lk_cluster_sync();
+#endif
     LK_TRACE(6);   // LK_EXP_TRACE: past the exit barrier (labkernels.wgmma.KPAIR_TRACE_EVENTS: "exit")
 }
 #endif
@@ -1682,7 +1728,7 @@ __global__ void __launch_bounds__(LK_WG_THREADS, 1)
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #ifdef LK_EXP_KPAIR
     if constexpr (BN == 256 && STAGES == 4 && BF16 == 0 && SCL == 0 && EPI == 0 && AQ == 2 && PF == 0)
-        wgmma_kq_kpair_body<QT>(tm, W, Y, nt, od, id);
+        wgmma_kq_kpair_body<QT>(tm, tmy, W, Y, nt, od, id);
     else
         __trap();   // the build's one launch shape (the launcher refuses the others)
 #else

@@ -41,7 +41,8 @@ cases = []
 if mode == "sanitizer" and "LK_EXP_KPAIR" in wgmma.build_defines():   # that build's one launch shape (2-CTA
     for qt in (4, 6):         # clusters, multicast stages, the halves' add through the ring), tails in nt and od
         k = registry.find("wgmma_kq", QT=qt, **{n: v for n, v in wgmma.KPAIR_PARAMS.items() if n != "SK"})
-        cases += [(k, 77, 200, 512, 0), (k, 300, 130, 1024, 0), (k, 520, 384, 768, 0)]   # od=130: a padded m tile
+        odp = 132 if "LK_EXP_KPAIR_FIN" in wgmma.build_defines() else 130   # a padded m tile (FIN's TMA store: od % 4 = 0)
+        cases += [(k, 77, 200, 512, 0), (k, 300, odp, 1024, 0), (k, 520, 384, 768, 0)]
 elif mode == "sanitizer":     # tails in nt and od, every main-path variant, the three schedulers (stream-K
     for k in registry.family("wgmma_kq") + registry.family("wgmma_kqs"):   # splits these tiles' k over 4 CTAs,
                                                 # the uniform split over 2 each: partials, flags, fix-up; both forms)
@@ -519,6 +520,20 @@ def step_wgmma_kpairtrace(out: Path, args) -> dict:
     return {"ok": True, "run": run.run_id}
 
 
+def step_wgmma_kpairfin(out: Path, args) -> dict:
+    """Round 7, twenty-sixth step: the KPAIR build's form with Y through TMA stores and the exit barrier arrived at
+    after the main loops (LK_EXP_KPAIR_FIN, wgmma.KPAIR_FIN), real-model gated and timed beside the KPAIR build, the
+    launches of record and cuBLAS at every point of wgmma.KPAIR_AB (labkernels.wgmma.kpair_ab with ``builds``; every
+    launch parity-gated), recorded."""
+    from .. import records
+
+    with records.recording(DATA[0], {"what": "kpairfin_ab", "plan": wgmma.KPAIR_AB, "defines": list(wgmma.KPAIR),
+                                     "builds": {"_fin": list(wgmma.KPAIR_FIN)},
+                                     "real_nts": list(wgmma.KPAIR_REAL_NTS)}, root=out / "data") as run:
+        wgmma.kpair_ab(run, plan=wgmma.KPAIR_AB, progress=args.log, builds={"_fin": wgmma.KPAIR_FIN})
+    return {"ok": True, "run": run.run_id}
+
+
 def step_wgmma_smemform(out: Path, args) -> dict:
     """Round 7, twenty-third step: the shared-memory form (one and two converter warpgroups) and the register form at
     BN=128, each beside its no-conversion build (LK_ABLATE_NOCONV, timing only), and cuBLAS, at the bar's shapes and
@@ -661,4 +676,4 @@ STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_nc
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
          "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
          "wgmma_staged": step_wgmma_staged, "wgmma_reduce": step_wgmma_reduce, "wgmma_lead": step_wgmma_lead, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane,
-         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_clock": step_wgmma_clock, "wgmma_kscan": step_wgmma_kscan, "wgmma_kpair": step_wgmma_kpair, "wgmma_smem": step_wgmma_smem, "wgmma_smemform": step_wgmma_smemform, "wgmma_decouple": step_wgmma_decouple, "wgmma_kpairtrace": step_wgmma_kpairtrace, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}
+         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_clock": step_wgmma_clock, "wgmma_kscan": step_wgmma_kscan, "wgmma_kpair": step_wgmma_kpair, "wgmma_smem": step_wgmma_smem, "wgmma_smemform": step_wgmma_smemform, "wgmma_decouple": step_wgmma_decouple, "wgmma_kpairtrace": step_wgmma_kpairtrace, "wgmma_kpairfin": step_wgmma_kpairfin, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}
