@@ -442,3 +442,18 @@ def trace_phase_bars(ax, table, title: str = "") -> None:
     ax.grid(axis="x", alpha=.3)
     if title:
         ax.set_title(title, fontsize=9)
+
+
+def build_series_grid(table, suptitle: str, ncol: int = 3, height: float = 7.4):
+    """:func:`build_series_bars` for both weight types (rows) at nt 512 and 4096 (columns), one shared y axis and one
+    legend below; returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, axs = plt.subplots(2, 2, figsize=(12, height), sharey=True)
+    for i, q in enumerate(("q4_K", "q6_K")):
+        for j, nt in enumerate((512, 4096)):
+            build_series_bars(axs[i, j], table, q, nt, f"{q}, nt={nt}")
+        axs[i, 1].set_ylabel("")
+    fig.legend(*axs[0, 0].get_legend_handles_labels(), fontsize=8, ncol=ncol, loc="outside lower center")
+    fig.suptitle(suptitle, fontsize=9)
+    return fig

@@ -1707,14 +1707,9 @@ else:
         c = str((r.provenance or {}).get("git_commit") or "?")[:7]
         return KPAIR_LABELS.get(c, f"commit {c}")
     kpb = wgmma.kpair_builds([(_kp_label(r), r) for r in kp_runs])
-    fig, axs = plt.subplots(2, 2, figsize=(12, 7.6), sharey=True)
-    for i, q in enumerate(("q4_K", "q6_K")):
-        for j, nt in enumerate((512, 4096)):
-            plotting.build_series_bars(axs[i, j], kpb, q, nt, f"{q}, nt={nt}")
-        axs[i, 1].set_ylabel("")
-    fig.legend(*axs[0, 0].get_legend_handles_labels(), fontsize=8, ncol=5, loc="outside lower center")
-    fig.suptitle("the KPAIR builds and the best launch of record, each timed beside cuBLAS fp16 in its own run "
-                 f"(NVIDIA H200; runs {kp_runs[0].run_id[:16]} … {kp_runs[-1].run_id[:16]})", fontsize=9)
+    plotting.build_series_grid(kpb, ncol=5, height=7.6, suptitle=(
+        "the KPAIR builds and the best launch of record, each timed beside cuBLAS fp16 in its own run "
+        f"(NVIDIA H200; runs {kp_runs[0].run_id[:16]} … {kp_runs[-1].run_id[:16]})"))
     plt.show()
     last = kp_runs[-1]
     kt = wgmma.kpair_table(last.table("wgmma_kpair_ab"))
@@ -1856,14 +1851,9 @@ if not hb_runs:
 else:
     hbr = hb_runs[-1]
     hbt = wgmma.halfb_builds(hbr.table("wgmma_kpair_ab"))
-    fig, axs = plt.subplots(2, 2, figsize=(12, 7), sharey=True)
-    for i, q in enumerate(("q4_K", "q6_K")):
-        for j, nt in enumerate((512, 4096)):
-            plotting.build_series_bars(axs[i, j], hbt, q, nt, f"{q}, nt={nt}")
-        axs[i, 1].set_ylabel("")
-    fig.legend(*axs[0, 0].get_legend_handles_labels(), fontsize=8, ncol=3, loc="outside lower center")
-    fig.suptitle(f"the KPAIR build and its half-B ablation (timing only) beside the best launch of record, each over "
-                 f"cuBLAS fp16 timed in the same run ({report.source(hbr)})", fontsize=9)
+    plotting.build_series_grid(hbt, ncol=3, height=7, suptitle=(
+        f"the KPAIR build and its half-B ablation (timing only) beside the best launch of record, each over "
+        f"cuBLAS fp16 timed in the same run ({report.source(hbr)})"))
     plt.show()
     h = hbt[hbt.build != "KPAIR"][["qtype", "od", "id", "nt", "cublas_us", "best_record", "best_record_us",
                                    "kpair_us", "kpair_vs_cublas", "halfb_over_kpair"]]
@@ -2010,14 +2000,9 @@ else:
     dcr = dc_runs[-1]
     dab = dcr.table("wgmma_kpair_ab")
     dcb = wgmma.kpair_ablation_builds(dab, {sfx: wgmma.KPAIR_BUILD_LABELS[sfx[1:]] for sfx in wgmma.DECOUPLE_ABLATIONS})
-    fig, axs = plt.subplots(2, 2, figsize=(12, 7.4), sharey=True)
-    for i, q in enumerate(("q4_K", "q6_K")):
-        for j, nt in enumerate((512, 4096)):
-            plotting.build_series_bars(axs[i, j], dcb, q, nt, f"{q}, nt={nt}")
-        axs[i, 1].set_ylabel("")
-    fig.legend(*axs[0, 0].get_legend_handles_labels(), fontsize=8, ncol=3, loc="outside lower center")
-    fig.suptitle(f"the KPAIR build and its ablations (timing only) beside the best launch of record, each over cuBLAS "
-                 f"fp16 timed in the same run ({report.source(dcr)})", fontsize=9)
+    plotting.build_series_grid(dcb, ncol=3, height=7.4, suptitle=(
+        f"the KPAIR build and its ablations (timing only) beside the best launch of record, each over cuBLAS "
+        f"fp16 timed in the same run ({report.source(dcr)})"))
     plt.show()
     dct = wgmma.decouple_table(dab)
     display(report.table(dct, {"cublas_us": "{:.1f}", "kpair_us": "{:.1f}"}
@@ -2204,14 +2189,9 @@ if not fin_runs:
 else:
     fnr = fin_runs[-1]
     fnb = wgmma.kpair_ablation_builds(fnr.table("wgmma_kpair_ab"), {"_fin": "KPAIR_FIN (TMA-store finish, early exit arrive)"})
-    fig, axs = plt.subplots(2, 2, figsize=(12, 7.4), sharey=True)
-    for i, q in enumerate(("q4_K", "q6_K")):
-        for j, nt in enumerate((512, 4096)):
-            plotting.build_series_bars(axs[i, j], fnb, q, nt, f"{q}, nt={nt}")
-        axs[i, 1].set_ylabel("")
-    fig.legend(*axs[0, 0].get_legend_handles_labels(), fontsize=8, ncol=3, loc="outside lower center")
-    fig.suptitle(f"the KPAIR build and its FIN form beside the best launch of record, each over cuBLAS fp16 timed in "
-                 f"the same run ({report.source(fnr)})", fontsize=9)
+    plotting.build_series_grid(fnb, ncol=3, height=7.4, suptitle=(
+        f"the KPAIR build and its FIN form beside the best launch of record, each over cuBLAS fp16 timed in "
+        f"the same run ({report.source(fnr)})"))
     plt.show()
     ft = fnb[fnb.build != "KPAIR"][["qtype", "od", "id", "nt", "cublas_us", "best_record", "best_record_vs_cublas",
                                     "kpair_us", "kpair_vs_cublas", "over_kpair"]]

@@ -1582,26 +1582,6 @@ def test_kpair_ab_gates_a_second_form_of_the_build_and_times_it_beside(monkeypat
             wgmma.kpair_ab(run, plan, builds={"_fin": wgmma.KPAIR_FIN})
 
 
-def test_kpair_fin_compiles_without_spills_and_only_beside_kpair():
-    import shutil
-
-    from labkernels import wgmma
-    from labkernels.kernels import registry
-
-    src = (registry.KERNELS_DIR / "wgmma_kq.cu").read_text()
-    assert "#if defined(LK_EXP_KPAIR_FIN) && !defined(LK_EXP_KPAIR)" in src
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc not on PATH")
-    _, names = wgmma._cubin("wgmma_kq.cu", wgmma.check_defines(wgmma.KPAIR_FIN))
-    for qt in (4, 6):
-        k = registry.find("wgmma_kq", QT=qt, **{n: v for n, v in wgmma.KPAIR_PARAMS.items() if n != "SK"})
-        e = names[k.key]
-        assert e["spill_stores"] == 0 and e["spill_loads"] == 0 and e["stack_frame"] == 0, e
-        assert not e["wgmma_serialized"], e
-    with pytest.raises(wgmma.WgmmaError, match="LK_EXP_KPAIR_FIN is a form of the LK_EXP_KPAIR build only"):
-        wgmma._cubin("wgmma_kq.cu", ("LK_EXP_KPAIR_FIN",))
-
-
 def _kpair_rows(kp: float, rec: float = 11.0, cb: float = 10.0):
     """Made-up A/B rows: cuBLAS, one launch of record and the build at every point, times scaled with id."""
     from labkernels import wgmma
@@ -1770,6 +1750,7 @@ def test_decouple_table_and_ablation_builds_put_each_ablation_beside_the_kpair_b
     from labkernels import plotting, wgmma
 
     f = {"_halfb": 0.95, "_decoupled": 0.8, "_noconv": 0.9, "_decoupled_noconv": 0.64}
+    assert set(wgmma.DECOUPLE_ABLATIONS) == set(f)
     base = _kpair_rows(12.5)
     rows = base + [{**r, "variant": wgmma.KPAIR_VARIANT + sfx, "median_us": r["median_us"] * k}
                    for sfx, k in f.items() for r in base if r["variant"] == wgmma.KPAIR_VARIANT]
@@ -1789,27 +1770,13 @@ def test_decouple_table_and_ablation_builds_put_each_ablation_beside_the_kpair_b
     plotting.build_series_bars(ax, b, "q4_K", 512)
     assert len(ax.patches) == 6 * 2   # best of record + 5 builds, at each of the two shapes
     plt.close(fig)
-
-
-def test_decouple_builds_compile_without_spills_and_decouple_only_beside_halfb():
-    import shutil
-
-    from labkernels import wgmma
-    from labkernels.kernels import registry
-
-    src = (registry.KERNELS_DIR / "wgmma_kq.cu").read_text()
-    assert "#if defined(LK_ABLATE_DECOUPLE) && !defined(LK_ABLATE_HALFB)" in src
-    assert set(wgmma.DECOUPLE_ABLATIONS) == {"_halfb", "_decoupled", "_noconv", "_decoupled_noconv"}
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc not on PATH")
-    for d in (wgmma.DECOUPLED, wgmma.KPAIR_NOCONV, wgmma.DECOUPLED_NOCONV):
-        _, names = wgmma._cubin("wgmma_kq.cu", wgmma.check_defines(d))
-        for qt in (4, 6):
-            k = registry.find("wgmma_kq", QT=qt, **{n: v for n, v in wgmma.KPAIR_PARAMS.items() if n != "SK"})
-            e = names[k.key]
-            assert e["spill_stores"] == 0 and e["spill_loads"] == 0 and e["stack_frame"] == 0, (d, e)
-    with pytest.raises(wgmma.WgmmaError, match="LK_ABLATE_DECOUPLE is an ablation of the LK_ABLATE_HALFB build"):
-        wgmma._cubin("wgmma_kq.cu", ("LK_ABLATE_DECOUPLE", "LK_EXP_KPAIR"))
+    fig = plotting.build_series_grid(b, "the builds", ncol=3)
+    axs = fig.axes
+    assert len(axs) == 4 and [a.get_title() for a in axs] == ["q4_K, nt=512", "q4_K, nt=4096", "q6_K, nt=512",
+                                                              "q6_K, nt=4096"]
+    assert all(len(a.patches) == 12 for a in axs) and fig._suptitle.get_text() == "the builds"
+    assert len(fig.legends) == 1 and len(fig.legends[0].get_texts()) == 6
+    plt.close(fig)
 
 
 def test_kpair_trace_phases_reads_the_kpair_bodys_stamps():
@@ -1874,6 +1841,40 @@ def test_kpair_trace_phases_reads_the_kpair_bodys_stamps():
     plt.close(fig)
 
 
+KPAIR_FORMS = [  # a form of the KPAIR build: (its defines' name in wgmma, its guard in the source, defines refused, why)
+    ("HALFB", "#if defined(LK_ABLATE_HALFB) && !defined(LK_EXP_KPAIR)", ("LK_ABLATE_HALFB",),
+     "LK_ABLATE_HALFB is an ablation of the LK_EXP_KPAIR build"),
+    ("DECOUPLED", "#if defined(LK_ABLATE_DECOUPLE) && !defined(LK_ABLATE_HALFB)", ("LK_ABLATE_DECOUPLE", "LK_EXP_KPAIR"),
+     "LK_ABLATE_DECOUPLE is an ablation of the LK_ABLATE_HALFB build"),
+    ("KPAIR_NOCONV", None, None, None), ("DECOUPLED_NOCONV", None, None, None),
+    ("KPAIR_FIN", "#if defined(LK_EXP_KPAIR_FIN) && !defined(LK_EXP_KPAIR)", ("LK_EXP_KPAIR_FIN",),
+     "LK_EXP_KPAIR_FIN is a form of the LK_EXP_KPAIR build only")]
+
+
+@pytest.mark.parametrize("name,guard,refused,why", KPAIR_FORMS, ids=[f[0] for f in KPAIR_FORMS])
+def test_kpair_forms_compile_without_spills_and_only_beside_their_base(name, guard, refused, why):
+    """Each ablation / form of the KPAIR build: its two launch shapes compile with no spills and no serialized wgmma,
+    and nvcc refuses it without the build it is a form of."""
+    import shutil
+
+    from labkernels import wgmma
+    from labkernels.kernels import registry
+
+    if guard:
+        assert guard in (registry.KERNELS_DIR / "wgmma_kq.cu").read_text()
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    _, names = wgmma._cubin("wgmma_kq.cu", wgmma.check_defines(getattr(wgmma, name)))
+    for qt in (4, 6):
+        k = registry.find("wgmma_kq", QT=qt, **{n: v for n, v in wgmma.KPAIR_PARAMS.items() if n != "SK"})
+        e = names[k.key]
+        assert e["spill_stores"] == 0 and e["spill_loads"] == 0 and e["stack_frame"] == 0, e
+        assert not e["wgmma_serialized"], e
+    if refused:
+        with pytest.raises(wgmma.WgmmaError, match=why):
+            wgmma._cubin("wgmma_kq.cu", refused)
+
+
 def test_kpair_ab_times_an_ablation_beside_the_build_and_never_gates_it(monkeypatch, tmp_path):
     """kpair_ab(ablations=...): the half-B build is launched with its own defines and the build's one launch shape,
     timed beside the rest, and never gated (its Y, here all NaN, would fail any gate)."""
@@ -1899,25 +1900,6 @@ def test_kpair_ab_times_an_ablation_beside_the_build_and_never_gates_it(monkeypa
     assert gate.ok.all() and wgmma.KPAIR_VARIANT in set(gate.variant)
     hb = [p for d, p in seen if d == wgmma.HALFB]
     assert hb and all(p == wgmma.KPAIR_PARAMS for p in hb)
-
-
-def test_halfb_build_compiles_without_spills_and_only_beside_kpair():
-    import shutil
-
-    from labkernels import wgmma
-    from labkernels.kernels import registry
-
-    src = (registry.KERNELS_DIR / "wgmma_kq.cu").read_text()
-    assert "#if defined(LK_ABLATE_HALFB) && !defined(LK_EXP_KPAIR)" in src
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc not on PATH")
-    _, names = wgmma._cubin("wgmma_kq.cu", wgmma.check_defines(wgmma.HALFB))
-    for qt in (4, 6):
-        k = registry.find("wgmma_kq", QT=qt, **{n: v for n, v in wgmma.KPAIR_PARAMS.items() if n != "SK"})
-        e = names[k.key]
-        assert e["spill_stores"] == 0 and e["spill_loads"] == 0 and e["stack_frame"] == 0, e
-    with pytest.raises(wgmma.WgmmaError, match="LK_ABLATE_HALFB is an ablation of the LK_EXP_KPAIR build"):
-        wgmma._cubin("wgmma_kq.cu", ("LK_ABLATE_HALFB",))
 
 
 def _ncu_step_shim(monkeypatch, fail=lambda case: False):
