@@ -268,12 +268,18 @@ HISTORY_OPTIONS = ("other_f16", "pdl", "memsets_as_kernels", "ids_from_host")
 
 def with_cudnn(run) -> bool:
     """Whether a prefill run had the project's whole GPU stack: its default attention (``auto``) did not run the
-    lab's kernel alone, which it does only without a usable cuDNN frontend (runs whose rows do not name the path
-    count as with it). The pages of record read these runs; a run without the frontend is its own experiment."""
+    lab's kernel alone, which it does only without a usable cuDNN frontend -- read from a graph run's fused variants,
+    or from an A/B run's ``auto`` rows (runs whose rows do not name the path count as with it). The pages of record
+    read these runs; a run without the frontend is its own experiment."""
     t = run.table("throughput")
-    if "attention" not in t or "variant" not in t:
+    if "attention" not in t:
         return True
-    d = t[t.variant.isin(["graph-fused", "eager-fused"])]
+    if "variant" in t:                 # prefill_graph runs: their fused variants
+        d = t[t.variant.isin(["graph-fused", "eager-fused"])]
+    elif "kernel" in t:                # the A/B step (prefill_r7): qmatmul(kernel="auto")'s rows
+        d = t[t.kernel == "auto"]
+    else:
+        return True
     return d.empty or not (d.attention == "lab").all()
 
 

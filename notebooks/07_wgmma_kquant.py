@@ -2267,6 +2267,10 @@ else:
         display(report.table(pc.table, caption="whole prefill, lab (auto, latest run) / llama.cpp llama-bench (FA on), "
                                                "same GGUF recipe and nt"))
     print(pc.message)
+    lt = abr[-1].table("throughput")
+    if "attention" in lt:   # the A/B step's machine may lack the cuDNN frontend: its attention is then the lab's alone
+        print(f"the latest A/B run ({abr[-1].run_id}) ran attention: {', '.join(sorted(set(lt.attention)))}"
+              + ("" if decompose.with_cudnn(abr[-1]) else " (no cuDNN frontend on that machine: the lab's kernel alone)"))
 
 # %%
 s7 = summ[(summ.od == headline_shape[0]) & (summ.id == headline_shape[1]) & (summ.nt == headline_nt)].set_index("qtype")

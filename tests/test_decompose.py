@@ -203,3 +203,8 @@ def test_with_cudnn_tells_a_run_without_the_frontend():
                                      {"variant": "graph-fused-cudnnattn", "attention": "cudnn"}]))
     assert decompose.with_cudnn(run([{"variant": "graph-fused", "wall_ms": 1.0}]))     # no attention column
     assert decompose.with_cudnn(run([{"variant": "auto", "attention": "lab"}]))         # no default graph variant
+    # the A/B step's runs (prefill_r7: a kernel column, no variant): told apart by qmatmul auto's rows
+    assert not decompose.with_cudnn(run([{"kernel": "int8", "attention": "lab"}, {"kernel": "auto", "attention": "lab"}]))
+    assert decompose.with_cudnn(run([{"kernel": "int8", "attention": "lab"},
+                                     {"kernel": "auto", "attention": "lab+cudnn"}]))
+    assert decompose.with_cudnn(run([{"kernel": "auto", "tok_per_s": 1.0}]))           # older A/B runs: not named
