@@ -289,6 +289,7 @@ def latest_graph_run(model: str, table: str, root=None, cudnn: bool = True):
     from . import records
 
     return records.latest("prefill", root, where=lambda r: r.has(table) and r.has("throughput")
+                          and "variant" in r.table("throughput")   # a graph run's rows (not the A/B step's)
                           and model in set(r.table("throughput").model) and with_cudnn(r) == cudnn)
 
 

@@ -182,6 +182,13 @@ def test_graph_run_history_takes_the_latest_runs_and_each_variants_options(tmp_p
     assert decompose.latest_graph_run("other", "graphs", root=tmp_path).meta["params"]["variants"] == {
         "graph-fused": {"graph": None}}
     assert decompose.latest_graph_run("nobody", "graphs", root=tmp_path) is None
+    # an A/B step's run (kernel rows, no variant) is not a graph run, with or without the cuDNN frontend
+    ab = records.new_run("prefill", {"ab": ["int8", "auto"]}, root=tmp_path)
+    ab.append("throughput", [{"model": "m", "nt": 512, "kernel": k, "tok_per_s": 1.0, "attention": "lab"}
+                             for k in ("int8", "auto")])
+    ab.finish()
+    assert decompose.latest_graph_run("m", "throughput", root=tmp_path, cudnn=False) is None
+    assert decompose.latest_graph_run("m", "throughput", root=tmp_path).run_id == lab.run_id
 
 
 def test_with_cudnn_tells_a_run_without_the_frontend():
