@@ -436,7 +436,7 @@ def trace_phase_bars(ax, table, title: str = "") -> None:
         ax.barh(y, v, left=left, color=c or color("wgmma_kq"), hatch=hatch, edgecolor="0.3", lw=.5, label=label)
         left += v
     ax.scatter(t.end_us_max, y, marker="|", s=120, color="k", zorder=3, label="the launch's last stamp")
-    ax.set_yticks(y, [f"{r.qtype} 4096 x {r.id}, {r.build}" for r in t.itertuples()], fontsize=8)
+    ax.set_yticks(y, [f"{r.qtype} {r.od} x {r.id}, {r.build}" for r in t.itertuples()], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("us from the CTA's entry (median over CTAs)")
     ax.grid(axis="x", alpha=.3)

@@ -1571,7 +1571,7 @@ def trace_launch(w: WgWeight, x16, BN: int = 128, STAGES: int = 4, SCL: int = 0,
     :class:`labkernels.bench.Flusher` run right before the traced launch, so that it starts from a cold L2 as every
     benchmarked launch does (without it the warm-up launches leave the weights and activations in L2). ``kpair``: the
     ``LK_EXP_KPAIR`` build's one launch shape instead (:data:`KPAIR_PARAMS`, :func:`kpair_grid` CTAs; the tile
-    arguments are then not read): its stamps are :func:`kpair_trace_phases`'."""
+    arguments are then not read): its stamps are read by :func:`kpair_trace_phases`."""
     cp = _cp()
     qt = 4 if w.qtype == "q4_K" else 6
     nt = x16.shape[0]
@@ -1619,22 +1619,25 @@ KPAIR_TRACE = {"entry": "entry", "setup": "setup", "first_tile": "first_tile", "
                "done": "seg0_done", "exit": "seg1_start"}
 
 
+def _trace_pivots(df):
+    """A traced launch's stamps (:func:`trace_rows` rows) as three [cta x event] tables: us from the CTA's entry,
+    clock64 cycles from its entry, and us from the launch's first entry."""
+    return tuple(df.pivot_table(index="cta", columns="event", values=v, aggfunc="first")
+                 for v in ("cta_us", "cycles", "t_us"))
+
+
 def kpair_trace_phases(rows, id_: int):
     """Per CTA of a traced ``LK_EXP_KPAIR`` launch (:func:`trace_launch` with ``kpair``; warpgroup 1's first thread
     stamps): ``setup_us`` (entry to the setup stamp: barriers, cluster sync -- the consumers start right after it),
     ``fill_us`` (from there to its first activation stage landed), ``main_us`` (to the end of its main loop, the fill
-    included), ``finish_us`` (the two warpgroups' exchange of
-    partial sums and its Y stores), ``exit_us`` (waiting at the cluster's exit barrier), ``end_us`` (the exit from the
-    launch's first entry), ``cycles_per_iter`` (clock64 cycles of the main loop per super-block of the warpgroup:
+    included), ``finish_us`` (the two warpgroups' exchange of partial sums and its Y stores), ``exit_us`` (waiting at
+    the cluster's exit barrier), ``end_us`` (the exit from the launch's first entry), ``cycles_per_iter`` (clock64 cycles of the main loop per super-block of the warpgroup:
     ceil(id / 512) of them), ``loop_cycles_per_iter`` (the same from its first activation stage on: the fill left out)
     and ``mhz`` (clock64 cycles per globaltimer us over the CTA). A CTA without every stamp raises."""
     import pandas as pd
 
-    df = pd.DataFrame(rows)
     need = list(KPAIR_TRACE.values())
-    us = df.pivot_table(index="cta", columns="event", values="cta_us", aggfunc="first")
-    cyc = df.pivot_table(index="cta", columns="event", values="cycles", aggfunc="first")
-    t = df.pivot_table(index="cta", columns="event", values="t_us", aggfunc="first")
+    us, cyc, t = _trace_pivots(pd.DataFrame(rows))
     miss = [e for e in need if e not in us.columns or us[e].isna().any()]
     if miss:
         raise WgmmaError(f"a KPAIR trace without every stamp: {miss} missing (not a KPAIR trace build?)")
@@ -1652,7 +1655,7 @@ def kpair_trace_phases(rows, id_: int):
 
 
 def kpair_trace_table(run):
-    """The twenty-fifth step's trace run as one row per (L2 state, qtype, id, build): the KPAIR build (tables
+    """The twenty-fifth step's trace run as one row per (L2 state, qtype, od, id, build): the KPAIR build (tables
     ``kpair_trace[_flushed]``, :func:`kpair_trace_phases`) and the BN=128 data-parallel launch (``bn128_trace[_flushed]``)
     on the same phases, medians over CTAs: ``to_first_tile_us`` (entry to the first activation stage: setup, register
     hand-over, the first loads), ``loop_us`` (from there to the main loop's end) and its clock64 cycles per iteration
@@ -1667,7 +1670,7 @@ def kpair_trace_table(run):
             if not run.has(tab + sfx):
                 continue
             d = run.table(tab + sfx)
-            for (q, id_), g in d.groupby(["qtype", "id"], sort=False):
+            for (q, od, id_), g in d.groupby(["qtype", "od", "id"], sort=False):
                 if build.startswith("KPAIR"):
                     ph = kpair_trace_phases(g.to_dict("records"), int(id_))
                     m = ph.median()
@@ -1675,9 +1678,7 @@ def kpair_trace_table(run):
                          "loop_cycles_per_iter": m.loop_cycles_per_iter, "pipe_cycles": 2 * MACS_PER_CLK,
                          "finish_us": m.finish_us, "exit_us": m.exit_us, "end_us_max": ph.end_us.max(), "mhz": m.mhz}
                 else:
-                    us = g.pivot_table(index="cta", columns="event", values="cta_us", aggfunc="first")
-                    cyc = g.pivot_table(index="cta", columns="event", values="cycles", aggfunc="first")
-                    t = g.pivot_table(index="cta", columns="event", values="t_us", aggfunc="first")
+                    us, cyc, t = _trace_pivots(g)
                     nsb = int(id_) // QK
                     r = {"to_first_tile_us": us.first_tile.median(),
                          "loop_us": (us.seg0_mma_end - us.first_tile).median(),
@@ -1685,7 +1686,7 @@ def kpair_trace_table(run):
                          "pipe_cycles": MACS_PER_CLK, "finish_us": (us.seg0_done - us.seg0_mma_end).median(),
                          "exit_us": np.nan, "end_us_max": t.seg0_done.max(),
                          "mhz": (cyc.seg0_done / us.seg0_done).median()}
-                rows.append({"L2": state, "qtype": q, "id": int(id_), "build": build, **r,
+                rows.append({"L2": state, "qtype": q, "od": int(od), "id": int(id_), "build": build, **r,
                              "loop_over_pipe": r["loop_cycles_per_iter"] / r["pipe_cycles"]})
     return pd.DataFrame(rows)
 
@@ -2473,8 +2474,9 @@ KPAIR_REAL_NTS = (37, 300)
 
 def kpair_real_rows(rng, progress=print, nts=KPAIR_REAL_NTS, defines=KPAIR, variant=None) -> list[dict]:
     """Every q4_K / q6_K tensor of Gemma 3 270M (all rows, fresh random tokens at each of ``nts``) through the
-    ``LK_EXP_KPAIR`` launch, NaN-poisoned output, :func:`gate` against gguf-py's float64 dequantization and the kernel's
-    exact weights, the int8 q8_1 path's error on the same inputs beside it; a failed gate raises."""
+    ``LK_EXP_KPAIR`` launch (or the form of it that ``defines`` name, its rows under ``variant``), NaN-poisoned output,
+    :func:`gate` against gguf-py's float64 dequantization and the kernel's exact weights, the int8 q8_1 path's error on
+    the same inputs beside it; a failed gate raises."""
     from . import model
 
     cp = _cp()

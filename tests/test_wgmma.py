@@ -1805,7 +1805,7 @@ def test_kpair_trace_phases_reads_the_kpair_bodys_stamps():
           for c in range(2) for e, (us, cy) in {"entry": (0.0, 0), "setup": (0.1, 170), "seg0_start": (0.8, 1360),
                                                  "first_tile": (2.0, 3400), "seg0_mma_end": (22.0, 36168),
                                                  "seg0_done": (24.0, 40800)}.items()]
-    key = {"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512}
+    key = {"qtype": "q4_K", "od": 11008, "id": 4096, "nt": 512}
 
     class Run:
         tabs = {"kpair_trace_flushed": pd.DataFrame([{**key, "variant": "k", **r} for r in rows]),
@@ -1818,7 +1818,7 @@ def test_kpair_trace_phases_reads_the_kpair_bodys_stamps():
             return self.tabs[n]
 
     tt = wgmma.kpair_trace_table(Run()).set_index("build")
-    assert list(tt.L2) == ["cold", "cold"]
+    assert list(tt.L2) == ["cold", "cold"] and list(tt.od) == [11008, 11008]
     k, b = tt.loc["KPAIR 64 x 256"], tt.loc["BN=128 data-parallel"]
     assert k.to_first_tile_us == pytest.approx(2.5) and k.loop_us == pytest.approx(18.0) and k.pipe_cycles == 4096
     assert k.loop_over_pipe == pytest.approx((34850 - 4250) / 8 / 4096) and k.end_us_max == pytest.approx(24.75)
@@ -1837,7 +1837,7 @@ def test_kpair_trace_phases_reads_the_kpair_bodys_stamps():
     assert len(ax.patches) == 2 * len(plotting.TRACE_PHASES)   # every phase of both bars (BN=128's exit: 0 wide)
     widths = [p.get_width() for p in ax.patches]
     assert sum(widths[:2]) == pytest.approx(2.5 + 2.0) and widths[-1] == 0   # first-stage phase; BN=128 no exit
-    assert "us" in ax.get_xlabel() and ax.get_yticklabels()[0].get_text().startswith("q4_K 4096 x 4096")
+    assert "us" in ax.get_xlabel() and ax.get_yticklabels()[0].get_text() == "q4_K 11008 x 4096, KPAIR 64 x 256"
     plt.close(fig)
 
 

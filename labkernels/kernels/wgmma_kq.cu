@@ -906,6 +906,14 @@ __device__ __forceinline__ void lk_fold_lds(float (&acc)[BN / 2], u32 ring, int 
     }
 }
 
+// EPI=4's staging (and LK_EXP_KPAIR_FIN's): the shared address of row lw (0..63 of a warpgroup's rows) and token n
+// (0..127) in a [128 tokens x 64 rows] f32 buffer at wst, the layout of two TMA boxes of the Y map: box lw / 32 holds
+// [128 tokens x 32 rows], token n's 128 bytes at n * 128, its 16-byte chunk k = (lw % 32) / 4 at k ^ (n % 8) (the
+// 128-byte swizzle), the row's float at (lw % 4) * 4
+__device__ __forceinline__ u32 lk_stage_addr(u32 wst, int lw, int n) {
+    return wst + (u32)(lw >> 5) * 16384u + (u32)n * 128 + ((u32)(((lw & 31) >> 2) ^ (n & 7)) << 4) + (u32)(lw & 3) * 4;
+}
+
 // ---- the end of a consumer's segment (both forms): a stream-K helper writes its partial accumulators and raises
 // its flag; an owner folds in the helpers' partials (in CTA order) and stores its rows of Y. ``ring``: the
 // activation ring's shared address (EPI >= 1, the CTA's one segment); ``fold_bar``: the bulk fold's mbarrier
@@ -1066,17 +1074,11 @@ __device__ __forceinline__ void lk_finish_segment(float (&acc)[BN / 2], const Lk
             // the previous round's (or tile's) stores have read the buffer: this warpgroup's leader committed them
             if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
             lk_wg_sync(wgi);
-            // box b = row / 32 holds [128 tokens x 32 rows]: token n's 128 bytes at n * 128, its 16-byte chunk
-            // k = (row % 32) / 4 at k ^ (n % 8) (the 128-byte swizzle), the row's float at (row % 4) * 4
 #pragma unroll
             for (int jn = 16 * h; jn < 16 * h + 16; jn++) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int lw = lw0 + (e >> 1) * 8, n = 8 * (jn - 16 * h) + 2 * c + (e & 1);
-                    const u32 a = wst + (u32)(lw >> 5) * 16384u + (u32)n * 128 +
-                                  ((u32)(((lw & 31) >> 2) ^ (n & 7)) << 4) + (u32)(lw & 3) * 4;
-                    lk_sts32(a, acc[4 * jn + e]);
-                }
+                for (int e = 0; e < 4; e++)
+                    lk_sts32(lk_stage_addr(wst, lw0 + (e >> 1) * 8, 8 * (jn - 16 * h) + 2 * c + (e & 1)), acc[4 * jn + e]);
             }
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the generic writes -> the TMA's reads
             lk_wg_sync(wgi);
@@ -1594,7 +1596,8 @@ __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, floa
     lk_wgmma_wait<0>();
     lk_wgmma_fence_acc(acc);
     // LK_EXP_TRACE: the main loop's end. With this stamp ptxas spills 8 B in q6_K's trace build (its consumers sit at
-    // 240 registers; 0 without it, and in every other build): where, the run's SASS check says (wgmma_kpairtrace)
+    // 240 registers; 0 without it, and in every other build): one STL.64 at the kernel's start and one LDL.64 here,
+    // none in the loop (the SASS of trace run 20261204T165923Z)
     LK_TRACE(4);
 #ifdef LK_EXP_KPAIR_FIN
     // this thread's part of the pair's exit barrier: its last remote arrive (lane 0, inside the loop) is ordered before
@@ -1627,12 +1630,8 @@ __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, floa
 #pragma unroll
     for (int jn = 16 * HALF; jn < 16 * HALF + 16; jn++) {
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int lw = lw0 + (e >> 1) * 8, n = 8 * (jn - 16 * HALF) + 2 * c + (e & 1);
-            lk_sts32(wst + (u32)(lw >> 5) * 16384u + (u32)n * 128 + ((u32)(((lw & 31) >> 2) ^ (n & 7)) << 4) +
-                         (u32)(lw & 3) * 4,
-                     acc[4 * jn + e]);
-        }
+        for (int e = 0; e < 4; e++)
+            lk_sts32(lk_stage_addr(wst, lw0 + (e >> 1) * 8, 8 * (jn - 16 * HALF) + 2 * c + (e & 1)), acc[4 * jn + e]);
     }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the generic writes -> the TMA's reads
     lk_wg_sync(HALF);
@@ -1708,7 +1707,7 @@ __device__ __forceinline__ void wgmma_kq_kpair_body(const LkTmap& tm, const LkTm
 #else
     lk_cluster_sync();
 #endif
-    LK_TRACE(6);   // LK_EXP_TRACE: past the exit barrier (labkernels.wgmma.KPAIR_TRACE_EVENTS: "exit")
+    LK_TRACE(6);   // LK_EXP_TRACE: past the exit barrier (labkernels.wgmma.KPAIR_TRACE: "exit")
 }
 #endif
 

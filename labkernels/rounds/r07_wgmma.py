@@ -426,24 +426,31 @@ def _ncu_cases(out: Path, args, cases, tag: str) -> tuple[list[dict], list[str],
     return table, metrics, len({t["case"] for t in table}) == len(cases)
 
 
+def _ncu_then_kpair_ab(out: Path, args, tag: str, cases, ab_what: str, plan: dict, ablations: dict) -> dict:
+    """An ncu-and-A/B step: :func:`_ncu_cases` of ``cases`` recorded as ``<tag>_ncu`` (table ``smem_ncu``), then the
+    KPAIR build beside its ``ablations`` at ``plan``'s points (labkernels.wgmma.kpair_ab; the build real-model gated,
+    every non-ablation launch parity-gated) recorded as ``ab_what``."""
+    from .. import records
+
+    table, metrics, ok = _ncu_cases(out, args, cases, tag)
+    with records.recording(DATA[0], {"what": f"{tag}_ncu", "sections": list(SMEM_SECTIONS), "metrics": metrics,
+                                     "cases": [list(c) for c in cases]}, root=out / "data") as run:
+        run.append("smem_ncu", table)
+    args.log(f"{tag} ncu: {len({t['case'] for t in table})} of {len(cases)} cases recorded (run {run.run_id})")
+    with records.recording(DATA[0], {"what": ab_what, "plan": plan, "defines": list(wgmma.KPAIR),
+                                     "ablations": {k: list(v) for k, v in ablations.items()},
+                                     "real_nts": list(wgmma.KPAIR_REAL_NTS)}, root=out / "data") as run2:
+        wgmma.kpair_ab(run2, plan=plan, progress=args.log, ablations=ablations)
+    return {"ok": ok, "run": run.run_id, "ab_run": run2.run_id}
+
+
 def step_wgmma_smem(out: Path, args) -> dict:
     """Round 7, twenty-second step: (1) Nsight Compute of cuBLAS fp16 (the baseline) at the bar's shapes and nt 512 /
     4096 beside the launches of record, the KPAIR build and its half-B ablation (LK_ABLATE_HALFB) at 4096 x 4096 --
     launch configuration, tensor pipe, shared memory's data banks -- one process per case; (2) the half-B ablation's
     timing A/B beside the KPAIR build, the launches of record and cuBLAS (labkernels.wgmma.kpair_ab with
     ``ablations``; the KPAIR build real-model gated and every non-ablation launch parity-gated); both recorded."""
-    from .. import records
-
-    table, metrics, ok = _ncu_cases(out, args, SMEM_CASES, "smem")
-    with records.recording(DATA[0], {"what": "smem_ncu", "sections": list(SMEM_SECTIONS), "metrics": metrics,
-                                     "cases": [list(c) for c in SMEM_CASES]}, root=out / "data") as run:
-        run.append("smem_ncu", table)
-    args.log(f"smem ncu: {len({t['case'] for t in table})} of {len(SMEM_CASES)} cases recorded (run {run.run_id})")
-    with records.recording(DATA[0], {"what": "halfb_ab", "plan": wgmma.HALFB_AB, "defines": list(wgmma.KPAIR),
-                                     "ablations": {"_halfb": list(wgmma.HALFB)},
-                                     "real_nts": list(wgmma.KPAIR_REAL_NTS)}, root=out / "data") as run2:
-        wgmma.kpair_ab(run2, plan=wgmma.HALFB_AB, progress=args.log, ablations={"_halfb": wgmma.HALFB})
-    return {"ok": ok, "run": run.run_id, "ab_run": run2.run_id}
+    return _ncu_then_kpair_ab(out, args, "smem", SMEM_CASES, "halfb_ab", wgmma.HALFB_AB, {"_halfb": wgmma.HALFB})
 
 
 #: the twenty-fourth step's ncu cases: cuBLAS and the KPAIR build with each of its ablations (wgmma.KPAIR_BUILDS) at
@@ -458,20 +465,8 @@ def step_wgmma_decouple(out: Path, args) -> dict:
     its ablations (wgmma.DECOUPLE_ABLATIONS: half B, half B decoupled, no conversion, decoupled without conversion),
     the launches of record and cuBLAS (labkernels.wgmma.kpair_ab; the KPAIR build real-model gated, every
     non-ablation launch parity-gated); both recorded."""
-    from .. import records
-
-    table, metrics, ok = _ncu_cases(out, args, DECOUPLE_CASES, "decouple")
-    with records.recording(DATA[0], {"what": "decouple_ncu", "sections": list(SMEM_SECTIONS), "metrics": metrics,
-                                     "cases": [list(c) for c in DECOUPLE_CASES]}, root=out / "data") as run:
-        run.append("smem_ncu", table)
-    args.log(f"decouple ncu: {len({t['case'] for t in table})} of {len(DECOUPLE_CASES)} cases recorded "
-             f"(run {run.run_id})")
-    abl = {k: list(v) for k, v in wgmma.DECOUPLE_ABLATIONS.items()}
-    with records.recording(DATA[0], {"what": "decouple_ab", "plan": wgmma.DECOUPLE_AB, "defines": list(wgmma.KPAIR),
-                                     "ablations": abl, "real_nts": list(wgmma.KPAIR_REAL_NTS)},
-                           root=out / "data") as run2:
-        wgmma.kpair_ab(run2, plan=wgmma.DECOUPLE_AB, progress=args.log, ablations=wgmma.DECOUPLE_ABLATIONS)
-    return {"ok": ok, "run": run.run_id, "ab_run": run2.run_id}
+    return _ncu_then_kpair_ab(out, args, "decouple", DECOUPLE_CASES, "decouple_ab", wgmma.DECOUPLE_AB,
+                              wgmma.DECOUPLE_ABLATIONS)
 
 
 #: the twenty-fifth step's shapes (od, id) at nt=512: the KPAIR build and the BN=128 launch of record traced
