@@ -1062,6 +1062,10 @@ KPAIR = ("LK_EXP_KPAIR",)
 #: its form with the twenty-fifth step's two levers (kernel: LK_EXP_KPAIR_FIN): Y through the idle ring and TMA stores,
 #: and the pair's exit barrier arrived at right after the main loops (round 7's twenty-sixth step); bitwise the build
 KPAIR_FIN = ("LK_EXP_KPAIR", "LK_EXP_KPAIR_FIN")
+#: its FIN form with the cold start overlapped (kernel: LK_EXP_KPAIR_EARLY): every thread requests what it loads first
+#: after the setup -- the tensor maps, the first pass's activation boxes, its rows' first weights -- into L2 at its
+#: entry, before the barriers' init and the cluster's sync (round 7's twenty-seventh step); bitwise the build
+KPAIR_FIN_EARLY = ("LK_EXP_KPAIR", "LK_EXP_KPAIR_FIN", "LK_EXP_KPAIR_EARLY")
 #: the one launch shape it is built for: BN=256, 4 stages, f16, the main scale form, the plain epilogue, the
 #: data-parallel grid
 KPAIR_PARAMS = dict(BN=256, STAGES=4, BF16=0, SCL=0, SK=0, EPI=0, AQ=2, PF=0)
@@ -1561,7 +1565,7 @@ def trace_roles(trace, sm_count: int | None = None):
 
 
 def trace_launch(w: WgWeight, x16, BN: int = 128, STAGES: int = 4, SCL: int = 0, SK: int = 0, EPI: int = 0,
-                 warmup: int = 2, timed: int = 0, flush=None, kpair: bool = False):
+                 warmup: int = 2, timed: int = 0, flush=None, kpair: bool = False, defines: tuple = ()):
     """Exploratory: the per-CTA phase stamps (:func:`trace_rows`) of one register-form launch -- any scheduler and
     epilogue form :func:`gemm` takes (EPI=3's 2-CTA clusters included) -- from a ``-DLK_EXP_TRACE`` build (its own
     cubin: the plain build stays as it is), after ``warmup`` launches of it. ``x16``: float16 activations [nt, id].
@@ -1571,12 +1575,17 @@ def trace_launch(w: WgWeight, x16, BN: int = 128, STAGES: int = 4, SCL: int = 0,
     :class:`labkernels.bench.Flusher` run right before the traced launch, so that it starts from a cold L2 as every
     benchmarked launch does (without it the warm-up launches leave the weights and activations in L2). ``kpair``: the
     ``LK_EXP_KPAIR`` build's one launch shape instead (:data:`KPAIR_PARAMS`, :func:`kpair_grid` CTAs; the tile
-    arguments are then not read): its stamps are read by :func:`kpair_trace_phases`."""
+    arguments are then not read): its stamps are read by :func:`kpair_trace_phases`; ``defines``: with ``kpair``, a
+    form of that build instead (e.g. :data:`KPAIR_FIN`), traced with the same stamps."""
+    if kpair and defines and "LK_EXP_KPAIR" not in defines:
+        raise WgmmaError(f"a KPAIR trace takes a form of the KPAIR build, not {defines}")
+    if defines and not kpair:
+        raise WgmmaError("trace_launch takes other defines only for a KPAIR trace (kpair=True)")
     cp = _cp()
     qt = 4 if w.qtype == "q4_K" else 6
     nt = x16.shape[0]
     if kpair:
-        defines = check_defines(KPAIR + ("LK_EXP_TRACE",))
+        defines = check_defines(tuple(defines or KPAIR) + ("LK_EXP_TRACE",))
         kw = dict(defines=defines, **KPAIR_PARAMS)
         k = kernel_built(defines, QT=qt, **{n: v for n, v in KPAIR_PARAMS.items() if n != "SK"})
         ncta = kpair_grid(nt, w.od)
@@ -1689,6 +1698,33 @@ def kpair_trace_table(run):
                 rows.append({"L2": state, "qtype": q, "od": int(od), "id": int(id_), "build": build, **r,
                              "loop_over_pipe": r["loop_cycles_per_iter"] / r["pipe_cycles"]})
     return pd.DataFrame(rows)
+
+
+def early_table(run):
+    """The twenty-seventh step's run (:data:`KPAIR_FIN_EARLY` against :data:`KPAIR_FIN`): per traced build (its
+    variant), qtype and shape, the cold-L2 phases (``kpair_trace_flushed``, :func:`kpair_trace_phases`) as medians over
+    CTAs -- ``setup_us``, ``fill_us``, ``to_first_tile_us`` (their sum), ``loop_us`` (the main loop from the first
+    stage), ``finish_us``, ``exit_us`` -- and ``end_us_max`` (the launch's last stamp from its first entry), each the
+    median over the run's traced launches (``rep``; one launch without it). A run without the table gives an empty
+    frame."""
+    import pandas as pd
+
+    if not run.has("kpair_trace_flushed"):
+        return pd.DataFrame()
+    t = run.table("kpair_trace_flushed")
+    if "rep" not in t.columns:
+        t = t.assign(rep=0)
+    key = ["variant", "qtype", "od", "id"]
+    rows = []
+    for k, g in t.groupby(key + ["rep"]):
+        ph = kpair_trace_phases(g.to_dict("records"), k[3])
+        m = ph.median()
+        rows.append({**dict(zip(key, k[:4])), "setup_us": m.setup_us, "fill_us": m.fill_us,
+                     "to_first_tile_us": (ph.setup_us + ph.fill_us).median(),
+                     "loop_us": (ph.main_us - ph.fill_us).median(), "finish_us": m.finish_us, "exit_us": m.exit_us,
+                     "end_us_max": ph.end_us.max()})
+    out = pd.DataFrame(rows).groupby(key, sort=False).median().reset_index()
+    return out.assign(launches=pd.DataFrame(rows).groupby(key, sort=False).size().values)
 
 
 def cost_fit(scan_df):

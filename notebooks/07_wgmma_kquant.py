@@ -2237,6 +2237,77 @@ else:
 # exploratory form: `qmatmul` and the prefill do not use the KPAIR build.
 
 # %% [markdown]
+# ## Twenty-seventh step: the KPAIR build's cold start, overlapped with its setup (exploratory build, prediction first)
+#
+# **Why.** The twenty-fifth step's trace from a flushed L2 (q4_K, 4096 × 4096, nt=512, medians over CTAs) has two
+# phases before the first wgmma:
+# * **The setup: 0.83 us.** That is the barriers' init and the cluster's sync; BN=128's setup takes 0.10 us.
+# * **The fill: 1.95 us more** until the first activation stage has landed.
+#
+# Nothing is requested from memory before the setup is over: the tensor map, the stage's boxes and the first weights
+# all come from HBM after it. The twenty-sixth step left the cluster start as the one measured lever not yet built.
+#
+# **Design** (`-DLK_EXP_KPAIR_EARLY`, `wgmma.KPAIR_FIN_EARLY`, `gpu-check --steps wgmma_kpairearly`). A form of the
+# KPAIR build (refused without it), built here on the FIN form. Every thread requests into L2, at its entry and before
+# the setup, what it loads first after it:
+# * the producer's thread: the two tensor maps, and the L2 prefetch of this CTA's half of every stage of its first
+#   pass (the boxes it loads after the sync);
+# * each consumer thread: its two rows' bytes of its warpgroup's first two super-blocks.
+#
+# There is no shared memory and no barrier in it, so it is bitwise the build; it has 0 spills, and the plain, KPAIR
+# and FIN cubins stay byte-identical. The step traces both forms (q4_K only: both q6_K trace builds spill 16 B), three
+# launches each after an L2 flush, interleaved. Then it gates both on the model and at every point of the KPAIR step's
+# plan, and times them beside the KPAIR build, the launches of record and cuBLAS.
+#
+# **Prediction** (written before the run):
+# * **Trace** (q4_K, cold, 4096 × 4096): the setup unchanged (0.8–0.95 us); the fill from ~1.95 us to 0.9–1.5 us;
+#   the loop, the finish and the exit as FIN's.
+# * **A/B, EARLY over FIN:** 1.01–1.03× at nt=512 at 4096 × 4096 and 11008 × 4096 (0.3–0.8 us of ~30 us);
+#   1.00–1.01× at the wide ids; 1.000 ± 0.005 at nt=4096.
+# * **The bar:** q4_K at 4096 × 4096, nt=512 at 0.91–0.93× cuBLAS. The bar stays unmet at every point.
+
+# %%
+early_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "kpairearly"]
+if not early_runs:
+    print("no recorded run of the EARLY form (gpu-check --steps wgmma_kpairearly)")
+else:
+    er = early_runs[-1]
+    et = wgmma.early_table(er)
+    display(report.table(et, {c: "{:.2f}" for c in et.columns if c.endswith("_us")},
+                         caption=f"the FIN form and its EARLY form, q4_K, nt=512, each launch right after an L2 flush: "
+                                 f"medians over CTAs, then over the build's {int(et.launches.max())} launches, us "
+                                 f"({report.source(er)})"))
+    eb = wgmma.kpair_ablation_builds(er.table("wgmma_kpair_ab"),
+                                     {"_fin": "KPAIR_FIN", "_fin_early": "KPAIR_FIN + EARLY (L2 requests before the setup)"})
+    plotting.build_series_grid(eb, ncol=3, height=7.4, suptitle=(
+        f"the KPAIR build, its FIN form and FIN + EARLY beside the best launch of record, each over cuBLAS fp16 "
+        f"timed in the same run ({report.source(er)})"))
+    plt.show()
+    fe = eb[eb.build != "KPAIR"].pivot_table(index=["qtype", "od", "id", "nt"], columns="build",
+                                              values=["kpair_us", "kpair_vs_cublas"]).reset_index()
+    fe.columns = [" ".join(str(x) for x in c if x).replace("kpair_", "") for c in fe.columns]
+    fl, el = "KPAIR_FIN", "KPAIR_FIN + EARLY (L2 requests before the setup)"
+    fe = fe.rename(columns={f"us {fl}": "fin_us", f"us {el}": "early_us", f"vs_cublas {fl}": "fin_vs_cublas",
+                            f"vs_cublas {el}": "early_vs_cublas"})
+    fe["early_over_fin"] = fe.fin_us / fe.early_us
+    display(report.table(fe, {"fin_us": "{:.1f}", "early_us": "{:.1f}", "fin_vs_cublas": "{:.3f}",
+                              "early_vs_cublas": "{:.3f}", "early_over_fin": "{:.3f}"},
+                         caption=f"medians over 3 interleaved rounds of 10 launches, L2 flushed ({report.source(er)}); "
+                                 f"*_vs_cublas = cuBLAS time / launch time; early_over_fin > 1: the EARLY form is "
+                                 f"faster than the FIN form"))
+    rp, gt = er.table("real_model_parity"), er.table("wgmma_kpair_gate")
+    for v, g in rp.groupby("variant"):
+        print(f"real-model gates, {v}: {int(g.ok.sum())} of {len(g)} passed, max rel err vs float64 "
+              f"{g.max_rel_err_f64.max():.2e} (int8 q8_1 path {g.int8_max_rel_err_f64.max():.2e})")
+    print(f"gates at the timed points: {int(gt.ok.sum())} of {len(gt)} passed")
+    esan = [r for r in records.list_runs("wgmma") if r.has("sanitizer")
+            and "LK_EXP_KPAIR_EARLY" in ((r.meta.get("params") or {}).get("defines") or [])]
+    if esan:
+        st = esan[-1].table("sanitizer")
+        print(f"compute-sanitizer of the EARLY form ({report.source(esan[-1])}): "
+              + ", ".join(f"{t.tool} {'clean' if t.clean else 'NOT clean'}" for t in st.itertuples()))
+
+# %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process
 
 # %%

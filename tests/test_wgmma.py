@@ -1841,6 +1841,49 @@ def test_kpair_trace_phases_reads_the_kpair_bodys_stamps():
     plt.close(fig)
 
 
+def test_early_table_reads_each_builds_traced_launches():
+    """early_table: per traced build and shape, the cold phases as medians over CTAs, then over the build's launches
+    (``rep``): setup, fill, their sum, the loop from the first stage, finish, exit, the last stamp; a run without the
+    table gives an empty frame. trace_launch refuses defines that are not a KPAIR form, and defines without kpair."""
+    import pandas as pd
+
+    from labkernels import wgmma
+
+    ev = wgmma.KPAIR_TRACE
+
+    def launch(fill, rep_shift):
+        st = {"entry": 0.0, "setup": 0.8, "first_tile": 0.8 + fill, "mma_end": 24.0, "done": 25.6, "exit": 26.0}
+        return [{"cta": c, "smid": c, "event": ev[k], "t_us": us + 0.1 * c + rep_shift, "cta_us": us,
+                 "cycles": int(us * 1700)} for c in range(4) for k, us in st.items()]
+
+    key = {"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512}
+    rows = [{**key, "variant": "fin", "rep": r, **x} for r in range(3) for x in launch(2.0, r)]
+    rows += [{**key, "variant": "early", "rep": r, **x} for r in range(3) for x in launch(1.0 + 0.1 * r, 0)]
+
+    class Run:
+        def __init__(self, tabs):
+            self.tabs = tabs
+
+        def has(self, n):
+            return n in self.tabs
+
+        def table(self, n):
+            return self.tabs[n]
+
+    t = wgmma.early_table(Run({"kpair_trace_flushed": pd.DataFrame(rows)})).set_index("variant")
+    assert list(t.launches) == [3, 3]
+    f, e = t.loc["fin"], t.loc["early"]
+    assert f.setup_us == pytest.approx(0.8) and f.fill_us == pytest.approx(2.0) and f.to_first_tile_us == pytest.approx(2.8)
+    assert f.loop_us == pytest.approx(24.0 - 2.8) and f.finish_us == pytest.approx(1.6) and f.exit_us == pytest.approx(0.4)
+    assert f.end_us_max == pytest.approx(26.0 + 0.3 + 1)   # the median launch's last CTA (rep 1: shifted by 1 us)
+    assert e.fill_us == pytest.approx(1.1) and e.loop_us == pytest.approx(24.0 - 1.9)
+    assert wgmma.early_table(Run({})).empty
+    with pytest.raises(wgmma.WgmmaError, match="a form of the KPAIR build"):
+        wgmma.trace_launch(None, None, kpair=True, defines=("LK_EXP_TMAPF",))
+    with pytest.raises(wgmma.WgmmaError, match="only for a KPAIR trace"):
+        wgmma.trace_launch(None, None, defines=wgmma.KPAIR_FIN)
+
+
 KPAIR_FORMS = [  # a form of the KPAIR build: (its defines' name in wgmma, its guard in the source, defines refused, why)
     ("HALFB", "#if defined(LK_ABLATE_HALFB) && !defined(LK_EXP_KPAIR)", ("LK_ABLATE_HALFB",),
      "LK_ABLATE_HALFB is an ablation of the LK_EXP_KPAIR build"),
@@ -1848,7 +1891,9 @@ KPAIR_FORMS = [  # a form of the KPAIR build: (its defines' name in wgmma, its g
      "LK_ABLATE_DECOUPLE is an ablation of the LK_ABLATE_HALFB build"),
     ("KPAIR_NOCONV", None, None, None), ("DECOUPLED_NOCONV", None, None, None),
     ("KPAIR_FIN", "#if defined(LK_EXP_KPAIR_FIN) && !defined(LK_EXP_KPAIR)", ("LK_EXP_KPAIR_FIN",),
-     "LK_EXP_KPAIR_FIN is a form of the LK_EXP_KPAIR build only")]
+     "LK_EXP_KPAIR_FIN is a form of the LK_EXP_KPAIR build only"),
+    ("KPAIR_FIN_EARLY", "#if defined(LK_EXP_KPAIR_EARLY) && !defined(LK_EXP_KPAIR)", ("LK_EXP_KPAIR_EARLY",),
+     "LK_EXP_KPAIR_EARLY is a form of the LK_EXP_KPAIR build only")]
 
 
 @pytest.mark.parametrize("name,guard,refused,why", KPAIR_FORMS, ids=[f[0] for f in KPAIR_FORMS])

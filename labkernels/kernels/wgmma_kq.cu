@@ -144,6 +144,8 @@ __device__ __forceinline__ void lk_mbar_arrive_after(u64* bar, u32 dep, u32 neve
 #ifndef LK_TMAPF_AHEAD   // labkernels.wgmma.TMAPF_AHEAD (-D with LK_EXP_TMAPF)
 #error "LK_TMAPF_AHEAD comes from labkernels.wgmma.TMAPF_AHEAD (-D with LK_EXP_TMAPF)"
 #endif
+#endif
+#if defined(LK_EXP_TMAPF) || defined(LK_EXP_KPAIR_EARLY)   // (LK_EXP_KPAIR_EARLY: the first stages' boxes)
 __device__ __forceinline__ void lk_tma_prefetch_2d(const LkTmap* tm, int c0, int c1) {
     asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"((u64)tm), "r"(c0), "r"(c1)
                  : "memory");
@@ -1471,6 +1473,9 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
 #if defined(LK_ABLATE_HALFB) && !defined(LK_EXP_KPAIR)
 #error "LK_ABLATE_HALFB is an ablation of the LK_EXP_KPAIR build (its multicast stages) only"
 #endif
+#if defined(LK_EXP_KPAIR_EARLY) && !defined(LK_EXP_KPAIR)
+#error "LK_EXP_KPAIR_EARLY is a form of the LK_EXP_KPAIR build only"
+#endif
 #ifdef LK_EXP_KPAIR
 #if defined(LK_EXP_WTMA) || defined(LK_EXP_TMAPF) || defined(LK_EXP_SPLITFIN)
 #error "LK_EXP_KPAIR is a kernel body of its own: no other exploratory build of it (but the trace, LK_EXP_TRACE)"
@@ -1504,6 +1509,14 @@ constexpr int LK_KP_RECV = 2;
 // stores a thread (the finish: 2.35 us against BN=128's 1.89). (2) The pair's exit barrier is split: every consumer
 // arrives (release: after its last remote arrive on the peer) right after its main loop and waits only at the exit, so
 // a CTA no longer waits there for its peer's finish (1.17 us median). The same sums stored: bitwise the KPAIR build.
+// LK_EXP_KPAIR_EARLY (exploratory, of this build only; round 7's twenty-seventh step): the cold start. The twenty-fifth
+// step's trace from a flushed L2 (4096 x 4096, nt=512, medians over CTAs): 0.83 us from entry to the end of the setup
+// (barrier init, the cluster's sync; BN=128's setup: 0.10 us), then 1.95 us more before the first activation stage has
+// landed -- the tensor map, the stage's boxes and the first weights all come from HBM only once the setup is over.
+// Here every thread requests them into L2 at its entry, before the setup: the producer's thread the two tensor maps
+// and the L2 prefetch of this CTA's half of every stage its first pass fills (the boxes it loads after the sync), each
+// consumer thread its two rows' bytes of its warpgroup's first two super-blocks (the lines its first two loads read).
+// No shared memory, no barrier: the loads after the setup find their lines in L2. Bitwise the build it is a form of.
 #if defined(LK_ABLATE_DECOUPLE) && !defined(LK_ABLATE_HALFB)
 #error "LK_ABLATE_DECOUPLE is an ablation of the LK_ABLATE_HALFB build (its stages, each CTA's own half) only"
 #endif
@@ -1661,6 +1674,24 @@ __device__ __forceinline__ void wgmma_kq_kpair_body(const LkTmap& tm, const LkTm
     const int m0 = ((int)blockIdx.x % mtiles) * 64, n0 = ((int)blockIdx.x / mtiles) * BN;
     const u32 rank = lk_cluster_rank();
     const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+#ifdef LK_EXP_KPAIR_EARLY
+    if (wg == 0) {
+        if (tid == 0) {   // the producer's thread: what its first pass loads after the setup (the loop below)
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tm) : "memory");
+#ifdef LK_EXP_KPAIR_FIN
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tmy) : "memory");
+#endif
+            for (int u = 0; u < LK_KP_HS; u++)
+                for (int h = 0; h < 2; h++)
+                    if (2 * (u >> 2) + h < nsb)
+                        lk_tma_prefetch_2d(&tm, (4 * (2 * (u >> 2) + h) + (u & 3)) * LK_WG_K, n0 + 128 * (int)rank);
+        }
+    } else {   // a consumer thread: its rows' first two super-blocks of its warpgroup (wg - 1, wg + 1)
+        const int w = tid >> 5, g = (tid & 31) >> 2, r0 = m0 + w * 16 + g, r1 = r0 + 8;
+        const KQ<QT, 0, 0> T(W, od, nsb, r0 < od ? r0 : od - 1, r1 < od ? r1 : od - 1, tid & 3);
+        for (int sb = wg - 1; sb < nsb && sb <= wg + 1; sb += 2) T.prefetch(sb, od, nsb);
+    }
+#endif
     if (threadIdx.x == 0) {
         if (lk_cluster_size() != 2 || (int)gridDim.x != mtiles * ((nt + BN - 1) / BN)) __trap();
 #pragma unroll

@@ -529,6 +529,49 @@ def step_wgmma_kpairfin(out: Path, args) -> dict:
     return {"ok": True, "run": run.run_id}
 
 
+#: the twenty-seventh step's traced builds (variant -> defines), q4_K only: their q6_K trace builds spill (16 B)
+EARLY_TRACE_BUILDS = {wgmma.KPAIR_VARIANT + "_fin": wgmma.KPAIR_FIN, wgmma.KPAIR_VARIANT + "_fin_early": wgmma.KPAIR_FIN_EARLY}
+#: traced launches of each build at each shape, the builds interleaved
+EARLY_TRACE_REPS = 3
+
+
+def step_wgmma_kpairearly(out: Path, args) -> dict:
+    """Round 7, twenty-seventh step: the KPAIR build's FIN form with its cold start overlapped (LK_EXP_KPAIR_EARLY,
+    wgmma.KPAIR_FIN_EARLY) against the FIN form. (1) Their trace builds (-DLK_EXP_TRACE), q4_K at
+    :data:`KPAIR_TRACE_SHAPES`, nt=512, :data:`EARLY_TRACE_REPS` launches of each right after an L2 flush, the builds
+    interleaved (table ``kpair_trace_flushed``, a ``rep`` column; labkernels.wgmma.early_table); (2) both forms
+    real-model gated and timed beside the KPAIR build, the launches of record and cuBLAS at every point of
+    wgmma.KPAIR_AB (labkernels.wgmma.kpair_ab with ``builds``; every launch parity-gated); one recorded run."""
+    import numpy as np
+
+    from .. import bench, cases, records
+
+    rng = np.random.default_rng(27)
+    flusher = bench.Flusher()
+    nt = 512
+    builds = {"_fin": wgmma.KPAIR_FIN, "_fin_early": wgmma.KPAIR_FIN_EARLY}
+    with records.recording(DATA[0], {"what": "kpairearly", "plan": wgmma.KPAIR_AB, "defines": list(wgmma.KPAIR),
+                                     "builds": {k: list(v) for k, v in builds.items()},
+                                     "trace": {"nt": nt, "qtypes": ["q4_K"], "reps": EARLY_TRACE_REPS,
+                                               "shapes": [list(x) for x in KPAIR_TRACE_SHAPES],
+                                               "builds": {k: list(v) for k, v in EARLY_TRACE_BUILDS.items()}},
+                                     "real_nts": list(wgmma.KPAIR_REAL_NTS)}, root=out / "data") as run:
+        for od, id_ in KPAIR_TRACE_SHAPES:
+            x16 = wgmma._cp().asarray(rng.standard_normal((nt, id_)).astype(np.float16))
+            w = wgmma.WgWeight.from_gguf(cases.synthetic_weights("q4_K", od, id_, rng), "q4_K")
+            for rep in range(EARLY_TRACE_REPS):
+                for name, d in EARLY_TRACE_BUILDS.items():
+                    key = {"qtype": "q4_K", "od": od, "id": id_, "nt": nt, "variant": name, "rep": rep}
+                    cold = wgmma.trace_launch(w, x16, flush=flusher, kpair=True, defines=d)
+                    run.append("kpair_trace_flushed", [{**key, **r} for r in cold])
+        for r in wgmma.early_table(run).itertuples():
+            args.log(f"early trace {r.variant} q4_K {r.od}x{r.id} (cold, medians): setup {r.setup_us:.2f} us, fill "
+                     f"{r.fill_us:.2f} us, loop {r.loop_us:.2f} us, finish {r.finish_us:.2f} us, exit {r.exit_us:.2f} "
+                     f"us, last stamp {r.end_us_max:.2f} us")
+        wgmma.kpair_ab(run, plan=wgmma.KPAIR_AB, progress=args.log, builds=builds)
+    return {"ok": True, "run": run.run_id}
+
+
 def step_wgmma_smemform(out: Path, args) -> dict:
     """Round 7, twenty-third step: the shared-memory form (one and two converter warpgroups) and the register form at
     BN=128, each beside its no-conversion build (LK_ABLATE_NOCONV, timing only), and cuBLAS, at the bar's shapes and
@@ -671,4 +714,4 @@ STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_nc
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
          "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
          "wgmma_staged": step_wgmma_staged, "wgmma_reduce": step_wgmma_reduce, "wgmma_lead": step_wgmma_lead, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane,
-         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_clock": step_wgmma_clock, "wgmma_kscan": step_wgmma_kscan, "wgmma_kpair": step_wgmma_kpair, "wgmma_smem": step_wgmma_smem, "wgmma_smemform": step_wgmma_smemform, "wgmma_decouple": step_wgmma_decouple, "wgmma_kpairtrace": step_wgmma_kpairtrace, "wgmma_kpairfin": step_wgmma_kpairfin, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}
+         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_clock": step_wgmma_clock, "wgmma_kscan": step_wgmma_kscan, "wgmma_kpair": step_wgmma_kpair, "wgmma_smem": step_wgmma_smem, "wgmma_smemform": step_wgmma_smemform, "wgmma_decouple": step_wgmma_decouple, "wgmma_kpairtrace": step_wgmma_kpairtrace, "wgmma_kpairfin": step_wgmma_kpairfin, "wgmma_kpairearly": step_wgmma_kpairearly, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}
