@@ -1066,6 +1066,9 @@ KPAIR_FIN = ("LK_EXP_KPAIR", "LK_EXP_KPAIR_FIN")
 #: after the setup -- the tensor maps, the first pass's activation boxes, its rows' first weights -- into L2 at its
 #: entry, before the barriers' init and the cluster's sync (round 7's twenty-seventh step); bitwise the build
 KPAIR_FIN_EARLY = ("LK_EXP_KPAIR", "LK_EXP_KPAIR_FIN", "LK_EXP_KPAIR_EARLY")
+#: the same requests issued between the cluster barrier's arrive (release) and its wait (kernel: LK_EXP_KPAIR_OVERLAP):
+#: the EARLY form's setup had waited for them at its release (run 20261204T202619Z); bitwise the build
+KPAIR_FIN_OVERLAP = ("LK_EXP_KPAIR", "LK_EXP_KPAIR_FIN", "LK_EXP_KPAIR_OVERLAP")
 #: the one launch shape it is built for: BN=256, 4 stages, f16, the main scale form, the plain epilogue, the
 #: data-parallel grid
 KPAIR_PARAMS = dict(BN=256, STAGES=4, BF16=0, SCL=0, SK=0, EPI=0, AQ=2, PF=0)
@@ -2625,6 +2628,26 @@ def kpair_ablation_builds(ab_df, labels: dict):
         t["over_kpair"] = t.kpair_full_us / t.kpair_us
         out.append(t.drop(columns="kpair_full_us"))
     return pd.concat(out, ignore_index=True)
+
+
+def forms_over(builds, base: str, names: dict):
+    """:func:`kpair_ablation_builds` rows as one row per point: cuBLAS's time, each build's ratio to cuBLAS
+    (``<name>_vs_cublas``; ``names``: build label -> short name) and each other build's speed over ``base`` (a label
+    of ``names``): ``<name>_over_<base name>`` = base's time / its time (> 1: faster than the base). Builds absent from
+    the rows are left out."""
+    key = ["qtype", "od", "id", "nt"]
+    b = builds[builds.build.isin(names)]
+    out = b.groupby(key).cublas_us.first().reset_index()
+    us = b.pivot_table(index=key, columns="build", values="kpair_us")
+    vs = b.pivot_table(index=key, columns="build", values="kpair_vs_cublas")
+    bn = names[base]
+    for label, n in names.items():
+        if label not in us.columns:
+            continue
+        out[f"{n}_vs_cublas"] = vs[label].values
+        if label != base:
+            out[f"{n}_over_{bn}"] = (us[base] / us[label]).values
+    return out
 
 
 def halfb_builds(ab_df):

@@ -2259,12 +2259,25 @@ else:
 # launches each after an L2 flush, interleaved. Then it gates both on the model and at every point of the KPAIR step's
 # plan, and times them beside the KPAIR build, the launches of record and cuBLAS.
 #
-# **Prediction** (written before the run):
+# **Prediction** (commit ed66a4a, before the first run):
 # * **Trace** (q4_K, cold, 4096 × 4096): the setup unchanged (0.8–0.95 us); the fill from ~1.95 us to 0.9–1.5 us;
 #   the loop, the finish and the exit as FIN's.
 # * **A/B, EARLY over FIN:** 1.01–1.03× at nt=512 at 4096 × 4096 and 11008 × 4096 (0.3–0.8 us of ~30 us);
 #   1.00–1.01× at the wide ids; 1.000 ± 0.005 at nt=4096.
 # * **The bar:** q4_K at 4096 × 4096, nt=512 at 0.91–0.93× cuBLAS. The bar stays unmet at every point.
+#
+# **First run** (20261204T202619Z, commit ed66a4a): **wrong, and slower.** The fill fell as predicted, from 1.89 to
+# 1.23 us, but the setup rose from 0.80 to 3.71 us. A thread's arrive on the cluster barrier has release semantics,
+# and it waited for the thread's outstanding L2 requests. EARLY ran at 0.93× FIN at 4096 × 4096, nt=512, and 0.95×
+# at nt=4096. The fill of 1.23 us with every line requested 3.7 us earlier is this design's floor for that phase.
+#
+# **Second form** (`-DLK_EXP_KPAIR_OVERLAP`, `wgmma.KPAIR_FIN_OVERLAP`; refused together with EARLY). The same
+# requests, one place later: the cluster's sync is split, and each thread issues them between its arrive (release),
+# which does not order them, and its wait. The step now traces and times FIN, EARLY and OVERLAP.
+#
+# **Prediction for OVERLAP** (written before the second run): the setup back to 0.8–0.95 us; the fill 1.2–1.6 us
+# (it overlaps only the wait, and the first run puts its floor at 1.23 us); OVERLAP over FIN 1.00–1.02× at nt=512
+# at 4096 × 4096 and 11008 × 4096, 1.000 ± 0.01 elsewhere. The bar stays unmet.
 
 # %%
 early_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "kpairearly"]
@@ -2277,24 +2290,22 @@ else:
                          caption=f"the FIN form and its EARLY form, q4_K, nt=512, each launch right after an L2 flush: "
                                  f"medians over CTAs, then over the build's {int(et.launches.max())} launches, us "
                                  f"({report.source(er)})"))
+    forms = {"_fin": "KPAIR_FIN", "_fin_early": "FIN + EARLY (requests at entry)",
+             "_fin_overlap": "FIN + OVERLAP (requests inside the cluster sync)"}
     eb = wgmma.kpair_ablation_builds(er.table("wgmma_kpair_ab"),
-                                     {"_fin": "KPAIR_FIN", "_fin_early": "KPAIR_FIN + EARLY (L2 requests before the setup)"})
+                                     {k: v for k, v in forms.items() if (er.table("wgmma_kpair_ab").variant
+                                                                         == wgmma.KPAIR_VARIANT + k).any()})
     plotting.build_series_grid(eb, ncol=3, height=7.4, suptitle=(
-        f"the KPAIR build, its FIN form and FIN + EARLY beside the best launch of record, each over cuBLAS fp16 "
-        f"timed in the same run ({report.source(er)})"))
+        f"the KPAIR build and its FIN, EARLY and OVERLAP forms beside the best launch of record, each over cuBLAS "
+        f"fp16 timed in the same run ({report.source(er)})"))
     plt.show()
-    fe = eb[eb.build != "KPAIR"].pivot_table(index=["qtype", "od", "id", "nt"], columns="build",
-                                              values=["kpair_us", "kpair_vs_cublas"]).reset_index()
-    fe.columns = [" ".join(str(x) for x in c if x).replace("kpair_", "") for c in fe.columns]
-    fl, el = "KPAIR_FIN", "KPAIR_FIN + EARLY (L2 requests before the setup)"
-    fe = fe.rename(columns={f"us {fl}": "fin_us", f"us {el}": "early_us", f"vs_cublas {fl}": "fin_vs_cublas",
-                            f"vs_cublas {el}": "early_vs_cublas"})
-    fe["early_over_fin"] = fe.fin_us / fe.early_us
-    display(report.table(fe, {"fin_us": "{:.1f}", "early_us": "{:.1f}", "fin_vs_cublas": "{:.3f}",
-                              "early_vs_cublas": "{:.3f}", "early_over_fin": "{:.3f}"},
+    display(report.table(wgmma.forms_over(eb, "KPAIR_FIN", {"KPAIR_FIN": "fin", forms["_fin_early"]: "early",
+                                                             forms["_fin_overlap"]: "overlap"}),
+                         {"cublas_us": "{:.1f}", **{f"{n}_vs_cublas": "{:.3f}" for n in ("fin", "early", "overlap")},
+                          "early_over_fin": "{:.3f}", "overlap_over_fin": "{:.3f}"},
                          caption=f"medians over 3 interleaved rounds of 10 launches, L2 flushed ({report.source(er)}); "
-                                 f"*_vs_cublas = cuBLAS time / launch time; early_over_fin > 1: the EARLY form is "
-                                 f"faster than the FIN form"))
+                                 f"*_vs_cublas = cuBLAS time / launch time; *_over_fin > 1: that form is faster than "
+                                 f"the FIN form"))
     rp, gt = er.table("real_model_parity"), er.table("wgmma_kpair_gate")
     for v, g in rp.groupby("variant"):
         print(f"real-model gates, {v}: {int(g.ok.sum())} of {len(g)} passed, max rel err vs float64 "

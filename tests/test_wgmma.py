@@ -1893,7 +1893,9 @@ KPAIR_FORMS = [  # a form of the KPAIR build: (its defines' name in wgmma, its g
     ("KPAIR_FIN", "#if defined(LK_EXP_KPAIR_FIN) && !defined(LK_EXP_KPAIR)", ("LK_EXP_KPAIR_FIN",),
      "LK_EXP_KPAIR_FIN is a form of the LK_EXP_KPAIR build only"),
     ("KPAIR_FIN_EARLY", "#if defined(LK_EXP_KPAIR_EARLY) && !defined(LK_EXP_KPAIR)", ("LK_EXP_KPAIR_EARLY",),
-     "LK_EXP_KPAIR_EARLY is a form of the LK_EXP_KPAIR build only")]
+     "LK_EXP_KPAIR_EARLY is a form of the LK_EXP_KPAIR build only"),
+    ("KPAIR_FIN_OVERLAP", "#if defined(LK_EXP_KPAIR_OVERLAP) && !defined(LK_EXP_KPAIR)", ("LK_EXP_KPAIR_OVERLAP",),
+     "LK_EXP_KPAIR_OVERLAP is a form of the LK_EXP_KPAIR build only")]
 
 
 @pytest.mark.parametrize("name,guard,refused,why", KPAIR_FORMS, ids=[f[0] for f in KPAIR_FORMS])
@@ -1918,6 +1920,33 @@ def test_kpair_forms_compile_without_spills_and_only_beside_their_base(name, gua
     if refused:
         with pytest.raises(wgmma.WgmmaError, match=why):
             wgmma._cubin("wgmma_kq.cu", refused)
+
+
+def test_forms_over_puts_each_form_beside_the_base_per_point():
+    import pandas as pd
+
+    from labkernels import wgmma
+
+    key = {"qtype": "q4_K", "od": 4096, "id": 4096}
+    rows = [{**key, "nt": nt, "cublas_us": 30.0 * f, "build": b, "kpair_us": us * f, "kpair_vs_cublas": 30.0 / us}
+            for nt, f in ((512, 1), (4096, 8)) for b, us in (("F", 33.0), ("E", 36.0), ("O", 32.0), ("KPAIR", 34.0))]
+    t = wgmma.forms_over(pd.DataFrame(rows), "F", {"F": "fin", "E": "early", "O": "overlap", "X": "absent"})
+    assert list(t.nt) == [512, 4096] and list(t.cublas_us) == [30.0, 240.0]
+    assert t.fin_vs_cublas.tolist() == pytest.approx([30 / 33] * 2)
+    assert t.early_over_fin.tolist() == pytest.approx([33 / 36] * 2) and t.overlap_over_fin.tolist() == pytest.approx([33 / 32] * 2)
+    assert "absent_vs_cublas" not in t.columns and "fin_over_fin" not in t.columns and "kpair_vs_cublas" not in t.columns
+
+
+def test_kpair_overlap_and_early_are_refused_together():
+    """The two placements of the same L2 requests are one or the other, never both."""
+    import shutil
+
+    from labkernels import wgmma
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    with pytest.raises(wgmma.WgmmaError, match="LK_EXP_KPAIR_OVERLAP and LK_EXP_KPAIR_EARLY"):
+        wgmma._cubin("wgmma_kq.cu", wgmma.check_defines(wgmma.KPAIR_FIN_EARLY + ("LK_EXP_KPAIR_OVERLAP",)))
 
 
 def test_kpair_ab_times_an_ablation_beside_the_build_and_never_gates_it(monkeypatch, tmp_path):

@@ -145,7 +145,7 @@ __device__ __forceinline__ void lk_mbar_arrive_after(u64* bar, u32 dep, u32 neve
 #error "LK_TMAPF_AHEAD comes from labkernels.wgmma.TMAPF_AHEAD (-D with LK_EXP_TMAPF)"
 #endif
 #endif
-#if defined(LK_EXP_TMAPF) || defined(LK_EXP_KPAIR_EARLY)   // (LK_EXP_KPAIR_EARLY: the first stages' boxes)
+#if defined(LK_EXP_TMAPF) || defined(LK_EXP_KPAIR_EARLY) || defined(LK_EXP_KPAIR_OVERLAP)   // (KPAIR: the first boxes)
 __device__ __forceinline__ void lk_tma_prefetch_2d(const LkTmap* tm, int c0, int c1) {
     asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"((u64)tm), "r"(c0), "r"(c1)
                  : "memory");
@@ -1476,6 +1476,12 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
 #if defined(LK_EXP_KPAIR_EARLY) && !defined(LK_EXP_KPAIR)
 #error "LK_EXP_KPAIR_EARLY is a form of the LK_EXP_KPAIR build only"
 #endif
+#if defined(LK_EXP_KPAIR_OVERLAP) && !defined(LK_EXP_KPAIR)
+#error "LK_EXP_KPAIR_OVERLAP is a form of the LK_EXP_KPAIR build only"
+#endif
+#if defined(LK_EXP_KPAIR_OVERLAP) && defined(LK_EXP_KPAIR_EARLY)
+#error "LK_EXP_KPAIR_OVERLAP and LK_EXP_KPAIR_EARLY issue the same requests at two places: one of them"
+#endif
 #ifdef LK_EXP_KPAIR
 #if defined(LK_EXP_WTMA) || defined(LK_EXP_TMAPF) || defined(LK_EXP_SPLITFIN)
 #error "LK_EXP_KPAIR is a kernel body of its own: no other exploratory build of it (but the trace, LK_EXP_TRACE)"
@@ -1517,6 +1523,10 @@ constexpr int LK_KP_RECV = 2;
 // and the L2 prefetch of this CTA's half of every stage its first pass fills (the boxes it loads after the sync), each
 // consumer thread its two rows' bytes of its warpgroup's first two super-blocks (the lines its first two loads read).
 // No shared memory, no barrier: the loads after the setup find their lines in L2. Bitwise the build it is a form of.
+// Measured (run 20261204T202619Z, on the FIN form): the fill fell from 1.89 to 1.23 us and the setup rose from 0.80
+// to 3.71 us -- the cluster barrier's arrive (release) waits for this thread's outstanding requests: 0.93x FIN at
+// 4096 x 4096, nt=512. LK_EXP_KPAIR_OVERLAP (the same requests, one place later): the cluster's sync split, each
+// thread issuing them between its arrive (release) and its wait, which do not order them.
 #if defined(LK_ABLATE_DECOUPLE) && !defined(LK_ABLATE_HALFB)
 #error "LK_ABLATE_DECOUPLE is an ablation of the LK_ABLATE_HALFB build (its stages, each CTA's own half) only"
 #endif
@@ -1659,22 +1669,11 @@ __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, floa
 #endif
     LK_TRACE(5);
 }
+#if defined(LK_EXP_KPAIR_EARLY) || defined(LK_EXP_KPAIR_OVERLAP)
+// LK_EXP_KPAIR_EARLY / _OVERLAP: this thread's L2 requests of what it loads first after the setup
 template <int QT>
-__device__ __forceinline__ void wgmma_kq_kpair_body(const LkTmap& tm, const LkTmap& tmy, const u8* __restrict__ W,
-                                                    float* __restrict__ Y, int nt, int od, int id) {
-    constexpr int BN = 256, STAGES = 2 * LK_KP_HS, STAGE_BYTES = BN * LK_WG_K * 2;
-    LK_TRACE(0);
-    extern __shared__ u8 lk_dyn_smem[];
-    __shared__ __align__(8) u64 full_bar[STAGES];
-    __shared__ __align__(8) u64 empty_bar[STAGES];
-    const u32 base = lk_smem_u32(lk_dyn_smem);
-    u8* sB = lk_dyn_smem + (((base + 1023) & ~1023u) - base);
-    const int nsb = id >> 8;
-    const int mtiles = (((od + 63) >> 6) + 1) & ~1;   // even: a cluster's two CTAs hold the same token tile
-    const int m0 = ((int)blockIdx.x % mtiles) * 64, n0 = ((int)blockIdx.x / mtiles) * BN;
-    const u32 rank = lk_cluster_rank();
-    const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
-#ifdef LK_EXP_KPAIR_EARLY
+__device__ __forceinline__ void lk_kpair_requests(const LkTmap& tm, const LkTmap& tmy, const u8* __restrict__ W, int od,
+                                                  int nsb, int m0, int n0, u32 rank, int wg, int tid) {
     if (wg == 0) {
         if (tid == 0) {   // the producer's thread: what its first pass loads after the setup (the loop below)
             asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tm) : "memory");
@@ -1691,6 +1690,25 @@ __device__ __forceinline__ void wgmma_kq_kpair_body(const LkTmap& tm, const LkTm
         const KQ<QT, 0, 0> T(W, od, nsb, r0 < od ? r0 : od - 1, r1 < od ? r1 : od - 1, tid & 3);
         for (int sb = wg - 1; sb < nsb && sb <= wg + 1; sb += 2) T.prefetch(sb, od, nsb);
     }
+}
+#endif
+template <int QT>
+__device__ __forceinline__ void wgmma_kq_kpair_body(const LkTmap& tm, const LkTmap& tmy, const u8* __restrict__ W,
+                                                    float* __restrict__ Y, int nt, int od, int id) {
+    constexpr int BN = 256, STAGES = 2 * LK_KP_HS, STAGE_BYTES = BN * LK_WG_K * 2;
+    LK_TRACE(0);
+    extern __shared__ u8 lk_dyn_smem[];
+    __shared__ __align__(8) u64 full_bar[STAGES];
+    __shared__ __align__(8) u64 empty_bar[STAGES];
+    const u32 base = lk_smem_u32(lk_dyn_smem);
+    u8* sB = lk_dyn_smem + (((base + 1023) & ~1023u) - base);
+    const int nsb = id >> 8;
+    const int mtiles = (((od + 63) >> 6) + 1) & ~1;   // even: a cluster's two CTAs hold the same token tile
+    const int m0 = ((int)blockIdx.x % mtiles) * 64, n0 = ((int)blockIdx.x / mtiles) * BN;
+    const u32 rank = lk_cluster_rank();
+    const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+#ifdef LK_EXP_KPAIR_EARLY
+    lk_kpair_requests<QT>(tm, tmy, W, od, nsb, m0, n0, rank, wg, tid);
 #endif
     if (threadIdx.x == 0) {
         if (lk_cluster_size() != 2 || (int)gridDim.x != mtiles * ((nt + BN - 1) / BN)) __trap();
@@ -1702,7 +1720,15 @@ __device__ __forceinline__ void wgmma_kq_kpair_body(const LkTmap& tm, const LkTm
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
+#ifdef LK_EXP_KPAIR_OVERLAP
+    // the cluster's sync split: this thread's requests between its arrive (release: they are not among the memory
+    // operations it orders) and its wait
+    asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+    lk_kpair_requests<QT>(tm, tmy, W, od, nsb, m0, n0, rank, wg, tid);
+    asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+#else
     lk_cluster_sync();   // both CTAs' mbarriers exist before a multicast or a remote arrive reaches them
+#endif
     LK_TRACE(1);
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");

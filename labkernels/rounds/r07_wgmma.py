@@ -529,15 +529,18 @@ def step_wgmma_kpairfin(out: Path, args) -> dict:
     return {"ok": True, "run": run.run_id}
 
 
-#: the twenty-seventh step's traced builds (variant -> defines), q4_K only: their q6_K trace builds spill (16 B)
-EARLY_TRACE_BUILDS = {wgmma.KPAIR_VARIANT + "_fin": wgmma.KPAIR_FIN, wgmma.KPAIR_VARIANT + "_fin_early": wgmma.KPAIR_FIN_EARLY}
+#: the twenty-seventh step's forms of the KPAIR build (variant suffix -> defines: FIN, FIN + EARLY, FIN + OVERLAP),
+#: timed and traced (variant -> defines), q4_K only: their q6_K trace builds spill (16 B)
+EARLY_BUILDS = {"_fin": wgmma.KPAIR_FIN, "_fin_early": wgmma.KPAIR_FIN_EARLY, "_fin_overlap": wgmma.KPAIR_FIN_OVERLAP}
+EARLY_TRACE_BUILDS = {wgmma.KPAIR_VARIANT + sfx: d for sfx, d in EARLY_BUILDS.items()}
 #: traced launches of each build at each shape, the builds interleaved
 EARLY_TRACE_REPS = 3
 
 
 def step_wgmma_kpairearly(out: Path, args) -> dict:
-    """Round 7, twenty-seventh step: the KPAIR build's FIN form with its cold start overlapped (LK_EXP_KPAIR_EARLY,
-    wgmma.KPAIR_FIN_EARLY) against the FIN form. (1) Their trace builds (-DLK_EXP_TRACE), q4_K at
+    """Round 7, twenty-seventh step: the KPAIR build's FIN form with its cold start overlapped -- the L2 requests at
+    entry (LK_EXP_KPAIR_EARLY, wgmma.KPAIR_FIN_EARLY) or between the cluster barrier's arrive and wait
+    (LK_EXP_KPAIR_OVERLAP, wgmma.KPAIR_FIN_OVERLAP) -- against the FIN form (:data:`EARLY_BUILDS`). (1) Their trace builds (-DLK_EXP_TRACE), q4_K at
     :data:`KPAIR_TRACE_SHAPES`, nt=512, :data:`EARLY_TRACE_REPS` launches of each right after an L2 flush, the builds
     interleaved (table ``kpair_trace_flushed``, a ``rep`` column; labkernels.wgmma.early_table); (2) both forms
     real-model gated and timed beside the KPAIR build, the launches of record and cuBLAS at every point of
@@ -549,7 +552,7 @@ def step_wgmma_kpairearly(out: Path, args) -> dict:
     rng = np.random.default_rng(27)
     flusher = bench.Flusher()
     nt = 512
-    builds = {"_fin": wgmma.KPAIR_FIN, "_fin_early": wgmma.KPAIR_FIN_EARLY}
+    builds = EARLY_BUILDS
     with records.recording(DATA[0], {"what": "kpairearly", "plan": wgmma.KPAIR_AB, "defines": list(wgmma.KPAIR),
                                      "builds": {k: list(v) for k, v in builds.items()},
                                      "trace": {"nt": nt, "qtypes": ["q4_K"], "reps": EARLY_TRACE_REPS,

@@ -656,12 +656,12 @@ def test_kpair_build_passes_the_gate_with_tails_and_guards(cp, rng, qtype, nt, o
 @pytest.mark.parametrize("qtype", ["q4_K", "q6_K"])
 @pytest.mark.parametrize("nt,od,id_", [(1, 128, 256), (77, 200, 512), (300, 132, 1024), (520, 4000, 2048),
                                        (256, 64, 768)])
-@pytest.mark.parametrize("form", ["KPAIR_FIN", "KPAIR_FIN_EARLY"])
+@pytest.mark.parametrize("form", ["KPAIR_FIN", "KPAIR_FIN_EARLY", "KPAIR_FIN_OVERLAP"])
 def test_kpair_fin_is_bitwise_the_kpair_build(cp, rng, qtype, nt, od, id_, form):
     """LK_EXP_KPAIR_FIN (Y by TMA stores through the idle ring, the exit barrier arrived at after the main loops), and
-    with it LK_EXP_KPAIR_EARLY (L2 requests at entry, before the setup): the same sums stored, so bitwise the KPAIR
-    build, at tails in nt and od (132: a padded m tile; id=256: one super-block, no second to prefetch), guards
-    intact; and the gate."""
+    with it LK_EXP_KPAIR_EARLY / _OVERLAP (L2 requests at entry / inside the cluster's sync): the same sums stored,
+    so bitwise the KPAIR build, at tails in nt and od (132: a padded m tile; id=256: one super-block, no second to
+    prefetch), guards intact; and the gate."""
     from labkernels import wgmma
 
     raw = _weights(rng, qtype, od, id_)
