@@ -1069,6 +1069,11 @@ KPAIR_FIN_EARLY = ("LK_EXP_KPAIR", "LK_EXP_KPAIR_FIN", "LK_EXP_KPAIR_EARLY")
 #: the same requests issued between the cluster barrier's arrive (release) and its wait (kernel: LK_EXP_KPAIR_OVERLAP):
 #: the EARLY form's setup had waited for them at its release (run 20261204T202619Z); bitwise the build
 KPAIR_FIN_OVERLAP = ("LK_EXP_KPAIR", "LK_EXP_KPAIR_FIN", "LK_EXP_KPAIR_OVERLAP")
+#: OVERLAP with one side's requests only: the producer thread's (tensor maps, the first pass's activation boxes) or the
+#: consumers' (their rows' first weights) -- OVERLAP's first stage landed 2.5 us later than FIN's (run
+#: 20261204T203358Z); bitwise the build
+KPAIR_OVERLAP_PRODUCER = KPAIR_FIN_OVERLAP + ("LK_EXP_KPAIR_REQ_PRODUCER",)
+KPAIR_OVERLAP_CONSUMERS = KPAIR_FIN_OVERLAP + ("LK_EXP_KPAIR_REQ_CONSUMERS",)
 #: the one launch shape it is built for: BN=256, 4 stages, f16, the main scale form, the plain epilogue, the
 #: data-parallel grid
 KPAIR_PARAMS = dict(BN=256, STAGES=4, BF16=0, SCL=0, SK=0, EPI=0, AQ=2, PF=0)

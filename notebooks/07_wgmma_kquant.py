@@ -2278,6 +2278,24 @@ else:
 # **Prediction for OVERLAP** (written before the second run): the setup back to 0.8–0.95 us; the fill 1.2–1.6 us
 # (it overlaps only the wait, and the first run puts its floor at 1.23 us); OVERLAP over FIN 1.00–1.02× at nt=512
 # at 4096 × 4096 and 11008 × 4096, 1.000 ± 0.01 elsewhere. The bar stays unmet.
+#
+# **Second run** (20261204T203358Z, commit b34bedb): **wrong again.** The setup came back to 0.90 us, but the first
+# stage now landed 4.32 us after it (FIN: 1.86). Both placements reach the first stage ~2.5 us later than FIN (EARLY
+# 4.93 us from entry, OVERLAP 5.22, FIN 2.67). OVERLAP ran at 0.943× FIN at 4096 × 4096, nt=512, and EARLY at 0.919×.
+# So the requests themselves cost ~2.5 us, wherever they are issued.
+#
+# **Third run: which side's requests.** Two forms of OVERLAP, each with one side's requests only:
+# * `LK_EXP_KPAIR_REQ_PRODUCER` (`wgmma.KPAIR_OVERLAP_PRODUCER`): the producer thread's (tensor maps, and the first
+#   pass's boxes);
+# * `LK_EXP_KPAIR_REQ_CONSUMERS` (`wgmma.KPAIR_OVERLAP_CONSUMERS`): the consumers' (their rows' first weights).
+#
+# The producer's box prefetches are 128 CTAs × 6 boxes of 16 KB, 12 MB of L2 requests at the launch's start for
+# 384 KB of distinct data. That is as much again as the first pass's own loads.
+#
+# **Prediction for the split** (written before the third run):
+# * PRODUCER: the fill 3.5–4.5 us, as OVERLAP's (the culprit);
+# * CONSUMERS: the fill 1.5–1.9 us, and 1.00–1.02× FIN at 4096 × 4096, nt=512;
+# * the bar stays unmet.
 
 # %%
 early_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "kpairearly"]
@@ -2291,7 +2309,9 @@ else:
                                  f"medians over CTAs, then over the build's {int(et.launches.max())} launches, us "
                                  f"({report.source(er)})"))
     forms = {"_fin": "KPAIR_FIN", "_fin_early": "FIN + EARLY (requests at entry)",
-             "_fin_overlap": "FIN + OVERLAP (requests inside the cluster sync)"}
+             "_fin_overlap": "FIN + OVERLAP (requests inside the cluster sync)",
+             "_fin_overlap_p": "OVERLAP, the producer's requests only",
+             "_fin_overlap_c": "OVERLAP, the consumers' requests only"}
     eb = wgmma.kpair_ablation_builds(er.table("wgmma_kpair_ab"),
                                      {k: v for k, v in forms.items() if (er.table("wgmma_kpair_ab").variant
                                                                          == wgmma.KPAIR_VARIANT + k).any()})
@@ -2299,10 +2319,10 @@ else:
         f"the KPAIR build and its FIN, EARLY and OVERLAP forms beside the best launch of record, each over cuBLAS "
         f"fp16 timed in the same run ({report.source(er)})"))
     plt.show()
-    display(report.table(wgmma.forms_over(eb, "KPAIR_FIN", {"KPAIR_FIN": "fin", forms["_fin_early"]: "early",
-                                                             forms["_fin_overlap"]: "overlap"}),
-                         {"cublas_us": "{:.1f}", **{f"{n}_vs_cublas": "{:.3f}" for n in ("fin", "early", "overlap")},
-                          "early_over_fin": "{:.3f}", "overlap_over_fin": "{:.3f}"},
+    short = {"_fin": "fin", "_fin_early": "early", "_fin_overlap": "overlap", "_fin_overlap_p": "producer",
+             "_fin_overlap_c": "consumers"}
+    fo = wgmma.forms_over(eb, "KPAIR_FIN", {forms[k]: n for k, n in short.items()})
+    display(report.table(fo, {"cublas_us": "{:.1f}", **{c: "{:.3f}" for c in fo.columns if "_vs_" in c or "_over_" in c}},
                          caption=f"medians over 3 interleaved rounds of 10 launches, L2 flushed ({report.source(er)}); "
                                  f"*_vs_cublas = cuBLAS time / launch time; *_over_fin > 1: that form is faster than "
                                  f"the FIN form"))

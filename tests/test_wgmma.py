@@ -1895,7 +1895,11 @@ KPAIR_FORMS = [  # a form of the KPAIR build: (its defines' name in wgmma, its g
     ("KPAIR_FIN_EARLY", "#if defined(LK_EXP_KPAIR_EARLY) && !defined(LK_EXP_KPAIR)", ("LK_EXP_KPAIR_EARLY",),
      "LK_EXP_KPAIR_EARLY is a form of the LK_EXP_KPAIR build only"),
     ("KPAIR_FIN_OVERLAP", "#if defined(LK_EXP_KPAIR_OVERLAP) && !defined(LK_EXP_KPAIR)", ("LK_EXP_KPAIR_OVERLAP",),
-     "LK_EXP_KPAIR_OVERLAP is a form of the LK_EXP_KPAIR build only")]
+     "LK_EXP_KPAIR_OVERLAP is a form of the LK_EXP_KPAIR build only"),
+    ("KPAIR_OVERLAP_PRODUCER", None, ("LK_EXP_KPAIR", "LK_EXP_KPAIR_REQ_PRODUCER"),
+     "LK_EXP_KPAIR_REQ_PRODUCER / _CONSUMERS are forms of the LK_EXP_KPAIR_OVERLAP build only"),
+    ("KPAIR_OVERLAP_CONSUMERS", None, ("LK_EXP_KPAIR", "LK_EXP_KPAIR_REQ_CONSUMERS"),
+     "LK_EXP_KPAIR_REQ_PRODUCER / _CONSUMERS are forms of the LK_EXP_KPAIR_OVERLAP build only")]
 
 
 @pytest.mark.parametrize("name,guard,refused,why", KPAIR_FORMS, ids=[f[0] for f in KPAIR_FORMS])
@@ -1938,7 +1942,8 @@ def test_forms_over_puts_each_form_beside_the_base_per_point():
 
 
 def test_kpair_overlap_and_early_are_refused_together():
-    """The two placements of the same L2 requests are one or the other, never both."""
+    """The two placements of the same L2 requests are one or the other, never both; OVERLAP's one-side forms are one
+    side or the other."""
     import shutil
 
     from labkernels import wgmma
@@ -1947,6 +1952,8 @@ def test_kpair_overlap_and_early_are_refused_together():
         pytest.skip("nvcc not on PATH")
     with pytest.raises(wgmma.WgmmaError, match="LK_EXP_KPAIR_OVERLAP and LK_EXP_KPAIR_EARLY"):
         wgmma._cubin("wgmma_kq.cu", wgmma.check_defines(wgmma.KPAIR_FIN_EARLY + ("LK_EXP_KPAIR_OVERLAP",)))
+    with pytest.raises(wgmma.WgmmaError, match="one side's requests, not neither"):
+        wgmma._cubin("wgmma_kq.cu", wgmma.check_defines(wgmma.KPAIR_OVERLAP_PRODUCER + ("LK_EXP_KPAIR_REQ_CONSUMERS",)))
 
 
 def test_kpair_ab_times_an_ablation_beside_the_build_and_never_gates_it(monkeypatch, tmp_path):

@@ -1479,6 +1479,15 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
 #if defined(LK_EXP_KPAIR_OVERLAP) && !defined(LK_EXP_KPAIR)
 #error "LK_EXP_KPAIR_OVERLAP is a form of the LK_EXP_KPAIR build only"
 #endif
+// LK_EXP_KPAIR_REQ_PRODUCER / _CONSUMERS (of the OVERLAP form only; round 7's twenty-seventh step, third run): one
+// side's requests alone -- the producer thread's (tensor maps, the first pass's boxes) or the consumers' (their rows'
+// first weights): OVERLAP's first stage landed 2.5 us later than FIN's (run 20261204T203358Z)
+#if (defined(LK_EXP_KPAIR_REQ_PRODUCER) || defined(LK_EXP_KPAIR_REQ_CONSUMERS)) && !defined(LK_EXP_KPAIR_OVERLAP)
+#error "LK_EXP_KPAIR_REQ_PRODUCER / _CONSUMERS are forms of the LK_EXP_KPAIR_OVERLAP build only"
+#endif
+#if defined(LK_EXP_KPAIR_REQ_PRODUCER) && defined(LK_EXP_KPAIR_REQ_CONSUMERS)
+#error "LK_EXP_KPAIR_REQ_PRODUCER and LK_EXP_KPAIR_REQ_CONSUMERS: one side's requests, not neither"
+#endif
 #if defined(LK_EXP_KPAIR_OVERLAP) && defined(LK_EXP_KPAIR_EARLY)
 #error "LK_EXP_KPAIR_OVERLAP and LK_EXP_KPAIR_EARLY issue the same requests at two places: one of them"
 #endif
@@ -1675,6 +1684,7 @@ template <int QT>
 __device__ __forceinline__ void lk_kpair_requests(const LkTmap& tm, const LkTmap& tmy, const u8* __restrict__ W, int od,
                                                   int nsb, int m0, int n0, u32 rank, int wg, int tid) {
     if (wg == 0) {
+#ifndef LK_EXP_KPAIR_REQ_CONSUMERS
         if (tid == 0) {   // the producer's thread: what its first pass loads after the setup (the loop below)
             asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)&tm) : "memory");
 #ifdef LK_EXP_KPAIR_FIN
@@ -1685,10 +1695,13 @@ __device__ __forceinline__ void lk_kpair_requests(const LkTmap& tm, const LkTmap
                     if (2 * (u >> 2) + h < nsb)
                         lk_tma_prefetch_2d(&tm, (4 * (2 * (u >> 2) + h) + (u & 3)) * LK_WG_K, n0 + 128 * (int)rank);
         }
+#endif
     } else {   // a consumer thread: its rows' first two super-blocks of its warpgroup (wg - 1, wg + 1)
+#ifndef LK_EXP_KPAIR_REQ_PRODUCER
         const int w = tid >> 5, g = (tid & 31) >> 2, r0 = m0 + w * 16 + g, r1 = r0 + 8;
         const KQ<QT, 0, 0> T(W, od, nsb, r0 < od ? r0 : od - 1, r1 < od ? r1 : od - 1, tid & 3);
         for (int sb = wg - 1; sb < nsb && sb <= wg + 1; sb += 2) T.prefetch(sb, od, nsb);
+#endif
     }
 }
 #endif

@@ -529,9 +529,11 @@ def step_wgmma_kpairfin(out: Path, args) -> dict:
     return {"ok": True, "run": run.run_id}
 
 
-#: the twenty-seventh step's forms of the KPAIR build (variant suffix -> defines: FIN, FIN + EARLY, FIN + OVERLAP),
+#: the twenty-seventh step's forms of the KPAIR build (variant suffix -> defines: FIN, FIN + EARLY, FIN + OVERLAP and
+#: OVERLAP with the producer's or the consumers' requests alone),
 #: timed and traced (variant -> defines), q4_K only: their q6_K trace builds spill (16 B)
-EARLY_BUILDS = {"_fin": wgmma.KPAIR_FIN, "_fin_early": wgmma.KPAIR_FIN_EARLY, "_fin_overlap": wgmma.KPAIR_FIN_OVERLAP}
+EARLY_BUILDS = {"_fin": wgmma.KPAIR_FIN, "_fin_early": wgmma.KPAIR_FIN_EARLY, "_fin_overlap": wgmma.KPAIR_FIN_OVERLAP,
+                "_fin_overlap_p": wgmma.KPAIR_OVERLAP_PRODUCER, "_fin_overlap_c": wgmma.KPAIR_OVERLAP_CONSUMERS}
 EARLY_TRACE_BUILDS = {wgmma.KPAIR_VARIANT + sfx: d for sfx, d in EARLY_BUILDS.items()}
 #: traced launches of each build at each shape, the builds interleaved
 EARLY_TRACE_REPS = 3

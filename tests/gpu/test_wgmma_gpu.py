@@ -656,7 +656,8 @@ def test_kpair_build_passes_the_gate_with_tails_and_guards(cp, rng, qtype, nt, o
 @pytest.mark.parametrize("qtype", ["q4_K", "q6_K"])
 @pytest.mark.parametrize("nt,od,id_", [(1, 128, 256), (77, 200, 512), (300, 132, 1024), (520, 4000, 2048),
                                        (256, 64, 768)])
-@pytest.mark.parametrize("form", ["KPAIR_FIN", "KPAIR_FIN_EARLY", "KPAIR_FIN_OVERLAP"])
+@pytest.mark.parametrize("form", ["KPAIR_FIN", "KPAIR_FIN_EARLY", "KPAIR_FIN_OVERLAP", "KPAIR_OVERLAP_PRODUCER",
+                                  "KPAIR_OVERLAP_CONSUMERS"])
 def test_kpair_fin_is_bitwise_the_kpair_build(cp, rng, qtype, nt, od, id_, form):
     """LK_EXP_KPAIR_FIN (Y by TMA stores through the idle ring, the exit barrier arrived at after the main loops), and
     with it LK_EXP_KPAIR_EARLY / _OVERLAP (L2 requests at entry / inside the cluster's sync): the same sums stored,
