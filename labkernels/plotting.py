@@ -457,3 +457,30 @@ def build_series_grid(table, suptitle: str, ncol: int = 3, height: float = 7.4):
     fig.legend(*axs[0, 0].get_legend_handles_labels(), fontsize=8, ncol=ncol, loc="outside lower center")
     fig.suptitle(suptitle, fontsize=9)
     return fig
+
+
+def ratio_by_point(ax, table, col: str, ylabel: str, title: str = "") -> None:
+    """A ratio per A/B point as grouped bars: the shapes (od x id) along x, one bar per (qtype, nt) series, the
+    ratio ``col`` on the y axis, a line at 1 (no change); each bar labelled with its value."""
+    import numpy as np
+
+    shapes = list(dict.fromkeys(f"{int(r.od)} x {int(r.id)}" for r in table.itertuples()))
+    series = sorted({(r.qtype, int(r.nt)) for r in table.itertuples()})
+    width = 0.8 / max(len(series), 1)
+    x = np.arange(len(shapes))
+    for i, (q, nt) in enumerate(series):
+        t = table[(table.qtype == q) & (table.nt == nt)]
+        v = {f"{int(r.od)} x {int(r.id)}": getattr(r, col) for r in t.itertuples()}
+        ys = [v.get(s, np.nan) for s in shapes]
+        bars = ax.bar(x - 0.4 + width * (i + 0.5), ys, width, label=f"{q}, nt={nt}")
+        ax.bar_label(bars, fmt="%.3f", fontsize=7, padding=1)
+    ax.axhline(1.0, color="0.3", lw=0.8, ls="--")
+    ax.set_xticks(x, shapes)
+    ax.set_xlabel("weight shape od x id")
+    ax.set_ylabel(ylabel, fontsize=8)
+    lo = np.nanmin(table[col].to_numpy(float)) if len(table) else 1.0
+    hi = np.nanmax(table[col].to_numpy(float)) if len(table) else 1.0
+    ax.set_ylim(min(lo, 1.0) - 0.02, max(hi, 1.0) + 0.02)
+    ax.legend(fontsize=8, ncol=len(series), loc="upper left")
+    if title:
+        ax.set_title(title, fontsize=9)

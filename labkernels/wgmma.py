@@ -1074,6 +1074,9 @@ KPAIR_FIN_OVERLAP = ("LK_EXP_KPAIR", "LK_EXP_KPAIR_FIN", "LK_EXP_KPAIR_OVERLAP")
 #: 20261204T203358Z); bitwise the build
 KPAIR_OVERLAP_PRODUCER = KPAIR_FIN_OVERLAP + ("LK_EXP_KPAIR_REQ_PRODUCER",)
 KPAIR_OVERLAP_CONSUMERS = KPAIR_FIN_OVERLAP + ("LK_EXP_KPAIR_REQ_CONSUMERS",)
+#: the FIN form storing half of Y's f32 bytes (kernel: LK_ABLATE_HALFY; timing only, its Y means nothing): what a
+#: 16-bit Y's bytes would cost the finish (round 7's twenty-eighth step)
+FIN_HALFY = KPAIR_FIN + ("LK_ABLATE_HALFY",)
 #: the one launch shape it is built for: BN=256, 4 stages, f16, the main scale form, the plain epilogue, the
 #: data-parallel grid
 KPAIR_PARAMS = dict(BN=256, STAGES=4, BF16=0, SCL=0, SK=0, EPI=0, AQ=2, PF=0)

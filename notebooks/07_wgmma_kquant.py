@@ -2339,6 +2339,78 @@ else:
               + ", ".join(f"{t.tool} {'clean' if t.clean else 'NOT clean'}" for t in st.itertuples()))
 
 # %% [markdown]
+# **Measured** (three runs: 20261204T202619Z, 20261204T203358Z and 20261204T204433Z, at commits ed66a4a, b34bedb and
+# ac304f9; the tables above are the third run's, which has all five forms). The checks:
+# * the GPU tests passed 62 of 62 on the H200 (`-k kpair`): every form bitwise the KPAIR build at five tails, for both
+#   types;
+# * memcheck, racecheck and synccheck are clean for OVERLAP (run 20261204T203612Z) and for its consumers-only form
+#   (run 20261204T204625Z);
+# * all 6 × 72 real-model gates of the third run passed (max rel err vs float64 at most 1.44e-3; the int8 q8_1 path
+#   at most 1.03e-2 on the same inputs), and 152 of 152 gates at the timed points.
+#
+# **No placement of the requests shortens the cold start; every form is slower than FIN at every point at nt=512.**
+# * **The first stage** (q4_K, 4096 × 4096, cold, from the CTA's entry): FIN 2.72 us; EARLY 4.98; OVERLAP 5.22; the
+#   producer's requests alone 4.46; the consumers' alone 3.17.
+# * **Over FIN at 4096 × 4096, nt=512:** EARLY 0.923×, OVERLAP 0.945×, producer only 0.950×, consumers only 0.985×
+#   (q4_K); 0.924×, 0.944×, 0.955× and 0.962× (q6_K).
+# * **Against the split's prediction:** the producer's side is the culprit, as predicted (its fill 3.70 us, inside
+#   3.5–4.5). The consumers' side was predicted neutral to slightly faster, and it is slower too (fill 2.24 us against
+#   FIN's 1.89; 0.985×).
+#
+# **Why.** The producer's box prefetches are 12 MB of L2 requests at the launch's start for 384 KB of data, and the
+# first pass's own loads queue behind them. The consumers' prefetches cost ~0.35 us more than they save. And even with
+# every line requested 3.7 us earlier (EARLY), the fill still took 1.22 us: that is this design's floor for the
+# phase. Free requests could therefore save at most ~0.65 us, ~2% of a launch at 4096 × 4096, nt=512.
+#
+# **After the twenty-seventh step.** The cluster start, the one fixed-time lever the trace showed that had not been
+# built, is now measured, and it loses. None of these forms is kept. The FIN form stays the KPAIR build's best: 0.906×
+# cuBLAS for q4_K at 4096 × 4096, nt=512 in the third run, where the best launch of record reached 0.880×.
+
+# %% [markdown]
+# ## Twenty-eighth step: what the float32 Y costs (ablation, prediction first)
+#
+# **Why.** The issue asks the lab's kernels for float32 Y, and cuBLAS's fp16 GEMM, the bar's yardstick, writes fp16
+# C. At 4096 × 4096, nt=512, the FIN form writes 8 MB of Y where cuBLAS writes 4 MB, all of it in the launch's last
+# microseconds, since every CTA of the single wave finishes at about the same time. Until now the notes said this
+# without measuring it.
+#
+# **Design** (`-DLK_ABLATE_HALFY`, `wgmma.FIN_HALFY`, `gpu-check --steps wgmma_halfy`). An ablation of the FIN form
+# (refused without it), timing only, since its Y means nothing. Each warpgroup sends one of its two TMA stores, so
+# half of Y's f32 bytes leave the SM: the bytes of a 16-bit Y. Everything else is FIN's, including the staging writes
+# into shared memory. It is timed beside the FIN form (real-model gated, and gated at every point), the KPAIR build,
+# the launches of record and cuBLAS at every point of the KPAIR step's plan.
+#
+# **Prediction** (written before the run), HALFY over FIN:
+# * nt=512: 1.01–1.03× at 4096 × 4096, 1.02–1.04× at 11008 × 4096, 1.005–1.01× at the wide ids;
+# * nt=4096: 1.00–1.02× (the stores overlap other CTAs' loops).
+#
+# Even at the top of the range, the nt=512 bar stays unmet: q4_K at 4096 × 4096 would reach ~0.93×.
+
+# %%
+hy_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "halfy_ab"]
+if not hy_runs:
+    print("no recorded run of the HALFY ablation (gpu-check --steps wgmma_halfy)")
+else:
+    hyr = hy_runs[-1]
+    hyb = wgmma.kpair_ablation_builds(hyr.table("wgmma_kpair_ab"),
+                                      {"_fin": "KPAIR_FIN", "_fin_halfy": "FIN storing half of Y (ablation)"})
+    hyt = wgmma.forms_over(hyb, "KPAIR_FIN", {"KPAIR_FIN": "fin", "FIN storing half of Y (ablation)": "halfy"})
+    display(report.table(hyt, {"cublas_us": "{:.1f}", "fin_vs_cublas": "{:.3f}", "halfy_vs_cublas": "{:.3f}",
+                               "halfy_over_fin": "{:.3f}"},
+                         caption=f"medians over 3 interleaved rounds of 10 launches, L2 flushed ({report.source(hyr)}); "
+                                 f"*_vs_cublas = cuBLAS time / launch time; halfy_over_fin > 1: storing half of Y's "
+                                 f"bytes is faster (the ablation's Y is not gated: it means nothing)"))
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    plotting.ratio_by_point(ax, hyt, "halfy_over_fin", "FIN's time / the ablation's time (> 1: half of Y's bytes "
+                            "is faster)", f"what half of Y's f32 bytes costs the FIN form ({report.source(hyr)})")
+    plt.show()
+    rp, gt = hyr.table("real_model_parity"), hyr.table("wgmma_kpair_gate")
+    for v, g in rp.groupby("variant"):
+        print(f"real-model gates, {v}: {int(g.ok.sum())} of {len(g)} passed, max rel err vs float64 "
+              f"{g.max_rel_err_f64.max():.2e}")
+    print(f"gates at the timed points: {int(gt.ok.sum())} of {len(gt)} passed")
+
+# %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process
 
 # %%

@@ -1899,7 +1899,9 @@ KPAIR_FORMS = [  # a form of the KPAIR build: (its defines' name in wgmma, its g
     ("KPAIR_OVERLAP_PRODUCER", None, ("LK_EXP_KPAIR", "LK_EXP_KPAIR_REQ_PRODUCER"),
      "LK_EXP_KPAIR_REQ_PRODUCER / _CONSUMERS are forms of the LK_EXP_KPAIR_OVERLAP build only"),
     ("KPAIR_OVERLAP_CONSUMERS", None, ("LK_EXP_KPAIR", "LK_EXP_KPAIR_REQ_CONSUMERS"),
-     "LK_EXP_KPAIR_REQ_PRODUCER / _CONSUMERS are forms of the LK_EXP_KPAIR_OVERLAP build only")]
+     "LK_EXP_KPAIR_REQ_PRODUCER / _CONSUMERS are forms of the LK_EXP_KPAIR_OVERLAP build only"),
+    ("FIN_HALFY", "#if defined(LK_ABLATE_HALFY) && !defined(LK_EXP_KPAIR_FIN)", ("LK_EXP_KPAIR", "LK_ABLATE_HALFY"),
+     "LK_ABLATE_HALFY is an ablation of the LK_EXP_KPAIR_FIN build only")]
 
 
 @pytest.mark.parametrize("name,guard,refused,why", KPAIR_FORMS, ids=[f[0] for f in KPAIR_FORMS])
@@ -1939,6 +1941,28 @@ def test_forms_over_puts_each_form_beside_the_base_per_point():
     assert t.fin_vs_cublas.tolist() == pytest.approx([30 / 33] * 2)
     assert t.early_over_fin.tolist() == pytest.approx([33 / 36] * 2) and t.overlap_over_fin.tolist() == pytest.approx([33 / 32] * 2)
     assert "absent_vs_cublas" not in t.columns and "fin_over_fin" not in t.columns and "kpair_vs_cublas" not in t.columns
+
+
+def test_ratio_by_point_draws_a_bar_per_series_and_shape():
+    import matplotlib
+    import pandas as pd
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkernels import plotting
+
+    t = pd.DataFrame([{"qtype": q, "od": od, "id": 4096, "nt": nt, "r": 1.0 + 0.01 * i}
+                      for i, (q, od, nt) in enumerate((q, od, nt) for q in ("q4_K", "q6_K") for od in (4096, 11008)
+                                                      for nt in (512, 4096))])
+    fig, ax = plt.subplots()
+    plotting.ratio_by_point(ax, t, "r", "ratio", "t")
+    assert len(ax.patches) == 8 and [x.get_text() for x in ax.get_xticklabels()] == ["4096 x 4096", "11008 x 4096"]
+    assert sorted(round(p.get_height(), 3) for p in ax.patches) == [round(1.0 + 0.01 * i, 3) for i in range(8)]
+    assert [x.get_text() for x in ax.get_legend().get_texts()] == ["q4_K, nt=512", "q4_K, nt=4096", "q6_K, nt=512",
+                                                                   "q6_K, nt=4096"]
+    assert ax.get_ylim()[0] <= 0.98 and "od x id" in ax.get_xlabel()
+    plt.close(fig)
 
 
 def test_kpair_overlap_and_early_are_refused_together():

@@ -1488,6 +1488,12 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
 #if defined(LK_EXP_KPAIR_REQ_PRODUCER) && defined(LK_EXP_KPAIR_REQ_CONSUMERS)
 #error "LK_EXP_KPAIR_REQ_PRODUCER and LK_EXP_KPAIR_REQ_CONSUMERS: one side's requests, not neither"
 #endif
+// LK_ABLATE_HALFY (ablation of the FIN form only, timing only: its Y means nothing; round 7's twenty-eighth step): each
+// warpgroup sends one of its two TMA stores (rows 0-31 of its 64), so half of Y's f32 bytes leave the SM -- the bytes
+// a 16-bit Y would write (cuBLAS's fp16 GEMM writes fp16 C; the issue asks the lab's kernels for float32 Y)
+#if defined(LK_ABLATE_HALFY) && !defined(LK_EXP_KPAIR_FIN)
+#error "LK_ABLATE_HALFY is an ablation of the LK_EXP_KPAIR_FIN build only"
+#endif
 #if defined(LK_EXP_KPAIR_OVERLAP) && defined(LK_EXP_KPAIR_EARLY)
 #error "LK_EXP_KPAIR_OVERLAP and LK_EXP_KPAIR_EARLY issue the same requests at two places: one of them"
 #endif
@@ -1669,7 +1675,9 @@ __device__ __forceinline__ void lk_kpair_consumer(const u8* __restrict__ W, floa
     lk_wg_sync(HALF);
     if (tid == 0) {
         lk_tma_store_2d(tmy, wst, m0, n0 + 128 * HALF);
+#ifndef LK_ABLATE_HALFY
         lk_tma_store_2d(tmy, wst + 16384u, m0 + 32, n0 + 128 * HALF);
+#endif
         asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
         asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");   // the ring is read before the CTA exits
     }

@@ -577,6 +577,22 @@ def step_wgmma_kpairearly(out: Path, args) -> dict:
     return {"ok": True, "run": run.run_id}
 
 
+def step_wgmma_halfy(out: Path, args) -> dict:
+    """Round 7, twenty-eighth step: what the float32 Y costs the FIN form -- its LK_ABLATE_HALFY build (half of Y's
+    bytes stored, the bytes of a 16-bit Y; timing only, never gated) timed beside the FIN form, the KPAIR build, the
+    launches of record and cuBLAS at every point of wgmma.KPAIR_AB (labkernels.wgmma.kpair_ab: the FIN form
+    real-model gated and gated at every point, the ablation not), recorded."""
+    from .. import records
+
+    with records.recording(DATA[0], {"what": "halfy_ab", "plan": wgmma.KPAIR_AB, "defines": list(wgmma.KPAIR),
+                                     "builds": {"_fin": list(wgmma.KPAIR_FIN)},
+                                     "ablations": {"_fin_halfy": list(wgmma.FIN_HALFY)},
+                                     "real_nts": list(wgmma.KPAIR_REAL_NTS)}, root=out / "data") as run:
+        wgmma.kpair_ab(run, plan=wgmma.KPAIR_AB, progress=args.log, builds={"_fin": wgmma.KPAIR_FIN},
+                       ablations={"_fin_halfy": wgmma.FIN_HALFY})
+    return {"ok": True, "run": run.run_id}
+
+
 def step_wgmma_smemform(out: Path, args) -> dict:
     """Round 7, twenty-third step: the shared-memory form (one and two converter warpgroups) and the register form at
     BN=128, each beside its no-conversion build (LK_ABLATE_NOCONV, timing only), and cuBLAS, at the bar's shapes and
@@ -719,4 +735,4 @@ STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_nc
          "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
          "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
          "wgmma_staged": step_wgmma_staged, "wgmma_reduce": step_wgmma_reduce, "wgmma_lead": step_wgmma_lead, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane,
-         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_clock": step_wgmma_clock, "wgmma_kscan": step_wgmma_kscan, "wgmma_kpair": step_wgmma_kpair, "wgmma_smem": step_wgmma_smem, "wgmma_smemform": step_wgmma_smemform, "wgmma_decouple": step_wgmma_decouple, "wgmma_kpairtrace": step_wgmma_kpairtrace, "wgmma_kpairfin": step_wgmma_kpairfin, "wgmma_kpairearly": step_wgmma_kpairearly, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}
+         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_clock": step_wgmma_clock, "wgmma_kscan": step_wgmma_kscan, "wgmma_kpair": step_wgmma_kpair, "wgmma_smem": step_wgmma_smem, "wgmma_smemform": step_wgmma_smemform, "wgmma_decouple": step_wgmma_decouple, "wgmma_kpairtrace": step_wgmma_kpairtrace, "wgmma_kpairfin": step_wgmma_kpairfin, "wgmma_kpairearly": step_wgmma_kpairearly, "wgmma_halfy": step_wgmma_halfy, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}
