@@ -2357,8 +2357,8 @@ else:
 #   3.5–4.5). The consumers' side was predicted neutral to slightly faster, and it is slower too (fill 2.24 us against
 #   FIN's 1.89; 0.985×).
 #
-# **Why.** The producer's box prefetches are 12 MB of L2 requests at the launch's start for 384 KB of data, and the
-# first pass's own loads queue behind them. The consumers' prefetches cost ~0.35 us more than they save. And even with
+# **Why.** The producer's box prefetches are 12 MB of L2 requests at the launch's start for 384 KB of data; the first
+# pass's own loads likely queue behind them (a reading, not measured apart). The consumers' prefetches cost ~0.35 us more than they save. And even with
 # every line requested 3.7 us earlier (EARLY), the fill still took 1.22 us: that is this design's floor for the
 # phase. Free requests could therefore save at most ~0.65 us, ~2% of a launch at 4096 × 4096, nt=512.
 #
@@ -2409,6 +2409,25 @@ else:
         print(f"real-model gates, {v}: {int(g.ok.sum())} of {len(g)} passed, max rel err vs float64 "
               f"{g.max_rel_err_f64.max():.2e}")
     print(f"gates at the timed points: {int(gt.ok.sum())} of {len(gt)} passed")
+
+# %% [markdown]
+# **Measured** (run 20261204T205701Z, commit 9c0b105). All 72 real-model gates of the KPAIR build and 72 of the FIN
+# form passed, and 88 of 88 gates at the timed points; the ablation is never gated.
+#
+# **A 16-bit Y's bytes would buy 0–2.4%: the float32 Y is not what stands between the kernel and the bar.**
+# * **nt=512:** HALFY over FIN is 1.023× (q4_K) and 1.011× (q6_K) at 4096 × 4096, inside the predicted 1.01–1.03×.
+#   At 11008 × 4096 it is 1.021× and 1.019× (predicted 1.02–1.04×: at its low edge). At the wide ids it is
+#   0.997–1.005×, at or below the predicted 1.005–1.01×.
+# * **nt=4096:** 0.996–1.024×, around the predicted 1.00–1.02×.
+# * **Against cuBLAS:** storing half of Y's bytes takes FIN q4_K at 4096 × 4096, nt=512 from 0.872× to 0.892× in this
+#   run. Between runs, FIN's own ratio at that point has ranged over 0.872–0.906× (this run and the twenty-seventh
+#   step's three), which is about as wide as the ablation's gain.
+#
+# **What stands between the kernel and the nt=512 bar, after the twenty-eighth step.** Every lever the trace and the
+# counters showed has now been measured. The lock-step, the conversion, the finish, the exit wait, the cold start and
+# the float32 Y are each worth 0–7%, most of them 1–2%, and most of them are not separable from one another. What is
+# left at 4096 × 4096 is the sum: a loop at 1.07× (q4_K) or 1.22× (q6_K) of the tensor pipe's rate, plus ~6 us of
+# fixed time per CTA, against cuBLAS's loop at the pipe's rate with a shorter start and end.
 
 # %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process
