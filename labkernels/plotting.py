@@ -480,7 +480,7 @@ def ratio_by_point(ax, table, col: str, ylabel: str, title: str = "") -> None:
     ax.set_ylabel(ylabel, fontsize=8)
     lo = np.nanmin(table[col].to_numpy(float)) if len(table) else 1.0
     hi = np.nanmax(table[col].to_numpy(float)) if len(table) else 1.0
-    ax.set_ylim(min(lo, 1.0) - 0.02, max(hi, 1.0) + 0.02)
+    ax.set_ylim(min(lo, 1.0) - 0.02, max(hi, 1.0) + 0.035)   # headroom: the legend sits above the tallest bars
     ax.legend(fontsize=8, ncol=len(series), loc="upper left")
     if title:
         ax.set_title(title, fontsize=9)

@@ -2414,7 +2414,7 @@ else:
 # **Measured** (run 20261204T205701Z, commit 9c0b105). All 72 real-model gates of the KPAIR build and 72 of the FIN
 # form passed, and 88 of 88 gates at the timed points; the ablation is never gated.
 #
-# **A 16-bit Y's bytes would buy 0–2.4%: the float32 Y is not what stands between the kernel and the bar.**
+# **A 16-bit Y's bytes would buy at most 2.4%: the float32 Y is not what stands between the kernel and the bar.**
 # * **nt=512:** HALFY over FIN is 1.023× (q4_K) and 1.011× (q6_K) at 4096 × 4096, inside the predicted 1.01–1.03×.
 #   At 11008 × 4096 it is 1.021× and 1.019× (predicted 1.02–1.04×: at its low edge). At the wide ids it is
 #   0.997–1.005×, at or below the predicted 1.005–1.01×.
@@ -2424,9 +2424,9 @@ else:
 #   step's three), which is about as wide as the ablation's gain.
 #
 # **What stands between the kernel and the nt=512 bar, after the twenty-eighth step.** Every lever the trace and the
-# counters showed has now been measured. The lock-step, the conversion, the finish, the exit wait, the cold start and
-# the float32 Y are each worth 0–7%, most of them 1–2%, and most of them are not separable from one another. What is
-# left at 4096 × 4096 is the sum: a loop at 1.07× (q4_K) or 1.22× (q6_K) of the tensor pipe's rate, plus ~6 us of
+# counters showed has now been measured. The lock-step (1–5%), the finish and the exit wait (together ~2%), the
+# float32 Y (at most 2.4%) and q4_K's conversion (2–7%) are each small; q6_K's conversion is the largest (7–16%); the
+# cold start's requests lose. What is left at 4096 × 4096 is the sum: a loop at 1.07× (q4_K) or 1.22× (q6_K) of the tensor pipe's rate, plus ~6 us of
 # fixed time per CTA, against cuBLAS's loop at the pipe's rate with a shorter start and end.
 
 # %% [markdown]
