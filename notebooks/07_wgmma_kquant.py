@@ -2426,8 +2426,9 @@ else:
 # **What stands between the kernel and the nt=512 bar, after the twenty-eighth step.** Every lever the trace and the
 # counters showed has now been measured. The lock-step (1–5%), the finish and the exit wait (together ~2%), the
 # float32 Y (at most 2.4%) and q4_K's conversion (2–7%) are each small; q6_K's conversion is the largest (7–16%); the
-# cold start's requests lose. What is left at 4096 × 4096 is the sum: a loop at 1.07× (q4_K) or 1.22× (q6_K) of the tensor pipe's rate, plus ~6 us of
-# fixed time per CTA, against cuBLAS's loop at the pipe's rate with a shorter start and end.
+# cold start's requests lose. What is left at 4096 × 4096 is the sum: a loop at 1.07× (q4_K) or 1.22× (q6_K) of the
+# tensor pipe's rate, plus ~6 us of fixed time per CTA, against a cuBLAS kernel whose tensor pipe is active 85–95% of
+# its whole run (the twenty-second step's counters).
 
 # %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process
