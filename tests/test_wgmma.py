@@ -1976,7 +1976,7 @@ def test_kpair_overlap_and_early_are_refused_together():
         pytest.skip("nvcc not on PATH")
     with pytest.raises(wgmma.WgmmaError, match="LK_EXP_KPAIR_OVERLAP and LK_EXP_KPAIR_EARLY"):
         wgmma._cubin("wgmma_kq.cu", wgmma.check_defines(wgmma.KPAIR_FIN_EARLY + ("LK_EXP_KPAIR_OVERLAP",)))
-    with pytest.raises(wgmma.WgmmaError, match="one side's requests, not neither"):
+    with pytest.raises(wgmma.WgmmaError, match="one side's requests or the other's, not both"):
         wgmma._cubin("wgmma_kq.cu", wgmma.check_defines(wgmma.KPAIR_OVERLAP_PRODUCER + ("LK_EXP_KPAIR_REQ_CONSUMERS",)))
 
 
@@ -2030,8 +2030,8 @@ def _ncu_step_shim(monkeypatch, fail=lambda case: False):
         return types.SimpleNamespace(returncode=0, stdout=out, stderr="")
 
     monkeypatch.setattr(subprocess, "run", run)
-    monkeypatch.setattr(wgmma, "kpair_ab", lambda run, plan=None, progress=print, ablations=None:
-                        ab.append((plan, ablations)))
+    monkeypatch.setattr(wgmma, "kpair_ab", lambda run, plan=None, progress=print, builds=None, ablations=None:
+                        ab.append((plan, ablations) if builds is None else (plan, ablations, builds)))
     return cmds, ab
 
 

@@ -1486,7 +1486,7 @@ __device__ __forceinline__ void wgmma_kq_body(const LkTmap& tm, const LkTmap& tm
 #error "LK_EXP_KPAIR_REQ_PRODUCER / _CONSUMERS are forms of the LK_EXP_KPAIR_OVERLAP build only"
 #endif
 #if defined(LK_EXP_KPAIR_REQ_PRODUCER) && defined(LK_EXP_KPAIR_REQ_CONSUMERS)
-#error "LK_EXP_KPAIR_REQ_PRODUCER and LK_EXP_KPAIR_REQ_CONSUMERS: one side's requests, not neither"
+#error "LK_EXP_KPAIR_REQ_PRODUCER and LK_EXP_KPAIR_REQ_CONSUMERS: one side's requests or the other's, not both"
 #endif
 // LK_ABLATE_HALFY (ablation of the FIN form only, timing only: its Y means nothing; round 7's twenty-eighth step): each
 // warpgroup sends one of its two TMA stores (rows 0-31 of its 64), so half of Y's f32 bytes leave the SM -- the bytes

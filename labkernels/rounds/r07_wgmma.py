@@ -426,6 +426,21 @@ def _ncu_cases(out: Path, args, cases, tag: str) -> tuple[list[dict], list[str],
     return table, metrics, len({t["case"] for t in table}) == len(cases)
 
 
+def _kpair_ab_run(out: Path, args, what: str, plan: dict, builds: dict | None = None,
+                  ablations: dict | None = None) -> str:
+    """One recorded run of labkernels.wgmma.kpair_ab at ``plan``'s points: the KPAIR build and its ``builds`` (forms
+    that compute Y: real-model gated and gated at every point) and ``ablations`` (timing only, never gated) beside the
+    launches of record and cuBLAS; its params name both (a key only when given). Returns the run id."""
+    from .. import records
+
+    params = {"what": what, "plan": plan, "defines": list(wgmma.KPAIR)}
+    params |= {k: {s: list(d) for s, d in v.items()} for k, v in (("builds", builds), ("ablations", ablations)) if v}
+    params["real_nts"] = list(wgmma.KPAIR_REAL_NTS)
+    with records.recording(DATA[0], params, root=out / "data") as run:
+        wgmma.kpair_ab(run, plan=plan, progress=args.log, builds=builds, ablations=ablations)
+    return run.run_id
+
+
 def _ncu_then_kpair_ab(out: Path, args, tag: str, cases, ab_what: str, plan: dict, ablations: dict) -> dict:
     """An ncu-and-A/B step: :func:`_ncu_cases` of ``cases`` recorded as ``<tag>_ncu`` (table ``smem_ncu``), then the
     KPAIR build beside its ``ablations`` at ``plan``'s points (labkernels.wgmma.kpair_ab; the build real-model gated,
@@ -437,11 +452,7 @@ def _ncu_then_kpair_ab(out: Path, args, tag: str, cases, ab_what: str, plan: dic
                                      "cases": [list(c) for c in cases]}, root=out / "data") as run:
         run.append("smem_ncu", table)
     args.log(f"{tag} ncu: {len({t['case'] for t in table})} of {len(cases)} cases recorded (run {run.run_id})")
-    with records.recording(DATA[0], {"what": ab_what, "plan": plan, "defines": list(wgmma.KPAIR),
-                                     "ablations": {k: list(v) for k, v in ablations.items()},
-                                     "real_nts": list(wgmma.KPAIR_REAL_NTS)}, root=out / "data") as run2:
-        wgmma.kpair_ab(run2, plan=plan, progress=args.log, ablations=ablations)
-    return {"ok": ok, "run": run.run_id, "ab_run": run2.run_id}
+    return {"ok": ok, "run": run.run_id, "ab_run": _kpair_ab_run(out, args, ab_what, plan, ablations=ablations)}
 
 
 def step_wgmma_smem(out: Path, args) -> dict:
@@ -520,18 +531,12 @@ def step_wgmma_kpairfin(out: Path, args) -> dict:
     after the main loops (LK_EXP_KPAIR_FIN, wgmma.KPAIR_FIN), real-model gated and timed beside the KPAIR build, the
     launches of record and cuBLAS at every point of wgmma.KPAIR_AB (labkernels.wgmma.kpair_ab with ``builds``; every
     launch parity-gated), recorded."""
-    from .. import records
-
-    with records.recording(DATA[0], {"what": "kpairfin_ab", "plan": wgmma.KPAIR_AB, "defines": list(wgmma.KPAIR),
-                                     "builds": {"_fin": list(wgmma.KPAIR_FIN)},
-                                     "real_nts": list(wgmma.KPAIR_REAL_NTS)}, root=out / "data") as run:
-        wgmma.kpair_ab(run, plan=wgmma.KPAIR_AB, progress=args.log, builds={"_fin": wgmma.KPAIR_FIN})
-    return {"ok": True, "run": run.run_id}
+    return {"ok": True, "run": _kpair_ab_run(out, args, "kpairfin_ab", wgmma.KPAIR_AB, builds={"_fin": wgmma.KPAIR_FIN})}
 
 
 #: the twenty-seventh step's forms of the KPAIR build (variant suffix -> defines: FIN, FIN + EARLY, FIN + OVERLAP and
-#: OVERLAP with the producer's or the consumers' requests alone),
-#: timed and traced (variant -> defines), q4_K only: their q6_K trace builds spill (16 B)
+#: OVERLAP with the producer's or the consumers' requests alone), timed; and traced (variant -> defines), q4_K only:
+#: their q6_K trace builds spill (16 B)
 EARLY_BUILDS = {"_fin": wgmma.KPAIR_FIN, "_fin_early": wgmma.KPAIR_FIN_EARLY, "_fin_overlap": wgmma.KPAIR_FIN_OVERLAP,
                 "_fin_overlap_p": wgmma.KPAIR_OVERLAP_PRODUCER, "_fin_overlap_c": wgmma.KPAIR_OVERLAP_CONSUMERS}
 EARLY_TRACE_BUILDS = {wgmma.KPAIR_VARIANT + sfx: d for sfx, d in EARLY_BUILDS.items()}
@@ -542,10 +547,10 @@ EARLY_TRACE_REPS = 3
 def step_wgmma_kpairearly(out: Path, args) -> dict:
     """Round 7, twenty-seventh step: the KPAIR build's FIN form with its cold start overlapped -- the L2 requests at
     entry (LK_EXP_KPAIR_EARLY, wgmma.KPAIR_FIN_EARLY) or between the cluster barrier's arrive and wait
-    (LK_EXP_KPAIR_OVERLAP, wgmma.KPAIR_FIN_OVERLAP) -- against the FIN form (:data:`EARLY_BUILDS`). (1) Their trace builds (-DLK_EXP_TRACE), q4_K at
-    :data:`KPAIR_TRACE_SHAPES`, nt=512, :data:`EARLY_TRACE_REPS` launches of each right after an L2 flush, the builds
-    interleaved (table ``kpair_trace_flushed``, a ``rep`` column; labkernels.wgmma.early_table); (2) both forms
-    real-model gated and timed beside the KPAIR build, the launches of record and cuBLAS at every point of
+    (LK_EXP_KPAIR_OVERLAP, wgmma.KPAIR_FIN_OVERLAP, and its one-side forms) -- against the FIN form
+    (:data:`EARLY_BUILDS`). (1) Their trace builds (-DLK_EXP_TRACE), q4_K at :data:`KPAIR_TRACE_SHAPES`, nt=512,
+    :data:`EARLY_TRACE_REPS` launches of each right after an L2 flush, the builds interleaved (table
+    ``kpair_trace_flushed``, a ``rep`` column; labkernels.wgmma.early_table); (2) every form real-model gated and timed beside the KPAIR build, the launches of record and cuBLAS at every point of
     wgmma.KPAIR_AB (labkernels.wgmma.kpair_ab with ``builds``; every launch parity-gated); one recorded run."""
     import numpy as np
 
@@ -554,9 +559,8 @@ def step_wgmma_kpairearly(out: Path, args) -> dict:
     rng = np.random.default_rng(27)
     flusher = bench.Flusher()
     nt = 512
-    builds = EARLY_BUILDS
     with records.recording(DATA[0], {"what": "kpairearly", "plan": wgmma.KPAIR_AB, "defines": list(wgmma.KPAIR),
-                                     "builds": {k: list(v) for k, v in builds.items()},
+                                     "builds": {k: list(v) for k, v in EARLY_BUILDS.items()},
                                      "trace": {"nt": nt, "qtypes": ["q4_K"], "reps": EARLY_TRACE_REPS,
                                                "shapes": [list(x) for x in KPAIR_TRACE_SHAPES],
                                                "builds": {k: list(v) for k, v in EARLY_TRACE_BUILDS.items()}},
@@ -573,7 +577,7 @@ def step_wgmma_kpairearly(out: Path, args) -> dict:
             args.log(f"early trace {r.variant} q4_K {r.od}x{r.id} (cold, medians): setup {r.setup_us:.2f} us, fill "
                      f"{r.fill_us:.2f} us, loop {r.loop_us:.2f} us, finish {r.finish_us:.2f} us, exit {r.exit_us:.2f} "
                      f"us, last stamp {r.end_us_max:.2f} us")
-        wgmma.kpair_ab(run, plan=wgmma.KPAIR_AB, progress=args.log, builds=builds)
+        wgmma.kpair_ab(run, plan=wgmma.KPAIR_AB, progress=args.log, builds=EARLY_BUILDS)
     return {"ok": True, "run": run.run_id}
 
 
@@ -582,15 +586,8 @@ def step_wgmma_halfy(out: Path, args) -> dict:
     bytes stored, the bytes of a 16-bit Y; timing only, never gated) timed beside the FIN form, the KPAIR build, the
     launches of record and cuBLAS at every point of wgmma.KPAIR_AB (labkernels.wgmma.kpair_ab: the FIN form
     real-model gated and gated at every point, the ablation not), recorded."""
-    from .. import records
-
-    with records.recording(DATA[0], {"what": "halfy_ab", "plan": wgmma.KPAIR_AB, "defines": list(wgmma.KPAIR),
-                                     "builds": {"_fin": list(wgmma.KPAIR_FIN)},
-                                     "ablations": {"_fin_halfy": list(wgmma.FIN_HALFY)},
-                                     "real_nts": list(wgmma.KPAIR_REAL_NTS)}, root=out / "data") as run:
-        wgmma.kpair_ab(run, plan=wgmma.KPAIR_AB, progress=args.log, builds={"_fin": wgmma.KPAIR_FIN},
-                       ablations={"_fin_halfy": wgmma.FIN_HALFY})
-    return {"ok": True, "run": run.run_id}
+    return {"ok": True, "run": _kpair_ab_run(out, args, "halfy_ab", wgmma.KPAIR_AB, builds={"_fin": wgmma.KPAIR_FIN},
+                                             ablations={"_fin_halfy": wgmma.FIN_HALFY})}
 
 
 def step_wgmma_smemform(out: Path, args) -> dict:
