@@ -140,6 +140,7 @@ def test_q4k_nb_parity(cp, rng, kdr):
     assert res["ok"], res
 
 
+@pytest.mark.model
 def test_real_model_tensors(cp, rng):
     """Every q6_K (both strides) and every q4_K tensor of Gemma 3 270M, through every main-path tile variant."""
     from labkernels import gpu

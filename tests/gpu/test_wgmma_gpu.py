@@ -66,10 +66,16 @@ def test_wgmma_parity(cp, rng, spec, nt, od, id_, sk):
             _run(cp, _weights(rng, "q4_K" if spec.p["QT"] == 4 else "q6_K", od, id_), "q4_K" if spec.p["QT"] == 4
                  else "q6_K", np.zeros((nt, id_), np.float32), **params)
         return
-    if (spec.p["EPI"] == 2 and od % 4) or (spec.p["EPI"] and sk == 1):   # refused, never run: the TMA-store
-        from labkernels import gpu                                        # rows are 16-byte multiples; the EPI
+    from labkernels import gpu
 
-        with pytest.raises(gpu.ShapeError, match="multiple of 4|stream-K"):   # forms take one segment per CTA
+    epi = spec.p["EPI"]
+    # refused, never run: the TMA-store forms (2, 4, 5) need rows of 16-byte multiples; the ring forms (1, 2) take one
+    # segment per CTA (not stream-K); the reduce finish (5) takes grids of at most two CTAs a tile
+    refuse = {"multiple of 4": epi in (2, 4, 5) and od % 4, "stream-K": epi in (1, 2) and sk == 1,
+              "EPI=5 adds": epi == 5 and not wgmma.reduce_fits(sk, nt, od, id_, spec.p["BN"],
+                                                              gpu.device_props()["sm_count"])}
+    if any(refuse.values()):
+        with pytest.raises(gpu.ShapeError, match="|".join(k for k, v in refuse.items() if v)):
             _run(cp, raw, qtype, x, **params)
         return
     y, packed = _run(cp, raw, qtype, x, **params)
@@ -511,6 +517,7 @@ def test_wgmma_rejects_bad_shapes(cp, rng):
     assert bool(cp.isnan(off).all()), "a refused launch wrote the output"
 
 
+@pytest.mark.model
 def test_wgmma_real_model_tensors(cp, rng):
     """Every q4_K / q6_K tensor of Gemma 3 270M (the GGUF, or its tensor cache on a GPU machine) through the main
     BN=128 variant under the three schedulers (the uniform split-k grid where it fits): all rows, 37 fresh random
