@@ -161,6 +161,15 @@ FAMILIES = [
              "f16/bf16 A tiles in the same STAGES-deep ring as the activations; warpgroups 1-2 issue wgmma "
              "m64nBNk16 with A and B from shared memory; 1 CTA/SM, setmaxnreg 80/208; the same data-parallel / "
              "stream-K scheduler; NCV=2 two converter warpgroups, each half of every chunk (setmaxnreg 80/176)"),
+    # -- round 9: decode -- k-quant matrix-vector / small-batch products (nt = 1..16), weights read once per launch
+    dict(family="gemv_kq", source="gemv_kq.cu", template="gemv_kq_kernel",
+         params={"QT": [4, 6], "XF32": [0, 1], "NT8": [1, 2], "MT": [1, 2], "WARPS": [4]},
+         threads="32 * WARPS", smem="0", tile=(0, 0), main_path=True, archs=("sm_80", "sm_90"),
+         doc="q4_K (GGUF rows as uploaded) / q6_K (planes repacked once at load, same bytes) x f16 or f32 (XF32) "
+             "activations read directly; weights dequantized exactly in registers (f16 code by a magic exponent, "
+             "one rounding of q*S+B), mma.sync m16n8k16 f16 -> f32 with the tokens as n (NT8 tiles of 8); a lane "
+             "owns 64 k of each super-block (a k permutation shared by both operands); CTA = WARPS warps x MT m16 "
+             "tiles of rows, grid y = S splits of the super-blocks, partials added in split order by the last CTA"),
     # -- register-fed mma.sync probes: the physical ceiling line
     dict(family="mma_probe", source="mma_probe.cu", template="mma_probe_kernel",
          params={"K": [16, 32]}, threads=256, smem="0", tile=(0, 0), main_path=False,

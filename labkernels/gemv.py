@@ -1,0 +1,339 @@
+"""Round 9's decode kernels: k-quant matrix-vector and small-batch products, ``gemv_kq`` (labkernels/kernels/gemv_kq.cu).
+
+``Y[nt, od] = X[nt, id] W^T`` for nt = 1..16 with every weight byte read once per launch. q4_K weights are the GGUF
+rows as uploaded (``QWeight.raw``); q6_K weights are the same bytes repacked once at load into planes
+(:func:`repack_q6k`, same size: 210 bytes a super-block). Activations are f16 or f32, read directly (the f32 ones
+rounded to f16 at the fragment, as round 7's wgmma family rounds them).
+
+**The kernel's exact function** (:func:`emulate_weights`): each weight is the f16 number
+``fl16(q * S + B)`` (q4_K: ``S = fl16(d * sc)``, ``B = fl16(-dmin * m)``, q the 4-bit code) or ``fl16((q - 32) * S)``
+(q6_K: ``S = fl16(d * sc)``), the activations are rounded to f16, and the tensor cores multiply and add in f32. So the
+kernel equals ``x16 @ w16.T`` up to f32 summation order (the gate of :func:`labkernels.wgmma.gate`).
+
+**The layout a lane reads** (mirrored in numpy by :func:`lane_dequant`, which rebuilds the weights from the bytes a
+lane loads with the kernel's bit operations; a CPU test checks it equals :func:`emulate_weights`): lane ``c = lane % 4``
+of a quad owns k ``64c .. 64c + 63`` of each super-block; its 32 bytes of codes (q4_K: ``qs[32c .. 32c + 31]`` of the
+GGUF block; q6_K: ``ql'`` of the repack) hold in byte ``4m + j`` the low 4 bits of k ``64c + 4m + j`` (low nibble) and
+of ``64c + 32 + 4m + j`` (high nibble). Word ``m`` yields four f16 pairs: ``P0 = k(4m, 4m+2)``, ``P2 = k(4m+1, 4m+3)``
+from the low nibbles, ``P1``, ``P3`` the same plus 32 from the high nibbles. q6_K's two high bits come from ``qh'``
+(16 bytes a lane: word ``u`` serves code words ``2u`` and ``2u + 1`` at the bit positions of :data:`Q6_QH_BITS`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from functools import lru_cache
+
+import numpy as np
+
+QK = 256
+BLOCK_BYTES = {"q4_K": 144, "q6_K": 210}
+#: nt the family takes (NT8 n8 tiles of tokens: 1 or 2)
+MAX_NT = 16
+#: (qh' word bit offset of the low-half element, of the high-half element) for each (word parity, pair): pair P0/P2
+#: are low-nibble pairs (their two high bits go to f16 bits 4-5 / 20-21), P1/P3 high-nibble pairs (8-9 / 24-25)
+Q6_QH_BITS = {(0, "P0"): (0, 16), (0, "P1"): (4, 20), (0, "P2"): (2, 18), (0, "P3"): (6, 22),
+              (1, "P0"): (8, 24), (1, "P1"): (12, 28), (1, "P2"): (10, 26), (1, "P3"): (14, 30)}
+#: the k offsets (within a lane's 64) of each pair of word m: (low-half element, high-half element)
+PAIR_K = {"P0": (0, 2), "P2": (1, 3), "P1": (32, 34), "P3": (33, 35)}
+
+
+class GemvError(ValueError):
+    """A weight, activation or launch the decode kernels cannot take."""
+
+
+# ------------------------------------------------------------------------------------------ the weight types
+
+def _blocks(raw: np.ndarray, qtype: str) -> np.ndarray:
+    raw = np.asarray(raw)
+    if qtype not in BLOCK_BYTES:
+        raise GemvError(f"gemv_kq takes q4_K or q6_K weights, not {qtype!r}")
+    if raw.dtype != np.uint8 or raw.ndim != 2:
+        raise GemvError(f"weights must be uint8 GGUF rows [od, row_bytes], got {raw.dtype} {raw.shape}")
+    nb = BLOCK_BYTES[qtype]
+    if raw.shape[1] == 0 or raw.shape[1] % nb:
+        raise GemvError(f"{qtype} rows of {raw.shape[1]} bytes are not whole {nb}-byte super-blocks")
+    return np.ascontiguousarray(raw).reshape(raw.shape[0], raw.shape[1] // nb, nb)
+
+
+def q4k_fields(raw: np.ndarray):
+    """(d, dmin as float32 [od, nsb], sc, m as int [od, nsb, 8], codes uint8 [od, nsb, 256]) of q4_K rows."""
+    b = _blocks(raw, "q4_K")
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    dmin = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    q = b[..., 4:16].astype(np.int32)
+    sc = np.empty(b.shape[:2] + (8,), np.int32)
+    mn = np.empty_like(sc)
+    sc[..., :4] = q[..., 0:4] & 63
+    mn[..., :4] = q[..., 4:8] & 63
+    sc[..., 4:] = (q[..., 8:12] & 0xF) | ((q[..., 0:4] >> 6) << 4)
+    mn[..., 4:] = (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)
+    qs = b[..., 16:144].reshape(b.shape[:2] + (4, 32))
+    codes = np.concatenate([np.stack([qs[..., j, :] & 0xF, qs[..., j, :] >> 4], axis=-2) for j in range(4)],
+                           axis=-2).reshape(b.shape[:2] + (256,))
+    return d, dmin, sc, mn, codes
+
+
+def q6k_fields(raw: np.ndarray):
+    """(d float32 [od, nsb], sc int [od, nsb, 16], codes uint8 0..63 [od, nsb, 256]) of q6_K rows."""
+    b = _blocks(raw, "q6_K")
+    ql = b[..., 0:128].reshape(b.shape[:2] + (2, 64))
+    qh = b[..., 128:192].reshape(b.shape[:2] + (2, 32))
+    sc = b[..., 192:208].view(np.int8).astype(np.int32)
+    d = b[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
+    codes = np.empty(b.shape[:2] + (2, 4, 32), np.uint8)
+    for i in range(4):   # k = 128 h + 32 i + l: ql byte l + 32 (i % 2), nibble i // 2; qh byte l, bits 2i, 2i+1
+        lo = (ql[..., 32 * (i % 2):32 * (i % 2) + 32] >> (4 * (i // 2))) & 0xF
+        codes[..., i, :] = lo | (((qh >> (2 * i)) & 3) << 4)
+    return d, sc, codes.reshape(b.shape[:2] + (256,))
+
+
+def _f16(a) -> np.ndarray:
+    return np.asarray(a, np.float64).astype(np.float16)
+
+
+def emulate_weights(raw: np.ndarray, qtype: str) -> np.ndarray:
+    """The f16 weights [od, id] the kernel multiplies (as float32): q4_K ``fl16(q * fl16(d*sc) + fl16(-dmin*m))``,
+    q6_K ``fl16((q - 32) * fl16(d*sc))`` -- products of f16 and small integers are exact in float64, so one rounding."""
+    if qtype == "q4_K":
+        d, dmin, sc, mn, codes = q4k_fields(raw)
+        S = _f16(d[..., None] * sc).astype(np.float64)            # [od, nsb, 8]
+        B = _f16(-(dmin[..., None] * mn)).astype(np.float64)
+        q = codes.reshape(codes.shape[:2] + (8, 32)).astype(np.float64)
+        w = _f16(q * S[..., None] + B[..., None])
+    elif qtype == "q6_K":
+        d, sc, codes = q6k_fields(raw)
+        S = _f16(d[..., None] * sc).astype(np.float64)            # [od, nsb, 16]
+        q = codes.reshape(codes.shape[:2] + (16, 16)).astype(np.float64) - 32
+        w = _f16(q * S[..., None])
+    else:
+        raise GemvError(f"gemv_kq takes q4_K or q6_K weights, not {qtype!r}")
+    return w.reshape(w.shape[0], -1).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------ the q6_K repack
+
+def repack_q6k(raw: np.ndarray) -> np.ndarray:
+    """q6_K GGUF rows [od, nsb*210] -> the kernel's planes, one uint8 buffer of the same size:
+    ``QL' [od][nsb][128] | QH' [od][nsb][64] | SC [od][nsb][16] | D [od][nsb] (f16)``. QL' byte ``32c + 4m + j`` holds
+    the low 4 bits of code ``64c + 4m + j`` (low nibble) and ``64c + 32 + 4m + j`` (high nibble); QH' lane ``c``'s word
+    ``u`` holds the codes' two high bits of words ``2u``, ``2u+1`` at :data:`Q6_QH_BITS`; SC and D are the GGUF
+    block's scales and d."""
+    b = _blocks(raw, "q6_K")
+    od, nsb = b.shape[:2]
+    _, _, codes = q6k_fields(raw)
+    cl = codes.reshape(od, nsb, 4, 2, 8, 4)          # [.., c, half(0: k<32, 1: k>=32), m, j]
+    lo4 = cl & 0xF
+    ql = (lo4[:, :, :, 0] | (lo4[:, :, :, 1] << 4)).astype(np.uint8).reshape(od, nsb, 128)
+    hi2 = (cl >> 4).astype(np.uint32)                # [.., c, half, m, j]
+    words = np.zeros((od, nsb, 4, 4), np.uint32)     # [.., c, u]
+    for (par, pair), (blo, bhi) in Q6_QH_BITS.items():
+        klo, khi = PAIR_K[pair]                      # k offsets in the lane's 64: half = k // 32, j = k % 4
+        for u in range(4):
+            m = 2 * u + par
+            words[:, :, :, u] |= hi2[:, :, :, klo // 32, m, klo % 4] << blo
+            words[:, :, :, u] |= hi2[:, :, :, khi // 32, m, khi % 4] << bhi
+    qh = words.view(np.uint8).reshape(od, nsb, 64)   # little-endian words, lane c at bytes 16c..
+    sc = b[..., 192:208]
+    d = b[..., 208:210]
+    return np.concatenate([ql.reshape(-1), qh.reshape(-1), sc.reshape(-1), d.reshape(-1)])
+
+
+def _h16(bits: np.ndarray) -> np.ndarray:
+    return np.asarray(bits, np.uint16).view(np.float16).astype(np.float64)
+
+
+def lane_dequant(data: np.ndarray, qtype: str, od: int, id_: int) -> np.ndarray:
+    """The weights [od, id] rebuilt from the bytes the kernel's lanes load (q4_K: the GGUF rows; q6_K: the planes of
+    :func:`repack_q6k`), with the kernel's bit operations on 32-bit words (magic-exponent f16 codes, exact
+    subtraction, one rounding of the scale step) -- the CPU mirror of ``KqRow<QT>::dequant``."""
+    nsb = id_ // QK
+    data = np.ascontiguousarray(data).reshape(-1)
+    w = np.zeros((od, nsb, 4, 64), np.float64)      # [row, sb, lane c, k offset]
+    if qtype == "q4_K":
+        blk = data.reshape(od, nsb, 144)
+        hdr = blk[..., 0:16].copy().view("<u4")                     # [od, nsb, 4]: the lane's 16-byte header load
+        d = _h16(hdr[..., 0] & 0xFFFF)
+        dmin = _h16(hdr[..., 0] >> 16)
+        sc = np.empty((od, nsb, 8), np.int64)
+        mn = np.empty_like(sc)
+        for c in range(4):                           # KqRow<4>::load's byte arithmetic for sub-blocks 2c, 2c+1
+            sh = 8 * ((2 * c) & 3)
+            by, bz, bw = (hdr[..., i].astype(np.int64) >> sh for i in (1, 2, 3))
+            if c < 2:
+                got = (by & 63, bz & 63, (by >> 8) & 63, (bz >> 8) & 63)
+            else:
+                got = ((bw & 0xF) | (((by >> 6) & 3) << 4), ((bw >> 4) & 0xF) | (((bz >> 6) & 3) << 4),
+                       ((bw >> 8) & 0xF) | (((by >> 14) & 3) << 4), ((bw >> 12) & 0xF) | (((bz >> 14) & 3) << 4))
+            sc[..., 2 * c], mn[..., 2 * c], sc[..., 2 * c + 1], mn[..., 2 * c + 1] = got
+        qs = blk[..., 16:144].reshape(od, nsb, 4, 8, 4).copy().view("<u4")[..., 0]     # [.., c, m] words
+        S = _f16(d[..., None] * sc)                  # [od, nsb, 8] as f16
+        B = _f16(-(dmin[..., None] * mn))
+        for m in range(8):
+            wd = qs[..., m].astype(np.uint32)
+            w8 = wd >> 8
+            for pair, src, hi in (("P0", wd, False), ("P2", w8, False), ("P1", wd, True), ("P3", w8, True)):
+                v = ((src & (0x00F000F0 if hi else 0x000F000F)) | 0x64006400).astype(np.uint32)
+                lo_h, hi_h = _h16(v & 0xFFFF), _h16(v >> 16)
+                j = 2 * np.arange(4) + (1 if hi else 0)      # sub-block of lane c: 2c (low nibbles), 2c+1 (high)
+                s, bb = S[..., j].astype(np.float64), B[..., j].astype(np.float64)
+                for half, val in ((0, lo_h), (1, hi_h)):
+                    q = (val / 16 - 64) if hi else (val - 1024)   # exact in f16 (checked: an integer 0..15)
+                    assert np.all(q == np.round(q)) and q.min() >= 0 and q.max() <= 15
+                    w[:, :, :, 4 * m + PAIR_K[pair][half]] = _f16(q * s + bb)
+    elif qtype == "q6_K":
+        n = od * nsb
+        ql = data[:n * 128].reshape(od, nsb, 4, 8, 4).copy().view("<u4")[..., 0]          # [.., c, m]
+        qh = data[n * 128:n * 192].reshape(od, nsb, 4, 4, 4).copy().view("<u4")[..., 0]   # [.., c, u]
+        sc = data[n * 192:n * 208].view(np.int8).reshape(od, nsb, 16).astype(np.float64)
+        d = data[n * 208:n * 210].copy().view(np.float16).reshape(od, nsb).astype(np.float64)
+        S = _f16(d[..., None] * sc)                  # [od, nsb, 16]
+        for m in range(8):
+            wd = ql[..., m].astype(np.uint32)
+            w8 = wd >> 8
+            hw = qh[..., m >> 1].astype(np.uint32)
+            ha = (hw >> 4) if m & 1 else ((hw << 4) & 0xFFFFFFFF)
+            hb = (hw >> 6) if m & 1 else ((hw << 2) & 0xFFFFFFFF)
+            for pair, src, hsrc, hi in (("P0", wd, ha, False), ("P2", w8, hb, False), ("P1", wd, ha, True),
+                                        ("P3", w8, hb, True)):
+                v = ((src & (0x00F000F0 if hi else 0x000F000F)) | 0x64006400
+                     | (hsrc & (0x03000300 if hi else 0x00300030))).astype(np.uint32)
+                sub = 4 * np.arange(4) + (2 if hi else 0) + (m >> 2)    # sub-block of lane c's pair
+                s = S[..., sub].astype(np.float64)
+                for half, val in ((0, _h16(v & 0xFFFF)), (1, _h16(v >> 16))):
+                    q = (val / 16 - 96) if hi else (val - 1056)
+                    assert np.all(q == np.round(q)) and q.min() >= -32 and q.max() <= 31
+                    w[:, :, :, 4 * m + PAIR_K[pair][half]] = _f16(q * s)
+    else:
+        raise GemvError(f"gemv_kq takes q4_K or q6_K weights, not {qtype!r}")
+    return w.reshape(od, id_).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------ launch
+
+@dataclasses.dataclass
+class GemvWeight:
+    """A weight in the decode kernel's layout on the GPU: q4_K the uploaded GGUF rows, q6_K its planes."""
+    data: object       # cupy uint8
+    qtype: str
+    od: int
+    id: int
+    nbytes: int
+    repack_s: float = 0.0
+
+
+def prepare(w) -> GemvWeight:
+    """The :class:`GemvWeight` of a ``gpu.QWeight`` (made once and kept on it as ``w.gv``): q4_K reads the uploaded
+    rows at their natural 144-byte stride; q6_K's planes are made from the GGUF rows the upload kept."""
+    import time
+
+    from . import gpu
+
+    gv = getattr(w, "gv", None)
+    if gv is not None:
+        return gv
+    if w.qtype not in BLOCK_BYTES:
+        raise GemvError(f"gemv_kq takes q4_K or q6_K weights, not {w.qtype!r}")
+    c = gpu.cp()
+    t0 = time.perf_counter()
+    if w.qtype == "q4_K":
+        if w.stride != 144:
+            raise GemvError(f"q4_K rows at stride {w.stride}: gemv_kq reads the natural 144-byte stride")
+        gv = GemvWeight(w.raw, "q4_K", w.od, w.id, int(w.raw.nbytes))
+    else:
+        if w.host is None:
+            raise GemvError("gemv_kq's q6_K planes are made from the GGUF rows, which this QWeight did not keep")
+        host = np.asarray(w.host)
+        data = c.asarray(repack_q6k(host))
+        gv = GemvWeight(data, "q6_K", w.od, w.id, int(data.nbytes), time.perf_counter() - t0)
+    w.gv = gv
+    return gv
+
+
+class _Workspace:
+    """Per stream: the split partials (float32, grown on demand) and the per-CTA arrival counters (int32, zero at
+    rest: the last CTA of each row group resets its own). Growing during a graph capture is refused."""
+
+    def __init__(self):
+        self.bufs = {}
+
+    def get(self, stream_ptr: int, floats: int, ctas: int):
+        from . import gpu
+
+        c = gpu.cp()
+        ws, cnt = self.bufs.get(stream_ptr, (None, None))
+        if ws is None or ws.size < floats or cnt.size < ctas:
+            if c.cuda.runtime.streamIsCapturing(stream_ptr) if hasattr(c.cuda.runtime, "streamIsCapturing") else False:
+                raise GemvError("gemv_kq's split workspace must grow while a graph is being captured: run the "
+                                "launch once before capturing")
+            ws = c.empty(max(floats, 1 << 16, 0 if ws is None else ws.size), c.float32)
+            cnt = c.zeros(max(ctas, 1024, 0 if cnt is None else cnt.size), c.int32)
+            self.bufs[stream_ptr] = (ws, cnt)
+        return ws, cnt
+
+
+_WS = _Workspace()
+
+
+def rows_per_cta(MT: int, WARPS: int) -> int:
+    return 16 * MT * WARPS
+
+
+def default_splits(od: int, id_: int, MT: int, WARPS: int, sm_count: int, blocks_per_sm: int) -> int:
+    """S, the splits of the super-blocks: enough CTAs for one full wave of the resident CTAs the occupancy allows
+    (row groups x S >= SMs x blocks per SM), at most one super-block per split."""
+    groups = -(-od // rows_per_cta(MT, WARPS))
+    want = max(1, -(-sm_count * blocks_per_sm // groups))
+    return int(min(want, id_ // QK))
+
+
+@lru_cache(maxsize=None)
+def _kernel(QT: int, XF32: int, NT8: int, MT: int, WARPS: int):
+    from . import gpu
+
+    return gpu.kernel("gemv_kq", QT=QT, XF32=XF32, NT8=NT8, MT=MT, WARPS=WARPS)
+
+
+@lru_cache(maxsize=None)
+def _blocks_per_sm(QT: int, XF32: int, NT8: int, MT: int, WARPS: int) -> int:
+    return max(1, _kernel(QT, XF32, NT8, MT, WARPS).occupancy_api())
+
+
+def gemv(w, x, out=None, S: int | None = None, MT: int = 2, WARPS: int = 4):
+    """Y[nt, od] (float32) = x[nt, id] W^T for nt = 1..16 on ``gemv_kq``. ``w``: a ``gpu.QWeight`` (q4_K / q6_K) or a
+    :class:`GemvWeight`; ``x``: cupy float16 or float32 [nt, id], C-contiguous; ``S``: splits of the super-blocks
+    (default :func:`default_splits`); ``MT`` m16 tiles a warp, ``WARPS`` warps a CTA (registry rows)."""
+    from . import gpu
+
+    c = gpu.cp()
+    gv = w if isinstance(w, GemvWeight) else prepare(w)
+    if not isinstance(x, c.ndarray) or x.ndim != 2:
+        raise gpu.ShapeError(f"activations must be a 2-D cupy array [nt, id], got {type(x).__name__}")
+    if x.dtype not in (np.float16, np.float32):
+        raise gpu.ShapeError(f"gemv_kq reads float16 or float32 activations, not {x.dtype}")
+    nt, id_ = x.shape
+    if id_ != gv.id:
+        raise gpu.ShapeError(f"inner dimensions differ: activations id={id_}, weights id={gv.id}")
+    if not 1 <= nt <= MAX_NT:
+        raise gpu.ShapeError(f"gemv_kq takes nt = 1..{MAX_NT} tokens, got {nt} (larger nt: qmatmul's wgmma / int8 "
+                             f"families)")
+    if not x.flags.c_contiguous:
+        x = c.ascontiguousarray(x)
+    QT = 4 if gv.qtype == "q4_K" else 6
+    NT8 = 1 if nt <= 8 else 2
+    XF32 = int(x.dtype == np.float32)
+    k = _kernel(QT, XF32, NT8, MT, WARPS)
+    groups = -(-gv.od // rows_per_cta(MT, WARPS))
+    nsb = gv.id // QK
+    if S is None:
+        S = default_splits(gv.od, gv.id, MT, WARPS, gpu.device_props()["sm_count"],
+                           _blocks_per_sm(QT, XF32, NT8, MT, WARPS))
+    S = int(S)
+    if not 1 <= S <= nsb:
+        raise gpu.ShapeError(f"S (splits of the {nsb} super-blocks) must be 1..{nsb}, got {S}")
+    y = gpu._out(nt, gv.od, out)
+    ws, cnt = _WS.get(c.cuda.get_current_stream().ptr, S * nt * gv.od if S > 1 else 0, groups)
+    k.launch((groups, S), (gv.data, x, y, ws, cnt, np.int32(nt), np.int32(gv.od), np.int32(gv.id), np.int32(S)))
+    logging.getLogger("labkernels.gemv").debug("gemv_kq QT=%d nt=%d %dx%d S=%d", QT, nt, gv.od, gv.id, S)
+    return y

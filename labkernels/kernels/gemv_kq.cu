@@ -1,0 +1,301 @@
+// labkernels round 9: k-quant matrix-vector and small-batch products for decode (nt = 1..16).
+//
+// Y[nt, od] (f32) = X[nt, id] (f16 or f32, read directly) x W[od, id]^T, W q4_K (the GGUF rows as uploaded) or q6_K
+// (the same bytes repacked once at load into planes: labkernels.gemv.repack_q6k). Every weight byte is read once per
+// launch; the tensor cores do the products: mma.sync m16n8k16 f16 x f16 -> f32, the weights dequantized in registers
+// (exact: the 4/6-bit code is made an f16 with a magic exponent and an exact subtraction, then one rounding of
+// q*S + B (q4_K) or (q-32)*S (q6_K) with the f16 scales S = fl16(d*sc), B = fl16(-dmin*m)); the activations are the
+// mma's B operand (tokens are its n: 8 per n8 tile, NT8 tiles), so nt = 1..8 costs one mma per k-step like nt = 1.
+//
+// The k permutation (labkernels.gemv docstring): lane (g = lane/4, c = lane%4) owns physical k 64c..64c+63 of every
+// super-block, i.e. bytes 32c..32c+31 of the q4_K qs (low nibbles: k 64c+p, high: 64c+32+p, p = 0..31). Word m of
+// those bytes gives 4 f16x2 pairs: P0 (bytes 0,2 low nibbles: k 4m, 4m+2), P2 (bytes 1,3 low: 4m+1, 4m+3), P1, P3
+// (the same, high nibbles: 32+...). One k-step of the mma takes P0/P2 (or P1/P3) of rows g and g+8 as A, and the
+// activations at the same four k as B: a permutation of k applied to both operands, so the product is unchanged.
+//
+// CTA: WARPS warps, each MT m16 tiles (16 rows each) -- WARPS*MT*16 rows -- over super-blocks [sb0, sb1) of split
+// blockIdx.y of S. S > 1: partial sums go to ws[s][nt][od] and the CTA arriving last for its rows adds them in the
+// order s = 0..S-1 (deterministic) and resets its counter (self-cleaning: a captured graph replays it).
+#include "common.cuh"
+
+// ---- f16x2 arithmetic through PTX (NVRTC builds have no cuda_fp16.h here)
+__device__ __forceinline__ u32 lk_hfma2(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ u32 lk_hsub2(u32 a, u32 b) {
+    u32 d;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ u32 lk_hmul2(u32 a, u32 b) {
+    u32 d;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+// two floats -> f16x2 (lo in bits 0-15), round to nearest even
+__device__ __forceinline__ u32 lk_pack_h2(float lo, float hi) {
+    u32 d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+__device__ __forceinline__ void lk_mma_f16_16816(float c[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// streaming 16-byte load of weight bytes (read once: no L1 allocation)
+__device__ __forceinline__ uint4 lk_ldg_stream(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+#define LK_H2_1024 0x64006400u      // (1024, 1024)
+#define LK_H2_1056 0x64206420u      // (1056, 1056)
+#define LK_H2_1_16 0x2C002C00u      // (1/16, 1/16)
+#define LK_H2_M64 0xD400D400u       // (-64, -64)
+#define LK_H2_M96 0xD600D600u       // (-96, -96)
+
+__device__ __forceinline__ u32 lk_h2dup(u16 h) { return (u32)h | ((u32)h << 16); }
+
+// ---- the weight types: per row and super-block, one lane's 64 weights as 8 words (q4_K: 2 x 16 bytes of qs; q6_K:
+// 2 x 16 bytes of ql' and 16 bytes of qh') and its scales; dequant() gives the four f16x2 pairs of word m
+template <int QT>
+struct KqRow;
+
+template <>
+struct KqRow<4> {
+    uint4 q0, q1;   // qs bytes 32c..32c+31
+    u32 s_lo, b_lo, s_hi, b_hi;   // (S, S) and (B, B) of sub-blocks 2c (low nibbles) and 2c+1 (high)
+
+    // GGUF rows [od][nsb * 144]: d, dmin (f16), 12 scale bytes, 128 qs bytes per super-block
+    __device__ __forceinline__ void load(const u8* __restrict__ W, int row, int sb, int nsb, int od, int c) {
+        const u8* blk = W + ((long long)row * nsb + sb) * 144;
+        const uint4 h = __ldg((const uint4*)blk);
+        q0 = lk_ldg_stream(blk + 16 + 32 * c);
+        q1 = lk_ldg_stream(blk + 32 + 32 * c);
+        // scales and mins of sub-blocks j = 2c, 2c+1 (get_scale_min_k4): bytes jj = j & 3 of q[0..3] (h.y), q[4..7]
+        // (h.z), q[8..11] (h.w)
+        const float d = lk_h2f((u16)(h.x & 0xFFFF)), dmin = lk_h2f((u16)(h.x >> 16));
+        const int sh = 8 * ((2 * c) & 3);
+        const u32 by = h.y >> sh, bz = h.z >> sh, bw = h.w >> sh;   // bytes jj (bits 0-7) and jj+1 (bits 8-15)
+        int sc0, m0, sc1, m1;
+        if (c < 2) {
+            sc0 = by & 63;
+            m0 = bz & 63;
+            sc1 = (by >> 8) & 63;
+            m1 = (bz >> 8) & 63;
+        } else {
+            sc0 = (bw & 0xF) | (((by >> 6) & 3) << 4);
+            m0 = ((bw >> 4) & 0xF) | (((bz >> 6) & 3) << 4);
+            sc1 = ((bw >> 8) & 0xF) | (((by >> 14) & 3) << 4);
+            m1 = ((bw >> 12) & 0xF) | (((bz >> 14) & 3) << 4);
+        }
+        // d*sc and dmin*m are exact in f32 (11 x 6 bits): one rounding each to f16
+        s_lo = lk_h2dup(lk_f2h(d * (float)sc0));
+        b_lo = lk_h2dup(lk_f2h(-(dmin * (float)m0)));
+        s_hi = lk_h2dup(lk_f2h(d * (float)sc1));
+        b_hi = lk_h2dup(lk_f2h(-(dmin * (float)m1)));
+    }
+    __device__ __forceinline__ u32 word(int m) const {
+        const uint4& v = m < 4 ? q0 : q1;
+        const int i = m & 3;
+        return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+    }
+    // P0 (k 4m, 4m+2), P2 (4m+1, 4m+3) of sub-block 2c; P1, P3 (32 + the same) of 2c+1
+    __device__ __forceinline__ void dequant(int m, u32& p0, u32& p1, u32& p2, u32& p3) const {
+        const u32 w = word(m), w8 = w >> 8;
+        const u32 l01 = (w & 0x000F000Fu) | LK_H2_1024, l23 = (w8 & 0x000F000Fu) | LK_H2_1024;
+        const u32 h01 = (w & 0x00F000F0u) | LK_H2_1024, h23 = (w8 & 0x00F000F0u) | LK_H2_1024;
+        p0 = lk_hfma2(lk_hsub2(l01, LK_H2_1024), s_lo, b_lo);                 // q exact, then q*S + B once
+        p2 = lk_hfma2(lk_hsub2(l23, LK_H2_1024), s_lo, b_lo);
+        p1 = lk_hfma2(lk_hfma2(h01, LK_H2_1_16, LK_H2_M64), s_hi, b_hi);      // (1024 + 16q)/16 - 64 = q exact
+        p3 = lk_hfma2(lk_hfma2(h23, LK_H2_1_16, LK_H2_M64), s_hi, b_hi);
+    }
+};
+
+template <>
+struct KqRow<6> {
+    uint4 q0, q1, h;   // ql' bytes 32c..32c+31, qh' bytes 16c..16c+15
+    u32 s[4];          // (S, S) of sub-blocks 4c .. 4c+3
+
+    // the planes of labkernels.gemv.repack_q6k: QL' [od][nsb][128], QH' [od][nsb][64], SC [od][nsb][16], D [od][nsb]
+    __device__ __forceinline__ void load(const u8* __restrict__ W, int row, int sb, int nsb, int od, int c) {
+        const long long b = (long long)row * nsb + sb, n = (long long)od * nsb;
+        q0 = lk_ldg_stream(W + b * 128 + 32 * c);
+        q1 = lk_ldg_stream(W + b * 128 + 32 * c + 16);
+        h = lk_ldg_stream(W + n * 128 + b * 64 + 16 * c);
+        const u32 sc4 = __ldg((const u32*)(W + n * 192 + b * 16 + 4 * c));
+        const float d = lk_h2f(__ldg((const u16*)(W + n * 208 + b * 2)));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[i] = lk_h2dup(lk_f2h(d * (float)(int)(s8)(sc4 >> (8 * i))));   // exact product
+    }
+    __device__ __forceinline__ u32 word(int m) const {
+        const uint4& v = m < 4 ? q0 : q1;
+        const int i = m & 3;
+        return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+    }
+    __device__ __forceinline__ void dequant(int m, u32& p0, u32& p1, u32& p2, u32& p3) const {
+        const u32 w = word(m), w8 = w >> 8;
+        const int u = m >> 1;
+        const u32 hw = u == 0 ? h.x : u == 1 ? h.y : u == 2 ? h.z : h.w;
+        // word 2u reads its high bits at (P0 0/16, P1 4/20, P2 2/18, P3 6/22), word 2u+1 at 8.. higher (repack_q6k)
+        const u32 ha = (m & 1) ? hw >> 4 : hw << 4, hb = (m & 1) ? hw >> 6 : hw << 2;
+        const u32 l01 = (w & 0x000F000Fu) | LK_H2_1024 | (ha & 0x00300030u);
+        const u32 l23 = (w8 & 0x000F000Fu) | LK_H2_1024 | (hb & 0x00300030u);
+        const u32 h01 = (w & 0x00F000F0u) | LK_H2_1024 | (ha & 0x03000300u);
+        const u32 h23 = (w8 & 0x00F000F0u) | LK_H2_1024 | (hb & 0x03000300u);
+        const u32 slo = s[m >> 2], shi = s[2 + (m >> 2)];
+        p0 = lk_hmul2(lk_hsub2(l01, LK_H2_1056), slo);                         // 1024 + q - 1056 = q - 32, exact
+        p2 = lk_hmul2(lk_hsub2(l23, LK_H2_1056), slo);
+        p1 = lk_hmul2(lk_hfma2(h01, LK_H2_1_16, LK_H2_M96), shi);             // (1024 + 16q)/16 - 96 = q - 32
+        p3 = lk_hmul2(lk_hfma2(h23, LK_H2_1_16, LK_H2_M96), shi);
+    }
+};
+
+// ---- the activations of one token (n) for one lane: 64 values at k 64c.. of a super-block, as the B fragments of
+// its 16 k-steps (low step m: k 4m..4m+3, high step m: 32+4m..): (x0, x2) and (x1, x3)
+template <int XF32>
+struct XSeg;
+
+template <>
+struct XSeg<0> {
+    uint2 v[16];   // f16: 4 values a step
+    __device__ __forceinline__ void load(const void* X, long long off, bool ok) {
+        const uint4* p = (const uint4*)((const u16*)X + off);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const uint4 t = ok ? __ldg(p + i) : make_uint4(0, 0, 0, 0);
+            v[2 * i] = make_uint2(t.x, t.y);
+            v[2 * i + 1] = make_uint2(t.z, t.w);
+        }
+    }
+    // step s = 0..15 (s < 8: low step s, else high step s - 8): the values x[4s'..] with s' = s (k offsets 4s)
+    __device__ __forceinline__ void frag(int s, u32& b0, u32& b1) const {
+        b0 = __byte_perm(v[s].x, v[s].y, 0x5410);   // (x0, x2)
+        b1 = __byte_perm(v[s].x, v[s].y, 0x7632);   // (x1, x3)
+    }
+};
+
+template <>
+struct XSeg<1> {
+    float4 v[16];  // f32, converted to f16 at the fragment (round to nearest even)
+    __device__ __forceinline__ void load(const void* X, long long off, bool ok) {
+        const float4* p = (const float4*)((const float*)X + off);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[i] = ok ? __ldg(p + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    __device__ __forceinline__ void frag(int s, u32& b0, u32& b1) const {
+        b0 = lk_pack_h2(v[s].x, v[s].z);
+        b1 = lk_pack_h2(v[s].y, v[s].w);
+    }
+};
+
+template <int QT, int XF32, int NT8, int MT, int WARPS>
+// __launch_bounds__ minimum 3 CTAs an SM: a cap of 170 registers (without it ptxas took 128 for q6_K f16 NT8=1 MT=2
+// and spilled 4 bytes; with it every instantiation builds without spills, 62-168 registers)
+__global__ void __launch_bounds__(WARPS * 32, 3) gemv_kq_kernel(const u8* __restrict__ W, const void* __restrict__ X,
+                                                            float* __restrict__ Y, float* __restrict__ ws,
+                                                            int* __restrict__ counters, int nt, int od, int id, int S) {
+    LK_PDL_ENTRY();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int nsb = id >> 8;
+    const int sb0 = (int)((long long)blockIdx.y * nsb / S), sb1 = (int)((long long)(blockIdx.y + 1) * nsb / S);
+    const int rowbase = (blockIdx.x * WARPS + warp) * (MT * 16);
+    int rows[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        rows[mt][0] = min(rowbase + mt * 16 + g, od - 1);       // rows past od read the last row; never stored
+        rows[mt][1] = min(rowbase + mt * 16 + g + 8, od - 1);
+    }
+    float acc[MT][NT8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int t = 0; t < NT8; ++t)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[mt][t][i] = 0.f;
+
+    for (int sb = sb0; sb < sb1; ++sb) {
+        KqRow<QT> wr[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            wr[mt][0].load(W, rows[mt][0], sb, nsb, od, c);
+            wr[mt][1].load(W, rows[mt][1], sb, nsb, od, c);
+        }
+        XSeg<XF32> xs[NT8];
+#pragma unroll
+        for (int t = 0; t < NT8; ++t) {
+            const int n = t * 8 + g;
+            xs[t].load(X, (long long)min(n, nt - 1) * id + sb * 256 + 64 * c, n < nt);
+        }
+#pragma unroll
+        for (int m = 0; m < 8; ++m) {
+            u32 b[NT8][4];
+#pragma unroll
+            for (int t = 0; t < NT8; ++t) {
+                xs[t].frag(m, b[t][0], b[t][1]);        // low step: k 4m..
+                xs[t].frag(8 + m, b[t][2], b[t][3]);    // high step: k 32 + 4m..
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                u32 a0[4], a1[4];   // rows g, g+8: P0, P1, P2, P3
+                wr[mt][0].dequant(m, a0[0], a0[1], a0[2], a0[3]);
+                wr[mt][1].dequant(m, a1[0], a1[1], a1[2], a1[3]);
+#pragma unroll
+                for (int t = 0; t < NT8; ++t) {
+                    lk_mma_f16_16816(acc[mt][t], a0[0], a1[0], a0[2], a1[2], b[t][0], b[t][1]);   // low step
+                    lk_mma_f16_16816(acc[mt][t], a0[1], a1[1], a0[3], a1[3], b[t][2], b[t][3]);   // high step
+                }
+            }
+        }
+    }
+
+    // C fragment: acc[mt][t] = (row g, token 2c), (row g, 2c+1), (row g+8, 2c), (row g+8, 2c+1) of tile (mt, t)
+    if (S == 1) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int t = 0; t < NT8; ++t)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int r = rowbase + mt * 16 + g + 8 * (i >> 1), n = t * 8 + 2 * c + (i & 1);
+                    if (r < od && n < nt) Y[(long long)n * od + r] = acc[mt][t][i];
+                }
+        return;
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int t = 0; t < NT8; ++t)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = rowbase + mt * 16 + g + 8 * (i >> 1), n = t * 8 + 2 * c + (i & 1);
+                if (r < od && n < nt) ws[((long long)blockIdx.y * nt + n) * od + r] = acc[mt][t][i];
+            }
+    __threadfence();
+    __syncthreads();
+    __shared__ int last;
+    if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.x], 1) == S - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int t = 0; t < NT8; ++t)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = rowbase + mt * 16 + g + 8 * (i >> 1), n = t * 8 + 2 * c + (i & 1);
+                if (r < od && n < nt) {
+                    float v = 0.f;
+                    for (int s = 0; s < S; ++s) v += __ldcg(ws + ((long long)s * nt + n) * od + r);   // in order of s
+                    Y[(long long)n * od + r] = v;
+                }
+            }
+    if (threadIdx.x == 0) counters[blockIdx.x] = 0;   // ready for the next launch (or graph replay)
+}

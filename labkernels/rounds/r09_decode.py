@@ -1,0 +1,108 @@
+"""Round 9 -- decode at the HBM line (``notebooks/09_decode``): the k-quant matrix-vector / small-batch kernels of
+:mod:`labkernels.gemv` against the copy bandwidth measured in the same process, round 7's wgmma family, cuBLAS fp16 on
+cached dequantized weights and llama.cpp's MMVQ (recorded as the peer). Runs are ``decode`` runs
+(``data/09_decode/``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+NOTEBOOK = "09_decode"
+DATA = ("decode",)
+#: (od, id) of the 7B's weights (llama.cpp's test-backend-ops m x k)
+SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (11008, 4096))
+NTS = (1, 2, 3, 4, 6, 8, 12, 16)
+PLAN = {"shapes": [list(s) for s in SHAPES], "nts": list(NTS), "qtypes": ["q4_K", "q6_K"], "acts": ["f16", "f32"],
+        "pairs": 3, "repeats": 20, "seed": 0}
+
+
+def copy_bandwidth(nbytes: int = 1 << 30, repeats: int = 10) -> dict:
+    """The reachable HBM line: a device-to-device copy of ``nbytes``, bytes read + written over its median time."""
+    import cupy as cp
+
+    from .. import bench
+
+    a = cp.empty(nbytes // 4, cp.int32)
+    a.fill(1)
+    b = cp.empty_like(a)
+    us = bench.time_launches(lambda: b.__setitem__(Ellipsis, a), warmup=3, repeats=repeats)
+    s = bench.stats(us)
+    del a, b
+    return {"bytes": 2 * nbytes, **s, "tb_per_s": 2 * nbytes / (s["median_us"] * 1e-6) / 1e12}
+
+
+def weight_bytes(qtype: str, od: int, id_: int) -> int:
+    return od * id_ // 256 * {"q4_K": 144, "q6_K": 210}[qtype]
+
+
+def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=("f16", "f32"), pairs: int = 3,
+               repeats: int = 20, seed: int = 0, splits=(), configs=((2, 4),), baselines=("wgmma", "cublas"),
+               progress=print) -> list[dict]:
+    """Interleaved, L2-flushed CUDA-event medians of gemv_kq (each ``configs`` (MT, WARPS), the default split and
+    each of ``splits``) beside ``baselines`` (round 7's ``wgmma`` via qmatmul, ``cublas`` fp16 on cached dequantized
+    weights) at matched (qtype, od, id, nt, activation type). Every point is gated first (all rows, every token).
+    Rows: table ``gemv_bench`` (per variant and pair), with bytes read and the fraction of ``copy`` (the same
+    process's copy bandwidth, table ``copy``)."""
+    import cupy as cp
+    import gguf
+
+    from .. import bench as B
+    from .. import cases, gemv, gpu, wgmma
+
+    rng = np.random.default_rng(seed or None)
+    cb = copy_bandwidth()
+    progress(f"copy line: {cb['tb_per_s']:.3f} TB/s (1 GiB device-to-device, read + write)")
+    if run is not None:
+        run.append("copy", [cb])
+    flush = B.Flusher()
+    rows = []
+    sm = gpu.device_props()["sm_count"]
+    for qtype in qtypes:
+        for od, id_ in shapes:
+            raw = cases.synthetic_weights(qtype, od, id_, rng)
+            w = gpu.QWeight.upload(raw, qtype)
+            gv = gemv.prepare(w)
+            w16e = gemv.emulate_weights(raw, qtype)
+            w64 = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype.upper()])
+            wd16 = gpu.dequant_f16(w) if "cublas" in baselines else None
+            nbytes = weight_bytes(qtype, od, id_)
+            if run is not None:
+                run.append("gemv_weights", {"qtype": qtype, "od": od, "id": id_, "bytes": nbytes,
+                                            "layout_bytes": gv.nbytes, "repack_s": gv.repack_s})
+            for nt in nts:
+                x = rng.standard_normal((nt, id_)).astype(np.float32)
+                for act in acts:
+                    xd = cp.asarray(x) if act == "f32" else cp.asarray(x.astype(np.float16))
+                    variants = {}
+                    for mt, warps in configs:
+                        for S in (None, *splits):
+                            name = f"gemv_m{mt}w{warps}" + ("" if S is None else f"_s{S}")
+                            if S is not None and S > id_ // 256:
+                                continue
+                            y = gemv.gemv(gv, xd, MT=mt, WARPS=warps, S=S)
+                            g = wgmma.gate(cp.asnumpy(y), raw, qtype, x, w16=w16e, w64=w64)
+                            if not g["ok"]:
+                                raise RuntimeError(f"gemv gate failed {qtype} {od}x{id_} nt={nt} {act} {name}: {g}")
+                            variants[name] = (lambda mt=mt, warps=warps, S=S: gemv.gemv(gv, xd, MT=mt, WARPS=warps,
+                                                                                         S=S))
+                    if "wgmma" in baselines and wgmma.supported(gpu.device_props()["cc"]):
+                        variants["wgmma"] = lambda: gpu.qmatmul(xd, w, kernel="wgmma_kq")
+                    if wd16 is not None:
+                        x16 = xd if act == "f16" else xd.astype(cp.float16)
+                        variants["cublas"] = (lambda x16=x16: gpu.matmul_f16(x16, wd16)) if act == "f16" else \
+                            (lambda: gpu.matmul_f16(xd.astype(cp.float16), wd16))
+                    res = B.interleaved(variants, pairs=pairs, repeats=repeats, flush=flush)
+                    key = {"qtype": qtype, "od": od, "id": id_, "nt": nt, "act": act, "sm_count": sm}
+                    pr = B.pair_rows(res, key, nt, od, id_, tail={"bytes": nbytes})
+                    for r in pr:
+                        r["tb_per_s"] = nbytes / (r["median_us"] * 1e-6) / 1e12
+                        r["frac_copy"] = r["tb_per_s"] / cb["tb_per_s"]
+                    rows += pr
+                    if run is not None:
+                        run.append("gemv_bench", pr)
+                    med = {v: float(np.median([s["median_us"] for s in per])) for v, per in res.items()}
+                    progress(f"{qtype} {od}x{id_} nt={nt} {act}: " + ", ".join(
+                        f"{v} {t:.2f} us ({nbytes / t / 1e6 / cb['tb_per_s']:.0%})" for v, t in med.items()))
+            del w, gv, wd16, w64, w16e
+            cp.get_default_memory_pool().free_all_blocks()
+    return rows
