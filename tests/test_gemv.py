@@ -1,0 +1,98 @@
+"""CPU checks of round 9's decode kernels (labkernels.gemv): the kernel's exact function against gguf-py, the q6_K
+repack, and the numpy mirror of the kernel's bit operations (lane_dequant) against the exact function, bit for bit."""
+import numpy as np
+import pytest
+
+from labkernels import gemv, quants
+
+
+def _raw(rng, qtype, od, id_):
+    w = rng.standard_normal((od, id_)) * 10.0 ** rng.uniform(-5, 1, (od, 1))   # rows from ~1e-5 to ~10
+    w[rng.integers(0, od), rng.integers(0, id_)] *= 50
+    return quants.quantize(w.astype(np.float32), qtype)
+
+
+@pytest.mark.parametrize("qtype", ["q4_K", "q6_K"])
+def test_exact_function_is_gguf_dequantization_rounded_to_f16(rng, qtype):
+    """The kernel's weights are gguf-py's dequantized weights up to f16 rounding of the scale and of the result:
+    within a few f16 ulps of each weight's row scale, never a wrong code or scale."""
+    import gguf
+
+    raw = _raw(rng, qtype, 33, 768)
+    w16 = gemv.emulate_weights(raw, qtype).astype(np.float64)
+    w64 = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype.upper()]).astype(np.float64)
+    row = np.abs(w64).max(axis=1, keepdims=True)
+    assert (np.abs(w16 - w64) <= 4 * 2.0 ** -11 * row + 1e-30).all()
+    assert np.isfinite(w16).all()
+
+
+@pytest.mark.parametrize("qtype", ["q4_K", "q6_K"])
+@pytest.mark.parametrize("od,id_", [(1, 256), (17, 512), (64, 2304)])
+def test_lane_layout_rebuilds_the_exact_weights(rng, qtype, od, id_):
+    """What the kernel's lanes load and how they decode it (magic-exponent codes, exact subtraction, the scale
+    decode's byte arithmetic, q6_K's high bits at Q6_QH_BITS) gives the exact function's weights bit for bit."""
+    raw = _raw(rng, qtype, od, id_)
+    data = raw if qtype == "q4_K" else gemv.repack_q6k(raw)
+    got = gemv.lane_dequant(data, qtype, od, id_)
+    want = gemv.emulate_weights(raw, qtype)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_a_wrong_bit_position_is_caught(rng):
+    """The mirror is not vacuous: swapping two of q6_K's high-bit fields in the repack changes the weights."""
+    raw = _raw(rng, "q6_K", 8, 256)
+    bits = dict(gemv.Q6_QH_BITS)
+    try:
+        gemv.Q6_QH_BITS[(0, "P0")], gemv.Q6_QH_BITS[(0, "P2")] = bits[(0, "P2")], bits[(0, "P0")]
+        data = gemv.repack_q6k(raw)
+    finally:
+        gemv.Q6_QH_BITS.clear()
+        gemv.Q6_QH_BITS.update(bits)
+    got = gemv.lane_dequant(data, "q6_K", 8, 256)
+    assert not np.array_equal(got, gemv.emulate_weights(raw, "q6_K"))
+
+
+def test_q6k_repack_is_the_same_size_and_keeps_scales(rng):
+    raw = _raw(rng, "q6_K", 5, 512)
+    p = gemv.repack_q6k(raw)
+    assert p.dtype == np.uint8 and p.size == raw.size
+    n = 5 * 2
+    assert np.array_equal(p[n * 192:n * 208].reshape(5, 2, 16), raw.reshape(5, 2, 210)[..., 192:208])
+    assert np.array_equal(p[n * 208:].reshape(5, 2, 2), raw.reshape(5, 2, 210)[..., 208:210])
+
+
+@pytest.mark.model
+def test_lane_layout_on_real_model_tensors(model_path):
+    from labkernels import model
+
+    n = 0
+    for name, qtype, raw in model.load_kquant(model_path):
+        od, id_ = raw.shape[0], raw.shape[1] // gemv.BLOCK_BYTES[qtype] * gemv.QK
+        data = raw if qtype == "q4_K" else gemv.repack_q6k(raw)
+        got = gemv.lane_dequant(data, qtype, od, id_)
+        assert np.array_equal(got.view(np.uint32), gemv.emulate_weights(raw, qtype).view(np.uint32)), name
+        n += 1
+    assert n >= 36
+
+
+@pytest.mark.parametrize("bad,match", [
+    (np.zeros((4, 100), np.uint8), "whole 144-byte"),
+    (np.zeros((4, 144), np.int8), "uint8"),
+    (np.zeros(144, np.uint8), "uint8 GGUF rows"),
+])
+def test_bad_weights_are_refused(bad, match):
+    with pytest.raises(gemv.GemvError, match=match):
+        gemv.emulate_weights(bad, "q4_K")
+
+
+def test_unknown_type_is_refused():
+    with pytest.raises(gemv.GemvError, match="q4_K or q6_K"):
+        gemv.emulate_weights(np.zeros((1, 34), np.uint8), "q8_0")
+
+
+def test_default_splits_fill_one_wave():
+    # 4096 rows in CTAs of 128: 32 groups; 132 SMs x 3 CTAs an SM want >= 396 CTAs -> 13 splits (capped at 16)
+    assert gemv.default_splits(4096, 4096, 2, 4, 132, 3) == 13
+    assert gemv.default_splits(4096, 1024, 2, 4, 132, 3) == 4       # never more than one super-block a split
+    assert gemv.default_splits(14336, 4096, 2, 4, 132, 1) == 2
+    assert gemv.default_splits(1_000_000, 4096, 2, 4, 132, 4) == 1
