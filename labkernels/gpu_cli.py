@@ -40,14 +40,75 @@ def step_env(out: Path, args) -> dict:
     return {"ok": p.get("gpu") is not None}
 
 
+#: the GPU suite's tiers: fast (``-m gpu_fast``: every family and production instantiation once, the prefill and its
+#: graph once; under 4 minutes, run in every session that touches GPU code) and full (every GPU test)
+TIERS = {"fast": "gpu_fast", "full": "gpu"}
+
+
+def junit_rows(xml_text: str) -> list[dict]:
+    """One row per test case of a pytest junit XML: nodeid, outcome (passed / failed / error / skipped), seconds,
+    message (the first line of a failure, error or skip reason)."""
+    import xml.etree.ElementTree as ET
+
+    rows = []
+    for case in ET.fromstring(xml_text).iter("testcase"):
+        outcome, msg = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            el = case.find(tag)
+            if el is not None:
+                outcome = {"failure": "failed"}.get(tag, tag)
+                msg = (el.get("message") or el.text or "").strip().splitlines()[0][:300] if (el.get("message") or el.text) else ""
+                break
+        cls = case.get("classname", "")
+        rows.append({"nodeid": f"{cls.replace('.', '/')}.py::{case.get('name')}" if cls else case.get("name"),
+                     "outcome": outcome, "seconds": float(case.get("time") or 0.0), "message": msg})
+    return rows
+
+
+def suite_summary(rows: list[dict], seconds: float, tier: str, rc: int) -> dict:
+    """Counts by outcome; ``ok`` only when pytest exited 0, something ran and nothing failed (a tier whose every test
+    was skipped -- no GPU -- is not ok: it tested nothing)."""
+    counts = {k: sum(r["outcome"] == k for r in rows) for k in ("passed", "failed", "error", "skipped")}
+    return {"tier": tier, **counts, "tests": len(rows), "seconds": round(seconds, 1), "rc": rc,
+            "ok": rc == 0 and counts["passed"] > 0 and counts["failed"] == 0 and counts["error"] == 0}
+
+
 def step_tests(out: Path, args) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x" if args.fail_fast else "-q", "-m", "gpu", "tests/gpu",
-           f"--junitxml={out / 'gpu-tests.xml'}", "-p", "no:cacheprovider"]
+    """The GPU test suite at ``--tier`` (fast | full), ``--workers`` pytest-xdist processes on the one GPU (correctness
+    tests only: nothing is timed in the suite), recorded as a ``gpu_suite`` run (table ``tests``: every test's outcome
+    and duration; summary: counts, seconds, commit and GPU in the provenance)."""
+    import importlib.util
+
+    from . import records
+
+    tier = getattr(args, "tier", "fast")
+    marker = TIERS[tier] + ("" if getattr(args, "model_tests", False) else " and not model")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", marker, "tests/gpu", f"--junitxml={out / 'gpu-tests.xml'}",
+           "-p", "no:cacheprovider", "-rfE", "--durations=30"]
+    if args.fail_fast:
+        cmd.append("-x")
+    workers = int(getattr(args, "workers", 0) or 0)
+    if workers > 1 and importlib.util.find_spec("xdist") is not None:
+        cmd += ["-n", str(workers)]
+    elif workers > 1:
+        _log("pytest-xdist is not installed: the suite runs in one process")
+    t0 = time.time()
     r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
+    dt = time.time() - t0
     (out / "gpu-tests.txt").write_text(r.stdout + r.stderr)
     tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-25:])
-    _log("gpu tests:\n" + tail)
-    return {"ok": r.returncode == 0, "rc": r.returncode}
+    _log(f"gpu tests ({tier} tier, -m '{marker}'):\n" + tail)
+    xml = out / "gpu-tests.xml"
+    rows = junit_rows(xml.read_text()) if xml.exists() else []
+    summ = suite_summary(rows, dt, tier, r.returncode)
+    with records.recording("gpu_suite", {"tier": tier, "marker": marker, "workers": workers,
+                                         "command": " ".join(cmd[1:])}, root=out / "data") as run:
+        if rows:
+            run.append("tests", rows)
+        run.finish("complete", **summ)
+    _log(f"gpu suite {tier}: {summ['passed']} passed, {summ['failed']} failed, {summ['error']} errors, "
+         f"{summ['skipped']} skipped in {summ['seconds']} s (run {run.run_id})")
+    return {**summ, "run": run.run_id}
 
 
 SANITIZE_DRIVER = r"""
@@ -406,7 +467,14 @@ def register_cli(sub) -> None:
     p.add_argument("--decompose-nt", type=int, default=3325)
     p.add_argument("--decompose-models", default="gemma,7b", help="comma list of gemma, 7b")
     p.add_argument("--graph-models", default="7b,gemma", help="prefill_graph: comma list of 7b, gemma (the real GGUF), synthetic-gemma3 (its shapes, random weights)")
-    p.add_argument("--fail-fast", action="store_true")
+    p.add_argument("--fail-fast", action="store_true", help="tests step: stop at the first failing test")
+    p.add_argument("--tier", choices=sorted(TIERS), default="fast",
+                   help="tests step: fast (-m gpu_fast, < 4 min) or full (every GPU test); default fast")
+    p.add_argument("--workers", type=int, default=0,
+                   help="tests step: pytest-xdist processes sharing the GPU (0: one process)")
+    p.add_argument("--model-tests", action="store_true",
+                   help="tests step: include the tests that need the real model (its GGUF or tensor cache on the "
+                        "machine)")
     p.add_argument("--sanitizer-timeout", type=int, default=240)
     p.add_argument("--kernel", default="auto", help="qmatmul kernel of the prefill/decompose steps (default auto)")
     from .rounds.r07_wgmma import PREFILL_VARIANTS

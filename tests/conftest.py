@@ -8,13 +8,25 @@ import pytest
 from labkernels.model import default_model_path
 
 
+MODEL_FIXTURES = {"model", "model_path"}
+
+
+@pytest.hookimpl(tryfirst=True)   # before -m selects: `-m "not model"` deselects the tests marked here too
 def pytest_collection_modifyitems(config, items):
+    from labkernels.model import KQUANT_CACHE
     from labkernels.provenance import gpu_available
 
     has_gpu = gpu_available()
+    has_tensors = default_model_path().exists() or KQUANT_CACHE.exists()
+    require = os.environ.get("LABKERNELS_REQUIRE_MODEL") == "1"
     for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)      # a test that takes the real model carries the model mark
         if "gpu" in item.keywords and not has_gpu:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU with cupy"))
+        elif "model" in item.keywords and not has_tensors and not require:
+            # a marked test that reads the real tensors itself (model.load_kquant: the GGUF or its tensor cache)
+            item.add_marker(pytest.mark.skip(reason="real model tensors absent (labkernels fetch-model)"))
 
 
 @pytest.fixture(scope="session")

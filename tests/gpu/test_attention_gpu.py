@@ -143,6 +143,7 @@ def test_cudnn_refuses_what_it_cannot_take(cp, rng):
         c.sdpa(q[:, :64], k, v, 64, ok, 2)
 
 
+@pytest.mark.gpu_fast
 def test_torch_reports_its_backend(cp):
     from labkernels import attention
     from labkernels.attention import LayerKind
@@ -205,6 +206,7 @@ def test_gemma_fused_logits_match_baseline(model):
     assert len(set(np.argsort(-a)[:5]) & set(np.argsort(-b)[:5])) >= 4
 
 
+@pytest.mark.gpu_fast
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 def test_tiny_models_fused_vs_reference(arch):
     """Tiny synthetic models (GQA 4/2 x 64; gemma3 with a window of 8 over 40 tokens and a global layer) through

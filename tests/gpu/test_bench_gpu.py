@@ -7,6 +7,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
+@pytest.mark.gpu_fast
 def test_lead_keeps_the_host_path_out_of_the_timed_interval():
     """A call that spends 2 ms on the host before its one tiny kernel: timed right after the flush (no lead), the
     GPU waits for it inside the interval and the events read >= ~2 ms; behind a 5 ms lead they read the kernel

@@ -92,6 +92,7 @@ def test_lab_attention_is_deterministic_and_agrees_with_cudnn(cp, rng):
     assert float(np.abs(a - r).max() / np.abs(r).max()) <= 2e-3
 
 
+@pytest.mark.gpu_fast
 def test_lab_attention_refuses_what_it_cannot_take(cp, rng):
     from labkernels import attention
     from labkernels.attention import AttentionError, LayerKind
@@ -114,6 +115,7 @@ def test_lab_attention_refuses_what_it_cannot_take(cp, rng):
         attention.Lab(None, "bf16")
 
 
+@pytest.mark.gpu_fast
 def test_lab_attention_split_kv_rearms_and_matches_unsplit(cp, rng):
     """A split launch (Gemma at nt=512: 80 chunks of 32 query blocks) run three times into NaN-poisoned outputs:
     the same finite result each time (the merging CTAs re-armed their counters: all zero afterwards), within fp16

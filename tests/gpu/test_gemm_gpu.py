@@ -68,6 +68,7 @@ def test_prepass_bit_exact(cp, rng, nt, id_):
     assert not pqs[nt:].any() and not pd[nt:].view(np.uint16).any() and not psum[nt:].any()
 
 
+@pytest.mark.gpu_fast
 def test_prepass_f16_input(cp, rng):
     from labkernels import gpu
     from labkernels.quantize_ref import quantize_q8_1
@@ -79,6 +80,7 @@ def test_prepass_f16_input(cp, rng):
     assert np.array_equal(qs, rqs) and np.array_equal(d.view(np.uint16), rd.view(np.uint16))
 
 
+@pytest.mark.gpu_fast
 def test_q8_1_rows_match_ggml_layout(cp, rng):
     from labkernels import gpu
     from labkernels.quantize_ref import pack_q8_1, quantize_q8_1
@@ -91,6 +93,7 @@ def test_q8_1_rows_match_ggml_layout(cp, rng):
 Q6_VARIANTS = [dict(KDR=k, EPI=e, OCC=o) for k in (1, 2, 4, 8) for e in (0, 1) for o in (1, 2)]
 
 
+@pytest.mark.gpu_fast
 @pytest.mark.parametrize("stride", [210, 224])
 @pytest.mark.parametrize("var", Q6_VARIANTS, ids=lambda v: "KDR{KDR}-EPI{EPI}-OCC{OCC}".format(**v))
 def test_q6k_expb_parity(cp, rng, var, stride):
@@ -108,6 +111,7 @@ def test_q6k_expb_parity(cp, rng, var, stride):
     assert res["nonfinite"] == 0 and res["ok"], res
 
 
+@pytest.mark.gpu_fast
 @pytest.mark.parametrize("stride", [210, 224])
 def test_q6k_generic_parity(cp, rng, stride):
     from labkernels import gpu
@@ -124,6 +128,7 @@ def test_q6k_generic_parity(cp, rng, stride):
     assert res["ok"], res
 
 
+@pytest.mark.gpu_fast
 @pytest.mark.parametrize("kdr", [2, 4, 8])
 def test_q4k_nb_parity(cp, rng, kdr):
     from labkernels import gpu
@@ -169,6 +174,7 @@ def test_real_model_tensors(cp, rng):
     assert not failures, failures
 
 
+@pytest.mark.gpu_fast
 def test_bad_inputs_raise(cp):
     from labkernels import gpu
     from labkernels.kernels import registry
@@ -190,6 +196,7 @@ def test_bad_inputs_raise(cp):
         gpu.Kernel(big)
 
 
+@pytest.mark.gpu_fast
 def test_occupancy_api_matches_calculator(cp):
     """cudaOccupancyMaxActiveBlocksPerMultiprocessor == labkernels.occupancy for every registry kernel."""
     from labkernels import gpu, occupancy
@@ -235,6 +242,7 @@ def test_gemm_dense_matches_matmul_and_captures(dt, path):
     assert np.array_equal(cp.asnumpy(out), cp.asnumpy(y))
 
 
+@pytest.mark.gpu_fast
 def test_gemm_defaults_come_from_the_variant_table(cp, rng):
     """gpu.gemm without a kernel runs the weight type's default variant (q4_K: KDR=8, round 4's best): its output
     equals the named default variant's bit for bit."""

@@ -5,6 +5,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
+@pytest.mark.gpu_fast
 def test_census_counts_a_captured_memset_and_kernel():
     """The census itself: a memsetAsync and a CuPy kernel captured on a stream are one MEMSET node (its
     destination and size) and one KERNEL node (its name)."""

@@ -31,6 +31,7 @@ def _both(cp, family, params, grid, host_args):
     return [cp.asnumpy(d) if isinstance(d, cp.ndarray) else d for d in dev], host
 
 
+@pytest.mark.gpu_fast
 def test_rmsnorm(cp, rng):
     x = rng.standard_normal((37, 640)).astype(np.float32)
     w = rng.standard_normal(640).astype(np.float32)
@@ -81,6 +82,7 @@ def test_act_mul(cp, rng, act):
     assert np.allclose(d[2], h[2], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.gpu_fast
 def test_embed(cp, rng):
     table = rng.standard_normal((100, 64)).astype(np.float32)
     tok = np.array([3, 99, 0, 3], np.int32)

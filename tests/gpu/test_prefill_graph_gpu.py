@@ -198,6 +198,7 @@ def _rel(a, b):
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
+@pytest.mark.gpu_fast
 @pytest.mark.parametrize("fusion", FUSIONS)
 @pytest.mark.parametrize("attn_f16", [False, True])
 def test_each_fusion_at_the_layer_level(tiny, fusion, attn_f16):
@@ -265,6 +266,7 @@ def cupy_all(gm, toks):
             cupy.asnumpy(gm.forward(toks, all_logits=True, graph=False)).astype(np.float64))
 
 
+@pytest.mark.gpu_fast
 def test_graph_vs_eager_tiny(tiny):
     from labkernels.prefill import timed_prefill
     from labkernels.prefill_cli import prompt_tokens
@@ -280,6 +282,7 @@ def test_graph_vs_eager_int8(tiny):
     _graph_vs_eager(tiny, kernel="int8", attn_f16=False, nts=(7, 130))
 
 
+@pytest.mark.gpu_fast
 def test_graph_vs_eager_wgmma(tiny):
     """The wgmma_kq launches encode their TMA descriptor from the activation pointer on the host: under capture the
     private pool's buffer, valid at every replay."""
@@ -326,6 +329,7 @@ def _pdl_ab(m, kernel="auto", nts=(9, 300), replays=8):
     return gm
 
 
+@pytest.mark.gpu_fast
 def test_pdl_graph_tiny(tiny):
     _pdl_ab(tiny)
 

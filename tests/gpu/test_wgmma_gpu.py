@@ -48,6 +48,35 @@ def _run(cp, raw, qtype, x, **params):
 VARIANTS = [k for k in registry.family("wgmma_kq")]
 
 
+MAIN_PATH = [k for k in registry.family("wgmma_kq") + registry.family("wgmma_kqs") if k.main_path]
+
+
+@pytest.mark.gpu_fast
+@pytest.mark.parametrize("spec", MAIN_PATH, ids=[k.key for k in MAIN_PATH])
+def test_every_main_path_instantiation_once(cp, rng, spec):
+    """The fast tier: each production instantiation (both forms) once, tails in nt and od, on the data-parallel grid
+    and on stream-K where its epilogue takes it; the gate (exact function and float64)."""
+    from labkernels import wgmma
+
+    qtype = "q4_K" if spec.p["QT"] == 4 else "q6_K"
+    nt, od, id_ = 77, 200, 768
+    raw = _weights(rng, qtype, od, id_)
+    x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
+    if spec.family == "wgmma_kqs":
+        base = dict(FORM=spec.p["NCV"], BN=spec.p["BN"], STAGES=spec.p["STAGES"], BF16=spec.p["BF16"])
+    else:
+        base = dict(BN=spec.p["BN"], STAGES=spec.p["STAGES"], BF16=spec.p["BF16"], SCL=spec.p["SCL"],
+                    EPI=spec.p["EPI"], AQ=spec.p["AQ"], PF=spec.p["PF"])
+    for sk in (0, 1):
+        if sk == 1 and base.get("EPI") in (1, 2):
+            continue                    # the ring epilogues take one segment per CTA (refusal: test_wgmma_parity)
+        if base.get("EPI") == 2 and od % 4:
+            continue
+        y, packed = _run(cp, raw, qtype, x, SK=sk, **base)
+        g = wgmma.gate(y, raw, qtype, x, packed=packed, bf16=bool(spec.p["BF16"]))
+        assert g["nonfinite"] == 0 and g["ok"], (spec.key, sk, g)
+
+
 @pytest.mark.parametrize("sk", [0, 1], ids=["dp", "sk"])
 @pytest.mark.parametrize("spec", VARIANTS, ids=[k.key for k in VARIANTS])
 @pytest.mark.parametrize("nt,od,id_", [(1, 128, 256), (77, 200, 512), (300, 256, 768), (520, 130, 1024)])

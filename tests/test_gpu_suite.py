@@ -1,0 +1,103 @@
+"""The GPU suite's own rules, checked on the CPU: every test that reads the real model carries the ``model`` mark
+(so ``-m "not model"`` runs without it and the tier is honest), and the fast tier covers every production kernel
+family."""
+import ast
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+#: calls that read the real model's file or its tensor cache
+MODEL_READS = {"load_kquant", "default_model_path", "export_kquant", "open_model"}
+
+
+def _marks(dec_list) -> set:
+    out = set()
+    for d in dec_list:
+        node = d.func if isinstance(d, ast.Call) else d
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "mark":
+            out.add(node.attr)
+    return out
+
+
+def _module_marks(tree) -> set:
+    out = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "pytestmark" for t in node.targets):
+            vals = node.value.elts if isinstance(node.value, (ast.List, ast.Tuple)) else [node.value]
+            out |= _marks(vals)
+    return out
+
+
+def _model_reads_without_mark(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    mod = _module_marks(tree)
+    bad = []
+    for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")):
+        args = {a.arg for a in fn.args.args}
+        if args & {"model", "model_path"}:
+            continue            # marked by conftest's collection hook
+        calls = {c.func.attr if isinstance(c.func, ast.Attribute) else getattr(c.func, "id", None)
+                 for c in ast.walk(fn) if isinstance(c, ast.Call)}
+        reads = calls & MODEL_READS
+        if "open_model" in reads:   # open_model(path) on a file the test made is not the real model
+            opens = [c for c in ast.walk(fn) if isinstance(c, ast.Call) and getattr(c.func, "attr",
+                     getattr(c.func, "id", None)) == "open_model"]
+            if all(c.args for c in opens):
+                reads.discard("open_model")
+        if reads and "model" not in (_marks(fn.decorator_list) | mod):
+            bad.append(f"{path.name}::{fn.name} ({', '.join(sorted(reads))})")
+    return bad
+
+
+def test_every_test_reading_the_real_model_is_marked():
+    bad = [b for p in sorted(TESTS.rglob("test_*.py")) for b in _model_reads_without_mark(p)]
+    assert not bad, "tests that read the real model without the model mark: " + "; ".join(bad)
+
+
+def test_the_checker_finds_an_unmarked_read(tmp_path):
+    p = tmp_path / "test_x.py"
+    p.write_text("from labkernels import model\n\ndef test_a():\n    model.load_kquant()\n\n"
+                 "import pytest\n@pytest.mark.model\ndef test_b():\n    model.load_kquant()\n")
+    assert _model_reads_without_mark(p) == ["test_x.py::test_a (load_kquant)"]
+
+
+def test_fast_tier_covers_every_production_family():
+    """``-m gpu_fast`` (gpu-check's fast tier) holds at least one test of every GPU test file, so each family the
+    product runs (int8 GEMMs, wgmma, gemv, attention, the prefill and its graph) is exercised in every session."""
+    missing = []
+    for p in sorted((TESTS / "gpu").glob("test_*.py")):
+        tree = ast.parse(p.read_text())
+        marked = [fn.name for fn in tree.body if isinstance(fn, ast.FunctionDef)
+                  and "gpu_fast" in _marks(fn.decorator_list)] + (["*"] if "gpu_fast" in _module_marks(tree) else [])
+        if not marked:
+            missing.append(p.name)
+    assert not missing, f"GPU test files with no gpu_fast test: {missing}"
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0" failures="1"
+skipped="1" tests="4" time="3.2"><testcase classname="tests.gpu.test_a" name="test_ok" time="1.5" />
+<testcase classname="tests.gpu.test_a" name="test_bad[x]" time="0.5"><failure message="AssertionError: nope
+second line">trace</failure></testcase><testcase classname="tests.gpu.test_b" name="test_skip" time="0.0">
+<skipped message="needs cudnn" /></testcase><testcase classname="tests.gpu.test_b" name="test_err" time="0.1">
+<error message="fixture broke">x</error></testcase></testsuite></testsuites>"""
+
+
+def test_junit_rows_and_the_summary_say_what_ran():
+    from labkernels import gpu_cli
+
+    rows = gpu_cli.junit_rows(JUNIT)
+    assert [(r["nodeid"], r["outcome"]) for r in rows] == [
+        ("tests/gpu/test_a.py::test_ok", "passed"), ("tests/gpu/test_a.py::test_bad[x]", "failed"),
+        ("tests/gpu/test_b.py::test_skip", "skipped"), ("tests/gpu/test_b.py::test_err", "error")]
+    assert rows[1]["message"].startswith("AssertionError: nope") and rows[0]["seconds"] == 1.5
+    s = gpu_cli.suite_summary(rows, 3.2, "fast", 1)
+    assert (s["passed"], s["failed"], s["error"], s["skipped"], s["ok"]) == (1, 1, 1, 1, False)
+
+
+def test_a_tier_that_only_skipped_is_not_ok():
+    from labkernels import gpu_cli
+
+    rows = [{"nodeid": "t", "outcome": "skipped", "seconds": 0.0, "message": "needs a CUDA GPU"}] * 3
+    assert gpu_cli.suite_summary(rows, 1.0, "fast", 0)["ok"] is False
+    assert gpu_cli.suite_summary([{**rows[0], "outcome": "passed"}], 1.0, "full", 0)["ok"] is True
