@@ -16,6 +16,30 @@ PLAN = {"shapes": [list(s) for s in SHAPES], "nts": list(NTS), "qtypes": ["q4_K"
         "pairs": 3, "repeats": 20, "seed": 0}
 
 
+#: what the first gemv_kq build should measure, written before its first GPU run (commit d19f769, 2026-12-06). The line
+#: is the copy bandwidth of the same process (read + write of 1 GiB; KINDS.md: ~4.3 TB/s on the H200, ~3.0 on the
+#: H100); weight bytes / time over it is the fraction. Ranges, per card where the card matters.
+PREDICTION = {
+    "written": "2026-12-06, before the first run of gemv_kq",
+    "claims": [
+        {"what": "q4_K 4096x14336 nt=1 (33.0 MB)", "metric": "frac_copy", "low": 0.55, "high": 0.75,
+         "why": "one wave of ~400 CTAs of 4 warps, 2 x 2.3 KB per warp in flight: Little's law is met (~23 KB/SM at "
+                "4.3 TB/s x 700 ns); the loss is the ramp and the tail of one short wave (~2-3 us)"},
+        {"what": "q4_K 4096x4096 nt=1 (9.4 MB)", "metric": "frac_copy", "low": 0.35, "high": 0.55,
+         "why": "2.2 us at the line on the H200: launch, ramp and tail of the same size as the transfer"},
+        {"what": "q6_K 4096x14336 nt=1 (48.2 MB)", "metric": "frac_copy", "low": 0.55, "high": 0.75,
+         "why": "1.46x q4_K's bytes, ~1.5x its dequant instructions per weight: bandwidth-bound like q4_K"},
+        {"what": "nt=8 / nt=1 time, every shape", "metric": "ratio", "low": 1.0, "high": 1.2,
+         "why": "the tokens are the mma's n: the same weight bytes and dequant, 8x the activation loads (L1/L2 hits)"},
+        {"what": "nt=16 / nt=1 time, every shape", "metric": "ratio", "low": 1.0, "high": 1.5,
+         "why": "two n8 tiles: twice the mma and activation work per weight, register pressure (fewer warps)"},
+        {"what": "vs llama.cpp MMVQ, q4_K 4096x14336, H200", "metric": "speedup", "low": 1.2, "high": 1.6,
+         "why": "MMVQ's 16.2 us at n=1 (~2.0 TB/s) is latency-bound; at n=8 (46.7 us) ~3.5x, MMVQ repeating the dot "
+                "per column"},
+    ],
+}
+
+
 def copy_bandwidth(nbytes: int = 1 << 30, repeats: int = 10) -> dict:
     """The reachable HBM line: a device-to-device copy of ``nbytes``, bytes read + written over its median time."""
     import cupy as cp
