@@ -337,3 +337,58 @@ def gemv(w, x, out=None, S: int | None = None, MT: int = 2, WARPS: int = 4):
     k.launch((groups, S), (gv.data, x, y, ws, cnt, np.int32(nt), np.int32(gv.od), np.int32(gv.id), np.int32(S)))
     logging.getLogger("labkernels.gemv").debug("gemv_kq QT=%d nt=%d %dx%d S=%d", QT, nt, gv.od, gv.id, S)
     return y
+
+
+# ------------------------------------------------------------------------------------------ the recorded choice
+
+def auto_table(root=None):
+    """Round 9's recorded table for ``qmatmul(kernel="auto")`` at nt <= 16: per (qtype, act, od, id, nt) of the latest
+    complete ``decode`` run with a ``gemv_bench`` table, the median time of the fastest gemv_kq configuration (typed
+    columns MT, WARPS, S: 0 the default split) and of round 7's wgmma launch (``wgmma_us``; NaN where not timed).
+    None without such a run."""
+    from . import records
+
+    run = records.latest("decode", root=root, where=lambda r: r.has("gemv_bench"))
+    if run is None:
+        return None
+    df = run.table("gemv_bench")
+    med = df.groupby(["qtype", "act", "od", "id", "nt", "variant", "family", "MT", "WARPS", "S"],
+                     as_index=False).median_us.median()
+    g = med[med.family == "gemv_kq"]
+    best = g.loc[g.groupby(["qtype", "act", "od", "id", "nt"]).median_us.idxmin()].copy()
+    wg = med[med.family == "wgmma_kq"].set_index(["qtype", "act", "od", "id", "nt"]).median_us
+    best["wgmma_us"] = [wg.get(k, np.nan) for k in zip(best.qtype, best.act, best.od, best.id, best.nt)]
+    best["run_id"] = run.run_id
+    return best.reset_index(drop=True)
+
+
+_AUTO: dict = {}
+
+
+def auto_table_cached():
+    if "t" not in _AUTO:
+        _AUTO["t"] = auto_table()
+    return _AUTO["t"]
+
+
+def recorded_choice(qtype: str, nt: int, od: int, id_: int, act: str, table=None):
+    """(params, reason) when the recorded decode table says gemv_kq is faster than round 7's wgmma launch at the
+    nearest recorded point (log distance in od, id, nt; same qtype and activation type), else None -- also None for
+    nt > 16 or without a recorded run (the caller keeps round 7's choice and says so)."""
+    if nt > MAX_NT:
+        return None
+    t = auto_table_cached() if table is None else table
+    if t is None or not len(t):
+        return None
+    rows = t[(t.qtype == qtype) & (t.act == act)]
+    if not len(rows):
+        return None
+    d = (np.log(rows.od / od) ** 2 + np.log(rows.id / id_) ** 2 + np.log(rows.nt / nt) ** 2)
+    r = rows.loc[d.idxmin()]
+    if not (r.median_us < r.wgmma_us):          # NaN (no wgmma timing on that card) is not a win
+        return None
+    params = {"MT": int(r.MT), "WARPS": int(r.WARPS)}
+    if int(r.S):
+        params["S"] = int(r.S)
+    return params, (f"gemv_kq {r.median_us:.1f} us vs wgmma {r.wgmma_us:.1f} us at {r.od}x{r.id} nt={r.nt} {act} "
+                    f"in run {r.run_id}")

@@ -824,7 +824,7 @@ def dense_fallbacks() -> list[dict]:
 
 
 #: what ``qmatmul(kernel=...)`` accepts: every GEMM family of the lab, or "auto"
-QMATMUL_KERNELS = ("auto", "wgmma_kq", "int8", "q4k_nb", "q6k_expb", "q6k_generic")
+QMATMUL_KERNELS = ("auto", "gemv_kq", "wgmma_kq", "int8", "q4k_nb", "q6k_expb", "q6k_generic")
 
 
 @dataclass(frozen=True)
@@ -972,7 +972,16 @@ def qmatmul(x, w: QWeight, kernel: str = "auto", out=None, **params):
             raise ShapeError(f"inner dimensions differ: activations id={x.shape[1]}, weights id={w.id}")
         nt = x.shape[0]
     if kernel == "auto":
-        ch = choose(w.qtype, nt, w.od, w.id)
+        ch = None
+        if not isinstance(x, Q8Tiles) and _has_gpu() and device_props()["cc"] >= 80:   # round 9's recorded crossover
+            from . import gemv
+
+            dec = gemv.recorded_choice(w.qtype, nt, w.od, w.id, "f16" if x.dtype == np.float16 else "f32")
+            if dec is not None:
+                ch = Choice("gemv_kq", tuple(dec[0].items()), dec[1])
+        ch = ch or choose(w.qtype, nt, w.od, w.id)
+    elif kernel == "gemv_kq":
+        ch = Choice("gemv_kq", (("MT", 2), ("WARPS", 4)), "named")
     elif kernel == "wgmma_kq":
         ch = Choice("wgmma_kq", tuple(wgmma.default_params(w.qtype, nt).items()), "named")
     else:
@@ -986,6 +995,12 @@ def qmatmul(x, w: QWeight, kernel: str = "auto", out=None, **params):
                                              w.qtype, w.od, w.id, nt, ch.describe())
     _LAST["choice"] = ch
     p = dict(ch.params)
+    if ch.family == "gemv_kq":
+        from . import gemv
+
+        if isinstance(x, Q8Tiles):
+            raise ShapeError("gemv_kq reads float16 / float32 activations, not q8_1 tiles")
+        return gemv.gemv(w, x, out=out, **p)
     if ch.family == "wgmma_kq":
         wgmma.require_sm90a()
         if w.wg is None:

@@ -96,3 +96,28 @@ def test_default_splits_fill_one_wave():
     assert gemv.default_splits(4096, 1024, 2, 4, 132, 3) == 4       # never more than one super-block a split
     assert gemv.default_splits(14336, 4096, 2, 4, 132, 1) == 2
     assert gemv.default_splits(1_000_000, 4096, 2, 4, 132, 4) == 1
+
+
+def _table(rows):
+    import pandas as pd
+
+    base = {"qtype": "q4_K", "act": "f16", "od": 4096, "id": 4096, "MT": 2, "WARPS": 4, "S": 0, "run_id": "r1"}
+    return pd.DataFrame([{**base, **r} for r in rows])
+
+
+def test_recorded_choice_takes_gemv_where_it_was_faster_and_says_why():
+    t = _table([{"nt": 1, "median_us": 5.0, "wgmma_us": 20.0}, {"nt": 16, "median_us": 9.0, "wgmma_us": 8.0,
+                                                                  "S": 4}])
+    params, why = gemv.recorded_choice("q4_K", 1, 4096, 4096, "f16", table=t)
+    assert params == {"MT": 2, "WARPS": 4} and "5.0 us vs wgmma 20.0 us" in why and "run r1" in why
+    assert gemv.recorded_choice("q4_K", 14, 4096, 4096, "f16", table=t) is None      # nearest nt=16: wgmma won
+    assert gemv.recorded_choice("q4_K", 2, 11008, 4096, "f16", table=t)[0] == {"MT": 2, "WARPS": 4}
+
+
+def test_recorded_choice_keeps_round_7_without_a_fair_comparison():
+    t = _table([{"nt": 1, "median_us": 5.0, "wgmma_us": float("nan")}])
+    assert gemv.recorded_choice("q4_K", 1, 4096, 4096, "f16", table=t) is None     # wgmma not timed: no verdict
+    assert gemv.recorded_choice("q6_K", 1, 4096, 4096, "f16", table=t) is None     # no row of the type
+    assert gemv.recorded_choice("q4_K", 1, 4096, 4096, "f32", table=t) is None     # nor of the activation type
+    assert gemv.recorded_choice("q4_K", 17, 4096, 4096, "f16", table=t) is None    # past the family's nt
+    assert gemv.recorded_choice("q4_K", 1, 4096, 4096, "f16", table=_table([]).iloc[:0]) is None

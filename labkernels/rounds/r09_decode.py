@@ -97,7 +97,7 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
                 x = rng.standard_normal((nt, id_)).astype(np.float32)
                 for act in acts:
                     xd = cp.asarray(x) if act == "f32" else cp.asarray(x.astype(np.float16))
-                    variants = {}
+                    variants, typed = {}, {}
                     for mt, warps in configs:
                         for S in (None, *splits):
                             name = f"gemv_m{mt}w{warps}" + ("" if S is None else f"_s{S}")
@@ -109,16 +109,20 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
                                 raise RuntimeError(f"gemv gate failed {qtype} {od}x{id_} nt={nt} {act} {name}: {g}")
                             variants[name] = (lambda mt=mt, warps=warps, S=S: gemv.gemv(gv, xd, MT=mt, WARPS=warps,
                                                                                          S=S))
+                            typed[name] = {"family": "gemv_kq", "MT": mt, "WARPS": warps, "S": S or 0}
                     if "wgmma" in baselines and wgmma.supported(gpu.device_props()["cc"]):
                         variants["wgmma"] = lambda: gpu.qmatmul(xd, w, kernel="wgmma_kq")
+                        typed["wgmma"] = {"family": "wgmma_kq"}
                     if wd16 is not None:
                         x16 = xd if act == "f16" else xd.astype(cp.float16)
                         variants["cublas"] = (lambda x16=x16: gpu.matmul_f16(x16, wd16)) if act == "f16" else \
                             (lambda: gpu.matmul_f16(xd.astype(cp.float16), wd16))
+                        typed["cublas"] = {"family": "cublas_f16"}
                     res = B.interleaved(variants, pairs=pairs, repeats=repeats, flush=flush)
                     key = {"qtype": qtype, "od": od, "id": id_, "nt": nt, "act": act, "sm_count": sm}
                     pr = B.pair_rows(res, key, nt, od, id_, tail={"bytes": nbytes})
                     for r in pr:
+                        r.update({"family": "", "MT": 0, "WARPS": 0, "S": 0, **typed[r["variant"]]})
                         r["tb_per_s"] = nbytes / (r["median_us"] * 1e-6) / 1e12
                         r["frac_copy"] = r["tb_per_s"] / cb["tb_per_s"]
                     rows += pr
