@@ -64,7 +64,8 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
                progress=print) -> list[dict]:
     """Interleaved, L2-flushed CUDA-event medians of gemv_kq (each ``configs`` (MT, WARPS), the default split and
     each of ``splits``) beside ``baselines`` (round 7's ``wgmma`` via qmatmul, ``cublas`` fp16 on cached dequantized
-    weights) at matched (qtype, od, id, nt, activation type). Every point is gated first (all rows, every token).
+    weights) at matched (qtype, od, id, nt, activation type). Every point is gated first (all rows; the first, middle
+    and last token).
     Rows: table ``gemv_bench`` (per variant and pair), with bytes read and the fraction of ``copy`` (the same
     process's copy bandwidth, table ``copy``)."""
     import cupy as cp
@@ -95,6 +96,7 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
                                             "layout_bytes": gv.nbytes, "repack_s": gv.repack_s})
             for nt in nts:
                 x = rng.standard_normal((nt, id_)).astype(np.float32)
+                tok = np.unique([0, nt // 2, nt - 1])     # every row, the first, middle and last token
                 for act in acts:
                     xd = cp.asarray(x) if act == "f32" else cp.asarray(x.astype(np.float16))
                     variants, typed = {}, {}
@@ -104,7 +106,7 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
                             if S is not None and S > id_ // 256:
                                 continue
                             y = gemv.gemv(gv, xd, MT=mt, WARPS=warps, S=S)
-                            g = wgmma.gate(cp.asnumpy(y), raw, qtype, x, w16=w16e, w64=w64)
+                            g = wgmma.gate(cp.asnumpy(y), raw, qtype, x, w16=w16e, w64=w64, tokens=tok)
                             if not g["ok"]:
                                 raise RuntimeError(f"gemv gate failed {qtype} {od}x{id_} nt={nt} {act} {name}: {g}")
                             variants[name] = (lambda mt=mt, warps=warps, S=S: gemv.gemv(gv, xd, MT=mt, WARPS=warps,
