@@ -153,20 +153,22 @@ def lane_dequant(data: np.ndarray, qtype: str, od: int, id_: int) -> np.ndarray:
     w = np.zeros((od, nsb, 4, 64), np.float64)      # [row, sb, lane c, k offset]
     if qtype == "q4_K":
         blk = data.reshape(od, nsb, 144)
-        hdr = blk[..., 0:16].copy().view("<u4")                     # [od, nsb, 4]: the lane's 16-byte header load
+        hdr = blk[..., 0:16].copy().view("<u4").astype(np.int64)   # [od, nsb, 4]: the lane's 16-byte header load
         d = _h16(hdr[..., 0] & 0xFFFF)
         dmin = _h16(hdr[..., 0] >> 16)
         sc = np.empty((od, nsb, 8), np.int64)
         mn = np.empty_like(sc)
-        for c in range(4):                           # KqRow<4>::load's byte arithmetic for sub-blocks 2c, 2c+1
-            sh = 8 * ((2 * c) & 3)
-            by, bz, bw = (hdr[..., i].astype(np.int64) >> sh for i in (1, 2, 3))
+        for c in range(4):                           # KqRow<4>::load: bytes jj, jj+1 to 16-bit lanes (one PRMT)
+            jj = (2 * c) & 3
+            by, bz, bw = (((hdr[..., i] >> (8 * jj)) & 0xFF) | (((hdr[..., i] >> (8 * jj + 8)) & 0xFF) << 16)
+                          for i in (1, 2, 3))
             if c < 2:
-                got = (by & 63, bz & 63, (by >> 8) & 63, (bz >> 8) & 63)
+                s2, m2 = by & 0x003F003F, bz & 0x003F003F
             else:
-                got = ((bw & 0xF) | (((by >> 6) & 3) << 4), ((bw >> 4) & 0xF) | (((bz >> 6) & 3) << 4),
-                       ((bw >> 8) & 0xF) | (((by >> 14) & 3) << 4), ((bw >> 12) & 0xF) | (((bz >> 14) & 3) << 4))
-            sc[..., 2 * c], mn[..., 2 * c], sc[..., 2 * c + 1], mn[..., 2 * c + 1] = got
+                s2 = (bw & 0x000F000F) | ((by >> 2) & 0x00300030)
+                m2 = ((bw >> 4) & 0x000F000F) | ((bz >> 2) & 0x00300030)
+            sc[..., 2 * c], sc[..., 2 * c + 1] = s2 & 0xFFFF, s2 >> 16
+            mn[..., 2 * c], mn[..., 2 * c + 1] = m2 & 0xFFFF, m2 >> 16
         qs = blk[..., 16:144].reshape(od, nsb, 4, 8, 4).copy().view("<u4")[..., 0]     # [.., c, m] words
         S = _f16(d[..., None] * sc)                  # [od, nsb, 8] as f16
         B = _f16(-(dmin[..., None] * mn))
@@ -186,7 +188,8 @@ def lane_dequant(data: np.ndarray, qtype: str, od: int, id_: int) -> np.ndarray:
         n = od * nsb
         ql = data[:n * 128].reshape(od, nsb, 4, 8, 4).copy().view("<u4")[..., 0]          # [.., c, m]
         qh = data[n * 128:n * 192].reshape(od, nsb, 4, 4, 4).copy().view("<u4")[..., 0]   # [.., c, u]
-        sc = data[n * 192:n * 208].view(np.int8).reshape(od, nsb, 16).astype(np.float64)
+        sc8 = data[n * 192:n * 208].reshape(od, nsb, 16).astype(np.int64)
+        sc = (_h16(((sc8 ^ 0x80) | 0x6400)) - 1152)      # KqRow<6>::load: sc + 128 in a byte, magic exponent, exact
         d = data[n * 208:n * 210].copy().view(np.float16).reshape(od, nsb).astype(np.float64)
         S = _f16(d[..., None] * sc)                  # [od, nsb, 16]
         for m in range(8):

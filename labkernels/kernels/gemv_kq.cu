@@ -54,13 +54,26 @@ __device__ __forceinline__ uint4 lk_ldg_stream(const void* p) {
     return v;
 }
 
+// (a & b) | c and a | (b & c) in one LOP3 each: written as PTX so that ptxas keeps the magic exponent in a register
+// (a C expression with two constants compiled to two LOP3s: an AND with one immediate, then an OR with the other)
+__device__ __forceinline__ u32 lk_and_or(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ u32 lk_or_and(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xF8;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
 #define LK_H2_1024 0x64006400u      // (1024, 1024)
+#define LK_H2_M1024 0xE400E400u     // (-1024, -1024)
+#define LK_H2_M1152 0xE480E480u     // (-1152, -1152)
 #define LK_H2_1056 0x64206420u      // (1056, 1056)
 #define LK_H2_1_16 0x2C002C00u      // (1/16, 1/16)
 #define LK_H2_M64 0xD400D400u       // (-64, -64)
 #define LK_H2_M96 0xD600D600u       // (-96, -96)
-
-__device__ __forceinline__ u32 lk_h2dup(u16 h) { return (u32)h | ((u32)h << 16); }
 
 // ---- the weight types: per row and super-block, one lane's 64 weights as 8 words (q4_K: 2 x 16 bytes of qs; q6_K:
 // 2 x 16 bytes of ql' and 16 bytes of qh') and its scales; dequant() gives the four f16x2 pairs of word m
@@ -78,28 +91,22 @@ struct KqRow<4> {
         const uint4 h = __ldg((const uint4*)blk);
         q0 = lk_ldg_stream(blk + 16 + 32 * c);
         q1 = lk_ldg_stream(blk + 32 + 32 * c);
-        // scales and mins of sub-blocks j = 2c, 2c+1 (get_scale_min_k4): bytes jj = j & 3 of q[0..3] (h.y), q[4..7]
-        // (h.z), q[8..11] (h.w)
-        const float d = lk_h2f((u16)(h.x & 0xFFFF)), dmin = lk_h2f((u16)(h.x >> 16));
-        const int sh = 8 * ((2 * c) & 3);
-        const u32 by = h.y >> sh, bz = h.z >> sh, bw = h.w >> sh;   // bytes jj (bits 0-7) and jj+1 (bits 8-15)
-        int sc0, m0, sc1, m1;
-        if (c < 2) {
-            sc0 = by & 63;
-            m0 = bz & 63;
-            sc1 = (by >> 8) & 63;
-            m1 = (bz >> 8) & 63;
-        } else {
-            sc0 = (bw & 0xF) | (((by >> 6) & 3) << 4);
-            m0 = ((bw >> 4) & 0xF) | (((bz >> 6) & 3) << 4);
-            sc1 = ((bw >> 8) & 0xF) | (((by >> 14) & 3) << 4);
-            m1 = ((bw >> 12) & 0xF) | (((bz >> 14) & 3) << 4);
-        }
-        // d*sc and dmin*m are exact in f32 (11 x 6 bits): one rounding each to f16
-        s_lo = lk_h2dup(lk_f2h(d * (float)sc0));
-        b_lo = lk_h2dup(lk_f2h(-(dmin * (float)m0)));
-        s_hi = lk_h2dup(lk_f2h(d * (float)sc1));
-        b_hi = lk_h2dup(lk_f2h(-(dmin * (float)m1)));
+        // scales and mins of sub-blocks j = 2c, 2c+1 (get_scale_min_k4) as 16-bit lanes: bytes jj = j & 3 and jj+1 of
+        // q[0..3] (h.y), q[4..7] (h.z), q[8..11] (h.w) moved to bits 0-7 / 16-23 by one PRMT each; both formulas
+        // computed and selected per lane (no divergent branch between the quad's lanes)
+        const u32 sel = c < 2 ? 0x4140u : 0x4342u;
+        const u32 by = __byte_perm(h.y, 0u, sel), bz = __byte_perm(h.z, 0u, sel), bw = __byte_perm(h.w, 0u, sel);
+        const u32 sc = c < 2 ? (by & 0x003F003Fu) : ((bw & 0x000F000Fu) | ((by >> 2) & 0x00300030u));
+        const u32 mn = c < 2 ? (bz & 0x003F003Fu) : (((bw >> 4) & 0x000F000Fu) | ((bz >> 2) & 0x00300030u));
+        // (sc0, sc1) and (m0, m1) as exact f16 integers (magic exponent, exact subtraction), then one rounding each
+        // of d*sc and -dmin*m (f16 products of an 11-bit and a 6-bit number: the same value as fl16(f32 product))
+        const u32 dd = __byte_perm(h.x, h.x, 0x1010u), ndm = __byte_perm(h.x, h.x, 0x3232u) ^ 0x80008000u;
+        const u32 S = lk_hmul2(lk_hfma2(sc | LK_H2_1024, 0x3C003C00u, LK_H2_M1024), dd);
+        const u32 B = lk_hmul2(lk_hfma2(mn | LK_H2_1024, 0x3C003C00u, LK_H2_M1024), ndm);
+        s_lo = __byte_perm(S, S, 0x1010u);
+        s_hi = __byte_perm(S, S, 0x3232u);
+        b_lo = __byte_perm(B, B, 0x1010u);
+        b_hi = __byte_perm(B, B, 0x3232u);
     }
     __device__ __forceinline__ u32 word(int m) const {
         const uint4& v = m < 4 ? q0 : q1;
@@ -109,8 +116,8 @@ struct KqRow<4> {
     // P0 (k 4m, 4m+2), P2 (4m+1, 4m+3) of sub-block 2c; P1, P3 (32 + the same) of 2c+1
     __device__ __forceinline__ void dequant(int m, u32& p0, u32& p1, u32& p2, u32& p3) const {
         const u32 w = word(m), w8 = w >> 8;
-        const u32 l01 = (w & 0x000F000Fu) | LK_H2_1024, l23 = (w8 & 0x000F000Fu) | LK_H2_1024;
-        const u32 h01 = (w & 0x00F000F0u) | LK_H2_1024, h23 = (w8 & 0x00F000F0u) | LK_H2_1024;
+        const u32 l01 = lk_and_or(w, 0x000F000Fu, LK_H2_1024), l23 = lk_and_or(w8, 0x000F000Fu, LK_H2_1024);
+        const u32 h01 = lk_and_or(w, 0x00F000F0u, LK_H2_1024), h23 = lk_and_or(w8, 0x00F000F0u, LK_H2_1024);
         p0 = lk_hfma2(lk_hsub2(l01, LK_H2_1024), s_lo, b_lo);                 // q exact, then q*S + B once
         p2 = lk_hfma2(lk_hsub2(l23, LK_H2_1024), s_lo, b_lo);
         p1 = lk_hfma2(lk_hfma2(h01, LK_H2_1_16, LK_H2_M64), s_hi, b_hi);      // (1024 + 16q)/16 - 64 = q exact
@@ -130,9 +137,18 @@ struct KqRow<6> {
         q1 = lk_ldg_stream(W + b * 128 + 32 * c + 16);
         h = lk_ldg_stream(W + n * 128 + b * 64 + 16 * c);
         const u32 sc4 = __ldg((const u32*)(W + n * 192 + b * 16 + 4 * c));
-        const float d = lk_h2f(__ldg((const u16*)(W + n * 208 + b * 2)));
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[i] = lk_h2dup(lk_f2h(d * (float)(int)(s8)(sc4 >> (8 * i))));   // exact product
+        const u32 d = __ldg((const u16*)(W + n * 208 + b * 2));
+        const u32 dd = d | (d << 16);
+        // the four int8 scales as exact f16 (sign flipped: sc + 128 in a byte, magic exponent, minus 1152), then one
+        // rounding of d*sc each
+        const u32 s01 = lk_hmul2(lk_hfma2((__byte_perm(sc4, 0u, 0x4140u) ^ 0x00800080u) | LK_H2_1024, 0x3C003C00u,
+                                          LK_H2_M1152), dd);
+        const u32 s23 = lk_hmul2(lk_hfma2((__byte_perm(sc4, 0u, 0x4342u) ^ 0x00800080u) | LK_H2_1024, 0x3C003C00u,
+                                          LK_H2_M1152), dd);
+        s[0] = __byte_perm(s01, s01, 0x1010u);
+        s[1] = __byte_perm(s01, s01, 0x3232u);
+        s[2] = __byte_perm(s23, s23, 0x1010u);
+        s[3] = __byte_perm(s23, s23, 0x3232u);
     }
     __device__ __forceinline__ u32 word(int m) const {
         const uint4& v = m < 4 ? q0 : q1;
@@ -145,10 +161,10 @@ struct KqRow<6> {
         const u32 hw = u == 0 ? h.x : u == 1 ? h.y : u == 2 ? h.z : h.w;
         // word 2u reads its high bits at (P0 0/16, P1 4/20, P2 2/18, P3 6/22), word 2u+1 at 8.. higher (repack_q6k)
         const u32 ha = (m & 1) ? hw >> 4 : hw << 4, hb = (m & 1) ? hw >> 6 : hw << 2;
-        const u32 l01 = (w & 0x000F000Fu) | LK_H2_1024 | (ha & 0x00300030u);
-        const u32 l23 = (w8 & 0x000F000Fu) | LK_H2_1024 | (hb & 0x00300030u);
-        const u32 h01 = (w & 0x00F000F0u) | LK_H2_1024 | (ha & 0x03000300u);
-        const u32 h23 = (w8 & 0x00F000F0u) | LK_H2_1024 | (hb & 0x03000300u);
+        const u32 l01 = lk_or_and(lk_and_or(w, 0x000F000Fu, LK_H2_1024), ha, 0x00300030u);
+        const u32 l23 = lk_or_and(lk_and_or(w8, 0x000F000Fu, LK_H2_1024), hb, 0x00300030u);
+        const u32 h01 = lk_or_and(lk_and_or(w, 0x00F000F0u, LK_H2_1024), ha, 0x03000300u);
+        const u32 h23 = lk_or_and(lk_and_or(w8, 0x00F000F0u, LK_H2_1024), hb, 0x03000300u);
         const u32 slo = s[m >> 2], shi = s[2 + (m >> 2)];
         p0 = lk_hmul2(lk_hsub2(l01, LK_H2_1056), slo);                         // 1024 + q - 1056 = q - 32, exact
         p2 = lk_hmul2(lk_hsub2(l23, LK_H2_1056), slo);

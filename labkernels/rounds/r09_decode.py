@@ -20,7 +20,10 @@ PLAN = {"shapes": [list(s) for s in SHAPES], "nts": list(NTS), "qtypes": ["q4_K"
 #: is the copy bandwidth of the same process (read + write of 1 GiB; KINDS.md: ~4.3 TB/s on the H200, ~3.0 on the
 #: H100); weight bytes / time over it is the fraction. Ranges, per card where the card matters.
 PREDICTION = {
-    "written": "2026-12-06, before the first run of gemv_kq",
+    "written": "2026-12-06, before the first run of gemv_kq (commit d19f769); the build first measured is the second "
+               "(one LOP3 per magic-exponent code, the scale decode in f16x2 without divergent branches: the q4_K "
+               "loop 900 -> 683 SASS instructions a super-block, q6_K 1013 -> 875, same exact function), for which "
+               "the same ranges stand",
     "claims": [
         {"what": "q4_K 4096x14336 nt=1 (33.0 MB)", "metric": "frac_copy", "low": 0.55, "high": 0.75,
          "why": "one wave of ~400 CTAs of 4 warps, 2 x 2.3 KB per warp in flight: Little's law is met (~23 KB/SM at "
