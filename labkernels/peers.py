@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from .paths import CACHE_DIR, REPO_ROOT
@@ -746,11 +747,19 @@ BENCH_NOTES = (
 BENCH_PROMPTS = (512, 3325)
 
 
-def bench_args(prompts=BENCH_PROMPTS, flash_attn=(1, 0), reps: int = 3) -> list[str]:
+def bench_args(prompts=BENCH_PROMPTS, flash_attn=(1, 0), reps: int = 3, gen=(), pg=()) -> list[str]:
     """``-p 512,3325 -n 0 -fa 1,0 -ngl 99 -r 3``: prompt processing only, all layers on the GPU, both attention
-    paths (llama-bench's -p/-fa lists are additive: one process, one model load, every combination)."""
-    return ["-p", ",".join(map(str, prompts)), "-n", "0", "-fa", ",".join(map(str, flash_attn)), "-ngl", "99",
-            "-r", str(reps)]
+    paths (llama-bench's -p/-fa lists are additive: one process, one model load, every combination). ``gen``
+    (e.g. (128,)): also token generation after an empty prompt (tg128: ``-n 128`` instead of ``-n 0``); ``pg``
+    (e.g. ((512, 128),)): a prompt then generation, timed together (``-pg 512,128``, one per pair)."""
+    for n in (*prompts, *gen, *(x for p in pg for x in p)):
+        if not (isinstance(n, (int, np.integer)) and n > 0):
+            raise PeerError(f"llama-bench token counts are positive integers, got {n!r}")
+    out = ["-p", ",".join(map(str, prompts)), "-n", ",".join(map(str, gen)) if gen else "0",
+           "-fa", ",".join(map(str, flash_attn)), "-ngl", "99", "-r", str(reps)]
+    for p_, g_ in pg:
+        out += ["-pg", f"{p_},{g_}"]
+    return out
 
 
 BENCH_ARGS = bench_args()
@@ -941,7 +950,7 @@ def synthetic_7b_gguf(dest: Path, progress=_log) -> Path:
 
 
 def measure_bench(peer_dir: Path, models: list[str], run, raw_dir: Path, work: Path, extra_args=(),
-                  require_gpu: bool = True, prompts=BENCH_PROMPTS, progress=_log) -> pd.DataFrame:
+                  require_gpu: bool = True, prompts=BENCH_PROMPTS, progress=_log, gen=(), pg=()) -> pd.DataFrame:
     """llama-bench pp512 / pp3325 with -fa 1 and 0 on each model ('synthetic-7b' or a GGUF path), rows appended
     to ``run``'s ``bench`` table. A file llama.cpp refuses is recorded in the summary (``bench_errors``)."""
     raw_dir = Path(raw_dir)
@@ -954,7 +963,7 @@ def measure_bench(peer_dir: Path, models: list[str], run, raw_dir: Path, work: P
                 else Path(spec)
             if not path.is_file():
                 raise PeerError(f"no model file {path}")
-            args = ["bench", "-m", str(path), *bench_args(prompts), *extra_args, "-o", "json"]
+            args = ["bench", "-m", str(path), *bench_args(prompts, gen=gen, pg=pg), *extra_args, "-o", "json"]
             progress(f"llama-bench {label}: run.sh {' '.join(args)}")
             text, err = run_peer(peer_dir, args, raw_dir / f"bench-{label}.txt")
             df = parse_bench_json(text)
@@ -969,7 +978,9 @@ def measure_bench(peer_dir: Path, models: list[str], run, raw_dir: Path, work: P
         run.append("bench", df)
         frames.append(df)
         for r in df.itertuples():
-            progress(f"  {label} pp{r.n_prompt} fa={r.flash_attn}: {r.tok_s:.0f} +- {r.tok_s_std:.0f} tok/s")
+            test = (f"pp{r.n_prompt}" if not r.n_gen else f"tg{r.n_gen}" if not r.n_prompt
+                    else f"pp{r.n_prompt}+tg{r.n_gen}")
+            progress(f"  {label} {test} fa={r.flash_attn}: {r.tok_s:.0f} +- {r.tok_s_std:.0f} tok/s")
     run.set_summary(bench_errors=errors)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
@@ -1357,7 +1368,9 @@ def mmq_main(args) -> int:
 def bench_main(args) -> int:
     def fn(peer_dir, run, raw):
         df = measure_bench(peer_dir, args.model, run, raw, Path(args.work), extra_args=shlex.split(args.extra),
-                           require_gpu=not args.allow_cpu, prompts=[int(x) for x in args.prompts.split(",")])
+                           require_gpu=not args.allow_cpu, prompts=[int(x) for x in args.prompts.split(",")],
+                           gen=tuple(int(x) for x in args.gen.split(",") if x),
+                           pg=tuple(tuple(int(v) for v in x.split(",")) for x in args.pg))
         if df.empty:
             raise PeerError(f"no llama-bench result: {run.meta['summary'].get('bench_errors')}")
         print(df.drop(columns=["samples_ts"]).to_string(index=False))
@@ -1407,6 +1420,10 @@ def register_cli(sub) -> None:
     c.add_argument("--work", default="/tmp/labkernels-peers", help="where the synthetic 7B GGUF is written")
     c.add_argument("--prompts", default="512,3325", help="prompt lengths (llama-bench -p)")
     c.add_argument("--extra", default="", help="more llama-bench arguments (quoted), e.g. '-t 2'")
+    c.add_argument("--gen", default="", help="also token generation after an empty prompt: comma list of n "
+                   "(llama-bench -n; e.g. 128 for tg128); default none (-n 0)")
+    c.add_argument("--pg", action="append", default=[], metavar="P,G",
+                   help="a prompt of P tokens then G generated, timed together (llama-bench -pg P,G; repeatable)")
     c.add_argument("--allow-cpu", action="store_true", help="accept a run without a GPU (smoke test only)")
     c.set_defaults(func=bench_main)
     g = ps.add_parser("gpu-run", help="(GPU) one call: unpack the tarball, run.sh env, mmq + bench, one recorded run")

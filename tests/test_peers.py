@@ -611,3 +611,26 @@ def test_latest_prefill_vs_llama_reads_the_latest_run_of_that_model(tmp_path):
     assert len(peers.latest_prefill_vs_llama("gemma-3-270m-q4_k_m", flash_attn=None, root=tmp_path).table) == 2
     none = peers.latest_prefill_vs_llama("synthetic-7b", root=tmp_path)
     assert not none.ok and "no recorded prefill throughput of synthetic-7b" in none.message
+
+
+def test_bench_args_for_decode_add_generation_and_prompt_then_generation():
+    from labkernels import peers
+
+    assert peers.bench_args((512,), (1,), 3) == ["-p", "512", "-n", "0", "-fa", "1", "-ngl", "99", "-r", "3"]
+    a = peers.bench_args((512,), (1,), 3, gen=(128,), pg=((512, 128),))
+    assert a == ["-p", "512", "-n", "128", "-fa", "1", "-ngl", "99", "-r", "3", "-pg", "512,128"]
+    with pytest.raises(peers.PeerError, match="positive integers"):
+        peers.bench_args((512,), (1,), 3, gen=(0,))
+
+
+def test_bench_json_rows_name_generation_tests():
+    import json
+
+    from labkernels import peers
+
+    item = {"model_filename": "/m/x.gguf", "model_type": "llama 7B Q4_K - Medium", "model_size": 4080000000,
+            "n_prompt": 0, "n_gen": 128, "flash_attn": 1, "n_gpu_layers": 99, "n_batch": 2048, "n_ubatch": 512,
+            "backends": "CUDA", "gpu_info": "NVIDIA H100 80GB HBM3", "build_commit": "0c1e570", "avg_ts": 289.0,
+            "stddev_ts": 1.5, "samples_ts": [288.0, 289.0, 290.0]}
+    df = peers.parse_bench_json(json.dumps([item, {**item, "n_prompt": 512, "n_gen": 128, "avg_ts": 1500.0}]))
+    assert list(zip(df.n_prompt, df.n_gen)) == [(0, 128), (512, 128)] and df.tok_s.iloc[0] == 289.0
