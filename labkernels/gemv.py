@@ -159,7 +159,9 @@ def lane_dequant(data: np.ndarray, qtype: str, od: int, id_: int) -> np.ndarray:
         sc = np.empty((od, nsb, 8), np.int64)
         mn = np.empty_like(sc)
         for c in range(4):                           # KqRow<4>::load: bytes jj, jj+1 to 16-bit lanes (one PRMT)
-            jj = (2 * c) & 3
+            sel = 0x4342 if c & 1 else 0x4140        # the kernel's PRMT selector, read back as jj (a wrong one fails)
+            jj = sel & 0xF
+            assert jj == (2 * c) & 3 and (sel >> 8) & 0xF == jj + 1
             by, bz, bw = (((hdr[..., i] >> (8 * jj)) & 0xFF) | (((hdr[..., i] >> (8 * jj + 8)) & 0xFF) << 16)
                           for i in (1, 2, 3))
             if c < 2:

@@ -94,7 +94,7 @@ struct KqRow<4> {
         // scales and mins of sub-blocks j = 2c, 2c+1 (get_scale_min_k4) as 16-bit lanes: bytes jj = j & 3 and jj+1 of
         // q[0..3] (h.y), q[4..7] (h.z), q[8..11] (h.w) moved to bits 0-7 / 16-23 by one PRMT each; both formulas
         // computed and selected per lane (no divergent branch between the quad's lanes)
-        const u32 sel = c < 2 ? 0x4140u : 0x4342u;
+        const u32 sel = (c & 1) ? 0x4342u : 0x4140u;      // jj = 2c & 3: 0 for lanes 0, 2; 2 for lanes 1, 3
         const u32 by = __byte_perm(h.y, 0u, sel), bz = __byte_perm(h.z, 0u, sel), bw = __byte_perm(h.w, 0u, sel);
         const u32 sc = c < 2 ? (by & 0x003F003Fu) : ((bw & 0x000F000Fu) | ((by >> 2) & 0x00300030u));
         const u32 mn = c < 2 ? (bz & 0x003F003Fu) : (((bw >> 4) & 0x000F000Fu) | ((bz >> 2) & 0x00300030u));
