@@ -258,10 +258,12 @@ def prepare(w) -> GemvWeight:
 
 class _Workspace:
     """Per stream: the split partials (float32, grown on demand) and the per-CTA arrival counters (int32, zero at
-    rest: the last CTA of each row group resets its own). Growing during a graph capture is refused."""
+    rest: the last CTA of each row group resets its own). Growing during a graph capture is refused; a buffer that
+    is outgrown is kept alive (``retired``), since a graph captured earlier may still point at it."""
 
     def __init__(self):
         self.bufs = {}
+        self.retired = []
 
     def get(self, stream_ptr: int, floats: int, ctas: int):
         from . import gpu
@@ -272,8 +274,10 @@ class _Workspace:
             if c.cuda.runtime.streamIsCapturing(stream_ptr) if hasattr(c.cuda.runtime, "streamIsCapturing") else False:
                 raise GemvError("gemv_kq's split workspace must grow while a graph is being captured: run the "
                                 "launch once before capturing")
-            ws = c.empty(max(floats, 1 << 16, 0 if ws is None else ws.size), c.float32)
-            cnt = c.zeros(max(ctas, 1024, 0 if cnt is None else cnt.size), c.int32)
+            if ws is not None:
+                self.retired.append((ws, cnt))
+            ws = c.empty(max(floats, 1 << 16, 0 if ws is None else 2 * ws.size), c.float32)
+            cnt = c.zeros(max(ctas, 1024, 0 if cnt is None else 2 * cnt.size), c.int32)
             self.bufs[stream_ptr] = (ws, cnt)
         return ws, cnt
 

@@ -121,3 +121,24 @@ def test_recorded_choice_keeps_round_7_without_a_fair_comparison():
     assert gemv.recorded_choice("q4_K", 1, 4096, 4096, "f32", table=t) is None     # nor of the activation type
     assert gemv.recorded_choice("q4_K", 17, 4096, 4096, "f16", table=t) is None    # past the family's nt
     assert gemv.recorded_choice("q4_K", 1, 4096, 4096, "f16", table=_table([]).iloc[:0]) is None
+
+
+def test_an_outgrown_workspace_stays_alive_for_graphs_captured_before(monkeypatch):
+    """A graph captured with the old split workspace still points at it: growing keeps it (retired), never frees it."""
+    import types
+
+    from labkernels import gpu
+
+    class Arr:
+        def __init__(self, n):
+            self.size = n
+
+    fake = types.SimpleNamespace(empty=lambda n, dt: Arr(n), zeros=lambda n, dt: Arr(n), float32="f", int32="i",
+                                 cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(
+                                     streamIsCapturing=lambda s: False)))
+    monkeypatch.setattr(gpu, "cp", lambda: fake)
+    ws = gemv._Workspace()
+    a, _ = ws.get(7, 100, 10)
+    b, _ = ws.get(7, 1 << 20, 10)
+    assert b is not a and b.size >= 1 << 20 and ws.retired and ws.retired[0][0] is a
+    assert ws.get(7, 5, 5)[0] is b                 # no growth: the same buffer
