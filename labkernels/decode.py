@@ -333,7 +333,7 @@ class StepGraph:
     pdl_launches: int = 0
     memsets_replaced: int = 0
     memsets_left: int = 0
-    replays: int = 0
+    replays: int = 0          # the checked first one included
 
 
 class Decoder:
@@ -350,13 +350,14 @@ class Decoder:
         self.gm, self.n_ctx = gm, int(n_ctx)
         self.cache = KVCache(c, n_ctx)
         self.st = cp.zeros(4, cp.int32)
-        self.hist = cp.zeros(self.n_ctx, cp.int32)
+        self.hist = cp.zeros(self.n_ctx + 1, cp.int32)   # hist[p + 1]: the token the step at p picked (p < n_ctx)
         sm = gpu.device_props()["sm_count"] if gpu._has_gpu() else 132
         self.plan = attn_plan(c.n_head, c.n_head_kv, self.n_ctx, sm, split, chunk, gmax)
         self.aws, self.acnt = attn_workspace(self.plan, c.n_head_kv, c.head_dim)
         self.amws = argmax_workspace(c.vocab)
         self.stream = _stream()
         self.graph: StepGraph | None = None
+        self._pool = None
         self.graph_refused: str | None = None
         self.stats: dict = {}
         self.opts_key = gm.opts.key()
@@ -365,6 +366,7 @@ class Decoder:
         self.kinds = [LayerKind(c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v,
                                 int(c.sliding_window) if c.is_sliding(il) else 0, 1.0) for il in range(c.n_layer)]
         self.families: list[str] = []
+        cp.cuda.runtime.deviceSynchronize()    # the zeroed buffers are ready before the decoder's own stream uses them
 
     # ---------------------------------------------------------------- host <-> device state
     def _on(self):
@@ -409,6 +411,7 @@ class Decoder:
             finally:
                 gm.kv_sink = None
             argmax_step(logits, self.st, self.hist, self.amws)
+        _sync(self.stream)
         return logits
 
     # ---------------------------------------------------------------- one step
@@ -529,7 +532,9 @@ class Decoder:
             with self._on():
                 self.st[ST_TOK:ST_TOK + 1] = cp.asarray(np.array([token], np.int32))
         with self._on():
-            return self._step_device()[0]
+            out = self._step_device()[0]
+        _sync(self.stream)                      # computed when returned (the stream is not the caller's)
+        return out
 
     # ---------------------------------------------------------------- the captured step
     def _prepare(self) -> None:
@@ -548,6 +553,15 @@ class Decoder:
                 w.dense16()
         if gm.head is None and gm.opts.other_f16:
             gm.embd16()
+        # gemv_kq's split workspace of this stream, sized for every weight of the step (S <= the super-blocks of a
+        # row, one counter per row group) from the default pool: never grown inside the private pool or the capture
+        kq = [w.q for w in ws if w.q is not None]
+        if kq and self.stream is not None:
+            floats = max(w.od * (w.id // gemv.QK) for w in kq)
+            ctas = max(-(-w.od // gemv.rows_per_cta(2, 4)) for w in kq)
+            with self._on():
+                gemv._WS.get(self.stream.ptr, floats, ctas)
+        gpu.cp().cuda.runtime.deviceSynchronize()   # made on the default stream: ready before the decoder's stream reads
 
     def _capture(self):
         """Eager warm-up step (in a private pool), capture of the step, first replay at the warm-up's position
@@ -562,7 +576,7 @@ class Decoder:
         t0 = time.perf_counter()
         self._prepare()
         s0 = self.state()
-        pool = cp.cuda.MemoryPool()
+        pool = self._pool = cp.cuda.MemoryPool()          # kept with the decoder: what the graph replays lives here
         stream = self.stream
         with cp.cuda.using_allocator(pool.malloc), stream:
             ref = self._step_device().copy()                 # eager: the real step at s0's position
@@ -615,7 +629,7 @@ class Decoder:
             self.step()
             raise GraphCaptureError(f"the decode step's first replay differs from the eager step: {bad}")
         self.graph = StepGraph(g, pool, out, keep, time.perf_counter() - t0, rel, diff == 0.0, pdl_launches=pdl_n,
-                               memsets_replaced=rew["replaced"], memsets_left=rew["left"])
+                               memsets_replaced=rew["replaced"], memsets_left=rew["left"], replays=1)
         return ref[0]
 
     def replay(self, steps: int = 1) -> None:
@@ -706,8 +720,10 @@ class Decoder:
         """Give the graph, its pool and the cache back."""
         if self.graph is not None:
             self.graph.graph.close()
-            self.graph.pool.free_all_blocks()
             self.graph = None
+        if self._pool is not None:
+            self._pool.free_all_blocks()
+            self._pool = None
         self.cache = None
 
 
@@ -750,3 +766,84 @@ def generate(gm, prompt_ids, n_new, sampler: str = "greedy", n_ctx=None, graph="
     out = dec.generate(toks, int(n_new), graph=graph)
     gm.last_generate = dec.stats
     return out
+
+
+# ------------------------------------------------------------------------------------------------ the command line
+
+def generate_main(args) -> int:
+    """``labkernels generate``: the request checked (before any GPU work), then one generate; tokens/s of the decode
+    replays (CUDA events around them), the host's share beside it, the prefill's time and the tokens."""
+    import json
+
+    from .arch import config_from_model
+    from .prefill_cli import load_model, options_from_args, prompt_tokens
+    from .provenance import gpu_available
+
+    if args.prompt_ids is not None and len(args.prompt_ids) == 0:
+        raise DecodeError("--prompt-ids was given without any ids")
+    if args.prompt_tokens == 0 and not args.prompt_ids:
+        raise DecodeError("an empty prompt: give --prompt-tokens N (N >= 1) or --prompt-ids ID [ID ...]")
+    m = load_model(args.model)
+    cfg = config_from_model(m)
+    if args.prompt_ids and min(args.prompt_ids) < 0:
+        raise DecodeError(f"token id {min(args.prompt_ids)} is outside the vocabulary 0..{cfg.vocab - 1}")
+    toks = prompt_tokens(m, args.prompt_tokens, args.prompt_ids)
+    check_request(cfg, toks, args.new_tokens, "greedy", args.n_ctx)
+    bad = decode_problems(cfg)
+    if bad:
+        raise DecodeError(f"the decode path cannot take {cfg.arch} ({'; '.join(bad)})")
+    if not gpu_available():
+        raise SystemExit("labkernels generate needs a CUDA GPU with cupy; this machine has none")
+    from .prefill import GpuModel
+
+    gm = GpuModel(m, opts=options_from_args(args))
+    out = gm.generate(toks, args.new_tokens, n_ctx=args.n_ctx)
+    st = dict(gm.last_generate)
+    res = {"model": args.model, "arch": cfg.arch, "n_prompt": len(toks), "n_new": args.new_tokens,
+           "tokens": out, "prefill_gemm_families": gm.families_used(), **gm.attn.describe(), **st}
+    try:
+        from .prefill_ref import detokenize
+
+        res["text"] = detokenize(m, out)
+    except Exception:
+        pass
+    if args.json:
+        print(json.dumps(res, indent=1, default=str))
+        return 0
+    dec = (f"{st['replays']} graph replays: {st['tok_per_s']:.0f} tok/s on the GPU (CUDA events, {st['gpu_ms']:.2f} "
+           f"ms), {st['tok_per_s_wall']:.0f} tok/s by the host clock (host outside the GPU span "
+           f"{st['host_outside_ms']:.2f} ms)" if st.get("replays") else
+           f"eager steps ({st.get('graph_refused') or 'asked'})" + (f": {st['tok_per_s_eager']:.0f} tok/s"
+                                                                     if st.get("tok_per_s_eager") else ""))
+    print(f"{cfg.describe()}\nprefill {len(toks)} tokens (eager, filling the KV cache): {st['prefill_ms']:.1f} ms; "
+          f"decode {args.new_tokens} tokens: {dec}\ntokens: {out}" + (f"\ntext: {res['text']!r}" if "text" in res else ""))
+    return 0
+
+
+def register_args(p) -> None:
+    """The ``generate`` subcommand's arguments (labkernels.prefill_cli registers it beside ``prefill``)."""
+    import argparse
+
+    from .prefill_cli import _attention_paths, _count, _kernels
+
+    p.add_argument("--model", required=True, help="GGUF path or a synthetic model name (synthetic-7b, "
+                   "synthetic-gemma3)")
+    p.add_argument("--prompt-tokens", type=_count(0), default=0,
+                   help="prompt length N >= 1 (0, the default: exactly the --prompt-ids)")
+    p.add_argument("--prompt-ids", type=int, nargs="*", default=None)
+    p.add_argument("--new-tokens", type=_count(1), default=128, help="tokens to generate (>= 1)")
+    p.add_argument("--n-ctx", type=_count(1), default=None,
+                   help="the KV cache's positions (default: prompt + new tokens rounded up to 256)")
+    p.add_argument("--attn-f16", action="store_true", help="the prefill's fp16 QK^T/PV attention")
+    p.add_argument("--kernel", default="auto", choices=_kernels(), help="the prefill's k-quant GEMM kernel (the decode "
+                   "steps run gemv_kq)")
+    p.add_argument("--attention", default="auto", choices=_attention_paths(), help="the prefill's attention path")
+    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="the decode step as one captured CUDA graph replayed per token: --graph requires it (a capture "
+                        "failure is an error), --no-graph runs eager steps; default: a graph where it captures, else "
+                        "eager steps (said why). The prefill that fills the cache runs eager")
+    p.add_argument("--f32-dense", action="store_true",
+                   help="the dequantized-once (non-k-quant) weights on fp32 cuBLAS (default: their fp16 copy)")
+    p.add_argument("--no-fuse", action="store_true", help="the prefill's unfused small kernels")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=generate_main)
