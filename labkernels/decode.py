@@ -48,7 +48,6 @@ import contextlib
 import dataclasses
 import math
 import time
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -659,7 +658,7 @@ class Decoder:
         _sync(self.stream)
         st["prefill_ms"] = (time.perf_counter() - t0) * 1e3
         steps = n_new - 1
-        mode = "eager" if want is False or steps == 0 else "graph"
+        mode = "eager" if want is False or steps == 0 or (want is None and self.graph_refused) else "graph"
         eager_steps = 0
         if mode == "graph" and self.graph is None:
             t1 = time.perf_counter()
@@ -680,6 +679,7 @@ class Decoder:
                 eager_steps = self.state()["pos"] - n
         remaining = steps - eager_steps
         if mode == "graph":
+            st["replays"] = 0
             st["capture"] = {k: getattr(self.graph, k) for k in ("capture_s", "max_rel_diff", "bitwise",
                                                                  "pdl_launches", "memsets_replaced", "memsets_left")}
             if remaining > 0:
@@ -733,20 +733,17 @@ def _count(xs) -> str:
     return ", ".join(f"{k} x {v}" for k, v in sorted(Counter(xs).items())) or "none"
 
 
-_DECODERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
 def decoder(gm, n_ctx: int) -> Decoder:
-    """The model's decoder for a cache of ``n_ctx`` positions: kept with the model (its cache and captured step are
-    reused by the next generate of the same n_ctx and options), replaced otherwise."""
-    d = _DECODERS.get(gm)
+    """The model's decoder for a cache of ``n_ctx`` positions: kept with the model (``gm._decoder``: its cache and
+    captured step are reused by the next generate of the same n_ctx and options), replaced otherwise."""
+    d = getattr(gm, "_decoder", None)
     if d is not None and d.n_ctx == n_ctx and d.opts_key == gm.opts.key() and d.cache is not None:
         return d
     if d is not None:
         d.free()
-        del _DECODERS[gm]
+        gm._decoder = None
     d = Decoder(gm, n_ctx)
-    _DECODERS[gm] = d
+    gm._decoder = d
     return d
 
 
@@ -759,7 +756,7 @@ def generate(gm, prompt_ids, n_new, sampler: str = "greedy", n_ctx=None, graph="
     if bad:
         raise DecodeError(f"the decode path cannot take {gm.cfg.arch} ({'; '.join(bad)})")
     if n_ctx is None:
-        d = _DECODERS.get(gm)
+        d = getattr(gm, "_decoder", None)
         n_ctx = d.n_ctx if d is not None and d.n_ctx >= need and d.opts_key == gm.opts.key() else \
             default_n_ctx(gm.cfg, need)
     dec = decoder(gm, int(n_ctx))
@@ -810,11 +807,14 @@ def generate_main(args) -> int:
     if args.json:
         print(json.dumps(res, indent=1, default=str))
         return 0
-    dec = (f"{st['replays']} graph replays: {st['tok_per_s']:.0f} tok/s on the GPU (CUDA events, {st['gpu_ms']:.2f} "
-           f"ms), {st['tok_per_s_wall']:.0f} tok/s by the host clock (host outside the GPU span "
-           f"{st['host_outside_ms']:.2f} ms)" if st.get("replays") else
-           f"eager steps ({st.get('graph_refused') or 'asked'})" + (f": {st['tok_per_s_eager']:.0f} tok/s"
-                                                                     if st.get("tok_per_s_eager") else ""))
+    if st["mode"] == "graph":
+        first = "the first step eager and captured, then " if "first_step_capture_ms" in st else ""
+        dec = (f"{first}{st['replays']} graph replays" + (
+            f": {st['tok_per_s']:.0f} tok/s on the GPU (CUDA events, {st['gpu_ms']:.2f} ms), {st['tok_per_s_wall']:.0f} "
+            f"tok/s by the host clock (host outside the GPU span {st['host_outside_ms']:.2f} ms)" if st["replays"] else ""))
+    else:
+        dec = f"eager steps ({st.get('graph_refused') or 'asked'})" + (
+            f": {st['tok_per_s_eager']:.0f} tok/s" if st.get("tok_per_s_eager") else "")
     print(f"{cfg.describe()}\nprefill {len(toks)} tokens (eager, filling the KV cache): {st['prefill_ms']:.1f} ms; "
           f"decode {args.new_tokens} tokens: {dec}\ntokens: {out}" + (f"\ntext: {res['text']!r}" if "text" in res else ""))
     return 0

@@ -115,8 +115,8 @@ def test_generate_equals_the_reprefill_greedy(monkeypatch, arch):
     assert st["tokens"] == out and st["n_prompt"] == 4 and st["n_ctx"] == 256
     assert "gemv_kq x" in st["families"]
     # a second request reuses the decoder (its cache and state are overwritten by the new prefill)
-    dec = decode._DECODERS[gm]
-    assert gm.generate(SEQ[:6], 5) == gm.greedy(SEQ[:6], 5) and decode._DECODERS[gm] is dec
+    dec = gm._decoder
+    assert gm.generate(SEQ[:6], 5) == gm.greedy(SEQ[:6], 5) and gm._decoder is dec
     assert gm.generate(prompt, 1) == out[:1]                                      # one token: the prefill's argmax
 
 
@@ -378,7 +378,7 @@ def test_the_graph_path_replays_the_captured_step(monkeypatch):
     st = gm2.last_generate
     assert got == want and st["mode"] == "graph" and st["replays"] == 7 and st["capture"]["bitwise"]
     assert st["tok_per_s"] == pytest.approx(7 / 2e-3)
-    dec = decode._DECODERS[gm2]
+    dec = gm2._decoder
     assert dec.graph.replays == 8                                                 # 7 tokens + the checked one
     assert gm2.generate(SEQ[:4], 9, graph=True) == want                          # all replays now
     assert gm2.last_generate["replays"] == 8
@@ -396,6 +396,8 @@ def test_a_replay_that_differs_from_the_eager_step_is_refused(monkeypatch):
     got = gm3.generate(SEQ[:4], 6)                                               # auto: eager steps, said why
     assert got == want and gm3.last_generate["mode"] == "eager"
     assert "first replay differs" in gm3.last_generate["graph_refused"]
+    assert gm3.generate(SEQ[:4], 6) == want and gm3._decoder.graph is None       # refused once: not captured again
+    assert gm3.last_generate["mode"] == "eager" and "eager_steps_ms" in gm3.last_generate
 
 
 # ------------------------------------------------------------------------------------------------ the command line

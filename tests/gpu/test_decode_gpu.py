@@ -286,7 +286,6 @@ def test_decode_logits_equal_the_prefill_on_the_device(cp, arch):
 def test_graph_replay_equals_eager(cp):
     """The captured step replayed: the same tokens as eager steps, and at one position the same logits (the same
     kernels and pointers; a library's choice under capture at most GRAPH_RTOL away) and the same device state."""
-    from labkernels import decode
     from labkernels.prefill import GRAPH_RTOL
 
     m = _tiny("gemma3", seed=9)
@@ -295,7 +294,7 @@ def test_graph_replay_equals_eager(cp):
     got = gm.generate(SEQ[:5], 14, graph=True)
     st = gm.last_generate
     assert got == eager and st["mode"] == "graph" and st["replays"] == 12 and st["tok_per_s"] > 0
-    dec = decode._DECODERS[gm]
+    dec = gm._decoder
     assert dec.graph.pdl_launches > 0 and dec.graph.max_rel_diff <= GRAPH_RTOL
     for p in (5, 11, 17):
         dec.set_state(SEQ[p % len(SEQ)], p)
