@@ -20,8 +20,9 @@ no launch of the step takes a per-token host argument and one captured graph ser
   ``decode_attn``: the query of every head over keys ``lo..p`` of the cache (``lo = max(0, p - window + 1)`` on
   Gemma 3's sliding layers, 0 on global ones) -- flash-decoding: the keys are cut into chunks of ``CH``; CTA (kv head,
   split, head group) writes each of its chunks' softmax state (max, sum, unnormalized O) to a workspace and the CTA
-  that arrives last folds the chunks in chunk order (:class:`AttnPlan`). The state of a chunk does not depend on the
-  CTA that computed it and the fold order is fixed, so the output is the same bits for any split count;
+  that arrives last folds them (the largest max first, then the rescaled sums in chunk order; :class:`AttnPlan`). The
+  state of a chunk does not depend on the CTA that computed it and the fold order is fixed, so the output is the same
+  bits for any split count;
 * the output norm and head, then ``argmax_step``: the argmax of the logits (ties: the lowest index) written into
   ``st[ST_TOK]``, the position advanced, the token recorded in the history ``hist[p + 1]``.
 
@@ -211,8 +212,12 @@ class AttnPlan:
     NS: int
     maxch: int
 
+    def slot_floats(self, head_dim: int) -> int:
+        """One chunk state: O [GMAX][D], m [GMAX], l [GMAX], padded to 16 bytes (kernels/decode.cu SLOT)."""
+        return self.GMAX * head_dim + 2 * max(self.GMAX, 2)
+
     def ws_floats(self, n_head_kv: int, head_dim: int) -> int:
-        return n_head_kv * self.NZ * self.maxch * (self.GMAX * head_dim + 2 * self.GMAX)
+        return n_head_kv * self.NZ * self.maxch * self.slot_floats(head_dim)
 
 
 def attn_plan(n_head: int, n_head_kv: int, max_keys: int, sm_count: int = 132, split: int | None = None,
@@ -267,14 +272,23 @@ def decode_attention(q16, kc, vc, st, kind, n_ctx: int, plan: AttnPlan, ws, cnt,
         raise gpu.ShapeError(f"decode_attn: workspace of {ws.size} floats / {cnt.size} counters, the plan needs "
                              f"{plan.ws_floats(Hk, D)} / {Hk * plan.NZ}")
     o = out if out is not None else cp.empty((1, H * D), cp.float16 if out16 else cp.float32)
-    if tuple(o.shape) != (1, H * D) or str(o.dtype) != ("float16" if out16 else "float32"):
-        raise gpu.ShapeError(f"decode_attn: out must be {'float16' if out16 else 'float32'} (1, {H * D})")
+    if tuple(o.shape) != (1, H * D) or str(o.dtype) != ("float16" if out16 else "float32") or not o.flags.c_contiguous:
+        raise gpu.ShapeError(f"decode_attn: out must be C-contiguous {'float16' if out16 else 'float32'} (1, {H * D})")
+    for a, what in ((q16, "q16"), (kc, "kc"), (vc, "vc"), (o, "out"), (ws, "the workspace")):
+        if _address(a) % 16:
+            raise gpu.ShapeError(f"decode_attn: {what} must be 16-byte aligned (its 16-byte loads / stores)")
     gpu.kernel("decode_attn", D=D, GMAX=plan.GMAX).launch(
         (Hk, plan.NS, plan.NZ),
         (q16, kc, vc, o, st, np.int32(n_ctx), np.int32(H), np.int32(Hk), np.int32(kind.window or 0),
          np.float32(kind.scale * math.log2(math.e)), np.int32(plan.CH), np.int32(plan.maxch), ws, cnt,
          np.int32(int(out16))))
     return o
+
+
+def _address(a) -> int:
+    """A device array's address (CuPy), or a host array's (the CPU tests' numpy stand-in)."""
+    d = getattr(a, "data", None)
+    return int(d.ptr) if hasattr(d, "ptr") else int(a.ctypes.data)
 
 
 # ------------------------------------------------------------------------------------------------ argmax

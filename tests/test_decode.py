@@ -282,6 +282,7 @@ def test_attention_plan():
     p = decode.attn_plan(24, 2, 100, chunk=256, split=1)   # a group of 12: two CTAs of 8 heads per kv head
     assert (p.GMAX, p.NZ, p.CH, p.maxch, p.NS) == (8, 2, 256, 1, 1)
     assert p.ws_floats(2, 128) == 2 * 2 * 1 * (8 * 128 + 16)
+    assert decode.attn_plan(4, 4, 10).slot_floats(64) == 64 + 4                   # padded to 16 bytes
     assert decode.attn_plan(6, 2, 10, gmax=2).NZ == 2
     for kw, match in (({"chunk": 300}, "1..256"), ({"gmax": 3}, "query heads a CTA"), ({"split": 0}, "split")):
         with pytest.raises(gpu.ShapeError, match=match):
@@ -309,6 +310,8 @@ def test_decode_attention_checks_its_arguments(monkeypatch):
         decode.decode_attention(q, kc, kc, st, LayerKind(4, 1, 96, 96, 0, 1.0), 16, plan, ws, cnt)
     o = decode.decode_attention(q, kc, kc, st, kind, 16, plan, ws, cnt, out16=False)
     assert o.shape == (1, 256) and o.dtype == np.float32
+    with pytest.raises(gpu.ShapeError, match="16-byte aligned"):
+        decode.decode_attention(q, kc, kc, st, kind, 16, plan, ws, cnt, out=np.zeros(257, np.float16)[1:].reshape(1, 256))
 
 
 # ------------------------------------------------------------------------------------------------ the graph path

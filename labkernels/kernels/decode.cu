@@ -97,12 +97,13 @@ __global__ void __launch_bounds__(256) decode_qkv_kernel(const float* __restrict
 // splits of the chunks: split y takes chunks [y*nch/NS, (y+1)*nch/NS). Per chunk the CTA computes, for each of its
 // heads g, the scores s_j (fp32; lanes of a warp take 16-byte pieces of a key row, shuffle-summed in a fixed tree),
 // the chunk max m = max_j s_j, p_j = 2^(s_j - m), l = sum_j p_j (lane-strided then a fixed shuffle tree) and the
-// unnormalized O[d] = sum_j p_j v_j[d] (thread r of RG row groups takes keys r, r+RG, ..., the groups added in order),
-// and writes (O, m, l) to its slot of `ws` (maxch slots per (kv head, head group): maxch >= nch, the launcher's
-// bound). The state of chunk c does not depend on which CTA computed it. The CTA that arrives last on the counter of
-// its (kv head, head group) -- cnt[x * NZ + z], zero at rest -- re-arms it and folds the states of chunks 0, 1, ..,
-// nch-1 in that order: M' = max(M, m_c), a = 2^(M - M'), b = 2^(m_c - M'), L = L a + l_c b, O = O a + O_c b;
-// then o = O / L. So the output is the same bits for every NS (split vs unsplit) and for any arrival order.
+// unnormalized O[d] = sum_j p_j v_j[d] (row group r of RG takes keys r, r+RG, ..., a thread 8 dims of them; the
+// groups added in order), and writes (O, m, l) to its slot of `ws` (maxch slots of GMAX*D + 2*max(GMAX, 2) floats per
+// (kv head, head group): maxch >= nch, the launcher's bound). The state of chunk c does not depend on which CTA
+// computed it. The CTA that arrives last on the counter of its (kv head, head group) -- cnt[x * NZ + z], zero at
+// rest -- re-arms it and folds the states of chunks 0..nch-1: M = max_c m_c, then in chunk order L = sum_c l_c
+// 2^(m_c - M), O = sum_c O_c 2^(m_c - M); o = O / L. So the output is the same bits for every NS (split vs unsplit)
+// and for any arrival order. q16, kc, vc, o and ws must be 16-byte aligned (the launcher checks).
 // A position outside 0..n_ctx-1 writes nothing (decode_qkv_kernel flags it).
 template <int D, int GMAX>
 __global__ void __launch_bounds__(DA_THREADS, 1) decode_attn_kernel(const u16* __restrict__ q16,
@@ -118,12 +119,13 @@ __global__ void __launch_bounds__(DA_THREADS, 1) decode_attn_kernel(const u16* _
     constexpr int LPK = D / 8;                 // lanes per key row: 16 bytes (8 dims) each
     constexpr int KPW = 32 / LPK;              // keys a warp takes per step
     constexpr int NW = DA_THREADS / 32;
-    constexpr int TPR = D / 2;                 // PV: threads per V row, two dims each
-    constexpr int RG = DA_THREADS / TPR;       // PV: row groups
-    constexpr int SLOT = GMAX * D + 2 * GMAX;  // floats of one chunk state: O [GMAX][D], m [GMAX], l [GMAX]
+    constexpr int TPR = D / 8;                 // PV: threads per V row, 8 dims (16 bytes) each
+    constexpr int RG = DA_THREADS / TPR;       // PV: row groups (16, 8, 4)
+    // floats of one chunk state: O [GMAX][D], m [GMAX], l [GMAX], padded to 16 bytes (labkernels.decode.AttnPlan)
+    constexpr int SLOT = GMAX * D + 2 * (GMAX > 2 ? GMAX : 2);
     __shared__ float sc[GMAX][DA_CHMAX];
     __shared__ float ml[2][GMAX];
-    __shared__ float red[RG > 1 ? (RG - 1) * GMAX * D : 1];
+    __shared__ float red[(RG - 1) * GMAX * D];
     __shared__ int last;
 
     const int pos = st[LK_ST_POS];
@@ -214,45 +216,54 @@ __global__ void __launch_bounds__(DA_THREADS, 1) decode_attn_kernel(const u16* _
             }
         }
         __syncthreads();
-        // ---- O = sum_j p_j v_j: row group r takes keys r, r + RG, ..; thread dp dims 2dp, 2dp+1
-        float acc[GMAX][2];
+        // ---- O = sum_j p_j v_j: row group r takes keys r, r + RG, ..; thread dp dims 8dp .. 8dp+7 (one 16-byte load)
+        float acc[GMAX][8];
 #pragma unroll
-        for (int g = 0; g < GMAX; ++g) acc[g][0] = acc[g][1] = 0.f;
-#pragma unroll 4
+        for (int g = 0; g < GMAX; ++g)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
+#pragma unroll 2
         for (int j = r; j < len; j += RG) {
-            const u32 vv = __ldg((const u32*)(vc + (size_t)(kb + j) * kstride + (size_t)kh * D + 2 * dp));
-            const float v0 = lk_h2f((u16)(vv & 0xFFFF)), v1 = lk_h2f((u16)(vv >> 16));
+            const uint4 t = __ldg((const uint4*)(vc + (size_t)(kb + j) * kstride + (size_t)kh * D + 8 * dp));
+            const u32 w4[4] = {t.x, t.y, t.z, t.w};
+            float vf[8];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                vf[2 * e] = lk_h2f((u16)(w4[e] & 0xFFFF));
+                vf[2 * e + 1] = lk_h2f((u16)(w4[e] >> 16));
+            }
 #pragma unroll
             for (int g = 0; g < GMAX; ++g) {
                 const float p = g < ng ? sc[g][j] : 0.f;
-                acc[g][0] = fmaf(p, v0, acc[g][0]);
-                acc[g][1] = fmaf(p, v1, acc[g][1]);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(p, vf[e], acc[g][e]);
             }
         }
-        if (RG > 1) {                                            // the row groups added in order 0, 1, ..
-            if (r > 0) {
+        // the row groups added in order 0, 1, .. (through shared memory)
+        if (r > 0) {
 #pragma unroll
-                for (int g = 0; g < GMAX; ++g) {
-                    red[((r - 1) * GMAX + g) * D + 2 * dp] = acc[g][0];
-                    red[((r - 1) * GMAX + g) * D + 2 * dp + 1] = acc[g][1];
-                }
-            }
-            __syncthreads();
-            if (r == 0) {
-                for (int rr = 1; rr < RG; ++rr) {
+            for (int g = 0; g < GMAX; ++g)
 #pragma unroll
-                    for (int g = 0; g < GMAX; ++g) {
-                        acc[g][0] += red[((rr - 1) * GMAX + g) * D + 2 * dp];
-                        acc[g][1] += red[((rr - 1) * GMAX + g) * D + 2 * dp + 1];
-                    }
-                }
+                for (int e = 0; e < 8; ++e) red[((r - 1) * GMAX + g) * D + 8 * dp + e] = acc[g][e];
+        }
+        __syncthreads();
+        if (r == 0) {
+            for (int rr = 1; rr < RG; ++rr) {
+#pragma unroll
+                for (int g = 0; g < GMAX; ++g)
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[g][e] += red[((rr - 1) * GMAX + g) * D + 8 * dp + e];
             }
         }
         float* S = ws + (slot0 + c) * SLOT;
         if (r == 0) {
 #pragma unroll
             for (int g = 0; g < GMAX; ++g)
-                if (g < ng) *reinterpret_cast<float2*>(S + g * D + 2 * dp) = make_float2(acc[g][0], acc[g][1]);
+                if (g < ng) {
+                    float4* d4 = reinterpret_cast<float4*>(S + g * D + 8 * dp);
+                    d4[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
+                    d4[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
+                }
         }
         if (tid < ng) {
             S[GMAX * D + tid] = ml[0][tid];
@@ -273,26 +284,44 @@ __global__ void __launch_bounds__(DA_THREADS, 1) decode_attn_kernel(const u16* _
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (int idx = tid; idx < ng * (D / 2); idx += DA_THREADS) {
-        const int g = idx / (D / 2), d2 = idx % (D / 2);
-        float M = DA_NEG_INF, L = 0.f, o0 = 0.f, o1 = 0.f;
+    // the fold, thread (head g, dims 8*d8 ..): M = max_c m_c, then in chunk order L = sum_c l_c 2^(m_c - M) and
+    // O = sum_c O_c 2^(m_c - M) (each chunk's loads independent of the running sums), o = O / L
+    for (int idx = tid; idx < ng * (D / 8); idx += DA_THREADS) {
+        const int g = idx / (D / 8), d8 = idx % (D / 8);
+        const float* S0 = ws + slot0 * SLOT;
+        float M = DA_NEG_INF;
+#pragma unroll 4
+        for (int c = 0; c < nch; ++c) M = fmaxf(M, __ldcg(S0 + (size_t)c * SLOT + GMAX * D + g));
+        float L = 0.f, a[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) a[e] = 0.f;
+#pragma unroll 2
         for (int c = 0; c < nch; ++c) {
-            const float* S = ws + (slot0 + c) * SLOT;
-            const float mc = __ldcg(S + GMAX * D + g), lc = __ldcg(S + GMAX * D + GMAX + g);
-            const float2 oc = __ldcg(reinterpret_cast<const float2*>(S + g * D + 2 * d2));
-            const float Mn = fmaxf(M, mc);
-            const float a = da_exp2(M - Mn), b = da_exp2(mc - Mn);
-            L = __fadd_rn(__fmul_rn(L, a), __fmul_rn(lc, b));
-            o0 = __fadd_rn(__fmul_rn(o0, a), __fmul_rn(oc.x, b));
-            o1 = __fadd_rn(__fmul_rn(o1, a), __fmul_rn(oc.y, b));
-            M = Mn;
+            const float* S = S0 + (size_t)c * SLOT;
+            const float w = da_exp2(__ldcg(S + GMAX * D + g) - M);
+            const float4 x = __ldcg(reinterpret_cast<const float4*>(S + g * D + 8 * d8));
+            const float4 y = __ldcg(reinterpret_cast<const float4*>(S + g * D + 8 * d8 + 4));
+            L = fmaf(__ldcg(S + GMAX * D + GMAX + g), w, L);
+            a[0] = fmaf(x.x, w, a[0]);
+            a[1] = fmaf(x.y, w, a[1]);
+            a[2] = fmaf(x.z, w, a[2]);
+            a[3] = fmaf(x.w, w, a[3]);
+            a[4] = fmaf(y.x, w, a[4]);
+            a[5] = fmaf(y.y, w, a[5]);
+            a[6] = fmaf(y.z, w, a[6]);
+            a[7] = fmaf(y.w, w, a[7]);
         }
         const float inv = 1.0f / L;
-        const size_t at = (size_t)(kh * G + g0 + g) * D + 2 * d2;
+        const size_t at = (size_t)(kh * G + g0 + g) * D + 8 * d8;
         if (out16) {
-            reinterpret_cast<u32*>(o)[at / 2] = (u32)lk_f2h(o0 * inv) | ((u32)lk_f2h(o1 * inv) << 16);
+            u32 h2[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) h2[e] = (u32)lk_f2h(a[2 * e] * inv) | ((u32)lk_f2h(a[2 * e + 1] * inv) << 16);
+            *reinterpret_cast<uint4*>((u16*)o + at) = make_uint4(h2[0], h2[1], h2[2], h2[3]);
         } else {
-            *reinterpret_cast<float2*>((float*)o + at) = make_float2(o0 * inv, o1 * inv);
+            float4* d4 = reinterpret_cast<float4*>((float*)o + at);
+            d4[0] = make_float4(a[0] * inv, a[1] * inv, a[2] * inv, a[3] * inv);
+            d4[1] = make_float4(a[4] * inv, a[5] * inv, a[6] * inv, a[7] * inv);
         }
     }
 }
