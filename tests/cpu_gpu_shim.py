@@ -267,14 +267,21 @@ _F32: dict = {}
 
 
 def _as_f32(w):
-    """A float32 view of a weight (fp16 ones converted once and kept: the tied output head is 168M values)."""
+    """A weight in float32: fp16 ones converted per call, except the big ones (Gemma's tied output head: 168M values,
+    a decode step's largest operand) converted once and kept while the array lives."""
     if w.dtype == np.float32:
         return w
-    key = (id(w), w.shape)
+    import weakref
+
+    key = id(w)
     hit = _F32.get(key)
-    if hit is None or hit[0] is not w:
-        hit = _F32[key] = (w, w.astype(np.float32))
-    return hit[1]
+    if hit is not None and hit[0]() is w:
+        return hit[1]
+    f = w.astype(np.float32)
+    if w.size >= 1 << 22:
+        _F32[key] = (weakref.ref(w), f)
+        weakref.finalize(w, _F32.pop, key, None)
+    return f
 
 
 def fake_gemm_dense(x, w, out=None):
