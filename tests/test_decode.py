@@ -91,6 +91,7 @@ def dataclass_replace(obj, **kw):
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_gemma_decode_logits_equal_the_prefill(model, monkeypatch):
     from labkernels.prefill_cli import GEMMA_PROMPT
 
