@@ -278,6 +278,8 @@ class GpuModel:
         self.stamp_replays = False           # replays also stamp host clocks and two events around the launch
         self._last_stamps = None             # perf_counter s: replay entry, after the lookup, after the ids, before
                                              # the launch call, after it, after the logits' copy
+        self.kv_sink = None                  # labkernels.decode: called (layer, k, v, n) after each layer's RoPE step of
+                                             # an eager forward (the KV cache's fill); None (default): nothing
 
     # ---------------------------------------------------------------- building blocks
     def _k(self, fam, **p):
@@ -608,6 +610,11 @@ class GpuModel:
             if want is True:
                 raise GraphCaptureError("a traced forward runs eager (graph=True asked for a replay)")
             want = False
+        if self.kv_sink is not None:     # a forward filling a KV cache runs eager (a replayed graph would skip it)
+            if want is True:
+                raise GraphCaptureError("a forward that fills a KV cache (kv_sink) runs eager (graph=True asked for "
+                                        "a replay)")
+            want = False
         if want is False:
             self.last_mode = "eager"
             return self._forward_eager(toks, tracer, all_logits)
@@ -663,6 +670,8 @@ class GpuModel:
             if c.attn_scale != 1.0 and not fold_scale and not qkv16:
                 with tr.op("q_scale", "elementwise", layer=il):
                     q *= np.float32(c.attn_scale)
+            if self.kv_sink is not None:      # k, v after RoPE: [n, n_head_kv*head_dim(_v)], f32 rows or fp16
+                self.kv_sink(il, k, v, n)
             a = self.attention(q, k, v, n, il, tr, out16=self._f16_in([L["attn_output"]], n))
             a = self._linear(tr, "attn_output", il, a, L["attn_output"], {})
             pend = (a, L["post_attention_norm"] if c.post_norms else None, "post_attention_norm")
@@ -909,6 +918,14 @@ class GpuModel:
                 e.graph.close()
             e.graph = e.out = e.tokens = None
             e.pool.free_all_blocks()
+
+    def generate(self, prompt_ids, n_new: int, sampler: str = "greedy", n_ctx: int | None = None,
+                 graph: bool | None = "opts") -> list[int]:
+        """``n_new`` tokens after ``prompt_ids`` with a KV cache: the prefill fills the cache, then one decode step
+        per token, captured once as a CUDA graph and replayed (:func:`labkernels.decode.generate`)."""
+        from . import decode
+
+        return decode.generate(self, prompt_ids, n_new, sampler=sampler, n_ctx=n_ctx, graph=graph)
 
     def greedy(self, prompt, n_new: int = 32) -> list[int]:
         """Greedy continuation by re-running the prefill on the growing sequence (no KV cache)."""

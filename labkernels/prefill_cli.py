@@ -207,6 +207,10 @@ def register_cli(sub) -> None:
     _add_mode_args(q)
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=decompose_main)
+    from .decode import register_args
+
+    register_args(sub.add_parser("generate", help="round 9: greedy generation with a KV cache (prefill, then one "
+                                 "captured decode step per token): decode tok/s, the prefill's time, the tokens"))
 
 
 # ------------------------------------------------------------------ the recorded device runs (gpu-check steps)

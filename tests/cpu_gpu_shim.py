@@ -174,7 +174,65 @@ class FakeKernel:
         o[...] = sdpa_ref(q, k, v, n, kind).astype(np.float16)
 
     def _embed(self, table, tok, out, d, scale):
-        out[...] = table[tok] * np.float32(scale)
+        out[...] = table[tok[: out.shape[0]]] * np.float32(scale)     # block r reads tok[r]
+
+    # -- the decode step's kernels (kernels/decode.cu); st = (token, position, error flags, -)
+    def _decode_qkv(self, q, k, v, wq, wk, q16, kc, vc, st, n_ctx, nh, nhk, hd, hdv, nrot, eps, base, fs, qscale):
+        """The prefill's qk_norm_rope_qkv16 (QKN=1) / rope_qkv16 (QKN=0) at one token and pos0 = st[1]; q -> q16, k
+        and v -> row st[1] of the cache; a position outside the cache writes nothing and sets bit 0 of st[2]."""
+        pos = int(st[1])
+        if not 0 <= pos < int(n_ctx):
+            st[2] |= 1
+            return
+        q, k, v = (np.array(a.reshape(1, -1), np.float32) for a in (q, k, v))
+        k16 = np.empty((1, int(nhk) * int(hd)), np.float16)
+        v16 = np.empty((1, int(nhk) * int(hdv)), np.float16)
+        q16v = q16.reshape(1, -1)
+        if self.p["QKN"]:
+            FakeKernel("qk_norm_rope_qkv16", {"NEOX": self.p["NEOX"]})._qk_norm_rope_qkv16(
+                q, k, v, wq, wk, q16v, k16, v16, nh, nhk, hd, hdv, nrot, q.shape[1], k.shape[1], v.shape[1], eps, base,
+                fs, pos, qscale)
+        else:
+            FakeKernel("rope_qkv16", {"NEOX": self.p["NEOX"]})._rope_qkv16(
+                q, k, v, q16v, k16, v16, 1, nh, nhk, hd, hdv, nrot, q.shape[1], k.shape[1], v.shape[1], base, fs, pos,
+                qscale)
+        kc[pos] = k16[0]
+        vc[pos] = v16[0]
+
+    def _decode_attn(self, q16, kc, vc, o, st, n_ctx, H, Hk, window, scale_log2, CH, maxch, ws, cnt, out16):
+        """The token at p = st[1]: per query head h, softmax over keys lo..p (lo = p - window + 1 on a sliding layer,
+        else 0) of scale * q_h . k_j (scale = scale_log2 / log2(e)) times v_j, kv head h // (H / Hk); in float64."""
+        pos, H, Hk, window, D = int(st[1]), int(H), int(Hk), int(window), int(self.p["D"])
+        if not 0 <= pos < int(n_ctx):
+            return
+        lo = max(0, pos - window + 1) if window > 0 else 0
+        K = kc.reshape(int(n_ctx), Hk, D)[lo:pos + 1].astype(np.float64)
+        V = vc.reshape(int(n_ctx), Hk, D)[lo:pos + 1].astype(np.float64)
+        qh = q16.reshape(H, D).astype(np.float64)
+        out = np.empty((H, D))
+        for h in range(H):
+            s = K[:, h // (H // Hk)] @ qh[h] * (float(scale_log2) / np.log2(np.e))
+            p = np.exp(s - s.max())
+            out[h] = (p / p.sum()) @ V[:, h // (H // Hk)]
+        o.reshape(-1)[...] = out.reshape(-1).astype(np.float16 if int(out16) else np.float32)
+
+    def _argmax_step(self, logits, n, st, hist, hist_len, wsv, wsi, cnt):
+        """st[0] = the lowest index of the largest logit (NaN skipped, bit 1 of st[2]; none left: 0), st[1] += 1,
+        hist[st[1]] = the token (a position outside hist: bit 0 of st[2])."""
+        x = logits.reshape(-1)[: int(n)]
+        nan = np.isnan(x)
+        if nan.any():
+            st[2] |= 2
+        if nan.all():
+            tok = 0
+        else:
+            tok = int(np.flatnonzero(~nan & (x == x[~nan].max()))[0])
+        p = int(st[1]) + 1
+        st[0], st[1] = tok, p
+        if 0 <= p < int(hist_len):
+            hist[p] = tok
+        else:
+            st[2] |= 1
 
 
 def install(monkeypatch, exact: bool = False):
@@ -194,6 +252,9 @@ def install(monkeypatch, exact: bool = False):
     monkeypatch.setattr(gpu, "gemm_dense", fake_gemm_dense)
     monkeypatch.setattr(gpu, "pinned_empty", lambda shape, dtype: np.empty(shape, dtype))
     monkeypatch.setattr(gpu, "h2d_async", lambda dst, host, stream: dst.__setitem__(Ellipsis, host))
+    from labkernels import gemv
+
+    monkeypatch.setattr(gemv, "gemv", fake_gemv)
     from labkernels import attention
 
     # the fake device counts as a GPU for an explicitly requested lab attention (its kernel is faked above);
@@ -202,10 +263,48 @@ def install(monkeypatch, exact: bool = False):
     return cp
 
 
+_F32: dict = {}
+
+
+def _as_f32(w):
+    """A weight in float32: fp16 ones converted per call, except the big ones (Gemma's tied output head: 168M values,
+    a decode step's largest operand) converted once and kept while the array lives."""
+    if w.dtype == np.float32:
+        return w
+    import weakref
+
+    key = id(w)
+    hit = _F32.get(key)
+    if hit is not None and hit[0]() is w:
+        return hit[1]
+    f = w.astype(np.float32)
+    if w.size >= 1 << 22:
+        _F32[key] = (weakref.ref(w), f)
+        weakref.finalize(w, _F32.pop, key, None)
+    return f
+
+
 def fake_gemm_dense(x, w, out=None):
     """gpu.gemm_dense on the CPU: the same checks' outcome (shapes chain, one dtype), fp32 result."""
     assert x.ndim == 2 and w.ndim == 2 and x.shape[1] == w.shape[1] and x.dtype == w.dtype
-    return np.matmul(x.astype(np.float32), w.astype(np.float32).T)
+    return np.matmul(x.astype(np.float32), _as_f32(w).T)
+
+
+def fake_gemv(w, x, out=None, S=None, MT=2, WARPS=4):
+    """labkernels.gemv.gemv on the CPU: the kernel's exact function (its docstring) -- the f16 weights of
+    gemv.emulate_weights times the activations rounded to f16, summed in float64 -> f32 [nt, od]."""
+    from labkernels import gemv
+
+    assert x.ndim == 2 and x.shape[1] == w.id and 1 <= x.shape[0] <= gemv.MAX_NT and x.dtype in (np.float16, np.float32)
+    w16 = getattr(w, "_emu16", None)
+    if w16 is None:
+        w16 = w._emu16 = gemv.emulate_weights(np.asarray(w.host if w.host is not None else w.raw),
+                                              w.qtype).astype(np.float64)
+    y = (x.astype(np.float16).astype(np.float64) @ w16.T).astype(np.float32)
+    if out is not None:
+        out[...] = y
+        return out
+    return y
 
 
 def install_wgmma(monkeypatch, f16_only: bool = True):
@@ -247,7 +346,9 @@ def install_wgmma(monkeypatch, f16_only: bool = True):
         if f16_only:
             assert x.dtype == np.float16, "the prefill hands wgmma_kq fp16 activations"
         x = x.astype(np.float16)   # what wgmma.gemm does with float32 activations
-        w16 = wgmma.emulate_weights(w.raw, w.qtype, w.od, w.id)
+        w16 = getattr(w, "_emu16", None)      # the emulated weights, made once per weight
+        if w16 is None:
+            w16 = w._emu16 = wgmma.emulate_weights(w.raw, w.qtype, w.od, w.id)
         y = (x.astype(np.float64) @ w16.T).astype(np.float32)
         if out is not None:
             out[...] = y

@@ -2,50 +2,12 @@
 // cuBLAS attention, gated activations and the embedding gather. f32 in and out unless a template
 // parameter says f16. Each is a named kernel class in the wall decomposition.
 #include "common.cuh"
-
-__device__ __forceinline__ float lk_block_sum(float v, float* red) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    float s = 0.f;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += red[w];
-    return s;
-}
-
-__device__ __forceinline__ float lk_block_max(float v, float* red) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    float s = __int_as_float(0xff800000);
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) s = fmaxf(s, red[w]);
-    return s;
-}
+#include "prefill_ops.cuh"
 
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w[(r % wrows), :]   (ggml_rms_norm then ggml_mul)
 // One block per row. W=0: no weight. The weight may be per head (wrows rows of ncols) for q/k norms.
 // OUT16=1 writes y as fp16 (round to nearest even): the same values the GEMM's f32 -> f16 conversion would
 // make, for a consumer that reads fp16 (round 7's wgmma_kq), without the extra pass over y.
-// One row of it (one block): rmsnorm_kernel and rmsnorm_qk_kernel share this, so both make the same values.
-template <int W, int OUT16>
-__device__ __forceinline__ void lk_rmsnorm_row(const float* __restrict__ xr, const float* __restrict__ w,
-                                               void* __restrict__ y, size_t yoff, int ncols, float eps, float* red) {
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < ncols; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = lk_block_sum(ss, red);
-    const float scale = 1.0f / sqrtf(ss / (float)ncols + eps);
-    for (int i = threadIdx.x; i < ncols; i += blockDim.x) {
-        const float v = W ? (xr[i] * scale) * w[i] : xr[i] * scale;
-        if (OUT16) ((u16*)y)[yoff + i] = lk_f2h(v);
-        else ((float*)y)[yoff + i] = v;
-    }
-}
-
 template <int W, int OUT16>
 __global__ void __launch_bounds__(256) rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w,
                                                        void* __restrict__ y, int ncols, float eps) {
@@ -75,19 +37,6 @@ __global__ void __launch_bounds__(256) rmsnorm_qk_kernel(const float* __restrict
                              ((size_t)t * n_head_kv + h - n_head) * head_dim, head_dim, eps, red);
 }
 
-// The rotation of one pair (shared by rope_kernel and rope_qk_kernel so that both compile to the same arithmetic).
-__device__ __forceinline__ void lk_rope_pair(float x0, float x1, float c, float s, float& r0, float& r1) {
-    r0 = x0 * c - x1 * s;
-    r1 = x0 * s + x1 * c;
-}
-
-// cos / sin of the rotation of pair i at position pos: theta = pos * freq_scale * base^(-2i/n_rot).
-__device__ __forceinline__ void lk_rope_cs(int pos, int i, int n_rot, float base, float freq_scale, float& s,
-                                           float& c) {
-    const float theta = (float)pos * freq_scale * powf(base, -2.0f * (float)i / (float)n_rot);
-    sincosf(theta, &s, &c);
-}
-
 // In-place rotary embedding of x[t, h, :] (row stride ld floats per token), the first n_rot dims of each
 // head: NEOX pairs (i, i + n_rot/2), otherwise (2i, 2i+1). theta = pos * freq_scale * base^(-2i/n_rot).
 // One thread per (token, head, pair).
@@ -114,35 +63,6 @@ __global__ void __launch_bounds__(256) rope_kernel(float* __restrict__ x, int n_
 #ifndef LK_QKNORM_MAXHD   // the largest head_dim qk_norm_rope_qkv16_kernel stages (the launcher checks)
 #error "LK_QKNORM_MAXHD comes from the registry (registry.QKNORM_MAXHD via -D)"
 #endif
-
-// Pair slot j of one head (rope_qkv16 / qk_norm_rope_qkv16): j < n_rot/2 rotates pair j (NEOX: (j, j + n_rot/2),
-// else (2j, 2j+1)) at position pos, larger j copy the unrotated dims n_rot + 2(j - n_rot/2) and the next; then
-// times qscale (1 for k) and rounded to fp16 once.
-template <int NEOX>
-__device__ __forceinline__ void lk_rope16_slot(const float* src, u16* __restrict__ dst, int j, int n_rot, int pos,
-                                               float base, float freq_scale, float qscale) {
-    const int half = n_rot / 2;
-    int a, b;
-    float r0, r1;
-    if (j < half) {
-        float s, c;
-        lk_rope_cs(pos, j, n_rot, base, freq_scale, s, c);
-        a = NEOX ? j : 2 * j;
-        b = NEOX ? j + half : 2 * j + 1;
-        lk_rope_pair(src[a], src[b], c, s, r0, r1);
-    } else {
-        a = n_rot + 2 * (j - half);
-        b = a + 1;
-        r0 = src[a];
-        r1 = src[b];
-    }
-    if (qscale != 1.0f) {
-        r0 = __fmul_rn(r0, qscale);
-        r1 = __fmul_rn(r1, qscale);
-    }
-    dst[a] = lk_f2h(r0);
-    dst[b] = lk_f2h(r1);
-}
 
 // RoPE of Q and K and the fp16 cast of Q, K and V in one launch (PrefillOptions.fuse_qkv16) for an fp16 attention
 // path: reads f32 q [n_tok, ldq] (n_head heads), k [n_tok, ldk] and v [n_tok, ldv] (n_head_kv heads of head_dim /

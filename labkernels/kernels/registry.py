@@ -170,6 +170,23 @@ FAMILIES = [
              "one rounding of q*S+B), mma.sync m16n8k16 f16 -> f32 with the tokens as n (NT8 tiles of 8); a lane "
              "owns 64 k of each super-block (a k permutation shared by both operands); CTA = WARPS warps x MT m16 "
              "tiles of rows, grid y = S splits of the super-blocks, partials added in split order by the last CTA"),
+    # -- round 9: the decode step's own kernels (labkernels.decode): position and token read from device memory
+    dict(family="decode_qkv", source="decode.cu", template="decode_qkv_kernel", params={"NEOX": [0, 1], "QKN": [0, 1]},
+         threads=256, smem="0", tile=(0, 0), main_path=False, archs=("sm_80", "sm_90"),
+         doc="one token's q/k RMSNorm (QKN=1, gemma3), RoPE at the position in device memory, the q scale, the fp16 "
+             "casts and the append of k / v as that row of the layer's KV cache (the prefill's arithmetic: like the "
+             "prefill's rope_qkv16 it has sincosf's 32-byte stack frame for large angles, hence not main path)"),
+    dict(family="decode_attn", source="decode.cu", template="decode_attn_kernel",
+         params={"D": [64, 128, 256], "GMAX": [1, 2, 4, 8]}, threads=128, smem="0", tile=(0, 0), main_path=True,
+         archs=("sm_80", "sm_90"),
+         doc="flash-decoding over the fp16 KV cache: one query per head, keys of the window (sliding layers) or "
+             "0..p cut into chunks; CTA = (kv head, split, up to GMAX query heads of that kv head), fp32 softmax "
+             "state per chunk to a workspace, the last-arriving CTA folds the chunks in chunk order (the same bits "
+             "for any split count); CUDA cores"),
+    dict(family="argmax_step", source="decode.cu", template="argmax_step_kernel", params={}, threads=256, smem="0",
+         tile=(0, 0), main_path=True, archs=("sm_80", "sm_90"),
+         doc="greedy sampling: argmax of the logits (ties: lowest index) by many CTAs, the last merges, writes the "
+             "token into the decode state, advances the position and records the token"),
     # -- register-fed mma.sync probes: the physical ceiling line
     dict(family="mma_probe", source="mma_probe.cu", template="mma_probe_kernel",
          params={"K": [16, 32]}, threads=256, smem="0", tile=(0, 0), main_path=False,
