@@ -350,6 +350,12 @@ def gemv(w, x, out=None, S: int | None = None, MT: int = 2, WARPS: int = 4):
 
 # ------------------------------------------------------------------------------------------ the recorded choice
 
+def is_bench_of_record(run) -> bool:
+    """A ``decode`` run that is round 9's benchmark (params ``what: gemv_bench``, with its gemv_bench table), not an
+    experiment (a split sweep, an ablation) that records the same table for other questions."""
+    return run.has("gemv_bench") and run.meta.get("params", {}).get("what") == "gemv_bench"
+
+
 def auto_table(root=None):
     """Round 9's recorded table for ``qmatmul(kernel="auto")`` at nt <= 16: per (qtype, act, od, id, nt) of the latest
     complete ``decode`` run with a ``gemv_bench`` table, the median time of the fastest gemv_kq configuration (typed
@@ -357,7 +363,7 @@ def auto_table(root=None):
     None without such a run."""
     from . import records
 
-    run = records.latest("decode", root=root, where=lambda r: r.has("gemv_bench"))
+    run = records.latest("decode", root=root, where=is_bench_of_record)
     if run is None:
         return None
     df = run.table("gemv_bench")

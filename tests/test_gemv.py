@@ -142,3 +142,17 @@ def test_an_outgrown_workspace_stays_alive_for_graphs_captured_before(monkeypatc
     b, _ = ws.get(7, 1 << 20, 10)
     assert b is not a and b.size >= 1 << 20 and ws.retired and ws.retired[0][0] is a
     assert ws.get(7, 5, 5)[0] is b                 # no growth: the same buffer
+
+
+def test_the_recorded_choice_reads_the_benchmark_of_record_not_an_experiment():
+    """The H100 runs of 2026-12-06: the benchmark (what: gemv_bench, wgmma timed beside) is newer than nothing and
+    older than the split sweep (what: gemv_split_sweep, no baselines): auto reads the benchmark."""
+    from labkernels import records
+
+    runs = records.list_runs("decode")
+    if not any(gemv.is_bench_of_record(r) for r in runs):
+        pytest.skip("no recorded decode benchmark")
+    t = gemv.auto_table()
+    rec = [r for r in runs if gemv.is_bench_of_record(r)][-1]
+    assert (t.run_id == rec.run_id).all() and t.wgmma_us.notna().any()
+    assert not gemv.is_bench_of_record(runs[-1]) or runs[-1].run_id == rec.run_id
