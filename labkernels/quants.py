@@ -287,6 +287,10 @@ def row_bytes(qtype, n: int) -> int:
     """Bytes of one row of n elements; raises when n is not a whole number of blocks."""
     qtype = normalize_qtype(qtype)
     qk, nbytes = BLOCK_SIZES[qtype]
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise QuantFormatError(f"{qtype}: row length must be an integer, got {n!r} ({type(n).__name__})")
+    if n < qk:
+        raise QuantFormatError(f"{qtype}: row length {n} is less than one block of {qk} elements")
     if n % qk:
         raise QuantFormatError(f"{qtype}: row length {n} is not a multiple of {qk}")
-    return n // qk * nbytes
+    return int(n) // qk * nbytes
