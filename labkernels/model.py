@@ -167,7 +167,9 @@ def open_model(path=None) -> Model:
 
     from .gguf_check import check_gguf
 
-    path = Path(path) if path else default_model_path()
+    if path is not None and not str(path).strip():
+        raise ModelError("model path is empty (give a GGUF file, or leave it out for the Gemma model)")
+    path = Path(path) if path is not None else default_model_path()
     hint = " (run `labkernels fetch-model`)" if path == DEFAULT_MODEL else ""
     layout = check_gguf(path, hint=hint)
     size = layout.size
@@ -275,7 +277,9 @@ def export_kquant(path=None, dest=None) -> Path:
 def load_kquant(path=None) -> list[tuple[str, str, np.ndarray]]:
     """(name, qtype, raw [rows, row_bytes]) for every q4_K / q6_K weight of the real model, from the GGUF
     when it is present, else from the export_kquant cache. Raises ModelError when neither exists."""
-    gguf_path = Path(path) if path else default_model_path()
+    if path is not None and not str(path).strip():
+        raise ModelError("model path is empty (give a GGUF file, or leave it out for the Gemma model)")
+    gguf_path = Path(path) if path is not None else default_model_path()
     if gguf_path.exists():
         return [(t.name, t.qtype, np.asarray(t.raw())) for t in kquant_weights(open_model(gguf_path))]
     if KQUANT_CACHE.exists():
