@@ -60,7 +60,7 @@ def resolve_mode(mode: str, round_name: str | None = None) -> str:
     if mode == "replay" and round_name:
         from . import records
 
-        if records.latest(round_name) is None:
+        if records.replay_run(round_name) is None:
             raise ModeError(f"mode='replay' but no complete recorded run of round {round_name!r} under "
                             f"{records.data_root() / records.folder(round_name)}; measure it on a GPU first")
     _note("mode", mode)

@@ -140,7 +140,8 @@ def open_round(name, mode: str = "auto", **plan) -> Opened:
     if mode == "measure":
         return Opened(mod.NOTEBOOK, mode, full, measure_into(mod, **full))
     where = getattr(mod, "REPLAY_WHERE", {})
-    runs = {d: records.latest(d, where=(lambda r, w=where[d]: w(r, full)) if d in where else None) for d in mod.DATA}
+    # replay_run: the latest complete run, refused (naming it) where a newer run of the series has not finished
+    runs = {d: records.replay_run(d, where=(lambda r, w=where[d]: w(r, full)) if d in where else None) for d in mod.DATA}
     if runs[mod.DATA[0]] is None:
         raise report.ModeError(f"round {mod.NOTEBOOK}: no complete {mod.DATA[0]} run recorded under "
                                f"{records.data_root() / records.folder(mod.DATA[0])} for the plan {full}")
