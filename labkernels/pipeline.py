@@ -140,22 +140,80 @@ def load_params(pairs, files, notebooks_dir: Path = NOTEBOOKS_DIR) -> tuple[dict
 
 
 _GENERIC = re.compile(r"^(\w+)\s*\[(.*)\]$")
+#: wrappers and named types of a parameter declaration (the annotation papermill reads: word characters, brackets,
+#: commas and spaces only)
+_NAMED = ("Shape", "Regex", "RunId", "Cluster")
+
+
+def _split_args(s: str) -> list[str]:
+    """'a, List[b, c], d' -> ['a', 'List[b, c]', 'd'] (commas at bracket depth 0)."""
+    out, depth, cur = [], 0, ""
+    for ch in s:
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+            continue
+        depth += (ch == "[") - (ch == "]")
+        cur += ch
+    if cur.strip():
+        out.append(cur.strip())
+    return out
+
+
+def _literal(word: str):
+    return int(word) if re.fullmatch(r"\d+", word) else word
 
 
 def parse_type(annotation: str):
-    """'int' | 'float' | 'str' | 'bool' | 'list' | 'List[T]' | 'Optional[T]' -> a type spec tuple."""
+    """A parameter's declared type, with its allowed values where it names them:
+
+    * ``int`` | ``float`` | ``str`` | ``bool`` | ``list`` | ``List[T]`` | ``Optional[T]`` | ``Any``;
+    * ``OneOf[a, b, ...]``: one of these values (digits: an int, words: a str), e.g. ``OneOf[auto, measure, replay]``;
+    * ``Range[lo, hi]``: an int from lo to hi;
+    * ``NonEmpty[List[T]]``: a list with at least one element;
+    * ``Shape``: ``[od, id]`` of a weight, od in 1..65536, id a multiple of 256 up to 65536;
+      ``Regex``: a regular expression that compiles; ``RunId``: a recorded run id; ``Cluster``: a Dask cluster
+      (``local[:N]``, ``local-cuda[:N]``, ``tcp://HOST:PORT``);
+    * ``Known[table]``: a value of one of the lab's tables (:data:`KNOWN`: device profiles, kernel families, ...);
+    * ``Member[param]``: one of the elements of the notebook's list parameter ``param`` (``headline_nt: "Member[nts]"``).
+
+    Returns a spec tuple (kind, ...)."""
     a = annotation.strip().strip("'\"")
     simple = {"int": ("int",), "float": ("float",), "str": ("str",), "bool": ("bool",),
               "list": ("list", ("any",)), "List": ("list", ("any",)), "Any": ("any",), "None": ("none",)}
     if a in simple:
         return simple[a]
+    if a in _NAMED:
+        return ("named", a)
     m = _GENERIC.match(a)
-    if m and m.group(1) in ("List", "list"):
-        return ("list", parse_type(m.group(2)))
-    if m and m.group(1) == "Optional":
-        return ("optional", parse_type(m.group(2)))
-    raise PipelineError(f"unsupported parameter annotation {annotation!r} (use int, float, str, bool, "
-                        f"List[...], Optional[...])")
+    if m:
+        head, args = m.group(1), _split_args(m.group(2))
+        if head in ("List", "list") and len(args) == 1:
+            return ("list", parse_type(args[0]))
+        if head == "Optional" and len(args) == 1:
+            return ("optional", parse_type(args[0]))
+        if head == "NonEmpty" and len(args) == 1:
+            inner = parse_type(args[0])
+            if inner[0] != "list":
+                raise PipelineError(f"parameter annotation {annotation!r}: NonEmpty takes a List[...]")
+            return ("nonempty", inner)
+        if head == "OneOf" and args:
+            return ("oneof", tuple(_literal(w) for w in args))
+        if head == "Range" and len(args) == 2 and all(re.fullmatch(r"\d+", w) for w in args):
+            lo, hi = int(args[0]), int(args[1])
+            if lo > hi:
+                raise PipelineError(f"parameter annotation {annotation!r}: the range is empty")
+            return ("range", lo, hi)
+        if head == "Known" and len(args) == 1:
+            if args[0] not in KNOWN:
+                raise PipelineError(f"parameter annotation {annotation!r}: no table {args[0]!r}; tables: "
+                                    f"{', '.join(KNOWN)}")
+            return ("known", args[0])
+        if head == "Member" and len(args) == 1 and re.fullmatch(r"\w+", args[0]):
+            return ("member", args[0])
+    raise PipelineError(f"unsupported parameter annotation {annotation!r} (use int, float, str, bool, List[...], "
+                        f"Optional[...], OneOf[...], Range[lo, hi], NonEmpty[List[...]], {', '.join(_NAMED)}, "
+                        f"Known[table], Member[param])")
 
 
 def infer_type(value):
@@ -182,7 +240,162 @@ def type_name(spec) -> str:
         return "list" if spec[1] == ("any",) else f"List[{type_name(spec[1])}]"
     if kind == "optional":
         return f"Optional[{type_name(spec[1])}]"
+    if kind == "nonempty":
+        return f"NonEmpty[{type_name(spec[1])}]"
+    if kind == "oneof":
+        return f"OneOf[{', '.join(map(str, spec[1]))}]"
+    if kind == "range":
+        return f"Range[{spec[1]}, {spec[2]}]"
+    if kind == "named":
+        return spec[1]
+    if kind in ("known", "member"):
+        return f"{kind.capitalize()}[{spec[1]}]"
     return kind
+
+
+# ---- the lab's tables a parameter may name (Known[table]): name -> (allowed values, accept(value) -> bool)
+
+def _profiles():
+    from . import occupancy
+
+    return list(occupancy.load_profiles())
+
+
+def _profile_ok(v) -> bool:
+    from . import occupancy
+
+    try:
+        occupancy.profile(v)
+        return True
+    except occupancy.OccupancyError:
+        return False
+
+
+def _kdr_families():
+    from .kernels import registry
+
+    return sorted({k.family for k in registry.KERNELS if "KDR" in k.p})
+
+
+def _q6k_variants():
+    from .kernels import registry
+
+    return [v.name for v in registry.VARIANTS.values() if v.qtype == "q6_K"]
+
+
+def _r05_models():
+    from .rounds import r05_wall
+
+    return list(r05_wall.MODELS)
+
+
+def _forensics_shapes():
+    from . import forensics_driver
+
+    return list(forensics_driver.DEFAULT_SHAPES)
+
+
+def _sweep_plans():
+    from .sweep import PLANS_DIR
+
+    return sorted(p.stem for p in PLANS_DIR.glob("*.yaml"))
+
+
+def _sweep_plan_ok(v) -> bool:
+    from . import sweep
+
+    try:
+        sweep.plan_path(v)
+        return True
+    except Exception:    # PlanError: no such plan
+        return False
+
+
+#: the tables ``Known[...]`` names: (the values, listed in errors; whether a value is accepted -- aliases too)
+KNOWN = {
+    "device_profiles": (_profiles, _profile_ok),
+    "kdr_families": (_kdr_families, None),
+    "q6k_variants": (_q6k_variants, None),
+    "r05_models": (_r05_models, None),
+    "forensics_shapes": (_forensics_shapes, None),
+    "sweep_plans": (_sweep_plans, _sweep_plan_ok),
+}
+
+_CLUSTER = re.compile(r"^(local|local-cuda)(:[1-9]\d*)?$|^(tcp|tls)://[\w.\-]+:\d+$")
+
+
+def _named_problem(value, name: str) -> str | None:
+    if name == "Shape":
+        if (not isinstance(value, list) or len(value) != 2
+                or any(isinstance(v, bool) or not isinstance(v, int) for v in value)):
+            return "not an [od, id] pair of integers"
+        od, id_ = value
+        if not 1 <= od <= 65536:
+            return f"od = {od} is not in 1..65536"
+        if not 256 <= id_ <= 65536 or id_ % 256:
+            return f"id = {id_} is not a multiple of 256 in 256..65536 (whole q4_K / q6_K super-blocks)"
+        return None
+    if name == "Regex":
+        if not isinstance(value, str) or not value:
+            return "not a non-empty regular expression"
+        try:
+            re.compile(value)
+        except re.error as e:
+            return f"not a regular expression ({e})"
+        return None
+    if name == "RunId":
+        from .records import RUN_ID_RX
+
+        return None if isinstance(value, str) and RUN_ID_RX.match(value) else \
+            "not a run id (yyyymmddThhmmssZ-device-commit)"
+    if name == "Cluster":
+        return None if isinstance(value, str) and _CLUSTER.match(value) else \
+            "not a cluster: local[:N], local-cuda[:N] or tcp://HOST:PORT"
+    raise AssertionError(name)
+
+
+def value_problem(value, spec, params: dict | None = None) -> str | None:
+    """Why ``value`` does not fit ``spec`` (None when it does). ``params``: the notebook's parameters as they will
+    be (for ``Member[...]``)."""
+    kind = spec[0]
+    if kind == "any":
+        return None
+    if kind == "none":
+        return None if value is None else "must be None"
+    if kind == "optional":
+        return None if value is None else value_problem(value, spec[1], params)
+    if kind in ("bool", "int", "float", "str", "list"):
+        if not type_ok(value, (kind, ("any",)) if kind == "list" else spec):
+            return f"must be {type_name(spec if kind != 'list' else ('list', ('any',)))}"
+        if kind == "list":
+            for i, v in enumerate(value):
+                why = value_problem(v, spec[1], params)
+                if why:
+                    return f"element {i} ({v!r}) {why}" if why.startswith("must") else f"element {i}: {v!r}: {why}"
+        return None
+    if kind == "nonempty":
+        why = value_problem(value, spec[1], params)
+        return why or (None if value else "must not be empty")
+    if kind == "oneof":
+        ok = any(type(value) is type(a) and value == a for a in spec[1])
+        return None if ok else f"must be one of {', '.join(map(str, spec[1]))}"
+    if kind == "range":
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"must be an integer in {spec[1]}..{spec[2]}"
+        return None if spec[1] <= value <= spec[2] else f"must be in {spec[1]}..{spec[2]}"
+    if kind == "named":
+        return _named_problem(value, spec[1])
+    if kind == "known":
+        values, accept = KNOWN[spec[1]]
+        allowed = values()
+        ok = accept(value) if accept else value in allowed
+        return None if ok else f"must be one of {', '.join(map(str, allowed))} ({spec[1]})"
+    if kind == "member":
+        pool = (params or {}).get(spec[1])
+        if not isinstance(pool, list):
+            return f"names a parameter {spec[1]!r} that is not a list"
+        return None if value in pool else f"must be one of {spec[1]} = {pool!r}"
+    raise AssertionError(spec)
 
 
 def type_ok(value, spec) -> bool:
@@ -203,7 +416,7 @@ def type_ok(value, spec) -> bool:
         return isinstance(value, str)
     if kind == "list":
         return isinstance(value, list) and all(type_ok(v, spec[1]) for v in value)
-    raise AssertionError(spec)
+    return value_problem(value, spec) is None if kind != "member" else True
 
 
 def declared_parameters(nb_path: Path) -> dict:
@@ -246,10 +459,25 @@ def declared_parameters(nb_path: Path) -> dict:
                                 f"e.g. {name}: \"Optional[str]\" = None")
         else:
             spec = infer_type(default)
-        if not type_ok(default, spec):
-            raise PipelineError(f"{Path(nb_path).name}: parameter {name!r} default {default!r} is not {type_name(spec)}")
         out[name] = {"type": spec, "default": default, "help": p.help}
+    defaults = {k: v["default"] for k, v in out.items()}
+    for name, d in out.items():
+        for m in _members(d["type"]):
+            if m not in out:
+                raise PipelineError(f"{Path(nb_path).name}: parameter {name!r}: {type_name(d['type'])} names no "
+                                    f"parameter of the notebook")
+        why = value_problem(d["default"], d["type"], defaults)
+        if why:
+            raise PipelineError(f"{Path(nb_path).name}: parameter {name!r} default {d['default']!r} is not "
+                                f"{type_name(d['type'])}: {why}")
     return out
+
+
+def _members(spec) -> list[str]:
+    """The parameters a spec's ``Member[...]`` parts name."""
+    if spec[0] == "member":
+        return [spec[1]]
+    return _members(spec[1]) if spec[0] in ("list", "optional", "nonempty") else []
 
 
 def describe_parameters(name: str, declared: dict) -> str:
@@ -281,16 +509,97 @@ def check_params(nbs: list[Path], glob: dict, per: dict) -> dict[str, dict]:
     for nb in nbs:
         d = declared[nb.stem]
         given = {k: v for k, v in {**glob, **per.get(nb.stem, {})}.items() if k in d}
+        params = {**{k: v["default"] for k, v in d.items()}, **given}
+        bad = False
         for k, v in given.items():
-            if not type_ok(v, d[k]["type"]):
-                errors.append(f"{nb.stem}: {k} must be {type_name(d[k]['type'])}, got {v!r} ({type(v).__name__})")
+            spec = d[k]["type"]
+            why = value_problem(v, spec, params)
+            if why and spec[0] in ("bool", "int", "float", "str", "list", "optional") and not type_ok(v, spec):
+                errors.append(f"{nb.stem}: {k} must be {type_name(spec)}, got {v!r} ({type(v).__name__})"
+                              + ("" if why.startswith("must be") else f": {why}"))
+            elif why:
+                errors.append(f"{nb.stem}: {k} = {v!r}: {why} (declared {type_name(spec)})")
             elif k == "mode" and v not in MODES:
                 errors.append(f"{nb.stem}: mode must be one of {', '.join(MODES)}, got {v!r}")
+            else:
+                continue
+            bad = True
+        if not bad:
+            errors += [f"{nb.stem}: {e}" for e in round_problems(nb, params, given, d)]
         out[nb.stem] = given
     if errors:
         listing = "\n".join(describe_parameters(n, d) for n, d in declared.items())
         raise PipelineError("bad parameters (nothing was run):\n  " + "\n  ".join(errors)
                             + f"\nparameters of the selected notebooks (name, type, default):\n{listing}")
+    return out
+
+
+def round_problems(nb: Path, params: dict, given: dict, declared: dict) -> list[str]:
+    """What the round of notebook ``nb`` (``labkernels.rounds``; none for other notebooks) says about its
+    parameters before it runs, beyond their declared types and values:
+
+    * the mode must be one the round renders in here: ``measure`` needs a GPU on this machine (rounds that measure
+      through ``open_round``); ``cpu`` is for CPU rounds (and round 8's stand-in);
+    * a parameter that has effect in some modes only (a measurement plan's ``repeats`` in replay) is refused when
+      it would have none -- unless the run the page replays recorded that very value;
+    * in replay, a ``Member[...]`` parameter must name a value of the replayed run's plan (``headline_nt`` among
+      the recorded ``nts``), and the run itself must be one replay takes (:func:`labkernels.records.replay_run`);
+    * the round's own ``check_plan(params)``, where it has one (round 5: the timeline layer exists in the model)."""
+    from . import provenance, records, rounds
+
+    try:
+        mod = rounds.module(nb.stem)
+    except rounds.RoundError:
+        return []
+    if getattr(mod, "NOTEBOOK", None) != nb.stem:
+        return []
+    out = []
+    check = getattr(mod, "check_plan", None)
+    if check is not None:
+        out += check(params)
+    if "mode" not in params:
+        return out
+    mode, opens = params["mode"], bool(mod.DATA) and (mod.measure is not None or hasattr(mod, "record_runs"))
+    gpu = None
+    if mode == "measure" and opens:
+        gpu = provenance.gpu_available()
+        if not gpu:
+            return out + ["mode=measure needs a CUDA GPU with cupy; this machine has none (mode=replay renders the "
+                          "recorded runs)"]
+    if mode == "auto":
+        gpu = provenance.gpu_available() if gpu is None else gpu
+        mode = "measure" if gpu else "replay"
+    modes = rounds.param_modes(mod)
+    run = None
+    if mode == "replay" and opens:
+        where = getattr(mod, "REPLAY_WHERE", {}).get(mod.DATA[0])
+        plan = {**mod.PLAN, **{k: v for k, v in params.items() if k in mod.PLAN}}
+        try:
+            run = records.replay_run(mod.DATA[0], where=(lambda r: where(r, plan)) if where else None)
+        except records.RecordError as e:
+            return out + [str(e)]
+        if run is None:
+            return out + [f"mode=replay, but no complete recorded {mod.DATA[0]} run"
+                          + (f" for {', '.join(f'{k}={plan[k]!r}' for k in getattr(mod, 'REPLAY_KEYS', ()))}"
+                             if getattr(mod, "REPLAY_KEYS", ()) else "")
+                          + f" under {records.data_root() / records.folder(mod.DATA[0])}"]
+    recorded = dict(run.meta.get("params") or {}) if run is not None else {}
+    for k, v in given.items():
+        m = modes.get(k)
+        if m is None or mode in m:
+            continue
+        if k in recorded and recorded[k] == v:
+            continue            # the replayed run recorded this very value
+        out.append(f"{k} = {v!r} has no effect in {mode} mode (it applies in {' / '.join(m)} mode)"
+                   + (f": the page replays run {run.run_id}, recorded with {k} = {recorded[k]!r}" if k in recorded else
+                      "") + "; leave it out" + (", or measure on a GPU" if "measure" in m else ""))
+    if run is not None:
+        for k, d in declared.items():
+            for target in _members(d["type"]):
+                pool = recorded.get(target)
+                if isinstance(pool, list) and params.get(k) is not None and params[k] not in pool:
+                    out.append(f"{k} = {params[k]!r}: the replayed run {run.run_id} recorded {target} = {pool!r}, "
+                               f"which has no {params[k]!r}")
     return out
 
 

@@ -75,6 +75,17 @@ def rounds() -> list:
     return [module(m) for m in MODULES]
 
 
+def param_modes(mod) -> dict:
+    """{notebook parameter: the modes in which it has effect} for the parameters that do not act in every mode: a
+    round's ``PARAM_MODES`` where it declares them, else every key of its ``PLAN`` (what a measurement records;
+    replay shows the recorded plan instead) except its ``REPLAY_KEYS`` (those select the run replay shows)."""
+    if hasattr(mod, "PARAM_MODES"):
+        return dict(mod.PARAM_MODES)
+    if not mod.DATA or (mod.measure is None and not hasattr(mod, "record_runs")):
+        return {}
+    return {k: ("measure",) for k in mod.PLAN if k not in getattr(mod, "REPLAY_KEYS", ())}
+
+
 def gpu_check_steps() -> dict:
     """{step name: fn(out, args)} over every round of the table (a name declared twice is an error)."""
     out = {}
