@@ -6,16 +6,21 @@ navigation bar, and updates ``reports/index.html`` / ``reports/index.json`` with
 headline figures and provenance.
 
 * Parameters given with -p/-f are checked against every selected notebook's ``parameters`` cell before
-  any cell runs: a name no selected notebook declares, or a value of the wrong type, is an error that
-  lists the parameters and their types. A notebook that does not declare a given name ignores it, so
+  any cell runs: a name no selected notebook declares, a value of the wrong type or outside the values the
+  declaration allows (:func:`parse_type`: ``OneOf``, ``Range``, ``Member``, ...), or one the round says has no
+  effect in the mode the page renders in (:func:`round_problems`), is an error that lists the parameters,
+  their types and allowed values. A notebook that does not declare a given name ignores it, so
   ``-p mode=replay`` applies to every GPU round at once. A YAML file may also hold per-notebook sections:
   ``{"03_q6k_expanded_b": {"repeats": 50}}`` (checked strictly against that notebook).
 * A failing notebook is rendered to ``reports/<name>.failed.html`` (its traceback is in the page); the
   last good ``reports/<name>.html`` stays, the index links both, and the command exits non-zero; the
   other notebooks still run.
 * Every file is written under a per-process temporary name and renamed into place; the index is updated
-  under a lock (read, merge this round, write), so concurrent builds cannot corrupt each other. Ctrl-C
-  stops with exit code 130 and leaves nothing partial behind. A corrupt ``index.json`` is an error.
+  under a lock (read, merge this round, write), so concurrent builds cannot corrupt each other; a build that
+  waits for the lock says who holds it and how long it will wait. Ctrl-C stops with exit code 130 (SIGTERM:
+  143) and leaves nothing partial behind, nor does a failed write (a full disk). A corrupt ``index.json`` is an
+  error, and ``results-table --write`` reads the index file it is given and refuses one with fewer rendered
+  rounds than the README's table (``--allow-fewer``: on purpose).
 """
 
 from __future__ import annotations
@@ -623,16 +628,61 @@ def _tmp_name(out_dir: Path, name: str, suffix: str) -> Path:
     return Path(out_dir) / f".{name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp{suffix}"
 
 
+def _sweep_tmp(out_dir: Path) -> None:
+    """Remove this process's temporary files from the reports folder (``.*.<pid>-<hex>.tmp*``: the names of
+    :func:`_tmp_name` and :func:`atomic_write`), e.g. after a write failed half-way on a full disk."""
+    for p in Path(out_dir).glob(f".*.{os.getpid()}-*.tmp*"):
+        p.unlink(missing_ok=True)
+
+
+LOCK_HOLDER = ".index.lock.holder"
+
+
+def lock_holder(out_dir: Path) -> str:
+    """Who holds the index lock of ``out_dir``, as its holder wrote it (pid, host, command, since when), and
+    whether that process still runs; 'unknown' where the holder wrote nothing."""
+    p = Path(out_dir) / LOCK_HOLDER
+    try:
+        h = json.loads(p.read_text(encoding="utf-8"))
+        pid = int(h["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "an unknown process (it left no holder record)"
+    alive = ""
+    if h.get("host") == os.uname().nodename:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            alive = ", no longer running"
+        except PermissionError:
+            pass
+    return f"pid {pid} on {h.get('host', '?')} ({h.get('command', '?')}, since {h.get('since', '?')}{alive})"
+
+
 @contextmanager
 def index_lock(out_dir: Path, timeout: float = 600):
+    """The lock of ``out_dir``'s index (read, merge, write). A build that has to wait says who holds the lock and
+    how long it will wait; past ``timeout`` it stops with a PipelineError naming the holder."""
     from filelock import FileLock, Timeout
 
     lock = FileLock(str(Path(out_dir) / ".index.lock"))
     try:
-        with lock.acquire(timeout=timeout):
-            yield
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            print(f"waiting up to {timeout:.0f} s for the index lock of {out_dir}, held by {lock_holder(out_dir)}",
+                  file=sys.stderr, flush=True)
+            lock.acquire(timeout=timeout)
     except Timeout:
-        raise PipelineError(f"{out_dir}: another report build has held the index lock for {timeout:.0f} s") from None
+        raise PipelineError(f"{out_dir}: the index lock has been held for {timeout:.0f} s by "
+                            f"{lock_holder(out_dir)}; nothing of this round was written to the index") from None
+    try:
+        holder = {"pid": os.getpid(), "host": os.uname().nodename, "since": provenance.utc_now(),
+                  "command": " ".join(["labkernels", *sys.argv[1:]])[:200] if sys.argv else "labkernels"}
+        atomic_write(Path(out_dir) / LOCK_HOLDER, json.dumps(holder))
+        yield
+    finally:
+        (Path(out_dir) / LOCK_HOLDER).unlink(missing_ok=True)
+        lock.release()
 
 
 def load_state(out_dir: Path) -> dict:
@@ -640,8 +690,23 @@ def load_state(out_dir: Path) -> dict:
     p = Path(out_dir) / "index.json"
     if not p.exists():
         return {}
+    return read_index(p)
+
+
+def read_index(p: Path) -> dict:
+    """One index file, strictly: a regular file holding an object of rounds (PipelineError otherwise)."""
+    import stat
+
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        raise PipelineError(f"{p}: cannot read the index ({e.strerror or e})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise PipelineError(f"{p} is not a regular file; nothing was run")
     try:
         state = json.loads(p.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise PipelineError(f"{p} is corrupt (nested too deeply); nothing was run") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise PipelineError(f"{p} is corrupt ({e}); nothing was run. Restore it, or delete it to start a new "
                             f"index (every round then shows 'not run' until it is rendered again)") from None
@@ -719,6 +784,23 @@ def results_table(state: dict, notebooks_dir: Path = NOTEBOOKS_DIR) -> str:
 
 README_BEGIN = "<!-- results-table: generated by `labkernels results-table --write` from reports/index.json -->"
 README_END = "<!-- /results-table -->"
+
+
+def table_rounds(table: str) -> dict[int, str]:
+    """{round number: headline} of a results table's rows (README or :func:`results_table`)."""
+    out = {}
+    for line in table.splitlines():
+        m = re.match(r"^\|\s*(\d+)\s[^|]*\|\s*(.*?)\s*\|\s*$", line)
+        if m:
+            out[int(m.group(1))] = m.group(2)
+    return out
+
+
+def readme_table(readme: str) -> str:
+    """The table between the README's results-table markers."""
+    if README_BEGIN not in readme or README_END not in readme:
+        raise PipelineError(f"README has no results-table markers ({README_BEGIN} ... {README_END})")
+    return readme.split(README_BEGIN, 1)[1].split(README_END, 1)[0]
 
 
 def replace_readme_table(readme: str, table: str) -> str:
@@ -839,20 +921,24 @@ def _execute(nb: Path, out_nb: Path, params: dict, timeout: int | None) -> str |
 
 @contextmanager
 def _sigint_as_keyboardinterrupt():
-    """Ctrl-C reaches the kernel too (same process group) and may surface as a cell error: remember it."""
-    hit = {"sigint": False}
+    """Ctrl-C reaches the kernel too (same process group) and may surface as a cell error: remember it. SIGTERM
+    stops the build the same way (the temporary files go, the kernel is killed), with exit code 143."""
+    hit = {"sigint": False, "signal": None}
     if threading_main():
-        old = signal.getsignal(signal.SIGINT)
+        old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 
         def handler(signum, frame):
             hit["sigint"] = True
+            hit["signal"] = signum
             raise KeyboardInterrupt
 
-        signal.signal(signal.SIGINT, handler)
+        for sig in old:
+            signal.signal(sig, handler)
         try:
             yield hit
         finally:
-            signal.signal(signal.SIGINT, old)
+            for sig, h in old.items():
+                signal.signal(sig, h)
     else:
         yield hit
 
@@ -935,14 +1021,28 @@ def run(names=(), pairs=(), files=(), out_dir: Path = REPORTS_DIR, notebooks_dir
                     print(f"[{i}/{len(nbs)}] {name}: ok ({dt:.1f} s, mode {notes.get('mode', '-')}) -> "
                           f"{out_dir / (name + '.html')}", flush=True)
         except KeyboardInterrupt:
-            for p in current:
-                p.unlink(missing_ok=True)
-            print(f"\ninterrupted: {nb.stem if nb else 'the build'} was not rendered and nothing of it was written; {out_dir} holds "
-                  f"the pages finished before", file=sys.stderr, flush=True)
-            return 130
+            import logging
+
+            # the kernel client's tasks that were cut off (a kernel killed mid-cell: DeadKernelError) are reported by
+            # asyncio as "Task exception was never retrieved" with a traceback when they are collected: noise here
+            logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+            term = hit.get("signal") == signal.SIGTERM
+            print(f"\n{'terminated (SIGTERM)' if term else 'interrupted'}: {nb.stem if nb else 'the build'} was not "
+                  f"rendered and nothing of it was written; {out_dir} holds the pages finished before",
+                  file=sys.stderr, flush=True)
+            return 143 if term else 130
         except PipelineError as e:
             print(f"labkernels run: error: {e}", file=sys.stderr)
             return 2
+        except OSError as e:     # a full disk, a read-only folder: said, and nothing partial left
+            what = f"{e.strerror or e}" + (f": {e.filename}" if getattr(e, "filename", None) else "")
+            print(f"labkernels run: error: cannot write the reports ({what}); {nb.stem if nb else 'the build'} was "
+                  f"not rendered, and no temporary file is left in {out_dir}", file=sys.stderr, flush=True)
+            return 2
+        finally:
+            for p in current:    # every way out: no hidden temporary file stays in the reports folder
+                p.unlink(missing_ok=True)
+            _sweep_tmp(out_dir)
     print(f"index: {out_dir / 'index.html'} ({len(nbs) - failures} ok, {failures} failed)")
     return 1 if failures else 0
 
@@ -955,11 +1055,26 @@ def _results_table_main(args) -> int:
     index = Path(args.index)
     if not index.exists():
         raise PipelineError(f"{index} does not exist: build the reports first (python3 lab.py reports)")
-    table = results_table(load_state(index.parent))
+    state = read_index(index)          # the file named, never another one of its folder
+    table = results_table(state)
     if args.write:
         readme = Path(args.write)
-        atomic_write(readme, replace_readme_table(readme.read_text(encoding="utf-8"), table))
-        print(f"{readme}: results table rewritten from {index}")
+        try:
+            text = readme.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise PipelineError(f"{readme}: cannot read the README ({e})") from None
+        old = {n: h for n, h in table_rounds(readme_table(text)).items() if h != "not rendered"}
+        new = {n: h for n, h in table_rounds(table).items() if h != "not rendered"}
+        lost = sorted(set(old) - set(new))
+        if lost and not args.allow_fewer:
+            raise PipelineError(
+                f"refusing to rewrite {readme}: {index} holds {len(new)} rendered round(s), the README's table "
+                f"{len(old)}; round(s) {', '.join(map(str, lost))} would become 'not rendered' (e.g. round {lost[0]}: "
+                f"{old[lost[0]][:80]!r}). Render them into this index first, or pass --allow-fewer to drop them on "
+                "purpose; nothing was written")
+        atomic_write(readme, replace_readme_table(text, table))
+        print(f"{readme}: results table rewritten from {index}"
+              + (f" (rounds {', '.join(map(str, lost))} dropped on purpose: --allow-fewer)" if lost else ""))
     else:
         print(table, end="")
     return 0
@@ -977,7 +1092,10 @@ def register_cli(sub) -> None:
     p.set_defaults(func=main)
     p = sub.add_parser("results-table", help="the README's results table from reports/index.json")
     p.add_argument("--index", default=str(REPORTS_DIR / "index.json"))
-    p.add_argument("--write", metavar="README", default=None, help="rewrite the table in this README in place")
+    p.add_argument("--write", metavar="README", default=None, help="rewrite the table in this README in place "
+                   "(refused when the index has fewer rendered rounds than the README's table)")
+    p.add_argument("--allow-fewer", action="store_true",
+                   help="with --write: rewrite even where rounds of the README's table are not in the index")
     p.set_defaults(func=_results_table_main)
 
 
