@@ -309,7 +309,10 @@ def max_warps_from_achieved(achieved_warps: float, achieved_occupancy: float) ->
                              f"{achieved_occupancy!r}")
     if achieved_occupancy > 1.0:
         achieved_occupancy /= 100.0
-    return achieved_warps / achieved_occupancy
+    out = achieved_warps / achieved_occupancy
+    if not math.isfinite(out):
+        raise OccupancyError(f"{achieved_warps!r} warps at occupancy {achieved_occupancy!r} imply no finite warp count")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- reference
