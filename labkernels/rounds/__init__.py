@@ -58,7 +58,10 @@ SHARED = ("prefill", "peers")
 
 
 class RoundError(KeyError):
-    pass
+    """An unknown round, plan parameter or mode for a round (a KeyError whose message reads as written)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 def module(name: str):
@@ -147,6 +150,8 @@ def open_round(name, mode: str = "auto", **plan) -> Opened:
         if mode not in ("auto", "cpu"):
             raise RoundError(f"round {mod.NOTEBOOK} runs on the CPU (nothing recorded to {mode}): mode 'cpu' or 'auto'")
         return Opened(mod.NOTEBOOK, "cpu", full)
+    if mode == "cpu":     # a banner "computed while it rendered" over recorded GPU numbers would be false
+        raise RoundError(f"round {mod.NOTEBOOK} shows recorded GPU runs: mode measure, replay or auto, not cpu")
     mode = report.resolve_mode(mode, mod.DATA[0])
     if mode == "measure":
         return Opened(mod.NOTEBOOK, mode, full, measure_into(mod, **full))

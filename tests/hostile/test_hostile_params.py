@@ -148,3 +148,10 @@ def test_a_parameters_file_that_is_not_a_mapping_is_refused(tmp_path):
         f.write_text(body)
         r = labkernels("run", "03", "-f", f, "--out", tmp_path / "out")
         assert_clean_error(r, "-f")
+
+
+def test_a_gpu_round_opened_in_cpu_mode_is_refused_by_the_library_too():
+    from labkernels import rounds
+
+    with pytest.raises(rounds.RoundError, match="shows recorded GPU runs: mode measure, replay or auto, not cpu"):
+        rounds.open_round("03", "cpu")
