@@ -564,7 +564,8 @@ def round_problems(nb: Path, params: dict, given: dict, declared: dict) -> list[
         out += check(params)
     if "mode" not in params:
         return out
-    mode, opens = params["mode"], bool(mod.DATA) and (mod.measure is not None or hasattr(mod, "record_runs"))
+    mode = params["mode"]
+    opens = bool(mod.DATA) and (getattr(mod, "measure", None) is not None or hasattr(mod, "record_runs"))
     gpu = None
     if mode == "measure" and opens:
         gpu = provenance.gpu_available()

@@ -295,7 +295,17 @@ def replay_run(round_name: str, root: Path | None = None, where=None) -> Run | N
     newer run of it is not finished (status ``running``: still being recorded, or a recording that died): replay
     would then publish an older run in its place, so it refuses with a RecordError naming both runs. A newer
     ``failed`` run is final: the page keeps the latest complete one."""
-    runs = [r for r in list_runs(round_name, root, status=None) if where is None or where(r)]
+    def keep(r) -> bool:
+        if where is None:
+            return True
+        try:
+            return where(r)
+        except RecordError:              # a run still being recorded may lack what the filter reads: count it
+            if r.meta["status"] in FINISHED:
+                raise
+            return True
+
+    runs = [r for r in list_runs(round_name, root, status=None) if keep(r)]
     complete = [r for r in runs if r.meta["status"] == "complete"]
     pick = complete[-1] if complete else None
     newer = [r for r in runs if r.meta["status"] not in FINISHED and (pick is None or r.run_id > pick.run_id)]

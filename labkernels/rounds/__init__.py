@@ -84,7 +84,7 @@ def param_modes(mod) -> dict:
     replay shows the recorded plan instead) except its ``REPLAY_KEYS`` (those select the run replay shows)."""
     if hasattr(mod, "PARAM_MODES"):
         return dict(mod.PARAM_MODES)
-    if not mod.DATA or (mod.measure is None and not hasattr(mod, "record_runs")):
+    if not mod.DATA or (getattr(mod, "measure", None) is None and not hasattr(mod, "record_runs")):
         return {}
     return {k: ("measure",) for k in mod.PLAN if k not in getattr(mod, "REPLAY_KEYS", ())}
 

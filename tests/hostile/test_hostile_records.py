@@ -154,6 +154,14 @@ def test_replay_refuses_a_series_whose_newest_run_is_still_running(tmp_path):
     assert records.replay_run("prefill", tmp_path).run_id == running.run_id
 
 
+def test_a_running_run_that_the_replay_filter_cannot_read_still_blocks_replay(tmp_path):
+    done = finished_run(tmp_path)
+    running = records.new_run("prefill", {"x": 2}, root=tmp_path)      # no table yet: the filter cannot read it
+    with pytest.raises(records.RecordError, match=rf"newest run {running.run_id}"):
+        records.replay_run("prefill", tmp_path, where=lambda r: len(r.table("t")) > 0)
+    assert records.latest("prefill", tmp_path, where=lambda r: len(r.table("t")) > 0).run_id == done.run_id
+
+
 def test_a_round_page_refuses_to_replay_past_a_running_run(tmp_path, monkeypatch):
     """Round 3's page in replay, with a newer q6k run that never finished: refused before anything renders."""
     src = REPO / "data" / "03_q6k_expanded_b"
