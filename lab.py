@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 import venv
@@ -77,7 +78,29 @@ def register_kernel() -> None:
 
 def sync_notebooks() -> int:
     sources = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
-    return subprocess.run([str(PY), "-m", "jupytext", "--sync", *map(str, sources)], cwd=ROOT).returncode
+    return run_child([str(PY), "-m", "jupytext", "--sync", *map(str, sources)])
+
+
+def run_child(cmd, **kw) -> int:
+    """Run a command to its end and return its exit code. Ctrl-C reaches it too (one process group): it stops on
+    its own (labkernels run exits 130, leaving nothing partial), so this waits for it instead of killing it half-way;
+    SIGTERM is passed on to it. Either way no traceback of this script."""
+    p = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, **kw)
+    old = signal.signal(signal.SIGTERM, lambda *_: p.send_signal(signal.SIGTERM))
+    try:
+        while True:
+            try:
+                return p.wait()
+            except KeyboardInterrupt:
+                try:
+                    p.wait(timeout=30)      # its own clean-up; a second Ctrl-C lands here again
+                except subprocess.TimeoutExpired:
+                    p.terminate()
+                except KeyboardInterrupt:
+                    continue
+                return 130 if p.wait() in (130, -signal.SIGINT) else p.returncode
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def main(argv: list[str]) -> int:
@@ -89,15 +112,28 @@ def main(argv: list[str]) -> int:
     if cmd == "env":
         return 0
     if cmd == "reports":
-        return subprocess.run([str(PY), "-m", "labkernels", "run", *rest], cwd=ROOT).returncode
+        return run_child([PY, "-m", "labkernels", "run", *rest])
     if cmd == "sync":
         return sync_notebooks()
     if cmd == "lab":
         register_kernel()
-        return subprocess.run([str(PY), "-m", "jupyter", "lab", f"--notebook-dir={ROOT / 'notebooks'}", *rest],
-                              cwd=ROOT).returncode
-    return subprocess.run([str(PY), "-m", "pytest", *rest], cwd=ROOT, env=dict(os.environ, MPLBACKEND="Agg")).returncode
+        return run_child([PY, "-m", "jupyter", "lab", f"--notebook-dir={ROOT / 'notebooks'}", *rest])
+    return run_child([PY, "-m", "pytest", *rest], env=dict(os.environ, MPLBACKEND="Agg"))
+
+
+def entry(argv: list[str]) -> int:
+    """main() without a Python traceback: Ctrl-C exits 130 (the README's promise), a failing setup step names
+    itself and its exit code."""
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except subprocess.CalledProcessError as e:
+        cmd = " ".join(str(c) for c in e.cmd) if isinstance(e.cmd, (list, tuple)) else str(e.cmd)
+        print(f"lab.py: error: `{cmd}` failed with exit code {e.returncode}", file=sys.stderr)
+        return e.returncode if e.returncode > 0 else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(entry(sys.argv[1:]))

@@ -34,6 +34,36 @@ from .model import ModelError
 
 SUPPORTED_ARCHS = ("gemma3", "llama", "qwen2")
 
+
+class TokenError(ValueError):
+    """Token ids a model cannot take: not integers, empty, not 1-D, or outside [0, vocab)."""
+
+
+def check_token_ids(tokens, vocab: int, what: str = "token ids") -> np.ndarray:
+    """``tokens`` as a 1-D int64 array after checking that they are integers (no float or bool ids: a float would be
+    truncated silently), at least one, and each in [0, vocab); TokenError naming the first bad one otherwise."""
+    if isinstance(tokens, (str, bytes)):
+        raise TokenError(f"{what} must be a sequence of integers, got {type(tokens).__name__} {tokens!r}")
+    try:
+        a = np.asarray(tokens)
+    except (ValueError, TypeError) as e:
+        raise TokenError(f"{what} must be a sequence of integers ({e})") from None
+    if a.ndim > 1:
+        raise TokenError(f"{what} must be 1-D, got shape {a.shape}")
+    a = a.reshape(-1)
+    if a.size == 0:
+        raise TokenError(f"{what}: empty (a prompt needs at least one token)")
+    if a.dtype == bool or not np.issubdtype(a.dtype, np.integer):
+        bad = next((t for t in a.tolist() if isinstance(t, bool) or not isinstance(t, int)), a.tolist()[0])
+        raise TokenError(f"{what} must be integers, got {type(bad).__name__} {bad!r} (dtype {a.dtype})")
+    out = a.astype(np.int64)
+    badi = np.flatnonzero((out < 0) | (out >= vocab))
+    if len(badi):
+        i = int(badi[0])
+        raise TokenError(f"{what} must be non-negative and below the vocabulary size {vocab}: id {int(out[i])} at "
+                         f"position {i} is not ({len(badi)} of {out.size} ids are outside [0, {vocab}))")
+    return out
+
 # llama.cpp llama_model_rope_type(): LLM_ARCH_LLAMA -> LLAMA_ROPE_TYPE_NORM ("pairs of consecutive head
 # values"); LLM_ARCH_QWEN2 and LLM_ARCH_GEMMA3 -> LLAMA_ROPE_TYPE_NEOX ("pairs offset by n_rot/2").
 ROPE_STYLE = {"llama": "normal", "qwen2": "neox", "gemma3": "neox"}

@@ -415,6 +415,10 @@ def audit(kernels=None, archs=DEFAULT_ARCHS, *, kernels_dir=None, device=None, u
     kdir = Path(kernels_dir or registry.KERNELS_DIR)
     if isinstance(archs, str):
         archs = (archs,)
+    if not kdir.is_dir():
+        raise AuditError(f"kernels folder {kdir}: {'not a folder' if kdir.exists() else 'no such folder'}")
+    if not any(kdir.glob("*.cu")):
+        raise AuditError(f"kernels folder {kdir} holds no .cu sources")
     groups = discover(kdir if kernels_dir else None, kernels)
     nvcc = nvcc_path()
     if not nvcc:
@@ -566,13 +570,19 @@ def main(args) -> int:
     """Handler of ``labkernels audit``: the table (or JSON); with --check exit 1 on main-path failures."""
     kernels = None
     if getattr(args, "family", None):
+        families = list(dict.fromkeys(k.family for k in registry.KERNELS))
+        unknown = [f for f in args.family if f not in families]
+        if unknown:
+            print(f"labkernels audit: error: unknown famil{'ies' if len(unknown) > 1 else 'y'} {', '.join(unknown)}; "
+                  f"registry families: {', '.join(families)}", file=sys.stderr)
+            return 2
         kernels = [k for k in registry.KERNELS if k.family in set(args.family)]
     archs = tuple(args.archs or DEFAULT_ARCHS)
     try:
         rows = audit(kernels, archs, kernels_dir=args.kernels_dir, device=args.device,
                      use_cache=not args.no_cache)
     except AuditError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"labkernels audit: error: {e}", file=sys.stderr)
         return 2
     fails = check(rows, require_archs=archs if "sm_90" not in archs else ("sm_90",))
     if args.json:

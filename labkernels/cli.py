@@ -37,6 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def lab_error(e: BaseException) -> bool:
+    """Whether ``e`` is one of the lab's own errors (its class is defined in labkernels: ModelError, RecordError,
+    PipelineError, ShapeError, ...), which name what was wrong -- as opposed to an error of Python or a library
+    that escaped a check (a bug: the check is missing)."""
+    return any(c.__module__.split(".")[0] == "labkernels" for c in type(e).__mro__[:-1])
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -45,12 +52,17 @@ def main(argv=None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as e:
-        # bad input gets a clear one-line error; set LABKERNELS_DEBUG=1 for the traceback
+        # bad input gets a clear one-line error, never a traceback; set LABKERNELS_DEBUG=1 for the traceback
         import os
 
         if os.environ.get("LABKERNELS_DEBUG"):
             raise
-        print(f"labkernels {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        if lab_error(e):
+            print(f"labkernels {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        else:
+            print(f"labkernels {args.command}: error: {type(e).__name__}: {e} (an unexpected error: no check of "
+                  "labkernels caught this input -- please report it; LABKERNELS_DEBUG=1 shows the traceback)",
+                  file=sys.stderr)
         return 2
     return int(rc or 0)
 

@@ -847,9 +847,29 @@ def _int8_default(qtype: str) -> tuple[str, dict]:
 def choose(qtype: str, nt: int, od: int, id_: int, table=None, cc: int | None = None) -> Choice:
     """The ``auto`` choice (see :func:`_choose`); memoized per process for the recorded table, since the prefill
     asks once per weight per forward (a pandas lookup each time cost ~1 ms x 225 GEMMs = 0.17 s a 7B prefill)."""
+    check_gemm_shape(qtype, nt, od, id_, "choose")
     if table is not None:
         return _choose(qtype, nt, od, id_, table, cc)
     return _choose_cached(qtype, int(nt), int(od), int(id_), cc)
+
+
+#: the weight types the GEMM families take
+GEMM_QTYPES = ("q4_K", "q6_K")
+_MAX_DIM = 2 ** 31 - 1
+
+
+def check_gemm_shape(qtype, nt, od, id_, what: str = "gemm") -> None:
+    """ShapeError unless ``qtype`` is q4_K / q6_K and nt, od, id are integers in 1..2^31-1 with id a multiple of 256
+    (host-side, O(1): :func:`choose` runs it on every call)."""
+    if qtype not in GEMM_QTYPES:
+        raise ShapeError(f"{what}: qtype must be {' or '.join(GEMM_QTYPES)}, got {qtype!r}")
+    for name, v in (("nt", nt), ("od", od), ("id", id_)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise ShapeError(f"{what}: {name} must be an integer, got {v!r} ({type(v).__name__})")
+        if not 1 <= v <= _MAX_DIM:
+            raise ShapeError(f"{what}: {name} must be in 1..{_MAX_DIM}, got {v}")
+    if id_ % 256:
+        raise ShapeError(f"{what}: id={id_} is not a multiple of 256 (whole q4_K / q6_K super-blocks)")
 
 
 @lru_cache(maxsize=4096)
@@ -956,8 +976,10 @@ def qmatmul(x, w: QWeight, kernel: str = "auto", out=None, **params):
 
     from . import wgmma
 
-    if kernel not in QMATMUL_KERNELS:
+    if not isinstance(kernel, str) or kernel not in QMATMUL_KERNELS:
         raise ShapeError(f"unknown kernel {kernel!r}: one of {', '.join(QMATMUL_KERNELS)}")
+    if not isinstance(w, QWeight):
+        raise ShapeError(f"qmatmul takes a QWeight (gpu.QWeight.upload(raw, qtype)), got {type(w).__name__}")
     if kernel == "int8":
         kernel = _int8_default(w.qtype)[0]
     if isinstance(x, Q8Tiles):     # a prepass shared between calls: the int8 families only

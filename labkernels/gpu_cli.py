@@ -415,19 +415,40 @@ def _set_paths(args) -> None:
     _log(f"gemm_dense path {gpu.DENSE_PATH}, cuDNN plan policy {attention.CUDNN_PLAN}")
 
 
+def check_args(args) -> None:
+    """The paths and lists gpu-check was given, before anything runs (GpuCheckError naming the bad one)."""
+    if args.gemma is not None:
+        g = Path(args.gemma)
+        if not str(args.gemma).strip() or not g.is_file():
+            why = "empty" if not str(args.gemma).strip() else "not a regular file" if g.exists() else "no such file"
+            raise GpuCheckError(f"--gemma {args.gemma!r}: {why} (give the Gemma 3 270M GGUF, or leave it out for "
+                                "data/models/)")
+    if getattr(args, "old_kernels", None) and not Path(args.old_kernels).is_dir():
+        raise GpuCheckError(f"--old-kernels {args.old_kernels!r}: no such folder")
+    for name in ("repeats", "sweep_repeats", "decompose_nt", "sanitizer_timeout"):
+        v = getattr(args, name, None)
+        if v is not None and v < 1:
+            raise GpuCheckError(f"--{name.replace('_', '-')} {v}: must be >= 1")
+
+
+class GpuCheckError(RuntimeError):
+    """Bad arguments to ``labkernels gpu-check`` (refused before any step runs)."""
+
+
 def main(args) -> int:
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     steps = args.steps.split(",") if args.steps else ["env", "tests", "sanitizer", "occupancy", "q6k"]
-    results, failed = {}, []
     from . import rounds
 
-    args.log = _log
-    _set_paths(args)
     funcs = {**{k[5:]: v for k, v in globals().items() if k.startswith("step_")}, **rounds.gpu_check_steps()}
     bad = [s for s in steps if s not in funcs]
     if bad:                                   # before any step runs
-        raise SystemExit(f"unknown step {bad[0]!r}; steps: {', '.join(funcs)}")
+        raise GpuCheckError(f"unknown step {bad[0]!r}; steps: {', '.join(funcs)}")
+    check_args(args)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    results, failed = {}, []
+    args.log = _log
+    _set_paths(args)
     for s in steps:
         _log(f"== step {s}")
         t0 = time.time()
@@ -436,7 +457,10 @@ def main(args) -> int:
         except Exception as e:
             import traceback
 
-            traceback.print_exc()
+            if type(e).__module__.startswith("labkernels"):   # the lab's own error names what was wrong
+                _log(f"step {s}: {type(e).__name__}: {e}")
+            else:
+                traceback.print_exc()
             r = {"ok": False, "error": f"{type(e).__name__}: {e}"}
         r["seconds"] = round(time.time() - t0, 1)
         results[s] = r

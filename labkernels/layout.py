@@ -49,8 +49,20 @@ def f16_column(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(b).view("<f2").astype(np.float32).reshape(-1, 1)
 
 
+class LayoutError(ValueError):
+    """Block bytes that are not [n, bytes] uint8 with at least one whole block per row."""
+
+
+def _blocks(blocks, nbytes: int, what: str) -> np.ndarray:
+    b = np.asarray(blocks)
+    if b.dtype != np.uint8 or b.ndim != 2 or b.shape[1] < nbytes:
+        raise LayoutError(f"{what} takes [n, >={nbytes}] uint8 block bytes, got {b.dtype} {b.shape}")
+    return b
+
+
 def q6k_codes(blocks: np.ndarray) -> np.ndarray:
     """6-bit codes (0..63, uint8) of every element of [n, >=210] q6_K block bytes, via the maps."""
+    blocks = _blocks(blocks, 210, "q6k_codes")
     lo = (blocks[:, Q6K_QL_BYTE] >> Q6K_QL_SHIFT.astype(np.uint8)) & np.uint8(0x0F)
     hi = (blocks[:, Q6K_QH_BYTE] >> Q6K_QH_SHIFT.astype(np.uint8)) & np.uint8(0x03)
     return (lo | (hi << np.uint8(4))).astype(np.int8)
@@ -58,11 +70,15 @@ def q6k_codes(blocks: np.ndarray) -> np.ndarray:
 
 def q4k_codes(blocks: np.ndarray) -> np.ndarray:
     """4-bit codes (0..15) of every element of [n, 144] q4_K blocks."""
+    blocks = _blocks(blocks, 144, "q4k_codes")
     return (blocks[:, Q4K_QS_BYTE] >> Q4K_QS_SHIFT.astype(np.uint8)) & np.uint8(0x0F)
 
 
 def q4k_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Unpack the 12 packed bytes into 8 six-bit scales and 8 six-bit mins (ggml get_scale_min_k4)."""
+    s = np.asarray(s)
+    if s.ndim != 2 or s.shape[1] != 12 or not np.issubdtype(s.dtype, np.integer):
+        raise LayoutError(f"q4k_scale_min takes [n, 12] packed scale bytes, got {s.dtype} {s.shape}")
     s = s.astype(np.uint8)
     j = np.arange(8)
     lo = j < 4
@@ -75,6 +91,7 @@ def q4k_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def q5_0_codes(blocks: np.ndarray) -> np.ndarray:
     """5-bit codes (0..31) of every element of [n, 22] q5_0 blocks."""
+    blocks = _blocks(blocks, 22, "q5_0_codes")
     lo = (blocks[:, Q5_0_QS_BYTE] >> Q5_0_QS_SHIFT.astype(np.uint8)) & np.uint8(0x0F)
     qh = np.ascontiguousarray(blocks[:, 2:6]).view("<u4").reshape(-1, 1)
     hi = ((qh >> Q5_0_QH_BIT.astype(np.uint32)) & np.uint32(1)).astype(np.uint8)

@@ -2,8 +2,9 @@
 
 Every bad input gets a :class:`ModelError` that names the file and the problem (missing, not a regular
 file, truncated, not a GGUF, a count or offset that does not fit the file, unsupported tensor type, row
-length not a multiple of 256) instead of a numpy traceback or a hang; the structural checks are
-:mod:`labkernels.gguf_check`, run before gguf-py reads the file.
+length not a multiple of 256, a NaN/Inf block scale or weight) instead of a numpy traceback, a hang or NaN
+results; the structural checks are :mod:`labkernels.gguf_check`, run before gguf-py reads the file, the value
+checks :func:`check_values`, run on every tensor once gguf-py has mapped it.
 """
 
 from __future__ import annotations
@@ -166,7 +167,9 @@ def open_model(path=None) -> Model:
 
     from .gguf_check import check_gguf
 
-    path = Path(path) if path else default_model_path()
+    if path is not None and not str(path).strip():
+        raise ModelError("model path is empty (give a GGUF file, or leave it out for the Gemma model)")
+    path = Path(path) if path is not None else default_model_path()
     hint = " (run `labkernels fetch-model`)" if path == DEFAULT_MODEL else ""
     layout = check_gguf(path, hint=hint)
     size = layout.size
@@ -183,7 +186,50 @@ def open_model(path=None) -> Model:
         if end > size or t.data.nbytes != int(t.n_bytes):
             raise ModelError(f"{path}: truncated: tensor {t.name} needs bytes up to {end} but the file has "
                              f"{size} bytes")
+    for t in reader.tensors:
+        check_values(path, t.name, t.tensor_type.name, t.data, int(t.data_offset))
     return Model(path, reader)
+
+
+def check_values(path, name: str, ggml_type: str, data, data_offset: int | None = None) -> None:
+    """Refuse a tensor whose values cannot be finite: a block-quantized tensor (q4_K, q6_K, q8_0, q5_0) with a
+    NaN or Inf float16 scale (``d``, ``dmin``: every value of that block is NaN/Inf), or an F32/F16 tensor holding
+    NaN/Inf -- llama.cpp refuses such rows when it loads a model (``ggml_validate_row_data``). Vectorized over the
+    tensor's bytes (no dequantization); the ModelError names the file, the tensor, the first bad block (its row,
+    its file offset) and how many there are."""
+    from . import quants
+
+    qtype = KNOWN_TYPES.get(ggml_type)
+    if qtype in ("f32", "f16"):
+        arr = np.asarray(data)
+        arr = arr.view(np.float16) if qtype == "f16" and arr.dtype != np.float16 else arr
+        bad = ~np.isfinite(arr.reshape(-1))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ModelError(f"{path}: tensor {name!r} ({ggml_type}): element {i} is {float(arr.reshape(-1)[i])}"
+                             + (f" (file offset {data_offset + i * arr.itemsize})" if data_offset is not None else "")
+                             + f"; {int(bad.sum())} non-finite values: a model's weights must be finite")
+        return
+    if qtype not in quants.QTYPES or not quants.scale_offsets(qtype):
+        return
+    raw = np.asarray(data)
+    if raw.dtype != np.uint8:
+        raw = raw.view(np.uint8)
+    _, nbytes = quants.BLOCK_SIZES[qtype]
+    if raw.ndim == 0 or raw.shape[-1] % nbytes:
+        raw = raw.reshape(-1)
+    idx, fields = quants.nonfinite_scales(raw, qtype)
+    if not len(idx):
+        return
+    i = int(idx[0])
+    per_row = raw.shape[-1] // nbytes
+    where = f"block {i}" + (f" (row {i // per_row}, block {i % per_row} of the row)" if raw.ndim > 1 else "")
+    if data_offset is not None:
+        where += f" at file offset {data_offset + i * nbytes}"
+    n = len(idx)
+    raise ModelError(f"{path}: tensor {name!r} ({ggml_type}): {where} has a non-finite scale ({', '.join(fields)}): "
+                     f"every value of the block would be NaN/Inf; {n} of {raw.size // nbytes} blocks "
+                     f"{'has' if n == 1 else 'have'} a NaN/Inf scale (llama.cpp refuses such a model)")
 
 
 def kquant_weights(model: Model, qtype: str | None = None, name_filter: str | None = None):
@@ -197,6 +243,11 @@ def kquant_weights(model: Model, qtype: str | None = None, name_filter: str | No
             if rx is None or rx.search(t.name):
                 out.append(t)
     return out
+
+
+def quants_ggml(qtype: str) -> str:
+    """gguf-py's type name of a labkernels type name ('q4_K' -> 'Q4_K')."""
+    return {v: k for k, v in KNOWN_TYPES.items()}.get(qtype, qtype)
 
 
 def repo_relative(p: Path) -> str:
@@ -226,11 +277,16 @@ def export_kquant(path=None, dest=None) -> Path:
 def load_kquant(path=None) -> list[tuple[str, str, np.ndarray]]:
     """(name, qtype, raw [rows, row_bytes]) for every q4_K / q6_K weight of the real model, from the GGUF
     when it is present, else from the export_kquant cache. Raises ModelError when neither exists."""
-    gguf_path = Path(path) if path else default_model_path()
+    if path is not None and not str(path).strip():
+        raise ModelError("model path is empty (give a GGUF file, or leave it out for the Gemma model)")
+    gguf_path = Path(path) if path is not None else default_model_path()
     if gguf_path.exists():
         return [(t.name, t.qtype, np.asarray(t.raw())) for t in kquant_weights(open_model(gguf_path))]
     if KQUANT_CACHE.exists():
         z = np.load(KQUANT_CACHE)
-        return [(k.split("__", 1)[1], k.split("__", 1)[0], z[k]) for k in sorted(z.files)]
+        out = [(k.split("__", 1)[1], k.split("__", 1)[0], z[k]) for k in sorted(z.files)]
+        for name, qtype, raw in out:
+            check_values(KQUANT_CACHE, name, quants_ggml(qtype), raw)
+        return out
     raise ModelError(f"neither the model {gguf_path} nor the tensor cache {KQUANT_CACHE} exists "
                      "(run `labkernels fetch-model`)")

@@ -134,7 +134,9 @@ def profile(name) -> dict:
     A profile dict is passed through unchanged.
     """
     if isinstance(name, dict):
-        return name
+        return _check_profile_dict(name)
+    if not isinstance(name, str):
+        raise OccupancyError(f"device must be a profile name or a profile dict, got {type(name).__name__} {name!r}")
     profs = load_profiles()
     n = _norm(name)
     for key, p in profs.items():
@@ -142,6 +144,25 @@ def profile(name) -> dict:
             return copy.deepcopy(p)
     raise OccupancyError(f"unknown device {name!r}; known: "
                          + ", ".join(f"{k} ({', '.join(p['aliases'])})" for k, p in profs.items()))
+
+
+def _check_profile_dict(p: dict) -> dict:
+    """A profile given as a dict must hold what the calculator reads, with values of the right kind."""
+    need = ("key", "name", "arch", "sm_count") + tuple(ARCH_KEYS)
+    missing = [k for k in need if k not in p]
+    if missing:
+        raise OccupancyError(f"device profile dict lacks {missing} (a profile from occupancy.profile(name) has them)")
+    for k in ("sm_count",) + tuple(k for k in ARCH_KEYS if k != "reg_alloc_granularity"):
+        v = p[k]
+        vals = v if isinstance(v, (tuple, list)) else (v,)
+        if not vals or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in vals):
+            raise OccupancyError(f"device profile {p.get('key')!r}: {k} = {v!r} is not a non-negative integer"
+                                 + (" list" if isinstance(v, (tuple, list)) else ""))
+    for k in ("warp_size", "max_warps_per_sm", "reg_subpartitions", "reg_alloc_unit", "smem_alloc_granularity",
+              "max_blocks_per_sm", "max_threads_per_block", "sm_count"):
+        if k in p and p[k] < 1:
+            raise OccupancyError(f"device profile {p.get('key')!r}: {k} = {p[k]!r} must be >= 1")
+    return p
 
 
 # ---------------------------------------------------------------------------------------------------- calculator
@@ -273,10 +294,25 @@ def occupancy(device, threads_per_block: int, regs_per_thread: int, smem_per_blo
 
 
 def max_warps_from_achieved(achieved_warps: float, achieved_occupancy: float) -> float:
-    """The per-SM warp ceiling implied by an achieved-occupancy reading (ncu: warps/SM and its % of peak)."""
+    """The per-SM warp ceiling implied by an achieved-occupancy reading (ncu: warps/SM and its % of peak): warps >= 0,
+    occupancy in (0, 1] or a percentage in (1, 100]; OccupancyError otherwise."""
+    import math  # noqa: PLC0415
+    import numbers  # noqa: PLC0415
+
+    for name, v in (("achieved_warps", achieved_warps), ("achieved_occupancy", achieved_occupancy)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+            raise OccupancyError(f"{name} must be a finite number, got {v!r}")
+    if achieved_warps < 0:
+        raise OccupancyError(f"achieved_warps must be >= 0, got {achieved_warps!r}")
+    if not 0 < achieved_occupancy <= 100:
+        raise OccupancyError(f"achieved_occupancy must be a fraction in (0, 1] or a percentage in (1, 100], got "
+                             f"{achieved_occupancy!r}")
     if achieved_occupancy > 1.0:
         achieved_occupancy /= 100.0
-    return achieved_warps / achieved_occupancy
+    out = achieved_warps / achieved_occupancy
+    if not math.isfinite(out):
+        raise OccupancyError(f"{achieved_warps!r} warps at occupancy {achieved_occupancy!r} imply no finite warp count")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- reference

@@ -1346,14 +1346,41 @@ def _shapes(s: str | None) -> list[tuple[int, int]]:
     if not s:
         return LAB_SHAPES
     try:
-        return [tuple(int(v) for v in x.lower().split("x")) for x in s.split(",")]
+        shapes = [tuple(int(v) for v in x.lower().split("x")) for x in s.split(",")]
     except ValueError:
         raise PeerError(f"--shapes {s!r}: use ODxID,ODxID (e.g. 4096x4096,11008x4096)") from None
+    for sh in shapes:
+        if len(sh) != 2 or sh[0] < 1 or sh[1] < 256 or sh[1] % 256:
+            raise PeerError(f"--shapes {s!r}: {'x'.join(map(str, sh))} is not ODxID with OD >= 1 and ID a positive "
+                            "multiple of 256 (whole k-quant blocks)")
+    return shapes
+
+
+def _types(s: str) -> list[str]:
+    types = [t for t in (s or "").split(",") if t]
+    known = [t for t in GGML_TYPE_ID if t != "f32"]
+    bad = [t for t in types if t not in known]
+    if not types or bad:
+        raise PeerError(f"--types {s!r}: {'unknown type ' + ', '.join(bad) if bad else 'no type'}; types: "
+                        f"{', '.join(known)}")
+    return types
+
+
+def _nts(s: str | None) -> list[int]:
+    if not s:
+        return LAB_NTS + EXTRA_NTS
+    try:
+        nts = [int(x) for x in s.split(",")]
+    except ValueError:
+        raise PeerError(f"--nts {s!r}: a comma list of token counts (e.g. 512,4096)") from None
+    if any(n < 1 for n in nts):
+        raise PeerError(f"--nts {s!r}: token counts must be >= 1")
+    return nts
 
 
 def mmq_main(args) -> int:
-    nts = [int(x) for x in args.nts.split(",")] if args.nts else LAB_NTS + EXTRA_NTS
-    types, shapes = args.types.split(","), _shapes(args.shapes)
+    nts = _nts(args.nts)
+    types, shapes = _types(args.types), _shapes(args.shapes)
     if args.print_test_file:
         sys.stdout.write(tbo_test_file(types, shapes, nts))
         return 0

@@ -6,16 +6,21 @@ navigation bar, and updates ``reports/index.html`` / ``reports/index.json`` with
 headline figures and provenance.
 
 * Parameters given with -p/-f are checked against every selected notebook's ``parameters`` cell before
-  any cell runs: a name no selected notebook declares, or a value of the wrong type, is an error that
-  lists the parameters and their types. A notebook that does not declare a given name ignores it, so
+  any cell runs: a name no selected notebook declares, a value of the wrong type or outside the values the
+  declaration allows (:func:`parse_type`: ``OneOf``, ``Range``, ``Member``, ...), or one the round says has no
+  effect in the mode the page renders in (:func:`round_problems`), is an error that lists the parameters,
+  their types and allowed values. A notebook that does not declare a given name ignores it, so
   ``-p mode=replay`` applies to every GPU round at once. A YAML file may also hold per-notebook sections:
   ``{"03_q6k_expanded_b": {"repeats": 50}}`` (checked strictly against that notebook).
 * A failing notebook is rendered to ``reports/<name>.failed.html`` (its traceback is in the page); the
   last good ``reports/<name>.html`` stays, the index links both, and the command exits non-zero; the
   other notebooks still run.
 * Every file is written under a per-process temporary name and renamed into place; the index is updated
-  under a lock (read, merge this round, write), so concurrent builds cannot corrupt each other. Ctrl-C
-  stops with exit code 130 and leaves nothing partial behind. A corrupt ``index.json`` is an error.
+  under a lock (read, merge this round, write), so concurrent builds cannot corrupt each other; a build that
+  waits for the lock says who holds it and how long it will wait. Ctrl-C stops with exit code 130 (SIGTERM:
+  143) and leaves nothing partial behind, nor does a failed write (a full disk). A corrupt ``index.json`` is an
+  error, and ``results-table --write`` reads the index file it is given and refuses one with fewer rendered
+  rounds than the README's table (``--allow-fewer``: on purpose).
 """
 
 from __future__ import annotations
@@ -140,22 +145,80 @@ def load_params(pairs, files, notebooks_dir: Path = NOTEBOOKS_DIR) -> tuple[dict
 
 
 _GENERIC = re.compile(r"^(\w+)\s*\[(.*)\]$")
+#: wrappers and named types of a parameter declaration (the annotation papermill reads: word characters, brackets,
+#: commas and spaces only)
+_NAMED = ("Shape", "Regex", "RunId", "Cluster")
+
+
+def _split_args(s: str) -> list[str]:
+    """'a, List[b, c], d' -> ['a', 'List[b, c]', 'd'] (commas at bracket depth 0)."""
+    out, depth, cur = [], 0, ""
+    for ch in s:
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+            continue
+        depth += (ch == "[") - (ch == "]")
+        cur += ch
+    if cur.strip():
+        out.append(cur.strip())
+    return out
+
+
+def _literal(word: str):
+    return int(word) if re.fullmatch(r"\d+", word) else word
 
 
 def parse_type(annotation: str):
-    """'int' | 'float' | 'str' | 'bool' | 'list' | 'List[T]' | 'Optional[T]' -> a type spec tuple."""
+    """A parameter's declared type, with its allowed values where it names them:
+
+    * ``int`` | ``float`` | ``str`` | ``bool`` | ``list`` | ``List[T]`` | ``Optional[T]`` | ``Any``;
+    * ``OneOf[a, b, ...]``: one of these values (digits: an int, words: a str), e.g. ``OneOf[auto, measure, replay]``;
+    * ``Range[lo, hi]``: an int from lo to hi;
+    * ``NonEmpty[List[T]]``: a list with at least one element;
+    * ``Shape``: ``[od, id]`` of a weight, od in 1..65536, id a multiple of 256 up to 65536;
+      ``Regex``: a regular expression that compiles; ``RunId``: a recorded run id; ``Cluster``: a Dask cluster
+      (``local[:N]``, ``local-cuda[:N]``, ``tcp://HOST:PORT``);
+    * ``Known[table]``: a value of one of the lab's tables (:data:`KNOWN`: device profiles, kernel families, ...);
+    * ``Member[param]``: one of the elements of the notebook's list parameter ``param`` (``headline_nt: "Member[nts]"``).
+
+    Returns a spec tuple (kind, ...)."""
     a = annotation.strip().strip("'\"")
     simple = {"int": ("int",), "float": ("float",), "str": ("str",), "bool": ("bool",),
               "list": ("list", ("any",)), "List": ("list", ("any",)), "Any": ("any",), "None": ("none",)}
     if a in simple:
         return simple[a]
+    if a in _NAMED:
+        return ("named", a)
     m = _GENERIC.match(a)
-    if m and m.group(1) in ("List", "list"):
-        return ("list", parse_type(m.group(2)))
-    if m and m.group(1) == "Optional":
-        return ("optional", parse_type(m.group(2)))
-    raise PipelineError(f"unsupported parameter annotation {annotation!r} (use int, float, str, bool, "
-                        f"List[...], Optional[...])")
+    if m:
+        head, args = m.group(1), _split_args(m.group(2))
+        if head in ("List", "list") and len(args) == 1:
+            return ("list", parse_type(args[0]))
+        if head == "Optional" and len(args) == 1:
+            return ("optional", parse_type(args[0]))
+        if head == "NonEmpty" and len(args) == 1:
+            inner = parse_type(args[0])
+            if inner[0] != "list":
+                raise PipelineError(f"parameter annotation {annotation!r}: NonEmpty takes a List[...]")
+            return ("nonempty", inner)
+        if head == "OneOf" and args:
+            return ("oneof", tuple(_literal(w) for w in args))
+        if head == "Range" and len(args) == 2 and all(re.fullmatch(r"\d+", w) for w in args):
+            lo, hi = int(args[0]), int(args[1])
+            if lo > hi:
+                raise PipelineError(f"parameter annotation {annotation!r}: the range is empty")
+            return ("range", lo, hi)
+        if head == "Known" and len(args) == 1:
+            if args[0] not in KNOWN:
+                raise PipelineError(f"parameter annotation {annotation!r}: no table {args[0]!r}; tables: "
+                                    f"{', '.join(KNOWN)}")
+            return ("known", args[0])
+        if head == "Member" and len(args) == 1 and re.fullmatch(r"\w+", args[0]):
+            return ("member", args[0])
+    raise PipelineError(f"unsupported parameter annotation {annotation!r} (use int, float, str, bool, List[...], "
+                        f"Optional[...], OneOf[...], Range[lo, hi], NonEmpty[List[...]], {', '.join(_NAMED)}, "
+                        f"Known[table], Member[param])")
 
 
 def infer_type(value):
@@ -182,7 +245,162 @@ def type_name(spec) -> str:
         return "list" if spec[1] == ("any",) else f"List[{type_name(spec[1])}]"
     if kind == "optional":
         return f"Optional[{type_name(spec[1])}]"
+    if kind == "nonempty":
+        return f"NonEmpty[{type_name(spec[1])}]"
+    if kind == "oneof":
+        return f"OneOf[{', '.join(map(str, spec[1]))}]"
+    if kind == "range":
+        return f"Range[{spec[1]}, {spec[2]}]"
+    if kind == "named":
+        return spec[1]
+    if kind in ("known", "member"):
+        return f"{kind.capitalize()}[{spec[1]}]"
     return kind
+
+
+# ---- the lab's tables a parameter may name (Known[table]): name -> (allowed values, accept(value) -> bool)
+
+def _profiles():
+    from . import occupancy
+
+    return list(occupancy.load_profiles())
+
+
+def _profile_ok(v) -> bool:
+    from . import occupancy
+
+    try:
+        occupancy.profile(v)
+        return True
+    except occupancy.OccupancyError:
+        return False
+
+
+def _kdr_families():
+    from .kernels import registry
+
+    return sorted({k.family for k in registry.KERNELS if "KDR" in k.p})
+
+
+def _q6k_variants():
+    from .kernels import registry
+
+    return [v.name for v in registry.VARIANTS.values() if v.qtype == "q6_K"]
+
+
+def _r05_models():
+    from .rounds import r05_wall
+
+    return list(r05_wall.MODELS)
+
+
+def _forensics_shapes():
+    from . import forensics_driver
+
+    return list(forensics_driver.DEFAULT_SHAPES)
+
+
+def _sweep_plans():
+    from .sweep import PLANS_DIR
+
+    return sorted(p.stem for p in PLANS_DIR.glob("*.yaml"))
+
+
+def _sweep_plan_ok(v) -> bool:
+    from . import sweep
+
+    try:
+        sweep.plan_path(v)
+        return True
+    except Exception:    # PlanError: no such plan
+        return False
+
+
+#: the tables ``Known[...]`` names: (the values, listed in errors; whether a value is accepted -- aliases too)
+KNOWN = {
+    "device_profiles": (_profiles, _profile_ok),
+    "kdr_families": (_kdr_families, None),
+    "q6k_variants": (_q6k_variants, None),
+    "r05_models": (_r05_models, None),
+    "forensics_shapes": (_forensics_shapes, None),
+    "sweep_plans": (_sweep_plans, _sweep_plan_ok),
+}
+
+_CLUSTER = re.compile(r"^(local|local-cuda)(:[1-9]\d*)?$|^(tcp|tls)://[\w.\-]+:\d+$")
+
+
+def _named_problem(value, name: str) -> str | None:
+    if name == "Shape":
+        if (not isinstance(value, list) or len(value) != 2
+                or any(isinstance(v, bool) or not isinstance(v, int) for v in value)):
+            return "not an [od, id] pair of integers"
+        od, id_ = value
+        if not 1 <= od <= 65536:
+            return f"od = {od} is not in 1..65536"
+        if not 256 <= id_ <= 65536 or id_ % 256:
+            return f"id = {id_} is not a multiple of 256 in 256..65536 (whole q4_K / q6_K super-blocks)"
+        return None
+    if name == "Regex":
+        if not isinstance(value, str) or not value:
+            return "not a non-empty regular expression"
+        try:
+            re.compile(value)
+        except re.error as e:
+            return f"not a regular expression ({e})"
+        return None
+    if name == "RunId":
+        from .records import RUN_ID_RX
+
+        return None if isinstance(value, str) and RUN_ID_RX.match(value) else \
+            "not a run id (yyyymmddThhmmssZ-device-commit)"
+    if name == "Cluster":
+        return None if isinstance(value, str) and _CLUSTER.match(value) else \
+            "not a cluster: local[:N], local-cuda[:N] or tcp://HOST:PORT"
+    raise AssertionError(name)
+
+
+def value_problem(value, spec, params: dict | None = None) -> str | None:
+    """Why ``value`` does not fit ``spec`` (None when it does). ``params``: the notebook's parameters as they will
+    be (for ``Member[...]``)."""
+    kind = spec[0]
+    if kind == "any":
+        return None
+    if kind == "none":
+        return None if value is None else "must be None"
+    if kind == "optional":
+        return None if value is None else value_problem(value, spec[1], params)
+    if kind in ("bool", "int", "float", "str", "list"):
+        if not type_ok(value, (kind, ("any",)) if kind == "list" else spec):
+            return f"must be {type_name(spec if kind != 'list' else ('list', ('any',)))}"
+        if kind == "list":
+            for i, v in enumerate(value):
+                why = value_problem(v, spec[1], params)
+                if why:
+                    return f"element {i} ({v!r}) {why}" if why.startswith("must") else f"element {i}: {v!r}: {why}"
+        return None
+    if kind == "nonempty":
+        why = value_problem(value, spec[1], params)
+        return why or (None if value else "must not be empty")
+    if kind == "oneof":
+        ok = any(type(value) is type(a) and value == a for a in spec[1])
+        return None if ok else f"must be one of {', '.join(map(str, spec[1]))}"
+    if kind == "range":
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"must be an integer in {spec[1]}..{spec[2]}"
+        return None if spec[1] <= value <= spec[2] else f"must be in {spec[1]}..{spec[2]}"
+    if kind == "named":
+        return _named_problem(value, spec[1])
+    if kind == "known":
+        values, accept = KNOWN[spec[1]]
+        allowed = values()
+        ok = accept(value) if accept else value in allowed
+        return None if ok else f"must be one of {', '.join(map(str, allowed))} ({spec[1]})"
+    if kind == "member":
+        pool = (params or {}).get(spec[1])
+        if not isinstance(pool, list):
+            return f"names a parameter {spec[1]!r} that is not a list"
+        return None if value in pool else f"must be one of {spec[1]} = {pool!r}"
+    raise AssertionError(spec)
 
 
 def type_ok(value, spec) -> bool:
@@ -203,7 +421,7 @@ def type_ok(value, spec) -> bool:
         return isinstance(value, str)
     if kind == "list":
         return isinstance(value, list) and all(type_ok(v, spec[1]) for v in value)
-    raise AssertionError(spec)
+    return value_problem(value, spec) is None if kind != "member" else True
 
 
 def declared_parameters(nb_path: Path) -> dict:
@@ -246,10 +464,25 @@ def declared_parameters(nb_path: Path) -> dict:
                                 f"e.g. {name}: \"Optional[str]\" = None")
         else:
             spec = infer_type(default)
-        if not type_ok(default, spec):
-            raise PipelineError(f"{Path(nb_path).name}: parameter {name!r} default {default!r} is not {type_name(spec)}")
         out[name] = {"type": spec, "default": default, "help": p.help}
+    defaults = {k: v["default"] for k, v in out.items()}
+    for name, d in out.items():
+        for m in _members(d["type"]):
+            if m not in out:
+                raise PipelineError(f"{Path(nb_path).name}: parameter {name!r}: {type_name(d['type'])} names no "
+                                    f"parameter of the notebook")
+        why = value_problem(d["default"], d["type"], defaults)
+        if why:
+            raise PipelineError(f"{Path(nb_path).name}: parameter {name!r} default {d['default']!r} is not "
+                                f"{type_name(d['type'])}: {why}")
     return out
+
+
+def _members(spec) -> list[str]:
+    """The parameters a spec's ``Member[...]`` parts name."""
+    if spec[0] == "member":
+        return [spec[1]]
+    return _members(spec[1]) if spec[0] in ("list", "optional", "nonempty") else []
 
 
 def describe_parameters(name: str, declared: dict) -> str:
@@ -281,16 +514,98 @@ def check_params(nbs: list[Path], glob: dict, per: dict) -> dict[str, dict]:
     for nb in nbs:
         d = declared[nb.stem]
         given = {k: v for k, v in {**glob, **per.get(nb.stem, {})}.items() if k in d}
+        params = {**{k: v["default"] for k, v in d.items()}, **given}
+        bad = False
         for k, v in given.items():
-            if not type_ok(v, d[k]["type"]):
-                errors.append(f"{nb.stem}: {k} must be {type_name(d[k]['type'])}, got {v!r} ({type(v).__name__})")
+            spec = d[k]["type"]
+            why = value_problem(v, spec, params)
+            if why and spec[0] in ("bool", "int", "float", "str", "list", "optional") and not type_ok(v, spec):
+                errors.append(f"{nb.stem}: {k} must be {type_name(spec)}, got {v!r} ({type(v).__name__})"
+                              + ("" if why.startswith("must be") else f": {why}"))
+            elif why:
+                errors.append(f"{nb.stem}: {k} = {v!r}: {why} (declared {type_name(spec)})")
             elif k == "mode" and v not in MODES:
                 errors.append(f"{nb.stem}: mode must be one of {', '.join(MODES)}, got {v!r}")
+            else:
+                continue
+            bad = True
+        if not bad:
+            errors += [f"{nb.stem}: {e}" for e in round_problems(nb, params, given, d)]
         out[nb.stem] = given
     if errors:
         listing = "\n".join(describe_parameters(n, d) for n, d in declared.items())
         raise PipelineError("bad parameters (nothing was run):\n  " + "\n  ".join(errors)
                             + f"\nparameters of the selected notebooks (name, type, default):\n{listing}")
+    return out
+
+
+def round_problems(nb: Path, params: dict, given: dict, declared: dict) -> list[str]:
+    """What the round of notebook ``nb`` (``labkernels.rounds``; none for other notebooks) says about its
+    parameters before it runs, beyond their declared types and values:
+
+    * the mode must be one the round renders in here: ``measure`` needs a GPU on this machine (rounds that measure
+      through ``open_round``); ``cpu`` is for CPU rounds (and round 8's stand-in);
+    * a parameter that has effect in some modes only (a measurement plan's ``repeats`` in replay) is refused when
+      it would have none -- unless the run the page replays recorded that very value;
+    * in replay, a ``Member[...]`` parameter must name a value of the replayed run's plan (``headline_nt`` among
+      the recorded ``nts``), and the run itself must be one replay takes (:func:`labkernels.records.replay_run`);
+    * the round's own ``check_plan(params)``, where it has one (round 5: the timeline layer exists in the model)."""
+    from . import provenance, records, rounds
+
+    try:
+        mod = rounds.module(nb.stem)
+    except rounds.RoundError:
+        return []
+    if getattr(mod, "NOTEBOOK", None) != nb.stem:
+        return []
+    out = []
+    check = getattr(mod, "check_plan", None)
+    if check is not None:
+        out += check(params)
+    if "mode" not in params:
+        return out
+    mode = params["mode"]
+    opens = bool(mod.DATA) and (getattr(mod, "measure", None) is not None or hasattr(mod, "record_runs"))
+    gpu = None
+    if mode == "measure" and opens:
+        gpu = provenance.gpu_available()
+        if not gpu:
+            return out + ["mode=measure needs a CUDA GPU with cupy; this machine has none (mode=replay renders the "
+                          "recorded runs)"]
+    if mode == "auto":
+        gpu = provenance.gpu_available() if gpu is None else gpu
+        mode = "measure" if gpu else "replay"
+    modes = rounds.param_modes(mod)
+    run = None
+    if mode == "replay" and opens:
+        where = getattr(mod, "REPLAY_WHERE", {}).get(mod.DATA[0])
+        plan = {**mod.PLAN, **{k: v for k, v in params.items() if k in mod.PLAN}}
+        try:
+            run = records.replay_run(mod.DATA[0], where=(lambda r: where(r, plan)) if where else None)
+        except records.RecordError as e:
+            return out + [str(e)]
+        if run is None:
+            return out + [f"mode=replay, but no complete recorded {mod.DATA[0]} run"
+                          + (f" for {', '.join(f'{k}={plan[k]!r}' for k in getattr(mod, 'REPLAY_KEYS', ()))}"
+                             if getattr(mod, "REPLAY_KEYS", ()) else "")
+                          + f" under {records.data_root() / records.folder(mod.DATA[0])}"]
+    recorded = dict(run.meta.get("params") or {}) if run is not None else {}
+    for k, v in given.items():
+        m = modes.get(k)
+        if m is None or mode in m:
+            continue
+        if k in recorded and recorded[k] == v:
+            continue            # the replayed run recorded this very value
+        out.append(f"{k} = {v!r} has no effect in {mode} mode (it applies in {' / '.join(m)} mode)"
+                   + (f": the page replays run {run.run_id}, recorded with {k} = {recorded[k]!r}" if k in recorded else
+                      "") + "; leave it out" + (", or measure on a GPU" if "measure" in m else ""))
+    if run is not None:
+        for k, d in declared.items():
+            for target in _members(d["type"]):
+                pool = recorded.get(target)
+                if isinstance(pool, list) and params.get(k) is not None and params[k] not in pool:
+                    out.append(f"{k} = {params[k]!r}: the replayed run {run.run_id} recorded {target} = {pool!r}, "
+                               f"which has no {params[k]!r}")
     return out
 
 
@@ -314,16 +629,61 @@ def _tmp_name(out_dir: Path, name: str, suffix: str) -> Path:
     return Path(out_dir) / f".{name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp{suffix}"
 
 
+def _sweep_tmp(out_dir: Path) -> None:
+    """Remove this process's temporary files from the reports folder (``.*.<pid>-<hex>.tmp*``: the names of
+    :func:`_tmp_name` and :func:`atomic_write`), e.g. after a write failed half-way on a full disk."""
+    for p in Path(out_dir).glob(f".*.{os.getpid()}-*.tmp*"):
+        p.unlink(missing_ok=True)
+
+
+LOCK_HOLDER = ".index.lock.holder"
+
+
+def lock_holder(out_dir: Path) -> str:
+    """Who holds the index lock of ``out_dir``, as its holder wrote it (pid, host, command, since when), and
+    whether that process still runs; 'unknown' where the holder wrote nothing."""
+    p = Path(out_dir) / LOCK_HOLDER
+    try:
+        h = json.loads(p.read_text(encoding="utf-8"))
+        pid = int(h["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "an unknown process (it left no holder record)"
+    alive = ""
+    if h.get("host") == os.uname().nodename:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            alive = ", no longer running"
+        except PermissionError:
+            pass
+    return f"pid {pid} on {h.get('host', '?')} ({h.get('command', '?')}, since {h.get('since', '?')}{alive})"
+
+
 @contextmanager
 def index_lock(out_dir: Path, timeout: float = 600):
+    """The lock of ``out_dir``'s index (read, merge, write). A build that has to wait says who holds the lock and
+    how long it will wait; past ``timeout`` it stops with a PipelineError naming the holder."""
     from filelock import FileLock, Timeout
 
     lock = FileLock(str(Path(out_dir) / ".index.lock"))
     try:
-        with lock.acquire(timeout=timeout):
-            yield
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            print(f"waiting up to {timeout:.0f} s for the index lock of {out_dir}, held by {lock_holder(out_dir)}",
+                  file=sys.stderr, flush=True)
+            lock.acquire(timeout=timeout)
     except Timeout:
-        raise PipelineError(f"{out_dir}: another report build has held the index lock for {timeout:.0f} s") from None
+        raise PipelineError(f"{out_dir}: the index lock has been held for {timeout:.0f} s by "
+                            f"{lock_holder(out_dir)}; nothing of this round was written to the index") from None
+    try:
+        holder = {"pid": os.getpid(), "host": os.uname().nodename, "since": provenance.utc_now(),
+                  "command": " ".join(["labkernels", *sys.argv[1:]])[:200] if sys.argv else "labkernels"}
+        atomic_write(Path(out_dir) / LOCK_HOLDER, json.dumps(holder))
+        yield
+    finally:
+        (Path(out_dir) / LOCK_HOLDER).unlink(missing_ok=True)
+        lock.release()
 
 
 def load_state(out_dir: Path) -> dict:
@@ -331,8 +691,23 @@ def load_state(out_dir: Path) -> dict:
     p = Path(out_dir) / "index.json"
     if not p.exists():
         return {}
+    return read_index(p)
+
+
+def read_index(p: Path) -> dict:
+    """One index file, strictly: a regular file holding an object of rounds (PipelineError otherwise)."""
+    import stat
+
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        raise PipelineError(f"{p}: cannot read the index ({e.strerror or e})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise PipelineError(f"{p} is not a regular file; nothing was run")
     try:
         state = json.loads(p.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise PipelineError(f"{p} is corrupt (nested too deeply); nothing was run") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise PipelineError(f"{p} is corrupt ({e}); nothing was run. Restore it, or delete it to start a new "
                             f"index (every round then shows 'not run' until it is rendered again)") from None
@@ -410,6 +785,23 @@ def results_table(state: dict, notebooks_dir: Path = NOTEBOOKS_DIR) -> str:
 
 README_BEGIN = "<!-- results-table: generated by `labkernels results-table --write` from reports/index.json -->"
 README_END = "<!-- /results-table -->"
+
+
+def table_rounds(table: str) -> dict[int, str]:
+    """{round number: headline} of a results table's rows (README or :func:`results_table`)."""
+    out = {}
+    for line in table.splitlines():
+        m = re.match(r"^\|\s*(\d+)\s[^|]*\|\s*(.*?)\s*\|\s*$", line)
+        if m:
+            out[int(m.group(1))] = m.group(2)
+    return out
+
+
+def readme_table(readme: str) -> str:
+    """The table between the README's results-table markers."""
+    if README_BEGIN not in readme or README_END not in readme:
+        raise PipelineError(f"README has no results-table markers ({README_BEGIN} ... {README_END})")
+    return readme.split(README_BEGIN, 1)[1].split(README_END, 1)[0]
 
 
 def replace_readme_table(readme: str, table: str) -> str:
@@ -530,20 +922,24 @@ def _execute(nb: Path, out_nb: Path, params: dict, timeout: int | None) -> str |
 
 @contextmanager
 def _sigint_as_keyboardinterrupt():
-    """Ctrl-C reaches the kernel too (same process group) and may surface as a cell error: remember it."""
-    hit = {"sigint": False}
+    """Ctrl-C reaches the kernel too (same process group) and may surface as a cell error: remember it. SIGTERM
+    stops the build the same way (the temporary files go, the kernel is killed), with exit code 143."""
+    hit = {"sigint": False, "signal": None}
     if threading_main():
-        old = signal.getsignal(signal.SIGINT)
+        old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 
         def handler(signum, frame):
             hit["sigint"] = True
+            hit["signal"] = signum
             raise KeyboardInterrupt
 
-        signal.signal(signal.SIGINT, handler)
+        for sig in old:
+            signal.signal(sig, handler)
         try:
             yield hit
         finally:
-            signal.signal(signal.SIGINT, old)
+            for sig, h in old.items():
+                signal.signal(sig, h)
     else:
         yield hit
 
@@ -626,14 +1022,28 @@ def run(names=(), pairs=(), files=(), out_dir: Path = REPORTS_DIR, notebooks_dir
                     print(f"[{i}/{len(nbs)}] {name}: ok ({dt:.1f} s, mode {notes.get('mode', '-')}) -> "
                           f"{out_dir / (name + '.html')}", flush=True)
         except KeyboardInterrupt:
-            for p in current:
-                p.unlink(missing_ok=True)
-            print(f"\ninterrupted: {nb.stem if nb else 'the build'} was not rendered and nothing of it was written; {out_dir} holds "
-                  f"the pages finished before", file=sys.stderr, flush=True)
-            return 130
+            import logging
+
+            # the kernel client's tasks that were cut off (a kernel killed mid-cell: DeadKernelError) are reported by
+            # asyncio as "Task exception was never retrieved" with a traceback when they are collected: noise here
+            logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+            term = hit.get("signal") == signal.SIGTERM
+            print(f"\n{'terminated (SIGTERM)' if term else 'interrupted'}: {nb.stem if nb else 'the build'} was not "
+                  f"rendered and nothing of it was written; {out_dir} holds the pages finished before",
+                  file=sys.stderr, flush=True)
+            return 143 if term else 130
         except PipelineError as e:
             print(f"labkernels run: error: {e}", file=sys.stderr)
             return 2
+        except OSError as e:     # a full disk, a read-only folder: said, and nothing partial left
+            what = f"{e.strerror or e}" + (f": {e.filename}" if getattr(e, "filename", None) else "")
+            print(f"labkernels run: error: cannot write the reports ({what}); {nb.stem if nb else 'the build'} was "
+                  f"not rendered, and no temporary file is left in {out_dir}", file=sys.stderr, flush=True)
+            return 2
+        finally:
+            for p in current:    # every way out: no hidden temporary file stays in the reports folder
+                p.unlink(missing_ok=True)
+            _sweep_tmp(out_dir)
     print(f"index: {out_dir / 'index.html'} ({len(nbs) - failures} ok, {failures} failed)")
     return 1 if failures else 0
 
@@ -646,11 +1056,26 @@ def _results_table_main(args) -> int:
     index = Path(args.index)
     if not index.exists():
         raise PipelineError(f"{index} does not exist: build the reports first (python3 lab.py reports)")
-    table = results_table(load_state(index.parent))
+    state = read_index(index)          # the file named, never another one of its folder
+    table = results_table(state)
     if args.write:
         readme = Path(args.write)
-        atomic_write(readme, replace_readme_table(readme.read_text(encoding="utf-8"), table))
-        print(f"{readme}: results table rewritten from {index}")
+        try:
+            text = readme.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise PipelineError(f"{readme}: cannot read the README ({e})") from None
+        old = {n: h for n, h in table_rounds(readme_table(text)).items() if h != "not rendered"}
+        new = {n: h for n, h in table_rounds(table).items() if h != "not rendered"}
+        lost = sorted(set(old) - set(new))
+        if lost and not args.allow_fewer:
+            raise PipelineError(
+                f"refusing to rewrite {readme}: {index} holds {len(new)} rendered round(s), the README's table "
+                f"{len(old)}; round(s) {', '.join(map(str, lost))} would become 'not rendered' (e.g. round {lost[0]}: "
+                f"{old[lost[0]][:80]!r}). Render them into this index first, or pass --allow-fewer to drop them on "
+                "purpose; nothing was written")
+        atomic_write(readme, replace_readme_table(text, table))
+        print(f"{readme}: results table rewritten from {index}"
+              + (f" (rounds {', '.join(map(str, lost))} dropped on purpose: --allow-fewer)" if lost else ""))
     else:
         print(table, end="")
     return 0
@@ -668,7 +1093,10 @@ def register_cli(sub) -> None:
     p.set_defaults(func=main)
     p = sub.add_parser("results-table", help="the README's results table from reports/index.json")
     p.add_argument("--index", default=str(REPORTS_DIR / "index.json"))
-    p.add_argument("--write", metavar="README", default=None, help="rewrite the table in this README in place")
+    p.add_argument("--write", metavar="README", default=None, help="rewrite the table in this README in place "
+                   "(refused when the index has fewer rendered rounds than the README's table)")
+    p.add_argument("--allow-fewer", action="store_true",
+                   help="with --write: rewrite even where rounds of the README's table are not in the index")
     p.set_defaults(func=_results_table_main)
 
 

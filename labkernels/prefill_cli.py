@@ -38,21 +38,20 @@ def load_model(spec: str):
 
 def prompt_tokens(model, n: int, prompt_ids=None, seed: int = 0) -> list[int]:
     """The given ids (the first ``n`` when n > 0), else n >= 1 tokens: a fixed prompt with deterministic random
-    ids after it. Raises ValueError for a negative n, or n = 0 without ids (an empty prompt)."""
-    if isinstance(n, bool) or int(n) != n or n < 0:
-        raise ValueError(f"token count must be a non-negative integer, got {n!r}")
-    if prompt_ids is not None and len(prompt_ids) == 0:
-        raise ValueError("--prompt-ids was given without any ids")
-    if not prompt_ids and n == 0:
-        raise ValueError("an empty prompt: give --tokens N (N >= 1) or --prompt-ids")
-    if prompt_ids:
-        bad = [t for t in prompt_ids if int(t) < 0]
-        if bad:
-            raise ValueError(f"prompt ids must be non-negative, got {bad[:5]}")
-        return [int(t) for t in prompt_ids][:n] if n else [int(t) for t in prompt_ids]
-    from .arch import config_from_model
+    ids after it. Raises TokenError (a ValueError) for a negative or non-integer n, n = 0 without ids (an empty
+    prompt), or ids that are not integers in the model's vocabulary."""
+    from .arch import TokenError, check_token_ids, config_from_model
 
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise TokenError(f"token count must be a non-negative integer, got {n!r}")
+    if prompt_ids is not None and len(prompt_ids) == 0:
+        raise TokenError("--prompt-ids was given without any ids")
+    if prompt_ids is None and n == 0:
+        raise TokenError("an empty prompt: give --tokens N (N >= 1) or --prompt-ids")
     vocab = config_from_model(model).vocab
+    if prompt_ids is not None:
+        ids = check_token_ids(prompt_ids, vocab, "prompt ids").tolist()
+        return ids[:n] if n else ids
     rng = np.random.default_rng(seed)
     base = GEMMA_PROMPT if model.field("general.architecture") == "gemma3" else [1]
     ids = list(base) + rng.integers(100, min(vocab, 30000), size=max(0, n - len(base))).tolist()

@@ -29,7 +29,7 @@ import weakref
 
 import numpy as np
 
-from .arch import ModelConfig, check_shapes, config_from_model, global_tensors, layer_tensors, validate_config
+from .arch import ModelConfig, check_shapes, check_token_ids, config_from_model, global_tensors, layer_tensors, validate_config
 
 __all__ = ["RefModel", "forward_ref", "greedy_ref", "detokenize", "attention_mask", "rope", "rms_norm",
            "get_ref_model", "clear_cache"]
@@ -200,11 +200,7 @@ class RefModel:
 
     # ---- pieces of the graph ---------------------------------------------------------------------------
     def embed(self, tokens) -> np.ndarray:
-        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        if tokens.size == 0:
-            raise ValueError("empty token list")
-        if tokens.min() < 0 or tokens.max() >= self.cfg.vocab:
-            raise ValueError(f"token ids must lie in [0, {self.cfg.vocab}), got min {tokens.min()} max {tokens.max()}")
+        tokens = check_token_ids(tokens, self.cfg.vocab)
         x = self.token_embd[tokens].astype(self.dtype)
         if self.cfg.embed_scale != 1.0:
             x = x * self.dtype.type(self.cfg.embed_scale)

@@ -93,6 +93,10 @@ MAX_ABS = {"q4_K": _FP16_MAX * 63 * 15, "q6_K": _FP16_MAX * 128 * 32, "q8_0": _F
            "q8_1": _FP16_MAX * 127}
 
 
+class QuantInputError(ValueError):
+    """Input the quantizers / dequantizer cannot take (type, shape, dtype, an argument out of range), named."""
+
+
 class QuantOverflowError(ValueError):
     """A block whose values overflow the format's fp16 scales (named by row and block)."""
 
@@ -102,20 +106,20 @@ class QuantOverflowError(ValueError):
 # --------------------------------------------------------------------------- #
 def _check_input(x: np.ndarray, multiple: int, name: str) -> np.ndarray:
     if not isinstance(x, np.ndarray):
-        raise ValueError(f"{name}: expected a numpy.ndarray, got {type(x).__name__}")
+        raise QuantInputError(f"{name}: expected a numpy.ndarray, got {type(x).__name__}")
     if np.iscomplexobj(x):
-        raise ValueError(f"{name}: complex input (dtype {x.dtype}) is not supported: quantizers take real "
+        raise QuantInputError(f"{name}: complex input (dtype {x.dtype}) is not supported: quantizers take real "
                          "float32 values (pass x.real explicitly if that is what you mean)")
     if x.dtype != np.float32:
-        raise ValueError(
+        raise QuantInputError(
             f"{name}: expected float32 input, got dtype {x.dtype} (shape {x.shape}); "
             "convert with x.astype(np.float32) first"
         )
     if x.ndim != 2:
-        raise ValueError(f"{name}: expected a 2-D (rows, n) array, got shape {x.shape}")
+        raise QuantInputError(f"{name}: expected a 2-D (rows, n) array, got shape {x.shape}")
     n = x.shape[1]
     if n == 0 or n % multiple != 0:
-        raise ValueError(
+        raise QuantInputError(
             f"{name}: row length {n} of input shape {x.shape} is not a positive "
             f"multiple of {multiple}"
         )
@@ -125,7 +129,7 @@ def _check_input(x: np.ndarray, multiple: int, name: str) -> np.ndarray:
 def _check_finite(xc: np.ndarray, name: str, row0: int) -> None:
     if not np.isfinite(xc).all():
         bad = np.argwhere(~np.isfinite(xc))[0]
-        raise ValueError(
+        raise QuantInputError(
             f"{name}: input contains NaN or inf (first at row {row0 + int(bad[0])}, "
             f"column {int(bad[1])}); ggml's quantizers are undefined on non-finite values"
         )
@@ -491,7 +495,9 @@ def _q6_K_blocks(xb: np.ndarray) -> np.ndarray:
 def _default_threads() -> int:
     env = os.environ.get("LABKERNELS_QUANT_THREADS")
     if env:
-        return max(1, int(env))
+        if not env.strip().isdigit() or int(env) < 1:
+            raise QuantInputError(f"LABKERNELS_QUANT_THREADS={env!r}: must be an integer >= 1")
+        return int(env)
     return max(1, min(8, os.cpu_count() or 1))
 
 
@@ -531,7 +537,7 @@ _SCALE_FIELDS = {"q4_K": {"d": 0, "dmin": 2}, "q6_K": {"d": 208}}
 def _overflow_mode(overflow: str, name: str) -> bool:
     """True when overflow must raise ("raise", the default); "ggml" reproduces ggml's inf / NaN scales."""
     if overflow not in ("raise", "ggml"):
-        raise ValueError(f"{name}: overflow must be 'raise' or 'ggml', got {overflow!r}")
+        raise QuantInputError(f"{name}: overflow must be 'raise' or 'ggml', got {overflow!r}")
     return overflow == "raise"
 
 
@@ -552,7 +558,11 @@ def _quantize_k(x: np.ndarray, name: str, block_fn, block_bytes: int,
             out[r0:r1] = block_fn(xc.reshape(-1, QK_K)).reshape(r1 - r0, nblk * block_bytes)
 
     spans = list(_row_chunks(rows, n))
-    nt = _default_threads() if num_threads is None else max(1, int(num_threads))
+    if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, (int, np.integer))
+                                    or num_threads < 1):
+        raise QuantInputError(f"{name}: num_threads must be an integer >= 1 (or None for the default), got "
+                              f"{num_threads!r}")
+    nt = _default_threads() if num_threads is None else int(num_threads)
     if nt == 1 or len(spans) < 2:
         for span in spans:
             work(span)
@@ -671,16 +681,16 @@ def pack_q8_1(qs: np.ndarray, d: np.ndarray, s: np.ndarray) -> np.ndarray:
     d = np.asarray(d)
     s = np.asarray(s)
     if qs.ndim != 2 or qs.dtype != np.int8:
-        raise ValueError(f"pack_q8_1: qs must be a 2-D int8 array, got {qs.dtype} shape {qs.shape}")
+        raise QuantInputError(f"pack_q8_1: qs must be a 2-D int8 array, got {qs.dtype} shape {qs.shape}")
     rows, n = qs.shape
     if n == 0 or n % QK8_1 != 0:
-        raise ValueError(
+        raise QuantInputError(
             f"pack_q8_1: row length {n} of qs shape {qs.shape} is not a positive multiple of {QK8_1}"
         )
     nblk = n // QK8_1
     for nm, a in (("d", d), ("s", s)):
         if a.shape != (rows, nblk):
-            raise ValueError(f"pack_q8_1: {nm} must have shape {(rows, nblk)}, got {a.shape}")
+            raise QuantInputError(f"pack_q8_1: {nm} must have shape {(rows, nblk)}, got {a.shape}")
     out = np.empty((rows, nblk, 36), dtype=np.uint8)
     out[:, :, 0:2] = d.astype(np.float16).view(np.uint8).reshape(rows, nblk, 2)
     out[:, :, 2:4] = s.astype(np.float16).view(np.uint8).reshape(rows, nblk, 2)
@@ -699,7 +709,7 @@ _QTYPE_ALIASES = {
 def _qtype_name(qtype) -> str:
     name = getattr(qtype, "name", qtype)
     if not isinstance(name, str) or name.lower() not in _QTYPE_ALIASES:
-        raise ValueError(f"unsupported qtype {qtype!r}; expected one of q4_K, q6_K, q8_0, q8_1")
+        raise QuantInputError(f"unsupported qtype {qtype!r}; expected one of q4_K, q6_K, q8_0, q8_1")
     return _QTYPE_ALIASES[name.lower()]
 
 
@@ -718,9 +728,30 @@ def dequantize(raw: np.ndarray, qtype, n: int | None = None) -> np.ndarray:
 
     q4_K / q6_K / q8_0 go through ``gguf.quants.dequantize`` (gguf-py's
     reference dequantizers); q8_1 (not in gguf-py) is decoded here as d*qs.
+    ``n``, when given, must be the elements a row holds (checked, never ignored); a block with a NaN / Inf
+    scale is refused (:class:`QuantInputError` naming the block).
     """
     name = _qtype_name(qtype)
-    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    qk, nbytes = {"q4_K": (256, 144), "q6_K": (256, 210), "q8_0": (32, 34), "q8_1": (32, 36)}[name]
+    a = np.asarray(raw)
+    if a.dtype != np.uint8 or a.ndim == 0 or a.shape[-1] == 0 or a.shape[-1] % nbytes:
+        raise QuantInputError(f"dequantize: {name} raw data must be uint8 with a last axis of whole {nbytes}-byte "
+                              f"blocks, got {a.dtype} {a.shape}")
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise QuantInputError(f"dequantize: n must be an integer, got {n!r}")
+        if n != a.shape[-1] // nbytes * qk:
+            raise QuantInputError(f"dequantize: n={n}, but rows of {a.shape[-1]} {name} bytes hold "
+                                  f"{a.shape[-1] // nbytes * qk} elements")
+    raw = np.ascontiguousarray(a)
+    blocks = raw.reshape(-1, nbytes)
+    for field, off in {"q4_K": (("d", 0), ("dmin", 2)), "q6_K": (("d", 208),)}.get(name, (("d", 0),)):
+        bad = np.flatnonzero((blocks[:, off:off + 2].view("<u2")[:, 0] & 0x7C00) == 0x7C00)  # f16 NaN / Inf
+        if len(bad):
+            i, per_row = int(bad[0]), raw.shape[-1] // nbytes
+            raise QuantInputError(f"dequantize: {name} block {i} (row {i // per_row}, block {i % per_row} of the row) "
+                                  f"has a non-finite scale {field} = {float(blocks[i, off:off + 2].view('<f2')[0])}: "
+                                  f"{len(bad)} of {len(blocks)} blocks have a NaN/Inf {field}")
     if name == "q8_1":   # d * qs per 36-byte block (d f16 @0, qs int8 @4)
         from .layout import f16_column
 
@@ -748,7 +779,7 @@ def roundtrip_rmse(x: np.ndarray, qtype) -> float:
     name = _qtype_name(qtype)
     x = np.asarray(x)
     if np.iscomplexobj(x):
-        raise ValueError(f"roundtrip_rmse: complex input (dtype {x.dtype}) is not supported")
+        raise QuantInputError(f"roundtrip_rmse: complex input (dtype {x.dtype}) is not supported")
     if x.dtype != np.float32 and np.issubdtype(x.dtype, np.floating):
         x = x.astype(np.float32)
     raw = _quantize_by_name(x, name)

@@ -15,7 +15,8 @@ q8_1       36      d f16 @0, s f16 @2 (s = d * sum(qs)), qs i8[32] @4   (activat
 
 ``dequantize(raw, qtype)`` reproduces ``gguf.quants.dequantize`` bit for bit (same float32 operation
 order), but is written from the closed-form per-element maps of :mod:`labkernels.layout`, so the two
-are independent implementations of the same format.
+are independent implementations of the same format. A block whose float16 scale (``d``, ``dmin``) is NaN or
+Inf is refused (:func:`check_scales`: QuantFormatError naming the block), as llama.cpp refuses such rows.
 """
 
 from __future__ import annotations
@@ -161,6 +162,55 @@ def as_blocks(raw: np.ndarray, qtype: str) -> np.ndarray:
     return np.ascontiguousarray(raw).reshape(-1, nbytes)
 
 
+#: the float16 scale fields of each type that its values are multiplied by (``s`` of q8_1 is a derived sum, not read
+#: by the dequantizer): a NaN or Inf there makes every element of the block NaN / Inf
+SCALE_FIELDS = ("d", "dmin")
+
+
+def scale_offsets(qtype) -> tuple[tuple[str, int], ...]:
+    """(field, byte offset in the block) of the float16 scales of a type (:data:`SCALE_FIELDS`)."""
+    dt = BLOCK_DTYPES[normalize_qtype(qtype)]
+    return tuple((f, dt.fields[f][1]) for f in SCALE_FIELDS if f in dt.fields)
+
+
+def nonfinite_scales(raw: np.ndarray, qtype) -> tuple[np.ndarray, list[str]]:
+    """Indices (into the flattened blocks of ``raw``) of the blocks with a NaN or Inf float16 scale, and the
+    field of the first of them. Vectorized over the bytes (a uint16 view of each scale column, exponent bits all
+    ones): nothing is dequantized, nothing copied when ``raw`` is contiguous."""
+    qtype = normalize_qtype(qtype)
+    blocks = as_blocks(raw, qtype)
+    bad = None
+    for _, off in scale_offsets(qtype):
+        col = blocks[:, off:off + 2].view("<u2")[:, 0]
+        b = (col & np.uint16(0x7C00)) == np.uint16(0x7C00)
+        bad = b if bad is None else bad | b
+    if bad is None or not bad.any():
+        return np.zeros(0, np.int64), []
+    idx = np.flatnonzero(bad)
+    first = blocks[idx[0]]
+    fields = [f"{f} = {float(first[o:o + 2].view('<f2')[0])}" for f, o in scale_offsets(qtype)
+              if (int(first[o:o + 2].view('<u2')[0]) & 0x7C00) == 0x7C00]
+    return idx, fields
+
+
+def check_scales(raw: np.ndarray, qtype, what: str = "", error=None) -> None:
+    """Raise (``error``, default :class:`QuantFormatError`) when a block of ``raw`` has a NaN or Inf scale, naming
+    ``what`` (e.g. the tensor), the first such block (and its row where ``raw`` has rows) and how many there are."""
+    qtype = normalize_qtype(qtype)
+    idx, fields = nonfinite_scales(raw, qtype)
+    if not len(idx):
+        return
+    raw = np.asarray(raw)
+    _, nbytes = BLOCK_SIZES[qtype]
+    per_row = raw.shape[-1] // nbytes
+    i = int(idx[0])
+    where = f"block {i}" + (f" (row {i // per_row}, block {i % per_row} of the row)" if raw.ndim > 1 else "")
+    more = f"; {len(idx)} of {raw.size // nbytes} blocks have a NaN/Inf scale" if len(idx) > 1 else ""
+    raise (error or QuantFormatError)(
+        f"{what + ': ' if what else ''}{qtype} {where} has a non-finite scale ({', '.join(fields)}): every value of "
+        f"the block would be NaN/Inf{more}")
+
+
 def blocks_view(raw: np.ndarray, qtype: str) -> np.ndarray:
     """Structured view (fields d, qs, scales, ...) of raw block bytes, flattened to [nblocks]."""
     qtype = normalize_qtype(qtype)
@@ -177,6 +227,7 @@ def dequantize(raw: np.ndarray, qtype) -> np.ndarray:
     """
     qtype = normalize_qtype(qtype)
     blocks = as_blocks(raw, qtype)
+    check_scales(raw, qtype)
     qk, nbytes = BLOCK_SIZES[qtype]
     raw = np.asarray(raw)
     out_shape = raw.shape[:-1] + (raw.shape[-1] // nbytes * qk,)
@@ -236,6 +287,10 @@ def row_bytes(qtype, n: int) -> int:
     """Bytes of one row of n elements; raises when n is not a whole number of blocks."""
     qtype = normalize_qtype(qtype)
     qk, nbytes = BLOCK_SIZES[qtype]
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise QuantFormatError(f"{qtype}: row length must be an integer, got {n!r} ({type(n).__name__})")
+    if n < qk:
+        raise QuantFormatError(f"{qtype}: row length {n} is less than one block of {qk} elements")
     if n % qk:
         raise QuantFormatError(f"{qtype}: row length {n} is not a multiple of {qk}")
-    return n // qk * nbytes
+    return int(n) // qk * nbytes

@@ -43,8 +43,9 @@ import json
 import os
 import re
 import shutil
-import tempfile
+import stat
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,8 +55,14 @@ from . import provenance
 from .paths import DATA_DIR
 
 RUN_ID_RX = re.compile(r"^\d{8}T\d{6}Z-[A-Za-z0-9_.-]+$")
+TABLE_RX = re.compile(r"[a-z0-9_]+")
+SHA256_RX = re.compile(r"[0-9a-f]{64}")
 MANIFEST_SUFFIX = ".manifest"
 FINISHED = ("complete", "failed")
+#: every status a run can have: ``running`` while it is recorded, then one of :data:`FINISHED`
+STATUSES = ("running",) + FINISHED
+#: the largest run metadata / manifest the lab reads (a run's JSON is a few KB; this bounds a hostile file)
+MAX_JSON_BYTES = 64 << 20
 #: folders under data/ that hold no recorded runs
 NON_RUN_DIRS = ("models", "cache")
 
@@ -68,11 +75,30 @@ def data_root() -> Path:
     return Path(os.environ.get("LABKERNELS_DATA_DIR", DATA_DIR))
 
 
+def known_series() -> tuple[str, ...]:
+    """The names a series (or a folder) may have: the keys and folders of ``labkernels.rounds.FOLDERS`` and the
+    shared folders (``prefill``, ``peers``)."""
+    from .rounds import FOLDERS, SHARED
+
+    return tuple(dict.fromkeys([*FOLDERS, *FOLDERS.values(), *SHARED]))
+
+
+def check_series(series) -> str:
+    """``series`` when it is a known name (:func:`known_series`); RecordError otherwise -- a series is a name from
+    the lab's table, never a path (``../escape`` would write outside the data root)."""
+    known = known_series()
+    if not isinstance(series, str) or series not in known:
+        raise RecordError(f"unknown run series {series!r}: a series is one of {', '.join(known)} "
+                          "(labkernels.rounds.FOLDERS), never a path")
+    return series
+
+
 def folder(series: str) -> str:
     """The data folder of a run series (``labkernels.rounds.FOLDERS``: a legacy folder name -> its round's folder;
-    any other name is its own folder)."""
+    any other known name is its own folder). RecordError for a name that is not known (:func:`check_series`)."""
     from .rounds import FOLDERS
 
+    check_series(series)
     return FOLDERS.get(series, series)
 
 
@@ -101,7 +127,7 @@ class Run:
         return self.dir / f"{self.run_id}{MANIFEST_SUFFIX}"
 
     def table_path(self, table: str) -> Path:
-        if not re.fullmatch(r"[a-z0-9_]+", table):
+        if not isinstance(table, str) or not TABLE_RX.fullmatch(table):
             raise RecordError(f"table name {table!r}: use lowercase letters, digits and _")
         return self.dir / f"{self.run_id}.{table}.csv"
 
@@ -157,7 +183,7 @@ class Run:
         if not p.exists():
             raise RecordError(f"run {self.run_id} of round {self.round} has no table {table!r} "
                               f"(tables: {self.meta.get('tables', [])})")
-        return pd.read_csv(p)
+        return pd.read_csv(io.BytesIO(_read_bytes(p)))
 
     def has(self, table: str) -> bool:
         return self.table_path(table).exists()
@@ -186,6 +212,9 @@ def _json_default(o):
 
 
 def new_run(round_name: str, params: dict | None = None, root: Path | None = None, kind: str = "measure") -> Run:
+    check_series(round_name)
+    if params is not None and not isinstance(params, dict):
+        raise RecordError(f"run params must be a dict, got {type(params).__name__}")
     root = Path(root) if root else data_root()
     prov = provenance.collect(params)
     dev = _slug(prov["gpu"]["name"].replace("NVIDIA", "")) if prov.get("gpu") else "cpu"
@@ -231,21 +260,64 @@ def list_runs(round_name: str, root: Path | None = None, status: str | None = "c
     for p in sorted(d.glob("*.json")):
         meta = _read_meta(p)
         series = meta.get("round") or d.name
+        _check_filed(p, series, d.name)
+        run = Run(series, meta["run_id"], root, meta, folder=d.name)
+        if meta["status"] in FINISHED:
+            verify_run(run)     # every run of the folder: an edited round field does not hide a run
         if round_name != d.name and series != round_name:
             continue            # another series of the round's folder
-        run = Run(series, meta["run_id"], root, meta, folder=d.name)
-        if meta.get("status") in FINISHED:
-            verify_run(run)
-        if status and meta.get("status") != status:
+        if status and meta["status"] != status:
             continue
         runs.append(run)
     return sorted(runs, key=lambda r: r.run_id)
+
+
+def _check_filed(p: Path, series, dirname: str) -> None:
+    """A run's series must be known and belong to the folder it lies in (an edited or moved round field names
+    another folder, or none)."""
+    try:
+        f = folder(series)
+    except RecordError as e:
+        raise RecordError(f"{p}: {e}") from None
+    if f != dirname and series != dirname:
+        raise RecordError(f"{p}: run of series {series!r} lies in folder {dirname!r}, but that series' folder is "
+                          f"{f!r} (a moved file, or an edited round field)")
 
 
 def latest(round_name: str, root: Path | None = None, where=None) -> Run | None:
     """The most recent complete run of a round (optionally filtered by ``where(run) -> bool``)."""
     runs = [r for r in list_runs(round_name, root) if where is None or where(r)]
     return runs[-1] if runs else None
+
+
+def replay_run(round_name: str, root: Path | None = None, where=None) -> Run | None:
+    """The run a replayed page renders: :func:`latest` complete run of the series (``where`` as there) -- unless a
+    newer run of it is not finished (status ``running``: still being recorded, or a recording that died): replay
+    would then publish an older run in its place, so it refuses with a RecordError naming both runs. A newer
+    ``failed`` run is final: the page keeps the latest complete one."""
+    def keep(r) -> bool:
+        if where is None:
+            return True
+        try:
+            return where(r)
+        except RecordError:              # a run still being recorded may lack what the filter reads: count it
+            if r.meta["status"] in FINISHED:
+                raise
+            return True
+
+    runs = [r for r in list_runs(round_name, root, status=None) if keep(r)]
+    complete = [r for r in runs if r.meta["status"] == "complete"]
+    pick = complete[-1] if complete else None
+    newer = [r for r in runs if r.meta["status"] not in FINISHED and (pick is None or r.run_id > pick.run_id)]
+    if newer:
+        r = newer[-1]
+        used = f"run {pick.run_id}, older than it" if pick else "no run (none is complete)"
+        raise RecordError(f"replay of {round_name!r}: refusing -- the newest run {r.run_id} ({r.meta_path}) has status "
+                          f"{r.meta['status']!r}, not a final one ({' / '.join(FINISHED)}): it is still being recorded, "
+                          f"or its recording died. Replay would have used {used}, and published it over the newer "
+                          "one. Let the recording finish; a dead one on this machine was never imported (imports "
+                          "take finished runs only) and can be removed")
+    return pick
 
 
 def load(round_name: str, run_id: str, root: Path | None = None) -> Run:
@@ -271,30 +343,154 @@ def _atomic_write(path: Path, text: str) -> None:
         raise
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _open_regular(path: Path) -> tuple[int, int]:
+    """(fd, size) of a regular file. Opened without blocking and checked with fstat before any read: a FIFO
+    (which would block for ever), a device such as /dev/zero (endless bytes) or a directory is a RecordError, also
+    behind a symlink."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise RecordError(f"{path}: missing") from None
+    except OSError as e:
+        raise RecordError(f"{path}: cannot open: {e.strerror or e}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise RecordError(f"{path}: is {_kind(st.st_mode)}{' (through a symlink)' if Path(path).is_symlink() else ''}: "
+                          "a recorded file must be a regular file")
+    return fd, st.st_size
+
+
+def _read_bytes(path: Path, limit: int | None = None, what: str = "") -> bytes:
+    """The bytes of a regular file (:func:`_open_regular`), never more than ``limit`` (RecordError beyond)."""
+    fd, size = _open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        if limit is not None and size > limit:
+            raise RecordError(f"{path}: {size} bytes, more than {limit}{' ' + what if what else ''}")
+        data = f.read() if limit is None else f.read(limit + 1)
+    if limit is not None and len(data) > limit:
+        raise RecordError(f"{path}: more than {limit} bytes{' ' + what if what else ''} (it grew while read)")
+    return data
+
+
+def _digest(path: Path, limit: int | None = None) -> tuple[str, int]:
+    """(sha256, bytes) of a regular file, reading at most ``limit + 1`` bytes (a file larger than ``limit`` -- the
+    size its manifest records -- is not read past that: the caller sees its size differ)."""
+    fd, size = _open_regular(path)
+    h, n = hashlib.sha256(), 0
+    with os.fdopen(fd, "rb") as f:
+        if limit is not None and size > limit:
+            return "", size
+        while True:
+            chunk = f.read(1 << 20 if limit is None else min(1 << 20, limit + 1 - n))
+            if not chunk:
+                break
             h.update(chunk)
-    return h.hexdigest()
+            n += len(chunk)
+            if limit is not None and n > limit:
+                return "", n
+    return h.hexdigest(), n
+
+
+def _sha256(path: Path) -> str:
+    return _digest(path)[0]
+
+
+def _read_json(p: Path, what: str):
+    """A JSON file of the record (metadata, manifest): regular, at most :data:`MAX_JSON_BYTES`, UTF-8, valid JSON,
+    not nested beyond what the parser takes -- RecordError naming the file otherwise."""
+    data = _read_bytes(p, MAX_JSON_BYTES, f"(the most a {what} may hold)")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
+        raise RecordError(f"{p}: corrupt {what} ({e})") from None
+    except RecursionError:
+        raise RecordError(f"{p}: corrupt {what} (nested too deeply to read)") from None
+
+
+#: the fields of run metadata, their types when present (``None`` allowed where the second item is True)
+_META_FIELDS = {"run_id": (str, False), "round": (str, True), "status": (str, False), "kind": (str, True),
+                "started": (str, True), "finished": (str, True), "provenance": (dict, True), "params": (dict, True),
+                "tables": (list, False), "summary": (dict, True)}
+
+
+def _type_name(v) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+def check_meta(p: Path, meta) -> dict:
+    """Run metadata field by field: RecordError naming the file and the field for a missing or mistyped one."""
+    if not isinstance(meta, dict):
+        raise RecordError(f"{p}: not run metadata (a JSON {_type_name(meta)}, not an object)")
+    if not isinstance(meta.get("run_id"), str):
+        raise RecordError(f"{p}: not run metadata (no run_id)")
+    for k, (typ, nullable) in _META_FIELDS.items():
+        if k not in meta:
+            if k in ("status", "tables"):
+                raise RecordError(f"{p}: run metadata has no {k!r}")
+            continue
+        v = meta[k]
+        if (v is None and not nullable) or (v is not None and not isinstance(v, typ)):
+            raise RecordError(f"{p}: run metadata field {k!r} is {_type_name(v)} {v!r:.80}, expected "
+                              f"{typ.__name__}{' or null' if nullable else ''}")
+    if not RUN_ID_RX.match(meta["run_id"]):
+        raise RecordError(f"{p}: run_id {meta['run_id']!r} is not a run id (UTC-time-device-commit)")
+    if meta["status"] not in STATUSES:
+        raise RecordError(f"{p}: run status {meta['status']!r} is not one of {', '.join(STATUSES)}")
+    bad = [t for t in meta["tables"] if not isinstance(t, str) or not TABLE_RX.fullmatch(t)]
+    if bad:
+        raise RecordError(f"{p}: run metadata field 'tables' holds {bad[0]!r}, not a table name (lowercase letters, "
+                          "digits and _)")
+    if len(set(meta["tables"])) != len(meta["tables"]):
+        raise RecordError(f"{p}: run metadata field 'tables' names a table twice: {meta['tables']}")
+    return meta
+
+
+def check_manifest(mp: Path, man) -> dict:
+    """A manifest field by field (run_id, files: name -> sha256 / bytes / rows); returns its files."""
+    if not isinstance(man, dict):
+        raise RecordError(f"{mp}: corrupt manifest (a JSON {_type_name(man)}, not an object)")
+    files = man.get("files")
+    if not isinstance(files, dict):
+        raise RecordError(f"{mp}: corrupt manifest (field 'files' is {_type_name(files)}, expected an object of "
+                          "file name -> sha256, bytes, rows)")
+    if not isinstance(man.get("run_id"), str):
+        raise RecordError(f"{mp}: corrupt manifest (field 'run_id' is {_type_name(man.get('run_id'))})")
+    for name, e in files.items():
+        if not isinstance(e, dict):
+            raise RecordError(f"{mp}: corrupt manifest (entry {name!r} is {_type_name(e)}, expected an object)")
+        if not isinstance(e.get("sha256"), str) or not SHA256_RX.fullmatch(e["sha256"]):
+            raise RecordError(f"{mp}: corrupt manifest (entry {name!r}: sha256 {e.get('sha256')!r:.80} is not 64 hex "
+                              "digits)")
+        for k in ("bytes",) + (("rows",) if name.endswith(".csv") else ()):
+            v = e.get(k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise RecordError(f"{mp}: corrupt manifest (entry {name!r}: {k} is {_type_name(v)} {v!r:.80}, expected "
+                                  "a non-negative integer)")
+    return files
 
 
 def _read_meta(p: Path) -> dict:
-    try:
-        meta = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RecordError(f"{p}: corrupt run metadata ({e})") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("run_id"), str):
-        raise RecordError(f"{p}: not run metadata (no run_id)")
+    meta = check_meta(p, _read_json(p, "run metadata"))
     if p.name != f"{meta['run_id']}.json":
         raise RecordError(f"{p}: the file name does not match its run_id {meta['run_id']!r}")
     return meta
 
 
-def table_rows(path: Path) -> int:
+def table_rows(path: Path, limit: int | None = None) -> int:
     """Data rows of a recorded table, after checking that it is a whole CSV: it ends with a newline, every
-    row has the header's number of fields, and pandas reads the same number of rows. Raises RecordError."""
-    data = Path(path).read_bytes()
+    row has the header's number of fields, and pandas reads the same number of rows. Raises RecordError.
+    The file must be a regular file, read no further than ``limit`` bytes when given."""
+    data = _read_bytes(Path(path), limit)
     if not data.strip():
         raise RecordError(f"{path}: empty table")
     if not data.endswith(b"\n"):
@@ -320,24 +516,28 @@ def _run_files(run: Run) -> list[Path]:
     return [run.meta_path] + [run.table_path(t) for t in run.meta.get("tables", [])]
 
 
-def write_manifest(run: Run, sealed_later: bool = False) -> Path:
+def write_manifest(run: Run, sealed_later: bool = False, forced: dict | None = None) -> Path:
     """Write ``<run_id>.manifest`` for a finished run (atomically; the last file of a run). ``sealed_later``
-    marks a manifest written after the fact for a run recorded before manifests existed."""
+    marks a manifest written after the fact for a run recorded before manifests existed; ``forced`` records who
+    sealed over a disagreement, when, why and what it overrode (``check-data --seal --force``)."""
     if run.meta.get("status") not in FINISHED:
         raise RecordError(f"run {run.run_id} is {run.meta.get('status')}: only finished runs get a manifest")
     files = {}
     for p in _run_files(run):
         if not p.exists():
             raise RecordError(f"{p}: listed by run {run.run_id} but missing")
-        entry = {"sha256": _sha256(p), "bytes": p.stat().st_size}
+        sha, n = _digest(p)
+        entry = {"sha256": sha, "bytes": n}
         if p.suffix == ".csv":
-            entry["rows"] = table_rows(p)
+            entry["rows"] = table_rows(p, n)
         files[p.name] = entry
     manifest = {"run_id": run.run_id, "round": run.round, "status": run.meta["status"],
                 "written": provenance.utc_now(), "files": files}
     if sealed_later:
         manifest["sealed_later"] = ("written by `labkernels check-data --seal` for a run recorded before "
                                     "manifests existed: it attests the files as they were when sealed")
+    if forced:
+        manifest["forced_seal"] = forced
     _atomic_write(run.manifest_path, json.dumps(manifest, indent=1))
     return run.manifest_path
 
@@ -351,11 +551,8 @@ def verify_run(run: Run) -> Run:
         raise RecordError(f"{mp}: missing: run {run.run_id} is {run.meta.get('status')} but has no manifest "
                           "(its files cannot be verified; a run written before manifests existed is sealed with "
                           "`labkernels check-data --seal`)")
-    try:
-        man = json.loads(mp.read_text())
-        files = man["files"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-        raise RecordError(f"{mp}: corrupt manifest ({type(e).__name__}: {e})") from None
+    man = _read_json(mp, "manifest")
+    files = check_manifest(mp, man)
     if man.get("run_id") != run.run_id:
         raise RecordError(f"{mp}: manifest of run {man.get('run_id')!r}, not {run.run_id!r}")
     want = {p.name for p in _run_files(run)}
@@ -365,15 +562,19 @@ def verify_run(run: Run) -> Run:
                           f"(manifest only: {extra}, metadata only: {missing})")
     for name, entry in files.items():
         p = run.dir / name
-        if not p.exists():
+        if not p.exists() and not p.is_symlink():
             raise RecordError(f"{p}: missing (listed in {mp.name})")
-        if p.stat().st_size != entry.get("bytes") or _sha256(p) != entry.get("sha256"):
+        sha, n = _digest(p, entry["bytes"])       # regular files only, never read past the recorded size
+        if n > entry["bytes"]:
+            raise RecordError(f"{p}: {n} bytes, the manifest says {entry['bytes']}: the recorded file grew (edited "
+                              "or replaced)")
+        if n != entry["bytes"] or sha != entry["sha256"]:
             if p.suffix == ".csv":
-                table_rows(p)  # a cut or malformed table says so
+                table_rows(p, entry["bytes"])  # a cut or malformed table says so
             raise RecordError(f"{p}: content differs from the manifest (sha256/size): the recorded file was "
                               "edited, cut or replaced")
-        if p.suffix == ".csv" and table_rows(p) != entry.get("rows"):
-            raise RecordError(f"{p}: {table_rows(p)} rows, the manifest says {entry.get('rows')}")
+        if p.suffix == ".csv" and (rows := table_rows(p, entry["bytes"])) != entry["rows"]:
+            raise RecordError(f"{p}: {rows} rows, the manifest says {entry['rows']}")
     stray = sorted(q.name for q in run.dir.glob(f"{glob.escape(run.run_id)}.*")
                    if q.name not in files and q.name != mp.name)
     if stray:
@@ -386,15 +587,12 @@ def validate_run(meta_path) -> Run:
     """Validate one recorded run given its ``<round>/<run_id>.json``: the metadata parses and matches its file
     name, the run is finished, its manifest matches every file, every table is a whole CSV. Returns the Run."""
     p = Path(meta_path)
-    if not p.is_file():
+    if not p.exists() and not p.is_symlink():
         raise RecordError(f"{p}: no such run metadata file")
     meta = _read_meta(p)
-    if not RUN_ID_RX.match(meta["run_id"]):
-        raise RecordError(f"{p}: run_id {meta['run_id']!r} is not a run id (UTC-time-device-commit)")
     series = meta.get("round")
-    if series not in (None, p.parent.name) and folder(series) != p.parent.name:
-        raise RecordError(f"{p}: run of round {series!r} filed under {p.parent.name!r} (its folder is "
-                          f"{folder(series)!r})")
+    if series is not None:
+        _check_filed(p, series, p.parent.name)
     if meta.get("status") not in FINISHED:
         raise RecordError(f"{p}: run {meta['run_id']} is {meta.get('status')!r}: it never finished")
     for key in ("provenance", "tables"):
@@ -427,7 +625,13 @@ def _scan(root: Path, strict_top: bool) -> tuple[list[Path], list[str]]:
         for q in sorted(entry.iterdir()):
             if q.name.startswith(".") or q in metas:
                 continue
-            if not q.is_file() or not any(q.name.startswith(i + ".") for i in ids):
+            if not q.is_file():
+                try:
+                    kind = _kind(q.stat().st_mode)
+                except OSError:
+                    kind = "a dangling symlink"
+                problems.append(f"{q}: is {kind}: a recorded run is regular files only")
+            elif not any(q.name.startswith(i + ".") for i in ids):
                 problems.append(f"{q}: not part of a recorded run (no <run_id>.json beside it)")
     return metas, problems
 
@@ -448,16 +652,88 @@ def check_data(root: Path | None = None) -> tuple[int, list[str]]:
     return len(metas), problems
 
 
-def seal_runs(root: Path | None = None) -> list[Path]:
+def seal_conflicts(run: Run) -> list[str]:
+    """Why sealing ``run`` now would attest files that the record says otherwise about: its manifest exists and
+    disagrees with the files; or (in a git checkout) a manifest of the run was committed once, or one of its files
+    differs from its committed version. Empty: nothing contradicts a seal (outside git nothing can be told)."""
+    out = []
+    if run.manifest_path.exists() or run.manifest_path.is_symlink():
+        try:
+            verify_run(run)
+        except RecordError as e:
+            out.append(f"its manifest disagrees: {e}")
+    top = _git_toplevel(run.dir)
+    if top is None:
+        return out
+    mp = str(run.manifest_path.resolve())
+    try:
+        commit = _git(top, "log", "--all", "-1", "--format=%h", "--", mp).strip()
+        if commit and not run.manifest_path.exists():
+            out.append(f"a manifest of run {run.run_id} was committed ({commit}) and is gone: restore it "
+                       f"(git checkout {commit} -- {run.manifest_path}) instead of writing a new one")
+        files = [str(p.resolve()) for p in _run_files(run) if p.exists()]
+        changed = _git(top, "status", "--porcelain", "--untracked-files=no", "--", *files).splitlines() if files else []
+    except RecordError as e:
+        out.append(f"git could not say whether its files are as committed ({e})")
+        return out
+    out += [f"{line[3:]} differs from its committed version (git status {line[:2].strip()})" for line in changed]
+    return out
+
+
+def _who() -> str:
+    top = _git_toplevel(Path.cwd())
+    name = email = ""
+    if top is not None:
+        name = subprocess.run(["git", "-C", str(top), "config", "user.name"], capture_output=True, text=True).stdout.strip()
+        email = subprocess.run(["git", "-C", str(top), "config", "user.email"], capture_output=True,
+                               text=True).stdout.strip()
+    user = os.environ.get("USER") or os.environ.get("USERNAME") or "?"
+    return f"{name} <{email}>".strip() if name or email else user
+
+
+def seal_runs(root: Path | None = None, force: bool = False, reason: str | None = None) -> list[Path]:
     """Write a manifest for every finished run under root that has none (runs recorded before manifests
-    existed), after checking that its metadata and tables parse. Runs that have a manifest are untouched."""
+    existed), after checking that its metadata and tables parse. Runs that have a manifest are untouched.
+
+    Refuses (RecordError, nothing sealed) where the record contradicts a seal (:func:`seal_conflicts`: a manifest
+    once committed and now gone, a file that differs from its committed version): sealing would attest a tampered
+    file. ``force`` (with a ``reason``) seals those runs anyway -- and re-seals runs whose existing manifest
+    disagrees -- recording in the manifest who forced it, when, why and what it overrode (the superseded
+    manifest's entries included)."""
     root = Path(root) if root else data_root()
-    sealed = []
+    if force and not (isinstance(reason, str) and reason.strip()):
+        raise RecordError("a forced seal records why: give --reason TEXT with --force")
+    todo, refused = [], []
     for m in _scan(root, strict_top=False)[0]:
         meta = _read_meta(m)
         run = Run(meta.get("round") or m.parent.name, meta["run_id"], root, meta, folder=m.parent.name)
-        if meta.get("status") in FINISHED and not run.manifest_path.exists():
-            sealed.append(write_manifest(run, sealed_later=True))
+        if meta["status"] not in FINISHED:
+            continue
+        has = run.manifest_path.exists()
+        if has and not force:
+            continue
+        conflicts = seal_conflicts(run)
+        if has and not conflicts:
+            continue            # a manifest that agrees: nothing to re-seal
+        if conflicts and not force:
+            refused.append(f"run {run.run_id} ({run.meta_path}): " + "; ".join(conflicts))
+            continue
+        todo.append((run, conflicts))
+    if refused:
+        raise RecordError("refusing to seal (nothing was sealed): sealing would attest files the record disagrees "
+                          "with -- " + " | ".join(refused) + ". Restore the files (git checkout), or seal them on "
+                          "purpose with --force --reason TEXT (recorded in the manifest)")
+    sealed = []
+    for run, conflicts in todo:
+        forced = None
+        if conflicts:
+            old = None
+            if run.manifest_path.exists():
+                with contextlib.suppress(RecordError):
+                    old = check_manifest(run.manifest_path, _read_json(run.manifest_path, "manifest"))
+            forced = {"by": _who(), "at": provenance.utc_now(), "reason": reason.strip(), "overrode": conflicts,
+                      "superseded_files": old}
+        sealed.append(write_manifest(run, sealed_later=True, forced=forced))
     return sealed
 
 
@@ -516,7 +792,7 @@ def import_runs(src: Path, dest: Path | None = None) -> list[str]:
         try:
             for n in todo:
                 shutil.copy2(run.dir / n, tmp / n)
-            man = json.loads(run.manifest_path.read_text())["files"]
+            man = check_manifest(run.manifest_path, _read_json(run.manifest_path, "manifest"))
             for n in todo:
                 if n in man and _sha256(tmp / n) != man[n]["sha256"]:
                     raise RecordError(f"{tmp / n}: the copy differs from the manifest of run {run.run_id}")
@@ -629,9 +905,11 @@ def check_data_main(args) -> int:
     import sys
 
     root = Path(args.root) if args.root else data_root()
+    if (args.force or args.reason) and not args.seal:
+        raise RecordError("--force / --reason go with --seal")
     if args.seal:
-        for p in seal_runs(root):
-            print(f"sealed {p}")
+        for p in seal_runs(root, force=args.force, reason=args.reason):
+            print(f"sealed {p}" + (" (forced: recorded in the manifest)" if args.force else ""))
     n, problems = check_data(root)
     for msg in problems:
         print(f"BAD {msg}", file=sys.stderr)
@@ -644,6 +922,8 @@ def check_data_main(args) -> int:
 
 def migrate_main(args) -> int:
     root = Path(args.root) if args.root else data_root()
+    if not root.is_dir():
+        raise RecordError(f"{root}: {'not a folder' if root.exists() else 'no such data folder'}")
     done = migrate(root)
     for a, b, how in done:
         print(f"{how}: {a} -> {b}")
@@ -656,7 +936,12 @@ def register_cli(sub) -> None:
     p = sub.add_parser("check-data", help="verify every recorded run under the data folder against its manifest")
     p.add_argument("--root", default=None, help="data folder (default $LABKERNELS_DATA_DIR or data/)")
     p.add_argument("--seal", action="store_true",
-                   help="first write manifests for finished runs that have none (runs recorded before manifests)")
+                   help="first write manifests for finished runs that have none (runs recorded before manifests); "
+                        "refused where git shows a committed manifest gone or a file changed")
+    p.add_argument("--force", action="store_true",
+                   help="with --seal: seal such runs anyway (and re-seal runs whose manifest disagrees), recording "
+                        "who, when, why and what was overridden in the manifest")
+    p.add_argument("--reason", default=None, metavar="TEXT", help="why a --force seal is right (required with --force)")
     p.set_defaults(func=check_data_main)
     m = sub.add_parser("migrate-data", help="move runs of the old per-series folders (data/q6k, ...) into the round "
                        "folders (data/03_q6k_expanded_b, ...): git mv, bytes unchanged, idempotent")

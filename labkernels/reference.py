@@ -54,16 +54,32 @@ def quantize_activations(x: np.ndarray) -> Q8_1:
     return Q8_1(qs, d, s)
 
 
+def _stride(qtype: str, stride) -> int:
+    """The block stride of ``qtype`` weights: its natural size, or one of the strides the kernels take
+    (``quants.QTYPES[qtype].gemm_strides``: 144 for q4_K, 210 or the padded 224 for q6_K); ShapeError otherwise."""
+    if qtype not in ("q4_K", "q6_K"):
+        raise ShapeError(f"the integer reference covers q4_K and q6_K, not {qtype}")
+    if stride is None:
+        return quants.BLOCK_SIZES[qtype][1]
+    allowed = quants.QTYPES[qtype].gemm_strides
+    if isinstance(stride, bool) or not isinstance(stride, (int, np.integer)) or int(stride) not in allowed:
+        raise ShapeError(f"{qtype} block stride must be {' or '.join(map(str, allowed))} bytes, got {stride!r}")
+    return int(stride)
+
+
 def _check(w_raw: np.ndarray, qtype: str, a: Q8_1, stride: int | None):
-    nbytes = stride or quants.BLOCK_SIZES[qtype][1]
+    nbytes = _stride(qtype, stride)
     w_raw = np.asarray(w_raw)
     if w_raw.ndim != 2 or w_raw.dtype != np.uint8:
         raise ShapeError(f"weights must be uint8 [od, row_bytes], got {w_raw.dtype} {w_raw.shape}")
-    if w_raw.shape[1] % nbytes:
+    if w_raw.shape[0] < 1 or w_raw.shape[1] < nbytes or w_raw.shape[1] % nbytes:
         raise ShapeError(f"{qtype} weight rows of {w_raw.shape[1]} bytes are not whole {nbytes}-byte blocks")
     id_ = w_raw.shape[1] // nbytes * 256
-    if a.qs.shape[1] != id_:
-        raise ShapeError(f"inner dimensions differ: weights have id={id_}, activations {a.qs.shape[1]}")
+    if not isinstance(a, Q8_1):
+        raise ShapeError(f"activations must be reference.Q8_1 (quantize_activations), got {type(a).__name__}")
+    if a.qs.ndim != 2 or a.qs.shape[1] != id_:
+        raise ShapeError(f"inner dimensions differ: weights have id={id_}, activations {a.qs.shape[1:]}")
+    quants.check_scales(w_raw, "q6_K_224" if nbytes == 224 else qtype, "weights", error=ShapeError)
     return w_raw, id_, nbytes
 
 

@@ -3,9 +3,11 @@
 Notebook conventions (every round notebook follows them; README "Add a round" has the template):
 
 * one source per round: ``notebooks/NN_name.py`` (jupytext percent format) paired with ``NN_name.ipynb``;
-* a cell tagged ``parameters`` (papermill) holding only ``name = literal  # help`` lines (no ``=`` in the
-  help), ``name: "Optional[str]" = None`` where the default is None, with at least ``mode = "auto"`` for
-  GPU rounds. ``labkernels run`` checks every ``-p`` name and type against it before any cell runs;
+* a cell tagged ``parameters`` (papermill) holding only ``name: "type" = literal  # help`` lines (no ``=`` in
+  the help; the type may name the allowed values: ``OneOf[...]``, ``Range[lo, hi]``, ``Member[nts]``, ... see
+  :func:`labkernels.pipeline.parse_type`), ``name: "Optional[str]" = None`` where the default is None, with at
+  least ``mode: "OneOf[auto, measure, replay]" = "auto"`` for GPU rounds. ``labkernels run`` checks every
+  ``-p`` name, type and value against it before any cell runs;
 * the first code cell calls ``report.setup()`` (inline figures, the shared style of ``labkernels.plotting``);
 * ``mode``: ``measure`` runs on the GPU and records a new run under ``data/<round>/``; ``replay`` renders
   the latest recorded run (a banner says so, with the run's GPU, commit and date); ``auto`` measures when
@@ -60,7 +62,7 @@ def resolve_mode(mode: str, round_name: str | None = None) -> str:
     if mode == "replay" and round_name:
         from . import records
 
-        if records.latest(round_name) is None:
+        if records.replay_run(round_name) is None:
             raise ModeError(f"mode='replay' but no complete recorded run of round {round_name!r} under "
                             f"{records.data_root() / records.folder(round_name)}; measure it on a GPU first")
     _note("mode", mode)

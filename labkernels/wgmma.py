@@ -763,6 +763,26 @@ def tile_count(nt: int, od: int, BN: int) -> int:
     return ((od + 127) // 128) * ((nt + BN - 1) // BN)
 
 
+#: the token-tile widths the wgmma kernels are built with (registry family wgmma_kq, parameter BN)
+BN_VALUES = (128, 256)
+
+
+def check_launch_shape(nt, od, id_, BN, sm_count, what: str = "wgmma") -> None:
+    """ShapeError unless nt, od >= 1, id a positive multiple of 256, BN one of :data:`BN_VALUES` and sm_count >= 1,
+    all integers (host-side, O(1): the launch paths call it)."""
+    from .gpu import ShapeError
+
+    for name, v, lo in (("nt", nt, 1), ("od", od, 1), ("id", id_, QK), ("BN", BN, 1), ("sm_count", sm_count, 1)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise ShapeError(f"{what}: {name} must be an integer, got {v!r} ({type(v).__name__})")
+        if v < lo:
+            raise ShapeError(f"{what}: {name} must be >= {lo}, got {v}")
+    if id_ % QK:
+        raise ShapeError(f"{what}: id={id_} is not a multiple of {QK} (whole q4_K / q6_K super-blocks)")
+    if BN not in BN_VALUES:
+        raise ShapeError(f"{what}: BN must be one of {', '.join(map(str, BN_VALUES))}, got {BN}")
+
+
 def schedule(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> tuple[int, int]:
     """(ncta, dp_tiles) of the kernel's scheduler (see ``LkSched`` in wgmma_kq.cu) for ``tiles`` = 128-row x BN
     tiles of I = id/256 super-blocks each.
@@ -784,6 +804,7 @@ def schedule(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> tup
     if sk not in (0, 1, 2, 3):
         raise ValueError(f"SK is 0 (data-parallel), 1 (stream-K), 2 (uniform split-k) or 3 (tile-aligned split-k), "
                          f"not {sk!r}")
+    check_launch_shape(nt, od, id_, BN, sm_count, "schedule")
     tiles = tile_count(nt, od, BN)
     nsb = id_ // QK
     if tiles * nsb >= 2 ** 31 or od * nsb >= 2 ** 31:

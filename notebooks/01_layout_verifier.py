@@ -12,10 +12,10 @@
 
 # %% tags=["parameters"]
 model_path: "Optional[str]" = None     # GGUF file; None: data/models/gemma-3-270m-q4_k_m.gguf (labkernels fetch-model)
-tensor_filter: "Optional[str]" = None  # regex on tensor names; None: every q4_K / q6_K tensor
-strides = [210, 224]                   # q6_K block strides to check (bytes)
-random_blocks = 20000                  # random valid blocks per type and stride, on top of the model's
-seed = 0                               # random seed; 0: a fresh seed each run (printed)
+tensor_filter: "Optional[Regex]" = None  # regex on tensor names; None: every q4_K / q6_K tensor
+strides: "NonEmpty[List[OneOf[210, 224]]]" = [210, 224]   # q6_K block strides to check (bytes)
+random_blocks: "Range[1, 1000000]" = 20000   # random valid blocks per type and stride, on top of the model's
+seed: "Range[0, 4294967295]" = 0   # random seed; 0: a fresh seed each run (printed)
 
 # %%
 import numpy as np, pandas as pd, matplotlib.pyplot as plt

@@ -10,11 +10,11 @@
 # (recorded run), and the ptxas audit below gives each kernel's real registers, spills and shared memory.
 
 # %% tags=["parameters"]
-device = "h200"            # profile for the single-configuration table and the maps
-threads = 256              # threads per block
-regs = 85                  # registers per thread (the seeds' q6_K kernel: 85)
-kernel_family = "q6k_expb" # registry family whose KDR points are marked on the smem curves
-profiles = ["h200", "a100", "l40s", "rtx5090", "gb10"]   # device profiles drawn in the plots
+device: "Known[device_profiles]" = "h200"   # profile for the single-configuration table and the maps
+threads: "Range[1, 1024]" = 256   # threads per block
+regs: "Range[1, 255]" = 85        # registers per thread (the seeds' q6_K kernel: 85)
+kernel_family: "Known[kdr_families]" = "q6k_expb"   # registry family whose KDR points are marked on the smem curves
+profiles: "NonEmpty[List[Known[device_profiles]]]" = ["h200", "a100", "l40s", "rtx5090", "gb10"]   # device profiles drawn in the plots
 run_audit = True           # compile every kernel instantiation with nvcc (needs nvcc; skipped otherwise)
 
 # %%

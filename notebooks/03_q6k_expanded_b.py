@@ -16,15 +16,15 @@
 # 270M, with NaN-poisoned outputs and guard regions).
 
 # %% tags=["parameters"]
-mode = "auto"               # measure (GPU) | replay (recorded run) | auto
-shapes = [[4096, 4096], [11008, 4096], [4096, 11008]]   # [od, id] pairs (llama-7B shapes); measure mode
-nts = [512, 3328, 4096]     # tokens per GEMM (measure mode; replay shows the recorded ones)
-variants = ["q6k_generic", "q6k_expb_epi0", "q6k_expb_epi1"]   # kernel variants (labkernels.kernels.registry.VARIANTS)
-stride = 210                # q6_K block stride in bytes (210, or the 224 padded repack)
-repeats = 20                # timed launches per variant and round
-pairs = 3                   # interleaved A/B rounds
-headline_shape = [4096, 11008]   # [od, id] of the headline figures
-headline_nt = 4096          # nt of the headline figures
+mode: "OneOf[auto, measure, replay]" = "auto"   # measure (GPU) | replay (recorded run) | auto
+shapes: "NonEmpty[List[Shape]]" = [[4096, 4096], [11008, 4096], [4096, 11008]]   # [od, id] pairs (llama-7B shapes); measure mode
+nts: "NonEmpty[List[Range[1, 65536]]]" = [512, 3328, 4096]   # tokens per GEMM (measure mode; replay shows the recorded ones)
+variants: "NonEmpty[List[Known[q6k_variants]]]" = ["q6k_generic", "q6k_expb_epi0", "q6k_expb_epi1"]   # kernel variants (labkernels.kernels.registry.VARIANTS)
+stride: "OneOf[210, 224]" = 210   # q6_K block stride in bytes (210, or the 224 padded repack)
+repeats: "Range[1, 10000]" = 20   # timed launches per variant and round
+pairs: "Range[1, 1000]" = 3   # interleaved A/B rounds
+headline_shape: "Member[shapes]" = [4096, 11008]   # [od, id] of the headline figures
+headline_nt: "Member[nts]" = 4096   # nt of the headline figures
 
 # %%
 import numpy as np, pandas as pd, matplotlib.pyplot as plt

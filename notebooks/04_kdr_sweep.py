@@ -11,11 +11,11 @@
 # blocks/SM from the CUDA occupancy API next to the calculator's.
 
 # %% tags=["parameters"]
-mode = "auto"     # measure | replay | auto
-nts = [64, 128, 256, 512, 1024, 2048, 3328, 4096]   # tokens per GEMM swept (measure mode)
-repeats = 10      # timed launches per point
-q4k_nts = [512, 3328, 4096]   # nt of the q4_K vs cuBLAS benchmark (measure mode)
-headline_nt = 4096            # nt of the smem/speed plot and the conclusion
+mode: "OneOf[auto, measure, replay]" = "auto"   # measure | replay | auto
+nts: "NonEmpty[List[Range[1, 65536]]]" = [64, 128, 256, 512, 1024, 2048, 3328, 4096]   # tokens per GEMM swept (measure mode)
+repeats: "Range[1, 10000]" = 10   # timed launches per point
+q4k_nts: "NonEmpty[List[Range[1, 65536]]]" = [512, 3328, 4096]   # nt of the q4_K vs cuBLAS benchmark (measure mode)
+headline_nt: "Member[nts]" = 4096   # nt of the smem/speed plot and the conclusion
 
 # %%
 import numpy as np, pandas as pd, matplotlib.pyplot as plt

@@ -19,11 +19,11 @@
 # The whole prefill and each GEMM class are then set against llama.cpp on the same GGUF (`labkernels/peers.py`).
 
 # %% tags=["parameters"]
-mode = "auto"                      # measure | replay | auto
-model = "synthetic-7b"             # "gemma-3-270m-q4_k_m" or "synthetic-7b" (llama-7B shapes, Q4_K_M recipe)
-nt = 3325                          # prompt tokens of the prefill
-repeats = 3                        # timed prefills (measure mode)
-timeline_layer = 1                 # the layer whose launches the timeline shows
+mode: "OneOf[auto, measure, replay]" = "auto"   # measure | replay | auto
+model: "Known[r05_models]" = "synthetic-7b"   # "gemma-3-270m-q4_k_m" or "synthetic-7b" (llama-7B shapes, Q4_K_M recipe)
+nt: "Range[1, 32768]" = 3325   # prompt tokens of the prefill
+repeats: "Range[1, 1000]" = 3   # timed prefills (measure mode)
+timeline_layer: "Range[0, 255]" = 1   # the layer whose launches the timeline shows
 
 # %%
 import json

@@ -10,9 +10,9 @@
 # experiment built from a template switch in `q6k_expb.cu` (EPI: the I2F epilogue vs the magic-number epilogue).
 
 # %% tags=["parameters"]
-mode = "auto"               # measure (GPU + ncu) | replay | auto
-metrics_set = "full"        # ncu metric set: "full" or "core"
-shape = "3328x4096x11008"   # nt x od x id: the shape the tables below focus on
+mode: "OneOf[auto, measure, replay]" = "auto"   # measure (GPU + ncu) | replay | auto
+metrics_set: "OneOf[full, core]" = "full"   # ncu metric set: "full" or "core"
+shape: "Known[forensics_shapes]" = "3328x4096x11008"   # nt x od x id: the shape the tables below focus on
 
 # %%
 import numpy as np, pandas as pd, matplotlib.pyplot as plt

@@ -46,14 +46,14 @@
 # nt=512 to about cuBLAS, within ±5%, not clearly above it; nt=4096 should not move (whole waves are data-parallel).
 
 # %% tags=["parameters"]
-mode = "auto"               # measure (GPU) | replay (recorded run) | auto
-shapes = [[4096, 4096], [11008, 4096], [4096, 11008], [4096, 14336]]   # [od, id] (llama-7B); measure mode
-nts = [64, 128, 256, 512, 1024, 2048, 4096]   # tokens per GEMM (measure mode)
-qtypes = ["q4_K", "q6_K"]   # weight types (measure mode)
-pairs = 3                   # interleaved rounds (every variant once per round)
-repeats = 10                # timed launches per variant and round (L2 flushed before each)
-headline_shape = [4096, 11008]   # [od, id] of the headline figures
-headline_nt = 4096          # nt of the headline figures
+mode: "OneOf[auto, measure, replay]" = "auto"   # measure (GPU) | replay (recorded run) | auto
+shapes: "NonEmpty[List[Shape]]" = [[4096, 4096], [11008, 4096], [4096, 11008], [4096, 14336]]   # [od, id] (llama-7B); measure mode
+nts: "NonEmpty[List[Range[1, 65536]]]" = [64, 128, 256, 512, 1024, 2048, 4096]   # tokens per GEMM (measure mode)
+qtypes: "NonEmpty[List[OneOf[q4_K, q6_K]]]" = ["q4_K", "q6_K"]   # weight types (measure mode)
+pairs: "Range[1, 1000]" = 3   # interleaved rounds (every variant once per round)
+repeats: "Range[1, 10000]" = 10   # timed launches per variant and round (L2 flushed before each)
+headline_shape: "Member[shapes]" = [4096, 11008]   # [od, id] of the headline figures
+headline_nt: "Member[nts]" = 4096   # nt of the headline figures
 run_audit = True            # compile the wgmma_kq instantiations with nvcc for the ptxas table (skipped without nvcc)
 
 # %%

@@ -20,13 +20,13 @@
 # `tests/test_sweep.py`.
 
 # %% tags=["parameters"]
-mode = "auto"               # replay (recorded sweep) | measure (run plan on cluster) | cpu (stand-in sweep, faults) | auto
-plan = "round4_kdr_h200"    # measure mode: a plan in labkernels/plans/ or a YAML path
-cluster = "local-cuda"      # measure mode: local-cuda[:N] (one worker per GPU) | tcp://HOST:PORT
+mode: "OneOf[auto, measure, replay, cpu]" = "auto"   # replay (recorded sweep) | measure (run plan on cluster) | cpu (stand-in sweep, faults) | auto
+plan: "Known[sweep_plans]" = "round4_kdr_h200"   # measure mode: a plan in labkernels/plans/ or a YAML path
+cluster: "Cluster" = "local-cuda"   # measure mode: local-cuda[:N] (one worker per GPU) | tcp://HOST:PORT
 force = False               # measure mode: run the plan's tasks already recorded again (else they are skipped)
-cpu_plan = "cpu_faults_demo"   # cpu mode: stand-in plan run on a LocalCluster of 2 processes (temporary data root)
-summary_run: "Optional[str]" = None   # replay: the sweeps run shown (default: the latest GPU sweep)
-serial_runs = []            # kdr_sweep run ids to reproduce (default: the two latest on the sweep's GPU model)
+cpu_plan: "Known[sweep_plans]" = "cpu_faults_demo"   # cpu mode: stand-in plan run on a LocalCluster of 2 processes (temporary data root)
+summary_run: "Optional[RunId]" = None   # replay: the sweeps run shown (default: the latest GPU sweep)
+serial_runs: "List[RunId]" = []   # kdr_sweep run ids to reproduce (default: the two latest on the sweep's GPU model)
 
 # %%
 import shutil, tempfile

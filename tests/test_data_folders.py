@@ -158,7 +158,7 @@ def test_import_of_a_tree_with_the_old_folder_names(tmp_path):
     # a legacy-named run whose JSON names another series is refused (filed in the wrong folder)
     bad = src / "q4k" / f"{runs[0].run_id}.json"
     shutil.copy2(src / "q6k" / bad.name, bad)
-    with pytest.raises(records.RecordError, match="run of round 'q6k' filed under 'q4k'"):
+    with pytest.raises(records.RecordError, match="run of series 'q6k' lies in folder 'q4k'"):
         records.import_runs(src, dst)
 
 

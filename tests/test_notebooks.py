@@ -62,18 +62,18 @@ def test_papermill_parses_every_parameter(p, caplog):
 
 def test_round1_seed_model_path_and_filter_are_parameters():
     d = pipeline.declared_parameters([p for p in NBS if p.stem.startswith("01")][0])
-    assert pipeline.type_name(d["seed"]["type"]) == "int"
+    assert pipeline.type_name(d["seed"]["type"]) == "Range[0, 4294967295]"
     assert pipeline.type_name(d["model_path"]["type"]) == "Optional[str]"
-    assert pipeline.type_name(d["tensor_filter"]["type"]) == "Optional[str]"
+    assert pipeline.type_name(d["tensor_filter"]["type"]) == "Optional[Regex]"
 
 
 def test_unknown_and_ill_typed_parameters_exit_before_executing(tmp_path):
     import sys
 
     for args, msg in ((["01", "-p", "bogus=1"], "unknown parameter bogus"),
-                      (["03", "-p", "nts=512"], "nts must be List[int], got 512"),
-                      (["03", "-p", "headline_nt=seven"], "headline_nt must be int"),
-                      (["03", "-p", "mode=fast"], "mode must be one of")):
+                      (["03", "-p", "nts=512"], "nts = 512: must be list (declared NonEmpty[List[Range[1, 65536]]])"),
+                      (["03", "-p", "headline_nt=seven"], "headline_nt = 'seven': must be one of nts = [512, 3328, 4096]"),
+                      (["03", "-p", "mode=fast"], "mode = 'fast': must be one of auto, measure, replay")):
         r = subprocess.run([sys.executable, "-m", "labkernels", "run", *args, "--out", str(tmp_path)],
                            capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
         assert r.returncode == 2 and msg in r.stderr, (args, r.stderr)

@@ -9,12 +9,12 @@ from labkernels import records
 
 
 def test_run_lifecycle(tmp_path):
-    run = records.new_run("roundx", {"a": 1}, root=tmp_path)
+    run = records.new_run("peers", {"a": 1}, root=tmp_path)
     run.append("t", {"x": 1, "y": 2.5})
     run.append("t", [{"x": 2, "y": 3.5}])
-    assert records.latest("roundx", root=tmp_path) is None  # still running
+    assert records.latest("peers", root=tmp_path) is None  # still running
     run.finish(best=3.5)
-    r = records.latest("roundx", root=tmp_path)
+    r = records.latest("peers", root=tmp_path)
     assert r.run_id == run.run_id and r.meta["summary"]["best"] == 3.5
     assert list(r.table("t").x) == [1, 2]
     assert r.provenance["git_commit"] and r.meta["params"] == {"a": 1}
@@ -25,17 +25,17 @@ def test_run_lifecycle(tmp_path):
 
 
 def test_interrupted_run_keeps_points(tmp_path):
-    run = records.new_run("sweep", {}, root=tmp_path)
+    run = records.new_run("peers", {}, root=tmp_path)
     for i in range(3):
         run.append("points", {"i": i})
     # the process dies here: rows are on disk, the run is listed as running, not complete
-    again = records.list_runs("sweep", root=tmp_path, status=None)[0]
+    again = records.list_runs("peers", root=tmp_path, status=None)[0]
     assert again.meta["status"] == "running" and len(again.table("points")) == 3
-    assert records.latest("sweep", root=tmp_path) is None
+    assert records.latest("peers", root=tmp_path) is None
 
 
 def test_new_column_after_rows_is_an_error(tmp_path):
-    run = records.new_run("r", {}, root=tmp_path)
+    run = records.new_run("prefill", {}, root=tmp_path)
     run.append("t", {"a": 1})
     with pytest.raises(records.RecordError, match="new columns"):
         run.append("t", {"a": 1, "b": 2})
@@ -43,18 +43,18 @@ def test_new_column_after_rows_is_an_error(tmp_path):
 
 def test_import_never_overwrites(tmp_path):
     src, dst = tmp_path / "src", tmp_path / "dst"
-    run = records.new_run("r", {}, root=src)
+    run = records.new_run("prefill", {}, root=src)
     run.append("t", {"a": 1}); run.finish()
     assert len(records.import_runs(src, dst)) == 3  # metadata, table, manifest
     assert records.import_runs(src, dst) == []  # identical files: nothing to do
     # a different run with the same id in the source: refused before anything is written
-    p = next((src / "r").glob("*.csv"))
+    p = next((src / "prefill").glob("*.csv"))
     p.write_text("a\n99\n")
-    records.write_manifest(records.Run("r", run.run_id, src, run.meta))
-    before = sorted((dst / "r").iterdir())
+    records.write_manifest(records.Run("prefill", run.run_id, src, run.meta))
+    before = sorted((dst / "prefill").iterdir())
     with pytest.raises(records.RecordError, match="append-only"):
         records.import_runs(src, dst)
-    assert sorted((dst / "r").iterdir()) == before
+    assert sorted((dst / "prefill").iterdir()) == before
 
 
 def test_committed_runs_are_well_formed():
@@ -76,21 +76,21 @@ def test_committed_runs_are_well_formed():
 
 
 def test_recording_context_finishes_runs(tmp_path):
-    with records.recording("r", {"x": 1}, root=tmp_path) as run:
+    with records.recording("prefill", {"x": 1}, root=tmp_path) as run:
         run.append("t", {"a": 1})
-    assert records.latest("r", root=tmp_path).run_id == run.run_id
+    assert records.latest("prefill", root=tmp_path).run_id == run.run_id
     with pytest.raises(ValueError):
-        with records.recording("r", {}, root=tmp_path) as bad:
+        with records.recording("prefill", {}, root=tmp_path) as bad:
             bad.append("t", {"a": 2})
             raise ValueError("sweep died")
-    failed = records.load("r", bad.run_id, root=tmp_path)
+    failed = records.load("prefill", bad.run_id, root=tmp_path)
     assert failed.meta["status"] == "failed" and "sweep died" in failed.meta["summary"]["error"]
     assert len(failed.table("t")) == 1  # the points before the failure stay
-    assert records.latest("r", root=tmp_path).run_id == run.run_id
+    assert records.latest("prefill", root=tmp_path).run_id == run.run_id
 
 
 # ------------------------------------------------------------------ integrity: manifests, validation, import
-def _finished(root, round_name="r", rows=3, **summary):
+def _finished(root, round_name="prefill", rows=3, **summary):
     run = records.new_run(round_name, {"x": 1}, root=root)
     for i in range(rows):
         run.append("t", {"i": i, "ratio": 1.5 + i})
@@ -115,7 +115,7 @@ def test_edited_value_fails_replay_naming_the_file(tmp_path):
     p = run.table_path("t")
     p.write_text(p.read_text().replace("2.5", "9.5"))  # same length, same row count: only the hash knows
     with pytest.raises(records.RecordError, match=rf"{re.escape(str(p))}: content differs from the manifest"):
-        records.latest("r", root=tmp_path)
+        records.latest("prefill", root=tmp_path)
     n, problems = records.check_data(tmp_path)
     assert n == 1 and len(problems) == 1 and str(p) in problems[0]
 
@@ -126,7 +126,7 @@ def test_cut_last_row_fails(tmp_path):
     data = p.read_bytes()
     p.write_bytes(data[:-4])  # the last row loses its end
     with pytest.raises(records.RecordError, match=re.escape(str(p))):
-        records.latest("r", root=tmp_path)
+        records.latest("prefill", root=tmp_path)
     with pytest.raises(records.RecordError, match="the last row is cut"):
         records.table_rows(p)
     p.write_bytes(data[: data.rindex(b",")] + b"\n")  # cut inside the row, newline kept
@@ -139,22 +139,22 @@ def test_missing_extra_and_unsealed_files_fail(tmp_path):
     stray = run.dir / f"{run.run_id}.extra.csv"
     stray.write_text("a\n1\n")
     with pytest.raises(records.RecordError, match=rf"{re.escape(str(stray))}: not part of run"):
-        records.load("r", run.run_id, root=tmp_path)
+        records.load("prefill", run.run_id, root=tmp_path)
     stray.unlink()
     run.table_path("u").unlink()
     with pytest.raises(records.RecordError, match=r"\.u\.csv: missing"):
-        records.latest("r", root=tmp_path)
+        records.latest("prefill", root=tmp_path)
     run2 = _finished(tmp_path / "b")
     run2.manifest_path.unlink()
     with pytest.raises(records.RecordError, match="has no manifest"):
-        records.latest("r", root=tmp_path / "b")
+        records.latest("prefill", root=tmp_path / "b")
     assert records.seal_runs(tmp_path / "b") == [run2.manifest_path]
     assert "sealed_later" in json.loads(run2.manifest_path.read_text())
-    assert records.latest("r", root=tmp_path / "b").run_id == run2.run_id
+    assert records.latest("prefill", root=tmp_path / "b").run_id == run2.run_id
 
 
 def test_validate_run_refuses_unfinished_and_corrupt_runs(tmp_path):
-    run = records.new_run("r", {}, root=tmp_path)
+    run = records.new_run("prefill", {}, root=tmp_path)
     run.append("t", {"a": 1})
     with pytest.raises(records.RecordError, match="never finished"):
         records.validate_run(run.meta_path)

@@ -1,5 +1,6 @@
 """The table of rounds: one module per round named like its notebook, its data folders, its plan, its gpu-check
 steps; open_round resolves replay / cpu on this machine (no GPU)."""
+import re
 from pathlib import Path
 
 import pytest
@@ -40,11 +41,12 @@ def test_gpu_check_takes_the_rounds_steps():
     assert set(GPU_CHECK_STEPS) == set(gpu_cli.STEPS) | set(steps)
 
 
-def test_gpu_check_refuses_an_unknown_step_before_running_any(tmp_path):
+def test_gpu_check_refuses_an_unknown_step_before_running_any(tmp_path, capsys):
     from labkernels import cli
 
-    with pytest.raises(SystemExit, match="unknown step 'wgmma_bogus'; steps: .*prefill_r7"):
-        cli.main(["gpu-check", "--out", str(tmp_path), "--steps", "env,wgmma_bogus"])
+    assert cli.main(["gpu-check", "--out", str(tmp_path), "--steps", "env,wgmma_bogus"]) == 2
+    assert re.search("gpu-check: error: GpuCheckError: unknown step 'wgmma_bogus'; steps: .*prefill_r7",
+                     capsys.readouterr().err)
     assert not (tmp_path / "gpu-check.json").exists()        # env did not run either
 
 

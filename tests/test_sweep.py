@@ -286,7 +286,7 @@ def _recording_notebook(path: Path):
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_markdown_cell("# Round x: records a run"), params,
         nbformat.v4.new_code_cell("from labkernels import records, report\nreport.resolve_mode('cpu')\n"
-                                  "with records.recording('nb_round', {'value': value}) as run:\n"
+                                  "with records.recording('prefill', {'value': value}) as run:\n"
                                   "    run.append('t', {'doubled': value * 2})\n"
                                   "report.headline(doubled=value * 2)")])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -330,9 +330,9 @@ def test_sweep_two_workers_with_a_killed_worker(tmp_path):
     nb_key = next(k for k, x in keys.items() if x.kind == "notebook")
     (mark,) = records.list_runs(sweep.NOTEBOOK_ROUND, root=data)
     assert mark.provenance["sweep"]["task_key"] == nb_key and mark.table("execution").status.tolist() == ["ok"]
-    (child,) = records.list_runs("nb_round", root=data)
+    (child,) = records.list_runs("prefill", root=data)
     assert child.table("t").doubled.tolist() == [42] and child.provenance["sweep"]["role"] == "child"
-    assert t.loc[nb_key, "child_runs"] == f"nb_round/{child.run_id}"
+    assert t.loc[nb_key, "child_runs"] == f"prefill/{child.run_id}"
     assert (work / "reports" / nb_key).exists() and not list((work / "staging").iterdir())
     # the summary run, and what a report page shows
     rep = sweep.sweep_report(res["summary_run"], root=data)
@@ -353,7 +353,7 @@ def test_sweep_two_workers_with_a_killed_worker(tmp_path):
     ro = t2.loc[ro_key]
     assert ro.status == "complete" and ro.attempts == 2 and ro.failed_on and ro.worker != ro.failed_on
     assert len(records.list_runs(sweep.BENCH_ROUND, root=data, status=None)) == len(bench_runs) + 1
-    assert len(records.list_runs("nb_round", root=data)) == 1
+    assert len(records.list_runs("prefill", root=data)) == 1
     assert len(records.list_runs(sweep.SUMMARY_ROUND, root=data)) == 2
 
 

@@ -158,7 +158,7 @@ def test_auto_choice_from_a_recorded_run(tmp_path):
     assert len(t) == 2
     c = gpu.choose("q4_K", 600, 4096, 4096, table=t, cc=90)
     assert (c.family, dict(c.params)["BN"]) == ("wgmma_kq", 128) and run.run_id in c.reason
-    c = gpu.choose("q4_K", 3000, 4000, 4200, table=t, cc=90)
+    c = gpu.choose("q4_K", 3000, 4000, 4352, table=t, cc=90)   # id: whole super-blocks (4200 is refused)
     assert dict(c.params)["BN"] == 256
     c = gpu.choose("q4_K", 3000, 4096, 4096, table=t, cc=80)     # no wgmma on sm_80: the int8 row
     assert c.family == "q4k_nb" and dict(c.params) == {"KDR": 8}

@@ -280,14 +280,25 @@ def _expand() -> list[KernelSpec]:
 KERNELS: list[KernelSpec] = _expand()
 
 
+class RegistryError(KeyError):
+    """An unknown family, variant or instantiation; a KeyError (callers catch it as one) whose message reads as
+    written (KeyError's own str() quotes it)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 def find(family: str, **params) -> KernelSpec:
     """The registry entry of one instantiation, e.g. ``find('q6k_expb', KDR=4, STRIDE=210, EPI=0)``."""
     for k in KERNELS:
         if k.family == family and all(k.p.get(n) == v for n, v in params.items()):
             if set(params) == set(k.p):
                 return k
-    raise KeyError(f"no registered kernel {family} with {params}; registered: "
-                   + ", ".join(k.key for k in KERNELS if k.family == family))
+    if not any(k.family == family for k in KERNELS):
+        raise RegistryError(f"no kernel family {family!r}; families: "
+                            + ", ".join(dict.fromkeys(k.family for k in KERNELS)))
+    raise RegistryError(f"no registered kernel {family} with {params}; registered: "
+                        + ", ".join(k.key for k in KERNELS if k.family == family))
 
 
 def family(name: str) -> list[KernelSpec]:
@@ -369,7 +380,7 @@ def variant(name: str) -> Variant:
     """The named variant (a label of an older recorded run is resolved, see :data:`LEGACY_NAMES`)."""
     v = VARIANTS.get(name) or VARIANTS.get(LEGACY_NAMES.get(name, ""))
     if v is None:
-        raise KeyError(f"unknown kernel variant {name!r}; variants: {', '.join(VARIANTS)}")
+        raise RegistryError(f"unknown kernel variant {name!r}; variants: {', '.join(VARIANTS)}")
     return v
 
 
@@ -385,7 +396,7 @@ def resolve(name: str) -> Variant:
     try:
         return default_variant(name)
     except KeyError:
-        raise KeyError(f"{name!r} is neither a kernel variant ({', '.join(VARIANTS)}) nor a GEMM family with a "
+        raise RegistryError(f"{name!r} is neither a kernel variant ({', '.join(VARIANTS)}) nor a GEMM family with a "
                        f"default variant ({', '.join(sorted({v.family for v in VARIANTS.values()}))})") from None
 
 
@@ -403,7 +414,7 @@ def default_variant(of: str) -> Variant:
     family (``"q4k_nb"``: what it runs named without parameters). Exactly one variant declares each default."""
     hits = [v for v in VARIANTS.values() if of in v.default_for]
     if len(hits) != 1:
-        raise KeyError(f"{len(hits)} variants are the default of {of!r} (need exactly one): "
+        raise RegistryError(f"{len(hits)} variants are the default of {of!r} (need exactly one): "
                        + ", ".join(v.name for v in hits))
     return hits[0]
 

@@ -60,7 +60,10 @@ SHARED = ("prefill", "peers", "gpu_suite")
 
 
 class RoundError(KeyError):
-    pass
+    """An unknown round, plan parameter or mode for a round (a KeyError whose message reads as written)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 def module(name: str):
@@ -75,6 +78,17 @@ def module(name: str):
 
 def rounds() -> list:
     return [module(m) for m in MODULES]
+
+
+def param_modes(mod) -> dict:
+    """{notebook parameter: the modes in which it has effect} for the parameters that do not act in every mode: a
+    round's ``PARAM_MODES`` where it declares them, else every key of its ``PLAN`` (what a measurement records;
+    replay shows the recorded plan instead) except its ``REPLAY_KEYS`` (those select the run replay shows)."""
+    if hasattr(mod, "PARAM_MODES"):
+        return dict(mod.PARAM_MODES)
+    if not mod.DATA or (getattr(mod, "measure", None) is None and not hasattr(mod, "record_runs")):
+        return {}
+    return {k: ("measure",) for k in mod.PLAN if k not in getattr(mod, "REPLAY_KEYS", ())}
 
 
 def gpu_check_steps() -> dict:
@@ -138,11 +152,14 @@ def open_round(name, mode: str = "auto", **plan) -> Opened:
         if mode not in ("auto", "cpu"):
             raise RoundError(f"round {mod.NOTEBOOK} runs on the CPU (nothing recorded to {mode}): mode 'cpu' or 'auto'")
         return Opened(mod.NOTEBOOK, "cpu", full)
+    if mode == "cpu":     # a banner "computed while it rendered" over recorded GPU numbers would be false
+        raise RoundError(f"round {mod.NOTEBOOK} shows recorded GPU runs: mode measure, replay or auto, not cpu")
     mode = report.resolve_mode(mode, mod.DATA[0])
     if mode == "measure":
         return Opened(mod.NOTEBOOK, mode, full, measure_into(mod, **full))
     where = getattr(mod, "REPLAY_WHERE", {})
-    runs = {d: records.latest(d, where=(lambda r, w=where[d]: w(r, full)) if d in where else None) for d in mod.DATA}
+    # replay_run: the latest complete run, refused (naming it) where a newer run of the series has not finished
+    runs = {d: records.replay_run(d, where=(lambda r, w=where[d]: w(r, full)) if d in where else None) for d in mod.DATA}
     if runs[mod.DATA[0]] is None:
         raise report.ModeError(f"round {mod.NOTEBOOK}: no complete {mod.DATA[0]} run recorded under "
                                f"{records.data_root() / records.folder(mod.DATA[0])} for the plan {full}")

@@ -19,11 +19,29 @@ def same_case(run, plan) -> bool:
 
 #: the page replays the latest decomposition of its plan's model and nt
 REPLAY_WHERE = {"decompose": same_case}
+#: the plan parameters that choose the replayed run (the others act in measure mode only)
+REPLAY_KEYS = ("model", "nt")
 
 
 #: the models round 5 decomposes (name -> the label its runs record)
 MODELS = {"synthetic-7b": "synthetic-7b", "7b": "synthetic-7b", "gemma-3-270m-q4_k_m": "gemma-3-270m-q4_k_m",
           "gemma": "gemma-3-270m-q4_k_m"}
+
+
+def layers(model: str) -> int:
+    """The layer count of a model round 5 decomposes (from its config: no file is opened)."""
+    from .. import synthetic
+
+    cfg = synthetic.llama7b_config() if MODELS[model] == "synthetic-7b" else synthetic.gemma3_270m_config()
+    return cfg.n_layer
+
+
+def check_plan(params: dict) -> list[str]:
+    """The page's parameters against each other (before it runs): the timeline layer exists in the model."""
+    model, layer = params.get("model"), params.get("timeline_layer")
+    if model in MODELS and isinstance(layer, int) and not 0 <= layer < layers(model):
+        return [f"timeline_layer = {layer}: {model} has layers 0..{layers(model) - 1}"]
+    return []
 
 
 def gpu_model(model: str, kernel: str = "auto", attention: str = "auto"):
