@@ -22,10 +22,11 @@ def test_every_round_module_names_its_notebook_and_data():
         rounds.module("r99")
 
 
-#: every step name `labkernels gpu-check --steps` has accepted (the lead's runbooks name them)
+#: every step name `labkernels gpu-check --steps` accepts (the lead's runbooks name them; the steps whose builds left
+#: the kernel source -- wgmma_splitfin, wgmma_conv16, wgmma_wtma, wgmma_tmapf, wgmma_kpairearly -- run at 4a8dcd9)
 GPU_CHECK_STEPS = ("env", "tests", "sanitizer", "occupancy", "q6k", "tile_ab", "kdr", "q4k", "prefill", "prefill7b",
                    "decompose", "forensics", "wgmma", "wgmma_sanitizer", "wgmma_ncu", "wgmma_costs", "wgmma_trace",
-                   "wgmma_splitfin", "wgmma_epi", "wgmma_aq", "wgmma_pf", "wgmma_pair", "wgmma_staged", "wgmma_reduce", "wgmma_lead", "wgmma_conv2", "wgmma_conv16", "wgmma_plane", "wgmma_ceiling", "wgmma_floor", "wgmma_tmapf", "wgmma_clock", "wgmma_kscan", "wgmma_kpair", "wgmma_smem", "wgmma_smemform", "wgmma_decouple", "wgmma_kpairtrace", "wgmma_kpairfin", "wgmma_kpairearly", "wgmma_halfy", "wgmma_wtma", "prefill_r7", "attention", "prefill_graph", "graph_nodes")
+                   "wgmma_epi", "wgmma_aq", "wgmma_pf", "wgmma_pair", "wgmma_staged", "wgmma_reduce", "wgmma_lead", "wgmma_conv2", "wgmma_plane", "wgmma_ceiling", "wgmma_floor", "wgmma_clock", "wgmma_kscan", "wgmma_kpair", "wgmma_smem", "wgmma_smemform", "wgmma_decouple", "wgmma_kpairtrace", "wgmma_kpairfin", "wgmma_halfy", "prefill_r7", "attention", "prefill_graph", "graph_nodes")
 
 
 def test_gpu_check_takes_the_rounds_steps():
@@ -33,7 +34,7 @@ def test_gpu_check_takes_the_rounds_steps():
     assert {"occupancy", "q6k", "kdr", "q4k", "prefill", "prefill7b", "decompose", "forensics", "wgmma",
             "wgmma_sanitizer", "wgmma_ncu", "wgmma_costs", "prefill_r7"} <= set(steps)
     assert set(rounds.module(7).STEPS) == {"wgmma", "wgmma_sanitizer", "wgmma_ncu", "wgmma_costs", "wgmma_trace",
-                                           "wgmma_splitfin", "wgmma_epi", "wgmma_aq", "wgmma_pf", "wgmma_pair", "wgmma_staged", "wgmma_reduce", "wgmma_lead", "wgmma_conv2", "wgmma_conv16", "wgmma_plane", "wgmma_ceiling", "wgmma_floor", "wgmma_tmapf", "wgmma_clock", "wgmma_kscan", "wgmma_kpair", "wgmma_smem", "wgmma_smemform", "wgmma_decouple", "wgmma_kpairtrace", "wgmma_kpairfin", "wgmma_kpairearly", "wgmma_halfy", "wgmma_wtma", "prefill_r7"}
+                                           "wgmma_epi", "wgmma_aq", "wgmma_pf", "wgmma_pair", "wgmma_staged", "wgmma_reduce", "wgmma_lead", "wgmma_conv2", "wgmma_plane", "wgmma_ceiling", "wgmma_floor", "wgmma_clock", "wgmma_kscan", "wgmma_kpair", "wgmma_smem", "wgmma_smemform", "wgmma_decouple", "wgmma_kpairtrace", "wgmma_kpairfin", "wgmma_halfy", "prefill_r7"}
     from labkernels import gpu_cli
 
     assert not set(gpu_cli.STEPS) & set(steps)          # each step written once

@@ -87,9 +87,9 @@ for k, nt, od, id_, sk in cases:
     y = cp.empty((nt, od), cp.float32)
     try:
         wgmma.gemm(w, x, out=y, SK=sk, FORM=form, **{n: v for n, v in k.params if n not in ("QT", "NCV")})
-    except SharedMemoryError as e:   # an exploratory build's extra shared memory (LK_EXP_WTMA's weight ring) may
-        if not wgmma.build_defines():   # not fit beside a variant's own: that case is left out, said; the plain
-            raise                       # build has no such case
+    except SharedMemoryError as e:   # an exploratory build's extra shared memory (the KPAIR ring) may not fit
+        if not wgmma.build_defines():   # beside a variant's own: that case is left out, said; the plain build has
+            raise                       # no such case
         print("skipped", k.key, "SK=%d" % sk, nt, od, id_, "--", e, flush=True)
         continue
     cp.cuda.runtime.deviceSynchronize()
@@ -112,18 +112,6 @@ def step_wgmma_costs(out: Path, args) -> dict:
 
     with records.recording(DATA[0], {"what": "cost_scan"}, root=out / "data") as run:
         wgmma.cost_scan(run, progress=args.log)
-    return {"ok": True, "run": run.run_id}
-
-
-def step_wgmma_splitfin(out: Path, args) -> dict:
-    """Round 7, exploratory: the split finish of two-CTA stream-K tiles (-DLK_EXP_SPLITFIN) against the plain
-    build at nt=512, bitwise-gated and interleaved (labkernels.wgmma.splitfin_ab), recorded."""
-    from .. import records
-
-    with records.recording(DATA[0], {"what": "splitfin", "defines": ["LK_EXP_SPLITFIN"],
-                                     "points": [list(p) for p in wgmma.SPLITFIN_POINTS], "nt": 512},
-                           root=out / "data") as run:
-        wgmma.splitfin_ab(run, progress=args.log)
     return {"ok": True, "run": run.run_id}
 
 
@@ -534,53 +522,6 @@ def step_wgmma_kpairfin(out: Path, args) -> dict:
     return {"ok": True, "run": _kpair_ab_run(out, args, "kpairfin_ab", wgmma.KPAIR_AB, builds={"_fin": wgmma.KPAIR_FIN})}
 
 
-#: the twenty-seventh step's forms of the KPAIR build (variant suffix -> defines: FIN, FIN + EARLY, FIN + OVERLAP and
-#: OVERLAP with the producer's or the consumers' requests alone), timed; and traced (variant -> defines), q4_K only:
-#: their q6_K trace builds spill (16 B)
-EARLY_BUILDS = {"_fin": wgmma.KPAIR_FIN, "_fin_early": wgmma.KPAIR_FIN_EARLY, "_fin_overlap": wgmma.KPAIR_FIN_OVERLAP,
-                "_fin_overlap_p": wgmma.KPAIR_OVERLAP_PRODUCER, "_fin_overlap_c": wgmma.KPAIR_OVERLAP_CONSUMERS}
-EARLY_TRACE_BUILDS = {wgmma.KPAIR_VARIANT + sfx: d for sfx, d in EARLY_BUILDS.items()}
-#: traced launches of each build at each shape, the builds interleaved
-EARLY_TRACE_REPS = 3
-
-
-def step_wgmma_kpairearly(out: Path, args) -> dict:
-    """Round 7, twenty-seventh step: the KPAIR build's FIN form with its cold start overlapped -- the L2 requests at
-    entry (LK_EXP_KPAIR_EARLY, wgmma.KPAIR_FIN_EARLY) or between the cluster barrier's arrive and wait
-    (LK_EXP_KPAIR_OVERLAP, wgmma.KPAIR_FIN_OVERLAP, and its one-side forms) -- against the FIN form
-    (:data:`EARLY_BUILDS`). (1) Their trace builds (-DLK_EXP_TRACE), q4_K at :data:`KPAIR_TRACE_SHAPES`, nt=512,
-    :data:`EARLY_TRACE_REPS` launches of each right after an L2 flush, the builds interleaved (table
-    ``kpair_trace_flushed``, a ``rep`` column; labkernels.wgmma.early_table); (2) every form real-model gated and timed beside the KPAIR build, the launches of record and cuBLAS at every point of
-    wgmma.KPAIR_AB (labkernels.wgmma.kpair_ab with ``builds``; every launch parity-gated); one recorded run."""
-    import numpy as np
-
-    from .. import bench, cases, records
-
-    rng = np.random.default_rng(27)
-    flusher = bench.Flusher()
-    nt = 512
-    with records.recording(DATA[0], {"what": "kpairearly", "plan": wgmma.KPAIR_AB, "defines": list(wgmma.KPAIR),
-                                     "builds": {k: list(v) for k, v in EARLY_BUILDS.items()},
-                                     "trace": {"nt": nt, "qtypes": ["q4_K"], "reps": EARLY_TRACE_REPS,
-                                               "shapes": [list(x) for x in KPAIR_TRACE_SHAPES],
-                                               "builds": {k: list(v) for k, v in EARLY_TRACE_BUILDS.items()}},
-                                     "real_nts": list(wgmma.KPAIR_REAL_NTS)}, root=out / "data") as run:
-        for od, id_ in KPAIR_TRACE_SHAPES:
-            x16 = wgmma._cp().asarray(rng.standard_normal((nt, id_)).astype(np.float16))
-            w = wgmma.WgWeight.from_gguf(cases.synthetic_weights("q4_K", od, id_, rng), "q4_K")
-            for rep in range(EARLY_TRACE_REPS):
-                for name, d in EARLY_TRACE_BUILDS.items():
-                    key = {"qtype": "q4_K", "od": od, "id": id_, "nt": nt, "variant": name, "rep": rep}
-                    cold = wgmma.trace_launch(w, x16, flush=flusher, kpair=True, defines=d)
-                    run.append("kpair_trace_flushed", [{**key, **r} for r in cold])
-        for r in wgmma.early_table(run).itertuples():
-            args.log(f"early trace {r.variant} q4_K {r.od}x{r.id} (cold, medians): setup {r.setup_us:.2f} us, fill "
-                     f"{r.fill_us:.2f} us, loop {r.loop_us:.2f} us, finish {r.finish_us:.2f} us, exit {r.exit_us:.2f} "
-                     f"us, last stamp {r.end_us_max:.2f} us")
-        wgmma.kpair_ab(run, plan=wgmma.KPAIR_AB, progress=args.log, builds=EARLY_BUILDS)
-    return {"ok": True, "run": run.run_id}
-
-
 def step_wgmma_halfy(out: Path, args) -> dict:
     """Round 7, twenty-eighth step: what the float32 Y costs the FIN form -- its LK_ABLATE_HALFY build (half of Y's
     bytes stored, the bytes of a 16-bit Y; timing only, never gated) timed beside the FIN form, the KPAIR build, the
@@ -660,26 +601,11 @@ def step_prefill_r7(out: Path, args) -> dict:
     return {"ok": True, "runs": runs}
 
 
-def step_wgmma_conv16(out: Path, args) -> dict:
-    """Round 7: the 16-bit scale path of the register form's conversion against the build of the one before it
-    (-DLK_EXP_OLDCONV), bitwise- and parity-gated per launch, interleaved with cuBLAS at nt 512 and 4096
-    (labkernels.wgmma.conv16_ab), recorded."""
-    return _record_ab(out, args, "conv16_ab", {**wgmma.CONV16_AB, "defines_old": list(wgmma.OLDCONV)},
-                      wgmma.conv16_ab)
-
-
 def step_wgmma_plane(out: Path, args) -> dict:
     """Round 7: the q4_K scale plane (SCL=2, written at load) against the in-loop header decode (SCL=0) at BN=128,
     beside the BN=256 split grids and cuBLAS at nt 512 and 4096 (labkernels.wgmma.plane_ab), real-model gated,
     recorded."""
     return _record_ab(out, args, "plane_ab", wgmma.PLANE_AB, wgmma.plane_ab)
-
-
-def step_wgmma_wtma(out: Path, args) -> dict:
-    """Round 7, exploratory: the weights through a shared-memory ring by the producer's TMA (-DLK_EXP_WTMA) against
-    the plain register loads, bitwise- and parity-gated per launch, interleaved with cuBLAS at nt 512 and 4096
-    (labkernels.wgmma.wtma_ab), recorded."""
-    return _record_ab(out, args, "wtma_ab", {**wgmma.WTMA_AB, "defines": list(wgmma.WTMA)}, wgmma.wtma_ab)
 
 
 def step_wgmma_ceiling(out: Path, args) -> dict:
@@ -697,14 +623,6 @@ def step_wgmma_floor(out: Path, args) -> dict:
     return _record_ab(out, args, "floor_ab", {**wgmma.FLOOR_AB, "builds": {k: list(v) for k, v in
                                                                            wgmma.FLOOR_BUILDS.items()}},
                       wgmma.floor_ab)
-
-
-def step_wgmma_tmapf(out: Path, args) -> dict:
-    """Round 7, exploratory: the weights prefetched into L2 by the producer's TMA (-DLK_EXP_TMAPF) against the plain
-    build, bitwise- and parity-gated per launch, interleaved with cuBLAS at nt 512 and 4096 (labkernels.wgmma.tmapf_ab),
-    recorded."""
-    return _record_ab(out, args, "tmapf_ab", {**wgmma.TMAPF_AB, "defines": list(wgmma.TMAPF),
-                                              "ahead": wgmma.TMAPF_AHEAD}, wgmma.tmapf_ab)
 
 
 def step_wgmma_clock(out: Path, args) -> dict:
@@ -729,7 +647,7 @@ def step_wgmma_kpair(out: Path, args) -> dict:
 
 
 STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_ncu": step_wgmma_ncu,
-         "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
+         "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace,
          "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
-         "wgmma_staged": step_wgmma_staged, "wgmma_reduce": step_wgmma_reduce, "wgmma_lead": step_wgmma_lead, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane,
-         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_clock": step_wgmma_clock, "wgmma_kscan": step_wgmma_kscan, "wgmma_kpair": step_wgmma_kpair, "wgmma_smem": step_wgmma_smem, "wgmma_smemform": step_wgmma_smemform, "wgmma_decouple": step_wgmma_decouple, "wgmma_kpairtrace": step_wgmma_kpairtrace, "wgmma_kpairfin": step_wgmma_kpairfin, "wgmma_kpairearly": step_wgmma_kpairearly, "wgmma_halfy": step_wgmma_halfy, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}
+         "wgmma_staged": step_wgmma_staged, "wgmma_reduce": step_wgmma_reduce, "wgmma_lead": step_wgmma_lead, "wgmma_conv2": step_wgmma_conv2, "wgmma_plane": step_wgmma_plane,
+         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_clock": step_wgmma_clock, "wgmma_kscan": step_wgmma_kscan, "wgmma_kpair": step_wgmma_kpair, "wgmma_smem": step_wgmma_smem, "wgmma_smemform": step_wgmma_smemform, "wgmma_decouple": step_wgmma_decouple, "wgmma_kpairtrace": step_wgmma_kpairtrace, "wgmma_kpairfin": step_wgmma_kpairfin, "wgmma_halfy": step_wgmma_halfy, "prefill_r7": step_prefill_r7}
