@@ -1883,7 +1883,7 @@ def test_smem_step_profiles_each_case_in_its_own_process_and_records_what_ran(mo
     import types
 
     from labkernels import ncu, records, wgmma
-    from labkernels.rounds import r07_wgmma as r7
+    from labkernels.rounds.r07_wgmma import runs as r7
 
     monkeypatch.setattr(ncu, "query_metrics", lambda: ("l1tex__data_bank_reads\nsm__pipe_tensor", {
         "sm__pipe_tensor_cycles_active", "l1tex__data_bank_reads", "sm__cycles_elapsed"}))
@@ -1916,7 +1916,7 @@ def test_decouple_step_profiles_the_kpair_builds_and_times_every_ablation(monkey
     import types
 
     from labkernels import ncu, records, wgmma
-    from labkernels.rounds import r07_wgmma as r7
+    from labkernels.rounds.r07_wgmma import runs as r7
 
     monkeypatch.setattr(ncu, "query_metrics", lambda: ("sm__pipe_tensor", {"sm__pipe_tensor_cycles_active"}))
     cmds, ab = _ncu_step_shim(monkeypatch)

@@ -1,8 +1,5 @@
-"""Round 7 -- a Hopper-native q4_K / q6_K GEMM: weights dequantized in registers feeding ``wgmma``
-(``notebooks/07_wgmma_kquant``). The round is :mod:`labkernels.wgmma` (kernels ``wgmma_kq.cu``); its runs are
-``wgmma`` runs: the benchmark (table ``wgmma_bench``, the one the page replays and ``qmatmul(kernel="auto")`` reads),
-the cost scan, compute-sanitizer and Nsight Compute runs (one each, told apart by their tables); the prefill A/B
-(``prefill_r7``) records ``prefill`` runs, the prefill's shared folder (see :mod:`labkernels.rounds`)."""
+"""Round 7's GPU steps: what ``labkernels gpu-check --round 7 --step N`` runs (each a ``fn(out, args) -> dict``
+that records its runs under ``out/data``; their records, predictions and verdicts: :mod:`.steps`)."""
 
 from __future__ import annotations
 
@@ -12,22 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import wgmma
-from ..paths import REPO_ROOT
+from ... import bench, cases, ncu, records, wgmma
+from ...paths import REPO_ROOT
+from .. import measure_into
+from .. import module as round_module
 
-NOTEBOOK = "07_wgmma_kquant"
-DATA = ("wgmma",)
-#: the run of each series the page replays: the benchmark (a sanitizer, ncu or cost-scan run is newer at times)
-REPLAY_WHERE = {"wgmma": lambda run, plan: run.has("wgmma_bench")}
-
-
-#: the round's one plan: the benchmark's own (:data:`labkernels.wgmma.PLAN`, which ``wgmma.record`` completes with)
-PLAN = wgmma.PLAN
-
-
-def measure(run, progress=print, **plan) -> None:
-    """The round into ``run`` (a new ``wgmma`` run): kernel resources, real-model gates, the benchmark."""
-    wgmma.record(run, plan, progress=progress)
+#: the series of the round's runs (data/07_wgmma_kquant/)
+SERIES = "wgmma"
 
 
 WGMMA_DRIVER = r"""
@@ -100,26 +88,20 @@ for k, nt, od, id_, sk in cases:
 def step_wgmma(out: Path, args) -> dict:
     """``gpu-check --steps wgmma``: kernel resources, real-model gates and the interleaved benchmark (the round's
     measure with its plan)."""
-    from . import measure_into
-
-    runs = measure_into(sys.modules[__name__], root=out / "data", progress=args.log)
-    return {"ok": True, "run": runs[DATA[0]].run_id}
+    runs = measure_into(round_module(7), root=out / "data", progress=args.log)
+    return {"ok": True, "run": runs[SERIES].run_id}
 
 
 def step_wgmma_costs(out: Path, args) -> dict:
     """Round 7: the per-launch vs main-loop cost scan at nt=512 (labkernels.wgmma.cost_scan), recorded."""
-    from .. import records
-
-    with records.recording(DATA[0], {"what": "cost_scan"}, root=out / "data") as run:
+    with records.recording(SERIES, {"what": "cost_scan"}, root=out / "data") as run:
         wgmma.cost_scan(run, progress=args.log)
     return {"ok": True, "run": run.run_id}
 
 
 def _record_ab(out: Path, args, what: str, plan: dict, ab) -> dict:
     """A build-option A/B step: ``ab`` (labkernels.wgmma's ``*_ab``) into a run recorded as ``what`` with its plan."""
-    from .. import records
-
-    with records.recording(DATA[0], {"what": what, "plan": plan}, root=out / "data") as run:
+    with records.recording(SERIES, {"what": what, "plan": plan}, root=out / "data") as run:
         ab(run, progress=args.log)
     return {"ok": True, "run": run.run_id}
 
@@ -192,15 +174,11 @@ def step_wgmma_trace(out: Path, args) -> dict:
     :data:`TRACE_PLAN` -- where a launch's time goes before, between and after the main loops
     (labkernels.wgmma.trace_launch), recorded with the per-event summary: after warm-up launches (table ``trace``)
     and once more right after an L2 flush, as the benchmark times a launch (``trace_flushed``)."""
-    import numpy as np
-
-    from .. import bench, cases, records
-
     rng = np.random.default_rng(11)
     flusher = bench.Flusher()
     nt = 512
     sms = wgmma._sm_count(wgmma._cp().cuda.Device().id)
-    with records.recording(DATA[0], {"what": "trace", "defines": ["LK_EXP_TRACE"], "nt": nt, "sm_count": sms,
+    with records.recording(SERIES, {"what": "trace", "defines": ["LK_EXP_TRACE"], "nt": nt, "sm_count": sms,
                                      "plan": {f"{od}x{id_}": v for (od, id_), v in TRACE_PLAN.items()}},
                            root=out / "data") as run:
         for (od, id_), per in TRACE_PLAN.items():
@@ -231,8 +209,6 @@ def step_wgmma_trace(out: Path, args) -> dict:
 
 def step_wgmma_sanitizer(out: Path, args) -> dict:
     """compute-sanitizer memcheck, racecheck, synccheck over every main-path wgmma_kq variant (tails)."""
-    from .. import records
-
     res, ok, rows = {}, True, []
     for tool in ("memcheck", "racecheck", "synccheck"):
         # host API errors are not the kernels': cuda-bindings probes driver entry points with cuGetProcAddress,
@@ -255,7 +231,7 @@ def step_wgmma_sanitizer(out: Path, args) -> dict:
         args.log(f"wgmma compute-sanitizer {tool}: rc={rc} {res[tool]['summary']} ({res[tool]['cases']} cases, "
                  f"{res[tool]['skipped']} left out)")
     # an exploratory build's run (LABKERNELS_WG_DEFINES) names its defines: the page reads the plain build's
-    with records.recording(DATA[0], {"what": "sanitizer", "tools": [r["tool"] for r in rows],
+    with records.recording(SERIES, {"what": "sanitizer", "tools": [r["tool"] for r in rows],
                                      "defines": list(wgmma.build_defines())}, root=out / "data") as run:
         run.append("sanitizer", rows)
     return {"ok": ok, **res, "run": run.run_id}
@@ -273,8 +249,6 @@ def step_wgmma_ncu(out: Path, args) -> dict:
     """Nsight Compute sections of the main wgmma_kq variants (tensor pipe, issue, stalls), recorded."""
     import csv
     import io
-
-    from .. import records
 
     cmd = ["ncu", "--clock-control", "none", "-k", "regex:wgmma_kq", "--csv", "--page", "details"]
     for sname in NCU_SECTIONS:
@@ -303,7 +277,7 @@ def step_wgmma_ncu(out: Path, args) -> dict:
                       "section": x.get("Section Name"), "metric": x.get("Metric Name"), "unit": x.get("Metric Unit"),
                       "value": x.get("Metric Value")})
     # an exploratory build's counters (LABKERNELS_WG_DEFINES) name its defines: the page's main table reads the plain
-    with records.recording(DATA[0], {"what": "ncu", "sections": NCU_SECTIONS, "metrics": metrics, "cases": cases,
+    with records.recording(SERIES, {"what": "ncu", "sections": NCU_SECTIONS, "metrics": metrics, "cases": cases,
                                      "defines": list(wgmma.build_defines())}, root=out / "data") as run:
         run.append("sections", table)
     args.log(f"ncu: {len(ids)} kernels x {len(NCU_SECTIONS)} sections recorded (run {run.run_id})")
@@ -379,8 +353,6 @@ def _ncu_cases(out: Path, args, cases, tag: str) -> tuple[list[dict], list[str],
     import csv
     import io
 
-    from .. import ncu
-
     qtext, avail = ncu.query_metrics()
     (out / f"{tag}-ncu-query.txt").write_text("\n".join(ln for ln in qtext.splitlines()
                                                        if any(w in ln for w in ("l1tex__data", "tensor", "shared", "gmma"))))
@@ -419,12 +391,10 @@ def _kpair_ab_run(out: Path, args, what: str, plan: dict, builds: dict | None = 
     """One recorded run of labkernels.wgmma.kpair_ab at ``plan``'s points: the KPAIR build and its ``builds`` (forms
     that compute Y: real-model gated and gated at every point) and ``ablations`` (timing only, never gated) beside the
     launches of record and cuBLAS; its params name both (a key only when given). Returns the run id."""
-    from .. import records
-
     params = {"what": what, "plan": plan, "defines": list(wgmma.KPAIR)}
     params |= {k: {s: list(d) for s, d in v.items()} for k, v in (("builds", builds), ("ablations", ablations)) if v}
     params["real_nts"] = list(wgmma.KPAIR_REAL_NTS)
-    with records.recording(DATA[0], params, root=out / "data") as run:
+    with records.recording(SERIES, params, root=out / "data") as run:
         wgmma.kpair_ab(run, plan=plan, progress=args.log, builds=builds, ablations=ablations)
     return run.run_id
 
@@ -433,10 +403,8 @@ def _ncu_then_kpair_ab(out: Path, args, tag: str, cases, ab_what: str, plan: dic
     """An ncu-and-A/B step: :func:`_ncu_cases` of ``cases`` recorded as ``<tag>_ncu`` (table ``smem_ncu``), then the
     KPAIR build beside its ``ablations`` at ``plan``'s points (labkernels.wgmma.kpair_ab; the build real-model gated,
     every non-ablation launch parity-gated) recorded as ``ab_what``."""
-    from .. import records
-
     table, metrics, ok = _ncu_cases(out, args, cases, tag)
-    with records.recording(DATA[0], {"what": f"{tag}_ncu", "sections": list(SMEM_SECTIONS), "metrics": metrics,
+    with records.recording(SERIES, {"what": f"{tag}_ncu", "sections": list(SMEM_SECTIONS), "metrics": metrics,
                                      "cases": [list(c) for c in cases]}, root=out / "data") as run:
         run.append("smem_ncu", table)
     args.log(f"{tag} ncu: {len({t['case'] for t in table})} of {len(cases)} cases recorded (run {run.run_id})")
@@ -478,15 +446,11 @@ def step_wgmma_kpairtrace(out: Path, args) -> dict:
     :data:`KPAIR_TRACE_SHAPES`, nt=512 -- each after warm-up launches and once more right after an L2 flush, as the
     benchmark times a launch. Tables ``kpair_trace`` / ``kpair_trace_flushed`` (labkernels.wgmma.kpair_trace_phases)
     and ``bn128_trace`` / ``bn128_trace_flushed`` (labkernels.wgmma.trace_roles), recorded."""
-    import numpy as np
-
-    from .. import bench, cases, records
-
     rng = np.random.default_rng(25)
     flusher = bench.Flusher()
     nt = 512
     sms = wgmma._sm_count(wgmma._cp().cuda.Device().id)
-    with records.recording(DATA[0], {"what": "kpair_trace", "defines": list(wgmma.KPAIR) + ["LK_EXP_TRACE"], "nt": nt,
+    with records.recording(SERIES, {"what": "kpair_trace", "defines": list(wgmma.KPAIR) + ["LK_EXP_TRACE"], "nt": nt,
                                      "sm_count": sms, "shapes": [list(x) for x in KPAIR_TRACE_SHAPES]},
                            root=out / "data") as run:
         for od, id_ in KPAIR_TRACE_SHAPES:
@@ -552,9 +516,9 @@ def step_prefill_r7(out: Path, args) -> dict:
     of every variant against the first one's."""
     import gc
 
-    from .. import gpu, prefill_cli, records
-    from ..model import default_model_path
-    from ..prefill import GpuModel, PrefillOptions, timed_prefill
+    from ... import gpu, prefill_cli
+    from ...model import default_model_path
+    from ...prefill import GpuModel, PrefillOptions, timed_prefill
 
     names = [v for v in args.ab.split(",") if v]
     bad = [v for v in names if v not in PREFILL_VARIANTS]
@@ -644,10 +608,3 @@ def step_wgmma_kpair(out: Path, args) -> dict:
     cuBLAS at nt 512 and 4096, every launch parity-gated (labkernels.wgmma.kpair_ab), recorded."""
     return _record_ab(out, args, "kpair_ab", {**wgmma.KPAIR_AB, "defines": list(wgmma.KPAIR),
                                               "real_nts": list(wgmma.KPAIR_REAL_NTS)}, wgmma.kpair_ab)
-
-
-STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_ncu": step_wgmma_ncu,
-         "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace,
-         "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
-         "wgmma_staged": step_wgmma_staged, "wgmma_reduce": step_wgmma_reduce, "wgmma_lead": step_wgmma_lead, "wgmma_conv2": step_wgmma_conv2, "wgmma_plane": step_wgmma_plane,
-         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_clock": step_wgmma_clock, "wgmma_kscan": step_wgmma_kscan, "wgmma_kpair": step_wgmma_kpair, "wgmma_smem": step_wgmma_smem, "wgmma_smemform": step_wgmma_smemform, "wgmma_decouple": step_wgmma_decouple, "wgmma_kpairtrace": step_wgmma_kpairtrace, "wgmma_kpairfin": step_wgmma_kpairfin, "wgmma_halfy": step_wgmma_halfy, "prefill_r7": step_prefill_r7}
