@@ -334,9 +334,12 @@ def elf_text_sections(blob: bytes) -> dict:
     return out
 
 
-def text_digests(kernels_dir, families, arch: str = "sm_90", *, nvcc: str | None = None) -> dict:
+def text_digests(kernels_dir, families, arch: str = "sm_90", *, nvcc: str | None = None, source=None,
+                 flags=()) -> dict:
     """{registry key: sha256 of its machine code} for every instantiation of ``families`` built from the sources in
-    ``kernels_dir`` (the registry's instantiations and -D constants; one nvcc call per source)."""
+    ``kernels_dir`` (the registry's instantiations and -D constants; one nvcc call per source). ``source``: a file to
+    build instead of the families' registry source (an exploratory build's, e.g. round 7's experiments source, with
+    ``kernels_dir``'s headers); ``flags``: more nvcc flags (an exploratory build's -D names)."""
     nvcc = nvcc or nvcc_path()
     if not nvcc:
         raise AuditError("nvcc not on PATH: the machine-code comparison needs the CUDA toolkit (no GPU)")
@@ -350,12 +353,14 @@ def text_digests(kernels_dir, families, arch: str = "sm_90", *, nvcc: str | None
     for k in specs:
         by_src.setdefault(k.source, []).append(k)
     for src, ks in by_src.items():
+        path = Path(source) if source is not None else kdir / src
         with tempfile.TemporaryDirectory(prefix="lk-text-") as td:
             w = Path(td) / f"{Path(src).stem}__text.cu"
-            w.write_text(wrapper_source(kdir / src, ks))
+            w.write_text(wrapper_source(path, ks))
             cub = Path(td) / "k.cubin"
-            cmd = [nvcc, "-cubin", "-std=c++17", arch_flag(arch), f"-I{kdir.resolve()}", *registry.cuda_defines(),
-                   "-o", str(cub), str(w)]
+            inc = [f"-I{path.parent.resolve()}"] if source is not None else []
+            cmd = [nvcc, "-cubin", "-std=c++17", arch_flag(arch), *inc, f"-I{kdir.resolve()}", *registry.cuda_defines(),
+                   *flags, "-o", str(cub), str(w)]
             r = subprocess.run(cmd, capture_output=True, text=True, cwd=td)
             if r.returncode:
                 raise AuditError(f"{src} from {kdir} does not build:\n{r.stderr[-2000:]}")
@@ -379,10 +384,14 @@ def _demangled_matches(mangled: str, k) -> bool:
     return args == [str(v).replace("-", "n") for _, v in k.params]
 
 
-def text_ab(old_dir, new_dir, families, arch: str = "sm_90") -> list[dict]:
+def text_ab(old_dir, new_dir, families, arch: str = "sm_90", *, old_source=None, new_source=None,
+            flags=()) -> list[dict]:
     """Machine code of two source trees, instantiation by instantiation: [{key, same}] (same = byte-identical
-    .text). Identical code is identical speed: the strongest 'numbers did not move' a refactor can show."""
-    a, b = text_digests(old_dir, families, arch), text_digests(new_dir, families, arch)
+    .text). Identical code is identical speed: the strongest 'numbers did not move' a refactor can show.
+    ``old_source`` / ``new_source`` and ``flags``: an exploratory build's file on either side and its -D flags
+    (:func:`text_digests`)."""
+    a = text_digests(old_dir, families, arch, source=old_source, flags=flags)
+    b = text_digests(new_dir, families, arch, source=new_source, flags=flags)
     return [{"kernel": k, "same": a.get(k) == b[k], "old": a.get(k, "absent")[:12], "new": b[k][:12]} for k in b]
 
 

@@ -3,12 +3,14 @@
 ``gpu-check --out DIR`` runs, in one process tree on a GPU machine: the GPU test suite (parity gates),
 compute-sanitizer memcheck + racecheck over every main-path kernel, the occupancy-API cross-check and the
 round benchmarks, recording every measurement as runs under ``DIR/data`` (copy them into ``data/`` with
-``labkernels import-runs DIR/data``). Steps are chosen with ``--steps``; a failing step is reported and
-the others still run; the exit code is non-zero if any failed.
+``labkernels import-runs DIR/data``). Steps are chosen with ``--steps NAME,...`` or, for a round whose steps are
+records, ``--round N --step N|NAME,...`` (``--round N --list`` lists them, retired ones with the commit and command
+that reproduce them); a failing step is reported and the others still run; the exit code is non-zero if any failed.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -21,9 +23,8 @@ import numpy as np
 from .paths import REPO_ROOT
 
 #: the steps written here (machine-wide checks and the prefill issues'); every round's own steps come from the
-#: table of rounds (labkernels.rounds: occupancy, q6k, tile_ab, kdr, q4k, prefill, prefill7b, decompose, forensics,
-#: wgmma, wgmma_sanitizer, wgmma_ncu, wgmma_costs, wgmma_trace, wgmma_epi, wgmma_aq, wgmma_pf, wgmma_pair, wgmma_staged, wgmma_reduce, wgmma_lead,
-#: wgmma_conv2, wgmma_conv16, wgmma_plane, wgmma_ceiling, wgmma_floor, wgmma_tmapf, wgmma_clock, wgmma_kscan, wgmma_kpair, wgmma_smem, wgmma_smemform, wgmma_wtma, prefill_r7)
+#: table of rounds (labkernels.rounds.gpu_check_steps: occupancy, q6k, tile_ab, kdr, q4k, prefill, prefill7b,
+#: decompose, forensics, and round 7's by their gpu-check names, wgmma, wgmma_sanitizer, ... prefill_r7)
 STEPS = ("env", "tests", "sanitizer", "attention", "prefill_graph", "graph_nodes")
 
 
@@ -435,25 +436,65 @@ class GpuCheckError(RuntimeError):
     """Bad arguments to ``labkernels gpu-check`` (refused before any step runs)."""
 
 
-def main(args) -> int:
-    steps = args.steps.split(",") if args.steps else ["env", "tests", "sanitizer", "occupancy", "q6k"]
+def list_steps(round_name) -> str:
+    """``gpu-check --round N --list``: the round's steps, one line each (number, name, old names, builds; a retired
+    one with the commit and command that reproduce it)."""
     from . import rounds
 
+    mod = rounds.module(round_name)
+    lines = [f"round {mod.NOTEBOOK}: gpu-check --round {int(mod.NOTEBOOK[:2])} --step N|NAME"]
+    for s in rounds.round_steps(mod):
+        alias = f" (--steps {', '.join(s.aliases)})" if s.aliases else ""
+        builds = "; builds " + ", ".join(f"{k}={'+'.join(v) or 'plain'}" for k, v in s.builds.items()) if s.builds else ""
+        lines.append(f"  {s.label}{alias}: {s.title}{builds}")
+        if s.retired is not None:
+            lines.append(f"      retired ({s.retired.why}): at commit {s.retired.commit}: {s.retired.command}")
+    return "\n".join(lines)
+
+
+def _chosen_steps(args) -> list:
+    """[(name, fn)] of this gpu-check, every name checked before any step runs: ``--round N --step ...`` (the round's
+    records) or ``--steps`` (gpu-check names; a retired step's name is refused with its commit and command)."""
+    from . import rounds
+
+    if getattr(args, "round", None) is not None or getattr(args, "step", None) is not None:
+        if args.round is None or args.step is None or args.steps:
+            raise GpuCheckError("--round N --step N|NAME,... choose a round's steps (--steps the gpu-check names): "
+                             "--round and --step together, without --steps")
+        try:
+            return [(s.name, s.run) for s in rounds.select_steps(args.round, args.step.split(","))]
+        except rounds.RoundError as e:
+            raise GpuCheckError(e.args[0]) from None
+    steps = args.steps.split(",") if args.steps else ["env", "tests", "sanitizer", "occupancy", "q6k"]
     funcs = {**{k[5:]: v for k, v in globals().items() if k.startswith("step_")}, **rounds.gpu_check_steps()}
+    for s in steps:
+        if s not in funcs and rounds.retired_message(s):
+            raise GpuCheckError(rounds.retired_message(s))
     bad = [s for s in steps if s not in funcs]
-    if bad:                                   # before any step runs
+    if bad:
         raise GpuCheckError(f"unknown step {bad[0]!r}; steps: {', '.join(funcs)}")
+    return [(s, funcs[s]) for s in steps]
+
+
+def main(args) -> int:
+    if getattr(args, "list", False):
+        if args.round is None:
+            raise GpuCheckError("--list lists the steps of a round: --round N --list")
+        print(list_steps(args.round))
+        return 0
+    chosen = _chosen_steps(args)              # before any step runs
     check_args(args)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     results, failed = {}, []
+
     args.log = _log
     _set_paths(args)
-    for s in steps:
+    for s, fn in chosen:
         _log(f"== step {s}")
         t0 = time.time()
         try:
-            r = funcs[s](out, args)
+            r = fn(out, args)
         except Exception as e:
             import traceback
 
@@ -486,6 +527,11 @@ def register_cli(sub) -> None:
     p = sub.add_parser("gpu-check", help="the one-call device run: GPU tests, sanitizer, occupancy API, benchmarks")
     p.add_argument("--out", default=os.environ.get("OUT", "gpu-out"), help="results folder (default $OUT)")
     p.add_argument("--steps", default=None, help="comma list of steps (default env,tests,sanitizer,occupancy,q6k)")
+    p.add_argument("--round", default=None, help="a round whose steps are records: run --step of it, or --list them")
+    p.add_argument("--step", default=None,
+                   help="with --round: comma list of step numbers, names or old gpu-check names (--round 7 --step 28)")
+    p.add_argument("--list", action="store_true", help="with --round: list its steps (retired ones with the commit and "
+                   "command that reproduce them) and exit")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--sweep-repeats", type=int, default=10)
     p.add_argument("--decompose-nt", type=int, default=3325)
@@ -501,12 +547,10 @@ def register_cli(sub) -> None:
                         "machine)")
     p.add_argument("--sanitizer-timeout", type=int, default=240)
     p.add_argument("--kernel", default="auto", help="qmatmul kernel of the prefill/decompose steps (default auto)")
-    from .rounds.r07_wgmma import PREFILL_VARIANTS
-
-    p.add_argument("--ab", default="int8,auto", help="prefill_r7 variants: " + ", ".join(PREFILL_VARIANTS))
     p.add_argument("--old-kernels", default=None,
                    help="tile_ab: the kernel sources before the tile skeleton (default: git archive eef6c5d)")
-    p.add_argument("--gemma", default=None, help="Gemma 3 270M GGUF path for prefill_r7 (default data/models/...)")
+    p.add_argument("--gemma", default=None, help="Gemma 3 270M GGUF path for prefill_r7 and prefill_graph "
+                   "(default data/models/...)")
     p.add_argument("--attention", default="auto", help="attention path of the decompose / attention steps: "
                    "auto | cudnn | torch | baseline (labkernels.attention)")
     p.add_argument("--attn-dtype", default="f16", help="input type of the fused attention: f16 | bf16")
@@ -517,6 +561,15 @@ def register_cli(sub) -> None:
                    help=f"gemm_dense's cuBLAS path for every step (default {gpu.DENSE_PATH}: labkernels.gpu.gemm_dense)")
     p.add_argument("--cudnn-plan", default=None, choices=attention.CUDNN_PLANS,
                    help=f"cuDNN SDPA plan policy for every step (default {attention.CUDNN_PLAN}: labkernels.attention.Cudnn)")
+    from . import rounds
+
+    groups = {}
+    for nb, label, flags, kw in rounds.step_args():   # the arguments each round step declares (once per flag)
+        g = groups.get(nb) or groups.setdefault(nb, p.add_argument_group(f"round {nb}'s steps"))
+        try:
+            g.add_argument(*flags, **{**kw, "help": f"{kw.get('help', '')} (step {label})".strip()})
+        except argparse.ArgumentError:
+            pass                                      # declared already (gpu-check's own, or another step's)
     p.set_defaults(func=main)
     q = sub.add_parser("import-runs", help="copy recorded runs from a GPU results folder into data/")
     q.add_argument("src")

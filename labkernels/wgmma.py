@@ -217,7 +217,7 @@ PLANE_BYTES = 32
 
 
 def scale_plane(hdr: np.ndarray) -> np.ndarray:
-    """The q4_K scale plane of the register form's SCL=2 (wgmma_kq.cu ``q4_scales_pl``) from block headers
+    """The q4_K scale plane of the register form's SCL=2 (wgmma_kq.cuh ``q4_scales_pl``) from block headers
     [..., 16] (d, dmin, scales[12]: the GGUF header, kept by :func:`repack`): uint8 [..., 32], per super-block the
     words [sp0 zp0 sp1 zp1 sp2 zp2 sp3 zp3] -- sp_j the f16 pair (d sc_2j, d sc_2j+1), zp_j (-dmin m_2j,
     -dmin m_2j+1), each rounded once from the exact product, as the kernel's f16 scale path (``q4_scales_h``) and
@@ -311,6 +311,23 @@ def require_sm90a() -> None:
 
 _DEFINE = re.compile(r"LK_(ABLATE|EXP)_\w+")
 
+#: round 7's source of exploratory and ablation builds: the production device code (kernels/wgmma_kq.cuh) with a build
+#: policy's hooks on, and the KPAIR body, each selected by its -D name. A build with ``defines`` compiles it instead of
+#: the registry's source, with the same registry instantiations (the kernels' names and parameters are the same)
+EXPERIMENTS = {"wgmma_kq.cu": Path(__file__).resolve().parent / "rounds" / "r07_wgmma" / "kernels"
+               / "wgmma_kq_experiments.cu"}
+#: the -D names that source builds (what each does: its header); a build's identity, in the cubin cache and in every
+#: recorded run's ``defines``, is its sorted names
+BUILD_NAMES = ("LK_EXP_TRACE", "LK_ABLATE_NOLOAD", "LK_ABLATE_NOCONV", "LK_ABLATE_NOFIX", "LK_ABLATE_NOSTORE",
+               "LK_ABLATE_EMPTY", "LK_EXP_KPAIR", "LK_EXP_KPAIR_FIN", "LK_ABLATE_HALFB", "LK_ABLATE_DECOUPLE",
+               "LK_ABLATE_HALFY")
+#: the names of round 7's forms that lost and left the source: the commit that still builds each (its step and the
+#: command that reproduces its run: labkernels.rounds.r07_wgmma.steps, the retired steps)
+RETIRED_BUILDS = {"LK_EXP_WTMA": "4a8dcd9", "LK_EXP_TMAPF": "4a8dcd9", "LK_EXP_SPLITFIN": "4a8dcd9",
+                  "LK_EXP_OLDCONV": "4a8dcd9", "LK_EXP_KPAIR_EARLY": "4a8dcd9", "LK_EXP_KPAIR_OVERLAP": "4a8dcd9",
+                  "LK_EXP_KPAIR_REQ_PRODUCER": "4a8dcd9", "LK_EXP_KPAIR_REQ_CONSUMERS": "4a8dcd9",
+                  "LK_EXP_WSTAGE": "82d821d", "LK_EXP_SWAPRED": "c301da5", "LK_EXP_ACC2": "92d328b"}
+
 
 def build_defines() -> tuple[str, ...]:
     """The ablation / exploratory -D names of ``LABKERNELS_WG_DEFINES`` (``LK_ABLATE_*``, ``LK_EXP_*``), read from the
@@ -319,11 +336,28 @@ def build_defines() -> tuple[str, ...]:
 
 
 def check_defines(defines) -> tuple[str, ...]:
-    """``defines`` as the sorted tuple a build is keyed by; anything but ``LK_ABLATE_*`` / ``LK_EXP_*`` is refused."""
+    """``defines`` as the sorted tuple a build is keyed by; anything but the ``LK_ABLATE_*`` / ``LK_EXP_*`` names of
+    :data:`BUILD_NAMES` is refused (a retired form's with the commit that builds it)."""
     bad = [d for d in defines if not _DEFINE.fullmatch(str(d))]
     if bad:
         raise ValueError(f"build defines must be LK_ABLATE_* or LK_EXP_* names, got {bad}")
+    gone = [d for d in defines if d in RETIRED_BUILDS]
+    if gone:
+        raise ValueError(f"{', '.join(gone)}: a form that lost and left the kernel source; it builds at commit "
+                         f"{RETIRED_BUILDS[gone[0]]} (its step and command: labkernels gpu-check --round 7 --list)")
+    unknown = [d for d in defines if d not in BUILD_NAMES]
+    if unknown:
+        raise ValueError(f"no build {unknown}: this tree builds {', '.join(BUILD_NAMES)}")
     return tuple(sorted(set(defines)))
+
+
+def build_flags(defines) -> list[str]:
+    """The nvcc flags of a build's -D names, and the constants they need (the KPAIR ring's stages per consumer
+    warpgroup, one number for the kernel and :func:`kpair_ring_bytes`)."""
+    flags = [f"-D{d}" for d in defines]
+    if "LK_EXP_KPAIR" in defines:
+        flags.append(f"-DLK_KPAIR_HALF_STAGES={KPAIR_HALF_STAGES}")
+    return flags
 
 
 @lru_cache(maxsize=None)
@@ -336,20 +370,15 @@ def _cubin(source: str, defines: tuple = ()) -> tuple[str, dict]:
     if not nvcc:
         raise WgmmaError("the sm_90a kernels are built with nvcc, which is not on PATH")
     specs = [k for k in registry.KERNELS if k.source == source]
-    src = registry.KERNELS_DIR / source
+    # ablation / exploratory builds (e.g. LK_ABLATE_NOFIX, LK_EXP_TRACE): round 7's source of them, its -D names an
+    # argument of this cached function and part of the file cache key (twice on 2026-12-01 an ablation build made
+    # after the plain one got the plain cubin: first this cache was keyed by the source alone, then the environment
+    # read was cached)
+    src = EXPERIMENTS[source] if defines else registry.KERNELS_DIR / source
     wrapper = audit.wrapper_source(src, specs)
     flags = ["-cubin", "-std=c++17", "-O3", "-Xptxas", "-v", "-gencode=arch=compute_90a,code=sm_90a",
-             f"-I{registry.KERNELS_DIR}", *registry.cuda_defines()]
-    # ablation / exploratory builds (e.g. LK_ABLATE_NOFIX, LK_EXP_TRACE): -D names, an argument of this cached
-    # function and part of the file cache key (twice on 2026-12-01 an ablation build made after the plain one got
-    # the plain cubin: first this cache was keyed by the source alone, then the environment read was cached)
-    flags += [f"-D{d}" for d in defines]
-    if "LK_EXP_WTMA" in defines:   # the weight ring's depth, one number for the kernel and wtma_ring_bytes
-        flags.append(f"-DLK_WTMA_STAGES={WTMA_STAGES}")
-    if "LK_EXP_KPAIR" in defines:  # the ring's stages per consumer warpgroup, one number for the kernel and the host
-        flags.append(f"-DLK_KPAIR_HALF_STAGES={KPAIR_HALF_STAGES}")
-    if "LK_EXP_TMAPF" in defines:  # how far ahead the producer prefetches the weights into L2
-        flags.append(f"-DLK_TMAPF_AHEAD={TMAPF_AHEAD}")
+             *([f"-I{src.parent}"] if defines else []), f"-I{registry.KERNELS_DIR}", *registry.cuda_defines()]
+    flags += build_flags(defines)
     key = hashlib.sha256(("\n".join([wrapper, src.read_text(), audit._dir_digest(registry.KERNELS_DIR),
                                      audit._nvcc_version(nvcc), *flags])).encode()).hexdigest()[:20]
     cache = paths.CACHE_DIR / "cubin"
@@ -397,7 +426,7 @@ class WgKernel:
 
     def __init__(self, spec, defines=None):
         """``defines``: ablation / exploratory -D names of this build (default: ``LABKERNELS_WG_DEFINES``)."""
-        self.defines = build_defines() if defines is None else check_defines(defines)
+        self.defines = check_defines(build_defines() if defines is None else defines)
         cp = _cp()
         require_sm90a()
         self.spec = spec
@@ -405,7 +434,7 @@ class WgKernel:
         self.entry = names[spec.key]
         self.module = cp.RawModule(path=path)
         self.func = self.module.get_function(self.entry["mangled"])
-        self.smem = spec.dynamic_smem() + wtma_ring_bytes(spec, self.defines) + kpair_ring_bytes(spec, self.defines)
+        self.smem = spec.dynamic_smem() + kpair_ring_bytes(spec, self.defines)
         from .gpu import SharedMemoryError, device_props
 
         cap = device_props()["smem_optin"]
@@ -495,14 +524,6 @@ def kernel_built(defines: tuple, family: str = "wgmma_kq", **params) -> WgKernel
     return WgKernel(registry.find(family, **params), defines=defines)
 
 
-#: the exploratory build whose producer loads the weights by TMA into a shared-memory ring (kernel: LK_EXP_WTMA)
-WTMA = ("LK_EXP_WTMA",)
-TMAPF = ("LK_EXP_TMAPF",)
-TMAPF_AHEAD = 2                                      # super-blocks the L2 prefetch runs ahead (-DLK_TMAPF_AHEAD)
-WTMA_STAGES = 3                                      # super-blocks in the weight ring (-DLK_WTMA_STAGES to nvcc)
-WTMA_SLOT = {4: 128 * 144, 6: 128 * (128 + 64 + 16)}  # bytes of one slot: a super-block of 128 rows (LkWtma::BYTES)
-
-
 #: the LK_EXP_KPAIR ring: stages per consumer warpgroup (-DLK_KPAIR_HALF_STAGES to nvcc), 2 x this in all
 KPAIR_HALF_STAGES = 3
 
@@ -515,34 +536,6 @@ def kpair_ring_bytes(spec, defines) -> int:
             spec.p[n] != v for n, v in KPAIR_PARAMS.items() if n != "SK"):
         return 0   # the build's other instantiations trap (the launcher refuses them first)
     return (2 * KPAIR_HALF_STAGES - spec.p["STAGES"]) * spec.p["BN"] * 128
-
-
-def wtma_ring_bytes(spec, defines) -> int:
-    """The weight ring's shared memory of a ``wgmma_kq`` build with ``LK_EXP_WTMA`` (behind the activation ring
-    and EPI=4's staging buffer), 0 for any other build."""
-    if spec.family != "wgmma_kq" or "LK_EXP_WTMA" not in defines:
-        return 0
-    return WTMA_STAGES * WTMA_SLOT[int(spec.p["QT"])]
-
-
-def wtma_maps(w) -> tuple[bytes, bytes, bytes]:
-    """The three weight tensor maps of an ``LK_EXP_WTMA`` launch (boxes of one super-block x 128 rows, rows past od
-    read as zeros): q4_K the repacked blocks [od, nsb*144 B] (no swizzle) and two unused slots; q6_K the planes L
-    [od, nsb*128 B] (128-byte swizzle), H [od, nsb*64 B] and SC [od, nsb*16 B] (no swizzle)."""
-    nsb = w.id // QK
-    ptr = int(w.packed.data.ptr)
-    if ptr % 16:
-        raise WgmmaError("the repacked weight must start 16-byte aligned for TMA")
-    if w.qtype == "q4_K":
-        return _weight_map(ptr, w.od, nsb * 144), NO_MAP, NO_MAP
-    nblk = w.od * nsb
-    return (_plane_map(ptr, w.od, nsb * 128, 128, "128B"), _plane_map(ptr + 128 * nblk, w.od, nsb * 64, 64, "NONE"),
-            _plane_map(ptr + 192 * nblk, w.od, nsb * 16, 16, "NONE"))
-
-
-@lru_cache(maxsize=4096)
-def _plane_map(ptr: int, od: int, nb: int, box: int, swizzle: str) -> bytes:
-    return _encode_2d("UINT8", ptr, nb, od, nb, box, 128, swizzle, f"q6_K plane {od} x {nb} B")
 
 
 def weight_tensor_map(rows) -> bytes:
@@ -941,8 +934,7 @@ class _Workspace:
         cp = _cp()
         key = (cp.cuda.Device().id, stream)
         if key not in self._by:
-            # two flag banks: the plain fix-up uses the first, the exploratory split finish both (LK_EXP_SPLITFIN)
-            self._by[key] = (cp.empty(max_cta * 256 * 128, cp.float32), cp.zeros(2 * max_cta, cp.uint32), max_cta)
+            self._by[key] = (cp.empty(max_cta * 256 * 128, cp.float32), cp.zeros(max_cta, cp.uint32), max_cta)
         ws, fl, n = self._by[key]
         if max_cta > n:
             raise WgmmaError(f"stream-K workspace holds {n} CTAs, a launch asks for {max_cta}")
@@ -967,8 +959,8 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
     wait; BN=128, the plain epilogue, the main scale form: the registry's rows). ``PF`` (register form): 0, or an L2
     prefetch of each row's weight bytes 1 or 2 super-blocks ahead of its loads (AQ=2 main scale forms, f16, the
     plain epilogue; not q6_K BN=256, which spills with it). ``defines``: an ablation / exploratory build of the
-    same kernel (``LK_ABLATE_*`` / ``LK_EXP_*`` -D names, e.g. ``("LK_EXP_OLDCONV",)``), for A/B runs; () the plain
-    build (or ``LABKERNELS_WG_DEFINES``)."""
+    same kernel (``LK_ABLATE_*`` / ``LK_EXP_*`` -D names of :data:`BUILD_NAMES`, e.g. ``("LK_ABLATE_NOCONV",)``;
+    round 7's source of them, :data:`EXPERIMENTS`), for A/B runs; () the plain build (or ``LABKERNELS_WG_DEFINES``)."""
     from .gpu import ShapeError, _out
 
     cp = _cp()
@@ -1030,9 +1022,6 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
     if EPI in (2, 4, 5) and w.od % 4:
         raise ShapeError(f"EPI={EPI} stores Y through a TMA map, whose rows must be 16-byte multiples: od={w.od} is "
                          f"not a multiple of 4 (use EPI={'0 or 1' if EPI == 2 else 0})")
-    if EPI == 5 and "LK_EXP_WTMA" in (defines or build_defines()):
-        raise ShapeError("EPI=5 zeroes its split tiles with the producer's warps 1-3, where LK_EXP_WTMA's weight "
-                         "thread runs: no EPI=5 build of it")
     if FORM:
         if w.qtype != "q4_K":
             raise ShapeError(f"the shared-memory form (wgmma_kqs) takes q4_K weights, not {w.qtype}")
@@ -1074,9 +1063,7 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
                  flags, np.int32(dp_tiles), np.int32(g))
     else:
         ymap = output_map(y, BN) if EPI == 2 else output_map(y, 128) if EPI >= 4 else NO_MAP   # EPI=4, 5: 128 a round
-        weight_maps = "LK_EXP_WTMA" in k.defines or "LK_EXP_TMAPF" in k.defines   # the weight boxes' maps
-        maps = (tm, ymap, *wtma_maps(w)) if weight_maps else (tm, ymap)
-        k.launch((ncta, 1), maps, w.packed, y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws, flags,
+        k.launch((ncta, 1), (tm, ymap), w.packed, y, np.int32(nt), np.int32(w.od), np.int32(w.id), ws, flags,
                  np.int32(dp_tiles), np.int32(g), cluster=2 if EPI == 3 else 1)
     return y
 
@@ -1088,18 +1075,6 @@ KPAIR = ("LK_EXP_KPAIR",)
 #: its form with the twenty-fifth step's two levers (kernel: LK_EXP_KPAIR_FIN): Y through the idle ring and TMA stores,
 #: and the pair's exit barrier arrived at right after the main loops (round 7's twenty-sixth step); bitwise the build
 KPAIR_FIN = ("LK_EXP_KPAIR", "LK_EXP_KPAIR_FIN")
-#: its FIN form with the cold start overlapped (kernel: LK_EXP_KPAIR_EARLY): every thread requests what it loads first
-#: after the setup -- the tensor maps, the first pass's activation boxes, its rows' first weights -- into L2 at its
-#: entry, before the barriers' init and the cluster's sync (round 7's twenty-seventh step); bitwise the build
-KPAIR_FIN_EARLY = ("LK_EXP_KPAIR", "LK_EXP_KPAIR_FIN", "LK_EXP_KPAIR_EARLY")
-#: the same requests issued between the cluster barrier's arrive (release) and its wait (kernel: LK_EXP_KPAIR_OVERLAP):
-#: the EARLY form's setup had waited for them at its release (run 20261204T202619Z); bitwise the build
-KPAIR_FIN_OVERLAP = ("LK_EXP_KPAIR", "LK_EXP_KPAIR_FIN", "LK_EXP_KPAIR_OVERLAP")
-#: OVERLAP with one side's requests only: the producer thread's (tensor maps, the first pass's activation boxes) or the
-#: consumers' (their rows' first weights) -- OVERLAP's first stage landed 2.5 us later than FIN's (run
-#: 20261204T203358Z); bitwise the build
-KPAIR_OVERLAP_PRODUCER = KPAIR_FIN_OVERLAP + ("LK_EXP_KPAIR_REQ_PRODUCER",)
-KPAIR_OVERLAP_CONSUMERS = KPAIR_FIN_OVERLAP + ("LK_EXP_KPAIR_REQ_CONSUMERS",)
 #: the FIN form storing half of Y's f32 bytes (kernel: LK_ABLATE_HALFY; timing only, its Y means nothing): what a
 #: 16-bit Y's bytes would cost the finish (round 7's twenty-eighth step)
 FIN_HALFY = KPAIR_FIN + ("LK_ABLATE_HALFY",)
@@ -1414,84 +1389,7 @@ def _ablation(w, x16, y, flush, pairs, repeats, key, progress) -> list[dict]:
     return rows
 
 
-#: the shapes of the split-finish experiment (q4_K and q6_K at nt=512): od=4096 with an even number of super-blocks,
-#: where a grid of two CTAs per tile (128 of the 132 SMs) cuts every tile into two halves of k
-SPLITFIN_POINTS = ((4096, 4096), (4096, 14336))
-
-
-def paired_schedule(nt: int, od: int, id_: int, BN: int, sm_count: int) -> tuple[int, int]:
-    """(ncta, dp_tiles) of a stream-K grid of exactly two CTAs per tile, each with half of its k (the kernel's own
-    range split gives that when ncta = 2 x tiles and the super-blocks per tile are even): every tile is then shared
-    by an owner and a helper whose segment is its last -- what the split finish (-DLK_EXP_SPLITFIN) takes. Refused
-    where it does not fit: more than ``sm_count`` CTAs, or an odd number of super-blocks."""
-    tiles = tile_count(nt, od, BN)
-    I = id_ // QK
-    if 2 * tiles > sm_count or I % 2:
-        raise WgmmaError(f"no paired stream-K grid at nt={nt}, od={od}, id={id_}, BN={BN}: {tiles} tiles x 2 CTAs on "
-                         f"{sm_count} SMs, {I} super-blocks per tile")
-    return 2 * tiles, 0
-
-
-def splitfin_ab(run=None, points=SPLITFIN_POINTS, nt: int = 512, qtypes=("q4_K", "q6_K"), pairs: int = 3,
-                repeats: int = 10, seed: int = 0, progress=print) -> list[dict]:
-    """Exploratory: the stream-K BN=256 launch with the split finish (``-DLK_EXP_SPLITFIN``: owner and helper each
-    fold in and store half of a two-CTA tile) against the plain build, on the default stream-K grid (one CTA per
-    SM) and on the paired grid (:func:`paired_schedule`), same process, interleaved, L2 flushed. Each split launch is
-    gated first: two launches bitwise equal to the plain build on the same grid (the same sums in the other order;
-    the second checks the flags were reset). Rows to ``run`` table ``splitfin``."""
-    from . import bench as B
-    from . import cases
-
-    cp = _cp()
-    rng = np.random.default_rng(seed or None)
-    flush = B.Flusher()
-    sm = _sm_count(cp.cuda.Device().id)
-    rows = []
-    for qtype in qtypes:
-        spec = registry.find("wgmma_kq", QT=4 if qtype == "q4_K" else 6, BN=256, STAGES=4, BF16=0,
-                             SCL=main_scl(qtype, 256), EPI=0, AQ=2, PF=0)
-        ks = {"plain": kernel(**spec.p), "splitfin": WgKernel(spec, defines=("LK_EXP_SPLITFIN",))}
-        for od, id_ in points:
-            raw = cases.synthetic_weights(qtype, od, id_, rng)
-            w = WgWeight.from_gguf(raw, qtype)
-            x16 = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float16))
-            I, tiles = id_ // QK, tile_count(nt, od, 256)
-            grids = {"sk": schedule(1, nt, od, id_, 256, sm * ks["plain"].blocks_per_sm),
-                     "paired": paired_schedule(nt, od, id_, 256, sm * ks["plain"].blocks_per_sm)}
-            for g in grids.values():
-                _check_schedule(g[0], I, tiles, g[1])
-            tm = tensor_map(x16, 256)
-            ws, flags = _WS.get(cp.cuda.get_current_stream().ptr, sm * ks["plain"].blocks_per_sm)
-            ys = {(b, g): cp.full((nt, od), np.nan, cp.float32) for b in ks for g in grids}
-
-            def go(b, g):
-                ncta, dp = grids[g]
-                ks[b].launch((ncta, 1), (tm, NO_MAP), w.packed, ys[(b, g)], np.int32(nt), np.int32(od), np.int32(id_),
-                             ws, flags, np.int32(dp), np.int32(0))
-
-            for g in grids:
-                go("plain", g)
-                for _ in range(2):
-                    ys[("splitfin", g)].fill(np.nan)
-                    go("splitfin", g)
-                    if not bool(cp.array_equal(ys[("splitfin", g)], ys[("plain", g)])):
-                        raise AssertionError(f"split finish differs from the plain build: {qtype} {od}x{id_} nt={nt} "
-                                             f"grid {g} {grids[g]}")
-            res = B.interleaved({f"{b}@{g}": (lambda b=b, g=g: go(b, g)) for b in ks for g in grids}, pairs=pairs,
-                                repeats=repeats, flush=flush)
-            med = {n: float(np.median([r["median_us"] for r in st])) for n, st in res.items()}
-            for n, st in res.items():
-                b, g = n.split("@")
-                rows.append({"qtype": qtype, "od": od, "id": id_, "nt": nt, "build": b, "grid": g,
-                             "ncta": grids[g][0], "median_us": med[n], "bitwise_vs_plain_same_grid": True})
-            progress(f"split finish {qtype} {od}x{id_} nt={nt}: " + ", ".join(f"{n} {v:.1f}" for n, v in med.items())
-                     + " us")
-    if run is not None:
-        run.append("splitfin", rows)
-    return rows
-
-
-#: the phases a -DLK_EXP_TRACE build of the register form stamps per CTA (wgmma_kq.cu, LK_TRACE): slot i of 15
+#: the phases a -DLK_EXP_TRACE build of the register form stamps per CTA (the experiments source, LK_TRACE): slot i of 15
 TRACE_EVENTS = ("entry", "setup", "first_tile",
                 *[f"seg{i}_{p}" for i in range(4) for p in ("start", "mma_end", "done")])
 TRACE_CTAS = 1024        # LK_TRACE_CTAS
@@ -1738,7 +1636,8 @@ def kpair_trace_table(run):
 
 
 def early_table(run):
-    """The twenty-seventh step's run (:data:`KPAIR_FIN_EARLY` against :data:`KPAIR_FIN`): per traced build (its
+    """The twenty-seventh step's run (the FIN form with its cold start's L2 requests moved -- LK_EXP_KPAIR_EARLY,
+    _OVERLAP, retired -- against :data:`KPAIR_FIN`): per traced build (its
     variant), qtype and shape, the cold-L2 phases (``kpair_trace_flushed``, :func:`kpair_trace_phases`) as medians over
     CTAs -- ``setup_us``, ``fill_us``, ``to_first_tile_us`` (their sum), ``loop_us`` (the main loop from the first
     stage), ``finish_us``, ``exit_us`` -- and ``end_us_max`` (the launch's last stamp from its first entry), each the
@@ -1956,28 +1855,6 @@ def conv2_ab(run, plan=None, progress=print, seed: int = 0) -> None:
     option_ab(run, CONV2_AB, "wgmma_conv2_ab", lambda f: f[2] == 2, plan, progress, seed)
 
 
-#: the 16-bit scale path's A/B (``gpu-check --steps wgmma_conv16``): the register form's launches of record --
-#: (BN, scheduler) -- at nt 512 and 4096, the new conversion against the build of the one before it
-CONV16_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 4096], "qtypes": ["q4_K", "q6_K"],
-             "launches": [[128, 0], [256, 1], [256, 3], [256, 0]], "pairs": 3, "repeats": 10}
-OLDCONV = ("LK_EXP_OLDCONV",)
-#: the real-model gates of the A/B (:func:`real_model_rows` forms): the plain register-form launches, every scheduler
-CONV16_REAL_FORMS = ((128, 0, 0, 0), (256, 0, 0, 0), (128, 1, 0, 0), (256, 1, 0, 0), (128, 3, 0, 0), (256, 3, 0, 0))
-
-
-def conv16_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
-    """The register form's conversion since the 16-bit scale path (f16 scale pairs by byte permutes and one f16x2
-    multiply, f16 high nibbles in place, one descriptor per chunk) against the build of the one before it
-    (``-DLK_EXP_OLDCONV``, whose SASS is that commit's): :func:`builds_ab` with the old build checked bitwise
-    against the new one at every launch. Rows: ``wgmma_conv16_ab`` (the old build's variants named
-    ``<variant>_oldconv``) and ``wgmma_conv16_gate``."""
-    p = {**CONV16_AB, **(plan or {})}
-    rng = np.random.default_rng(seed or None)
-    if run is not None:   # the new conversion on every Gemma tensor first, at the plain launches of each scheduler
-        run.append("real_model_parity", real_model_rows(rng, progress, forms=CONV16_REAL_FORMS))
-    return builds_ab(run, p, {"_oldconv": OLDCONV}, "conv16", rng, bitwise=True, progress=progress)
-
-
 def _plan_points(p: dict, rng):
     """The points of an A/B plan ``p`` (its qtypes x shapes x nts), in order: yields (qtype, od, id_, nt, pt), ``pt``
     a namespace of the point's synthetic weight (``raw``, ``w`` repacked, ``wq`` the GGUF upload, ``w16`` cuBLAS's
@@ -2103,22 +1980,6 @@ def ceiling_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]
     plain launch parity-gated at its point). Rows: ``wgmma_ceiling_ab``, ``wgmma_ceiling_gate``."""
     p = {**CEILING_AB, **(plan or {})}
     return builds_ab(run, p, CEILING_BUILDS, "ceiling", np.random.default_rng(seed or None), bitwise=False,
-                     progress=progress)
-
-
-#: the weights through a shared-memory ring by the producer's TMA (``gpu-check --steps wgmma_wtma``, exploratory
-#: build -DLK_EXP_WTMA): against the plain register loads at every launch of record, bitwise-checked
-WTMA_AB = {**CEILING_AB, "launches": [[128, 0], [128, 1], [256, 1], [256, 3], [256, 0]]}
-
-
-def wtma_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
-    """:func:`builds_ab` of the plain launches against the ``-DLK_EXP_WTMA`` build (the producer warpgroup loads
-    each super-block of the tile's 128 weight rows by TMA into a 3-slot ring; the consumers read their registers
-    from there), every launch's Y bitwise the plain build's. Rows: ``wgmma_wtma_ab`` (``<variant>_wtma``),
-    ``wgmma_wtma_gate``. The plan adds BN=128 on the stream-K grid (the skeleton that ties cuBLAS at 11008 x 4096,
-    run 20261202T091332Z) to the ceiling's launches; every one fits the ring's shared memory (EPI=0)."""
-    p = {**WTMA_AB, **(plan or {})}
-    return builds_ab(run, p, {"_wtma": WTMA}, "wtma", np.random.default_rng(seed or None), bitwise=True,
                      progress=progress)
 
 
@@ -2838,22 +2699,6 @@ def kpair_ncu(cases):
         cols[label] = {name: pd.to_numeric(str(vals[k]).replace(",", ""), errors="coerce") if k in vals else np.nan
                        for k, name in KPAIR_NCU_METRICS.items()}
     return pd.DataFrame(cols)
-
-
-#: the weights prefetched into L2 by the producer's TMA (``gpu-check --steps wgmma_tmapf``, exploratory build
-#: -DLK_EXP_TMAPF, TMAPF_AHEAD super-blocks ahead): against the plain build at the launches of record (BN,
-#: scheduler, EPI), bitwise-checked, nt 512 and 4096
-TMAPF_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 4096], "qtypes": ["q4_K", "q6_K"],
-            "launches": [[256, 3, 5], [256, 1, 5], [128, 1, 0], [128, 0, 0], [256, 0, 0]], "pairs": 3, "repeats": 10}
-
-
-def tmapf_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
-    """:func:`builds_ab` of the launches of record against the ``-DLK_EXP_TMAPF`` build (the producer's activation
-    thread prefetches the CTA's weight boxes into L2, TMAPF_AHEAD super-blocks ahead), every launch's Y bitwise the
-    plain build's. Rows: ``wgmma_tmapf_ab`` (``<variant>_tmapf``), ``wgmma_tmapf_gate``."""
-    p = {**TMAPF_AB, **(plan or {})}
-    return builds_ab(run, p, {"_tmapf": TMAPF}, "tmapf", np.random.default_rng(seed or None), bitwise=True,
-                     progress=progress)
 
 
 def ceiling_table(ab_df):

@@ -301,7 +301,7 @@ def test_cli_plumbing():
 
     from labkernels import gpu_cli, prefill_cli
     from labkernels.prefill import PrefillOptions
-    from labkernels.rounds import r07_wgmma
+    from labkernels.rounds.r07_wgmma import runs as r07_wgmma
 
     assert "attention" in gpu_cli.STEPS and callable(gpu_cli.step_attention)
     for name, v in r07_wgmma.PREFILL_VARIANTS.items():

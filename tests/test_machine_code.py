@@ -65,3 +65,33 @@ def test_tile_skeleton_keeps_the_machine_code_of_every_instantiation(tmp_path):
     assert len(rows) == sum(len(registry.family(f)) for f in FAMILIES) == 43
     moved = [r["kernel"] for r in rows if not r["same"]]
     assert not moved, f"machine code differs from {BEFORE}: {moved}"
+
+
+#: the last commit before round 7's production kernel lost its exploratory forms (issue 42): every build it made
+WGMMA_BEFORE = "4a8dcd9"
+#: builds compared: the production one, a policy ablation (both bodies' hooks), the KPAIR form with its ablation
+WGMMA_BUILDS = {"plain": (), "noconv": ("LK_ABLATE_NOCONV",),
+                "fin_halfy": ("LK_ABLATE_HALFY", "LK_EXP_KPAIR", "LK_EXP_KPAIR_FIN")}
+
+
+@pytest.mark.parametrize("build", list(WGMMA_BUILDS))
+def test_wgmma_split_keeps_the_machine_code_of_every_instantiation(tmp_path, build):
+    """Round 7's production kernel with no experiment forms (its builds by policy; the KPAIR body and the forms in
+    the round's own source): every registered instantiation's machine code is what the one source with every
+    #ifdef form built at 4a8dcd9 -- the production build and the exploratory builds alike, each by its -D names."""
+    from labkernels import wgmma
+
+    _need_nvcc()
+    r = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{WGMMA_BEFORE}^{{commit}}"], capture_output=True)
+    if r.returncode:
+        pytest.skip(f"commit {WGMMA_BEFORE} not in this clone (shallow?)")
+    arch = subprocess.run(["git", "-C", str(ROOT), "archive", WGMMA_BEFORE, "labkernels/kernels"], capture_output=True,
+                          check=True).stdout
+    subprocess.run(["tar", "-x", "--strip-components=2", "-C", str(tmp_path)], input=arch, check=True)
+    defines = WGMMA_BUILDS[build]
+    rows = audit.text_ab(tmp_path, registry.KERNELS_DIR, ["wgmma_kq", "wgmma_kqs"], "sm_90a",
+                         new_source=wgmma.EXPERIMENTS["wgmma_kq.cu"] if defines else None,
+                         flags=wgmma.build_flags(wgmma.check_defines(defines)))
+    assert len(rows) == len(registry.family("wgmma_kq")) + len(registry.family("wgmma_kqs")) == 51
+    moved = [r["kernel"] for r in rows if not r["same"]]
+    assert not moved, f"machine code differs from {WGMMA_BEFORE}: {moved}"

@@ -74,7 +74,7 @@ def test_tile_constants_are_written_once():
     assert "#error" in (registry.KERNELS_DIR / "prefill.cu").read_text().split("LK_QKNORM_MAXHD", 2)[1]
     from labkernels import wgmma
     assert wgmma.SK_MAXSEG == registry.SK_MAXSEG
-    assert "#error" in (registry.KERNELS_DIR / "wgmma_kq.cu").read_text().split("LK_SK_MAXSEG", 2)[1]
+    assert "#error" in (registry.KERNELS_DIR / "wgmma_kq.cuh").read_text().split("LK_SK_MAXSEG", 2)[1]
     tile = (registry.KERNELS_DIR / "tile.cuh").read_text()
     assert "#error" in tile and "LK_BM" in tile
     for fam in ("q6k_expb", "q4k_nb", "q6k_generic", "prepass_q8_1"):

@@ -26,19 +26,28 @@ def test_every_round_module_names_its_notebook_and_data():
 #: every step name `labkernels gpu-check --steps` has accepted (the lead's runbooks name them)
 GPU_CHECK_STEPS = ("env", "tests", "sanitizer", "occupancy", "q6k", "tile_ab", "kdr", "q4k", "prefill", "prefill7b",
                    "decompose", "forensics", "wgmma", "wgmma_sanitizer", "wgmma_ncu", "wgmma_costs", "wgmma_trace",
-                   "wgmma_splitfin", "wgmma_epi", "wgmma_aq", "wgmma_pf", "wgmma_pair", "wgmma_staged", "wgmma_reduce", "wgmma_lead", "wgmma_conv2", "wgmma_conv16", "wgmma_plane", "wgmma_ceiling", "wgmma_floor", "wgmma_tmapf", "wgmma_clock", "wgmma_kscan", "wgmma_kpair", "wgmma_smem", "wgmma_smemform", "wgmma_decouple", "wgmma_kpairtrace", "wgmma_kpairfin", "wgmma_kpairearly", "wgmma_halfy", "wgmma_wtma", "prefill_r7", "attention", "prefill_graph", "graph_nodes")
+                   "wgmma_splitfin", "wgmma_epi", "wgmma_aq", "wgmma_pf", "wgmma_pair", "wgmma_staged", "wgmma_reduce", "wgmma_lead", "wgmma_conv2", "wgmma_conv16", "wgmma_plane", "wgmma_ceiling", "wgmma_floor", "wgmma_tmapf", "wgmma_clock", "wgmma_kscan", "wgmma_kpair", "wgmma_smem", "wgmma_smemform", "wgmma_decouple", "wgmma_kpairtrace", "wgmma_kpairfin", "wgmma_kpairearly", "wgmma_halfy", "wgmma_wtma", "wgmma_wstage", "wgmma_swapred", "prefill_r7", "attention", "prefill_graph",
+                   "graph_nodes")
+#: round 7's steps retired with the kernel's split (issue 42), and the two before it (commits 82d821d, c301da5)
+RETIRED = ("wgmma_splitfin", "wgmma_conv16", "wgmma_wtma", "wgmma_tmapf", "wgmma_kpairearly", "wgmma_wstage",
+           "wgmma_swapred")
 
 
 def test_gpu_check_takes_the_rounds_steps():
     steps = rounds.gpu_check_steps()
     assert {"occupancy", "q6k", "kdr", "q4k", "prefill", "prefill7b", "decompose", "forensics", "wgmma",
             "wgmma_sanitizer", "wgmma_ncu", "wgmma_costs", "prefill_r7"} <= set(steps)
-    assert set(rounds.module(7).STEPS) == {"wgmma", "wgmma_sanitizer", "wgmma_ncu", "wgmma_costs", "wgmma_trace",
-                                           "wgmma_splitfin", "wgmma_epi", "wgmma_aq", "wgmma_pf", "wgmma_pair", "wgmma_staged", "wgmma_reduce", "wgmma_lead", "wgmma_conv2", "wgmma_conv16", "wgmma_plane", "wgmma_ceiling", "wgmma_floor", "wgmma_tmapf", "wgmma_clock", "wgmma_kscan", "wgmma_kpair", "wgmma_smem", "wgmma_smemform", "wgmma_decouple", "wgmma_kpairtrace", "wgmma_kpairfin", "wgmma_kpairearly", "wgmma_halfy", "wgmma_wtma", "prefill_r7"}
+    assert set(rounds.module(7).STEPS) == {s for s in GPU_CHECK_STEPS if s.startswith("wgmma") or s == "prefill_r7"
+                                           } - set(RETIRED)
     from labkernels import gpu_cli
 
     assert not set(gpu_cli.STEPS) & set(steps)          # each step written once
-    assert set(GPU_CHECK_STEPS) == set(gpu_cli.STEPS) | set(steps)
+    # every name gpu-check took still means something: a live step, or a retired one that says where it runs
+    assert set(GPU_CHECK_STEPS) == set(gpu_cli.STEPS) | set(steps) | set(RETIRED)
+    for name in RETIRED:
+        mod, s = rounds.retired_step(name)
+        assert mod is rounds.module(7) and s.run is None and len(s.retired.commit) >= 7
+        assert f"--steps {name}" in s.retired.command and s.retired.commit in rounds.retired_message(name)
 
 
 def test_gpu_check_refuses_an_unknown_step_before_running_any(tmp_path, capsys):
@@ -48,6 +57,118 @@ def test_gpu_check_refuses_an_unknown_step_before_running_any(tmp_path, capsys):
     assert re.search("gpu-check: error: GpuCheckError: unknown step 'wgmma_bogus'; steps: .*prefill_r7",
                      capsys.readouterr().err)
     assert not (tmp_path / "gpu-check.json").exists()        # env did not run either
+def test_gpu_check_refuses_a_retired_step_with_the_commit_that_runs_it(tmp_path, capsys):
+    from labkernels import cli
+
+    for argv, rx in ((["--steps", "env,wgmma_wtma"], r"step 13 \(wtma\) is retired .* commit 4a8dcd9: git worktree add"),
+                     (["--round", "7", "--step", "28,wstage"], r"commit 82d821d: .*--steps wgmma_wstage"),
+                     (["--round", "7", "--step", "99"], "no step 99; steps 1-28"),
+                     (["--step", "28"], "--round and --step together")):
+        assert cli.main(["gpu-check", "--out", str(tmp_path), *argv]) == 2
+        assert re.search(rx, capsys.readouterr().err), argv
+    assert not (tmp_path / "gpu-check.json").exists()
+
+
+def test_gpu_check_runs_a_round_step_by_number_name_or_old_name(tmp_path, monkeypatch):
+    """``--round 7 --step 28`` is the twenty-eighth step's run (its old name an alias); a number shared by two records
+    runs both; each ran once, in the order asked, into the results file."""
+    import dataclasses
+    import json
+
+    from labkernels import cli
+
+    r7, calls = rounds.module(7), []
+    fake = [dataclasses.replace(s, run=lambda out, args, n=s.name: calls.append(n) or {"ok": True})
+            if s.run is not None else s for s in r7.STEP_RECORDS]
+    monkeypatch.setattr(r7, "STEP_RECORDS", tuple(fake))
+    assert cli.main(["gpu-check", "--out", str(tmp_path), "--round", "7", "--step", "28,5,wgmma_epi"]) == 0
+    assert calls == ["halfy", "aq", "pf", "epi"]
+    assert list(json.loads((tmp_path / "gpu-check.json").read_text())) == ["halfy", "aq", "pf", "epi"]
+    assert [s.name for s in rounds.select_steps(7, ["wgmma_halfy", "halfy", "28"])] == ["halfy"] * 3
+
+
+def test_round_steps_declare_their_own_arguments():
+    from labkernels import cli
+
+    flags = {f for _, _, fl, _ in rounds.step_args() for f in fl}
+    assert {"--ab", "--sanitizer-timeout", "--gemma"} <= flags
+    a = cli.build_parser().parse_args(["gpu-check", "--round", "7", "--step", "prefill", "--ab", "int8"])
+    assert (a.round, a.step, a.ab) == ("7", "prefill", "int8")
+
+
+def _named_steps(text: str) -> set:
+    """(round or None, step) of every ``gpu-check --steps A,B`` and ``gpu-check --round N --step A,B`` in ``text``."""
+    import re
+
+    out = set()   # (placeholders such as N or NAME are upper case: not names)
+    for m in re.finditer(r"gpu-check(?:\s+--\w[\w-]*(?:\s+(?!--)[^\s`)]+)?)*?\s+\[?--steps\s+([a-z0-9_][a-z0-9_,]*)",
+                         text):
+        out |= {(None, s) for s in m.group(1).split(",") if s}
+    for m in re.finditer(r"gpu-check\s+--round\s+(\d+)\s+--step\s+([a-z0-9_][a-z0-9_,]*)", text):
+        out |= {(m.group(1), s) for s in m.group(2).split(",") if s}
+    return out
+
+
+def test_every_step_a_notebook_or_the_readme_names_exists():
+    """A page or the README that tells the reader to run a step names one that exists: a live step, or a retired one
+    (gpu-check then says the commit and command that run it)."""
+    from labkernels import gpu_cli
+
+    live = set(gpu_cli.STEPS) | set(rounds.gpu_check_steps())
+    named = {}
+    for f in sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.py")) + [REPO_ROOT / "README.md"]:
+        for key in _named_steps(f.read_text()):
+            named.setdefault(key, f.name)
+    assert len(named) > 30 and (None, "wgmma_halfy") in named and (None, "wgmma_wstage") in named
+    missing = []
+    for (rnd, s), f in sorted(named.items(), key=str):
+        if rnd is None:
+            ok = s in live or rounds.retired_step(s) is not None
+        else:
+            try:
+                rounds.select_steps(rnd, [s])
+                ok = True
+            except rounds.RoundError as e:
+                ok = "is retired" in e.args[0]
+        if not ok:
+            missing.append(f"{f}: {s}")
+    assert not missing, missing
+    assert _named_steps("run `gpu-check --round 7 --step 28,bogus` and gpu-check --out X --steps a,b, "
+                        "gpu-check --out DIR [--steps c] or gpu-check --steps NAME") == {
+        ("7", "28"), ("7", "bogus"), (None, "a"), (None, "b"), (None, "c")}
+
+
+def test_round7_step_records_name_their_runs_builds_and_views():
+    """Every record: a unique name and old names, each listed run recorded (its params naming the step's ``what``) and
+    the last listed run's commit the record's; every build's -D names buildable (a live step) or retired with the
+    commit that holds them (a retired step); the view of its latest run a non-empty table."""
+    from labkernels import records, wgmma
+
+    recs = rounds.module(7).STEP_RECORDS
+    listed = {k: records.list_runs(k, status=None) for k in ("wgmma", "prefill")}
+    names = [s.name for s in recs] + [a for s in recs for a in s.aliases]
+    assert len(names) == len(set(names))
+    assert sorted({s.number for s in recs if s.number is not None}) == list(range(1, 29))
+    for s in recs:
+        runs = s.recorded(listed=listed[s.series])
+        assert runs, s.label
+        whats = {(r.meta.get("params") or {}).get("what") for r in runs}
+        assert s.what in whats, (s.label, whats)
+        assert any(str((r.provenance or {}).get("git_commit", "")).startswith(s.commit) for r in runs), s.label
+        gone = {n for d in s.builds.values() for n in d if n in wgmma.RETIRED_BUILDS}
+        for label, d in s.builds.items():
+            if not set(d) & gone:
+                assert wgmma.check_defines(d) == tuple(sorted(d)), (s.label, label)
+        if s.retired is None:
+            assert not gone, s.label
+        else:
+            assert gone and all(wgmma.RETIRED_BUILDS[n] == s.retired.commit for n in gone), s.label
+            assert s.retired.commit in s.retired.command and s.aliases[0] in s.retired.command
+        assert s.prediction or s.number is None, s.label
+        assert s.verdict or s.number is None or s.name == "bench", s.label
+        v = s.view(s.latest(listed=listed[s.series]))
+        assert len(v) > 0, s.label
+    assert records.latest("wgmma", where=lambda r: r.has("wgmma_bench")).run_id == rounds.module(7).STEP_RECORDS[0].runs[-1]
 
 
 def test_open_round_replays_the_latest_run_with_its_recorded_plan():

@@ -294,12 +294,12 @@ def test_tile_aligned_split_gives_every_cta_one_part_of_one_tile(nt, od, id_, bn
 
 
 def test_kernel_split_rule_matches_its_host_model():
-    """The kernel's lk_sk_start (wgmma_kq.cu) and wgmma.sk_start are one rule written twice (device, host): the
+    """The kernel's lk_sk_start (wgmma_kq.cuh) and wgmma.sk_start are one rule written twice (device, host): the
     source's G > 0 branch is the formula the host model evaluates, t I + (p I) / G with t, p = c / G, c % G."""
     from labkernels.kernels import registry
     from labkernels import wgmma
 
-    src = (registry.KERNELS_DIR / "wgmma_kq.cu").read_text()
+    src = (registry.KERNELS_DIR / "wgmma_kq.cuh").read_text()
     body = src[src.index("int lk_sk_start(int c, int T, int I, int G)"):]
     body = body[:body.index("\n}\n")]
     assert "const int t = c / G, p = c - t * G;" in body and "return t * I + (p * I) / G;" in body
@@ -705,79 +705,6 @@ def test_trace_roles_groups_every_shape_of_a_trace_table():
     assert np.isclose(t.loc[(256, "owner"), "end_us_max"], 0.1 + 3.5 + 4.0)   # CTA 2 starts 100 ns after CTA 0
 
 
-def test_split_finish_build_is_its_own_cubin():
-    """-DLK_EXP_SPLITFIN (exploratory): it compiles for every instantiation, its cubin differs from the plain one, and
-    the plain build's machine code does not depend on it being defined elsewhere (the define only guards code)."""
-    import shutil
-    from pathlib import Path
-
-    from labkernels import audit, wgmma
-
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc not on PATH")
-    plain, n0 = wgmma._cubin("wgmma_kq.cu", ())
-    split, n1 = wgmma._cubin("wgmma_kq.cu", ("LK_EXP_SPLITFIN",))
-    assert set(n0) == set(n1)
-    a = audit.elf_text_sections(Path(plain).read_bytes())
-    b = audit.elf_text_sections(Path(split).read_bytes())
-    main = n0["wgmma_kq[QT=4,BN=256,STAGES=4,BF16=0,SCL=0,EPI=0,AQ=2,PF=0]"]["mangled"]
-    assert a[main] != b[main]                       # the stream-K epilogue changed
-    small = n0["wgmma_kq[QT=4,BN=128,STAGES=4,BF16=0,SCL=0,EPI=0,AQ=2,PF=0]"]
-    assert n1["wgmma_kq[QT=4,BN=128,STAGES=4,BF16=0,SCL=0,EPI=0,AQ=2,PF=0]"]["spill_stores"] == small["spill_stores"] == 0
-
-
-def test_split_roles_pair_every_two_cta_tile():
-    """The split finish's roles (lk_sk_roles in wgmma_kq.cu) on the Python schedule: at nt=512 and od=4096 every
-    stream-K tile is held by exactly two CTAs, the helper's segment being its last, so every CTA is an owner or a
-    helper of a split; a role pairs only with its neighbour's opposite role."""
-    from labkernels import wgmma
-
-    def roles(ncta, I, tiles, dp):
-        T = (tiles - dp) * I
-        start = lambda c: c * (T // ncta) + min(c, T % ncta)    # lk_sk_start
-        out = {}
-        for c in range(ncta):
-            for si, (t, klo, khi) in enumerate(wgmma.segments(ncta, c, I, tiles, dp)):
-                if t < dp:
-                    continue
-                t0 = (t - dp) * I
-                own = klo == 0 and khi < I and c + 2 <= ncta and start(c + 2) == t0 + I
-                hlp = klo > 0 and khi == I and c >= 1 and start(c - 1) <= t0 and start(c + 1) == t0 + I
-                out[(c, t)] = 1 if own else 2 if hlp else 0
-        return out
-
-    ncta, dp = wgmma.schedule(1, 512, 4096, 4096, 256, 132)
-    r = roles(ncta, 16, 64, dp)
-    assert sum(v == 1 for v in r.values()) == sum(v == 2 for v in r.values()) > 0
-    for (c, t), v in r.items():
-        if v == 1:
-            assert r.get((c + 1, t)) == 2
-        if v == 2:
-            assert r.get((c - 1, t)) == 1
-    # a tile over three CTAs is never split (the plain fix-up keeps it)
-    r3 = roles(7, 3, 2, 0)
-    for (c, t), v in r3.items():
-        held = [cc for (cc, tt) in r3 if tt == t]
-        if len(held) != 2:
-            assert v == 0
-
-
-def test_paired_schedule_halves_every_tile():
-    """The paired grid: two CTAs per tile, each with exactly half of its super-blocks, the helper's segment its last
-    (what the split finish takes); refused for odd super-block counts or more CTAs than SMs."""
-    from labkernels import wgmma
-
-    ncta, dp = wgmma.paired_schedule(512, 4096, 4096, 256, 132)
-    assert (ncta, dp) == (128, 0)
-    for c in range(ncta):
-        segs = wgmma.segments(ncta, c, 16, 64, dp)
-        assert segs == [(c // 2, 8 * (c % 2), 8 * (c % 2) + 8)]
-    with pytest.raises(wgmma.WgmmaError, match="super-blocks"):
-        wgmma.paired_schedule(512, 4096, 11008, 256, 132)      # 43 super-blocks per tile
-    with pytest.raises(wgmma.WgmmaError, match="SMs"):
-        wgmma.paired_schedule(512, 11008, 4096, 256, 132)      # 172 tiles
-
-
 def test_suffix_ab_pairs_each_option_with_its_base():
     """The A/B helper pairs 'X_a4' with 'X' at the same point only, speedup = base / option time, and the ratios to
     cuBLAS of both; a point without the base gives no row."""
@@ -916,7 +843,14 @@ def test_gemm_refuses_defines_outside_the_ablation_names():
 
     with pytest.raises(ValueError):
         wgmma.check_defines(("LK_BM=32",))
-    assert wgmma.check_defines(wgmma.OLDCONV) == ("LK_EXP_OLDCONV",)
+    assert wgmma.check_defines(("LK_ABLATE_NOCONV", "LK_EXP_TRACE", "LK_EXP_TRACE")) == ("LK_ABLATE_NOCONV",
+                                                                                       "LK_EXP_TRACE")
+    with pytest.raises(ValueError, match=r"LK_EXP_WTMA: a form that lost .* commit 4a8dcd9"):
+        wgmma.check_defines(("LK_EXP_TRACE", "LK_EXP_WTMA"))    # retired: the commit that builds it
+    with pytest.raises(ValueError, match="LK_EXP_WSTAGE.*82d821d"):
+        wgmma.check_defines(("LK_EXP_WSTAGE",))
+    with pytest.raises(ValueError, match=r"no build \['LK_EXP_NEVER'\]: this tree builds LK_EXP_TRACE"):
+        wgmma.check_defines(("LK_EXP_NEVER",))
 
 
 def test_ncu_stalls_reads_the_raw_metrics():
@@ -1059,44 +993,6 @@ def test_ncu_label_names_type_tile_form_and_scheduler():
     assert wgmma.ncu_label("wgmma_kqs[QT=4,BN=128,STAGES=4,BF16=0]", 1, 4096) == "q4_K BN=128 smem\nstream-K nt=4096"
 
 
-def test_weight_tma_build_is_its_own_cubin_and_its_ring_fits():
-    """-DLK_EXP_WTMA (exploratory: the weights through a shared-memory ring by the producer's TMA): its ring's bytes
-    are counted in the launch's shared memory for wgmma_kq builds with the define only; every launch its A/B plan
-    times fits the H200's opt-in limit with the ring; it compiles for every instantiation and its register-form
-    entries differ from the plain build's (the define only guards code)."""
-    import shutil
-    from pathlib import Path
-
-    from labkernels import audit, wgmma
-    from labkernels.kernels import registry
-
-    k4 = registry.find("wgmma_kq", QT=4, BN=128, STAGES=4, BF16=0, SCL=0, EPI=0, AQ=2, PF=0)
-    k6 = registry.find("wgmma_kq", QT=6, BN=256, STAGES=4, BF16=0, SCL=0, EPI=0, AQ=2, PF=0)
-    assert wgmma.wtma_ring_bytes(k4, ()) == wgmma.wtma_ring_bytes(k4, ("LK_EXP_OLDCONV",)) == 0
-    assert wgmma.wtma_ring_bytes(k4, wgmma.WTMA) == 3 * 128 * 144
-    assert wgmma.wtma_ring_bytes(k6, wgmma.WTMA) == 3 * 128 * 208
-    kqs = registry.find("wgmma_kqs", QT=4, BN=128, STAGES=4, BF16=0, NCV=1)
-    assert wgmma.wtma_ring_bytes(kqs, wgmma.WTMA) == 0
-    optin = 232448                                    # H200: smem_per_block_optin (recorded runs' provenance)
-    for qtype in wgmma.WTMA_AB["qtypes"]:
-        for bn, _sk in wgmma.WTMA_AB["launches"]:
-            k = registry.find("wgmma_kq", QT=4 if qtype == "q4_K" else 6, BN=bn, STAGES=4, BF16=0,
-                              SCL=wgmma.main_scl(qtype, bn), EPI=0, AQ=2, PF=0)
-            assert k.dynamic_smem() + wgmma.wtma_ring_bytes(k, wgmma.WTMA) + 1024 <= optin, (qtype, bn)
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc not on PATH")
-    plain, n0 = wgmma._cubin("wgmma_kq.cu", ())
-    wt, n1 = wgmma._cubin("wgmma_kq.cu", wgmma.WTMA)
-    assert set(n0) == set(n1)
-    a = audit.elf_text_sections(Path(plain).read_bytes())
-    b = audit.elf_text_sections(Path(wt).read_bytes())
-    for key in (k4.key, k6.key):
-        assert n0[key]["mangled"] != n1[key]["mangled"]     # three more tensor-map parameters
-        assert a[n0[key]["mangled"]] != b[n1[key]["mangled"]]
-    kqs_name = n0[kqs.key]["mangled"]
-    assert a[kqs_name] == b[n1[kqs.key]["mangled"]]         # the shared-memory form does not take the define
-
-
 def test_build_ab_view_reads_speedups_and_gates_of_a_build_run():
     """The page's view of a bitwise build A/B run: plain time / build time per launch and point (from the pairs'
     medians), the launch named, and the gate line saying whether every launch was bitwise and passed."""
@@ -1230,37 +1126,6 @@ def test_empty_launch_refuses_a_shape_no_launch_has():
     for grid, threads in ((0, 32), (1, 0), (1, 2048), (1.5, 32)):
         with pytest.raises(ValueError, match="empty launch"):
             bench.EmptyLaunch(grid, threads)
-
-
-def test_l2_prefetch_build_is_its_own_cubin_on_the_plain_shared_memory():
-    """-DLK_EXP_TMAPF (exploratory: the producer prefetches the weights into L2 by TMA): no shared memory of its own,
-    the prefetch distance passed to nvcc from TMAPF_AHEAD, refused beside LK_EXP_WTMA by the kernel itself; it
-    compiles for every instantiation, and its register-form entries take the three weight maps (their names differ)
-    and run other machine code than the plain build's."""
-    import shutil
-    from pathlib import Path
-
-    from labkernels import audit, wgmma
-    from labkernels.kernels import registry
-
-    k6 = registry.find("wgmma_kq", QT=6, BN=256, STAGES=4, BF16=0, SCL=0, EPI=5, AQ=2, PF=0)
-    assert wgmma.wtma_ring_bytes(k6, wgmma.TMAPF) == 0
-    assert wgmma.TMAPF_AHEAD >= 1
-    src = (registry.KERNELS_DIR / "wgmma_kq.cu").read_text()
-    assert '#error "LK_EXP_TMAPF and LK_EXP_WTMA are two exploratory builds, not one"' in src
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc not on PATH")
-    plain, n0 = wgmma._cubin("wgmma_kq.cu", ())
-    pf, n1 = wgmma._cubin("wgmma_kq.cu", wgmma.TMAPF)
-    assert set(n0) == set(n1)
-    a = audit.elf_text_sections(Path(plain).read_bytes())
-    b = audit.elf_text_sections(Path(pf).read_bytes())
-    k4 = registry.find("wgmma_kq", QT=4, BN=128, STAGES=4, BF16=0, SCL=0, EPI=0, AQ=2, PF=0)
-    for key in (k4.key, k6.key):
-        assert n0[key]["mangled"] != n1[key]["mangled"]     # three more tensor-map parameters
-        assert a[n0[key]["mangled"]] != b[n1[key]["mangled"]]
-    with pytest.raises(ValueError, match="LK_ABLATE_"):
-        wgmma.check_defines(("LK_TMAPF_AHEAD=4",))          # the distance is not a build name
 
 
 def test_clock_ab_probes_every_launch_and_cublas_and_the_view_compares_clocks(monkeypatch, tmp_path):
@@ -1450,7 +1315,7 @@ def test_kpair_grid_pairs_m_tiles_and_the_launcher_refuses_other_shapes():
     k = registry.find("wgmma_kq", QT=4, **{n: v for n, v in wgmma.KPAIR_PARAMS.items() if n != "SK"})
     ring = 2 * wgmma.KPAIR_HALF_STAGES * 256 * 64 * 2     # stages of [256 tokens x 64 k] f16, both warpgroups'
     assert k.dynamic_smem() + wgmma.kpair_ring_bytes(k, wgmma.KPAIR) == ring + 1024   # + the 1024-byte alignment
-    assert wgmma.kpair_ring_bytes(k, ()) == 0 and wgmma.kpair_ring_bytes(k, wgmma.TMAPF) == 0
+    assert wgmma.kpair_ring_bytes(k, ()) == 0 and wgmma.kpair_ring_bytes(k, ("LK_EXP_TRACE",)) == 0
     k5 = registry.find("wgmma_kq", QT=4, BN=256, STAGES=4, BF16=0, SCL=0, EPI=5, AQ=2, PF=0)
     assert wgmma.kpair_ring_bytes(k5, wgmma.KPAIR) == 0    # an instantiation the build traps in (refused first)
     assert ring + 1024 + 96 <= 232448                     # the H200's opt-in shared memory per block
@@ -1461,15 +1326,13 @@ def test_kpair_grid_pairs_m_tiles_and_the_launcher_refuses_other_shapes():
 
 def test_kpair_build_compiles_its_two_instantiations_without_spills():
     """-DLK_EXP_KPAIR builds every registered instantiation (the others trap: the launcher never runs them); its
-    two launch shapes (q4_K and q6_K at BN=256, the main scale form, the plain epilogue) have no spills, and the
-    kernel refuses being built beside another exploratory body."""
+    two launch shapes (q4_K and q6_K at BN=256, the main scale form, the plain epilogue) have no spills, and round 7's
+    source of exploratory builds refuses a retired form (it names the commit that builds it)."""
     import shutil
 
     from labkernels import wgmma
     from labkernels.kernels import registry
 
-    src = (registry.KERNELS_DIR / "wgmma_kq.cu").read_text()
-    assert '#error "LK_EXP_KPAIR is a kernel body of its own: no other exploratory build of it' in src
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not on PATH")
     _, names = wgmma._cubin("wgmma_kq.cu", wgmma.KPAIR)
@@ -1478,8 +1341,8 @@ def test_kpair_build_compiles_its_two_instantiations_without_spills():
         e = names[k.key]
         assert e["spill_stores"] == 0 and e["spill_loads"] == 0 and e["stack_frame"] == 0, e
         assert not e["wgmma_serialized"], e
-    with pytest.raises(wgmma.WgmmaError, match="LK_EXP_KPAIR is a kernel body of its own"):
-        wgmma._cubin("wgmma_kq.cu", ("LK_EXP_KPAIR", "LK_EXP_WTMA"))
+    with pytest.raises(wgmma.WgmmaError, match="a retired round-7 form: it is built at commit 4a8dcd9"):
+        wgmma._cubin("wgmma_kq.cu", ("LK_EXP_KPAIR", "LK_EXP_WTMA"))   # past check_defines: the source's own guard
     # the trace of it builds (twenty-fifth step): q4_K without spills, q6_K's 8 B outside its main loop (the run's SASS)
     _, names = wgmma._cubin("wgmma_kq.cu", wgmma.check_defines(wgmma.KPAIR + ("LK_EXP_TRACE",)))
     k = registry.find("wgmma_kq", QT=4, **{n: v for n, v in wgmma.KPAIR_PARAMS.items() if n != "SK"})
@@ -1879,7 +1742,7 @@ def test_early_table_reads_each_builds_traced_launches():
     assert e.fill_us == pytest.approx(1.1) and e.loop_us == pytest.approx(24.0 - 1.9)
     assert wgmma.early_table(Run({})).empty
     with pytest.raises(wgmma.WgmmaError, match="a form of the KPAIR build"):
-        wgmma.trace_launch(None, None, kpair=True, defines=("LK_EXP_TMAPF",))
+        wgmma.trace_launch(None, None, kpair=True, defines=("LK_ABLATE_NOCONV",))
     with pytest.raises(wgmma.WgmmaError, match="only for a KPAIR trace"):
         wgmma.trace_launch(None, None, defines=wgmma.KPAIR_FIN)
 
@@ -1892,14 +1755,6 @@ KPAIR_FORMS = [  # a form of the KPAIR build: (its defines' name in wgmma, its g
     ("KPAIR_NOCONV", None, None, None), ("DECOUPLED_NOCONV", None, None, None),
     ("KPAIR_FIN", "#if defined(LK_EXP_KPAIR_FIN) && !defined(LK_EXP_KPAIR)", ("LK_EXP_KPAIR_FIN",),
      "LK_EXP_KPAIR_FIN is a form of the LK_EXP_KPAIR build only"),
-    ("KPAIR_FIN_EARLY", "#if defined(LK_EXP_KPAIR_EARLY) && !defined(LK_EXP_KPAIR)", ("LK_EXP_KPAIR_EARLY",),
-     "LK_EXP_KPAIR_EARLY is a form of the LK_EXP_KPAIR build only"),
-    ("KPAIR_FIN_OVERLAP", "#if defined(LK_EXP_KPAIR_OVERLAP) && !defined(LK_EXP_KPAIR)", ("LK_EXP_KPAIR_OVERLAP",),
-     "LK_EXP_KPAIR_OVERLAP is a form of the LK_EXP_KPAIR build only"),
-    ("KPAIR_OVERLAP_PRODUCER", None, ("LK_EXP_KPAIR", "LK_EXP_KPAIR_REQ_PRODUCER"),
-     "LK_EXP_KPAIR_REQ_PRODUCER / _CONSUMERS are forms of the LK_EXP_KPAIR_OVERLAP build only"),
-    ("KPAIR_OVERLAP_CONSUMERS", None, ("LK_EXP_KPAIR", "LK_EXP_KPAIR_REQ_CONSUMERS"),
-     "LK_EXP_KPAIR_REQ_PRODUCER / _CONSUMERS are forms of the LK_EXP_KPAIR_OVERLAP build only"),
     ("FIN_HALFY", "#if defined(LK_ABLATE_HALFY) && !defined(LK_EXP_KPAIR_FIN)", ("LK_EXP_KPAIR", "LK_ABLATE_HALFY"),
      "LK_ABLATE_HALFY is an ablation of the LK_EXP_KPAIR_FIN build only")]
 
@@ -1914,7 +1769,7 @@ def test_kpair_forms_compile_without_spills_and_only_beside_their_base(name, gua
     from labkernels.kernels import registry
 
     if guard:
-        assert guard in (registry.KERNELS_DIR / "wgmma_kq.cu").read_text()
+        assert guard in wgmma.EXPERIMENTS["wgmma_kq.cu"].read_text()
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not on PATH")
     _, names = wgmma._cubin("wgmma_kq.cu", wgmma.check_defines(getattr(wgmma, name)))
@@ -1963,21 +1818,6 @@ def test_ratio_by_point_draws_a_bar_per_series_and_shape():
                                                                    "q6_K, nt=4096"]
     assert ax.get_ylim()[0] <= 0.98 and "od x id" in ax.get_xlabel()
     plt.close(fig)
-
-
-def test_kpair_overlap_and_early_are_refused_together():
-    """The two placements of the same L2 requests are one or the other, never both; OVERLAP's one-side forms are one
-    side or the other."""
-    import shutil
-
-    from labkernels import wgmma
-
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc not on PATH")
-    with pytest.raises(wgmma.WgmmaError, match="LK_EXP_KPAIR_OVERLAP and LK_EXP_KPAIR_EARLY"):
-        wgmma._cubin("wgmma_kq.cu", wgmma.check_defines(wgmma.KPAIR_FIN_EARLY + ("LK_EXP_KPAIR_OVERLAP",)))
-    with pytest.raises(wgmma.WgmmaError, match="one side's requests or the other's, not both"):
-        wgmma._cubin("wgmma_kq.cu", wgmma.check_defines(wgmma.KPAIR_OVERLAP_PRODUCER + ("LK_EXP_KPAIR_REQ_CONSUMERS",)))
 
 
 def test_kpair_ab_times_an_ablation_beside_the_build_and_never_gates_it(monkeypatch, tmp_path):
@@ -2043,7 +1883,7 @@ def test_smem_step_profiles_each_case_in_its_own_process_and_records_what_ran(mo
     import types
 
     from labkernels import ncu, records, wgmma
-    from labkernels.rounds import r07_wgmma as r7
+    from labkernels.rounds.r07_wgmma import runs as r7
 
     monkeypatch.setattr(ncu, "query_metrics", lambda: ("l1tex__data_bank_reads\nsm__pipe_tensor", {
         "sm__pipe_tensor_cycles_active", "l1tex__data_bank_reads", "sm__cycles_elapsed"}))
@@ -2076,7 +1916,7 @@ def test_decouple_step_profiles_the_kpair_builds_and_times_every_ablation(monkey
     import types
 
     from labkernels import ncu, records, wgmma
-    from labkernels.rounds import r07_wgmma as r7
+    from labkernels.rounds.r07_wgmma import runs as r7
 
     monkeypatch.setattr(ncu, "query_metrics", lambda: ("sm__pipe_tensor", {"sm__pipe_tensor_cycles_active"}))
     cmds, ab = _ncu_step_shim(monkeypatch)

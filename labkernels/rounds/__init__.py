@@ -6,7 +6,11 @@ runs, the first the one its page replays), ``PLAN`` (its one default plan), ``me
 the round into ``run``, a new run of its first folder; None for a CPU round) and ``STEPS`` (its ``labkernels gpu-check`` steps: name ->
 ``fn(out, args)``). :data:`ROUNDS` lists them by number; :func:`open_round` resolves measure / replay / cpu,
 measures into new runs or opens the latest ones, and returns them with the banner; ``gpu-check`` takes its steps
-from :func:`gpu_check_steps`. A round whose page replays one kind of run among several in a folder names it in
+from :func:`gpu_check_steps` (``--steps NAME,...``) and :func:`select_steps` (``--round N --step N|NAME,...``).
+A round whose steps are records (:class:`Step`: number, name, builds, plan, prediction, verdict, run ids, commit, one
+``run`` and one ``view``, the arguments it declares; a retired one with the commit and command that reproduce it)
+declares them as ``STEP_RECORDS`` (round 7: :mod:`labkernels.rounds.r07_wgmma.steps`); its ``STEPS`` are then their
+gpu-check names. A round whose page replays one kind of run among several in a folder names it in
 ``REPLAY_WHERE`` ({series: predicate(run, plan)}: round 5's decomposition of the plan's model and nt, round 7's
 benchmark among its sanitizer and ncu runs). A round whose measurement records its own runs (round 6: one ncu
 process per case) declares ``record_runs(root, progress, **plan) -> {series: run}`` instead of ``measure``. A new round
@@ -31,6 +35,7 @@ unchanged (``records.migrate``).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 #: the round modules in order (number = position + 1)
@@ -99,6 +104,139 @@ def gpu_check_steps() -> dict:
             if k in out:
                 raise RoundError(f"gpu-check step {k!r} declared by two rounds")
             out[k] = fn
+    return out
+
+
+@dataclass(frozen=True)
+class Retired:
+    """What reproduces a retired step: the commit that still holds its code and build, and the command that reruns it
+    there (on a GPU machine); ``why`` it left."""
+    commit: str
+    command: str
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a round as a record: its ``number`` on the round's page (None: a tool step, or an experiment the
+    page does not number), ``name`` (``gpu-check --round N --step NAME``) and ``aliases`` (the gpu-check names it had,
+    ``gpu-check --steps NAME``); the ``builds`` it runs (label -> -D names; () the plain build), its ``plan``, the
+    ``prediction`` written before its run and the ``verdict`` after; the recorded ``runs`` (ids, in the round's
+    ``series``) whose params name ``what`` (None: the series' main measurement) and the ``commit`` its measurement ran
+    at. ``run(out, args) -> dict`` records it again on a GPU (None once ``retired``: :class:`Retired` says where and
+    how); ``view(run) -> DataFrame`` is its table from one of its recorded runs; ``args``: the gpu-check arguments it
+    reads, ``((flag, ...), argparse kwargs)`` each."""
+    name: str
+    title: str
+    number: int | None = None
+    aliases: tuple = ()
+    what: str | None = None
+    series: str = ""
+    builds: dict = field(default_factory=dict)
+    plan: dict | None = None
+    prediction: str = ""
+    verdict: str = ""
+    runs: tuple = ()
+    commit: str = ""
+    run: Callable | None = None
+    view: Callable | None = None
+    args: tuple = ()
+    retired: Retired | None = None
+
+    def __post_init__(self):
+        if (self.run is None) == (self.retired is None):
+            raise RoundError(f"step {self.name!r}: a live step has a run, a retired one its Retired record (not both)")
+
+    @property
+    def label(self) -> str:
+        return f"{self.number}. {self.name}" if self.number is not None else self.name
+
+    def recorded(self, root=None, listed=None) -> list:
+        """Its recorded runs (``runs``, in their order; a run listed but not on disk raises), from ``listed`` (the
+        series' runs, :func:`labkernels.records.list_runs` with ``status=None``) or the data folder."""
+        from .. import records
+
+        have = {r.run_id: r for r in (listed if listed is not None else
+                                      records.list_runs(self.series, root, status=None))}
+        missing = [r for r in self.runs if r not in have]
+        if missing:
+            raise RoundError(f"step {self.label}: recorded runs {missing} are not under data/{records.folder(self.series)}")
+        return [have[r] for r in self.runs]
+
+    def latest(self, root=None, listed=None):
+        """Its latest complete recorded run whose params name its ``what`` (the one its view reads), or None."""
+        runs = [r for r in self.recorded(root, listed) if r.meta.get("status") == "complete"
+                and (r.meta.get("params") or {}).get("what") == self.what]
+        return runs[-1] if runs else None
+
+
+def round_steps(mod) -> list:
+    """A round's steps as :class:`Step` records: its ``STEP_RECORDS``, else one unnumbered live record per entry of
+    its ``STEPS`` (name -> fn)."""
+    recs = getattr(mod, "STEP_RECORDS", None)
+    if recs is not None:
+        return list(recs)
+    return [Step(name=k, title=(fn.__doc__ or k).strip().splitlines()[0], run=fn) for k, fn in mod.STEPS.items()]
+
+
+def _reproduce(mod, s) -> str:
+    which = f"step {s.number} ({s.name})" if s.number is not None else f"step {s.name}"
+    return (f"round {int(mod.NOTEBOOK[:2])}'s {which} is retired ({s.retired.why}); it runs at commit "
+            f"{s.retired.commit}: {s.retired.command}")
+
+
+def select_steps(name, selectors) -> list:
+    """``gpu-check --round N --step SEL,...``: the round's live steps chosen by number (every record of that number,
+    the retired ones left out and said -- none left is an error), name or alias, in the order asked. A retired step
+    named, or an unknown selector, raises before any step runs."""
+    mod = module(name)
+    steps = round_steps(mod)
+    out = []
+    for sel in selectors:
+        sel = str(sel).strip()
+        if sel.isdigit():
+            got = [s for s in steps if s.number == int(sel)]
+            if not got:
+                nums = sorted({s.number for s in steps if s.number is not None})
+                raise RoundError(f"round {mod.NOTEBOOK}: no step {sel}; steps {nums[0]}-{nums[-1]}" if nums else
+                                 f"round {mod.NOTEBOOK} numbers no steps")
+            live = [s for s in got if s.retired is None]
+            if not live:
+                raise RoundError("; ".join(_reproduce(mod, s) for s in got))
+            out += live
+            continue
+        got = [s for s in steps if sel == s.name or sel in s.aliases]
+        if not got:
+            raise RoundError(f"round {mod.NOTEBOOK}: no step {sel!r}; steps: "
+                             + ", ".join(s.label for s in steps if s.retired is None))
+        if got[0].retired is not None:
+            raise RoundError(_reproduce(mod, got[0]))
+        out += got
+    return out
+
+
+def retired_step(name: str):
+    """The retired step (round module, Step) a gpu-check name or alias belongs to, or None."""
+    for mod in rounds():
+        for s in round_steps(mod):
+            if s.retired is not None and (name == s.name or name in s.aliases):
+                return mod, s
+    return None
+
+
+def retired_message(name: str) -> str | None:
+    """What ``gpu-check --steps NAME`` says of a retired step (its commit and command), or None."""
+    hit = retired_step(name)
+    return _reproduce(*hit) if hit else None
+
+
+def step_args() -> list:
+    """Every argument a round step declares, ``(round notebook, step label, flags, kwargs)``, for gpu-check's parser."""
+    out = []
+    for mod in rounds():
+        for s in round_steps(mod):
+            for flags, kw in s.args:
+                out.append((mod.NOTEBOOK, s.label, tuple(flags), dict(kw)))
     return out
 
 

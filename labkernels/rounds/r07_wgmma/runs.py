@@ -1,8 +1,5 @@
-"""Round 7 -- a Hopper-native q4_K / q6_K GEMM: weights dequantized in registers feeding ``wgmma``
-(``notebooks/07_wgmma_kquant``). The round is :mod:`labkernels.wgmma` (kernels ``wgmma_kq.cu``); its runs are
-``wgmma`` runs: the benchmark (table ``wgmma_bench``, the one the page replays and ``qmatmul(kernel="auto")`` reads),
-the cost scan, compute-sanitizer and Nsight Compute runs (one each, told apart by their tables); the prefill A/B
-(``prefill_r7``) records ``prefill`` runs, the prefill's shared folder (see :mod:`labkernels.rounds`)."""
+"""Round 7's GPU steps: what ``labkernels gpu-check --round 7 --step N`` runs (each a ``fn(out, args) -> dict``
+that records its runs under ``out/data``; their records, predictions and verdicts: :mod:`.steps`)."""
 
 from __future__ import annotations
 
@@ -12,22 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import wgmma
-from ..paths import REPO_ROOT
+from ... import bench, cases, ncu, records, wgmma
+from ...paths import REPO_ROOT
+from .. import measure_into
+from .. import module as round_module
 
-NOTEBOOK = "07_wgmma_kquant"
-DATA = ("wgmma",)
-#: the run of each series the page replays: the benchmark (a sanitizer, ncu or cost-scan run is newer at times)
-REPLAY_WHERE = {"wgmma": lambda run, plan: run.has("wgmma_bench")}
-
-
-#: the round's one plan: the benchmark's own (:data:`labkernels.wgmma.PLAN`, which ``wgmma.record`` completes with)
-PLAN = wgmma.PLAN
-
-
-def measure(run, progress=print, **plan) -> None:
-    """The round into ``run`` (a new ``wgmma`` run): kernel resources, real-model gates, the benchmark."""
-    wgmma.record(run, plan, progress=progress)
+#: the series of the round's runs (data/07_wgmma_kquant/)
+SERIES = "wgmma"
 
 
 WGMMA_DRIVER = r"""
@@ -87,9 +75,9 @@ for k, nt, od, id_, sk in cases:
     y = cp.empty((nt, od), cp.float32)
     try:
         wgmma.gemm(w, x, out=y, SK=sk, FORM=form, **{n: v for n, v in k.params if n not in ("QT", "NCV")})
-    except SharedMemoryError as e:   # an exploratory build's extra shared memory (LK_EXP_WTMA's weight ring) may
-        if not wgmma.build_defines():   # not fit beside a variant's own: that case is left out, said; the plain
-            raise                       # build has no such case
+    except SharedMemoryError as e:   # an exploratory build's extra shared memory (the KPAIR ring) may not fit
+        if not wgmma.build_defines():   # beside a variant's own: that case is left out, said; the plain build has
+            raise                       # no such case
         print("skipped", k.key, "SK=%d" % sk, nt, od, id_, "--", e, flush=True)
         continue
     cp.cuda.runtime.deviceSynchronize()
@@ -100,38 +88,20 @@ for k, nt, od, id_, sk in cases:
 def step_wgmma(out: Path, args) -> dict:
     """``gpu-check --steps wgmma``: kernel resources, real-model gates and the interleaved benchmark (the round's
     measure with its plan)."""
-    from . import measure_into
-
-    runs = measure_into(sys.modules[__name__], root=out / "data", progress=args.log)
-    return {"ok": True, "run": runs[DATA[0]].run_id}
+    runs = measure_into(round_module(7), root=out / "data", progress=args.log)
+    return {"ok": True, "run": runs[SERIES].run_id}
 
 
 def step_wgmma_costs(out: Path, args) -> dict:
     """Round 7: the per-launch vs main-loop cost scan at nt=512 (labkernels.wgmma.cost_scan), recorded."""
-    from .. import records
-
-    with records.recording(DATA[0], {"what": "cost_scan"}, root=out / "data") as run:
+    with records.recording(SERIES, {"what": "cost_scan"}, root=out / "data") as run:
         wgmma.cost_scan(run, progress=args.log)
-    return {"ok": True, "run": run.run_id}
-
-
-def step_wgmma_splitfin(out: Path, args) -> dict:
-    """Round 7, exploratory: the split finish of two-CTA stream-K tiles (-DLK_EXP_SPLITFIN) against the plain
-    build at nt=512, bitwise-gated and interleaved (labkernels.wgmma.splitfin_ab), recorded."""
-    from .. import records
-
-    with records.recording(DATA[0], {"what": "splitfin", "defines": ["LK_EXP_SPLITFIN"],
-                                     "points": [list(p) for p in wgmma.SPLITFIN_POINTS], "nt": 512},
-                           root=out / "data") as run:
-        wgmma.splitfin_ab(run, progress=args.log)
     return {"ok": True, "run": run.run_id}
 
 
 def _record_ab(out: Path, args, what: str, plan: dict, ab) -> dict:
     """A build-option A/B step: ``ab`` (labkernels.wgmma's ``*_ab``) into a run recorded as ``what`` with its plan."""
-    from .. import records
-
-    with records.recording(DATA[0], {"what": what, "plan": plan}, root=out / "data") as run:
+    with records.recording(SERIES, {"what": what, "plan": plan}, root=out / "data") as run:
         ab(run, progress=args.log)
     return {"ok": True, "run": run.run_id}
 
@@ -204,15 +174,11 @@ def step_wgmma_trace(out: Path, args) -> dict:
     :data:`TRACE_PLAN` -- where a launch's time goes before, between and after the main loops
     (labkernels.wgmma.trace_launch), recorded with the per-event summary: after warm-up launches (table ``trace``)
     and once more right after an L2 flush, as the benchmark times a launch (``trace_flushed``)."""
-    import numpy as np
-
-    from .. import bench, cases, records
-
     rng = np.random.default_rng(11)
     flusher = bench.Flusher()
     nt = 512
     sms = wgmma._sm_count(wgmma._cp().cuda.Device().id)
-    with records.recording(DATA[0], {"what": "trace", "defines": ["LK_EXP_TRACE"], "nt": nt, "sm_count": sms,
+    with records.recording(SERIES, {"what": "trace", "defines": ["LK_EXP_TRACE"], "nt": nt, "sm_count": sms,
                                      "plan": {f"{od}x{id_}": v for (od, id_), v in TRACE_PLAN.items()}},
                            root=out / "data") as run:
         for (od, id_), per in TRACE_PLAN.items():
@@ -243,8 +209,6 @@ def step_wgmma_trace(out: Path, args) -> dict:
 
 def step_wgmma_sanitizer(out: Path, args) -> dict:
     """compute-sanitizer memcheck, racecheck, synccheck over every main-path wgmma_kq variant (tails)."""
-    from .. import records
-
     res, ok, rows = {}, True, []
     for tool in ("memcheck", "racecheck", "synccheck"):
         # host API errors are not the kernels': cuda-bindings probes driver entry points with cuGetProcAddress,
@@ -267,7 +231,7 @@ def step_wgmma_sanitizer(out: Path, args) -> dict:
         args.log(f"wgmma compute-sanitizer {tool}: rc={rc} {res[tool]['summary']} ({res[tool]['cases']} cases, "
                  f"{res[tool]['skipped']} left out)")
     # an exploratory build's run (LABKERNELS_WG_DEFINES) names its defines: the page reads the plain build's
-    with records.recording(DATA[0], {"what": "sanitizer", "tools": [r["tool"] for r in rows],
+    with records.recording(SERIES, {"what": "sanitizer", "tools": [r["tool"] for r in rows],
                                      "defines": list(wgmma.build_defines())}, root=out / "data") as run:
         run.append("sanitizer", rows)
     return {"ok": ok, **res, "run": run.run_id}
@@ -285,8 +249,6 @@ def step_wgmma_ncu(out: Path, args) -> dict:
     """Nsight Compute sections of the main wgmma_kq variants (tensor pipe, issue, stalls), recorded."""
     import csv
     import io
-
-    from .. import records
 
     cmd = ["ncu", "--clock-control", "none", "-k", "regex:wgmma_kq", "--csv", "--page", "details"]
     for sname in NCU_SECTIONS:
@@ -315,7 +277,7 @@ def step_wgmma_ncu(out: Path, args) -> dict:
                       "section": x.get("Section Name"), "metric": x.get("Metric Name"), "unit": x.get("Metric Unit"),
                       "value": x.get("Metric Value")})
     # an exploratory build's counters (LABKERNELS_WG_DEFINES) name its defines: the page's main table reads the plain
-    with records.recording(DATA[0], {"what": "ncu", "sections": NCU_SECTIONS, "metrics": metrics, "cases": cases,
+    with records.recording(SERIES, {"what": "ncu", "sections": NCU_SECTIONS, "metrics": metrics, "cases": cases,
                                      "defines": list(wgmma.build_defines())}, root=out / "data") as run:
         run.append("sections", table)
     args.log(f"ncu: {len(ids)} kernels x {len(NCU_SECTIONS)} sections recorded (run {run.run_id})")
@@ -391,8 +353,6 @@ def _ncu_cases(out: Path, args, cases, tag: str) -> tuple[list[dict], list[str],
     import csv
     import io
 
-    from .. import ncu
-
     qtext, avail = ncu.query_metrics()
     (out / f"{tag}-ncu-query.txt").write_text("\n".join(ln for ln in qtext.splitlines()
                                                        if any(w in ln for w in ("l1tex__data", "tensor", "shared", "gmma"))))
@@ -431,12 +391,10 @@ def _kpair_ab_run(out: Path, args, what: str, plan: dict, builds: dict | None = 
     """One recorded run of labkernels.wgmma.kpair_ab at ``plan``'s points: the KPAIR build and its ``builds`` (forms
     that compute Y: real-model gated and gated at every point) and ``ablations`` (timing only, never gated) beside the
     launches of record and cuBLAS; its params name both (a key only when given). Returns the run id."""
-    from .. import records
-
     params = {"what": what, "plan": plan, "defines": list(wgmma.KPAIR)}
     params |= {k: {s: list(d) for s, d in v.items()} for k, v in (("builds", builds), ("ablations", ablations)) if v}
     params["real_nts"] = list(wgmma.KPAIR_REAL_NTS)
-    with records.recording(DATA[0], params, root=out / "data") as run:
+    with records.recording(SERIES, params, root=out / "data") as run:
         wgmma.kpair_ab(run, plan=plan, progress=args.log, builds=builds, ablations=ablations)
     return run.run_id
 
@@ -445,10 +403,8 @@ def _ncu_then_kpair_ab(out: Path, args, tag: str, cases, ab_what: str, plan: dic
     """An ncu-and-A/B step: :func:`_ncu_cases` of ``cases`` recorded as ``<tag>_ncu`` (table ``smem_ncu``), then the
     KPAIR build beside its ``ablations`` at ``plan``'s points (labkernels.wgmma.kpair_ab; the build real-model gated,
     every non-ablation launch parity-gated) recorded as ``ab_what``."""
-    from .. import records
-
     table, metrics, ok = _ncu_cases(out, args, cases, tag)
-    with records.recording(DATA[0], {"what": f"{tag}_ncu", "sections": list(SMEM_SECTIONS), "metrics": metrics,
+    with records.recording(SERIES, {"what": f"{tag}_ncu", "sections": list(SMEM_SECTIONS), "metrics": metrics,
                                      "cases": [list(c) for c in cases]}, root=out / "data") as run:
         run.append("smem_ncu", table)
     args.log(f"{tag} ncu: {len({t['case'] for t in table})} of {len(cases)} cases recorded (run {run.run_id})")
@@ -490,15 +446,11 @@ def step_wgmma_kpairtrace(out: Path, args) -> dict:
     :data:`KPAIR_TRACE_SHAPES`, nt=512 -- each after warm-up launches and once more right after an L2 flush, as the
     benchmark times a launch. Tables ``kpair_trace`` / ``kpair_trace_flushed`` (labkernels.wgmma.kpair_trace_phases)
     and ``bn128_trace`` / ``bn128_trace_flushed`` (labkernels.wgmma.trace_roles), recorded."""
-    import numpy as np
-
-    from .. import bench, cases, records
-
     rng = np.random.default_rng(25)
     flusher = bench.Flusher()
     nt = 512
     sms = wgmma._sm_count(wgmma._cp().cuda.Device().id)
-    with records.recording(DATA[0], {"what": "kpair_trace", "defines": list(wgmma.KPAIR) + ["LK_EXP_TRACE"], "nt": nt,
+    with records.recording(SERIES, {"what": "kpair_trace", "defines": list(wgmma.KPAIR) + ["LK_EXP_TRACE"], "nt": nt,
                                      "sm_count": sms, "shapes": [list(x) for x in KPAIR_TRACE_SHAPES]},
                            root=out / "data") as run:
         for od, id_ in KPAIR_TRACE_SHAPES:
@@ -534,53 +486,6 @@ def step_wgmma_kpairfin(out: Path, args) -> dict:
     return {"ok": True, "run": _kpair_ab_run(out, args, "kpairfin_ab", wgmma.KPAIR_AB, builds={"_fin": wgmma.KPAIR_FIN})}
 
 
-#: the twenty-seventh step's forms of the KPAIR build (variant suffix -> defines: FIN, FIN + EARLY, FIN + OVERLAP and
-#: OVERLAP with the producer's or the consumers' requests alone), timed; and traced (variant -> defines), q4_K only:
-#: their q6_K trace builds spill (16 B)
-EARLY_BUILDS = {"_fin": wgmma.KPAIR_FIN, "_fin_early": wgmma.KPAIR_FIN_EARLY, "_fin_overlap": wgmma.KPAIR_FIN_OVERLAP,
-                "_fin_overlap_p": wgmma.KPAIR_OVERLAP_PRODUCER, "_fin_overlap_c": wgmma.KPAIR_OVERLAP_CONSUMERS}
-EARLY_TRACE_BUILDS = {wgmma.KPAIR_VARIANT + sfx: d for sfx, d in EARLY_BUILDS.items()}
-#: traced launches of each build at each shape, the builds interleaved
-EARLY_TRACE_REPS = 3
-
-
-def step_wgmma_kpairearly(out: Path, args) -> dict:
-    """Round 7, twenty-seventh step: the KPAIR build's FIN form with its cold start overlapped -- the L2 requests at
-    entry (LK_EXP_KPAIR_EARLY, wgmma.KPAIR_FIN_EARLY) or between the cluster barrier's arrive and wait
-    (LK_EXP_KPAIR_OVERLAP, wgmma.KPAIR_FIN_OVERLAP, and its one-side forms) -- against the FIN form
-    (:data:`EARLY_BUILDS`). (1) Their trace builds (-DLK_EXP_TRACE), q4_K at :data:`KPAIR_TRACE_SHAPES`, nt=512,
-    :data:`EARLY_TRACE_REPS` launches of each right after an L2 flush, the builds interleaved (table
-    ``kpair_trace_flushed``, a ``rep`` column; labkernels.wgmma.early_table); (2) every form real-model gated and timed beside the KPAIR build, the launches of record and cuBLAS at every point of
-    wgmma.KPAIR_AB (labkernels.wgmma.kpair_ab with ``builds``; every launch parity-gated); one recorded run."""
-    import numpy as np
-
-    from .. import bench, cases, records
-
-    rng = np.random.default_rng(27)
-    flusher = bench.Flusher()
-    nt = 512
-    with records.recording(DATA[0], {"what": "kpairearly", "plan": wgmma.KPAIR_AB, "defines": list(wgmma.KPAIR),
-                                     "builds": {k: list(v) for k, v in EARLY_BUILDS.items()},
-                                     "trace": {"nt": nt, "qtypes": ["q4_K"], "reps": EARLY_TRACE_REPS,
-                                               "shapes": [list(x) for x in KPAIR_TRACE_SHAPES],
-                                               "builds": {k: list(v) for k, v in EARLY_TRACE_BUILDS.items()}},
-                                     "real_nts": list(wgmma.KPAIR_REAL_NTS)}, root=out / "data") as run:
-        for od, id_ in KPAIR_TRACE_SHAPES:
-            x16 = wgmma._cp().asarray(rng.standard_normal((nt, id_)).astype(np.float16))
-            w = wgmma.WgWeight.from_gguf(cases.synthetic_weights("q4_K", od, id_, rng), "q4_K")
-            for rep in range(EARLY_TRACE_REPS):
-                for name, d in EARLY_TRACE_BUILDS.items():
-                    key = {"qtype": "q4_K", "od": od, "id": id_, "nt": nt, "variant": name, "rep": rep}
-                    cold = wgmma.trace_launch(w, x16, flush=flusher, kpair=True, defines=d)
-                    run.append("kpair_trace_flushed", [{**key, **r} for r in cold])
-        for r in wgmma.early_table(run).itertuples():
-            args.log(f"early trace {r.variant} q4_K {r.od}x{r.id} (cold, medians): setup {r.setup_us:.2f} us, fill "
-                     f"{r.fill_us:.2f} us, loop {r.loop_us:.2f} us, finish {r.finish_us:.2f} us, exit {r.exit_us:.2f} "
-                     f"us, last stamp {r.end_us_max:.2f} us")
-        wgmma.kpair_ab(run, plan=wgmma.KPAIR_AB, progress=args.log, builds=EARLY_BUILDS)
-    return {"ok": True, "run": run.run_id}
-
-
 def step_wgmma_halfy(out: Path, args) -> dict:
     """Round 7, twenty-eighth step: what the float32 Y costs the FIN form -- its LK_ABLATE_HALFY build (half of Y's
     bytes stored, the bytes of a 16-bit Y; timing only, never gated) timed beside the FIN form, the KPAIR build, the
@@ -611,9 +516,9 @@ def step_prefill_r7(out: Path, args) -> dict:
     of every variant against the first one's."""
     import gc
 
-    from .. import gpu, prefill_cli, records
-    from ..model import default_model_path
-    from ..prefill import GpuModel, PrefillOptions, timed_prefill
+    from ... import gpu, prefill_cli
+    from ...model import default_model_path
+    from ...prefill import GpuModel, PrefillOptions, timed_prefill
 
     names = [v for v in args.ab.split(",") if v]
     bad = [v for v in names if v not in PREFILL_VARIANTS]
@@ -660,26 +565,11 @@ def step_prefill_r7(out: Path, args) -> dict:
     return {"ok": True, "runs": runs}
 
 
-def step_wgmma_conv16(out: Path, args) -> dict:
-    """Round 7: the 16-bit scale path of the register form's conversion against the build of the one before it
-    (-DLK_EXP_OLDCONV), bitwise- and parity-gated per launch, interleaved with cuBLAS at nt 512 and 4096
-    (labkernels.wgmma.conv16_ab), recorded."""
-    return _record_ab(out, args, "conv16_ab", {**wgmma.CONV16_AB, "defines_old": list(wgmma.OLDCONV)},
-                      wgmma.conv16_ab)
-
-
 def step_wgmma_plane(out: Path, args) -> dict:
     """Round 7: the q4_K scale plane (SCL=2, written at load) against the in-loop header decode (SCL=0) at BN=128,
     beside the BN=256 split grids and cuBLAS at nt 512 and 4096 (labkernels.wgmma.plane_ab), real-model gated,
     recorded."""
     return _record_ab(out, args, "plane_ab", wgmma.PLANE_AB, wgmma.plane_ab)
-
-
-def step_wgmma_wtma(out: Path, args) -> dict:
-    """Round 7, exploratory: the weights through a shared-memory ring by the producer's TMA (-DLK_EXP_WTMA) against
-    the plain register loads, bitwise- and parity-gated per launch, interleaved with cuBLAS at nt 512 and 4096
-    (labkernels.wgmma.wtma_ab), recorded."""
-    return _record_ab(out, args, "wtma_ab", {**wgmma.WTMA_AB, "defines": list(wgmma.WTMA)}, wgmma.wtma_ab)
 
 
 def step_wgmma_ceiling(out: Path, args) -> dict:
@@ -697,14 +587,6 @@ def step_wgmma_floor(out: Path, args) -> dict:
     return _record_ab(out, args, "floor_ab", {**wgmma.FLOOR_AB, "builds": {k: list(v) for k, v in
                                                                            wgmma.FLOOR_BUILDS.items()}},
                       wgmma.floor_ab)
-
-
-def step_wgmma_tmapf(out: Path, args) -> dict:
-    """Round 7, exploratory: the weights prefetched into L2 by the producer's TMA (-DLK_EXP_TMAPF) against the plain
-    build, bitwise- and parity-gated per launch, interleaved with cuBLAS at nt 512 and 4096 (labkernels.wgmma.tmapf_ab),
-    recorded."""
-    return _record_ab(out, args, "tmapf_ab", {**wgmma.TMAPF_AB, "defines": list(wgmma.TMAPF),
-                                              "ahead": wgmma.TMAPF_AHEAD}, wgmma.tmapf_ab)
 
 
 def step_wgmma_clock(out: Path, args) -> dict:
@@ -726,10 +608,3 @@ def step_wgmma_kpair(out: Path, args) -> dict:
     cuBLAS at nt 512 and 4096, every launch parity-gated (labkernels.wgmma.kpair_ab), recorded."""
     return _record_ab(out, args, "kpair_ab", {**wgmma.KPAIR_AB, "defines": list(wgmma.KPAIR),
                                               "real_nts": list(wgmma.KPAIR_REAL_NTS)}, wgmma.kpair_ab)
-
-
-STEPS = {"wgmma": step_wgmma, "wgmma_sanitizer": step_wgmma_sanitizer, "wgmma_ncu": step_wgmma_ncu,
-         "wgmma_costs": step_wgmma_costs, "wgmma_trace": step_wgmma_trace, "wgmma_splitfin": step_wgmma_splitfin,
-         "wgmma_epi": step_wgmma_epi, "wgmma_aq": step_wgmma_aq, "wgmma_pf": step_wgmma_pf, "wgmma_pair": step_wgmma_pair,
-         "wgmma_staged": step_wgmma_staged, "wgmma_reduce": step_wgmma_reduce, "wgmma_lead": step_wgmma_lead, "wgmma_conv2": step_wgmma_conv2, "wgmma_conv16": step_wgmma_conv16, "wgmma_plane": step_wgmma_plane,
-         "wgmma_ceiling": step_wgmma_ceiling, "wgmma_floor": step_wgmma_floor, "wgmma_tmapf": step_wgmma_tmapf, "wgmma_clock": step_wgmma_clock, "wgmma_kscan": step_wgmma_kscan, "wgmma_kpair": step_wgmma_kpair, "wgmma_smem": step_wgmma_smem, "wgmma_smemform": step_wgmma_smemform, "wgmma_decouple": step_wgmma_decouple, "wgmma_kpairtrace": step_wgmma_kpairtrace, "wgmma_kpairfin": step_wgmma_kpairfin, "wgmma_kpairearly": step_wgmma_kpairearly, "wgmma_halfy": step_wgmma_halfy, "wgmma_wtma": step_wgmma_wtma, "prefill_r7": step_prefill_r7}
