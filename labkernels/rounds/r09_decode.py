@@ -13,7 +13,13 @@ DATA = ("decode",)
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (11008, 4096))
 NTS = (1, 2, 3, 4, 6, 8, 12, 16)
 PLAN = {"shapes": [list(s) for s in SHAPES], "nts": list(NTS), "qtypes": ["q4_K", "q6_K"], "acts": ["f16", "f32"],
-        "pairs": 3, "repeats": 20, "seed": 0}
+        "pairs": 3, "repeats": 20, "seed": 0, "configs": [[1, 4], [2, 4]], "splits": [], "flush": "read",
+        "lead_us": 300.0}
+#: the run the page replays: the benchmark of record (a split sweep or another experiment records the same table)
+REPLAY_WHERE = {"decode": lambda run, plan: run.meta.get("params", {}).get("what") == "gemv_bench"
+                and run.has("gemv_bench")}
+#: the bar of the issue that opened the round (decode at the HBM line), as the page shows it
+TARGETS = {"frac_copy_nt1": 0.80, "nt8_over_nt1": 1.5, "vs_mmvq_nt2_8": 2.0}
 
 
 #: what the first gemv_kq build should measure, written before its first GPU run (commit d19f769, 2026-12-06). The line
@@ -184,3 +190,144 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
             del w, gv, wd16, w64, w16e
             cp.get_default_memory_pool().free_all_blocks()
     return rows
+
+
+def measure(run, progress=print, *, shapes, nts, qtypes, acts, pairs, repeats, seed, configs, splits, flush,
+            lead_us) -> None:
+    """The round into ``run`` (a new ``decode`` run, its params saying ``what: gemv_bench``): the benchmark."""
+    run.meta["params"]["what"] = "gemv_bench"
+    bench_gemv(run, shapes=[tuple(x) for x in shapes], nts=tuple(nts), qtypes=tuple(qtypes), acts=tuple(acts),
+               pairs=pairs, repeats=repeats, seed=seed, configs=tuple(tuple(c) for c in configs),
+               splits=tuple(splits), flush=flush, lead_us=lead_us, progress=progress)
+
+
+def step_decode(out, args) -> dict:
+    """gpu-check step ``decode``: the benchmark of record (every shape, nt and activation type of the plan) into
+    ``out/data``."""
+    from .. import records
+
+    plan = dict(PLAN)
+    with records.recording("decode", {**plan, "what": "gemv_bench"}, root=out / "data") as run:
+        measure(run, progress=getattr(args, "log", print), **plan)
+    return {"ok": True, "run": run.run_id}
+
+
+STEPS = {"decode": step_decode}
+
+
+# ------------------------------------------------------------------------------------------ the page's tables
+
+def bench_table(run) -> "pd.DataFrame":
+    """One row per (qtype, od, id, nt, act, variant): the median over the interleaved pairs of each pair's median time,
+    with the weight bytes, TB/s of weight bytes and the fraction of the run's copy line."""
+    import pandas as pd
+
+    df = run.table("gemv_bench")
+    keys = ["qtype", "od", "id", "nt", "act", "variant", "family", "MT", "WARPS", "S"]
+    t = df.groupby(keys, as_index=False).agg(median_us=("median_us", "median"), bytes=("bytes", "first"),
+                                             pairs=("pair", "nunique"))
+    line = copy_line(run)
+    t["tb_per_s"] = t.bytes / (t.median_us * 1e-6) / 1e12
+    t["frac_copy"] = t.tb_per_s / line
+    return pd.DataFrame(t)
+
+
+def copy_line(run) -> float:
+    """The run's copy line (TB/s, read + write of 1 GiB, median)."""
+    return float(run.table("copy").tb_per_s.median())
+
+
+def best_per_point(t) -> "pd.DataFrame":
+    """Per (qtype, od, id, nt, act): the fastest gemv_kq configuration and the baselines' times beside it."""
+    import pandas as pd
+
+    g = t[t.family == "gemv_kq"]
+    best = g.loc[g.groupby(["qtype", "od", "id", "nt", "act"]).median_us.idxmin()].copy()
+    for fam, col in (("wgmma_kq", "wgmma_us"), ("cublas_f16", "cublas_us")):
+        ref = t[t.family == fam].set_index(["qtype", "od", "id", "nt", "act"]).median_us
+        best[col] = [ref.get(k, float("nan")) for k in zip(best.qtype, best.od, best.id, best.nt, best.act)]
+    return pd.DataFrame(best).reset_index(drop=True)
+
+
+def headline(run) -> dict:
+    """The page's headline figures (the benchmark of record; the card and run named)."""
+    b = best_per_point(bench_table(run))
+    card = ((run.provenance or {}).get("gpu") or {}).get("name", "?")
+    out = {"card, copy line": f"{card}, {copy_line(run):.2f} TB/s (read + write of 1 GiB, this run)"}
+    for q in ("q4_K", "q6_K"):
+        r = b[(b.qtype == q) & (b.od == 4096) & (b.id == 14336) & (b.nt == 1) & (b.act == "f16")]
+        if len(r):
+            r = r.iloc[0]
+            out[f"{q} 4096x14336 nt=1"] = (f"{r.median_us:.1f} us = {r.frac_copy:.0%} of the copy line "
+                                           f"({r.variant}; wgmma {r.wgmma_us:.1f} us)")
+    one = b[(b.nt == 1) & (b.act == "f16")]
+    eight = b[(b.nt == 8) & (b.act == "f16")].set_index(["qtype", "od", "id"]).median_us
+    ratios = [eight.get((r.qtype, r.od, r.id)) / r.median_us for r in one.itertuples()
+              if (r.qtype, r.od, r.id) in eight.index]
+    if ratios:
+        out["nt=8 / nt=1 time"] = f"{min(ratios):.2f}-{max(ratios):.2f}x (target <= {TARGETS['nt8_over_nt1']}x)"
+    if len(one):
+        met = (one.frac_copy >= TARGETS["frac_copy_nt1"]).sum()
+        out["target: >= 80% of the copy line at nt=1"] = (
+            f"{'met' if met == len(one) else 'NOT met'} at {met} of {len(one)} points "
+            f"({one.frac_copy.min():.0%}-{one.frac_copy.max():.0%})")
+    return out
+
+
+def prediction_table(run, claims=None) -> "pd.DataFrame":
+    """The written prediction (step 1's claims) beside what the run measured, where the run measures it."""
+    import pandas as pd
+
+    b = best_per_point(bench_table(run))
+    rows = []
+    for c in claims or PREDICTION["claims"]:
+        got = None
+        if c["metric"] == "frac_copy":
+            q, shape = c["what"].split()[:2]
+            od, id_ = (int(v) for v in shape.split("x"))
+            r = b[(b.qtype == q) & (b.od == od) & (b.id == id_) & (b.nt == 1) & (b.act == "f16")]
+            got = float(r.frac_copy.iloc[0]) if len(r) else None
+        elif c["metric"] == "ratio":
+            n = int(c["what"].split("/")[0].split("=")[1])
+            hi = b[(b.nt == n) & (b.act == "f16")].set_index(["qtype", "od", "id"]).median_us
+            lo = b[(b.nt == 1) & (b.act == "f16")].set_index(["qtype", "od", "id"]).median_us
+            rs = [hi[k] / lo[k] for k in hi.index if k in lo.index]
+            got = max(rs) if rs else None
+        verdict = ("not measured" if got is None else "within" if c["low"] <= got <= c["high"]
+                   else "below" if got < c["low"] else "above")
+        rows.append({"claim": c["what"], "metric": c["metric"], "predicted": f"{c['low']:g}-{c['high']:g}",
+                     "measured": got, "verdict": verdict})
+    return pd.DataFrame(rows)
+
+
+def figure_time_vs_nt(run, qtype: str = "q4_K", act: str = "f16"):
+    """Time against tokens at the four shapes: the best gemv_kq configuration, round 7's wgmma launch and cuBLAS fp16
+    on cached dequantized weights, with the time the weight bytes take at the run's copy line (dashed)."""
+    import matplotlib.pyplot as plt
+
+    t = bench_table(run)
+    b = best_per_point(t)
+    b = b[(b.qtype == qtype) & (b.act == act)]
+    line = copy_line(run)
+    card = ((run.provenance or {}).get("gpu") or {}).get("name", "?")
+    shapes = sorted({(r.od, r.id) for r in b.itertuples()}, key=lambda s: s[0] * s[1])
+    fig, axes = plt.subplots(1, len(shapes), figsize=(3.2 * len(shapes), 3.1), sharey=False, squeeze=False)
+    for ax, (od, id_) in zip(axes[0], shapes):
+        p = b[(b.od == od) & (b.id == id_)].sort_values("nt")
+        ax.plot(p.nt, p.median_us, "o-", color="#1f77b4", label="gemv_kq (best config)")
+        ax.plot(p.nt, p.wgmma_us, "s--", color="#ff7f0e", label="wgmma_kq (round 7)")
+        ax.plot(p.nt, p.cublas_us, "^:", color="#7f7f7f", label="cuBLAS fp16, cached")
+        hbm = weight_bytes(qtype, od, id_) / (line * 1e12) * 1e6
+        ax.axhline(hbm, color="#2ca02c", ls="--", lw=1, label="weight bytes at the copy line")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(p.nt.unique()))
+        ax.set_xticklabels([str(v) for v in sorted(p.nt.unique())])
+        ax.set_ylim(0, None)
+        ax.set_title(f"{qtype} {od}x{id_}", fontsize=9)
+        ax.set_xlabel("tokens (nt)")
+    axes[0][0].set_ylabel("time per launch (us)")
+    axes[0][-1].legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"{qtype}, {act} activations, {card}: median of interleaved CUDA-event timings (run {run.run_id})",
+                 fontsize=9)
+    fig.tight_layout()
+    return fig
