@@ -29,8 +29,9 @@ class Target:
     source: str        # where it came from
 
     def text(self, met: bool | None = None) -> str:
+        """'>= 2x ... (where it came from): met' -- the value of a headline row named 'target ...'."""
         state = "" if met is None else (": met" if met else ": not met")
-        return f"target {self.what} ({self.source}){state}"
+        return f"{self.what} ({self.source}){state}"
 
 
 #: the lab's targets, by name: what each asked and where it came from (no page names an issue)

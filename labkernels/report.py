@@ -20,7 +20,7 @@ Notebook conventions (every round notebook follows them; README "Add a round" ha
   closing headline are the same data. A notebook may split its page: a markdown cell tagged ``page:NAME``
   starts a second page ``reports/<notebook>_NAME.html`` (round 7's steps ledger);
 * ``report.headline(...)`` declares the figures that ``reports/index.html`` shows for the round; a bar the
-  round set itself to reach reads as a *target*, with where it came from (:func:`target`);
+  round set itself to reach reads as a *target*, with where it came from (:data:`labkernels.facts.TARGETS`);
 * ``report.footer(prov)`` ends the page with the provenance of every number on it.
 
 Mode, run id, provenance and headline travel to the pipeline in the metadata of the HTML outputs this
@@ -258,15 +258,6 @@ def _display_lead(update: bool) -> None:
 def _update_lead() -> None:
     if _lead.get("shown"):
         _display_lead(update=True)
-
-
-def target(what: str, source: str, met: bool | None = None) -> str:
-    """A bar the lab set itself, as a page says it: 'target ≥ 2x cuBLAS (set when round 7 was planned): met'.
-    ``source`` says where the target came from; ``met`` None: not measured."""
-    state = "" if met is None else (": met" if met else ": not met")
-    return f"target {what} ({source}){state}"
-
-
 def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
@@ -298,6 +289,7 @@ def footer(prov: dict | None = None) -> None:
     _note("provenance", provenance.describe(prov or here))
     _display_html("<hr><div style='font-size:0.85em;color:#444'>" +
                   "<br>".join(html.escape(s) for s in lines) + "</div>")
+
 
 
 # --------------------------------------------------------------------------------------------- tables

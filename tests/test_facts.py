@@ -49,4 +49,4 @@ def test_a_root_without_runs_is_a_clear_error(tmp_path):
 def test_targets_say_where_they_came_from_and_no_issue():
     for t in facts.TARGETS.values():
         assert t.source and "issue" not in (t.what + t.source).lower()
-    assert facts.TARGETS["prefill_7b"].text(True).startswith("target >= 2x 8,428") and facts.TARGETS["prefill_7b"].text(True).endswith(": met")
+    assert facts.TARGETS["prefill_7b"].text(True).startswith(">= 2x 8,428") and facts.TARGETS["prefill_7b"].text(True).endswith(": met")
