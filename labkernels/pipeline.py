@@ -39,6 +39,7 @@ from .paths import NOTEBOOKS_DIR, PACKAGE_DIR, REPORTS_DIR
 TEMPLATE_DIR = PACKAGE_DIR / "templates"
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 NOTE_KEY = "labkernels"  # = report.NOTE_KEY (kept literal so importing the pipeline stays light)
+SCRATCH_ENV = "LABKERNELS_SCRATCH"  # = report.SCRATCH_ENV: a folder per notebook execution, removed afterwards
 
 
 class PipelineError(RuntimeError):
@@ -610,16 +611,19 @@ def _kernel_env():
             managers.append(self)
 
     saved = os.environ.get("MPLBACKEND")
+    saved_scratch = os.environ.get(SCRATCH_ENV)
     os.environ["MPLBACKEND"] = INLINE_BACKEND
     d = tempfile.mkdtemp(prefix="lk-kernel-")
+    os.environ[SCRATCH_ENV] = os.path.join(d, "scratch")   # report.temp_dir: removed with d, whatever happens
     cfg = Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(d, "k")}}) if os.name == "posix" else Config()
     try:
         yield cfg, RecordedKernelManager
     finally:
-        if saved is None:
-            os.environ.pop("MPLBACKEND", None)
-        else:
-            os.environ["MPLBACKEND"] = saved
+        for key, value in (("MPLBACKEND", saved), (SCRATCH_ENV, saved_scratch)):
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         _kill_kernels(managers)
         shutil.rmtree(d, ignore_errors=True)
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import html
 import math
+import os
 import re
 from pathlib import Path
 
@@ -74,6 +75,27 @@ def resolve_mode(mode: str, round_name: str | None = None) -> str:
                             f"{records.data_root() / records.folder(round_name)}; measure it on a GPU first")
     _note("mode", mode)
     return mode
+
+
+#: the environment variable naming a folder the pipeline gives one notebook execution and removes afterwards
+SCRATCH_ENV = "LABKERNELS_SCRATCH"
+
+
+def temp_dir(prefix: str = "lk-page-") -> Path:
+    """A new folder for a page's own scratch data (a stand-in run's data root, never ``data/``): inside the folder
+    the pipeline gives this execution (``$LABKERNELS_SCRATCH``, removed when the notebook ends, whether it
+    succeeded or failed), else a temporary folder removed when this Python process exits."""
+    import atexit
+    import shutil
+    import tempfile
+
+    base = os.environ.get(SCRATCH_ENV)
+    if base:
+        Path(base).mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, d, True)
+    return d
 
 
 def notes() -> dict:

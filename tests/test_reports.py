@@ -79,15 +79,45 @@ def test_round1_seed_parameter_takes_and_shows(tmp_path, model_path):
     assert state["headline"]["random blocks checked"] == "664"  # 3 x 200 + the 64 of the scalar check
 
 
-def test_sweep_page_cpu_mode_runs_a_live_sweep_with_faults(tmp_path):
+def tree_digest(root) -> dict:
+    """{relative path: sha256} of every file under ``root`` (data/'s symlinked model and cache folders left out)."""
+    import hashlib
+    from pathlib import Path
+
+    root = Path(root)
+    if not root.exists():
+        return {}
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and p.relative_to(root).parts[0] not in ("cache", "models")}
+
+
+def test_sweep_page_cpu_mode_runs_a_live_sweep_with_faults_into_scratch(tmp_path):
     """Round 8 in cpu mode: the stand-in plan on a LocalCluster of 2 processes, one worker killed once and one
-    task failing every attempt -- shown in the page's tables, with no Dask log line or traceback on the page."""
-    rc = pipeline.run(["08"], ["mode=cpu"], [], out_dir=tmp_path)
-    state = pipeline.load_state(tmp_path)["08_dask_sweeps"]
-    assert rc == 0 and state["mode"] == "cpu", state.get("error")
+    task failing every attempt -- shown in the page's tables, with no Dask log line or traceback on the page. A
+    stand-in: it renders to <out>/scratch/ and leaves the published page, index.json, the README and data/
+    byte-identical, and no temporary folder behind."""
+    import glob
+    import tempfile
+
+    out = tmp_path / "reports"
+    out.mkdir()
+    published = {"08_dask_sweeps.html": b"<html>the published page</html>",
+                 "index.json": b'{"08_dask_sweeps": {"status": "ok", "headline": {"x": "the record"}}}'}
+    for k, v in published.items():
+        (out / k).write_bytes(v)
+    before = (tree_digest(REPO_ROOT / "data"), (REPO_ROOT / "README.md").read_bytes())
+    tmp_before = set(glob.glob(os.path.join(tempfile.gettempdir(), "labkernels-sweep-*")))
+    rc = pipeline.run(["08"], ["mode=cpu"], [], out_dir=out)
+    assert {k: (out / k).read_bytes() for k in published} == published
+    assert (tree_digest(REPO_ROOT / "data"), (REPO_ROOT / "README.md").read_bytes()) == before
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "labkernels-sweep-*"))) <= tmp_before
+    scratch = out / "scratch"
+    state = pipeline.load_state(scratch)["08_dask_sweeps"]
+    assert rc == 0 and state["mode"] == "cpu" and state["stand_in"] is True, state.get("error")
     assert state["headline"]["tasks complete / skipped / failed"].startswith("7 / 0 / 1 of 8 on 1 device (local:2)")
-    page = (tmp_path / "08_dask_sweeps.html").read_text()
+    page = (scratch / "08_dask_sweeps.html").read_text()
+    assert "STAND-IN" in page and pipeline.lead_check(page)["headline"]
     assert "Tasks that took more than one attempt" in page and "injected fault: raise_always" in page
     assert "Traceback" not in page and "Compute Failed" not in page
-    ex = nbformat.read(str(tmp_path / "08_dask_sweeps.ipynb"), as_version=4)
+    ex = nbformat.read(str(scratch / "08_dask_sweeps.ipynb"), as_version=4)
     assert not [o for c in ex.cells for o in c.get("outputs", []) if o.output_type == "stream" and o.name == "stderr"]

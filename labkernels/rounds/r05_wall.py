@@ -108,3 +108,20 @@ def step_prefill7b(out: Path, args) -> dict:
 
 
 STEPS = {"prefill": step_prefill, "prefill7b": step_prefill7b, "decompose": step_decompose}
+
+
+def busy_wall_text(bw) -> str:
+    """A decomposition's validity as a reader reads it: how the GPU's busy time compares with the wall. Busy and
+    wall come from different replays (traced and untraced), so busy may exceed the wall by a hair; that is said,
+    not printed as a negative gap."""
+    gap, wall, busy = float(bw.gap_frac), float(bw.wall_ms), float(bw.busy_ms)
+    if abs(gap) < 0.001:
+        verdict = f"GPU busy {busy:.1f} ms = the wall {wall:.1f} ms within 0.1%: the kernel classes account for it all"
+    elif gap > 0:
+        verdict = (f"GPU busy {busy:.1f} ms of a {wall:.1f} ms wall: {100 * gap:.1f}% idle "
+                   + ("(small enough: the classes stand for the wall)" if bool(bw.valid) else
+                      "(too much idle: the classes do not stand for the wall)"))
+    else:
+        verdict = (f"GPU busy {busy:.1f} ms, {100 * -gap:.1f}% above the {wall:.1f} ms wall (busy and wall come "
+                   f"from different replays)")
+    return verdict
