@@ -20,6 +20,9 @@ import numpy as np
 
 from .paths import REPO_ROOT
 
+#: gpu-check's results folder when neither --out nor $OUT names one: inside the repository, ignored by git
+DEFAULT_OUT = REPO_ROOT / ".gpu" / "gpu-check"
+
 #: the steps written here (machine-wide checks and the prefill issues'); every round's own steps come from the
 #: table of rounds (labkernels.rounds: occupancy, q6k, tile_ab, kdr, q4k, prefill, prefill7b, decompose, forensics,
 #: wgmma, wgmma_sanitizer, wgmma_ncu, wgmma_costs, wgmma_trace, wgmma_epi, wgmma_aq, wgmma_pf, wgmma_pair, wgmma_staged, wgmma_reduce, wgmma_lead,
@@ -47,7 +50,28 @@ def step_tests(out: Path, args) -> dict:
     (out / "gpu-tests.txt").write_text(r.stdout + r.stderr)
     tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-25:])
     _log("gpu tests:\n" + tail)
-    return {"ok": r.returncode == 0, "rc": r.returncode}
+    return {"ok": r.returncode == 0, "rc": r.returncode, **junit_counts(out / "gpu-tests.xml")}
+
+
+def junit_counts(xml: Path) -> dict:
+    """tests / failures / errors / skipped of a pytest junit file, and ``skipped_all`` when every test was skipped
+    (no GPU here): the summary then says the tests were skipped, not that they passed."""
+    import xml.etree.ElementTree as ET
+
+    try:
+        root = ET.parse(xml).getroot()
+    except (OSError, ET.ParseError):
+        return {}
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    n = {k: sum(int(x.get(k, 0)) for x in suites) for k in ("tests", "failures", "errors", "skipped")}
+    return {**n, "skipped_all": n["tests"] > 0 and n["skipped"] == n["tests"]}
+
+
+def _state(r: dict) -> str:
+    """A step's word in the summary: ok, FAILED, or skipped (every test of the step skipped)."""
+    if r.get("skipped_all"):
+        return f"skipped ({r['skipped']} of {r['tests']} tests skipped: no GPU here)"
+    return "ok" if r.get("ok") else "FAILED"
 
 
 SANITIZE_DRIVER = r"""
@@ -382,8 +406,7 @@ def main(args) -> int:
         if not r.get("ok"):
             failed.append(s)
         (out / "gpu-check.json").write_text(json.dumps(results, indent=1, default=str))
-    _log("summary: " + ", ".join(f"{k}={'ok' if v.get('ok') else 'FAILED'} ({v['seconds']} s)"
-                                 for k, v in results.items()))
+    _log("summary: " + ", ".join(f"{k}={_state(v)} ({v['seconds']} s)" for k, v in results.items()))
     return 1 if failed else 0
 
 
@@ -399,15 +422,19 @@ def import_main(args) -> int:
 
 def register_cli(sub) -> None:
     p = sub.add_parser("gpu-check", help="the one-call device run: GPU tests, sanitizer, occupancy API, benchmarks")
-    p.add_argument("--out", default=os.environ.get("OUT", "gpu-out"), help="results folder (default $OUT)")
-    p.add_argument("--steps", default=None, help="comma list of steps (default env,tests,sanitizer,occupancy,q6k)")
-    p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--sweep-repeats", type=int, default=10)
-    p.add_argument("--decompose-nt", type=int, default=3325)
+    p.add_argument("--out", default=os.environ.get("OUT") or str(DEFAULT_OUT),
+                   help="results folder: the recorded runs go to OUT/data (default $OUT, else "
+                        ".gpu/gpu-check/ in the repository, which git ignores)")
+    p.add_argument("--steps", default=None, help="comma list of steps (default env,tests,sanitizer,occupancy,q6k; "
+                                                 "every round's steps: labkernels.rounds)")
+    p.add_argument("--repeats", type=int, default=20, help="timed launches per point of the benchmark steps")
+    p.add_argument("--sweep-repeats", type=int, default=10, help="timed launches per point of the KDR sweep step")
+    p.add_argument("--decompose-nt", type=int, default=3325, help="prompt tokens of the decomposition steps")
     p.add_argument("--decompose-models", default="gemma,7b", help="comma list of gemma, 7b")
     p.add_argument("--graph-models", default="7b,gemma", help="prefill_graph: comma list of 7b, gemma (the real GGUF), synthetic-gemma3 (its shapes, random weights)")
-    p.add_argument("--fail-fast", action="store_true")
-    p.add_argument("--sanitizer-timeout", type=int, default=240)
+    p.add_argument("--fail-fast", action="store_true", help="stop the GPU tests at the first failure (pytest -x)")
+    p.add_argument("--sanitizer-timeout", type=int, default=240,
+                   help="seconds each compute-sanitizer tool may run before it counts as failed")
     p.add_argument("--kernel", default="auto", help="qmatmul kernel of the prefill/decompose steps (default auto)")
     from .rounds.r07_wgmma import PREFILL_VARIANTS
 
@@ -427,5 +454,5 @@ def register_cli(sub) -> None:
                    help=f"cuDNN SDPA plan policy for every step (default {attention.CUDNN_PLAN}: labkernels.attention.Cudnn)")
     p.set_defaults(func=main)
     q = sub.add_parser("import-runs", help="copy recorded runs from a GPU results folder into data/")
-    q.add_argument("src")
+    q.add_argument("src", help="the folder of recorded runs to file into data/ (gpu-check's OUT/data)")
     q.set_defaults(func=import_main)
