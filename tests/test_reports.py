@@ -14,16 +14,37 @@ from labkernels import pipeline
 from labkernels.paths import NOTEBOOKS_DIR, REPO_ROOT
 
 pytestmark = pytest.mark.slow
-IMG = re.compile(r'<img[^>]+src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
+IMG = re.compile(r'<img[^>]+src="data:image/(?:png|webp);base64,([A-Za-z0-9+/=]+)"')
+
+
+class Renders:
+    """Pages rendered on demand, each once per session, into one folder: a test renders only the rounds it reads
+    (``lab.py test -k layout`` renders round 1, not all eight)."""
+
+    def __init__(self, out):
+        self.out, self.rc = out, {}
+
+    def page(self, stem):
+        if stem not in self.rc:
+            self.rc[stem] = pipeline.run([stem], [], [], out_dir=self.out)
+        return self.out, self.rc[stem]
+
+    def all(self):
+        for nb in pipeline.discover(NOTEBOOKS_DIR):
+            self.page(nb.stem)
+        return self.out, max(self.rc.values())
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory, model_path):
+def renders(tmp_path_factory, model_path):
     if not shutil.which("nvcc") and os.environ.get("LABKERNELS_REQUIRE_NVCC") != "1":
         pytest.skip("round 2's ptxas audit (and so its headline) needs nvcc")
-    out = tmp_path_factory.mktemp("reports")
-    rc = pipeline.run([], [], [], out_dir=out)
-    return out, rc
+    return Renders(tmp_path_factory.mktemp("reports"))
+
+
+@pytest.fixture
+def rendered(renders):
+    return renders.all()
 
 
 def test_every_round_renders_ok(rendered):
@@ -35,10 +56,10 @@ def test_every_round_renders_ok(rendered):
 
 
 @pytest.mark.parametrize("nb", pipeline.discover(NOTEBOOKS_DIR), ids=lambda p: p.stem)
-def test_page_has_figures_and_no_traceback_or_raw_artefacts(rendered, nb):
+def test_page_has_figures_and_no_traceback_or_raw_artefacts(renders, nb):
     from PIL import Image
 
-    out, _ = rendered
+    out, _ = renders.page(nb.stem)
     page = (out / f"{nb.stem}.html").read_text()
     sizes = [Image.open(io.BytesIO(base64.b64decode(m))).size for m in IMG.findall(page)]
     real = [s for s in sizes if s[0] >= 400 and s[1] >= 200]
@@ -58,6 +79,28 @@ def test_page_has_figures_and_no_traceback_or_raw_artefacts(rendered, nb):
             assert not (o.output_type == "execute_result" and set(o.data) == {"text/plain"}), \
                 f"stray output {o.data['text/plain'][:60]!r}"
             assert not (o.output_type == "stream" and o.name == "stderr"), f"stderr on the page: {o.text[:200]!r}"
+
+
+@pytest.mark.parametrize("nb", pipeline.discover(NOTEBOOKS_DIR), ids=lambda p: p.stem)
+def test_page_leads_with_its_result_and_works_offline(renders, nb):
+    """A paper's shape: under the title and the banner, the lead -- a 1-3 sentence abstract, the headline table and
+    the figure that carries the result -- with no table, figure or more than a short paragraph before it (so the
+    headline sits within the first 1,500 px at 1280 px wide; checked in Chromium when the pages change). Each page
+    (and a split page's second one) under 1.5 MB, no script from a CDN, no issue numbers."""
+    out, _ = renders.page(nb.stem)
+    state = pipeline.load_state(out)[nb.stem]
+    pages = [f"{nb.stem}.html", *state.get("pages", [])]
+    for name in pages:
+        page = (out / name).read_text()
+        assert len(page.encode()) < 1.5e6, f"{name}: {len(page.encode()) / 1e6:.2f} MB"
+        assert not re.search(r"<script[^>]+src=", page), f"{name}: a script from elsewhere (offline readers)"
+        body = re.sub(r"<style.*?</style>|<script.*?</script>|<details.*?</details>", "", page.split("<body", 1)[1],
+                      flags=re.S)
+        assert not re.search(r"\bissues? \d+|the issue's|\(issue", body, flags=re.I), f"{name}: refers to an issue"
+    chk = pipeline.lead_check((out / pages[0]).read_text())
+    assert chk["lead"] and chk["headline"] and chk["figure"] and not chk["pending"], chk
+    assert chk["images_before"] == 0 and chk["tables_before"] == 0 and chk["text_before"] < 1200, chk
+    assert 1 <= chk["abstract_sentences"] <= 3 and chk["headline_rows"] == len(state["headline"]), chk
 
 
 def test_readme_results_table_is_not_stale(rendered):
