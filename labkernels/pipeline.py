@@ -484,9 +484,15 @@ def page_file(stem: str, page: str) -> str:
 _PNG_URI = re.compile(r"data:image/png;base64,([A-Za-z0-9+/=\s]+)")
 
 
-def webp_images(page: str) -> str:
-    """Every inline PNG of a page as lossless WebP (the same pixels, ~3x fewer bytes for the lab's figures): a
-    page of thirty figures stays under 1.5 MB. PNGs that do not decode are left as they are."""
+#: a published page's byte budget: over it, the figures are re-encoded with a 256-colour palette
+PAGE_BUDGET = 1_400_000
+
+
+def webp_images(page: str, budget: int = PAGE_BUDGET) -> str:
+    """Every inline PNG of a page as lossless WebP (the same pixels, ~3x fewer bytes for the lab's figures). A page
+    still over ``budget`` bytes (round 7's steps ledger: thirty figures) gets its figures with a 256-colour palette
+    instead (median cut, no dithering: a figure of at most 256 colours is unchanged, the others lose only shades
+    of their anti-aliasing), so that every page stays under 1.5 MB. PNGs that do not decode are left as they are."""
     import base64
     import io
 
@@ -495,16 +501,36 @@ def webp_images(page: str) -> str:
     except ImportError:     # pragma: no cover - Pillow comes with matplotlib
         return page
 
-    def conv(m):
-        try:
-            im = Image.open(io.BytesIO(base64.b64decode(m.group(1))))
-            buf = io.BytesIO()
-            im.save(buf, "WEBP", lossless=True, quality=100, method=4)
-        except Exception:   # not an image Pillow can re-encode: keep the PNG
-            return m.group(0)
-        return "data:image/webp;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    def encoder(palette: bool):
+        def conv(m):
+            try:
+                im = Image.open(io.BytesIO(base64.b64decode(m.group(1))))
+                if palette:
+                    im = im.convert("RGB").quantize(256, dither=Image.Dither.NONE).convert("RGB")
+                buf = io.BytesIO()
+                im.save(buf, "WEBP", lossless=True, quality=100, method=4)
+            except Exception:   # not an image Pillow can re-encode: keep the PNG
+                return m.group(0)
+            return "data:image/webp;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+        return conv
 
-    return _PNG_URI.sub(conv, page)
+    out = _PNG_URI.sub(encoder(False), page)
+    if len(out.encode()) > budget:
+        out = _PNG_URI.sub(encoder(True), page)
+    return out
+
+
+_STYLER_CLASSES = re.compile(r' class="(?:data row\d+ col\d+|col_heading level\d+ col\d+|row_heading level\d+ row\d+|'
+                             r'index_name level\d+|blank level\d+|blank)( num)? ?"( ?)')
+_STYLER_IDS = re.compile(r' id="T_[0-9a-f]+_(?:level\d+_col\d+|level\d+_row\d+|row\d+(?:_col\d+)?)"')
+
+
+def slim_tables(page: str) -> str:
+    """pandas Styler's per-cell class names (``data row12 col3``) and header ids, which no stylesheet of the page
+    uses, taken out of its tables (``num``, which the page's stylesheet right-aligns, stays): a third of a table's
+    bytes."""
+    page = _STYLER_CLASSES.sub(lambda m: ' class="num"' if m.group(1) else "", page)
+    return _STYLER_IDS.sub("", page).replace(" >", ">")
 
 
 def render_html(nb, nav: dict | None = None) -> dict[str, str]:
@@ -522,7 +548,7 @@ def render_html(nb, nav: dict | None = None) -> dict[str, str]:
     for (name, part), (_, title, _) in zip(parts, pages):
         pnav = {**nav, "title": title, "pages": pages if len(pages) > 1 else [], "here": page_file(stem, name)}
         body, _ = exporter.from_notebook_node(part, resources={"lk_nav": pnav, "metadata": {"name": title}})
-        out[name] = webp_images(body)
+        out[name] = webp_images(slim_tables(body))
     return out
 
 

@@ -280,6 +280,20 @@ def _display_lead(update: bool) -> None:
 def _update_lead() -> None:
     if _lead.get("shown"):
         _display_lead(update=True)
+def step(record=None, **fields) -> None:
+    """The head of one step's section on a steps ledger page: what was predicted before its GPU run, what was
+    measured, the verdict and its runs -- from a record with those attributes (``labkernels.rounds.r07_ledger.Step``)
+    or keyword arguments."""
+    names = (("prediction", "predicted (before the run)"), ("measured", "measured"), ("verdict", "verdict"),
+             ("runs", "recorded runs"))
+    vals = {k: fields.get(k, getattr(record, k, "")) for k, _ in names}
+    missing = [k for k in ("prediction", "measured", "verdict") if not vals[k]]
+    if missing:
+        raise LeadError(f"a step needs its {', '.join(missing)}")
+    rows = "".join(f"<tr><th>{label}</th><td>{_prose(vals[k])}</td></tr>" for k, label in names if vals[k])
+    _display_html(f"<div class='lk-step'><table class='lk-headline'>{rows}</table></div>")
+
+
 def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
@@ -495,13 +509,15 @@ def table(df, formats: dict | None = None, *, index: bool = False, caption: str 
     num_cols = [j for j, c in enumerate(d.columns)
                 if pd.api.types.is_numeric_dtype(d[c]) and not pd.api.types.is_bool_dtype(d[c])]
     st = st.set_table_attributes('class="lk-table"')
-    # numbers right-aligned: one CSS rule per column (not one per cell, nor an id on every cell: a page of 50
-    # tables stays light)
+    # numbers right-aligned by the page's stylesheet (class "num"), not by a CSS rule per cell or per table, and no
+    # id on every cell: a page of fifty tables stays light
     st.cell_ids = False
     if num_cols:
-        st = st.set_table_styles([{"selector": ", ".join(f"td.col{j}" for j in num_cols),
-                                   "props": [("text-align", "right"), ("white-space", "nowrap"),
-                                             ("font-variant-numeric", "tabular-nums")]}], overwrite=False)
+        import pandas as _pd
+
+        classes = _pd.DataFrame("", index=d.index, columns=d.columns)
+        classes.iloc[:, num_cols] = "num"
+        st = st.set_td_classes(classes)
     if caption:
         st = st.set_caption(html.escape(caption))
     return st
