@@ -108,8 +108,7 @@ def prefill(model: str = PREFILL_MODEL, nt: int = PREFILL_NT, root=None) -> Fact
     interleaved rounds."""
     run = prefill_run(model, root)
     v, n = _median(run, model, nt, RECORD_VARIANT)
-    return Fact(v, "tok/s", run.run_id, f"{model}, nt={nt}, one CUDA-graph replay with the fusions, median of {n} "
-                                        f"rounds")
+    return Fact(v, "tok/s", run.run_id, f"{model}, nt={nt}, captured graph with the fusions, median of {n} rounds")
 
 
 def prefill_without_cudnn(model: str = PREFILL_MODEL, nt: int = PREFILL_NT, root=None) -> Fact | None:
@@ -140,9 +139,17 @@ def prefill_vs_llama(model: str = PREFILL_MODEL, flash_attn: int = 1, root=None)
     if not c.ok:
         raise FactError(f"prefill run {run.run_id} against llama.cpp: {c.message}")
     return {int(r.nt): Fact(float(r.vs_llama), "x", run.run_id,
-                            f"{RECORD_VARIANT} against llama-bench (flash attention {'on' if flash_attn else 'off'}, "
+                            f"{RECORD_VARIANT} vs llama-bench (flash attention {'on' if flash_attn else 'off'}, "
                             f"{r.llama_tok_s:,.0f} tok/s, peers run {c.run_id})", fmt="{:.2f}")
             for r in c.table.itertuples()}
+
+
+def vs_llama_text(vs: dict[int, Fact]) -> str:
+    """'nt=512: 3.38x; nt=3325: 3.69x (llama-bench with flash attention on, peers run ...)': the ratios of
+    :func:`prefill_vs_llama` in one line, the peers run named once."""
+    peer = {f.how.rsplit("peers run ", 1)[-1].rstrip(")") for f in vs.values()}
+    return "; ".join(f"nt={n}: {f.shown}" for n, f in sorted(vs.items())) + \
+        f" (llama-bench with flash attention on, peers run {', '.join(sorted(peer))})"
 
 
 def prefill_target(fact: Fact) -> str:

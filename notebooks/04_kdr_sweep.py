@@ -189,8 +189,7 @@ report.abstract(
     f"are at {vs_head}.")
 report.headline(**{"q6_K fastest point (mean TOPS-eq over the shapes at nt=%d)" % headline_nt:
                        f"{r04_kdr.point_name(sweep, 'q6_K', best_kdr, best_var)}: {agg.stack().max():.0f} TOPS-eq",
-                   "q6_K default (registry)": f"{r04_kdr.point_name(sweep, 'q6_K', dict(dflt.params)['KDR'], d_var)}: "
-                                              f"{agg.loc[dict(dflt.params)['KDR'], d_var]:.0f} TOPS-eq",
+                   "q6_K default (the registry's)": f"{dflt.name}: {agg.loc[dict(dflt.params)['KDR'], d_var]:.0f} TOPS-eq",
                    "q6_K KDR=8 vs KDR=4 (same variant)": f"{agg.loc[8, best_var] / agg.loc[4, best_var]:.2f}x",
                    "q4_K best KDR": f"KDR={q4.idxmax()}: {q4.max():.0f} TOPS-eq",
                    "q4_K vs cuBLAS fp16 (4096x4096, nt=4096)": (f"{q4ratio:.2f}x cuBLAS speed" if qrun is not None else "-"),

@@ -47,8 +47,9 @@ classes, bw, refs, queue = decomposition(run)
 # The prefill itself is first checked against the CPU reference (`labkernels/prefill_ref.py`).
 #
 # The page details the latest decomposition of the model and nt in the parameters and sets it beside the one
-# recorded before it (same model and nt): for the synthetic 7B that is the before / after of round 7's GEMMs
-# (`kernel=auto`: `wgmma_kq` for every k-quant weight, against the int8 `q4k_nb` / `q6k_expb` kernels before).
+# recorded before it (same model and nt); the headline says what changed between the two runs (for the synthetic
+# 7B: both ran round 7's `wgmma_kq` on every k-quant weight; the earlier one the lab's baseline cuBLAS attention,
+# eager, this one cuDNN's fused attention in a captured graph).
 # The whole prefill and each GEMM class are then set against llama.cpp on the same GGUF (`labkernels/peers.py`).
 
 # %%
@@ -520,9 +521,10 @@ ax.set_xlabel("time in the prefill (ms; segment labels in ms)"); ax.set_xlim(0, 
 ax.set_title(f"{run.meta['params']['model']} prefill, nt={run.meta['params']['nt']}: busy by kernel class", fontsize=10)
 fig.legend(loc="outside lower center", ncol=4, fontsize=8)
 report.lead_figure(fig, f"Where the {run.meta['params']['model']} prefill's time goes at nt={run.meta['params']['nt']}: "
-                        f"GPU busy time per kernel class (ms), traced with CUPTI, with round 7's kernels (the bar "
-                        f"'after') and before them (the bar 'before': run {before.run_id if before is not None else '-'}); "
-                        f"grey: GPU idle "
+                        f"GPU busy time per kernel class (ms), traced with CUPTI: this page's run (the bar 'after') "
+                        f"and the decomposition before it (the bar 'before': run "
+                        f"{before.run_id if before is not None else '-'}"
+                        f"{'; ' + r05_wall.what_changed(before, run) if before is not None else ''}); grey: GPU idle "
                         f"({report.source(run)})")
 
 # %% [markdown]
@@ -590,6 +592,9 @@ def vs_llama_head(pv, fa=1):
 
 
 from labkernels import facts
+is_att = lambda c: c.str.startswith("attention")
+att_a = classes[is_att(classes["class"])].busy_ms.sum()
+att_b = classes_b[is_att(classes_b["class"])].busy_ms.sum() if before is not None else float("nan")
 rec = facts.prefill()                      # the prefill of record: one function, its run named
 vs_rec = facts.prefill_vs_llama()
 p_ = run.meta["params"]
@@ -600,22 +605,24 @@ report.abstract(
     f"against cuBLAS fp16 and llama.cpp. With round 7's kernels the synthetic 7B's prefill of record is "
     f"{rec.shown} at nt={facts.PREFILL_NT} ({vs_rec[facts.PREFILL_NT].shown} llama.cpp's, {vs_rec[512].shown} at "
     f"nt=512), and its decomposition puts {classes.iloc[0]['class']} first at {classes.iloc[0].share_wall:.0%} of "
-    f"the wall. The GEMM classes fell from {g_b:.0f} to {g_a:.0f} ms against the int8 kernels, and no class now "
+    f"the wall. Against the decomposition before it ({r05_wall.what_changed(before, run)}) the wall fell from "
+    f"{bw_b.wall_ms:.0f} to {bw.wall_ms:.0f} ms, attention from {att_b:.0f} to {att_a:.0f} ms, and no class now "
     f"has more than {top.recoverable_ms:.0f} ms to gain at cuBLAS's rate." if before is not None and top is not None else
     f"Round 5 takes a whole prefill apart launch by launch: CUPTI traces every kernel of the lab's forward, checks "
     f"the GPU's busy time against the wall and prices each kernel class. The synthetic 7B's prefill of record is "
     f"{rec.shown} at nt={facts.PREFILL_NT}. This page's decomposition ({p_['model']}, nt={p_['nt']}) puts "
     f"{classes.iloc[0]['class']} first at {classes.iloc[0].share_wall:.0%} of the wall.")
 report.headline(**{"7B prefill of record": rec.text(),
-                   "vs llama.cpp (llama-bench, flash attention on)": "; ".join(
-                       f"nt={n_}: {f_.shown}" for n_, f_ in sorted(vs_rec.items())) +
-                       f" ({facts.RECORD_VARIANT}, prefill run {rec.run_id}; {vs_rec[facts.PREFILL_NT].how.split('(')[1].split(', ', 1)[1].rstrip(')')})",
-                   "this decomposition": f"{p_['model']}, nt={p_['nt']}, {dmode} replay traced with CUPTI, run {run.run_id}: "
+                   "the prefill of record vs llama.cpp": facts.vs_llama_text(vs_rec),
+                   "this decomposition": f"{p_['model']}, nt={p_['nt']}, run {run.run_id} "
+                                         f"({'a graph replay' if dmode == 'graph' else 'eager launches'}, traced "
+                                         f"with CUPTI): "
                                          + r05_wall.busy_wall_text(bw)
                                          + (f"; {bw.tok_per_s:,.0f} tok/s in this run" if "tok_per_s" in bw else ""),
-                   "before / after round 7's GEMM kernels": (f"{bw_b.tok_per_s:,.0f} -> {bw.tok_per_s:,.0f} tok/s in the "
-                                                            f"decompositions (run {before.run_id} -> this run); GEMM "
-                                                            f"classes {g_b:.0f} -> {g_a:.0f} ms" if before is not None else "-"),
+                   "before / after": (f"{bw_b.tok_per_s:,.0f} -> {bw.tok_per_s:,.0f} tok/s (run {before.run_id} -> "
+                                      f"this run: {r05_wall.what_changed(before, run)}); attention classes "
+                                      f"{att_b:.0f} -> {att_a:.0f} ms, GEMM classes {g_b:.0f} -> {g_a:.0f} ms"
+                                      if before is not None else "-"),
                    "principal class": f"{classes.iloc[0]['class']} {classes.iloc[0].busy_ms:.0f} ms ({classes.iloc[0].share_wall:.0%} of the wall)",
                    "price (the top lever at cuBLAS fp16's rate)": (f"{top['class']}: -{top.recoverable_ms:.0f} ms -> {top.tok_s_ceiling:,.0f} tok/s" if top is not None else "-")})
 report.footer(run.provenance)

@@ -11,7 +11,7 @@ def test_the_prefill_of_record_is_the_graph_runs_fused_median():
     t = run.table("throughput")
     rows = t[(t.model == "synthetic-7b") & (t.nt == 3325) & (t.variant == "graph-fused")]
     assert f.value == pytest.approx(rows.tok_per_s.median()) and len(rows) >= 3
-    assert f.run_id in f.text() and "CUDA-graph replay" in f.text() and f.text().startswith(f"{f.value:,.0f} tok/s")
+    assert f.run_id in f.text() and "captured graph" in f.text() and f.text().startswith(f"{f.value:,.0f} tok/s")
     # the newest graph run with the cuDNN frontend: no later run of the same kind
     later = [r for r in records.list_runs("prefill") if r.run_id > f.run_id and r.has("throughput")
              and "variant" in r.table("throughput") and "synthetic-7b" in set(r.table("throughput").model)]
@@ -29,6 +29,8 @@ def test_vs_llama_ratios_are_the_record_runs_over_llama_bench():
     assert v[3325].value == pytest.approx(f.value / float(v[3325].how.split("flash attention on, ")[1].split(" tok/s")[0]
                                                              .replace(",", "")), rel=2e-4)
     assert v[3325].shown.endswith("x") and "peers run" in v[3325].how
+    t = facts.vs_llama_text(v)
+    assert t.startswith(f"nt=512: {v[512].shown}; nt=3325: {v[3325].shown} (llama-bench") and t.count("peers run") == 1
 
 
 def test_gemm_benchmark_of_record_names_its_run_and_point():

@@ -125,3 +125,16 @@ def busy_wall_text(bw) -> str:
         verdict = (f"GPU busy {busy:.1f} ms, {100 * -gap:.1f}% above the {wall:.1f} ms wall (busy and wall come "
                    f"from different replays)")
     return verdict
+
+
+def what_changed(before, after) -> str:
+    """What differs between two decompositions of the same model and nt, as a page says it: the GEMM kernel, the
+    attention path (a run that names none ran the lab's baseline cuBLAS attention) and the mode (eager launches or
+    one captured graph). Empty when none of these differ."""
+    def facts_of(r):
+        p, bw = r.meta.get("params") or {}, r.table("busy_wall").iloc[0]
+        mode = bw.get("mode") if isinstance(bw.get("mode"), str) else "eager"
+        return {"kernel": p.get("kernel") or "int8", "attention": p.get("attention") or "baseline",
+                "mode": "graph replay" if mode == "graph" else mode}
+    a, b = facts_of(before), facts_of(after)
+    return ", ".join(f"{k} {a[k]} -> {b[k]}" if k != "mode" else f"{a[k]} -> {b[k]}" for k in a if a[k] != b[k])
