@@ -522,6 +522,7 @@ def webp_images(page: str, budget: int = PAGE_BUDGET) -> str:
 
 _STYLER_CLASSES = re.compile(r' class="(?:data row\d+ col\d+|col_heading level\d+ col\d+|row_heading level\d+ row\d+|'
                              r'index_name level\d+|blank level\d+|blank)( num)? ?"( ?)')
+_STYLER_TAG_SPACE = re.compile(r"(<t[dhr](?: class=\"num\")?) >")
 _STYLER_IDS = re.compile(r' id="T_[0-9a-f]+_(?:level\d+_col\d+|level\d+_row\d+|row\d+(?:_col\d+)?)"')
 
 
@@ -530,7 +531,7 @@ def slim_tables(page: str) -> str:
     uses, taken out of its tables (``num``, which the page's stylesheet right-aligns, stays): a third of a table's
     bytes."""
     page = _STYLER_CLASSES.sub(lambda m: ' class="num"' if m.group(1) else "", page)
-    return _STYLER_IDS.sub("", page).replace(" >", ">")
+    return _STYLER_TAG_SPACE.sub(r"\1>", _STYLER_IDS.sub("", page))
 
 
 def render_html(nb, nav: dict | None = None) -> dict[str, str]:
