@@ -151,11 +151,11 @@ def test_sweep_page_cpu_mode_runs_a_live_sweep_with_faults_into_scratch(tmp_path
     for k, v in published.items():
         (out / k).write_bytes(v)
     before = (tree_digest(REPO_ROOT / "data"), (REPO_ROOT / "README.md").read_bytes())
-    tmp_before = set(glob.glob(os.path.join(tempfile.gettempdir(), "labkernels-sweep-*")))
+    tmp_before = set(glob.glob(os.path.join(tempfile.gettempdir(), "labkernels-sweep-[0-9]*-*")))
     rc = pipeline.run(["08"], ["mode=cpu"], [], out_dir=out)
     assert {k: (out / k).read_bytes() for k in published} == published
     assert (tree_digest(REPO_ROOT / "data"), (REPO_ROOT / "README.md").read_bytes()) == before
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "labkernels-sweep-*"))) <= tmp_before
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "labkernels-sweep-[0-9]*-*"))) <= tmp_before
     scratch = out / "scratch"
     state = pipeline.load_state(scratch)["08_dask_sweeps"]
     assert rc == 0 and state["mode"] == "cpu" and state["stand_in"] is True, state.get("error")

@@ -658,7 +658,7 @@ def test_cpu_standin_sweep_command_records_nothing_in_data(tmp_path):
     index = REPORTS_DIR / "index.json"
     before = (tree_digest(REPO_ROOT / "data"), (REPO_ROOT / "README.md").read_bytes(),
               index.read_bytes() if index.exists() else None)
-    tmp_before = set(glob.glob(os.path.join(tempfile.gettempdir(), "labkernels-sweep-*")))
+    tmp_before = set(glob.glob(os.path.join(tempfile.gettempdir(), "labkernels-sweep-[0-9]*-*")))
     env = {k: v for k, v in os.environ.items() if k != "LABKERNELS_DATA_DIR"}
     r = subprocess.run([sys.executable, "-m", "labkernels", "sweep", "labkernels/plans/cpu_standin_example.yaml",
                         "--cluster", "local:2", "--no-progress"], cwd=REPO_ROOT, capture_output=True, text=True,
@@ -668,7 +668,7 @@ def test_cpu_standin_sweep_command_records_nothing_in_data(tmp_path):
     after = (tree_digest(REPO_ROOT / "data"), (REPO_ROOT / "README.md").read_bytes(),
              index.read_bytes() if index.exists() else None)
     assert after == before
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "labkernels-sweep-*"))) <= tmp_before
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "labkernels-sweep-[0-9]*-*"))) <= tmp_before
     scratch = r.stdout.split("scratch folder ", 1)[1].split(" and not", 1)[0]
     assert len(records.list_runs(sweep.SUMMARY_ROUND, root=Path(scratch) / "data")) == 1
 
@@ -702,3 +702,20 @@ def test_stand_in_plans_are_told_from_plans_that_record():
     assert sweep.stand_in(sweep.load_plan(sweep.plan_path("cpu_faults_demo")))
     assert not sweep.stand_in(sweep.load_plan(sweep.plan_path("round4_kdr_h200")))
     assert not sweep.stand_in(sweep.load_plan(_plan({**CPU_BENCH, "backend": "gpu"})))
+
+
+def test_a_dead_workers_staging_folder_is_removed_a_live_ones_kept(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()                                                   # a pid that has exited
+    dead = tmp_path / f"{sweep.STAGING_PREFIX}{p.pid}-abc-x1"
+    live = tmp_path / f"{sweep.STAGING_PREFIX}{os.getppid()}-abc-x2"
+    other = tmp_path / f"{sweep.STAGING_PREFIX}abc-x3"         # not a worker's (no pid): left alone
+    for d in (dead, live, other):
+        d.mkdir()
+    sweep._remove_stale_staging()
+    assert not dead.exists() and live.exists() and other.exists()
