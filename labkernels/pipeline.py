@@ -760,7 +760,7 @@ def run(names=(), pairs=(), files=(), out_dir: Path = REPORTS_DIR, notebooks_dir
     except PipelineError as e:
         print(f"labkernels run: error: {e}", file=sys.stderr)
         return 2
-    failures = 0
+    failures = standins = 0
     current: list[Path] = []
     nb = nbs[0] if nbs else None
     with _sigint_as_keyboardinterrupt() as hit:
@@ -830,6 +830,7 @@ def run(names=(), pairs=(), files=(), out_dir: Path = REPORTS_DIR, notebooks_dir
                     print(f"[{i}/{len(nbs)}] {name}: FAILED after {dt:.1f} s: {error} -> {out_dir / (stem + '.html')}"
                           + (" (the last good page stays)" if (out_dir / f"{name}.html").exists() else ""), flush=True)
                 elif standin:
+                    standins += 1
                     print(f"[{i}/{len(nbs)}] {name}: ok ({dt:.1f} s, mode {notes.get('mode', '-')}): a STAND-IN render "
                           f"-> {dest / (name + '.html')} (scratch: the published page, {out_dir / 'index.json'}, "
                           f"the README and data/ are unchanged)", flush=True)
@@ -846,7 +847,8 @@ def run(names=(), pairs=(), files=(), out_dir: Path = REPORTS_DIR, notebooks_dir
         except PipelineError as e:
             print(f"labkernels run: error: {e}", file=sys.stderr)
             return 2
-    print(f"index: {out_dir / 'index.html'} ({len(nbs) - failures} ok, {failures} failed)")
+    scratch = f"; stand-in renders: {scratch_dir(out_dir) / 'index.html'}" if standins else ""
+    print(f"index: {out_dir / 'index.html'} ({len(nbs) - failures - standins} ok, {failures} failed{scratch})")
     return 1 if failures else 0
 
 

@@ -219,8 +219,8 @@ if mode == "cpu":
     report.abstract(
         f"Round 8 runs kernel-variant sweeps as Dask tasks, one worker per GPU, each task parity-gated, timed in "
         f"interleaved pairs on its own device and recorded like any run, with retries for tasks that fail and "
-        f"workers that die. This page is a stand-in: the numpy kernel on {ndev} CPU worker process"
-        f"{'es' if ndev != 1 else ''}, one task killing its worker once and one failing every attempt "
+        f"workers that die. This page is a stand-in: the numpy kernel on CPU worker processes ({rep['cluster']}), "
+        f"one task killing its worker once and one failing every attempt "
         f"({n['complete']} of {len(tasks)} tasks complete, {n['failed']} failed). Nothing of it is the record: the "
         f"published page replays the GPU sweep.")
 else:
