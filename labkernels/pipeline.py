@@ -44,6 +44,7 @@ from .paths import NOTEBOOKS_DIR, PACKAGE_DIR, REPORTS_DIR
 TEMPLATE_DIR = PACKAGE_DIR / "templates"
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 NOTE_KEY = "labkernels"  # = report.NOTE_KEY (kept literal so importing the pipeline stays light)
+SCRATCH_ENV = "LABKERNELS_SCRATCH"  # = report.SCRATCH_ENV: a folder per notebook execution, removed afterwards
 
 
 class PipelineError(RuntimeError):
@@ -732,6 +733,7 @@ def update_state(out_dir: Path, name: str, entry: dict, notebooks_dir: Path) -> 
 
 
 def _title(nb: Path) -> str:
+    """The notebook's title (its first markdown heading) as plain text."""
     try:
         import nbformat
 
@@ -739,7 +741,7 @@ def _title(nb: Path) -> str:
             if c.cell_type == "markdown":
                 for line in c.source.splitlines():
                     if line.startswith("#"):
-                        return line.lstrip("# ").strip()
+                        return _plain(line.lstrip("# ").strip())
     except Exception:
         pass
     return nb.stem
@@ -752,18 +754,32 @@ def _jinja():
                               autoescape=jinja2.select_autoescape(["html", "j2"]))
 
 
+#: the index's abstract (and the README's first paragraph says the same): what the lab is, how it works, where
+#: the results are
+LAB_ABSTRACT = ("labkernels measures matrix-multiplication kernels for llama.cpp's quantized weights (GGUF q4_K and "
+                "q6_K) on NVIDIA GPUs, one question per round, from int8 mma.sync kernels (rounds 3-6) to a Hopper "
+                "wgmma kernel that matches cuBLAS fp16 at large batches (round 7) and a whole 7B prefill several "
+                "times faster than llama.cpp's (round 5). Every number comes from a GPU run recorded under data/, "
+                "gated against exact CPU references before it was timed, and every page re-renders from those "
+                "records on a machine without a GPU. The table gives each round's headline; its page leads with "
+                "the same figures, then the method and the detail.")
+
+
 def write_index(out_dir: Path, state: dict, notebooks_dir: Path = NOTEBOOKS_DIR) -> Path:
     out_dir = Path(out_dir)
     rounds = []
     for nb in discover(notebooks_dir):
         s = state.get(nb.stem) or {}
+        good = s if s.get("status") == "ok" else (s.get("last_good") or {})
+        pages = [(p, _page_label(p[len(nb.stem) + 1:-5])) for p in good.get("pages") or [] if (out_dir / p).exists()]
         rounds.append({
-            "name": nb.stem, "title": _title(nb), "state": s,
+            "name": nb.stem, "title": _title(nb), "state": s, "pages": pages,
             "page": f"{nb.stem}.html" if (out_dir / f"{nb.stem}.html").exists() else None,
             "failed_page": f"{nb.stem}.failed.html" if (out_dir / f"{nb.stem}.failed.html").exists() else None,
         })
     page = _jinja().get_template("index.html.j2").render(
-        rounds=rounds, written=provenance.utc_now(), machine=provenance.describe(provenance.collect()))
+        rounds=rounds, written=provenance.utc_now(), machine=provenance.describe(provenance.collect()),
+        abstract=LAB_ABSTRACT)
     p = out_dir / "index.html"
     atomic_write(p, page)
     return p
@@ -828,13 +844,124 @@ def collect_notes(nb) -> dict:
     return notes
 
 
-def render_html(nb, nav: dict | None = None) -> str:
+PAGE_TAG = "page:"   # = report.PAGE_TAG: a markdown cell tagged page:NAME starts reports/<notebook>_NAME.html
+
+
+def page_split(nb) -> list[tuple[str, object]]:
+    """[(page name, notebook)]: the notebook itself ("" = the main page), cut where a markdown cell is tagged
+    ``page:NAME`` (that cell and the ones after it up to the next such cell form page NAME). One execution,
+    several pages: round 7's record page and its steps ledger."""
+    import copy
+
+    cuts = [(i, t[len(PAGE_TAG):]) for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
+            for t in c.metadata.get("tags", []) if t.startswith(PAGE_TAG)]
+    if not cuts:
+        return [("", nb)]
+    bad = [n for _, n in cuts if not re.fullmatch(r"[a-z][a-z0-9-]*", n)]
+    if bad or len({n for _, n in cuts}) != len(cuts):
+        raise PipelineError(f"page tags must be distinct page:NAME (lowercase letters, digits, '-'): {bad or cuts}")
+    bounds = [(0, "")] + cuts + [(len(nb.cells), None)]
+    out = []
+    for (a, name), (b, _) in zip(bounds, bounds[1:]):
+        part = copy.deepcopy(nb)
+        part.cells = part.cells[a:b]
+        out.append((name, part))
+    return out
+
+
+def page_file(stem: str, page: str) -> str:
+    return f"{stem}.html" if not page else f"{stem}_{page}.html"
+
+
+_PNG_URI = re.compile(r"data:image/png;base64,([A-Za-z0-9+/=\s]+)")
+
+
+#: a published page's byte budget: over it, the figures are re-encoded with a 256-colour palette
+PAGE_BUDGET = 1_400_000
+
+
+def webp_images(page: str, budget: int = PAGE_BUDGET) -> str:
+    """Every inline PNG of a page as lossless WebP (the same pixels, ~3x fewer bytes for the lab's figures). A page
+    still over ``budget`` bytes (round 7's steps ledger: thirty figures) gets its figures with a 256-colour palette
+    instead (median cut, no dithering: a figure of at most 256 colours is unchanged, the others lose only shades
+    of their anti-aliasing), so that every page stays under 1.5 MB. PNGs that do not decode are left as they are."""
+    import base64
+    import io
+
+    try:
+        from PIL import Image
+    except ImportError:     # pragma: no cover - Pillow comes with matplotlib
+        return page
+
+    def encoder(palette: bool):
+        def conv(m):
+            try:
+                im = Image.open(io.BytesIO(base64.b64decode(m.group(1))))
+                if palette:
+                    im = im.convert("RGB").quantize(256, dither=Image.Dither.NONE).convert("RGB")
+                buf = io.BytesIO()
+                im.save(buf, "WEBP", lossless=True, quality=100, method=4)
+            except Exception:   # not an image Pillow can re-encode: keep the PNG
+                return m.group(0)
+            return "data:image/webp;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+        return conv
+
+    out = _PNG_URI.sub(encoder(False), page)
+    if len(out.encode()) > budget:
+        out = _PNG_URI.sub(encoder(True), page)
+    return out
+
+
+_STYLER_CLASSES = re.compile(r' class="(?:data row\d+ col\d+|col_heading level\d+ col\d+|row_heading level\d+ row\d+|'
+                             r'index_name level\d+|blank level\d+|blank)( num)? ?"( ?)')
+_STYLER_TAG_SPACE = re.compile(r"(<t[dhr](?: class=\"num\")?) >")
+_STYLER_IDS = re.compile(r' id="T_[0-9a-f]+_(?:level\d+_col\d+|level\d+_row\d+|row\d+(?:_col\d+)?)"')
+
+
+def slim_tables(page: str) -> str:
+    """pandas Styler's per-cell class names (``data row12 col3``) and header ids, which no stylesheet of the page
+    uses, taken out of its tables (``num``, which the page's stylesheet right-aligns, stays): a third of a table's
+    bytes."""
+    page = _STYLER_CLASSES.sub(lambda m: ' class="num"' if m.group(1) else "", page)
+    return _STYLER_TAG_SPACE.sub(r"\1>", _STYLER_IDS.sub("", page))
+
+
+def render_html(nb, nav: dict | None = None) -> dict[str, str]:
+    """{page name: HTML} of an executed notebook ("" the main page; more where a cell is tagged page:NAME)."""
     from nbconvert import HTMLExporter
 
     exporter = HTMLExporter(template_name="labfold", extra_template_basedirs=[str(TEMPLATE_DIR)],
                             exclude_input_prompt=True, exclude_output_prompt=True)
-    body, _ = exporter.from_notebook_node(nb, resources={"lk_nav": nav or {}})
-    return body
+    nav = dict(nav or {})
+    parts = page_split(nb)
+    stem = nav.get("stem", "")
+    pages = [(page_file(stem, name), _title_of(part) or nav.get("title", ""), _page_label(name))
+             for name, part in parts]
+    out = {}
+    for (name, part), (_, title, _) in zip(parts, pages):
+        pnav = {**nav, "title": title, "pages": pages if len(pages) > 1 else [], "here": page_file(stem, name)}
+        body, _ = exporter.from_notebook_node(part, resources={"lk_nav": pnav, "metadata": {"name": title}})
+        out[name] = webp_images(slim_tables(body))
+    return out
+
+
+def _page_label(name: str) -> str:
+    """The nav bar's link to a page of a split notebook: "" -> the result page, "steps" -> "steps ledger"."""
+    return {"": "result page", "steps": "steps ledger"}.get(name, name.replace("-", " "))
+
+
+def _title_of(nb) -> str:
+    for c in nb.cells:
+        if c.cell_type == "markdown":
+            for line in c.source.splitlines():
+                if line.startswith("#"):
+                    return _plain(line.lstrip("# ").strip())
+    return ""
+
+
+def _plain(title: str) -> str:
+    """A title as plain text (the nav bar, the index, a browser tab): no markdown code marks."""
+    return re.sub(r"`([^`]*)`", r"\1", title)
 
 
 def _nav(nbs_all: list[Path], nb: Path, status: str, params: dict) -> dict:
@@ -845,7 +972,41 @@ def _nav(nbs_all: list[Path], nb: Path, status: str, params: dict) -> dict:
     from .report import params_text
 
     return {"index": "index.html", "prev": prev, "next": nxt, "title": _title(nb), "status": status,
-            "params": params_text(params) if params else ""}
+            "params": params_text(params) if params else "", "stem": nb.stem}
+
+
+_TAG = re.compile(r"<(/?)(\w+)[^>]*>")
+
+
+def lead_check(page: str) -> dict:
+    """Where a rendered page puts its result: what comes before the lead (``<section class='lk-lead'>``: the
+    abstract, the headline table, the figure) -- images, tables, visible characters -- and what the lead holds.
+    The structural form of "the headline is above the fold" (a page's first 1,500 px at 1280 px wide hold the
+    title, the banner and the lead when nothing but them comes first)."""
+    import html as _html
+
+    body = page.split("<body", 1)[-1]
+    body = re.sub(r"<style.*?</style>|<script.*?</script>|<details.*?</details>", "", body, flags=re.S)
+    m = re.search(r"<section class=[\"']lk-lead[\"']", body)
+    at = m.start() if m else -1
+    res = {"lead": at >= 0}
+    if at < 0:
+        return res
+    before, after = body[:at], body[at:]
+    end = after.find("</section>")
+    lead = after[:end if end >= 0 else len(after)]
+    text_before = _html.unescape(re.sub(r"\s+", " ", _TAG.sub(" ", before))).strip()
+    abstract = re.search(r"class=[\"']lk-abstract[\"']>(.*?)</p>", lead, flags=re.S)
+    from .report import sentences
+
+    ab_text = _html.unescape(_TAG.sub("", abstract.group(1))).replace("Abstract.", "", 1).strip() if abstract else ""
+    res.update({"images_before": len(re.findall(r"<img\b", before)),
+                "tables_before": len(re.findall(r"<table\b", before)),
+                "text_before": len(text_before), "headline": "lk-headline" in lead,
+                "headline_rows": len(re.findall(r"<tr>", lead)), "figure": "<img" in lead,
+                "abstract_sentences": len(sentences(ab_text)) if ab_text else 0,
+                "pending": "lk-pending" in lead})
+    return res
 
 
 @contextmanager
@@ -869,16 +1030,19 @@ def _kernel_env():
             managers.append(self)
 
     saved = os.environ.get("MPLBACKEND")
+    saved_scratch = os.environ.get(SCRATCH_ENV)
     os.environ["MPLBACKEND"] = INLINE_BACKEND
     d = tempfile.mkdtemp(prefix="lk-kernel-")
+    os.environ[SCRATCH_ENV] = os.path.join(d, "scratch")   # report.temp_dir: removed with d, whatever happens
     cfg = Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(d, "k")}}) if os.name == "posix" else Config()
     try:
         yield cfg, RecordedKernelManager
     finally:
-        if saved is None:
-            os.environ.pop("MPLBACKEND", None)
-        else:
-            os.environ["MPLBACKEND"] = saved
+        for key, value in (("MPLBACKEND", saved), (SCRATCH_ENV, saved_scratch)):
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         _kill_kernels(managers)
         shutil.rmtree(d, ignore_errors=True)
 
@@ -950,6 +1114,29 @@ def threading_main() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+SCRATCH = "scratch"
+
+
+def scratch_dir(out_dir: Path) -> Path:
+    """Where stand-in renders go: ``<out>/scratch/`` (its own index), never over a published page."""
+    return Path(out_dir) / SCRATCH
+
+
+def is_stand_in(nb: Path, params: dict, notes: dict) -> bool:
+    """A render that must not replace the published page: the notebook said so (``report.banner(...,
+    stand_in=True)``), or a round that replays GPU data was run with ``mode=cpu`` (a CPU stand-in)."""
+    if notes.get("stand_in"):
+        return True
+    if params.get("mode") != "cpu" and notes.get("mode") != "cpu":
+        return False
+    try:
+        from .rounds import RoundError, module
+
+        return bool(module(Path(nb).stem).DATA)
+    except (RoundError, ImportError):
+        return False
+
+
 def run(names=(), pairs=(), files=(), out_dir: Path = REPORTS_DIR, notebooks_dir: Path = NOTEBOOKS_DIR,
         timeout: int | None = None) -> int:
     import nbformat
@@ -969,7 +1156,7 @@ def run(names=(), pairs=(), files=(), out_dir: Path = REPORTS_DIR, notebooks_dir
     except PipelineError as e:
         print(f"labkernels run: error: {e}", file=sys.stderr)
         return 2
-    failures = 0
+    failures = standins = 0
     current: list[Path] = []
     nb = nbs[0] if nbs else None
     with _sigint_as_keyboardinterrupt() as hit:
@@ -979,38 +1166,58 @@ def run(names=(), pairs=(), files=(), out_dir: Path = REPORTS_DIR, notebooks_dir
                 ignored = sorted(set(glob) - set(params))
                 print(f"[{i}/{len(nbs)}] {name}: running" + (f" with {params}" if params else "")
                       + (f" (not a parameter here: {', '.join(ignored)})" if ignored else ""), flush=True)
-                tmp_nb, tmp_html = _tmp_name(out_dir, name, ".ipynb"), _tmp_name(out_dir, name, ".html")
-                current[:] = [tmp_nb, tmp_html]
+                tmp_nb = _tmp_name(out_dir, name, ".ipynb")
+                current[:] = [tmp_nb]
                 t0 = time.time()
                 error = _execute(nb, tmp_nb, params, timeout)
                 if hit["sigint"]:
                     raise KeyboardInterrupt
                 dt = time.time() - t0
-                notes, html_text = {}, None
+                notes, pages = {}, None
                 if tmp_nb.exists():
                     try:
                         ex = nbformat.read(str(tmp_nb), as_version=4)
                         notes = collect_notes(ex)
                         ex.metadata[NOTE_KEY] = notes
                         nbformat.write(ex, str(tmp_nb))
-                        html_text = render_html(ex, _nav(all_nbs, nb, "failed" if error else "ok", params))
+                        nav = _nav(all_nbs, nb, "failed" if error else "ok", params)
+                        if error:   # the failed render is one page, whatever its tags: the traceback in it
+                            for c in ex.cells:
+                                c.metadata["tags"] = [t for t in c.metadata.get("tags", []) if not t.startswith(PAGE_TAG)]
+                        pages = render_html(ex, nav)
                     except Exception as e:  # rendering problems are failures too
                         error = error or f"HTML rendering failed: {type(e).__name__}: {e}"
+                standin = not error and is_stand_in(nb, params, notes)
+                dest = scratch_dir(out_dir) if standin else out_dir
+                dest.mkdir(parents=True, exist_ok=True)
                 stem = name if not error else f"{name}.failed"
-                if html_text is not None:
-                    tmp_html.write_text(html_text, encoding="utf-8")
-                    os.replace(tmp_nb, out_dir / f"{stem}.ipynb")
-                    os.replace(tmp_html, out_dir / f"{stem}.html")
+                if pages is not None:
+                    tmp_pages = {}
+                    for page, text in pages.items():
+                        t = _tmp_name(dest, page_file(stem, page)[:-5], ".html")
+                        current.append(t)
+                        t.write_text(text, encoding="utf-8")
+                        tmp_pages[page_file(stem, page)] = t
+                    os.replace(tmp_nb, dest / f"{stem}.ipynb")
+                    for fname, t in tmp_pages.items():
+                        os.replace(t, dest / fname)
+                    if not error:   # pages a split no longer makes
+                        for stale in dest.glob(f"{name}_*.html"):
+                            if stale.name not in tmp_pages:
+                                stale.unlink(missing_ok=True)
+                    notes["pages"] = [f for f in tmp_pages if f != f"{stem}.html"]
                 elif error:  # nothing to show (the kernel did not start): no stale failed page either
                     for stale in (f"{name}.failed.html", f"{name}.failed.ipynb"):
                         (out_dir / stale).unlink(missing_ok=True)
                 if not error:
                     for stale in (f"{name}.failed.html", f"{name}.failed.ipynb"):
-                        (out_dir / stale).unlink(missing_ok=True)
+                        (dest / stale).unlink(missing_ok=True)
                 entry = {"status": "failed" if error else "ok", "error": error, "seconds": round(dt, 1),
                          "params": params, "rendered": provenance.utc_now(),
                          "render_machine": provenance.describe(provenance.collect()), **notes}
-                update_state(out_dir, name, entry, notebooks_dir)
+                if standin:
+                    entry["stand_in"] = True
+                update_state(dest, name, entry, notebooks_dir)
                 for p in current:
                     p.unlink(missing_ok=True)
                 current.clear()
@@ -1018,9 +1225,15 @@ def run(names=(), pairs=(), files=(), out_dir: Path = REPORTS_DIR, notebooks_dir
                     failures += 1
                     print(f"[{i}/{len(nbs)}] {name}: FAILED after {dt:.1f} s: {error} -> {out_dir / (stem + '.html')}"
                           + (" (the last good page stays)" if (out_dir / f"{name}.html").exists() else ""), flush=True)
+                elif standin:
+                    standins += 1
+                    print(f"[{i}/{len(nbs)}] {name}: ok ({dt:.1f} s, mode {notes.get('mode', '-')}): a STAND-IN render "
+                          f"-> {dest / (name + '.html')} (scratch: the published page, {out_dir / 'index.json'}, "
+                          f"the README and data/ are unchanged)", flush=True)
                 else:
+                    extra = "".join(f", {out_dir / p}" for p in notes.get("pages", []))
                     print(f"[{i}/{len(nbs)}] {name}: ok ({dt:.1f} s, mode {notes.get('mode', '-')}) -> "
-                          f"{out_dir / (name + '.html')}", flush=True)
+                          f"{out_dir / (name + '.html')}{extra}", flush=True)
         except KeyboardInterrupt:
             import logging
 
@@ -1044,7 +1257,8 @@ def run(names=(), pairs=(), files=(), out_dir: Path = REPORTS_DIR, notebooks_dir
             for p in current:    # every way out: no hidden temporary file stays in the reports folder
                 p.unlink(missing_ok=True)
             _sweep_tmp(out_dir)
-    print(f"index: {out_dir / 'index.html'} ({len(nbs) - failures} ok, {failures} failed)")
+    scratch = f"; stand-in renders: {scratch_dir(out_dir) / 'index.html'}" if standins else ""
+    print(f"index: {out_dir / 'index.html'} ({len(nbs) - failures - standins} ok, {failures} failed{scratch})")
     return 1 if failures else 0
 
 

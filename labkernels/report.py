@@ -14,7 +14,15 @@ Notebook conventions (every round notebook follows them; README "Add a round" ha
   a GPU is present and replays otherwise. CPU rounds compute everything live (mode ``cpu``);
 * tables go through ``report.table(df)`` (pandas Styler: per-column number formats, no index, no NaN
   cells, demangled kernel names, repository-relative paths);
-* ``report.headline(...)`` declares the figures that ``reports/index.html`` shows for the round;
+* every page reads like a paper: its title, then ``report.lead()`` -- the place at the top of the page where the
+  abstract (three sentences, :func:`abstract`), the headline table (:func:`headline`) and the one figure that
+  carries the result (:func:`lead_figure`) appear -- then the method, then the detail. The figures are computed
+  where the page computes them (often at its end); each call fills the lead at the top in place (an IPython
+  display updated by its id, which papermill keeps in the executed notebook), so the top of the page and the
+  closing headline are the same data. A notebook may split its page: a markdown cell tagged ``page:NAME``
+  starts a second page ``reports/<notebook>_NAME.html`` (round 7's steps ledger);
+* ``report.headline(...)`` declares the figures that ``reports/index.html`` shows for the round; a bar the
+  round set itself to reach reads as a *target*, with where it came from (:data:`labkernels.facts.TARGETS`);
 * ``report.footer(prov)`` ends the page with the provenance of every number on it.
 
 Mode, run id, provenance and headline travel to the pipeline in the metadata of the HTML outputs this
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import html
 import math
+import os
 import re
 from pathlib import Path
 
@@ -48,6 +57,7 @@ def setup() -> None:
 
     plotting.setup()
     _notes.clear()
+    _lead.clear()
 
 
 def resolve_mode(mode: str, round_name: str | None = None) -> str:
@@ -69,6 +79,27 @@ def resolve_mode(mode: str, round_name: str | None = None) -> str:
     return mode
 
 
+#: the environment variable naming a folder the pipeline gives one notebook execution and removes afterwards
+SCRATCH_ENV = "LABKERNELS_SCRATCH"
+
+
+def temp_dir(prefix: str = "lk-page-") -> Path:
+    """A new folder for a page's own scratch data (a stand-in run's data root, never ``data/``): inside the folder
+    the pipeline gives this execution (``$LABKERNELS_SCRATCH``, removed when the notebook ends, whether it
+    succeeded or failed), else a temporary folder removed when this Python process exits."""
+    import atexit
+    import shutil
+    import tempfile
+
+    base = os.environ.get(SCRATCH_ENV)
+    if base:
+        Path(base).mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, d, True)
+    return d
+
+
 def notes() -> dict:
     """What this notebook has declared so far (mode, run_id, provenance, headline as [name, value] pairs)."""
     return dict(_notes)
@@ -87,9 +118,17 @@ def _display_html(s: str) -> None:
     display(HTML(s), metadata={NOTE_KEY: notes()})
 
 
-def banner(mode: str, run=None, note: str = "") -> None:
-    """A visible banner at the top of a round's page saying where its numbers come from."""
-    if mode == "replay":
+def banner(mode: str, run=None, note: str = "", stand_in: bool = False) -> None:
+    """A visible banner at the top of a round's page saying where its numbers come from. ``stand_in``: the page
+    shows a CPU stand-in of a GPU round (a demonstration, not the record): ``labkernels run`` renders it to a
+    scratch folder and leaves the published page, the index and the README as they are."""
+    if stand_in:
+        what = ("<b>STAND-IN</b> &mdash; a demonstration computed on this machine's CPU while the page was rendered"
+                + (f" (run <code>{html.escape(run.run_id)}</code>, in a temporary folder)" if run else "")
+                + "; not the round's record: this page is a scratch render, the published page is unchanged.")
+        color = "#f8d7da"
+        _note("stand_in", True)
+    elif mode == "replay":
         what = (f"<b>REPLAY</b> &mdash; this page was rendered on a machine without a GPU from the recorded "
                 f"run <code>{html.escape(run.run_id)}</code>: {html.escape(provenance.describe(run.provenance))}."
                 if run else "<b>REPLAY</b> &mdash; rendered from recorded data.")
@@ -110,14 +149,151 @@ def banner(mode: str, run=None, note: str = "") -> None:
 
 
 def headline(**figures) -> None:
-    """Declare the round's headline figures (shown on reports/index.html and in the page)."""
+    """Declare the round's headline figures (shown on reports/index.html, at the top of the page in the lead
+    when the notebook has one, and here as the closing headline)."""
     # a list of pairs: notebook JSON is written with sorted keys, and the order of the figures matters
     head = dict(_notes.get("headline", []))
     head.update({k: _fmt(v) for k, v in figures.items()})
     _notes["headline"] = [[k, v] for k, v in head.items()]
+    _update_lead()
+    _display_html(_headline_table(figures))
+
+
+def _headline_table(figures: dict) -> str:
     rows = "".join(f"<tr><th style='text-align:left;padding-right:1.5em'>{html.escape(k)}</th>"
                    f"<td>{html.escape(_fmt(v))}</td></tr>" for k, v in figures.items())
-    _display_html(f"<table class='lk-headline'>{rows}</table>")
+    return f"<table class='lk-headline'>{rows}</table>"
+
+
+# ----------------------------------------------------------------------------------- the lead (top)
+
+#: the display id of a page's lead: the abstract, the headline table and the figure at the top of the page
+LEAD_ID = "lk-lead"
+#: the tag of a markdown cell that starts a page of its own: ``page:steps`` -> reports/<notebook>_steps.html
+PAGE_TAG = "page:"
+#: the most sentences an abstract may have
+ABSTRACT_SENTENCES = 3
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])[)\]\"']? +(?=[A-Z0-9(\[`*\"'])")
+_INLINE_CODE = re.compile(r"`([^`]+)`")
+_BOLD = re.compile(r"\*\*([^*]+)\*\*")
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences of a short prose text (a full stop, question or exclamation mark followed by a space and a
+    capital, digit or opening mark ends one; "e.g." and "4.5x" do not)."""
+    t = " ".join(str(text).split())
+    t = re.sub(r"\b(e\.g|i\.e|cf|vs|approx|no)\.\s", lambda m: m.group(0).replace(". ", ".\u00a0"), t)
+    return [x for x in _SENTENCE_END.split(t) if x.strip()]
+
+
+def _prose(text: str) -> str:
+    """Escaped text with `code` and **bold** (the two marks an abstract uses)."""
+    t = html.escape(" ".join(str(text).split()))
+    return _BOLD.sub(r"<b>\1</b>", _INLINE_CODE.sub(r"<code>\1</code>", t))
+
+
+class LeadError(ValueError):
+    pass
+
+
+_lead: dict = {}
+
+
+def lead() -> None:
+    """The top of the page, right under its title: the place where the abstract, the headline table and the one
+    figure that carries the result appear. It shows a placeholder until :func:`abstract`, :func:`headline` and
+    :func:`lead_figure` fill it (in place, wherever in the notebook they are called)."""
+    _lead.clear()
+    _lead["shown"] = True
+    _display_lead(update=False)
+
+
+def abstract(text: str) -> None:
+    """The page's abstract: what the round asked, how, and what it found, in at most three sentences (more is a
+    LeadError: the detail belongs in the page)."""
+    n = len(sentences(text))
+    if not 1 <= n <= ABSTRACT_SENTENCES:
+        raise LeadError(f"an abstract has 1-{ABSTRACT_SENTENCES} sentences, this one {n}: {text[:120]!r}")
+    _lead["abstract"] = str(text)
+    _update_lead()
+
+
+def figure_png(fig, dpi: int | None = None) -> str:
+    """A matplotlib figure as base64 PNG (the figure is closed: it is shown once, where the caller puts it)."""
+    import base64
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi or fig.dpi, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def lead_figure(fig, caption: str) -> None:
+    """The one figure that carries the page's result: drawn where the page computes it, shown at the top in the
+    lead (not again here). ``caption`` says what it shows, with units and the run it comes from."""
+    if not caption:
+        raise LeadError("the lead figure needs a caption (what it shows, units, the run)")
+    _lead["figure"] = figure_png(fig)
+    _lead["caption"] = str(caption)
+    if not _lead.get("shown"):      # no lead at the top (a notebook without one): show it here
+        _display_html(_lead_figure_html())
+        return
+    _update_lead()
+    _display_html("<p class='lk-moved'><i>The figure of this section is the one at the top of the page.</i></p>")
+
+
+def _lead_figure_html() -> str:
+    return (f"<figure class='lk-figure'><img src='data:image/png;base64,{_lead['figure']}' "
+            f"alt='{html.escape(_lead['caption'])}' style='max-width:100%;height:auto'>"
+            f"<figcaption>{_prose(_lead['caption'])}</figcaption></figure>")
+
+
+def lead_html() -> str:
+    """The lead as HTML: abstract, headline table, figure (a placeholder for the parts not declared yet)."""
+    parts = []
+    if _lead.get("abstract"):
+        parts.append(f"<p class='lk-abstract'><b>Abstract.</b> {_prose(_lead['abstract'])}</p>")
+    head = dict(_notes.get("headline", []))
+    if head:
+        parts.append(_headline_table(head))
+    if _lead.get("figure"):
+        parts.append(_lead_figure_html())
+    if not parts:
+        parts.append("<p class='lk-pending'><i>The result of this page appears here once the notebook has run to "
+                     "its end.</i></p>")
+    return f"<section class='lk-lead'>{''.join(parts)}</section>"
+
+
+def _display_lead(update: bool) -> None:
+    try:
+        from IPython.display import HTML, display, update_display
+    except ImportError:  # plain Python
+        return
+    if update:
+        update_display(HTML(lead_html()), display_id=LEAD_ID, metadata={NOTE_KEY: notes()})
+    else:
+        display(HTML(lead_html()), display_id=LEAD_ID, metadata={NOTE_KEY: notes()})
+
+
+def _update_lead() -> None:
+    if _lead.get("shown"):
+        _display_lead(update=True)
+def step(record=None, **fields) -> None:
+    """The head of one step's section on a steps ledger page: what was predicted before its GPU run, what was
+    measured, the verdict and its runs -- from a record with those attributes (``labkernels.rounds.r07_ledger.Step``)
+    or keyword arguments."""
+    names = (("prediction", "predicted (before the run)"), ("measured", "measured"), ("verdict", "verdict"),
+             ("runs", "recorded runs"))
+    vals = {k: fields.get(k, getattr(record, k, "")) for k, _ in names}
+    missing = [k for k in ("prediction", "measured", "verdict") if not vals[k]]
+    if missing:
+        raise LeadError(f"a step needs its {', '.join(missing)}")
+    rows = "".join(f"<tr><th>{label}</th><td>{_prose(vals[k])}</td></tr>" for k, label in names if vals[k])
+    _display_html(f"<div class='lk-step'><table class='lk-headline'>{rows}</table></div>")
 
 
 def _fmt(v) -> str:
@@ -151,6 +327,7 @@ def footer(prov: dict | None = None) -> None:
     _note("provenance", provenance.describe(prov or here))
     _display_html("<hr><div style='font-size:0.85em;color:#444'>" +
                   "<br>".join(html.escape(s) for s in lines) + "</div>")
+
 
 
 # --------------------------------------------------------------------------------------------- tables
@@ -331,11 +508,18 @@ def table(df, formats: dict | None = None, *, index: bool = False, caption: str 
         st = st.format_index(escape="html", axis="index")
     if not index:
         st = st.hide(axis="index")
-    num_cols = [c for c in d.columns if pd.api.types.is_numeric_dtype(d[c]) and not pd.api.types.is_bool_dtype(d[c])]
+    num_cols = [j for j, c in enumerate(d.columns)
+                if pd.api.types.is_numeric_dtype(d[c]) and not pd.api.types.is_bool_dtype(d[c])]
     st = st.set_table_attributes('class="lk-table"')
+    # numbers right-aligned by the page's stylesheet (class "num"), not by a CSS rule per cell or per table, and no
+    # id on every cell: a page of fifty tables stays light
+    st.cell_ids = False
     if num_cols:
-        st = st.set_properties(subset=num_cols, **{"text-align": "right", "white-space": "nowrap",
-                                                    "font-variant-numeric": "tabular-nums"})
+        import pandas as _pd
+
+        classes = _pd.DataFrame("", index=d.index, columns=d.columns)
+        classes.iloc[:, num_cols] = "num"
+        st = st.set_td_classes(classes)
     if caption:
         st = st.set_caption(html.escape(caption))
     return st

@@ -540,6 +540,25 @@ def _worker_address() -> str | None:
         return None
 
 
+STAGING_PREFIX = "labkernels-sweep-"
+
+
+def _remove_stale_staging() -> None:
+    """Remove the staging folders of this host's worker processes that died mid-task (their pid is in the name):
+    a task whose worker is killed cannot clean up after itself."""
+    base = Path(tempfile.gettempdir())
+    for d in base.glob(f"{STAGING_PREFIX}*"):
+        pid = d.name[len(STAGING_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except PermissionError:   # another user's live process
+            pass
+
+
 def execute(spec: dict, ctx: dict) -> dict:
     """Run one task on this worker into a private staging folder; return its files (bytes) and identity.
     Nothing is written to the sweep's data/ from here. Start / end events go to the scheduler (attempt
@@ -548,10 +567,12 @@ def execute(spec: dict, ctx: dict) -> dict:
     event = {"key": key, "sweep_id": ctx["sweep_id"], "worker": worker}
     _log_event({**event, "event": "start", "t": time.time()})
     t0 = time.time()
-    tmp = Path(tempfile.mkdtemp(prefix=f"labkernels-sweep-{key}-"))
+    _remove_stale_staging()
+    tmp = None
     try:
         ident = worker_identity(need_gpu=spec.get("backend") == "gpu")
-        _apply_fault(spec, key, ctx)
+        _apply_fault(spec, key, ctx)  # before the staging folder exists: an injected death leaves nothing behind
+        tmp = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-{key}-"))
         if spec["kind"] == "bench":
             with records.recording(BENCH_ROUND, spec, root=tmp / "task") as run:
                 rows = run_bench(spec, run, ident, key, ctx["sweep_id"])
@@ -563,7 +584,8 @@ def execute(spec: dict, ctx: dict) -> dict:
         _log_event({**event, "event": "error", "t": time.time(), "error": f"{type(e).__name__}: {e}"[:500]})
         raise TaskFailure(f"{type(e).__name__}: {e}"[:2000], worker) from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
     if ident.get("smi_selector"):
         ident["smi_end"] = _smi(ident["smi_selector"])
     _log_event({**event, "event": "end", "t": time.time()})
@@ -830,8 +852,20 @@ def run_sweep(plan, cluster: str = "local:2", root=None, workdir=None, force: bo
             st.task.spec.get("backend") == "gpu" for st in pending):
         raise SweepError(f"--cluster {cluster}: a LocalCluster of several processes would time GPU tasks side by "
                          "side on one GPU; use --cluster local-cuda (one worker per GPU) or local:1")
+    if kind in ("local", "local-cuda") and any(st.task.spec.get("backend") == "gpu" for st in pending):
+        from . import provenance as _prov
+
+        if not _prov.gpu_available():
+            n_gpu = sum(st.task.spec.get("backend") == "gpu" for st in pending)
+            raise SweepError(f"--cluster {cluster}: this machine has no CUDA GPU, and {n_gpu} of the plan's tasks "
+                             "run on one (backend: gpu); nothing was run or recorded. Run the plan on a GPU machine, "
+                             "or a cpu-backend plan here (labkernels/plans/cpu_standin_example.yaml)")
     log(f"sweep {sweep_id}: {len(plan.tasks)} tasks, {len(plan.tasks) - len(pending)} already recorded "
         f"(skipped), {len(pending)} to run on {cluster}")
+    if not pending:         # a sweep that ran nothing records nothing
+        log(f"sweep {sweep_id}: nothing to run (every task is recorded already); no summary recorded")
+        table = _summary_table(states, {})
+        return {"sweep_id": sweep_id, "summary_run": None, "tasks": table, "failed": 0, "workdir": workdir}
     client = cl = None
     if pending:
         client, cl, link = open_client(cluster, plan.max_attempts)
@@ -1214,22 +1248,53 @@ def sweep_report(summary_run: str | None = None, root=None) -> dict:
 # ------------------------------------------------------------------ command line
 
 
+def stand_in(plan: Plan) -> bool:
+    """A plan that measures nothing of record: every bench task on the numpy stand-in (backend: cpu) and every
+    notebook task a CPU round (or a GPU round in cpu or replay mode)."""
+    from . import rounds
+
+    for t in plan.tasks:
+        if t.kind == "bench" and t.spec.get("backend") != "cpu":
+            return False
+        if t.kind == "notebook":
+            try:
+                gpu_round = bool(rounds.module(Path(t.spec["notebook"]).stem).DATA)
+            except rounds.RoundError:
+                gpu_round = True       # a notebook the lab does not know: treat it as one that records
+            if gpu_round and (t.spec.get("params") or {}).get("mode") not in ("cpu", "replay"):
+                return False
+    return True
+
+
 def main(args) -> int:
     plan = load_plan(args.plan)
-    res = run_sweep(plan, cluster=args.cluster, root=Path(args.data) if args.data else None,
-                    workdir=Path(args.workdir) if args.workdir else None, force=args.force,
-                    progress=not args.no_progress)
+    root = Path(args.data) if args.data else None
+    scratch = None
+    if root is None and stand_in(plan) and not args.record:
+        from . import provenance
+
+        stamp = provenance.utc_now().replace("-", "").replace(":", "")
+        scratch = REPORTS_DIR / "scratch" / "sweeps" / f"{stamp}-{records._slug(plan.name)}"
+        root = scratch / "data"
+        print(f"plan {plan.name!r} is a CPU stand-in (numpy kernels, CPU rounds): its runs go to the scratch folder "
+              f"{scratch} and not to data/ (pass --record to record them in data/)", flush=True)
+    res = run_sweep(plan, cluster=args.cluster, root=root,
+                    workdir=Path(args.workdir) if args.workdir else (scratch / "work" if scratch else None),
+                    force=args.force, progress=not args.no_progress)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60):
         print(res["tasks"][["task_key", "task", "status", "attempts", "device", "seconds", "run_id"]].to_string())
     return 1 if res["failed"] else 0
 
 
 def register_cli(sub) -> None:
-    p = sub.add_parser("sweep", help="run a sweep plan (bench points, notebooks) on Dask workers, recorded in data/")
+    p = sub.add_parser("sweep", help="run a sweep plan (bench points, notebooks) on Dask workers, recorded in data/ "
+                                     "(a CPU stand-in plan: in a scratch folder)")
     p.add_argument("plan", help="plan YAML (see labkernels/plans/)")
     p.add_argument("--cluster", default="local", help="local[:N] | local-cuda[:N] | tcp://HOST:PORT (default local)")
     p.add_argument("--data", default=None, help="data root (default data/ or $LABKERNELS_DATA_DIR)")
     p.add_argument("--workdir", default=None, help="staging + rendered notebooks (default reports/sweeps/<sweep id>)")
     p.add_argument("--force", action="store_true", help="run tasks already recorded too")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--record", action="store_true",
+                   help="record a CPU stand-in plan's runs in data/ (default: a scratch folder under reports/scratch/)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=main)

@@ -1,14 +1,5 @@
 # %% [markdown]
 # # Round 1 — Layout verifier: every element of q6_K and q4_K blocks
-#
-# The seeds' q6_K campaign (002, §2.1/§3.3) nearly built an mma kernel on a wrong layout model: *"q6_K = 8
-# sub-blocks of 32 with one scale"*. q6_K actually has **16 sub-blocks of 16** with an int8 scale each, and an
-# element's 6-bit code is split across two planes — the low 4 bits in `ql`, the high 2 bits in `qh` — at
-# different strides. This round maps every element of a block to its bytes, bits and scale in closed form
-# (`labkernels.layout`), and checks the map exhaustively against gguf-py's dequantization:
-# all 256 elements of random blocks, both q6_K block strides (210 B and the 224 B padded repack), and every
-# block of every q4_K / q6_K tensor of the real Gemma 3 270M Q4_K_M model. The wrong model is evaluated too,
-# so the pitfall is documented with a number.
 
 # %% tags=["parameters"]
 model_path: "Optional[str]" = None     # GGUF file; None: data/models/gemma-3-270m-q4_k_m.gguf (labkernels fetch-model)
@@ -26,10 +17,23 @@ report.setup()
 r1 = open_round("01", "cpu")
 mode = r1.mode
 r1.banner()
+report.lead()        # the abstract, headline and result figure: filled in where they are computed
 seed = seed or int(np.random.SeedSequence().entropy % 2**32)
 rng = np.random.default_rng(seed)
 model_path = model_path or default_model_path()
 print(f"seed {seed} | model {report.relative_path(str(model_path))}")
+
+# %% [markdown]
+# ## Method
+#
+# The seeds' q6_K campaign (002, §2.1/§3.3) nearly built an mma kernel on a wrong layout model: *"q6_K = 8
+# sub-blocks of 32 with one scale"*. q6_K actually has **16 sub-blocks of 16** with an int8 scale each, and an
+# element's 6-bit code is split across two planes — the low 4 bits in `ql`, the high 2 bits in `qh` — at
+# different strides. This round maps every element of a block to its bytes, bits and scale in closed form
+# (`labkernels.layout`), and checks the map exhaustively against gguf-py's dequantization:
+# all 256 elements of random blocks, both q6_K block strides (210 B and the 224 B padded repack), and every
+# block of every q4_K / q6_K tensor of the real Gemma 3 270M Q4_K_M model. The wrong model is evaluated too,
+# so the pitfall is documented with a number.
 
 # %% [markdown]
 # ## The maps
@@ -119,7 +123,9 @@ fig, ax = plt.subplots(figsize=(9, 3.6))
 ax.hist(err[err != 0], bins=200, log=True, color=plotting.color("q6k_generic"))
 ax.set_xlabel("wrong-model value − true value (dequantized weight units)"); ax.set_ylabel("elements (log scale)")
 ax.set_title(f"'8 x 32, one scale' model on the real q6_K tensors: rel. RMSE {q6.wrong_model_rel_rmse.mean():.3f}")
-plt.show()
+report.lead_figure(fig, "What the wrong layout model costs: the error of every element of the real model's q6_K "
+                        "tensors read as '8 sub-blocks of 32 with one scale' against the true value (dequantized "
+                        "weight units; elements it gets right left out; log count); the true map has no error")
 
 # %% [markdown]
 # ## Reference quantizers: round-trip error by type
@@ -139,6 +145,12 @@ report.table(rt, {c: "{:.4f}" for c in rt.columns[1:]}, caption="relative RMSE o
 # %%
 el = sum(v["elements"] for v in totals.values())
 mm = sum(v["mismatches"] for v in totals.values())
+report.abstract(
+    f"Round 1 maps every element of a q6_K and a q4_K block to its bytes, bits and scale in closed form and checks the "
+    f"map against gguf-py's dequantization, on {int(random_table.blocks.sum()):,} random blocks and on all {el:,} "
+    f"elements of every q4_K / q6_K tensor of Gemma 3 270M. The map has {mm} mismatches. The reading of q6_K as "
+    f"'8 sub-blocks of 32 with one scale', which the seeds nearly built a kernel on, is off by a relative RMSE of "
+    f"{float(q6.wrong_model_rel_rmse.mean()):.2f} on the model's tensors.")
 report.headline(**{"elements checked (model)": f"{el:,}", "mismatches": mm,
                    "random blocks checked": f"{int(random_table.blocks.sum()):,}",
                    "wrong '8x32' model rel. RMSE": float(q6.wrong_model_rel_rmse.mean())})

@@ -1,13 +1,5 @@
 # %% [markdown]
 # # Round 2 — Shared memory and registers to occupancy, checked against CUDA
-#
-# The seeds decide kernel shapes by one chain: shared memory and registers per block → blocks per SM → warps per
-# SM → latency-bound or not (seeds 002 §2.3: KDR=4 at 29,696 B → 2 blocks/SM, KDR=8 at 59,392 B → 1 block/SM on
-# GB10). `labkernels.occupancy` computes that chain from device profiles held as data
-# (`labkernels/profiles/devices.json`, every value with its source). It is checked three ways: against CUDA's own
-# header-only calculator `cuda_occupancy.h` on thousands of random configurations per profile (tests, CPU),
-# against `cudaOccupancyMaxActiveBlocksPerMultiprocessor` for every real kernel instantiation on the H200
-# (recorded run), and the ptxas audit below gives each kernel's real registers, spills and shared memory.
 
 # %% tags=["parameters"]
 device: "Known[device_profiles]" = "h200"   # profile for the single-configuration table and the maps
@@ -27,6 +19,18 @@ report.setup()
 r2 = open_round("02", "cpu")
 mode = r2.mode
 r2.banner(note="The CUDA-API cross-check table at the end replays a run recorded on the H200.")
+report.lead()        # the abstract, headline and result figure: filled in where they are computed
+
+# %% [markdown]
+# ## Method
+#
+# The seeds decide kernel shapes by one chain: shared memory and registers per block → blocks per SM → warps per
+# SM → latency-bound or not (seeds 002 §2.3: KDR=4 at 29,696 B → 2 blocks/SM, KDR=8 at 59,392 B → 1 block/SM on
+# GB10). `labkernels.occupancy` computes that chain from device profiles held as data
+# (`labkernels/profiles/devices.json`, every value with its source). It is checked three ways: against CUDA's own
+# header-only calculator `cuda_occupancy.h` on thousands of random configurations per profile (tests, CPU),
+# against `cudaOccupancyMaxActiveBlocksPerMultiprocessor` for every real kernel instantiation on the H200
+# (recorded run), and the ptxas audit below gives each kernel's real registers, spills and shared memory.
 
 # %% [markdown]
 # ## The seeds' GB10 statements, reproduced from the GB10 profile
@@ -79,7 +83,10 @@ for ax, r in zip(axes, (regs, 128)):
     ax.set_xlabel("shared memory per block (KB, symlog scale)"); ax.set_title(f"{threads} threads, {r} registers/thread")
     ax.set_xscale("symlog", linthresh=16); plotting.integer_axis(ax.yaxis); ax.set_ylim(bottom=0)
     ax.set_xticks([0, 4, 8, 16, 32, 64, 128, 228]); ax.xaxis.set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
-axes[0].set_ylabel("resident blocks / SM (lines offset slightly)"); axes[0].legend(title="profile"); plt.show()
+axes[0].set_ylabel("resident blocks / SM (lines offset slightly)"); axes[0].legend(title="profile")
+report.lead_figure(fig, f"Resident blocks per SM against shared memory per block for every device profile, at "
+                        f"{threads} threads and {regs} / 128 registers per thread (the calculator, checked against "
+                        f"CUDA's); black dots: the {kernel_family} kernel's KDR points")
 
 # %% [markdown]
 # ## Registers against occupancy (256 threads, the KDR=4 shared memory)
@@ -154,6 +161,15 @@ else:
     display(report.table(api[["kernel", "regs", "local_bytes", "static_smem", "dynamic_smem", "api_blocks_per_sm", "calc_blocks_per_sm", "calc_limiter", "agree"]]))
 
 # %%
+h4 = seeds[(seeds.device == "h200") & (seeds.KDR == 4)].iloc[0]; h8 = seeds[(seeds.device == "h200") & (seeds.KDR == 8)].iloc[0]
+report.abstract(
+    "Round 2 computes the chain from shared memory and registers per block to blocks and warps per SM from device "
+    "profiles held as data, and checks it against CUDA's own calculator, against the CUDA occupancy API on the H200"
+    + (f" ({agree} of {len(api)} kernel instantiations agree)" if agree is not None else "")
+    + " and against ptxas's resource report of every kernel. "
+    f"It reproduces the seeds' GB10 statements (KDR=4: {g4['blocks/SM']} blocks/SM, KDR=8: {g8['blocks/SM']}) and the "
+    f"{implied:.0f} warps/SM their achieved occupancy implies. "
+    f"On the H200 both depths keep {h4['blocks/SM']} blocks/SM at 85 registers: the seeds' cliff is not where GB10 put it.")
 report.headline(**{"GB10 KDR=4 / KDR=8 blocks/SM": f"{g4['blocks/SM']} / {g8['blocks/SM']} ({g4['theoretical occupancy']} / {g8['theoretical occupancy']})",
                    "GB10 warps/SM implied": f"{implied:.1f}",
                    "H200 API agreement": f"{agree}/{len(api)}" if agree is not None else "not recorded",

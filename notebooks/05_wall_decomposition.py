@@ -1,22 +1,5 @@
 # %% [markdown]
 # # Round 5 — Wall decomposition: a whole prefill taken apart launch by launch
-#
-# The seeds' r37 (000) took a 3325-token prefill apart: GPU busy 2139.6 ms vs wall 2190 ms (2.3% gap, so the
-# kernel-level decomposition stands for the wall), q6_K GEMM 1094.7 ms = 51.2%, and priced the queue: at the q4_K
-# rate, ~−970 ms → ~2720 tok/s. This round runs the same method on the lab's own prefill
-# (`labkernels/prefill.py`: q4_K/q6_K through the lab kernels, other types dequantized once + cuBLAS -- fp16 on the
-# tensor cores since commit 4380af2, fp32 before --, attention through the lab's fused kernel where its launch splits
-# over the keys (Gemma 3 270M up to 512 tokens, since commit 4f0922c) and cuDNN's fused SDPA elsewhere, else cuBLAS
-# with the lab's masked softmax) on the H200:
-# CUPTI traces every launch and tags it with the op, layer and weight tensor it served (external correlation
-# ids, `labkernels/trace.py`); busy is checked against the untraced wall; each GEMM class gets its MACs and
-# us/GMAC and a matched-shape cuBLAS fp16 reference at the same nt; the priority queue prices each class.
-# The prefill itself is first checked against the CPU reference (`labkernels/prefill_ref.py`).
-#
-# The page details the latest decomposition of the model and nt in the parameters and sets it beside the one
-# recorded before it (same model and nt): for the synthetic 7B that is the before / after of round 7's GEMMs
-# (`kernel=auto`: `wgmma_kq` for every k-quant weight, against the int8 `q4k_nb` / `q6k_expb` kernels before).
-# The whole prefill and each GEMM class are then set against llama.cpp on the same GGUF (`labkernels/peers.py`).
 
 # %% tags=["parameters"]
 mode: "OneOf[auto, measure, replay]" = "auto"   # measure | replay | auto
@@ -35,6 +18,7 @@ r5 = open_round("05", mode, model=model, nt=nt, repeats=repeats, timeline_layer=
 mode, run = r5.mode, r5.run     # the decomposition of this model and nt: measured now, or the latest recorded
 before = records.latest("decompose", where=lambda r: r05_wall.same_case(r, r5.plan) and r.run_id < run.run_id)
 r5.banner(note=f"Before: run {before.run_id}." if before is not None else "")
+report.lead()        # the abstract, headline and result figure: filled in where they are computed
 from labkernels import decompose, peers
 
 
@@ -46,6 +30,29 @@ def decomposition(r):
 
 
 classes, bw, refs, queue = decomposition(run)
+
+# %% [markdown]
+# ## Method
+#
+# The seeds' r37 (000) took a 3325-token prefill apart: GPU busy 2139.6 ms vs wall 2190 ms (2.3% gap, so the
+# kernel-level decomposition stands for the wall), q6_K GEMM 1094.7 ms = 51.2%, and priced the queue: at the q4_K
+# rate, ~−970 ms → ~2720 tok/s. This round runs the same method on the lab's own prefill
+# (`labkernels/prefill.py`: q4_K/q6_K through the lab kernels, other types dequantized once + cuBLAS -- fp16 on the
+# tensor cores since commit 4380af2, fp32 before --, attention through the lab's fused kernel where its launch splits
+# over the keys (Gemma 3 270M up to 512 tokens, since commit 4f0922c) and cuDNN's fused SDPA elsewhere, else cuBLAS
+# with the lab's masked softmax) on the H200:
+# CUPTI traces every launch and tags it with the op, layer and weight tensor it served (external correlation
+# ids, `labkernels/trace.py`); busy is checked against the untraced wall; each GEMM class gets its MACs and
+# us/GMAC and a matched-shape cuBLAS fp16 reference at the same nt; the priority queue prices each class.
+# The prefill itself is first checked against the CPU reference (`labkernels/prefill_ref.py`).
+#
+# The page details the latest decomposition of the model and nt in the parameters and sets it beside the one
+# recorded before it (same model and nt); the headline says what changed between the two runs (for the synthetic
+# 7B: both ran round 7's `wgmma_kq` on every k-quant weight; the earlier one the lab's baseline cuBLAS attention,
+# eager, this one cuDNN's fused attention in a captured graph).
+# The whole prefill and each GEMM class are then set against llama.cpp on the same GGUF (`labkernels/peers.py`).
+
+# %%
 display(report.kv_table(run.meta["params"], caption=f"parameters of the recorded run {run.run_id}"))
 
 # %% [markdown]
@@ -65,7 +72,7 @@ if prun is not None:
 else:
     print("no recorded prefill parity run")
 HISTORY_RUNS = 6      # recorded runs a history table shows (the latest)
-ISSUE18_MODELS = [model] + [m_ for m_ in ("gemma-3-270m-q4_k_m", "synthetic-7b") if m_ != model]
+PAGE_MODELS = [model] + [m_ for m_ in ("gemma-3-270m-q4_k_m", "synthetic-7b") if m_ != model]
 thr = [r_.table("throughput").assign(run=r_.run_id, commit=r_.provenance.get("git_commit", "")[:10]) for r_ in records.list_runs("prefill") if r_.has("throughput")]
 if thr:
     hist = pd.concat(thr)
@@ -108,8 +115,8 @@ if prun is not None and prun.has("greedy") and default_model_path().exists():
 # The latest recorded throughput run of this model (median tok/s over its interleaved A/B rounds, per GEMM kernel:
 # `int8` = the `q4k_nb` / `q6k_expb` kernels, `auto` = round 7's `wgmma_kq`) against `llama-bench` on the same file
 # and prompt length, with llama.cpp's flash attention on and off. The lab's attention is the run's recorded path
-# (`attention` in the run's parameters: cuDNN's fused SDPA where available since issue 17, else cuBLAS fp16 with the
-# lab's masked softmax); `mode` says whether the forward ran eager or as one CUDA-graph replay (issue 18).
+# (`attention` in the run's parameters: cuDNN's fused SDPA where the frontend is available, else cuBLAS fp16 with the
+# lab's masked softmax); `mode` says whether the forward ran eager or as one CUDA-graph replay.
 
 # %%
 pv = peers.latest_prefill_vs_llama(model, flash_attn=None)     # both llama.cpp flash-attention settings
@@ -122,11 +129,11 @@ if pv.ok:
 
 
 # %% [markdown]
-# The other model of issue 18 (the bar: Gemma 3 270M at nt=512 ≥ 1.5× llama-bench pp512, and never below 1.0× at
+# The other model (its target, set with the captured-graph prefill: Gemma 3 270M at nt=512 ≥ 1.5× llama-bench pp512, and never below 1.0× at
 # any nt), against llama.cpp with flash attention on:
 
 # %%
-for m_ in ISSUE18_MODELS[1:]:
+for m_ in PAGE_MODELS[1:]:
     c_ = peers.latest_prefill_vs_llama(m_, flash_attn=1)
     print(c_.message)
     if c_.ok:
@@ -138,7 +145,7 @@ for m_ in ISSUE18_MODELS[1:]:
                                      "lab is faster)"))
 
 # %% [markdown]
-# ## Host overhead: eager launches vs one CUDA-graph replay (issue 18)
+# ## Host overhead: eager launches vs one CUDA-graph replay
 #
 # `gpu-check --steps prefill_graph` times, interleaved in one process, the forward eager with the small kernels
 # unfused (before), eager fused, and captured as one CUDA graph and replayed (after), and decomposes nt 64 / 512 /
@@ -147,7 +154,7 @@ for m_ in ISSUE18_MODELS[1:]:
 
 # %% [markdown]
 # Two timings of the same graph replay sit on this page: the interleaved throughput rounds (untraced, back to back)
-# and the traced replays of the decomposition. The issue's figure (`decompose.host_overhead_untraced`, `host_frac`)
+# and the traced replays of the decomposition. The target's figure (`decompose.host_overhead_untraced`, `host_frac`)
 # is the median untraced interleaved wall minus the median GPU busy of five traced replays (the union of their launch
 # intervals, so that overlapping programmatic launches count once). From run 20261201T162640Z on, two event-record
 # nodes inside each graph split it: `host_outside_ms` (wall minus the graph's own execution span, per untraced
@@ -180,7 +187,7 @@ def host_overhead_latest(m_):
                              {"wall_ms": "{:.2f}", "busy_ms": "{:.2f}", "host_overhead_ms": "{:.2f}", "host_frac": "{:.1%}",
                               "host_frac_untraced": "{:.1%}"},
                              caption=f"{m_}: wall vs GPU busy, run {grun.run_id} ({peers.run_gpu_name(grun)}); host_frac: "
-                                     "the decomposition phase's wall - busy; host_frac_untraced: the interleaved walls (the bar's)"))
+                                     "the decomposition phase's wall - busy; host_frac_untraced: the interleaved walls (the target's measure)"))
         fb = (grun.meta.get("summary") or {}).get("graph_fallbacks") or []
         print(f"graph fallbacks: {len(fb)}" + (f" -- e.g. nt={fb[0]['nt']}: {fb[0]['reason']}" if fb else " (every nt replayed a graph)"))
         fig, ax = plt.subplots(figsize=(11, 3.6))
@@ -192,8 +199,8 @@ def host_overhead_latest(m_):
             graph = (g["mode"] == "graph").all() and g.host_frac_untraced.notna().all()
             ax.bar(np.arange(len(nts_)) + (k - (nv - 1) / 2) * bw_, 100 * (g.host_frac_untraced if graph else g.host_frac), bw_,
                    label=f"{v} ({', '.join(sorted(set(g['mode'].dropna())))}; "
-                         f"{'the bar measure' if graph else 'decomposition wall - traced busy'})")
-        ax.axhline(5, color="0.3", ls="--", lw=1, label="5% (the issue's bar at nt=512)")
+                         f"{'the target measure' if graph else 'decomposition wall - traced busy'})")
+        ax.axhline(5, color="0.3", ls="--", lw=1, label="5%: the target at nt=512")
         ax.set_xticks(range(len(nts_)), [f"nt={n}" for n in nts_]); ax.set_ylabel("host overhead [% of wall]")
         ax.set_yscale("log"); ax.set_ylim(0.3, 150)
         ax.set_title(f"{m_}: wall minus GPU busy ({report.source(grun)})", fontsize=9)
@@ -202,11 +209,11 @@ def host_overhead_latest(m_):
         plt.show()
 
 
-for m_ in ISSUE18_MODELS:
+for m_ in PAGE_MODELS:
     host_overhead_latest(m_)
 
 # %% [markdown]
-# **Where the 5% bar stands (H200, runs 20261201T201433Z and 201603Z, commit 4f0922c): met for both models.** Gemma 3
+# **Where the 5% target stands (H200, runs 20261201T201433Z and 201603Z, commit 4f0922c): met for both models.** Gemma 3
 # 270M's nt=512 replay is at **2.7%** host overhead (wall 1.563 ms, 327,532 tok/s), the synthetic 7B's at **4.4%**.
 # Two changes got Gemma there from 7.3% (its previous default, `graph-fused-plain-cudnnattn` in the same run):
 #
@@ -234,7 +241,7 @@ for m_ in ISSUE18_MODELS:
 # tensor cores for them (`other_f16`) made the forward 2.0x faster at nt=512 and left the same ~0.14 ms of host and
 # idle time at 8.4% of the shorter wall (run 181810Z).
 #
-# The bar's figure is `host_frac` (the interleaved untraced walls). `host_frac_paired` in the tables below is not a
+# The target's figure is `host_frac` (the interleaved untraced walls). `host_frac_paired` in the tables below is not a
 # cleaner one in these runs: for Gemma the single untraced forward timed just before each traced replay is ~0.2 ms
 # slower than the interleaved ones (18–20% at nt=512 with fp16 weights, 12% with fp32), and for the 7B at nt=3325 it is
 # shorter than the traced busy (a negative figure: the traced replays ran slower). Only the 7B at nt=512 (1.8–2.7%)
@@ -249,10 +256,10 @@ for m_ in ISSUE18_MODELS:
 # (no memset: 184 instead of 202 launches per forward at nt=512). The same-session A/B (runs 145658Z-145843Z, the lt
 # and gemm_ex paths alternating) puts the spread between runs of one path (3.5-6.3% lt, 5.0-7.4% gemm_ex at
 # nt=512) above the difference between the paths, and lt's kernels make the forward slower (nt=64 ~15%, nt=512 ~3%):
-# gemm_ex stays the default, and the 5% bar at nt=512 is met in some runs and not in others. At nt=3325
+# gemm_ex stays the default, and the 5% target at nt=512 is met in some runs and not in others. At nt=3325
 # the synthetic 7B's interleaved walls sit 6-10 ms above the traced busy in every run, while its decomposition
 # phase's wall is only 2-6 ms above: not explained yet (not host work -- the forward is one graph launch); the
-# issue's bar is at nt=512.
+# target is at nt=512.
 
 # %%
 def host_overhead_history(m_, last=4):
@@ -275,7 +282,7 @@ def host_overhead_history(m_, last=4):
         print(f"no recorded graph replay of {m_} with traced busy")
 
 
-for m_ in ISSUE18_MODELS:
+for m_ in PAGE_MODELS:
     host_overhead_history(m_)
 
 # %% [markdown]
@@ -337,7 +344,7 @@ def replay_gap_tables(m_):
         plt.show()
 
 
-for m_ in ISSUE18_MODELS:
+for m_ in PAGE_MODELS:
     replay_gap_tables(m_)
 
 # %% [markdown]
@@ -388,17 +395,17 @@ def replay_breakdown_tables(m_):
         plt.show()
 
 
-for m_ in ISSUE18_MODELS:
+for m_ in PAGE_MODELS:
     replay_breakdown_tables(m_)
 
 # %% [markdown]
-# ## Attention alone: the lab's fused kernel vs cuDNN's fused SDPA vs the lab's baseline vs PyTorch SDPA (issues 17, 18)
+# ## Attention alone: the lab's fused kernel vs cuDNN's fused SDPA vs the lab's baseline vs PyTorch SDPA
 #
 # `gpu-check --steps attention`: each layer kind of the 7B and Gemma 3 270M layouts at nt 512 / 3325 / 8192, interleaved
 # CUDA-event medians (L2 flushed); TFLOPS count useful FLOPs only (causal: half the square, sliding window: the band).
 # `kernel` scope times the attention kernel alone, `op` the whole call from the prefill's fp32 q/k/v to the fp16 output
 # the next GEMM reads. Each path is gated against the fp32 baseline (max rel err ≤ 1e-3) before it is timed. Runs from
-# 20261201T193642Z also time the lab's fused kernel (`lab`, issue 18) at nt 64 / 512 / 3325. At nt ≤ 512 these
+# 20261201T193642Z also time the lab's fused kernel (`lab`) at nt 64 / 512 / 3325. At nt ≤ 512 these
 # per-call CUDA-event timings are bounded by the host's launch path (~20 us a call, cuDNN's and the lab's alike): the
 # kernels' own times there are in the traced graph replays (the launch-gap tables above).
 
@@ -511,9 +518,14 @@ for y, (label, c_, b_) in enumerate(bars):
     ax.text(left + max(b_.gap_ms, 0) + 3, y, f"wall {b_.wall_ms:.0f} ms, {b_.tok_per_s:,.0f} tok/s", va="center", fontsize=9)
 ax.set_yticks(range(len(bars))); ax.set_yticklabels([b[0] for b in bars], fontsize=8); ax.grid(axis="y", visible=False)
 ax.set_xlabel("time in the prefill (ms; segment labels in ms)"); ax.set_xlim(0, 1.3 * max(b[2].wall_ms for b in bars))
-ax.set_title(f"{run.meta['params']['model']} prefill, nt={run.meta['params']['nt']}: busy by kernel class\n"
-             f"({report.source(run)}; the before bar: its run on the left)", fontsize=10)
-fig.legend(loc="outside lower center", ncol=4, fontsize=8); plt.show()
+ax.set_title(f"{run.meta['params']['model']} prefill, nt={run.meta['params']['nt']}: busy by kernel class", fontsize=10)
+fig.legend(loc="outside lower center", ncol=4, fontsize=8)
+report.lead_figure(fig, f"Where the {run.meta['params']['model']} prefill's time goes at nt={run.meta['params']['nt']}: "
+                        f"GPU busy time per kernel class (ms), traced with CUPTI: this page's run (the bar 'after') "
+                        f"and the decomposition before it (the bar 'before': run "
+                        f"{before.run_id if before is not None else '-'}"
+                        f"{'; ' + r05_wall.what_changed(before, run) if before is not None else ''}); grey: GPU idle "
+                        f"({report.source(run)})")
 
 # %% [markdown]
 # ## Per GEMM class against llama.cpp's MUL_MAT (µs/GMAC, the seeds' r37 table)
@@ -579,12 +591,38 @@ def vs_llama_head(pv, fa=1):
     return f"nt={' / '.join(map(str, nts_))}: " + "; ".join(per_k) + f" (llama-bench fa={fa})"
 
 
-report.headline(**{"model, nt": f"{run.meta['params']['model']}, {run.meta['params']['nt']}",
-                   "wall / busy": f"{bw.wall_ms:.0f} / {bw.busy_ms:.0f} ms ({100 * bw.gap_frac:.1f}% gap, {'valid' if bw.valid else 'NOT valid'})",
-                   "tok/s": (f"{bw.tok_per_s:,.0f}" if "tok_per_s" in bw else "-")
-                            + (f" (before: {bw_b.tok_per_s:,.0f}, run {before.run_id})" if before is not None else ""),
-                   "whole prefill vs llama.cpp": vs_llama_head(pv),
-                   "principal class": f"{classes.iloc[0]['class']} {classes.iloc[0].busy_ms:.0f} ms ({classes.iloc[0].share_wall:.0%} of wall)"
-                                      + (f"; GEMM classes {g_b:.0f} -> {g_a:.0f} ms" if before is not None else ""),
-                   "price": (f"{top['class']}: -{top.recoverable_ms:.0f} ms -> {top.tok_s_ceiling:,.0f} tok/s" if top is not None else "-")})
+from labkernels import facts
+is_att = lambda c: c.str.startswith("attention")
+att_a = classes[is_att(classes["class"])].busy_ms.sum()
+att_b = classes_b[is_att(classes_b["class"])].busy_ms.sum() if before is not None else float("nan")
+rec = facts.prefill()                      # the prefill of record: one function, its run named
+vs_rec = facts.prefill_vs_llama()
+p_ = run.meta["params"]
+dmode = bw["mode"] if "mode" in bw and isinstance(bw["mode"], str) else "eager"
+report.abstract(
+    f"Round 5 takes a whole prefill apart launch by launch: CUPTI traces every kernel of the lab's forward, tags it "
+    f"with the layer and weight it served, checks the GPU's busy time against the wall and prices each kernel class "
+    f"against cuBLAS fp16 and llama.cpp. With round 7's kernels the synthetic 7B's prefill of record is "
+    f"{rec.shown} at nt={facts.PREFILL_NT} ({vs_rec[facts.PREFILL_NT].shown} llama.cpp's, {vs_rec[512].shown} at "
+    f"nt=512), and its decomposition puts {classes.iloc[0]['class']} first at {classes.iloc[0].share_wall:.0%} of "
+    f"the wall. Against the decomposition before it ({r05_wall.what_changed(before, run)}) the wall fell from "
+    f"{bw_b.wall_ms:.0f} to {bw.wall_ms:.0f} ms, attention from {att_b:.0f} to {att_a:.0f} ms, and no class now "
+    f"has more than {top.recoverable_ms:.0f} ms to gain at cuBLAS's rate." if before is not None and top is not None else
+    f"Round 5 takes a whole prefill apart launch by launch: CUPTI traces every kernel of the lab's forward, checks "
+    f"the GPU's busy time against the wall and prices each kernel class. The synthetic 7B's prefill of record is "
+    f"{rec.shown} at nt={facts.PREFILL_NT}. This page's decomposition ({p_['model']}, nt={p_['nt']}) puts "
+    f"{classes.iloc[0]['class']} first at {classes.iloc[0].share_wall:.0%} of the wall.")
+report.headline(**{"7B prefill of record": rec.text(),
+                   "the prefill of record vs llama.cpp": facts.vs_llama_text(vs_rec),
+                   "this decomposition": f"{p_['model']}, nt={p_['nt']}, run {run.run_id} "
+                                         f"({'a graph replay' if dmode == 'graph' else 'eager launches'}, traced "
+                                         f"with CUPTI): "
+                                         + r05_wall.busy_wall_text(bw)
+                                         + (f"; {bw.tok_per_s:,.0f} tok/s in this run" if "tok_per_s" in bw else ""),
+                   "before / after": (f"{bw_b.tok_per_s:,.0f} -> {bw.tok_per_s:,.0f} tok/s (run {before.run_id} -> "
+                                      f"this run: {r05_wall.what_changed(before, run)}); attention classes "
+                                      f"{att_b:.0f} -> {att_a:.0f} ms, GEMM classes {g_b:.0f} -> {g_a:.0f} ms"
+                                      if before is not None else "-"),
+                   "principal class": f"{classes.iloc[0]['class']} {classes.iloc[0].busy_ms:.0f} ms ({classes.iloc[0].share_wall:.0%} of the wall)",
+                   "price (the top lever at cuBLAS fp16's rate)": (f"{top['class']}: -{top.recoverable_ms:.0f} ms -> {top.tok_s_ceiling:,.0f} tok/s" if top is not None else "-")})
 report.footer(run.provenance)

@@ -1,13 +1,5 @@
 # %% [markdown]
 # # Round 6 — Counter forensics: per-GMAC hardware counters with Nsight Compute
-#
-# The seeds' r13 (001) split a speed gap into hardware counters normalized per GMAC, checked first that both
-# kernels do exactly the same tensor work (IMMA = MACs), fitted duration against the warp-instruction count
-# (the linear law), and tested explanations with counter-evidence patches: a change that removes a hypothesized
-# cost and does not move duration takes the hypothesis out. This round does the same on the H200 with `ncu`
-# (driven by `labkernels/forensics.py` -- ncu plumbing in `ncu.py`, the counter analysis in `counters.py` --, one profiled launch per case from `labkernels/forensics_driver.py`),
-# for the pairs generic vs expanded-B q6_K and q6_K vs q4_K at matched shapes, and one counter-evidence
-# experiment built from a template switch in `q6k_expb.cu` (EPI: the I2F epilogue vs the magic-number epilogue).
 
 # %% tags=["parameters"]
 mode: "OneOf[auto, measure, replay]" = "auto"   # measure (GPU + ncu) | replay | auto
@@ -22,11 +14,23 @@ from labkernels.rounds import open_round
 r6 = open_round("06", mode, metrics_set=metrics_set)   # measure: ncu per case, the run imported into data/
 mode, run = r6.mode, r6.run
 r6.banner()
+report.lead()        # the abstract, headline and result figure: filled in where they are computed
 pg, imma, fit = run.table("per_gmac"), run.table("imma_check"), run.table("fit")
 from labkernels.kernels import registry                 # older runs labelled q4k_nb_kdr4 "q4k_nb"
 pg = pg.assign(variant=pg.variant.map(registry.canonical))
 pairs = run.table("pairs") if run.has("pairs") else pd.DataFrame()
 verd = run.table("verdicts") if run.has("verdicts") else pd.DataFrame()
+
+# %% [markdown]
+# ## Method
+#
+# The seeds' r13 (001) split a speed gap into hardware counters normalized per GMAC, checked first that both
+# kernels do exactly the same tensor work (IMMA = MACs), fitted duration against the warp-instruction count
+# (the linear law), and tested explanations with counter-evidence patches: a change that removes a hypothesized
+# cost and does not move duration takes the hypothesis out. This round does the same on the H200 with `ncu`
+# (driven by `labkernels/forensics.py` -- ncu plumbing in `ncu.py`, the counter analysis in `counters.py` --, one profiled launch per case from `labkernels/forensics_driver.py`),
+# for the pairs generic vs expanded-B q6_K and q6_K vs q4_K at matched shapes, and one counter-evidence
+# experiment built from a template switch in `q6k_expb.cu` (EPI: the I2F epilogue vs the magic-number epilogue).
 
 # %% [markdown]
 # ## Consistency first: every kernel does exactly the GEMM's tensor work
@@ -77,7 +81,9 @@ for v, g in pg.groupby("variant"):
 x = np.linspace(0, (pg.warp_inst * pg.gmac).max() * 1.05, 10)
 ax.plot(x / 1e9, (f.slope_ns_per_inst * x + f.intercept_ns) / 1e3, "k--", lw=1, label="linear fit, all cases")
 ax.set_xlabel("warp instructions issued (1e9)"); ax.set_ylabel("kernel duration (µs)"); ax.legend(title="variant")
-ax.set_title(f"fit over all cases: {f.inst_per_ns:.0f} warp-instructions/ns, r² = {f.r2:.3f}\n{report.source(run)}", fontsize=10); plt.show()
+ax.set_title(f"fit over all cases: {f.inst_per_ns:.0f} warp-instructions/ns, r² = {f.r2:.3f}", fontsize=10)
+report.lead_figure(fig, f"Kernel duration (µs) against the warp instructions it issued, every profiled case (Nsight "
+                        f"Compute, one launch each); dashed: the linear fit over all cases ({report.source(run)})")
 
 # %% [markdown]
 # ## Pairs at matched shapes (ratio = other / base)
@@ -125,6 +131,15 @@ if v is not None:
                  f"but against a {e0.duration_us_per_gmac * e0.gmac / ceil_us:.1f}x distance to the mma.sync k16 line ({k16_tops:.0f} TOPS) I2F is not what "
                  f"carries the gap; issue-active falls {e0.issue_active_pct:.0f}% -> {e1.issue_active_pct:.0f}% as FFMA dependency waits replace the conversions.")
 print("\n".join(lines))
+report.abstract(
+    f"Round 6 splits the speed gap of the int8 kernels into Nsight Compute counters per GMAC on the H200, after "
+    f"checking that every kernel does exactly the GEMM's tensor work (IMMA = MACs), and tests one explanation with a "
+    f"counter-evidence patch. Duration follows the warp-instruction count ({f.inst_per_ns:.0f} warp instructions "
+    f"per ns, r² {f.r2:.2f}), and the expanded-B q6_K kernel issues {e0.inst_per_imma:.1f} warp instructions per "
+    f"tensor instruction (q4_K {q4.inst_per_imma:.1f}) where the tensor pipe could absorb about {cyc_per_mma:.0f}. "
+    + (f"Removing the I2F conversions cuts {100 * (1 - e1.warp_inst / e0.warp_inst):.0f}% of the instructions but "
+       f"moves duration only {100 * v.ab_delta:+.1f}%: the rescale epilogue's whole instruction stream, not the "
+       f"conversions, is the lever." if v is not None else "The lever is fewer instructions per tensor instruction."))
 report.headline(**{"IMMA = MACs": "exact on all kernels", "linear law": f"{f.inst_per_ns:.0f} warp-inst/ns, r2 {f.r2:.2f}",
                    "expb inst/IMMA": f"{e0.inst_per_imma:.1f} (q4_K {q4.inst_per_imma:.1f})",
                    "I2F counter-evidence": (f"{v.verdict}: {100 * v.ab_delta:+.1f}% duration for {100 * (1 - e1.warp_inst / e0.warp_inst):.0f}% fewer instructions" if v is not None else "-")})

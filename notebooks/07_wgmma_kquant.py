@@ -1,49 +1,5 @@
 # %% [markdown]
 # # Round 7 — a Hopper-native q4_K / q6_K GEMM: weights dequantized in registers feeding `wgmma`
-#
-# Rounds 3–6 ran the k-quants on int8 `mma.sync` with q8_1 activations and stopped at 0.15× (q6_K) and 0.23×
-# (q4_K) of cuBLAS fp16 on dequantized weights. Round 6 named the cause: ~21 warp instructions per IMMA, mostly
-# the per-sub-block float rescale that int8 accumulation forces. This round removes that epilogue altogether.
-#
-# **Design** (`labkernels/kernels/wgmma_kq.cu`, launcher `labkernels.wgmma`, entry `labkernels.gpu.qmatmul`):
-# * `wgmma.mma_async.m64nBNk16.f32.f16.f16` (and `.bf16`) with the **weights as the register-sourced A operand**:
-#   each thread turns its rows' raw k-quant bits into fp16/bf16 fragments in registers — the sub-block scale (and
-#   q4_K's min) folded into every weight, so the accumulators are final: no per-k epilogue.
-# * activations (fp16, converted once per layer input) are the B operand: `[BN tokens × 64 k]` tiles with the
-#   128-byte swizzle, loaded by TMA into a 4-stage ring of full/empty mbarriers;
-# * **warp specialization**: warpgroup 0 produces (one thread issues TMA; `setmaxnreg.dec 24`), warpgroups 1–2
-#   consume 64 weight rows each (`setmaxnreg.inc 240`); two A-fragment register sets so a chunk's conversion
-#   overlaps the previous chunk's `wgmma`s;
-# * **weight layout**: the same bits per weight as GGUF (q4_K 4.5, q6_K 6.5625), repacked once at load so that
-#   each thread's bytes are contiguous 16-byte loads and each 32-bit word unpacks into A-fragment pairs with one
-#   `lop3` (q4_K keeps its 144-byte blocks with the nibble bytes permuted; q6_K becomes four planes). The repack
-#   round-trips to the GGUF bytes exactly (`tests/test_wgmma.py`).
-# * a second form, measured beside it: the **shared-memory form** (`wgmma_kqs`, q4_K; its section below), where a
-#   converter warpgroup writes the dequantized weights to shared memory and the consumers only issue wgmma.
-#
-# **The issue-slot arithmetic, written down before the measurement.** An H200 SM issues 4 warp-instructions per
-# clock and runs 2048 fp16 MACs per clock on the tensor cores. One `m64n128k16` (131,072 MACs) takes 64 clocks;
-# the two consumer warpgroups need two per k16 step, 128 clocks, in which the SM can issue 512 warp-instructions.
-# Converting a chunk costs each thread ~2 instructions per weight element (one `lop3`, an `HADD2`/`HFMA2` or
-# `HMUL2` per pair, a shift) plus the scale decode: the compiled main loop has ~44 instructions per thread per
-# `wgmma` at BN=128 (read off the SASS), i.e. 8 warps × 44 = 352 of the 512 slots — about 70% issue use.
-# **Prediction:** BN=128 is near issue-bound and reaches ~55–65% of the tensor line; BN=256 halves the conversion
-# per MAC (~35% issue) and should approach cuBLAS (~80% of the line) where there are enough token tiles; nt=512
-# (BN=128, one wave of 128 CTAs for od=4096) therefore lands near ~0.8× cuBLAS, short of the 1.0× bar.
-#
-# **Second step: a stream-K tile scheduler (`SK=1`), prediction written before its measurement.** The first
-# measurement (below, and the prediction-vs-measurement note) left nt=512 at 0.65–0.82×: BN=256 runs at ~80% of the
-# tensor line but nt=512 gives it only 64 tiles for od=4096 (half the 132 SMs idle) and 172 for od=11008 (1.3
-# waves), while BN=128 fills the machine at 51–62%. The kernel now takes a runtime schedule: `SK=0` is the plain
-# grid (one CTA per tile); `SK=1` is a persistent grid of one CTA per SM in which whole waves of tiles go
-# data-parallel and the last full wave plus the remainder is **stream-K** — its k iterations (super-blocks of 256)
-# cut into 132 equal contiguous ranges; a CTA whose range starts inside a tile writes its partial accumulators to
-# a workspace and raises a flag, and the CTA holding the tile's k = 0 adds the partials in CTA order (fixed order:
-# bitwise reproducible) and stores. **Prediction:** with per-super-block cost c and ~1 super-block of fill and
-# fix-up per segment, BN=256 stream-K at nt=512 takes ~(16·64/132 + 1)·c for 4096×4096 against 17·c data-parallel
-# on half the machine: ~1.9× faster than BN=256-DP, ~640 TOPS-eq, ≈1.03× cuBLAS; 11008×4096 ~0.95×;
-# 4096×11008 and 4096×14336 (64 tiles, K 2.7–3.5× longer, fill amortized) ~0.97–1.0×. So stream-K should bring
-# nt=512 to about cuBLAS, within ±5%, not clearly above it; nt=4096 should not move (whole waves are data-parallel).
 
 # %% tags=["parameters"]
 mode: "OneOf[auto, measure, replay]" = "auto"   # measure (GPU) | replay (recorded run) | auto
@@ -65,9 +21,39 @@ from labkernels.rounds import open_round
 r7 = open_round("07", mode, shapes=shapes, nts=nts, qtypes=qtypes, pairs=pairs, repeats=repeats)
 mode, run = r7.mode, r7.run      # the benchmark run: measured now, or the latest recorded
 r7.banner()
+report.lead()        # the abstract, headline and result figure: filled in where they are computed
 bench_df = run.table("wgmma_bench")
 summ = wgmma.summary(bench_df)
 med = wgmma.medians(bench_df)
+
+# %% [markdown]
+# ## Method
+#
+# Rounds 3–6 ran the k-quants on int8 `mma.sync` with q8_1 activations and stopped at 0.15× (q6_K) and 0.23×
+# (q4_K) of cuBLAS fp16 on dequantized weights. Round 6 named the cause: ~21 warp instructions per IMMA, mostly
+# the per-sub-block float rescale that int8 accumulation forces. This round removes that epilogue altogether.
+#
+# **Design** (`labkernels/kernels/wgmma_kq.cu`, launcher `labkernels.wgmma`, entry `labkernels.gpu.qmatmul`):
+# * `wgmma.mma_async.m64nBNk16.f32.f16.f16` (and `.bf16`) with the **weights as the register-sourced A operand**:
+#   each thread turns its rows' raw k-quant bits into fp16/bf16 fragments in registers — the sub-block scale (and
+#   q4_K's min) folded into every weight, so the accumulators are final: no per-k epilogue.
+# * activations (fp16, converted once per layer input) are the B operand: `[BN tokens × 64 k]` tiles with the
+#   128-byte swizzle, loaded by TMA into a 4-stage ring of full/empty mbarriers;
+# * **warp specialization**: warpgroup 0 produces (one thread issues TMA; `setmaxnreg.dec 24`), warpgroups 1–2
+#   consume 64 weight rows each (`setmaxnreg.inc 240`); two A-fragment register sets so a chunk's conversion
+#   overlaps the previous chunk's `wgmma`s;
+# * **weight layout**: the same bits per weight as GGUF (q4_K 4.5, q6_K 6.5625), repacked once at load so that
+#   each thread's bytes are contiguous 16-byte loads and each 32-bit word unpacks into A-fragment pairs with one
+#   `lop3` (q4_K keeps its 144-byte blocks with the nibble bytes permuted; q6_K becomes four planes). The repack
+#   round-trips to the GGUF bytes exactly (`tests/test_wgmma.py`).
+# * a second form, measured beside it: the **shared-memory form** (`wgmma_kqs`, q4_K; its section below), where a
+#   converter warpgroup writes the dequantized weights to shared memory and the consumers only issue wgmma.
+#
+# **The benchmark of record** times every main-path variant of both forms at the four 7B shapes and seven nt
+# (64-4096), interleaved with cuBLAS fp16 on cached dequantized weights (and including the dequantization) and the
+# lab's int8 kernels, L2 flushed before every launch, each point parity-gated before it is timed. This page shows
+# that run, the targets, the roofline and the 7B prefill; the 28 steps that led here -- each with its prediction,
+# measurement and verdict -- are on the [steps ledger](07_wgmma_kquant_steps.html).
 
 # %% [markdown]
 # ## Correctness first: the gates of every timed point, and of every q4_K / q6_K tensor of Gemma 3 270M
@@ -139,12 +125,16 @@ for i, q in enumerate(["q4_K", "q6_K"]):
         if i == 1:
             ax.set_xlabel("nt (tokens)")
 axes[0, 0].legend(fontsize=8, loc="upper left")
-fig.suptitle(f"Round 7 ({report.source(run)}): median of {int(bench_df.pair.max()) + 1} interleaved rounds, "
-             "L2 flushed", fontsize=11)
-plt.show()
+report.lead_figure(fig, f"Throughput (TOPS-equivalent, 2·nt·od·id / time) over nt at the four 7B shapes, both weight "
+                        f"types: the fastest wgmma_kq variant per point against cuBLAS fp16 on cached dequantized "
+                        f"weights (dashed), cuBLAS including the dequantization, the shared-memory form and the lab's "
+                        f"int8 kernels; median of {int(bench_df.pair.max()) + 1} interleaved rounds, L2 flushed "
+                        f"({report.source(run)})")
 
 # %% [markdown]
-# ## The bar: nt=4096 ≥ 650 TOPS-eq and ≥ 0.85× cuBLAS fp16; nt=512 ≥ 1.0× cuBLAS fp16 (same process, interleaved)
+# ## The targets: nt=4096 ≥ 650 TOPS-eq and ≥ 0.85× cuBLAS fp16; nt=512 ≥ 1.0× cuBLAS fp16 (same process, interleaved)
+#
+# Both set when the round was planned; cuBLAS is timed in the same process, interleaved with the kernel.
 
 # %%
 lab_gpu = peers.run_gpu_name(run)
@@ -156,11 +146,183 @@ if cmp.ok and len(cmp.table):
                     on=["qtype", "od", "id", "nt"])
 display(report.table(tab, caption="Time ratios > 1: round 7 faster (median of per-round ratios)"))
 print(cmp.message)
-bar = pd.DataFrame(wgmma.bars(summ))
-display(report.table(bar, caption="The issue's performance bar, point by point"))
+bar = pd.DataFrame(wgmma.bars(summ)).rename(columns={"bar": "target"})
+display(report.table(bar, caption="The targets, point by point"))
 
 # %% [markdown]
-# ## The tile scheduler at nt=512: data-parallel (one CTA per tile) vs stream-K (persistent, k split)
+# ## Roofline: where the points sit against the fp16 tensor line and HBM
+
+# %%
+fig, ax = plt.subplots(figsize=(8.5, 5.5))
+peak, hbm = 989.0, 4.8                                  # dense fp16 TFLOPS and TB/s (H200 datasheet)
+ai = np.logspace(0, 4, 200)
+ax.plot(ai, np.minimum(peak, hbm * ai), color="0.3", lw=1.2, label=f"roofline: {peak:.0f} TFLOPS, {hbm} TB/s")
+for q, mk in (("q4_K", "o"), ("q6_K", "s")):
+    d = summ[summ.qtype == q]
+    x = [2 * r.nt * r.od * r.id / wgmma.traffic_bytes(q, r.nt, r.od, r.id) for r in d.itertuples()]
+    ax.scatter(x, d.tops_eq, marker=mk, color=plotting.color("wgmma_kq"), alpha=.8, label=f"wgmma_kq {q}")
+    ax.scatter(x, d.cublas_tops, marker=mk, facecolors="none", edgecolors=plotting.color("cublas_f16_cached"),
+               label=f"cuBLAS fp16 on cached weights, at the {q} points")
+ax.set_xscale("log"); ax.set_yscale("log")
+ax.set_xlim(60, 4000); ax.set_ylim(40, 1300)
+ax.set_xlabel("arithmetic intensity (FLOP per byte of the fewest HBM bytes: weights once, fp16 x, f32 y)")
+ax.set_ylabel("TFLOPS (TOPS-eq)")
+ax.legend(fontsize=8); ax.grid(alpha=.3, which="both")
+ax.set_title(report.source(run), fontsize=9)
+plt.show()
+
+# %% [markdown]
+# ## In the prefill: the synthetic llama-7B Q4_K_M
+#
+# The prefill of record is the forward captured as one CUDA graph with the fusions (what `labkernels prefill` runs),
+# from the newest prefill_graph run made with the cuDNN frontend (`labkernels.facts`, the same figure round 5
+# shows). Below it, the A/B runs of this round: the int8 families against `qmatmul(kernel="auto")` in one process,
+# **eager** (not the captured graph), so their tok/s sit under the figure of record.
+
+# %%
+from labkernels import facts
+rec7 = facts.prefill()
+vs7 = facts.prefill_vs_llama()
+no_cudnn = facts.prefill_without_cudnn()
+display(report.kv_table({"7B prefill of record (nt=3325)": rec7.text(),
+                         **{f"vs llama.cpp at nt={n_}": f_.text() for n_, f_ in sorted(vs7.items())},
+                         **({"without the cuDNN frontend": no_cudnn.text()} if no_cudnn is not None else {}),
+                         "target": facts.prefill_target(rec7)},
+                        caption="The prefill of record (labkernels.facts: one function per figure, its run named)"))
+
+# %%
+abr = [r for r in records.list_runs("prefill") if (r.meta.get("params") or {}).get("ab") and r.has("throughput")
+       and r.run_id > "20261201T092"]   # the A/B runs at the final kernel (an earlier one had an unmemoized choice)
+if not abr:
+    print("no recorded A/B prefill run")
+else:
+    ab = pd.concat([r.table("throughput").assign(run=r.run_id) for r in abr])
+    abt = ab.groupby(["run", "model", "nt", "kernel"], as_index=False).agg(
+        tok_per_s=("tok_per_s", "median"), wall_ms=("wall_ms", "median"), rounds=("round", "nunique"),
+        gemm_families=("gemm_families", "first"))
+    display(report.table(abt, caption="The eager A/B runs (not the figure of record): whole prefills, median over 3 "
+                                       "interleaved rounds per run; 'int8' = the int8 families (rounds 3-4), 'auto' = "
+                                       "qmatmul's choice (wgmma_kq) with the fp16 fusions, 'auto-unfused' = the same "
+                                       "without them"))
+    for r in abr:
+        piv = r.table("throughput").pivot_table(index="nt", columns="kernel", values="tok_per_s", aggfunc="median")
+        first, other = r.meta["params"]["ab"][0], r.meta["params"]["ab"][1:]
+        for nt_, row in piv.iterrows():
+            print(f"run {r.run_id} nt={nt_}: " + ", ".join(f"{k} / {first} = {row[k] / row[first]:.2f}x" for k in other))
+        if r.has("logits_vs_first"):
+            lv = r.table("logits_vs_first")
+            print(f"  logits of every variant vs {first}: max |diff| {lv.max_abs_diff.max():.3g}, top-1 same: "
+                  f"{bool(lv.top1_same.all())}")
+    best = abt[abt.kernel == "auto"].sort_values("run").groupby(["model", "nt"]).last().reset_index()
+    pc = peers.prefill_vs_llama(best[["model", "nt", "tok_per_s"]], peers.run_gpu_name(abr[-1]), flash_attn=1)
+    if pc.ok and len(pc.table):
+        display(report.table(pc.table, caption=f"eager A/B (auto, each run's latest; not the figure of record) / "
+                                               f"llama.cpp llama-bench (flash attention on), same GGUF recipe and nt"))
+    print(pc.message)
+    lt = abr[-1].table("throughput")
+    if "attention" in lt:   # the A/B step's machine may lack the cuDNN frontend: its attention is then the lab's alone
+        print(f"the latest A/B run ({abr[-1].run_id}) ran attention: {', '.join(sorted(set(lt.attention)))}"
+              + ("" if decompose.with_cudnn(abr[-1]) else " (no cuDNN frontend on that machine: the lab's kernel alone)"))
+
+# %%
+s7 = summ[(summ.od == headline_shape[0]) & (summ.id == headline_shape[1]) & (summ.nt == headline_nt)].set_index("qtype")
+g_run = facts.gemm_run()
+assert g_run.run_id == run.run_id or mode == "measure", (g_run.run_id, run.run_id)   # one benchmark of record
+heads = {}
+for q in s7.index:
+    tops_f, vs_f = facts.gemm(q, headline_shape[0], headline_shape[1], headline_nt, summary=summ)
+    heads[f"{q} @{headline_shape[0]}x{headline_shape[1]}, nt={headline_nt}"] = f"{tops_f.shown}, {vs_f.shown}"
+n512 = summ[summ.nt == 512].vs_cublas_f16_cached
+heads["nt=512 vs cuBLAS fp16 (worst / best shape)"] = f"{n512.min():.2f}x / {n512.max():.2f}x"
+heads["benchmark of record"] = f"run {run.run_id}"
+heads["7B prefill of record (nt=3325)"] = rec7.text()
+heads["7B prefill vs llama.cpp"] = facts.vs_llama_text(vs7)
+
+
+def _target_at(n):
+    bs = [b for b in wgmma.bars(summ) if b["nt"] == n]
+    met = sum(b["met"] for b in bs)
+    t = facts.TARGETS["wgmma_small" if n == 512 else "wgmma_large"]
+    return f"{t.what}: {'met' if met == len(bs) else 'not met'} ({met} of {len(bs)} points)"
+
+
+heads["targets (set when round 7 was planned)"] = "; ".join(
+    [_target_at(4096), _target_at(512),
+     f"{facts.TARGETS['prefill_7b'].what}: {'met' if rec7.value >= 2 * facts.PREFILL_BASE_TOK_S else 'not met'} "
+     f"({rec7.value / facts.PREFILL_BASE_TOK_S:.2f}x 8,428, the int8 kernels' prefill then)"])
+vs_txt = ", ".join(f"{q} {s7.loc[q, 'vs_cublas_f16_cached']:.2f}x" for q in s7.index)
+report.abstract(
+    f"Round 7 removes the int8 kernels' per-sub-block float epilogue: a Hopper kernel dequantizes the q4_K / q6_K "
+    f"weights in its consumer warpgroups' registers and feeds them to wgmma as the register-sourced operand, with "
+    f"TMA-staged fp16 activations, warp specialization and three tile schedulers. At nt=4096 it matches cuBLAS fp16 on "
+    f"dequantized weights ({vs_txt} "
+    f"at {headline_shape[0]}x{headline_shape[1]}) and takes the synthetic 7B's prefill to {rec7.shown}, "
+    f"{vs7[facts.PREFILL_NT].shown} llama.cpp's. At nt=512 it stays at {n512.min():.2f}-{n512.max():.2f}x cuBLAS "
+    f"after 28 measured steps: the conversion on the consumers' own path and ~6 us of fixed time per launch stand "
+    f"between it and the target.")
+report.headline(**heads)
+
+# %%
+report.footer(run.provenance)
+
+# %% [markdown] tags=["page:steps"]
+# # Round 7 — steps ledger: each step's prediction, measurement and verdict
+#
+# The record page ([07_wgmma_kquant.html](07_wgmma_kquant.html)) gives the result; this page gives how it was
+# reached. Every step wrote its prediction down before its GPU run (in the commit that built it), then measured;
+# the table is the ledger, and each section below opens with its row, then the step's figures and tables read from
+# its recorded runs and what it found. Builds marked exploratory or ablation are timing experiments kept out of the
+# main path (`LK_EXP_*` / `LK_ABLATE_*` defines).
+
+# %%
+from labkernels.rounds import r07_ledger
+display(report.table(r07_ledger.table(), caption="The steps of round 7: what each asked, what it predicted, what it "
+                                                  "measured and the verdict"))
+
+# %% [markdown]
+# ## First step: the register-fed wgmma kernel
+#
+# **The issue-slot arithmetic, written down before the measurement.** An H200 SM issues 4 warp-instructions per
+# clock and runs 2048 fp16 MACs per clock on the tensor cores. One `m64n128k16` (131,072 MACs) takes 64 clocks;
+# the two consumer warpgroups need two per k16 step, 128 clocks, in which the SM can issue 512 warp-instructions.
+# Converting a chunk costs each thread ~2 instructions per weight element (one `lop3`, an `HADD2`/`HFMA2` or
+# `HMUL2` per pair, a shift) plus the scale decode: the compiled main loop has ~44 instructions per thread per
+# `wgmma` at BN=128 (read off the SASS), i.e. 8 warps × 44 = 352 of the 512 slots — about 70% issue use.
+# **Prediction:** BN=128 is near issue-bound and reaches ~55–65% of the tensor line; BN=256 halves the conversion
+# per MAC (~35% issue) and should approach cuBLAS (~80% of the line) where there are enough token tiles; nt=512
+# (BN=128, one wave of 128 CTAs for od=4096) therefore lands near ~0.8× cuBLAS, short of the 1.0× target.
+
+# %%
+report.step(r07_ledger.step(1))
+
+# %% [markdown]
+# **Prediction against measurement.** First step — predicted: BN=128 near issue-bound at ~55–65% of the tensor line,
+# BN=256 near cuBLAS (~80%), nt=512 near ~0.8× cuBLAS. Measured (run 20261201T091148Z): 51–62% (BN=128) and 80–82%
+# (BN=256) SM compute throughput; nt=4096 at 0.92–1.01× cuBLAS; nt=512 at 0.65–0.82×. The BN=128 part was right in
+# size but wrong in cause: issue slots were only 39–45% busy, so the loss is latency, not issue bandwidth.
+
+# %% [markdown]
+# ## Second step: the tile scheduler at nt=512, data-parallel (one CTA per tile) vs stream-K (persistent, k split)
+#
+# **Second step: a stream-K tile scheduler (`SK=1`), prediction written before its measurement.** The first
+# measurement (below, and the prediction-vs-measurement note) left nt=512 at 0.65–0.82×: BN=256 runs at ~80% of the
+# tensor line but nt=512 gives it only 64 tiles for od=4096 (half the 132 SMs idle) and 172 for od=11008 (1.3
+# waves), while BN=128 fills the machine at 51–62%. The kernel now takes a runtime schedule: `SK=0` is the plain
+# grid (one CTA per tile); `SK=1` is a persistent grid of one CTA per SM in which whole waves of tiles go
+# data-parallel and the last full wave plus the remainder is **stream-K** — its k iterations (super-blocks of 256)
+# cut into 132 equal contiguous ranges; a CTA whose range starts inside a tile writes its partial accumulators to
+# a workspace and raises a flag, and the CTA holding the tile's k = 0 adds the partials in CTA order (fixed order:
+# bitwise reproducible) and stores. **Prediction:** with per-super-block cost c and ~1 super-block of fill and
+# fix-up per segment, BN=256 stream-K at nt=512 takes ~(16·64/132 + 1)·c for 4096×4096 against 17·c data-parallel
+# on half the machine: ~1.9× faster than BN=256-DP, ~640 TOPS-eq, ≈1.03× cuBLAS; 11008×4096 ~0.95×;
+# 4096×11008 and 4096×14336 (64 tiles, K 2.7–3.5× longer, fill amortized) ~0.97–1.0×. So stream-K should bring
+# nt=512 to about cuBLAS, within ±5%, not clearly above it; nt=4096 should not move (whole waves are data-parallel).
+
+# %%
+report.step(r07_ledger.step(2))
+
+# %% [markdown]
+# ### Measured: the schedulers at nt=512
 
 # %%
 n512 = med[(med.nt == 512) & med.variant.str.startswith(("wgmma_bn", "cublas_f16_cached"))].copy()
@@ -334,7 +496,63 @@ else:
 # recorded but does not fit.
 
 # %% [markdown]
-# ## The shared-memory form: conversion off the consumers' chain
+# Second step, stream-K — predicted: BN=256 stream-K ~1.9× BN=256 data-parallel at 4096×4096, nt=512 within ±5% of
+# cuBLAS. Measured (run 20261201T103932Z, interleaved): stream-K BN=256 is 1.22–1.49× data-parallel BN=256 (1.29× for
+# q4_K 4096×4096, not 1.9×), the best nt=512 point per shape now 0.82–0.87× cuBLAS for q4_K and 0.69–0.75×
+# for q6_K — the nt=512 target (≥ 1.0×) is **not met**. The prediction was wrong by the per-launch cost: it assumed
+# ~1 super-block of fill and fix-up per segment; the cost scan above (run 20261201T143621Z; 20261201T110331Z before
+# it agrees) puts the intercept of a stream-K BN=256 launch at 10.8 us against cuBLAS's 6.7 us — about 3.5
+# super-blocks of one CTA's main loop — and its slope at 5.90 ns per unit of k against cuBLAS's 5.29 (+12%; the
+# data-parallel BN=128 launch has cuBLAS's intercept, 7.2 us, and a 33% steeper slope, 7.05 ns). The cost scans up to
+# 20261201T143621Z also timed "ablation builds" that did not get their -D flags (a cache bug, fixed after commit
+# 9ceeaf9), so their "ablations" were the plain kernel; the conclusion an earlier version of this paragraph drew from
+# them is withdrawn. The valid ablations and the per-CTA trace (above, runs 20261201T155450Z / 155423Z) now put the
+# extra intercept in the stream-K epilogue: fix-up 3.2 us, store 4.4 us of the 35.6 us launch. At nt=4096 the
+# scheduler changes nothing measurable (whole waves stay data-parallel; the best point per shape is 0.87–1.03×
+# cuBLAS in that run).
+#
+# **What else was tried at nt=512** (exploratory, printed, not recorded; same process, interleaved with cuBLAS): an
+# 8-deep activation ring at BN=128 (16 KB stages): 1–4% faster at all six points — the B ring is not it. A 192-token
+# tile (m64n192k16): slower than BN=256 stream-K at every shape (0.59–0.79× cuBLAS). An L2 prefetch of the
+# super-block two ahead (`-DLK_EXP_L2PF`, commit 6ccc2725a1) was timed too, but that build hit the same -D bug as the
+# ablations: the "prefetch" kernel was the plain one, so the L2 prefetch is **untested**. With the shared-memory form
+# and the scale-plane experiment above, four changes to what feeds the consumers moved nt=512 by at most a few
+# percent; the register form's own convert → wgmma → wait chain per warpgroup (two per SM) is the remaining
+# suspect, not a measured cause. Not tried: ping-pong consumers on different tiles, clusters with TMA multicast of
+# the activations, the L2 prefetch (for real). The per-CTA trace (above) has since said where a stream-K launch's
+# extra time goes: its serial epilogue, not the main loop.
+
+# %% [markdown]
+# ## Third step: the uniform split-k grid (`SK=2`)
+#
+# The grid that the split-finish A/B above found (G CTAs per tile, each a G-th of its k), made a scheduler of the
+# kernel.
+
+# %%
+report.step(r07_ledger.step(3))
+
+# %% [markdown]
+# Third step, the uniform split-k grid (`SK=2`) — predicted from the paired-grid runs of the split-finish A/B (run
+# 20261201T174118Z): 5–10% faster than stream-K where it fits, nothing elsewhere. Measured in the benchmark of record
+# (run 20261201T174905Z, commit 5fd9d93, 225 real-model gates, sanitizers clean over 21 cases): at nt=512 it is the
+# best variant at 4096×4096 and 4096×14336 for both types, 1.06–1.11× stream-K, taking q4_K 4096×14336 to 0.93×
+# cuBLAS (q4_K 0.83–0.87× at nt=512 in run 20261201T142707Z) and q6_K to 0.76× / 0.84× (0.69–0.75× there);
+# 11008×4096 (172 tiles) and 4096×11008 (43
+# super-blocks, a prime) do not take it, and stay at 0.73–0.84×. So the nt=512 target is still **not met** at any point
+# (0.72–0.93×). At nt=4096 the same run has q6_K 4096×4096 at 650.0 and 11008×4096 at 632.5 TOPS-eq (0.87× / 0.91×
+# cuBLAS): by the absolute figure at and just below the 650 line that run 20261201T142707Z cleared at every point
+# (659 and 650 there; its cuBLAS was 1–4% faster at the same points, so the GPU ran faster in that run); by the
+# ratio, above 0.85× everywhere. It also made `_sku` the auto
+# choice at small nt for these shapes (nt=64–256: 0.87–0.98× cuBLAS at 4096×4096).
+#
+# Re-run at commit 4f0922c (run 20261201T201816Z, no kernel change since 5fd9d93): 297 real-model gates -- `SK=2` on
+# all 36 Gemma tensors included now -- all passed (max rel err vs float64 1.08e-3, int8 q8_1 path 8.27e-3). nt=512:
+# 0.82× / 0.84× / 0.95× / 0.82× cuBLAS for q4_K (4096×4096, 4096×11008, 4096×14336, 11008×4096), 0.76× / 0.71× /
+# 0.84× / 0.73× for q6_K: the target is still not met. nt=4096: q4_K 684–761 TOPS-eq (0.95–1.00×), q6_K 636–700
+# (0.87–0.98×); q6_K 11008×4096 at 636 is under the 650 line in this run again (it cleared it in run 142707Z).
+
+# %% [markdown]
+# ## The shared-memory form (beside the second and third steps): conversion off the consumers' chain
 #
 # **Why, and the prediction (written before the measurement).** The counters below say the register form's two
 # consumer warpgroups stall on their own convert → wgmma → wait chain. The shared-memory form (`wgmma_kqs`, q4_K)
@@ -366,6 +584,9 @@ else:
 # form's main loop is not issue-bound either; its extra weight loads cost more than the instructions saved.
 
 # %%
+report.step(r07_ledger.step('shared-memory form'))
+
+# %%
 fm = wgmma.forms(bench_df)
 if len(fm):
     display(report.table(fm, caption=f"Register vs shared-memory form, q4_K, best variant of each ({report.source(run)}); "
@@ -374,29 +595,7 @@ else:
     print(f"run {run.run_id} has no shared-memory-form rows")
 
 # %% [markdown]
-# ## Roofline: where the points sit against the fp16 tensor line and HBM
-
-# %%
-fig, ax = plt.subplots(figsize=(8.5, 5.5))
-peak, hbm = 989.0, 4.8                                  # dense fp16 TFLOPS and TB/s (H200 datasheet)
-ai = np.logspace(0, 4, 200)
-ax.plot(ai, np.minimum(peak, hbm * ai), color="0.3", lw=1.2, label=f"roofline: {peak:.0f} TFLOPS, {hbm} TB/s")
-for q, mk in (("q4_K", "o"), ("q6_K", "s")):
-    d = summ[summ.qtype == q]
-    x = [2 * r.nt * r.od * r.id / wgmma.traffic_bytes(q, r.nt, r.od, r.id) for r in d.itertuples()]
-    ax.scatter(x, d.tops_eq, marker=mk, color=plotting.color("wgmma_kq"), alpha=.8, label=f"wgmma_kq {q}")
-    ax.scatter(x, d.cublas_tops, marker=mk, facecolors="none", edgecolors=plotting.color("cublas_f16_cached"),
-               label=f"cuBLAS fp16 on cached weights, at the {q} points")
-ax.set_xscale("log"); ax.set_yscale("log")
-ax.set_xlim(60, 4000); ax.set_ylim(40, 1300)
-ax.set_xlabel("arithmetic intensity (FLOP per byte of the fewest HBM bytes: weights once, fp16 x, f32 y)")
-ax.set_ylabel("TFLOPS (TOPS-eq)")
-ax.legend(fontsize=8); ax.grid(alpha=.3, which="both")
-ax.set_title(report.source(run), fontsize=9)
-plt.show()
-
-# %% [markdown]
-# ## What stands between the kernel and the 989 TFLOPS line: Nsight Compute on the main variants
+# ## The counters of the main variants (Nsight Compute): what stands between the kernel and the 989 TFLOPS line
 
 # %%
 nc = records.latest("wgmma", where=lambda r: r.has("sections") and not (r.meta.get("params") or {}).get("defines"))
@@ -433,57 +632,6 @@ else:
 # different tiles (one converts and issues while the other drains and stores) as the next step.
 
 # %% [markdown]
-# **Prediction against measurement.** First step — predicted: BN=128 near issue-bound at ~55–65% of the tensor line,
-# BN=256 near cuBLAS (~80%), nt=512 near ~0.8× cuBLAS. Measured (run 20261201T091148Z): 51–62% (BN=128) and 80–82%
-# (BN=256) SM compute throughput; nt=4096 at 0.92–1.01× cuBLAS; nt=512 at 0.65–0.82×. The BN=128 part was right in
-# size but wrong in cause: issue slots were only 39–45% busy, so the loss is latency, not issue bandwidth.
-#
-# Second step, stream-K — predicted: BN=256 stream-K ~1.9× BN=256 data-parallel at 4096×4096, nt=512 within ±5% of
-# cuBLAS. Measured (run 20261201T103932Z, interleaved): stream-K BN=256 is 1.22–1.49× data-parallel BN=256 (1.29× for
-# q4_K 4096×4096, not 1.9×), the best nt=512 point per shape now 0.82–0.87× cuBLAS for q4_K and 0.69–0.75×
-# for q6_K — the nt=512 bar (≥ 1.0×) is **not met**. The prediction was wrong by the per-launch cost: it assumed
-# ~1 super-block of fill and fix-up per segment; the cost scan above (run 20261201T143621Z; 20261201T110331Z before
-# it agrees) puts the intercept of a stream-K BN=256 launch at 10.8 us against cuBLAS's 6.7 us — about 3.5
-# super-blocks of one CTA's main loop — and its slope at 5.90 ns per unit of k against cuBLAS's 5.29 (+12%; the
-# data-parallel BN=128 launch has cuBLAS's intercept, 7.2 us, and a 33% steeper slope, 7.05 ns). The cost scans up to
-# 20261201T143621Z also timed "ablation builds" that did not get their -D flags (a cache bug, fixed after commit
-# 9ceeaf9), so their "ablations" were the plain kernel; the conclusion an earlier version of this paragraph drew from
-# them is withdrawn. The valid ablations and the per-CTA trace (above, runs 20261201T155450Z / 155423Z) now put the
-# extra intercept in the stream-K epilogue: fix-up 3.2 us, store 4.4 us of the 35.6 us launch. At nt=4096 the
-# scheduler changes nothing measurable (whole waves stay data-parallel; the best point per shape is 0.87–1.03×
-# cuBLAS in that run).
-#
-# **What else was tried at nt=512** (exploratory, printed, not recorded; same process, interleaved with cuBLAS): an
-# 8-deep activation ring at BN=128 (16 KB stages): 1–4% faster at all six points — the B ring is not it. A 192-token
-# tile (m64n192k16): slower than BN=256 stream-K at every shape (0.59–0.79× cuBLAS). An L2 prefetch of the
-# super-block two ahead (`-DLK_EXP_L2PF`, commit 6ccc2725a1) was timed too, but that build hit the same -D bug as the
-# ablations: the "prefetch" kernel was the plain one, so the L2 prefetch is **untested**. With the shared-memory form
-# and the scale-plane experiment above, four changes to what feeds the consumers moved nt=512 by at most a few
-# percent; the register form's own convert → wgmma → wait chain per warpgroup (two per SM) is the remaining
-# suspect, not a measured cause. Not tried: ping-pong consumers on different tiles, clusters with TMA multicast of
-# the activations, the L2 prefetch (for real). The per-CTA trace (above) has since said where a stream-K launch's
-# extra time goes: its serial epilogue, not the main loop.
-#
-# Third step, the uniform split-k grid (`SK=2`) — predicted from the paired-grid runs of the split-finish A/B (run
-# 20261201T174118Z): 5–10% faster than stream-K where it fits, nothing elsewhere. Measured in the benchmark of record
-# (run 20261201T174905Z, commit 5fd9d93, 225 real-model gates, sanitizers clean over 21 cases): at nt=512 it is the
-# best variant at 4096×4096 and 4096×14336 for both types, 1.06–1.11× stream-K, taking q4_K 4096×14336 to 0.93×
-# cuBLAS (q4_K 0.83–0.87× at nt=512 in run 20261201T142707Z) and q6_K to 0.76× / 0.84× (0.69–0.75× there);
-# 11008×4096 (172 tiles) and 4096×11008 (43
-# super-blocks, a prime) do not take it, and stay at 0.73–0.84×. So the nt=512 bar is still **not met** at any point
-# (0.72–0.93×). At nt=4096 the same run has q6_K 4096×4096 at 650.0 and 11008×4096 at 632.5 TOPS-eq (0.87× / 0.91×
-# cuBLAS): by the absolute figure at and just below the 650 line that run 20261201T142707Z cleared at every point
-# (659 and 650 there; its cuBLAS was 1–4% faster at the same points, so the GPU ran faster in that run); by the
-# ratio, above 0.85× everywhere. It also made `_sku` the auto
-# choice at small nt for these shapes (nt=64–256: 0.87–0.98× cuBLAS at 4096×4096).
-#
-# Re-run at commit 4f0922c (run 20261201T201816Z, no kernel change since 5fd9d93): 297 real-model gates -- `SK=2` on
-# all 36 Gemma tensors included now -- all passed (max rel err vs float64 1.08e-3, int8 q8_1 path 8.27e-3). nt=512:
-# 0.82× / 0.84× / 0.95× / 0.82× cuBLAS for q4_K (4096×4096, 4096×11008, 4096×14336, 11008×4096), 0.76× / 0.71× /
-# 0.84× / 0.73× for q6_K: the bar is still not met. nt=4096: q4_K 684–761 TOPS-eq (0.95–1.00×), q6_K 636–700
-# (0.87–0.98×); q6_K 11008×4096 at 636 is under the 650 line in this run again (it cleared it in run 142707Z).
-
-# %% [markdown]
 # ## Fourth step: the epilogue of a CTA's last segment, and the tile-aligned split (built; prediction first)
 #
 # The trace and the ablations above put what the stream-K BN=256 launch loses at nt=512 after its main loop: the
@@ -516,10 +664,13 @@ else:
 # the 4.4 us store), at SK=0 too; `SK=3` at 4096×11008 1.06–1.11× its stream-K launch, as SK=2 was at the other
 # shapes. Together: q4_K 4096×4096 from 0.82× to ~0.90–0.95× cuBLAS, 4096×14336 from 0.95× to ~1.0×, 4096×11008
 # from 0.84× to ~0.92×; q6_K 0.71–0.84× to ~0.78–0.90×. 11008×4096 (172 tiles: no split-k grid fits, stream-K
-# stays best) should not move, unless BN=128 SK=0 with the TMA store overtakes it. So the nt=512 bar (≥ 1.0× at
+# stays best) should not move, unless BN=128 SK=0 with the TMA store overtakes it. So the nt=512 target (≥ 1.0× at
 # every shape) is predicted to stay **not met** even if this works; nt=4096 should not move (data-parallel whole
 # waves store 1.9 us per tile of a 100+ us launch). `gpu-check --steps wgmma_epi` gates the new forms on every Gemma tensor and times them against
 # the plain ones and cuBLAS at nt 256–1024 (its own table: `auto` keeps reading the benchmark of record).
+
+# %%
+report.step(r07_ledger.step(4))
 
 # %%
 if run_audit and shutil.which("nvcc"):
@@ -566,7 +717,7 @@ else:
 # record: **run 20261201T231237Z** (commit 9e8632a; 621 real-model gates of every form passed, max rel err vs float64
 # 1.36e-3, int8 path 8.17e-3) has nt=512 at 0.83× / 0.90× / 0.95× / 0.82× cuBLAS for q4_K (4096×4096, 4096×11008,
 # 4096×14336, 11008×4096) and 0.76× / 0.79× / 0.83× / 0.72× for q6_K: 4096×11008 up from 0.84× / 0.71× (run
-# 201816Z), the others unchanged, the nt=512 bar still **not met**. nt=4096: q4_K 700–766 TOPS-eq (0.94–1.00×),
+# 201816Z), the others unchanged, the nt=512 target still **not met**. nt=4096: q4_K 700–766 TOPS-eq (0.94–1.00×),
 # q6_K 630–702 (0.87–0.95×); q6_K 11008×4096 at 630 stays under the 650 line.
 
 # %% [markdown]
@@ -592,6 +743,9 @@ else:
 #
 # The figure shows what each option did at every timed point, interleaved in one process with its base variant and
 # cuBLAS.
+
+# %%
+report.step(r07_ledger.step(5))
 
 # %%
 opt_runs = [(r, t) for t in ("wgmma_aq_ab", "wgmma_pf_ab")
@@ -718,6 +872,9 @@ else:
 #   and in the benchmark of record, where it is the best variant at two nt=512 points by under 1%.
 
 # %%
+report.step(r07_ledger.step(6))
+
+# %%
 pr = records.latest("wgmma", where=lambda r: r.has("wgmma_pair_ab"))
 if pr is None:
     print("no recorded run of the pair exchange (gpu-check --steps wgmma_pair)")
@@ -772,6 +929,9 @@ else:
 # * **nt=4096:** q4_K 710–773 TOPS-eq (0.94–1.03× cuBLAS), q6_K 654–706 (0.87–1.02×). All eight points clear
 #   650 TOPS-eq and 0.85×. q6_K 11008 × 4096 is at 654 (633 in the previous benchmark of record, 20261202T024948Z).
 # * **nt=512:** q4_K 0.83–0.95×, q6_K 0.73–0.84×. **Not met** at any point.
+
+# %%
+report.step(r07_ledger.step(7))
 
 # %%
 sr = records.latest("wgmma", where=lambda r: r.has("wgmma_staged_ab"))
@@ -830,6 +990,9 @@ else:
 # picks it. The BN=256 build it would have led to is not made.
 
 # %%
+report.step(r07_ledger.step(8))
+
+# %%
 cr = records.latest("wgmma", where=lambda r: r.has("wgmma_conv2_ab"))
 if cr is None:
     print("no recorded run of the two-converter A/B (gpu-check --steps wgmma_conv2)")
@@ -854,7 +1017,7 @@ else:
 # * **`LK_ABLATE_NOCONV`**, the loop converting nothing (timing only): 1.32–1.71× the plain build at nt=512.
 #   q4_K 4096 × 4096 went from 489 to 646 TOPS-eq (cuBLAS 602 in the same process), and 4096 × 14336 from 551
 #   to 805 (cuBLAS 721). **The conversion is the lever.** Without it, BN=128 data-parallel would clear the
-#   nt=512 bar at two of the four shapes.
+#   nt=512 target at two of the four shapes.
 #
 # **What the SASS said** (`cuobjdump -sass` of the nvcc 13.0 sm_90a build, instructions between the loop's first
 # and sixteenth wgmma; static counts, reproducible on a CPU). The q4_K BN=128 loop issued 534 instructions per
@@ -894,7 +1057,7 @@ else:
 #   said (the BN=256 loop runs at ~99% of the pipe's rate). **q6_K:** BN=256 1.01–1.05×, BN=128 (SCL=1, which
 #   keeps its path) 0.99–1.05×.
 # * **The new benchmark of record**, run 20261202T053352Z (1,125 real-model gates of every form passed, max rel
-#   err vs float64 1.15e-3), is the run the bar table above reads:
+#   err vs float64 1.15e-3), is the run the target table above reads:
 #   * **nt=4096:** q4_K 706–763 TOPS-eq (0.95–1.03× cuBLAS), q6_K 652–714 (0.89–1.02×). Met at all eight
 #     points. q6_K 11008 × 4096, at 652, is 2 TOPS-eq over the 650 line.
 #   * **nt=512:** q4_K 0.84–0.95×, q6_K 0.74–0.85×. **Not met.** BN=128 data-parallel is now the best q4_K launch
@@ -907,6 +1070,9 @@ else:
 # per weight and more tensor work per conversion, not the finish:
 # * a scale plane precomputed at load time (f16 pairs, +0.5–1 bit per weight, to be stated);
 # * BN=192/256 tiles at nt=512 without the split-k finish (ping-pong consumers on two token tiles).
+
+# %%
+report.step(r07_ledger.step(9))
 
 # %%
 c16 = records.latest("wgmma", where=lambda r: r.has("wgmma_conv16_ab"))
@@ -953,7 +1119,10 @@ else:
 #
 # **Prediction.** The ninth step's −29% of the loop's instructions gave BN=128 +9–17%. This −15% should give
 # +4–8%: q4_K 4096 × 4096 at nt=512 from 530 to 550–570 TOPS-eq (0.90–0.93× cuBLAS), and 4096 × 14336 from 611
-# to 635–660. That is still under the 1.0× bar.
+# to 635–660. That is still under the 1.0× target.
+
+# %%
+report.step(r07_ledger.step(10))
 
 # %%
 pr2 = records.latest("wgmma", where=lambda r: r.has("wgmma_plane_ab"))
@@ -997,6 +1166,9 @@ else:
 # 0.5), q6_K ≥ 0.6; the skeleton ≥ 1.05× cuBLAS at BN=128 and at the BN=256 split grids.
 
 # %%
+report.step(r07_ledger.step(11))
+
+# %%
 ces = [r for r in records.list_runs("wgmma") if r.has("wgmma_ceiling_ab")]
 if not ces:
     print("no recorded ceiling A/B run (gpu-check --steps wgmma_ceiling)")
@@ -1025,7 +1197,7 @@ else:   # each run's ratios from its own interleaved timings; a later run adds l
 #   skeleton is 1.00× cuBLAS at 11008 × 4096 for both types (721 vs 720 TOPS-eq) — the one skeleton here that
 #   reaches cuBLAS at that shape, with no margin for any conversion — and 0.98–1.05× elsewhere; its plain launch is
 #   0.74–0.80× (q4_K) and 0.57–0.64× (q6_K). (BN=128 on the tile-aligned split has no grid at nt=512.)
-# * **What stands between nt=512 and the bar**, then: at 4096 × {4096, 11008, 14336}, the conversion (q4_K: 63–88%
+# * **What stands between nt=512 and the target**, then: at 4096 × {4096, 11008, 14336}, the conversion (q4_K: 63–88%
 #   of the gap to the skeleton at BN=128) and, for q6_K, its loads as much; at 11008 × 4096, the skeleton too: the
 #   best one there (BN=128 stream-K) only ties cuBLAS.
 #   The 989 TFLOPS line is further still: the best skeleton per shape reaches 0.65–0.82 of it (645–808 TOPS-eq).
@@ -1045,6 +1217,9 @@ else:   # each run's ratios from its own interleaved timings; a later run adds l
 #
 # **Prediction** (commit 82d821d): q6_K BN=128 nt=512 +8–15% (its no-load ceiling is +25%), q6_K BN=256 +3–8%,
 # q4_K BN=128 +2–5%.
+
+# %%
+report.step(r07_ledger.step(12))
 
 # %%
 ws = records.latest("wgmma", where=lambda r: r.has("wgmma_wstage_ab"))
@@ -1089,6 +1264,9 @@ else:
 #
 # **Prediction** (commit dde549e, from the eleventh step's no-load builds): q6_K BN=128 +15–25% at nt=512, q6_K
 # BN=256 +5–12%, q4_K BN=128 +2–6%; q6_K still under 1.0× cuBLAS at nt=512 (its no-load builds reach 0.83–0.93×).
+
+# %%
+report.step(r07_ledger.step(13))
 
 # %%
 wts = sorted((r for r in records.list_runs("wgmma") if r.has("wgmma_wtma_ab")), key=lambda r: r.run_id)
@@ -1163,7 +1341,7 @@ else:
 #   it rises too for q4_K, and for q6_K on the stream-K grid, not on the tile split) with the
 #   ring three super-blocks ahead, so the wait is not the ring's lead; each super-block now has a blocking wait on
 #   the full barrier in the chunk where q4_K loads (`LOAD_AT=0`), which is a likely cause, not measured apart.
-# * **Against the bar:** the best launch per point at nt=512 with the ring is 0.80–0.93× cuBLAS for q4_K (the plain
+# * **Against the target:** the best launch per point at nt=512 with the ring is 0.80–0.93× cuBLAS for q4_K (the plain
 #   build's 0.83–0.93× in the same run) and 0.76–0.88× for q6_K (plain 0.74–0.85×). q6_K's best launches are the
 #   BN=256 split grids, where the ring gains least.
 # * **Outcome:** the build stays exploratory (`LK_EXP_WTMA`, off the registry's main path); q6_K BN=128 is not a
@@ -1189,6 +1367,9 @@ else:
 #
 # The trace build's own event timings in that run (`trace_timed`) are host-bound (one `gemm()` call a launch,
 # ~95–140 us against stamp spans of 28–108 us), so they are not used here; later trace runs do not take them.
+
+# %%
+report.step(r07_ledger.step(14))
 
 # %%
 ttr = records.latest("wgmma", where=lambda r: r.has("trace_summary") and "sm_count" in (r.meta.get("params") or {}))
@@ -1242,7 +1423,7 @@ else:
 #
 # **Prediction** (commit message, before the run): the owner's finish from 6.7 to ~2.5 us at q4_K 4096 × 4096;
 # at nt=512, q4_K's tile-aligned split from 0.82× to 0.90–0.96× cuBLAS, q6_K's from 0.76× to 0.83–0.88×; stream-K
-# at 11008 × 4096 +2–5% (its owners' finish is 5 us of a ~75 us launch); nt=4096 within ±2%. The nt=512 bar (1.0×)
+# at 11008 × 4096 +2–5% (its owners' finish is 5 us of a ~75 us launch); nt=4096 within ±2%. The nt=512 target (1.0×)
 # probably still not met.
 
 # %%
@@ -1306,7 +1487,7 @@ if trs:
 #
 # The finish was the part of the split launches the trace could see; removing ~4.7 us of it bought ~1.4 us of launch
 # time at q4_K 4096 × 4096 (34.5 → 33.1 us timed): the reduce-adds drain after the last stamp, and the ~6 us between
-# the stamps' span (27.0 us) and the timed launch stay. **The nt=512 bar is still not met:** the best launch per point
+# the stamps' span (27.0 us) and the timed launch stay. **The nt=512 target is still not met:** the best launch per point
 # is 0.85–0.94× cuBLAS for q4_K and 0.75–0.85× for q6_K (table above). What stands between: q6_K's conversion is not
 # hidden even at 256 tokens (5,080–5,370 cycles per super-block against the tensor pipe's 4,096), BN=128 data-parallel
 # runs its loop at ~84% of the pipe, and a ~33 us launch carries ~6 us outside its CTAs' stamped work.
@@ -1327,6 +1508,9 @@ if trs:
 # **Prediction** (commit 7f1a131): the wgmma nt=512 launches 2–6 us faster behind the lead, cuBLAS 0–2 us; the
 # ratio to cuBLAS up by 0.05–0.15 at nt=512; at nt=4096 within 3%. If `gemm()`'s host time stays below the
 # flush's device time, the lead changes nothing and the hypothesis is wrong.
+
+# %%
+report.step(r07_ledger.step(15))
 
 # %%
 lr = records.latest("wgmma", where=lambda r: r.has("wgmma_lead_ab"))
@@ -1357,7 +1541,7 @@ else:
 # at one nt=4096 point: q4_K 4096 × 14336). **The prediction was wrong:** the benchmark's numbers are device time,
 # and the ~6 us outside the stamps is on the device: the launch and CTA start before the first stamp, the
 # reduce-adds and exit after the last (how it splits between them is not measured). The same run repeats the
-# standing of the bar at nt=512 (q4_K 0.82–0.94×, q6_K 0.74–0.86× cuBLAS) and at nt=4096 (q4_K 0.94–1.00×, q6_K
+# standing of the target at nt=512 (q4_K 0.82–0.94×, q6_K 0.74–0.86× cuBLAS) and at nt=4096 (q4_K 0.94–1.00×, q6_K
 # 0.88–0.92×).
 
 # %% [markdown]
@@ -1381,6 +1565,9 @@ else:
 # **Prediction** (commit e9d5a87): the empty build of the BN=256 split launches 3.5–5.0 us, the 1-CTA kernel 2–3 us.
 # The flushed trace's span 1–3 us longer than the warm one. Then plain time − flushed span ≈ the floor, and what is
 # left after the last stamp ≤ 1.5 us.
+
+# %%
+report.step(r07_ledger.step(16))
 
 # %%
 fr = records.latest("wgmma", where=lambda r: r.has("wgmma_floor_ab"))
@@ -1459,6 +1646,9 @@ if tc is not None:
 # nt=4096 q6_K +3–8%, q4_K ±2%.
 
 # %%
+report.step(r07_ledger.step(17))
+
+# %%
 pr = records.latest("wgmma", where=lambda r: r.has("wgmma_tmapf_ab"))
 if pr is None:
     print("no recorded run of the L2-prefetch build (gpu-check --steps wgmma_tmapf)")
@@ -1496,6 +1686,9 @@ else:
 #
 # **Prediction** (commit e0fb934): the launches of record at 1.60–1.70 GHz, cuBLAS 0–7% higher, the probe alone
 # ~1.98 GHz. The ratio to cuBLAS in cycles 0.00–0.06 above the ratio in time.
+
+# %%
+report.step(r07_ledger.step(18))
 
 # %%
 cr = records.latest("wgmma", where=lambda r: r.has("wgmma_clock"))
@@ -1544,6 +1737,9 @@ else:
 # nt=4096 ±1%.
 
 # %%
+report.step(r07_ledger.step(19))
+
+# %%
 sr = records.latest("wgmma", where=lambda r: r.has("wgmma_swapred_ab"))
 if sr is None:
     print("no recorded run of the swapped reduce order (gpu-check --steps wgmma_swapred)")
@@ -1583,6 +1779,9 @@ else:
 # * the fixed-grid launches on their lines within 1 us; cuBLAS may change kernels over k and bend.
 # * second run (commit b243ed7): cuBLAS with fp32 output on the fp16-output slope within 2% and 0.5–1.5 us above
 #   its intercept; alone at k=16, 0.8–1.5 us above; the first run's figures repeated within 3%.
+
+# %%
+report.step(r07_ledger.step(20))
 
 # %%
 kr = records.latest("wgmma", where=lambda r: r.has("wgmma_kscan_ab"))
@@ -1649,12 +1848,12 @@ else:
 # * **Repeat:** the two runs agree within 2.5% on every launch's intercept and slope except BN=128 q4_K's
 #   intercept (4.4%), so the predicted "within 3%" is wrong at that one figure.
 #
-# **What stands between the kernel and the nt=512 bar, after the sixteenth to twentieth steps.**
+# **What stands between the kernel and the nt=512 target, after the sixteenth to twentieth steps.**
 # * **No launch has both halves.** The split launch has cuBLAS's cost per k (q4_K) and pays 4.3–4.7 us more fixed
 #   cost than BN=128 for it. BN=128 has nearly cuBLAS's fixed cost and pays in the loop. A launch with BN=128's
-#   intercept and the split's slope would only reach the bar at q4_K: the comparison table above gives it 0.97× at
+#   intercept and the split's slope would only reach the target at q4_K: the comparison table above gives it 0.97× at
 #   4096 × 4096 and 1.00× at 4096 × 14336 (0.94× and 0.98× in the first run), and q6_K 0.86–0.90×, whose loop is
-#   11% dearer per k than cuBLAS's. The bar needs cuBLAS's fixed cost *and* the split's loop at once, and for q6_K
+#   11% dearer per k than cuBLAS's. The target needs cuBLAS's fixed cost *and* the split's loop at once, and for q6_K
 #   a cheaper loop as well.
 # * **Where the split's fixed cost goes** (sixteenth step): a ~3 us floor that every launch pays, ~1.5–2.7 us of
 #   first-tile fill from a cold L2, ~2–3.5 us of finish (not two CTAs adding into the same lines: the nineteenth
@@ -1694,6 +1893,9 @@ else:
 # 4. commit 76896f2: the remote release with the arrive's default CTA-scope semantics (CUTLASS's
 #    `ClusterBarrier::arrive` form), not `.release.cluster`. Nsight Compute had put a fence in front of every chunk's
 #    arrive (below). Predicted: q4_K 0.85–1.00×, q6_K 0.75–0.90×, nt=4096 within 10% of BN=256 data-parallel.
+
+# %%
+report.step(r07_ledger.step(21))
 
 # %%
 KPAIR_LABELS = {"8f051eb": "1: k halves, 2 stages", "2dfdfe9": "2: k halves, 3 stages",
@@ -1771,11 +1973,11 @@ else:
 # * **Not kept.** It beats the launches of record only at 4096 × 4096 (q4_K +1.7%, q6_K +4.1%) and loses at the
 #   other shapes. It stays an exploratory build: `qmatmul` and the prefill do not use it.
 #
-# **What stands between the kernel and the nt=512 bar, after the twenty-first step.** Dropping the split's finish
+# **What stands between the kernel and the nt=512 target, after the twenty-first step.** Dropping the split's finish
 # with a 64-row tile gives about what the split had (q4_K 0.88–0.92×, q6_K 0.81–0.84× at od=4096), not cuBLAS's fixed
 # cost with the split's loop. The 64-row CTA's loop is 10–16% slower than the best 128-row launch at nt=4096, for a
 # cause not pinned down. So the 5.5 us of fixed cost the k scan found is not recovered by removing the finish alone.
-# The bar is still not met at any point.
+# The target is still not met at any point.
 #
 # **Levers not built:** ping-pong consumers (the epilogue of one warpgroup's tile under the other's loop), and q4_K's
 # min term as a correction GEMM. For this build: a persistent grid for 11008 × 4096. A `.relaxed.cluster` form of the
@@ -1808,7 +2010,7 @@ else:
 #   CTA only, so a CTA receives 128 of the 256 tokens per stage: 96 B/clk in the model. The wgmmas, the weights, the
 #   barriers and the remote releases are unchanged. It is timing only (`wgmma.kpair_ab(ablations=...)`), timed
 #   beside the KPAIR build, the launches of record and cuBLAS.
-# * **Nsight Compute of cuBLAS** (`gpu.matmul_f16`, the baseline call) at the bar's four shapes and nt 512 / 4096,
+# * **Nsight Compute of cuBLAS** (`gpu.matmul_f16`, the baseline call) at the target's four shapes and nt 512 / 4096,
 #   and of the launches of record, KPAIR and the ablation at 4096 × 4096. One process per case, profiled between
 #   `cudaProfilerStart` / `Stop` after warm-up. It records the launch configuration, the tensor pipe, and shared
 #   memory's data-bank reads and writes.
@@ -1820,6 +2022,9 @@ else:
 #    the plain BN=256 launch at nt=4096.
 # 3. cuBLAS at nt=512, 4096 × 4096 runs one wave of ≥ 128 CTAs with the tensor pipe 60–75% active. A 128 × 128
 #    shared-memory tile above 80% would refute the model as a hard bound.
+
+# %%
+report.step(r07_ledger.step(22))
 
 # %%
 sm_runs = [r for r in records.list_runs("wgmma") if r.has("smem_ncu")
@@ -1892,7 +2097,7 @@ else:
 #   * At 11008 × 4096 and nt=512, cuBLAS takes a 168 × 128 tile: 264 tiles, two exact waves of 132.
 #   * At nt=4096 it takes 256 × 128 "coopA" tiles on a 1×2 cluster (192 × 192 at 11008 × 4096), 95–98% active.
 #
-# **What stands between the kernel and the nt=512 bar, after the twenty-second step:**
+# **What stands between the kernel and the nt=512 target, after the twenty-second step:**
 # * **Shared memory is out.** It is not what limits any of the lab's loops: none of its cases uses more than 23% of
 #   either way's bank peak, and cuBLAS uses ≤ 39%.
 # * **At od=4096 the whole gap is the loop on the same grid.** cuBLAS and the lab's BN=128 launch have the same grid
@@ -1904,7 +2109,7 @@ else:
 # * **At 11008 × 4096 the grid is the lever.** cuBLAS's 168 × 128 tile fills two exact waves. The register form can
 #   come close with a 176-token tile: 86 × 3 = 258 tiles, 1.95 waves, each weight converted for 176 tokens, not
 #   128. This is not built.
-# * **The bar is still not met at any point.**
+# * **The target is still not met at any point.**
 
 # %% [markdown]
 # ## Twenty-third step: the shared-memory form without its conversion (ablation, prediction first)
@@ -1916,13 +2121,16 @@ else:
 #
 # **Design** (`gpu-check --steps wgmma_smemform`, `wgmma.smemform_ab`; commit 513243c). `LK_ABLATE_NOCONV` now
 # applies to the shared-memory form too. Its converters store nothing into the A slot but keep everything else: the
-# slot's waits, the proxy fence and the arrive, the raw-weight TMA ring, and the activation TMA. q4_K, the bar's four
+# slot's waits, the proxy fence and the arrive, the raw-weight TMA ring, and the activation TMA. q4_K, the target's four
 # shapes, nt 512 and 4096, data-parallel. Timed: FORM=1, FORM=2 and the register form's BN=128 (and BN=256 at
 # nt=4096), each parity-gated, beside the three BN=128 launches' no-conversion builds (timing only) and cuBLAS.
 #
 # **Prediction** (commit 513243c): the converters hold the form. Its no-conversion build reaches ≥ 0.95× cuBLAS at
 # nt=512 at three of the four shapes, so the conversion costs it ≥ 1.3×. If the build stays ≤ 0.80×, the protocol
 # holds the form, not the conversion.
+
+# %%
+report.step(r07_ledger.step(23))
 
 # %%
 sf_runs = [r for r in records.list_runs("wgmma") if r.has("wgmma_smemform_ab")]
@@ -1959,7 +2167,7 @@ else:
 #   done in the consumers, costs 1.20–1.31× at nt=512 (1.17–1.27× at nt=4096).
 #
 # So converting in the consumers' registers is the cheaper place for it, and the form's own hand-off costs about a
-# fifth before any conversion. This rules the shared-memory form out as the route to the bar unless its protocol
+# fifth before any conversion. This rules the shared-memory form out as the route to the target unless its protocol
 # is rebuilt. The suspects are not measured: the per-chunk A-slot barrier (4 converter warps → 8 consumer warps) and
 # the activation TMA issued from the converter's progress.
 
@@ -1990,6 +2198,9 @@ else:
 # * the lock-step (half B over half B decoupled) costs 1.06–1.15× at nt=512 and 1.03–1.10× at nt=4096;
 # * the decoupled build's tensor pipe is 76–82% active;
 # * the decoupled build without conversion reaches 0.95–1.05× cuBLAS at 4096 × 4096, nt=512.
+
+# %%
+report.step(r07_ledger.step(24))
 
 # %%
 dc_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "decouple_ab"]
@@ -2060,13 +2271,13 @@ if dn_runs:
 #   cuBLAS, against 0.864× and 0.790× for the best of record. At 4096 × 14336 it is behind the split: 0.905× against
 #   0.932× for q4_K, and 0.830× against 0.855× for q6_K.
 #
-# **What stands between the kernel and the nt=512 bar, after the twenty-fourth step.** At 4096 × 4096 the 64-row
-# CTA cannot reach the bar on its loop alone: with neither its conversion nor its lock-step it is at 0.93–0.97×. Its
+# **What stands between the kernel and the nt=512 target, after the twenty-fourth step.** At 4096 × 4096 the 64-row
+# CTA cannot reach the target on its loop alone: with neither its conversion nor its lock-step it is at 0.93–0.97×. Its
 # idle cycles are not in the weights, so they are in its own structure: the fill, the two warpgroups' exchange of
 # partial sums, the scalar f32 stores, and the cluster's exit. The register form's BN=128 skeleton on cuBLAS's own
 # grid is 1.02–1.11× (twenty-third step), but its conversion costs 1.20–1.31×. At 4096 × 14336 the KPAIR
-# skeleton clears the bar (1.01–1.02×); there the conversion (1.07× q4_K, 1.16× q6_K) and the lock-step (1.01–1.04×)
-# are what stand between. The bar wants the cheap conversion per weight of a 256-token tile and the idle time of a
+# skeleton clears the target (1.01–1.02×); there the conversion (1.07× q4_K, 1.16× q6_K) and the lock-step (1.01–1.04×)
+# are what stand between. The target wants the cheap conversion per weight of a 256-token tile and the idle time of a
 # 128 × 128 one at once, and no build so far has both.
 
 # %% [markdown]
@@ -2096,6 +2307,9 @@ if dn_runs:
 #   and 4,700–5,100 for q6_K;
 # * a finish of 1.5–2.5 us and an exit wait of 0.1–0.5 us;
 # * for BN=128: 2,500–2,650 cycles per super-block, a fill of 1.5–2.0 us and a finish of 1.5–2.2 us.
+
+# %%
+report.step(r07_ledger.step(25))
 
 # %%
 kt_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "kpair_trace"]
@@ -2145,8 +2359,8 @@ else:
 # * **Against cuBLAS** (4096 × 4096, q4_K). Its kernel runs ~25.7 us under ncu, ~21.8 us of them tensor-active. KPAIR's
 #   loop is already within ~1.5 us of the pipe's rate, and its ~6.3 us around the loop is where it loses.
 #
-# **What stands between the kernel and the nt=512 bar, after the twenty-fifth step.** The levers the trace shows are
-# small and do not add up to the bar. None is built:
+# **What stands between the kernel and the nt=512 target, after the twenty-fifth step.** The levers the trace shows are
+# small and do not add up to the target. None is built:
 # * an exit barrier that the pair arrives at right after its main loops (the last exit came 0.67 us after the last
 #   CTA's stores ended);
 # * a staged TMA store for KPAIR's finish, as EPI=4 is for the plain form (its finish is 0.5–0.9 us longer than
@@ -2181,6 +2395,9 @@ else:
 # **Prediction** (commit 73bc367):
 # * FIN over KPAIR: 1.02–1.05× at nt=512 at the od=4096 shapes, 1.03–1.07× at 11008 × 4096, and 1.04–1.08× at nt=4096;
 # * KPAIR q4_K at 4096 × 4096, nt=512: from ~0.90× to 0.92–0.95× cuBLAS.
+
+# %%
+report.step(r07_ledger.step(26))
 
 # %%
 fin_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "kpairfin_ab"]
@@ -2230,9 +2447,9 @@ else:
 #   0.92–0.95×). The exit wait and the scalar stores were worth ~0.7 us of a ~31.5 us launch, not the ~1.5–2 us the
 #   trace's medians suggested: the launch ends with its last CTA, and the medians are not that CTA.
 #
-# **What stands between the kernel and the nt=512 bar, after the twenty-sixth step.** The trace's fixed-cost levers
+# **What stands between the kernel and the nt=512 target, after the twenty-sixth step.** The trace's fixed-cost levers
 # are now measured, except the cluster start, and they are worth ~2%. The loop stays: KPAIR's runs 7–11% (q4_K) and
-# 22–25% (q6_K) over the tensor pipe's rate, while cuBLAS's tensor pipe is 85–95% active at the bar's shapes over its
+# 22–25% (q6_K) over the tensor pipe's rate, while cuBLAS's tensor pipe is 85–95% active at the target's shapes over its
 # whole kernel (twenty-second step). FIN stays an
 # exploratory form: `qmatmul` and the prefill do not use the KPAIR build.
 
@@ -2264,7 +2481,7 @@ else:
 #   the loop, the finish and the exit as FIN's.
 # * **A/B, EARLY over FIN:** 1.01–1.03× at nt=512 at 4096 × 4096 and 11008 × 4096 (0.3–0.8 us of ~30 us);
 #   1.00–1.01× at the wide ids; 1.000 ± 0.005 at nt=4096.
-# * **The bar:** q4_K at 4096 × 4096, nt=512 at 0.91–0.93× cuBLAS. The bar stays unmet at every point.
+# * **The target:** q4_K at 4096 × 4096, nt=512 at 0.91–0.93× cuBLAS. The target stays unmet at every point.
 #
 # **First run** (20261204T202619Z, commit ed66a4a): **wrong, and slower.** The fill fell as predicted, from 1.89 to
 # 1.23 us, but the setup rose from 0.80 to 3.71 us. A thread's arrive on the cluster barrier has release semantics,
@@ -2277,7 +2494,7 @@ else:
 #
 # **Prediction for OVERLAP** (written before the second run): the setup back to 0.8–0.95 us; the fill 1.2–1.6 us
 # (it overlaps only the wait, and the first run puts its floor at 1.23 us); OVERLAP over FIN 1.00–1.02× at nt=512
-# at 4096 × 4096 and 11008 × 4096, 1.000 ± 0.01 elsewhere. The bar stays unmet.
+# at 4096 × 4096 and 11008 × 4096, 1.000 ± 0.01 elsewhere. The target stays unmet.
 #
 # **Second run** (20261204T203358Z, commit b34bedb): **wrong again.** The setup came back to 0.90 us, but the first
 # stage now landed 4.32 us after it (FIN: 1.86). Both placements reach the first stage ~2.5 us later than FIN (EARLY
@@ -2295,7 +2512,10 @@ else:
 # **Prediction for the split** (written before the third run):
 # * PRODUCER: the fill 3.5–4.5 us, as OVERLAP's (the culprit);
 # * CONSUMERS: the fill 1.5–1.9 us, and 1.00–1.02× FIN at 4096 × 4096, nt=512;
-# * the bar stays unmet.
+# * the target stays unmet.
+
+# %%
+report.step(r07_ledger.step(27))
 
 # %%
 early_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "kpairearly"]
@@ -2369,7 +2589,7 @@ else:
 # %% [markdown]
 # ## Twenty-eighth step: what the float32 Y costs (ablation, prediction first)
 #
-# **Why.** The issue asks the lab's kernels for float32 Y, and cuBLAS's fp16 GEMM, the bar's yardstick, writes fp16
+# **Why.** The issue asks the lab's kernels for float32 Y, and cuBLAS's fp16 GEMM, the target's yardstick, writes fp16
 # C. At 4096 × 4096, nt=512, the FIN form writes 8 MB of Y where cuBLAS writes 4 MB, all of it in the launch's last
 # microseconds, since every CTA of the single wave finishes at about the same time. Until now the notes said this
 # without measuring it.
@@ -2384,7 +2604,10 @@ else:
 # * nt=512: 1.01–1.03× at 4096 × 4096, 1.02–1.04× at 11008 × 4096, 1.005–1.01× at the wide ids;
 # * nt=4096: 1.00–1.02× (the stores overlap other CTAs' loops).
 #
-# Even at the top of the range, the nt=512 bar stays unmet: q4_K at 4096 × 4096 would reach ~0.93×.
+# Even at the top of the range, the nt=512 target stays unmet: q4_K at 4096 × 4096 would reach ~0.93×.
+
+# %%
+report.step(r07_ledger.step(28))
 
 # %%
 hy_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "halfy_ab"]
@@ -2414,7 +2637,7 @@ else:
 # **Measured** (run 20261204T205701Z, commit 9c0b105). All 72 real-model gates of the KPAIR build and 72 of the FIN
 # form passed, and 88 of 88 gates at the timed points; the ablation is never gated.
 #
-# **A 16-bit Y's bytes would buy at most 2.4%: the float32 Y is not what stands between the kernel and the bar.**
+# **A 16-bit Y's bytes would buy at most 2.4%: the float32 Y is not what stands between the kernel and the target.**
 # * **nt=512:** HALFY over FIN is 1.023× (q4_K) and 1.011× (q6_K) at 4096 × 4096, inside the predicted 1.01–1.03×.
 #   At 11008 × 4096 it is 1.021× and 1.019× (predicted 1.02–1.04×: at its low edge). At the wide ids it is
 #   0.997–1.005×, at or below the predicted 1.005–1.01×.
@@ -2423,87 +2646,12 @@ else:
 #   run. Between runs, FIN's own ratio at that point has ranged over 0.872–0.906× (this run and the twenty-seventh
 #   step's three), which is about as wide as the ablation's gain.
 #
-# **What stands between the kernel and the nt=512 bar, after the twenty-eighth step.** Every lever the trace and the
+# **What stands between the kernel and the nt=512 target, after the twenty-eighth step.** Every lever the trace and the
 # counters showed has now been measured. The lock-step (1–5%), the finish and the exit wait (together ~2%), the
 # float32 Y (at most 2.4%) and q4_K's conversion (2–7%) are each small; q6_K's conversion is the largest (7–16%); the
 # cold start's requests lose. What is left at 4096 × 4096 is the sum: a loop at 1.07× (q4_K) or 1.22× (q6_K) of the
 # tensor pipe's rate, plus ~6 us of fixed time per CTA, against a cuBLAS kernel whose tensor pipe is active 85–95% of
 # its whole run (the twenty-second step's counters).
-
-# %% [markdown]
-# ## In the prefill: the synthetic llama-7B Q4_K_M, int8 families vs `qmatmul(kernel="auto")`, same process
-
-# %%
-abr = [r for r in records.list_runs("prefill") if (r.meta.get("params") or {}).get("ab") and r.has("throughput")
-       and r.run_id > "20261201T092"]   # the A/B runs at the final kernel (an earlier one had an unmemoized choice)
-if not abr:
-    print("no recorded A/B prefill run")
-else:
-    ab = pd.concat([r.table("throughput").assign(run=r.run_id) for r in abr])
-    abt = ab.groupby(["run", "model", "nt", "kernel"], as_index=False).agg(
-        tok_per_s=("tok_per_s", "median"), wall_ms=("wall_ms", "median"), rounds=("round", "nunique"),
-        gemm_families=("gemm_families", "first"))
-    display(report.table(abt, caption="Whole prefills, median over 3 interleaved rounds per run: 'int8' = the int8 "
-                                       "families (rounds 3-4), 'auto' = qmatmul's choice (wgmma_kq) with the fp16 "
-                                       "fusions, 'auto-unfused' = the same without them"))
-    for r in abr:
-        piv = r.table("throughput").pivot_table(index="nt", columns="kernel", values="tok_per_s", aggfunc="median")
-        first, other = r.meta["params"]["ab"][0], r.meta["params"]["ab"][1:]
-        for nt_, row in piv.iterrows():
-            print(f"run {r.run_id} nt={nt_}: " + ", ".join(f"{k} / {first} = {row[k] / row[first]:.2f}x" for k in other))
-        if r.has("logits_vs_first"):
-            lv = r.table("logits_vs_first")
-            print(f"  logits of every variant vs {first}: max |diff| {lv.max_abs_diff.max():.3g}, top-1 same: "
-                  f"{bool(lv.top1_same.all())}")
-    best = abt[abt.kernel == "auto"].sort_values("run").groupby(["model", "nt"]).last().reset_index()
-    pc = peers.prefill_vs_llama(best[["model", "nt", "tok_per_s"]], peers.run_gpu_name(abr[-1]), flash_attn=1)
-    if pc.ok and len(pc.table):
-        display(report.table(pc.table, caption="whole prefill, lab (auto, latest run) / llama.cpp llama-bench (FA on), "
-                                               "same GGUF recipe and nt"))
-    print(pc.message)
-    lt = abr[-1].table("throughput")
-    if "attention" in lt:   # the A/B step's machine may lack the cuDNN frontend: its attention is then the lab's alone
-        print(f"the latest A/B run ({abr[-1].run_id}) ran attention: {', '.join(sorted(set(lt.attention)))}"
-              + ("" if decompose.with_cudnn(abr[-1]) else " (no cuDNN frontend on that machine: the lab's kernel alone)"))
-
-# %%
-s7 = summ[(summ.od == headline_shape[0]) & (summ.id == headline_shape[1]) & (summ.nt == headline_nt)].set_index("qtype")
-bar_ok = all(b["met"] for b in wgmma.bars(summ))
-heads = {f"{q} @{headline_shape[0]}x{headline_shape[1]}, nt={headline_nt}":
-         f"{s7.loc[q, 'tops_eq']:.0f} TOPS-eq, {s7.loc[q, 'vs_cublas_f16_cached']:.2f}x cuBLAS fp16" for q in s7.index}
-heads["nt=512 vs cuBLAS (worst / best shape)"] = (
-    f"{summ[summ.nt == 512].vs_cublas_f16_cached.min():.2f}x / {summ[summ.nt == 512].vs_cublas_f16_cached.max():.2f}x")
-# the 7B bar's command (`labkernels prefill --model synthetic-7b --tokens 3325 --attn-f16`) runs the captured graph
-# with the fusions by default: its figure is the latest prefill_graph run's graph-fused wall (round 5's source too)
-g7 = [r for r in records.list_runs("prefill") if (r.meta.get("params") or {}).get("what") == "graph"
-      and (r.meta.get("params") or {}).get("model") == "synthetic-7b" and r.has("throughput")
-      and decompose.with_cudnn(r)]   # the whole stack; a run without the cuDNN frontend is its own experiment
-if g7:
-    tg = g7[-1].table("throughput")
-    tg = tg[(tg.nt == 3325) & (tg.variant == "graph-fused")]
-    b7 = float(tg.tok_per_s.median())
-    heads["7B prefill nt=3325"] = (f"{b7:,.0f} tok/s graph-fused, median of {len(tg)} rounds (run {g7[-1].run_id}; "
-                                   f"{b7 / 8428:.2f}x the issue's 8,428): bar >= 2x {'met' if b7 >= 2 * 8428 else 'NOT met'}")
-    nof = decompose.latest_graph_run("synthetic-7b", "throughput", cudnn=False)
-    if nof is not None:   # auto's attention without the frontend: the lab's kernel alone, still captured
-        tn = nof.table("throughput")
-        tn = tn[(tn.nt == 3325) & (tn.variant == "graph-fused")]
-        heads["7B prefill nt=3325, no cuDNN frontend"] = (
-            f"{tn.tok_per_s.median():,.0f} tok/s graph-fused, attention {tn.attention.iloc[0]} (run {nof.run_id}; "
-            f"{tn.tok_per_s.median() / 8428:.2f}x the issue's 8,428)")
-elif abr:
-    b7 = best[(best.model == "synthetic-7b") & (best.nt == 3325)].tok_per_s.iloc[0]
-    heads["7B prefill nt=3325"] = (f"{b7:,.0f} tok/s (A/B run; {b7 / 8428:.2f}x the issue's 8,428): bar >= 2x "
-                                   f"{'met' if b7 >= 2 * 8428 else 'NOT met'}")
-def _bar_at(n):
-    bs = [b for b in wgmma.bars(summ) if b["nt"] == n]
-    below = sum(not b["met"] for b in bs)
-    return (f"nt={n}: {'met at all' if not below else f'{below} of'} {len(bs)} points"
-            f"{'' if not below else ' below'} ({bs[0]['bar']})")
-
-
-heads["GEMM bar"] = ("met" if bar_ok else "NOT met") + ": " + "; ".join(_bar_at(n) for n in (512, 4096))
-report.headline(**heads)
 
 # %%
 report.footer(run.provenance)

@@ -1,23 +1,5 @@
 # %% [markdown]
 # # Round 8 — Dask sweeps: kernel-variant points fanned out over one worker per GPU, recorded like every run
-#
-# A kernel lab's heavy work is sweeps (round 4: KDR x epilogue x occupancy x nt; round 7: tiles, stages,
-# schedulers). `labkernels sweep PLAN.yaml --cluster local[:N] | local-cuda[:N] | tcp://ADDRESS` runs a plan's tasks
-# on Dask distributed: dask-cuda's `LocalCUDACluster` (one worker per GPU, pinned by `CUDA_VISIBLE_DEVICES`, one
-# thread, so two timings never share a GPU), a `LocalCluster` of processes on a CPU machine, or a scheduler address.
-# Each *bench* task parity-gates every variant of one point (qtype, od, id, nt) against the exact references and
-# times them in interleaved pairs on its GPU; each task records a run under `data/08_dask_sweeps/` (series
-# `sweep_bench`) through the same validated import as a single-GPU run (provenance: sweep id, host, GPU index / UUID
-# / clocks). A task that raises is retried on another worker, a dead worker's task is rescheduled, both up to the
-# plan's attempt limit; re-running a plan skips the task keys already recorded. The sweep ends with a summary run
-# beside them (series `sweeps`, tables `tasks` and `best_variants`).
-#
-# This page shows one sweep: **coverage**, **per-GPU timings**, **failures and retries**, the **best variant** per
-# (GPU model, qtype, shape class, nt), and the issue's bar — **an H200 sweep of round-4 points through `local-cuda`
-# reproduces the serial numbers within the noise floor**: each point's sweep median against the same kernel at the
-# same shape in two serial round-4 runs (`kdr_sweep` runs in `data/04_kdr_sweep/`), whose disagreement with each
-# other is the noise floor. Logic: `labkernels/sweep.py` (plans in `labkernels/plans/`), tests
-# `tests/test_sweep.py`.
 
 # %% tags=["parameters"]
 mode: "OneOf[auto, measure, replay, cpu]" = "auto"   # replay (recorded sweep) | measure (run plan on cluster) | cpu (stand-in sweep, faults) | auto
@@ -44,7 +26,7 @@ if mode == "measure":
         res = sweep.run_sweep(sweep.plan_path(plan), cluster=cluster, force=force, progress=False, log=logs.append)
     summary_run = res["summary_run"]
 elif mode == "cpu":
-    root = Path(tempfile.mkdtemp(prefix="lk-sweep-page-")) / "data"
+    root = report.temp_dir("lk-sweep-page-") / "data"   # removed when the page ends, even if it fails
     with sweep.quiet_dask():
         res = sweep.run_sweep(sweep.plan_path(cpu_plan), cluster="local:2", root=root, workdir=root.parent / "work",
                               progress=False, log=logs.append)
@@ -57,9 +39,31 @@ elif summary_run is None:
     summary_run = latest.run_id
 rep = sweep.sweep_report(summary_run, root=root)
 run, tasks, points = rep["run"], rep["tasks"], rep["points"]
-report.banner(mode, run, f"Sweep {rep['sweep_id']} on cluster {rep['cluster']}.")
+report.banner(mode, run, f"Sweep {rep['sweep_id']} on cluster {rep['cluster']}.", stand_in=(mode == "cpu"))
+report.lead()        # the abstract, headline and result figure: filled in where they are computed
 if logs:
     print("\n".join(logs))
+
+# %% [markdown]
+# ## Method
+#
+# A kernel lab's heavy work is sweeps (round 4: KDR x epilogue x occupancy x nt; round 7: tiles, stages,
+# schedulers). `labkernels sweep PLAN.yaml --cluster local[:N] | local-cuda[:N] | tcp://ADDRESS` runs a plan's tasks
+# on Dask distributed: dask-cuda's `LocalCUDACluster` (one worker per GPU, pinned by `CUDA_VISIBLE_DEVICES`, one
+# thread, so two timings never share a GPU), a `LocalCluster` of processes on a CPU machine, or a scheduler address.
+# Each *bench* task parity-gates every variant of one point (qtype, od, id, nt) against the exact references and
+# times them in interleaved pairs on its GPU; each task records a run under `data/08_dask_sweeps/` (series
+# `sweep_bench`) through the same validated import as a single-GPU run (provenance: sweep id, host, GPU index / UUID
+# / clocks). A task that raises is retried on another worker, a dead worker's task is rescheduled, both up to the
+# plan's attempt limit; re-running a plan skips the task keys already recorded. The sweep ends with a summary run
+# beside them (series `sweeps`, tables `tasks` and `best_variants`).
+#
+# This page shows one sweep: **coverage**, **per-GPU timings**, **failures and retries**, the **best variant** per
+# (GPU model, qtype, shape class, nt), and the round's target — **an H200 sweep of round-4 points through `local-cuda`
+# reproduces the serial numbers within the noise floor**: each point's sweep median against the same kernel at the
+# same shape in two serial round-4 runs (`kdr_sweep` runs in `data/04_kdr_sweep/`), whose disagreement with each
+# other is the noise floor. Logic: `labkernels/sweep.py` (plans in `labkernels/plans/`), tests
+# `tests/test_sweep.py`.
 
 # %% [markdown]
 # ## Coverage: every planned task recorded once, skipped (recorded by an earlier sweep) or failed
@@ -95,6 +99,7 @@ ax.set_title(f"Sweep {rep['sweep_id']}: wall time per task, coloured by device\n
              fontsize=10)
 ax.grid(axis="x", alpha=.3)
 plt.show()
+fig_tasks = fig         # the result figure of a sweep without a reproduction check (a stand-in sweep)
 
 # %% [markdown]
 # ## Failures and retries
@@ -134,11 +139,11 @@ else:
                          caption="Best variants from within-GPU interleaved timings (median_us, tops_eq of the winner)"))
 
 # %% [markdown]
-# ## The bar: the sweep reproduces the serial round-4 numbers within the noise floor
+# ## The target: the sweep reproduces the serial round-4 numbers within the noise floor
 #
 # For every (kernel, od, id, nt) the sweep measured and round 4's serial sweep measured too: `ratio` = sweep
 # median / serial median, `ratio_again` = the same against the second serial run, `serial_ratio` = second
-# serial / first serial — the run-to-run noise floor. Bar: every sweep ratio (against either serial run) deviates
+# serial / first serial — the run-to-run noise floor. Target: every sweep ratio (against either serial run) deviates
 # from 1 by no more than the largest serial-to-serial deviation.
 
 # %%
@@ -159,7 +164,7 @@ else:
         "noise floor max |serial again / serial - 1|": f"{check['noise_floor']:.4f}",
         "largest sweep deviation |sweep / serial - 1|": f"{check['max_deviation']:.4f}",
         "points within the noise floor": f"{check['within']} of {check['points']}",
-        "bar": "met" if check["met"] else "NOT met"},
+        "target": "met" if check["met"] else "not met"},
         caption="Reproduction: sweep vs serial, and serial vs serial (the noise floor)"))
     ratio_fmt = {c: "{:.4f}" for c in repro.columns if "ratio" in c}
     display(report.table(sweep.reproduction_groups(repro), {c: "{:.4f}" for c in ("ratio_min", "ratio_max",
@@ -183,7 +188,12 @@ else:
                  f"serial runs\n(summary: {report.source(rep['run'])})", fontsize=10)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, frameon=False)
     ax.grid(alpha=.3)
-    plt.show()
+    report.lead_figure(fig, f"Each round-4 point's sweep median against the same kernel, shape and nt in two serial "
+                            f"round-4 runs (time ratios; 1 = the same), and the serial runs against each other: the "
+                            f"grey band is their noise floor ({report.source(rep['run'])})")
+if check is None:
+    report.lead_figure(fig_tasks, f"Wall time of each task of the sweep on its worker (s), coloured by device "
+                                  f"({report.source(rep['run'])})")
 
 # %%
 n = {s: int((tasks.status == s).sum()) for s in ("complete", "skipped", "failed")}
@@ -194,10 +204,38 @@ if check is not None:
     head["sweep / serial (%d points)" % check["points"]] = (
         f"{check['ratio_min']:.3f}-{check['ratio_max']:.3f} (vs 2nd serial {check['ratio_again_min']:.3f}-"
         f"{check['ratio_again_max']:.3f}); serial / serial {check['serial_min']:.3f}-{check['serial_max']:.3f}")
-    head["bar (within the noise floor ±%.3f)" % check["noise_floor"]] = "met" if check["met"] else "NOT met"
+    from labkernels import facts
+    head["target"] = facts.TARGETS["sweep"].text(check["met"]) + f" (noise floor ±{check['noise_floor']:.3f})"
+from labkernels.rounds import r08_sweeps
+spills = r08_sweeps.local_bytes(tasks, root)
 if not best.empty:
     top = best[best.nt == best.nt.max()]
-    head[f"best at nt={int(best.nt.max())}"] = "; ".join(f"{r.qtype} {r.shape_class} {r.variant}" for r in top.itertuples())
+    head[f"best at nt={int(best.nt.max())}"] = "; ".join(f"{r.qtype} {r.shape_class} "
+                                                         f"{r08_sweeps.best_name(r.family, r.variant, spills)}"
+                                                         for r in top.itertuples())
+spilled = sorted({f"{r.family}[{r.variant}]" for r in best.itertuples() if spills.get(f"{r.family}[{r.variant}]")}) \
+    if not best.empty else []
+if mode == "cpu":
+    report.abstract(
+        f"Round 8 runs kernel-variant sweeps as Dask tasks, one worker per GPU, each task parity-gated, timed in "
+        f"interleaved pairs on its own device and recorded like any run, with retries for tasks that fail and "
+        f"workers that die. This page is a stand-in: the numpy kernel on CPU worker processes ({rep['cluster']}), "
+        f"one task killing its worker once and one failing every attempt "
+        f"({n['complete']} of {len(tasks)} tasks complete, {n['failed']} failed). Nothing of it is the record: the "
+        f"published page replays the GPU sweep.")
+else:
+    report.abstract(
+        f"Round 8 runs kernel-variant sweeps as Dask tasks, one worker per GPU, each task parity-gated, timed in "
+        f"interleaved pairs on its own device and recorded like any run, with retries for tasks that fail and "
+        f"workers that die. "
+        + (f"The {points.gpu_name.iloc[0]} sweep of {check['points']} round-4 points reproduces the serial round-4 "
+           f"runs: every sweep / serial time ratio lies in {check['ratio_min']:.3f}-{check['ratio_max']:.3f}, "
+           f"{'inside' if check['met'] else 'not inside'} the serial runs' own noise floor of "
+           f"±{check['noise_floor']:.3f}. " if check is not None else
+           f"This sweep completed {n['complete']} of {len(tasks)} tasks. ")
+        + ("Its best-variant table is what the GEMM entry's auto choice reads for the int8 families"
+           + (f"; its fastest q6_K point ({', '.join(spilled)}) is a build that spills to local memory, not "
+              f"the registry's default." if spilled else ".")))
 report.headline(**head)
 
 # %%

@@ -107,6 +107,21 @@ def test_prebuilt_reuse_checks_sha_and_record(tmp_path, capsys):
     assert "no such file" in peers.check_prebuilt(tmp_path / "nope.tar.xz")[0]
 
 
+def test_build_from_source_says_what_it_would_do_and_asks_for_yes(tmp_path, capsys, monkeypatch):
+    """No prebuilt tarball: `peers build` prints the plan (downloads, ninja, ~36 min, whether this machine has a GPU)
+    and starts nothing without --yes."""
+    import subprocess
+
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("a build was started"))
+    dest = tmp_path / "cache"
+    rc = cli_main(["peers", "build", "--prebuilt", str(tmp_path / "none.tar.xz"), "--dest", str(dest)])
+    out = capsys.readouterr().out
+    assert rc == 2 and "no prebuilt tarball" in out and "about 36 minutes" in out and "ninja -j2" in out
+    assert "Nothing was started. Pass --yes" in out and not dest.exists()
+    rc = cli_main(["peers", "build", "--from-source", "--prebuilt", str(tmp_path / "none.tar.xz"), "--dest", str(dest)])
+    assert rc == 2 and "Nothing was started" in capsys.readouterr().out
+
+
 def test_shared_prebuilt_matches_recipe():
     """The real cache beside the repository (when this checkout has one) is reusable as the recipe's build."""
     tb = peers.SHARED_PEERS / peers.TARBALL_NAME

@@ -63,7 +63,10 @@ def test_run_index_figures_failure_page_and_last_good(tmp_path):
     assert state["02_bad"]["last_good"]["headline"] == {"fine": "yes"}
     html = (out / "01_good.html").read_text()
     assert "<details" in html and "VALUE 21" in html
-    assert html.count('src="data:image/png;base64,') == 1  # the figure is in the page
+    assert html.count('src="data:image/webp;base64,') == 1  # the figure is in the page (lossless WebP)
+    assert "data:image/png" not in html
+    # the page works offline: no script from anywhere (require.js, MathJax, mermaid were CDN scripts)
+    assert not re.search(r"<script[^>]+src=", html) and "cdnjs" not in html and "mathjax" not in html.lower()
     assert not re.search(r"In&nbsp;\[\d*\]", html) and not re.search(r"Out\[\d+\]", html)  # no prompts
     assert 'href="index.html"' in html and 'href="02_bad.html"' in html  # navigation bar: index, next
     assert "value = 21" in html  # the parameters given are shown
@@ -174,7 +177,7 @@ def test_two_concurrent_builds_leave_a_consistent_index(tmp_path):
     assert all(s["status"] == "ok" and s["headline"] == {"doubled": "2"} for s in state.values())
     for i in range(1, 5):
         page = (out / f"0{i}_r{i}.html").read_text()
-        assert page.rstrip().endswith("</html>") and 'src="data:image/png;base64,' in page
+        assert page.rstrip().endswith("</html>") and 'src="data:image/webp;base64,' in page
         nbformat.validate(nbformat.read(str(out / f"0{i}_r{i}.ipynb"), as_version=4))
     assert [p.name for p in out.iterdir() if ".tmp" in p.name] == []
 
@@ -267,3 +270,67 @@ def test_results_table_and_readme_markers(tmp_path):
     assert pipeline.replace_readme_table(readme, table) == f"intro\n{pipeline.README_BEGIN}\n{table}{pipeline.README_END}\nrest\n"
     with pytest.raises(pipeline.PipelineError):
         pipeline.replace_readme_table("no markers", table)
+
+
+def _paper(path):
+    """A page in the paper shape: title, the lead (filled at the end), a body figure that goes to the top, a
+    headline computed last, and a second page (cells from the one tagged page:steps)."""
+    steps = nbformat.v4.new_markdown_cell("# Round 1 — steps ledger: one section per step\n\n## First step\n\ntext")
+    steps.metadata["tags"] = ["page:steps"]
+    _nb(path, [
+        nbformat.v4.new_markdown_cell("# Round 1 — A paper-shaped page"), _params("value = 1  # an int"),
+        nbformat.v4.new_code_cell("from labkernels import report\nreport.setup()\nmode = report.resolve_mode('cpu')\n"
+                                  "report.banner(mode)\nreport.lead()"),
+        nbformat.v4.new_markdown_cell("## Method\n\nHow it was done."),
+        nbformat.v4.new_code_cell("import pandas as pd\ndisplay(report.table(pd.DataFrame({'a': range(30)})))"),
+        nbformat.v4.new_code_cell(FIGURE.replace("plt.show()", "report.lead_figure(fig, 'x against y (units), a test')")),
+        nbformat.v4.new_code_cell("report.abstract('We doubled a number. It came out even. That is the result.')\n"
+                                  "report.headline(doubled=value * 2)"),
+        steps, nbformat.v4.new_code_cell("print('LEDGER', value)")])
+
+
+def test_lead_at_the_top_filled_at_the_end_and_a_second_page(tmp_path):
+    nbd, out = tmp_path / "nb", tmp_path / "out"
+    nbd.mkdir()
+    _paper(nbd / "01_paper.ipynb")
+    assert pipeline.run([], ["value=21"], [], out_dir=out, notebooks_dir=nbd) == 0
+    main, ledger = (out / "01_paper.html").read_text(), (out / "01_paper_steps.html").read_text()
+    chk = pipeline.lead_check(main)
+    # nothing but the title and the banner before the lead; the lead holds the headline computed last, the figure
+    # drawn in the body and a three-sentence abstract; the body says where its figure went
+    assert chk == {"lead": True, "images_before": 0, "tables_before": 0, "text_before": chk["text_before"],
+                   "headline": True, "headline_rows": 1, "figure": True, "abstract_sentences": 3, "pending": False}
+    assert chk["text_before"] < 400
+    body = main.split("<body", 1)[1]
+    assert body.index("lk-lead") < body.index("Method") < body.index("lk-moved")
+    assert body.count("data:image/webp") == 1 and ">42<" in body.split("lk-lead", 1)[1].split("</section>")[0]
+    assert "LEDGER" not in main and "LEDGER 21" in ledger and "steps ledger" in ledger
+    assert 'href="01_paper_steps.html"' in main and 'href="01_paper.html"' in ledger   # each links the other
+    assert pipeline.lead_check(ledger) == {"lead": False}
+    state = pipeline.load_state(out)["01_paper"]
+    assert state["headline"] == {"doubled": "42"} and state["pages"] == ["01_paper_steps.html"]
+    assert "01_paper_steps.html" in (out / "index.html").read_text()
+
+
+def test_lead_refuses_a_long_abstract_and_a_figure_without_caption():
+    from labkernels import report
+
+    with pytest.raises(report.LeadError, match="1-3 sentences, this one 4"):
+        report.abstract("One. Two. Three. Four.")
+    assert len(report.sentences("The kernel runs 4.5x faster (e.g. at nt=512). It is exact. Done.")) == 3
+    with pytest.raises(report.LeadError, match="caption"):
+        report.lead_figure(object(), "")
+
+
+def test_a_stand_in_render_goes_to_scratch_and_leaves_the_published_page(tmp_path):
+    nbd, out = tmp_path / "nb", tmp_path / "out"
+    nbd.mkdir()
+    _good(nbd / "01_good.ipynb")
+    assert pipeline.run([], [], [], out_dir=out, notebooks_dir=nbd) == 0
+    published = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".index.lock"}
+    _good(nbd / "01_good.ipynb", extra="\nreport.banner('cpu', stand_in=True)")
+    assert pipeline.run([], [], [], out_dir=out, notebooks_dir=nbd) == 0
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".index.lock"} == published
+    scratch = out / "scratch"
+    page = (scratch / "01_good.html").read_text()
+    assert "STAND-IN" in page and pipeline.load_state(scratch)["01_good"]["stand_in"] is True

@@ -1,6 +1,7 @@
 """Paper-grade tables (labkernels.report.table), readable kernel names and paths, stable variant colours."""
 import numpy as np
 import pandas as pd
+import pytest
 
 from labkernels import plotting, report
 from labkernels.paths import REPO_ROOT
@@ -134,3 +135,26 @@ def test_ceiling_bars_take_the_fastest_launch_per_point():
     assert hs == [0.75, 0.81, 0.85, 0.86, 0.88, 1.05]
     assert any(list(l.get_ydata()) == [1, 1] for l in ax.get_lines())
     plt.close(fig)
+
+
+def test_step_head_needs_its_prediction_measurement_and_verdict(monkeypatch):
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj, metadata=None: shown.append(obj.data))
+    from labkernels.rounds import r07_ledger
+
+    s = r07_ledger.step(28)
+    report.step(s)
+    assert "predicted (before the run)" in shown[-1] and s.runs in shown[-1] and "verdict" in shown[-1]
+    with pytest.raises(report.LeadError, match="verdict"):
+        report.step(prediction="x", measured="y")
+    assert [x.number for x in r07_ledger.STEPS if isinstance(x.number, int)] == list(range(1, 29))
+    with pytest.raises(KeyError, match="no step 29"):
+        r07_ledger.step(29)
+
+
+def test_slim_tables_keeps_the_numeric_class_only():
+    from labkernels import pipeline
+
+    html = report.table(pd.DataFrame({"a": ["x"], "n": [1.5]})).to_html()
+    slim = pipeline.slim_tables(html)
+    assert 'class="num"' in slim and "row0" not in slim and "col_heading" not in slim and ">1.50<" in slim

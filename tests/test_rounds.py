@@ -262,3 +262,22 @@ def test_rounds_3_and_4_measure_through_the_table_on_the_cpu_shim(monkeypatch, t
     q4 = records.load("q4k", got["q4k"]["run"], root)
     assert q4.table("parity").ok.all() and set(q4.table("q4k_bench").variant) >= {"q4k_nb_kdr4"}
     assert records.check_data(root) == (3, [])
+
+
+def test_round5_says_what_changed_and_how_busy_compares_with_the_wall():
+    import pandas as pd
+
+    from labkernels import records
+    from labkernels.rounds import r05_wall
+
+    a = records.load("decompose", "20261201T104817Z-h200-b0b81131f1")
+    b = records.load("decompose", "20261201T113022Z-h200-10c958662b")
+    assert r05_wall.what_changed(a, b) == "attention baseline -> cudnn, eager -> graph replay"
+    assert r05_wall.what_changed(b, b) == ""
+    bw = lambda busy, wall, valid=True: pd.Series({"busy_ms": busy, "wall_ms": wall, "gap_frac": (wall - busy) / wall,
+                                                   "valid": valid})
+    t = r05_wall.busy_wall_text(bw(101.50, 101.49))
+    assert "within 0.1%" in t and "-0.0" not in t
+    assert "2.3% idle" in r05_wall.busy_wall_text(bw(97.7, 100.0))
+    assert "do not stand" in r05_wall.busy_wall_text(bw(80.0, 100.0, valid=False))
+    assert "above the" in r05_wall.busy_wall_text(bw(103.0, 100.0))

@@ -1,6 +1,7 @@
 """Sweeps on Dask: plan validation, task keys, staging + merge, within-GPU ratios, best-variant tables, and a
 LocalCluster of 2 worker processes where one worker dies mid-sweep and every task is still recorded once."""
 import json
+import os
 from pathlib import Path
 
 import nbformat
@@ -637,3 +638,84 @@ def test_local_scheduler_retries_without_work_stealing():
     finally:
         client.close()
         cl.close()
+
+
+@pytest.mark.slow
+def test_cpu_standin_sweep_command_records_nothing_in_data(tmp_path):
+    """`labkernels sweep labkernels/plans/cpu_standin_example.yaml --cluster local:2` (the README's CPU example):
+    its runs go to a scratch folder under reports/scratch/, and it says so; data/, the README and
+    reports/index.json stay byte-identical, and no staging folder is left in the temporary directory."""
+    import glob
+    import subprocess
+    import sys
+    import tempfile
+
+    from labkernels.paths import REPO_ROOT, REPORTS_DIR
+
+    sys.path.insert(0, str(REPO_ROOT / "tests"))
+    from test_reports import tree_digest
+
+    index = REPORTS_DIR / "index.json"
+    before = (tree_digest(REPO_ROOT / "data"), (REPO_ROOT / "README.md").read_bytes(),
+              index.read_bytes() if index.exists() else None)
+    tmp_before = set(glob.glob(os.path.join(tempfile.gettempdir(), "labkernels-sweep-[0-9]*-*")))
+    env = {k: v for k, v in os.environ.items() if k != "LABKERNELS_DATA_DIR"}
+    r = subprocess.run([sys.executable, "-m", "labkernels", "sweep", "labkernels/plans/cpu_standin_example.yaml",
+                        "--cluster", "local:2", "--no-progress"], cwd=REPO_ROOT, capture_output=True, text=True,
+                       timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "CPU stand-in" in r.stdout and "not to data/" in r.stdout
+    after = (tree_digest(REPO_ROOT / "data"), (REPO_ROOT / "README.md").read_bytes(),
+             index.read_bytes() if index.exists() else None)
+    assert after == before
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "labkernels-sweep-[0-9]*-*"))) <= tmp_before
+    scratch = r.stdout.split("scratch folder ", 1)[1].split(" and not", 1)[0]
+    assert len(records.list_runs(sweep.SUMMARY_ROUND, root=Path(scratch) / "data")) == 1
+
+
+def test_a_sweep_that_runs_nothing_records_nothing(tmp_path, monkeypatch):
+    """Every task recorded already: no cluster, no summary run, nothing written under the data root."""
+    plan = sweep.load_plan(_plan(CPU_BENCH))
+    monkeypatch.setattr(sweep, "completed_tasks", lambda root: {t.key: (sweep.BENCH_ROUND, "r", "s") for t in plan.tasks})
+    monkeypatch.setattr(sweep, "open_client", lambda *a, **k: pytest.fail("a cluster was started"))
+    logs = []
+    res = sweep.run_sweep(plan, "local:1", root=tmp_path / "data", workdir=tmp_path / "w", progress=False,
+                          log=logs.append)
+    assert res["summary_run"] is None and (res["tasks"].status == "skipped").all()
+    assert not (tmp_path / "data").exists() or not list((tmp_path / "data").rglob("*"))
+    assert "no summary recorded" in logs[-1]
+
+
+def test_gpu_tasks_on_a_machine_without_a_gpu_are_refused_before_anything_runs(tmp_path, monkeypatch):
+    from labkernels import provenance
+
+    monkeypatch.setattr(provenance, "gpu_available", lambda: False)
+    monkeypatch.setattr(sweep, "open_client", lambda *a, **k: pytest.fail("a cluster was started"))
+    with pytest.raises(sweep.SweepError, match="no CUDA GPU.*nothing was run or recorded"):
+        sweep.run_sweep(_plan({**CPU_BENCH, "backend": "gpu"}), "local:1", root=tmp_path / "data",
+                        workdir=tmp_path / "w", progress=False)
+    assert not (tmp_path / "data").exists()
+
+
+def test_stand_in_plans_are_told_from_plans_that_record():
+    assert sweep.stand_in(sweep.load_plan(sweep.plan_path("cpu_standin_example")))
+    assert sweep.stand_in(sweep.load_plan(sweep.plan_path("cpu_faults_demo")))
+    assert not sweep.stand_in(sweep.load_plan(sweep.plan_path("round4_kdr_h200")))
+    assert not sweep.stand_in(sweep.load_plan(_plan({**CPU_BENCH, "backend": "gpu"})))
+
+
+def test_a_dead_workers_staging_folder_is_removed_a_live_ones_kept(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()                                                   # a pid that has exited
+    dead = tmp_path / f"{sweep.STAGING_PREFIX}{p.pid}-abc-x1"
+    live = tmp_path / f"{sweep.STAGING_PREFIX}{os.getppid()}-abc-x2"
+    other = tmp_path / f"{sweep.STAGING_PREFIX}abc-x3"         # not a worker's (no pid): left alone
+    for d in (dead, live, other):
+        d.mkdir()
+    sweep._remove_stale_staging()
+    assert not dead.exists() and live.exists() and other.exists()

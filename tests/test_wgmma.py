@@ -164,6 +164,10 @@ def test_auto_choice_from_a_recorded_run(tmp_path):
     assert c.family == "q4k_nb" and dict(c.params) == {"KDR": 8}
     c = gpu.choose("q6_K", 512, 4096, 4096, table=t, cc=90)      # no q6_K rows recorded: the stated rule
     assert c.family == "wgmma_kq" and "rule" in c.reason
+    c = gpu.choose("q6_K", 512, 4096, 4096, table=t, cc=0)       # a CPU machine: said as such, not "sm_0"
+    assert c.family == "q6k_expb" and "no GPU here" in c.reason and "sm_0" not in c.reason
+    c = gpu.choose("q6_K", 512, 4096, 4096, table=t, cc=80)
+    assert "sm_80 has no wgmma" in c.reason
     with pytest.raises(ValueError, match="not a round-7 variant"):
         wgmma.variant_params("wgmma_bogus", "q4_K")
 

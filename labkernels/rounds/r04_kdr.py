@@ -157,3 +157,31 @@ def step_q4k(out, args) -> dict:
 
 
 STEPS = {"kdr": step_kdr, "q4k": step_q4k}
+
+
+def point_name(sweep, qtype: str, kdr: int, variant: str) -> str:
+    """A sweep point as a page names it: its parameters, its registry variant where it is one (and whether that
+    is on the main path or the type's default), and its spills when the build spills -- so that the fastest
+    point is never called the default when it is not. ``variant``: the sweep's label ('EPI=1,OCC=2' or 'q4k_nb')."""
+    from ..kernels import registry
+
+    params = {"KDR": int(kdr)}
+    if variant.startswith("EPI="):
+        params.update({k: int(v) for k, v in (p.split("=") for p in variant.split(","))})
+    fam = "q6k_expb" if qtype == "q6_K" else "q4k_nb"
+    hit = [v for v in registry.VARIANTS.values() if v.family == fam and dict(v.params) == params]
+    rows = sweep[(sweep.qtype == qtype) & (sweep.kdr == kdr)]
+    if "EPI" in params:
+        rows = rows[(rows.EPI == params["EPI"]) & (rows.OCC == params["OCC"])]
+    spill = int(rows.local_bytes.max()) if len(rows) and "local_bytes" in rows else 0
+    notes = []
+    if hit:
+        v = hit[0]
+        notes.append(v.name + (f": the {qtype} default" if qtype in v.default_for else
+                               "" if v.main_path else ", off the main path"))
+    else:
+        notes.append("not a registry variant")
+    if spill:
+        notes.append(f"this build spills to {spill} B of local memory per thread")
+    label = ", ".join(f"{k}={v}" for k, v in params.items())
+    return f"{label} ({'; '.join(notes)})"

@@ -126,3 +126,33 @@ def step_prefill7b(out: Path, args) -> dict:
 
 
 STEPS = {"prefill": step_prefill, "prefill7b": step_prefill7b, "decompose": step_decompose}
+
+
+def busy_wall_text(bw) -> str:
+    """A decomposition's validity as a reader reads it: how the GPU's busy time compares with the wall. Busy and
+    wall come from different replays (traced and untraced), so busy may exceed the wall by a hair; that is said,
+    not printed as a negative gap."""
+    gap, wall, busy = float(bw.gap_frac), float(bw.wall_ms), float(bw.busy_ms)
+    if abs(gap) < 0.001:
+        verdict = f"GPU busy {busy:.1f} ms = the wall {wall:.1f} ms within 0.1%: the kernel classes account for it all"
+    elif gap > 0:
+        verdict = (f"GPU busy {busy:.1f} ms of a {wall:.1f} ms wall: {100 * gap:.1f}% idle "
+                   + ("(small enough: the classes stand for the wall)" if bool(bw.valid) else
+                      "(too much idle: the classes do not stand for the wall)"))
+    else:
+        verdict = (f"GPU busy {busy:.1f} ms, {100 * -gap:.1f}% above the {wall:.1f} ms wall (busy and wall come "
+                   f"from different replays)")
+    return verdict
+
+
+def what_changed(before, after) -> str:
+    """What differs between two decompositions of the same model and nt, as a page says it: the GEMM kernel, the
+    attention path (a run that names none ran the lab's baseline cuBLAS attention) and the mode (eager launches or
+    one captured graph). Empty when none of these differ."""
+    def facts_of(r):
+        p, bw = r.meta.get("params") or {}, r.table("busy_wall").iloc[0]
+        mode = bw.get("mode") if isinstance(bw.get("mode"), str) else "eager"
+        return {"kernel": p.get("kernel") or "int8", "attention": p.get("attention") or "baseline",
+                "mode": "graph replay" if mode == "graph" else mode}
+    a, b = facts_of(before), facts_of(after)
+    return ", ".join(f"{k} {a[k]} -> {b[k]}" if k != "mode" else f"{a[k]} -> {b[k]}" for k in a if a[k] != b[k])

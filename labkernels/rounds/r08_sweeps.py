@@ -27,3 +27,40 @@ def _on_gpu(run, plan) -> bool:
 
 #: the page replays the latest sweep whose tasks ran on GPUs (as sweep.latest_summary)
 REPLAY_WHERE = {"sweeps": _on_gpu}
+
+
+def local_bytes(tasks, root=None) -> dict[str, int]:
+    """{kernel key: local memory bytes per thread} of every kernel the sweep's bench tasks built (their runs'
+    ``kernels`` tables): a variant that spills is named as such wherever a page calls it best."""
+    from .. import records
+    from ..sweep import BENCH_ROUND
+
+    out: dict[str, int] = {}
+    ids = {str(r).split("/", 1)[-1] for r in tasks.run_id.dropna()} if "run_id" in tasks else set()
+    for r in records.list_runs(BENCH_ROUND, root):
+        if r.run_id in ids and r.has("kernels"):
+            k = r.table("kernels")
+            if "local_bytes" not in k:          # the CPU stand-in's kernels have no registers
+                continue
+            for key, lb in zip(k.kernel, k.local_bytes):
+                out[key] = max(out.get(key, 0), int(lb))
+    return out
+
+
+def best_name(family: str, variant: str, spills: dict) -> str:
+    """A best-variant row as a page names it: the kernel, whether it is a registry variant (and the type's
+    default), and its spills."""
+    from ..kernels import registry
+
+    key = f"{family}[{variant}]"
+    params = dict(p.split("=") for p in variant.split(","))
+    params = {k: int(v) for k, v in params.items() if k != "STRIDE"}
+    hit = [v for v in registry.VARIANTS.values() if v.family == family and dict(v.params) == params]
+    notes = []
+    if hit:
+        v = hit[0]
+        notes.append(v.name + ("" if v.main_path else ", off the main path"))
+    lb = spills.get(key, 0)
+    if lb:
+        notes.append(f"spills to {lb} B of local memory per thread")
+    return key + (f" ({'; '.join(notes)})" if notes else "")

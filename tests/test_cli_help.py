@@ -1,0 +1,47 @@
+"""The command line as a newcomer reads it: every option of the commands that start GPU work, record runs or
+build the peer says what it does; gpu-check writes into a folder git ignores and reports skipped GPU tests as
+skipped."""
+import argparse
+import subprocess
+
+import pytest
+
+from labkernels import cli, gpu_cli
+from labkernels.paths import REPO_ROOT
+
+
+def _sub(parser, *path):
+    for name in path:
+        act = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = act.choices[name]
+    return parser
+
+
+@pytest.mark.parametrize("path", [("gpu-check",), ("import-runs",), ("sweep",), ("run",), ("peers", "build")],
+                         ids=lambda p: " ".join(p))
+def test_every_option_has_help(path):
+    p = _sub(cli.build_parser(), *path)
+    bare = [a.option_strings or [a.dest] for a in p._actions
+            if not isinstance(a, argparse._HelpAction) and a.help in (None, "") and a.help != argparse.SUPPRESS]
+    assert not bare, f"labkernels {' '.join(path)}: no help for {bare}"
+
+
+def test_gpu_check_writes_into_an_ignored_folder_by_default(monkeypatch):
+    monkeypatch.delenv("OUT", raising=False)
+    args = cli.build_parser().parse_args(["gpu-check"])
+    out = REPO_ROOT / args.out if not args.out.startswith("/") else __import__("pathlib").Path(args.out)
+    assert out == gpu_cli.DEFAULT_OUT and REPO_ROOT in out.parents
+    r = subprocess.run(["git", "check-ignore", "-q", str(out / "gpu-check.json")], cwd=REPO_ROOT)
+    assert r.returncode == 0, f"{out} is not ignored by git"
+
+
+def test_skipped_gpu_tests_read_as_skipped_not_ok(tmp_path):
+    xml = tmp_path / "t.xml"
+    xml.write_text('<?xml version="1.0"?><testsuites><testsuite name="pytest" errors="0" failures="0" skipped="3" '
+                   'tests="3"><testcase name="a"><skipped/></testcase></testsuite></testsuites>')
+    c = gpu_cli.junit_counts(xml)
+    assert c == {"tests": 3, "failures": 0, "errors": 0, "skipped": 3, "skipped_all": True}
+    assert gpu_cli._state({"ok": True, **c}).startswith("skipped (3 of 3 tests skipped")
+    xml.write_text('<testsuite errors="0" failures="0" skipped="1" tests="3"></testsuite>')
+    assert gpu_cli._state({"ok": True, **gpu_cli.junit_counts(xml)}) == "ok"
+    assert gpu_cli._state({"ok": False}) == "FAILED" and gpu_cli.junit_counts(tmp_path / "none.xml") == {}
