@@ -110,13 +110,14 @@ def _named_steps(text: str) -> set:
 
 
 def test_every_step_a_notebook_or_the_readme_names_exists():
-    """A page or the README that tells the reader to run a step names one that exists: a live step, or a retired one
-    (gpu-check then says the commit and command that run it)."""
+    """A page, the README or a docs/ page that tells the reader to run a step names one that exists: a live step, or a
+    retired one (gpu-check then says the commit and command that run it)."""
     from labkernels import gpu_cli
 
     live = set(gpu_cli.STEPS) | set(rounds.gpu_check_steps())
     named = {}
-    for f in sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.py")) + [REPO_ROOT / "README.md"]:
+    for f in (sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.py")) + [REPO_ROOT / "README.md"]
+              + sorted((REPO_ROOT / "docs").glob("*.md"))):
         for key in _named_steps(f.read_text()):
             named.setdefault(key, f.name)
     assert len(named) > 30 and (None, "wgmma_halfy") in named and (None, "wgmma_wstage") in named

@@ -39,7 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 #: the round modules in order (number = position + 1)
-MODULES = ("r01_layout", "r02_occupancy", "r03_q6k", "r04_kdr", "r05_wall", "r06_forensics", "r07_wgmma", "r08_sweeps")
+MODULES = ("r01_layout", "r02_occupancy", "r03_q6k", "r04_kdr", "r05_wall", "r06_forensics", "r07_wgmma", "r08_sweeps",
+           "r09_decode")
 
 
 #: the one table of data folders: run series (the old folder names) -> the round folder its runs live in; a series

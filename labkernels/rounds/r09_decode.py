@@ -311,7 +311,7 @@ def figure_time_vs_nt(run, qtype: str = "q4_K", act: str = "f16"):
     line = copy_line(run)
     card = ((run.provenance or {}).get("gpu") or {}).get("name", "?")
     shapes = sorted({(r.od, r.id) for r in b.itertuples()}, key=lambda s: s[0] * s[1])
-    fig, axes = plt.subplots(1, len(shapes), figsize=(3.2 * len(shapes), 3.1), sharey=False, squeeze=False)
+    fig, axes = plt.subplots(1, len(shapes), figsize=(3.0 * len(shapes), 3.3), sharey=False, squeeze=False)
     for ax, (od, id_) in zip(axes[0], shapes):
         p = b[(b.od == od) & (b.id == id_)].sort_values("nt")
         ax.plot(p.nt, p.median_us, "o-", color="#1f77b4", label="gemv_kq (best config)")
@@ -325,9 +325,10 @@ def figure_time_vs_nt(run, qtype: str = "q4_K", act: str = "f16"):
         ax.set_ylim(0, None)
         ax.set_title(f"{qtype} {od}x{id_}", fontsize=9)
         ax.set_xlabel("tokens (nt)")
-    axes[0][0].set_ylabel("time per launch (us)")
-    axes[0][-1].legend(fontsize=7, loc="upper left")
+    axes[0][0].set_ylabel("time per launch (µs)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
     fig.suptitle(f"{qtype}, {act} activations, {card}: median of interleaved CUDA-event timings (run {run.run_id})",
                  fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
     return fig
