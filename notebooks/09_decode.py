@@ -50,8 +50,8 @@ line = r9.copy_line(run)
 # ## The prediction, written before the first run
 
 # %%
-pred = r9.prediction_table(run)
-display(report.table(pred, {"measured": "{:.3f}"}))
+pt = r9.prediction_table(run)
+display(report.table(pt, {"measured": "{:.3f}"}))
 
 # %% [markdown]
 # ## Time against tokens at the 7B shapes
@@ -73,10 +73,12 @@ if (best.qtype == other).any():
 # ## Every point: the fastest configuration, its fraction of the copy line, and the baselines
 
 # %%
-cols = ["qtype", "od", "id", "nt", "act", "variant", "median_us", "tb_per_s", "frac_copy", "wgmma_us", "cublas_us"]
-display(report.table(best[cols].sort_values(["qtype", "od", "id", "act", "nt"]),
-                     {"median_us": "{:.1f}", "tb_per_s": "{:.2f}", "frac_copy": "{:.0%}", "wgmma_us": "{:.1f}",
-                      "cublas_us": "{:.1f}"}))
+names = {"qtype": "type", "od": "od", "id": "id", "nt": "nt", "act": "activations", "variant": "gemv_kq config",
+         "median_us": "time (µs)", "tb_per_s": "weight TB/s", "frac_copy": "of the copy line",
+         "wgmma_us": "wgmma_kq (µs)", "cublas_us": "cuBLAS fp16 (µs)"}
+tbl = best[list(names)].sort_values(["qtype", "od", "id", "act", "nt"]).rename(columns=names)
+display(report.table(tbl, {"time (µs)": "{:.1f}", "weight TB/s": "{:.2f}", "of the copy line": "{:.0%}",
+                           "wgmma_kq (µs)": "{:.1f}", "cuBLAS fp16 (µs)": "{:.1f}"}))
 
 # %% [markdown]
 # ## The round's steps
@@ -86,8 +88,9 @@ display(report.table(best[cols].sort_values(["qtype", "od", "id", "act", "nt"]),
 # %%
 from IPython.display import Markdown
 for s in r9.LEDGER:
+    pred = "; ".join(f"{c['what']}: {c['low']:g}-{c['high']:g} ({c['metric']})" for c in s["prediction"])
     display(Markdown(f"**Step {s['step']}: {s['name']}** (commit {s['commit'] or 'not yet built'}; "
-                     f"{s['card'] or 'not yet measured'})\n\n"
+                     f"{s['card'] or 'not yet measured'})\n\n*Predicted.* {pred}\n\n"
                      f"*Measured.* {s['measured'] or 'not yet.'}\n\n*Verdict.* {s['verdict'] or 'not yet.'}"))
 
 # %% [markdown]

@@ -311,7 +311,8 @@ def figure_time_vs_nt(run, qtype: str = "q4_K", act: str = "f16"):
     line = copy_line(run)
     card = ((run.provenance or {}).get("gpu") or {}).get("name", "?")
     shapes = sorted({(r.od, r.id) for r in b.itertuples()}, key=lambda s: s[0] * s[1])
-    fig, axes = plt.subplots(1, len(shapes), figsize=(3.0 * len(shapes), 3.3), sharey=False, squeeze=False)
+    fig, axes = plt.subplots(1, len(shapes), figsize=(3.0 * len(shapes), 3.3), sharey=False, squeeze=False,
+                             layout="constrained")
     for ax, (od, id_) in zip(axes[0], shapes):
         p = b[(b.od == od) & (b.id == id_)].sort_values("nt")
         ax.plot(p.nt, p.median_us, "o-", color="#1f77b4", label="gemv_kq (best config)")
@@ -329,6 +330,5 @@ def figure_time_vs_nt(run, qtype: str = "q4_K", act: str = "f16"):
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.suptitle(f"{qtype}, {act} activations, {card}: median of interleaved CUDA-event timings (run {run.run_id})",
                  fontsize=9)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.legend(handles, labels, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
     return fig
