@@ -411,7 +411,7 @@ def test_cli_refuses_bad_requests_before_any_gpu_work(capsys):
 
     for argv, match in ((["--prompt-tokens", "4000", "--new-tokens", "128"], "4128 tokens is longer than the model's "
                                                                                "training context n_ctx_train=4096"),
-                        (["--prompt-ids", "5", "32000"], "token id 32000 at prompt position 1"),
+                        (["--prompt-ids", "5", "32000"], "id 32000 at position 1"),
                         (["--prompt-ids", "-4"], "token id -4 is outside"),
                         ([], "an empty prompt"),
                         (["--prompt-tokens", "8", "--new-tokens", "8", "--n-ctx", "12"], "longer than the cache")):
