@@ -864,10 +864,10 @@ def _build_facts(peer_dir: Path) -> dict:
 
 
 def gpu_name() -> str | None:
-    """The GPU model (nvidia-smi name), or None without one."""
-    from . import provenance
+    """The GPU model (NVML's name of the GPU CUDA numbers 0), or None without one."""
+    from . import nvml
 
-    return (provenance._nvidia_smi() or {}).get("name")
+    return nvml.identity().get("name")
 
 
 def check_tbo_backend(facts: dict, backend: str, stderr: str = "") -> None:
@@ -881,13 +881,13 @@ def check_tbo_backend(facts: dict, backend: str, stderr: str = "") -> None:
 
 
 def gpu_cc() -> int:
-    """Compute capability of GPU 0 as 100*major + 10*minor (nvidia-smi); 900 (H200) when it cannot say."""
+    """Compute capability of GPU 0 as 100*major + 10*minor (NVML); 900 (H200) when it cannot say."""
+    from . import nvml
+
     try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
-                           text=True, timeout=20)
-        major, minor = r.stdout.strip().splitlines()[0].split(".")
+        major, minor = nvml.identity()["cc"].split(".")
         return 100 * int(major) + 10 * int(minor)
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+    except (KeyError, ValueError):
         return 900
 
 
