@@ -227,8 +227,9 @@ def test_check_run_rules():
 
 
 def test_interleaved_rounds_carry_a_compact_reading(gpu, monkeypatch):
+    monkeypatch.setattr(nvml, "PAIR_BUDGET", 10.0)       # every round read (the budget has its own test below)
+
     def fake(fn, warmup=3, repeats=20, flush=None, *a):
-        time.sleep(0.01)                      # a 20 ms round: a fake reading costs far below 1% of it
         gpu["sm"] -= 10
         return np.ones(3)
 
