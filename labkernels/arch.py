@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -198,38 +199,62 @@ def validate_config(cfg: ModelConfig, where: str = "model config") -> None:
 # --------------------------------------------------------------------------------------------------------
 # tensor names
 # --------------------------------------------------------------------------------------------------------
+#: the lab's logical tensor names -> gguf-py's MODEL_TENSOR (whose TENSOR_NAMES give the GGUF names)
+_TENSORS = {"token_embd": "TOKEN_EMBD", "output_norm": "OUTPUT_NORM", "output": "OUTPUT", "rope_freqs": "ROPE_FREQS",
+            "attn_norm": "ATTN_NORM", "attn_q": "ATTN_Q", "attn_k": "ATTN_K", "attn_v": "ATTN_V",
+            "attn_output": "ATTN_OUT", "ffn_norm": "FFN_NORM", "ffn_gate": "FFN_GATE", "ffn_up": "FFN_UP",
+            "ffn_down": "FFN_DOWN", "attn_q_norm": "ATTN_Q_NORM", "attn_k_norm": "ATTN_K_NORM",
+            "post_attention_norm": "ATTN_POST_NORM", "post_ffw_norm": "FFN_POST_NORM"}
+
+
+@lru_cache(maxsize=None)
+def tensor_name(logical: str, layer: int | None = None, suffix: str = "weight") -> str:
+    """The GGUF tensor name of a logical tensor (``attn_q`` of layer 3 -> ``blk.3.attn_q.weight``), from gguf-py's
+    ``TENSOR_NAMES``."""
+    from gguf import MODEL_TENSOR, TENSOR_NAMES
+
+    return TENSOR_NAMES[MODEL_TENSOR[_TENSORS[logical]]].format(bid=layer) + "." + suffix
+
+
+def gguf_key(key: str, arch: str | None = None) -> str:
+    """A GGUF metadata key from gguf-py's ``Keys`` (``"LLM.BLOCK_COUNT"``, arch ``llama`` -> ``llama.block_count``)."""
+    from gguf import Keys
+
+    group, name = key.split(".")
+    return getattr(getattr(Keys, group), name).format(arch=arch)
+
+
 def layer_tensors(cfg: ModelConfig, i: int) -> dict[str, str]:
     """Logical name -> GGUF tensor name for layer ``i`` (only the tensors this config has)."""
     if not 0 <= i < cfg.n_layer:
         raise IndexError(f"layer {i} out of range (n_layer {cfg.n_layer})")
-    p = f"blk.{i}."
-    names = {k: f"{p}{k}.weight" for k in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                                           "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")}
+    names = {k: tensor_name(k, i) for k in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                                            "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")}
     if cfg.qk_norm:
-        names["attn_q_norm"] = f"{p}attn_q_norm.weight"
-        names["attn_k_norm"] = f"{p}attn_k_norm.weight"
+        names["attn_q_norm"] = tensor_name("attn_q_norm", i)
+        names["attn_k_norm"] = tensor_name("attn_k_norm", i)
     if cfg.post_norms:
-        names["post_attention_norm"] = f"{p}post_attention_norm.weight"
-        names["post_ffw_norm"] = f"{p}post_ffw_norm.weight"
+        names["post_attention_norm"] = tensor_name("post_attention_norm", i)
+        names["post_ffw_norm"] = tensor_name("post_ffw_norm", i)
     if cfg.attn_bias:
         for k in ("attn_q", "attn_k", "attn_v"):
-            names[f"{k}_bias"] = f"{p}{k}.bias"
+            names[f"{k}_bias"] = tensor_name(k, i, "bias")
     if cfg.attn_out_bias:
-        names["attn_output_bias"] = f"{p}attn_output.bias"
+        names["attn_output_bias"] = tensor_name("attn_output", i, "bias")
     if cfg.ffn_bias:
         for k in ("ffn_gate", "ffn_up", "ffn_down"):
-            names[f"{k}_bias"] = f"{p}{k}.bias"
+            names[f"{k}_bias"] = tensor_name(k, i, "bias")
     return names
 
 
 def global_tensors(cfg: ModelConfig) -> dict[str, str]:
     """token_embd, output_norm, output (= token_embd.weight when tied) and the optional extras."""
-    names = {"token_embd": "token_embd.weight", "output_norm": "output_norm.weight",
-             "output": "token_embd.weight" if cfg.tied_output else "output.weight"}
+    names = {"token_embd": tensor_name("token_embd"), "output_norm": tensor_name("output_norm"),
+             "output": tensor_name("token_embd") if cfg.tied_output else tensor_name("output")}
     if cfg.output_bias:
-        names["output_bias"] = "output.bias"
+        names["output_bias"] = tensor_name("output", suffix="bias")
     if cfg.rope_freqs:
-        names["rope_freqs"] = "rope_freqs.weight"
+        names["rope_freqs"] = tensor_name("rope_freqs")
     return names
 
 
@@ -238,13 +263,14 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple]:
     E, F, V = cfg.n_embd, cfg.n_ff, cfg.vocab
     q, kd, vd = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
     o = cfg.n_head * cfg.head_dim_v
-    out = {"token_embd.weight": (V, E), "output_norm.weight": (E,)}
+    g = global_tensors(cfg)
+    out = {g["token_embd"]: (V, E), g["output_norm"]: (E,)}
     if not cfg.tied_output:
-        out["output.weight"] = (V, E)
+        out[g["output"]] = (V, E)
     if cfg.output_bias:
-        out["output.bias"] = (V,)
+        out[g["output_bias"]] = (V,)
     if cfg.rope_freqs:
-        out["rope_freqs.weight"] = (cfg.n_rot // 2,)
+        out[g["rope_freqs"]] = (cfg.n_rot // 2,)
     for i in range(cfg.n_layer):
         shp = {"attn_norm": (E,), "attn_q": (q, E), "attn_k": (kd, E), "attn_v": (vd, E), "attn_output": (E, o),
                "ffn_norm": (E,), "ffn_gate": (F, E), "ffn_up": (F, E), "ffn_down": (E, F),
@@ -307,31 +333,31 @@ def config_from_model(model) -> ModelConfig:
     Raises :class:`ModelError` naming the file and the key for an unsupported architecture, a missing
     key, or tensors whose shapes disagree with the metadata.
     """
-    arch = model.field("general.architecture")
+    arch = model.field(gguf_key("General.ARCHITECTURE"))
     if arch is None:
-        raise ModelError(f"{_where(model)}: missing GGUF key 'general.architecture'")
+        raise ModelError(f"{_where(model)}: missing GGUF key {gguf_key('General.ARCHITECTURE')!r}")
     if arch not in SUPPORTED_ARCHS:
         raise ModelError(f"{_where(model)}: unsupported architecture {arch!r}; labkernels' reference forward "
                          f"supports {', '.join(SUPPORTED_ARCHS)}")
-    k = lambda s: f"{arch}.{s}"  # noqa: E731
+    k = lambda key: gguf_key(key, arch)  # noqa: E731   gguf-py's Keys, e.g. "LLM.BLOCK_COUNT" -> llama.block_count
 
-    n_layer = _int(model, k("block_count"), "number of layers")
-    n_embd = _int(model, k("embedding_length"), "hidden size")
-    n_ff = _int(model, k("feed_forward_length"), "FFN size")
-    n_head = _int(model, k("attention.head_count"), "attention heads")
+    n_layer = _int(model, k("LLM.BLOCK_COUNT"), "number of layers")
+    n_embd = _int(model, k("LLM.EMBEDDING_LENGTH"), "hidden size")
+    n_ff = _int(model, k("LLM.FEED_FORWARD_LENGTH"), "FFN size")
+    n_head = _int(model, k("Attention.HEAD_COUNT"), "attention heads")
     # llama-model.cpp: n_head_kv defaults to n_head; head sizes default to n_embd / n_head; n_rot to head size
-    n_head_kv = _int(model, k("attention.head_count_kv"), "kv heads", False, n_head)
+    n_head_kv = _int(model, k("Attention.HEAD_COUNT_KV"), "kv heads", False, n_head)
     if n_head % n_head_kv:
         raise ModelError(f"{_where(model)}: n_head {n_head} is not a multiple of n_head_kv {n_head_kv}")
-    head_dim = _int(model, k("attention.key_length"), "q/k head size", False, n_embd // n_head)
-    head_dim_v = _int(model, k("attention.value_length"), "v head size", False, n_embd // n_head)
-    n_rot = _int(model, k("rope.dimension_count"), "rotated dims", False, head_dim)
-    rms_eps = _positive(model, k("attention.layer_norm_rms_epsilon"), "RMSNorm epsilon")
-    rope_base = _positive(model, k("rope.freq_base"), "rope base", False, DEFAULT_ROPE_BASE)
-    n_ctx = _scalar(model, k("context_length"), "training context", False, None)
+    head_dim = _int(model, k("Attention.KEY_LENGTH"), "q/k head size", False, n_embd // n_head)
+    head_dim_v = _int(model, k("Attention.VALUE_LENGTH"), "v head size", False, n_embd // n_head)
+    n_rot = _int(model, k("Rope.DIMENSION_COUNT"), "rotated dims", False, head_dim)
+    rms_eps = _positive(model, k("Attention.LAYERNORM_RMS_EPS"), "RMSNorm epsilon")
+    rope_base = _positive(model, k("Rope.FREQ_BASE"), "rope base", False, DEFAULT_ROPE_BASE)
+    n_ctx = _scalar(model, k("LLM.CONTEXT_LENGTH"), "training context", False, None)
     if n_ctx is not None:
-        n_ctx = _int(model, k("context_length"), "training context")
-    if model.field(k("expert_count")):
+        n_ctx = _int(model, k("LLM.CONTEXT_LENGTH"), "training context")
+    if model.field(k("LLM.EXPERT_COUNT")):
         raise ModelError(f"{_where(model)}: mixture-of-experts models are not supported")
 
     if n_rot % 2 or n_rot > head_dim:
@@ -342,10 +368,10 @@ def config_from_model(model) -> ModelConfig:
                          f"{head_dim}, {head_dim_v}")
 
     # rope scaling: linear is a plain 1/factor on theta; yarn / longrope are not implemented here
-    scaling = model.field(k("rope.scaling.type"))
-    factor = model.field(k("rope.scaling.factor"))
+    scaling = model.field(k("Rope.SCALING_TYPE"))
+    factor = model.field(k("Rope.SCALING_FACTOR"))
     if factor is None:
-        factor = model.field(k("rope.scale_linear"))
+        factor = model.field(f"{arch}.rope.scale_linear")   # llama.cpp's legacy key; gguf-py's Keys has no name for it
     rope_freq_scale = 1.0
     if scaling not in (None, "none", "linear"):
         raise ModelError(f"{_where(model)}: rope scaling {scaling!r} is not supported (none / linear only)")
@@ -356,17 +382,17 @@ def config_from_model(model) -> ModelConfig:
 
     # token embedding: vocab from the tensor (llama.cpp checks it against the tokenizer's list)
     try:
-        emb = model.tensor("token_embd.weight")
+        emb = model.tensor(tensor_name("token_embd"))
     except (ModelError, KeyError):
         raise ModelError(f"{_where(model)}: no tensor 'token_embd.weight'") from None
     if len(emb.shape) != 2 or emb.shape[1] != n_embd:
         raise ModelError(f"{_where(model)}: token_embd.weight has shape {emb.shape}, expected (vocab, {n_embd})")
     vocab = int(emb.shape[0])
-    toks = model.field("tokenizer.ggml.tokens")
+    toks = model.field(gguf_key("Tokenizer.LIST"))
     if toks is not None and len(toks) != vocab:
         raise ModelError(f"{_where(model)}: tokenizer has {len(toks)} tokens but token_embd.weight has {vocab} rows")
 
-    tied = not _has_tensor(model, "output.weight")
+    tied = not _has_tensor(model, tensor_name("output"))
     final_softcap = None
     sliding_window = None
     layer_is_sliding = [False] * n_layer
@@ -376,32 +402,32 @@ def config_from_model(model) -> ModelConfig:
 
     if arch == "gemma3":
         # llama-model.cpp: a window key of 0 (or none) means no sliding-window attention
-        swa = model.field(k("attention.sliding_window"))
+        swa = model.field(k("Attention.SLIDING_WINDOW"))
         if swa is not None:
-            swa = _int(model, k("attention.sliding_window"), "sliding window", minimum=0)
+            swa = _int(model, k("Attention.SLIDING_WINDOW"), "sliding window", minimum=0)
         if swa:
             sliding_window = swa
-            pattern = model.field(k("attention.sliding_window_pattern"))
+            pattern = model.field(k("Attention.SLIDING_WINDOW_PATTERN"))
             if isinstance(pattern, (list, tuple)):  # newer llama.cpp: get_key_or_arr, per-layer flags
                 if len(pattern) != n_layer:
                     raise ModelError(f"{_where(model)}: sliding_window_pattern has {len(pattern)} entries, "
                                      f"expected {n_layer}")
                 layer_is_sliding = [bool(x) for x in pattern]
             else:
-                n_pattern = (_int(model, k("attention.sliding_window_pattern"), "SWA pattern", minimum=0)
+                n_pattern = (_int(model, k("Attention.SLIDING_WINDOW_PATTERN"), "SWA pattern", minimum=0)
                              if pattern is not None else GEMMA3_SWA_PATTERN)
                 # llama-hparams.cpp set_swa_pattern(n, dense_first=false):
                 #   swa_layers[il] = n == 0 || (il % n < n - 1)  -> every n-th layer (il = n-1, 2n-1, ...) is global
                 layer_is_sliding = [n_pattern == 0 or (il % n_pattern < n_pattern - 1) for il in range(n_layer)]
-            rope_base_local = _positive(model, k("rope.freq_base_swa"), "SWA rope base", False, GEMMA3_ROPE_BASE_SWA)
+            rope_base_local = _positive(model, k("Rope.FREQ_BASE_SWA"), "SWA rope base", False, GEMMA3_ROPE_BASE_SWA)
         else:
             # llama-model.cpp: no window -> LLAMA_SWA_TYPE_NONE -> llm_build_gemma3<false>, whose head applies
             # final-logit softcapping with f_final_logit_softcapping (default 0 = division by zero there)
-            cap = model.field(k("final_logit_softcapping"))
+            cap = model.field(k("LLM.FINAL_LOGIT_SOFTCAPPING"))
             if not cap:
                 raise ModelError(f"{_where(model)}: gemma3 without a sliding window needs "
-                                 f"{k('final_logit_softcapping')} (llama.cpp's non-SWA graph softcaps the logits)")
-            final_softcap = _positive(model, k("final_logit_softcapping"), "final logit softcap")
+                                 f"{k('LLM.FINAL_LOGIT_SOFTCAPPING')} (llama.cpp's non-SWA graph softcaps the logits)")
+            final_softcap = _positive(model, k("LLM.FINAL_LOGIT_SOFTCAPPING"), "final logit softcap")
         # llm_build_gemma3: inpL = ggml_scale(inpL, sqrtf(n_embd))
         embed_scale = math.sqrt(n_embd)
         # llama-model.cpp load_hparams (gemma3): type is LLM_TYPE_27B iff n_layer == 62, and
@@ -415,11 +441,12 @@ def config_from_model(model) -> ModelConfig:
         rope_base_local=rope_base_local, rope_style=ROPE_STYLE[arch], sliding_window=sliding_window,
         layer_is_sliding=layer_is_sliding, embed_scale=embed_scale, attn_scale=attn_scale,
         ffn_act=FFN_ACT[arch], qk_norm=arch == "gemma3", post_norms=arch == "gemma3",
-        attn_bias=_has_tensor(model, "blk.0.attn_q.bias"), tied_output=tied,
+        attn_bias=_has_tensor(model, tensor_name("attn_q", 0, "bias")), tied_output=tied,
         final_logit_softcap=final_softcap, n_rot=n_rot, rope_freq_scale=rope_freq_scale,
-        rope_freqs=_has_tensor(model, "rope_freqs.weight"),
-        attn_out_bias=_has_tensor(model, "blk.0.attn_output.bias"),
-        ffn_bias=_has_tensor(model, "blk.0.ffn_up.bias"), output_bias=_has_tensor(model, "output.bias"),
+        rope_freqs=_has_tensor(model, tensor_name("rope_freqs")),
+        attn_out_bias=_has_tensor(model, tensor_name("attn_output", 0, "bias")),
+        ffn_bias=_has_tensor(model, tensor_name("ffn_up", 0, "bias")),
+        output_bias=_has_tensor(model, tensor_name("output", suffix="bias")),
         n_ctx_train=int(n_ctx) if n_ctx is not None else None,
     )
     if arch == "qwen2" and not cfg.attn_bias:

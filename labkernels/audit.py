@@ -7,7 +7,7 @@ nvcc instantiate exactly the template variants the lab launches -- and is compil
     nvcc -cubin -arch=sm_90 -Xptxas -v -I <kernels dir> wrapper.cu
 
 The ptxas ``-v`` report (one block per entry function: stack frame, spill stores/loads, registers, static smem)
-is parsed, entry names are demangled (``c++filt``, or a small Itanium parser for integer template arguments)
+is parsed, entry names are demangled (``cxxfilt``)
 and mapped back to registry entries. With the launcher's dynamic shared-memory formula from the registry,
 each row carries the full occupancy row for the arch's device profile (sm_90 -> h200).
 
@@ -133,46 +133,18 @@ def parse_ptxas(text: str) -> list[dict]:
 
 
 def demangle(names: list[str]) -> list[str]:
-    """Demangle with c++filt when available, else the small built-in parser (falls back to the name)."""
-    cf = shutil.which("c++filt")
-    if cf and names:
-        r = subprocess.run([cf], input="\n".join(names) + "\n", capture_output=True, text=True)
-        out = r.stdout.split("\n")[: len(names)]
-        if r.returncode == 0 and len(out) == len(names):
-            return out
-    return [_demangle_simple(n) for n in names]
+    """Itanium-mangled entry names demangled by ``cxxfilt`` (the C++ runtime's own demangler, the lab's one: pages
+    use it too, labkernels.report.kernel_name); a name it cannot read stays as it is (and maps to no registry
+    entry, so the audit shows it as unregistered)."""
+    import cxxfilt
 
-
-_LIT_TYPES = {"i": "", "j": "u", "l": "l", "m": "ul", "x": "ll", "y": "ull", "s": "", "t": "", "c": "", "a": "",
-              "h": "", "b": ""}
-
-
-def _demangle_simple(name: str) -> str:
-    """``_Z16mma_probe_kernelILi16EEvPii`` -> ``mma_probe_kernel<16>(...)``: plain function names with integer /
-    bool template arguments, the only shape the lab's kernels use. Anything else is returned unchanged."""
-    m = re.match(r"_Z(\d+)", name)
-    if not m:
-        return name
-    n = int(m.group(1))
-    pos = m.end()
-    ident = name[pos: pos + n]
-    pos += n
-    if pos >= len(name) or name[pos] != "I":
-        return f"{ident}(...)"
-    pos += 1
-    args = []
-    while pos < len(name) and name[pos] == "L":
-        lm = re.match(r"L([a-z])(n?)(\d+)E", name[pos:])
-        if not lm or lm.group(1) not in _LIT_TYPES:
-            return name
-        v = ("-" if lm.group(2) else "") + lm.group(3)
-        if lm.group(1) == "b":
-            v = "true" if v == "1" else "false"
-        args.append(v)
-        pos += lm.end()
-    if pos >= len(name) or name[pos] != "E":
-        return name
-    return f"{ident}<{', '.join(args)}>(...)"
+    out = []
+    for n in names:
+        try:
+            out.append(cxxfilt.demangle(n))
+        except cxxfilt.InvalidName:
+            out.append(n)
+    return out
 
 
 def _split_demangled(d: str) -> tuple[str, tuple[str, ...] | None]:

@@ -208,9 +208,19 @@ def interleaved(variants: dict, pairs: int = 3, repeats: int = 20, warmup: int =
 
     ``leads``: {name: :class:`Lead` or None} for the variants timed behind a lead (see :func:`time_launches`); with
     it each round's stats also hold ``host_us``, the median host time of the timed calls.
+    Where NVML can be read, each round's stats also hold ``nvml``: the GPU's SM clock, power, temperature and
+    clocks-event reasons before and after the round (:class:`labkernels.nvml.RoundReadings`, read outside the timed
+    launches, while a reading costs < 1% of a round).
     Returns {name: [stats per round]}; ratios are formed per round by the caller."""
+    import time
+
+    from .nvml import RoundReadings
+
     res = {k: [] for k in variants}
+    gpu = RoundReadings()
     for _ in range(pairs):
+        gpu.before()
+        t0 = time.perf_counter()
         for name, fn in variants.items():
             if leads is None:
                 res[name].append(stats(time_launches(fn, warmup, repeats, flush)))
@@ -218,6 +228,10 @@ def interleaved(variants: dict, pairs: int = 3, repeats: int = 20, warmup: int =
             host: list = []
             s = stats(time_launches(fn, warmup, repeats, flush, leads.get(name), host))
             res[name].append({**s, "host_us": float(np.median(host))})
+        text = gpu.after(time.perf_counter() - t0)
+        if text is not None:
+            for per in res.values():
+                per[-1]["nvml"] = text
     return res
 
 

@@ -358,12 +358,13 @@ def is_bench_of_record(run) -> bool:
 
 def auto_table(root=None):
     """Round 9's recorded table for ``qmatmul(kernel="auto")`` at nt <= 16: per (qtype, act, od, id, nt) of the latest
-    complete ``decode`` run with a ``gemv_bench`` table, the median time of the fastest gemv_kq configuration (typed
-    columns MT, WARPS, S: 0 the default split) and of round 7's wgmma launch (``wgmma_us``; NaN where not timed).
-    None without such a run."""
-    from . import records
+    complete ``decode`` run with a ``gemv_bench`` table that saw no power or thermal cap
+    (:func:`labkernels.nvml.for_verdict`), the median time of the fastest gemv_kq configuration (typed columns MT,
+    WARPS, S: 0 the default split) and of round 7's wgmma launch (``wgmma_us``; NaN where not timed). None without
+    such a run."""
+    from . import nvml, records
 
-    run = records.latest("decode", root=root, where=is_bench_of_record)
+    run = records.latest("decode", root=root, where=lambda r: is_bench_of_record(r) and nvml.for_verdict(r))
     if run is None:
         return None
     df = run.table("gemv_bench")

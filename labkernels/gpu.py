@@ -485,40 +485,63 @@ def bmm_f16(A, B, out=None):
     return out
 
 
-@lru_cache(maxsize=None)
-def _libcublas():
-    """The libcublas CuPy loaded (found in this process's mappings), through ctypes: CuPy's own wrappers call
-    ``setStream`` first, which refuses to run while a stream captures a CUDA graph -- cuBLAS itself captures fine."""
-    import ctypes
+# ------------------------------------------------------------------ cuBLAS / cuBLASLt: nvmath-python's bindings
 
-    cp().cuda.device.get_cublas_handle()   # make sure CuPy has loaded and initialized it
-    paths = sorted({ln.split()[-1] for ln in open("/proc/self/maps") if "/libcublas.so" in ln})
-    if not paths:
-        raise GpuError("libcublas is not mapped in this process")
-    lib = ctypes.CDLL(paths[0])
-    lib.cublasSetStream_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    lib.cublasGetStream_v2.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
-    lib.cublasGemmEx.argtypes = ([ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                  ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                  ctypes.c_int, ctypes.c_int, ctypes.c_int])
-    return lib
+def _bindings():
+    """(nvmath.bindings.cublas, nvmath.bindings.cublasLt, nvmath.CudaDataType): nvmath-python's typed bindings of
+    the cuBLAS and cuBLASLt C APIs (function pointers, enums, struct types from the libraries' headers), bound to the
+    libcublas CuPy loaded: CuPy's cuBLAS is initialized first, and the bindings' loader (cuda.pathfinder) takes a
+    library already loaded in the process before it searches for one. They call cuBLAS directly, so a call may be
+    captured into a CUDA graph (CuPy's own wrappers call ``setStream`` first, which refuses to run while a stream
+    captures -- cuBLAS itself captures fine)."""
+    cp().cuda.device.get_cublas_handle()          # CuPy loads and initializes its libcublas first
+    try:
+        import nvmath
+        from nvmath.bindings import cublas, cublasLt
+    except ImportError as e:
+        raise GpuError(f"gemm_dense needs nvmath-python's cuBLAS bindings (pip install nvmath-python; the gpu "
+                       f"extra): {e}") from None
+    return cublas, cublasLt, nvmath.CudaDataType
+
+
+def dense_type(dtype) -> int:
+    """The ``cudaDataType`` of gemm_dense's float32 / float16 operands (:func:`dense_plan`'s ``t_in``)."""
+    dt = _bindings()[2]
+    return int(dt.CUDA_R_16F if np.dtype(dtype) == np.float16 else dt.CUDA_R_32F)
+
+
+def cublas_libraries() -> dict:
+    """Which libcublas / libcublasLt the bindings call (cuda.pathfinder's record: path and whether the library was
+    in the process before it looked), and their versions."""
+    from cuda.pathfinder import load_nvidia_dynamic_lib
+
+    cublas, lt, _ = _bindings()
+    out = {}
+    for name in ("cublas", "cublasLt"):
+        d = load_nvidia_dynamic_lib(name)
+        out[name] = {"path": d.abs_path, "already_loaded": bool(d.was_already_loaded_from_elsewhere)}
+    out["cublas"]["version"] = int(cublas.get_version(int(cp().cuda.device.get_cublas_handle())))
+    out["cublasLt"]["version"] = int(lt.get_version())
+    return out
+
+
+#: alpha = 1 and beta = 0 (host scalars, read when a call is made or captured)
+_ONE, _ZERO = np.ones(1, np.float32), np.zeros(1, np.float32)
 
 
 def _gemm_ex_capturable(transa, transb, m, n, k, A, atype, lda, B, btype, ldb, C, ctype, ldc):
-    """cublasGemmEx (alpha 1, beta 0, fp32 compute) on the current stream through :func:`_libcublas`."""
-    import ctypes
-
+    """cublasGemmEx (alpha 1, beta 0, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) on CuPy's cuBLAS handle and the current
+    stream, through :func:`_bindings` (``transa`` / ``transb``: True = transposed)."""
+    cublas, _, _ = _bindings()
     c = cp()
-    lib = _libcublas()
-    handle = ctypes.c_void_p(int(c.cuda.device.get_cublas_handle()))
-    stream = ctypes.c_void_p(int(c.cuda.get_current_stream().ptr))
-    st = lib.cublasSetStream_v2(handle, stream)
-    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
-    st = st or lib.cublasGemmEx(handle, transa, transb, m, n, k, ctypes.byref(one), A, atype, lda, B, btype, ldb,
-                                ctypes.byref(zero), C, ctype, ldc, 68, -1)   # CUBLAS_COMPUTE_32F, GEMM_DEFAULT
-    if st:
-        raise GpuError(f"cublasGemmEx failed: status {st}")
+    handle = int(c.cuda.device.get_cublas_handle())
+    op = lambda t: cublas.Operation.T if t else cublas.Operation.N  # noqa: E731
+    try:
+        cublas.set_stream(handle, int(c.cuda.get_current_stream().ptr))
+        cublas.gemm_ex(handle, op(transa), op(transb), m, n, k, _ONE.ctypes.data, A, atype, lda, B, btype, ldb,
+                       _ZERO.ctypes.data, C, ctype, ldc, cublas.ComputeType.COMPUTE_32F, cublas.GemmAlgo.DEFAULT)
+    except cublas.cuBLASError as e:
+        raise GpuError(f"cublasGemmEx failed: {e}") from None
 
 
 def pinned_empty(shape, dtype):
@@ -575,8 +598,9 @@ DENSE_PATH = "gemm_ex"
 
 def gemm_dense(x, w, out=None, path: str | None = None):
     """y[n, od] = x[n, id] @ w[od, id]^T for C-contiguous float32 or float16 operands of one type (fp32 accumulate;
-    float32 out) as one cuBLAS call on the current stream, called through ctypes: unlike ``cupy.matmul`` it may be
-    captured into a CUDA graph (CuPy refuses its own cuBLAS calls during capture).
+    float32 out) as one cuBLAS call on the current stream, through nvmath-python's cuBLAS / cuBLASLt bindings
+    (:func:`_bindings`): unlike ``cupy.matmul`` it may be captured into a CUDA graph (CuPy refuses its own cuBLAS
+    calls during capture).
 
     ``path`` (default :data:`DENSE_PATH`, ``"gemm_ex"``): ``"lt"`` runs ``cublasLtMatmul`` with the heuristic's best algorithm
     that does not split k and needs no workspace (:func:`dense_plan`, chosen once per shape and pointer alignment);
@@ -599,7 +623,7 @@ def gemm_dense(x, w, out=None, path: str | None = None):
         out = cp().empty((n, od), dtype=np.float32)
     if n == 0 or od == 0:
         return out
-    t_in = 2 if x.dtype == np.float16 else 0                    # CUDA_R_16F | CUDA_R_32F
+    t_in, t_out = dense_type(x.dtype), dense_type(np.float32)
     if path == "lt":
         plan = dense_plan(t_in, n, od, k, align_a=_align(w.data.ptr), align_b=_align(x.data.ptr),
                           align_d=_align(out.data.ptr))
@@ -607,7 +631,7 @@ def gemm_dense(x, w, out=None, path: str | None = None):
             plan.run(w.data.ptr, x.data.ptr, out.data.ptr)
             return out
     # row-major Y = X W^T is column-major Y^T (od x n) = W (od x k, stored as k x od: transposed) X^T (k x n)
-    _gemm_ex_capturable(1, 0, od, n, k, w.data.ptr, t_in, k, x.data.ptr, t_in, k, out.data.ptr, 0, od)
+    _gemm_ex_capturable(True, False, od, n, k, w.data.ptr, t_in, k, x.data.ptr, t_in, k, out.data.ptr, t_out, od)
     return out
 
 
@@ -620,68 +644,24 @@ def _align(ptr: int) -> int:
     return a
 
 
-@lru_cache(maxsize=None)
-def _libcublaslt():
-    """libcublasLt through ctypes: the one beside the libcublas CuPy loaded (its dependency), else the first one
-    mapped in this process. Its handles are made with its own cublasLtCreate (:func:`_lt_handle`)."""
-    import ctypes
-    import os
-
-    here = os.path.dirname(_libcublas()._name)
-    paths = sorted({ln.split()[-1] for ln in open("/proc/self/maps") if "/libcublasLt.so" in ln})
-    if not paths:
-        raise GpuError("libcublasLt is not mapped in this process")
-    lib = ctypes.CDLL(next((p for p in paths if os.path.dirname(p) == here), paths[0]))
-    vp, sz = ctypes.c_void_p, ctypes.c_size_t
-    lib.cublasLtCreate.argtypes = [ctypes.POINTER(vp)]
-    lib.cublasLtMatmulDescCreate.argtypes = [ctypes.POINTER(vp), ctypes.c_int, ctypes.c_int]
-    lib.cublasLtMatmulDescSetAttribute.argtypes = [vp, ctypes.c_int, vp, sz]
-    lib.cublasLtMatrixLayoutCreate.argtypes = [ctypes.POINTER(vp), ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,
-                                               ctypes.c_int64]
-    lib.cublasLtMatmulPreferenceCreate.argtypes = [ctypes.POINTER(vp)]
-    lib.cublasLtMatmulPreferenceSetAttribute.argtypes = [vp, ctypes.c_int, vp, sz]
-    lib.cublasLtMatmulPreferenceDestroy.argtypes = [vp]
-    lib.cublasLtMatmulAlgoGetHeuristic.argtypes = [vp, vp, vp, vp, vp, vp, vp, ctypes.c_int, vp,
-                                                   ctypes.POINTER(ctypes.c_int)]
-    lib.cublasLtMatmulAlgoConfigGetAttribute.argtypes = [vp, ctypes.c_int, vp, sz, ctypes.POINTER(sz)]
-    lib.cublasLtMatmul.argtypes = [vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, sz, vp]
-    return lib
-
-
-def _lt_result_type():
-    """cublasLtMatmulHeuristicResult_t (cublasLt.h): algo (uint64 x 8), workspaceSize, state, wavesCount, int x 4."""
-    import ctypes
-
-    class Result(ctypes.Structure):
-        _fields_ = [("algo", ctypes.c_uint64 * 8), ("workspaceSize", ctypes.c_size_t), ("state", ctypes.c_int),
-                    ("wavesCount", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
-    return Result
-
-
-#: cublasLt.h enum values used here
-_LT_DESC_TRANSA, _LT_DESC_TRANSB = 3, 4                        # cublasLtMatmulDescAttributes_t
-_LT_PREF_MAX_WORKSPACE = 1                                     # cublasLtMatmulPreferenceAttributes_t
-_LT_PREF_MIN_ALIGN = {"A": 5, "B": 6, "C": 7, "D": 8}
-
-
 def _lt_handle():
-    """This device's cuBLASLt handle (cublasLtCreate of :func:`_libcublaslt`, one per device: a handle is tied to the
-    device current at its creation), made once and kept for the process."""
+    """This device's cuBLASLt handle (``cublasLtCreate``, one per device: a handle is tied to the device current at
+    its creation), made once and kept for the process."""
     return _lt_handle_of(_device_id())
 
 
 @lru_cache(maxsize=None)
-def _lt_handle_of(device: int):
-    import ctypes
-
-    h = ctypes.c_void_p()
-    st = _libcublaslt().cublasLtCreate(ctypes.byref(h))
-    if st:
-        raise GpuError(f"cublasLtCreate failed: status {st}")
-    return h
+def _lt_handle_of(device: int) -> int:
+    lt = _bindings()[1]
+    try:
+        return int(lt.create())
+    except lt.cuBLASLtError as e:
+        raise GpuError(f"cublasLtCreate failed: {e}") from None
 
 
-_LT_CFG = {"algo_id": 0, "tile": 1, "splitk": 2, "reduction": 3, "swizzle": 4, "custom": 5, "stages": 6}
+#: what a candidate's description holds: its cublasLtMatmulAlgoConfigAttributes_t (nvmath's MatmulAlgoConfigAttribute)
+_LT_CFG = {"algo_id": "ID", "tile": "TILE_ID", "splitk": "SPLITK_NUM", "reduction": "REDUCTION_SCHEME",
+           "swizzle": "CTA_SWIZZLING", "custom": "CUSTOM_OPTION", "stages": "STAGES_ID"}
 LT_HEURISTIC_COUNT = 16                                        # candidates asked of the heuristic
 
 
@@ -705,90 +685,90 @@ def pick_dense_algo(candidates: list[dict]) -> tuple[int | None, str]:
         "; ".join(why)
 
 
+def _set_attr(set_fn, dtype_fn, obj, attr, value) -> None:
+    """Set one cuBLASLt descriptor / preference attribute, typed as the binding says the attribute is."""
+    buf = np.array(value, dtype=dtype_fn(attr))
+    set_fn(obj, attr, buf.ctypes.data, buf.itemsize)
+
+
 class DensePlan:
     """One cuBLASLt matmul (descriptors + chosen algorithm) of gemm_dense's shape, kept for the process: the
     heuristic runs once, on the host, so the plan can be made (and run) inside a CUDA-graph capture."""
 
     def __init__(self, t_in: int, n: int, od: int, k: int, aligns: tuple):
-        import ctypes
-
         self.key = (t_in, n, od, k, aligns)
         self.algo = None
         self.info: dict = {}
         try:
-            lib = _libcublaslt()
+            cublas, lt, _ = _bindings()
             handle = _lt_handle()
         except GpuError as e:
             self.note = f"cublasGemmEx runs: {e}"
             return
-        self.lib, self.handle = lib, handle         # the plan's device's (dense_plan keys plans by device)
-        vp = ctypes.c_void_p
-
-        def ok(st, what):
-            if st:
-                raise GpuError(f"{what} failed: cuBLAS status {st}")
-
-        self.desc = vp()
-        ok(lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), 68, 0), "cublasLtMatmulDescCreate")  # COMPUTE_32F, R_32F
-        for attr, v in ((_LT_DESC_TRANSA, 1), (_LT_DESC_TRANSB, 0)):                                 # W^T, X as stored
-            x = ctypes.c_int32(v)
-            ok(lib.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(x), 4), "cublasLtMatmulDescSetAttribute")
-        # column-major view of gemm_dense (as in cublasGemmEx): A = W stored k x od, B = X^T stored k x n, D od x n
-        self.layouts = [vp() for _ in range(3)]
-        for lay, (t, r, cc, ld) in zip(self.layouts, ((t_in, k, od, k), (t_in, k, n, k), (0, od, n, od))):
-            ok(lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), t, r, cc, ld), "cublasLtMatrixLayoutCreate")
-        pref = vp()
-        ok(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
+        self.lt, self.handle = lt, handle           # the plan's device's (dense_plan keys plans by device)
+        f32 = dense_type(np.float32)
+        D, P = lt.MatmulDescAttribute, lt.MatmulPreferenceAttribute
         try:
-            ws = ctypes.c_uint64(0)
-            ok(lib.cublasLtMatmulPreferenceSetAttribute(pref, _LT_PREF_MAX_WORKSPACE, ctypes.byref(ws), 8),
-               "cublasLtMatmulPreferenceSetAttribute")
-            for name, a in zip("ABCD", aligns):
-                v = ctypes.c_uint32(a)
-                ok(lib.cublasLtMatmulPreferenceSetAttribute(pref, _LT_PREF_MIN_ALIGN[name], ctypes.byref(v), 4),
-                   "cublasLtMatmulPreferenceSetAttribute")
-            res = (_lt_result_type() * LT_HEURISTIC_COUNT)()
-            got = ctypes.c_int(0)
-            A, B, D = self.layouts
-            st = lib.cublasLtMatmulAlgoGetHeuristic(handle, self.desc, A, B, D, D, pref, LT_HEURISTIC_COUNT,
-                                                    res, ctypes.byref(got))
-        finally:
-            lib.cublasLtMatmulPreferenceDestroy(pref)
-        if st:
-            self.note = f"cublasGemmEx runs: cublasLtMatmulAlgoGetHeuristic failed: status {st}"
+            self.desc = lt.matmul_desc_create(cublas.ComputeType.COMPUTE_32F, f32)    # fp32 accumulate and scale
+            for attr, op in ((D.TRANSA, cublas.Operation.T), (D.TRANSB, cublas.Operation.N)):   # W^T, X as stored
+                _set_attr(lt.matmul_desc_set_attribute, lt.get_matmul_desc_attribute_dtype, self.desc, attr, int(op))
+            # column-major view of gemm_dense (as in cublasGemmEx): A = W stored k x od, B = X^T stored k x n, D od x n
+            self.layouts = [lt.matrix_layout_create(t, r, c, ld)
+                            for t, r, c, ld in ((t_in, k, od, k), (t_in, k, n, k), (f32, od, n, od))]
+            pref = lt.matmul_preference_create()
+        except lt.cuBLASLtError as e:
+            self.note = f"cublasGemmEx runs: a cuBLASLt descriptor could not be made: {e}"
             return
-        self.candidates = [self._describe(r) for r in res[:got.value]]
+        res = lt.MatmulHeuristicResult(LT_HEURISTIC_COUNT)
+        got = np.zeros(1, np.int32)
+        try:
+            _set_attr(lt.matmul_preference_set_attribute, lt.get_matmul_preference_attribute_dtype, pref,
+                      P.MAX_WORKSPACE_BYTES, 0)                                                  # no workspace
+            for attr, a in zip((P.MIN_ALIGNMENT_A_BYTES, P.MIN_ALIGNMENT_B_BYTES, P.MIN_ALIGNMENT_C_BYTES,
+                                P.MIN_ALIGNMENT_D_BYTES), aligns):
+                _set_attr(lt.matmul_preference_set_attribute, lt.get_matmul_preference_attribute_dtype, pref,
+                          attr, a)
+            A, B, Dl = self.layouts
+            lt.matmul_algo_get_heuristic(handle, self.desc, A, B, Dl, Dl, pref, LT_HEURISTIC_COUNT, res.ptr,
+                                         got.ctypes.data)
+        except lt.cuBLASLtError as e:
+            self.note = f"cublasGemmEx runs: cublasLtMatmulAlgoGetHeuristic failed: {e}"
+            return
+        finally:
+            lt.matmul_preference_destroy(pref)
+        self.candidates = [self._describe(res[i]) for i in range(int(got[0]))]
         i, why = pick_dense_algo(self.candidates)
         if i is None:
             self.note = f"cublasGemmEx runs: {why}"
             return
-        self._result = type(res[i]).from_buffer_copy(res[i])      # kept: the algorithm every matmul reads
-        self.algo = ctypes.byref(self._result, 0)
+        self._heuristic = res                               # kept: the algorithm every matmul reads lives in it
+        self._algo = res[i]["algo"]
+        self.algo = int(self._algo.ctypes.data)
         self.info = self.candidates[i]
         self.note = f"cublasLt: {why}"
 
     def _describe(self, r) -> dict:
-        import ctypes
-
-        d = {"state": int(r.state), "workspace": int(r.workspaceSize), "waves": float(r.wavesCount)}
+        lt = self.lt
+        d = {"state": int(r.state), "workspace": int(r.workspace_size), "waves": float(r.waves_count)}
+        algo = int(r["algo"].ctypes.data)
         for name, attr in _LT_CFG.items():
-            v, n = ctypes.c_uint32(0), ctypes.c_size_t(0)
-            st = self.lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(r, 0), attr, ctypes.byref(v), 4,
-                                                               ctypes.byref(n))
-            d[name] = int(v.value) if st == 0 else None
+            a = lt.MatmulAlgoConfigAttribute[attr]
+            buf, written = np.zeros(1, lt.get_matmul_algo_config_attribute_dtype(a)), np.zeros(1, np.uint64)
+            try:
+                lt.matmul_algo_config_get_attribute(algo, a, buf.ctypes.data, buf.itemsize, written.ctypes.data)
+                d[name] = int(buf[0])
+            except lt.cuBLASLtError:
+                d[name] = None
         return d
 
     def run(self, w_ptr: int, x_ptr: int, out_ptr: int) -> None:
-        import ctypes
-
-        one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
         A, B, D = self.layouts
-        stream = ctypes.c_void_p(int(cp().cuda.get_current_stream().ptr))
-        st = self.lib.cublasLtMatmul(self.handle, self.desc, ctypes.byref(one), ctypes.c_void_p(w_ptr), A,
-                                     ctypes.c_void_p(x_ptr), B, ctypes.byref(zero), ctypes.c_void_p(out_ptr), D,
-                                     ctypes.c_void_p(out_ptr), D, self.algo, None, 0, stream)
-        if st:
-            raise GpuError(f"cublasLtMatmul failed: status {st} (shape n={self.key[1]} od={self.key[2]} k={self.key[3]})")
+        try:
+            self.lt.matmul(self.handle, self.desc, _ONE.ctypes.data, w_ptr, A, x_ptr, B, _ZERO.ctypes.data, out_ptr, D,
+                           out_ptr, D, self.algo, 0, 0, int(cp().cuda.get_current_stream().ptr))
+        except self.lt.cuBLASLtError as e:
+            raise GpuError(f"cublasLtMatmul failed: {e} (shape n={self.key[1]} od={self.key[2]} k={self.key[3]})") \
+                from None
 
 
 _DENSE_PLANS: dict = {}
@@ -800,7 +780,7 @@ def _device_id() -> int:
 
 def dense_plan(t_in: int, n: int, od: int, k: int, align_a: int = 256, align_b: int = 256,
                align_d: int = 256) -> DensePlan:
-    """The cached :class:`DensePlan` of one gemm_dense shape (input type CUDA_R_32F 0 / CUDA_R_16F 2, x's rows n,
+    """The cached :class:`DensePlan` of one gemm_dense shape (input type ``t_in``: :func:`dense_type`, x's rows n,
     w's rows od, depth k) and operand alignments in bytes (A = w, B = x, D = out) on this device; a plan that has no
     algorithm is logged once."""
     key = (_device_id(), t_in, n, od, k, align_a, align_b, align_d)
@@ -816,8 +796,10 @@ def dense_plan(t_in: int, n: int, od: int, k: int, align_a: int = 256, align_b: 
 
 def dense_fallbacks() -> list[dict]:
     """Every gemm_dense shape of this process that ran cublasGemmEx instead of cuBLASLt, and why."""
-    return [{"device": k[0], "type": "f16" if k[1] == 2 else "f32", "n": k[2], "od": k[3], "k": k[4], "note": p.note}
-            for k, p in _DENSE_PLANS.items() if p.algo is None]
+    out = [(k, p) for k, p in _DENSE_PLANS.items() if p.algo is None]
+    names = {dense_type(np.float16): "f16", dense_type(np.float32): "f32"} if out else {}
+    return [{"device": k[0], "type": names.get(k[1], str(k[1])), "n": k[2], "od": k[3], "k": k[4], "note": p.note}
+            for k, p in out]
 
 
 # ------------------------------------------------------------------ the one user-facing GEMM entry

@@ -364,7 +364,7 @@ def dense_census(points=DENSE_POINTS, reps: int = 20, launches: int = 5, progres
                 row["rel_err_f64"] = float(np.abs(eager - ref).max() / np.abs(ref).max())
                 row["within_gate"] = bool(row["rel_err_f64"] <= DENSE_RTOL)
             if path == "lt":
-                t_in = 2 if dt == "f16" else 0
+                t_in = gpu.dense_type(np.float16 if dt == "f16" else np.float32)
                 p = gpu.dense_plan(t_in, nt, od, k, align_a=gpu._align(w.data.ptr), align_b=gpu._align(x.data.ptr),
                                    align_d=gpu._align(out.data.ptr))
                 row.update({"lt_note": p.note, **{f"lt_{a}": v for a, v in p.info.items()}})

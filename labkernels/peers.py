@@ -7,7 +7,8 @@
   ``../shared/peers/`` when its BUILD record matches the recipe (:func:`record_mismatches`) and its sha256
   checks, else builds ``test-backend-ops`` + ``llama-bench`` in the background (progress from ninja's log)
   and packages ``data/cache/peers/llamacpp-sm90.tar.xz`` (binaries, own libraries, BUILD record, run.sh).
-* **Measurements** (GPU machine): ``peers mmq`` runs ``test-backend-ops perf -o MUL_MAT -b CUDA0`` on the
+* **Measurements** (GPU machine): ``peers mmq`` runs ``test-backend-ops perf -o MUL_MAT -b CUDA0 --output sql``
+  (the tool's structured output, read through SQLite: :func:`tbo_results`) on the
   lab's shapes through ``--test-file`` (generic MUL_MAT ops: llama.cpp's own perf list holds only
   m=4096, k=14336 and a few q4_K k=4096 mat-vec cases, see :data:`BUILTIN_PERF_CASES`) plus the built-in
   q4_K/q6_K cases as a cross-check; ``peers bench`` runs ``llama-bench -o json``. Both are recorded under
@@ -676,52 +677,73 @@ def tbo_test_file(types=PEER_TYPES, shapes=LAB_SHAPES, nts=LAB_NTS + EXTRA_NTS) 
 
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_PERF_LINE = re.compile(r"^\s+(?P<op>[A-Z_0-9]+)\((?P<params>.*)\):\s+(?P<rest>.*)$")
-_PERF_VALS = re.compile(r"(?P<runs>\d+) runs - +(?P<us>[\d.]+) us/run - ")
+#: test-backend-ops describes each op by its own parameters (``vars()``): the op_params column of its output
 _BUILTIN = re.compile(r"type_a=(?P<type>\w+),type_b=(?P<type_b>\w+),m=(?P<m>\d+),n=(?P<n>\d+),k=(?P<k>\d+),"
                       r"bs=\[1,1\],nr=\[1,1\],per=\[0,1,2,3\],k_v=0,o=1,src_overlap=0,m_v=0,pad=0")
 _GENERIC = re.compile(r"(?:name=\w+,)?type=f32,ne=\[(?P<m>\d+),(?P<n>\d+),1,1\],op_params=\[[0,]*\],"
                       r"sources=(?P<type>\w+)\[(?P<k>\d+),(?P<m0>\d+),1,1\],f32\[(?P<k1>\d+),(?P<n1>\d+),1,1\]$")
+#: the structured output of the pinned build: ``test-backend-ops perf --output sql`` (sql_printer at 0c1e5709,
+#: tests/test-backend-ops.cpp:1041): a CREATE TABLE test_backend_ops, then one INSERT per case with typed columns
+#: (time_us as std::to_string: 6 decimals, where the console prints 2). Its CSV printer leaves the timings out.
+TBO_OUTPUT = ["--output", "sql"]
+_TBO_TABLE = "CREATE TABLE IF NOT EXISTS test_backend_ops ("
+_TBO_INSERT = "INSERT INTO test_backend_ops ("
+
+
+def tbo_results(text: str) -> pd.DataFrame:
+    """The test_backend_ops table of ``test-backend-ops --output sql``: its own statements run in an in-memory
+    SQLite database (columns as the tool declares them). Other stdout lines (an allocation failure's message) are
+    skipped; output without the CREATE TABLE, or a statement SQLite refuses, is a PeerError."""
+    import sqlite3
+
+    lines = ANSI.sub("", text).splitlines()
+    try:
+        start = next(i for i, ln in enumerate(lines) if ln.startswith(_TBO_TABLE))
+        end = next(i for i in range(start, len(lines)) if lines[i].strip() == ");")
+    except StopIteration:
+        raise PeerError("test-backend-ops printed no CREATE TABLE test_backend_ops: not its --output sql "
+                        "output") from None
+    db = sqlite3.connect(":memory:")
+    try:
+        db.executescript("\n".join(lines[start:end + 1]))
+        for ln in lines[end + 1:]:
+            if ln.startswith(_TBO_INSERT):
+                db.execute(ln)
+        return pd.read_sql_query("SELECT * FROM test_backend_ops", db)
+    except (sqlite3.Error, pd.errors.DatabaseError) as e:
+        raise PeerError(f"test-backend-ops' SQL output does not load: {e}") from None
+    finally:
+        db.close()
 
 
 def parse_tbo_perf(text: str, cc: int | None = 900) -> tuple[pd.DataFrame, dict]:
-    """Parse ``test-backend-ops perf`` console output (console_printer::print_perf_console) into rows
-    (source builtin|testfile, type, m, n, k, runs, us_per_run, tflops, path) and facts (device, status lines,
-    unsupported cases). Only plain 2-D MUL_MAT cases (bs=[1,1], no permutation / views) become rows; ``path``
-    is :func:`llama_path` at compute capability ``cc`` (None: not a CUDA run, left empty)."""
-    text = ANSI.sub("", text)
-    rows, facts = [], {"device": None, "backends": [], "not_supported": [], "failed": False}
-    for line in text.splitlines():
-        if m := re.match(r"\s+Device description: (.+)$", line):
-            facts["device"] = m[1].strip()
-            continue
-        if m := re.match(r"\s+Backend (\S+): (OK|FAIL)$", line):
-            facts["backends"].append((m[1], m[2]))
-            facts["failed"] |= m[2] == "FAIL"
-            continue
-        m = _PERF_LINE.match(line)
-        if not m or m["op"] != "MUL_MAT":
-            continue
-        params, rest = m["params"], m["rest"]
-        if rest.startswith("not supported"):
-            facts["not_supported"].append(params)
-            continue
-        v = _PERF_VALS.search(rest)
-        if not v:
-            continue
+    """Parse ``test-backend-ops perf --output sql`` (:func:`tbo_results`) into rows (source builtin|testfile, type,
+    m, n, k, runs, us_per_run, tflops, path) and facts (device, backends tested and whether any case failed,
+    unsupported cases). Only plain 2-D MUL_MAT cases (bs=[1,1], no permutation / views) become rows; ``path`` is
+    :func:`llama_path` at compute capability ``cc`` (None: not a CUDA run, left empty)."""
+    res = tbo_results(text)
+    mm = res[(res.op_name == "MUL_MAT") & (res.test_mode == "perf")]
+    desc = [d for d in res.device_description.dropna() if d]
+    backends = list(dict.fromkeys(res.backend_name))
+    failed = {b for b, ok, sup in zip(res.backend_name, res.passed, res.supported) if sup and not ok}
+    facts = {"device": desc[0] if desc else None, "backends": [(b, "FAIL" if b in failed else "OK") for b in backends],
+             "not_supported": list(mm[mm.supported == 0].op_params), "failed": bool(failed)}
+    rows = []
+    for r in mm[mm.supported == 1].itertuples():
+        params = r.op_params
         if b := _BUILTIN.fullmatch(params):
             if b["type_b"] != "f32":
                 continue
-            src, t, mm, nn, kk = "builtin", b["type"], int(b["m"]), int(b["n"]), int(b["k"])
+            src, t, mm_, nn, kk = "builtin", b["type"], int(b["m"]), int(b["n"]), int(b["k"])
         elif g := _GENERIC.match(params):
             if (g["m"], g["n"]) != (g["m0"], g["n1"]) or g["k"] != g["k1"]:
                 continue
-            src, t, mm, nn, kk = "testfile", g["type"], int(g["m"]), int(g["n"]), int(g["k"])
+            src, t, mm_, nn, kk = "testfile", g["type"], int(g["m"]), int(g["n"]), int(g["k"])
         else:
             continue
-        us = float(v["us"])
-        rows.append({"source": src, "type": t, "m": mm, "n": nn, "k": kk, "runs": int(v["runs"]),
-                     "us_per_run": us, "tflops": 2.0 * mm * nn * kk / (us * 1e-6) / 1e12 if us > 0 else float("nan"),
+        us = float(r.time_us)
+        rows.append({"source": src, "type": t, "m": mm_, "n": nn, "k": kk, "runs": int(r.n_runs), "us_per_run": us,
+                     "tflops": 2.0 * mm_ * nn * kk / (us * 1e-6) / 1e12 if us > 0 else float("nan"),
                      "path": llama_path(t, nn, cc) if cc and t in PEER_TYPES else ""})
     cols = ["source", "type", "m", "n", "k", "runs", "us_per_run", "tflops", "path"]
     return pd.DataFrame(rows, columns=cols), facts
@@ -864,10 +886,10 @@ def _build_facts(peer_dir: Path) -> dict:
 
 
 def gpu_name() -> str | None:
-    """The GPU model (nvidia-smi name), or None without one."""
-    from . import provenance
+    """The GPU model (NVML's name of the GPU CUDA numbers 0), or None without one."""
+    from . import nvml
 
-    return (provenance._nvidia_smi() or {}).get("name")
+    return nvml.identity().get("name")
 
 
 def check_tbo_backend(facts: dict, backend: str, stderr: str = "") -> None:
@@ -881,13 +903,13 @@ def check_tbo_backend(facts: dict, backend: str, stderr: str = "") -> None:
 
 
 def gpu_cc() -> int:
-    """Compute capability of GPU 0 as 100*major + 10*minor (nvidia-smi); 900 (H200) when it cannot say."""
+    """Compute capability of GPU 0 as 100*major + 10*minor (NVML); 900 (H200) when it cannot say."""
+    from . import nvml
+
     try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
-                           text=True, timeout=20)
-        major, minor = r.stdout.strip().splitlines()[0].split(".")
+        major, minor = nvml.identity()["cc"].split(".")
         return 100 * int(major) + 10 * int(minor)
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+    except (KeyError, ValueError):
         return 900
 
 
@@ -900,25 +922,27 @@ def measure_mmq(peer_dir: Path, run, raw_dir: Path, types=PEER_TYPES, shapes=LAB
     raw_dir.mkdir(parents=True, exist_ok=True)
     tf = raw_dir / "lab-shapes.tbo"
     tf.write_text(tbo_test_file(types, shapes, nts))
-    outs = [("testfile", ["tbo", "perf", "-o", "MUL_MAT", "-b", backend, "--test-file", str(tf)])]
+    outs = [("testfile", ["tbo", "perf", "-o", "MUL_MAT", "-b", backend, "--test-file", str(tf), *TBO_OUTPUT])]
     if builtin:
         outs.append(("builtin", ["tbo", "perf", "-o", "MUL_MAT", "-b", backend, "-p",
-                                 "type_a=(" + "|".join(types) + "),"]))
+                                 "type_a=(" + "|".join(types) + "),", *TBO_OUTPUT]))
     frames, devices = [], set()
     for name, args in outs:
         progress(f"test-backend-ops perf ({name}): run.sh {' '.join(args)}")
         text, err = run_peer(peer_dir, args, raw_dir / f"tbo-{name}.txt")
         df, facts = parse_tbo_perf(text, cc=gpu_cc() if backend.startswith("CUDA") else None)
         check_tbo_backend(facts, backend, err)
-        if facts["device"]:
-            devices.add(facts["device"])
+        # the SQL output names no device description: the GPU's name from NVML (CUDA0 is CUDA's device 0)
+        device = facts["device"] or (gpu_name() if backend.startswith("CUDA") else None)
+        if device:
+            devices.add(device)
         if df.empty:
             raise PeerError(f"test-backend-ops printed no MUL_MAT perf line ({name}); not supported: "
                             f"{facts['not_supported'][:3]}")
         df = df[df.type.isin(types)]
         frames.append(df)
         run.append("mmq", df)
-        progress(f"  {len(df)} MUL_MAT rows on {facts['device']}")
+        progress(f"  {len(df)} MUL_MAT rows on {device}")
     df = pd.concat(frames, ignore_index=True)
     want = {(t, m, n, k) for t in types for m, k in shapes for n in nts}
     got = set(map(tuple, df[df.source == "testfile"][["type", "m", "n", "k"]].itertuples(index=False)))

@@ -1064,14 +1064,64 @@ def _kill_kernels(managers: list) -> None:
             pass
 
 
-def _execute(nb: Path, out_nb: Path, params: dict, timeout: int | None) -> str | None:
-    """Run one notebook into out_nb; the error text, or None."""
+def _same_interpreter(exe: str) -> bool:
+    """Whether ``exe`` runs this Python (same path, else the same ``sys.prefix``: a venv's python is a link to its
+    base interpreter, so resolving links is not enough)."""
+    import shutil
+    import subprocess
+
+    path = shutil.which(exe) or exe
+    if os.path.abspath(path) == os.path.abspath(sys.executable):
+        return True
+    try:
+        r = subprocess.run([path, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return r.returncode == 0 and os.path.realpath(r.stdout.strip()) == os.path.realpath(sys.prefix)
+
+
+def kernel_for(nb_path: Path) -> tuple[str, str]:
+    """(kernel name, note) that papermill runs a notebook with: the kernelspec its metadata names (the round
+    notebooks name ``labkernels``, which ``python3 lab.py lab`` registers), else -- no such kernelspec on this machine,
+    e.g. CI or the GPU machine -- ``python3``, said in the note. Either way the spec must start this interpreter (the
+    lab's): a user-level kernelspec naming another Python would run other packages' code, so that is a
+    PipelineError naming the spec and both interpreters."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    meta = json.loads(Path(nb_path).read_text()).get("metadata", {})
+    name = (meta.get("kernelspec") or {}).get("name") or "python3"
+    ksm, note = KernelSpecManager(), ""
+    try:
+        spec = ksm.get_kernel_spec(name)
+    except NoSuchKernel:
+        if name == "python3":
+            raise PipelineError(f"{Path(nb_path).name}: no python3 kernelspec (install ipykernel)") from None
+        note = f"no {name!r} kernelspec here (python3 lab.py lab registers it): the python3 kernel ran"
+        name = "python3"
+        try:
+            spec = ksm.get_kernel_spec(name)
+        except NoSuchKernel:
+            raise PipelineError(f"{Path(nb_path).name}: neither a {meta['kernelspec']['name']!r} nor a python3 "
+                                "kernelspec (install ipykernel)") from None
+    exe = spec.argv[0] if spec.argv else ""
+    # jupyter_client starts 'python' / 'python3' / 'python3.X' as sys.executable (KernelManager.format_kernel_cmd)
+    if exe not in {"python", f"python{sys.version_info[0]}", "python%d.%d" % sys.version_info[:2]} \
+            and not _same_interpreter(exe):
+        raise PipelineError(f"{Path(nb_path).name}: the {name!r} kernelspec ({spec.resource_dir}) starts {exe}, not "
+                            f"this lab's interpreter {sys.executable}: its cells would import another environment's "
+                            f"packages. Re-register it from the lab's environment (python3 lab.py lab, or "
+                            f"{sys.executable} -m ipykernel install --user --name {name}) or remove it")
+    return name, note
+
+
+def _execute(nb: Path, out_nb: Path, params: dict, timeout: int | None, kernel: str = "python3") -> str | None:
+    """Run one notebook into out_nb with the kernel ``kernel`` (:func:`kernel_for`); the error text, or None."""
     import papermill
 
     with _kernel_env() as (cfg, km_class):
         try:
             papermill.execute_notebook(str(nb), str(out_nb), parameters=params, cwd=str(nb.parent),
-                                       kernel_name="python3", progress_bar=sys.stderr.isatty(), log_output=False,
+                                       kernel_name=kernel, progress_bar=sys.stderr.isatty(), log_output=False,
                                        execution_timeout=timeout, report_mode=False, config=cfg,
                                        kernel_manager_class=km_class,
                                        shutdown_kernel="immediate")  # on Ctrl-C too: no kernel noise
@@ -1151,12 +1201,14 @@ def run(names=(), pairs=(), files=(), out_dir: Path = REPORTS_DIR, notebooks_dir
             raise PipelineError("notebook pairs out of sync (run `python3 lab.py sync`, or save in JupyterLab):\n  "
                                 + "\n  ".join(f"{k}: {'; '.join(v[:3])}" for k, v in unsynced.items()))
         given = check_params(nbs, glob, per)
+        kernels = {nb: kernel_for(nb) for nb in nbs}    # each runs this interpreter, checked before anything runs
         out_dir.mkdir(parents=True, exist_ok=True)
         load_state(out_dir)  # a corrupt index stops us before anything runs
     except PipelineError as e:
         print(f"labkernels run: error: {e}", file=sys.stderr)
         return 2
     failures = standins = 0
+    noted = set()
     current: list[Path] = []
     nb = nbs[0] if nbs else None
     with _sigint_as_keyboardinterrupt() as hit:
@@ -1169,7 +1221,11 @@ def run(names=(), pairs=(), files=(), out_dir: Path = REPORTS_DIR, notebooks_dir
                 tmp_nb = _tmp_name(out_dir, name, ".ipynb")
                 current[:] = [tmp_nb]
                 t0 = time.time()
-                error = _execute(nb, tmp_nb, params, timeout)
+                kernel, knote = kernels[nb]
+                if knote and knote not in noted:
+                    noted.add(knote)
+                    print(f"  kernel: {knote}", flush=True)
+                error = _execute(nb, tmp_nb, params, timeout, kernel)
                 if hit["sigint"]:
                     raise KeyboardInterrupt
                 dt = time.time() - t0
@@ -1213,7 +1269,7 @@ def run(names=(), pairs=(), files=(), out_dir: Path = REPORTS_DIR, notebooks_dir
                     for stale in (f"{name}.failed.html", f"{name}.failed.ipynb"):
                         (dest / stale).unlink(missing_ok=True)
                 entry = {"status": "failed" if error else "ok", "error": error, "seconds": round(dt, 1),
-                         "params": params, "rendered": provenance.utc_now(),
+                         "params": params, "kernel": kernel, "rendered": provenance.utc_now(),
                          "render_machine": provenance.describe(provenance.collect()), **notes}
                 if standin:
                     entry["stand_in"] = True

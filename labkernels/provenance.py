@@ -53,22 +53,6 @@ def gpu_available() -> bool:
         return False
 
 
-def _nvidia_smi() -> dict:
-    q = ("name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.draw,power.limit,"
-         "temperature.gpu,utilization.gpu,pstate")
-    try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    if out.returncode != 0 or not out.stdout.strip():
-        return {}
-    vals = [v.strip() for v in out.stdout.strip().splitlines()[0].split(",")]
-    keys = ["name", "driver", "sm_clock_mhz", "sm_clock_max_mhz", "mem_clock_mhz", "mem_clock_max_mhz",
-            "power_w", "power_limit_w", "temp_c", "util_pct", "pstate"]
-    return dict(zip(keys, vals))
-
-
 def gpu_info() -> dict | None:
     """GPU identity and state at the time of the call (None without a GPU)."""
     if not gpu_available():
@@ -92,7 +76,14 @@ def gpu_info() -> dict | None:
         "cuda_driver": cupy.cuda.runtime.driverGetVersion(),
         "cupy": cupy.__version__,
     }
-    info.update({f"smi_{k}": v for k, v in _nvidia_smi().items()})
+    # the driver, UUID and bus id from NVML (nvidia-ml-py); without NVML the keys are absent and "nvml" says why
+    from . import nvml
+
+    ident = nvml.identity(dev.pci_bus_id)
+    if "absent" in ident:
+        info["nvml"] = ident["absent"]
+    else:
+        info.update({k: ident[k] for k in ("driver", "uuid", "pci_bus_id") if k in ident})
     return info
 
 
@@ -114,10 +105,16 @@ def collect(params: dict | None = None) -> dict:
 
 
 def _clock(p: dict) -> str:
-    """SM clock at the start of a run (often the idle reading) and, when recorded, at its end (under load)."""
-    g = p.get("gpu") or {}
-    start = f"{g.get('smi_sm_clock_mhz', '?')}/{g.get('smi_sm_clock_max_mhz', '?')} MHz"
-    end = (p.get("gpu_at_finish") or {}).get("sm_clock_mhz")
+    """SM clock at the start of a run (often the idle reading) and, when recorded, at its end (under load): NVML's
+    readings (``nvml_start`` / ``nvml_end``), or nvidia-smi's of runs recorded before them (``smi_*``,
+    ``gpu_at_finish``)."""
+    s, e = p.get("nvml_start") or {}, p.get("nvml_end") or {}
+    if "sm_mhz" in s:
+        start, end = f"{s['sm_mhz']}/{s.get('sm_max_mhz', '?')} MHz", e.get("sm_mhz")
+    else:
+        g = p.get("gpu") or {}
+        start = f"{g.get('smi_sm_clock_mhz', '?')}/{g.get('smi_sm_clock_max_mhz', '?')} MHz"
+        end = (p.get("gpu_at_finish") or {}).get("sm_clock_mhz")
     return f"{start} at start, {end} MHz at end" if end else f"{start} at start"
 
 
@@ -127,7 +124,7 @@ def describe(p: dict) -> str:
     dev = "no GPU (CPU machine)"
     if g:
         dev = (f"{g.get('name')} (sm_{g.get('cc', '').replace('.', '')}, {g.get('sm_count')} SMs), driver "
-               f"{g.get('smi_driver', '?')}, CUDA {g.get('cuda_runtime')}, CuPy {g.get('cupy')}, "
+               f"{g.get('driver') or g.get('smi_driver', '?')}, CUDA {g.get('cuda_runtime')}, CuPy {g.get('cupy')}, "
                f"SM clock {_clock(p)}")
     c = p.get("git_commit", "unknown")
     dirty = "+dirty" if p.get("git_dirty") else ""

@@ -51,7 +51,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import provenance
+from . import nvml, provenance
 from .paths import DATA_DIR
 
 RUN_ID_RX = re.compile(r"^\d{8}T\d{6}Z-[A-Za-z0-9_.-]+$")
@@ -168,9 +168,10 @@ class Run:
         self.meta.setdefault("summary", {}).update(summary)
         self.meta["status"] = status
         self.meta["finished"] = provenance.utc_now()
-        if self.meta.get("provenance", {}).get("gpu"):
-            # the clocks at the start may be idle clocks: record the state at the end of the work too
-            self.meta["provenance"]["gpu_at_finish"] = provenance._nvidia_smi()
+        if "nvml_start" in self.meta.get("provenance", {}):
+            # the clocks at the start may be idle clocks: NVML's state at the end of the work too, with every
+            # clocks-event reason seen in between (nvml.run_end)
+            self.meta["provenance"]["nvml_end"] = nvml.run_end(self.meta["provenance"]["nvml_start"])
         self._write_meta()
         write_manifest(self)
 
@@ -219,17 +220,18 @@ def new_run(round_name: str, params: dict | None = None, root: Path | None = Non
     prov = provenance.collect(params)
     dev = _slug(prov["gpu"]["name"].replace("NVIDIA", "")) if prov.get("gpu") else "cpu"
     run_id = f"{prov['date'].replace('-', '').replace(':', '')}-{dev.lower()}-{provenance.short_commit()[:10]}"
+    prov["nvml_start"] = nvml.run_start(prov)
     d = root / folder(round_name)
     d.mkdir(parents=True, exist_ok=True)
     base, n = run_id, 1
-    while (d / f"{run_id}.json").exists():
+    while True:     # the first free id, taken by an exclusive create: two writers never get the same one
+        meta = {"run_id": run_id, "round": round_name, "kind": kind, "status": "running",
+                "started": prov["date"], "provenance": prov, "params": params or {}, "tables": [], "summary": {}}
+        run = Run(round_name, run_id, root, meta)
+        if _create_exclusive(run.meta_path, json.dumps(meta, indent=1, default=_json_default)):
+            return run
         n += 1
         run_id = f"{base}-{n}"
-    meta = {"run_id": run_id, "round": round_name, "kind": kind, "status": "running",
-            "started": prov["date"], "provenance": prov, "params": params or {}, "tables": [], "summary": {}}
-    run = Run(round_name, run_id, root, meta)
-    run._write_meta()
-    return run
 
 
 @contextlib.contextmanager
@@ -341,6 +343,37 @@ def _atomic_write(path: Path, text: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _create_exclusive(path: Path, text: str) -> bool:
+    """Write ``text`` as a new file at ``path`` unless a file is there (False then, the file untouched): written to
+    a temporary file, then hard-linked into place (atomic and exclusive: a reader never sees it half-written);
+    where the file system has no hard links, ``O_CREAT | O_EXCL``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError:
+            pass
+        try:
+            fd2 = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd2, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        return True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def _kind(mode: int) -> str:
@@ -646,9 +679,11 @@ def check_data(root: Path | None = None) -> tuple[int, list[str]]:
                  f"migrate-data --root {root}`)" for d in legacy_folders(root)]
     for m in metas:
         try:
-            validate_run(m)
+            run = validate_run(m)
         except RecordError as e:
             problems.append(str(e))
+            continue
+        problems += [f"{m}: {p}" for p in nvml.check_run(run.meta)]   # NVML provenance of runs after the cut-over
     return len(metas), problems
 
 

@@ -38,7 +38,7 @@ import os
 import re
 from pathlib import Path
 
-from . import provenance
+from . import nvml, provenance
 from .paths import REPO_ROOT
 
 MODES = ("auto", "measure", "replay", "cpu")
@@ -144,6 +144,7 @@ def banner(mode: str, run=None, note: str = "", stand_in: bool = False) -> None:
     _note("run_id", run.run_id if run else None)
     if run is not None:
         _note("provenance", provenance.describe(run.provenance))
+    what += nvml.throttle_html(run)    # a run that saw a power or thermal cap says so (NVML clocks-event reasons)
     _display_html(f'<div style="background:{color};border:1px solid #999;padding:8px 12px;'
                   f'margin:6px 0;font-size:1.05em">{what} {html.escape(note)}</div>')
 

@@ -50,7 +50,6 @@ import math
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -62,7 +61,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import records
+from . import nvml, records
 from .paths import REPORTS_DIR
 from .kernels import registry
 
@@ -291,21 +290,6 @@ def load_plan(src) -> Plan:
 # ------------------------------------------------------------------ on the worker
 
 
-def _smi(selector: str) -> dict:
-    """nvidia-smi state of *one* GPU (selected by PCI bus id / index / UUID)."""
-    q = "index,uuid,name,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw,pstate"
-    try:
-        r = subprocess.run(["nvidia-smi", "-i", selector, f"--query-gpu={q}", "--format=csv,noheader,nounits"],
-                           capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    if r.returncode != 0 or not r.stdout.strip():
-        return {}
-    keys = ["index", "uuid", "name", "sm_clock_mhz", "sm_clock_max_mhz", "mem_clock_mhz", "temp_c", "power_w",
-            "pstate"]
-    return dict(zip(keys, [v.strip() for v in r.stdout.strip().splitlines()[0].split(",")]))
-
-
 def worker_identity(need_gpu: bool = False) -> dict:
     """Who runs this task: host, Dask worker, and (on a GPU worker) the physical GPU it is pinned to."""
     from . import provenance
@@ -316,16 +300,14 @@ def worker_identity(need_gpu: bool = False) -> dict:
         import cupy
 
         dev = cupy.cuda.Device(0)
-        # the GPU this process sees as device 0: by PCI bus id, else the first CUDA_VISIBLE_DEVICES entry
-        first = (ident["cuda_visible_devices"] or "0").split(",")[0].strip()
-        selector, smi = dev.pci_bus_id, _smi(dev.pci_bus_id)
-        if not smi:
-            selector, smi = first, _smi(first)
-        ident["smi_selector"] = selector
+        # the GPU this process sees as device 0, found in NVML by its PCI bus id (NVML's index is the physical one)
+        nv = nvml.identity(dev.pci_bus_id)
         props = cupy.cuda.runtime.getDeviceProperties(0)
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-        ident.update(gpu_index=int(smi["index"]) if smi.get("index", "").isdigit() else None,
-                     gpu_uuid=smi.get("uuid"), gpu_name=name, pci_bus_id=dev.pci_bus_id, smi_start=smi)
+        ident.update(gpu_index=nv.get("index"), gpu_uuid=nv.get("uuid"), gpu_name=name, pci_bus_id=dev.pci_bus_id,
+                     nvml_bus_id=dev.pci_bus_id, nvml_start=nvml.reading(dev.pci_bus_id))
+        if "absent" in nv:
+            ident["nvml"] = nv["absent"]
         ident["device"] = f"{ident['host']}/gpu{ident['gpu_index']}"
     elif need_gpu:
         raise SweepError(f"backend gpu needs a CUDA GPU with cupy on the worker; {ident['host']} has none "
@@ -475,12 +457,12 @@ def run_bench(spec: dict, run, ident: dict, key: str = "", sweep_id: str = "") -
     for _ in range(spec["pairs"]):
         for k, fn in fns.items():
             res[k].append(bench.stats(be.time(fn)))
-    smi_end = _smi(ident["smi_selector"]) if ident.get("smi_selector") else {}
+    end = nvml.reading(ident["nvml_bus_id"]) if ident.get("nvml_bus_id") else {}
     dev = {"task_key": key, "sweep_id": sweep_id, "backend": spec["backend"], "device": ident["device"],
            "host": ident["host"], "gpu_index": ident.get("gpu_index"), "gpu_name": ident.get("gpu_name") or "cpu",
            "gpu_uuid": ident.get("gpu_uuid"),
-           "sm_clock_mhz_start": (ident.get("smi_start") or {}).get("sm_clock_mhz"),
-           "sm_clock_mhz_end": smi_end.get("sm_clock_mhz")}
+           "sm_clock_mhz_start": (ident.get("nvml_start") or {}).get("sm_mhz"), "sm_clock_mhz_end": end.get("sm_mhz"),
+           "clocks_event_reasons_end": "+".join(end.get("reasons_names", [])) if "reasons_names" in end else None}
     rows = []
     for v in spec["variants"]:
         label = variant_label(v)
@@ -586,8 +568,8 @@ def execute(spec: dict, ctx: dict) -> dict:
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    if ident.get("smi_selector"):
-        ident["smi_end"] = _smi(ident["smi_selector"])
+    if ident.get("nvml_bus_id"):
+        ident["nvml_end"] = nvml.reading(ident["nvml_bus_id"])
     _log_event({**event, "event": "end", "t": time.time()})
     return {"key": key, "identity": ident, "files": files, "seconds": time.time() - t0, "t_start": t0,
             "t_end": time.time()}

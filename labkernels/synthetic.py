@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import math
+import re
 import time
 import zlib
 from pathlib import Path
@@ -25,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .arch import (GEMMA3_ROPE_BASE_SWA, GEMMA3_SWA_PATTERN, ModelConfig, config_from_model, expected_shapes,
-                   global_tensors, layer_tensors)
+                   gguf_key, global_tensors, layer_tensors, tensor_name)
 from .model import ModelError, Tensor
 
 __all__ = ["llama7b_config", "tiny_config", "q4_k_m_recipe", "use_more_bits", "recipe_counts", "SyntheticModel",
@@ -75,18 +76,18 @@ def _build_config(arch: str, *, n_layer, n_embd, n_ff, n_head, n_head_kv, head_d
                   sliding_window=None, n_ctx=4096, tied=None, attn_bias=None) -> ModelConfig:
     """A config derived exactly the way config_from_model derives it from a GGUF."""
     from gguf.constants import GGUFValueType as VT
-    k = lambda s: f"{arch}.{s}"  # noqa: E731
-    meta = {"general.architecture": (arch, VT.STRING),
-            k("context_length"): (int(n_ctx), VT.UINT32), k("block_count"): (int(n_layer), VT.UINT32),
-            k("embedding_length"): (int(n_embd), VT.UINT32), k("feed_forward_length"): (int(n_ff), VT.UINT32),
-            k("attention.head_count"): (int(n_head), VT.UINT32),
-            k("attention.head_count_kv"): (int(n_head_kv), VT.UINT32),
-            k("attention.key_length"): (int(head_dim), VT.UINT32),
-            k("attention.value_length"): (int(head_dim), VT.UINT32),
-            k("attention.layer_norm_rms_epsilon"): (_f32(rms_eps), VT.FLOAT32),
-            k("rope.freq_base"): (_f32(rope_base), VT.FLOAT32)}
+    k = lambda key: gguf_key(key, arch)  # noqa: E731
+    meta = {gguf_key("General.ARCHITECTURE"): (arch, VT.STRING),
+            k("LLM.CONTEXT_LENGTH"): (int(n_ctx), VT.UINT32), k("LLM.BLOCK_COUNT"): (int(n_layer), VT.UINT32),
+            k("LLM.EMBEDDING_LENGTH"): (int(n_embd), VT.UINT32), k("LLM.FEED_FORWARD_LENGTH"): (int(n_ff), VT.UINT32),
+            k("Attention.HEAD_COUNT"): (int(n_head), VT.UINT32),
+            k("Attention.HEAD_COUNT_KV"): (int(n_head_kv), VT.UINT32),
+            k("Attention.KEY_LENGTH"): (int(head_dim), VT.UINT32),
+            k("Attention.VALUE_LENGTH"): (int(head_dim), VT.UINT32),
+            k("Attention.LAYERNORM_RMS_EPS"): (_f32(rms_eps), VT.FLOAT32),
+            k("Rope.FREQ_BASE"): (_f32(rope_base), VT.FLOAT32)}
     if sliding_window:
-        meta[k("attention.sliding_window")] = (int(sliding_window), VT.UINT32)
+        meta[k("Attention.SLIDING_WINDOW")] = (int(sliding_window), VT.UINT32)
     tied = (arch == "gemma3") if tied is None else tied
     attn_bias = (arch == "qwen2") if attn_bias is None else attn_bias
     probe = ModelConfig(arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
@@ -172,19 +173,26 @@ def q4_k_m_recipe(cfg: ModelConfig) -> dict[str, str]:
             out[name] = "F32"
             continue
         t = "Q4_K"
-        if name == "output.weight" or (cfg.tied_output and name == "token_embd.weight"):
+        if name == tensor_name("output") or (cfg.tied_output and name == tensor_name("token_embd")):
             t = "Q8_0" if shape[-1] % 256 else "Q6_K"
-        elif name.endswith(".attn_v.weight"):
-            i = int(name.split(".")[1])
+        elif (i := _layer_of(name, "attn_v")) is not None:
             if use_more_bits(i, cfg.n_layer):
                 t = "Q6_K"
             if is_70b and t in ("Q3_K", "Q4_K"):
                 t = "Q5_K"
-        elif name.endswith(".ffn_down.weight"):
-            if use_more_bits(int(name.split(".")[1]), cfg.n_layer):
+        elif (i := _layer_of(name, "ffn_down")) is not None:
+            if use_more_bits(i, cfg.n_layer):
                 t = "Q6_K"
         out[name] = _fallback(t, shape[-1])
     return out
+
+
+def _layer_of(name: str, logical: str) -> int | None:
+    """The layer of a GGUF tensor name if it is that logical layer tensor's weight (``blk.7.attn_v.weight``, attn_v ->
+    7), else None; the pattern is gguf-py's TENSOR_NAMES entry."""
+    rx = re.escape(tensor_name(logical, 999999)).replace("999999", r"(\d+)")
+    m = re.fullmatch(rx, name)
+    return int(m[1]) if m else None
 
 
 def recipe_counts(recipe: dict[str, str]) -> dict:
@@ -194,9 +202,9 @@ def recipe_counts(recipe: dict[str, str]) -> dict:
         hist[t] = hist.get(t, 0) + 1
     kinds = {}
     for kind in ("attn_v", "ffn_down"):
-        names = [n for n in recipe if n.endswith(f".{kind}.weight")]
-        kinds[kind] = {"Q6_K": sum(recipe[n] == "Q6_K" for n in names), "total": len(names),
-                       "layers_q6_K": sorted(int(n.split(".")[1]) for n in names if recipe[n] == "Q6_K")}
+        layer = {n: i for n in recipe if (i := _layer_of(n, kind)) is not None}
+        kinds[kind] = {"Q6_K": sum(recipe[n] == "Q6_K" for n in layer), "total": len(layer),
+                       "layers_q6_K": sorted(i for n, i in layer.items() if recipe[n] == "Q6_K")}
     return {"types": hist, **kinds}
 
 
@@ -219,42 +227,43 @@ def metadata_from_config(cfg: ModelConfig, file_type: int | None = None) -> dict
     """GGUF key -> (value as a reader returns it, GGUFValueType, array subtype or None)."""
     from gguf.constants import GGUFValueType as VT
     a = cfg.arch
-    k = lambda s: f"{a}.{s}"  # noqa: E731
-    m = {"general.architecture": (a, VT.STRING, None), "general.name": (f"synthetic {a}", VT.STRING, None)}
+    k = lambda key: gguf_key(key, a)  # noqa: E731   gguf-py's Keys, e.g. "LLM.BLOCK_COUNT"
+    m = {gguf_key("General.ARCHITECTURE"): (a, VT.STRING, None),
+         gguf_key("General.NAME"): (f"synthetic {a}", VT.STRING, None)}
     if file_type is not None:
-        m["general.file_type"] = (int(file_type), VT.UINT32, None)
+        m[gguf_key("General.FILE_TYPE")] = (int(file_type), VT.UINT32, None)
     u32 = lambda key, v: m.__setitem__(k(key), (int(v), VT.UINT32, None))  # noqa: E731
     f32 = lambda key, v: m.__setitem__(k(key), (_f32(v), VT.FLOAT32, None))  # noqa: E731
-    u32("context_length", cfg.n_ctx_train or 4096)
-    u32("block_count", cfg.n_layer)
-    u32("embedding_length", cfg.n_embd)
-    u32("feed_forward_length", cfg.n_ff)
-    u32("attention.head_count", cfg.n_head)
-    u32("attention.head_count_kv", cfg.n_head_kv)
-    u32("attention.key_length", cfg.head_dim)
-    u32("attention.value_length", cfg.head_dim_v)
-    f32("attention.layer_norm_rms_epsilon", cfg.rms_eps)
-    f32("rope.freq_base", cfg.rope_base)
-    u32("rope.dimension_count", cfg.n_rot)
+    u32("LLM.CONTEXT_LENGTH", cfg.n_ctx_train or 4096)
+    u32("LLM.BLOCK_COUNT", cfg.n_layer)
+    u32("LLM.EMBEDDING_LENGTH", cfg.n_embd)
+    u32("LLM.FEED_FORWARD_LENGTH", cfg.n_ff)
+    u32("Attention.HEAD_COUNT", cfg.n_head)
+    u32("Attention.HEAD_COUNT_KV", cfg.n_head_kv)
+    u32("Attention.KEY_LENGTH", cfg.head_dim)
+    u32("Attention.VALUE_LENGTH", cfg.head_dim_v)
+    f32("Attention.LAYERNORM_RMS_EPS", cfg.rms_eps)
+    f32("Rope.FREQ_BASE", cfg.rope_base)
+    u32("Rope.DIMENSION_COUNT", cfg.n_rot)
     if cfg.rope_freq_scale != 1.0:
-        m[k("rope.scaling.type")] = ("linear", VT.STRING, None)
-        f32("rope.scaling.factor", 1.0 / cfg.rope_freq_scale)
+        m[k("Rope.SCALING_TYPE")] = ("linear", VT.STRING, None)
+        f32("Rope.SCALING_FACTOR", 1.0 / cfg.rope_freq_scale)
     if cfg.sliding_window:
-        u32("attention.sliding_window", cfg.sliding_window)
+        u32("Attention.SLIDING_WINDOW", cfg.sliding_window)
         default = [il % GEMMA3_SWA_PATTERN < GEMMA3_SWA_PATTERN - 1 for il in range(cfg.n_layer)]
         if list(cfg.layer_is_sliding) != default:
-            m[k("attention.sliding_window_pattern")] = ([bool(x) for x in cfg.layer_is_sliding], VT.ARRAY, VT.BOOL)
+            m[k("Attention.SLIDING_WINDOW_PATTERN")] = ([bool(x) for x in cfg.layer_is_sliding], VT.ARRAY, VT.BOOL)
         if cfg.rope_base_local is not None and cfg.rope_base_local != GEMMA3_ROPE_BASE_SWA:
-            f32("rope.freq_base_swa", cfg.rope_base_local)
+            f32("Rope.FREQ_BASE_SWA", cfg.rope_base_local)
     if cfg.final_logit_softcap:
-        f32("final_logit_softcapping", cfg.final_logit_softcap)
+        f32("LLM.FINAL_LOGIT_SOFTCAPPING", cfg.final_logit_softcap)
     toks, types = _vocab_tokens(cfg)
-    m["tokenizer.ggml.model"] = ("llama", VT.STRING, None)
-    m["tokenizer.ggml.tokens"] = (toks, VT.ARRAY, VT.STRING)
-    m["tokenizer.ggml.scores"] = ([0.0] * cfg.vocab, VT.ARRAY, VT.FLOAT32)
-    m["tokenizer.ggml.token_type"] = (types, VT.ARRAY, VT.INT32)
-    m["tokenizer.ggml.bos_token_id"] = (min(1, cfg.vocab - 1), VT.UINT32, None)
-    m["tokenizer.ggml.eos_token_id"] = (min(2, cfg.vocab - 1), VT.UINT32, None)
+    m[gguf_key("Tokenizer.MODEL")] = ("llama", VT.STRING, None)
+    m[gguf_key("Tokenizer.LIST")] = (toks, VT.ARRAY, VT.STRING)
+    m[gguf_key("Tokenizer.SCORES")] = ([0.0] * cfg.vocab, VT.ARRAY, VT.FLOAT32)
+    m[gguf_key("Tokenizer.TOKEN_TYPE")] = (types, VT.ARRAY, VT.INT32)
+    m[gguf_key("Tokenizer.BOS_ID")] = (min(1, cfg.vocab - 1), VT.UINT32, None)
+    m[gguf_key("Tokenizer.EOS_ID")] = (min(2, cfg.vocab - 1), VT.UINT32, None)
     return m
 
 
@@ -415,7 +424,7 @@ class SyntheticModel:
             short = t.name.split(".")[-2] if t.name.count(".") else t.name
             if short.endswith("norm"):
                 vals = 1.0 + NORM_NOISE * rng.standard_normal(n)
-            elif t.name == "rope_freqs.weight":
+            elif t.name == tensor_name("rope_freqs"):
                 vals = np.ones(n)
             else:  # biases, unquantized matrices
                 vals = WEIGHT_STD * rng.standard_normal(n)
@@ -471,10 +480,10 @@ def write_gguf(model, path) -> Path:
     from gguf.constants import GGUFValueType as VT
 
     path = Path(path)
-    arch = model.field("general.architecture")
+    arch = model.field(gguf_key("General.ARCHITECTURE"))
     w = gguf.GGUFWriter(path, arch)
     for key, val, vt, sub in _metadata_items(model):
-        if key == "general.architecture":
+        if key == gguf_key("General.ARCHITECTURE"):
             continue
         if vt == VT.ARRAY:
             w.add_key_value(key, list(val), VT.ARRAY, sub_type=sub)

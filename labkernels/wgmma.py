@@ -673,10 +673,11 @@ def main_scl(qtype: str, bn: int) -> int:
 
 def auto_table(root=None):
     """The recorded choice table for ``gpu.qmatmul(kernel="auto")``: per (qtype, od, id, nt) of the latest
-    complete round-7 run, the fastest GEMM family/variant measured (median over pairs). None without a run."""
-    from . import records
+    complete round-7 run that saw no power or thermal cap (:func:`labkernels.nvml.for_verdict`), the fastest GEMM
+    family/variant measured (median over pairs). None without a run."""
+    from . import nvml, records
 
-    run = records.latest("wgmma", root=root, where=lambda r: r.has("wgmma_bench"))
+    run = records.latest("wgmma", root=root, where=lambda r: r.has("wgmma_bench") and nvml.for_verdict(r))
     if run is None:
         return None
     df = run.table("wgmma_bench")

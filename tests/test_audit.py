@@ -78,11 +78,12 @@ def test_parse_ptxas_log():
     assert all(x["arch"] == "sm_90" for x in e)
 
 
-def test_demangle_fallback_and_matching():
-    assert A._demangle_simple("_Z16mma_probe_kernelILi16EEvPii") == "mma_probe_kernel<16>(...)"
-    assert A._demangle_simple("_Z15q6k_expb_kernelILi4ELi210ELi0EEvPKvS1_Pfiii") == \
-        "q6k_expb_kernel<4, 210, 0>(...)"
-    assert A._demangle_simple("_Z1fILin3ELb1ELj7EEvv") == "f<-3, true, 7>(...)"
+def test_demangle_and_matching():
+    assert A.demangle(["_Z16mma_probe_kernelILi16EEvPii", "_Z15q6k_expb_kernelILi4ELi210ELi0EEvPKvS1_Pfiii",
+                       "_Z1fILin3ELb1ELj7EEvv", "_Znot_a_name", "plain_c_kernel"]) == [
+        "void mma_probe_kernel<16>(int*, int)", "void q6k_expb_kernel<4, 210, 0>(void const*, void const*, float*, int, "
+        "int, int)", "void f<-3, true, 7u>()", "_Znot_a_name", "plain_c_kernel"]
+    assert A._split_demangled(A.demangle(["_Z1fILin3ELb1ELj7EEvv"])[0]) == ("f", ("-3", "1", "7"))
     assert A._split_demangled("void q6k_expb_kernel<4, 210, 0>(void const*, float*)") == \
         ("q6k_expb_kernel", ("4", "210", "0"))
     assert A._split_demangled("void f<(char)3, true>(int)") == ("f", ("3", "1"))

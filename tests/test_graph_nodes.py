@@ -1,7 +1,9 @@
-"""CPU side of issue 18's memset removal: gemm_dense's cuBLASLt algorithm choice (a fake heuristic), its recorded
-fallback, argument checks, and the graph-node census's counting (labkernels.graph_nodes)."""
+"""CPU side of issue 18's memset removal: gemm_dense's cuBLASLt algorithm choice (a fake heuristic behind fakes of
+nvmath-python's cuBLAS / cuBLASLt bindings), its recorded fallback, the bindings' call plumbing, argument checks,
+and the graph-node census's counting (labkernels.graph_nodes)."""
 import ctypes
 import logging
+import types
 
 import numpy as np
 import pytest
@@ -23,81 +25,138 @@ def test_pick_dense_algo_takes_the_first_candidate_without_split_k_or_workspace(
     assert gpu.pick_dense_algo([]) == (None, "the cuBLASLt heuristic returned no algorithm")
 
 
-def test_heuristic_result_has_cublasLt_h_layout():
-    R = gpu._lt_result_type()
-    assert ctypes.sizeof(R) == 96              # cublasLtMatmulAlgo_t (8 x uint64) + size_t + int + float + 4 ints
-    assert (R.workspaceSize.offset, R.state.offset, R.wavesCount.offset) == (64, 72, 76)
+# ---- nvmath-python's cuBLAS / cuBLASLt bindings, faked at their Python surface (names, enum values and the struct
+# layout of nvmath 1.0's cublasLt module; the real module's are checked in test_nvmath_bindings_match_cublasLt_h)
+
+class _Err(Exception):
+    pass
 
 
-class FakeLt:
-    """cuBLASLt's C calls as gpu.DensePlan makes them (ctypes byref arguments: ``._obj`` is the object)."""
+_RESULT = np.dtype([("algo", [("data_", "<u8", (8,))]), ("workspace_size", "<u8"), ("state", "<i4"),
+                    ("waves_count", "<f4"), ("reserved", "<i4", (4,))])
 
-    def __init__(self, cands):
-        self.cands, self.prefs, self.calls = cands, {}, []
 
-    def cublasLtMatmulDescCreate(self, ref, compute, scale):
-        self.calls.append(("desc", compute, scale))
-        return 0
+class FakeResults:
+    """nvmath.bindings.cublasLt.MatmulHeuristicResult: a numpy-backed array of cublasLtMatmulHeuristicResult_t."""
+    live: dict = {}
 
-    def cublasLtMatmulDescSetAttribute(self, desc, attr, ref, size):
-        self.calls.append(("trans", attr, ref._obj.value))
-        return 0
+    def __init__(self, size=1, data=None):
+        self._data = np.zeros(size, _RESULT) if data is None else data
+        self.ptr = self._data.ctypes.data
+        FakeResults.live[self.ptr] = self
 
-    def cublasLtMatrixLayoutCreate(self, ref, t, rows, cols, ld):
-        self.calls.append(("layout", t, rows, cols, ld))
-        return 0
+    def __getitem__(self, key):
+        if isinstance(key, int):
+            return FakeResults(data=self._data[key:key + 1])
+        return self._data[key].view(np.recarray)
 
-    def cublasLtMatmulPreferenceCreate(self, ref):
-        return 0
+    state = property(lambda self: int(self._data["state"][0]))
+    workspace_size = property(lambda self: int(self._data["workspace_size"][0]))
+    waves_count = property(lambda self: float(self._data["waves_count"][0]))
 
-    def cublasLtMatmulPreferenceSetAttribute(self, pref, attr, ref, size):
-        self.prefs[attr] = ref._obj.value
-        return 0
 
-    def cublasLtMatmulPreferenceDestroy(self, pref):
-        self.calls.append(("pref destroyed",))
-        return 0
+def _poke(ptr, value, dtype):
+    v = np.array([value], dtype)
+    ctypes.memmove(ptr, v.ctypes.data, v.itemsize)
 
-    def cublasLtMatmulAlgoGetHeuristic(self, h, desc, A, B, C, D, pref, count, res, got):
-        for i, c in enumerate(self.cands[:count]):
-            res[i].algo[0] = i
-            res[i].state = c.get("state", 0)
-            res[i].workspaceSize = c.get("workspace", 0)
-        got._obj.value = min(count, len(self.cands))
-        return 0
 
-    def cublasLtMatmulAlgoConfigGetAttribute(self, algo, attr, buf, size, written):
-        name = {v: k for k, v in gpu._LT_CFG.items()}[attr]
-        buf._obj.value = self.cands[algo._obj.algo[0]].get(name, 1 if name == "splitk" else 0)
-        return 0
+def fake_bindings(cands, create_error=None):
+    """(cublas, cublasLt, CudaDataType) fakes recording every call; the heuristic returns ``cands`` (dicts of
+    state / workspace / config attributes by gpu._LT_CFG's names)."""
+    import enum
+
+    calls = []
+    cublas = types.SimpleNamespace(
+        ComputeType=enum.IntEnum("ComputeType", {"COMPUTE_32F": 68}),
+        Operation=enum.IntEnum("Operation", {"N": 0, "T": 1}),
+        GemmAlgo=enum.IntEnum("GemmAlgo", {"DEFAULT": -1}), cuBLASError=_Err,
+        set_stream=lambda h, s: calls.append(("set_stream", h, s)),
+        gemm_ex=lambda *a: calls.append(("gemm_ex", *[int(x) for x in a])))
+    cfg = enum.IntEnum("MatmulAlgoConfigAttribute", {"ID": 0, "TILE_ID": 1, "SPLITK_NUM": 2, "REDUCTION_SCHEME": 3,
+                                                     "CTA_SWIZZLING": 4, "CUSTOM_OPTION": 5, "STAGES_ID": 6})
+    attr_name = {v: k for k, v in gpu._LT_CFG.items()}
+
+    def create():
+        if create_error:
+            raise _Err(create_error)
+        return 77
+
+    def heuristic(h, desc, A, B, C, D, pref, count, res_ptr, got_ptr):
+        res = FakeResults.live[res_ptr]
+        for i, c in enumerate(cands[:count]):
+            res._data[i]["algo"]["data_"][0] = i
+            res._data[i]["state"] = c.get("state", 0)
+            res._data[i]["workspace_size"] = c.get("workspace", 0)
+        _poke(got_ptr, min(count, len(cands)), np.int32)
+        calls.append(("heuristic", h, desc, A, B, C, D, pref, count))
+
+    def config_get(algo_ptr, attr, buf, size, written):
+        i = int(np.frombuffer((ctypes.c_uint64 * 1).from_address(algo_ptr), np.uint64)[0])
+        name = attr_name[cfg(attr).name]
+        _poke(buf, cands[i].get(name, 1 if name == "splitk" else 0), np.int32 if size == 4 else np.uint64)
+
+    layouts = iter(range(100, 200))
+    lt = types.SimpleNamespace(
+        cuBLASLtError=_Err, MatmulHeuristicResult=FakeResults, MatmulAlgoConfigAttribute=cfg,
+        MatmulDescAttribute=enum.IntEnum("MatmulDescAttribute", {"TRANSA": 3, "TRANSB": 4}),
+        MatmulPreferenceAttribute=enum.IntEnum("MatmulPreferenceAttribute", {
+            "MAX_WORKSPACE_BYTES": 1, "MIN_ALIGNMENT_A_BYTES": 5, "MIN_ALIGNMENT_B_BYTES": 6,
+            "MIN_ALIGNMENT_C_BYTES": 7, "MIN_ALIGNMENT_D_BYTES": 8}),
+        get_matmul_desc_attribute_dtype=lambda a: np.int32,
+        get_matmul_preference_attribute_dtype=lambda a: np.uint64 if a == 1 else np.uint32,
+        get_matmul_algo_config_attribute_dtype=lambda a: np.int32 if a in (0, 2) else np.uint32,
+        create=create,
+        matmul_desc_create=lambda compute, scale: (calls.append(("desc", int(compute), int(scale))), 11)[1],
+        matmul_desc_set_attribute=lambda d, a, buf, size: calls.append(
+            ("desc attr", int(a), int(np.frombuffer((ctypes.c_int32 * 1).from_address(buf), np.int32)[0]), size)),
+        matrix_layout_create=lambda t, r, c, ld: (calls.append(("layout", int(t), r, c, ld)), next(layouts))[1],
+        matmul_preference_create=lambda: 21,
+        matmul_preference_set_attribute=lambda p, a, buf, size: calls.append(
+            ("pref", int(a), int(np.frombuffer((ctypes.c_uint8 * size).from_address(buf),
+                                               np.uint64 if size == 8 else np.uint32)[0]))),
+        matmul_preference_destroy=lambda p: calls.append(("pref destroyed", p)),
+        matmul_algo_get_heuristic=heuristic, matmul_algo_config_get_attribute=config_get,
+        matmul=lambda *a: calls.append(("matmul", *a)))
+    cuda_type = enum.IntEnum("CudaDataType", {"CUDA_R_32F": 0, "CUDA_R_16F": 2})
+    return cublas, lt, cuda_type, calls
 
 
 @pytest.fixture
 def fresh_plans(monkeypatch):
     monkeypatch.setattr(gpu, "_DENSE_PLANS", {})
     monkeypatch.setattr(gpu, "_device_id", lambda: 0)
-    monkeypatch.setattr(gpu, "_lt_handle", lambda: None)
+    gpu._lt_handle_of.cache_clear()
+    yield
+    gpu._lt_handle_of.cache_clear()
+
+
+def _use(monkeypatch, cands, **kw):
+    cublas, lt, ct, calls = fake_bindings(cands, **kw)
+    monkeypatch.setattr(gpu, "_bindings", lambda: (cublas, lt, ct))
+    return calls
 
 
 def test_dense_plan_asks_for_no_workspace_and_picks_past_split_k(monkeypatch, fresh_plans):
-    lt = FakeLt([{"splitk": 2, "reduction": 1, "tile": 15}, {"splitk": 1, "tile": 15, "stages": 19}])
-    monkeypatch.setattr(gpu, "_libcublaslt", lambda: lt)
+    calls = _use(monkeypatch, [{"splitk": 2, "reduction": 1, "tile": 15}, {"splitk": 1, "tile": 15, "stages": 19}])
     p = gpu.dense_plan(0, 512, 1536, 640, align_a=256, align_b=128, align_d=64)
-    assert p.algo is not None and p.info["splitk"] == 1 and p.info["stages"] == 19
+    assert p.algo is not None and p.info["splitk"] == 1 and p.info["stages"] == 19 and p.info["tile"] == 15
+    assert int(np.frombuffer((ctypes.c_uint64 * 1).from_address(p.algo), np.uint64)[0]) == 1   # candidate #1's algo
     assert p.note.startswith("cublasLt: heuristic candidate #1 of 2")
-    assert lt.prefs[gpu._LT_PREF_MAX_WORKSPACE] == 0
-    assert [lt.prefs[gpu._LT_PREF_MIN_ALIGN[m]] for m in "ABCD"] == [256, 128, 64, 64]
+    prefs = {c[1]: c[2] for c in calls if c[0] == "pref"}
+    assert prefs == {1: 0, 5: 256, 6: 128, 7: 64, 8: 64}          # no workspace; alignments of A, B, C = D, D
     # gemm_dense's column-major view: A = W (k x od, transposed), B = X^T (k x n), D = Y^T (od x n, fp32)
-    assert ("layout", 0, 640, 1536, 640) in lt.calls and ("layout", 0, 640, 512, 640) in lt.calls
-    assert ("layout", 0, 1536, 512, 1536) in lt.calls
-    assert ("trans", gpu._LT_DESC_TRANSA, 1) in lt.calls and ("trans", gpu._LT_DESC_TRANSB, 0) in lt.calls
-    assert ("desc", 68, 0) in lt.calls and ("pref destroyed",) in lt.calls
+    assert [c for c in calls if c[0] == "layout"] == [("layout", 0, 640, 1536, 640), ("layout", 0, 640, 512, 640),
+                                                     ("layout", 0, 1536, 512, 1536)]
+    assert ("desc attr", 3, 1, 4) in calls and ("desc attr", 4, 0, 4) in calls       # TRANSA = T, TRANSB = N
+    assert ("desc", 68, 0) in calls and ("pref destroyed", 21) in calls
+    (h,) = [c for c in calls if c[0] == "heuristic"]
+    assert h[1:] == (77, 11, 100, 101, 102, 102, 21, gpu.LT_HEURISTIC_COUNT)
     assert gpu.dense_plan(0, 512, 1536, 640, align_a=256, align_b=128, align_d=64) is p     # cached
     assert gpu.dense_fallbacks() == []
 
 
 def test_dense_plan_without_a_fitting_algorithm_falls_back_with_a_note(monkeypatch, fresh_plans, caplog):
-    monkeypatch.setattr(gpu, "_libcublaslt", lambda: FakeLt([{"splitk": 4, "reduction": 1}]))
+    _use(monkeypatch, [{"splitk": 4, "reduction": 1}])
     with caplog.at_level(logging.WARNING, logger="labkernels.gpu"):
         p = gpu.dense_plan(0, 512, 1536, 640)
     assert p.algo is None and p.note.startswith("cublasGemmEx runs: none of the 1 cuBLASLt candidates")
@@ -105,14 +164,77 @@ def test_dense_plan_without_a_fitting_algorithm_falls_back_with_a_note(monkeypat
     assert gpu.dense_fallbacks() == [{"device": 0, "type": "f32", "n": 512, "od": 1536, "k": 640, "note": p.note}]
 
 
-def test_dense_plan_without_cublaslt_falls_back_with_a_note(monkeypatch, fresh_plans):
-    def missing():
-        raise gpu.GpuError("libcublasLt is not mapped in this process")
-
-    monkeypatch.setattr(gpu, "_libcublaslt", missing)
+def test_dense_plan_without_a_cublaslt_handle_falls_back_with_a_note(monkeypatch, fresh_plans):
+    _use(monkeypatch, [], create_error="CUBLAS_STATUS_NOT_INITIALIZED")
     p = gpu.dense_plan(2, 64, 1536, 640)
-    assert p.algo is None and p.note == "cublasGemmEx runs: libcublasLt is not mapped in this process"
+    assert p.algo is None and p.note == "cublasGemmEx runs: cublasLtCreate failed: CUBLAS_STATUS_NOT_INITIALIZED"
     assert gpu.dense_fallbacks()[0]["type"] == "f16"
+
+
+class _Dev:
+    """A host array posing as a CuPy array (data.ptr = its address), for the call plumbing only."""
+
+    def __init__(self, a):
+        self.a = a
+        self.shape, self.ndim, self.dtype, self.flags = a.shape, a.ndim, a.dtype, a.flags
+        self.data = types.SimpleNamespace(ptr=a.ctypes.data)
+
+
+def _fake_cp(monkeypatch):
+    cuda = types.SimpleNamespace(device=types.SimpleNamespace(get_cublas_handle=lambda: 555),
+                                 get_current_stream=lambda: types.SimpleNamespace(ptr=999),
+                                 Device=lambda: types.SimpleNamespace(id=0))
+    monkeypatch.setattr(gpu, "cp", lambda: types.SimpleNamespace(cuda=cuda, empty=lambda s, dtype: _Dev(np.empty(s, dtype))))
+
+
+def test_gemm_dense_calls_cublas_gemm_ex_through_the_bindings(monkeypatch, fresh_plans):
+    calls = _use(monkeypatch, [])
+    _fake_cp(monkeypatch)
+    x, w = _Dev(np.zeros((5, 64), np.float16)), _Dev(np.zeros((24, 64), np.float16))
+    out = gpu.gemm_dense(x, w, path="gemm_ex")
+    (g,) = [c for c in calls if c[0] == "gemm_ex"]
+    # column-major Y^T (od x n) = W^T (stored k x od) X^T: T, N, m=od, n, k; fp16 in, fp32 out, COMPUTE_32F, DEFAULT
+    assert g[1:7] == (555, 1, 0, 24, 5, 64) and g[8:11] == (w.data.ptr, 2, 64) and g[11:14] == (x.data.ptr, 2, 64)
+    assert g[15:] == (out.data.ptr, 0, 24, 68, -1)
+    assert np.frombuffer((ctypes.c_float * 1).from_address(g[7]), np.float32)[0] == 1.0      # alpha
+    assert np.frombuffer((ctypes.c_float * 1).from_address(g[14]), np.float32)[0] == 0.0     # beta
+    assert calls.index(("set_stream", 555, 999)) < calls.index(g)                    # on the current stream
+
+
+def test_gemm_dense_lt_runs_the_plan_and_a_cublas_error_is_a_gpu_error(monkeypatch, fresh_plans):
+    calls = _use(monkeypatch, [{"splitk": 1, "tile": 15}])
+    _fake_cp(monkeypatch)
+    x, w = _Dev(np.zeros((5, 64), np.float32)), _Dev(np.zeros((24, 64), np.float32))
+    out = _Dev(np.zeros((5, 24), np.float32))
+    gpu.gemm_dense(x, w, out=out, path="lt")
+    (m,) = [c for c in calls if c[0] == "matmul"]
+    p = next(iter(gpu._DENSE_PLANS.values()))
+    assert m[1:3] == (77, 11) and m[4:6] == (w.data.ptr, 100) and m[6:8] == (x.data.ptr, 101)
+    assert m[9:13] == (out.data.ptr, 102, out.data.ptr, 102) and m[13:] == (p.algo, 0, 0, 999)
+
+    def fail(*a):
+        raise _Err("CUBLAS_STATUS_INVALID_VALUE")
+
+    cublas, lt, ct, _ = fake_bindings([])
+    cublas.gemm_ex = fail
+    monkeypatch.setattr(gpu, "_bindings", lambda: (cublas, lt, ct))
+    with pytest.raises(gpu.GpuError, match="cublasGemmEx failed: CUBLAS_STATUS_INVALID_VALUE"):
+        gpu.gemm_dense(x, w, path="gemm_ex")
+
+
+def test_nvmath_bindings_match_cublasLt_h():
+    """Where nvmath-python is installed: the enum values and the heuristic-result layout gemm_dense relies on are
+    cublasLt.h's (the values the lab's ctypes code once copied by hand)."""
+    lt = pytest.importorskip("nvmath.bindings.cublasLt")
+    from nvmath.bindings import cublas
+
+    r = lt.MatmulHeuristicResult(2)
+    assert r[1]["algo"].ctypes.data - r.ptr == 96 and r[1].ptr - r.ptr == 96     # sizeof(the result struct)
+    assert (lt.MatmulDescAttribute.TRANSA, lt.MatmulDescAttribute.TRANSB) == (3, 4)
+    P = lt.MatmulPreferenceAttribute
+    assert (P.MAX_WORKSPACE_BYTES, P.MIN_ALIGNMENT_A_BYTES, P.MIN_ALIGNMENT_D_BYTES) == (1, 5, 8)
+    assert [lt.MatmulAlgoConfigAttribute[v] for v in gpu._LT_CFG.values()] == list(range(7))
+    assert (cublas.ComputeType.COMPUTE_32F, cublas.GemmAlgo.DEFAULT, cublas.Operation.T) == (68, -1, 1)
 
 
 def test_gemm_dense_checks_its_arguments_before_the_gpu():

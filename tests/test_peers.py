@@ -218,7 +218,7 @@ def test_builtin_perf_cases_hold_few_lab_shapes():
 
 
 def test_test_file_is_the_one_the_binary_accepted():
-    """small.tbo is the file the pinned test-backend-ops read to print tbo-perf-testfile-cpu.txt."""
+    """small.tbo is the file the pinned test-backend-ops read to print tbo-perf-testfile-cpu.txt / .sql."""
     assert peers.tbo_test_file(["q4_K", "q6_K"], [(256, 512)], [1, 8]) == fx("small.tbo")
     full = peers.tbo_test_file().splitlines()
     assert len(full) == 2 * 4 * 9 and full[0].split()[:2] == ["29", "0"]
@@ -226,51 +226,66 @@ def test_test_file_is_the_one_the_binary_accepted():
         peers.tbo_test_file(["q4_K"], [(4096, 4000)], [1])
 
 
+def _sql_row(params, us=0.0, runs=0, supported=1, backend="CUDA0", error="", flops=0.0):
+    """One line as the pinned build's sql_printer writes it (every value quoted; numbers as std::to_string)."""
+    vals = ["2026-12-06T00:00:00Z", "0c1e570", backend, "MUL_MAT", params, "perf", str(supported), str(supported),
+            error, f"{us:f}", f"{flops:f}", "0.000000", "75", str(runs), "", ""]
+    return (peers._TBO_INSERT + "test_time, build_commit, backend_name, op_name, op_params, test_mode, supported, "
+            "passed, error_message, time_us, flops, bandwidth_gb_s, memory_kb, n_runs, device_description, "
+            "backend_reg_name) VALUES (" + ", ".join(f"'{v}'" for v in vals) + ");")
+
+
 def test_parse_tbo_testfile_output():
-    df, facts = peers.parse_tbo_perf(fx("tbo-perf-testfile-cpu.txt"))
-    assert facts["device"] == "AMD EPYC" and facts["backends"] == [("CPU", "OK")] and not facts["failed"]
+    """The pinned binary's own --output sql of small.tbo on the CPU backend (verbatim fixture)."""
+    df, facts = peers.parse_tbo_perf(fx("tbo-perf-testfile-cpu.sql"))
+    assert facts == {"device": None, "backends": [("CPU", "OK")], "not_supported": [], "failed": False}
     assert list(df.source.unique()) == ["testfile"]
     assert list(zip(df.type, df.m, df.n, df.k)) == [("q4_K", 256, 1, 512), ("q4_K", 256, 8, 512),
                                                     ("q6_K", 256, 1, 512), ("q6_K", 256, 8, 512)]
-    assert list(df.us_per_run) == [7.00, 74.63, 8.16, 124.71] and list(df.runs) == [147456, 16384, 122880, 16384]
-    assert df.tflops.iloc[1] == pytest.approx(2 * 256 * 8 * 512 / 74.63e-6 / 1e12)
+    assert list(df.us_per_run) == [65.839844, 616.730103, 76.178772, 803.917603]     # 6 decimals, typed REAL
+    assert list(df.runs) == [16384, 8192, 16384, 8192]
+    assert df.tflops.iloc[1] == pytest.approx(2 * 256 * 8 * 512 / 616.730103e-6 / 1e12)
     assert list(df.path) == ["MMVQ"] * 4
-    assert peers.parse_tbo_perf(fx("tbo-perf-testfile-cpu.txt"), cc=None)[0].path.eq("").all()
+    assert peers.parse_tbo_perf(fx("tbo-perf-testfile-cpu.sql"), cc=None)[0].path.eq("").all()
 
 
 def test_parse_tbo_builtin_output_agrees_with_the_tools_flops():
-    text = fx("tbo-perf-builtin-cpu.txt")
+    text = fx("tbo-perf-builtin-cpu.sql")
     df, _ = peers.parse_tbo_perf(text)
     assert list(zip(df.source, df.type, df.m, df.n, df.k, df.us_per_run)) == [
-        ("builtin", "q4_K", 4096, 1, 14336, 4430.57), ("builtin", "q6_K", 4096, 1, 14336, 7976.54)]
-    printed = [float(x) for x in re.findall(r"([\d.]+) GFLOPS", text)]  # the tool's own rate
-    assert list(df.tflops * 1e3) == pytest.approx(printed, rel=1e-3)
+        ("builtin", "q4_K", 4096, 1, 14336, 12360.0), ("builtin", "q4_K", 4096, 2, 14336, 18215.314286)]
+    tool = peers.tbo_results(text).flops                # the tool's own rate, FLOP/s
+    assert list(df.tflops * 1e12) == pytest.approx(list(tool), rel=1e-6)
 
 
-def test_parse_tbo_cuda_style_lines():
-    """Lines as console_printer::print_perf_console formats them for a CUDA0 run (TFLOP units, not-supported)."""
+def test_parse_tbo_cuda_style_rows():
+    """Rows as sql_printer writes them for a CUDA0 run: batched / viewed cases dropped, not-supported listed."""
     p1 = "type_a=q6_K,type_b=f32,m=4096,n=512,k=14336,bs=[1,1],nr=[1,1],per=[0,1,2,3],k_v=0,o=1,src_overlap=0,m_v=0,pad=0"
     p2 = "name=lab,type=f32,ne=[11008,4096,1,1],op_params=[],sources=q4_K[4096,11008,1,1],f32[4096,4096,1,1]"
     p3 = "type_a=q4_K,type_b=f32,m=4096,n=1,k=14336,bs=[2,1],nr=[1,1],per=[0,1,2,3],k_v=0,o=1,src_overlap=0,m_v=0,pad=0"
-    text = "\n".join([
-        "Backend 1/2: CUDA0", "  Device description: NVIDIA H200", "",
-        f"  MUL_MAT({p1}):     {1234:8d} runs - {310.25:8.2f} us/run - 60.13 GFLOP/run - \x1b[1;34m193.81 TFLOPS\x1b[0m",
-        f"  MUL_MAT({p2}):     {100:8d} runs - {1890.5:8.2f} us/run - 369.37 GFLOP/run - \x1b[1;34m195.38 TFLOPS\x1b[0m",
-        f"  MUL_MAT({p3}):     {10:8d} runs - {12.0:8.2f} us/run - 1 MFLOP/run - 1 TFLOPS",
-        f"  MUL_MAT({p1.replace('m_v=0', 'm_v=4097')}):     {10:8d} runs - {12.0:8.2f} us/run - 1 MFLOP/run - 1 TFLOPS",
-        f"  MUL_MAT({p1.replace('q6_K', 'q4_K')}): not supported",
-        "  Backend CUDA0: \x1b[1;32mOK\x1b[0m", "Backend 2/2: CPU", "  Skipping"])
+    head = fx("tbo-perf-testfile-cpu.sql").split(");")[0] + ");\n"
+    text = "\n".join([head, _sql_row(p1, 310.25, 1234), "failed to allocate tensors", _sql_row(p2, 1890.5, 100),
+                      _sql_row(p3, 12.0, 10), _sql_row(p1.replace("m_v=0", "m_v=4097"), 12.0, 10),
+                      _sql_row(p1.replace("q6_K", "q4_K"), supported=0, error="not supported")])
     df, facts = peers.parse_tbo_perf(text)
-    assert facts["device"] == H200 and facts["backends"] == [("CUDA0", "OK")] and len(facts["not_supported"]) == 1
+    assert facts["backends"] == [("CUDA0", "OK")] and len(facts["not_supported"]) == 1 and not facts["failed"]
     assert list(zip(df.source, df.type, df.m, df.n, df.k, df.path)) == [
         ("builtin", "q6_K", 4096, 512, 14336, "MMQ"), ("testfile", "q4_K", 11008, 4096, 4096, "MMQ")]
-    assert df.tflops.iloc[1] == pytest.approx(2 * 11008 * 4096 * 4096 / 1890.5e-6 / 1e12)  # batched / view cases dropped
+    assert df.tflops.iloc[1] == pytest.approx(2 * 11008 * 4096 * 4096 / 1890.5e-6 / 1e12)
+
+
+def test_tbo_output_that_is_not_its_sql_is_an_error():
+    with pytest.raises(peers.PeerError, match="no CREATE TABLE test_backend_ops"):
+        peers.parse_tbo_perf(fx("tbo-perf-testfile-cpu.txt"))            # the console format
+    head = fx("tbo-perf-testfile-cpu.sql").split(");")[0] + ");\n"
+    with pytest.raises(peers.PeerError, match="SQL output does not load"):
+        peers.parse_tbo_perf(head + _sql_row("x", error="it's broken"))   # a quote the printer does not escape
 
 
 def test_tbo_without_the_cuda_device_is_an_error():
-    """With no usable CUDA device test-backend-ops skips CUDA0 and still prints OK (verbatim fixture)."""
-    df, facts = peers.parse_tbo_perf(fx("tbo-perf-no-cuda-device.txt"))
-    assert df.empty and "OK" in fx("tbo-perf-no-cuda-device.txt")
+    """With no usable CUDA device test-backend-ops skips CUDA0, exits 0 and writes no row (verbatim fixture)."""
+    df, facts = peers.parse_tbo_perf(fx("tbo-perf-no-cuda-device.sql"))
+    assert df.empty and facts["backends"] == []
     with pytest.raises(peers.PeerError, match=r"tested no CUDA0 backend .*CUDA driver is a stub library"):
         peers.check_tbo_backend(facts, "CUDA0", fx("tbo-perf-no-cuda-device.err"))
 
@@ -343,17 +358,18 @@ STANDIN_RUN_SH = r"""#!/bin/bash
 mode="$1"; shift
 case "$mode" in
   env) echo "== ldd bin/test-backend-ops"; echo "	libcublas.so.13 => /x/libcublas.so.13" ;;
-  tbo) if [ -n "${STANDIN_NO_CUDA:-}" ]; then cat "$(dirname "$0")/nocuda.txt"; echo "ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected" >&2; exit 0; fi
-       file=""; while [ $# -gt 0 ]; do [ "$1" = --test-file ] && file="$2"; shift; done
-       echo "Backend 1/1: CUDA0"; echo "  Device description: NVIDIA H200"; echo
+  tbo) if [ -n "${STANDIN_NO_CUDA:-}" ]; then cat "$(dirname "$0")/nocuda.sql"; echo "ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected" >&2; exit 0; fi
+       file=""; sql=""; while [ $# -gt 0 ]; do [ "$1" = --test-file ] && file="$2"; [ "$1" = --output ] && sql="$2"; shift; done
+       [ "$sql" = sql ] || { echo "stand-in: only --output sql" >&2; exit 1; }
+       cat "$(dirname "$0")/nocuda.sql"
+       ins="INSERT INTO test_backend_ops (test_time, build_commit, backend_name, op_name, op_params, test_mode, supported, passed, error_message, time_us, flops, bandwidth_gb_s, memory_kb, n_runs, device_description, backend_reg_name) VALUES ('t', 'c', 'CUDA0', 'MUL_MAT'"
        if [ -n "$file" ]; then
          while read -r op t m n a b c ns s0 k m0 rest; do
-           echo "  MUL_MAT(name=lab,type=f32,ne=[$m,$n,1,1],op_params=[],sources=$([ $s0 = 12 ] && echo q4_K || echo q6_K)[$k,$m,1,1],f32[$k,$n,1,1]):      100 runs -   $((n + 100)).00 us/run -       75 kB/run -   10.22 GB/s"
+           echo "$ins, 'name=lab,type=f32,ne=[$m,$n,1,1],op_params=[],sources=$([ $s0 = 12 ] && echo q4_K || echo q6_K)[$k,$m,1,1],f32[$k,$n,1,1]', 'perf', '1', '1', '', '$((n + 100)).000000', '0.000000', '10.22', '75', '100', '', '');"
          done < "$file"
        else
-         echo "  MUL_MAT(type_a=q4_K,type_b=f32,m=4096,n=512,k=14336,bs=[1,1],nr=[1,1],per=[0,1,2,3],k_v=0,o=1,src_overlap=0,m_v=0,pad=0):   10 runs - 999.00 us/run - 60 GFLOP/run - 60 TFLOPS"
-       fi
-       echo "  Backend CUDA0: OK" ;;
+         echo "$ins, 'type_a=q4_K,type_b=f32,m=4096,n=512,k=14336,bs=[1,1],nr=[1,1],per=[0,1,2,3],k_v=0,o=1,src_overlap=0,m_v=0,pad=0', 'perf', '1', '1', '', '999.000000', '60.0', '0.0', '75', '10', '', '');"
+       fi ;;
   bench) sed 's/"gpu_info": ""/"gpu_info": "NVIDIA H200"/' "$(dirname "$0")/bench.json" ;;
 esac
 """
@@ -365,7 +381,7 @@ def _standin_tarball(tmp_path):
     (stage / "run.sh").write_text(STANDIN_RUN_SH)
     (stage / "BUILD.txt").write_text(fx("BUILD-prebuilt-sm90.txt"))
     (stage / "bench.json").write_text(fx("bench-tiny-llama-cpu.json"))
-    (stage / "nocuda.txt").write_text(fx("tbo-perf-no-cuda-device.txt"))
+    (stage / "nocuda.sql").write_text(fx("tbo-perf-no-cuda-device.sql"))
     tb = tmp_path / peers.TARBALL_NAME
     with tarfile.open(tb, "w:xz") as tf:
         tf.add(stage, arcname="llamacpp")

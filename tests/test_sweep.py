@@ -388,9 +388,11 @@ def test_gpu_backend_orchestration_with_the_cpu_shim(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "Flusher", lambda: None)
     monkeypatch.setattr(bench, "time_launches", lambda fn, warmup, repeats, flush: (fn(), np.full(repeats, 7.0))[1])
     monkeypatch.setattr(bench, "kernel_row", lambda fam, **p: {"kernel": registry.find(fam, **p).key, "regs": 99})
-    monkeypatch.setattr(sweep, "_smi", lambda sel: {"sm_clock_mhz": "1980", "index": "3"})
+    read = []
+    monkeypatch.setattr(sweep.nvml, "reading", lambda bus: (read.append(bus), {"sm_mhz": 1980, "reasons": 4,
+                                                                               "reasons_names": ["sw_power_cap"]})[1])
     ident = {"host": "h", "device": "h/gpu3", "gpu_index": 3, "gpu_name": "NVIDIA H200", "gpu_uuid": "GPU-x",
-             "pci_bus_id": "0000:1b:00.0", "smi_selector": "0000:1b:00.0", "smi_start": {"sm_clock_mhz": "345"}}
+             "pci_bus_id": "0000:1b:00.0", "nvml_bus_id": "0000:1b:00.0", "nvml_start": {"sm_mhz": 345}}
     spec = {**CPU_BENCH, "backend": "gpu", "variants": [{"KDR": 4, "STRIDE": 210, "EPI": 0, "OCC": 2},
                                                         {"KDR": 4, "STRIDE": 224, "EPI": 1, "OCC": 1}]}
     (task,) = sweep.load_plan(_plan(spec)).tasks
@@ -403,6 +405,7 @@ def test_gpu_backend_orchestration_with_the_cpu_shim(tmp_path, monkeypatch):
     pts = run.table("points")
     assert set(pts.device) == {"h/gpu3"} and set(pts.gpu_name) == {"NVIDIA H200"}
     assert set(pts.sm_clock_mhz_start) == {345} and set(pts.sm_clock_mhz_end) == {1980}
+    assert set(pts.clocks_event_reasons_end) == {"sw_power_cap"} and read == ["0000:1b:00.0"]   # NVML, by bus id
     assert (pts.median_us == 7.0).all() and run.table("ratios").ratio.tolist() == [1.0, 1.0]
 
 
