@@ -75,6 +75,11 @@ __device__ __forceinline__ u32 lk_or_and(u32 a, u32 b, u32 c) {
 #define LK_H2_M64 0xD400D400u       // (-64, -64)
 #define LK_H2_M96 0xD600D600u       // (-96, -96)
 
+// word i (0..3) of a 16-byte load (i is a compile-time constant after unrolling: a register, no select)
+__device__ __forceinline__ u32 lk_word(const uint4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
 // ---- the weight types: per row and super-block, one lane's 64 weights as 8 words (q4_K: 2 x 16 bytes of qs; q6_K:
 // 2 x 16 bytes of ql' and 16 bytes of qh') and its scales; dequant() gives the four f16x2 pairs of word m
 template <int QT>
@@ -108,11 +113,7 @@ struct KqRow<4> {
         b_lo = __byte_perm(B, B, 0x1010u);
         b_hi = __byte_perm(B, B, 0x3232u);
     }
-    __device__ __forceinline__ u32 word(int m) const {
-        const uint4& v = m < 4 ? q0 : q1;
-        const int i = m & 3;
-        return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-    }
+    __device__ __forceinline__ u32 word(int m) const { return lk_word(m < 4 ? q0 : q1, m & 3); }
     // P0 (k 4m, 4m+2), P2 (4m+1, 4m+3) of sub-block 2c; P1, P3 (32 + the same) of 2c+1
     __device__ __forceinline__ void dequant(int m, u32& p0, u32& p1, u32& p2, u32& p3) const {
         const u32 w = word(m), w8 = w >> 8;
@@ -150,15 +151,11 @@ struct KqRow<6> {
         s[2] = __byte_perm(s23, s23, 0x1010u);
         s[3] = __byte_perm(s23, s23, 0x3232u);
     }
-    __device__ __forceinline__ u32 word(int m) const {
-        const uint4& v = m < 4 ? q0 : q1;
-        const int i = m & 3;
-        return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-    }
+    __device__ __forceinline__ u32 word(int m) const { return lk_word(m < 4 ? q0 : q1, m & 3); }
     __device__ __forceinline__ void dequant(int m, u32& p0, u32& p1, u32& p2, u32& p3) const {
         const u32 w = word(m), w8 = w >> 8;
         const int u = m >> 1;
-        const u32 hw = u == 0 ? h.x : u == 1 ? h.y : u == 2 ? h.z : h.w;
+        const u32 hw = lk_word(h, u);
         // word 2u reads its high bits at (P0 0/16, P1 4/20, P2 2/18, P3 6/22), word 2u+1 at 8.. higher (repack_q6k)
         const u32 ha = (m & 1) ? hw >> 4 : hw << 4, hb = (m & 1) ? hw >> 6 : hw << 2;
         const u32 l01 = lk_or_and(lk_and_or(w, 0x000F000Fu, LK_H2_1024), ha, 0x00300030u);
