@@ -139,13 +139,13 @@ def _gpu_collect(monkeypatch, date="2026-12-08T10:00:00Z"):
 
 def test_a_run_records_nvml_at_start_and_end_with_every_reason_seen(gpu, monkeypatch, tmp_path):
     _gpu_collect(monkeypatch)
-    run = records.new_run("roundx", {}, root=tmp_path)
+    run = records.new_run("decode", {}, root=tmp_path)
     assert run.provenance["nvml_start"]["sm_mhz"] == 1980 and run.provenance["nvml_start"]["reasons_names"] == []
     gpu["reasons"] = 0x4                       # capped in the middle of the run ...
     nvml.reading(full=False)
     gpu["reasons"], gpu["power_ns"] = 0x1, 9_500_000       # ... idle again at the end; the counter moved 4.5 ms
     run.finish()
-    r = records.latest("roundx", root=tmp_path)
+    r = records.latest("decode", root=tmp_path)
     end = r.provenance["nvml_end"]
     assert end["reasons_names"] == ["gpu_idle"] and end["reasons_seen"] == ["gpu_idle", "sw_power_cap"]
     assert end["readings"] == 3
@@ -159,27 +159,27 @@ def test_a_run_records_nvml_at_start_and_end_with_every_reason_seen(gpu, monkeyp
 def test_an_unthrottled_run_is_not_flagged_and_idle_is_not_a_cap(gpu, monkeypatch, tmp_path):
     _gpu_collect(monkeypatch)
     gpu["reasons"] = 0x1 | 0x10                    # idle + sync boost: not caps
-    with records.recording("roundx", {}, root=tmp_path):
+    with records.recording("decode", {}, root=tmp_path):
         nvml.reading(full=False)
-    r = records.latest("roundx", root=tmp_path)
+    r = records.latest("decode", root=tmp_path)
     assert nvml.throttled(r) == [] and nvml.for_verdict(r) and nvml.throttle_html(r) == ""
 
 
 def test_the_banner_flags_a_throttled_run(gpu, monkeypatch, tmp_path):
     _gpu_collect(monkeypatch)
     gpu["reasons"] = 0x40
-    with records.recording("roundx", {}, root=tmp_path):
+    with records.recording("decode", {}, root=tmp_path):
         pass
-    run = records.latest("roundx", root=tmp_path)
+    run = records.latest("decode", root=tmp_path)
     shown = []
     monkeypatch.setattr(report, "_display_html", shown.append)
     report.banner("replay", run)
     assert "<b>THROTTLED</b>" in shown[0] and "hw_thermal_slowdown at start" in shown[0]
     shown.clear()
     gpu["reasons"] = 0
-    with records.recording("roundy", {}, root=tmp_path):
+    with records.recording("q6k", {}, root=tmp_path):
         pass
-    report.banner("replay", records.latest("roundy", root=tmp_path))
+    report.banner("replay", records.latest("q6k", root=tmp_path))
     assert "THROTTLED" not in shown[0]
 
 
@@ -193,7 +193,7 @@ def test_verdict_tables_skip_throttled_runs(gpu, monkeypatch, tmp_path):
     for i, reasons in enumerate((0, 0x4)):        # an older clean run, then a newer one under a power cap
         _gpu_collect(monkeypatch, date=f"2026-12-08T10:00:0{i}Z")
         gpu["reasons"] = reasons
-        with records.recording("decode", {}, root=tmp_path) as run:
+        with records.recording("decode", {"what": "gemv_bench"}, root=tmp_path) as run:
             run.append("gemv_bench", row)
         ids.append(run.run_id)
     assert gemv.auto_table(root=tmp_path).run_id.iloc[0] == ids[0]
@@ -204,7 +204,7 @@ def test_check_data_requires_nvml_on_gpu_runs_after_the_cut_over(monkeypatch, tm
     nvml._reset()
     for date in ("2026-12-01T00:00:00Z", "2026-12-08T00:00:00Z"):
         _gpu_collect(monkeypatch, date)
-        with records.recording("roundx", {}, root=tmp_path):
+        with records.recording("decode", {}, root=tmp_path):
             pass
     n, problems = records.check_data(tmp_path)
     assert n == 2 and len(problems) == 2        # the later run only: its nvml_start and nvml_end are absent

@@ -20,7 +20,7 @@ def test_concurrent_writers_get_distinct_ids(monkeypatch, tmp_path):
     def writer(i):
         gate.wait()
         try:
-            runs.append(records.new_run("roundx", {"writer": i}, root=tmp_path))
+            runs.append(records.new_run("decode", {"writer": i}, root=tmp_path))
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 
@@ -36,14 +36,14 @@ def test_concurrent_writers_get_distinct_ids(monkeypatch, tmp_path):
     assert set(ids) == {base} | {f"{base}-{k}" for k in range(2, n + 1)}
     for r in runs:      # each file is its own writer's, whole
         assert json.loads(r.meta_path.read_text())["params"] == r.meta["params"]
-    assert not [p for p in (tmp_path / "roundx").iterdir() if p.name.startswith(".")]   # no temporary files left
+    assert not [p for p in (tmp_path / "09_decode").iterdir() if p.name.startswith(".")]   # no temporary files left
 
 
 def test_an_id_taken_at_the_last_moment_is_not_overwritten(monkeypatch, tmp_path):
     """Another writer creates the first free id between any look and the create: new_run moves on to the next id and
     the other writer's file stays as it was."""
     _same_second(monkeypatch)
-    first = records.new_run("roundx", {"who": "first"}, root=tmp_path)
+    first = records.new_run("decode", {"who": "first"}, root=tmp_path)
     real_link = os.link
     stolen = {}
 
@@ -55,7 +55,7 @@ def test_an_id_taken_at_the_last_moment_is_not_overwritten(monkeypatch, tmp_path
         return real_link(src, dst)
 
     monkeypatch.setattr(records.os, "link", link)
-    run = records.new_run("roundx", {"who": "second"}, root=tmp_path)
+    run = records.new_run("decode", {"who": "second"}, root=tmp_path)
     assert run.run_id == f"{first.run_id}-3"
     assert json.loads(open(stolen["path"]).read()) == {"run_id": "other writer"}
 
@@ -67,8 +67,8 @@ def test_without_hard_links_the_create_is_still_exclusive(monkeypatch, tmp_path)
         raise PermissionError("this file system has no hard links")
 
     monkeypatch.setattr(records.os, "link", no_links)
-    a = records.new_run("roundx", {}, root=tmp_path)
-    b = records.new_run("roundx", {}, root=tmp_path)
+    a = records.new_run("decode", {}, root=tmp_path)
+    b = records.new_run("decode", {}, root=tmp_path)
     assert b.run_id == f"{a.run_id}-2" and json.loads(b.meta_path.read_text())["run_id"] == b.run_id
     a.finish()
-    assert records.latest("roundx", root=tmp_path).run_id == a.run_id
+    assert records.latest("decode", root=tmp_path).run_id == a.run_id

@@ -59,10 +59,9 @@ FOLDERS = {
     "sweep_bench": "08_dask_sweeps",
     "sweep_notebooks": "08_dask_sweeps",
     "decode": "09_decode",
-    "gpu_suite": "gpu_suite",                    # the GPU test suite's runs (gpu-check's tests step), by tier
 }
 #: folders that hold the runs of several rounds (see above)
-SHARED = ("prefill", "peers", "gpu_suite")
+SHARED = ("prefill", "peers", "gpu_suite")   # gpu_suite: the GPU test suite's runs (gpu-check's tests step), by tier
 
 
 class RoundError(KeyError):

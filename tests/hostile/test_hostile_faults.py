@@ -77,7 +77,7 @@ def _full_disk(limit):
     return preexec
 
 
-@pytest.mark.parametrize("limit", [4_000, 150_000])
+@pytest.mark.parametrize("limit", [4_000, 30_000])   # the second past the first writes (pages are ~100 KB lighter since WebP figures)
 def test_a_full_disk_is_one_clear_error_and_leaves_no_temporary_file(tmp_path, limit):
     nbd, out = tmp_path / "nb", tmp_path / "out"
     nbd.mkdir()
