@@ -44,7 +44,10 @@ line = r9.copy_line(run)
 #
 # **Timing.** Medians of CUDA-event timings, the variants interleaved round by round in one process at matched
 # (qtype, od, id, nt, activation type), the L2 evicted between launches; the baselines are round 7's `wgmma_kq`
-# launch and cuBLAS fp16 on cached dequantized weights.
+# launch and cuBLAS fp16 on cached dequantized weights. **Read the first runs' times as upper bounds:** the runs of
+# 2026-12-06 evicted the L2 by overwriting it (its dirty lines then compete with the launch) and timed the Python
+# enqueue inside the events (no lead), which together add ~4-10 µs to a 10-35 µs launch and touch every variant,
+# baselines included (step 1 below); the benchmark now evicts by reading and times behind a lead.
 
 # %% [markdown]
 # ## The prediction, written before the first run
