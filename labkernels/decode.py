@@ -441,15 +441,7 @@ class Decoder:
         return self.gm.matmul(x, w)
 
     def _qkv(self, il: int, h, L):
-        out = {}
-        for w, names in self.gm.qkv_groups(il):
-            y = self._mm(h, w)
-            off = 0
-            for nm in names:
-                od = L[nm].od
-                out[nm] = y if len(names) == 1 else y[:, off:off + od]
-                off += od
-        return out["attn_q"], out["attn_k"], out["attn_v"]
+        return self.gm.qkv_from(il, L, lambda w, names: self._mm(h, w))
 
     def _rope_append(self, il: int, q, k, v, L):
         """decode_qkv: q16 [1, H*hd] fp16 (normed, rotated, scaled), k and v appended as row st[ST_POS] of the cache."""

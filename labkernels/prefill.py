@@ -433,9 +433,16 @@ class GpuModel:
 
     def _qkv(self, tr, il, h, L, n):
         """q, k, v of layer il (f32 [n, width]; row views of one output where the projections were stacked)."""
-        out, box = {}, {}
+        box = {}
+        return self.qkv_from(il, L, lambda w, names: self._linear(tr, "+".join(names), il, h, w, box))
+
+    def qkv_from(self, il, L, project):
+        """q, k, v of layer il from ``project(weight, names)`` run once per group of :meth:`qkv_groups` (a stacked
+        group's output split into column views of each projection's width) -- shared by the prefill and the decode
+        step."""
+        out = {}
         for w, names in self.qkv_groups(il):
-            y = self._linear(tr, "+".join(names), il, h, w, box)
+            y = project(w, names)
             off = 0
             for nm in names:
                 od = L[nm].od

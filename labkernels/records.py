@@ -345,16 +345,21 @@ def _atomic_write(path: Path, text: str) -> None:
         raise
 
 
+def _write_synced(fd: int, text: str) -> None:
+    """``text`` into the open file ``fd`` (closed after), flushed to the disk."""
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def _create_exclusive(path: Path, text: str) -> bool:
     """Write ``text`` as a new file at ``path`` unless a file is there (False then, the file untouched): written to
     a temporary file, then hard-linked into place (atomic and exclusive: a reader never sees it half-written);
     where the file system has no hard links, ``O_CREAT | O_EXCL``."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        _write_synced(fd, text)
         try:
             os.link(tmp, path)
             return True
@@ -366,10 +371,7 @@ def _create_exclusive(path: Path, text: str) -> bool:
             fd2 = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             return False
-        with os.fdopen(fd2, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        _write_synced(fd2, text)
         return True
     finally:
         with contextlib.suppress(FileNotFoundError):
