@@ -268,19 +268,9 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gemv_kq_kernel(const u8* __rest
         }
     }
 
-    // C fragment: acc[mt][t] = (row g, token 2c), (row g, 2c+1), (row g+8, 2c), (row g+8, 2c+1) of tile (mt, t)
-    if (S == 1) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int t = 0; t < NT8; ++t)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int r = rowbase + mt * 16 + g + 8 * (i >> 1), n = t * 8 + 2 * c + (i & 1);
-                    if (r < od && n < nt) Y[(long long)n * od + r] = acc[mt][t][i];
-                }
-        return;
-    }
+    // C fragment: acc[mt][t] = (row g, token 2c), (row g, 2c+1), (row g+8, 2c), (row g+8, 2c+1) of tile (mt, t);
+    // stored into Y (one split) or into this split's [nt][od] slice of the workspace
+    float* dst = S == 1 ? Y : ws + (long long)blockIdx.y * nt * od;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -288,8 +278,9 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gemv_kq_kernel(const u8* __rest
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int r = rowbase + mt * 16 + g + 8 * (i >> 1), n = t * 8 + 2 * c + (i & 1);
-                if (r < od && n < nt) ws[((long long)blockIdx.y * nt + n) * od + r] = acc[mt][t][i];
+                if (r < od && n < nt) dst[(long long)n * od + r] = acc[mt][t][i];
             }
+    if (S == 1) return;
     __threadfence();
     __syncthreads();
     __shared__ int last;
