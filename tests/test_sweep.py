@@ -426,7 +426,9 @@ def test_reproduction_joins_serial_tables_by_registry_key():
 @pytest.mark.slow
 def test_hung_task_is_restarted_after_the_timeout(tmp_path):
     std = {k: v for k, v in CPU_BENCH.items() if k != "nt"}
-    plan = {"name": "hang", "max_attempts": 2, "task_timeout_s": 3, "tasks": [
+    # the timeout sits far above a healthy task's seconds: on a loaded 2-core CI machine a fresh worker's
+    # imports alone took more than 3 s, and the healthy tasks were restarted as hung (CI of 2026-12-06)
+    plan = {"name": "hang", "max_attempts": 2, "task_timeout_s": 20, "tasks": [
         {"bench": {**std, "nt": 8, "fault": "hang_once"}}, {"bench": {**std, "nt": [16, 24]}}]}
     logs = []
     res = sweep.run_sweep(plan, "local:2", root=tmp_path / "data", workdir=tmp_path / "w", progress=False,
