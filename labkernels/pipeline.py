@@ -38,7 +38,7 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import provenance
+from . import provenance, records
 from .paths import NOTEBOOKS_DIR, PACKAGE_DIR, REPORTS_DIR
 
 TEMPLATE_DIR = PACKAGE_DIR / "templates"
@@ -765,7 +765,36 @@ LAB_ABSTRACT = ("labkernels measures matrix-multiplication kernels for llama.cpp
                 "the same figures, then the method and the detail.")
 
 
-def write_index(out_dir: Path, state: dict, notebooks_dir: Path = NOTEBOOKS_DIR) -> Path:
+GPU_SUITE_TIERS = ("fast", "full")
+
+
+def gpu_suite_rows(root: Path | None = None) -> list[dict]:
+    """The index's "GPU test suite" table: per tier (fast, full), the latest recorded ``gpu_suite`` run -- its
+    commit, GPU, counts and seconds -- or ``None`` where that tier has never been recorded. A run is the record
+    ``labkernels gpu-check --steps tests --tier T`` wrote on the GPU (:mod:`labkernels.gpu_cli`); a tier whose
+    latest run failed shows that run (a red suite is news, not something to hide behind an older green one)."""
+    try:
+        every = records.list_runs("gpu_suite", root, status=None)
+    except records.RecordError as e:    # a tampered record: the index says so rather than failing to render
+        return [{"tier": tier, "run": None, "unreadable": str(e)} for tier in GPU_SUITE_TIERS]
+    rows = []
+    for tier in GPU_SUITE_TIERS:
+        runs = [r for r in every
+                if r.meta.get("status") in ("complete", "failed") and (r.meta.get("params") or {}).get("tier") == tier]
+        if not runs:
+            rows.append({"tier": tier, "run": None})
+            continue
+        r = runs[-1]
+        s, prov = r.meta.get("summary") or {}, r.provenance
+        counts = {k: int(s.get(k) or 0) for k in ("tests", "passed", "failed", "error", "skipped")}
+        rows.append({"tier": tier, "run": r.run_id, "commit": prov.get("git_commit", "?"),
+                     "gpu": (prov.get("gpu") or {}).get("name", "?"), "date": r.meta.get("started", "?"),
+                     "seconds": s.get("seconds"), "ok": bool(s.get("ok")) and r.meta.get("status") == "complete",
+                     "workers": (r.meta.get("params") or {}).get("workers"), **counts})
+    return rows
+
+
+def write_index(out_dir: Path, state: dict, notebooks_dir: Path = NOTEBOOKS_DIR, data_root: Path | None = None) -> Path:
     out_dir = Path(out_dir)
     rounds = []
     for nb in discover(notebooks_dir):
@@ -779,7 +808,7 @@ def write_index(out_dir: Path, state: dict, notebooks_dir: Path = NOTEBOOKS_DIR)
         })
     page = _jinja().get_template("index.html.j2").render(
         rounds=rounds, written=provenance.utc_now(), machine=provenance.describe(provenance.collect()),
-        abstract=LAB_ABSTRACT)
+        abstract=LAB_ABSTRACT, suite=gpu_suite_rows(data_root))
     p = out_dir / "index.html"
     atomic_write(p, page)
     return p

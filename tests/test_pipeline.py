@@ -334,3 +334,27 @@ def test_a_stand_in_render_goes_to_scratch_and_leaves_the_published_page(tmp_pat
     scratch = out / "scratch"
     page = (scratch / "01_good.html").read_text()
     assert "STAND-IN" in page and pipeline.load_state(scratch)["01_good"]["stand_in"] is True
+
+
+def test_index_shows_the_latest_gpu_suite_record_per_tier(tmp_path):
+    """The index's GPU-suite table: per tier the latest recorded run (a newer red run shows over an older green
+    one), 'never recorded' for a tier without a run, and a tampered record said on the page, not a crash."""
+    from labkernels import records
+
+    data, out = tmp_path / "data", tmp_path / "reports"
+    out.mkdir()
+    html = lambda: pipeline.write_index(out, {}, data_root=data).read_text()  # noqa: E731
+    assert html().count("never recorded") == 2
+    for tier, failed in (("fast", 0), ("fast", 2)):
+        with records.recording("gpu_suite", {"tier": tier, "workers": 8}, root=data) as run:
+            run.append("tests", [{"nodeid": "t::a", "outcome": "passed", "seconds": 1.0, "message": ""}])
+            run.set_summary(tier=tier, tests=40 + failed, passed=40, failed=failed, error=0, skipped=0,
+                            seconds=12.5 + failed, ok=failed == 0)
+    rows = {r["tier"]: r for r in pipeline.gpu_suite_rows(data)}
+    assert rows["full"]["run"] is None
+    assert (rows["fast"]["failed"], rows["fast"]["ok"], rows["fast"]["seconds"]) == (2, False, 14.5)
+    page = html()
+    assert page.count("never recorded") == 1 and ">red<" in page and "14.5" in page and ">green<" not in page
+    meta = next((data / records.folder("gpu_suite")).glob("*.json"))
+    meta.write_text(meta.read_text().replace('"fast"', '"full"', 1))   # tampered after sealing
+    assert "record unreadable" in html()
