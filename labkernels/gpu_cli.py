@@ -49,6 +49,36 @@ def step_env(out: Path, args) -> dict:
 TIERS = {"fast": "gpu_fast", "full": "gpu"}
 
 
+def parse_shard(text) -> tuple[int, int] | None:
+    """``--shard I/N`` (1 <= I <= N): the I-th of N parts of the GPU suite, so that the whole suite can run over
+    several device calls; None for the whole tier. Anything else raises GpuCheckError."""
+    if text in (None, ""):
+        return None
+    try:
+        i, n = (int(x) for x in str(text).split("/"))
+    except ValueError:
+        raise GpuCheckError(f"--shard {text!r}: give I/N, e.g. 2/3") from None
+    if not 1 <= i <= n:
+        raise GpuCheckError(f"--shard {text!r}: I must be in 1..N")
+    return i, n
+
+
+def shard_files(files, shard: tuple[int, int] | None) -> list[str]:
+    """The test files of shard (I, N): the files sorted by name and dealt by size, largest first, each to the part
+    holding the fewest bytes so far (ties: the lowest part), so the N parts are disjoint, cover every file and take
+    about the same time; the same files at one commit always give the same parts."""
+    files = sorted(str(f) for f in files)
+    if shard is None:
+        return files
+    i, n = shard
+    loads, parts = [0] * n, [[] for _ in range(n)]
+    for f in sorted(files, key=lambda f: (-Path(REPO_ROOT / f).stat().st_size, f)):
+        k = min(range(n), key=lambda j: (loads[j], j))
+        parts[k].append(f)
+        loads[k] += Path(REPO_ROOT / f).stat().st_size
+    return sorted(parts[i - 1])
+
+
 def junit_rows(xml_text: str) -> list[dict]:
     """One row per test case of a pytest junit XML: nodeid, outcome (passed / failed / error / skipped), seconds,
     message (the first line of a failure, error or skip reason)."""
@@ -87,8 +117,11 @@ def step_tests(out: Path, args) -> dict:
     from . import records
 
     tier = getattr(args, "tier", "fast")
+    shard = parse_shard(getattr(args, "shard", None))
     marker = TIERS[tier] + ("" if getattr(args, "model_tests", False) else " and not model")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", marker, "tests/gpu", f"--junitxml={out / 'gpu-tests.xml'}",
+    files = shard_files((f.relative_to(REPO_ROOT) for f in (REPO_ROOT / "tests" / "gpu").glob("test_*.py")), shard)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", marker, *(files if shard else ["tests/gpu"]),
+           f"--junitxml={out / 'gpu-tests.xml'}",
            "-p", "no:cacheprovider", "-rfE", "--durations=30"]
     if args.fail_fast:
         cmd.append("-x")
@@ -106,12 +139,14 @@ def step_tests(out: Path, args) -> dict:
     xml = out / "gpu-tests.xml"
     rows = junit_rows(xml.read_text()) if xml.exists() else []
     summ = suite_summary(rows, dt, tier, r.returncode)
-    with records.recording("gpu_suite", {"tier": tier, "marker": marker, "workers": workers,
-                                         "command": " ".join(cmd[1:])}, root=out / "data") as run:
+    params = {"tier": tier, "marker": marker, "workers": workers, "command": " ".join(cmd[1:])}
+    if shard:
+        params.update(shard=f"{shard[0]}/{shard[1]}", files=files)
+    with records.recording("gpu_suite", params, root=out / "data") as run:
         if rows:
             run.append("tests", rows)
         run.finish("complete", **summ)
-    _log(f"gpu suite {tier}: {summ['passed']} passed, {summ['failed']} failed, {summ['error']} errors, "
+    _log(f"gpu suite {tier}{f' shard {shard[0]}/{shard[1]}' if shard else ''}: {summ['passed']} passed, {summ['failed']} failed, {summ['error']} errors, "
          f"{summ['skipped']} skipped in {summ['seconds']} s (run {run.run_id})")
     return {**summ, "run": run.run_id}
 
@@ -443,6 +478,7 @@ def _set_paths(args) -> None:
 
 def check_args(args) -> None:
     """The paths and lists gpu-check was given, before anything runs (GpuCheckError naming the bad one)."""
+    parse_shard(getattr(args, "shard", None))
     if args.gemma is not None:
         g = Path(args.gemma)
         if not str(args.gemma).strip() or not g.is_file():
@@ -567,6 +603,10 @@ def register_cli(sub) -> None:
     p.add_argument("--fail-fast", action="store_true", help="stop the GPU tests at the first failure (pytest -x)")
     p.add_argument("--tier", choices=sorted(TIERS), default="fast",
                    help="tests step: fast (-m gpu_fast, < 4 min) or full (every GPU test); default fast")
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="tests step: run the I-th of N parts of the tier (test files dealt by size), to run the whole "
+                        "suite over several calls; the index shows the full tier once every part of one commit is "
+                        "recorded")
     p.add_argument("--workers", type=int, default=0,
                    help="tests step: pytest-xdist processes sharing the GPU (0: one process)")
     p.add_argument("--model-tests", action="store_true",

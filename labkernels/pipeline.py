@@ -784,14 +784,48 @@ def gpu_suite_rows(root: Path | None = None) -> list[dict]:
         if not runs:
             rows.append({"tier": tier, "run": None})
             continue
-        r = runs[-1]
-        s, prov = r.meta.get("summary") or {}, r.provenance
-        counts = {k: int(s.get(k) or 0) for k in ("tests", "passed", "failed", "error", "skipped")}
-        rows.append({"tier": tier, "run": r.run_id, "commit": prov.get("git_commit", "?"),
-                     "gpu": (prov.get("gpu") or {}).get("name", "?"), "date": r.meta.get("started", "?"),
-                     "seconds": s.get("seconds"), "ok": bool(s.get("ok")) and r.meta.get("status") == "complete",
-                     "workers": (r.meta.get("params") or {}).get("workers"), **counts})
+        rows.append(_suite_row(tier, _latest_suite_group(runs)))
     return rows
+
+
+def _latest_suite_group(runs: list) -> list:
+    """The runs that together make the tier's latest result: the latest run alone when it ran the whole tier, else
+    the latest run of every shard I of its N at its commit (``gpu-check --shard I/N``; a part re-run later replaces
+    the earlier one)."""
+    last = runs[-1]
+    shard = (last.meta.get("params") or {}).get("shard")
+    if not shard:
+        return [last]
+    n, commit = shard.split("/")[1], last.provenance.get("git_commit")
+    parts = {}
+    for r in runs:
+        sh = (r.meta.get("params") or {}).get("shard") or ""
+        if sh.endswith(f"/{n}") and r.provenance.get("git_commit") == commit:
+            parts[sh] = r
+    return [parts[k] for k in sorted(parts, key=lambda k: int(k.split("/")[0]))]
+
+
+def _suite_row(tier: str, group: list) -> dict:
+    """One row of the suite table from a run or a group of shards (counts and seconds summed; green only when every
+    part is present and green)."""
+    r = group[-1]
+    prov = r.provenance
+    counts = {k: sum(int((g.meta.get("summary") or {}).get(k) or 0) for g in group)
+              for k in ("tests", "passed", "failed", "error", "skipped")}
+    secs = [(g.meta.get("summary") or {}).get("seconds") for g in group]
+    ok = all(bool((g.meta.get("summary") or {}).get("ok")) and g.meta.get("status") == "complete" for g in group)
+    row = {"tier": tier, "run": ", ".join(g.run_id for g in group), "commit": prov.get("git_commit", "?"),
+           "gpu": (prov.get("gpu") or {}).get("name", "?"), "date": r.meta.get("started", "?"),
+           "seconds": None if None in secs else round(sum(secs), 1), "ok": ok,
+           "workers": (r.meta.get("params") or {}).get("workers"), **counts}
+    shard = (r.meta.get("params") or {}).get("shard")
+    if shard:
+        n = int(shard.split("/")[1])
+        row["shards"] = f"{len(group)} of {n} parts"
+        if len(group) < n:
+            row["ok"] = False
+            row["partial"] = True
+    return row
 
 
 def write_index(out_dir: Path, state: dict, notebooks_dir: Path = NOTEBOOKS_DIR, data_root: Path | None = None) -> Path:

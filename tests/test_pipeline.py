@@ -358,3 +358,37 @@ def test_index_shows_the_latest_gpu_suite_record_per_tier(tmp_path):
     meta = next((data / records.folder("gpu_suite")).glob("*.json"))
     meta.write_text(meta.read_text().replace('"fast"', '"full"', 1))   # tampered after sealing
     assert "record unreadable" in html()
+
+
+def test_full_tier_in_shards_is_green_only_when_every_part_of_one_commit_is(tmp_path):
+    """gpu-check --shard I/N: the parts are disjoint and cover every GPU test file; the index's full-tier row adds up
+    the parts of one commit and says 'incomplete' until every part is recorded, green once all are and are green."""
+    from labkernels import gpu_cli, records
+
+    files = sorted(str(f.relative_to(gpu_cli.REPO_ROOT)) for f in (gpu_cli.REPO_ROOT / "tests/gpu").glob("test_*.py"))
+    parts = [gpu_cli.shard_files(files, (i, 3)) for i in (1, 2, 3)]
+    assert sorted(sum(parts, [])) == files and all(parts)
+    assert parts == [gpu_cli.shard_files(reversed(files), (i, 3)) for i in (1, 2, 3)]   # order of discovery irrelevant
+    for bad in ("0/3", "4/3", "x", "1/0", "1-3"):
+        with pytest.raises(gpu_cli.GpuCheckError):
+            gpu_cli.parse_shard(bad)
+    data, out = tmp_path / "data", tmp_path / "reports"
+    out.mkdir()
+
+    def record(shard, failed=0):
+        with records.recording("gpu_suite", {"tier": "full", "workers": 8, "shard": shard}, root=data) as run:
+            run.append("tests", [{"nodeid": "t::a", "outcome": "passed", "seconds": 1.0, "message": ""}])
+            run.set_summary(tier="full", tests=10 + failed, passed=10, failed=failed, error=0, skipped=0,
+                            seconds=20.0, ok=failed == 0)
+
+    full = lambda: next(r for r in pipeline.gpu_suite_rows(data) if r["tier"] == "full")  # noqa: E731
+    record("1/2")
+    row = full()
+    assert (row["ok"], row.get("partial"), row["shards"], row["tests"]) == (False, True, "1 of 2 parts", 10)
+    assert "incomplete" in pipeline.write_index(out, {}, data_root=data).read_text()
+    record("2/2", failed=1)
+    row = full()
+    assert (row["ok"], row.get("partial"), row["tests"], row["failed"], row["seconds"]) == (False, None, 21, 1, 40.0)
+    record("2/2")                                  # the part re-run green replaces its red run
+    row = full()
+    assert (row["ok"], row["tests"], row["failed"], row["shards"]) == (True, 20, 0, "2 of 2 parts")
