@@ -422,3 +422,23 @@ def test_cli_refuses_bad_requests_before_any_gpu_work(capsys):
     assert "0 is less than 1" in capsys.readouterr().err
     p = cli.build_parser().parse_args(["generate", "--model", "m", "--prompt-tokens", "3", "--no-graph", "--json"])
     assert (p.new_tokens, p.graph, p.json, p.n_ctx) == (128, False, True, None)
+
+
+@pytest.mark.model
+def test_stored_weight_bytes_is_what_gguf_py_says_a_decode_step_reads():
+    """The generation benchmark's bytes a token: every 2-D tensor of the GGUF as gguf-py sizes it (Gemma 3 ties its
+    head to the token embedding, so the embedding is read whole); a model with its own head leaves the embedding out."""
+    import gguf
+
+    from labkernels import model as model_mod
+    from labkernels.prefill_cli import load_model
+    from labkernels.rounds import r09_decode
+
+    m = model_mod.open_model()
+    reader = gguf.GGUFReader(str(m.path))
+    want = sum(int(t.n_bytes) for t in reader.tensors if len([d for d in t.shape if d > 1]) >= 2)
+    assert r09_decode.stored_weight_bytes(m) == want
+    s = load_model("synthetic-7b")
+    emb = s.tensor("token_embd.weight")
+    with_emb = r09_decode.stored_weight_bytes(s) + emb.rows * emb.cols // 256 * {"q4_K": 144, "q6_K": 210}[emb.qtype]
+    assert 3.9e9 < r09_decode.stored_weight_bytes(s) < with_emb
