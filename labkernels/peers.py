@@ -955,22 +955,37 @@ def measure_mmq(peer_dir: Path, run, raw_dir: Path, types=PEER_TYPES, shapes=LAB
 
 
 def model_label(spec: str) -> str:
-    """The model label the lab's prefill runs use: 'synthetic-7b', or the GGUF file's stem lower-cased."""
-    return "synthetic-7b" if spec in ("synthetic-7b", "llama7b") else Path(spec).stem.lower()
+    """The model label the lab's prefill runs use: 'synthetic-7b' / 'synthetic-gemma3', or the GGUF file's stem
+    lower-cased."""
+    if spec in ("synthetic-7b", "llama7b"):
+        return "synthetic-7b"
+    return "synthetic-gemma3" if spec == "synthetic-gemma3" else Path(spec).stem.lower()
+
+
+#: the synthetic models llama-bench can be given: written from the lab's own config, recipe and seed
+SYNTHETIC_LABELS = ("synthetic-7b", "synthetic-gemma3")
+
+
+def synthetic_gguf(label: str, dest: Path, progress=_log) -> Path:
+    """Write the synthetic model ``label`` (SYNTHETIC_LABELS) that the lab's runs load (same config, recipe and seed:
+    the same weights the lab's prefill and generate measure) as a GGUF for llama.cpp."""
+    from .prefill_cli import load_model
+    from .synthetic import write_gguf
+
+    if label not in SYNTHETIC_LABELS:
+        raise PeerError(f"no synthetic model {label!r}; synthetic models: {', '.join(SYNTHETIC_LABELS)}")
+    dest = Path(dest)
+    if not dest.is_file():
+        progress(f"writing the {label} Q4_K_M to {dest}")
+        tmp = dest.with_suffix(".tmp")
+        write_gguf(load_model(label), tmp)
+        tmp.replace(dest)
+    return dest
 
 
 def synthetic_7b_gguf(dest: Path, progress=_log) -> Path:
     """Write the synthetic llama-7B Q4_K_M that the lab's prefill runs use (same config, recipe and seed)."""
-    from .prefill_cli import load_model
-    from .synthetic import write_gguf
-
-    dest = Path(dest)
-    if not dest.is_file():
-        progress(f"writing the synthetic 7B Q4_K_M to {dest}")
-        tmp = dest.with_suffix(".tmp")
-        write_gguf(load_model("synthetic-7b"), tmp)
-        tmp.replace(dest)
-    return dest
+    return synthetic_gguf("synthetic-7b", dest, progress)
 
 
 def measure_bench(peer_dir: Path, models: list[str], run, raw_dir: Path, work: Path, extra_args=(),
@@ -983,8 +998,8 @@ def measure_bench(peer_dir: Path, models: list[str], run, raw_dir: Path, work: P
     for spec in models:
         label = model_label(spec)
         try:
-            path = synthetic_7b_gguf(Path(work) / "synthetic-7b-q4_k_m.gguf", progress) if label == "synthetic-7b" \
-                else Path(spec)
+            path = synthetic_gguf(label, Path(work) / f"{label}-q4_k_m.gguf", progress) \
+                if label in SYNTHETIC_LABELS else Path(spec)
             if not path.is_file():
                 raise PeerError(f"no model file {path}")
             args = ["bench", "-m", str(path), *bench_args(prompts, gen=gen, pg=pg), *extra_args, "-o", "json"]
@@ -1493,7 +1508,7 @@ def register_cli(sub) -> None:
     m.add_argument("--print-test-file", action="store_true", help="print the --test-file lines and exit (CPU)")
     m.set_defaults(func=mmq_main)
     c = ps.add_parser("bench", help="(GPU) llama-bench -p 512,3325 -n 0 -fa 1,0 -ngl 99 -r 3 on a GGUF, recorded")
-    c.add_argument("--model", action="append", required=True, help="GGUF path or synthetic-7b (repeatable)")
+    c.add_argument("--model", action="append", required=True, help="GGUF path, synthetic-7b or synthetic-gemma3 (repeatable)")
     c.add_argument("--peer", default=str(PEERS_CACHE / TARBALL_NAME), help="peer tarball or unpacked llamacpp/ dir")
     c.add_argument("--out", default=os.environ.get("OUT", "peers-out"))
     c.add_argument("--work", default="/tmp/labkernels-peers", help="where the synthetic 7B GGUF is written")
@@ -1508,7 +1523,7 @@ def register_cli(sub) -> None:
     g = ps.add_parser("gpu-run", help="(GPU) one call: unpack the tarball, run.sh env, mmq + bench, one recorded run")
     g.add_argument("--tarball", default=str(PEERS_CACHE / TARBALL_NAME))
     g.add_argument("--out", default=os.environ.get("OUT", "peers-out"))
-    g.add_argument("--model", action="append", help="GGUF path or synthetic-7b (repeatable; default synthetic-7b)")
+    g.add_argument("--model", action="append", help="GGUF path, synthetic-7b or synthetic-gemma3 (repeatable; default synthetic-7b)")
     g.add_argument("--no-mmq", action="store_true")
     g.add_argument("--no-bench", action="store_true")
     g.set_defaults(func=gpu_run_main)

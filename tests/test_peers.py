@@ -665,3 +665,13 @@ def test_bench_json_rows_name_generation_tests():
             "stddev_ts": 1.5, "samples_ts": [288.0, 289.0, 290.0]}
     df = peers.parse_bench_json(json.dumps([item, {**item, "n_prompt": 512, "n_gen": 128, "avg_ts": 1500.0}]))
     assert list(zip(df.n_prompt, df.n_gen)) == [(0, 128), (512, 128)] and df.tok_s.iloc[0] == 289.0
+
+
+def test_synthetic_models_llama_bench_can_be_given(tmp_path):
+    """llama-bench's synthetic models are the lab's own (label kept for pairing); another name is refused, not
+    looked up as a path."""
+    assert peers.model_label("synthetic-gemma3") == "synthetic-gemma3"
+    assert peers.model_label("llama7b") == "synthetic-7b"
+    assert peers.model_label("/x/Gemma-3.gguf") == "gemma-3"
+    with pytest.raises(peers.PeerError, match="no synthetic model"):
+        peers.synthetic_gguf("synthetic-13b", tmp_path / "x.gguf")
