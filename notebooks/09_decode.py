@@ -10,6 +10,7 @@ act: "OneOf[f16, f32]" = "f16"   # activation type of the lead figure
 
 # %%
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
+from IPython.display import Markdown
 from labkernels import report
 report.setup()
 from labkernels.rounds import open_round
@@ -84,12 +85,41 @@ display(report.table(tbl, {"time (µs)": "{:.1f}", "weight TB/s": "{:.2f}", "of 
                            "wgmma_kq (µs)": "{:.1f}", "cuBLAS fp16 (µs)": "{:.1f}"}))
 
 # %% [markdown]
+# ## Generation: tokens per second with the KV cache
+#
+# `GpuModel.generate`: the prefill fills an fp16 KV cache, then one decode step per token, captured once as a CUDA
+# graph and replayed. Tokens per second are the GPU time of the replays (CUDA events); the fraction is the stored
+# weight bytes one step reads at that rate over the copy line of the same run. llama-bench's tg128 beside it where
+# a peers run on the same card recorded it.
+
+# %%
+gen = r9.generation_run()
+if gen is None:
+    display(Markdown("*Not recorded yet:* no generation run (`labkernels gpu-check --steps generate`) under "
+                     "`data/09_decode/`."))
+else:
+    gcard = ((gen.provenance or {}).get("gpu") or {}).get("name", "?")
+    gt = r9.generation_table(gen)
+    peer = r9.peer_generation(gcard)
+    tg = peer[(peer.test == "tg128") & (peer.flash_attn == 1)].set_index("model").tok_s if len(peer) else {}
+    gt["llama_tg128"] = [tg.get(m, float("nan")) if len(peer) else float("nan") for m in gt.model]
+    gt["vs_llama"] = gt.tok_per_s / gt.llama_tg128
+    gnames = {"model": "model", "n_prompt": "prompt tokens", "n_new": "new tokens", "tok_per_s": "tok/s (GPU)",
+              "tok_per_s_wall": "tok/s (host wall)", "frac_copy": "of the copy line", "prefill_ms": "prefill (ms)",
+              "llama_tg128": "llama-bench tg128 (tok/s)", "vs_llama": "lab / llama.cpp"}
+    display(Markdown(f"Run {gen.run_id} on {gcard}" + (f"; peer run {peer.run.iloc[0]}" if len(peer) else
+                                                        "; no llama-bench generation recorded on this card")))
+    display(report.table(gt[list(gnames)].rename(columns=gnames),
+                         {"tok/s (GPU)": "{:,.0f}", "tok/s (host wall)": "{:,.0f}", "of the copy line": "{:.0%}",
+                          "prefill (ms)": "{:.1f}", "llama-bench tg128 (tok/s)": "{:,.0f}",
+                          "lab / llama.cpp": "{:.2f}x"}))
+
+# %% [markdown]
 # ## The round's steps
 #
 # Each step's prediction was written before its run; the ledger keeps what was measured and the verdict.
 
 # %%
-from IPython.display import Markdown
 for s in r9.LEDGER:
     pred = "; ".join(f"{c['what']}: {c['low']:g}-{c['high']:g} ({c['metric']})" for c in s["prediction"])
     display(Markdown(f"**Step {s['step']}: {s['name']}** (commit {s['commit'] or 'not yet built'}; "

@@ -411,3 +411,51 @@ def figure_time_vs_nt(run, qtype: str = "q4_K", act: str = "f16"):
                  fontsize=9)
     fig.legend(handles, labels, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
     return fig
+
+
+# ------------------------------------------------------------------------------------------ generation (tokens/s)
+
+def generation_run(root=None):
+    """The latest complete ``decode`` run of the generation benchmark (``what: generate``), or None (not recorded)."""
+    from .. import records
+
+    runs = [r for r in records.list_runs("decode", root) if (r.meta.get("params") or {}).get("what") == "generate"]
+    return runs[-1] if runs else None
+
+
+def generation_table(run) -> "pd.DataFrame":
+    """Per (model, prompt length): the median over the repeats of tokens/s (GPU time of the graph replays), of the
+    host's tokens/s, of the prefill's ms, and the fraction of the run's copy line the stored weight bytes a token
+    take at that rate."""
+    import pandas as pd
+
+    df = run.table("generate")
+    t = df.groupby(["model", "n_prompt", "n_new"], as_index=False).agg(
+        tok_per_s=("tok_per_s", "median"), tok_per_s_wall=("tok_per_s_wall", "median"),
+        prefill_ms=("prefill_ms", "median"), weight_bytes=("weight_bytes", "first"), mode=("mode", "first"),
+        repeats=("rep", "nunique"))
+    t["frac_copy"] = t.weight_bytes * t.tok_per_s / 1e12 / copy_line(run)
+    return pd.DataFrame(t)
+
+
+def peer_generation(card: str | None, root=None) -> "pd.DataFrame":
+    """llama-bench's token generation on the same card (the latest peers run whose bench table has tg / pg rows and
+    whose GPU is ``card``): model, test (tg128, pp512+tg128), tok/s, the run id. Empty where none is recorded."""
+    import pandas as pd
+
+    from .. import records
+
+    for r in reversed(records.list_runs("peers", root)):
+        if not r.has("bench"):
+            continue
+        b = r.table("bench")
+        if "n_gen" not in b or not (b.n_gen > 0).any():
+            continue
+        gpu = ((r.provenance or {}).get("gpu") or {}).get("name") or (r.meta.get("params") or {}).get("gpu_name")
+        if card and gpu and gpu != card:
+            continue
+        g = b[b.n_gen > 0].copy()
+        g["test"] = [f"tg{n}" if not p else f"pp{p}+tg{n}" for p, n in zip(g.n_prompt, g.n_gen)]
+        g["run"] = r.run_id
+        return pd.DataFrame(g[["model", "test", "flash_attn", "n_prompt", "n_gen", "tok_s", "run"]])
+    return pd.DataFrame(columns=["model", "test", "flash_attn", "n_prompt", "n_gen", "tok_s", "run"])
