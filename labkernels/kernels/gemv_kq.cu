@@ -295,7 +295,9 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gemv_kq_kernel(const u8* __rest
 
     if constexpr (FORM == 1) {
         static_assert(QT == 4 && NT8 == 1, "FORM=1 is q4_K at nt <= 8");
-        // the indicator B fragments: k-rows of lane c's columns belong to sub-block 2c (low steps) / 2c+1 (high)
+        // the indicator B fragment (k-rows x columns j = sub-blocks): the indicator mma's A is the four activation
+        // fragments of step m as they are (b0, b1, b2, b3): columns 2c, 2c+1 hold lane c's low-step values (sub-block
+        // 2c), columns 2c+8, 2c+9 its high-step values (2c+1); rows g and g+8 both hold token g (b1, b3 in row g+8)
         const u32 ind_lo = g == 2 * c ? 0x3C003C00u : 0u, ind_hi = g == 2 * c + 1 ? 0x3C003C00u : 0u;
         for (int sb = sb0; sb < sb1; ++sb) {
             KqRow4v2 wr[MT][2];
@@ -319,8 +321,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gemv_kq_kernel(const u8* __rest
                 xs.frag(m, b[0], b[1]);
                 xs.frag(8 + m, b[2], b[3]);
                 // I[n][j] += x[n][k] Ind[k][j]: the activations as A (token g in rows g; rows g+8 empty)
-                lk_mma_f16_16816(ind, b[0], 0u, b[1], 0u, ind_lo, ind_lo);
-                lk_mma_f16_16816(ind, b[2], 0u, b[3], 0u, ind_hi, ind_hi);
+                lk_mma_f16_16816(ind, b[0], b[1], b[2], b[3], ind_lo, ind_hi);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     u32 a0[4], a1[4];
@@ -330,10 +331,11 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gemv_kq_kernel(const u8* __rest
                     lk_mma_f16_16816(part[mt], a0[1], a1[1], a0[3], a1[3], b[2], b[3]);
                 }
             }
-            // ind[0], ind[1] = I[token g][sub-block 2c, 2c+1]: the B fragment (k = j, n = g) of the min mma, as
-            // hi + lo f16 halves (b0: k 2c, 2c+1; b1: k 2c+8, 2c+9, the A fragment repeats the mins there)
-            const u32 ihi = lk_pack_h2(ind[0], ind[1]);
-            const u32 ilo = lk_pack_h2(ind[0] - lk_h2f_lo(ihi), ind[1] - lk_h2f_hi(ihi));
+            // ind[0] + ind[2], ind[1] + ind[3] = I[token g][sub-block 2c, 2c+1]: the B fragment (k = j, n = g) of
+            // the min mma, as hi + lo f16 halves (b0: k 2c, 2c+1; b1: k 2c+8, 2c+9, the A fragment repeats the mins)
+            const float i0 = ind[0] + ind[2], i1 = ind[1] + ind[3];
+            const u32 ihi = lk_pack_h2(i0, i1);
+            const u32 ilo = lk_pack_h2(i0 - lk_h2f_lo(ihi), i1 - lk_h2f_hi(ihi));
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 float mins[4] = {0.f, 0.f, 0.f, 0.f};
