@@ -156,3 +156,78 @@ def test_the_recorded_choice_reads_the_benchmark_of_record_not_an_experiment():
     rec = [r for r in runs if gemv.is_bench_of_record(r)][-1]
     assert (t.run_id == rec.run_id).all() and t.wgmma_us.notna().any()
     assert not gemv.is_bench_of_record(runs[-1]) or runs[-1].run_id == rec.run_id
+
+
+# ------------------------------------------------------------------------------------------ FORM=1 (round 9 step 2)
+
+def _extreme_q4k(rng, od, nsb):
+    """q4_K blocks of random bytes with extreme scales: d and dmin from the largest finite f16 to subnormals and
+    zero, every 6-bit scale and min (0 and 63 included), every code."""
+    b = rng.integers(0, 256, (od, nsb, 144), dtype=np.uint8)
+    pick = np.array([0x7BFF, 0x0001, 0x0000, 0x3C00, 0x0400, 0x5BFF, 0x1234], np.uint16)   # 65504, 2^-24, 0, 1 ...
+    hdr = b[..., 0:4].copy().view(np.uint16)
+    for i in range(2):
+        sel = rng.random((od, nsb)) < 0.5
+        hdr[..., i] = np.where(sel, rng.choice(pick, (od, nsb)), rng.integers(0, 0x7C00, (od, nsb)).astype(np.uint16))
+    b[..., 0:4] = hdr.view(np.uint8)
+    b[0, 0, 4:16] = 0xFF                              # every scale and min 63
+    b[-1, -1, 4:16] = 0x00                            # every scale and min 0
+    return b.reshape(od, nsb * 144)
+
+
+@pytest.mark.parametrize("od,id_", [(1, 256), (17, 512), (64, 2304)])
+def test_form1_lane_mirror_equals_its_exact_function(rng, od, id_):
+    """FORM=1's lanes (KqRow4v2: magic-exponent codes, one HFMA2 to the exact f16 sc*q, mins as exact f16, d and dmin
+    widened to f32) give exact_weights_v2 bit for bit, on quantized rows and on random bytes with extreme scales;
+    the f16 products the mma sees are sc*q exactly."""
+    for raw in (_raw(rng, "q4_K", od, id_), _extreme_q4k(rng, od, id_ // 256)):
+        w, A, M, d, dmin = gemv.lane_dequant_v2(raw, od, id_, parts=True)
+        want = gemv.exact_weights_v2(raw, "q4_K")
+        assert np.array_equal(w.view(np.uint64), want.view(np.uint64))
+        _, _, sc, mn, codes = gemv.q4k_fields(raw)
+        assert np.array_equal(A, (codes.reshape(od, -1, 8, 32) * sc[..., None]).reshape(od, id_))
+        assert np.array_equal(M, np.repeat(mn, 32, axis=-1).reshape(od, id_))
+        assert A.max() <= 945 and np.isfinite(w).all()
+
+
+def test_form1_exact_function_is_gguf_dequantization(rng):
+    """exact_weights_v2 is gguf-py's q4_K dequantization without the f16 rounding of FORM=0's weights: equal to
+    gguf-py's (float32 arithmetic) within float32 rounding, and nearer to it than FORM=0's f16 weights."""
+    import gguf
+
+    raw = _raw(rng, "q4_K", 33, 768)
+    w2 = gemv.exact_weights_v2(raw, "q4_K")
+    w64 = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_K).astype(np.float64)
+    row = np.abs(w64).max(axis=1, keepdims=True)
+    assert (np.abs(w2 - w64) <= 4 * 2.0 ** -24 * row + 1e-30).all()
+    w16 = gemv.emulate_weights(raw, "q4_K").astype(np.float64)
+    assert np.abs(w2 - w64).max() < np.abs(w16 - w64).max()
+
+
+def test_form1_mirror_is_not_vacuous(rng):
+    """A wrong min (sub-block 2c+1's taken for 2c) or a dropped d changes the weights."""
+    raw = _raw(rng, "q4_K", 8, 512)
+    w, A, M, d, dmin = gemv.lane_dequant_v2(raw, 8, 512, parts=True)
+    M2 = M.reshape(8, 2, 8, 32)[:, :, [1, 0, 3, 2, 5, 4, 7, 6]].reshape(8, 512)
+    bad = np.repeat(d, 256, axis=1) * A - np.repeat(dmin, 256, axis=1) * M2
+    assert not np.array_equal(bad, w)
+    assert not np.array_equal(A, w)
+    with pytest.raises(gemv.GemvError, match="q4_K"):
+        gemv.exact_weights_v2(_raw(rng, "q6_K", 2, 256), "q6_K")
+
+
+def test_auto_table_reads_form0_rows_only(tmp_path, monkeypatch):
+    """Until FORM=1 is measured and chosen, qmatmul(auto) is fed by FORM=0 rows only: a faster FORM=1 row is not
+    picked."""
+    from labkernels import nvml, records
+
+    monkeypatch.setattr(nvml, "for_verdict", lambda r: True)
+    base = {"qtype": "q4_K", "act": "f16", "od": 4096, "id": 4096, "nt": 1, "family": "gemv_kq", "WARPS": 4, "S": 0,
+            "pair": 0}
+    with records.recording("decode", {"what": "gemv_bench"}, root=tmp_path) as run:
+        run.append("gemv_bench", [{**base, "variant": "gemv_m2w4", "MT": 2, "FORM": 0, "median_us": 10.0},
+                                  {**base, "variant": "gemv_m1w4_f1", "MT": 1, "FORM": 1, "median_us": 5.0},
+                                  {**base, "variant": "wgmma", "family": "wgmma_kq", "MT": 0, "WARPS": 0,
+                                   "FORM": 0, "median_us": 20.0}])
+    t = gemv.auto_table(root=tmp_path)
+    assert len(t) == 1 and t.MT.iloc[0] == 2 and t.median_us.iloc[0] == 10.0
