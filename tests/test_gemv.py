@@ -231,3 +231,84 @@ def test_auto_table_reads_form0_rows_only(tmp_path, monkeypatch):
                                    "FORM": 0, "median_us": 20.0}])
     t = gemv.auto_table(root=tmp_path)
     assert len(t) == 1 and t.MT.iloc[0] == 2 and t.median_us.iloc[0] == 10.0
+
+
+def _mma16816(A, B, C):
+    """mma.m16n8k16 row.col on per-lane fragments (float64 pairs): A [32][4][2], B [32][2][2], C [32][4] -> D."""
+    Am, Bm, Cm = np.zeros((16, 16)), np.zeros((16, 8)), np.zeros((16, 8))
+    for lane in range(32):
+        g, c = lane >> 2, lane & 3
+        for r, (row, col) in enumerate(((g, 2 * c), (g + 8, 2 * c), (g, 2 * c + 8), (g + 8, 2 * c + 8))):
+            Am[row, col:col + 2] = A[lane][r]
+        for r, k in enumerate((2 * c, 2 * c + 8)):
+            Bm[k:k + 2, g] = B[lane][r]
+        for i, (row, col) in enumerate(((g, 2 * c), (g, 2 * c + 1), (g + 8, 2 * c), (g + 8, 2 * c + 1))):
+            Cm[row, col] = C[lane][i]
+    D = Am @ Bm + Cm
+    return [[D[g, 2 * c], D[g, 2 * c + 1], D[g + 8, 2 * c], D[g + 8, 2 * c + 1]]
+            for g, c in ((lane >> 2, lane & 3) for lane in range(32))]
+
+
+@pytest.mark.parametrize("nt", [1, 5, 8])
+def test_form1_fragment_flow_gives_the_exact_function(rng, nt):
+    """FORM=1's main loop simulated lane by lane with the mma fragment layouts (one warp, MT=1, two super-blocks):
+    the weight mma on the f16 products sc*q, the indicator mma (A = step m's activation fragments b0..b3, B = the
+    per-lane 0/1 indicator), the hi/lo split of the sub-block sums, the min mma (A = the lanes' (m_2c, m_2c+1) twice)
+    and the f32 epilogue give x16 @ exact_weights_v2^T -- the kernel's fragment bookkeeping, not only its weights."""
+    od, id_ = 16, 512
+    raw = _raw(rng, "q4_K", od, id_)
+    w, A, M, d, dmin = gemv.lane_dequant_v2(raw, od, id_, parts=True)
+    x = rng.standard_normal((nt, id_)).astype(np.float16).astype(np.float64)
+    xp = np.zeros((8, id_))
+    xp[:nt] = x
+    acc = [[0.0] * 4 for _ in range(32)]
+    for sb in range(id_ // 256):
+        part = [[0.0] * 4 for _ in range(32)]
+        ind = [[0.0] * 4 for _ in range(32)]
+        k0 = sb * 256
+        for m in range(8):
+            fa_w, fa_w2, fb, fb2, fa_x, fb_ind = [], [], [], [], [], []
+            for lane in range(32):
+                g, c = lane >> 2, lane & 3
+                base = k0 + 64 * c + 4 * m
+
+                def pr(row, ko):           # (k 4m + ko, 4m + ko + 2) of lane c's 64
+                    return (A[row, base + ko], A[row, base + ko + 2])
+                # low step: P0 (ko 0), P2 (ko 1); high step: P1 (ko 32), P3 (ko 33)
+                fa_w.append([pr(g, 0), pr(g + 8, 0), pr(g, 1), pr(g + 8, 1)])
+                fa_w2.append([pr(g, 32), pr(g + 8, 32), pr(g, 33), pr(g + 8, 33)])
+                xs = xp[g]
+                b0, b1 = (xs[base], xs[base + 2]), (xs[base + 1], xs[base + 3])
+                b2, b3 = (xs[base + 32], xs[base + 34]), (xs[base + 33], xs[base + 35])
+                fb.append([b0, b1])
+                fb2.append([b2, b3])
+                fa_x.append([b0, b1, b2, b3])
+                lo, hi = (1.0, 1.0) if g == 2 * c else (0.0, 0.0), (1.0, 1.0) if g == 2 * c + 1 else (0.0, 0.0)
+                fb_ind.append([lo, hi])
+            ind = _mma16816(fa_x, fb_ind, ind)
+            part = _mma16816(fa_w, fb, part)
+            part = _mma16816(fa_w2, fb2, part)
+        fa_m, fb_m = [], []
+        for lane in range(32):
+            g, c = lane >> 2, lane & 3
+            i0, i1 = ind[lane][0] + ind[lane][2], ind[lane][1] + ind[lane][3]
+            hi = np.float16(i0), np.float16(i1)
+            lo = np.float16(i0 - float(hi[0])), np.float16(i1 - float(hi[1]))
+            fb_m.append([(float(hi[0]), float(hi[1])), (float(lo[0]), float(lo[1]))])
+            mg = (M[g, k0 + 64 * c], M[g, k0 + 64 * c + 32])            # (m_2c, m_2c+1) of rows g, g+8
+            mg8 = (M[g + 8, k0 + 64 * c], M[g + 8, k0 + 64 * c + 32])
+            fa_m.append([mg, mg8, mg, mg8])
+        mins = _mma16816(fa_m, fb_m, [[0.0] * 4 for _ in range(32)])
+        for lane in range(32):
+            g = lane >> 2
+            for i in range(4):
+                r = g + 8 * (i >> 1)
+                acc[lane][i] += d[r, sb] * part[lane][i] - dmin[r, sb] * mins[lane][i]
+    y = np.zeros((8, od))
+    for lane in range(32):
+        g, c = lane >> 2, lane & 3
+        for i in range(4):
+            y[2 * c + (i & 1), g + 8 * (i >> 1)] = acc[lane][i]
+    ref = x @ gemv.exact_weights_v2(raw).T
+    assert np.abs(y[:nt] - ref).max() <= 1e-6 * np.abs(ref).max()
+    assert not np.any(y[nt:])
