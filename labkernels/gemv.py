@@ -25,7 +25,9 @@ by ``d`` in f32; the min term ``dmin * sum_j m_j I_j`` (``I_j`` the activations'
 indicator mma, split into f16 ``hi + lo`` for the min mma) by ``-dmin`` in f32. Its exact function
 (:func:`exact_weights_v2`): gguf's dequantized weights ``d*sc*q - dmin*m`` in float64 (no f16 rounding of the
 weights) times the f16-rounded activations, up to f32 summation and the ~2^-22 relative split error of ``I_j``. Its
-lane mirror: :func:`lane_dequant_v2`.
+lane mirror: :func:`lane_dequant_v2`. Its range: a sub-block sum of the activations ``|I_j|`` must stay below 65504
+(the f16 ``hi`` half; larger gives inf/NaN -- an average |x| over 2047 in 32 consecutive values; FORM=0 has no such
+limit).
 """
 
 from __future__ import annotations

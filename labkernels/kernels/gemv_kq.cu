@@ -27,6 +27,7 @@
 // multiplies the exact f16 mins m_j of the rows with I split into two f16 halves (hi = fl16(I), lo = fl16(I - hi));
 // that sum is scaled by -dmin in f32. Exact function (labkernels.gemv.exact_weights_v2): gguf's dequantized weights
 // d*sc*q - dmin*m in float64 times the f16-rounded activations, up to f32 summation (and I's ~2^-22 split error).
+// Range: |I| < 65504 (hi is an f16; a larger sub-block sum of the activations gives inf/NaN).
 #include "common.cuh"
 
 // ---- f16x2 arithmetic through PTX (NVRTC builds have no cuda_fp16.h here)
