@@ -103,7 +103,8 @@ LEDGER = [
          {"what": "FORM=1 exactness", "metric": "gate", "low": 0.0, "high": 0.0,
           "why": "exact_rel against exact_weights_v2 (gguf's d*sc*q - dmin*m in float64, x rounded to f16) within "
                  "exact_gate(id) (f32 summation order and the 2^-22 hi/lo split of the sub-block sums); NMSE against "
-                 "float64 x . dequantize(w)^T below FORM=0's (no f16 rounding of the weights)"},
+                 "float64 x . dequantize(w)^T below FORM=0's (no f16 rounding of the weights). Range: a sub-block sum of the "
+                 "activations below 65504 (the f16 hi half)"},
      ],
      "measured": None, "verdict": None},
 ]
