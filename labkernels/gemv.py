@@ -17,6 +17,17 @@ GGUF block; q6_K: ``ql'`` of the repack) hold in byte ``4m + j`` the low 4 bits 
 of ``64c + 32 + 4m + j`` (high nibble). Word ``m`` yields four f16 pairs: ``P0 = k(4m, 4m+2)``, ``P2 = k(4m+1, 4m+3)``
 from the low nibbles, ``P1``, ``P3`` the same plus 32 from the high nibbles. q6_K's two high bits come from ``qh'``
 (16 bytes a lane: word ``u`` serves code words ``2u`` and ``2u + 1`` at the bit positions of :data:`Q6_QH_BITS`).
+
+**FORM=1** (q4_K, nt <= 8; round 9 step 2, ``gemv(..., FORM=1)``): the mma takes the exact f16 products ``sc * q``
+(<= 63 * 15 = 945, integers: exact in f16) made per pair by one LOP3 (magic exponent) and one HFMA2
+(``(1024 + q) sc - 1024 sc``; high nibbles ``(1024 + 16 q) sc/16 - 64 sc``); the per-super-block f32 sums are scaled
+by ``d`` in f32; the min term ``dmin * sum_j m_j I_j`` (``I_j`` the activations' sum over sub-block j, from an
+indicator mma, split into f16 ``hi + lo`` for the min mma) by ``-dmin`` in f32. Its exact function
+(:func:`exact_weights_v2`): gguf's dequantized weights ``d*sc*q - dmin*m`` in float64 (no f16 rounding of the
+weights) times the f16-rounded activations, up to f32 summation and the ~2^-22 relative split error of ``I_j``. Its
+lane mirror: :func:`lane_dequant_v2`. Its range: a sub-block sum of the activations ``|I_j|`` must stay below 65504
+(the f16 ``hi`` half; larger gives inf/NaN -- an average |x| over 2047 in 32 consecutive values; FORM=0 has no such
+limit).
 """
 
 from __future__ import annotations
@@ -110,6 +121,19 @@ def emulate_weights(raw: np.ndarray, qtype: str) -> np.ndarray:
     else:
         raise GemvError(f"gemv_kq takes q4_K or q6_K weights, not {qtype!r}")
     return w.reshape(w.shape[0], -1).astype(np.float32)
+
+
+def exact_weights_v2(raw: np.ndarray, qtype: str = "q4_K") -> np.ndarray:
+    """FORM=1's exact weights [od, id] (float64): ``d * (sc * q) - dmin * m`` with d, dmin the block's f16 scales,
+    sc, m its 6-bit sub-block scale and min, q the 4-bit code -- gguf's q4_K dequantization without rounding to f16
+    or f32 (the kernel forms ``sc * q`` exactly in f16, and applies ``d`` and ``-dmin`` in f32 to sums)."""
+    if qtype != "q4_K":
+        raise GemvError(f"gemv_kq FORM=1 takes q4_K weights, not {qtype!r}")
+    d, dmin, sc, mn, codes = q4k_fields(raw)
+    q = codes.reshape(codes.shape[:2] + (8, 32)).astype(np.float64)
+    scq = q * sc[..., None]                                        # exact integers <= 945
+    w = d.astype(np.float64)[..., None, None] * scq - (dmin.astype(np.float64)[..., None] * mn)[..., None]
+    return w.reshape(w.shape[0], -1)
 
 
 # ------------------------------------------------------------------------------------------ the q6_K repack
@@ -215,6 +239,57 @@ def lane_dequant(data: np.ndarray, qtype: str, od: int, id_: int) -> np.ndarray:
     return w.reshape(od, id_).astype(np.float32)
 
 
+def lane_dequant_v2(data: np.ndarray, od: int, id_: int, parts: bool = False):
+    """FORM=1's weights [od, id] (float64) rebuilt from the bytes its lanes load (q4_K GGUF rows) with its bit
+    operations -- the CPU mirror of ``KqRow4v2``: the f16 constants ``(sc, -1024 sc)`` (low nibbles) and
+    ``(sc/16, -64 sc)`` (high), one f16 rounding of ``code_f16 * s + c`` (code_f16 = 1024 + q or 1024 + 16 q from the
+    magic exponent), the mins ``m`` as exact f16, d and dmin widened to f32; the weight is ``d * A - dmin * m``.
+    ``parts``: also return (A as f16 values, m per k, d, dmin) -- what the mma and the f32 epilogue see."""
+    nsb = id_ // QK
+    blk = np.ascontiguousarray(data).reshape(od, nsb, 144)
+    hdr = blk[..., 0:16].copy().view("<u4").astype(np.int64)
+    d = _h16(hdr[..., 0] & 0xFFFF).astype(np.float32).astype(np.float64)
+    dmin = _h16(hdr[..., 0] >> 16).astype(np.float32).astype(np.float64)
+    sc = np.empty((od, nsb, 8), np.int64)
+    mn = np.empty_like(sc)
+    for c in range(4):                               # KqRow4v2::load: KqRow<4>'s scale decode (one PRMT a field)
+        jj = (0x4342 if c & 1 else 0x4140) & 0xF
+        by, bz, bw = (((hdr[..., i] >> (8 * jj)) & 0xFF) | (((hdr[..., i] >> (8 * jj + 8)) & 0xFF) << 16)
+                      for i in (1, 2, 3))
+        if c < 2:
+            s2, m2 = by & 0x003F003F, bz & 0x003F003F
+        else:
+            s2 = (bw & 0x000F000F) | ((by >> 2) & 0x00300030)
+            m2 = ((bw >> 4) & 0x000F000F) | ((bz >> 2) & 0x00300030)
+        sc[..., 2 * c], sc[..., 2 * c + 1] = s2 & 0xFFFF, s2 >> 16
+        mn[..., 2 * c], mn[..., 2 * c + 1] = m2 & 0xFFFF, m2 >> 16
+    SC = _h16((sc | 0x6400)) - 1024                  # hsub2(sc | 0x6400, 1024): exact
+    MM = _h16((mn | 0x6400)) - 1024
+    assert np.array_equal(SC, sc) and np.array_equal(MM, mn)
+    s_lo, c_lo = SC, _f16(SC * -1024.0).astype(np.float64)      # f16 products, exact (checked below)
+    s_hi, c_hi = _f16(SC / 16).astype(np.float64), _f16(SC * -64.0).astype(np.float64)
+    assert np.array_equal(c_lo, -1024.0 * sc) and np.array_equal(s_hi * 16, sc) and np.array_equal(c_hi, -64.0 * sc)
+    qs = blk[..., 16:144].reshape(od, nsb, 4, 8, 4).copy().view("<u4")[..., 0]     # [.., c, m] words
+    A = np.zeros((od, nsb, 4, 64), np.float64)
+    M = np.zeros((od, nsb, 4, 64), np.float64)
+    for m in range(8):
+        wd = qs[..., m].astype(np.uint32)
+        w8 = wd >> 8
+        for pair, src, hi in (("P0", wd, False), ("P2", w8, False), ("P1", wd, True), ("P3", w8, True)):
+            v = ((src & (0x00F000F0 if hi else 0x000F000F)) | 0x64006400).astype(np.uint32)
+            j = 2 * np.arange(4) + (1 if hi else 0)          # lane c's sub-block: 2c (low nibbles), 2c+1 (high)
+            s, cc = (s_hi, c_hi) if hi else (s_lo, c_lo)
+            for half, val in ((0, _h16(v & 0xFFFF)), (1, _h16(v >> 16))):
+                k = 4 * m + PAIR_K[pair][half]
+                A[:, :, :, k] = _f16(val * s[..., j] + cc[..., j])   # fma: exact product, one f16 rounding
+                M[:, :, :, k] = MM[..., j]
+    w = d[..., None, None] * A - dmin[..., None, None] * M
+    w = w.reshape(od, id_)
+    if parts:
+        return w, A.reshape(od, id_), M.reshape(od, id_), d, dmin
+    return w
+
+
 # ------------------------------------------------------------------------------------------ launch
 
 @dataclasses.dataclass
@@ -298,21 +373,27 @@ def default_splits(od: int, id_: int, MT: int, WARPS: int, sm_count: int, blocks
 
 
 @lru_cache(maxsize=None)
-def _kernel(QT: int, XF32: int, NT8: int, MT: int, WARPS: int):
+def _kernel(QT: int, XF32: int, NT8: int, MT: int, WARPS: int, FORM: int = 0):
     from . import gpu
 
-    return gpu.kernel("gemv_kq", QT=QT, XF32=XF32, NT8=NT8, MT=MT, WARPS=WARPS)
+    return gpu.kernel("gemv_kq", QT=QT, XF32=XF32, NT8=NT8, MT=MT, WARPS=WARPS, FORM=FORM)
 
 
 @lru_cache(maxsize=None)
-def _blocks_per_sm(QT: int, XF32: int, NT8: int, MT: int, WARPS: int) -> int:
-    return max(1, _kernel(QT, XF32, NT8, MT, WARPS).occupancy_api())
+def _blocks_per_sm(QT: int, XF32: int, NT8: int, MT: int, WARPS: int, FORM: int = 0) -> int:
+    return max(1, _kernel(QT, XF32, NT8, MT, WARPS, FORM).occupancy_api())
 
 
-def gemv(w, x, out=None, S: int | None = None, MT: int = 2, WARPS: int = 4):
+#: the nt FORM=1 takes (one n8 tile of tokens)
+FORM1_MAX_NT = 8
+
+
+def gemv(w, x, out=None, S: int | None = None, MT: int = 2, WARPS: int = 4, FORM: int = 0):
     """Y[nt, od] (float32) = x[nt, id] W^T for nt = 1..16 on ``gemv_kq``. ``w``: a ``gpu.QWeight`` (q4_K / q6_K) or a
     :class:`GemvWeight`; ``x``: cupy float16 or float32 [nt, id], C-contiguous; ``S``: splits of the super-blocks
-    (default :func:`default_splits`); ``MT`` m16 tiles a warp, ``WARPS`` warps a CTA (registry rows)."""
+    (default :func:`default_splits`); ``MT`` m16 tiles a warp, ``WARPS`` warps a CTA (registry rows); ``FORM``: 0 the
+    exact-f16-weight form, 1 step 2's exact ``sc*q`` form (q4_K, nt <= 8; its exact function
+    :func:`exact_weights_v2`)."""
     from . import gpu
 
     c = gpu.cp()
@@ -327,24 +408,29 @@ def gemv(w, x, out=None, S: int | None = None, MT: int = 2, WARPS: int = 4):
     if not 1 <= nt <= MAX_NT:
         raise gpu.ShapeError(f"gemv_kq takes nt = 1..{MAX_NT} tokens, got {nt} (larger nt: qmatmul's wgmma / int8 "
                              f"families)")
+    FORM = int(FORM)
+    if FORM not in (0, 1):
+        raise gpu.ShapeError(f"gemv_kq FORM is 0 or 1, got {FORM}")
+    if FORM == 1 and (gv.qtype != "q4_K" or nt > FORM1_MAX_NT):
+        raise gpu.ShapeError(f"gemv_kq FORM=1 takes q4_K weights at nt = 1..{FORM1_MAX_NT}, got {gv.qtype} at nt={nt}")
     if not x.flags.c_contiguous:
         x = c.ascontiguousarray(x)
     QT = 4 if gv.qtype == "q4_K" else 6
     NT8 = 1 if nt <= 8 else 2
     XF32 = int(x.dtype == np.float32)
-    k = _kernel(QT, XF32, NT8, MT, WARPS)
+    k = _kernel(QT, XF32, NT8, MT, WARPS, FORM)
     groups = -(-gv.od // rows_per_cta(MT, WARPS))
     nsb = gv.id // QK
     if S is None:
         S = default_splits(gv.od, gv.id, MT, WARPS, gpu.device_props()["sm_count"],
-                           _blocks_per_sm(QT, XF32, NT8, MT, WARPS))
+                           _blocks_per_sm(QT, XF32, NT8, MT, WARPS, FORM))
     S = int(S)
     if not 1 <= S <= nsb:
         raise gpu.ShapeError(f"S (splits of the {nsb} super-blocks) must be 1..{nsb}, got {S}")
     y = gpu._out(nt, gv.od, out)
     ws, cnt = _WS.get(c.cuda.get_current_stream().ptr, S * nt * gv.od if S > 1 else 0, groups)
     k.launch((groups, S), (gv.data, x, y, ws, cnt, np.int32(nt), np.int32(gv.od), np.int32(gv.id), np.int32(S)))
-    logging.getLogger("labkernels.gemv").debug("gemv_kq QT=%d nt=%d %dx%d S=%d", QT, nt, gv.od, gv.id, S)
+    logging.getLogger("labkernels.gemv").debug("gemv_kq QT=%d FORM=%d nt=%d %dx%d S=%d", QT, FORM, nt, gv.od, gv.id, S)
     return y
 
 
@@ -368,6 +454,9 @@ def auto_table(root=None):
     if run is None:
         return None
     df = run.table("gemv_bench")
+    # FORM=1 (step 2) is not picked until it is measured and its choice written: only FORM=0 rows (runs before step
+    # 2 have no FORM column: all FORM=0)
+    df = df[df.FORM.fillna(0) == 0] if "FORM" in df.columns else df
     med = df.groupby(["qtype", "act", "od", "id", "nt", "variant", "family", "MT", "WARPS", "S"],
                      as_index=False).median_us.median()
     g = med[med.family == "gemv_kq"]

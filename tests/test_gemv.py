@@ -156,3 +156,159 @@ def test_the_recorded_choice_reads_the_benchmark_of_record_not_an_experiment():
     rec = [r for r in runs if gemv.is_bench_of_record(r)][-1]
     assert (t.run_id == rec.run_id).all() and t.wgmma_us.notna().any()
     assert not gemv.is_bench_of_record(runs[-1]) or runs[-1].run_id == rec.run_id
+
+
+# ------------------------------------------------------------------------------------------ FORM=1 (round 9 step 2)
+
+def _extreme_q4k(rng, od, nsb):
+    """q4_K blocks of random bytes with extreme scales: d and dmin from the largest finite f16 to subnormals and
+    zero, every 6-bit scale and min (0 and 63 included), every code."""
+    b = rng.integers(0, 256, (od, nsb, 144), dtype=np.uint8)
+    pick = np.array([0x7BFF, 0x0001, 0x0000, 0x3C00, 0x0400, 0x5BFF, 0x1234], np.uint16)   # 65504, 2^-24, 0, 1 ...
+    hdr = b[..., 0:4].copy().view(np.uint16)
+    for i in range(2):
+        sel = rng.random((od, nsb)) < 0.5
+        hdr[..., i] = np.where(sel, rng.choice(pick, (od, nsb)), rng.integers(0, 0x7C00, (od, nsb)).astype(np.uint16))
+    b[..., 0:4] = hdr.view(np.uint8)
+    b[0, 0, 4:16] = 0xFF                              # every scale and min 63
+    b[-1, -1, 4:16] = 0x00                            # every scale and min 0
+    return b.reshape(od, nsb * 144)
+
+
+@pytest.mark.parametrize("od,id_", [(1, 256), (17, 512), (64, 2304)])
+def test_form1_lane_mirror_equals_its_exact_function(rng, od, id_):
+    """FORM=1's lanes (KqRow4v2: magic-exponent codes, one HFMA2 to the exact f16 sc*q, mins as exact f16, d and dmin
+    widened to f32) give exact_weights_v2 bit for bit, on quantized rows and on random bytes with extreme scales;
+    the f16 products the mma sees are sc*q exactly."""
+    for raw in (_raw(rng, "q4_K", od, id_), _extreme_q4k(rng, od, id_ // 256)):
+        w, A, M, d, dmin = gemv.lane_dequant_v2(raw, od, id_, parts=True)
+        want = gemv.exact_weights_v2(raw, "q4_K")
+        assert np.array_equal(w.view(np.uint64), want.view(np.uint64))
+        _, _, sc, mn, codes = gemv.q4k_fields(raw)
+        assert np.array_equal(A, (codes.reshape(od, -1, 8, 32) * sc[..., None]).reshape(od, id_))
+        assert np.array_equal(M, np.repeat(mn, 32, axis=-1).reshape(od, id_))
+        assert A.max() <= 945 and np.isfinite(w).all()
+
+
+def test_form1_exact_function_is_gguf_dequantization(rng):
+    """exact_weights_v2 is gguf-py's q4_K dequantization without the f16 rounding of FORM=0's weights: equal to
+    gguf-py's (float32 arithmetic) within float32 rounding, and nearer to it than FORM=0's f16 weights."""
+    import gguf
+
+    raw = _raw(rng, "q4_K", 33, 768)
+    w2 = gemv.exact_weights_v2(raw, "q4_K")
+    w64 = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_K).astype(np.float64)
+    row = np.abs(w64).max(axis=1, keepdims=True)
+    assert (np.abs(w2 - w64) <= 4 * 2.0 ** -24 * row + 1e-30).all()
+    w16 = gemv.emulate_weights(raw, "q4_K").astype(np.float64)
+    assert np.abs(w2 - w64).max() < np.abs(w16 - w64).max()
+
+
+def test_form1_mirror_is_not_vacuous(rng):
+    """A wrong min (sub-block 2c+1's taken for 2c) or a dropped d changes the weights."""
+    raw = _raw(rng, "q4_K", 8, 512)
+    w, A, M, d, dmin = gemv.lane_dequant_v2(raw, 8, 512, parts=True)
+    M2 = M.reshape(8, 2, 8, 32)[:, :, [1, 0, 3, 2, 5, 4, 7, 6]].reshape(8, 512)
+    bad = np.repeat(d, 256, axis=1) * A - np.repeat(dmin, 256, axis=1) * M2
+    assert not np.array_equal(bad, w)
+    assert not np.array_equal(A, w)
+    with pytest.raises(gemv.GemvError, match="q4_K"):
+        gemv.exact_weights_v2(_raw(rng, "q6_K", 2, 256), "q6_K")
+
+
+def test_auto_table_reads_form0_rows_only(tmp_path, monkeypatch):
+    """Until FORM=1 is measured and chosen, qmatmul(auto) is fed by FORM=0 rows only: a faster FORM=1 row is not
+    picked."""
+    from labkernels import nvml, records
+
+    monkeypatch.setattr(nvml, "for_verdict", lambda r: True)
+    base = {"qtype": "q4_K", "act": "f16", "od": 4096, "id": 4096, "nt": 1, "family": "gemv_kq", "WARPS": 4, "S": 0,
+            "pair": 0}
+    with records.recording("decode", {"what": "gemv_bench"}, root=tmp_path) as run:
+        run.append("gemv_bench", [{**base, "variant": "gemv_m2w4", "MT": 2, "FORM": 0, "median_us": 10.0},
+                                  {**base, "variant": "gemv_m1w4_f1", "MT": 1, "FORM": 1, "median_us": 5.0},
+                                  {**base, "variant": "wgmma", "family": "wgmma_kq", "MT": 0, "WARPS": 0,
+                                   "FORM": 0, "median_us": 20.0}])
+    t = gemv.auto_table(root=tmp_path)
+    assert len(t) == 1 and t.MT.iloc[0] == 2 and t.median_us.iloc[0] == 10.0
+
+
+def _mma16816(A, B, C):
+    """mma.m16n8k16 row.col on per-lane fragments (float64 pairs): A [32][4][2], B [32][2][2], C [32][4] -> D."""
+    Am, Bm, Cm = np.zeros((16, 16)), np.zeros((16, 8)), np.zeros((16, 8))
+    for lane in range(32):
+        g, c = lane >> 2, lane & 3
+        for r, (row, col) in enumerate(((g, 2 * c), (g + 8, 2 * c), (g, 2 * c + 8), (g + 8, 2 * c + 8))):
+            Am[row, col:col + 2] = A[lane][r]
+        for r, k in enumerate((2 * c, 2 * c + 8)):
+            Bm[k:k + 2, g] = B[lane][r]
+        for i, (row, col) in enumerate(((g, 2 * c), (g, 2 * c + 1), (g + 8, 2 * c), (g + 8, 2 * c + 1))):
+            Cm[row, col] = C[lane][i]
+    D = Am @ Bm + Cm
+    return [[D[g, 2 * c], D[g, 2 * c + 1], D[g + 8, 2 * c], D[g + 8, 2 * c + 1]]
+            for g, c in ((lane >> 2, lane & 3) for lane in range(32))]
+
+
+@pytest.mark.parametrize("nt", [1, 5, 8])
+def test_form1_fragment_flow_gives_the_exact_function(rng, nt):
+    """FORM=1's main loop simulated lane by lane with the mma fragment layouts (one warp, MT=1, two super-blocks):
+    the weight mma on the f16 products sc*q, the indicator mma (A = step m's activation fragments b0..b3, B = the
+    per-lane 0/1 indicator), the hi/lo split of the sub-block sums, the min mma (A = the lanes' (m_2c, m_2c+1) twice)
+    and the f32 epilogue give x16 @ exact_weights_v2^T -- the kernel's fragment bookkeeping, not only its weights."""
+    od, id_ = 16, 512
+    raw = _raw(rng, "q4_K", od, id_)
+    w, A, M, d, dmin = gemv.lane_dequant_v2(raw, od, id_, parts=True)
+    x = rng.standard_normal((nt, id_)).astype(np.float16).astype(np.float64)
+    xp = np.zeros((8, id_))
+    xp[:nt] = x
+    acc = [[0.0] * 4 for _ in range(32)]
+    for sb in range(id_ // 256):
+        part = [[0.0] * 4 for _ in range(32)]
+        ind = [[0.0] * 4 for _ in range(32)]
+        k0 = sb * 256
+        for m in range(8):
+            fa_w, fa_w2, fb, fb2, fa_x, fb_ind = [], [], [], [], [], []
+            for lane in range(32):
+                g, c = lane >> 2, lane & 3
+                base = k0 + 64 * c + 4 * m
+
+                def pr(row, ko):           # (k 4m + ko, 4m + ko + 2) of lane c's 64
+                    return (A[row, base + ko], A[row, base + ko + 2])
+                # low step: P0 (ko 0), P2 (ko 1); high step: P1 (ko 32), P3 (ko 33)
+                fa_w.append([pr(g, 0), pr(g + 8, 0), pr(g, 1), pr(g + 8, 1)])
+                fa_w2.append([pr(g, 32), pr(g + 8, 32), pr(g, 33), pr(g + 8, 33)])
+                xs = xp[g]
+                b0, b1 = (xs[base], xs[base + 2]), (xs[base + 1], xs[base + 3])
+                b2, b3 = (xs[base + 32], xs[base + 34]), (xs[base + 33], xs[base + 35])
+                fb.append([b0, b1])
+                fb2.append([b2, b3])
+                fa_x.append([b0, b1, b2, b3])
+                lo, hi = (1.0, 1.0) if g == 2 * c else (0.0, 0.0), (1.0, 1.0) if g == 2 * c + 1 else (0.0, 0.0)
+                fb_ind.append([lo, hi])
+            ind = _mma16816(fa_x, fb_ind, ind)
+            part = _mma16816(fa_w, fb, part)
+            part = _mma16816(fa_w2, fb2, part)
+        fa_m, fb_m = [], []
+        for lane in range(32):
+            g, c = lane >> 2, lane & 3
+            i0, i1 = ind[lane][0] + ind[lane][2], ind[lane][1] + ind[lane][3]
+            hi = np.float16(i0), np.float16(i1)
+            lo = np.float16(i0 - float(hi[0])), np.float16(i1 - float(hi[1]))
+            fb_m.append([(float(hi[0]), float(hi[1])), (float(lo[0]), float(lo[1]))])
+            mg = (M[g, k0 + 64 * c], M[g, k0 + 64 * c + 32])            # (m_2c, m_2c+1) of rows g, g+8
+            mg8 = (M[g + 8, k0 + 64 * c], M[g + 8, k0 + 64 * c + 32])
+            fa_m.append([mg, mg8, mg, mg8])
+        mins = _mma16816(fa_m, fb_m, [[0.0] * 4 for _ in range(32)])
+        for lane in range(32):
+            g = lane >> 2
+            for i in range(4):
+                r = g + 8 * (i >> 1)
+                acc[lane][i] += d[r, sb] * part[lane][i] - dmin[r, sb] * mins[lane][i]
+    y = np.zeros((8, od))
+    for lane in range(32):
+        g, c = lane >> 2, lane & 3
+        for i in range(4):
+            y[2 * c + (i & 1), g + 8 * (i >> 1)] = acc[lane][i]
+    ref = x @ gemv.exact_weights_v2(raw).T
+    assert np.abs(y[:nt] - ref).max() <= 1e-6 * np.abs(ref).max()
+    assert not np.any(y[nt:])

@@ -16,6 +16,18 @@
 // CTA: WARPS warps, each MT m16 tiles (16 rows each) -- WARPS*MT*16 rows -- over super-blocks [sb0, sb1) of split
 // blockIdx.y of S. S > 1: partial sums go to ws[s][nt][od] and the CTA arriving last for its rows adds them in the
 // order s = 0..S-1 (deterministic) and resets its counter (self-cleaning: a captured graph replays it).
+//
+// FORM (template parameter; FORM=0 is the form above): FORM=1 (q4_K, NT8=1: nt <= 8) feeds the mma the EXACT f16
+// products sc*q (sc the 6-bit sub-block scale, q the code: <= 63*15 = 945, an integer, exact in f16) made by one
+// LOP3 (the magic exponent: (q | 0x6400) as f16 = 1024 + q) and one HFMA2 per pair ((1024+q)*sc - 1024*sc; the high
+// nibbles (1024+16q)*(sc/16) - 64*sc), into a per-super-block f32 partial sum that is scaled by d in f32. The min
+// term dmin * sum_j m_j * I_j (I_j the sum of the activations over sub-block j) goes through two more mma: an
+// "indicator" mma per k-step (A = the activations, tokens as its rows; B = the 0/1 indicator of each k's sub-block:
+// a constant per lane) gives I[n][j] in f32, laid out as exactly the B fragment of the second mma (k = j), which
+// multiplies the exact f16 mins m_j of the rows with I split into two f16 halves (hi = fl16(I), lo = fl16(I - hi));
+// that sum is scaled by -dmin in f32. Exact function (labkernels.gemv.exact_weights_v2): gguf's dequantized weights
+// d*sc*q - dmin*m in float64 times the f16-rounded activations, up to f32 summation (and I's ~2^-22 split error).
+// Range: |I| < 65504 (hi is an f16; a larger sub-block sum of the activations gives inf/NaN).
 #include "common.cuh"
 
 // ---- f16x2 arithmetic through PTX (NVRTC builds have no cuda_fp16.h here)
@@ -39,6 +51,16 @@ __device__ __forceinline__ u32 lk_pack_h2(float lo, float hi) {
     u32 d;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
     return d;
+}
+__device__ __forceinline__ float lk_h2f_lo(u32 a) {
+    float f;
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.f32.f16 %0, l; }" : "=f"(f) : "r"(a));
+    return f;
+}
+__device__ __forceinline__ float lk_h2f_hi(u32 a) {
+    float f;
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.f32.f16 %0, h; }" : "=f"(f) : "r"(a));
+    return f;
 }
 __device__ __forceinline__ void lk_mma_f16_16816(float c[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm volatile(
@@ -126,6 +148,45 @@ struct KqRow<4> {
     }
 };
 
+// FORM=1's q4_K row: per row and super-block, (sc, sc) and (-1024 sc, -1024 sc) of sub-block 2c, (sc/16, sc/16) and
+// (-64 sc, -64 sc) of 2c+1 (all exact in f16), the mins (m_2c, m_2c+1) as exact f16, d and -dmin in f32
+struct KqRow4v2 {
+    uint4 q0, q1;
+    u32 s_lo, c_lo, s_hi, c_hi, mm;
+    float d, ndmin;
+
+    __device__ __forceinline__ void load(const u8* __restrict__ W, int row, int sb, int nsb, int od, int c) {
+        const u8* blk = W + ((long long)row * nsb + sb) * 144;
+        const uint4 h = __ldg((const uint4*)blk);
+        q0 = lk_ldg_stream(blk + 16 + 32 * c);
+        q1 = lk_ldg_stream(blk + 32 + 32 * c);
+        const u32 sel = (c & 1) ? 0x4342u : 0x4140u;      // the scale decode of KqRow<4>::load
+        const u32 by = __byte_perm(h.y, 0u, sel), bz = __byte_perm(h.z, 0u, sel), bw = __byte_perm(h.w, 0u, sel);
+        const u32 sc = c < 2 ? (by & 0x003F003Fu) : ((bw & 0x000F000Fu) | ((by >> 2) & 0x00300030u));
+        const u32 mn = c < 2 ? (bz & 0x003F003Fu) : (((bw >> 4) & 0x000F000Fu) | ((bz >> 2) & 0x00300030u));
+        const u32 SC = lk_hsub2(sc | LK_H2_1024, LK_H2_1024);     // (sc0, sc1) exact
+        mm = lk_hsub2(mn | LK_H2_1024, LK_H2_1024);               // (m0, m1) exact
+        s_lo = __byte_perm(SC, SC, 0x1010u);
+        const u32 shi = __byte_perm(SC, SC, 0x3232u);
+        c_lo = lk_hmul2(s_lo, LK_H2_M1024);                        // -1024 sc: |.| <= 64512, exact
+        s_hi = lk_hmul2(shi, LK_H2_1_16);                          // sc / 16 exact
+        c_hi = lk_hmul2(shi, LK_H2_M64);                           // -64 sc exact
+        d = lk_h2f_lo(h.x);
+        ndmin = -lk_h2f_hi(h.x);
+    }
+    __device__ __forceinline__ u32 word(int m) const { return lk_word(m < 4 ? q0 : q1, m & 3); }
+    // P0..P3 of word m as exact f16 products sc*q
+    __device__ __forceinline__ void dequant(int m, u32& p0, u32& p1, u32& p2, u32& p3) const {
+        const u32 w = word(m), w8 = w >> 8;
+        const u32 l01 = lk_and_or(w, 0x000F000Fu, LK_H2_1024), l23 = lk_and_or(w8, 0x000F000Fu, LK_H2_1024);
+        const u32 h01 = lk_and_or(w, 0x00F000F0u, LK_H2_1024), h23 = lk_and_or(w8, 0x00F000F0u, LK_H2_1024);
+        p0 = lk_hfma2(l01, s_lo, c_lo);       // (1024 + q) sc - 1024 sc = q sc, one exact rounding
+        p2 = lk_hfma2(l23, s_lo, c_lo);
+        p1 = lk_hfma2(h01, s_hi, c_hi);       // (1024 + 16 q) sc/16 - 64 sc = q sc
+        p3 = lk_hfma2(h23, s_hi, c_hi);
+    }
+};
+
 template <>
 struct KqRow<6> {
     uint4 q0, q1, h;   // ql' bytes 32c..32c+31, qh' bytes 16c..16c+15
@@ -208,7 +269,7 @@ struct XSeg<1> {
     }
 };
 
-template <int QT, int XF32, int NT8, int MT, int WARPS>
+template <int QT, int XF32, int NT8, int MT, int WARPS, int FORM>
 // __launch_bounds__ minimum 3 CTAs an SM: a cap of 170 registers (without it ptxas took 128 for q6_K f16 NT8=1 MT=2
 // and spilled 4 bytes; with it every instantiation builds without spills, 62-168 registers)
 __global__ void __launch_bounds__(WARPS * 32, 3) gemv_kq_kernel(const u8* __restrict__ W, const void* __restrict__ X,
@@ -233,6 +294,62 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gemv_kq_kernel(const u8* __rest
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[mt][t][i] = 0.f;
 
+    if constexpr (FORM == 1) {
+        static_assert(QT == 4 && NT8 == 1, "FORM=1 is q4_K at nt <= 8");
+        // the indicator B fragment (k-rows x columns j = sub-blocks): the indicator mma's A is the four activation
+        // fragments of step m as they are (b0, b1, b2, b3): columns 2c, 2c+1 hold lane c's low-step values (sub-block
+        // 2c), columns 2c+8, 2c+9 its high-step values (2c+1); rows g and g+8 both hold token g (b1, b3 in row g+8)
+        const u32 ind_lo = g == 2 * c ? 0x3C003C00u : 0u, ind_hi = g == 2 * c + 1 ? 0x3C003C00u : 0u;
+        for (int sb = sb0; sb < sb1; ++sb) {
+            KqRow4v2 wr[MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                wr[mt][0].load(W, rows[mt][0], sb, nsb, od, c);
+                wr[mt][1].load(W, rows[mt][1], sb, nsb, od, c);
+            }
+            XSeg<XF32> xs;
+            xs.load(X, (long long)min(g, nt - 1) * id + sb * 256 + 64 * c, g < nt);
+            float part[MT][4], ind[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                ind[i] = 0.f;
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) part[mt][i] = 0.f;
+            }
+#pragma unroll
+            for (int m = 0; m < 8; ++m) {
+                u32 b[4];
+                xs.frag(m, b[0], b[1]);
+                xs.frag(8 + m, b[2], b[3]);
+                // I[n][j] += x[n][k] Ind[k][j]: the activations as A (token g in rows g; rows g+8 empty)
+                lk_mma_f16_16816(ind, b[0], b[1], b[2], b[3], ind_lo, ind_hi);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    u32 a0[4], a1[4];
+                    wr[mt][0].dequant(m, a0[0], a0[1], a0[2], a0[3]);
+                    wr[mt][1].dequant(m, a1[0], a1[1], a1[2], a1[3]);
+                    lk_mma_f16_16816(part[mt], a0[0], a1[0], a0[2], a1[2], b[0], b[1]);
+                    lk_mma_f16_16816(part[mt], a0[1], a1[1], a0[3], a1[3], b[2], b[3]);
+                }
+            }
+            // ind[0] + ind[2], ind[1] + ind[3] = I[token g][sub-block 2c, 2c+1]: the B fragment (k = j, n = g) of
+            // the min mma, as hi + lo f16 halves (b0: k 2c, 2c+1; b1: k 2c+8, 2c+9, the A fragment repeats the mins)
+            const float i0 = ind[0] + ind[2], i1 = ind[1] + ind[3];
+            const u32 ihi = lk_pack_h2(i0, i1);
+            const u32 ilo = lk_pack_h2(i0 - lk_h2f_lo(ihi), i1 - lk_h2f_hi(ihi));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                float mins[4] = {0.f, 0.f, 0.f, 0.f};
+                lk_mma_f16_16816(mins, wr[mt][0].mm, wr[mt][1].mm, wr[mt][0].mm, wr[mt][1].mm, ihi, ilo);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const KqRow4v2& r = wr[mt][i >> 1];
+                    acc[mt][0][i] = fmaf(r.d, part[mt][i], acc[mt][0][i]);
+                    acc[mt][0][i] = fmaf(r.ndmin, mins[i], acc[mt][0][i]);
+                }
+            }
+        }
+    } else
     for (int sb = sb0; sb < sb1; ++sb) {
         KqRow<QT> wr[MT][2];
 #pragma unroll

@@ -70,7 +70,7 @@ LEDGER = [
                 "not the memory system, holds it. The 4096x4096 shape (3.2 us at the line) spends ~7 us on fixed "
                 "costs: launch, one short wave, the split's fold."},
     {"step": 2, "name": "fewer instructions per weight, and the recorded timing without the host",
-     "commit": None, "card": None, "runs": [],
+     "commit": None, "card": None, "runs": [], "gpu_check": "gemv_step2",
      "prediction": [
          {"what": "the recorded bench with the read flush and a 300 us lead (bench_gemv defaults now)",
           "metric": "us", "low": 19.0, "high": 23.0,
@@ -79,7 +79,32 @@ LEDGER = [
                   "per-sub-block int32 folded with d*sc and the q8_1 sums (as llama.cpp's MMVQ and the lab's q4k_nb)",
           "metric": "frac_copy", "low": 0.70, "high": 0.85,
           "why": "~2.5x fewer instructions a weight than step 1's exact f16 dequant: under 1 warp-instruction a cycle "
-                 "at the line; gated against the int8 reference like rounds 3-6 (it changes the exact function)"},
+                 "at the line; gated against the int8 reference like rounds 3-6 (it changes the exact function). NOT "
+                 "BUILT in this step: the form built is FORM=1 below (no activation requantization); this claim "
+                 "stays open"},
+         # FORM=1, written 2026-12-06 before any GPU run of it (commits 5dac274..; nvcc 13.0, sm_90a, cuobjdump of
+         # the main loop: instructions between the super-block loop's head and its backward branch, one warp)
+         {"what": "gemv_kq FORM=1 q4_K 4096x14336 nt=1 f16, H100 (best of MT 1/2, default split; gemv_step2)",
+          "metric": "us", "low": 16.5, "high": 19.5,
+          "why": "SASS a super-block (one warp; FORM=0 -> FORM=1): f16 MT=2 683 -> 570, MT=1 369 -> 335; f32 MT=2 "
+                 "694 -> 597 -- per 8 weights of a row the dequant is 1 SHF + 4 LOP3 + 4 HFMA2 (FORM=0: + 2 HADD2/HFMA2 "
+                 "to make q and its HFMA2 q*S+B are one HFMA2 (1024+q)*sc - 1024*sc now), paid back in part by 8 "
+                 "indicator HMMA + MT min HMMA + 8*MT FFMA (d, -dmin) a super-block. Step 1 found the loop issue-bound "
+                 "(~0.08 SASS a weight): time scaled by 570/683 = 0.83 of the exploratory 20.8 us = 17.4 us; not "
+                 "the 13.6 us bar (80% of the 2.98 TB/s line = 11.1 us of bytes): ~430 SASS a super-block are not "
+                 "dequant (activation fragments, loads, scales, mma)"},
+         {"what": "FORM=1 / FORM=0 time, q4_K nt=1, the four shapes, same config, same pairs", "metric": "ratio",
+          "low": 0.78, "high": 0.95,
+          "why": "the instruction ratio 0.83-0.91 (MT=2 / MT=1), less where the short shapes' fixed costs (launch, "
+                 "one wave, the split's fold: ~7 us at 4096x4096) dominate"},
+         {"what": "FORM=1 nt=8 / nt=1 time, q4_K, every shape", "metric": "ratio", "low": 1.0, "high": 1.3,
+          "why": "the tokens are the mma's n: the indicator and min mma cost the same at nt=1..8; 8x the activation "
+                 "loads (L1/L2 hits)"},
+         {"what": "FORM=1 exactness", "metric": "gate", "low": 0.0, "high": 0.0,
+          "why": "exact_rel against exact_weights_v2 (gguf's d*sc*q - dmin*m in float64, x rounded to f16) within "
+                 "exact_gate(id) (f32 summation order and the 2^-22 hi/lo split of the sub-block sums); NMSE against "
+                 "float64 x . dequantize(w)^T below FORM=0's (no f16 rounding of the weights). Range: a sub-block sum of the "
+                 "activations below 65504 (the f16 hi half)"},
      ],
      "measured": None, "verdict": None},
 ]
@@ -106,7 +131,7 @@ def weight_bytes(qtype: str, od: int, id_: int) -> int:
 
 def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=("f16", "f32"), pairs: int = 3,
                repeats: int = 20, seed: int = 0, splits=(), configs=((2, 4),), baselines=("wgmma", "cublas"),
-               progress=print, flush: str = "read", lead_us: float = 300.0) -> list[dict]:
+               progress=print, flush: str = "read", lead_us: float = 300.0, forms=(0,)) -> list[dict]:
     """Interleaved, L2-flushed CUDA-event medians of gemv_kq (each ``configs`` (MT, WARPS), the default split and
     each of ``splits``) beside ``baselines`` (round 7's ``wgmma`` via qmatmul, ``cublas`` fp16 on cached dequantized
     weights) at matched (qtype, od, id, nt, activation type). Every point is gated first (all rows; the first, middle
@@ -115,6 +140,9 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
     behind a :class:`labkernels.bench.Lead` of that many microseconds, so that the host's enqueue time (a Python
     launch path of tens of us against a kernel of 10-40 us) is not timed -- the decode step replays a CUDA graph,
     where it does not exist; 0: no lead (the first recorded runs timed it).
+    ``forms``: the gemv_kq forms timed (typed column FORM; variant names of FORM=1 end in ``_f1``): FORM=1 (step 2)
+    at q4_K and nt <= 8 only, interleaved with FORM=0 and the baselines in the same pairs (an A/B in one process),
+    gated against its own exact function (:func:`labkernels.gemv.exact_weights_v2`) and the float64 reference.
     Rows: table ``gemv_bench`` (per variant and pair), with bytes read and the fraction of ``copy`` (the same
     process's copy bandwidth, table ``copy``)."""
     import cupy as cp
@@ -140,6 +168,7 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
             w = gpu.QWeight.upload(raw, qtype)
             gv = gemv.prepare(w)
             w16e = gemv.emulate_weights(raw, qtype)
+            wv2 = gemv.exact_weights_v2(raw, qtype) if 1 in forms and qtype == "q4_K" else None
             w64 = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype.upper()])
             wd16 = gpu.dequant_f16(w) if "cublas" in baselines else None
             nbytes = weight_bytes(qtype, od, id_)
@@ -152,18 +181,25 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
                 for act in acts:
                     xd = cp.asarray(x) if act == "f32" else cp.asarray(x.astype(np.float16))
                     variants, typed = {}, {}
-                    for mt, warps in configs:
-                        for S in (None, *splits):
-                            name = f"gemv_m{mt}w{warps}" + ("" if S is None else f"_s{S}")
-                            if S is not None and S > id_ // 256:
-                                continue
-                            y = gemv.gemv(gv, xd, MT=mt, WARPS=warps, S=S)
-                            g = wgmma.gate(cp.asnumpy(y), raw, qtype, x, w16=w16e, w64=w64, tokens=tok)
-                            if not g["ok"]:
-                                raise RuntimeError(f"gemv gate failed {qtype} {od}x{id_} nt={nt} {act} {name}: {g}")
-                            variants[name] = (lambda mt=mt, warps=warps, S=S: gemv.gemv(gv, xd, MT=mt, WARPS=warps,
-                                                                                         S=S))
-                            typed[name] = {"family": "gemv_kq", "MT": mt, "WARPS": warps, "S": S or 0}
+                    for form in forms:
+                        if form == 1 and (qtype != "q4_K" or nt > gemv.FORM1_MAX_NT):
+                            continue
+                        for mt, warps in configs:
+                            for S in (None, *splits):
+                                name = (f"gemv_m{mt}w{warps}" + ("" if S is None else f"_s{S}")
+                                        + ("" if form == 0 else f"_f{form}"))
+                                if S is not None and S > id_ // 256:
+                                    continue
+                                y = gemv.gemv(gv, xd, MT=mt, WARPS=warps, S=S, FORM=form)
+                                g = wgmma.gate(cp.asnumpy(y), raw, qtype, x, w16=w16e if form == 0 else wv2,
+                                               w64=w64, tokens=tok)
+                                if not g["ok"]:
+                                    raise RuntimeError(f"gemv gate failed {qtype} {od}x{id_} nt={nt} {act} {name}: "
+                                                       f"{g}")
+                                variants[name] = (lambda mt=mt, warps=warps, S=S, form=form: gemv.gemv(
+                                    gv, xd, MT=mt, WARPS=warps, S=S, FORM=form))
+                                typed[name] = {"family": "gemv_kq", "MT": mt, "WARPS": warps, "S": S or 0,
+                                               "FORM": form}
                     if "wgmma" in baselines and wgmma.supported(gpu.device_props()["cc"]):
                         variants["wgmma"] = lambda: gpu.qmatmul(xd, w, kernel="wgmma_kq")
                         typed["wgmma"] = {"family": "wgmma_kq"}
@@ -178,7 +214,7 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
                            "flush": flush, "lead_us": float(lead_us)}
                     pr = B.pair_rows(res, key, nt, od, id_, tail={"bytes": nbytes})
                     for r in pr:
-                        r.update({"family": "", "MT": 0, "WARPS": 0, "S": 0, **typed[r["variant"]]})
+                        r.update({"family": "", "MT": 0, "WARPS": 0, "S": 0, "FORM": 0, **typed[r["variant"]]})
                         r["tb_per_s"] = nbytes / (r["median_us"] * 1e-6) / 1e12
                         r["frac_copy"] = r["tb_per_s"] / cb["tb_per_s"]
                     rows += pr
@@ -187,7 +223,7 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
                     med = {v: float(np.median([s["median_us"] for s in per])) for v, per in res.items()}
                     progress(f"{qtype} {od}x{id_} nt={nt} {act}: " + ", ".join(
                         f"{v} {t:.2f} us ({nbytes / t / 1e6 / cb['tb_per_s']:.0%})" for v, t in med.items()))
-            del w, gv, wd16, w64, w16e
+            del w, gv, wd16, w64, w16e, wv2
             cp.get_default_memory_pool().free_all_blocks()
     return rows
 
@@ -291,7 +327,30 @@ def step_generate(out, args) -> dict:
     return {"ok": bool(rows), "run": run.run_id}
 
 
-STEPS = {"decode": step_decode, "generate": step_generate}
+#: step 2's A/B (FORM=0 against FORM=1, interleaved in the same pairs, beside round 7's wgmma and cuBLAS fp16): q4_K,
+#: the four shapes, nt <= 8 (FORM=1's range), both activation types, both warp tilings
+STEP2_PLAN = {"shapes": [list(s) for s in SHAPES], "nts": [1, 2, 4, 8], "qtypes": ["q4_K"], "acts": ["f16", "f32"],
+              "pairs": 3, "repeats": 20, "seed": 0, "configs": [[1, 4], [2, 4]], "splits": [], "flush": "read",
+              "lead_us": 300.0, "forms": [0, 1]}
+
+
+def step_gemv_step2(out, args) -> dict:
+    """gpu-check step ``gemv_step2``: round 9 step 2's A/B -- gemv_kq FORM=0 and FORM=1 timed interleaved in one
+    process (each point gated first: FORM=1 against exact_weights_v2 and the float64 reference) into a ``decode`` run
+    whose params say ``what: gemv_step2`` (not the benchmark of record: ``qmatmul(auto)`` does not read it)."""
+    from .. import records
+
+    plan = dict(STEP2_PLAN)
+    with records.recording("decode", {**plan, "what": "gemv_step2"}, root=out / "data") as run:
+        bench_gemv(run, shapes=[tuple(x) for x in plan["shapes"]], nts=tuple(plan["nts"]),
+                   qtypes=tuple(plan["qtypes"]), acts=tuple(plan["acts"]), pairs=plan["pairs"],
+                   repeats=plan["repeats"], seed=plan["seed"], configs=tuple(tuple(c) for c in plan["configs"]),
+                   splits=tuple(plan["splits"]), flush=plan["flush"], lead_us=plan["lead_us"],
+                   forms=tuple(plan["forms"]), progress=getattr(args, "log", print))
+    return {"ok": True, "run": run.run_id}
+
+
+STEPS = {"decode": step_decode, "generate": step_generate, "gemv_step2": step_gemv_step2}
 
 
 # ------------------------------------------------------------------------------------------ the page's tables
@@ -302,7 +361,9 @@ def bench_table(run) -> "pd.DataFrame":
     import pandas as pd
 
     df = run.table("gemv_bench")
-    keys = ["qtype", "od", "id", "nt", "act", "variant", "family", "MT", "WARPS", "S"]
+    if "FORM" not in df.columns:            # runs before step 2: FORM=0 only
+        df = df.assign(FORM=0)
+    keys = ["qtype", "od", "id", "nt", "act", "variant", "family", "MT", "WARPS", "S", "FORM"]
     t = df.groupby(keys, as_index=False).agg(median_us=("median_us", "median"), bytes=("bytes", "first"),
                                              pairs=("pair", "nunique"))
     line = copy_line(run)

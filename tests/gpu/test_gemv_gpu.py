@@ -40,10 +40,13 @@ def _run(cp, w, x, **kw):
     return cp.asnumpy(y)
 
 
-def _gate(y, raw, qtype, x):
+def _gate(y, raw, qtype, x, form=0):
+    """FORM=0 against emulate_weights (its f16 weights), FORM=1 against exact_weights_v2 (gguf's d*sc*q - dmin*m in
+    float64); both also against the float64 reference (NMSE)."""
     from labkernels import gemv, wgmma
 
-    g = wgmma.gate(y, raw, qtype, x, w16=gemv.emulate_weights(raw, qtype))
+    exact = gemv.emulate_weights(raw, qtype) if form == 0 else gemv.exact_weights_v2(raw, qtype)
+    g = wgmma.gate(y, raw, qtype, x, w16=exact)
     assert g["nonfinite"] == 0, g
     assert g["exact_rel"] <= wgmma.exact_gate(x.shape[1]), g
     assert g["ok"], g
@@ -53,7 +56,8 @@ def _gate(y, raw, qtype, x):
 @pytest.mark.gpu_fast
 @pytest.mark.parametrize("spec", SPECS, ids=[k.key for k in SPECS])
 def test_every_instantiation_passes_the_gate(cp, rng, spec):
-    """Each registered instantiation once (the fast tier): nt at the top of its token tiles and a tail in od."""
+    """Each registered instantiation once (the fast tier; both forms): nt at the top of its token tiles and a tail
+    in od, NaN-poisoned output with guards, gated against its form's exact function."""
     from labkernels import gpu
 
     p = spec.p
@@ -64,8 +68,8 @@ def test_every_instantiation_passes_the_gate(cp, rng, spec):
     x = rng.standard_normal((nt, id_)).astype(np.float32)
     w = gpu.QWeight.upload(raw, qtype)
     xd = cp.asarray(x) if p["XF32"] else cp.asarray(x.astype(np.float16))
-    y = _run(cp, w, xd, MT=p["MT"], WARPS=p["WARPS"], S=2)
-    _gate(y, raw, qtype, x)
+    y = _run(cp, w, xd, MT=p["MT"], WARPS=p["WARPS"], S=2, FORM=p["FORM"])
+    _gate(y, raw, qtype, x, form=p["FORM"])
 
 
 @pytest.mark.parametrize("qtype", ["q4_K", "q6_K"])
@@ -81,6 +85,67 @@ def test_gemv_parity(cp, rng, qtype, nt, od, id_, f32):
     xd = cp.asarray(x) if f32 else cp.asarray(x.astype(np.float16))
     y = _run(cp, w, xd)
     _gate(y, raw, qtype, x)
+
+
+@pytest.mark.parametrize("nt", [1, 2, 3, 5, 7, 8])
+@pytest.mark.parametrize("od,id_", [(1, 256), (17, 512), (130, 1024), (1000, 4352)])
+@pytest.mark.parametrize("f32", [0, 1])
+@pytest.mark.parametrize("mt", [1, 2])
+def test_gemv_form1_parity(cp, rng, nt, od, id_, f32, mt):
+    """FORM=1 (step 2: exact f16 sc*q, d and -dmin applied per super-block in f32, the min term by the indicator
+    and min mma) at every nt it takes, tails in od, NaN-poisoned outputs: gated against exact_weights_v2 and the
+    float64 reference; its NMSE against float64 no worse than FORM=0's f16 weights allow."""
+    from labkernels import gpu
+
+    raw = _weights(rng, "q4_K", od, id_)
+    x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
+    w = gpu.QWeight.upload(raw, "q4_K")
+    xd = cp.asarray(x) if f32 else cp.asarray(x.astype(np.float16))
+    y1 = _run(cp, w, xd, MT=mt, FORM=1)
+    g1 = _gate(y1, raw, "q4_K", x, form=1)
+    g0 = _gate(_run(cp, w, xd, MT=mt, FORM=0), raw, "q4_K", x)
+    assert g1["max_rel_err_in"] <= max(g0["max_rel_err_in"], 1e-5), (g1, g0)
+
+
+def test_gemv_form1_extreme_scales(cp, rng):
+    """FORM=1 on random q4_K bytes with extreme d / dmin (65504, subnormals, 0) and every 6-bit scale and min: no f16
+    overflow (sc*q <= 945 in f16, d applied in f32), gated against its exact function."""
+    from labkernels import gemv, gpu, wgmma
+
+    od, id_, nt = 70, 1024, 6
+    b = rng.integers(0, 256, (od, id_ // 256, 144), dtype=np.uint8)
+    hdr = b[..., 0:4].copy().view(np.uint16)
+    pick = np.array([0x7BFF, 0x0001, 0x0000, 0x3C00, 0x0400, 0x5BFF], np.uint16)
+    for i in range(2):
+        hdr[..., i] = np.where(rng.random(hdr.shape[:2]) < 0.5, rng.choice(pick, hdr.shape[:2]),
+                               rng.integers(0, 0x7C00, hdr.shape[:2]).astype(np.uint16))
+    b[..., 0:4] = hdr.view(np.uint8)
+    raw = b.reshape(od, -1)
+    x = rng.standard_normal((nt, id_)).astype(np.float32)
+    w = gpu.QWeight.upload(raw, "q4_K")
+    y = _run(cp, w, cp.asarray(x.astype(np.float16)), FORM=1, S=3)
+    g = wgmma.gate(y, raw, "q4_K", x, w16=gemv.exact_weights_v2(raw, "q4_K"))
+    assert g["nonfinite"] == 0 and g["exact_rel"] <= wgmma.exact_gate(id_), g
+
+
+@pytest.mark.parametrize("form", [0, 1])
+def test_splits_are_deterministic_and_agree_form(cp, rng, form):
+    """Both forms (q4_K): every split count gives a reproducible output within f32 summation order of S=1."""
+    from labkernels import gemv, gpu, wgmma
+
+    od, id_, nt = 300, 2304, 5
+    raw = _weights(rng, "q4_K", od, id_)
+    x = rng.standard_normal((nt, id_)).astype(np.float32)
+    w = gpu.QWeight.upload(raw, "q4_K")
+    xd = cp.asarray(x)
+    y1 = _run(cp, w, xd, S=1, FORM=form)
+    scale = float(np.abs(y1).max())
+    for S in range(1, id_ // gemv.QK + 1):
+        a = _run(cp, w, xd, S=S, FORM=form)
+        b = _run(cp, w, xd, S=S, FORM=form)
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"S={S} not reproducible"
+        assert np.abs(a - y1).max() <= 2 * wgmma.exact_gate(id_) * scale, S
+    _gate(y1, raw, "q4_K", x, form=form)
 
 
 @pytest.mark.parametrize("qtype", ["q4_K", "q6_K"])
@@ -128,20 +193,21 @@ def test_gemv_in_a_captured_graph(cp, rng):
     y = cp.empty((1, 512), cp.float32)
     from labkernels import gemv
 
-    s = cp.cuda.Stream(non_blocking=True)
-    with s:
-        gemv.gemv(w, x, out=y, S=4)      # the stream's workspace is made outside the capture
-        s.synchronize()
-        s.begin_capture()
-        gemv.gemv(w, x, out=y, S=4)
-        graph = s.end_capture()
-    for _ in range(3):
-        xn = rng.standard_normal((1, 4096)).astype(np.float16)
-        x[...] = cp.asarray(xn)
-        graph.launch(s)
-        s.synchronize()
-        ref = cp.asnumpy(gemv.gemv(w, cp.asarray(xn), S=4))
-        assert np.array_equal(cp.asnumpy(y), ref)
+    for form in (0, 1):
+        s = cp.cuda.Stream(non_blocking=True)
+        with s:
+            gemv.gemv(w, x, out=y, S=4, FORM=form)      # the stream's workspace is made outside the capture
+            s.synchronize()
+            s.begin_capture()
+            gemv.gemv(w, x, out=y, S=4, FORM=form)
+            graph = s.end_capture()
+        for _ in range(3):
+            xn = rng.standard_normal((1, 4096)).astype(np.float16)
+            x[...] = cp.asarray(xn)
+            graph.launch(s)
+            s.synchronize()
+            ref = cp.asnumpy(gemv.gemv(w, cp.asarray(xn), S=4, FORM=form))
+            assert np.array_equal(cp.asnumpy(y), ref), form
 
 
 @pytest.mark.gpu_fast
@@ -160,6 +226,12 @@ def test_gemv_refuses_bad_inputs(cp, rng):
         gemv.gemv(w, cp.zeros((2, 512), cp.float16), S=3)
     with pytest.raises(gpu.ShapeError, match="2-D"):
         gemv.gemv(w, cp.zeros((512,), cp.float16))
+    with pytest.raises(gpu.ShapeError, match="FORM=1 takes q4_K weights at nt = 1..8"):
+        gemv.gemv(w, cp.zeros((9, 512), cp.float16), FORM=1)
+    with pytest.raises(gpu.ShapeError, match="FORM is 0 or 1"):
+        gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=2)
+    with pytest.raises(gpu.ShapeError, match="FORM=1 takes q4_K"):
+        gemv.gemv(gpu.QWeight.upload(_weights(rng, "q6_K", 64, 512), "q6_K"), cp.zeros((2, 512), cp.float16), FORM=1)
     w224 = gpu.QWeight.upload(_weights(rng, "q6_K", 64, 512), "q6_K", 224)
     y = gemv.gemv(w224, cp.zeros((2, 512), cp.float16))     # the planes are made from the GGUF rows the upload kept
     assert y.shape == (2, 64)
