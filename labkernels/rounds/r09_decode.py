@@ -212,7 +212,15 @@ def step_decode(out, args) -> dict:
     return {"ok": True, "run": run.run_id}
 
 
-STEPS = {"decode": step_decode}
+def step_nvbench_check(out, args) -> dict:
+    """The headline ratios (round 7's GEMM at nt=512 / 4096, this round's GEMV at nt=1, each vs cuBLAS fp16) timed by
+    nvbench (cuda-bench) and by the lab's harness, compared within 2% (labkernels.nvbench_check)."""
+    from .. import nvbench_check
+
+    return nvbench_check.step_nvbench_check(out, args)
+
+
+STEPS = {"decode": step_decode, "nvbench_check": step_nvbench_check}
 
 
 # ------------------------------------------------------------------------------------------ the page's tables
