@@ -117,6 +117,15 @@ def profile_case(variant: str, shape, chosen: dict, out_dir: Path, ncu: str = "n
     if r.returncode != 0 or info is None:
         raise NcuError(f"{spec['case']}: rc={r.returncode}\n$ {shlex.join(cmd)}\n{_tail(allout)}")
     df = parse_ncu_csv(raw)
+    if len(df) == 0 and plan.get("nvtx_include"):
+        # the NVTX filter matched nothing (an ncu without NVTX support, a range the driver did not emit): choose the
+        # launch by count instead, and say so in the row
+        progress(f"  {spec['case']}: ncu --nvtx-include {plan['nvtx_include']} profiled no launch; selecting by "
+                 "--launch-skip instead")
+        out = profile_case(variant, shape, chosen, out_dir, ncu, warmup, repeats, parity, timeout, progress,
+                           report=report, source=source, nvtx=False)
+        out[0]["selected_by"] = "launch_skip (nvtx matched none)"
+        return out
     if len(df) != plan["launch_count"]:
         raise NcuError(f"{spec['case']}: ncu profiled {len(df)} launches, expected {plan['launch_count']} "
                        f"(regex {spec['kernel_regex']!r}, skip {plan['launch_skip']})\n{_tail(allout)}")

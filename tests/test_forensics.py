@@ -457,6 +457,9 @@ if "{reject}" in metrics:
 r = subprocess.run(prog + ["--describe"], capture_output=True, text=True)
 sys.stdout.write(r.stdout)
 spec = json.loads(r.stdout.strip().splitlines()[-1])
+if "--nvtx-include" in opts and __import__("os").environ.get("FAKE_NCU_NVTX_NONE"):
+    log.write("==PROF== Disconnected from process 77 (no kernel matched the NVTX filter)\n")
+    sys.exit(0)
 if "--nvtx-include" in opts:      # selected by the driver's NVTX range: no skip arithmetic
     assert opts.get("--nvtx") is True and opts["--nvtx-include"] == "labkernels@target/" and opts["--launch-skip"] == "0"
 else:
@@ -631,3 +634,20 @@ def test_lineinfo_only_when_asked(monkeypatch):
     assert gpu.lineinfo_options() == ()
     monkeypatch.setenv("LABKERNELS_LINEINFO", "1")
     assert gpu.lineinfo_options() == ("-lineinfo",)
+
+
+def test_profile_case_falls_back_to_the_count_when_nvtx_selects_nothing(tmp_path, monkeypatch):
+    from labkernels import ncu_rep
+
+    ncu = tmp_path / "ncu"
+    ncu.write_text(FAKE_NCU.format(python=sys.executable, query=QUERY_BASE, reject="none.sum"))
+    ncu.chmod(ncu.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("FAKE_NCU_NVTX_NONE", "1")
+    monkeypatch.setattr(ncu_rep, "have_nvtx", lambda: True)
+    chosen = {"duration": "gpu__time_duration.sum", "warp_inst": "smsp__inst_executed.sum",
+              "imma_inst": "sm__inst_executed_pipe_tensor_op_imma.sum"}
+    logs = []
+    row, raw, cmd, units, rep = F.profile_case("q4k_nb_kdr4", "256x512x1024", chosen, tmp_path, ncu=str(ncu),
+                                               repeats=0, progress=logs.append)
+    assert row["selected_by"] == "launch_skip (nvtx matched none)" and "--nvtx" not in cmd
+    assert rep is not None and any("profiled no launch" in line for line in logs)
