@@ -157,6 +157,10 @@ def profile_case(variant: str, shape, chosen: dict, out_dir: Path, ncu: str = "n
 
 #: the hottest source lines kept per case in the run's ``hotspots`` table
 HOTSPOT_TOP = 12
+#: the reports a forensics run keeps in data/ (git) at most, together; the page's kernel (FOCUS) first
+RUN_REPORT_BUDGET = 24 << 20
+#: the kernel round 6's page discusses (its hotspot table): its reports are kept before the others
+FOCUS = "q6k_expb_epi0"
 
 
 def keep_reports(run, reports: dict, spec_of=None, top: int = HOTSPOT_TOP, progress=print) -> tuple:
@@ -166,17 +170,20 @@ def keep_reports(run, reports: dict, spec_of=None, top: int = HOTSPOT_TOP, progr
     name or why not}, the hotspot rows as a DataFrame, {case: why no hotspots})."""
     from . import ncu_rep, records
 
-    kept, rows, errors = {}, [], {}
-    for case, rep in reports.items():
+    kept, rows, errors, total = {}, [], {}, 0
+    for case, rep in sorted(reports.items(), key=lambda kv: not kv[0].startswith(FOCUS + "@")):
         name = re.sub(r"[^a-z0-9_-]+", "-", case.lower()).strip("-") + ".ncu-rep"
         size = Path(rep).stat().st_size
         if run is None:
             kept[case] = str(rep)
         elif size > records.MAX_ATTACH_BYTES:
             kept[case] = f"not kept: {size} bytes over the cap of {records.MAX_ATTACH_BYTES} ({rep})"
+        elif total + size > RUN_REPORT_BUDGET:
+            kept[case] = f"not kept: the run's reports would pass {RUN_REPORT_BUDGET} bytes ({rep})"
         else:
             run.attach(name, rep)
             kept[case] = name
+            total += size
         try:
             spec = spec_of(case) if spec_of else {}
             kernel = str(spec.get("kernel", "")).split("<")[0] or ""

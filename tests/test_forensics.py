@@ -651,3 +651,25 @@ def test_profile_case_falls_back_to_the_count_when_nvtx_selects_nothing(tmp_path
                                                repeats=0, progress=logs.append)
     assert row["selected_by"] == "launch_skip (nvtx matched none)" and "--nvtx" not in cmd
     assert rep is not None and any("profiled no launch" in line for line in logs)
+
+
+def test_keep_reports_puts_the_focus_kernel_first_and_keeps_a_run_budget(tmp_path, monkeypatch):
+    from labkernels import ncu_rep
+
+    monkeypatch.setattr(ncu_rep, "kernel_hotspots", lambda rep, kernel, top=12: (_ for _ in ()).throw(
+        ncu_rep.NcuReportMissing("absent")))
+    monkeypatch.setattr(F, "RUN_REPORT_BUDGET", 250)
+    reps = {}
+    for case in ("q6k_generic@1x1x256", "q6k_expb_epi0@1x1x256", "q4k_nb_kdr4@1x1x256"):
+        p = tmp_path / f"{case.split('@')[0]}.ncu-rep"
+        p.write_bytes(b"x" * 100)
+        reps[case] = p
+    run = records.new_run("forensics", {}, root=tmp_path / "data")
+    kept, hot, errs = F.keep_reports(run, reps, spec_of=lambda c: {"variant": c.split("@")[0], "shape": "1x1x256"},
+                                     progress=lambda s: None)
+    assert kept["q6k_expb_epi0@1x1x256"] == "q6k_expb_epi0-1x1x256.ncu-rep"
+    assert kept["q6k_generic@1x1x256"] == "q6k_generic-1x1x256.ncu-rep"
+    assert kept["q4k_nb_kdr4@1x1x256"].startswith("not kept: the run's reports would pass 250")
+    assert run.attachments() == ["q6k_expb_epi0-1x1x256.ncu-rep", "q6k_generic-1x1x256.ncu-rep"]
+    assert hot.empty and set(errs) == set(reps)
+    run.finish()
