@@ -68,26 +68,40 @@ COUNTER_EVIDENCE = (
 
 
 def profile_case(variant: str, shape, chosen: dict, out_dir: Path, ncu: str = "ncu", warmup: int = 2,
-                 repeats: int = 10, parity: bool = True, timeout: int = 600, progress=print) -> tuple:
-    """ncu over one driver process; returns (row: case info + metrics, raw ncu text, the command, units).
-    A metric ncu rejects is dropped (required ones excepted) and the case is profiled once more without it."""
+                 repeats: int = 10, parity: bool = True, timeout: int = 600, progress=print, *,
+                 report: bool = True, source: bool = True, nvtx: bool | None = None) -> tuple:
+    """ncu over one driver process; returns (row: case info + metrics, raw ncu text, the command, units, the kept
+    ``.ncu-rep`` or None). A metric ncu rejects is dropped (required ones excepted) and the case is profiled once more
+    without it. ``report``: keep the report (``--export``; its metrics read back with ``ncu --import`` when the export
+    printed none); ``source``: with the SourceCounters section and the .cu text (the hotspot table); ``nvtx`` (default:
+    the ``nvtx`` package is importable): the launch selected by the driver's NVTX range, not by ``--launch-skip``."""
     from . import forensics_driver as drv
+    from . import ncu_rep
+    from .ncu import import_command
     from .paths import REPO_ROOT
 
     spec = drv.case_spec(variant, shape)
-    plan = drv.launch_plan(warmup, repeats)
+    nvtx = ncu_rep.have_nvtx() if nvtx is None else bool(nvtx)
+    plan = drv.launch_plan(warmup, repeats, nvtx=nvtx)
+    rep = Path(out_dir) / f"ncu-{spec['variant']}-{spec['shape']}.ncu-rep" if report else None
     metrics = metric_list(chosen)
     required = {chosen[c] for c in REQUIRED if c in chosen}
     log = Path(out_dir) / f"ncu-{spec['variant']}-{spec['shape']}.csv.tmp"
     args = ["-m", "labkernels.forensics_driver", "--case", variant, "--shape", spec["shape"],
             "--warmup", warmup, "--repeats", repeats] + ([] if parity else ["--no-parity"])
     for attempt in range(2):
-        cmd = ncu_command(args, metrics, spec["kernel_regex"], plan["launch_skip"], plan["launch_count"], log, ncu=ncu)
+        cmd = ncu_command(args, metrics, spec["kernel_regex"], plan["launch_skip"], plan["launch_count"], log, ncu=ncu,
+                          nvtx_include=plan.get("nvtx_include"), export=rep,
+                          sections=("SourceCounters",) if (source and rep) else (), import_source=bool(source and rep))
         if log.exists():
             log.unlink()
         t0 = time.time()
-        r = _run(cmd, timeout=timeout, cwd=REPO_ROOT)
+        env = {**os.environ, "LABKERNELS_LINEINFO": "1"} if (source and rep) else None
+        r = _run(cmd, timeout=timeout, cwd=REPO_ROOT, env=env)
         raw = log.read_text() if log.exists() else ""
+        if rep is not None and rep.exists() and parse_ncu_csv(raw).empty:   # --export printed no table: read it back
+            imp = _run(import_command(rep, ncu), timeout=timeout)
+            raw = raw + "\n" + (imp.stdout or "")
         allout = raw + "\n" + (r.stdout or "") + "\n" + (r.stderr or "")
         bad = rejected_metrics(allout, metrics)
         if bad and attempt == 0 and not (set(bad) & required):
@@ -103,6 +117,15 @@ def profile_case(variant: str, shape, chosen: dict, out_dir: Path, ncu: str = "n
     if r.returncode != 0 or info is None:
         raise NcuError(f"{spec['case']}: rc={r.returncode}\n$ {shlex.join(cmd)}\n{_tail(allout)}")
     df = parse_ncu_csv(raw)
+    if len(df) == 0 and plan.get("nvtx_include"):
+        # the NVTX filter matched nothing (an ncu without NVTX support, a range the driver did not emit): choose the
+        # launch by count instead, and say so in the row
+        progress(f"  {spec['case']}: ncu --nvtx-include {plan['nvtx_include']} profiled no launch; selecting by "
+                 "--launch-skip instead")
+        out = profile_case(variant, shape, chosen, out_dir, ncu, warmup, repeats, parity, timeout, progress,
+                           report=report, source=source, nvtx=False)
+        out[0]["selected_by"] = "launch_skip (nvtx matched none)"
+        return out
     if len(df) != plan["launch_count"]:
         raise NcuError(f"{spec['case']}: ncu profiled {len(df)} launches, expected {plan['launch_count']} "
                        f"(regex {spec['kernel_regex']!r}, skip {plan['launch_skip']})\n{_tail(allout)}")
@@ -128,7 +151,61 @@ def profile_case(variant: str, shape, chosen: dict, out_dir: Path, ncu: str = "n
            "ncu_seconds": round(time.time() - t0, 1), **launch}
     row.pop("Process ID", None)
     row.pop("Host Name", None)
-    return row, raw, cmd, df.attrs.get("units", {})
+    row["selected_by"] = "nvtx" if plan.get("nvtx_include") else "launch_skip"
+    return row, raw, cmd, df.attrs.get("units", {}), (rep if rep is not None and rep.exists() else None)
+
+
+#: the hottest source lines kept per case in the run's ``hotspots`` table
+HOTSPOT_TOP = 12
+#: the reports a forensics run keeps in data/ (git) at most, together; the page's kernel (FOCUS) first
+RUN_REPORT_BUDGET = 24 << 20
+#: the kernel round 6's page discusses (its hotspot table): its reports are kept before the others
+FOCUS = "q6k_expb_epi0"
+
+
+def keep_reports(run, reports: dict, spec_of=None, top: int = HOTSPOT_TOP, progress=print) -> tuple:
+    """Each case's ``.ncu-rep`` attached to ``run`` (:meth:`labkernels.records.Run.attach`: manifested, at most
+    :data:`labkernels.records.MAX_ATTACH_BYTES`; a bigger one stays in the results folder and is said so) and its
+    per-source-line hotspots read back with ``ncu_report`` (:mod:`labkernels.ncu_rep`). Returns ({case: attachment
+    name or why not}, the hotspot rows as a DataFrame, {case: why no hotspots})."""
+    from . import ncu_rep, records
+
+    kept, rows, errors, total = {}, [], {}, 0
+    for case, rep in sorted(reports.items(), key=lambda kv: not kv[0].startswith(FOCUS + "@")):
+        name = re.sub(r"[^a-z0-9_-]+", "-", case.lower()).strip("-") + ".ncu-rep"
+        size = Path(rep).stat().st_size
+        if run is None:
+            kept[case] = str(rep)
+        elif size > records.MAX_ATTACH_BYTES:
+            kept[case] = f"not kept: {size} bytes over the cap of {records.MAX_ATTACH_BYTES} ({rep})"
+        elif total + size > RUN_REPORT_BUDGET:
+            kept[case] = f"not kept: the run's reports would pass {RUN_REPORT_BUDGET} bytes ({rep})"
+        else:
+            run.attach(name, rep)
+            kept[case] = name
+            total += size
+        try:
+            spec = spec_of(case) if spec_of else {}
+            kernel = str(spec.get("kernel", "")).split("<")[0] or ""
+            h = ncu_rep.kernel_hotspots(rep, _template_of(spec) or kernel, top=top)
+        except Exception as e:          # no ncu_report, no per-PC metric: the counters stand, the table is absent
+            errors[case] = f"{type(e).__name__}: {e}"[:500]
+            progress(f"  hotspots {case}: {errors[case]}")
+            continue
+        for i, r in h["lines"].iterrows():
+            rows.append({"case": case, "rank": i + 1, "metric": h["metric"], "file": r["file"], "line": int(r["line"]),
+                         "value": float(r[h["metric"]]), "share": float(r["share"]),
+                         "instructions": int(r["instructions"]), "hottest_sass": r["hottest_sass"]})
+    return kept, pd.DataFrame(rows), errors
+
+
+def _template_of(spec: dict) -> str:
+    from . import forensics_driver as drv
+
+    try:
+        return drv.case_spec(spec["variant"], spec["shape"])["template"]
+    except Exception:
+        return ""
 
 
 def ab_timing(base: str, variant: str, shape, pairs: int = 5, repeats: int = 20, timeout: int = 600) -> dict:
@@ -152,7 +229,8 @@ CASE_COLUMNS = ("case", "variant", "shape", "nt", "od", "id", "qtype", "kernel",
 
 def run_forensics(out_dir, cases=None, metrics_set: str = "full", record: bool = True, *, shapes=None,
                   ncu: str | None = None, warmup: int = 2, repeats: int = 0, ab_pairs: int = 5, ab_repeats: int = 20,
-                  noise_floor: float = 0.005, parity: bool = True, timeout: int = 600, progress=print) -> dict:
+                  noise_floor: float = 0.005, parity: bool = True, timeout: int = 600, progress=print,
+                  report: bool = True, source: bool = True) -> dict:
     """The whole round on the GPU machine. ``out_dir`` gets ``ncu-query-metrics.txt.gz``, ``ncu-raw.txt``
     (every case's raw ncu output) and, with ``record``, the run under ``out_dir/data/06_counter_forensics/``.
 
@@ -195,12 +273,15 @@ def run_forensics(out_dir, cases=None, metrics_set: str = "full", record: bool =
                   "counter_evidence": list(COUNTER_EVIDENCE)}
         run = records.new_run(ROUND, params, root=out / "data")
     try:
-        rows, raws, cmds, units = [], [], {}, {}
+        rows, raws, cmds, units, reports = [], [], {}, {}, {}
         for shape in shapes:
             for variant in cases:
-                row, raw, cmd, u = profile_case(variant, shape, chosen, out, ncu=ncu, warmup=warmup, repeats=repeats,
-                                             parity=parity, timeout=timeout, progress=progress)
+                row, raw, cmd, u, rep = profile_case(variant, shape, chosen, out, ncu=ncu, warmup=warmup,
+                                                     repeats=repeats, parity=parity, timeout=timeout, progress=progress,
+                                                     report=report, source=source)
                 rows.append(row)
+                if rep is not None:
+                    reports[row["case"]] = rep
                 units.update(u)
                 cmds[row["case"]] = shlex.join(map(str, cmd))
                 raws.append(f"### case {row['case']}\n### $ {cmds[row['case']]}\n{raw}")
@@ -250,7 +331,9 @@ def run_forensics(out_dir, cases=None, metrics_set: str = "full", record: bool =
                 progress(f"counter-evidence {ce['name']} @ {shape}: {vd} (delta {ab['delta']:+.2%}, noise "
                          f"{ab['noise']:.2%}, warp inst {verdicts[-1]['warp_inst_delta']:+.2%})")
         pairs = pair_table(pg, PAIRS)
-        summary = {"imma_ok": ok, "verdicts": {f"{v['experiment']}@{v['shape']}": v["verdict"] for v in verdicts},
+        kept, hot, hot_errors = keep_reports(run, reports, spec_of=lambda case: next(
+            r for r in rows if r["case"] == case), progress=progress)
+        summary = {"ncu_reports": kept, "hotspots_errors": hot_errors, "imma_ok": ok, "verdicts": {f"{v['experiment']}@{v['shape']}": v["verdict"] for v in verdicts},
                    "fit_all": next((f for f in fits if f["fit"] == "all_cases"), None),
                    "ncu_commands": cmds,
                    "units": {m: units.get(m, "") for m in metric_list(chosen)},
@@ -264,9 +347,11 @@ def run_forensics(out_dir, cases=None, metrics_set: str = "full", record: bool =
                 run.append("pairs", pairs)
             if verdicts:
                 run.append("verdicts", verdicts)
+            if len(hot):
+                run.append("hotspots", hot)
             run.finish(**summary)
             summary["run"] = run.run_id
-        return {"ok": ok, "metrics": metrics_df, "per_gmac": pg, "imma_check": check, "fit": pd.DataFrame(fits),
+        return {"ok": ok, "metrics": metrics_df, "hotspots": hot, "per_gmac": pg, "imma_check": check, "fit": pd.DataFrame(fits),
                 "pairs": pd.DataFrame(pairs), "verdicts": pd.DataFrame(verdicts), "summary": summary,
                 "chosen": chosen}
     except BaseException as e:
@@ -291,7 +376,8 @@ def _main(args) -> int:
                         metrics_set=args.metrics_set, record=not args.no_record,
                         shapes=args.shapes.split(",") if args.shapes else None, ncu=args.ncu,
                         warmup=args.warmup, repeats=args.repeats, ab_pairs=args.ab_pairs, ab_repeats=args.ab_repeats,
-                        parity=not args.no_parity, timeout=args.timeout)
+                        parity=not args.no_parity, timeout=args.timeout, report=not args.no_report,
+                        source=not args.no_source)
     s = res["summary"]
     print(json.dumps({k: s[k] for k in ("imma_ok", "verdicts", "fit_all", "run") if k in s}, indent=1, default=str))
     return 0 if res["ok"] else 1
@@ -314,6 +400,9 @@ def add_arguments(p) -> None:
     p.add_argument("--timeout", type=int, default=600, help="seconds per ncu process")
     p.add_argument("--no-parity", action="store_true")
     p.add_argument("--no-record", action="store_true")
+    p.add_argument("--no-report", action="store_true", help="do not keep the .ncu-rep reports (nor read hotspots)")
+    p.add_argument("--no-source", action="store_true",
+                   help="no SourceCounters section / -lineinfo build (no per-line hotspot table)")
 
 
 def register_cli(sub) -> None:

@@ -7,11 +7,13 @@ kernel in a fixed, known order:
 1. ``warmup`` launches (the first one's output is parity-gated against the CPU references unless
    ``--no-parity``: a counter reading of a kernel that computes wrong carries no evidence);
 2. ``repeats`` launches timed with CUDA events, the L2 flushed before each (:mod:`labkernels.bench`);
-3. exactly ONE target launch.
+3. exactly ONE target launch, inside the NVTX push/pop range ``labkernels@target`` (``nvtx`` package; without
+   it the range is a no-op and the count below selects the launch).
 
 Every other launch (prepass, q8_1 rows, the L2 flush) is another kernel, so ncu's
 ``--kernel-name regex:<template>`` together with ``--launch-skip warmup+repeats --launch-count 1`` picks
-exactly the target launch (:func:`launch_plan`). The process prints one JSON line
+exactly the target launch (:func:`launch_plan`); with ``nvtx`` installed ncu's ``--nvtx-include labkernels@target/``
+picks it by name instead (skip 0). The process prints one JSON line
 ``{"forensics_case": ...}`` with the case's nt/od/id/MACs, kernel and the event timings.
 
 ``--ab BASE VARIANT`` (no ncu) times two variants interleaved in one process (BASE, VARIANT, BASE again
@@ -97,12 +99,18 @@ def case_spec(variant: str, shape=DEFAULT_SHAPES[0]) -> dict:
     }
 
 
-def launch_plan(warmup: int = 2, repeats: int = 10) -> dict:
-    """Launches of the target kernel before the profiled one (ncu --launch-skip) and the profiled count."""
+def launch_plan(warmup: int = 2, repeats: int = 10, nvtx: bool = False) -> dict:
+    """Launches of the target kernel before the profiled one (ncu --launch-skip) and the profiled count. ``nvtx``:
+    the launch is selected by the NVTX range around it (``nvtx_include``), the skip is 0."""
     if warmup < 1:
         raise CaseError("warmup must be >= 1 (the first warm-up launch is the parity-gated one)")
     if repeats < 0:
         raise CaseError("repeats must be >= 0")
+    if nvtx:
+        from .ncu_rep import target_include
+
+        return {"warmup": int(warmup), "repeats": int(repeats), "launch_skip": 0, "launch_count": 1,
+                "nvtx_include": target_include()}
     return {"warmup": int(warmup), "repeats": int(repeats), "launch_skip": int(warmup) + int(repeats),
             "launch_count": 1}
 
@@ -125,6 +133,7 @@ def run_case(variant: str, shape, warmup: int = 2, repeats: int = 10, parity: bo
     import cupy as cp
 
     from . import bench
+    from .ncu_rep import NVTX_TARGET, nvtx_range
 
     plan = launch_plan(warmup, repeats)
     t0 = time.time()
@@ -146,8 +155,9 @@ def run_case(variant: str, shape, warmup: int = 2, repeats: int = 10, parity: bo
         del flush
         cp.get_default_memory_pool().free_all_blocks()  # less device memory for ncu to save/restore
     cp.cuda.runtime.deviceSynchronize()
-    c.fn()  # THE profiled launch
-    cp.cuda.runtime.deviceSynchronize()
+    with nvtx_range(NVTX_TARGET):     # ncu --nvtx-include selects it by this range (ncu_rep.target_include)
+        c.fn()  # THE profiled launch
+        cp.cuda.runtime.deviceSynchronize()
     finite = bool(cp.isfinite(c.y).all())
     return {"forensics_case": c.spec["case"], **c.spec, **plan, "parity": gate, "timing": timing,
             "target_output_finite": finite, "seconds": round(time.time() - t0, 2)}

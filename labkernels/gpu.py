@@ -11,6 +11,7 @@ row of blocks per output feature), outputs ``Y`` are float32 [nt, od] row-major.
 
 from __future__ import annotations
 
+import os
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -175,10 +176,23 @@ def arch_option() -> str:
     return f"-arch=sm_{device_props()['cc']}"
 
 
-@lru_cache(maxsize=None)
+def lineinfo_options() -> tuple:
+    """``("-lineinfo",)`` when ``LABKERNELS_LINEINFO=1`` (Nsight Compute's source view: SASS mapped to .cu lines, the
+    code itself unchanged), else nothing: the production builds stay as they are unless a profiling run asks."""
+    return ("-lineinfo",) if os.environ.get("LABKERNELS_LINEINFO", "") not in ("", "0") else ()
+
+
 def module(source: str, extra_options: tuple = (), kernels_dir=None):
     """Compile one kernel source with every registered instantiation of it (from ``kernels_dir``, default the
-    lab's kernels folder: another one holds another build of the same sources, e.g. an older commit's)."""
+    lab's kernels folder: another one holds another build of the same sources, e.g. an older commit's);
+    ``-lineinfo`` added under ``LABKERNELS_LINEINFO=1`` (:func:`lineinfo_options`)."""
+    extra = tuple(extra_options)
+    extra += tuple(o for o in lineinfo_options() if o not in extra)
+    return _module(source, extra, kernels_dir)
+
+
+@lru_cache(maxsize=None)
+def _module(source: str, extra_options: tuple = (), kernels_dir=None):
     c = cp()
     kdir = registry.KERNELS_DIR if kernels_dir is None else kernels_dir
     path = kdir / source

@@ -319,7 +319,8 @@ def concept_columns(chosen: dict) -> dict:
 
 
 def ncu_command(python_args, metrics, kernel_regex: str, launch_skip: int, launch_count: int, out_csv,
-                ncu: str = "ncu", python: str | None = None) -> list[str]:
+                ncu: str = "ncu", python: str | None = None, *, nvtx_include: str | None = None,
+                export=None, sections=(), import_source: bool = False) -> list[str]:
     """The ncu command line that profiles one selected launch of a Python program, raw CSV to ``out_csv``.
 
     * ``--clock-control none``: leave the GPU's clocks as they are (the device's rule; durations are then
@@ -331,7 +332,13 @@ def ncu_command(python_args, metrics, kernel_regex: str, launch_skip: int, launc
       ``--launch-skip/--launch-count`` count launches of matching kernels only;
     * ``--log-file``: ncu's own output (the CSV and ``==PROF==`` lines) to the file; the program's stdout
       stays on stdout;
-    * replay mode and cache control stay at ncu's defaults (kernel replay, caches flushed between passes)."""
+    * replay mode and cache control stay at ncu's defaults (kernel replay, caches flushed between passes);
+    * ``nvtx_include`` (``domain@range/``): ``--nvtx --nvtx-include``: only launches inside the lab's NVTX range are
+      candidates (the driver wraps the profiled launch in one, :func:`labkernels.ncu_rep.nvtx_range`), so the launch
+      is chosen by name, not by ``--launch-skip`` arithmetic (the skip is then 0);
+    * ``export``: ``--export PATH --force-overwrite``: the ``.ncu-rep`` report is kept (read back with
+      :mod:`labkernels.ncu_rep`); ``sections`` (``SourceCounters``: per-PC counters for the source / SASS view) and
+      ``import_source`` (``--import-source yes``: the .cu text into the report) go with it."""
     if not metrics:
         raise ValueError("no metrics to collect")
     if launch_skip < 0 or launch_count < 1:
@@ -341,8 +348,17 @@ def ncu_command(python_args, metrics, kernel_regex: str, launch_skip: int, launc
             "--metrics", ",".join(metrics),
             "--kernel-name-base", "function", "--kernel-name", f"regex:{kernel_regex}",
             "--launch-skip", str(int(launch_skip)), "--launch-count", str(int(launch_count)),
+            *(["--nvtx", "--nvtx-include", nvtx_include] if nvtx_include else []),
+            *[a for sec in sections for a in ("--section", str(sec))],
+            *(["--export", str(export), "--force-overwrite"] if export else []),
+            *(["--import-source", "yes"] if import_source and export else []),
             "--log-file", str(out_csv),
             python or sys.executable, *[str(a) for a in python_args]]
+
+
+def import_command(report, ncu: str = "ncu") -> list[str]:
+    """ncu reading a kept report back as the same raw CSV (``--import``): the metrics of an exported run."""
+    return [ncu, "--import", str(report), "--csv", "--page", "raw", "--print-units", "base"]
 
 
 ID_COLUMNS = ("ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Kernel Time", "Context", "Stream",

@@ -7,6 +7,10 @@ Layout (one folder per round, named after its notebook, never rewritten by later
     data/<folder>/<run_id>.<table>.csv    tables, rows appended as the run goes (a sweep that dies
                                           half-way keeps the points it finished)
 
+    data/<folder>/<run_id>.<name>.<ext>   attachments (:meth:`Run.attach`: an Nsight Compute ``.ncu-rep``...),
+                                          at most :data:`MAX_ATTACH_BYTES` each, listed in the metadata's
+                                          ``attachments`` and in the manifest like a table (without rows)
+
     data/<folder>/<run_id>.manifest       written last, atomically, by :meth:`Run.finish`: the sha256 and
                                           size of the metadata and of every table, and each table's row count
 
@@ -63,6 +67,11 @@ FINISHED = ("complete", "failed")
 STATUSES = ("running",) + FINISHED
 #: the largest run metadata / manifest the lab reads (a run's JSON is a few KB; this bounds a hostile file)
 MAX_JSON_BYTES = 64 << 20
+#: an attachment's name (:meth:`Run.attach`): a stem of lowercase letters, digits, ``_`` and ``-``, then an extension
+#: that is not ``csv`` / ``json`` / ``manifest`` (a table, the metadata and the manifest keep their own names)
+ATTACH_RX = re.compile(r"[a-z0-9][a-z0-9_-]{0,79}\.[a-z0-9][a-z0-9-]{0,15}")
+#: the largest attachment a run keeps (data/ is in git: a ~6 MiB Nsight Compute report at most)
+MAX_ATTACH_BYTES = 6 << 20
 #: folders under data/ that hold no recorded runs
 NON_RUN_DIRS = ("models", "cache")
 
@@ -155,6 +164,37 @@ class Run:
         if table not in self.meta["tables"]:
             self.meta["tables"].append(table)
             self._write_meta()
+
+    def attachment_path(self, name: str) -> Path:
+        check_attachment_name(name)
+        return self.dir / f"{self.run_id}.{name}"
+
+    def attach(self, name: str, src, max_bytes: int = MAX_ATTACH_BYTES) -> Path:
+        """Keep a file with the run (``<run_id>.<name>``: an ``.ncu-rep``, a log): copied now, listed in the metadata's
+        ``attachments`` and, at :meth:`finish`, in the manifest with its sha256 and size -- ``check-data`` verifies it
+        like a table. Refused (RecordError, nothing copied) over ``max_bytes`` (at most :data:`MAX_ATTACH_BYTES`),
+        for a name that is taken, and after the run finished."""
+        self._check_open()
+        dst = self.attachment_path(name)
+        src = Path(src)
+        if not src.is_file():
+            raise RecordError(f"attach {name!r}: {src} is not a regular file")
+        n = src.stat().st_size
+        cap = min(int(max_bytes), MAX_ATTACH_BYTES)
+        if n > cap:
+            raise RecordError(f"attach {name!r}: {src} is {n} bytes, over the cap of {cap} bytes (data/ is in git); "
+                              "keep it outside the record")
+        if name in self.meta.get("attachments", []) or dst.exists():
+            raise RecordError(f"attach {name!r}: run {self.run_id} already has it (attachments are append-only)")
+        tmp = dst.with_name(f".{dst.name}.tmp")
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+        self.meta.setdefault("attachments", []).append(name)
+        self._write_meta()
+        return dst
+
+    def attachments(self) -> list[str]:
+        return list(self.meta.get("attachments", []))
 
     def set_summary(self, **kv) -> None:
         self._check_open()
@@ -487,6 +527,16 @@ def check_meta(p: Path, meta) -> dict:
                           "digits and _)")
     if len(set(meta["tables"])) != len(meta["tables"]):
         raise RecordError(f"{p}: run metadata field 'tables' names a table twice: {meta['tables']}")
+    att = meta.get("attachments", [])
+    if not isinstance(att, list):
+        raise RecordError(f"{p}: run metadata field 'attachments' is {_type_name(att)}, expected a list of names")
+    for a in att:
+        try:
+            check_attachment_name(a)
+        except RecordError as e:
+            raise RecordError(f"{p}: run metadata field 'attachments': {e}") from None
+    if len(set(att)) != len(att):
+        raise RecordError(f"{p}: run metadata field 'attachments' names a file twice: {att}")
     return meta
 
 
@@ -547,8 +597,17 @@ def table_rows(path: Path, limit: int | None = None) -> int:
     return n
 
 
+def check_attachment_name(name) -> str:
+    if not isinstance(name, str) or not ATTACH_RX.fullmatch(name) or name.rsplit(".", 1)[1] in ("csv", "json",
+                                                                                              "manifest"):
+        raise RecordError(f"attachment name {name!r}: use <stem>.<ext> (lowercase letters, digits, _ and -; the "
+                          "extension not csv, json or manifest)")
+    return name
+
+
 def _run_files(run: Run) -> list[Path]:
-    return [run.meta_path] + [run.table_path(t) for t in run.meta.get("tables", [])]
+    return [run.meta_path] + [run.table_path(t) for t in run.meta.get("tables", [])] + \
+        [run.attachment_path(a) for a in run.meta.get("attachments", [])]
 
 
 def write_manifest(run: Run, sealed_later: bool = False, forced: dict | None = None) -> Path:
@@ -599,6 +658,8 @@ def verify_run(run: Run) -> Run:
         p = run.dir / name
         if not p.exists() and not p.is_symlink():
             raise RecordError(f"{p}: missing (listed in {mp.name})")
+        if p.suffix not in (".csv", ".json") and entry["bytes"] > MAX_ATTACH_BYTES:
+            raise RecordError(f"{p}: an attachment of {entry['bytes']} bytes, over the cap of {MAX_ATTACH_BYTES}")
         sha, n = _digest(p, entry["bytes"])       # regular files only, never read past the recorded size
         if n > entry["bytes"]:
             raise RecordError(f"{p}: {n} bytes, the manifest says {entry['bytes']}: the recorded file grew (edited "

@@ -155,5 +155,29 @@ report.headline(**{"IMMA = MACs": "exact on all kernels", "linear law": f"{f.ins
 # shadow of the rest. The lever is fewer instructions per IMMA: integer rescaling over a super-block (one IMAD
 # per element per 16 k, one conversion per 256 k) or a fp16 tensor path on dequantized tiles.
 
+# %% [markdown]
+# ## The report behind the counters: the discussed kernel's hottest source lines
+#
+# Each case's Nsight Compute report (`.ncu-rep`) is kept with the run (manifested, at most 6 MiB; open it in Nsight
+# Compute's source view) and read back with `ncu_report` (`labkernels/ncu_rep.py`). The kernel was built with
+# `-lineinfo` for the profile only (`LABKERNELS_LINEINFO=1`; the production build is unchanged) and the profiled launch
+# chosen by the NVTX range the driver puts around it. Below: the expanded-B q6_K kernel with the I2F epilogue (EPI=0),
+# the one this page discusses, its source lines ranked by the per-instruction counter the SourceCounters section
+# collects, with each line's share of the kernel's total and its hottest SASS instruction.
+
+# %%
+hot = run.table("hotspots") if run.has("hotspots") else pd.DataFrame()
+focus = f"q6k_expb_epi0@{shape}"
+if len(hot) and (hot.case == focus).any():
+    h = hot[hot.case == focus]
+    kept = run.meta.get("attachments", [])
+    print(f"{focus}: source lines ranked by {h.metric.iloc[0]}; reports kept with run {run.run_id}: "
+          + ", ".join(kept[:3]) + ("..." if len(kept) > 3 else ""))
+    display(report.table(h[["rank", "file", "line", "value", "share", "instructions", "hottest_sass"]],
+                         {"share": "{:.1%}"}))
+else:
+    print(f"Run {run.run_id} predates kept Nsight Compute reports (issue 49): no per-line hotspot table yet; "
+          "the next `labkernels gpu-check --steps forensics` records one.")
+
 # %%
 report.footer(run.provenance)

@@ -2653,5 +2653,20 @@ else:
 # tensor pipe's rate, plus ~6 us of fixed time per CTA, against a cuBLAS kernel whose tensor pipe is active 85–95% of
 # its whole run (the twenty-second step's counters).
 
+# %% [markdown]
+# ## An independent timer: nvbench on the headline ratios
+#
+# The headline ratios against cuBLAS fp16 measured again with NVIDIA's nvbench (`cuda-bench`: cold L2, its own stop
+# rule, samples under a throttled clock discarded) through the same launch functions, beside the lab's harness
+# (interleaved, L2 flushed, CUDA events). Agreement within 2%, or the difference and the side it comes from
+# (`labkernels/nvbench_check.py`; `labkernels gpu-check --steps nvbench_check` records it).
+
+# %%
+from labkernels import nvbench_check
+nb_line, nb_table = nvbench_check.page_view(7)
+print(nb_line)
+if len(nb_table):
+    display(report.table(nb_table, {"harness_ratio": "{:.3f}", "nvbench_ratio": "{:.3f}", "ratio_diff": "{:+.2%}"}))
+
 # %%
 report.footer(run.provenance)

@@ -133,6 +133,21 @@ for s in r9.LEDGER:
 # call as this benchmark, so no ratio to it is shown; the generation path (`GpuModel.generate`, `labkernels generate`)
 # is built and gated on the CPU against the full prefill, and has not run on a GPU yet.
 
+# %% [markdown]
+# ## An independent timer: nvbench on the headline ratios
+#
+# The headline ratios against cuBLAS fp16 measured again with NVIDIA's nvbench (`cuda-bench`: cold L2, its own stop
+# rule, samples under a throttled clock discarded) through the same launch functions, beside the lab's harness
+# (interleaved, L2 flushed, CUDA events). Agreement within 2%, or the difference and the side it comes from
+# (`labkernels/nvbench_check.py`; `labkernels gpu-check --steps nvbench_check` records it).
+
+# %%
+from labkernels import nvbench_check
+nb_line, nb_table = nvbench_check.page_view(9)
+print(nb_line)
+if len(nb_table):
+    display(report.table(nb_table, {"harness_ratio": "{:.3f}", "nvbench_ratio": "{:.3f}", "ratio_diff": "{:+.2%}"}))
+
 # %%
 report.abstract(
     f"Round 9 builds k-quant matrix-vector kernels for decode and measures them against the copy bandwidth of the same "

@@ -2,6 +2,7 @@
 arithmetic, the IMMA consistency check, the linear fit, the counter-evidence rule, the driver's launch
 plan, and the whole run_forensics pipeline against a fake ncu (which writes the documented raw CSV)."""
 import json
+from pathlib import Path
 import math
 import stat
 import sys
@@ -438,9 +439,11 @@ if "--query-metrics" in argv:
     sys.exit(0)
 opts, i = {{}}, 0
 while argv[i].startswith("--"):
-    if argv[i] == "--csv":
-        opts["--csv"], i = True, i + 1
+    if argv[i] in ("--csv", "--nvtx", "--force-overwrite"):
+        opts[argv[i]], i = True, i + 1
         continue
+    if argv[i] == "--section":
+        opts.setdefault("sections", []).append(argv[i + 1])
     opts[argv[i]] = argv[i + 1]
     i += 2
 assert opts["--csv"] is True and opts["--page"] == "raw" and opts["--print-units"] == "base"
@@ -454,7 +457,17 @@ if "{reject}" in metrics:
 r = subprocess.run(prog + ["--describe"], capture_output=True, text=True)
 sys.stdout.write(r.stdout)
 spec = json.loads(r.stdout.strip().splitlines()[-1])
-assert opts["--launch-skip"] == str(spec["launch_skip"]) and opts["--launch-count"] == "1"
+if "--nvtx-include" in opts and __import__("os").environ.get("FAKE_NCU_NVTX_NONE"):
+    log.write("==PROF== Disconnected from process 77 (no kernel matched the NVTX filter)\n")
+    sys.exit(0)
+if "--nvtx-include" in opts:      # selected by the driver's NVTX range: no skip arithmetic
+    assert opts.get("--nvtx") is True and opts["--nvtx-include"] == "labkernels@target/" and opts["--launch-skip"] == "0"
+else:
+    assert opts["--launch-skip"] == str(spec["launch_skip"])
+assert opts["--launch-count"] == "1"
+if "--export" in opts:
+    assert opts.get("sections") == ["SourceCounters"] and opts["--import-source"] == "yes"
+    open(opts["--export"], "wb").write(b"NCU-REP " + spec["case"].encode())
 assert opts["--kernel-name"] == "regex:" + spec["kernel_regex"] and opts["--clock-control"] == "none"
 per_mac = {{"q6k_generic": 10.14, "q6k_expb_epi0": 6.06, "q6k_expb_epi1_occ2": 5.9, "q6k_expb_epi1": 5.8,
            "q4k_nb_kdr4": 4.0}}[spec["variant"]] * 1e-3
@@ -508,6 +521,21 @@ def test_run_forensics_end_to_end_with_a_fake_ncu(tmp_path, monkeypatch):
         return {"rounds": rounds}
 
     monkeypatch.setattr(F, "ab_timing", fake_ab)
+    from labkernels import ncu_rep
+
+    monkeypatch.setattr(ncu_rep, "have_nvtx", lambda: True)     # the launch chosen by the NVTX range
+    seen = []
+
+    def fake_hotspots(rep, kernel, top=12):
+        seen.append((Path(rep).read_bytes(), kernel))
+        if "q4k" in kernel:
+            raise ncu_rep.NcuReportMissing("no ncu_report here")
+        lines = pd.DataFrame({"file": ["q6k_expb.cuh", "q6k_expb.cuh"], "line": [52, 77],
+                              "inst_executed": [800.0, 90.0], "share": [0.8, 0.09], "instructions": [2, 1],
+                              "hottest_sass": ["IMMA.16816.S8.S8 R8, R4, R6, R8", "I2F.F32.S32 R20, R8"]})
+        return {"lines": lines, "metric": "inst_executed"}
+
+    monkeypatch.setattr(ncu_rep, "kernel_hotspots", fake_hotspots)
     logs = []
     shapes = ["512x4096x4096", "256x4096x11008"]
     res = F.run_forensics(tmp_path / "out", shapes=shapes, ncu=str(ncu), ab_pairs=3, progress=logs.append)
@@ -541,7 +569,19 @@ def test_run_forensics_end_to_end_with_a_fake_ncu(tmp_path, monkeypatch):
     assert (m["launch__func_cache_config"] == "CachePreferNone").all()
     run = records.latest("forensics", root=out / "data")
     assert run is not None and run.meta["summary"]["imma_ok"] is True
-    assert set(run.meta["tables"]) == {"metrics", "per_gmac", "imma_check", "fit", "pairs", "verdicts"}
+    assert set(run.meta["tables"]) == {"metrics", "per_gmac", "imma_check", "fit", "pairs", "verdicts", "hotspots"}
+    # every case's .ncu-rep kept with the run (manifested, verified) and its hotspots read back
+    assert set(m.selected_by) == {"nvtx"}
+    assert len(run.attachments()) == 2 * len(D.CASES)
+    att = run.attachment_path("q6k_expb_epi0-512x4096x4096.ncu-rep")
+    assert att.read_bytes() == b"NCU-REP q6k_expb_epi0@512x4096x4096"
+    assert att.name in json.loads(run.manifest_path.read_text())["files"]
+    assert records.check_data(out / "data") == (1, [])
+    hot = run.table("hotspots")
+    assert set(hot.case) == {c for c in m.case if "q4k" not in c} and list(hot[hot.case == hot.case[0]].line) == [52, 77]
+    errs = run.meta["summary"]["hotspots_errors"]
+    assert set(errs) == {c for c in m.case if "q4k" in c} and "no ncu_report" in next(iter(errs.values()))
+    assert {k for _, k in seen} == {D.case_spec(c)["template"] for c in D.CASES}
     assert run.meta["params"]["chosen_metrics"]["duration"] == "gpu__time_duration.sum"
     assert run.meta["summary"]["units"]["gpu__time_duration.sum"] == "nsecond"
     back = F.load_run(root=out / "data")
@@ -567,3 +607,69 @@ def test_cli_registers_forensics():
     F.register_cli(sub)
     args = ap.parse_args(["forensics", "--out", "x", "--cases", "q4k_nb,q6k_generic", "--metrics-set", "core"])
     assert args.func is F._main and args.cases == "q4k_nb,q6k_generic" and args.metrics_set == "core"
+
+
+def test_ncu_command_nvtx_export_and_source_flags():
+    cmd = N.ncu_command(["-m", "x"], ["gpu__time_duration.sum"], "k", 0, 1, "log.csv", ncu="ncu",
+                        nvtx_include="labkernels@target/", export="r.ncu-rep", sections=("SourceCounters",),
+                        import_source=True)
+    s = " ".join(cmd)
+    assert "--nvtx --nvtx-include labkernels@target/" in s and "--launch-skip 0" in s
+    assert "--section SourceCounters" in s and "--export r.ncu-rep --force-overwrite" in s
+    assert "--import-source yes" in s and cmd.index("--log-file") < cmd.index("-m")
+    plain = N.ncu_command([], ["a.sum"], "k", 3, 1, "x")
+    assert "--nvtx" not in plain and "--export" not in plain and "--section" not in plain
+    assert N.import_command("r.ncu-rep", "ncu") == ["ncu", "--import", "r.ncu-rep", "--csv", "--page", "raw",
+                                                   "--print-units", "base"]
+    assert D.launch_plan(2, 10, nvtx=True) == {"warmup": 2, "repeats": 10, "launch_skip": 0, "launch_count": 1,
+                                               "nvtx_include": "labkernels@target/"}
+
+
+def test_lineinfo_only_when_asked(monkeypatch):
+    from labkernels import gpu
+
+    monkeypatch.delenv("LABKERNELS_LINEINFO", raising=False)
+    assert gpu.lineinfo_options() == ()
+    monkeypatch.setenv("LABKERNELS_LINEINFO", "0")
+    assert gpu.lineinfo_options() == ()
+    monkeypatch.setenv("LABKERNELS_LINEINFO", "1")
+    assert gpu.lineinfo_options() == ("-lineinfo",)
+
+
+def test_profile_case_falls_back_to_the_count_when_nvtx_selects_nothing(tmp_path, monkeypatch):
+    from labkernels import ncu_rep
+
+    ncu = tmp_path / "ncu"
+    ncu.write_text(FAKE_NCU.format(python=sys.executable, query=QUERY_BASE, reject="none.sum"))
+    ncu.chmod(ncu.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("FAKE_NCU_NVTX_NONE", "1")
+    monkeypatch.setattr(ncu_rep, "have_nvtx", lambda: True)
+    chosen = {"duration": "gpu__time_duration.sum", "warp_inst": "smsp__inst_executed.sum",
+              "imma_inst": "sm__inst_executed_pipe_tensor_op_imma.sum"}
+    logs = []
+    row, raw, cmd, units, rep = F.profile_case("q4k_nb_kdr4", "256x512x1024", chosen, tmp_path, ncu=str(ncu),
+                                               repeats=0, progress=logs.append)
+    assert row["selected_by"] == "launch_skip (nvtx matched none)" and "--nvtx" not in cmd
+    assert rep is not None and any("profiled no launch" in line for line in logs)
+
+
+def test_keep_reports_puts_the_focus_kernel_first_and_keeps_a_run_budget(tmp_path, monkeypatch):
+    from labkernels import ncu_rep
+
+    monkeypatch.setattr(ncu_rep, "kernel_hotspots", lambda rep, kernel, top=12: (_ for _ in ()).throw(
+        ncu_rep.NcuReportMissing("absent")))
+    monkeypatch.setattr(F, "RUN_REPORT_BUDGET", 250)
+    reps = {}
+    for case in ("q6k_generic@1x1x256", "q6k_expb_epi0@1x1x256", "q4k_nb_kdr4@1x1x256"):
+        p = tmp_path / f"{case.split('@')[0]}.ncu-rep"
+        p.write_bytes(b"x" * 100)
+        reps[case] = p
+    run = records.new_run("forensics", {}, root=tmp_path / "data")
+    kept, hot, errs = F.keep_reports(run, reps, spec_of=lambda c: {"variant": c.split("@")[0], "shape": "1x1x256"},
+                                     progress=lambda s: None)
+    assert kept["q6k_expb_epi0@1x1x256"] == "q6k_expb_epi0-1x1x256.ncu-rep"
+    assert kept["q6k_generic@1x1x256"] == "q6k_generic-1x1x256.ncu-rep"
+    assert kept["q4k_nb_kdr4@1x1x256"].startswith("not kept: the run's reports would pass 250")
+    assert run.attachments() == ["q6k_expb_epi0-1x1x256.ncu-rep", "q6k_generic-1x1x256.ncu-rep"]
+    assert hot.empty and set(errs) == set(reps)
+    run.finish()

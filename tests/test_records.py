@@ -230,3 +230,45 @@ def test_import_runs_cli(tmp_path, monkeypatch, capsys):
     f.write_text(f.read_text().replace("1.5", "1.6"))
     assert cli.main(["check-data"]) == 1
     assert str(f) in capsys.readouterr().err
+
+
+def test_attachment_is_manifested_and_verified(tmp_path):
+    """Run.attach keeps a file with the run (an .ncu-rep): in the metadata, in the manifest with its sha256, and
+    check-data verifies it like a table; size-capped, named, append-only."""
+    src = tmp_path / "x.ncu-rep"
+    src.write_bytes(b"NCU-REP" * 100)
+    root = tmp_path / "data"
+    run = records.new_run("forensics", {}, root=root)
+    run.append("t", {"x": 1})
+    p = run.attach("case-a.ncu-rep", src)
+    assert p.name == f"{run.run_id}.case-a.ncu-rep" and p.read_bytes() == src.read_bytes()
+    with pytest.raises(records.RecordError, match="already has it"):
+        run.attach("case-a.ncu-rep", src)
+    for bad in ("../x.ncu-rep", "a.csv", "A.ncu-rep", "noext", "m.manifest"):
+        with pytest.raises(records.RecordError, match="attachment name"):
+            run.attach(bad, src)
+    big = tmp_path / "big.bin"
+    big.write_bytes(b"0" * 2048)
+    with pytest.raises(records.RecordError, match="over the cap"):
+        run.attach("big.bin", big, max_bytes=1024)
+    run.finish()
+    with pytest.raises(records.RecordError, match="append-only"):
+        run.attach("late.ncu-rep", src)
+    man = json.loads(run.manifest_path.read_text())
+    entry = man["files"][p.name]
+    import hashlib
+    assert entry["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest() and "rows" not in entry
+    r = records.latest("forensics", root=root)
+    assert r.attachments() == ["case-a.ncu-rep"]
+    assert records.check_data(root) == (1, [])
+    # imported whole, attachment included
+    dest = tmp_path / "dest"
+    copied = records.import_runs(root, dest)
+    assert any(c.endswith(".case-a.ncu-rep") for c in copied)
+    # an edited attachment fails check-data, naming the file
+    p.write_bytes(b"NCU-REP" * 99 + b"X" * 7)
+    n, problems = records.check_data(root)
+    assert n == 1 and len(problems) == 1 and "case-a.ncu-rep" in problems[0] and "differs" in problems[0]
+    p.unlink()
+    n, problems = records.check_data(root)
+    assert "missing" in problems[0]

@@ -59,6 +59,7 @@ FOLDERS = {
     "sweep_bench": "08_dask_sweeps",
     "sweep_notebooks": "08_dask_sweeps",
     "decode": "09_decode",
+    "nvbench_check": "09_decode",               # nvbench vs the lab's harness on the headline ratios (rounds 7 and 9)
 }
 #: folders that hold the runs of several rounds (see above)
 SHARED = ("prefill", "peers", "gpu_suite")   # gpu_suite: the GPU test suite's runs (gpu-check's tests step), by tier

@@ -350,7 +350,16 @@ def step_gemv_step2(out, args) -> dict:
     return {"ok": True, "run": run.run_id}
 
 
-STEPS = {"decode": step_decode, "generate": step_generate, "gemv_step2": step_gemv_step2}
+def step_nvbench_check(out, args) -> dict:
+    """The headline ratios (round 7's GEMM at nt=512 / 4096, this round's GEMV at nt=1, each vs cuBLAS fp16) timed by
+    nvbench (cuda-bench) and by the lab's harness, compared within 2% (labkernels.nvbench_check)."""
+    from .. import nvbench_check
+
+    return nvbench_check.step_nvbench_check(out, args)
+
+
+STEPS = {"decode": step_decode, "generate": step_generate, "gemv_step2": step_gemv_step2,
+         "nvbench_check": step_nvbench_check}
 
 
 # ------------------------------------------------------------------------------------------ the page's tables
