@@ -14,7 +14,7 @@ no launch of the step takes a per-token host argument and one captured graph ser
 
 * embed: the prefill's ``embed`` kernel, reading the id from ``st``;
 * per layer: the norms (the prefill's ``rmsnorm`` / ``add_rmsnorm`` at one row), Q/K/V, O and the FFN through
-  :func:`labkernels.gpu.qmatmul` at nt = 1 with ``kernel="gemv_kq"`` for the q4_K / q6_K weights (the other types
+  :func:`labkernels.dispatch.qmatmul` at nt = 1 with ``kernel="gemv_kq"`` for the q4_K / q6_K weights (the other types
   through cuBLAS on the dequantized weight, as the prefill does), ``decode_qkv`` (kernels/decode.cu: the q/k norm,
   RoPE at ``p``, the q scale, the fp16 casts and the append of k, v as row ``p`` of the layer's cache), then
   ``decode_attn``: the query of every head over keys ``lo..p`` of the cache (``lo = max(0, p - window + 1)`` on
@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import gpu
+from . import dispatch, gpu
 from .kernels import registry
 from .trace import NullTracer
 
@@ -436,7 +436,7 @@ class Decoder:
     def _mm(self, x, w):
         if w.q is not None:
             self.families.append("gemv_kq")
-            return gpu.qmatmul(x, w.q, kernel="gemv_kq")
+            return dispatch.qmatmul(x, w.q, kernel="gemv_kq")
         self.families.append("cublas")
         return self.gm.matmul(x, w)
 

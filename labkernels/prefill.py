@@ -1,6 +1,6 @@
 """A whole prefill on the GPU with the lab's kernels (llama-family and gemma3, from GGUF metadata).
 
-Weights stay quantized on the GPU: q4_K / q6_K tensors go through :func:`labkernels.gpu.qmatmul` (``kernel=``
+Weights stay quantized on the GPU: q4_K / q6_K tensors go through :func:`labkernels.dispatch.qmatmul` (``kernel=``
 ``PrefillOptions.kernel``: ``auto`` picks round 7's ``wgmma_kq`` on sm_90 -- activations converted to fp16 once per
 shared input -- or the int8 families ``q4k_nb`` / ``q6k_expb`` behind one q8_1 prepass per shared input, from the
 recorded round-7 table); every other type (q5_0, q8_0, f16) is dequantized once at load
@@ -37,7 +37,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from . import attention, gpu, graph_nodes
+from . import attention, dispatch, gpu, graph_nodes
 from .kernels import registry
 from .arch import ModelConfig, config_from_model, global_tensors, layer_tensors
 from .trace import NullTracer
@@ -51,7 +51,7 @@ FUSIONS = ("fuse_add_norm", "fuse_rope", "fuse_qkv", "fuse_qk_norm", "fuse_qkv16
 
 @dataclass
 class PrefillOptions:
-    kernel: str = "auto"              # gpu.qmatmul's kernel for every q4_K / q6_K weight
+    kernel: str = "auto"              # dispatch.qmatmul's kernel for every q4_K / q6_K weight
     q6k_variant: dict = None          # template params of q6k_expb when the int8 family runs (default: gpu.gemm's)
     q4k_kdr: int = registry.default_variant("q4k_nb").p["KDR"]   # q4k_nb staging depth when the int8 family runs
     attn_f16: bool = False            # fp16 QK^T / PV (faster) instead of fp32
@@ -98,8 +98,8 @@ class PrefillOptions:
 
     def __post_init__(self):
         self.q6k_variant = dict(self.q6k_variant or {})
-        if self.kernel not in gpu.QMATMUL_KERNELS:
-            raise ValueError(f"unknown GEMM kernel {self.kernel!r}: one of {', '.join(gpu.QMATMUL_KERNELS)}")
+        if self.kernel not in dispatch.QMATMUL_KERNELS:
+            raise ValueError(f"unknown GEMM kernel {self.kernel!r}: one of {', '.join(dispatch.QMATMUL_KERNELS)}")
         if self.attention not in attention.BACKENDS:
             raise ValueError(f"unknown attention path {self.attention!r}: one of {', '.join(attention.BACKENDS)}")
         if self.attn_dtype not in attention.DTYPES:
@@ -307,10 +307,10 @@ class GpuModel:
     def family(self, w: Weight, n: int) -> str:
         """The GEMM family a k-quant weight takes at n tokens (the auto choice, or the named kernel)."""
         if self.opts.kernel == "int8":
-            return gpu._int8_default(w.qtype)[0]
+            return dispatch._int8_default(w.qtype)[0]
         if self.opts.kernel != "auto":
             return self.opts.kernel
-        return gpu.choose(w.qtype, n, w.od, w.id).family
+        return dispatch.choose(w.qtype, n, w.od, w.id).family
 
     def _act(self, x, fam: str, box: dict, tr, layer, weight):
         """The activation form a family reads, made once per shared input (box): fp16 for wgmma_kq, q8_1 tiles
@@ -344,7 +344,7 @@ class GpuModel:
             par = self.opts.q6k_variant
         elif fam == "q4k_nb":
             par = {"KDR": self.opts.q4k_kdr}
-        return gpu.qmatmul(a, w.q, kernel=fam, **par)
+        return dispatch.qmatmul(a, w.q, kernel=fam, **par)
 
     def matmul(self, x, w: Weight, box=None, tr=None, layer=None):
         """x [n, id] f32 -> [n, od] f32 with the weight's path (``box`` shares activation forms between calls)."""

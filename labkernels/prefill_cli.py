@@ -169,7 +169,7 @@ def _add_mode_args(p) -> None:
 
 
 def _kernels():
-    from .gpu import QMATMUL_KERNELS
+    from .dispatch import QMATMUL_KERNELS
 
     return QMATMUL_KERNELS
 
@@ -188,7 +188,7 @@ def register_cli(sub) -> None:
     p.add_argument("--prompt-ids", type=int, nargs="*", default=None)
     p.add_argument("--repeats", type=_count(1), default=3)
     p.add_argument("--attn-f16", action="store_true", help="fp16 QK^T/PV attention")
-    p.add_argument("--kernel", default="auto", choices=_kernels(), help="gpu.qmatmul kernel of the k-quant GEMMs")
+    p.add_argument("--kernel", default="auto", choices=_kernels(), help="dispatch.qmatmul kernel of the k-quant GEMMs")
     p.add_argument("--attention", default="auto", choices=_attention_paths(), help="attention path (auto: lab+cudnn "
                    "-- the lab's fused kernel where its launch splits over the keys, cuDNN elsewhere -- when the "
                    "frontend is usable; else the lab's kernel alone where it takes every layer (fp16), else the baseline, "
@@ -201,7 +201,7 @@ def register_cli(sub) -> None:
     q.add_argument("--nt", type=_count(1), default=3325)
     q.add_argument("--repeats", type=_count(1), default=3)
     q.add_argument("--attn-f16", action="store_true")
-    q.add_argument("--kernel", default="auto", choices=_kernels(), help="gpu.qmatmul kernel of the k-quant GEMMs")
+    q.add_argument("--kernel", default="auto", choices=_kernels(), help="dispatch.qmatmul kernel of the k-quant GEMMs")
     q.add_argument("--attention", default="auto", choices=_attention_paths(), help="attention path")
     _add_mode_args(q)
     q.add_argument("--json", action="store_true")

@@ -672,7 +672,7 @@ def main_scl(qtype: str, bn: int) -> int:
 
 
 def auto_table(root=None):
-    """The recorded choice table for ``gpu.qmatmul(kernel="auto")``: per (qtype, od, id, nt) of the latest
+    """The recorded choice table for ``dispatch.qmatmul(kernel="auto")``: per (qtype, od, id, nt) of the latest
     complete round-7 run that saw no power or thermal cap (:func:`labkernels.nvml.for_verdict`), the fastest GEMM
     family/variant measured (median over pairs). None without a run."""
     from . import nvml, records
@@ -1237,7 +1237,7 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
                                             "plane_bytes": w.plane_bytes, "plane_s": w.plane_s,   # q4_K's SCL=2 plane
                                             "bits_per_weight_with_plane": 8 * (w.nbytes + w.plane_bytes) / (od * id_)})
             w16 = gpu.dequant_f16(wq)
-            fam, fpar = gpu._int8_default(qtype)
+            fam, fpar = registry.default_variant(qtype).family, registry.default_variant(qtype).p
             for nt in nts:
                 x, xg, x16, y, tok = cases.point_inputs(rng, nt, od, id_)
                 vs = {}
