@@ -206,10 +206,89 @@ def register_cli(sub) -> None:
     _add_mode_args(q)
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=decompose_main)
-    from .decode import register_args
-
-    register_args(sub.add_parser("generate", help="round 9: greedy generation with a KV cache (prefill, then one "
+    register_generate_args(sub.add_parser("generate", help="round 9: greedy generation with a KV cache (prefill, then one "
                                  "captured decode step per token): decode tok/s, the prefill's time, the tokens"))
+
+
+# ------------------------------------------------------------------ labkernels generate (round 9's decode)
+
+
+def generate_main(args) -> int:
+    """``labkernels generate``: the request checked (before any GPU work), then one generate; tokens/s of the decode
+    replays (CUDA events around them), the host's share beside it, the prefill's time and the tokens."""
+    from .arch import config_from_model
+    from .decode import DecodeError, check_request, decode_problems
+    from .provenance import gpu_available
+
+    if args.prompt_ids is not None and len(args.prompt_ids) == 0:
+        raise DecodeError("--prompt-ids was given without any ids")
+    if args.prompt_tokens == 0 and not args.prompt_ids:
+        raise DecodeError("an empty prompt: give --prompt-tokens N (N >= 1) or --prompt-ids ID [ID ...]")
+    m = load_model(args.model)
+    cfg = config_from_model(m)
+    if args.prompt_ids and min(args.prompt_ids) < 0:
+        raise DecodeError(f"token id {min(args.prompt_ids)} is outside the vocabulary 0..{cfg.vocab - 1}")
+    toks = prompt_tokens(m, args.prompt_tokens, args.prompt_ids)
+    check_request(cfg, toks, args.new_tokens, "greedy", args.n_ctx)
+    bad = decode_problems(cfg)
+    if bad:
+        raise DecodeError(f"the decode path cannot take {cfg.arch} ({'; '.join(bad)})")
+    if not gpu_available():
+        raise SystemExit("labkernels generate needs a CUDA GPU with cupy; this machine has none")
+    from .prefill import GpuModel
+
+    gm = GpuModel(m, opts=options_from_args(args))
+    out = gm.generate(toks, args.new_tokens, n_ctx=args.n_ctx)
+    st = dict(gm.last_generate)
+    res = {"model": args.model, "arch": cfg.arch, "n_prompt": len(toks), "n_new": args.new_tokens,
+           "tokens": out, "prefill_gemm_families": gm.families_used(), **gm.attn.describe(), **st}
+    try:
+        from .prefill_ref import detokenize
+
+        res["text"] = detokenize(m, out)
+    except Exception:
+        pass
+    if args.json:
+        print(json.dumps(res, indent=1, default=str))
+        return 0
+    if st["mode"] == "graph":
+        first = "the first step eager and captured, then " if "first_step_capture_ms" in st else ""
+        dec = (f"{first}{st['replays']} graph replays" + (
+            f": {st['tok_per_s']:.0f} tok/s on the GPU (CUDA events, {st['gpu_ms']:.2f} ms), {st['tok_per_s_wall']:.0f} "
+            f"tok/s by the host clock (host outside the GPU span {st['host_outside_ms']:.2f} ms)" if st["replays"] else ""))
+    else:
+        dec = f"eager steps ({st.get('graph_refused') or 'asked'})" + (
+            f": {st['tok_per_s_eager']:.0f} tok/s" if st.get("tok_per_s_eager") else "")
+    print(f"{cfg.describe()}\nprefill {len(toks)} tokens (eager, filling the KV cache): {st['prefill_ms']:.1f} ms; "
+          f"decode {args.new_tokens} tokens: {dec}\ntokens: {out}" + (f"\ntext: {res['text']!r}" if "text" in res else ""))
+    return 0
+
+
+def register_generate_args(p) -> None:
+    """The ``generate`` subcommand's arguments (registered beside ``prefill``; the decode is :mod:`labkernels.decode`)."""
+    import argparse
+
+    p.add_argument("--model", required=True, help="GGUF path or a synthetic model name (synthetic-7b, "
+                   "synthetic-gemma3)")
+    p.add_argument("--prompt-tokens", type=_count(0), default=0,
+                   help="prompt length N >= 1 (0, the default: exactly the --prompt-ids)")
+    p.add_argument("--prompt-ids", type=int, nargs="*", default=None)
+    p.add_argument("--new-tokens", type=_count(1), default=128, help="tokens to generate (>= 1)")
+    p.add_argument("--n-ctx", type=_count(1), default=None,
+                   help="the KV cache's positions (default: prompt + new tokens rounded up to 256)")
+    p.add_argument("--attn-f16", action="store_true", help="the prefill's fp16 QK^T/PV attention")
+    p.add_argument("--kernel", default="auto", choices=_kernels(), help="the prefill's k-quant GEMM kernel (the decode "
+                   "steps run gemv_kq)")
+    p.add_argument("--attention", default="auto", choices=_attention_paths(), help="the prefill's attention path")
+    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="the decode step as one captured CUDA graph replayed per token: --graph requires it (a capture "
+                        "failure is an error), --no-graph runs eager steps; default: a graph where it captures, else "
+                        "eager steps (said why). The prefill that fills the cache runs eager")
+    p.add_argument("--f32-dense", action="store_true",
+                   help="the dequantized-once (non-k-quant) weights on fp32 cuBLAS (default: their fp16 copy)")
+    p.add_argument("--no-fuse", action="store_true", help="the prefill's unfused small kernels")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=generate_main)
 
 
 # ------------------------------------------------------------------ the recorded device runs (gpu-check steps)
