@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .gguf_check import ModelError, check_gguf  # ModelError: defined in gguf_check, the lowest module raising it
 from .paths import MODELS_DIR, REPO_ROOT
 
 GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
@@ -24,10 +25,6 @@ DEFAULT_MODEL = MODELS_DIR / GEMMA_FILE
 #: GGML type names this lab understands (others load but can't be used by the kernels)
 KQUANT_TYPES = {"Q4_K": "q4_K", "Q6_K": "q6_K"}
 KNOWN_TYPES = {"Q4_K": "q4_K", "Q6_K": "q6_K", "Q8_0": "q8_0", "Q5_0": "q5_0", "F32": "f32", "F16": "f16"}
-
-
-class ModelError(Exception):
-    """A model file or tensor that the lab cannot use, with the reason."""
 
 
 def default_model_path() -> Path:
@@ -164,8 +161,6 @@ def open_model(path=None) -> Model:
     file that passes is handed to gguf-py.
     """
     import gguf
-
-    from .gguf_check import check_gguf
 
     if path is not None and not str(path).strip():
         raise ModelError("model path is empty (give a GGUF file, or leave it out for the Gemma model)")
