@@ -53,7 +53,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import dispatch, gpu
+from . import dispatch, forward_common, gpu
+from .forward_common import GRAPH_RTOL, GraphCaptureError, check_act_mul_gu
 from .kernels import registry
 from .trace import NullTracer
 
@@ -465,8 +466,6 @@ class Decoder:
     def _ffn_in(self, il: int, h, L):
         cp = gpu.cp()
         gm, c = self.gm, self.cfg
-        from .prefill import check_act_mul_gu
-
         gu = gm.gate_up(il) if gm.opts.fuse_gate_up else None
         act = 0 if c.ffn_act == "gelu_tanh" else 1
         out16 = self._f16_ok([L["ffn_down"]])
@@ -572,10 +571,9 @@ class Decoder:
         """Eager warm-up step (in a private pool), capture of the step, first replay at the warm-up's position
         checked against it. Returns the warm-up's logits; sets self.graph, or raises GraphCaptureError."""
         from . import gemv, graph_nodes
-        from .prefill import GRAPH_RTOL, GraphCaptureError, _instantiate, graph_support
 
         cp = gpu.cp()
-        why = graph_support()
+        why = forward_common.graph_support()
         if why:
             raise GraphCaptureError(why)
         t0 = time.perf_counter()
@@ -605,7 +603,7 @@ class Decoder:
             try:
                 rew = graph_nodes.memsets_to_kernels(graw) if self.gm.opts.memsets_as_kernels else \
                     {"replaced": 0, "left": sum(r["type"] == "MEMSET" for r in graph_nodes.census(graw))}
-                g = _instantiate(graw)
+                g = forward_common._instantiate(graw)
             except BaseException as e:
                 graph_nodes.destroy(graw)
                 if isinstance(e, Exception):
@@ -671,8 +669,6 @@ class Decoder:
             try:
                 self._capture()                            # the first step runs eager inside
             except Exception as e:
-                from .prefill import GraphCaptureError
-
                 if want is True or not isinstance(e, GraphCaptureError):
                     raise
                 self.graph_refused = str(e)
