@@ -2,8 +2,9 @@
 
 Split from ``gpu.py`` (issue 42): ``gpu`` builds and launches kernels; this module picks a family and its
 parameters -- from round 7's recorded ``wgmma`` runs, round 9's recorded GEMV crossover and round 8's recorded
-sweeps, or a stated rule without them -- and calls the launcher. ``dispatch.qmatmul`` / ``dispatch.choose`` /
-``dispatch.last_choice`` / ``dispatch.Choice`` stay as names of ``gpu`` (forwarded here) for existing callers.
+sweeps (read through :mod:`labkernels.recorded_tables` and the records layer), or a stated rule without them --
+and calls the launcher. ``gpu.qmatmul`` / ``gpu.choose`` / ``gpu.last_choice`` / ``gpu.Choice`` stay as names of
+``gpu`` (forwarded here) for existing callers.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from . import gemv, gpu, wgmma
+from . import gemv, gpu, recorded_tables, wgmma
 from .kernels import registry
 
 
@@ -106,17 +107,15 @@ def _with_sweep_variant(ch: Choice, qtype: str, nt: int, od: int, id_: int, tabl
     """An int8 family's variant from the recorded Dask sweeps (``sweeps`` runs, data/08_dask_sweeps/: best variant per GPU model, qtype,
     shape class and nt, ranked inside each task's interleaved pairs) when one covers this GPU model, family and
     shape class; the family's registry default otherwise. Which one is said in the reason."""
-    from . import sweep
-
     if table is None and not gpu._has_gpu():
         return ch   # no device to name: the recorded tables are per GPU model
     try:
         gpu_model = gpu.device_props()["name"] if table is None else None
-        df = sweep.best_variants(gpu_model) if table is None else table
+        df = recorded_tables.best_variants(gpu_model) if table is None else table
         df = df[df.family == ch.family] if len(df) else df
         if len(df) == 0:
             return ch            # no sweep recorded this family on this GPU model
-        pick = sweep.pick_variant(qtype, od, id_, nt, gpu_model or "", table=df)
+        pick = recorded_tables.pick_variant(qtype, od, id_, nt, gpu_model or "", table=df)
     except Exception as e:   # pick_variant's "no row for this shape class" is the one expected case
         if type(e) is LookupError:
             return ch
