@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 import pandas as pd
+from . import records
 
 VALID_GAP = 0.05   # busy must be within 5% of wall for the decomposition to stand for the wall
 
@@ -286,8 +287,6 @@ def with_cudnn(run) -> bool:
 def latest_graph_run(model: str, table: str, root=None, cudnn: bool = True):
     """The newest recorded prefill_graph run (``prefill`` round) with table ``table`` whose throughput rows include
     ``model``, or None; ``cudnn``: with the cuDNN frontend (:func:`with_cudnn`; False: the newest run without it)."""
-    from . import records
-
     return records.latest("prefill", root, where=lambda r: r.has(table) and r.has("throughput")
                           and "variant" in r.table("throughput")   # a graph run's rows (not the A/B step's)
                           and model in set(r.table("throughput").model) and with_cudnn(r) == cudnn)

@@ -13,6 +13,7 @@ The *targets* (bars the lab set itself before a round) live here too, each with 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from . import records
 
 #: the model and prompt length of the prefill figures (llama-7B shapes, llama.cpp's Q4_K_M recipe; 3325 tokens
 #: is the seeds' decomposition's prompt)
@@ -88,8 +89,6 @@ def prefill_run(model: str = PREFILL_MODEL, root=None):
 
     run = latest_graph_run(model, "throughput", root=root, cudnn=True)
     if run is None:
-        from . import records
-
         raise FactError(f"no prefill_graph run of {model} with the cuDNN frontend under "
                         f"{(root or records.data_root()) / records.folder('prefill')}")
     return run
@@ -163,8 +162,6 @@ def prefill_target(fact: Fact) -> str:
 def gemm_run(root=None):
     """The GEMM benchmark of record: the newest complete round-7 benchmark run (``wgmma_bench``: every shape, nt,
     type and variant interleaved with cuBLAS fp16 and the int8 kernels, parity-gated before timing)."""
-    from . import records
-
     run = records.latest("wgmma", root, where=lambda r: r.has("wgmma_bench"))
     if run is None:
         raise FactError(f"no wgmma benchmark run under {(root or records.data_root()) / records.folder('wgmma')}")

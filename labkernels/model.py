@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import quants
 from .gguf_check import ModelError, check_gguf  # ModelError: defined in gguf_check, the lowest module raising it
 from .paths import MODELS_DIR, REPO_ROOT
 
@@ -93,8 +94,6 @@ class Tensor:
 
     def array(self) -> np.ndarray:
         """float32 values (dequantized through labkernels.quants for quantized types)."""
-        from . import quants
-
         if self.qtype == "f32":
             return np.asarray(self._reader_tensor.data, np.float32).reshape(self.shape)
         if self.qtype == "f16":
@@ -192,8 +191,6 @@ def check_values(path, name: str, ggml_type: str, data, data_offset: int | None 
     NaN/Inf -- llama.cpp refuses such rows when it loads a model (``ggml_validate_row_data``). Vectorized over the
     tensor's bytes (no dequantization); the ModelError names the file, the tensor, the first bad block (its row,
     its file offset) and how many there are."""
-    from . import quants
-
     qtype = KNOWN_TYPES.get(ggml_type)
     if qtype in ("f32", "f16"):
         arr = np.asarray(data)

@@ -6,6 +6,7 @@ import json
 import time
 
 import numpy as np
+from . import gpu
 
 #: a fixed English prompt as Gemma 3 token ids (bos first); checked by detokenize in the tests
 GEMMA_PROMPT = [2, 818, 5279, 529, 7001, 563]
@@ -94,7 +95,6 @@ def prefill_main(args) -> int:
         print(f"labkernels prefill: error: {err}", file=sys.stderr)
         return 2
     _need_gpu()
-    from . import gpu
     from .prefill import GpuModel, PrefillOptions, timed_prefill
     from .prefill_ref import detokenize
 
@@ -296,7 +296,6 @@ def register_generate_args(p) -> None:
 
 def parity_run(model_path: str, run, n_new: int = 32, progress=print, kernel: str = "auto") -> dict:
     """GPU prefill vs the CPU reference on Gemma: last-position logits (rel. error, top-k), greedy-32."""
-    from . import gpu
     from .prefill import GpuModel
     from .prefill_ref import detokenize, forward_ref, greedy_ref
     from .model import open_model

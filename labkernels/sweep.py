@@ -61,7 +61,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import nvml, records
+from . import nvml, provenance, quants, records, reference
 from .paths import REPORTS_DIR
 from .kernels import registry
 from .recorded_tables import SUMMARY_ROUND, best_variants, pick_variant, shape_class  # noqa: F401
@@ -292,8 +292,6 @@ def load_plan(src) -> Plan:
 
 def worker_identity(need_gpu: bool = False) -> dict:
     """Who runs this task: host, Dask worker, and (on a GPU worker) the physical GPU it is pinned to."""
-    from . import provenance
-
     ident = {"host": socket.gethostname(), "pid": os.getpid(), "worker": _worker_address(), "gpu_index": None,
              "gpu_uuid": None, "gpu_name": None, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     if provenance.gpu_available():
@@ -377,8 +375,6 @@ class _CpuStandin:
         self.spec = spec
 
     def prepare(self, w_raw, x):
-        from . import quants, reference
-
         a = reference.quantize_activations(x)
         nt, id_ = a.qs.shape
         self.xa = (a.qs.reshape(nt, id_ // 32, 32) * a.d.astype(np.float32)[..., None]).reshape(nt, id_)
@@ -816,8 +812,6 @@ def run_sweep(plan, cluster: str = "local:2", root=None, workdir=None, force: bo
     from distributed import as_completed
     from tqdm import tqdm
 
-    from . import provenance
-
     plan = plan if isinstance(plan, Plan) else load_plan(plan)
     root = Path(root) if root else records.data_root()
     sweep_id = f"{provenance.utc_now().replace('-', '').replace(':', '')}-{records._slug(plan.name)}-{plan.digest}"
@@ -1207,8 +1201,6 @@ def main(args) -> int:
     root = Path(args.data) if args.data else None
     scratch = None
     if root is None and stand_in(plan) and not args.record:
-        from . import provenance
-
         stamp = provenance.utc_now().replace("-", "").replace(":", "")
         scratch = REPORTS_DIR / "scratch" / "sweeps" / f"{stamp}-{records._slug(plan.name)}"
         root = scratch / "data"

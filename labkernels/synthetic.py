@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import quantize_ref, quants
 from .arch import (GEMMA3_ROPE_BASE_SWA, GEMMA3_SWA_PATTERN, ModelConfig, config_from_model, expected_shapes,
                    gguf_key, global_tensors, layer_tensors, tensor_name)
 from .model import ModelError, Tensor
@@ -293,7 +294,6 @@ class SyntheticTensor(Tensor):
         return self._owner._raw(self)
 
     def array(self) -> np.ndarray:
-        from . import quants
         r = self.raw()
         if self.ggml_type in _FLOAT:
             return r.view(_FLOAT[self.ggml_type]).astype(np.float32).reshape(self.shape)
@@ -400,7 +400,6 @@ class SyntheticModel:
         """[n_blocks, block_bytes] blocks of Gaussian (std 0.02) data quantized with the reference quantizer."""
         p = self._pools.get(gtype)
         if p is None:
-            from . import quantize_ref
             qk, nb = _QBLOCK[gtype]
             x = (self._rng(0x9001, zlib.crc32(gtype.encode())).standard_normal((POOL_ELEMS // 4096, 4096))
                  * WEIGHT_STD).astype(np.float32)

@@ -88,7 +88,7 @@ if thr:
                                  "labkernels.records.list_runs('prefill'))"))
     if "20261201T091516Z-h200-5033344a35" in set(hist.reset_index().run):
         print("Run 20261201T091516Z's auto rows were slowed by a per-forward kernel-choice lookup (~0.17 s per prefill), "
-              "fixed by memoizing dispatch.choose in commit 7a22206 and re-recorded as 20261201T092157Z.")
+              "fixed by memoizing gpu.choose in commit 7a22206 and re-recorded as 20261201T092157Z.")
 
 # %%
 # CPU-side reading of the recorded parity (needs the model file; skipped otherwise)

@@ -33,7 +33,7 @@ med = wgmma.medians(bench_df)
 # (q4_K) of cuBLAS fp16 on dequantized weights. Round 6 named the cause: ~21 warp instructions per IMMA, mostly
 # the per-sub-block float rescale that int8 accumulation forces. This round removes that epilogue altogether.
 #
-# **Design** (`labkernels/kernels/wgmma_kq.cu`, launcher `labkernels.wgmma`, entry `labkernels.dispatch.qmatmul`):
+# **Design** (`labkernels/kernels/wgmma_kq.cu`, launcher `labkernels.wgmma`, entry `labkernels.gpu.qmatmul`):
 # * `wgmma.mma_async.m64nBNk16.f32.f16.f16` (and `.bf16`) with the **weights as the register-sourced A operand**:
 #   each thread turns its rows' raw k-quant bits into fp16/bf16 fragments in registers — the sub-block scale (and
 #   q4_K's min) folded into every weight, so the accumulators are final: no per-k epilogue.
