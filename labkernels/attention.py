@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import gpu
+from . import gpu, graph_nodes
 
 log = logging.getLogger("labkernels.attention")
 
@@ -592,8 +592,6 @@ class Cudnn(Backend):
     def _build(self, n: int, kind: LayerKind, il):
         G = self._build_heuristic(n, kind, il)
         if self.plan == "no_memset":
-            from . import graph_nodes
-
             G, self.plan_notes[(n, kind, self.dtype)] = graph_nodes.no_memset_plan(self, n, kind, G)
         return G
 

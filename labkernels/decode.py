@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import dispatch, forward_common, gpu
+from . import dispatch, forward_common, gemv, gpu, graph_nodes
 from .forward_common import GRAPH_RTOL, GraphCaptureError, check_act_mul_gu
 from .kernels import registry
 from .trace import NullTracer
@@ -544,8 +544,6 @@ class Decoder:
     def _prepare(self) -> None:
         """The lazily built per-weight state (gemv_kq's q6_K planes, fp16 copies of dequantized weights) made before
         the private pool is in use."""
-        from . import gemv
-
         gm = self.gm
         ws = [gm.head] if gm.head is not None else []
         for il, L in enumerate(gm.layers):
@@ -570,8 +568,6 @@ class Decoder:
     def _capture(self):
         """Eager warm-up step (in a private pool), capture of the step, first replay at the warm-up's position
         checked against it. Returns the warm-up's logits; sets self.graph, or raises GraphCaptureError."""
-        from . import gemv, graph_nodes
-
         cp = gpu.cp()
         why = forward_common.graph_support()
         if why:

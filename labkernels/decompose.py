@@ -18,7 +18,8 @@ import time
 
 import numpy as np
 import pandas as pd
-from . import records
+
+from . import bench, gpu, peers, records
 
 VALID_GAP = 0.05   # busy must be within 5% of wall for the decomposition to stand for the wall
 
@@ -306,8 +307,6 @@ def graph_run_history(model: str, last: int = 4, root=None) -> pd.DataFrame:
     runs that do not name it) and the attention path (the throughput rows name it from 20261201T20, see
     :func:`_auto_attention` before; ``attention_ran``: which paths a routed backend took at that nt, in runs that
     record it, else None). Variants listed in :data:`SUPERSEDED` are left out."""
-    from . import peers, records
-
     rows, seen = [], []
     for r in records.list_runs("prefill", root)[::-1]:
         if not r.has("decompose_busy_wall") or not r.has("throughput"):
@@ -348,7 +347,6 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
     always come from a traced eager forward (the tracer tags each op's launches); in graph mode a traced replay's
     busy (its launches untagged; the union of their intervals, :func:`busy_union_ns`) is ``busy_replay_ms`` and the
     first traced replay's launch-by-launch gaps are ``replay_gaps`` (:func:`replay_gaps`)."""
-    from . import bench, gpu
     from .prefill import timed_prefill
     from .trace import CuptiTracer
 

@@ -13,7 +13,8 @@ The *targets* (bars the lab set itself before a round) live here too, each with 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from . import records
+
+from . import peers, records, wgmma
 
 #: the model and prompt length of the prefill figures (llama-7B shapes, llama.cpp's Q4_K_M recipe; 3325 tokens
 #: is the seeds' decomposition's prompt)
@@ -128,8 +129,6 @@ def prefill_vs_llama(model: str = PREFILL_MODEL, flash_attn: int = 1, root=None)
     on the same GGUF recipe and nt (llama.cpp's flash attention on: ``flash_attn=1``), the peers run named."""
     import pandas as pd
 
-    from . import peers
-
     run = prefill_run(model, root)
     t = run.table("throughput")
     t = t[(t.model == model) & (t.variant == RECORD_VARIANT)]
@@ -169,8 +168,6 @@ def gemm_run(root=None):
 
 
 def gemm_summary(root=None):
-    from . import wgmma
-
     return wgmma.summary(gemm_run(root).table("wgmma_bench"))
 
 

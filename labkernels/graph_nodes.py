@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+
 from . import gpu
 
 #: Gemma 3 270M's dense (non-k-quant) GEMMs of one layer: (rows of w, columns) -- q/k/v stacked (4x256 + 256 + 256),

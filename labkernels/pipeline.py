@@ -38,7 +38,7 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import provenance, records
+from . import forensics_driver, occupancy, provenance, records, rounds, sweep
 from .paths import NOTEBOOKS_DIR, PACKAGE_DIR, REPORTS_DIR
 
 TEMPLATE_DIR = PACKAGE_DIR / "templates"
@@ -262,14 +262,10 @@ def type_name(spec) -> str:
 # ---- the lab's tables a parameter may name (Known[table]): name -> (allowed values, accept(value) -> bool)
 
 def _profiles():
-    from . import occupancy
-
     return list(occupancy.load_profiles())
 
 
 def _profile_ok(v) -> bool:
-    from . import occupancy
-
     try:
         occupancy.profile(v)
         return True
@@ -296,8 +292,6 @@ def _r05_models():
 
 
 def _forensics_shapes():
-    from . import forensics_driver
-
     return list(forensics_driver.DEFAULT_SHAPES)
 
 
@@ -308,8 +302,6 @@ def _sweep_plans():
 
 
 def _sweep_plan_ok(v) -> bool:
-    from . import sweep
-
     try:
         sweep.plan_path(v)
         return True
@@ -551,8 +543,6 @@ def round_problems(nb: Path, params: dict, given: dict, declared: dict) -> list[
     * in replay, a ``Member[...]`` parameter must name a value of the replayed run's plan (``headline_nt`` among
       the recorded ``nts``), and the run itself must be one replay takes (:func:`labkernels.records.replay_run`);
     * the round's own ``check_plan(params)``, where it has one (round 5: the timeline layer exists in the model)."""
-    from . import provenance, records, rounds
-
     try:
         mod = rounds.module(nb.stem)
     except rounds.RoundError:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from . import attention, decode, dispatch, gpu, graph_nodes
+from . import attention, decode, dispatch, gpu, graph_nodes, wgmma
 from .kernels import registry
 from .forward_common import (GRAPH_RTOL, GraphCaptureError, RawGraph, _c_contig, _instantiate,  # noqa: F401
                              check_act_mul_gu, graph_support)
@@ -893,8 +893,6 @@ class GpuModel:
 
     def _wg_ready(self, w: Weight, n: int) -> None:
         if self.family(w, n) == "wgmma_kq" and w.q.wg is None and w.q.host is not None:
-            from . import wgmma
-
             w.q.wg = wgmma.WgWeight.from_gguf(np.asarray(w.q.host), w.q.qtype)
 
     def graphs(self) -> list[dict]:

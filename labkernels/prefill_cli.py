@@ -6,7 +6,8 @@ import json
 import time
 
 import numpy as np
-from . import gpu
+
+from . import gpu, synthetic
 
 #: a fixed English prompt as Gemma 3 token ids (bos first); checked by detokenize in the tests
 GEMMA_PROMPT = [2, 818, 5279, 529, 7001, 563]
@@ -28,8 +29,6 @@ def load_model(spec: str):
     """'synthetic-7b' (llama-7B shapes, Q4_K_M recipe, random weights), 'synthetic-gemma3' (Gemma 3 270M's shapes
     and recipe, random weights: a stand-in where the real file is not at hand) or a GGUF path."""
     if spec in SYNTHETIC:
-        from . import synthetic
-
         cfg = getattr(synthetic, SYNTHETIC[spec])()
         return synthetic.SyntheticModel(cfg, synthetic.q4_k_m_recipe(cfg), seed=1234)
     from .model import open_model

@@ -61,7 +61,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import nvml, provenance, quants, records, reference
+from . import bench, cases, gpu, nvml, provenance, quants, records, reference, rounds
 from .paths import REPORTS_DIR
 from .kernels import registry
 from .recorded_tables import SUMMARY_ROUND, best_variants, pick_variant, shape_class  # noqa: F401
@@ -332,8 +332,6 @@ class _GpuBackend:
     """The real kernels, timed with CUDA events and an L2 flush (labkernels.bench)."""
 
     def __init__(self, spec: dict):
-        from . import bench, gpu
-
         self.bench, self.gpu, self.cp, self.spec = bench, gpu, gpu.cp(), spec
         self.flush = bench.Flusher()
 
@@ -432,8 +430,6 @@ def run_bench(spec: dict, run, ident: dict, key: str = "", sweep_id: str = "") -
     """One bench task into ``run``: parity gate per variant, interleaved timing, tables ``kernels``,
     ``parity``, ``points`` (one row per variant and pair, with the device) and ``ratios`` (vs the first
     variant, per pair)."""
-    from . import bench, cases
-
     be = _GpuBackend(spec) if spec["backend"] == "gpu" else _CpuStandin(spec)
     qtype, od, id_, nt = spec["qtype"], spec["od"], spec["id"], spec["nt"]
     rng = np.random.default_rng(spec["seed"] or None)
@@ -1181,8 +1177,6 @@ def sweep_report(summary_run: str | None = None, root=None) -> dict:
 def stand_in(plan: Plan) -> bool:
     """A plan that measures nothing of record: every bench task on the numpy stand-in (backend: cpu) and every
     notebook task a CPU round (or a GPU round in cpu or replay mode)."""
-    from . import rounds
-
     for t in plan.tasks:
         if t.kind == "bench" and t.spec.get("backend") != "cpu":
             return False
