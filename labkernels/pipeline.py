@@ -40,6 +40,8 @@ from pathlib import Path
 
 from . import forensics_driver, occupancy, provenance, records, rounds, sweep
 from .paths import NOTEBOOKS_DIR, PACKAGE_DIR, REPORTS_DIR
+from .kernels import registry
+from .rounds import r05_wall
 
 TEMPLATE_DIR = PACKAGE_DIR / "templates"
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
@@ -274,20 +276,14 @@ def _profile_ok(v) -> bool:
 
 
 def _kdr_families():
-    from .kernels import registry
-
     return sorted({k.family for k in registry.KERNELS if "KDR" in k.p})
 
 
 def _q6k_variants():
-    from .kernels import registry
-
     return [v.name for v in registry.VARIANTS.values() if v.qtype == "q6_K"]
 
 
 def _r05_models():
-    from .rounds import r05_wall
-
     return list(r05_wall.MODELS)
 
 
