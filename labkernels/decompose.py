@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from . import bench, gpu, peers, records
+from .peers import with_cudnn  # noqa: F401  (defined in peers, the lowest module that reads it)
 
 VALID_GAP = 0.05   # busy must be within 5% of wall for the decomposition to stand for the wall
 
@@ -266,23 +267,6 @@ SUPERSEDED = {("f108e8f", "graph-fused-f16dense"): "set other_f16 after loading:
                                                     "aefb8c4)"}
 #: the graph options a history row names (runs before an option had it off)
 HISTORY_OPTIONS = ("other_f16", "pdl", "memsets_as_kernels", "ids_from_host")
-
-
-def with_cudnn(run) -> bool:
-    """Whether a prefill run had the project's whole GPU stack: its default attention (``auto``) did not run the
-    lab's kernel alone, which it does only without a usable cuDNN frontend -- read from a graph run's fused variants,
-    or from an A/B run's ``auto`` rows (runs whose rows do not name the path count as with it). The pages of record
-    read these runs; a run without the frontend is its own experiment."""
-    t = run.table("throughput")
-    if "attention" not in t:
-        return True
-    if "variant" in t:                 # prefill_graph runs: their fused variants
-        d = t[t.variant.isin(["graph-fused", "eager-fused"])]
-    elif "kernel" in t:                # the A/B step (prefill_r7): qmatmul(kernel="auto")'s rows
-        d = t[t.kernel == "auto"]
-    else:
-        return True
-    return d.empty or not (d.attention == "lab").all()
 
 
 def latest_graph_run(model: str, table: str, root=None, cudnn: bool = True):

@@ -958,7 +958,7 @@ def model_label(spec: str) -> str:
 
 def synthetic_7b_gguf(dest: Path, progress=_log) -> Path:
     """Write the synthetic llama-7B Q4_K_M that the lab's prefill runs use (same config, recipe and seed)."""
-    from .prefill_cli import load_model
+    from .synthetic import load_model
     from .synthetic import write_gguf
 
     dest = Path(dest)
@@ -1222,13 +1222,28 @@ def prefill_vs_llama(lab: pd.DataFrame, lab_gpu: str | None, peer_run_id: str | 
     return PeerComparison(table.reset_index(drop=True), msg, run.run_id, unmatched)
 
 
+def with_cudnn(run) -> bool:
+    """Whether a prefill run had the project's whole GPU stack: its default attention (``auto``) did not run the
+    lab's kernel alone, which it does only without a usable cuDNN frontend -- read from a graph run's fused variants,
+    or from an A/B run's ``auto`` rows (runs whose rows do not name the path count as with it). The pages of record
+    read these runs; a run without the frontend is its own experiment."""
+    t = run.table("throughput")
+    if "attention" not in t:
+        return True
+    if "variant" in t:                 # prefill_graph runs: their fused variants
+        d = t[t.variant.isin(["graph-fused", "eager-fused"])]
+    elif "kernel" in t:                # the A/B step (prefill_r7): qmatmul(kernel="auto")'s rows
+        d = t[t.kernel == "auto"]
+    else:
+        return True
+    return d.empty or not (d.attention == "lab").all()
+
+
 def latest_prefill_vs_llama(model: str, flash_attn: int | None = 1, root=None) -> PeerComparison:
     """The latest recorded prefill throughput run of ``model`` (median tok/s per nt, kernel and mode over its
     rounds) against llama-bench on the same GGUF and nt (:func:`prefill_vs_llama`, llama.cpp's flash attention
-    ``flash_attn``; None: both settings). A run without the cuDNN frontend (:func:`labkernels.decompose.with_cudnn`)
+    ``flash_attn``; None: both settings). A run without the cuDNN frontend (:func:`with_cudnn`)
     is its own experiment, not the lab's figure of record: it is skipped."""
-    from .decompose import with_cudnn
-
     run = records.latest("prefill", root=root, where=lambda r: r.has("throughput") and "model" in r.table("throughput")
                          and model in set(r.table("throughput").model) and with_cudnn(r))
     if run is None:

@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from . import gpu, synthetic
+from .synthetic import SYNTHETIC, load_model  # noqa: F401  (the model loader, in synthetic since issue 42)
 
 #: a fixed English prompt as Gemma 3 token ids (bos first); checked by detokenize in the tests
 GEMMA_PROMPT = [2, 818, 5279, 529, 7001, 563]
@@ -19,21 +20,6 @@ def _need_gpu():
     if not gpu_available():
         raise SystemExit("labkernels prefill/decompose need a CUDA GPU with cupy; this machine has none "
                          "(recorded runs render in replay mode: labkernels run 05)")
-
-
-#: the synthetic model specs load_model takes -> their config functions in labkernels.synthetic
-SYNTHETIC = {"synthetic-7b": "llama7b_config", "llama7b": "llama7b_config", "synthetic-gemma3": "gemma3_270m_config"}
-
-
-def load_model(spec: str):
-    """'synthetic-7b' (llama-7B shapes, Q4_K_M recipe, random weights), 'synthetic-gemma3' (Gemma 3 270M's shapes
-    and recipe, random weights: a stand-in where the real file is not at hand) or a GGUF path."""
-    if spec in SYNTHETIC:
-        cfg = getattr(synthetic, SYNTHETIC[spec])()
-        return synthetic.SyntheticModel(cfg, synthetic.q4_k_m_recipe(cfg), seed=1234)
-    from .model import open_model
-
-    return open_model(spec)
 
 
 def prompt_tokens(model, n: int, prompt_ids=None, seed: int = 0) -> list[int]:
