@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import gpu, occupancy
+
 
 
 def _cp():
@@ -277,8 +279,6 @@ def pair_ratios(rows, a: str, b: str) -> list[dict]:
 def kernel_row(family: str, **params) -> dict:
     """Resources of one instantiation: registers/local memory (CUDA attributes), smem, blocks/SM from the
     CUDA occupancy API and from labkernels' calculator (h200 profile)."""
-    from . import gpu, occupancy
-
     k = gpu.kernel(family, **params)
     calc = occupancy.occupancy("h200", k.spec.threads, k.regs, k.smem + k.static_smem)
     return {"kernel": k.spec.key, "regs": k.regs, "local_bytes": k.local_bytes, "dynamic_smem": k.smem,

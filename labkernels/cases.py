@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import gpu, quants, reference
 from .kernels import registry
 
 
@@ -27,8 +28,6 @@ class GateError(AssertionError):
 def synthetic_weights(qtype: str, od: int, id_: int, rng, base_rows: int = 256) -> np.ndarray:
     """Realistic quantized weights fast: quantize ``base_rows`` Gaussian rows with the reference quantizer
     and tile them to od rows (timing does not depend on which valid values the blocks hold)."""
-    from . import quants
-
     base = quants.quantize((rng.standard_normal((min(base_rows, od), id_)) * 0.02).astype(np.float32), qtype)
     reps = -(-od // base.shape[0])
     return np.ascontiguousarray(np.tile(base, (reps, 1))[:od])
@@ -42,8 +41,6 @@ def gate_tokens(rng, nt: int, n: int = 24) -> np.ndarray:
 def point_inputs(rng, nt: int, od: int, id_: int) -> tuple:
     """A timed point's inputs, drawn from ``rng``: (x float32 [nt, id] on the host, x on the device, its fp16 copy,
     a NaN-filled float32 output [nt, od], the gate's tokens)."""
-    from . import gpu
-
     cp = gpu.cp()
     x = rng.standard_normal((nt, id_)).astype(np.float32)
     xg = cp.asarray(x)
@@ -54,8 +51,6 @@ def references(w_raw, qtype: str, x, tokens=None, stride: int | None = None, f64
     """Both references of the gate, once per (weights, inputs): the exact integer one and the float64
     dequantized one of the GGUF rows ``w_raw`` (block ``stride``) on the ``tokens`` of ``x`` (all when None).
     ``f64``: "required" (needs gguf-py), or "optional" (without gguf, the integer reference alone)."""
-    from . import reference
-
     if f64 not in ("required", "optional"):
         raise ValueError(f"f64 must be 'required' or 'optional', got {f64!r}")
     x = np.asarray(x)
@@ -74,8 +69,6 @@ def references(w_raw, qtype: str, x, tokens=None, stride: int | None = None, f64
 def gate(y, refs: dict) -> dict:
     """THE parity gate: output ``y`` [nt, od] (host or cupy; the references' tokens are taken) against
     :func:`references`: max |y - ref| / max |ref| <= 1e-3 (integer), NMSE <= 5e-4 (float64), all finite."""
-    from . import reference
-
     y = np.asarray(y.get() if hasattr(y, "get") else y)
     if refs["tokens"] is not None:
         y = y[refs["tokens"]]
@@ -115,8 +108,6 @@ def launchers(w, xg, y, variants, kernels_dir=None) -> dict:
     """{variant name: zero-argument launch writing ``y``} for :class:`registry.Variant` s (or names) on the
     uploaded weight ``w`` and the cupy activations ``xg``; each activation format is made once. ``kernels_dir``:
     build the GEMMs from another folder of the same sources (:func:`labkernels.gpu.module`)."""
-    from . import gpu
-
     vs = [registry.variant(v) if isinstance(v, str) else v for v in variants]
     nt = xg.shape[0]
     acts = {}
@@ -144,8 +135,6 @@ class Case:
 
     def __init__(self, variant: str, nt: int, od: int, id_: int, seed: int = 0, stride: int | None = None):
         import cupy as cp
-
-        from . import gpu
 
         self.variant = registry.variant(variant)
         self.qtype, self.nt, self.od, self.id = self.variant.qtype, nt, od, id_

@@ -14,7 +14,7 @@ no launch of the step takes a per-token host argument and one captured graph ser
 
 * embed: the prefill's ``embed`` kernel, reading the id from ``st``;
 * per layer: the norms (the prefill's ``rmsnorm`` / ``add_rmsnorm`` at one row), Q/K/V, O and the FFN through
-  :func:`labkernels.gpu.qmatmul` at nt = 1 with ``kernel="gemv_kq"`` for the q4_K / q6_K weights (the other types
+  :func:`labkernels.dispatch.qmatmul` at nt = 1 with ``kernel="gemv_kq"`` for the q4_K / q6_K weights (the other types
   through cuBLAS on the dequantized weight, as the prefill does), ``decode_qkv`` (kernels/decode.cu: the q/k norm,
   RoPE at ``p``, the q scale, the fp16 casts and the append of k, v as row ``p`` of the layer's cache), then
   ``decode_attn``: the query of every head over keys ``lo..p`` of the cache (``lo = max(0, p - window + 1)`` on
@@ -53,7 +53,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import gpu
+from . import dispatch, forward_common, gemv, gpu, graph_nodes
+from .forward_common import GRAPH_RTOL, GraphCaptureError, check_act_mul_gu
 from .kernels import registry
 from .trace import NullTracer
 
@@ -436,7 +437,7 @@ class Decoder:
     def _mm(self, x, w):
         if w.q is not None:
             self.families.append("gemv_kq")
-            return gpu.qmatmul(x, w.q, kernel="gemv_kq")
+            return dispatch.qmatmul(x, w.q, kernel="gemv_kq")
         self.families.append("cublas")
         return self.gm.matmul(x, w)
 
@@ -465,8 +466,6 @@ class Decoder:
     def _ffn_in(self, il: int, h, L):
         cp = gpu.cp()
         gm, c = self.gm, self.cfg
-        from .prefill import check_act_mul_gu
-
         gu = gm.gate_up(il) if gm.opts.fuse_gate_up else None
         act = 0 if c.ffn_act == "gelu_tanh" else 1
         out16 = self._f16_ok([L["ffn_down"]])
@@ -545,8 +544,6 @@ class Decoder:
     def _prepare(self) -> None:
         """The lazily built per-weight state (gemv_kq's q6_K planes, fp16 copies of dequantized weights) made before
         the private pool is in use."""
-        from . import gemv
-
         gm = self.gm
         ws = [gm.head] if gm.head is not None else []
         for il, L in enumerate(gm.layers):
@@ -571,11 +568,8 @@ class Decoder:
     def _capture(self):
         """Eager warm-up step (in a private pool), capture of the step, first replay at the warm-up's position
         checked against it. Returns the warm-up's logits; sets self.graph, or raises GraphCaptureError."""
-        from . import gemv, graph_nodes
-        from .prefill import GRAPH_RTOL, GraphCaptureError, _instantiate, graph_support
-
         cp = gpu.cp()
-        why = graph_support()
+        why = forward_common.graph_support()
         if why:
             raise GraphCaptureError(why)
         t0 = time.perf_counter()
@@ -605,7 +599,7 @@ class Decoder:
             try:
                 rew = graph_nodes.memsets_to_kernels(graw) if self.gm.opts.memsets_as_kernels else \
                     {"replaced": 0, "left": sum(r["type"] == "MEMSET" for r in graph_nodes.census(graw))}
-                g = _instantiate(graw)
+                g = forward_common._instantiate(graw)
             except BaseException as e:
                 graph_nodes.destroy(graw)
                 if isinstance(e, Exception):
@@ -671,8 +665,6 @@ class Decoder:
             try:
                 self._capture()                            # the first step runs eager inside
             except Exception as e:
-                from .prefill import GraphCaptureError
-
                 if want is True or not isinstance(e, GraphCaptureError):
                     raise
                 self.graph_refused = str(e)
@@ -769,87 +761,3 @@ def generate(gm, prompt_ids, n_new, sampler: str = "greedy", n_ctx=None, graph="
     out = dec.generate(toks, int(n_new), graph=graph)
     gm.last_generate = dec.stats
     return out
-
-
-# ------------------------------------------------------------------------------------------------ the command line
-
-def generate_main(args) -> int:
-    """``labkernels generate``: the request checked (before any GPU work), then one generate; tokens/s of the decode
-    replays (CUDA events around them), the host's share beside it, the prefill's time and the tokens."""
-    import json
-
-    from .arch import config_from_model
-    from .prefill_cli import load_model, options_from_args, prompt_tokens
-    from .provenance import gpu_available
-
-    if args.prompt_ids is not None and len(args.prompt_ids) == 0:
-        raise DecodeError("--prompt-ids was given without any ids")
-    if args.prompt_tokens == 0 and not args.prompt_ids:
-        raise DecodeError("an empty prompt: give --prompt-tokens N (N >= 1) or --prompt-ids ID [ID ...]")
-    m = load_model(args.model)
-    cfg = config_from_model(m)
-    if args.prompt_ids and min(args.prompt_ids) < 0:
-        raise DecodeError(f"token id {min(args.prompt_ids)} is outside the vocabulary 0..{cfg.vocab - 1}")
-    toks = prompt_tokens(m, args.prompt_tokens, args.prompt_ids)
-    check_request(cfg, toks, args.new_tokens, "greedy", args.n_ctx)
-    bad = decode_problems(cfg)
-    if bad:
-        raise DecodeError(f"the decode path cannot take {cfg.arch} ({'; '.join(bad)})")
-    if not gpu_available():
-        raise SystemExit("labkernels generate needs a CUDA GPU with cupy; this machine has none")
-    from .prefill import GpuModel
-
-    gm = GpuModel(m, opts=options_from_args(args))
-    out = gm.generate(toks, args.new_tokens, n_ctx=args.n_ctx)
-    st = dict(gm.last_generate)
-    res = {"model": args.model, "arch": cfg.arch, "n_prompt": len(toks), "n_new": args.new_tokens,
-           "tokens": out, "prefill_gemm_families": gm.families_used(), **gm.attn.describe(), **st}
-    try:
-        from .prefill_ref import detokenize
-
-        res["text"] = detokenize(m, out)
-    except Exception:
-        pass
-    if args.json:
-        print(json.dumps(res, indent=1, default=str))
-        return 0
-    if st["mode"] == "graph":
-        first = "the first step eager and captured, then " if "first_step_capture_ms" in st else ""
-        dec = (f"{first}{st['replays']} graph replays" + (
-            f": {st['tok_per_s']:.0f} tok/s on the GPU (CUDA events, {st['gpu_ms']:.2f} ms), {st['tok_per_s_wall']:.0f} "
-            f"tok/s by the host clock (host outside the GPU span {st['host_outside_ms']:.2f} ms)" if st["replays"] else ""))
-    else:
-        dec = f"eager steps ({st.get('graph_refused') or 'asked'})" + (
-            f": {st['tok_per_s_eager']:.0f} tok/s" if st.get("tok_per_s_eager") else "")
-    print(f"{cfg.describe()}\nprefill {len(toks)} tokens (eager, filling the KV cache): {st['prefill_ms']:.1f} ms; "
-          f"decode {args.new_tokens} tokens: {dec}\ntokens: {out}" + (f"\ntext: {res['text']!r}" if "text" in res else ""))
-    return 0
-
-
-def register_args(p) -> None:
-    """The ``generate`` subcommand's arguments (labkernels.prefill_cli registers it beside ``prefill``)."""
-    import argparse
-
-    from .prefill_cli import _attention_paths, _count, _kernels
-
-    p.add_argument("--model", required=True, help="GGUF path or a synthetic model name (synthetic-7b, "
-                   "synthetic-gemma3)")
-    p.add_argument("--prompt-tokens", type=_count(0), default=0,
-                   help="prompt length N >= 1 (0, the default: exactly the --prompt-ids)")
-    p.add_argument("--prompt-ids", type=int, nargs="*", default=None)
-    p.add_argument("--new-tokens", type=_count(1), default=128, help="tokens to generate (>= 1)")
-    p.add_argument("--n-ctx", type=_count(1), default=None,
-                   help="the KV cache's positions (default: prompt + new tokens rounded up to 256)")
-    p.add_argument("--attn-f16", action="store_true", help="the prefill's fp16 QK^T/PV attention")
-    p.add_argument("--kernel", default="auto", choices=_kernels(), help="the prefill's k-quant GEMM kernel (the decode "
-                   "steps run gemv_kq)")
-    p.add_argument("--attention", default="auto", choices=_attention_paths(), help="the prefill's attention path")
-    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
-                   help="the decode step as one captured CUDA graph replayed per token: --graph requires it (a capture "
-                        "failure is an error), --no-graph runs eager steps; default: a graph where it captures, else "
-                        "eager steps (said why). The prefill that fills the cache runs eager")
-    p.add_argument("--f32-dense", action="store_true",
-                   help="the dequantized-once (non-k-quant) weights on fp32 cuBLAS (default: their fp16 copy)")
-    p.add_argument("--no-fuse", action="store_true", help="the prefill's unfused small kernels")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=generate_main)

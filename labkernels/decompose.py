@@ -19,6 +19,9 @@ import time
 import numpy as np
 import pandas as pd
 
+from . import bench, gpu, peers, records
+from .peers import with_cudnn  # noqa: F401  (defined in peers, the lowest module that reads it)
+
 VALID_GAP = 0.05   # busy must be within 5% of wall for the decomposition to stand for the wall
 
 
@@ -266,28 +269,9 @@ SUPERSEDED = {("f108e8f", "graph-fused-f16dense"): "set other_f16 after loading:
 HISTORY_OPTIONS = ("other_f16", "pdl", "memsets_as_kernels", "ids_from_host")
 
 
-def with_cudnn(run) -> bool:
-    """Whether a prefill run had the project's whole GPU stack: its default attention (``auto``) did not run the
-    lab's kernel alone, which it does only without a usable cuDNN frontend -- read from a graph run's fused variants,
-    or from an A/B run's ``auto`` rows (runs whose rows do not name the path count as with it). The pages of record
-    read these runs; a run without the frontend is its own experiment."""
-    t = run.table("throughput")
-    if "attention" not in t:
-        return True
-    if "variant" in t:                 # prefill_graph runs: their fused variants
-        d = t[t.variant.isin(["graph-fused", "eager-fused"])]
-    elif "kernel" in t:                # the A/B step (prefill_r7): qmatmul(kernel="auto")'s rows
-        d = t[t.kernel == "auto"]
-    else:
-        return True
-    return d.empty or not (d.attention == "lab").all()
-
-
 def latest_graph_run(model: str, table: str, root=None, cudnn: bool = True):
     """The newest recorded prefill_graph run (``prefill`` round) with table ``table`` whose throughput rows include
     ``model``, or None; ``cudnn``: with the cuDNN frontend (:func:`with_cudnn`; False: the newest run without it)."""
-    from . import records
-
     return records.latest("prefill", root, where=lambda r: r.has(table) and r.has("throughput")
                           and "variant" in r.table("throughput")   # a graph run's rows (not the A/B step's)
                           and model in set(r.table("throughput").model) and with_cudnn(r) == cudnn)
@@ -307,8 +291,6 @@ def graph_run_history(model: str, last: int = 4, root=None) -> pd.DataFrame:
     runs that do not name it) and the attention path (the throughput rows name it from 20261201T20, see
     :func:`_auto_attention` before; ``attention_ran``: which paths a routed backend took at that nt, in runs that
     record it, else None). Variants listed in :data:`SUPERSEDED` are left out."""
-    from . import peers, records
-
     rows, seen = [], []
     for r in records.list_runs("prefill", root)[::-1]:
         if not r.has("decompose_busy_wall") or not r.has("throughput"):
@@ -349,7 +331,6 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
     always come from a traced eager forward (the tracer tags each op's launches); in graph mode a traced replay's
     busy (its launches untagged; the union of their intervals, :func:`busy_union_ns`) is ``busy_replay_ms`` and the
     first traced replay's launch-by-launch gaps are ``replay_gaps`` (:func:`replay_gaps`)."""
-    from . import bench, gpu
     from .prefill import timed_prefill
     from .trace import CuptiTracer
 

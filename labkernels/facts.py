@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import peers, records, wgmma
+
 #: the model and prompt length of the prefill figures (llama-7B shapes, llama.cpp's Q4_K_M recipe; 3325 tokens
 #: is the seeds' decomposition's prompt)
 PREFILL_MODEL = "synthetic-7b"
@@ -88,8 +90,6 @@ def prefill_run(model: str = PREFILL_MODEL, root=None):
 
     run = latest_graph_run(model, "throughput", root=root, cudnn=True)
     if run is None:
-        from . import records
-
         raise FactError(f"no prefill_graph run of {model} with the cuDNN frontend under "
                         f"{(root or records.data_root()) / records.folder('prefill')}")
     return run
@@ -129,8 +129,6 @@ def prefill_vs_llama(model: str = PREFILL_MODEL, flash_attn: int = 1, root=None)
     on the same GGUF recipe and nt (llama.cpp's flash attention on: ``flash_attn=1``), the peers run named."""
     import pandas as pd
 
-    from . import peers
-
     run = prefill_run(model, root)
     t = run.table("throughput")
     t = t[(t.model == model) & (t.variant == RECORD_VARIANT)]
@@ -163,8 +161,6 @@ def prefill_target(fact: Fact) -> str:
 def gemm_run(root=None):
     """The GEMM benchmark of record: the newest complete round-7 benchmark run (``wgmma_bench``: every shape, nt,
     type and variant interleaved with cuBLAS fp16 and the int8 kernels, parity-gated before timing)."""
-    from . import records
-
     run = records.latest("wgmma", root, where=lambda r: r.has("wgmma_bench"))
     if run is None:
         raise FactError(f"no wgmma benchmark run under {(root or records.data_root()) / records.folder('wgmma')}")
@@ -172,8 +168,6 @@ def gemm_run(root=None):
 
 
 def gemm_summary(root=None):
-    from . import wgmma
-
     return wgmma.summary(gemm_run(root).table("wgmma_bench"))
 
 

@@ -20,7 +20,7 @@ What it checks (the rules of ggml's ``gguf.cpp`` reader, plus the lab's own):
   block size divides the row length; data at an offset that is a multiple of the alignment, inside the file,
   and not overlapping any other tensor's data.
 
-Every failure is a :class:`~labkernels.model.ModelError` naming the file, the byte offset and the field,
+Every failure is a :class:`ModelError` (also ``labkernels.model.ModelError``) naming the file, the byte offset and the field,
 e.g. ``h.gguf: offset 43: metadata 'arr' array length: 1099511627776 elements of uint8 need at least 1099511627776
 bytes up to offset 1099511627827 but the file has 51 bytes: truncated, or a corrupt count``. Every message about
 a file that ends before what its header describes says ``truncated`` and ``the file has N bytes``; no other
@@ -36,7 +36,10 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .model import ModelError
+
+class ModelError(Exception):
+    """A model file or tensor that the lab cannot use, with the reason."""
+
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)

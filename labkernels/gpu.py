@@ -816,37 +816,7 @@ def dense_fallbacks() -> list[dict]:
             for k, p in out]
 
 
-# ------------------------------------------------------------------ the one user-facing GEMM entry
-
-
-#: what ``qmatmul(kernel=...)`` accepts: every GEMM family of the lab, or "auto"
-QMATMUL_KERNELS = ("auto", "gemv_kq", "wgmma_kq", "int8", "q4k_nb", "q6k_expb", "q6k_generic")
-
-
-@dataclass(frozen=True)
-class Choice:
-    family: str
-    params: tuple      # ((name, value), ...)
-    reason: str
-
-    def describe(self) -> str:
-        p = ",".join(f"{k}={v}" for k, v in self.params)
-        return f"{self.family}[{p}] ({self.reason})"
-
-
-def _int8_default(qtype: str) -> tuple[str, dict]:
-    """The int8 family of a weight type and its parameters: ``registry.default_variant(qtype)``."""
-    v = registry.default_variant(qtype)
-    return v.family, v.p
-
-
-def choose(qtype: str, nt: int, od: int, id_: int, table=None, cc: int | None = None) -> Choice:
-    """The ``auto`` choice (see :func:`_choose`); memoized per process for the recorded table, since the prefill
-    asks once per weight per forward (a pandas lookup each time cost ~1 ms x 225 GEMMs = 0.17 s a 7B prefill)."""
-    check_gemm_shape(qtype, nt, od, id_, "choose")
-    if table is not None:
-        return _choose(qtype, nt, od, id_, table, cc)
-    return _choose_cached(qtype, int(nt), int(od), int(id_), cc)
+# ------------------------------------------------------------------ shape checks shared by the launchers and the dispatch
 
 
 #: the weight types the GEMM families take
@@ -868,91 +838,6 @@ def check_gemm_shape(qtype, nt, od, id_, what: str = "gemm") -> None:
         raise ShapeError(f"{what}: id={id_} is not a multiple of 256 (whole q4_K / q6_K super-blocks)")
 
 
-@lru_cache(maxsize=4096)
-def _choose_cached(qtype, nt, od, id_, cc):
-    return _choose(qtype, nt, od, id_, None, cc)
-
-
-def _choose(qtype: str, nt: int, od: int, id_: int, table=None, cc: int | None = None) -> Choice:
-    """The ``auto`` choice: the fastest family recorded by round 7 (``wgmma`` runs, data/07_wgmma_kquant/, latest complete) at the
-    nearest recorded (od, id) shape class (log distance) and nearest nt, among those that run on this device;
-    without a recorded run, a stated rule. Always says why."""
-    from . import wgmma
-
-    if cc is None:
-        cc = device_props()["cc"] if _has_gpu() else 0
-    table = wgmma.auto_table_cached() if table is None else table
-    if table is not None and len(table):
-        rows = table[(table.qtype == qtype)]
-        if not wgmma.supported(cc):
-            rows = rows[~rows.family.eq("wgmma_kq")]
-        if len(rows):
-            d = (np.log(rows.od / od) ** 2 + np.log(rows.id / id_) ** 2 + 0.25 * np.log(rows.nt / nt) ** 2)
-            r = rows.loc[d.idxmin()]
-            params = tuple((k, int(v)) for k, v in r.params.items())
-            why = f"fastest at {r.od}x{r.id} nt={r.nt} in run {r.run_id}"
-            p = dict(params)
-            sm = device_props()["sm_count"] if _has_gpu() else 132
-            if r.family == "wgmma_kq" and p.get("SK") in (2, 3):
-                if not wgmma.sk_fits(p["SK"], nt, od, id_, p["BN"], sm):   # the split-k grids take few shapes
-                    grid = {2: "uniform", 3: "tile-aligned"}[p["SK"]]
-                    why += f"; its {grid} split-k grid (SK={p['SK']}) does not fit {od}x{id_} nt={nt}: stream-K (SK=1)"
-                    params = tuple((k, 1 if k == "SK" else v) for k, v in params)
-                    if p.get("EPI") in (1, 2, 3):     # these epilogue forms take one segment per CTA: not stream-K
-                        params = tuple((k, 0 if k == "EPI" else v) for k, v in params)
-                        why += f" with the plain epilogue (EPI={p['EPI']} takes one segment per CTA)"
-                    p = dict(params)
-            if r.family == "wgmma_kq" and p.get("EPI") == 2 and od % 4:
-                params = tuple((k, 1 if k == "EPI" else v) for k, v in params)
-                why += f"; its TMA-store epilogue (EPI=2) needs od % 4 == 0, od={od}: the bulk fold alone (EPI=1)"
-            if r.family == "wgmma_kq" and p.get("EPI") == 4 and od % 4:
-                params = tuple((k, 0 if k == "EPI" else v) for k, v in params)
-                why += f"; its staged TMA store (EPI=4) needs od % 4 == 0, od={od}: the plain epilogue (EPI=0)"
-            if r.family == "wgmma_kq" and p.get("EPI") == 3:
-                if not wgmma.pair_fits(nt, od, id_, p["BN"], sm):
-                    params = tuple((k, 0 if k == "EPI" else v) for k, v in params)
-                    why += (f"; its pair exchange (EPI=3) needs two CTAs per tile, which SK=3 does not give at "
-                            f"{od}x{id_} nt={nt}: the plain epilogue (EPI=0)")
-            ch = Choice(r.family, params, why)
-            return ch if r.family == "wgmma_kq" else _with_sweep_variant(ch, qtype, nt, od, id_)
-    if wgmma.supported(cc):
-        return Choice("wgmma_kq", tuple(wgmma.default_params(qtype, nt).items()),
-                      "rule (no recorded round-7 run): wgmma on sm_90, BN=256 from nt=1024")
-    fam, par = _int8_default(qtype)
-    where = f"sm_{cc} has no wgmma" if cc else "no GPU here to run wgmma on"
-    return _with_sweep_variant(Choice(fam, tuple(par.items()), f"rule: the int8 family ({where})"),
-                               qtype, nt, od, id_)
-
-
-def _with_sweep_variant(ch: Choice, qtype: str, nt: int, od: int, id_: int, table=None) -> Choice:
-    """An int8 family's variant from the recorded Dask sweeps (``sweeps`` runs, data/08_dask_sweeps/: best variant per GPU model, qtype,
-    shape class and nt, ranked inside each task's interleaved pairs) when one covers this GPU model, family and
-    shape class; the family's registry default otherwise. Which one is said in the reason."""
-    from . import sweep
-
-    if table is None and not _has_gpu():
-        return ch   # no device to name: the recorded tables are per GPU model
-    try:
-        gpu_model = device_props()["name"] if table is None else None
-        df = sweep.best_variants(gpu_model) if table is None else table
-        df = df[df.family == ch.family] if len(df) else df
-        if len(df) == 0:
-            return ch            # no sweep recorded this family on this GPU model
-        pick = sweep.pick_variant(qtype, od, id_, nt, gpu_model or "", table=df)
-    except Exception as e:   # pick_variant's "no row for this shape class" is the one expected case
-        if type(e) is LookupError:
-            return ch
-        # a GPU query, a data folder or a table that cannot be read: say so, keep the default
-        import logging
-
-        logging.getLogger("labkernels.gpu").warning("sweep best-variant table not used: %s", e)
-        return Choice(ch.family, ch.params, ch.reason + f"; sweep best-variant table not used ({type(e).__name__}: {e})")
-    par = {k: int(v) for k, v in pick["params"].items() if k != "STRIDE"}   # the weight's own row stride wins
-    return Choice(ch.family, tuple({**dict(ch.params), **par}.items()),
-                  ch.reason + f"; variant {pick['kernel']} from sweep {pick['sweep_run']} "
-                              f"({pick['shape_class']}, nt={pick['nt_measured']})")
-
-
 def _has_gpu() -> bool:
     try:
         device_props()
@@ -961,84 +846,14 @@ def _has_gpu() -> bool:
         return False
 
 
-def qmatmul(x, w: QWeight, kernel: str = "auto", out=None, **params):
-    """Y[nt, od] (float32) = x[nt, id] * W^T for a q4_K / q6_K ``QWeight``.
-
-    ``x``: cupy float32 or float16 [nt, id]. ``kernel``: a family of the lab (``wgmma_kq`` -- round 7, sm_90a;
-    ``q4k_nb`` / ``q6k_expb`` / ``q6k_generic`` -- the int8 q8_1 families; ``int8``: the best int8 family of the
-    weight's type) or ``"auto"`` (see :func:`choose`);
-    ``params`` override the family's template parameters. The choice is logged (logger ``labkernels.gpu``) and
-    kept for :func:`last_choice`. Shapes or families that cannot take the input raise; nothing falls back."""
-    import logging
-
-    from . import wgmma
-
-    if not isinstance(kernel, str) or kernel not in QMATMUL_KERNELS:
-        raise ShapeError(f"unknown kernel {kernel!r}: one of {', '.join(QMATMUL_KERNELS)}")
-    if not isinstance(w, QWeight):
-        raise ShapeError(f"qmatmul takes a QWeight (gpu.QWeight.upload(raw, qtype)), got {type(w).__name__}")
-    if kernel == "int8":
-        kernel = _int8_default(w.qtype)[0]
-    if isinstance(x, Q8Tiles):     # a prepass shared between calls: the int8 families only
-        if kernel not in ("q4k_nb", "q6k_expb"):
-            raise ShapeError(f"q8_1 tiles are the input of q4k_nb / q6k_expb, not of {kernel!r}")
-        if x.id != w.id:
-            raise ShapeError(f"inner dimensions differ: activations id={x.id}, weights id={w.id}")
-        nt = x.nt
-    else:
-        x = _check_act(x)
-        if x.shape[1] != w.id:
-            raise ShapeError(f"inner dimensions differ: activations id={x.shape[1]}, weights id={w.id}")
-        nt = x.shape[0]
-    if kernel == "auto":
-        ch = None
-        if not isinstance(x, Q8Tiles) and _has_gpu() and device_props()["cc"] >= 80:   # round 9's recorded crossover
-            from . import gemv
-
-            dec = gemv.recorded_choice(w.qtype, nt, w.od, w.id, "f16" if x.dtype == np.float16 else "f32")
-            if dec is not None:
-                ch = Choice("gemv_kq", tuple(dec[0].items()), dec[1])
-        ch = ch or choose(w.qtype, nt, w.od, w.id)
-    elif kernel == "gemv_kq":
-        ch = Choice("gemv_kq", (("MT", 2), ("WARPS", 4)), "named")
-    elif kernel == "wgmma_kq":
-        ch = Choice("wgmma_kq", tuple(wgmma.default_params(w.qtype, nt).items()), "named")
-    else:
-        v = registry.default_variant(kernel)          # the family's default variant
-        if v.qtype != w.qtype:
-            raise ShapeError(f"{kernel} takes {v.qtype} weights, got {w.qtype}")
-        ch = Choice(kernel, v.params, f"named (variant {v.name})")
-    if params:
-        ch = Choice(ch.family, tuple({**dict(ch.params), **params}.items()), ch.reason + ", params overridden")
-    logging.getLogger("labkernels.gpu").info("qmatmul %s x %s %dx%d nt=%d -> %s", getattr(x, "dtype", "q8_1"),
-                                             w.qtype, w.od, w.id, nt, ch.describe())
-    _LAST["choice"] = ch
-    p = dict(ch.params)
-    if ch.family == "gemv_kq":
-        from . import gemv
-
-        if isinstance(x, Q8Tiles):
-            raise ShapeError("gemv_kq reads float16 / float32 activations, not q8_1 tiles")
-        return gemv.gemv(w, x, out=out, **p)
-    if ch.family == "wgmma_kq":
-        wgmma.require_sm90a()
-        if w.wg is None:
-            if w.host is None:   # the GGUF rows as given (a 224-byte q6_K upload keeps the 210-byte rows too)
-                raise ShapeError("wgmma_kq needs the GGUF rows of the weight (QWeight.upload keeps them)")
-            w.wg = wgmma.WgWeight.from_gguf(np.asarray(w.host), w.qtype)
-        if p.get("FORM") and w.wg.gguf is None and w.qtype == "q4_K":
-            w.wg.gguf = w.raw    # the shared-memory form reads the uploaded GGUF rows as they are
-        return wgmma.gemm(w.wg, x, out=out, **p)
-    if ch.family == "q6k_generic":
-        if x.dtype != np.float32:
-            x = x.astype(cp().float32)
-        return gemm_generic_q6k(w, quantize_q8_1_rows(x), nt, out=out)
-    return gemm(w, x if isinstance(x, Q8Tiles) else prepass(x), ch.family, out=out, **p)
+#: names that moved to :mod:`labkernels.dispatch` (issue 42), still answered here for notebooks and callers
+_DISPATCH_NAMES = frozenset({"qmatmul", "choose", "last_choice", "Choice", "QMATMUL_KERNELS", "_int8_default",
+                             "_choose", "_choose_cached", "_with_sweep_variant"})
 
 
-_LAST = {"choice": None}
+def __getattr__(name: str):
+    if name in _DISPATCH_NAMES:
+        from . import dispatch   # the one upward edge of gpu: dispatch imports gpu at module level
 
-
-def last_choice() -> Choice | None:
-    """The family (and why) that the latest :func:`qmatmul` call ran."""
-    return _LAST["choice"]
+        return getattr(dispatch, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

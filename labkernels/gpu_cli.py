@@ -230,7 +230,7 @@ def step_attention(out: Path, args) -> dict:
     """Issue 17: attention alone (cuDNN fused SDPA vs the lab's baseline vs PyTorch SDPA per backend, the 7B and
     Gemma 3 270M layouts, nt 512 / 3325 / 8192, interleaved CUDA-event medians; parity against the fp32 baseline),
     recorded as an ``attention`` run (data/05_wall_decomposition/); then round 5's decomposition of the synthetic 7B with --attention (auto)."""
-    from . import attention, records
+    from . import attention, attention_bench, records
 
     nts = [int(x) for x in args.attention_nts.split(",") if x]
     paths = attention.status()
@@ -239,7 +239,7 @@ def step_attention(out: Path, args) -> dict:
                                                      for k, d in attention.bench_layouts().items()},
                                          "nts": nts, "dtype": args.attn_dtype, "pairs": 3, "repeats": 10,
                                          "scopes": ["op", "kernel"], "paths": paths}, root=out / "data") as run:
-        res = attention.record_bench(run, nts=nts, dtype=args.attn_dtype, progress=_log)
+        res = attention_bench.record_bench(run, nts=nts, dtype=args.attn_dtype, progress=_log)
     from .rounds.r05_wall import decompose_models
 
     runs, valid = decompose_models(out, args, ["7b"])

@@ -24,6 +24,8 @@ import time
 
 import numpy as np
 
+from . import gpu
+
 #: Gemma 3 270M's dense (non-k-quant) GEMMs of one layer: (rows of w, columns) -- q/k/v stacked (4x256 + 256 + 256),
 #: gate and up stacked (2 x 2048), the tied output head (vocabulary x n_embd)
 GEMMA_DENSE = {"attn_qkv": (1536, 640), "ffn_gate_up": (4096, 640), "output_head": (262144, 640)}
@@ -42,8 +44,6 @@ class CaptureError(RuntimeError):
 
 
 def _rt():
-    from . import gpu
-
     return gpu.cp().cuda.runtime
 
 
@@ -169,8 +169,6 @@ def memsets_to_kernels(graph: int) -> dict:
     must not be instantiated yet."""
     from cuda.bindings import driver as drv
 
-    from . import gpu
-
     g = drv.CUgraph(int(graph))
     _, n = _check(drv.cuGraphGetNodes(g, 0), "cuGraphGetNodes")
     nodes, _ = _check(drv.cuGraphGetNodes(g, n), "cuGraphGetNodes") if n else ([], 0)
@@ -256,8 +254,6 @@ def _instantiate(graph: int) -> int:
 def time_graph(fn, stream, reps: int = 20, launches: int = 5) -> float:
     """Microseconds per call of ``fn`` from a graph of ``reps`` back-to-back calls replayed ``launches`` times
     (CUDA events, median): the node count's cost included."""
-    from . import gpu
-
     cp = gpu.cp()
     rt = _rt()
     g = capture(lambda: [fn() for _ in range(reps)], stream)
@@ -307,8 +303,6 @@ def _clear(a, stream) -> None:
 
 def _region_zero(ptr: int, nbytes: int) -> bool:
     """Whether device memory [ptr, ptr + nbytes) reads all zero (after the work that used it)."""
-    from . import gpu
-
     cp = gpu.cp()
     host = np.empty(nbytes, np.uint8)
     cp.cuda.runtime.memcpy(host.ctypes.data, ptr, nbytes, cp.cuda.runtime.memcpyDeviceToHost)
@@ -332,8 +326,6 @@ def dense_census(points=DENSE_POINTS, reps: int = 20, launches: int = 5, progres
     (bitwise), lt against gemm_ex (bitwise, max relative difference), both against float64 (``DENSE_RTOL``), the
     time per call in a graph, the cuBLASLt algorithm chosen (or why none), and whether each memset's region reads
     zero again after the GEMM (the kernel restoring its counters)."""
-    from . import gpu
-
     cp = gpu.cp()
     rng = np.random.default_rng(0)
     stream = cp.cuda.Stream(non_blocking=True)
@@ -429,8 +421,6 @@ def sdpa_census(nts=SDPA_NTS, plan_nts=SDPA_PLAN_NTS, dtype: str = "f16", reps: 
 def _backend_row(b, kind, n: int, ins, stream, reps: int, launches: int) -> tuple[dict, np.ndarray]:
     """One Cudnn backend's SDPA of (kind, n) run eager, then captured (census, replay) and timed in a graph:
     (row, its eager output)."""
-    from . import gpu
-
     cp = gpu.cp()
     q, k, v = ins
     o = cp.zeros((n, kind.n_head * kind.head_dim_v), q.dtype)
@@ -481,8 +471,6 @@ def _plan_trial(b, G, i: int, ins, width: int, stream) -> tuple[dict, np.ndarray
     replay): (row with
     plan_name, workspace_bytes, the node summary, memset_zero_after, graph_bitwise_eager, or error; its eager output
     as float64; its workspace buffer)."""
-    from . import gpu
-
     cp = gpu.cp()
     g = G["graph"]
     row = {"plan": str(i)}
@@ -514,8 +502,6 @@ def _max_rel(got: np.ndarray, ref: np.ndarray) -> float:
 
 
 def _sdpa_plans(b, label, kind, n, dtype, ins, eager, stream, reps, launches, deadline, progress) -> list[dict]:
-    from . import gpu
-
     try:
         G, count = _candidates(b, n, kind)
     except Exception as e:

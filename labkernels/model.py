@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import quants
+from .gguf_check import ModelError, check_gguf  # ModelError: defined in gguf_check, the lowest module raising it
 from .paths import MODELS_DIR, REPO_ROOT
 
 GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
@@ -24,10 +26,6 @@ DEFAULT_MODEL = MODELS_DIR / GEMMA_FILE
 #: GGML type names this lab understands (others load but can't be used by the kernels)
 KQUANT_TYPES = {"Q4_K": "q4_K", "Q6_K": "q6_K"}
 KNOWN_TYPES = {"Q4_K": "q4_K", "Q6_K": "q6_K", "Q8_0": "q8_0", "Q5_0": "q5_0", "F32": "f32", "F16": "f16"}
-
-
-class ModelError(Exception):
-    """A model file or tensor that the lab cannot use, with the reason."""
 
 
 def default_model_path() -> Path:
@@ -96,8 +94,6 @@ class Tensor:
 
     def array(self) -> np.ndarray:
         """float32 values (dequantized through labkernels.quants for quantized types)."""
-        from . import quants
-
         if self.qtype == "f32":
             return np.asarray(self._reader_tensor.data, np.float32).reshape(self.shape)
         if self.qtype == "f16":
@@ -165,8 +161,6 @@ def open_model(path=None) -> Model:
     """
     import gguf
 
-    from .gguf_check import check_gguf
-
     if path is not None and not str(path).strip():
         raise ModelError("model path is empty (give a GGUF file, or leave it out for the Gemma model)")
     path = Path(path) if path is not None else default_model_path()
@@ -197,8 +191,6 @@ def check_values(path, name: str, ggml_type: str, data, data_offset: int | None 
     NaN/Inf -- llama.cpp refuses such rows when it loads a model (``ggml_validate_row_data``). Vectorized over the
     tensor's bytes (no dequantization); the ModelError names the file, the tensor, the first bad block (its row,
     its file offset) and how many there are."""
-    from . import quants
-
     qtype = KNOWN_TYPES.get(ggml_type)
     if qtype in ("f32", "f16"):
         arr = np.asarray(data)

@@ -23,6 +23,7 @@ management library (``nvidia-ml-py``, module ``pynvml``), typed, instead of ``nv
 
 from __future__ import annotations
 
+import datetime as _dt
 import html
 import re
 import threading
@@ -49,6 +50,19 @@ _lock = threading.Lock()
 _state: dict = {}          # "nv": the initialized pynvml module, or "why": why NVML is not usable here
 _handles: dict = {}        # selector -> NVML device handle
 _log: list = []            # (seq, reasons mask or None) of every reading this process took
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def gpu_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
 
 
 def _reset() -> None:
@@ -82,9 +96,7 @@ def _nv():
 
 def _cuda_pci_bus_id() -> str | None:
     """The PCI bus id of CUDA's current device (the GPU this process computes on), or None without one."""
-    from . import provenance
-
-    if not provenance.gpu_available():
+    if not gpu_available():
         return None
     try:
         import cupy
@@ -159,8 +171,6 @@ def _seen(mask) -> int:
 def reading(pci_bus_id: str | None = None, full: bool = True) -> dict:
     """One NVML reading of a GPU (see the module doc); ``full=False``: clocks, power, temperature and reasons only
     (the per-round reading). ``{"absent": why}`` where NVML cannot be read."""
-    from .provenance import utc_now
-
     try:
         nv, h = _handle(pci_bus_id)
     except LookupError as e:

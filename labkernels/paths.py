@@ -12,3 +12,24 @@ CACHE_DIR = DATA_DIR / "cache"
 REPORTS_DIR = REPO_ROOT / "reports"
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 KERNELS_DIR = PACKAGE_DIR / "kernels"
+
+#: the one table of data folders: run series (the old folder names) -> the round folder its runs live in; a series
+#: not listed (``prefill``, ``peers``: shared by several rounds) is its own folder
+FOLDERS = {
+    "occupancy": "02_occupancy_calculator",      # the CUDA occupancy API vs the calculator
+    "q6k": "03_q6k_expanded_b",
+    "tile_ab": "03_q6k_expanded_b",              # the tile skeleton's old vs new builds (rounds 3 and 4's shapes)
+    "kdr_sweep": "04_kdr_sweep",
+    "q4k": "04_kdr_sweep",
+    "decompose": "05_wall_decomposition",
+    "attention": "05_wall_decomposition",        # fused attention alone (issue 17), shown by round 5's page
+    "forensics": "06_counter_forensics",
+    "wgmma": "07_wgmma_kquant",
+    "sweeps": "08_dask_sweeps",
+    "sweep_bench": "08_dask_sweeps",
+    "sweep_notebooks": "08_dask_sweeps",
+    "decode": "09_decode",
+    "nvbench_check": "09_decode",               # nvbench vs the lab's harness on the headline ratios (rounds 7 and 9)
+}
+#: folders that hold the runs of several rounds (see above)
+SHARED = ("prefill", "peers", "gpu_suite")   # gpu_suite: the GPU test suite's runs (gpu-check's tests step), by tier

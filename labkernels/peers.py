@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import nvml, provenance, records
 from .paths import CACHE_DIR, REPO_ROOT
 
 ROUND = "peers"
@@ -887,8 +888,6 @@ def _build_facts(peer_dir: Path) -> dict:
 
 def gpu_name() -> str | None:
     """The GPU model (NVML's name of the GPU CUDA numbers 0), or None without one."""
-    from . import nvml
-
     return nvml.identity().get("name")
 
 
@@ -904,8 +903,6 @@ def check_tbo_backend(facts: dict, backend: str, stderr: str = "") -> None:
 
 def gpu_cc() -> int:
     """Compute capability of GPU 0 as 100*major + 10*minor (NVML); 900 (H200) when it cannot say."""
-    from . import nvml
-
     try:
         major, minor = nvml.identity()["cc"].split(".")
         return 100 * int(major) + 10 * int(minor)
@@ -969,8 +966,7 @@ SYNTHETIC_LABELS = ("synthetic-7b", "synthetic-gemma3")
 def synthetic_gguf(label: str, dest: Path, progress=_log) -> Path:
     """Write the synthetic model ``label`` (SYNTHETIC_LABELS) that the lab's runs load (same config, recipe and seed:
     the same weights the lab's prefill and generate measure) as a GGUF for llama.cpp."""
-    from .prefill_cli import load_model
-    from .synthetic import write_gguf
+    from .synthetic import load_model, write_gguf
 
     if label not in SYNTHETIC_LABELS:
         raise PeerError(f"no synthetic model {label!r}; synthetic models: {', '.join(SYNTHETIC_LABELS)}")
@@ -1025,8 +1021,6 @@ def measure_bench(peer_dir: Path, models: list[str], run, raw_dir: Path, work: P
 
 
 def _open_run(out: Path, params: dict):
-    from . import records
-
     params = {**params, "gpu_name": gpu_name()}
     return records.recording(ROUND, params, root=Path(out) / "data")
 
@@ -1134,8 +1128,6 @@ def find_peer_run(gpu: str | None, table: str, run_id: str | None = None, root=N
     """(run, None) for the named peer run -- or, unnamed, the latest complete one -- that ran on the GPU model
     ``gpu`` and holds ``table`` (with a row for one of ``models`` when given: a later run of another model does not
     hide the latest one of this model); else (None, why)."""
-    from . import records
-
     if not gpu:
         return None, "the lab run records no GPU model"
     try:
@@ -1244,14 +1236,28 @@ def prefill_vs_llama(lab: pd.DataFrame, lab_gpu: str | None, peer_run_id: str | 
     return PeerComparison(table.reset_index(drop=True), msg, run.run_id, unmatched)
 
 
+def with_cudnn(run) -> bool:
+    """Whether a prefill run had the project's whole GPU stack: its default attention (``auto``) did not run the
+    lab's kernel alone, which it does only without a usable cuDNN frontend -- read from a graph run's fused variants,
+    or from an A/B run's ``auto`` rows (runs whose rows do not name the path count as with it). The pages of record
+    read these runs; a run without the frontend is its own experiment."""
+    t = run.table("throughput")
+    if "attention" not in t:
+        return True
+    if "variant" in t:                 # prefill_graph runs: their fused variants
+        d = t[t.variant.isin(["graph-fused", "eager-fused"])]
+    elif "kernel" in t:                # the A/B step (prefill_r7): qmatmul(kernel="auto")'s rows
+        d = t[t.kernel == "auto"]
+    else:
+        return True
+    return d.empty or not (d.attention == "lab").all()
+
+
 def latest_prefill_vs_llama(model: str, flash_attn: int | None = 1, root=None) -> PeerComparison:
     """The latest recorded prefill throughput run of ``model`` (median tok/s per nt, kernel and mode over its
     rounds) against llama-bench on the same GGUF and nt (:func:`prefill_vs_llama`, llama.cpp's flash attention
-    ``flash_attn``; None: both settings). A run without the cuDNN frontend (:func:`labkernels.decompose.with_cudnn`)
+    ``flash_attn``; None: both settings). A run without the cuDNN frontend (:func:`with_cudnn`)
     is its own experiment, not the lab's figure of record: it is skipped."""
-    from . import records
-    from .decompose import with_cudnn
-
     run = records.latest("prefill", root=root, where=lambda r: r.has("throughput") and "model" in r.table("throughput")
                          and model in set(r.table("throughput").model) and with_cudnn(r))
     if run is None:
@@ -1322,8 +1328,6 @@ def _bg_status(log: Path) -> str:
 def build_plan(dest: Path, jobs: int) -> str:
     """What ``peers build`` does when it builds from source, and how long it takes (printed instead of starting it
     without --yes)."""
-    from . import provenance
-
     gpu = provenance.gpu_available()
     return "\n".join([
         "labkernels peers build: no matching prebuilt tarball, so this would build llama.cpp from source:",
@@ -1468,8 +1472,6 @@ def bench_main(args) -> int:
 
 
 def gpu_run_main(args) -> int:
-    from . import records
-
     run_id = gpu_run(args.tarball, args.out, models=args.model or ["synthetic-7b"], mmq=not args.no_mmq,
                      bench=not args.no_bench)
     s = records.load(ROUND, run_id, Path(args.out).resolve() / "data").meta.get("summary", {})

@@ -38,8 +38,10 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import provenance, records
+from . import forensics_driver, occupancy, provenance, records, rounds, sweep
 from .paths import NOTEBOOKS_DIR, PACKAGE_DIR, REPORTS_DIR
+from .kernels import registry
+from .rounds import r05_wall
 
 TEMPLATE_DIR = PACKAGE_DIR / "templates"
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
@@ -262,14 +264,10 @@ def type_name(spec) -> str:
 # ---- the lab's tables a parameter may name (Known[table]): name -> (allowed values, accept(value) -> bool)
 
 def _profiles():
-    from . import occupancy
-
     return list(occupancy.load_profiles())
 
 
 def _profile_ok(v) -> bool:
-    from . import occupancy
-
     try:
         occupancy.profile(v)
         return True
@@ -278,26 +276,18 @@ def _profile_ok(v) -> bool:
 
 
 def _kdr_families():
-    from .kernels import registry
-
     return sorted({k.family for k in registry.KERNELS if "KDR" in k.p})
 
 
 def _q6k_variants():
-    from .kernels import registry
-
     return [v.name for v in registry.VARIANTS.values() if v.qtype == "q6_K"]
 
 
 def _r05_models():
-    from .rounds import r05_wall
-
     return list(r05_wall.MODELS)
 
 
 def _forensics_shapes():
-    from . import forensics_driver
-
     return list(forensics_driver.DEFAULT_SHAPES)
 
 
@@ -308,8 +298,6 @@ def _sweep_plans():
 
 
 def _sweep_plan_ok(v) -> bool:
-    from . import sweep
-
     try:
         sweep.plan_path(v)
         return True
@@ -551,8 +539,6 @@ def round_problems(nb: Path, params: dict, given: dict, declared: dict) -> list[
     * in replay, a ``Member[...]`` parameter must name a value of the replayed run's plan (``headline_nt`` among
       the recorded ``nts``), and the run itself must be one replay takes (:func:`labkernels.records.replay_run`);
     * the round's own ``check_plan(params)``, where it has one (round 5: the timeline layer exists in the model)."""
-    from . import provenance, records, rounds
-
     try:
         mod = rounds.module(nb.stem)
     except rounds.RoundError:

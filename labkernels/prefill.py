@@ -1,6 +1,6 @@
 """A whole prefill on the GPU with the lab's kernels (llama-family and gemma3, from GGUF metadata).
 
-Weights stay quantized on the GPU: q4_K / q6_K tensors go through :func:`labkernels.gpu.qmatmul` (``kernel=``
+Weights stay quantized on the GPU: q4_K / q6_K tensors go through :func:`labkernels.dispatch.qmatmul` (``kernel=``
 ``PrefillOptions.kernel``: ``auto`` picks round 7's ``wgmma_kq`` on sm_90 -- activations converted to fp16 once per
 shared input -- or the int8 families ``q4k_nb`` / ``q6k_expb`` behind one q8_1 prepass per shared input, from the
 recorded round-7 table); every other type (q5_0, q8_0, f16) is dequantized once at load
@@ -37,8 +37,10 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from . import attention, gpu, graph_nodes
+from . import attention, decode, dispatch, gpu, graph_nodes, wgmma
 from .kernels import registry
+from .forward_common import (GRAPH_RTOL, GraphCaptureError, RawGraph, _c_contig, _instantiate,  # noqa: F401
+                             check_act_mul_gu, graph_support)
 from .arch import ModelConfig, config_from_model, global_tensors, layer_tensors
 from .trace import NullTracer
 
@@ -51,7 +53,7 @@ FUSIONS = ("fuse_add_norm", "fuse_rope", "fuse_qkv", "fuse_qk_norm", "fuse_qkv16
 
 @dataclass
 class PrefillOptions:
-    kernel: str = "auto"              # gpu.qmatmul's kernel for every q4_K / q6_K weight
+    kernel: str = "auto"              # dispatch.qmatmul's kernel for every q4_K / q6_K weight
     q6k_variant: dict = None          # template params of q6k_expb when the int8 family runs (default: gpu.gemm's)
     q4k_kdr: int = registry.default_variant("q4k_nb").p["KDR"]   # q4k_nb staging depth when the int8 family runs
     attn_f16: bool = False            # fp16 QK^T / PV (faster) instead of fp32
@@ -98,8 +100,8 @@ class PrefillOptions:
 
     def __post_init__(self):
         self.q6k_variant = dict(self.q6k_variant or {})
-        if self.kernel not in gpu.QMATMUL_KERNELS:
-            raise ValueError(f"unknown GEMM kernel {self.kernel!r}: one of {', '.join(gpu.QMATMUL_KERNELS)}")
+        if self.kernel not in dispatch.QMATMUL_KERNELS:
+            raise ValueError(f"unknown GEMM kernel {self.kernel!r}: one of {', '.join(dispatch.QMATMUL_KERNELS)}")
         if self.attention not in attention.BACKENDS:
             raise ValueError(f"unknown attention path {self.attention!r}: one of {', '.join(attention.BACKENDS)}")
         if self.attn_dtype not in attention.DTYPES:
@@ -127,15 +129,6 @@ class PrefillOptions:
 
 def _freeze(v):
     return tuple(sorted(v.items())) if isinstance(v, dict) else v
-
-
-class GraphCaptureError(RuntimeError):
-    """The forward could not be captured as a CUDA graph (or its replay disagreed with the eager forward)."""
-
-
-#: graph replay vs the eager forward at capture: max |graph - eager| / max |eager| must not exceed this (the
-#: kernels and pointers are the same, so it is 0 unless a library picks another algorithm under capture)
-GRAPH_RTOL = 1e-4
 
 
 @dataclass(frozen=True)
@@ -307,10 +300,10 @@ class GpuModel:
     def family(self, w: Weight, n: int) -> str:
         """The GEMM family a k-quant weight takes at n tokens (the auto choice, or the named kernel)."""
         if self.opts.kernel == "int8":
-            return gpu._int8_default(w.qtype)[0]
+            return dispatch._int8_default(w.qtype)[0]
         if self.opts.kernel != "auto":
             return self.opts.kernel
-        return gpu.choose(w.qtype, n, w.od, w.id).family
+        return dispatch.choose(w.qtype, n, w.od, w.id).family
 
     def _act(self, x, fam: str, box: dict, tr, layer, weight):
         """The activation form a family reads, made once per shared input (box): fp16 for wgmma_kq, q8_1 tiles
@@ -344,7 +337,7 @@ class GpuModel:
             par = self.opts.q6k_variant
         elif fam == "q4k_nb":
             par = {"KDR": self.opts.q4k_kdr}
-        return gpu.qmatmul(a, w.q, kernel=fam, **par)
+        return dispatch.qmatmul(a, w.q, kernel=fam, **par)
 
     def matmul(self, x, w: Weight, box=None, tr=None, layer=None):
         """x [n, id] f32 -> [n, od] f32 with the weight's path (``box`` shares activation forms between calls)."""
@@ -900,8 +893,6 @@ class GpuModel:
 
     def _wg_ready(self, w: Weight, n: int) -> None:
         if self.family(w, n) == "wgmma_kq" and w.q.wg is None and w.q.host is not None:
-            from . import wgmma
-
             w.q.wg = wgmma.WgWeight.from_gguf(np.asarray(w.q.host), w.q.qtype)
 
     def graphs(self) -> list[dict]:
@@ -930,8 +921,6 @@ class GpuModel:
                  graph: bool | None = "opts") -> list[int]:
         """``n_new`` tokens after ``prompt_ids`` with a KV cache: the prefill fills the cache, then one decode step
         per token, captured once as a CUDA graph and replayed (:func:`labkernels.decode.generate`)."""
-        from . import decode
-
         return decode.generate(self, prompt_ids, n_new, sampler=sampler, n_ctx=n_ctx, graph=graph)
 
     def greedy(self, prompt, n_new: int = 32) -> list[int]:
@@ -1000,53 +989,7 @@ def timed_prefill(gm: GpuModel, tokens, repeats: int = 3, warmup: int = 1, graph
             "breakdown": {k: float(np.median([p[k] for p in parts])) for k in parts[0]} if parts else None}
 
 
-def graph_support() -> str | None:
-    """None when this CuPy can capture CUDA graphs (stream capture, private memory pools), else why not."""
-    cp = gpu.cp()
-    cuda = getattr(cp, "cuda", None)
-    missing = [n for n in ("Stream", "MemoryPool", "using_allocator") if not hasattr(cuda, n)]
-    if missing or not hasattr(getattr(cuda, "Stream", None), "begin_capture"):
-        return f"this CuPy has no CUDA stream capture (missing: {', '.join(missing) or 'Stream.begin_capture'})"
-    rt = getattr(cuda, "runtime", None)
-    if getattr(rt, "is_hip", False) or getattr(rt, "_is_hip_environment", False):
-        return "CUDA graph capture is not supported on HIP"
-    return None
 
-
-def _instantiate(graph):
-    return RawGraph(graph)
-
-
-class RawGraph:
-    """A captured ``cudaGraph_t`` and its executable (instantiated here); :meth:`launch` replays it on a stream.
-    Both are destroyed with this object (:meth:`close`)."""
-
-    def __init__(self, graph: int):
-        rt = gpu.cp().cuda.runtime
-        ge = int(rt.graphInstantiate(int(graph)))   # first: a failure leaves the graph to the caller, not to __del__
-        self.graph, self.exec = int(graph), ge
-
-    def launch(self, stream) -> None:
-        gpu.cp().cuda.runtime.graphLaunch(self.exec, stream.ptr)
-
-    def close(self) -> None:
-        rt = gpu.cp().cuda.runtime
-        if getattr(self, "exec", 0):
-            rt.graphExecDestroy(self.exec)
-            self.exec = 0
-        if getattr(self, "graph", 0):
-            rt.graphDestroy(self.graph)
-            self.graph = 0
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-
-def _c_contig(a) -> bool:
-    return bool(a.flags.c_contiguous)
 
 
 def _rows_contig(a) -> bool:
@@ -1083,14 +1026,7 @@ def check_add_rmsnorm(x, delta, w, pre=None) -> None:
             raise gpu.ShapeError(f"add_rmsnorm: {what} must be float32 [{x.shape[1]}], got {v.dtype} {tuple(v.shape)}")
 
 
-def check_act_mul_gu(gu, out, n_ff: int) -> None:
-    """act_mul_gu's arguments: gu f32 [rows, 2 * n_ff] and out [rows, n_ff] (f32 or f16), C-contiguous."""
-    if gu.ndim != 2 or str(gu.dtype) != "float32" or not _c_contig(gu) or gu.shape[1] != 2 * n_ff:
-        raise gpu.ShapeError(f"act_mul_gu: gu must be C-contiguous float32 [rows, {2 * n_ff}], got {gu.dtype} "
-                             f"{tuple(gu.shape)}")
-    if tuple(out.shape) != (gu.shape[0], n_ff) or str(out.dtype) not in ("float32", "float16") or not _c_contig(out):
-        raise gpu.ShapeError(f"act_mul_gu: out must be C-contiguous float32/float16 [{gu.shape[0]}, {n_ff}], got "
-                             f"{out.dtype} {tuple(out.shape)}")
+
 
 
 def check_rope_qkv16(q, k, v, n: int, n_head: int, n_head_kv: int, head_dim: int, head_dim_v: int,

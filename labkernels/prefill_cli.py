@@ -7,6 +7,9 @@ import time
 
 import numpy as np
 
+from . import gpu, synthetic
+from .synthetic import SYNTHETIC, load_model  # noqa: F401  (the model loader, in synthetic since issue 42)
+
 #: a fixed English prompt as Gemma 3 token ids (bos first); checked by detokenize in the tests
 GEMMA_PROMPT = [2, 818, 5279, 529, 7001, 563]
 
@@ -17,23 +20,6 @@ def _need_gpu():
     if not gpu_available():
         raise SystemExit("labkernels prefill/decompose need a CUDA GPU with cupy; this machine has none "
                          "(recorded runs render in replay mode: labkernels run 05)")
-
-
-#: the synthetic model specs load_model takes -> their config functions in labkernels.synthetic
-SYNTHETIC = {"synthetic-7b": "llama7b_config", "llama7b": "llama7b_config", "synthetic-gemma3": "gemma3_270m_config"}
-
-
-def load_model(spec: str):
-    """'synthetic-7b' (llama-7B shapes, Q4_K_M recipe, random weights), 'synthetic-gemma3' (Gemma 3 270M's shapes
-    and recipe, random weights: a stand-in where the real file is not at hand) or a GGUF path."""
-    if spec in SYNTHETIC:
-        from . import synthetic
-
-        cfg = getattr(synthetic, SYNTHETIC[spec])()
-        return synthetic.SyntheticModel(cfg, synthetic.q4_k_m_recipe(cfg), seed=1234)
-    from .model import open_model
-
-    return open_model(spec)
 
 
 def prompt_tokens(model, n: int, prompt_ids=None, seed: int = 0) -> list[int]:
@@ -94,7 +80,6 @@ def prefill_main(args) -> int:
         print(f"labkernels prefill: error: {err}", file=sys.stderr)
         return 2
     _need_gpu()
-    from . import gpu
     from .prefill import GpuModel, PrefillOptions, timed_prefill
     from .prefill_ref import detokenize
 
@@ -169,7 +154,7 @@ def _add_mode_args(p) -> None:
 
 
 def _kernels():
-    from .gpu import QMATMUL_KERNELS
+    from .dispatch import QMATMUL_KERNELS
 
     return QMATMUL_KERNELS
 
@@ -188,7 +173,7 @@ def register_cli(sub) -> None:
     p.add_argument("--prompt-ids", type=int, nargs="*", default=None)
     p.add_argument("--repeats", type=_count(1), default=3)
     p.add_argument("--attn-f16", action="store_true", help="fp16 QK^T/PV attention")
-    p.add_argument("--kernel", default="auto", choices=_kernels(), help="gpu.qmatmul kernel of the k-quant GEMMs")
+    p.add_argument("--kernel", default="auto", choices=_kernels(), help="dispatch.qmatmul kernel of the k-quant GEMMs")
     p.add_argument("--attention", default="auto", choices=_attention_paths(), help="attention path (auto: lab+cudnn "
                    "-- the lab's fused kernel where its launch splits over the keys, cuDNN elsewhere -- when the "
                    "frontend is usable; else the lab's kernel alone where it takes every layer (fp16), else the baseline, "
@@ -201,15 +186,94 @@ def register_cli(sub) -> None:
     q.add_argument("--nt", type=_count(1), default=3325)
     q.add_argument("--repeats", type=_count(1), default=3)
     q.add_argument("--attn-f16", action="store_true")
-    q.add_argument("--kernel", default="auto", choices=_kernels(), help="gpu.qmatmul kernel of the k-quant GEMMs")
+    q.add_argument("--kernel", default="auto", choices=_kernels(), help="dispatch.qmatmul kernel of the k-quant GEMMs")
     q.add_argument("--attention", default="auto", choices=_attention_paths(), help="attention path")
     _add_mode_args(q)
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=decompose_main)
-    from .decode import register_args
-
-    register_args(sub.add_parser("generate", help="round 9: greedy generation with a KV cache (prefill, then one "
+    register_generate_args(sub.add_parser("generate", help="round 9: greedy generation with a KV cache (prefill, then one "
                                  "captured decode step per token): decode tok/s, the prefill's time, the tokens"))
+
+
+# ------------------------------------------------------------------ labkernels generate (round 9's decode)
+
+
+def generate_main(args) -> int:
+    """``labkernels generate``: the request checked (before any GPU work), then one generate; tokens/s of the decode
+    replays (CUDA events around them), the host's share beside it, the prefill's time and the tokens."""
+    from .arch import config_from_model
+    from .decode import DecodeError, check_request, decode_problems
+    from .provenance import gpu_available
+
+    if args.prompt_ids is not None and len(args.prompt_ids) == 0:
+        raise DecodeError("--prompt-ids was given without any ids")
+    if args.prompt_tokens == 0 and not args.prompt_ids:
+        raise DecodeError("an empty prompt: give --prompt-tokens N (N >= 1) or --prompt-ids ID [ID ...]")
+    m = load_model(args.model)
+    cfg = config_from_model(m)
+    if args.prompt_ids and min(args.prompt_ids) < 0:
+        raise DecodeError(f"token id {min(args.prompt_ids)} is outside the vocabulary 0..{cfg.vocab - 1}")
+    toks = prompt_tokens(m, args.prompt_tokens, args.prompt_ids)
+    check_request(cfg, toks, args.new_tokens, "greedy", args.n_ctx)
+    bad = decode_problems(cfg)
+    if bad:
+        raise DecodeError(f"the decode path cannot take {cfg.arch} ({'; '.join(bad)})")
+    if not gpu_available():
+        raise SystemExit("labkernels generate needs a CUDA GPU with cupy; this machine has none")
+    from .prefill import GpuModel
+
+    gm = GpuModel(m, opts=options_from_args(args))
+    out = gm.generate(toks, args.new_tokens, n_ctx=args.n_ctx)
+    st = dict(gm.last_generate)
+    res = {"model": args.model, "arch": cfg.arch, "n_prompt": len(toks), "n_new": args.new_tokens,
+           "tokens": out, "prefill_gemm_families": gm.families_used(), **gm.attn.describe(), **st}
+    try:
+        from .prefill_ref import detokenize
+
+        res["text"] = detokenize(m, out)
+    except Exception:
+        pass
+    if args.json:
+        print(json.dumps(res, indent=1, default=str))
+        return 0
+    if st["mode"] == "graph":
+        first = "the first step eager and captured, then " if "first_step_capture_ms" in st else ""
+        dec = (f"{first}{st['replays']} graph replays" + (
+            f": {st['tok_per_s']:.0f} tok/s on the GPU (CUDA events, {st['gpu_ms']:.2f} ms), {st['tok_per_s_wall']:.0f} "
+            f"tok/s by the host clock (host outside the GPU span {st['host_outside_ms']:.2f} ms)" if st["replays"] else ""))
+    else:
+        dec = f"eager steps ({st.get('graph_refused') or 'asked'})" + (
+            f": {st['tok_per_s_eager']:.0f} tok/s" if st.get("tok_per_s_eager") else "")
+    print(f"{cfg.describe()}\nprefill {len(toks)} tokens (eager, filling the KV cache): {st['prefill_ms']:.1f} ms; "
+          f"decode {args.new_tokens} tokens: {dec}\ntokens: {out}" + (f"\ntext: {res['text']!r}" if "text" in res else ""))
+    return 0
+
+
+def register_generate_args(p) -> None:
+    """The ``generate`` subcommand's arguments (registered beside ``prefill``; the decode is :mod:`labkernels.decode`)."""
+    import argparse
+
+    p.add_argument("--model", required=True, help="GGUF path or a synthetic model name (synthetic-7b, "
+                   "synthetic-gemma3)")
+    p.add_argument("--prompt-tokens", type=_count(0), default=0,
+                   help="prompt length N >= 1 (0, the default: exactly the --prompt-ids)")
+    p.add_argument("--prompt-ids", type=int, nargs="*", default=None)
+    p.add_argument("--new-tokens", type=_count(1), default=128, help="tokens to generate (>= 1)")
+    p.add_argument("--n-ctx", type=_count(1), default=None,
+                   help="the KV cache's positions (default: prompt + new tokens rounded up to 256)")
+    p.add_argument("--attn-f16", action="store_true", help="the prefill's fp16 QK^T/PV attention")
+    p.add_argument("--kernel", default="auto", choices=_kernels(), help="the prefill's k-quant GEMM kernel (the decode "
+                   "steps run gemv_kq)")
+    p.add_argument("--attention", default="auto", choices=_attention_paths(), help="the prefill's attention path")
+    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="the decode step as one captured CUDA graph replayed per token: --graph requires it (a capture "
+                        "failure is an error), --no-graph runs eager steps; default: a graph where it captures, else "
+                        "eager steps (said why). The prefill that fills the cache runs eager")
+    p.add_argument("--f32-dense", action="store_true",
+                   help="the dequantized-once (non-k-quant) weights on fp32 cuBLAS (default: their fp16 copy)")
+    p.add_argument("--no-fuse", action="store_true", help="the prefill's unfused small kernels")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=generate_main)
 
 
 # ------------------------------------------------------------------ the recorded device runs (gpu-check steps)
@@ -217,7 +281,6 @@ def register_cli(sub) -> None:
 
 def parity_run(model_path: str, run, n_new: int = 32, progress=print, kernel: str = "auto") -> dict:
     """GPU prefill vs the CPU reference on Gemma: last-position logits (rel. error, top-k), greedy-32."""
-    from . import gpu
     from .prefill import GpuModel
     from .prefill_ref import detokenize, forward_ref, greedy_ref
     from .model import open_model

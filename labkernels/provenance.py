@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import platform
 import socket
 import subprocess
 from functools import lru_cache
 
+from . import nvml
+from .nvml import gpu_available, utc_now  # noqa: F401  (defined in nvml, the lowest module that needs them)
 from .paths import REPO_ROOT
-
-
-def utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _git(*args) -> str | None:
@@ -44,15 +41,6 @@ def short_commit() -> str:
 
 
 @lru_cache(maxsize=1)
-def gpu_available() -> bool:
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
-
-
 def gpu_info() -> dict | None:
     """GPU identity and state at the time of the call (None without a GPU)."""
     if not gpu_available():
@@ -77,8 +65,6 @@ def gpu_info() -> dict | None:
         "cupy": cupy.__version__,
     }
     # the driver, UUID and bus id from NVML (nvidia-ml-py); without NVML the keys are absent and "nvml" says why
-    from . import nvml
-
     ident = nvml.identity(dev.pci_bus_id)
     if "absent" in ident:
         info["nvml"] = ident["absent"]

@@ -56,7 +56,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import nvml, provenance
-from .paths import DATA_DIR
+from .paths import DATA_DIR, FOLDERS, SHARED
 
 RUN_ID_RX = re.compile(r"^\d{8}T\d{6}Z-[A-Za-z0-9_.-]+$")
 TABLE_RX = re.compile(r"[a-z0-9_]+")
@@ -87,8 +87,6 @@ def data_root() -> Path:
 def known_series() -> tuple[str, ...]:
     """The names a series (or a folder) may have: the keys and folders of ``labkernels.rounds.FOLDERS`` and the
     shared folders (``prefill``, ``peers``)."""
-    from .rounds import FOLDERS, SHARED
-
     return tuple(dict.fromkeys([*FOLDERS, *FOLDERS.values(), *SHARED]))
 
 
@@ -105,8 +103,6 @@ def check_series(series) -> str:
 def folder(series: str) -> str:
     """The data folder of a run series (``labkernels.rounds.FOLDERS``: a legacy folder name -> its round's folder;
     any other known name is its own folder). RecordError for a name that is not known (:func:`check_series`)."""
-    from .rounds import FOLDERS
-
     check_series(series)
     return FOLDERS.get(series, series)
 
@@ -914,8 +910,6 @@ def import_runs(src: Path, dest: Path | None = None) -> list[str]:
 # ------------------------------------------------------------------------------------------------ migration
 def legacy_folders(root: Path | None = None) -> list[Path]:
     """The folders under root named after a series whose runs now live in a round's folder (``data/q6k``...)."""
-    from .rounds import FOLDERS
-
     root = Path(root) if root else data_root()
     return [root / k for k, v in FOLDERS.items() if k != v and (root / k).is_dir()]
 

@@ -38,7 +38,7 @@ import os
 import re
 from pathlib import Path
 
-from . import nvml, provenance
+from . import nvml, provenance, records
 from .paths import REPO_ROOT
 
 MODES = ("auto", "measure", "replay", "cpu")
@@ -70,8 +70,6 @@ def resolve_mode(mode: str, round_name: str | None = None) -> str:
         raise ModeError("mode='measure' needs a CUDA GPU with cupy; this machine has none "
                         "(use mode='replay' to render recorded runs)")
     if mode == "replay" and round_name:
-        from . import records
-
         if records.replay_run(round_name) is None:
             raise ModeError(f"mode='replay' but no complete recorded run of round {round_name!r} under "
                             f"{records.data_root() / records.folder(round_name)}; measure it on a GPU first")

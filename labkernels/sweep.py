@@ -61,14 +61,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import nvml, records
+from . import bench, cases, gpu, nvml, provenance, quants, records, reference, rounds
 from .paths import REPORTS_DIR
 from .kernels import registry
+from .recorded_tables import SUMMARY_ROUND, best_variants, pick_variant, shape_class  # noqa: F401
 
 #: rounds (data/<round>/) written by sweeps
 BENCH_ROUND = "sweep_bench"
 NOTEBOOK_ROUND = "sweep_notebooks"
-SUMMARY_ROUND = "sweeps"
 EVENT_TOPIC = "labkernels-sweep"
 
 #: GEMM families a bench task can time (the int8 families of the registry's named variants), with their weight type
@@ -292,8 +292,6 @@ def load_plan(src) -> Plan:
 
 def worker_identity(need_gpu: bool = False) -> dict:
     """Who runs this task: host, Dask worker, and (on a GPU worker) the physical GPU it is pinned to."""
-    from . import provenance
-
     ident = {"host": socket.gethostname(), "pid": os.getpid(), "worker": _worker_address(), "gpu_index": None,
              "gpu_uuid": None, "gpu_name": None, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     if provenance.gpu_available():
@@ -334,8 +332,6 @@ class _GpuBackend:
     """The real kernels, timed with CUDA events and an L2 flush (labkernels.bench)."""
 
     def __init__(self, spec: dict):
-        from . import bench, gpu
-
         self.bench, self.gpu, self.cp, self.spec = bench, gpu, gpu.cp(), spec
         self.flush = bench.Flusher()
 
@@ -377,8 +373,6 @@ class _CpuStandin:
         self.spec = spec
 
     def prepare(self, w_raw, x):
-        from . import quants, reference
-
         a = reference.quantize_activations(x)
         nt, id_ = a.qs.shape
         self.xa = (a.qs.reshape(nt, id_ // 32, 32) * a.d.astype(np.float32)[..., None]).reshape(nt, id_)
@@ -436,8 +430,6 @@ def run_bench(spec: dict, run, ident: dict, key: str = "", sweep_id: str = "") -
     """One bench task into ``run``: parity gate per variant, interleaved timing, tables ``kernels``,
     ``parity``, ``points`` (one row per variant and pair, with the device) and ``ratios`` (vs the first
     variant, per pair)."""
-    from . import bench, cases
-
     be = _GpuBackend(spec) if spec["backend"] == "gpu" else _CpuStandin(spec)
     qtype, od, id_, nt = spec["qtype"], spec["od"], spec["id"], spec["nt"]
     rng = np.random.default_rng(spec["seed"] or None)
@@ -816,8 +808,6 @@ def run_sweep(plan, cluster: str = "local:2", root=None, workdir=None, force: bo
     from distributed import as_completed
     from tqdm import tqdm
 
-    from . import provenance
-
     plan = plan if isinstance(plan, Plan) else load_plan(plan)
     root = Path(root) if root else records.data_root()
     sweep_id = f"{provenance.utc_now().replace('-', '').replace(':', '')}-{records._slug(plan.name)}-{plan.digest}"
@@ -1009,12 +999,6 @@ def sweep_points(tasks: pd.DataFrame, root=None) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def shape_class(od: int, id_: int) -> str:
-    """square (od/id within 2x), tall (od > 2 id: e.g. FFN up/gate) or deep (id > 2 od: FFN down)."""
-    r = od / id_
-    return "square" if 0.5 <= r <= 2 else ("tall" if r > 2 else "deep")
-
-
 def best_from_points(points: pd.DataFrame) -> pd.DataFrame:
     """Best variant per (GPU model, qtype, shape class, nt). Each variant's time is first normalized inside its
     own timing session (median over pairs / the session's fastest), then scored by the geometric mean over
@@ -1044,46 +1028,6 @@ def best_from_points(points: pd.DataFrame) -> pd.DataFrame:
                     "median_us": float(rows.median_us.median()), "tops_eq": float(rows.tops_eq.median()),
                     "backend": rows.backend.iloc[0], "task_keys": ";".join(sorted(set(rows.task_key)))})
     return pd.DataFrame(out, columns=cols)
-
-
-def best_variants(gpu_model: str | None = None, qtype: str | None = None, root=None,
-                  backend: str | None = "gpu") -> pd.DataFrame:
-    """The recorded best-variant table: for every (GPU model, qtype, shape class, nt) the row of the most
-    recent complete sweep that measured it (with its ``sweep_run``); filtered by GPU model (substring,
-    case-insensitive), qtype and backend (``gpu``; ``cpu`` for stand-in sweeps; None for both)."""
-    root = Path(root) if root else records.data_root()
-    frames = []
-    for r in records.list_runs(SUMMARY_ROUND, root):
-        if r.has("best_variants"):
-            frames.append(r.table("best_variants").assign(sweep_run=r.run_id))
-    if not frames:
-        return pd.DataFrame()
-    df = pd.concat(frames, ignore_index=True).sort_values("sweep_run")
-    df = df.drop_duplicates(["gpu_model", "qtype", "shape_class", "nt", "backend"], keep="last")
-    if gpu_model:
-        df = df[df.gpu_model.str.lower().str.contains(gpu_model.lower(), regex=False)]
-    if qtype:
-        df = df[df.qtype == qtype]
-    if backend:
-        df = df[df.backend == backend]
-    return df.sort_values(["gpu_model", "qtype", "shape_class", "nt"]).reset_index(drop=True)
-
-
-def pick_variant(qtype: str, od: int, id_: int, nt: int, gpu_model: str, table: pd.DataFrame | None = None,
-                 root=None) -> dict:
-    """What ``kernel="auto"`` runs: the recorded best variant for this GPU model, qtype and shape class at the
-    measured nt nearest to ``nt`` (in log2). Raises LookupError when nothing was recorded for it."""
-    df = best_variants(gpu_model, qtype, root=root) if table is None else table
-    cls = shape_class(od, id_)
-    df = df[(df.qtype == qtype) & (df.shape_class == cls)] if not df.empty else df
-    if gpu_model and not df.empty:
-        df = df[df.gpu_model.str.lower().str.contains(gpu_model.lower(), regex=False)]
-    if df.empty:
-        raise LookupError(f"no recorded best variant for {gpu_model!r} {qtype} {cls} (od={od}, id={id_}); "
-                          "run a sweep of that GPU model first")
-    row = df.iloc[int(np.argmin(np.abs(np.log2(df.nt.to_numpy(float)) - math.log2(nt))))]
-    return {"family": row.family, "params": json.loads(row.params), "kernel": row.kernel, "nt_measured": int(row.nt),
-            "shape_class": cls, "gpu_model": row.gpu_model, "sweep_run": row.get("sweep_run")}
 
 
 def reproduction(points: pd.DataFrame, serial: pd.DataFrame, serial_again: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -1233,8 +1177,6 @@ def sweep_report(summary_run: str | None = None, root=None) -> dict:
 def stand_in(plan: Plan) -> bool:
     """A plan that measures nothing of record: every bench task on the numpy stand-in (backend: cpu) and every
     notebook task a CPU round (or a GPU round in cpu or replay mode)."""
-    from . import rounds
-
     for t in plan.tasks:
         if t.kind == "bench" and t.spec.get("backend") != "cpu":
             return False
@@ -1253,8 +1195,6 @@ def main(args) -> int:
     root = Path(args.data) if args.data else None
     scratch = None
     if root is None and stand_in(plan) and not args.record:
-        from . import provenance
-
         stamp = provenance.utc_now().replace("-", "").replace(":", "")
         scratch = REPORTS_DIR / "scratch" / "sweeps" / f"{stamp}-{records._slug(plan.name)}"
         root = scratch / "data"

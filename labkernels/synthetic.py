@@ -25,9 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+from . import quantize_ref, quants
 from .arch import (GEMMA3_ROPE_BASE_SWA, GEMMA3_SWA_PATTERN, ModelConfig, config_from_model, expected_shapes,
                    gguf_key, global_tensors, layer_tensors, tensor_name)
-from .model import ModelError, Tensor
+from .model import ModelError, Tensor, open_model
 
 __all__ = ["llama7b_config", "tiny_config", "q4_k_m_recipe", "use_more_bits", "recipe_counts", "SyntheticModel",
            "SyntheticTensor", "write_gguf", "metadata_from_config", "LLAMA_FTYPE_MOSTLY_Q4_K_M"]
@@ -293,7 +294,6 @@ class SyntheticTensor(Tensor):
         return self._owner._raw(self)
 
     def array(self) -> np.ndarray:
-        from . import quants
         r = self.raw()
         if self.ggml_type in _FLOAT:
             return r.view(_FLOAT[self.ggml_type]).astype(np.float32).reshape(self.shape)
@@ -400,7 +400,6 @@ class SyntheticModel:
         """[n_blocks, block_bytes] blocks of Gaussian (std 0.02) data quantized with the reference quantizer."""
         p = self._pools.get(gtype)
         if p is None:
-            from . import quantize_ref
             qk, nb = _QBLOCK[gtype]
             x = (self._rng(0x9001, zlib.crc32(gtype.encode())).standard_normal((POOL_ELEMS // 4096, 4096))
                  * WEIGHT_STD).astype(np.float32)
@@ -530,3 +529,16 @@ def build_report(cfg: ModelConfig | None = None, seed: int = 0) -> dict:
     return {"config": cfg.describe(), "setup_s": setup, "pools_s": pools, "build_s": rep["seconds"],
             "total_s": time.perf_counter() - t0, "bytes": rep["bytes"], "GiB": rep["bytes"] / 2**30,
             "tensors": rep["tensors"], "recipe": rec, "params": sum(math.prod(t.shape) for t in m.tensors())}
+
+
+#: the synthetic model specs load_model takes -> their config functions in labkernels.synthetic
+SYNTHETIC = {"synthetic-7b": "llama7b_config", "llama7b": "llama7b_config", "synthetic-gemma3": "gemma3_270m_config"}
+
+
+def load_model(spec: str):
+    """'synthetic-7b' (llama-7B shapes, Q4_K_M recipe, random weights), 'synthetic-gemma3' (Gemma 3 270M's shapes
+    and recipe, random weights: a stand-in where the real file is not at hand) or a GGUF path."""
+    if spec in SYNTHETIC:
+        cfg = globals()[SYNTHETIC[spec]]()
+        return SyntheticModel(cfg, q4_k_m_recipe(cfg), seed=1234)
+    return open_model(spec)

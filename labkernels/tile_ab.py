@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import bench, cases, records
+from . import bench, cases, gpu, records
 from .paths import REPO_ROOT
 
 #: the commit before the tile skeleton
@@ -69,8 +69,6 @@ def _summary(rows, key: dict) -> dict:
 
 
 def record(run, old_dir: Path, pairs: int = 5, repeats: int = 20, progress=print, cases_=AB_CASES) -> list[dict]:
-    from . import gpu
-
     cp = gpu.cp()
     flush = bench.Flusher()
     out = []

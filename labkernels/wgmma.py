@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import gpu, model, nvml, records, reference
 from .kernels import registry
 
 QK = 256
@@ -494,8 +495,6 @@ class WgKernel:
         ``cluster`` > 1 launches clusters of that many CTAs (EPI=3's pairs)."""
         from cuda.bindings import driver as drv
 
-        from . import gpu
-
         holders, params = gpu.kernel_params(args, prefix=(tmap,) if isinstance(tmap, bytes) else tuple(tmap))
         stream = _cp().cuda.get_current_stream().ptr
         pdl = gpu.pdl_active() and self.spec.source in gpu.pdl_sources()   # the prefill's graph capture (issue 18)
@@ -672,11 +671,9 @@ def main_scl(qtype: str, bn: int) -> int:
 
 
 def auto_table(root=None):
-    """The recorded choice table for ``gpu.qmatmul(kernel="auto")``: per (qtype, od, id, nt) of the latest
+    """The recorded choice table for ``dispatch.qmatmul(kernel="auto")``: per (qtype, od, id, nt) of the latest
     complete round-7 run that saw no power or thermal cap (:func:`labkernels.nvml.for_verdict`), the fastest GEMM
     family/variant measured (median over pairs). None without a run."""
-    from . import nvml, records
-
     run = records.latest("wgmma", root=root, where=lambda r: r.has("wgmma_bench") and nvml.for_verdict(r))
     if run is None:
         return None
@@ -1137,8 +1134,6 @@ def gate(y, w_raw: np.ndarray, qtype: str, x: np.ndarray, packed: np.ndarray | N
     ``w64`` / ``w16`` (gguf-py's dequantized / the emulated weights) may be passed in when one matrix is gated often."""
     import gguf
 
-    from . import reference
-
     x = np.asarray(x, np.float32)
     tok = np.arange(x.shape[0]) if tokens is None else np.asarray(tokens)
     y = np.asarray(y, np.float64)[tok]
@@ -1177,8 +1172,6 @@ def exact_gate(id_: int) -> float:
 def int8_path_error(w_raw: np.ndarray, qtype: str, x: np.ndarray) -> dict:
     """The error of the lab's int8 q8_1 path against the same float64 reference (its kernels equal the integer
     reference to ~1e-6, so the integer reference stands for them): for the 'smaller than int8' comparison."""
-    from . import reference
-
     a = reference.quantize_activations(x)
     ref = reference.gemm_int_ref(w_raw, qtype, a)
     ref64 = reference.gemm_f64_ref(w_raw, qtype, x)
@@ -1211,8 +1204,6 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
 
     from . import bench as B
     from . import cases
-    from . import gpu
-
     cp = _cp()
     rng = np.random.default_rng(seed or None)
     flush = B.Flusher()
@@ -1237,7 +1228,7 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
                                             "plane_bytes": w.plane_bytes, "plane_s": w.plane_s,   # q4_K's SCL=2 plane
                                             "bits_per_weight_with_plane": 8 * (w.nbytes + w.plane_bytes) / (od * id_)})
             w16 = gpu.dequant_f16(wq)
-            fam, fpar = gpu._int8_default(qtype)
+            fam, fpar = registry.default_variant(qtype).family, registry.default_variant(qtype).p
             for nt in nts:
                 x, xg, x16, y, tok = cases.point_inputs(rng, nt, od, id_)
                 vs = {}
@@ -1866,8 +1857,6 @@ def _plan_points(p: dict, rng):
     import gguf
 
     from . import cases
-    from . import gpu
-
     cp = _cp()
     for qtype in p["qtypes"]:
         for od, id_ in (tuple(s) for s in p["shapes"]):
@@ -2048,8 +2037,6 @@ def clock_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
     flush, with each one's CUDA-event time in the same round. Rows: ``wgmma_clock`` (variant, round, mhz_median,
     mhz_mean, median_us) and ``wgmma_clock_gate``."""
     from . import bench as B
-    from . import gpu
-
     p = {**CLOCK_AB, **(plan or {})}
     cp = _cp()
     flush = B.Flusher()
@@ -2144,8 +2131,6 @@ def kscan_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
     float32 output (:data:`CUBLAS_F32OUT`, :func:`labkernels.gpu.gemm_dense`): the kernel writes float32, cuBLAS's
     baseline of record float16, half the bytes. Rows: ``wgmma_kscan_ab``, ``wgmma_kscan_gate``."""
     from . import bench as B
-    from . import gpu
-
     p = {**KSCAN_AB, **(plan or {})}
     cp = _cp()
     rng = np.random.default_rng(seed or None)
@@ -2336,8 +2321,6 @@ def _time_with_cublas(run, name: str, calls: dict, point, pt, p: dict, flush, pr
     interleaved (``p``'s pairs and repeats, ``flush``), the rows into ``run`` table ``wgmma_<name>_ab`` and returned,
     each call's TOPS-eq logged."""
     from . import bench as B
-    from . import gpu
-
     qtype, od, id_, nt = point
     y16 = _cp().empty((nt, od), np.float16)
     calls = {**calls, "cublas_f16_cached": lambda: gpu.matmul_f16(pt.x16, pt.w16, out=y16)}
@@ -2412,8 +2395,6 @@ def kpair_real_rows(rng, progress=print, nts=KPAIR_REAL_NTS, defines=KPAIR, vari
     ``LK_EXP_KPAIR`` launch (or the form of it that ``defines`` name, its rows under ``variant``), NaN-poisoned output,
     :func:`gate` against gguf-py's float64 dequantization and the kernel's exact weights, the int8 q8_1 path's error on
     the same inputs beside it; a failed gate raises."""
-    from . import model
-
     cp = _cp()
     rows = []
     for name, qtype, raw in model.load_kquant():
@@ -2830,8 +2811,6 @@ def real_model_rows(rng, progress=print, forms=REAL_MODEL_FORMS) -> list[dict]:
     under every scheduler and epilogue form in ``forms`` (at 37 tokens stream-K splits every tile's k over several
     CTAs: the fix-up is gated), with the int8 q8_1 path's error on the same inputs beside it. The pair exchange
     (EPI=3) runs at :func:`pair_nt` tokens instead, the fewest at which the tensor's tiles get two CTAs each."""
-    from . import model
-
     cp = _cp()
     sm = _sm_count(cp.cuda.Device().id)
     rows = []

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from labkernels import gpu, quants, reference
+from labkernels import dispatch, gpu, quants, reference
 
 
 class _FakeCuda:
@@ -365,14 +365,14 @@ def install_wgmma(monkeypatch, f16_only: bool = True):
     monkeypatch.setattr(wgmma.WgWeight, "from_gguf", staticmethod(from_gguf))
     monkeypatch.setattr(wgmma, "gemm", fake_wg_gemm)
     calls = []
-    real_qmatmul = gpu.qmatmul
+    real_qmatmul = dispatch.qmatmul
 
     def counting_qmatmul(x, w, kernel="auto", out=None, **p):
         y = real_qmatmul(x, w, kernel=kernel, out=out, **p)
-        calls.append(gpu.last_choice().family)
+        calls.append(dispatch.last_choice().family)
         return y
 
-    monkeypatch.setattr(gpu, "qmatmul", counting_qmatmul)
+    monkeypatch.setattr(dispatch, "qmatmul", counting_qmatmul)
     return calls
 
 

@@ -7,7 +7,7 @@ import types
 import numpy as np
 import pytest
 
-from labkernels import attention
+from labkernels import attention, attention_bench
 from labkernels.attention import AttentionError, AttentionUnavailable, LayerKind
 
 
@@ -275,7 +275,7 @@ def test_bench_records_what_ran_and_what_could_not(monkeypatch, tmp_path):
     monkeypatch.setattr(bench, "Flusher", lambda: None)
     lay = {"tiny": {"causal": LayerKind(2, 1, 16, 16, 0, 0.25), "sliding": LayerKind(2, 1, 16, 16, 5, 0.25)}}
     with records.recording("attention", {"test": True}, root=tmp_path) as run:
-        res = attention.record_bench(run, layouts=lay, nts=(12,), pairs=2, progress=lambda s: None)
+        res = attention_bench.record_bench(run, layouts=lay, nts=(12,), pairs=2, progress=lambda s: None)
     assert res["ok"] and len(calls) == 2 * 2 * 2          # 2 kinds x 2 baseline variants x 2 pairs (op scope only)
     r = records.load("attention", run.run_id, root=tmp_path)
     assert r.meta["status"] == "complete" and r.meta["summary"]["parity_ok"] is True

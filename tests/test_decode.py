@@ -333,7 +333,7 @@ class _Stream:
 def _fake_capture(monkeypatch, cp, corrupt: bool = False):
     """A stand-in stream capture: the captured work is kept and each replay runs it again (``corrupt``: and then
     spoils the logits the replay wrote, as a graph reading a stale buffer would)."""
-    from labkernels import graph_nodes, prefill
+    from labkernels import forward_common, graph_nodes, prefill
 
     steps = []
     real_step = decode.Decoder._step_device
@@ -363,11 +363,11 @@ def _fake_capture(monkeypatch, cp, corrupt: bool = False):
     monkeypatch.setattr(cp, "cuda", cuda)
     monkeypatch.setattr(cp, "abs", np.abs, raising=False)
     monkeypatch.setattr(decode.Decoder, "_step_device", step_device)
-    monkeypatch.setattr(prefill, "graph_support", lambda: None)
+    monkeypatch.setattr(forward_common, "graph_support", lambda: None)
     monkeypatch.setattr(graph_nodes, "capture", lambda work, stream: work)
     monkeypatch.setattr(graph_nodes, "destroy", lambda g: None)
     monkeypatch.setattr(graph_nodes, "memsets_to_kernels", lambda g: {"replaced": 0, "left": 0})
-    monkeypatch.setattr(prefill, "_instantiate", Replay)
+    monkeypatch.setattr(forward_common, "_instantiate", Replay)
 
 
 def test_the_graph_path_replays_the_captured_step(monkeypatch):
@@ -431,7 +431,7 @@ def test_stored_weight_bytes_is_what_gguf_py_says_a_decode_step_reads():
     import gguf
 
     from labkernels import model as model_mod
-    from labkernels.prefill_cli import load_model
+    from labkernels.synthetic import load_model
     from labkernels.rounds import r09_decode
 
     m = model_mod.open_model()

@@ -61,7 +61,7 @@ def _readme_snippet():
 
     code = re.search(r"```python\n(.*?)```", (REPO_ROOT / "README.md").read_text(), flags=re.S).group(1)
     cpu, sep, gpu = code.partition("# --- on an NVIDIA GPU")
-    assert sep and "gpu.qmatmul" in gpu and "QWeight.upload" in gpu
+    assert sep and "dispatch.qmatmul" in gpu and "QWeight.upload" in gpu
     return cpu, cpu + sep + gpu
 
 

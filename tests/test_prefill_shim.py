@@ -112,7 +112,7 @@ def test_attention_f16_path_matches_f32(monkeypatch):
 
 def test_prefill_wgmma_path_matches_float_reference(monkeypatch):
     """The prefill through round 7's family (emulated exactly on the CPU): every q4_K/q6_K weight goes through
-    gpu.qmatmul -> wgmma_kq with fp16 activations, and the logits agree with the float64 reference forward to
+    dispatch.qmatmul -> wgmma_kq with fp16 activations, and the logits agree with the float64 reference forward to
     fp16-activation precision (no q8_1)."""
     from labkernels.prefill import GpuModel, PrefillOptions
     from labkernels.prefill_ref import forward_ref

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from labkernels import gpu
+from labkernels import dispatch
 from labkernels.kernels import registry
 
 
@@ -30,8 +30,8 @@ def test_one_default_per_type_and_family():
 
 
 def test_gpu_int8_defaults_read_the_table():
-    assert gpu._int8_default("q4_K") == ("q4k_nb", {"KDR": 8})
-    assert gpu._int8_default("q6_K") == ("q6k_expb", {"KDR": 4, "EPI": 0, "OCC": 2})
+    assert dispatch._int8_default("q4_K") == ("q4k_nb", {"KDR": 8})
+    assert dispatch._int8_default("q6_K") == ("q6k_expb", {"KDR": 4, "EPI": 0, "OCC": 2})
 
 
 def test_every_caller_takes_its_default_from_the_table(monkeypatch):
@@ -48,7 +48,7 @@ def test_every_caller_takes_its_default_from_the_table(monkeypatch):
     monkeypatch.setitem(registry.VARIANTS, "q4k_nb_kdr4", dataclasses.replace(v4, default_for=v8.default_for))
     monkeypatch.setitem(registry.VARIANTS, "q4k_nb_kdr8", dataclasses.replace(v8, default_for=()))
     assert wgmma.variant_params("int8_q4k_nb", "q4_K") == ("q4k_nb", {"KDR": 4})
-    assert gpu._int8_default("q4_K") == ("q4k_nb", {"KDR": 4})
+    assert dispatch._int8_default("q4_K") == ("q4k_nb", {"KDR": 4})
 
 
 def test_names_resolve_one_way():

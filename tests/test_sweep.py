@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from labkernels import records, sweep
+from labkernels import dispatch, records, sweep
 from labkernels.kernels import registry
 
 CPU_BENCH = {"backend": "cpu", "family": "q6k_expb", "variants": {"KDR": [1, 4], "STRIDE": 210, "EPI": 0, "OCC": 2},
@@ -441,7 +441,7 @@ def test_hung_task_is_restarted_after_the_timeout(tmp_path):
 
 
 def test_auto_choice_takes_the_int8_variant_from_the_recorded_sweep():
-    """gpu.choose: the family comes from round 7's interleaved table; an int8 family's variant from the sweeps'
+    """dispatch.choose: the family comes from round 7's interleaved table; an int8 family's variant from the sweeps'
     best-variant table (its STRIDE left to the weight), said in the reason; without a covering row, the default."""
     import json
 
@@ -452,14 +452,14 @@ def test_auto_choice_takes_the_int8_variant_from_the_recorded_sweep():
     table = pd.DataFrame([{"gpu_model": "NVIDIA H200", "qtype": "q6_K", "shape_class": "square", "nt": 1024,
                            "family": "q6k_expb", "kernel": "q6k_expb[KDR=2,STRIDE=210,EPI=1,OCC=1]",
                            "params": json.dumps({"KDR": 2, "STRIDE": 210, "EPI": 1, "OCC": 1}), "sweep_run": "S1"}])
-    base = gpu.Choice("q6k_expb", (("KDR", 4), ("EPI", 0), ("OCC", 2)), "rule")
-    ch = gpu._with_sweep_variant(base, "q6_K", 900, 4096, 4096, table=table)
+    base = dispatch.Choice("q6k_expb", (("KDR", 4), ("EPI", 0), ("OCC", 2)), "rule")
+    ch = dispatch._with_sweep_variant(base, "q6_K", 900, 4096, 4096, table=table)
     assert dict(ch.params) == {"KDR": 2, "EPI": 1, "OCC": 1} and "sweep S1" in ch.reason
     # another shape class, another family or qtype: nothing recorded covers it -> the default, unchanged
-    assert gpu._with_sweep_variant(base, "q6_K", 900, 11008, 4096, table=table) == base
-    assert gpu._with_sweep_variant(base, "q4_K", 900, 4096, 4096, table=table) == base
-    q4 = gpu.Choice("q4k_nb", (("KDR", 8),), "rule")
-    assert gpu._with_sweep_variant(q4, "q4_K", 900, 4096, 4096, table=table) == q4
+    assert dispatch._with_sweep_variant(base, "q6_K", 900, 11008, 4096, table=table) == base
+    assert dispatch._with_sweep_variant(base, "q4_K", 900, 4096, 4096, table=table) == base
+    q4 = dispatch.Choice("q4k_nb", (("KDR", 8),), "rule")
+    assert dispatch._with_sweep_variant(q4, "q4_K", 900, 4096, 4096, table=table) == q4
 
 # ------------------------------------------------------------------ the report page's logic (notebooks/08)
 
@@ -625,9 +625,9 @@ def test_auto_choice_says_when_the_sweep_table_cannot_be_read():
 
     from labkernels import gpu
 
-    base = gpu.Choice("q6k_expb", (("KDR", 4),), "rule")
+    base = dispatch.Choice("q6k_expb", (("KDR", 4),), "rule")
     broken = pd.DataFrame([{"gpu_model": "NVIDIA H200", "qtype": "q6_K", "family": "q6k_expb", "nt": 1024}])
-    ch = gpu._with_sweep_variant(base, "q6_K", 900, 4096, 4096, table=broken)
+    ch = dispatch._with_sweep_variant(base, "q6_K", 900, 4096, 4096, table=broken)
     assert ch.params == base.params and "sweep best-variant table not used (" in ch.reason
 
 

@@ -5,7 +5,7 @@ is in sync with its generator."""
 import numpy as np
 import pytest
 
-from labkernels import gpu, quants, wgmma
+from labkernels import dispatch, gpu, quants, wgmma
 from labkernels.kernels import gen_wgmma, registry
 
 
@@ -156,17 +156,17 @@ def test_auto_choice_from_a_recorded_run(tmp_path):
     run.finish()
     t = wgmma.auto_table(root=tmp_path)
     assert len(t) == 2
-    c = gpu.choose("q4_K", 600, 4096, 4096, table=t, cc=90)
+    c = dispatch.choose("q4_K", 600, 4096, 4096, table=t, cc=90)
     assert (c.family, dict(c.params)["BN"]) == ("wgmma_kq", 128) and run.run_id in c.reason
-    c = gpu.choose("q4_K", 3000, 4000, 4352, table=t, cc=90)   # id: whole super-blocks (4200 is refused)
+    c = dispatch.choose("q4_K", 3000, 4000, 4352, table=t, cc=90)   # id: whole super-blocks (4200 is refused)
     assert dict(c.params)["BN"] == 256
-    c = gpu.choose("q4_K", 3000, 4096, 4096, table=t, cc=80)     # no wgmma on sm_80: the int8 row
+    c = dispatch.choose("q4_K", 3000, 4096, 4096, table=t, cc=80)     # no wgmma on sm_80: the int8 row
     assert c.family == "q4k_nb" and dict(c.params) == {"KDR": 8}
-    c = gpu.choose("q6_K", 512, 4096, 4096, table=t, cc=90)      # no q6_K rows recorded: the stated rule
+    c = dispatch.choose("q6_K", 512, 4096, 4096, table=t, cc=90)      # no q6_K rows recorded: the stated rule
     assert c.family == "wgmma_kq" and "rule" in c.reason
-    c = gpu.choose("q6_K", 512, 4096, 4096, table=t, cc=0)       # a CPU machine: said as such, not "sm_0"
+    c = dispatch.choose("q6_K", 512, 4096, 4096, table=t, cc=0)       # a CPU machine: said as such, not "sm_0"
     assert c.family == "q6k_expb" and "no GPU here" in c.reason and "sm_0" not in c.reason
-    c = gpu.choose("q6_K", 512, 4096, 4096, table=t, cc=80)
+    c = dispatch.choose("q6_K", 512, 4096, 4096, table=t, cc=80)
     assert "sm_80 has no wgmma" in c.reason
     with pytest.raises(ValueError, match="not a round-7 variant"):
         wgmma.variant_params("wgmma_bogus", "q4_K")
@@ -176,7 +176,7 @@ def test_qmatmul_rejects_unknown_kernels_before_touching_the_gpu():
     from labkernels import gpu
 
     with pytest.raises(gpu.ShapeError, match="unknown kernel 'cublas'"):
-        gpu.qmatmul(np.zeros((2, 256), np.float32), None, kernel="cublas")
+        dispatch.qmatmul(np.zeros((2, 256), np.float32), None, kernel="cublas")
 
 
 def test_below_sm90_the_error_names_the_families_that_run(monkeypatch):
@@ -394,9 +394,9 @@ def test_auto_choice_leaves_the_uniform_grid_where_it_does_not_fit(tmp_path):
 
     t = _recorded_auto_table(tmp_path, "q4_K", 4096, 4096, 512, {"wgmma_bn256_s4_scl0_sku": 33.0,
                                                                  "wgmma_bn256_s4_scl0_sk": 35.0})
-    c = gpu.choose("q4_K", 512, 4096, 4096, table=t, cc=90)
+    c = dispatch.choose("q4_K", 512, 4096, 4096, table=t, cc=90)
     assert dict(c.params)["SK"] == 2 and "does not fit" not in c.reason
-    c = gpu.choose("q4_K", 512, 4096, 11008, table=t, cc=90)
+    c = dispatch.choose("q4_K", 512, 4096, 11008, table=t, cc=90)
     assert dict(c.params)["SK"] == 1 and "uniform split-k grid (SK=2) does not fit 4096x11008 nt=512" in c.reason
 
 
@@ -408,14 +408,14 @@ def test_auto_choice_keeps_a_recorded_epilogue_form_and_says_where_it_cannot(tmp
 
     t = _recorded_auto_table(tmp_path, "q4_K", 4096, 11008, 512, {"wgmma_bn256_s4_scl0_skt_e2": 60.0,
                                                                   "wgmma_bn256_s4_scl0_sk": 70.0})
-    c = gpu.choose("q4_K", 512, 4096, 11008, table=t, cc=90)
+    c = dispatch.choose("q4_K", 512, 4096, 11008, table=t, cc=90)
     assert dict(c.params) == {"BN": 256, "STAGES": 4, "BF16": 0, "SCL": 0, "SK": 3, "EPI": 2}
     assert "does not fit" not in c.reason and "EPI=1" not in c.reason
-    c = gpu.choose("q4_K", 512, 11008, 4096, table=t, cc=90)        # 172 tiles: no split-k grid
+    c = dispatch.choose("q4_K", 512, 11008, 4096, table=t, cc=90)        # 172 tiles: no split-k grid
     assert dict(c.params)["SK"] == 1 and dict(c.params)["EPI"] == 0     # stream-K takes the plain epilogue only
     assert "tile-aligned split-k grid (SK=3) does not fit 11008x4096 nt=512" in c.reason
     assert "with the plain epilogue (EPI=2 takes one segment per CTA)" in c.reason
-    c = gpu.choose("q4_K", 512, 4094, 11008, table=t, cc=90)
+    c = dispatch.choose("q4_K", 512, 4094, 11008, table=t, cc=90)
     assert dict(c.params)["EPI"] == 1 and "needs od % 4 == 0, od=4094" in c.reason
 
 
@@ -950,9 +950,9 @@ def test_registry_rows_and_auto_of_the_staged_store(tmp_path):
     assert big.dynamic_smem() - plain.dynamic_smem() == 65536 and big.dynamic_smem() <= 227 * 1024
     t = _recorded_auto_table(tmp_path, "q6_K", 11008, 4096, 4096, {"wgmma_bn256_s4_scl0_sk_e4": 500.0,
                                                                    "wgmma_bn256_s4_scl0_sk": 520.0})
-    c = gpu.choose("q6_K", 4096, 11008, 4096, table=t, cc=90)
+    c = dispatch.choose("q6_K", 4096, 11008, 4096, table=t, cc=90)
     assert dict(c.params) == {"BN": 256, "STAGES": 4, "BF16": 0, "SCL": 0, "SK": 1, "EPI": 4} and "EPI=0" not in c.reason
-    c = gpu.choose("q6_K", 4096, 11006, 4096, table=t, cc=90)
+    c = dispatch.choose("q6_K", 4096, 11006, 4096, table=t, cc=90)
     assert dict(c.params)["EPI"] == 0 and "staged TMA store (EPI=4) needs od % 4 == 0, od=11006" in c.reason
 
 
@@ -981,9 +981,9 @@ def test_auto_drops_a_pair_exchange_that_does_not_pair(tmp_path):
     t = pd.DataFrame([{"qtype": "q4_K", "od": 4096, "id": 11008, "nt": 512, "variant": "wgmma_bn256_s4_scl0_skt_e3",
                        "median_us": 30.0, "family": "wgmma_kq",
                        "params": {"BN": 256, "STAGES": 4, "BF16": 0, "SCL": 0, "SK": 3, "EPI": 3}, "run_id": "r"}])
-    c = gpu.choose("q4_K", 512, 4096, 11008, table=t, cc=90)
+    c = dispatch.choose("q4_K", 512, 4096, 11008, table=t, cc=90)
     assert dict(c.params)["EPI"] == 3 and "pair exchange" not in c.reason
-    c = gpu.choose("q4_K", 512, 1000, 4096, table=t, cc=90)
+    c = dispatch.choose("q4_K", 512, 1000, 4096, table=t, cc=90)
     assert dict(c.params)["EPI"] == 0 and dict(c.params)["SK"] == 3 and "pair exchange (EPI=3)" in c.reason
 
 

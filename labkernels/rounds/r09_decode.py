@@ -279,7 +279,8 @@ def measure_generate(run, models=GEN_PLAN["models"], prompts=GEN_PLAN["prompts"]
 
     from ..arch import config_from_model
     from ..prefill import GpuModel
-    from ..prefill_cli import load_model, prompt_tokens
+    from ..prefill_cli import prompt_tokens
+    from ..synthetic import load_model
 
     cb = copy_bandwidth()
     run.append("copy", [cb])

@@ -1,12 +1,12 @@
 """Class 6: the lab's public functions check shapes, ranges and types and raise the lab's own errors (never
 KeyError / IndexError / ZeroDivisionError / AttributeError, never a grid like (1, -128) or a clamped argument).
-The GPU-path checks (gpu.choose, gpu.qmatmul) run on the host: these tests need no GPU."""
+The GPU-path checks (dispatch.choose, dispatch.qmatmul) run on the host: these tests need no GPU."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labkernels import cli, gpu, layout, occupancy, quantize_ref, quants, reference, wgmma
+from labkernels import cli, dispatch, gpu, layout, occupancy, quantize_ref, quants, reference, wgmma
 from labkernels.kernels import registry
 
 ANY = st.one_of(st.integers(-2**40, 2**40), st.booleans(), st.floats(allow_nan=True), st.text(max_size=5),
@@ -23,7 +23,7 @@ def test_choose_answers_for_a_valid_gemm_and_refuses_anything_else(qtype, nt, od
     valid = (qtype in ("q4_K", "q6_K") and all(type(v) is int and 1 <= v < 2**31 for v in (nt, od, id_))
              and id_ % 256 == 0)
     try:
-        ch = gpu.choose(qtype, nt, od, id_, cc=80)
+        ch = dispatch.choose(qtype, nt, od, id_, cc=80)
     except gpu.ShapeError as e:
         assert not valid, e
         return
@@ -121,9 +121,9 @@ def test_forward_ref_and_prompt_tokens_take_integer_ids_inside_the_vocabulary(to
 
 def test_qmatmul_and_kernel_refuse_before_touching_the_gpu():
     with pytest.raises(gpu.ShapeError, match="qmatmul takes a QWeight .*got NoneType"):
-        gpu.qmatmul(np.zeros((2, 256), np.float32), None)
+        dispatch.qmatmul(np.zeros((2, 256), np.float32), None)
     with pytest.raises(gpu.ShapeError, match="unknown kernel"):
-        gpu.qmatmul(np.zeros((2, 256), np.float32), None, kernel=["auto"])
+        dispatch.qmatmul(np.zeros((2, 256), np.float32), None, kernel=["auto"])
     with pytest.raises(registry.RegistryError, match="no kernel family 'nope'; families: .*q6k_expb") as e:
         gpu.kernel("nope")
     assert isinstance(e.value, KeyError) and not str(e.value).startswith("'")
