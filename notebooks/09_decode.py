@@ -129,9 +129,9 @@ for s in r9.LEDGER:
 # %% [markdown]
 # ## What is not here yet
 #
-# The llama.cpp peer (test-backend-ops MUL_MAT at n = 1..16 and llama-bench tg128) has not been measured in the same
-# call as this benchmark, so no ratio to it is shown; the generation path (`GpuModel.generate`, `labkernels generate`)
-# is built and gated on the CPU against the full prefill, and has not run on a GPU yet.
+# The generation runs use the lab's baseline attention (the cuDNN frontend was not installed on the card that recorded
+# them) and synthetic weights; tokens/s against context length beyond 2,048 tokens, the real Gemma 3 270M and a
+# decode-step decomposition (GEMV, attention, small kernels, gaps) are not recorded yet.
 
 # %% [markdown]
 # ## An independent timer: nvbench on the headline ratios

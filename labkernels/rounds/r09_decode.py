@@ -70,7 +70,8 @@ LEDGER = [
                 "not the memory system, holds it. The 4096x4096 shape (3.2 us at the line) spends ~7 us on fixed "
                 "costs: launch, one short wave, the split's fold."},
     {"step": 2, "name": "fewer instructions per weight, and the recorded timing without the host",
-     "commit": None, "card": None, "runs": [], "gpu_check": "gemv_step2",
+     "commit": "1f97ec7", "card": "NVIDIA H100 80GB HBM3", "runs": ["20261206T204334Z-h10080gbhbm3-1f97ec7"],
+     "gpu_check": "gemv_step2",
      "prediction": [
          {"what": "the recorded bench with the read flush and a 300 us lead (bench_gemv defaults now)",
           "metric": "us", "low": 19.0, "high": 23.0,
@@ -106,7 +107,15 @@ LEDGER = [
                  "float64 x . dequantize(w)^T below FORM=0's (no f16 rounding of the weights). Range: a sub-block sum of the "
                  "activations below 65504 (the f16 hi half)"},
      ],
-     "measured": None, "verdict": None},
+     "measured": "q4_K 4096x14336 nt=1 f16 (read flush, 300 us lead, 3 interleaved pairs): FORM=0 MT=1 28.3 us (39% "
+                 "of the copy line), FORM=1 MT=1 27.7 us (40%); MT=2 31.5 -> 29.7 us. 11008x4096 nt=1: 21.6 -> 21.7 us. "
+                 "nt=8 f16 4096x14336: best 36.1 us (FORM=1 MT=2). llama.cpp MMVQ in the same session and card: "
+                 "16.1 us at n=1 (the lab 0.58x its speed), 47.7 us at n=8 (the lab 1.32x). Every FORM=1 point passed "
+                 "its gate (exact_weights_v2 and float64) before it was timed; GPU tests of FORM=1 green.",
+     "verdict": "missed: 27.7 us against the predicted 16.5-19.5 us, FORM=1 / FORM=0 0.94-0.98 against 0.78-0.95. The "
+                "recorded bench did not reproduce step 1's exploratory 20.8 us (28.3 us with the same lead and flush): "
+                "at nt=1 the kernel is held neither by its instruction count nor by bytes. The next step measures "
+                "bytes in flight per SM (Little's law) and the launch's ramp and tail with counters."},
 ]
 
 
