@@ -180,21 +180,7 @@ def lane_dequant(data: np.ndarray, qtype: str, od: int, id_: int) -> np.ndarray:
         hdr = blk[..., 0:16].copy().view("<u4").astype(np.int64)   # [od, nsb, 4]: the lane's 16-byte header load
         d = _h16(hdr[..., 0] & 0xFFFF)
         dmin = _h16(hdr[..., 0] >> 16)
-        sc = np.empty((od, nsb, 8), np.int64)
-        mn = np.empty_like(sc)
-        for c in range(4):                           # KqRow<4>::load: bytes jj, jj+1 to 16-bit lanes (one PRMT)
-            sel = 0x4342 if c & 1 else 0x4140        # the kernel's PRMT selector, read back as jj (a wrong one fails)
-            jj = sel & 0xF
-            assert jj == (2 * c) & 3 and (sel >> 8) & 0xF == jj + 1
-            by, bz, bw = (((hdr[..., i] >> (8 * jj)) & 0xFF) | (((hdr[..., i] >> (8 * jj + 8)) & 0xFF) << 16)
-                          for i in (1, 2, 3))
-            if c < 2:
-                s2, m2 = by & 0x003F003F, bz & 0x003F003F
-            else:
-                s2 = (bw & 0x000F000F) | ((by >> 2) & 0x00300030)
-                m2 = ((bw >> 4) & 0x000F000F) | ((bz >> 2) & 0x00300030)
-            sc[..., 2 * c], sc[..., 2 * c + 1] = s2 & 0xFFFF, s2 >> 16
-            mn[..., 2 * c], mn[..., 2 * c + 1] = m2 & 0xFFFF, m2 >> 16
+        sc, mn = _q4k_lane_scales(hdr)
         qs = blk[..., 16:144].reshape(od, nsb, 4, 8, 4).copy().view("<u4")[..., 0]     # [.., c, m] words
         S = _f16(d[..., None] * sc)                  # [od, nsb, 8] as f16
         B = _f16(-(dmin[..., None] * mn))
@@ -239,6 +225,27 @@ def lane_dequant(data: np.ndarray, qtype: str, od: int, id_: int) -> np.ndarray:
     return w.reshape(od, id_).astype(np.float32)
 
 
+def _q4k_lane_scales(hdr: np.ndarray):
+    """The q4_K 6-bit scales and mins [od, nsb, 8] as KqRow<4>::load decodes them from a lane's 16-byte header load
+    (``hdr``: its four little-endian words, int64): bytes jj, jj+1 to 16-bit lanes with one PRMT a field."""
+    sc = np.empty(hdr.shape[:-1] + (8,), np.int64)
+    mn = np.empty_like(sc)
+    for c in range(4):
+        sel = 0x4342 if c & 1 else 0x4140            # the kernel's PRMT selector, read back as jj (a wrong one fails)
+        jj = sel & 0xF
+        assert jj == (2 * c) & 3 and (sel >> 8) & 0xF == jj + 1
+        by, bz, bw = (((hdr[..., i] >> (8 * jj)) & 0xFF) | (((hdr[..., i] >> (8 * jj + 8)) & 0xFF) << 16)
+                      for i in (1, 2, 3))
+        if c < 2:
+            s2, m2 = by & 0x003F003F, bz & 0x003F003F
+        else:
+            s2 = (bw & 0x000F000F) | ((by >> 2) & 0x00300030)
+            m2 = ((bw >> 4) & 0x000F000F) | ((bz >> 2) & 0x00300030)
+        sc[..., 2 * c], sc[..., 2 * c + 1] = s2 & 0xFFFF, s2 >> 16
+        mn[..., 2 * c], mn[..., 2 * c + 1] = m2 & 0xFFFF, m2 >> 16
+    return sc, mn
+
+
 def lane_dequant_v2(data: np.ndarray, od: int, id_: int, parts: bool = False):
     """FORM=1's weights [od, id] (float64) rebuilt from the bytes its lanes load (q4_K GGUF rows) with its bit
     operations -- the CPU mirror of ``KqRow4v2``: the f16 constants ``(sc, -1024 sc)`` (low nibbles) and
@@ -250,19 +257,7 @@ def lane_dequant_v2(data: np.ndarray, od: int, id_: int, parts: bool = False):
     hdr = blk[..., 0:16].copy().view("<u4").astype(np.int64)
     d = _h16(hdr[..., 0] & 0xFFFF).astype(np.float32).astype(np.float64)
     dmin = _h16(hdr[..., 0] >> 16).astype(np.float32).astype(np.float64)
-    sc = np.empty((od, nsb, 8), np.int64)
-    mn = np.empty_like(sc)
-    for c in range(4):                               # KqRow4v2::load: KqRow<4>'s scale decode (one PRMT a field)
-        jj = (0x4342 if c & 1 else 0x4140) & 0xF
-        by, bz, bw = (((hdr[..., i] >> (8 * jj)) & 0xFF) | (((hdr[..., i] >> (8 * jj + 8)) & 0xFF) << 16)
-                      for i in (1, 2, 3))
-        if c < 2:
-            s2, m2 = by & 0x003F003F, bz & 0x003F003F
-        else:
-            s2 = (bw & 0x000F000F) | ((by >> 2) & 0x00300030)
-            m2 = ((bw >> 4) & 0x000F000F) | ((bz >> 2) & 0x00300030)
-        sc[..., 2 * c], sc[..., 2 * c + 1] = s2 & 0xFFFF, s2 >> 16
-        mn[..., 2 * c], mn[..., 2 * c + 1] = m2 & 0xFFFF, m2 >> 16
+    sc, mn = _q4k_lane_scales(hdr)      # KqRow4v2::load: KqRow<4>'s scale decode
     SC = _h16((sc | 0x6400)) - 1024                  # hsub2(sc | 0x6400, 1024): exact
     MM = _h16((mn | 0x6400)) - 1024
     assert np.array_equal(SC, sc) and np.array_equal(MM, mn)
