@@ -90,7 +90,9 @@ display(report.table(tbl, {"time (µs)": "{:.1f}", "weight TB/s": "{:.2f}", "of 
 # `GpuModel.generate`: the prefill fills an fp16 KV cache, then one decode step per token, captured once as a CUDA
 # graph and replayed. Tokens per second are the GPU time of the replays (CUDA events); the fraction is the stored
 # weight bytes one step reads at that rate over the copy line of the same run. llama-bench's tg128 beside it where
-# a peers run on the same card recorded it.
+# a peers run on the same card recorded it: flash attention on, generation after an empty prompt (the target's
+# measure), on the same GGUF (the synthetic models written from the lab's config, recipe and seed); the lab's rows
+# generate after the prompt shown, so the longer prompts' ratios include attention over a longer cache.
 
 # %%
 gen = r9.generation_run()
@@ -107,7 +109,8 @@ else:
     gnames = {"model": "model", "n_prompt": "prompt tokens", "n_new": "new tokens", "tok_per_s": "tok/s (GPU)",
               "tok_per_s_wall": "tok/s (host wall)", "frac_copy": "of the copy line", "prefill_ms": "prefill (ms)",
               "llama_tg128": "llama-bench tg128 (tok/s)", "vs_llama": "lab / llama.cpp"}
-    display(Markdown(f"Run {gen.run_id} on {gcard}" + (f"; peer run {peer.run.iloc[0]}" if len(peer) else
+    gcommit = (gen.provenance or {}).get("git_commit", "?")
+    display(Markdown(f"Run {gen.run_id} on {gcard}, commit {gcommit}" + (f"; peer run {peer.run.iloc[0]}" if len(peer) else
                                                         "; no llama-bench generation recorded on this card")))
     display(report.table(gt[list(gnames)].rename(columns=gnames),
                          {"tok/s (GPU)": "{:,.0f}", "tok/s (host wall)": "{:,.0f}", "of the copy line": "{:.0%}",
@@ -129,8 +132,8 @@ for s in r9.LEDGER:
 # %% [markdown]
 # ## What is not here yet
 #
-# The generation runs use the lab's baseline attention (the cuDNN frontend was not installed on the card that recorded
-# them) and synthetic weights; tokens/s against context length beyond 2,048 tokens, the real Gemma 3 270M and a
+# The generation runs use synthetic weights (the decode steps run the lab's own flash-decoding kernel; the prefill that
+# fills the cache ran the baseline attention, the cuDNN frontend not being installed there); tokens/s against context length beyond 2,048 tokens, the real Gemma 3 270M and a
 # decode-step decomposition (GEMV, attention, small kernels, gaps) are not recorded yet.
 
 # %% [markdown]
