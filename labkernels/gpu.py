@@ -681,7 +681,7 @@ LT_HEURISTIC_COUNT = 16                                        # candidates aske
 
 def pick_dense_algo(candidates: list[dict]) -> tuple[int | None, str]:
     """The first candidate (the heuristic's order: best estimate first) that succeeded, needs no workspace and does
-    not split k (``splitk`` <= 1: nothing to reduce, so no zeroed counters or output before the GEMM); returns
+    not split k (``splitk`` 0 or 1: nothing to reduce, so no zeroed counters or output before the GEMM); returns
     (its position, why) or (None, why none fits)."""
     if not candidates:
         return None, "the cuBLASLt heuristic returned no algorithm"
@@ -691,7 +691,7 @@ def pick_dense_algo(candidates: list[dict]) -> tuple[int | None, str]:
             why.append(f"#{i} state {c['state']}")
         elif c.get("workspace", 0):
             why.append(f"#{i} needs {c['workspace']} B of workspace")
-        elif c.get("splitk", 1) > 1:
+        elif c.get("splitk", 1) not in (0, 1, None):       # > 1, or -1 (int32_t, read as 4294967295 before)
             why.append(f"#{i} splits k {c['splitk']} ways (reduction scheme {c.get('reduction')})")
         else:
             return i, f"heuristic candidate #{i} of {len(candidates)} (the first without split-K)"

@@ -236,12 +236,27 @@ def target_include(domain: str = NVTX_DOMAIN, name: str = NVTX_TARGET) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ source / SASS
+def _numeric(v) -> bool:
+    """A per-PC value that can be summed (ncu also correlates string-valued metrics with PCs, e.g. a launch's cache
+    preference 'CachePreferNone')."""
+    if v is None or isinstance(v, bool):
+        return v is None
+    if isinstance(v, (int, float)):
+        return True
+    try:
+        float(v)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
 def source_metrics(action) -> list[str]:
-    """The kernel's source-correlated metrics (instanced, with correlation ids = PCs), the preferred ones first."""
+    """The kernel's numeric source-correlated metrics (instanced, with correlation ids = PCs), the preferred ones
+    first; string-valued instanced metrics are left out (they cannot be summed per line)."""
     found = []
     for name in action.metric_names():
         m = action.metric_by_name(name)
-        if m is not None and m.has_correlation_ids() and m.num_instances() > 0:
+        if m is not None and m.has_correlation_ids() and m.num_instances() > 0 and _numeric(m.value(0)):
             found.append(name)
     pref = [n for n in HOTSPOT_METRICS if n in found]
     return pref + sorted(n for n in found if n not in pref)
@@ -256,6 +271,8 @@ def pc_table(action, names=None) -> pd.DataFrame:
         m = action.metric_by_name(name)
         if m is None or not m.has_correlation_ids():
             continue
+        if m.num_instances() and not _numeric(m.value(0)):
+            raise ValueError(f"per-PC metric {name!r} is not numeric (its first value is {m.value(0)!r})")
         ids = m.correlation_ids()
         for i in range(m.num_instances()):
             pc = int(ids.value(i))

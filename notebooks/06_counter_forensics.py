@@ -176,7 +176,7 @@ if len(hot) and (hot.case == focus).any():
     display(report.table(h[["rank", "file", "line", "value", "share", "instructions", "hottest_sass"]],
                          {"share": "{:.1%}"}))
 else:
-    print(f"Run {run.run_id} predates kept Nsight Compute reports (issue 49): no per-line hotspot table yet; "
+    print(f"Run {run.run_id} predates the kept Nsight Compute reports: no per-line hotspot table yet; "
           "the next `labkernels gpu-check --steps forensics` records one.")
 
 # %%

@@ -23,6 +23,9 @@ def test_pick_dense_algo_takes_the_first_candidate_without_split_k_or_workspace(
     assert i is None
     assert "#0 splits k 3 ways" in why and "#1 state 15" in why and "#2 needs 4096 B" in why
     assert gpu.pick_dense_algo([]) == (None, "the cuBLASLt heuristic returned no algorithm")
+    # SPLITK_NUM is int32_t: -1 (read as 4294967295 through a uint32) is not "one part", as before the bindings
+    i, why = gpu.pick_dense_algo([{"state": 0, "workspace": 0, "splitk": -1, "reduction": 0}, cands[3]])
+    assert i == 1 and "#1 of 2" in why
 
 
 # ---- nvmath-python's cuBLAS / cuBLASLt bindings, faked at their Python surface (names, enum values and the struct

@@ -147,6 +147,8 @@ def _ctx():
         FakeMetric("device__attribute_display_name", "NVIDIA H100", "", 0),
         FakeMetric("inst_executed", instances=[10.0, 400.0, 400.0, 90.0], pcs=PCS),
         FakeMetric("smsp__pcsamp_sample_count", instances=[5, 20, 10, 65], pcs=PCS),
+        # ncu correlates string-valued metrics with PCs too (seen on an H100: 'CachePreferNone')
+        FakeMetric("launch__func_cache_config", instances=["CachePreferNone"] * 4, pcs=PCS, mtype=0),
     ], nvtx=["target"], sass=SASS, src=SRC)
     return FakeContext([FakeRange([prep, tgt])])
 
@@ -195,6 +197,8 @@ def test_pc_table_and_hotspots():
     assert ncu_rep.sass_hotspots(pcs, by="smsp__pcsamp_sample_count", top=1).loc[0, "pc"] == 0x130
     with pytest.raises(KeyError, match="no per-PC metric"):
         ncu_rep.line_hotspots(pcs, by="nope")
+    with pytest.raises(ValueError, match="launch__func_cache_config.*not numeric"):
+        ncu_rep.pc_table(act, ["launch__func_cache_config"])
     assert ncu_rep.opcode("@!P0 IMMA.16816.S8.S8 R12") == "IMMA" and ncu_rep.opcode("") == ""
 
 
