@@ -536,7 +536,7 @@ _OWN = object()                  # Cudnn.execute: the graph's own workspace
 class Cudnn(Backend):
     """cuDNN's fused SDPA (nvidia-cudnn-frontend); graphs cached per (tokens, layer kind, dtype). ``plan`` (default
     :data:`CUDNN_PLAN`): which execution plan runs; under "no_memset" the choice and its reason per graph are in
-    ``plan_notes`` and :meth:`describe` (``labkernels.graph_nodes.no_memset_plan`` tries the plans)."""
+    ``plan_notes`` and :meth:`describe` (:func:`no_memset_plan` tries the plans)."""
     name = "cudnn"
 
     def __init__(self, cfg, dtype: str = "f16", note: str = "requested", plan: str | None = None):
@@ -565,7 +565,7 @@ class Cudnn(Backend):
 
     def define(self, n: int, kind: LayerKind, il=None) -> dict:
         """The SDPA graph of (tokens, layer kind) with its operation graph built and no plan yet: {graph, Q, K, V,
-        O} (the plans are made by :meth:`_build`; ``labkernels.graph_nodes`` lists every candidate plan)."""
+        O} (the plans are made by :meth:`_build`; ``labkernels.graph_census`` lists every candidate plan)."""
         cudnn = self.cudnn
         check_kind(kind, "cudnn", il if il is not None else "?")
         dt = cudnn.data_type.HALF if self.dtype == "f16" else cudnn.data_type.BFLOAT16
@@ -592,7 +592,7 @@ class Cudnn(Backend):
     def _build(self, n: int, kind: LayerKind, il):
         G = self._build_heuristic(n, kind, il)
         if self.plan == "no_memset":
-            G, self.plan_notes[(n, kind, self.dtype)] = graph_nodes.no_memset_plan(self, n, kind, G)
+            G, self.plan_notes[(n, kind, self.dtype)] = no_memset_plan(self, n, kind, G)
         return G
 
     def _build_heuristic(self, n: int, kind: LayerKind, il):
@@ -922,3 +922,59 @@ def bench_layouts() -> dict:
     return {"synthetic-7b": {"causal": LayerKind(c7.n_head, c7.n_head_kv, c7.head_dim, c7.head_dim_v, 0, s7)},
             "gemma-3-270m": {"sliding": LayerKind(4, 1, 256, 256, 512, 1 / 16.0),
                              "global": LayerKind(4, 1, 256, 256, 0, 1 / 16.0)}}
+
+
+# ------------------------------------------------------------------ cuDNN plans without a memset node (issue 18)
+def sdpa_inputs(kind, n: int, dtype: str, rng):
+    """Random q, k, v of one SDPA (n tokens of ``kind``) on the device in the I/O type ``dtype``."""
+    cp = gpu.cp()
+    widths = (kind.n_head * kind.head_dim, kind.n_head_kv * kind.head_dim, kind.n_head_kv * kind.head_dim_v)
+    return [to_io(cp.asarray(rng.standard_normal((n, wd)).astype(np.float32)), dtype) for wd in widths]
+
+
+def as_f64(o: np.ndarray, dtype: str) -> np.ndarray:
+    """A host copy of an SDPA output in I/O type ``dtype`` (bf16 held as uint16) as float64."""
+    return (bf16_to_f32(o) if dtype == "bf16" else o).astype(np.float64)
+
+
+def no_memset_plan(b, n: int, kind, ref_G: dict, seed: int = 0) -> tuple[dict, str]:
+    """For ``Cudnn(plan="no_memset")``: the first candidate plan of (n, kind) in the heuristics' order
+    whose captured execution has no memset node and whose output on random inputs is within 2 x PARITY_TOL of the
+    heuristic plan's (``ref_G``, already built); returns (its graph dict with ``plan_index``, why) or (``ref_G``,
+    why not). Plans are not tried while the current stream captures (the trial runs and captures work itself)."""
+    cp = gpu.cp()
+    if cp.cuda.runtime.streamIsCapturing(cp.cuda.get_current_stream().ptr):
+        return ref_G, "heuristic plan: plans are not tried while the stream captures a graph"
+    stream = cp.cuda.Stream(non_blocking=True)
+    ins = sdpa_inputs(kind, n, b.dtype, np.random.default_rng(seed))
+    q, k, v = ins
+    o = cp.zeros((n, kind.n_head * kind.head_dim_v), q.dtype)
+    cp.cuda.runtime.deviceSynchronize()
+    with stream:
+        b.execute(ref_G, q, k, v, o)
+        stream.synchronize()
+    ref = as_f64(cp.asnumpy(o), b.dtype)
+    try:
+        G, count = graph_nodes._candidates(b, n, kind)
+    except Exception as e:
+        return ref_G, f"heuristic plan: the candidate plans could not be listed: {type(e).__name__}: {e}"
+    tol = 2 * PARITY_TOL[b.dtype]
+    tried = []
+    for i in range(min(count, NO_MEMSET_MAX_PLANS)):
+        row, got, ws = graph_nodes._plan_trial(b, G, i, ins, o.shape[1], stream)
+        got = as_f64(got, b.dtype) if got is not None else None
+        name = row.get("plan_name", "?")
+        if got is None:
+            tried.append(f"#{i} {name}: {row['error'][:120]}")
+        elif row["n_memset"]:
+            tried.append(f"#{i} {name}: {row['n_memset']} memset")
+        elif not row["graph_bitwise_eager"]:
+            tried.append(f"#{i} {name}: its replay differs from its eager run")
+        elif not graph_nodes._max_rel(got, ref) <= tol:
+            tried.append(f"#{i} {name}: {graph_nodes._max_rel(got, ref):.2e} from the heuristic plan (> {tol:g})")
+        else:
+            return ({**G, "workspace": ws, "workspace_bytes": row["workspace_bytes"], "plan_index": i},
+                    f"plan #{i} of {count} ({name}): no memset node, {graph_nodes._max_rel(got, ref):.1e} from the "
+                    "heuristic plan")
+    return ref_G, (f"heuristic plan: none of the first {len(tried)} of {count} candidate plans fits (no memset node, "
+                   f"replay equal to its eager run, within {tol:g} of the heuristic plan): " + "; ".join(tried))

@@ -436,25 +436,25 @@ def step_prefill_graph(out: Path, args) -> dict:
 def step_graph_nodes(out: Path, args) -> dict:
     """Issue 18: the memset nodes of the prefill's graph. Gemma 3 270M's dense GEMMs (stacked Q/K/V at nt 64 / 512 /
     3325, ...) and its cuDNN SDPA layer kinds, each captured alone into a CUDA graph and counted node by node
-    (labkernels.graph_nodes): gemm_dense through cublasGemmEx (before) and cuBLASLt without split-K (after), outputs
+    (labkernels.graph_census): gemm_dense through cublasGemmEx (before) and cuBLASLt without split-K (after), outputs
     compared bitwise and to float64; the SDPA with the prefill's plan and every candidate plan. One ``prefill``
     run (tables dense_nodes, sdpa_nodes)."""
-    from . import attention, gpu, graph_nodes, records
+    from . import attention, gpu, graph_census, records
 
-    params = {"what": "graph_nodes", "dense_points": [list(p) for p in graph_nodes.DENSE_POINTS],
-              "dense_shapes": graph_nodes.GEMMA_DENSE, "dense_rtol": graph_nodes.DENSE_RTOL,
-              "dense_path": gpu.DENSE_PATH, "cudnn_plan": attention.CUDNN_PLAN, "sdpa_nts": list(graph_nodes.SDPA_NTS),
-              "sdpa_plan_nts": list(graph_nodes.SDPA_PLAN_NTS), "sdpa_dtype": args.attn_dtype,
+    params = {"what": "graph_nodes", "dense_points": [list(p) for p in graph_census.DENSE_POINTS],
+              "dense_shapes": graph_census.GEMMA_DENSE, "dense_rtol": graph_census.DENSE_RTOL,
+              "dense_path": gpu.DENSE_PATH, "cudnn_plan": attention.CUDNN_PLAN, "sdpa_nts": list(graph_census.SDPA_NTS),
+              "sdpa_plan_nts": list(graph_census.SDPA_PLAN_NTS), "sdpa_dtype": args.attn_dtype,
               "sdpa_kinds": {k: vars(v) for k, v in attention.bench_layouts()["gemma-3-270m"].items()}}
     with records.recording("prefill", params, root=out / "data") as run:
-        dense = graph_nodes.dense_census(progress=_log)
+        dense = graph_census.dense_census(progress=_log)
         run.append("dense_nodes", dense)
         try:
-            sdpa = graph_nodes.sdpa_census(dtype=args.attn_dtype, progress=_log)
+            sdpa = graph_census.sdpa_census(dtype=args.attn_dtype, progress=_log)
         except (attention.AttentionUnavailable, attention.AttentionError) as e:
             sdpa = [{"kind": "all", "plan": "all", "error": f"{type(e).__name__}: {e}"}]
         run.append("sdpa_nodes", sdpa)
-        v = graph_nodes.check(dense, sdpa)
+        v = graph_census.check(dense, sdpa)
         v["dense_fallbacks"] = gpu.dense_fallbacks()
         for p in v["problems"]:
             _log(f"graph_nodes: {p}")

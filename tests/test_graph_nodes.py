@@ -8,7 +8,7 @@ import types
 import numpy as np
 import pytest
 
-from labkernels import gpu, graph_nodes
+from labkernels import gpu, graph_census, graph_nodes
 
 
 def test_pick_dense_algo_takes_the_first_candidate_without_split_k_or_workspace():
@@ -278,14 +278,14 @@ def _dense_row(path, n_memset=0, **kw):
 def test_check_flags_a_memset_or_fallback_on_the_lt_path():
     good = [_dense_row("gemm_ex", 1, us_per_call=10.0),
             _dense_row("lt", lt_note="cublasLt: heuristic candidate #0 of 8", us_per_call=9.0)]
-    v = graph_nodes.check(good, [])
+    v = graph_census.check(good, [])
     assert v["dense_lt_vs_gemm_ex_time"] == {"attn_qkv nt=512 f32": 0.9}
     assert v["ok"] and v["memsets_attn_qkv_nt512_f32_gemm_ex"] == 1 and v["memsets_attn_qkv_nt512_f32_lt"] == 0
-    v = graph_nodes.check([_dense_row("lt", 1, lt_note="cublasLt: ...")], [])
+    v = graph_census.check([_dense_row("lt", 1, lt_note="cublasLt: ...")], [])
     assert not v["ok"] and "1 memset node" in v["problems"][0]
-    v = graph_nodes.check([_dense_row("lt", lt_note="cublasGemmEx runs: no candidate")], [])
+    v = graph_census.check([_dense_row("lt", lt_note="cublasGemmEx runs: no candidate")], [])
     assert not v["ok"]
-    v = graph_nodes.check([_dense_row("gemm_ex", within_gate=False, rel_err_f64=0.1)], [])
+    v = graph_census.check([_dense_row("gemm_ex", within_gate=False, rel_err_f64=0.1)], [])
     assert not v["ok"] and "from float64" in v["problems"][0]
 
 
@@ -296,13 +296,13 @@ def test_check_lists_sdpa_plans_without_memset_and_unavailable_cudnn():
             {"kind": "global", "nt": 512, "plan": "0", "plan_name": "eng0", "n_memset": 1},
             {"kind": "global", "nt": 512, "plan": "1", "plan_name": "eng9", "n_memset": 0},
             {"kind": "global", "nt": 512, "plan": "2", "error": "not supported"}]
-    v = graph_nodes.check([], sdpa)
+    v = graph_census.check([], sdpa)
     assert v["ok"] and v["sdpa_plans_without_memset"] == ["global nt=512 plan 1 (eng9)"]
     assert v["memsets_sdpa_global_nt512_heuristic"] == 1 and v["memsets_sdpa_global_nt512_no_memset"] == 0
     sdpa[1]["max_rel_vs_prefill"] = 5e-3                     # > 2 x attention.PARITY_TOL["f16"]
-    v = graph_nodes.check([], sdpa)
+    v = graph_census.check([], sdpa)
     assert not v["ok"] and "from the heuristic plan" in v["problems"][0]
-    v = graph_nodes.check([], [{"kind": "all", "plan": "all", "error": "AttentionUnavailable: no frontend"}])
+    v = graph_census.check([], [{"kind": "all", "plan": "all", "error": "AttentionUnavailable: no frontend"}])
     assert not v["ok"] and "no frontend" in v["problems"][0]
 
 

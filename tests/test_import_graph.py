@@ -37,7 +37,7 @@ CORE = frozenset({
 #: the lab: measurement, analysis, reports, rounds and command lines
 LAB = frozenset({
     "labkernels.__main__", "labkernels.analysis", "labkernels.attention_bench", "labkernels.audit", "labkernels.bench", "labkernels.cases",
-    "labkernels.cli", "labkernels.counters", "labkernels.decompose", "labkernels.facts", "labkernels.forensics",
+    "labkernels.cli", "labkernels.counters", "labkernels.decompose", "labkernels.facts", "labkernels.forensics", "labkernels.graph_census",
     "labkernels.forensics_driver", "labkernels.gpu_cli", "labkernels.layout_cli", "labkernels.ncu", "labkernels.ncu_rep", "labkernels.nvbench_check",
     "labkernels.occupancy", "labkernels.peers", "labkernels.pipeline", "labkernels.plotting",
     "labkernels.prefill_cli", "labkernels.report", "labkernels.sweep", "labkernels.testing", "labkernels.tile_ab",
@@ -56,9 +56,6 @@ KNOWN_CYCLES: dict[frozenset, str] = {
                "labkernels.cases"}):
         "gpu forwards qmatmul & co. to dispatch for notebooks and r09_decode (drop once they name dispatch); "
         "wgmma and gemv run their own benchmarks and cases (the wgmma split, issue 42 item 2)",
-    frozenset({"labkernels.attention", "labkernels.graph_nodes"}):
-        "cuDNN's no-memset plan search (graph_nodes.no_memset_plan) reads attention's backends and tolerances, "
-        "and attention's Cudnn asks it for a plan",
     frozenset({"labkernels.pipeline", "labkernels.sweep"}):
         "the sweep runs notebooks through pipeline; pipeline renders round 8 through sweep",
 }

@@ -84,10 +84,10 @@ def test_gemm_dense_lt_has_no_memset_at_gemmas_qkv_and_matches_gemm_ex():
     GEMM at nt=512 (split-K, round 5's decomposition 20261201T132809Z); gemm_dense's cuBLASLt path has none at
     nt 64 / 512 / 3325, is within the dense parity gate of float64 and, where both paths ran the same kernel
     without a memset, bitwise equal to cublasGemmEx."""
-    from labkernels import graph_nodes
+    from labkernels import graph_census
 
     pts = [("attn_qkv", nt, "f32") for nt in (64, 512, 3325)]
-    rows = graph_nodes.dense_census(pts, reps=2, launches=1, progress=lambda *a: None)
+    rows = graph_census.dense_census(pts, reps=2, launches=1, progress=lambda *a: None)
     by = {(r["nt"], r["path"]): r for r in rows}
     assert by[(512, "gemm_ex")]["n_memset"] >= 1
     for nt in (64, 512, 3325):
@@ -97,7 +97,7 @@ def test_gemm_dense_lt_has_no_memset_at_gemmas_qkv_and_matches_gemm_ex():
         assert new["within_gate"] and old["within_gate"] and new["graph_bitwise_eager"]
         if old["n_memset"] == 0 and old["kernels"] == new["kernels"]:
             assert new["bitwise_vs_gemm_ex"], (nt, old["kernels"])
-    assert graph_nodes.check(rows, [])["ok"]
+    assert graph_census.check(rows, [])["ok"]
 
 
 def test_prefill_graph_lt_dense_gemms_drop_memsets(model_path):
@@ -138,14 +138,14 @@ def test_sdpa_census_replays_the_plans_and_no_memset_keeps_parity():
     replay bitwise equal to their eager calls; no_memset either runs a plan without a memset node within the
     attention parity tolerance of the heuristic plan, or keeps the heuristic plan (bitwise the same output) and says
     why no candidate fits; every candidate plan that runs agrees within that tolerance."""
-    from labkernels import attention, graph_nodes
+    from labkernels import attention, graph_census
 
     st = attention.status()["cudnn"]
     if isinstance(st, str):
         pytest.skip(f"cuDNN frontend: {st}")
-    rows = graph_nodes.sdpa_census(nts=(512,), plan_nts=(512,), reps=2, launches=1, budget_s=60,
+    rows = graph_census.sdpa_census(nts=(512,), plan_nts=(512,), reps=2, launches=1, budget_s=60,
                                    progress=lambda *a: None)
-    v = graph_nodes.check([], rows)
+    v = graph_census.check([], rows)
     assert v["ok"], v["problems"]
     tol = 2 * attention.PARITY_TOL["f16"]
     for r in rows:
@@ -156,6 +156,6 @@ def test_sdpa_census_replays_the_plans_and_no_memset_keeps_parity():
                 assert r["n_memset"] == 0 and r["max_rel_vs_prefill"] <= tol, r
         elif r["plan"] == "heuristic":
             assert r["n_kernel"] >= 1
-    ran = [r for r in rows if r["plan"] not in graph_nodes.POLICY_ROWS + ("all",) and "error" not in r]
+    ran = [r for r in rows if r["plan"] not in graph_census.POLICY_ROWS + ("all",) and "error" not in r]
     assert ran, rows
     assert all(r["max_rel_vs_prefill"] <= tol for r in ran), [(r["plan_name"], r["max_rel_vs_prefill"]) for r in ran]
