@@ -12,6 +12,17 @@ CACHE_DIR = DATA_DIR / "cache"
 REPORTS_DIR = REPO_ROOT / "reports"
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 KERNELS_DIR = PACKAGE_DIR / "kernels"
+PLANS_DIR = PACKAGE_DIR / "plans"          # round 8's sweep plans (YAML)
+
+
+def plan_file(name: str) -> Path | None:
+    """A sweep plan by name in ``labkernels/plans/`` (``round4_kdr_h200``) or a path to a YAML file; None if
+    neither exists (``sweep.plan_path`` raises the sweep's error)."""
+    p = Path(name)
+    if p.suffix in (".yaml", ".yml") and p.exists():
+        return p
+    q = PLANS_DIR / f"{p.stem if p.suffix in ('.yaml', '.yml') else name}.yaml"
+    return q if q.exists() else None
 
 #: the one table of data folders: run series (the old folder names) -> the round folder its runs live in; a series
 #: not listed (``prefill``, ``peers``: shared by several rounds) is its own folder

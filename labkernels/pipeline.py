@@ -38,7 +38,7 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import forensics_driver, occupancy, provenance, records, rounds, sweep
+from . import forensics_driver, occupancy, paths, provenance, records, rounds
 from .paths import NOTEBOOKS_DIR, PACKAGE_DIR, REPORTS_DIR
 from .kernels import registry
 from .rounds import r05_wall
@@ -292,17 +292,11 @@ def _forensics_shapes():
 
 
 def _sweep_plans():
-    from .sweep import PLANS_DIR
-
-    return sorted(p.stem for p in PLANS_DIR.glob("*.yaml"))
+    return sorted(p.stem for p in paths.PLANS_DIR.glob("*.yaml"))
 
 
 def _sweep_plan_ok(v) -> bool:
-    try:
-        sweep.plan_path(v)
-        return True
-    except Exception:    # PlanError: no such plan
-        return False
+    return isinstance(v, str) and bool(v) and paths.plan_file(v) is not None
 
 
 #: the tables ``Known[...]`` names: (the values, listed in errors; whether a value is accepted -- aliases too)

@@ -61,8 +61,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import bench, cases, gpu, nvml, provenance, quants, records, reference, rounds
-from .paths import REPORTS_DIR
+from . import bench, cases, gpu, nvml, paths, provenance, quants, records, reference, rounds
+from .paths import PLANS_DIR, REPORTS_DIR
 from .kernels import registry
 from .recorded_tables import SUMMARY_ROUND, best_variants, pick_variant, shape_class  # noqa: F401
 
@@ -1111,19 +1111,13 @@ def reproduction_groups(rep: pd.DataFrame, by=("family", "od", "id", "nt")) -> p
     return r.groupby(list(by), as_index=False).agg(**agg)
 
 
-PLANS_DIR = Path(__file__).resolve().parent / "plans"
-
-
 def plan_path(name: str) -> Path:
     """A plan by name in ``labkernels/plans/`` (``round4_kdr_h200``) or a path to a YAML file."""
-    p = Path(name)
-    if p.suffix in (".yaml", ".yml") and p.exists():
-        return p
-    q = PLANS_DIR / f"{p.stem if p.suffix in ('.yaml', '.yml') else name}.yaml"
-    if q.exists():
-        return q
-    raise PlanError(f"plan {name!r}: no such file, and none of {sorted(x.stem for x in PLANS_DIR.glob('*.yaml'))} "
-                    f"in {PLANS_DIR.name}/")
+    p = paths.plan_file(name)
+    if p is None:
+        raise PlanError(f"plan {name!r}: no such file, and none of {sorted(x.stem for x in PLANS_DIR.glob('*.yaml'))} "
+                        f"in {PLANS_DIR.name}/")
+    return p
 
 
 def ran_on_gpu(summary) -> bool:

@@ -56,8 +56,6 @@ KNOWN_CYCLES: dict[frozenset, str] = {
                "labkernels.cases"}):
         "gpu forwards qmatmul & co. to dispatch for notebooks and r09_decode (drop once they name dispatch); "
         "wgmma and gemv run their own benchmarks and cases (the wgmma split, issue 42 item 2)",
-    frozenset({"labkernels.pipeline", "labkernels.sweep"}):
-        "the sweep runs notebooks through pipeline; pipeline renders round 8 through sweep",
 }
 
 #: function-local core -> lab imports still allowed, each with its reason
