@@ -389,17 +389,17 @@ def add_arguments(p) -> None:
     p.add_argument("--out", default=os.environ.get("OUT", "gpu-out"), help="results folder (default $OUT)")
     p.add_argument("--cases", default=None, help=f"comma list of cases (default all: {','.join(drv.CASES)})")
     p.add_argument("--shapes", default=None, help=f"comma list of NTxODxID (default {','.join(drv.DEFAULT_SHAPES)})")
-    p.add_argument("--metrics-set", choices=METRIC_SETS, default="full")
+    p.add_argument("--metrics-set", choices=METRIC_SETS, default="full", help="which ncu metrics to collect")
     p.add_argument("--ncu", default=None, help="the ncu executable (default $NCU, PATH, /opt/nvidia/nsight-compute)")
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=2, help="untimed launches before the profiled one")
     p.add_argument("--repeats", type=int, default=0,
                    help="event-timed launches before the profiled one (0: under ncu's launch interception CUDA-event "
                         "times are not trustworthy; the verdicts use the --ab timing, which runs without ncu)")
-    p.add_argument("--ab-pairs", type=int, default=5)
-    p.add_argument("--ab-repeats", type=int, default=20)
+    p.add_argument("--ab-pairs", type=int, default=5, help="interleaved A/B pairs of the timing without ncu")
+    p.add_argument("--ab-repeats", type=int, default=20, help="timed launches per side of each A/B pair")
     p.add_argument("--timeout", type=int, default=600, help="seconds per ncu process")
-    p.add_argument("--no-parity", action="store_true")
-    p.add_argument("--no-record", action="store_true")
+    p.add_argument("--no-parity", action="store_true", help="skip the parity gate of each case (its numbers then do not count)")
+    p.add_argument("--no-record", action="store_true", help="print only: record no run under data/")
     p.add_argument("--no-report", action="store_true", help="do not keep the .ncu-rep reports (nor read hotspots)")
     p.add_argument("--no-source", action="store_true",
                    help="no SourceCounters section / -lineinfo build (no per-line hotspot table)")

@@ -1405,7 +1405,7 @@ def register_cli(sub) -> None:
     p.add_argument("--timeout", type=int, default=None, help="per-cell timeout in seconds")
     p.set_defaults(func=main)
     p = sub.add_parser("results-table", help="the README's results table from reports/index.json")
-    p.add_argument("--index", default=str(REPORTS_DIR / "index.json"))
+    p.add_argument("--index", default=str(REPORTS_DIR / "index.json"), help="the reports index to read")
     p.add_argument("--write", metavar="README", default=None, help="rewrite the table in this README in place "
                    "(refused when the index has fewer rendered rounds than the README's table)")
     p.add_argument("--allow-fewer", action="store_true",

@@ -170,8 +170,9 @@ def register_cli(sub) -> None:
     p.add_argument("--model", required=True, help="GGUF path or 'synthetic-7b'")
     p.add_argument("--tokens", type=_count(0), default=0,
                    help="prompt length N >= 1 (0, the default: exactly the --prompt-ids)")
-    p.add_argument("--prompt-ids", type=int, nargs="*", default=None)
-    p.add_argument("--repeats", type=_count(1), default=3)
+    p.add_argument("--prompt-ids", type=int, nargs="*", default=None,
+                   help="the prompt as token ids (default: a prompt of --tokens ids)")
+    p.add_argument("--repeats", type=_count(1), default=3, help="timed prefills (the median is reported)")
     p.add_argument("--attn-f16", action="store_true", help="fp16 QK^T/PV attention")
     p.add_argument("--kernel", default="auto", choices=_kernels(), help="dispatch.qmatmul kernel of the k-quant GEMMs")
     p.add_argument("--attention", default="auto", choices=_attention_paths(), help="attention path (auto: lab+cudnn "
@@ -179,17 +180,17 @@ def register_cli(sub) -> None:
                    "frontend is usable; else the lab's kernel alone where it takes every layer (fp16), else the baseline, "
                    "said in the output)")
     _add_mode_args(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=prefill_main)
     q = sub.add_parser("decompose", help="round 5: a prefill traced launch by launch, by kernel class")
     q.add_argument("--model", required=True, help="GGUF path or 'synthetic-7b'")
-    q.add_argument("--nt", type=_count(1), default=3325)
-    q.add_argument("--repeats", type=_count(1), default=3)
-    q.add_argument("--attn-f16", action="store_true")
+    q.add_argument("--nt", type=_count(1), default=3325, help="prompt tokens of the traced prefill")
+    q.add_argument("--repeats", type=_count(1), default=3, help="traced prefills (the median per class)")
+    q.add_argument("--attn-f16", action="store_true", help="fp16 QK^T/PV attention")
     q.add_argument("--kernel", default="auto", choices=_kernels(), help="dispatch.qmatmul kernel of the k-quant GEMMs")
     q.add_argument("--attention", default="auto", choices=_attention_paths(), help="attention path")
     _add_mode_args(q)
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="print the result as JSON")
     q.set_defaults(func=decompose_main)
     register_generate_args(sub.add_parser("generate", help="round 9: greedy generation with a KV cache (prefill, then one "
                                  "captured decode step per token): decode tok/s, the prefill's time, the tokens"))
@@ -257,7 +258,8 @@ def register_generate_args(p) -> None:
                    "synthetic-gemma3)")
     p.add_argument("--prompt-tokens", type=_count(0), default=0,
                    help="prompt length N >= 1 (0, the default: exactly the --prompt-ids)")
-    p.add_argument("--prompt-ids", type=int, nargs="*", default=None)
+    p.add_argument("--prompt-ids", type=int, nargs="*", default=None,
+                   help="the prompt as token ids (default: a prompt of --prompt-tokens ids)")
     p.add_argument("--new-tokens", type=_count(1), default=128, help="tokens to generate (>= 1)")
     p.add_argument("--n-ctx", type=_count(1), default=None,
                    help="the KV cache's positions (default: prompt + new tokens rounded up to 256)")
@@ -272,7 +274,7 @@ def register_generate_args(p) -> None:
     p.add_argument("--f32-dense", action="store_true",
                    help="the dequantized-once (non-k-quant) weights on fp32 cuBLAS (default: their fp16 copy)")
     p.add_argument("--no-fuse", action="store_true", help="the prefill's unfused small kernels")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=generate_main)
 
 

@@ -45,3 +45,48 @@ def test_skipped_gpu_tests_read_as_skipped_not_ok(tmp_path):
     xml.write_text('<testsuite errors="0" failures="0" skipped="1" tests="3"></testsuite>')
     assert gpu_cli._state({"ok": True, **gpu_cli.junit_counts(xml)}) == "ok"
     assert gpu_cli._state({"ok": False}) == "FAILED" and gpu_cli.junit_counts(tmp_path / "none.xml") == {}
+
+
+def _commands(parser, path=()):
+    """Every leaf command of the tree: (path, parser)."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield path, parser
+        return
+    for name, p in subs[0].choices.items():
+        yield from _commands(p, path + (name,))
+
+
+def test_the_tree_is_noun_verb_and_every_verb_is_its_old_command():
+    ap = cli.build_parser()
+    top = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
+    listed = [c.dest for c in top._choices_actions]          # what `labkernels --help` shows
+    assert listed == [*cli.TREE, *cli.OWN_NOUNS]
+    for noun, (_, verbs) in cli.TREE.items():
+        for verb, old in verbs.items():
+            new, flat = _sub(ap, noun, verb), _sub(ap, old)
+            opts = lambda p: sorted((tuple(a.option_strings), a.dest, repr(a.default)) for a in p._actions)  # noqa: E731
+            assert opts(new) == opts(flat), f"labkernels {noun} {verb} differs from labkernels {old}"
+            assert new.get_default("func") is flat.get_default("func") is not None
+    args = ap.parse_args(["data", "check", "--root", "/nonexistent"])
+    assert (args.command, args.verb, args.root) == ("data", "check", "/nonexistent")
+
+
+def test_every_option_of_every_command_has_help_and_shows_its_default():
+    ap = cli.build_parser()
+    bare = []
+    for path, p in _commands(ap):
+        bare += [(" ".join(path), a.option_strings or [a.dest]) for a in p._actions
+                 if not isinstance(a, argparse._HelpAction) and a.help in (None, "") and a.option_strings]
+    assert not bare, f"options without help: {bare}"
+    text = _sub(ap, "gpu", "check").format_help()
+    assert "timed launches per point of the benchmark steps (default: 20)" in " ".join(text.split())
+    assert "(default: None)" not in text
+
+
+def test_a_lab_error_names_the_noun_and_verb(capsys):
+    rc = cli.main(["model", "layout", "--model", "/nonexistent/model.gguf"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("labkernels model layout: error: ModelError:"), err
+    rc = cli.main(["layout", "--model", "/nonexistent/model.gguf"])      # the old flat name: the same check
+    assert rc == 2 and capsys.readouterr().err.startswith("labkernels layout: error: ModelError:")
