@@ -618,7 +618,7 @@ def register_cli(sub) -> None:
     p.add_argument("--old-kernels", default=None,
                    help="tile_ab: the kernel sources before the tile skeleton (default: git archive eef6c5d)")
     p.add_argument("--gemma", default=None, help="Gemma 3 270M GGUF path for prefill_r7 and prefill_graph "
-                   "(default data/models/...)")
+                   "(default data/models/...); generate measures it beside the synthetic models when given")
     p.add_argument("--attention", default="auto", help="attention path of the decompose / attention steps: "
                    "auto | cudnn | torch | baseline (labkernels.attention)")
     p.add_argument("--attn-dtype", default="f16", help="input type of the fused attention: f16 | bf16")

@@ -442,3 +442,18 @@ def test_stored_weight_bytes_is_what_gguf_py_says_a_decode_step_reads():
     emb = s.tensor("token_embd.weight")
     with_emb = r09_decode.stored_weight_bytes(s) + emb.rows * emb.cols // 256 * {"q4_K": 144, "q6_K": 210}[emb.qtype]
     assert 3.9e9 < r09_decode.stored_weight_bytes(s) < with_emb
+
+
+def test_generation_rows_name_models_as_llama_bench_rows_do(tmp_path):
+    """The real Gemma's generation rows pair with llama-bench's by model name (the page's vs-llama column); a
+    --gemma that is not a file is refused before anything is recorded."""
+    import argparse
+
+    from labkernels import peers
+    from labkernels.rounds import r09_decode
+
+    for spec in ("synthetic-7b", "synthetic-gemma3", "/tmp/model/gemma-3-270m-q4_k_m.gguf", "Other-Model.GGUF"):
+        assert r09_decode.model_label(spec) == peers.model_label(spec)
+    with pytest.raises(ValueError, match="no such GGUF file"):
+        r09_decode.step_generate(tmp_path, argparse.Namespace(gemma=str(tmp_path / "absent.gguf"), log=print))
+    assert not (tmp_path / "data").exists()

@@ -5,6 +5,8 @@ cached dequantized weights and llama.cpp's MMVQ (recorded as the peer). Runs are
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 NOTEBOOK = "09_decode"
@@ -261,6 +263,16 @@ def step_decode(out, args) -> dict:
 GEN_PLAN = {"models": ["synthetic-gemma3", "synthetic-7b"], "prompts": [128, 512, 2048], "n_new": 128, "repeats": 3}
 
 
+def _sha256(path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def stored_weight_bytes(model) -> int:
     """The bytes of the weights one decode step reads, as stored in the GGUF: every tensor but the token embedding
     (one row of it is read), plus the embedding where the output head is tied to it (no ``output.weight``)."""
@@ -296,18 +308,19 @@ def measure_generate(run, models=GEN_PLAN["models"], prompts=GEN_PLAN["prompts"]
     rows = []
     for spec in models:
         m = load_model(spec)
+        label = model_label(spec)
         cfg = config_from_model(m)
         wbytes = stored_weight_bytes(m)
         gm = GpuModel(m)
         for n in prompts:
             if n + n_new > cfg.n_ctx_train:
-                progress(f"{spec}: prompt {n} + {n_new} > n_ctx_train {cfg.n_ctx_train}: skipped")
+                progress(f"{label}: prompt {n} + {n_new} > n_ctx_train {cfg.n_ctx_train}: skipped")
                 continue
             toks = prompt_tokens(m, n)
             for rep in range(repeats):
                 out = gm.generate(toks, n_new)
                 st = dict(gm.last_generate)
-                row = {"model": spec, "arch": cfg.arch, "n_prompt": n, "n_new": n_new, "rep": rep,
+                row = {"model": label, "arch": cfg.arch, "n_prompt": n, "n_new": n_new, "rep": rep,
                        "mode": st.get("mode"), "replays": st.get("replays", 0), "gpu_ms": st.get("gpu_ms"),
                        "tok_per_s": st.get("tok_per_s") or st.get("tok_per_s_eager"),
                        "tok_per_s_wall": st.get("tok_per_s_wall"), "prefill_ms": st.get("prefill_ms"),
@@ -318,22 +331,40 @@ def measure_generate(run, models=GEN_PLAN["models"], prompts=GEN_PLAN["prompts"]
                 tps = row["tok_per_s"] or 0.0
                 row["frac_copy"] = wbytes * tps / 1e12 / cb["tb_per_s"]
                 rows.append(row)
-                progress(f"{spec} prompt {n} tg{n_new} rep {rep}: {tps:.0f} tok/s ({row['mode']}; "
+                progress(f"{label} prompt {n} tg{n_new} rep {rep}: {tps:.0f} tok/s ({row['mode']}; "
                          f"{row['frac_copy']:.0%} of the copy line at {wbytes / 1e9:.2f} GB a token), "
                          f"prefill {row['prefill_ms']:.1f} ms")
-        run.append("generate", [r for r in rows if r["model"] == spec])
+        run.append("generate", [r for r in rows if r["model"] == label])
         del gm
         cp.get_default_memory_pool().free_all_blocks()
     return rows
 
 
+def model_label(spec: str) -> str:
+    """A generation row's model, as llama-bench's rows name it (``peers.model_label``): the synthetic model's name,
+    else the GGUF file's stem lower-cased (``gemma-3-270m-q4_k_m``)."""
+    from ..synthetic import SYNTHETIC
+
+    return spec if spec in SYNTHETIC else Path(spec).stem.lower()
+
+
 def step_generate(out, args) -> dict:
     """gpu-check step ``generate``: tokens/s of the KV-cache generation per model and prompt length (GEN_PLAN) into
-    ``out/data`` (a ``decode`` run whose params say ``what: generate``)."""
+    ``out/data`` (a ``decode`` run whose params say ``what: generate``); ``--gemma PATH`` adds the real Gemma 3 270M
+    (its sha256 recorded)."""
     from .. import records
 
-    with records.recording("decode", {**GEN_PLAN, "what": "generate"}, root=out / "data") as run:
-        rows = measure_generate(run, progress=getattr(args, "log", print), **GEN_PLAN)
+    plan = dict(GEN_PLAN)
+    gemma = getattr(args, "gemma", None)
+    if gemma:
+        p = Path(gemma)
+        if not p.is_file():
+            raise ValueError(f"generate: --gemma {gemma}: no such GGUF file")
+        plan["models"] = [str(p), *GEN_PLAN["models"]]
+        plan["gemma_sha256"] = _sha256(p)
+    with records.recording("decode", {**plan, "what": "generate"}, root=out / "data") as run:
+        rows = measure_generate(run, progress=getattr(args, "log", print),
+                                **{k: plan[k] for k in ("models", "prompts", "n_new", "repeats")})
     return {"ok": bool(rows), "run": run.run_id}
 
 
