@@ -312,3 +312,104 @@ def test_form1_fragment_flow_gives_the_exact_function(rng, nt):
     ref = x @ gemv.exact_weights_v2(raw).T
     assert np.abs(y[:nt] - ref).max() <= 1e-6 * np.abs(ref).max()
     assert not np.any(y[nt:])
+
+
+# ------------------------------------------------------------------------------------------ step 3: PIPE and the wave
+
+
+def test_wave_splits_make_one_wave():
+    """S="wave" (step 3): the most splits whose CTAs all fit the resident slots -- the baseline's default split leaves
+    a second partial wave (q4_K 4096x14336 FORM=1 MT=1 f16, 4 CTAs an SM on 132 SMs: 9 splits, 576 CTAs on 528
+    slots), the wave split 8 (512 CTAs, 7 super-blocks each)."""
+    assert gemv.default_splits(4096, 14336, 1, 4, 132, 4) == 9
+    assert gemv.wave_splits(4096, 14336, 1, 4, 132, 4) == 8
+    for od, id_, mt, bps in ((4096, 14336, 1, 4), (4096, 14336, 2, 3), (14336, 4096, 1, 5), (11008, 4096, 2, 2),
+                             (4096, 4096, 1, 5), (64, 512, 1, 4), (1_000_000, 4096, 2, 4)):
+        groups = -(-od // gemv.rows_per_cta(mt, 4))
+        S = gemv.wave_splits(od, id_, mt, 4, 132, bps)
+        assert 1 <= S <= id_ // 256
+        assert groups * S <= 132 * bps or S == 1               # one wave, unless the row groups alone are more
+        assert S == id_ // 256 or S == 1 or groups * (S + 1) > 132 * bps    # and the most splits that fit
+        assert S <= gemv.default_splits(od, id_, mt, 4, 132, bps)
+
+
+def test_pipe_smem_is_the_registry_formula_at_nt1():
+    from labkernels.kernels import registry
+
+    specs = [k for k in registry.family("gemv_kq") if k.p["PIPE"]]
+    assert {k.p["PIPE"] for k in specs} == set(gemv.PIPES) - {0}
+    assert all(k.p["FORM"] == 1 and k.p["QT"] == 4 and k.p["NT8"] == 1 for k in specs)
+    for k in registry.family("gemv_kq"):
+        p = k.p
+        assert k.dynamic_smem() == gemv.pipe_smem(p["MT"], p["WARPS"], p["PIPE"], p["XF32"], 1)
+    # the largest launch (MT=2, PIPE=4, f32, nt=8) fits the H100's 227 KB opt-in limit
+    assert gemv.pipe_smem(2, 4, 4, 1, 8) <= 232448
+
+
+@pytest.mark.parametrize("MT", [1, 2])
+@pytest.mark.parametrize("XF32", [0, 1])
+@pytest.mark.parametrize("nt", [1, 3, 8])
+def test_pipe_stage_copies_and_reads_are_the_loads_of_form1(rng, MT, XF32, nt):
+    """The numpy mirror of a PIPE stage: the kernel's copies (pipe_copies) write every byte of the stage's weight
+    blocks and token rows once and never a padding byte, from 16-byte aligned sources inside W and X; the
+    compute's shared loads (pipe_reads) then give each lane exactly the 48 weight bytes and the 64 activations
+    that FORM=1 (PIPE=0) loads from global memory for the same rows, super-block and token -- at a row tail too."""
+    WARPS, id_ = 4, 1024
+    od = WARPS * MT * 16 - 5                     # the last rows clamp to od - 1
+    nsb = id_ // 256
+    E = 4 if XF32 else 2
+    raw = rng.integers(0, 256, (od, nsb * 144), dtype=np.uint8)
+    xb = rng.integers(0, 256, (nt, id_ * E), dtype=np.uint8)          # the activations' bytes
+    stage_bytes = gemv.pipe_smem(MT, WARPS, 1, XF32, nt)
+    for sb in (0, nsb - 1):
+        st = np.zeros(stage_bytes, np.uint8)
+        hits = np.zeros(stage_bytes, np.int32)
+        for t, dst, (which, off) in gemv.pipe_copies(MT, WARPS, XF32, nt, od, id_):
+            assert dst % 16 == 0 and off % 16 == 0
+            src = raw.reshape(-1) if which == "w" else xb.reshape(-1)
+            o = off + (sb * 144 if which == "w" else sb * 256 * E)
+            assert 0 <= o and o + 16 <= src.size
+            st[dst:dst + 16] = src[o:o + 16]
+            hits[dst:dst + 16] += 1
+        assert hits.max() == 1
+        CS, TS = gemv.pipe_x_bytes(XF32)
+        WB = MT * 16 * 144
+        pad = np.zeros(stage_bytes, bool)
+        for n in range(nt):
+            for c in range(4):
+                pad[WARPS * WB + n * TS + c * CS + 64 * E:WARPS * WB + n * TS + (c + 1) * CS] = True
+        assert (hits[pad] == 0).all() and (hits[~pad] == 1).all()
+        for (warp, lane), loads in gemv.pipe_reads(MT, WARPS, XF32, nt).items():
+            g, c = lane >> 2, lane & 3
+            got_x = []
+            for what, *key in loads:
+                b = st[key[-1]:key[-1] + 16]
+                if what == "x":
+                    got_x.append(b)
+                    continue
+                mt, half = key[0], key[1]
+                row = min(warp * MT * 16 + mt * 16 + 8 * half + g, od - 1)
+                blk = raw[row, sb * 144:(sb + 1) * 144]
+                want = {"hdr": blk[0:16], "q0": blk[16 + 32 * c:32 + 32 * c], "q1": blk[32 + 32 * c:48 + 32 * c]}
+                assert np.array_equal(b, want[what]), (what, warp, lane)
+            if g < nt:
+                seg = xb[g, (sb * 256 + 64 * c) * E:(sb * 256 + 64 * c + 64) * E]
+                assert np.array_equal(np.concatenate(got_x), seg)
+            else:
+                assert not got_x
+
+
+@pytest.mark.parametrize("MT", [1, 2])
+@pytest.mark.parametrize("XF32", [0, 1])
+def test_pipe_shared_loads_are_free_of_bank_conflicts(MT, XF32):
+    """Each 16-byte shared load of the compute (the same instruction in every lane): within each quarter-warp the 8
+    lanes read distinct 16-byte bank groups, or the same address (a broadcast: the 4 lanes of a quad read their
+    rows' header together)."""
+    reads = gemv.pipe_reads(MT, 4, XF32, 8)
+    for warp in range(4):
+        per_lane = [reads[(warp, lane)] for lane in range(32)]
+        for i in range(len(per_lane[0])):
+            for q in range(4):
+                addrs = {per_lane[lane][i][-1] for lane in range(8 * q, 8 * q + 8)}
+                groups = [a // 16 % 8 for a in addrs]
+                assert len(groups) == len(set(groups)), (warp, i, q, sorted(addrs))
