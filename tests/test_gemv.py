@@ -413,3 +413,66 @@ def test_pipe_shared_loads_are_free_of_bank_conflicts(MT, XF32):
                 addrs = {per_lane[lane][i][-1] for lane in range(8 * q, 8 * q + 8)}
                 groups = [a // 16 % 8 for a in addrs]
                 assert len(groups) == len(set(groups)), (warp, i, q, sorted(addrs))
+
+
+def test_step3_bench_records_the_plan_and_the_typed_columns(tmp_path, monkeypatch, rng):
+    """gemv_step3's path through bench_gemv on the CPU (the device, the timer and the kernel stood in: the kernel by
+    FORM=1's exact function, so every point passes the real gate): each launch of the plan gated and recorded under
+    its name (``_sw`` one-wave split, ``_p<PIPE>`` ring), typed columns PIPE / WAVE / S (the split each launch
+    ran), its grid in ``gemv_plan``, and the page's bench_table reads the run; the step passes its plan through."""
+    import sys
+
+    from cpu_gpu_shim import install
+
+    from labkernels import bench as B
+    from labkernels import gpu, records
+    from labkernels.rounds import r09_decode as r9
+
+    cp = install(monkeypatch)
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setattr(r9, "copy_bandwidth", lambda: {"bytes": 2, "median_us": 1.0, "tb_per_s": 3.0})
+    monkeypatch.setattr(gpu, "device_props", lambda: {"sm_count": 4, "cc": 90, "name": "fake"})
+    monkeypatch.setattr(gemv, "_blocks_per_sm", lambda *a: 2 if a[6] == 4 else 3)     # (.., FORM, PIPE, smem)
+    monkeypatch.setattr(B, "ReadFlusher", lambda: None)
+    monkeypatch.setattr(B, "Lead", lambda us: None)
+    monkeypatch.setattr(B, "interleaved", lambda variants, pairs, **kw: {
+        v: [{"median_us": 10.0 + i, "min_us": 9.0, "n": 20} for _ in range(pairs)] for i, v in enumerate(variants)})
+    calls = []
+
+    def fake_kernel(gv, x, out=None, S=None, MT=2, WARPS=4, FORM=0, PIPE=0):
+        calls.append((MT, FORM, PIPE, S, x.shape[0]))
+        assert FORM == 1 and PIPE in gemv.PIPES
+        w = gemv.exact_weights_v2(np.asarray(gv.data), gv.qtype)
+        return (np.asarray(x).astype(np.float16).astype(np.float64) @ w.T).astype(np.float32)
+
+    monkeypatch.setattr(gemv, "gemv", fake_kernel)
+    launches = [tuple(v) for v in r9.STEP3_PLAN["launches"]]
+    with records.recording("decode", {"what": "gemv_step3"}, root=tmp_path / "data") as run:
+        r9.bench_gemv(run, shapes=[(130, 1024)], nts=(1, 8), qtypes=("q4_K",), acts=("f16",), pairs=2,
+                      baselines=(), launches=launches, progress=lambda *a: None)
+    assert len(calls) == 2 * len(launches)
+    df = run.table("gemv_bench")
+    names = set(df.variant)
+    assert {"gemv_m1w4_f1", "gemv_m1w4_sw_f1", "gemv_m2w4_sw_f1_p4", "gemv_m1w4_f1_p4", "gemv_m2w4_sw_f1_p2"} <= names
+    assert len(names) == len(launches) and len(df) == 2 * 2 * len(launches)
+    r = df[df.variant == "gemv_m1w4_sw_f1_p4"].iloc[0]
+    assert (r.PIPE, r.WAVE, r.FORM, r.MT) == (4, 1, 1, 1)
+    # 130 rows: 3 groups of 64 at MT=1; one wave of 4 SMs x 2 CTAs (PIPE=4 here) -> S = 2 of the 4 super-blocks
+    assert r.S == gemv.wave_splits(130, 1024, 1, 4, 4, 2) == 2
+    # the default split (rounded up: 3 groups x 4 = 12 CTAs on 4 x 3 slots) recorded as the number it ran
+    assert (df[df.variant == "gemv_m1w4_f1"].S == gemv.default_splits(130, 1024, 1, 4, 4, 3)).all()
+    plan = run.table("gemv_plan")
+    assert len(plan) == 2 * len(launches)
+    wave = plan[plan.variant.str.contains("_sw")]
+    assert (wave.waves <= 1.0).all() and (plan.exact_rel <= 1e-5).all()
+    t = r9.bench_table(run)
+    assert {"PIPE", "WAVE"} <= set(t.columns) and len(t) == 2 * len(launches)
+
+    seen = {}
+    monkeypatch.setattr(r9, "bench_gemv", lambda run, **kw: seen.update(kw))
+    import types
+
+    out = r9.step_gemv_step3(tmp_path / "out", types.SimpleNamespace(log=lambda *a: None))
+    assert out["ok"] and seen["launches"] == launches and seen["acts"] == ("f16",)
+    assert seen["baselines"] == ("cublas",) and seen["qtypes"] == ("q4_K",)
+    assert "gemv_step3" in r9.STEPS and r9.LEDGER[-1]["gpu_check"] == "gemv_step3"
