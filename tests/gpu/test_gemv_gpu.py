@@ -268,7 +268,7 @@ def test_gemv_real_model_tensors(cp, rng):
     assert n >= 36
 
 
-@pytest.mark.parametrize("nt", [1, 2, 3, 5, 7, 8])
+@pytest.mark.parametrize("nt", [1, 3, 5, 8])
 @pytest.mark.parametrize("od,id_", [(1, 256), (17, 512), (130, 1024), (1000, 4352)])
 @pytest.mark.parametrize("f32", [0, 1])
 @pytest.mark.parametrize("mt", [1, 2])
@@ -293,17 +293,21 @@ def test_gemv_pipe_parity(cp, rng, nt, od, id_, f32, mt, pipe):
 @pytest.mark.gpu_fast
 @pytest.mark.parametrize("pipe", [0, 4])
 def test_wave_split_is_one_wave_and_gated(cp, rng, pipe):
-    """S="wave": the launch plan's CTAs fit one wave of resident CTAs (at the launch's own shared memory), and the
-    output passes FORM=1's gate at a shape whose default split leaves a partial second wave on a 132-SM card."""
+    """S="wave": the launch plan's CTAs fit one wave of resident CTAs (the occupancy API at the launch's own shared
+    memory), where the default split leaves a partial second wave on a 132-SM card (4096 rows at MT=1: 64 row groups;
+    FORM=1 4 CTAs an SM: 9 splits, 576 CTAs on 528 slots; PIPE=4 5 an SM: 11, 704 on 660), and the output passes
+    FORM=1's gate."""
     from labkernels import gemv, gpu
 
-    od, id_, nt = 4096, 14336, 1
+    od, id_, nt = 4096, 4096, 1
     raw = _weights(rng, "q4_K", od, id_)
     x = rng.standard_normal((nt, id_)).astype(np.float32)
     w = gpu.QWeight.upload(raw, "q4_K")
     gv = gemv.prepare(w)
-    plan = gemv.launch_plan(gv, nt, 0, MT=1, WARPS=4, FORM=1, PIPE=pipe, S="wave",
-                            sm_count=gpu.device_props()["sm_count"])
+    sm = gpu.device_props()["sm_count"]
+    plan = gemv.launch_plan(gv, nt, 0, MT=1, WARPS=4, FORM=1, PIPE=pipe, S="wave", sm_count=sm)
     assert plan["waves"] <= 1.0 or plan["S"] == 1, plan
+    if sm == 132:
+        assert gemv.launch_plan(gv, nt, 0, MT=1, WARPS=4, FORM=1, PIPE=pipe, sm_count=sm)["waves"] > 1.0
     y = _run(cp, w, cp.asarray(x.astype(np.float16)), MT=1, FORM=1, PIPE=pipe, S="wave")
     _gate(y, raw, "q4_K", x, form=1)
