@@ -49,6 +49,48 @@ PREDICTION = {
 }
 
 
+#: step 3's analysis, written before its run from the compiler's report and the machine code (H100 80GB HBM3: 132
+#: SMs, 64K registers and 228 KB of shared memory an SM; occupancy from labkernels.occupancy's 'h100' profile)
+STEP3_ANALYSIS = {
+    "load structure (PIPE=0, SASS)": "every load of a super-block at the top of its loop iteration (FORM=1 MT=1 f16: "
+                                      "14 LDG.128, 6 of weights and 8 of activations; the first HMMA 36 instructions "
+                                      "after the last), none carried across iterations: a warp's bytes in flight drop "
+                                      "to zero while it computes the super-block",
+    "bytes a warp a super-block": "weights MT x 16 rows x 144 B = 2,304 B (MT=1) / 4,608 B (MT=2; the 16-byte header "
+                                  "loaded by the 4 lanes of a quad, L1 hits after the first); activations 512 B (f16) "
+                                  "/ 1,024 B (f32) a token, L2 hits",
+    "registers -> CTAs an SM (warps), peak weight bytes in flight an SM": (
+        "FORM=0 MT=1 f16 96 -> 5 (20) 46 KB; FORM=0 MT=2 f16 126 -> 4 (16) 74 KB; FORM=1 MT=1 f16 106 -> 4 (16) "
+        "37 KB; FORM=1 MT=2 f16 150 -> 3 (12) 55 KB; FORM=1 MT=1 f32 132 -> 3 (12) 28 KB; FORM=1 MT=2 f32 162 -> 3 "
+        "(12) 55 KB. The average is the peak x L / (L + C), C the super-block's compute (~0.3-0.5 us): FORM=1 MT=1 "
+        "f16 ~25-28 KB"),
+    "Little's law": "2.98 TB/s x latency / 132 SMs: 15.8 KB an SM at 700 ns (the notes' 600-800 ns, unloaded: "
+                    "shared/notes/decode-at-the-hbm-line.md; HOPPER.md gives no figure), 22.6-33.9 KB at a loaded "
+                    "1.0-1.5 us (assumed: queueing near saturation). FORM=1 MT=1 f16 sits at the margin, f32 MT=1 "
+                    "below it",
+    "grid at 4096x14336 (56 super-blocks)": "FORM=1 MT=1 f16: 64 row groups x S=9 (default, rounded up) = 576 CTAs on "
+                                            "4 x 132 = 528 slots: 1.09 waves, 48 CTAs of 6-7 super-blocks after the "
+                                            "first finish (~6-7 us at low load); MT=2: 32 x 13 = 416 on 396 (1.05). "
+                                            "One wave (S='wave'): MT=1 S=8 (512 CTAs, 7 super-blocks each), MT=2 S=12",
+    "the split's fold": "S x nt x od x 4 B (147 KB at MT=1 S=9): 0.1 us of bytes, but the last CTA's chain at the end "
+                        "(fence, arrival atomic, S partial loads, store: ~3 round trips, 1.5-3 us) is on the critical "
+                        "path; step 2's 4096x4096 (9.4 MB, 3.2 us at the line) took 12.7 us: ~9 us of fixed costs "
+                        "(launch, a 48-CTA second wave, the fold's chain)",
+    "PIPE ring, in flight an SM (weights, continuously)": (
+        "(PIPE - 1) x the CTA's stage x CTAs: nt=1 f16 MT=1 PIPE=2 5 CTAs (91 regs) 46 KB, PIPE=4 5 CTAs (92 regs, "
+        "39 KB smem) 138 KB; MT=2 PIPE=2 4 CTAs (127 regs) 74 KB, PIPE=4 3 CTAs (76 KB smem) 166 KB; nt=8 f16 MT=1 "
+        "PIPE=4 4 CTAs 111 KB"),
+    "SASS main loop a super-block (one warp), FORM=1 -> PIPE=2 / PIPE=4": (
+        "f16 MT=1 335 -> 371 / 373, MT=2 570 -> 603 / 605; f32 MT=1 349 -> 397 / 399, MT=2 597 -> 688 / 681 (5 or 10 "
+        "LDGSTS of weights, 1-2 of activations in a loop over the CTA's tokens, 14 / 20 LDS.128 for 14 / 20 LDG.128, a "
+        "DEPBAR and a BAR.SYNC); at the line PIPE MT=1 f16 issues ~2.1 warp-instructions a cycle an SM (of 4)"),
+    "step time estimate (gemv_step3)": "40-70 s on an H100: NVRTC build of gemv_kq (28 instantiations) ~10 s, the "
+                                       "references of 4 shapes ~8 s, 144 gated points x ~0.1-0.15 s ~15-25 s, timing "
+                                       "(10 variants x 16 points x 60 launches behind a 300 us lead) ~5 s, the copy "
+                                       "line ~1 s (step 2's plan, 128 gates, ran in 29 s)",
+}
+
+
 #: the round's steps as records (prediction written before the run, then what was measured and the verdict)
 LEDGER = [
     {"step": 1, "name": "gemv_kq, first measured build",
@@ -119,7 +161,7 @@ LEDGER = [
     # step 3: the analysis and the prediction written 2026-12-06 before any GPU run of the forms (nvcc 13.0 -cubin
     # sm_90 --resource-usage, cuobjdump -sass of the main loop, the lab's occupancy profile 'h100'; STEP3_ANALYSIS)
     {"step": 3, "name": "bytes in flight and the grid's tail: a cp.async ring (PIPE) and one-wave splits",
-     "commit": "5740e33", "card": None, "runs": [], "gpu_check": "gemv_step3",
+     "commit": "5740e33", "card": None, "runs": [], "gpu_check": "gemv_step3", "analysis": STEP3_ANALYSIS,
      "prediction": [
          {"what": "FORM=1 MT=1 default split, q4_K 4096x14336 nt=1 f16 (the baseline, same process)", "metric": "us",
           "low": 26.0, "high": 30.0, "why": "step 2's 27.7 us; PIPE=0's machine code is instruction-identical to "
@@ -158,46 +200,6 @@ LEDGER = [
      "measured": None, "verdict": None},
 ]
 
-#: step 3's analysis, written before its run from the compiler's report and the machine code (H100 80GB HBM3: 132
-#: SMs, 64K registers and 228 KB of shared memory an SM; occupancy from labkernels.occupancy's 'h100' profile)
-STEP3_ANALYSIS = {
-    "load structure (PIPE=0, SASS)": "every load of a super-block at the top of its loop iteration (FORM=1 MT=1 f16: "
-                                      "14 LDG.128, 6 of weights and 8 of activations; the first HMMA 36 instructions "
-                                      "after the last), none carried across iterations: a warp's bytes in flight drop "
-                                      "to zero while it computes the super-block",
-    "bytes a warp a super-block": "weights MT x 16 rows x 144 B = 2,304 B (MT=1) / 4,608 B (MT=2; the 16-byte header "
-                                  "loaded by the 4 lanes of a quad, L1 hits after the first); activations 512 B (f16) "
-                                  "/ 1,024 B (f32) a token, L2 hits",
-    "registers -> CTAs an SM (warps), peak weight bytes in flight an SM": (
-        "FORM=0 MT=1 f16 96 -> 5 (20) 46 KB; FORM=0 MT=2 f16 126 -> 4 (16) 74 KB; FORM=1 MT=1 f16 106 -> 4 (16) "
-        "37 KB; FORM=1 MT=2 f16 150 -> 3 (12) 55 KB; FORM=1 MT=1 f32 132 -> 3 (12) 28 KB; FORM=1 MT=2 f32 162 -> 3 "
-        "(12) 55 KB. The average is the peak x L / (L + C), C the super-block's compute (~0.3-0.5 us): FORM=1 MT=1 "
-        "f16 ~25-28 KB"),
-    "Little's law": "2.98 TB/s x latency / 132 SMs: 15.8 KB an SM at 700 ns (the notes' 600-800 ns, unloaded: "
-                    "shared/notes/decode-at-the-hbm-line.md; HOPPER.md gives no figure), 22.6-33.9 KB at a loaded "
-                    "1.0-1.5 us (assumed: queueing near saturation). FORM=1 MT=1 f16 sits at the margin, f32 MT=1 "
-                    "below it",
-    "grid at 4096x14336 (56 super-blocks)": "FORM=1 MT=1 f16: 64 row groups x S=9 (default, rounded up) = 576 CTAs on "
-                                            "4 x 132 = 528 slots: 1.09 waves, 48 CTAs of 6-7 super-blocks after the "
-                                            "first finish (~6-7 us at low load); MT=2: 32 x 13 = 416 on 396 (1.05). "
-                                            "One wave (S='wave'): MT=1 S=8 (512 CTAs, 7 super-blocks each), MT=2 S=12",
-    "the split's fold": "S x nt x od x 4 B (147 KB at MT=1 S=9): 0.1 us of bytes, but the last CTA's chain at the end "
-                        "(fence, arrival atomic, S partial loads, store: ~3 round trips, 1.5-3 us) is on the critical "
-                        "path; step 2's 4096x4096 (9.4 MB, 3.2 us at the line) took 12.7 us: ~9 us of fixed costs "
-                        "(launch, a 48-CTA second wave, the fold's chain)",
-    "PIPE ring, in flight an SM (weights, continuously)": (
-        "(PIPE - 1) x the CTA's stage x CTAs: nt=1 f16 MT=1 PIPE=2 5 CTAs (91 regs) 46 KB, PIPE=4 5 CTAs (92 regs, "
-        "39 KB smem) 138 KB; MT=2 PIPE=2 4 CTAs (127 regs) 74 KB, PIPE=4 3 CTAs (76 KB smem) 166 KB; nt=8 f16 MT=1 "
-        "PIPE=4 4 CTAs 111 KB"),
-    "SASS main loop a super-block (one warp), FORM=1 -> PIPE=2 / PIPE=4": (
-        "f16 MT=1 335 -> 371 / 373, MT=2 570 -> 603 / 605; f32 MT=1 349 -> 397 / 399, MT=2 597 -> 688 / 681 (5 or 10 "
-        "LDGSTS of weights, 1-2 of activations in a loop over the CTA's tokens, 14 / 20 LDS.128 for 14 / 20 LDG.128, a "
-        "DEPBAR and a BAR.SYNC); at the line PIPE MT=1 f16 issues ~2.1 warp-instructions a cycle an SM (of 4)"),
-    "step time estimate (gemv_step3)": "40-70 s on an H100: NVRTC build of gemv_kq (28 instantiations) ~10 s, the "
-                                       "references of 4 shapes ~8 s, 144 gated points x ~0.1-0.15 s ~15-25 s, timing "
-                                       "(10 variants x 16 points x 60 launches behind a 300 us lead) ~5 s, the copy "
-                                       "line ~1 s (step 2's plan, 128 gates, ran in 29 s)",
-}
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, repeats: int = 10) -> dict:
