@@ -476,3 +476,22 @@ def test_step3_bench_records_the_plan_and_the_typed_columns(tmp_path, monkeypatc
     assert out["ok"] and seen["launches"] == launches and seen["acts"] == ("f16",)
     assert seen["baselines"] == ("cublas",) and seen["qtypes"] == ("q4_K",)
     assert "gemv_step3" in r9.STEPS and r9.LEDGER[-1]["gpu_check"] == "gemv_step3"
+
+
+def test_the_sanitizer_driver_launches_every_instantiation(monkeypatch, capsys):
+    """gemv_sanitizer's driver (run under compute-sanitizer on the GPU) on the CPU stand-ins: every registered gemv_kq
+    instantiation once, and each ring again at nt=1 (one-wave split) and nt=8 -- with the arguments gemv takes."""
+    import sys
+
+    from cpu_gpu_shim import install
+
+    from labkernels.kernels import registry
+    from labkernels.rounds import r09_decode as r9
+
+    cp = install(monkeypatch)
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    exec(compile(r9.GEMV_SANITIZE_DRIVER, "<gemv sanitizer driver>", "exec"), {})
+    specs = registry.family("gemv_kq")
+    n = len(specs) + 2 * sum(1 for k in specs if k.p["PIPE"])
+    assert f"gemv sanitizer driver done: {n} launches" in capsys.readouterr().out
+    assert "gemv_sanitizer" in r9.STEPS

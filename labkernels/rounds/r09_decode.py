@@ -495,8 +495,63 @@ def step_gemv_step3(out, args) -> dict:
                      launches=[tuple(v) for v in plan["launches"]])
 
 
+#: compute-sanitizer's driver for gemv_kq: every registered instantiation once (a row tail, S=2, nt at the top of its
+#: token tiles less one), the rings also at nt=1 and 8 and the one-wave split; run as ``python -c`` by
+#: :func:`step_gemv_sanitizer` (racecheck covers step 3's shared-memory ring, synccheck its barriers)
+GEMV_SANITIZE_DRIVER = r"""
+import numpy as np, cupy as cp
+from labkernels import gemv, gpu, quants
+from labkernels.kernels import registry
+rng = np.random.default_rng(1)
+od, id_ = 141, 1024
+ws = {q: gpu.QWeight.upload(quants.quantize(rng.standard_normal((od, id_)).astype(np.float32) * .02, q), q)
+      for q in ("q4_K", "q6_K")}
+n = 0
+for k in registry.family("gemv_kq"):
+    p = k.p
+    w = ws["q4_K" if p["QT"] == 4 else "q6_K"]
+    for nt, S in ((8 * p["NT8"] - 1, 2),) + (((1, "wave"), (8, None)) if p["PIPE"] else ()):
+        x = rng.standard_normal((nt, id_)).astype(np.float32 if p["XF32"] else np.float16)
+        gemv.gemv(w, cp.asarray(x), MT=p["MT"], WARPS=p["WARPS"], S=S, FORM=p["FORM"], PIPE=p["PIPE"])
+        n += 1
+cp.cuda.runtime.deviceSynchronize()
+print(f"gemv sanitizer driver done: {n} launches")
+"""
+
+
+def step_gemv_sanitizer(out, args) -> dict:
+    """gpu-check step ``gemv_sanitizer``: compute-sanitizer memcheck, racecheck and synccheck over
+    :data:`GEMV_SANITIZE_DRIVER` (every gemv_kq instantiation, step 3's rings included); each tool's output in
+    ``out/sanitizer-gemv-<tool>.txt``."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    res, ok = {}, True
+    for tool in ("memcheck", "racecheck", "synccheck"):
+        t0 = time.time()
+        cmd = ["compute-sanitizer", f"--tool={tool}", "--error-exitcode=9", sys.executable, "-c", GEMV_SANITIZE_DRIVER]
+        try:
+            r = subprocess.run(cmd, cwd=root, capture_output=True, text=True,
+                               timeout=getattr(args, "sanitizer_timeout", 600))
+            text, rc = r.stdout + r.stderr, r.returncode
+        except FileNotFoundError:
+            text, rc = "compute-sanitizer not found", 127
+        except subprocess.TimeoutExpired as e:
+            text, rc = f"timeout\n{e.stdout or ''}", 124
+        (Path(out) / f"sanitizer-gemv-{tool}.txt").write_text(text)
+        summary = [ln for ln in text.splitlines() if "ERROR SUMMARY" in ln or "RACECHECK SUMMARY" in ln]
+        res[tool] = {"rc": rc, "summary": summary[-1] if summary else text.strip().splitlines()[-1:],
+                     "seconds": round(time.time() - t0, 1)}
+        ok = ok and rc == 0
+        getattr(args, "log", print)(f"compute-sanitizer {tool} (gemv_kq): rc={rc} {res[tool]['summary']}")
+    return {"ok": ok, **res}
+
+
 STEPS = {"decode": step_decode, "generate": step_generate, "gemv_step2": step_gemv_step2,
-         "gemv_step3": step_gemv_step3, "nvbench_check": step_nvbench_check}
+         "gemv_step3": step_gemv_step3, "gemv_sanitizer": step_gemv_sanitizer, "nvbench_check": step_nvbench_check}
 
 
 # ------------------------------------------------------------------------------------------ the page's tables
