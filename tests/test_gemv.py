@@ -312,3 +312,186 @@ def test_form1_fragment_flow_gives_the_exact_function(rng, nt):
     ref = x @ gemv.exact_weights_v2(raw).T
     assert np.abs(y[:nt] - ref).max() <= 1e-6 * np.abs(ref).max()
     assert not np.any(y[nt:])
+
+
+# ------------------------------------------------------------------------------------------ step 3: PIPE and the wave
+
+
+def test_wave_splits_make_one_wave():
+    """S="wave" (step 3): the most splits whose CTAs all fit the resident slots -- the baseline's default split leaves
+    a second partial wave (q4_K 4096x14336 FORM=1 MT=1 f16, 4 CTAs an SM on 132 SMs: 9 splits, 576 CTAs on 528
+    slots), the wave split 8 (512 CTAs, 7 super-blocks each)."""
+    assert gemv.default_splits(4096, 14336, 1, 4, 132, 4) == 9
+    assert gemv.wave_splits(4096, 14336, 1, 4, 132, 4) == 8
+    for od, id_, mt, bps in ((4096, 14336, 1, 4), (4096, 14336, 2, 3), (14336, 4096, 1, 5), (11008, 4096, 2, 2),
+                             (4096, 4096, 1, 5), (64, 512, 1, 4), (1_000_000, 4096, 2, 4)):
+        groups = -(-od // gemv.rows_per_cta(mt, 4))
+        S = gemv.wave_splits(od, id_, mt, 4, 132, bps)
+        assert 1 <= S <= id_ // 256
+        assert groups * S <= 132 * bps or S == 1               # one wave, unless the row groups alone are more
+        assert S == id_ // 256 or S == 1 or groups * (S + 1) > 132 * bps    # and the most splits that fit
+        assert S <= gemv.default_splits(od, id_, mt, 4, 132, bps)
+
+
+def test_pipe_smem_is_the_registry_formula_at_nt1():
+    from labkernels.kernels import registry
+
+    specs = [k for k in registry.family("gemv_kq") if k.p["PIPE"]]
+    assert {k.p["PIPE"] for k in specs} == set(gemv.PIPES) - {0}
+    assert all(k.p["FORM"] == 1 and k.p["QT"] == 4 and k.p["NT8"] == 1 for k in specs)
+    for k in registry.family("gemv_kq"):
+        p = k.p
+        assert k.dynamic_smem() == gemv.pipe_smem(p["MT"], p["WARPS"], p["PIPE"], p["XF32"], 1)
+    # the largest launch (MT=2, PIPE=4, f32, nt=8) fits the H100's 227 KB opt-in limit
+    assert gemv.pipe_smem(2, 4, 4, 1, 8) <= 232448
+
+
+@pytest.mark.parametrize("MT", [1, 2])
+@pytest.mark.parametrize("XF32", [0, 1])
+@pytest.mark.parametrize("nt", [1, 3, 8])
+def test_pipe_stage_copies_and_reads_are_the_loads_of_form1(rng, MT, XF32, nt):
+    """The numpy mirror of a PIPE stage: the kernel's copies (pipe_copies) write every byte of the stage's weight
+    blocks and token rows once and never a padding byte, from 16-byte aligned sources inside W and X; the
+    compute's shared loads (pipe_reads) then give each lane exactly the 48 weight bytes and the 64 activations
+    that FORM=1 (PIPE=0) loads from global memory for the same rows, super-block and token -- at a row tail too."""
+    WARPS, id_ = 4, 1024
+    od = WARPS * MT * 16 - 5                     # the last rows clamp to od - 1
+    nsb = id_ // 256
+    E = 4 if XF32 else 2
+    raw = rng.integers(0, 256, (od, nsb * 144), dtype=np.uint8)
+    xb = rng.integers(0, 256, (nt, id_ * E), dtype=np.uint8)          # the activations' bytes
+    stage_bytes = gemv.pipe_smem(MT, WARPS, 1, XF32, nt)
+    for sb in (0, nsb - 1):
+        st = np.zeros(stage_bytes, np.uint8)
+        hits = np.zeros(stage_bytes, np.int32)
+        for t, dst, (which, off) in gemv.pipe_copies(MT, WARPS, XF32, nt, od, id_):
+            assert dst % 16 == 0 and off % 16 == 0
+            src = raw.reshape(-1) if which == "w" else xb.reshape(-1)
+            o = off + (sb * 144 if which == "w" else sb * 256 * E)
+            assert 0 <= o and o + 16 <= src.size
+            st[dst:dst + 16] = src[o:o + 16]
+            hits[dst:dst + 16] += 1
+        assert hits.max() == 1
+        CS, TS = gemv.pipe_x_bytes(XF32)
+        WB = MT * 16 * 144
+        pad = np.zeros(stage_bytes, bool)
+        for n in range(nt):
+            for c in range(4):
+                pad[WARPS * WB + n * TS + c * CS + 64 * E:WARPS * WB + n * TS + (c + 1) * CS] = True
+        assert (hits[pad] == 0).all() and (hits[~pad] == 1).all()
+        for (warp, lane), loads in gemv.pipe_reads(MT, WARPS, XF32, nt).items():
+            g, c = lane >> 2, lane & 3
+            got_x = []
+            for what, *key in loads:
+                b = st[key[-1]:key[-1] + 16]
+                if what == "x":
+                    got_x.append(b)
+                    continue
+                mt, half = key[0], key[1]
+                row = min(warp * MT * 16 + mt * 16 + 8 * half + g, od - 1)
+                blk = raw[row, sb * 144:(sb + 1) * 144]
+                want = {"hdr": blk[0:16], "q0": blk[16 + 32 * c:32 + 32 * c], "q1": blk[32 + 32 * c:48 + 32 * c]}
+                assert np.array_equal(b, want[what]), (what, warp, lane)
+            if g < nt:
+                seg = xb[g, (sb * 256 + 64 * c) * E:(sb * 256 + 64 * c + 64) * E]
+                assert np.array_equal(np.concatenate(got_x), seg)
+            else:
+                assert not got_x
+
+
+@pytest.mark.parametrize("MT", [1, 2])
+@pytest.mark.parametrize("XF32", [0, 1])
+def test_pipe_shared_loads_are_free_of_bank_conflicts(MT, XF32):
+    """Each 16-byte shared load of the compute (the same instruction in every lane): within each quarter-warp the 8
+    lanes read distinct 16-byte bank groups, or the same address (a broadcast: the 4 lanes of a quad read their
+    rows' header together)."""
+    reads = gemv.pipe_reads(MT, 4, XF32, 8)
+    for warp in range(4):
+        per_lane = [reads[(warp, lane)] for lane in range(32)]
+        for i in range(len(per_lane[0])):
+            for q in range(4):
+                addrs = {per_lane[lane][i][-1] for lane in range(8 * q, 8 * q + 8)}
+                groups = [a // 16 % 8 for a in addrs]
+                assert len(groups) == len(set(groups)), (warp, i, q, sorted(addrs))
+
+
+def test_step3_bench_records_the_plan_and_the_typed_columns(tmp_path, monkeypatch, rng):
+    """gemv_step3's path through bench_gemv on the CPU (the device, the timer and the kernel stood in: the kernel by
+    FORM=1's exact function, so every point passes the real gate): each launch of the plan gated and recorded under
+    its name (``_sw`` one-wave split, ``_p<PIPE>`` ring), typed columns PIPE / WAVE / S (the split each launch
+    ran), its grid in ``gemv_plan``, and the page's bench_table reads the run; the step passes its plan through."""
+    import sys
+
+    from cpu_gpu_shim import install
+
+    from labkernels import bench as B
+    from labkernels import gpu, records
+    from labkernels.rounds import r09_decode as r9
+
+    cp = install(monkeypatch)
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setattr(r9, "copy_bandwidth", lambda: {"bytes": 2, "median_us": 1.0, "tb_per_s": 3.0})
+    monkeypatch.setattr(gpu, "device_props", lambda: {"sm_count": 4, "cc": 90, "name": "fake"})
+    monkeypatch.setattr(gemv, "_blocks_per_sm", lambda *a: 2 if a[6] == 4 else 3)     # (.., FORM, PIPE, smem)
+    monkeypatch.setattr(B, "ReadFlusher", lambda: None)
+    monkeypatch.setattr(B, "Lead", lambda us: None)
+    monkeypatch.setattr(B, "interleaved", lambda variants, pairs, **kw: {
+        v: [{"median_us": 10.0 + i, "min_us": 9.0, "n": 20} for _ in range(pairs)] for i, v in enumerate(variants)})
+    calls = []
+
+    def fake_kernel(gv, x, out=None, S=None, MT=2, WARPS=4, FORM=0, PIPE=0):
+        calls.append((MT, FORM, PIPE, S, x.shape[0]))
+        assert FORM == 1 and PIPE in gemv.PIPES
+        w = gemv.exact_weights_v2(np.asarray(gv.data), gv.qtype)
+        return (np.asarray(x).astype(np.float16).astype(np.float64) @ w.T).astype(np.float32)
+
+    monkeypatch.setattr(gemv, "gemv", fake_kernel)
+    launches = [tuple(v) for v in r9.STEP3_PLAN["launches"]]
+    with records.recording("decode", {"what": "gemv_step3"}, root=tmp_path / "data") as run:
+        r9.bench_gemv(run, shapes=[(130, 1024)], nts=(1, 8), qtypes=("q4_K",), acts=("f16",), pairs=2,
+                      baselines=(), launches=launches, progress=lambda *a: None)
+    assert len(calls) == 2 * len(launches)
+    df = run.table("gemv_bench")
+    names = set(df.variant)
+    assert {"gemv_m1w4_f1", "gemv_m1w4_sw_f1", "gemv_m2w4_sw_f1_p4", "gemv_m1w4_f1_p4", "gemv_m2w4_sw_f1_p2"} <= names
+    assert len(names) == len(launches) and len(df) == 2 * 2 * len(launches)
+    r = df[df.variant == "gemv_m1w4_sw_f1_p4"].iloc[0]
+    assert (r.PIPE, r.WAVE, r.FORM, r.MT) == (4, 1, 1, 1)
+    # 130 rows: 3 groups of 64 at MT=1; one wave of 4 SMs x 2 CTAs (PIPE=4 here) -> S = 2 of the 4 super-blocks
+    assert r.S == gemv.wave_splits(130, 1024, 1, 4, 4, 2) == 2
+    # the default split (rounded up: 3 groups x 4 = 12 CTAs on 4 x 3 slots) recorded as the number it ran
+    assert (df[df.variant == "gemv_m1w4_f1"].S == gemv.default_splits(130, 1024, 1, 4, 4, 3)).all()
+    plan = run.table("gemv_plan")
+    assert len(plan) == 2 * len(launches)
+    wave = plan[plan.variant.str.contains("_sw")]
+    assert (wave.waves <= 1.0).all() and (plan.exact_rel <= 1e-5).all()
+    t = r9.bench_table(run)
+    assert {"PIPE", "WAVE"} <= set(t.columns) and len(t) == 2 * len(launches)
+
+    seen = {}
+    monkeypatch.setattr(r9, "bench_gemv", lambda run, **kw: seen.update(kw))
+    import types
+
+    out = r9.step_gemv_step3(tmp_path / "out", types.SimpleNamespace(log=lambda *a: None))
+    assert out["ok"] and seen["launches"] == launches and seen["acts"] == ("f16",)
+    assert seen["baselines"] == ("cublas",) and seen["qtypes"] == ("q4_K",)
+    assert "gemv_step3" in r9.STEPS and r9.LEDGER[-1]["gpu_check"] == "gemv_step3"
+
+
+def test_the_sanitizer_driver_launches_every_instantiation(monkeypatch, capsys):
+    """gemv_sanitizer's driver (run under compute-sanitizer on the GPU) on the CPU stand-ins: every registered gemv_kq
+    instantiation once, and each ring again at nt=1 (one-wave split) and nt=8 -- with the arguments gemv takes."""
+    import sys
+
+    from cpu_gpu_shim import install
+
+    from labkernels.kernels import registry
+    from labkernels.rounds import r09_decode as r9
+
+    cp = install(monkeypatch)
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    exec(compile(r9.GEMV_SANITIZE_DRIVER, "<gemv sanitizer driver>", "exec"), {})
+    specs = registry.family("gemv_kq")
+    n = len(specs) + 2 * sum(1 for k in specs if k.p["PIPE"])
+    assert f"gemv sanitizer driver done: {n} launches" in capsys.readouterr().out
+    assert "gemv_sanitizer" in r9.STEPS

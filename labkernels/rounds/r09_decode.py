@@ -51,6 +51,48 @@ PREDICTION = {
 }
 
 
+#: step 3's analysis, written before its run from the compiler's report and the machine code (H100 80GB HBM3: 132
+#: SMs, 64K registers and 228 KB of shared memory an SM; occupancy from labkernels.occupancy's 'h100' profile)
+STEP3_ANALYSIS = {
+    "load structure (PIPE=0, SASS)": "every load of a super-block at the top of its loop iteration (FORM=1 MT=1 f16: "
+                                      "14 LDG.128, 6 of weights and 8 of activations; the first HMMA 36 instructions "
+                                      "after the last), none carried across iterations: a warp's bytes in flight drop "
+                                      "to zero while it computes the super-block",
+    "bytes a warp a super-block": "weights MT x 16 rows x 144 B = 2,304 B (MT=1) / 4,608 B (MT=2; the 16-byte header "
+                                  "loaded by the 4 lanes of a quad, L1 hits after the first); activations 512 B (f16) "
+                                  "/ 1,024 B (f32) a token, L2 hits",
+    "registers -> CTAs an SM (warps), peak weight bytes in flight an SM": (
+        "FORM=0 MT=1 f16 96 -> 5 (20) 46 KB; FORM=0 MT=2 f16 126 -> 4 (16) 74 KB; FORM=1 MT=1 f16 106 -> 4 (16) "
+        "37 KB; FORM=1 MT=2 f16 150 -> 3 (12) 55 KB; FORM=1 MT=1 f32 132 -> 3 (12) 28 KB; FORM=1 MT=2 f32 162 -> 3 "
+        "(12) 55 KB. The average is the peak x L / (L + C), C the super-block's compute (~0.3-0.5 us): FORM=1 MT=1 "
+        "f16 ~25-28 KB"),
+    "Little's law": "2.98 TB/s x latency / 132 SMs: 15.8 KB an SM at 700 ns (the notes' 600-800 ns, unloaded: "
+                    "shared/notes/decode-at-the-hbm-line.md; HOPPER.md gives no figure), 22.6-33.9 KB at a loaded "
+                    "1.0-1.5 us (assumed: queueing near saturation). FORM=1 MT=1 f16 sits at the margin, f32 MT=1 "
+                    "below it",
+    "grid at 4096x14336 (56 super-blocks)": "FORM=1 MT=1 f16: 64 row groups x S=9 (default, rounded up) = 576 CTAs on "
+                                            "4 x 132 = 528 slots: 1.09 waves, 48 CTAs of 6-7 super-blocks after the "
+                                            "first finish (~6-7 us at low load); MT=2: 32 x 13 = 416 on 396 (1.05). "
+                                            "One wave (S='wave'): MT=1 S=8 (512 CTAs, 7 super-blocks each), MT=2 S=12",
+    "the split's fold": "S x nt x od x 4 B (147 KB at MT=1 S=9): 0.1 us of bytes, but the last CTA's chain at the end "
+                        "(fence, arrival atomic, S partial loads, store: ~3 round trips, 1.5-3 us) is on the critical "
+                        "path; step 2's 4096x4096 (9.4 MB, 3.2 us at the line) took 12.7 us: ~9 us of fixed costs "
+                        "(launch, a 48-CTA second wave, the fold's chain)",
+    "PIPE ring, in flight an SM (weights, continuously)": (
+        "(PIPE - 1) x the CTA's stage x CTAs: nt=1 f16 MT=1 PIPE=2 5 CTAs (91 regs) 46 KB, PIPE=4 5 CTAs (92 regs, "
+        "39 KB smem) 138 KB; MT=2 PIPE=2 4 CTAs (127 regs) 74 KB, PIPE=4 3 CTAs (76 KB smem) 166 KB; nt=8 f16 MT=1 "
+        "PIPE=4 4 CTAs 111 KB"),
+    "SASS main loop a super-block (one warp), FORM=1 -> PIPE=2 / PIPE=4": (
+        "f16 MT=1 335 -> 371 / 373, MT=2 570 -> 603 / 605; f32 MT=1 349 -> 397 / 399, MT=2 597 -> 688 / 681 (5 or 10 "
+        "LDGSTS of weights, 1-2 of activations in a loop over the CTA's tokens, 14 / 20 LDS.128 for 14 / 20 LDG.128, a "
+        "DEPBAR and a BAR.SYNC); at the line PIPE MT=1 f16 issues ~2.1 warp-instructions a cycle an SM (of 4)"),
+    "step time estimate (gemv_step3)": "40-70 s on an H100: NVRTC build of gemv_kq (28 instantiations) ~10 s, the "
+                                       "references of 4 shapes ~8 s, 144 gated points x ~0.1-0.15 s ~15-25 s, timing "
+                                       "(10 variants x 16 points x 60 launches behind a 300 us lead) ~5 s, the copy "
+                                       "line ~1 s (step 2's plan, 128 gates, ran in 29 s)",
+}
+
+
 #: the round's steps as records (prediction written before the run, then what was measured and the verdict)
 LEDGER = [
     {"step": 1, "name": "gemv_kq, first measured build",
@@ -118,7 +160,48 @@ LEDGER = [
                 "recorded bench did not reproduce step 1's exploratory 20.8 us (28.3 us with the same lead and flush): "
                 "at nt=1 the kernel is held neither by its instruction count nor by bytes. The next step measures "
                 "bytes in flight per SM (Little's law) and the launch's ramp and tail with counters."},
+    # step 3: the analysis and the prediction written 2026-12-06 before any GPU run of the forms (nvcc 13.0 -cubin
+    # sm_90 --resource-usage, cuobjdump -sass of the main loop, the lab's occupancy profile 'h100'; STEP3_ANALYSIS)
+    {"step": 3, "name": "bytes in flight and the grid's tail: a cp.async ring (PIPE) and one-wave splits",
+     "commit": "5740e33", "card": None, "runs": [], "gpu_check": "gemv_step3", "analysis": STEP3_ANALYSIS,
+     "prediction": [
+         {"what": "FORM=1 MT=1 default split, q4_K 4096x14336 nt=1 f16 (the baseline, same process)", "metric": "us",
+          "low": 26.0, "high": 30.0, "why": "step 2's 27.7 us; PIPE=0's machine code is instruction-identical to "
+                                              "step 2's build"},
+         {"what": "FORM=1 PIPE=0, S='wave', best of MT 1/2, q4_K 4096x14336 nt=1 f16", "metric": "us",
+          "low": 20.0, "high": 25.0,
+          "why": "the default split leaves a partial second wave (MT=1: 576 CTAs on 528 slots, 48 CTAs of 6-7 "
+                 "super-blocks start when the first finish, ~6-7 us at low load); the wave split (S=8, 512 CTAs of 7 "
+                 "super-blocks) removes it; the steady state is unchanged"},
+         {"what": "PIPE=4 MT=1, default split, q4_K 4096x14336 nt=1 f16", "metric": "us", "low": 19.0, "high": 24.0,
+          "why": "3 super-blocks in flight a CTA, continuously (138 KB an SM against the 23-34 KB Little's law asks): "
+                 "the steady state at 85-95% of the line; the tail kept (5 CTAs an SM: S=11, 704 CTAs on 660 slots)"},
+         {"what": "PIPE=4, S='wave', best of MT 1/2, q4_K 4096x14336 nt=1 f16", "metric": "us", "low": 14.0,
+          "high": 18.0,
+          "why": "= 62-80% of the 2.98 TB/s line (the bar, 80%, at 13.6 us: reached only at the bottom of the range): "
+                 "the bytes at ~90% of the line (12.3 us) plus the ramp (the first super-block's latency, ~1.5 us) and "
+                 "the split's end (the last CTA's fence, arrival atomic and S partial loads: ~1.5-3 us)"},
+         {"what": "PIPE=2 / PIPE=4 time, S='wave', same MT, q4_K nt=1 f16, every shape", "metric": "ratio",
+          "low": 0.95, "high": 1.10,
+          "why": "both hold >= 2x the bytes Little's law asks at a 1.0-1.5 us loaded latency (PIPE=2 MT=1: 46 KB an "
+                 "SM); PIPE=2 more than 10% slower would put the loaded latency above ~2 us"},
+         {"what": "PIPE=4 S='wave' q4_K 4096x4096 nt=1 f16 (9.4 MB: 3.2 us at the line)", "metric": "us",
+          "low": 6.0, "high": 9.0,
+          "why": "step 2's FORM=1 12.7 us is fixed costs: a second wave of 48 CTAs and the fold's chain of round trips "
+                 "at the end (~3 us); one wave with 1-2 super-blocks a CTA prefetched leaves launch + ramp + fold"},
+         {"what": "PIPE=4 S='wave', best of MT 1/2, nt=1 f16, 14336x4096 and 11008x4096", "metric": "frac_copy",
+          "low": 0.55, "high": 0.80, "why": "the same levers at 25-33 MB (step 2 FORM=1: 26.0 and 21.7 us, 39-40%)"},
+         {"what": "PIPE=4 S='wave' nt=8 / nt=1 time, q4_K f16, every shape (best MT each)", "metric": "ratio",
+          "low": 1.0, "high": 1.3,
+          "why": "the ring carries the nt token rows (MT=1: 4 CTAs an SM at nt=8, 111 KB in flight), the mma work "
+                 "per weight the same at nt=1..8"},
+         {"what": "PIPE exactness", "metric": "gate", "low": 0.0, "high": 0.0,
+          "why": "FORM=1's function (exact_weights_v2 within exact_gate(id), NMSE vs float64) at every point before it "
+                 "is timed; bit-identical to FORM=1 PIPE=0 at the same split (GPU test test_gemv_pipe_parity)"},
+     ],
+     "measured": None, "verdict": None},
 ]
+
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, repeats: int = 10) -> dict:
@@ -142,7 +225,7 @@ def weight_bytes(qtype: str, od: int, id_: int) -> int:
 
 def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=("f16", "f32"), pairs: int = 3,
                repeats: int = 20, seed: int = 0, splits=(), configs=((2, 4),), baselines=("wgmma", "cublas"),
-               progress=print, flush: str = "read", lead_us: float = 300.0, forms=(0,)) -> list[dict]:
+               progress=print, flush: str = "read", lead_us: float = 300.0, forms=(0,), launches=None) -> list[dict]:
     """Interleaved, L2-flushed CUDA-event medians of gemv_kq (each ``configs`` (MT, WARPS), the default split and
     each of ``splits``) beside ``baselines`` (round 7's ``wgmma`` via qmatmul, ``cublas`` fp16 on cached dequantized
     weights) at matched (qtype, od, id, nt, activation type). Every point is gated first (all rows; the first, middle
@@ -154,6 +237,11 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
     ``forms``: the gemv_kq forms timed (typed column FORM; variant names of FORM=1 end in ``_f1``): FORM=1 (step 2)
     at q4_K and nt <= 8 only, interleaved with FORM=0 and the baselines in the same pairs (an A/B in one process),
     gated against its own exact function (:func:`labkernels.gemv.exact_weights_v2`) and the float64 reference.
+    ``launches`` (step 3): instead of forms x configs x splits, the gemv_kq launches timed, each ``(MT, WARPS, FORM,
+    PIPE, S)`` with S None (the default split), ``"wave"`` (:func:`labkernels.gemv.wave_splits`) or a number (FORM=1
+    launches at q4_K and nt <= 8 only); typed columns PIPE and WAVE (S: the split the launch ran), variant names ending
+    ``_p<PIPE>`` and ``_sw``; each launch's grid (CTAs, resident CTAs an SM, waves, S, shared memory) and its gate in
+    table ``gemv_plan``.
     Rows: table ``gemv_bench`` (per variant and pair), with bytes read and the fraction of ``copy`` (the same
     process's copy bandwidth, table ``copy``)."""
     import cupy as cp
@@ -179,7 +267,8 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
             w = gpu.QWeight.upload(raw, qtype)
             gv = gemv.prepare(w)
             w16e = gemv.emulate_weights(raw, qtype)
-            wv2 = gemv.exact_weights_v2(raw, qtype) if 1 in forms and qtype == "q4_K" else None
+            any_f1 = 1 in forms if launches is None else any(v[2] == 1 for v in launches)
+            wv2 = gemv.exact_weights_v2(raw, qtype) if any_f1 and qtype == "q4_K" else None
             w64 = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype.upper()])
             wd16 = gpu.dequant_f16(w) if "cublas" in baselines else None
             nbytes = weight_bytes(qtype, od, id_)
@@ -192,25 +281,36 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
                 for act in acts:
                     xd = cp.asarray(x) if act == "f32" else cp.asarray(x.astype(np.float16))
                     variants, typed = {}, {}
-                    for form in forms:
-                        if form == 1 and (qtype != "q4_K" or nt > gemv.FORM1_MAX_NT):
-                            continue
-                        for mt, warps in configs:
-                            for S in (None, *splits):
-                                name = (f"gemv_m{mt}w{warps}" + ("" if S is None else f"_s{S}")
-                                        + ("" if form == 0 else f"_f{form}"))
-                                if S is not None and S > id_ // 256:
-                                    continue
-                                y = gemv.gemv(gv, xd, MT=mt, WARPS=warps, S=S, FORM=form)
-                                g = wgmma.gate(cp.asnumpy(y), raw, qtype, x, w16=w16e if form == 0 else wv2,
-                                               w64=w64, tokens=tok)
-                                if not g["ok"]:
-                                    raise RuntimeError(f"gemv gate failed {qtype} {od}x{id_} nt={nt} {act} {name}: "
-                                                       f"{g}")
-                                variants[name] = (lambda mt=mt, warps=warps, S=S, form=form: gemv.gemv(
-                                    gv, xd, MT=mt, WARPS=warps, S=S, FORM=form))
-                                typed[name] = {"family": "gemv_kq", "MT": mt, "WARPS": warps, "S": S or 0,
-                                               "FORM": form}
+                    todo = []
+                    if launches is None:
+                        for form in forms:
+                            if form == 1 and (qtype != "q4_K" or nt > gemv.FORM1_MAX_NT):
+                                continue
+                            for mt, warps in configs:
+                                todo += [(mt, warps, form, 0, S) for S in (None, *splits)
+                                         if S is None or S <= id_ // 256]
+                    else:
+                        todo = [tuple(v) for v in launches
+                                if v[2] == 0 or (qtype == "q4_K" and nt <= gemv.FORM1_MAX_NT)]
+                    for mt, warps, form, pipe, S in todo:
+                        name = (f"gemv_m{mt}w{warps}" + ("" if S is None else "_sw" if S == "wave" else f"_s{S}")
+                                + ("" if form == 0 else f"_f{form}") + ("" if pipe == 0 else f"_p{pipe}"))
+                        y = gemv.gemv(gv, xd, MT=mt, WARPS=warps, S=S, FORM=form, PIPE=pipe)
+                        g = wgmma.gate(cp.asnumpy(y), raw, qtype, x, w16=w16e if form == 0 else wv2,
+                                       w64=w64, tokens=tok)
+                        if not g["ok"]:
+                            raise RuntimeError(f"gemv gate failed {qtype} {od}x{id_} nt={nt} {act} {name}: {g}")
+                        variants[name] = (lambda mt=mt, warps=warps, S=S, form=form, pipe=pipe: gemv.gemv(
+                            gv, xd, MT=mt, WARPS=warps, S=S, FORM=form, PIPE=pipe))
+                        typed[name] = {"family": "gemv_kq", "MT": mt, "WARPS": warps, "S": S or 0, "FORM": form,
+                                       "PIPE": pipe, "WAVE": int(S == "wave")}
+                        if launches is not None:
+                            plan = gemv.launch_plan(gv, nt, int(act == "f32"), mt, warps, form, pipe, S, sm)
+                            typed[name]["S"] = plan["S"]
+                            if run is not None:
+                                run.append("gemv_plan", [{"qtype": qtype, "od": od, "id": id_, "nt": nt, "act": act,
+                                                          "variant": name, **plan, "exact_rel": g["exact_rel"],
+                                                          "nmse": g["nmse"]}])
                     if "wgmma" in baselines and wgmma.supported(gpu.device_props()["cc"]):
                         variants["wgmma"] = lambda: gpu.qmatmul(xd, w, kernel="wgmma_kq")
                         typed["wgmma"] = {"family": "wgmma_kq"}
@@ -225,7 +325,8 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
                            "flush": flush, "lead_us": float(lead_us)}
                     pr = B.pair_rows(res, key, nt, od, id_, tail={"bytes": nbytes})
                     for r in pr:
-                        r.update({"family": "", "MT": 0, "WARPS": 0, "S": 0, "FORM": 0, **typed[r["variant"]]})
+                        r.update({"family": "", "MT": 0, "WARPS": 0, "S": 0, "FORM": 0, "PIPE": 0, "WAVE": 0,
+                                  **typed[r["variant"]]})
                         r["tb_per_s"] = nbytes / (r["median_us"] * 1e-6) / 1e12
                         r["frac_copy"] = r["tb_per_s"] / cb["tb_per_s"]
                     rows += pr
@@ -375,20 +476,25 @@ STEP2_PLAN = {"shapes": [list(s) for s in SHAPES], "nts": [1, 2, 4, 8], "qtypes"
               "lead_us": 300.0, "forms": [0, 1]}
 
 
+def _step_run(out, args, plan: dict, what: str, **kw) -> dict:
+    """A step's A/B: bench_gemv over ``plan`` (and ``kw``) into a ``decode`` run whose params say ``what``."""
+    from .. import records
+
+    with records.recording("decode", {**plan, "what": what}, root=out / "data") as run:
+        bench_gemv(run, shapes=[tuple(x) for x in plan["shapes"]], nts=tuple(plan["nts"]),
+                   qtypes=tuple(plan["qtypes"]), acts=tuple(plan["acts"]), pairs=plan["pairs"],
+                   repeats=plan["repeats"], seed=plan["seed"], flush=plan["flush"], lead_us=plan["lead_us"],
+                   progress=getattr(args, "log", print), **kw)
+    return {"ok": True, "run": run.run_id}
+
+
 def step_gemv_step2(out, args) -> dict:
     """gpu-check step ``gemv_step2``: round 9 step 2's A/B -- gemv_kq FORM=0 and FORM=1 timed interleaved in one
     process (each point gated first: FORM=1 against exact_weights_v2 and the float64 reference) into a ``decode`` run
     whose params say ``what: gemv_step2`` (not the benchmark of record: ``qmatmul(auto)`` does not read it)."""
-    from .. import records
-
     plan = dict(STEP2_PLAN)
-    with records.recording("decode", {**plan, "what": "gemv_step2"}, root=out / "data") as run:
-        bench_gemv(run, shapes=[tuple(x) for x in plan["shapes"]], nts=tuple(plan["nts"]),
-                   qtypes=tuple(plan["qtypes"]), acts=tuple(plan["acts"]), pairs=plan["pairs"],
-                   repeats=plan["repeats"], seed=plan["seed"], configs=tuple(tuple(c) for c in plan["configs"]),
-                   splits=tuple(plan["splits"]), flush=plan["flush"], lead_us=plan["lead_us"],
-                   forms=tuple(plan["forms"]), progress=getattr(args, "log", print))
-    return {"ok": True, "run": run.run_id}
+    return _step_run(out, args, plan, "gemv_step2", configs=tuple(tuple(c) for c in plan["configs"]),
+                     splits=tuple(plan["splits"]), forms=tuple(plan["forms"]))
 
 
 def step_nvbench_check(out, args) -> dict:
@@ -399,8 +505,84 @@ def step_nvbench_check(out, args) -> dict:
     return nvbench_check.step_nvbench_check(out, args)
 
 
+#: step 3's A/B (round 9 step 3): FORM=1 without the ring at the default and the one-wave split (the baseline) and
+#: the rings PIPE=4 / PIPE=2 (FORM=1's function, the same bits) at the one-wave split, PIPE=4 at the default split
+#: too, interleaved in the same pairs beside cuBLAS fp16 (the harness's anchor); q4_K, the four shapes, nt <= 8, f16.
+#: Launches: (MT, WARPS, FORM, PIPE, S) with S None (the default split) or "wave"
+STEP3_PLAN = {"shapes": [list(s) for s in SHAPES], "nts": [1, 2, 4, 8], "qtypes": ["q4_K"], "acts": ["f16"],
+              "pairs": 3, "repeats": 20, "seed": 0, "flush": "read", "lead_us": 300.0, "baselines": ["cublas"],
+              "launches": [[1, 4, 1, 0, None], [1, 4, 1, 0, "wave"], [2, 4, 1, 0, None], [2, 4, 1, 0, "wave"],
+                           [1, 4, 1, 4, None], [1, 4, 1, 4, "wave"], [2, 4, 1, 4, "wave"],
+                           [1, 4, 1, 2, "wave"], [2, 4, 1, 2, "wave"]]}
+
+
+def step_gemv_step3(out, args) -> dict:
+    """gpu-check step ``gemv_step3``: round 9 step 3's A/B -- gemv_kq FORM=1 with and without the shared-memory ring
+    (PIPE), at the default and the one-wave split, timed interleaved in one process (each point gated first against
+    exact_weights_v2 and the float64 reference; each launch's grid in table ``gemv_plan``) into a ``decode`` run whose
+    params say ``what: gemv_step3`` (not the benchmark of record)."""
+    plan = dict(STEP3_PLAN)
+    return _step_run(out, args, plan, "gemv_step3", baselines=tuple(plan["baselines"]),
+                     launches=[tuple(v) for v in plan["launches"]])
+
+
+#: compute-sanitizer's driver for gemv_kq: every registered instantiation once (a row tail, S=2, nt at the top of its
+#: token tiles less one), the rings also at nt=1 and 8 and the one-wave split; run as ``python -c`` by
+#: :func:`step_gemv_sanitizer` (racecheck covers step 3's shared-memory ring, synccheck its barriers)
+GEMV_SANITIZE_DRIVER = r"""
+import numpy as np, cupy as cp
+from labkernels import gemv, gpu, quants
+from labkernels.kernels import registry
+rng = np.random.default_rng(1)
+od, id_ = 141, 1024
+ws = {q: gpu.QWeight.upload(quants.quantize(rng.standard_normal((od, id_)).astype(np.float32) * .02, q), q)
+      for q in ("q4_K", "q6_K")}
+n = 0
+for k in registry.family("gemv_kq"):
+    p = k.p
+    w = ws["q4_K" if p["QT"] == 4 else "q6_K"]
+    for nt, S in ((8 * p["NT8"] - 1, 2),) + (((1, "wave"), (8, None)) if p["PIPE"] else ()):
+        x = rng.standard_normal((nt, id_)).astype(np.float32 if p["XF32"] else np.float16)
+        gemv.gemv(w, cp.asarray(x), MT=p["MT"], WARPS=p["WARPS"], S=S, FORM=p["FORM"], PIPE=p["PIPE"])
+        n += 1
+cp.cuda.runtime.deviceSynchronize()
+print(f"gemv sanitizer driver done: {n} launches")
+"""
+
+
+def step_gemv_sanitizer(out, args) -> dict:
+    """gpu-check step ``gemv_sanitizer``: compute-sanitizer memcheck, racecheck and synccheck over
+    :data:`GEMV_SANITIZE_DRIVER` (every gemv_kq instantiation, step 3's rings included); each tool's output in
+    ``out/sanitizer-gemv-<tool>.txt``."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    res, ok = {}, True
+    for tool in ("memcheck", "racecheck", "synccheck"):
+        t0 = time.time()
+        cmd = ["compute-sanitizer", f"--tool={tool}", "--error-exitcode=9", sys.executable, "-c", GEMV_SANITIZE_DRIVER]
+        try:
+            r = subprocess.run(cmd, cwd=root, capture_output=True, text=True,
+                               timeout=getattr(args, "sanitizer_timeout", 600))
+            text, rc = r.stdout + r.stderr, r.returncode
+        except FileNotFoundError:
+            text, rc = "compute-sanitizer not found", 127
+        except subprocess.TimeoutExpired as e:
+            text, rc = f"timeout\n{e.stdout or ''}", 124
+        (Path(out) / f"sanitizer-gemv-{tool}.txt").write_text(text)
+        summary = [ln for ln in text.splitlines() if "ERROR SUMMARY" in ln or "RACECHECK SUMMARY" in ln]
+        res[tool] = {"rc": rc, "summary": summary[-1] if summary else text.strip().splitlines()[-1:],
+                     "seconds": round(time.time() - t0, 1)}
+        ok = ok and rc == 0
+        getattr(args, "log", print)(f"compute-sanitizer {tool} (gemv_kq): rc={rc} {res[tool]['summary']}")
+    return {"ok": ok, **res}
+
+
 STEPS = {"decode": step_decode, "generate": step_generate, "gemv_step2": step_gemv_step2,
-         "nvbench_check": step_nvbench_check}
+         "gemv_step3": step_gemv_step3, "gemv_sanitizer": step_gemv_sanitizer, "nvbench_check": step_nvbench_check}
 
 
 # ------------------------------------------------------------------------------------------ the page's tables
@@ -411,9 +593,10 @@ def bench_table(run) -> "pd.DataFrame":
     import pandas as pd
 
     df = run.table("gemv_bench")
-    if "FORM" not in df.columns:            # runs before step 2: FORM=0 only
-        df = df.assign(FORM=0)
-    keys = ["qtype", "od", "id", "nt", "act", "variant", "family", "MT", "WARPS", "S", "FORM"]
+    for col in ("FORM", "PIPE", "WAVE"):    # runs before step 2 (FORM) and step 3 (PIPE, WAVE): 0
+        if col not in df.columns:
+            df = df.assign(**{col: 0})
+    keys = ["qtype", "od", "id", "nt", "act", "variant", "family", "MT", "WARPS", "S", "FORM", "PIPE", "WAVE"]
     t = df.groupby(keys, as_index=False).agg(median_us=("median_us", "median"), bytes=("bytes", "first"),
                                              pairs=("pair", "nunique"))
     line = copy_line(run)
