@@ -152,13 +152,7 @@ if len(nb_table):
     display(report.table(nb_table, {"harness_ratio": "{:.3f}", "nvbench_ratio": "{:.3f}", "ratio_diff": "{:+.2%}"}))
 
 # %%
-report.abstract(
-    f"Round 9 builds k-quant matrix-vector kernels for decode and measures them against the copy bandwidth of the same "
-    f"card. The exact-dequant tensor-core kernel is the fastest of the lab's GEMMs at 1-8 tokens on every 7B shape but "
-    f"reaches {best[(best.nt == 1) & (best.act == 'f16')].frac_copy.min():.0%}-"
-    f"{best[(best.nt == 1) & (best.act == 'f16')].frac_copy.max():.0%} of the copy line at one token, short of the "
-    f"80% target. q6_K moves 1.46 times q4_K's bytes in about 1.15 times its time: the q4_K loop is held by the "
-    f"instructions it issues per weight (683 a super-block of 32 rows), not by the memory system, and the next step "
-    f"cuts them.")
-report.headline(**r9.headline(run))
+now = r9.state_now()
+report.abstract(r9.abstract_now())
+report.headline(**now, **{f"first measured build (step 1): {k}": v for k, v in r9.headline(run).items()})
 report.footer(run.provenance)

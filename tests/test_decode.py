@@ -457,3 +457,28 @@ def test_generation_rows_name_models_as_llama_bench_rows_do(tmp_path):
     with pytest.raises(ValueError, match="no such GGUF file"):
         r09_decode.step_generate(tmp_path, argparse.Namespace(gemma=str(tmp_path / "absent.gguf"), log=print))
     assert not (tmp_path / "data").exists()
+
+
+def test_round9_page_leads_with_the_latest_step_and_generation(tmp_path):
+    """The page's abstract and headline come from the latest measured ledger step's run, the generation run and the
+    peers' runs on the same card (each named); with no recorded data they say so instead of inventing figures."""
+    import re
+
+    from labkernels import records
+    from labkernels.rounds import r09_decode as r9
+
+    f = r9.state_facts()
+    step = [s for s in r9.LEDGER if s.get("runs")][-1]
+    if "gemv" in f:                     # the committed data holds the step's run
+        assert f["gemv"]["run"] == step["runs"][-1] and f["gemv"]["step"] == step["step"]
+        g = records.load("decode", f["gemv"]["run"])
+        assert g.has("gemv_bench") and 0 < f["gemv"]["frac_copy"] < 1
+    text = r9.abstract_now()
+    assert len(re.findall(r"[.;]\s+[A-Z]", text)) + 1 <= 3 and text.endswith(".")
+    for k, v in r9.state_now().items():
+        assert "run" in k or k.startswith("next"), k
+        assert "nan" not in v.lower()
+    empty = tmp_path / "data"
+    empty.mkdir()
+    assert "gemv" not in r9.state_facts(empty) and "gen" not in r9.state_facts(empty)
+    assert "Nothing is recorded yet." in r9.abstract_now(empty)

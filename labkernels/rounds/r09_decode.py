@@ -21,7 +21,7 @@ PLAN = {"shapes": [list(s) for s in SHAPES], "nts": list(NTS), "qtypes": ["q4_K"
 REPLAY_WHERE = {"decode": lambda run, plan: run.meta.get("params", {}).get("what") == "gemv_bench"
                 and run.has("gemv_bench")}
 #: the bar of the issue that opened the round (decode at the HBM line), as the page shows it
-TARGETS = {"frac_copy_nt1": 0.80, "nt8_over_nt1": 1.5, "vs_mmvq_nt2_8": 2.0}
+TARGETS = {"frac_copy_nt1": 0.80, "nt8_over_nt1": 1.5, "vs_mmvq_nt2_8": 2.0, "vs_llama_tg": 2.0}
 
 
 #: what the first gemv_kq build should measure, written before its first GPU run (commit d19f769, 2026-12-06). The line
@@ -152,11 +152,11 @@ LEDGER = [
                  "activations below 65504 (the f16 hi half)"},
      ],
      "measured": "q4_K 4096x14336 nt=1 f16 (read flush, 300 us lead, 3 interleaved pairs): FORM=0 MT=1 28.3 us (39% "
-                 "of the copy line), FORM=1 MT=1 27.7 us (40%); MT=2 31.5 -> 29.7 us. 11008x4096 nt=1: 21.6 -> 21.7 us. "
+                 "of the copy line), FORM=1 MT=1 27.6 us (40%); MT=2 31.5 -> 29.7 us. 11008x4096 nt=1: 21.6 -> 21.7 us. "
                  "nt=8 f16 4096x14336: best 36.1 us (FORM=1 MT=2). llama.cpp MMVQ in the same session and card: "
                  "16.1 us at n=1 (the lab 0.58x its speed), 47.7 us at n=8 (the lab 1.32x). Every FORM=1 point passed "
                  "its gate (exact_weights_v2 and float64) before it was timed; GPU tests of FORM=1 green.",
-     "verdict": "missed: 27.7 us against the predicted 16.5-19.5 us, FORM=1 / FORM=0 0.94-0.98 against 0.78-0.95. The "
+     "verdict": "missed: 27.6 us against the predicted 16.5-19.5 us, FORM=1 / FORM=0 0.94-0.98 against 0.78-0.95. The "
                 "recorded bench did not reproduce step 1's exploratory 20.8 us (28.3 us with the same lead and flush): "
                 "at nt=1 the kernel is held neither by its instruction count nor by bytes. The next step measures "
                 "bytes in flight per SM (Little's law) and the launch's ramp and tail with counters."},
@@ -166,7 +166,7 @@ LEDGER = [
      "commit": "5740e33", "card": None, "runs": [], "gpu_check": "gemv_step3", "analysis": STEP3_ANALYSIS,
      "prediction": [
          {"what": "FORM=1 MT=1 default split, q4_K 4096x14336 nt=1 f16 (the baseline, same process)", "metric": "us",
-          "low": 26.0, "high": 30.0, "why": "step 2's 27.7 us; PIPE=0's machine code is instruction-identical to "
+          "low": 26.0, "high": 30.0, "why": "step 2's 27.6 us; PIPE=0's machine code is instruction-identical to "
                                               "step 2's build"},
          {"what": "FORM=1 PIPE=0, S='wave', best of MT 1/2, q4_K 4096x14336 nt=1 f16", "metric": "us",
           "low": 20.0, "high": 25.0,
@@ -753,3 +753,124 @@ def peer_generation(card: str | None, root=None) -> "pd.DataFrame":
         g["run"] = r.run_id
         return pd.DataFrame(g[["model", "test", "flash_attn", "n_prompt", "n_gen", "tok_s", "run"]])
     return pd.DataFrame(columns=["model", "test", "flash_attn", "n_prompt", "n_gen", "tok_s", "run"])
+
+
+# ------------------------------------------------------------------------------------------ the round's state now
+
+def latest_step_run(root=None):
+    """The latest measured step's run (the last LEDGER step with runs) and its record: (step, run) or (None, None)."""
+    from .. import records
+
+    for s in reversed(LEDGER):
+        for rid in reversed(s.get("runs") or []):
+            try:
+                return s, records.load("decode", rid, root)
+            except Exception:      # a run the data folder does not hold (a fresh clone without it)
+                continue
+    return None, None
+
+
+def peer_mmvq_us(card: str | None, qtype: str, od: int, id_: int, n: int = 1, root=None) -> tuple[float, str] | None:
+    """llama.cpp's MUL_MAT time (µs) of one shape on ``card`` from the latest peers run whose ``mmq`` table has it
+    (test-backend-ops; m = od, k = id), with the run id; None where none is recorded."""
+    from .. import records
+
+    for r in reversed(records.list_runs("peers", root)):
+        if not r.has("mmq"):
+            continue
+        gpu = ((r.provenance or {}).get("gpu") or {}).get("name") or (r.meta.get("params") or {}).get("gpu_name")
+        if card and gpu and gpu != card:
+            continue
+        t = r.table("mmq")
+        hit = t[(t.type == qtype) & (t.m == od) & (t.k == id_) & (t.n == n)]
+        if len(hit):
+            return float(hit.us_per_run.median()), r.run_id
+    return None
+
+
+def state_facts(root=None) -> dict:
+    """The figures of :func:`state_now`, unformatted: ``gemv`` (step, run, card, us, frac_copy, variant, mmvq_us,
+    mmvq_run), ``gen`` (run, card, tok_s, frac_copy, llama_tg128, peer_run) and ``next`` (the first step without a
+    run); a key is absent where its data is not recorded."""
+    out = {}
+    step, srun = latest_step_run(root)
+    if srun is not None:
+        b = best_per_point(bench_table(srun))
+        r = b[(b.qtype == "q4_K") & (b.od == 4096) & (b.id == 14336) & (b.nt == 1) & (b.act == "f16")]
+        card = ((srun.provenance or {}).get("gpu") or {}).get("name", "?")
+        if len(r):
+            r = r.iloc[0]
+            peer = peer_mmvq_us(card, "q4_K", 4096, 14336, 1, root)
+            out["gemv"] = {"step": step["step"], "run": srun.run_id, "card": card, "us": float(r.median_us),
+                           "frac_copy": float(r.frac_copy), "variant": r.variant,
+                           "mmvq_us": peer[0] if peer else None, "mmvq_run": peer[1] if peer else None}
+    gen = generation_run(root)
+    if gen is not None:
+        gt = generation_table(gen)
+        card = ((gen.provenance or {}).get("gpu") or {}).get("name", "?")
+        peer = peer_generation(card, root)
+        row = gt[(gt.model == "synthetic-7b") & (gt.n_prompt == 512)]
+        if len(row):
+            row = row.iloc[0]
+            tg = peer[(peer.model == "synthetic-7b") & (peer.test == "tg128") & (peer.flash_attn == 1)] \
+                if len(peer) else peer
+            out["gen"] = {"run": gen.run_id, "card": card, "tok_s": float(row.tok_per_s),
+                          "frac_copy": float(row.frac_copy),
+                          "llama_tg128": float(tg.tok_s.iloc[0]) if len(tg) else None,
+                          "peer_run": tg.run.iloc[0] if len(tg) else None}
+    pending = [s for s in LEDGER if not s.get("runs")]
+    if pending:
+        out["next"] = pending[0]
+    return out
+
+
+def state_now(root=None) -> dict:
+    """Where the round stands, for the top of the page: the latest measured step's best q4_K 4096x14336 nt=1 f16
+    point against llama.cpp's MMVQ on the same card, the synthetic 7B's generation against llama-bench tg128, and the
+    next step; every figure names its run. Rows whose data is not recorded are left out."""
+    f, out = state_facts(root), {}
+    if "gemv" in f:
+        g = f["gemv"]
+        vs = (f"; llama.cpp MMVQ {g['mmvq_us']:.1f} us (peers run {g['mmvq_run']}): the lab at "
+              f"{g['mmvq_us'] / g['us']:.2f}x its speed" if g["mmvq_us"] else "")
+        out[f"latest GEMV step (step {g['step']}, run {g['run']})"] = (
+            f"q4_K 4096x14336 nt=1 f16 {g['us']:.1f} us = {g['frac_copy']:.0%} of the copy line "
+            f"({g['variant']}, {g['card']}){vs}")
+    if "gen" in f:
+        g = f["gen"]
+        vs = (f"; llama-bench tg128 {g['llama_tg128']:,.0f} tok/s (peers run {g['peer_run']}): "
+              f"{g['tok_s'] / g['llama_tg128']:.2f}x (target: {TARGETS['vs_llama_tg']:g}x)" if g["llama_tg128"] else "")
+        out[f"decode, synthetic 7B Q4_K_M (run {g['run']})"] = (
+            f"{g['tok_s']:,.0f} tok/s after a 512-token prompt = {g['frac_copy']:.0%} of the copy line "
+            f"({g['card']}){vs}")
+    if "next" in f:
+        s = f["next"]
+        main = s["prediction"][min(3, len(s["prediction"]) - 1)]
+        out[f"next (step {s['step']}, built at {s['commit']})"] = (
+            f"{s['name']}: not measured yet; predicted {main['what']}: {main['low']:g}-{main['high']:g} "
+            f"({main['metric']})")
+    return out
+
+
+def abstract_now(root=None) -> str:
+    """The page's three-sentence abstract from :func:`state_facts`."""
+    f = state_facts(root)
+    parts = []
+    if "gemv" in f:
+        g = f["gemv"]
+        parts.append(f"its best GEMV reads a q4_K 4096x14336 weight at one token in {g['us']:.1f} us, "
+                     f"{g['frac_copy']:.0%} of the copy line" + (f" ({g['mmvq_us'] / g['us']:.2f}x the speed of "
+                                                                 f"llama.cpp's MMVQ)" if g["mmvq_us"] else ""))
+    if "gen" in f:
+        g = f["gen"]
+        parts.append(f"the synthetic 7B generates {g['tok_s']:,.0f} tokens/s" + (
+            f" ({g['tok_s'] / g['llama_tg128']:.2f}x llama-bench's tg128)" if g["llama_tg128"] else ""))
+    first = ("Round 9 builds the lab's decode — k-quant matrix-vector kernels measured against the copy bandwidth of "
+             "the same card, and generation with a KV cache — each against llama.cpp on the same card and GGUF.")
+    mid = ("On an " + f.get("gemv", f.get("gen", {})).get("card", "unrecorded card") + ", " + " and ".join(parts) + "."
+           if parts else "Nothing is recorded yet.")
+    last = (f"Both are short of their targets ({TARGETS['frac_copy_nt1']:.0%} of the copy line at one token, "
+            f"{TARGETS['vs_llama_tg']:g}x llama.cpp's tokens/s)"
+            + (f"; step {f['next']['step']} ({f['next']['name'].split(':')[0]}) is built and waits for its run."
+               if "next" in f else "."))
+    return " ".join((first, mid, last))
