@@ -29,7 +29,7 @@ CORE = frozenset({
     "labkernels", "labkernels.paths", "labkernels.quants", "labkernels.layout", "labkernels.quantize_ref",
     "labkernels.reference", "labkernels.prefill_ref", "labkernels.model", "labkernels.gguf_check",
     "labkernels.arch", "labkernels.synthetic", "labkernels.kernels", "labkernels.kernels.registry",
-    "labkernels.kernels.gen_wgmma", "labkernels.gpu", "labkernels.wgmma", "labkernels.gemv", "labkernels.dispatch", "labkernels.forward_common", "labkernels.recorded_tables",
+    "labkernels.kernels.gen_wgmma", "labkernels.gpu", "labkernels.wgmma", "labkernels.wgmma_pack", "labkernels.gemv", "labkernels.dispatch", "labkernels.forward_common", "labkernels.recorded_tables",
     "labkernels.attention", "labkernels.graph_nodes", "labkernels.trace", "labkernels.prefill", "labkernels.decode",
     "labkernels.records", "labkernels.provenance", "labkernels.nvml",
 })
@@ -52,10 +52,8 @@ KNOWN_CYCLES: dict[frozenset, str] = {
     frozenset({"labkernels.nvbench_check", "labkernels.rounds.r09_decode"}):
         "round 9's step nvbench_check runs labkernels.nvbench_check, which times round 9's GEMV through r09_decode's "
         "bench (both lab; the step could move into nvbench_check's own registration)",
-    frozenset({"labkernels.gpu", "labkernels.dispatch", "labkernels.wgmma", "labkernels.gemv", "labkernels.bench",
-               "labkernels.cases"}):
-        "gpu forwards qmatmul & co. to dispatch for notebooks and r09_decode (drop once they name dispatch); "
-        "wgmma and gemv run their own benchmarks and cases (the wgmma split, issue 42 item 2)",
+    frozenset({"labkernels.gpu", "labkernels.dispatch", "labkernels.wgmma", "labkernels.gemv"}):
+        "gpu forwards qmatmul & co. to dispatch for notebooks and r09_decode (drop once they name dispatch)",
     frozenset({"labkernels.attention", "labkernels.graph_nodes"}):
         "cuDNN's no-memset plan search (graph_nodes.no_memset_plan) reads attention's backends and tolerances, "
         "and attention's Cudnn asks it for a plan",
@@ -65,14 +63,13 @@ KNOWN_CYCLES: dict[frozenset, str] = {
 
 #: function-local core -> lab imports still allowed, each with its reason
 KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("labkernels.wgmma", "labkernels.audit"): "wgmma's experiment forms (*_ab, traces): the wgmma split, item 2",
-    ("labkernels.wgmma", "labkernels.bench"): "wgmma's experiment forms (*_ab, traces): the wgmma split, item 2",
-    ("labkernels.wgmma", "labkernels.cases"): "wgmma's experiment forms (*_ab, traces): the wgmma split, item 2",
-    ("labkernels.wgmma", "labkernels.occupancy"): "wgmma's experiment forms (*_ab, traces): the wgmma split, item 2",
+    ("labkernels.wgmma", "labkernels.audit"): "wgmma's build cache (_cubin) reads ptxas' report with the audit's "
+                                              "parser and wrapper (nvcc path, wrapper source, demangler, digests)",
 }
 
 #: function-local labkernels imports (all modules): the count reached, only to go down
-LOCAL_IMPORT_CAP = 185   # 163 on the layers branch; the merged gemv2 / ncu / generate work added 22
+LOCAL_IMPORT_CAP = 160   # 163 on the layers branch; the merged gemv2 / ncu / generate work added 22 (185); the wgmma
+#                          split (issue 42 item 2) took 25 off: round 7's experiments import the lab at module level
 
 
 def _modname(p: Path) -> str:
