@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import gpu, nvml, records
+from . import gpu, nvml, paths, ptxas, records
 from .gpu import ShapeError, SharedMemoryError
 from .kernels import registry
 from .wgmma_pack import (BLOCK_BYTES, PLANE_BYTES, QK, RepackError, emulate_weights, exact_gate, gate,  # noqa: F401
@@ -54,24 +54,23 @@ def require_sm90a() -> None:
 @lru_cache(maxsize=None)
 def _cubin(source: str, src: str | None = None, extra_flags: tuple = ()) -> tuple[str, dict]:
     """nvcc -cubin for sm_90a of every registered instantiation of ``source`` (cached by content), and the map
-    registry key -> mangled entry name (from ptxas' report, demangled with the audit's parser). ``src``: another
-    file that defines the same instantiations, built instead of the registry's source with ``extra_flags`` (a round's
-    exploratory / ablation builds: :mod:`labkernels.rounds.r07_wgmma.builds`, their -D names); both are arguments of
-    this cached function and part of the file cache key (twice on 2026-12-01 an ablation build made after the plain
-    one got the plain cubin: first this cache was keyed by the source alone, then the environment read was cached)."""
-    from . import audit, paths
-
-    nvcc = audit.nvcc_path()
+    registry key -> mangled entry name (from ptxas' report, demangled with the audit's parser, :mod:`.ptxas`).
+    ``src``: another file that defines the same instantiations, built instead of the registry's source with
+    ``extra_flags`` (a round's exploratory / ablation builds: :mod:`labkernels.rounds.r07_wgmma.builds`, their -D
+    names); both are arguments of this cached function and part of the file cache key (twice on 2026-12-01 an
+    ablation build made after the plain one got the plain cubin: first this cache was keyed by the source alone,
+    then the environment read was cached)."""
+    nvcc = ptxas.nvcc_path()
     if not nvcc:
         raise WgmmaError("the sm_90a kernels are built with nvcc, which is not on PATH")
     specs = [k for k in registry.KERNELS if k.source == source]
     path = Path(src) if src else registry.KERNELS_DIR / source
-    wrapper = audit.wrapper_source(path, specs)
+    wrapper = ptxas.wrapper_source(path, specs)
     flags = ["-cubin", "-std=c++17", "-O3", "-Xptxas", "-v", "-gencode=arch=compute_90a,code=sm_90a",
              *([f"-I{path.parent}"] if src else []), f"-I{registry.KERNELS_DIR}", *registry.cuda_defines()]
     flags += list(extra_flags)
-    key = hashlib.sha256(("\n".join([wrapper, path.read_text(), audit._dir_digest(registry.KERNELS_DIR),
-                                     audit._nvcc_version(nvcc), *flags])).encode()).hexdigest()[:20]
+    key = hashlib.sha256(("\n".join([wrapper, path.read_text(), ptxas._dir_digest(registry.KERNELS_DIR),
+                                     ptxas._nvcc_version(nvcc), *flags])).encode()).hexdigest()[:20]
     cache = paths.CACHE_DIR / "cubin"
     try:
         cache.mkdir(parents=True, exist_ok=True)
@@ -97,14 +96,14 @@ def _cubin(source: str, src: str | None = None, extra_flags: tuple = ()) -> tupl
             log_tmp = Path(str(log_file) + f".tmp{os.getpid()}")   # renamed into place: a concurrent build never
             log_tmp.write_text(r.stdout + r.stderr + f"\n# compiled in {time.time() - t0:.1f} s\n")   # reads half
             os.replace(log_tmp, log_file)
-    entries = audit.parse_ptxas(log_file.read_text())
-    dem = audit.demangle([e["mangled"] for e in entries])
+    entries = ptxas.parse_ptxas(log_file.read_text())
+    dem = ptxas.demangle([e["mangled"] for e in entries])
     by_args = {}
     for e, d in zip(entries, dem):
-        by_args[audit._split_demangled(d)] = e
+        by_args[ptxas._split_demangled(d)] = e
     names = {}
     for k in specs:
-        e = by_args.get((k.template, audit._spec_args(k)))
+        e = by_args.get((k.template, ptxas._spec_args(k)))
         if e is None:
             raise WgmmaError(f"{k.key}: not found in the ptxas report of {source}")
         names[k.key] = dict(e)
