@@ -6,6 +6,7 @@ launcher, the benchmark, A/Bs, traces, views) are :mod:`labkernels.rounds.r07_wg
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -13,6 +14,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -372,47 +374,84 @@ def auto_table_cached():
 _SK_SUFFIX = {0: "", 1: "_sk", 2: "_sku", 3: "_skt"}
 
 
-def variant_name(BN: int, STAGES: int, SCL: int, SK: int = 0, FORM: int = 0, EPI: int = 0, AQ: int = 2,
-                 PF: int = 0) -> str:
-    """The one name of a round-7 variant: tile, stages, scale form, then the scheduler (``_sk`` / ``_sku`` /
-    ``_skt``), the epilogue form (``_e1`` bulk fold, ``_e2`` bulk fold + TMA store; none for the plain one) and
-    the A-fragment sets (``_a4``; none for AQ=2), the L2 prefetch distance (``_p1`` / ``_p2``; none without). The
-    shared-memory form: ``wgmma_smem_bn{BN}_s{STAGES}``, the scheduler, ``_c2`` with two converter warpgroups
-    (FORM=2)."""
-    if FORM:
-        if EPI or AQ != 2 or PF:
-            raise ValueError("the shared-memory form has the plain epilogue only (EPI=0) and no register A sets (AQ)")
-        return f"wgmma_smem_bn{BN}_s{STAGES}" + _SK_SUFFIX[int(SK)] + ("_c2" if FORM == 2 else "")
-    return (f"wgmma_bn{BN}_s{STAGES}_scl{SCL}" + _SK_SUFFIX[int(SK)] + (f"_e{int(EPI)}" if EPI else "")
-            + (f"_a{int(AQ)}" if AQ != 2 else "") + (f"_p{int(PF)}" if PF else ""))
-
-
 def _sk_of(suffix) -> int:
     return {v: k for k, v in _SK_SUFFIX.items()}[suffix or ""]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A round-7 launch configuration, typed end to end: tile ``BN``, ``STAGES``, scale form ``SCL``, scheduler ``SK``
+    (:func:`schedule`), ``FORM`` (0 register, 1 / 2 shared memory), epilogue ``EPI``, A-fragment sets ``AQ``, L2
+    prefetch ``PF`` -- the keywords of :func:`gemm`. :attr:`name` is the one string runs, tables and CSVs carry
+    (``wgmma_bn256_s4_scl0_skt_e5``); :meth:`parse` reads it back; :attr:`params` are the keywords as the recorded
+    choice table (:func:`auto_table`) and ``dispatch.choose`` hold them. The shape-dependent rules a variant must meet
+    are :data:`FIT_RULES`; the built combinations are the registry's."""
+    BN: int
+    STAGES: int
+    SCL: int = 0
+    SK: int = 0
+    FORM: int = 0
+    EPI: int = 0
+    AQ: int = 2
+    PF: int = 0
+
+    def __post_init__(self):
+        if self.SK not in _SK_SUFFIX:
+            raise ValueError(f"SK is 0, 1, 2 or 3, not {self.SK!r}")
+        if self.FORM and (self.EPI or self.AQ != 2 or self.PF):
+            raise ValueError("the shared-memory form has the plain epilogue only (EPI=0) and no register A sets (AQ)")
+
+    @property
+    def name(self) -> str:
+        """The variant's name: tile, stages, scale form, then the scheduler (``_sk`` / ``_sku`` / ``_skt``), the
+        epilogue form (``_e1`` ... ``_e5``; none for the plain one), the A-fragment sets (``_a4``; none for AQ=2), the L2
+        prefetch distance (``_p1`` / ``_p2``; none without). The shared-memory form: ``wgmma_smem_bn{BN}_s{STAGES}``,
+        the scheduler, ``_c2`` with two converter warpgroups (FORM=2)."""
+        if self.FORM:
+            return f"wgmma_smem_bn{self.BN}_s{self.STAGES}" + _SK_SUFFIX[int(self.SK)] + ("_c2" if self.FORM == 2 else "")
+        return (f"wgmma_bn{self.BN}_s{self.STAGES}_scl{self.SCL}" + _SK_SUFFIX[int(self.SK)]
+                + (f"_e{int(self.EPI)}" if self.EPI else "") + (f"_a{int(self.AQ)}" if self.AQ != 2 else "")
+                + (f"_p{int(self.PF)}" if self.PF else ""))
+
+    @classmethod
+    def parse(cls, name: str) -> "Variant":
+        """The variant a name (:attr:`name`) stands for; ValueError for anything else."""
+        m = _VARIANT_SMEM.match(name)
+        if m:
+            return cls(int(m.group(1)), int(m.group(2)), SK=_sk_of(m.group(3)), FORM=2 if m.group(4) else 1)
+        m = _VARIANT.match(name)
+        if not m:
+            raise ValueError(f"not a round-7 variant name: {name!r}")
+        return cls(int(m.group(1)), int(m.group(2)), int(m.group(3)), SK=_sk_of(m.group(4)),
+                   EPI=int(m.group(5) or 0), AQ=int(m.group(6) or 2), PF=int(m.group(7) or 0))
+
+    @property
+    def params(self) -> dict:
+        """:func:`gemm`'s keywords (f16): the register form's EPI / AQ / PF only where its name has them, the
+        shared-memory form's FORM and no SCL -- the recorded choice table's form of them."""
+        if self.FORM:
+            return {"BN": self.BN, "STAGES": self.STAGES, "BF16": 0, "SK": self.SK, "FORM": self.FORM}
+        p = {"BN": self.BN, "STAGES": self.STAGES, "BF16": 0, "SCL": self.SCL, "SK": self.SK}
+        p.update({k: v for k, v, plain in (("EPI", self.EPI, 0), ("AQ", self.AQ, 2), ("PF", self.PF, 0)) if v != plain})
+        return p
+
+    def replace(self, **changes) -> "Variant":
+        return dataclasses.replace(self, **changes)
+
+
+def variant_name(BN: int, STAGES: int, SCL: int, SK: int = 0, FORM: int = 0, EPI: int = 0, AQ: int = 2,
+                 PF: int = 0) -> str:
+    """The one name of a round-7 variant (:attr:`Variant.name`)."""
+    return Variant(BN, STAGES, SCL, SK, FORM, EPI, AQ, PF).name
 
 
 def variant_params(variant: str, qtype: str) -> tuple[str, dict]:
     """A benchmark variant name -> (family, template params): 'wgmma_bn128_s4_scl0' / 'int8_q4k_nb'."""
     if variant.startswith("int8_"):
         fam = variant[5:]
-        f, p = gpu._int8_default(qtype)
+        f, p = gpu._int8_default(qtype)      # the registry's default int8 variant of the type
         return fam, (dict(p) if f == fam else {})
-    m = _VARIANT_SMEM.match(variant)
-    if m:
-        bn, st = map(int, m.groups()[:2])
-        return "wgmma_kq", {"BN": bn, "STAGES": st, "BF16": 0, "SK": _sk_of(m.group(3)), "FORM": 2 if m.group(4) else 1}
-    m = _VARIANT.match(variant)
-    if not m:
-        raise ValueError(f"not a round-7 variant name: {variant!r}")
-    bn, st, scl = map(int, m.groups()[:3])
-    p = {"BN": bn, "STAGES": st, "BF16": 0, "SCL": scl, "SK": _sk_of(m.group(4))}
-    if m.group(5):                 # the epilogue form, named only where it is not the plain one
-        p["EPI"] = int(m.group(5))
-    if m.group(6):                 # the A-fragment sets, named only where they are not AQ=2
-        p["AQ"] = int(m.group(6))
-    if m.group(7):                 # the L2 prefetch distance, named only where there is one
-        p["PF"] = int(m.group(7))
-    return "wgmma_kq", p
+    return "wgmma_kq", Variant.parse(variant).params
 
 
 def tile_count(nt: int, od: int, BN: int) -> int:
@@ -528,6 +567,74 @@ def reduce_fits(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> 
     return reduce_finish_fits(ncta, id_ // QK, tile_count(nt, od, BN), dp, split_g(sk, nt, od, id_, BN, sm_count))
 
 
+@dataclass(frozen=True)
+class FitRule:
+    """One shape-dependent rule of the register form's scheduler x epilogue: the variants it constrains
+    (``applies``), whether a launch shape takes them (``fits(v, nt, od, id, sm_count)``), what ``auto`` runs instead
+    (``fallback``) and the reason it gives (``why(v, nt, od, id)``). :func:`gemm` refuses a launch that breaks one
+    (ShapeError); ``dispatch.choose`` falls back through :func:`fit`."""
+    name: str
+    applies: Callable[[Variant], bool]
+    fits: Callable[[Variant, int, int, int, int], bool]
+    fallback: Callable[[Variant], Variant]
+    why: Callable[[Variant, int, int, int], str]
+
+
+def _split_why(v: Variant, nt: int, od: int, id_: int) -> str:
+    grid = {2: "uniform", 3: "tile-aligned"}[v.SK]
+    why = f"its {grid} split-k grid (SK={v.SK}) does not fit {od}x{id_} nt={nt}: stream-K (SK=1)"
+    if v.EPI in (1, 2, 3):     # these epilogue forms take one segment per CTA: not stream-K
+        why += f" with the plain epilogue (EPI={v.EPI} takes one segment per CTA)"
+    return why
+
+
+#: the scheduler / epilogue fit rules, in the order ``auto`` applies them (a fallback may make a later rule moot)
+FIT_RULES = (
+    FitRule("split-k grid", lambda v: v.SK in (2, 3),
+            lambda v, nt, od, id_, sm: sk_fits(v.SK, nt, od, id_, v.BN, sm),
+            lambda v: v.replace(SK=1, EPI=0 if v.EPI in (1, 2, 3) else v.EPI), _split_why),
+    FitRule("TMA store rows", lambda v: v.EPI == 2, lambda v, nt, od, id_, sm: od % 4 == 0,
+            lambda v: v.replace(EPI=1),
+            lambda v, nt, od, id_: f"its TMA-store epilogue (EPI=2) needs od % 4 == 0, od={od}: the bulk fold alone "
+                                   "(EPI=1)"),
+    FitRule("staged store rows", lambda v: v.EPI in (4, 5), lambda v, nt, od, id_, sm: od % 4 == 0,
+            lambda v: v.replace(EPI=0),
+            lambda v, nt, od, id_: f"its {'staged TMA store' if v.EPI == 4 else 'reduce finish'} (EPI={v.EPI}) needs "
+                                   f"od % 4 == 0, od={od}: the plain epilogue (EPI=0)"),
+    FitRule("pair exchange", lambda v: v.EPI == 3, lambda v, nt, od, id_, sm: pair_fits(nt, od, id_, v.BN, sm),
+            lambda v: v.replace(EPI=0),
+            lambda v, nt, od, id_: f"its pair exchange (EPI=3) needs two CTAs per tile, which SK=3 does not give at "
+                                   f"{od}x{id_} nt={nt}: the plain epilogue (EPI=0)"),
+    FitRule("reduce finish", lambda v: v.EPI == 5,
+            lambda v, nt, od, id_, sm: reduce_fits(v.SK, nt, od, id_, v.BN, sm),
+            lambda v: v.replace(EPI=4),
+            lambda v, nt, od, id_: f"its reduce finish (EPI=5) needs at most two CTAs a tile, which SK={v.SK} does not "
+                                   f"give at {od}x{id_} nt={nt}: the staged TMA store (EPI=4)"),
+)
+
+
+def misfit(v: Variant, nt: int, od: int, id_: int, sm_count: int) -> FitRule | None:
+    """The first rule of :data:`FIT_RULES` that ``v`` breaks at this shape, or None."""
+    return next((r for r in FIT_RULES if r.applies(v) and not r.fits(v, nt, od, id_, sm_count)), None)
+
+
+@lru_cache(maxsize=4096)
+def _launch_misfit(BN: int, STAGES: int, SK: int, EPI: int, nt: int, od: int, id_: int, sm_count: int):
+    """(variant, :func:`misfit`) of a launch, cached: gemm asks per call (0.3 us, not 4 us, on the host)."""
+    v = Variant(BN, STAGES, SK=SK, EPI=EPI)
+    return v, misfit(v, nt, od, id_, sm_count)
+
+
+def fit(v: Variant, nt: int, od: int, id_: int, sm_count: int) -> tuple[Variant, list[str]]:
+    """``v`` made to fit this shape by the rules' fallbacks, in order, and the reasons (``auto``'s choice)."""
+    whys = []
+    for r in FIT_RULES:
+        if r.applies(v) and not r.fits(v, nt, od, id_, sm_count):
+            whys.append(r.why(v, nt, od, id_))
+            v = r.fallback(v)
+    return v, whys
+
+
 @lru_cache(maxsize=None)
 def _sm_count(device: int) -> int:
     return int(gpu.device_props()["sm_count"])
@@ -631,7 +738,7 @@ def gemm(w: WgWeight, x, out=None, BN: int = 128, STAGES: int = 4, BF16: int | N
     wait; BN=128, the plain epilogue, the main scale form: the registry's rows). ``PF`` (register form): 0, or an L2
     prefetch of each row's weight bytes 1 or 2 super-blocks ahead of its loads (AQ=2 main scale forms, f16, the
     plain epilogue; not q6_K BN=256, which spills with it). Every combination
-    is checked (:func:`kernel_params`) before anything is built or launched. The registry's build only: round 7's
+    is checked (:func:`kernel_params`) before anything is built or launched, every shape against :data:`FIT_RULES`. The registry's build only: round 7's
     exploratory and ablation builds have their own launcher (:func:`labkernels.rounds.r07_wgmma.builds.gemm`)."""
     x16, bf16 = activations(w, x, BF16)
     family, kp = kernel_params(w, BN, STAGES, bf16, SCL, SK, FORM, EPI, AQ, PF)
@@ -736,15 +843,20 @@ def launch(k: WgKernel, w: WgWeight, x16, out, BN: int, SK: int = 0, EPI: int = 
     sms = _sm_count(cp.cuda.Device().id) * res
     ncta, dp_tiles = schedule(int(SK), nt, w.od, w.id, BN, sms)
     g = split_g(int(SK), nt, w.od, w.id, BN, sms)
-    if EPI == 3 and g != 2:
+    # the scheduler x epilogue fit rules (FIT_RULES; schedule() has refused a split-k grid that does not fit and
+    # kernel_params() an epilogue whose Y map cannot describe od): those that depend on the grid
+    v, bad = _launch_misfit(BN, int(k.spec.p["STAGES"]), int(SK), int(EPI), nt, w.od, w.id, sms)
+    if bad is not None and bad.name == "pair exchange":
         raise ShapeError(f"EPI=3 pairs a tile's two CTAs in a cluster: SK=3 gives {g} CTAs per tile at nt={nt}, "
                          f"od={w.od}, id={w.id}, BN={BN} on {sms} SMs, not 2 (use EPI=0)")
-    if SK:
-        _check_schedule(ncta, w.id // QK, tile_count(nt, w.od, BN), dp_tiles, g)
-    if EPI == 5 and not reduce_finish_fits(ncta, w.id // QK, tile_count(nt, w.od, BN), dp_tiles, g):
+    if bad is not None and bad.name == "reduce finish":
         raise ShapeError(f"EPI=5 adds a split tile's partial sums into Y in either order, which is deterministic for "
                          f"two CTAs a tile (the helper the owner's next CTA) and not for more: SK={SK} at nt={nt}, "
                          f"od={w.od}, id={w.id}, BN={BN} on {sms} SMs splits a tile over more (use EPI=4)")
+    if bad is not None:
+        raise ShapeError(f"{bad.name}: {bad.why(v, nt, w.od, w.id)}")
+    if SK:
+        _check_schedule(ncta, w.id // QK, tile_count(nt, w.od, BN), dp_tiles, g)
     y = gpu._out(nt, w.od, out)
     tm = tensor_map(x16, BN, bool(bf16))
     ws, flags = _WS.get(cp.cuda.get_current_stream().ptr, sms)

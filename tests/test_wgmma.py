@@ -1955,3 +1955,63 @@ def test_smemform_bars_draw_each_form_with_its_no_conversion_build():
     assert "cuBLAS" in ax.get_ylabel() and any(ln.get_ydata()[0] == 1 for ln in ax.lines)
     assert sum("no conversion" in t_.get_text() for t_ in ax.legend().get_texts()) == 3
     plt.close(fig)
+
+
+def test_variant_name_parse_and_params_round_trip():
+    """wgmma.Variant is the typed form of a round-7 variant: parse(name) gives it back (name is what records and CSVs
+    carry), its params are the recorded choice table's, and every register-form instantiation of the registry under
+    every scheduler names and parses back to itself."""
+    names = ["wgmma_bn128_s4_scl0", "wgmma_bn256_s4_scl0_sk", "wgmma_bn256_s4_scl0_skt_e5", "wgmma_bn128_s4_scl1_a4",
+             "wgmma_bn128_s4_scl0_sku_p2", "wgmma_smem_bn128_s4_sk_c2", "wgmma_smem_bn256_s3"]
+    for n in names:
+        v = wgmma.Variant.parse(n)
+        assert v.name == n and wgmma.variant_params(n, "q4_K") == ("wgmma_kq", v.params)
+    assert wgmma.Variant.parse("wgmma_bn256_s4_scl0_skt_e5") == wgmma.Variant(256, 4, 0, SK=3, EPI=5)
+    assert wgmma.Variant.parse("wgmma_bn256_s4_scl0_skt_e5").params == {"BN": 256, "STAGES": 4, "BF16": 0, "SCL": 0,
+                                                                         "SK": 3, "EPI": 5}
+    assert wgmma.Variant.parse("wgmma_smem_bn128_s4_sk_c2").params == {"BN": 128, "STAGES": 4, "BF16": 0, "SK": 1,
+                                                                        "FORM": 2}
+    for k in registry.family("wgmma_kq"):
+        for sk in range(4):
+            v = wgmma.Variant(k.p["BN"], k.p["STAGES"], k.p["SCL"], sk, 0, k.p["EPI"], k.p["AQ"], k.p["PF"])
+            assert wgmma.Variant.parse(v.name) == v
+            assert v.name == wgmma.variant_name(k.p["BN"], k.p["STAGES"], k.p["SCL"], sk, 0, k.p["EPI"], k.p["AQ"],
+                                                k.p["PF"])
+    with pytest.raises(ValueError, match="not a round-7 variant"):
+        wgmma.Variant.parse("wgmma_bn128_s4")
+    with pytest.raises(ValueError, match="shared-memory form"):
+        wgmma.Variant(128, 4, FORM=1, EPI=2)
+
+
+def test_fit_rules_are_what_auto_falls_back_by_and_gemm_refuses():
+    """One table of scheduler / epilogue fit rules (wgmma.FIT_RULES): fit() applies their fallbacks in order, each with
+    its reason, and what it returns breaks no rule; misfit() (what gemm refuses by) names a rule exactly where fit()
+    changes the variant."""
+    V = wgmma.Variant
+    cases = [(V(256, 4, SK=3, EPI=2), 512, 4096, 11008), (V(256, 4, SK=3, EPI=2), 512, 11008, 4096),
+             (V(256, 4, SK=3, EPI=2), 512, 4094, 11008), (V(256, 4, SK=1, EPI=4), 4096, 11006, 4096),
+             (V(256, 4, SK=3, EPI=3), 512, 1000, 4096), (V(256, 4, SK=3, EPI=3), 512, 4096, 11008),
+             (V(256, 4, SK=1, EPI=5), 512, 4096, 4096), (V(256, 4, SK=1, EPI=5), 512, 11008, 4096),
+             (V(256, 4, SK=3, EPI=5), 512, 11008, 4096), (V(128, 4), 512, 4096, 4096)]
+    for v, nt, od, id_ in cases:
+        f, whys = wgmma.fit(v, nt, od, id_, 132)
+        assert (wgmma.misfit(v, nt, od, id_, 132) is None) == (not whys) == (f == v), (v, nt, od, id_)
+        assert wgmma.misfit(f, nt, od, id_, 132) is None, (v, f)
+    f, whys = wgmma.fit(V(256, 4, SK=3, EPI=2), 512, 11008, 4096, 132)
+    assert f == V(256, 4, SK=1) and "with the plain epilogue (EPI=2 takes one segment per CTA)" in whys[0]
+    f, whys = wgmma.fit(V(256, 4, SK=1, EPI=5), 512, 4096, 4096, 132)
+    assert f == V(256, 4, SK=1, EPI=4) and "reduce finish (EPI=5) needs at most two CTAs a tile" in whys[0]
+    assert [r.name for r in wgmma.FIT_RULES] == ["split-k grid", "TMA store rows", "staged store rows",
+                                                 "pair exchange", "reduce finish"]
+
+
+def test_auto_drops_a_reduce_finish_that_does_not_fit(tmp_path):
+    """A recorded EPI=5 winner runs as recorded where its tiles have at most two CTAs each, and as the staged TMA
+    store (EPI=4), said in the reason, where they do not (before the fit table, gemm refused it there)."""
+    t = _recorded_auto_table(tmp_path, "q4_K", 11008, 4096, 512, {"wgmma_bn256_s4_scl0_sk_e5": 30.0,
+                                                                  "wgmma_bn256_s4_scl0_sk": 35.0})
+    c = dispatch.choose("q4_K", 512, 11008, 4096, table=t, cc=90)
+    assert dict(c.params)["EPI"] == 5 and "reduce finish" not in c.reason
+    c = dispatch.choose("q4_K", 512, 4096, 4096, table=t, cc=90)
+    assert dict(c.params) == {"BN": 256, "STAGES": 4, "BF16": 0, "SCL": 0, "SK": 1, "EPI": 4}
+    assert "reduce finish (EPI=5) needs at most two CTAs a tile, which SK=1 does not give at 4096x4096 nt=512" in c.reason
