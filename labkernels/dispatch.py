@@ -9,6 +9,7 @@ and calls the launcher. ``gpu.qmatmul`` / ``gpu.choose`` / ``gpu.last_choice`` /
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from functools import lru_cache
@@ -38,6 +39,10 @@ def _int8_default(qtype: str) -> tuple[str, dict]:
     """The int8 family of a weight type and its parameters: ``registry.default_variant(qtype)``."""
     v = registry.default_variant(qtype)
     return v.family, v.p
+
+
+#: the fields of a wgmma variant (:class:`labkernels.wgmma.Variant`) a recorded choice's params may hold
+_VARIANT_FIELDS = frozenset(f.name for f in dataclasses.fields(wgmma.Variant))
 
 
 def choose(qtype: str, nt: int, od: int, id_: int, table=None, cc: int | None = None) -> Choice:
@@ -70,28 +75,15 @@ def _choose(qtype: str, nt: int, od: int, id_: int, table=None, cc: int | None =
             r = rows.loc[d.idxmin()]
             params = tuple((k, int(v)) for k, v in r.params.items())
             why = f"fastest at {r.od}x{r.id} nt={r.nt} in run {r.run_id}"
-            p = dict(params)
             sm = gpu.device_props()["sm_count"] if gpu._has_gpu() else 132
-            if r.family == "wgmma_kq" and p.get("SK") in (2, 3):
-                if not wgmma.sk_fits(p["SK"], nt, od, id_, p["BN"], sm):   # the split-k grids take few shapes
-                    grid = {2: "uniform", 3: "tile-aligned"}[p["SK"]]
-                    why += f"; its {grid} split-k grid (SK={p['SK']}) does not fit {od}x{id_} nt={nt}: stream-K (SK=1)"
-                    params = tuple((k, 1 if k == "SK" else v) for k, v in params)
-                    if p.get("EPI") in (1, 2, 3):     # these epilogue forms take one segment per CTA: not stream-K
-                        params = tuple((k, 0 if k == "EPI" else v) for k, v in params)
-                        why += f" with the plain epilogue (EPI={p['EPI']} takes one segment per CTA)"
-                    p = dict(params)
-            if r.family == "wgmma_kq" and p.get("EPI") == 2 and od % 4:
-                params = tuple((k, 1 if k == "EPI" else v) for k, v in params)
-                why += f"; its TMA-store epilogue (EPI=2) needs od % 4 == 0, od={od}: the bulk fold alone (EPI=1)"
-            if r.family == "wgmma_kq" and p.get("EPI") == 4 and od % 4:
-                params = tuple((k, 0 if k == "EPI" else v) for k, v in params)
-                why += f"; its staged TMA store (EPI=4) needs od % 4 == 0, od={od}: the plain epilogue (EPI=0)"
-            if r.family == "wgmma_kq" and p.get("EPI") == 3:
-                if not wgmma.pair_fits(nt, od, id_, p["BN"], sm):
-                    params = tuple((k, 0 if k == "EPI" else v) for k, v in params)
-                    why += (f"; its pair exchange (EPI=3) needs two CTAs per tile, which SK=3 does not give at "
-                            f"{od}x{id_} nt={nt}: the plain epilogue (EPI=0)")
+            if r.family == "wgmma_kq":
+                # the recorded variant, typed (its params as auto_table read them from the name once), made to fit
+                # this shape by the one table of scheduler / epilogue fit rules that gemm enforces (wgmma.FIT_RULES);
+                # each fallback is said in the reason
+                v = wgmma.Variant(**{k: val for k, val in params if k in _VARIANT_FIELDS})
+                v, whys = wgmma.fit(v, nt, od, id_, sm)
+                why += "".join(f"; {w}" for w in whys)
+                params = tuple((k, int(getattr(v, k)) if k in _VARIANT_FIELDS else val) for k, val in params)
             ch = Choice(r.family, params, why)
             return ch if r.family == "wgmma_kq" else _with_sweep_variant(ch, qtype, nt, od, id_)
     if wgmma.supported(cc):

@@ -11,6 +11,7 @@ import pytest
 
 from labkernels import audit
 from labkernels.kernels import registry
+from labkernels.rounds.r07_wgmma import builds as wb
 
 ROOT = Path(__file__).resolve().parents[1]
 BEFORE = "eef6c5d"            # the last commit before the tile skeleton
@@ -79,7 +80,6 @@ def test_wgmma_split_keeps_the_machine_code_of_every_instantiation(tmp_path, bui
     """Round 7's production kernel with no experiment forms (its builds by policy; the KPAIR body and the forms in
     the round's own source): every registered instantiation's machine code is what the one source with every
     #ifdef form built at 4a8dcd9 -- the production build and the exploratory builds alike, each by its -D names."""
-    from labkernels import wgmma
 
     _need_nvcc()
     r = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{WGMMA_BEFORE}^{{commit}}"], capture_output=True)
@@ -90,8 +90,8 @@ def test_wgmma_split_keeps_the_machine_code_of_every_instantiation(tmp_path, bui
     subprocess.run(["tar", "-x", "--strip-components=2", "-C", str(tmp_path)], input=arch, check=True)
     defines = WGMMA_BUILDS[build]
     rows = audit.text_ab(tmp_path, registry.KERNELS_DIR, ["wgmma_kq", "wgmma_kqs"], "sm_90a",
-                         new_source=wgmma.EXPERIMENTS["wgmma_kq.cu"] if defines else None,
-                         flags=wgmma.build_flags(wgmma.check_defines(defines)))
+                         new_source=wb.EXPERIMENTS["wgmma_kq.cu"] if defines else None,
+                         flags=wb.build_flags(wb.check_defines(defines)))
     assert len(rows) == len(registry.family("wgmma_kq")) + len(registry.family("wgmma_kqs")) == 51
     moved = [r["kernel"] for r in rows if not r["same"]]
     assert not moved, f"machine code differs from {WGMMA_BEFORE}: {moved}"

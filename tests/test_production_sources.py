@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from labkernels import wgmma
+from labkernels.rounds.r07_wgmma import builds as wb
 from labkernels.kernels import registry
 
 EXPERIMENT = re.compile(r"\bLK_(EXP|ABLATE)_\w*")
@@ -51,10 +51,10 @@ def test_the_check_sees_a_define_in_an_included_header(tmp_path, monkeypatch):
 def test_the_experiments_source_builds_every_name_the_launcher_takes():
     """Round 7's exploratory source names every -D name wgmma builds and refuses each retired one; the production
     source does neither."""
-    src = wgmma.EXPERIMENTS["wgmma_kq.cu"].read_text()
+    src = wb.EXPERIMENTS["wgmma_kq.cu"].read_text()
     named = {m.group(0) for m in EXPERIMENT.finditer(src)}
-    assert set(wgmma.BUILD_NAMES) <= named
-    retired_here = {n for n, c in wgmma.RETIRED_BUILDS.items() if c == "4a8dcd9"}
+    assert set(wb.BUILD_NAMES) <= named
+    retired_here = {n for n, c in wb.RETIRED_BUILDS.items() if c == "4a8dcd9"}
     guard = src[src.index("#if defined(LK_EXP_WTMA)"):src.index("#error", src.index("#if defined(LK_EXP_WTMA)"))]
     assert retired_here <= {m.group(0) for m in EXPERIMENT.finditer(guard)}
-    assert not set(wgmma.BUILD_NAMES) & set(wgmma.RETIRED_BUILDS)
+    assert not set(wb.BUILD_NAMES) & set(wb.RETIRED_BUILDS)

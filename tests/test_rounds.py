@@ -7,6 +7,7 @@ import pytest
 
 from labkernels import records, rounds
 from labkernels.paths import REPO_ROOT
+from labkernels.rounds.r07_wgmma import builds as wb
 
 
 def test_every_round_module_names_its_notebook_and_data():
@@ -143,7 +144,7 @@ def test_round7_step_records_name_their_runs_builds_and_views():
     """Every record: a unique name and old names, each listed run recorded (its params naming the step's ``what``) and
     the last listed run's commit the record's; every build's -D names buildable (a live step) or retired with the
     commit that holds them (a retired step); the view of its latest run a non-empty table."""
-    from labkernels import records, wgmma
+    from labkernels import records
 
     recs = rounds.module(7).STEP_RECORDS
     listed = {k: records.list_runs(k, status=None) for k in ("wgmma", "prefill")}
@@ -156,14 +157,14 @@ def test_round7_step_records_name_their_runs_builds_and_views():
         whats = {(r.meta.get("params") or {}).get("what") for r in runs}
         assert s.what in whats, (s.label, whats)
         assert any(str((r.provenance or {}).get("git_commit", "")).startswith(s.commit) for r in runs), s.label
-        gone = {n for d in s.builds.values() for n in d if n in wgmma.RETIRED_BUILDS}
+        gone = {n for d in s.builds.values() for n in d if n in wb.RETIRED_BUILDS}
         for label, d in s.builds.items():
             if not set(d) & gone:
-                assert wgmma.check_defines(d) == tuple(sorted(d)), (s.label, label)
+                assert wb.check_defines(d) == tuple(sorted(d)), (s.label, label)
         if s.retired is None:
             assert not gone, s.label
         else:
-            assert gone and all(wgmma.RETIRED_BUILDS[n] == s.retired.commit for n in gone), s.label
+            assert gone and all(wb.RETIRED_BUILDS[n] == s.retired.commit for n in gone), s.label
             assert s.retired.commit in s.retired.command and s.aliases[0] in s.retired.command
         assert s.prediction or s.number is None, s.label
         assert s.verdict or s.number is None or s.name == "bench", s.label

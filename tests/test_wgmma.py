@@ -5,8 +5,10 @@ is in sync with its generator."""
 import numpy as np
 import pytest
 
-from labkernels import dispatch, gpu, quants, wgmma
+from labkernels import dispatch, gpu, quants, wgmma, wgmma_pack
 from labkernels.kernels import gen_wgmma, registry
+from labkernels.rounds.r07_wgmma import builds as wb
+from labkernels.rounds.r07_wgmma import experiments as wx
 
 
 def _weights(qtype, od, id_, seed):
@@ -447,7 +449,7 @@ def test_epi_table_ratios_per_scheduler_and_form():
                       ("wgmma_bn128_s4_scl0_e2", 38.0), ("int8_q4k_nb", 120.0)):
             rows.append({"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": v, "pair": pair,
                          "median_us": us * f})
-    t = wgmma.epi_table(pd.DataFrame(rows)).set_index("sched")
+    t = wx.epi_table(pd.DataFrame(rows)).set_index("sched")
     assert list(t.columns[-3:]) == ["plain", "bulk fold", "+TMA store"]
     assert t.loc["BN=256 SK=2", "plain"] == pytest.approx(28 / 35)
     assert t.loc["BN=256 SK=2", "+TMA store"] == pytest.approx(28 / 30)
@@ -460,19 +462,17 @@ def test_build_defines_are_read_at_each_build(monkeypatch):
     each call, explicit names are checked, and the cubin cache keys on them (two builds, two different cubins)."""
     import shutil
 
-    from labkernels import wgmma
-
     monkeypatch.setenv("LABKERNELS_WG_DEFINES", "")
-    assert wgmma.build_defines() == ()
+    assert wb.build_defines() == ()
     monkeypatch.setenv("LABKERNELS_WG_DEFINES", "LK_ABLATE_NOSTORE -DEVIL LK_EXP_TRACE")
-    assert wgmma.build_defines() == ("LK_ABLATE_NOSTORE", "LK_EXP_TRACE")       # other names never reach nvcc
-    assert wgmma.check_defines(["LK_EXP_TRACE", "LK_EXP_TRACE"]) == ("LK_EXP_TRACE",)
+    assert wb.build_defines() == ("LK_ABLATE_NOSTORE", "LK_EXP_TRACE")       # other names never reach nvcc
+    assert wb.check_defines(["LK_EXP_TRACE", "LK_EXP_TRACE"]) == ("LK_EXP_TRACE",)
     with pytest.raises(ValueError, match="LK_ABLATE"):
-        wgmma.check_defines(["NDEBUG"])
+        wb.check_defines(["NDEBUG"])
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not on PATH")
-    plain, _ = wgmma._cubin("wgmma_kq.cu", ())
-    traced, names = wgmma._cubin("wgmma_kq.cu", ("LK_EXP_TRACE",))
+    plain, _ = wb.cubin("wgmma_kq.cu", ())
+    traced, names = wb.cubin("wgmma_kq.cu", ("LK_EXP_TRACE",))
     assert plain != traced
     from pathlib import Path
     assert Path(plain).read_bytes() != Path(traced).read_bytes()
@@ -484,7 +484,7 @@ def test_trace_rows_and_summary_from_stamp_arrays():
     CTA's own, unstamped slots left out, the SM id from slot 15; arrays without entries are refused."""
     from labkernels import wgmma
 
-    E = len(wgmma.TRACE_EVENTS)
+    E = len(wx.TRACE_EVENTS)
     ns = np.zeros((3, E + 1), np.uint64)
     clk = np.zeros_like(ns)
     for c, t0 in enumerate((1_000_000, 1_000_500, 1_002_000)):   # CTAs enter 0 / 0.5 / 2 us apart
@@ -494,33 +494,31 @@ def test_trace_rows_and_summary_from_stamp_arrays():
         ns[c, E] = 7 + c
     ns[1, 6:9] = [1_021_600, 1_030_500, 1_031_000]                  # CTA 1 has a second segment
     clk[1, 6:9] = [1, 2, 3]
-    rows = wgmma.trace_rows(ns, clk)
+    rows = wx.trace_rows(ns, clk)
     assert len(rows) == 3 * 6 + 3 and {r["smid"] for r in rows} == {7, 8, 9}
     r = {(x["cta"], x["event"]): x for x in rows}
     assert r[(2, "entry")]["t_us"] == 2.0 and r[(2, "first_tile")]["cta_us"] == 3.0
     assert r[(0, "seg0_mma_end")]["cycles"] == 36_000 and (1, "seg1_done") in r and (0, "seg1_start") not in r
-    s = wgmma.trace_summary(rows)
+    s = wx.trace_summary(rows)
     assert list(s.event[:4]) == ["entry", "setup", "seg0_start", "first_tile"]     # the order a CTA passes them
     assert list(s.event).index("seg1_done") == 8
     first = s.set_index("event")
     assert first.loc["entry", "t_us_max"] == 2.0 and first.loc["first_tile", "cta_us_median"] == 3.0
     assert first.loc["seg1_start", "ctas"] == 1
     with pytest.raises(wgmma.WgmmaError, match="never stamped"):
-        wgmma.trace_rows(np.zeros((2, E + 1), np.uint64), np.zeros((2, E + 1), np.uint64))
+        wx.trace_rows(np.zeros((2, E + 1), np.uint64), np.zeros((2, E + 1), np.uint64))
     with pytest.raises(ValueError, match="trace arrays"):
-        wgmma.trace_rows(np.zeros((2, 3), np.uint64), np.zeros((2, 3), np.uint64))
+        wx.trace_rows(np.zeros((2, 3), np.uint64), np.zeros((2, 3), np.uint64))
 
 
 def test_cost_fit_separates_per_launch_and_per_k_cost():
     import pandas as pd
 
-    from labkernels import wgmma
-
     ids = [256, 1024, 4096, 14336]
     rows = [{"variant": v, "id": i, "median_us": a + b * i / 1000, "host_enqueue_us": h, "back_to_back_us": 40.0 + i}
             for v, a, b, h in (("wgmma_bn256_s4_scl0_sk", 11.8, 5.8, 45.0), ("cublas_f16_cached", 6.2, 5.3, 20.0))
             for i in ids]
-    fit = wgmma.cost_fit(pd.DataFrame(rows)).set_index("variant")
+    fit = wx.cost_fit(pd.DataFrame(rows)).set_index("variant")
     assert fit.loc["wgmma_bn256_s4_scl0_sk", "intercept_us"] == pytest.approx(11.8)
     assert fit.loc["cublas_f16_cached", "ns_per_k"] == pytest.approx(5.3)
     assert fit.loc["cublas_f16_cached", "back_to_back_us_at_min_id"] == 40.0 + 256
@@ -542,8 +540,8 @@ def test_bench_runs_end_to_end_on_the_cpu_shim(monkeypatch, tmp_path):
     monkeypatch.setattr(bench, "Flusher", lambda: None)
     variants = ((128, 4, None, 0), (256, 4, None, 1))
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
-        rows = wgmma.bench(shapes=[(256, 512)], nts=[8, 40], qtypes=("q4_K", "q6_K"), variants=variants, pairs=2,
-                           repeats=2, run=run, progress=lambda s: None)
+        rows = wx.bench(shapes=[(256, 512)], nts=[8, 40], qtypes=("q4_K", "q6_K"), variants=variants, pairs=2,
+                        repeats=2, run=run, progress=lambda s: None)
     run = records.load("wgmma", run.run_id, root=tmp_path)
     par = run.table("wgmma_parity")
     assert len(par) == 2 * 2 * len(variants) and par.ok.all()
@@ -576,8 +574,8 @@ def test_bench_with_a_lead_times_every_call_both_ways(monkeypatch, tmp_path):
     monkeypatch.setattr(bench, "flush_us", lambda flush: 31.0)
     monkeypatch.setattr(bench, "Lead", lambda us: ("lead", us))
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
-        wgmma.lead_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"],
-                            "variants": [[128, 4, None, 0]], "pairs": 2})
+        wx.lead_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"],
+                         "variants": [[128, 4, None, 0]], "pairs": 2})
     b = records.load("wgmma", run.run_id, root=tmp_path).table("wgmma_lead_ab")
     assert set(b.timing) == {"events", "lead500"}
     assert set(b.variant) == {"wgmma_bn128_s4_scl0", "wgmma_incl_f32_to_f16", "cublas_f16_cached",
@@ -586,7 +584,7 @@ def test_bench_with_a_lead_times_every_call_both_ways(monkeypatch, tmp_path):
     assert (b[b.timing == "events"].median_us == 5.0).all() and (b[b.timing == "lead500"].median_us == 4.0).all()
     assert (b.host_us == 8.0).all() and (b.flush_us == 31.0).all()
     assert seen.count(None) == seen.count(("lead", 500.0)) == len(b) // 2    # each call once per timing per round
-    v = wgmma.lead_view(records.load("wgmma", run.run_id, root=tmp_path))
+    v = wx.lead_view(records.load("wgmma", run.run_id, root=tmp_path))
     assert list(v.timing) == ["events", "lead500"] and (v["best launch"] == "wgmma_bn128_s4_scl0").all()
     assert list(v["wgmma us"]) == [5.0, 4.0] and (v.ratio == 1.0).all() and (v["flush us"] == 31.0).all()
 
@@ -607,7 +605,7 @@ def test_trace_phases_roles_and_durations():
     od, id_, nt, bn = 256, 1024, 256, 256        # 2 tiles x 4 super-blocks over 3 CTAs: ranges of 2-3 iterations
     ncta, dp = wgmma.schedule(1, nt, od, id_, bn, 3)
     assert (ncta, dp) == (3, 0)
-    E = len(wgmma.TRACE_EVENTS)
+    E = len(wx.TRACE_EVENTS)
     ns = np.zeros((ncta, E + 1), np.uint64)
     clk = np.zeros_like(ns)
     tiles = 2
@@ -623,8 +621,8 @@ def test_trace_phases_roles_and_durations():
             ns[c, e:e + 3] = [t, main_end, main_end + (3_000 if klo == 0 else 700)]
             clk[c, e:e + 3] = [(t - t0) * 1.6 + 1, (main_end - t0) * 1.6 + 1, (main_end - t0) * 1.6 + 9]
             t = main_end + 800
-    rows = [{"variant": "wgmma_bn256_s4_scl0_sk", **r} for r in wgmma.trace_rows(ns, clk)]
-    ph = wgmma.trace_phases(rows, od, id_, nt)
+    rows = [{"variant": "wgmma_bn256_s4_scl0_sk", **r} for r in wx.trace_rows(ns, clk)]
+    ph = wx.trace_phases(rows, od, id_, nt)
     want = [(c, si, "owner" if klo == 0 else "helper", khi - klo) for c in range(ncta)
             for si, (_, klo, khi) in enumerate(wgmma.segments(ncta, c, 4, tiles, dp))]
     assert [(r.cta, r.seg, r.role, r.iters) for r in ph.itertuples()] == want
@@ -633,7 +631,7 @@ def test_trace_phases_roles_and_durations():
     assert np.allclose(ph[ph.role == "owner"].finish_us, 3.0) and np.allclose(ph[ph.role == "helper"].finish_us, 0.7)
     assert np.allclose(first.mhz, 1600, rtol=1e-3)
     with pytest.raises(wgmma.WgmmaError, match="CTAs traced"):    # a data-parallel grid there has 2 CTAs, not 3
-        wgmma.trace_phases([dict(r, variant="wgmma_bn256_s4_scl0") for r in rows], od, id_, nt)
+        wx.trace_phases([dict(r, variant="wgmma_bn256_s4_scl0") for r in rows], od, id_, nt)
 
 
 def test_trace_phases_on_the_tile_aligned_split():
@@ -646,7 +644,7 @@ def test_trace_phases_on_the_tile_aligned_split():
     assert wgmma.split_g(3, nt, od, id_, bn, 4) == 2
     ncta, dp = wgmma.schedule(3, nt, od, id_, bn, 4)
     assert (ncta, dp) == (4, 0)
-    E = len(wgmma.TRACE_EVENTS)
+    E = len(wx.TRACE_EVENTS)
     ns = np.zeros((ncta, E + 1), np.uint64)
     clk = np.zeros_like(ns)
     for c in range(ncta):
@@ -654,13 +652,13 @@ def test_trace_phases_on_the_tile_aligned_split():
         ns[c, :6] = [t0, t0 + 100, t0 + 1_500, t0 + 200, t0 + 1_500 + 2_000, t0 + 1_500 + 2_000 + (4_000 if c % 2 == 0
                                                                                                      else 1_000)]
         clk[c, :6] = [1, 2, 3, 4, 5, 6]
-    rows = [{"variant": "wgmma_bn256_s4_scl0_skt", **r} for r in wgmma.trace_rows(ns, clk)]
-    ph = wgmma.trace_phases(rows, od, id_, nt, sm_count=4)
+    rows = [{"variant": "wgmma_bn256_s4_scl0_skt", **r} for r in wx.trace_rows(ns, clk)]
+    ph = wx.trace_phases(rows, od, id_, nt, sm_count=4)
     assert list(ph.role) == ["owner", "helper", "owner", "helper"] and list(ph.tile) == [0, 0, 1, 1]
     assert (ph.iters == 2).all() and np.allclose(ph.fill_us, 1.3) and np.allclose(ph.main_us, 2.0)
     assert np.allclose(ph.finish_us, [4.0, 1.0, 4.0, 1.0])
     with pytest.raises(wgmma.WgmmaError, match="CTAs traced"):    # 8 SMs: G = 4, an 8-CTA grid
-        wgmma.trace_phases(rows, od, id_, nt, sm_count=8)
+        wx.trace_phases(rows, od, id_, nt, sm_count=8)
 
 
 def test_best_vs_cublas_names_the_best_launch_with_and_without_the_option():
@@ -668,15 +666,13 @@ def test_best_vs_cublas_names_the_best_launch_with_and_without_the_option():
     the fastest of all, as ratios to cuBLAS timed at that point; a point without cuBLAS is left out."""
     import pandas as pd
 
-    from labkernels import wgmma
-
     rows = []
     for pair, (cb, a, b) in enumerate(((30.0, 36.0, 31.0), (30.0, 34.0, 33.0), (31.0, 35.0, 32.0))):
         for v, us in (("cublas_f16_cached", cb), ("wgmma_bn256_s4_scl0_skt", a), ("wgmma_bn256_s4_scl0_skt_e5", b)):
             rows.append({"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": v, "median_us": us})
     rows.append({"qtype": "q6_K", "od": 4096, "id": 4096, "nt": 512, "variant": "wgmma_bn128_s4_scl1",
                  "median_us": 40.0})
-    t = wgmma.best_vs_cublas(pd.DataFrame(rows))
+    t = wx.best_vs_cublas(pd.DataFrame(rows))
     assert len(t) == 1
     r = t.iloc[0]
     assert r["best without"] == "bn256_s4_scl0_skt" and np.isclose(r["without vs cuBLAS"], 30 / 35)
@@ -687,9 +683,8 @@ def test_trace_roles_groups_every_shape_of_a_trace_table():
     """trace_roles: a recorded trace table of two shapes is split per shape before trace_phases (each has its own
     schedule) and summarized per role -- the tile-aligned split's owners with their 4 us finish and helpers with 1 us,
     the data-parallel grid's whole tiles, each role's segment count and its last end."""
-    from labkernels import wgmma
 
-    E = len(wgmma.TRACE_EVENTS)
+    E = len(wx.TRACE_EVENTS)
     rows = []
     for od, variant, ncta in ((256, "wgmma_bn256_s4_scl0_skt", 4), (512, "wgmma_bn256_s4_scl0", 4)):
         ns = np.zeros((ncta, E + 1), np.uint64)
@@ -700,8 +695,8 @@ def test_trace_roles_groups_every_shape_of_a_trace_table():
             ns[c, :6] = [t0, t0 + 100, t0 + 1_500, t0 + 200, t0 + 3_500, t0 + 3_500 + fin]
             clk[c, :6] = [1, 2, 3, 4, 5, 6]
         rows += [{"qtype": "q4_K", "od": od, "id": 1024, "nt": 256, "variant": variant, **r}
-                 for r in wgmma.trace_rows(ns, clk)]
-    t = wgmma.trace_roles(rows, sm_count=4).set_index(["od", "role"])
+                 for r in wx.trace_rows(ns, clk)]
+    t = wx.trace_roles(rows, sm_count=4).set_index(["od", "role"])
     assert sorted(t.index) == [(256, "helper"), (256, "owner"), (512, "whole")]
     assert t.loc[(256, "owner"), "segments"] == 2 and np.isclose(t.loc[(256, "owner"), "finish_us"], 4.0)
     assert np.isclose(t.loc[(256, "helper"), "finish_us"], 1.0) and t.loc[(256, "helper"), "iters"] == 2
@@ -714,15 +709,13 @@ def test_suffix_ab_pairs_each_option_with_its_base():
     cuBLAS of both; a point without the base gives no row."""
     import pandas as pd
 
-    from labkernels import wgmma
-
     rows = []
     for pair in range(3):
         for v, us in (("wgmma_bn128_s4_scl0", 40.0), ("wgmma_bn128_s4_scl0_a4", 50.0), ("cublas_f16_cached", 30.0),
                       ("wgmma_bn256_s4_scl0_skt_p2", 20.0)):
             rows.append({"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": v, "pair": pair,
                          "median_us": us + pair * 0.1})
-    t = wgmma.suffix_ab(pd.DataFrame(rows))
+    t = wx.suffix_ab(pd.DataFrame(rows))
     assert len(t) == 1 and t.option.iloc[0] == "a4" and t.base.iloc[0] == "wgmma_bn128_s4_scl0"
     assert t.launch.iloc[0] == "BN=128 data-par."   # the base's tile and scheduler, as the figures group them
     assert t.speedup.iloc[0] == pytest.approx(40.1 / 50.1)
@@ -774,7 +767,7 @@ def test_scale_plane_is_the_kernels_scale_pairs():
             for j in range(4):
                 sp, zp = _q4_pairs_by_byte_permutes(hdr[r, sb], j)
                 assert np.array_equal(words[r, sb, j, 0], sp) and np.array_equal(words[r, sb, j, 1], zp), (r, sb, j)
-    sc, mn = wgmma._q4_scales(hdr, bf16=False)
+    sc, mn = wgmma_pack._q4_scales(hdr, bf16=False)
     f = words.view(np.float16).astype(np.float64)
     assert np.array_equal(f[..., 0, :].reshape(6, 4, 8), sc) and np.array_equal(f[..., 1, :].reshape(6, 4, 8), mn)
     assert 8 * wgmma.PLANE_BYTES / 256 == 1.0
@@ -790,11 +783,9 @@ def _ab_rows(variants, pairs: int = 3):
 def test_plane_table_pairs_scl2_with_scl0_per_scheduler():
     import pandas as pd
 
-    from labkernels import wgmma
-
     rows = _ab_rows((("wgmma_bn128_s4_scl0", 40.0), ("wgmma_bn128_s4_scl2", 32.0), ("wgmma_bn128_s4_scl0_skt", 30.0),
                      ("wgmma_bn128_s4_scl2_skt", 30.0), ("wgmma_bn256_s4_scl0_skt", 28.0), ("cublas_f16_cached", 36.0)))
-    t = wgmma.plane_table(pd.DataFrame(rows)).set_index("launch")
+    t = wx.plane_table(pd.DataFrame(rows)).set_index("launch")
     assert sorted(t.index) == ["BN=128 data-par.", "BN=128 tile split"]
     assert t.loc["BN=128 data-par.", "plane_over_header"] == pytest.approx(40.1 / 32.1)
     assert t.loc["BN=128 tile split", "plane_over_header"] == pytest.approx(1.0)
@@ -806,12 +797,10 @@ def test_conv16_table_is_new_over_old():
     conversion is faster), each build's ratio to cuBLAS; cuBLAS itself is not a launch."""
     import pandas as pd
 
-    from labkernels import wgmma
-
     rows = _ab_rows((("wgmma_bn128_s4_scl0", 40.0), ("wgmma_bn128_s4_scl0_oldconv", 50.0),
                      ("wgmma_bn256_s4_scl0_sk", 30.0), ("wgmma_bn256_s4_scl0_sk_oldconv", 30.0),
                      ("cublas_f16_cached", 36.0)))
-    t = wgmma.conv16_table(pd.DataFrame(rows)).set_index("variant")
+    t = wx.conv16_table(pd.DataFrame(rows)).set_index("variant")
     assert list(t.index) == ["wgmma_bn128_s4_scl0", "wgmma_bn256_s4_scl0_sk"]
     assert t.loc["wgmma_bn128_s4_scl0", "new_over_old"] == pytest.approx(50.1 / 40.1)
     assert t.loc["wgmma_bn256_s4_scl0_sk", "new_over_old"] == pytest.approx(1.0)
@@ -825,13 +814,11 @@ def test_ceiling_table_splits_the_weights_cost_into_loads_and_conversion():
     excess over the no-conversion skeleton, (t - t_noload) / (t - t_noconv); cuBLAS itself is not a launch."""
     import pandas as pd
 
-    from labkernels import wgmma
-
     rows = _ab_rows((("wgmma_bn128_s4_scl0", 40.0), ("wgmma_bn128_s4_scl0_noload", 36.0),
                      ("wgmma_bn128_s4_scl0_noconv", 30.0), ("wgmma_bn256_s4_scl0_sk", 30.0),
                      ("wgmma_bn256_s4_scl0_sk_noload", 30.0), ("wgmma_bn256_s4_scl0_sk_noconv", 20.0),
                      ("cublas_f16_cached", 36.0)))
-    t = wgmma.ceiling_table(pd.DataFrame(rows)).set_index("variant")
+    t = wx.ceiling_table(pd.DataFrame(rows)).set_index("variant")
     assert list(t.index) == ["wgmma_bn128_s4_scl0", "wgmma_bn256_s4_scl0_sk"]
     a = t.loc["wgmma_bn128_s4_scl0"]
     assert a.launch == "BN=128 data-par."
@@ -843,24 +830,21 @@ def test_ceiling_table_splits_the_weights_cost_into_loads_and_conversion():
 
 def test_gemm_refuses_defines_outside_the_ablation_names():
     """An A/B build is named by LK_ABLATE_* / LK_EXP_* defines only; anything else is refused before any build."""
-    from labkernels import wgmma
 
     with pytest.raises(ValueError):
-        wgmma.check_defines(("LK_BM=32",))
-    assert wgmma.check_defines(("LK_ABLATE_NOCONV", "LK_EXP_TRACE", "LK_EXP_TRACE")) == ("LK_ABLATE_NOCONV",
+        wb.check_defines(("LK_BM=32",))
+    assert wb.check_defines(("LK_ABLATE_NOCONV", "LK_EXP_TRACE", "LK_EXP_TRACE")) == ("LK_ABLATE_NOCONV",
                                                                                        "LK_EXP_TRACE")
     with pytest.raises(ValueError, match=r"LK_EXP_WTMA: a form that lost .* commit 4a8dcd9"):
-        wgmma.check_defines(("LK_EXP_TRACE", "LK_EXP_WTMA"))    # retired: the commit that builds it
+        wb.check_defines(("LK_EXP_TRACE", "LK_EXP_WTMA"))    # retired: the commit that builds it
     with pytest.raises(ValueError, match="LK_EXP_WSTAGE.*82d821d"):
-        wgmma.check_defines(("LK_EXP_WSTAGE",))
+        wb.check_defines(("LK_EXP_WSTAGE",))
     with pytest.raises(ValueError, match=r"no build \['LK_EXP_NEVER'\]: this tree builds LK_EXP_TRACE"):
-        wgmma.check_defines(("LK_EXP_NEVER",))
+        wb.check_defines(("LK_EXP_NEVER",))
 
 
 def test_ncu_stalls_reads_the_raw_metrics():
     import pandas as pd
-
-    from labkernels import wgmma
 
     rows = []
     for case, (lsb, gm) in enumerate(((1.5, 0.3), (0.2, 0.7))):
@@ -872,10 +856,10 @@ def test_ncu_stalls_reads_the_raw_metrics():
                      ("Duration", "30")):
             rows.append({"case": case, "kernel": f"k{case}", "sk": 0, "nt": 512, "section": "s", "metric": m,
                          "unit": "", "value": v})
-    t = wgmma.ncu_stalls(pd.DataFrame(rows))
+    t = wx.ncu_stalls(pd.DataFrame(rows))
     assert list(t.columns) == ["case", "kernel", "sk", "nt", "tensor pipe % elapsed", "long_scoreboard", "gmma"]
     assert t["long_scoreboard"].tolist() == [1.5, 0.2] and t["tensor pipe % elapsed"].tolist() == [55.5, 55.5]
-    assert wgmma.ncu_stalls(pd.DataFrame(rows[-1:])).empty
+    assert wx.ncu_stalls(pd.DataFrame(rows[-1:])).empty
 
 
 def test_registry_rows_and_fit_of_the_pair_exchange():
@@ -923,7 +907,7 @@ def test_registry_rows_and_fit_of_the_reduce_finish():
     split = [sorted(v, key=lambda p: p[1]) for v in held.values() if len(v) > 1]
     assert split and all(a[0] + 1 == b[0] and a[1] == 0 and a[2] == b[1] and b[2] == I for a, b in split)
     # the real-model gate's nt: the fewest tokens at which some tile is split and the grid still fits
-    nt = wgmma.reduce_nt(1, 640, 1024, 128, 132)
+    nt = wx.reduce_nt(1, 640, 1024, 128, 132)
     assert nt is not None and wgmma.reduce_fits(1, nt, 640, 1024, 128, 132)
 
     def splits(m):   # some tile of the grid at m tokens is held by two CTAs
@@ -962,13 +946,13 @@ def test_pair_nt_is_the_fewest_tokens_that_pair():
     multiple of BN (a tail); never where no nt pairs (more tiles than SMs)."""
     from labkernels import wgmma
 
-    assert wgmma.pair_nt(640, 1024, 128, 132) == 7 * 128 - 27
-    assert wgmma.pair_nt(640, 2048, 128, 132) == 9 * 128 - 27
+    assert wx.pair_nt(640, 1024, 128, 132) == 7 * 128 - 27
+    assert wx.pair_nt(640, 2048, 128, 132) == 9 * 128 - 27
     for od, id_, bn in ((640, 1024, 128), (640, 2048, 256), (200, 512, 128)):
-        nt = wgmma.pair_nt(od, id_, bn, 132)
+        nt = wx.pair_nt(od, id_, bn, 132)
         assert wgmma.pair_fits(nt, od, id_, bn, 132) and nt % bn
         assert not any(wgmma.pair_fits(m * bn - 27, od, id_, bn, 132) for m in range(1, (nt + 27) // bn))
-    assert wgmma.pair_nt(262144, 2048, 128, 132) is None
+    assert wx.pair_nt(262144, 2048, 128, 132) is None
 
 
 def test_auto_drops_a_pair_exchange_that_does_not_pair(tmp_path):
@@ -988,21 +972,17 @@ def test_auto_drops_a_pair_exchange_that_does_not_pair(tmp_path):
 
 
 def test_ncu_label_names_type_tile_form_and_scheduler():
-    from labkernels import wgmma
-
-    assert wgmma.ncu_label("wgmma_kq[QT=4,BN=256,STAGES=4,BF16=0,SCL=0,EPI=0,AQ=2,PF=0]", 3, 512) == \
+    assert wx.ncu_label("wgmma_kq[QT=4,BN=256,STAGES=4,BF16=0,SCL=0,EPI=0,AQ=2,PF=0]", 3, 512) == \
         "q4_K BN=256\ntile split nt=512"
-    assert wgmma.ncu_label("wgmma_kq[QT=6,BN=128,STAGES=4,BF16=0,SCL=1,EPI=0,AQ=4,PF=0]", 0, 512, ", ") == \
+    assert wx.ncu_label("wgmma_kq[QT=6,BN=128,STAGES=4,BF16=0,SCL=1,EPI=0,AQ=4,PF=0]", 0, 512, ", ") == \
         "q6_K BN=128 AQ=4, data-par. nt=512"
-    assert wgmma.ncu_label("wgmma_kqs[QT=4,BN=128,STAGES=4,BF16=0]", 1, 4096) == "q4_K BN=128 smem\nstream-K nt=4096"
+    assert wx.ncu_label("wgmma_kqs[QT=4,BN=128,STAGES=4,BF16=0]", 1, 4096) == "q4_K BN=128 smem\nstream-K nt=4096"
 
 
 def test_build_ab_view_reads_speedups_and_gates_of_a_build_run():
     """The page's view of a bitwise build A/B run: plain time / build time per launch and point (from the pairs'
     medians), the launch named, and the gate line saying whether every launch was bitwise and passed."""
     import pandas as pd
-
-    from labkernels import wgmma
 
     class Run:
         run_id = "20261202T000000Z-h200-abc"
@@ -1017,21 +997,19 @@ def test_build_ab_view_reads_speedups_and_gates_of_a_build_run():
                        "variant": ["wgmma_bn128_s4_scl1", "wgmma_bn128_s4_scl1_wtma", "cublas_f16_cached"] * 2,
                        "pair": [0, 0, 0, 1, 1, 1], "median_us": [40.0, 36.0, 28.0, 42.0, 38.0, 28.0]})
     gate = pd.DataFrame({"variant": ["wgmma_bn128_s4_scl1"], "bitwise_vs_wtma": [True], "ok": [True]})
-    t, line = wgmma.build_ab_view(Run(ab, gate), "wtma")
+    t, line = wx.build_ab_view(Run(ab, gate), "wtma")
     assert len(t) == 1 and t.launch.iloc[0] == "BN=128 data-par."
     assert t.speedup.iloc[0] == pytest.approx(41.0 / 37.0)
     assert t.option_vs_cublas.iloc[0] == pytest.approx(28.0 / 37.0)
     assert "1 launches gated" in line and "bitwise the plain build: True" in line
     gate.loc[0, "bitwise_vs_wtma"] = False
-    assert "bitwise the plain build: False" in wgmma.build_ab_view(Run(ab, gate), "wtma")[1]
+    assert "bitwise the plain build: False" in wx.build_ab_view(Run(ab, gate), "wtma")[1]
 
 
 def test_ncu_compare_pairs_the_same_kernel_and_grid_of_two_runs():
     """Two ncu runs side by side: rows only for (kernel, grid, nt) in both, each metric as plain / build columns from
     its own run, the launch named."""
     import pandas as pd
-
-    from labkernels import wgmma
 
     k4 = "wgmma_kq[QT=4,BN=128,STAGES=4,BF16=0,SCL=0,EPI=0,AQ=2,PF=0]"
     k6 = "wgmma_kq[QT=6,BN=128,STAGES=4,BF16=0,SCL=1,EPI=0,AQ=2,PF=0]"
@@ -1044,13 +1022,13 @@ def test_ncu_compare_pairs_the_same_kernel_and_grid_of_two_runs():
     tp = "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"
     plain = run([(0, k4, ls, "0.53"), (0, k4, tp, "68.30"), (1, k6, ls, "1.55"), (1, k6, tp, "52.42")])
     build = run([(0, k4, ls, "1.01"), (0, k4, tp, "63.56")])
-    t = wgmma.ncu_compare(plain, build, columns=("tensor pipe % active", "long_scoreboard"))
+    t = wx.ncu_compare(plain, build, columns=("tensor pipe % active", "long_scoreboard"))
     assert len(t) == 1 and t.kernel.iloc[0] == k4
     assert t["long_scoreboard plain"].iloc[0] == pytest.approx(0.53)
     assert t["long_scoreboard build"].iloc[0] == pytest.approx(1.01)
     assert t["tensor pipe % active build"].iloc[0] == pytest.approx(63.56)
     assert t.launch.iloc[0].startswith("q4_K BN=128")
-    assert wgmma.ncu_compare(plain, build.iloc[0:0]).empty
+    assert wx.ncu_compare(plain, build.iloc[0:0]).empty
 
 
 def _timing_shim(monkeypatch) -> list:
@@ -1086,41 +1064,39 @@ def test_floor_ab_times_every_launch_of_record_beside_its_empty_build(monkeypatc
     empty build and subtracts, and with a trace's spans says what lies outside the stamps and above the floor."""
     import pandas as pd
 
-    from labkernels import records, wgmma
+    from labkernels import records
 
     calls = _timing_shim(monkeypatch)
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
-        wgmma.floor_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2})
+        wx.floor_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2})
     r = records.load("wgmma", run.run_id, root=tmp_path)
     ab, gate = r.table("wgmma_floor_ab"), r.table("wgmma_floor_gate")
     launches = set(gate.variant)
     assert gate.ok.all() and "wgmma_bn128_s4_scl0" in launches
     assert set(ab.variant) == launches | {v + "_empty" for v in launches} | {"cublas_f16_cached",
-                                                                           wgmma.EMPTY_1CTA}
+                                                                           wx.EMPTY_1CTA}
     assert calls and set(calls) == {(1, 32)}
     # the view on a made-up table: plain 30, empty 5, cuBLAS 27, 1-CTA 3; a trace span of 24
     df = pd.DataFrame({"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512,
                        "variant": ["wgmma_bn128_s4_scl0", "wgmma_bn128_s4_scl0_empty", "cublas_f16_cached",
-                                   wgmma.EMPTY_1CTA] * 2, "pair": [0] * 4 + [1] * 4,
+                                   wx.EMPTY_1CTA] * 2, "pair": [0] * 4 + [1] * 4,
                        "median_us": [29.0, 4.0, 26.0, 2.0, 31.0, 6.0, 28.0, 4.0]})
     spans = pd.DataFrame({"qtype": ["q4_K"], "od": [4096], "id": [4096], "nt": [512],
                           "variant": ["wgmma_bn128_s4_scl0"], "span_us": [24.0]})
-    v = wgmma.floor_view(df, spans)
+    v = wx.floor_view(df, spans)
     assert len(v) == 1
     row = v.iloc[0]
     assert (row.plain_us, row.empty_us, row.above_floor_us, row.cublas_us, row.empty_1cta_us) == (30, 5, 25, 27, 3)
     assert row.ratio == pytest.approx(0.9) and row.outside_us == 6.0 and row.drain_us == 1.0
-    assert "outside_us" not in wgmma.floor_view(df).columns
+    assert "outside_us" not in wx.floor_view(df).columns
 
 
 def test_trace_spans_first_to_last_stamp():
     import pandas as pd
 
-    from labkernels import wgmma
-
     t = pd.DataFrame({"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": ["a", "a", "a", "b", "b"],
                       "t_us": [0.1, 5.0, 26.9, 0.0, 3.5]})
-    s = wgmma.trace_spans(t).set_index("variant").span_us
+    s = wx.trace_spans(t).set_index("variant").span_us
     assert s["a"] == pytest.approx(26.8) and s["b"] == pytest.approx(3.5)
 
 
@@ -1162,7 +1138,7 @@ def test_clock_ab_probes_every_launch_and_cublas_and_the_view_compares_clocks(mo
 
     monkeypatch.setattr(bench, "ClockProbe", Probe)
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
-        wgmma.clock_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q6_K"], "pairs": 2})
+        wx.clock_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q6_K"], "pairs": 2})
     r = records.load("wgmma", run.run_id, root=tmp_path)
     c, g = r.table("wgmma_clock"), r.table("wgmma_clock_gate")
     assert g.ok.all() and set(c.variant) == set(g.variant) | {"cublas_f16_cached", "probe_alone"}
@@ -1170,7 +1146,7 @@ def test_clock_ab_probes_every_launch_and_cublas_and_the_view_compares_clocks(mo
     df = pd.DataFrame({"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512,
                        "variant": ["wgmma_bn256_s4_scl0_skt_e5", "cublas_f16_cached", "probe_alone"],
                        "round": 0, "mhz_median": [1600.0, 1800.0, 1980.0], "median_us": [32.0, 27.0, np.nan]})
-    v = wgmma.clock_view(df).set_index("variant")
+    v = wx.clock_view(df).set_index("variant")
     assert list(v.index) == ["wgmma_bn256_s4_scl0_skt_e5", "cublas_f16_cached"]
     w = v.loc["wgmma_bn256_s4_scl0_skt_e5"]
     assert w.mhz_vs_cublas == pytest.approx(1600 / 1800) and w.kcycles == pytest.approx(32 * 1.6)
@@ -1190,14 +1166,14 @@ def test_trace_cold_pairs_each_role_warm_and_from_a_flushed_l2():
     """trace_cold on the recorded trace run of the sixteenth step (data/, run 20261203T130504Z): every role of every
     traced launch appears once, both ways, its ratio of cycles per super-block is the two columns' quotient, and the
     spans are the stamps' first-to-last of each table."""
-    from labkernels import records, wgmma
+    from labkernels import records
 
     run = records.load("wgmma", "20261203T130504Z-h200-e9d5a870b7")
-    t = wgmma.trace_cold(run)
-    roles = wgmma.trace_roles(run.table("trace"), run.meta["params"]["sm_count"])
+    t = wx.trace_cold(run)
+    roles = wx.trace_roles(run.table("trace"), run.meta["params"]["sm_count"])
     assert len(t) == len(roles) and not t.duplicated(["qtype", "od", "id", "variant", "role"]).any()
     assert np.allclose(t.cycles_cold_over_warm, t.cycles_per_iter_cold / t.cycles_per_iter_warm)
-    sp = wgmma.trace_spans(run.table("trace_flushed")).set_index("variant")
+    sp = wx.trace_spans(run.table("trace_flushed")).set_index("variant")
     q4 = t[(t.qtype == "q4_K") & (t.od == 4096) & (t.variant == "wgmma_bn256_s4_scl0_skt_e5")]
     assert set(q4.role) == {"owner", "helper"}
     assert np.allclose(q4.span_us_cold, sp[(sp.qtype == "q4_K") & (sp.od == 4096)].loc["wgmma_bn256_s4_scl0_skt_e5",
@@ -1211,34 +1187,34 @@ def test_kscan_ab_gates_times_and_fits_the_fixed_cost_per_launch(monkeypatch, tm
     slope per launch and for the fastest launch per point, and kscan_points marks the fastest launch's ratio."""
     import pandas as pd
 
-    from labkernels import gpu, records, wgmma
+    from labkernels import gpu, records
 
     calls, dense = _timing_shim(monkeypatch), []
     monkeypatch.setattr(gpu, "gemm_dense", lambda x, w, out=None: dense.append(out))
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
-        wgmma.kscan_ab(run, {"shapes": [[256, 256], [256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2,
-                             "cublas_small_ids": [16, 64]})
+        wx.kscan_ab(run, {"shapes": [[256, 256], [256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2,
+                          "cublas_small_ids": [16, 64]})
     r = records.load("wgmma", run.run_id, root=tmp_path)
     ab, gate = r.table("wgmma_kscan_ab"), r.table("wgmma_kscan_gate")
     assert gate.ok.all() and set(gate["id"]) == {256, 512} and "wgmma_bn128_s4_scl0" in set(gate.variant)
     kq = ab[ab.qtype == "q4_K"]
-    assert set(kq.variant) == set(gate.variant) | {wgmma.CUBLAS, wgmma.CUBLAS_F32OUT, wgmma.EMPTY_1CTA}
+    assert set(kq.variant) == set(gate.variant) | {wx.CUBLAS, wx.CUBLAS_F32OUT, wx.EMPTY_1CTA}
     alone = ab[ab.qtype == "f16"]
-    assert set(alone["id"]) == {16, 64} and set(alone.variant) == {wgmma.CUBLAS, wgmma.CUBLAS_F32OUT, wgmma.EMPTY_1CTA}
+    assert set(alone["id"]) == {16, 64} and set(alone.variant) == {wx.CUBLAS, wx.CUBLAS_F32OUT, wx.EMPTY_1CTA}
     assert len(alone) == 2 * 3 * 2 and calls and set(calls) == {(1, 32)}
     assert dense and all(o.dtype == np.float32 and o.shape == (40, 256) for o in dense)  # fp32 out, the point's shape
     # made-up medians: launch a = 8 + 0.005 id, launch b = 3 + 0.007 id (faster below id 2500), cuBLAS 6 + 0.0055 id
     ids = [512, 1024, 4096, 8192]
-    lines = {"wgmma_a": (8.0, 0.005), "wgmma_b": (3.0, 0.007), wgmma.CUBLAS: (6.0, 0.0055)}
+    lines = {"wgmma_a": (8.0, 0.005), "wgmma_b": (3.0, 0.007), wx.CUBLAS: (6.0, 0.0055)}
     rows = [{"qtype": "q4_K", "od": 4096, "id": k, "nt": 512, "variant": v, "pair": pr,
              "median_us": a + b * k + (0.5 if pr == 1 else 0.0) - (0.5 if pr == 2 else 0.0)}
             for v, (a, b) in lines.items() for k in ids for pr in range(3)]
-    rows += [{"qtype": "f16", "od": 4096, "id": k, "nt": 512, "variant": wgmma.CUBLAS, "pair": 0,
+    rows += [{"qtype": "f16", "od": 4096, "id": k, "nt": 512, "variant": wx.CUBLAS, "pair": 0,
               "median_us": 6.0 + k * 0.001} for k in (64, 16)]
-    rows += [{"qtype": "q4_K", "od": 4096, "id": 512, "nt": 512, "variant": wgmma.EMPTY_1CTA, "pair": 0,
+    rows += [{"qtype": "q4_K", "od": 4096, "id": 512, "nt": 512, "variant": wx.EMPTY_1CTA, "pair": 0,
               "median_us": 2.5}]
     df = pd.DataFrame(rows)
-    fit = wgmma.kscan_fit(df).set_index("variant")
+    fit = wx.kscan_fit(df).set_index("variant")
     for v, (a, b) in lines.items():
         assert fit.loc[v, "intercept_us"] == pytest.approx(a) and fit.loc[v, "ns_per_k"] == pytest.approx(b * 1e3)
         assert fit.loc[v, "max_resid_us"] < 1e-9 and fit.loc[v, "n_ids"] == 4
@@ -1248,23 +1224,23 @@ def test_kscan_ab_gates_times_and_fits_the_fixed_cost_per_launch(monkeypatch, tm
     assert fit.loc["best", "max_resid_us"] > 0.1     # the min of two lines is not a line
     assert (fit.cublas_min_k == 16).all() and fit.cublas_min_k_us.iloc[0] == pytest.approx(6.016)
     assert fit.empty_1cta_us.iloc[0] == 2.5 and fit.cublas_f32out_min_k_us.isna().all()  # none in this table
-    pts = wgmma.kscan_points(df)
+    pts = wx.kscan_points(df)
     marked = pts.dropna(subset=["ratio"]).sort_values("id")
     assert list(marked["id"]) == ids and list(marked.variant) == ["wgmma_b", "wgmma_b", "wgmma_a", "wgmma_a"]
     assert marked.ratio.iloc[0] == pytest.approx((6 + 0.0055 * 512) / (3 + 0.007 * 512))
     # kscan_compare on launches named as the main path's: split 12 + 0.005 k, BN=128 7 + 0.006 k, cuBLAS 6 + 0.005 k,
     # cuBLAS fp32 out 7 + 0.005 k
     named = {"wgmma_bn256_s4_scl0_skt_e5": (12.0, 0.005), "wgmma_bn128_s4_scl0": (7.0, 0.006),
-             wgmma.CUBLAS: (6.0, 0.005), wgmma.CUBLAS_F32OUT: (7.0, 0.005)}
+             wx.CUBLAS: (6.0, 0.005), wx.CUBLAS_F32OUT: (7.0, 0.005)}
     df2 = pd.DataFrame([{"qtype": "q4_K", "od": 4096, "id": k, "nt": 512, "variant": v, "pair": 0,
                          "median_us": a + b * k} for v, (a, b) in named.items() for k in (512, 4096, 14336)])
-    c = wgmma.kscan_compare(wgmma.kscan_fit(df2), wgmma.kscan_points(df2)).iloc[0]
+    c = wx.kscan_compare(wx.kscan_fit(df2), wx.kscan_points(df2)).iloc[0]
     assert c.split_extra_us == pytest.approx(6.0) and c.split_per_k == pytest.approx(0.0, abs=1e-9)
     assert c.bn128_extra_us == pytest.approx(1.0) and c.bn128_per_k == pytest.approx(0.2)
     assert c.f32out_extra_us == pytest.approx(1.0) and c.f32out_per_k == pytest.approx(0.0, abs=1e-9)
     assert c.hybrid_us_4096 == pytest.approx(7 + 0.005 * 4096)
     assert c.hybrid_ratio_14336 == pytest.approx((6 + 0.005 * 14336) / (7 + 0.005 * 14336))
-    assert wgmma.kscan_compare(wgmma.kscan_fit(df), wgmma.kscan_points(df)).empty   # no launch of the main path
+    assert wx.kscan_compare(wx.kscan_fit(df), wx.kscan_points(df)).empty   # no launch of the main path
 
 
 def test_kscan_lines_draws_every_fitted_launch_with_units_and_zooms():
@@ -1276,21 +1252,21 @@ def test_kscan_lines_draws_every_fitted_launch_with_units_and_zooms():
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from labkernels import plotting, wgmma
+    from labkernels import plotting
 
     ids = [512, 1024, 4096]
     lines = {"wgmma_bn128_s4_scl0": (7.0, 0.006), "wgmma_bn256_s4_scl0_skt_e5": (12.0, 0.005),
-             wgmma.CUBLAS: (6.0, 0.0053), wgmma.CUBLAS_F32OUT: (7.0, 0.0053)}
+             wx.CUBLAS: (6.0, 0.0053), wx.CUBLAS_F32OUT: (7.0, 0.0053)}
     rows = [{"qtype": "q4_K", "od": 4096, "id": k, "nt": 512, "variant": v, "pair": 0, "median_us": a + b * k}
             for v, (a, b) in lines.items() for k in ids]
     rows += [{"qtype": "q4_K", "od": 4096, "id": 512, "nt": 512, "variant": "wgmma_bn256_s4_scl0_sk_e5", "pair": 0,
               "median_us": 14.0},   # one id only: no line, not drawn
-             {"qtype": "q4_K", "od": 4096, "id": 512, "nt": 512, "variant": wgmma.EMPTY_1CTA, "pair": 0,
+             {"qtype": "q4_K", "od": 4096, "id": 512, "nt": 512, "variant": wx.EMPTY_1CTA, "pair": 0,
               "median_us": 2.7}]
-    rows += [{"qtype": "f16", "od": 4096, "id": k, "nt": 512, "variant": wgmma.CUBLAS, "pair": 0, "median_us": 7.0}
+    rows += [{"qtype": "f16", "od": 4096, "id": k, "nt": 512, "variant": wx.CUBLAS, "pair": 0, "median_us": 7.0}
              for k in (16, 64)]
     df = pd.DataFrame(rows)
-    pts, fit = wgmma.kscan_points(df), wgmma.kscan_fit(df)
+    pts, fit = wx.kscan_points(df), wx.kscan_fit(df)
     fig, (a, b) = plt.subplots(1, 2)
     plotting.kscan_lines(a, pts, fit, "q4_K", "full")
     plotting.kscan_lines(b, pts, fit, "q4_K", "zoom", max_id=1100)
@@ -1307,25 +1283,25 @@ def test_kpair_grid_pairs_m_tiles_and_the_launcher_refuses_other_shapes():
     """LK_EXP_KPAIR's grid: 64-row m tiles rounded up to an even count (a cluster's two CTAs share a token tile) x
     256-token tiles; its launcher takes the one launch shape it is built for and refuses the rest before any GPU
     call."""
-    from labkernels import gpu, wgmma
+    from labkernels import gpu
 
-    assert wgmma.kpair_grid(512, 4096) == 64 * 2          # the bar's nt=512 at od=4096: 128 CTAs, one wave
-    assert wgmma.kpair_grid(512, 11008) == 172 * 2
-    assert wgmma.kpair_grid(37, 640) == 10                # Gemma's 640 rows: 10 m tiles, one token tile
-    assert wgmma.kpair_grid(300, 130) == 4 * 2            # 3 m tiles -> 4 (one padded), 2 token tiles
-    assert wgmma.kpair_grid(256, 64) == 2 and wgmma.kpair_grid(257, 64) == 4
+    assert wb.kpair_grid(512, 4096) == 64 * 2          # the bar's nt=512 at od=4096: 128 CTAs, one wave
+    assert wb.kpair_grid(512, 11008) == 172 * 2
+    assert wb.kpair_grid(37, 640) == 10                # Gemma's 640 rows: 10 m tiles, one token tile
+    assert wb.kpair_grid(300, 130) == 4 * 2            # 3 m tiles -> 4 (one padded), 2 token tiles
+    assert wb.kpair_grid(256, 64) == 2 and wb.kpair_grid(257, 64) == 4
     from labkernels.kernels import registry
 
-    k = registry.find("wgmma_kq", QT=4, **{n: v for n, v in wgmma.KPAIR_PARAMS.items() if n != "SK"})
-    ring = 2 * wgmma.KPAIR_HALF_STAGES * 256 * 64 * 2     # stages of [256 tokens x 64 k] f16, both warpgroups'
-    assert k.dynamic_smem() + wgmma.kpair_ring_bytes(k, wgmma.KPAIR) == ring + 1024   # + the 1024-byte alignment
-    assert wgmma.kpair_ring_bytes(k, ()) == 0 and wgmma.kpair_ring_bytes(k, ("LK_EXP_TRACE",)) == 0
+    k = registry.find("wgmma_kq", QT=4, **{n: v for n, v in wb.KPAIR_PARAMS.items() if n != "SK"})
+    ring = 2 * wb.KPAIR_HALF_STAGES * 256 * 64 * 2     # stages of [256 tokens x 64 k] f16, both warpgroups'
+    assert k.dynamic_smem() + wb.kpair_ring_bytes(k, wb.KPAIR) == ring + 1024   # + the 1024-byte alignment
+    assert wb.kpair_ring_bytes(k, ()) == 0 and wb.kpair_ring_bytes(k, ("LK_EXP_TRACE",)) == 0
     k5 = registry.find("wgmma_kq", QT=4, BN=256, STAGES=4, BF16=0, SCL=0, EPI=5, AQ=2, PF=0)
-    assert wgmma.kpair_ring_bytes(k5, wgmma.KPAIR) == 0    # an instantiation the build traps in (refused first)
+    assert wb.kpair_ring_bytes(k5, wb.KPAIR) == 0    # an instantiation the build traps in (refused first)
     assert ring + 1024 + 96 <= 232448                     # the H200's opt-in shared memory per block
     for bad in ({"BN": 128}, {"SK": 3}, {"EPI": 5}, {"AQ": 4}, {"BF16": 1}):
         with pytest.raises(gpu.ShapeError, match="LK_EXP_KPAIR is built for"):
-            wgmma._gemm_kpair(None, None, None, None, {**wgmma.KPAIR_PARAMS, **bad})
+            wb._gemm_kpair(None, None, None, None, {**wb.KPAIR_PARAMS, **bad})
 
 
 def test_kpair_build_compiles_its_two_instantiations_without_spills():
@@ -1339,36 +1315,36 @@ def test_kpair_build_compiles_its_two_instantiations_without_spills():
 
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not on PATH")
-    _, names = wgmma._cubin("wgmma_kq.cu", wgmma.KPAIR)
+    _, names = wb.cubin("wgmma_kq.cu", wb.KPAIR)
     for qt in (4, 6):
-        k = registry.find("wgmma_kq", QT=qt, **{n: v for n, v in wgmma.KPAIR_PARAMS.items() if n != "SK"})
+        k = registry.find("wgmma_kq", QT=qt, **{n: v for n, v in wb.KPAIR_PARAMS.items() if n != "SK"})
         e = names[k.key]
         assert e["spill_stores"] == 0 and e["spill_loads"] == 0 and e["stack_frame"] == 0, e
         assert not e["wgmma_serialized"], e
     with pytest.raises(wgmma.WgmmaError, match="a retired round-7 form: it is built at commit 4a8dcd9"):
-        wgmma._cubin("wgmma_kq.cu", ("LK_EXP_KPAIR", "LK_EXP_WTMA"))   # past check_defines: the source's own guard
+        wb.cubin("wgmma_kq.cu", ("LK_EXP_KPAIR", "LK_EXP_WTMA"))   # past check_defines: the source's own guard
     # the trace of it builds (twenty-fifth step): q4_K without spills, q6_K's 8 B outside its main loop (the run's SASS)
-    _, names = wgmma._cubin("wgmma_kq.cu", wgmma.check_defines(wgmma.KPAIR + ("LK_EXP_TRACE",)))
-    k = registry.find("wgmma_kq", QT=4, **{n: v for n, v in wgmma.KPAIR_PARAMS.items() if n != "SK"})
+    _, names = wb.cubin("wgmma_kq.cu", wb.check_defines(wb.KPAIR + ("LK_EXP_TRACE",)))
+    k = registry.find("wgmma_kq", QT=4, **{n: v for n, v in wb.KPAIR_PARAMS.items() if n != "SK"})
     assert names[k.key]["spill_stores"] == 0 and not names[k.key]["wgmma_serialized"]
 
 
 def _kpair_shim(monkeypatch, off: float = 1.0):
     """The timing shim, every gemm call recorded as (defines, params); the build's Y scaled by ``off`` (1: exact)
     and the model a q4_K and a q6_K synthetic tensor."""
-    from labkernels import cases, model, wgmma
+    from labkernels import cases, model
 
     _timing_shim(monkeypatch)
-    seen, real = [], wgmma.gemm
+    seen, real = [], wx.gemm
 
     def gemm(w, x, out=None, defines=(), **p):
         seen.append((tuple(defines), p))
         y = real(w, x, out=out, **p)
-        if defines == wgmma.KPAIR:
+        if defines == wb.KPAIR:
             y *= off
         return y
 
-    monkeypatch.setattr(wgmma, "gemm", gemm)
+    monkeypatch.setattr(wx, "gemm", gemm)
     rng = np.random.default_rng(5)
     monkeypatch.setattr(model, "load_kquant", lambda path=None: [
         ("blk.0.ffn_up.weight", "q4_K", cases.synthetic_weights("q4_K", 96, 512, rng)),
@@ -1382,80 +1358,79 @@ def test_kpair_ab_gates_the_build_on_the_model_and_at_every_point_then_times_it(
     puts the build beside the fastest launch of record."""
     import pandas as pd
 
-    from labkernels import records, wgmma
+    from labkernels import records
 
     seen = _kpair_shim(monkeypatch)
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
-        wgmma.kpair_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K", "q6_K"], "pairs": 2})
+        wx.kpair_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K", "q6_K"], "pairs": 2})
     r = records.load("wgmma", run.run_id, root=tmp_path)
     real, ab, gate = r.table("real_model_parity"), r.table("wgmma_kpair_ab"), r.table("wgmma_kpair_gate")
-    assert len(real) == 2 * len(wgmma.KPAIR_REAL_NTS) and real.ok.all() and set(real.variant) == {wgmma.KPAIR_VARIANT}
-    assert set(real.nt) == set(wgmma.KPAIR_REAL_NTS) and (real.int8_nmse > 0).all()
+    assert len(real) == 2 * len(wx.KPAIR_REAL_NTS) and real.ok.all() and set(real.variant) == {wx.KPAIR_VARIANT}
+    assert set(real.nt) == set(wx.KPAIR_REAL_NTS) and (real.int8_nmse > 0).all()
     assert gate.ok.all() and set(gate.qtype) == {"q4_K", "q6_K"}
     for q in ("q4_K", "q6_K"):
         v = set(gate[gate.qtype == q].variant)
-        assert wgmma.KPAIR_VARIANT in v and any(x.startswith("wgmma_bn128_s4_scl") for x in v) and len(v) >= 3
+        assert wx.KPAIR_VARIANT in v and any(x.startswith("wgmma_bn128_s4_scl") for x in v) and len(v) >= 3
         assert set(ab[ab.qtype == q].variant) == v | {"cublas_f16_cached"}
-    built = [p for d, p in seen if d == wgmma.KPAIR]
-    assert built and all(p == wgmma.KPAIR_PARAMS for p in built)
+    built = [p for d, p in seen if d == wb.KPAIR]
+    assert built and all(p == wb.KPAIR_PARAMS for p in built)
     # made-up medians: cuBLAS 10 us, the launches of record 12 and 11, the build 9.5
     rows = [{"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": v, "pair": p, "median_us": t}
             for v, t in (("cublas_f16_cached", 10.0), ("wgmma_bn256_s4_scl0_skt_e5", 12.0),
-                         ("wgmma_bn128_s4_scl0", 11.0), (wgmma.KPAIR_VARIANT, 9.5)) for p in range(3)]
-    t = wgmma.kpair_table(pd.DataFrame(rows)).iloc[0]
+                         ("wgmma_bn128_s4_scl0", 11.0), (wx.KPAIR_VARIANT, 9.5)) for p in range(3)]
+    t = wx.kpair_table(pd.DataFrame(rows)).iloc[0]
     assert t.best_record == "bn128_s4_scl0" and t.best_record_us == 11.0 and t.kpair_us == 9.5
     assert t.kpair_vs_cublas == pytest.approx(10 / 9.5) and t.best_record_vs_cublas == pytest.approx(10 / 11)
     assert t.kpair_over_best == pytest.approx(11 / 9.5)
 
 
 def test_kpair_ab_stops_at_a_build_that_fails_the_model_gate(monkeypatch, tmp_path):
-    from labkernels import records, wgmma
+    from labkernels import records
 
     _kpair_shim(monkeypatch, off=1.01)
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
         with pytest.raises(AssertionError, match="real-model gate failed: blk.0.ffn_up.weight LK_EXP_KPAIR nt=37"):
-            wgmma.kpair_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2})
+            wx.kpair_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2})
 
 
 def test_kpair_ab_gates_a_second_form_of_the_build_and_times_it_beside(monkeypatch, tmp_path):
     """kpair_ab(builds=...): the FIN form real-model gated under its own variant and gated at every point, launched
     with its own defines and the build's one launch shape, timed beside the build; a FIN that fails its gate stops the
     A/B (here its Y made 1% off)."""
-    from labkernels import records, wgmma
+    from labkernels import records
 
     seen = _kpair_shim(monkeypatch)
     plan = {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2}
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
-        wgmma.kpair_ab(run, plan, builds={"_fin": wgmma.KPAIR_FIN})
+        wx.kpair_ab(run, plan, builds={"_fin": wb.KPAIR_FIN})
     r = records.load("wgmma", run.run_id, root=tmp_path)
     real, ab, gate = r.table("real_model_parity"), r.table("wgmma_kpair_ab"), r.table("wgmma_kpair_gate")
-    fv = wgmma.KPAIR_VARIANT + "_fin"
-    assert set(real.variant) == {wgmma.KPAIR_VARIANT, fv} and real.ok.all()
-    assert len(real[real.variant == fv]) == 2 * len(wgmma.KPAIR_REAL_NTS)
+    fv = wx.KPAIR_VARIANT + "_fin"
+    assert set(real.variant) == {wx.KPAIR_VARIANT, fv} and real.ok.all()
+    assert len(real[real.variant == fv]) == 2 * len(wx.KPAIR_REAL_NTS)
     assert fv in set(gate.variant) and gate.ok.all() and len(ab[ab.variant == fv]) == 2
-    fin = [p for d, p in seen if d == wgmma.KPAIR_FIN]
-    assert fin and all(p == wgmma.KPAIR_PARAMS for p in fin)
-    real_gemm = wgmma.gemm
+    fin = [p for d, p in seen if d == wb.KPAIR_FIN]
+    assert fin and all(p == wb.KPAIR_PARAMS for p in fin)
+    real_gemm = wx.gemm
 
     def gemm(w, x, out=None, defines=(), **p):
         y = real_gemm(w, x, out=out, defines=defines, **p)
-        if tuple(defines) == wgmma.KPAIR_FIN:
+        if tuple(defines) == wb.KPAIR_FIN:
             y *= 1.01
         return y
 
-    monkeypatch.setattr(wgmma, "gemm", gemm)
+    monkeypatch.setattr(wx, "gemm", gemm)
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
         with pytest.raises(AssertionError, match="real-model gate failed: .* LK_EXP_KPAIR LK_EXP_KPAIR_FIN nt=37"):
-            wgmma.kpair_ab(run, plan, builds={"_fin": wgmma.KPAIR_FIN})
+            wx.kpair_ab(run, plan, builds={"_fin": wb.KPAIR_FIN})
 
 
 def _kpair_rows(kp: float, rec: float = 11.0, cb: float = 10.0):
     """Made-up A/B rows: cuBLAS, one launch of record and the build at every point, times scaled with id."""
-    from labkernels import wgmma
 
     return [{"qtype": q, "od": 4096, "id": i, "nt": nt, "variant": v, "pair": p, "median_us": t * (i / 4096)}
             for q in ("q4_K", "q6_K") for i in (4096, 14336) for nt in (512, 4096) for p in range(3)
-            for v, t in (("cublas_f16_cached", cb), ("wgmma_bn256_s4_scl0_skt_e5", rec), (wgmma.KPAIR_VARIANT, kp))]
+            for v, t in (("cublas_f16_cached", cb), ("wgmma_bn256_s4_scl0_skt_e5", rec), (wx.KPAIR_VARIANT, kp))]
 
 
 def test_kpair_builds_and_series_bars_put_every_build_beside_the_best_launch_of_record():
@@ -1469,11 +1444,11 @@ def test_kpair_builds_and_series_bars_put_every_build_beside_the_best_launch_of_
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from labkernels import plotting, wgmma
+    from labkernels import plotting
 
     runs = [(f"build {k}", types.SimpleNamespace(table=lambda name, kp=kp: pd.DataFrame(_kpair_rows(kp))))
             for k, kp in ((1, 20.0), (2, 12.5))]
-    t = wgmma.kpair_builds(runs)
+    t = wx.kpair_builds(runs)
     assert list(dict.fromkeys(t.build)) == ["build 1", "build 2"] and len(t) == 2 * 2 * 2 * 2
     b2 = t[(t.build == "build 2") & (t.qtype == "q4_K") & (t.nt == 512)]
     assert np.allclose(b2.kpair_vs_cublas, 10 / 12.5) and np.allclose(b2.best_record_vs_cublas, 10 / 11)
@@ -1490,8 +1465,6 @@ def test_kpair_builds_and_series_bars_put_every_build_beside_the_best_launch_of_
 def test_kpair_ncu_reads_each_case_and_refuses_one_that_is_not_there():
     import pandas as pd
 
-    from labkernels import wgmma
-
     key = "QT=4,BN=256,STAGES=4,BF16=0,SCL=0,EPI=0"
     rows = [{"case": c, "kernel": f"wgmma_kq[{key},AQ=2,PF=0]", "sk": sk, "nt": nt, "od": 4096, "id": 4096,
              "metric": m, "value": v}
@@ -1499,12 +1472,12 @@ def test_kpair_ncu_reads_each_case_and_refuses_one_that_is_not_there():
             for m, v in (("L2 Cache Throughput", f"{40 * mult:.2f}"), ("Issue Slots Busy", "1,234.5"),
                          ("smsp__average_warps_issue_stalled_membar_per_issue_active.ratio", str(0.1 * mult)))]
     t = pd.DataFrame(rows)
-    v = wgmma.kpair_ncu([("a", t, key, 0, 4096), ("b", t, key, 3, 512)])
+    v = wx.kpair_ncu([("a", t, key, 0, 4096), ("b", t, key, 3, 512)])
     assert v.loc["L2 throughput %", "a"] == 80 and v.loc["L2 throughput %", "b"] == 120
     assert v.loc["stall: membar", "a"] == pytest.approx(0.2) and v.loc["issue slots busy %", "b"] == 1234.5
     assert np.isnan(v.loc["stall: wait", "a"])                # not in the run: NaN, not a made-up number
     with pytest.raises(ValueError, match="no ncu case"):
-        wgmma.kpair_ncu([("c", t, key, 1, 512)])
+        wx.kpair_ncu([("c", t, key, 1, 512)])
 
 
 # ---- twenty-second step: the shared-memory budget, the half-B ablation, the baseline's counters ----
@@ -1512,28 +1485,25 @@ def test_kpair_ncu_reads_each_case_and_refuses_one_that_is_not_there():
 def test_smem_bytes_per_clk_is_the_budget_of_each_tile_form():
     """The model: wgmma's B reads are 64 B/clk whatever the token tile; the TMA's activation writes 4096 / rows (what
     a CTA receives); the shared-memory form adds A's reads and writes, 4096 / tokens each."""
-    from labkernels import wgmma
 
-    assert wgmma.smem_bytes_per_clk(128, 256)["total"] == 96 == wgmma.smem_bytes_per_clk(128, 128)["total"]
-    kp = wgmma.smem_bytes_per_clk(64, 256)
+    assert wx.smem_bytes_per_clk(128, 256)["total"] == 96 == wx.smem_bytes_per_clk(128, 128)["total"]
+    kp = wx.smem_bytes_per_clk(64, 256)
     assert (kp["b_read"], kp["b_write"], kp["total"]) == (64, 64, 128)
-    assert wgmma.smem_bytes_per_clk(64, 256, recv_tokens=128)["total"] == 96          # the half-B ablation
-    ss = wgmma.smem_bytes_per_clk(128, 128, a_in_smem=True, a_written=True)
+    assert wx.smem_bytes_per_clk(64, 256, recv_tokens=128)["total"] == 96          # the half-B ablation
+    ss = wx.smem_bytes_per_clk(128, 128, a_in_smem=True, a_written=True)
     assert (ss["a_read"], ss["a_write"], ss["total"]) == (32, 32, 160)
-    assert wgmma.smem_model("kpair", "", 256)["total"] == 128 and wgmma.smem_model("halfb", "", 256)["total"] == 96
-    assert wgmma.smem_model("lab", "", 128)["total"] == 96
+    assert wx.smem_model("kpair", "", 256)["total"] == 128 and wx.smem_model("halfb", "", 256)["total"] == 96
+    assert wx.smem_model("lab", "", 128)["total"] == 96
 
 
 def test_cublas_tile_reads_wgmma_m_and_n_from_the_kernel_name():
-    from labkernels import wgmma
-
-    assert wgmma.cublas_tile("nvjet_sm90_hsh_128x128_64x6_2x1_v_bz_TNT") == (128, 128)
-    assert wgmma.cublas_tile("nvjet_sm90_hsh_168x128_64x5_1x2_h_bz_TNN") == (128, 168)   # M in steps of 64
-    assert wgmma.cublas_tile("nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_TNT") == (256, 128)
-    assert wgmma.cublas_tile("sm90_gemm_kernel") is None
-    m = wgmma.smem_model("cublas", "nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_TNT", 0)
+    assert wx.cublas_tile("nvjet_sm90_hsh_128x128_64x6_2x1_v_bz_TNT") == (128, 128)
+    assert wx.cublas_tile("nvjet_sm90_hsh_168x128_64x5_1x2_h_bz_TNN") == (128, 168)   # M in steps of 64
+    assert wx.cublas_tile("nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_TNT") == (256, 128)
+    assert wx.cublas_tile("sm90_gemm_kernel") is None
+    m = wx.smem_model("cublas", "nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_TNT", 0)
     assert (m["b_read"] + m["a_read"], m["b_write"] + m["a_write"]) == (96, 48)
-    assert np.isnan(wgmma.smem_model("cublas", "a kernel without a tile", 0)["total"])
+    assert np.isnan(wx.smem_model("cublas", "a kernel without a tile", 0)["total"])
 
 
 def _smem_ncu_rows(case, who, name, bn, tensor, reads, writes, cycles=1000.0, sm=132):
@@ -1562,12 +1532,12 @@ def test_smem_table_turns_bank_counts_into_bytes_per_clock_beside_the_model():
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from labkernels import plotting, wgmma
+    from labkernels import plotting
 
     rows = (_smem_ncu_rows(0, "cublas", "nvjet_sm90_hsh_128x128_64x6_2x1_v_bz_TNT", 0, 85.0, 72.25, 48.45)
             + _smem_ncu_rows(1, "kpair", "void wgmma_kq_kernel<4, 256, 4, 0, 0, 0, 2, 0>(LkTmap)", 256, 50.0, 32.0,
                              32.0))
-    t = wgmma.smem_table(pd.DataFrame(rows)).set_index("case")
+    t = wx.smem_table(pd.DataFrame(rows)).set_index("case")
     assert list(t.grid) == [128, 128] and t.loc[0, "duration_us"] == pytest.approx(25.536)
     assert list(t.cycles) == [1000.0, 1000.0]
     assert t.loc[0, "read_B_per_clk"] == pytest.approx(72.25) and t.loc[0, "read_per_tensor_clk"] == pytest.approx(85)
@@ -1577,9 +1547,9 @@ def test_smem_table_turns_bank_counts_into_bytes_per_clock_beside_the_model():
     assert t.loc[0, "launch"] == "128x128_64x6_2x1_v_bz_TNT" and t.loc[1, "launch"] == "KPAIR 64 x 256"
     assert t.loc[1, "kernel"] == "wgmma_kq_kernel<4, 256, 4, 0, 0, 0, 2, 0>"
     other = pd.DataFrame(_smem_ncu_rows(0, "lab", "k", 128, 50.0, 32.0, 16.0, sm=66))   # per SM of its own run
-    assert wgmma.smem_table(other).read_B_per_clk.iloc[0] == pytest.approx(32)
+    assert wx.smem_table(other).read_B_per_clk.iloc[0] == pytest.approx(32)
     with pytest.raises(ValueError, match="no '# SMs'"):
-        wgmma.smem_table(pd.DataFrame([x for x in rows if x["metric"] != "# SMs"]))
+        wx.smem_table(pd.DataFrame([x for x in rows if x["metric"] != "# SMs"]))
     fig, axs = plt.subplots(2, 1)
     plotting.smem_bars(axs, t.reset_index(), "t")
     assert len(axs[0].patches) == 4 and len(axs[1].patches) == 2
@@ -1593,11 +1563,9 @@ def test_smem_table_turns_bank_counts_into_bytes_per_clock_beside_the_model():
 def test_halfb_builds_puts_the_ablation_beside_the_kpair_build():
     import pandas as pd
 
-    from labkernels import wgmma
-
-    rows = _kpair_rows(12.5) + [{**r, "variant": wgmma.KPAIR_VARIANT + "_halfb", "median_us": r["median_us"] * 0.8}
-                                for r in _kpair_rows(12.5) if r["variant"] == wgmma.KPAIR_VARIANT]
-    t = wgmma.halfb_builds(pd.DataFrame(rows))
+    rows = _kpair_rows(12.5) + [{**r, "variant": wx.KPAIR_VARIANT + "_halfb", "median_us": r["median_us"] * 0.8}
+                                for r in _kpair_rows(12.5) if r["variant"] == wx.KPAIR_VARIANT]
+    t = wx.halfb_builds(pd.DataFrame(rows))
     assert list(dict.fromkeys(t.build)) == ["KPAIR", "KPAIR, half B (ablation)"] and len(t) == 2 * 8
     h = t[t.build != "KPAIR"]
     assert np.allclose(h.halfb_over_kpair, 1 / 0.8) and np.allclose(h.kpair_vs_cublas, 10 / 10)
@@ -1614,20 +1582,20 @@ def test_decouple_table_and_ablation_builds_put_each_ablation_beside_the_kpair_b
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from labkernels import plotting, wgmma
+    from labkernels import plotting
 
     f = {"_halfb": 0.95, "_decoupled": 0.8, "_noconv": 0.9, "_decoupled_noconv": 0.64}
-    assert set(wgmma.DECOUPLE_ABLATIONS) == set(f)
+    assert set(wx.DECOUPLE_ABLATIONS) == set(f)
     base = _kpair_rows(12.5)
-    rows = base + [{**r, "variant": wgmma.KPAIR_VARIANT + sfx, "median_us": r["median_us"] * k}
-                   for sfx, k in f.items() for r in base if r["variant"] == wgmma.KPAIR_VARIANT]
-    t = wgmma.decouple_table(pd.DataFrame(rows))
+    rows = base + [{**r, "variant": wx.KPAIR_VARIANT + sfx, "median_us": r["median_us"] * k}
+                   for sfx, k in f.items() for r in base if r["variant"] == wx.KPAIR_VARIANT]
+    t = wx.decouple_table(pd.DataFrame(rows))
     assert len(t) == 8 and np.allclose(t.kpair_vs_cublas, 0.8) and np.allclose(t.decoupled_vs_cublas, 1.0)   # cuBLAS 10
     assert np.allclose(t.conversion, 1 / 0.9) and np.allclose(t.coupling, 0.95 / 0.8)
     assert np.allclose(t.conversion_decoupled, 0.8 / 0.64)
-    assert wgmma.decouple_table(pd.DataFrame([r for r in rows if r["variant"] != wgmma.KPAIR_VARIANT])).empty
-    labels = {k: wgmma.KPAIR_BUILD_LABELS[k.lstrip("_")] for k in wgmma.DECOUPLE_ABLATIONS}
-    b = wgmma.kpair_ablation_builds(pd.DataFrame(rows), labels)
+    assert wx.decouple_table(pd.DataFrame([r for r in rows if r["variant"] != wx.KPAIR_VARIANT])).empty
+    labels = {k: wx.KPAIR_BUILD_LABELS[k.lstrip("_")] for k in wx.DECOUPLE_ABLATIONS}
+    b = wx.kpair_ablation_builds(pd.DataFrame(rows), labels)
     assert list(dict.fromkeys(b.build)) == ["KPAIR", *labels.values()] and len(b) == 5 * 8
     for sfx, k in f.items():
         g = b[b.build == labels[sfx]]
@@ -1651,20 +1619,20 @@ def test_kpair_trace_phases_reads_the_kpair_bodys_stamps():
     super-block of warpgroup 1 (ceil(id / 512)), the SM clock; a trace without the exit stamp is refused."""
     from labkernels import wgmma
 
-    ev = wgmma.KPAIR_TRACE
+    ev = wx.KPAIR_TRACE
     stamps = {"entry": (0.0, 0), "setup": (0.5, 850), "first_tile": (2.5, 4250), "mma_end": (20.5, 34850),
               "done": (22.5, 38250), "exit": (22.75, 38675)}
     rows = [{"cta": c, "smid": c, "event": ev[k], "t_us": us + c, "cta_us": us, "cycles": cy}
             for c in range(3) for k, (us, cy) in stamps.items()]
-    t = wgmma.kpair_trace_phases(rows, id_=4096)
+    t = wx.kpair_trace_phases(rows, id_=4096)
     assert len(t) == 3 and np.allclose(t.setup_us, 0.5) and np.allclose(t.fill_us, 2.0)
     assert np.allclose(t.main_us, 20.0) and np.allclose(t.finish_us, 2.0) and np.allclose(t.exit_us, 0.25)
     assert list(t.end_us) == [22.75, 23.75, 24.75]
     assert np.allclose(t.cycles_per_iter, (34850 - 850) / 8) and np.allclose(t.mhz, 1700)
-    assert np.allclose(wgmma.kpair_trace_phases(rows, id_=4352).cycles_per_iter, (34850 - 850) / 9)   # 17 sb: 9
+    assert np.allclose(wx.kpair_trace_phases(rows, id_=4352).cycles_per_iter, (34850 - 850) / 9)   # 17 sb: 9
     assert np.allclose(t.loop_cycles_per_iter, (34850 - 4250) / 8)
     with pytest.raises(wgmma.WgmmaError, match="without every stamp"):
-        wgmma.kpair_trace_phases([r for r in rows if r["event"] != ev["exit"]], id_=4096)
+        wx.kpair_trace_phases([r for r in rows if r["event"] != ev["exit"]], id_=4096)
     # kpair_trace_table: both builds on the same phases, from a run's tables (BN=128: the plain body's stamps)
     import pandas as pd
 
@@ -1684,7 +1652,7 @@ def test_kpair_trace_phases_reads_the_kpair_bodys_stamps():
         def table(self, n):
             return self.tabs[n]
 
-    tt = wgmma.kpair_trace_table(Run()).set_index("build")
+    tt = wx.kpair_trace_table(Run()).set_index("build")
     assert list(tt.L2) == ["cold", "cold"] and list(tt.od) == [11008, 11008]
     k, b = tt.loc["KPAIR 64 x 256"], tt.loc["BN=128 data-parallel"]
     assert k.to_first_tile_us == pytest.approx(2.5) and k.loop_us == pytest.approx(18.0) and k.pipe_cycles == 4096
@@ -1716,7 +1684,7 @@ def test_early_table_reads_each_builds_traced_launches():
 
     from labkernels import wgmma
 
-    ev = wgmma.KPAIR_TRACE
+    ev = wx.KPAIR_TRACE
 
     def launch(fill, rep_shift):
         st = {"entry": 0.0, "setup": 0.8, "first_tile": 0.8 + fill, "mma_end": 24.0, "done": 25.6, "exit": 26.0}
@@ -1737,21 +1705,21 @@ def test_early_table_reads_each_builds_traced_launches():
         def table(self, n):
             return self.tabs[n]
 
-    t = wgmma.early_table(Run({"kpair_trace_flushed": pd.DataFrame(rows)})).set_index("variant")
+    t = wx.early_table(Run({"kpair_trace_flushed": pd.DataFrame(rows)})).set_index("variant")
     assert list(t.launches) == [3, 3]
     f, e = t.loc["fin"], t.loc["early"]
     assert f.setup_us == pytest.approx(0.8) and f.fill_us == pytest.approx(2.0) and f.to_first_tile_us == pytest.approx(2.8)
     assert f.loop_us == pytest.approx(24.0 - 2.8) and f.finish_us == pytest.approx(1.6) and f.exit_us == pytest.approx(0.4)
     assert f.end_us_max == pytest.approx(26.0 + 0.3 + 1)   # the median launch's last CTA (rep 1: shifted by 1 us)
     assert e.fill_us == pytest.approx(1.1) and e.loop_us == pytest.approx(24.0 - 1.9)
-    assert wgmma.early_table(Run({})).empty
+    assert wx.early_table(Run({})).empty
     with pytest.raises(wgmma.WgmmaError, match="a form of the KPAIR build"):
-        wgmma.trace_launch(None, None, kpair=True, defines=("LK_ABLATE_NOCONV",))
+        wx.trace_launch(None, None, kpair=True, defines=("LK_ABLATE_NOCONV",))
     with pytest.raises(wgmma.WgmmaError, match="only for a KPAIR trace"):
-        wgmma.trace_launch(None, None, defines=wgmma.KPAIR_FIN)
+        wx.trace_launch(None, None, defines=wb.KPAIR_FIN)
 
 
-KPAIR_FORMS = [  # a form of the KPAIR build: (its defines' name in wgmma, its guard in the source, defines refused, why)
+KPAIR_FORMS = [  # a form of the KPAIR build: (its defines' name in builds / experiments, its guard in the source, defines refused, why)
     ("HALFB", "#if defined(LK_ABLATE_HALFB) && !defined(LK_EXP_KPAIR)", ("LK_ABLATE_HALFB",),
      "LK_ABLATE_HALFB is an ablation of the LK_EXP_KPAIR build"),
     ("DECOUPLED", "#if defined(LK_ABLATE_DECOUPLE) && !defined(LK_ABLATE_HALFB)", ("LK_ABLATE_DECOUPLE", "LK_EXP_KPAIR"),
@@ -1773,29 +1741,27 @@ def test_kpair_forms_compile_without_spills_and_only_beside_their_base(name, gua
     from labkernels.kernels import registry
 
     if guard:
-        assert guard in wgmma.EXPERIMENTS["wgmma_kq.cu"].read_text()
+        assert guard in wb.EXPERIMENTS["wgmma_kq.cu"].read_text()
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not on PATH")
-    _, names = wgmma._cubin("wgmma_kq.cu", wgmma.check_defines(getattr(wgmma, name)))
+    _, names = wb.cubin("wgmma_kq.cu", wb.check_defines(getattr(wb, name, None) or getattr(wx, name)))
     for qt in (4, 6):
-        k = registry.find("wgmma_kq", QT=qt, **{n: v for n, v in wgmma.KPAIR_PARAMS.items() if n != "SK"})
+        k = registry.find("wgmma_kq", QT=qt, **{n: v for n, v in wb.KPAIR_PARAMS.items() if n != "SK"})
         e = names[k.key]
         assert e["spill_stores"] == 0 and e["spill_loads"] == 0 and e["stack_frame"] == 0, e
         assert not e["wgmma_serialized"], e
     if refused:
         with pytest.raises(wgmma.WgmmaError, match=why):
-            wgmma._cubin("wgmma_kq.cu", refused)
+            wb.cubin("wgmma_kq.cu", refused)
 
 
 def test_forms_over_puts_each_form_beside_the_base_per_point():
     import pandas as pd
 
-    from labkernels import wgmma
-
     key = {"qtype": "q4_K", "od": 4096, "id": 4096}
     rows = [{**key, "nt": nt, "cublas_us": 30.0 * f, "build": b, "kpair_us": us * f, "kpair_vs_cublas": 30.0 / us}
             for nt, f in ((512, 1), (4096, 8)) for b, us in (("F", 33.0), ("E", 36.0), ("O", 32.0), ("KPAIR", 34.0))]
-    t = wgmma.forms_over(pd.DataFrame(rows), "F", {"F": "fin", "E": "early", "O": "overlap", "X": "absent"})
+    t = wx.forms_over(pd.DataFrame(rows), "F", {"F": "fin", "E": "early", "O": "overlap", "X": "absent"})
     assert list(t.nt) == [512, 4096] and list(t.cublas_us) == [30.0, 240.0]
     assert t.fin_vs_cublas.tolist() == pytest.approx([30 / 33] * 2)
     assert t.early_over_fin.tolist() == pytest.approx([33 / 36] * 2) and t.overlap_over_fin.tolist() == pytest.approx([33 / 32] * 2)
@@ -1827,38 +1793,36 @@ def test_ratio_by_point_draws_a_bar_per_series_and_shape():
 def test_kpair_ab_times_an_ablation_beside_the_build_and_never_gates_it(monkeypatch, tmp_path):
     """kpair_ab(ablations=...): the half-B build is launched with its own defines and the build's one launch shape,
     timed beside the rest, and never gated (its Y, here all NaN, would fail any gate)."""
-    from labkernels import records, wgmma
+    from labkernels import records
 
     seen = _kpair_shim(monkeypatch)
-    real = wgmma.gemm
+    real = wx.gemm
 
     def gemm(w, x, out=None, defines=(), **p):
         y = real(w, x, out=out, defines=defines, **p)
-        if tuple(defines) == wgmma.HALFB:
+        if tuple(defines) == wx.HALFB:
             y.fill(np.nan)
         return y
 
-    monkeypatch.setattr(wgmma, "gemm", gemm)
+    monkeypatch.setattr(wx, "gemm", gemm)
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
-        wgmma.kpair_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2},
-                       ablations={"_halfb": wgmma.HALFB})
+        wx.kpair_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2},
+                    ablations={"_halfb": wx.HALFB})
     r = records.load("wgmma", run.run_id, root=tmp_path)
     ab, gate = r.table("wgmma_kpair_ab"), r.table("wgmma_kpair_gate")
-    hv = wgmma.KPAIR_VARIANT + "_halfb"
+    hv = wx.KPAIR_VARIANT + "_halfb"
     assert hv in set(ab.variant) and len(ab[ab.variant == hv]) == 2 and hv not in set(gate.variant)
-    assert gate.ok.all() and wgmma.KPAIR_VARIANT in set(gate.variant)
-    hb = [p for d, p in seen if d == wgmma.HALFB]
-    assert hb and all(p == wgmma.KPAIR_PARAMS for p in hb)
+    assert gate.ok.all() and wx.KPAIR_VARIANT in set(gate.variant)
+    hb = [p for d, p in seen if d == wx.HALFB]
+    assert hb and all(p == wb.KPAIR_PARAMS for p in hb)
 
 
 def _ncu_step_shim(monkeypatch, fail=lambda case: False):
     """The ncu steps' outside world on the CPU: each ``ncu`` command recorded and answered with one made-up CSV row
     and its case line (rc=1 and no output where ``fail(case)``; any other command runs for real: the recording's git
-    provenance), and ``wgmma.kpair_ab`` recording what it was asked. Returns (commands, kpair_ab calls)."""
+    provenance), and ``wx.kpair_ab`` recording what it was asked. Returns (commands, kpair_ab calls)."""
     import subprocess
     import types
-
-    from labkernels import wgmma
 
     cmds, ab, real_run = [], [], subprocess.run
 
@@ -1874,7 +1838,7 @@ def _ncu_step_shim(monkeypatch, fail=lambda case: False):
         return types.SimpleNamespace(returncode=0, stdout=out, stderr="")
 
     monkeypatch.setattr(subprocess, "run", run)
-    monkeypatch.setattr(wgmma, "kpair_ab", lambda run, plan=None, progress=print, builds=None, ablations=None:
+    monkeypatch.setattr(wx, "kpair_ab", lambda run, plan=None, progress=print, builds=None, ablations=None:
                         ab.append((plan, ablations) if builds is None else (plan, ablations, builds)))
     return cmds, ab
 
@@ -1886,7 +1850,7 @@ def test_smem_step_profiles_each_case_in_its_own_process_and_records_what_ran(mo
     then the half-B A/B through kpair_ab with the ablation."""
     import types
 
-    from labkernels import ncu, records, wgmma
+    from labkernels import ncu, records
     from labkernels.rounds.r07_wgmma import runs as r7
 
     monkeypatch.setattr(ncu, "query_metrics", lambda: ("l1tex__data_bank_reads\nsm__pipe_tensor", {
@@ -1909,8 +1873,8 @@ def test_smem_step_profiles_each_case_in_its_own_process_and_records_what_ran(mo
     row = t[t.who == "cublas"].iloc[0]
     assert row.kernel_name == "k_cublas" and row.metric == "Duration" and row.value == "1,000" and row.od in (4096, 11008)
     assert {(c[0], c[2]) for c in r7.SMEM_CASES if c[0] == "cublas"} == {("cublas", n) for n in (512, 4096)}
-    assert len([c for c in r7.SMEM_CASES if c[0] == "cublas"]) == 2 * len(wgmma.SHAPES)
-    assert ab == [(wgmma.HALFB_AB, {"_halfb": wgmma.HALFB})]
+    assert len([c for c in r7.SMEM_CASES if c[0] == "cublas"]) == 2 * len(wx.SHAPES)
+    assert ab == [(wx.HALFB_AB, {"_halfb": wx.HALFB})]
 
 
 def test_decouple_step_profiles_the_kpair_builds_and_times_every_ablation(monkeypatch, tmp_path):
@@ -1919,18 +1883,18 @@ def test_decouple_step_profiles_the_kpair_builds_and_times_every_ablation(monkey
     kpair_ab with the four ablations; the driver maps every KPAIR build name to its defines."""
     import types
 
-    from labkernels import ncu, records, wgmma
+    from labkernels import ncu, records
     from labkernels.rounds.r07_wgmma import runs as r7
 
     monkeypatch.setattr(ncu, "query_metrics", lambda: ("sm__pipe_tensor", {"sm__pipe_tensor_cycles_active"}))
     cmds, ab = _ncu_step_shim(monkeypatch)
     res = r7.step_wgmma_decouple(tmp_path, types.SimpleNamespace(log=lambda m: None))
-    assert res["ok"] is True and len(cmds) == len(r7.DECOUPLE_CASES) == 1 + 2 * len(wgmma.KPAIR_BUILDS)
+    assert res["ok"] is True and len(cmds) == len(r7.DECOUPLE_CASES) == 1 + 2 * len(wx.KPAIR_BUILDS)
     assert [("-k" in c) for c in cmds] == [c[-8] != "cublas" for c in cmds]
     t = records.load("wgmma", res["run"], root=tmp_path / "data").table("smem_ncu")
-    assert set(t.who) == {"cublas", *wgmma.KPAIR_BUILDS} and set(t.nt) == {512} and set(t.od) == {4096}
-    assert ab == [(wgmma.DECOUPLE_AB, wgmma.DECOUPLE_ABLATIONS)]
-    assert "wgmma.KPAIR_BUILDS[who]" in r7.SMEM_DRIVER
+    assert set(t.who) == {"cublas", *wx.KPAIR_BUILDS} and set(t.nt) == {512} and set(t.od) == {4096}
+    assert ab == [(wx.DECOUPLE_AB, wx.DECOUPLE_ABLATIONS)]
+    assert "wx.KPAIR_BUILDS[who]" in r7.SMEM_DRIVER
 
 
 def test_smemform_ab_gates_every_form_and_times_each_beside_its_no_conversion_build(monkeypatch, tmp_path):
@@ -1939,33 +1903,33 @@ def test_smemform_ab_gates_every_form_and_times_each_beside_its_no_conversion_bu
     here all NaN, would fail any gate); smemform_table's ratios to cuBLAS and the conversion's cost."""
     import pandas as pd
 
-    from labkernels import records, wgmma
+    from labkernels import records
 
     _timing_shim(monkeypatch)
-    seen, real = [], wgmma.gemm
+    seen, real = [], wx.gemm
 
     def gemm(w, x, out=None, defines=(), **p):
         seen.append((tuple(defines), p))
         y = real(w, x, out=out, **p)
-        if tuple(defines) == wgmma.NOCONV:
+        if tuple(defines) == wx.NOCONV:
             y.fill(np.nan)
         return y
 
-    monkeypatch.setattr(wgmma, "gemm", gemm)
+    monkeypatch.setattr(wx, "gemm", gemm)
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
-        wgmma.smemform_ab(run, {"shapes": [[256, 512]], "nts": [40, 600], "pairs": 2})
+        wx.smemform_ab(run, {"shapes": [[256, 512]], "nts": [40, 600], "pairs": 2})
     r = records.load("wgmma", run.run_id, root=tmp_path)
     ab, gate = r.table("wgmma_smemform_ab"), r.table("wgmma_smemform_gate")
     assert gate.ok.all() and len(gate[gate.nt == 40]) == 3 and len(gate[gate.nt == 600]) == 4
     assert not any(v.endswith("_noconv") for v in gate.variant)
     nc = {v for v in ab.variant if v.endswith("_noconv")}
     assert nc == {"wgmma_smem_bn128_s4_noconv", "wgmma_smem_bn128_s4_c2_noconv", "wgmma_bn128_s4_scl0_noconv"}
-    assert {p.get("FORM") for d, p in seen if d == wgmma.NOCONV} == {1, 2, None}
+    assert {p.get("FORM") for d, p in seen if d == wx.NOCONV} == {1, 2, None}
     rows = [{"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": v, "pair": p, "median_us": t}
             for v, t in (("cublas_f16_cached", 10.0), ("wgmma_smem_bn128_s4", 20.0),
                          ("wgmma_smem_bn128_s4_noconv", 16.0), ("wgmma_bn128_s4_scl0", 12.0),
                          ("wgmma_bn128_s4_scl0_noconv", 9.5)) for p in range(3)]
-    t = wgmma.smemform_table(pd.DataFrame(rows)).set_index("launch")
+    t = wx.smemform_table(pd.DataFrame(rows)).set_index("launch")
     assert t.loc["smem_bn128_s4", "vs_cublas"] == 0.5 and t.loc["smem_bn128_s4", "noconv_vs_cublas"] == 10 / 16
     assert t.loc["smem_bn128_s4", "conv_cost"] == 20 / 16 and t.loc["bn128_s4_scl0", "conv_cost"] == 12 / 9.5
 
@@ -1991,3 +1955,63 @@ def test_smemform_bars_draw_each_form_with_its_no_conversion_build():
     assert "cuBLAS" in ax.get_ylabel() and any(ln.get_ydata()[0] == 1 for ln in ax.lines)
     assert sum("no conversion" in t_.get_text() for t_ in ax.legend().get_texts()) == 3
     plt.close(fig)
+
+
+def test_variant_name_parse_and_params_round_trip():
+    """wgmma.Variant is the typed form of a round-7 variant: parse(name) gives it back (name is what records and CSVs
+    carry), its params are the recorded choice table's, and every register-form instantiation of the registry under
+    every scheduler names and parses back to itself."""
+    names = ["wgmma_bn128_s4_scl0", "wgmma_bn256_s4_scl0_sk", "wgmma_bn256_s4_scl0_skt_e5", "wgmma_bn128_s4_scl1_a4",
+             "wgmma_bn128_s4_scl0_sku_p2", "wgmma_smem_bn128_s4_sk_c2", "wgmma_smem_bn256_s3"]
+    for n in names:
+        v = wgmma.Variant.parse(n)
+        assert v.name == n and wgmma.variant_params(n, "q4_K") == ("wgmma_kq", v.params)
+    assert wgmma.Variant.parse("wgmma_bn256_s4_scl0_skt_e5") == wgmma.Variant(256, 4, 0, SK=3, EPI=5)
+    assert wgmma.Variant.parse("wgmma_bn256_s4_scl0_skt_e5").params == {"BN": 256, "STAGES": 4, "BF16": 0, "SCL": 0,
+                                                                         "SK": 3, "EPI": 5}
+    assert wgmma.Variant.parse("wgmma_smem_bn128_s4_sk_c2").params == {"BN": 128, "STAGES": 4, "BF16": 0, "SK": 1,
+                                                                        "FORM": 2}
+    for k in registry.family("wgmma_kq"):
+        for sk in range(4):
+            v = wgmma.Variant(k.p["BN"], k.p["STAGES"], k.p["SCL"], sk, 0, k.p["EPI"], k.p["AQ"], k.p["PF"])
+            assert wgmma.Variant.parse(v.name) == v
+            assert v.name == wgmma.variant_name(k.p["BN"], k.p["STAGES"], k.p["SCL"], sk, 0, k.p["EPI"], k.p["AQ"],
+                                                k.p["PF"])
+    with pytest.raises(ValueError, match="not a round-7 variant"):
+        wgmma.Variant.parse("wgmma_bn128_s4")
+    with pytest.raises(ValueError, match="shared-memory form"):
+        wgmma.Variant(128, 4, FORM=1, EPI=2)
+
+
+def test_fit_rules_are_what_auto_falls_back_by_and_gemm_refuses():
+    """One table of scheduler / epilogue fit rules (wgmma.FIT_RULES): fit() applies their fallbacks in order, each with
+    its reason, and what it returns breaks no rule; misfit() (what gemm refuses by) names a rule exactly where fit()
+    changes the variant."""
+    V = wgmma.Variant
+    cases = [(V(256, 4, SK=3, EPI=2), 512, 4096, 11008), (V(256, 4, SK=3, EPI=2), 512, 11008, 4096),
+             (V(256, 4, SK=3, EPI=2), 512, 4094, 11008), (V(256, 4, SK=1, EPI=4), 4096, 11006, 4096),
+             (V(256, 4, SK=3, EPI=3), 512, 1000, 4096), (V(256, 4, SK=3, EPI=3), 512, 4096, 11008),
+             (V(256, 4, SK=1, EPI=5), 512, 4096, 4096), (V(256, 4, SK=1, EPI=5), 512, 11008, 4096),
+             (V(256, 4, SK=3, EPI=5), 512, 11008, 4096), (V(128, 4), 512, 4096, 4096)]
+    for v, nt, od, id_ in cases:
+        f, whys = wgmma.fit(v, nt, od, id_, 132)
+        assert (wgmma.misfit(v, nt, od, id_, 132) is None) == (not whys) == (f == v), (v, nt, od, id_)
+        assert wgmma.misfit(f, nt, od, id_, 132) is None, (v, f)
+    f, whys = wgmma.fit(V(256, 4, SK=3, EPI=2), 512, 11008, 4096, 132)
+    assert f == V(256, 4, SK=1) and "with the plain epilogue (EPI=2 takes one segment per CTA)" in whys[0]
+    f, whys = wgmma.fit(V(256, 4, SK=1, EPI=5), 512, 4096, 4096, 132)
+    assert f == V(256, 4, SK=1, EPI=4) and "reduce finish (EPI=5) needs at most two CTAs a tile" in whys[0]
+    assert [r.name for r in wgmma.FIT_RULES] == ["split-k grid", "TMA store rows", "staged store rows",
+                                                 "pair exchange", "reduce finish"]
+
+
+def test_auto_drops_a_reduce_finish_that_does_not_fit(tmp_path):
+    """A recorded EPI=5 winner runs as recorded where its tiles have at most two CTAs each, and as the staged TMA
+    store (EPI=4), said in the reason, where they do not (before the fit table, gemm refused it there)."""
+    t = _recorded_auto_table(tmp_path, "q4_K", 11008, 4096, 512, {"wgmma_bn256_s4_scl0_sk_e5": 30.0,
+                                                                  "wgmma_bn256_s4_scl0_sk": 35.0})
+    c = dispatch.choose("q4_K", 512, 11008, 4096, table=t, cc=90)
+    assert dict(c.params)["EPI"] == 5 and "reduce finish" not in c.reason
+    c = dispatch.choose("q4_K", 512, 4096, 4096, table=t, cc=90)
+    assert dict(c.params) == {"BN": 256, "STAGES": 4, "BF16": 0, "SCL": 0, "SK": 1, "EPI": 4}
+    assert "reduce finish (EPI=5) needs at most two CTAs a tile, which SK=1 does not give at 4096x4096 nt=512" in c.reason

@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 from labkernels.kernels import registry
+from labkernels.rounds.r07_wgmma import builds as wb
+from labkernels.rounds.r07_wgmma import experiments as wx
 
 pytestmark = pytest.mark.gpu
 
@@ -39,7 +41,7 @@ def _run(cp, raw, qtype, x, **params):
         w.gguf = cp.asarray(np.ascontiguousarray(raw))   # the shared-memory form reads the GGUF rows as they are
     buf = cp.full(nt * od + 2 * GUARD, np.nan, dtype=cp.float32)
     y = buf[GUARD:GUARD + nt * od].reshape(nt, od)
-    wgmma.gemm(w, cp.asarray(x), out=y, **params)
+    wb.gemm(w, cp.asarray(x), out=y, **params)   # the product's launcher, or a build's (defines=...)
     g = cp.asnumpy(buf)
     assert np.isnan(g[:GUARD]).all() and np.isnan(g[-GUARD:]).all(), "write outside the output"
     return cp.asnumpy(y), cp.asnumpy(w.packed)
@@ -174,7 +176,6 @@ def test_exploratory_builds_are_bitwise_the_plain_one(cp, rng, spec, nt, od, id_
     source of exploratory builds, the production body with the trace policy's hooks on). (The bitwise builds of
     the steps that lost -- LK_EXP_OLDCONV, LK_EXP_WTMA, LK_EXP_TMAPF, LK_EXP_SPLITFIN -- were checked here up to
     commit 4a8dcd9, which still builds them.)"""
-    from labkernels import wgmma
 
     from labkernels import quants
 
@@ -573,8 +574,8 @@ def test_wgmma_real_model_tensors(cp, rng):
 
 @pytest.mark.parametrize("bn,sk,epi", [(128, 0, 0), (256, 1, 0), (256, 3, 0), (256, 1, 4)])
 def test_wgmma_trace_build_stamps_every_cta_in_order(cp, rng, bn, sk, epi):
-    """The exploratory -DLK_EXP_TRACE build (labkernels.wgmma.trace_launch): every CTA stamps its entry, setup,
-    its first segment's start, the first tile's arrival and the segment's ends, in that order (wgmma.TRACE_ORDER) in
+    """The exploratory -DLK_EXP_TRACE build (experiments.trace_launch): every CTA stamps its entry, setup,
+    its first segment's start, the first tile's arrival and the segment's ends, in that order (wx.TRACE_ORDER) in
     time and in cycles; exactly the CTAs whose stream-K range crosses a tile boundary in the host model
     (wgmma.segments) stamp a second segment (id 4352: 17 super-blocks a tile, so ranges of 2-3 cross them; at 4096
     ranges of 2 never do)."""
@@ -586,7 +587,7 @@ def test_wgmma_trace_build_stamps_every_cta_in_order(cp, rng, bn, sk, epi):
     raw = _weights(rng, "q4_K", od, id_)
     w = wgmma.WgWeight.from_gguf(raw, "q4_K")
     x16 = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float16))
-    rows, us = wgmma.trace_launch(w, x16, BN=bn, SK=sk, EPI=epi, timed=3)
+    rows, us = wx.trace_launch(w, x16, BN=bn, SK=sk, EPI=epi, timed=3)
     df = pd.DataFrame(rows)
     sms = wgmma._sm_count(cp.cuda.Device().id)
     ncta, dp = wgmma.schedule(sk, nt, od, id_, bn, sms)
@@ -596,13 +597,13 @@ def test_wgmma_trace_build_stamps_every_cta_in_order(cp, rng, bn, sk, epi):
     for ev in ("entry", "setup", "first_tile", "seg0_start", "seg0_mma_end", "seg0_done"):
         assert (df.event == ev).sum() == ncta, ev
     for _, g in df.groupby("cta"):
-        g = g.set_index("event").reindex([e for e in wgmma.TRACE_ORDER if e in set(g.event)])
+        g = g.set_index("event").reindex([e for e in wx.TRACE_ORDER if e in set(g.event)])
         assert g.cta_us.is_monotonic_increasing and g.cycles.is_monotonic_increasing, g
     tiles = ((od + 127) // 128) * ((nt + bn - 1) // bn)
     two = {c for c in range(ncta) if len(wgmma.segments(ncta, c, id_ // 256, tiles, dp, G)) > 1}
     assert set(df.cta[df.event == "seg1_start"]) == two
     assert bool(two) == (sk == 1)       # stream-K here has CTAs with two segments; data-parallel and the split none
-    ph = wgmma.trace_phases([{"variant": wgmma.variant_name(bn, 4, 0, sk, EPI=epi), **r} for r in rows], od, id_, nt, sms)
+    ph = wx.trace_phases([{"variant": wgmma.variant_name(bn, 4, 0, sk, EPI=epi), **r} for r in rows], od, id_, nt, sms)
     assert len(ph) == sum(len(wgmma.segments(ncta, c, id_ // 256, tiles, dp, G)) for c in range(ncta))
     assert (ph.main_us > 0).all() and (ph.finish_us > 0).all()
     if sk == 3:                         # every tile split G ways: one owner and G - 1 helpers per tile
@@ -648,7 +649,7 @@ def test_kpair_build_passes_the_gate_with_tails_and_guards(cp, rng, qtype, nt, o
 
     raw = _weights(rng, qtype, od, id_)
     x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
-    y, packed = _run(cp, raw, qtype, x, defines=wgmma.KPAIR, **wgmma.KPAIR_PARAMS)
+    y, packed = _run(cp, raw, qtype, x, defines=wb.KPAIR, **wb.KPAIR_PARAMS)
     g = wgmma.gate(y, raw, qtype, x, packed=packed)
     assert g["nonfinite"] == 0 and g["exact_rel"] <= wgmma.exact_gate(id_) and g["ok"], g
     y0, _ = _run(cp, raw, qtype, x, BN=256, SCL=0)
@@ -668,8 +669,8 @@ def test_kpair_fin_is_bitwise_the_kpair_build(cp, rng, qtype, nt, od, id_, form)
 
     raw = _weights(rng, qtype, od, id_)
     x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
-    y0, _ = _run(cp, raw, qtype, x, defines=wgmma.KPAIR, **wgmma.KPAIR_PARAMS)
-    y1, packed = _run(cp, raw, qtype, x, defines=getattr(wgmma, form), **wgmma.KPAIR_PARAMS)
+    y0, _ = _run(cp, raw, qtype, x, defines=wb.KPAIR, **wb.KPAIR_PARAMS)
+    y1, packed = _run(cp, raw, qtype, x, defines=getattr(wb, form), **wb.KPAIR_PARAMS)
     assert np.isfinite(y1).all()
     assert np.array_equal(y0.view(np.uint32), y1.view(np.uint32)), int((y0.view(np.uint32) != y1.view(np.uint32)).sum())
     g = wgmma.gate(y1, raw, qtype, x, packed=packed)
@@ -677,19 +678,19 @@ def test_kpair_fin_is_bitwise_the_kpair_build(cp, rng, qtype, nt, od, id_, form)
 
 
 def test_kpair_fin_refuses_an_output_its_tma_store_cannot_write(cp, rng):
-    from labkernels import gpu, wgmma
+    from labkernels import gpu
 
     raw = _weights(rng, "q4_K", 130, 512)   # od % 4 != 0: no Y tensor map
     x = rng.standard_normal((64, 512)).astype(np.float32)
     with pytest.raises(gpu.ShapeError, match="od % 4 == 0"):
-        _run(cp, raw, "q4_K", x, defines=wgmma.KPAIR_FIN, **wgmma.KPAIR_PARAMS)
+        _run(cp, raw, "q4_K", x, defines=wb.KPAIR_FIN, **wb.KPAIR_PARAMS)
 
 
 def test_kpair_build_refuses_every_other_launch_shape(cp, rng):
-    from labkernels import gpu, wgmma
+    from labkernels import gpu
 
     raw = _weights(rng, "q4_K", 256, 512)
     x = rng.standard_normal((64, 512)).astype(np.float32)
     for p in ({"BN": 128}, {"SK": 1}, {"EPI": 5}, {"SCL": 1}):
         with pytest.raises(gpu.ShapeError, match="LK_EXP_KPAIR is built for"):
-            _run(cp, raw, "q4_K", x, defines=wgmma.KPAIR, **{**wgmma.KPAIR_PARAMS, **p})
+            _run(cp, raw, "q4_K", x, defines=wb.KPAIR, **{**wb.KPAIR_PARAMS, **p})

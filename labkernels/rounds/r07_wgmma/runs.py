@@ -13,6 +13,8 @@ from ... import bench, cases, ncu, records, wgmma
 from ...paths import REPO_ROOT
 from .. import measure_into
 from .. import module as round_module
+from . import builds as wb
+from . import experiments as wx
 
 #: the series of the round's runs (data/07_wgmma_kquant/)
 SERIES = "wgmma"
@@ -21,15 +23,16 @@ SERIES = "wgmma"
 WGMMA_DRIVER = r"""
 import sys, numpy as np, cupy as cp
 from labkernels import quants, wgmma
+from labkernels.rounds.r07_wgmma import builds as wb
 from labkernels.gpu import SharedMemoryError
 from labkernels.kernels import registry
 mode = sys.argv[1]
 rng = np.random.default_rng(3)
 cases = []
-if mode == "sanitizer" and "LK_EXP_KPAIR" in wgmma.build_defines():   # that build's one launch shape (2-CTA
+if mode == "sanitizer" and "LK_EXP_KPAIR" in wb.build_defines():   # that build's one launch shape (2-CTA
     for qt in (4, 6):         # clusters, multicast stages, the halves' add through the ring), tails in nt and od
-        k = registry.find("wgmma_kq", QT=qt, **{n: v for n, v in wgmma.KPAIR_PARAMS.items() if n != "SK"})
-        odp = 132 if "LK_EXP_KPAIR_FIN" in wgmma.build_defines() else 130   # a padded m tile (FIN's TMA store: od % 4 = 0)
+        k = registry.find("wgmma_kq", QT=qt, **{n: v for n, v in wb.KPAIR_PARAMS.items() if n != "SK"})
+        odp = 132 if "LK_EXP_KPAIR_FIN" in wb.build_defines() else 130   # a padded m tile (FIN's TMA store: od % 4 = 0)
         cases += [(k, 77, 200, 512, 0), (k, 300, odp, 1024, 0), (k, 520, 384, 768, 0)]
 elif mode == "sanitizer":     # tails in nt and od, every main-path variant, the three schedulers (stream-K
     for k in registry.family("wgmma_kq") + registry.family("wgmma_kqs"):   # splits these tiles' k over 4 CTAs,
@@ -47,9 +50,9 @@ elif mode == "sanitizer":     # tails in nt and od, every main-path variant, the
             cases += [(k, 77, 4000, 1792, 3)]
             if k.p.get("EPI") == 4:   # the staged store over several tiles per CTA (160 or 128 tiles, data-parallel)
                 cases += [(k, 600, 4000, 512, 0)]
-elif "LK_EXP_KPAIR" in wgmma.build_defines():   # ncu of that build: its one launch shape at nt 512 and 4096
+elif "LK_EXP_KPAIR" in wb.build_defines():   # ncu of that build: its one launch shape at nt 512 and 4096
     for qt in (4, 6):
-        k = registry.find("wgmma_kq", QT=qt, **{n: v for n, v in wgmma.KPAIR_PARAMS.items() if n != "SK"})
+        k = registry.find("wgmma_kq", QT=qt, **{n: v for n, v in wb.KPAIR_PARAMS.items() if n != "SK"})
         cases += [(k, 512, 4096, 4096, 0), (k, 4096, 4096, 4096, 0)]
 else:                         # ncu: the main variants at the 7B attention shape
     for qt in (4, 6):
@@ -74,9 +77,10 @@ for k, nt, od, id_, sk in cases:
     x = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float16))
     y = cp.empty((nt, od), cp.float32)
     try:
-        wgmma.gemm(w, x, out=y, SK=sk, FORM=form, **{n: v for n, v in k.params if n not in ("QT", "NCV")})
+        wb.gemm(w, x, out=y, SK=sk, FORM=form, defines=wb.build_defines(),   # LABKERNELS_WG_DEFINES: the build
+                **{n: v for n, v in k.params if n not in ("QT", "NCV")})
     except SharedMemoryError as e:   # an exploratory build's extra shared memory (the KPAIR ring) may not fit
-        if not wgmma.build_defines():   # beside a variant's own: that case is left out, said; the plain build has
+        if not wb.build_defines():   # beside a variant's own: that case is left out, said; the plain build has
             raise                       # no such case
         print("skipped", k.key, "SK=%d" % sk, nt, od, id_, "--", e, flush=True)
         continue
@@ -93,9 +97,9 @@ def step_wgmma(out: Path, args) -> dict:
 
 
 def step_wgmma_costs(out: Path, args) -> dict:
-    """Round 7: the per-launch vs main-loop cost scan at nt=512 (labkernels.wgmma.cost_scan), recorded."""
+    """Round 7: the per-launch vs main-loop cost scan at nt=512 (experiments.cost_scan), recorded."""
     with records.recording(SERIES, {"what": "cost_scan"}, root=out / "data") as run:
-        wgmma.cost_scan(run, progress=args.log)
+        wx.cost_scan(run, progress=args.log)
     return {"ok": True, "run": run.run_id}
 
 
@@ -108,54 +112,54 @@ def _record_ab(out: Path, args, what: str, plan: dict, ab) -> dict:
 
 def step_wgmma_epi(out: Path, args) -> dict:
     """Round 7: the epilogue forms (bulk fold, TMA store) and the tile-aligned split-k grid against the plain
-    launches and cuBLAS at nt 256-1024 (labkernels.wgmma.epi_ab), real-model gated, recorded."""
-    return _record_ab(out, args, "epi_ab", wgmma.EPI_AB, wgmma.epi_ab)
+    launches and cuBLAS at nt 256-1024 (experiments.epi_ab), real-model gated, recorded."""
+    return _record_ab(out, args, "epi_ab", wx.EPI_AB, wx.epi_ab)
 
 
 def step_wgmma_aq(out: Path, args) -> dict:
     """Round 7: four A-fragment sets (AQ=4, the next chunk converted before the wait) against two, at BN=128 under
-    three schedulers, beside BN=256 and cuBLAS at nt 256-1024 (labkernels.wgmma.aq_ab), real-model gated, recorded."""
-    return _record_ab(out, args, "aq_ab", wgmma.AQ_AB, wgmma.aq_ab)
+    three schedulers, beside BN=256 and cuBLAS at nt 256-1024 (experiments.aq_ab), real-model gated, recorded."""
+    return _record_ab(out, args, "aq_ab", wx.AQ_AB, wx.aq_ab)
 
 
 def step_wgmma_pf(out: Path, args) -> dict:
     """Round 7: an L2 prefetch of the weights 1 or 2 super-blocks ahead (PF) against none, at nt 512 and 4096 on the
-    launches of record, beside cuBLAS (labkernels.wgmma.pf_ab), real-model gated, recorded."""
-    return _record_ab(out, args, "pf_ab", wgmma.PF_AB, wgmma.pf_ab)
+    launches of record, beside cuBLAS (experiments.pf_ab), real-model gated, recorded."""
+    return _record_ab(out, args, "pf_ab", wx.PF_AB, wx.pf_ab)
 
 
 def step_wgmma_pair(out: Path, args) -> dict:
     """Round 7: the pair exchange (EPI=3: a tile's two split-k CTAs in one cluster, partial sums through distributed
     shared memory) against the plain epilogue on the same grid, stream-K and cuBLAS at nt 256-1024
-    (labkernels.wgmma.pair_ab), real-model gated, recorded."""
-    return _record_ab(out, args, "pair_ab", wgmma.PAIR_AB, wgmma.pair_ab)
+    (experiments.pair_ab), real-model gated, recorded."""
+    return _record_ab(out, args, "pair_ab", wx.PAIR_AB, wx.pair_ab)
 
 
 def step_wgmma_staged(out: Path, args) -> dict:
     """Round 7: the staged TMA store (EPI=4: every tile through a staging buffer of its own, TMA stores the next
-    tile does not wait for) against the plain epilogue on the same grids at nt 512-4096 (labkernels.wgmma.staged_ab),
+    tile does not wait for) against the plain epilogue on the same grids at nt 512-4096 (experiments.staged_ab),
     real-model gated, recorded."""
-    return _record_ab(out, args, "staged_ab", wgmma.STAGED_AB, wgmma.staged_ab)
+    return _record_ab(out, args, "staged_ab", wx.STAGED_AB, wx.staged_ab)
 
 
 def step_wgmma_reduce(out: Path, args) -> dict:
     """Round 7: the reduce finish (EPI=5: a split tile's two CTAs TMA-add their partial sums into Y, zeroed early by
     the owner) against the plain and staged epilogues on the same grids at nt 512 and 4096
-    (labkernels.wgmma.reduce_ab), real-model gated, recorded."""
-    return _record_ab(out, args, "reduce_ab", wgmma.REDUCE_AB, wgmma.reduce_ab)
+    (experiments.reduce_ab), real-model gated, recorded."""
+    return _record_ab(out, args, "reduce_ab", wx.REDUCE_AB, wx.reduce_ab)
 
 
 def step_wgmma_lead(out: Path, args) -> dict:
     """Round 7: the timing method -- every call of the launches of record and of cuBLAS timed right after the flush
     (as the benchmark does) and behind a GPU wait that hides the host path, call by call, with each call's host time
-    (labkernels.wgmma.lead_ab), recorded."""
-    return _record_ab(out, args, "lead_ab", wgmma.LEAD_AB, wgmma.lead_ab)
+    (experiments.lead_ab), recorded."""
+    return _record_ab(out, args, "lead_ab", wx.LEAD_AB, wx.lead_ab)
 
 
 def step_wgmma_conv2(out: Path, args) -> dict:
     """Round 7: the shared-memory form with two converter warpgroups (FORM=2, 512 threads) against one, and the
-    register form, at nt 512 and 4096 (labkernels.wgmma.conv2_ab), real-model gated, recorded."""
-    return _record_ab(out, args, "conv2_ab", wgmma.CONV2_AB, wgmma.conv2_ab)
+    register form, at nt 512 and 4096 (experiments.conv2_ab), real-model gated, recorded."""
+    return _record_ab(out, args, "conv2_ab", wx.CONV2_AB, wx.conv2_ab)
 
 
 #: the traced launches of ``gpu-check --steps wgmma_trace``: per shape and type, the nt=512 launches of record that
@@ -172,7 +176,7 @@ TRACE_PLAN = {(4096, 4096): {"q4_K": ("wgmma_bn128_s4_scl0", "wgmma_bn256_s4_scl
 def step_wgmma_trace(out: Path, args) -> dict:
     """Round 7, exploratory: per-CTA phase stamps (a -DLK_EXP_TRACE build) of the nt=512 launches of
     :data:`TRACE_PLAN` -- where a launch's time goes before, between and after the main loops
-    (labkernels.wgmma.trace_launch), recorded with the per-event summary: after warm-up launches (table ``trace``)
+    (experiments.trace_launch), recorded with the per-event summary: after warm-up launches (table ``trace``)
     and once more right after an L2 flush, as the benchmark times a launch (``trace_flushed``)."""
     rng = np.random.default_rng(11)
     flusher = bench.Flusher()
@@ -189,17 +193,17 @@ def step_wgmma_trace(out: Path, args) -> dict:
                     _, p = wgmma.variant_params(name, qtype)
                     # no event timing of the trace build: one gemm() call a launch is host-bound at ~95-140 us
                     # (run 20261202T190840Z's trace_timed against stamp spans of 28-108 us) -- bench times launches
-                    rows = wgmma.trace_launch(w, x16, BN=p["BN"], STAGES=p["STAGES"], SCL=p["SCL"], SK=p["SK"],
-                                              EPI=p.get("EPI", 0))
+                    rows = wx.trace_launch(w, x16, BN=p["BN"], STAGES=p["STAGES"], SCL=p["SCL"], SK=p["SK"],
+                                           EPI=p.get("EPI", 0))
                     key = {"qtype": qtype, "od": od, "id": id_, "nt": nt, "variant": name}
                     run.append("trace", [{**key, **r} for r in rows])
-                    summ = wgmma.trace_summary(rows)
+                    summ = wx.trace_summary(rows)
                     run.append("trace_summary", [{**key, **r} for r in summ.to_dict("records")])
                     # the same launch from a cold L2, as the benchmark times it (table trace_flushed)
-                    cold = wgmma.trace_launch(w, x16, BN=p["BN"], STAGES=p["STAGES"], SCL=p["SCL"], SK=p["SK"],
-                                              EPI=p.get("EPI", 0), flush=flusher)
+                    cold = wx.trace_launch(w, x16, BN=p["BN"], STAGES=p["STAGES"], SCL=p["SCL"], SK=p["SK"],
+                                           EPI=p.get("EPI", 0), flush=flusher)
                     run.append("trace_flushed", [{**key, **r} for r in cold])
-                    csum = wgmma.trace_summary(cold)
+                    csum = wx.trace_summary(cold)
                     args.log(f"trace {qtype} {od}x{id_} {name}: {summ.ctas.max()} CTAs, "
                              f"stamps span {summ.t_us_max.max():.1f} us warm / {csum.t_us_max.max():.1f} us from a "
                              f"flushed L2, first tile at {summ.cta_us_median.iloc[2]:.2f} / "
@@ -232,7 +236,7 @@ def step_wgmma_sanitizer(out: Path, args) -> dict:
                  f"{res[tool]['skipped']} left out)")
     # an exploratory build's run (LABKERNELS_WG_DEFINES) names its defines: the page reads the plain build's
     with records.recording(SERIES, {"what": "sanitizer", "tools": [r["tool"] for r in rows],
-                                     "defines": list(wgmma.build_defines())}, root=out / "data") as run:
+                                     "defines": list(wb.build_defines())}, root=out / "data") as run:
         run.append("sanitizer", rows)
     return {"ok": ok, **res, "run": run.run_id}
 
@@ -278,7 +282,7 @@ def step_wgmma_ncu(out: Path, args) -> dict:
                       "value": x.get("Metric Value")})
     # an exploratory build's counters (LABKERNELS_WG_DEFINES) name its defines: the page's main table reads the plain
     with records.recording(SERIES, {"what": "ncu", "sections": NCU_SECTIONS, "metrics": metrics, "cases": cases,
-                                     "defines": list(wgmma.build_defines())}, root=out / "data") as run:
+                                     "defines": list(wb.build_defines())}, root=out / "data") as run:
         run.append("sections", table)
     args.log(f"ncu: {len(ids)} kernels x {len(NCU_SECTIONS)} sections recorded (run {run.run_id})")
     return {"ok": True, "run": run.run_id}
@@ -286,10 +290,11 @@ def step_wgmma_ncu(out: Path, args) -> dict:
 
 #: the twenty-second step's driver: one launch per process, profiled between cudaProfilerStart / Stop after warm-up
 #: calls (ncu --profile-from-start off): cuBLAS fp16 (the benchmark's baseline call, gpu.matmul_f16) or a lab launch
-#: (plain launch of record, the KPAIR build or one of its ablations, wgmma.KPAIR_BUILDS), printing its case line
+#: (plain launch of record, the KPAIR build or one of its ablations, wx.KPAIR_BUILDS), printing its case line
 SMEM_DRIVER = r"""
 import sys, numpy as np, cupy as cp
 from labkernels import cases, wgmma, gpu
+from labkernels.rounds.r07_wgmma import builds as wb, experiments as wx
 who, qtype, nt, od, id_, bn, sk, epi = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:9])
 rng = np.random.default_rng(5)
 x16 = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float16))
@@ -303,8 +308,8 @@ else:
     if who == "lab":
         prm = dict(BN=bn, SCL=wgmma.main_scl(qtype, bn), SK=sk, EPI=epi)
     else:
-        prm = dict(defines=wgmma.KPAIR_BUILDS[who], **wgmma.KPAIR_PARAMS)
-    launch = lambda: wgmma.gemm(w, x16, out=y, **prm)
+        prm = dict(defines=wx.KPAIR_BUILDS[who], **wb.KPAIR_PARAMS)
+    launch = lambda: wb.gemm(w, x16, out=y, **prm)
 for _ in range(3):
     launch()
 rt = cp.cuda.runtime
@@ -319,7 +324,7 @@ print("case", who, qtype, nt, od, id_, bn, sk, epi, flush=True)
 """
 #: its cases: (who, qtype, nt, od, id, BN, SK, EPI) -- cuBLAS at the bar's shapes and both nts; the launches of record,
 #: the KPAIR build and its half-B ablation at 4096 x 4096
-SMEM_CASES = tuple([("cublas", "f16", nt, od, id_, 0, 0, 0) for nt in (512, 4096) for od, id_ in wgmma.SHAPES]
+SMEM_CASES = tuple([("cublas", "f16", nt, od, id_, 0, 0, 0) for nt in (512, 4096) for od, id_ in wx.SHAPES]
                    + [(who, q, nt, 4096, 4096, bn, sk, epi) for q in ("q4_K", "q6_K")
                       for who, nt, bn, sk, epi in (("lab", 512, 128, 0, 0), ("lab", 512, 256, 3, 5),
                                                    ("lab", 4096, 256, 0, 0), ("kpair", 512, 256, 0, 0),
@@ -388,20 +393,20 @@ def _ncu_cases(out: Path, args, cases, tag: str) -> tuple[list[dict], list[str],
 
 def _kpair_ab_run(out: Path, args, what: str, plan: dict, builds: dict | None = None,
                   ablations: dict | None = None) -> str:
-    """One recorded run of labkernels.wgmma.kpair_ab at ``plan``'s points: the KPAIR build and its ``builds`` (forms
+    """One recorded run of experiments.kpair_ab at ``plan``'s points: the KPAIR build and its ``builds`` (forms
     that compute Y: real-model gated and gated at every point) and ``ablations`` (timing only, never gated) beside the
     launches of record and cuBLAS; its params name both (a key only when given). Returns the run id."""
-    params = {"what": what, "plan": plan, "defines": list(wgmma.KPAIR)}
+    params = {"what": what, "plan": plan, "defines": list(wb.KPAIR)}
     params |= {k: {s: list(d) for s, d in v.items()} for k, v in (("builds", builds), ("ablations", ablations)) if v}
-    params["real_nts"] = list(wgmma.KPAIR_REAL_NTS)
+    params["real_nts"] = list(wx.KPAIR_REAL_NTS)
     with records.recording(SERIES, params, root=out / "data") as run:
-        wgmma.kpair_ab(run, plan=plan, progress=args.log, builds=builds, ablations=ablations)
+        wx.kpair_ab(run, plan=plan, progress=args.log, builds=builds, ablations=ablations)
     return run.run_id
 
 
 def _ncu_then_kpair_ab(out: Path, args, tag: str, cases, ab_what: str, plan: dict, ablations: dict) -> dict:
     """An ncu-and-A/B step: :func:`_ncu_cases` of ``cases`` recorded as ``<tag>_ncu`` (table ``smem_ncu``), then the
-    KPAIR build beside its ``ablations`` at ``plan``'s points (labkernels.wgmma.kpair_ab; the build real-model gated,
+    KPAIR build beside its ``ablations`` at ``plan``'s points (experiments.kpair_ab; the build real-model gated,
     every non-ablation launch parity-gated) recorded as ``ab_what``."""
     table, metrics, ok = _ncu_cases(out, args, cases, tag)
     with records.recording(SERIES, {"what": f"{tag}_ncu", "sections": list(SMEM_SECTIONS), "metrics": metrics,
@@ -415,25 +420,25 @@ def step_wgmma_smem(out: Path, args) -> dict:
     """Round 7, twenty-second step: (1) Nsight Compute of cuBLAS fp16 (the baseline) at the bar's shapes and nt 512 /
     4096 beside the launches of record, the KPAIR build and its half-B ablation (LK_ABLATE_HALFB) at 4096 x 4096 --
     launch configuration, tensor pipe, shared memory's data banks -- one process per case; (2) the half-B ablation's
-    timing A/B beside the KPAIR build, the launches of record and cuBLAS (labkernels.wgmma.kpair_ab with
+    timing A/B beside the KPAIR build, the launches of record and cuBLAS (experiments.kpair_ab with
     ``ablations``; the KPAIR build real-model gated and every non-ablation launch parity-gated); both recorded."""
-    return _ncu_then_kpair_ab(out, args, "smem", SMEM_CASES, "halfb_ab", wgmma.HALFB_AB, {"_halfb": wgmma.HALFB})
+    return _ncu_then_kpair_ab(out, args, "smem", SMEM_CASES, "halfb_ab", wx.HALFB_AB, {"_halfb": wx.HALFB})
 
 
-#: the twenty-fourth step's ncu cases: cuBLAS and the KPAIR build with each of its ablations (wgmma.KPAIR_BUILDS) at
+#: the twenty-fourth step's ncu cases: cuBLAS and the KPAIR build with each of its ablations (wx.KPAIR_BUILDS) at
 #: 4096 x 4096, nt=512 (the bar's point, one wave)
 DECOUPLE_CASES = tuple([("cublas", "f16", 512, 4096, 4096, 0, 0, 0)]
-                       + [(who, q, 512, 4096, 4096, 256, 0, 0) for q in ("q4_K", "q6_K") for who in wgmma.KPAIR_BUILDS])
+                       + [(who, q, 512, 4096, 4096, 256, 0, 0) for q in ("q4_K", "q6_K") for who in wx.KPAIR_BUILDS])
 
 
 def step_wgmma_decouple(out: Path, args) -> dict:
     """Round 7, twenty-fourth step: what holds the KPAIR build's loop -- its pair's lock-step or its conversion.
     (1) Nsight Compute of :data:`DECOUPLE_CASES`, one process per case; (2) the timing A/B of the KPAIR build beside
-    its ablations (wgmma.DECOUPLE_ABLATIONS: half B, half B decoupled, no conversion, decoupled without conversion),
-    the launches of record and cuBLAS (labkernels.wgmma.kpair_ab; the KPAIR build real-model gated, every
+    its ablations (wx.DECOUPLE_ABLATIONS: half B, half B decoupled, no conversion, decoupled without conversion),
+    the launches of record and cuBLAS (experiments.kpair_ab; the KPAIR build real-model gated, every
     non-ablation launch parity-gated); both recorded."""
-    return _ncu_then_kpair_ab(out, args, "decouple", DECOUPLE_CASES, "decouple_ab", wgmma.DECOUPLE_AB,
-                              wgmma.DECOUPLE_ABLATIONS)
+    return _ncu_then_kpair_ab(out, args, "decouple", DECOUPLE_CASES, "decouple_ab", wx.DECOUPLE_AB,
+                              wx.DECOUPLE_ABLATIONS)
 
 
 #: the twenty-fifth step's shapes (od, id) at nt=512: the KPAIR build and the BN=128 launch of record traced
@@ -444,13 +449,13 @@ def step_wgmma_kpairtrace(out: Path, args) -> dict:
     """Round 7, twenty-fifth step: the per-CTA phase stamps of the KPAIR build (a -DLK_EXP_KPAIR -DLK_EXP_TRACE
     build) beside those of the BN=128 data-parallel launch of record (-DLK_EXP_TRACE), q4_K and q6_K at
     :data:`KPAIR_TRACE_SHAPES`, nt=512 -- each after warm-up launches and once more right after an L2 flush, as the
-    benchmark times a launch. Tables ``kpair_trace`` / ``kpair_trace_flushed`` (labkernels.wgmma.kpair_trace_phases)
-    and ``bn128_trace`` / ``bn128_trace_flushed`` (labkernels.wgmma.trace_roles), recorded."""
+    benchmark times a launch. Tables ``kpair_trace`` / ``kpair_trace_flushed`` (experiments.kpair_trace_phases)
+    and ``bn128_trace`` / ``bn128_trace_flushed`` (experiments.trace_roles), recorded."""
     rng = np.random.default_rng(25)
     flusher = bench.Flusher()
     nt = 512
     sms = wgmma._sm_count(wgmma._cp().cuda.Device().id)
-    with records.recording(SERIES, {"what": "kpair_trace", "defines": list(wgmma.KPAIR) + ["LK_EXP_TRACE"], "nt": nt,
+    with records.recording(SERIES, {"what": "kpair_trace", "defines": list(wb.KPAIR) + ["LK_EXP_TRACE"], "nt": nt,
                                      "sm_count": sms, "shapes": [list(x) for x in KPAIR_TRACE_SHAPES]},
                            root=out / "data") as run:
         for od, id_ in KPAIR_TRACE_SHAPES:
@@ -458,20 +463,20 @@ def step_wgmma_kpairtrace(out: Path, args) -> dict:
             for qtype in ("q4_K", "q6_K"):
                 w = wgmma.WgWeight.from_gguf(cases.synthetic_weights(qtype, od, id_, rng), qtype)
                 bn128 = f"wgmma_bn128_s4_scl{wgmma.main_scl(qtype, 128)}"
-                for name, tab, kw in ((wgmma.KPAIR_VARIANT, "kpair_trace", {"kpair": True}),
+                for name, tab, kw in ((wx.KPAIR_VARIANT, "kpair_trace", {"kpair": True}),
                                       (bn128, "bn128_trace", {"BN": 128, "SCL": wgmma.main_scl(qtype, 128)})):
                     key = {"qtype": qtype, "od": od, "id": id_, "nt": nt, "variant": name}
-                    warm = wgmma.trace_launch(w, x16, **kw)
-                    cold = wgmma.trace_launch(w, x16, flush=flusher, **kw)
+                    warm = wx.trace_launch(w, x16, **kw)
+                    cold = wx.trace_launch(w, x16, flush=flusher, **kw)
                     run.append(tab, [{**key, **r} for r in warm])
                     run.append(tab + "_flushed", [{**key, **r} for r in cold])
                     if kw.get("kpair"):
-                        ph = wgmma.kpair_trace_phases(cold, id_).median()
+                        ph = wx.kpair_trace_phases(cold, id_).median()
                         args.log(f"kpair trace {qtype} {od}x{id_} (cold, medians over CTAs): fill {ph.fill_us:.2f} us, "
                                  f"main {ph.main_us:.2f} us ({ph.cycles_per_iter:,.0f} cycles a super-block), finish "
                                  f"{ph.finish_us:.2f} us, exit {ph.exit_us:.2f} us, end {ph.end_us:.1f} us")
                     else:
-                        ro = wgmma.trace_roles([{**key, **r} for r in cold], sms).iloc[0]
+                        ro = wx.trace_roles([{**key, **r} for r in cold], sms).iloc[0]
                         args.log(f"bn128 trace {qtype} {od}x{id_} (cold): fill {ro.fill_us:.2f} us, main "
                                  f"{ro.main_us:.2f} us ({ro.cycles_per_iter:,.0f} cycles a super-block), finish "
                                  f"{ro.finish_us:.2f} us, end {ro.end_us_max:.1f} us")
@@ -480,27 +485,27 @@ def step_wgmma_kpairtrace(out: Path, args) -> dict:
 
 def step_wgmma_kpairfin(out: Path, args) -> dict:
     """Round 7, twenty-sixth step: the KPAIR build's form with Y through TMA stores and the exit barrier arrived at
-    after the main loops (LK_EXP_KPAIR_FIN, wgmma.KPAIR_FIN), real-model gated and timed beside the KPAIR build, the
-    launches of record and cuBLAS at every point of wgmma.KPAIR_AB (labkernels.wgmma.kpair_ab with ``builds``; every
+    after the main loops (LK_EXP_KPAIR_FIN, wb.KPAIR_FIN), real-model gated and timed beside the KPAIR build, the
+    launches of record and cuBLAS at every point of wx.KPAIR_AB (experiments.kpair_ab with ``builds``; every
     launch parity-gated), recorded."""
-    return {"ok": True, "run": _kpair_ab_run(out, args, "kpairfin_ab", wgmma.KPAIR_AB, builds={"_fin": wgmma.KPAIR_FIN})}
+    return {"ok": True, "run": _kpair_ab_run(out, args, "kpairfin_ab", wx.KPAIR_AB, builds={"_fin": wb.KPAIR_FIN})}
 
 
 def step_wgmma_halfy(out: Path, args) -> dict:
     """Round 7, twenty-eighth step: what the float32 Y costs the FIN form -- its LK_ABLATE_HALFY build (half of Y's
     bytes stored, the bytes of a 16-bit Y; timing only, never gated) timed beside the FIN form, the KPAIR build, the
-    launches of record and cuBLAS at every point of wgmma.KPAIR_AB (labkernels.wgmma.kpair_ab: the FIN form
+    launches of record and cuBLAS at every point of wx.KPAIR_AB (experiments.kpair_ab: the FIN form
     real-model gated and gated at every point, the ablation not), recorded."""
-    return {"ok": True, "run": _kpair_ab_run(out, args, "halfy_ab", wgmma.KPAIR_AB, builds={"_fin": wgmma.KPAIR_FIN},
-                                             ablations={"_fin_halfy": wgmma.FIN_HALFY})}
+    return {"ok": True, "run": _kpair_ab_run(out, args, "halfy_ab", wx.KPAIR_AB, builds={"_fin": wb.KPAIR_FIN},
+                                             ablations={"_fin_halfy": wb.FIN_HALFY})}
 
 
 def step_wgmma_smemform(out: Path, args) -> dict:
     """Round 7, twenty-third step: the shared-memory form (one and two converter warpgroups) and the register form at
     BN=128, each beside its no-conversion build (LK_ABLATE_NOCONV, timing only), and cuBLAS, at the bar's shapes and
-    nt 512 / 4096 (labkernels.wgmma.smemform_ab; every plain launch parity-gated), recorded."""
-    return _record_ab(out, args, "smemform_ab", {**wgmma.SMEMFORM_AB, "ablations": list(wgmma.NOCONV)},
-                      wgmma.smemform_ab)
+    nt 512 / 4096 (experiments.smemform_ab; every plain launch parity-gated), recorded."""
+    return _record_ab(out, args, "smemform_ab", {**wx.SMEMFORM_AB, "ablations": list(wx.NOCONV)},
+                      wx.smemform_ab)
 
 
 #: prefill variants the A/B step can compare (name -> PrefillOptions fields)
@@ -567,44 +572,44 @@ def step_prefill_r7(out: Path, args) -> dict:
 
 def step_wgmma_plane(out: Path, args) -> dict:
     """Round 7: the q4_K scale plane (SCL=2, written at load) against the in-loop header decode (SCL=0) at BN=128,
-    beside the BN=256 split grids and cuBLAS at nt 512 and 4096 (labkernels.wgmma.plane_ab), real-model gated,
+    beside the BN=256 split grids and cuBLAS at nt 512 and 4096 (experiments.plane_ab), real-model gated,
     recorded."""
-    return _record_ab(out, args, "plane_ab", wgmma.PLANE_AB, wgmma.plane_ab)
+    return _record_ab(out, args, "plane_ab", wx.PLANE_AB, wx.plane_ab)
 
 
 def step_wgmma_ceiling(out: Path, args) -> dict:
     """Round 7: the plain launches against their no-load and no-conversion ablation builds (timing only), each plain
-    launch parity-gated, interleaved with cuBLAS at nt 512 and 4096 (labkernels.wgmma.ceiling_ab), recorded."""
-    return _record_ab(out, args, "ceiling_ab", {**wgmma.CEILING_AB, "builds": {k: list(v) for k, v in
-                                                                               wgmma.CEILING_BUILDS.items()}},
-                      wgmma.ceiling_ab)
+    launch parity-gated, interleaved with cuBLAS at nt 512 and 4096 (experiments.ceiling_ab), recorded."""
+    return _record_ab(out, args, "ceiling_ab", {**wx.CEILING_AB, "builds": {k: list(v) for k, v in
+                                                                            wx.CEILING_BUILDS.items()}},
+                      wx.ceiling_ab)
 
 
 def step_wgmma_floor(out: Path, args) -> dict:
     """Round 7: the launch floor -- the launches of record at nt=512 against an empty build of themselves (the same
     grid, threads, shared memory and parameters, no work; timing only), each plain launch parity-gated, interleaved
-    with cuBLAS and a 1-CTA empty kernel (labkernels.wgmma.floor_ab), recorded."""
-    return _record_ab(out, args, "floor_ab", {**wgmma.FLOOR_AB, "builds": {k: list(v) for k, v in
-                                                                           wgmma.FLOOR_BUILDS.items()}},
-                      wgmma.floor_ab)
+    with cuBLAS and a 1-CTA empty kernel (experiments.floor_ab), recorded."""
+    return _record_ab(out, args, "floor_ab", {**wx.FLOOR_AB, "builds": {k: list(v) for k, v in
+                                                                        wx.FLOOR_BUILDS.items()}},
+                      wx.floor_ab)
 
 
 def step_wgmma_clock(out: Path, args) -> dict:
     """Round 7: the SM clock during the launches of record and cuBLAS at nt=512 (a clock probe beside each launch,
-    after the flush; labkernels.wgmma.clock_ab), each launch parity-gated, recorded."""
-    return _record_ab(out, args, "clock_ab", wgmma.CLOCK_AB, wgmma.clock_ab)
+    after the flush; experiments.clock_ab), each launch parity-gated, recorded."""
+    return _record_ab(out, args, "clock_ab", wx.CLOCK_AB, wx.clock_ab)
 
 
 def step_wgmma_kscan(out: Path, args) -> dict:
     """Round 7: the launches of record and cuBLAS fp16 (fp16 and fp32 output) over id at nt=512, od=4096 (time =
     intercept + slope x id: fixed cost per launch against the main loop's cost per k), cuBLAS also alone at small
-    k, each launch parity-gated (labkernels.wgmma.kscan_ab), recorded."""
-    return _record_ab(out, args, "kscan_ab", wgmma.KSCAN_AB, wgmma.kscan_ab)
+    k, each launch parity-gated (experiments.kscan_ab), recorded."""
+    return _record_ab(out, args, "kscan_ab", wx.KSCAN_AB, wx.kscan_ab)
 
 
 def step_wgmma_kpair(out: Path, args) -> dict:
     """Round 7, exploratory: one 64-row x 256-token tile per CTA with k split between its two consumer warpgroups, in
     2-CTA clusters multicasting the activations (-DLK_EXP_KPAIR), real-model gated, against the launches of record and
-    cuBLAS at nt 512 and 4096, every launch parity-gated (labkernels.wgmma.kpair_ab), recorded."""
-    return _record_ab(out, args, "kpair_ab", {**wgmma.KPAIR_AB, "defines": list(wgmma.KPAIR),
-                                              "real_nts": list(wgmma.KPAIR_REAL_NTS)}, wgmma.kpair_ab)
+    cuBLAS at nt 512 and 4096, every launch parity-gated (experiments.kpair_ab), recorded."""
+    return _record_ab(out, args, "kpair_ab", {**wx.KPAIR_AB, "defines": list(wb.KPAIR),
+                                              "real_nts": list(wx.KPAIR_REAL_NTS)}, wx.kpair_ab)
