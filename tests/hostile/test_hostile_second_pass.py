@@ -307,3 +307,24 @@ def test_cli_arguments_found_by_the_held_out_harness(tmp_path):
         r = labkernels(*argv, timeout=60, LABKERNELS_DATA_DIR=str(tmp_path / "data"))
         assert_clean_error(r, msg)
     assert not (tmp_path / "data").exists()
+
+
+# ---------------------------------------------------------------------------------------------- class 9: faults
+def test_ctrl_c_while_the_cli_starts_exits_130_without_a_traceback():
+    """A Ctrl-C in the first second (the subcommands' modules importing, before any command runs) is an interrupt:
+    exit 130 and one line, like one during the command."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from hostile_util import env
+
+    for delay in (0.5, 1.0):
+        p = subprocess.Popen([sys.executable, "-m", "labkernels", "check-data"], cwd=REPO, env=env(), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        time.sleep(delay)
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode in (130, 0), (p.returncode, err)     # 0: it finished first
+        assert "Traceback" not in err, err
