@@ -54,6 +54,8 @@ def check_token_ids(tokens, vocab: int, what: str = "token ids") -> np.ndarray:
     a = a.reshape(-1)
     if a.size == 0:
         raise TokenError(f"{what}: empty (a prompt needs at least one token)")
+    if isinstance(vocab, bool) or not isinstance(vocab, (int, np.integer)) or vocab < 1:
+        raise TokenError(f"vocabulary size must be a positive integer, got {vocab!r}")
     if a.dtype == bool or not np.issubdtype(a.dtype, np.integer):
         bad = next((t for t in a.tolist() if isinstance(t, bool) or not isinstance(t, int)), a.tolist()[0])
         raise TokenError(f"{what} must be integers, got {type(bad).__name__} {bad!r} (dtype {a.dtype})")
@@ -342,6 +344,9 @@ def config_from_model(model) -> ModelConfig:
     k = lambda key: gguf_key(key, arch)  # noqa: E731   gguf-py's Keys, e.g. "LLM.BLOCK_COUNT" -> llama.block_count
 
     n_layer = _int(model, k("LLM.BLOCK_COUNT"), "number of layers")
+    if not _has_tensor(model, tensor_name("attn_norm", n_layer - 1)):
+        raise ModelError(f"{_where(model)}: missing tensor {tensor_name('attn_norm', n_layer - 1)!r}: "
+                         f"{k('LLM.BLOCK_COUNT')} = {n_layer} but the model has no such layer")
     n_embd = _int(model, k("LLM.EMBEDDING_LENGTH"), "hidden size")
     n_ff = _int(model, k("LLM.FEED_FORWARD_LENGTH"), "FFN size")
     n_head = _int(model, k("Attention.HEAD_COUNT"), "attention heads")

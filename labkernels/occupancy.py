@@ -46,6 +46,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .paths import read_small_file
+
 PROFILES_PATH = Path(__file__).resolve().parent / "profiles" / "devices.json"
 HARNESS_SRC = Path(__file__).resolve().parent / "tools" / "occ_harness.cpp"
 
@@ -70,8 +72,14 @@ def _norm(name: str) -> str:
 
 @functools.lru_cache(maxsize=4)
 def _load_raw(path: str) -> dict:
-    with open(path) as f:
-        return json.load(f)
+    text = read_small_file(path, OccupancyError, "device profile table", limit=16 << 20)
+    try:
+        raw = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise OccupancyError(f"device profile table {path}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("devices"), dict) or not isinstance(raw.get("archs"), dict):
+        raise OccupancyError(f"device profile table {path}: expected an object with 'devices' and 'archs' objects")
+    return raw
 
 
 def _resolve_arch(raw: dict, arch: str, seen=()) -> dict:

@@ -44,3 +44,47 @@ FOLDERS = {
 }
 #: folders that hold the runs of several rounds (see above)
 SHARED = ("prefill", "peers", "gpu_suite")   # gpu_suite: the GPU test suite's runs (gpu-check's tests step), by tier
+
+
+def read_small_file(path, error, what: str = "file", limit: int = 64 << 20, binary: bool = False):
+    """The contents of a small input file (a README, an index, a parameters or plan YAML, a device profile table),
+    or ``error`` naming the path and what is wrong: opened without blocking and checked with fstat before any read --
+    a FIFO (which would block for ever), a device such as /dev/zero (endless bytes), a directory, an empty file (the
+    /proc files that block or fail when read report size 0) or one over ``limit`` bytes is refused; text must be
+    UTF-8."""
+    import stat
+
+    p = Path(path)
+    if not str(path).strip():
+        raise error(f"{what} path is empty")
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise error(f"{what} {p}: no such file") from None
+    except OSError as e:
+        raise error(f"{what} {p}: cannot open ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise error(f"{what} {p}: is a directory, not a file")
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{what} {p}: not a regular file (a FIFO, a device or a socket: it could block or never end)")
+        if st.st_size == 0:
+            raise error(f"{what} {p}: is empty")
+        if st.st_size > limit:
+            raise error(f"{what} {p}: {st.st_size} bytes, more than the {limit} a {what} may hold")
+        try:
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                data = f.read(limit + 1)
+        except OSError as e:
+            raise error(f"{what} {p}: cannot read ({e.strerror or e})") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise error(f"{what} {p}: more than {limit} bytes (it grew while read)")
+    if binary:
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{what} {p}: not UTF-8 text ({e})") from None

@@ -1410,8 +1410,10 @@ def _record_standalone(args, what: str, fn) -> int:
 
 
 def _shapes(s: str | None) -> list[tuple[int, int]]:
-    if not s:
+    if s is None:
         return LAB_SHAPES
+    if not s.strip():
+        raise PeerError("--shapes is empty: use ODxID,ODxID (e.g. 4096x4096,11008x4096), or leave it out")
     try:
         shapes = [tuple(int(v) for v in x.lower().split("x")) for x in s.split(",")]
     except ValueError:
@@ -1434,8 +1436,10 @@ def _types(s: str) -> list[str]:
 
 
 def _nts(s: str | None) -> list[int]:
-    if not s:
+    if s is None:
         return LAB_NTS + EXTRA_NTS
+    if not s.strip():
+        raise PeerError("--nts is empty: a comma list of token counts (e.g. 512,4096), or leave it out")
     try:
         nts = [int(x) for x in s.split(",")]
     except ValueError:

@@ -128,8 +128,9 @@ def load_params(pairs, files, notebooks_dir: Path = NOTEBOOKS_DIR) -> tuple[dict
 
     glob, per = {}, {}
     for f in files or []:
+        text = paths.read_small_file(f, PipelineError, "-f parameters file", limit=1 << 20)
         try:
-            data = yaml.safe_load(Path(f).read_text()) or {}
+            data = yaml.safe_load(text) or {}
         except (OSError, yaml.YAMLError) as e:
             raise PipelineError(f"-f {f}: {e}") from None
         if not isinstance(data, dict):
@@ -624,8 +625,8 @@ def lock_holder(out_dir: Path) -> str:
     """Who holds the index lock of ``out_dir``, as its holder wrote it (pid, host, command, since when), and
     whether that process still runs; 'unknown' where the holder wrote nothing."""
     p = Path(out_dir) / LOCK_HOLDER
-    try:
-        h = json.loads(p.read_text(encoding="utf-8"))
+    try:   # a regular file of at most 64 KiB only: a FIFO there must not block the waiting build
+        h = json.loads(paths.read_small_file(p, OSError, "lock holder record", limit=1 << 16))
         pid = int(h["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return "an unknown process (it left no holder record)"
@@ -685,8 +686,9 @@ def read_index(p: Path) -> dict:
         raise PipelineError(f"{p}: cannot read the index ({e.strerror or e})") from None
     if not stat.S_ISREG(st.st_mode):
         raise PipelineError(f"{p} is not a regular file; nothing was run")
+    text = paths.read_small_file(p, PipelineError, "index", binary=True)   # no FIFO, /proc file, or endless read
     try:
-        state = json.loads(p.read_text(encoding="utf-8"))
+        state = json.loads(text.decode("utf-8"))
     except RecursionError:
         raise PipelineError(f"{p} is corrupt (nested too deeply); nothing was run") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -828,10 +830,43 @@ def write_index(out_dir: Path, state: dict, notebooks_dir: Path = NOTEBOOKS_DIR,
     return p
 
 
+#: the statuses a round's index entry may have (``run`` writes ok or failed)
+INDEX_STATUSES = ("ok", "failed")
+
+
+def check_index_entry(name: str, s) -> None:
+    """One round's index entry, as ``run`` writes it: a status of :data:`INDEX_STATUSES`; an ok entry has a
+    headline object (or null) of one-line texts (a README row is built from them); ``mode`` is a word or null.
+    PipelineError naming the round and the field otherwise -- the README is never rewritten from such an entry."""
+    if not isinstance(s, dict):
+        raise PipelineError(f"index entry {name!r} is {type(s).__name__}, expected an object")
+    st = s.get("status")
+    if st not in INDEX_STATUSES:
+        raise PipelineError(f"index entry {name!r}: status {st!r} is not one of {', '.join(INDEX_STATUSES)}")
+    if s.get("mode") is not None and not (isinstance(s["mode"], str) and re.fullmatch(r"[A-Za-z0-9_-]+", s["mode"])):
+        raise PipelineError(f"index entry {name!r}: mode {s['mode']!r} is not a word")
+    if st != "ok":
+        return
+    head = s.get("headline")
+    if head is not None and not isinstance(head, dict):
+        raise PipelineError(f"index entry {name!r}: headline {head!r:.80} is {type(head).__name__}, expected an "
+                            "object of texts")
+    for k, v in (head or {}).items():
+        if isinstance(v, (dict, list)) or v is None:
+            raise PipelineError(f"index entry {name!r}: headline {k!r} is {type(v).__name__}, expected a text or a number")
+        for t in (k, str(v)):
+            if "\n" in t or "\r" in t or "<!--" in t or "-->" in t:
+                raise PipelineError(f"index entry {name!r}: headline {k!r} holds a line break or an HTML comment "
+                                    f"marker ({t[:60]!r}): it would break the README's table")
+
+
 def results_table(state: dict, notebooks_dir: Path = NOTEBOOKS_DIR) -> str:
-    """The README's "where the lab stands" table, from an index: one row per round, its headline."""
+    """The README's "where the lab stands" table, from an index: one row per round, its headline. Every entry of a
+    known round is checked first (:func:`check_index_entry`)."""
     lines = ["| round | headline (from `reports/index.json`) |", "|---|---|"]
     for nb in discover(notebooks_dir):
+        if nb.stem in state:
+            check_index_entry(nb.stem, state[nb.stem])
         s = state.get(nb.stem) or {}
         if s.get("status") == "ok":
             head = "; ".join(f"{k}: {v}" for k, v in (s.get("headline") or {}).items()) or "-"
@@ -856,16 +891,25 @@ def table_rounds(table: str) -> dict[int, str]:
     return out
 
 
-def readme_table(readme: str) -> str:
-    """The table between the README's results-table markers."""
+def _check_markers(readme: str) -> None:
+    """Exactly one BEGIN marker, then exactly one END marker (the table between them is the one rewritten)."""
     if README_BEGIN not in readme or README_END not in readme:
         raise PipelineError(f"README has no results-table markers ({README_BEGIN} ... {README_END})")
+    if readme.count(README_BEGIN) != 1 or readme.count(README_END) != 1:
+        raise PipelineError(f"README has {readme.count(README_BEGIN)} results-table begin and "
+                            f"{readme.count(README_END)} end markers: exactly one of each (which table to rewrite?)")
+    if readme.index(README_END) < readme.index(README_BEGIN):
+        raise PipelineError("README's results-table end marker comes before its begin marker")
+
+
+def readme_table(readme: str) -> str:
+    """The table between the README's results-table markers."""
+    _check_markers(readme)
     return readme.split(README_BEGIN, 1)[1].split(README_END, 1)[0]
 
 
 def replace_readme_table(readme: str, table: str) -> str:
-    if README_BEGIN not in readme or README_END not in readme:
-        raise PipelineError(f"README has no results-table markers ({README_BEGIN} ... {README_END})")
+    _check_markers(readme)
     head, rest = readme.split(README_BEGIN, 1)
     _, tail = rest.split(README_END, 1)
     return f"{head}{README_BEGIN}\n{table}{README_END}{tail}"
@@ -1230,12 +1274,31 @@ def is_stand_in(nb: Path, params: dict, notes: dict) -> bool:
         return False
 
 
+def check_out_dir(out_dir) -> Path:
+    """The output folder of ``run``: not empty, not an existing file, and not inside the data root (pages and an
+    index written among the recorded runs would corrupt the record). PipelineError otherwise."""
+    if out_dir is None or not str(out_dir).strip():
+        raise PipelineError("--out is empty: give an output folder (default reports/)")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise PipelineError(f"--out {out}: exists and is not a folder")
+    data = records.data_root().resolve()
+    o = out.resolve()
+    if o == data or data in o.parents:
+        raise PipelineError(f"--out {out}: inside the data folder {data} -- the record holds recorded runs only; "
+                            "write the pages elsewhere (default reports/)")
+    return out
+
+
 def run(names=(), pairs=(), files=(), out_dir: Path = REPORTS_DIR, notebooks_dir: Path = NOTEBOOKS_DIR,
         timeout: int | None = None) -> int:
     import nbformat
 
-    out_dir = Path(out_dir)
     try:
+        out_dir = check_out_dir(out_dir)
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1):
+            raise PipelineError(f"--timeout {timeout!r}: a per-cell timeout is a whole number of seconds >= 1 "
+                                "(leave it out for no limit)")
         nbs = resolve(names, notebooks_dir)
         all_nbs = discover(notebooks_dir)
         glob, per = load_params(pairs, files, notebooks_dir)
@@ -1362,28 +1425,34 @@ def run(names=(), pairs=(), files=(), out_dir: Path = REPORTS_DIR, notebooks_dir
 
 
 def main(args) -> int:
+    if not str(args.out).strip():
+        raise PipelineError("--out is empty: give an output folder (default reports/)")
     return run(args.notebooks, args.param, args.params_file, Path(args.out), timeout=args.timeout)
 
 
 def _results_table_main(args) -> int:
+    if args.allow_fewer and not args.write:
+        raise PipelineError("--allow-fewer only means something with --write README")
     index = Path(args.index)
     if not index.exists():
         raise PipelineError(f"{index} does not exist: build the reports first (python3 lab.py reports)")
     state = read_index(index)          # the file named, never another one of its folder
     table = results_table(state)
-    if args.write:
+    if args.write is not None:
         readme = Path(args.write)
-        try:
-            text = readme.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise PipelineError(f"{readme}: cannot read the README ({e})") from None
+        text = paths.read_small_file(readme, PipelineError, "README")   # no FIFO, device, directory or empty file
         old = {n: h for n, h in table_rounds(readme_table(text)).items() if h != "not rendered"}
-        new = {n: h for n, h in table_rounds(table).items() if h != "not rendered"}
+        # a round counts as rendered in the index only when its entry is ok: a failed one would replace the README's
+        # headline with its error
+        # (and says something: an empty headline would replace the README's with '-')
+        ok_rounds = {int(k[:2]) for k, v in state.items()
+                     if re.match(r"\d\d_", k) and v.get("status") == "ok" and v.get("headline")}
+        new = {n: h for n, h in table_rounds(table).items() if h != "not rendered" and n in ok_rounds}
         lost = sorted(set(old) - set(new))
         if lost and not args.allow_fewer:
             raise PipelineError(
-                f"refusing to rewrite {readme}: {index} holds {len(new)} rendered round(s), the README's table "
-                f"{len(old)}; round(s) {', '.join(map(str, lost))} would become 'not rendered' (e.g. round {lost[0]}: "
+                f"refusing to rewrite {readme}: {index} holds {len(new)} rendered (ok) round(s), the README's table "
+                f"{len(old)}; round(s) {', '.join(map(str, lost))} would lose their headline (not rendered or failed in this index) (e.g. round {lost[0]}: "
                 f"{old[lost[0]][:80]!r}). Render them into this index first, or pass --allow-fewer to drop them on "
                 "purpose; nothing was written")
         atomic_write(readme, replace_readme_table(text, table))

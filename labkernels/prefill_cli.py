@@ -22,6 +22,10 @@ def _need_gpu():
                          "(recorded runs render in replay mode: labkernels run 05)")
 
 
+#: the longest prompt prompt_tokens makes (2^20 tokens; the lab's prompts are a few thousand)
+MAX_PROMPT_TOKENS = 1 << 20
+
+
 def prompt_tokens(model, n: int, prompt_ids=None, seed: int = 0) -> list[int]:
     """The given ids (the first ``n`` when n > 0), else n >= 1 tokens: a fixed prompt with deterministic random
     ids after it. Raises TokenError (a ValueError) for a negative or non-integer n, n = 0 without ids (an empty
@@ -30,10 +34,17 @@ def prompt_tokens(model, n: int, prompt_ids=None, seed: int = 0) -> list[int]:
 
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
         raise TokenError(f"token count must be a non-negative integer, got {n!r}")
+    if n > MAX_PROMPT_TOKENS:
+        raise TokenError(f"token count {n} is more than a prompt of the lab takes ({MAX_PROMPT_TOKENS})")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise TokenError(f"seed must be a non-negative integer, got {seed!r}")
     if prompt_ids is not None and len(prompt_ids) == 0:
         raise TokenError("--prompt-ids was given without any ids")
     if prompt_ids is None and n == 0:
         raise TokenError("an empty prompt: give --tokens N (N >= 1) or --prompt-ids")
+    if prompt_ids is not None and n and len(prompt_ids) < n:
+        raise TokenError(f"{len(prompt_ids)} prompt ids for a prompt of {n} tokens: give at least {n} ids, or n = 0 "
+                         "for exactly the ids")
     vocab = config_from_model(model).vocab
     if prompt_ids is not None:
         ids = check_token_ids(prompt_ids, vocab, "prompt ids").tolist()

@@ -29,9 +29,13 @@ import weakref
 
 import numpy as np
 
-from .arch import ModelConfig, check_shapes, check_token_ids, config_from_model, global_tensors, layer_tensors, validate_config
+from .arch import ModelConfig, TokenError, check_shapes, check_token_ids, config_from_model, global_tensors, layer_tensors, validate_config
 
-__all__ = ["RefModel", "forward_ref", "greedy_ref", "detokenize", "attention_mask", "rope", "rms_norm",
+class RefArgumentError(ValueError):
+    """An argument of the reference forward that is not a model, a dtype it computes in, or a count it takes."""
+
+
+__all__ = ["RefArgumentError", "RefModel", "forward_ref", "greedy_ref", "detokenize", "attention_mask", "rope", "rms_norm",
            "get_ref_model", "clear_cache"]
 
 GELU_COEF_A = 0.044715
@@ -145,9 +149,12 @@ class RefModel:
             validate_config(cfg, where=str(getattr(model, "path", None) or "model config"))
             check_shapes(model, cfg)
         self.cfg = cfg
-        self.dtype = np.dtype(dtype)
+        try:
+            self.dtype = np.dtype(dtype)
+        except TypeError:
+            raise RefArgumentError(f"reference forward: dtype must be float64 or float32, got {dtype!r}") from None
         if self.dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
-            raise ValueError(f"dtype must be float64 or float32, got {self.dtype}")
+            raise RefArgumentError(f"reference forward: dtype must be float64 or float32, got {self.dtype}")
         self._shared = shared if shared is not None else {}
         self._layers: list[dict | None] = [None] * self.cfg.n_layer
         g = global_tensors(self.cfg)
@@ -376,7 +383,20 @@ def forward_ref(model, tokens, cfg: ModelConfig | None = None, dtype=np.float64,
     (:class:`labkernels.model.Model`, :class:`labkernels.synthetic.SyntheticModel`). Dequantized weights
     are cached per model, so repeated calls only pay for the arithmetic.
     """
-    return get_ref_model(model, cfg, dtype, act_quant=act_quant).forward(tokens, last_only=last_only)
+    _check_model(model)
+    ref = get_ref_model(model, cfg, dtype, act_quant=act_quant)
+    try:
+        return ref.forward(tokens, last_only=last_only)
+    except MemoryError:
+        n = len(tokens) if hasattr(tokens, "__len__") else "?"
+        raise TokenError(f"reference forward of {n} tokens: out of memory (its attention is [heads, T, T] in "
+                         f"{np.dtype(dtype).name}); use fewer tokens") from None
+
+
+def _check_model(model) -> None:
+    if not (callable(getattr(model, "tensor", None)) and callable(getattr(model, "field", None))):
+        raise RefArgumentError(f"the reference forward takes a model (labkernels.model.open_model, "
+                         f"synthetic.SyntheticModel), got {type(model).__name__}")
 
 
 def greedy_ref(model, prompt_ids, n_new: int = 32, cfg: ModelConfig | None = None, dtype=np.float64,
@@ -387,10 +407,13 @@ def greedy_ref(model, prompt_ids, n_new: int = 32, cfg: ModelConfig | None = Non
     position's logits (only that position's head is computed; see :meth:`RefModel.next_token`). Stops
     early at an id in ``stop_ids`` (which is included in the result).
     """
+    _check_model(model)
+    if isinstance(n_new, bool) or not isinstance(n_new, (int, np.integer)) or n_new < 0:
+        raise TokenError(f"n_new must be an integer >= 0 (tokens to generate), got {n_new!r}")
     ref = get_ref_model(model, cfg, dtype, act_quant=act_quant)
-    ids = [int(t) for t in prompt_ids]
+    ids = check_token_ids(prompt_ids, ref.cfg.vocab, "prompt ids").tolist()
     out: list[int] = []
-    stop = set(int(s) for s in stop_ids) if stop_ids else set()
+    stop = set(check_token_ids(stop_ids, ref.cfg.vocab, "stop ids").tolist()) if stop_ids else set()
     for _ in range(n_new):
         nxt = ref.next_token(ids)
         out.append(nxt)

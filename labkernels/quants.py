@@ -248,20 +248,22 @@ def quantize(x: np.ndarray, qtype) -> np.ndarray:
     qtype = normalize_qtype(qtype)
     if QTYPES[qtype].quant is None:
         raise QuantFormatError(f"quantize does not support {qtype!r} (supported: {', '.join(QUANT_TYPES)})")
+    if x is None:
+        raise QuantFormatError("quantize: x is None, expected an array of real numbers")
     x = np.asarray(x)
     if np.iscomplexobj(x):
-        raise ValueError(f"quantize: complex input (dtype {x.dtype}) is not supported; pass x.real explicitly")
+        raise QuantFormatError(f"quantize: complex input (dtype {x.dtype}) is not supported; pass x.real explicitly")
     if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
-        raise ValueError(f"quantize: expected real numbers, got dtype {x.dtype}")
+        raise QuantFormatError(f"quantize: expected real numbers, got dtype {x.dtype}")
     squeeze = x.ndim == 1
     x2 = x.reshape(1, -1) if squeeze else x
     if x2.ndim != 2:
-        raise ValueError(f"quantize expects a 1-D or 2-D array, got shape {x.shape}")
+        raise QuantFormatError(f"quantize expects a 1-D or 2-D array, got shape {x.shape}")
     with np.errstate(over="ignore"):
         x32 = np.ascontiguousarray(x2, dtype=np.float32)
     if x2.dtype != np.float32 and np.isfinite(x2).all() and not np.isfinite(x32).all():
         r, c = (int(i) for i in np.argwhere(~np.isfinite(x32))[0])
-        raise ValueError(f"quantize: x[{r}, {c}] = {float(x2[r, c])!r} is beyond float32's range")
+        raise QuantFormatError(f"quantize: x[{r}, {c}] = {float(x2[r, c])!r} is beyond float32's range")
     x2 = x32
     out = QTYPES[qtype].quant(x2)
     return out[0] if squeeze else out

@@ -65,6 +65,10 @@ MANIFEST_SUFFIX = ".manifest"
 FINISHED = ("complete", "failed")
 #: every status a run can have: ``running`` while it is recorded, then one of :data:`FINISHED`
 STATUSES = ("running",) + FINISHED
+#: what a run records: a measurement (default) or a Dask sweep's summary (``labkernels sweep``)
+KINDS = ("measure", "sweep")
+#: the largest file size a manifest may state (an int64 byte count; a larger one is corrupt, not a file)
+MAX_MANIFEST_BYTES = 2**62
 #: the largest run metadata / manifest the lab reads (a run's JSON is a few KB; this bounds a hostile file)
 MAX_JSON_BYTES = 64 << 20
 #: an attachment's name (:meth:`Run.attach`): a stem of lowercase letters, digits, ``_`` and ``-``, then an extension
@@ -143,7 +147,13 @@ class Run:
     def append(self, table: str, rows) -> None:
         """Append rows (dict, list of dicts or DataFrame) to a table of this run, flushing to disk now."""
         self._check_open()
-        df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame([rows] if isinstance(rows, dict) else rows)
+        if isinstance(rows, (list, tuple)) and not all(isinstance(r, dict) for r in rows):
+            bad = next(r for r in rows if not isinstance(r, dict))
+            raise RecordError(f"table {table!r}: rows must be dicts, got a {type(bad).__name__} in the list")
+        if not isinstance(rows, (pd.DataFrame, dict, list, tuple)):
+            raise RecordError(f"table {table!r}: rows are a dict, a list of dicts or a DataFrame, got "
+                              f"{type(rows).__name__}")
+        df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame([rows] if isinstance(rows, dict) else list(rows))
         if df.empty:
             return
         p = self.table_path(table)
@@ -250,6 +260,8 @@ def _json_default(o):
 
 def new_run(round_name: str, params: dict | None = None, root: Path | None = None, kind: str = "measure") -> Run:
     check_series(round_name)
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise RecordError(f"run kind {kind!r}: one of {', '.join(KINDS)}")
     if params is not None and not isinstance(params, dict):
         raise RecordError(f"run params must be a dict, got {type(params).__name__}")
     root = Path(root) if root else data_root()
@@ -554,9 +566,12 @@ def check_manifest(mp: Path, man) -> dict:
                               "digits)")
         for k in ("bytes",) + (("rows",) if name.endswith(".csv") else ()):
             v = e.get(k)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > MAX_MANIFEST_BYTES:
                 raise RecordError(f"{mp}: corrupt manifest (entry {name!r}: {k} is {_type_name(v)} {v!r:.80}, expected "
-                                  "a non-negative integer)")
+                                  f"a non-negative integer up to {MAX_MANIFEST_BYTES})")
+    if "status" in man and man["status"] not in FINISHED:
+        raise RecordError(f"{mp}: corrupt manifest (status {man['status']!r}: a manifest is written when a run "
+                          f"finished: {' or '.join(FINISHED)})")
     return files
 
 
@@ -645,6 +660,9 @@ def verify_run(run: Run) -> Run:
     files = check_manifest(mp, man)
     if man.get("run_id") != run.run_id:
         raise RecordError(f"{mp}: manifest of run {man.get('run_id')!r}, not {run.run_id!r}")
+    if man.get("status") is not None and man["status"] != run.meta.get("status"):
+        raise RecordError(f"{mp}: the manifest says the run is {man['status']!r}, its metadata "
+                          f"{run.meta.get('status')!r}")
     want = {p.name for p in _run_files(run)}
     if set(files) != want:
         extra, missing = sorted(set(files) - want), sorted(want - set(files))
@@ -697,7 +715,11 @@ def _scan(root: Path, strict_top: bool) -> tuple[list[Path], list[str]]:
     """(metadata files of the runs under root, problems) -- every file under a round folder must belong to a
     run; with ``strict_top`` a file directly under root is a problem too (an import source)."""
     metas, problems = [], []
-    for entry in sorted(root.iterdir()):
+    try:
+        top = sorted(root.iterdir())
+    except OSError as e:
+        raise RecordError(f"{root}: cannot list the data folder ({e.strerror or e})") from None
+    for entry in top:
         if entry.name.startswith("."):
             continue
         if entry.is_file():
@@ -708,13 +730,21 @@ def _scan(root: Path, strict_top: bool) -> tuple[list[Path], list[str]]:
         if not entry.is_dir() or (not strict_top and entry.name in NON_RUN_DIRS):
             continue
         ids = []
-        for q in sorted(entry.iterdir()):
+        try:
+            listing = sorted(entry.iterdir())
+        except OSError as e:
+            problems.append(f"{entry}: cannot list the folder ({e.strerror or e})")
+            continue
+        for q in listing:
+            if q.name.startswith(".") and q.name.endswith(".tmp") and RUN_ID_RX.match(q.name[1:]):
+                problems.append(f"{q}: a temporary file of the run {q.name[1:].split('.')[0]}, left by a write that was "
+                                "interrupted (or is still in progress): nothing refers to it; remove it")
             if q.name.startswith("."):
                 continue
             if q.is_file() and q.suffix == ".json" and RUN_ID_RX.match(q.stem):
                 metas.append(q)
                 ids.append(q.stem)
-        for q in sorted(entry.iterdir()):
+        for q in listing:
             if q.name.startswith(".") or q in metas:
                 continue
             if not q.is_file():
@@ -733,7 +763,10 @@ def check_data(root: Path | None = None) -> tuple[int, list[str]]:
     root = Path(root) if root else data_root()
     if not root.is_dir():
         return 0, [f"{root}: no such data folder"]
-    metas, problems = _scan(root, strict_top=False)
+    try:
+        metas, problems = _scan(root, strict_top=False)
+    except OSError as e:     # a folder that cannot be read (permissions): say which
+        raise RecordError(f"{root}: cannot read the data folder ({e})") from None
     problems += [f"{d}: a folder of the old layout; its runs belong in {d.parent / folder(d.name)} (run `labkernels "
                  f"migrate-data --root {root}`)" for d in legacy_folders(root)]
     for m in metas:
@@ -996,6 +1029,8 @@ def migrate(root: Path | None = None) -> list[tuple[str, str, str]]:
 def check_data_main(args) -> int:
     import sys
 
+    if args.root is not None and not str(args.root).strip():
+        raise RecordError("--root is empty: give a data folder, or leave --root out for data/")
     root = Path(args.root) if args.root else data_root()
     if (args.force or args.reason) and not args.seal:
         raise RecordError("--force / --reason go with --seal")
@@ -1013,6 +1048,8 @@ def check_data_main(args) -> int:
 
 
 def migrate_main(args) -> int:
+    if args.root is not None and not str(args.root).strip():
+        raise RecordError("--root is empty: give a data folder, or leave --root out for data/")
     root = Path(args.root) if args.root else data_root()
     if not root.is_dir():
         raise RecordError(f"{root}: {'not a folder' if root.exists() else 'no such data folder'}")

@@ -45,7 +45,10 @@ class Q8_1:
 def quantize_activations(x: np.ndarray) -> Q8_1:
     from .quantize_ref import quantize_q8_1
 
-    x = np.asarray(x, np.float32)
+    x = np.asarray(x)
+    if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)) or x.dtype == bool:
+        raise ShapeError(f"activations must be real numbers, got dtype {x.dtype}")
+    x = x.astype(np.float32, copy=False)
     if x.ndim != 2:
         raise ShapeError(f"activations must be 2-D [nt, id], got {x.shape}")
     if x.shape[1] % 32:
@@ -89,8 +92,12 @@ def weight_codes(w_raw: np.ndarray, qtype: str, stride: int | None = None):
     q6_K: (q int8 [od, id] centered -32..31, dsc float64 [od, id/16] = d*sc)
     q4_K: (q uint8 [od, id] 0..15, dsc float64 [od, id/32] = d*sc, dmm float64 [od, id/32] = dmin*m)
     """
+    nbytes = _stride(qtype, stride)
+    w_raw = np.asarray(w_raw)
+    if w_raw.ndim != 2 or w_raw.dtype != np.uint8 or w_raw.shape[0] < 1 or w_raw.shape[1] % nbytes:
+        raise ShapeError(f"weights must be uint8 [od, row_bytes] of whole {nbytes}-byte {qtype} blocks, got "
+                         f"{w_raw.dtype} {w_raw.shape}")
     od = w_raw.shape[0]
-    nbytes = stride or quants.BLOCK_SIZES[qtype][1]
     blocks = np.ascontiguousarray(w_raw).reshape(-1, nbytes)
     nsb = blocks.shape[0] // od
     if qtype == "q6_K":
@@ -141,6 +148,20 @@ def gemm_f64_ref(w_raw: np.ndarray, qtype: str, x: np.ndarray, stride: int | Non
     qtype = quants.normalize_qtype(qtype)
     if qtype == "q6_K_224" or (qtype == "q6_K" and stride == 224):
         w_raw, qtype = quants.unpad_q6k(w_raw), "q6_K"
+    if qtype not in ("q4_K", "q6_K"):
+        raise ShapeError(f"the float64 reference covers q4_K and q6_K, not {qtype}")
+    nbytes = quants.BLOCK_SIZES[qtype][1]
+    w_raw = np.asarray(w_raw)
+    if w_raw.ndim != 2 or w_raw.dtype != np.uint8 or w_raw.shape[0] < 1 or w_raw.shape[1] % nbytes or not w_raw.shape[1]:
+        raise ShapeError(f"weights must be uint8 [od, row_bytes] of whole {nbytes}-byte {qtype} blocks, got "
+                         f"{w_raw.dtype} {w_raw.shape}")
+    quants.check_scales(w_raw, qtype, "weights", error=ShapeError)
+    id_ = w_raw.shape[1] // nbytes * 256
+    x = np.asarray(x)
+    if x.dtype == bool or not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
+        raise ShapeError(f"activations must be real numbers, got dtype {x.dtype}")
+    if x.ndim != 2 or x.shape[1] != id_:
+        raise ShapeError(f"activations must be 2-D [nt, {id_}] for weights of id={id_}, got {x.shape}")
     gt = {"q6_K": gguf.GGMLQuantizationType.Q6_K, "q4_K": gguf.GGMLQuantizationType.Q4_K}[qtype]
     w = gguf.quants.dequantize(np.ascontiguousarray(w_raw), gt).astype(np.float64)
     return np.asarray(x, np.float64) @ w.T
@@ -165,4 +186,7 @@ def parity(y: np.ndarray, ref_int: np.ndarray, ref64: np.ndarray | None = None) 
 
 
 def macs(nt: int, od: int, id_: int) -> int:
+    for k, v in (("nt", nt), ("od", od), ("id", id_)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ShapeError(f"macs: {k} must be a non-negative integer, got {v!r}")
     return int(nt) * int(od) * int(id_)

@@ -256,10 +256,13 @@ def load_plan(src) -> Plan:
         data = src
     else:
         p = Path(src)
+        if not str(src).strip():
+            raise PlanError("the plan path is empty: give a plan YAML (see labkernels/plans/)")
         if not p.exists():
             raise PlanError(f"plan file {p} does not exist")
+        text = paths.read_small_file(p, PlanError, "plan file", limit=1 << 20)   # no FIFO, device or endless file
         try:
-            data = yaml.safe_load(p.read_text())
+            data = yaml.safe_load(text)
         except yaml.YAMLError as e:
             raise PlanError(f"{p}: not valid YAML: {e}") from None
     if not isinstance(data, dict) or not isinstance(data.get("tasks"), list) or not data["tasks"]:
@@ -679,10 +682,32 @@ def open_client(cluster: str, max_attempts: int = 3):
         return _open_client(cluster, dash, Client, LocalCluster)
 
 
+def check_cluster(cluster) -> str:
+    """``cluster`` when it is local[:N], local-cuda[:N] (N >= 1) or tcp://HOST:PORT / tls://HOST:PORT (port 1..65535);
+    SweepError naming what is wrong otherwise -- checked before anything starts or is written."""
+    if not isinstance(cluster, str) or not cluster.strip():
+        raise SweepError(f"--cluster {cluster!r}: use local[:N], local-cuda[:N] or tcp://HOST:PORT")
+    if cluster.startswith(("tcp://", "tls://")):
+        host, _, port = cluster.split("://", 1)[1].rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise SweepError(f"--cluster {cluster!r}: a scheduler address is tcp://HOST:PORT with a port 1..65535")
+        return cluster
+    kind, _, n = cluster.partition(":")
+    if kind not in ("local", "local-cuda"):
+        raise SweepError(f"--cluster {cluster!r}: use local[:N], local-cuda[:N] or tcp://HOST:PORT")
+    if n and not (n.isdigit() and int(n) > 0):
+        raise SweepError(f"--cluster {cluster}: the worker count must be a positive integer")
+    return cluster
+
+
 def _open_client(cluster: str, dash, Client, LocalCluster):
     kind, _, n = cluster.partition(":")
+    check_cluster(cluster)
     if cluster.startswith("tcp://") or cluster.startswith("tls://"):
-        client, cl = Client(cluster, timeout="30s"), None
+        try:
+            client, cl = Client(cluster, timeout="30s"), None
+        except OSError as e:     # no scheduler there (a refused or timed-out connection)
+            raise SweepError(f"--cluster {cluster}: cannot reach the scheduler ({e})") from None
     elif kind in ("local", "local-cuda"):
         if n and not (n.isdigit() and int(n) > 0):
             raise SweepError(f"--cluster {cluster}: the worker count must be a positive integer")
@@ -1186,6 +1211,18 @@ def stand_in(plan: Plan) -> bool:
 
 def main(args) -> int:
     plan = load_plan(args.plan)
+    check_cluster(args.cluster)
+    for opt, v in (("--data", args.data), ("--workdir", args.workdir)):
+        if v is not None and not str(v).strip():
+            raise SweepError(f"{opt} is empty: give a folder, or leave it out")
+        if v is not None and Path(v).exists() and not Path(v).is_dir():
+            raise SweepError(f"{opt} {v}: exists and is not a folder")
+    if args.workdir is not None:
+        data = Path(args.data or records.data_root()).resolve()
+        w = Path(args.workdir).resolve()
+        if w == data or data in w.parents:
+            raise SweepError(f"--workdir {args.workdir}: inside the data folder {data}: staging files and rendered "
+                             "notebooks are not records; use a folder outside it")
     root = Path(args.data) if args.data else None
     scratch = None
     if root is None and stand_in(plan) and not args.record:

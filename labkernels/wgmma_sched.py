@@ -139,13 +139,13 @@ def schedule(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> tup
       grid for tiles whose super-block count has no divisor that fits, e.g. 4096 x 11008's 43 at nt=512 (G=2: 21 and
       22). Where G divides I it is SK=2's grid. G < 2 is refused (ShapeError)."""
     if sk not in (0, 1, 2, 3):
-        raise ValueError(f"SK is 0 (data-parallel), 1 (stream-K), 2 (uniform split-k) or 3 (tile-aligned split-k), "
+        raise ShapeError(f"SK is 0 (data-parallel), 1 (stream-K), 2 (uniform split-k) or 3 (tile-aligned split-k), "
                          f"not {sk!r}")
     check_launch_shape(nt, od, id_, BN, sm_count, "schedule")
     tiles = tile_count(nt, od, BN)
     nsb = id_ // QK
     if tiles * nsb >= 2 ** 31 or od * nsb >= 2 ** 31:
-        raise ValueError(f"{nt} x {od} x {id_} exceeds the kernel's 32-bit iteration and block counts")
+        raise ShapeError(f"{nt} x {od} x {id_} exceeds the kernel's 32-bit iteration and block counts")
     if not sk:
         return tiles, tiles
     if sk in (2, 3):
