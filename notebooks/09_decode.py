@@ -154,5 +154,5 @@ if len(nb_table):
 # %%
 now = r9.state_now()
 report.abstract(r9.abstract_now())
-report.headline(**now, **{f"first measured build (step 1): {k}": v for k, v in r9.headline(run).items()})
+report.headline(**now)      # step 1's figures: the lead figure, the prediction and every-point tables above
 report.footer(run.provenance)
