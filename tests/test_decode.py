@@ -452,8 +452,10 @@ def test_generation_rows_name_models_as_llama_bench_rows_do(tmp_path):
     from labkernels import peers
     from labkernels.rounds import r09_decode
 
-    for spec in ("synthetic-7b", "synthetic-gemma3", "/tmp/model/gemma-3-270m-q4_k_m.gguf", "Other-Model.GGUF"):
-        assert r09_decode.model_label(spec) == peers.model_label(spec)
+    assert r09_decode.model_label is peers.model_label
+    labels = [r09_decode.model_label(s) for s in ("synthetic-7b", "synthetic-gemma3",
+                                                  "/tmp/model/gemma-3-270m-q4_k_m.gguf", "Other-Model.GGUF")]
+    assert labels == ["synthetic-7b", "synthetic-gemma3", "gemma-3-270m-q4_k_m", "other-model"]
     with pytest.raises(ValueError, match="no such GGUF file"):
         r09_decode.step_generate(tmp_path, argparse.Namespace(gemma=str(tmp_path / "absent.gguf"), log=print))
     assert not (tmp_path / "data").exists()
@@ -482,3 +484,14 @@ def test_round9_page_leads_with_the_latest_step_and_generation(tmp_path):
     empty.mkdir()
     assert "gemv" not in r9.state_facts(empty) and "gen" not in r9.state_facts(empty)
     assert "Nothing is recorded yet." in r9.abstract_now(empty)
+
+
+def test_round9_abstract_names_each_card_when_the_figures_come_from_two(monkeypatch):
+    from labkernels.rounds import r09_decode as r9
+
+    facts = {"gemv": {"card": "NVIDIA H100 80GB HBM3", "us": 27.6, "frac_copy": 0.4, "mmvq_us": 16.1},
+             "gen": {"card": "NVIDIA H200", "tok_s": 220.0, "llama_tg128": 285.0}}
+    monkeypatch.setattr(r9, "state_facts", lambda root=None: facts)
+    text = r9.abstract_now()
+    assert "27.6 us, 40% of the copy line (0.58x the speed of llama.cpp's MMVQ) (on an NVIDIA H100 80GB HBM3)" in text
+    assert "220 tokens/s (0.77x llama-bench's tg128) (on an NVIDIA H200)" in text and "On an" not in text

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..peers import model_label, sha256_file   # a GGUF named as llama-bench's rows name it
+
 NOTEBOOK = "09_decode"
 DATA = ("decode",)
 #: (od, id) of the 7B's weights (llama.cpp's test-backend-ops m x k)
@@ -176,8 +178,8 @@ LEDGER = [
          {"what": "PIPE=4 MT=1, default split, q4_K 4096x14336 nt=1 f16", "metric": "us", "low": 19.0, "high": 24.0,
           "why": "3 super-blocks in flight a CTA, continuously (138 KB an SM against the 23-34 KB Little's law asks): "
                  "the steady state at 85-95% of the line; the tail kept (5 CTAs an SM: S=11, 704 CTAs on 660 slots)"},
-         {"what": "PIPE=4, S='wave', best of MT 1/2, q4_K 4096x14336 nt=1 f16", "metric": "us", "low": 14.0,
-          "high": 18.0,
+         {"what": "PIPE=4, S='wave', best of MT 1/2, q4_K 4096x14336 nt=1 f16", "headline": True, "metric": "us",
+          "low": 14.0, "high": 18.0,
           "why": "= 62-80% of the 2.98 TB/s line (the bar, 80%, at 13.6 us: reached only at the bottom of the range): "
                  "the bytes at ~90% of the line (12.3 us) plus the ramp (the first super-block's latency, ~1.5 us) and "
                  "the split's end (the last CTA's fence, arrival atomic and S partial loads: ~1.5-3 us)"},
@@ -364,16 +366,6 @@ def step_decode(out, args) -> dict:
 GEN_PLAN = {"models": ["synthetic-gemma3", "synthetic-7b"], "prompts": [128, 512, 2048], "n_new": 128, "repeats": 3}
 
 
-def _sha256(path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def stored_weight_bytes(model) -> int:
     """The bytes of the weights one decode step reads, as stored in the GGUF: every tensor but the token embedding
     (one row of it is read), plus the embedding where the output head is tied to it (no ``output.weight``)."""
@@ -441,14 +433,6 @@ def measure_generate(run, models=GEN_PLAN["models"], prompts=GEN_PLAN["prompts"]
     return rows
 
 
-def model_label(spec: str) -> str:
-    """A generation row's model, as llama-bench's rows name it (``peers.model_label``): the synthetic model's name,
-    else the GGUF file's stem lower-cased (``gemma-3-270m-q4_k_m``)."""
-    from ..synthetic import SYNTHETIC
-
-    return spec if spec in SYNTHETIC else Path(spec).stem.lower()
-
-
 def step_generate(out, args) -> dict:
     """gpu-check step ``generate``: tokens/s of the KV-cache generation per model and prompt length (GEN_PLAN) into
     ``out/data`` (a ``decode`` run whose params say ``what: generate``); ``--gemma PATH`` adds the real Gemma 3 270M
@@ -462,7 +446,7 @@ def step_generate(out, args) -> dict:
         if not p.is_file():
             raise ValueError(f"generate: --gemma {gemma}: no such GGUF file")
         plan["models"] = [str(p), *GEN_PLAN["models"]]
-        plan["gemma_sha256"] = _sha256(p)
+        plan["gemma_sha256"] = sha256_file(p)
     with records.recording("decode", {**plan, "what": "generate"}, root=out / "data") as run:
         rows = measure_generate(run, progress=getattr(args, "log", print),
                                 **{k: plan[k] for k in ("models", "prompts", "n_new", "repeats")})
@@ -845,7 +829,7 @@ def state_now(root=None) -> dict:
             f"({g['card']}){vs}")
     if "next" in f:
         s = f["next"]
-        main = s["prediction"][min(3, len(s["prediction"]) - 1)]
+        main = next((c for c in s["prediction"] if c.get("headline")), s["prediction"][0])   # the step's main claim
         out[f"next (step {s['step']}, built at {s['commit']})"] = (
             f"{s['name']}: not measured yet; predicted {main['what']}: {main['low']:g}-{main['high']:g} "
             f"({main['metric']})")
@@ -867,8 +851,12 @@ def abstract_now(root=None) -> str:
             f" ({g['tok_s'] / g['llama_tg128']:.2f}x llama-bench's tg128)" if g["llama_tg128"] else ""))
     first = ("Round 9 builds the lab's decode — k-quant matrix-vector kernels measured against the copy bandwidth of "
              "the same card, and generation with a KV cache — each against llama.cpp on the same card and GGUF.")
-    mid = ("On an " + f.get("gemv", f.get("gen", {})).get("card", "unrecorded card") + ", " + " and ".join(parts) + "."
+    cards = {f[k]["card"] for k in ("gemv", "gen") if k in f}
+    if len(cards) > 1:          # the figures came from different cards: each names its own
+        parts = [f"{p} (on an {f[k]['card']})" for p, k in zip(parts, [k for k in ("gemv", "gen") if k in f])]
+    mid = ((f"On an {cards.pop()}, " if len(cards) == 1 else "") + " and ".join(parts) + "."
            if parts else "Nothing is recorded yet.")
+    mid = mid[0].upper() + mid[1:]
     last = (f"Both are short of their targets ({TARGETS['frac_copy_nt1']:.0%} of the copy line at one token, "
             f"{TARGETS['vs_llama_tg']:g}x llama.cpp's tokens/s)"
             + (f"; step {f['next']['step']} ({f['next']['name'].split(':')[0]}) is built and waits for its run."
