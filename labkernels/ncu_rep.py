@@ -250,13 +250,33 @@ def _numeric(v) -> bool:
         return False
 
 
+def _per_pc(m) -> bool:
+    """An instanced metric whose correlation ids are PCs and whose values are numbers. ncu also correlates
+    string values with PCs (a launch's cache preference 'CachePreferNone') and counts per *opcode* with the
+    opcode names as correlation ids ('FFMA', seen on an H100 at 2406c00): neither is a per-PC count."""
+    if m is None or not m.has_correlation_ids() or m.num_instances() == 0 or not _numeric(m.value(0)):
+        return False
+    ids = m.correlation_ids()
+    if ids is None:
+        return False
+    first = ids.value(0)
+    if isinstance(first, bool):
+        return False
+    if isinstance(first, int):
+        return True
+    try:
+        int(str(first), 0)
+        return True
+    except ValueError:
+        return False
+
+
 def source_metrics(action) -> list[str]:
     """The kernel's numeric source-correlated metrics (instanced, with correlation ids = PCs), the preferred ones
-    first; string-valued instanced metrics are left out (they cannot be summed per line)."""
+    first; string-valued and per-opcode instanced metrics are left out (they cannot be summed per line)."""
     found = []
     for name in action.metric_names():
-        m = action.metric_by_name(name)
-        if m is not None and m.has_correlation_ids() and m.num_instances() > 0 and _numeric(m.value(0)):
+        if _per_pc(action.metric_by_name(name)):
             found.append(name)
     pref = [n for n in HOTSPOT_METRICS if n in found]
     return pref + sorted(n for n in found if n not in pref)
@@ -271,11 +291,12 @@ def pc_table(action, names=None) -> pd.DataFrame:
         m = action.metric_by_name(name)
         if m is None or not m.has_correlation_ids():
             continue
-        if m.num_instances() and not _numeric(m.value(0)):
-            raise ValueError(f"per-PC metric {name!r} is not numeric (its first value is {m.value(0)!r})")
+        if m.num_instances() and not _per_pc(m):
+            raise ValueError(f"metric {name!r} is not a numeric per-PC count (its first value is {m.value(0)!r}, "
+                             f"its first correlation id {m.correlation_ids().value(0)!r})")
         ids = m.correlation_ids()
         for i in range(m.num_instances()):
-            pc = int(ids.value(i))
+            pc = ids.value(i) if isinstance(ids.value(i), int) else int(str(ids.value(i)), 0)
             v = m.value(i)
             row = per_pc.setdefault(pc, {"pc": pc})
             row[name] = row.get(name, 0.0) + (float(v) if v is not None else 0.0)

@@ -149,6 +149,8 @@ def _ctx():
         FakeMetric("smsp__pcsamp_sample_count", instances=[5, 20, 10, 65], pcs=PCS),
         # ncu correlates string-valued metrics with PCs too (seen on an H100: 'CachePreferNone')
         FakeMetric("launch__func_cache_config", instances=["CachePreferNone"] * 4, pcs=PCS, mtype=0),
+        # and counts per opcode with the opcode names as correlation ids (seen on an H100 at 2406c00: 'FFMA')
+        FakeMetric("sass__inst_executed_per_opcode", instances=[12.0, 3.0], pcs=["FFMA", "IMAD"]),
     ], nvtx=["target"], sass=SASS, src=SRC)
     return FakeContext([FakeRange([prep, tgt])])
 
@@ -197,8 +199,10 @@ def test_pc_table_and_hotspots():
     assert ncu_rep.sass_hotspots(pcs, by="smsp__pcsamp_sample_count", top=1).loc[0, "pc"] == 0x130
     with pytest.raises(KeyError, match="no per-PC metric"):
         ncu_rep.line_hotspots(pcs, by="nope")
-    with pytest.raises(ValueError, match="launch__func_cache_config.*not numeric"):
+    with pytest.raises(ValueError, match="launch__func_cache_config.*not a numeric per-PC count"):
         ncu_rep.pc_table(act, ["launch__func_cache_config"])
+    with pytest.raises(ValueError, match="per-PC count"):
+        ncu_rep.pc_table(act, ["sass__inst_executed_per_opcode"])
     assert ncu_rep.opcode("@!P0 IMMA.16816.S8.S8 R12") == "IMMA" and ncu_rep.opcode("") == ""
 
 
