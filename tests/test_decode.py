@@ -489,9 +489,23 @@ def test_round9_page_leads_with_the_latest_step_and_generation(tmp_path):
 def test_round9_abstract_names_each_card_when_the_figures_come_from_two(monkeypatch):
     from labkernels.rounds import r09_decode as r9
 
-    facts = {"gemv": {"card": "NVIDIA H100 80GB HBM3", "us": 27.6, "frac_copy": 0.4, "mmvq_us": 16.1},
+    facts = {"gemv": {"card": "NVIDIA H100 80GB HBM3", "us": 27.6, "frac_copy": 0.4, "mmvq_us": 16.1,
+                      "run": "20261206T204403Z-h10080gbhbm3-1f97ec7", "mmvq_run": "20261206T204547Z-h10080gbhbm3-1f97ec7"},
              "gen": {"card": "NVIDIA H200", "tok_s": 220.0, "llama_tg128": 285.0}}
     monkeypatch.setattr(r9, "state_facts", lambda root=None: facts)
     text = r9.abstract_now()
     assert "27.6 us, 40% of the copy line (0.58x the speed of llama.cpp's MMVQ) (on an NVIDIA H100 80GB HBM3)" in text
+    facts["gemv"]["run"] = "20261207T004259Z-h10080gbhbm3-2406c00"       # another commit, hours later: another call
+    assert "MMVQ, timed in another call on the same card model)" in r9.abstract_now()
     assert "220 tokens/s (0.77x llama-bench's tg128) (on an NVIDIA H200)" in text and "On an" not in text
+
+
+def test_same_call_needs_one_card_one_commit_and_minutes_apart():
+    from labkernels.rounds import r09_decode as r9
+
+    a = "20261206T204403Z-h10080gbhbm3-1f97ec7"
+    assert r9.same_call(a, "20261206T204547Z-h10080gbhbm3-1f97ec7")
+    assert not r9.same_call(a, "20261206T204547Z-h200-1f97ec7")               # another card
+    assert not r9.same_call(a, "20261206T204547Z-h10080gbhbm3-2406c00")       # another commit
+    assert not r9.same_call(a, "20261206T214547Z-h10080gbhbm3-1f97ec7")       # an hour later
+    assert not r9.same_call(a, "not-a-run") and not r9.same_call(a, None)
