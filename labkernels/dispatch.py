@@ -161,7 +161,10 @@ def qmatmul(x, w: gpu.QWeight, kernel: str = "auto", out=None, **params):
                 ch = Choice("gemv_kq", tuple(dec[0].items()), dec[1])
         ch = ch or choose(w.qtype, nt, w.od, w.id)
     elif kernel == "gemv_kq":
-        ch = Choice("gemv_kq", (("MT", 2), ("WARPS", 4)), "named")
+        if isinstance(x, gpu.Q8Tiles):
+            raise gpu.ShapeError("gemv_kq reads float16 / float32 activations, not q8_1 tiles")
+        cfg = gemv.recorded_config(w.qtype, nt, w.od, w.id, "f16" if x.dtype == np.float16 else "f32")
+        ch = Choice("gemv_kq", tuple(cfg[0].items()), cfg[1])
     elif kernel == "wgmma_kq":
         ch = Choice("wgmma_kq", tuple(wgmma.default_params(w.qtype, nt).items()), "named")
     else:

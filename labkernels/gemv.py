@@ -561,18 +561,20 @@ def auto_table(root=None):
     """Round 9's recorded table for ``qmatmul(kernel="auto")`` at nt <= 16: per (qtype, act, od, id, nt) of the latest
     complete ``decode`` run with a ``gemv_bench`` table that saw no power or thermal cap
     (:func:`labkernels.nvml.for_verdict`), the median time of the fastest gemv_kq configuration (typed columns MT,
-    WARPS, S: 0 the default split) and of round 7's wgmma launch (``wgmma_us``; NaN where not timed). None without
-    such a run."""
+    WARPS, FORM, WAVE (1: the one-wave split), S: the split it ran, 0 the default split in runs before step 3) and of
+    round 7's wgmma launch (``wgmma_us``; NaN where not timed). None without such a run."""
     from . import nvml, records
 
     run = records.latest("decode", root=root, where=lambda r: is_bench_of_record(r) and nvml.for_verdict(r))
     if run is None:
         return None
-    df = run.table("gemv_bench")
-    # FORM=1 (step 2) is not picked until it is measured and its choice written: only FORM=0 rows (runs before step
-    # 2 have no FORM column: all FORM=0)
-    df = df[df.FORM.fillna(0) == 0] if "FORM" in df.columns else df
-    med = df.groupby(["qtype", "act", "od", "id", "nt", "variant", "family", "MT", "WARPS", "S"],
+    df = run.table("gemv_bench").copy()
+    # typed columns of later steps, absent from earlier runs: FORM (step 2; 0 before), PIPE and WAVE (step 3; 0
+    # before). The product has no PIPE form (step 3: it lost at every point): only PIPE=0 rows are candidates.
+    for col in ("FORM", "PIPE", "WAVE"):
+        df[col] = df[col].fillna(0).astype(int) if col in df.columns else 0
+    df = df[df.PIPE == 0]
+    med = df.groupby(["qtype", "act", "od", "id", "nt", "variant", "family", "MT", "WARPS", "S", "FORM", "WAVE"],
                      as_index=False).median_us.median()
     g = med[med.family == "gemv_kq"]
     best = g.loc[g.groupby(["qtype", "act", "od", "id", "nt"]).median_us.idxmin()].copy()
@@ -595,20 +597,48 @@ def recorded_choice(qtype: str, nt: int, od: int, id_: int, act: str, table=None
     """(params, reason) when the recorded decode table says gemv_kq is faster than round 7's wgmma launch at the
     nearest recorded point (log distance in od, id, nt; same qtype and activation type), else None -- also None for
     nt > 16 or without a recorded run (the caller keeps round 7's choice and says so)."""
+    r = _nearest(qtype, nt, od, id_, act, table)
+    if r is None or not (r.median_us < r.wgmma_us):          # NaN (no wgmma timing on that card) is not a win
+        return None
+    return _params(r, od, id_), (f"gemv_kq {r.median_us:.1f} us vs wgmma {r.wgmma_us:.1f} us at {r.od}x{r.id} "
+                                 f"nt={r.nt} {act} in run {r.run_id}")
+
+
+def _nearest(qtype: str, nt: int, od: int, id_: int, act: str, table=None):
+    """The recorded row nearest (log distance in od, id, nt) among those of the same qtype and activation type whose
+    form can run ``nt`` tokens (FORM=1: q4_K and nt <= FORM1_MAX_NT), or None."""
     if nt > MAX_NT:
         return None
     t = auto_table_cached() if table is None else table
     if t is None or not len(t):
         return None
     rows = t[(t.qtype == qtype) & (t.act == act)]
+    if "FORM" in rows.columns and (qtype != "q4_K" or nt > FORM1_MAX_NT):
+        rows = rows[rows.FORM == 0]
     if not len(rows):
         return None
     d = (np.log(rows.od / od) ** 2 + np.log(rows.id / id_) ** 2 + np.log(rows.nt / nt) ** 2)
-    r = rows.loc[d.idxmin()]
-    if not (r.median_us < r.wgmma_us):          # NaN (no wgmma timing on that card) is not a win
-        return None
+    return rows.loc[d.idxmin()]
+
+
+def _params(r, od: int, id_: int) -> dict:
+    """gemv()'s arguments of a recorded row: the one-wave split as S='wave' (recomputed for the shape asked), a
+    recorded split count only at its own shape (else the default split)."""
     params = {"MT": int(r.MT), "WARPS": int(r.WARPS)}
-    if int(r.S):
+    if int(getattr(r, "FORM", 0) or 0):
+        params["FORM"] = int(r.FORM)
+    if int(getattr(r, "WAVE", 0) or 0):
+        params["S"] = "wave"
+    elif int(r.S) and (int(r.od), int(r.id)) == (od, id_):
         params["S"] = int(r.S)
-    return params, (f"gemv_kq {r.median_us:.1f} us vs wgmma {r.wgmma_us:.1f} us at {r.od}x{r.id} nt={r.nt} {act} "
-                    f"in run {r.run_id}")
+    return params
+
+
+def recorded_config(qtype: str, nt: int, od: int, id_: int, act: str, table=None):
+    """(params, reason) of ``qmatmul(kernel="gemv_kq")``: the fastest recorded gemv_kq configuration at the nearest
+    recorded point (whatever wgmma did there), else MT=2 WARPS=4 FORM=0 at the default split (no recorded run)."""
+    r = _nearest(qtype, nt, od, id_, act, table)
+    if r is None:
+        return {"MT": 2, "WARPS": 4}, "named (no recorded gemv_kq benchmark: MT=2 WARPS=4, the default split)"
+    return _params(r, od, id_), (f"named: fastest recorded gemv_kq {r.variant} {r.median_us:.1f} us at "
+                                 f"{r.od}x{r.id} nt={r.nt} {act} in run {r.run_id}")

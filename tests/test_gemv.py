@@ -216,21 +216,27 @@ def test_form1_mirror_is_not_vacuous(rng):
         gemv.exact_weights_v2(_raw(rng, "q6_K", 2, 256), "q6_K")
 
 
-def test_auto_table_reads_form0_rows_only(tmp_path, monkeypatch):
-    """Until FORM=1 is measured and chosen, qmatmul(auto) is fed by FORM=0 rows only: a faster FORM=1 row is not
-    picked."""
+def test_auto_table_takes_form_1_and_the_wave_split_but_no_pipe_form(tmp_path, monkeypatch):
+    """Steps 2-3 measured FORM=1 and the one-wave split as winners: their rows feed qmatmul; the shared-memory ring
+    (PIPE) lost everywhere and left the product: a faster PIPE row is not picked."""
     from labkernels import nvml, records
 
     monkeypatch.setattr(nvml, "for_verdict", lambda r: True)
     base = {"qtype": "q4_K", "act": "f16", "od": 4096, "id": 4096, "nt": 1, "family": "gemv_kq", "WARPS": 4, "S": 0,
             "pair": 0}
     with records.recording("decode", {"what": "gemv_bench"}, root=tmp_path) as run:
-        run.append("gemv_bench", [{**base, "variant": "gemv_m2w4", "MT": 2, "FORM": 0, "median_us": 10.0},
-                                  {**base, "variant": "gemv_m1w4_f1", "MT": 1, "FORM": 1, "median_us": 5.0},
+        run.append("gemv_bench", [{**base, "variant": "gemv_m2w4", "MT": 2, "FORM": 0, "PIPE": 0, "WAVE": 0,
+                                   "median_us": 10.0},
+                                  {**base, "variant": "gemv_m1w4_sw_f1", "MT": 1, "FORM": 1, "PIPE": 0, "WAVE": 1,
+                                   "S": 8, "median_us": 5.0},
+                                  {**base, "variant": "gemv_m1w4_sw_f1_p4", "MT": 1, "FORM": 1, "PIPE": 4, "WAVE": 1,
+                                   "S": 10, "median_us": 4.0},
                                   {**base, "variant": "wgmma", "family": "wgmma_kq", "MT": 0, "WARPS": 0,
-                                   "FORM": 0, "median_us": 20.0}])
+                                   "FORM": 0, "PIPE": 0, "WAVE": 0, "median_us": 20.0}])
     t = gemv.auto_table(root=tmp_path)
-    assert len(t) == 1 and t.MT.iloc[0] == 2 and t.median_us.iloc[0] == 10.0
+    assert len(t) == 1 and t.variant.iloc[0] == "gemv_m1w4_sw_f1" and t.median_us.iloc[0] == 5.0
+    assert gemv.recorded_choice("q4_K", 1, 4096, 4096, "f16", table=t)[0] == {"MT": 1, "WARPS": 4, "FORM": 1,
+                                                                               "S": "wave"}
 
 
 def _mma16816(A, B, C):
@@ -495,3 +501,23 @@ def test_the_sanitizer_driver_launches_every_instantiation(monkeypatch, capsys):
     n = len(specs) + 2 * sum(1 for k in specs if k.p["PIPE"])
     assert f"gemv sanitizer driver done: {n} launches" in capsys.readouterr().out
     assert "gemv_sanitizer" in r9.STEPS
+
+
+def test_recorded_choice_carries_step_3s_one_wave_split_and_form_1_only_where_form_1_runs():
+    t = _table([{"nt": 1, "median_us": 5.0, "wgmma_us": 20.0, "MT": 1, "FORM": 1, "WAVE": 1, "S": 8,
+                 "variant": "gemv_m1w4_sw_f1"},
+                {"nt": 16, "median_us": 9.0, "wgmma_us": 12.0, "FORM": 0, "WAVE": 0, "S": 4, "variant": "gemv_m2w4"}])
+    # the one-wave split is recomputed for the shape asked (S='wave'), not the recorded count of another shape
+    assert gemv.recorded_choice("q4_K", 1, 14336, 4096, "f16", table=t)[0] == {"MT": 1, "WARPS": 4, "FORM": 1, "S": "wave"}
+    # nt=12 cannot run FORM=1 (nt <= 8): the nearest FORM=0 row, its split count only at its own shape
+    assert gemv.recorded_choice("q4_K", 12, 4096, 4096, "f16", table=t)[0] == {"MT": 2, "WARPS": 4, "S": 4}
+    assert gemv.recorded_choice("q4_K", 12, 14336, 4096, "f16", table=t)[0] == {"MT": 2, "WARPS": 4}
+    # a named gemv_kq takes the fastest recorded configuration whatever wgmma did, and says which
+    params, why = gemv.recorded_config("q4_K", 1, 4096, 14336, "f16", table=t)
+    assert params == {"MT": 1, "WARPS": 4, "FORM": 1, "S": "wave"} and "gemv_m1w4_sw_f1 5.0 us" in why and "r1" in why
+    q6 = _table([{"qtype": "q6_K", "nt": 1, "median_us": 5.0, "wgmma_us": 2.0, "MT": 1, "FORM": 0, "WAVE": 1, "S": 8,
+                  "variant": "gemv_m1w4_sw"}])
+    assert gemv.recorded_choice("q6_K", 1, 4096, 4096, "f16", table=q6) is None                # wgmma won there
+    assert gemv.recorded_config("q6_K", 1, 4096, 4096, "f16", table=q6)[0] == {"MT": 1, "WARPS": 4, "S": "wave"}
+    params, why = gemv.recorded_config("q6_K", 1, 4096, 4096, "f16", table=q6.iloc[:0])
+    assert params == {"MT": 2, "WARPS": 4} and "no recorded" in why

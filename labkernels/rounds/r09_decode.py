@@ -219,7 +219,52 @@ LEDGER = [
                 "(0.76x MMVQ's 16.05 us on an H100, issue 45; not measured in this call). PIPE leaves the product at "
                 "the next step (reproducible at 2406c00 with `labkernels gpu check --steps gemv_step3`); the one-wave "
                 "split becomes gemv_kq's default split once the benchmark of record confirms it for q6_K and f32."},
+    # step 4: written 2026-12-07 before its run, from step 3's run (H100) and the decode's split of the step time
+    {"step": 4, "name": "the winner in the product: the benchmark of record with FORM=1 and the one-wave split, the "
+                        "decode on the recorded fastest configuration",
+     "commit": None, "card": None, "runs": [], "gpu_check": "gemv_step4",
+     "analysis": {
+         "what changes": "qmatmul(kernel='gemv_kq') (the decode's GEMV) no longer runs MT=2 FORM=0 at the default "
+                         "split: it runs the fastest gemv_kq configuration of the recorded benchmark at the nearest "
+                         "point (gemv.recorded_config: FORM=1 only for q4_K at nt <= 8, the one-wave split recomputed "
+                         "for the shape asked); qmatmul(auto) reads FORM=1 and the one-wave split too, never PIPE.",
+         "the benchmark of record": "PLAN's points (4 shapes, nt 1..16, q4_K and q6_K, f16 and f32) with the "
+                                   "launches of STEP4_PLAN: FORM 0/1 x MT 1/2 x the default / one-wave split, "
+                                   "wgmma and cuBLAS fp16 beside them, interleaved, every point gated first.",
+         "the decode step": "the synthetic 7B's step reads 4.08 GB; at 220 tok/s (4.5 ms) it moves 30% of the copy "
+                            "line. Its q4_K GEMVs (attn q/k/v/o, ffn gate/up) carry ~70% of the weight bytes and ran "
+                            "FORM=0 MT=2 at the default split (step 2: ~28 us at 4096x14336, 1.33x step 3's winner).",
+         "step time estimate (gemv_step4)": "150-200 s on an H100 (128 points x 7-9 launches x 3 pairs, the gates); "
+                                           "the generation step ~75 s; llama-bench on the same GGUF ~60 s.",
+     },
+     "prediction": [
+         {"what": "best gemv_kq, q4_K 4096x14336 nt=1 f16 (the benchmark of record)", "headline": True,
+          "metric": "us", "low": 20.0, "high": 22.5,
+          "why": "step 3's FORM=1 MT=1 one-wave 21.0 us reproduced in the benchmark's plan (same flush, lead, pairs)"},
+         {"what": "q6_K 4096x14336 nt=1 f16: one-wave / default split time (best MT each, FORM=0)", "metric": "ratio",
+          "low": 0.75, "high": 0.95,
+          "why": "the same partial second wave removed (q6_K reads 1.46x the bytes: the tail is a smaller share)"},
+         {"what": "best gemv_kq f32 / f16 activations, nt=1, every shape", "metric": "ratio", "low": 1.0, "high": 1.1,
+          "why": "the activations are 1-2% of the bytes at nt=1 (57 KB f32 against 33 MB of weights)"},
+         {"what": "best gemv_kq nt=8 / nt=1 time, q4_K f16, every shape", "metric": "ratio", "low": 1.05, "high": 1.4,
+          "why": "step 3: FORM=1 one-wave 1.3-1.4 at MT=1, MT=2's one wave 1.13-1.17 at the large shapes"},
+         {"what": "synthetic 7B Q4_K_M tokens/s after a 512-token prompt (generate, H100)", "metric": "tok/s",
+          "low": 245.0, "high": 275.0,
+          "why": "the q4_K GEMVs ~25% faster (28 -> 21 us at the 7B's largest shape) on ~70% of the bytes, if the "
+                 "GEMVs are ~80% of the step: 12-20% less step time (220 -> 250-275); llama-bench tg128 285 in the "
+                 "same call: 0.86-0.96x (the bar, 2x, stays out of reach of this step)"},
+         {"what": "gates", "metric": "gate", "low": 0.0, "high": 0.0,
+          "why": "every point of the benchmark gated before it is timed; the decode's logits against the prefill's "
+                 "(test_decode_gpu) with the new configuration"},
+     ],
+     "measured": None, "verdict": None},
 ]
+
+#: step 4's plan: the benchmark of record (PLAN's points) over FORM 0/1 x MT 1/2 x the default / one-wave split
+STEP4_PLAN = {**{k: v for k, v in PLAN.items() if k not in ("configs", "splits")},
+              "baselines": ["wgmma", "cublas"],
+              "launches": [[1, 4, 0, 0, None], [2, 4, 0, 0, None], [1, 4, 0, 0, "wave"], [2, 4, 0, 0, "wave"],
+                           [1, 4, 1, 0, None], [1, 4, 1, 0, "wave"], [2, 4, 1, 0, "wave"]]}
 
 
 
@@ -582,8 +627,17 @@ def step_gemv_sanitizer(out, args) -> dict:
     return {"ok": ok, **res}
 
 
+def step_gemv_step4(out, args) -> dict:
+    """gpu-check step ``gemv_step4``: round 9 step 4 -- the benchmark of record (params ``what: gemv_bench``: the run
+    ``qmatmul`` reads its gemv_kq choices from) over STEP4_PLAN's launches (FORM 0/1, MT 1/2, default / one-wave
+    split) beside round 7's wgmma and cuBLAS fp16, every point gated first."""
+    plan = dict(STEP4_PLAN)
+    return _step_run(out, args, plan, "gemv_bench", baselines=tuple(plan["baselines"]),
+                     launches=[tuple(v) for v in plan["launches"]])
+
+
 STEPS = {"decode": step_decode, "generate": step_generate, "gemv_step2": step_gemv_step2,
-         "gemv_step3": step_gemv_step3, "gemv_sanitizer": step_gemv_sanitizer, "nvbench_check": step_nvbench_check}
+         "gemv_step3": step_gemv_step3, "gemv_step4": step_gemv_step4, "gemv_sanitizer": step_gemv_sanitizer, "nvbench_check": step_nvbench_check}
 
 
 # ------------------------------------------------------------------------------------------ the page's tables
