@@ -222,7 +222,7 @@ LEDGER = [
     # step 4: written 2026-12-07 before its run, from step 3's run (H100) and the decode's split of the step time
     {"step": 4, "name": "the winner in the product: the benchmark of record with FORM=1 and the one-wave split, the "
                         "decode on the recorded fastest configuration",
-     "commit": None, "card": None, "runs": [], "gpu_check": "gemv_step4",
+     "commit": "7c063b3", "card": None, "runs": [], "gpu_check": "gemv_step4",
      "analysis": {
          "what changes": "qmatmul(kernel='gemv_kq') (the decode's GEMV) no longer runs MT=2 FORM=0 at the default "
                          "split: it runs the fastest gemv_kq configuration of the recorded benchmark at the nearest "
