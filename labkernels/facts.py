@@ -87,7 +87,7 @@ def differs(how: str, run_id: str) -> str:
 def prefill_run(model: str = PREFILL_MODEL, root=None):
     """The prefill run of record for ``model``: the newest prefill_graph run (eager vs graph, every fusion, the
     interleaved rounds) made with the project's whole GPU stack (the cuDNN frontend present)."""
-    from .decompose import latest_graph_run
+    from .prefill_runs import latest_graph_run
 
     run = latest_graph_run(model, "throughput", root=root, cudnn=True)
     if run is None:
@@ -115,7 +115,7 @@ def prefill(model: str = PREFILL_MODEL, nt: int = PREFILL_NT, root=None) -> Fact
 def prefill_without_cudnn(model: str = PREFILL_MODEL, nt: int = PREFILL_NT, root=None) -> Fact | None:
     """The same figure from the newest run made without the cuDNN frontend (the lab's attention on every layer):
     an experiment of its own, labelled as such; None when there is none."""
-    from .decompose import latest_graph_run
+    from .prefill_runs import latest_graph_run
 
     run = latest_graph_run(model, "throughput", root=root, cudnn=False)
     if run is None:

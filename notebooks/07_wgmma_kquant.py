@@ -15,7 +15,7 @@ run_audit = True            # compile the wgmma_kq instantiations with nvcc for 
 # %%
 import shutil
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
-from labkernels import report, records, plotting, peers, decompose
+from labkernels import report, records, plotting, peers
 from labkernels.rounds.r07_wgmma import experiments as wx
 report.setup()
 from labkernels.rounds import open_round
@@ -223,7 +223,7 @@ else:
     lt = abr[-1].table("throughput")
     if "attention" in lt:   # the A/B step's machine may lack the cuDNN frontend: its attention is then the lab's alone
         print(f"the latest A/B run ({abr[-1].run_id}) ran attention: {', '.join(sorted(set(lt.attention)))}"
-              + ("" if decompose.with_cudnn(abr[-1]) else " (no cuDNN frontend on that machine: the lab's kernel alone)"))
+              + ("" if peers.with_cudnn(abr[-1]) else " (no cuDNN frontend on that machine: the lab's kernel alone)"))
 
 # %%
 s7 = summ[(summ.od == headline_shape[0]) & (summ.id == headline_shape[1]) & (summ.nt == headline_nt)].set_index("qtype")

@@ -222,6 +222,20 @@ def step_args() -> list:
     return out
 
 
+def list_steps(round_name) -> str:
+    """``gpu-check --round N --list``: the round's steps, one line each (number, name, old names, builds; a retired
+    one with the commit and command that reproduce it)."""
+    mod = module(round_name)
+    lines = [f"round {mod.NOTEBOOK}: gpu-check --round {int(mod.NOTEBOOK[:2])} --step N|NAME"]
+    for s in round_steps(mod):
+        alias = f" (--steps {', '.join(s.aliases)})" if s.aliases else ""
+        builds = "; builds " + ", ".join(f"{k}={'+'.join(v) or 'plain'}" for k, v in s.builds.items()) if s.builds else ""
+        lines.append(f"  {s.label}{alias}: {s.title}{builds}")
+        if s.retired is not None:
+            lines.append(f"      retired ({s.retired.why}): at commit {s.retired.commit}: {s.retired.command}")
+    return "\n".join(lines)
+
+
 @dataclass
 class Opened:
     """What a round's notebook shows: the mode, the plan it ran or replays, and one run per data folder."""

@@ -521,7 +521,7 @@ def step_prefill_r7(out: Path, args) -> dict:
     of every variant against the first one's."""
     import gc
 
-    from ... import gpu, prefill_cli
+    from ... import gpu, prefill_runs, synthetic
     from ...model import default_model_path
     from ...prefill import GpuModel, PrefillOptions, timed_prefill
 
@@ -539,12 +539,12 @@ def step_prefill_r7(out: Path, args) -> dict:
         with records.recording("prefill", {"model": label, "nts": [512, 3325], "attn_f16": f16, "ab": names,
                                            "variants": {v: PREFILL_VARIANTS[v] for v in names}},
                                root=out / "data") as run:
-            m = prefill_cli.load_model(spec)
+            m = synthetic.load_model(spec)
             if label != "synthetic-7b":
-                prefill_cli.parity_run(spec, run, n_new=0, progress=args.log, kernel="auto")
+                prefill_runs.parity_run(spec, run, n_new=0, progress=args.log, kernel="auto")
             gms = {k: GpuModel(m, opts=PrefillOptions(attn_f16=f16, **PREFILL_VARIANTS[k])) for k in names}
             for nt in (512, 3325):
-                toks = prefill_cli.prompt_tokens(m, nt)
+                toks = prefill_runs.prompt_tokens(m, nt)
                 ref = None
                 for k, gm in gms.items():        # the variants' logits against the first variant's
                     lg = cp.asnumpy(gm.forward(toks)).astype(np.float64)
