@@ -184,9 +184,9 @@ def test_open_round_replays_the_latest_run_with_its_recorded_plan():
     assert r7.run.has("wgmma_bench") and r7.run.run_id == records.latest("wgmma", where=lambda r: r.has("wgmma_bench")).run_id
     assert r7.plan["shapes"] == r7.run.meta["params"]["shapes"]
     r8 = rounds.open_round(8, "replay")
-    from labkernels import sweep
+    from labkernels.rounds.r08_sweeps import readback
 
-    assert r8.run.run_id == sweep.latest_summary().run_id
+    assert r8.run.run_id == readback.latest_summary().run_id
     with pytest.raises(rounds.RoundError, match="no plan parameter \\['kdr'\\]"):
         rounds.open_round("03", "replay", kdr=4)
 
