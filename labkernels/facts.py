@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import peers, records
-from .rounds.r07_wgmma import experiments as wx
+from .rounds.r07_wgmma import tables
 
 #: the model and prompt length of the prefill figures (llama-7B shapes, llama.cpp's Q4_K_M recipe; 3325 tokens
 #: is the seeds' decomposition's prompt)
@@ -169,7 +169,7 @@ def gemm_run(root=None):
 
 
 def gemm_summary(root=None):
-    return wx.summary(gemm_run(root).table("wgmma_bench"))
+    return tables.summary(gemm_run(root).table("wgmma_bench"))
 
 
 def gemm(qtype: str, od: int, id_: int, nt: int, root=None, summary=None) -> tuple[Fact, Fact]:
