@@ -1,5 +1,7 @@
 """One module per round, each beside its notebook of the same number (``notebooks/NN_name.py``), and the table
-of rounds.
+of rounds. A round with code only it uses is a package ``rNN_name/`` whose ``__init__.py`` is that module and whose
+other files hold that code (round 5's decomposition, round 6's forensics, round 7's experiments, round 8's reading of
+its sweeps); what two rounds or more use stays in ``labkernels/``.
 
 A round module declares ``NOTEBOOK`` (its notebook's name), ``DATA`` (the ``data/<folder>/`` names of its recorded
 runs, the first the one its page replays), ``PLAN`` (its one default plan), ``measure(run, progress, **plan)`` (GPU: record
