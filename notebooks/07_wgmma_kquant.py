@@ -276,8 +276,8 @@ report.footer(run.provenance)
 # main path (`LK_EXP_*` / `LK_ABLATE_*` defines).
 
 # %%
-from labkernels.rounds import r07_ledger
-display(report.table(r07_ledger.table(), caption="The steps of round 7: what each asked, what it predicted, what it "
+from labkernels.rounds.r07_wgmma import ledger
+display(report.table(ledger.table(), caption="The steps of round 7: what each asked, what it predicted, what it "
                                                   "measured and the verdict"))
 
 # %% [markdown]
@@ -294,7 +294,7 @@ display(report.table(r07_ledger.table(), caption="The steps of round 7: what eac
 # (BN=128, one wave of 128 CTAs for od=4096) therefore lands near ~0.8× cuBLAS, short of the 1.0× target.
 
 # %%
-report.step(r07_ledger.step(1))
+report.step(ledger.step(1))
 
 # %% [markdown]
 # **Prediction against measurement.** First step — predicted: BN=128 near issue-bound at ~55–65% of the tensor line,
@@ -320,7 +320,7 @@ report.step(r07_ledger.step(1))
 # nt=512 to about cuBLAS, within ±5%, not clearly above it; nt=4096 should not move (whole waves are data-parallel).
 
 # %%
-report.step(r07_ledger.step(2))
+report.step(ledger.step(2))
 
 # %% [markdown]
 # ### Measured: the schedulers at nt=512
@@ -530,7 +530,7 @@ else:
 # kernel.
 
 # %%
-report.step(r07_ledger.step(3))
+report.step(ledger.step(3))
 
 # %% [markdown]
 # Third step, the uniform split-k grid (`SK=2`) — predicted from the paired-grid runs of the split-finish A/B (run
@@ -585,7 +585,7 @@ report.step(r07_ledger.step(3))
 # form's main loop is not issue-bound either; its extra weight loads cost more than the instructions saved.
 
 # %%
-report.step(r07_ledger.step('shared-memory form'))
+report.step(ledger.step('shared-memory form'))
 
 # %%
 fm = tables.forms(bench_df)
@@ -671,7 +671,7 @@ else:
 # the plain ones and cuBLAS at nt 256–1024 (its own table: `auto` keeps reading the benchmark of record).
 
 # %%
-report.step(r07_ledger.step(4))
+report.step(ledger.step(4))
 
 # %%
 if run_audit and shutil.which("nvcc"):
@@ -746,7 +746,7 @@ else:
 # cuBLAS.
 
 # %%
-report.step(r07_ledger.step(5))
+report.step(ledger.step(5))
 
 # %%
 opt_runs = [(r, t) for t in ("wgmma_aq_ab", "wgmma_pf_ab")
@@ -873,7 +873,7 @@ else:
 #   and in the benchmark of record, where it is the best variant at two nt=512 points by under 1%.
 
 # %%
-report.step(r07_ledger.step(6))
+report.step(ledger.step(6))
 
 # %%
 pr = records.latest("wgmma", where=lambda r: r.has("wgmma_pair_ab"))
@@ -932,7 +932,7 @@ else:
 # * **nt=512:** q4_K 0.83–0.95×, q6_K 0.73–0.84×. **Not met** at any point.
 
 # %%
-report.step(r07_ledger.step(7))
+report.step(ledger.step(7))
 
 # %%
 sr = records.latest("wgmma", where=lambda r: r.has("wgmma_staged_ab"))
@@ -991,7 +991,7 @@ else:
 # picks it. The BN=256 build it would have led to is not made.
 
 # %%
-report.step(r07_ledger.step(8))
+report.step(ledger.step(8))
 
 # %%
 cr = records.latest("wgmma", where=lambda r: r.has("wgmma_conv2_ab"))
@@ -1073,7 +1073,7 @@ else:
 # * BN=192/256 tiles at nt=512 without the split-k finish (ping-pong consumers on two token tiles).
 
 # %%
-report.step(r07_ledger.step(9))
+report.step(ledger.step(9))
 
 # %%
 c16 = records.latest("wgmma", where=lambda r: r.has("wgmma_conv16_ab"))
@@ -1123,7 +1123,7 @@ else:
 # to 635–660. That is still under the 1.0× target.
 
 # %%
-report.step(r07_ledger.step(10))
+report.step(ledger.step(10))
 
 # %%
 pr2 = records.latest("wgmma", where=lambda r: r.has("wgmma_plane_ab"))
@@ -1167,7 +1167,7 @@ else:
 # 0.5), q6_K ≥ 0.6; the skeleton ≥ 1.05× cuBLAS at BN=128 and at the BN=256 split grids.
 
 # %%
-report.step(r07_ledger.step(11))
+report.step(ledger.step(11))
 
 # %%
 ces = [r for r in records.list_runs("wgmma") if r.has("wgmma_ceiling_ab")]
@@ -1220,7 +1220,7 @@ else:   # each run's ratios from its own interleaved timings; a later run adds l
 # q4_K BN=128 +2–5%.
 
 # %%
-report.step(r07_ledger.step(12))
+report.step(ledger.step(12))
 
 # %%
 ws = records.latest("wgmma", where=lambda r: r.has("wgmma_wstage_ab"))
@@ -1267,7 +1267,7 @@ else:
 # BN=256 +5–12%, q4_K BN=128 +2–6%; q6_K still under 1.0× cuBLAS at nt=512 (its no-load builds reach 0.83–0.93×).
 
 # %%
-report.step(r07_ledger.step(13))
+report.step(ledger.step(13))
 
 # %%
 wts = sorted((r for r in records.list_runs("wgmma") if r.has("wgmma_wtma_ab")), key=lambda r: r.run_id)
@@ -1370,7 +1370,7 @@ else:
 # ~95–140 us against stamp spans of 28–108 us), so they are not used here; later trace runs do not take them.
 
 # %%
-report.step(r07_ledger.step(14))
+report.step(ledger.step(14))
 
 # %%
 ttr = records.latest("wgmma", where=lambda r: r.has("trace_summary") and "sm_count" in (r.meta.get("params") or {}))
@@ -1511,7 +1511,7 @@ if trs:
 # flush's device time, the lead changes nothing and the hypothesis is wrong.
 
 # %%
-report.step(r07_ledger.step(15))
+report.step(ledger.step(15))
 
 # %%
 lr = records.latest("wgmma", where=lambda r: r.has("wgmma_lead_ab"))
@@ -1568,7 +1568,7 @@ else:
 # left after the last stamp ≤ 1.5 us.
 
 # %%
-report.step(r07_ledger.step(16))
+report.step(ledger.step(16))
 
 # %%
 fr = records.latest("wgmma", where=lambda r: r.has("wgmma_floor_ab"))
@@ -1647,7 +1647,7 @@ if tc is not None:
 # nt=4096 q6_K +3–8%, q4_K ±2%.
 
 # %%
-report.step(r07_ledger.step(17))
+report.step(ledger.step(17))
 
 # %%
 pr = records.latest("wgmma", where=lambda r: r.has("wgmma_tmapf_ab"))
@@ -1689,7 +1689,7 @@ else:
 # ~1.98 GHz. The ratio to cuBLAS in cycles 0.00–0.06 above the ratio in time.
 
 # %%
-report.step(r07_ledger.step(18))
+report.step(ledger.step(18))
 
 # %%
 cr = records.latest("wgmma", where=lambda r: r.has("wgmma_clock"))
@@ -1738,7 +1738,7 @@ else:
 # nt=4096 ±1%.
 
 # %%
-report.step(r07_ledger.step(19))
+report.step(ledger.step(19))
 
 # %%
 sr = records.latest("wgmma", where=lambda r: r.has("wgmma_swapred_ab"))
@@ -1782,7 +1782,7 @@ else:
 #   its intercept; alone at k=16, 0.8–1.5 us above; the first run's figures repeated within 3%.
 
 # %%
-report.step(r07_ledger.step(20))
+report.step(ledger.step(20))
 
 # %%
 kr = records.latest("wgmma", where=lambda r: r.has("wgmma_kscan_ab"))
@@ -1896,7 +1896,7 @@ else:
 #    arrive (below). Predicted: q4_K 0.85–1.00×, q6_K 0.75–0.90×, nt=4096 within 10% of BN=256 data-parallel.
 
 # %%
-report.step(r07_ledger.step(21))
+report.step(ledger.step(21))
 
 # %%
 KPAIR_LABELS = {"8f051eb": "1: k halves, 2 stages", "2dfdfe9": "2: k halves, 3 stages",
@@ -2025,7 +2025,7 @@ else:
 #    shared-memory tile above 80% would refute the model as a hard bound.
 
 # %%
-report.step(r07_ledger.step(22))
+report.step(ledger.step(22))
 
 # %%
 sm_runs = [r for r in records.list_runs("wgmma") if r.has("smem_ncu")
@@ -2131,7 +2131,7 @@ else:
 # holds the form, not the conversion.
 
 # %%
-report.step(r07_ledger.step(23))
+report.step(ledger.step(23))
 
 # %%
 sf_runs = [r for r in records.list_runs("wgmma") if r.has("wgmma_smemform_ab")]
@@ -2201,7 +2201,7 @@ else:
 # * the decoupled build without conversion reaches 0.95–1.05× cuBLAS at 4096 × 4096, nt=512.
 
 # %%
-report.step(r07_ledger.step(24))
+report.step(ledger.step(24))
 
 # %%
 dc_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "decouple_ab"]
@@ -2310,7 +2310,7 @@ if dn_runs:
 # * for BN=128: 2,500–2,650 cycles per super-block, a fill of 1.5–2.0 us and a finish of 1.5–2.2 us.
 
 # %%
-report.step(r07_ledger.step(25))
+report.step(ledger.step(25))
 
 # %%
 kt_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "kpair_trace"]
@@ -2398,7 +2398,7 @@ else:
 # * KPAIR q4_K at 4096 × 4096, nt=512: from ~0.90× to 0.92–0.95× cuBLAS.
 
 # %%
-report.step(r07_ledger.step(26))
+report.step(ledger.step(26))
 
 # %%
 fin_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "kpairfin_ab"]
@@ -2516,7 +2516,7 @@ else:
 # * the target stays unmet.
 
 # %%
-report.step(r07_ledger.step(27))
+report.step(ledger.step(27))
 
 # %%
 early_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "kpairearly"]
@@ -2608,7 +2608,7 @@ else:
 # Even at the top of the range, the nt=512 target stays unmet: q4_K at 4096 × 4096 would reach ~0.93×.
 
 # %%
-report.step(r07_ledger.step(28))
+report.step(ledger.step(28))
 
 # %%
 hy_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "halfy_ab"]

@@ -6,7 +6,7 @@ GPU runs (:mod:`.runs`), what they measure and how the page reads it -- one file
 and the recorded round (:mod:`.benchmark`), the build-option A/Bs (:mod:`.options`), the A/Bs against ablation builds
 that find the loop's ceiling, the launch floor, the clock and the k scan (:mod:`.limits`), the KPAIR family and the
 shared-memory form (:mod:`.kpair`), the per-CTA traces (:mod:`.traces`), the page's tables and views
-(:mod:`.tables`) --, and its exploratory and ablation builds with their launcher (:mod:`.builds`; their source
+(:mod:`.tables`) --, the steps' ledger its steps page opens with (:mod:`.ledger`), and its exploratory and ablation builds with their launcher (:mod:`.builds`; their source
 ``kernels/wgmma_kq_experiments.cu``). Its runs are
 ``wgmma`` runs: the benchmark (table ``wgmma_bench``, the one the page replays and ``qmatmul(kernel="auto")`` reads),
 the cost scan, compute-sanitizer and Nsight Compute runs (one each, told apart by their tables); the prefill A/B
