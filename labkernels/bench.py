@@ -109,7 +109,7 @@ class ClockProbe:
     for the same flush), spins ``window_us`` of %globaltimer and counts clock64 cycles over it. All SMs share one
     clock, so the probe's SM tells the launch's. It takes one warp slot on one SM beside the launch's CTAs (the
     launch is not held back by it: the probe ends on its own). The window must lie inside the launch: time launches
-    a few windows long (labkernels.rounds.r07_wgmma.experiments.clock_ab: 12 us against nt=512 launches of >= 27 us), or idle time is mixed in."""
+    a few windows long (labkernels.rounds.r07_wgmma.limits.clock_ab: 12 us against nt=512 launches of >= 27 us), or idle time is mixed in."""
 
     SOURCE = r"""extern "C" __global__ void lk_clock_probe(unsigned long long* out, unsigned long long ns) {
     unsigned long long t0, t, c0, c;

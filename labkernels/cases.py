@@ -1,5 +1,5 @@
 """GEMM cases and the one parity gate, shared by the benchmarks (:mod:`labkernels.bench`), the forensics
-driver (:mod:`labkernels.forensics_driver`) and the GPU tests (``tests/gpu``).
+driver (:mod:`labkernels.rounds.r06_forensics.forensics_driver`) and the GPU tests (``tests/gpu``).
 
 * :func:`synthetic_weights`: realistic quantized weights fast (a few reference-quantized rows, tiled);
 * :func:`references` + :func:`gate`: the parity gate -- a GPU output (all rows, optionally a subset of tokens)

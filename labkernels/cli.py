@@ -8,8 +8,8 @@ import json
 import sys
 
 #: modules that contribute subcommands through register_cli(subparsers), in help order
-SUBCOMMAND_MODULES = ["pipeline", "layout_cli", "occupancy", "audit", "gpu_cli", "prefill_cli", "forensics",
-                      "records", "peers", "sweep"]
+SUBCOMMAND_MODULES = ["pipeline", "layout_cli", "occupancy", "audit", "gpu_cli", "prefill_cli",
+                      "rounds.r06_forensics.forensics", "records", "peers", "sweep"]
 
 
 def _fetch_model(args) -> int:

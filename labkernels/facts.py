@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import peers, records
-from .rounds.r07_wgmma import experiments as wx
+from .rounds.r07_wgmma import tables
 
 #: the model and prompt length of the prefill figures (llama-7B shapes, llama.cpp's Q4_K_M recipe; 3325 tokens
 #: is the seeds' decomposition's prompt)
@@ -87,7 +87,7 @@ def differs(how: str, run_id: str) -> str:
 def prefill_run(model: str = PREFILL_MODEL, root=None):
     """The prefill run of record for ``model``: the newest prefill_graph run (eager vs graph, every fusion, the
     interleaved rounds) made with the project's whole GPU stack (the cuDNN frontend present)."""
-    from .decompose import latest_graph_run
+    from .prefill_runs import latest_graph_run
 
     run = latest_graph_run(model, "throughput", root=root, cudnn=True)
     if run is None:
@@ -115,7 +115,7 @@ def prefill(model: str = PREFILL_MODEL, nt: int = PREFILL_NT, root=None) -> Fact
 def prefill_without_cudnn(model: str = PREFILL_MODEL, nt: int = PREFILL_NT, root=None) -> Fact | None:
     """The same figure from the newest run made without the cuDNN frontend (the lab's attention on every layer):
     an experiment of its own, labelled as such; None when there is none."""
-    from .decompose import latest_graph_run
+    from .prefill_runs import latest_graph_run
 
     run = latest_graph_run(model, "throughput", root=root, cudnn=False)
     if run is None:
@@ -169,7 +169,7 @@ def gemm_run(root=None):
 
 
 def gemm_summary(root=None):
-    return wx.summary(gemm_run(root).table("wgmma_bench"))
+    return tables.summary(gemm_run(root).table("wgmma_bench"))
 
 
 def gemm(qtype: str, od: int, id_: int, nt: int, root=None, summary=None) -> tuple[Fact, Fact]:

@@ -5,7 +5,7 @@
 lists the graph's nodes (``cuGraphGetNodes`` / ``cuGraphNodeGetType`` through cuda-bindings, child graphs
 included) with each kernel's name and each memset's destination and size, and :func:`summarize` counts them.
 
-The censuses that measure the prefill's memsets with it are the lab's (:mod:`labkernels.graph_census`); the
+The censuses that measure the prefill's memsets with it are the lab's (:mod:`labkernels.rounds.r05_wall.graph_census`); the
 product uses :func:`capture`, :func:`census`, :func:`memsets_to_kernels` (the prefill's and the decode's graphs) and
 the plan trials of ``attention.no_memset_plan`` (:func:`_candidates`, :func:`_plan_trial`).
 """

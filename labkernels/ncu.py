@@ -1,5 +1,5 @@
 """Nsight Compute plumbing: which counters mean what, the metric names a device offers, the ncu command line
-that profiles exactly one launch, and ncu's raw CSV (used by round 6, :mod:`labkernels.forensics`).
+that profiles exactly one launch, and ncu's raw CSV (used by round 6, :mod:`labkernels.rounds.r06_forensics.forensics`).
 
 * **discover** the metric names the device offers (``ncu --query-metrics``; :func:`parse_query_metrics`)
   and pick, per counter *concept*, the first candidate it has (:data:`CONCEPTS`, :func:`choose_metrics`) --
@@ -334,10 +334,10 @@ def ncu_command(python_args, metrics, kernel_regex: str, launch_skip: int, launc
       stays on stdout;
     * replay mode and cache control stay at ncu's defaults (kernel replay, caches flushed between passes);
     * ``nvtx_include`` (``domain@range/``): ``--nvtx --nvtx-include``: only launches inside the lab's NVTX range are
-      candidates (the driver wraps the profiled launch in one, :func:`labkernels.ncu_rep.nvtx_range`), so the launch
+      candidates (the driver wraps the profiled launch in one, :func:`labkernels.rounds.r06_forensics.ncu_rep.nvtx_range`), so the launch
       is chosen by name, not by ``--launch-skip`` arithmetic (the skip is then 0);
     * ``export``: ``--export PATH --force-overwrite``: the ``.ncu-rep`` report is kept (read back with
-      :mod:`labkernels.ncu_rep`); ``sections`` (``SourceCounters``: per-PC counters for the source / SASS view) and
+      :mod:`labkernels.rounds.r06_forensics.ncu_rep`); ``sections`` (``SourceCounters``: per-PC counters for the source / SASS view) and
       ``import_source`` (``--import-source yes``: the .cu text into the report) go with it."""
     if not metrics:
         raise ValueError("no metrics to collect")

@@ -38,10 +38,11 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import forensics_driver, occupancy, paths, provenance, records, rounds
+from . import occupancy, paths, provenance, records, rounds
 from .paths import NOTEBOOKS_DIR, PACKAGE_DIR, REPORTS_DIR
 from .kernels import registry
 from .rounds import r05_wall
+from .rounds.r06_forensics import forensics_driver
 
 TEMPLATE_DIR = PACKAGE_DIR / "templates"
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"

@@ -102,7 +102,7 @@ NT_MARKERS = {256: "v", 512: "o", 1024: "^", 2048: "D", 4096: "s"}
 
 
 def option_speedups(ax, sab, names: dict, title: str = "") -> None:
-    """Every point of a build-option A/B (:func:`~labkernels.rounds.r07_wgmma.experiments.suffix_ab`: columns option, qtype, nt, speedup)
+    """Every point of a build-option A/B (:func:`~labkernels.rounds.r07_wgmma.tables.suffix_ab`: columns option, qtype, nt, speedup)
     as a strip per (option, qtype): marker = nt, colour = weight type, the 1.0 line drawn; x labels from
     ``names`` (option -> label)."""
     import numpy as np
@@ -137,7 +137,7 @@ def launch_speedups(ax, table, speedup: str, title: str, ylabel: str) -> None:
     ax.set_ylabel(ylabel)
 
 
-#: the builds of the ceiling A/B (:func:`~labkernels.rounds.r07_wgmma.experiments.ceiling_table` columns) and their bar labels
+#: the builds of the ceiling A/B (:func:`~labkernels.rounds.r07_wgmma.limits.ceiling_table` columns) and their bar labels
 CEILING_BARS = {"plain_vs_cublas": "plain (loads + conversion)", "noload_vs_cublas": "no weight loads (conversion)",
                 "noconv_vs_cublas": "no conversion (the skeleton)"}
 
@@ -168,7 +168,7 @@ PHASES = (("fill_us", "waiting for the first activation tile", None), ("main_us"
 
 
 def timing_pairs(ax, view, nt: int, title: str = "") -> None:
-    """The timing A/B (:func:`~labkernels.rounds.r07_wgmma.experiments.lead_view`) at one nt: per (weight type, shape) the best launch's
+    """The timing A/B (:func:`~labkernels.rounds.r07_wgmma.tables.lead_view`) at one nt: per (weight type, shape) the best launch's
     ratio to cuBLAS under each timing as paired bars, the 1.0 line (the bar) drawn."""
     import numpy as np
 
@@ -191,7 +191,7 @@ def timing_pairs(ax, view, nt: int, title: str = "") -> None:
 
 
 def phase_bars(ax, roles, title: str = "") -> None:
-    """:func:`~labkernels.rounds.r07_wgmma.experiments.trace_roles` as stacked horizontal bars, one per (launch, role): the median fill,
+    """:func:`~labkernels.rounds.r07_wgmma.traces.trace_roles` as stacked horizontal bars, one per (launch, role): the median fill,
     main loop and finish of that role's segments (us), the slowest finish as a whisker, the launch's last segment
     end as a black tick; labelled with the variant, the role and how many segments it has."""
     import numpy as np
@@ -222,7 +222,7 @@ def _best_per_point(view, us: str):
 
 
 def floor_bars(ax, view, title: str = "") -> None:
-    """The launch floor (:func:`~labkernels.rounds.r07_wgmma.experiments.floor_view`): per point the fastest launch of record as a stacked
+    """The launch floor (:func:`~labkernels.rounds.r07_wgmma.limits.floor_view`): per point the fastest launch of record as a stacked
     bar -- its empty build's time (the floor) and what it spends above it -- beside cuBLAS fp16 (cached); the
     1-CTA empty kernel as a dashed line. Times in us."""
     import numpy as np
@@ -243,7 +243,7 @@ def floor_bars(ax, view, title: str = "") -> None:
 
 
 def kscan_lines(ax, points, fits, qtype: str, title: str = "", max_id: float | None = None) -> None:
-    """The k scan of one qtype (:func:`~labkernels.rounds.r07_wgmma.experiments.kscan_points`, ``kscan_fit``): each
+    """The k scan of one qtype (:func:`~labkernels.rounds.r07_wgmma.limits.kscan_points`, ``kscan_fit``): each
     launch's median time against id as markers with its fitted line (dashed), cuBLAS fp16 (cached; and with fp32
     output where the scan has it) beside them and alone at small k (open markers), the 1-CTA empty kernel as a
     dotted line. Times in us, id in elements. ``max_id``: show id up to it only (a zoom on the intercepts; the y
@@ -287,7 +287,7 @@ def kscan_lines(ax, points, fits, qtype: str, title: str = "", max_id: float | N
 
 
 def clock_bars(ax, view, title: str = "") -> None:
-    """The SM clock during the launches (:func:`~labkernels.rounds.r07_wgmma.experiments.clock_view`): per point the fastest launch of
+    """The SM clock during the launches (:func:`~labkernels.rounds.r07_wgmma.limits.clock_view`): per point the fastest launch of
     record beside cuBLAS fp16 (cached), MHz, with the idle clock (the probe alone) as a dashed line."""
     import numpy as np
 
@@ -307,7 +307,7 @@ def clock_bars(ax, view, title: str = "") -> None:
 
 
 def build_series_bars(ax, table, qtype: str, nt: int, title: str = "") -> None:
-    """A series of exploratory builds (:func:`~labkernels.rounds.r07_wgmma.experiments.kpair_builds`) at one (weight type, nt): per shape,
+    """A series of exploratory builds (:func:`~labkernels.rounds.r07_wgmma.kpair.kpair_builds`) at one (weight type, nt): per shape,
     the best launch of record (of the last build's run) and each build as grouped bars of their ratio to cuBLAS fp16
     timed beside them, the 1.0 line (the nt=512 bar) drawn."""
     import numpy as np
@@ -337,10 +337,10 @@ def build_series_bars(ax, table, qtype: str, nt: int, title: str = "") -> None:
 
 
 def _smem_label(r) -> str:
-    """A case of :func:`~labkernels.rounds.r07_wgmma.experiments.smem_table` in a few words: who, shape, nt (and the lab's launch)."""
+    """A case of :func:`~labkernels.rounds.r07_wgmma.kpair.smem_table` in a few words: who, shape, nt (and the lab's launch)."""
     if r.who == "cublas":
         return f"cuBLAS {r.od}x{r.id} nt={r.nt}"
-    from .rounds.r07_wgmma.experiments import KPAIR_BUILD_LABELS
+    from .rounds.r07_wgmma.kpair import KPAIR_BUILD_LABELS
 
     launch = KPAIR_BUILD_LABELS.get(r.who)
     if launch is None:
@@ -349,9 +349,9 @@ def _smem_label(r) -> str:
 
 
 def smem_bars(axs, table, title: str = "") -> None:
-    """The twenty-second step (:func:`~labkernels.rounds.r07_wgmma.experiments.smem_table`) on two axes: ``axs[0]`` shared memory's measured
+    """The twenty-second step (:func:`~labkernels.rounds.r07_wgmma.kpair.smem_table`) on two axes: ``axs[0]`` shared memory's measured
     bytes per SM per tensor-active clock (data-bank reads and writes) as bars with the model's values
-    (:func:`~labkernels.rounds.r07_wgmma.experiments.smem_model`) as black ticks, ``axs[1]`` the tensor pipe's active share of the same
+    (:func:`~labkernels.rounds.r07_wgmma.kpair.smem_model`) as black ticks, ``axs[1]`` the tensor pipe's active share of the same
     cases; one x position per case."""
     import numpy as np
 
@@ -385,7 +385,7 @@ SMEMFORM_LAUNCHES = {"smem_bn128_s4": "shared-memory form, 1 converter warpgroup
 
 
 def smemform_bars(ax, table, nt: int, title: str = "") -> None:
-    """The twenty-third step (:func:`~labkernels.rounds.r07_wgmma.experiments.smemform_table`) at one nt: per shape and BN=128 form, its
+    """The twenty-third step (:func:`~labkernels.rounds.r07_wgmma.kpair.smemform_table`) at one nt: per shape and BN=128 form, its
     ratio to cuBLAS fp16 as a bar and its no-conversion build's as an outlined bar behind it; the 1.0 line."""
     import numpy as np
 
@@ -411,7 +411,7 @@ def smemform_bars(ax, table, nt: int, title: str = "") -> None:
         ax.set_title(title, fontsize=9)
 
 
-#: the phases of :func:`~labkernels.rounds.r07_wgmma.experiments.kpair_trace_table`, in a CTA's order: (column, label, colour, hatch)
+#: the phases of :func:`~labkernels.rounds.r07_wgmma.traces.kpair_trace_table`, in a CTA's order: (column, label, colour, hatch)
 TRACE_PHASES = (("to_first_tile_us", "to the first activation stage", "0.75", ""),
                 ("loop_pipe_us", "main loop at the tensor pipe's rate", None, ""),
                 ("loop_excess_us", "main loop above the pipe's rate", "#c5b0d5", ""),
@@ -420,7 +420,7 @@ TRACE_PHASES = (("to_first_tile_us", "to the first activation stage", "0.75", ""
 
 
 def trace_phase_bars(ax, table, title: str = "") -> None:
-    """The twenty-fifth step's traces (:func:`~labkernels.rounds.r07_wgmma.experiments.kpair_trace_table`, one L2 state): per (type, shape,
+    """The twenty-fifth step's traces (:func:`~labkernels.rounds.r07_wgmma.traces.kpair_trace_table`, one L2 state): per (type, shape,
     build) a horizontal bar of a CTA's median phases, in us from its entry -- the main loop split into its time at
     the tensor pipe's rate (cycles per iteration at the pipe's rate, the SM clock of the trace) and what it takes
     above that; the launch's last stamp as a tick."""

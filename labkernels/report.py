@@ -283,7 +283,7 @@ def _update_lead() -> None:
         _display_lead(update=True)
 def step(record=None, **fields) -> None:
     """The head of one step's section on a steps ledger page: what was predicted before its GPU run, what was
-    measured, the verdict and its runs -- from a record with those attributes (``labkernels.rounds.r07_ledger.Step``)
+    measured, the verdict and its runs -- from a record with those attributes (``labkernels.rounds.r07_wgmma.ledger.Step``)
     or keyword arguments."""
     names = (("prediction", "predicted (before the run)"), ("measured", "measured"), ("verdict", "verdict"),
              ("runs", "recorded runs"))

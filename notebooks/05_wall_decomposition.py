@@ -19,7 +19,8 @@ mode, run = r5.mode, r5.run     # the decomposition of this model and nt: measur
 before = records.latest("decompose", where=lambda r: r05_wall.same_case(r, r5.plan) and r.run_id < run.run_id)
 r5.banner(note=f"Before: run {before.run_id}." if before is not None else "")
 report.lead()        # the abstract, headline and result figure: filled in where they are computed
-from labkernels import decompose, peers
+from labkernels import peers, prefill_runs
+from labkernels.rounds.r05_wall import decompose
 
 
 def decomposition(r):
@@ -96,7 +97,7 @@ from labkernels.model import default_model_path
 if prun is not None and prun.has("greedy") and default_model_path().exists():
     from labkernels.model import open_model
     from labkernels.prefill_ref import forward_ref
-    from labkernels.prefill_cli import GEMMA_PROMPT, prompt_tokens
+    from labkernels.prefill_runs import GEMMA_PROMPT, prompt_tokens
     gm_ = open_model(default_model_path())
     for name, toks in (("prompt", GEMMA_PROMPT), ("random64", prompt_tokens(gm_, 64, seed=5))):
         a = forward_ref(gm_, toks, last_only=True); b = forward_ref(gm_, toks, last_only=True, act_quant=True)
@@ -171,10 +172,10 @@ for m_ in PAGE_MODELS[1:]:
 # is tens of percent, far above either timing's noise).
 
 # %%
-from labkernels.decompose import host_overhead_untraced
+from labkernels.rounds.r05_wall.decompose import host_overhead_untraced
 
 def host_overhead_latest(m_):
-    grun = decompose.latest_graph_run(m_, "decompose_busy_wall")
+    grun = prefill_runs.latest_graph_run(m_, "decompose_busy_wall")
     if grun is None:
         print(f"no recorded prefill_graph run of {m_}")
     else:
@@ -314,10 +315,10 @@ for m_ in PAGE_MODELS:
 # programmatically: a boundary into cuBLAS or cuDNN, or into a memset node, keeps its full gap with or without PDL.
 
 # %%
-from labkernels.decompose import gap_summary
+from labkernels.rounds.r05_wall.decompose import gap_summary
 
 def replay_gap_tables(m_):
-    gaprun = decompose.latest_graph_run(m_, "replay_gaps")
+    gaprun = prefill_runs.latest_graph_run(m_, "replay_gaps")
     if gaprun is None:
         print(f"no recorded launch gaps of a {m_} graph replay (a prefill_graph run from before the gap table)")
     else:
@@ -365,7 +366,7 @@ for m_ in PAGE_MODELS:
 
 # %%
 def replay_breakdown_tables(m_):
-    brun = decompose.latest_graph_run(m_, "replay_breakdown")
+    brun = prefill_runs.latest_graph_run(m_, "replay_breakdown")
     if brun is None:
         print(f"no stamped replays of {m_} recorded yet (prefill_graph runs before the replay_breakdown table)")
     else:

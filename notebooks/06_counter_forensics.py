@@ -8,7 +8,8 @@ shape: "Known[forensics_shapes]" = "3328x4096x11008"   # nt x od x id: the shape
 
 # %%
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
-from labkernels import report, records, forensics, plotting
+from labkernels import report, records, plotting
+from labkernels.rounds.r06_forensics import forensics
 report.setup()
 from labkernels.rounds import open_round
 r6 = open_round("06", mode, metrics_set=metrics_set)   # measure: ncu per case, the run imported into data/
@@ -28,7 +29,7 @@ verd = run.table("verdicts") if run.has("verdicts") else pd.DataFrame()
 # kernels do exactly the same tensor work (IMMA = MACs), fitted duration against the warp-instruction count
 # (the linear law), and tested explanations with counter-evidence patches: a change that removes a hypothesized
 # cost and does not move duration takes the hypothesis out. This round does the same on the H200 with `ncu`
-# (driven by `labkernels/forensics.py` -- ncu plumbing in `ncu.py`, the counter analysis in `counters.py` --, one profiled launch per case from `labkernels/forensics_driver.py`),
+# (driven by `labkernels/rounds/r06_forensics/forensics.py` -- ncu plumbing in `labkernels/ncu.py`, the counter analysis in `counters.py` beside it --, one profiled launch per case from `forensics_driver.py`, also beside it),
 # for the pairs generic vs expanded-B q6_K and q6_K vs q4_K at matched shapes, and one counter-evidence
 # experiment built from a template switch in `q6k_expb.cu` (EPI: the I2F epilogue vs the magic-number epilogue).
 
@@ -159,7 +160,7 @@ report.headline(**{"IMMA = MACs": "exact on all kernels", "linear law": f"{f.ins
 # ## The report behind the counters: the discussed kernel's hottest source lines
 #
 # Each case's Nsight Compute report (`.ncu-rep`) is kept with the run (manifested, at most 6 MiB; open it in Nsight
-# Compute's source view) and read back with `ncu_report` (`labkernels/ncu_rep.py`). The kernel was built with
+# Compute's source view) and read back with `ncu_report` (`labkernels/rounds/r06_forensics/ncu_rep.py`). The kernel was built with
 # `-lineinfo` for the profile only (`LABKERNELS_LINEINFO=1`; the production build is unchanged) and the profiled launch
 # chosen by the NVTX range the driver puts around it. Below: the expanded-B q6_K kernel with the I2F epilogue (EPI=0),
 # the one this page discusses, its source lines ranked by the per-instruction counter the SourceCounters section

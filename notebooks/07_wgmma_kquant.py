@@ -15,8 +15,8 @@ run_audit = True            # compile the wgmma_kq instantiations with nvcc for 
 # %%
 import shutil
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
-from labkernels import report, records, plotting, peers, decompose
-from labkernels.rounds.r07_wgmma import experiments as wx
+from labkernels import report, records, plotting, peers
+from labkernels.rounds.r07_wgmma import benchmark, kpair, limits, options, tables, traces
 report.setup()
 from labkernels.rounds import open_round
 r7 = open_round("07", mode, shapes=shapes, nts=nts, qtypes=qtypes, pairs=pairs, repeats=repeats)
@@ -24,8 +24,8 @@ mode, run = r7.mode, r7.run      # the benchmark run: measured now, or the lates
 r7.banner()
 report.lead()        # the abstract, headline and result figure: filled in where they are computed
 bench_df = run.table("wgmma_bench")
-summ = wx.summary(bench_df)
-med = wx.medians(bench_df)
+summ = tables.summary(bench_df)
+med = tables.medians(bench_df)
 
 # %% [markdown]
 # ## Method
@@ -104,7 +104,7 @@ display(report.table(rep, caption="Weight repack at load time: the repacked bloc
 # %%
 fig, axes = plt.subplots(2, 4, figsize=(16, 7.5), sharex=True)
 for i, q in enumerate(["q4_K", "q6_K"]):
-    for j, (od, id_) in enumerate(wx.SHAPES):
+    for j, (od, id_) in enumerate(benchmark.SHAPES):
         ax = axes[i, j]
         d = med[(med.qtype == q) & (med.od == od) & (med.id == id_)]
         best = summ[(summ.qtype == q) & (summ.od == od) & (summ.id == id_)].sort_values("nt")
@@ -147,7 +147,7 @@ if cmp.ok and len(cmp.table):
                     on=["qtype", "od", "id", "nt"])
 display(report.table(tab, caption="Time ratios > 1: round 7 faster (median of per-round ratios)"))
 print(cmp.message)
-bar = pd.DataFrame(wx.bars(summ)).rename(columns={"bar": "target"})
+bar = pd.DataFrame(tables.bars(summ)).rename(columns={"bar": "target"})
 display(report.table(bar, caption="The targets, point by point"))
 
 # %% [markdown]
@@ -160,7 +160,7 @@ ai = np.logspace(0, 4, 200)
 ax.plot(ai, np.minimum(peak, hbm * ai), color="0.3", lw=1.2, label=f"roofline: {peak:.0f} TFLOPS, {hbm} TB/s")
 for q, mk in (("q4_K", "o"), ("q6_K", "s")):
     d = summ[summ.qtype == q]
-    x = [2 * r.nt * r.od * r.id / wx.traffic_bytes(q, r.nt, r.od, r.id) for r in d.itertuples()]
+    x = [2 * r.nt * r.od * r.id / tables.traffic_bytes(q, r.nt, r.od, r.id) for r in d.itertuples()]
     ax.scatter(x, d.tops_eq, marker=mk, color=plotting.color("wgmma_kq"), alpha=.8, label=f"wgmma_kq {q}")
     ax.scatter(x, d.cublas_tops, marker=mk, facecolors="none", edgecolors=plotting.color("cublas_f16_cached"),
                label=f"cuBLAS fp16 on cached weights, at the {q} points")
@@ -223,7 +223,7 @@ else:
     lt = abr[-1].table("throughput")
     if "attention" in lt:   # the A/B step's machine may lack the cuDNN frontend: its attention is then the lab's alone
         print(f"the latest A/B run ({abr[-1].run_id}) ran attention: {', '.join(sorted(set(lt.attention)))}"
-              + ("" if decompose.with_cudnn(abr[-1]) else " (no cuDNN frontend on that machine: the lab's kernel alone)"))
+              + ("" if peers.with_cudnn(abr[-1]) else " (no cuDNN frontend on that machine: the lab's kernel alone)"))
 
 # %%
 s7 = summ[(summ.od == headline_shape[0]) & (summ.id == headline_shape[1]) & (summ.nt == headline_nt)].set_index("qtype")
@@ -241,7 +241,7 @@ heads["7B prefill vs llama.cpp"] = facts.vs_llama_text(vs7)
 
 
 def _target_at(n):
-    bs = [b for b in wx.bars(summ) if b["nt"] == n]
+    bs = [b for b in tables.bars(summ) if b["nt"] == n]
     met = sum(b["met"] for b in bs)
     t = facts.TARGETS["wgmma_small" if n == 512 else "wgmma_large"]
     return f"{t.what}: {'met' if met == len(bs) else 'not met'} ({met} of {len(bs)} points)"
@@ -276,8 +276,8 @@ report.footer(run.provenance)
 # main path (`LK_EXP_*` / `LK_ABLATE_*` defines).
 
 # %%
-from labkernels.rounds import r07_ledger
-display(report.table(r07_ledger.table(), caption="The steps of round 7: what each asked, what it predicted, what it "
+from labkernels.rounds.r07_wgmma import ledger
+display(report.table(ledger.table(), caption="The steps of round 7: what each asked, what it predicted, what it "
                                                   "measured and the verdict"))
 
 # %% [markdown]
@@ -294,7 +294,7 @@ display(report.table(r07_ledger.table(), caption="The steps of round 7: what eac
 # (BN=128, one wave of 128 CTAs for od=4096) therefore lands near ~0.8× cuBLAS, short of the 1.0× target.
 
 # %%
-report.step(r07_ledger.step(1))
+report.step(ledger.step(1))
 
 # %% [markdown]
 # **Prediction against measurement.** First step — predicted: BN=128 near issue-bound at ~55–65% of the tensor line,
@@ -320,7 +320,7 @@ report.step(r07_ledger.step(1))
 # nt=512 to about cuBLAS, within ±5%, not clearly above it; nt=4096 should not move (whole waves are data-parallel).
 
 # %%
-report.step(r07_ledger.step(2))
+report.step(ledger.step(2))
 
 # %% [markdown]
 # ### Measured: the schedulers at nt=512
@@ -333,7 +333,7 @@ if n512.variant.str.endswith("_sk").any():
                               ["uniform split-k", "stream-K", "cuBLAS"], "data-parallel")
     best = n512.loc[n512.groupby(["qtype", "od", "id", "sched"]).median_us.idxmin()]
     fig, ax = plt.subplots(figsize=(11, 4))
-    keys = [(q, od, id_) for q in ("q4_K", "q6_K") for od, id_ in wx.SHAPES]
+    keys = [(q, od, id_) for q in ("q4_K", "q6_K") for od, id_ in benchmark.SHAPES]
     xs = np.arange(len(keys))
     scheds = [s for s in (("data-parallel", plotting.color("wgmma_kq")), ("stream-K", plotting.color("issue")),
                           ("uniform split-k", plotting.color("uniform_split")), ("cuBLAS", plotting.color("cublas_f16_cached")))
@@ -371,7 +371,7 @@ if cs is None:
     print("no cost scan recorded")
 else:
     sc = cs.table("cost_scan")
-    fit = wx.cost_fit(sc)
+    fit = benchmark.cost_fit(sc)
     display(report.table(fit, caption=f"time = intercept + slope x k at nt=512, od=4096, q4_K ({report.source(cs)}); "
                                       "host_enqueue_us: host time of one call (50 back-to-back, no flush)"))
     abl = sc[sc.variant.str.startswith("wgmma_bn256_s4_scl0_sk") & sc["id"].isin(
@@ -401,7 +401,7 @@ else:
 # **Where a launch's time goes, CTA by CTA.** An exploratory build (`-DLK_EXP_TRACE`, its own cubin: the plain kernel is
 # unchanged) has each CTA's first consumer thread stamp `%globaltimer` and `clock64` at its entry, setup, the first
 # activation tile's arrival and, per segment, its start, the end of its main loop and the end of its fix-up and store
-# (`gpu-check --steps wgmma_trace`, q4_K 4096×4096 at nt=512; `experiments.trace_phases` gives each segment its role in the
+# (`gpu-check --steps wgmma_trace`, q4_K 4096×4096 at nt=512; `traces.trace_phases` gives each segment its role in the
 # schedule). The stamps cost a few global stores per CTA.
 
 # %%
@@ -410,7 +410,7 @@ if tr is None:
     print("no per-CTA trace recorded (gpu-check --steps wgmma_trace)")
 else:
     tp = tr.meta.get("params") or {}
-    ph = wx.trace_phases(tr.table("trace").to_dict("records"), tp.get("od", 4096), tp.get("id", 4096), tp.get("nt", 512))
+    ph = traces.trace_phases(tr.table("trace").to_dict("records"), tp.get("od", 4096), tp.get("id", 4096), tp.get("nt", 512))
     tsum = (ph.groupby(["variant", "seg", "role"])
               .agg(segments=("cta", "size"), iters=("iters", "median"), fill_us=("fill_us", "median"),
                    main_us=("main_us", "median"), finish_us=("finish_us", "median"),
@@ -530,7 +530,7 @@ else:
 # kernel.
 
 # %%
-report.step(r07_ledger.step(3))
+report.step(ledger.step(3))
 
 # %% [markdown]
 # Third step, the uniform split-k grid (`SK=2`) — predicted from the paired-grid runs of the split-finish A/B (run
@@ -585,10 +585,10 @@ report.step(r07_ledger.step(3))
 # form's main loop is not issue-bound either; its extra weight loads cost more than the instructions saved.
 
 # %%
-report.step(r07_ledger.step('shared-memory form'))
+report.step(ledger.step('shared-memory form'))
 
 # %%
-fm = wx.forms(bench_df)
+fm = tables.forms(bench_df)
 if len(fm):
     display(report.table(fm, caption=f"Register vs shared-memory form, q4_K, best variant of each ({report.source(run)}); "
                                       "ratios of medians over interleaved rounds (> 1 = faster)"))
@@ -603,9 +603,9 @@ nc = records.latest("wgmma", where=lambda r: r.has("sections") and not (r.meta.g
 if nc is None:
     print("no Nsight Compute run recorded")
 else:
-    nct = wx.ncu_table(nc.table("sections"))
+    nct = tables.ncu_table(nc.table("sections"))
     display(report.table(nct, caption=f"ncu --clock-control none, {report.source(nc)} (4096 x 4096; SM frequency as ncu read it)"))
-    lab = [wx.ncu_label(k, sk, n, sep=", ") for k, n, sk in zip(nct.kernel, nct.nt, nct.sk)]
+    lab = [tables.ncu_label(k, sk, n, sep=", ") for k, n, sk in zip(nct.kernel, nct.nt, nct.sk)]
     fig, ax = plt.subplots(figsize=(9, 1.4 + 0.36 * len(lab)))
     ys = np.arange(len(lab))
     ax.barh(ys - .2, nct["Compute (SM) Throughput [%]"], .4, label="SM compute throughput (tensor pipe) [%]",
@@ -671,7 +671,7 @@ else:
 # the plain ones and cuBLAS at nt 256–1024 (its own table: `auto` keeps reading the benchmark of record).
 
 # %%
-report.step(r07_ledger.step(4))
+report.step(ledger.step(4))
 
 # %%
 if run_audit and shutil.which("nvcc"):
@@ -692,12 +692,12 @@ if ea is None:
     print("the epilogue A/B (gpu-check --steps wgmma_epi) is built and not yet run on the GPU: no measurement of "
           "EPI=1/2 or SK=3 exists")
 else:
-    ep = wx.suffix_ab(ea.table("wgmma_epi_ab"), suffixes=("_e1", "_e2"))
+    ep = tables.suffix_ab(ea.table("wgmma_epi_ab"), suffixes=("_e1", "_e2"))
     fig, ax = plt.subplots(figsize=(7, 3.8))
     plotting.option_speedups(ax, ep, {"e1": "bulk fold (EPI=1)\nvs plain", "e2": "+TMA store (EPI=2)\nvs plain"},
                              f"the epilogue forms against the plain epilogue on the same grid ({report.source(ea)})")
     plt.show()
-    et = wx.epi_table(ea.table("wgmma_epi_ab"))
+    et = tables.epi_table(ea.table("wgmma_epi_ab"))
     display(report.table(et[et.nt == 512].drop(columns="nt"),
                          caption=f"nt=512: × cuBLAS fp16 (cached) per scheduler and epilogue form, ratios of medians "
                                  f"over the interleaved pairs ({report.source(ea)}; nt 256 and 1024 in the figure)"))
@@ -746,7 +746,7 @@ else:
 # cuBLAS.
 
 # %%
-report.step(r07_ledger.step(5))
+report.step(ledger.step(5))
 
 # %%
 opt_runs = [(r, t) for t in ("wgmma_aq_ab", "wgmma_pf_ab")
@@ -754,7 +754,7 @@ opt_runs = [(r, t) for t in ("wgmma_aq_ab", "wgmma_pf_ab")
 if not opt_runs:
     print("no recorded AQ / PF A/B run (gpu-check --steps wgmma_aq / wgmma_pf)")
 else:
-    sab = pd.concat([wx.suffix_ab(r.table(t)).assign(run=r.run_id) for r, t in opt_runs], ignore_index=True)
+    sab = pd.concat([tables.suffix_ab(r.table(t)).assign(run=r.run_id) for r, t in opt_runs], ignore_index=True)
     names = {"a4": "AQ=4 vs AQ=2", "p1": "PF=1 vs PF=0", "p2": "PF=2 vs PF=0"}
     fig, ax = plt.subplots(figsize=(8.5, 4))
     plotting.option_speedups(ax, sab, names, "each build option against its base variant: every shape and scheduler "
@@ -767,14 +767,14 @@ else:
                                       "interleaved pairs per point; > 1 = the option is faster)"))
 
 # %%
-st = wx.ncu_stalls(nc.table("sections")) if nc is not None else pd.DataFrame()
+st = tables.ncu_stalls(nc.table("sections")) if nc is not None else pd.DataFrame()
 if st.empty:
     print("the latest Nsight Compute run has no stall-reason metrics")
 else:
     reasons = [c for c in st.columns if c not in ("case", "kernel", "sk", "nt") and not c.startswith("tensor pipe")]
     top = reasons[:8]
     fig, ax = plt.subplots(figsize=(9, 5.4))
-    ylab = [wx.ncu_label(k, sk, n, sep=", ") for k, n, sk in zip(st.kernel, st.nt, st.sk)]
+    ylab = [tables.ncu_label(k, sk, n, sep=", ") for k, n, sk in zip(st.kernel, st.nt, st.sk)]
     left = np.zeros(len(st))
     cmap = plt.get_cmap("tab10")
     for i, rsn in enumerate(top + ["other"]):
@@ -856,7 +856,7 @@ else:
 # **Measured** (run 20261202T024803Z, commit 04371ad, H200). The GPU tests passed: bitwise against the plain
 # epilogue on the same grid, twice, with the refusals (12 cases), and the 2-CTA clusters are resident 66 at a time
 # for every build (`cuOccupancyMaxActiveClusters`), so SK=3's 64 pairs run in one wave. 63 real-model gates passed
-# (each Gemma tensor at `experiments.pair_nt` tokens, the fewest at which its tiles get two CTAs: at the other gates' 37
+# (each Gemma tensor at `benchmark.pair_nt` tokens, the fewest at which its tiles get two CTAs: at the other gates' 37
 # tokens none does; max rel err vs float64 1.26e-3, the int8 q8_1 path 7.63e-3).
 #
 # * **Racecheck found the exit, not the exchange.** The first run of the build (commit e7feb0c) had memcheck and
@@ -873,19 +873,19 @@ else:
 #   and in the benchmark of record, where it is the best variant at two nt=512 points by under 1%.
 
 # %%
-report.step(r07_ledger.step(6))
+report.step(ledger.step(6))
 
 # %%
 pr = records.latest("wgmma", where=lambda r: r.has("wgmma_pair_ab"))
 if pr is None:
     print("no recorded run of the pair exchange (gpu-check --steps wgmma_pair)")
 else:
-    ppx = wx.suffix_ab(pr.table("wgmma_pair_ab"), suffixes=("_e3",))
+    ppx = tables.suffix_ab(pr.table("wgmma_pair_ab"), suffixes=("_e3",))
     fig, ax = plt.subplots(figsize=(6, 3.6))
     plotting.option_speedups(ax, ppx, {"e3": "pair exchange (EPI=3)\nvs plain, SK=3"},
                              f"the pair exchange against the plain epilogue on the same grid ({report.source(pr)})")
     plt.show()
-    et = wx.epi_table(pr.table("wgmma_pair_ab"))
+    et = tables.epi_table(pr.table("wgmma_pair_ab"))
     display(report.table(et[et.nt == 512].drop(columns="nt"), caption=f"nt=512: × cuBLAS fp16 (cached) per scheduler "
                                                                         f"and epilogue form ({report.source(pr)})"))
 
@@ -932,14 +932,14 @@ else:
 # * **nt=512:** q4_K 0.83–0.95×, q6_K 0.73–0.84×. **Not met** at any point.
 
 # %%
-report.step(r07_ledger.step(7))
+report.step(ledger.step(7))
 
 # %%
 sr = records.latest("wgmma", where=lambda r: r.has("wgmma_staged_ab"))
 if sr is None:
     print("no recorded run of the staged store (gpu-check --steps wgmma_staged)")
 else:
-    spx = wx.suffix_ab(sr.table("wgmma_staged_ab"), suffixes=("_e4",)).assign(option=lambda d: d.launch)
+    spx = tables.suffix_ab(sr.table("wgmma_staged_ab"), suffixes=("_e4",)).assign(option=lambda d: d.launch)
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
     plotting.option_speedups(ax, spx, {g: g.replace(" ", "\n", 1) for g in sorted(spx.launch.unique(), reverse=True)},
                              f"EPI=4 (staged store) against the plain epilogue on the same grid ({report.source(sr)})")
@@ -991,14 +991,14 @@ else:
 # picks it. The BN=256 build it would have led to is not made.
 
 # %%
-report.step(r07_ledger.step(8))
+report.step(ledger.step(8))
 
 # %%
 cr = records.latest("wgmma", where=lambda r: r.has("wgmma_conv2_ab"))
 if cr is None:
     print("no recorded run of the two-converter A/B (gpu-check --steps wgmma_conv2)")
 else:
-    cx = wx.suffix_ab(cr.table("wgmma_conv2_ab"), suffixes=("_c2",)).assign(option=lambda d: d.launch)
+    cx = tables.suffix_ab(cr.table("wgmma_conv2_ab"), suffixes=("_c2",)).assign(option=lambda d: d.launch)
     fig, ax = plt.subplots(figsize=(6, 3.6))
     plotting.option_speedups(ax, cx, {g: f"FORM=2 vs FORM=1\n{g}" for g in sorted(cx.launch.unique())},
                              f"two converter warpgroups against one ({report.source(cr)})")
@@ -1073,14 +1073,14 @@ else:
 # * BN=192/256 tiles at nt=512 without the split-k finish (ping-pong consumers on two token tiles).
 
 # %%
-report.step(r07_ledger.step(9))
+report.step(ledger.step(9))
 
 # %%
 c16 = records.latest("wgmma", where=lambda r: r.has("wgmma_conv16_ab"))
 if c16 is None:
     print("no recorded run of the 16-bit scale path's A/B (gpu-check --steps wgmma_conv16)")
 else:
-    t16 = wx.conv16_table(c16.table("wgmma_conv16_ab"))
+    t16 = limits.conv16_table(c16.table("wgmma_conv16_ab"))
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
     plotting.launch_speedups(ax, t16, "new_over_old", f"the 16-bit scale path against the previous conversion, "
                              f"same launch ({report.source(c16)})", "speedup (old time / new time)")
@@ -1123,14 +1123,14 @@ else:
 # to 635–660. That is still under the 1.0× target.
 
 # %%
-report.step(r07_ledger.step(10))
+report.step(ledger.step(10))
 
 # %%
 pr2 = records.latest("wgmma", where=lambda r: r.has("wgmma_plane_ab"))
 if pr2 is None:
     print("the scale plane (SCL=2) is built and not yet run on the GPU: no measurement of it exists")
 else:
-    pt = wx.plane_table(pr2.table("wgmma_plane_ab"))
+    pt = options.plane_table(pr2.table("wgmma_plane_ab"))
     fig, ax = plt.subplots(figsize=(6, 3.6))
     plotting.launch_speedups(ax, pt, "plane_over_header", f"the scale plane (SCL=2) against the header decode "
                              f"(SCL=0) ({report.source(pr2)})", "speedup (SCL=0 time / SCL=2 time)")
@@ -1157,7 +1157,7 @@ else:
 # the segment's first super-block's registers again, made opaque to the compiler at each super-block so the
 # conversion is neither hoisted nor folded. In the SASS of the nvcc 13.0 build, counted over the whole loop body
 # from its head to its back branch (not the ninth step's per-super-block count), the q4_K BN=128 loop goes from 520
-# to 470 instructions with the same LOP3 and HFMA2 count; NOCONV's has 119. `gpu-check --steps wgmma_ceiling` (`experiments.ceiling_ab`) times the plain
+# to 470 instructions with the same LOP3 and HFMA2 count; NOCONV's has 119. `gpu-check --steps wgmma_ceiling` (`limits.ceiling_ab`) times the plain
 # launches of record with both ablation builds, interleaved with cuBLAS, each plain launch parity-gated at its
 # point; the ablations are timing only (their Y means nothing). `loads_share` = (t_plain − t_noload) /
 # (t_plain − t_noconv): the loads' part of what the weights cost over the skeleton (TMA ring, wgmma, scheduler,
@@ -1167,14 +1167,14 @@ else:
 # 0.5), q6_K ≥ 0.6; the skeleton ≥ 1.05× cuBLAS at BN=128 and at the BN=256 split grids.
 
 # %%
-report.step(r07_ledger.step(11))
+report.step(ledger.step(11))
 
 # %%
 ces = [r for r in records.list_runs("wgmma") if r.has("wgmma_ceiling_ab")]
 if not ces:
     print("no recorded ceiling A/B run (gpu-check --steps wgmma_ceiling)")
 else:   # each run's ratios from its own interleaved timings; a later run adds launches (BN=128 stream-K)
-    ct = pd.concat([wx.ceiling_table(r.table("wgmma_ceiling_ab")).assign(run=r.run_id.split("-h200")[0])
+    ct = pd.concat([limits.ceiling_table(r.table("wgmma_ceiling_ab")).assign(run=r.run_id.split("-h200")[0])
                     for r in ces], ignore_index=True)
     src = "; ".join(report.source(r) for r in ces)
     fig, ax = plt.subplots(figsize=(9, 4.2))
@@ -1220,14 +1220,14 @@ else:   # each run's ratios from its own interleaved timings; a later run adds l
 # q4_K BN=128 +2–5%.
 
 # %%
-report.step(r07_ledger.step(12))
+report.step(ledger.step(12))
 
 # %%
 ws = records.latest("wgmma", where=lambda r: r.has("wgmma_wstage_ab"))
 if ws is None:
     print("no recorded run of the staging A/B (gpu-check --steps wgmma_wstage)")
 else:
-    wt, line = wx.build_ab_view(ws, "wstage")
+    wt, line = tables.build_ab_view(ws, "wstage")
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
     plotting.launch_speedups(ax, wt, "speedup", f"weights staged per thread in shared memory (cp.async) against the "
                              f"register loads, same launch ({report.source(ws)})", "speedup (plain time / staged time)")
@@ -1267,7 +1267,7 @@ else:
 # BN=256 +5–12%, q4_K BN=128 +2–6%; q6_K still under 1.0× cuBLAS at nt=512 (its no-load builds reach 0.83–0.93×).
 
 # %%
-report.step(r07_ledger.step(13))
+report.step(ledger.step(13))
 
 # %%
 wts = sorted((r for r in records.list_runs("wgmma") if r.has("wgmma_wtma_ab")), key=lambda r: r.run_id)
@@ -1280,7 +1280,7 @@ else:
     fig, axes = plt.subplots(len(wts), 1, figsize=(10, 3.7 * len(wts)), squeeze=False)
     views = []
     for ax, r in zip(axes[:, 0], wts):
-        t, line = wx.build_ab_view(r, "wtma")
+        t, line = tables.build_ab_view(r, "wtma")
         commit = r.meta["provenance"]["git_commit"]
         views.append(t.assign(build=label.get(commit, commit)))
         plotting.launch_speedups(ax, t, "speedup", f"{label.get(commit, commit)}\n({report.source(r)})",
@@ -1302,7 +1302,7 @@ wnc = records.latest("wgmma", where=lambda r: r.has("sections") and
 if nc is None or wnc is None:
     print("no Nsight Compute run of both the plain and the LK_EXP_WTMA build")
 else:
-    cmp_ = wx.ncu_compare(nc.table("sections"), wnc.table("sections"))
+    cmp_ = tables.ncu_compare(nc.table("sections"), wnc.table("sections"))
     cmp_ = cmp_[(cmp_.nt == 512) & cmp_.kernel.str.startswith("wgmma_kq[") & cmp_.kernel.str.contains("AQ=2")
                 & ~cmp_.kernel.str.contains("SCL=2")]
     display(report.table(cmp_.drop(columns=["kernel", "sk", "nt"]),
@@ -1353,7 +1353,7 @@ else:
 #
 # **Why.** At nt=512 the best launches are the BN=256 split grids (the tile-aligned split at three shapes, stream-K
 # at 11008 × 4096). A second trace (`gpu-check --steps wgmma_trace`, run 20261202T190840Z, commit 7057289) stamps
-# them beside BN=128, per CTA and per role in the schedule (`experiments.trace_roles`; the bars below are medians over a
+# them beside BN=128, per CTA and per role in the schedule (`traces.trace_roles`; the bars below are medians over a
 # role's segments, the whisker the slowest, the black tick the launch's last stamp). The figure is the latest trace
 # run, which also holds EPI=5's launches; its plain launches' medians agree with 20261202T190840Z's within 6% per
 # role and phase, their cycles per super-block within 3% (the table further down has both runs). What it shows:
@@ -1370,14 +1370,14 @@ else:
 # ~95–140 us against stamp spans of 28–108 us), so they are not used here; later trace runs do not take them.
 
 # %%
-report.step(r07_ledger.step(14))
+report.step(ledger.step(14))
 
 # %%
 ttr = records.latest("wgmma", where=lambda r: r.has("trace_summary") and "sm_count" in (r.meta.get("params") or {}))
 if ttr is None:
     print("no trace of the nt=512 split launches (gpu-check --steps wgmma_trace)")
 else:
-    roles = wx.trace_roles(ttr.table("trace"), ttr.meta["params"]["sm_count"])
+    roles = traces.trace_roles(ttr.table("trace"), ttr.meta["params"]["sm_count"])
     shapes = list(roles.groupby(["qtype", "od", "id"], sort=False).groups)
     fig, axes = plt.subplots(len(shapes), 1, figsize=(10, 0.32 * len(roles) + 1.1 * len(shapes)), squeeze=False,
                              gridspec_kw={"height_ratios": [len(roles[(roles.qtype == q) & (roles.od == o)])
@@ -1437,7 +1437,7 @@ else:
              "8c82599a84": "third build (kernel of 6818ffc): the zeros by TMA from the staging buffer"}
     fig, axes = plt.subplots(len(rrs), 1, figsize=(10, 3.5 * len(rrs)), squeeze=False)
     for ax, r in zip(axes[:, 0], rrs):
-        t = wx.suffix_ab(r.table("wgmma_reduce_ab"), suffixes=("_e5",))
+        t = tables.suffix_ab(r.table("wgmma_reduce_ab"), suffixes=("_e5",))
         commit = r.meta["provenance"]["git_commit"]
         plotting.launch_speedups(ax, t, "speedup", f"{label.get(commit, commit)} ({report.source(r)})",
                                  "speedup (plain time / EPI=5 time)")
@@ -1446,7 +1446,7 @@ else:
         ax.set_ylim(min(l[0] for l in lims), max(l[1] for l in lims))
     plt.show()
     rr = rrs[-1]
-    display(report.table(wx.best_vs_cublas(rr.table("wgmma_reduce_ab")),
+    display(report.table(tables.best_vs_cublas(rr.table("wgmma_reduce_ab")),
                          {"cuBLAS us": "{:.1f}", "without vs cuBLAS": "{:.3f}", "with vs cuBLAS": "{:.3f}"},
                          caption=f"per point, the last build: the fastest launch of the A/B without and with EPI=5, "
                                  f"each one's ratio to cuBLAS fp16 (cached) timed beside it ({report.source(rr)})"))
@@ -1456,7 +1456,7 @@ trs = [r for r in records.list_runs("wgmma") if r.has("trace_summary") and "sm_c
 if trs:
     rows = []
     for r in trs:
-        t = wx.trace_roles(r.table("trace"), r.meta["params"]["sm_count"])
+        t = traces.trace_roles(r.table("trace"), r.meta["params"]["sm_count"])
         t = t[(t.od == 4096) & (t.id == 4096) & t.variant.str.contains("skt") & ~t.variant.str.endswith("e3")]
         rows.append(t.assign(run=r.run_id))   # the whole id: time, GPU and commit
     tt = pd.concat(rows)[["run", "qtype", "variant", "role", "main_us", "cycles_per_iter", "finish_us", "end_us_max"]]
@@ -1500,7 +1500,7 @@ if trs:
 # the start event right after the L2 flush and then calls `gemm()`, whose Python path (checks, launch setup, the
 # driver call) might outlast the flush: then the GPU would wait for the host inside the timed interval.
 #
-# **Design** (`gpu-check --steps wgmma_lead`, `experiments.LEAD_AB`): every call of the launches of record and of cuBLAS
+# **Design** (`gpu-check --steps wgmma_lead`, `options.LEAD_AB`): every call of the launches of record and of cuBLAS
 # is timed both ways, call by call: as the benchmark times it, and behind `bench.Lead`, a 500 us one-thread GPU wait
 # queued between the flush and the start event, so that any host path shorter than that runs while the GPU is
 # busy. Each row also holds the call's host time, and the run the flush's own device time. A GPU test checks that the
@@ -1511,21 +1511,21 @@ if trs:
 # flush's device time, the lead changes nothing and the hypothesis is wrong.
 
 # %%
-report.step(r07_ledger.step(15))
+report.step(ledger.step(15))
 
 # %%
 lr = records.latest("wgmma", where=lambda r: r.has("wgmma_lead_ab"))
 if lr is None:
     print("no recorded run of the timing A/B (gpu-check --steps wgmma_lead)")
 else:
-    lv = wx.lead_view(lr)
+    lv = tables.lead_view(lr)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, nt_ in zip(axes, (512, 4096)):
         plotting.timing_pairs(ax, lv, nt_, f"nt={nt_}")
     fig.suptitle(f"best wgmma launch per point against cuBLAS, timed two ways ({report.source(lr)})", fontsize=9)
     plt.show()
     d = lv.pivot_table(index=["qtype", "od", "id", "nt"], columns="timing", values="ratio")
-    lt = next(t for t in d.columns if t != "events")   # the lead's timing (wx.LEAD_AB's leads_us)
+    lt = next(t for t in d.columns if t != "events")   # the lead's timing (options.LEAD_AB's leads_us)
     print(f"flush: {lv['flush us'].iloc[0]:.1f} us of device time; host time of the timed calls: wgmma "
           f"{lv['wgmma host us'].min():.0f}-{lv['wgmma host us'].max():.0f} us, cuBLAS "
           f"{lv['cuBLAS host us'].min():.0f}-{lv['cuBLAS host us'].max():.0f} us; ratio lead / events per point: "
@@ -1556,7 +1556,7 @@ else:
 # **Design** (`gpu-check --steps wgmma_floor,wgmma_trace`):
 # * `LK_ABLATE_EMPTY`, an empty build of the register form. It launches on the plain launch's grid, threads,
 #   dynamic shared memory and parameters, and every CTA returns at once. The scheduler is handed the plain build's
-#   CTAs per SM (more of the empty kernel would fit an SM). `experiments.floor_ab` times the launches of record at nt=512
+#   CTAs per SM (more of the empty kernel would fit an SM). `limits.floor_ab` times the launches of record at nt=512
 #   beside their empty builds, cuBLAS and a 1-CTA empty kernel (`bench.EmptyLaunch`, the events' own floor), with
 #   each plain launch parity-gated. A GPU test checks that the empty build writes nothing, runs on the same grid and
 #   leaves no state behind. The plain build's machine code is byte-identical to the build of record (51 of 51
@@ -1568,7 +1568,7 @@ else:
 # left after the last stamp ≤ 1.5 us.
 
 # %%
-report.step(r07_ledger.step(16))
+report.step(ledger.step(16))
 
 # %%
 fr = records.latest("wgmma", where=lambda r: r.has("wgmma_floor_ab"))
@@ -1576,8 +1576,8 @@ tc = records.latest("wgmma", where=lambda r: r.has("trace_flushed"))
 if fr is None:
     print("no recorded run of the launch floor (gpu-check --steps wgmma_floor)")
 else:
-    fv = wx.floor_view(fr.table("wgmma_floor_ab"),
-                       wx.trace_spans(tc.table("trace_flushed")) if tc is not None else None)
+    fv = limits.floor_view(fr.table("wgmma_floor_ab"),
+                       traces.trace_spans(tc.table("trace_flushed")) if tc is not None else None)
     fig, ax = plt.subplots(figsize=(11, 4))
     plotting.floor_bars(ax, fv, f"nt=512: the fastest launch of record per point, its floor and cuBLAS; "
                                 f"labels: cuBLAS / launch ({report.source(fr)})")
@@ -1596,7 +1596,7 @@ else:
                                  f"negative: the one cold trace launch ran longer than the median timed launch, so "
                                  f"it cannot be read)"))
 if tc is not None:
-    cold = wx.trace_cold(tc)
+    cold = traces.trace_cold(tc)
     display(report.table(cold[["qtype", "od", "id", "variant", "role", "fill_us_warm", "fill_us_cold", "main_us_warm",
                                "main_us_cold", "cycles_per_iter_warm", "cycles_per_iter_cold", "cycles_cold_over_warm",
                                "span_us_warm", "span_us_cold"]],
@@ -1647,14 +1647,14 @@ if tc is not None:
 # nt=4096 q6_K +3–8%, q4_K ±2%.
 
 # %%
-report.step(r07_ledger.step(17))
+report.step(ledger.step(17))
 
 # %%
 pr = records.latest("wgmma", where=lambda r: r.has("wgmma_tmapf_ab"))
 if pr is None:
     print("no recorded run of the L2-prefetch build (gpu-check --steps wgmma_tmapf)")
 else:
-    pt, pline = wx.build_ab_view(pr, "tmapf")
+    pt, pline = tables.build_ab_view(pr, "tmapf")
     fig, ax = plt.subplots(figsize=(11, 4))
     plotting.launch_speedups(ax, pt, "speedup", f"the L2-prefetch build against the plain one ({report.source(pr)})",
                              "speedup (plain time / prefetch build time)")
@@ -1679,7 +1679,7 @@ else:
 # **Why.** The traces give the kernel's clock (1.62–1.77 GHz under load, against 1.98 idle), but not cuBLAS's.
 # If cuBLAS ran at a higher clock, part of the nt=512 gap would be power, not cycles.
 #
-# **Design** (`bench.ClockProbe`, `experiments.clock_ab`): a one-thread kernel on a second stream waits for the same flush
+# **Design** (`bench.ClockProbe`, `limits.clock_ab`): a one-thread kernel on a second stream waits for the same flush
 # as the launch, then spins a 12 us window of `%globaltimer` and counts `clock64` cycles over it. All SMs share
 # one clock, so the probe's SM tells the launch's. The launches of record and cuBLAS are probed round by round at
 # nt=512, with the probe alone for the idle clock, and each one's time in the same round. A GPU test checks that
@@ -1689,14 +1689,14 @@ else:
 # ~1.98 GHz. The ratio to cuBLAS in cycles 0.00–0.06 above the ratio in time.
 
 # %%
-report.step(r07_ledger.step(18))
+report.step(ledger.step(18))
 
 # %%
 cr = records.latest("wgmma", where=lambda r: r.has("wgmma_clock"))
 if cr is None:
     print("no recorded run of the clock probe (gpu-check --steps wgmma_clock)")
 else:
-    cv = wx.clock_view(cr.table("wgmma_clock"))
+    cv = limits.clock_view(cr.table("wgmma_clock"))
     fig, ax = plt.subplots(figsize=(11, 4))
     plotting.clock_bars(ax, cv, f"nt=512: SM clock over a 12 us window inside each launch ({report.source(cr)})")
     plt.show()
@@ -1738,14 +1738,14 @@ else:
 # nt=4096 ±1%.
 
 # %%
-report.step(r07_ledger.step(19))
+report.step(ledger.step(19))
 
 # %%
 sr = records.latest("wgmma", where=lambda r: r.has("wgmma_swapred_ab"))
 if sr is None:
     print("no recorded run of the swapped reduce order (gpu-check --steps wgmma_swapred)")
 else:
-    st, sline = wx.build_ab_view(sr, "swapred")
+    st, sline = tables.build_ab_view(sr, "swapred")
     fig, ax = plt.subplots(figsize=(9, 3.6))
     plotting.launch_speedups(ax, st, "speedup", f"the helper's rounds swapped against the plain EPI=5 "
                                                 f"({report.source(sr)})", "speedup (plain time / swapped time)")
@@ -1765,9 +1765,9 @@ else:
 # assumed. A scan over id at fixed (nt, od) splits every launch's time, cuBLAS's too, into what it pays once (the
 # intercept: launch, fill, finish, drain) and what its loop pays per k (the slope), in one run.
 #
-# **Design** (`experiments.kscan_ab`, `gpu-check --steps wgmma_kscan`): the launches of record at nt=512, od=4096 and six
+# **Design** (`limits.kscan_ab`, `gpu-check --steps wgmma_kscan`): the launches of record at nt=512, od=4096 and six
 # ids from 512 to 14336, each parity-gated at its point, interleaved with cuBLAS fp16 (cached) and the 1-CTA empty
-# kernel, L2 flushed, 10 launches × 3 rounds; cuBLAS also alone at k = 16, 64 and 256. `experiments.kscan_fit` fits
+# kernel, L2 flushed, 10 launches × 3 rounds; cuBLAS also alone at k = 16, 64 and 256. `limits.kscan_fit` fits
 # time = intercept + slope × id per launch over the six ids, and once over the fastest launch per point (`best`).
 # The second run (commit b243ed7) also times cuBLAS with float32 output (`cublasGemmEx`, fp16 operands): the kernel
 # writes float32 Y, 8 MB at nt=512 and od=4096, and the baseline of record writes float16, half that.
@@ -1782,7 +1782,7 @@ else:
 #   its intercept; alone at k=16, 0.8–1.5 us above; the first run's figures repeated within 3%.
 
 # %%
-report.step(r07_ledger.step(20))
+report.step(ledger.step(20))
 
 # %%
 kr = records.latest("wgmma", where=lambda r: r.has("wgmma_kscan_ab"))
@@ -1790,7 +1790,7 @@ if kr is None:
     print("no recorded run of the k scan (gpu-check --steps wgmma_kscan)")
 else:
     kab = kr.table("wgmma_kscan_ab")
-    kfit, kpts = wx.kscan_fit(kab), wx.kscan_points(kab)
+    kfit, kpts = limits.kscan_fit(kab), limits.kscan_points(kab)
     fig, axs = plt.subplots(2, 2, figsize=(12, 8.4))
     for j, q in enumerate(("q4_K", "q6_K")):
         plotting.kscan_lines(axs[0, j], kpts, kfit, q, f"{q}, nt=512, od=4096")
@@ -1811,12 +1811,12 @@ else:
                          caption=f"median time per launch (us) at nt=512, od=4096 ({report.source(kr)}); ratio = "
                                  f"cuBLAS / the fastest launch at the point; empty cells: a launch the grid does "
                                  f"not take there"))
-    for v, what in ((wx.CUBLAS, "fp16 out"), (wx.CUBLAS_F32OUT, "fp32 out")):
+    for v, what in ((limits.CUBLAS, "fp16 out"), (limits.CUBLAS_F32OUT, "fp32 out")):
         al = kpts[(kpts.qtype == "f16") & (kpts.variant == v)].sort_values("id")
         if len(al):
             print(f"cuBLAS alone, {what}: " + ", ".join(f"k={int(r.id)} {r.median_us:.1f} us" for r in al.itertuples()))
     print(f"the 1-CTA empty kernel {kfit.empty_1cta_us.iloc[0]:.2f} us")
-    cmp_ = wx.kscan_compare(kfit, kpts)
+    cmp_ = limits.kscan_compare(kfit, kpts)
     fmt = {c: "{:+.2f}" for c in cmp_ if c.endswith("_extra_us")}
     fmt |= {c: "{:+.1%}" for c in cmp_ if c.endswith("_per_k")}
     fmt |= {c: "{:.1f}" if c.startswith("hybrid_us") else "{:.2f}" for c in cmp_ if c.startswith("hybrid")}
@@ -1875,7 +1875,7 @@ else:
 # converts each weight for only 128 tokens. This build keeps BN=256's loop and drops the split's finish: one tile of
 # 64 weight rows × 256 tokens per CTA, od/64 × nt/256 CTAs (128 at od=4096, nt=512: one wave).
 #
-# **Design** (`-DLK_EXP_KPAIR`, `experiments.kpair_ab`, `gpu-check --steps wgmma_kpair`):
+# **Design** (`-DLK_EXP_KPAIR`, `kpair.kpair_ab`, `gpu-check --steps wgmma_kpair`):
 # * both consumer warpgroups work on the same 64 rows, each over half of the k, and add their two partial sums
 #   through the idle ring at the end: no workspace, no flag, no second CTA;
 # * a 64-row tile reads its activations twice as often per MAC as a 128-row one, so the CTAs run in 2-CTA clusters
@@ -1896,7 +1896,7 @@ else:
 #    arrive (below). Predicted: q4_K 0.85–1.00×, q6_K 0.75–0.90×, nt=4096 within 10% of BN=256 data-parallel.
 
 # %%
-report.step(r07_ledger.step(21))
+report.step(ledger.step(21))
 
 # %%
 KPAIR_LABELS = {"8f051eb": "1: k halves, 2 stages", "2dfdfe9": "2: k halves, 3 stages",
@@ -1909,13 +1909,13 @@ else:
     def _kp_label(r):
         c = str((r.provenance or {}).get("git_commit") or "?")[:7]
         return KPAIR_LABELS.get(c, f"commit {c}")
-    kpb = wx.kpair_builds([(_kp_label(r), r) for r in kp_runs])
+    kpb = kpair.kpair_builds([(_kp_label(r), r) for r in kp_runs])
     plotting.build_series_grid(kpb, ncol=5, height=7.6, suptitle=(
         "the KPAIR builds and the best launch of record, each timed beside cuBLAS fp16 in its own run "
         f"(NVIDIA H200; runs {kp_runs[0].run_id[:16]} … {kp_runs[-1].run_id[:16]})"))
     plt.show()
     last = kp_runs[-1]
-    kt = wx.kpair_table(last.table("wgmma_kpair_ab"))
+    kt = kpair.kpair_table(last.table("wgmma_kpair_ab"))
     display(report.table(kt, {"cublas_us": "{:.1f}", "best_record_us": "{:.1f}", "kpair_us": "{:.1f}",
                               "best_record_vs_cublas": "{:.2f}", "kpair_vs_cublas": "{:.2f}",
                               "kpair_over_best": "{:.3f}"},
@@ -1934,7 +1934,7 @@ else:
     if len(ncu_kp) >= 2 and ncu_plain:
         key = "QT=4,BN=256,STAGES=4,BF16=0,SCL=0,EPI=0"
         t3, t4, tp = ncu_kp[-2].table("sections"), ncu_kp[-1].table("sections"), ncu_plain[-1].table("sections")
-        nv = wx.kpair_ncu([("build 3, nt=512", t3, key, 0, 512), ("build 4, nt=512", t4, key, 0, 512),
+        nv = kpair.kpair_ncu([("build 3, nt=512", t3, key, 0, 512), ("build 4, nt=512", t4, key, 0, 512),
                            ("split (SK=3), nt=512", tp, key, 3, 512), ("build 3, nt=4096", t3, key, 0, 4096),
                            ("build 4, nt=4096", t4, key, 0, 4096), ("data-par., nt=4096", tp, key, 0, 4096)])
         display(report.table(nv.reset_index().rename(columns={"index": "q4_K, 4096 x 4096"}),
@@ -1996,7 +1996,7 @@ else:
 # down, and the shared-memory form's 0.50–0.64× (eighth step) is unexplained too. One account would cover both: a
 # budget of shared-memory bytes per clock.
 #
-# **The model** (`experiments.smem_bytes_per_clk`). Take one SM and one clock at the full fp16 tensor rate (2048 MACs).
+# **The model** (`kpair.smem_bytes_per_clk`). Take one SM and one clock at the full fp16 tensor rate (2048 MACs).
 # * wgmma reads B from shared memory. An m64nNk16 reads N × 16 × 2 bytes for 64 · N · 16 MACs, which is 1/32 byte
 #   per MAC whatever N is: **64 B/clk**.
 # * The TMA writes the activation tile: **4096 / rows B/clk**. That is 32 for the 128-row tiles and 64 for KPAIR's
@@ -2009,7 +2009,7 @@ else:
 # **Design** (`gpu-check --steps wgmma_smem`; commit 4d2796c):
 # * **An ablation of the KPAIR build, `LK_ABLATE_HALFB`.** Each producer multicasts its half of a stage to its own
 #   CTA only, so a CTA receives 128 of the 256 tokens per stage: 96 B/clk in the model. The wgmmas, the weights, the
-#   barriers and the remote releases are unchanged. It is timing only (`experiments.kpair_ab(ablations=...)`), timed
+#   barriers and the remote releases are unchanged. It is timing only (`kpair.kpair_ab(ablations=...)`), timed
 #   beside the KPAIR build, the launches of record and cuBLAS.
 # * **Nsight Compute of cuBLAS** (`gpu.matmul_f16`, the baseline call) at the target's four shapes and nt 512 / 4096,
 #   and of the launches of record, KPAIR and the ablation at 4096 × 4096. One process per case, profiled between
@@ -2025,7 +2025,7 @@ else:
 #    shared-memory tile above 80% would refute the model as a hard bound.
 
 # %%
-report.step(r07_ledger.step(22))
+report.step(ledger.step(22))
 
 # %%
 sm_runs = [r for r in records.list_runs("wgmma") if r.has("smem_ncu")
@@ -2034,7 +2034,7 @@ if not sm_runs:
     print("no recorded run of the shared-memory step (gpu-check --steps wgmma_smem)")
 else:
     smr = sm_runs[-1]
-    smt = wx.smem_table(smr.table("smem_ncu"))
+    smt = kpair.smem_table(smr.table("smem_ncu"))
     fig, axs = plt.subplots(2, 1, figsize=(12, 7.6), sharex=True)
     plotting.smem_bars(axs, smt, f"shared memory per tensor-active clock, measured (data-bank reads and writes x 4 B) "
                                  f"and modelled, and the tensor pipe ({report.source(smr)})")
@@ -2056,7 +2056,7 @@ if not hb_runs:
     print("no recorded run of the half-B ablation (gpu-check --steps wgmma_smem)")
 else:
     hbr = hb_runs[-1]
-    hbt = wx.halfb_builds(hbr.table("wgmma_kpair_ab"))
+    hbt = kpair.halfb_builds(hbr.table("wgmma_kpair_ab"))
     plotting.build_series_grid(hbt, ncol=3, height=7, suptitle=(
         f"the KPAIR build and its half-B ablation (timing only) beside the best launch of record, each over "
         f"cuBLAS fp16 timed in the same run ({report.source(hbr)})"))
@@ -2120,7 +2120,7 @@ else:
 # shared-memory form's 0.50–0.70× has no known cause. Either its converters are too slow, or its protocol is: the
 # A-slot hand-off, and the activation TMA that the converter's issuing thread starts as it reaches each chunk.
 #
-# **Design** (`gpu-check --steps wgmma_smemform`, `experiments.smemform_ab`; commit 513243c). `LK_ABLATE_NOCONV` now
+# **Design** (`gpu-check --steps wgmma_smemform`, `kpair.smemform_ab`; commit 513243c). `LK_ABLATE_NOCONV` now
 # applies to the shared-memory form too. Its converters store nothing into the A slot but keep everything else: the
 # slot's waits, the proxy fence and the arrive, the raw-weight TMA ring, and the activation TMA. q4_K, the target's four
 # shapes, nt 512 and 4096, data-parallel. Timed: FORM=1, FORM=2 and the register form's BN=128 (and BN=256 at
@@ -2131,7 +2131,7 @@ else:
 # holds the form, not the conversion.
 
 # %%
-report.step(r07_ledger.step(23))
+report.step(ledger.step(23))
 
 # %%
 sf_runs = [r for r in records.list_runs("wgmma") if r.has("wgmma_smemform_ab")]
@@ -2139,7 +2139,7 @@ if not sf_runs:
     print("no recorded run of the shared-memory form's ablation (gpu-check --steps wgmma_smemform)")
 else:
     sfr = sf_runs[-1]
-    sft = wx.smemform_table(sfr.table("wgmma_smemform_ab"))
+    sft = kpair.smemform_table(sfr.table("wgmma_smemform_ab"))
     fig, axs = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
     for ax, nt in zip(axs, (512, 4096)):
         plotting.smemform_bars(ax, sft, nt, f"nt={nt}")
@@ -2201,7 +2201,7 @@ else:
 # * the decoupled build without conversion reaches 0.95–1.05× cuBLAS at 4096 × 4096, nt=512.
 
 # %%
-report.step(r07_ledger.step(24))
+report.step(ledger.step(24))
 
 # %%
 dc_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "decouple_ab"]
@@ -2211,12 +2211,12 @@ if not dc_runs:
 else:
     dcr = dc_runs[-1]
     dab = dcr.table("wgmma_kpair_ab")
-    dcb = wx.kpair_ablation_builds(dab, {sfx: wx.KPAIR_BUILD_LABELS[sfx[1:]] for sfx in wx.DECOUPLE_ABLATIONS})
+    dcb = kpair.kpair_ablation_builds(dab, {sfx: kpair.KPAIR_BUILD_LABELS[sfx[1:]] for sfx in kpair.DECOUPLE_ABLATIONS})
     plotting.build_series_grid(dcb, ncol=3, height=7.4, suptitle=(
         f"the KPAIR build and its ablations (timing only) beside the best launch of record, each over cuBLAS "
         f"fp16 timed in the same run ({report.source(dcr)})"))
     plt.show()
-    dct = wx.decouple_table(dab)
+    dct = kpair.decouple_table(dab)
     display(report.table(dct, {"cublas_us": "{:.1f}", "kpair_us": "{:.1f}"}
                          | {c: "{:.3f}" for c in dct.columns if c.endswith("_vs_cublas")}
                          | {c: "{:.3f}" for c in ("conversion", "coupling", "conversion_decoupled")},
@@ -2224,7 +2224,7 @@ else:
                                  f"*_vs_cublas = cuBLAS time / launch time; conversion = KPAIR / its no-conversion "
                                  f"build; coupling = half B / half B decoupled; conversion_decoupled = decoupled / "
                                  f"decoupled without conversion (each > 1: what that part costs)"))
-    kl = wx.kscan_fit(dab)
+    kl = limits.kscan_fit(dab)
     kl = kl[(kl.nt == 512) & (kl.variant != "best")][["qtype", "variant", "n_ids", "intercept_us", "ns_per_k"]]
     kl["variant"] = kl.variant.str.removeprefix("wgmma_")
     display(report.table(kl, {"intercept_us": "{:.2f}", "ns_per_k": "{:.2f}"},
@@ -2237,7 +2237,7 @@ else:
           f"timed points: {int(gt.ok.sum())} of {len(gt)} passed (the ablations are timed only)")
 if dn_runs:
     dnr = dn_runs[-1]
-    dnt = wx.smem_table(dnr.table("smem_ncu"))
+    dnt = kpair.smem_table(dnr.table("smem_ncu"))
     dnt["tensor_cycles"] = dnt.cycles * dnt.tensor_active_pct / 100
     dnt["idle_cycles"] = dnt.cycles - dnt.tensor_cycles
     display(report.table(dnt[["qtype", "launch", "duration_us", "sm_mhz", "cycles", "tensor_active_pct",
@@ -2310,7 +2310,7 @@ if dn_runs:
 # * for BN=128: 2,500–2,650 cycles per super-block, a fill of 1.5–2.0 us and a finish of 1.5–2.2 us.
 
 # %%
-report.step(r07_ledger.step(25))
+report.step(ledger.step(25))
 
 # %%
 kt_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "kpair_trace"]
@@ -2318,7 +2318,7 @@ if not kt_runs:
     print("no recorded trace of the KPAIR build (gpu-check --steps wgmma_kpairtrace)")
 else:
     ktr = kt_runs[-1]
-    ktt = wx.kpair_trace_table(ktr)
+    ktt = traces.kpair_trace_table(ktr)
     fig, axs = plt.subplots(1, 2, figsize=(13, 4.4), sharey=True)
     for ax, state in zip(axs, ("cold", "warm")):
         plotting.trace_phase_bars(ax, ktt[ktt.L2 == state].reset_index(drop=True),
@@ -2398,7 +2398,7 @@ else:
 # * KPAIR q4_K at 4096 × 4096, nt=512: from ~0.90× to 0.92–0.95× cuBLAS.
 
 # %%
-report.step(r07_ledger.step(26))
+report.step(ledger.step(26))
 
 # %%
 fin_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "kpairfin_ab"]
@@ -2406,7 +2406,7 @@ if not fin_runs:
     print("no recorded run of the FIN form (gpu-check --steps wgmma_kpairfin)")
 else:
     fnr = fin_runs[-1]
-    fnb = wx.kpair_ablation_builds(fnr.table("wgmma_kpair_ab"), {"_fin": "KPAIR_FIN (TMA-store finish, early exit arrive)"})
+    fnb = kpair.kpair_ablation_builds(fnr.table("wgmma_kpair_ab"), {"_fin": "KPAIR_FIN (TMA-store finish, early exit arrive)"})
     plotting.build_series_grid(fnb, ncol=3, height=7.4, suptitle=(
         f"the KPAIR build and its FIN form beside the best launch of record, each over cuBLAS fp16 timed in "
         f"the same run ({report.source(fnr)})"))
@@ -2516,7 +2516,7 @@ else:
 # * the target stays unmet.
 
 # %%
-report.step(r07_ledger.step(27))
+report.step(ledger.step(27))
 
 # %%
 early_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "kpairearly"]
@@ -2524,7 +2524,7 @@ if not early_runs:
     print("no recorded run of the EARLY form (gpu-check --steps wgmma_kpairearly)")
 else:
     er = early_runs[-1]
-    et = wx.early_table(er)
+    et = traces.early_table(er)
     display(report.table(et, {c: "{:.2f}" for c in et.columns if c.endswith("_us")},
                          caption=f"the FIN form and its EARLY form, q4_K, nt=512, each launch right after an L2 flush: "
                                  f"medians over CTAs, then over the build's {int(et.launches.max())} launches, us "
@@ -2533,16 +2533,16 @@ else:
              "_fin_overlap": "FIN + OVERLAP (requests inside the cluster sync)",
              "_fin_overlap_p": "OVERLAP, the producer's requests only",
              "_fin_overlap_c": "OVERLAP, the consumers' requests only"}
-    eb = wx.kpair_ablation_builds(er.table("wgmma_kpair_ab"),
+    eb = kpair.kpair_ablation_builds(er.table("wgmma_kpair_ab"),
                                   {k: v for k, v in forms.items() if (er.table("wgmma_kpair_ab").variant
-                                                                      == wx.KPAIR_VARIANT + k).any()})
+                                                                      == kpair.KPAIR_VARIANT + k).any()})
     plotting.build_series_grid(eb, ncol=3, height=7.4, suptitle=(
         f"the KPAIR build and its FIN, EARLY and OVERLAP forms beside the best launch of record, each over cuBLAS "
         f"fp16 timed in the same run ({report.source(er)})"))
     plt.show()
     short = {"_fin": "fin", "_fin_early": "early", "_fin_overlap": "overlap", "_fin_overlap_p": "producer",
              "_fin_overlap_c": "consumers"}
-    fo = wx.forms_over(eb, "KPAIR_FIN", {forms[k]: n for k, n in short.items()})
+    fo = kpair.forms_over(eb, "KPAIR_FIN", {forms[k]: n for k, n in short.items()})
     display(report.table(fo, {"cublas_us": "{:.1f}", **{c: "{:.3f}" for c in fo.columns if "_vs_" in c or "_over_" in c}},
                          caption=f"medians over 3 interleaved rounds of 10 launches, L2 flushed ({report.source(er)}); "
                                  f"*_vs_cublas = cuBLAS time / launch time; *_over_fin > 1: that form is faster than "
@@ -2608,7 +2608,7 @@ else:
 # Even at the top of the range, the nt=512 target stays unmet: q4_K at 4096 × 4096 would reach ~0.93×.
 
 # %%
-report.step(r07_ledger.step(28))
+report.step(ledger.step(28))
 
 # %%
 hy_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "halfy_ab"]
@@ -2616,9 +2616,9 @@ if not hy_runs:
     print("no recorded run of the HALFY ablation (gpu-check --steps wgmma_halfy)")
 else:
     hyr = hy_runs[-1]
-    hyb = wx.kpair_ablation_builds(hyr.table("wgmma_kpair_ab"),
+    hyb = kpair.kpair_ablation_builds(hyr.table("wgmma_kpair_ab"),
                                    {"_fin": "KPAIR_FIN", "_fin_halfy": "FIN storing half of Y (ablation)"})
-    hyt = wx.forms_over(hyb, "KPAIR_FIN", {"KPAIR_FIN": "fin", "FIN storing half of Y (ablation)": "halfy"})
+    hyt = kpair.forms_over(hyb, "KPAIR_FIN", {"KPAIR_FIN": "fin", "FIN storing half of Y (ablation)": "halfy"})
     display(report.table(hyt, {"cublas_us": "{:.1f}", "fin_vs_cublas": "{:.3f}", "halfy_vs_cublas": "{:.3f}",
                                "halfy_over_fin": "{:.3f}"},
                          caption=f"medians over 3 interleaved rounds of 10 launches, L2 flushed ({report.source(hyr)}); "

@@ -17,6 +17,7 @@ import numpy as np, pandas as pd, matplotlib.pyplot as plt
 from IPython.display import HTML
 from matplotlib.patches import Patch
 from labkernels import report, records, plotting, sweep
+from labkernels.rounds.r08_sweeps import readback
 report.setup()
 mode = report.resolve_mode(mode, sweep.SUMMARY_ROUND if mode != "cpu" else None)
 logs = []     # the sweep's own log lines (sweep id, dashboard address, totals), shown under the banner
@@ -32,12 +33,12 @@ elif mode == "cpu":
                               progress=False, log=logs.append)
     summary_run = res["summary_run"]
 elif summary_run is None:
-    latest = sweep.latest_summary()
+    latest = readback.latest_summary()
     if latest is None:
         raise report.ModeError("no GPU sweep summary under data/08_dask_sweeps/: run `labkernels sweep PLAN --cluster "
                                "local-cuda` on a GPU machine, or render this page with -p mode=cpu")
     summary_run = latest.run_id
-rep = sweep.sweep_report(summary_run, root=root)
+rep = readback.sweep_report(summary_run, root=root)
 run, tasks, points = rep["run"], rep["tasks"], rep["points"]
 report.banner(mode, run, f"Sweep {rep['sweep_id']} on cluster {rep['cluster']}.", stand_in=(mode == "cpu"))
 report.lead()        # the abstract, headline and result figure: filled in where they are computed
@@ -62,8 +63,8 @@ if logs:
 # (GPU model, qtype, shape class, nt), and the round's target — **an H200 sweep of round-4 points through `local-cuda`
 # reproduces the serial numbers within the noise floor**: each point's sweep median against the same kernel at the
 # same shape in two serial round-4 runs (`kdr_sweep` runs in `data/04_kdr_sweep/`), whose disagreement with each
-# other is the noise floor. Logic: `labkernels/sweep.py` (plans in `labkernels/plans/`), tests
-# `tests/test_sweep.py`.
+# other is the noise floor. Logic: `labkernels/sweep.py` (the sweep engine; plans in `labkernels/plans/`) and
+# `labkernels/rounds/r08_sweeps/readback.py` (what this page reads back), tests `tests/test_sweep.py`.
 
 # %% [markdown]
 # ## Coverage: every planned task recorded once, skipped (recorded by an earlier sweep) or failed
@@ -147,15 +148,15 @@ else:
 # from 1 by no more than the largest serial-to-serial deviation.
 
 # %%
-serial = sweep.serial_runs(points, serial_runs, root=root) if not points.empty else []
+serial = readback.serial_runs(points, serial_runs, root=root) if not points.empty else []
 check = None
 if len(serial) < 2:
     print(f"No two serial round-4 runs on {sorted(set(points.get('gpu_name', [])))} to reproduce against "
           f"(found {[r.run_id for r in serial]}): the reproduction check needs a GPU sweep of round-4 points.")
 else:
     s1, s2 = serial[0], serial[1]
-    repro = sweep.reproduction(points, s1.table("sweep"), s2.table("sweep"))
-    check = sweep.reproduction_check(repro)
+    repro = readback.reproduction(points, s1.table("sweep"), s2.table("sweep"))
+    check = readback.reproduction_check(repro)
     display(report.kv_table({
         "serial run (reference)": s1.run_id, "serial run again": s2.run_id, "points matched": check["points"],
         "sweep / serial": f"{check['ratio_min']:.4f} - {check['ratio_max']:.4f}",
@@ -167,7 +168,7 @@ else:
         "target": "met" if check["met"] else "not met"},
         caption="Reproduction: sweep vs serial, and serial vs serial (the noise floor)"))
     ratio_fmt = {c: "{:.4f}" for c in repro.columns if "ratio" in c}
-    display(report.table(sweep.reproduction_groups(repro), {c: "{:.4f}" for c in ("ratio_min", "ratio_max",
+    display(report.table(readback.reproduction_groups(repro), {c: "{:.4f}" for c in ("ratio_min", "ratio_max",
             "ratio_again_min", "ratio_again_max", "serial_ratio_min", "serial_ratio_max")},
                          caption="Per family and point: ratio ranges over the family's variants"))
     display(HTML("<details><summary>every point (kernel, shape, nt): medians in µs and ratios</summary>"

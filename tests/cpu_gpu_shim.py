@@ -365,12 +365,11 @@ def install_wgmma(monkeypatch, f16_only: bool = True):
     monkeypatch.setattr(wgmma, "require_sm90a", lambda: None)
     monkeypatch.setattr(wgmma.WgWeight, "from_gguf", staticmethod(from_gguf))
     monkeypatch.setattr(wgmma, "gemm", fake_wg_gemm)
-    # round 7's launcher of its exploratory builds, and the name its experiments call: a build computes the plain
+    # round 7's launcher of its exploratory builds (its experiments call it as builds.gemm): a build computes the plain
     # kernel's function here (its ``defines`` ignored)
-    from labkernels.rounds.r07_wgmma import builds, experiments
+    from labkernels.rounds.r07_wgmma import builds
 
     monkeypatch.setattr(builds, "gemm", fake_wg_gemm)
-    monkeypatch.setattr(experiments, "gemm", fake_wg_gemm)
     calls = []
     real_qmatmul = dispatch.qmatmul
 

@@ -7,7 +7,8 @@ import types
 import numpy as np
 import pytest
 
-from labkernels import attention, attention_bench
+from labkernels import attention
+from labkernels.rounds.r05_wall import attention_bench
 from labkernels.attention import AttentionError, AttentionUnavailable, LayerKind
 
 
@@ -301,9 +302,10 @@ def test_cli_plumbing():
 
     from labkernels import gpu_cli, prefill_cli
     from labkernels.prefill import PrefillOptions
+    from labkernels.rounds import r05_wall
     from labkernels.rounds.r07_wgmma import runs as r07_wgmma
 
-    assert "attention" in gpu_cli.STEPS and callable(gpu_cli.step_attention)
+    assert "attention" in r05_wall.STEPS and callable(r05_wall.step_attention)
     for name, v in r07_wgmma.PREFILL_VARIANTS.items():
         PrefillOptions(**v)
     assert r07_wgmma.PREFILL_VARIANTS["auto-attn-baseline"]["attention"] == "baseline"
@@ -325,7 +327,7 @@ def test_gpu_check_attention_step_records(monkeypatch, tmp_path):
     import argparse
 
     from cpu_gpu_shim import install
-    from labkernels import bench, gpu_cli, records
+    from labkernels import bench, records
 
     install(monkeypatch, exact=True)
     _no_frontend(monkeypatch, gpu=False)
@@ -339,8 +341,8 @@ def test_gpu_check_attention_step_records(monkeypatch, tmp_path):
 
     monkeypatch.setattr(r05_wall, "decompose_models",
                         lambda out, args, models: (decomposed.append(models) or ["d1"], True))
-    args = argparse.Namespace(attention_nts="9,17", attn_dtype="f16", attention="auto")
-    res = gpu_cli.step_attention(tmp_path, args)
+    args = argparse.Namespace(attention_nts="9,17", attn_dtype="f16", attention="auto", log=lambda s: None)
+    res = r05_wall.step_attention(tmp_path, args)
     assert res["ok"] and res["decompose_runs"] == ["d1"] and decomposed == [["7b"]]
     assert "nvidia-cudnn-frontend" in res["paths"]["cudnn"]
     run = records.load("attention", res["run"], root=tmp_path / "data")

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from labkernels import cli, gpu_cli
+from labkernels import cli, gpu_checks, gpu_cli
 from labkernels.paths import REPO_ROOT
 
 
@@ -39,12 +39,12 @@ def test_skipped_gpu_tests_read_as_skipped_not_ok(tmp_path):
     xml = tmp_path / "t.xml"
     xml.write_text('<?xml version="1.0"?><testsuites><testsuite name="pytest" errors="0" failures="0" skipped="3" '
                    'tests="3"><testcase name="a"><skipped/></testcase></testsuite></testsuites>')
-    c = gpu_cli.junit_counts(xml)
+    c = gpu_checks.junit_counts(xml)
     assert c == {"tests": 3, "failures": 0, "errors": 0, "skipped": 3, "skipped_all": True}
-    assert gpu_cli._state({"ok": True, **c}).startswith("skipped (3 of 3 tests skipped")
+    assert gpu_checks._state({"ok": True, **c}).startswith("skipped (3 of 3 tests skipped")
     xml.write_text('<testsuite errors="0" failures="0" skipped="1" tests="3"></testsuite>')
-    assert gpu_cli._state({"ok": True, **gpu_cli.junit_counts(xml)}) == "ok"
-    assert gpu_cli._state({"ok": False}) == "FAILED" and gpu_cli.junit_counts(tmp_path / "none.xml") == {}
+    assert gpu_checks._state({"ok": True, **gpu_checks.junit_counts(xml)}) == "ok"
+    assert gpu_checks._state({"ok": False}) == "FAILED" and gpu_checks.junit_counts(tmp_path / "none.xml") == {}
 
 
 def _commands(parser, path=()):

@@ -93,7 +93,7 @@ def dataclass_replace(obj, **kw):
 @pytest.mark.model
 @pytest.mark.slow
 def test_gemma_decode_logits_equal_the_prefill(model, monkeypatch):
-    from labkernels.prefill_cli import GEMMA_PROMPT
+    from labkernels.prefill_runs import GEMMA_PROMPT
 
     gm = _gm(monkeypatch, model)
     seq = GEMMA_PROMPT + [3694, 496, 1698, 529, 506, 8911, 236761, 108]
@@ -124,7 +124,7 @@ def test_generate_equals_the_reprefill_greedy(monkeypatch, arch):
 @pytest.mark.model
 @pytest.mark.slow
 def test_gemma_generate_equals_the_reprefill_greedy_over_64_tokens(model, monkeypatch):
-    from labkernels.prefill_cli import GEMMA_PROMPT
+    from labkernels.prefill_runs import GEMMA_PROMPT
 
     gm = _gm(monkeypatch, model)
     out = gm.generate(GEMMA_PROMPT, 64)

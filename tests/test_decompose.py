@@ -3,7 +3,7 @@ import pandas as pd
 import numpy as np
 import pytest
 
-from labkernels import decompose as D
+from labkernels.rounds.r05_wall import decompose as D
 from labkernels.trace import OpInfo
 
 
@@ -73,7 +73,7 @@ def test_recorded_decompositions_are_valid():
 def test_host_overhead_untraced_takes_the_interleaved_walls():
     import pandas as pd
 
-    from labkernels.decompose import host_overhead_untraced
+    from labkernels.rounds.r05_wall.decompose import host_overhead_untraced
 
     thr = pd.DataFrame({"model": ["m"] * 5 + ["x"], "nt": [512] * 6,
                         "variant": ["graph-fused"] * 3 + ["eager-fused"] * 2 + ["graph-fused"],
@@ -90,7 +90,7 @@ def test_host_overhead_splits_into_outside_and_inside_the_graph():
     untraced forward) and the idle inside it; the traced replays' own gaps are kept beside them."""
     import pandas as pd
 
-    from labkernels.decompose import host_overhead_untraced
+    from labkernels.rounds.r05_wall.decompose import host_overhead_untraced
 
     walls = [3.36, 3.35, 3.34]
     thr = pd.DataFrame({"model": ["m"] * 3, "nt": [512] * 3, "variant": ["graph-fused"] * 3, "mode": ["graph"] * 3,
@@ -112,7 +112,7 @@ def test_host_overhead_paired_with_the_traced_replays():
     of those minus the same busy; runs without them leave it NaN."""
     import pandas as pd
 
-    from labkernels.decompose import host_overhead_untraced
+    from labkernels.rounds.r05_wall.decompose import host_overhead_untraced
 
     thr = pd.DataFrame({"model": ["m"] * 3, "nt": [512] * 3, "variant": ["graph-fused"] * 3, "mode": ["graph"] * 3,
                         "wall_ms": [17.6, 17.5, 17.7]})
@@ -129,7 +129,8 @@ def test_graph_run_history_takes_the_latest_runs_and_each_variants_options(tmp_p
     own over the run's recorded defaults (absent options off), eager rows and superseded variants left out."""
     import pandas as pd
 
-    from labkernels import decompose, records
+    from labkernels import prefill_runs, records
+    from labkernels.rounds.r05_wall import decompose
 
     def run(variants, defaults=None, models=("m",)):
         r = records.new_run("prefill", {"what": "graph", "variants": variants,
@@ -177,18 +178,18 @@ def test_graph_run_history_takes_the_latest_runs_and_each_variants_options(tmp_p
     assert list(h3.run) == [lab.run_id] and list(h3.attention) == ["lab+cudnn"] and list(h3.attention_ran) == ["lab"]
     assert h.attention_ran.isna().all()                 # runs that do not record the routes taken
     # the newest run of a model that has a table
-    assert decompose.latest_graph_run("m", "decompose_busy_wall", root=tmp_path).run_id == lab.run_id
-    assert decompose.latest_graph_run("m", "graphs", root=tmp_path).run_id == new.run_id
-    assert decompose.latest_graph_run("other", "graphs", root=tmp_path).meta["params"]["variants"] == {
+    assert prefill_runs.latest_graph_run("m", "decompose_busy_wall", root=tmp_path).run_id == lab.run_id
+    assert prefill_runs.latest_graph_run("m", "graphs", root=tmp_path).run_id == new.run_id
+    assert prefill_runs.latest_graph_run("other", "graphs", root=tmp_path).meta["params"]["variants"] == {
         "graph-fused": {"graph": None}}
-    assert decompose.latest_graph_run("nobody", "graphs", root=tmp_path) is None
+    assert prefill_runs.latest_graph_run("nobody", "graphs", root=tmp_path) is None
     # an A/B step's run (kernel rows, no variant) is not a graph run, with or without the cuDNN frontend
     ab = records.new_run("prefill", {"ab": ["int8", "auto"]}, root=tmp_path)
     ab.append("throughput", [{"model": "m", "nt": 512, "kernel": k, "tok_per_s": 1.0, "attention": "lab"}
                              for k in ("int8", "auto")])
     ab.finish()
-    assert decompose.latest_graph_run("m", "throughput", root=tmp_path, cudnn=False) is None
-    assert decompose.latest_graph_run("m", "throughput", root=tmp_path).run_id == lab.run_id
+    assert prefill_runs.latest_graph_run("m", "throughput", root=tmp_path, cudnn=False) is None
+    assert prefill_runs.latest_graph_run("m", "throughput", root=tmp_path).run_id == lab.run_id
 
 
 def test_with_cudnn_tells_a_run_without_the_frontend():
@@ -199,19 +200,19 @@ def test_with_cudnn_tells_a_run_without_the_frontend():
 
     import pandas as pd
 
-    from labkernels import decompose
+    from labkernels.peers import with_cudnn
 
     def run(rows):
         return types.SimpleNamespace(table=lambda name: pd.DataFrame(rows))
 
-    assert not decompose.with_cudnn(run([{"variant": "graph-fused", "attention": "lab"},
+    assert not with_cudnn(run([{"variant": "graph-fused", "attention": "lab"},
                                          {"variant": "eager-fused", "attention": "lab"}]))
-    assert decompose.with_cudnn(run([{"variant": "graph-fused", "attention": "lab+cudnn"},
+    assert with_cudnn(run([{"variant": "graph-fused", "attention": "lab+cudnn"},
                                      {"variant": "graph-fused-cudnnattn", "attention": "cudnn"}]))
-    assert decompose.with_cudnn(run([{"variant": "graph-fused", "wall_ms": 1.0}]))     # no attention column
-    assert decompose.with_cudnn(run([{"variant": "auto", "attention": "lab"}]))         # no default graph variant
+    assert with_cudnn(run([{"variant": "graph-fused", "wall_ms": 1.0}]))     # no attention column
+    assert with_cudnn(run([{"variant": "auto", "attention": "lab"}]))         # no default graph variant
     # the A/B step's runs (prefill_r7: a kernel column, no variant): told apart by qmatmul auto's rows
-    assert not decompose.with_cudnn(run([{"kernel": "int8", "attention": "lab"}, {"kernel": "auto", "attention": "lab"}]))
-    assert decompose.with_cudnn(run([{"kernel": "int8", "attention": "lab"},
+    assert not with_cudnn(run([{"kernel": "int8", "attention": "lab"}, {"kernel": "auto", "attention": "lab"}]))
+    assert with_cudnn(run([{"kernel": "int8", "attention": "lab"},
                                      {"kernel": "auto", "attention": "lab+cudnn"}]))
-    assert decompose.with_cudnn(run([{"kernel": "auto", "tok_per_s": 1.0}]))           # older A/B runs: not named
+    assert with_cudnn(run([{"kernel": "auto", "tok_per_s": 1.0}]))           # older A/B runs: not named

@@ -15,7 +15,7 @@ def test_the_prefill_of_record_is_the_graph_runs_fused_median():
     # the newest graph run with the cuDNN frontend: no later run of the same kind
     later = [r for r in records.list_runs("prefill") if r.run_id > f.run_id and r.has("throughput")
              and "variant" in r.table("throughput") and "synthetic-7b" in set(r.table("throughput").model)]
-    from labkernels.decompose import with_cudnn
+    from labkernels.peers import with_cudnn
 
     assert all(not with_cudnn(r) for r in later)
     no = facts.prefill_without_cudnn()

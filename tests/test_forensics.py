@@ -11,11 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from labkernels import counters as C
-from labkernels import forensics as F
 from labkernels import ncu as N
-from labkernels import forensics_driver as D
 from labkernels import records
+from labkernels.rounds.r06_forensics import counters as C
+from labkernels.rounds.r06_forensics import forensics as F
+from labkernels.rounds.r06_forensics import forensics_driver as D
 
 # ------------------------------------------------------------------ sample texts (documented formats)
 
@@ -186,7 +186,7 @@ def test_choose_metrics_clear_error_for_missing_required_concepts():
 
 
 def test_ncu_command_flags():
-    cmd = N.ncu_command(["-m", "labkernels.forensics_driver", "--case", "q4k_nb_kdr4"], ["gpu__time_duration.sum",
+    cmd = N.ncu_command(["-m", "labkernels.rounds.r06_forensics.forensics_driver", "--case", "q4k_nb_kdr4"], ["gpu__time_duration.sum",
                         "smsp__inst_executed.sum"], "q4k_nb_kernel", 12, 1, "/tmp/x.csv", ncu="/opt/ncu",
                         python="python3")
     s = " ".join(cmd)
@@ -196,7 +196,7 @@ def test_ncu_command_flags():
                  "--kernel-name regex:q4k_nb_kernel", "--launch-skip 12", "--launch-count 1",
                  "--log-file /tmp/x.csv"):
         assert frag in s
-    assert cmd[-5:] == ["python3", "-m", "labkernels.forensics_driver", "--case", "q4k_nb_kdr4"]
+    assert cmd[-5:] == ["python3", "-m", "labkernels.rounds.r06_forensics.forensics_driver", "--case", "q4k_nb_kdr4"]
     assert "base" not in [cmd[cmd.index("--clock-control") + 1]]
     with pytest.raises(ValueError):
         N.ncu_command([], [], "k", 0, 1, "x")
@@ -521,7 +521,7 @@ def test_run_forensics_end_to_end_with_a_fake_ncu(tmp_path, monkeypatch):
         return {"rounds": rounds}
 
     monkeypatch.setattr(F, "ab_timing", fake_ab)
-    from labkernels import ncu_rep
+    from labkernels.rounds.r06_forensics import ncu_rep
 
     monkeypatch.setattr(ncu_rep, "have_nvtx", lambda: True)     # the launch chosen by the NVTX range
     seen = []
@@ -637,7 +637,7 @@ def test_lineinfo_only_when_asked(monkeypatch):
 
 
 def test_profile_case_falls_back_to_the_count_when_nvtx_selects_nothing(tmp_path, monkeypatch):
-    from labkernels import ncu_rep
+    from labkernels.rounds.r06_forensics import ncu_rep
 
     ncu = tmp_path / "ncu"
     ncu.write_text(FAKE_NCU.format(python=sys.executable, query=QUERY_BASE, reject="none.sum"))
@@ -654,7 +654,7 @@ def test_profile_case_falls_back_to_the_count_when_nvtx_selects_nothing(tmp_path
 
 
 def test_keep_reports_puts_the_focus_kernel_first_and_keeps_a_run_budget(tmp_path, monkeypatch):
-    from labkernels import ncu_rep
+    from labkernels.rounds.r06_forensics import ncu_rep
 
     monkeypatch.setattr(ncu_rep, "kernel_hotspots", lambda rep, kernel, top=12: (_ for _ in ()).throw(
         ncu_rep.NcuReportMissing("absent")))

@@ -84,20 +84,20 @@ second line">trace</failure></testcase><testcase classname="tests.gpu.test_b" na
 
 
 def test_junit_rows_and_the_summary_say_what_ran():
-    from labkernels import gpu_cli
+    from labkernels import gpu_checks
 
-    rows = gpu_cli.junit_rows(JUNIT)
+    rows = gpu_checks.junit_rows(JUNIT)
     assert [(r["nodeid"], r["outcome"]) for r in rows] == [
         ("tests/gpu/test_a.py::test_ok", "passed"), ("tests/gpu/test_a.py::test_bad[x]", "failed"),
         ("tests/gpu/test_b.py::test_skip", "skipped"), ("tests/gpu/test_b.py::test_err", "error")]
     assert rows[1]["message"].startswith("AssertionError: nope") and rows[0]["seconds"] == 1.5
-    s = gpu_cli.suite_summary(rows, 3.2, "fast", 1)
+    s = gpu_checks.suite_summary(rows, 3.2, "fast", 1)
     assert (s["passed"], s["failed"], s["error"], s["skipped"], s["ok"]) == (1, 1, 1, 1, False)
 
 
 def test_a_tier_that_only_skipped_is_not_ok():
-    from labkernels import gpu_cli
+    from labkernels import gpu_checks
 
     rows = [{"nodeid": "t", "outcome": "skipped", "seconds": 0.0, "message": "needs a CUDA GPU"}] * 3
-    assert gpu_cli.suite_summary(rows, 1.0, "fast", 0)["ok"] is False
-    assert gpu_cli.suite_summary([{**rows[0], "outcome": "passed"}], 1.0, "full", 0)["ok"] is True
+    assert gpu_checks.suite_summary(rows, 1.0, "fast", 0)["ok"] is False
+    assert gpu_checks.suite_summary([{**rows[0], "outcome": "passed"}], 1.0, "full", 0)["ok"] is True

@@ -8,7 +8,8 @@ import types
 import numpy as np
 import pytest
 
-from labkernels import gpu, graph_census, graph_nodes
+from labkernels import gpu, graph_nodes
+from labkernels.rounds.r05_wall import graph_census
 
 
 def test_pick_dense_algo_takes_the_first_candidate_without_split_k_or_workspace():
@@ -315,9 +316,9 @@ def test_cudnn_plan_policy_is_checked_before_the_library():
 
 
 def test_graph_nodes_is_a_gpu_check_step():
-    from labkernels import gpu_cli
+    from labkernels.rounds import r05_wall
 
-    assert "graph_nodes" in gpu_cli.STEPS and callable(gpu_cli.step_graph_nodes)
+    assert "graph_nodes" in r05_wall.STEPS and callable(r05_wall.step_graph_nodes)
 
 
 def test_memset_regions_are_not_read_where_the_graph_owns_the_memory():

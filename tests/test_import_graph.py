@@ -36,11 +36,11 @@ CORE = frozenset({
 
 #: the lab: measurement, analysis, reports, rounds and command lines
 LAB = frozenset({
-    "labkernels.__main__", "labkernels.analysis", "labkernels.attention_bench", "labkernels.audit", "labkernels.bench", "labkernels.cases",
-    "labkernels.cli", "labkernels.counters", "labkernels.decompose", "labkernels.facts", "labkernels.forensics", "labkernels.graph_census",
-    "labkernels.forensics_driver", "labkernels.gpu_cli", "labkernels.layout_cli", "labkernels.ncu", "labkernels.ncu_rep", "labkernels.nvbench_check",
-    "labkernels.occupancy", "labkernels.peers", "labkernels.pipeline", "labkernels.plotting",
-    "labkernels.prefill_cli", "labkernels.report", "labkernels.sweep", "labkernels.testing", "labkernels.tile_ab",
+    "labkernels.__main__", "labkernels.analysis", "labkernels.audit", "labkernels.bench", "labkernels.cases",
+    "labkernels.cli", "labkernels.facts", "labkernels.gpu_checks", "labkernels.gpu_cli", "labkernels.layout_cli",
+    "labkernels.ncu", "labkernels.nvbench_check", "labkernels.occupancy", "labkernels.peers", "labkernels.pipeline",
+    "labkernels.plotting", "labkernels.prefill_cli", "labkernels.prefill_runs", "labkernels.report", "labkernels.sweep",
+    "labkernels.testing",
 })
 LAB_PACKAGES = ("labkernels.rounds",)      # every module of these packages is lab
 

@@ -8,7 +8,7 @@ from gguf.constants import GGUFValueType as VT
 from labkernels import cli
 from labkernels.arch import config_from_model
 from labkernels.model import ModelError, open_model
-from labkernels.prefill_cli import prompt_tokens
+from labkernels.prefill_runs import prompt_tokens
 from labkernels.prefill_ref import clear_cache, forward_ref
 from labkernels.synthetic import SyntheticModel, q4_k_m_recipe, tiny_config, write_gguf
 

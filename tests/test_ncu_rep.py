@@ -1,4 +1,4 @@
-"""labkernels.ncu_rep on a fake ncu_report object model (no GPU, no Nsight Compute): launches, typed metrics, NVTX
+"""labkernels.rounds.r06_forensics.ncu_rep on a fake ncu_report object model (no GPU, no Nsight Compute): launches, typed metrics, NVTX
 selection, per-PC source / SASS hotspots; the module's import fallback and its error when absent."""
 import sys
 import types
@@ -6,7 +6,7 @@ import types
 import pandas as pd
 import pytest
 
-from labkernels import ncu_rep
+from labkernels.rounds.r06_forensics import ncu_rep
 
 
 class FakeMetric:

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from labkernels import audit as A
-from labkernels import decompose as D
+from labkernels.rounds.r05_wall import decompose as D
 from labkernels import gpu
 from labkernels.kernels import registry
 from labkernels.testing import require_tool

@@ -363,15 +363,15 @@ def test_index_shows_the_latest_gpu_suite_record_per_tier(tmp_path):
 def test_full_tier_in_shards_is_green_only_when_every_part_of_one_commit_is(tmp_path):
     """gpu-check --shard I/N: the parts are disjoint and cover every GPU test file; the index's full-tier row adds up
     the parts of one commit and says 'incomplete' until every part is recorded, green once all are and are green."""
-    from labkernels import gpu_cli, records
+    from labkernels import gpu_checks, records
 
-    files = sorted(str(f.relative_to(gpu_cli.REPO_ROOT)) for f in (gpu_cli.REPO_ROOT / "tests/gpu").glob("test_*.py"))
-    parts = [gpu_cli.shard_files(files, (i, 3)) for i in (1, 2, 3)]
+    files = sorted(str(f.relative_to(gpu_checks.REPO_ROOT)) for f in (gpu_checks.REPO_ROOT / "tests/gpu").glob("test_*.py"))
+    parts = [gpu_checks.shard_files(files, (i, 3)) for i in (1, 2, 3)]
     assert sorted(sum(parts, [])) == files and all(parts)
-    assert parts == [gpu_cli.shard_files(reversed(files), (i, 3)) for i in (1, 2, 3)]   # order of discovery irrelevant
+    assert parts == [gpu_checks.shard_files(reversed(files), (i, 3)) for i in (1, 2, 3)]   # order of discovery irrelevant
     for bad in ("0/3", "4/3", "x", "1/0", "1-3"):
-        with pytest.raises(gpu_cli.GpuCheckError):
-            gpu_cli.parse_shard(bad)
+        with pytest.raises(gpu_checks.GpuCheckError):
+            gpu_checks.parse_shard(bad)
     data, out = tmp_path / "data", tmp_path / "reports"
     out.mkdir()
 

@@ -537,24 +537,25 @@ def test_cli_mode_flags():
 def test_graph_ab_records_every_variant(monkeypatch, tiny, tmp_path):
     """prefill_graph's measurement loop (without the CUPTI decompositions): every variant at every nt and round,
     the mode that ran and why a graph was refused (the shim cannot capture), logits against eager-unfused."""
-    from labkernels import gpu_cli, records
+    from labkernels import records
+    from labkernels.rounds.r05_wall import prefill_graph
 
     install(monkeypatch, exact=True)
     gm = GpuModel(tiny, opts=PrefillOptions(attn_f16=True))
     with records.recording("prefill", {"what": "graph"}, root=tmp_path) as run:
-        r = gpu_cli.graph_ab(gm, tiny, "tiny", run, nts=(6, 9), dec_nts=(), rounds=2, repeats=1,
+        r = prefill_graph.graph_ab(gm, tiny, "tiny", run, nts=(6, 9), dec_nts=(), rounds=2, repeats=1,
                              progress=lambda s: None)
     th = run.table("throughput")
-    ran = [v for v in gpu_cli.GRAPH_VARIANTS if "cudnnattn" not in v]     # no cuDNN frontend on this machine
+    ran = [v for v in prefill_graph.GRAPH_VARIANTS if "cudnnattn" not in v]     # no cuDNN frontend on this machine
     assert len(th) == 2 * 2 * len(ran) and set(th.variant) == set(ran)
     assert set(th.kernel) == {f"auto {v}" for v in ran}   # round 5's notebook groups by kernel
-    graphs = [v for v, o in gpu_cli.GRAPH_VARIANTS.items() if o["graph"] is not False]
+    graphs = [v for v, o in prefill_graph.GRAPH_VARIANTS.items() if o["graph"] is not False]
     assert set(graphs) == {"graph-fused", "graph-fused-f32dense", "graph-fused-plain", "graph-fused-nodes",
                            "graph-fused-cudnnattn", "graph-fused-plain-cudnnattn"}
-    V = gpu_cli.GRAPH_VARIANTS
+    V = prefill_graph.GRAPH_VARIANTS
     assert V["graph-fused"] == {"graph": None}           # the defaults: all three graph changes on
-    assert all(getattr(PrefillOptions(), f) for f in gpu_cli.GRAPH_OPTIONS)
-    assert V["graph-fused-plain"] == {"graph": None, **{f: False for f in gpu_cli.GRAPH_OPTIONS}}
+    assert all(getattr(PrefillOptions(), f) for f in prefill_graph.GRAPH_OPTIONS)
+    assert V["graph-fused-plain"] == {"graph": None, **{f: False for f in prefill_graph.GRAPH_OPTIONS}}
     assert V["graph-fused-nodes"] == {"graph": None, "pdl": False}
     assert V["graph-fused-f32dense"] == {"graph": None, "other_f16": False} and PrefillOptions().other_f16
     assert V["graph-fused-cudnnattn"] == {"graph": None, "attention": "cudnn"}
@@ -584,7 +585,7 @@ def test_graph_ab_records_every_variant(monkeypatch, tiny, tmp_path):
 def test_host_overhead_is_its_own_class():
     import pandas as pd
 
-    from labkernels import decompose as D
+    from labkernels.rounds.r05_wall import decompose as D
 
     classes = pd.DataFrame({"launches": [2, 1], "busy_ms": [8.0, 2.0], "kernels": ["a", "b"], "gmac": [4.0, 0.0],
                             "gflop_attn": [0.0, 4.0], "share_busy": [0.8, 0.2], "share_wall": [0.4, 0.1]},

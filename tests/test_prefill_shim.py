@@ -16,7 +16,7 @@ def _compare(g, r):
 def test_gemma_prefill_logic_exact(model, monkeypatch):
     """With float activations in the k-quant GEMMs the two forwards differ only by float32 rounding."""
     from labkernels.prefill import GpuModel
-    from labkernels.prefill_cli import GEMMA_PROMPT
+    from labkernels.prefill_runs import GEMMA_PROMPT
     from labkernels.prefill_ref import forward_ref
 
     install(monkeypatch, exact=True)
@@ -26,7 +26,7 @@ def test_gemma_prefill_logic_exact(model, monkeypatch):
 
 def test_gemma_prefill_logic_matches_reference(model, monkeypatch):
     from labkernels.prefill import GpuModel
-    from labkernels.prefill_cli import GEMMA_PROMPT
+    from labkernels.prefill_runs import GEMMA_PROMPT
     from labkernels.prefill_ref import forward_ref
 
     install(monkeypatch)
@@ -82,7 +82,7 @@ def test_q8_1_emulating_reference_matches_int8_path(model, monkeypatch):
     layer by layer - the reason a GPU greedy run can leave the float64 reference at a near tie.)"""
     from labkernels.arch import config_from_model
     from labkernels.prefill import GpuModel, PrefillOptions
-    from labkernels.prefill_cli import GEMMA_PROMPT
+    from labkernels.prefill_runs import GEMMA_PROMPT
     from labkernels.prefill_ref import forward_ref
 
     install(monkeypatch, exact=False)

@@ -140,16 +140,16 @@ def test_ceiling_bars_take_the_fastest_launch_per_point():
 def test_step_head_needs_its_prediction_measurement_and_verdict(monkeypatch):
     shown = []
     monkeypatch.setattr("IPython.display.display", lambda obj, metadata=None: shown.append(obj.data))
-    from labkernels.rounds import r07_ledger
+    from labkernels.rounds.r07_wgmma import ledger
 
-    s = r07_ledger.step(28)
+    s = ledger.step(28)
     report.step(s)
     assert "predicted (before the run)" in shown[-1] and s.runs in shown[-1] and "verdict" in shown[-1]
     with pytest.raises(report.LeadError, match="verdict"):
         report.step(prediction="x", measured="y")
-    assert [x.number for x in r07_ledger.STEPS if isinstance(x.number, int)] == list(range(1, 29))
+    assert [x.number for x in ledger.STEPS if isinstance(x.number, int)] == list(range(1, 29))
     with pytest.raises(KeyError, match="no step 29"):
-        r07_ledger.step(29)
+        ledger.step(29)
 
 
 def test_slim_tables_keeps_the_numeric_class_only():

@@ -41,11 +41,11 @@ def test_gpu_check_takes_the_rounds_steps():
             "wgmma_sanitizer", "wgmma_ncu", "wgmma_costs", "prefill_r7"} <= set(steps)
     assert set(rounds.module(7).STEPS) == {s for s in GPU_CHECK_STEPS if s.startswith("wgmma") or s == "prefill_r7"
                                            } - set(RETIRED)
-    from labkernels import gpu_cli
+    from labkernels import gpu_checks
 
-    assert not set(gpu_cli.STEPS) & set(steps)          # each step written once
+    assert not set(gpu_checks.STEPS) & set(steps)          # each step written once
     # every name gpu-check took still means something: a live step, or a retired one that says where it runs
-    assert set(GPU_CHECK_STEPS) == set(gpu_cli.STEPS) | set(steps) | set(RETIRED)
+    assert set(GPU_CHECK_STEPS) == set(gpu_checks.STEPS) | set(steps) | set(RETIRED)
     for name in RETIRED:
         mod, s = rounds.retired_step(name)
         assert mod is rounds.module(7) and s.run is None and len(s.retired.commit) >= 7
@@ -114,9 +114,9 @@ def _named_steps(text: str) -> set:
 def test_every_step_a_notebook_or_the_readme_names_exists():
     """A page, the README or a docs/ page that tells the reader to run a step names one that exists: a live step, or a
     retired one (gpu-check then says the commit and command that run it)."""
-    from labkernels import gpu_cli
+    from labkernels import gpu_checks
 
-    live = set(gpu_cli.STEPS) | set(rounds.gpu_check_steps())
+    live = set(gpu_checks.STEPS) | set(rounds.gpu_check_steps())
     named = {}
     for f in (sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.py")) + [REPO_ROOT / "README.md"]
               + sorted((REPO_ROOT / "docs").glob("*.md"))):
@@ -185,9 +185,9 @@ def test_open_round_replays_the_latest_run_with_its_recorded_plan():
     assert r7.run.has("wgmma_bench") and r7.run.run_id == records.latest("wgmma", where=lambda r: r.has("wgmma_bench")).run_id
     assert r7.plan["shapes"] == r7.run.meta["params"]["shapes"]
     r8 = rounds.open_round(8, "replay")
-    from labkernels import sweep
+    from labkernels.rounds.r08_sweeps import readback
 
-    assert r8.run.run_id == sweep.latest_summary().run_id
+    assert r8.run.run_id == readback.latest_summary().run_id
     with pytest.raises(rounds.RoundError, match="no plan parameter \\['kdr'\\]"):
         rounds.open_round("03", "replay", kdr=4)
 

@@ -11,6 +11,7 @@ import pytest
 
 from labkernels import dispatch, records, sweep
 from labkernels.kernels import registry
+from labkernels.rounds.r08_sweeps import readback
 
 CPU_BENCH = {"backend": "cpu", "family": "q6k_expb", "variants": {"KDR": [1, 4], "STRIDE": 210, "EPI": 0, "OCC": 2},
              "od": 128, "id": 512, "nt": 8, "repeats": 3, "pairs": 2}
@@ -336,7 +337,7 @@ def test_sweep_two_workers_with_a_killed_worker(tmp_path):
     assert t.loc[nb_key, "child_runs"] == f"prefill/{child.run_id}"
     assert (work / "reports" / nb_key).exists() and not list((work / "staging").iterdir())
     # the summary run, and what a report page shows
-    rep = sweep.sweep_report(res["summary_run"], root=data)
+    rep = readback.sweep_report(res["summary_run"], root=data)
     cov = rep["coverage"].set_index("kind")
     assert cov.loc["bench", "planned"] == 7 and cov.loc["bench", "failed"] == 1 and cov.loc["notebook", "complete"] == 1
     assert rep["failures"].task_key.tolist() == [by_fault["raise_always"]] and rep["overlapped"].empty
@@ -414,7 +415,7 @@ def test_reproduction_joins_serial_tables_by_registry_key():
     serial = pd.DataFrame([{"kernel": "k[a]", "od": 4096, "id": 4096, "nt": 512, "median_us": 10.0},
                            {"kernel": "k[a]", "od": 4096, "id": 4096, "nt": 64, "median_us": 3.0}])
     again = serial.assign(median_us=[10.5, 3.0])
-    rep = sweep.reproduction(pts, serial, again)
+    rep = readback.reproduction(pts, serial, again)
     assert len(rep) == 1 and rep.ratio.iloc[0] == pytest.approx(1.1) and rep.serial_ratio.iloc[0] == pytest.approx(1.05)
     # the recorded serial round-4 runs name kernels by the same registry keys as sweep points
     runs = records.list_runs("kdr_sweep")
@@ -473,29 +474,29 @@ def _repro(ratio, serial_ratio):
 
 
 def test_reproduction_check_holds_the_sweep_against_the_serial_noise_floor():
-    ok = sweep.reproduction_check(_repro([0.99, 1.0, 1.005], [0.98, 1.0, 1.0]))
+    ok = readback.reproduction_check(_repro([0.99, 1.0, 1.005], [0.98, 1.0, 1.0]))
     assert ok["noise_floor"] == pytest.approx(0.02) and ok["met"] and ok["within"] == 3 and ok["points"] == 3
     assert (ok["ratio_min"], ok["ratio_max"]) == (pytest.approx(0.99), pytest.approx(1.005))
     assert ok["ratio_again_max"] == pytest.approx(0.99 / 0.98)
     # one point outside the floor against the first serial run
-    bad = sweep.reproduction_check(_repro([0.99, 1.03, 1.0], [0.98, 1.0, 1.0]))
+    bad = readback.reproduction_check(_repro([0.99, 1.03, 1.0], [0.98, 1.0, 1.0]))
     assert not bad["met"] and bad["within"] == 2 and bad["max_deviation"] == pytest.approx(0.03)
     # inside against the first run, outside against the second: not met either
-    again = sweep.reproduction_check(_repro([1.015, 1.0], [0.98, 1.0]))
+    again = readback.reproduction_check(_repro([1.015, 1.0], [0.98, 1.0]))
     assert not again["met"] and again["max_deviation"] == pytest.approx(1.015 / 0.98 - 1)
     with pytest.raises(sweep.SweepError, match="two serial runs"):
-        sweep.reproduction_check(_repro([1.0], [1.0]).drop(columns=["serial_ratio", "ratio_again"]))
+        readback.reproduction_check(_repro([1.0], [1.0]).drop(columns=["serial_ratio", "ratio_again"]))
     with pytest.raises(sweep.SweepError):
-        sweep.reproduction_check(_repro([], []))
+        readback.reproduction_check(_repro([], []))
 
 
 def test_reproduction_adds_the_ratio_against_the_second_run_and_groups_by_family():
     pts = _points(_session("t1", "h/gpu0", {"a": [10, 12, 11], "b": [20, 20, 20]}, nt=512))
     serial = pd.DataFrame([{"kernel": k, "od": 4096, "id": 4096, "nt": 512, "median_us": t}
                            for k, t in (("k[a]", 10.0), ("k[b]", 25.0))])
-    rep = sweep.reproduction(pts, serial, serial.assign(median_us=[11.0, 20.0]))
+    rep = readback.reproduction(pts, serial, serial.assign(median_us=[11.0, 20.0]))
     assert rep.ratio_again.tolist() == pytest.approx([1.0, 1.0])
-    g = sweep.reproduction_groups(rep)
+    g = readback.reproduction_groups(rep)
     assert len(g) == 1 and g.kernels.iloc[0] == 2 and g.family.iloc[0] == "k"
     assert (g.ratio_min.iloc[0], g.ratio_max.iloc[0]) == (pytest.approx(0.8), pytest.approx(1.1))
     assert (g.serial_ratio_min.iloc[0], g.serial_ratio_max.iloc[0]) == (pytest.approx(0.8), pytest.approx(1.1))
@@ -524,7 +525,7 @@ def test_serial_runs_are_the_latest_on_the_same_gpu_model_covering_the_points(tm
 
     def serial(name, kernel="k[a]", nt=512):
         gpu["name"] = name
-        with records.recording(sweep.SERIAL_ROUND, {}, root=tmp_path) as run:
+        with records.recording(readback.SERIAL_ROUND, {}, root=tmp_path) as run:
             run.append("sweep", {"kernel": kernel, "od": 4096, "id": 4096, "nt": nt, "median_us": 10.0})
         return run.run_id
 
@@ -533,18 +534,18 @@ def test_serial_runs_are_the_latest_on_the_same_gpu_model_covering_the_points(tm
     b = serial("NVIDIA H200")
     serial("NVIDIA H200", nt=64)                # same model, no common point
     c = serial("NVIDIA H200")
-    assert [r.run_id for r in sweep.serial_runs(pts, root=tmp_path)] == [b, c]
-    assert [r.run_id for r in sweep.serial_runs(pts, root=tmp_path, n=3)] == [a, b, c]
-    assert [r.run_id for r in sweep.serial_runs(pts, [c, a], root=tmp_path)] == [c, a]   # as named
-    gb10 = next(r.run_id for r in records.list_runs(sweep.SERIAL_ROUND, tmp_path) if "gb10" in r.run_id)
+    assert [r.run_id for r in readback.serial_runs(pts, root=tmp_path)] == [b, c]
+    assert [r.run_id for r in readback.serial_runs(pts, root=tmp_path, n=3)] == [a, b, c]
+    assert [r.run_id for r in readback.serial_runs(pts, [c, a], root=tmp_path)] == [c, a]   # as named
+    gb10 = next(r.run_id for r in records.list_runs(readback.SERIAL_ROUND, tmp_path) if "gb10" in r.run_id)
     with pytest.raises(sweep.CrossDeviceError, match="not recorded on the sweep's GPU model"):
-        sweep.serial_runs(pts, [a, gb10], root=tmp_path)
+        readback.serial_runs(pts, [a, gb10], root=tmp_path)
     with pytest.raises(records.RecordError, match="no run"):
-        sweep.serial_runs(pts, ["20990101T000000Z-h200-x"], root=tmp_path)
+        readback.serial_runs(pts, ["20990101T000000Z-h200-x"], root=tmp_path)
     mixed = pd.concat([pts, pts.assign(gpu_name="NVIDIA GB10")])
     with pytest.raises(sweep.CrossDeviceError, match="several GPU models"):
-        sweep.serial_runs(mixed, root=tmp_path)
-    assert sweep.serial_runs(pts.assign(gpu_name="NVIDIA A100"), root=tmp_path) == []
+        readback.serial_runs(mixed, root=tmp_path)
+    assert readback.serial_runs(pts.assign(gpu_name="NVIDIA A100"), root=tmp_path) == []
 
 
 def test_latest_summary_tells_gpu_sweeps_from_cpu_ones(tmp_path, monkeypatch):
@@ -554,9 +555,9 @@ def test_latest_summary_tells_gpu_sweeps_from_cpu_ones(tmp_path, monkeypatch):
         with records.recording(sweep.SUMMARY_ROUND, {"sweep_id": name}, root=tmp_path) as run:
             run.append("tasks", [{"task_key": "k", "status": "complete", "gpu_name": gpu_name}])
         ids[name] = run.run_id
-    assert sweep.latest_summary(tmp_path).run_id == ids["gpu"]
-    assert sweep.latest_summary(tmp_path, gpu=False).run_id == ids["cpu"]
-    assert sweep.latest_summary(tmp_path / "nothing") is None
+    assert readback.latest_summary(tmp_path).run_id == ids["gpu"]
+    assert readback.latest_summary(tmp_path, gpu=False).run_id == ids["cpu"]
+    assert readback.latest_summary(tmp_path / "nothing") is None
 
 
 def test_plan_path_by_name_or_file(tmp_path):
@@ -596,16 +597,16 @@ def test_quiet_dask_silences_and_restores(monkeypatch):
 def test_recorded_h200_sweep_reproduces_the_serial_round4_runs():
     """The issue's bar on the recorded data: the local-cuda sweep of round-4 points against the two serial
     round-4 runs of the same GPU model, within their run-to-run noise floor."""
-    summ = sweep.latest_summary()
+    summ = readback.latest_summary()
     if summ is None:
         pytest.skip("no GPU sweep recorded under data/08_dask_sweeps/")
-    rep = sweep.sweep_report(summ.run_id)
+    rep = readback.sweep_report(summ.run_id)
     pts = rep["points"]
-    serial = sweep.serial_runs(pts)
+    serial = readback.serial_runs(pts)
     if len(serial) < 2:
         pytest.skip("fewer than two serial round-4 runs on the sweep's GPU model")
-    repro = sweep.reproduction(pts, serial[0].table("sweep"), serial[1].table("sweep"))
-    check = sweep.reproduction_check(repro)
+    repro = readback.reproduction(pts, serial[0].table("sweep"), serial[1].table("sweep"))
+    check = readback.reproduction_check(repro)
     assert check["points"] == len(pts.groupby(["kernel", "od", "id", "nt"])) and check["met"], check
     assert set(pts.gpu_name) == {_gpu_of(serial[0])} == {_gpu_of(serial[1])}
     # every point carries its GPU's clocks, shown per device

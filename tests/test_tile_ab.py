@@ -1,8 +1,8 @@
-"""The old-vs-new kernel A/B of the tile skeleton (labkernels.tile_ab, a gpu-check step): the old sources are read
+"""The old-vs-new kernel A/B of the tile skeleton (labkernels.rounds.r03_q6k.tile_ab, a gpu-check step): the old sources are read
 from git, the verdict per point is the median ratio against the measured noise band."""
 import pytest
 
-from labkernels import tile_ab
+from labkernels.rounds.r03_q6k import tile_ab
 
 
 def test_old_kernels_come_from_the_reference_commit(tmp_path):

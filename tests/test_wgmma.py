@@ -8,7 +8,7 @@ import pytest
 from labkernels import dispatch, gpu, quants, wgmma, wgmma_pack
 from labkernels.kernels import gen_wgmma, registry
 from labkernels.rounds.r07_wgmma import builds as wb
-from labkernels.rounds.r07_wgmma import experiments as wx
+from labkernels.rounds.r07_wgmma import benchmark, kpair, limits, options, tables, traces
 
 
 def _weights(qtype, od, id_, seed):
@@ -449,7 +449,7 @@ def test_epi_table_ratios_per_scheduler_and_form():
                       ("wgmma_bn128_s4_scl0_e2", 38.0), ("int8_q4k_nb", 120.0)):
             rows.append({"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": v, "pair": pair,
                          "median_us": us * f})
-    t = wx.epi_table(pd.DataFrame(rows)).set_index("sched")
+    t = tables.epi_table(pd.DataFrame(rows)).set_index("sched")
     assert list(t.columns[-3:]) == ["plain", "bulk fold", "+TMA store"]
     assert t.loc["BN=256 SK=2", "plain"] == pytest.approx(28 / 35)
     assert t.loc["BN=256 SK=2", "+TMA store"] == pytest.approx(28 / 30)
@@ -484,7 +484,7 @@ def test_trace_rows_and_summary_from_stamp_arrays():
     CTA's own, unstamped slots left out, the SM id from slot 15; arrays without entries are refused."""
     from labkernels import wgmma
 
-    E = len(wx.TRACE_EVENTS)
+    E = len(traces.TRACE_EVENTS)
     ns = np.zeros((3, E + 1), np.uint64)
     clk = np.zeros_like(ns)
     for c, t0 in enumerate((1_000_000, 1_000_500, 1_002_000)):   # CTAs enter 0 / 0.5 / 2 us apart
@@ -494,21 +494,21 @@ def test_trace_rows_and_summary_from_stamp_arrays():
         ns[c, E] = 7 + c
     ns[1, 6:9] = [1_021_600, 1_030_500, 1_031_000]                  # CTA 1 has a second segment
     clk[1, 6:9] = [1, 2, 3]
-    rows = wx.trace_rows(ns, clk)
+    rows = traces.trace_rows(ns, clk)
     assert len(rows) == 3 * 6 + 3 and {r["smid"] for r in rows} == {7, 8, 9}
     r = {(x["cta"], x["event"]): x for x in rows}
     assert r[(2, "entry")]["t_us"] == 2.0 and r[(2, "first_tile")]["cta_us"] == 3.0
     assert r[(0, "seg0_mma_end")]["cycles"] == 36_000 and (1, "seg1_done") in r and (0, "seg1_start") not in r
-    s = wx.trace_summary(rows)
+    s = traces.trace_summary(rows)
     assert list(s.event[:4]) == ["entry", "setup", "seg0_start", "first_tile"]     # the order a CTA passes them
     assert list(s.event).index("seg1_done") == 8
     first = s.set_index("event")
     assert first.loc["entry", "t_us_max"] == 2.0 and first.loc["first_tile", "cta_us_median"] == 3.0
     assert first.loc["seg1_start", "ctas"] == 1
     with pytest.raises(wgmma.WgmmaError, match="never stamped"):
-        wx.trace_rows(np.zeros((2, E + 1), np.uint64), np.zeros((2, E + 1), np.uint64))
+        traces.trace_rows(np.zeros((2, E + 1), np.uint64), np.zeros((2, E + 1), np.uint64))
     with pytest.raises(ValueError, match="trace arrays"):
-        wx.trace_rows(np.zeros((2, 3), np.uint64), np.zeros((2, 3), np.uint64))
+        traces.trace_rows(np.zeros((2, 3), np.uint64), np.zeros((2, 3), np.uint64))
 
 
 def test_cost_fit_separates_per_launch_and_per_k_cost():
@@ -518,7 +518,7 @@ def test_cost_fit_separates_per_launch_and_per_k_cost():
     rows = [{"variant": v, "id": i, "median_us": a + b * i / 1000, "host_enqueue_us": h, "back_to_back_us": 40.0 + i}
             for v, a, b, h in (("wgmma_bn256_s4_scl0_sk", 11.8, 5.8, 45.0), ("cublas_f16_cached", 6.2, 5.3, 20.0))
             for i in ids]
-    fit = wx.cost_fit(pd.DataFrame(rows)).set_index("variant")
+    fit = benchmark.cost_fit(pd.DataFrame(rows)).set_index("variant")
     assert fit.loc["wgmma_bn256_s4_scl0_sk", "intercept_us"] == pytest.approx(11.8)
     assert fit.loc["cublas_f16_cached", "ns_per_k"] == pytest.approx(5.3)
     assert fit.loc["cublas_f16_cached", "back_to_back_us_at_min_id"] == 40.0 + 256
@@ -540,7 +540,7 @@ def test_bench_runs_end_to_end_on_the_cpu_shim(monkeypatch, tmp_path):
     monkeypatch.setattr(bench, "Flusher", lambda: None)
     variants = ((128, 4, None, 0), (256, 4, None, 1))
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
-        rows = wx.bench(shapes=[(256, 512)], nts=[8, 40], qtypes=("q4_K", "q6_K"), variants=variants, pairs=2,
+        rows = benchmark.bench(shapes=[(256, 512)], nts=[8, 40], qtypes=("q4_K", "q6_K"), variants=variants, pairs=2,
                         repeats=2, run=run, progress=lambda s: None)
     run = records.load("wgmma", run.run_id, root=tmp_path)
     par = run.table("wgmma_parity")
@@ -574,7 +574,7 @@ def test_bench_with_a_lead_times_every_call_both_ways(monkeypatch, tmp_path):
     monkeypatch.setattr(bench, "flush_us", lambda flush: 31.0)
     monkeypatch.setattr(bench, "Lead", lambda us: ("lead", us))
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
-        wx.lead_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"],
+        options.lead_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"],
                          "variants": [[128, 4, None, 0]], "pairs": 2})
     b = records.load("wgmma", run.run_id, root=tmp_path).table("wgmma_lead_ab")
     assert set(b.timing) == {"events", "lead500"}
@@ -584,7 +584,7 @@ def test_bench_with_a_lead_times_every_call_both_ways(monkeypatch, tmp_path):
     assert (b[b.timing == "events"].median_us == 5.0).all() and (b[b.timing == "lead500"].median_us == 4.0).all()
     assert (b.host_us == 8.0).all() and (b.flush_us == 31.0).all()
     assert seen.count(None) == seen.count(("lead", 500.0)) == len(b) // 2    # each call once per timing per round
-    v = wx.lead_view(records.load("wgmma", run.run_id, root=tmp_path))
+    v = tables.lead_view(records.load("wgmma", run.run_id, root=tmp_path))
     assert list(v.timing) == ["events", "lead500"] and (v["best launch"] == "wgmma_bn128_s4_scl0").all()
     assert list(v["wgmma us"]) == [5.0, 4.0] and (v.ratio == 1.0).all() and (v["flush us"] == 31.0).all()
 
@@ -605,7 +605,7 @@ def test_trace_phases_roles_and_durations():
     od, id_, nt, bn = 256, 1024, 256, 256        # 2 tiles x 4 super-blocks over 3 CTAs: ranges of 2-3 iterations
     ncta, dp = wgmma.schedule(1, nt, od, id_, bn, 3)
     assert (ncta, dp) == (3, 0)
-    E = len(wx.TRACE_EVENTS)
+    E = len(traces.TRACE_EVENTS)
     ns = np.zeros((ncta, E + 1), np.uint64)
     clk = np.zeros_like(ns)
     tiles = 2
@@ -621,8 +621,8 @@ def test_trace_phases_roles_and_durations():
             ns[c, e:e + 3] = [t, main_end, main_end + (3_000 if klo == 0 else 700)]
             clk[c, e:e + 3] = [(t - t0) * 1.6 + 1, (main_end - t0) * 1.6 + 1, (main_end - t0) * 1.6 + 9]
             t = main_end + 800
-    rows = [{"variant": "wgmma_bn256_s4_scl0_sk", **r} for r in wx.trace_rows(ns, clk)]
-    ph = wx.trace_phases(rows, od, id_, nt)
+    rows = [{"variant": "wgmma_bn256_s4_scl0_sk", **r} for r in traces.trace_rows(ns, clk)]
+    ph = traces.trace_phases(rows, od, id_, nt)
     want = [(c, si, "owner" if klo == 0 else "helper", khi - klo) for c in range(ncta)
             for si, (_, klo, khi) in enumerate(wgmma.segments(ncta, c, 4, tiles, dp))]
     assert [(r.cta, r.seg, r.role, r.iters) for r in ph.itertuples()] == want
@@ -631,7 +631,7 @@ def test_trace_phases_roles_and_durations():
     assert np.allclose(ph[ph.role == "owner"].finish_us, 3.0) and np.allclose(ph[ph.role == "helper"].finish_us, 0.7)
     assert np.allclose(first.mhz, 1600, rtol=1e-3)
     with pytest.raises(wgmma.WgmmaError, match="CTAs traced"):    # a data-parallel grid there has 2 CTAs, not 3
-        wx.trace_phases([dict(r, variant="wgmma_bn256_s4_scl0") for r in rows], od, id_, nt)
+        traces.trace_phases([dict(r, variant="wgmma_bn256_s4_scl0") for r in rows], od, id_, nt)
 
 
 def test_trace_phases_on_the_tile_aligned_split():
@@ -644,7 +644,7 @@ def test_trace_phases_on_the_tile_aligned_split():
     assert wgmma.split_g(3, nt, od, id_, bn, 4) == 2
     ncta, dp = wgmma.schedule(3, nt, od, id_, bn, 4)
     assert (ncta, dp) == (4, 0)
-    E = len(wx.TRACE_EVENTS)
+    E = len(traces.TRACE_EVENTS)
     ns = np.zeros((ncta, E + 1), np.uint64)
     clk = np.zeros_like(ns)
     for c in range(ncta):
@@ -652,13 +652,13 @@ def test_trace_phases_on_the_tile_aligned_split():
         ns[c, :6] = [t0, t0 + 100, t0 + 1_500, t0 + 200, t0 + 1_500 + 2_000, t0 + 1_500 + 2_000 + (4_000 if c % 2 == 0
                                                                                                      else 1_000)]
         clk[c, :6] = [1, 2, 3, 4, 5, 6]
-    rows = [{"variant": "wgmma_bn256_s4_scl0_skt", **r} for r in wx.trace_rows(ns, clk)]
-    ph = wx.trace_phases(rows, od, id_, nt, sm_count=4)
+    rows = [{"variant": "wgmma_bn256_s4_scl0_skt", **r} for r in traces.trace_rows(ns, clk)]
+    ph = traces.trace_phases(rows, od, id_, nt, sm_count=4)
     assert list(ph.role) == ["owner", "helper", "owner", "helper"] and list(ph.tile) == [0, 0, 1, 1]
     assert (ph.iters == 2).all() and np.allclose(ph.fill_us, 1.3) and np.allclose(ph.main_us, 2.0)
     assert np.allclose(ph.finish_us, [4.0, 1.0, 4.0, 1.0])
     with pytest.raises(wgmma.WgmmaError, match="CTAs traced"):    # 8 SMs: G = 4, an 8-CTA grid
-        wx.trace_phases(rows, od, id_, nt, sm_count=8)
+        traces.trace_phases(rows, od, id_, nt, sm_count=8)
 
 
 def test_best_vs_cublas_names_the_best_launch_with_and_without_the_option():
@@ -672,7 +672,7 @@ def test_best_vs_cublas_names_the_best_launch_with_and_without_the_option():
             rows.append({"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": v, "median_us": us})
     rows.append({"qtype": "q6_K", "od": 4096, "id": 4096, "nt": 512, "variant": "wgmma_bn128_s4_scl1",
                  "median_us": 40.0})
-    t = wx.best_vs_cublas(pd.DataFrame(rows))
+    t = tables.best_vs_cublas(pd.DataFrame(rows))
     assert len(t) == 1
     r = t.iloc[0]
     assert r["best without"] == "bn256_s4_scl0_skt" and np.isclose(r["without vs cuBLAS"], 30 / 35)
@@ -684,7 +684,7 @@ def test_trace_roles_groups_every_shape_of_a_trace_table():
     schedule) and summarized per role -- the tile-aligned split's owners with their 4 us finish and helpers with 1 us,
     the data-parallel grid's whole tiles, each role's segment count and its last end."""
 
-    E = len(wx.TRACE_EVENTS)
+    E = len(traces.TRACE_EVENTS)
     rows = []
     for od, variant, ncta in ((256, "wgmma_bn256_s4_scl0_skt", 4), (512, "wgmma_bn256_s4_scl0", 4)):
         ns = np.zeros((ncta, E + 1), np.uint64)
@@ -695,8 +695,8 @@ def test_trace_roles_groups_every_shape_of_a_trace_table():
             ns[c, :6] = [t0, t0 + 100, t0 + 1_500, t0 + 200, t0 + 3_500, t0 + 3_500 + fin]
             clk[c, :6] = [1, 2, 3, 4, 5, 6]
         rows += [{"qtype": "q4_K", "od": od, "id": 1024, "nt": 256, "variant": variant, **r}
-                 for r in wx.trace_rows(ns, clk)]
-    t = wx.trace_roles(rows, sm_count=4).set_index(["od", "role"])
+                 for r in traces.trace_rows(ns, clk)]
+    t = traces.trace_roles(rows, sm_count=4).set_index(["od", "role"])
     assert sorted(t.index) == [(256, "helper"), (256, "owner"), (512, "whole")]
     assert t.loc[(256, "owner"), "segments"] == 2 and np.isclose(t.loc[(256, "owner"), "finish_us"], 4.0)
     assert np.isclose(t.loc[(256, "helper"), "finish_us"], 1.0) and t.loc[(256, "helper"), "iters"] == 2
@@ -715,7 +715,7 @@ def test_suffix_ab_pairs_each_option_with_its_base():
                       ("wgmma_bn256_s4_scl0_skt_p2", 20.0)):
             rows.append({"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": v, "pair": pair,
                          "median_us": us + pair * 0.1})
-    t = wx.suffix_ab(pd.DataFrame(rows))
+    t = tables.suffix_ab(pd.DataFrame(rows))
     assert len(t) == 1 and t.option.iloc[0] == "a4" and t.base.iloc[0] == "wgmma_bn128_s4_scl0"
     assert t.launch.iloc[0] == "BN=128 data-par."   # the base's tile and scheduler, as the figures group them
     assert t.speedup.iloc[0] == pytest.approx(40.1 / 50.1)
@@ -785,7 +785,7 @@ def test_plane_table_pairs_scl2_with_scl0_per_scheduler():
 
     rows = _ab_rows((("wgmma_bn128_s4_scl0", 40.0), ("wgmma_bn128_s4_scl2", 32.0), ("wgmma_bn128_s4_scl0_skt", 30.0),
                      ("wgmma_bn128_s4_scl2_skt", 30.0), ("wgmma_bn256_s4_scl0_skt", 28.0), ("cublas_f16_cached", 36.0)))
-    t = wx.plane_table(pd.DataFrame(rows)).set_index("launch")
+    t = options.plane_table(pd.DataFrame(rows)).set_index("launch")
     assert sorted(t.index) == ["BN=128 data-par.", "BN=128 tile split"]
     assert t.loc["BN=128 data-par.", "plane_over_header"] == pytest.approx(40.1 / 32.1)
     assert t.loc["BN=128 tile split", "plane_over_header"] == pytest.approx(1.0)
@@ -800,7 +800,7 @@ def test_conv16_table_is_new_over_old():
     rows = _ab_rows((("wgmma_bn128_s4_scl0", 40.0), ("wgmma_bn128_s4_scl0_oldconv", 50.0),
                      ("wgmma_bn256_s4_scl0_sk", 30.0), ("wgmma_bn256_s4_scl0_sk_oldconv", 30.0),
                      ("cublas_f16_cached", 36.0)))
-    t = wx.conv16_table(pd.DataFrame(rows)).set_index("variant")
+    t = limits.conv16_table(pd.DataFrame(rows)).set_index("variant")
     assert list(t.index) == ["wgmma_bn128_s4_scl0", "wgmma_bn256_s4_scl0_sk"]
     assert t.loc["wgmma_bn128_s4_scl0", "new_over_old"] == pytest.approx(50.1 / 40.1)
     assert t.loc["wgmma_bn256_s4_scl0_sk", "new_over_old"] == pytest.approx(1.0)
@@ -818,7 +818,7 @@ def test_ceiling_table_splits_the_weights_cost_into_loads_and_conversion():
                      ("wgmma_bn128_s4_scl0_noconv", 30.0), ("wgmma_bn256_s4_scl0_sk", 30.0),
                      ("wgmma_bn256_s4_scl0_sk_noload", 30.0), ("wgmma_bn256_s4_scl0_sk_noconv", 20.0),
                      ("cublas_f16_cached", 36.0)))
-    t = wx.ceiling_table(pd.DataFrame(rows)).set_index("variant")
+    t = limits.ceiling_table(pd.DataFrame(rows)).set_index("variant")
     assert list(t.index) == ["wgmma_bn128_s4_scl0", "wgmma_bn256_s4_scl0_sk"]
     a = t.loc["wgmma_bn128_s4_scl0"]
     assert a.launch == "BN=128 data-par."
@@ -856,10 +856,10 @@ def test_ncu_stalls_reads_the_raw_metrics():
                      ("Duration", "30")):
             rows.append({"case": case, "kernel": f"k{case}", "sk": 0, "nt": 512, "section": "s", "metric": m,
                          "unit": "", "value": v})
-    t = wx.ncu_stalls(pd.DataFrame(rows))
+    t = tables.ncu_stalls(pd.DataFrame(rows))
     assert list(t.columns) == ["case", "kernel", "sk", "nt", "tensor pipe % elapsed", "long_scoreboard", "gmma"]
     assert t["long_scoreboard"].tolist() == [1.5, 0.2] and t["tensor pipe % elapsed"].tolist() == [55.5, 55.5]
-    assert wx.ncu_stalls(pd.DataFrame(rows[-1:])).empty
+    assert tables.ncu_stalls(pd.DataFrame(rows[-1:])).empty
 
 
 def test_registry_rows_and_fit_of_the_pair_exchange():
@@ -907,7 +907,7 @@ def test_registry_rows_and_fit_of_the_reduce_finish():
     split = [sorted(v, key=lambda p: p[1]) for v in held.values() if len(v) > 1]
     assert split and all(a[0] + 1 == b[0] and a[1] == 0 and a[2] == b[1] and b[2] == I for a, b in split)
     # the real-model gate's nt: the fewest tokens at which some tile is split and the grid still fits
-    nt = wx.reduce_nt(1, 640, 1024, 128, 132)
+    nt = benchmark.reduce_nt(1, 640, 1024, 128, 132)
     assert nt is not None and wgmma.reduce_fits(1, nt, 640, 1024, 128, 132)
 
     def splits(m):   # some tile of the grid at m tokens is held by two CTAs
@@ -946,13 +946,13 @@ def test_pair_nt_is_the_fewest_tokens_that_pair():
     multiple of BN (a tail); never where no nt pairs (more tiles than SMs)."""
     from labkernels import wgmma
 
-    assert wx.pair_nt(640, 1024, 128, 132) == 7 * 128 - 27
-    assert wx.pair_nt(640, 2048, 128, 132) == 9 * 128 - 27
+    assert benchmark.pair_nt(640, 1024, 128, 132) == 7 * 128 - 27
+    assert benchmark.pair_nt(640, 2048, 128, 132) == 9 * 128 - 27
     for od, id_, bn in ((640, 1024, 128), (640, 2048, 256), (200, 512, 128)):
-        nt = wx.pair_nt(od, id_, bn, 132)
+        nt = benchmark.pair_nt(od, id_, bn, 132)
         assert wgmma.pair_fits(nt, od, id_, bn, 132) and nt % bn
         assert not any(wgmma.pair_fits(m * bn - 27, od, id_, bn, 132) for m in range(1, (nt + 27) // bn))
-    assert wx.pair_nt(262144, 2048, 128, 132) is None
+    assert benchmark.pair_nt(262144, 2048, 128, 132) is None
 
 
 def test_auto_drops_a_pair_exchange_that_does_not_pair(tmp_path):
@@ -972,11 +972,11 @@ def test_auto_drops_a_pair_exchange_that_does_not_pair(tmp_path):
 
 
 def test_ncu_label_names_type_tile_form_and_scheduler():
-    assert wx.ncu_label("wgmma_kq[QT=4,BN=256,STAGES=4,BF16=0,SCL=0,EPI=0,AQ=2,PF=0]", 3, 512) == \
+    assert tables.ncu_label("wgmma_kq[QT=4,BN=256,STAGES=4,BF16=0,SCL=0,EPI=0,AQ=2,PF=0]", 3, 512) == \
         "q4_K BN=256\ntile split nt=512"
-    assert wx.ncu_label("wgmma_kq[QT=6,BN=128,STAGES=4,BF16=0,SCL=1,EPI=0,AQ=4,PF=0]", 0, 512, ", ") == \
+    assert tables.ncu_label("wgmma_kq[QT=6,BN=128,STAGES=4,BF16=0,SCL=1,EPI=0,AQ=4,PF=0]", 0, 512, ", ") == \
         "q6_K BN=128 AQ=4, data-par. nt=512"
-    assert wx.ncu_label("wgmma_kqs[QT=4,BN=128,STAGES=4,BF16=0]", 1, 4096) == "q4_K BN=128 smem\nstream-K nt=4096"
+    assert tables.ncu_label("wgmma_kqs[QT=4,BN=128,STAGES=4,BF16=0]", 1, 4096) == "q4_K BN=128 smem\nstream-K nt=4096"
 
 
 def test_build_ab_view_reads_speedups_and_gates_of_a_build_run():
@@ -997,13 +997,13 @@ def test_build_ab_view_reads_speedups_and_gates_of_a_build_run():
                        "variant": ["wgmma_bn128_s4_scl1", "wgmma_bn128_s4_scl1_wtma", "cublas_f16_cached"] * 2,
                        "pair": [0, 0, 0, 1, 1, 1], "median_us": [40.0, 36.0, 28.0, 42.0, 38.0, 28.0]})
     gate = pd.DataFrame({"variant": ["wgmma_bn128_s4_scl1"], "bitwise_vs_wtma": [True], "ok": [True]})
-    t, line = wx.build_ab_view(Run(ab, gate), "wtma")
+    t, line = tables.build_ab_view(Run(ab, gate), "wtma")
     assert len(t) == 1 and t.launch.iloc[0] == "BN=128 data-par."
     assert t.speedup.iloc[0] == pytest.approx(41.0 / 37.0)
     assert t.option_vs_cublas.iloc[0] == pytest.approx(28.0 / 37.0)
     assert "1 launches gated" in line and "bitwise the plain build: True" in line
     gate.loc[0, "bitwise_vs_wtma"] = False
-    assert "bitwise the plain build: False" in wx.build_ab_view(Run(ab, gate), "wtma")[1]
+    assert "bitwise the plain build: False" in tables.build_ab_view(Run(ab, gate), "wtma")[1]
 
 
 def test_ncu_compare_pairs_the_same_kernel_and_grid_of_two_runs():
@@ -1022,13 +1022,13 @@ def test_ncu_compare_pairs_the_same_kernel_and_grid_of_two_runs():
     tp = "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"
     plain = run([(0, k4, ls, "0.53"), (0, k4, tp, "68.30"), (1, k6, ls, "1.55"), (1, k6, tp, "52.42")])
     build = run([(0, k4, ls, "1.01"), (0, k4, tp, "63.56")])
-    t = wx.ncu_compare(plain, build, columns=("tensor pipe % active", "long_scoreboard"))
+    t = tables.ncu_compare(plain, build, columns=("tensor pipe % active", "long_scoreboard"))
     assert len(t) == 1 and t.kernel.iloc[0] == k4
     assert t["long_scoreboard plain"].iloc[0] == pytest.approx(0.53)
     assert t["long_scoreboard build"].iloc[0] == pytest.approx(1.01)
     assert t["tensor pipe % active build"].iloc[0] == pytest.approx(63.56)
     assert t.launch.iloc[0].startswith("q4_K BN=128")
-    assert wx.ncu_compare(plain, build.iloc[0:0]).empty
+    assert tables.ncu_compare(plain, build.iloc[0:0]).empty
 
 
 def _timing_shim(monkeypatch) -> list:
@@ -1068,27 +1068,27 @@ def test_floor_ab_times_every_launch_of_record_beside_its_empty_build(monkeypatc
 
     calls = _timing_shim(monkeypatch)
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
-        wx.floor_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2})
+        limits.floor_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2})
     r = records.load("wgmma", run.run_id, root=tmp_path)
     ab, gate = r.table("wgmma_floor_ab"), r.table("wgmma_floor_gate")
     launches = set(gate.variant)
     assert gate.ok.all() and "wgmma_bn128_s4_scl0" in launches
     assert set(ab.variant) == launches | {v + "_empty" for v in launches} | {"cublas_f16_cached",
-                                                                           wx.EMPTY_1CTA}
+                                                                           limits.EMPTY_1CTA}
     assert calls and set(calls) == {(1, 32)}
     # the view on a made-up table: plain 30, empty 5, cuBLAS 27, 1-CTA 3; a trace span of 24
     df = pd.DataFrame({"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512,
                        "variant": ["wgmma_bn128_s4_scl0", "wgmma_bn128_s4_scl0_empty", "cublas_f16_cached",
-                                   wx.EMPTY_1CTA] * 2, "pair": [0] * 4 + [1] * 4,
+                                   limits.EMPTY_1CTA] * 2, "pair": [0] * 4 + [1] * 4,
                        "median_us": [29.0, 4.0, 26.0, 2.0, 31.0, 6.0, 28.0, 4.0]})
     spans = pd.DataFrame({"qtype": ["q4_K"], "od": [4096], "id": [4096], "nt": [512],
                           "variant": ["wgmma_bn128_s4_scl0"], "span_us": [24.0]})
-    v = wx.floor_view(df, spans)
+    v = limits.floor_view(df, spans)
     assert len(v) == 1
     row = v.iloc[0]
     assert (row.plain_us, row.empty_us, row.above_floor_us, row.cublas_us, row.empty_1cta_us) == (30, 5, 25, 27, 3)
     assert row.ratio == pytest.approx(0.9) and row.outside_us == 6.0 and row.drain_us == 1.0
-    assert "outside_us" not in wx.floor_view(df).columns
+    assert "outside_us" not in limits.floor_view(df).columns
 
 
 def test_trace_spans_first_to_last_stamp():
@@ -1096,7 +1096,7 @@ def test_trace_spans_first_to_last_stamp():
 
     t = pd.DataFrame({"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": ["a", "a", "a", "b", "b"],
                       "t_us": [0.1, 5.0, 26.9, 0.0, 3.5]})
-    s = wx.trace_spans(t).set_index("variant").span_us
+    s = traces.trace_spans(t).set_index("variant").span_us
     assert s["a"] == pytest.approx(26.8) and s["b"] == pytest.approx(3.5)
 
 
@@ -1138,7 +1138,7 @@ def test_clock_ab_probes_every_launch_and_cublas_and_the_view_compares_clocks(mo
 
     monkeypatch.setattr(bench, "ClockProbe", Probe)
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
-        wx.clock_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q6_K"], "pairs": 2})
+        limits.clock_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q6_K"], "pairs": 2})
     r = records.load("wgmma", run.run_id, root=tmp_path)
     c, g = r.table("wgmma_clock"), r.table("wgmma_clock_gate")
     assert g.ok.all() and set(c.variant) == set(g.variant) | {"cublas_f16_cached", "probe_alone"}
@@ -1146,7 +1146,7 @@ def test_clock_ab_probes_every_launch_and_cublas_and_the_view_compares_clocks(mo
     df = pd.DataFrame({"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512,
                        "variant": ["wgmma_bn256_s4_scl0_skt_e5", "cublas_f16_cached", "probe_alone"],
                        "round": 0, "mhz_median": [1600.0, 1800.0, 1980.0], "median_us": [32.0, 27.0, np.nan]})
-    v = wx.clock_view(df).set_index("variant")
+    v = limits.clock_view(df).set_index("variant")
     assert list(v.index) == ["wgmma_bn256_s4_scl0_skt_e5", "cublas_f16_cached"]
     w = v.loc["wgmma_bn256_s4_scl0_skt_e5"]
     assert w.mhz_vs_cublas == pytest.approx(1600 / 1800) and w.kcycles == pytest.approx(32 * 1.6)
@@ -1169,11 +1169,11 @@ def test_trace_cold_pairs_each_role_warm_and_from_a_flushed_l2():
     from labkernels import records
 
     run = records.load("wgmma", "20261203T130504Z-h200-e9d5a870b7")
-    t = wx.trace_cold(run)
-    roles = wx.trace_roles(run.table("trace"), run.meta["params"]["sm_count"])
+    t = traces.trace_cold(run)
+    roles = traces.trace_roles(run.table("trace"), run.meta["params"]["sm_count"])
     assert len(t) == len(roles) and not t.duplicated(["qtype", "od", "id", "variant", "role"]).any()
     assert np.allclose(t.cycles_cold_over_warm, t.cycles_per_iter_cold / t.cycles_per_iter_warm)
-    sp = wx.trace_spans(run.table("trace_flushed")).set_index("variant")
+    sp = traces.trace_spans(run.table("trace_flushed")).set_index("variant")
     q4 = t[(t.qtype == "q4_K") & (t.od == 4096) & (t.variant == "wgmma_bn256_s4_scl0_skt_e5")]
     assert set(q4.role) == {"owner", "helper"}
     assert np.allclose(q4.span_us_cold, sp[(sp.qtype == "q4_K") & (sp.od == 4096)].loc["wgmma_bn256_s4_scl0_skt_e5",
@@ -1192,29 +1192,29 @@ def test_kscan_ab_gates_times_and_fits_the_fixed_cost_per_launch(monkeypatch, tm
     calls, dense = _timing_shim(monkeypatch), []
     monkeypatch.setattr(gpu, "gemm_dense", lambda x, w, out=None: dense.append(out))
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
-        wx.kscan_ab(run, {"shapes": [[256, 256], [256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2,
+        limits.kscan_ab(run, {"shapes": [[256, 256], [256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2,
                           "cublas_small_ids": [16, 64]})
     r = records.load("wgmma", run.run_id, root=tmp_path)
     ab, gate = r.table("wgmma_kscan_ab"), r.table("wgmma_kscan_gate")
     assert gate.ok.all() and set(gate["id"]) == {256, 512} and "wgmma_bn128_s4_scl0" in set(gate.variant)
     kq = ab[ab.qtype == "q4_K"]
-    assert set(kq.variant) == set(gate.variant) | {wx.CUBLAS, wx.CUBLAS_F32OUT, wx.EMPTY_1CTA}
+    assert set(kq.variant) == set(gate.variant) | {limits.CUBLAS, limits.CUBLAS_F32OUT, limits.EMPTY_1CTA}
     alone = ab[ab.qtype == "f16"]
-    assert set(alone["id"]) == {16, 64} and set(alone.variant) == {wx.CUBLAS, wx.CUBLAS_F32OUT, wx.EMPTY_1CTA}
+    assert set(alone["id"]) == {16, 64} and set(alone.variant) == {limits.CUBLAS, limits.CUBLAS_F32OUT, limits.EMPTY_1CTA}
     assert len(alone) == 2 * 3 * 2 and calls and set(calls) == {(1, 32)}
     assert dense and all(o.dtype == np.float32 and o.shape == (40, 256) for o in dense)  # fp32 out, the point's shape
     # made-up medians: launch a = 8 + 0.005 id, launch b = 3 + 0.007 id (faster below id 2500), cuBLAS 6 + 0.0055 id
     ids = [512, 1024, 4096, 8192]
-    lines = {"wgmma_a": (8.0, 0.005), "wgmma_b": (3.0, 0.007), wx.CUBLAS: (6.0, 0.0055)}
+    lines = {"wgmma_a": (8.0, 0.005), "wgmma_b": (3.0, 0.007), limits.CUBLAS: (6.0, 0.0055)}
     rows = [{"qtype": "q4_K", "od": 4096, "id": k, "nt": 512, "variant": v, "pair": pr,
              "median_us": a + b * k + (0.5 if pr == 1 else 0.0) - (0.5 if pr == 2 else 0.0)}
             for v, (a, b) in lines.items() for k in ids for pr in range(3)]
-    rows += [{"qtype": "f16", "od": 4096, "id": k, "nt": 512, "variant": wx.CUBLAS, "pair": 0,
+    rows += [{"qtype": "f16", "od": 4096, "id": k, "nt": 512, "variant": limits.CUBLAS, "pair": 0,
               "median_us": 6.0 + k * 0.001} for k in (64, 16)]
-    rows += [{"qtype": "q4_K", "od": 4096, "id": 512, "nt": 512, "variant": wx.EMPTY_1CTA, "pair": 0,
+    rows += [{"qtype": "q4_K", "od": 4096, "id": 512, "nt": 512, "variant": limits.EMPTY_1CTA, "pair": 0,
               "median_us": 2.5}]
     df = pd.DataFrame(rows)
-    fit = wx.kscan_fit(df).set_index("variant")
+    fit = limits.kscan_fit(df).set_index("variant")
     for v, (a, b) in lines.items():
         assert fit.loc[v, "intercept_us"] == pytest.approx(a) and fit.loc[v, "ns_per_k"] == pytest.approx(b * 1e3)
         assert fit.loc[v, "max_resid_us"] < 1e-9 and fit.loc[v, "n_ids"] == 4
@@ -1224,23 +1224,23 @@ def test_kscan_ab_gates_times_and_fits_the_fixed_cost_per_launch(monkeypatch, tm
     assert fit.loc["best", "max_resid_us"] > 0.1     # the min of two lines is not a line
     assert (fit.cublas_min_k == 16).all() and fit.cublas_min_k_us.iloc[0] == pytest.approx(6.016)
     assert fit.empty_1cta_us.iloc[0] == 2.5 and fit.cublas_f32out_min_k_us.isna().all()  # none in this table
-    pts = wx.kscan_points(df)
+    pts = limits.kscan_points(df)
     marked = pts.dropna(subset=["ratio"]).sort_values("id")
     assert list(marked["id"]) == ids and list(marked.variant) == ["wgmma_b", "wgmma_b", "wgmma_a", "wgmma_a"]
     assert marked.ratio.iloc[0] == pytest.approx((6 + 0.0055 * 512) / (3 + 0.007 * 512))
     # kscan_compare on launches named as the main path's: split 12 + 0.005 k, BN=128 7 + 0.006 k, cuBLAS 6 + 0.005 k,
     # cuBLAS fp32 out 7 + 0.005 k
     named = {"wgmma_bn256_s4_scl0_skt_e5": (12.0, 0.005), "wgmma_bn128_s4_scl0": (7.0, 0.006),
-             wx.CUBLAS: (6.0, 0.005), wx.CUBLAS_F32OUT: (7.0, 0.005)}
+             limits.CUBLAS: (6.0, 0.005), limits.CUBLAS_F32OUT: (7.0, 0.005)}
     df2 = pd.DataFrame([{"qtype": "q4_K", "od": 4096, "id": k, "nt": 512, "variant": v, "pair": 0,
                          "median_us": a + b * k} for v, (a, b) in named.items() for k in (512, 4096, 14336)])
-    c = wx.kscan_compare(wx.kscan_fit(df2), wx.kscan_points(df2)).iloc[0]
+    c = limits.kscan_compare(limits.kscan_fit(df2), limits.kscan_points(df2)).iloc[0]
     assert c.split_extra_us == pytest.approx(6.0) and c.split_per_k == pytest.approx(0.0, abs=1e-9)
     assert c.bn128_extra_us == pytest.approx(1.0) and c.bn128_per_k == pytest.approx(0.2)
     assert c.f32out_extra_us == pytest.approx(1.0) and c.f32out_per_k == pytest.approx(0.0, abs=1e-9)
     assert c.hybrid_us_4096 == pytest.approx(7 + 0.005 * 4096)
     assert c.hybrid_ratio_14336 == pytest.approx((6 + 0.005 * 14336) / (7 + 0.005 * 14336))
-    assert wx.kscan_compare(wx.kscan_fit(df), wx.kscan_points(df)).empty   # no launch of the main path
+    assert limits.kscan_compare(limits.kscan_fit(df), limits.kscan_points(df)).empty   # no launch of the main path
 
 
 def test_kscan_lines_draws_every_fitted_launch_with_units_and_zooms():
@@ -1256,17 +1256,17 @@ def test_kscan_lines_draws_every_fitted_launch_with_units_and_zooms():
 
     ids = [512, 1024, 4096]
     lines = {"wgmma_bn128_s4_scl0": (7.0, 0.006), "wgmma_bn256_s4_scl0_skt_e5": (12.0, 0.005),
-             wx.CUBLAS: (6.0, 0.0053), wx.CUBLAS_F32OUT: (7.0, 0.0053)}
+             limits.CUBLAS: (6.0, 0.0053), limits.CUBLAS_F32OUT: (7.0, 0.0053)}
     rows = [{"qtype": "q4_K", "od": 4096, "id": k, "nt": 512, "variant": v, "pair": 0, "median_us": a + b * k}
             for v, (a, b) in lines.items() for k in ids]
     rows += [{"qtype": "q4_K", "od": 4096, "id": 512, "nt": 512, "variant": "wgmma_bn256_s4_scl0_sk_e5", "pair": 0,
               "median_us": 14.0},   # one id only: no line, not drawn
-             {"qtype": "q4_K", "od": 4096, "id": 512, "nt": 512, "variant": wx.EMPTY_1CTA, "pair": 0,
+             {"qtype": "q4_K", "od": 4096, "id": 512, "nt": 512, "variant": limits.EMPTY_1CTA, "pair": 0,
               "median_us": 2.7}]
-    rows += [{"qtype": "f16", "od": 4096, "id": k, "nt": 512, "variant": wx.CUBLAS, "pair": 0, "median_us": 7.0}
+    rows += [{"qtype": "f16", "od": 4096, "id": k, "nt": 512, "variant": limits.CUBLAS, "pair": 0, "median_us": 7.0}
              for k in (16, 64)]
     df = pd.DataFrame(rows)
-    pts, fit = wx.kscan_points(df), wx.kscan_fit(df)
+    pts, fit = limits.kscan_points(df), limits.kscan_fit(df)
     fig, (a, b) = plt.subplots(1, 2)
     plotting.kscan_lines(a, pts, fit, "q4_K", "full")
     plotting.kscan_lines(b, pts, fit, "q4_K", "zoom", max_id=1100)
@@ -1335,7 +1335,7 @@ def _kpair_shim(monkeypatch, off: float = 1.0):
     from labkernels import cases, model
 
     _timing_shim(monkeypatch)
-    seen, real = [], wx.gemm
+    seen, real = [], wb.gemm
 
     def gemm(w, x, out=None, defines=(), **p):
         seen.append((tuple(defines), p))
@@ -1344,7 +1344,7 @@ def _kpair_shim(monkeypatch, off: float = 1.0):
             y *= off
         return y
 
-    monkeypatch.setattr(wx, "gemm", gemm)
+    monkeypatch.setattr(wb, "gemm", gemm)
     rng = np.random.default_rng(5)
     monkeypatch.setattr(model, "load_kquant", lambda path=None: [
         ("blk.0.ffn_up.weight", "q4_K", cases.synthetic_weights("q4_K", 96, 512, rng)),
@@ -1362,23 +1362,23 @@ def test_kpair_ab_gates_the_build_on_the_model_and_at_every_point_then_times_it(
 
     seen = _kpair_shim(monkeypatch)
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
-        wx.kpair_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K", "q6_K"], "pairs": 2})
+        kpair.kpair_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K", "q6_K"], "pairs": 2})
     r = records.load("wgmma", run.run_id, root=tmp_path)
     real, ab, gate = r.table("real_model_parity"), r.table("wgmma_kpair_ab"), r.table("wgmma_kpair_gate")
-    assert len(real) == 2 * len(wx.KPAIR_REAL_NTS) and real.ok.all() and set(real.variant) == {wx.KPAIR_VARIANT}
-    assert set(real.nt) == set(wx.KPAIR_REAL_NTS) and (real.int8_nmse > 0).all()
+    assert len(real) == 2 * len(kpair.KPAIR_REAL_NTS) and real.ok.all() and set(real.variant) == {kpair.KPAIR_VARIANT}
+    assert set(real.nt) == set(kpair.KPAIR_REAL_NTS) and (real.int8_nmse > 0).all()
     assert gate.ok.all() and set(gate.qtype) == {"q4_K", "q6_K"}
     for q in ("q4_K", "q6_K"):
         v = set(gate[gate.qtype == q].variant)
-        assert wx.KPAIR_VARIANT in v and any(x.startswith("wgmma_bn128_s4_scl") for x in v) and len(v) >= 3
+        assert kpair.KPAIR_VARIANT in v and any(x.startswith("wgmma_bn128_s4_scl") for x in v) and len(v) >= 3
         assert set(ab[ab.qtype == q].variant) == v | {"cublas_f16_cached"}
     built = [p for d, p in seen if d == wb.KPAIR]
     assert built and all(p == wb.KPAIR_PARAMS for p in built)
     # made-up medians: cuBLAS 10 us, the launches of record 12 and 11, the build 9.5
     rows = [{"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": v, "pair": p, "median_us": t}
             for v, t in (("cublas_f16_cached", 10.0), ("wgmma_bn256_s4_scl0_skt_e5", 12.0),
-                         ("wgmma_bn128_s4_scl0", 11.0), (wx.KPAIR_VARIANT, 9.5)) for p in range(3)]
-    t = wx.kpair_table(pd.DataFrame(rows)).iloc[0]
+                         ("wgmma_bn128_s4_scl0", 11.0), (kpair.KPAIR_VARIANT, 9.5)) for p in range(3)]
+    t = kpair.kpair_table(pd.DataFrame(rows)).iloc[0]
     assert t.best_record == "bn128_s4_scl0" and t.best_record_us == 11.0 and t.kpair_us == 9.5
     assert t.kpair_vs_cublas == pytest.approx(10 / 9.5) and t.best_record_vs_cublas == pytest.approx(10 / 11)
     assert t.kpair_over_best == pytest.approx(11 / 9.5)
@@ -1390,7 +1390,7 @@ def test_kpair_ab_stops_at_a_build_that_fails_the_model_gate(monkeypatch, tmp_pa
     _kpair_shim(monkeypatch, off=1.01)
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
         with pytest.raises(AssertionError, match="real-model gate failed: blk.0.ffn_up.weight LK_EXP_KPAIR nt=37"):
-            wx.kpair_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2})
+            kpair.kpair_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2})
 
 
 def test_kpair_ab_gates_a_second_form_of_the_build_and_times_it_beside(monkeypatch, tmp_path):
@@ -1402,16 +1402,16 @@ def test_kpair_ab_gates_a_second_form_of_the_build_and_times_it_beside(monkeypat
     seen = _kpair_shim(monkeypatch)
     plan = {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2}
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
-        wx.kpair_ab(run, plan, builds={"_fin": wb.KPAIR_FIN})
+        kpair.kpair_ab(run, plan, builds={"_fin": wb.KPAIR_FIN})
     r = records.load("wgmma", run.run_id, root=tmp_path)
     real, ab, gate = r.table("real_model_parity"), r.table("wgmma_kpair_ab"), r.table("wgmma_kpair_gate")
-    fv = wx.KPAIR_VARIANT + "_fin"
-    assert set(real.variant) == {wx.KPAIR_VARIANT, fv} and real.ok.all()
-    assert len(real[real.variant == fv]) == 2 * len(wx.KPAIR_REAL_NTS)
+    fv = kpair.KPAIR_VARIANT + "_fin"
+    assert set(real.variant) == {kpair.KPAIR_VARIANT, fv} and real.ok.all()
+    assert len(real[real.variant == fv]) == 2 * len(kpair.KPAIR_REAL_NTS)
     assert fv in set(gate.variant) and gate.ok.all() and len(ab[ab.variant == fv]) == 2
     fin = [p for d, p in seen if d == wb.KPAIR_FIN]
     assert fin and all(p == wb.KPAIR_PARAMS for p in fin)
-    real_gemm = wx.gemm
+    real_gemm = wb.gemm
 
     def gemm(w, x, out=None, defines=(), **p):
         y = real_gemm(w, x, out=out, defines=defines, **p)
@@ -1419,10 +1419,10 @@ def test_kpair_ab_gates_a_second_form_of_the_build_and_times_it_beside(monkeypat
             y *= 1.01
         return y
 
-    monkeypatch.setattr(wx, "gemm", gemm)
+    monkeypatch.setattr(wb, "gemm", gemm)
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
         with pytest.raises(AssertionError, match="real-model gate failed: .* LK_EXP_KPAIR LK_EXP_KPAIR_FIN nt=37"):
-            wx.kpair_ab(run, plan, builds={"_fin": wb.KPAIR_FIN})
+            kpair.kpair_ab(run, plan, builds={"_fin": wb.KPAIR_FIN})
 
 
 def _kpair_rows(kp: float, rec: float = 11.0, cb: float = 10.0):
@@ -1430,7 +1430,7 @@ def _kpair_rows(kp: float, rec: float = 11.0, cb: float = 10.0):
 
     return [{"qtype": q, "od": 4096, "id": i, "nt": nt, "variant": v, "pair": p, "median_us": t * (i / 4096)}
             for q in ("q4_K", "q6_K") for i in (4096, 14336) for nt in (512, 4096) for p in range(3)
-            for v, t in (("cublas_f16_cached", cb), ("wgmma_bn256_s4_scl0_skt_e5", rec), (wx.KPAIR_VARIANT, kp))]
+            for v, t in (("cublas_f16_cached", cb), ("wgmma_bn256_s4_scl0_skt_e5", rec), (kpair.KPAIR_VARIANT, kp))]
 
 
 def test_kpair_builds_and_series_bars_put_every_build_beside_the_best_launch_of_record():
@@ -1448,7 +1448,7 @@ def test_kpair_builds_and_series_bars_put_every_build_beside_the_best_launch_of_
 
     runs = [(f"build {k}", types.SimpleNamespace(table=lambda name, kp=kp: pd.DataFrame(_kpair_rows(kp))))
             for k, kp in ((1, 20.0), (2, 12.5))]
-    t = wx.kpair_builds(runs)
+    t = kpair.kpair_builds(runs)
     assert list(dict.fromkeys(t.build)) == ["build 1", "build 2"] and len(t) == 2 * 2 * 2 * 2
     b2 = t[(t.build == "build 2") & (t.qtype == "q4_K") & (t.nt == 512)]
     assert np.allclose(b2.kpair_vs_cublas, 10 / 12.5) and np.allclose(b2.best_record_vs_cublas, 10 / 11)
@@ -1472,12 +1472,12 @@ def test_kpair_ncu_reads_each_case_and_refuses_one_that_is_not_there():
             for m, v in (("L2 Cache Throughput", f"{40 * mult:.2f}"), ("Issue Slots Busy", "1,234.5"),
                          ("smsp__average_warps_issue_stalled_membar_per_issue_active.ratio", str(0.1 * mult)))]
     t = pd.DataFrame(rows)
-    v = wx.kpair_ncu([("a", t, key, 0, 4096), ("b", t, key, 3, 512)])
+    v = kpair.kpair_ncu([("a", t, key, 0, 4096), ("b", t, key, 3, 512)])
     assert v.loc["L2 throughput %", "a"] == 80 and v.loc["L2 throughput %", "b"] == 120
     assert v.loc["stall: membar", "a"] == pytest.approx(0.2) and v.loc["issue slots busy %", "b"] == 1234.5
     assert np.isnan(v.loc["stall: wait", "a"])                # not in the run: NaN, not a made-up number
     with pytest.raises(ValueError, match="no ncu case"):
-        wx.kpair_ncu([("c", t, key, 1, 512)])
+        kpair.kpair_ncu([("c", t, key, 1, 512)])
 
 
 # ---- twenty-second step: the shared-memory budget, the half-B ablation, the baseline's counters ----
@@ -1486,24 +1486,24 @@ def test_smem_bytes_per_clk_is_the_budget_of_each_tile_form():
     """The model: wgmma's B reads are 64 B/clk whatever the token tile; the TMA's activation writes 4096 / rows (what
     a CTA receives); the shared-memory form adds A's reads and writes, 4096 / tokens each."""
 
-    assert wx.smem_bytes_per_clk(128, 256)["total"] == 96 == wx.smem_bytes_per_clk(128, 128)["total"]
-    kp = wx.smem_bytes_per_clk(64, 256)
+    assert kpair.smem_bytes_per_clk(128, 256)["total"] == 96 == kpair.smem_bytes_per_clk(128, 128)["total"]
+    kp = kpair.smem_bytes_per_clk(64, 256)
     assert (kp["b_read"], kp["b_write"], kp["total"]) == (64, 64, 128)
-    assert wx.smem_bytes_per_clk(64, 256, recv_tokens=128)["total"] == 96          # the half-B ablation
-    ss = wx.smem_bytes_per_clk(128, 128, a_in_smem=True, a_written=True)
+    assert kpair.smem_bytes_per_clk(64, 256, recv_tokens=128)["total"] == 96          # the half-B ablation
+    ss = kpair.smem_bytes_per_clk(128, 128, a_in_smem=True, a_written=True)
     assert (ss["a_read"], ss["a_write"], ss["total"]) == (32, 32, 160)
-    assert wx.smem_model("kpair", "", 256)["total"] == 128 and wx.smem_model("halfb", "", 256)["total"] == 96
-    assert wx.smem_model("lab", "", 128)["total"] == 96
+    assert kpair.smem_model("kpair", "", 256)["total"] == 128 and kpair.smem_model("halfb", "", 256)["total"] == 96
+    assert kpair.smem_model("lab", "", 128)["total"] == 96
 
 
 def test_cublas_tile_reads_wgmma_m_and_n_from_the_kernel_name():
-    assert wx.cublas_tile("nvjet_sm90_hsh_128x128_64x6_2x1_v_bz_TNT") == (128, 128)
-    assert wx.cublas_tile("nvjet_sm90_hsh_168x128_64x5_1x2_h_bz_TNN") == (128, 168)   # M in steps of 64
-    assert wx.cublas_tile("nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_TNT") == (256, 128)
-    assert wx.cublas_tile("sm90_gemm_kernel") is None
-    m = wx.smem_model("cublas", "nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_TNT", 0)
+    assert kpair.cublas_tile("nvjet_sm90_hsh_128x128_64x6_2x1_v_bz_TNT") == (128, 128)
+    assert kpair.cublas_tile("nvjet_sm90_hsh_168x128_64x5_1x2_h_bz_TNN") == (128, 168)   # M in steps of 64
+    assert kpair.cublas_tile("nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_TNT") == (256, 128)
+    assert kpair.cublas_tile("sm90_gemm_kernel") is None
+    m = kpair.smem_model("cublas", "nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_TNT", 0)
     assert (m["b_read"] + m["a_read"], m["b_write"] + m["a_write"]) == (96, 48)
-    assert np.isnan(wx.smem_model("cublas", "a kernel without a tile", 0)["total"])
+    assert np.isnan(kpair.smem_model("cublas", "a kernel without a tile", 0)["total"])
 
 
 def _smem_ncu_rows(case, who, name, bn, tensor, reads, writes, cycles=1000.0, sm=132):
@@ -1537,7 +1537,7 @@ def test_smem_table_turns_bank_counts_into_bytes_per_clock_beside_the_model():
     rows = (_smem_ncu_rows(0, "cublas", "nvjet_sm90_hsh_128x128_64x6_2x1_v_bz_TNT", 0, 85.0, 72.25, 48.45)
             + _smem_ncu_rows(1, "kpair", "void wgmma_kq_kernel<4, 256, 4, 0, 0, 0, 2, 0>(LkTmap)", 256, 50.0, 32.0,
                              32.0))
-    t = wx.smem_table(pd.DataFrame(rows)).set_index("case")
+    t = kpair.smem_table(pd.DataFrame(rows)).set_index("case")
     assert list(t.grid) == [128, 128] and t.loc[0, "duration_us"] == pytest.approx(25.536)
     assert list(t.cycles) == [1000.0, 1000.0]
     assert t.loc[0, "read_B_per_clk"] == pytest.approx(72.25) and t.loc[0, "read_per_tensor_clk"] == pytest.approx(85)
@@ -1547,9 +1547,9 @@ def test_smem_table_turns_bank_counts_into_bytes_per_clock_beside_the_model():
     assert t.loc[0, "launch"] == "128x128_64x6_2x1_v_bz_TNT" and t.loc[1, "launch"] == "KPAIR 64 x 256"
     assert t.loc[1, "kernel"] == "wgmma_kq_kernel<4, 256, 4, 0, 0, 0, 2, 0>"
     other = pd.DataFrame(_smem_ncu_rows(0, "lab", "k", 128, 50.0, 32.0, 16.0, sm=66))   # per SM of its own run
-    assert wx.smem_table(other).read_B_per_clk.iloc[0] == pytest.approx(32)
+    assert kpair.smem_table(other).read_B_per_clk.iloc[0] == pytest.approx(32)
     with pytest.raises(ValueError, match="no '# SMs'"):
-        wx.smem_table(pd.DataFrame([x for x in rows if x["metric"] != "# SMs"]))
+        kpair.smem_table(pd.DataFrame([x for x in rows if x["metric"] != "# SMs"]))
     fig, axs = plt.subplots(2, 1)
     plotting.smem_bars(axs, t.reset_index(), "t")
     assert len(axs[0].patches) == 4 and len(axs[1].patches) == 2
@@ -1563,9 +1563,9 @@ def test_smem_table_turns_bank_counts_into_bytes_per_clock_beside_the_model():
 def test_halfb_builds_puts_the_ablation_beside_the_kpair_build():
     import pandas as pd
 
-    rows = _kpair_rows(12.5) + [{**r, "variant": wx.KPAIR_VARIANT + "_halfb", "median_us": r["median_us"] * 0.8}
-                                for r in _kpair_rows(12.5) if r["variant"] == wx.KPAIR_VARIANT]
-    t = wx.halfb_builds(pd.DataFrame(rows))
+    rows = _kpair_rows(12.5) + [{**r, "variant": kpair.KPAIR_VARIANT + "_halfb", "median_us": r["median_us"] * 0.8}
+                                for r in _kpair_rows(12.5) if r["variant"] == kpair.KPAIR_VARIANT]
+    t = kpair.halfb_builds(pd.DataFrame(rows))
     assert list(dict.fromkeys(t.build)) == ["KPAIR", "KPAIR, half B (ablation)"] and len(t) == 2 * 8
     h = t[t.build != "KPAIR"]
     assert np.allclose(h.halfb_over_kpair, 1 / 0.8) and np.allclose(h.kpair_vs_cublas, 10 / 10)
@@ -1585,17 +1585,17 @@ def test_decouple_table_and_ablation_builds_put_each_ablation_beside_the_kpair_b
     from labkernels import plotting
 
     f = {"_halfb": 0.95, "_decoupled": 0.8, "_noconv": 0.9, "_decoupled_noconv": 0.64}
-    assert set(wx.DECOUPLE_ABLATIONS) == set(f)
+    assert set(kpair.DECOUPLE_ABLATIONS) == set(f)
     base = _kpair_rows(12.5)
-    rows = base + [{**r, "variant": wx.KPAIR_VARIANT + sfx, "median_us": r["median_us"] * k}
-                   for sfx, k in f.items() for r in base if r["variant"] == wx.KPAIR_VARIANT]
-    t = wx.decouple_table(pd.DataFrame(rows))
+    rows = base + [{**r, "variant": kpair.KPAIR_VARIANT + sfx, "median_us": r["median_us"] * k}
+                   for sfx, k in f.items() for r in base if r["variant"] == kpair.KPAIR_VARIANT]
+    t = kpair.decouple_table(pd.DataFrame(rows))
     assert len(t) == 8 and np.allclose(t.kpair_vs_cublas, 0.8) and np.allclose(t.decoupled_vs_cublas, 1.0)   # cuBLAS 10
     assert np.allclose(t.conversion, 1 / 0.9) and np.allclose(t.coupling, 0.95 / 0.8)
     assert np.allclose(t.conversion_decoupled, 0.8 / 0.64)
-    assert wx.decouple_table(pd.DataFrame([r for r in rows if r["variant"] != wx.KPAIR_VARIANT])).empty
-    labels = {k: wx.KPAIR_BUILD_LABELS[k.lstrip("_")] for k in wx.DECOUPLE_ABLATIONS}
-    b = wx.kpair_ablation_builds(pd.DataFrame(rows), labels)
+    assert kpair.decouple_table(pd.DataFrame([r for r in rows if r["variant"] != kpair.KPAIR_VARIANT])).empty
+    labels = {k: kpair.KPAIR_BUILD_LABELS[k.lstrip("_")] for k in kpair.DECOUPLE_ABLATIONS}
+    b = kpair.kpair_ablation_builds(pd.DataFrame(rows), labels)
     assert list(dict.fromkeys(b.build)) == ["KPAIR", *labels.values()] and len(b) == 5 * 8
     for sfx, k in f.items():
         g = b[b.build == labels[sfx]]
@@ -1619,20 +1619,20 @@ def test_kpair_trace_phases_reads_the_kpair_bodys_stamps():
     super-block of warpgroup 1 (ceil(id / 512)), the SM clock; a trace without the exit stamp is refused."""
     from labkernels import wgmma
 
-    ev = wx.KPAIR_TRACE
+    ev = traces.KPAIR_TRACE
     stamps = {"entry": (0.0, 0), "setup": (0.5, 850), "first_tile": (2.5, 4250), "mma_end": (20.5, 34850),
               "done": (22.5, 38250), "exit": (22.75, 38675)}
     rows = [{"cta": c, "smid": c, "event": ev[k], "t_us": us + c, "cta_us": us, "cycles": cy}
             for c in range(3) for k, (us, cy) in stamps.items()]
-    t = wx.kpair_trace_phases(rows, id_=4096)
+    t = traces.kpair_trace_phases(rows, id_=4096)
     assert len(t) == 3 and np.allclose(t.setup_us, 0.5) and np.allclose(t.fill_us, 2.0)
     assert np.allclose(t.main_us, 20.0) and np.allclose(t.finish_us, 2.0) and np.allclose(t.exit_us, 0.25)
     assert list(t.end_us) == [22.75, 23.75, 24.75]
     assert np.allclose(t.cycles_per_iter, (34850 - 850) / 8) and np.allclose(t.mhz, 1700)
-    assert np.allclose(wx.kpair_trace_phases(rows, id_=4352).cycles_per_iter, (34850 - 850) / 9)   # 17 sb: 9
+    assert np.allclose(traces.kpair_trace_phases(rows, id_=4352).cycles_per_iter, (34850 - 850) / 9)   # 17 sb: 9
     assert np.allclose(t.loop_cycles_per_iter, (34850 - 4250) / 8)
     with pytest.raises(wgmma.WgmmaError, match="without every stamp"):
-        wx.kpair_trace_phases([r for r in rows if r["event"] != ev["exit"]], id_=4096)
+        traces.kpair_trace_phases([r for r in rows if r["event"] != ev["exit"]], id_=4096)
     # kpair_trace_table: both builds on the same phases, from a run's tables (BN=128: the plain body's stamps)
     import pandas as pd
 
@@ -1652,7 +1652,7 @@ def test_kpair_trace_phases_reads_the_kpair_bodys_stamps():
         def table(self, n):
             return self.tabs[n]
 
-    tt = wx.kpair_trace_table(Run()).set_index("build")
+    tt = traces.kpair_trace_table(Run()).set_index("build")
     assert list(tt.L2) == ["cold", "cold"] and list(tt.od) == [11008, 11008]
     k, b = tt.loc["KPAIR 64 x 256"], tt.loc["BN=128 data-parallel"]
     assert k.to_first_tile_us == pytest.approx(2.5) and k.loop_us == pytest.approx(18.0) and k.pipe_cycles == 4096
@@ -1684,7 +1684,7 @@ def test_early_table_reads_each_builds_traced_launches():
 
     from labkernels import wgmma
 
-    ev = wx.KPAIR_TRACE
+    ev = traces.KPAIR_TRACE
 
     def launch(fill, rep_shift):
         st = {"entry": 0.0, "setup": 0.8, "first_tile": 0.8 + fill, "mma_end": 24.0, "done": 25.6, "exit": 26.0}
@@ -1705,21 +1705,21 @@ def test_early_table_reads_each_builds_traced_launches():
         def table(self, n):
             return self.tabs[n]
 
-    t = wx.early_table(Run({"kpair_trace_flushed": pd.DataFrame(rows)})).set_index("variant")
+    t = traces.early_table(Run({"kpair_trace_flushed": pd.DataFrame(rows)})).set_index("variant")
     assert list(t.launches) == [3, 3]
     f, e = t.loc["fin"], t.loc["early"]
     assert f.setup_us == pytest.approx(0.8) and f.fill_us == pytest.approx(2.0) and f.to_first_tile_us == pytest.approx(2.8)
     assert f.loop_us == pytest.approx(24.0 - 2.8) and f.finish_us == pytest.approx(1.6) and f.exit_us == pytest.approx(0.4)
     assert f.end_us_max == pytest.approx(26.0 + 0.3 + 1)   # the median launch's last CTA (rep 1: shifted by 1 us)
     assert e.fill_us == pytest.approx(1.1) and e.loop_us == pytest.approx(24.0 - 1.9)
-    assert wx.early_table(Run({})).empty
+    assert traces.early_table(Run({})).empty
     with pytest.raises(wgmma.WgmmaError, match="a form of the KPAIR build"):
-        wx.trace_launch(None, None, kpair=True, defines=("LK_ABLATE_NOCONV",))
+        traces.trace_launch(None, None, kpair=True, defines=("LK_ABLATE_NOCONV",))
     with pytest.raises(wgmma.WgmmaError, match="only for a KPAIR trace"):
-        wx.trace_launch(None, None, defines=wb.KPAIR_FIN)
+        traces.trace_launch(None, None, defines=wb.KPAIR_FIN)
 
 
-KPAIR_FORMS = [  # a form of the KPAIR build: (its defines' name in builds / experiments, its guard in the source, defines refused, why)
+KPAIR_FORMS = [  # a form of the KPAIR build: (its defines' name in builds / kpair, its guard in the source, defines refused, why)
     ("HALFB", "#if defined(LK_ABLATE_HALFB) && !defined(LK_EXP_KPAIR)", ("LK_ABLATE_HALFB",),
      "LK_ABLATE_HALFB is an ablation of the LK_EXP_KPAIR build"),
     ("DECOUPLED", "#if defined(LK_ABLATE_DECOUPLE) && !defined(LK_ABLATE_HALFB)", ("LK_ABLATE_DECOUPLE", "LK_EXP_KPAIR"),
@@ -1744,7 +1744,7 @@ def test_kpair_forms_compile_without_spills_and_only_beside_their_base(name, gua
         assert guard in wb.EXPERIMENTS["wgmma_kq.cu"].read_text()
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not on PATH")
-    _, names = wb.cubin("wgmma_kq.cu", wb.check_defines(getattr(wb, name, None) or getattr(wx, name)))
+    _, names = wb.cubin("wgmma_kq.cu", wb.check_defines(getattr(wb, name, None) or getattr(kpair, name)))
     for qt in (4, 6):
         k = registry.find("wgmma_kq", QT=qt, **{n: v for n, v in wb.KPAIR_PARAMS.items() if n != "SK"})
         e = names[k.key]
@@ -1761,7 +1761,7 @@ def test_forms_over_puts_each_form_beside_the_base_per_point():
     key = {"qtype": "q4_K", "od": 4096, "id": 4096}
     rows = [{**key, "nt": nt, "cublas_us": 30.0 * f, "build": b, "kpair_us": us * f, "kpair_vs_cublas": 30.0 / us}
             for nt, f in ((512, 1), (4096, 8)) for b, us in (("F", 33.0), ("E", 36.0), ("O", 32.0), ("KPAIR", 34.0))]
-    t = wx.forms_over(pd.DataFrame(rows), "F", {"F": "fin", "E": "early", "O": "overlap", "X": "absent"})
+    t = kpair.forms_over(pd.DataFrame(rows), "F", {"F": "fin", "E": "early", "O": "overlap", "X": "absent"})
     assert list(t.nt) == [512, 4096] and list(t.cublas_us) == [30.0, 240.0]
     assert t.fin_vs_cublas.tolist() == pytest.approx([30 / 33] * 2)
     assert t.early_over_fin.tolist() == pytest.approx([33 / 36] * 2) and t.overlap_over_fin.tolist() == pytest.approx([33 / 32] * 2)
@@ -1796,31 +1796,31 @@ def test_kpair_ab_times_an_ablation_beside_the_build_and_never_gates_it(monkeypa
     from labkernels import records
 
     seen = _kpair_shim(monkeypatch)
-    real = wx.gemm
+    real = wb.gemm
 
     def gemm(w, x, out=None, defines=(), **p):
         y = real(w, x, out=out, defines=defines, **p)
-        if tuple(defines) == wx.HALFB:
+        if tuple(defines) == kpair.HALFB:
             y.fill(np.nan)
         return y
 
-    monkeypatch.setattr(wx, "gemm", gemm)
+    monkeypatch.setattr(wb, "gemm", gemm)
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
-        wx.kpair_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2},
-                    ablations={"_halfb": wx.HALFB})
+        kpair.kpair_ab(run, {"shapes": [[256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2},
+                    ablations={"_halfb": kpair.HALFB})
     r = records.load("wgmma", run.run_id, root=tmp_path)
     ab, gate = r.table("wgmma_kpair_ab"), r.table("wgmma_kpair_gate")
-    hv = wx.KPAIR_VARIANT + "_halfb"
+    hv = kpair.KPAIR_VARIANT + "_halfb"
     assert hv in set(ab.variant) and len(ab[ab.variant == hv]) == 2 and hv not in set(gate.variant)
-    assert gate.ok.all() and wx.KPAIR_VARIANT in set(gate.variant)
-    hb = [p for d, p in seen if d == wx.HALFB]
+    assert gate.ok.all() and kpair.KPAIR_VARIANT in set(gate.variant)
+    hb = [p for d, p in seen if d == kpair.HALFB]
     assert hb and all(p == wb.KPAIR_PARAMS for p in hb)
 
 
 def _ncu_step_shim(monkeypatch, fail=lambda case: False):
     """The ncu steps' outside world on the CPU: each ``ncu`` command recorded and answered with one made-up CSV row
     and its case line (rc=1 and no output where ``fail(case)``; any other command runs for real: the recording's git
-    provenance), and ``wx.kpair_ab`` recording what it was asked. Returns (commands, kpair_ab calls)."""
+    provenance), and ``kpair.kpair_ab`` recording what it was asked. Returns (commands, kpair_ab calls)."""
     import subprocess
     import types
 
@@ -1838,7 +1838,7 @@ def _ncu_step_shim(monkeypatch, fail=lambda case: False):
         return types.SimpleNamespace(returncode=0, stdout=out, stderr="")
 
     monkeypatch.setattr(subprocess, "run", run)
-    monkeypatch.setattr(wx, "kpair_ab", lambda run, plan=None, progress=print, builds=None, ablations=None:
+    monkeypatch.setattr(kpair, "kpair_ab", lambda run, plan=None, progress=print, builds=None, ablations=None:
                         ab.append((plan, ablations) if builds is None else (plan, ablations, builds)))
     return cmds, ab
 
@@ -1873,8 +1873,8 @@ def test_smem_step_profiles_each_case_in_its_own_process_and_records_what_ran(mo
     row = t[t.who == "cublas"].iloc[0]
     assert row.kernel_name == "k_cublas" and row.metric == "Duration" and row.value == "1,000" and row.od in (4096, 11008)
     assert {(c[0], c[2]) for c in r7.SMEM_CASES if c[0] == "cublas"} == {("cublas", n) for n in (512, 4096)}
-    assert len([c for c in r7.SMEM_CASES if c[0] == "cublas"]) == 2 * len(wx.SHAPES)
-    assert ab == [(wx.HALFB_AB, {"_halfb": wx.HALFB})]
+    assert len([c for c in r7.SMEM_CASES if c[0] == "cublas"]) == 2 * len(benchmark.SHAPES)
+    assert ab == [(kpair.HALFB_AB, {"_halfb": kpair.HALFB})]
 
 
 def test_decouple_step_profiles_the_kpair_builds_and_times_every_ablation(monkeypatch, tmp_path):
@@ -1889,12 +1889,12 @@ def test_decouple_step_profiles_the_kpair_builds_and_times_every_ablation(monkey
     monkeypatch.setattr(ncu, "query_metrics", lambda: ("sm__pipe_tensor", {"sm__pipe_tensor_cycles_active"}))
     cmds, ab = _ncu_step_shim(monkeypatch)
     res = r7.step_wgmma_decouple(tmp_path, types.SimpleNamespace(log=lambda m: None))
-    assert res["ok"] is True and len(cmds) == len(r7.DECOUPLE_CASES) == 1 + 2 * len(wx.KPAIR_BUILDS)
+    assert res["ok"] is True and len(cmds) == len(r7.DECOUPLE_CASES) == 1 + 2 * len(kpair.KPAIR_BUILDS)
     assert [("-k" in c) for c in cmds] == [c[-8] != "cublas" for c in cmds]
     t = records.load("wgmma", res["run"], root=tmp_path / "data").table("smem_ncu")
-    assert set(t.who) == {"cublas", *wx.KPAIR_BUILDS} and set(t.nt) == {512} and set(t.od) == {4096}
-    assert ab == [(wx.DECOUPLE_AB, wx.DECOUPLE_ABLATIONS)]
-    assert "wx.KPAIR_BUILDS[who]" in r7.SMEM_DRIVER
+    assert set(t.who) == {"cublas", *kpair.KPAIR_BUILDS} and set(t.nt) == {512} and set(t.od) == {4096}
+    assert ab == [(kpair.DECOUPLE_AB, kpair.DECOUPLE_ABLATIONS)]
+    assert "kpair.KPAIR_BUILDS[who]" in r7.SMEM_DRIVER
 
 
 def test_smemform_ab_gates_every_form_and_times_each_beside_its_no_conversion_build(monkeypatch, tmp_path):
@@ -1906,30 +1906,30 @@ def test_smemform_ab_gates_every_form_and_times_each_beside_its_no_conversion_bu
     from labkernels import records
 
     _timing_shim(monkeypatch)
-    seen, real = [], wx.gemm
+    seen, real = [], wb.gemm
 
     def gemm(w, x, out=None, defines=(), **p):
         seen.append((tuple(defines), p))
         y = real(w, x, out=out, **p)
-        if tuple(defines) == wx.NOCONV:
+        if tuple(defines) == kpair.NOCONV:
             y.fill(np.nan)
         return y
 
-    monkeypatch.setattr(wx, "gemm", gemm)
+    monkeypatch.setattr(wb, "gemm", gemm)
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
-        wx.smemform_ab(run, {"shapes": [[256, 512]], "nts": [40, 600], "pairs": 2})
+        kpair.smemform_ab(run, {"shapes": [[256, 512]], "nts": [40, 600], "pairs": 2})
     r = records.load("wgmma", run.run_id, root=tmp_path)
     ab, gate = r.table("wgmma_smemform_ab"), r.table("wgmma_smemform_gate")
     assert gate.ok.all() and len(gate[gate.nt == 40]) == 3 and len(gate[gate.nt == 600]) == 4
     assert not any(v.endswith("_noconv") for v in gate.variant)
     nc = {v for v in ab.variant if v.endswith("_noconv")}
     assert nc == {"wgmma_smem_bn128_s4_noconv", "wgmma_smem_bn128_s4_c2_noconv", "wgmma_bn128_s4_scl0_noconv"}
-    assert {p.get("FORM") for d, p in seen if d == wx.NOCONV} == {1, 2, None}
+    assert {p.get("FORM") for d, p in seen if d == kpair.NOCONV} == {1, 2, None}
     rows = [{"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 512, "variant": v, "pair": p, "median_us": t}
             for v, t in (("cublas_f16_cached", 10.0), ("wgmma_smem_bn128_s4", 20.0),
                          ("wgmma_smem_bn128_s4_noconv", 16.0), ("wgmma_bn128_s4_scl0", 12.0),
                          ("wgmma_bn128_s4_scl0_noconv", 9.5)) for p in range(3)]
-    t = wx.smemform_table(pd.DataFrame(rows)).set_index("launch")
+    t = kpair.smemform_table(pd.DataFrame(rows)).set_index("launch")
     assert t.loc["smem_bn128_s4", "vs_cublas"] == 0.5 and t.loc["smem_bn128_s4", "noconv_vs_cublas"] == 10 / 16
     assert t.loc["smem_bn128_s4", "conv_cost"] == 20 / 16 and t.loc["bn128_s4_scl0", "conv_cost"] == 12 / 9.5
 

@@ -1,5 +1,7 @@
 """One module per round, each beside its notebook of the same number (``notebooks/NN_name.py``), and the table
-of rounds.
+of rounds. A round with code only it uses is a package ``rNN_name/`` whose ``__init__.py`` is that module and whose
+other files hold that code (round 5's decomposition, round 6's forensics, round 7's experiments, round 8's reading of
+its sweeps); what two rounds or more use stays in ``labkernels/``.
 
 A round module declares ``NOTEBOOK`` (its notebook's name), ``DATA`` (the ``data/<folder>/`` names of its recorded
 runs, the first the one its page replays), ``PLAN`` (its one default plan), ``measure(run, progress, **plan)`` (GPU: record
@@ -220,6 +222,20 @@ def step_args() -> list:
             for flags, kw in s.args:
                 out.append((mod.NOTEBOOK, s.label, tuple(flags), dict(kw)))
     return out
+
+
+def list_steps(round_name) -> str:
+    """``gpu-check --round N --list``: the round's steps, one line each (number, name, old names, builds; a retired
+    one with the commit and command that reproduce it)."""
+    mod = module(round_name)
+    lines = [f"round {mod.NOTEBOOK}: gpu-check --round {int(mod.NOTEBOOK[:2])} --step N|NAME"]
+    for s in round_steps(mod):
+        alias = f" (--steps {', '.join(s.aliases)})" if s.aliases else ""
+        builds = "; builds " + ", ".join(f"{k}={'+'.join(v) or 'plain'}" for k, v in s.builds.items()) if s.builds else ""
+        lines.append(f"  {s.label}{alias}: {s.title}{builds}")
+        if s.retired is not None:
+            lines.append(f"      retired ({s.retired.why}): at commit {s.retired.commit}: {s.retired.command}")
+    return "\n".join(lines)
 
 
 @dataclass

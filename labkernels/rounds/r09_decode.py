@@ -455,7 +455,7 @@ def measure_generate(run, models=GEN_PLAN["models"], prompts=GEN_PLAN["prompts"]
 
     from ..arch import config_from_model
     from ..prefill import GpuModel
-    from ..prefill_cli import prompt_tokens
+    from ..prefill_runs import prompt_tokens
     from ..synthetic import load_model
 
     cb = copy_bandwidth()

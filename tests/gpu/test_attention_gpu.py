@@ -179,7 +179,7 @@ def test_gemma_prefill_vs_reference_per_attention_path(model, path):
     """Gemma 3 270M logits vs the float64 CPU reference, unchanged by the attention path: the fixed prompt, and 700
     tokens (the sliding layers' 512-token window in effect)."""
     from labkernels.prefill import GpuModel, PrefillOptions
-    from labkernels.prefill_cli import GEMMA_PROMPT, prompt_tokens
+    from labkernels.prefill_runs import GEMMA_PROMPT, prompt_tokens
     from labkernels.prefill_ref import forward_ref
 
     if path == "cudnn":
@@ -196,7 +196,7 @@ def test_gemma_fused_logits_match_baseline(model):
     import cupy
 
     from labkernels.prefill import GpuModel, PrefillOptions
-    from labkernels.prefill_cli import prompt_tokens
+    from labkernels.prefill_runs import prompt_tokens
 
     _cudnn()
     toks = prompt_tokens(model, 700, seed=4)

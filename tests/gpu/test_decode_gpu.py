@@ -320,7 +320,7 @@ def test_cache_that_cannot_be_allocated_says_its_bytes(cp):
 @pytest.mark.model
 def test_gemma_decode_logits_equal_the_prefill(cp, model):
     from labkernels.arch import config_from_model
-    from labkernels.prefill_cli import GEMMA_PROMPT
+    from labkernels.prefill_runs import GEMMA_PROMPT
 
     seq = GEMMA_PROMPT + [3694, 496, 1698, 529, 506, 8911, 236761, 108, 818, 5279, 529, 7001]
     for cfg in (None, config_from_model(model).replace(sliding_window=5)):    # the real window (512), and one < seq
@@ -330,7 +330,7 @@ def test_gemma_decode_logits_equal_the_prefill(cp, model):
 
 @pytest.mark.model
 def test_gemma_generate_equals_greedy_over_64_tokens(cp, model):
-    from labkernels.prefill_cli import GEMMA_PROMPT
+    from labkernels.prefill_runs import GEMMA_PROMPT
 
     gm = _matched(model)
     out = gm.generate(GEMMA_PROMPT, 64)

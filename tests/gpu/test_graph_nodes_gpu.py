@@ -84,7 +84,7 @@ def test_gemm_dense_lt_has_no_memset_at_gemmas_qkv_and_matches_gemm_ex():
     GEMM at nt=512 (split-K, round 5's decomposition 20261201T132809Z); gemm_dense's cuBLASLt path has none at
     nt 64 / 512 / 3325, is within the dense parity gate of float64 and, where both paths ran the same kernel
     without a memset, bitwise equal to cublasGemmEx."""
-    from labkernels import graph_census
+    from labkernels.rounds.r05_wall import graph_census
 
     pts = [("attn_qkv", nt, "f32") for nt in (64, 512, 3325)]
     rows = graph_census.dense_census(pts, reps=2, launches=1, progress=lambda *a: None)
@@ -106,12 +106,12 @@ def test_prefill_graph_lt_dense_gemms_drop_memsets(model_path):
     within gemm_dense's parity gate with the same top token."""
     import cupy as cp
 
-    from labkernels import gpu, prefill_cli
+    from labkernels import gpu, prefill_runs, synthetic
     from labkernels.prefill import GpuModel, PrefillOptions
     from labkernels.trace import CuptiTracer
 
-    m = prefill_cli.load_model(str(model_path))
-    toks = prefill_cli.prompt_tokens(m, 512)
+    m = synthetic.load_model(str(model_path))
+    toks = prefill_runs.prompt_tokens(m, 512)
     memsets, logits = {}, {}
     old = gpu.DENSE_PATH
     try:
@@ -138,7 +138,8 @@ def test_sdpa_census_replays_the_plans_and_no_memset_keeps_parity():
     replay bitwise equal to their eager calls; no_memset either runs a plan without a memset node within the
     attention parity tolerance of the heuristic plan, or keeps the heuristic plan (bitwise the same output) and says
     why no candidate fits; every candidate plan that runs agrees within that tolerance."""
-    from labkernels import attention, graph_census
+    from labkernels import attention
+    from labkernels.rounds.r05_wall import graph_census
 
     st = attention.status()["cudnn"]
     if isinstance(st, str):

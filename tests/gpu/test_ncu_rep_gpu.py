@@ -21,7 +21,7 @@ def ncu():
 
 
 def test_profiled_case_report_reads_back_with_hotspots(tmp_path, ncu):
-    from labkernels import forensics, ncu_rep
+    from labkernels.rounds.r06_forensics import forensics, ncu_rep
 
     ncu_rep.import_ncu_report(ncu)          # the wheel or the install's extras/python: a failure here is the finding
     chosen = {"duration": "gpu__time_duration.sum", "warp_inst": "smsp__inst_executed.sum"}

@@ -94,7 +94,7 @@ def test_embed(cp, rng):
 def test_gemma_prefill_vs_reference(model):
     """Last-position logits of the whole GPU prefill vs the float64 CPU reference."""
     from labkernels.prefill import GpuModel
-    from labkernels.prefill_cli import GEMMA_PROMPT
+    from labkernels.prefill_runs import GEMMA_PROMPT
     from labkernels.prefill_ref import forward_ref
     import cupy
 
@@ -112,7 +112,7 @@ def test_gemma_prefill_other_f16_vs_reference(model, fuse_f16):
     float64-reference gate as the default path, fp16 attention; with the norms' fp16 output (fuse_f16) bitwise the
     separate cast (the same round-to-nearest of the same f32 values)."""
     from labkernels.prefill import GpuModel, PrefillOptions
-    from labkernels.prefill_cli import GEMMA_PROMPT
+    from labkernels.prefill_runs import GEMMA_PROMPT
     from labkernels.prefill_ref import forward_ref
     import cupy
 

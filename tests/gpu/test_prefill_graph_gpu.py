@@ -217,7 +217,7 @@ def test_each_fusion_at_the_layer_level(tiny, fusion, attn_f16):
 
 def test_gemma_fused_vs_unfused(model):
     from labkernels.prefill import GpuModel, PrefillOptions
-    from labkernels.prefill_cli import prompt_tokens
+    from labkernels.prefill_runs import prompt_tokens
 
     toks = prompt_tokens(model, 200, seed=3)
     f = GpuModel(model, opts=PrefillOptions(graph=False, attn_f16=True))
@@ -235,7 +235,7 @@ GEMMA_FUSED_RTOL = 2e-3   # ~4 fp16 ulps of relative resolution
 
 def _graph_vs_eager(m, kernel="auto", attn_f16=True, nts=(5, 64, 200)):
     from labkernels.prefill import GRAPH_RTOL, GpuModel, PrefillOptions
-    from labkernels.prefill_cli import prompt_tokens
+    from labkernels.prefill_runs import prompt_tokens
 
     gm = GpuModel(m, opts=PrefillOptions(graph=True, kernel=kernel, attn_f16=attn_f16))
     for nt in nts:
@@ -269,7 +269,7 @@ def cupy_all(gm, toks):
 @pytest.mark.gpu_fast
 def test_graph_vs_eager_tiny(tiny):
     from labkernels.prefill import timed_prefill
-    from labkernels.prefill_cli import prompt_tokens
+    from labkernels.prefill_runs import prompt_tokens
 
     gm = _graph_vs_eager(tiny)
     t = timed_prefill(gm, prompt_tokens(tiny, 64, seed=1), repeats=2)
@@ -305,7 +305,7 @@ def _pdl_ab(m, kernel="auto", nts=(9, 300), replays=8):
     import dataclasses
 
     from labkernels.prefill import GRAPH_RTOL, GpuModel, PrefillOptions
-    from labkernels.prefill_cli import prompt_tokens
+    from labkernels.prefill_runs import prompt_tokens
 
     base = PrefillOptions(graph=True, kernel=kernel, attn_f16=True, pdl=True, memsets_as_kernels=True,
                           ids_from_host=True)

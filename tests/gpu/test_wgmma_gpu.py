@@ -6,7 +6,7 @@ import pytest
 
 from labkernels.kernels import registry
 from labkernels.rounds.r07_wgmma import builds as wb
-from labkernels.rounds.r07_wgmma import experiments as wx
+from labkernels.rounds.r07_wgmma import traces
 
 pytestmark = pytest.mark.gpu
 
@@ -574,8 +574,8 @@ def test_wgmma_real_model_tensors(cp, rng):
 
 @pytest.mark.parametrize("bn,sk,epi", [(128, 0, 0), (256, 1, 0), (256, 3, 0), (256, 1, 4)])
 def test_wgmma_trace_build_stamps_every_cta_in_order(cp, rng, bn, sk, epi):
-    """The exploratory -DLK_EXP_TRACE build (experiments.trace_launch): every CTA stamps its entry, setup,
-    its first segment's start, the first tile's arrival and the segment's ends, in that order (wx.TRACE_ORDER) in
+    """The exploratory -DLK_EXP_TRACE build (traces.trace_launch): every CTA stamps its entry, setup,
+    its first segment's start, the first tile's arrival and the segment's ends, in that order (traces.TRACE_ORDER) in
     time and in cycles; exactly the CTAs whose stream-K range crosses a tile boundary in the host model
     (wgmma.segments) stamp a second segment (id 4352: 17 super-blocks a tile, so ranges of 2-3 cross them; at 4096
     ranges of 2 never do)."""
@@ -587,7 +587,7 @@ def test_wgmma_trace_build_stamps_every_cta_in_order(cp, rng, bn, sk, epi):
     raw = _weights(rng, "q4_K", od, id_)
     w = wgmma.WgWeight.from_gguf(raw, "q4_K")
     x16 = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float16))
-    rows, us = wx.trace_launch(w, x16, BN=bn, SK=sk, EPI=epi, timed=3)
+    rows, us = traces.trace_launch(w, x16, BN=bn, SK=sk, EPI=epi, timed=3)
     df = pd.DataFrame(rows)
     sms = wgmma._sm_count(cp.cuda.Device().id)
     ncta, dp = wgmma.schedule(sk, nt, od, id_, bn, sms)
@@ -597,13 +597,13 @@ def test_wgmma_trace_build_stamps_every_cta_in_order(cp, rng, bn, sk, epi):
     for ev in ("entry", "setup", "first_tile", "seg0_start", "seg0_mma_end", "seg0_done"):
         assert (df.event == ev).sum() == ncta, ev
     for _, g in df.groupby("cta"):
-        g = g.set_index("event").reindex([e for e in wx.TRACE_ORDER if e in set(g.event)])
+        g = g.set_index("event").reindex([e for e in traces.TRACE_ORDER if e in set(g.event)])
         assert g.cta_us.is_monotonic_increasing and g.cycles.is_monotonic_increasing, g
     tiles = ((od + 127) // 128) * ((nt + bn - 1) // bn)
     two = {c for c in range(ncta) if len(wgmma.segments(ncta, c, id_ // 256, tiles, dp, G)) > 1}
     assert set(df.cta[df.event == "seg1_start"]) == two
     assert bool(two) == (sk == 1)       # stream-K here has CTAs with two segments; data-parallel and the split none
-    ph = wx.trace_phases([{"variant": wgmma.variant_name(bn, 4, 0, sk, EPI=epi), **r} for r in rows], od, id_, nt, sms)
+    ph = traces.trace_phases([{"variant": wgmma.variant_name(bn, 4, 0, sk, EPI=epi), **r} for r in rows], od, id_, nt, sms)
     assert len(ph) == sum(len(wgmma.segments(ncta, c, id_ // 256, tiles, dp, G)) for c in range(ncta))
     assert (ph.main_us > 0).all() and (ph.finish_us > 0).all()
     if sk == 3:                         # every tile split G ways: one owner and G - 1 helpers per tile

@@ -105,7 +105,7 @@ def _tiny_model():
                                            ([True], "must be integers")])
 def test_forward_ref_and_prompt_tokens_take_integer_ids_inside_the_vocabulary(tokens, match):
     from labkernels.arch import TokenError
-    from labkernels.prefill_cli import prompt_tokens
+    from labkernels.prefill_runs import prompt_tokens
     from labkernels.prefill_ref import forward_ref
 
     m = _tiny_model()

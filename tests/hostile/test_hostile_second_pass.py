@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from hostile_util import REPO, assert_clean_error, finished_run, labkernels, tiny_gguf
-from labkernels import (arch, dispatch, gpu, layout, occupancy, pipeline, prefill_cli, prefill_ref, quants, records,
-                        reference, wgmma)
+from labkernels import (arch, dispatch, gpu, layout, occupancy, pipeline, prefill_ref, prefill_runs, quants,
+                        records, reference, wgmma)
 from labkernels.model import ModelError
 
 
@@ -277,7 +277,7 @@ def test_prompt_tokens_checks_seed_length_and_ids(kw, msg):
     cfg = tiny_config("llama", n_layer=1)
     m = SyntheticModel(cfg, q4_k_m_recipe(cfg), seed=1)
     with pytest.raises(arch.TokenError, match=msg):
-        prefill_cli.prompt_tokens(m, **kw)
+        prefill_runs.prompt_tokens(m, **kw)
 
 
 @pytest.mark.parametrize("call", [lambda: layout.expand_q6_elem(bytes(210), 256), lambda: layout.expand_q6_elem(bytes(210), -1),

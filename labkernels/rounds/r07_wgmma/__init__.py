@@ -2,8 +2,11 @@
 (``notebooks/07_wgmma_kquant``). The round's launcher is :mod:`labkernels.wgmma` (production kernels
 ``labkernels/kernels/wgmma_kq.cu``); what only the round uses is here: its steps as records (:mod:`.steps`: number,
 builds, plan, prediction, verdict, runs, commit; retired ones with the commit and command that reproduce them), their
-GPU runs (:mod:`.runs`), what they measure and how the page reads it (:mod:`.experiments`: the benchmark, A/Bs,
-traces, views), and its exploratory and ablation builds with their launcher (:mod:`.builds`; their source
+GPU runs (:mod:`.runs`), what they measure and how the page reads it -- one file a level: the benchmark of record
+and the recorded round (:mod:`.benchmark`), the build-option A/Bs (:mod:`.options`), the A/Bs against ablation builds
+that find the loop's ceiling, the launch floor, the clock and the k scan (:mod:`.limits`), the KPAIR family and the
+shared-memory form (:mod:`.kpair`), the per-CTA traces (:mod:`.traces`), the page's tables and views
+(:mod:`.tables`) --, the steps' ledger its steps page opens with (:mod:`.ledger`), and its exploratory and ablation builds with their launcher (:mod:`.builds`; their source
 ``kernels/wgmma_kq_experiments.cu``). Its runs are
 ``wgmma`` runs: the benchmark (table ``wgmma_bench``, the one the page replays and ``qmatmul(kernel="auto")`` reads),
 the cost scan, compute-sanitizer and Nsight Compute runs (one each, told apart by their tables); the prefill A/B
@@ -11,8 +14,7 @@ the cost scan, compute-sanitizer and Nsight Compute runs (one each, told apart b
 
 from __future__ import annotations
 
-from . import experiments as wx
-from . import steps
+from . import benchmark, steps
 
 NOTEBOOK = "07_wgmma_kquant"
 DATA = ("wgmma",)
@@ -20,13 +22,13 @@ DATA = ("wgmma",)
 REPLAY_WHERE = {"wgmma": lambda run, plan: run.has("wgmma_bench")}
 
 
-#: the round's one plan: the benchmark's own (:data:`.experiments.PLAN`, which ``experiments.record`` completes with)
-PLAN = wx.PLAN
+#: the round's one plan: the benchmark's own (:data:`.benchmark.PLAN`, which ``benchmark.record`` completes with)
+PLAN = benchmark.PLAN
 
 
 def measure(run, progress=print, **plan) -> None:
     """The round into ``run`` (a new ``wgmma`` run): kernel resources, real-model gates, the benchmark."""
-    wx.record(run, plan, progress=progress)
+    benchmark.record(run, plan, progress=progress)
 
 
 #: its steps as records (:data:`.steps.RECORDS`: ``gpu-check --round 7 --step N|NAME``), retired ones with the commit

@@ -14,7 +14,7 @@ from ...paths import REPO_ROOT
 from .. import measure_into
 from .. import module as round_module
 from . import builds as wb
-from . import experiments as wx
+from . import benchmark, kpair, limits, options, traces
 
 #: the series of the round's runs (data/07_wgmma_kquant/)
 SERIES = "wgmma"
@@ -97,9 +97,9 @@ def step_wgmma(out: Path, args) -> dict:
 
 
 def step_wgmma_costs(out: Path, args) -> dict:
-    """Round 7: the per-launch vs main-loop cost scan at nt=512 (experiments.cost_scan), recorded."""
+    """Round 7: the per-launch vs main-loop cost scan at nt=512 (benchmark.cost_scan), recorded."""
     with records.recording(SERIES, {"what": "cost_scan"}, root=out / "data") as run:
-        wx.cost_scan(run, progress=args.log)
+        benchmark.cost_scan(run, progress=args.log)
     return {"ok": True, "run": run.run_id}
 
 
@@ -112,54 +112,54 @@ def _record_ab(out: Path, args, what: str, plan: dict, ab) -> dict:
 
 def step_wgmma_epi(out: Path, args) -> dict:
     """Round 7: the epilogue forms (bulk fold, TMA store) and the tile-aligned split-k grid against the plain
-    launches and cuBLAS at nt 256-1024 (experiments.epi_ab), real-model gated, recorded."""
-    return _record_ab(out, args, "epi_ab", wx.EPI_AB, wx.epi_ab)
+    launches and cuBLAS at nt 256-1024 (options.epi_ab), real-model gated, recorded."""
+    return _record_ab(out, args, "epi_ab", options.EPI_AB, options.epi_ab)
 
 
 def step_wgmma_aq(out: Path, args) -> dict:
     """Round 7: four A-fragment sets (AQ=4, the next chunk converted before the wait) against two, at BN=128 under
-    three schedulers, beside BN=256 and cuBLAS at nt 256-1024 (experiments.aq_ab), real-model gated, recorded."""
-    return _record_ab(out, args, "aq_ab", wx.AQ_AB, wx.aq_ab)
+    three schedulers, beside BN=256 and cuBLAS at nt 256-1024 (options.aq_ab), real-model gated, recorded."""
+    return _record_ab(out, args, "aq_ab", options.AQ_AB, options.aq_ab)
 
 
 def step_wgmma_pf(out: Path, args) -> dict:
     """Round 7: an L2 prefetch of the weights 1 or 2 super-blocks ahead (PF) against none, at nt 512 and 4096 on the
-    launches of record, beside cuBLAS (experiments.pf_ab), real-model gated, recorded."""
-    return _record_ab(out, args, "pf_ab", wx.PF_AB, wx.pf_ab)
+    launches of record, beside cuBLAS (options.pf_ab), real-model gated, recorded."""
+    return _record_ab(out, args, "pf_ab", options.PF_AB, options.pf_ab)
 
 
 def step_wgmma_pair(out: Path, args) -> dict:
     """Round 7: the pair exchange (EPI=3: a tile's two split-k CTAs in one cluster, partial sums through distributed
     shared memory) against the plain epilogue on the same grid, stream-K and cuBLAS at nt 256-1024
-    (experiments.pair_ab), real-model gated, recorded."""
-    return _record_ab(out, args, "pair_ab", wx.PAIR_AB, wx.pair_ab)
+    (options.pair_ab), real-model gated, recorded."""
+    return _record_ab(out, args, "pair_ab", options.PAIR_AB, options.pair_ab)
 
 
 def step_wgmma_staged(out: Path, args) -> dict:
     """Round 7: the staged TMA store (EPI=4: every tile through a staging buffer of its own, TMA stores the next
-    tile does not wait for) against the plain epilogue on the same grids at nt 512-4096 (experiments.staged_ab),
+    tile does not wait for) against the plain epilogue on the same grids at nt 512-4096 (options.staged_ab),
     real-model gated, recorded."""
-    return _record_ab(out, args, "staged_ab", wx.STAGED_AB, wx.staged_ab)
+    return _record_ab(out, args, "staged_ab", options.STAGED_AB, options.staged_ab)
 
 
 def step_wgmma_reduce(out: Path, args) -> dict:
     """Round 7: the reduce finish (EPI=5: a split tile's two CTAs TMA-add their partial sums into Y, zeroed early by
     the owner) against the plain and staged epilogues on the same grids at nt 512 and 4096
-    (experiments.reduce_ab), real-model gated, recorded."""
-    return _record_ab(out, args, "reduce_ab", wx.REDUCE_AB, wx.reduce_ab)
+    (options.reduce_ab), real-model gated, recorded."""
+    return _record_ab(out, args, "reduce_ab", options.REDUCE_AB, options.reduce_ab)
 
 
 def step_wgmma_lead(out: Path, args) -> dict:
     """Round 7: the timing method -- every call of the launches of record and of cuBLAS timed right after the flush
     (as the benchmark does) and behind a GPU wait that hides the host path, call by call, with each call's host time
-    (experiments.lead_ab), recorded."""
-    return _record_ab(out, args, "lead_ab", wx.LEAD_AB, wx.lead_ab)
+    (options.lead_ab), recorded."""
+    return _record_ab(out, args, "lead_ab", options.LEAD_AB, options.lead_ab)
 
 
 def step_wgmma_conv2(out: Path, args) -> dict:
     """Round 7: the shared-memory form with two converter warpgroups (FORM=2, 512 threads) against one, and the
-    register form, at nt 512 and 4096 (experiments.conv2_ab), real-model gated, recorded."""
-    return _record_ab(out, args, "conv2_ab", wx.CONV2_AB, wx.conv2_ab)
+    register form, at nt 512 and 4096 (options.conv2_ab), real-model gated, recorded."""
+    return _record_ab(out, args, "conv2_ab", options.CONV2_AB, options.conv2_ab)
 
 
 #: the traced launches of ``gpu-check --steps wgmma_trace``: per shape and type, the nt=512 launches of record that
@@ -176,7 +176,7 @@ TRACE_PLAN = {(4096, 4096): {"q4_K": ("wgmma_bn128_s4_scl0", "wgmma_bn256_s4_scl
 def step_wgmma_trace(out: Path, args) -> dict:
     """Round 7, exploratory: per-CTA phase stamps (a -DLK_EXP_TRACE build) of the nt=512 launches of
     :data:`TRACE_PLAN` -- where a launch's time goes before, between and after the main loops
-    (experiments.trace_launch), recorded with the per-event summary: after warm-up launches (table ``trace``)
+    (traces.trace_launch), recorded with the per-event summary: after warm-up launches (table ``trace``)
     and once more right after an L2 flush, as the benchmark times a launch (``trace_flushed``)."""
     rng = np.random.default_rng(11)
     flusher = bench.Flusher()
@@ -193,17 +193,17 @@ def step_wgmma_trace(out: Path, args) -> dict:
                     _, p = wgmma.variant_params(name, qtype)
                     # no event timing of the trace build: one gemm() call a launch is host-bound at ~95-140 us
                     # (run 20261202T190840Z's trace_timed against stamp spans of 28-108 us) -- bench times launches
-                    rows = wx.trace_launch(w, x16, BN=p["BN"], STAGES=p["STAGES"], SCL=p["SCL"], SK=p["SK"],
+                    rows = traces.trace_launch(w, x16, BN=p["BN"], STAGES=p["STAGES"], SCL=p["SCL"], SK=p["SK"],
                                            EPI=p.get("EPI", 0))
                     key = {"qtype": qtype, "od": od, "id": id_, "nt": nt, "variant": name}
                     run.append("trace", [{**key, **r} for r in rows])
-                    summ = wx.trace_summary(rows)
+                    summ = traces.trace_summary(rows)
                     run.append("trace_summary", [{**key, **r} for r in summ.to_dict("records")])
                     # the same launch from a cold L2, as the benchmark times it (table trace_flushed)
-                    cold = wx.trace_launch(w, x16, BN=p["BN"], STAGES=p["STAGES"], SCL=p["SCL"], SK=p["SK"],
+                    cold = traces.trace_launch(w, x16, BN=p["BN"], STAGES=p["STAGES"], SCL=p["SCL"], SK=p["SK"],
                                            EPI=p.get("EPI", 0), flush=flusher)
                     run.append("trace_flushed", [{**key, **r} for r in cold])
-                    csum = wx.trace_summary(cold)
+                    csum = traces.trace_summary(cold)
                     args.log(f"trace {qtype} {od}x{id_} {name}: {summ.ctas.max()} CTAs, "
                              f"stamps span {summ.t_us_max.max():.1f} us warm / {csum.t_us_max.max():.1f} us from a "
                              f"flushed L2, first tile at {summ.cta_us_median.iloc[2]:.2f} / "
@@ -290,11 +290,11 @@ def step_wgmma_ncu(out: Path, args) -> dict:
 
 #: the twenty-second step's driver: one launch per process, profiled between cudaProfilerStart / Stop after warm-up
 #: calls (ncu --profile-from-start off): cuBLAS fp16 (the benchmark's baseline call, gpu.matmul_f16) or a lab launch
-#: (plain launch of record, the KPAIR build or one of its ablations, wx.KPAIR_BUILDS), printing its case line
+#: (plain launch of record, the KPAIR build or one of its ablations, kpair.KPAIR_BUILDS), printing its case line
 SMEM_DRIVER = r"""
 import sys, numpy as np, cupy as cp
 from labkernels import cases, wgmma, gpu
-from labkernels.rounds.r07_wgmma import builds as wb, experiments as wx
+from labkernels.rounds.r07_wgmma import builds as wb, kpair
 who, qtype, nt, od, id_, bn, sk, epi = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:9])
 rng = np.random.default_rng(5)
 x16 = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float16))
@@ -308,7 +308,7 @@ else:
     if who == "lab":
         prm = dict(BN=bn, SCL=wgmma.main_scl(qtype, bn), SK=sk, EPI=epi)
     else:
-        prm = dict(defines=wx.KPAIR_BUILDS[who], **wb.KPAIR_PARAMS)
+        prm = dict(defines=kpair.KPAIR_BUILDS[who], **wb.KPAIR_PARAMS)
     launch = lambda: wb.gemm(w, x16, out=y, **prm)
 for _ in range(3):
     launch()
@@ -324,7 +324,7 @@ print("case", who, qtype, nt, od, id_, bn, sk, epi, flush=True)
 """
 #: its cases: (who, qtype, nt, od, id, BN, SK, EPI) -- cuBLAS at the bar's shapes and both nts; the launches of record,
 #: the KPAIR build and its half-B ablation at 4096 x 4096
-SMEM_CASES = tuple([("cublas", "f16", nt, od, id_, 0, 0, 0) for nt in (512, 4096) for od, id_ in wx.SHAPES]
+SMEM_CASES = tuple([("cublas", "f16", nt, od, id_, 0, 0, 0) for nt in (512, 4096) for od, id_ in benchmark.SHAPES]
                    + [(who, q, nt, 4096, 4096, bn, sk, epi) for q in ("q4_K", "q6_K")
                       for who, nt, bn, sk, epi in (("lab", 512, 128, 0, 0), ("lab", 512, 256, 3, 5),
                                                    ("lab", 4096, 256, 0, 0), ("kpair", 512, 256, 0, 0),
@@ -393,20 +393,20 @@ def _ncu_cases(out: Path, args, cases, tag: str) -> tuple[list[dict], list[str],
 
 def _kpair_ab_run(out: Path, args, what: str, plan: dict, builds: dict | None = None,
                   ablations: dict | None = None) -> str:
-    """One recorded run of experiments.kpair_ab at ``plan``'s points: the KPAIR build and its ``builds`` (forms
+    """One recorded run of kpair.kpair_ab at ``plan``'s points: the KPAIR build and its ``builds`` (forms
     that compute Y: real-model gated and gated at every point) and ``ablations`` (timing only, never gated) beside the
     launches of record and cuBLAS; its params name both (a key only when given). Returns the run id."""
     params = {"what": what, "plan": plan, "defines": list(wb.KPAIR)}
     params |= {k: {s: list(d) for s, d in v.items()} for k, v in (("builds", builds), ("ablations", ablations)) if v}
-    params["real_nts"] = list(wx.KPAIR_REAL_NTS)
+    params["real_nts"] = list(kpair.KPAIR_REAL_NTS)
     with records.recording(SERIES, params, root=out / "data") as run:
-        wx.kpair_ab(run, plan=plan, progress=args.log, builds=builds, ablations=ablations)
+        kpair.kpair_ab(run, plan=plan, progress=args.log, builds=builds, ablations=ablations)
     return run.run_id
 
 
 def _ncu_then_kpair_ab(out: Path, args, tag: str, cases, ab_what: str, plan: dict, ablations: dict) -> dict:
     """An ncu-and-A/B step: :func:`_ncu_cases` of ``cases`` recorded as ``<tag>_ncu`` (table ``smem_ncu``), then the
-    KPAIR build beside its ``ablations`` at ``plan``'s points (experiments.kpair_ab; the build real-model gated,
+    KPAIR build beside its ``ablations`` at ``plan``'s points (kpair.kpair_ab; the build real-model gated,
     every non-ablation launch parity-gated) recorded as ``ab_what``."""
     table, metrics, ok = _ncu_cases(out, args, cases, tag)
     with records.recording(SERIES, {"what": f"{tag}_ncu", "sections": list(SMEM_SECTIONS), "metrics": metrics,
@@ -420,25 +420,25 @@ def step_wgmma_smem(out: Path, args) -> dict:
     """Round 7, twenty-second step: (1) Nsight Compute of cuBLAS fp16 (the baseline) at the bar's shapes and nt 512 /
     4096 beside the launches of record, the KPAIR build and its half-B ablation (LK_ABLATE_HALFB) at 4096 x 4096 --
     launch configuration, tensor pipe, shared memory's data banks -- one process per case; (2) the half-B ablation's
-    timing A/B beside the KPAIR build, the launches of record and cuBLAS (experiments.kpair_ab with
+    timing A/B beside the KPAIR build, the launches of record and cuBLAS (kpair.kpair_ab with
     ``ablations``; the KPAIR build real-model gated and every non-ablation launch parity-gated); both recorded."""
-    return _ncu_then_kpair_ab(out, args, "smem", SMEM_CASES, "halfb_ab", wx.HALFB_AB, {"_halfb": wx.HALFB})
+    return _ncu_then_kpair_ab(out, args, "smem", SMEM_CASES, "halfb_ab", kpair.HALFB_AB, {"_halfb": kpair.HALFB})
 
 
-#: the twenty-fourth step's ncu cases: cuBLAS and the KPAIR build with each of its ablations (wx.KPAIR_BUILDS) at
+#: the twenty-fourth step's ncu cases: cuBLAS and the KPAIR build with each of its ablations (kpair.KPAIR_BUILDS) at
 #: 4096 x 4096, nt=512 (the bar's point, one wave)
 DECOUPLE_CASES = tuple([("cublas", "f16", 512, 4096, 4096, 0, 0, 0)]
-                       + [(who, q, 512, 4096, 4096, 256, 0, 0) for q in ("q4_K", "q6_K") for who in wx.KPAIR_BUILDS])
+                       + [(who, q, 512, 4096, 4096, 256, 0, 0) for q in ("q4_K", "q6_K") for who in kpair.KPAIR_BUILDS])
 
 
 def step_wgmma_decouple(out: Path, args) -> dict:
     """Round 7, twenty-fourth step: what holds the KPAIR build's loop -- its pair's lock-step or its conversion.
     (1) Nsight Compute of :data:`DECOUPLE_CASES`, one process per case; (2) the timing A/B of the KPAIR build beside
-    its ablations (wx.DECOUPLE_ABLATIONS: half B, half B decoupled, no conversion, decoupled without conversion),
-    the launches of record and cuBLAS (experiments.kpair_ab; the KPAIR build real-model gated, every
+    its ablations (kpair.DECOUPLE_ABLATIONS: half B, half B decoupled, no conversion, decoupled without conversion),
+    the launches of record and cuBLAS (kpair.kpair_ab; the KPAIR build real-model gated, every
     non-ablation launch parity-gated); both recorded."""
-    return _ncu_then_kpair_ab(out, args, "decouple", DECOUPLE_CASES, "decouple_ab", wx.DECOUPLE_AB,
-                              wx.DECOUPLE_ABLATIONS)
+    return _ncu_then_kpair_ab(out, args, "decouple", DECOUPLE_CASES, "decouple_ab", kpair.DECOUPLE_AB,
+                              kpair.DECOUPLE_ABLATIONS)
 
 
 #: the twenty-fifth step's shapes (od, id) at nt=512: the KPAIR build and the BN=128 launch of record traced
@@ -449,8 +449,8 @@ def step_wgmma_kpairtrace(out: Path, args) -> dict:
     """Round 7, twenty-fifth step: the per-CTA phase stamps of the KPAIR build (a -DLK_EXP_KPAIR -DLK_EXP_TRACE
     build) beside those of the BN=128 data-parallel launch of record (-DLK_EXP_TRACE), q4_K and q6_K at
     :data:`KPAIR_TRACE_SHAPES`, nt=512 -- each after warm-up launches and once more right after an L2 flush, as the
-    benchmark times a launch. Tables ``kpair_trace`` / ``kpair_trace_flushed`` (experiments.kpair_trace_phases)
-    and ``bn128_trace`` / ``bn128_trace_flushed`` (experiments.trace_roles), recorded."""
+    benchmark times a launch. Tables ``kpair_trace`` / ``kpair_trace_flushed`` (traces.kpair_trace_phases)
+    and ``bn128_trace`` / ``bn128_trace_flushed`` (traces.trace_roles), recorded."""
     rng = np.random.default_rng(25)
     flusher = bench.Flusher()
     nt = 512
@@ -463,20 +463,20 @@ def step_wgmma_kpairtrace(out: Path, args) -> dict:
             for qtype in ("q4_K", "q6_K"):
                 w = wgmma.WgWeight.from_gguf(cases.synthetic_weights(qtype, od, id_, rng), qtype)
                 bn128 = f"wgmma_bn128_s4_scl{wgmma.main_scl(qtype, 128)}"
-                for name, tab, kw in ((wx.KPAIR_VARIANT, "kpair_trace", {"kpair": True}),
+                for name, tab, kw in ((kpair.KPAIR_VARIANT, "kpair_trace", {"kpair": True}),
                                       (bn128, "bn128_trace", {"BN": 128, "SCL": wgmma.main_scl(qtype, 128)})):
                     key = {"qtype": qtype, "od": od, "id": id_, "nt": nt, "variant": name}
-                    warm = wx.trace_launch(w, x16, **kw)
-                    cold = wx.trace_launch(w, x16, flush=flusher, **kw)
+                    warm = traces.trace_launch(w, x16, **kw)
+                    cold = traces.trace_launch(w, x16, flush=flusher, **kw)
                     run.append(tab, [{**key, **r} for r in warm])
                     run.append(tab + "_flushed", [{**key, **r} for r in cold])
                     if kw.get("kpair"):
-                        ph = wx.kpair_trace_phases(cold, id_).median()
+                        ph = traces.kpair_trace_phases(cold, id_).median()
                         args.log(f"kpair trace {qtype} {od}x{id_} (cold, medians over CTAs): fill {ph.fill_us:.2f} us, "
                                  f"main {ph.main_us:.2f} us ({ph.cycles_per_iter:,.0f} cycles a super-block), finish "
                                  f"{ph.finish_us:.2f} us, exit {ph.exit_us:.2f} us, end {ph.end_us:.1f} us")
                     else:
-                        ro = wx.trace_roles([{**key, **r} for r in cold], sms).iloc[0]
+                        ro = traces.trace_roles([{**key, **r} for r in cold], sms).iloc[0]
                         args.log(f"bn128 trace {qtype} {od}x{id_} (cold): fill {ro.fill_us:.2f} us, main "
                                  f"{ro.main_us:.2f} us ({ro.cycles_per_iter:,.0f} cycles a super-block), finish "
                                  f"{ro.finish_us:.2f} us, end {ro.end_us_max:.1f} us")
@@ -486,26 +486,26 @@ def step_wgmma_kpairtrace(out: Path, args) -> dict:
 def step_wgmma_kpairfin(out: Path, args) -> dict:
     """Round 7, twenty-sixth step: the KPAIR build's form with Y through TMA stores and the exit barrier arrived at
     after the main loops (LK_EXP_KPAIR_FIN, wb.KPAIR_FIN), real-model gated and timed beside the KPAIR build, the
-    launches of record and cuBLAS at every point of wx.KPAIR_AB (experiments.kpair_ab with ``builds``; every
+    launches of record and cuBLAS at every point of kpair.KPAIR_AB (kpair.kpair_ab with ``builds``; every
     launch parity-gated), recorded."""
-    return {"ok": True, "run": _kpair_ab_run(out, args, "kpairfin_ab", wx.KPAIR_AB, builds={"_fin": wb.KPAIR_FIN})}
+    return {"ok": True, "run": _kpair_ab_run(out, args, "kpairfin_ab", kpair.KPAIR_AB, builds={"_fin": wb.KPAIR_FIN})}
 
 
 def step_wgmma_halfy(out: Path, args) -> dict:
     """Round 7, twenty-eighth step: what the float32 Y costs the FIN form -- its LK_ABLATE_HALFY build (half of Y's
     bytes stored, the bytes of a 16-bit Y; timing only, never gated) timed beside the FIN form, the KPAIR build, the
-    launches of record and cuBLAS at every point of wx.KPAIR_AB (experiments.kpair_ab: the FIN form
+    launches of record and cuBLAS at every point of kpair.KPAIR_AB (kpair.kpair_ab: the FIN form
     real-model gated and gated at every point, the ablation not), recorded."""
-    return {"ok": True, "run": _kpair_ab_run(out, args, "halfy_ab", wx.KPAIR_AB, builds={"_fin": wb.KPAIR_FIN},
+    return {"ok": True, "run": _kpair_ab_run(out, args, "halfy_ab", kpair.KPAIR_AB, builds={"_fin": wb.KPAIR_FIN},
                                              ablations={"_fin_halfy": wb.FIN_HALFY})}
 
 
 def step_wgmma_smemform(out: Path, args) -> dict:
     """Round 7, twenty-third step: the shared-memory form (one and two converter warpgroups) and the register form at
     BN=128, each beside its no-conversion build (LK_ABLATE_NOCONV, timing only), and cuBLAS, at the bar's shapes and
-    nt 512 / 4096 (experiments.smemform_ab; every plain launch parity-gated), recorded."""
-    return _record_ab(out, args, "smemform_ab", {**wx.SMEMFORM_AB, "ablations": list(wx.NOCONV)},
-                      wx.smemform_ab)
+    nt 512 / 4096 (kpair.smemform_ab; every plain launch parity-gated), recorded."""
+    return _record_ab(out, args, "smemform_ab", {**kpair.SMEMFORM_AB, "ablations": list(kpair.NOCONV)},
+                      kpair.smemform_ab)
 
 
 #: prefill variants the A/B step can compare (name -> PrefillOptions fields)
@@ -521,7 +521,7 @@ def step_prefill_r7(out: Path, args) -> dict:
     of every variant against the first one's."""
     import gc
 
-    from ... import gpu, prefill_cli
+    from ... import gpu, prefill_runs, synthetic
     from ...model import default_model_path
     from ...prefill import GpuModel, PrefillOptions, timed_prefill
 
@@ -539,12 +539,12 @@ def step_prefill_r7(out: Path, args) -> dict:
         with records.recording("prefill", {"model": label, "nts": [512, 3325], "attn_f16": f16, "ab": names,
                                            "variants": {v: PREFILL_VARIANTS[v] for v in names}},
                                root=out / "data") as run:
-            m = prefill_cli.load_model(spec)
+            m = synthetic.load_model(spec)
             if label != "synthetic-7b":
-                prefill_cli.parity_run(spec, run, n_new=0, progress=args.log, kernel="auto")
+                prefill_runs.parity_run(spec, run, n_new=0, progress=args.log, kernel="auto")
             gms = {k: GpuModel(m, opts=PrefillOptions(attn_f16=f16, **PREFILL_VARIANTS[k])) for k in names}
             for nt in (512, 3325):
-                toks = prefill_cli.prompt_tokens(m, nt)
+                toks = prefill_runs.prompt_tokens(m, nt)
                 ref = None
                 for k, gm in gms.items():        # the variants' logits against the first variant's
                     lg = cp.asnumpy(gm.forward(toks)).astype(np.float64)
@@ -572,44 +572,44 @@ def step_prefill_r7(out: Path, args) -> dict:
 
 def step_wgmma_plane(out: Path, args) -> dict:
     """Round 7: the q4_K scale plane (SCL=2, written at load) against the in-loop header decode (SCL=0) at BN=128,
-    beside the BN=256 split grids and cuBLAS at nt 512 and 4096 (experiments.plane_ab), real-model gated,
+    beside the BN=256 split grids and cuBLAS at nt 512 and 4096 (options.plane_ab), real-model gated,
     recorded."""
-    return _record_ab(out, args, "plane_ab", wx.PLANE_AB, wx.plane_ab)
+    return _record_ab(out, args, "plane_ab", options.PLANE_AB, options.plane_ab)
 
 
 def step_wgmma_ceiling(out: Path, args) -> dict:
     """Round 7: the plain launches against their no-load and no-conversion ablation builds (timing only), each plain
-    launch parity-gated, interleaved with cuBLAS at nt 512 and 4096 (experiments.ceiling_ab), recorded."""
-    return _record_ab(out, args, "ceiling_ab", {**wx.CEILING_AB, "builds": {k: list(v) for k, v in
-                                                                            wx.CEILING_BUILDS.items()}},
-                      wx.ceiling_ab)
+    launch parity-gated, interleaved with cuBLAS at nt 512 and 4096 (limits.ceiling_ab), recorded."""
+    return _record_ab(out, args, "ceiling_ab", {**limits.CEILING_AB, "builds": {k: list(v) for k, v in
+                                                                            limits.CEILING_BUILDS.items()}},
+                      limits.ceiling_ab)
 
 
 def step_wgmma_floor(out: Path, args) -> dict:
     """Round 7: the launch floor -- the launches of record at nt=512 against an empty build of themselves (the same
     grid, threads, shared memory and parameters, no work; timing only), each plain launch parity-gated, interleaved
-    with cuBLAS and a 1-CTA empty kernel (experiments.floor_ab), recorded."""
-    return _record_ab(out, args, "floor_ab", {**wx.FLOOR_AB, "builds": {k: list(v) for k, v in
-                                                                        wx.FLOOR_BUILDS.items()}},
-                      wx.floor_ab)
+    with cuBLAS and a 1-CTA empty kernel (limits.floor_ab), recorded."""
+    return _record_ab(out, args, "floor_ab", {**limits.FLOOR_AB, "builds": {k: list(v) for k, v in
+                                                                        limits.FLOOR_BUILDS.items()}},
+                      limits.floor_ab)
 
 
 def step_wgmma_clock(out: Path, args) -> dict:
     """Round 7: the SM clock during the launches of record and cuBLAS at nt=512 (a clock probe beside each launch,
-    after the flush; experiments.clock_ab), each launch parity-gated, recorded."""
-    return _record_ab(out, args, "clock_ab", wx.CLOCK_AB, wx.clock_ab)
+    after the flush; limits.clock_ab), each launch parity-gated, recorded."""
+    return _record_ab(out, args, "clock_ab", limits.CLOCK_AB, limits.clock_ab)
 
 
 def step_wgmma_kscan(out: Path, args) -> dict:
     """Round 7: the launches of record and cuBLAS fp16 (fp16 and fp32 output) over id at nt=512, od=4096 (time =
     intercept + slope x id: fixed cost per launch against the main loop's cost per k), cuBLAS also alone at small
-    k, each launch parity-gated (experiments.kscan_ab), recorded."""
-    return _record_ab(out, args, "kscan_ab", wx.KSCAN_AB, wx.kscan_ab)
+    k, each launch parity-gated (limits.kscan_ab), recorded."""
+    return _record_ab(out, args, "kscan_ab", limits.KSCAN_AB, limits.kscan_ab)
 
 
 def step_wgmma_kpair(out: Path, args) -> dict:
     """Round 7, exploratory: one 64-row x 256-token tile per CTA with k split between its two consumer warpgroups, in
     2-CTA clusters multicasting the activations (-DLK_EXP_KPAIR), real-model gated, against the launches of record and
-    cuBLAS at nt 512 and 4096, every launch parity-gated (experiments.kpair_ab), recorded."""
-    return _record_ab(out, args, "kpair_ab", {**wx.KPAIR_AB, "defines": list(wb.KPAIR),
-                                              "real_nts": list(wx.KPAIR_REAL_NTS)}, wx.kpair_ab)
+    cuBLAS at nt 512 and 4096, every launch parity-gated (kpair.kpair_ab), recorded."""
+    return _record_ab(out, args, "kpair_ab", {**kpair.KPAIR_AB, "defines": list(wb.KPAIR),
+                                              "real_nts": list(kpair.KPAIR_REAL_NTS)}, kpair.kpair_ab)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import bench, cases, gpu, records
-from .paths import REPO_ROOT
+from ... import bench, cases, gpu, records
+from ...paths import REPO_ROOT
 
 #: the commit before the tile skeleton
 OLD_REV = "eef6c5d"

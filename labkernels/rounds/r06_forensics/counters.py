@@ -13,7 +13,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from .ncu import CONCEPTS, concept_columns
+from ...ncu import CONCEPTS, concept_columns
 
 
 def _is_extensive(col: str) -> bool:

@@ -1,6 +1,6 @@
-"""One matched-shape GEMM case per process, for Nsight Compute (``labkernels.forensics``).
+"""One matched-shape GEMM case per process, for Nsight Compute (``labkernels.rounds.r06_forensics.forensics``).
 
-``python3 -m labkernels.forensics_driver --case NAME [--shape NTxODxID]`` sets up one case (synthetic
+``python3 -m labkernels.rounds.r06_forensics.forensics_driver --case NAME [--shape NTxODxID]`` sets up one case (synthetic
 weights, activations and the launch from :class:`labkernels.cases.Case`), then launches the target
 kernel in a fixed, known order:
 
@@ -34,8 +34,8 @@ import time
 
 import numpy as np
 
-from .kernels import registry
-from .kernels.registry import BM, BN
+from ...kernels import registry
+from ...kernels.registry import BM, BN
 
 #: the kernel variants of this round (names of ``registry.VARIANTS``: family, template parameters, mma shape)
 CASES = ("q6k_generic", "q6k_expb_epi0", "q6k_expb_epi1_occ2", "q6k_expb_epi1", "q4k_nb_kdr4")
@@ -119,7 +119,7 @@ def launch_plan(warmup: int = 2, repeats: int = 10, nvtx: bool = False) -> dict:
 
 
 def _case(variant: str, shape, seed: int = 0):
-    from .cases import Case
+    from ...cases import Case
 
     spec = case_spec(variant, shape)
     c = Case(variant, spec["nt"], spec["od"], spec["id"], seed=seed)
@@ -132,7 +132,7 @@ def run_case(variant: str, shape, warmup: int = 2, repeats: int = 10, parity: bo
     """Warm-up (first launch parity-gated), timed launches, then exactly one target launch."""
     import cupy as cp
 
-    from . import bench
+    from ... import bench
     from .ncu_rep import NVTX_TARGET, nvtx_range
 
     plan = launch_plan(warmup, repeats)
@@ -166,7 +166,7 @@ def run_case(variant: str, shape, warmup: int = 2, repeats: int = 10, parity: bo
 def run_ab(base: str, variant: str, shape, pairs: int = 5, repeats: int = 20, warmup: int = 3,
            seed: int = 0) -> dict:
     """Interleaved timing BASE, VARIANT, BASE' per round in one process; both parity-gated first."""
-    from . import bench
+    from ... import bench
 
     cb, cv = _case(base, shape, seed), _case(variant, shape, seed)
     gates = {base: cb.gate(), variant: cv.gate()}
@@ -194,7 +194,7 @@ def _json_default(o):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m labkernels.forensics_driver", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python3 -m labkernels.rounds.r06_forensics.forensics_driver", description=__doc__.splitlines()[0])
     ap.add_argument("--case", choices=list(CASES), help="the kernel variant to launch")
     ap.add_argument("--ab", nargs=2, metavar=("BASE", "VARIANT"), help="interleaved A/B timing, no ncu")
     ap.add_argument("--shape", default=DEFAULT_SHAPES[0], help="NTxODxID (default %(default)s)")

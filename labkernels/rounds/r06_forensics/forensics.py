@@ -6,7 +6,7 @@ The method (seeds 001, r13), as code:
   and pick, per counter *concept*, the first candidate it has (:data:`CONCEPTS`, :func:`choose_metrics`) --
   never assume one chip's names on another (the seeds' GB10 had no ``dram__*`` and counted int8 mma under
   IMMA, not HMMA);
-* **profile** exactly one launch per case: :mod:`labkernels.forensics_driver` runs one matched-shape GEMM
+* **profile** exactly one launch per case: :mod:`labkernels.rounds.r06_forensics.forensics_driver` runs one matched-shape GEMM
   per process and :func:`ncu_command` selects its last launch with a kernel-name regex and
   ``--launch-skip/--launch-count``; clocks are left alone (``--clock-control none``);
 * **parse** ncu's raw CSV (:func:`parse_ncu_csv`: units row, quoted thousands separators, ``==PROF==``
@@ -20,7 +20,7 @@ The method (seeds 001, r13), as code:
   beyond the measured noise band.
 
 The plumbing (counter concepts, metric discovery, the ncu command, its CSV) is :mod:`labkernels.ncu`; the
-analysis (per GMAC, IMMA check, fit, verdict) :mod:`labkernels.counters`. :func:`run_forensics` does all of it on the GPU machine and records a run (round ``forensics``) with tables
+analysis (per GMAC, IMMA check, fit, verdict) :mod:`labkernels.rounds.r06_forensics.counters`. :func:`run_forensics` does all of it on the GPU machine and records a run (round ``forensics``) with tables
 ``metrics`` (raw, per case), ``per_gmac``, ``imma_check``, ``fit`` and ``verdicts``; the raw ncu text and the
 query-metrics output are kept as files beside the records. ``labkernels forensics`` is its command line.
 """
@@ -39,9 +39,8 @@ from pathlib import Path
 import pandas as pd
 
 from .counters import ab_summary, concept_view, fit_table, imma_check, imma_ok, pair_table, per_gmac, verdict
-from .ncu import (METRIC_SETS, REQUIRED, NcuError, _json_line, _run, _tail, choose_metrics, concept_columns,
-                  find_ncu, metric_list, ncu_command, parse_ncu_csv, query_device, query_metrics,
-                  rejected_metrics)
+from ...ncu import (METRIC_SETS, REQUIRED, NcuError, _json_line, _run, _tail, choose_metrics, concept_columns,
+                    find_ncu, metric_list, ncu_command, parse_ncu_csv, query_device, query_metrics, rejected_metrics)
 
 ROUND = "forensics"
 
@@ -77,8 +76,8 @@ def profile_case(variant: str, shape, chosen: dict, out_dir: Path, ncu: str = "n
     the ``nvtx`` package is importable): the launch selected by the driver's NVTX range, not by ``--launch-skip``."""
     from . import forensics_driver as drv
     from . import ncu_rep
-    from .ncu import import_command
-    from .paths import REPO_ROOT
+    from ...ncu import import_command
+    from ...paths import REPO_ROOT
 
     spec = drv.case_spec(variant, shape)
     nvtx = ncu_rep.have_nvtx() if nvtx is None else bool(nvtx)
@@ -87,7 +86,7 @@ def profile_case(variant: str, shape, chosen: dict, out_dir: Path, ncu: str = "n
     metrics = metric_list(chosen)
     required = {chosen[c] for c in REQUIRED if c in chosen}
     log = Path(out_dir) / f"ncu-{spec['variant']}-{spec['shape']}.csv.tmp"
-    args = ["-m", "labkernels.forensics_driver", "--case", variant, "--shape", spec["shape"],
+    args = ["-m", "labkernels.rounds.r06_forensics.forensics_driver", "--case", variant, "--shape", spec["shape"],
             "--warmup", warmup, "--repeats", repeats] + ([] if parity else ["--no-parity"])
     for attempt in range(2):
         cmd = ncu_command(args, metrics, spec["kernel_regex"], plan["launch_skip"], plan["launch_count"], log, ncu=ncu,
@@ -166,9 +165,10 @@ FOCUS = "q6k_expb_epi0"
 def keep_reports(run, reports: dict, spec_of=None, top: int = HOTSPOT_TOP, progress=print) -> tuple:
     """Each case's ``.ncu-rep`` attached to ``run`` (:meth:`labkernels.records.Run.attach`: manifested, at most
     :data:`labkernels.records.MAX_ATTACH_BYTES`; a bigger one stays in the results folder and is said so) and its
-    per-source-line hotspots read back with ``ncu_report`` (:mod:`labkernels.ncu_rep`). Returns ({case: attachment
+    per-source-line hotspots read back with ``ncu_report`` (:mod:`labkernels.rounds.r06_forensics.ncu_rep`). Returns ({case: attachment
     name or why not}, the hotspot rows as a DataFrame, {case: why no hotspots})."""
-    from . import ncu_rep, records
+    from . import ncu_rep
+    from ... import records
 
     kept, rows, errors, total = {}, [], {}, 0
     for case, rep in sorted(reports.items(), key=lambda kv: not kv[0].startswith(FOCUS + "@")):
@@ -210,9 +210,9 @@ def _template_of(spec: dict) -> str:
 
 def ab_timing(base: str, variant: str, shape, pairs: int = 5, repeats: int = 20, timeout: int = 600) -> dict:
     """Interleaved base / variant / base-again timing in one driver process (no ncu)."""
-    from .paths import REPO_ROOT
+    from ...paths import REPO_ROOT
 
-    cmd = [sys.executable, "-m", "labkernels.forensics_driver", "--ab", base, variant, "--shape", str(shape),
+    cmd = [sys.executable, "-m", "labkernels.rounds.r06_forensics.forensics_driver", "--ab", base, variant, "--shape", str(shape),
            "--pairs", str(pairs), "--repeats", str(repeats)]
     r = _run(cmd, timeout=timeout, cwd=REPO_ROOT)
     info = _json_line(r.stdout or "", "forensics_ab")
@@ -234,14 +234,14 @@ def run_forensics(out_dir, cases=None, metrics_set: str = "full", record: bool =
     """The whole round on the GPU machine. ``out_dir`` gets ``ncu-query-metrics.txt.gz``, ``ncu-raw.txt``
     (every case's raw ncu output) and, with ``record``, the run under ``out_dir/data/06_counter_forensics/``.
 
-    Per case: one ncu process over :mod:`labkernels.forensics_driver` (``warmup`` launches, the first
+    Per case: one ncu process over :mod:`labkernels.rounds.r06_forensics.forensics_driver` (``warmup`` launches, the first
     parity-gated, then the profiled one; ``repeats`` CUDA-event-timed launches in between are off by
     default: under ncu's launch interception event times are distorted -- on the H200 a 104 us q4_K launch
     read 380-6081 us). The counter-evidence verdicts use interleaved A/B timing in a separate process
     without ncu (``ab_pairs`` rounds of ``ab_repeats`` launches each), noise band floored at
     ``noise_floor``. The duration in the fit is ncu's ``gpu__time_duration`` of the profiled launch."""
     from . import forensics_driver as drv
-    from . import records
+    from ... import records
 
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -362,7 +362,7 @@ def run_forensics(out_dir, cases=None, metrics_set: str = "full", record: bool =
 
 def load_run(run_id: str | None = None, root=None) -> dict:
     """Replay: the tables of a recorded forensics run (the latest complete one by default)."""
-    from . import records
+    from ... import records
 
     run = records.load(ROUND, run_id, root) if run_id else records.latest(ROUND, root)
     if run is None:

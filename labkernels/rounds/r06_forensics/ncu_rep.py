@@ -53,7 +53,7 @@ def _candidate_dirs(ncu: str | None = None) -> list[str]:
     if os.environ.get("NCU_REPORT_PATH"):
         dirs += os.environ["NCU_REPORT_PATH"].split(os.pathsep)
     try:
-        from .ncu import find_ncu
+        from ...ncu import find_ncu
 
         exe = find_ncu(ncu)
         if exe and os.sep in exe:

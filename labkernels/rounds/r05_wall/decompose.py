@@ -19,8 +19,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from . import bench, gpu, peers, records
-from .peers import with_cudnn  # noqa: F401  (defined in peers, the lowest module that reads it)
+from ... import bench, gpu, peers, records
 
 VALID_GAP = 0.05   # busy must be within 5% of wall for the decomposition to stand for the wall
 
@@ -269,14 +268,6 @@ SUPERSEDED = {("f108e8f", "graph-fused-f16dense"): "set other_f16 after loading:
 HISTORY_OPTIONS = ("other_f16", "pdl", "memsets_as_kernels", "ids_from_host")
 
 
-def latest_graph_run(model: str, table: str, root=None, cudnn: bool = True):
-    """The newest recorded prefill_graph run (``prefill`` round) with table ``table`` whose throughput rows include
-    ``model``, or None; ``cudnn``: with the cuDNN frontend (:func:`with_cudnn`; False: the newest run without it)."""
-    return records.latest("prefill", root, where=lambda r: r.has(table) and r.has("throughput")
-                          and "variant" in r.table("throughput")   # a graph run's rows (not the A/B step's)
-                          and model in set(r.table("throughput").model) and with_cudnn(r) == cudnn)
-
-
 def _auto_attention(commit: str) -> str:
     """What ``attention="auto"`` resolved to on the GPU machine in a run whose throughput rows do not name the path
     (before 20261201T20): lab+cudnn at commit 1a431ee (runs 195305Z / 195405Z), cudnn before."""
@@ -331,8 +322,8 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
     always come from a traced eager forward (the tracer tags each op's launches); in graph mode a traced replay's
     busy (its launches untagged; the union of their intervals, :func:`busy_union_ns`) is ``busy_replay_ms`` and the
     first traced replay's launch-by-launch gaps are ``replay_gaps`` (:func:`replay_gaps`)."""
-    from .prefill import timed_prefill
-    from .trace import CuptiTracer
+    from ...prefill import timed_prefill
+    from ...trace import CuptiTracer
 
     cp = gpu.cp()
     n = len(tokens)

@@ -1,6 +1,8 @@
-"""Round 6 -- counter forensics with Nsight Compute (``notebooks/06_counter_forensics``): the round is
-:mod:`labkernels.forensics` (plumbing :mod:`labkernels.ncu`, analysis :mod:`labkernels.counters`, one profiled launch
-per case from :mod:`labkernels.forensics_driver`)."""
+"""Round 6 -- counter forensics with Nsight Compute (``notebooks/06_counter_forensics``). The round's package holds
+what only it uses: :mod:`.forensics` (the round: profile, A/B timing, record, replay; the ``labkernels gpu forensics``
+command), :mod:`.counters` (the analysis: per GMAC, IMMA check, fit, verdict), :mod:`.forensics_driver` (one profiled
+launch per case, ``python3 -m labkernels.rounds.r06_forensics.forensics_driver``) and :mod:`.ncu_rep` (the kept
+``.ncu-rep`` read back); the Nsight Compute plumbing it shares with round 7 is :mod:`labkernels.ncu`."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ def record_runs(root=None, progress=print, *, metrics_set) -> dict:
     import tempfile
     from pathlib import Path
 
-    from .. import forensics, records
+    from . import forensics
+    from ... import records
 
     tmp = Path(tempfile.mkdtemp(prefix="lk-ncu-"))
     res = forensics.run_forensics(tmp, metrics_set=metrics_set, record=True, progress=progress)
@@ -26,8 +29,8 @@ def record_runs(root=None, progress=print, *, metrics_set) -> dict:
 
 
 def step_forensics(out, args) -> dict:
-    """Round 6: Nsight Compute counters per GMAC for the paired kernels (labkernels.forensics)."""
-    from .. import forensics
+    """Round 6: Nsight Compute counters per GMAC for the paired kernels (:mod:`.forensics`)."""
+    from . import forensics
 
     return forensics.gpu_check_step(out, args)
 

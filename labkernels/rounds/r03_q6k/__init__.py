@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from .. import bench, cases
+from ... import bench, cases
 
 NOTEBOOK = "03_q6k_expanded_b"
 DATA = ("q6k",)
@@ -34,8 +34,8 @@ def bench_q6k(shapes, nts, variants=Q6K_VARIANTS, stride: int = 210, repeats: in
 
     Every case is parity-gated (subset of tokens, all rows, both references) before it is timed; a failed
     gate raises. Rows are appended to ``run`` (table ``q6k_bench`` / ``q6k_pairs``) as they are measured."""
-    from .. import gpu
-    from ..kernels import registry
+    from ... import gpu
+    from ...kernels import registry
 
     cp = gpu.cp()
     vs = [registry.variant(n) for n in variants]
@@ -90,7 +90,7 @@ def measure(run, progress=print, *, shapes, nts, variants, stride, repeats, pair
 
 def step_q6k(out, args) -> dict:
     """``gpu-check --steps q6k``: the round with its plan (``--repeats``)."""
-    from . import measure_into
+    from .. import measure_into
 
     runs = measure_into(sys.modules[__name__], root=out / "data", progress=args.log, repeats=args.repeats)
     return {"ok": True, "run": runs[DATA[0]].run_id}
@@ -98,7 +98,7 @@ def step_q6k(out, args) -> dict:
 
 def step_tile_ab(out, args) -> dict:
     """``gpu-check --steps tile_ab``: the tile skeleton's old vs new kernel builds at rounds 3 and 4's shapes."""
-    from .. import tile_ab
+    from . import tile_ab
 
     return tile_ab.step_tile_ab(out, args)
 

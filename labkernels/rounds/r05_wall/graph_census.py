@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from . import attention, gpu, graph_nodes
+from ... import attention, gpu, graph_nodes
 
 
 #: Gemma 3 270M's dense (non-k-quant) GEMMs of one layer: (rows of w, columns) -- q/k/v stacked (4x256 + 256 + 256),

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import attention, bench, gpu
-from .trace import NullTracer
+from ... import attention, bench, gpu
+from ...trace import NullTracer
 
 
 BENCH_NTS = (512, 3325, 8192)
