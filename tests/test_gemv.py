@@ -481,7 +481,16 @@ def test_step3_bench_records_the_plan_and_the_typed_columns(tmp_path, monkeypatc
     out = r9.step_gemv_step3(tmp_path / "out", types.SimpleNamespace(log=lambda *a: None))
     assert out["ok"] and seen["launches"] == launches and seen["acts"] == ("f16",)
     assert seen["baselines"] == ("cublas",) and seen["qtypes"] == ("q4_K",)
-    assert "gemv_step3" in r9.STEPS and r9.LEDGER[-1]["gpu_check"] == "gemv_step3"
+    assert "gemv_step3" in r9.STEPS and any(s.get("gpu_check") == "gemv_step3" for s in r9.LEDGER)
+
+    seen.clear()      # step 4: the benchmark of record over its launches, recorded as 'gemv_bench' (what qmatmul reads)
+    out = r9.step_gemv_step4(tmp_path / "out4", types.SimpleNamespace(log=lambda *a: None))
+    assert out["ok"] and seen["launches"] == [tuple(v) for v in r9.STEP4_PLAN["launches"]]
+    assert seen["baselines"] == ("wgmma", "cublas") and seen["qtypes"] == ("q4_K", "q6_K")
+    assert not any(v[3] for v in seen["launches"])                 # no PIPE form in the benchmark of record
+    run4 = records.latest("decode", root=tmp_path / "out4" / "data")
+    assert run4.meta["params"]["what"] == "gemv_bench"
+    assert "gemv_step4" in r9.STEPS and r9.LEDGER[-1]["gpu_check"] == "gemv_step4"
 
 
 def test_the_sanitizer_driver_launches_every_instantiation(monkeypatch, capsys):
