@@ -747,14 +747,16 @@ def _open_client(cluster: str, dash, Client, LocalCluster):
                     try:
                         from dask_cuda import LocalCUDACluster
                     except ImportError as e:
-                        raise SweepError(f"--cluster local-cuda needs dask-cuda (pip install 'labkernels[gpu]'): {e}") from None
+                        raise SweepError(f"--cluster local-cuda needs dask-cuda (pip install 'labkernels[gpu]'): "
+                                         f"{e}") from None
                     kw = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(int(n)))} if n else {}
                     try:
                         cl = LocalCUDACluster(threads_per_worker=1, dashboard_address=dash, **kw)
                     except Exception as e:  # no GPU / no NVML on this machine
-                        raise SweepError(f"--cluster local-cuda: LocalCUDACluster did not start: {type(e).__name__}: {e}") from None
+                        raise SweepError(f"--cluster local-cuda: LocalCUDACluster did not start: "
+                                         f"{type(e).__name__}: {e}") from None
                 client = Client(cl)
-        except BaseException:    # e.g. a Ctrl-C while it started (delivered as the mask is restored): nothing left running
+        except BaseException:    # a Ctrl-C while it started (delivered as the mask is restored): nothing left running
             for x in (client, cl):
                 if x is not None:
                     try:

@@ -63,8 +63,8 @@ def _packed(packed, qtype: str, od, id_, what: str) -> tuple[np.ndarray, int]:
     nsb = int(id_) // QK
     if packed.size != int(od) * nsb * bb:
         planes = " in its four planes (L, H, SC, D)" if qtype == "q6_K" else ""
-        raise RepackError(f"{what}: {od} x {id_} {qtype} holds {od} x {nsb} blocks of {bb} bytes = {int(od) * nsb * bb} "
-                          f"repacked bytes{planes}, got {packed.size} (shape {packed.shape})")
+        raise RepackError(f"{what}: {od} x {id_} {qtype} holds {od} x {nsb} blocks of {bb} bytes = "
+                          f"{int(od) * nsb * bb} repacked bytes{planes}, got {packed.size} (shape {packed.shape})")
     return np.ascontiguousarray(packed), nsb
 
 

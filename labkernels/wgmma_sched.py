@@ -106,8 +106,9 @@ class Variant:
             return cls(int(m.group(1)), int(m.group(2)), SK=_sk_of(m.group(3)), FORM=2 if m.group(4) else 1)
         m = _VARIANT.match(name)
         if not m:
-            raise VariantError(f"not a round-7 variant name: {name!r} (wgmma_bn{{BN}}_s{{STAGES}}_scl{{SCL}}[_sk|_sku|_skt]"
-                               "[_e1.._e5][_a4][_p1|_p2] or wgmma_smem_bn{BN}_s{STAGES}[_sk|_sku|_skt][_c2])")
+            raise VariantError(f"not a round-7 variant name: {name!r} (wgmma_bn{{BN}}_s{{STAGES}}_scl{{SCL}}"
+                               "[_sk|_sku|_skt][_e1.._e5][_a4][_p1|_p2] or "
+                               "wgmma_smem_bn{BN}_s{STAGES}[_sk|_sku|_skt][_c2])")
         return cls(int(m.group(1)), int(m.group(2)), int(m.group(3)), SK=_sk_of(m.group(4)),
                    EPI=int(m.group(5) or 0), AQ=int(m.group(6) or 2), PF=int(m.group(7) or 0))
 
@@ -247,7 +248,8 @@ def _check_sk(sk, what: str) -> None:
 
 def sk_fits(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> bool:
     """Whether :func:`schedule` takes this scheduler at this shape (SK=2 and SK=3 refuse shapes). ShapeError for an
-    unknown scheduler or a launch shape :func:`check_launch_shape` refuses (no shape fits nothing)."""
+    unknown scheduler or a launch shape :func:`check_launch_shape` refuses (an error, not False: no scheduler fits
+    it)."""
     _check_sk(sk, "sk_fits")
     check_launch_shape(nt, od, id_, BN, sm_count, "sk_fits")
     return sk not in (2, 3) or split_parts(sk, _tiles(nt, od, BN), id_ // QK, sm_count) >= 2

@@ -85,7 +85,8 @@ REFUSED = [
     (lambda: wgmma.unrepack(np.zeros(576, np.uint8), "q4_K", 0, 256), wgmma.RepackError, "od must be an integer >= 1"),
     (lambda: wgmma.unrepack(np.zeros(576, np.uint8), "q8_0", 4, 256), wgmma.RepackError, "q4_K or q6_K, not 'q8_0'"),
     (lambda: wgmma.emulate_weights(np.zeros(10, np.uint8), "q6_K", 4, 256), wgmma.RepackError, "four planes"),
-    (lambda: wgmma.emulate_weights(np.zeros(576, np.uint8), "q4_K", 4, 300), wgmma.RepackError, "not a multiple of 256"),
+    (lambda: wgmma.emulate_weights(np.zeros(576, np.uint8), "q4_K", 4, 300), wgmma.RepackError,
+     "not a multiple of 256"),
 ]
 
 
