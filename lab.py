@@ -24,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import venv
 from pathlib import Path
 
@@ -36,8 +37,37 @@ COMMANDS = ("reports", "test", "lab", "sync", "env")
 
 
 def sh(*cmd, **kw) -> None:
+    """Run one set-up step (pip, fetch-model) to its end; CalledProcessError if it fails. Its stderr is passed on
+    once it ends: a Ctrl-C reaches it too (one process group), and what it prints on the way out -- pip stopped while
+    it imports prints a KeyboardInterrupt traceback of its own -- is dropped, so the interrupt is one line of ours."""
     print("+", " ".join(str(c) for c in cmd), flush=True)
-    subprocess.run([str(c) for c in cmd], check=True, cwd=ROOT, **kw)
+    p = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stderr=subprocess.PIPE, **kw)
+    err: list[bytes] = []
+    reader = threading.Thread(target=lambda: err.append(p.stderr.read()), daemon=True)
+    reader.start()
+    try:
+        rc = p.wait()
+    except KeyboardInterrupt:
+        _wait_after_interrupt(p)
+        raise
+    reader.join()
+    if rc in (130, -signal.SIGINT):    # the step alone was interrupted (its own Ctrl-C): an interrupt, not a failure
+        raise KeyboardInterrupt
+    if err and err[0]:
+        sys.stderr.buffer.write(err[0])
+        sys.stderr.flush()
+    if rc:
+        raise subprocess.CalledProcessError(rc, [str(c) for c in cmd])
+
+
+def _wait_after_interrupt(p: subprocess.Popen) -> None:
+    """A set-up step after Ctrl-C: let it stop on its own (it got the signal too), killed past 30 s or at a second
+    Ctrl-C; its output on the way out is not shown."""
+    try:
+        p.wait(timeout=30)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        p.kill()
+        p.wait()
 
 
 def ensure_env(extras: str = "dev,model") -> None:
@@ -49,6 +79,10 @@ def ensure_env(extras: str = "dev,model") -> None:
     stamp = VENV / f".labkernels-installed-{extras.replace(',', '-')}"
     want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
     if not stamp.exists() or stamp.read_text() != want:
+        if subprocess.run([str(PY), "-c", "import pip"], cwd=ROOT, capture_output=True).returncode:
+            # a creation cut short (Ctrl-C while pip was being put in): the interpreter is there, pip is not
+            print(f"re-creating virtual environment {VENV} (it has no pip)", flush=True)
+            venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
         sh(PY, "-m", "pip", "install", "-q", "--upgrade", "pip")
         sh(PY, "-m", "pip", "install", "-q", "-e", f".[{extras}]")
         stamp.write_text(want)

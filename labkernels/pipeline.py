@@ -1420,6 +1420,11 @@ def run(names=(), pairs=(), files=(), out_dir: Path = REPORTS_DIR, notebooks_dir
             for p in current:    # every way out: no hidden temporary file stays in the reports folder
                 p.unlink(missing_ok=True)
             _sweep_tmp(out_dir)
+    if hit["signal"] is not None:   # a signal whose KeyboardInterrupt some library code swallowed: never exit 0
+        term = hit["signal"] == signal.SIGTERM
+        print(f"\n{'terminated (SIGTERM)' if term else 'interrupted'} as the build finished (library code swallowed "
+              f"the interrupt, so the build ran on): the pages listed above were written", file=sys.stderr, flush=True)
+        return 143 if term else 130
     scratch = f"; stand-in renders: {scratch_dir(out_dir) / 'index.html'}" if standins else ""
     print(f"index: {out_dir / 'index.html'} ({len(nbs) - failures - standins} ok, {failures} failed{scratch})")
     return 1 if failures else 0

@@ -880,6 +880,11 @@ def import_runs(src: Path, dest: Path | None = None) -> list[str]:
     dest = Path(dest) if dest else data_root()
     if not src.is_dir():
         raise RecordError(f"{src}: no such folder (give the results' data/ folder, e.g. OUT/data)")
+    s_real, d_real = src.resolve(), dest.resolve()
+    if s_real == d_real or d_real in s_real.parents or s_real in d_real.parents:
+        how = "is" if s_real == d_real else "is inside" if d_real in s_real.parents else "holds"
+        raise RecordError(f"import-runs {src}: that folder {how} the data folder it would import into ({dest}); give "
+                          "the data/ folder of a GPU run's results (e.g. OUT/data), which lies outside it")
     metas, problems = _scan(src, strict_top=True)
     runs = []
     for m in metas:

@@ -701,6 +701,32 @@ def check_cluster(cluster) -> str:
     return cluster
 
 
+@contextmanager
+def _workers_without_ctrl_c():
+    """Local worker processes that the terminal's Ctrl-C does not reach: SIGINT is blocked in this (the main)
+    thread while the cluster starts, so the threads it starts -- its event loop, which also restarts a worker that
+    died -- and the worker processes they spawn inherit the blocked signal (a thread's mask survives fork and exec).
+    A Ctrl-C in a terminal goes to the whole process group: each worker stopped in the middle of its asyncio loop and
+    printed a KeyboardInterrupt traceback ("Process Dask Worker process (from Nanny)"), however cleanly the client
+    exited. The client alone stops now (KeyboardInterrupt: exit 130) and closes the cluster, which ends the workers.
+    The main thread's mask is restored on the way out (a SIGINT that came meanwhile is delivered then)."""
+    import signal
+
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from multiprocessing import resource_tracker
+
+    # multiprocessing's resource tracker started here, not by the first worker's spawn: starting it unblocks SIGINT in
+    # the thread that starts it (its own guard, bpo-33613), and the workers spawned from that thread had Ctrl-C again
+    resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _open_client(cluster: str, dash, Client, LocalCluster):
     kind, _, n = cluster.partition(":")
     check_cluster(cluster)
@@ -712,25 +738,63 @@ def _open_client(cluster: str, dash, Client, LocalCluster):
     elif kind in ("local", "local-cuda"):
         if n and not (n.isdigit() and int(n) > 0):
             raise SweepError(f"--cluster {cluster}: the worker count must be a positive integer")
-        if kind == "local":
-            cl = LocalCluster(n_workers=int(n) if n else (os.cpu_count() or 1), threads_per_worker=1,
-                              processes=True, dashboard_address=dash)
-        else:
-            try:
-                from dask_cuda import LocalCUDACluster
-            except ImportError as e:
-                raise SweepError(f"--cluster local-cuda needs dask-cuda (pip install 'labkernels[gpu]'): {e}") from None
-            kw = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(int(n)))} if n else {}
-            try:
-                cl = LocalCUDACluster(threads_per_worker=1, dashboard_address=dash, **kw)
-            except Exception as e:  # no GPU / no NVML on this machine
-                raise SweepError(f"--cluster local-cuda: LocalCUDACluster did not start: {type(e).__name__}: {e}") from None
-        client = Client(cl)
+        cl = client = None
+        try:
+            with _workers_without_ctrl_c():
+                if kind == "local":
+                    cl = LocalCluster(n_workers=int(n) if n else (os.cpu_count() or 1), threads_per_worker=1,
+                                      processes=True, dashboard_address=dash)
+                else:
+                    try:
+                        from dask_cuda import LocalCUDACluster
+                    except ImportError as e:
+                        raise SweepError(f"--cluster local-cuda needs dask-cuda (pip install 'labkernels[gpu]'): "
+                                         f"{e}") from None
+                    kw = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(int(n)))} if n else {}
+                    try:
+                        cl = LocalCUDACluster(threads_per_worker=1, dashboard_address=dash, **kw)
+                    except Exception as e:  # no GPU / no NVML on this machine
+                        raise SweepError(f"--cluster local-cuda: LocalCUDACluster did not start: "
+                                         f"{type(e).__name__}: {e}") from None
+                client = Client(cl)
+        except BaseException:    # a Ctrl-C while it started (delivered as the mask is restored): nothing left running
+            for x in (client, cl):
+                if x is not None:
+                    try:
+                        x.close()
+                    except Exception:
+                        pass
+            raise
     else:
         raise SweepError(f"--cluster {cluster!r}: use local[:N], local-cuda[:N] or tcp://HOST:PORT")
     link = (f"dashboard: {client.dashboard_link}" if dash and client.dashboard_link
             else "dashboard: off (bokeh is not installed)" if not dash else "dashboard: not reported by the cluster")
     return client, cl, link
+
+
+def _quiet_logging() -> None:
+    """Dask's log lines of this process (a worker, the client) from here on only for critical ones."""
+    import logging
+
+    logging.getLogger("distributed").setLevel(logging.CRITICAL)
+
+
+def _quiet_shutdown(client, timeout: float = 5.0) -> None:
+    """Before a sweep that is stopping early (Ctrl-C, an error) closes its cluster: Dask's own log lines of the
+    shutdown silenced, here and in every worker (bounded by ``timeout``: a worker that does not answer is closed all
+    the same). Workers closed while their tasks still run log each cut-off heartbeat as an error with a traceback
+    ("Failed to communicate with scheduler during heartbeat"), which is noise after the lab's one line."""
+    _quiet_logging()
+
+    def run():
+        try:
+            client.run(_quiet_logging, on_error="ignore")
+        except Exception:   # a client or cluster already going: nothing to quiet there
+            pass
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
 
 
 @contextmanager
@@ -915,6 +979,9 @@ def run_sweep(plan, cluster: str = "local:2", root=None, workdir=None, force: bo
                 fut.release()
             bar.close()
             starts = _start_counts(client, sweep_id)
+        except BaseException:
+            _quiet_shutdown(client)     # interrupted (or failed): the cluster's shutdown says nothing of its own
+            raise
         finally:
             stop.set()
             client.close()

@@ -45,6 +45,29 @@ def _blocks(raw: np.ndarray, qtype: str) -> np.ndarray:
     return raw.reshape(raw.shape[0], raw.shape[1] // bb, bb)
 
 
+def _packed(packed, qtype: str, od, id_, what: str) -> tuple[np.ndarray, int]:
+    """(the repacked bytes as uint8, super-blocks per row) of a ``what`` call, RepackError unless ``qtype`` is q4_K /
+    q6_K, ``od`` >= 1 and ``id`` a positive multiple of 256 (integers), and ``packed`` uint8 of exactly the
+    od x id/256 blocks' bytes (:func:`repack`'s output for that shape)."""
+    bb = BLOCK_BYTES.get(qtype) if isinstance(qtype, str) else None
+    if bb is None:
+        raise RepackError(f"{what}: the round-7 repack takes q4_K or q6_K, not {qtype!r}")
+    for name, v in (("od", od), ("id", id_)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise RepackError(f"{what}: {name} must be an integer >= 1, got {v!r}")
+    if id_ % QK:
+        raise RepackError(f"{what}: id={id_} is not a multiple of {QK}")
+    if not isinstance(packed, np.ndarray) or packed.dtype != np.uint8:
+        raise RepackError(f"{what}: the repacked {qtype} bytes must be a uint8 numpy array (repack's output), got "
+                          f"{getattr(packed, 'dtype', type(packed).__name__)}")
+    nsb = int(id_) // QK
+    if packed.size != int(od) * nsb * bb:
+        planes = " in its four planes (L, H, SC, D)" if qtype == "q6_K" else ""
+        raise RepackError(f"{what}: {od} x {id_} {qtype} holds {od} x {nsb} blocks of {bb} bytes = "
+                          f"{int(od) * nsb * bb} repacked bytes{planes}, got {packed.size} (shape {packed.shape})")
+    return np.ascontiguousarray(packed), nsb
+
+
 # ------------------------------------------------------------------------------------------------ q4_K
 
 
@@ -149,17 +172,13 @@ def planes_q6(packed: np.ndarray, od: int, nsb: int):
 
 def unrepack(packed: np.ndarray, qtype: str, od: int, id_: int) -> np.ndarray:
     """The inverse of :func:`repack`: the original GGUF bytes [od, nsb*block]."""
-    if id_ % QK:
-        raise RepackError(f"id={id_} is not a multiple of {QK}")
-    nsb = id_ // QK
+    packed, nsb = _packed(packed, qtype, od, id_, "unrepack")
     if qtype == "q4_K":
-        blk = np.asarray(packed, np.uint8).reshape(od, nsb, 144)
+        blk = packed.reshape(od, nsb, 144)
         out = blk.copy()
         out[..., 16:] = blk[..., 16:][..., _Q4_INV]
         return out.reshape(od, nsb * 144)
-    if qtype != "q6_K":
-        raise RepackError(f"the round-7 repack takes q4_K or q6_K, not {qtype}")
-    L, H, SC, D = planes_q6(np.asarray(packed, np.uint8), od, nsb)
+    L, H, SC, D = planes_q6(packed.ravel(), od, nsb)
     q = np.zeros((od, nsb, 256), np.uint8)
     q[..., _Q6_L_LO] = L & 0xF
     q[..., _Q6_L_HI] = L >> 4
@@ -222,10 +241,10 @@ def scale_plane(hdr: np.ndarray) -> np.ndarray:
 def emulate_weights(packed: np.ndarray, qtype: str, od: int, id_: int, bf16: bool = False) -> np.ndarray:
     """The weights [od, id] (float64 holding fp16/bf16 values) that the kernel feeds the tensor cores, computed
     from the *repacked* bytes with the kernel's own bit extraction and rounding order."""
-    nsb = id_ // QK
+    packed, nsb = _packed(packed, qtype, od, id_, "emulate_weights")
     c = np.arange(4)
     if qtype == "q4_K":
-        blk = np.asarray(packed, np.uint8).reshape(od, nsb, 144)
+        blk = packed.reshape(od, nsb, 144)
         scale, mins = _q4_scales(blk[..., :16], bf16)
         words = blk[..., 16:].reshape(od, nsb, 4, 4, 2, 4)                      # [c, j, h, byte]
         w = words.astype(np.uint32)
@@ -244,7 +263,7 @@ def emulate_weights(packed: np.ndarray, qtype: str, od: int, id_: int, bf16: boo
                         out[..., k] = _round16(lo[..., jj] * sc_ + mn_, bf16)
                         out[..., k + 1] = _round16(hi[..., jj] * sc_ + mn_, bf16)
         return out.reshape(od, id_)
-    L, H, SC, D = planes_q6(np.asarray(packed, np.uint8), od, nsb)
+    L, H, SC, D = planes_q6(packed.ravel(), od, nsb)
     d = D.copy().view(np.float16)[..., 0].astype(np.float32)
     scale = _round16(d[..., None] * SC.view(np.int8).astype(np.float32), bf16)     # [od, nsb, 16]
     Lw = L.reshape(od, nsb, 4, 4, 2, 4).astype(np.uint32)

@@ -30,6 +30,29 @@ def _sk_of(suffix) -> int:
     return {v: k for k, v in _SK_SUFFIX.items()}[suffix or ""]
 
 
+class VariantError(ValueError):
+    """A round-7 variant the family does not have: a name :meth:`Variant.parse` cannot read, or a field (BN, STAGES,
+    SCL, SK, FORM, EPI, AQ, PF) outside the values it is built with."""
+
+
+#: the values each field of a :class:`Variant` may take (STAGES: any count >= 1; the registry says which are built)
+VARIANT_FIELDS = {"BN": (128, 256), "SCL": (0, 1, 2), "SK": (0, 1, 2, 3), "FORM": (0, 1, 2), "EPI": (0, 1, 2, 3, 4, 5),
+                  "AQ": (2, 4), "PF": (0, 1, 2)}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _positive_ints(what: str, **values) -> None:
+    """ShapeError unless every value is an integer >= 1 (O(1), for the host model's public functions)."""
+    for name, v in values.items():
+        if not _is_int(v):
+            raise ShapeError(f"{what}: {name} must be an integer, got {v!r} ({type(v).__name__})")
+        if v < 1:
+            raise ShapeError(f"{what}: {name} must be >= 1, got {v}")
+
+
 @dataclass(frozen=True)
 class Variant:
     """A round-7 launch configuration, typed end to end: tile ``BN``, ``STAGES``, scale form ``SCL``, scheduler
@@ -48,10 +71,17 @@ class Variant:
     PF: int = 0
 
     def __post_init__(self):
-        if self.SK not in _SK_SUFFIX:
-            raise ValueError(f"SK is 0, 1, 2 or 3, not {self.SK!r}")
+        for name in ("BN", "STAGES", *VARIANT_FIELDS):
+            v = getattr(self, name)
+            if not _is_int(v):
+                raise VariantError(f"variant field {name} must be an integer, got {v!r} ({type(v).__name__})")
+            allowed = VARIANT_FIELDS.get(name)
+            if allowed is not None and v not in allowed:
+                raise VariantError(f"{name} is {', '.join(map(str, allowed[:-1]))} or {allowed[-1]}, not {v!r}")
+        if self.STAGES < 1:
+            raise VariantError(f"STAGES must be >= 1, not {self.STAGES!r}")
         if self.FORM and (self.EPI or self.AQ != 2 or self.PF):
-            raise ValueError("the shared-memory form has the plain epilogue only (EPI=0) and no register A sets (AQ)")
+            raise VariantError("the shared-memory form has the plain epilogue only (EPI=0) and no register A sets (AQ)")
 
     @property
     def name(self) -> str:
@@ -67,13 +97,18 @@ class Variant:
 
     @classmethod
     def parse(cls, name: str) -> "Variant":
-        """The variant a name (:attr:`name`) stands for; ValueError for anything else."""
+        """The variant a name (:attr:`name`) stands for; VariantError for anything else."""
+        if not isinstance(name, str):
+            raise VariantError(f"a round-7 variant name is a str (e.g. 'wgmma_bn128_s4_scl0'), not "
+                               f"{type(name).__name__} {name!r}")
         m = _VARIANT_SMEM.match(name)
         if m:
             return cls(int(m.group(1)), int(m.group(2)), SK=_sk_of(m.group(3)), FORM=2 if m.group(4) else 1)
         m = _VARIANT.match(name)
         if not m:
-            raise ValueError(f"not a round-7 variant name: {name!r}")
+            raise VariantError(f"not a round-7 variant name: {name!r} (wgmma_bn{{BN}}_s{{STAGES}}_scl{{SCL}}"
+                               "[_sk|_sku|_skt][_e1.._e5][_a4][_p1|_p2] or "
+                               "wgmma_smem_bn{BN}_s{STAGES}[_sk|_sku|_skt][_c2])")
         return cls(int(m.group(1)), int(m.group(2)), int(m.group(3)), SK=_sk_of(m.group(4)),
                    EPI=int(m.group(5) or 0), AQ=int(m.group(6) or 2), PF=int(m.group(7) or 0))
 
@@ -98,7 +133,14 @@ def variant_name(BN: int, STAGES: int, SCL: int, SK: int = 0, FORM: int = 0, EPI
 
 
 def tile_count(nt: int, od: int, BN: int) -> int:
-    """The output tiles of a launch: 128 weight rows x BN tokens each, tails rounded up."""
+    """The output tiles of a launch: 128 weight rows x BN tokens each, tails rounded up (ShapeError unless nt, od and
+    BN are integers >= 1)."""
+    _positive_ints("tile_count", nt=nt, od=od, BN=BN)
+    return _tiles(nt, od, BN)
+
+
+def _tiles(nt: int, od: int, BN: int) -> int:
+    """:func:`tile_count` of arguments already checked (the launch path)."""
     return ((od + 127) // 128) * ((nt + BN - 1) // BN)
 
 
@@ -142,7 +184,7 @@ def schedule(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> tup
         raise ShapeError(f"SK is 0 (data-parallel), 1 (stream-K), 2 (uniform split-k) or 3 (tile-aligned split-k), "
                          f"not {sk!r}")
     check_launch_shape(nt, od, id_, BN, sm_count, "schedule")
-    tiles = tile_count(nt, od, BN)
+    tiles = _tiles(nt, od, BN)
     nsb = id_ // QK
     if tiles * nsb >= 2 ** 31 or od * nsb >= 2 ** 31:
         raise ShapeError(f"{nt} x {od} x {id_} exceeds the kernel's 32-bit iteration and block counts")
@@ -165,7 +207,9 @@ def schedule(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> tup
 
 def uniform_split(tiles: int, nsb: int, sm_count: int) -> int:
     """G of the uniform split-k grid (``SK=2``): the largest divisor of the super-blocks per tile ``nsb`` with
-    G x ``tiles`` <= ``sm_count``; 1 where only G = 1 fits (no split), 0 where not even one wave of tiles does."""
+    G x ``tiles`` <= ``sm_count``; 1 where only G = 1 fits (no split), 0 where not even one wave of tiles does.
+    ShapeError unless all three are integers >= 1."""
+    _positive_ints("uniform_split", tiles=tiles, nsb=nsb, sm_count=sm_count)
     fit = [g for g in range(1, nsb + 1) if nsb % g == 0 and g * tiles <= sm_count]
     return max(fit) if fit else 0
 
@@ -173,8 +217,10 @@ def uniform_split(tiles: int, nsb: int, sm_count: int) -> int:
 def tile_split(tiles: int, nsb: int, sm_count: int) -> int:
     """G of the tile-aligned split-k grid (``SK=3``): the fewest parts per tile that give the shortest longest part
     ceil(nsb / G) the SMs allow (G x ``tiles`` <= ``sm_count``, G <= ``nsb``); fewer parts mean fewer partial tiles
-    to fold for the same critical path. 1 where only one part fits, 0 where not even one wave of tiles does."""
-    gmax = min(int(nsb), int(sm_count) // int(tiles)) if tiles else 0
+    to fold for the same critical path. 1 where only one part fits, 0 where not even one wave of tiles does.
+    ShapeError unless all three are integers >= 1."""
+    _positive_ints("tile_split", tiles=tiles, nsb=nsb, sm_count=sm_count)
+    gmax = min(int(nsb), int(sm_count) // int(tiles))
     if gmax < 1:
         return 0
     longest = -(-nsb // gmax)
@@ -187,13 +233,26 @@ def split_parts(sk: int, tiles: int, nsb: int, sm_count: int) -> int:
 
 
 def split_g(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> int:
-    """The kernel's ``split_g`` argument: SK=3's G (:func:`tile_split`), 0 for every other scheduler."""
-    return split_parts(3, tile_count(nt, od, BN), id_ // QK, sm_count) if sk == 3 else 0
+    """The kernel's ``split_g`` argument: SK=3's G (:func:`tile_split`), 0 for every other scheduler. ShapeError for
+    an unknown scheduler or a launch shape :func:`check_launch_shape` refuses."""
+    _check_sk(sk, "split_g")
+    check_launch_shape(nt, od, id_, BN, sm_count, "split_g")
+    return split_parts(3, _tiles(nt, od, BN), id_ // QK, sm_count) if sk == 3 else 0
+
+
+def _check_sk(sk, what: str) -> None:
+    if not _is_int(sk) or sk not in _SK_SUFFIX:
+        raise ShapeError(f"{what}: SK is 0 (data-parallel), 1 (stream-K), 2 (uniform split-k) or 3 (tile-aligned "
+                         f"split-k), not {sk!r}")
 
 
 def sk_fits(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> bool:
-    """Whether :func:`schedule` takes this scheduler at this shape (SK=2 and SK=3 refuse shapes)."""
-    return sk not in (2, 3) or split_parts(sk, tile_count(nt, od, BN), id_ // QK, sm_count) >= 2
+    """Whether :func:`schedule` takes this scheduler at this shape (SK=2 and SK=3 refuse shapes). ShapeError for an
+    unknown scheduler or a launch shape :func:`check_launch_shape` refuses (an error, not False: no scheduler fits
+    it)."""
+    _check_sk(sk, "sk_fits")
+    check_launch_shape(nt, od, id_, BN, sm_count, "sk_fits")
+    return sk not in (2, 3) or split_parts(sk, _tiles(nt, od, BN), id_ // QK, sm_count) >= 2
 
 
 def pair_fits(nt: int, od: int, id_: int, BN: int, sm_count: int) -> bool:
@@ -207,7 +266,7 @@ def reduce_fits(sk: int, nt: int, od: int, id_: int, BN: int, sm_count: int) -> 
     if not sk_fits(sk, nt, od, id_, BN, sm_count):
         return False
     ncta, dp = schedule(sk, nt, od, id_, BN, sm_count)
-    return reduce_finish_fits(ncta, id_ // QK, tile_count(nt, od, BN), dp, split_g(sk, nt, od, id_, BN, sm_count))
+    return reduce_finish_fits(ncta, id_ // QK, _tiles(nt, od, BN), dp, split_g(sk, nt, od, id_, BN, sm_count))
 
 
 @dataclass(frozen=True)

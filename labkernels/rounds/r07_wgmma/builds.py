@@ -23,6 +23,11 @@ from ...kernels import registry
 
 _DEFINE = re.compile(r"LK_(ABLATE|EXP)_\w+")
 
+
+class BuildError(ValueError):
+    """Build -D names round 7's source does not build: not a sequence of names, not ``LK_ABLATE_*`` / ``LK_EXP_*``,
+    a retired form's or an unknown one."""
+
 #: round 7's source of exploratory and ablation builds: the production device code (kernels/wgmma_kq.cuh) with a build
 #: policy's hooks on, and the KPAIR body, each selected by its -D name. A build with ``defines`` compiles it instead of
 #: the registry's source, with the same registry instantiations (the kernels' names and parameters are the same)
@@ -48,17 +53,22 @@ def build_defines() -> tuple[str, ...]:
 
 def check_defines(defines) -> tuple[str, ...]:
     """``defines`` as the sorted tuple a build is keyed by; anything but the ``LK_ABLATE_*`` / ``LK_EXP_*`` names of
-    :data:`BUILD_NAMES` is refused (a retired form's with the commit that builds it)."""
-    bad = [d for d in defines if not _DEFINE.fullmatch(str(d))]
+    :data:`BUILD_NAMES` is refused (a retired form's with the commit that builds it) -- and so is a single string,
+    which would be read a character at a time: BuildError, naming what was given and what is built."""
+    if isinstance(defines, (str, bytes)) or not isinstance(defines, (tuple, list, set, frozenset)):
+        raise BuildError(f"build defines are a tuple or list of -D names (e.g. ('LK_EXP_TRACE',)), not "
+                         f"{type(defines).__name__} {defines!r}")
+    bad = [d for d in defines if not isinstance(d, str) or not _DEFINE.fullmatch(d)]
     if bad:
-        raise ValueError(f"build defines must be LK_ABLATE_* or LK_EXP_* names, got {bad}")
+        raise BuildError(f"build defines must be LK_ABLATE_* or LK_EXP_* names, got {bad}: this tree builds "
+                         f"{', '.join(BUILD_NAMES)}")
     gone = [d for d in defines if d in RETIRED_BUILDS]
     if gone:
-        raise ValueError(f"{', '.join(gone)}: a form that lost and left the kernel source; it builds at commit "
+        raise BuildError(f"{', '.join(gone)}: a form that lost and left the kernel source; it builds at commit "
                          f"{RETIRED_BUILDS[gone[0]]} (its step and command: labkernels gpu-check --round 7 --list)")
     unknown = [d for d in defines if d not in BUILD_NAMES]
     if unknown:
-        raise ValueError(f"no build {unknown}: this tree builds {', '.join(BUILD_NAMES)}")
+        raise BuildError(f"no build {unknown}: this tree builds {', '.join(BUILD_NAMES)}")
     return tuple(sorted(set(defines)))
 
 
@@ -102,7 +112,9 @@ KPAIR_PARAMS = dict(BN=256, STAGES=4, BF16=0, SCL=0, SK=0, EPI=0, AQ=2, PF=0)
 
 def kpair_grid(nt: int, od: int) -> int:
     """CTAs of an ``LK_EXP_KPAIR`` launch: ceil(od / 64) m tiles rounded up to even (a cluster's two CTAs hold the same
-    token tile; a padded tile computes clamped rows and stores none) x ceil(nt / 256) token tiles."""
+    token tile; a padded tile computes clamped rows and stores none) x ceil(nt / 256) token tiles. ShapeError unless
+    nt and od are integers >= 1."""
+    wgmma._positive_ints("kpair_grid", nt=nt, od=od)
     mt = -(-int(od) // 64)
     return (mt + (mt & 1)) * -(-int(nt) // 256)
 
