@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import gpu, graph_nodes
+from . import blas, gpu, graph_nodes
 
 log = logging.getLogger("labkernels.attention")
 
@@ -498,7 +498,7 @@ class Baseline(Backend):
         if self.f16:
             # one cuBLAS strided-batched fp16 GEMM: CuPy's batched matmul upcasts fp16 to fp32 (the first
             # decomposition found attention at 23 TFLOPS); per-head 2-D GEMMs cost 2 launches per head
-            return gpu.bmm_f16(A, B)
+            return blas.bmm_f16(A, B)
         return gpu.cp().matmul(A, B)
 
     def attend(self, q, k, v, n, kind: LayerKind, il, tr, out16: bool = False):

@@ -500,30 +500,30 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
     (registry rows); ``FORM``: 0 the exact-f16-weight form, 1 step 2's exact ``sc*q`` form (q4_K, nt <= 8; its exact
     function :func:`exact_weights_v2`); ``PIPE``: 0, or (FORM=1 only) step 3's shared-memory ring of that many
     super-block stages (:data:`PIPES`; the same function and bits as FORM=1)."""
-    from . import gpu
+    from . import errors, gpu
 
     c = gpu.cp()
     gv = w if isinstance(w, GemvWeight) else prepare(w)
     if not isinstance(x, c.ndarray) or x.ndim != 2:
-        raise gpu.ShapeError(f"activations must be a 2-D cupy array [nt, id], got {type(x).__name__}")
+        raise errors.ShapeError(f"activations must be a 2-D cupy array [nt, id], got {type(x).__name__}")
     if x.dtype not in (np.float16, np.float32):
-        raise gpu.ShapeError(f"gemv_kq reads float16 or float32 activations, not {x.dtype}")
+        raise errors.ShapeError(f"gemv_kq reads float16 or float32 activations, not {x.dtype}")
     nt, id_ = x.shape
     if id_ != gv.id:
-        raise gpu.ShapeError(f"inner dimensions differ: activations id={id_}, weights id={gv.id}")
+        raise errors.ShapeError(f"inner dimensions differ: activations id={id_}, weights id={gv.id}")
     if not 1 <= nt <= MAX_NT:
-        raise gpu.ShapeError(f"gemv_kq takes nt = 1..{MAX_NT} tokens, got {nt} (larger nt: qmatmul's wgmma / int8 "
-                             f"families)")
+        raise errors.ShapeError(f"gemv_kq takes nt = 1..{MAX_NT} tokens, got {nt} (larger nt: qmatmul's wgmma / int8 "
+                                f"families)")
     FORM = int(FORM)
     if FORM not in (0, 1):
-        raise gpu.ShapeError(f"gemv_kq FORM is 0 or 1, got {FORM}")
+        raise errors.ShapeError(f"gemv_kq FORM is 0 or 1, got {FORM}")
     if FORM == 1 and (gv.qtype != "q4_K" or nt > FORM1_MAX_NT):
-        raise gpu.ShapeError(f"gemv_kq FORM=1 takes q4_K weights at nt = 1..{FORM1_MAX_NT}, got {gv.qtype} at nt={nt}")
+        raise errors.ShapeError(f"gemv_kq FORM=1 takes q4_K weights at nt = 1..{FORM1_MAX_NT}, got {gv.qtype} at nt={nt}")
     PIPE = int(PIPE)
     if PIPE not in PIPES:
-        raise gpu.ShapeError(f"gemv_kq PIPE is one of {PIPES}, got {PIPE}")
+        raise errors.ShapeError(f"gemv_kq PIPE is one of {PIPES}, got {PIPE}")
     if PIPE and FORM != 1:
-        raise gpu.ShapeError(f"gemv_kq PIPE={PIPE} is a form of FORM=1 (q4_K, nt <= {FORM1_MAX_NT}), got FORM={FORM}")
+        raise errors.ShapeError(f"gemv_kq PIPE={PIPE} is a form of FORM=1 (q4_K, nt <= {FORM1_MAX_NT}), got FORM={FORM}")
     if not x.flags.c_contiguous:
         x = c.ascontiguousarray(x)
     QT = 4 if gv.qtype == "q4_K" else 6
@@ -534,12 +534,12 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
     nsb = gv.id // QK
     smem = pipe_smem(MT, WARPS, PIPE, XF32, nt)
     if isinstance(S, str) and S != "wave":
-        raise gpu.ShapeError(f"S is a number of splits, None or 'wave', not {S!r}")
+        raise errors.ShapeError(f"S is a number of splits, None or 'wave', not {S!r}")
     if S is None or isinstance(S, str):
         S = launch_plan(gv, nt, XF32, MT, WARPS, FORM, PIPE, S, gpu.device_props()["sm_count"])["S"]
     S = int(S)
     if not 1 <= S <= nsb:
-        raise gpu.ShapeError(f"S (splits of the {nsb} super-blocks) must be 1..{nsb}, got {S}")
+        raise errors.ShapeError(f"S (splits of the {nsb} super-blocks) must be 1..{nsb}, got {S}")
     y = gpu._out(nt, gv.od, out)
     ws, cnt = _WS.get(c.cuda.get_current_stream().ptr, S * nt * gv.od if S > 1 else 0, groups)
     k.launch((groups, S), (gv.data, x, y, ws, cnt, np.int32(nt), np.int32(gv.od), np.int32(gv.id), np.int32(S)),

@@ -3,7 +3,7 @@ nvbench (``cuda-bench``, its Python bindings ``cuda.bench``) and compared with t
 
 The headlines (:data:`HEADLINES`): round 7's q4_K GEMM (``wgmma.gemm`` with the launch of record,
 :func:`labkernels.wgmma.default_params`) at nt = 512 and 4096 against cuBLAS fp16 on cached fp16 weights
-(``gpu.matmul_f16``), and round 9's q4_K GEMV (``gemv.gemv``, default configuration) at nt = 1 against the same
+(``blas.matmul_f16``), and round 9's q4_K GEMV (``gemv.gemv``, default configuration) at nt = 1 against the same
 cuBLAS call -- every side through the lab's own launch functions, the same inputs for both timers. The ratio is
 ``cublas_us / lab_us`` (> 1: the lab's kernel is faster), as on the round pages.
 
@@ -176,7 +176,7 @@ def _setup(h: Headline, seed: int = 0) -> dict:
     import cupy as cp
     import numpy as np
 
-    from . import cases, gemv, gpu, wgmma
+    from . import blas, cases, gemv, gpu, wgmma
 
     rng = np.random.default_rng(seed)
     raw = cases.synthetic_weights(h.qtype, h.od, h.id, rng)
@@ -195,7 +195,7 @@ def _setup(h: Headline, seed: int = 0) -> dict:
         lab = lambda: gemv.gemv(gv, x16, out=yg)  # noqa: E731
     else:
         raise ValueError(f"unknown kernel {h.kernel!r}")
-    return {"lab": lab, "cublas": lambda: gpu.matmul_f16(x16, w16, out=y16)}
+    return {"lab": lab, "cublas": lambda: blas.matmul_f16(x16, w16, out=y16)}
 
 
 def harness_times(names=None, pairs: int = 5, repeats: int = 20, seed: int = 0) -> dict:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from . import attention, decode, dispatch, gpu, graph_nodes, wgmma
+from . import attention, blas, decode, dispatch, errors, gpu, graph_nodes, wgmma
 from .kernels import registry
 from .forward_common import (GRAPH_RTOL, GraphCaptureError, RawGraph, _c_contig, _instantiate,  # noqa: F401
                              check_act_mul_gu, graph_support)
@@ -210,7 +210,7 @@ class Weight:
         cuBLAS multiplies with PrefillOptions.other_f16, whatever the options were when the weight was loaded."""
         if self._dense16 is None:
             if self.dense is None or self.dense.ndim != 2:
-                raise gpu.ShapeError(f"{self.name}: only a dequantized 2-D weight has an fp16 copy")
+                raise errors.ShapeError(f"{self.name}: only a dequantized 2-D weight has an fp16 copy")
             self._dense16 = self.dense.astype(gpu.cp().float16)
         return self._dense16
 
@@ -282,8 +282,8 @@ class GpuModel:
         cp = gpu.cp()
         ncols = ncols or x.shape[-1]
         if not _c_contig(x) or str(x.dtype) != "float32" or x.size % ncols:
-            raise gpu.ShapeError(f"rmsnorm: x must be C-contiguous float32 rows of {ncols}, got {x.dtype} "
-                                 f"{tuple(x.shape)} (contiguous {_c_contig(x)})")
+            raise errors.ShapeError(f"rmsnorm: x must be C-contiguous float32 rows of {ncols}, got {x.dtype} "
+                                    f"{tuple(x.shape)} (contiguous {_c_contig(x)})")
         y = cp.empty(x.shape, cp.float16 if out16 else cp.float32)
         rows = x.size // ncols
         self._k("rmsnorm", W=1, OUT16=int(out16)).launch(
@@ -346,10 +346,10 @@ class GpuModel:
             fam = self.family(w, x.shape[0])
             a = self._act(x, fam, {} if box is None else box, tr or NullTracer(), layer, w.name)
             return self._qmatmul(a, w, fam)
-        # raw cuBLAS (gpu.gemm_dense): cupy.matmul refuses to run under CUDA-graph capture
+        # raw cuBLAS (blas.gemm_dense): cupy.matmul refuses to run under CUDA-graph capture
         if self.opts.other_f16:     # (an fp16 x comes from a producer that wrote it: no second cast)
-            return gpu.gemm_dense(cp.ascontiguousarray(x, dtype=cp.float16), w.dense16())
-        return gpu.gemm_dense(cp.ascontiguousarray(x, dtype=cp.float32), w.dense)
+            return blas.gemm_dense(cp.ascontiguousarray(x, dtype=cp.float16), w.dense16())
+        return blas.gemm_dense(cp.ascontiguousarray(x, dtype=cp.float32), w.dense)
 
     def _gemm_class(self, w: Weight) -> str:
         return {"q6_K": "gemm_q6k", "q4_K": "gemm_q4k"}.get(w.qtype, f"gemm_other_{w.qtype}")
@@ -464,8 +464,8 @@ class GpuModel:
         c = self.cfg
         check_rope_qkv16(q, k, v, n, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.n_rot)
         if c.head_dim > registry.QKNORM_MAXHD:
-            raise gpu.ShapeError(f"qk_norm_rope_qkv16: head_dim {c.head_dim} > {registry.QKNORM_MAXHD} (the row it "
-                                 "stages in shared memory); run with fuse_qk_norm=False")
+            raise errors.ShapeError(f"qk_norm_rope_qkv16: head_dim {c.head_dim} > {registry.QKNORM_MAXHD} (the row it "
+                                    "stages in shared memory); run with fuse_qk_norm=False")
         q16, k16, v16 = self._qkv16_out(n)
         self._k("qk_norm_rope_qkv16", NEOX=int(c.rope_style == "neox")).launch(
             (n * (c.n_head + 2 * c.n_head_kv),),
@@ -691,9 +691,9 @@ class GpuModel:
                 # tied embeddings (Gemma): raw cuBLAS, capturable (cupy.matmul refuses under CUDA-graph capture);
                 # with other_f16 on the table's fp16 copy (half the bytes of the forward's largest read)
                 if self.opts.other_f16:
-                    logits = gpu.gemm_dense(cp.ascontiguousarray(xs, dtype=cp.float16), self.embd16())
+                    logits = blas.gemm_dense(cp.ascontiguousarray(xs, dtype=cp.float16), self.embd16())
                 else:
-                    logits = gpu.gemm_dense(cp.ascontiguousarray(xs, dtype=cp.float32), self.embd)
+                    logits = blas.gemm_dense(cp.ascontiguousarray(xs, dtype=cp.float32), self.embd)
         else:
             box = {}
             if self.head.q is not None:
@@ -1005,25 +1005,25 @@ def _ld(a) -> int:
 
 
 def check_rows(a, what: str, width: int, n: int | None = None) -> None:
-    """a: float32 [n, >= width] with contiguous rows (a row stride is fine). Raises gpu.ShapeError."""
+    """a: float32 [n, >= width] with contiguous rows (a row stride is fine). Raises errors.ShapeError."""
     if a.ndim != 2 or str(a.dtype) != "float32" or not _rows_contig(a):
-        raise gpu.ShapeError(f"{what} must be float32 [n, {width}] with contiguous rows, got {a.dtype} "
-                             f"{tuple(a.shape)} strides {tuple(a.strides)}")
+        raise errors.ShapeError(f"{what} must be float32 [n, {width}] with contiguous rows, got {a.dtype} "
+                                f"{tuple(a.shape)} strides {tuple(a.strides)}")
     if a.shape[1] < width or (n is not None and a.shape[0] != n):
-        raise gpu.ShapeError(f"{what} {tuple(a.shape)} does not hold {n if n is not None else 'n'} tokens x {width}")
+        raise errors.ShapeError(f"{what} {tuple(a.shape)} does not hold {n if n is not None else 'n'} tokens x {width}")
 
 
 def check_add_rmsnorm(x, delta, w, pre=None) -> None:
     """add_rmsnorm's arguments: x and delta f32 [rows, ncols], C-contiguous, the same shape; w (and pre) f32
-    [ncols]. Raises gpu.ShapeError."""
+    [ncols]. Raises errors.ShapeError."""
     if x.ndim != 2 or str(x.dtype) != "float32" or not _c_contig(x):
-        raise gpu.ShapeError(f"add_rmsnorm: x must be C-contiguous float32 [rows, ncols], got {x.dtype} {x.shape}")
+        raise errors.ShapeError(f"add_rmsnorm: x must be C-contiguous float32 [rows, ncols], got {x.dtype} {x.shape}")
     if tuple(delta.shape) != tuple(x.shape) or str(delta.dtype) != "float32" or not _c_contig(delta):
-        raise gpu.ShapeError(f"add_rmsnorm: delta must be C-contiguous float32 {tuple(x.shape)}, got "
-                             f"{delta.dtype} {tuple(delta.shape)}")
+        raise errors.ShapeError(f"add_rmsnorm: delta must be C-contiguous float32 {tuple(x.shape)}, got "
+                                f"{delta.dtype} {tuple(delta.shape)}")
     for what, v in (("w", w), ("pre", pre)):
         if v is not None and (tuple(v.shape) != (x.shape[1],) or str(v.dtype) != "float32"):
-            raise gpu.ShapeError(f"add_rmsnorm: {what} must be float32 [{x.shape[1]}], got {v.dtype} {tuple(v.shape)}")
+            raise errors.ShapeError(f"add_rmsnorm: {what} must be float32 [{x.shape[1]}], got {v.dtype} {tuple(v.shape)}")
 
 
 
@@ -1032,20 +1032,20 @@ def check_add_rmsnorm(x, delta, w, pre=None) -> None:
 def check_rope_qkv16(q, k, v, n: int, n_head: int, n_head_kv: int, head_dim: int, head_dim_v: int,
                      n_rot: int) -> None:
     """rope_qkv16's arguments: q, k as rope_qk takes them, v f32 [n, >= n_head_kv*head_dim_v] C-contiguous rows;
-    head_dim and head_dim_v even (the kernel moves pairs). Raises gpu.ShapeError."""
+    head_dim and head_dim_v even (the kernel moves pairs). Raises errors.ShapeError."""
     check_rope_qk(q, k, n, n_head, n_head_kv, head_dim, n_rot, 1.0)
     check_rows(v, "rope_qkv16: v", n_head_kv * head_dim_v, n)
     if head_dim % 2 or head_dim_v % 2:
-        raise gpu.ShapeError(f"rope_qkv16: head_dim={head_dim} and head_dim_v={head_dim_v} must be even")
+        raise errors.ShapeError(f"rope_qkv16: head_dim={head_dim} and head_dim_v={head_dim_v} must be even")
 
 
 def check_rope_qk(q, k, n: int, n_head: int, n_head_kv: int, head_dim: int, n_rot: int, qscale: float) -> None:
     """rope_qk's arguments: q f32 [n, >= n_head*head_dim], k f32 [n, >= n_head_kv*head_dim], C-contiguous rows;
-    0 < n_rot <= head_dim, even; a q scale != 1 only when every dim is rotated. Raises gpu.ShapeError."""
+    0 < n_rot <= head_dim, even; a q scale != 1 only when every dim is rotated. Raises errors.ShapeError."""
     for what, a, nh in (("q", q, n_head), ("k", k, n_head_kv)):
         check_rows(a, f"rope_qk: {what}", nh * head_dim, n)
     if n_rot <= 0 or n_rot % 2 or n_rot > head_dim:
-        raise gpu.ShapeError(f"rope_qk: n_rot={n_rot} must be even and in 1..head_dim={head_dim}")
+        raise errors.ShapeError(f"rope_qk: n_rot={n_rot} must be even and in 1..head_dim={head_dim}")
     if qscale != 1.0 and n_rot != head_dim:
-        raise gpu.ShapeError(f"rope_qk: the q scale is applied to rotated dims only; n_rot={n_rot} < "
-                             f"head_dim={head_dim} needs the separate q scale")
+        raise errors.ShapeError(f"rope_qk: the q scale is applied to rotated dims only; n_rot={n_rot} < "
+                                f"head_dim={head_dim} needs the separate q scale")

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from . import gpu, nvml, paths, ptxas, records
-from .gpu import ShapeError, SharedMemoryError
+from .errors import ShapeError, SharedMemoryError
 from .kernels import registry
 from .wgmma_pack import (BLOCK_BYTES, PLANE_BYTES, QK, RepackError, emulate_weights, exact_gate, gate,  # noqa: F401
                          int8_path_error, planes_q6, repack, scale_plane, unrepack)
@@ -372,7 +372,8 @@ def variant_params(variant: str, qtype: str) -> tuple[str, dict]:
     """A benchmark variant name -> (family, template params): 'wgmma_bn128_s4_scl0' / 'int8_q4k_nb'."""
     if variant.startswith("int8_"):
         fam = variant[5:]
-        f, p = gpu._int8_default(qtype)      # the registry's default int8 variant of the type
+        v = registry.default_variant(qtype)       # the registry's default int8 variant of the type
+        f, p = v.family, v.p
         return fam, (dict(p) if f == fam else {})
     return "wgmma_kq", Variant.parse(variant).params
 

@@ -29,7 +29,7 @@ CORE = frozenset({
     "labkernels", "labkernels.paths", "labkernels.quants", "labkernels.layout", "labkernels.quantize_ref",
     "labkernels.reference", "labkernels.prefill_ref", "labkernels.model", "labkernels.gguf_check", "labkernels.ptxas",
     "labkernels.arch", "labkernels.synthetic", "labkernels.kernels", "labkernels.kernels.registry",
-    "labkernels.kernels.gen_wgmma", "labkernels.gpu", "labkernels.wgmma", "labkernels.wgmma_pack", "labkernels.wgmma_sched", "labkernels.gemv", "labkernels.dispatch", "labkernels.forward_common", "labkernels.recorded_tables",
+    "labkernels.kernels.gen_wgmma", "labkernels.errors", "labkernels.gpu", "labkernels.blas", "labkernels.wgmma", "labkernels.wgmma_pack", "labkernels.wgmma_sched", "labkernels.gemv", "labkernels.dispatch", "labkernels.forward_common", "labkernels.recorded_tables",
     "labkernels.attention", "labkernels.graph_nodes", "labkernels.trace", "labkernels.prefill", "labkernels.decode",
     "labkernels.records", "labkernels.provenance", "labkernels.nvml",
 })
@@ -52,10 +52,6 @@ KNOWN_CYCLES: dict[frozenset, str] = {
     frozenset({"labkernels.nvbench_check", "labkernels.rounds.r09_decode"}):
         "round 9's step nvbench_check runs labkernels.nvbench_check, which times round 9's GEMV through r09_decode's "
         "bench (both lab; the step could move into nvbench_check's own registration)",
-    frozenset({"labkernels.gpu", "labkernels.dispatch", "labkernels.wgmma", "labkernels.wgmma_sched",
-               "labkernels.gemv"}):
-        "gpu forwards qmatmul & co. to dispatch for notebooks and r09_decode (drop once they name dispatch); "
-        "wgmma_sched raises gpu's ShapeError",
 }
 
 #: function-local core -> lab imports still allowed, each with its reason

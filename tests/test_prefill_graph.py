@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cpu_gpu_shim import OpNames as Ops, install
-from labkernels import gpu
+from labkernels import errors
 from labkernels.prefill import (FUSIONS, GpuModel, GraphCaptureError, GraphEntry, PrefillOptions, Weight,
                                 check_act_mul_gu, check_add_rmsnorm, check_rope_qk, check_rope_qkv16, timed_prefill)
 from labkernels.synthetic import SyntheticModel, q4_k_m_recipe, tiny_config
@@ -331,17 +331,17 @@ def test_add_rmsnorm_argument_checks():
     w = np.ones(256, np.float32)
     check_add_rmsnorm(x, x.copy(), w, w)
     check_add_rmsnorm(x[3:], x[3:].copy(), w)                    # the last row: a contiguous view
-    with pytest.raises(gpu.ShapeError, match="x must be"):
+    with pytest.raises(errors.ShapeError, match="x must be"):
         check_add_rmsnorm(x.astype(np.float16), x, w)
-    with pytest.raises(gpu.ShapeError, match="x must be"):
+    with pytest.raises(errors.ShapeError, match="x must be"):
         check_add_rmsnorm(x[:, :128], x[:, :128].copy(), w[:128])
-    with pytest.raises(gpu.ShapeError, match="delta must be"):
+    with pytest.raises(errors.ShapeError, match="delta must be"):
         check_add_rmsnorm(x, x[:3].copy(), w)
-    with pytest.raises(gpu.ShapeError, match="delta must be"):
+    with pytest.raises(errors.ShapeError, match="delta must be"):
         check_add_rmsnorm(x, x.astype(np.float16), w)
-    with pytest.raises(gpu.ShapeError, match="w must be"):
+    with pytest.raises(errors.ShapeError, match="w must be"):
         check_add_rmsnorm(x, x.copy(), w[:128])
-    with pytest.raises(gpu.ShapeError, match="pre must be"):
+    with pytest.raises(errors.ShapeError, match="pre must be"):
         check_add_rmsnorm(x, x.copy(), w, w.astype(np.float16))
 
 
@@ -349,13 +349,13 @@ def test_act_mul_gu_argument_checks():
     gu, out = np.zeros((3, 2 * 512), np.float32), np.zeros((3, 512), np.float16)
     check_act_mul_gu(gu, out, 512)
     check_act_mul_gu(gu, out.astype(np.float32), 512)
-    with pytest.raises(gpu.ShapeError, match="gu must be"):
+    with pytest.raises(errors.ShapeError, match="gu must be"):
         check_act_mul_gu(gu, out, 256)
-    with pytest.raises(gpu.ShapeError, match="gu must be"):
+    with pytest.raises(errors.ShapeError, match="gu must be"):
         check_act_mul_gu(gu.astype(np.float16), out, 512)
-    with pytest.raises(gpu.ShapeError, match="out must be"):
+    with pytest.raises(errors.ShapeError, match="out must be"):
         check_act_mul_gu(gu, out[:2], 512)
-    with pytest.raises(gpu.ShapeError, match="out must be"):
+    with pytest.raises(errors.ShapeError, match="out must be"):
         check_act_mul_gu(gu, out.astype(np.int32), 512)
 
 
@@ -393,15 +393,15 @@ def test_rope_qk_argument_checks():
     q, k = np.zeros((5, 4 * 64), np.float32), np.zeros((5, 2 * 64), np.float32)
     check_rope_qk(q, k, 5, 4, 2, 64, 64, 0.125)
     check_rope_qk(q, k, 5, 4, 2, 64, 32, 1.0)
-    with pytest.raises(gpu.ShapeError, match="q scale"):
+    with pytest.raises(errors.ShapeError, match="q scale"):
         check_rope_qk(q, k, 5, 4, 2, 64, 32, 0.125)
-    with pytest.raises(gpu.ShapeError, match="n_rot"):
+    with pytest.raises(errors.ShapeError, match="n_rot"):
         check_rope_qk(q, k, 5, 4, 2, 64, 63, 1.0)
-    with pytest.raises(gpu.ShapeError, match="does not hold"):
+    with pytest.raises(errors.ShapeError, match="does not hold"):
         check_rope_qk(q, k, 6, 4, 2, 64, 64, 1.0)
-    with pytest.raises(gpu.ShapeError, match="k .* does not hold"):
+    with pytest.raises(errors.ShapeError, match="k .* does not hold"):
         check_rope_qk(q, k, 5, 4, 4, 64, 64, 1.0)
-    with pytest.raises(gpu.ShapeError, match="q must be"):
+    with pytest.raises(errors.ShapeError, match="q must be"):
         check_rope_qk(q[:, ::2], k, 5, 2, 2, 64, 64, 1.0)
 
 
@@ -442,13 +442,13 @@ def test_fused_forward_equals_unfused(monkeypatch, arch, tiny, model):
 def test_rope_qkv16_argument_checks():
     q, k, v = (np.zeros((5, h * 64), np.float32) for h in (4, 2, 2))
     check_rope_qkv16(q, k, v, 5, 4, 2, 64, 64, 32)
-    with pytest.raises(gpu.ShapeError, match="v must be"):
+    with pytest.raises(errors.ShapeError, match="v must be"):
         check_rope_qkv16(q, k, v.astype(np.float16), 5, 4, 2, 64, 64, 64)
-    with pytest.raises(gpu.ShapeError, match="v .* does not hold"):
+    with pytest.raises(errors.ShapeError, match="v .* does not hold"):
         check_rope_qkv16(q, k, v, 5, 4, 2, 64, 96, 64)
-    with pytest.raises(gpu.ShapeError, match="must be even"):
+    with pytest.raises(errors.ShapeError, match="must be even"):
         check_rope_qkv16(np.zeros((5, 4 * 63), np.float32), np.zeros((5, 2 * 63), np.float32), v, 5, 4, 2, 63, 64, 62)
-    with pytest.raises(gpu.ShapeError, match="n_rot"):
+    with pytest.raises(errors.ShapeError, match="n_rot"):
         check_rope_qkv16(q, k, v, 5, 4, 2, 64, 64, 66)
 
 

@@ -237,9 +237,9 @@ def test_rounds_3_and_4_measure_through_the_table_on_the_cpu_shim(monkeypatch, t
     from labkernels import bench
 
     install(monkeypatch)                     # the GEMMs: the exact integer reference, what the gates check
-    from labkernels import gpu
+    from labkernels import blas
 
-    monkeypatch.setattr(gpu, "matmul_f16", lambda a, b, out=None: a.astype(np.float32) @ b.astype(np.float32).T)
+    monkeypatch.setattr(blas, "matmul_f16", lambda a, b, out=None: a.astype(np.float32) @ b.astype(np.float32).T)
     monkeypatch.setattr(bench, "time_launches", lambda fn, warmup=3, repeats=20, flush=None: (fn(), np.ones(3))[1])
     monkeypatch.setattr(bench, "Flusher", lambda: None)
     monkeypatch.setattr(bench, "mma_ceiling", lambda k: {"mma_k": k, "tops": 1.0})

@@ -79,7 +79,7 @@ def kdr_sweep(shapes, nts, repeats: int = 10, run=None, seed: int = 0, progress=
 def bench_q4k(shapes, nts, variant: str = PLAN["q4k_variant"], repeats: int = 20, pairs: int = 3, run=None, seed: int = 0,
               progress=print) -> list[dict]:
     """A q4_K raw-nibble variant vs cuBLAS fp16 on cached dequantized weights (and with the dequant)."""
-    from .. import gpu
+    from .. import blas, gpu
     from ..kernels import registry
 
     cp = gpu.cp()
@@ -99,8 +99,8 @@ def bench_q4k(shapes, nts, variant: str = PLAN["q4k_variant"], repeats: int = 20
             y16 = cp.empty((nt, od), cp.float16)
             variants = {
                 v.name: fn,
-                "cublas_f16_cached": lambda: gpu.matmul_f16(x16, w16, out=y16),
-                "cublas_f16_with_dequant": lambda: (gpu.dequant_f16(w, out=w16), gpu.matmul_f16(x16, w16, out=y16)),
+                "cublas_f16_cached": lambda: blas.matmul_f16(x16, w16, out=y16),
+                "cublas_f16_with_dequant": lambda: (gpu.dequant_f16(w, out=w16), blas.matmul_f16(x16, w16, out=y16)),
                 "prepass": lambda: gpu.prepass(xg),
             }
             res = bench.interleaved(variants, pairs=pairs, repeats=repeats, flush=flush)

@@ -312,7 +312,7 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
     import gguf
 
     from .. import bench as B
-    from .. import cases, gemv, gpu, wgmma
+    from .. import blas, cases, dispatch, gemv, gpu, wgmma
 
     rng = np.random.default_rng(seed or None)
     cb = copy_bandwidth()
@@ -376,12 +376,12 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
                                                           "variant": name, **plan, "exact_rel": g["exact_rel"],
                                                           "nmse": g["nmse"]}])
                     if "wgmma" in baselines and wgmma.supported(gpu.device_props()["cc"]):
-                        variants["wgmma"] = lambda: gpu.qmatmul(xd, w, kernel="wgmma_kq")
+                        variants["wgmma"] = lambda: dispatch.qmatmul(xd, w, kernel="wgmma_kq")
                         typed["wgmma"] = {"family": "wgmma_kq"}
                     if wd16 is not None:
                         x16 = xd if act == "f16" else xd.astype(cp.float16)
-                        variants["cublas"] = (lambda x16=x16: gpu.matmul_f16(x16, wd16)) if act == "f16" else \
-                            (lambda: gpu.matmul_f16(xd.astype(cp.float16), wd16))
+                        variants["cublas"] = (lambda x16=x16: blas.matmul_f16(x16, wd16)) if act == "f16" else \
+                            (lambda: blas.matmul_f16(xd.astype(cp.float16), wd16))
                         typed["cublas"] = {"family": "cublas_f16"}
                     res = B.interleaved(variants, pairs=pairs, repeats=repeats, flush=flusher,
                                         leads={v: lead for v in variants} if lead else None)

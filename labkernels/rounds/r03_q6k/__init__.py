@@ -34,7 +34,7 @@ def bench_q6k(shapes, nts, variants=Q6K_VARIANTS, stride: int = 210, repeats: in
 
     Every case is parity-gated (subset of tokens, all rows, both references) before it is timed; a failed
     gate raises. Rows are appended to ``run`` (table ``q6k_bench`` / ``q6k_pairs``) as they are measured."""
-    from ... import gpu
+    from ... import blas, gpu
     from ...kernels import registry
 
     cp = gpu.cp()
@@ -56,8 +56,8 @@ def bench_q6k(shapes, nts, variants=Q6K_VARIANTS, stride: int = 210, repeats: in
                 cases.gate_launch(launch[v.name], y, refs, f"{v.name} at nt={nt} od={od} id={id_}", run, v.name)
                 variants_fn[v.name] = launch[v.name]
             y16 = cp.empty((nt, od), cp.float16)
-            variants_fn["cublas_f16_cached"] = lambda: gpu.matmul_f16(x16, w16, out=y16)
-            variants_fn["cublas_f16_with_dequant"] = lambda: (gpu.dequant_f16(w, out=w16), gpu.matmul_f16(x16, w16, out=y16))
+            variants_fn["cublas_f16_cached"] = lambda: blas.matmul_f16(x16, w16, out=y16)
+            variants_fn["cublas_f16_with_dequant"] = lambda: (gpu.dequant_f16(w, out=w16), blas.matmul_f16(x16, w16, out=y16))
             variants_fn["prepass"] = lambda: gpu.prepass(xg)
             t0 = time.time()
             res = bench.interleaved(variants_fn, pairs=pairs, repeats=repeats, flush=flush)

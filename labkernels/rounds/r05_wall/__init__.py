@@ -157,12 +157,12 @@ def step_graph_nodes(out: Path, args) -> dict:
     (:mod:`.graph_census`): gemm_dense through cublasGemmEx (before) and cuBLASLt without split-K (after), outputs
     compared bitwise and to float64; the SDPA with the prefill's plan and every candidate plan. One ``prefill``
     run (tables dense_nodes, sdpa_nodes)."""
-    from ... import attention, gpu, records
+    from ... import attention, blas, records
     from . import graph_census
 
     params = {"what": "graph_nodes", "dense_points": [list(p) for p in graph_census.DENSE_POINTS],
               "dense_shapes": graph_census.GEMMA_DENSE, "dense_rtol": graph_census.DENSE_RTOL,
-              "dense_path": gpu.DENSE_PATH, "cudnn_plan": attention.CUDNN_PLAN, "sdpa_nts": list(graph_census.SDPA_NTS),
+              "dense_path": blas.DENSE_PATH, "cudnn_plan": attention.CUDNN_PLAN, "sdpa_nts": list(graph_census.SDPA_NTS),
               "sdpa_plan_nts": list(graph_census.SDPA_PLAN_NTS), "sdpa_dtype": args.attn_dtype,
               "sdpa_kinds": {k: vars(v) for k, v in attention.bench_layouts()["gemma-3-270m"].items()}}
     with records.recording("prefill", params, root=out / "data") as run:
@@ -174,7 +174,7 @@ def step_graph_nodes(out: Path, args) -> dict:
             sdpa = [{"kind": "all", "plan": "all", "error": f"{type(e).__name__}: {e}"}]
         run.append("sdpa_nodes", sdpa)
         v = graph_census.check(dense, sdpa)
-        v["dense_fallbacks"] = gpu.dense_fallbacks()
+        v["dense_fallbacks"] = blas.dense_fallbacks()
         for p in v["problems"]:
             args.log(f"graph_nodes: {p}")
         run.finish(**{k: x for k, x in v.items() if k != "ok"}, ok=v["ok"])

@@ -151,7 +151,7 @@ def step_prefill_graph(out: Path, args) -> dict:
     as a class before (eager, unfused) and after (graph, fused) at nt 64, 512, 3325. One recorded run per model."""
     import gc
 
-    from ... import attention, gpu, records, synthetic
+    from ... import attention, blas, gpu, records, synthetic
     from ...model import default_model_path
     from ...prefill import GpuModel, PrefillOptions
 
@@ -177,7 +177,7 @@ def step_prefill_graph(out: Path, args) -> dict:
                   "variants": GRAPH_VARIANTS,
                   "option_defaults": {f: getattr(PrefillOptions(), f) for f in GRAPH_OPTIONS + ("other_f16", "attention")},
                   "attn_f16": True, "kernel": args.kernel,
-                  "dense_path": gpu.DENSE_PATH, "cudnn_plan": attention.CUDNN_PLAN}
+                  "dense_path": blas.DENSE_PATH, "cudnn_plan": attention.CUDNN_PLAN}
         with records.recording("prefill", params, root=out / "data") as run:
             m = synthetic.load_model(spec)
             gm = GpuModel(m, opts=PrefillOptions(attn_f16=True, kernel=args.kernel))

@@ -24,7 +24,7 @@ WGMMA_DRIVER = r"""
 import sys, numpy as np, cupy as cp
 from labkernels import quants, wgmma
 from labkernels.rounds.r07_wgmma import builds as wb
-from labkernels.gpu import SharedMemoryError
+from labkernels.errors import SharedMemoryError
 from labkernels.kernels import registry
 mode = sys.argv[1]
 rng = np.random.default_rng(3)
@@ -289,11 +289,11 @@ def step_wgmma_ncu(out: Path, args) -> dict:
 
 
 #: the twenty-second step's driver: one launch per process, profiled between cudaProfilerStart / Stop after warm-up
-#: calls (ncu --profile-from-start off): cuBLAS fp16 (the benchmark's baseline call, gpu.matmul_f16) or a lab launch
+#: calls (ncu --profile-from-start off): cuBLAS fp16 (the benchmark's baseline call, blas.matmul_f16) or a lab launch
 #: (plain launch of record, the KPAIR build or one of its ablations, kpair.KPAIR_BUILDS), printing its case line
 SMEM_DRIVER = r"""
 import sys, numpy as np, cupy as cp
-from labkernels import cases, wgmma, gpu
+from labkernels import blas, cases, wgmma
 from labkernels.rounds.r07_wgmma import builds as wb, kpair
 who, qtype, nt, od, id_, bn, sk, epi = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:9])
 rng = np.random.default_rng(5)
@@ -301,7 +301,7 @@ x16 = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float16))
 if who == "cublas":
     w16 = cp.asarray((rng.standard_normal((od, id_)) * .02).astype(np.float16))
     y = cp.empty((nt, od), cp.float16)
-    launch = lambda: gpu.matmul_f16(x16, w16, out=y)
+    launch = lambda: blas.matmul_f16(x16, w16, out=y)
 else:
     w = wgmma.WgWeight.from_gguf(cases.synthetic_weights(qtype, od, id_, rng), qtype)
     y = cp.empty((nt, od), cp.float32)
