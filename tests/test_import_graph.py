@@ -47,12 +47,9 @@ LAB_PACKAGES = ("labkernels.rounds",)      # every module of these packages is l
 #: module-level import cycles allowed, each with its reason (none)
 KNOWN_TOP_CYCLES: dict[frozenset, str] = {}
 
-#: cycles through function-local imports still allowed: a cycle must lie inside one entry
-KNOWN_CYCLES: dict[frozenset, str] = {
-    frozenset({"labkernels.nvbench_check", "labkernels.rounds.r09_decode"}):
-        "round 9's step nvbench_check runs labkernels.nvbench_check, which times round 9's GEMV through r09_decode's "
-        "bench (both lab; the step could move into nvbench_check's own registration)",
-}
+#: cycles through function-local imports still allowed: a cycle must lie inside one entry (none since the core split:
+#: gpu no longer forwards qmatmul & co. to dispatch, nvbench_check holds round 9's GEMV lead instead of importing the round)
+KNOWN_CYCLES: dict[frozenset, str] = {}
 
 #: function-local core -> lab imports still allowed, each with its reason
 KNOWN_UPWARD: dict[tuple[str, str], str] = {}   # none since the wgmma split (its build cache reads ptxas' report

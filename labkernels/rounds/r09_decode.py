@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import nvbench_check
 from ..peers import model_label, sha256_file   # a GGUF named as llama-bench's rows name it
 
 NOTEBOOK = "09_decode"
@@ -546,8 +547,6 @@ def step_gemv_step2(out, args) -> dict:
 def step_nvbench_check(out, args) -> dict:
     """The headline ratios (round 7's GEMM at nt=512 / 4096, this round's GEMV at nt=1, each vs cuBLAS fp16) timed by
     nvbench (cuda-bench) and by the lab's harness, compared within 2% (labkernels.nvbench_check)."""
-    from .. import nvbench_check
-
     return nvbench_check.step_nvbench_check(out, args)
 
 
