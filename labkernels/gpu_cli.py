@@ -96,9 +96,9 @@ def main(args) -> int:
 
 
 def import_main(args) -> int:
-    from . import records
+    from . import records_admin
 
-    copied = records.import_runs(Path(args.src))
+    copied = records_admin.import_runs(Path(args.src))
     print(f"imported {len(copied)} files into data/:")
     for c in copied:
         print("  ", c)

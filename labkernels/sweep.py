@@ -62,7 +62,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import bench, cases, gpu, nvml, paths, provenance, quants, records, reference, rounds
+from . import bench, cases, gpu, nvml, paths, provenance, quants, records, records_admin, reference, rounds
 from .paths import PLANS_DIR, REPORTS_DIR
 from .kernels import registry
 from .recorded_tables import SUMMARY_ROUND, best_variants, pick_variant, shape_class  # noqa: F401
@@ -577,7 +577,7 @@ def execute(spec: dict, ctx: dict) -> dict:
 def merge_into_data(staged: Path, dest: Path) -> list[str]:
     """The one import of staged runs into data/: records' validated, atomic import (every run's manifest,
     metadata and tables checked before anything is copied)."""
-    return records.import_runs(staged, dest)
+    return records_admin.import_runs(staged, dest)
 
 
 def _read_meta(p: Path) -> dict:
@@ -610,7 +610,7 @@ def _annotate_and_dedupe(staged: Path, dest: Path, sweep: dict, role: str) -> li
             meta["run_id"] = new
         _write_meta(mp, meta)
         # the run's metadata changed (provenance.sweep, maybe its id): seal it again, so the validated import
-        # (records.import_runs: manifest, sha256, rows) checks what is merged
+        # (records_admin.import_runs: manifest, sha256, rows) checks what is merged
         records.write_manifest(records.Run(series, new, staged, meta, folder=rnd))
         out.append((series, new))
     return out

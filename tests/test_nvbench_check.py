@@ -6,7 +6,7 @@ import math
 import pytest
 
 from labkernels import nvbench_check as NB
-from labkernels import records
+from labkernels import records, records_admin
 
 
 def _summary(tag, v):
@@ -92,7 +92,7 @@ def test_run_check_records_the_comparison_and_the_pages_show_it(tmp_path, monkey
     run = records.load(NB.SERIES, res["run"], root)
     assert run.dir.name == "09_decode" and set(run.meta["tables"]) == {"comparison", "nvbench"}
     assert run.meta["summary"]["agree"] is False and run.meta["params"]["tolerance"] == NB.TOLERANCE
-    assert records.check_data(root)[1] == []
+    assert records_admin.check_data(root)[1] == []
     assert records.latest("decode", root) is None               # round 9's replay of its benchmark is untouched
     line7, t7 = NB.page_view(7, root)
     assert list(t7.case) == ["gemm_q4k_nt512", "gemm_q4k_nt4096"] and t7.agree.all() and res["run"] in line7

@@ -31,7 +31,7 @@ sees its own). Two folders keep a plain name because no single round owns them:
 * ``data/peers/`` -- llama.cpp measured as the peer (``labkernels peers``), read by rounds 3, 4, 5 and 7.
 
 ``labkernels migrate-data`` moves the runs of the old folders (``data/q6k/``...) into the round folders, bytes
-unchanged (``records.migrate``).
+unchanged (``records_admin.migrate``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import pytest
 
 from hostile_util import REPO, assert_clean_error, finished_run, labkernels, tiny_gguf
 from labkernels import (arch, dispatch, errors, layout, occupancy, pipeline, prefill_ref, prefill_runs, quants,
-                        records, reference, wgmma)
+                        records, records_admin, reference, wgmma)
 from labkernels.model import ModelError
 
 
@@ -167,7 +167,7 @@ def test_a_manifest_byte_count_beyond_int64_or_a_running_status_is_a_record_erro
 def test_check_data_names_a_temporary_file_left_in_a_round_folder(tmp_path):
     run, _ = _copy_run(tmp_path)
     (run.dir / f".{run.run_id}.json.abc.tmp").write_text("{")
-    n, problems = records.check_data(tmp_path / "data")
+    n, problems = records_admin.check_data(tmp_path / "data")
     assert any("left by a write that was interrupted" in p for p in problems), problems
 
 

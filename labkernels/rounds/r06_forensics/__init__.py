@@ -19,11 +19,11 @@ def record_runs(root=None, progress=print, *, metrics_set) -> dict:
     from pathlib import Path
 
     from . import forensics
-    from ... import records
+    from ... import records, records_admin
 
     tmp = Path(tempfile.mkdtemp(prefix="lk-ncu-"))
     res = forensics.run_forensics(tmp, metrics_set=metrics_set, record=True, progress=progress)
-    records.import_runs(tmp / "data", root)
+    records_admin.import_runs(tmp / "data", root)
     progress(f"raw ncu output: {tmp}")
     return {DATA[0]: records.load(DATA[0], res["summary"]["run"], root)}
 
