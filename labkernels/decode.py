@@ -54,6 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import blas, dispatch, errors, forward_common, gemv, gpu, graph_nodes
+from .attention_kinds import LayerKind
 from .forward_common import GRAPH_RTOL, GraphCaptureError, check_act_mul_gu
 from .kernels import registry
 from .trace import NullTracer
@@ -255,7 +256,7 @@ def attn_workspace(plan: AttnPlan, n_head_kv: int, head_dim: int):
 def decode_attention(q16, kc, vc, st, kind, n_ctx: int, plan: AttnPlan, ws, cnt, out16: bool = True, out=None):
     """One layer's attention of the token at position st[ST_POS] over the cache (kernels/decode.cu decode_attn):
     q16 fp16 [1, H*D] (pre-scaled: softmax scale ``kind.scale``, 1 in the decode step), kc / vc fp16 [n_ctx, Hk*D]
-    -> [1, H*D] fp16 (``out16``) or f32. ``kind``: an attention.LayerKind (heads, dims, window)."""
+    -> [1, H*D] fp16 (``out16``) or f32. ``kind``: an attention_kinds.LayerKind (heads, dims, window)."""
     cp = gpu.cp()
     H, Hk, D = kind.n_head, kind.n_head_kv, kind.head_dim
     if kind.head_dim != kind.head_dim_v or D not in ATTN_HEAD_DIMS or H % Hk:
@@ -375,8 +376,6 @@ class Decoder:
         self.graph_refused: str | None = None
         self.stats: dict = {}
         self.opts_key = gm.opts.key()
-        from .attention import LayerKind
-
         self.kinds = [LayerKind(c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v,
                                 int(c.sliding_window) if c.is_sliding(il) else 0, 1.0) for il in range(c.n_layer)]
         self.families: list[str] = []

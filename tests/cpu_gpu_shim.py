@@ -166,7 +166,7 @@ class FakeKernel:
         self._act_mul(np.ascontiguousarray(rows[:, :n_ff]), rows[:, n_ff:], out.reshape(-1, n_ff), n)
 
     def _flash_attn(self, q, k, v, o, n, H, Hk, WH, window, scale_log2, items, kcb, maxc, ws, cnt):
-        from labkernels.attention import LayerKind, sdpa_ref
+        from labkernels.attention_kinds import LayerKind, sdpa_ref
 
         n, H, Hk, d = int(n), int(H), int(Hk), int(self.p["D"])
         assert H % int(WH) == 0 and (H // Hk) % int(WH) == 0      # a CTA's heads share one kv head

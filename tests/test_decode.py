@@ -295,7 +295,7 @@ def test_attention_plan():
 
 def test_decode_attention_checks_its_arguments(monkeypatch):
     install(monkeypatch, exact=True)
-    from labkernels.attention import LayerKind
+    from labkernels.attention_kinds import LayerKind
 
     kind = LayerKind(4, 1, 64, 64, 0, 1.0)
     plan = decode.attn_plan(4, 1, 16)

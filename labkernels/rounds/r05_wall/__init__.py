@@ -136,14 +136,14 @@ def step_attention(out: Path, args) -> dict:
     """Issue 17: attention alone (cuDNN fused SDPA vs the lab's baseline vs PyTorch SDPA per backend, the 7B and
     Gemma 3 270M layouts, nt 512 / 3325 / 8192, interleaved CUDA-event medians; parity against the fp32 baseline),
     recorded as an ``attention`` run (data/05_wall_decomposition/); then round 5's decomposition of the synthetic 7B with --attention (auto)."""
-    from ... import attention, records
+    from ... import attention, attention_kinds, records
     from . import attention_bench
 
     nts = [int(x) for x in args.attention_nts.split(",") if x]
     paths = attention.status()
     args.log(f"attention paths: {paths}")
     with records.recording("attention", {"layouts": {k: {lk: vars(v) for lk, v in d.items()}
-                                                     for k, d in attention.bench_layouts().items()},
+                                                     for k, d in attention_kinds.bench_layouts().items()},
                                          "nts": nts, "dtype": args.attn_dtype, "pairs": 3, "repeats": 10,
                                          "scopes": ["op", "kernel"], "paths": paths}, root=out / "data") as run:
         res = attention_bench.record_bench(run, nts=nts, dtype=args.attn_dtype, progress=args.log)
@@ -157,20 +157,20 @@ def step_graph_nodes(out: Path, args) -> dict:
     (:mod:`.graph_census`): gemm_dense through cublasGemmEx (before) and cuBLASLt without split-K (after), outputs
     compared bitwise and to float64; the SDPA with the prefill's plan and every candidate plan. One ``prefill``
     run (tables dense_nodes, sdpa_nodes)."""
-    from ... import attention, blas, records
+    from ... import attention, attention_kinds, blas, records
     from . import graph_census
 
     params = {"what": "graph_nodes", "dense_points": [list(p) for p in graph_census.DENSE_POINTS],
               "dense_shapes": graph_census.GEMMA_DENSE, "dense_rtol": graph_census.DENSE_RTOL,
               "dense_path": blas.DENSE_PATH, "cudnn_plan": attention.CUDNN_PLAN, "sdpa_nts": list(graph_census.SDPA_NTS),
               "sdpa_plan_nts": list(graph_census.SDPA_PLAN_NTS), "sdpa_dtype": args.attn_dtype,
-              "sdpa_kinds": {k: vars(v) for k, v in attention.bench_layouts()["gemma-3-270m"].items()}}
+              "sdpa_kinds": {k: vars(v) for k, v in attention_kinds.bench_layouts()["gemma-3-270m"].items()}}
     with records.recording("prefill", params, root=out / "data") as run:
         dense = graph_census.dense_census(progress=args.log)
         run.append("dense_nodes", dense)
         try:
             sdpa = graph_census.sdpa_census(dtype=args.attn_dtype, progress=args.log)
-        except (attention.AttentionUnavailable, attention.AttentionError) as e:
+        except (attention_kinds.AttentionUnavailable, attention_kinds.AttentionError) as e:
             sdpa = [{"kind": "all", "plan": "all", "error": f"{type(e).__name__}: {e}"}]
         run.append("sdpa_nodes", sdpa)
         v = graph_census.check(dense, sdpa)

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from ... import attention, blas, gpu, graph_nodes
+from ... import attention, attention_kinds, blas, gpu, graph_nodes
 
 
 #: Gemma 3 270M's dense (non-k-quant) GEMMs of one layer: (rows of w, columns) -- q/k/v stacked (4x256 + 256 + 256),
@@ -108,7 +108,7 @@ def sdpa_census(nts=SDPA_NTS, plan_nts=SDPA_PLAN_NTS, dtype: str = "f16", reps: 
     rng = np.random.default_rng(0)
     stream = cp.cuda.Stream(non_blocking=True)
     backends = {p: attention.Cudnn(None, dtype, "graph_nodes census", plan=p) for p in attention.CUDNN_PLANS}
-    kinds = attention.bench_layouts()["gemma-3-270m"]
+    kinds = attention_kinds.bench_layouts()["gemma-3-270m"]
     t0 = time.time()
     rows, listed = [], set()
     for label, kind0 in kinds.items():
@@ -121,7 +121,7 @@ def sdpa_census(nts=SDPA_NTS, plan_nts=SDPA_PLAN_NTS, dtype: str = "f16", reps: 
                 ref = eager if ref is None else ref
                 row.update(kind=label, window=kind.window, nt=n, dtype=dtype, plan=p,
                            bitwise_vs_prefill=bool(np.array_equal(eager, ref)),
-                           max_rel_vs_prefill=graph_nodes._max_rel(attention.as_f64(eager, dtype), attention.as_f64(ref, dtype)))
+                           max_rel_vs_prefill=graph_nodes._max_rel(attention_kinds.as_f64(eager, dtype), attention_kinds.as_f64(ref, dtype)))
                 rows.append(row)
                 progress(f"sdpa {label} nt={n} {p}: {row['n_kernel']} kernel + {row['n_memset']} memset nodes "
                          f"(memset at {row['memset_where'] or '-'}, {row['memset_bytes']} B, zero after: "
@@ -170,7 +170,7 @@ def _sdpa_plans(b, label, kind, n, dtype, ins, eager, stream, reps, launches, de
         G, count = graph_nodes._candidates(b, n, kind)
     except Exception as e:
         return [{"kind": label, "nt": n, "dtype": dtype, "plan": "all", "error": f"{type(e).__name__}: {e}"}]
-    ref = attention.as_f64(eager, dtype)
+    ref = attention_kinds.as_f64(eager, dtype)
     q, k, v = ins
     out = gpu.cp().zeros(eager.shape, q.dtype)
     rows = []
@@ -180,7 +180,7 @@ def _sdpa_plans(b, label, kind, n, dtype, ins, eager, stream, reps, launches, de
             rows.append({**base, "plan": str(i), "error": "left out: the census's time budget is spent"})
             continue
         row, got, ws = graph_nodes._plan_trial(b, G, i, ins, eager.shape[1], stream)
-        got = attention.as_f64(got, dtype) if got is not None else None
+        got = attention_kinds.as_f64(got, dtype) if got is not None else None
         row = {**base, **row}
         if got is not None:
             row["bitwise_vs_prefill"] = bool(np.array_equal(got, ref))

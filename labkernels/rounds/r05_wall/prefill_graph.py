@@ -58,7 +58,7 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
     graph replays' launch-by-launch gaps (table replay_gaps); the captured graphs."""
     import dataclasses
 
-    from ... import attention, gpu, prefill_runs
+    from ... import attention_kinds, gpu, prefill_runs
     from ...prefill import timed_prefill
     from .decompose import host_overhead_table, run_decomposition
 
@@ -73,7 +73,7 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
         use(v)
         try:
             gm.attn
-        except (attention.AttentionUnavailable, attention.AttentionError) as e:
+        except (attention_kinds.AttentionUnavailable, attention_kinds.AttentionError) as e:
             run.append("variants_unavailable", {"model": label, "variant": v, "reason": str(e)})
             progress(f"{label}: variant {v} left out: {e}")
             continue
