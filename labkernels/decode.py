@@ -28,7 +28,7 @@ no launch of the step takes a per-token host argument and one captured graph ser
 
 The first decode step runs eager (it loads every module and sizes every workspace, with its activations in a private
 memory pool), then the step is captured (CuPy / runtime stream capture, as the prefill's graph) and its first replay is
-checked at the warm-up's position against the eager step (``prefill.GRAPH_RTOL``); every later token is one replay.
+checked at the warm-up's position against the eager step (``forward_common.GRAPH_RTOL``); every later token is one replay.
 Tokens are read back once at the end. ``graph`` as the prefill's: None -- a graph where it captures, else eager steps
 with the reason kept in ``Decoder.graph_refused``; True -- a capture failure raises; False -- eager steps.
 

@@ -1,7 +1,7 @@
 """What the prefill and the decode share, below both: CUDA graph capture support (:func:`graph_support`,
 :class:`RawGraph`, :class:`GraphCaptureError`, :data:`GRAPH_RTOL`) and the argument check of the fused activation
-kernel. Split from ``prefill.py`` (issue 42) so that the decode no longer imports the prefill; ``prefill`` keeps
-every name."""
+kernel. Split from ``prefill.py`` (issue 42) so that the decode no longer imports the prefill; callers name this
+module (``prefill`` no longer re-exports its names)."""
 
 from __future__ import annotations
 

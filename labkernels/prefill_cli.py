@@ -55,7 +55,8 @@ def prefill_main(args) -> int:
         print(f"labkernels prefill: error: {err}", file=sys.stderr)
         return 2
     _need_gpu()
-    from .prefill import GpuModel, PrefillOptions, timed_prefill
+    from .prefill import GpuModel, PrefillOptions
+    from .prefill_graph import timed_prefill
     from .prefill_ref import detokenize
 
     m = load_model(args.model)

@@ -16,7 +16,8 @@ import pytest
 from cpu_gpu_shim import install, install_wgmma
 from labkernels import decode, errors, gpu
 from labkernels.decode import CacheAllocationError, DecodeError
-from labkernels.prefill import GpuModel, GraphCaptureError, PrefillOptions
+from labkernels.forward_common import GraphCaptureError
+from labkernels.prefill import GpuModel, PrefillOptions
 from labkernels.synthetic import SyntheticModel, q4_k_m_recipe, tiny_config
 
 #: decode step vs the full prefill on the tiny synthetic models (max |diff| / max |prefill logits| at every position):
@@ -333,7 +334,7 @@ class _Stream:
 def _fake_capture(monkeypatch, cp, corrupt: bool = False):
     """A stand-in stream capture: the captured work is kept and each replay runs it again (``corrupt``: and then
     spoils the logits the replay wrote, as a graph reading a stale buffer would)."""
-    from labkernels import forward_common, graph_nodes, prefill
+    from labkernels import forward_common, graph_nodes
 
     steps = []
     real_step = decode.Decoder._step_device
