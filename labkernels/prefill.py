@@ -25,8 +25,8 @@ Round 7's ``wgmma_kq`` launches encode the activation's TMA descriptor on the ho
 that is the pool buffer's pointer, which stays valid for every replay. Where capture fails the forward runs eager
 and says why (``graph=None``, the default: recorded in ``GpuModel.graph_fallbacks`` and logged) or raises
 (``graph=True``); ``GpuModel.last_mode`` says what ran.
-The capture and replay are :class:`labkernels.prefill_graph.GraphReplay` (a base of :class:`GpuModel`), with
-:func:`labkernels.prefill_graph.timed_prefill`.
+The capture and replay are :class:`labkernels.prefill_replay.GraphReplay` (a base of :class:`GpuModel`), with
+:func:`labkernels.prefill_replay.timed_prefill`.
 
 Every op runs inside ``tracer.op(name, cls, ...)`` so :mod:`labkernels.decompose` can attribute each kernel
 launch to its op, layer and weight tensor (a traced forward runs eager).
@@ -43,7 +43,7 @@ from . import attention, blas, decode, dispatch, errors, gpu, wgmma
 from .kernels import registry
 from .forward_common import GraphCaptureError, _c_contig, check_act_mul_gu
 from .arch import ModelConfig, config_from_model, global_tensors, layer_tensors
-from .prefill_graph import GraphReplay
+from .prefill_replay import GraphReplay
 from .trace import NullTracer
 
 KQUANT = ("q4_K", "q6_K")

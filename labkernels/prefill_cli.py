@@ -56,7 +56,7 @@ def prefill_main(args) -> int:
         return 2
     _need_gpu()
     from .prefill import GpuModel, PrefillOptions
-    from .prefill_graph import timed_prefill
+    from .prefill_replay import timed_prefill
     from .prefill_ref import detokenize
 
     m = load_model(args.model)

@@ -96,7 +96,7 @@ def parity_run(model_path: str, run, n_new: int = 32, progress=print, kernel: st
 def throughput_run(spec: str, nts, run, repeats: int = 3, attn_f16: bool = True, progress=print, kernel: str = "auto",
                    model=None) -> list[dict]:
     from .prefill import GpuModel, PrefillOptions
-    from .prefill_graph import timed_prefill
+    from .prefill_replay import timed_prefill
 
     m = model if model is not None else load_model(spec)
     gm = GpuModel(m, opts=PrefillOptions(attn_f16=attn_f16, kernel=kernel))

@@ -269,7 +269,7 @@ def cupy_all(gm, toks):
 
 @pytest.mark.gpu_fast
 def test_graph_vs_eager_tiny(tiny):
-    from labkernels.prefill_graph import timed_prefill
+    from labkernels.prefill_replay import timed_prefill
     from labkernels.prefill_runs import prompt_tokens
 
     gm = _graph_vs_eager(tiny)

@@ -322,7 +322,7 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
     always come from a traced eager forward (the tracer tags each op's launches); in graph mode a traced replay's
     busy (its launches untagged; the union of their intervals, :func:`busy_union_ns`) is ``busy_replay_ms`` and the
     first traced replay's launch-by-launch gaps are ``replay_gaps`` (:func:`replay_gaps`)."""
-    from ...prefill_graph import timed_prefill
+    from ...prefill_replay import timed_prefill
     from ...trace import CuptiTracer
 
     cp = gpu.cp()

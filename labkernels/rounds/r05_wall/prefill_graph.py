@@ -59,7 +59,7 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
     import dataclasses
 
     from ... import attention_kinds, gpu, prefill_runs
-    from ...prefill_graph import timed_prefill
+    from ...prefill_replay import timed_prefill
     from .decompose import host_overhead_table, run_decomposition
 
     cp = gpu.cp()

@@ -524,7 +524,7 @@ def step_prefill_r7(out: Path, args) -> dict:
     from ... import gpu, prefill_runs, synthetic
     from ...model import default_model_path
     from ...prefill import GpuModel, PrefillOptions
-    from ...prefill_graph import timed_prefill
+    from ...prefill_replay import timed_prefill
 
     names = [v for v in args.ab.split(",") if v]
     bad = [v for v in names if v not in PREFILL_VARIANTS]
