@@ -45,6 +45,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from . import errors, gpu, nvml, records
+
 QK = 256
 BLOCK_BYTES = {"q4_K": 144, "q6_K": 210}
 #: nt the family takes (NT8 n8 tiles of tokens: 1 or 2)
@@ -310,8 +312,6 @@ def prepare(w) -> GemvWeight:
     rows at their natural 144-byte stride; q6_K's planes are made from the GGUF rows the upload kept."""
     import time
 
-    from . import gpu
-
     gv = getattr(w, "gv", None)
     if gv is not None:
         return gv
@@ -343,8 +343,6 @@ class _Workspace:
         self.retired = []
 
     def get(self, stream_ptr: int, floats: int, ctas: int):
-        from . import gpu
-
         c = gpu.cp()
         ws, cnt = self.bufs.get(stream_ptr, (None, None))
         if ws is None or ws.size < floats or cnt.size < ctas:
@@ -456,8 +454,6 @@ def pipe_reads(MT: int, WARPS: int, XF32: int, nt: int):
 
 @lru_cache(maxsize=None)
 def _kernel(QT: int, XF32: int, NT8: int, MT: int, WARPS: int, FORM: int = 0, PIPE: int = 0):
-    from . import gpu
-
     return gpu.kernel("gemv_kq", QT=QT, XF32=XF32, NT8=NT8, MT=MT, WARPS=WARPS, FORM=FORM, PIPE=PIPE)
 
 
@@ -500,8 +496,6 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
     (registry rows); ``FORM``: 0 the exact-f16-weight form, 1 step 2's exact ``sc*q`` form (q4_K, nt <= 8; its exact
     function :func:`exact_weights_v2`); ``PIPE``: 0, or (FORM=1 only) step 3's shared-memory ring of that many
     super-block stages (:data:`PIPES`; the same function and bits as FORM=1)."""
-    from . import errors, gpu
-
     c = gpu.cp()
     gv = w if isinstance(w, GemvWeight) else prepare(w)
     if not isinstance(x, c.ndarray) or x.ndim != 2:
@@ -563,8 +557,6 @@ def auto_table(root=None):
     (:func:`labkernels.nvml.for_verdict`), the median time of the fastest gemv_kq configuration (typed columns MT,
     WARPS, FORM, WAVE (1: the one-wave split), S: the split it ran, 0 the default split in runs before step 3) and of
     round 7's wgmma launch (``wgmma_us``; NaN where not timed). None without such a run."""
-    from . import nvml, records
-
     run = records.latest("decode", root=root, where=lambda r: is_bench_of_record(r) and nvml.for_verdict(r))
     if run is None:
         return None

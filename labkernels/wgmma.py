@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import gpu, nvml, paths, ptxas, records
+from . import gpu, nvml, paths, ptxas, quants, records
 from .errors import ShapeError, SharedMemoryError
 from .kernels import registry
 from .wgmma_pack import (BLOCK_BYTES, PLANE_BYTES, QK, RepackError, emulate_weights, exact_gate, gate,  # noqa: F401
@@ -307,9 +307,7 @@ class WgWeight:
         the same device allocation, right behind the blocks, where the SCL=2 kernel reads it (+1 bit per weight;
         ``nbytes`` counts the blocks, ``plane_bytes`` the plane). Off by default: SCL=2 was measured slower than the
         header decode (run 20261202T070827Z-2, 0.80-0.91x), so nothing but its A/B and tests makes one."""
-        from .quants import normalize_qtype
-
-        qtype = normalize_qtype(qtype)
+        qtype = quants.normalize_qtype(qtype)
         t0 = time.perf_counter()
         p = np.ascontiguousarray(repack(np.asarray(raw), qtype))
         dt = time.perf_counter() - t0
