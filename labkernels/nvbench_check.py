@@ -38,6 +38,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from . import bench as B, blas, cases, gemv, gpu, paths, records, wgmma
+
 SERIES = "nvbench_check"
 #: agreement between the two timers on a headline ratio
 TOLERANCE = 0.02
@@ -178,8 +180,6 @@ def _setup(h: Headline, seed: int = 0) -> dict:
     import cupy as cp
     import numpy as np
 
-    from . import blas, cases, gemv, gpu, wgmma
-
     rng = np.random.default_rng(seed)
     raw = cases.synthetic_weights(h.qtype, h.od, h.id, rng)
     x16 = cp.asarray(rng.standard_normal((h.nt, h.id)).astype(np.float16))
@@ -203,8 +203,6 @@ def _setup(h: Headline, seed: int = 0) -> dict:
 def harness_times(names=None, pairs: int = 5, repeats: int = 20, seed: int = 0) -> dict:
     """The lab's harness: {case: {"lab_us", "cublas_us", "rounds"}} (interleaved, L2 flushed, CUDA events)."""
     import numpy as np
-
-    from . import bench as B
 
     out = {}
     flush, read_flush, leads = B.Flusher(), None, {}
@@ -263,13 +261,11 @@ def nvbench_times(names=None, timeout: int = 900, seed: int = 0, json_path=None)
     """nvbench in a subprocess (:func:`worker`): ({case: {"lab_us", "cublas_us"}}, the raw parsed entries)."""
     import tempfile
 
-    from .paths import REPO_ROOT
-
     names = list(names or [h.name for h in HEADLINES])
     jp = Path(json_path) if json_path else Path(tempfile.mkdtemp(prefix="lk-nvbench-")) / "nvbench.json"
     cmd = [sys.executable, "-m", "labkernels.nvbench_check", "--worker", "--json", str(jp), "--seed", str(seed),
            "--cases", ",".join(names)]
-    r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(cmd, cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0 or not jp.exists():
         raise RuntimeError(f"nvbench worker failed (rc={r.returncode}): {' '.join(cmd)}\n"
                            f"{((r.stdout or '') + (r.stderr or ''))[-3000:]}")
@@ -284,8 +280,6 @@ def run_check(out=None, names=None, pairs: int = 5, repeats: int = 20, tol: floa
               record: bool = True, progress=print) -> dict:
     """Both timers on the headlines and the comparison, recorded as an ``nvbench_check`` run under ``out/data``
     (default the data root): tables ``comparison`` (:func:`compare`) and ``nvbench`` (nvbench's raw entries)."""
-    from . import records
-
     names = list(names or [h.name for h in HEADLINES])
     t0 = time.time()
     nvb, raw = nvbench_times(names, seed=seed)
@@ -322,8 +316,6 @@ def _version(dist: str) -> str:
 
 def latest_table(root=None, cases=None) -> tuple:
     """Replay: (the latest ``nvbench_check`` run or None, its comparison table restricted to ``cases``)."""
-    from . import records
-
     run = records.latest(SERIES, root)
     if run is None:
         return None, pd.DataFrame()
