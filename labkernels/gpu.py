@@ -524,7 +524,7 @@ _MAX_DIM = 2 ** 31 - 1
 
 def check_gemm_shape(qtype, nt, od, id_, what: str = "gemm") -> None:
     """ShapeError unless ``qtype`` is q4_K / q6_K and nt, od, id are integers in 1..2^31-1 with id a multiple of 256
-    (host-side, O(1): :func:`choose` runs it on every call)."""
+    (host-side, O(1): :func:`labkernels.dispatch.choose` runs it on every call)."""
     if qtype not in GEMM_QTYPES:
         raise ShapeError(f"{what}: qtype must be {' or '.join(GEMM_QTYPES)}, got {qtype!r}")
     for name, v in (("nt", nt), ("od", od), ("id", id_)):

@@ -64,7 +64,7 @@ class GraphReplay:
         return GraphKey(id(self.model), int(nt), bool(all_logits), self.opts.key())
 
     def _record_fallback(self, key: GraphKey, reason: str) -> None:
-        """A forward that asked for a graph (auto) and ran eager: kept in :attr:`graph_fallbacks` and logged."""
+        """A forward that asked for a graph (auto) and ran eager: kept in the model's ``graph_fallbacks`` and logged."""
         self.graph_fallbacks.append({"nt": key.nt, "all_logits": key.all_logits, "options": dict(key.options),
                                      "reason": reason})
         self._graph_refused[key] = reason
@@ -123,7 +123,7 @@ class GraphReplay:
 
     def replay_breakdown(self, t0: float, t_end: float) -> dict:
         """Where the latest replay's wall went outside the graph's execution (call after a forward with
-        :attr:`stamp_replays` set, timed from host clock ``t0`` before the forward to ``t_end`` after the device was
+        ``stamp_replays`` set, timed from host clock ``t0`` before the forward to ``t_end`` after the device was
         synchronized; ms): ``py_pre`` (``t0`` to the graph's launch call: argument checks, the cache lookup, the ids'
         write), ``launch_call`` (the host's ``cudaGraphLaunch``), ``py_post`` (its return to the forward's return: the
         event record and the logits' copy launch), ``sync`` (the forward's return to the synchronization's),
