@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import provenance, records
 from .paths import REPO_ROOT
 
 
@@ -28,8 +29,6 @@ class GpuCheckError(RuntimeError):
 
 
 def step_env(out: Path, args) -> dict:
-    from . import provenance
-
     p = provenance.collect()
     (out / "env.json").write_text(json.dumps(p, indent=1, default=str))
     log(provenance.describe(p))
@@ -105,8 +104,6 @@ def step_tests(out: Path, args) -> dict:
     tests only: nothing is timed in the suite), recorded as a ``gpu_suite`` run (table ``tests``: every test's outcome
     and duration; summary: counts, seconds, commit and GPU in the provenance)."""
     import importlib.util
-
-    from . import records
 
     tier = getattr(args, "tier", "fast")
     shard = parse_shard(getattr(args, "shard", None))

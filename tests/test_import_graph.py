@@ -56,8 +56,11 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {}   # none since the wgmma split (it
 #                                                  through labkernels.ptxas, which the audit imports too)
 
 #: function-local labkernels imports (all modules): the count reached, only to go down
-LOCAL_IMPORT_CAP = 156   # 185 before the wgmma split; 156 after it and the graph_nodes / plan-lookup splits
-#                          split (issue 42 item 2) took 26 off: round 7's experiments import the lab at module level
+LOCAL_IMPORT_CAP = 1     # 185 before the wgmma split; 156 after it and the graph_nodes / plan-lookup splits (155
+#                          counted on main with the round packages); 1 after the core split (coresplit2) lifted the
+#                          rest to module level (no cycle, no optional dependency needed them): plotting._smem_label's
+#                          import of round 7's kpair module is left, so that the shared plotting module (every page
+#                          imports it through report) does not load a round's lab code at import
 
 
 def _modname(p: Path) -> str:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ... import bench, cases, ncu, records, wgmma
+from ... import bench, cases, gpu, ncu, prefill, prefill_replay, prefill_runs, records, synthetic, wgmma
+from ...model import default_model_path
 from ...paths import REPO_ROOT
 from .. import measure_into
 from .. import module as round_module
@@ -521,11 +522,6 @@ def step_prefill_r7(out: Path, args) -> dict:
     of every variant against the first one's."""
     import gc
 
-    from ... import gpu, prefill_runs, synthetic
-    from ...model import default_model_path
-    from ...prefill import GpuModel, PrefillOptions
-    from ...prefill_replay import timed_prefill
-
     names = [v for v in args.ab.split(",") if v]
     bad = [v for v in names if v not in PREFILL_VARIANTS]
     if bad:
@@ -543,7 +539,8 @@ def step_prefill_r7(out: Path, args) -> dict:
             m = synthetic.load_model(spec)
             if label != "synthetic-7b":
                 prefill_runs.parity_run(spec, run, n_new=0, progress=args.log, kernel="auto")
-            gms = {k: GpuModel(m, opts=PrefillOptions(attn_f16=f16, **PREFILL_VARIANTS[k])) for k in names}
+            gms = {k: prefill.GpuModel(m, opts=prefill.PrefillOptions(attn_f16=f16, **PREFILL_VARIANTS[k]))
+                   for k in names}
             for nt in (512, 3325):
                 toks = prefill_runs.prompt_tokens(m, nt)
                 ref = None
@@ -556,7 +553,7 @@ def step_prefill_r7(out: Path, args) -> dict:
                                                    "top1_same": bool(lg.argmax() == ref.argmax())})
                 for rnd in range(3):
                     for k, gm in gms.items():
-                        t = timed_prefill(gm, toks, repeats=3)
+                        t = prefill_replay.timed_prefill(gm, toks, repeats=3)
                         row = {"model": label, "arch": gm.cfg.arch, "nt": nt, "kernel": k, "round": rnd,
                                "wall_ms": t["wall_ms"], "tok_per_s": t["tok_per_s"], "repeats": 3, "attn_f16": f16,
                                "gemm_families": gm.families_used(), "attention": gm.attn.name,
