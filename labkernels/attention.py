@@ -405,7 +405,7 @@ class Cudnn(Backend):
 
     def define(self, n: int, kind: LayerKind, il=None) -> dict:
         """The SDPA graph of (tokens, layer kind) with its operation graph built and no plan yet: {graph, Q, K, V,
-        O} (the plans are made by :meth:`_build`; ``labkernels.graph_census`` lists every candidate plan)."""
+        O} (plans made by :meth:`_build`; ``labkernels.rounds.r05_wall.graph_census`` lists every candidate plan)."""
         cudnn = self.cudnn
         check_kind(kind, "cudnn", il if il is not None else "?")
         dt = cudnn.data_type.HALF if self.dtype == "f16" else cudnn.data_type.BFLOAT16

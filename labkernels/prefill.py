@@ -28,8 +28,8 @@ and says why (``graph=None``, the default: recorded in ``GpuModel.graph_fallback
 The capture and replay are :class:`labkernels.prefill_replay.GraphReplay` (a base of :class:`GpuModel`), with
 :func:`labkernels.prefill_replay.timed_prefill`.
 
-Every op runs inside ``tracer.op(name, cls, ...)`` so :mod:`labkernels.decompose` can attribute each kernel
-launch to its op, layer and weight tensor (a traced forward runs eager).
+Every op runs inside ``tracer.op(name, cls, ...)`` so round 5's :mod:`labkernels.rounds.r05_wall.decompose` can
+attribute each kernel launch to its op, layer and weight tensor (a traced forward runs eager).
 """
 
 from __future__ import annotations
