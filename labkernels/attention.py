@@ -33,9 +33,8 @@
   its layer kinds once on 64 tokens against the float64 reference (:meth:`Backend.probe`): a decline or a wrong
   number there is caught before any prefill (``auto``: the baseline, with the reason; requested: the error).
 
-FLOPs (:func:`attention_flops`): 2·(d + d_v) per visible (query, key) pair per head, the visible pairs counted as
-the area of the causal band: n²/2 for causal attention (the usual convention: causal counted as half), n²/2 -
-(n - w)²/2 with a window w < n.
+What one layer's attention computes (:class:`LayerKind`), its FLOPs, the float64 reference, each path's support checks
+and the errors are :mod:`labkernels.attention_kinds` (no GPU needed); this module holds the paths and their choice.
 """
 
 from __future__ import annotations
@@ -45,163 +44,18 @@ import glob
 import logging
 import os
 import sys
-from dataclasses import dataclass
 
 import numpy as np
 
-from . import gpu, graph_nodes
+from . import blas, gpu, graph_nodes, provenance
+from .attention_kinds import (AttentionError, AttentionUnavailable, LayerKind, as_f64, attention_flops, check_kind,
+                              cudnn_problems, describe_layers, lab_heads_per_cta, lab_problems, layer_kind, model_kinds,
+                              sdpa_ref)
 
 log = logging.getLogger("labkernels.attention")
 
 BACKENDS = ("auto", "lab+cudnn", "cudnn", "lab", "torch", "baseline")
 DTYPES = ("f16", "bf16")
-#: head dims cuDNN's fp16/bf16 SDPA takes on sm_80..sm_90 (multiple of 8, at most 256; d_qk = 192 with d_v = 128)
-CUDNN_MAX_HEAD_DIM = 256
-
-
-class AttentionError(ValueError):
-    """A layer's attention (shape or mask) that the chosen path cannot take."""
-
-
-class AttentionUnavailable(RuntimeError):
-    """The requested attention backend cannot run on this machine (package missing, no GPU)."""
-
-
-# ------------------------------------------------------------------------------------------------ layer kinds
-@dataclass(frozen=True)
-class LayerKind:
-    """What one layer's attention computes: heads, head dims, the causal window and the softmax scale."""
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    head_dim_v: int
-    window: int = 0          # 0: causal only; w: key j visible from query i iff 0 <= i - j < w
-    scale: float = 1.0       # softmax(scale * q.k)
-
-    @property
-    def mask(self) -> str:
-        return f"causal + sliding window {self.window}" if self.window else "causal"
-
-    def describe(self) -> str:
-        return (f"{self.mask}, {self.n_head} query heads / {self.n_head_kv} kv heads x {self.head_dim}"
-                + (f" (v {self.head_dim_v})" if self.head_dim_v != self.head_dim else "") + f", scale {self.scale:g}")
-
-    def at(self, n: int) -> "LayerKind":
-        """The kind as it acts on n tokens: a window >= n masks nothing beyond causality."""
-        if self.window and self.window >= n:
-            return LayerKind(self.n_head, self.n_head_kv, self.head_dim, self.head_dim_v, 0, self.scale)
-        return self
-
-
-def layer_kind(cfg, il: int, scale: float = 1.0) -> LayerKind:
-    """Layer ``il``'s kind from a ModelConfig (``scale`` 1.0: the prefill pre-scales q by ``cfg.attn_scale``)."""
-    window = int(cfg.sliding_window) if cfg.is_sliding(il) else 0
-    return LayerKind(cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v, window, float(scale))
-
-
-def model_kinds(cfg, scale: float = 1.0) -> dict:
-    """{kind: [layers]} over a model's layers."""
-    out: dict = {}
-    for il in range(cfg.n_layer):
-        out.setdefault(layer_kind(cfg, il, scale), []).append(il)
-    return out
-
-
-def visible_pairs(n: int, window: int = 0) -> float:
-    """(query, key) pairs a causal (windowed) layer computes, as the band's area: n²/2, or n²/2 - (n - w)²/2."""
-    if n < 0 or window < 0:
-        raise ValueError(f"tokens and window must be non-negative, got n={n}, window={window}")
-    full = n * n / 2
-    if window and window < n:
-        return full - (n - window) ** 2 / 2
-    return full
-
-
-def attention_flops(n: int, kind: LayerKind) -> float:
-    """Useful FLOPs of one layer's attention on n tokens: QK^T and PV over the visible pairs."""
-    return 2.0 * kind.n_head * (kind.head_dim + kind.head_dim_v) * visible_pairs(n, kind.window)
-
-
-def dense_flops(n: int, kind: LayerKind) -> float:
-    """FLOPs of the full n x n products (what the baseline computes before masking)."""
-    return 2.0 * kind.n_head * (kind.head_dim + kind.head_dim_v) * n * n
-
-
-def sdpa_ref(q, k, v, n: int, kind: LayerKind) -> np.ndarray:
-    """float64 numpy attention (the tests' independent reference): q [n, H*d], k/v [n, Hkv*d] host arrays ->
-    [n, H*dv]; query head h reads kv head h // (H/Hkv); key j visible from query i iff 0 <= i - j (< window)."""
-    H, Hk, d, dv = kind.n_head, kind.n_head_kv, kind.head_dim, kind.head_dim_v
-    qh = np.asarray(q, np.float64).reshape(n, H, d)
-    kh = np.asarray(k, np.float64).reshape(n, Hk, d)
-    vh = np.asarray(v, np.float64).reshape(n, Hk, dv)
-    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
-    vis = (j <= i) & ((kind.window == 0) | (i - j < kind.window))
-    out = np.empty((n, H, dv))
-    for h in range(H):
-        s = np.where(vis, kind.scale * qh[:, h] @ kh[:, h // (H // Hk)].T, -np.inf)
-        p = np.exp(s - s.max(1, keepdims=True))
-        out[:, h] = (p / p.sum(1, keepdims=True)) @ vh[:, h // (H // Hk)]
-    return out.reshape(n, H * dv)
-
-
-# ------------------------------------------------------------------------------------------------ support checks
-def cudnn_problems(kind: LayerKind) -> list[str]:
-    """Why cuDNN's fp16/bf16 SDPA cannot take a layer kind (empty: it can), from its documented support surface."""
-    bad = []
-    d, dv = kind.head_dim, kind.head_dim_v
-    if kind.n_head % kind.n_head_kv:
-        bad.append(f"{kind.n_head} query heads are not a multiple of {kind.n_head_kv} kv heads")
-    if d % 8 or dv % 8:
-        bad.append(f"head dims {d}/{dv} are not multiples of 8")
-    if max(d, dv) > CUDNN_MAX_HEAD_DIM:
-        bad.append(f"head dim {max(d, dv)} exceeds {CUDNN_MAX_HEAD_DIM}")
-    if d != dv and (d, dv) != (192, 128):
-        bad.append(f"q/k head dim {d} differs from v head dim {dv} (cuDNN takes equal dims, or 192/128)")
-    if not (np.isfinite(kind.scale) and kind.scale > 0):
-        bad.append(f"softmax scale {kind.scale!r} is not finite and positive")
-    return bad
-
-
-#: head dims the lab's fused attention (kernels/flash_attn.cu) is instantiated for
-LAB_HEAD_DIMS = (64, 128, 256)
-
-
-def lab_problems(kind: LayerKind) -> list[str]:
-    """Why the lab's fused attention kernel cannot take a layer kind (empty: it can)."""
-    bad = []
-    if kind.n_head % kind.n_head_kv:
-        bad.append(f"{kind.n_head} query heads are not a multiple of {kind.n_head_kv} kv heads")
-    if kind.head_dim != kind.head_dim_v:
-        bad.append(f"q/k head dim {kind.head_dim} differs from v head dim {kind.head_dim_v}")
-    if kind.head_dim not in LAB_HEAD_DIMS:
-        bad.append(f"head dim {kind.head_dim} is not one the kernel is built for ({', '.join(map(str, LAB_HEAD_DIMS))})")
-    if not (np.isfinite(kind.scale) and kind.scale > 0):
-        bad.append(f"softmax scale {kind.scale!r} is not finite and positive")
-    if kind.window < 0:
-        bad.append(f"window {kind.window} is negative")
-    return bad
-
-
-def lab_heads_per_cta(kind: LayerKind) -> int:
-    """Query heads one CTA of the lab's kernel covers (they share its kv head): 4, 2 or 1, the largest dividing the
-    group size; the CTA's other warps take more query rows (16 per warp, 4 warps)."""
-    g = kind.n_head // kind.n_head_kv
-    return 4 if g % 4 == 0 else (2 if g % 2 == 0 else 1)
-
-
-def check_kind(kind: LayerKind, backend: str, layers) -> None:
-    """Raise AttentionError naming the layers and the mask when ``backend`` cannot take ``kind``."""
-    bad = cudnn_problems(kind) if backend == "cudnn" else (lab_problems(kind) if backend == "lab" else [])
-    if backend == "torch" and kind.n_head % kind.n_head_kv:
-        bad.append(f"{kind.n_head} query heads are not a multiple of {kind.n_head_kv} kv heads")
-    if bad:
-        raise AttentionError(f"attention of layer(s) {_layers(layers)} ({kind.describe()}): the {backend} path cannot "
-                             f"take it: {'; '.join(bad)}")
-
-
-def _layers(layers) -> str:
-    layers = [layers] if isinstance(layers, (int, np.integer)) else list(layers)
-    return ", ".join(str(i) for i in layers) if len(layers) <= 8 else f"{layers[0]}..{layers[-1]} ({len(layers)})"
 
 
 # ------------------------------------------------------------------------------------------------ availability
@@ -285,9 +139,7 @@ def import_torch():
 
 
 def _gpu_ok() -> str | None:
-    from .provenance import gpu_available
-
-    return None if gpu_available() else "no CUDA GPU with cupy on this machine"
+    return None if provenance.gpu_available() else "no CUDA GPU with cupy on this machine"
 
 
 def resolve(requested: str, cfg, dtype: str = "f16", f16: bool = True) -> tuple[str, str]:
@@ -304,7 +156,7 @@ def resolve(requested: str, cfg, dtype: str = "f16", f16: bool = True) -> tuple[
             note = f"auto: the lab's baseline attention (cuBLAS + masked softmax) runs, because {why}"
             log.warning(note)
             return "baseline", note
-        lab_bad = [f"layer(s) {_layers(ls)}: {'; '.join(lab_problems(k))}" for k, ls in kinds.items()
+        lab_bad = [f"layer(s) {describe_layers(ls)}: {'; '.join(lab_problems(k))}" for k, ls in kinds.items()
                    if lab_problems(k)]
         if dtype != "f16":
             lab_bad.append(f"it takes fp16 only, not {dtype}")
@@ -313,7 +165,7 @@ def resolve(requested: str, cfg, dtype: str = "f16", f16: bool = True) -> tuple[
         except AttentionUnavailable as e:
             why = str(e)
         if why is None:
-            bad = [f"layer(s) {_layers(ls)} ({k.describe()}): {'; '.join(cudnn_problems(k))}"
+            bad = [f"layer(s) {describe_layers(ls)} ({k.describe()}): {'; '.join(cudnn_problems(k))}"
                    for k, ls in kinds.items() if cudnn_problems(k)]
             why = "cuDNN SDPA cannot take " + " | ".join(bad) if bad else None
         if why is None:
@@ -351,18 +203,6 @@ unsigned int u = __float_as_uint(x);
 if ((u & 0x7fffffffu) > 0x7f800000u) y = (unsigned short)((u >> 16) | 0x40u);
 else y = (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 """
-
-
-def bf16_bits(x: np.ndarray) -> np.ndarray:
-    """numpy float32 -> bfloat16 bit patterns (uint16), the same rounding as the device conversion."""
-    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    nan = (u & 0x7FFFFFFF) > 0x7F800000
-    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), r)
-
-
-def bf16_to_f32(b: np.ndarray) -> np.ndarray:
-    return (np.asarray(b, np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
 _EW: dict = {}
@@ -449,12 +289,12 @@ class Backend:
             except AttentionError as e:
                 return str(e)
             except Exception as e:     # a runtime failure of the library: said, with the layers
-                return f"layer(s) {_layers(layers)} ({kind.describe()}): the {self.name} path failed: {type(e).__name__}: {e}"
+                return f"layer(s) {describe_layers(layers)} ({kind.describe()}): the {self.name} path failed: {type(e).__name__}: {e}"
             ref = sdpa_ref(*(cp.asnumpy(from_io(i, self.dtype, False)) for i in ins), n, k2)
             err = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
             tol = 2 * PARITY_TOL[self.dtype]
             if not err <= tol:
-                return (f"layer(s) {_layers(layers)} ({kind.describe()}): the {self.name} path's output at {n} tokens "
+                return (f"layer(s) {describe_layers(layers)} ({kind.describe()}): the {self.name} path's output at {n} tokens "
                         f"(window {k2.window or 'none'}) differs from the float64 reference by {err:.2e} (> {tol:g})")
         return None
 
@@ -498,7 +338,7 @@ class Baseline(Backend):
         if self.f16:
             # one cuBLAS strided-batched fp16 GEMM: CuPy's batched matmul upcasts fp16 to fp32 (the first
             # decomposition found attention at 23 TFLOPS); per-head 2-D GEMMs cost 2 launches per head
-            return gpu.bmm_f16(A, B)
+            return blas.bmm_f16(A, B)
         return gpu.cp().matmul(A, B)
 
     def attend(self, q, k, v, n, kind: LayerKind, il, tr, out16: bool = False):
@@ -565,7 +405,7 @@ class Cudnn(Backend):
 
     def define(self, n: int, kind: LayerKind, il=None) -> dict:
         """The SDPA graph of (tokens, layer kind) with its operation graph built and no plan yet: {graph, Q, K, V,
-        O} (the plans are made by :meth:`_build`; ``labkernels.graph_census`` lists every candidate plan)."""
+        O} (plans made by :meth:`_build`; ``labkernels.rounds.r05_wall.graph_census`` lists every candidate plan)."""
         cudnn = self.cudnn
         check_kind(kind, "cudnn", il if il is not None else "?")
         dt = cudnn.data_type.HALF if self.dtype == "f16" else cudnn.data_type.BFLOAT16
@@ -909,32 +749,12 @@ def make(requested: str, cfg, f16: bool = False, dtype: str = "f16", fuse_layout
     raise AttentionError(f"attention={requested!r}: {bad}")
 
 
-# ------------------------------------------------------------------------------------------------ benchmark
-def bench_layouts() -> dict:
-    """{layout: {kind label: LayerKind}} of the benchmark, with each architecture's real softmax scale: the
-    synthetic 7B (llama-7B: 32 heads x 128, no GQA, all layers causal) and Gemma 3 270M (4 query heads / 1 kv head
-    x 256, window 512 on its sliding layers, global causal layers; its config read from the GGUF is checked
-    against these numbers in tests/test_attention.py)."""
-    from .synthetic import llama7b_config
-
-    c7 = llama7b_config()
-    s7 = 1.0 / float(np.sqrt(c7.head_dim))
-    return {"synthetic-7b": {"causal": LayerKind(c7.n_head, c7.n_head_kv, c7.head_dim, c7.head_dim_v, 0, s7)},
-            "gemma-3-270m": {"sliding": LayerKind(4, 1, 256, 256, 512, 1 / 16.0),
-                             "global": LayerKind(4, 1, 256, 256, 0, 1 / 16.0)}}
-
-
 # ------------------------------------------------------------------ cuDNN plans without a memset node (issue 18)
 def sdpa_inputs(kind, n: int, dtype: str, rng):
     """Random q, k, v of one SDPA (n tokens of ``kind``) on the device in the I/O type ``dtype``."""
     cp = gpu.cp()
     widths = (kind.n_head * kind.head_dim, kind.n_head_kv * kind.head_dim, kind.n_head_kv * kind.head_dim_v)
     return [to_io(cp.asarray(rng.standard_normal((n, wd)).astype(np.float32)), dtype) for wd in widths]
-
-
-def as_f64(o: np.ndarray, dtype: str) -> np.ndarray:
-    """A host copy of an SDPA output in I/O type ``dtype`` (bf16 held as uint16) as float64."""
-    return (bf16_to_f32(o) if dtype == "bf16" else o).astype(np.float64)
 
 
 def no_memset_plan(b, n: int, kind, ref_G: dict, seed: int = 0) -> tuple[dict, str]:

@@ -34,7 +34,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import occupancy as occ
+from . import occupancy as occ, paths
 from .kernels import registry
 from .ptxas import (_dir_digest, _nvcc_version, _spec_args, _split_demangled, demangle, nvcc_path, parse_ptxas,
                     wrapper_source)
@@ -95,7 +95,6 @@ def source_archs(specs, requested) -> tuple:
 
 def _cache_dir() -> Path:
     try:
-        from . import paths  # noqa: PLC0415
         d = paths.CACHE_DIR / "audit"
         d.mkdir(parents=True, exist_ok=True)
         if os.access(d, os.W_OK):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import gpu, occupancy
+from . import gpu, nvml, occupancy
 
 
 
@@ -29,10 +29,8 @@ class Flusher:
     """Overwrites a buffer twice the L2 size (so no operand survives in L2 between timed launches)."""
 
     def __init__(self):
-        from .gpu import device_props
-
         cp = _cp()
-        self.buf = cp.empty(max(2 * device_props()["l2"], 64 << 20) // 4, dtype=cp.int32)
+        self.buf = cp.empty(max(2 * gpu.device_props()["l2"], 64 << 20) // 4, dtype=cp.int32)
         self.i = 0
 
     def __call__(self):
@@ -47,10 +45,8 @@ class ReadFlusher:
     after the write flush, 27.1 us after this one, device calls 20-21 of 2026-12-06)."""
 
     def __init__(self):
-        from .gpu import device_props
-
         cp = _cp()
-        self.buf = cp.ones(max(2 * device_props()["l2"], 64 << 20) // 4, dtype=cp.float32)
+        self.buf = cp.ones(max(2 * gpu.device_props()["l2"], 64 << 20) // 4, dtype=cp.float32)
         self.out = cp.empty((), dtype=cp.float32)
 
     def __call__(self):
@@ -216,10 +212,8 @@ def interleaved(variants: dict, pairs: int = 3, repeats: int = 20, warmup: int =
     Returns {name: [stats per round]}; ratios are formed per round by the caller."""
     import time
 
-    from .nvml import RoundReadings
-
     res = {k: [] for k in variants}
-    gpu = RoundReadings()
+    gpu = nvml.RoundReadings()
     for _ in range(pairs):
         gpu.before()
         t0 = time.perf_counter()
@@ -245,12 +239,10 @@ def flush_us(flush: Flusher, repeats: int = 10) -> float:
 
 def mma_ceiling(k: int = 16, blocks_per_sm: int = 4, iters: int = 4096) -> dict:
     """TOPS of the register-fed mma.sync probe (the physical int8 tensor-core line)."""
-    from .gpu import device_props, kernel
-
     cp = _cp()
-    kern = kernel("mma_probe", K=k)
+    kern = gpu.kernel("mma_probe", K=k)
     chains = 8
-    grid = device_props()["sm_count"] * blocks_per_sm
+    grid = gpu.device_props()["sm_count"] * blocks_per_sm
     out = cp.empty(grid * 256, dtype=cp.int32)
     fn = lambda: kern.launch((grid,), (out, np.int32(iters)))
     us = time_launches(fn, warmup=2, repeats=10)

@@ -7,15 +7,15 @@ import importlib
 import json
 import sys
 
+from . import model
+
 #: modules that contribute subcommands through register_cli(subparsers), in help order
 SUBCOMMAND_MODULES = ["pipeline", "layout_cli", "occupancy", "audit", "gpu_cli", "prefill_cli",
-                      "rounds.r06_forensics.forensics", "records", "peers", "sweep"]
+                      "rounds.r06_forensics.forensics", "records_admin", "peers", "sweep"]
 
 
 def _fetch_model(args) -> int:
-    from .model import fetch_model
-
-    fetch_model(args.dest)
+    model.fetch_model(args.dest)
     return 0
 
 

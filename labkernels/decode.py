@@ -28,7 +28,7 @@ no launch of the step takes a per-token host argument and one captured graph ser
 
 The first decode step runs eager (it loads every module and sizes every workspace, with its activations in a private
 memory pool), then the step is captured (CuPy / runtime stream capture, as the prefill's graph) and its first replay is
-checked at the warm-up's position against the eager step (``prefill.GRAPH_RTOL``); every later token is one replay.
+checked at the warm-up's position against the eager step (``forward_common.GRAPH_RTOL``); every later token is one replay.
 Tokens are read back once at the end. ``graph`` as the prefill's: None -- a graph where it captures, else eager steps
 with the reason kept in ``Decoder.graph_refused``; True -- a capture failure raises; False -- eager steps.
 
@@ -53,7 +53,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import dispatch, forward_common, gemv, gpu, graph_nodes
+from . import blas, dispatch, errors, forward_common, gemv, gpu, graph_nodes
+from .attention_kinds import LayerKind
 from .forward_common import GRAPH_RTOL, GraphCaptureError, check_act_mul_gu
 from .kernels import registry
 from .trace import NullTracer
@@ -80,7 +81,7 @@ class DecodeError(ValueError):
     wrong on the device (a NaN logit, a position outside the cache)."""
 
 
-class CacheAllocationError(gpu.GpuError):
+class CacheAllocationError(errors.GpuError):
     """The KV cache could not be allocated; the message says how many bytes it needed."""
 
 
@@ -195,8 +196,8 @@ class KVCache:
             raise DecodeError(f"a prefill of {n} tokens does not fit the cache's n_ctx={self.n_ctx}")
         for dst, src, w, what in ((self.k[il], k, self.wk, "k"), (self.v[il], v, self.wv, "v")):
             if src.ndim != 2 or src.shape[0] != n or src.shape[1] < w or str(src.dtype) not in ("float32", "float16"):
-                raise gpu.ShapeError(f"KV cache fill of layer {il}: {what} must be float32/float16 [{n}, >= {w}], got "
-                                     f"{src.dtype} {tuple(src.shape)}")
+                raise errors.ShapeError(f"KV cache fill of layer {il}: {what} must be float32/float16 [{n}, >= {w}], got "
+                                        f"{src.dtype} {tuple(src.shape)}")
             dst[:n] = src[:, :w]
 
 
@@ -230,18 +231,18 @@ def attn_plan(n_head: int, n_head_kv: int, max_keys: int, sm_count: int = 132, s
     if gmax is None:
         gmax = next((g for g in ATTN_GMAX if g >= G), ATTN_GMAX[-1])
     if gmax not in ATTN_GMAX:
-        raise gpu.ShapeError(f"decode_attn takes {ATTN_GMAX} query heads a CTA, not {gmax}")
+        raise errors.ShapeError(f"decode_attn takes {ATTN_GMAX} query heads a CTA, not {gmax}")
     CH = ATTN_CHUNK if chunk is None else int(chunk)
     if not 1 <= CH <= ATTN_CHMAX:
-        raise gpu.ShapeError(f"decode_attn's key chunk must be 1..{ATTN_CHMAX}, got {CH}")
+        raise errors.ShapeError(f"decode_attn's key chunk must be 1..{ATTN_CHMAX}, got {CH}")
     if max_keys < 1:
-        raise gpu.ShapeError(f"max_keys must be >= 1, got {max_keys}")
+        raise errors.ShapeError(f"max_keys must be >= 1, got {max_keys}")
     NZ = -(-G // gmax)
     maxch = -(-max_keys // CH)
     if split is None:
         split = max(1, min(maxch, -(-2 * sm_count // (n_head_kv * NZ))))
     if not _is_int(split) or split < 1:
-        raise gpu.ShapeError(f"split must be an integer >= 1, got {split!r}")
+        raise errors.ShapeError(f"split must be an integer >= 1, got {split!r}")
     return AttnPlan(int(gmax), NZ, CH, int(split), maxch)
 
 
@@ -255,29 +256,29 @@ def attn_workspace(plan: AttnPlan, n_head_kv: int, head_dim: int):
 def decode_attention(q16, kc, vc, st, kind, n_ctx: int, plan: AttnPlan, ws, cnt, out16: bool = True, out=None):
     """One layer's attention of the token at position st[ST_POS] over the cache (kernels/decode.cu decode_attn):
     q16 fp16 [1, H*D] (pre-scaled: softmax scale ``kind.scale``, 1 in the decode step), kc / vc fp16 [n_ctx, Hk*D]
-    -> [1, H*D] fp16 (``out16``) or f32. ``kind``: an attention.LayerKind (heads, dims, window)."""
+    -> [1, H*D] fp16 (``out16``) or f32. ``kind``: an attention_kinds.LayerKind (heads, dims, window)."""
     cp = gpu.cp()
     H, Hk, D = kind.n_head, kind.n_head_kv, kind.head_dim
     if kind.head_dim != kind.head_dim_v or D not in ATTN_HEAD_DIMS or H % Hk:
-        raise gpu.ShapeError(f"decode_attn takes head dims {ATTN_HEAD_DIMS} (q/k = v) and whole GQA groups, got "
-                             f"{kind.describe()}")
+        raise errors.ShapeError(f"decode_attn takes head dims {ATTN_HEAD_DIMS} (q/k = v) and whole GQA groups, got "
+                                f"{kind.describe()}")
     if -(-(min(n_ctx, kind.window) if kind.window else n_ctx) // plan.CH) > plan.maxch:
-        raise gpu.ShapeError(f"plan {plan} has {plan.maxch} chunk slots; {n_ctx} positions need more")
+        raise errors.ShapeError(f"plan {plan} has {plan.maxch} chunk slots; {n_ctx} positions need more")
     if plan.GMAX * plan.NZ < H // Hk:
-        raise gpu.ShapeError(f"plan {plan} covers {plan.GMAX * plan.NZ} of the {H // Hk} query heads per kv head")
+        raise errors.ShapeError(f"plan {plan} covers {plan.GMAX * plan.NZ} of the {H // Hk} query heads per kv head")
     for a, shape, dt, what in ((q16, (1, H * D), "float16", "q16"), (kc, (n_ctx, Hk * D), "float16", "kc"),
                                (vc, (n_ctx, Hk * D), "float16", "vc")):
         if tuple(a.shape) != shape or str(a.dtype) != dt or not a.flags.c_contiguous:
-            raise gpu.ShapeError(f"decode_attn: {what} must be C-contiguous {dt} {shape}, got {a.dtype} {tuple(a.shape)}")
+            raise errors.ShapeError(f"decode_attn: {what} must be C-contiguous {dt} {shape}, got {a.dtype} {tuple(a.shape)}")
     if ws.size < plan.ws_floats(Hk, D) or cnt.size < Hk * plan.NZ:
-        raise gpu.ShapeError(f"decode_attn: workspace of {ws.size} floats / {cnt.size} counters, the plan needs "
-                             f"{plan.ws_floats(Hk, D)} / {Hk * plan.NZ}")
+        raise errors.ShapeError(f"decode_attn: workspace of {ws.size} floats / {cnt.size} counters, the plan needs "
+                                f"{plan.ws_floats(Hk, D)} / {Hk * plan.NZ}")
     o = out if out is not None else cp.empty((1, H * D), cp.float16 if out16 else cp.float32)
     if tuple(o.shape) != (1, H * D) or str(o.dtype) != ("float16" if out16 else "float32") or not o.flags.c_contiguous:
-        raise gpu.ShapeError(f"decode_attn: out must be C-contiguous {'float16' if out16 else 'float32'} (1, {H * D})")
+        raise errors.ShapeError(f"decode_attn: out must be C-contiguous {'float16' if out16 else 'float32'} (1, {H * D})")
     for a, what in ((q16, "q16"), (kc, "kc"), (vc, "vc"), (o, "out"), (ws, "the workspace")):
         if _address(a) % 16:
-            raise gpu.ShapeError(f"decode_attn: {what} must be 16-byte aligned (its 16-byte loads / stores)")
+            raise errors.ShapeError(f"decode_attn: {what} must be 16-byte aligned (its 16-byte loads / stores)")
     gpu.kernel("decode_attn", D=D, GMAX=plan.GMAX).launch(
         (Hk, plan.NS, plan.NZ),
         (q16, kc, vc, o, st, np.int32(n_ctx), np.int32(H), np.int32(Hk), np.int32(kind.window or 0),
@@ -309,11 +310,11 @@ def argmax_step(logits, st, hist, ws) -> None:
     """Greedy sampling on the device (kernels/decode.cu argmax_step): st[ST_TOK] = argmax(logits) (ties: the lowest
     index), st[ST_POS] += 1, hist[st[ST_POS]] = the token. ``logits``: f32, C-contiguous, n = its size."""
     if str(logits.dtype) != "float32" or not logits.flags.c_contiguous:
-        raise gpu.ShapeError(f"argmax_step takes C-contiguous float32 logits, got {logits.dtype}")
+        raise errors.ShapeError(f"argmax_step takes C-contiguous float32 logits, got {logits.dtype}")
     n = int(logits.size)
     wsv, wsi, cnt = ws
     if wsv.size < argmax_grid(n):
-        raise gpu.ShapeError(f"argmax_step: workspace of {wsv.size} CTAs, {n} logits need {argmax_grid(n)}")
+        raise errors.ShapeError(f"argmax_step: workspace of {wsv.size} CTAs, {n} logits need {argmax_grid(n)}")
     gpu.kernel("argmax_step").launch((argmax_grid(n),), (logits, np.int32(n), st, hist, np.int32(hist.size),
                                                           wsv, wsi, cnt))
 
@@ -375,8 +376,6 @@ class Decoder:
         self.graph_refused: str | None = None
         self.stats: dict = {}
         self.opts_key = gm.opts.key()
-        from .attention import LayerKind
-
         self.kinds = [LayerKind(c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v,
                                 int(c.sliding_window) if c.is_sliding(il) else 0, 1.0) for il in range(c.n_layer)]
         self.families: list[str] = []
@@ -451,7 +450,7 @@ class Decoder:
         for a, w, what in ((q, c.n_head * c.head_dim, "q"), (k, c.n_head_kv * c.head_dim, "k"),
                            (v, c.n_head_kv * c.head_dim_v, "v")):
             if a.ndim != 2 or a.shape != (1, w) or str(a.dtype) != "float32":
-                raise gpu.ShapeError(f"decode_qkv: {what} must be float32 (1, {w}), got {a.dtype} {tuple(a.shape)}")
+                raise errors.ShapeError(f"decode_qkv: {what} must be float32 (1, {w}), got {a.dtype} {tuple(a.shape)}")
         q16 = cp.empty((1, c.n_head * c.head_dim), cp.float16)
         wq = L["attn_q_norm"].dense if c.qk_norm else q
         wk = L["attn_k_norm"].dense if c.qk_norm else k
@@ -489,8 +488,8 @@ class Decoder:
         if gm.head is None:      # tied: the embedding table (its fp16 copy with other_f16), as the prefill
             self.families.append("cublas")
             if gm.opts.other_f16:
-                return gpu.gemm_dense(cp.ascontiguousarray(xs, dtype=cp.float16), gm.embd16())
-            return gpu.gemm_dense(cp.ascontiguousarray(xs, dtype=cp.float32), gm.embd)
+                return blas.gemm_dense(cp.ascontiguousarray(xs, dtype=cp.float16), gm.embd16())
+            return blas.gemm_dense(cp.ascontiguousarray(xs, dtype=cp.float32), gm.embd)
         return self._mm(xs, gm.head)
 
     def _step_device(self):

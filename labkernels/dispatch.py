@@ -3,8 +3,7 @@
 Split from ``gpu.py`` (issue 42): ``gpu`` builds and launches kernels; this module picks a family and its
 parameters -- from round 7's recorded ``wgmma`` runs, round 9's recorded GEMV crossover and round 8's recorded
 sweeps (read through :mod:`labkernels.recorded_tables` and the records layer), or a stated rule without them --
-and calls the launcher. ``gpu.qmatmul`` / ``gpu.choose`` / ``gpu.last_choice`` / ``gpu.Choice`` stay as names of
-``gpu`` (forwarded here) for existing callers.
+and calls the launcher. Callers name this module (``gpu`` no longer forwards ``qmatmul`` & co. here).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from . import gemv, gpu, recorded_tables, wgmma
+from . import errors, gemv, gpu, recorded_tables, wgmma
 from .kernels import registry
 
 
@@ -50,14 +49,14 @@ def choose(qtype: str, nt: int, od: int, id_: int, table=None, cc: int | None = 
     asks once per weight per forward (a pandas lookup each time cost ~1 ms x 225 GEMMs = 0.17 s a 7B prefill)."""
     gpu.check_gemm_shape(qtype, nt, od, id_, "choose")
     if cc is not None and (isinstance(cc, bool) or not isinstance(cc, (int, np.integer)) or cc < 0):
-        raise gpu.ShapeError(f"choose: cc {cc!r} is a compute capability as an integer (90 for sm_90; 0: no GPU), "
-                             "or None for this machine's")
+        raise errors.ShapeError(f"choose: cc {cc!r} is a compute capability as an integer (90 for sm_90; 0: no GPU), "
+                                "or None for this machine's")
     if table is not None:
         need = {"qtype", "family", "od", "id", "nt", "params", "run_id"}
         cols = set(getattr(table, "columns", ()))
         if not hasattr(table, "loc") or (len(table) and not need <= cols):
-            raise gpu.ShapeError(f"choose: table is a DataFrame with columns {sorted(need)} (wgmma.auto_table()), got "
-                                 f"{type(table).__name__}" + (f" lacking {sorted(need - cols)}" if hasattr(table, 'loc') else ""))
+            raise errors.ShapeError(f"choose: table is a DataFrame with columns {sorted(need)} (wgmma.auto_table()), got "
+                                    f"{type(table).__name__}" + (f" lacking {sorted(need - cols)}" if hasattr(table, 'loc') else ""))
         return _choose(qtype, nt, od, id_, table, cc)
     return _choose_cached(qtype, int(nt), int(od), int(id_), cc)
 
@@ -137,21 +136,21 @@ def qmatmul(x, w: gpu.QWeight, kernel: str = "auto", out=None, **params):
     ``params`` override the family's template parameters. The choice is logged (logger ``labkernels.gpu``) and
     kept for :func:`last_choice`. Shapes or families that cannot take the input raise; nothing falls back."""
     if not isinstance(kernel, str) or kernel not in QMATMUL_KERNELS:
-        raise gpu.ShapeError(f"unknown kernel {kernel!r}: one of {', '.join(QMATMUL_KERNELS)}")
+        raise errors.ShapeError(f"unknown kernel {kernel!r}: one of {', '.join(QMATMUL_KERNELS)}")
     if not isinstance(w, gpu.QWeight):
-        raise gpu.ShapeError(f"qmatmul takes a QWeight (gpu.QWeight.upload(raw, qtype)), got {type(w).__name__}")
+        raise errors.ShapeError(f"qmatmul takes a QWeight (gpu.QWeight.upload(raw, qtype)), got {type(w).__name__}")
     if kernel == "int8":
         kernel = _int8_default(w.qtype)[0]
     if isinstance(x, gpu.Q8Tiles):     # a prepass shared between calls: the int8 families only
         if kernel not in ("q4k_nb", "q6k_expb"):
-            raise gpu.ShapeError(f"q8_1 tiles are the input of q4k_nb / q6k_expb, not of {kernel!r}")
+            raise errors.ShapeError(f"q8_1 tiles are the input of q4k_nb / q6k_expb, not of {kernel!r}")
         if x.id != w.id:
-            raise gpu.ShapeError(f"inner dimensions differ: activations id={x.id}, weights id={w.id}")
+            raise errors.ShapeError(f"inner dimensions differ: activations id={x.id}, weights id={w.id}")
         nt = x.nt
     else:
         x = gpu._check_act(x)
         if x.shape[1] != w.id:
-            raise gpu.ShapeError(f"inner dimensions differ: activations id={x.shape[1]}, weights id={w.id}")
+            raise errors.ShapeError(f"inner dimensions differ: activations id={x.shape[1]}, weights id={w.id}")
         nt = x.shape[0]
     if kernel == "auto":
         ch = None
@@ -162,7 +161,7 @@ def qmatmul(x, w: gpu.QWeight, kernel: str = "auto", out=None, **params):
         ch = ch or choose(w.qtype, nt, w.od, w.id)
     elif kernel == "gemv_kq":
         if isinstance(x, gpu.Q8Tiles):
-            raise gpu.ShapeError("gemv_kq reads float16 / float32 activations, not q8_1 tiles")
+            raise errors.ShapeError("gemv_kq reads float16 / float32 activations, not q8_1 tiles")
         cfg = gemv.recorded_config(w.qtype, nt, w.od, w.id, "f16" if x.dtype == np.float16 else "f32")
         ch = Choice("gemv_kq", tuple(cfg[0].items()), cfg[1])
     elif kernel == "wgmma_kq":
@@ -170,7 +169,7 @@ def qmatmul(x, w: gpu.QWeight, kernel: str = "auto", out=None, **params):
     else:
         v = registry.default_variant(kernel)          # the family's default variant
         if v.qtype != w.qtype:
-            raise gpu.ShapeError(f"{kernel} takes {v.qtype} weights, got {w.qtype}")
+            raise errors.ShapeError(f"{kernel} takes {v.qtype} weights, got {w.qtype}")
         ch = Choice(kernel, v.params, f"named (variant {v.name})")
     if params:
         ch = Choice(ch.family, tuple({**dict(ch.params), **params}.items()), ch.reason + ", params overridden")
@@ -180,13 +179,13 @@ def qmatmul(x, w: gpu.QWeight, kernel: str = "auto", out=None, **params):
     p = dict(ch.params)
     if ch.family == "gemv_kq":
         if isinstance(x, gpu.Q8Tiles):
-            raise gpu.ShapeError("gemv_kq reads float16 / float32 activations, not q8_1 tiles")
+            raise errors.ShapeError("gemv_kq reads float16 / float32 activations, not q8_1 tiles")
         return gemv.gemv(w, x, out=out, **p)
     if ch.family == "wgmma_kq":
         wgmma.require_sm90a()
         if w.wg is None:
             if w.host is None:   # the GGUF rows as given (a 224-byte q6_K upload keeps the 210-byte rows too)
-                raise gpu.ShapeError("wgmma_kq needs the GGUF rows of the weight (QWeight.upload keeps them)")
+                raise errors.ShapeError("wgmma_kq needs the GGUF rows of the weight (QWeight.upload keeps them)")
             w.wg = wgmma.WgWeight.from_gguf(np.asarray(w.host), w.qtype)
         if p.get("FORM") and w.wg.gguf is None and w.qtype == "q4_K":
             w.wg.gguf = w.raw    # the shared-memory form reads the uploaded GGUF rows as they are

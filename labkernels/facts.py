@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import peers, records
+from . import peers, prefill_runs, records
 from .rounds.r07_wgmma import tables
 
 #: the model and prompt length of the prefill figures (llama-7B shapes, llama.cpp's Q4_K_M recipe; 3325 tokens
@@ -87,9 +87,7 @@ def differs(how: str, run_id: str) -> str:
 def prefill_run(model: str = PREFILL_MODEL, root=None):
     """The prefill run of record for ``model``: the newest prefill_graph run (eager vs graph, every fusion, the
     interleaved rounds) made with the project's whole GPU stack (the cuDNN frontend present)."""
-    from .prefill_runs import latest_graph_run
-
-    run = latest_graph_run(model, "throughput", root=root, cudnn=True)
+    run = prefill_runs.latest_graph_run(model, "throughput", root=root, cudnn=True)
     if run is None:
         raise FactError(f"no prefill_graph run of {model} with the cuDNN frontend under "
                         f"{(root or records.data_root()) / records.folder('prefill')}")
@@ -115,9 +113,7 @@ def prefill(model: str = PREFILL_MODEL, nt: int = PREFILL_NT, root=None) -> Fact
 def prefill_without_cudnn(model: str = PREFILL_MODEL, nt: int = PREFILL_NT, root=None) -> Fact | None:
     """The same figure from the newest run made without the cuDNN frontend (the lab's attention on every layer):
     an experiment of its own, labelled as such; None when there is none."""
-    from .prefill_runs import latest_graph_run
-
-    run = latest_graph_run(model, "throughput", root=root, cudnn=False)
+    run = prefill_runs.latest_graph_run(model, "throughput", root=root, cudnn=False)
     if run is None:
         return None
     v, n = _median(run, model, nt, RECORD_VARIANT)

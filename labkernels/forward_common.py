@@ -1,11 +1,11 @@
 """What the prefill and the decode share, below both: CUDA graph capture support (:func:`graph_support`,
 :class:`RawGraph`, :class:`GraphCaptureError`, :data:`GRAPH_RTOL`) and the argument check of the fused activation
-kernel. Split from ``prefill.py`` (issue 42) so that the decode no longer imports the prefill; ``prefill`` keeps
-every name."""
+kernel. Split from ``prefill.py`` (issue 42) so that the decode no longer imports the prefill; callers name this
+module (``prefill`` no longer re-exports its names)."""
 
 from __future__ import annotations
 
-from . import gpu
+from . import errors, gpu
 
 
 class GraphCaptureError(RuntimeError):
@@ -69,8 +69,8 @@ def _c_contig(a) -> bool:
 def check_act_mul_gu(gu, out, n_ff: int) -> None:
     """act_mul_gu's arguments: gu f32 [rows, 2 * n_ff] and out [rows, n_ff] (f32 or f16), C-contiguous."""
     if gu.ndim != 2 or str(gu.dtype) != "float32" or not _c_contig(gu) or gu.shape[1] != 2 * n_ff:
-        raise gpu.ShapeError(f"act_mul_gu: gu must be C-contiguous float32 [rows, {2 * n_ff}], got {gu.dtype} "
-                             f"{tuple(gu.shape)}")
+        raise errors.ShapeError(f"act_mul_gu: gu must be C-contiguous float32 [rows, {2 * n_ff}], got {gu.dtype} "
+                                f"{tuple(gu.shape)}")
     if tuple(out.shape) != (gu.shape[0], n_ff) or str(out.dtype) not in ("float32", "float16") or not _c_contig(out):
-        raise gpu.ShapeError(f"act_mul_gu: out must be C-contiguous float32/float16 [{gu.shape[0]}, {n_ff}], got "
-                             f"{out.dtype} {tuple(out.shape)}")
+        raise errors.ShapeError(f"act_mul_gu: out must be C-contiguous float32/float16 [{gu.shape[0]}, {n_ff}], got "
+                                f"{out.dtype} {tuple(out.shape)}")

@@ -45,6 +45,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from . import errors, gpu, nvml, records
+
 QK = 256
 BLOCK_BYTES = {"q4_K": 144, "q6_K": 210}
 #: nt the family takes (NT8 n8 tiles of tokens: 1 or 2)
@@ -310,8 +312,6 @@ def prepare(w) -> GemvWeight:
     rows at their natural 144-byte stride; q6_K's planes are made from the GGUF rows the upload kept."""
     import time
 
-    from . import gpu
-
     gv = getattr(w, "gv", None)
     if gv is not None:
         return gv
@@ -343,8 +343,6 @@ class _Workspace:
         self.retired = []
 
     def get(self, stream_ptr: int, floats: int, ctas: int):
-        from . import gpu
-
         c = gpu.cp()
         ws, cnt = self.bufs.get(stream_ptr, (None, None))
         if ws is None or ws.size < floats or cnt.size < ctas:
@@ -456,8 +454,6 @@ def pipe_reads(MT: int, WARPS: int, XF32: int, nt: int):
 
 @lru_cache(maxsize=None)
 def _kernel(QT: int, XF32: int, NT8: int, MT: int, WARPS: int, FORM: int = 0, PIPE: int = 0):
-    from . import gpu
-
     return gpu.kernel("gemv_kq", QT=QT, XF32=XF32, NT8=NT8, MT=MT, WARPS=WARPS, FORM=FORM, PIPE=PIPE)
 
 
@@ -500,30 +496,28 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
     (registry rows); ``FORM``: 0 the exact-f16-weight form, 1 step 2's exact ``sc*q`` form (q4_K, nt <= 8; its exact
     function :func:`exact_weights_v2`); ``PIPE``: 0, or (FORM=1 only) step 3's shared-memory ring of that many
     super-block stages (:data:`PIPES`; the same function and bits as FORM=1)."""
-    from . import gpu
-
     c = gpu.cp()
     gv = w if isinstance(w, GemvWeight) else prepare(w)
     if not isinstance(x, c.ndarray) or x.ndim != 2:
-        raise gpu.ShapeError(f"activations must be a 2-D cupy array [nt, id], got {type(x).__name__}")
+        raise errors.ShapeError(f"activations must be a 2-D cupy array [nt, id], got {type(x).__name__}")
     if x.dtype not in (np.float16, np.float32):
-        raise gpu.ShapeError(f"gemv_kq reads float16 or float32 activations, not {x.dtype}")
+        raise errors.ShapeError(f"gemv_kq reads float16 or float32 activations, not {x.dtype}")
     nt, id_ = x.shape
     if id_ != gv.id:
-        raise gpu.ShapeError(f"inner dimensions differ: activations id={id_}, weights id={gv.id}")
+        raise errors.ShapeError(f"inner dimensions differ: activations id={id_}, weights id={gv.id}")
     if not 1 <= nt <= MAX_NT:
-        raise gpu.ShapeError(f"gemv_kq takes nt = 1..{MAX_NT} tokens, got {nt} (larger nt: qmatmul's wgmma / int8 "
-                             f"families)")
+        raise errors.ShapeError(f"gemv_kq takes nt = 1..{MAX_NT} tokens, got {nt} (larger nt: qmatmul's wgmma / int8 "
+                                f"families)")
     FORM = int(FORM)
     if FORM not in (0, 1):
-        raise gpu.ShapeError(f"gemv_kq FORM is 0 or 1, got {FORM}")
+        raise errors.ShapeError(f"gemv_kq FORM is 0 or 1, got {FORM}")
     if FORM == 1 and (gv.qtype != "q4_K" or nt > FORM1_MAX_NT):
-        raise gpu.ShapeError(f"gemv_kq FORM=1 takes q4_K weights at nt = 1..{FORM1_MAX_NT}, got {gv.qtype} at nt={nt}")
+        raise errors.ShapeError(f"gemv_kq FORM=1 takes q4_K weights at nt = 1..{FORM1_MAX_NT}, got {gv.qtype} at nt={nt}")
     PIPE = int(PIPE)
     if PIPE not in PIPES:
-        raise gpu.ShapeError(f"gemv_kq PIPE is one of {PIPES}, got {PIPE}")
+        raise errors.ShapeError(f"gemv_kq PIPE is one of {PIPES}, got {PIPE}")
     if PIPE and FORM != 1:
-        raise gpu.ShapeError(f"gemv_kq PIPE={PIPE} is a form of FORM=1 (q4_K, nt <= {FORM1_MAX_NT}), got FORM={FORM}")
+        raise errors.ShapeError(f"gemv_kq PIPE={PIPE} is a form of FORM=1 (q4_K, nt <= {FORM1_MAX_NT}), got FORM={FORM}")
     if not x.flags.c_contiguous:
         x = c.ascontiguousarray(x)
     QT = 4 if gv.qtype == "q4_K" else 6
@@ -534,12 +528,12 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
     nsb = gv.id // QK
     smem = pipe_smem(MT, WARPS, PIPE, XF32, nt)
     if isinstance(S, str) and S != "wave":
-        raise gpu.ShapeError(f"S is a number of splits, None or 'wave', not {S!r}")
+        raise errors.ShapeError(f"S is a number of splits, None or 'wave', not {S!r}")
     if S is None or isinstance(S, str):
         S = launch_plan(gv, nt, XF32, MT, WARPS, FORM, PIPE, S, gpu.device_props()["sm_count"])["S"]
     S = int(S)
     if not 1 <= S <= nsb:
-        raise gpu.ShapeError(f"S (splits of the {nsb} super-blocks) must be 1..{nsb}, got {S}")
+        raise errors.ShapeError(f"S (splits of the {nsb} super-blocks) must be 1..{nsb}, got {S}")
     y = gpu._out(nt, gv.od, out)
     ws, cnt = _WS.get(c.cuda.get_current_stream().ptr, S * nt * gv.od if S > 1 else 0, groups)
     k.launch((groups, S), (gv.data, x, y, ws, cnt, np.int32(nt), np.int32(gv.od), np.int32(gv.id), np.int32(S)),
@@ -563,8 +557,6 @@ def auto_table(root=None):
     (:func:`labkernels.nvml.for_verdict`), the median time of the fastest gemv_kq configuration (typed columns MT,
     WARPS, FORM, WAVE (1: the one-wave split), S: the split it ran, 0 the default split in runs before step 3) and of
     round 7's wgmma launch (``wgmma_us``; NaN where not timed). None without such a run."""
-    from . import nvml, records
-
     run = records.latest("decode", root=root, where=lambda r: is_bench_of_record(r) and nvml.for_verdict(r))
     if run is None:
         return None

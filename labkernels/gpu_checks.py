@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import provenance, records
 from .paths import REPO_ROOT
 
 
@@ -28,8 +29,6 @@ class GpuCheckError(RuntimeError):
 
 
 def step_env(out: Path, args) -> dict:
-    from . import provenance
-
     p = provenance.collect()
     (out / "env.json").write_text(json.dumps(p, indent=1, default=str))
     log(provenance.describe(p))
@@ -105,8 +104,6 @@ def step_tests(out: Path, args) -> dict:
     tests only: nothing is timed in the suite), recorded as a ``gpu_suite`` run (table ``tests``: every test's outcome
     and duration; summary: counts, seconds, commit and GPU in the provenance)."""
     import importlib.util
-
-    from . import records
 
     tier = getattr(args, "tier", "fast")
     shard = parse_shard(getattr(args, "shard", None))
@@ -186,9 +183,9 @@ gpu.dequant_f16(W4)
 for k in registry.family("q4k_nb"):
     gpu.gemm(W4, a, "q4k_nb", KDR=k.p["KDR"])
 gpu.prepass(x.astype(cp.float16))
-from labkernels import attention
+from labkernels import attention, attention_kinds
 for n, H, Hk, d, w in ((37, 4, 1, 256, 0), (50, 4, 1, 256, 20), (33, 2, 2, 64, 0), (70, 6, 2, 128, 9)):
-    kind = attention.LayerKind(H, Hk, d, d, w, 1.0 / np.sqrt(d))
+    kind = attention_kinds.LayerKind(H, Hk, d, d, w, 1.0 / np.sqrt(d))
     q, k, v = (cp.asarray(rng.standard_normal((n, c)).astype(np.float16)) for c in (H * d, Hk * d, Hk * d))
     attention.Lab(None).sdpa(q, k, v, n, kind)
 cp.cuda.runtime.deviceSynchronize()

@@ -17,7 +17,7 @@ import argparse
 import os
 from pathlib import Path
 
-from . import gpu_checks, rounds
+from . import attention, blas, gpu_checks, records_admin, rounds
 from .gpu_checks import GpuCheckError, TIERS, parse_shard
 from .paths import REPO_ROOT
 
@@ -26,15 +26,13 @@ DEFAULT_OUT = REPO_ROOT / ".gpu" / "gpu-check"
 
 
 def _set_paths(args) -> None:
-    """--dense-path / --cudnn-plan: gemm_dense's path (gpu.DENSE_PATH) and the cuDNN SDPA plan policy
+    """--dense-path / --cudnn-plan: gemm_dense's path (blas.DENSE_PATH) and the cuDNN SDPA plan policy
     (attention.CUDNN_PLAN) for every step of this gpu-check (the prefill runs record both)."""
-    from . import attention, gpu
-
     if getattr(args, "dense_path", None):
-        gpu.DENSE_PATH = args.dense_path
+        blas.DENSE_PATH = args.dense_path
     if getattr(args, "cudnn_plan", None):
         attention.CUDNN_PLAN = args.cudnn_plan
-    gpu_checks.log(f"gemm_dense path {gpu.DENSE_PATH}, cuDNN plan policy {attention.CUDNN_PLAN}")
+    gpu_checks.log(f"gemm_dense path {blas.DENSE_PATH}, cuDNN plan policy {attention.CUDNN_PLAN}")
 
 
 def check_args(args) -> None:
@@ -96,9 +94,7 @@ def main(args) -> int:
 
 
 def import_main(args) -> int:
-    from . import records
-
-    copied = records.import_runs(Path(args.src))
+    copied = records_admin.import_runs(Path(args.src))
     print(f"imported {len(copied)} files into data/:")
     for c in copied:
         print("  ", c)
@@ -145,10 +141,8 @@ def register_cli(sub) -> None:
                    "auto | cudnn | torch | baseline (labkernels.attention)")
     p.add_argument("--attn-dtype", default="f16", help="input type of the fused attention: f16 | bf16")
     p.add_argument("--attention-nts", default="512,3325,8192", help="token counts of the attention benchmark")
-    from . import attention, gpu
-
-    p.add_argument("--dense-path", default=None, choices=gpu.DENSE_PATHS,
-                   help=f"gemm_dense's cuBLAS path for every step (default {gpu.DENSE_PATH}: labkernels.gpu.gemm_dense)")
+    p.add_argument("--dense-path", default=None, choices=blas.DENSE_PATHS,
+                   help=f"gemm_dense's cuBLAS path for every step (default {blas.DENSE_PATH}: labkernels.blas.gemm_dense)")
     p.add_argument("--cudnn-plan", default=None, choices=attention.CUDNN_PLANS,
                    help=f"cuDNN SDPA plan policy for every step (default {attention.CUDNN_PLAN}: labkernels.attention.Cudnn)")
     groups = {}

@@ -46,6 +46,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from . import paths
 from .paths import read_small_file
 
 PROFILES_PATH = Path(__file__).resolve().parent / "profiles" / "devices.json"
@@ -376,7 +377,6 @@ def _cxx() -> str | None:
 
 def _cache_root() -> Path:
     try:
-        from . import paths  # noqa: PLC0415
         root = paths.CACHE_DIR
         root.mkdir(parents=True, exist_ok=True)
         if os.access(root, os.W_OK):

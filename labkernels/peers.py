@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import nvml, provenance, records
+from . import nvml, provenance, records, synthetic
 from .paths import CACHE_DIR, REPO_ROOT
 
 ROUND = "peers"
@@ -966,15 +966,13 @@ SYNTHETIC_LABELS = ("synthetic-7b", "synthetic-gemma3")
 def synthetic_gguf(label: str, dest: Path, progress=_log) -> Path:
     """Write the synthetic model ``label`` (SYNTHETIC_LABELS) that the lab's runs load (same config, recipe and seed:
     the same weights the lab's prefill and generate measure) as a GGUF for llama.cpp."""
-    from .synthetic import load_model, write_gguf
-
     if label not in SYNTHETIC_LABELS:
         raise PeerError(f"no synthetic model {label!r}; synthetic models: {', '.join(SYNTHETIC_LABELS)}")
     dest = Path(dest)
     if not dest.is_file():
         progress(f"writing the {label} Q4_K_M to {dest}")
         tmp = dest.with_suffix(".tmp")
-        write_gguf(load_model(label), tmp)
+        synthetic.write_gguf(synthetic.load_model(label), tmp)
         tmp.replace(dest)
     return dest
 

@@ -38,7 +38,7 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import occupancy, paths, provenance, records, rounds
+from . import occupancy, paths, provenance, records, report, rounds
 from .paths import NOTEBOOKS_DIR, PACKAGE_DIR, REPORTS_DIR
 from .kernels import registry
 from .rounds import r05_wall
@@ -334,9 +334,7 @@ def _named_problem(value, name: str) -> str | None:
             return f"not a regular expression ({e})"
         return None
     if name == "RunId":
-        from .records import RUN_ID_RX
-
-        return None if isinstance(value, str) and RUN_ID_RX.match(value) else \
+        return None if isinstance(value, str) and records.RUN_ID_RX.match(value) else \
             "not a run id (yyyymmddThhmmssZ-device-commit)"
     if name == "Cluster":
         return None if isinstance(value, str) and _CLUSTER.match(value) else \
@@ -482,8 +480,6 @@ def describe_parameters(name: str, declared: dict) -> str:
 def check_params(nbs: list[Path], glob: dict, per: dict) -> dict[str, dict]:
     """Per notebook, the parameters it receives; PipelineError (listing the parameters and their types)
     for a name no selected notebook declares, a per-notebook name it does not declare, or a wrong type."""
-    from .report import MODES
-
     declared = {nb.stem: declared_parameters(nb) for nb in nbs}
     errors = []
     unknown = sorted(k for k in glob if not any(k in d for d in declared.values()))
@@ -509,8 +505,8 @@ def check_params(nbs: list[Path], glob: dict, per: dict) -> dict[str, dict]:
                               + ("" if why.startswith("must be") else f": {why}"))
             elif why:
                 errors.append(f"{nb.stem}: {k} = {v!r}: {why} (declared {type_name(spec)})")
-            elif k == "mode" and v not in MODES:
-                errors.append(f"{nb.stem}: mode must be one of {', '.join(MODES)}, got {v!r}")
+            elif k == "mode" and v not in report.MODES:
+                errors.append(f"{nb.stem}: mode must be one of {', '.join(report.MODES)}, got {v!r}")
             else:
                 continue
             bad = True
@@ -1057,10 +1053,8 @@ def _nav(nbs_all: list[Path], nb: Path, status: str, params: dict) -> dict:
     i = stems.index(nb.stem) if nb.stem in stems else -1
     prev = (f"{stems[i - 1]}.html", _title(nbs_all[i - 1])) if i > 0 else None
     nxt = (f"{stems[i + 1]}.html", _title(nbs_all[i + 1])) if 0 <= i < len(stems) - 1 else None
-    from .report import params_text
-
     return {"index": "index.html", "prev": prev, "next": nxt, "title": _title(nb), "status": status,
-            "params": params_text(params) if params else "", "stem": nb.stem}
+            "params": report.params_text(params) if params else "", "stem": nb.stem}
 
 
 _TAG = re.compile(r"<(/?)(\w+)[^>]*>")
@@ -1085,14 +1079,12 @@ def lead_check(page: str) -> dict:
     lead = after[:end if end >= 0 else len(after)]
     text_before = _html.unescape(re.sub(r"\s+", " ", _TAG.sub(" ", before))).strip()
     abstract = re.search(r"class=[\"']lk-abstract[\"']>(.*?)</p>", lead, flags=re.S)
-    from .report import sentences
-
     ab_text = _html.unescape(_TAG.sub("", abstract.group(1))).replace("Abstract.", "", 1).strip() if abstract else ""
     res.update({"images_before": len(re.findall(r"<img\b", before)),
                 "tables_before": len(re.findall(r"<table\b", before)),
                 "text_before": len(text_before), "headline": "lk-headline" in lead,
                 "headline_rows": len(re.findall(r"<tr>", lead)), "figure": "<img" in lead,
-                "abstract_sentences": len(sentences(ab_text)) if ab_text else 0,
+                "abstract_sentences": len(report.sentences(ab_text)) if ab_text else 0,
                 "pending": "lk-pending" in lead})
     return res
 
@@ -1268,10 +1260,8 @@ def is_stand_in(nb: Path, params: dict, notes: dict) -> bool:
     if params.get("mode") != "cpu" and notes.get("mode") != "cpu":
         return False
     try:
-        from .rounds import RoundError, module
-
-        return bool(module(Path(nb).stem).DATA)
-    except (RoundError, ImportError):
+        return bool(rounds.module(Path(nb).stem).DATA)
+    except (rounds.RoundError, ImportError):
         return False
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import matplotlib
 
+from .kernels import registry
+
 #: the published page is ~1300 px wide: figures are at most this many inches wide at ``DPI``
 PAGE_WIDTH_IN = 13.0
 DPI = 100
@@ -60,9 +62,7 @@ _assigned: dict[str, str] = {}
 
 def color(name: str) -> str:
     """The colour of a variant / device / class, stable across every chart of a page."""
-    from .kernels.registry import canonical
-
-    name = canonical(str(name))
+    name = registry.canonical(str(name))
     if name in VARIANT_COLORS:
         return VARIANT_COLORS[name]
     if name not in _assigned:
@@ -340,6 +340,7 @@ def _smem_label(r) -> str:
     """A case of :func:`~labkernels.rounds.r07_wgmma.kpair.smem_table` in a few words: who, shape, nt (and the lab's launch)."""
     if r.who == "cublas":
         return f"cuBLAS {r.od}x{r.id} nt={r.nt}"
+    # function-local on purpose: importing plotting (every page does, through report) does not load round 7's lab code
     from .rounds.r07_wgmma.kpair import KPAIR_BUILD_LABELS
 
     launch = KPAIR_BUILD_LABELS.get(r.who)

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 
-from . import gpu
+from . import arch, attention, decode, dispatch, gpu, prefill, prefill_ref, prefill_replay, provenance
 from .prefill_runs import prompt_tokens
+from .rounds.r05_wall import decompose
 from .synthetic import load_model
 
 
 def _need_gpu():
-    from .provenance import gpu_available
-
-    if not gpu_available():
+    if not provenance.gpu_available():
         raise SystemExit("labkernels prefill/decompose need a CUDA GPU with cupy; this machine has none "
                          "(recorded runs render in replay mode: labkernels run 05)")
 
@@ -55,13 +54,10 @@ def prefill_main(args) -> int:
         print(f"labkernels prefill: error: {err}", file=sys.stderr)
         return 2
     _need_gpu()
-    from .prefill import GpuModel, PrefillOptions, timed_prefill
-    from .prefill_ref import detokenize
-
     m = load_model(args.model)
-    gm = GpuModel(m, opts=options_from_args(args, PrefillOptions))
+    gm = prefill.GpuModel(m, opts=options_from_args(args, prefill.PrefillOptions))
     toks = prompt_tokens(m, args.tokens, args.prompt_ids)
-    t = timed_prefill(gm, toks, repeats=args.repeats)
+    t = prefill_replay.timed_prefill(gm, toks, repeats=args.repeats)
     logits = gm.forward(toks)
     top = gpu.cp().asnumpy(logits).argsort()[::-1][:5]
     res = {"model": args.model, "arch": gm.cfg.arch, "n_tokens": len(toks), "wall_ms": t["wall_ms"],
@@ -69,7 +65,7 @@ def prefill_main(args) -> int:
            "kernel": args.kernel, "gemm_families": gm.families_used(), **gm.attn.describe(), "mode": t["mode"],
            "graph_fallback": t["fallback"], "graphs": gm.graphs()}
     try:
-        res["top5_text"] = [detokenize(m, [int(i)]) for i in top]
+        res["top5_text"] = [prefill_ref.detokenize(m, [int(i)]) for i in top]
     except Exception:
         pass
     if args.json:
@@ -84,13 +80,10 @@ def prefill_main(args) -> int:
 
 def decompose_main(args) -> int:
     _need_gpu()
-    from .rounds.r05_wall.decompose import run_decomposition
-    from .prefill import GpuModel, PrefillOptions
-
     m = load_model(args.model)
-    gm = GpuModel(m, opts=options_from_args(args, PrefillOptions))
+    gm = prefill.GpuModel(m, opts=options_from_args(args, prefill.PrefillOptions))
     toks = prompt_tokens(m, args.nt)
-    r = run_decomposition(gm, toks, repeats=args.repeats, progress=lambda s: None if args.json else print(s))
+    r = decompose.run_decomposition(gm, toks, repeats=args.repeats, progress=lambda s: None if args.json else print(s))
     t = r["classes"].reset_index()
     if args.json:
         print(json.dumps({"busy_wall": r["busy_wall"], "wall": r["wall"], **gm.attn.describe(),
@@ -105,13 +98,11 @@ def decompose_main(args) -> int:
 def options_from_args(args, cls=None):
     """PrefillOptions from the prefill / decompose flags (--attn-f16, --kernel, --graph/--no-graph, --no-fuse)."""
     if cls is None:
-        from .prefill import PrefillOptions as cls
+        cls = prefill.PrefillOptions
     fuse = not getattr(args, "no_fuse", False)
-    from .prefill import FUSIONS
-
     return cls(attn_f16=args.attn_f16, kernel=args.kernel, graph=getattr(args, "graph", None),
                attention=getattr(args, "attention", "auto"), other_f16=not getattr(args, "f32_dense", False),
-               **{f: fuse for f in FUSIONS})
+               **{f: fuse for f in prefill.FUSIONS})
 
 
 def _add_mode_args(p) -> None:
@@ -129,15 +120,11 @@ def _add_mode_args(p) -> None:
 
 
 def _kernels():
-    from .dispatch import QMATMUL_KERNELS
-
-    return QMATMUL_KERNELS
+    return dispatch.QMATMUL_KERNELS
 
 
 def _attention_paths():
-    from .attention import BACKENDS
-
-    return BACKENDS
+    return attention.BACKENDS
 
 
 def register_cli(sub) -> None:
@@ -177,36 +164,28 @@ def register_cli(sub) -> None:
 def generate_main(args) -> int:
     """``labkernels generate``: the request checked (before any GPU work), then one generate; tokens/s of the decode
     replays (CUDA events around them), the host's share beside it, the prefill's time and the tokens."""
-    from .arch import config_from_model
-    from .decode import DecodeError, check_request, decode_problems
-    from .provenance import gpu_available
-
     if args.prompt_ids is not None and len(args.prompt_ids) == 0:
-        raise DecodeError("--prompt-ids was given without any ids")
+        raise decode.DecodeError("--prompt-ids was given without any ids")
     if args.prompt_tokens == 0 and not args.prompt_ids:
-        raise DecodeError("an empty prompt: give --prompt-tokens N (N >= 1) or --prompt-ids ID [ID ...]")
+        raise decode.DecodeError("an empty prompt: give --prompt-tokens N (N >= 1) or --prompt-ids ID [ID ...]")
     m = load_model(args.model)
-    cfg = config_from_model(m)
+    cfg = arch.config_from_model(m)
     if args.prompt_ids and min(args.prompt_ids) < 0:
-        raise DecodeError(f"token id {min(args.prompt_ids)} is outside the vocabulary 0..{cfg.vocab - 1}")
+        raise decode.DecodeError(f"token id {min(args.prompt_ids)} is outside the vocabulary 0..{cfg.vocab - 1}")
     toks = prompt_tokens(m, args.prompt_tokens, args.prompt_ids)
-    check_request(cfg, toks, args.new_tokens, "greedy", args.n_ctx)
-    bad = decode_problems(cfg)
+    decode.check_request(cfg, toks, args.new_tokens, "greedy", args.n_ctx)
+    bad = decode.decode_problems(cfg)
     if bad:
-        raise DecodeError(f"the decode path cannot take {cfg.arch} ({'; '.join(bad)})")
-    if not gpu_available():
+        raise decode.DecodeError(f"the decode path cannot take {cfg.arch} ({'; '.join(bad)})")
+    if not provenance.gpu_available():
         raise SystemExit("labkernels generate needs a CUDA GPU with cupy; this machine has none")
-    from .prefill import GpuModel
-
-    gm = GpuModel(m, opts=options_from_args(args))
+    gm = prefill.GpuModel(m, opts=options_from_args(args))
     out = gm.generate(toks, args.new_tokens, n_ctx=args.n_ctx)
     st = dict(gm.last_generate)
     res = {"model": args.model, "arch": cfg.arch, "n_prompt": len(toks), "n_new": args.new_tokens,
            "tokens": out, "prefill_gemm_families": gm.families_used(), **gm.attn.describe(), **st}
     try:
-        from .prefill_ref import detokenize
-
-        res["text"] = detokenize(m, out)
+        res["text"] = prefill_ref.detokenize(m, out)
     except Exception:
         pass
     if args.json:

@@ -29,6 +29,7 @@ import weakref
 
 import numpy as np
 
+from . import quantize_ref
 from .arch import ModelConfig, TokenError, check_shapes, check_token_ids, config_from_model, global_tensors, layer_tensors, validate_config
 
 class RefArgumentError(ValueError):
@@ -190,9 +191,7 @@ class RefModel:
     def _mm(self, w: dict, key: str, h: np.ndarray) -> np.ndarray:
         """h @ W^T, with h rounded through q8_1 first when emulating the int8 kernels (act_quant)."""
         if self.act_quant and key in w["_kquant"]:
-            from .quantize_ref import quantize_q8_1
-
-            qs, d, _ = quantize_q8_1(np.ascontiguousarray(h, dtype=np.float32))
+            qs, d, _ = quantize_ref.quantize_q8_1(np.ascontiguousarray(h, dtype=np.float32))
             h = (qs.astype(self.dtype).reshape(h.shape[0], -1, 32)
                  * d.astype(self.dtype)[:, :, None]).reshape(h.shape)
         return h @ w[key].T

@@ -11,7 +11,8 @@ import time
 
 import numpy as np
 
-from . import gpu, records
+from . import arch, gpu, prefill, prefill_ref, prefill_replay, records
+from .model import open_model
 from .peers import with_cudnn
 from .synthetic import load_model
 
@@ -27,24 +28,22 @@ def prompt_tokens(model, n: int, prompt_ids=None, seed: int = 0) -> list[int]:
     """The given ids (the first ``n`` when n > 0), else n >= 1 tokens: a fixed prompt with deterministic random
     ids after it. Raises TokenError (a ValueError) for a negative or non-integer n, n = 0 without ids (an empty
     prompt), or ids that are not integers in the model's vocabulary."""
-    from .arch import TokenError, check_token_ids, config_from_model
-
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-        raise TokenError(f"token count must be a non-negative integer, got {n!r}")
+        raise arch.TokenError(f"token count must be a non-negative integer, got {n!r}")
     if n > MAX_PROMPT_TOKENS:
-        raise TokenError(f"token count {n} is more than a prompt of the lab takes ({MAX_PROMPT_TOKENS})")
+        raise arch.TokenError(f"token count {n} is more than a prompt of the lab takes ({MAX_PROMPT_TOKENS})")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise TokenError(f"seed must be a non-negative integer, got {seed!r}")
+        raise arch.TokenError(f"seed must be a non-negative integer, got {seed!r}")
     if prompt_ids is not None and len(prompt_ids) == 0:
-        raise TokenError("--prompt-ids was given without any ids")
+        raise arch.TokenError("--prompt-ids was given without any ids")
     if prompt_ids is None and n == 0:
-        raise TokenError("an empty prompt: give --tokens N (N >= 1) or --prompt-ids")
+        raise arch.TokenError("an empty prompt: give --tokens N (N >= 1) or --prompt-ids")
     if prompt_ids is not None and n and len(prompt_ids) < n:
-        raise TokenError(f"{len(prompt_ids)} prompt ids for a prompt of {n} tokens: give at least {n} ids, or n = 0 "
-                         "for exactly the ids")
-    vocab = config_from_model(model).vocab
+        raise arch.TokenError(f"{len(prompt_ids)} prompt ids for a prompt of {n} tokens: give at least {n} ids, or "
+                              "n = 0 for exactly the ids")
+    vocab = arch.config_from_model(model).vocab
     if prompt_ids is not None:
-        ids = check_token_ids(prompt_ids, vocab, "prompt ids").tolist()
+        ids = arch.check_token_ids(prompt_ids, vocab, "prompt ids").tolist()
         return ids[:n] if n else ids
     rng = np.random.default_rng(seed)
     base = GEMMA_PROMPT if model.field("general.architecture") == "gemma3" else [1]
@@ -54,19 +53,13 @@ def prompt_tokens(model, n: int, prompt_ids=None, seed: int = 0) -> list[int]:
 
 def parity_run(model_path: str, run, n_new: int = 32, progress=print, kernel: str = "auto") -> dict:
     """GPU prefill vs the CPU reference on Gemma: last-position logits (rel. error, top-k), greedy-32."""
-    from .prefill import GpuModel
-    from .prefill_ref import detokenize, forward_ref, greedy_ref
-    from .model import open_model
-
-    from .prefill import PrefillOptions
-
     cp = gpu.cp()
     m = open_model(model_path)
-    gm = GpuModel(m, opts=PrefillOptions(kernel=kernel))
+    gm = prefill.GpuModel(m, opts=prefill.PrefillOptions(kernel=kernel))
     out = {}
     for name, toks in (("prompt", GEMMA_PROMPT), ("random64", prompt_tokens(m, 64, seed=5))):
         g = cp.asnumpy(gm.forward(toks)).astype(np.float64)
-        r = forward_ref(m, toks, last_only=True)
+        r = prefill_ref.forward_ref(m, toks, last_only=True)
         rel = float(np.max(np.abs(g - r)) / np.max(np.abs(r)))
         top_g, top_r = np.argsort(-g)[:10], np.argsort(-r)[:10]
         row = {"case": name, "kernel": kernel, "gemm_families": gm.families_used(), "attention": gm.attn.name,
@@ -81,12 +74,12 @@ def parity_run(model_path: str, run, n_new: int = 32, progress=print, kernel: st
     gg = gm.greedy(GEMMA_PROMPT, n_new)
     tg = time.time() - t0
     t0 = time.time()
-    gr = greedy_ref(m, GEMMA_PROMPT, n_new)
+    gr = prefill_ref.greedy_ref(m, GEMMA_PROMPT, n_new)
     tr = time.time() - t0
     first_diff = next((i for i, (a, b) in enumerate(zip(gg, gr)) if a != b), None)
     row = {"prompt": json.dumps(GEMMA_PROMPT), "n_new": n_new, "gpu_ids": json.dumps(gg), "ref_ids": json.dumps(gr),
-           "identical": gg == gr, "first_diff": first_diff, "gpu_text": detokenize(m, gg), "ref_text": detokenize(m, gr),
-           "gpu_s": tg, "ref_s": tr}
+           "identical": gg == gr, "first_diff": first_diff, "gpu_text": prefill_ref.detokenize(m, gg),
+           "ref_text": prefill_ref.detokenize(m, gr), "gpu_s": tg, "ref_s": tr}
     run.append("greedy", row)
     progress(f"greedy-{n_new}: identical={gg == gr} (first diff {first_diff}); GPU: {row['gpu_text']!r}")
     out["greedy"] = row
@@ -95,14 +88,12 @@ def parity_run(model_path: str, run, n_new: int = 32, progress=print, kernel: st
 
 def throughput_run(spec: str, nts, run, repeats: int = 3, attn_f16: bool = True, progress=print, kernel: str = "auto",
                    model=None) -> list[dict]:
-    from .prefill import GpuModel, PrefillOptions, timed_prefill
-
     m = model if model is not None else load_model(spec)
-    gm = GpuModel(m, opts=PrefillOptions(attn_f16=attn_f16, kernel=kernel))
+    gm = prefill.GpuModel(m, opts=prefill.PrefillOptions(attn_f16=attn_f16, kernel=kernel))
     rows = []
     for nt in nts:
         toks = prompt_tokens(m, nt)
-        t = timed_prefill(gm, toks, repeats=repeats)
+        t = prefill_replay.timed_prefill(gm, toks, repeats=repeats)
         row = {"model": spec if spec == "synthetic-7b" else "gemma-3-270m-q4_k_m", "arch": gm.cfg.arch,
                "nt": nt, "wall_ms": t["wall_ms"], "tok_per_s": t["tok_per_s"], "repeats": repeats,
                "attn_f16": attn_f16, "load_s": gm.load_seconds, "kernel": kernel,

@@ -51,6 +51,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from . import layout
+
 __all__ = [
     "QK_K",
     "QK8_0",
@@ -753,10 +755,9 @@ def dequantize(raw: np.ndarray, qtype, n: int | None = None) -> np.ndarray:
                                   f"has a non-finite scale {field} = {float(blocks[i, off:off + 2].view('<f2')[0])}: "
                                   f"{len(bad)} of {len(blocks)} blocks have a NaN/Inf {field}")
     if name == "q8_1":   # d * qs per 36-byte block (d f16 @0, qs int8 @4)
-        from .layout import f16_column
 
         b = raw.reshape(-1, 36)
-        y = b[:, 4:].view(np.int8).astype(np.float32) * f16_column(b[:, :2])
+        y = b[:, 4:].view(np.int8).astype(np.float32) * layout.f16_column(b[:, :2])
         return y.reshape(raw.shape[:-1] + (raw.shape[-1] // 36 * 32,))
     from gguf.constants import GGMLQuantizationType
     from gguf.quants import dequantize as gguf_dequantize

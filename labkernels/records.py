@@ -18,8 +18,8 @@ A run belongs to a *series* (``q6k``, ``kdr_sweep``, ``wgmma``, ...: the ``round
 name every caller records and reads it by); the series' folder is :func:`folder` (the one table,
 ``labkernels.rounds.FOLDERS``: ``q6k`` -> ``03_q6k_expanded_b``). A round's folder holds the runs of its series
 side by side (round 4's ``kdr_sweep`` and ``q4k``): a reader by series sees only its own. Runs recorded before
-the folders were named after their rounds (``data/q6k/``...) are moved with :func:`migrate` (``labkernels
-migrate-data``), bytes unchanged: their metadata still names the series, which resolves to the new folder.
+the folders were named after their rounds (``data/q6k/``...) are moved with :func:`labkernels.records_admin.migrate`
+(``labkernels migrate-data``), bytes unchanged: their metadata still names the series, which resolves to the new folder.
 
 A run id is ``<UTC yyyymmddThhmmssZ>-<gpu or cpu>-<commit10>``, so ids sort by time. A run's files
 are written only while it runs (status ``running``); once ``complete`` or ``failed`` they are frozen:
@@ -28,12 +28,12 @@ Replay mode renders :func:`latest` complete run of a round.
 
 Integrity: every finished run that :func:`list_runs` / :func:`latest` / :func:`load` return has been checked
 against its manifest (:func:`verify_run`): an edited value, a cut last row, a missing or extra table is a
-:class:`RecordError` naming the file. :func:`validate_run` checks one run given its metadata path;
-:func:`import_runs` validates whole runs before copying them (atomically, never overwriting);
-:func:`check_data` (``labkernels check-data``) verifies every run under a data folder.
+:class:`RecordError` naming the file. :func:`validate_run` checks one run given its metadata path. The data folder
+as a whole -- ``labkernels data check`` (every run verified), sealing runs recorded before manifests, importing a GPU
+machine's runs (atomically, never overwriting), migrating the old folders -- is :mod:`labkernels.records_admin`.
 
 ``LABKERNELS_DATA_DIR`` moves the root (the GPU machine writes under ``$OUT`` and the results are
-copied into ``data/`` here with :func:`import_runs`).
+copied into ``data/`` here with :func:`labkernels.records_admin.import_runs`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ import os
 import re
 import shutil
 import stat
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,8 +75,6 @@ MAX_JSON_BYTES = 64 << 20
 ATTACH_RX = re.compile(r"[a-z0-9][a-z0-9_-]{0,79}\.[a-z0-9][a-z0-9-]{0,15}")
 #: the largest attachment a run keeps (data/ is in git: a ~6 MiB Nsight Compute report at most)
 MAX_ATTACH_BYTES = 6 << 20
-#: folders under data/ that hold no recorded runs
-NON_RUN_DIRS = ("models", "cache")
 
 
 class RecordError(RuntimeError):
@@ -308,9 +305,9 @@ def list_runs(round_name: str, root: Path | None = None, status: str | None = "c
     if not d.is_dir():
         return runs
     for p in sorted(d.glob("*.json")):
-        meta = _read_meta(p)
+        meta = read_meta(p)
         series = meta.get("round") or d.name
-        _check_filed(p, series, d.name)
+        check_filed(p, series, d.name)
         run = Run(series, meta["run_id"], root, meta, folder=d.name)
         if meta["status"] in FINISHED:
             verify_run(run)     # every run of the folder: an edited round field does not hide a run
@@ -322,7 +319,7 @@ def list_runs(round_name: str, root: Path | None = None, status: str | None = "c
     return sorted(runs, key=lambda r: r.run_id)
 
 
-def _check_filed(p: Path, series, dirname: str) -> None:
+def check_filed(p: Path, series, dirname: str) -> None:
     """A run's series must be known and belong to the folder it lies in (an edited or moved round field names
     another folder, or none)."""
     try:
@@ -426,7 +423,7 @@ def _create_exclusive(path: Path, text: str) -> bool:
             os.unlink(tmp)
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISSOCK, "a socket")):
@@ -448,7 +445,7 @@ def _open_regular(path: Path) -> tuple[int, int]:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise RecordError(f"{path}: is {_kind(st.st_mode)}{' (through a symlink)' if Path(path).is_symlink() else ''}: "
+        raise RecordError(f"{path}: is {file_kind(st.st_mode)}{' (through a symlink)' if Path(path).is_symlink() else ''}: "
                           "a recorded file must be a regular file")
     return fd, st.st_size
 
@@ -484,11 +481,11 @@ def _digest(path: Path, limit: int | None = None) -> tuple[str, int]:
     return h.hexdigest(), n
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     return _digest(path)[0]
 
 
-def _read_json(p: Path, what: str):
+def read_json(p: Path, what: str):
     """A JSON file of the record (metadata, manifest): regular, at most :data:`MAX_JSON_BYTES`, UTF-8, valid JSON,
     not nested beyond what the parser takes -- RecordError naming the file otherwise."""
     data = _read_bytes(p, MAX_JSON_BYTES, f"(the most a {what} may hold)")
@@ -575,8 +572,8 @@ def check_manifest(mp: Path, man) -> dict:
     return files
 
 
-def _read_meta(p: Path) -> dict:
-    meta = check_meta(p, _read_json(p, "run metadata"))
+def read_meta(p: Path) -> dict:
+    meta = check_meta(p, read_json(p, "run metadata"))
     if p.name != f"{meta['run_id']}.json":
         raise RecordError(f"{p}: the file name does not match its run_id {meta['run_id']!r}")
     return meta
@@ -616,7 +613,7 @@ def check_attachment_name(name) -> str:
     return name
 
 
-def _run_files(run: Run) -> list[Path]:
+def run_files(run: Run) -> list[Path]:
     return [run.meta_path] + [run.table_path(t) for t in run.meta.get("tables", [])] + \
         [run.attachment_path(a) for a in run.meta.get("attachments", [])]
 
@@ -628,7 +625,7 @@ def write_manifest(run: Run, sealed_later: bool = False, forced: dict | None = N
     if run.meta.get("status") not in FINISHED:
         raise RecordError(f"run {run.run_id} is {run.meta.get('status')}: only finished runs get a manifest")
     files = {}
-    for p in _run_files(run):
+    for p in run_files(run):
         if not p.exists():
             raise RecordError(f"{p}: listed by run {run.run_id} but missing")
         sha, n = _digest(p)
@@ -656,14 +653,14 @@ def verify_run(run: Run) -> Run:
         raise RecordError(f"{mp}: missing: run {run.run_id} is {run.meta.get('status')} but has no manifest "
                           "(its files cannot be verified; a run written before manifests existed is sealed with "
                           "`labkernels check-data --seal`)")
-    man = _read_json(mp, "manifest")
+    man = read_json(mp, "manifest")
     files = check_manifest(mp, man)
     if man.get("run_id") != run.run_id:
         raise RecordError(f"{mp}: manifest of run {man.get('run_id')!r}, not {run.run_id!r}")
     if man.get("status") is not None and man["status"] != run.meta.get("status"):
         raise RecordError(f"{mp}: the manifest says the run is {man['status']!r}, its metadata "
                           f"{run.meta.get('status')!r}")
-    want = {p.name for p in _run_files(run)}
+    want = {p.name for p in run_files(run)}
     if set(files) != want:
         extra, missing = sorted(set(files) - want), sorted(want - set(files))
         raise RecordError(f"{run.meta_path}: the run's files {sorted(want)} differ from its manifest's "
@@ -699,385 +696,13 @@ def validate_run(meta_path) -> Run:
     p = Path(meta_path)
     if not p.exists() and not p.is_symlink():
         raise RecordError(f"{p}: no such run metadata file")
-    meta = _read_meta(p)
+    meta = read_meta(p)
     series = meta.get("round")
     if series is not None:
-        _check_filed(p, series, p.parent.name)
+        check_filed(p, series, p.parent.name)
     if meta.get("status") not in FINISHED:
         raise RecordError(f"{p}: run {meta['run_id']} is {meta.get('status')!r}: it never finished")
     for key in ("provenance", "tables"):
         if key not in meta:
             raise RecordError(f"{p}: run metadata has no {key!r}")
     return verify_run(Run(series or p.parent.name, meta["run_id"], p.parent.parent, meta, folder=p.parent.name))
-
-
-def _scan(root: Path, strict_top: bool) -> tuple[list[Path], list[str]]:
-    """(metadata files of the runs under root, problems) -- every file under a round folder must belong to a
-    run; with ``strict_top`` a file directly under root is a problem too (an import source)."""
-    metas, problems = [], []
-    try:
-        top = sorted(root.iterdir())
-    except OSError as e:
-        raise RecordError(f"{root}: cannot list the data folder ({e.strerror or e})") from None
-    for entry in top:
-        if entry.name.startswith("."):
-            continue
-        if entry.is_file():
-            if strict_top:
-                problems.append(f"{entry}: not a recorded run (runs live in <round>/<run_id>.* files; give the "
-                                "results' data/ folder)")
-            continue
-        if not entry.is_dir() or (not strict_top and entry.name in NON_RUN_DIRS):
-            continue
-        ids = []
-        try:
-            listing = sorted(entry.iterdir())
-        except OSError as e:
-            problems.append(f"{entry}: cannot list the folder ({e.strerror or e})")
-            continue
-        for q in listing:
-            if q.name.startswith(".") and q.name.endswith(".tmp") and RUN_ID_RX.match(q.name[1:]):
-                problems.append(f"{q}: a temporary file of the run {q.name[1:].split('.')[0]}, left by a write that was "
-                                "interrupted (or is still in progress): nothing refers to it; remove it")
-            if q.name.startswith("."):
-                continue
-            if q.is_file() and q.suffix == ".json" and RUN_ID_RX.match(q.stem):
-                metas.append(q)
-                ids.append(q.stem)
-        for q in listing:
-            if q.name.startswith(".") or q in metas:
-                continue
-            if not q.is_file():
-                try:
-                    kind = _kind(q.stat().st_mode)
-                except OSError:
-                    kind = "a dangling symlink"
-                problems.append(f"{q}: is {kind}: a recorded run is regular files only")
-            elif not any(q.name.startswith(i + ".") for i in ids):
-                problems.append(f"{q}: not part of a recorded run (no <run_id>.json beside it)")
-    return metas, problems
-
-
-def check_data(root: Path | None = None) -> tuple[int, list[str]]:
-    """Verify every recorded run under a data folder: (runs checked, problems naming each bad file)."""
-    root = Path(root) if root else data_root()
-    if not root.is_dir():
-        return 0, [f"{root}: no such data folder"]
-    try:
-        metas, problems = _scan(root, strict_top=False)
-    except OSError as e:     # a folder that cannot be read (permissions): say which
-        raise RecordError(f"{root}: cannot read the data folder ({e})") from None
-    problems += [f"{d}: a folder of the old layout; its runs belong in {d.parent / folder(d.name)} (run `labkernels "
-                 f"migrate-data --root {root}`)" for d in legacy_folders(root)]
-    for m in metas:
-        try:
-            run = validate_run(m)
-        except RecordError as e:
-            problems.append(str(e))
-            continue
-        problems += [f"{m}: {p}" for p in nvml.check_run(run.meta)]   # NVML provenance of runs after the cut-over
-    return len(metas), problems
-
-
-def seal_conflicts(run: Run) -> list[str]:
-    """Why sealing ``run`` now would attest files that the record says otherwise about: its manifest exists and
-    disagrees with the files; or (in a git checkout) a manifest of the run was committed once, or one of its files
-    differs from its committed version. Empty: nothing contradicts a seal (outside git nothing can be told)."""
-    out = []
-    if run.manifest_path.exists() or run.manifest_path.is_symlink():
-        try:
-            verify_run(run)
-        except RecordError as e:
-            out.append(f"its manifest disagrees: {e}")
-    top = _git_toplevel(run.dir)
-    if top is None:
-        return out
-    mp = str(run.manifest_path.resolve())
-    try:
-        commit = _git(top, "log", "--all", "-1", "--format=%h", "--", mp).strip()
-        if commit and not run.manifest_path.exists():
-            out.append(f"a manifest of run {run.run_id} was committed ({commit}) and is gone: restore it "
-                       f"(git checkout {commit} -- {run.manifest_path}) instead of writing a new one")
-        files = [str(p.resolve()) for p in _run_files(run) if p.exists()]
-        changed = _git(top, "status", "--porcelain", "--untracked-files=no", "--", *files).splitlines() if files else []
-    except RecordError as e:
-        out.append(f"git could not say whether its files are as committed ({e})")
-        return out
-    out += [f"{line[3:]} differs from its committed version (git status {line[:2].strip()})" for line in changed]
-    return out
-
-
-def _who() -> str:
-    top = _git_toplevel(Path.cwd())
-    name = email = ""
-    if top is not None:
-        name = subprocess.run(["git", "-C", str(top), "config", "user.name"], capture_output=True, text=True).stdout.strip()
-        email = subprocess.run(["git", "-C", str(top), "config", "user.email"], capture_output=True,
-                               text=True).stdout.strip()
-    user = os.environ.get("USER") or os.environ.get("USERNAME") or "?"
-    return f"{name} <{email}>".strip() if name or email else user
-
-
-def seal_runs(root: Path | None = None, force: bool = False, reason: str | None = None) -> list[Path]:
-    """Write a manifest for every finished run under root that has none (runs recorded before manifests
-    existed), after checking that its metadata and tables parse. Runs that have a manifest are untouched.
-
-    Refuses (RecordError, nothing sealed) where the record contradicts a seal (:func:`seal_conflicts`: a manifest
-    once committed and now gone, a file that differs from its committed version): sealing would attest a tampered
-    file. ``force`` (with a ``reason``) seals those runs anyway -- and re-seals runs whose existing manifest
-    disagrees -- recording in the manifest who forced it, when, why and what it overrode (the superseded
-    manifest's entries included)."""
-    root = Path(root) if root else data_root()
-    if force and not (isinstance(reason, str) and reason.strip()):
-        raise RecordError("a forced seal records why: give --reason TEXT with --force")
-    todo, refused = [], []
-    for m in _scan(root, strict_top=False)[0]:
-        meta = _read_meta(m)
-        run = Run(meta.get("round") or m.parent.name, meta["run_id"], root, meta, folder=m.parent.name)
-        if meta["status"] not in FINISHED:
-            continue
-        has = run.manifest_path.exists()
-        if has and not force:
-            continue
-        conflicts = seal_conflicts(run)
-        if has and not conflicts:
-            continue            # a manifest that agrees: nothing to re-seal
-        if conflicts and not force:
-            refused.append(f"run {run.run_id} ({run.meta_path}): " + "; ".join(conflicts))
-            continue
-        todo.append((run, conflicts))
-    if refused:
-        raise RecordError("refusing to seal (nothing was sealed): sealing would attest files the record disagrees "
-                          "with -- " + " | ".join(refused) + ". Restore the files (git checkout), or seal them on "
-                          "purpose with --force --reason TEXT (recorded in the manifest)")
-    sealed = []
-    for run, conflicts in todo:
-        forced = None
-        if conflicts:
-            old = None
-            if run.manifest_path.exists():
-                with contextlib.suppress(RecordError):
-                    old = check_manifest(run.manifest_path, _read_json(run.manifest_path, "manifest"))
-            forced = {"by": _who(), "at": provenance.utc_now(), "reason": reason.strip(), "overrode": conflicts,
-                      "superseded_files": old}
-        sealed.append(write_manifest(run, sealed_later=True, forced=forced))
-    return sealed
-
-
-def import_runs(src: Path, dest: Path | None = None) -> list[str]:
-    """Copy recorded runs from a GPU machine's results folder (its ``data/``) into ``dest`` (default: the
-    data root, ``LABKERNELS_DATA_DIR`` or data/), each into its series' folder (:func:`folder`: a source tree
-    written with the old folder names lands in the round folders). Returns the copied files, relative to dest.
-
-    All or nothing, and never overwriting: the source must hold only runs (a file that is not part of a run,
-    e.g. ``env.json`` of a results root, is refused); every run is validated whole (:func:`validate_run`) and
-    every target checked for a conflicting file before anything is copied. Each run is copied into a
-    temporary folder beside its target, checked against its manifest there, then linked into place with the
-    manifest last (a run is only visible as verified once all its files are in). Files already present with
-    identical content are skipped, so an import can be repeated.
-    """
-    src = Path(src)
-    dest = Path(dest) if dest else data_root()
-    if not src.is_dir():
-        raise RecordError(f"{src}: no such folder (give the results' data/ folder, e.g. OUT/data)")
-    s_real, d_real = src.resolve(), dest.resolve()
-    if s_real == d_real or d_real in s_real.parents or s_real in d_real.parents:
-        how = "is" if s_real == d_real else "is inside" if d_real in s_real.parents else "holds"
-        raise RecordError(f"import-runs {src}: that folder {how} the data folder it would import into ({dest}); give "
-                          "the data/ folder of a GPU run's results (e.g. OUT/data), which lies outside it")
-    metas, problems = _scan(src, strict_top=True)
-    runs = []
-    for m in metas:
-        try:
-            runs.append(validate_run(m))
-        except RecordError as e:
-            problems.append(str(e))
-    if problems:
-        raise RecordError(f"refusing to import from {src}: " + "; ".join(problems))
-    if not runs:
-        raise RecordError(f"{src}: no recorded runs (<round>/<run_id>.json) to import")
-    plan = []  # (run, names to copy)
-    ids = {}
-    for run in runs:                   # two source folders of one round (old names) with one run id
-        other = ids.setdefault((folder(run.round), run.run_id), run)
-        if other is not run:
-            raise RecordError(f"{run.meta_path} and {other.meta_path} are both run {run.run_id} of folder "
-                              f"{folder(run.round)!r} (nothing was imported)")
-    for run in runs:
-        names = [p.name for p in _run_files(run)] + [run.manifest_path.name]
-        todo = []
-        for n in names:
-            target = dest / folder(run.round) / n
-            if target.exists():
-                if _sha256(target) != _sha256(run.dir / n):
-                    raise RecordError(f"{target} exists with different content: recorded runs are append-only "
-                                      "(nothing was imported)")
-            else:
-                todo.append(n)
-        if todo:
-            plan.append((run, todo))
-    copied = []
-    for run, todo in plan:
-        d = dest / folder(run.round)
-        d.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=d, prefix=f".import-{run.run_id}-"))
-        try:
-            for n in todo:
-                shutil.copy2(run.dir / n, tmp / n)
-            man = check_manifest(run.manifest_path, _read_json(run.manifest_path, "manifest"))
-            for n in todo:
-                if n in man and _sha256(tmp / n) != man[n]["sha256"]:
-                    raise RecordError(f"{tmp / n}: the copy differs from the manifest of run {run.run_id}")
-            for n in sorted(todo, key=lambda n: n.endswith(MANIFEST_SUFFIX)):  # the manifest last
-                try:
-                    os.link(tmp / n, d / n)
-                except FileExistsError:
-                    if _sha256(d / n) != _sha256(tmp / n):
-                        raise RecordError(f"{d / n} appeared with different content during the import") from None
-                    continue
-                except OSError:  # a file system without hard links: rename, still never over a file
-                    if (d / n).exists():
-                        raise RecordError(f"{d / n} appeared during the import") from None
-                    os.rename(tmp / n, d / n)
-                copied.append(f"{d.name}/{n}")
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return copied
-
-
-# ------------------------------------------------------------------------------------------------ migration
-def legacy_folders(root: Path | None = None) -> list[Path]:
-    """The folders under root named after a series whose runs now live in a round's folder (``data/q6k``...)."""
-    root = Path(root) if root else data_root()
-    return [root / k for k, v in FOLDERS.items() if k != v and (root / k).is_dir()]
-
-
-def _git_toplevel(path: Path) -> Path | None:
-    try:
-        r = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
-    except FileNotFoundError:
-        return None
-    return Path(r.stdout.strip()) if r.returncode == 0 else None
-
-
-def _git(top: Path, *args) -> str:
-    r = subprocess.run(["git", "-C", str(top), *args], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RecordError(f"git {' '.join(args[:2])} failed: {r.stderr.strip()}")
-    return r.stdout
-
-
-def migrate(root: Path | None = None) -> list[tuple[str, str, str]]:
-    """Move every file of the legacy folders under root (:func:`legacy_folders`) into its round's folder, bytes
-    unchanged: ``git mv`` for files git tracks (root inside a git work tree: the commit shows 100% renames), a
-    plain rename otherwise; a file already in the round folder with the same bytes is dropped from the legacy one
-    (``git rm`` if tracked). All or nothing: every move is planned and checked first -- a differing file already
-    in the target, or an entry that is not a plain file, refuses the whole migration naming it. Emptied legacy
-    folders are removed. Idempotent: a second call finds nothing to move. Returns [(from, to, how)] relative to
-    root, how = "git mv" | "move" | "git rm (identical)" | "drop (identical)"."""
-    root = Path(root) if root else data_root()
-    plan, problems, planned = [], [], {}      # planned: target -> the legacy file moving there
-    for src_dir in legacy_folders(root):
-        dst_dir = root / folder(src_dir.name)
-        for f in sorted(src_dir.iterdir()):
-            if not f.is_file() or f.is_symlink():
-                problems.append(f"{f}: not a plain file (a recorded run is files only): move it away first")
-                continue
-            t = dst_dir / f.name
-            first = planned.setdefault(t, f)
-            if first is not f:                 # two old folders of one round hold the same file name
-                if _sha256(first) != _sha256(f):
-                    problems.append(f"{f} and {first} would both become {t}, with different content")
-                plan.append((f, t, True))
-                continue
-            if t.exists() and (not t.is_file() or _sha256(t) != _sha256(f)):
-                problems.append(f"{t} exists with different content from {f}: recorded runs are append-only")
-            plan.append((f, t, t.exists()))
-    if problems:
-        raise RecordError("refusing to migrate (nothing was moved): " + "; ".join(problems))
-    if not plan:
-        for d in legacy_folders(root):      # an empty legacy folder
-            d.rmdir()
-        return []
-    top = _git_toplevel(root)
-    tracked = set()
-    if top is not None:
-        out = _git(top, "ls-files", "-z", "--", *[str(d.resolve()) for d in legacy_folders(root)])
-        tracked = {(top / n).resolve() for n in out.split("\0") if n}
-    git = {f: f.resolve() in tracked for f, _, _ in plan}
-    for src_dir in legacy_folders(root):
-        (root / folder(src_dir.name)).mkdir(exist_ok=True)
-    moves = [(f, t) for f, t, same in plan if not same]
-    drops = [f for f, t, same in plan if same]
-    for dst_dir in sorted({t.parent for f, t in moves if git[f]}):
-        srcs = [str(f.resolve()) for f, t in moves if git[f] and t.parent == dst_dir]
-        for i in range(0, len(srcs), 200):      # keep command lines short
-            _git(top, "mv", "--", *srcs[i:i + 200], str(dst_dir.resolve()) + "/")
-    for f, t in moves:
-        if not git[f]:
-            os.rename(f, t)
-    if any(git[f] for f in drops):
-        _git(top, "rm", "-q", "--", *[str(f.resolve()) for f in drops if git[f]])
-    for f in drops:
-        if f.exists():
-            f.unlink()
-    done = [(str(f.relative_to(root)), str(t.relative_to(root)),
-             ("git rm (identical)" if git[f] else "drop (identical)") if same else ("git mv" if git[f] else "move"))
-            for f, t, same in plan]
-    for d in {f.parent for f, _, _ in plan}:
-        with contextlib.suppress(OSError):
-            d.rmdir()
-    return done
-
-
-# ------------------------------------------------------------------------------------------------ command line
-def check_data_main(args) -> int:
-    import sys
-
-    if args.root is not None and not str(args.root).strip():
-        raise RecordError("--root is empty: give a data folder, or leave --root out for data/")
-    root = Path(args.root) if args.root else data_root()
-    if (args.force or args.reason) and not args.seal:
-        raise RecordError("--force / --reason go with --seal")
-    if args.seal:
-        for p in seal_runs(root, force=args.force, reason=args.reason):
-            print(f"sealed {p}" + (" (forced: recorded in the manifest)" if args.force else ""))
-    n, problems = check_data(root)
-    for msg in problems:
-        print(f"BAD {msg}", file=sys.stderr)
-    if problems:
-        print(f"labkernels check-data: {len(problems)} problem(s) in {n} recorded runs under {root}", file=sys.stderr)
-        return 1
-    print(f"check-data: {n} recorded runs under {root} verified (manifest, sha256, rows)")
-    return 0
-
-
-def migrate_main(args) -> int:
-    if args.root is not None and not str(args.root).strip():
-        raise RecordError("--root is empty: give a data folder, or leave --root out for data/")
-    root = Path(args.root) if args.root else data_root()
-    if not root.is_dir():
-        raise RecordError(f"{root}: {'not a folder' if root.exists() else 'no such data folder'}")
-    done = migrate(root)
-    for a, b, how in done:
-        print(f"{how}: {a} -> {b}")
-    print(f"migrate-data: {len(done)} file(s) moved into the round folders under {root}" if done else
-          f"migrate-data: nothing to move under {root}")
-    return 0
-
-
-def register_cli(sub) -> None:
-    p = sub.add_parser("check-data", help="verify every recorded run under the data folder against its manifest")
-    p.add_argument("--root", default=None, help="data folder (default $LABKERNELS_DATA_DIR or data/)")
-    p.add_argument("--seal", action="store_true",
-                   help="first write manifests for finished runs that have none (runs recorded before manifests); "
-                        "refused where git shows a committed manifest gone or a file changed")
-    p.add_argument("--force", action="store_true",
-                   help="with --seal: seal such runs anyway (and re-seal runs whose manifest disagrees), recording "
-                        "who, when, why and what was overridden in the manifest")
-    p.add_argument("--reason", default=None, metavar="TEXT", help="why a --force seal is right (required with --force)")
-    p.set_defaults(func=check_data_main)
-    m = sub.add_parser("migrate-data", help="move runs of the old per-series folders (data/q6k, ...) into the round "
-                       "folders (data/03_q6k_expanded_b, ...): git mv, bytes unchanged, idempotent")
-    m.add_argument("--root", default=None, help="data folder (default $LABKERNELS_DATA_DIR or data/)")
-    m.set_defaults(func=migrate_main)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import layout, quants
+from . import layout, quantize_ref, quants
 
 REL_ERR_GATE = 1e-3
 NMSE_GATE = 5e-4
@@ -43,8 +43,6 @@ class Q8_1:
 
 
 def quantize_activations(x: np.ndarray) -> Q8_1:
-    from .quantize_ref import quantize_q8_1
-
     x = np.asarray(x)
     if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)) or x.dtype == bool:
         raise ShapeError(f"activations must be real numbers, got dtype {x.dtype}")
@@ -53,7 +51,7 @@ def quantize_activations(x: np.ndarray) -> Q8_1:
         raise ShapeError(f"activations must be 2-D [nt, id], got {x.shape}")
     if x.shape[1] % 32:
         raise ShapeError(f"activation row length {x.shape[1]} is not a multiple of 32")
-    qs, d, s = quantize_q8_1(x)
+    qs, d, s = quantize_ref.quantize_q8_1(x)
     return Q8_1(qs, d, s)
 
 

@@ -38,7 +38,7 @@ import os
 import re
 from pathlib import Path
 
-from . import nvml, provenance, records
+from . import nvml, plotting, provenance, records
 from .paths import REPO_ROOT
 
 MODES = ("auto", "measure", "replay", "cpu")
@@ -53,8 +53,6 @@ class ModeError(RuntimeError):
 
 def setup() -> None:
     """First call of every round notebook: inline figures and the shared figure style."""
-    from . import plotting
-
     plotting.setup()
     _notes.clear()
     _lead.clear()

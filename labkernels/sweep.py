@@ -62,7 +62,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import bench, cases, gpu, nvml, paths, provenance, quants, records, reference, rounds
+from . import bench, cases, gpu, nvml, paths, pipeline, provenance, quants, records, records_admin, reference, rounds
 from .paths import PLANS_DIR, REPORTS_DIR
 from .kernels import registry
 from .recorded_tables import SUMMARY_ROUND, best_variants, pick_variant, shape_class  # noqa: F401
@@ -224,8 +224,6 @@ def _bench_tasks(entry: dict, defaults: dict) -> list[Task]:
 
 
 def _notebook_tasks(entry: dict) -> list[Task]:
-    from . import pipeline
-
     unknown = set(entry) - NOTEBOOK_KEYS
     if unknown:
         raise PlanError(f"notebook task: unknown keys {sorted(unknown)} (known: {sorted(NOTEBOOK_KEYS)})")
@@ -479,8 +477,6 @@ def _collect(root: Path, prefix: str) -> dict:
 
 
 def _run_notebook(spec: dict, tmp: Path, key: str, sweep_id: str) -> dict:
-    from . import pipeline
-
     data, reports, task = tmp / "data", tmp / "reports", tmp / "task"
     old = os.environ.get("LABKERNELS_DATA_DIR")
     os.environ["LABKERNELS_DATA_DIR"] = str(data)   # the notebook's kernel inherits it: its runs are staged
@@ -577,7 +573,7 @@ def execute(spec: dict, ctx: dict) -> dict:
 def merge_into_data(staged: Path, dest: Path) -> list[str]:
     """The one import of staged runs into data/: records' validated, atomic import (every run's manifest,
     metadata and tables checked before anything is copied)."""
-    return records.import_runs(staged, dest)
+    return records_admin.import_runs(staged, dest)
 
 
 def _read_meta(p: Path) -> dict:
@@ -610,7 +606,7 @@ def _annotate_and_dedupe(staged: Path, dest: Path, sweep: dict, role: str) -> li
             meta["run_id"] = new
         _write_meta(mp, meta)
         # the run's metadata changed (provenance.sweep, maybe its id): seal it again, so the validated import
-        # (records.import_runs: manifest, sha256, rows) checks what is merged
+        # (records_admin.import_runs: manifest, sha256, rows) checks what is merged
         records.write_manifest(records.Run(series, new, staged, meta, folder=rnd))
         out.append((series, new))
     return out
@@ -915,9 +911,7 @@ def run_sweep(plan, cluster: str = "local:2", root=None, workdir=None, force: bo
         raise SweepError(f"--cluster {cluster}: a LocalCluster of several processes would time GPU tasks side by "
                          "side on one GPU; use --cluster local-cuda (one worker per GPU) or local:1")
     if kind in ("local", "local-cuda") and any(st.task.spec.get("backend") == "gpu" for st in pending):
-        from . import provenance as _prov
-
-        if not _prov.gpu_available():
+        if not provenance.gpu_available():
             n_gpu = sum(st.task.spec.get("backend") == "gpu" for st in pending)
             raise SweepError(f"--cluster {cluster}: this machine has no CUDA GPU, and {n_gpu} of the plan's tasks "
                              "run on one (backend: gpu); nothing was run or recorded. Run the plan on a GPU machine, "

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import gpu, nvml, paths, ptxas, records
-from .gpu import ShapeError, SharedMemoryError
+from . import gpu, nvml, paths, ptxas, quants, records
+from .errors import ShapeError, SharedMemoryError
 from .kernels import registry
 from .wgmma_pack import (BLOCK_BYTES, PLANE_BYTES, QK, RepackError, emulate_weights, exact_gate, gate,  # noqa: F401
                          int8_path_error, planes_q6, repack, scale_plane, unrepack)
@@ -327,9 +327,7 @@ class WgWeight:
         the same device allocation, right behind the blocks, where the SCL=2 kernel reads it (+1 bit per weight;
         ``nbytes`` counts the blocks, ``plane_bytes`` the plane). Off by default: SCL=2 was measured slower than the
         header decode (run 20261202T070827Z-2, 0.80-0.91x), so nothing but its A/B and tests makes one."""
-        from .quants import normalize_qtype
-
-        qtype = normalize_qtype(qtype)
+        qtype = quants.normalize_qtype(qtype)
         t0 = time.perf_counter()
         p = np.ascontiguousarray(repack(np.asarray(raw), qtype))
         dt = time.perf_counter() - t0
@@ -406,7 +404,8 @@ def variant_params(variant: str, qtype: str) -> tuple[str, dict]:
         raise VariantError(f"variant_params: a variant name is a str, not {type(variant).__name__} {variant!r}")
     if variant.startswith("int8_"):
         fam = variant[5:]
-        f, p = gpu._int8_default(qtype)      # the registry's default int8 variant of the type
+        v = registry.default_variant(qtype)       # the registry's default int8 variant of the type
+        f, p = v.family, v.p
         return fam, (dict(p) if f == fam else {})
     return "wgmma_kq", Variant.parse(variant).params
 

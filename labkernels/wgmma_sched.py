@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .gpu import ShapeError
+from .errors import ShapeError
 from .kernels import registry
 from .wgmma_pack import QK
 

@@ -34,7 +34,7 @@ med = tables.medians(bench_df)
 # (q4_K) of cuBLAS fp16 on dequantized weights. Round 6 named the cause: ~21 warp instructions per IMMA, mostly
 # the per-sub-block float rescale that int8 accumulation forces. This round removes that epilogue altogether.
 #
-# **Design** (`labkernels/kernels/wgmma_kq.cu`, launcher `labkernels.wgmma`, entry `labkernels.gpu.qmatmul`):
+# **Design** (`labkernels/kernels/wgmma_kq.cu`, launcher `labkernels.wgmma`, entry `labkernels.dispatch.qmatmul`):
 # * `wgmma.mma_async.m64nBNk16.f32.f16.f16` (and `.bf16`) with the **weights as the register-sourced A operand**:
 #   each thread turns its rows' raw k-quant bits into fp16/bf16 fragments in registers — the sub-block scale (and
 #   q4_K's min) folded into every weight, so the accumulators are final: no per-k epilogue.
@@ -2011,7 +2011,7 @@ else:
 #   CTA only, so a CTA receives 128 of the 256 tokens per stage: 96 B/clk in the model. The wgmmas, the weights, the
 #   barriers and the remote releases are unchanged. It is timing only (`kpair.kpair_ab(ablations=...)`), timed
 #   beside the KPAIR build, the launches of record and cuBLAS.
-# * **Nsight Compute of cuBLAS** (`gpu.matmul_f16`, the baseline call) at the target's four shapes and nt 512 / 4096,
+# * **Nsight Compute of cuBLAS** (`blas.matmul_f16`, the baseline call) at the target's four shapes and nt 512 / 4096,
 #   and of the launches of record, KPAIR and the ablation at 4096 × 4096. One process per case, profiled between
 #   `cudaProfilerStart` / `Stop` after warm-up. It records the launch configuration, the tensor pipe, and shared
 #   memory's data-bank reads and writes.

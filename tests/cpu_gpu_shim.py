@@ -166,7 +166,7 @@ class FakeKernel:
         self._act_mul(np.ascontiguousarray(rows[:, :n_ff]), rows[:, n_ff:], out.reshape(-1, n_ff), n)
 
     def _flash_attn(self, q, k, v, o, n, H, Hk, WH, window, scale_log2, items, kcb, maxc, ws, cnt):
-        from labkernels.attention import LayerKind, sdpa_ref
+        from labkernels.attention_kinds import LayerKind, sdpa_ref
 
         n, H, Hk, d = int(n), int(H), int(Hk), int(self.p["D"])
         assert H % int(WH) == 0 and (H // Hk) % int(WH) == 0      # a CTA's heads share one kv head
@@ -238,7 +238,7 @@ class FakeKernel:
 def install(monkeypatch, exact: bool = False):
     """Replace labkernels.gpu's device entry points with the numpy versions for one test. ``exact``: the
     k-quant GEMMs use float activations (no q8_1), so only float32 rounding separates the two forwards."""
-    from labkernels import gpu
+    from labkernels import blas, gpu
 
     monkeypatch.setitem(EXACT, "on", exact)
     cp = make_cp()
@@ -248,8 +248,8 @@ def install(monkeypatch, exact: bool = False):
     monkeypatch.setattr(gpu, "gemm", fake_gemm)
     monkeypatch.setattr(gpu, "dequant_f16", fake_dequant_f16)
     monkeypatch.setattr(gpu, "QWeight", FakeQWeight)
-    monkeypatch.setattr(gpu, "bmm_f16", lambda A, B, out=None: np.matmul(A.astype(np.float32), B.astype(np.float32)).astype(np.float16))
-    monkeypatch.setattr(gpu, "gemm_dense", fake_gemm_dense)
+    monkeypatch.setattr(blas, "bmm_f16", lambda A, B, out=None: np.matmul(A.astype(np.float32), B.astype(np.float32)).astype(np.float16))
+    monkeypatch.setattr(blas, "gemm_dense", fake_gemm_dense)
     monkeypatch.setattr(gpu, "pinned_empty", lambda shape, dtype: np.empty(shape, dtype))
     monkeypatch.setattr(gpu, "h2d_async", lambda dst, host, stream: dst.__setitem__(Ellipsis, host))
     from labkernels import gemv
@@ -285,7 +285,7 @@ def _as_f32(w):
 
 
 def fake_gemm_dense(x, w, out=None):
-    """gpu.gemm_dense on the CPU: the same checks' outcome (shapes chain, one dtype), fp32 result."""
+    """blas.gemm_dense on the CPU: the same checks' outcome (shapes chain, one dtype), fp32 result."""
     assert x.ndim == 2 and w.ndim == 2 and x.shape[1] == w.shape[1] and x.dtype == w.dtype
     return np.matmul(x.astype(np.float32), _as_f32(w).T)
 

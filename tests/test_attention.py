@@ -7,9 +7,9 @@ import types
 import numpy as np
 import pytest
 
-from labkernels import attention
+from labkernels import attention, attention_kinds
 from labkernels.rounds.r05_wall import attention_bench
-from labkernels.attention import AttentionError, AttentionUnavailable, LayerKind
+from labkernels.attention_kinds import AttentionError, AttentionUnavailable, LayerKind
 
 
 def _exact_pairs(n, window):
@@ -26,7 +26,7 @@ def test_visible_pairs_is_the_band_area(n, window):
     """The exact pair count of llama.cpp's mask (prefill_ref) is the band area plus half the diagonal: n/2 causal,
     w/2 with a window w < n; a window >= n is plain causal."""
     exact = _exact_pairs(n, window)
-    area = attention.visible_pairs(n, window)
+    area = attention_kinds.visible_pairs(n, window)
     w = window if window and window < n else n
     assert exact == pytest.approx(area + w / 2)
     if not window or window >= n:
@@ -36,15 +36,15 @@ def test_visible_pairs_is_the_band_area(n, window):
 def test_flops():
     k = LayerKind(32, 32, 128, 128)
     n = 3325
-    assert attention.attention_flops(n, k) == 2 * 32 * 256 * n * n / 2
-    assert attention.dense_flops(n, k) == 2 * attention.attention_flops(n, k)        # causal counted as half
+    assert attention_kinds.attention_flops(n, k) == 2 * 32 * 256 * n * n / 2
+    assert attention_kinds.dense_flops(n, k) == 2 * attention_kinds.attention_flops(n, k)        # causal counted as half
     g = LayerKind(4, 1, 256, 256, window=512)
-    assert attention.attention_flops(n, g) == 2 * 4 * 512 * (n * n / 2 - (n - 512) ** 2 / 2)
-    assert attention.attention_flops(300, g) == attention.attention_flops(300, LayerKind(4, 1, 256, 256))
+    assert attention_kinds.attention_flops(n, g) == 2 * 4 * 512 * (n * n / 2 - (n - 512) ** 2 / 2)
+    assert attention_kinds.attention_flops(300, g) == attention_kinds.attention_flops(300, LayerKind(4, 1, 256, 256))
     # the baseline's trace tags count the full n x n products: the dense FLOPs
-    assert attention.dense_flops(n, k) == 2 * 32 * n * n * 128 + 2 * 32 * n * n * 128
+    assert attention_kinds.dense_flops(n, k) == 2 * 32 * n * n * 128 + 2 * 32 * n * n * 128
     with pytest.raises(ValueError):
-        attention.visible_pairs(-1)
+        attention_kinds.visible_pairs(-1)
 
 
 def test_layer_kinds_of_the_models(model):
@@ -53,12 +53,12 @@ def test_layer_kinds_of_the_models(model):
     from labkernels.synthetic import llama7b_config
 
     cfg = config_from_model(model)
-    kinds = attention.model_kinds(cfg, scale=cfg.attn_scale)
-    lay = attention.bench_layouts()
+    kinds = attention_kinds.model_kinds(cfg, scale=cfg.attn_scale)
+    lay = attention_kinds.bench_layouts()
     assert set(kinds) == set(lay["gemma-3-270m"].values())
     assert [il for k, ls in kinds.items() if not k.window for il in ls] == [5, 11, 17]   # the global layers
     c7 = llama7b_config()
-    assert set(attention.model_kinds(c7, scale=c7.attn_scale)) == set(lay["synthetic-7b"].values())
+    assert set(attention_kinds.model_kinds(c7, scale=c7.attn_scale)) == set(lay["synthetic-7b"].values())
     assert LayerKind(4, 1, 256, 256, 512).at(400).window == 0 and LayerKind(4, 1, 256, 256, 512).at(513).window == 512
 
 
@@ -146,13 +146,13 @@ def test_unsupported_kinds_name_layer_and_mask(monkeypatch):
     from labkernels.synthetic import tiny_config
 
     with pytest.raises(AttentionError, match=r"layer\(s\) 3 \(causal \+ sliding window 512.*head dim 512 exceeds 256"):
-        attention.check_kind(LayerKind(4, 1, 512, 512, 512), "cudnn", 3)
+        attention_kinds.check_kind(LayerKind(4, 1, 512, 512, 512), "cudnn", 3)
     with pytest.raises(AttentionError, match="not multiples of 8"):
-        attention.check_kind(LayerKind(4, 1, 60, 60), "cudnn", [0, 1])
+        attention_kinds.check_kind(LayerKind(4, 1, 60, 60), "cudnn", [0, 1])
     with pytest.raises(AttentionError, match="192/128"):
-        attention.check_kind(LayerKind(4, 1, 128, 64), "cudnn", 0)
-    assert attention.cudnn_problems(LayerKind(8, 2, 192, 128)) == []
-    attention.check_kind(LayerKind(4, 1, 512, 512), "baseline", 0)          # the baseline takes any head dim
+        attention_kinds.check_kind(LayerKind(4, 1, 128, 64), "cudnn", 0)
+    assert attention_kinds.cudnn_problems(LayerKind(8, 2, 192, 128)) == []
+    attention_kinds.check_kind(LayerKind(4, 1, 512, 512), "baseline", 0)          # the baseline takes any head dim
     # a frontend that imports, a model cuDNN cannot take: auto says which layers and falls back; cudnn refuses
     monkeypatch.setattr(prov, "gpu_available", lambda: True)
     monkeypatch.setattr(attention, "import_cudnn", lambda: types.SimpleNamespace())
@@ -188,15 +188,15 @@ def test_cudnn_build_failure_is_an_error_naming_the_layer(monkeypatch):
 
 def test_bf16_rounding():
     x = np.array([1.0, 1 + 2**-8, 1 + 3 * 2**-8, -0.0, np.inf, -np.inf, 3.0e38, 1 + 2**-8 + 2**-20], np.float32)
-    b = attention.bf16_bits(x)
+    b = attention_kinds.bf16_bits(x)
     # halfway cases round to even; a bit above halfway rounds up; 3e38 overflows to inf (as __float2bfloat16_rn)
     assert [hex(v) for v in b] == ["0x3f80", "0x3f80", "0x3f82", "0x8000", "0x7f80", "0xff80", "0x7f62", "0x3f81"]
-    nan = attention.bf16_bits(np.array([np.nan], np.float32))
-    assert np.isnan(attention.bf16_to_f32(nan))[0]
+    nan = attention_kinds.bf16_bits(np.array([np.nan], np.float32))
+    assert np.isnan(attention_kinds.bf16_to_f32(nan))[0]
     r = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
-    back = attention.bf16_to_f32(attention.bf16_bits(r))
+    back = attention_kinds.bf16_to_f32(attention_kinds.bf16_bits(r))
     assert np.max(np.abs(back - r) / np.abs(r)) <= 2**-8                  # bf16 keeps 8 significant bits
-    assert np.array_equal(attention.bf16_bits(back), attention.bf16_bits(r))
+    assert np.array_equal(attention_kinds.bf16_bits(back), attention_kinds.bf16_bits(r))
 
 
 class _NumpySdpa(attention.Backend):
@@ -210,7 +210,7 @@ class _NumpySdpa(attention.Backend):
     def sdpa(self, q16, k16, v16, n, kind, il=None):
         assert q16.dtype == np.float16 and k16.dtype == np.float16 and v16.dtype == np.float16
         self.seen.append((il, kind))
-        return attention.sdpa_ref(q16, k16, v16, n, kind).astype(np.float16)
+        return attention_kinds.sdpa_ref(q16, k16, v16, n, kind).astype(np.float16)
 
 
 def test_fused_plumbing_matches_baseline_in_the_prefill(monkeypatch):
@@ -252,7 +252,7 @@ def test_baseline_scale_parameter(monkeypatch):
     a = b.attend(q, k, v, n, LayerKind(4, 2, 16, 16, 5, 0.25), 0, NullTracer())
     c = b.attend(q * np.float32(0.25), k, v, n, LayerKind(4, 2, 16, 16, 5, 1.0), 0, NullTracer())
     assert a.shape == (n, 64) and np.allclose(a, c, rtol=1e-5, atol=1e-6)
-    assert np.allclose(a, attention.sdpa_ref(q, k, v, n, LayerKind(4, 2, 16, 16, 5, 0.25)), rtol=1e-4, atol=1e-5)
+    assert np.allclose(a, attention_kinds.sdpa_ref(q, k, v, n, LayerKind(4, 2, 16, 16, 5, 0.25)), rtol=1e-4, atol=1e-5)
 
 
 def test_bench_records_what_ran_and_what_could_not(monkeypatch, tmp_path):
@@ -285,7 +285,7 @@ def test_bench_records_what_ran_and_what_could_not(monkeypatch, tmp_path):
     causal = t[t.layer == "causal"].iloc[0]
     assert causal.tflops == pytest.approx(2 * 2 * 32 * 12 * 12 / 2 / 20e-6 / 1e12)
     sliding = t[t.layer == "sliding"].iloc[0]
-    assert sliding.flops == attention.attention_flops(12, LayerKind(2, 1, 16, 16, 5)) < causal.flops
+    assert sliding.flops == attention_kinds.attention_flops(12, LayerKind(2, 1, 16, 16, 5)) < causal.flops
     p = r.table("parity")
     assert set(p.variant) == {"baseline_f16"} and (p.max_rel_err <= p.tol).all() and p.max_rel_err.gt(0).all()
     u = r.table("unavailable")
@@ -335,7 +335,7 @@ def test_gpu_check_attention_step_records(monkeypatch, tmp_path):
     monkeypatch.setattr(bench, "time_launches", lambda fn, warmup=3, repeats=20, flush=None: (fn(), np.ones(3))[1])
     monkeypatch.setattr(bench, "Flusher", lambda: None)
     small = {"tiny": {"global": LayerKind(2, 1, 16, 16, 0, 0.25)}}
-    monkeypatch.setattr(attention, "bench_layouts", lambda: small)
+    monkeypatch.setattr(attention_kinds, "bench_layouts", lambda: small)
     decomposed = []
     from labkernels.rounds import r05_wall
 
@@ -360,7 +360,7 @@ class _OffByOne(attention.Backend):
     def sdpa(self, q16, k16, v16, n, kind, il=None):
         wide = LayerKind(kind.n_head, kind.n_head_kv, kind.head_dim, kind.head_dim_v,
                          kind.window + 1 if kind.window else 0, kind.scale)
-        return attention.sdpa_ref(q16, k16, v16, n, wide).astype(np.float16)
+        return attention_kinds.sdpa_ref(q16, k16, v16, n, wide).astype(np.float16)
 
 
 def test_probe_catches_a_wrong_mask(monkeypatch):
@@ -373,7 +373,7 @@ def test_probe_catches_a_wrong_mask(monkeypatch):
 
     install(monkeypatch, exact=True)
     cfg = tiny_config("gemma3", n_layer=6, n_embd=256, n_head=4, n_head_kv=2, sliding_window=16)
-    kinds = attention.model_kinds(cfg)
+    kinds = attention_kinds.model_kinds(cfg)
     assert _NumpySdpa(cfg).probe(kinds) is None
     bad = _OffByOne(cfg).probe(kinds)
     assert bad.startswith("layer(s) 0, 1, 2, 3, 4 (causal + sliding window 16") and "float64 reference" in bad
@@ -391,7 +391,8 @@ def test_lab_split_plan():
     """The lab kernel's launch plan (host side): Gemma's 4 heads / 1 kv head at nt=512 split into 80 (query block,
     chunk) items, heaviest first, 2 key blocks a chunk, at most 4 chunks; no split where the grid fills the machine
     (nt=3325, the 7B's 32 head groups) or a query block needs one key block (nt=64); the window bounds the chunks."""
-    from labkernels.attention import Lab, lab_heads_per_cta, lab_problems
+    from labkernels.attention import Lab
+    from labkernels.attention_kinds import lab_heads_per_cta, lab_problems
 
     lab = Lab.__new__(Lab)          # no GPU needed for the plan
     Lab.__init__(lab, None)
@@ -411,7 +412,7 @@ def test_lab_split_plan():
     assert lab_heads_per_cta(LayerKind(6, 2, 64, 64)) == 1 and lab_heads_per_cta(LayerKind(8, 2, 64, 64)) == 4
     assert lab_problems(LayerKind(4, 1, 96, 96)) == ["head dim 96 is not one the kernel is built for (64, 128, 256)"]
     assert lab_problems(LayerKind(4, 1, 128, 64))[0].startswith("q/k head dim 128 differs")
-    with pytest.raises(attention.AttentionError, match="fp16 only"):
+    with pytest.raises(attention_kinds.AttentionError, match="fp16 only"):
         Lab(None, "bf16")
 
 

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from labkernels import cli, records, rounds
+from labkernels import cli, records, records_admin, rounds
 from labkernels.paths import DATA_DIR
 
 
@@ -65,18 +65,18 @@ def test_recording_under_an_old_name_lands_in_the_round_folder(tmp_path):
 def test_migrate_moves_is_idempotent_and_check_data_passes(tmp_path):
     runs = _legacy_tree(tmp_path)
     before = _snapshot(tmp_path)
-    n, problems = records.check_data(tmp_path)
+    n, problems = records_admin.check_data(tmp_path)
     assert n == 4 and len(problems) == 3 and all("migrate-data" in p for p in problems)   # q6k, kdr_sweep, q4k
     assert records.latest("q6k", tmp_path) is None      # readers look in the round folders only
-    done = records.migrate(tmp_path)
+    done = records_admin.migrate(tmp_path)
     assert {how for _, _, how in done} == {"move"} and len(done) == 9        # 3 runs x (json, csv, manifest)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["03_q6k_expanded_b", "04_kdr_sweep", "prefill"]
     assert _snapshot(tmp_path) == before                 # names and bytes unchanged
-    assert records.check_data(tmp_path) == (4, [])       # the moved JSON still says round "q6k": accepted
+    assert records_admin.check_data(tmp_path) == (4, [])       # the moved JSON still says round "q6k": accepted
     for r in runs:
         got = records.latest(r.round, tmp_path)
         assert got.run_id == r.run_id and got.meta["round"] == r.round and got.dir.name == records.folder(r.round)
-    assert records.migrate(tmp_path) == []               # a second run moves nothing
+    assert records_admin.migrate(tmp_path) == []               # a second run moves nothing
     assert cli.main(["migrate-data", "--root", str(tmp_path)]) == 0
 
 
@@ -90,13 +90,13 @@ def test_migrate_refuses_a_conflicting_file_and_drops_an_identical_one(tmp_path)
     before = _snapshot(tmp_path)
     with pytest.raises(records.RecordError, match=r"refusing to migrate \(nothing was moved\): .*"
                                                   + clash.name + " exists with different content"):
-        records.migrate(tmp_path)
+        records_admin.migrate(tmp_path)
     assert _snapshot(tmp_path) == before and (tmp_path / "q6k").is_dir()
     assert cli.main(["migrate-data", "--root", str(tmp_path)]) == 2
     shutil.copy2(tmp_path / "q6k" / clash.name, clash)   # the same bytes already there (an earlier import)
-    done = records.migrate(tmp_path)
+    done = records_admin.migrate(tmp_path)
     assert (f"q6k/{clash.name}", f"03_q6k_expanded_b/{clash.name}", "drop (identical)") in done
-    assert not (tmp_path / "q6k").exists() and records.check_data(tmp_path) == (4, [])
+    assert not (tmp_path / "q6k").exists() and records_admin.check_data(tmp_path) == (4, [])
 
 
 def test_migrate_refuses_two_old_folders_giving_one_file_two_contents(tmp_path):
@@ -109,10 +109,10 @@ def test_migrate_refuses_two_old_folders_giving_one_file_two_contents(tmp_path):
     twin.write_bytes(b"i\n1\n")
     before = _snapshot(tmp_path)
     with pytest.raises(records.RecordError, match=f"would both become .*04_kdr_sweep/{sweep.run_id}.t.csv"):
-        records.migrate(tmp_path)
+        records_admin.migrate(tmp_path)
     assert _snapshot(tmp_path) == before
     shutil.copy2(tmp_path / "kdr_sweep" / twin.name, twin)
-    done = records.migrate(tmp_path)
+    done = records_admin.migrate(tmp_path)
     assert [how for a, _, how in done if a == f"q4k/{twin.name}"] == ["drop (identical)"]
     assert (tmp_path / "04_kdr_sweep" / twin.name).read_bytes() == original
     assert not (tmp_path / "q4k").exists()
@@ -130,7 +130,7 @@ def test_migrate_in_a_git_repo_is_git_mv(tmp_path):
     subprocess.run(git + ["commit", "-qm", "runs"], check=True)
     extra = _finished(root, "occupancy")                 # untracked: a plain move
     extra.dir.rename(root / "occupancy")
-    done = records.migrate(root)
+    done = records_admin.migrate(root)
     hows = {a: how for a, _, how in done}
     assert hows[f"occupancy/{extra.run_id}.json"] == "move" and list(hows.values()).count("git mv") == 9
     st = subprocess.run(git[:3] + ["status", "--porcelain"], capture_output=True, text=True, check=True).stdout
@@ -140,32 +140,32 @@ def test_migrate_in_a_git_repo_is_git_mv(tmp_path):
     show = subprocess.run(git[:3] + ["show", "-M", "--name-status", "--format="], capture_output=True, text=True,
                           check=True).stdout.split("\n")
     assert [ln.split("\t")[0] for ln in show if ln] == ["R100"] * 9
-    assert records.migrate(root) == [] and records.check_data(root) == (5, [])   # 4 runs + the untracked one
+    assert records_admin.migrate(root) == [] and records_admin.check_data(root) == (5, [])   # 4 runs + the untracked one
 
 
 def test_import_of_a_tree_with_the_old_folder_names(tmp_path):
     src, dst = tmp_path / "out" / "data", tmp_path / "dst"
     src.mkdir(parents=True)
     runs = _legacy_tree(src)
-    copied = records.import_runs(src, dst)
+    copied = records_admin.import_runs(src, dst)
     assert sorted({c.split("/")[0] for c in copied}) == ["03_q6k_expanded_b", "04_kdr_sweep", "prefill"]
-    assert len(copied) == 12 and records.check_data(dst) == (4, [])
+    assert len(copied) == 12 and records_admin.check_data(dst) == (4, [])
     for r in runs:
         got = records.latest(r.round, dst)
         assert got.run_id == r.run_id and (got.dir / f"{r.run_id}.t.csv").read_bytes() == \
             (src / r.round / f"{r.run_id}.t.csv").read_bytes()
-    assert records.import_runs(src, dst) == []           # again: identical files, nothing to do
+    assert records_admin.import_runs(src, dst) == []           # again: identical files, nothing to do
     # a legacy-named run whose JSON names another series is refused (filed in the wrong folder)
     bad = src / "q4k" / f"{runs[0].run_id}.json"
     shutil.copy2(src / "q6k" / bad.name, bad)
     with pytest.raises(records.RecordError, match="run of series 'q6k' lies in folder 'q4k'"):
-        records.import_runs(src, dst)
+        records_admin.import_runs(src, dst)
 
 
 def test_the_committed_tree_is_migrated():
     """Nothing under data/ is left in an old folder, and every round folder verifies (check-data)."""
-    assert records.legacy_folders(DATA_DIR) == []
-    assert {p.name for p in DATA_DIR.iterdir() if p.is_dir()} - set(records.NON_RUN_DIRS) <= \
+    assert records_admin.legacy_folders(DATA_DIR) == []
+    assert {p.name for p in DATA_DIR.iterdir() if p.is_dir()} - set(records_admin.NON_RUN_DIRS) <= \
         set(rounds.FOLDERS.values()) | set(rounds.SHARED)
 
 
@@ -179,5 +179,5 @@ def test_import_refuses_one_run_id_from_two_old_folders_of_one_round(tmp_path, m
     for r in (a, b):
         shutil.copytree(r.dir, src / r.round)
     with pytest.raises(records.RecordError, match=f"are both run {a.run_id} of folder '04_kdr_sweep'"):
-        records.import_runs(src, tmp_path / "dst")
+        records_admin.import_runs(src, tmp_path / "dst")
     assert not (tmp_path / "dst").exists()

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from cpu_gpu_shim import install, install_wgmma
-from labkernels import decode, gpu
+from labkernels import decode, errors, gpu
 from labkernels.decode import CacheAllocationError, DecodeError
-from labkernels.prefill import GpuModel, GraphCaptureError, PrefillOptions
+from labkernels.forward_common import GraphCaptureError
+from labkernels.prefill import GpuModel, PrefillOptions
 from labkernels.synthetic import SyntheticModel, q4_k_m_recipe, tiny_config
 
 #: decode step vs the full prefill on the tiny synthetic models (max |diff| / max |prefill logits| at every position):
@@ -269,7 +270,7 @@ def test_argmax_takes_the_lowest_index_of_a_tie_and_skips_nan(monkeypatch):
     st[...] = [0, 7, 0, 0]
     decode.argmax_step(np.full(4, np.nan, np.float32), st, hist, ws)
     assert list(st) == [0, 8, 3, 0]                                              # no number: 0, NaN and past hist
-    with pytest.raises(gpu.ShapeError, match="float32"):
+    with pytest.raises(errors.ShapeError, match="float32"):
         decode.argmax_step(x.astype(np.float64), st, hist, ws)
 
 
@@ -286,7 +287,7 @@ def test_attention_plan():
     assert decode.attn_plan(4, 4, 10).slot_floats(64) == 64 + 4                   # padded to 16 bytes
     assert decode.attn_plan(6, 2, 10, gmax=2).NZ == 2
     for kw, match in (({"chunk": 300}, "1..256"), ({"gmax": 3}, "query heads a CTA"), ({"split": 0}, "split")):
-        with pytest.raises(gpu.ShapeError, match=match):
+        with pytest.raises(errors.ShapeError, match=match):
             decode.attn_plan(4, 1, 100, **kw)
     assert decode.argmax_grid(262144) == 64 and decode.argmax_grid(10) == 1
     assert decode.default_n_ctx(tiny_config("llama"), 300) == 512
@@ -295,7 +296,7 @@ def test_attention_plan():
 
 def test_decode_attention_checks_its_arguments(monkeypatch):
     install(monkeypatch, exact=True)
-    from labkernels.attention import LayerKind
+    from labkernels.attention_kinds import LayerKind
 
     kind = LayerKind(4, 1, 64, 64, 0, 1.0)
     plan = decode.attn_plan(4, 1, 16)
@@ -303,15 +304,15 @@ def test_decode_attention_checks_its_arguments(monkeypatch):
     q = np.zeros((1, 256), np.float16)
     kc = np.zeros((16, 64), np.float16)
     st = np.array([0, 3, 0, 0], np.int32)
-    with pytest.raises(gpu.ShapeError, match="kc must be"):
+    with pytest.raises(errors.ShapeError, match="kc must be"):
         decode.decode_attention(q, kc[:8], kc, st, kind, 16, plan, ws, cnt)
-    with pytest.raises(gpu.ShapeError, match="chunk slots"):
+    with pytest.raises(errors.ShapeError, match="chunk slots"):
         decode.decode_attention(q, np.zeros((1000, 64), np.float16), kc, st, kind, 1000, plan, ws, cnt)
-    with pytest.raises(gpu.ShapeError, match="head dims"):
+    with pytest.raises(errors.ShapeError, match="head dims"):
         decode.decode_attention(q, kc, kc, st, LayerKind(4, 1, 96, 96, 0, 1.0), 16, plan, ws, cnt)
     o = decode.decode_attention(q, kc, kc, st, kind, 16, plan, ws, cnt, out16=False)
     assert o.shape == (1, 256) and o.dtype == np.float32
-    with pytest.raises(gpu.ShapeError, match="16-byte aligned"):
+    with pytest.raises(errors.ShapeError, match="16-byte aligned"):
         decode.decode_attention(q, kc, kc, st, kind, 16, plan, ws, cnt, out=np.zeros(257, np.float16)[1:].reshape(1, 256))
 
 
@@ -333,7 +334,7 @@ class _Stream:
 def _fake_capture(monkeypatch, cp, corrupt: bool = False):
     """A stand-in stream capture: the captured work is kept and each replay runs it again (``corrupt``: and then
     spoils the logits the replay wrote, as a graph reading a stale buffer would)."""
-    from labkernels import forward_common, graph_nodes, prefill
+    from labkernels import forward_common, graph_nodes
 
     steps = []
     real_step = decode.Decoder._step_device

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from labkernels import ncu as N
-from labkernels import records
+from labkernels import records, records_admin
 from labkernels.rounds.r06_forensics import counters as C
 from labkernels.rounds.r06_forensics import forensics as F
 from labkernels.rounds.r06_forensics import forensics_driver as D
@@ -576,7 +576,7 @@ def test_run_forensics_end_to_end_with_a_fake_ncu(tmp_path, monkeypatch):
     att = run.attachment_path("q6k_expb_epi0-512x4096x4096.ncu-rep")
     assert att.read_bytes() == b"NCU-REP q6k_expb_epi0@512x4096x4096"
     assert att.name in json.loads(run.manifest_path.read_text())["files"]
-    assert records.check_data(out / "data") == (1, [])
+    assert records_admin.check_data(out / "data") == (1, [])
     hot = run.table("hotspots")
     assert set(hot.case) == {c for c in m.case if "q4k" not in c} and list(hot[hot.case == hot.case[0]].line) == [52, 77]
     errs = run.meta["summary"]["hotspots_errors"]

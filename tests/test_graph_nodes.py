@@ -8,7 +8,7 @@ import types
 import numpy as np
 import pytest
 
-from labkernels import gpu, graph_nodes
+from labkernels import blas, errors, gpu, graph_nodes
 from labkernels.rounds.r05_wall import graph_census
 
 
@@ -18,14 +18,14 @@ def test_pick_dense_algo_takes_the_first_candidate_without_split_k_or_workspace(
              {"state": 0, "workspace": 4096, "splitk": 1},                     # needs a workspace
              {"state": 0, "workspace": 0, "splitk": 1, "tile": 18},
              {"state": 0, "workspace": 0, "splitk": 1, "tile": 20}]
-    i, why = gpu.pick_dense_algo(cands)
+    i, why = blas.pick_dense_algo(cands)
     assert i == 3 and "#3 of 5" in why
-    i, why = gpu.pick_dense_algo(cands[:3])
+    i, why = blas.pick_dense_algo(cands[:3])
     assert i is None
     assert "#0 splits k 3 ways" in why and "#1 state 15" in why and "#2 needs 4096 B" in why
-    assert gpu.pick_dense_algo([]) == (None, "the cuBLASLt heuristic returned no algorithm")
+    assert blas.pick_dense_algo([]) == (None, "the cuBLASLt heuristic returned no algorithm")
     # SPLITK_NUM is int32_t: -1 (read as 4294967295 through a uint32) is not "one part", as before the bindings
-    i, why = gpu.pick_dense_algo([{"state": 0, "workspace": 0, "splitk": -1, "reduction": 0}, cands[3]])
+    i, why = blas.pick_dense_algo([{"state": 0, "workspace": 0, "splitk": -1, "reduction": 0}, cands[3]])
     assert i == 1 and "#1 of 2" in why
 
 
@@ -66,7 +66,7 @@ def _poke(ptr, value, dtype):
 
 def fake_bindings(cands, create_error=None):
     """(cublas, cublasLt, CudaDataType) fakes recording every call; the heuristic returns ``cands`` (dicts of
-    state / workspace / config attributes by gpu._LT_CFG's names)."""
+    state / workspace / config attributes by blas._LT_CFG's names)."""
     import enum
 
     calls = []
@@ -78,7 +78,7 @@ def fake_bindings(cands, create_error=None):
         gemm_ex=lambda *a: calls.append(("gemm_ex", *[int(x) for x in a])))
     cfg = enum.IntEnum("MatmulAlgoConfigAttribute", {"ID": 0, "TILE_ID": 1, "SPLITK_NUM": 2, "REDUCTION_SCHEME": 3,
                                                      "CTA_SWIZZLING": 4, "CUSTOM_OPTION": 5, "STAGES_ID": 6})
-    attr_name = {v: k for k, v in gpu._LT_CFG.items()}
+    attr_name = {v: k for k, v in blas._LT_CFG.items()}
 
     def create():
         if create_error:
@@ -127,22 +127,22 @@ def fake_bindings(cands, create_error=None):
 
 @pytest.fixture
 def fresh_plans(monkeypatch):
-    monkeypatch.setattr(gpu, "_DENSE_PLANS", {})
-    monkeypatch.setattr(gpu, "_device_id", lambda: 0)
-    gpu._lt_handle_of.cache_clear()
+    monkeypatch.setattr(blas, "_DENSE_PLANS", {})
+    monkeypatch.setattr(blas, "_device_id", lambda: 0)
+    blas._lt_handle_of.cache_clear()
     yield
-    gpu._lt_handle_of.cache_clear()
+    blas._lt_handle_of.cache_clear()
 
 
 def _use(monkeypatch, cands, **kw):
     cublas, lt, ct, calls = fake_bindings(cands, **kw)
-    monkeypatch.setattr(gpu, "_bindings", lambda: (cublas, lt, ct))
+    monkeypatch.setattr(blas, "_bindings", lambda: (cublas, lt, ct))
     return calls
 
 
 def test_dense_plan_asks_for_no_workspace_and_picks_past_split_k(monkeypatch, fresh_plans):
     calls = _use(monkeypatch, [{"splitk": 2, "reduction": 1, "tile": 15}, {"splitk": 1, "tile": 15, "stages": 19}])
-    p = gpu.dense_plan(0, 512, 1536, 640, align_a=256, align_b=128, align_d=64)
+    p = blas.dense_plan(0, 512, 1536, 640, align_a=256, align_b=128, align_d=64)
     assert p.algo is not None and p.info["splitk"] == 1 and p.info["stages"] == 19 and p.info["tile"] == 15
     assert int(np.frombuffer((ctypes.c_uint64 * 1).from_address(p.algo), np.uint64)[0]) == 1   # candidate #1's algo
     assert p.note.startswith("cublasLt: heuristic candidate #1 of 2")
@@ -154,25 +154,25 @@ def test_dense_plan_asks_for_no_workspace_and_picks_past_split_k(monkeypatch, fr
     assert ("desc attr", 3, 1, 4) in calls and ("desc attr", 4, 0, 4) in calls       # TRANSA = T, TRANSB = N
     assert ("desc", 68, 0) in calls and ("pref destroyed", 21) in calls
     (h,) = [c for c in calls if c[0] == "heuristic"]
-    assert h[1:] == (77, 11, 100, 101, 102, 102, 21, gpu.LT_HEURISTIC_COUNT)
-    assert gpu.dense_plan(0, 512, 1536, 640, align_a=256, align_b=128, align_d=64) is p     # cached
-    assert gpu.dense_fallbacks() == []
+    assert h[1:] == (77, 11, 100, 101, 102, 102, 21, blas.LT_HEURISTIC_COUNT)
+    assert blas.dense_plan(0, 512, 1536, 640, align_a=256, align_b=128, align_d=64) is p     # cached
+    assert blas.dense_fallbacks() == []
 
 
 def test_dense_plan_without_a_fitting_algorithm_falls_back_with_a_note(monkeypatch, fresh_plans, caplog):
     _use(monkeypatch, [{"splitk": 4, "reduction": 1}])
     with caplog.at_level(logging.WARNING, logger="labkernels.gpu"):
-        p = gpu.dense_plan(0, 512, 1536, 640)
+        p = blas.dense_plan(0, 512, 1536, 640)
     assert p.algo is None and p.note.startswith("cublasGemmEx runs: none of the 1 cuBLASLt candidates")
     assert "splits k 4 ways" in caplog.text
-    assert gpu.dense_fallbacks() == [{"device": 0, "type": "f32", "n": 512, "od": 1536, "k": 640, "note": p.note}]
+    assert blas.dense_fallbacks() == [{"device": 0, "type": "f32", "n": 512, "od": 1536, "k": 640, "note": p.note}]
 
 
 def test_dense_plan_without_a_cublaslt_handle_falls_back_with_a_note(monkeypatch, fresh_plans):
     _use(monkeypatch, [], create_error="CUBLAS_STATUS_NOT_INITIALIZED")
-    p = gpu.dense_plan(2, 64, 1536, 640)
+    p = blas.dense_plan(2, 64, 1536, 640)
     assert p.algo is None and p.note == "cublasGemmEx runs: cublasLtCreate failed: CUBLAS_STATUS_NOT_INITIALIZED"
-    assert gpu.dense_fallbacks()[0]["type"] == "f16"
+    assert blas.dense_fallbacks()[0]["type"] == "f16"
 
 
 class _Dev:
@@ -195,7 +195,7 @@ def test_gemm_dense_calls_cublas_gemm_ex_through_the_bindings(monkeypatch, fresh
     calls = _use(monkeypatch, [])
     _fake_cp(monkeypatch)
     x, w = _Dev(np.zeros((5, 64), np.float16)), _Dev(np.zeros((24, 64), np.float16))
-    out = gpu.gemm_dense(x, w, path="gemm_ex")
+    out = blas.gemm_dense(x, w, path="gemm_ex")
     (g,) = [c for c in calls if c[0] == "gemm_ex"]
     # column-major Y^T (od x n) = W^T (stored k x od) X^T: T, N, m=od, n, k; fp16 in, fp32 out, COMPUTE_32F, DEFAULT
     assert g[1:7] == (555, 1, 0, 24, 5, 64) and g[8:11] == (w.data.ptr, 2, 64) and g[11:14] == (x.data.ptr, 2, 64)
@@ -210,9 +210,9 @@ def test_gemm_dense_lt_runs_the_plan_and_a_cublas_error_is_a_gpu_error(monkeypat
     _fake_cp(monkeypatch)
     x, w = _Dev(np.zeros((5, 64), np.float32)), _Dev(np.zeros((24, 64), np.float32))
     out = _Dev(np.zeros((5, 24), np.float32))
-    gpu.gemm_dense(x, w, out=out, path="lt")
+    blas.gemm_dense(x, w, out=out, path="lt")
     (m,) = [c for c in calls if c[0] == "matmul"]
-    p = next(iter(gpu._DENSE_PLANS.values()))
+    p = next(iter(blas._DENSE_PLANS.values()))
     assert m[1:3] == (77, 11) and m[4:6] == (w.data.ptr, 100) and m[6:8] == (x.data.ptr, 101)
     assert m[9:13] == (out.data.ptr, 102, out.data.ptr, 102) and m[13:] == (p.algo, 0, 0, 999)
 
@@ -221,9 +221,9 @@ def test_gemm_dense_lt_runs_the_plan_and_a_cublas_error_is_a_gpu_error(monkeypat
 
     cublas, lt, ct, _ = fake_bindings([])
     cublas.gemm_ex = fail
-    monkeypatch.setattr(gpu, "_bindings", lambda: (cublas, lt, ct))
-    with pytest.raises(gpu.GpuError, match="cublasGemmEx failed: CUBLAS_STATUS_INVALID_VALUE"):
-        gpu.gemm_dense(x, w, path="gemm_ex")
+    monkeypatch.setattr(blas, "_bindings", lambda: (cublas, lt, ct))
+    with pytest.raises(errors.GpuError, match="cublasGemmEx failed: CUBLAS_STATUS_INVALID_VALUE"):
+        blas.gemm_dense(x, w, path="gemm_ex")
 
 
 def test_nvmath_bindings_match_cublasLt_h():
@@ -237,26 +237,26 @@ def test_nvmath_bindings_match_cublasLt_h():
     assert (lt.MatmulDescAttribute.TRANSA, lt.MatmulDescAttribute.TRANSB) == (3, 4)
     P = lt.MatmulPreferenceAttribute
     assert (P.MAX_WORKSPACE_BYTES, P.MIN_ALIGNMENT_A_BYTES, P.MIN_ALIGNMENT_D_BYTES) == (1, 5, 8)
-    assert [lt.MatmulAlgoConfigAttribute[v] for v in gpu._LT_CFG.values()] == list(range(7))
+    assert [lt.MatmulAlgoConfigAttribute[v] for v in blas._LT_CFG.values()] == list(range(7))
     assert (cublas.ComputeType.COMPUTE_32F, cublas.GemmAlgo.DEFAULT, cublas.Operation.T) == (68, -1, 1)
 
 
 def test_gemm_dense_checks_its_arguments_before_the_gpu():
     x, w = np.zeros((4, 8), np.float32), np.zeros((3, 8), np.float32)
     with pytest.raises(ValueError, match="path must be one of"):
-        gpu.gemm_dense(x, w, path="cublas")
-    with pytest.raises(gpu.ShapeError, match="do not chain"):
-        gpu.gemm_dense(x, np.zeros((3, 7), np.float32))
-    with pytest.raises(gpu.ShapeError, match="one type"):
-        gpu.gemm_dense(x, w.astype(np.float16))
-    with pytest.raises(gpu.ShapeError, match="C-contiguous"):
-        gpu.gemm_dense(np.zeros((8, 4), np.float32).T, w)
-    with pytest.raises(gpu.ShapeError, match="out must be"):
-        gpu.gemm_dense(x, w, out=np.zeros((4, 3), np.float16))
+        blas.gemm_dense(x, w, path="cublas")
+    with pytest.raises(errors.ShapeError, match="do not chain"):
+        blas.gemm_dense(x, np.zeros((3, 7), np.float32))
+    with pytest.raises(errors.ShapeError, match="one type"):
+        blas.gemm_dense(x, w.astype(np.float16))
+    with pytest.raises(errors.ShapeError, match="C-contiguous"):
+        blas.gemm_dense(np.zeros((8, 4), np.float32).T, w)
+    with pytest.raises(errors.ShapeError, match="out must be"):
+        blas.gemm_dense(x, w, out=np.zeros((4, 3), np.float16))
 
 
 def test_align_is_the_largest_power_of_two_up_to_256():
-    assert [gpu._align(p) for p in (0, 4096, 256 * 7, 128, 6, 3)] == [256, 256, 256, 128, 2, 1]
+    assert [blas._align(p) for p in (0, 4096, 256 * 7, 128, 6, 3)] == [256, 256, 256, 128, 2, 1]
 
 
 def test_summarize_counts_node_types_and_places_memsets():
@@ -333,9 +333,9 @@ def test_gpu_check_sets_the_dense_path_and_cudnn_plan_for_its_steps(monkeypatch)
 
     from labkernels import attention, gpu_cli
 
-    monkeypatch.setattr(gpu, "DENSE_PATH", "lt")
+    monkeypatch.setattr(blas, "DENSE_PATH", "lt")
     monkeypatch.setattr(attention, "CUDNN_PLAN", "heuristic")
     gpu_cli._set_paths(argparse.Namespace(dense_path=None, cudnn_plan=None))
-    assert (gpu.DENSE_PATH, attention.CUDNN_PLAN) == ("lt", "heuristic")
+    assert (blas.DENSE_PATH, attention.CUDNN_PLAN) == ("lt", "heuristic")
     gpu_cli._set_paths(argparse.Namespace(dense_path="gemm_ex", cudnn_plan="no_memset"))
-    assert (gpu.DENSE_PATH, attention.CUDNN_PLAN) == ("gemm_ex", "no_memset")
+    assert (blas.DENSE_PATH, attention.CUDNN_PLAN) == ("gemm_ex", "no_memset")

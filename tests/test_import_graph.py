@@ -29,9 +29,9 @@ CORE = frozenset({
     "labkernels", "labkernels.paths", "labkernels.quants", "labkernels.layout", "labkernels.quantize_ref",
     "labkernels.reference", "labkernels.prefill_ref", "labkernels.model", "labkernels.gguf_check", "labkernels.ptxas",
     "labkernels.arch", "labkernels.synthetic", "labkernels.kernels", "labkernels.kernels.registry",
-    "labkernels.kernels.gen_wgmma", "labkernels.gpu", "labkernels.wgmma", "labkernels.wgmma_pack", "labkernels.wgmma_sched", "labkernels.gemv", "labkernels.dispatch", "labkernels.forward_common", "labkernels.recorded_tables",
-    "labkernels.attention", "labkernels.graph_nodes", "labkernels.trace", "labkernels.prefill", "labkernels.decode",
-    "labkernels.records", "labkernels.provenance", "labkernels.nvml",
+    "labkernels.kernels.gen_wgmma", "labkernels.errors", "labkernels.gpu", "labkernels.blas", "labkernels.wgmma", "labkernels.wgmma_pack", "labkernels.wgmma_sched", "labkernels.gemv", "labkernels.dispatch", "labkernels.forward_common", "labkernels.recorded_tables",
+    "labkernels.attention", "labkernels.attention_kinds", "labkernels.graph_nodes", "labkernels.trace", "labkernels.prefill", "labkernels.prefill_replay", "labkernels.decode",
+    "labkernels.records", "labkernels.records_admin", "labkernels.provenance", "labkernels.nvml",
 })
 
 #: the lab: measurement, analysis, reports, rounds and command lines
@@ -47,24 +47,20 @@ LAB_PACKAGES = ("labkernels.rounds",)      # every module of these packages is l
 #: module-level import cycles allowed, each with its reason (none)
 KNOWN_TOP_CYCLES: dict[frozenset, str] = {}
 
-#: cycles through function-local imports still allowed: a cycle must lie inside one entry
-KNOWN_CYCLES: dict[frozenset, str] = {
-    frozenset({"labkernels.nvbench_check", "labkernels.rounds.r09_decode"}):
-        "round 9's step nvbench_check runs labkernels.nvbench_check, which times round 9's GEMV through r09_decode's "
-        "bench (both lab; the step could move into nvbench_check's own registration)",
-    frozenset({"labkernels.gpu", "labkernels.dispatch", "labkernels.wgmma", "labkernels.wgmma_sched",
-               "labkernels.gemv"}):
-        "gpu forwards qmatmul & co. to dispatch for notebooks and r09_decode (drop once they name dispatch); "
-        "wgmma_sched raises gpu's ShapeError",
-}
+#: cycles through function-local imports still allowed: a cycle must lie inside one entry (none since the core split:
+#: gpu no longer forwards qmatmul & co. to dispatch, nvbench_check holds round 9's GEMV lead instead of importing the round)
+KNOWN_CYCLES: dict[frozenset, str] = {}
 
 #: function-local core -> lab imports still allowed, each with its reason
 KNOWN_UPWARD: dict[tuple[str, str], str] = {}   # none since the wgmma split (its build cache reads ptxas' report
 #                                                  through labkernels.ptxas, which the audit imports too)
 
 #: function-local labkernels imports (all modules): the count reached, only to go down
-LOCAL_IMPORT_CAP = 156   # 185 before the wgmma split; 156 after it and the graph_nodes / plan-lookup splits
-#                          split (issue 42 item 2) took 26 off: round 7's experiments import the lab at module level
+LOCAL_IMPORT_CAP = 1     # 185 before the wgmma split; 156 after it and the graph_nodes / plan-lookup splits (155
+#                          counted on main with the round packages); 1 after the core split (coresplit2) lifted the
+#                          rest to module level (no cycle, no optional dependency needed them): plotting._smem_label's
+#                          import of round 7's kpair module is left, so that the shared plotting module (every page
+#                          imports it through report) does not load a round's lab code at import
 
 
 def _modname(p: Path) -> str:

@@ -7,7 +7,7 @@ import types
 import numpy as np
 import pytest
 
-from labkernels import bench, nvml, provenance, records, report
+from labkernels import bench, nvml, provenance, records, records_admin, report
 
 
 class NVMLError(Exception):
@@ -153,7 +153,7 @@ def test_a_run_records_nvml_at_start_and_end_with_every_reason_seen(gpu, monkeyp
     assert not nvml.for_verdict(r) and nvml.for_verdict(r, why="the cap is what this page studies")
     assert "THROTTLED" in nvml.throttle_html(r) and "sw_power_cap during the run" in nvml.throttle_html(r)
     assert "1980/1980 MHz at start, 1980 MHz at end" in provenance.describe(r.provenance)
-    assert records.check_data(tmp_path) == (1, [])
+    assert records_admin.check_data(tmp_path) == (1, [])
 
 
 def test_an_unthrottled_run_is_not_flagged_and_idle_is_not_a_cap(gpu, monkeypatch, tmp_path):
@@ -206,7 +206,7 @@ def test_check_data_requires_nvml_on_gpu_runs_after_the_cut_over(monkeypatch, tm
         _gpu_collect(monkeypatch, date)
         with records.recording("decode", {}, root=tmp_path):
             pass
-    n, problems = records.check_data(tmp_path)
+    n, problems = records_admin.check_data(tmp_path)
     assert n == 2 and len(problems) == 2        # the later run only: its nvml_start and nvml_end are absent
     assert all("2026120 8T".replace(" ", "") in p and "is absent (NVML not read: the Python package" in p
                for p in problems)

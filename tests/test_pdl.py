@@ -12,7 +12,7 @@ import pytest
 
 from labkernels import audit as A
 from labkernels.rounds.r05_wall import decompose as D
-from labkernels import gpu
+from labkernels import errors, gpu
 from labkernels.kernels import registry
 from labkernels.testing import require_tool
 
@@ -79,9 +79,9 @@ def test_kernel_params_pack_what_cupy_would_pass():
     assert ctypes.c_float.from_address(int(params[3])).value == 1.5
     assert ctypes.c_int64.from_address(int(params[4])).value == 2**40
     assert ctypes.c_uint32.from_address(int(params[5])).value == 3
-    with pytest.raises(gpu.GpuError, match="numpy scalars"):
+    with pytest.raises(errors.GpuError, match="numpy scalars"):
         gpu.kernel_params((5,))                   # a Python int: its width would be a guess
-    with pytest.raises(gpu.GpuError, match="float16"):
+    with pytest.raises(errors.GpuError, match="float16"):
         gpu.kernel_params((np.float16(1),))
 
 

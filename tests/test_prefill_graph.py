@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from cpu_gpu_shim import OpNames as Ops, install
-from labkernels import gpu
-from labkernels.prefill import (FUSIONS, GpuModel, GraphCaptureError, GraphEntry, PrefillOptions, Weight,
-                                check_act_mul_gu, check_add_rmsnorm, check_rope_qk, check_rope_qkv16, timed_prefill)
+from labkernels import errors
+from labkernels.forward_common import GraphCaptureError, check_act_mul_gu
+from labkernels.prefill import (FUSIONS, GpuModel, PrefillOptions, Weight, check_add_rmsnorm, check_rope_qk,
+                                check_rope_qkv16)
+from labkernels.prefill_replay import GraphEntry, timed_prefill
 from labkernels.synthetic import SyntheticModel, q4_k_m_recipe, tiny_config
 from labkernels.trace import NullTracer
 
@@ -237,7 +239,7 @@ def _install_capture(monkeypatch, cp, graph):
     cuda.Stream.begin_capture = True                             # graph_support() looks for it
     monkeypatch.setattr(cp, "cuda", cuda)
     # the runtime's capture, the graph rewrite and its instantiation, on the fake stream
-    from labkernels import graph_nodes, prefill
+    from labkernels import graph_nodes, prefill_replay
 
     def capture(fn, s):       # graph_nodes.capture on the fake stream: a failure inside ends the capture
         s.begin_capture()
@@ -250,11 +252,11 @@ def _install_capture(monkeypatch, cp, graph):
 
     monkeypatch.setattr(graph_nodes, "capture", capture)
     monkeypatch.setattr(graph_nodes, "destroy", lambda g: None)
-    monkeypatch.setattr(prefill, "_instantiate", lambda g: g)
+    monkeypatch.setattr(prefill_replay, "_instantiate", lambda g: g)
     monkeypatch.setattr(graph_nodes, "memsets_to_kernels", lambda g: {"replaced": 0, "bytes": 0, "left": 0})
     monkeypatch.setattr(graph_nodes, "census", lambda g: [])
-    monkeypatch.setattr(prefill.gpu, "host_device_pointer", lambda host: host)   # the fake kernels read numpy
-    monkeypatch.setattr(prefill.gpu, "record_in_graph", lambda ev, s: None)
+    monkeypatch.setattr(prefill_replay.gpu, "host_device_pointer", lambda host: host)   # the fake kernels read numpy
+    monkeypatch.setattr(prefill_replay.gpu, "record_in_graph", lambda ev, s: None)
     monkeypatch.setattr(cp, "abs", np.abs, raising=False)
     monkeypatch.setattr(cp, "empty", lambda shape, dtype=np.float32: np.empty(shape, dtype).view(Settable))
 
@@ -331,17 +333,17 @@ def test_add_rmsnorm_argument_checks():
     w = np.ones(256, np.float32)
     check_add_rmsnorm(x, x.copy(), w, w)
     check_add_rmsnorm(x[3:], x[3:].copy(), w)                    # the last row: a contiguous view
-    with pytest.raises(gpu.ShapeError, match="x must be"):
+    with pytest.raises(errors.ShapeError, match="x must be"):
         check_add_rmsnorm(x.astype(np.float16), x, w)
-    with pytest.raises(gpu.ShapeError, match="x must be"):
+    with pytest.raises(errors.ShapeError, match="x must be"):
         check_add_rmsnorm(x[:, :128], x[:, :128].copy(), w[:128])
-    with pytest.raises(gpu.ShapeError, match="delta must be"):
+    with pytest.raises(errors.ShapeError, match="delta must be"):
         check_add_rmsnorm(x, x[:3].copy(), w)
-    with pytest.raises(gpu.ShapeError, match="delta must be"):
+    with pytest.raises(errors.ShapeError, match="delta must be"):
         check_add_rmsnorm(x, x.astype(np.float16), w)
-    with pytest.raises(gpu.ShapeError, match="w must be"):
+    with pytest.raises(errors.ShapeError, match="w must be"):
         check_add_rmsnorm(x, x.copy(), w[:128])
-    with pytest.raises(gpu.ShapeError, match="pre must be"):
+    with pytest.raises(errors.ShapeError, match="pre must be"):
         check_add_rmsnorm(x, x.copy(), w, w.astype(np.float16))
 
 
@@ -349,13 +351,13 @@ def test_act_mul_gu_argument_checks():
     gu, out = np.zeros((3, 2 * 512), np.float32), np.zeros((3, 512), np.float16)
     check_act_mul_gu(gu, out, 512)
     check_act_mul_gu(gu, out.astype(np.float32), 512)
-    with pytest.raises(gpu.ShapeError, match="gu must be"):
+    with pytest.raises(errors.ShapeError, match="gu must be"):
         check_act_mul_gu(gu, out, 256)
-    with pytest.raises(gpu.ShapeError, match="gu must be"):
+    with pytest.raises(errors.ShapeError, match="gu must be"):
         check_act_mul_gu(gu.astype(np.float16), out, 512)
-    with pytest.raises(gpu.ShapeError, match="out must be"):
+    with pytest.raises(errors.ShapeError, match="out must be"):
         check_act_mul_gu(gu, out[:2], 512)
-    with pytest.raises(gpu.ShapeError, match="out must be"):
+    with pytest.raises(errors.ShapeError, match="out must be"):
         check_act_mul_gu(gu, out.astype(np.int32), 512)
 
 
@@ -393,15 +395,15 @@ def test_rope_qk_argument_checks():
     q, k = np.zeros((5, 4 * 64), np.float32), np.zeros((5, 2 * 64), np.float32)
     check_rope_qk(q, k, 5, 4, 2, 64, 64, 0.125)
     check_rope_qk(q, k, 5, 4, 2, 64, 32, 1.0)
-    with pytest.raises(gpu.ShapeError, match="q scale"):
+    with pytest.raises(errors.ShapeError, match="q scale"):
         check_rope_qk(q, k, 5, 4, 2, 64, 32, 0.125)
-    with pytest.raises(gpu.ShapeError, match="n_rot"):
+    with pytest.raises(errors.ShapeError, match="n_rot"):
         check_rope_qk(q, k, 5, 4, 2, 64, 63, 1.0)
-    with pytest.raises(gpu.ShapeError, match="does not hold"):
+    with pytest.raises(errors.ShapeError, match="does not hold"):
         check_rope_qk(q, k, 6, 4, 2, 64, 64, 1.0)
-    with pytest.raises(gpu.ShapeError, match="k .* does not hold"):
+    with pytest.raises(errors.ShapeError, match="k .* does not hold"):
         check_rope_qk(q, k, 5, 4, 4, 64, 64, 1.0)
-    with pytest.raises(gpu.ShapeError, match="q must be"):
+    with pytest.raises(errors.ShapeError, match="q must be"):
         check_rope_qk(q[:, ::2], k, 5, 2, 2, 64, 64, 1.0)
 
 
@@ -442,13 +444,13 @@ def test_fused_forward_equals_unfused(monkeypatch, arch, tiny, model):
 def test_rope_qkv16_argument_checks():
     q, k, v = (np.zeros((5, h * 64), np.float32) for h in (4, 2, 2))
     check_rope_qkv16(q, k, v, 5, 4, 2, 64, 64, 32)
-    with pytest.raises(gpu.ShapeError, match="v must be"):
+    with pytest.raises(errors.ShapeError, match="v must be"):
         check_rope_qkv16(q, k, v.astype(np.float16), 5, 4, 2, 64, 64, 64)
-    with pytest.raises(gpu.ShapeError, match="v .* does not hold"):
+    with pytest.raises(errors.ShapeError, match="v .* does not hold"):
         check_rope_qkv16(q, k, v, 5, 4, 2, 64, 96, 64)
-    with pytest.raises(gpu.ShapeError, match="must be even"):
+    with pytest.raises(errors.ShapeError, match="must be even"):
         check_rope_qkv16(np.zeros((5, 4 * 63), np.float32), np.zeros((5, 2 * 63), np.float32), v, 5, 4, 2, 63, 64, 62)
-    with pytest.raises(gpu.ShapeError, match="n_rot"):
+    with pytest.raises(errors.ShapeError, match="n_rot"):
         check_rope_qkv16(q, k, v, 5, 4, 2, 64, 64, 66)
 
 
@@ -607,12 +609,12 @@ def test_timed_prefill_takes_the_outside_time_per_forward(monkeypatch):
     would carry the walls' spread): walls 10/20/30 ms with spans 9.5/19.9/29.0 ms -> 0.5 ms, not 20 - 19.9."""
     import types
 
-    from labkernels import prefill
+    from labkernels import prefill_replay
 
     clock = iter([0.0, 0.010, 1.0, 1.020, 2.0, 2.030, 3.0, 3.0])
     spans = iter([9.5, 19.9, 29.0])
-    monkeypatch.setattr(prefill.time, "perf_counter", lambda: next(clock))
-    monkeypatch.setattr(prefill.gpu, "cp", lambda: types.SimpleNamespace(
+    monkeypatch.setattr(prefill_replay.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(prefill_replay.gpu, "cp", lambda: types.SimpleNamespace(
         cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(deviceSynchronize=lambda: None))))
 
     class GM:
@@ -632,7 +634,7 @@ def test_timed_prefill_takes_the_outside_time_per_forward(monkeypatch):
         def graph_key(self, n):
             return n
 
-    t = prefill.timed_prefill(GM(), [1, 2, 3], repeats=3, warmup=0)
+    t = prefill_replay.timed_prefill(GM(), [1, 2, 3], repeats=3, warmup=0)
     assert t["mode"] == "graph" and t["wall_ms"] == pytest.approx(20.0)
     assert t["gpu_span_ms"] == pytest.approx(19.9) and t["host_outside_ms"] == pytest.approx(0.5)   # not 0.1
 
@@ -643,11 +645,11 @@ def test_replay_breakdown_splits_the_wall_outside_the_graph(monkeypatch):
     to the event after the logits' copy); submit_wake is what neither side saw. Unstamped: NaN, never a guess."""
     import types
 
-    from labkernels import prefill
+    from labkernels import prefill_replay
 
     m0, m1, s0, s1 = "m0", "m1", "s0", "s1"
     el = {(m0, s0): 0.030, (s0, s1): 3.2, (s1, m1): 0.006}
-    monkeypatch.setattr(prefill.gpu, "cp", lambda: types.SimpleNamespace(
+    monkeypatch.setattr(prefill_replay.gpu, "cp", lambda: types.SimpleNamespace(
         cuda=types.SimpleNamespace(get_elapsed_time=lambda a, b: el[(a, b)])))
     gm = GpuModel.__new__(GpuModel)
     gm.last_mode = "graph"
@@ -671,9 +673,9 @@ def test_timed_prefill_breakdown_stamps_only_its_own_forwards(monkeypatch):
     stamp setting back, also when a forward raises."""
     import types
 
-    from labkernels import prefill
+    from labkernels import prefill_replay
 
-    monkeypatch.setattr(prefill.gpu, "cp", lambda: types.SimpleNamespace(
+    monkeypatch.setattr(prefill_replay.gpu, "cp", lambda: types.SimpleNamespace(
         cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(deviceSynchronize=lambda: None))))
     seen = []
 
@@ -702,12 +704,12 @@ def test_timed_prefill_breakdown_stamps_only_its_own_forwards(monkeypatch):
             return n
 
     gm = GM()
-    t = prefill.timed_prefill(gm, [1, 2], repeats=3, warmup=1, breakdown=True)
+    t = prefill_replay.timed_prefill(gm, [1, 2], repeats=3, warmup=1, breakdown=True)
     assert seen == [False, True, True, True] and gm.stamp_replays is False
     assert t["breakdown"]["gpu_lead_ms"] == pytest.approx(0.02) and t["breakdown"]["sync_ms"] == 0.5
     assert set(t["breakdown"]) == {"wall_ms", "gpu_lead_ms", "sync_ms"}
-    assert prefill.timed_prefill(gm, [1, 2], repeats=2, warmup=0)["breakdown"] is None
+    assert prefill_replay.timed_prefill(gm, [1, 2], repeats=2, warmup=0)["breakdown"] is None
     gm.fail, seen[:] = True, []
     with pytest.raises(RuntimeError, match="boom"):
-        prefill.timed_prefill(gm, [1, 2], repeats=2, warmup=1, breakdown=True)
+        prefill_replay.timed_prefill(gm, [1, 2], repeats=2, warmup=1, breakdown=True)
     assert gm.stamp_replays is False

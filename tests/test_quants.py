@@ -118,11 +118,11 @@ def test_one_record_per_type_sizes_from_one_table():
 
 
 def test_gpu_upload_reads_the_type_records():
-    from labkernels import gpu
+    from labkernels import errors, gpu
 
-    with pytest.raises(gpu.ShapeError, match="take q4_K or q6_K weights, not q8_0"):
+    with pytest.raises(errors.ShapeError, match="take q4_K or q6_K weights, not q8_0"):
         gpu.QWeight.upload(np.zeros((3, 34), np.uint8), "q8_0")
-    with pytest.raises(gpu.ShapeError, match="q4_K block stride must be 144, got 160"):
+    with pytest.raises(errors.ShapeError, match="q4_K block stride must be 144, got 160"):
         gpu.QWeight.upload(np.zeros((3, 144), np.uint8), "q4_K", 160)
-    with pytest.raises(gpu.ShapeError, match="not whole 210-byte blocks"):
+    with pytest.raises(errors.ShapeError, match="not whole 210-byte blocks"):
         gpu.QWeight.upload(np.zeros((3, 224), np.uint8), "q6_K_224")

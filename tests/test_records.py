@@ -5,7 +5,7 @@ import re
 import pandas as pd
 import pytest
 
-from labkernels import records
+from labkernels import records, records_admin
 
 
 def test_run_lifecycle(tmp_path):
@@ -45,15 +45,15 @@ def test_import_never_overwrites(tmp_path):
     src, dst = tmp_path / "src", tmp_path / "dst"
     run = records.new_run("prefill", {}, root=src)
     run.append("t", {"a": 1}); run.finish()
-    assert len(records.import_runs(src, dst)) == 3  # metadata, table, manifest
-    assert records.import_runs(src, dst) == []  # identical files: nothing to do
+    assert len(records_admin.import_runs(src, dst)) == 3  # metadata, table, manifest
+    assert records_admin.import_runs(src, dst) == []  # identical files: nothing to do
     # a different run with the same id in the source: refused before anything is written
     p = next((src / "prefill").glob("*.csv"))
     p.write_text("a\n99\n")
     records.write_manifest(records.Run("prefill", run.run_id, src, run.meta))
     before = sorted((dst / "prefill").iterdir())
     with pytest.raises(records.RecordError, match="append-only"):
-        records.import_runs(src, dst)
+        records_admin.import_runs(src, dst)
     assert sorted((dst / "prefill").iterdir()) == before
 
 
@@ -71,7 +71,7 @@ def test_committed_runs_are_well_formed():
         for t in m.get("tables", []):
             assert (p.parent / f"{m['run_id']}.{t}.csv").exists(), (p, t)
             assert len(pd.read_csv(p.parent / f"{m['run_id']}.{t}.csv")) > 0
-    n, problems = records.check_data(DATA_DIR)
+    n, problems = records_admin.check_data(DATA_DIR)
     assert n == len(metas) and problems == []
 
 
@@ -116,7 +116,7 @@ def test_edited_value_fails_replay_naming_the_file(tmp_path):
     p.write_text(p.read_text().replace("2.5", "9.5"))  # same length, same row count: only the hash knows
     with pytest.raises(records.RecordError, match=rf"{re.escape(str(p))}: content differs from the manifest"):
         records.latest("prefill", root=tmp_path)
-    n, problems = records.check_data(tmp_path)
+    n, problems = records_admin.check_data(tmp_path)
     assert n == 1 and len(problems) == 1 and str(p) in problems[0]
 
 
@@ -148,7 +148,7 @@ def test_missing_extra_and_unsealed_files_fail(tmp_path):
     run2.manifest_path.unlink()
     with pytest.raises(records.RecordError, match="has no manifest"):
         records.latest("prefill", root=tmp_path / "b")
-    assert records.seal_runs(tmp_path / "b") == [run2.manifest_path]
+    assert records_admin.seal_runs(tmp_path / "b") == [run2.manifest_path]
     assert "sealed_later" in json.loads(run2.manifest_path.read_text())
     assert records.latest("prefill", root=tmp_path / "b").run_id == run2.run_id
 
@@ -178,7 +178,7 @@ def test_import_validates_whole_runs_and_is_all_or_nothing(tmp_path):
     out, runs = _gpu_results(tmp_path)
     dst = tmp_path / "dst"
     with pytest.raises(records.RecordError, match="env.json: not a recorded run") as e:
-        records.import_runs(out, dst)  # the results root, not its data/
+        records_admin.import_runs(out, dst)  # the results root, not its data/
     assert "gpu-check.json" in str(e.value) and not dst.exists()
     # one bad run: nothing at all is copied, the message names the file
     bad = runs[1].table_path("t")
@@ -186,11 +186,11 @@ def test_import_validates_whole_runs_and_is_all_or_nothing(tmp_path):
     for broken, match in ((good[:-3], "the last row is cut"), (good.replace(b"3.5", b"3.6"), "content differs")):
         bad.write_bytes(broken)
         with pytest.raises(records.RecordError, match=rf"{re.escape(str(bad))}: .*{match}"):
-            records.import_runs(out / "data", dst)
+            records_admin.import_runs(out / "data", dst)
         assert not dst.exists()
     bad.write_bytes(good)
-    copied = records.import_runs(out / "data", dst)
-    assert len(copied) == 8 and records.check_data(dst) == (2, [])
+    copied = records_admin.import_runs(out / "data", dst)
+    assert len(copied) == 8 and records_admin.check_data(dst) == (2, [])
     assert not [p for p in dst.rglob(".*")]  # the staging folders are gone
 
 
@@ -201,16 +201,16 @@ def test_import_conflict_copies_nothing(tmp_path):
     clash = dst / "04_kdr_sweep" / runs[1].manifest_path.name
     clash.write_text("{}")
     with pytest.raises(records.RecordError, match=rf"{re.escape(str(clash))} exists with different content"):
-        records.import_runs(out / "data", dst)
+        records_admin.import_runs(out / "data", dst)
     assert not (dst / "03_q6k_expanded_b").exists() and sorted((dst / "04_kdr_sweep").iterdir()) == [clash]
 
 
 def test_import_missing_or_empty_source_fails(tmp_path):
     with pytest.raises(records.RecordError, match="no such folder"):
-        records.import_runs(tmp_path / "nope", tmp_path / "dst")
+        records_admin.import_runs(tmp_path / "nope", tmp_path / "dst")
     (tmp_path / "empty").mkdir()
     with pytest.raises(records.RecordError, match="no recorded runs"):
-        records.import_runs(tmp_path / "empty", tmp_path / "dst")
+        records_admin.import_runs(tmp_path / "empty", tmp_path / "dst")
 
 
 def test_import_runs_cli(tmp_path, monkeypatch, capsys):
@@ -260,15 +260,15 @@ def test_attachment_is_manifested_and_verified(tmp_path):
     assert entry["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest() and "rows" not in entry
     r = records.latest("forensics", root=root)
     assert r.attachments() == ["case-a.ncu-rep"]
-    assert records.check_data(root) == (1, [])
+    assert records_admin.check_data(root) == (1, [])
     # imported whole, attachment included
     dest = tmp_path / "dest"
-    copied = records.import_runs(root, dest)
+    copied = records_admin.import_runs(root, dest)
     assert any(c.endswith(".case-a.ncu-rep") for c in copied)
     # an edited attachment fails check-data, naming the file
     p.write_bytes(b"NCU-REP" * 99 + b"X" * 7)
-    n, problems = records.check_data(root)
+    n, problems = records_admin.check_data(root)
     assert n == 1 and len(problems) == 1 and "case-a.ncu-rep" in problems[0] and "differs" in problems[0]
     p.unlink()
-    n, problems = records.check_data(root)
+    n, problems = records_admin.check_data(root)
     assert "missing" in problems[0]

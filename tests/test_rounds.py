@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from labkernels import records, rounds
+from labkernels import records, records_admin, rounds
 from labkernels.paths import REPO_ROOT
 from labkernels.rounds.r07_wgmma import builds as wb
 
@@ -237,9 +237,9 @@ def test_rounds_3_and_4_measure_through_the_table_on_the_cpu_shim(monkeypatch, t
     from labkernels import bench
 
     install(monkeypatch)                     # the GEMMs: the exact integer reference, what the gates check
-    from labkernels import gpu
+    from labkernels import blas
 
-    monkeypatch.setattr(gpu, "matmul_f16", lambda a, b, out=None: a.astype(np.float32) @ b.astype(np.float32).T)
+    monkeypatch.setattr(blas, "matmul_f16", lambda a, b, out=None: a.astype(np.float32) @ b.astype(np.float32).T)
     monkeypatch.setattr(bench, "time_launches", lambda fn, warmup=3, repeats=20, flush=None: (fn(), np.ones(3))[1])
     monkeypatch.setattr(bench, "Flusher", lambda: None)
     monkeypatch.setattr(bench, "mma_ceiling", lambda k: {"mma_k": k, "tops": 1.0})
@@ -264,7 +264,7 @@ def test_rounds_3_and_4_measure_through_the_table_on_the_cpu_shim(monkeypatch, t
     assert len(records.load("kdr_sweep", got["kdr"]["run"], root).table("sweep")) == 4 + 1   # 4 q6_K variants, q4_K
     q4 = records.load("q4k", got["q4k"]["run"], root)
     assert q4.table("parity").ok.all() and set(q4.table("q4k_bench").variant) >= {"q4k_nb_kdr4"}
-    assert records.check_data(root) == (3, [])
+    assert records_admin.check_data(root) == (3, [])
 
 
 def test_round5_says_what_changed_and_how_busy_compares_with_the_wall():

@@ -5,7 +5,7 @@ is in sync with its generator."""
 import numpy as np
 import pytest
 
-from labkernels import dispatch, gpu, quants, wgmma, wgmma_pack
+from labkernels import dispatch, errors, quants, wgmma, wgmma_pack
 from labkernels.kernels import gen_wgmma, registry
 from labkernels.rounds.r07_wgmma import builds as wb
 from labkernels.rounds.r07_wgmma import benchmark, kpair, limits, options, tables, traces
@@ -144,7 +144,7 @@ def test_audit_reads_wgmma_serialization_and_sm90a_targets():
 def test_auto_choice_from_a_recorded_run(tmp_path):
     """qmatmul's auto choice reads the latest recorded round-7 run: the fastest variant at the nearest shape and
     nt, only among families that run on the device; without a run it states its rule."""
-    from labkernels import gpu, records
+    from labkernels import records
 
     run = records.new_run("wgmma", {"t": 1}, root=tmp_path)
     rows = []
@@ -175,9 +175,9 @@ def test_auto_choice_from_a_recorded_run(tmp_path):
 
 
 def test_qmatmul_rejects_unknown_kernels_before_touching_the_gpu():
-    from labkernels import gpu
+    from labkernels import errors
 
-    with pytest.raises(gpu.ShapeError, match="unknown kernel 'cublas'"):
+    with pytest.raises(errors.ShapeError, match="unknown kernel 'cublas'"):
         dispatch.qmatmul(np.zeros((2, 256), np.float32), None, kernel="cublas")
 
 
@@ -213,7 +213,7 @@ def test_stream_k_schedule_covers_every_iteration_once(nt, od, id_, bn):
     tiles = -(-od // 128) * -(-nt // bn)
     for sk in (0, 1, 2, 3):
         if not wgmma.sk_fits(sk, nt, od, id_, bn, 132):
-            with pytest.raises(gpu.ShapeError, match="no (uniform|tile-aligned) split-k grid"):
+            with pytest.raises(errors.ShapeError, match="no (uniform|tile-aligned) split-k grid"):
                 wgmma.schedule(sk, nt, od, id_, bn, 132)
             continue
         ncta, dp = wgmma.schedule(sk, nt, od, id_, bn, 132)
@@ -256,7 +256,7 @@ def test_uniform_split_grid_gives_every_cta_one_equal_part_of_one_tile(nt, od, i
     assert wgmma.uniform_split(tiles, I, 132) == g
     assert wgmma.sk_fits(2, nt, od, id_, bn, 132) == (g >= 2)
     if g < 2:
-        with pytest.raises(gpu.ShapeError, match=r"no uniform split-k grid \(SK=2\).*use SK=1"):
+        with pytest.raises(errors.ShapeError, match=r"no uniform split-k grid \(SK=2\).*use SK=1"):
             wgmma.schedule(2, nt, od, id_, bn, 132)
         return
     ncta, dp = wgmma.schedule(2, nt, od, id_, bn, 132)
@@ -284,7 +284,7 @@ def test_tile_aligned_split_gives_every_cta_one_part_of_one_tile(nt, od, id_, bn
     assert wgmma.tile_split(tiles, I, 132) == g
     if g < 2:
         assert not wgmma.sk_fits(3, nt, od, id_, bn, 132)
-        with pytest.raises(gpu.ShapeError, match=r"no tile-aligned split-k grid \(SK=3\).*use SK=1"):
+        with pytest.raises(errors.ShapeError, match=r"no tile-aligned split-k grid \(SK=3\).*use SK=1"):
             wgmma.schedule(3, nt, od, id_, bn, 132)
         return
     ncta, dp = wgmma.schedule(3, nt, od, id_, bn, 132)
@@ -392,8 +392,6 @@ def _recorded_auto_table(root, qtype, od, id_, nt, times: dict):
 def test_auto_choice_leaves_the_uniform_grid_where_it_does_not_fit(tmp_path):
     """A recorded SK=2 winner at a shape class is used as it is where its grid fits, and as stream-K (SK=1), said in
     the reason, where it does not (the nearest class is 4096x4096, but 4096 x 11008 has 43 super-blocks a tile)."""
-    from labkernels import gpu
-
     t = _recorded_auto_table(tmp_path, "q4_K", 4096, 4096, 512, {"wgmma_bn256_s4_scl0_sku": 33.0,
                                                                  "wgmma_bn256_s4_scl0_sk": 35.0})
     c = dispatch.choose("q4_K", 512, 4096, 4096, table=t, cc=90)
@@ -406,8 +404,6 @@ def test_auto_choice_keeps_a_recorded_epilogue_form_and_says_where_it_cannot(tmp
     """A recorded winner with the TMA-store epilogue (EPI=2) on the tile-aligned split (SK=3) is used as recorded
     where both fit; where the split does not fit it runs stream-K with the plain epilogue, and where od is not a
     multiple of 4 (the Y map's rows) the bulk fold alone (EPI=1) -- each said in the reason."""
-    from labkernels import gpu
-
     t = _recorded_auto_table(tmp_path, "q4_K", 4096, 11008, 512, {"wgmma_bn256_s4_scl0_skt_e2": 60.0,
                                                                   "wgmma_bn256_s4_scl0_sk": 70.0})
     c = dispatch.choose("q4_K", 512, 4096, 11008, table=t, cc=90)
@@ -433,7 +429,7 @@ def test_output_map_refuses_what_the_tma_store_cannot_describe():
 
     for y, msg in ((fake(dtype=np.float16), "float32"), (fake(contig=False), "C-contiguous"),
                    (fake(shape=(8, 62)), "od % 4 == 0"), (fake(ptr=(1 << 20) + 4), "16-byte aligned")):
-        with pytest.raises(gpu.ShapeError, match=msg):
+        with pytest.raises(errors.ShapeError, match=msg):
             wgmma.output_map(y, 128)
 
 
@@ -923,7 +919,7 @@ def test_registry_rows_and_auto_of_the_staged_store(tmp_path):
     of staging beyond the ring (BN=256: 4 x 32 KB + 64 KB + alignment still one CTA under the 227 KB cap). A
     recorded EPI=4 winner keeps its epilogue on stream-K (it takes any scheduler, unlike EPI 1-3) and falls back to
     the plain one, said in the reason, where od is not a multiple of 4."""
-    from labkernels import gpu, wgmma
+    from labkernels import wgmma
 
     ks = [k for k in registry.family("wgmma_kq") if k.p["EPI"] == 4]
     assert sorted((k.p["QT"], k.p["BN"]) for k in ks) == [(4, 128), (4, 256), (6, 128), (6, 256)]
@@ -959,8 +955,6 @@ def test_auto_drops_a_pair_exchange_that_does_not_pair(tmp_path):
     """A recorded EPI=3 winner is used as recorded where SK=3 gives two CTAs per tile, and with the plain epilogue,
     said in the reason, where it does not."""
     import pandas as pd
-
-    from labkernels import gpu
 
     t = pd.DataFrame([{"qtype": "q4_K", "od": 4096, "id": 11008, "nt": 512, "variant": "wgmma_bn256_s4_scl0_skt_e3",
                        "median_us": 30.0, "family": "wgmma_kq",
@@ -1187,10 +1181,10 @@ def test_kscan_ab_gates_times_and_fits_the_fixed_cost_per_launch(monkeypatch, tm
     slope per launch and for the fastest launch per point, and kscan_points marks the fastest launch's ratio."""
     import pandas as pd
 
-    from labkernels import gpu, records
+    from labkernels import blas, records
 
     calls, dense = _timing_shim(monkeypatch), []
-    monkeypatch.setattr(gpu, "gemm_dense", lambda x, w, out=None: dense.append(out))
+    monkeypatch.setattr(blas, "gemm_dense", lambda x, w, out=None: dense.append(out))
     with records.recording("wgmma", {"what": "shim"}, root=tmp_path) as run:
         limits.kscan_ab(run, {"shapes": [[256, 256], [256, 512]], "nts": [40], "qtypes": ["q4_K"], "pairs": 2,
                           "cublas_small_ids": [16, 64]})
@@ -1283,8 +1277,6 @@ def test_kpair_grid_pairs_m_tiles_and_the_launcher_refuses_other_shapes():
     """LK_EXP_KPAIR's grid: 64-row m tiles rounded up to an even count (a cluster's two CTAs share a token tile) x
     256-token tiles; its launcher takes the one launch shape it is built for and refuses the rest before any GPU
     call."""
-    from labkernels import gpu
-
     assert wb.kpair_grid(512, 4096) == 64 * 2          # the bar's nt=512 at od=4096: 128 CTAs, one wave
     assert wb.kpair_grid(512, 11008) == 172 * 2
     assert wb.kpair_grid(37, 640) == 10                # Gemma's 640 rows: 10 m tiles, one token tile
@@ -1300,7 +1292,7 @@ def test_kpair_grid_pairs_m_tiles_and_the_launcher_refuses_other_shapes():
     assert wb.kpair_ring_bytes(k5, wb.KPAIR) == 0    # an instantiation the build traps in (refused first)
     assert ring + 1024 + 96 <= 232448                     # the H200's opt-in shared memory per block
     for bad in ({"BN": 128}, {"SK": 3}, {"EPI": 5}, {"AQ": 4}, {"BF16": 1}):
-        with pytest.raises(gpu.ShapeError, match="LK_EXP_KPAIR is built for"):
+        with pytest.raises(errors.ShapeError, match="LK_EXP_KPAIR is built for"):
             wb._gemm_kpair(None, None, None, None, {**wb.KPAIR_PARAMS, **bad})
 
 

@@ -31,7 +31,7 @@ sees its own). Two folders keep a plain name because no single round owns them:
 * ``data/peers/`` -- llama.cpp measured as the peer (``labkernels peers``), read by rounds 3, 4, 5 and 7.
 
 ``labkernels migrate-data`` moves the runs of the old folders (``data/q6k/``...) into the round folders, bytes
-unchanged (``records.migrate``).
+unchanged (``records_admin.migrate``).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ MODULES = ("r01_layout", "r02_occupancy", "r03_q6k", "r04_kdr", "r05_wall", "r06
            "r09_decode")
 
 
+from .. import records, report
 from ..paths import FOLDERS, SHARED  # noqa: F401  (the table of data folders, in paths since issue 42)
 
 
@@ -138,8 +139,6 @@ class Step:
     def recorded(self, root=None, listed=None) -> list:
         """Its recorded runs (``runs``, in their order; a run listed but not on disk raises), from ``listed`` (the
         series' runs, :func:`labkernels.records.list_runs` with ``status=None``) or the data folder."""
-        from .. import records
-
         have = {r.run_id: r for r in (listed if listed is not None else
                                       records.list_runs(self.series, root, status=None))}
         missing = [r for r in self.runs if r not in have]
@@ -252,8 +251,6 @@ class Opened:
         return next(iter(self.runs.values()), None)
 
     def banner(self, note: str = "") -> None:
-        from .. import report
-
         others = [f"{k}: run {r.run_id}" for k, r in list(self.runs.items())[1:] if r is not None]
         report.banner(self.mode, self.run, note=note or "; ".join(others))
 
@@ -262,8 +259,6 @@ def measure_into(mod, root=None, progress=print, **plan) -> dict:
     """Record ``mod.measure(run, **plan)`` into a new run of its first data folder (under ``root``, default
     ``data/``); a round with more folders records those runs itself and returns them; a round with
     ``record_runs`` records all its runs itself. {series: run}."""
-    from .. import records
-
     full = {**mod.PLAN, **plan}
     if getattr(mod, "record_runs", None) is not None:
         return mod.record_runs(root=root, progress=progress, **full)
@@ -277,8 +272,6 @@ def measure_into(mod, root=None, progress=print, **plan) -> dict:
 def open_round(name, mode: str = "auto", **plan) -> Opened:
     """measure: run ``measure(run, **plan)`` into new runs of the round's data folders (GPU); replay: the latest
     complete run of each folder, its plan read back from the recording; cpu: a round without GPU data."""
-    from .. import records, report
-
     mod = module(name)
     bad = sorted(set(plan) - set(mod.PLAN))
     if bad:

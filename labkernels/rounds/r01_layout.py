@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import layout, model
 from ..layout import (_E, Q4K_SUB_OF_ELEM, Q6K_D_BYTE, Q6K_SCALE_OF_ELEM, f16_column, q4k_codes, q4k_scale_min,
                       q6k_codes)
 from ..quants import pad_q6k
@@ -99,29 +100,24 @@ def verify_model(path, name_filter: str | None = None, strides=(210, 224), max_b
 
     from tqdm import tqdm
 
-    from ..model import open_model
-
-    from ..layout import LayoutError
-    from ..model import ModelError
-
     strides = tuple(strides)
     if not strides or any(isinstance(s, bool) or s not in (210, 224) for s in strides):
-        raise LayoutError(f"q6_K block strides to check: one or more of 210 and 224, got {list(strides)}")
+        raise layout.LayoutError(f"q6_K block strides to check: one or more of 210 and 224, got {list(strides)}")
     rx = None
     if name_filter is not None:
         if not isinstance(name_filter, str) or not name_filter:
-            raise ModelError(f"tensor filter must be a non-empty regular expression, got {name_filter!r}")
+            raise model.ModelError(f"tensor filter must be a non-empty regular expression, got {name_filter!r}")
         try:
             rx = re.compile(name_filter)
         except re.error as e:
-            raise ModelError(f"tensor filter {name_filter!r} is not a regular expression: {e}") from None
-    m = open_model(path)
+            raise model.ModelError(f"tensor filter {name_filter!r} is not a regular expression: {e}") from None
+    m = model.open_model(path)
     rows, err_samples = [], []
     todo = [t for t in m.tensors() if t.qtype in ("q4_K", "q6_K") and not (rx and not rx.search(t.name))]
     if not todo:
         names = [t.name for t in m.tensors() if t.qtype in ("q4_K", "q6_K")]
-        raise ModelError(f"{m.path}: no q4_K / q6_K tensor " + (f"matches the filter {name_filter!r} (e.g. "
-                         f"{', '.join(names[:3])})" if rx and names else "in the model"))
+        raise model.ModelError(f"{m.path}: no q4_K / q6_K tensor " + (f"matches the filter {name_filter!r} (e.g. "
+                               f"{', '.join(names[:3])})" if rx and names else "in the model"))
     # progress on a terminal only (disable=None): the full model takes tens of seconds
     for t in tqdm(todo, desc="verifying q4_K/q6_K tensors", unit="tensor", disable=None, leave=False):
         raw = t.raw()  # [rows, row_bytes]

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import gpu, occupancy, records, wgmma
+from ..kernels import registry
+
 NOTEBOOK = "02_occupancy_calculator"
 DATA = ()            # the page is computed on the CPU; the API cross-check's ``occupancy`` runs
                      # are under data/02_occupancy_calculator/
@@ -15,13 +18,9 @@ measure = None       # CPU page
 
 def step_occupancy(out: Path, args) -> dict:
     """Record cudaOccupancyMaxActiveBlocksPerMultiprocessor vs the calculator for every instantiation."""
-    from .. import gpu, occupancy, records
-    from ..kernels import registry
-
     run = records.new_run("occupancy", {"what": "CUDA occupancy API vs labkernels.occupancy"}, root=out / "data")
     prof = occupancy.profile("h200")
     rows, bad = [], 0
-    from .. import wgmma
 
     for spec in registry.available():
         if "sm_90a" in spec.archs:     # built by nvcc for sm_90a (wgmma), not by NVRTC for the device's arch

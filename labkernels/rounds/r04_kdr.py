@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import bench, cases, records
+from .. import bench, blas, cases, gpu, records
+from ..kernels import registry
 
 NOTEBOOK = "04_kdr_sweep"
 DATA = ("kdr_sweep", "q4k")
@@ -31,9 +32,6 @@ def kdr_sweep(shapes, nts, repeats: int = 10, run=None, seed: int = 0, progress=
     """Staging depth (KDR) x variant x nt x shape: us/GMAC, TOPS-eq (p20/p80), registers, spills, smem,
     blocks/SM (API and calculator). Each (variant, shape) is parity-gated once before its timings; rows
     are appended to ``run`` point by point (table ``sweep``)."""
-    from .. import gpu
-    from ..kernels import registry
-
     cp = gpu.cp()
     rng = np.random.default_rng(seed or None)
     flush = bench.Flusher()
@@ -79,9 +77,6 @@ def kdr_sweep(shapes, nts, repeats: int = 10, run=None, seed: int = 0, progress=
 def bench_q4k(shapes, nts, variant: str = PLAN["q4k_variant"], repeats: int = 20, pairs: int = 3, run=None, seed: int = 0,
               progress=print) -> list[dict]:
     """A q4_K raw-nibble variant vs cuBLAS fp16 on cached dequantized weights (and with the dequant)."""
-    from .. import gpu
-    from ..kernels import registry
-
     cp = gpu.cp()
     v = registry.variant(variant)
     rng = np.random.default_rng(seed or None)
@@ -99,8 +94,8 @@ def bench_q4k(shapes, nts, variant: str = PLAN["q4k_variant"], repeats: int = 20
             y16 = cp.empty((nt, od), cp.float16)
             variants = {
                 v.name: fn,
-                "cublas_f16_cached": lambda: gpu.matmul_f16(x16, w16, out=y16),
-                "cublas_f16_with_dequant": lambda: (gpu.dequant_f16(w, out=w16), gpu.matmul_f16(x16, w16, out=y16)),
+                "cublas_f16_cached": lambda: blas.matmul_f16(x16, w16, out=y16),
+                "cublas_f16_with_dequant": lambda: (gpu.dequant_f16(w, out=w16), blas.matmul_f16(x16, w16, out=y16)),
                 "prepass": lambda: gpu.prepass(xg),
             }
             res = bench.interleaved(variants, pairs=pairs, repeats=repeats, flush=flush)
@@ -163,8 +158,6 @@ def point_name(sweep, qtype: str, kdr: int, variant: str) -> str:
     """A sweep point as a page names it: its parameters, its registry variant where it is one (and whether that
     is on the main path or the type's default), and its spills when the build spills -- so that the fastest
     point is never called the default when it is not. ``variant``: the sweep's label ('EPI=1,OCC=2' or 'q4k_nb')."""
-    from ..kernels import registry
-
     params = {"KDR": int(kdr)}
     if variant.startswith("EPI="):
         params.update({k: int(v) for k, v in (p.split("=") for p in variant.split(","))})

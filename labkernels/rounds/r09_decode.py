@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import (arch, bench, blas, cases, dispatch, gemv, gpu, nvbench_check, prefill, prefill_runs, quants, records,
+                synthetic, wgmma)
 from ..peers import model_label, sha256_file   # a GGUF named as llama-bench's rows name it
 
 NOTEBOOK = "09_decode"
@@ -272,8 +274,6 @@ def copy_bandwidth(nbytes: int = 1 << 30, repeats: int = 10) -> dict:
     """The reachable HBM line: a device-to-device copy of ``nbytes``, bytes read + written over its median time."""
     import cupy as cp
 
-    from .. import bench
-
     a = cp.empty(nbytes // 4, cp.int32)
     a.fill(1)
     b = cp.empty_like(a)
@@ -311,9 +311,6 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
     import cupy as cp
     import gguf
 
-    from .. import bench as B
-    from .. import cases, gemv, gpu, wgmma
-
     rng = np.random.default_rng(seed or None)
     cb = copy_bandwidth()
     progress(f"copy line: {cb['tb_per_s']:.3f} TB/s (1 GiB device-to-device, read + write)")
@@ -321,8 +318,8 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
         run.append("copy", [cb])
     if flush not in ("read", "write"):
         raise ValueError(f"flush is 'read' or 'write', not {flush!r}")
-    flusher = B.ReadFlusher() if flush == "read" else B.Flusher()
-    lead = B.Lead(lead_us) if lead_us else None
+    flusher = bench.ReadFlusher() if flush == "read" else bench.Flusher()
+    lead = bench.Lead(lead_us) if lead_us else None
     rows = []
     sm = gpu.device_props()["sm_count"]
     for qtype in qtypes:
@@ -376,18 +373,18 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
                                                           "variant": name, **plan, "exact_rel": g["exact_rel"],
                                                           "nmse": g["nmse"]}])
                     if "wgmma" in baselines and wgmma.supported(gpu.device_props()["cc"]):
-                        variants["wgmma"] = lambda: gpu.qmatmul(xd, w, kernel="wgmma_kq")
+                        variants["wgmma"] = lambda: dispatch.qmatmul(xd, w, kernel="wgmma_kq")
                         typed["wgmma"] = {"family": "wgmma_kq"}
                     if wd16 is not None:
                         x16 = xd if act == "f16" else xd.astype(cp.float16)
-                        variants["cublas"] = (lambda x16=x16: gpu.matmul_f16(x16, wd16)) if act == "f16" else \
-                            (lambda: gpu.matmul_f16(xd.astype(cp.float16), wd16))
+                        variants["cublas"] = (lambda x16=x16: blas.matmul_f16(x16, wd16)) if act == "f16" else \
+                            (lambda: blas.matmul_f16(xd.astype(cp.float16), wd16))
                         typed["cublas"] = {"family": "cublas_f16"}
-                    res = B.interleaved(variants, pairs=pairs, repeats=repeats, flush=flusher,
-                                        leads={v: lead for v in variants} if lead else None)
+                    res = bench.interleaved(variants, pairs=pairs, repeats=repeats, flush=flusher,
+                                            leads={v: lead for v in variants} if lead else None)
                     key = {"qtype": qtype, "od": od, "id": id_, "nt": nt, "act": act, "sm_count": sm,
                            "flush": flush, "lead_us": float(lead_us)}
-                    pr = B.pair_rows(res, key, nt, od, id_, tail={"bytes": nbytes})
+                    pr = bench.pair_rows(res, key, nt, od, id_, tail={"bytes": nbytes})
                     for r in pr:
                         r.update({"family": "", "MT": 0, "WARPS": 0, "S": 0, "FORM": 0, "PIPE": 0, "WAVE": 0,
                                   **typed[r["variant"]]})
@@ -416,8 +413,6 @@ def measure(run, progress=print, *, shapes, nts, qtypes, acts, pairs, repeats, s
 def step_decode(out, args) -> dict:
     """gpu-check step ``decode``: the benchmark of record (every shape, nt and activation type of the plan) into
     ``out/data``."""
-    from .. import records
-
     plan = dict(PLAN)
     with records.recording("decode", {**plan, "what": "gemv_bench"}, root=out / "data") as run:
         measure(run, progress=getattr(args, "log", print), **plan)
@@ -431,8 +426,6 @@ GEN_PLAN = {"models": ["synthetic-gemma3", "synthetic-7b"], "prompts": [128, 512
 def stored_weight_bytes(model) -> int:
     """The bytes of the weights one decode step reads, as stored in the GGUF: every tensor but the token embedding
     (one row of it is read), plus the embedding where the output head is tied to it (no ``output.weight``)."""
-    from .. import quants
-
     names = {t.name for t in model.tensors()}
     total = 0
     for t in model.tensors():
@@ -453,25 +446,20 @@ def measure_generate(run, models=GEN_PLAN["models"], prompts=GEN_PLAN["prompts"]
     stored weight bytes a step reads beside them (``generate`` table; ``copy`` table as the benchmark's)."""
     import cupy as cp
 
-    from ..arch import config_from_model
-    from ..prefill import GpuModel
-    from ..prefill_runs import prompt_tokens
-    from ..synthetic import load_model
-
     cb = copy_bandwidth()
     run.append("copy", [cb])
     rows = []
     for spec in models:
-        m = load_model(spec)
+        m = synthetic.load_model(spec)
         label = model_label(spec)
-        cfg = config_from_model(m)
+        cfg = arch.config_from_model(m)
         wbytes = stored_weight_bytes(m)
-        gm = GpuModel(m)
+        gm = prefill.GpuModel(m)
         for n in prompts:
             if n + n_new > cfg.n_ctx_train:
                 progress(f"{label}: prompt {n} + {n_new} > n_ctx_train {cfg.n_ctx_train}: skipped")
                 continue
-            toks = prompt_tokens(m, n)
+            toks = prefill_runs.prompt_tokens(m, n)
             for rep in range(repeats):
                 out = gm.generate(toks, n_new)
                 st = dict(gm.last_generate)
@@ -499,8 +487,6 @@ def step_generate(out, args) -> dict:
     """gpu-check step ``generate``: tokens/s of the KV-cache generation per model and prompt length (GEN_PLAN) into
     ``out/data`` (a ``decode`` run whose params say ``what: generate``); ``--gemma PATH`` adds the real Gemma 3 270M
     (its sha256 recorded)."""
-    from .. import records
-
     plan = dict(GEN_PLAN)
     gemma = getattr(args, "gemma", None)
     if gemma:
@@ -524,8 +510,6 @@ STEP2_PLAN = {"shapes": [list(s) for s in SHAPES], "nts": [1, 2, 4, 8], "qtypes"
 
 def _step_run(out, args, plan: dict, what: str, **kw) -> dict:
     """A step's A/B: bench_gemv over ``plan`` (and ``kw``) into a ``decode`` run whose params say ``what``."""
-    from .. import records
-
     with records.recording("decode", {**plan, "what": what}, root=out / "data") as run:
         bench_gemv(run, shapes=[tuple(x) for x in plan["shapes"]], nts=tuple(plan["nts"]),
                    qtypes=tuple(plan["qtypes"]), acts=tuple(plan["acts"]), pairs=plan["pairs"],
@@ -546,8 +530,6 @@ def step_gemv_step2(out, args) -> dict:
 def step_nvbench_check(out, args) -> dict:
     """The headline ratios (round 7's GEMM at nt=512 / 4096, this round's GEMV at nt=1, each vs cuBLAS fp16) timed by
     nvbench (cuda-bench) and by the lab's harness, compared within 2% (labkernels.nvbench_check)."""
-    from .. import nvbench_check
-
     return nvbench_check.step_nvbench_check(out, args)
 
 
@@ -766,8 +748,6 @@ def figure_time_vs_nt(run, qtype: str = "q4_K", act: str = "f16"):
 
 def generation_run(root=None):
     """The latest complete ``decode`` run of the generation benchmark (``what: generate``), or None (not recorded)."""
-    from .. import records
-
     runs = [r for r in records.list_runs("decode", root) if (r.meta.get("params") or {}).get("what") == "generate"]
     return runs[-1] if runs else None
 
@@ -792,8 +772,6 @@ def peer_generation(card: str | None, root=None) -> "pd.DataFrame":
     whose GPU is ``card``): model, test (tg128, pp512+tg128), tok/s, the run id. Empty where none is recorded."""
     import pandas as pd
 
-    from .. import records
-
     for r in reversed(records.list_runs("peers", root)):
         if not r.has("bench"):
             continue
@@ -814,8 +792,6 @@ def peer_generation(card: str | None, root=None) -> "pd.DataFrame":
 
 def latest_step_run(root=None):
     """The latest measured step's run (the last LEDGER step with runs) and its record: (step, run) or (None, None)."""
-    from .. import records
-
     for s in reversed(LEDGER):
         for rid in reversed(s.get("runs") or []):
             try:
@@ -828,8 +804,6 @@ def latest_step_run(root=None):
 def peer_mmvq_us(card: str | None, qtype: str, od: int, id_: int, n: int = 1, root=None) -> tuple[float, str] | None:
     """llama.cpp's MUL_MAT time (µs) of one shape on ``card`` from the latest peers run whose ``mmq`` table has it
     (test-backend-ops; m = od, k = id), with the run id; None where none is recorded."""
-    from .. import records
-
     for r in reversed(records.list_runs("peers", root)):
         if not r.has("mmq"):
             continue

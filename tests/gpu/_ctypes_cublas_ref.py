@@ -4,7 +4,9 @@ cublasLt.h), kept here -- outside labkernels/ -- only as the reference the GPU t
 bit for bit, on the same inputs. Not imported by the lab."""
 from functools import lru_cache
 
-from labkernels.gpu import GpuError, _align, _device_id, cp
+from labkernels.blas import _align, _device_id
+from labkernels.errors import GpuError
+from labkernels.gpu import cp
 
 
 @lru_cache(maxsize=None)

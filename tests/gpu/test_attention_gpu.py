@@ -17,20 +17,20 @@ def cp():
 
 
 def _cudnn():
-    from labkernels import attention
+    from labkernels import attention, attention_kinds
 
     try:
         attention.import_cudnn()
-    except attention.AttentionUnavailable as e:
+    except attention_kinds.AttentionUnavailable as e:
         pytest.skip(str(e))
 
 
 def _torch():
-    from labkernels import attention
+    from labkernels import attention, attention_kinds
 
     try:
         attention.import_torch()
-    except attention.AttentionUnavailable as e:
+    except attention_kinds.AttentionUnavailable as e:
         pytest.skip(str(e))
 
 
@@ -43,7 +43,7 @@ def _acts(cp, rng, n, kind):
 
 
 def _ref64(cp, q, k, v, n, kind):
-    from labkernels.attention import sdpa_ref
+    from labkernels.attention_kinds import sdpa_ref
 
     return sdpa_ref(cp.asnumpy(q), cp.asnumpy(k), cp.asnumpy(v), n, kind)
 
@@ -69,7 +69,7 @@ def test_fused_layer_matches_baseline(cp, rng, case, path):
     inputs, fp16 output); both against a float64 reference at the small sizes; the fp16 output (for a wgmma_kq
     consumer) is the fp32 output rounded."""
     from labkernels import attention
-    from labkernels.attention import LayerKind
+    from labkernels.attention_kinds import LayerKind
     from labkernels.trace import NullTracer
 
     if path != "lab":
@@ -95,7 +95,7 @@ def test_fused_layer_matches_baseline(cp, rng, case, path):
 
 def test_cudnn_7b_layout_at_3325(cp, rng):
     from labkernels import attention
-    from labkernels.attention import LayerKind
+    from labkernels.attention_kinds import LayerKind
     from labkernels.trace import NullTracer
 
     _cudnn()
@@ -112,16 +112,16 @@ def test_cudnn_7b_layout_at_3325(cp, rng):
 @pytest.mark.parametrize("path", ["cudnn", "torch"])
 def test_bf16_path(cp, rng, path):
     """bf16 in, fp32 softmax: within bf16 precision of the baseline; the device conversion is the numpy one."""
-    from labkernels import attention
-    from labkernels.attention import LayerKind
+    from labkernels import attention, attention_kinds
+    from labkernels.attention_kinds import LayerKind
     from labkernels.trace import NullTracer
 
     _cudnn() if path == "cudnn" else _torch()
     n, kind = 257, LayerKind(8, 2, 128, 128, 100, 1 / np.sqrt(128))
     q, k, v = _acts(cp, rng, n, kind)
     bits = attention.to_io(q, "bf16")
-    assert bits.dtype == cp.uint16 and np.array_equal(cp.asnumpy(bits), attention.bf16_bits(cp.asnumpy(q)))
-    assert np.array_equal(cp.asnumpy(attention.from_io(bits, "bf16", False)), attention.bf16_to_f32(cp.asnumpy(bits)))
+    assert bits.dtype == cp.uint16 and np.array_equal(cp.asnumpy(bits), attention_kinds.bf16_bits(cp.asnumpy(q)))
+    assert np.array_equal(cp.asnumpy(attention.from_io(bits, "bf16", False)), attention_kinds.bf16_to_f32(cp.asnumpy(bits)))
     base = attention.Baseline(None).attend(q, k, v, n, kind, 0, NullTracer())
     B = attention.Cudnn(None, "bf16") if path == "cudnn" else attention.Torch(None, "bf16")
     assert _rel(B.attend(q, k, v, n, kind, 0, NullTracer()), base) <= 1e-2
@@ -129,7 +129,7 @@ def test_bf16_path(cp, rng, path):
 
 def test_cudnn_refuses_what_it_cannot_take(cp, rng):
     from labkernels import attention
-    from labkernels.attention import AttentionError, LayerKind
+    from labkernels.attention_kinds import AttentionError, LayerKind
 
     _cudnn()
     c = attention.Cudnn(None)
@@ -146,7 +146,7 @@ def test_cudnn_refuses_what_it_cannot_take(cp, rng):
 @pytest.mark.gpu_fast
 def test_torch_reports_its_backend(cp):
     from labkernels import attention
-    from labkernels.attention import LayerKind
+    from labkernels.attention_kinds import LayerKind
 
     _torch()
     t = attention.Torch(None)

@@ -32,11 +32,11 @@ def test_gemm_dense_is_bit_identical_to_the_ctypes_path(path, dtype):
     from _ctypes_cublas_ref import _PLANS as OLD_PLANS
     from _ctypes_cublas_ref import old_gemm_dense
 
-    from labkernels import gpu
+    from labkernels import blas
 
     for i, (n, od, k) in enumerate(SHAPES):
         x, w = _inputs(n, od, k, dtype, i)
-        new = gpu.gemm_dense(x, w, path=path)
+        new = blas.gemm_dense(x, w, path=path)
         old, ran = old_gemm_dense(x, w, cp.full((n, od), np.nan, cp.float32), path)
         cp.cuda.get_current_stream().synchronize()
         a, b = cp.asnumpy(new), cp.asnumpy(old)
@@ -44,8 +44,8 @@ def test_gemm_dense_is_bit_identical_to_the_ctypes_path(path, dtype):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), \
             f"{path} {np.dtype(dtype).name} n={n} od={od} k={k}: nvmath path differs from the ctypes path ({ran})"
         if path == "lt":     # the same algorithm chosen (or the same fallback), described the same way
-            p = gpu.dense_plan(gpu.dense_type(dtype), n, od, k, align_a=gpu._align(w.data.ptr),
-                               align_b=gpu._align(x.data.ptr), align_d=gpu._align(new.data.ptr))
+            p = blas.dense_plan(blas.dense_type(dtype), n, od, k, align_a=blas._align(w.data.ptr),
+                                align_b=blas._align(x.data.ptr), align_d=blas._align(new.data.ptr))
             assert (p.algo is not None) == (ran == "lt")
             ref = next(q for key, q in OLD_PLANS.items() if key[1:5] == p.key[:4] and key[5:8] == p.key[4][:3])
             # the bindings type SPLITK_NUM as cublasLt.h does (int32_t: -1) where ctypes read a uint32 (4294967295)
@@ -66,11 +66,11 @@ def test_gemm_ex_is_cupys_own_gemm_ex_call():
     import cupy as cp
     from cupy.cuda import cublas
 
-    from labkernels import gpu
+    from labkernels import blas
 
     n, od, k = 512, 1536, 640
     x, w = _inputs(n, od, k, np.float16, 7)
-    new = gpu.gemm_dense(x, w, path="gemm_ex")
+    new = blas.gemm_dense(x, w, path="gemm_ex")
     ref = cp.empty((n, od), cp.float32)
     one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
     h = cp.cuda.device.get_cublas_handle()
@@ -82,7 +82,7 @@ def test_gemm_ex_is_cupys_own_gemm_ex_call():
 
 @pytest.mark.gpu_fast
 def test_matmul_f16_is_unchanged_by_the_bindings():
-    """gpu.matmul_f16 (cupy.matmul, the fp16 yardstick of the benches) gives the same bits before nvmath-python is
+    """blas.matmul_f16 (cupy.matmul, the fp16 yardstick of the benches) gives the same bits before nvmath-python is
     imported and after gemm_dense has run through it: the bindings' library loading does not swap the libcublas
     CuPy calls (a fresh process, so nothing was loaded before)."""
     code = textwrap.dedent("""
@@ -91,14 +91,14 @@ def test_matmul_f16_is_unchanged_by_the_bindings():
         rng = np.random.default_rng(3)
         x = cp.asarray(rng.standard_normal((512, 4096)).astype(np.float16))
         w = cp.asarray((rng.standard_normal((4096, 4096)) / 64).astype(np.float16))
-        before = cp.asnumpy(gpu.matmul_f16(x, w))
+        before = cp.asnumpy(blas.matmul_f16(x, w))
         assert "nvmath" not in sys.modules
-        gpu.gemm_dense(x, w, path="lt"); gpu.gemm_dense(x, w, path="gemm_ex")
-        after = cp.asnumpy(gpu.matmul_f16(x, w))
+        blas.gemm_dense(x, w, path="lt"); blas.gemm_dense(x, w, path="gemm_ex")
+        after = cp.asnumpy(blas.matmul_f16(x, w))
         ref = cp.asnumpy(cp.matmul(x, w.T))
         libs = sorted({l.split()[-1] for l in open("/proc/self/maps") if "/libcublas.so" in l})
         lts = sorted({l.split()[-1] for l in open("/proc/self/maps") if "/libcublasLt.so" in l})
-        info = gpu.cublas_libraries()
+        info = blas.cublas_libraries()
         print("SAME", np.array_equal(before.view(np.uint16), after.view(np.uint16)),
               np.array_equal(after.view(np.uint16), ref.view(np.uint16)))
         print("LIBS", libs, lts, info)
@@ -116,7 +116,7 @@ def test_both_paths_capture_into_a_graph_and_replay_the_eager_bits():
     """gemm_dense under stream capture (what the prefill graph does): one replay writes the eager call's bits."""
     import cupy as cp
 
-    from labkernels import gpu, graph_nodes
+    from labkernels import blas, graph_nodes
 
     n, od, k = 64, 1536, 640
     x, w = _inputs(n, od, k, np.float16, 11)
@@ -124,9 +124,9 @@ def test_both_paths_capture_into_a_graph_and_replay_the_eager_bits():
     for path in ("gemm_ex", "lt"):
         out = cp.empty((n, od), cp.float32)
         with s:
-            eager = cp.asnumpy(gpu.gemm_dense(x, w, out=out, path=path))
+            eager = cp.asnumpy(blas.gemm_dense(x, w, out=out, path=path))
             out.fill(np.nan)
             s.synchronize()
-        nodes = graph_nodes.run_once(lambda: gpu.gemm_dense(x, w, out=out, path=path), s)
+        nodes = graph_nodes.run_once(lambda: blas.gemm_dense(x, w, out=out, path=path), s)
         assert sum(nd["type"] == "KERNEL" for nd in nodes) >= 1, nodes
         assert np.array_equal(cp.asnumpy(out).view(np.uint32), eager.view(np.uint32)), path

@@ -96,7 +96,7 @@ ATTN_CASES = [(256, 4, 1, 0, 0, 8, 64, None), (256, 4, 1, 512, 700, 1024, 64, No
 @pytest.mark.parametrize("case", ATTN_CASES, ids=[str(c) for c in ATTN_CASES])
 def test_decode_attention_vs_float64(cp, rng, case, out16):
     from labkernels import decode
-    from labkernels.attention import LayerKind
+    from labkernels.attention_kinds import LayerKind
 
     D, H, Hk, window, pos, n_ctx, chunk, split = case
     kind = LayerKind(H, Hk, D, D, window, 1 / np.sqrt(D))
@@ -114,7 +114,7 @@ def test_decode_attention_vs_float64(cp, rng, case, out16):
 def test_decode_attention_large_scores(cp, rng):
     """Scores spread over hundreds (the softmax dominated by a few keys) stay finite and accurate."""
     from labkernels import decode
-    from labkernels.attention import LayerKind
+    from labkernels.attention_kinds import LayerKind
 
     D, H, Hk, pos, n_ctx = 128, 8, 2, 333, 512
     kind = LayerKind(H, Hk, D, D, 0, 1.0)
@@ -131,7 +131,7 @@ def test_decode_attention_split_is_bitwise_unsplit(cp, rng):
     and any number of splits -- more than the chunks included -- give the same bits, launch after launch; the counters
     are left at zero for the next launch (a graph replay). Also the fast tier's gate of the kernel against float64."""
     from labkernels import decode
-    from labkernels.attention import LayerKind
+    from labkernels.attention_kinds import LayerKind
 
     for D, H, Hk, window, pos, n_ctx in ((256, 4, 1, 0, 1000, 1024), (256, 4, 1, 512, 1000, 1024),
                                          (128, 8, 2, 0, 700, 768)):
@@ -286,7 +286,7 @@ def test_decode_logits_equal_the_prefill_on_the_device(cp, arch):
 def test_graph_replay_equals_eager(cp):
     """The captured step replayed: the same tokens as eager steps, and at one position the same logits (the same
     kernels and pointers; a library's choice under capture at most GRAPH_RTOL away) and the same device state."""
-    from labkernels.prefill import GRAPH_RTOL
+    from labkernels.forward_common import GRAPH_RTOL
 
     m = _tiny("gemma3", seed=9)
     eager = _matched(m).generate(SEQ[:5], 14, graph=False)

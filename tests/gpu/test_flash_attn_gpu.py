@@ -46,7 +46,7 @@ CASES = [(1, 4, 1, 256, 0), (15, 4, 1, 256, 0), (17, 4, 1, 256, 512), (100, 4, 1
 @pytest.mark.parametrize("case", CASES)
 def test_lab_attention_vs_float64(cp, rng, case):
     from labkernels import attention
-    from labkernels.attention import LayerKind, sdpa_ref
+    from labkernels.attention_kinds import LayerKind, sdpa_ref
 
     n, H, Hk, d, w = case
     kind = LayerKind(H, Hk, d, d, w, 1 / np.sqrt(d))
@@ -65,7 +65,7 @@ def test_lab_attention_vs_float64(cp, rng, case):
 def test_lab_attention_large_scores(cp, rng):
     """Scores of hundreds (spread inputs): the online softmax's running max keeps exp2 in range, no inf/NaN."""
     from labkernels import attention
-    from labkernels.attention import LayerKind, sdpa_ref
+    from labkernels.attention_kinds import LayerKind, sdpa_ref
 
     n, kind = 300, LayerKind(4, 1, 256, 256, 100, 1 / 16.0)
     q, k, v = _inputs(cp, rng, n, kind, spread=4.0)
@@ -76,8 +76,8 @@ def test_lab_attention_large_scores(cp, rng):
 
 
 def test_lab_attention_is_deterministic_and_agrees_with_cudnn(cp, rng):
-    from labkernels import attention
-    from labkernels.attention import LayerKind
+    from labkernels import attention, attention_kinds
+    from labkernels.attention_kinds import LayerKind
 
     n, kind = 512, LayerKind(4, 1, 256, 256, 0, 1 / 16.0)
     q, k, v = _inputs(cp, rng, n, kind)
@@ -86,7 +86,7 @@ def test_lab_attention_is_deterministic_and_agrees_with_cudnn(cp, rng):
     assert np.array_equal(a, b)
     try:
         c = attention.Cudnn(None)
-    except attention.AttentionUnavailable as e:
+    except attention_kinds.AttentionUnavailable as e:
         pytest.skip(str(e))
     r = cp.asnumpy(c.sdpa(q, k, v, n, kind)).astype(np.float64)
     assert float(np.abs(a - r).max() / np.abs(r).max()) <= 2e-3
@@ -95,7 +95,7 @@ def test_lab_attention_is_deterministic_and_agrees_with_cudnn(cp, rng):
 @pytest.mark.gpu_fast
 def test_lab_attention_refuses_what_it_cannot_take(cp, rng):
     from labkernels import attention
-    from labkernels.attention import AttentionError, LayerKind
+    from labkernels.attention_kinds import AttentionError, LayerKind
 
     lab = attention.Lab(None)
     kind = LayerKind(4, 1, 256, 256, 0, 1.0)
@@ -121,7 +121,7 @@ def test_lab_attention_split_kv_rearms_and_matches_unsplit(cp, rng):
     the same finite result each time (the merging CTAs re-armed their counters: all zero afterwards), within fp16
     rounding of the unsplit kernel's result and of the float64 reference."""
     from labkernels import attention
-    from labkernels.attention import LayerKind, sdpa_ref
+    from labkernels.attention_kinds import LayerKind, sdpa_ref
 
     n, kind = 512, LayerKind(4, 1, 256, 256, 0, 1 / 16.0)
     q, k, v = _inputs(cp, rng, n, kind)

@@ -176,23 +176,23 @@ def test_real_model_tensors(cp, rng):
 
 @pytest.mark.gpu_fast
 def test_bad_inputs_raise(cp):
-    from labkernels import gpu
+    from labkernels import errors, gpu
     from labkernels.kernels import registry
 
-    with pytest.raises(gpu.ShapeError, match="multiple of 256"):
+    with pytest.raises(errors.ShapeError, match="multiple of 256"):
         gpu.prepass(cp.zeros((4, 320), cp.float32))
-    with pytest.raises(gpu.ShapeError):
+    with pytest.raises(errors.ShapeError):
         gpu.prepass(np.zeros((4, 256), np.float32))  # host array
     w = gpu.QWeight.upload(np.zeros((3, 210), np.uint8), "q6_K")
     a = gpu.prepass(cp.ones((2, 512), cp.float32))
-    with pytest.raises(gpu.ShapeError, match="inner dimensions"):
+    with pytest.raises(errors.ShapeError, match="inner dimensions"):
         gpu.gemm(w, a)
-    with pytest.raises(gpu.ShapeError):
+    with pytest.raises(errors.ShapeError):
         gpu.QWeight.upload(np.zeros((3, 211), np.uint8), "q6_K")
     from dataclasses import replace
 
     big = replace(registry.find("q6k_expb", KDR=4, STRIDE=210, EPI=0, OCC=2), smem_formula="300000")
-    with pytest.raises(gpu.SharedMemoryError, match="300000"):
+    with pytest.raises(errors.SharedMemoryError, match="300000"):
         gpu.Kernel(big)
 
 
@@ -216,25 +216,25 @@ def test_occupancy_api_matches_calculator(cp):
 @pytest.mark.parametrize("path", ["lt", "gemm_ex"])
 @pytest.mark.parametrize("dt", ["float32", "float16"])
 def test_gemm_dense_matches_matmul_and_captures(dt, path):
-    """gpu.gemm_dense (raw cuBLAS: cuBLASLt without split-K, or cublasGemmEx) equals cupy.matmul in fp32 terms, and
+    """blas.gemm_dense (raw cuBLAS: cuBLASLt without split-K, or cublasGemmEx) equals cupy.matmul in fp32 terms, and
     runs inside a CUDA-graph capture, which cupy.matmul refuses."""
     import cupy as cp
 
-    from labkernels import gpu
+    from labkernels import blas
 
     rng = np.random.default_rng(1)
     x = cp.asarray(rng.standard_normal((37, 640)).astype(dt))
     w = cp.asarray(rng.standard_normal((1000, 640)).astype(dt))
-    y = gpu.gemm_dense(x, w, path=path)
+    y = blas.gemm_dense(x, w, path=path)
     ref = cp.asnumpy(x.astype(cp.float32)) @ cp.asnumpy(w.astype(cp.float32)).T
     assert np.abs(cp.asnumpy(y) - ref).max() <= 1e-3 * np.abs(ref).max()
     s = cp.cuda.Stream(non_blocking=True)
     out = cp.empty((37, 1000), cp.float32)
     with s:
-        gpu.gemm_dense(x, w, out=out, path=path)       # warm-up on the capture stream (cuBLAS workspace)
+        blas.gemm_dense(x, w, out=out, path=path)       # warm-up on the capture stream (cuBLAS workspace)
         s.synchronize()
         s.begin_capture()
-        gpu.gemm_dense(x, w, out=out, path=path)
+        blas.gemm_dense(x, w, out=out, path=path)
         g = s.end_capture()
     out.fill(0)
     g.launch(s)

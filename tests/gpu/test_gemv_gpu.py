@@ -213,33 +213,33 @@ def test_gemv_in_a_captured_graph(cp, rng):
 
 @pytest.mark.gpu_fast
 def test_gemv_refuses_bad_inputs(cp, rng):
-    from labkernels import gemv, gpu
+    from labkernels import errors, gemv, gpu
 
     raw = _weights(rng, "q4_K", 64, 512)
     w = gpu.QWeight.upload(raw, "q4_K")
-    with pytest.raises(gpu.ShapeError, match="nt = 1..16"):
+    with pytest.raises(errors.ShapeError, match="nt = 1..16"):
         gemv.gemv(w, cp.zeros((17, 512), cp.float16))
-    with pytest.raises(gpu.ShapeError, match="inner dimensions"):
+    with pytest.raises(errors.ShapeError, match="inner dimensions"):
         gemv.gemv(w, cp.zeros((2, 256), cp.float16))
-    with pytest.raises(gpu.ShapeError, match="float16 or float32"):
+    with pytest.raises(errors.ShapeError, match="float16 or float32"):
         gemv.gemv(w, cp.zeros((2, 512), cp.float64))
-    with pytest.raises(gpu.ShapeError, match="splits"):
+    with pytest.raises(errors.ShapeError, match="splits"):
         gemv.gemv(w, cp.zeros((2, 512), cp.float16), S=3)
-    with pytest.raises(gpu.ShapeError, match="2-D"):
+    with pytest.raises(errors.ShapeError, match="2-D"):
         gemv.gemv(w, cp.zeros((512,), cp.float16))
-    with pytest.raises(gpu.ShapeError, match="FORM=1 takes q4_K weights at nt = 1..8"):
+    with pytest.raises(errors.ShapeError, match="FORM=1 takes q4_K weights at nt = 1..8"):
         gemv.gemv(w, cp.zeros((9, 512), cp.float16), FORM=1)
-    with pytest.raises(gpu.ShapeError, match="FORM is 0 or 1"):
+    with pytest.raises(errors.ShapeError, match="FORM is 0 or 1"):
         gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=2)
-    with pytest.raises(gpu.ShapeError, match="FORM=1 takes q4_K"):
+    with pytest.raises(errors.ShapeError, match="FORM=1 takes q4_K"):
         gemv.gemv(gpu.QWeight.upload(_weights(rng, "q6_K", 64, 512), "q6_K"), cp.zeros((2, 512), cp.float16), FORM=1)
-    with pytest.raises(gpu.ShapeError, match="PIPE is one of"):
+    with pytest.raises(errors.ShapeError, match="PIPE is one of"):
         gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=1, PIPE=3)
-    with pytest.raises(gpu.ShapeError, match="is a form of FORM=1"):
+    with pytest.raises(errors.ShapeError, match="is a form of FORM=1"):
         gemv.gemv(w, cp.zeros((2, 512), cp.float16), PIPE=2)
-    with pytest.raises(gpu.ShapeError, match="FORM=1 takes q4_K weights at nt = 1..8"):
+    with pytest.raises(errors.ShapeError, match="FORM=1 takes q4_K weights at nt = 1..8"):
         gemv.gemv(w, cp.zeros((9, 512), cp.float16), FORM=1, PIPE=4)
-    with pytest.raises(gpu.ShapeError, match="None or 'wave'"):
+    with pytest.raises(errors.ShapeError, match="None or 'wave'"):
         gemv.gemv(w, cp.zeros((2, 512), cp.float16), S="most")
     w224 = gpu.QWeight.upload(_weights(rng, "q6_K", 64, 512), "q6_K", 224)
     y = gemv.gemv(w224, cp.zeros((2, 512), cp.float16))     # the planes are made from the GGUF rows the upload kept

@@ -106,17 +106,17 @@ def test_prefill_graph_lt_dense_gemms_drop_memsets(model_path):
     within gemm_dense's parity gate with the same top token."""
     import cupy as cp
 
-    from labkernels import gpu, prefill_runs, synthetic
+    from labkernels import blas, prefill_runs, synthetic
     from labkernels.prefill import GpuModel, PrefillOptions
     from labkernels.trace import CuptiTracer
 
     m = synthetic.load_model(str(model_path))
     toks = prefill_runs.prompt_tokens(m, 512)
     memsets, logits = {}, {}
-    old = gpu.DENSE_PATH
+    old = blas.DENSE_PATH
     try:
         for path in ("gemm_ex", "lt"):
-            gpu.DENSE_PATH = path
+            blas.DENSE_PATH = path
             gm = GpuModel(m, opts=PrefillOptions(attn_f16=True, graph=True))
             logits[path] = cp.asnumpy(gm.forward(toks)).astype(np.float64)     # captures the graph
             with CuptiTracer() as tr:
@@ -127,7 +127,7 @@ def test_prefill_graph_lt_dense_gemms_drop_memsets(model_path):
             n_layer = gm.cfg.n_layer
             gm.free_graphs()
     finally:
-        gpu.DENSE_PATH = old
+        blas.DENSE_PATH = old
     assert memsets["lt"] <= memsets["gemm_ex"] - n_layer, memsets
     d = np.abs(logits["lt"] - logits["gemm_ex"]).max() / np.abs(logits["gemm_ex"]).max()
     assert d <= 1e-3 and logits["lt"].argmax() == logits["gemm_ex"].argmax(), d

@@ -137,13 +137,13 @@ def test_gemma_prefill_other_f16_vs_reference(model, fuse_f16):
 
 @pytest.mark.parametrize("shape", [(3, 70, 64, 90), (2, 256, 128, 256)])
 def test_bmm_f16_matches_fp32_matmul(cp, rng, shape):
-    from labkernels import gpu
+    from labkernels import blas, errors
 
     b, m, k, n = shape
     A = cp.asarray(rng.standard_normal((b, m, k)).astype(np.float16))
     B = cp.asarray(rng.standard_normal((b, k, n)).astype(np.float16))
-    got = cp.asnumpy(gpu.bmm_f16(A, B)).astype(np.float64)
+    got = cp.asnumpy(blas.bmm_f16(A, B)).astype(np.float64)
     ref = np.matmul(cp.asnumpy(A).astype(np.float64), cp.asnumpy(B).astype(np.float64))
     assert np.max(np.abs(got - ref)) / np.max(np.abs(ref)) < 2e-3
-    with pytest.raises(gpu.ShapeError):
-        gpu.bmm_f16(A, B.astype(cp.float32))
+    with pytest.raises(errors.ShapeError):
+        blas.bmm_f16(A, B.astype(cp.float32))

@@ -234,7 +234,8 @@ GEMMA_FUSED_RTOL = 2e-3   # ~4 fp16 ulps of relative resolution
 
 
 def _graph_vs_eager(m, kernel="auto", attn_f16=True, nts=(5, 64, 200)):
-    from labkernels.prefill import GRAPH_RTOL, GpuModel, PrefillOptions
+    from labkernels.forward_common import GRAPH_RTOL
+    from labkernels.prefill import GpuModel, PrefillOptions
     from labkernels.prefill_runs import prompt_tokens
 
     gm = GpuModel(m, opts=PrefillOptions(graph=True, kernel=kernel, attn_f16=attn_f16))
@@ -268,7 +269,7 @@ def cupy_all(gm, toks):
 
 @pytest.mark.gpu_fast
 def test_graph_vs_eager_tiny(tiny):
-    from labkernels.prefill import timed_prefill
+    from labkernels.prefill_replay import timed_prefill
     from labkernels.prefill_runs import prompt_tokens
 
     gm = _graph_vs_eager(tiny)
@@ -304,7 +305,8 @@ def _pdl_ab(m, kernel="auto", nts=(9, 300), replays=8):
     the non-PDL graph and to eager within GRAPH_RTOL, and the capture counted its programmatic launches."""
     import dataclasses
 
-    from labkernels.prefill import GRAPH_RTOL, GpuModel, PrefillOptions
+    from labkernels.forward_common import GRAPH_RTOL
+    from labkernels.prefill import GpuModel, PrefillOptions
     from labkernels.prefill_runs import prompt_tokens
 
     base = PrefillOptions(graph=True, kernel=kernel, attn_f16=True, pdl=True, memsets_as_kernels=True,

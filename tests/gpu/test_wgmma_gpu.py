@@ -91,9 +91,9 @@ def test_wgmma_parity(cp, rng, spec, nt, od, id_, sk):
     params = dict(BN=spec.p["BN"], STAGES=spec.p["STAGES"], BF16=spec.p["BF16"], SCL=spec.p["SCL"], SK=sk,
                   EPI=spec.p["EPI"], AQ=spec.p["AQ"], PF=spec.p["PF"])
     if spec.p["EPI"] == 3:   # the pair exchange runs on SK=3 only (test_wgmma_pair_exchange_is_bitwise_the_plain_one)
-        from labkernels import gpu
+        from labkernels import errors
 
-        with pytest.raises(gpu.ShapeError, match="stream-K|EPI=3"):
+        with pytest.raises(errors.ShapeError, match="stream-K|EPI=3"):
             _run(cp, _weights(rng, "q4_K" if spec.p["QT"] == 4 else "q6_K", od, id_), "q4_K" if spec.p["QT"] == 4
                  else "q6_K", np.zeros((nt, id_), np.float32), **params)
         return
@@ -106,7 +106,7 @@ def test_wgmma_parity(cp, rng, spec, nt, od, id_, sk):
               "EPI=5 adds": epi == 5 and not wgmma.reduce_fits(sk, nt, od, id_, spec.p["BN"],
                                                               gpu.device_props()["sm_count"])}
     if any(refuse.values()):
-        with pytest.raises(gpu.ShapeError, match="|".join(k for k, v in refuse.items() if v)):
+        with pytest.raises(errors.ShapeError, match="|".join(k for k, v in refuse.items() if v)):
             _run(cp, raw, qtype, x, **params)
         return
     y, packed = _run(cp, raw, qtype, x, **params)
@@ -126,12 +126,12 @@ def test_scale_plane_is_bitwise_the_header_decode(cp, rng, nt, od, id_, sk):
     """SCL=2 (q4_K BN=128: the chunk's scale pairs read from the plane written at load) against SCL=0 (decoded
     from the block headers in the loop): the same Y bit for bit, tails in nt and od, rows of weights from ~1e-5 to
     ~10; the plane sits right behind the blocks, 32 bytes per row and super-block."""
-    from labkernels import gpu, quants, wgmma
+    from labkernels import errors, quants, wgmma
 
     w = rng.standard_normal((od, id_)) * 10.0 ** rng.uniform(-5, 1, (od, 1))
     raw = quants.quantize(w.astype(np.float32), "q4_K")
     if sk == 3 and not wgmma.sk_fits(3, nt, od, id_, 128, wgmma._sm_count(cp.cuda.Device().id)):
-        with pytest.raises(gpu.ShapeError):
+        with pytest.raises(errors.ShapeError):
             _run(cp, raw, "q4_K", np.zeros((nt, id_), np.float32), BN=128, SCL=2, SK=sk)
         return
     x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
@@ -148,17 +148,17 @@ def test_scale_plane_is_bitwise_the_header_decode(cp, rng, nt, od, id_, sk):
 def test_scale_plane_refuses_what_it_was_not_built_for(cp, rng):
     """SCL=2 is the q4_K f16 BN=128 plain-epilogue build: q6_K, bf16, BN=256 and a weight without its plane get a
     clear error, never a launch."""
-    from labkernels import gpu, quants, wgmma
+    from labkernels import errors, quants, wgmma
 
     w4 = wgmma.WgWeight.from_gguf(quants.quantize(rng.standard_normal((128, 512)).astype(np.float32), "q4_K"), "q4_K",
                                   plane=True)
     w6 = wgmma.WgWeight.from_gguf(quants.quantize(rng.standard_normal((128, 512)).astype(np.float32), "q6_K"), "q6_K")
     x = cp.asarray(rng.standard_normal((64, 512)).astype(np.float32))
     for w, p in ((w6, {}), (w4, {"BF16": 1}), (w4, {"BN": 256}), (w4, {"EPI": 4})):
-        with pytest.raises(gpu.ShapeError, match="SCL=2"):
+        with pytest.raises(errors.ShapeError, match="SCL=2"):
             wgmma.gemm(w, x, SCL=2, **{"BN": 128, **p})
     bare = wgmma.WgWeight(cp.asarray(cp.asnumpy(w4.packed)), "q4_K", w4.od, w4.id, 0.0, w4.nbytes)
-    with pytest.raises(gpu.ShapeError, match="scale plane"):
+    with pytest.raises(errors.ShapeError, match="scale plane"):
         wgmma.gemm(bare, x, BN=128, SCL=2)
 
 
@@ -235,14 +235,14 @@ def test_wgmma_uniform_split(cp, rng, qtype, bn, nt, od, id_):
     """The uniform split-k grid (SK=2, G CTAs a tile): gated with tails in nt and od, equal to data-parallel within
     fp32 summation order, bitwise reproducible over two launches (the flags reset); where G < 2 a clear
     ShapeError before any launch (512 x 4096 at BN=128: 128 tiles)."""
-    from labkernels import gpu, wgmma
+    from labkernels import errors, gpu, wgmma
 
     raw = _weights(rng, qtype, od, id_)
     x = rng.standard_normal((nt, id_)).astype(np.float32)
     scl = wgmma.main_scl(qtype, bn)
     if not wgmma.sk_fits(2, nt, od, id_, bn, gpu.device_props()["sm_count"]):
         w = wgmma.WgWeight.from_gguf(raw, qtype)
-        with pytest.raises(gpu.ShapeError, match="no uniform split-k grid"):
+        with pytest.raises(errors.ShapeError, match="no uniform split-k grid"):
             wgmma.gemm(w, cp.asarray(x), BN=bn, SCL=scl, SK=2)
         return
     _gated_reproducible_near_dp(cp, raw, qtype, x, bn, scl, 2, "the uniform split")
@@ -255,14 +255,14 @@ def test_wgmma_tile_aligned_split(cp, rng, qtype, bn, nt, od, id_):
     """The tile-aligned split-k grid (SK=3): G parts a tile of floor/ceil(I/G) super-blocks, G not dividing I
     (4096 x 11008: 43 super-blocks in 21 + 22 at BN=256; 1000 x 1792 at BN=128: 7 in 1 + 2 + 2 + 2): gated with
     tails, equal to data-parallel within fp32 summation order, bitwise reproducible; G < 2 a clear ShapeError."""
-    from labkernels import gpu, wgmma
+    from labkernels import errors, gpu, wgmma
 
     raw = _weights(rng, qtype, od, id_)
     x = rng.standard_normal((nt, id_)).astype(np.float32)
     scl = wgmma.main_scl(qtype, bn)
     if not wgmma.sk_fits(3, nt, od, id_, bn, gpu.device_props()["sm_count"]):
         w = wgmma.WgWeight.from_gguf(raw, qtype)
-        with pytest.raises(gpu.ShapeError, match="no tile-aligned split-k grid"):
+        with pytest.raises(errors.ShapeError, match="no tile-aligned split-k grid"):
             wgmma.gemm(w, cp.asarray(x), BN=bn, SCL=scl, SK=3)
         return
     _gated_reproducible_near_dp(cp, raw, qtype, x, bn, scl, 3, "the tile-aligned split")
@@ -279,7 +279,7 @@ def test_wgmma_epilogue_forms_are_bitwise_the_plain_one(cp, rng, spec, nt, od, i
     order as the plain epilogue: bitwise its output on the same grid, at every one-segment-per-CTA scheduler, with
     tails in nt and od (the TMA unit clips the store), NaN-poisoned outputs and untouched guard regions; twice
     (flags reset). Stream-K (SK=1) is refused before any launch."""
-    from labkernels import gpu, wgmma
+    from labkernels import errors, gpu, wgmma
 
     qtype = "q4_K" if spec.p["QT"] == 4 else "q6_K"
     bn = spec.p["BN"]
@@ -290,7 +290,7 @@ def test_wgmma_epilogue_forms_are_bitwise_the_plain_one(cp, rng, spec, nt, od, i
     p = dict(BN=bn, STAGES=spec.p["STAGES"], SCL=spec.p["SCL"], SK=sk)
     y0, packed = _run(cp, raw, qtype, x, EPI=0, **p)
     if sk == 0:
-        with pytest.raises(gpu.ShapeError, match="stream-K"):
+        with pytest.raises(errors.ShapeError, match="stream-K"):
             _run(cp, raw, qtype, x, EPI=spec.p["EPI"], **{**p, "SK": 1})
     for _ in range(2):
         y, _ = _run(cp, raw, qtype, x, EPI=spec.p["EPI"], **p)
@@ -337,7 +337,7 @@ def test_wgmma_pair_exchange_is_bitwise_the_plain_one(cp, rng, spec, nt, od, id_
     the other order: commutative), so bitwise the plain epilogue on the same grid; twice (the mbarriers are
     per launch), tails in nt and od, NaN-poisoned output, guard regions intact. A shape without two CTAs per tile
     is refused, and so is any other scheduler."""
-    from labkernels import gpu, wgmma
+    from labkernels import errors, gpu, wgmma
 
     qtype = "q4_K" if spec.p["QT"] == 4 else "q6_K"
     bn = spec.p["BN"]
@@ -347,14 +347,14 @@ def test_wgmma_pair_exchange_is_bitwise_the_plain_one(cp, rng, spec, nt, od, id_
     p = dict(BN=bn, STAGES=spec.p["STAGES"], SCL=spec.p["SCL"])
     sm = gpu.device_props()["sm_count"]
     if not wgmma.sk_fits(3, nt, od, id_, bn, sm):
-        with pytest.raises(gpu.ShapeError, match="no tile-aligned split-k grid"):
+        with pytest.raises(errors.ShapeError, match="no tile-aligned split-k grid"):
             _run(cp, raw, qtype, x, SK=3, EPI=3, **p)
         return
     if not wgmma.pair_fits(nt, od, id_, bn, sm):
-        with pytest.raises(gpu.ShapeError, match="EPI=3 pairs"):
+        with pytest.raises(errors.ShapeError, match="EPI=3 pairs"):
             _run(cp, raw, qtype, x, SK=3, EPI=3, **p)
         return
-    with pytest.raises(gpu.ShapeError, match="EPI=3 exchanges"):
+    with pytest.raises(errors.ShapeError, match="EPI=3 exchanges"):
         _run(cp, raw, qtype, x, SK=2 if nt == 77 else 0, EPI=3, **p)
     y0, packed = _run(cp, raw, qtype, x, SK=3, EPI=0, **p)
     for _ in range(2):
@@ -376,7 +376,7 @@ def test_wgmma_staged_store_is_bitwise_the_plain_one(cp, rng, spec, nt, od, id_,
     same on the same grid at every scheduler, several tiles per CTA (600 x 4000: 160 or 96 tiles; 1000 x 1028),
     tails in nt and od, NaN-poisoned output, guard regions intact (no store outside Y: the TMA unit clips), twice
     (the bulk groups drain before exit). od not a multiple of 4 is refused."""
-    from labkernels import gpu, wgmma
+    from labkernels import errors, gpu, wgmma
 
     qtype = "q4_K" if spec.p["QT"] == 4 else "q6_K"
     bn = spec.p["BN"]
@@ -393,7 +393,7 @@ def test_wgmma_staged_store_is_bitwise_the_plain_one(cp, rng, spec, nt, od, id_,
     assert g["ok"] and g["nonfinite"] == 0, g
     if sk == 0:
         raw2 = _weights(rng, qtype, 202, id_)
-        with pytest.raises(gpu.ShapeError, match="16-byte multiples"):
+        with pytest.raises(errors.ShapeError, match="16-byte multiples"):
             _run(cp, raw2, qtype, x[:5], EPI=4, **p)
 
 
@@ -411,7 +411,7 @@ def test_wgmma_reduce_finish_is_bitwise_the_plain_one(cp, rng, spec, nt, od, id_
     (every element overwritten), guard regions intact, twice (the flags are zeroed again by their readers: a plain
     launch after it still matches). A grid with three CTAs on a tile is refused (1000 x 1028 x 1792), and so is
     od not a multiple of 4."""
-    from labkernels import gpu, wgmma
+    from labkernels import errors, gpu, wgmma
 
     qtype = "q4_K" if spec.p["QT"] == 4 else "q6_K"
     bn = spec.p["BN"]
@@ -422,7 +422,7 @@ def test_wgmma_reduce_finish_is_bitwise_the_plain_one(cp, rng, spec, nt, od, id_
     x = rng.standard_normal((nt, id_)).astype(np.float32)
     p = dict(BN=bn, STAGES=spec.p["STAGES"], SCL=spec.p["SCL"], SK=sk)
     if not wgmma.reduce_fits(sk, nt, od, id_, bn, sm):
-        with pytest.raises(gpu.ShapeError, match="EPI=5 adds"):
+        with pytest.raises(errors.ShapeError, match="EPI=5 adds"):
             _run(cp, raw, qtype, x, EPI=5, **p)
         return
     y0, packed = _run(cp, raw, qtype, x, EPI=0, **p)
@@ -435,7 +435,7 @@ def test_wgmma_reduce_finish_is_bitwise_the_plain_one(cp, rng, spec, nt, od, id_
     assert g["ok"] and g["nonfinite"] == 0, g
     if nt == 77:
         raw2 = _weights(rng, qtype, 202, id_)
-        with pytest.raises(gpu.ShapeError, match="16-byte multiples"):
+        with pytest.raises(errors.ShapeError, match="16-byte multiples"):
             _run(cp, raw2, qtype, x[:5], EPI=5, **p)
 
 
@@ -499,14 +499,14 @@ def test_wgmma_smem_form_parity(cp, rng, spec, nt, od, id_, sk):
 
 
 def test_wgmma_smem_form_refuses_what_it_cannot_take(cp, rng):
-    from labkernels import gpu, wgmma
+    from labkernels import errors, wgmma
 
     raw = _weights(rng, "q6_K", 128, 512)
     w = wgmma.WgWeight.from_gguf(raw, "q6_K")
-    with pytest.raises(gpu.ShapeError, match="takes q4_K"):
+    with pytest.raises(errors.ShapeError, match="takes q4_K"):
         wgmma.gemm(w, cp.zeros((4, 512), cp.float32), FORM=1)
     w4 = wgmma.WgWeight.from_gguf(_weights(rng, "q4_K", 128, 512), "q4_K")
-    with pytest.raises(gpu.ShapeError, match="GGUF rows"):
+    with pytest.raises(errors.ShapeError, match="GGUF rows"):
         wgmma.gemm(w4, cp.zeros((4, 512), cp.float32), FORM=1)
     w4.gguf = cp.zeros((128, 2 * 144), cp.uint8)
     with pytest.raises(KeyError, match="no registered kernel"):
@@ -514,13 +514,13 @@ def test_wgmma_smem_form_refuses_what_it_cannot_take(cp, rng):
 
 
 def test_wgmma_rejects_bad_shapes(cp, rng):
-    from labkernels import gpu, wgmma
+    from labkernels import errors, wgmma
 
     raw = _weights(rng, "q4_K", 128, 512)
     w = wgmma.WgWeight.from_gguf(raw, "q4_K")
-    with pytest.raises(gpu.ShapeError, match="inner dimensions"):
+    with pytest.raises(errors.ShapeError, match="inner dimensions"):
         wgmma.gemm(w, cp.zeros((4, 256), cp.float32))
-    with pytest.raises(gpu.ShapeError, match="2-D"):
+    with pytest.raises(errors.ShapeError, match="2-D"):
         wgmma.gemm(w, cp.zeros((512,), cp.float32))
     with pytest.raises(KeyError, match="no registered kernel"):
         wgmma.gemm(w, cp.zeros((4, 512), cp.float32), BN=96)
@@ -529,20 +529,20 @@ def test_wgmma_rejects_bad_shapes(cp, rng):
     with pytest.raises(ValueError, match="AQ is 2 or 4"):
         wgmma.gemm(w, cp.zeros((4, 512), cp.float32), AQ=3)
     for bad in (dict(BN=256), dict(EPI=1), dict(SCL=1), dict(BF16=1)):
-        with pytest.raises(gpu.ShapeError, match="AQ=4 is built for"):
+        with pytest.raises(errors.ShapeError, match="AQ=4 is built for"):
             wgmma.gemm(w, cp.zeros((4, 512), cp.float32), AQ=4, **bad)
     with pytest.raises(ValueError, match="PF is 0, 1 or 2"):
         wgmma.gemm(w, cp.zeros((4, 512), cp.float32), PF=3)
     for bad in (dict(AQ=4), dict(EPI=1), dict(SCL=1), dict(BF16=1)):
-        with pytest.raises(gpu.ShapeError, match="PF=1 is built for"):
+        with pytest.raises(errors.ShapeError, match="PF=1 is built for"):
             wgmma.gemm(w, cp.zeros((4, 512), cp.float32), PF=1, **bad)
     w6 = wgmma.WgWeight.from_gguf(_weights(rng, "q6_K", 128, 512), "q6_K")
-    with pytest.raises(gpu.ShapeError, match="not q6_K at BN=256"):
+    with pytest.raises(errors.ShapeError, match="not q6_K at BN=256"):
         wgmma.gemm(w6, cp.zeros((4, 512), cp.float32), BN=256, PF=2)
-    with pytest.raises(gpu.ShapeError, match="plain epilogue only"):
+    with pytest.raises(errors.ShapeError, match="plain epilogue only"):
         wgmma.gemm(w, cp.zeros((4, 512), cp.float32), FORM=1, EPI=1)
     off = cp.full(4 * 128 + 1, np.nan, cp.float32)[1:].reshape(4, 128)    # 4 bytes past a 16-byte boundary
-    with pytest.raises(gpu.ShapeError, match="16-byte aligned"):
+    with pytest.raises(errors.ShapeError, match="16-byte aligned"):
         wgmma.gemm(w, cp.zeros((4, 512), cp.float32), out=off, EPI=2)
     assert bool(cp.isnan(off).all()), "a refused launch wrote the output"
 
@@ -678,19 +678,19 @@ def test_kpair_fin_is_bitwise_the_kpair_build(cp, rng, qtype, nt, od, id_, form)
 
 
 def test_kpair_fin_refuses_an_output_its_tma_store_cannot_write(cp, rng):
-    from labkernels import gpu
+    from labkernels import errors
 
     raw = _weights(rng, "q4_K", 130, 512)   # od % 4 != 0: no Y tensor map
     x = rng.standard_normal((64, 512)).astype(np.float32)
-    with pytest.raises(gpu.ShapeError, match="od % 4 == 0"):
+    with pytest.raises(errors.ShapeError, match="od % 4 == 0"):
         _run(cp, raw, "q4_K", x, defines=wb.KPAIR_FIN, **wb.KPAIR_PARAMS)
 
 
 def test_kpair_build_refuses_every_other_launch_shape(cp, rng):
-    from labkernels import gpu
+    from labkernels import errors
 
     raw = _weights(rng, "q4_K", 256, 512)
     x = rng.standard_normal((64, 512)).astype(np.float32)
     for p in ({"BN": 128}, {"SK": 1}, {"EPI": 5}, {"SCL": 1}):
-        with pytest.raises(gpu.ShapeError, match="LK_EXP_KPAIR is built for"):
+        with pytest.raises(errors.ShapeError, match="LK_EXP_KPAIR is built for"):
             _run(cp, raw, "q4_K", x, defines=wb.KPAIR, **{**wb.KPAIR_PARAMS, **p})

@@ -80,12 +80,12 @@ def test_no_command_prints_a_traceback_for_an_unknown_option_or_a_missing_value(
 def test_an_error_that_escaped_the_checks_is_named_as_one(capsys, monkeypatch):
     """The net under every command: an exception that is not one of the lab's still prints one line (no
     traceback), and says that a check is missing -- the line the tests above look for."""
-    from labkernels import records
+    from labkernels import records_admin
 
     def boom(args):
         raise TypeError("unsupported operand")
 
-    monkeypatch.setattr(records, "check_data_main", boom)
+    monkeypatch.setattr(records_admin, "check_data_main", boom)
     assert cli.main(["check-data"]) == 2
     err = capsys.readouterr().err
     assert "TypeError: unsupported operand" in err and "an unexpected error" in err and "Traceback" not in err

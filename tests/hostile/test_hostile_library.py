@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labkernels import cli, dispatch, gpu, layout, occupancy, quantize_ref, quants, reference, wgmma
+from labkernels import cli, dispatch, errors, gpu, layout, occupancy, quantize_ref, quants, reference, wgmma
 from labkernels.kernels import registry
 
 ANY = st.one_of(st.integers(-2**40, 2**40), st.booleans(), st.floats(allow_nan=True), st.text(max_size=5),
@@ -24,7 +24,7 @@ def test_choose_answers_for_a_valid_gemm_and_refuses_anything_else(qtype, nt, od
              and id_ % 256 == 0)
     try:
         ch = dispatch.choose(qtype, nt, od, id_, cc=80)
-    except gpu.ShapeError as e:
+    except errors.ShapeError as e:
         assert not valid, e
         return
     assert valid and ch.family in ("q4k_nb", "q6k_expb", "q6k_generic", "wgmma_kq") and ch.reason
@@ -36,7 +36,7 @@ def test_choose_answers_for_a_valid_gemm_and_refuses_anything_else(qtype, nt, od
 def test_schedule_grids_are_positive_or_refused(sk, nt, od, id_, bn, sm):
     try:
         ncta, dp = wgmma.schedule(sk, nt, od, id_, bn, sm)
-    except (gpu.ShapeError, ValueError) as e:
+    except (errors.ShapeError, ValueError) as e:
         assert lab_error(e) or "exceeds the kernel's 32-bit" in str(e)
         assert not (nt >= 1 and od >= 1 and id_ >= 256 and id_ % 256 == 0 and bn in (128, 256) and sm >= 1) \
             or sk in (2, 3)
@@ -120,9 +120,9 @@ def test_forward_ref_and_prompt_tokens_take_integer_ids_inside_the_vocabulary(to
 
 
 def test_qmatmul_and_kernel_refuse_before_touching_the_gpu():
-    with pytest.raises(gpu.ShapeError, match="qmatmul takes a QWeight .*got NoneType"):
+    with pytest.raises(errors.ShapeError, match="qmatmul takes a QWeight .*got NoneType"):
         dispatch.qmatmul(np.zeros((2, 256), np.float32), None)
-    with pytest.raises(gpu.ShapeError, match="unknown kernel"):
+    with pytest.raises(errors.ShapeError, match="unknown kernel"):
         dispatch.qmatmul(np.zeros((2, 256), np.float32), None, kernel=["auto"])
     with pytest.raises(registry.RegistryError, match="no kernel family 'nope'; families: .*q6k_expb") as e:
         gpu.kernel("nope")

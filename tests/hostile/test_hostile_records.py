@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hostile_util import REPO, assert_clean_error, deadline, finished_run, labkernels
-from labkernels import records, rounds
+from labkernels import records, records_admin, rounds
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=6),
@@ -36,7 +36,7 @@ def _all_readers(run, root):
                 fn()
             except records.RecordError:
                 pass
-        n, problems = records.check_data(root)      # never raises: names each bad file
+        n, problems = records_admin.check_data(root)      # never raises: names each bad file
         assert n >= 1
 
 
@@ -94,7 +94,7 @@ def test_the_issues_malformed_records_are_record_errors(tmp_path, edit, message)
     _rewrite(run.manifest_path, man)
     with pytest.raises(records.RecordError, match=message):
         records.validate_run(run.meta_path)
-    n, problems = records.check_data(tmp_path)
+    n, problems = records_admin.check_data(tmp_path)
     assert n == 1 and len(problems) == 1 and re.search(message, problems[0]), problems
 
 
@@ -126,7 +126,7 @@ def test_a_table_that_is_not_a_regular_file_is_refused_at_once(tmp_path, kind):
             records.validate_run(run.meta_path)
         with pytest.raises(records.RecordError, match=re.escape(want)):
             records.replay_run("prefill", tmp_path)
-        n, problems = records.check_data(tmp_path)
+        n, problems = records_admin.check_data(tmp_path)
     assert n == 1 and any(str(p) in q and want in q for q in problems), problems
     r = labkernels("check-data", "--root", tmp_path, timeout=60)
     assert r.returncode == 1 and want in r.stderr and "Traceback" not in r.stderr
@@ -235,8 +235,8 @@ def committed(tmp_path):
 
 def test_seal_writes_the_manifest_of_a_run_recorded_before_manifests(committed):
     repo, root, sealed, legacy = committed
-    assert records.seal_runs(root) == [legacy.manifest_path]
-    assert records.check_data(root) == (2, [])
+    assert records_admin.seal_runs(root) == [legacy.manifest_path]
+    assert records_admin.check_data(root) == (2, [])
 
 
 def test_seal_refuses_to_reattest_a_tampered_file_and_force_records_who_and_why(committed):
@@ -256,7 +256,7 @@ def test_seal_refuses_to_reattest_a_tampered_file_and_force_records_who_and_why(
     forced = json.loads(sealed.manifest_path.read_text())["forced_seal"]
     assert forced["reason"] == "corrected a unit on purpose" and forced["by"] and forced["at"]
     assert any("differs from its committed version" in o for o in forced["overrode"])
-    assert records.check_data(root) == (2, [])
+    assert records_admin.check_data(root) == (2, [])
 
 
 def test_seal_refuses_a_run_without_manifest_whose_table_changed_since_its_commit(committed):
@@ -264,7 +264,7 @@ def test_seal_refuses_a_run_without_manifest_whose_table_changed_since_its_commi
     csv = legacy.dir / f"{legacy.run_id}.t.csv"
     csv.write_text(csv.read_text() + "3,3.5\n")
     with pytest.raises(records.RecordError, match=rf"{legacy.run_id}.*differs from its committed version"):
-        records.seal_runs(root)
+        records_admin.seal_runs(root)
     assert not legacy.manifest_path.exists()
 
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from hostile_util import REPO, assert_clean_error, finished_run, labkernels, tiny_gguf
-from labkernels import (arch, dispatch, gpu, layout, occupancy, pipeline, prefill_ref, prefill_runs, quants,
-                        records, reference, wgmma)
+from labkernels import (arch, dispatch, errors, layout, occupancy, pipeline, prefill_ref, prefill_runs, quants,
+                        records, records_admin, reference, wgmma)
 from labkernels.model import ModelError
 
 
@@ -167,7 +167,7 @@ def test_a_manifest_byte_count_beyond_int64_or_a_running_status_is_a_record_erro
 def test_check_data_names_a_temporary_file_left_in_a_round_folder(tmp_path):
     run, _ = _copy_run(tmp_path)
     (run.dir / f".{run.run_id}.json.abc.tmp").write_text("{")
-    n, problems = records.check_data(tmp_path / "data")
+    n, problems = records_admin.check_data(tmp_path / "data")
     assert any("left by a write that was interrupted" in p for p in problems), problems
 
 
@@ -235,15 +235,15 @@ def test_choose_checks_cc_and_table():
     for kw, msg in [({"cc": "90"}, "compute capability"), ({"cc": -90}, "compute capability"),
                     ({"cc": True}, "compute capability"), ({"table": [1]}, "DataFrame"),
                     ({"table": {"x": 1}}, "DataFrame")]:
-        with pytest.raises(gpu.ShapeError, match=msg):
+        with pytest.raises(errors.ShapeError, match=msg):
             dispatch.choose("q4_K", 512, 4096, 4096, **kw)
 
 
 @pytest.mark.parametrize("sk", [-1, 99, "1"])
 def test_schedule_refuses_an_unknown_sk_with_the_lab_s_error(sk):
-    with pytest.raises(gpu.ShapeError, match="SK is 0"):
+    with pytest.raises(errors.ShapeError, match="SK is 0"):
         wgmma.schedule(sk, 512, 4096, 4096, 128, 132)
-    with pytest.raises(gpu.ShapeError, match="32-bit"):
+    with pytest.raises(errors.ShapeError, match="32-bit"):
         wgmma.schedule(0, 2 ** 62, 4096, 4096, 128, 132)
 
 

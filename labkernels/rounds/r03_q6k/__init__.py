@@ -12,7 +12,10 @@ import time
 
 import numpy as np
 
-from ... import bench, cases
+from ... import bench, blas, cases, gpu
+from ...kernels import registry
+from .. import measure_into
+from . import tile_ab
 
 NOTEBOOK = "03_q6k_expanded_b"
 DATA = ("q6k",)
@@ -34,9 +37,6 @@ def bench_q6k(shapes, nts, variants=Q6K_VARIANTS, stride: int = 210, repeats: in
 
     Every case is parity-gated (subset of tokens, all rows, both references) before it is timed; a failed
     gate raises. Rows are appended to ``run`` (table ``q6k_bench`` / ``q6k_pairs``) as they are measured."""
-    from ... import gpu
-    from ...kernels import registry
-
     cp = gpu.cp()
     vs = [registry.variant(n) for n in variants]
     kdrs = sorted({v.p["KDR"] for v in vs if "KDR" in v.p})
@@ -56,8 +56,8 @@ def bench_q6k(shapes, nts, variants=Q6K_VARIANTS, stride: int = 210, repeats: in
                 cases.gate_launch(launch[v.name], y, refs, f"{v.name} at nt={nt} od={od} id={id_}", run, v.name)
                 variants_fn[v.name] = launch[v.name]
             y16 = cp.empty((nt, od), cp.float16)
-            variants_fn["cublas_f16_cached"] = lambda: gpu.matmul_f16(x16, w16, out=y16)
-            variants_fn["cublas_f16_with_dequant"] = lambda: (gpu.dequant_f16(w, out=w16), gpu.matmul_f16(x16, w16, out=y16))
+            variants_fn["cublas_f16_cached"] = lambda: blas.matmul_f16(x16, w16, out=y16)
+            variants_fn["cublas_f16_with_dequant"] = lambda: (gpu.dequant_f16(w, out=w16), blas.matmul_f16(x16, w16, out=y16))
             variants_fn["prepass"] = lambda: gpu.prepass(xg)
             t0 = time.time()
             res = bench.interleaved(variants_fn, pairs=pairs, repeats=repeats, flush=flush)
@@ -90,16 +90,12 @@ def measure(run, progress=print, *, shapes, nts, variants, stride, repeats, pair
 
 def step_q6k(out, args) -> dict:
     """``gpu-check --steps q6k``: the round with its plan (``--repeats``)."""
-    from .. import measure_into
-
     runs = measure_into(sys.modules[__name__], root=out / "data", progress=args.log, repeats=args.repeats)
     return {"ok": True, "run": runs[DATA[0]].run_id}
 
 
 def step_tile_ab(out, args) -> dict:
     """``gpu-check --steps tile_ab``: the tile skeleton's old vs new kernel builds at rounds 3 and 4's shapes."""
-    from . import tile_ab
-
     return tile_ab.step_tile_ab(out, args)
 
 

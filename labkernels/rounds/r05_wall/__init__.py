@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ... import attention, attention_kinds, blas, gpu, prefill, prefill_runs, records, synthetic
+from ...model import default_model_path
+from . import attention_bench, decompose, graph_census
 from .prefill_graph import step_prefill_graph
 
 NOTEBOOK = "05_wall_decomposition"
@@ -37,8 +40,6 @@ MODELS = {"synthetic-7b": "synthetic-7b", "7b": "synthetic-7b", "gemma-3-270m-q4
 
 def layers(model: str) -> int:
     """The layer count of a model round 5 decomposes (from its config: no file is opened)."""
-    from ... import synthetic
-
     cfg = synthetic.llama7b_config() if MODELS[model] == "synthetic-7b" else synthetic.gemma3_270m_config()
     return cfg.n_layer
 
@@ -54,33 +55,23 @@ def check_plan(params: dict) -> list[str]:
 def gpu_model(model: str, kernel: str = "auto", attention: str = "auto"):
     """(model, GpuModel, label) of ``"synthetic-7b"`` / ``"7b"`` (attention inputs in fp16) or
     ``"gemma-3-270m-q4_k_m"`` / ``"gemma"`` (the GGUF under data/models/, fp32 attention inputs)."""
-    from ...model import default_model_path
-    from ...prefill import GpuModel, PrefillOptions
-    from ...synthetic import load_model
-
     if model not in MODELS:
         raise ValueError(f"round 5 decomposes {', '.join(MODELS)}, not {model!r}")
     f16 = MODELS[model] == "synthetic-7b"
-    m = load_model("synthetic-7b" if f16 else str(default_model_path()))
-    gm = GpuModel(m, opts=PrefillOptions(attn_f16=f16, kernel=kernel, attention=attention))
+    m = synthetic.load_model("synthetic-7b" if f16 else str(default_model_path()))
+    gm = prefill.GpuModel(m, opts=prefill.PrefillOptions(attn_f16=f16, kernel=kernel, attention=attention))
     return m, gm, MODELS[model]
 
 
 def measure(run, progress=print, *, model, nt, repeats, timeline_layer) -> None:
     """One decomposition of ``model`` at ``nt`` tokens into ``run`` (a new ``decompose`` run)."""
-    from ...prefill_runs import prompt_tokens
-    from .decompose import record_decomposition
-
     m, gm, _ = gpu_model(model)
-    record_decomposition(run, gm, prompt_tokens(m, nt), repeats=repeats, timeline_layer=timeline_layer,
-                         progress=progress)
+    decompose.record_decomposition(run, gm, prefill_runs.prompt_tokens(m, nt), repeats=repeats,
+                                   timeline_layer=timeline_layer, progress=progress)
 
 
 def step_prefill(out: Path, args) -> dict:
     """Gemma parity (logits, greedy-32 vs the CPU reference) and prefill throughput, Gemma and synthetic 7B."""
-    from ... import prefill_runs, records
-    from ...model import default_model_path
-
     with records.recording("prefill", {"model": str(default_model_path()), "nts": [512, 3325]},
                            root=out / "data") as run:
         par = prefill_runs.parity_run(str(default_model_path()), run, progress=args.log)
@@ -100,9 +91,6 @@ def decompose_models(out: Path, args, models) -> tuple[list, bool]:
     """Record one decomposition per model ('gemma' | '7b'); returns (run ids, all valid)."""
     import gc
 
-    from ... import gpu, prefill_runs, records
-    from .decompose import record_decomposition
-
     ok = True
     runs = []
     attention = getattr(args, "attention", "auto")
@@ -114,7 +102,7 @@ def decompose_models(out: Path, args, models) -> tuple[list, bool]:
                                          "kernel": args.kernel, "q6k_variant": gm.opts.q6k_variant or "gpu.gemm default",
                                          "q4k_kdr": gm.opts.q4k_kdr, "attention_requested": attention,
                                          **gm.attn.describe()}, root=out / "data") as run:
-            r = record_decomposition(run, gm, toks, progress=args.log)
+            r = decompose.record_decomposition(run, gm, toks, progress=args.log)
         ok = ok and r["busy_wall"]["valid"]
         runs.append(run.run_id)
         del gm, m
@@ -125,8 +113,6 @@ def decompose_models(out: Path, args, models) -> tuple[list, bool]:
 
 def step_prefill7b(out: Path, args) -> dict:
     """Prefill throughput of the synthetic 7B only (no model file needed on the GPU machine)."""
-    from ... import prefill_runs, records
-
     with records.recording("prefill", {"model": "synthetic-7b", "nts": [512, 3325]}, root=out / "data") as run:
         prefill_runs.throughput_run("synthetic-7b", [512, 3325], run, attn_f16=True, progress=args.log)
     return {"ok": True, "run": run.run_id}
@@ -136,14 +122,11 @@ def step_attention(out: Path, args) -> dict:
     """Issue 17: attention alone (cuDNN fused SDPA vs the lab's baseline vs PyTorch SDPA per backend, the 7B and
     Gemma 3 270M layouts, nt 512 / 3325 / 8192, interleaved CUDA-event medians; parity against the fp32 baseline),
     recorded as an ``attention`` run (data/05_wall_decomposition/); then round 5's decomposition of the synthetic 7B with --attention (auto)."""
-    from ... import attention, records
-    from . import attention_bench
-
     nts = [int(x) for x in args.attention_nts.split(",") if x]
     paths = attention.status()
     args.log(f"attention paths: {paths}")
     with records.recording("attention", {"layouts": {k: {lk: vars(v) for lk, v in d.items()}
-                                                     for k, d in attention.bench_layouts().items()},
+                                                     for k, d in attention_kinds.bench_layouts().items()},
                                          "nts": nts, "dtype": args.attn_dtype, "pairs": 3, "repeats": 10,
                                          "scopes": ["op", "kernel"], "paths": paths}, root=out / "data") as run:
         res = attention_bench.record_bench(run, nts=nts, dtype=args.attn_dtype, progress=args.log)
@@ -157,24 +140,21 @@ def step_graph_nodes(out: Path, args) -> dict:
     (:mod:`.graph_census`): gemm_dense through cublasGemmEx (before) and cuBLASLt without split-K (after), outputs
     compared bitwise and to float64; the SDPA with the prefill's plan and every candidate plan. One ``prefill``
     run (tables dense_nodes, sdpa_nodes)."""
-    from ... import attention, gpu, records
-    from . import graph_census
-
     params = {"what": "graph_nodes", "dense_points": [list(p) for p in graph_census.DENSE_POINTS],
               "dense_shapes": graph_census.GEMMA_DENSE, "dense_rtol": graph_census.DENSE_RTOL,
-              "dense_path": gpu.DENSE_PATH, "cudnn_plan": attention.CUDNN_PLAN, "sdpa_nts": list(graph_census.SDPA_NTS),
+              "dense_path": blas.DENSE_PATH, "cudnn_plan": attention.CUDNN_PLAN, "sdpa_nts": list(graph_census.SDPA_NTS),
               "sdpa_plan_nts": list(graph_census.SDPA_PLAN_NTS), "sdpa_dtype": args.attn_dtype,
-              "sdpa_kinds": {k: vars(v) for k, v in attention.bench_layouts()["gemma-3-270m"].items()}}
+              "sdpa_kinds": {k: vars(v) for k, v in attention_kinds.bench_layouts()["gemma-3-270m"].items()}}
     with records.recording("prefill", params, root=out / "data") as run:
         dense = graph_census.dense_census(progress=args.log)
         run.append("dense_nodes", dense)
         try:
             sdpa = graph_census.sdpa_census(dtype=args.attn_dtype, progress=args.log)
-        except (attention.AttentionUnavailable, attention.AttentionError) as e:
+        except (attention_kinds.AttentionUnavailable, attention_kinds.AttentionError) as e:
             sdpa = [{"kind": "all", "plan": "all", "error": f"{type(e).__name__}: {e}"}]
         run.append("sdpa_nodes", sdpa)
         v = graph_census.check(dense, sdpa)
-        v["dense_fallbacks"] = gpu.dense_fallbacks()
+        v["dense_fallbacks"] = blas.dense_fallbacks()
         for p in v["problems"]:
             args.log(f"graph_nodes: {p}")
         run.finish(**{k: x for k, x in v.items() if k != "ok"}, ok=v["ok"])

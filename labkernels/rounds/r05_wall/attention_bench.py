@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ... import attention, bench, gpu
+from ... import attention, attention_kinds, bench, gpu
 from ...trace import NullTracer
 
 
@@ -22,7 +22,7 @@ def max_rel_err(got, ref) -> float:
     return float(np.max(np.abs(g - r)) / np.max(np.abs(r)))
 
 
-def bench_point(layout: str, label: str, kind: attention.LayerKind, nt: int, dtype: str = "f16", pairs: int = 3,
+def bench_point(layout: str, label: str, kind: attention_kinds.LayerKind, nt: int, dtype: str = "f16", pairs: int = 3,
                 repeats: int = 10, warmup: int = 3, flush=None, seed: int = 0, progress=print) -> dict:
     """One (layout, layer kind, nt): every available path checked against the fp32 baseline, then timed interleaved
     (bench.interleaved, CUDA events, L2 flushed) at two scopes -- ``op``: the prefill's attention() from fp32 q/k/v
@@ -49,15 +49,15 @@ def bench_point(layout: str, label: str, kind: attention.LayerKind, nt: int, dty
         op["cudnn"] = lambda: c.attend(q, k, v, nt, kind, None, tr, out16=True)
         ker["cudnn"] = lambda: c.sdpa(q16, k16, v16, nt, kind.at(nt))
         outs["cudnn"] = lambda: c.attend(q, k, v, nt, kind, None, tr)
-    except (attention.AttentionUnavailable, attention.AttentionError) as e:
+    except (attention_kinds.AttentionUnavailable, attention_kinds.AttentionError) as e:
         unavailable.append({"variant": "cudnn", "reason": str(e)})
-    if not attention.lab_problems(kind) and dtype == "f16":
+    if not attention_kinds.lab_problems(kind) and dtype == "f16":
         la = attention.Lab(None, dtype)
         op["lab"] = lambda: la.attend(q, k, v, nt, kind, None, tr, out16=True)
         ker["lab"] = lambda: la.sdpa(q16, k16, v16, nt, kind.at(nt))
         outs["lab"] = lambda: la.attend(q, k, v, nt, kind, None, tr)
     else:
-        unavailable.append({"variant": "lab", "reason": "; ".join(attention.lab_problems(kind)) or f"dtype {dtype}"})
+        unavailable.append({"variant": "lab", "reason": "; ".join(attention_kinds.lab_problems(kind)) or f"dtype {dtype}"})
     try:
         t_default = attention.Torch(None, dtype)
         choice = t_default.backend(nt, kind)
@@ -75,7 +75,7 @@ def bench_point(layout: str, label: str, kind: attention.LayerKind, nt: int, dty
                 continue
             ker[name] = (lambda tb=tb, views=views: tb._run(*views, kind.at(nt)))
             outs[f"{name}_kernel"] = err
-    except attention.AttentionUnavailable as e:
+    except attention_kinds.AttentionUnavailable as e:
         unavailable.append({"variant": "torch", "reason": str(e)})
     key = {"layout": layout, "layer": label, "mask": kind.mask, "nt": nt, "n_head": H, "n_head_kv": Hk,
            "head_dim": d, "head_dim_v": dv, "window": kind.window, "scale": kind.scale, "dtype": dtype}
@@ -84,7 +84,7 @@ def bench_point(layout: str, label: str, kind: attention.LayerKind, nt: int, dty
         err = f if isinstance(f, float) else max_rel_err(f(), ref)
         tol = attention.PARITY_TOL["f16" if name.startswith("baseline") else dtype]
         parity.append({**key, "variant": name, "vs": "baseline_f32", "max_rel_err": err, "tol": tol, "ok": err <= tol})
-    flops, dense = attention.attention_flops(nt, kind), attention.dense_flops(nt, kind)
+    flops, dense = attention_kinds.attention_flops(nt, kind), attention_kinds.dense_flops(nt, kind)
     rows = []
     for scope, variants in (("op", op), ("kernel", ker)):
         res = bench.interleaved(variants, pairs=pairs, repeats=repeats, warmup=warmup, flush=flush)
@@ -142,7 +142,7 @@ def summarize(rows) -> list[dict]:
 def record_bench(run, layouts: dict | None = None, nts=BENCH_NTS, dtype: str = "f16", pairs: int = 3,
                  repeats: int = 10, progress=print) -> dict:
     """The attention benchmark recorded into ``run``: tables timings, parity, unavailable, summary."""
-    layouts = layouts or attention.bench_layouts()
+    layouts = layouts or attention_kinds.bench_layouts()
     flush = bench.Flusher()
     rows, parity = [], []
     for lay, kinds in layouts.items():

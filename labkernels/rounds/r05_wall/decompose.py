@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from ... import bench, gpu, peers, records
+from ... import bench, gpu, peers, prefill_replay, records, trace
 
 VALID_GAP = 0.05   # busy must be within 5% of wall for the decomposition to stand for the wall
 
@@ -322,16 +322,13 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
     always come from a traced eager forward (the tracer tags each op's launches); in graph mode a traced replay's
     busy (its launches untagged; the union of their intervals, :func:`busy_union_ns`) is ``busy_replay_ms`` and the
     first traced replay's launch-by-launch gaps are ``replay_gaps`` (:func:`replay_gaps`)."""
-    from ...prefill import timed_prefill
-    from ...trace import CuptiTracer
-
     cp = gpu.cp()
     n = len(tokens)
     graph = gm.opts.graph is not False
     # a replay is short: time more of them, so that wall - busy (a few % of the wall) is not the two medians' noise
-    wall = timed_prefill(gm, tokens, repeats=max(repeats, GRAPH_WALL_REPEATS) if graph else repeats)
+    wall = prefill_replay.timed_prefill(gm, tokens, repeats=max(repeats, GRAPH_WALL_REPEATS) if graph else repeats)
     progress(f"prefill n={n} [{wall['mode']}]: wall {wall['wall_ms']:.1f} ms ({wall['tok_per_s']:.0f} tok/s)")
-    with CuptiTracer() as tr:
+    with trace.CuptiTracer() as tr:
         gm.forward(tokens, tracer=tr)
         cp.cuda.runtime.deviceSynchronize()
     recs, ops = tr.records()
@@ -353,7 +350,7 @@ def run_decomposition(gm, tokens, repeats: int = 3, reference: bool = True, prog
             gm.forward(tokens)
             cp.cuda.runtime.deviceSynchronize()
             paired.append((time.perf_counter() - t0) * 1e3)
-            with CuptiTracer() as trg:
+            with trace.CuptiTracer() as trg:
                 gm.forward(tokens)
                 cp.cuda.runtime.deviceSynchronize()
             if gm.last_mode != "graph":

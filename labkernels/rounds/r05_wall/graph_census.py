@@ -1,10 +1,10 @@
 """The graph-node censuses of round 5's prefill memsets (issue 18), measured by ``labkernels gpu-check --steps
 graph_nodes``; the capture and census machinery they use is the product's :mod:`labkernels.graph_nodes`.
 
-* :func:`dense_census` -- ``gpu.gemm_dense`` on Gemma 3 270M's dense shapes (the stacked Q/K/V GEMM x [nt, 640]
+* :func:`dense_census` -- ``blas.gemm_dense`` on Gemma 3 270M's dense shapes (the stacked Q/K/V GEMM x [nt, 640]
   fp32 @ w [1536, 640]^T, the gate/up GEMM, the tied output head) through ``cublasGemmEx`` (the old path: cuBLAS
   splits k at some shapes and zeroes the split-K counters with a memset first) and through cuBLASLt with an
-  algorithm that does not split k (:func:`labkernels.gpu.dense_plan`);
+  algorithm that does not split k (:func:`labkernels.blas.dense_plan`);
 * :func:`sdpa_census` -- the prefill's cuDNN SDPA (4 query heads, 1 kv head, head_dim 256; causal and sliding
   window 512) under both plan policies of ``attention.Cudnn`` (the heuristic plan the prefill runs by default, and
   ``no_memset``: :func:`labkernels.attention.no_memset_plan`), and, at the token counts asked, every candidate plan
@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from ... import attention, gpu, graph_nodes
+from ... import attention, attention_kinds, blas, gpu, graph_nodes
 
 
 #: Gemma 3 270M's dense (non-k-quant) GEMMs of one layer: (rows of w, columns) -- q/k/v stacked (4x256 + 256 + 256),
@@ -65,24 +65,24 @@ def dense_census(points=DENSE_POINTS, reps: int = 20, launches: int = 5, progres
             out = cp.zeros((nt, od), cp.float32)
             cp.cuda.runtime.deviceSynchronize()                   # inputs made on the legacy stream: in place
             with stream:
-                gpu.gemm_dense(x, w, out=out, path=path)          # eager (plans the shape, loads the kernels)
+                blas.gemm_dense(x, w, out=out, path=path)          # eager (plans the shape, loads the kernels)
                 stream.synchronize()
             eager = cp.asnumpy(out)
             graph_nodes._clear(out, stream)                                   # the replay must write it again
-            nodes = graph_nodes.run_once(lambda: gpu.gemm_dense(x, w, out=out, path=path), stream)
+            nodes = graph_nodes.run_once(lambda: blas.gemm_dense(x, w, out=out, path=path), stream)
             replay = cp.asnumpy(out)
             row = {"shape": label, "nt": nt, "od": od, "k": k, "dtype": dt, "path": path,
                    **graph_nodes.summarize(nodes, {"out": (out.data.ptr, out.nbytes)}),
                    "memset_zero_after": graph_nodes._memsets_zero_after(nodes),
                    "graph_bitwise_eager": bool(np.array_equal(replay, eager)),
-                   "us_per_call": graph_nodes.time_graph(lambda: gpu.gemm_dense(x, w, out=out, path=path), stream, reps, launches)}
+                   "us_per_call": graph_nodes.time_graph(lambda: blas.gemm_dense(x, w, out=out, path=path), stream, reps, launches)}
             if ref is not None:
                 row["rel_err_f64"] = float(np.abs(eager - ref).max() / np.abs(ref).max())
                 row["within_gate"] = bool(row["rel_err_f64"] <= DENSE_RTOL)
             if path == "lt":
-                t_in = gpu.dense_type(np.float16 if dt == "f16" else np.float32)
-                p = gpu.dense_plan(t_in, nt, od, k, align_a=gpu._align(w.data.ptr), align_b=gpu._align(x.data.ptr),
-                                   align_d=gpu._align(out.data.ptr))
+                t_in = blas.dense_type(np.float16 if dt == "f16" else np.float32)
+                p = blas.dense_plan(t_in, nt, od, k, align_a=blas._align(w.data.ptr), align_b=blas._align(x.data.ptr),
+                                    align_d=blas._align(out.data.ptr))
                 row.update({"lt_note": p.note, **{f"lt_{a}": v for a, v in p.info.items()}})
                 old = res["gemm_ex"]
                 row["bitwise_vs_gemm_ex"] = bool(np.array_equal(eager, old))
@@ -108,7 +108,7 @@ def sdpa_census(nts=SDPA_NTS, plan_nts=SDPA_PLAN_NTS, dtype: str = "f16", reps: 
     rng = np.random.default_rng(0)
     stream = cp.cuda.Stream(non_blocking=True)
     backends = {p: attention.Cudnn(None, dtype, "graph_nodes census", plan=p) for p in attention.CUDNN_PLANS}
-    kinds = attention.bench_layouts()["gemma-3-270m"]
+    kinds = attention_kinds.bench_layouts()["gemma-3-270m"]
     t0 = time.time()
     rows, listed = [], set()
     for label, kind0 in kinds.items():
@@ -121,7 +121,7 @@ def sdpa_census(nts=SDPA_NTS, plan_nts=SDPA_PLAN_NTS, dtype: str = "f16", reps: 
                 ref = eager if ref is None else ref
                 row.update(kind=label, window=kind.window, nt=n, dtype=dtype, plan=p,
                            bitwise_vs_prefill=bool(np.array_equal(eager, ref)),
-                           max_rel_vs_prefill=graph_nodes._max_rel(attention.as_f64(eager, dtype), attention.as_f64(ref, dtype)))
+                           max_rel_vs_prefill=graph_nodes._max_rel(attention_kinds.as_f64(eager, dtype), attention_kinds.as_f64(ref, dtype)))
                 rows.append(row)
                 progress(f"sdpa {label} nt={n} {p}: {row['n_kernel']} kernel + {row['n_memset']} memset nodes "
                          f"(memset at {row['memset_where'] or '-'}, {row['memset_bytes']} B, zero after: "
@@ -170,7 +170,7 @@ def _sdpa_plans(b, label, kind, n, dtype, ins, eager, stream, reps, launches, de
         G, count = graph_nodes._candidates(b, n, kind)
     except Exception as e:
         return [{"kind": label, "nt": n, "dtype": dtype, "plan": "all", "error": f"{type(e).__name__}: {e}"}]
-    ref = attention.as_f64(eager, dtype)
+    ref = attention_kinds.as_f64(eager, dtype)
     q, k, v = ins
     out = gpu.cp().zeros(eager.shape, q.dtype)
     rows = []
@@ -180,7 +180,7 @@ def _sdpa_plans(b, label, kind, n, dtype, ins, eager, stream, reps, launches, de
             rows.append({**base, "plan": str(i), "error": "left out: the census's time budget is spent"})
             continue
         row, got, ws = graph_nodes._plan_trial(b, G, i, ins, eager.shape[1], stream)
-        got = attention.as_f64(got, dtype) if got is not None else None
+        got = attention_kinds.as_f64(got, dtype) if got is not None else None
         row = {**base, **row}
         if got is not None:
             row["bitwise_vs_prefill"] = bool(np.array_equal(got, ref))

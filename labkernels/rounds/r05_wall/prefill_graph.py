@@ -9,7 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ... import attention, attention_kinds, blas, gpu, prefill, prefill_replay, prefill_runs, records, synthetic
+from ...model import default_model_path
 from ...prefill import FUSIONS  # the fusion flags (prefill needs no GPU to import)
+from . import decompose
 
 #: issue 18's A/B: before = the round-7 prefill (eager, the small kernels unfused), the fusions alone, and
 #: after = fused + CUDA-graph replay (name -> PrefillOptions fields over the base options; graph None: a capture
@@ -58,10 +61,6 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
     graph replays' launch-by-launch gaps (table replay_gaps); the captured graphs."""
     import dataclasses
 
-    from ... import attention, gpu, prefill_runs
-    from ...prefill import timed_prefill
-    from .decompose import host_overhead_table, run_decomposition
-
     cp = gpu.cp()
     base = gm.opts
 
@@ -73,7 +72,7 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
         use(v)
         try:
             gm.attn
-        except (attention.AttentionUnavailable, attention.AttentionError) as e:
+        except (attention_kinds.AttentionUnavailable, attention_kinds.AttentionError) as e:
             run.append("variants_unavailable", {"model": label, "variant": v, "reason": str(e)})
             progress(f"{label}: variant {v} left out: {e}")
             continue
@@ -100,7 +99,7 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
         for rnd in range(rounds):
             for v in names:
                 use(v)
-                t = timed_prefill(gm, toks, repeats=repeats)
+                t = prefill_replay.timed_prefill(gm, toks, repeats=repeats)
                 walls.setdefault((nt, v), []).append(t["wall_ms"])
                 # "kernel" names the variant too: round 5's notebook groups recorded throughput rows by it
                 run.append("throughput", {"model": label, "arch": gm.cfg.arch, "nt": nt, "variant": v,
@@ -116,7 +115,7 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
         toks = prefill_runs.prompt_tokens(m, nt)
         for v in (v for v in BREAKDOWN_VARIANTS if v in names):
             use(v)
-            t = timed_prefill(gm, toks, repeats=GRAPH_BREAKDOWN_REPEATS, breakdown=True)
+            t = prefill_replay.timed_prefill(gm, toks, repeats=GRAPH_BREAKDOWN_REPEATS, breakdown=True)
             if t["breakdown"]:
                 run.append("replay_breakdown", {"model": label, "nt": nt, "variant": v,
                                                 "repeats": GRAPH_BREAKDOWN_REPEATS, **t["breakdown"]})
@@ -127,11 +126,11 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
         toks = prefill_runs.prompt_tokens(m, nt)
         for v in (v for v in GRAPH_DECOMPOSE_VARIANTS if v in names):
             use(v)
-            r = run_decomposition(gm, toks, repeats=repeats, reference=False, progress=progress)
+            r = decompose.run_decomposition(gm, toks, repeats=repeats, reference=False, progress=progress)
             if r["replay_gaps"]:
                 run.append("replay_gaps", [{"model": label, "nt": nt, "variant": v, **g} for g in r["replay_gaps"]])
             bw = r["busy_wall"]
-            t = host_overhead_table(r["classes"], bw)
+            t = decompose.host_overhead_table(r["classes"], bw)
             host = float(t.loc[t["class"] == "host_overhead", "busy_ms"].iloc[0])
             run.append("decompose_classes", t.assign(model=label, nt=nt, variant=v, mode=bw["mode"]))
             run.append("decompose_busy_wall", [{"model": label, "nt": nt, "variant": v,
@@ -150,10 +149,6 @@ def step_prefill_graph(out: Path, args) -> dict:
     (when its GGUF is here), interleaved in one process; logits parity; round 5's decomposition with host overhead
     as a class before (eager, unfused) and after (graph, fused) at nt 64, 512, 3325. One recorded run per model."""
     import gc
-
-    from ... import attention, gpu, records, synthetic
-    from ...model import default_model_path
-    from ...prefill import GpuModel, PrefillOptions
 
     want = [m for m in (getattr(args, "graph_models", None) or "7b,gemma").split(",") if m]
     models = []
@@ -175,12 +170,13 @@ def step_prefill_graph(out: Path, args) -> dict:
         label = spec if spec in synthetic.SYNTHETIC else "gemma-3-270m-q4_k_m"
         params = {"what": "graph", "model": label, "nts": list(GRAPH_NTS), "decompose_nts": list(GRAPH_DECOMPOSE_NTS),
                   "variants": GRAPH_VARIANTS,
-                  "option_defaults": {f: getattr(PrefillOptions(), f) for f in GRAPH_OPTIONS + ("other_f16", "attention")},
+                  "option_defaults": {f: getattr(prefill.PrefillOptions(), f)
+                                      for f in GRAPH_OPTIONS + ("other_f16", "attention")},
                   "attn_f16": True, "kernel": args.kernel,
-                  "dense_path": gpu.DENSE_PATH, "cudnn_plan": attention.CUDNN_PLAN}
+                  "dense_path": blas.DENSE_PATH, "cudnn_plan": attention.CUDNN_PLAN}
         with records.recording("prefill", params, root=out / "data") as run:
             m = synthetic.load_model(spec)
-            gm = GpuModel(m, opts=PrefillOptions(attn_f16=True, kernel=args.kernel))
+            gm = prefill.GpuModel(m, opts=prefill.PrefillOptions(attn_f16=True, kernel=args.kernel))
             r = graph_ab(gm, m, label, run, progress=args.log)
             w = {k: float(np.median(v)) for k, v in r["walls"].items()}
             s = {f"speedup_nt{nt}": w[(nt, "eager-unfused")] / w[(nt, "graph-fused")] for nt in GRAPH_NTS}

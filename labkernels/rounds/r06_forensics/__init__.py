@@ -6,6 +6,9 @@ launch per case, ``python3 -m labkernels.rounds.r06_forensics.forensics_driver``
 
 from __future__ import annotations
 
+from ... import records, records_admin
+from . import forensics
+
 NOTEBOOK = "06_counter_forensics"
 DATA = ("forensics",)
 PLAN = {"metrics_set": "full"}
@@ -18,20 +21,15 @@ def record_runs(root=None, progress=print, *, metrics_set) -> dict:
     import tempfile
     from pathlib import Path
 
-    from . import forensics
-    from ... import records
-
     tmp = Path(tempfile.mkdtemp(prefix="lk-ncu-"))
     res = forensics.run_forensics(tmp, metrics_set=metrics_set, record=True, progress=progress)
-    records.import_runs(tmp / "data", root)
+    records_admin.import_runs(tmp / "data", root)
     progress(f"raw ncu output: {tmp}")
     return {DATA[0]: records.load(DATA[0], res["summary"]["run"], root)}
 
 
 def step_forensics(out, args) -> dict:
     """Round 6: Nsight Compute counters per GMAC for the paired kernels (:mod:`.forensics`)."""
-    from . import forensics
-
     return forensics.gpu_check_step(out, args)
 
 

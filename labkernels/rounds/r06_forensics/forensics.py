@@ -38,9 +38,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from ... import paths, records
+from . import forensics_driver as drv, ncu_rep
 from .counters import ab_summary, concept_view, fit_table, imma_check, imma_ok, pair_table, per_gmac, verdict
 from ...ncu import (METRIC_SETS, REQUIRED, NcuError, _json_line, _run, _tail, choose_metrics, concept_columns,
-                    find_ncu, metric_list, ncu_command, parse_ncu_csv, query_device, query_metrics, rejected_metrics)
+                    find_ncu, import_command, metric_list, ncu_command, parse_ncu_csv, query_device, query_metrics,
+                    rejected_metrics)
 
 ROUND = "forensics"
 
@@ -74,11 +77,6 @@ def profile_case(variant: str, shape, chosen: dict, out_dir: Path, ncu: str = "n
     without it. ``report``: keep the report (``--export``; its metrics read back with ``ncu --import`` when the export
     printed none); ``source``: with the SourceCounters section and the .cu text (the hotspot table); ``nvtx`` (default:
     the ``nvtx`` package is importable): the launch selected by the driver's NVTX range, not by ``--launch-skip``."""
-    from . import forensics_driver as drv
-    from . import ncu_rep
-    from ...ncu import import_command
-    from ...paths import REPO_ROOT
-
     spec = drv.case_spec(variant, shape)
     nvtx = ncu_rep.have_nvtx() if nvtx is None else bool(nvtx)
     plan = drv.launch_plan(warmup, repeats, nvtx=nvtx)
@@ -96,7 +94,7 @@ def profile_case(variant: str, shape, chosen: dict, out_dir: Path, ncu: str = "n
             log.unlink()
         t0 = time.time()
         env = {**os.environ, "LABKERNELS_LINEINFO": "1"} if (source and rep) else None
-        r = _run(cmd, timeout=timeout, cwd=REPO_ROOT, env=env)
+        r = _run(cmd, timeout=timeout, cwd=paths.REPO_ROOT, env=env)
         raw = log.read_text() if log.exists() else ""
         if rep is not None and rep.exists() and parse_ncu_csv(raw).empty:   # --export printed no table: read it back
             imp = _run(import_command(rep, ncu), timeout=timeout)
@@ -167,9 +165,6 @@ def keep_reports(run, reports: dict, spec_of=None, top: int = HOTSPOT_TOP, progr
     :data:`labkernels.records.MAX_ATTACH_BYTES`; a bigger one stays in the results folder and is said so) and its
     per-source-line hotspots read back with ``ncu_report`` (:mod:`labkernels.rounds.r06_forensics.ncu_rep`). Returns ({case: attachment
     name or why not}, the hotspot rows as a DataFrame, {case: why no hotspots})."""
-    from . import ncu_rep
-    from ... import records
-
     kept, rows, errors, total = {}, [], {}, 0
     for case, rep in sorted(reports.items(), key=lambda kv: not kv[0].startswith(FOCUS + "@")):
         name = re.sub(r"[^a-z0-9_-]+", "-", case.lower()).strip("-") + ".ncu-rep"
@@ -200,8 +195,6 @@ def keep_reports(run, reports: dict, spec_of=None, top: int = HOTSPOT_TOP, progr
 
 
 def _template_of(spec: dict) -> str:
-    from . import forensics_driver as drv
-
     try:
         return drv.case_spec(spec["variant"], spec["shape"])["template"]
     except Exception:
@@ -210,11 +203,9 @@ def _template_of(spec: dict) -> str:
 
 def ab_timing(base: str, variant: str, shape, pairs: int = 5, repeats: int = 20, timeout: int = 600) -> dict:
     """Interleaved base / variant / base-again timing in one driver process (no ncu)."""
-    from ...paths import REPO_ROOT
-
     cmd = [sys.executable, "-m", "labkernels.rounds.r06_forensics.forensics_driver", "--ab", base, variant, "--shape", str(shape),
            "--pairs", str(pairs), "--repeats", str(repeats)]
-    r = _run(cmd, timeout=timeout, cwd=REPO_ROOT)
+    r = _run(cmd, timeout=timeout, cwd=paths.REPO_ROOT)
     info = _json_line(r.stdout or "", "forensics_ab")
     if r.returncode != 0 or info is None:
         raise ForensicsError(f"A/B timing failed: rc={r.returncode}\n$ {shlex.join(cmd)}\n"
@@ -240,9 +231,6 @@ def run_forensics(out_dir, cases=None, metrics_set: str = "full", record: bool =
     read 380-6081 us). The counter-evidence verdicts use interleaved A/B timing in a separate process
     without ncu (``ab_pairs`` rounds of ``ab_repeats`` launches each), noise band floored at
     ``noise_floor``. The duration in the fit is ncu's ``gpu__time_duration`` of the profiled launch."""
-    from . import forensics_driver as drv
-    from ... import records
-
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     cases = list(cases or drv.CASES)
@@ -362,8 +350,6 @@ def run_forensics(out_dir, cases=None, metrics_set: str = "full", record: bool =
 
 def load_run(run_id: str | None = None, root=None) -> dict:
     """Replay: the tables of a recorded forensics run (the latest complete one by default)."""
-    from ... import records
-
     run = records.load(ROUND, run_id, root) if run_id else records.latest(ROUND, root)
     if run is None:
         raise ForensicsError(f"no complete {ROUND} run recorded under {records.data_root() if root is None else root}")
@@ -384,8 +370,6 @@ def _main(args) -> int:
 
 
 def add_arguments(p) -> None:
-    from . import forensics_driver as drv
-
     p.add_argument("--out", default=os.environ.get("OUT", "gpu-out"), help="results folder (default $OUT)")
     p.add_argument("--cases", default=None, help=f"comma list of cases (default all: {','.join(drv.CASES)})")
     p.add_argument("--shapes", default=None, help=f"comma list of NTxODxID (default {','.join(drv.DEFAULT_SHAPES)})")

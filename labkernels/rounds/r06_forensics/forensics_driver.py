@@ -34,8 +34,10 @@ import time
 
 import numpy as np
 
+from ... import bench, cases
 from ...kernels import registry
 from ...kernels.registry import BM, BN
+from . import ncu_rep
 
 #: the kernel variants of this round (names of ``registry.VARIANTS``: family, template parameters, mma shape)
 CASES = ("q6k_generic", "q6k_expb_epi0", "q6k_expb_epi1_occ2", "q6k_expb_epi1", "q4k_nb_kdr4")
@@ -107,10 +109,8 @@ def launch_plan(warmup: int = 2, repeats: int = 10, nvtx: bool = False) -> dict:
     if repeats < 0:
         raise CaseError("repeats must be >= 0")
     if nvtx:
-        from .ncu_rep import target_include
-
         return {"warmup": int(warmup), "repeats": int(repeats), "launch_skip": 0, "launch_count": 1,
-                "nvtx_include": target_include()}
+                "nvtx_include": ncu_rep.target_include()}
     return {"warmup": int(warmup), "repeats": int(repeats), "launch_skip": int(warmup) + int(repeats),
             "launch_count": 1}
 
@@ -119,10 +119,8 @@ def launch_plan(warmup: int = 2, repeats: int = 10, nvtx: bool = False) -> dict:
 
 
 def _case(variant: str, shape, seed: int = 0):
-    from ...cases import Case
-
     spec = case_spec(variant, shape)
-    c = Case(variant, spec["nt"], spec["od"], spec["id"], seed=seed)
+    c = cases.Case(variant, spec["nt"], spec["od"], spec["id"], seed=seed)
     c.spec = spec
     return c
 
@@ -131,9 +129,6 @@ def run_case(variant: str, shape, warmup: int = 2, repeats: int = 10, parity: bo
              seed: int = 0) -> dict:
     """Warm-up (first launch parity-gated), timed launches, then exactly one target launch."""
     import cupy as cp
-
-    from ... import bench
-    from .ncu_rep import NVTX_TARGET, nvtx_range
 
     plan = launch_plan(warmup, repeats)
     t0 = time.time()
@@ -155,7 +150,7 @@ def run_case(variant: str, shape, warmup: int = 2, repeats: int = 10, parity: bo
         del flush
         cp.get_default_memory_pool().free_all_blocks()  # less device memory for ncu to save/restore
     cp.cuda.runtime.deviceSynchronize()
-    with nvtx_range(NVTX_TARGET):     # ncu --nvtx-include selects it by this range (ncu_rep.target_include)
+    with ncu_rep.nvtx_range(ncu_rep.NVTX_TARGET):   # ncu --nvtx-include selects it by this range (target_include)
         c.fn()  # THE profiled launch
         cp.cuda.runtime.deviceSynchronize()
     finite = bool(cp.isfinite(c.y).all())
@@ -166,8 +161,6 @@ def run_case(variant: str, shape, warmup: int = 2, repeats: int = 10, parity: bo
 def run_ab(base: str, variant: str, shape, pairs: int = 5, repeats: int = 20, warmup: int = 3,
            seed: int = 0) -> dict:
     """Interleaved timing BASE, VARIANT, BASE' per round in one process; both parity-gated first."""
-    from ... import bench
-
     cb, cv = _case(base, shape, seed), _case(variant, shape, seed)
     gates = {base: cb.gate(), variant: cv.gate()}
     for name, g in gates.items():

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from ...ncu import find_ncu
+
 
 class NcuReportMissing(ImportError):
     """Neither the ``ncu-report`` wheel nor an Nsight Compute install's ``extras/python`` could be imported."""
@@ -53,8 +55,6 @@ def _candidate_dirs(ncu: str | None = None) -> list[str]:
     if os.environ.get("NCU_REPORT_PATH"):
         dirs += os.environ["NCU_REPORT_PATH"].split(os.pathsep)
     try:
-        from ...ncu import find_ncu
-
         exe = find_ncu(ncu)
         if exe and os.sep in exe:
             real = os.path.realpath(exe)

@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from ... import bench as B
-from ... import cases, gpu, model, occupancy, wgmma
+from ... import blas, cases, gpu, model, occupancy, wgmma
 from ...kernels import registry
 from ...wgmma import (BLOCK_BYTES, NO_MAP, QK, WgWeight, _WS, default_params, emulate_weights, gate, int8_path_error,
                       kernel, main_scl, pair_fits, reduce_fits, schedule, segments, sk_fits, split_g, tensor_map,
@@ -108,8 +108,8 @@ def bench(shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), variants=((128, 4, No
                 main = default_params(qtype, nt)
                 vs["wgmma_incl_f32_to_f16"] = lambda: wb.gemm(w, xg, out=y, **main)
                 y16 = cp.empty((nt, od), cp.float16)
-                vs["cublas_f16_cached"] = lambda: gpu.matmul_f16(x16, w16, out=y16)
-                vs["cublas_f16_with_dequant"] = lambda: (gpu.dequant_f16(wq, out=w16), gpu.matmul_f16(x16, w16, out=y16))
+                vs["cublas_f16_cached"] = lambda: blas.matmul_f16(x16, w16, out=y16)
+                vs["cublas_f16_with_dequant"] = lambda: (gpu.dequant_f16(wq, out=w16), blas.matmul_f16(x16, w16, out=y16))
                 if int8:
                     a = gpu.prepass(xg)
                     vs[f"int8_{fam}"] = lambda: gpu.gemm(wq, a, fam, out=y, **fpar)

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from ... import wgmma
-from ...gpu import ShapeError, _out
+from ...errors import ShapeError
+from ...gpu import _out
 from ...kernels import registry
 
 _DEFINE = re.compile(r"LK_(ABLATE|EXP)_\w+")

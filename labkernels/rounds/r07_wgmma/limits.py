@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import bench as B
-from ... import cases, gpu, wgmma
+from ... import blas, cases, gpu, wgmma
 from ...wgmma import WgWeight, emulate_weights, gate, main_scl, reduce_fits, sk_fits, variant_name
 from . import builds as wb
 from .benchmark import SHAPES
@@ -213,7 +213,7 @@ def clock_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
             _gate_point(run, "wgmma_clock_gate", qtype, od, id_, nt, name, pt)
             vs[name] = lambda prm=prm: wb.gemm(pt.w, pt.x16, out=pt.y, **prm)
         y16 = cp.empty((nt, od), cp.float16)
-        vs["cublas_f16_cached"] = lambda: gpu.matmul_f16(pt.x16, pt.w16, out=y16)
+        vs["cublas_f16_cached"] = lambda: blas.matmul_f16(pt.x16, pt.w16, out=y16)
         vs["probe_alone"] = None
         new = []
         for rnd in range(p["pairs"]):
@@ -268,7 +268,7 @@ def kscan_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
     """:func:`builds_ab` with no other build over the plan's ids (each launch of record parity-gated at its point,
     timed interleaved with cuBLAS fp16 and the 1-CTA empty kernel, L2 flushed), then cuBLAS alone (with the empty
     kernel) at each ``cublas_small_ids`` k, where its time is nearly all fixed cost. Both times cuBLAS also with
-    float32 output (:data:`CUBLAS_F32OUT`, :func:`labkernels.gpu.gemm_dense`): the kernel writes float32, cuBLAS's
+    float32 output (:data:`CUBLAS_F32OUT`, :func:`labkernels.blas.gemm_dense`): the kernel writes float32, cuBLAS's
     baseline of record float16, half the bytes. Rows: ``wgmma_kscan_ab``, ``wgmma_kscan_gate``."""
     p = {**KSCAN_AB, **(plan or {})}
     cp = wgmma._cp()
@@ -277,7 +277,7 @@ def kscan_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
 
     def f32out(pt):
         y32 = cp.empty(pt.y.shape, cp.float32)
-        return {CUBLAS_F32OUT: lambda: gpu.gemm_dense(pt.x16, pt.w16, out=y32)}
+        return {CUBLAS_F32OUT: lambda: blas.gemm_dense(pt.x16, pt.w16, out=y32)}
 
     rows = builds_ab(run, p, {}, "kscan", rng, bitwise=False, progress=progress, extra={EMPTY_1CTA: empty},
                      per_point=f32out)
@@ -288,8 +288,8 @@ def kscan_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
                 x16 = cp.asarray(rng.standard_normal((nt, k)).astype(np.float16))
                 w16 = cp.asarray(rng.standard_normal((od, k)).astype(np.float16))
                 y16, y32 = cp.empty((nt, od), cp.float16), cp.empty((nt, od), cp.float32)
-                res = B.interleaved({CUBLAS: lambda x16=x16, w16=w16, y16=y16: gpu.matmul_f16(x16, w16, out=y16),
-                                     CUBLAS_F32OUT: lambda x16=x16, w16=w16, y32=y32: gpu.gemm_dense(x16, w16, out=y32),
+                res = B.interleaved({CUBLAS: lambda x16=x16, w16=w16, y16=y16: blas.matmul_f16(x16, w16, out=y16),
+                                     CUBLAS_F32OUT: lambda x16=x16, w16=w16, y32=y32: blas.gemm_dense(x16, w16, out=y32),
                                      EMPTY_1CTA: empty}, pairs=p["pairs"], repeats=p["repeats"], flush=flush)
                 new = B.pair_rows(res, {"qtype": "f16", "od": od, "id": k, "nt": nt}, nt, od, k)
                 rows += new
@@ -393,7 +393,7 @@ def _time_with_cublas(run, name: str, calls: dict, point, pt, p: dict, flush, pr
     each call's TOPS-eq logged."""
     qtype, od, id_, nt = point
     y16 = wgmma._cp().empty((nt, od), np.float16)
-    calls = {**calls, "cublas_f16_cached": lambda: gpu.matmul_f16(pt.x16, pt.w16, out=y16)}
+    calls = {**calls, "cublas_f16_cached": lambda: blas.matmul_f16(pt.x16, pt.w16, out=y16)}
     res = B.interleaved(calls, pairs=p["pairs"], repeats=p["repeats"], flush=flush)
     new = B.pair_rows(res, {"qtype": qtype, "od": od, "id": id_, "nt": nt}, nt, od, id_)
     if run is not None:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ... import bench, cases, ncu, records, wgmma
+from ... import bench, cases, gpu, ncu, prefill, prefill_replay, prefill_runs, records, synthetic, wgmma
+from ...model import default_model_path
 from ...paths import REPO_ROOT
 from .. import measure_into
 from .. import module as round_module
@@ -24,7 +25,7 @@ WGMMA_DRIVER = r"""
 import sys, numpy as np, cupy as cp
 from labkernels import quants, wgmma
 from labkernels.rounds.r07_wgmma import builds as wb
-from labkernels.gpu import SharedMemoryError
+from labkernels.errors import SharedMemoryError
 from labkernels.kernels import registry
 mode = sys.argv[1]
 rng = np.random.default_rng(3)
@@ -289,11 +290,11 @@ def step_wgmma_ncu(out: Path, args) -> dict:
 
 
 #: the twenty-second step's driver: one launch per process, profiled between cudaProfilerStart / Stop after warm-up
-#: calls (ncu --profile-from-start off): cuBLAS fp16 (the benchmark's baseline call, gpu.matmul_f16) or a lab launch
+#: calls (ncu --profile-from-start off): cuBLAS fp16 (the benchmark's baseline call, blas.matmul_f16) or a lab launch
 #: (plain launch of record, the KPAIR build or one of its ablations, kpair.KPAIR_BUILDS), printing its case line
 SMEM_DRIVER = r"""
 import sys, numpy as np, cupy as cp
-from labkernels import cases, wgmma, gpu
+from labkernels import blas, cases, wgmma
 from labkernels.rounds.r07_wgmma import builds as wb, kpair
 who, qtype, nt, od, id_, bn, sk, epi = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:9])
 rng = np.random.default_rng(5)
@@ -301,7 +302,7 @@ x16 = cp.asarray(rng.standard_normal((nt, id_)).astype(np.float16))
 if who == "cublas":
     w16 = cp.asarray((rng.standard_normal((od, id_)) * .02).astype(np.float16))
     y = cp.empty((nt, od), cp.float16)
-    launch = lambda: gpu.matmul_f16(x16, w16, out=y)
+    launch = lambda: blas.matmul_f16(x16, w16, out=y)
 else:
     w = wgmma.WgWeight.from_gguf(cases.synthetic_weights(qtype, od, id_, rng), qtype)
     y = cp.empty((nt, od), cp.float32)
@@ -521,10 +522,6 @@ def step_prefill_r7(out: Path, args) -> dict:
     of every variant against the first one's."""
     import gc
 
-    from ... import gpu, prefill_runs, synthetic
-    from ...model import default_model_path
-    from ...prefill import GpuModel, PrefillOptions, timed_prefill
-
     names = [v for v in args.ab.split(",") if v]
     bad = [v for v in names if v not in PREFILL_VARIANTS]
     if bad:
@@ -542,7 +539,8 @@ def step_prefill_r7(out: Path, args) -> dict:
             m = synthetic.load_model(spec)
             if label != "synthetic-7b":
                 prefill_runs.parity_run(spec, run, n_new=0, progress=args.log, kernel="auto")
-            gms = {k: GpuModel(m, opts=PrefillOptions(attn_f16=f16, **PREFILL_VARIANTS[k])) for k in names}
+            gms = {k: prefill.GpuModel(m, opts=prefill.PrefillOptions(attn_f16=f16, **PREFILL_VARIANTS[k]))
+                   for k in names}
             for nt in (512, 3325):
                 toks = prefill_runs.prompt_tokens(m, nt)
                 ref = None
@@ -555,7 +553,7 @@ def step_prefill_r7(out: Path, args) -> dict:
                                                    "top1_same": bool(lg.argmax() == ref.argmax())})
                 for rnd in range(3):
                     for k, gm in gms.items():
-                        t = timed_prefill(gm, toks, repeats=3)
+                        t = prefill_replay.timed_prefill(gm, toks, repeats=3)
                         row = {"model": label, "arch": gm.cfg.arch, "nt": nt, "kernel": k, "round": rnd,
                                "wall_ms": t["wall_ms"], "tok_per_s": t["tok_per_s"], "repeats": 3, "attn_f16": f16,
                                "gemm_families": gm.families_used(), "attention": gm.attn.name,

@@ -6,6 +6,10 @@ points with round 4's serial ``kdr_sweep`` runs -- what it reads back is the rou
 
 from __future__ import annotations
 
+from ... import records, sweep
+from ...kernels import registry
+from . import readback
+
 NOTEBOOK = "08_dask_sweeps"
 DATA = ("sweeps", "sweep_bench")
 #: the page's plan: which sweep plan a measure-mode render runs, on which cluster (its parameters cell)
@@ -20,9 +24,7 @@ STEPS = {}           # the GPU run is `labkernels sweep PLAN --cluster local-cud
 
 
 def _on_gpu(run, plan) -> bool:
-    from .readback import ran_on_gpu
-
-    return ran_on_gpu(run)
+    return readback.ran_on_gpu(run)
 
 
 #: the page replays the latest sweep whose tasks ran on GPUs (as readback.latest_summary)
@@ -32,12 +34,9 @@ REPLAY_WHERE = {"sweeps": _on_gpu}
 def local_bytes(tasks, root=None) -> dict[str, int]:
     """{kernel key: local memory bytes per thread} of every kernel the sweep's bench tasks built (their runs'
     ``kernels`` tables): a variant that spills is named as such wherever a page calls it best."""
-    from ... import records
-    from ...sweep import BENCH_ROUND
-
     out: dict[str, int] = {}
     ids = {str(r).split("/", 1)[-1] for r in tasks.run_id.dropna()} if "run_id" in tasks else set()
-    for r in records.list_runs(BENCH_ROUND, root):
+    for r in records.list_runs(sweep.BENCH_ROUND, root):
         if r.run_id in ids and r.has("kernels"):
             k = r.table("kernels")
             if "local_bytes" not in k:          # the CPU stand-in's kernels have no registers
@@ -50,8 +49,6 @@ def local_bytes(tasks, root=None) -> dict[str, int]:
 def best_name(family: str, variant: str, spills: dict) -> str:
     """A best-variant row as a page names it: the kernel, whether it is a registry variant (and the type's
     default), and its spills."""
-    from ...kernels import registry
-
     key = f"{family}[{variant}]"
     params = dict(p.split("=") for p in variant.split(","))
     params = {k: int(v) for k, v in params.items() if k != "STRIDE"}
