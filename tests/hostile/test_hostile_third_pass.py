@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from hostile_util import REPO, assert_clean_error, env, finished_run, labkernels
-from labkernels import records, wgmma
+from labkernels import records, records_admin, wgmma
 from labkernels.gpu import ShapeError
 from labkernels.rounds.r07_wgmma import builds
 
@@ -35,7 +35,7 @@ def test_import_runs_refuses_the_data_folder_itself_and_folders_around_it(tmp_pa
                      (root / "r05_wall", "is inside the data folder")):
         src.mkdir(exist_ok=True)
         with pytest.raises(records.RecordError, match=how):
-            records.import_runs(src, root)
+            records_admin.import_runs(src, root)
     r = labkernels("import-runs", root, LABKERNELS_DATA_DIR=str(root))     # the harness's case: exit 0 "imported 0"
     assert_clean_error(r, "is the data folder", "OUT/data")
     assert "imported" not in r.stdout
@@ -45,7 +45,7 @@ def test_import_runs_refuses_the_data_folder_itself_and_folders_around_it(tmp_pa
 def test_import_runs_still_imports_from_a_folder_beside_the_data_folder(tmp_path):
     src, root = tmp_path / "gpu" / "data", tmp_path / "data"
     run = finished_run(src)
-    copied = records.import_runs(src, root)
+    copied = records_admin.import_runs(src, root)
     assert f"{run.dir.name}/{run.run_id}.json" in copied and (root / run.dir.name / f"{run.run_id}.json").exists()
 
 
