@@ -246,6 +246,13 @@ PROBE_TOKENS = 64
 PARITY_TOL = {"f16": 1e-3, "bf16": 1e-2, "f32": 1e-5}
 
 
+def _capturing(cp) -> bool:
+    """Whether the current stream is being captured into a CUDA graph (False where CuPy cannot say)."""
+    rt = getattr(getattr(cp, "cuda", None), "runtime", None)
+    if rt is None or not hasattr(rt, "streamIsCapturing"):
+        return False
+    return bool(rt.streamIsCapturing(cp.cuda.get_current_stream().ptr))
+
 class Backend:
     """One attention path of a model: ``backend(q, k, v, n, il, tracer, out16)`` -> [n, n_head*d_v]."""
     name = "?"
@@ -339,7 +346,14 @@ class Baseline(Backend):
             # one cuBLAS strided-batched fp16 GEMM: CuPy's batched matmul upcasts fp16 to fp32 (the first
             # decomposition found attention at 23 TFLOPS); per-head 2-D GEMMs cost 2 launches per head
             return blas.bmm_f16(A, B)
-        return gpu.cp().matmul(A, B)
+        cp = gpu.cp()
+        if _capturing(cp):
+            # CuPy refuses its cuBLAS calls under capture: one (capturable) gemm_dense a batch entry
+            out = cp.empty((A.shape[0], A.shape[1], B.shape[2]), cp.float32)
+            for h in range(A.shape[0]):
+                blas.gemm_dense(A[h], cp.ascontiguousarray(B[h].T), out=out[h])
+            return out
+        return cp.matmul(A, B)
 
     def attend(self, q, k, v, n, kind: LayerKind, il, tr, out16: bool = False):
         """Causal (sliding-window) GQA attention; q [n, H*hd], k/v [n, Hkv*hd]."""

@@ -45,7 +45,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from . import errors, gpu, nvml, records
+from . import errors, gpu, nvml, records, wgmma_pack
 
 QK = 256
 BLOCK_BYTES = {"q4_K": 144, "q6_K": 210}
@@ -465,6 +465,15 @@ def _blocks_per_sm(QT: int, XF32: int, NT8: int, MT: int, WARPS: int, FORM: int 
 
 #: the nt FORM=1 takes (one n8 tile of tokens)
 FORM1_MAX_NT = 8
+
+
+def form1_exact_gate(id_: int) -> float:
+    """FORM=1 against its exact function (:func:`exact_weights_v2`): besides the fp32 accumulation order
+    (wgmma's exact_gate), the min term's sub-block sums go through a hi/lo f16 split (~2^-22 of the term) and the two
+    terms d*sum(sc*q*x) and dmin*sum(m*I) are scaled in f32 apart, then subtracted: where they cancel to an output
+    ~100x smaller than the terms, relative to the largest output that is ~1e-5 more (1.7e-5 seen at id=256 on an
+    H100, one random seed of the full GPU suite). 4x the fp32-order bound; a wrong fragment still gives O(1)."""
+    return 4.0 * wgmma_pack.exact_gate(id_)
 
 
 def launch_plan(gv: GemvWeight, nt: int, XF32: int, MT: int = 2, WARPS: int = 4, FORM: int = 0, PIPE: int = 0,

@@ -454,3 +454,36 @@ def test_auto_with_bf16_takes_cudnn(monkeypatch):
     assert attention.resolve("auto", g)[0] == "lab+cudnn"
     name, note = attention.resolve("auto", g, "bf16")
     assert name == "cudnn" and "fp16 only, not bf16" in note
+
+
+def test_baseline_f32_bmm_under_capture_runs_one_gemm_dense_an_entry(monkeypatch):
+    """CuPy refuses its own cuBLAS calls while a stream is captured (cupy 14, seen on an H100 in the full GPU suite):
+    the fp32 baseline's batched products then go through blas.gemm_dense (capturable), one call a batch entry, with
+    the same values as the batched matmul."""
+    from labkernels import blas, gpu
+
+    capturing = {"on": True}
+    fake = types.SimpleNamespace(
+        float32=np.float32, empty=np.empty, ascontiguousarray=np.ascontiguousarray,
+        matmul=lambda a, b: (_ for _ in ()).throw(NotImplementedError("cuBLAS during stream capture")),
+        cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(streamIsCapturing=lambda ptr: capturing["on"]),
+                                   get_current_stream=lambda: types.SimpleNamespace(ptr=7)))
+    monkeypatch.setattr(gpu, "cp", lambda: fake)
+    calls = []
+
+    def gemm_dense(x, w, out=None, path=None):
+        assert x.flags.c_contiguous and w.flags.c_contiguous
+        calls.append(x.shape)
+        out[...] = x @ w.T
+        return out
+
+    monkeypatch.setattr(blas, "gemm_dense", gemm_dense)
+    rng = np.random.default_rng(0)
+    A, B = rng.standard_normal((3, 10, 4)).astype(np.float32), rng.standard_normal((3, 4, 6)).astype(np.float32)
+    b = attention.Baseline.__new__(attention.Baseline)
+    b.f16 = False
+    got = b._bmm(A, B)
+    assert calls == [(10, 4)] * 3 and np.allclose(got, A @ B, rtol=1e-5, atol=1e-6)
+    capturing["on"] = False                     # not capturing: CuPy's batched matmul, as before
+    with pytest.raises(NotImplementedError):
+        b._bmm(A, B)

@@ -358,7 +358,8 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
                                 + ("" if form == 0 else f"_f{form}") + ("" if pipe == 0 else f"_p{pipe}"))
                         y = gemv.gemv(gv, xd, MT=mt, WARPS=warps, S=S, FORM=form, PIPE=pipe)
                         g = wgmma.gate(cp.asnumpy(y), raw, qtype, x, w16=w16e if form == 0 else wv2,
-                                       w64=w64, tokens=tok)
+                                       w64=w64, tokens=tok,
+                                       exact_bound=gemv.form1_exact_gate(id_) if form == 1 else None)
                         if not g["ok"]:
                             raise RuntimeError(f"gemv gate failed {qtype} {od}x{id_} nt={nt} {act} {name}: {g}")
                         variants[name] = (lambda mt=mt, warps=warps, S=S, form=form, pipe=pipe: gemv.gemv(

@@ -26,7 +26,9 @@ def test_lead_keeps_the_host_path_out_of_the_timed_interval():
     host: list = []
     led = np.median(bench.time_launches(call, warmup=1, repeats=5, flush=flush, lead=bench.Lead(5000), host=host))
     assert plain > 1500, f"no lead: {plain:.0f} us (expected the host's 2 ms inside the interval)"
-    assert led < 300, f"5 ms lead: {led:.0f} us (expected the fill kernel alone)"
+    # the fill kernel alone, plus what other processes sharing the GPU cost it (the suite runs 8-12 pytest-xdist
+    # workers: 565 us seen on an H100) -- never the host's 2 ms
+    assert led < min(1000, plain / 2), f"5 ms lead: {led:.0f} us against {plain:.0f} us without (expected the fill kernel alone)"
     assert len(host) == 5 and min(host) >= 2000
     assert bench.flush_us(flush, repeats=3) > 0
 

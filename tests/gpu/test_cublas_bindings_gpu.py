@@ -87,7 +87,7 @@ def test_matmul_f16_is_unchanged_by_the_bindings():
     CuPy calls (a fresh process, so nothing was loaded before)."""
     code = textwrap.dedent("""
         import sys, numpy as np, cupy as cp
-        from labkernels import gpu
+        from labkernels import blas
         rng = np.random.default_rng(3)
         x = cp.asarray(rng.standard_normal((512, 4096)).astype(np.float16))
         w = cp.asarray((rng.standard_normal((4096, 4096)) / 64).astype(np.float16))

@@ -236,7 +236,8 @@ def test_gemm_dense_matches_matmul_and_captures(dt, path):
         s.begin_capture()
         blas.gemm_dense(x, w, out=out, path=path)
         g = s.end_capture()
-    out.fill(0)
+    with s:              # on the graph's stream: a non-blocking stream does not wait for the legacy default stream
+        out.fill(0)
     g.launch(s)
     s.synchronize()
     assert np.array_equal(cp.asnumpy(out), cp.asnumpy(y))

@@ -83,7 +83,7 @@ def test_every_main_path_instantiation_once(cp, rng, spec):
 @pytest.mark.parametrize("spec", VARIANTS, ids=[k.key for k in VARIANTS])
 @pytest.mark.parametrize("nt,od,id_", [(1, 128, 256), (77, 200, 512), (300, 256, 768), (520, 130, 1024)])
 def test_wgmma_parity(cp, rng, spec, nt, od, id_, sk):
-    from labkernels import wgmma
+    from labkernels import errors, wgmma
 
     qtype = "q4_K" if spec.p["QT"] == 4 else "q6_K"
     raw = _weights(rng, qtype, od, id_)
@@ -91,8 +91,6 @@ def test_wgmma_parity(cp, rng, spec, nt, od, id_, sk):
     params = dict(BN=spec.p["BN"], STAGES=spec.p["STAGES"], BF16=spec.p["BF16"], SCL=spec.p["SCL"], SK=sk,
                   EPI=spec.p["EPI"], AQ=spec.p["AQ"], PF=spec.p["PF"])
     if spec.p["EPI"] == 3:   # the pair exchange runs on SK=3 only (test_wgmma_pair_exchange_is_bitwise_the_plain_one)
-        from labkernels import errors
-
         with pytest.raises(errors.ShapeError, match="stream-K|EPI=3"):
             _run(cp, _weights(rng, "q4_K" if spec.p["QT"] == 4 else "q6_K", od, id_), "q4_K" if spec.p["QT"] == 4
                  else "q6_K", np.zeros((nt, id_), np.float32), **params)
@@ -525,6 +523,8 @@ def test_wgmma_rejects_bad_shapes(cp, rng):
     with pytest.raises(KeyError, match="no registered kernel"):
         wgmma.gemm(w, cp.zeros((4, 512), cp.float32), BN=96)
     with pytest.raises(ValueError, match="EPI is 0"):
+        wgmma.gemm(w, cp.zeros((4, 512), cp.float32), EPI=7)
+    with pytest.raises(errors.ShapeError, match="EPI=3 exchanges .* SK=3"):     # a form, on its own grid only
         wgmma.gemm(w, cp.zeros((4, 512), cp.float32), EPI=3)
     with pytest.raises(ValueError, match="AQ is 2 or 4"):
         wgmma.gemm(w, cp.zeros((4, 512), cp.float32), AQ=3)
