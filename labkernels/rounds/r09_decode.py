@@ -220,7 +220,17 @@ LEDGER = [
                 "4 to 5 CTAs an SM without a faster stream. Best of the step: 21.0 us = 53% of the copy line "
                 "(0.76x MMVQ's 16.05 us on an H100, issue 45; not measured in this call). PIPE leaves the product at "
                 "the next step (reproducible at 2406c00 with `labkernels gpu check --steps gemv_step3`); the one-wave "
-                "split becomes gemv_kq's default split once the benchmark of record confirms it for q6_K and f32."},
+                "split becomes gemv_kq's default split once the benchmark of record confirms it for q6_K and f32.",
+     "counters": "Nsight Compute (--set full, caches flushed, one launch each; H100 80GB HBM3, commit 5319d8c; the "
+                 ".ncu-rep came back with the device call but is not a recorded run): q4_K 4096x14336 nt=1 f16, "
+                 "FORM=1 MT=1 one-wave 22.2 us, DRAM read 1.50 TB/s (33.3 MB), warps active 22% of the SM's 64, "
+                 "issue active 39%, 106 registers a thread: 4 CTAs (16 warps) an SM, held by registers; default split "
+                 "29.5 us / 1.12 TB/s; MT=2 one-wave 24.1 us / 1.39 TB/s, 150 registers, 3 CTAs an SM; PIPE=4 one-wave "
+                 "31.1 us / 1.07 TB/s at 94 registers and 5 CTAs an SM (26% warps active); FORM=0 MT=2 default 28.4 us. "
+                 "What stands between the kernel and the line: few warps (register-limited) each waiting on its "
+                 "super-block's loads at the top of the loop -- the next lever is bytes in flight per warp without a "
+                 "shared-memory ring (a register double buffer of the next super-block's 32 B a lane) or fewer "
+                 "registers for 5-6 CTAs an SM."},
     # step 4: written 2026-12-07 before its run, from step 3's run (H100) and the decode's split of the step time
     {"step": 4, "name": "the winner in the product: the benchmark of record with FORM=1 and the one-wave split, the "
                         "decode on the recorded fastest configuration",
