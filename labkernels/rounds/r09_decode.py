@@ -218,7 +218,7 @@ LEDGER = [
                 "slower, so bytes in flight per SM were not what held the kernel: the ring's cp.async / commit / wait "
                 "and barrier per super-block cost more than the latency they hid, and its 39 KB a CTA moved MT=1 from "
                 "4 to 5 CTAs an SM without a faster stream. Best of the step: 21.0 us = 53% of the copy line "
-                "(0.76x MMVQ's 16.05 us on an H100, issue 45; not measured in this call). PIPE leaves the product at "
+                "(0.76x MMVQ's 16.05 us, measured on an H100 in an earlier call, not in this one). PIPE leaves the product at "
                 "the next step (reproducible at 2406c00 with `labkernels gpu check --steps gemv_step3`); the one-wave "
                 "split becomes gemv_kq's default split once the benchmark of record confirms it for q6_K and f32.",
      "counters": "Nsight Compute (--set full, caches flushed, one launch each; H100 80GB HBM3, commit 5319d8c; the "
