@@ -72,7 +72,7 @@ MAX_MANIFEST_BYTES = 2**62
 MAX_JSON_BYTES = 64 << 20
 #: an attachment's name (:meth:`Run.attach`): a stem of lowercase letters, digits, ``_`` and ``-``, then an extension
 #: that is not ``csv`` / ``json`` / ``manifest`` (a table, the metadata and the manifest keep their own names)
-ATTACH_RX = re.compile(r"[a-z0-9][a-z0-9_-]{0,79}\.[a-z0-9][a-z0-9-]{0,15}")
+ATTACH_RX = re.compile(r"[a-z0-9][a-z0-9_-]{0,79}\.[a-z0-9][a-z0-9-]{0,15}(?:\.xz)?")   # .xz: kept compressed
 #: the largest attachment a run keeps (data/ is in git: a ~6 MiB Nsight Compute report at most)
 MAX_ATTACH_BYTES = 6 << 20
 
@@ -606,10 +606,10 @@ def table_rows(path: Path, limit: int | None = None) -> int:
 
 
 def check_attachment_name(name) -> str:
-    if not isinstance(name, str) or not ATTACH_RX.fullmatch(name) or name.rsplit(".", 1)[1] in ("csv", "json",
-                                                                                              "manifest"):
-        raise RecordError(f"attachment name {name!r}: use <stem>.<ext> (lowercase letters, digits, _ and -; the "
-                          "extension not csv, json or manifest)")
+    if not isinstance(name, str) or not ATTACH_RX.fullmatch(name) or name.removesuffix(".xz").rsplit(".", 1)[1] in (
+            "csv", "json", "manifest"):
+        raise RecordError(f"attachment name {name!r}: use <stem>.<ext> or <stem>.<ext>.xz (lowercase letters, "
+                          "digits, _ and -; the extension not csv, json or manifest)")
     return name
 
 

@@ -173,7 +173,9 @@ if len(hot) and (hot.case == focus).any():
     h = hot[hot.case == focus]
     kept = run.meta.get("attachments", [])
     print(f"{focus}: source lines ranked by {h.metric.iloc[0]}; reports kept with run {run.run_id}: "
-          + ", ".join(kept[:3]) + ("..." if len(kept) > 3 else ""))
+          + ", ".join(kept[:3]) + ("..." if len(kept) > 3 else "")
+          + (" (xz-compressed: `xz -dk` one, then open it in Nsight Compute)" if any(k.endswith(".xz") for k in kept)
+             else ""))
     display(report.table(h[["rank", "file", "line", "value", "share", "instructions", "hottest_sass"]],
                          {"share": "{:.1%}"}))
 else:

@@ -2,6 +2,7 @@
 arithmetic, the IMMA consistency check, the linear fit, the counter-evidence rule, the driver's launch
 plan, and the whole run_forensics pipeline against a fake ncu (which writes the documented raw CSV)."""
 import json
+import lzma
 from pathlib import Path
 import math
 import stat
@@ -573,8 +574,8 @@ def test_run_forensics_end_to_end_with_a_fake_ncu(tmp_path, monkeypatch):
     # every case's .ncu-rep kept with the run (manifested, verified) and its hotspots read back
     assert set(m.selected_by) == {"nvtx"}
     assert len(run.attachments()) == 2 * len(D.CASES)
-    att = run.attachment_path("q6k_expb_epi0-512x4096x4096.ncu-rep")
-    assert att.read_bytes() == b"NCU-REP q6k_expb_epi0@512x4096x4096"
+    att = run.attachment_path("q6k_expb_epi0-512x4096x4096.ncu-rep.xz")        # kept xz-compressed: the same bytes
+    assert lzma.decompress(att.read_bytes()) == b"NCU-REP q6k_expb_epi0@512x4096x4096"
     assert att.name in json.loads(run.manifest_path.read_text())["files"]
     assert records_admin.check_data(out / "data") == (1, [])
     hot = run.table("hotspots")
@@ -658,18 +659,21 @@ def test_keep_reports_puts_the_focus_kernel_first_and_keeps_a_run_budget(tmp_pat
 
     monkeypatch.setattr(ncu_rep, "kernel_hotspots", lambda rep, kernel, top=12: (_ for _ in ()).throw(
         ncu_rep.NcuReportMissing("absent")))
-    monkeypatch.setattr(F, "RUN_REPORT_BUDGET", 250)
-    reps = {}
+    reps, rng = {}, np.random.default_rng(0)
     for case in ("q6k_generic@1x1x256", "q6k_expb_epi0@1x1x256", "q4k_nb_kdr4@1x1x256"):
         p = tmp_path / f"{case.split('@')[0]}.ncu-rep"
-        p.write_bytes(b"x" * 100)
+        p.write_bytes(rng.integers(0, 256, 100, dtype=np.uint8).tobytes())    # incompressible: xz adds ~60 bytes
         reps[case] = p
+    size = len(lzma.compress(reps["q6k_generic@1x1x256"].read_bytes(), preset=6))
+    monkeypatch.setattr(F, "RUN_REPORT_BUDGET", 2 * size + size // 2)          # room for two reports, not three
     run = records.new_run("forensics", {}, root=tmp_path / "data")
     kept, hot, errs = F.keep_reports(run, reps, spec_of=lambda c: {"variant": c.split("@")[0], "shape": "1x1x256"},
                                      progress=lambda s: None)
-    assert kept["q6k_expb_epi0@1x1x256"] == "q6k_expb_epi0-1x1x256.ncu-rep"
-    assert kept["q6k_generic@1x1x256"] == "q6k_generic-1x1x256.ncu-rep"
-    assert kept["q4k_nb_kdr4@1x1x256"].startswith("not kept: the run's reports would pass 250")
-    assert run.attachments() == ["q6k_expb_epi0-1x1x256.ncu-rep", "q6k_generic-1x1x256.ncu-rep"]
+    assert kept["q6k_expb_epi0@1x1x256"] == "q6k_expb_epi0-1x1x256.ncu-rep.xz"
+    assert kept["q6k_generic@1x1x256"] == "q6k_generic-1x1x256.ncu-rep.xz"
+    assert kept["q4k_nb_kdr4@1x1x256"].startswith(f"not kept: the run's reports would pass {F.RUN_REPORT_BUDGET}")
+    assert run.attachments() == ["q6k_expb_epi0-1x1x256.ncu-rep.xz", "q6k_generic-1x1x256.ncu-rep.xz"]
+    att = run.attachment_path("q6k_generic-1x1x256.ncu-rep.xz")
+    assert lzma.decompress(att.read_bytes()) == reps["q6k_generic@1x1x256"].read_bytes()
     assert hot.empty and set(errs) == set(reps)
     run.finish()

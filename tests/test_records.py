@@ -244,7 +244,9 @@ def test_attachment_is_manifested_and_verified(tmp_path):
     assert p.name == f"{run.run_id}.case-a.ncu-rep" and p.read_bytes() == src.read_bytes()
     with pytest.raises(records.RecordError, match="already has it"):
         run.attach("case-a.ncu-rep", src)
-    for bad in ("../x.ncu-rep", "a.csv", "A.ncu-rep", "noext", "m.manifest"):
+    assert records.check_attachment_name("case-b.ncu-rep.xz") == "case-b.ncu-rep.xz"      # kept compressed
+    for bad in ("../x.ncu-rep", "a.csv", "A.ncu-rep", "noext", "m.manifest", "a.ncu-rep.gz", "a.csv.xz",
+                "a.ncu-rep.xz.xz", "../a.ncu-rep.xz", "a.b.c"):
         with pytest.raises(records.RecordError, match="attachment name"):
             run.attach(bad, src)
     big = tmp_path / "big.bin"

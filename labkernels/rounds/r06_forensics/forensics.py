@@ -28,10 +28,12 @@ query-metrics output are kept as files beside the records. ``labkernels forensic
 from __future__ import annotations
 
 import json
+import lzma
 import math
 import os
 import re
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -161,22 +163,29 @@ FOCUS = "q6k_expb_epi0"
 
 
 def keep_reports(run, reports: dict, spec_of=None, top: int = HOTSPOT_TOP, progress=print) -> tuple:
-    """Each case's ``.ncu-rep`` attached to ``run`` (:meth:`labkernels.records.Run.attach`: manifested, at most
-    :data:`labkernels.records.MAX_ATTACH_BYTES`; a bigger one stays in the results folder and is said so) and its
+    """Each case's ``.ncu-rep`` attached to ``run`` xz-compressed as ``<case>.ncu-rep.xz`` (a full-set report of
+    ~5 MB keeps in ~0.4 MB; ``xz -dk`` it, then open it in Nsight Compute) through
+    :meth:`labkernels.records.Run.attach` (manifested, at most :data:`labkernels.records.MAX_ATTACH_BYTES`
+    compressed; a bigger one stays in the results folder and is said so) and its
     per-source-line hotspots read back with ``ncu_report`` (:mod:`labkernels.rounds.r06_forensics.ncu_rep`). Returns ({case: attachment
     name or why not}, the hotspot rows as a DataFrame, {case: why no hotspots})."""
     kept, rows, errors, total = {}, [], {}, 0
     for case, rep in sorted(reports.items(), key=lambda kv: not kv[0].startswith(FOCUS + "@")):
-        name = re.sub(r"[^a-z0-9_-]+", "-", case.lower()).strip("-") + ".ncu-rep"
-        size = Path(rep).stat().st_size
+        name = re.sub(r"[^a-z0-9_-]+", "-", case.lower()).strip("-") + ".ncu-rep.xz"
+        size = 0
+        if run is not None:
+            xz = Path(rep).with_name(Path(rep).name + ".xz")
+            with open(rep, "rb") as src, lzma.open(xz, "wb", preset=6) as dst:
+                shutil.copyfileobj(src, dst)
+            size = xz.stat().st_size
         if run is None:
             kept[case] = str(rep)
         elif size > records.MAX_ATTACH_BYTES:
-            kept[case] = f"not kept: {size} bytes over the cap of {records.MAX_ATTACH_BYTES} ({rep})"
+            kept[case] = f"not kept: {size} bytes xz-compressed, over the cap of {records.MAX_ATTACH_BYTES} ({rep})"
         elif total + size > RUN_REPORT_BUDGET:
             kept[case] = f"not kept: the run's reports would pass {RUN_REPORT_BUDGET} bytes ({rep})"
         else:
-            run.attach(name, rep)
+            run.attach(name, xz)
             kept[case] = name
             total += size
         try:
