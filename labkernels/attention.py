@@ -246,13 +246,6 @@ PROBE_TOKENS = 64
 PARITY_TOL = {"f16": 1e-3, "bf16": 1e-2, "f32": 1e-5}
 
 
-def _capturing(cp) -> bool:
-    """Whether the current stream is being captured into a CUDA graph (False where CuPy cannot say)."""
-    rt = getattr(getattr(cp, "cuda", None), "runtime", None)
-    if rt is None or not hasattr(rt, "streamIsCapturing"):
-        return False
-    return bool(rt.streamIsCapturing(cp.cuda.get_current_stream().ptr))
-
 class Backend:
     """One attention path of a model: ``backend(q, k, v, n, il, tracer, out16)`` -> [n, n_head*d_v]."""
     name = "?"
@@ -347,7 +340,7 @@ class Baseline(Backend):
             # decomposition found attention at 23 TFLOPS); per-head 2-D GEMMs cost 2 launches per head
             return blas.bmm_f16(A, B)
         cp = gpu.cp()
-        if _capturing(cp):
+        if gpu.capturing():
             # CuPy refuses its cuBLAS calls under capture: one (capturable) gemm_dense a batch entry
             out = cp.empty((A.shape[0], A.shape[1], B.shape[2]), cp.float32)
             for h in range(A.shape[0]):

@@ -346,7 +346,7 @@ class _Workspace:
         c = gpu.cp()
         ws, cnt = self.bufs.get(stream_ptr, (None, None))
         if ws is None or ws.size < floats or cnt.size < ctas:
-            if c.cuda.runtime.streamIsCapturing(stream_ptr) if hasattr(c.cuda.runtime, "streamIsCapturing") else False:
+            if gpu.capturing(stream_ptr):
                 raise GemvError("gemv_kq's split workspace must grow while a graph is being captured: run the "
                                 "launch once before capturing")
             if ws is not None:

@@ -156,6 +156,16 @@ def cp():
     return cupy
 
 
+def capturing(stream_ptr: int | None = None) -> bool:
+    """Whether a stream (default: the current one) is being captured into a CUDA graph; False where CuPy cannot
+    say."""
+    c = cp()
+    rt = getattr(getattr(c, "cuda", None), "runtime", None)
+    if rt is None or not hasattr(rt, "streamIsCapturing"):
+        return False
+    return bool(rt.streamIsCapturing(c.cuda.get_current_stream().ptr if stream_ptr is None else stream_ptr))
+
+
 @lru_cache(maxsize=1)
 def device_props() -> dict:
     c = cp()
