@@ -117,3 +117,26 @@ def test_the_gemv_headline_is_timed_with_round_9s_lead():
     gemv = [h for h in NB.HEADLINES if h.kernel == "gemv"]
     assert gemv and all(h.lead_us == r09_decode.PLAN["lead_us"] for h in gemv)
     assert all(h.lead_us == 0.0 for h in NB.HEADLINES if h.kernel != "gemv")
+
+
+def test_a_difference_the_flush_explains_is_said_and_settles_the_check():
+    """The GEMV headline timed by the harness behind both flushes: when the harness behind nvbench's own memset flush
+    agrees with nvbench, the difference is the flush's (explained, the check settled); when it does not, it stays
+    unexplained."""
+    lab = _lab()
+    lab["gemv_q4k_nt1"].update(lab_us_nvflush=23.0, cublas_us_nvflush=41.0)     # ratio 1.7826
+    nvb = {k: dict(v) for k, v in _lab().items()}
+    nvb["gemv_q4k_nt1"] = {"lab_us": 23.2, "cublas_us": 41.2}                     # ratio 1.7759: -11% vs 2.0
+    t = NB.compare(lab, nvb).set_index("case")
+    g = t.loc["gemv_q4k_nt1"]
+    assert not g.agree and g.explained and g.harness_nvflush_ratio == pytest.approx(41.0 / 23.0)
+    assert g.nvflush_ratio_diff == pytest.approx((41.2 / 23.2) / (41.0 / 23.0) - 1)
+    assert "the difference is the flush" in g.note
+    assert not t.loc["gemm_q4k_nt512", "explained"] and math.isnan(t.loc["gemm_q4k_nt512", "harness_nvflush_ratio"])
+    assert NB.settled(t.reset_index())
+    nvb["gemv_q4k_nt1"] = {"lab_us": 26.0, "cublas_us": 41.2}                     # 1.585: 11% off the memset flush too
+    t2 = NB.compare(lab, nvb).set_index("case")
+    assert not t2.loc["gemv_q4k_nt1", "explained"] and "not the flush alone" in t2.loc["gemv_q4k_nt1", "note"]
+    assert not NB.settled(t2.reset_index())
+    old = NB.compare(_lab(), nvb).drop(columns=["explained"])                      # a run recorded before the column
+    assert not NB.settled(old) and not NB.settled(None)
