@@ -8,6 +8,7 @@ shape: "Known[forensics_shapes]" = "3328x4096x11008"   # nt x od x id: the shape
 
 # %%
 import numpy as np, pandas as pd, matplotlib.pyplot as plt
+from IPython.display import Markdown
 from labkernels import report, records, plotting
 from labkernels.rounds.r06_forensics import forensics
 report.setup()
@@ -176,8 +177,8 @@ if len(hot) and (hot.case == focus).any():
           + ", ".join(kept[:3]) + ("..." if len(kept) > 3 else "")
           + (" (xz-compressed: `xz -dk` one, then open it in Nsight Compute)" if any(k.endswith(".xz") for k in kept)
              else ""))
-    display(report.table(h[["rank", "file", "line", "value", "share", "instructions", "hottest_sass"]],
-                         {"share": "{:.1%}"}))
+    display(report.table(forensics.hotspot_table(hot, focus), {"share": "{:.1%}"}))
+    display(Markdown(forensics.hotspot_source_note(hot, focus, run.provenance.get("git_commit", "?"))))
 else:
     print(f"Run {run.run_id} predates the kept Nsight Compute reports: no per-line hotspot table yet; "
           "the next `labkernels gpu-check --steps forensics` records one.")

@@ -531,7 +531,7 @@ def test_run_forensics_end_to_end_with_a_fake_ncu(tmp_path, monkeypatch):
         seen.append((Path(rep).read_bytes(), kernel))
         if "q4k" in kernel:
             raise ncu_rep.NcuReportMissing("no ncu_report here")
-        lines = pd.DataFrame({"file": ["q6k_expb.cuh", "q6k_expb.cuh"], "line": [52, 77],
+        lines = pd.DataFrame({"file": [HASHED, "common.cuh"], "line": [52, 77],
                               "inst_executed": [800.0, 90.0], "share": [0.8, 0.09], "instructions": [2, 1],
                               "hottest_sass": ["IMMA.16816.S8.S8 R8, R4, R6, R8", "I2F.F32.S32 R20, R8"]})
         return {"lines": lines, "metric": "inst_executed"}
@@ -580,6 +580,12 @@ def test_run_forensics_end_to_end_with_a_fake_ncu(tmp_path, monkeypatch):
     assert records_admin.check_data(out / "data") == (1, [])
     hot = run.table("hotspots")
     assert set(hot.case) == {c for c in m.case if "q4k" not in c} and list(hot[hot.case == hot.case[0]].line) == [52, 77]
+    # the report's hash name kept in ``file``, the lab's name of that file beside it in ``source``
+    assert set(hot.file) == {HASHED, "common.cuh"}
+    assert set(zip(hot.case.str.split("@").str[0], hot.source)) == (
+        {(c, D.kernel_spec(c).source) for c in D.CASES if "q4k" not in c} | {(c, "common.cuh") for c in D.CASES
+                                                                            if "q4k" not in c})
+    assert set(hot[hot.case.str.startswith("q6k_generic@")].source) == {"q6k_generic.cu", "common.cuh"}
     errs = run.meta["summary"]["hotspots_errors"]
     assert set(errs) == {c for c in m.case if "q4k" in c} and "no ncu_report" in next(iter(errs.values()))
     assert {k for _, k in seen} == {D.case_spec(c)["template"] for c in D.CASES}
@@ -588,6 +594,69 @@ def test_run_forensics_end_to_end_with_a_fake_ncu(tmp_path, monkeypatch):
     back = F.load_run(root=out / "data")
     assert len(back["per_gmac"]) == len(m) and list(back["verdicts"].verdict) == list(v.verdict)
     assert not list(out.glob("*.tmp"))
+
+
+#: the name CuPy's kernel cache gives a kernel's .cu (sha1 of its cache key + ".cubin.cu"), as ncu's source view shows it
+HASHED = "371f9bddae86e6f7253f50b85a4dd4793911dffd.cubin.cu"
+
+
+def test_hotspot_file_names_are_the_kernels_source_files():
+    assert F.is_build_cache_name(HASHED) and F.is_build_cache_name("/tmp/tmpab12/" + HASHED)
+    for name in ("common.cuh", "q6k_expb.cu", "371f9bdd.cubin.cu", HASHED + ".bak", "X" * 40 + ".cubin.cu", "", None):
+        assert not F.is_build_cache_name(name), name
+    assert F.kernel_source("q6k_expb_epi0@3328x4096x4096") == "q6k_expb.cu"
+    assert F.kernel_source("q6k_expb_epi1_occ2@1x1x256") == "q6k_expb.cu"
+    assert F.kernel_source("q6k_generic") == "q6k_generic.cu"
+    assert F.kernel_source("q4k_nb@3328x4096x4096") == "q4k_nb.cu"         # a label an older run used
+    from labkernels.kernels import registry
+
+    with pytest.raises(registry.RegistryError):
+        F.kernel_source("gemv_nope@1x1x256")
+    # a run recorded before the ``source`` column: mapped from the case, headers keep their names
+    hot = pd.DataFrame({"case": ["q6k_expb_epi0@1x1x256"] * 3 + ["q4k_nb_kdr4@1x1x256"],
+                        "rank": [1, 2, 3, 1], "metric": "inst_executed",
+                        "file": [HASHED, "common.cuh", HASHED, "3912985ac8b1c89ded21c7aa629ab3c4a72eb2fd.cubin.cu"],
+                        "line": [165, 108, 164, 115], "value": [9.0, 5.0, 4.0, 1.0], "share": [0.5, 0.3, 0.2, 1.0],
+                        "instructions": [3, 2, 1, 1], "hottest_sass": ["I2FP.F32.S32 R1, R2", "LOP3", "FFMA", "FMUL"]})
+    before = hot.copy()
+    w = F.with_sources(hot)
+    pd.testing.assert_frame_equal(hot, before)                              # the recorded table is not touched
+    assert list(w.source) == ["q6k_expb.cu", "common.cuh", "q6k_expb.cu", "q4k_nb.cu"]
+    assert list(w.columns).index("source") == list(w.columns).index("file") + 1
+    assert F.source_name(float("nan"), "q6k_generic@1x1x256") == "" and F.source_name(None, "q6k_generic") == ""
+    # a run that recorded ``source`` keeps its own
+    assert list(F.with_sources(w.assign(source=["a.cu", "", "b.cu", None])).source) == [
+        "a.cu", "common.cuh", "b.cu", "q4k_nb.cu"]
+    t = F.hotspot_table(hot, "q6k_expb_epi0@1x1x256")
+    assert list(t.columns) == ["rank", "file", "line", "value", "share", "instructions", "hottest_sass"]
+    assert list(t.file) == ["q6k_expb.cu", "common.cuh", "q6k_expb.cu"] and list(t.line) == [165, 108, 164]
+    assert not t.file.map(F.is_build_cache_name).any()
+    note = F.hotspot_source_note(hot, "q6k_expb_epi0@1x1x256", "5319d8c")
+    assert "`labkernels/kernels/q6k_expb.cu`" in note and "`labkernels/kernels/common.cuh`" in note
+    assert "5319d8c" in note and HASHED in note and "verbatim" in note and "q4k_nb" not in note
+
+
+def test_recorded_hotspot_lines_are_the_kernel_files_lines_at_the_runs_commit():
+    """Round 6's recorded run (H100, 5319d8c) named q6k_expb.cu by the build cache's hash; the file is compiled
+    verbatim, so its hottest lines (the EPI=0 epilogue's I2F + FFMA) are q6k_expb.cu's own lines at that commit."""
+    import subprocess
+
+    from labkernels.paths import REPO_ROOT
+
+    run = records.load("forensics", "20261207T023136Z-h10080gbhbm3-5319d8c", root=REPO_ROOT / "data")
+    commit = run.provenance["git_commit"]
+    t = F.hotspot_table(run.table("hotspots"), "q6k_expb_epi0@3328x4096x4096")
+    assert not t.file.map(F.is_build_cache_name).any() and set(t.file) <= {"q6k_expb.cu", "common.cuh", "tile.cuh"}
+    top = t.head(2)
+    assert set(top.file) == {"q6k_expb.cu"} and set(top.line) == {164, 165}
+    assert {s.split()[0].split(".")[0] for s in top.hottest_sass} == {"I2FP", "FFMA"}
+    try:
+        text = subprocess.run(["git", "show", f"{commit}:labkernels/kernels/q6k_expb.cu"], cwd=REPO_ROOT,
+                              capture_output=True, text=True, check=True).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip(f"commit {commit} not in this checkout's history")
+    for line in (164, 165):     # acc += (da * s) * (float)c[i]: one I2F and one FFMA per element, EPI=0
+        assert "(float)c" in text[line - 1] and "acc[m][nh][i] +=" in text[line - 1], (line, text[line - 1])
 
 
 def test_run_forensics_records_failure(tmp_path):

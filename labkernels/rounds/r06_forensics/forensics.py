@@ -41,6 +41,7 @@ from pathlib import Path
 import pandas as pd
 
 from ... import paths, records
+from ...kernels import registry
 from . import forensics_driver as drv, ncu_rep
 from .counters import ab_summary, concept_view, fit_table, imma_check, imma_ok, pair_table, per_gmac, verdict
 from ...ncu import (METRIC_SETS, REQUIRED, NcuError, _json_line, _run, _tail, choose_metrics, concept_columns,
@@ -168,7 +169,8 @@ def keep_reports(run, reports: dict, spec_of=None, top: int = HOTSPOT_TOP, progr
     :meth:`labkernels.records.Run.attach` (manifested, at most :data:`labkernels.records.MAX_ATTACH_BYTES`
     compressed; a bigger one stays in the results folder and is said so) and its
     per-source-line hotspots read back with ``ncu_report`` (:mod:`labkernels.rounds.r06_forensics.ncu_rep`). Returns ({case: attachment
-    name or why not}, the hotspot rows as a DataFrame, {case: why no hotspots})."""
+    name or why not}, the hotspot rows as a DataFrame (``file`` as the report names it, ``source`` the lab's name
+    of that file: :func:`source_name`), {case: why no hotspots})."""
     kept, rows, errors, total = {}, [], {}, 0
     for case, rep in sorted(reports.items(), key=lambda kv: not kv[0].startswith(FOCUS + "@")):
         name = re.sub(r"[^a-z0-9_-]+", "-", case.lower()).strip("-") + ".ncu-rep.xz"
@@ -197,7 +199,8 @@ def keep_reports(run, reports: dict, spec_of=None, top: int = HOTSPOT_TOP, progr
             progress(f"  hotspots {case}: {errors[case]}")
             continue
         for i, r in h["lines"].iterrows():
-            rows.append({"case": case, "rank": i + 1, "metric": h["metric"], "file": r["file"], "line": int(r["line"]),
+            rows.append({"case": case, "rank": i + 1, "metric": h["metric"], "file": r["file"],
+                         "source": source_name(r["file"], case), "line": int(r["line"]),
                          "value": float(r[h["metric"]]), "share": float(r["share"]),
                          "instructions": int(r["instructions"]), "hottest_sass": r["hottest_sass"]})
     return kept, pd.DataFrame(rows), errors
@@ -208,6 +211,71 @@ def _template_of(spec: dict) -> str:
         return drv.case_spec(spec["variant"], spec["shape"])["template"]
     except Exception:
         return ""
+
+
+# ------------------------------------------------------------------------------------------------ hotspot file names
+#: the name the ``-lineinfo`` of a kernel built through CuPy's kernel cache gives its .cu: ``gpu._module`` hands
+#: ``RawModule`` the registry's source file read verbatim (``code=path.read_text()``; the tile constants travel as
+#: ``-D`` options, nothing is prepended), and CuPy (14: ``cupy/cuda/compiler.py`` ``_compile_with_cache_cuda``)
+#: writes that text to a temporary folder as ``<sha1 of the cache key>.cubin.cu`` and names the NVRTC program so.
+#: Nsight Compute's source view, and so the ``file`` column of a run's ``hotspots`` table, carries that name; the
+#: headers the source includes (``common.cuh``, ``tile.cuh``) keep their own.
+BUILD_CACHE_NAME = re.compile(r"[0-9a-f]{40}\.cubin\.cu")
+
+
+def is_build_cache_name(file) -> bool:
+    """Whether ``file`` (a name or a path) is the build cache's hash-named copy of a kernel source."""
+    return isinstance(file, str) and bool(BUILD_CACHE_NAME.fullmatch(os.path.basename(file)))
+
+
+def kernel_source(case: str) -> str:
+    """The registry's source file of a forensics case's kernel: case -> variant -> family -> its ``source``
+    (``q6k_expb_epi0@3328x4096x4096`` -> ``q6k_expb.cu``; a bare variant or a label an older run used works too).
+    An unknown variant raises :class:`labkernels.kernels.registry.RegistryError`."""
+    return registry.variant(str(case).split("@", 1)[0]).spec().source
+
+
+def source_name(file, case: str) -> str:
+    """A hotspot row's file as the lab names it: the build cache's hash-named copy -> :func:`kernel_source` of the
+    case (the same text, so the same line numbers); any other name (a header) unchanged."""
+    return kernel_source(case) if is_build_cache_name(file) else (file if isinstance(file, str) else "")
+
+
+def with_sources(hot: pd.DataFrame) -> pd.DataFrame:
+    """``hot`` with a ``source`` column: the real file name of every row. Runs recorded with it keep their own
+    (:func:`keep_reports` writes it); older runs' (their ``file`` the build cache's hash name) are mapped here from
+    the case, never edited on disk."""
+    hot = hot.copy()
+    mapped = [source_name(f, c) for f, c in zip(hot["file"], hot["case"])] if len(hot) else []
+    if "source" in hot.columns:
+        hot["source"] = [s if isinstance(s, str) and s else m for s, m in zip(hot["source"], mapped)]
+    else:
+        hot.insert(list(hot.columns).index("file") + 1, "source", mapped)
+    return hot
+
+
+def hotspot_table(hot: pd.DataFrame, case: str) -> pd.DataFrame:
+    """One case's rows of a run's ``hotspots`` table as the page shows them: ``file`` the kernel's real source file
+    name (:func:`with_sources`), the build cache's hash name gone."""
+    h = with_sources(hot[hot["case"] == case])
+    h = h.drop(columns=["file"]).rename(columns={"source": "file"})
+    return h[["rank", "file", "line", "value", "share", "instructions", "hottest_sass"]].reset_index(drop=True)
+
+
+def hotspot_source_note(hot: pd.DataFrame, case: str, commit: str) -> str:
+    """What the ``file`` / ``line`` columns of :func:`hotspot_table` refer to: the files under ``labkernels/kernels/``
+    at the run's commit, and the name Nsight Compute's source view gives the kernel's own file."""
+    h = with_sources(hot[hot["case"] == case])
+    files = list(dict.fromkeys(h["source"]))
+    built = sorted({os.path.basename(f) for f in h["file"] if is_build_cache_name(f)})
+    src = kernel_source(case)
+    note = (f"Line numbers refer to {', '.join(f'`labkernels/kernels/{f}`' for f in files)} at the run's commit "
+            f"{commit} (`git show {commit}:labkernels/kernels/{src}`).")
+    if built:
+        note += (f" In the kept report the kernel's own file is named {', '.join(f'`{b}`' for b in built)}: CuPy's "
+                 f"kernel cache compiles `{src}` under the SHA-1 of its cache key. The text is the file verbatim (the "
+                 f"tile constants are `-D` options, nothing is prepended), so its line numbers are `{src}`'s.")
+    return note
 
 
 def ab_timing(base: str, variant: str, shape, pairs: int = 5, repeats: int = 20, timeout: int = 600) -> dict:
