@@ -29,12 +29,11 @@ lane mirror: :func:`lane_dequant_v2`. Its range: a sub-block sum of the activati
 (the f16 ``hi`` half; larger gives inf/NaN -- an average |x| over 2047 in 32 consecutive values; FORM=0 has no such
 limit).
 
-**PIPE** (round 9 step 3, ``gemv(..., FORM=1, PIPE=2 or 4)``): FORM=1's arithmetic, the bytes staged through a
-PIPE-deep ring of shared-memory stages per CTA, filled by 16-byte ``cp.async`` PIPE - 1 super-blocks ahead of the one
-computed (the warps' GGUF blocks as stored and the nt tokens' activations of one super-block a stage; sizes:
-:func:`pipe_smem`; the copies that fill a stage and the loads that read it, mirrored: :func:`pipe_copies`, :func:`pipe_reads`). The same instructions
-on the same values as FORM=1 in the same order: the same bits. ``S="wave"`` (any form): the splits that make one wave
-of the resident CTAs, no second partial wave (:func:`wave_splits`; the default :func:`default_splits` rounds up).
+``S="wave"`` (round 9 step 3, any form): the splits that make one wave of the resident CTAs, no second partial wave
+(:func:`wave_splits`; the default :func:`default_splits` rounds up). Step 3's other form, PIPE (FORM=1's bytes staged
+through a cp.async shared-memory ring), lost at every point and left the product; commit a1cf954 holds it (the
+retired step ``gemv_step3`` of :mod:`labkernels.rounds.r09_decode`). Recorded runs keep its rows (typed column PIPE
+> 0), which the recorded choice (:func:`auto_table`) leaves out.
 """
 
 from __future__ import annotations
@@ -380,87 +379,14 @@ def wave_splits(od: int, id_: int, MT: int, WARPS: int, sm_count: int, blocks_pe
     return int(max(1, min(sm_count * blocks_per_sm // groups, id_ // QK)))
 
 
-#: the PIPE values (ring depths) of the registry; 0: no ring (the loads of a super-block at its top, in registers)
-PIPES = (0, 2, 4)
-
-
-def pipe_x_bytes(XF32: int) -> tuple[int, int]:
-    """(CS, TS) of a PIPE stage's activations: a lane's 64 values and 16 bytes of padding, a token's 256 (4 lanes)."""
-    cs = 64 * (4 if XF32 else 2) + 16
-    return cs, 4 * cs
-
-
-def pipe_smem(MT: int, WARPS: int, PIPE: int, XF32: int, nt: int) -> int:
-    """Dynamic shared memory of a PIPE > 0 launch: PIPE stages of the CTA's weight blocks of one super-block
-    (WARPS * MT * 16 rows x 144 bytes) and the nt tokens' activations at it (nt x TS of :func:`pipe_x_bytes`)."""
-    if PIPE == 0:
-        return 0
-    return PIPE * (WARPS * MT * 16 * 144 + nt * pipe_x_bytes(XF32)[1])
-
-
-def pipe_copies(MT: int, WARPS: int, XF32: int, nt: int, od: int, id_: int, rowbase: int = 0):
-    """The cp.async copies that fill one PIPE stage, as the kernel's ``issue`` makes them (its index arithmetic,
-    mirrored): [(thread, destination byte in the stage, source: ("w", byte offset in W at super-block 0 -- add 144 sb)
-    or ("x", byte offset in X at super-block 0 -- add 256 sb E))], 16 bytes each. Weights: warp w's lane copies row
-    ``lane & 15`` of each m16 tile (clamped to od - 1), chunks ``(lane >> 4) + 2k`` (k < 5, < 9) of its 144 bytes;
-    activations: token n by warp ``n % WARPS``, chunk q = lane + 32 h of its 256 values into lane segment q / CH."""
-    nsb = id_ // QK
-    E = 4 if XF32 else 2
-    CS, TS = pipe_x_bytes(XF32)
-    CH = 4 * E
-    WB = MT * 16 * 144
-    out = []
-    for warp in range(WARPS):
-        rb = rowbase + warp * MT * 16
-        for lane in range(32):
-            t = 32 * warp + lane
-            jw = lane >> 4
-            for mt in range(MT):
-                row = min(rb + mt * 16 + (lane & 15), od - 1)
-                for k in range(5):
-                    if k < 4 or jw == 0:
-                        out.append((t, mt * 2304 + warp * WB + (lane & 15) * 144 + 16 * jw + 32 * k,
-                                    ("w", row * nsb * 144 + 16 * jw + 32 * k)))
-            for n in range(warp, nt, WARPS):
-                for h in range(E // 2):
-                    q = lane + 32 * h
-                    out.append((t, WARPS * WB + n * TS + (q // CH) * CS + 16 * (q % CH),
-                                ("x", n * id_ * E + 16 * lane + 512 * h)))
-    return out
-
-
-def pipe_reads(MT: int, WARPS: int, XF32: int, nt: int):
-    """The shared-memory loads of one PIPE stage, as the kernel's compute makes them: {(warp, lane): [("hdr" | "q0" |
-    "q1", mt, half, byte) ... ("x", i, byte) ...]}, each 16 bytes (``KqRow4v2::load_shared`` of rows g and g + 8 of
-    each m16 tile, ``XSeg::load_shared`` of token g's lane segment c when g < nt)."""
-    E = 4 if XF32 else 2
-    CS, TS = pipe_x_bytes(XF32)
-    WB = MT * 16 * 144
-    out = {}
-    for warp in range(WARPS):
-        for lane in range(32):
-            g, c = lane >> 2, lane & 3
-            r = []
-            for mt in range(MT):
-                for half in range(2):
-                    blk = warp * WB + (mt * 16 + 8 * half + g) * 144
-                    r += [("hdr", mt, half, blk), ("q0", mt, half, blk + 16 + 32 * c),
-                          ("q1", mt, half, blk + 32 + 32 * c)]
-            if g < nt:
-                r += [("x", i, WARPS * WB + g * TS + c * CS + 16 * i) for i in range(4 * E)]
-            out[(warp, lane)] = r
-    return out
+@lru_cache(maxsize=None)
+def _kernel(QT: int, XF32: int, NT8: int, MT: int, WARPS: int, FORM: int = 0):
+    return gpu.kernel("gemv_kq", QT=QT, XF32=XF32, NT8=NT8, MT=MT, WARPS=WARPS, FORM=FORM)
 
 
 @lru_cache(maxsize=None)
-def _kernel(QT: int, XF32: int, NT8: int, MT: int, WARPS: int, FORM: int = 0, PIPE: int = 0):
-    return gpu.kernel("gemv_kq", QT=QT, XF32=XF32, NT8=NT8, MT=MT, WARPS=WARPS, FORM=FORM, PIPE=PIPE)
-
-
-@lru_cache(maxsize=None)
-def _blocks_per_sm(QT: int, XF32: int, NT8: int, MT: int, WARPS: int, FORM: int = 0, PIPE: int = 0,
-                   smem: int | None = None) -> int:
-    return max(1, _kernel(QT, XF32, NT8, MT, WARPS, FORM, PIPE).occupancy_api(smem))
+def _blocks_per_sm(QT: int, XF32: int, NT8: int, MT: int, WARPS: int, FORM: int = 0) -> int:
+    return max(1, _kernel(QT, XF32, NT8, MT, WARPS, FORM).occupancy_api())
 
 
 #: the nt FORM=1 takes (one n8 tile of tokens)
@@ -476,15 +402,14 @@ def form1_exact_gate(id_: int) -> float:
     return 4.0 * wgmma_pack.exact_gate(id_)
 
 
-def launch_plan(gv: GemvWeight, nt: int, XF32: int, MT: int = 2, WARPS: int = 4, FORM: int = 0, PIPE: int = 0,
+def launch_plan(gv: GemvWeight, nt: int, XF32: int, MT: int = 2, WARPS: int = 4, FORM: int = 0,
                 S: int | str | None = None, sm_count: int = 132) -> dict:
     """The grid of one launch on ``sm_count`` SMs: splits S (``None``: :func:`default_splits`; ``"wave"``:
-    :func:`wave_splits`; an int as given), row groups, CTAs, the resident CTAs an SM (the occupancy API at the launch's
-    shared memory), waves (CTAs over resident slots), the most super-blocks a split holds, the dynamic shared memory."""
+    :func:`wave_splits`; an int as given), row groups, CTAs, the resident CTAs an SM (the occupancy API), waves (CTAs
+    over resident slots), the most super-blocks a split holds."""
     QT = 4 if gv.qtype == "q4_K" else 6
     NT8 = 1 if nt <= 8 else 2
-    smem = pipe_smem(MT, WARPS, PIPE, XF32, nt)
-    bps = _blocks_per_sm(QT, XF32, NT8, MT, WARPS, FORM, PIPE, smem if PIPE else None)
+    bps = _blocks_per_sm(QT, XF32, NT8, MT, WARPS, FORM)
     groups = -(-gv.od // rows_per_cta(MT, WARPS))
     nsb = gv.id // QK
     if S is None:
@@ -495,16 +420,15 @@ def launch_plan(gv: GemvWeight, nt: int, XF32: int, MT: int = 2, WARPS: int = 4,
         raise GemvError(f"S is a number of splits, None or 'wave', not {S!r}")
     S = int(S)
     return {"S": S, "groups": groups, "ctas": groups * S, "blocks_per_sm": bps, "sm_count": sm_count,
-            "waves": groups * S / (sm_count * bps), "sb_per_split_max": -(-nsb // S), "smem": smem}
+            "waves": groups * S / (sm_count * bps), "sb_per_split_max": -(-nsb // S)}
 
 
-def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4, FORM: int = 0, PIPE: int = 0):
+def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4, FORM: int = 0):
     """Y[nt, od] (float32) = x[nt, id] W^T for nt = 1..16 on ``gemv_kq``. ``w``: a ``gpu.QWeight`` (q4_K / q6_K) or a
     :class:`GemvWeight`; ``x``: cupy float16 or float32 [nt, id], C-contiguous; ``S``: splits of the super-blocks
     (default :func:`default_splits`; ``"wave"``: :func:`wave_splits`); ``MT`` m16 tiles a warp, ``WARPS`` warps a CTA
     (registry rows); ``FORM``: 0 the exact-f16-weight form, 1 step 2's exact ``sc*q`` form (q4_K, nt <= 8; its exact
-    function :func:`exact_weights_v2`); ``PIPE``: 0, or (FORM=1 only) step 3's shared-memory ring of that many
-    super-block stages (:data:`PIPES`; the same function and bits as FORM=1)."""
+    function :func:`exact_weights_v2`). Round 9 step 3's ``PIPE`` argument left with its form (a TypeError now)."""
     c = gpu.cp()
     gv = w if isinstance(w, GemvWeight) else prepare(w)
     if not isinstance(x, c.ndarray) or x.ndim != 2:
@@ -522,33 +446,25 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
         raise errors.ShapeError(f"gemv_kq FORM is 0 or 1, got {FORM}")
     if FORM == 1 and (gv.qtype != "q4_K" or nt > FORM1_MAX_NT):
         raise errors.ShapeError(f"gemv_kq FORM=1 takes q4_K weights at nt = 1..{FORM1_MAX_NT}, got {gv.qtype} at nt={nt}")
-    PIPE = int(PIPE)
-    if PIPE not in PIPES:
-        raise errors.ShapeError(f"gemv_kq PIPE is one of {PIPES}, got {PIPE}")
-    if PIPE and FORM != 1:
-        raise errors.ShapeError(f"gemv_kq PIPE={PIPE} is a form of FORM=1 (q4_K, nt <= {FORM1_MAX_NT}), got FORM={FORM}")
     if not x.flags.c_contiguous:
         x = c.ascontiguousarray(x)
     QT = 4 if gv.qtype == "q4_K" else 6
     NT8 = 1 if nt <= 8 else 2
     XF32 = int(x.dtype == np.float32)
-    k = _kernel(QT, XF32, NT8, MT, WARPS, FORM, PIPE)
+    k = _kernel(QT, XF32, NT8, MT, WARPS, FORM)
     groups = -(-gv.od // rows_per_cta(MT, WARPS))
     nsb = gv.id // QK
-    smem = pipe_smem(MT, WARPS, PIPE, XF32, nt)
     if isinstance(S, str) and S != "wave":
         raise errors.ShapeError(f"S is a number of splits, None or 'wave', not {S!r}")
     if S is None or isinstance(S, str):
-        S = launch_plan(gv, nt, XF32, MT, WARPS, FORM, PIPE, S, gpu.device_props()["sm_count"])["S"]
+        S = launch_plan(gv, nt, XF32, MT, WARPS, FORM, S, gpu.device_props()["sm_count"])["S"]
     S = int(S)
     if not 1 <= S <= nsb:
         raise errors.ShapeError(f"S (splits of the {nsb} super-blocks) must be 1..{nsb}, got {S}")
     y = gpu._out(nt, gv.od, out)
     ws, cnt = _WS.get(c.cuda.get_current_stream().ptr, S * nt * gv.od if S > 1 else 0, groups)
-    k.launch((groups, S), (gv.data, x, y, ws, cnt, np.int32(nt), np.int32(gv.od), np.int32(gv.id), np.int32(S)),
-             **({"smem": smem} if PIPE else {}))
-    logging.getLogger("labkernels.gemv").debug("gemv_kq QT=%d FORM=%d PIPE=%d nt=%d %dx%d S=%d", QT, FORM, PIPE, nt,
-                                               gv.od, gv.id, S)
+    k.launch((groups, S), (gv.data, x, y, ws, cnt, np.int32(nt), np.int32(gv.od), np.int32(gv.id), np.int32(S)))
+    logging.getLogger("labkernels.gemv").debug("gemv_kq QT=%d FORM=%d nt=%d %dx%d S=%d", QT, FORM, nt, gv.od, gv.id, S)
     return y
 
 
@@ -571,7 +487,8 @@ def auto_table(root=None):
         return None
     df = run.table("gemv_bench").copy()
     # typed columns of later steps, absent from earlier runs: FORM (step 2; 0 before), PIPE and WAVE (step 3; 0
-    # before). The product has no PIPE form (step 3: it lost at every point): only PIPE=0 rows are candidates.
+    # before; runs after PIPE left the source have no PIPE column). The product has no PIPE form (step 3: it lost at
+    # every point and was retired): a recorded PIPE > 0 row is never a candidate.
     for col in ("FORM", "PIPE", "WAVE"):
         df[col] = df[col].fillna(0).astype(int) if col in df.columns else 0
     df = df[df.PIPE == 0]

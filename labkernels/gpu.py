@@ -249,48 +249,30 @@ class Kernel:
         f = self.func
         return int(f.ptr) if hasattr(f, "ptr") else int(f.kernel.ptr)
 
-    def _ensure_smem(self, smem: int | None) -> int:
-        """``smem`` (default the registry formula's), the kernel's opt-in dynamic shared-memory limit raised to it
-        where a launch sizes its own above 48 KB and above what the formula asked at load."""
-        smem = self.smem if smem is None else int(smem)
-        if smem > max(self.smem, 48 * 1024) and smem > getattr(self, "_smem_limit", 0):
-            cap = device_props()["smem_optin"]
-            if smem > cap:
-                raise SharedMemoryError(f"{self.spec.key} launch needs {smem} B of dynamic shared memory per block; "
-                                        f"this device allows {cap} B (opt-in cap)")
-            self.func.max_dynamic_shared_size_bytes = smem
-            self._smem_limit = smem
-        return smem
-
-    def occupancy_api(self, smem: int | None = None) -> int:
-        """cudaOccupancyMaxActiveBlocksPerMultiprocessor for this kernel at its block size and smem (``smem``: a
-        launch's own dynamic shared memory, where the launcher sizes it per call: gemv_kq PIPE > 0)."""
+    def occupancy_api(self) -> int:
+        """cudaOccupancyMaxActiveBlocksPerMultiprocessor for this kernel at its block size and smem."""
         c = cp()
         drv = c.cuda.driver
-        smem = self._ensure_smem(smem)
         if hasattr(drv, "occupancyMaxActiveBlocksPerMultiprocessor"):
-            return int(drv.occupancyMaxActiveBlocksPerMultiprocessor(self.ptr, self.spec.threads, smem))
+            return int(drv.occupancyMaxActiveBlocksPerMultiprocessor(self.ptr, self.spec.threads, self.smem))
         from cuda.bindings import driver as cdrv  # cuda-python, present on the GPU image
 
-        err, n = cdrv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.ptr, self.spec.threads, smem)
+        err, n = cdrv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.ptr, self.spec.threads, self.smem)
         if int(err) != 0:
             raise GpuError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed: {err}")
         return int(n)
 
-    def launch(self, grid, args, smem: int | None = None):
+    def launch(self, grid, args):
         """Launch on the current stream (use ``with cupy.cuda.Stream(): ...`` for another); inside
-        :func:`programmatic_launches`, a kernel of a PDL-capable source launches programmatically. ``smem``: this
-        launch's dynamic shared memory where the launcher sizes it per call (default the registry formula's); the
-        kernel's opt-in limit is raised to it once needed."""
-        smem = self._ensure_smem(smem)
+        :func:`programmatic_launches`, a kernel of a PDL-capable source launches programmatically."""
         if _PDL["on"] and self.spec.source in pdl_sources(self.kernels_dir):
             holders, params = kernel_params(args)
-            launch_programmatic(self.ptr, grid, (self.spec.threads,), smem, params,
+            launch_programmatic(self.ptr, grid, (self.spec.threads,), self.smem, params,
                                 cp().cuda.get_current_stream().ptr, self.spec.key)
             del holders
             return
         try:
-            self.func(tuple(int(g) for g in grid), (self.spec.threads,), args, shared_mem=smem)
+            self.func(tuple(int(g) for g in grid), (self.spec.threads,), args, shared_mem=self.smem)
         except Exception as e:
             raise GpuError(f"launch of {self.spec.key} grid {grid} failed: {e}") from e
 

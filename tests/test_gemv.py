@@ -218,7 +218,7 @@ def test_form1_mirror_is_not_vacuous(rng):
 
 def test_auto_table_takes_form_1_and_the_wave_split_but_no_pipe_form(tmp_path, monkeypatch):
     """Steps 2-3 measured FORM=1 and the one-wave split as winners: their rows feed qmatmul; the shared-memory ring
-    (PIPE) lost everywhere and left the product: a faster PIPE row is not picked."""
+    (PIPE) lost everywhere and left the product: a faster recorded PIPE row (step 3's runs keep them) is not picked."""
     from labkernels import nvml, records
 
     monkeypatch.setattr(nvml, "for_verdict", lambda r: True)
@@ -237,6 +237,28 @@ def test_auto_table_takes_form_1_and_the_wave_split_but_no_pipe_form(tmp_path, m
     assert len(t) == 1 and t.variant.iloc[0] == "gemv_m1w4_sw_f1" and t.median_us.iloc[0] == 5.0
     assert gemv.recorded_choice("q4_K", 1, 4096, 4096, "f16", table=t)[0] == {"MT": 1, "WARPS": 4, "FORM": 1,
                                                                                "S": "wave"}
+
+
+def test_auto_table_reads_a_run_recorded_without_the_pipe_column(tmp_path, monkeypatch):
+    """A benchmark of record made after the ring left (no PIPE column in its rows) is read like one before step 3
+    (no WAVE either): the fastest gemv_kq row of each point, its split carried."""
+    from labkernels import nvml, records
+
+    monkeypatch.setattr(nvml, "for_verdict", lambda r: True)
+    base = {"qtype": "q4_K", "act": "f16", "od": 4096, "id": 14336, "nt": 1, "family": "gemv_kq", "WARPS": 4,
+            "pair": 0}
+    with records.recording("decode", {"what": "gemv_bench"}, root=tmp_path) as run:
+        run.append("gemv_bench", [{**base, "variant": "gemv_m1w4_f1", "MT": 1, "FORM": 1, "WAVE": 0, "S": 9,
+                                   "median_us": 27.4},
+                                  {**base, "variant": "gemv_m1w4_sw_f1", "MT": 1, "FORM": 1, "WAVE": 1, "S": 8,
+                                   "median_us": 21.0},
+                                  {**base, "variant": "wgmma", "family": "wgmma_kq", "MT": 0, "WARPS": 0, "S": 0,
+                                   "FORM": 0, "WAVE": 0, "median_us": 40.0}])
+    assert "PIPE" not in run.table("gemv_bench").columns
+    t = gemv.auto_table(root=tmp_path)
+    assert len(t) == 1 and t.variant.iloc[0] == "gemv_m1w4_sw_f1" and t.wgmma_us.iloc[0] == 40.0
+    assert gemv.recorded_config("q4_K", 1, 4096, 14336, "f16", table=t)[0] == {"MT": 1, "WARPS": 4, "FORM": 1,
+                                                                                "S": "wave"}
 
 
 def _mma16816(A, B, C):
@@ -320,7 +342,7 @@ def test_form1_fragment_flow_gives_the_exact_function(rng, nt):
     assert not np.any(y[nt:])
 
 
-# ------------------------------------------------------------------------------------------ step 3: PIPE and the wave
+# ------------------------------------------------------------------------------------------ step 3: the one-wave split
 
 
 def test_wave_splits_make_one_wave():
@@ -339,94 +361,37 @@ def test_wave_splits_make_one_wave():
         assert S <= gemv.default_splits(od, id_, mt, 4, 132, bps)
 
 
-def test_pipe_smem_is_the_registry_formula_at_nt1():
+def test_the_retired_pipe_form_left_the_kernel_the_registry_and_the_launcher():
+    """Step 3's ring (PIPE) lost and was retired: gemv_kq's registry rows are the PIPE=0 forms only (20: FORM=0 at
+    every QT, XF32, NT8, MT; FORM=1 at q4_K and one token tile), none with dynamic shared memory; the source has no
+    PIPE parameter and no cp.async instruction; the launcher takes no PIPE (a TypeError names it) and keeps none of
+    the ring's models."""
+    import inspect
+
     from labkernels.kernels import registry
 
-    specs = [k for k in registry.family("gemv_kq") if k.p["PIPE"]]
-    assert {k.p["PIPE"] for k in specs} == set(gemv.PIPES) - {0}
-    assert all(k.p["FORM"] == 1 and k.p["QT"] == 4 and k.p["NT8"] == 1 for k in specs)
-    for k in registry.family("gemv_kq"):
-        p = k.p
-        assert k.dynamic_smem() == gemv.pipe_smem(p["MT"], p["WARPS"], p["PIPE"], p["XF32"], 1)
-    # the largest launch (MT=2, PIPE=4, f32, nt=8) fits the H100's 227 KB opt-in limit
-    assert gemv.pipe_smem(2, 4, 4, 1, 8) <= 232448
+    specs = registry.family("gemv_kq")
+    assert [n for n, _ in specs[0].params] == ["QT", "XF32", "NT8", "MT", "WARPS", "FORM"]
+    assert len(specs) == 20 and all(k.dynamic_smem() == 0 for k in specs)
+    assert {(k.p["QT"], k.p["NT8"]) for k in specs if k.p["FORM"] == 1} == {(4, 1)}
+    src = (registry.KERNELS_DIR / "gemv_kq.cu").read_text()
+    assert "int FORM, int PIPE" not in src and "extern __shared__" not in src
+    assert "cp.async.cg" not in src and "cp.async.wait_group" not in src
+    for f in (gemv.gemv, gemv.launch_plan, gemv._kernel, gemv._blocks_per_sm):
+        assert "PIPE" not in inspect.signature(getattr(f, "__wrapped__", f)).parameters, f
+    assert not any(hasattr(gemv, n) for n in ("PIPES", "pipe_smem", "pipe_x_bytes", "pipe_copies", "pipe_reads"))
+    with pytest.raises(TypeError, match="PIPE"):
+        gemv.gemv(None, None, FORM=1, PIPE=4)
 
 
-@pytest.mark.parametrize("MT", [1, 2])
-@pytest.mark.parametrize("XF32", [0, 1])
-@pytest.mark.parametrize("nt", [1, 3, 8])
-def test_pipe_stage_copies_and_reads_are_the_loads_of_form1(rng, MT, XF32, nt):
-    """The numpy mirror of a PIPE stage: the kernel's copies (pipe_copies) write every byte of the stage's weight
-    blocks and token rows once and never a padding byte, from 16-byte aligned sources inside W and X; the
-    compute's shared loads (pipe_reads) then give each lane exactly the 48 weight bytes and the 64 activations
-    that FORM=1 (PIPE=0) loads from global memory for the same rows, super-block and token -- at a row tail too."""
-    WARPS, id_ = 4, 1024
-    od = WARPS * MT * 16 - 5                     # the last rows clamp to od - 1
-    nsb = id_ // 256
-    E = 4 if XF32 else 2
-    raw = rng.integers(0, 256, (od, nsb * 144), dtype=np.uint8)
-    xb = rng.integers(0, 256, (nt, id_ * E), dtype=np.uint8)          # the activations' bytes
-    stage_bytes = gemv.pipe_smem(MT, WARPS, 1, XF32, nt)
-    for sb in (0, nsb - 1):
-        st = np.zeros(stage_bytes, np.uint8)
-        hits = np.zeros(stage_bytes, np.int32)
-        for t, dst, (which, off) in gemv.pipe_copies(MT, WARPS, XF32, nt, od, id_):
-            assert dst % 16 == 0 and off % 16 == 0
-            src = raw.reshape(-1) if which == "w" else xb.reshape(-1)
-            o = off + (sb * 144 if which == "w" else sb * 256 * E)
-            assert 0 <= o and o + 16 <= src.size
-            st[dst:dst + 16] = src[o:o + 16]
-            hits[dst:dst + 16] += 1
-        assert hits.max() == 1
-        CS, TS = gemv.pipe_x_bytes(XF32)
-        WB = MT * 16 * 144
-        pad = np.zeros(stage_bytes, bool)
-        for n in range(nt):
-            for c in range(4):
-                pad[WARPS * WB + n * TS + c * CS + 64 * E:WARPS * WB + n * TS + (c + 1) * CS] = True
-        assert (hits[pad] == 0).all() and (hits[~pad] == 1).all()
-        for (warp, lane), loads in gemv.pipe_reads(MT, WARPS, XF32, nt).items():
-            g, c = lane >> 2, lane & 3
-            got_x = []
-            for what, *key in loads:
-                b = st[key[-1]:key[-1] + 16]
-                if what == "x":
-                    got_x.append(b)
-                    continue
-                mt, half = key[0], key[1]
-                row = min(warp * MT * 16 + mt * 16 + 8 * half + g, od - 1)
-                blk = raw[row, sb * 144:(sb + 1) * 144]
-                want = {"hdr": blk[0:16], "q0": blk[16 + 32 * c:32 + 32 * c], "q1": blk[32 + 32 * c:48 + 32 * c]}
-                assert np.array_equal(b, want[what]), (what, warp, lane)
-            if g < nt:
-                seg = xb[g, (sb * 256 + 64 * c) * E:(sb * 256 + 64 * c + 64) * E]
-                assert np.array_equal(np.concatenate(got_x), seg)
-            else:
-                assert not got_x
-
-
-@pytest.mark.parametrize("MT", [1, 2])
-@pytest.mark.parametrize("XF32", [0, 1])
-def test_pipe_shared_loads_are_free_of_bank_conflicts(MT, XF32):
-    """Each 16-byte shared load of the compute (the same instruction in every lane): within each quarter-warp the 8
-    lanes read distinct 16-byte bank groups, or the same address (a broadcast: the 4 lanes of a quad read their
-    rows' header together)."""
-    reads = gemv.pipe_reads(MT, 4, XF32, 8)
-    for warp in range(4):
-        per_lane = [reads[(warp, lane)] for lane in range(32)]
-        for i in range(len(per_lane[0])):
-            for q in range(4):
-                addrs = {per_lane[lane][i][-1] for lane in range(8 * q, 8 * q + 8)}
-                groups = [a // 16 % 8 for a in addrs]
-                assert len(groups) == len(set(groups)), (warp, i, q, sorted(addrs))
-
-
-def test_step3_bench_records_the_plan_and_the_typed_columns(tmp_path, monkeypatch, rng):
-    """gemv_step3's path through bench_gemv on the CPU (the device, the timer and the kernel stood in: the kernel by
-    FORM=1's exact function, so every point passes the real gate): each launch of the plan gated and recorded under
-    its name (``_sw`` one-wave split, ``_p<PIPE>`` ring), typed columns PIPE / WAVE / S (the split each launch
-    ran), its grid in ``gemv_plan``, and the page's bench_table reads the run; the step passes its plan through."""
+def test_step4_bench_records_the_plan_and_the_typed_columns(tmp_path, monkeypatch, rng):
+    """gemv_step4's path through bench_gemv on the CPU (the device, the timer and the kernel stood in: the kernel by
+    each form's exact function, so every point passes the real gate): each launch of the plan gated and recorded
+    under its name (``_sw`` one-wave split, ``_f1`` FORM=1), typed columns WAVE / S (the split each launch ran) and no
+    PIPE, its grid in ``gemv_plan``, and the page's bench_table reads the run; the step passes its plan through.
+    Step 3's launches (MT, WARPS, FORM, PIPE, S) are refused: their ring left the source."""
     import sys
+    import types
 
     from cpu_gpu_shim import install
 
@@ -438,64 +403,103 @@ def test_step3_bench_records_the_plan_and_the_typed_columns(tmp_path, monkeypatc
     monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setattr(r9, "copy_bandwidth", lambda: {"bytes": 2, "median_us": 1.0, "tb_per_s": 3.0})
     monkeypatch.setattr(gpu, "device_props", lambda: {"sm_count": 4, "cc": 90, "name": "fake"})
-    monkeypatch.setattr(gemv, "_blocks_per_sm", lambda *a: 2 if a[6] == 4 else 3)     # (.., FORM, PIPE, smem)
+    monkeypatch.setattr(gemv, "_blocks_per_sm", lambda *a: 2 if a[3] == 1 else 3)     # (QT, XF32, NT8, MT, ..)
     monkeypatch.setattr(B, "ReadFlusher", lambda: None)
     monkeypatch.setattr(B, "Lead", lambda us: None)
     monkeypatch.setattr(B, "interleaved", lambda variants, pairs, **kw: {
         v: [{"median_us": 10.0 + i, "min_us": 9.0, "n": 20} for _ in range(pairs)] for i, v in enumerate(variants)})
     calls = []
 
-    def fake_kernel(gv, x, out=None, S=None, MT=2, WARPS=4, FORM=0, PIPE=0):
-        calls.append((MT, FORM, PIPE, S, x.shape[0]))
-        assert FORM == 1 and PIPE in gemv.PIPES
-        w = gemv.exact_weights_v2(np.asarray(gv.data), gv.qtype)
+    def fake_kernel(gv, x, out=None, S=None, MT=2, WARPS=4, FORM=0):
+        calls.append((MT, FORM, S, x.shape[0]))
+        raw = np.asarray(gv.data)
+        w = gemv.exact_weights_v2(raw, gv.qtype) if FORM else gemv.emulate_weights(raw, gv.qtype).astype(np.float64)
         return (np.asarray(x).astype(np.float16).astype(np.float64) @ w.T).astype(np.float32)
 
     monkeypatch.setattr(gemv, "gemv", fake_kernel)
-    launches = [tuple(v) for v in r9.STEP3_PLAN["launches"]]
-    with records.recording("decode", {"what": "gemv_step3"}, root=tmp_path / "data") as run:
+    launches = [tuple(v) for v in r9.STEP4_PLAN["launches"]]
+    assert all(len(v) == 4 for v in launches)                    # (MT, WARPS, FORM, S): no PIPE in step 4
+    with records.recording("decode", {"what": "gemv_bench"}, root=tmp_path / "data") as run:
         r9.bench_gemv(run, shapes=[(130, 1024)], nts=(1, 8), qtypes=("q4_K",), acts=("f16",), pairs=2,
                       baselines=(), launches=launches, progress=lambda *a: None)
     assert len(calls) == 2 * len(launches)
     df = run.table("gemv_bench")
     names = set(df.variant)
-    assert {"gemv_m1w4_f1", "gemv_m1w4_sw_f1", "gemv_m2w4_sw_f1_p4", "gemv_m1w4_f1_p4", "gemv_m2w4_sw_f1_p2"} <= names
-    assert len(names) == len(launches) and len(df) == 2 * 2 * len(launches)
-    r = df[df.variant == "gemv_m1w4_sw_f1_p4"].iloc[0]
-    assert (r.PIPE, r.WAVE, r.FORM, r.MT) == (4, 1, 1, 1)
-    # 130 rows: 3 groups of 64 at MT=1; one wave of 4 SMs x 2 CTAs (PIPE=4 here) -> S = 2 of the 4 super-blocks
+    assert names == {"gemv_m1w4", "gemv_m2w4", "gemv_m1w4_sw", "gemv_m2w4_sw", "gemv_m1w4_f1", "gemv_m1w4_sw_f1",
+                     "gemv_m2w4_sw_f1"}
+    assert len(df) == 2 * 2 * len(launches) and "PIPE" not in df.columns
+    r = df[df.variant == "gemv_m1w4_sw_f1"].iloc[0]
+    assert (r.WAVE, r.FORM, r.MT) == (1, 1, 1)
+    # 130 rows: 3 groups of 64 at MT=1; one wave of 4 SMs x 2 CTAs -> S = 2 of the 4 super-blocks
     assert r.S == gemv.wave_splits(130, 1024, 1, 4, 4, 2) == 2
-    # the default split (rounded up: 3 groups x 4 = 12 CTAs on 4 x 3 slots) recorded as the number it ran
-    assert (df[df.variant == "gemv_m1w4_f1"].S == gemv.default_splits(130, 1024, 1, 4, 4, 3)).all()
+    # the default split (rounded up: 3 groups x 3 = 9 CTAs on 4 x 2 slots) recorded as the number it ran
+    assert gemv.default_splits(130, 1024, 1, 4, 4, 2) == 3 and (df[df.variant == "gemv_m1w4_f1"].S == 3).all()
     plan = run.table("gemv_plan")
-    assert len(plan) == 2 * len(launches)
+    assert len(plan) == 2 * len(launches) and "smem" not in plan.columns
     wave = plan[plan.variant.str.contains("_sw")]
     assert (wave.waves <= 1.0).all() and (plan.exact_rel <= 1e-5).all()
     t = r9.bench_table(run)
-    assert {"PIPE", "WAVE"} <= set(t.columns) and len(t) == 2 * len(launches)
+    assert (t.PIPE == 0).all() and (t.WAVE == t.variant.str.contains("_sw")).all() and len(t) == 2 * len(launches)
+    with pytest.raises(ValueError, match="a1cf954"):
+        r9.bench_gemv(None, shapes=[(130, 1024)], nts=(1,), qtypes=("q4_K",), acts=("f16",), pairs=2, baselines=(),
+                      launches=[tuple(v) for v in r9.STEP3_PLAN["launches"]], progress=lambda *a: None)
 
     seen = {}
     monkeypatch.setattr(r9, "bench_gemv", lambda run, **kw: seen.update(kw))
-    import types
-
-    out = r9.step_gemv_step3(tmp_path / "out", types.SimpleNamespace(log=lambda *a: None))
-    assert out["ok"] and seen["launches"] == launches and seen["acts"] == ("f16",)
-    assert seen["baselines"] == ("cublas",) and seen["qtypes"] == ("q4_K",)
-    assert "gemv_step3" in r9.STEPS and any(s.get("gpu_check") == "gemv_step3" for s in r9.LEDGER)
-
-    seen.clear()      # step 4: the benchmark of record over its launches, recorded as 'gemv_bench' (what qmatmul reads)
     out = r9.step_gemv_step4(tmp_path / "out4", types.SimpleNamespace(log=lambda *a: None))
-    assert out["ok"] and seen["launches"] == [tuple(v) for v in r9.STEP4_PLAN["launches"]]
+    assert out["ok"] and seen["launches"] == launches
     assert seen["baselines"] == ("wgmma", "cublas") and seen["qtypes"] == ("q4_K", "q6_K")
-    assert not any(v[3] for v in seen["launches"])                 # no PIPE form in the benchmark of record
     run4 = records.latest("decode", root=tmp_path / "out4" / "data")
     assert run4.meta["params"]["what"] == "gemv_bench"
     assert "gemv_step4" in r9.STEPS and r9.LEDGER[-1]["gpu_check"] == "gemv_step4"
 
 
+def test_step3_is_retired_with_the_commit_that_holds_it_and_its_record_kept():
+    """Round 9 step 3 (gemv_step3) lost and left the source: no live gpu-check step, a retired record (number 3) with
+    the commit that holds the ring and the command that reruns it there; its recorded run, analysis and ledger text
+    stay, and its view reads the run, the ring's rows (PIPE 2 / 4) among them."""
+    from labkernels import rounds
+    from labkernels.rounds import r09_decode as r9
+
+    assert "gemv_step3" not in r9.STEPS and not hasattr(r9, "step_gemv_step3")
+    mod, s = rounds.retired_step("gemv_step3")
+    assert mod is r9 and s.number == 3 and s.run is None and s.retired.commit == r9.PIPE_HOLDER == "a1cf954"
+    assert "--steps gemv_step3" in s.retired.command and "28.9 us" in s.retired.why and "21.0 us" in s.retired.why
+    led = next(x for x in r9.LEDGER if x.get("gpu_check") == "gemv_step3")
+    assert led["analysis"] is r9.STEP3_ANALYSIS and led["verdict"] == s.verdict and tuple(led["runs"]) == s.runs
+    run = s.latest()
+    assert run is not None and run.run_id == "20261207T004259Z-h10080gbhbm3-2406c00"
+    assert str(run.provenance["git_commit"]).startswith(s.commit)
+    v = s.view(run)
+    assert {0, 2, 4} <= set(v.PIPE) and (v.variant.str.endswith("_p4") == (v.PIPE == 4)).all()
+    # the live steps keep their records, numbered where the ledger names them; step 3's number selects the retired one
+    assert [x.name for x in rounds.select_steps(9, ["2", "gemv_step4", "decode"])] == ["gemv_step2", "gemv_step4",
+                                                                                         "decode"]
+    for sel in ("3", "gemv_step3"):
+        with pytest.raises(rounds.RoundError, match="step 3 \\(gemv_step3\\) is retired .*commit a1cf954"):
+            rounds.select_steps(9, [sel])
+
+
+def test_gpu_check_refuses_gemv_step3_with_the_commit_and_command(tmp_path, capsys):
+    """``labkernels gpu check --steps gemv_step3`` (and ``--round 9 --step 3``) refuses before any step runs, naming
+    the commit that holds the ring and the command that reruns the step there."""
+    import re
+
+    from labkernels import cli
+
+    for argv in (["gpu", "check", "--steps", "env,gemv_step3"], ["gpu-check", "--round", "9", "--step", "2,3"]):
+        assert cli.main([*argv, "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert re.search(r"round 9's step 3 \(gemv_step3\) is retired \(gemv_kq's PIPE ring lost at every point "
+                         r"\(PIPE=4 one-wave 28\.9 us vs PIPE=0 21\.0 us, run 20261207T004259Z-h10080gbhbm3-2406c00\)"
+                         r".*it runs at commit a1cf954: git worktree add /tmp/lk-a1cf954 a1cf954 .*"
+                         r"gpu check --steps gemv_step3", err), (argv, err)
+    assert not (tmp_path / "gpu-check.json").exists()
+
+
 def test_the_sanitizer_driver_launches_every_instantiation(monkeypatch, capsys):
     """gemv_sanitizer's driver (run under compute-sanitizer on the GPU) on the CPU stand-ins: every registered gemv_kq
-    instantiation once, and each ring again at nt=1 (one-wave split) and nt=8 -- with the arguments gemv takes."""
+    instantiation once, with the arguments gemv takes."""
     import sys
 
     from cpu_gpu_shim import install
@@ -506,9 +510,8 @@ def test_the_sanitizer_driver_launches_every_instantiation(monkeypatch, capsys):
     cp = install(monkeypatch)
     monkeypatch.setitem(sys.modules, "cupy", cp)
     exec(compile(r9.GEMV_SANITIZE_DRIVER, "<gemv sanitizer driver>", "exec"), {})
-    specs = registry.family("gemv_kq")
-    n = len(specs) + 2 * sum(1 for k in specs if k.p["PIPE"])
-    assert f"gemv sanitizer driver done: {n} launches" in capsys.readouterr().out
+    n = len(registry.family("gemv_kq"))
+    assert n == 20 and f"gemv sanitizer driver done: {n} launches" in capsys.readouterr().out
     assert "gemv_sanitizer" in r9.STEPS
 
 

@@ -95,3 +95,53 @@ def test_wgmma_split_keeps_the_machine_code_of_every_instantiation(tmp_path, bui
     assert len(rows) == len(registry.family("wgmma_kq")) + len(registry.family("wgmma_kqs")) == 51
     moved = [r["kernel"] for r in rows if not r["same"]]
     assert not moved, f"machine code differs from {WGMMA_BEFORE}: {moved}"
+
+
+#: the last commit with gemv_kq's PIPE template parameter (round 9 step 3's ring, retired)
+GEMV_PIPE_HOLDER = "a1cf954"
+
+
+def _gemv_kq_text(kdir: Path, exprs: dict, arch: str, tmp: Path) -> dict:
+    """{key: the .text bytes of its instantiation} of gemv_kq.cu in ``kdir``, one wrapper over ``exprs`` ({key:
+    (name expression, a spec-like object whose template and params select its mangled name)})."""
+    w = tmp / "gemv_kq__text.cu"
+    w.write_text('#include "gemv_kq.cu"\nvoid __lk_refs() {\n'
+                 + "".join(f"    (void)&{e};\n" for e, _ in exprs.values()) + "}\n")
+    cub = tmp / "k.cubin"
+    subprocess.run([audit.nvcc_path(), "-cubin", "-std=c++17", audit.arch_flag(arch), f"-I{kdir}",
+                    *registry.cuda_defines(), "-o", str(cub), str(w)], check=True, capture_output=True, cwd=tmp)
+    text = audit.elf_text_sections(cub.read_bytes())
+    out = {}
+    for key, (_, k) in exprs.items():
+        sym = [n for n in text if audit._demangled_matches(n, k)]
+        assert len(sym) == 1, (key, sym)
+        out[key] = text[sym[0]]
+    return out
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_gemv_pipe_retirement_keeps_the_machine_code_of_every_instantiation(tmp_path, arch):
+    """gemv_kq without its PIPE template parameter (round 9 step 3's ring, retired): every registered instantiation
+    compiles to the machine code of its PIPE=0 instantiation at a1cf954, byte for byte (the kernel's name, mangled
+    with one template argument fewer, aside)."""
+    import types
+
+    _need_nvcc()
+    r = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{GEMV_PIPE_HOLDER}^{{commit}}"],
+                       capture_output=True)
+    if r.returncode:
+        pytest.skip(f"commit {GEMV_PIPE_HOLDER} not in this clone (shallow?)")
+    old = tmp_path / "old"
+    old.mkdir()
+    tar = subprocess.run(["git", "-C", str(ROOT), "archive", GEMV_PIPE_HOLDER, "labkernels/kernels"],
+                         capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "--strip-components=2", "-C", str(old)], input=tar, check=True)
+    specs = registry.family("gemv_kq")
+    assert len(specs) == 20 and all(n != "PIPE" for n, _ in specs[0].params)
+    new = _gemv_kq_text(registry.KERNELS_DIR, {k.key: (k.name_expression, k) for k in specs}, arch, tmp_path)
+    olds = {k.key: (k.name_expression[:-1] + ",0>",
+                    types.SimpleNamespace(template=k.template, params=(*k.params, ("PIPE", 0)))) for k in specs}
+    was = _gemv_kq_text(old, olds, arch, tmp_path)
+    moved = [k for k in new if new[k] != was[k]]
+    assert not moved, f"machine code differs from {GEMV_PIPE_HOLDER}'s PIPE=0: {moved}"
+    assert len({bytes(v) for v in new.values()}) == len(new)      # 20 distinct kernels: the comparison can tell

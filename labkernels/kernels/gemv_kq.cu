@@ -28,6 +28,9 @@
 // that sum is scaled by -dmin in f32. Exact function (labkernels.gemv.exact_weights_v2): gguf's dequantized weights
 // d*sc*q - dmin*m in float64 times the f16-rounded activations, up to f32 summation (and I's ~2^-22 split error).
 // Range: |I| < 65504 (hi is an f16; a larger sub-block sum of the activations gives inf/NaN).
+//
+// Round 9 step 3's PIPE form (FORM=1's bytes staged through a cp.async shared-memory ring, PIPE in {2, 4}) lost at
+// every point and left this source; commit a1cf954 holds it (labkernels.rounds.r09_decode: the retired gemv_step3).
 #include "common.cuh"
 
 // ---- f16x2 arithmetic through PTX (NVRTC builds have no cuda_fp16.h here)
@@ -162,13 +165,6 @@ struct KqRow4v2 {
         q1 = lk_ldg_stream(blk + 32 + 32 * c);
         decode(h, c);
     }
-    // PIPE > 0: the same 48 bytes of a super-block's copy in shared memory (16-byte aligned)
-    __device__ __forceinline__ void load_shared(const u8* blk, int c) {
-        const uint4 h = *(const uint4*)blk;
-        q0 = *(const uint4*)(blk + 16 + 32 * c);
-        q1 = *(const uint4*)(blk + 32 + 32 * c);
-        decode(h, c);
-    }
     // the scales of the 16-byte header h (d, dmin, the 12 scale bytes)
     __device__ __forceinline__ void decode(const uint4& h, int c) {
         const u32 sel = (c & 1) ? 0x4342u : 0x4140u;      // the scale decode of KqRow<4>::load
@@ -259,15 +255,6 @@ struct XSeg<0> {
             v[2 * i + 1] = make_uint2(t.z, t.w);
         }
     }
-    // PIPE > 0: the lane's 64 values from its (16-byte aligned) copy in shared memory
-    __device__ __forceinline__ void load_shared(const u8* p, bool ok) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const uint4 t = ok ? *(const uint4*)(p + 16 * i) : make_uint4(0, 0, 0, 0);
-            v[2 * i] = make_uint2(t.x, t.y);
-            v[2 * i + 1] = make_uint2(t.z, t.w);
-        }
-    }
     // step s = 0..15 (s < 8: low step s, else high step s - 8): the values x[4s'..] with s' = s (k offsets 4s)
     __device__ __forceinline__ void frag(int s, u32& b0, u32& b1) const {
         b0 = __byte_perm(v[s].x, v[s].y, 0x5410);   // (x0, x2)
@@ -282,10 +269,6 @@ struct XSeg<1> {
         const float4* p = (const float4*)((const float*)X + off);
 #pragma unroll
         for (int i = 0; i < 16; ++i) v[i] = ok ? __ldg(p + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    __device__ __forceinline__ void load_shared(const u8* p, bool ok) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) v[i] = ok ? *(const float4*)(p + 16 * i) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
     __device__ __forceinline__ void frag(int s, u32& b0, u32& b1) const {
         b0 = lk_pack_h2(v[s].x, v[s].z);
@@ -340,32 +323,7 @@ __device__ __forceinline__ void lk_form1_superblock(const KqRow4v2 (&wr)[MT][2],
     }
 }
 
-// ---- PIPE > 0 (round 9 step 3; FORM=1's arithmetic): the CTA's super-blocks stream through a PIPE-deep ring of
-// shared-memory stages filled by 16-byte cp.async (L2 only, no registers held), PIPE - 1 super-blocks ahead of the one
-// computed; one __syncthreads a super-block (the CTA's warps share its split, hence its super-blocks and activations).
-// A stage: each warp's MT*16 rows' GGUF blocks of one super-block (warp w's local row r at byte MT*2304 w + 144 r: the
-// bytes as stored, header included), then the activations of the nt tokens at that super-block (token n at
-// LkPipeX::TS * n, lane c's 64 values at LkPipeX::CS * c: the lane segments padded by 16 bytes, so that the 8 lanes of
-// a quarter-warp read 8 distinct 16-byte bank groups; the weight rows' 144-byte stride does the same for the codes).
-// Dynamic shared memory: PIPE * (WARPS * MT * 2304 + nt * LkPipeX::TS) bytes (labkernels.gemv.pipe_smem).
-template <int XF32>
-struct LkPipeX {
-    static constexpr int E = XF32 ? 4 : 2;          // bytes an activation
-    static constexpr int CS = 64 * E + 16;          // a lane's 64 values and 16 bytes of padding
-    static constexpr int TS = 4 * CS;               // a token's 256
-    static constexpr int CH = 4 * E;                // 16-byte chunks of a lane's 64 values
-};
-// 16-byte copy global -> shared (L2 only) and its group operations, each a compiler memory barrier (the ring's
-// reuse of a stage must stay after the shared loads that read it)
-__device__ __forceinline__ void lk_gv_cp16(u8* smem, const void* gmem) {
-    const u32 sa = (u32)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void lk_gv_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void lk_gv_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-template <int QT, int XF32, int NT8, int MT, int WARPS, int FORM, int PIPE>
+template <int QT, int XF32, int NT8, int MT, int WARPS, int FORM>
 // __launch_bounds__ minimum 3 CTAs an SM: a cap of 170 registers (without it ptxas took 128 for q6_K f16 NT8=1 MT=2
 // and spilled 4 bytes; with it every instantiation builds without spills, 62-168 registers)
 __global__ void __launch_bounds__(WARPS * 32, 3) gemv_kq_kernel(const u8* __restrict__ W, const void* __restrict__ X,
@@ -390,77 +348,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gemv_kq_kernel(const u8* __rest
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[mt][t][i] = 0.f;
 
-    if constexpr (PIPE > 0) {
-        static_assert(FORM == 1 && QT == 4 && NT8 == 1 && PIPE >= 2, "PIPE is a form of FORM=1 (q4_K, nt <= 8)");
-        using PX = LkPipeX<XF32>;
-        constexpr int WB = MT * 16 * 144;                // a warp's weight bytes a stage
-        extern __shared__ __align__(16) u8 lk_gv_smem[];
-        const int stage = WARPS * WB + nt * PX::TS;
-        // the lane's weight copies: row (lane & 15) of each m16 tile, the 16-byte chunks j = (lane >> 4) + 2k (k = 0..4,
-        // j < 9) of its 144-byte block -- per copy instruction the warp moves 32 contiguous bytes of each of 16 rows,
-        // and a lane's source and destination offsets are immediates from one pointer each
-        const int jw = lane >> 4;
-        const u8* wrow[MT];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-            wrow[mt] = W + (long long)min(rowbase + mt * 16 + (lane & 15), od - 1) * nsb * 144 + 16 * jw;
-        const int wdst = warp * WB + (lane & 15) * 144 + 16 * jw;
-        // the activation copies: tokens n = warp, warp + WARPS, ..., each lane chunk q = lane + 32 h of the token's 256
-        // values (512 / 1024 bytes at the super-block) into lane segment q / CH, its chunk q % CH
-        const long long xrow = (long long)id * PX::E;
-        const u8* xg = (const u8*)X + warp * xrow + 16 * lane;
-        int xdst[PX::E / 2];
-#pragma unroll
-        for (int h = 0; h < PX::E / 2; ++h) {
-            const int q = lane + 32 * h;
-            xdst[h] = WARPS * WB + warp * PX::TS + (q / PX::CH) * PX::CS + 16 * (q % PX::CH);
-        }
-        // stage `slot` <- super-block sb (nothing past the split's end; the group is committed either way, so that
-        // wait_group counts one group a super-block)
-        auto issue = [&](int sb, int slot) {
-            if (sb < sb1) {
-                u8* st = lk_gv_smem + slot * stage;
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    const u8* src = wrow[mt] + sb * 144;
-#pragma unroll
-                    for (int k = 0; k < 5; ++k)
-                        if (k < 4 || jw == 0) lk_gv_cp16(st + mt * 2304 + wdst + 32 * k, src + 32 * k);
-                }
-                const u8* xs = xg + (long long)sb * 256 * PX::E;
-                u8* xd = st;
-#pragma unroll 1
-                for (int n = warp; n < nt; n += WARPS) {
-#pragma unroll
-                    for (int h = 0; h < PX::E / 2; ++h) lk_gv_cp16(xd + xdst[h], xs + 512 * h);
-                    xs += WARPS * xrow;
-                    xd += WARPS * PX::TS;
-                }
-            }
-            lk_gv_commit();
-        };
-        const u32 ind_lo = g == 2 * c ? 0x3C003C00u : 0u, ind_hi = g == 2 * c + 1 ? 0x3C003C00u : 0u;
-#pragma unroll
-        for (int s = 0; s < PIPE - 1; ++s) issue(sb0 + s, s);
-        int slot = 0;
-        for (int sb = sb0; sb < sb1; ++sb) {
-            lk_gv_wait<PIPE - 2>();  // this thread's copies of super-block sb have landed
-            __syncthreads();         // and every thread's; every warp is done reading the previous stage
-            issue(sb + PIPE - 1, slot == 0 ? PIPE - 1 : slot - 1);   // into the previous stage's slot
-            const u8* st = lk_gv_smem + slot * stage;
-            KqRow4v2 wr[MT][2];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                wr[mt][0].load_shared(st + warp * WB + (mt * 16 + g) * 144, c);
-                wr[mt][1].load_shared(st + warp * WB + (mt * 16 + 8 + g) * 144, c);
-            }
-            XSeg<XF32> xs;
-            xs.load_shared(st + WARPS * WB + min(g, nt - 1) * PX::TS + c * PX::CS, g < nt);
-            lk_form1_superblock<XF32, MT>(wr, xs, ind_lo, ind_hi, acc);
-            slot = slot == PIPE - 1 ? 0 : slot + 1;
-        }
-        lk_gv_wait<0>();             // no copy in flight at exit (the groups past the split's end are empty)
-    } else if constexpr (FORM == 1) {
+    if constexpr (FORM == 1) {
         static_assert(QT == 4 && NT8 == 1, "FORM=1 is q4_K at nt <= 8");
         // the indicator B fragment (k-rows x columns j = sub-blocks): the indicator mma's A is the four activation
         // fragments of step m as they are (b0, b1, b2, b3): columns 2c, 2c+1 hold lane c's low-step values (sub-block

@@ -163,11 +163,9 @@ FAMILIES = [
              "stream-K scheduler; NCV=2 two converter warpgroups, each half of every chunk (setmaxnreg 80/176)"),
     # -- round 9: decode -- k-quant matrix-vector / small-batch products (nt = 1..16), weights read once per launch
     dict(family="gemv_kq", source="gemv_kq.cu", template="gemv_kq_kernel",
-         params={"QT": [4, 6], "XF32": [0, 1], "NT8": [1, 2], "MT": [1, 2], "WARPS": [4], "FORM": [0, 1],
-                 "PIPE": [0, 2, 4]},
-         valid="(FORM == 0 or (QT == 4 and NT8 == 1)) and (PIPE == 0 or FORM == 1)",
-         # PIPE > 0: the launcher sizes the ring by nt (labkernels.gemv.pipe_smem); the formula is its nt=1 size
-         threads="32 * WARPS", smem="PIPE * (WARPS * MT * 2304 + 4 * (64 * (2 + 2 * XF32) + 16))", tile=(0, 0),
+         params={"QT": [4, 6], "XF32": [0, 1], "NT8": [1, 2], "MT": [1, 2], "WARPS": [4], "FORM": [0, 1]},
+         valid="FORM == 0 or (QT == 4 and NT8 == 1)",
+         threads="32 * WARPS", smem="0", tile=(0, 0),
          main_path=True, archs=("sm_80", "sm_90"),
          doc="q4_K (GGUF rows as uploaded) / q6_K (planes repacked once at load, same bytes) x f16 or f32 (XF32) "
              "activations read directly; weights dequantized exactly in registers (f16 code by a magic exponent, "
@@ -176,10 +174,8 @@ FAMILIES = [
              "tiles of rows, grid y = S splits of the super-blocks, partials added in split order by the last CTA; "
              "FORM=1 (q4_K, nt <= 8; round 9 step 2): the mma takes the exact f16 products sc*q (one LOP3 + one HFMA2 "
              "a pair), d applied per super-block in f32, the min term by an indicator mma (the sub-block sums of the "
-             "activations) and a min mma (the exact f16 mins x those sums as hi + lo f16) scaled by -dmin in f32; "
-             "PIPE=2/4 (FORM=1; round 9 step 3): the CTA's weight blocks and activations of a super-block staged "
-             "through a PIPE-deep shared-memory ring by 16-byte cp.async, PIPE-1 super-blocks ahead, one "
-             "__syncthreads a super-block"),
+             "activations) and a min mma (the exact f16 mins x those sums as hi + lo f16) scaled by -dmin in f32 "
+             "(round 9 step 3's PIPE ring lost and left the source: commit a1cf954 holds it)"),
     # -- round 9: the decode step's own kernels (labkernels.decode): position and token read from device memory
     dict(family="decode_qkv", source="decode.cu", template="decode_qkv_kernel", params={"NEOX": [0, 1], "QKN": [0, 1]},
          threads=256, smem="0", tile=(0, 0), main_path=False, archs=("sm_80", "sm_90"),

@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import (arch, bench, blas, cases, dispatch, gemv, gpu, nvbench_check, prefill, prefill_runs, quants, records,
                 synthetic, wgmma)
+from . import Retired, Step
 from ..peers import model_label, sha256_file   # a GGUF named as llama-bench's rows name it
 
 NOTEBOOK = "09_decode"
@@ -272,11 +273,12 @@ LEDGER = [
      "measured": None, "verdict": None},
 ]
 
-#: step 4's plan: the benchmark of record (PLAN's points) over FORM 0/1 x MT 1/2 x the default / one-wave split
+#: step 4's plan: the benchmark of record (PLAN's points) over FORM 0/1 x MT 1/2 x the default / one-wave split;
+#: launches (MT, WARPS, FORM, S) as :func:`bench_gemv` takes them
 STEP4_PLAN = {**{k: v for k, v in PLAN.items() if k not in ("configs", "splits")},
               "baselines": ["wgmma", "cublas"],
-              "launches": [[1, 4, 0, 0, None], [2, 4, 0, 0, None], [1, 4, 0, 0, "wave"], [2, 4, 0, 0, "wave"],
-                           [1, 4, 1, 0, None], [1, 4, 1, 0, "wave"], [2, 4, 1, 0, "wave"]]}
+              "launches": [[1, 4, 0, None], [2, 4, 0, None], [1, 4, 0, "wave"], [2, 4, 0, "wave"],
+                           [1, 4, 1, None], [1, 4, 1, "wave"], [2, 4, 1, "wave"]]}
 
 
 
@@ -311,16 +313,19 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
     ``forms``: the gemv_kq forms timed (typed column FORM; variant names of FORM=1 end in ``_f1``): FORM=1 (step 2)
     at q4_K and nt <= 8 only, interleaved with FORM=0 and the baselines in the same pairs (an A/B in one process),
     gated against its own exact function (:func:`labkernels.gemv.exact_weights_v2`) and the float64 reference.
-    ``launches`` (step 3): instead of forms x configs x splits, the gemv_kq launches timed, each ``(MT, WARPS, FORM,
-    PIPE, S)`` with S None (the default split), ``"wave"`` (:func:`labkernels.gemv.wave_splits`) or a number (FORM=1
-    launches at q4_K and nt <= 8 only); typed columns PIPE and WAVE (S: the split the launch ran), variant names ending
-    ``_p<PIPE>`` and ``_sw``; each launch's grid (CTAs, resident CTAs an SM, waves, S, shared memory) and its gate in
-    table ``gemv_plan``.
+    ``launches`` (step 3 on): instead of forms x configs x splits, the gemv_kq launches timed, each ``(MT, WARPS,
+    FORM, S)`` with S None (the default split), ``"wave"`` (:func:`labkernels.gemv.wave_splits`) or a number (FORM=1
+    launches at q4_K and nt <= 8 only); typed column WAVE (S: the split the launch ran), variant names ending ``_sw``;
+    each launch's grid (CTAs, resident CTAs an SM, waves, S) and its gate in table ``gemv_plan``. (Step 3's runs
+    also have a typed column PIPE and variants ending ``_p<PIPE>``: its ring, retired since.)
     Rows: table ``gemv_bench`` (per variant and pair), with bytes read and the fraction of ``copy`` (the same
     process's copy bandwidth, table ``copy``)."""
     import cupy as cp
     import gguf
 
+    if launches is not None and any(len(v) != 4 for v in launches):
+        raise ValueError(f"bench_gemv launches are (MT, WARPS, FORM, S), got {list(launches)}: step 3's (MT, WARPS, "
+                         f"FORM, PIPE, S) ran the PIPE ring, which left the source (commit {PIPE_HOLDER} holds it)")
     rng = np.random.default_rng(seed or None)
     cb = copy_bandwidth()
     progress(f"copy line: {cb['tb_per_s']:.3f} TB/s (1 GiB device-to-device, read + write)")
@@ -358,26 +363,26 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
                             if form == 1 and (qtype != "q4_K" or nt > gemv.FORM1_MAX_NT):
                                 continue
                             for mt, warps in configs:
-                                todo += [(mt, warps, form, 0, S) for S in (None, *splits)
+                                todo += [(mt, warps, form, S) for S in (None, *splits)
                                          if S is None or S <= id_ // 256]
                     else:
                         todo = [tuple(v) for v in launches
                                 if v[2] == 0 or (qtype == "q4_K" and nt <= gemv.FORM1_MAX_NT)]
-                    for mt, warps, form, pipe, S in todo:
+                    for mt, warps, form, S in todo:
                         name = (f"gemv_m{mt}w{warps}" + ("" if S is None else "_sw" if S == "wave" else f"_s{S}")
-                                + ("" if form == 0 else f"_f{form}") + ("" if pipe == 0 else f"_p{pipe}"))
-                        y = gemv.gemv(gv, xd, MT=mt, WARPS=warps, S=S, FORM=form, PIPE=pipe)
+                                + ("" if form == 0 else f"_f{form}"))
+                        y = gemv.gemv(gv, xd, MT=mt, WARPS=warps, S=S, FORM=form)
                         g = wgmma.gate(cp.asnumpy(y), raw, qtype, x, w16=w16e if form == 0 else wv2,
                                        w64=w64, tokens=tok,
                                        exact_bound=gemv.form1_exact_gate(id_) if form == 1 else None)
                         if not g["ok"]:
                             raise RuntimeError(f"gemv gate failed {qtype} {od}x{id_} nt={nt} {act} {name}: {g}")
-                        variants[name] = (lambda mt=mt, warps=warps, S=S, form=form, pipe=pipe: gemv.gemv(
-                            gv, xd, MT=mt, WARPS=warps, S=S, FORM=form, PIPE=pipe))
+                        variants[name] = (lambda mt=mt, warps=warps, S=S, form=form: gemv.gemv(
+                            gv, xd, MT=mt, WARPS=warps, S=S, FORM=form))
                         typed[name] = {"family": "gemv_kq", "MT": mt, "WARPS": warps, "S": S or 0, "FORM": form,
-                                       "PIPE": pipe, "WAVE": int(S == "wave")}
+                                       "WAVE": int(S == "wave")}
                         if launches is not None:
-                            plan = gemv.launch_plan(gv, nt, int(act == "f32"), mt, warps, form, pipe, S, sm)
+                            plan = gemv.launch_plan(gv, nt, int(act == "f32"), mt, warps, form, S, sm)
                             typed[name]["S"] = plan["S"]
                             if run is not None:
                                 run.append("gemv_plan", [{"qtype": qtype, "od": od, "id": id_, "nt": nt, "act": act,
@@ -397,7 +402,7 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
                            "flush": flush, "lead_us": float(lead_us)}
                     pr = bench.pair_rows(res, key, nt, od, id_, tail={"bytes": nbytes})
                     for r in pr:
-                        r.update({"family": "", "MT": 0, "WARPS": 0, "S": 0, "FORM": 0, "PIPE": 0, "WAVE": 0,
+                        r.update({"family": "", "MT": 0, "WARPS": 0, "S": 0, "FORM": 0, "WAVE": 0,
                                   **typed[r["variant"]]})
                         r["tb_per_s"] = nbytes / (r["median_us"] * 1e-6) / 1e12
                         r["frac_copy"] = r["tb_per_s"] / cb["tb_per_s"]
@@ -544,10 +549,11 @@ def step_nvbench_check(out, args) -> dict:
     return nvbench_check.step_nvbench_check(out, args)
 
 
-#: step 3's A/B (round 9 step 3): FORM=1 without the ring at the default and the one-wave split (the baseline) and
-#: the rings PIPE=4 / PIPE=2 (FORM=1's function, the same bits) at the one-wave split, PIPE=4 at the default split
-#: too, interleaved in the same pairs beside cuBLAS fp16 (the harness's anchor); q4_K, the four shapes, nt <= 8, f16.
-#: Launches: (MT, WARPS, FORM, PIPE, S) with S None (the default split) or "wave"
+#: step 3's A/B as it ran (round 9 step 3, retired: the record of its plan, not runnable here): FORM=1 without the
+#: ring at the default and the one-wave split (the baseline) and the rings PIPE=4 / PIPE=2 (FORM=1's function, the
+#: same bits) at the one-wave split, PIPE=4 at the default split too, interleaved in the same pairs beside cuBLAS fp16
+#: (the harness's anchor); q4_K, the four shapes, nt <= 8, f16. Launches: (MT, WARPS, FORM, PIPE, S) with S None (the
+#: default split) or "wave" -- bench_gemv's form at commit a1cf954, the last that holds the ring
 STEP3_PLAN = {"shapes": [list(s) for s in SHAPES], "nts": [1, 2, 4, 8], "qtypes": ["q4_K"], "acts": ["f16"],
               "pairs": 3, "repeats": 20, "seed": 0, "flush": "read", "lead_us": 300.0, "baselines": ["cublas"],
               "launches": [[1, 4, 1, 0, None], [1, 4, 1, 0, "wave"], [2, 4, 1, 0, None], [2, 4, 1, 0, "wave"],
@@ -555,19 +561,9 @@ STEP3_PLAN = {"shapes": [list(s) for s in SHAPES], "nts": [1, 2, 4, 8], "qtypes"
                            [1, 4, 1, 2, "wave"], [2, 4, 1, 2, "wave"]]}
 
 
-def step_gemv_step3(out, args) -> dict:
-    """gpu-check step ``gemv_step3``: round 9 step 3's A/B -- gemv_kq FORM=1 with and without the shared-memory ring
-    (PIPE), at the default and the one-wave split, timed interleaved in one process (each point gated first against
-    exact_weights_v2 and the float64 reference; each launch's grid in table ``gemv_plan``) into a ``decode`` run whose
-    params say ``what: gemv_step3`` (not the benchmark of record)."""
-    plan = dict(STEP3_PLAN)
-    return _step_run(out, args, plan, "gemv_step3", baselines=tuple(plan["baselines"]),
-                     launches=[tuple(v) for v in plan["launches"]])
-
-
 #: compute-sanitizer's driver for gemv_kq: every registered instantiation once (a row tail, S=2, nt at the top of its
-#: token tiles less one), the rings also at nt=1 and 8 and the one-wave split; run as ``python -c`` by
-#: :func:`step_gemv_sanitizer` (racecheck covers step 3's shared-memory ring, synccheck its barriers)
+#: token tiles less one); run as ``python -c`` by :func:`step_gemv_sanitizer` (racecheck and synccheck cover the
+#: split's arrival: its shared flag and barriers)
 GEMV_SANITIZE_DRIVER = r"""
 import numpy as np, cupy as cp
 from labkernels import gemv, gpu, quants
@@ -580,10 +576,10 @@ n = 0
 for k in registry.family("gemv_kq"):
     p = k.p
     w = ws["q4_K" if p["QT"] == 4 else "q6_K"]
-    for nt, S in ((8 * p["NT8"] - 1, 2),) + (((1, "wave"), (8, None)) if p["PIPE"] else ()):
-        x = rng.standard_normal((nt, id_)).astype(np.float32 if p["XF32"] else np.float16)
-        gemv.gemv(w, cp.asarray(x), MT=p["MT"], WARPS=p["WARPS"], S=S, FORM=p["FORM"], PIPE=p["PIPE"])
-        n += 1
+    nt = 8 * p["NT8"] - 1
+    x = rng.standard_normal((nt, id_)).astype(np.float32 if p["XF32"] else np.float16)
+    gemv.gemv(w, cp.asarray(x), MT=p["MT"], WARPS=p["WARPS"], S=2, FORM=p["FORM"])
+    n += 1
 cp.cuda.runtime.deviceSynchronize()
 print(f"gemv sanitizer driver done: {n} launches")
 """
@@ -591,7 +587,7 @@ print(f"gemv sanitizer driver done: {n} launches")
 
 def step_gemv_sanitizer(out, args) -> dict:
     """gpu-check step ``gemv_sanitizer``: compute-sanitizer memcheck, racecheck and synccheck over
-    :data:`GEMV_SANITIZE_DRIVER` (every gemv_kq instantiation, step 3's rings included); each tool's output in
+    :data:`GEMV_SANITIZE_DRIVER` (every gemv_kq instantiation); each tool's output in
     ``out/sanitizer-gemv-<tool>.txt``."""
     import subprocess
     import sys
@@ -629,8 +625,49 @@ def step_gemv_step4(out, args) -> dict:
                      launches=[tuple(v) for v in plan["launches"]])
 
 
+#: the live gpu-check steps (``labkernels gpu check --steps NAME``)
 STEPS = {"decode": step_decode, "generate": step_generate, "gemv_step2": step_gemv_step2,
-         "gemv_step3": step_gemv_step3, "gemv_step4": step_gemv_step4, "gemv_sanitizer": step_gemv_sanitizer, "nvbench_check": step_nvbench_check}
+         "gemv_step4": step_gemv_step4, "gemv_sanitizer": step_gemv_sanitizer, "nvbench_check": step_nvbench_check}
+
+#: the commit that holds gemv_kq's PIPE form (round 9 step 3's cp.async ring) and its step: the last one with them
+PIPE_HOLDER = "a1cf954"
+
+
+def _cmd(commit: str, name: str) -> str:
+    return (f"git worktree add /tmp/lk-{commit} {commit} && cd /tmp/lk-{commit} && "
+            f"python3 -m labkernels gpu check --steps {name} --out DIR   # on an H100/H200")
+
+
+def _ledger(name: str) -> dict:
+    return next((s for s in LEDGER if s.get("gpu_check") == name), {})
+
+
+def _claims(claims) -> str:
+    return "; ".join(f"{c['what']}: {c['low']:g}-{c['high']:g} ({c['metric']})" for c in claims)
+
+
+def _live(name: str) -> Step:
+    fn = STEPS[name]
+    return Step(name=name, title=(fn.__doc__ or name).strip().splitlines()[0], number=_ledger(name).get("step"),
+                series="decode", run=fn)
+
+
+#: the round's steps as records (``labkernels gpu check --round 9 --step N|NAME``): the live ones (:data:`STEPS`,
+#: numbered where a LEDGER step names them) and the retired step 3, whose form lost and left the source: no run, the
+#: commit that still holds it and the command that reruns it there. Its recorded run, analysis and ledger text stay
+#: (the page renders them from the recorded data).
+STEP_RECORDS = (
+    *(_live(k) for k in ("decode", "generate", "gemv_step2")),
+    Step(name="gemv_step3", number=3, series="decode", what="gemv_step3", plan=STEP3_PLAN,
+         title="bytes in flight and the grid's tail: gemv_kq FORM=1 with and without a cp.async shared-memory ring "
+               "(PIPE 2/4), at the default and the one-wave split",
+         prediction=_claims(_ledger("gemv_step3")["prediction"]), verdict=_ledger("gemv_step3")["verdict"],
+         runs=tuple(_ledger("gemv_step3")["runs"]), commit="2406c00", view=lambda run: bench_table(run),
+         retired=Retired(commit=PIPE_HOLDER, command=_cmd(PIPE_HOLDER, "gemv_step3"),
+                         why="gemv_kq's PIPE ring lost at every point (PIPE=4 one-wave 28.9 us vs PIPE=0 21.0 us, run "
+                             "20261207T004259Z-h10080gbhbm3-2406c00) and left the source")),
+    *(_live(k) for k in ("gemv_step4", "gemv_sanitizer", "nvbench_check")),
+)
 
 
 # ------------------------------------------------------------------------------------------ the page's tables
@@ -641,7 +678,8 @@ def bench_table(run) -> "pd.DataFrame":
     import pandas as pd
 
     df = run.table("gemv_bench")
-    for col in ("FORM", "PIPE", "WAVE"):    # runs before step 2 (FORM) and step 3 (PIPE, WAVE): 0
+    # runs before step 2 (FORM) and step 3 (PIPE, WAVE): 0; runs after step 3's ring left the source have no PIPE: 0
+    for col in ("FORM", "PIPE", "WAVE"):
         if col not in df.columns:
             df = df.assign(**{col: 0})
     keys = ["qtype", "od", "id", "nt", "act", "variant", "family", "MT", "WARPS", "S", "FORM", "PIPE", "WAVE"]

@@ -69,7 +69,7 @@ def test_every_instantiation_passes_the_gate(cp, rng, spec):
     x = rng.standard_normal((nt, id_)).astype(np.float32)
     w = gpu.QWeight.upload(raw, qtype)
     xd = cp.asarray(x) if p["XF32"] else cp.asarray(x.astype(np.float16))
-    y = _run(cp, w, xd, MT=p["MT"], WARPS=p["WARPS"], S=2, FORM=p["FORM"], PIPE=p["PIPE"])
+    y = _run(cp, w, xd, MT=p["MT"], WARPS=p["WARPS"], S=2, FORM=p["FORM"])
     _gate(y, raw, qtype, x, form=p["FORM"])
 
 
@@ -129,10 +129,9 @@ def test_gemv_form1_extreme_scales(cp, rng):
     assert g["nonfinite"] == 0 and g["exact_rel"] <= wgmma.exact_gate(id_), g
 
 
-@pytest.mark.parametrize("form,pipe", [(0, 0), (1, 0), (1, 2), (1, 4)])
-def test_splits_are_deterministic_and_agree_form(cp, rng, form, pipe):
-    """Both forms (q4_K) and step 3's rings: every split count gives a reproducible output within f32 summation order
-    of S=1."""
+@pytest.mark.parametrize("form", [0, 1])
+def test_splits_are_deterministic_and_agree_form(cp, rng, form):
+    """Both forms (q4_K): every split count gives a reproducible output within f32 summation order of S=1."""
     from labkernels import gemv, gpu, wgmma
 
     od, id_, nt = 300, 2304, 5
@@ -140,11 +139,11 @@ def test_splits_are_deterministic_and_agree_form(cp, rng, form, pipe):
     x = rng.standard_normal((nt, id_)).astype(np.float32)
     w = gpu.QWeight.upload(raw, "q4_K")
     xd = cp.asarray(x)
-    y1 = _run(cp, w, xd, S=1, FORM=form, PIPE=pipe)
+    y1 = _run(cp, w, xd, S=1, FORM=form)
     scale = float(np.abs(y1).max())
     for S in range(1, id_ // gemv.QK + 1):
-        a = _run(cp, w, xd, S=S, FORM=form, PIPE=pipe)
-        b = _run(cp, w, xd, S=S, FORM=form, PIPE=pipe)
+        a = _run(cp, w, xd, S=S, FORM=form)
+        b = _run(cp, w, xd, S=S, FORM=form)
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"S={S} not reproducible"
         assert np.abs(a - y1).max() <= 2 * wgmma.exact_gate(id_) * scale, S
     _gate(y1, raw, "q4_K", x, form=form)
@@ -195,13 +194,13 @@ def test_gemv_in_a_captured_graph(cp, rng):
     y = cp.empty((1, 512), cp.float32)
     from labkernels import gemv
 
-    for form, pipe in ((0, 0), (1, 0), (1, 4)):
+    for form in (0, 1):
         s = cp.cuda.Stream(non_blocking=True)
         with s:
-            gemv.gemv(w, x, out=y, S=4, FORM=form, PIPE=pipe)   # the stream's workspace is made outside the capture
+            gemv.gemv(w, x, out=y, S=4, FORM=form)   # the stream's workspace is made outside the capture
             s.synchronize()
             s.begin_capture()
-            gemv.gemv(w, x, out=y, S=4, FORM=form, PIPE=pipe)
+            gemv.gemv(w, x, out=y, S=4, FORM=form)
             graph = s.end_capture()
         for _ in range(3):
             xn = rng.standard_normal((1, 4096)).astype(np.float16)
@@ -209,8 +208,8 @@ def test_gemv_in_a_captured_graph(cp, rng):
                 x[...] = cp.asarray(xn)     # for the legacy default stream (the replay raced the copy on an H100)
             graph.launch(s)
             s.synchronize()
-            ref = cp.asnumpy(gemv.gemv(w, cp.asarray(xn), S=4, FORM=form, PIPE=pipe))
-            assert np.array_equal(cp.asnumpy(y), ref), (form, pipe)
+            ref = cp.asnumpy(gemv.gemv(w, cp.asarray(xn), S=4, FORM=form))
+            assert np.array_equal(cp.asnumpy(y), ref), form
 
 
 @pytest.mark.gpu_fast
@@ -235,12 +234,8 @@ def test_gemv_refuses_bad_inputs(cp, rng):
         gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=2)
     with pytest.raises(errors.ShapeError, match="FORM=1 takes q4_K"):
         gemv.gemv(gpu.QWeight.upload(_weights(rng, "q6_K", 64, 512), "q6_K"), cp.zeros((2, 512), cp.float16), FORM=1)
-    with pytest.raises(errors.ShapeError, match="PIPE is one of"):
-        gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=1, PIPE=3)
-    with pytest.raises(errors.ShapeError, match="is a form of FORM=1"):
-        gemv.gemv(w, cp.zeros((2, 512), cp.float16), PIPE=2)
-    with pytest.raises(errors.ShapeError, match="FORM=1 takes q4_K weights at nt = 1..8"):
-        gemv.gemv(w, cp.zeros((9, 512), cp.float16), FORM=1, PIPE=4)
+    with pytest.raises(TypeError, match="PIPE"):          # step 3's ring left the source (commit a1cf954)
+        gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=1, PIPE=4)
     with pytest.raises(errors.ShapeError, match="None or 'wave'"):
         gemv.gemv(w, cp.zeros((2, 512), cp.float16), S="most")
     w224 = gpu.QWeight.upload(_weights(rng, "q6_K", 64, 512), "q6_K", 224)
@@ -261,44 +256,20 @@ def test_gemv_real_model_tensors(cp, rng):
             x = rng.standard_normal((nt, w.id)).astype(np.float32)
             y = _run(cp, w, cp.asarray(x) if f32 else cp.asarray(x.astype(np.float16)))
             _gate(y, raw, qtype, x)
-        if qtype == "q4_K":      # step 3's ring (FORM=1's function) at its nt range's ends, wave and default splits
-            for nt, f32, pipe, S in ((1, 0, 4, "wave"), (8, 1, 2, None)):
+        if qtype == "q4_K":      # FORM=1 at its nt range's ends, wave and default splits
+            for nt, f32, S in ((1, 0, "wave"), (8, 1, None)):
                 x = rng.standard_normal((nt, w.id)).astype(np.float32)
-                y = _run(cp, w, cp.asarray(x) if f32 else cp.asarray(x.astype(np.float16)), FORM=1, PIPE=pipe, S=S)
+                y = _run(cp, w, cp.asarray(x) if f32 else cp.asarray(x.astype(np.float16)), FORM=1, S=S)
                 _gate(y, raw, qtype, x, form=1)
         n += 1
     assert n >= 36
 
 
-@pytest.mark.parametrize("nt", [1, 3, 5, 8])
-@pytest.mark.parametrize("od,id_", [(1, 256), (17, 512), (130, 1024), (1000, 4352)])
-@pytest.mark.parametrize("f32", [0, 1])
-@pytest.mark.parametrize("mt", [1, 2])
-@pytest.mark.parametrize("pipe", [2, 4])
-def test_gemv_pipe_parity(cp, rng, nt, od, id_, f32, mt, pipe):
-    """Step 3's ring (PIPE=2/4: the bytes staged in shared memory by cp.async, FORM=1's arithmetic) at every nt it
-    takes, tails in od, NaN-poisoned outputs: gated against exact_weights_v2 and the float64 reference, and the same
-    bits as FORM=1 without the ring at the same split (the same instructions on the same values in the same order)."""
-    from labkernels import gpu
-
-    raw = _weights(rng, "q4_K", od, id_)
-    x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
-    w = gpu.QWeight.upload(raw, "q4_K")
-    xd = cp.asarray(x) if f32 else cp.asarray(x.astype(np.float16))
-    S = min(3, id_ // 256)
-    y = _run(cp, w, xd, MT=mt, FORM=1, PIPE=pipe, S=S)
-    _gate(y, raw, "q4_K", x, form=1)
-    y0 = _run(cp, w, xd, MT=mt, FORM=1, S=S)
-    assert np.array_equal(y.view(np.uint32), y0.view(np.uint32))
-
-
 @pytest.mark.gpu_fast
-@pytest.mark.parametrize("pipe", [0, 4])
-def test_wave_split_is_one_wave_and_gated(cp, rng, pipe):
-    """S="wave": the launch plan's CTAs fit one wave of resident CTAs (the occupancy API at the launch's own shared
-    memory), where the default split leaves a partial second wave on a 132-SM card (4096 rows at MT=1: 64 row groups;
-    FORM=1 4 CTAs an SM: 9 splits, 576 CTAs on 528 slots; PIPE=4 5 an SM: 11, 704 on 660), and the output passes
-    FORM=1's gate."""
+def test_wave_split_is_one_wave_and_gated(cp, rng):
+    """S="wave": the launch plan's CTAs fit one wave of resident CTAs (the occupancy API), where the default split
+    leaves a partial second wave on a 132-SM card (4096 rows at MT=1: 64 row groups; FORM=1 4 CTAs an SM: 9 splits,
+    576 CTAs on 528 slots), and the output passes FORM=1's gate."""
     from labkernels import gemv, gpu
 
     od, id_, nt = 4096, 4096, 1
@@ -307,9 +278,9 @@ def test_wave_split_is_one_wave_and_gated(cp, rng, pipe):
     w = gpu.QWeight.upload(raw, "q4_K")
     gv = gemv.prepare(w)
     sm = gpu.device_props()["sm_count"]
-    plan = gemv.launch_plan(gv, nt, 0, MT=1, WARPS=4, FORM=1, PIPE=pipe, S="wave", sm_count=sm)
+    plan = gemv.launch_plan(gv, nt, 0, MT=1, WARPS=4, FORM=1, S="wave", sm_count=sm)
     assert plan["waves"] <= 1.0 or plan["S"] == 1, plan
     if sm == 132:
-        assert gemv.launch_plan(gv, nt, 0, MT=1, WARPS=4, FORM=1, PIPE=pipe, sm_count=sm)["waves"] > 1.0
-    y = _run(cp, w, cp.asarray(x.astype(np.float16)), MT=1, FORM=1, PIPE=pipe, S="wave")
+        assert gemv.launch_plan(gv, nt, 0, MT=1, WARPS=4, FORM=1, sm_count=sm)["waves"] > 1.0
+    y = _run(cp, w, cp.asarray(x.astype(np.float16)), MT=1, FORM=1, S="wave")
     _gate(y, raw, "q4_K", x, form=1)
