@@ -29,6 +29,10 @@ lane mirror: :func:`lane_dequant_v2`. Its range: a sub-block sum of the activati
 (the f16 ``hi`` half; larger gives inf/NaN -- an average |x| over 2047 in 32 consecutive values; FORM=0 has no such
 limit).
 
+**FORM=2** (q4_K, nt <= 8, MT=1; round 9 step 5, ``gemv(..., FORM=2, MT=1)``): FORM=1's function and arithmetic
+(bit-identical to FORM=1 at the same split), the next super-block's weight bytes loaded into registers before the
+current one is computed (a register double buffer: a warp's next loads stay in flight through its compute).
+
 ``S="wave"`` (round 9 step 3, any form): the splits that make one wave of the resident CTAs, no second partial wave
 (:func:`wave_splits`; the default :func:`default_splits` rounds up). Step 3's other form, PIPE (FORM=1's bytes staged
 through a cp.async shared-memory ring), lost at every point and left the product; commit a1cf954 holds it (the
@@ -389,8 +393,10 @@ def _blocks_per_sm(QT: int, XF32: int, NT8: int, MT: int, WARPS: int, FORM: int 
     return max(1, _kernel(QT, XF32, NT8, MT, WARPS, FORM).occupancy_api())
 
 
-#: the nt FORM=1 takes (one n8 tile of tokens)
+#: the nt FORM=1 and FORM=2 take (one n8 tile of tokens)
 FORM1_MAX_NT = 8
+#: the forms of the registry (FORM > 0: q4_K, nt <= FORM1_MAX_NT, FORM1's exact function; FORM=2 MT=1 only)
+FORMS = (0, 1, 2)
 
 
 def form1_exact_gate(id_: int) -> float:
@@ -428,7 +434,7 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
     :class:`GemvWeight`; ``x``: cupy float16 or float32 [nt, id], C-contiguous; ``S``: splits of the super-blocks
     (default :func:`default_splits`; ``"wave"``: :func:`wave_splits`); ``MT`` m16 tiles a warp, ``WARPS`` warps a CTA
     (registry rows); ``FORM``: 0 the exact-f16-weight form, 1 step 2's exact ``sc*q`` form (q4_K, nt <= 8; its exact
-    function :func:`exact_weights_v2`). Round 9 step 3's ``PIPE`` argument left with its form (a TypeError now)."""
+    function :func:`exact_weights_v2`), 2 step 5's register double buffer of FORM=1 (the same function; MT=1). Round 9 step 3's ``PIPE`` argument left with its form (a TypeError now)."""
     c = gpu.cp()
     gv = w if isinstance(w, GemvWeight) else prepare(w)
     if not isinstance(x, c.ndarray) or x.ndim != 2:
@@ -442,10 +448,13 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
         raise errors.ShapeError(f"gemv_kq takes nt = 1..{MAX_NT} tokens, got {nt} (larger nt: qmatmul's wgmma / int8 "
                                 f"families)")
     FORM = int(FORM)
-    if FORM not in (0, 1):
-        raise errors.ShapeError(f"gemv_kq FORM is 0 or 1, got {FORM}")
-    if FORM == 1 and (gv.qtype != "q4_K" or nt > FORM1_MAX_NT):
-        raise errors.ShapeError(f"gemv_kq FORM=1 takes q4_K weights at nt = 1..{FORM1_MAX_NT}, got {gv.qtype} at nt={nt}")
+    if FORM not in FORMS:
+        raise errors.ShapeError(f"gemv_kq FORM is one of {FORMS}, got {FORM}")
+    if FORM and (gv.qtype != "q4_K" or nt > FORM1_MAX_NT):
+        raise errors.ShapeError(f"gemv_kq FORM={FORM} takes q4_K weights at nt = 1..{FORM1_MAX_NT}, got {gv.qtype} at "
+                                f"nt={nt}")
+    if FORM == 2 and MT != 1:
+        raise errors.ShapeError(f"gemv_kq FORM=2 (the register double buffer) is built at MT=1 only, got MT={MT}")
     if not x.flags.c_contiguous:
         x = c.ascontiguousarray(x)
     QT = 4 if gv.qtype == "q4_K" else 6
@@ -524,7 +533,7 @@ def recorded_choice(qtype: str, nt: int, od: int, id_: int, act: str, table=None
 
 def _nearest(qtype: str, nt: int, od: int, id_: int, act: str, table=None):
     """The recorded row nearest (log distance in od, id, nt) among those of the same qtype and activation type whose
-    form can run ``nt`` tokens (FORM=1: q4_K and nt <= FORM1_MAX_NT), or None."""
+    form can run ``nt`` tokens (FORM > 0: q4_K and nt <= FORM1_MAX_NT), or None."""
     if nt > MAX_NT:
         return None
     t = auto_table_cached() if table is None else table

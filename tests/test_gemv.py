@@ -363,7 +363,8 @@ def test_wave_splits_make_one_wave():
 
 def test_the_retired_pipe_form_left_the_kernel_the_registry_and_the_launcher():
     """Step 3's ring (PIPE) lost and was retired: gemv_kq's registry rows are the PIPE=0 forms only (20: FORM=0 at
-    every QT, XF32, NT8, MT; FORM=1 at q4_K and one token tile), none with dynamic shared memory; the source has no
+    every QT, XF32, NT8, MT; FORM=1 at q4_K and one token tile; step 5's FORM=2 at MT=1), none with dynamic shared
+    memory; the source has no
     PIPE parameter and no cp.async instruction; the launcher takes no PIPE (a TypeError names it) and keeps none of
     the ring's models."""
     import inspect
@@ -372,8 +373,11 @@ def test_the_retired_pipe_form_left_the_kernel_the_registry_and_the_launcher():
 
     specs = registry.family("gemv_kq")
     assert [n for n, _ in specs[0].params] == ["QT", "XF32", "NT8", "MT", "WARPS", "FORM"]
-    assert len(specs) == 20 and all(k.dynamic_smem() == 0 for k in specs)
+    assert len(specs) == 22 and all(k.dynamic_smem() == 0 for k in specs)
     assert {(k.p["QT"], k.p["NT8"]) for k in specs if k.p["FORM"] == 1} == {(4, 1)}
+    # step 5's FORM=2 (the register double buffer): q4_K, one token tile, MT=1 only (MT=2 spills), both activations
+    assert sorted((k.p["QT"], k.p["NT8"], k.p["MT"], k.p["XF32"]) for k in specs if k.p["FORM"] == 2) == \
+        [(4, 1, 1, 0), (4, 1, 1, 1)]
     src = (registry.KERNELS_DIR / "gemv_kq.cu").read_text()
     assert "int FORM, int PIPE" not in src and "extern __shared__" not in src
     assert "cp.async.cg" not in src and "cp.async.wait_group" not in src
@@ -451,7 +455,7 @@ def test_step4_bench_records_the_plan_and_the_typed_columns(tmp_path, monkeypatc
     assert seen["baselines"] == ("wgmma", "cublas") and seen["qtypes"] == ("q4_K", "q6_K")
     run4 = records.latest("decode", root=tmp_path / "out4" / "data")
     assert run4.meta["params"]["what"] == "gemv_bench"
-    assert "gemv_step4" in r9.STEPS and r9.LEDGER[-1]["gpu_check"] == "gemv_step4"
+    assert "gemv_step4" in r9.STEPS and r9._ledger("gemv_step4")["step"] == 4
 
 
 def test_step3_is_retired_with_the_commit_that_holds_it_and_its_record_kept():
@@ -511,7 +515,7 @@ def test_the_sanitizer_driver_launches_every_instantiation(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "cupy", cp)
     exec(compile(r9.GEMV_SANITIZE_DRIVER, "<gemv sanitizer driver>", "exec"), {})
     n = len(registry.family("gemv_kq"))
-    assert n == 20 and f"gemv sanitizer driver done: {n} launches" in capsys.readouterr().out
+    assert n == 22 and f"gemv sanitizer driver done: {n} launches" in capsys.readouterr().out
     assert "gemv_sanitizer" in r9.STEPS
 
 
@@ -533,3 +537,27 @@ def test_recorded_choice_carries_step_3s_one_wave_split_and_form_1_only_where_fo
     assert gemv.recorded_config("q6_K", 1, 4096, 4096, "f16", table=q6)[0] == {"MT": 1, "WARPS": 4, "S": "wave"}
     params, why = gemv.recorded_config("q6_K", 1, 4096, 4096, "f16", table=q6.iloc[:0])
     assert params == {"MT": 2, "WARPS": 4} and "no recorded" in why
+
+
+def test_step5_plan_runs_registered_forms_and_records_its_prediction_first():
+    """Round 9 step 5's A/B (FORM=1 against FORM=2, the register double buffer) launches only registered
+    instantiations (FORM=2 at MT=1) at every point of its plan, is a live numbered step of the round, and its ledger
+    entry holds the prediction (a headline in us) with no measurement yet recorded against it."""
+    from labkernels.kernels import registry
+    from labkernels.rounds import r09_decode as r9
+
+    plan = r9.STEP5_PLAN
+    reg = {(k.p["QT"], k.p["XF32"], k.p["NT8"], k.p["MT"], k.p["WARPS"], k.p["FORM"]) for k in registry.family("gemv_kq")}
+    forms = set()
+    for mt, warps, form, S in plan["launches"]:
+        forms.add(form)
+        assert S in (None, "wave")
+        for act in plan["acts"]:
+            for nt in plan["nts"]:
+                assert (4, int(act == "f32"), 1 if nt <= 8 else 2, mt, warps, form) in reg, (mt, form, act, nt)
+    assert forms == {1, 2} and plan["qtypes"] == ["q4_K"] and max(plan["nts"]) <= gemv.FORM1_MAX_NT
+    assert "gemv_step5" in r9.STEPS and [s.number for s in r9.STEP_RECORDS if s.name == "gemv_step5"] == [5]
+    led = r9._ledger("gemv_step5")
+    assert led["step"] == 5 and led["measured"] is None and not led["runs"]
+    head = [c for c in led["prediction"] if c.get("headline")]
+    assert len(head) == 1 and head[0]["metric"] == "us" and head[0]["low"] < head[0]["high"] < 21.0

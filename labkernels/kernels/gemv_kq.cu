@@ -28,6 +28,8 @@
 // that sum is scaled by -dmin in f32. Exact function (labkernels.gemv.exact_weights_v2): gguf's dequantized weights
 // d*sc*q - dmin*m in float64 times the f16-rounded activations, up to f32 summation (and I's ~2^-22 split error).
 // Range: |I| < 65504 (hi is an f16; a larger sub-block sum of the activations gives inf/NaN).
+// FORM=2 (round 9 step 5; q4_K, nt <= 8, MT=1): FORM=1's function and arithmetic, the next super-block's weight bytes
+// held in registers while the current one is computed (a register double buffer; see the kernel body).
 //
 // Round 9 step 3's PIPE form (FORM=1's bytes staged through a cp.async shared-memory ring, PIPE in {2, 4}) lost at
 // every point and left this source; commit a1cf954 holds it (labkernels.rounds.r09_decode: the retired gemv_step3).
@@ -348,7 +350,44 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gemv_kq_kernel(const u8* __rest
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[mt][t][i] = 0.f;
 
-    if constexpr (FORM == 1) {
+    if constexpr (FORM == 2) {
+        // FORM=2 (round 9 step 5): FORM=1's arithmetic (the same lk_form1_superblock: bit-identical results at the
+        // same split) with the weight bytes of super-block sb + 1 (header and the lane's 32 code bytes, per row) loaded
+        // into registers before super-block sb is computed -- a register double buffer: a warp keeps its next loads in
+        // flight through its compute instead of issuing them after it. The activations load at sb's top as in FORM=1
+        // (L1 hits after the CTA's first warp). MT=1 only (MT=2 spills under the 3-CTA register cap).
+        static_assert(QT == 4 && NT8 == 1 && MT == 1, "FORM=2 is q4_K at nt <= 8, MT=1");
+        const u32 ind_lo = g == 2 * c ? 0x3C003C00u : 0u, ind_hi = g == 2 * c + 1 ? 0x3C003C00u : 0u;
+        uint4 nh[MT][2], nq0[MT][2], nq1[MT][2];
+        auto fetch = [&](int sb) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const u8* blk = W + ((long long)rows[mt][h] * nsb + sb) * 144;
+                    nh[mt][h] = __ldg((const uint4*)blk);
+                    nq0[mt][h] = lk_ldg_stream(blk + 16 + 32 * c);
+                    nq1[mt][h] = lk_ldg_stream(blk + 32 + 32 * c);
+                }
+        };
+        const long long xoff = (long long)min(g, nt - 1) * id + 64 * c;
+        if (sb0 < sb1) fetch(sb0);
+        for (int sb = sb0; sb < sb1; ++sb) {
+            KqRow4v2 wr[MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    wr[mt][h].q0 = nq0[mt][h];
+                    wr[mt][h].q1 = nq1[mt][h];
+                    wr[mt][h].decode(nh[mt][h], c);
+                }
+            if (sb + 1 < sb1) fetch(sb + 1);
+            XSeg<XF32> xs;
+            xs.load(X, xoff + sb * 256, g < nt);
+            lk_form1_superblock<XF32, MT>(wr, xs, ind_lo, ind_hi, acc);
+        }
+    } else if constexpr (FORM == 1) {
         static_assert(QT == 4 && NT8 == 1, "FORM=1 is q4_K at nt <= 8");
         // the indicator B fragment (k-rows x columns j = sub-blocks): the indicator mma's A is the four activation
         // fragments of step m as they are (b0, b1, b2, b3): columns 2c, 2c+1 hold lane c's low-step values (sub-block

@@ -271,7 +271,55 @@ LEDGER = [
                  "(test_decode_gpu) with the new configuration"},
      ],
      "measured": None, "verdict": None},
+    # step 5: written 2026-12-07 before any GPU run of FORM=2, from step 3's counters (H100) and nvcc 13.0's
+    # --resource-usage of the new form (sm_90a)
+    {"step": 5, "name": "bytes in flight per warp without a ring: FORM=2, a register double buffer of the next "
+                        "super-block's weight bytes",
+     "commit": None, "card": None, "runs": [], "gpu_check": "gemv_step5",
+     "analysis": {
+         "what held step 3's winner": "FORM=1 MT=1 one-wave, 21.0 us (53% of the line): 16 warps an SM (106 "
+                                     "registers, 4 CTAs), 22% of warps active, issue active 39% (ncu, step 3's "
+                                     "counters). Every warp loads its super-block at the top of the loop and computes "
+                                     "it after the loads land: nothing of that warp is in flight during its compute "
+                                     "(~0.3-0.5 us a super-block), and at the one-wave split a CTA walks only 7 "
+                                     "super-blocks, each a full DRAM round trip.",
+         "the form": "FORM=2: the header (16 B) and the lane's 32 code bytes of super-block sb + 1 (per row: 96 B a "
+                     "lane at MT=1) are loaded into registers before super-block sb is decoded and computed; the "
+                     "activations still load at sb's top (L1 hits after the CTA's first warp). The arithmetic is "
+                     "FORM=1's lk_form1_superblock: the same bits at the same split.",
+         "registers (nvcc 13.0 -cubin sm_90a --resource-usage)": "FORM=2 MT=1 f16 122 (FORM=1 106): both 4 CTAs (16 "
+                     "warps) an SM at the 128-thread CTA's allocation granularity; f32 149 (132): both 3 CTAs; "
+                     "FORM=2 MT=2 spills 20-40 B under the 3-CTA cap (168): not built (MT=1 only). The ring of step 3 "
+                     "is not reused: no shared memory, no barrier, no cp.async groups.",
+         "step time estimate (gemv_step5)": "60-100 s on an H100 (32 points x 4 gemv launches + cuBLAS x 3 pairs, "
+                                           "the gates).",
+     },
+     "prediction": [
+         {"what": "FORM=2 MT=1 one-wave, q4_K 4096x14336 nt=1 f16", "headline": True, "metric": "us",
+          "low": 15.0, "high": 18.5,
+          "why": "the super-block's compute (~35-45% of a warp's iteration at 39% issue active) overlaps the next "
+                 "loads for 6 of the 7 super-blocks of a split; the fixed costs (launch, first round trip, the "
+                 "split's fold: ~3 us) stay: (21.0 - 3) x 0.65-0.85 + 3"},
+         {"what": "FORM=2 / FORM=1 time, one-wave, MT=1, q4_K nt=1 f16, the three large shapes", "metric": "ratio",
+          "low": 0.72, "high": 0.9, "why": "the same overlap at 25-33 MB"},
+         {"what": "FORM=2 / FORM=1 time, one-wave, q4_K 4096x4096 nt=1 f16", "metric": "ratio", "low": 0.85,
+          "high": 1.0, "why": "2 super-blocks a split: one overlap, the fixed costs dominate"},
+         {"what": "FORM=2 / FORM=1 time, one-wave, q4_K nt=8 f16, the three large shapes", "metric": "ratio",
+          "low": 0.75, "high": 0.95, "why": "more compute a super-block at nt=8 (the activations of 8 tokens) to hide"},
+         {"what": "FORM=2 / FORM=1 time, one-wave, q4_K nt=1 f32, the three large shapes", "metric": "ratio",
+          "low": 0.75, "high": 0.95, "why": "3 CTAs an SM for both: the same overlap with fewer warps"},
+         {"what": "FORM=2 exactness", "metric": "gate", "low": 0.0, "high": 0.0,
+          "why": "FORM=1's function (exact_weights_v2 within form1_exact_gate, NMSE vs float64) at every point before "
+                 "it is timed; bit-identical to FORM=1 at the same split (GPU test)"},
+     ],
+     "measured": None, "verdict": None},
 ]
+
+#: step 5's A/B: FORM=1 against FORM=2 (MT=1), the one-wave and the default split, interleaved in the same pairs
+#: beside cuBLAS fp16; q4_K, the four shapes, nt <= 8, f16 and f32. Launches (MT, WARPS, FORM, S)
+STEP5_PLAN = {"shapes": [list(s) for s in SHAPES], "nts": [1, 2, 4, 8], "qtypes": ["q4_K"], "acts": ["f16", "f32"],
+              "pairs": 3, "repeats": 20, "seed": 0, "flush": "read", "lead_us": 300.0, "baselines": ["cublas"],
+              "launches": [[1, 4, 1, "wave"], [1, 4, 2, "wave"], [1, 4, 1, None], [1, 4, 2, None]]}
 
 #: step 4's plan: the benchmark of record (PLAN's points) over FORM 0/1 x MT 1/2 x the default / one-wave split;
 #: launches (MT, WARPS, FORM, S) as :func:`bench_gemv` takes them
@@ -343,7 +391,7 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
             w = gpu.QWeight.upload(raw, qtype)
             gv = gemv.prepare(w)
             w16e = gemv.emulate_weights(raw, qtype)
-            any_f1 = 1 in forms if launches is None else any(v[2] == 1 for v in launches)
+            any_f1 = any(f > 0 for f in forms) if launches is None else any(v[2] > 0 for v in launches)
             wv2 = gemv.exact_weights_v2(raw, qtype) if any_f1 and qtype == "q4_K" else None
             w64 = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype.upper()])
             wd16 = gpu.dequant_f16(w) if "cublas" in baselines else None
@@ -360,7 +408,7 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
                     todo = []
                     if launches is None:
                         for form in forms:
-                            if form == 1 and (qtype != "q4_K" or nt > gemv.FORM1_MAX_NT):
+                            if form > 0 and (qtype != "q4_K" or nt > gemv.FORM1_MAX_NT):
                                 continue
                             for mt, warps in configs:
                                 todo += [(mt, warps, form, S) for S in (None, *splits)
@@ -374,7 +422,7 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
                         y = gemv.gemv(gv, xd, MT=mt, WARPS=warps, S=S, FORM=form)
                         g = wgmma.gate(cp.asnumpy(y), raw, qtype, x, w16=w16e if form == 0 else wv2,
                                        w64=w64, tokens=tok,
-                                       exact_bound=gemv.form1_exact_gate(id_) if form == 1 else None)
+                                       exact_bound=gemv.form1_exact_gate(id_) if form > 0 else None)
                         if not g["ok"]:
                             raise RuntimeError(f"gemv gate failed {qtype} {od}x{id_} nt={nt} {act} {name}: {g}")
                         variants[name] = (lambda mt=mt, warps=warps, S=S, form=form: gemv.gemv(
@@ -625,9 +673,18 @@ def step_gemv_step4(out, args) -> dict:
                      launches=[tuple(v) for v in plan["launches"]])
 
 
+def step_gemv_step5(out, args) -> dict:
+    """gpu-check step ``gemv_step5``: round 9 step 5's A/B -- gemv_kq FORM=1 against FORM=2 (the register double
+    buffer; MT=1) at the one-wave and the default split, interleaved beside cuBLAS fp16, every point gated first, into
+    a ``decode`` run whose params say ``what: gemv_step5`` (not the benchmark of record)."""
+    plan = dict(STEP5_PLAN)
+    return _step_run(out, args, plan, "gemv_step5", baselines=tuple(plan["baselines"]),
+                     launches=[tuple(v) for v in plan["launches"]])
+
+
 #: the live gpu-check steps (``labkernels gpu check --steps NAME``)
 STEPS = {"decode": step_decode, "generate": step_generate, "gemv_step2": step_gemv_step2,
-         "gemv_step4": step_gemv_step4, "gemv_sanitizer": step_gemv_sanitizer, "nvbench_check": step_nvbench_check}
+         "gemv_step4": step_gemv_step4, "gemv_step5": step_gemv_step5, "gemv_sanitizer": step_gemv_sanitizer, "nvbench_check": step_nvbench_check}
 
 #: the commit that holds gemv_kq's PIPE form (round 9 step 3's cp.async ring) and its step: the last one with them
 PIPE_HOLDER = "a1cf954"
@@ -666,7 +723,7 @@ STEP_RECORDS = (
          retired=Retired(commit=PIPE_HOLDER, command=_cmd(PIPE_HOLDER, "gemv_step3"),
                          why="gemv_kq's PIPE ring lost at every point (PIPE=4 one-wave 28.9 us vs PIPE=0 21.0 us, run "
                              "20261207T004259Z-h10080gbhbm3-2406c00) and left the source")),
-    *(_live(k) for k in ("gemv_step4", "gemv_sanitizer", "nvbench_check")),
+    *(_live(k) for k in ("gemv_step4", "gemv_step5", "gemv_sanitizer", "nvbench_check")),
 )
 
 

@@ -108,6 +108,29 @@ def test_gemv_form1_parity(cp, rng, nt, od, id_, f32, mt):
     assert g1["max_rel_err_in"] <= max(g0["max_rel_err_in"], 1e-5), (g1, g0)
 
 
+@pytest.mark.parametrize("nt", [1, 3, 8])
+@pytest.mark.parametrize("od,id_", [(1, 256), (17, 512), (130, 1024), (1000, 4352), (4096, 14336)])
+@pytest.mark.parametrize("f32", [0, 1])
+def test_gemv_form2_is_form1_bit_for_bit(cp, rng, nt, od, id_, f32):
+    """FORM=2 (step 5: FORM=1 with the next super-block's weight bytes in registers) computes FORM=1's function with
+    FORM=1's arithmetic: bit-identical outputs at the same split (the default, the one-wave, one and three splits),
+    NaN-poisoned guards, and FORM=1's gate. The split counts are FORM=1's (its default and one-wave plans resolved
+    to numbers: the two forms' occupancy may differ)."""
+    from labkernels import gemv, gpu
+
+    raw = _weights(rng, "q4_K", od, id_)
+    x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
+    w = gpu.QWeight.upload(raw, "q4_K")
+    xd = cp.asarray(x) if f32 else cp.asarray(x.astype(np.float16))
+    gv, sm = gemv.prepare(w), gpu.device_props()["sm_count"]
+    plans = [gemv.launch_plan(gv, nt, f32, 1, 4, 1, S, sm)["S"] for S in (None, "wave")]
+    for S in (*plans, 1, min(3, id_ // gemv.QK)):
+        y1 = _run(cp, w, xd, MT=1, FORM=1, S=S)
+        y2 = _run(cp, w, xd, MT=1, FORM=2, S=S)
+        assert np.array_equal(y1.view(np.uint32), y2.view(np.uint32)), S
+    _gate(y2, raw, "q4_K", x, form=2)
+
+
 def test_gemv_form1_extreme_scales(cp, rng):
     """FORM=1 on random q4_K bytes with extreme d / dmin (65504, subnormals, 0) and every 6-bit scale and min: no f16
     overflow (sc*q <= 945 in f16, d applied in f32), gated against its exact function."""
@@ -194,13 +217,14 @@ def test_gemv_in_a_captured_graph(cp, rng):
     y = cp.empty((1, 512), cp.float32)
     from labkernels import gemv
 
-    for form in (0, 1):
+    for form in (0, 1, 2):
+        kw = {"MT": 1} if form == 2 else {}
         s = cp.cuda.Stream(non_blocking=True)
         with s:
-            gemv.gemv(w, x, out=y, S=4, FORM=form)   # the stream's workspace is made outside the capture
+            gemv.gemv(w, x, out=y, S=4, FORM=form, **kw)   # the stream's workspace is made outside the capture
             s.synchronize()
             s.begin_capture()
-            gemv.gemv(w, x, out=y, S=4, FORM=form)
+            gemv.gemv(w, x, out=y, S=4, FORM=form, **kw)
             graph = s.end_capture()
         for _ in range(3):
             xn = rng.standard_normal((1, 4096)).astype(np.float16)
@@ -208,7 +232,7 @@ def test_gemv_in_a_captured_graph(cp, rng):
                 x[...] = cp.asarray(xn)     # for the legacy default stream (the replay raced the copy on an H100)
             graph.launch(s)
             s.synchronize()
-            ref = cp.asnumpy(gemv.gemv(w, cp.asarray(xn), S=4, FORM=form))
+            ref = cp.asnumpy(gemv.gemv(w, cp.asarray(xn), S=4, FORM=form, **kw))
             assert np.array_equal(cp.asnumpy(y), ref), form
 
 
@@ -230,8 +254,12 @@ def test_gemv_refuses_bad_inputs(cp, rng):
         gemv.gemv(w, cp.zeros((512,), cp.float16))
     with pytest.raises(errors.ShapeError, match="FORM=1 takes q4_K weights at nt = 1..8"):
         gemv.gemv(w, cp.zeros((9, 512), cp.float16), FORM=1)
-    with pytest.raises(errors.ShapeError, match="FORM is 0 or 1"):
-        gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=2)
+    with pytest.raises(errors.ShapeError, match=r"FORM is one of \(0, 1, 2\)"):
+        gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=3)
+    with pytest.raises(errors.ShapeError, match="FORM=2 .* MT=1 only"):
+        gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=2, MT=2)
+    with pytest.raises(errors.ShapeError, match="FORM=2 takes q4_K weights at nt = 1..8"):
+        gemv.gemv(w, cp.zeros((9, 512), cp.float16), FORM=2, MT=1)
     with pytest.raises(errors.ShapeError, match="FORM=1 takes q4_K"):
         gemv.gemv(gpu.QWeight.upload(_weights(rng, "q6_K", 64, 512), "q6_K"), cp.zeros((2, 512), cp.float16), FORM=1)
     with pytest.raises(TypeError, match="PIPE"):          # step 3's ring left the source (commit a1cf954)
