@@ -275,7 +275,7 @@ LEDGER = [
     # --resource-usage of the new form (sm_90a)
     {"step": 5, "name": "bytes in flight per warp without a ring: FORM=2, a register double buffer of the next "
                         "super-block's weight bytes",
-     "commit": None, "card": None, "runs": [], "gpu_check": "gemv_step5",
+     "commit": "5ce3996", "card": None, "runs": [], "gpu_check": "gemv_step5",
      "analysis": {
          "what held step 3's winner": "FORM=1 MT=1 one-wave, 21.0 us (53% of the line): 16 warps an SM (106 "
                                      "registers, 4 CTAs), 22% of warps active, issue active 39% (ncu, step 3's "
