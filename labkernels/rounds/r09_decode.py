@@ -291,6 +291,11 @@ LEDGER = [
                      "warps) an SM at the 128-thread CTA's allocation granularity; f32 149 (132): both 3 CTAs; "
                      "FORM=2 MT=2 spills 20-40 B under the 3-CTA cap (168): not built (MT=1 only). The ring of step 3 "
                      "is not reused: no shared memory, no barrier, no cp.async groups.",
+         "SASS of the loop (nvcc 13.0 sm_90a, f16)": "the activations' eight 16-byte loads at the loop's top, then "
+                     "the six 16-byte weight loads of super-block sb + 1 (2 headers, 4 code loads), then sb's 32 "
+                     "HMMA: the next weights are in flight through the compute as intended; the activations' L1 / L2 "
+                     "latency is still exposed once a super-block (prefetching them too takes 164 registers: 3 CTAs "
+                     "an SM, the form not built).",
          "step time estimate (gemv_step5)": "60-100 s on an H100 (32 points x 4 gemv launches + cuBLAS x 3 pairs, "
                                            "the gates).",
      },
