@@ -221,29 +221,11 @@ def _setup(h: Headline, seed: int = 0) -> dict:
     return {"lab": lab, "cublas": lambda: blas.matmul_f16(x16, w16, out=y16)}
 
 
-class L2MemsetFlusher:
-    """nvbench's cold-L2 flush as nvbench makes it (``l2flush``: ``cudaMemsetAsync`` of a buffer of the L2's size on
-    the launch's stream): every L2 line left dirty, written back while the next launch runs. The harness times the
-    GEMV headline a second time behind it (:func:`harness_times`), so a difference between the two timers that is
-    the flush's and not the timer's shows as such (:func:`compare`)."""
-
-    def __init__(self):
-        import cupy as cp
-
-        self.n = int(gpu.device_props()["l2"])
-        self.buf = cp.empty(self.n, dtype=cp.uint8)
-
-    def __call__(self):
-        import cupy as cp
-
-        cp.cuda.runtime.memsetAsync(self.buf.data.ptr, 0, self.n, cp.cuda.get_current_stream().ptr)
-
-
 def harness_times(names=None, pairs: int = 5, repeats: int = 20, seed: int = 0) -> dict:
     """The lab's harness: {case: {"lab_us", "cublas_us", "rounds"}} (interleaved, L2 flushed, CUDA events). The GEMV
     headline is timed twice, in one interleaved set: with round 9's read flush (its benchmark of record:
-    ``lab_us``/``cublas_us``) and with nvbench's memset flush (:class:`L2MemsetFlusher`: ``lab_us_nvflush`` /
-    ``cublas_us_nvflush``), the same GPU lead before each."""
+    ``lab_us``/``cublas_us``) and with nvbench's memset flush (:class:`labkernels.bench.MemsetFlusher`:
+    ``lab_us_nvflush`` / ``cublas_us_nvflush``), the same GPU lead before each."""
     import numpy as np
 
     out = {}
@@ -257,7 +239,7 @@ def harness_times(names=None, pairs: int = 5, repeats: int = 20, seed: int = 0) 
                 leads[h.lead_us] = B.Lead(h.lead_us)
             lead = leads[h.lead_us]
             if nv_flush is None:
-                nv_flush = L2MemsetFlusher()
+                nv_flush = B.MemsetFlusher()
             res, resn = {s: [] for s in SIDES}, {s: [] for s in SIDES}
             for _ in range(pairs):      # the two flushes alternate round by round: one interleaved set
                 r1 = B.interleaved(fns, pairs=1, repeats=repeats, flush=read_flush, leads={s: lead for s in fns})
