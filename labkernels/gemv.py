@@ -434,7 +434,8 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
     :class:`GemvWeight`; ``x``: cupy float16 or float32 [nt, id], C-contiguous; ``S``: splits of the super-blocks
     (default :func:`default_splits`; ``"wave"``: :func:`wave_splits`); ``MT`` m16 tiles a warp, ``WARPS`` warps a CTA
     (registry rows); ``FORM``: 0 the exact-f16-weight form, 1 step 2's exact ``sc*q`` form (q4_K, nt <= 8; its exact
-    function :func:`exact_weights_v2`), 2 step 5's register double buffer of FORM=1 (the same function; MT=1). Round 9 step 3's ``PIPE`` argument left with its form (a TypeError now)."""
+    function :func:`exact_weights_v2`), 2 step 5's register double buffer of FORM=1 (the same function; MT=1).
+    Round 9 step 3's ``PIPE`` argument left with its form (a TypeError now)."""
     c = gpu.cp()
     gv = w if isinstance(w, GemvWeight) else prepare(w)
     if not isinstance(x, c.ndarray) or x.ndim != 2:
