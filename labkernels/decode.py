@@ -559,7 +559,7 @@ class Decoder:
         kq = [w.q for w in ws if w.q is not None]
         if kq and self.stream is not None:
             floats = max(w.od * (w.id // gemv.QK) for w in kq)
-            ctas = max(-(-w.od // gemv.rows_per_cta(1, 4)) for w in kq)      # MT=1 row groups: the most counters
+            ctas = max(-(-w.od // gemv.rows_per_cta(1, 4, 3)) for w in kq)   # FORM=3's 16-row groups: the most
             with self._on():
                 gemv._WS.get(self.stream.ptr, floats, ctas)
         gpu.cp().cuda.runtime.deviceSynchronize()   # made on the default stream: ready before the decoder's stream reads

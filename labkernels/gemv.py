@@ -33,6 +33,11 @@ limit).
 (bit-identical to FORM=1 at the same split), the next super-block's weight bytes loaded into registers before the
 current one is computed (a register double buffer: a warp's next loads stay in flight through its compute).
 
+**FORM=3** (q4_K, nt <= 8, MT=1, WARPS 4 or 8; round 9 step 6, ``gemv(..., FORM=3, MT=1)``): FORM=2's loop with every
+warp of a CTA on the same 16 rows and the split's super-blocks cut into WARPS consecutive ranges, one a warp; warp 0
+adds the warps' partial sums in shared memory in warp order and stores. The split over K is folded inside the CTA (no
+workspace, fence or arrival atomic at S=1), and FORM=3 at split S computes FORM=2's bits at split S x WARPS.
+
 ``S="wave"`` (round 9 step 3, any form): the splits that make one wave of the resident CTAs, no second partial wave
 (:func:`wave_splits`; the default :func:`default_splits` rounds up). Step 3's other form, PIPE (FORM=1's bytes staged
 through a cp.async shared-memory ring), lost at every point and left the product; commit a1cf954 holds it (the
@@ -363,23 +368,24 @@ class _Workspace:
 _WS = _Workspace()
 
 
-def rows_per_cta(MT: int, WARPS: int) -> int:
-    return 16 * MT * WARPS
+def rows_per_cta(MT: int, WARPS: int, FORM: int = 0) -> int:
+    """Rows of one CTA: WARPS warps of MT m16 tiles each, or (FORM=3: the warps split the super-blocks) one warp's."""
+    return 16 * MT * (1 if FORM == 3 else WARPS)
 
 
-def default_splits(od: int, id_: int, MT: int, WARPS: int, sm_count: int, blocks_per_sm: int) -> int:
+def default_splits(od: int, id_: int, MT: int, WARPS: int, sm_count: int, blocks_per_sm: int, FORM: int = 0) -> int:
     """S, the splits of the super-blocks: enough CTAs for one full wave of the resident CTAs the occupancy allows
     (row groups x S >= SMs x blocks per SM), at most one super-block per split."""
-    groups = -(-od // rows_per_cta(MT, WARPS))
+    groups = -(-od // rows_per_cta(MT, WARPS, FORM))
     want = max(1, -(-sm_count * blocks_per_sm // groups))
     return int(min(want, id_ // QK))
 
 
-def wave_splits(od: int, id_: int, MT: int, WARPS: int, sm_count: int, blocks_per_sm: int) -> int:
+def wave_splits(od: int, id_: int, MT: int, WARPS: int, sm_count: int, blocks_per_sm: int, FORM: int = 0) -> int:
     """S of one wave (step 3): the most splits whose CTAs (row groups x S) all fit the resident slots at once (SMs x
     blocks per SM), at least 1, at most one super-block per split -- :func:`default_splits` rounds the other way and
     can leave a second, partial wave (q4_K 4096x14336 FORM=1 MT=1: 576 CTAs on 528 slots)."""
-    groups = -(-od // rows_per_cta(MT, WARPS))
+    groups = -(-od // rows_per_cta(MT, WARPS, FORM))
     return int(max(1, min(sm_count * blocks_per_sm // groups, id_ // QK)))
 
 
@@ -393,10 +399,13 @@ def _blocks_per_sm(QT: int, XF32: int, NT8: int, MT: int, WARPS: int, FORM: int 
     return max(1, _kernel(QT, XF32, NT8, MT, WARPS, FORM).occupancy_api())
 
 
-#: the nt FORM=1 and FORM=2 take (one n8 tile of tokens)
+#: the nt FORM=1, 2 and 3 take (one n8 tile of tokens)
 FORM1_MAX_NT = 8
-#: the forms of the registry (FORM > 0: q4_K, nt <= FORM1_MAX_NT, FORM1's exact function; FORM=2 MT=1 only)
-FORMS = (0, 1, 2)
+#: the forms of the registry (FORM > 0: q4_K, nt <= FORM1_MAX_NT, FORM1's exact function; FORM=2 and 3 MT=1 only;
+#: FORM=3 the one with WARPS=8 too)
+FORMS = (0, 1, 2, 3)
+#: WARPS a CTA of each form takes (registry rows)
+FORM_WARPS = {0: (4,), 1: (4,), 2: (4,), 3: (4, 8)}
 
 
 def form1_exact_gate(id_: int) -> float:
@@ -416,12 +425,12 @@ def launch_plan(gv: GemvWeight, nt: int, XF32: int, MT: int = 2, WARPS: int = 4,
     QT = 4 if gv.qtype == "q4_K" else 6
     NT8 = 1 if nt <= 8 else 2
     bps = _blocks_per_sm(QT, XF32, NT8, MT, WARPS, FORM)
-    groups = -(-gv.od // rows_per_cta(MT, WARPS))
+    groups = -(-gv.od // rows_per_cta(MT, WARPS, FORM))
     nsb = gv.id // QK
     if S is None:
-        S = default_splits(gv.od, gv.id, MT, WARPS, sm_count, bps)
+        S = default_splits(gv.od, gv.id, MT, WARPS, sm_count, bps, FORM)
     elif S == "wave":
-        S = wave_splits(gv.od, gv.id, MT, WARPS, sm_count, bps)
+        S = wave_splits(gv.od, gv.id, MT, WARPS, sm_count, bps, FORM)
     elif isinstance(S, str):
         raise GemvError(f"S is a number of splits, None or 'wave', not {S!r}")
     S = int(S)
@@ -434,7 +443,9 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
     :class:`GemvWeight`; ``x``: cupy float16 or float32 [nt, id], C-contiguous; ``S``: splits of the super-blocks
     (default :func:`default_splits`; ``"wave"``: :func:`wave_splits`); ``MT`` m16 tiles a warp, ``WARPS`` warps a CTA
     (registry rows); ``FORM``: 0 the exact-f16-weight form, 1 step 2's exact ``sc*q`` form (q4_K, nt <= 8; its exact
-    function :func:`exact_weights_v2`), 2 step 5's register double buffer of FORM=1 (the same function; MT=1).
+    function :func:`exact_weights_v2`), 2 step 5's register double buffer of FORM=1 (the same function; MT=1), 3
+    step 6's: FORM=2 with the CTA's warps on one group of 16 rows, the split's super-blocks cut among them and folded
+    in shared memory (MT=1, WARPS 4 or 8; at split S the bits of FORM=2 at S x WARPS).
     Round 9 step 3's ``PIPE`` argument left with its form (a TypeError now)."""
     c = gpu.cp()
     gv = w if isinstance(w, GemvWeight) else prepare(w)
@@ -454,15 +465,17 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
     if FORM and (gv.qtype != "q4_K" or nt > FORM1_MAX_NT):
         raise errors.ShapeError(f"gemv_kq FORM={FORM} takes q4_K weights at nt = 1..{FORM1_MAX_NT}, got {gv.qtype} at "
                                 f"nt={nt}")
-    if FORM == 2 and MT != 1:
-        raise errors.ShapeError(f"gemv_kq FORM=2 (the register double buffer) is built at MT=1 only, got MT={MT}")
+    if FORM in (2, 3) and MT != 1:
+        raise errors.ShapeError(f"gemv_kq FORM={FORM} (the register double buffer) is built at MT=1 only, got MT={MT}")
+    if WARPS not in FORM_WARPS[FORM]:
+        raise errors.ShapeError(f"gemv_kq FORM={FORM} is built with WARPS in {FORM_WARPS[FORM]}, got WARPS={WARPS}")
     if not x.flags.c_contiguous:
         x = c.ascontiguousarray(x)
     QT = 4 if gv.qtype == "q4_K" else 6
     NT8 = 1 if nt <= 8 else 2
     XF32 = int(x.dtype == np.float32)
     k = _kernel(QT, XF32, NT8, MT, WARPS, FORM)
-    groups = -(-gv.od // rows_per_cta(MT, WARPS))
+    groups = -(-gv.od // rows_per_cta(MT, WARPS, FORM))
     nsb = gv.id // QK
     if isinstance(S, str) and S != "wave":
         raise errors.ShapeError(f"S is a number of splits, None or 'wave', not {S!r}")

@@ -361,6 +361,21 @@ def test_wave_splits_make_one_wave():
         assert S <= gemv.default_splits(od, id_, mt, 4, 132, bps)
 
 
+def test_form3_rows_are_one_warps_and_its_splits_count_them():
+    """FORM=3 (step 6): every warp of a CTA on the same 16 rows, so a CTA holds 16 x MT rows whatever WARPS, and the
+    split plans count row groups of that size: q4_K 4096x14336 at 4 CTAs of 4 warps an SM (the occupancy of the f16
+    build, 124 registers) is 256 row groups, one wave at S=2 (512 CTAs, 7 super-blocks a warp); at 2 CTAs of 8 warps an
+    SM (120 registers) one wave at S=1 (256 CTAs, 7 super-blocks a warp: the same bytes a warp as step 3's winner,
+    with no global fold)."""
+    assert gemv.rows_per_cta(1, 4, 3) == gemv.rows_per_cta(1, 8, 3) == 16
+    assert gemv.rows_per_cta(1, 4, 2) == 64 and gemv.rows_per_cta(2, 4) == 128
+    assert gemv.wave_splits(4096, 14336, 1, 4, 132, 4, 3) == 2
+    assert gemv.wave_splits(4096, 14336, 1, 8, 132, 2, 3) == 1
+    assert gemv.default_splits(4096, 14336, 1, 4, 132, 4, 3) == 3      # rounds up: 768 CTAs on 528 slots
+    assert gemv.wave_splits(4096, 4096, 1, 4, 132, 4, 3) == 2
+    assert gemv.wave_splits(14336, 4096, 1, 4, 132, 4, 3) == 1         # 896 row groups: more than one wave anyway
+
+
 def test_the_retired_pipe_form_left_the_kernel_the_registry_and_the_launcher():
     """Step 3's ring (PIPE) lost and was retired: gemv_kq's registry rows are the PIPE=0 forms only (20: FORM=0 at
     every QT, XF32, NT8, MT; FORM=1 at q4_K and one token tile; step 5's FORM=2 at MT=1), none with dynamic shared
@@ -373,11 +388,15 @@ def test_the_retired_pipe_form_left_the_kernel_the_registry_and_the_launcher():
 
     specs = registry.family("gemv_kq")
     assert [n for n, _ in specs[0].params] == ["QT", "XF32", "NT8", "MT", "WARPS", "FORM"]
-    assert len(specs) == 22 and all(k.dynamic_smem() == 0 for k in specs)
+    assert len(specs) == 26 and all(k.dynamic_smem() == 0 for k in specs)
     assert {(k.p["QT"], k.p["NT8"]) for k in specs if k.p["FORM"] == 1} == {(4, 1)}
     # step 5's FORM=2 (the register double buffer): q4_K, one token tile, MT=1 only (MT=2 spills), both activations
     assert sorted((k.p["QT"], k.p["NT8"], k.p["MT"], k.p["XF32"]) for k in specs if k.p["FORM"] == 2) == \
         [(4, 1, 1, 0), (4, 1, 1, 1)]
+    # step 6's FORM=3 (the split over K folded in the CTA): FORM=2's rows at WARPS 4 and 8; the other forms at 4
+    assert sorted((k.p["QT"], k.p["NT8"], k.p["MT"], k.p["XF32"], k.p["WARPS"]) for k in specs if k.p["FORM"] == 3) \
+        == [(4, 1, 1, 0, 4), (4, 1, 1, 0, 8), (4, 1, 1, 1, 4), (4, 1, 1, 1, 8)]
+    assert {k.p["WARPS"] for k in specs if k.p["FORM"] != 3} == {4}
     src = (registry.KERNELS_DIR / "gemv_kq.cu").read_text()
     assert "int FORM, int PIPE" not in src and "extern __shared__" not in src
     assert "cp.async.cg" not in src and "cp.async.wait_group" not in src
@@ -515,7 +534,7 @@ def test_the_sanitizer_driver_launches_every_instantiation(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "cupy", cp)
     exec(compile(r9.GEMV_SANITIZE_DRIVER, "<gemv sanitizer driver>", "exec"), {})
     n = len(registry.family("gemv_kq"))
-    assert n == 22 and f"gemv sanitizer driver done: {n} launches" in capsys.readouterr().out
+    assert n == 26 and f"gemv sanitizer driver done: {n} launches" in capsys.readouterr().out
     assert "gemv_sanitizer" in r9.STEPS
 
 

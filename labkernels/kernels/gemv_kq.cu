@@ -30,6 +30,11 @@
 // Range: |I| < 65504 (hi is an f16; a larger sub-block sum of the activations gives inf/NaN).
 // FORM=2 (round 9 step 5; q4_K, nt <= 8, MT=1): FORM=1's function and arithmetic, the next super-block's weight bytes
 // held in registers while the current one is computed (a register double buffer; see the kernel body).
+// FORM=3 (round 9 step 6; q4_K, nt <= 8, MT=1): FORM=2's loop with the CTA's warps on ONE group of 16 rows, the
+// super-blocks of the CTA's split cut into WARPS consecutive ranges (warp w the w-th), the warps' partial sums added
+// in shared memory in warp order by warp 0: the split over K a CTA folds itself, with no workspace, fence or arrival
+// atomic (S = 1). At split S it computes what FORM=2 computes at split S x WARPS, bit for bit (the same ranges, the
+// same left-to-right sum of the partials).
 //
 // Round 9 step 3's PIPE form (FORM=1's bytes staged through a cp.async shared-memory ring, PIPE in {2, 4}) lost at
 // every point and left this source; commit a1cf954 holds it (labkernels.rounds.r09_decode: the retired gemv_step3).
@@ -328,14 +333,21 @@ __device__ __forceinline__ void lk_form1_superblock(const KqRow4v2 (&wr)[MT][2],
 template <int QT, int XF32, int NT8, int MT, int WARPS, int FORM>
 // __launch_bounds__ minimum 3 CTAs an SM: a cap of 170 registers (without it ptxas took 128 for q6_K f16 NT8=1 MT=2
 // and spilled 4 bytes; with it every instantiation builds without spills, 62-168 registers)
-__global__ void __launch_bounds__(WARPS * 32, 3) gemv_kq_kernel(const u8* __restrict__ W, const void* __restrict__ X,
+__global__ void __launch_bounds__(WARPS * 32, WARPS >= 8 ? 2 : 3) gemv_kq_kernel(const u8* __restrict__ W, const void* __restrict__ X,
                                                             float* __restrict__ Y, float* __restrict__ ws,
                                                             int* __restrict__ counters, int nt, int od, int id, int S) {
     LK_PDL_ENTRY();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const int nsb = id >> 8;
-    const int sb0 = (int)((long long)blockIdx.y * nsb / S), sb1 = (int)((long long)(blockIdx.y + 1) * nsb / S);
-    const int rowbase = (blockIdx.x * WARPS + warp) * (MT * 16);
+    // FORM=3: every warp of the CTA on the same 16 rows, warp w on the w-th of WARPS ranges of the split's super-blocks
+    constexpr bool KW = FORM == 3;
+    int sb0 = (int)((long long)blockIdx.y * nsb / S), sb1 = (int)((long long)(blockIdx.y + 1) * nsb / S);
+    if constexpr (KW) {
+        const int a = sb0, n = sb1 - sb0;
+        sb0 = a + (int)((long long)warp * n / WARPS);
+        sb1 = a + (int)((long long)(warp + 1) * n / WARPS);
+    }
+    const int rowbase = (KW ? blockIdx.x : blockIdx.x * WARPS + warp) * (MT * 16);
     int rows[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -350,13 +362,13 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gemv_kq_kernel(const u8* __rest
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[mt][t][i] = 0.f;
 
-    if constexpr (FORM == 2) {
+    if constexpr (FORM == 2 || FORM == 3) {
         // FORM=2 (round 9 step 5): FORM=1's arithmetic (the same lk_form1_superblock: bit-identical results at the
         // same split) with the weight bytes of super-block sb + 1 (header and the lane's 32 code bytes, per row) loaded
         // into registers before super-block sb is computed -- a register double buffer: a warp keeps its next loads in
         // flight through its compute instead of issuing them after it. The activations load at sb's top as in FORM=1
         // (L1 hits after the CTA's first warp). MT=1 only (MT=2 spills under the 3-CTA register cap).
-        static_assert(QT == 4 && NT8 == 1 && MT == 1, "FORM=2 is q4_K at nt <= 8, MT=1");
+        static_assert(QT == 4 && NT8 == 1 && MT == 1, "FORM=2 and FORM=3 are q4_K at nt <= 8, MT=1");
         const u32 ind_lo = g == 2 * c ? 0x3C003C00u : 0u, ind_hi = g == 2 * c + 1 ? 0x3C003C00u : 0u;
         uint4 nh[MT][2], nq0[MT][2], nq1[MT][2];
         auto fetch = [&](int sb) {
@@ -440,25 +452,45 @@ __global__ void __launch_bounds__(WARPS * 32, 3) gemv_kq_kernel(const u8* __rest
         }
     }
 
+    // FORM=3: the warps' partial sums of the same fragment positions added by warp 0 in warp order (acc of warp 0,
+    // then + warp 1, + warp 2, ...: FORM=2's split fold over the same ranges); only warp 0 stores
+    if constexpr (KW) {
+        __shared__ float4 red[WARPS > 1 ? WARPS - 1 : 1][32];
+        if (warp > 0) red[warp - 1][lane] = make_float4(acc[0][0][0], acc[0][0][1], acc[0][0][2], acc[0][0][3]);
+        __syncthreads();
+        if (warp == 0) {
+#pragma unroll
+            for (int w = 1; w < WARPS; ++w) {
+                const float4 v = red[w - 1][lane];
+                acc[0][0][0] += v.x;
+                acc[0][0][1] += v.y;
+                acc[0][0][2] += v.z;
+                acc[0][0][3] += v.w;
+            }
+        }
+    }
+    const bool writer = !KW || warp == 0;
     // C fragment: acc[mt][t] = (row g, token 2c), (row g, 2c+1), (row g+8, 2c), (row g+8, 2c+1) of tile (mt, t);
     // stored into Y (one split) or into this split's [nt][od] slice of the workspace
     float* dst = S == 1 ? Y : ws + (long long)blockIdx.y * nt * od;
+    if (writer) {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int t = 0; t < NT8; ++t)
+            for (int t = 0; t < NT8; ++t)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int r = rowbase + mt * 16 + g + 8 * (i >> 1), n = t * 8 + 2 * c + (i & 1);
-                if (r < od && n < nt) dst[(long long)n * od + r] = acc[mt][t][i];
-            }
+                for (int i = 0; i < 4; ++i) {
+                    const int r = rowbase + mt * 16 + g + 8 * (i >> 1), n = t * 8 + 2 * c + (i & 1);
+                    if (r < od && n < nt) dst[(long long)n * od + r] = acc[mt][t][i];
+                }
+    }
     if (S == 1) return;
     __threadfence();
     __syncthreads();
     __shared__ int last;
     if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.x], 1) == S - 1;
     __syncthreads();
-    if (!last) return;
+    if (!last || !writer) return;
     __threadfence();
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)

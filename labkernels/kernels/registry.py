@@ -163,8 +163,8 @@ FAMILIES = [
              "stream-K scheduler; NCV=2 two converter warpgroups, each half of every chunk (setmaxnreg 80/176)"),
     # -- round 9: decode -- k-quant matrix-vector / small-batch products (nt = 1..16), weights read once per launch
     dict(family="gemv_kq", source="gemv_kq.cu", template="gemv_kq_kernel",
-         params={"QT": [4, 6], "XF32": [0, 1], "NT8": [1, 2], "MT": [1, 2], "WARPS": [4], "FORM": [0, 1, 2]},
-         valid="FORM == 0 or (QT == 4 and NT8 == 1 and (FORM == 1 or MT == 1))",
+         params={"QT": [4, 6], "XF32": [0, 1], "NT8": [1, 2], "MT": [1, 2], "WARPS": [4, 8], "FORM": [0, 1, 2, 3]},
+         valid="(FORM == 0 or (QT == 4 and NT8 == 1 and (FORM == 1 or MT == 1))) and (WARPS == 4 or FORM == 3)",
          threads="32 * WARPS", smem="0", tile=(0, 0),
          main_path=True, archs=("sm_80", "sm_90"),
          doc="q4_K (GGUF rows as uploaded) / q6_K (planes repacked once at load, same bytes) x f16 or f32 (XF32) "

@@ -131,6 +131,35 @@ def test_gemv_form2_is_form1_bit_for_bit(cp, rng, nt, od, id_, f32):
     _gate(y2, raw, "q4_K", x, form=2)
 
 
+@pytest.mark.parametrize("nt", [1, 3, 8])
+@pytest.mark.parametrize("od,id_", [(1, 256), (17, 512), (130, 1024), (1000, 4352), (4096, 14336)])
+@pytest.mark.parametrize("f32", [0, 1])
+@pytest.mark.parametrize("warps", [4, 8])
+def test_gemv_form3_is_form2_at_warps_times_the_splits(cp, rng, nt, od, id_, f32, warps):
+    """FORM=3 (step 6: the CTA's warps on one group of 16 rows, the split's super-blocks cut among them, folded in
+    shared memory in warp order) at split S computes FORM=2's bits at split S x WARPS: the same super-block ranges
+    and the same left-to-right sum of the partials -- checked at S = 1, 2 and the one-wave plan, wherever FORM=2's
+    split S x WARPS exists (at most one super-block a split); warps with no super-block (id = 256 at 4 or 8 warps)
+    add zeros. NaN-poisoned guards (no write outside the output, none by warps 1..WARPS-1) and FORM=1's gate."""
+    from labkernels import gemv, gpu
+
+    raw = _weights(rng, "q4_K", od, id_)
+    x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
+    w = gpu.QWeight.upload(raw, "q4_K")
+    xd = cp.asarray(x) if f32 else cp.asarray(x.astype(np.float16))
+    gv, sm, nsb = gemv.prepare(w), gpu.device_props()["sm_count"], id_ // gemv.QK
+    wave = gemv.launch_plan(gv, nt, f32, 1, warps, 3, "wave", sm)["S"]
+    checked = 0
+    for S in sorted({1, 2, wave} & set(range(1, nsb + 1))):
+        y3 = _run(cp, w, xd, MT=1, WARPS=warps, FORM=3, S=S)
+        _gate(y3, raw, "q4_K", x, form=3)
+        if S * warps <= nsb:
+            y2 = _run(cp, w, xd, MT=1, FORM=2, S=S * warps)
+            assert np.array_equal(y2.view(np.uint32), y3.view(np.uint32)), S
+            checked += 1
+    assert checked or nsb < warps
+
+
 def test_gemv_form1_extreme_scales(cp, rng):
     """FORM=1 on random q4_K bytes with extreme d / dmin (65504, subnormals, 0) and every 6-bit scale and min: no f16
     overflow (sc*q <= 945 in f16, d applied in f32), gated against its exact function."""
@@ -254,8 +283,14 @@ def test_gemv_refuses_bad_inputs(cp, rng):
         gemv.gemv(w, cp.zeros((512,), cp.float16))
     with pytest.raises(errors.ShapeError, match="FORM=1 takes q4_K weights at nt = 1..8"):
         gemv.gemv(w, cp.zeros((9, 512), cp.float16), FORM=1)
-    with pytest.raises(errors.ShapeError, match=r"FORM is one of \(0, 1, 2\)"):
-        gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=3)
+    with pytest.raises(errors.ShapeError, match=r"FORM is one of \(0, 1, 2, 3\)"):
+        gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=4)
+    with pytest.raises(errors.ShapeError, match="FORM=3 .* MT=1 only"):
+        gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=3, MT=2)
+    with pytest.raises(errors.ShapeError, match=r"FORM=3 is built with WARPS in \(4, 8\)"):
+        gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=3, MT=1, WARPS=2)
+    with pytest.raises(errors.ShapeError, match=r"FORM=1 is built with WARPS in \(4,\)"):
+        gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=1, MT=1, WARPS=8)
     with pytest.raises(errors.ShapeError, match="FORM=2 .* MT=1 only"):
         gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=2, MT=2)
     with pytest.raises(errors.ShapeError, match="FORM=2 takes q4_K weights at nt = 1..8"):
