@@ -36,7 +36,7 @@ current one is computed (a register double buffer: a warp's next loads stay in f
 **FORM=3** (q4_K, nt <= 8, MT=1, WARPS 4 or 8; round 9 step 6, ``gemv(..., FORM=3, MT=1)``): FORM=2's loop with every
 warp of a CTA on the same 16 rows and the split's super-blocks cut into WARPS consecutive ranges, one a warp; warp 0
 adds the warps' partial sums in shared memory in warp order and stores. The split over K is folded inside the CTA (no
-workspace, fence or arrival atomic at S=1), and FORM=3 at split S computes FORM=2's bits at split S x WARPS.
+workspace, fence or arrival atomic at S=1), and FORM=3 at S=1 computes FORM=2's bits at split WARPS.
 
 ``S="wave"`` (round 9 step 3, any form): the splits that make one wave of the resident CTAs, no second partial wave
 (:func:`wave_splits`; the default :func:`default_splits` rounds up). Step 3's other form, PIPE (FORM=1's bytes staged
@@ -445,7 +445,7 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
     (registry rows); ``FORM``: 0 the exact-f16-weight form, 1 step 2's exact ``sc*q`` form (q4_K, nt <= 8; its exact
     function :func:`exact_weights_v2`), 2 step 5's register double buffer of FORM=1 (the same function; MT=1), 3
     step 6's: FORM=2 with the CTA's warps on one group of 16 rows, the split's super-blocks cut among them and folded
-    in shared memory (MT=1, WARPS 4 or 8; at split S the bits of FORM=2 at S x WARPS).
+    in shared memory (MT=1, WARPS 4 or 8; at S=1 the bits of FORM=2 at split WARPS).
     Round 9 step 3's ``PIPE`` argument left with its form (a TypeError now)."""
     c = gpu.cp()
     gv = w if isinstance(w, GemvWeight) else prepare(w)

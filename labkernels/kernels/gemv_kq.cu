@@ -33,8 +33,8 @@
 // FORM=3 (round 9 step 6; q4_K, nt <= 8, MT=1): FORM=2's loop with the CTA's warps on ONE group of 16 rows, the
 // super-blocks of the CTA's split cut into WARPS consecutive ranges (warp w the w-th), the warps' partial sums added
 // in shared memory in warp order by warp 0: the split over K a CTA folds itself, with no workspace, fence or arrival
-// atomic (S = 1). At split S it computes what FORM=2 computes at split S x WARPS, bit for bit (the same ranges, the
-// same left-to-right sum of the partials).
+// atomic (S = 1). At S = 1 it computes what FORM=2 computes at split WARPS, bit for bit (the same ranges, the same
+// left-to-right sum of the partials); at S > 1 the sum has two levels (the warps', then the splits').
 //
 // Round 9 step 3's PIPE form (FORM=1's bytes staged through a cp.async shared-memory ring, PIPE in {2, 4}) lost at
 // every point and left this source; commit a1cf954 holds it (labkernels.rounds.r09_decode: the retired gemv_step3).

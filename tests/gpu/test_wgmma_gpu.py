@@ -524,7 +524,7 @@ def test_wgmma_rejects_bad_shapes(cp, rng):
         wgmma.gemm(w, cp.zeros((4, 512), cp.float32), BN=96)
     with pytest.raises(ValueError, match="EPI is 0"):
         wgmma.gemm(w, cp.zeros((4, 512), cp.float32), EPI=7)
-    with pytest.raises(errors.ShapeError, match="EPI=3 exchanges .* SK=3"):     # a form, on its own grid only
+    with pytest.raises(errors.ShapeError, match=r"EPI=3 exchanges .*\(SK=3\)"):     # a form, on its own grid only
         wgmma.gemm(w, cp.zeros((4, 512), cp.float32), EPI=3)
     with pytest.raises(ValueError, match="AQ is 2 or 4"):
         wgmma.gemm(w, cp.zeros((4, 512), cp.float32), AQ=3)
