@@ -38,6 +38,10 @@ warp of a CTA on the same 16 rows and the split's super-blocks cut into WARPS co
 adds the warps' partial sums in shared memory in warp order and stores. The split over K is folded inside the CTA (no
 workspace, fence or arrival atomic at S=1), and FORM=3 at S=1 computes FORM=2's bits at split WARPS.
 
+**FORM=4, FORM=5** (q4_K, nt <= 8, MT=1; round 9 step 7): FORM=1's source built under a register cap, the
+``__launch_bounds__`` minimum of 6 (80 registers) or 8 (64) CTAs an SM instead of 3: 24 or 32 warps an SM where FORM=1
+has 16, FORM=1's bits at the same split. Off the main path (ptxas spills 24-44 B a thread at these caps).
+
 ``S="wave"`` (round 9 step 3, any form): the splits that make one wave of the resident CTAs, no second partial wave
 (:func:`wave_splits`; the default :func:`default_splits` rounds up). Step 3's other form, PIPE (FORM=1's bytes staged
 through a cp.async shared-memory ring), lost at every point and left the product; commit a1cf954 holds it (the
@@ -399,13 +403,13 @@ def _blocks_per_sm(QT: int, XF32: int, NT8: int, MT: int, WARPS: int, FORM: int 
     return max(1, _kernel(QT, XF32, NT8, MT, WARPS, FORM).occupancy_api())
 
 
-#: the nt FORM=1, 2 and 3 take (one n8 tile of tokens)
+#: the nt FORM=1..5 take (one n8 tile of tokens)
 FORM1_MAX_NT = 8
-#: the forms of the registry (FORM > 0: q4_K, nt <= FORM1_MAX_NT, FORM1's exact function; FORM=2 and 3 MT=1 only;
-#: FORM=3 the one with WARPS=8 too)
-FORMS = (0, 1, 2, 3)
+#: the forms of the registry (FORM > 0: q4_K, nt <= FORM1_MAX_NT, FORM1's exact function; FORM >= 2 MT=1 only;
+#: FORM=3 the one with WARPS=8 too; FORM=4, 5: FORM=1 under register caps, off the main path)
+FORMS = (0, 1, 2, 3, 4, 5)
 #: WARPS a CTA of each form takes (registry rows)
-FORM_WARPS = {0: (4,), 1: (4,), 2: (4,), 3: (4, 8)}
+FORM_WARPS = {0: (4,), 1: (4,), 2: (4,), 3: (4, 8), 4: (4,), 5: (4,)}
 
 
 def form1_exact_gate(id_: int) -> float:
@@ -445,7 +449,8 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
     (registry rows); ``FORM``: 0 the exact-f16-weight form, 1 step 2's exact ``sc*q`` form (q4_K, nt <= 8; its exact
     function :func:`exact_weights_v2`), 2 step 5's register double buffer of FORM=1 (the same function; MT=1), 3
     step 6's: FORM=2 with the CTA's warps on one group of 16 rows, the split's super-blocks cut among them and folded
-    in shared memory (MT=1, WARPS 4 or 8; at S=1 the bits of FORM=2 at split WARPS).
+    in shared memory (MT=1, WARPS 4 or 8; at S=1 the bits of FORM=2 at split WARPS); 4 and 5 step 7's FORM=1 built
+    under a register cap of 6 / 8 CTAs an SM (MT=1; FORM=1's bits).
     Round 9 step 3's ``PIPE`` argument left with its form (a TypeError now)."""
     c = gpu.cp()
     gv = w if isinstance(w, GemvWeight) else prepare(w)
@@ -465,8 +470,8 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
     if FORM and (gv.qtype != "q4_K" or nt > FORM1_MAX_NT):
         raise errors.ShapeError(f"gemv_kq FORM={FORM} takes q4_K weights at nt = 1..{FORM1_MAX_NT}, got {gv.qtype} at "
                                 f"nt={nt}")
-    if FORM in (2, 3) and MT != 1:
-        raise errors.ShapeError(f"gemv_kq FORM={FORM} (the register double buffer) is built at MT=1 only, got MT={MT}")
+    if FORM >= 2 and MT != 1:
+        raise errors.ShapeError(f"gemv_kq FORM={FORM} is built at MT=1 only, got MT={MT}")
     if WARPS not in FORM_WARPS[FORM]:
         raise errors.ShapeError(f"gemv_kq FORM={FORM} is built with WARPS in {FORM_WARPS[FORM]}, got WARPS={WARPS}")
     if not x.flags.c_contiguous:

@@ -388,7 +388,7 @@ def test_the_retired_pipe_form_left_the_kernel_the_registry_and_the_launcher():
 
     specs = registry.family("gemv_kq")
     assert [n for n, _ in specs[0].params] == ["QT", "XF32", "NT8", "MT", "WARPS", "FORM"]
-    assert len(specs) == 26 and all(k.dynamic_smem() == 0 for k in specs)
+    assert len(specs) == 30 and all(k.dynamic_smem() == 0 for k in specs)
     assert {(k.p["QT"], k.p["NT8"]) for k in specs if k.p["FORM"] == 1} == {(4, 1)}
     # step 5's FORM=2 (the register double buffer): q4_K, one token tile, MT=1 only (MT=2 spills), both activations
     assert sorted((k.p["QT"], k.p["NT8"], k.p["MT"], k.p["XF32"]) for k in specs if k.p["FORM"] == 2) == \
@@ -397,6 +397,11 @@ def test_the_retired_pipe_form_left_the_kernel_the_registry_and_the_launcher():
     assert sorted((k.p["QT"], k.p["NT8"], k.p["MT"], k.p["XF32"], k.p["WARPS"]) for k in specs if k.p["FORM"] == 3) \
         == [(4, 1, 1, 0, 4), (4, 1, 1, 0, 8), (4, 1, 1, 1, 4), (4, 1, 1, 1, 8)]
     assert {k.p["WARPS"] for k in specs if k.p["FORM"] != 3} == {4}
+    # step 7's FORM=4 / 5 (FORM=1 under register caps): q4_K, one token tile, MT=1, both activations; off the main path
+    for form in (4, 5):
+        assert sorted((k.p["QT"], k.p["NT8"], k.p["MT"], k.p["XF32"]) for k in specs if k.p["FORM"] == form) == \
+            [(4, 1, 1, 0), (4, 1, 1, 1)]
+    assert {k.p["FORM"] for k in specs if not k.main_path} == {4, 5}
     src = (registry.KERNELS_DIR / "gemv_kq.cu").read_text()
     assert "int FORM, int PIPE" not in src and "extern __shared__" not in src
     assert "cp.async.cg" not in src and "cp.async.wait_group" not in src
@@ -534,7 +539,7 @@ def test_the_sanitizer_driver_launches_every_instantiation(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "cupy", cp)
     exec(compile(r9.GEMV_SANITIZE_DRIVER, "<gemv sanitizer driver>", "exec"), {})
     n = len(registry.family("gemv_kq"))
-    assert n == 26 and f"gemv sanitizer driver done: {n} launches" in capsys.readouterr().out
+    assert n == 30 and f"gemv sanitizer driver done: {n} launches" in capsys.readouterr().out
     assert "gemv_sanitizer" in r9.STEPS
 
 

@@ -35,6 +35,10 @@
 // in shared memory in warp order by warp 0: the split over K a CTA folds itself, with no workspace, fence or arrival
 // atomic (S = 1). At S = 1 it computes what FORM=2 computes at split WARPS, bit for bit (the same ranges, the same
 // left-to-right sum of the partials); at S > 1 the sum has two levels (the warps', then the splits').
+// FORM=4 and FORM=5 (round 9 step 7; q4_K, nt <= 8, MT=1, WARPS=4): FORM=1's code under a register cap -- the
+// __launch_bounds__ minimum of 6 (FORM=4: 80 registers) or 8 (FORM=5: 64) CTAs an SM instead of 3 -- for 24 or 32
+// warps an SM where FORM=1 (106 registers) has 16: the same instructions' results, bit for bit, with more warps to
+// cover the loads' latency.
 //
 // Round 9 step 3's PIPE form (FORM=1's bytes staged through a cp.async shared-memory ring, PIPE in {2, 4}) lost at
 // every point and left this source; commit a1cf954 holds it (labkernels.rounds.r09_decode: the retired gemv_step3).
@@ -332,8 +336,9 @@ __device__ __forceinline__ void lk_form1_superblock(const KqRow4v2 (&wr)[MT][2],
 
 template <int QT, int XF32, int NT8, int MT, int WARPS, int FORM>
 // __launch_bounds__ minimum 3 CTAs an SM: a cap of 170 registers (without it ptxas took 128 for q6_K f16 NT8=1 MT=2
-// and spilled 4 bytes; with it every instantiation builds without spills, 62-168 registers)
-__global__ void __launch_bounds__(WARPS * 32, WARPS >= 8 ? 2 : 3) gemv_kq_kernel(const u8* __restrict__ W, const void* __restrict__ X,
+// and spilled 4 bytes; with it every instantiation builds without spills, 62-168 registers); 2 at WARPS=8 (FORM=3);
+// FORM=4 / FORM=5: 6 / 8 (the register caps of step 7)
+__global__ void __launch_bounds__(WARPS * 32, FORM == 4 ? 6 : FORM == 5 ? 8 : WARPS >= 8 ? 2 : 3) gemv_kq_kernel(const u8* __restrict__ W, const void* __restrict__ X,
                                                             float* __restrict__ Y, float* __restrict__ ws,
                                                             int* __restrict__ counters, int nt, int od, int id, int S) {
     LK_PDL_ENTRY();
@@ -399,8 +404,8 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS >= 8 ? 2 : 3) gemv_kq_kernel
             xs.load(X, xoff + sb * 256, g < nt);
             lk_form1_superblock<XF32, MT>(wr, xs, ind_lo, ind_hi, acc);
         }
-    } else if constexpr (FORM == 1) {
-        static_assert(QT == 4 && NT8 == 1, "FORM=1 is q4_K at nt <= 8");
+    } else if constexpr (FORM == 1 || FORM == 4 || FORM == 5) {
+        static_assert(QT == 4 && NT8 == 1, "FORM=1 (and its register-capped builds 4, 5) is q4_K at nt <= 8");
         // the indicator B fragment (k-rows x columns j = sub-blocks): the indicator mma's A is the four activation
         // fragments of step m as they are (b0, b1, b2, b3): columns 2c, 2c+1 hold lane c's low-step values (sub-block
         // 2c), columns 2c+8, 2c+9 its high-step values (2c+1); rows g and g+8 both hold token g (b1, b3 in row g+8)

@@ -161,6 +161,30 @@ def test_gemv_form3_is_form2_at_warps_times_the_splits(cp, rng, nt, od, id_, f32
     assert checked == 1 or nsb < warps
 
 
+@pytest.mark.parametrize("form", [4, 5])
+@pytest.mark.parametrize("nt", [1, 5, 8])
+@pytest.mark.parametrize("od,id_", [(17, 512), (1000, 4352), (4096, 14336)])
+@pytest.mark.parametrize("f32", [0, 1])
+def test_gemv_register_capped_forms_are_form1_bit_for_bit(cp, rng, form, nt, od, id_, f32):
+    """FORM=4 / FORM=5 (step 7: FORM=1's source under a register cap of 6 / 8 CTAs an SM, spilling a few bytes)
+    compute FORM=1's bits at the same split (the default, the one-wave, 1 and 3), NaN-poisoned guards, FORM=1's gate."""
+    from labkernels import gemv, gpu
+
+    raw = _weights(rng, "q4_K", od, id_)
+    x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
+    w = gpu.QWeight.upload(raw, "q4_K")
+    xd = cp.asarray(x) if f32 else cp.asarray(x.astype(np.float16))
+    gv, sm = gemv.prepare(w), gpu.device_props()["sm_count"]
+    plans = [gemv.launch_plan(gv, nt, f32, 1, 4, 1, S, sm)["S"] for S in (None, "wave")]
+    for S in (*plans, 1, min(3, id_ // gemv.QK)):
+        y1 = _run(cp, w, xd, MT=1, FORM=1, S=S)
+        yc = _run(cp, w, xd, MT=1, FORM=form, S=S)
+        assert np.array_equal(y1.view(np.uint32), yc.view(np.uint32)), S
+    _gate(yc, raw, "q4_K", x, form=form)
+    assert gemv.launch_plan(gv, nt, f32, 1, 4, form, None, sm)["blocks_per_sm"] >= \
+        gemv.launch_plan(gv, nt, f32, 1, 4, 1, None, sm)["blocks_per_sm"]
+
+
 def test_gemv_form1_extreme_scales(cp, rng):
     """FORM=1 on random q4_K bytes with extreme d / dmin (65504, subnormals, 0) and every 6-bit scale and min: no f16
     overflow (sc*q <= 945 in f16, d applied in f32), gated against its exact function."""
@@ -284,8 +308,10 @@ def test_gemv_refuses_bad_inputs(cp, rng):
         gemv.gemv(w, cp.zeros((512,), cp.float16))
     with pytest.raises(errors.ShapeError, match="FORM=1 takes q4_K weights at nt = 1..8"):
         gemv.gemv(w, cp.zeros((9, 512), cp.float16), FORM=1)
-    with pytest.raises(errors.ShapeError, match=r"FORM is one of \(0, 1, 2, 3\)"):
-        gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=4)
+    with pytest.raises(errors.ShapeError, match=r"FORM is one of \(0, 1, 2, 3, 4, 5\)"):
+        gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=6)
+    with pytest.raises(errors.ShapeError, match="FORM=5 is built at MT=1 only"):
+        gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=5, MT=2)
     with pytest.raises(errors.ShapeError, match="FORM=3 .* MT=1 only"):
         gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=3, MT=2)
     with pytest.raises(errors.ShapeError, match=r"FORM=3 is built with WARPS in \(4, 8\)"):
