@@ -10,7 +10,8 @@ with memory bounded by it.
 What it checks (the rules of ggml's ``gguf.cpp`` reader, plus the lab's own):
 
 * the path is a regular, readable file: FIFOs, devices, sockets and directories are refused without
-  opening them for a blocking read (``stat`` first, then ``open(O_NONBLOCK)`` and ``fstat`` again);
+  opening them for a blocking read (``paths.open_regular``: ``stat`` first, then ``open(O_NONBLOCK)`` and ``fstat``
+  again);
 * magic ``GGUF``, version 2 or 3 (little-endian);
 * every string length, array length and the tensor / key counts fit in the bytes that remain; keys and tensor
   names are UTF-8, keys unique; arrays of arrays are refused (ggml does not read them);
@@ -31,10 +32,11 @@ from __future__ import annotations
 
 import mmap
 import os
-import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .paths import OpenRefused, open_regular
 
 
 class ModelError(Exception):
@@ -79,38 +81,21 @@ class GGUFLayout:
     tensors: list = field(default_factory=list)   # TensorInfo, in file order
 
 
-def _kind(mode: int) -> str | None:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return None if stat.S_ISREG(mode) else "not a regular file"
-
-
 def _open_regular(path: Path, hint: str = "") -> tuple[int, int]:
-    """(fd, size) of a regular readable file; ModelError for anything else (never blocks)."""
+    """(fd, size) of a regular readable file (:func:`labkernels.paths.open_regular`); ModelError for anything else
+    (never blocks)."""
     try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise ModelError(f"model file not found: {path}{hint}") from None
-    except OSError as e:
-        raise ModelError(f"{path}: cannot stat the model file: {e.strerror or e}") from None
-    kind = _kind(st.st_mode)
-    if kind:
-        raise ModelError(f"{path}: is {kind}, not a GGUF file (a model must be a regular file)")
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except PermissionError:
-        raise ModelError(f"{path}: cannot read the model file (permission denied)") from None
-    except OSError as e:
-        raise ModelError(f"{path}: cannot open the model file: {e.strerror or e}") from None
-    st = os.fstat(fd)
-    kind = _kind(st.st_mode)  # replaced between stat and open
-    if kind:
-        os.close(fd)
-        raise ModelError(f"{path}: is {kind}, not a GGUF file (a model must be a regular file)")
-    return fd, st.st_size
+        return open_regular(path)
+    except OpenRefused as e:
+        if e.kind:
+            raise ModelError(f"{path}: is {e.kind}, not a GGUF file (a model must be a regular file)") from None
+        if e.stage == "stat":
+            if e.missing:
+                raise ModelError(f"model file not found: {path}{hint}") from None
+            raise ModelError(f"{path}: cannot stat the model file: {e.strerror or e.error}") from None
+        if isinstance(e.error, PermissionError):
+            raise ModelError(f"{path}: cannot read the model file (permission denied)") from None
+        raise ModelError(f"{path}: cannot open the model file: {e.strerror or e.error}") from None
 
 
 class _Cursor:

@@ -47,7 +47,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +54,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import nvml, provenance
-from .paths import DATA_DIR, FOLDERS, SHARED
+from .paths import DATA_DIR, FOLDERS, SHARED, OpenRefused, open_regular
 
 RUN_ID_RX = re.compile(r"^\d{8}T\d{6}Z-[A-Za-z0-9_.-]+$")
 TABLE_RX = re.compile(r"[a-z0-9_]+")
@@ -423,31 +422,19 @@ def _create_exclusive(path: Path, text: str) -> bool:
             os.unlink(tmp)
 
 
-def file_kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 def _open_regular(path: Path) -> tuple[int, int]:
-    """(fd, size) of a regular file. Opened without blocking and checked with fstat before any read: a FIFO
-    (which would block for ever), a device such as /dev/zero (endless bytes) or a directory is a RecordError, also
-    behind a symlink."""
+    """(fd, size) of a regular file (:func:`labkernels.paths.open_regular`: never blocks, checked with stat before
+    the open and fstat after it): a FIFO (which would block for ever), a device such as /dev/zero (endless bytes) or
+    a directory is a RecordError, also behind a symlink."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise RecordError(f"{path}: missing") from None
-    except OSError as e:
-        raise RecordError(f"{path}: cannot open: {e.strerror or e}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise RecordError(f"{path}: is {file_kind(st.st_mode)}{' (through a symlink)' if Path(path).is_symlink() else ''}: "
-                          "a recorded file must be a regular file")
-    return fd, st.st_size
+        return open_regular(path)
+    except OpenRefused as e:
+        if e.kind:
+            raise RecordError(f"{path}: is {e.kind}{' (through a symlink)' if Path(path).is_symlink() else ''}: "
+                              "a recorded file must be a regular file") from None
+        if e.missing:
+            raise RecordError(f"{path}: missing") from None
+        raise RecordError(f"{path}: cannot open: {e.strerror or e.error}") from None
 
 
 def _read_bytes(path: Path, limit: int | None = None, what: str = "") -> bytes:

@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 
 from . import nvml, provenance
-from .paths import FOLDERS
-from .records import (FINISHED, MANIFEST_SUFFIX, RUN_ID_RX, RecordError, Run, check_manifest, data_root, file_kind,
+from .paths import FOLDERS, file_kind
+from .records import (FINISHED, MANIFEST_SUFFIX, RUN_ID_RX, RecordError, Run, check_manifest, data_root,
                       file_sha256, folder, read_json, read_meta, run_files, validate_run, verify_run, write_manifest)
 
 #: folders under data/ that hold no recorded runs
