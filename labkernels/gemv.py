@@ -45,7 +45,7 @@ has 16, FORM=1's bits at the same split. Off the main path (ptxas spills 24-44 B
 ``S="wave"`` (round 9 step 3, any form): the splits that make one wave of the resident CTAs, no second partial wave
 (:func:`wave_splits`; the default :func:`default_splits` rounds up). Step 3's other form, PIPE (FORM=1's bytes staged
 through a cp.async shared-memory ring), lost at every point and left the product; commit a1cf954 holds it (the
-retired step ``gemv_step3`` of :mod:`labkernels.rounds.r09_decode`). Recorded runs keep its rows (typed column PIPE
+retired step ``gemv_step3`` of :mod:`labkernels.rounds.r09_decode.steps`). Recorded runs keep its rows (typed column PIPE
 > 0), which the recorded choice (:func:`auto_table`) leaves out.
 """
 

@@ -57,7 +57,7 @@ class Headline:
     lead_us: float = 0.0   # the GEMV's GPU lead in the lab's harness (round 9's benchmark of record); 0: none
 
 
-#: the benchmark of record's headline ratios (the GEMV's lead: round 9's, ``rounds.r09_decode.PLAN["lead_us"]``, which
+#: the benchmark of record's headline ratios (the GEMV's lead: round 9's, ``rounds.r09_decode.plan.PLAN["lead_us"]``, which
 #: tests/test_nvbench_check.py holds equal -- this module does not import the round, whose step runs it)
 HEADLINES = (
     Headline("gemm_q4k_nt512", 7, "wgmma", "q4_K", 512, 4096, 4096),

@@ -453,9 +453,9 @@ def test_generation_rows_name_models_as_llama_bench_rows_do(tmp_path):
     from labkernels import peers
     from labkernels.rounds import r09_decode
 
-    assert r09_decode.model_label is peers.model_label
-    labels = [r09_decode.model_label(s) for s in ("synthetic-7b", "synthetic-gemma3",
-                                                  "/tmp/model/gemma-3-270m-q4_k_m.gguf", "Other-Model.GGUF")]
+    assert r09_decode.generate.model_label is peers.model_label      # what names the generation rows
+    labels = [r09_decode.generate.model_label(s) for s in ("synthetic-7b", "synthetic-gemma3",
+                                                           "/tmp/model/gemma-3-270m-q4_k_m.gguf", "Other-Model.GGUF")]
     assert labels == ["synthetic-7b", "synthetic-gemma3", "gemma-3-270m-q4_k_m", "other-model"]
     with pytest.raises(ValueError, match="no such GGUF file"):
         r09_decode.step_generate(tmp_path, argparse.Namespace(gemma=str(tmp_path / "absent.gguf"), log=print))
@@ -493,7 +493,7 @@ def test_round9_abstract_names_each_card_when_the_figures_come_from_two(monkeypa
     facts = {"gemv": {"card": "NVIDIA H100 80GB HBM3", "us": 27.6, "frac_copy": 0.4, "mmvq_us": 16.1,
                       "run": "20261206T204403Z-h10080gbhbm3-1f97ec7", "mmvq_run": "20261206T204547Z-h10080gbhbm3-1f97ec7"},
              "gen": {"card": "NVIDIA H200", "tok_s": 220.0, "llama_tg128": 285.0}}
-    monkeypatch.setattr(r9, "state_facts", lambda root=None: facts)
+    monkeypatch.setattr(r9.state, "state_facts", lambda root=None: facts)   # where abstract_now looks it up
     text = r9.abstract_now()
     assert "27.6 us, 40% of the copy line (0.58x the speed of llama.cpp's MMVQ) (on an NVIDIA H100 80GB HBM3)" in text
     facts["gemv"]["run"] = "20261207T004259Z-h10080gbhbm3-2406c00"       # another commit, hours later: another call

@@ -429,7 +429,7 @@ def test_step4_bench_records_the_plan_and_the_typed_columns(tmp_path, monkeypatc
 
     cp = install(monkeypatch)
     monkeypatch.setitem(sys.modules, "cupy", cp)
-    monkeypatch.setattr(r9, "copy_bandwidth", lambda: {"bytes": 2, "median_us": 1.0, "tb_per_s": 3.0})
+    monkeypatch.setattr(r9.benchmark, "copy_bandwidth", lambda: {"bytes": 2, "median_us": 1.0, "tb_per_s": 3.0})
     monkeypatch.setattr(gpu, "device_props", lambda: {"sm_count": 4, "cc": 90, "name": "fake"})
     monkeypatch.setattr(gemv, "_blocks_per_sm", lambda *a: 2 if a[3] == 1 else 3)     # (QT, XF32, NT8, MT, ..)
     monkeypatch.setattr(B, "ReadFlusher", lambda: None)
@@ -473,13 +473,13 @@ def test_step4_bench_records_the_plan_and_the_typed_columns(tmp_path, monkeypatc
                       launches=[tuple(v) for v in r9.STEP3_PLAN["launches"]], progress=lambda *a: None)
 
     seen = {}
-    monkeypatch.setattr(r9, "bench_gemv", lambda run, **kw: seen.update(kw))
+    monkeypatch.setattr(r9.benchmark, "bench_gemv", lambda run, **kw: seen.update(kw))   # as steps looks it up
     out = r9.step_gemv_step4(tmp_path / "out4", types.SimpleNamespace(log=lambda *a: None))
     assert out["ok"] and seen["launches"] == launches
     assert seen["baselines"] == ("wgmma", "cublas") and seen["qtypes"] == ("q4_K", "q6_K")
     run4 = records.latest("decode", root=tmp_path / "out4" / "data")
     assert run4.meta["params"]["what"] == "gemv_bench"
-    assert "gemv_step4" in r9.STEPS and r9._ledger("gemv_step4")["step"] == 4
+    assert "gemv_step4" in r9.STEPS and r9.ledger._ledger("gemv_step4")["step"] == 4
 
 
 def test_step3_is_retired_with_the_commit_that_holds_it_and_its_record_kept():
@@ -581,7 +581,7 @@ def test_step5_plan_runs_registered_forms_and_records_its_prediction_first():
                 assert (4, int(act == "f32"), 1 if nt <= 8 else 2, mt, warps, form) in reg, (mt, form, act, nt)
     assert forms == {1, 2} and plan["qtypes"] == ["q4_K"] and max(plan["nts"]) <= gemv.FORM1_MAX_NT
     assert "gemv_step5" in r9.STEPS and [s.number for s in r9.STEP_RECORDS if s.name == "gemv_step5"] == [5]
-    led = r9._ledger("gemv_step5")
+    led = r9.ledger._ledger("gemv_step5")
     assert led["step"] == 5 and led["measured"] is None and not led["runs"]
     head = [c for c in led["prediction"] if c.get("headline")]
     assert len(head) == 1 and head[0]["metric"] == "us" and head[0]["low"] < head[0]["high"] < 21.0

@@ -1,7 +1,7 @@
 """One module per round, each beside its notebook of the same number (``notebooks/NN_name.py``), and the table
 of rounds. A round with code only it uses is a package ``rNN_name/`` whose ``__init__.py`` is that module and whose
 other files hold that code (round 5's decomposition, round 6's forensics, round 7's experiments, round 8's reading of
-its sweeps); what two rounds or more use stays in ``labkernels/``.
+its sweeps, round 9's benchmark, steps and page); what two rounds or more use stays in ``labkernels/``.
 
 A round module declares ``NOTEBOOK`` (its notebook's name), ``DATA`` (the ``data/<folder>/`` names of its recorded
 runs, the first the one its page replays), ``PLAN`` (its one default plan), ``measure(run, progress, **plan)`` (GPU: record
@@ -12,7 +12,7 @@ from :func:`gpu_check_steps` (``--steps NAME,...``) and :func:`select_steps` (``
 A round whose steps are records (:class:`Step`: number, name, builds, plan, prediction, verdict, run ids, commit, one
 ``run`` and one ``view``, the arguments it declares; a retired one with the commit and command that reproduce it)
 declares them as ``STEP_RECORDS`` (round 7: :mod:`labkernels.rounds.r07_wgmma.steps`; round 9, whose step 3 is
-retired: :mod:`labkernels.rounds.r09_decode`); its ``STEPS`` are then the live ones' gpu-check names. A round whose
+retired: :mod:`labkernels.rounds.r09_decode.steps`); its ``STEPS`` are then the live ones' gpu-check names. A round whose
 page replays one kind of run among several in a folder names it in ``REPLAY_WHERE`` ({series: predicate(run, plan)}:
 round 5's decomposition of the plan's model and nt, round 7's benchmark among its sanitizer and ncu runs). A round
 whose measurement records its own runs (round 6: one ncu process per case) declares ``record_runs(root, progress,

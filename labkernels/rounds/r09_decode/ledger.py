@@ -1,0 +1,291 @@
+"""Round 9's steps as a ledger: for each step, what it asked, the analysis and the prediction written before its GPU
+run, what was measured and the verdict (:data:`LEDGER`; step 3's analysis :data:`STEP3_ANALYSIS`), and the commit
+that still holds the retired step 3's PIPE ring (:data:`PIPE_HOLDER`) with the command that reruns a step there. The
+page renders the measured steps from it, its state reads the latest one (:mod:`.state`) and the steps' records take
+their numbers, predictions and verdicts from it (:mod:`.steps`)."""
+
+from __future__ import annotations
+
+from .plan import PREDICTION
+
+
+#: step 3's analysis, written before its run from the compiler's report and the machine code (H100 80GB HBM3: 132
+#: SMs, 64K registers and 228 KB of shared memory an SM; occupancy from labkernels.occupancy's 'h100' profile)
+STEP3_ANALYSIS = {
+    "load structure (PIPE=0, SASS)": "every load of a super-block at the top of its loop iteration (FORM=1 MT=1 f16: "
+                                      "14 LDG.128, 6 of weights and 8 of activations; the first HMMA 36 instructions "
+                                      "after the last), none carried across iterations: a warp's bytes in flight drop "
+                                      "to zero while it computes the super-block",
+    "bytes a warp a super-block": "weights MT x 16 rows x 144 B = 2,304 B (MT=1) / 4,608 B (MT=2; the 16-byte header "
+                                  "loaded by the 4 lanes of a quad, L1 hits after the first); activations 512 B (f16) "
+                                  "/ 1,024 B (f32) a token, L2 hits",
+    "registers -> CTAs an SM (warps), peak weight bytes in flight an SM": (
+        "FORM=0 MT=1 f16 96 -> 5 (20) 46 KB; FORM=0 MT=2 f16 126 -> 4 (16) 74 KB; FORM=1 MT=1 f16 106 -> 4 (16) "
+        "37 KB; FORM=1 MT=2 f16 150 -> 3 (12) 55 KB; FORM=1 MT=1 f32 132 -> 3 (12) 28 KB; FORM=1 MT=2 f32 162 -> 3 "
+        "(12) 55 KB. The average is the peak x L / (L + C), C the super-block's compute (~0.3-0.5 us): FORM=1 MT=1 "
+        "f16 ~25-28 KB"),
+    "Little's law": "2.98 TB/s x latency / 132 SMs: 15.8 KB an SM at 700 ns (the notes' 600-800 ns, unloaded: "
+                    "shared/notes/decode-at-the-hbm-line.md; HOPPER.md gives no figure), 22.6-33.9 KB at a loaded "
+                    "1.0-1.5 us (assumed: queueing near saturation). FORM=1 MT=1 f16 sits at the margin, f32 MT=1 "
+                    "below it",
+    "grid at 4096x14336 (56 super-blocks)": "FORM=1 MT=1 f16: 64 row groups x S=9 (default, rounded up) = 576 CTAs on "
+                                            "4 x 132 = 528 slots: 1.09 waves, 48 CTAs of 6-7 super-blocks after the "
+                                            "first finish (~6-7 us at low load); MT=2: 32 x 13 = 416 on 396 (1.05). "
+                                            "One wave (S='wave'): MT=1 S=8 (512 CTAs, 7 super-blocks each), MT=2 S=12",
+    "the split's fold": "S x nt x od x 4 B (147 KB at MT=1 S=9): 0.1 us of bytes, but the last CTA's chain at the end "
+                        "(fence, arrival atomic, S partial loads, store: ~3 round trips, 1.5-3 us) is on the critical "
+                        "path; step 2's 4096x4096 (9.4 MB, 3.2 us at the line) took 12.7 us: ~9 us of fixed costs "
+                        "(launch, a 48-CTA second wave, the fold's chain)",
+    "PIPE ring, in flight an SM (weights, continuously)": (
+        "(PIPE - 1) x the CTA's stage x CTAs: nt=1 f16 MT=1 PIPE=2 5 CTAs (91 regs) 46 KB, PIPE=4 5 CTAs (92 regs, "
+        "39 KB smem) 138 KB; MT=2 PIPE=2 4 CTAs (127 regs) 74 KB, PIPE=4 3 CTAs (76 KB smem) 166 KB; nt=8 f16 MT=1 "
+        "PIPE=4 4 CTAs 111 KB"),
+    "SASS main loop a super-block (one warp), FORM=1 -> PIPE=2 / PIPE=4": (
+        "f16 MT=1 335 -> 371 / 373, MT=2 570 -> 603 / 605; f32 MT=1 349 -> 397 / 399, MT=2 597 -> 688 / 681 (5 or 10 "
+        "LDGSTS of weights, 1-2 of activations in a loop over the CTA's tokens, 14 / 20 LDS.128 for 14 / 20 LDG.128, a "
+        "DEPBAR and a BAR.SYNC); at the line PIPE MT=1 f16 issues ~2.1 warp-instructions a cycle an SM (of 4)"),
+    "step time estimate (gemv_step3)": "40-70 s on an H100: NVRTC build of gemv_kq (28 instantiations) ~10 s, the "
+                                       "references of 4 shapes ~8 s, 144 gated points x ~0.1-0.15 s ~15-25 s, timing "
+                                       "(10 variants x 16 points x 60 launches behind a 300 us lead) ~5 s, the copy "
+                                       "line ~1 s (step 2's plan, 128 gates, ran in 29 s)",
+}
+
+
+#: the round's steps as records (prediction written before the run, then what was measured and the verdict)
+LEDGER = [
+    {"step": 1, "name": "gemv_kq, first measured build",
+     "commit": "659e8fd", "card": "NVIDIA H100 80GB HBM3", "runs": ["20261206T044949Z-h10080gbhbm3-659e8fd",
+                                                                     "20261206T045037Z-h10080gbhbm3-659e8fd"],
+     "prediction": PREDICTION["claims"],
+     "measured": "copy line 2.98 TB/s. Recorded (L2 overwritten between launches, host enqueue inside the events): "
+                 "q4_K 4096x14336 nt=1 31.1 us = 36% of the line (MT=1), q6_K 35.1 us = 46%, 4096x4096 14.1 us = "
+                 "22%; nt=8 / nt=1 = 1.2-1.4; faster than wgmma and cuBLAS fp16 at nt = 1..8 on every shape. Split "
+                 "sweep at nt=1: S=8 24.3 us for 4096x14336 (default 30.9). Exploratory, printed by device calls "
+                 "20-22 and not recorded (to be re-measured by the recorded bench): the write flush costs ~4 us "
+                 "against a read flush (31.0 -> 27.1 us), the Python enqueue ~6 us more (a 300 us lead: best of "
+                 "MT x S 20.8 us = 53% for q4_K 4096x14336, q6_K 23.9 us = 68%, 4096x4096 10.75 us = 29%, nt=8/nt=1 "
+                 "1.38).",
+     "verdict": "missed (predicted 55-75% at nt=1; 36% recorded, ~53% with the timing fixed). q6_K moves 1.46x q4_K's "
+                "bytes in ~1.15x its time: q4_K is not bound by bytes. Its main loop issues 683 SASS instructions a "
+                "super-block a warp (MT=2: 13 per 8 weights for the exact f16 dequant, the scale decode, 16 mma), "
+                "~1.7 warp-instructions a cycle an SM at the H100's line and ~2.4 at the H200's: the issue rate, "
+                "not the memory system, holds it. The 4096x4096 shape (3.2 us at the line) spends ~7 us on fixed "
+                "costs: launch, one short wave, the split's fold."},
+    {"step": 2, "name": "fewer instructions per weight, and the recorded timing without the host",
+     "commit": "1f97ec7", "card": "NVIDIA H100 80GB HBM3", "runs": ["20261206T204334Z-h10080gbhbm3-1f97ec7"],
+     "gpu_check": "gemv_step2",
+     "prediction": [
+         {"what": "the recorded bench with the read flush and a 300 us lead (bench_gemv defaults now)",
+          "metric": "us", "low": 19.0, "high": 23.0,
+          "why": "q4_K 4096x14336 nt=1 on the H100: the exploratory 20.8 us of step 1"},
+         {"what": "an int8 form: q8_1 activations, mma m16n8k32 s8, a nibble to int8 in one LOP3 per 4 weights, "
+                  "per-sub-block int32 folded with d*sc and the q8_1 sums (as llama.cpp's MMVQ and the lab's q4k_nb)",
+          "metric": "frac_copy", "low": 0.70, "high": 0.85,
+          "why": "~2.5x fewer instructions a weight than step 1's exact f16 dequant: under 1 warp-instruction a cycle "
+                 "at the line; gated against the int8 reference like rounds 3-6 (it changes the exact function). NOT "
+                 "BUILT in this step: the form built is FORM=1 below (no activation requantization); this claim "
+                 "stays open"},
+         # FORM=1, written 2026-12-06 before any GPU run of it (commits 5dac274..; nvcc 13.0, sm_90a, cuobjdump of
+         # the main loop: instructions between the super-block loop's head and its backward branch, one warp)
+         {"what": "gemv_kq FORM=1 q4_K 4096x14336 nt=1 f16, H100 (best of MT 1/2, default split; gemv_step2)",
+          "metric": "us", "low": 16.5, "high": 19.5,
+          "why": "SASS a super-block (one warp; FORM=0 -> FORM=1): f16 MT=2 683 -> 570, MT=1 369 -> 335; f32 MT=2 "
+                 "694 -> 597 -- per 8 weights of a row the dequant is 1 SHF + 4 LOP3 + 4 HFMA2 (FORM=0: + 2 HADD2/HFMA2 "
+                 "to make q and its HFMA2 q*S+B are one HFMA2 (1024+q)*sc - 1024*sc now), paid back in part by 8 "
+                 "indicator HMMA + MT min HMMA + 8*MT FFMA (d, -dmin) a super-block. Step 1 found the loop issue-bound "
+                 "(~0.08 SASS a weight): time scaled by 570/683 = 0.83 of the exploratory 20.8 us = 17.4 us; not "
+                 "the 13.6 us bar (80% of the 2.98 TB/s line = 11.1 us of bytes): ~430 SASS a super-block are not "
+                 "dequant (activation fragments, loads, scales, mma)"},
+         {"what": "FORM=1 / FORM=0 time, q4_K nt=1, the four shapes, same config, same pairs", "metric": "ratio",
+          "low": 0.78, "high": 0.95,
+          "why": "the instruction ratio 0.83-0.91 (MT=2 / MT=1), less where the short shapes' fixed costs (launch, "
+                 "one wave, the split's fold: ~7 us at 4096x4096) dominate"},
+         {"what": "FORM=1 nt=8 / nt=1 time, q4_K, every shape", "metric": "ratio", "low": 1.0, "high": 1.3,
+          "why": "the tokens are the mma's n: the indicator and min mma cost the same at nt=1..8; 8x the activation "
+                 "loads (L1/L2 hits)"},
+         {"what": "FORM=1 exactness", "metric": "gate", "low": 0.0, "high": 0.0,
+          "why": "exact_rel against exact_weights_v2 (gguf's d*sc*q - dmin*m in float64, x rounded to f16) within "
+                 "exact_gate(id) (f32 summation order and the 2^-22 hi/lo split of the sub-block sums); NMSE against "
+                 "float64 x . dequantize(w)^T below FORM=0's (no f16 rounding of the weights). Range: a sub-block sum of the "
+                 "activations below 65504 (the f16 hi half)"},
+     ],
+     "measured": "q4_K 4096x14336 nt=1 f16 (read flush, 300 us lead, 3 interleaved pairs): FORM=0 MT=1 28.3 us (39% "
+                 "of the copy line), FORM=1 MT=1 27.6 us (40%); MT=2 31.5 -> 29.7 us. 11008x4096 nt=1: 21.6 -> 21.7 us. "
+                 "nt=8 f16 4096x14336: best 36.1 us (FORM=1 MT=2). llama.cpp MMVQ in the same session and card: "
+                 "16.1 us at n=1 (the lab 0.58x its speed), 47.7 us at n=8 (the lab 1.32x). Every FORM=1 point passed "
+                 "its gate (exact_weights_v2 and float64) before it was timed; GPU tests of FORM=1 green.",
+     "verdict": "missed: 27.6 us against the predicted 16.5-19.5 us, FORM=1 / FORM=0 0.94-0.98 against 0.78-0.95. The "
+                "recorded bench did not reproduce step 1's exploratory 20.8 us (28.3 us with the same lead and flush): "
+                "at nt=1 the kernel is held neither by its instruction count nor by bytes. The next step measures "
+                "bytes in flight per SM (Little's law) and the launch's ramp and tail with counters."},
+    # step 3: the analysis and the prediction written 2026-12-06 before any GPU run of the forms (nvcc 13.0 -cubin
+    # sm_90 --resource-usage, cuobjdump -sass of the main loop, the lab's occupancy profile 'h100'; STEP3_ANALYSIS)
+    {"step": 3, "name": "bytes in flight and the grid's tail: a cp.async ring (PIPE) and one-wave splits",
+     "commit": "5740e33", "card": "NVIDIA H100 80GB HBM3", "runs": ["20261207T004259Z-h10080gbhbm3-2406c00"],
+     "gpu_check": "gemv_step3", "analysis": STEP3_ANALYSIS,
+     "prediction": [
+         {"what": "FORM=1 MT=1 default split, q4_K 4096x14336 nt=1 f16 (the baseline, same process)", "metric": "us",
+          "low": 26.0, "high": 30.0, "why": "step 2's 27.6 us; PIPE=0's machine code is instruction-identical to "
+                                              "step 2's build"},
+         {"what": "FORM=1 PIPE=0, S='wave', best of MT 1/2, q4_K 4096x14336 nt=1 f16", "metric": "us",
+          "low": 20.0, "high": 25.0,
+          "why": "the default split leaves a partial second wave (MT=1: 576 CTAs on 528 slots, 48 CTAs of 6-7 "
+                 "super-blocks start when the first finish, ~6-7 us at low load); the wave split (S=8, 512 CTAs of 7 "
+                 "super-blocks) removes it; the steady state is unchanged"},
+         {"what": "PIPE=4 MT=1, default split, q4_K 4096x14336 nt=1 f16", "metric": "us", "low": 19.0, "high": 24.0,
+          "why": "3 super-blocks in flight a CTA, continuously (138 KB an SM against the 23-34 KB Little's law asks): "
+                 "the steady state at 85-95% of the line; the tail kept (5 CTAs an SM: S=11, 704 CTAs on 660 slots)"},
+         {"what": "PIPE=4, S='wave', best of MT 1/2, q4_K 4096x14336 nt=1 f16", "headline": True, "metric": "us",
+          "low": 14.0, "high": 18.0,
+          "why": "= 62-80% of the 2.98 TB/s line (the bar, 80%, at 13.6 us: reached only at the bottom of the range): "
+                 "the bytes at ~90% of the line (12.3 us) plus the ramp (the first super-block's latency, ~1.5 us) and "
+                 "the split's end (the last CTA's fence, arrival atomic and S partial loads: ~1.5-3 us)"},
+         {"what": "PIPE=2 / PIPE=4 time, S='wave', same MT, q4_K nt=1 f16, every shape", "metric": "ratio",
+          "low": 0.95, "high": 1.10,
+          "why": "both hold >= 2x the bytes Little's law asks at a 1.0-1.5 us loaded latency (PIPE=2 MT=1: 46 KB an "
+                 "SM); PIPE=2 more than 10% slower would put the loaded latency above ~2 us"},
+         {"what": "PIPE=4 S='wave' q4_K 4096x4096 nt=1 f16 (9.4 MB: 3.2 us at the line)", "metric": "us",
+          "low": 6.0, "high": 9.0,
+          "why": "step 2's FORM=1 12.7 us is fixed costs: a second wave of 48 CTAs and the fold's chain of round trips "
+                 "at the end (~3 us); one wave with 1-2 super-blocks a CTA prefetched leaves launch + ramp + fold"},
+         {"what": "PIPE=4 S='wave', best of MT 1/2, nt=1 f16, 14336x4096 and 11008x4096", "metric": "frac_copy",
+          "low": 0.55, "high": 0.80, "why": "the same levers at 25-33 MB (step 2 FORM=1: 26.0 and 21.7 us, 39-40%)"},
+         {"what": "PIPE=4 S='wave' nt=8 / nt=1 time, q4_K f16, every shape (best MT each)", "metric": "ratio",
+          "low": 1.0, "high": 1.3,
+          "why": "the ring carries the nt token rows (MT=1: 4 CTAs an SM at nt=8, 111 KB in flight), the mma work "
+                 "per weight the same at nt=1..8"},
+         {"what": "PIPE exactness", "metric": "gate", "low": 0.0, "high": 0.0,
+          "why": "FORM=1's function (exact_weights_v2 within exact_gate(id), NMSE vs float64) at every point before it "
+                 "is timed; bit-identical to FORM=1 PIPE=0 at the same split (GPU test test_gemv_pipe_parity)"},
+     ],
+     "measured": "H100 80GB HBM3 at 2406c00 (built at 5740e33's kernel source), copy line 2.99 TB/s, read flush, 300 us "
+                 "lead, 3 interleaved pairs, every point gated first (exact_rel <= 6.5e-7, NMSE 3.9e-8). q4_K 4096x14336 "
+                 "nt=1 f16: FORM=1 MT=1 default split (S=9, 576 CTAs on 528 slots) 27.4 us (40%); one-wave split (S=8, "
+                 "512 CTAs) 21.0 us (53%, 1.30x); MT=2 one-wave 23.8 us; PIPE=4 MT=1 default 30.3 us, PIPE=4 one-wave "
+                 "28.9 us (MT=2 29.9 us), PIPE=2 one-wave 26.0 us. The one-wave split wins at every shape and nt 1..4 "
+                 "(4096x4096 11.0 vs 12.8 us, 11008x4096 18.8 vs 21.9 us, 14336x4096 22.3 vs 26.6 us at nt=1); the "
+                 "ring loses at every nt=1 point (PIPE=2 / PIPE=4 0.89-0.97, PIPE=4 one-wave / PIPE=0 one-wave "
+                 "1.29-1.38 at the three large shapes); nt=8 / nt=1 of PIPE=4 one-wave 0.98-1.13. cuBLAS fp16 on "
+                 "dequantized weights 43.9 us at 4096x14336.",
+     "verdict": "missed the headline: 28.9 us (PIPE=4, one wave) against the predicted 14-18 us; the lever that won "
+                "is the one-wave split alone (20-25 us predicted, 21.0 us measured: within). The ring made every form "
+                "slower, so bytes in flight per SM were not what held the kernel: the ring's cp.async / commit / wait "
+                "and barrier per super-block cost more than the latency they hid, and its 39 KB a CTA moved MT=1 from "
+                "4 to 5 CTAs an SM without a faster stream. Best of the step: 21.0 us = 53% of the copy line "
+                "(0.76x MMVQ's 16.05 us, measured on an H100 in an earlier call, not in this one). PIPE leaves the product at "
+                "the next step (reproducible at 2406c00 with `labkernels gpu check --steps gemv_step3`); the one-wave "
+                "split becomes gemv_kq's default split once the benchmark of record confirms it for q6_K and f32.",
+     "counters": "Nsight Compute (--set full, caches flushed, one launch each; H100 80GB HBM3, commit 5319d8c; the "
+                 ".ncu-rep came back with the device call but is not a recorded run): q4_K 4096x14336 nt=1 f16, "
+                 "FORM=1 MT=1 one-wave 22.2 us, DRAM read 1.50 TB/s (33.3 MB), warps active 22% of the SM's 64, "
+                 "issue active 39%, 106 registers a thread: 4 CTAs (16 warps) an SM, held by registers; default split "
+                 "29.5 us / 1.12 TB/s; MT=2 one-wave 24.1 us / 1.39 TB/s, 150 registers, 3 CTAs an SM; PIPE=4 one-wave "
+                 "31.1 us / 1.07 TB/s at 94 registers and 5 CTAs an SM (26% warps active); FORM=0 MT=2 default 28.4 us. "
+                 "What stands between the kernel and the line: few warps (register-limited) each waiting on its "
+                 "super-block's loads at the top of the loop -- the next lever is bytes in flight per warp without a "
+                 "shared-memory ring (a register double buffer of the next super-block's 32 B a lane) or fewer "
+                 "registers for 5-6 CTAs an SM."},
+    # step 4: written 2026-12-07 before its run, from step 3's run (H100) and the decode's split of the step time
+    {"step": 4, "name": "the winner in the product: the benchmark of record with FORM=1 and the one-wave split, the "
+                        "decode on the recorded fastest configuration",
+     "commit": "7c063b3", "card": None, "runs": [], "gpu_check": "gemv_step4",
+     "analysis": {
+         "what changes": "qmatmul(kernel='gemv_kq') (the decode's GEMV) no longer runs MT=2 FORM=0 at the default "
+                         "split: it runs the fastest gemv_kq configuration of the recorded benchmark at the nearest "
+                         "point (gemv.recorded_config: FORM=1 only for q4_K at nt <= 8, the one-wave split recomputed "
+                         "for the shape asked); qmatmul(auto) reads FORM=1 and the one-wave split too, never PIPE.",
+         "the benchmark of record": "PLAN's points (4 shapes, nt 1..16, q4_K and q6_K, f16 and f32) with the "
+                                   "launches of STEP4_PLAN: FORM 0/1 x MT 1/2 x the default / one-wave split, "
+                                   "wgmma and cuBLAS fp16 beside them, interleaved, every point gated first.",
+         "the decode step": "the synthetic 7B's step reads 4.08 GB; at 220 tok/s (4.5 ms) it moves 30% of the copy "
+                            "line. Its q4_K GEMVs (attn q/k/v/o, ffn gate/up) carry ~70% of the weight bytes and ran "
+                            "FORM=0 MT=2 at the default split (step 2: ~28 us at 4096x14336, 1.33x step 3's winner).",
+         "step time estimate (gemv_step4)": "150-200 s on an H100 (128 points x 7-9 launches x 3 pairs, the gates); "
+                                           "the generation step ~75 s; llama-bench on the same GGUF ~60 s.",
+     },
+     "prediction": [
+         {"what": "best gemv_kq, q4_K 4096x14336 nt=1 f16 (the benchmark of record)", "headline": True,
+          "metric": "us", "low": 20.0, "high": 22.5,
+          "why": "step 3's FORM=1 MT=1 one-wave 21.0 us reproduced in the benchmark's plan (same flush, lead, pairs)"},
+         {"what": "q6_K 4096x14336 nt=1 f16: one-wave / default split time (best MT each, FORM=0)", "metric": "ratio",
+          "low": 0.75, "high": 0.95,
+          "why": "the same partial second wave removed (q6_K reads 1.46x the bytes: the tail is a smaller share)"},
+         {"what": "best gemv_kq f32 / f16 activations, nt=1, every shape", "metric": "ratio", "low": 1.0, "high": 1.1,
+          "why": "the activations are 1-2% of the bytes at nt=1 (57 KB f32 against 33 MB of weights)"},
+         {"what": "best gemv_kq nt=8 / nt=1 time, q4_K f16, every shape", "metric": "ratio", "low": 1.05, "high": 1.4,
+          "why": "step 3: FORM=1 one-wave 1.3-1.4 at MT=1, MT=2's one wave 1.13-1.17 at the large shapes"},
+         {"what": "synthetic 7B Q4_K_M tokens/s after a 512-token prompt (generate, H100)", "metric": "tok/s",
+          "low": 245.0, "high": 275.0,
+          "why": "the q4_K GEMVs ~25% faster (28 -> 21 us at the 7B's largest shape) on ~70% of the bytes, if the "
+                 "GEMVs are ~80% of the step: 12-20% less step time (220 -> 250-275); llama-bench tg128 285 in the "
+                 "same call: 0.86-0.96x (the bar, 2x, stays out of reach of this step)"},
+         {"what": "gates", "metric": "gate", "low": 0.0, "high": 0.0,
+          "why": "every point of the benchmark gated before it is timed; the decode's logits against the prefill's "
+                 "(test_decode_gpu) with the new configuration"},
+     ],
+     "measured": None, "verdict": None},
+    # step 5: written 2026-12-07 before any GPU run of FORM=2, from step 3's counters (H100) and nvcc 13.0's
+    # --resource-usage of the new form (sm_90a)
+    {"step": 5, "name": "bytes in flight per warp without a ring: FORM=2, a register double buffer of the next "
+                        "super-block's weight bytes",
+     "commit": "5ce3996", "card": None, "runs": [], "gpu_check": "gemv_step5",
+     "analysis": {
+         "what held step 3's winner": "FORM=1 MT=1 one-wave, 21.0 us (53% of the line): 16 warps an SM (106 "
+                                     "registers, 4 CTAs), 22% of warps active, issue active 39% (ncu, step 3's "
+                                     "counters). Every warp loads its super-block at the top of the loop and computes "
+                                     "it after the loads land: nothing of that warp is in flight during its compute "
+                                     "(~0.3-0.5 us a super-block), and at the one-wave split a CTA walks only 7 "
+                                     "super-blocks, each a full DRAM round trip.",
+         "the form": "FORM=2: the header (16 B) and the lane's 32 code bytes of super-block sb + 1 (per row: 96 B a "
+                     "lane at MT=1) are loaded into registers before super-block sb is decoded and computed; the "
+                     "activations still load at sb's top (L1 hits after the CTA's first warp). The arithmetic is "
+                     "FORM=1's lk_form1_superblock: the same bits at the same split.",
+         "registers (nvcc 13.0 -cubin sm_90a --resource-usage)": "FORM=2 MT=1 f16 122 (FORM=1 106): both 4 CTAs (16 "
+                     "warps) an SM at the 128-thread CTA's allocation granularity; f32 149 (132): both 3 CTAs; "
+                     "FORM=2 MT=2 spills 20-40 B under the 3-CTA cap (168): not built (MT=1 only). The ring of step 3 "
+                     "is not reused: no shared memory, no barrier, no cp.async groups.",
+         "SASS of the loop (nvcc 13.0 sm_90a, f16)": "the activations' eight 16-byte loads at the loop's top, then "
+                     "the six 16-byte weight loads of super-block sb + 1 (2 headers, 4 code loads), then sb's 32 "
+                     "HMMA: the next weights are in flight through the compute as intended; the activations' L1 / L2 "
+                     "latency is still exposed once a super-block (prefetching them too takes 164 registers: 3 CTAs "
+                     "an SM, the form not built).",
+         "step time estimate (gemv_step5)": "60-100 s on an H100 (32 points x 4 gemv launches + cuBLAS x 3 pairs, "
+                                           "the gates).",
+     },
+     "prediction": [
+         {"what": "FORM=2 MT=1 one-wave, q4_K 4096x14336 nt=1 f16", "headline": True, "metric": "us",
+          "low": 15.0, "high": 18.5,
+          "why": "the super-block's compute (~35-45% of a warp's iteration at 39% issue active) overlaps the next "
+                 "loads for 6 of the 7 super-blocks of a split; the fixed costs (launch, first round trip, the "
+                 "split's fold: ~3 us) stay: (21.0 - 3) x 0.65-0.85 + 3"},
+         {"what": "FORM=2 / FORM=1 time, one-wave, MT=1, q4_K nt=1 f16, the three large shapes", "metric": "ratio",
+          "low": 0.72, "high": 0.9, "why": "the same overlap at 25-33 MB"},
+         {"what": "FORM=2 / FORM=1 time, one-wave, q4_K 4096x4096 nt=1 f16", "metric": "ratio", "low": 0.85,
+          "high": 1.0, "why": "2 super-blocks a split: one overlap, the fixed costs dominate"},
+         {"what": "FORM=2 / FORM=1 time, one-wave, q4_K nt=8 f16, the three large shapes", "metric": "ratio",
+          "low": 0.75, "high": 0.95, "why": "more compute a super-block at nt=8 (the activations of 8 tokens) to hide"},
+         {"what": "FORM=2 / FORM=1 time, one-wave, q4_K nt=1 f32, the three large shapes", "metric": "ratio",
+          "low": 0.75, "high": 0.95, "why": "3 CTAs an SM for both: the same overlap with fewer warps"},
+         {"what": "FORM=2 exactness", "metric": "gate", "low": 0.0, "high": 0.0,
+          "why": "FORM=1's function (exact_weights_v2 within form1_exact_gate, NMSE vs float64) at every point before "
+                 "it is timed; bit-identical to FORM=1 at the same split (GPU test)"},
+     ],
+     "measured": None, "verdict": None},
+]
+
+
+#: the commit that holds gemv_kq's PIPE form (round 9 step 3's cp.async ring) and its step: the last one with them
+PIPE_HOLDER = "a1cf954"
+
+
+def _cmd(commit: str, name: str) -> str:
+    return (f"git worktree add /tmp/lk-{commit} {commit} && cd /tmp/lk-{commit} && "
+            f"python3 -m labkernels gpu check --steps {name} --out DIR   # on an H100/H200")
+
+
+def _ledger(name: str) -> dict:
+    return next((s for s in LEDGER if s.get("gpu_check") == name), {})
+
+
+def _claims(claims) -> str:
+    return "; ".join(f"{c['what']}: {c['low']:g}-{c['high']:g} ({c['metric']})" for c in claims)

@@ -1,0 +1,170 @@
+"""Round 9's steps: what ``labkernels gpu check --steps NAME`` (and ``--round 9 --step N|NAME``) runs, each a
+``fn(out, args) -> dict`` that records a ``decode`` run under ``out/data`` -- the benchmark of record, the generation,
+each step's A/B, compute-sanitizer over every gemv_kq instantiation (:data:`GEMV_SANITIZE_DRIVER`), the nvbench check
+(:data:`STEPS`) --, and the steps as records (:data:`STEP_RECORDS`: numbered where a ledger step names them; the
+retired step 3 with the commit and command that reproduce it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ... import nvbench_check, records
+from ...peers import sha256_file
+from .. import Retired, Step
+from . import benchmark, generate, tables
+from .ledger import PIPE_HOLDER, _claims, _cmd, _ledger
+from .plan import GEN_PLAN, PLAN, STEP2_PLAN, STEP3_PLAN, STEP4_PLAN, STEP5_PLAN
+
+
+def step_decode(out, args) -> dict:
+    """gpu-check step ``decode``: the benchmark of record (every shape, nt and activation type of the plan) into
+    ``out/data``."""
+    plan = dict(PLAN)
+    with records.recording("decode", {**plan, "what": "gemv_bench"}, root=out / "data") as run:
+        benchmark.measure(run, progress=getattr(args, "log", print), **plan)
+    return {"ok": True, "run": run.run_id}
+
+
+def step_generate(out, args) -> dict:
+    """gpu-check step ``generate``: tokens/s of the KV-cache generation per model and prompt length (GEN_PLAN) into
+    ``out/data`` (a ``decode`` run whose params say ``what: generate``); ``--gemma PATH`` adds the real Gemma 3 270M
+    (its sha256 recorded)."""
+    plan = dict(GEN_PLAN)
+    gemma = getattr(args, "gemma", None)
+    if gemma:
+        p = Path(gemma)
+        if not p.is_file():
+            raise ValueError(f"generate: --gemma {gemma}: no such GGUF file")
+        plan["models"] = [str(p), *GEN_PLAN["models"]]
+        plan["gemma_sha256"] = sha256_file(p)
+    with records.recording("decode", {**plan, "what": "generate"}, root=out / "data") as run:
+        rows = generate.measure_generate(run, progress=getattr(args, "log", print),
+                                         **{k: plan[k] for k in ("models", "prompts", "n_new", "repeats")})
+    return {"ok": bool(rows), "run": run.run_id}
+
+
+def _step_run(out, args, plan: dict, what: str, **kw) -> dict:
+    """A step's A/B: bench_gemv over ``plan`` (and ``kw``) into a ``decode`` run whose params say ``what``."""
+    with records.recording("decode", {**plan, "what": what}, root=out / "data") as run:
+        benchmark.bench_gemv(run, shapes=[tuple(x) for x in plan["shapes"]], nts=tuple(plan["nts"]),
+                             qtypes=tuple(plan["qtypes"]), acts=tuple(plan["acts"]), pairs=plan["pairs"],
+                             repeats=plan["repeats"], seed=plan["seed"], flush=plan["flush"],
+                             lead_us=plan["lead_us"], progress=getattr(args, "log", print), **kw)
+    return {"ok": True, "run": run.run_id}
+
+
+def step_gemv_step2(out, args) -> dict:
+    """gpu-check step ``gemv_step2``: round 9 step 2's A/B -- gemv_kq FORM=0 and FORM=1 timed interleaved in one
+    process (each point gated first: FORM=1 against exact_weights_v2 and the float64 reference) into a ``decode`` run
+    whose params say ``what: gemv_step2`` (not the benchmark of record: ``qmatmul(auto)`` does not read it)."""
+    plan = dict(STEP2_PLAN)
+    return _step_run(out, args, plan, "gemv_step2", configs=tuple(tuple(c) for c in plan["configs"]),
+                     splits=tuple(plan["splits"]), forms=tuple(plan["forms"]))
+
+
+def step_nvbench_check(out, args) -> dict:
+    """The headline ratios (round 7's GEMM at nt=512 / 4096, this round's GEMV at nt=1, each vs cuBLAS fp16) timed by
+    nvbench (cuda-bench) and by the lab's harness, compared within 2% (labkernels.nvbench_check)."""
+    return nvbench_check.step_nvbench_check(out, args)
+
+
+#: compute-sanitizer's driver for gemv_kq: every registered instantiation once (a row tail, S=2, nt at the top of its
+#: token tiles less one); run as ``python -c`` by :func:`step_gemv_sanitizer` (racecheck and synccheck cover the
+#: split's arrival: its shared flag and barriers)
+GEMV_SANITIZE_DRIVER = r"""
+import numpy as np, cupy as cp
+from labkernels import gemv, gpu, quants
+from labkernels.kernels import registry
+rng = np.random.default_rng(1)
+od, id_ = 141, 1024
+ws = {q: gpu.QWeight.upload(quants.quantize(rng.standard_normal((od, id_)).astype(np.float32) * .02, q), q)
+      for q in ("q4_K", "q6_K")}
+n = 0
+for k in registry.family("gemv_kq"):
+    p = k.p
+    w = ws["q4_K" if p["QT"] == 4 else "q6_K"]
+    nt = 8 * p["NT8"] - 1
+    x = rng.standard_normal((nt, id_)).astype(np.float32 if p["XF32"] else np.float16)
+    gemv.gemv(w, cp.asarray(x), MT=p["MT"], WARPS=p["WARPS"], S=2, FORM=p["FORM"])
+    n += 1
+cp.cuda.runtime.deviceSynchronize()
+print(f"gemv sanitizer driver done: {n} launches")
+"""
+
+
+def step_gemv_sanitizer(out, args) -> dict:
+    """gpu-check step ``gemv_sanitizer``: compute-sanitizer memcheck, racecheck and synccheck over
+    :data:`GEMV_SANITIZE_DRIVER` (every gemv_kq instantiation); each tool's output in
+    ``out/sanitizer-gemv-<tool>.txt``."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    res, ok = {}, True
+    for tool in ("memcheck", "racecheck", "synccheck"):
+        t0 = time.time()
+        cmd = ["compute-sanitizer", f"--tool={tool}", "--error-exitcode=9", sys.executable, "-c", GEMV_SANITIZE_DRIVER]
+        try:
+            r = subprocess.run(cmd, cwd=root, capture_output=True, text=True,
+                               timeout=getattr(args, "sanitizer_timeout", 600))
+            text, rc = r.stdout + r.stderr, r.returncode
+        except FileNotFoundError:
+            text, rc = "compute-sanitizer not found", 127
+        except subprocess.TimeoutExpired as e:
+            text, rc = f"timeout\n{e.stdout or ''}", 124
+        (Path(out) / f"sanitizer-gemv-{tool}.txt").write_text(text)
+        summary = [ln for ln in text.splitlines() if "ERROR SUMMARY" in ln or "RACECHECK SUMMARY" in ln]
+        res[tool] = {"rc": rc, "summary": summary[-1] if summary else text.strip().splitlines()[-1:],
+                     "seconds": round(time.time() - t0, 1)}
+        ok = ok and rc == 0
+        getattr(args, "log", print)(f"compute-sanitizer {tool} (gemv_kq): rc={rc} {res[tool]['summary']}")
+    return {"ok": ok, **res}
+
+
+def step_gemv_step4(out, args) -> dict:
+    """gpu-check step ``gemv_step4``: round 9 step 4 -- the benchmark of record (params ``what: gemv_bench``: the run
+    ``qmatmul`` reads its gemv_kq choices from) over STEP4_PLAN's launches (FORM 0/1, MT 1/2, default / one-wave
+    split) beside round 7's wgmma and cuBLAS fp16, every point gated first."""
+    plan = dict(STEP4_PLAN)
+    return _step_run(out, args, plan, "gemv_bench", baselines=tuple(plan["baselines"]),
+                     launches=[tuple(v) for v in plan["launches"]])
+
+
+def step_gemv_step5(out, args) -> dict:
+    """gpu-check step ``gemv_step5``: round 9 step 5's A/B -- gemv_kq FORM=1 against FORM=2 (the register double
+    buffer; MT=1) at the one-wave and the default split, interleaved beside cuBLAS fp16, every point gated first, into
+    a ``decode`` run whose params say ``what: gemv_step5`` (not the benchmark of record)."""
+    plan = dict(STEP5_PLAN)
+    return _step_run(out, args, plan, "gemv_step5", baselines=tuple(plan["baselines"]),
+                     launches=[tuple(v) for v in plan["launches"]])
+
+
+#: the live gpu-check steps (``labkernels gpu check --steps NAME``)
+STEPS = {"decode": step_decode, "generate": step_generate, "gemv_step2": step_gemv_step2,
+         "gemv_step4": step_gemv_step4, "gemv_step5": step_gemv_step5, "gemv_sanitizer": step_gemv_sanitizer, "nvbench_check": step_nvbench_check}
+
+
+def _live(name: str) -> Step:
+    fn = STEPS[name]
+    return Step(name=name, title=(fn.__doc__ or name).strip().splitlines()[0], number=_ledger(name).get("step"),
+                series="decode", run=fn)
+
+
+#: the round's steps as records (``labkernels gpu check --round 9 --step N|NAME``): the live ones (:data:`STEPS`,
+#: numbered where a LEDGER step names them) and the retired step 3, whose form lost and left the source: no run, the
+#: commit that still holds it and the command that reruns it there. Its recorded run, analysis and ledger text stay
+#: (the page renders them from the recorded data).
+STEP_RECORDS = (
+    *(_live(k) for k in ("decode", "generate", "gemv_step2")),
+    Step(name="gemv_step3", number=3, series="decode", what="gemv_step3", plan=STEP3_PLAN,
+         title="bytes in flight and the grid's tail: gemv_kq FORM=1 with and without a cp.async shared-memory ring "
+               "(PIPE 2/4), at the default and the one-wave split",
+         prediction=_claims(_ledger("gemv_step3")["prediction"]), verdict=_ledger("gemv_step3")["verdict"],
+         runs=tuple(_ledger("gemv_step3")["runs"]), commit="2406c00", view=lambda run: tables.bench_table(run),
+         retired=Retired(commit=PIPE_HOLDER, command=_cmd(PIPE_HOLDER, "gemv_step3"),
+                         why="gemv_kq's PIPE ring lost at every point (PIPE=4 one-wave 28.9 us vs PIPE=0 21.0 us, run "
+                             "20261207T004259Z-h10080gbhbm3-2406c00) and left the source")),
+    *(_live(k) for k in ("gemv_step4", "gemv_step5", "gemv_sanitizer", "nvbench_check")),
+)
