@@ -40,6 +40,22 @@ def _run(cp, w, x, **kw):
     return cp.asnumpy(y)
 
 
+def _x(rng, raw, qtype, nt, id_):
+    """Fresh activations [nt, id] (float32) whose products with the weights do not all cancel: the gate's NMSE against
+    float64 compares the outputs with their own norm, and an output ~1e-4 of its |terms| (od = 1 and one token: a
+    seed of 2026-12-07, 0.0015 out of 50) fails it for any kernel, an exact one included -- such a draw is redrawn
+    (at most 8 times; the condition is on the inputs, not on the kernel's output)."""
+    from labkernels import gemv
+
+    w = np.abs(gemv.emulate_weights(raw, qtype).astype(np.float64))
+    for _ in range(8):
+        x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
+        x16 = x.astype(np.float16).astype(np.float64)
+        if np.abs(x16 @ gemv.emulate_weights(raw, qtype).astype(np.float64).T).max() >= 1e-3 * (np.abs(x16) @ w.T).max():
+            return x
+    return x
+
+
 def _gate(y, raw, qtype, x, form=0):
     """FORM=0 against emulate_weights (its f16 weights), FORM=1 against exact_weights_v2 (gguf's d*sc*q - dmin*m in
     float64); both also against the float64 reference (NMSE)."""
@@ -49,7 +65,7 @@ def _gate(y, raw, qtype, x, form=0):
     bound = wgmma.exact_gate(x.shape[1]) if form == 0 else gemv.form1_exact_gate(x.shape[1])
     g = wgmma.gate(y, raw, qtype, x, w16=exact, exact_bound=bound)
     assert g["nonfinite"] == 0, g
-    assert g["exact_rel"] <= bound, g
+    assert g["exact_rel_terms"] <= bound, g
     assert g["ok"], g
     return g
 
@@ -81,7 +97,7 @@ def test_gemv_parity(cp, rng, qtype, nt, od, id_, f32):
     from labkernels import gpu
 
     raw = _weights(rng, qtype, od, id_)
-    x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
+    x = _x(rng, raw, qtype, nt, id_)
     w = gpu.QWeight.upload(raw, qtype)
     xd = cp.asarray(x) if f32 else cp.asarray(x.astype(np.float16))
     y = _run(cp, w, xd)
@@ -99,7 +115,7 @@ def test_gemv_form1_parity(cp, rng, nt, od, id_, f32, mt):
     from labkernels import gpu
 
     raw = _weights(rng, "q4_K", od, id_)
-    x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
+    x = _x(rng, raw, "q4_K", nt, id_)
     w = gpu.QWeight.upload(raw, "q4_K")
     xd = cp.asarray(x) if f32 else cp.asarray(x.astype(np.float16))
     y1 = _run(cp, w, xd, MT=mt, FORM=1)
@@ -119,7 +135,7 @@ def test_gemv_form2_is_form1_bit_for_bit(cp, rng, nt, od, id_, f32):
     from labkernels import gemv, gpu
 
     raw = _weights(rng, "q4_K", od, id_)
-    x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
+    x = _x(rng, raw, "q4_K", nt, id_)
     w = gpu.QWeight.upload(raw, "q4_K")
     xd = cp.asarray(x) if f32 else cp.asarray(x.astype(np.float16))
     gv, sm = gemv.prepare(w), gpu.device_props()["sm_count"]
@@ -145,7 +161,7 @@ def test_gemv_form3_is_form2_at_warps_times_the_splits(cp, rng, nt, od, id_, f32
     from labkernels import gemv, gpu
 
     raw = _weights(rng, "q4_K", od, id_)
-    x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
+    x = _x(rng, raw, "q4_K", nt, id_)
     w = gpu.QWeight.upload(raw, "q4_K")
     xd = cp.asarray(x) if f32 else cp.asarray(x.astype(np.float16))
     gv, sm, nsb = gemv.prepare(w), gpu.device_props()["sm_count"], id_ // gemv.QK
@@ -171,7 +187,7 @@ def test_gemv_register_capped_forms_are_form1_bit_for_bit(cp, rng, form, nt, od,
     from labkernels import gemv, gpu
 
     raw = _weights(rng, "q4_K", od, id_)
-    x = (rng.standard_normal((nt, id_)) * rng.uniform(0.5, 4)).astype(np.float32)
+    x = _x(rng, raw, "q4_K", nt, id_)
     w = gpu.QWeight.upload(raw, "q4_K")
     xd = cp.asarray(x) if f32 else cp.asarray(x.astype(np.float16))
     gv, sm = gemv.prepare(w), gpu.device_props()["sm_count"]
@@ -203,7 +219,7 @@ def test_gemv_form1_extreme_scales(cp, rng):
     w = gpu.QWeight.upload(raw, "q4_K")
     y = _run(cp, w, cp.asarray(x.astype(np.float16)), FORM=1, S=3)
     g = wgmma.gate(y, raw, "q4_K", x, w16=gemv.exact_weights_v2(raw, "q4_K"))
-    assert g["nonfinite"] == 0 and g["exact_rel"] <= wgmma.exact_gate(id_), g
+    assert g["nonfinite"] == 0 and g["exact_rel_terms"] <= wgmma.exact_gate(id_), g
 
 
 @pytest.mark.parametrize("form", [0, 1])
