@@ -1194,37 +1194,105 @@ def kernel_for(nb_path: Path) -> tuple[str, str]:
     return name, note
 
 
-def _execute(nb: Path, out_nb: Path, params: dict, timeout: int | None, kernel: str = "python3") -> str | None:
-    """Run one notebook into out_nb with the kernel ``kernel`` (:func:`kernel_for`); the error text, or None."""
+def _execute(nb: Path, out_nb: Path, params: dict, timeout: int | None, kernel: str = "python3",
+             hit: dict | None = None) -> str | None:
+    """Run one notebook into out_nb with the kernel ``kernel`` (:func:`kernel_for`); the error text, or None.
+
+    ``hit`` is the state of :func:`_sigint_as_keyboardinterrupt`: while the kernel starts, a SIGINT / SIGTERM is held
+    (:class:`_StartupGuard`) and delivered once nbclient owns the kernel's shutdown."""
+    import asyncio
+
     import papermill
 
-    with _kernel_env() as (cfg, km_class):
+    try:
+        from jupyter_core.utils import ensure_event_loop
+    except ImportError:     # an older jupyter_core: nbclient's run_sync builds its loop (under the guard too)
+        ensure_event_loop = None
+
+    with _StartupGuard(hit) as startup:
+        # the event loop that every run_sync of nbclient uses, built here, held signals and all: built by the first
+        # run_sync, a KeyboardInterrupt could land half-way through its construction (its __del__ then printed a
+        # traceback) or after the coroutine was made and before it ran ("coroutine ... was never awaited"). Not
+        # where a loop runs already (run() called from a notebook): run_sync uses a thread of its own there
         try:
-            papermill.execute_notebook(str(nb), str(out_nb), parameters=params, cwd=str(nb.parent),
-                                       kernel_name=kernel, progress_bar=sys.stderr.isatty(), log_output=False,
-                                       execution_timeout=timeout, report_mode=False, config=cfg,
-                                       kernel_manager_class=km_class,
-                                       shutdown_kernel="immediate")  # on Ctrl-C too: no kernel noise
-        except papermill.PapermillExecutionError as e:
-            return f"{e.ename}: {e.evalue}"
-        except KeyboardInterrupt:
-            raise
-        except Exception as e:  # kernel died, timeout, ...
-            return f"{type(e).__name__}: {e}"
+            asyncio.get_running_loop()
+        except RuntimeError:
+            if ensure_event_loop is not None:
+                ensure_event_loop()
+        with _kernel_env() as (cfg, km_class):
+            try:
+                papermill.execute_notebook(str(nb), str(out_nb), parameters=params, cwd=str(nb.parent),
+                                           kernel_name=kernel, progress_bar=sys.stderr.isatty(), log_output=False,
+                                           execution_timeout=timeout, report_mode=False, config=cfg,
+                                           kernel_manager_class=km_class, on_cell_start=startup.release,
+                                           shutdown_kernel="immediate")  # on Ctrl-C too: no kernel noise
+            except papermill.PapermillExecutionError as e:
+                return f"{e.ename}: {e.evalue}"
+            except (KeyboardInterrupt, asyncio.CancelledError):
+                raise       # a CancelledError is the held signal (startup.release): KeyboardInterrupt on the way out
+            except Exception as e:  # kernel died, timeout, ...
+                return f"{type(e).__name__}: {e}"
     return None
+
+
+class _StartupGuard:
+    """Holds SIGINT / SIGTERM while the kernel starts, and delivers it once the kernel's shutdown is in place.
+
+    A KeyboardInterrupt raised wherever the signal lands during the start-up left the build half-stopped: in
+    the middle of the event loop's construction (a traceback from the half-built loop's __del__), between a
+    coroutine's creation and its run ("coroutine ... was never awaited"), or between the kernel's Popen and
+    the provisioner recording the process (a kernel nobody kills, which prints into the build's stderr and
+    lives on). nbclient only shuts the kernel down from inside ``setup_kernel``'s try, entered after the
+    kernel and its client have started.
+
+    So from the guard's entry (before the event loop and the kernel manager are built) the signal handler of
+    :func:`_sigint_as_keyboardinterrupt` records the signal instead of raising. :meth:`release` is nbclient's
+    ``on_cell_start`` hook, the first call inside that try: the hold ends there, and a held signal is raised as
+    a CancelledError (a cancelled task, which asyncio does not report; a KeyboardInterrupt inside the task would
+    be logged as 'Task exception was never retrieved'), so nbclient shuts the kernel down. A start-up that
+    ends otherwise (the kernel did not start) ends the hold at the guard's exit. Either way the exit raises
+    KeyboardInterrupt for a held signal, after :func:`_kernel_env` has killed any kernel still alive. A second
+    signal while one is held is raised at once (Ctrl-C twice: a kernel that hangs while starting is not waited
+    for)."""
+
+    def __init__(self, hit: dict | None):
+        self.hit = hit if hit is not None else {}
+        self.holding = False
+
+    def __enter__(self) -> "_StartupGuard":
+        self.hit["held"] = None
+        self.hit["hold"] = self.holding = True
+        return self
+
+    def release(self, **_) -> None:
+        if self.holding:
+            self.hit["hold"] = self.holding = False
+            if self.hit.get("held") is not None:
+                import asyncio
+
+                raise asyncio.CancelledError("held signal")
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.hit["hold"] = self.holding = False
+        if self.hit.get("held") is not None:
+            self.hit["held"] = None
+            raise KeyboardInterrupt from None
 
 
 @contextmanager
 def _sigint_as_keyboardinterrupt():
     """Ctrl-C reaches the kernel too (same process group) and may surface as a cell error: remember it. SIGTERM
     stops the build the same way (the temporary files go, the kernel is killed), with exit code 143."""
-    hit = {"sigint": False, "signal": None}
+    hit = {"sigint": False, "signal": None, "hold": False, "held": None}
     if threading_main():
         old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 
         def handler(signum, frame):
             hit["sigint"] = True
             hit["signal"] = signum
+            if hit["hold"] and hit["held"] is None:   # the kernel is starting: delivered after (_StartupGuard)
+                hit["held"] = signum
+                return
             raise KeyboardInterrupt
 
         for sig in old:
@@ -1322,7 +1390,7 @@ def run(names=(), pairs=(), files=(), out_dir: Path = REPORTS_DIR, notebooks_dir
                 if knote and knote not in noted:
                     noted.add(knote)
                     print(f"  kernel: {knote}", flush=True)
-                error = _execute(nb, tmp_nb, params, timeout, kernel)
+                error = _execute(nb, tmp_nb, params, timeout, kernel, hit)
                 if hit["sigint"]:
                     raise KeyboardInterrupt
                 dt = time.time() - t0
