@@ -85,6 +85,34 @@ display(report.table(tbl, {"time (µs)": "{:.1f}", "weight TB/s": "{:.2f}", "of 
                            "wgmma_kq (µs)": "{:.1f}", "cuBLAS fp16 (µs)": "{:.1f}"}))
 
 # %% [markdown]
+# ## What stands between the GEMV and the copy line: a fixed cost, then a stream
+#
+# The time of one configuration at the four shapes, fitted by least squares as *fixed + weight bytes / stream*
+# (nt = 1): the intercept is what a launch costs before its bytes flow (the event timing's floor, the first DRAM
+# round trip, a split's fold, the wave's tail); the slope's inverse is the rate the bytes stream at once they flow.
+# Where the run timed an empty launch (one wave of empty CTAs, behind the same flush and lead: steps 6 and 7), its
+# median is the timing's floor and *fixed − floor* the kernel's own fixed cost. Two shapes carry the same bytes
+# (4096x14336 and 14336x4096): the largest residual says how far a shape's own costs stray from the line.
+
+# %%
+fit = r9.stream_fit(run, qtype=qtype, act=act, nt=1)
+fnames = {"variant": "configuration", "family": "family", "points": "points", "fixed_us": "fixed (µs)",
+          "stream_tb_per_s": "stream (TB/s)", "stream_frac_copy": "stream / copy line", "max_resid_us": "max residual (µs)",
+          "floor_us": "empty launch (µs)", "kernel_fixed_us": "fixed − floor (µs)"}
+if len(fit):
+    display(report.table(fit[list(fnames)].rename(columns=fnames),
+                         {"fixed (µs)": "{:.1f}", "stream (TB/s)": "{:.2f}", "stream / copy line": "{:.0%}",
+                          "max residual (µs)": "{:.1f}", "empty launch (µs)": "{:.1f}", "fixed − floor (µs)": "{:.1f}"}))
+    w = fit[fit.family == "gemv_kq"].sort_values("fixed_us").iloc[0] if (fit.family == "gemv_kq").any() else None
+    if w is not None:
+        display(Markdown(f"At one token the fastest-starting gemv_kq configuration ({w.variant}) pays "
+                         f"{w.fixed_us:.1f} µs before its bytes flow and then streams at {w.stream_frac_copy:.0%} of "
+                         f"the copy line: at 80% of the line with no fixed cost, q4_K 4096x14336 (33 MB) would take "
+                         f"{33.03 / (0.8 * line):.1f} µs."))
+else:
+    display(Markdown("*Not fitted:* the run has fewer than three shapes at nt = 1 for these weights and activations."))
+
+# %% [markdown]
 # ## Generation: tokens per second with the KV cache
 #
 # `GpuModel.generate`: the prefill fills an fp16 KV cache, then one decode step per token, captured once as a CUDA
@@ -120,13 +148,15 @@ else:
 # %% [markdown]
 # ## The round's steps
 #
-# Each step's prediction was written before its run; the ledger keeps what was measured and the verdict.
+# Each step's prediction was written before its run (where it was written after unrecorded exploratory timings, the
+# step says so); the ledger keeps what was measured and the verdict.
 
 # %%
 for s in r9.LEDGER:
     pred = "; ".join(f"{c['what']}: {c['low']:g}-{c['high']:g} ({c['metric']})" for c in s["prediction"])
+    when = f" *({s['prediction_written']})*" if s.get("prediction_written") else ""
     display(Markdown(f"**Step {s['step']}: {s['name']}** (commit {s['commit'] or 'not yet built'}; "
-                     f"{s['card'] or 'not yet measured'})\n\n*Predicted.* {pred}\n\n"
+                     f"{s['card'] or 'not yet measured'})\n\n*Predicted{when}.* {pred}\n\n"
                      f"*Measured.* {s['measured'] or 'not yet.'}\n\n*Verdict.* {s['verdict'] or 'not yet.'}"))
 
 # %% [markdown]

@@ -582,6 +582,107 @@ def test_step5_plan_runs_registered_forms_and_records_its_prediction_first():
     assert forms == {1, 2} and plan["qtypes"] == ["q4_K"] and max(plan["nts"]) <= gemv.FORM1_MAX_NT
     assert "gemv_step5" in r9.STEPS and [s.number for s in r9.STEP_RECORDS if s.name == "gemv_step5"] == [5]
     led = r9.ledger._ledger("gemv_step5")
-    assert led["step"] == 5 and led["measured"] is None and not led["runs"]
+    assert led["step"] == 5 and led["runs"] == ["20261207T131432Z-h200-0b009b5"]
+    assert "20.70 us" in led["measured"] and led["verdict"].startswith("missed")
     head = [c for c in led["prediction"] if c.get("headline")]
     assert len(head) == 1 and head[0]["metric"] == "us" and head[0]["low"] < head[0]["high"] < 21.0
+
+
+@pytest.mark.parametrize("name, number, forms", [("gemv_step6", 6, {0, 1, 3}), ("gemv_step7", 7, {1, 4, 5})])
+def test_steps_6_and_7_launch_registered_forms_and_say_when_their_prediction_was_written(name, number, forms):
+    """Round 9 steps 6 (FORM=3) and 7 (FORM=4 / 5) launch only registered instantiations at every point of their
+    plans, time the empty launch beside cuBLAS, are live numbered steps, and their ledger entries hold a headline
+    prediction, say it was written after unrecorded exploratory timings, and record no measurement yet."""
+    from labkernels.kernels import registry
+    from labkernels.rounds import r09_decode as r9
+
+    plan = {6: r9.STEP6_PLAN, 7: r9.STEP7_PLAN}[number]
+    reg = {(k.p["QT"], k.p["XF32"], k.p["NT8"], k.p["MT"], k.p["WARPS"], k.p["FORM"]) for k in registry.family("gemv_kq")}
+    seen = set()
+    for mt, warps, form, S in plan["launches"]:
+        seen.add(form)
+        assert S in (None, "wave") or (isinstance(S, int) and S >= 1)
+        for act in plan["acts"]:
+            for nt in plan["nts"]:
+                assert (4, int(act == "f32"), 1 if nt <= 8 else 2, mt, warps, form) in reg, (mt, warps, form, act, nt)
+    assert seen == forms and plan["qtypes"] == ["q4_K"] and max(plan["nts"]) <= gemv.FORM1_MAX_NT
+    assert "empty" in plan["baselines"] and "cublas" in plan["baselines"]
+    assert name in r9.STEPS and [s.number for s in r9.STEP_RECORDS if s.name == name] == [number]
+    led = r9.ledger._ledger(name)
+    assert led["step"] == number and led["measured"] is None and not led["runs"]
+    assert "after unrecorded exploratory timings" in led["prediction_written"]
+    assert len([c for c in led["prediction"] if c.get("headline")]) == 1
+
+
+def test_bench_gemv_times_the_empty_launch_as_a_zero_byte_row_and_refuses_unknown_baselines(tmp_path, monkeypatch):
+    """The ``empty`` baseline (the timing's floor) is timed in the same interleaved rounds as the kernels, recorded
+    as family ``empty`` with 0 bytes (no bandwidth claimed for it); a baseline the bench does not know is refused
+    before any GPU work."""
+    import sys
+
+    from cpu_gpu_shim import install
+
+    from labkernels import bench as B
+    from labkernels import gpu, records
+    from labkernels.rounds import r09_decode as r9
+
+    cp = install(monkeypatch)
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setattr(r9.benchmark, "copy_bandwidth", lambda: {"bytes": 2, "median_us": 1.0, "tb_per_s": 3.0})
+    monkeypatch.setattr(gpu, "device_props", lambda: {"sm_count": 4, "cc": 90, "name": "fake"})
+    monkeypatch.setattr(gemv, "_blocks_per_sm", lambda *a: 2)
+    monkeypatch.setattr(B, "ReadFlusher", lambda: None)
+    monkeypatch.setattr(B, "Lead", lambda us: None)
+    made = []
+    monkeypatch.setattr(B, "EmptyLaunch", lambda grid, threads: made.append((grid, threads)) or (lambda: None))
+    monkeypatch.setattr(B, "interleaved", lambda variants, pairs, **kw: {
+        v: [{"median_us": 3.0 if v == "empty" else 12.0, "min_us": 2.0, "n": 20} for _ in range(pairs)]
+        for v in variants})
+
+    def fake_kernel(gv, x, out=None, S=None, MT=2, WARPS=4, FORM=0):
+        w = gemv.emulate_weights(np.asarray(gv.data), gv.qtype).astype(np.float64)
+        return (np.asarray(x).astype(np.float16).astype(np.float64) @ w.T).astype(np.float32)
+
+    monkeypatch.setattr(gemv, "gemv", fake_kernel)
+    with records.recording("decode", {"what": "test"}, root=tmp_path / "data") as run:
+        r9.bench_gemv(run, shapes=[(130, 1024)], nts=(1,), qtypes=("q4_K",), acts=("f16",), pairs=2,
+                      baselines=("empty",), launches=[(1, 4, 0, "wave")], progress=lambda *a: None)
+    df = run.table("gemv_bench")
+    e = df[df.variant == "empty"]
+    assert made == [(16, 128)] and len(e) == 2 and (e.family == "empty").all() and (e.bytes == 0).all()
+    assert (e.tb_per_s == 0).all() and (df[df.variant != "empty"].bytes == 130 * 1024 // 256 * 144).all()
+    with pytest.raises(ValueError, match="not \\['cudnn'\\]"):
+        r9.bench_gemv(None, shapes=[(130, 1024)], nts=(1,), qtypes=("q4_K",), acts=("f16",), pairs=2,
+                      baselines=("cublas", "cudnn"), launches=[(1, 4, 0, "wave")], progress=lambda *a: None)
+
+
+def test_stream_fit_recovers_the_fixed_cost_and_the_stream_and_the_floor(tmp_path):
+    """tables.stream_fit: times made exactly fixed + bytes / stream at four shapes come back as that fixed cost and
+    stream (and its fraction of the run's copy line); the empty launch's median is the floor and fixed - floor the
+    kernel's own; a variant timed at fewer than three distinct byte counts is left out; other nt / act are not mixed
+    in."""
+    from labkernels import records
+    from labkernels.rounds import r09_decode as r9
+
+    shapes = [(4096, 4096), (14336, 4096), (4096, 14336), (11008, 4096)]
+    rows = []
+    for od, id_ in shapes:
+        nb = r9.weight_bytes("q4_K", od, id_)
+        for var, fam, fixed, stream in (("a", "gemv_kq", 6.0, 2.5), ("c", "cublas_f16", 7.0, 1.25)):
+            for p in range(3):
+                rows.append({"qtype": "q4_K", "od": od, "id": id_, "nt": 1, "act": "f16", "variant": var,
+                             "family": fam, "MT": 1, "WARPS": 4, "S": 0, "FORM": 0, "WAVE": 0, "pair": p,
+                             "median_us": fixed + nb / 1e6 / stream, "bytes": nb})
+        rows.append({"qtype": "q4_K", "od": od, "id": id_, "nt": 1, "act": "f16", "variant": "empty", "family": "empty",
+                     "MT": 0, "WARPS": 0, "S": 0, "FORM": 0, "WAVE": 0, "pair": 0, "median_us": 2.5, "bytes": 0})
+        rows.append({**rows[-2], "nt": 8, "median_us": 99.0})                # another nt: not in the nt=1 fit
+    rows.append({**rows[0], "od": 4096, "variant": "two", "median_us": 5.0})  # one shape only: left out
+    with records.recording("decode", {"what": "test"}, root=tmp_path / "data") as run:
+        run.append("copy", [{"bytes": 2, "median_us": 1.0, "tb_per_s": 3.125}])
+        run.append("gemv_bench", rows)
+    fit = r9.stream_fit(run).set_index("variant")
+    assert set(fit.index) == {"a", "c"} and (fit.points == 4).all()
+    assert fit.loc["a", "fixed_us"] == pytest.approx(6.0) and fit.loc["a", "stream_tb_per_s"] == pytest.approx(2.5)
+    assert fit.loc["a", "stream_frac_copy"] == pytest.approx(0.8) and fit.loc["c", "fixed_us"] == pytest.approx(7.0)
+    assert fit.loc["a", "max_resid_us"] < 1e-9 and fit.loc["a", "kernel_fixed_us"] == pytest.approx(3.5)
+    assert r9.stream_fit(run, act="f32").empty

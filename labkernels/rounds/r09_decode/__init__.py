@@ -21,12 +21,14 @@ from . import benchmark, generate, ledger, plan, state, steps, tables
 from .benchmark import bench_gemv, copy_bandwidth, measure, weight_bytes
 from .generate import measure_generate, stored_weight_bytes
 from .ledger import LEDGER, PIPE_HOLDER, STEP3_ANALYSIS
-from .plan import GEN_PLAN, NTS, PLAN, PREDICTION, SHAPES, STEP2_PLAN, STEP3_PLAN, STEP4_PLAN, STEP5_PLAN, TARGETS
+from .plan import (GEN_PLAN, NTS, PLAN, PREDICTION, SHAPES, STEP2_PLAN, STEP3_PLAN, STEP4_PLAN, STEP5_PLAN, STEP6_PLAN,
+                   STEP7_PLAN, TARGETS)
 from .state import abstract_now, latest_step_run, peer_mmvq_us, same_call, state_facts, state_now
 from .steps import (GEMV_SANITIZE_DRIVER, STEP_RECORDS, STEPS, step_decode, step_gemv_sanitizer, step_gemv_step2,
-                    step_gemv_step4, step_gemv_step5, step_generate, step_nvbench_check)
+                    step_gemv_step4, step_gemv_step5, step_gemv_step6, step_gemv_step7, step_generate,
+                    step_nvbench_check)
 from .tables import (bench_table, best_per_point, copy_line, figure_time_vs_nt, generation_run, generation_table,
-                     headline, peer_generation, prediction_table)
+                     headline, peer_generation, prediction_table, stream_fit)
 
 NOTEBOOK = "09_decode"
 DATA = ("decode",)

@@ -33,7 +33,8 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
                progress=print, flush: str = "read", lead_us: float = 300.0, forms=(0,), launches=None) -> list[dict]:
     """Interleaved, L2-flushed CUDA-event medians of gemv_kq (each ``configs`` (MT, WARPS), the default split and
     each of ``splits``) beside ``baselines`` (round 7's ``wgmma`` via qmatmul, ``cublas`` fp16 on cached dequantized
-    weights) at matched (qtype, od, id, nt, activation type). Every point is gated first (all rows; the first, middle
+    weights; ``empty``: :class:`labkernels.bench.EmptyLaunch` over one wave of 128-thread CTAs, the timing's floor,
+    family ``empty``, bytes 0) at matched (qtype, od, id, nt, activation type). Every point is gated first (all rows; the first, middle
     and last token). ``flush``: "read" (:class:`labkernels.bench.ReadFlusher`: no dirty L2 lines left to write back)
     or "write" (:class:`labkernels.bench.Flusher`, the first recorded runs); ``lead_us`` > 0: every timed call
     behind a :class:`labkernels.bench.Lead` of that many microseconds, so that the host's enqueue time (a Python
@@ -55,6 +56,9 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
     if launches is not None and any(len(v) != 4 for v in launches):
         raise ValueError(f"bench_gemv launches are (MT, WARPS, FORM, S), got {list(launches)}: step 3's (MT, WARPS, "
                          f"FORM, PIPE, S) ran the PIPE ring, which left the source (commit {PIPE_HOLDER} holds it)")
+    unknown = sorted(set(baselines) - {"wgmma", "cublas", "empty"})
+    if unknown:
+        raise ValueError(f"bench_gemv baselines are 'wgmma', 'cublas' and 'empty', not {unknown}")
     rng = np.random.default_rng(seed or None)
     cb = copy_bandwidth()
     progress(f"copy line: {cb['tb_per_s']:.3f} TB/s (1 GiB device-to-device, read + write)")
@@ -120,6 +124,9 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
                     if "wgmma" in baselines and wgmma.supported(gpu.device_props()["cc"]):
                         variants["wgmma"] = lambda: dispatch.qmatmul(xd, w, kernel="wgmma_kq")
                         typed["wgmma"] = {"family": "wgmma_kq"}
+                    if "empty" in baselines:     # the harness's floor at this point: one wave of empty CTAs
+                        variants["empty"] = bench.EmptyLaunch(grid=4 * sm, threads=128)
+                        typed["empty"] = {"family": "empty"}
                     if wd16 is not None:
                         x16 = xd if act == "f16" else xd.astype(cp.float16)
                         variants["cublas"] = (lambda x16=x16: blas.matmul_f16(x16, wd16)) if act == "f16" else \
@@ -133,7 +140,9 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
                     for r in pr:
                         r.update({"family": "", "MT": 0, "WARPS": 0, "S": 0, "FORM": 0, "WAVE": 0,
                                   **typed[r["variant"]]})
-                        r["tb_per_s"] = nbytes / (r["median_us"] * 1e-6) / 1e12
+                        if r["family"] == "empty":      # reads no weight bytes
+                            r["bytes"] = 0
+                        r["tb_per_s"] = r["bytes"] / (r["median_us"] * 1e-6) / 1e12
                         r["frac_copy"] = r["tb_per_s"] / cb["tb_per_s"]
                     rows += pr
                     if run is not None:

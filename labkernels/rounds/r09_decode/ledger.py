@@ -188,7 +188,7 @@ LEDGER = [
     # step 4: written 2026-12-07 before its run, from step 3's run (H100) and the decode's split of the step time
     {"step": 4, "name": "the winner in the product: the benchmark of record with FORM=1 and the one-wave split, the "
                         "decode on the recorded fastest configuration",
-     "commit": "7c063b3", "card": None, "runs": [], "gpu_check": "gemv_step4",
+     "commit": "7c063b3", "card": "NVIDIA H200", "runs": ["20261207T131457Z-h200-0b009b5"], "gpu_check": "gemv_step4",
      "analysis": {
          "what changes": "qmatmul(kernel='gemv_kq') (the decode's GEMV) no longer runs MT=2 FORM=0 at the default "
                          "split: it runs the fastest gemv_kq configuration of the recorded benchmark at the nearest "
@@ -223,12 +223,35 @@ LEDGER = [
           "why": "every point of the benchmark gated before it is timed; the decode's logits against the prefill's "
                  "(test_decode_gpu) with the new configuration"},
      ],
-     "measured": None, "verdict": None},
+     "measured": "NVIDIA H200 at 0b009b5 (the step's source 7c063b3 unchanged for FORM 0/1), copy line 4.14 TB/s, "
+                 "read flush, 300 us lead, 3 interleaved pairs, every point gated first; run "
+                 "20261207T131457Z-h200-0b009b5 (the benchmark of record since). q4_K 4096x14336 nt=1 f16: FORM=1 "
+                 "MT=1 one-wave 19.10 us (42% of the line), FORM=0 MT=1 one-wave 19.31, MT=2 FORM=0 default (the "
+                 "decode's earlier choice) 26.8 us; q6_K 20.83 us (56%, FORM=0 MT=1 one-wave). The fastest "
+                 "configuration is not one form: FORM=1 at f16 nt=1, FORM=0 MT=1 one-wave at f32 nt=1 (19.60 vs "
+                 "22.37 us), MT=2 FORM=1 one-wave at nt=8 (26.37 us). q6_K one-wave / default (FORM=0, best MT) "
+                 "0.80-0.90 at nt=1 (f16 and f32); best f32 / f16 at nt=1 1.02-1.05 (q4_K and q6_K, every shape); "
+                 "q4_K f16 nt=8 / nt=1 1.26-1.38. wgmma 44.5 us and cuBLAS fp16 32.6 us at 4096x14336 nt=1 f16. "
+                 "Generation (run 20261207T131746Z-h200-0b009b5, same call): synthetic 7B 291 / 280 / 233 tok/s after "
+                 "128 / 512 / 2048-token prompts (27% of the copy line at 512), synthetic Gemma 3 1,164-1,119 tok/s. "
+                 "llama-bench was not run in this call: no ratio to the peer on this card. A fit of time against "
+                 "weight bytes over the four shapes (nt=1 f16, tables.stream_fit): the winner pays 6.3 us a launch "
+                 "before its bytes and then streams at 58% of the copy line; cuBLAS fp16 7.1 us + 30%; on the H100 "
+                 "(step 3's run) the same configuration 6.9 us + 74%.",
+     "verdict": "the configuration moved into the product (qmatmul's gemv_kq and the decode read the recorded fastest "
+                "per point). Of the three card-free claims all three within: q6_K one-wave / default 0.80-0.90 "
+                "(predicted 0.75-0.95), f32 / f16 1.02-1.05 (1.0-1.1), nt=8 / nt=1 1.26-1.38 (1.05-1.4). The headline "
+                "(20-22.5 us) and the generation (245-275 tok/s) were predicted for an H100 and measured on an H200: "
+                "19.1 us and 280 tok/s, not comparable to the ranges. The bar stays far: 22-56% of the copy line at "
+                "nt=1 (target 80%). The time-versus-bytes fit says where: a fixed ~6-7 us a launch (the event floor "
+                "~3 us, the first DRAM round trip, the split's fold and the wave's tail) is a third of the 19 us, and "
+                "the stream between is 58% of the line on the H200 (74% on the H100) -- both must move, the fixed "
+                "part first at the 7B's shapes."},
     # step 5: written 2026-12-07 before any GPU run of FORM=2, from step 3's counters (H100) and nvcc 13.0's
     # --resource-usage of the new form (sm_90a)
     {"step": 5, "name": "bytes in flight per warp without a ring: FORM=2, a register double buffer of the next "
                         "super-block's weight bytes",
-     "commit": "5ce3996", "card": None, "runs": [], "gpu_check": "gemv_step5",
+     "commit": "5ce3996", "card": "NVIDIA H200", "runs": ["20261207T131432Z-h200-0b009b5"], "gpu_check": "gemv_step5",
      "analysis": {
          "what held step 3's winner": "FORM=1 MT=1 one-wave, 21.0 us (53% of the line): 16 warps an SM (106 "
                                      "registers, 4 CTAs), 22% of warps active, issue active 39% (ncu, step 3's "
@@ -269,6 +292,89 @@ LEDGER = [
          {"what": "FORM=2 exactness", "metric": "gate", "low": 0.0, "high": 0.0,
           "why": "FORM=1's function (exact_weights_v2 within form1_exact_gate, NMSE vs float64) at every point before "
                  "it is timed; bit-identical to FORM=1 at the same split (GPU test)"},
+     ],
+     "measured": "NVIDIA H200 at 0b009b5, copy line 4.17 TB/s, read flush, 300 us lead, 3 interleaved pairs, every "
+                 "point gated first (FORM=2 within FORM=1's exact gate); run 20261207T131432Z-h200-0b009b5. q4_K "
+                 "4096x14336 nt=1 f16, one-wave MT=1: FORM=2 20.70 us against FORM=1 19.12 us (1.08); FORM=2 / FORM=1 "
+                 "at the one-wave split: nt=1 f16 1.07-1.08 on the three large shapes and 1.10 at 4096x4096, nt=8 f16 "
+                 "1.04-1.05 on the large shapes (1.09 at 4096x4096), nt=1 f32 1.05-1.12; at the default split 1.08-1.11 "
+                 "(nt=1 f16). The one point where "
+                 "FORM=2 was faster: 14336x4096 nt=8 f32 (52.8 vs 54.7 us). Time-versus-bytes fit (nt=1 f16, "
+                 "one-wave): FORM=2 7.2 us + 55% of the line, FORM=1 6.3 us + 57%.",
+     "verdict": "missed: the headline 20.7 us against the predicted 15-18.5 us, and FORM=2 / FORM=1 1.04-1.12 where "
+                "0.72-0.95 was predicted (measured on an H200; the prediction was written from H100 counters, but a "
+                "ratio in one process carries across cards). Loading the next super-block's bytes before the current "
+                "one's compute made every large point slower: the wait at the top of a warp's loop was not what held "
+                "the kernel (the 16 more registers did not cost a CTA an SM; the extra moves and the loop's longer "
+                "body did). FORM=2 leaves the production source (commit 90fd260 holds it and reruns the step); its "
+                "loop stays as FORM=3's (step 6), whose warps split a CTA's super-blocks."},
+    # step 6: built at 0b009b5 (nvcc 13.0 --resource-usage; no prediction was written before its first, exploratory
+    # timings). The prediction below was written 2026-12-07 AFTER those unrecorded timings (quoted in its analysis),
+    # for the recorded A/B that has not run: it is a forecast of a reproduction, not a test of the idea.
+    {"step": 6, "name": "fewer, fuller CTAs: FORM=3, the CTA's warps on one 16-row group splitting its super-blocks, "
+                        "folded in shared memory (no split-K workspace at S=1)",
+     "commit": "0b009b5", "card": None, "runs": [], "gpu_check": "gemv_step6",
+     "prediction_written": "written 2026-12-07 after unrecorded exploratory timings of the form, quoted in the "
+                           "analysis: a forecast of their reproduction",
+     "analysis": {
+         "the form": "FORM=3 (q4_K, nt <= 8, MT=1, WARPS 4 or 8): one CTA computes 16 rows; its WARPS warps take "
+                     "every WARPS-th super-block of the CTA's split and fold their partial sums in shared memory in "
+                     "warp order. At S=1 there is no global workspace, no fence and no arrival atomic: the launch's "
+                     "fixed costs lose the split's fold. nvcc 13.0 sm_90: 124 / 120 registers (f16, W4 / W8), 148 / "
+                     "127 (f32), 0 spills.",
+         "why now": "step 4's fit puts ~6-7 us of the 19 us before the first byte streams; the split's fold (a "
+                    "workspace write, a fence, an atomic, the last CTA's read of S partials) is part of it.",
+         "exploratory timings (unrecorded; device calls of 2026-12-07, script outside the repo)": (
+             "H200 at 0b009b5, q4_K nt=1 f16 unless said: FORM=3 W8 S=1 against FORM=1 one-wave -- 4096x14336 "
+             "19.2 vs 19.0 us, 4096x4096 9.49 vs 10.11, f32 4096x14336 20.9 vs 22.4, nt=8 f32 43.1 vs 48.1; "
+             "slower at 14336x4096 (23.3 vs 20.7) and 11008x4096 (19.0 vs 17.0). H100 at afd31aa: 4096x14336 "
+             "21.17 vs 21.28 us, 4096x4096 10.29 vs 10.78, f32 4096x14336 22.40 vs 24.10."),
+         "step time estimate (gemv_step6)": "80-120 s on an H100 or H200 (32 points x 6 launches + cuBLAS + the "
+                                            "empty launch x 3 pairs, the gates).",
+     },
+     "prediction": [
+         {"what": "FORM=3 W8 S=1 / FORM=1 one-wave, q4_K 4096x4096 nt=1 f16", "headline": True, "metric": "ratio",
+          "low": 0.90, "high": 0.97, "why": "the exploratory 0.94 (H200) and 0.95 (H100): the fold's fixed cost "
+                                            "is a larger share of a 10 us launch"},
+         {"what": "FORM=3 W8 S=1 / FORM=1 one-wave, q4_K 4096x14336 nt=1 f16", "metric": "ratio", "low": 0.97,
+          "high": 1.03, "why": "exploratory 1.01 / 0.99: at 56 super-blocks a row the stream dominates"},
+         {"what": "FORM=3 W8 S=1 / FORM=1 one-wave, q4_K 14336x4096 and 11008x4096 nt=1 f16", "metric": "ratio",
+          "low": 1.05, "high": 1.2, "why": "exploratory 1.12-1.13: 16 super-blocks a row cut over 8 warps leave "
+                                           "each warp 2, the loop's ramp exposed"},
+         {"what": "FORM=3 W8 S=1 / FORM=1 one-wave, q4_K 4096x14336 nt=1 and nt=8 f32", "metric": "ratio",
+          "low": 0.85, "high": 0.97, "why": "exploratory 0.93 (nt=1) and 0.90 (nt=8): FORM=1 at f32 holds 3 CTAs an "
+                                            "SM, FORM=3 W8 127 registers holds 2 CTAs of 8 warps"},
+         {"what": "the empty launch (the harness's floor, 1 wave of 128-thread CTAs)", "metric": "us", "low": 2.0,
+          "high": 4.0, "why": "events, launch and CTA start/exit; the fit's intercept minus this is the kernel's "
+                              "own fixed cost"},
+         {"what": "FORM=3 exactness", "metric": "gate", "low": 0.0, "high": 0.0,
+          "why": "FORM=1's function within form1_exact_gate at every point; at S=1 FORM=1's bits at split WARPS "
+                 "(GPU test)"},
+     ],
+     "measured": None, "verdict": None},
+    # step 7: built at 999f6b5; as step 6, the prediction was written after unrecorded exploratory timings (quoted)
+    {"step": 7, "name": "more warps an SM: FORM=4 / FORM=5, FORM=1 under a register cap of 6 / 8 CTAs an SM",
+     "commit": "999f6b5", "card": None, "runs": [], "gpu_check": "gemv_step7",
+     "prediction_written": "written 2026-12-07 after unrecorded exploratory timings of the form, quoted in the "
+                           "analysis: a forecast of their reproduction",
+     "analysis": {
+         "the form": "FORM=1's source built with __launch_bounds__(128, 6) / (128, 8): 80 / 64 registers, 24 / 32 "
+                     "warps an SM where FORM=1 (106 registers) has 16; ptxas spills 0-44 B a thread, so the forms are "
+                     "off the main path. The question: is the kernel held by warps an SM (step 3's counters: 22% of "
+                     "warps active, issue active 39%)?",
+         "exploratory timings (unrecorded; device call of 2026-12-07 on an H100 at afd31aa)": (
+             "q4_K 4096x14336 nt=1 f16: FORM=1 one-wave 21.28 us, FORM=4 25.50, FORM=5 28.08; slower at almost "
+             "every point. More warps with fewer registers (and spills) made it slower: occupancy is not the "
+             "limiter either."),
+         "step time estimate (gemv_step7)": "60-90 s (32 points x 5 launches + cuBLAS + the empty launch x 3 pairs).",
+     },
+     "prediction": [
+         {"what": "FORM=4 / FORM=1, one-wave, q4_K 4096x14336 nt=1 f16", "headline": True, "metric": "ratio",
+          "low": 1.1, "high": 1.3, "why": "exploratory 1.20 on an H100"},
+         {"what": "FORM=5 / FORM=1, one-wave, q4_K 4096x14336 nt=1 f16", "metric": "ratio", "low": 1.2,
+          "high": 1.45, "why": "exploratory 1.32 on an H100: 64 registers spill in the loop"},
+         {"what": "FORM=4 and FORM=5 exactness", "metric": "gate", "low": 0.0, "high": 0.0,
+          "why": "FORM=1's bits at the same split (GPU test); every point gated first"},
      ],
      "measured": None, "verdict": None},
 ]

@@ -1,6 +1,6 @@
 """Round 9's plans, with its bar and its first prediction: the benchmark of record's points (:data:`PLAN`, the round's
 one plan), the bar of the issue that opened the round (:data:`TARGETS`), what the first gemv_kq build should measure
-(:data:`PREDICTION`, written before its first run), each step's A/B (:data:`STEP2_PLAN` .. :data:`STEP5_PLAN`; the
+(:data:`PREDICTION`, written before its first run), each step's A/B (:data:`STEP2_PLAN` .. :data:`STEP7_PLAN`; the
 retired step 3's as it ran) and the generation benchmark's (:data:`GEN_PLAN`). Data only: the round's other files
 read it."""
 
@@ -79,6 +79,25 @@ STEP4_PLAN = {**{k: v for k, v in PLAN.items() if k not in ("configs", "splits")
 STEP5_PLAN = {"shapes": [list(s) for s in SHAPES], "nts": [1, 2, 4, 8], "qtypes": ["q4_K"], "acts": ["f16", "f32"],
               "pairs": 3, "repeats": 20, "seed": 0, "flush": "read", "lead_us": 300.0, "baselines": ["cublas"],
               "launches": [[1, 4, 1, "wave"], [1, 4, 2, "wave"], [1, 4, 1, None], [1, 4, 2, None]]}
+
+
+#: step 6's A/B: FORM=3 (the CTA's warps split its 16 rows' super-blocks, a shared-memory fold) at WARPS 8 and 4,
+#: S=1 (no split-K workspace) and WARPS 8 at the one-wave split, against FORM=1 and FORM=0 (MT=1) at the one-wave
+#: split (step 4's winners at f16 / f32), beside cuBLAS fp16 and the empty launch (the harness's floor: one wave of
+#: 128-thread CTAs doing nothing, timed as every launch is); q4_K, the four shapes, nt <= 8, f16 and f32.
+#: Launches (MT, WARPS, FORM, S)
+STEP6_PLAN = {"shapes": [list(s) for s in SHAPES], "nts": [1, 2, 4, 8], "qtypes": ["q4_K"], "acts": ["f16", "f32"],
+              "pairs": 3, "repeats": 20, "seed": 0, "flush": "read", "lead_us": 300.0, "baselines": ["cublas", "empty"],
+              "launches": [[1, 4, 1, "wave"], [1, 4, 0, "wave"], [1, 8, 3, 1], [1, 4, 3, 1], [1, 8, 3, "wave"]]}
+
+
+#: step 7's A/B: FORM=4 / FORM=5 (FORM=1 under a register cap of 6 / 8 CTAs an SM) against FORM=1, each at its own
+#: one-wave split and at the default split, beside cuBLAS fp16 and the empty launch; q4_K, the four shapes, nt <= 8,
+#: f16 and f32. Launches (MT, WARPS, FORM, S)
+STEP7_PLAN = {"shapes": [list(s) for s in SHAPES], "nts": [1, 2, 4, 8], "qtypes": ["q4_K"], "acts": ["f16", "f32"],
+              "pairs": 3, "repeats": 20, "seed": 0, "flush": "read", "lead_us": 300.0, "baselines": ["cublas", "empty"],
+              "launches": [[1, 4, 1, "wave"], [1, 4, 4, "wave"], [1, 4, 5, "wave"], [1, 4, 4, None],
+                           [1, 4, 5, None]]}
 
 
 #: the generation benchmark's plan: models, prompt lengths (the context before the first new token), new tokens

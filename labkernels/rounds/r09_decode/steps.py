@@ -13,7 +13,7 @@ from ...peers import sha256_file
 from .. import Retired, Step
 from . import benchmark, generate, tables
 from .ledger import PIPE_HOLDER, _claims, _cmd, _ledger
-from .plan import GEN_PLAN, PLAN, STEP2_PLAN, STEP3_PLAN, STEP4_PLAN, STEP5_PLAN
+from .plan import GEN_PLAN, PLAN, STEP2_PLAN, STEP3_PLAN, STEP4_PLAN, STEP5_PLAN, STEP6_PLAN, STEP7_PLAN
 
 
 def step_decode(out, args) -> dict:
@@ -141,9 +141,28 @@ def step_gemv_step5(out, args) -> dict:
                      launches=[tuple(v) for v in plan["launches"]])
 
 
+def step_gemv_step6(out, args) -> dict:
+    """gpu-check step ``gemv_step6``: round 9 step 6's A/B -- gemv_kq FORM=3 (WARPS 8 / 4 at S=1, WARPS 8 at the
+    one-wave split) against FORM=1 and FORM=0 at the one-wave split, beside cuBLAS fp16 and the empty launch (the
+    timing's floor), every point gated first, into a ``decode`` run whose params say ``what: gemv_step6``."""
+    plan = dict(STEP6_PLAN)
+    return _step_run(out, args, plan, "gemv_step6", baselines=tuple(plan["baselines"]),
+                     launches=[tuple(v) for v in plan["launches"]])
+
+
+def step_gemv_step7(out, args) -> dict:
+    """gpu-check step ``gemv_step7``: round 9 step 7's A/B -- gemv_kq FORM=4 / FORM=5 (FORM=1 under a register cap of
+    6 / 8 CTAs an SM) against FORM=1, at the one-wave and the default split, beside cuBLAS fp16 and the empty launch,
+    every point gated first, into a ``decode`` run whose params say ``what: gemv_step7``."""
+    plan = dict(STEP7_PLAN)
+    return _step_run(out, args, plan, "gemv_step7", baselines=tuple(plan["baselines"]),
+                     launches=[tuple(v) for v in plan["launches"]])
+
+
 #: the live gpu-check steps (``labkernels gpu check --steps NAME``)
 STEPS = {"decode": step_decode, "generate": step_generate, "gemv_step2": step_gemv_step2,
-         "gemv_step4": step_gemv_step4, "gemv_step5": step_gemv_step5, "gemv_sanitizer": step_gemv_sanitizer, "nvbench_check": step_nvbench_check}
+         "gemv_step4": step_gemv_step4, "gemv_step5": step_gemv_step5, "gemv_step6": step_gemv_step6,
+         "gemv_step7": step_gemv_step7, "gemv_sanitizer": step_gemv_sanitizer, "nvbench_check": step_nvbench_check}
 
 
 def _live(name: str) -> Step:
@@ -166,5 +185,5 @@ STEP_RECORDS = (
          retired=Retired(commit=PIPE_HOLDER, command=_cmd(PIPE_HOLDER, "gemv_step3"),
                          why="gemv_kq's PIPE ring lost at every point (PIPE=4 one-wave 28.9 us vs PIPE=0 21.0 us, run "
                              "20261207T004259Z-h10080gbhbm3-2406c00) and left the source")),
-    *(_live(k) for k in ("gemv_step4", "gemv_step5", "gemv_sanitizer", "nvbench_check")),
+    *(_live(k) for k in ("gemv_step4", "gemv_step5", "gemv_step6", "gemv_step7", "gemv_sanitizer", "nvbench_check")),
 )

@@ -71,6 +71,39 @@ def headline(run) -> dict:
     return out
 
 
+def stream_fit(run, qtype: str = "q4_K", act: str = "f16", nt: int = 1) -> "pd.DataFrame":
+    """What a launch costs before its bytes stream, and how fast they stream then: per variant timed at every shape of
+    the run (at ``qtype``, ``act``, ``nt``), the least-squares line time = fixed + bytes / stream over the shapes'
+    weight bytes -- ``fixed_us`` (the intercept: the timing's floor, the first DRAM round trip, a split's fold, the
+    wave's tail), ``stream_tb_per_s`` and its fraction of the run's copy line, the largest residual -- beside the
+    empty launch's median at the same points where the run timed one (``floor_us``; ``kernel_fixed_us`` = fixed -
+    floor). Variants timed at fewer than 3 shapes are left out (two points fit any line)."""
+    import numpy as np
+    import pandas as pd
+
+    t = bench_table(run)
+    t = t[(t.qtype == qtype) & (t.act == act) & (t.nt == nt)]
+    line = copy_line(run)
+    empty = t[t.family == "empty"].median_us
+    floor = float(empty.median()) if len(empty) else float("nan")
+    rows = []
+    for (fam, var), g in t[t.family != "empty"].groupby(["family", "variant"]):
+        if g.bytes.nunique() < 3:
+            continue
+        a = np.c_[np.ones(len(g)), g.bytes.to_numpy(float) / 1e6]
+        (fixed, us_per_mb), *_ = np.linalg.lstsq(a, g.median_us.to_numpy(float), rcond=None)
+        if us_per_mb <= 0:
+            continue            # time not growing with bytes: no stream to report
+        stream = 1.0 / us_per_mb          # MB/us = TB/s
+        rows.append({"variant": var, "family": fam, "points": len(g), "fixed_us": float(fixed),
+                     "stream_tb_per_s": stream, "stream_frac_copy": stream / line,
+                     "max_resid_us": float(np.abs(a @ [fixed, us_per_mb] - g.median_us.to_numpy(float)).max()),
+                     "floor_us": floor, "kernel_fixed_us": float(fixed) - floor})
+    cols = ["variant", "family", "points", "fixed_us", "stream_tb_per_s", "stream_frac_copy", "max_resid_us",
+            "floor_us", "kernel_fixed_us"]
+    return pd.DataFrame(rows, columns=cols).sort_values("fixed_us").reset_index(drop=True)
+
+
 def prediction_table(run, claims=None) -> "pd.DataFrame":
     """The written prediction (step 1's claims) beside what the run measured, where the run measures it."""
     import pandas as pd
