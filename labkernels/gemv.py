@@ -29,14 +29,12 @@ lane mirror: :func:`lane_dequant_v2`. Its range: a sub-block sum of the activati
 (the f16 ``hi`` half; larger gives inf/NaN -- an average |x| over 2047 in 32 consecutive values; FORM=0 has no such
 limit).
 
-**FORM=2** (q4_K, nt <= 8, MT=1; round 9 step 5, ``gemv(..., FORM=2, MT=1)``): FORM=1's function and arithmetic
-(bit-identical to FORM=1 at the same split), the next super-block's weight bytes loaded into registers before the
-current one is computed (a register double buffer: a warp's next loads stay in flight through its compute).
-
-**FORM=3** (q4_K, nt <= 8, MT=1, WARPS 4 or 8; round 9 step 6, ``gemv(..., FORM=3, MT=1)``): FORM=2's loop with every
-warp of a CTA on the same 16 rows and the split's super-blocks cut into WARPS consecutive ranges, one a warp; warp 0
-adds the warps' partial sums in shared memory in warp order and stores. The split over K is folded inside the CTA (no
-workspace, fence or arrival atomic at S=1), and FORM=3 at S=1 computes FORM=2's bits at split WARPS.
+**FORM=3** (q4_K, nt <= 8, MT=1, WARPS 4 or 8; round 9 step 6, ``gemv(..., FORM=3, MT=1)``): FORM=1's function and
+arithmetic in a loop that loads the next super-block's weight bytes into registers before the current one is computed
+(a register double buffer: a warp's next loads stay in flight through its compute), with every warp of a CTA on the
+same 16 rows and the split's super-blocks cut into WARPS consecutive ranges, one a warp; warp 0 adds the warps' partial
+sums in shared memory in warp order and stores. The split over K is folded inside the CTA (no workspace, fence or
+arrival atomic at S=1), and FORM=3 at S=1 computes FORM=1's bits at split WARPS.
 
 **FORM=4, FORM=5** (q4_K, nt <= 8, MT=1; round 9 step 7): FORM=1's source built under a register cap, the
 ``__launch_bounds__`` minimum of 6 (80 registers) or 8 (64) CTAs an SM instead of 3: 24 or 32 warps an SM where FORM=1
@@ -47,6 +45,12 @@ has 16, FORM=1's bits at the same split. Off the main path (ptxas spills 24-44 B
 through a cp.async shared-memory ring), lost at every point and left the product; commit a1cf954 holds it (the
 retired step ``gemv_step3`` of :mod:`labkernels.rounds.r09_decode.steps`). Recorded runs keep its rows (typed column PIPE
 > 0), which the recorded choice (:func:`auto_table`) leaves out.
+
+Round 9 step 5's **FORM=2** (FORM=1 with the register double buffer, the warps on their own rows: FORM=3's loop
+without the warps' split of the super-blocks) lost almost everywhere (FORM=2 / FORM=1 at the one-wave split, q4_K nt=1
+f16: 1.07-1.08 on the three large shapes, predicted 0.72-0.9; 1.10 at 4096x4096, predicted 0.85-1.0; H200 run
+20261207T131432Z-h200-0b009b5) and left the product: ``gemv(..., FORM=2)`` raises, naming commit 90fd260, which holds
+it (the retired step ``gemv_step5``). Recorded rows of FORM=2 (:data:`RETIRED_FORMS`) are never the recorded choice.
 """
 
 from __future__ import annotations
@@ -403,13 +407,30 @@ def _blocks_per_sm(QT: int, XF32: int, NT8: int, MT: int, WARPS: int, FORM: int 
     return max(1, _kernel(QT, XF32, NT8, MT, WARPS, FORM).occupancy_api())
 
 
-#: the nt FORM=1..5 take (one n8 tile of tokens)
+#: the nt the forms FORM > 0 take (one n8 tile of tokens)
 FORM1_MAX_NT = 8
-#: the forms of the registry (FORM > 0: q4_K, nt <= FORM1_MAX_NT, FORM1's exact function; FORM >= 2 MT=1 only;
+#: the forms of the registry (FORM > 0: q4_K, nt <= FORM1_MAX_NT, FORM1's exact function; FORM >= 3 MT=1 only;
 #: FORM=3 the one with WARPS=8 too; FORM=4, 5: FORM=1 under register caps, off the main path)
-FORMS = (0, 1, 2, 3, 4, 5)
+FORMS = (0, 1, 3, 4, 5)
 #: WARPS a CTA of each form takes (registry rows)
-FORM_WARPS = {0: (4,), 1: (4,), 2: (4,), 3: (4, 8), 4: (4,), 5: (4,)}
+FORM_WARPS = {0: (4,), 1: (4,), 3: (4, 8), 4: (4,), 5: (4,)}
+#: forms that lost and left the source: {FORM: (what it was, the commit that holds it, the gpu-check step that
+#: measured it)}; gemv refuses them by name and the recorded choice never takes their recorded rows
+RETIRED_FORMS = {2: ("round 9 step 5's register double buffer", "90fd260", "gemv_step5")}
+
+
+def check_form(FORM: int) -> int:
+    """FORM as an int, or a :class:`labkernels.errors.ShapeError`: a retired form (:data:`RETIRED_FORMS`) names the
+    commit that holds it, any other form outside :data:`FORMS` the forms there are."""
+    FORM = int(FORM)
+    if FORM in RETIRED_FORMS:
+        what, commit, step = RETIRED_FORMS[FORM]
+        raise errors.ShapeError(
+            f"gemv_kq FORM={FORM} ({what}) lost and left the source: commit {commit} holds it (labkernels gpu check "
+            f"--steps {step} runs there); the forms now are {FORMS}")
+    if FORM not in FORMS:
+        raise errors.ShapeError(f"gemv_kq FORM is one of {FORMS}, got {FORM}")
+    return FORM
 
 
 def form1_exact_gate(id_: int) -> float:
@@ -426,6 +447,7 @@ def launch_plan(gv: GemvWeight, nt: int, XF32: int, MT: int = 2, WARPS: int = 4,
     """The grid of one launch on ``sm_count`` SMs: splits S (``None``: :func:`default_splits`; ``"wave"``:
     :func:`wave_splits`; an int as given), row groups, CTAs, the resident CTAs an SM (the occupancy API), waves (CTAs
     over resident slots), the most super-blocks a split holds."""
+    FORM = check_form(FORM)
     QT = 4 if gv.qtype == "q4_K" else 6
     NT8 = 1 if nt <= 8 else 2
     bps = _blocks_per_sm(QT, XF32, NT8, MT, WARPS, FORM)
@@ -447,11 +469,13 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
     :class:`GemvWeight`; ``x``: cupy float16 or float32 [nt, id], C-contiguous; ``S``: splits of the super-blocks
     (default :func:`default_splits`; ``"wave"``: :func:`wave_splits`); ``MT`` m16 tiles a warp, ``WARPS`` warps a CTA
     (registry rows); ``FORM``: 0 the exact-f16-weight form, 1 step 2's exact ``sc*q`` form (q4_K, nt <= 8; its exact
-    function :func:`exact_weights_v2`), 2 step 5's register double buffer of FORM=1 (the same function; MT=1), 3
-    step 6's: FORM=2 with the CTA's warps on one group of 16 rows, the split's super-blocks cut among them and folded
-    in shared memory (MT=1, WARPS 4 or 8; at S=1 the bits of FORM=2 at split WARPS); 4 and 5 step 7's FORM=1 built
-    under a register cap of 6 / 8 CTAs an SM (MT=1; FORM=1's bits).
-    Round 9 step 3's ``PIPE`` argument left with its form (a TypeError now)."""
+    function :func:`exact_weights_v2`), 3 step 6's: FORM=1's function in a register double buffer with the CTA's
+    warps on one group of 16 rows, the split's super-blocks cut among them and folded in shared memory (MT=1, WARPS 4
+    or 8; at S=1 the bits of FORM=1 at split WARPS); 4 and 5 step 7's FORM=1 built under a register cap of 6 / 8 CTAs
+    an SM (MT=1; FORM=1's bits).
+    Round 9 step 3's ``PIPE`` argument left with its form (a TypeError now); step 5's FORM=2 left too (a ShapeError
+    naming commit 90fd260, which holds it)."""
+    FORM = check_form(FORM)
     c = gpu.cp()
     gv = w if isinstance(w, GemvWeight) else prepare(w)
     if not isinstance(x, c.ndarray) or x.ndim != 2:
@@ -464,13 +488,10 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
     if not 1 <= nt <= MAX_NT:
         raise errors.ShapeError(f"gemv_kq takes nt = 1..{MAX_NT} tokens, got {nt} (larger nt: qmatmul's wgmma / int8 "
                                 f"families)")
-    FORM = int(FORM)
-    if FORM not in FORMS:
-        raise errors.ShapeError(f"gemv_kq FORM is one of {FORMS}, got {FORM}")
     if FORM and (gv.qtype != "q4_K" or nt > FORM1_MAX_NT):
         raise errors.ShapeError(f"gemv_kq FORM={FORM} takes q4_K weights at nt = 1..{FORM1_MAX_NT}, got {gv.qtype} at "
                                 f"nt={nt}")
-    if FORM >= 2 and MT != 1:
+    if FORM >= 3 and MT != 1:
         raise errors.ShapeError(f"gemv_kq FORM={FORM} is built at MT=1 only, got MT={MT}")
     if WARPS not in FORM_WARPS[FORM]:
         raise errors.ShapeError(f"gemv_kq FORM={FORM} is built with WARPS in {FORM_WARPS[FORM]}, got WARPS={WARPS}")
@@ -516,10 +537,10 @@ def auto_table(root=None):
     df = run.table("gemv_bench").copy()
     # typed columns of later steps, absent from earlier runs: FORM (step 2; 0 before), PIPE and WAVE (step 3; 0
     # before; runs after PIPE left the source have no PIPE column). The product has no PIPE form (step 3: it lost at
-    # every point and was retired): a recorded PIPE > 0 row is never a candidate.
+    # every point and was retired) and no FORM=2 (step 5, retired likewise): such a recorded row is never a candidate.
     for col in ("FORM", "PIPE", "WAVE"):
         df[col] = df[col].fillna(0).astype(int) if col in df.columns else 0
-    df = df[df.PIPE == 0]
+    df = df[(df.PIPE == 0) & ~df.FORM.isin(list(RETIRED_FORMS))]
     med = df.groupby(["qtype", "act", "od", "id", "nt", "variant", "family", "MT", "WARPS", "S", "FORM", "WAVE"],
                      as_index=False).median_us.median()
     g = med[med.family == "gemv_kq"]
@@ -552,13 +573,16 @@ def recorded_choice(qtype: str, nt: int, od: int, id_: int, act: str, table=None
 
 def _nearest(qtype: str, nt: int, od: int, id_: int, act: str, table=None):
     """The recorded row nearest (log distance in od, id, nt) among those of the same qtype and activation type whose
-    form can run ``nt`` tokens (FORM > 0: q4_K and nt <= FORM1_MAX_NT), or None."""
+    form can run ``nt`` tokens (FORM > 0: q4_K and nt <= FORM1_MAX_NT) and is still in the source (not one of
+    :data:`RETIRED_FORMS`, in a table made by hand or by an older :func:`auto_table`), or None."""
     if nt > MAX_NT:
         return None
     t = auto_table_cached() if table is None else table
     if t is None or not len(t):
         return None
     rows = t[(t.qtype == qtype) & (t.act == act)]
+    if "FORM" in rows.columns:
+        rows = rows[~rows.FORM.fillna(0).astype(int).isin(list(RETIRED_FORMS))]
     if "FORM" in rows.columns and (qtype != "q4_K" or nt > FORM1_MAX_NT):
         rows = rows[rows.FORM == 0]
     if not len(rows):

@@ -298,7 +298,7 @@ def fake_gemv(w, x, out=None, S=None, MT=2, WARPS=4, FORM=0):
 
     assert x.ndim == 2 and x.shape[1] == w.id and 1 <= x.shape[0] <= gemv.MAX_NT and x.dtype in (np.float16, np.float32)
     assert FORM in gemv.FORMS and (FORM == 0 or (w.qtype == "q4_K" and x.shape[0] <= gemv.FORM1_MAX_NT))
-    assert FORM != 2 or MT == 1
+    assert FORM in (0, 1) or MT == 1
     attr = "_emu16" if FORM == 0 else "_emu_v2"
     w16 = getattr(w, attr, None)
     if w16 is None:

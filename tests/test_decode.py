@@ -97,6 +97,33 @@ def test_decode_with_the_recorded_form1_gemv_stays_within_the_weights_rounding(m
     assert [int(np.argmax(g)) for g in got] == [int(np.argmax(full[p])) for p in range(3, len(SEQ))]
 
 
+def test_decode_never_runs_the_retired_form_2_from_a_recorded_table(monkeypatch):
+    """A recorded table (as the auto_table of commit 90fd260 could make it) whose fastest q4_K row is step 5's FORM=2:
+    the decode's q4_K GEMVs run the fastest live form recorded there (FORM=1), never FORM=2, which left the source."""
+    import pandas as pd
+
+    from labkernels import gemv
+    from cpu_gpu_shim import fake_gemv
+
+    seen = []
+
+    def spy(w, x, out=None, S=None, MT=2, WARPS=4, FORM=0):
+        seen.append((w.qtype, FORM))
+        return fake_gemv(w, x, out, S, MT, WARPS, FORM)
+
+    row = {"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 1, "family": "gemv_kq", "MT": 1, "WARPS": 4, "S": 8,
+           "WAVE": 1, "wgmma_us": 25.0, "run_id": "test"}
+    table = pd.DataFrame([{**row, "act": act, **v} for act in ("f16", "f32") for v in (
+        {"variant": "gemv_m1w4_sw_f2", "FORM": 2, "median_us": 8.0},
+        {"variant": "gemv_m1w4_sw_f1", "FORM": 1, "median_us": 10.0})])
+    gm = _gm(monkeypatch, _tiny("llama"), table=table)
+    monkeypatch.setattr(gemv, "gemv", spy)
+    full = np.asarray(gm.forward(SEQ, all_logits=True, graph=False), np.float64)
+    got, _ = _teacher_forced(gm, SEQ, 3)
+    assert ("q4_K", 1) in seen and not any(f == 2 for _, f in seen)
+    assert max(_rel(g, full[p]) for p, g in zip(range(3, len(SEQ)), got)) <= FORM1_RTOL
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 def test_decode_logits_equal_the_prefill_at_every_position(monkeypatch, arch):
     gm = _gm(monkeypatch, _tiny(arch))

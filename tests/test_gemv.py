@@ -261,6 +261,38 @@ def test_auto_table_reads_a_run_recorded_without_the_pipe_column(tmp_path, monke
                                                                                 "S": "wave"}
 
 
+def test_auto_table_and_the_recorded_config_never_take_the_retired_form_2(tmp_path, monkeypatch):
+    """Step 5's FORM=2 lost and left the source (commit 90fd260 holds it): a faster recorded FORM=2 row -- in a
+    benchmark of record, or in a table handed to the recorded choice (one made by the auto_table of 90fd260) -- is never
+    what qmatmul(auto) or a named gemv_kq runs; the fastest live form at that point is."""
+    from labkernels import nvml, records
+
+    monkeypatch.setattr(nvml, "for_verdict", lambda r: True)
+    base = {"qtype": "q4_K", "act": "f16", "od": 4096, "id": 14336, "nt": 1, "family": "gemv_kq", "WARPS": 4, "MT": 1,
+            "pair": 0}
+    rows = [{**base, "variant": "gemv_m1w4_sw_f1", "FORM": 1, "WAVE": 1, "S": 8, "median_us": 19.1},
+            {**base, "variant": "gemv_m1w4_sw_f2", "FORM": 2, "WAVE": 1, "S": 8, "median_us": 15.0},
+            {**base, "variant": "gemv_m1w4_f2", "FORM": 2, "WAVE": 0, "S": 9, "median_us": 16.0},
+            {**base, "variant": "wgmma", "family": "wgmma_kq", "MT": 0, "WARPS": 0, "S": 0, "FORM": 0, "WAVE": 0,
+             "median_us": 40.0}]
+    with records.recording("decode", {"what": "gemv_bench"}, root=tmp_path) as run:
+        run.append("gemv_bench", rows)
+    t = gemv.auto_table(root=tmp_path)
+    assert len(t) == 1 and t.variant.iloc[0] == "gemv_m1w4_sw_f1" and (t.FORM != 2).all()
+    want = {"MT": 1, "WARPS": 4, "FORM": 1, "S": "wave"}
+    assert gemv.recorded_choice("q4_K", 1, 4096, 14336, "f16", table=t)[0] == want
+    assert gemv.recorded_config("q4_K", 1, 4096, 14336, "f16", table=t)[0] == want
+    # a table that still holds the FORM=2 rows (as 90fd260's auto_table made it): they are left out here too
+    old = _table([{**r, "wgmma_us": 40.0} for r in rows if r["family"] == "gemv_kq"])
+    for nt in (1, 3, 8):
+        params, why = gemv.recorded_config("q4_K", nt, 4096, 14336, "f16", table=old)
+        assert params == want and "gemv_m1w4_sw_f1" in why, (nt, params, why)
+        assert gemv.recorded_choice("q4_K", nt, 4096, 14336, "f16", table=old)[0] == want
+    only2 = _table([{**r, "wgmma_us": 40.0} for r in rows if r["FORM"] == 2])
+    assert gemv.recorded_choice("q4_K", 1, 4096, 14336, "f16", table=only2) is None
+    assert gemv.recorded_config("q4_K", 1, 4096, 14336, "f16", table=only2)[0] == {"MT": 2, "WARPS": 4}
+
+
 def _mma16816(A, B, C):
     """mma.m16n8k16 row.col on per-lane fragments (float64 pairs): A [32][4][2], B [32][2][2], C [32][4] -> D."""
     Am, Bm, Cm = np.zeros((16, 16)), np.zeros((16, 8)), np.zeros((16, 8))
@@ -368,7 +400,7 @@ def test_form3_rows_are_one_warps_and_its_splits_count_them():
     SM (120 registers) one wave at S=1 (256 CTAs, 7 super-blocks a warp: the same bytes a warp as step 3's winner,
     with no global fold)."""
     assert gemv.rows_per_cta(1, 4, 3) == gemv.rows_per_cta(1, 8, 3) == 16
-    assert gemv.rows_per_cta(1, 4, 2) == 64 and gemv.rows_per_cta(2, 4) == 128
+    assert gemv.rows_per_cta(1, 4, 1) == 64 and gemv.rows_per_cta(2, 4) == 128
     assert gemv.wave_splits(4096, 14336, 1, 4, 132, 4, 3) == 2
     assert gemv.wave_splits(4096, 14336, 1, 8, 132, 2, 3) == 1
     assert gemv.default_splits(4096, 14336, 1, 4, 132, 4, 3) == 3      # rounds up: 768 CTAs on 528 slots
@@ -377,23 +409,20 @@ def test_form3_rows_are_one_warps_and_its_splits_count_them():
 
 
 def test_the_retired_pipe_form_left_the_kernel_the_registry_and_the_launcher():
-    """Step 3's ring (PIPE) lost and was retired: gemv_kq's registry rows are the PIPE=0 forms only (20: FORM=0 at
-    every QT, XF32, NT8, MT; FORM=1 at q4_K and one token tile; step 5's FORM=2 at MT=1), none with dynamic shared
-    memory; the source has no
-    PIPE parameter and no cp.async instruction; the launcher takes no PIPE (a TypeError names it) and keeps none of
-    the ring's models."""
+    """Step 3's ring (PIPE) lost and was retired: gemv_kq's registry rows are the PIPE=0 forms only (28: FORM=0 at
+    every QT, XF32, NT8, MT; FORM=1 at q4_K and one token tile; steps 6-7's FORM 3 / 4 / 5 at MT=1), none with dynamic
+    shared memory; the source has no PIPE parameter and no cp.async instruction; the launcher takes no PIPE (a
+    TypeError names it) and keeps none of the ring's models."""
     import inspect
 
     from labkernels.kernels import registry
 
     specs = registry.family("gemv_kq")
     assert [n for n, _ in specs[0].params] == ["QT", "XF32", "NT8", "MT", "WARPS", "FORM"]
-    assert len(specs) == 30 and all(k.dynamic_smem() == 0 for k in specs)
+    assert len(specs) == 28 and all(k.dynamic_smem() == 0 for k in specs)
     assert {(k.p["QT"], k.p["NT8"]) for k in specs if k.p["FORM"] == 1} == {(4, 1)}
-    # step 5's FORM=2 (the register double buffer): q4_K, one token tile, MT=1 only (MT=2 spills), both activations
-    assert sorted((k.p["QT"], k.p["NT8"], k.p["MT"], k.p["XF32"]) for k in specs if k.p["FORM"] == 2) == \
-        [(4, 1, 1, 0), (4, 1, 1, 1)]
-    # step 6's FORM=3 (the split over K folded in the CTA): FORM=2's rows at WARPS 4 and 8; the other forms at 4
+    # step 6's FORM=3 (the register double buffer, the split over K folded in the CTA): q4_K, one token tile, MT=1
+    # (MT=2 spills), both activations, at WARPS 4 and 8; the other forms at 4
     assert sorted((k.p["QT"], k.p["NT8"], k.p["MT"], k.p["XF32"], k.p["WARPS"]) for k in specs if k.p["FORM"] == 3) \
         == [(4, 1, 1, 0, 4), (4, 1, 1, 0, 8), (4, 1, 1, 1, 4), (4, 1, 1, 1, 8)]
     assert {k.p["WARPS"] for k in specs if k.p["FORM"] != 3} == {4}
@@ -410,6 +439,35 @@ def test_the_retired_pipe_form_left_the_kernel_the_registry_and_the_launcher():
     assert not any(hasattr(gemv, n) for n in ("PIPES", "pipe_smem", "pipe_x_bytes", "pipe_copies", "pipe_reads"))
     with pytest.raises(TypeError, match="PIPE"):
         gemv.gemv(None, None, FORM=1, PIPE=4)
+
+
+def test_the_retired_form_2_left_the_kernel_the_registry_and_the_launcher():
+    """Step 5's FORM=2 lost and was retired (commit 90fd260 holds it): no registry row, no branch of the kernel's
+    source (FORM=3 keeps the register double buffer as its own loop), no form the launcher takes: gemv(..., FORM=2)
+    and launch_plan(..., FORM=2) raise a ShapeError naming 90fd260 before anything is launched or built (no silent
+    fallback to another form); an unknown form is still refused with the forms there are."""
+    import re
+
+    from labkernels import errors
+    from labkernels.kernels import registry
+
+    specs = registry.family("gemv_kq")
+    fam = next(f for f in registry.FAMILIES if f["family"] == "gemv_kq")
+    assert fam["params"]["FORM"] == [0, 1, 3, 4, 5]
+    assert {k.p["FORM"] for k in specs} == {0, 1, 3, 4, 5} == set(gemv.FORMS) == set(gemv.FORM_WARPS)
+    assert gemv.RETIRED_FORMS == {2: ("round 9 step 5's register double buffer", "90fd260", "gemv_step5")}
+    src = (registry.KERNELS_DIR / "gemv_kq.cu").read_text()
+    code = re.sub(r"//[^\n]*", "", src)
+    assert not re.search(r"FORM\s*==\s*2", code) and "FORM=2" not in code
+    assert "if constexpr (KW)" in code and "fetch(sb + 1)" in code          # FORM=3's loop: the double buffer
+    assert "commit 90fd260 holds it" in " ".join(src.split())
+    for call in (lambda: gemv.gemv(None, None, FORM=2), lambda: gemv.gemv(None, None, MT=1, FORM=2, S=1),
+                 lambda: gemv.launch_plan(None, 1, 0, MT=1, WARPS=4, FORM=2)):
+        with pytest.raises(errors.ShapeError, match=r"FORM=2 .*left the source: commit 90fd260 holds it"):
+            call()
+    with pytest.raises(errors.ShapeError, match=r"FORM is one of \(0, 1, 3, 4, 5\), got 6"):
+        gemv.gemv(None, None, FORM=6)
+    assert gemv.check_form(3) == 3
 
 
 def test_step4_bench_records_the_plan_and_the_typed_columns(tmp_path, monkeypatch, rng):
@@ -539,7 +597,7 @@ def test_the_sanitizer_driver_launches_every_instantiation(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "cupy", cp)
     exec(compile(r9.GEMV_SANITIZE_DRIVER, "<gemv sanitizer driver>", "exec"), {})
     n = len(registry.family("gemv_kq"))
-    assert n == 30 and f"gemv sanitizer driver done: {n} launches" in capsys.readouterr().out
+    assert n == 28 and f"gemv sanitizer driver done: {n} launches" in capsys.readouterr().out
     assert "gemv_sanitizer" in r9.STEPS
 
 
@@ -563,29 +621,78 @@ def test_recorded_choice_carries_step_3s_one_wave_split_and_form_1_only_where_fo
     assert params == {"MT": 2, "WARPS": 4} and "no recorded" in why
 
 
-def test_step5_plan_runs_registered_forms_and_records_its_prediction_first():
-    """Round 9 step 5's A/B (FORM=1 against FORM=2, the register double buffer) launches only registered
-    instantiations (FORM=2 at MT=1) at every point of its plan, is a live numbered step of the round, and its ledger
-    entry holds the prediction (a headline in us) with no measurement yet recorded against it."""
+def test_step5_is_retired_with_the_commit_that_holds_it_and_its_record_kept():
+    """Round 9 step 5 (gemv_step5: FORM=1 against FORM=2, the register double buffer) lost and left the source: no live
+    gpu-check step, a retired record (number 5) with the commit that holds FORM=2 (90fd260) and the command that
+    reruns the step there; its plan (FORM=2's launches as they ran), ledger text and recorded run stay, the record's
+    view and the page's tables read the run, FORM=2's rows among them, and bench_gemv refuses the plan's launches."""
+    from labkernels import rounds
     from labkernels.kernels import registry
     from labkernels.rounds import r09_decode as r9
 
+    assert "gemv_step5" not in r9.STEPS and not hasattr(r9, "step_gemv_step5") and not hasattr(r9.steps,
+                                                                                              "step_gemv_step5")
+    mod, s = rounds.retired_step("gemv_step5")
+    assert mod is r9 and s.number == 5 and s.run is None and s.retired.commit == r9.FORM2_HOLDER == "90fd260"
+    assert s.retired.command.startswith("git worktree add /tmp/lk-90fd260 90fd260 && cd /tmp/lk-90fd260 && ")
+    assert "--steps gemv_step5" in s.retired.command
+    assert "20.70 vs 19.12 us" in s.retired.why and r9.STEP5_RUN in s.retired.why and "0.72-0.9" in s.retired.why
+    # the plan as it ran: FORM=1 against FORM=2 (MT=1), FORM=1's launches registered, FORM=2's no longer
     plan = r9.STEP5_PLAN
+    assert s.plan is plan and {v[2] for v in plan["launches"]} == {1, 2}
     reg = {(k.p["QT"], k.p["XF32"], k.p["NT8"], k.p["MT"], k.p["WARPS"], k.p["FORM"]) for k in registry.family("gemv_kq")}
-    forms = set()
     for mt, warps, form, S in plan["launches"]:
-        forms.add(form)
-        assert S in (None, "wave")
         for act in plan["acts"]:
-            for nt in plan["nts"]:
-                assert (4, int(act == "f32"), 1 if nt <= 8 else 2, mt, warps, form) in reg, (mt, form, act, nt)
-    assert forms == {1, 2} and plan["qtypes"] == ["q4_K"] and max(plan["nts"]) <= gemv.FORM1_MAX_NT
-    assert "gemv_step5" in r9.STEPS and [s.number for s in r9.STEP_RECORDS if s.name == "gemv_step5"] == [5]
+            assert ((4, int(act == "f32"), 1, mt, warps, form) in reg) == (form != 2), (mt, form, act)
+    with pytest.raises(ValueError, match="90fd260"):
+        r9.bench_gemv(None, shapes=[(130, 1024)], nts=(1,), qtypes=("q4_K",), acts=("f16",), pairs=2, baselines=(),
+                      launches=[tuple(v) for v in plan["launches"]], progress=lambda *a: None)
+    with pytest.raises(ValueError, match="90fd260"):
+        r9.bench_gemv(None, shapes=[(130, 1024)], nts=(1,), qtypes=("q4_K",), acts=("f16",), forms=(1, 2),
+                      progress=lambda *a: None)
+    # the ledger's text stays (prediction written before the run), the record's claims are its
     led = r9.ledger._ledger("gemv_step5")
-    assert led["step"] == 5 and led["runs"] == ["20261207T131432Z-h200-0b009b5"]
-    assert "20.70 us" in led["measured"] and led["verdict"].startswith("missed")
+    assert led["step"] == 5 and led["commit"] == "5ce3996" and "register double buffer" in led["name"]
+    assert led["runs"] == [r9.STEP5_RUN] and "20.70 us" in led["measured"] and led["verdict"].startswith("missed")
     head = [c for c in led["prediction"] if c.get("headline")]
-    assert len(head) == 1 and head[0]["metric"] == "us" and head[0]["low"] < head[0]["high"] < 21.0
+    assert len(head) == 1 and head[0]["low"] < head[0]["high"] < 21.0 and head[0]["what"] in s.prediction
+    # the recorded run: the record's view and the page's tables read it, FORM=2's rows among them
+    run = s.latest()
+    if run is None:
+        pytest.skip(f"run {r9.STEP5_RUN} not in data/09_decode/")
+    assert run.run_id == r9.STEP5_RUN and run.meta["params"]["what"] == "gemv_step5"
+    assert str(run.provenance["git_commit"]).startswith(s.commit)
+    v = s.view(run)
+    assert {1, 2} == set(v[v.family == "gemv_kq"].FORM) and (v.variant.str.endswith("_f2") == (v.FORM == 2)).all()
+    one = v[(v.od == 4096) & (v.id == 14336) & (v.nt == 1) & (v.act == "f16")].set_index("variant").median_us
+    assert round(one["gemv_m1w4_sw_f2"], 2) == 20.70 and round(one["gemv_m1w4_sw_f1"], 2) == 19.12
+    best = r9.best_per_point(v)
+    assert len(best) == 32 and best.cublas_us.notna().all() and (best.frac_copy > 0).all()
+    assert r9.headline(run)["q4_K 4096x14336 nt=1"].startswith("19.1 us")
+    assert len(r9.prediction_table(run)) == len(r9.PREDICTION["claims"])
+    # step 5's number and name select the retired record; the live steps keep theirs
+    assert [x.name for x in rounds.select_steps(9, ["4", "gemv_step2"])] == ["gemv_step4", "gemv_step2"]
+    for sel in ("5", "gemv_step5"):
+        with pytest.raises(rounds.RoundError, match="step 5 \\(gemv_step5\\) is retired .*commit 90fd260"):
+            rounds.select_steps(9, [sel])
+
+
+def test_gpu_check_refuses_gemv_step5_with_the_commit_and_command(tmp_path, capsys):
+    """``labkernels gpu check --steps gemv_step5`` (and ``--round 9 --step 5``) refuses before any step runs, naming
+    the commit that holds FORM=2 and the command that reruns the step there."""
+    import re
+
+    from labkernels import cli
+
+    for argv in (["gpu", "check", "--steps", "env,gemv_step5"], ["gpu-check", "--round", "9", "--step", "4,5"],
+                 ["gpu", "check", "--round", "9", "--step", "gemv_step5"]):
+        assert cli.main([*argv, "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert re.search(r"round 9's step 5 \(gemv_step5\) is retired \(gemv_kq's FORM=2 lost almost everywhere "
+                         r".*20\.70 vs 19\.12 us.*20261207T131432Z-h200-0b009b5.*\) and left the source.*"
+                         r"it runs at commit 90fd260: git worktree add /tmp/lk-90fd260 90fd260 .*"
+                         r"gpu check --steps gemv_step5", err), (argv, err)
+    assert not (tmp_path / "gpu-check.json").exists()
 
 
 @pytest.mark.parametrize("name, number, forms", [("gemv_step6", 6, {0, 1, 3}), ("gemv_step7", 7, {1, 4, 5})])

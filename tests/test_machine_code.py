@@ -123,7 +123,8 @@ def _gemv_kq_text(kdir: Path, exprs: dict, arch: str, tmp: Path) -> dict:
 def test_gemv_pipe_retirement_keeps_the_machine_code_of_every_instantiation(tmp_path, arch):
     """gemv_kq without its PIPE template parameter (round 9 step 3's ring, retired): every registered instantiation
     compiles to the machine code of its PIPE=0 instantiation at a1cf954, byte for byte (the kernel's name, mangled
-    with one template argument fewer, aside) -- the forms that existed then (FORM 0 / 1), step 5's FORM=2 beside them."""
+    with one template argument fewer, aside) -- the forms that existed then (FORM 0 / 1); the later forms (3, 4, 5) are
+    compared with 90fd260 below."""
     import types
 
     _need_nvcc()
@@ -136,7 +137,7 @@ def test_gemv_pipe_retirement_keeps_the_machine_code_of_every_instantiation(tmp_
     tar = subprocess.run(["git", "-C", str(ROOT), "archive", GEMV_PIPE_HOLDER, "labkernels/kernels"],
                          capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "--strip-components=2", "-C", str(old)], input=tar, check=True)
-    specs = [k for k in registry.family("gemv_kq") if k.p["FORM"] < 2]     # step 5's FORM=2 came after a1cf954
+    specs = [k for k in registry.family("gemv_kq") if k.p["FORM"] < 2]     # FORM 3-5 (steps 6-7) came after a1cf954
     assert len(specs) == 20 and all(n != "PIPE" for n, _ in specs[0].params)
     new = _gemv_kq_text(registry.KERNELS_DIR, {k.key: (k.name_expression, k) for k in specs}, arch, tmp_path)
     olds = {k.key: (k.name_expression[:-1] + ",0>",
@@ -145,3 +146,69 @@ def test_gemv_pipe_retirement_keeps_the_machine_code_of_every_instantiation(tmp_
     moved = [k for k in new if new[k] != was[k]]
     assert not moved, f"machine code differs from {GEMV_PIPE_HOLDER}'s PIPE=0: {moved}"
     assert len({bytes(v) for v in new.values()}) == len(new)      # 20 distinct kernels: the comparison can tell
+
+
+#: the last commit with gemv_kq's FORM=2 (round 9 step 5's register double buffer, retired) and gpu-check gemv_step5
+GEMV_FORM2_HOLDER = "90fd260"
+
+
+def _kernel_sections(blob: bytes, k) -> dict:
+    """{section kind: (type, flags, link, info, alignment, entry size, size, bytes)} of one kernel's sections in a
+    cubin (``.text.<name>``, ``.nv.info.<name>``, ``.nv.constant0.<name>``, ``.nv.shared.<name>``, ...: every section
+    whose name ends with its mangled name), the kernel ``k``'s (a registry spec) by its template arguments."""
+    import struct
+
+    e_shoff, = struct.unpack_from("<Q", blob, 0x28)
+    e_shentsize, e_shnum, e_shstrndx = struct.unpack_from("<HHH", blob, 0x3A)
+    hdr = [struct.unpack_from("<IIQQQQIIQQ", blob, e_shoff + i * e_shentsize) for i in range(e_shnum)]
+    names = blob[hdr[e_shstrndx][4]:hdr[e_shstrndx][4] + hdr[e_shstrndx][5]]
+    sym = [n for n in audit.elf_text_sections(blob) if audit._demangled_matches(n, k)]
+    assert len(sym) == 1, (k.key, sym)
+    out = {}
+    for n, typ, flags, _addr, off, size, link, info, align, entsize in hdr:
+        name = names[n:names.index(b"\0", n)].decode()
+        if name.endswith("." + sym[0]):
+            data = b"" if typ == 8 else bytes(blob[off:off + size])        # SHT_NOBITS: no bytes in the file
+            out[name[:-len(sym[0]) - 1]] = (typ, flags, link, info, align, entsize, size, data)
+    assert ".text" in out and ".nv.info" in out, (k.key, sorted(out))
+    return out
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_gemv_form2_retirement_keeps_the_machine_code_of_every_instantiation(tmp_path, arch):
+    """gemv_kq without FORM=2 (round 9 step 5's register double buffer, retired; FORM=3 keeps its loop): every
+    registered instantiation -- FORM 0 / 1 / 3 / 4 / 5, 28 of them -- compiles to the machine code of the same
+    instantiation at 90fd260 (the last commit with FORM=2), section by section: .text, .nv.info, .nv.constant0,
+    .nv.shared and the sections' type, flags, link and info (registers, symbol), byte for byte."""
+    _need_nvcc()
+    r = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{GEMV_FORM2_HOLDER}^{{commit}}"],
+                       capture_output=True)
+    if r.returncode:
+        pytest.skip(f"commit {GEMV_FORM2_HOLDER} not in this clone (shallow?)")
+    old = tmp_path / "old"
+    old.mkdir()
+    tar = subprocess.run(["git", "-C", str(ROOT), "archive", GEMV_FORM2_HOLDER, "labkernels/kernels"],
+                         capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "--strip-components=2", "-C", str(old)], input=tar, check=True)
+    specs = registry.family("gemv_kq")
+    assert len(specs) == 28 and {k.p["FORM"] for k in specs} == {0, 1, 3, 4, 5}
+
+    def build(kdir: Path, tmp: Path) -> bytes:
+        tmp.mkdir()
+        w = tmp / "gemv_kq__sections.cu"
+        w.write_text('#include "gemv_kq.cu"\nvoid __lk_refs() {\n'
+                     + "".join(f"    (void)&{k.name_expression};\n" for k in specs) + "}\n")
+        cub = tmp / "k.cubin"
+        subprocess.run([audit.nvcc_path(), "-cubin", "-std=c++17", audit.arch_flag(arch), f"-I{kdir}",
+                        *registry.cuda_defines(), "-o", str(cub), str(w)], check=True, capture_output=True, cwd=tmp)
+        return cub.read_bytes()
+
+    new, was = build(registry.KERNELS_DIR, tmp_path / "n"), build(old, tmp_path / "o")
+    moved = {}
+    for k in specs:
+        a, b = _kernel_sections(new, k), _kernel_sections(was, k)
+        if a != b:
+            moved[k.key] = sorted(s for s in set(a) | set(b) if a.get(s) != b.get(s))
+    assert not moved, f"machine code differs from {GEMV_FORM2_HOLDER}'s: {moved}"
+    texts = [_kernel_sections(new, k)[".text"][-1] for k in specs]
+    assert len(set(texts)) == len(specs)         # 28 distinct kernels: the comparison can tell them apart

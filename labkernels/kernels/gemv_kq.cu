@@ -28,13 +28,13 @@
 // that sum is scaled by -dmin in f32. Exact function (labkernels.gemv.exact_weights_v2): gguf's dequantized weights
 // d*sc*q - dmin*m in float64 times the f16-rounded activations, up to f32 summation (and I's ~2^-22 split error).
 // Range: |I| < 65504 (hi is an f16; a larger sub-block sum of the activations gives inf/NaN).
-// FORM=2 (round 9 step 5; q4_K, nt <= 8, MT=1): FORM=1's function and arithmetic, the next super-block's weight bytes
-// held in registers while the current one is computed (a register double buffer; see the kernel body).
-// FORM=3 (round 9 step 6; q4_K, nt <= 8, MT=1): FORM=2's loop with the CTA's warps on ONE group of 16 rows, the
-// super-blocks of the CTA's split cut into WARPS consecutive ranges (warp w the w-th), the warps' partial sums added
-// in shared memory in warp order by warp 0: the split over K a CTA folds itself, with no workspace, fence or arrival
-// atomic (S = 1). At S = 1 it computes what FORM=2 computes at split WARPS, bit for bit (the same ranges, the same
-// left-to-right sum of the partials); at S > 1 the sum has two levels (the warps', then the splits').
+// FORM=3 (round 9 step 6; q4_K, nt <= 8, MT=1): FORM=1's function and arithmetic in a loop that holds the next
+// super-block's weight bytes in registers while the current one is computed (a register double buffer; see the
+// kernel body), with the CTA's warps on ONE group of 16 rows, the super-blocks of the CTA's split cut into WARPS
+// consecutive ranges (warp w the w-th), the warps' partial sums added in shared memory in warp order by warp 0: the
+// split over K a CTA folds itself, with no workspace, fence or arrival atomic (S = 1). At S = 1 it computes what
+// FORM=1 computes at split WARPS, bit for bit (the same ranges, the same left-to-right sum of the partials); at S > 1
+// the sum has two levels (the warps', then the splits').
 // FORM=4 and FORM=5 (round 9 step 7; q4_K, nt <= 8, MT=1, WARPS=4): FORM=1's code under a register cap -- the
 // __launch_bounds__ minimum of 6 (FORM=4: 80 registers) or 8 (FORM=5: 64) CTAs an SM instead of 3 -- for 24 or 32
 // warps an SM where FORM=1 (106 registers) has 16: the same instructions' results, bit for bit, with more warps to
@@ -42,6 +42,11 @@
 //
 // Round 9 step 3's PIPE form (FORM=1's bytes staged through a cp.async shared-memory ring, PIPE in {2, 4}) lost at
 // every point and left this source; commit a1cf954 holds it (labkernels.rounds.r09_decode: the retired gemv_step3).
+// Round 9 step 5's FORM=2 (FORM=1's arithmetic with the register double buffer, the warps on their own rows: FORM=3's
+// loop without the warps' split of the super-blocks) lost almost everywhere (FORM=2 / FORM=1 at the one-wave split,
+// q4_K nt=1 f16: 1.07-1.08 on the three large shapes, predicted 0.72-0.9; 1.10 at 4096x4096, predicted 0.85-1.0; H200
+// run 20261207T131432Z-h200-0b009b5) and left this source; commit 90fd260 holds it (labkernels.rounds.r09_decode: the
+// retired gemv_step5). FORM=3 keeps its loop.
 #include "common.cuh"
 
 // ---- f16x2 arithmetic through PTX (NVRTC builds have no cuda_fp16.h here)
@@ -367,13 +372,14 @@ __global__ void __launch_bounds__(WARPS * 32, FORM == 4 ? 6 : FORM == 5 ? 8 : WA
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[mt][t][i] = 0.f;
 
-    if constexpr (FORM == 2 || FORM == 3) {
-        // FORM=2 (round 9 step 5): FORM=1's arithmetic (the same lk_form1_superblock: bit-identical results at the
-        // same split) with the weight bytes of super-block sb + 1 (header and the lane's 32 code bytes, per row) loaded
-        // into registers before super-block sb is computed -- a register double buffer: a warp keeps its next loads in
-        // flight through its compute instead of issuing them after it. The activations load at sb's top as in FORM=1
-        // (L1 hits after the CTA's first warp). MT=1 only (MT=2 spills under the 3-CTA register cap).
-        static_assert(QT == 4 && NT8 == 1 && MT == 1, "FORM=2 and FORM=3 are q4_K at nt <= 8, MT=1");
+    if constexpr (KW) {
+        // FORM=3's loop over its warp's super-blocks [sb0, sb1): FORM=1's arithmetic (the same lk_form1_superblock:
+        // FORM=1's bits over the same super-blocks) with the weight bytes of super-block sb + 1 (header and the lane's
+        // 32 code bytes, per row) loaded into registers before super-block sb is computed -- a register double buffer:
+        // a warp keeps its next loads in flight through its compute instead of issuing them after it. The activations
+        // load at sb's top as in FORM=1. MT=1 only (MT=2 spills under the 3-CTA register cap). Round 9 step 5 ran
+        // this loop with the warps on their own rows (FORM=2, retired: commit 90fd260).
+        static_assert(QT == 4 && NT8 == 1 && MT == 1, "FORM=3 is q4_K at nt <= 8, MT=1");
         const u32 ind_lo = g == 2 * c ? 0x3C003C00u : 0u, ind_hi = g == 2 * c + 1 ? 0x3C003C00u : 0u;
         uint4 nh[MT][2], nq0[MT][2], nq1[MT][2];
         auto fetch = [&](int sb) {
@@ -458,7 +464,7 @@ __global__ void __launch_bounds__(WARPS * 32, FORM == 4 ? 6 : FORM == 5 ? 8 : WA
     }
 
     // FORM=3: the warps' partial sums of the same fragment positions added by warp 0 in warp order (acc of warp 0,
-    // then + warp 1, + warp 2, ...: FORM=2's split fold over the same ranges); only warp 0 stores
+    // then + warp 1, + warp 2, ...: FORM=1's split fold over the same ranges); only warp 0 stores
     if constexpr (KW) {
         __shared__ float4 red[WARPS > 1 ? WARPS - 1 : 1][32];
         if (warp > 0) red[warp - 1][lane] = make_float4(acc[0][0][0], acc[0][0][1], acc[0][0][2], acc[0][0][3]);

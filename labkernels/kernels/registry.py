@@ -163,7 +163,7 @@ FAMILIES = [
              "stream-K scheduler; NCV=2 two converter warpgroups, each half of every chunk (setmaxnreg 80/176)"),
     # -- round 9: decode -- k-quant matrix-vector / small-batch products (nt = 1..16), weights read once per launch
     dict(family="gemv_kq", source="gemv_kq.cu", template="gemv_kq_kernel",
-         params={"QT": [4, 6], "XF32": [0, 1], "NT8": [1, 2], "MT": [1, 2], "WARPS": [4, 8], "FORM": [0, 1, 2, 3, 4, 5]},
+         params={"QT": [4, 6], "XF32": [0, 1], "NT8": [1, 2], "MT": [1, 2], "WARPS": [4, 8], "FORM": [0, 1, 3, 4, 5]},
          valid="(FORM == 0 or (QT == 4 and NT8 == 1 and (FORM == 1 or MT == 1))) and (WARPS == 4 or FORM == 3)",
          threads="32 * WARPS", smem="0", tile=(0, 0),
          main_path="FORM < 4", archs=("sm_80", "sm_90"),
@@ -175,11 +175,13 @@ FAMILIES = [
              "FORM=1 (q4_K, nt <= 8; round 9 step 2): the mma takes the exact f16 products sc*q (one LOP3 + one HFMA2 "
              "a pair), d applied per super-block in f32, the min term by an indicator mma (the sub-block sums of the "
              "activations) and a min mma (the exact f16 mins x those sums as hi + lo f16) scaled by -dmin in f32 "
-             "(round 9 step 3's PIPE ring lost and left the source: commit a1cf954 holds it); FORM=2 (q4_K, nt <= 8, "
-             "MT=1; round 9 step 5): FORM=1 with the next super-block's weight bytes loaded into registers before the "
-             "current one is computed (a register double buffer); FORM=3 (step 6): FORM=2 with the CTA's warps on one 16-row "
+             "(round 9 step 3's PIPE ring lost and left the source: commit a1cf954 holds it); FORM=3 (q4_K, nt <= 8, "
+             "MT=1; round 9 step 6): FORM=1's arithmetic with the next super-block's weight bytes loaded into "
+             "registers before the current one is computed (a register double buffer), the CTA's warps on one 16-row "
              "group, the split's super-blocks cut among them and folded in shared memory (WARPS 4 or 8); FORM=4 / 5 "
-             "(step 7): FORM=1 built under a register cap of 6 / 8 CTAs an SM (80 / 64 registers, MT=1)"),
+             "(step 7): FORM=1 built under a register cap of 6 / 8 CTAs an SM (80 / 64 registers, MT=1) (round 9 "
+             "step 5's FORM=2, the double buffer with the warps on their own rows, lost and left the source: commit "
+             "90fd260 holds it)"),
     # -- round 9: the decode step's own kernels (labkernels.decode): position and token read from device memory
     dict(family="decode_qkv", source="decode.cu", template="decode_qkv_kernel", params={"NEOX": [0, 1], "QKN": [0, 1]},
          threads=256, smem="0", tile=(0, 0), main_path=False, archs=("sm_80", "sm_90"),

@@ -127,37 +127,16 @@ def test_gemv_form1_parity(cp, rng, nt, od, id_, f32, mt):
 @pytest.mark.parametrize("nt", [1, 3, 8])
 @pytest.mark.parametrize("od,id_", [(1, 256), (17, 512), (130, 1024), (1000, 4352), (4096, 14336)])
 @pytest.mark.parametrize("f32", [0, 1])
-def test_gemv_form2_is_form1_bit_for_bit(cp, rng, nt, od, id_, f32):
-    """FORM=2 (step 5: FORM=1 with the next super-block's weight bytes in registers) computes FORM=1's function with
-    FORM=1's arithmetic: bit-identical outputs at the same split (the default, the one-wave, one and three splits),
-    NaN-poisoned guards, and FORM=1's gate. The split counts are FORM=1's (its default and one-wave plans resolved
-    to numbers: the two forms' occupancy may differ)."""
-    from labkernels import gemv, gpu
-
-    raw = _weights(rng, "q4_K", od, id_)
-    x = _x(rng, raw, "q4_K", nt, id_)
-    w = gpu.QWeight.upload(raw, "q4_K")
-    xd = cp.asarray(x) if f32 else cp.asarray(x.astype(np.float16))
-    gv, sm = gemv.prepare(w), gpu.device_props()["sm_count"]
-    plans = [gemv.launch_plan(gv, nt, f32, 1, 4, 1, S, sm)["S"] for S in (None, "wave")]
-    for S in (*plans, 1, min(3, id_ // gemv.QK)):
-        y1 = _run(cp, w, xd, MT=1, FORM=1, S=S)
-        y2 = _run(cp, w, xd, MT=1, FORM=2, S=S)
-        assert np.array_equal(y1.view(np.uint32), y2.view(np.uint32)), S
-    _gate(y2, raw, "q4_K", x, form=2)
-
-
-@pytest.mark.parametrize("nt", [1, 3, 8])
-@pytest.mark.parametrize("od,id_", [(1, 256), (17, 512), (130, 1024), (1000, 4352), (4096, 14336)])
-@pytest.mark.parametrize("f32", [0, 1])
 @pytest.mark.parametrize("warps", [4, 8])
-def test_gemv_form3_is_form2_at_warps_times_the_splits(cp, rng, nt, od, id_, f32, warps):
-    """FORM=3 (step 6: the CTA's warps on one group of 16 rows, the split's super-blocks cut among them, folded in
-    shared memory in warp order) at S=1 computes FORM=2's bits at split WARPS: the same super-block ranges and the
-    same left-to-right sum of the partials (wherever FORM=2's split exists: at most one super-block a split; warps
-    with no super-block, id = 256 at 4 or 8 warps, add zeros). At S > 1 the sum has two levels (the warps', then the
-    splits'), so only the gate holds: S = 2 and the one-wave plan. NaN-poisoned guards (no write outside the
-    output, none by warps 1..WARPS-1) and FORM=1's gate at every S."""
+def test_gemv_form3_is_form1_at_warps_times_the_splits(cp, rng, nt, od, id_, f32, warps):
+    """FORM=3 (step 6: FORM=1's arithmetic in a register double buffer, the CTA's warps on one group of 16 rows, the
+    split's super-blocks cut among them, folded in shared memory in warp order) at S=1 computes FORM=1's bits at
+    split WARPS: the same super-block ranges and the same left-to-right sum of the partials (wherever FORM=1's split
+    exists: at most one super-block a split; warps with no super-block, id = 256 at 4 or 8 warps, add zeros). (Step
+    5's FORM=2, retired at 90fd260, stood between them: FORM=3 at S=1 was FORM=2's bits at split WARPS, and FORM=2
+    FORM=1's at any split -- both passed at every case of the H200 suite run 20261207T131354Z-h200-0b009b5.) At S > 1
+    the sum has two levels (the warps', then the splits'), so only the gate holds: S = 2 and the one-wave plan.
+    NaN-poisoned guards (no write outside the output, none by warps 1..WARPS-1) and FORM=1's gate at every S."""
     from labkernels import gemv, gpu
 
     raw = _weights(rng, "q4_K", od, id_)
@@ -171,8 +150,8 @@ def test_gemv_form3_is_form2_at_warps_times_the_splits(cp, rng, nt, od, id_, f32
         y3 = _run(cp, w, xd, MT=1, WARPS=warps, FORM=3, S=S)
         _gate(y3, raw, "q4_K", x, form=3)
         if S == 1 and warps <= nsb:
-            y2 = _run(cp, w, xd, MT=1, FORM=2, S=S * warps)
-            assert np.array_equal(y2.view(np.uint32), y3.view(np.uint32)), S
+            y1 = _run(cp, w, xd, MT=1, FORM=1, S=S * warps)
+            assert np.array_equal(y1.view(np.uint32), y3.view(np.uint32)), S
             checked += 1
     assert checked == 1 or nsb < warps
 
@@ -287,8 +266,8 @@ def test_gemv_in_a_captured_graph(cp, rng):
     y = cp.empty((1, 512), cp.float32)
     from labkernels import gemv
 
-    for form in (0, 1, 2):
-        kw = {"MT": 1} if form == 2 else {}
+    for form in (0, 1, 3):      # FORM=3: the register double buffer's loop (step 5's FORM=2 left, commit 90fd260)
+        kw = {"MT": 1} if form == 3 else {}
         s = cp.cuda.Stream(non_blocking=True)
         with s:
             gemv.gemv(w, x, out=y, S=4, FORM=form, **kw)   # the stream's workspace is made outside the capture
@@ -324,7 +303,7 @@ def test_gemv_refuses_bad_inputs(cp, rng):
         gemv.gemv(w, cp.zeros((512,), cp.float16))
     with pytest.raises(errors.ShapeError, match="FORM=1 takes q4_K weights at nt = 1..8"):
         gemv.gemv(w, cp.zeros((9, 512), cp.float16), FORM=1)
-    with pytest.raises(errors.ShapeError, match=r"FORM is one of \(0, 1, 2, 3, 4, 5\)"):
+    with pytest.raises(errors.ShapeError, match=r"FORM is one of \(0, 1, 3, 4, 5\)"):
         gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=6)
     with pytest.raises(errors.ShapeError, match="FORM=5 is built at MT=1 only"):
         gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=5, MT=2)
@@ -334,10 +313,9 @@ def test_gemv_refuses_bad_inputs(cp, rng):
         gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=3, MT=1, WARPS=2)
     with pytest.raises(errors.ShapeError, match=r"FORM=1 is built with WARPS in \(4,\)"):
         gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=1, MT=1, WARPS=8)
-    with pytest.raises(errors.ShapeError, match="FORM=2 .* MT=1 only"):
-        gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=2, MT=2)
-    with pytest.raises(errors.ShapeError, match="FORM=2 takes q4_K weights at nt = 1..8"):
-        gemv.gemv(w, cp.zeros((9, 512), cp.float16), FORM=2, MT=1)
+    for kw in ({"MT": 1}, {"MT": 2}, {"MT": 1, "S": 1}):     # step 5's FORM=2 left the source: no fallback
+        with pytest.raises(errors.ShapeError, match="FORM=2 .*left the source: commit 90fd260 holds it"):
+            gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=2, **kw)
     with pytest.raises(errors.ShapeError, match="FORM=1 takes q4_K"):
         gemv.gemv(gpu.QWeight.upload(_weights(rng, "q6_K", 64, 512), "q6_K"), cp.zeros((2, 512), cp.float16), FORM=1)
     with pytest.raises(TypeError, match="PIPE"):          # step 3's ring left the source (commit a1cf954)

@@ -5,14 +5,15 @@ cached dequantized weights and llama.cpp's MMVQ (recorded as the peer). Runs are
 
 The round's launcher is :mod:`labkernels.gemv` (production kernel ``labkernels/kernels/gemv_kq.cu``); what only the
 round uses is here, one file a level: its plans with the bar and the first prediction (:mod:`.plan`), the steps'
-ledger -- per step the analysis and prediction written before its run, what was measured, the verdict, and the commit
-that holds the retired step 3's PIPE ring (:mod:`.ledger`) --, the benchmark of record (:mod:`.benchmark`: the copy
-line, the interleaved gated GEMV bench, :func:`measure`), the generation benchmark (:mod:`.generate`: tokens/s of the
-KV-cache decode), its steps (:mod:`.steps`: the gpu-check runs, the sanitizer's driver and the steps as records, the
-retired step 3 with the commit and command that reproduce it), the page's tables and figures (:mod:`.tables`) and
-where the round stands, for the top of its page (:mod:`.state`: the latest step's and the generation's figures against
-llama.cpp, the abstract). The names the page and the tests use are re-exported here (``r9.bench_table``); a test that
-patches a function patches it in the file that looks it up (``r9.benchmark.copy_bandwidth``, ``r9.state.state_facts``).
+ledger -- per step the analysis and prediction written before its run, what was measured, the verdict, and the commits
+that hold the retired step 3's PIPE ring and step 5's FORM=2 (:mod:`.ledger`) --, the benchmark of record
+(:mod:`.benchmark`: the copy line, the interleaved gated GEMV bench, :func:`measure`), the generation benchmark
+(:mod:`.generate`: tokens/s of the KV-cache decode), its steps (:mod:`.steps`: the gpu-check runs, the sanitizer's
+driver and the steps as records, the retired steps 3 and 5 with the commit and command that reproduce each), the
+page's tables and figures (:mod:`.tables`) and where the round stands, for the top of its page (:mod:`.state`: the
+latest step's and the generation's figures against llama.cpp, the abstract). The names the page and the tests use are
+re-exported here (``r9.bench_table``); a test that patches a function patches it in the file that looks it up
+(``r9.benchmark.copy_bandwidth``, ``r9.state.state_facts``).
 """
 
 from __future__ import annotations
@@ -20,13 +21,12 @@ from __future__ import annotations
 from . import benchmark, generate, ledger, plan, state, steps, tables
 from .benchmark import bench_gemv, copy_bandwidth, measure, weight_bytes
 from .generate import measure_generate, stored_weight_bytes
-from .ledger import LEDGER, PIPE_HOLDER, STEP3_ANALYSIS
+from .ledger import FORM2_HOLDER, LEDGER, PIPE_HOLDER, STEP3_ANALYSIS, STEP5_RUN
 from .plan import (GEN_PLAN, NTS, PLAN, PREDICTION, SHAPES, STEP2_PLAN, STEP3_PLAN, STEP4_PLAN, STEP5_PLAN, STEP6_PLAN,
                    STEP7_PLAN, TARGETS)
 from .state import abstract_now, latest_step_run, peer_mmvq_us, same_call, state_facts, state_now
 from .steps import (GEMV_SANITIZE_DRIVER, STEP_RECORDS, STEPS, step_decode, step_gemv_sanitizer, step_gemv_step2,
-                    step_gemv_step4, step_gemv_step5, step_gemv_step6, step_gemv_step7, step_generate,
-                    step_nvbench_check)
+                    step_gemv_step4, step_gemv_step6, step_gemv_step7, step_generate, step_nvbench_check)
 from .tables import (bench_table, best_per_point, copy_line, figure_time_vs_nt, generation_run, generation_table,
                      headline, peer_generation, prediction_table, stream_fit)
 
@@ -38,5 +38,5 @@ REPLAY_WHERE = {"decode": lambda run, plan: run.meta.get("params", {}).get("what
 
 # the round's one plan (:data:`.plan.PLAN`), ``measure`` (:func:`.benchmark.measure`: the benchmark of record into a
 # new ``decode`` run), its steps as records (:data:`.steps.STEP_RECORDS`: ``gpu-check --round 9 --step N|NAME``, the
-# retired step 3 with the commit and command that reproduce it) and the live ones by their gpu-check names
+# retired steps 3 and 5 with the commit and command that reproduce each) and the live ones by their gpu-check names
 # (:data:`.steps.STEPS`: ``gpu-check --steps NAME``) are imported above

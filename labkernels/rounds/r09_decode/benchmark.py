@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import bench, blas, cases, dispatch, gemv, gpu, wgmma
-from .ledger import PIPE_HOLDER
+from .ledger import FORM2_HOLDER, PIPE_HOLDER
 from .plan import NTS, SHAPES
 
 
@@ -47,18 +47,24 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
     FORM, S)`` with S None (the default split), ``"wave"`` (:func:`labkernels.gemv.wave_splits`) or a number (FORM=1
     launches at q4_K and nt <= 8 only); typed column WAVE (S: the split the launch ran), variant names ending ``_sw``;
     each launch's grid (CTAs, resident CTAs an SM, waves, S) and its gate in table ``gemv_plan``. (Step 3's runs
-    also have a typed column PIPE and variants ending ``_p<PIPE>``: its ring, retired since.)
+    also have a typed column PIPE and variants ending ``_p<PIPE>``: its ring, retired since; step 5's run has FORM=2
+    rows, variants ending ``_f2``: retired since, a launch of it is refused naming commit 90fd260.)
     Rows: table ``gemv_bench`` (per variant and pair), with bytes read and the fraction of ``copy`` (the same
     process's copy bandwidth, table ``copy``)."""
-    import cupy as cp
-    import gguf
-
     if launches is not None and any(len(v) != 4 for v in launches):
         raise ValueError(f"bench_gemv launches are (MT, WARPS, FORM, S), got {list(launches)}: step 3's (MT, WARPS, "
                          f"FORM, PIPE, S) ran the PIPE ring, which left the source (commit {PIPE_HOLDER} holds it)")
     unknown = sorted(set(baselines) - {"wgmma", "cublas", "empty"})
     if unknown:
         raise ValueError(f"bench_gemv baselines are 'wgmma', 'cublas' and 'empty', not {unknown}")
+    gone = sorted(({int(v[2]) for v in launches or ()} | {int(f) for f in forms}) & set(gemv.RETIRED_FORMS))
+    if gone:
+        raise ValueError(f"bench_gemv: gemv_kq FORM {gone} left the source (round 9 step 5's FORM=2 lost; commit "
+                         f"{FORM2_HOLDER} holds it and runs step 5's launches: gpu check --steps gemv_step5 there)")
+
+    import cupy as cp
+    import gguf
+
     rng = np.random.default_rng(seed or None)
     cb = copy_bandwidth()
     progress(f"copy line: {cb['tb_per_s']:.3f} TB/s (1 GiB device-to-device, read + write)")

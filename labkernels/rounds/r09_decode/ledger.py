@@ -1,8 +1,9 @@
 """Round 9's steps as a ledger: for each step, what it asked, the analysis and the prediction written before its GPU
-run, what was measured and the verdict (:data:`LEDGER`; step 3's analysis :data:`STEP3_ANALYSIS`), and the commit
-that still holds the retired step 3's PIPE ring (:data:`PIPE_HOLDER`) with the command that reruns a step there. The
-page renders the measured steps from it, its state reads the latest one (:mod:`.state`) and the steps' records take
-their numbers, predictions and verdicts from it (:mod:`.steps`)."""
+run, what was measured and the verdict (:data:`LEDGER`; step 3's analysis :data:`STEP3_ANALYSIS`), the commits that
+still hold the retired step 3's PIPE ring (:data:`PIPE_HOLDER`) and step 5's FORM=2 (:data:`FORM2_HOLDER`, with the
+run that measured it, :data:`STEP5_RUN`) and the command that reruns a step there. The page renders the measured
+steps from it, its state reads the latest one (:mod:`.state`) and the steps' records take their numbers, predictions
+and verdicts from it (:mod:`.steps`)."""
 
 from __future__ import annotations
 
@@ -382,6 +383,12 @@ LEDGER = [
 
 #: the commit that holds gemv_kq's PIPE form (round 9 step 3's cp.async ring) and its step: the last one with them
 PIPE_HOLDER = "a1cf954"
+
+#: the commit that holds gemv_kq's FORM=2 (round 9 step 5's register double buffer) and its step (gpu-check
+#: ``gemv_step5``): the last one with them
+FORM2_HOLDER = "90fd260"
+#: the run of step 5's A/B (H200, commit 0b009b5): FORM=1 against FORM=2, the measurement FORM=2 lost
+STEP5_RUN = "20261207T131432Z-h200-0b009b5"
 
 
 def _cmd(commit: str, name: str) -> str:

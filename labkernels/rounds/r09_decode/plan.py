@@ -1,8 +1,8 @@
 """Round 9's plans, with its bar and its first prediction: the benchmark of record's points (:data:`PLAN`, the round's
 one plan), the bar of the issue that opened the round (:data:`TARGETS`), what the first gemv_kq build should measure
 (:data:`PREDICTION`, written before its first run), each step's A/B (:data:`STEP2_PLAN` .. :data:`STEP7_PLAN`; the
-retired step 3's as it ran) and the generation benchmark's (:data:`GEN_PLAN`). Data only: the round's other files
-read it."""
+retired steps 3 and 5's as they ran) and the generation benchmark's (:data:`GEN_PLAN`). Data only: the round's other
+files read it."""
 
 from __future__ import annotations
 
@@ -74,8 +74,9 @@ STEP4_PLAN = {**{k: v for k, v in PLAN.items() if k not in ("configs", "splits")
                            [1, 4, 1, None], [1, 4, 1, "wave"], [2, 4, 1, "wave"]]}
 
 
-#: step 5's A/B: FORM=1 against FORM=2 (MT=1), the one-wave and the default split, interleaved in the same pairs
-#: beside cuBLAS fp16; q4_K, the four shapes, nt <= 8, f16 and f32. Launches (MT, WARPS, FORM, S)
+#: step 5's A/B as it ran (round 9 step 5, retired: the record of its plan, not runnable here): FORM=1 against FORM=2
+#: (MT=1), the one-wave and the default split, interleaved in the same pairs beside cuBLAS fp16; q4_K, the four
+#: shapes, nt <= 8, f16 and f32. Launches (MT, WARPS, FORM, S) -- FORM=2 left the source; commit 90fd260 holds it
 STEP5_PLAN = {"shapes": [list(s) for s in SHAPES], "nts": [1, 2, 4, 8], "qtypes": ["q4_K"], "acts": ["f16", "f32"],
               "pairs": 3, "repeats": 20, "seed": 0, "flush": "read", "lead_us": 300.0, "baselines": ["cublas"],
               "launches": [[1, 4, 1, "wave"], [1, 4, 2, "wave"], [1, 4, 1, None], [1, 4, 2, None]]}

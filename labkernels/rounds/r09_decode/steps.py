@@ -1,8 +1,8 @@
 """Round 9's steps: what ``labkernels gpu check --steps NAME`` (and ``--round 9 --step N|NAME``) runs, each a
 ``fn(out, args) -> dict`` that records a ``decode`` run under ``out/data`` -- the benchmark of record, the generation,
-each step's A/B, compute-sanitizer over every gemv_kq instantiation (:data:`GEMV_SANITIZE_DRIVER`), the nvbench check
-(:data:`STEPS`) --, and the steps as records (:data:`STEP_RECORDS`: numbered where a ledger step names them; the
-retired step 3 with the commit and command that reproduce it)."""
+each live step's A/B, compute-sanitizer over every gemv_kq instantiation (:data:`GEMV_SANITIZE_DRIVER`), the nvbench
+check (:data:`STEPS`) --, and the steps as records (:data:`STEP_RECORDS`: numbered where a ledger step names them; the
+retired steps 3 and 5 with the commit and command that reproduce each)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from ... import nvbench_check, records
 from ...peers import sha256_file
 from .. import Retired, Step
 from . import benchmark, generate, tables
-from .ledger import PIPE_HOLDER, _claims, _cmd, _ledger
+from .ledger import FORM2_HOLDER, PIPE_HOLDER, STEP5_RUN, _claims, _cmd, _ledger
 from .plan import GEN_PLAN, PLAN, STEP2_PLAN, STEP3_PLAN, STEP4_PLAN, STEP5_PLAN, STEP6_PLAN, STEP7_PLAN
 
 
@@ -132,15 +132,6 @@ def step_gemv_step4(out, args) -> dict:
                      launches=[tuple(v) for v in plan["launches"]])
 
 
-def step_gemv_step5(out, args) -> dict:
-    """gpu-check step ``gemv_step5``: round 9 step 5's A/B -- gemv_kq FORM=1 against FORM=2 (the register double
-    buffer; MT=1) at the one-wave and the default split, interleaved beside cuBLAS fp16, every point gated first, into
-    a ``decode`` run whose params say ``what: gemv_step5`` (not the benchmark of record)."""
-    plan = dict(STEP5_PLAN)
-    return _step_run(out, args, plan, "gemv_step5", baselines=tuple(plan["baselines"]),
-                     launches=[tuple(v) for v in plan["launches"]])
-
-
 def step_gemv_step6(out, args) -> dict:
     """gpu-check step ``gemv_step6``: round 9 step 6's A/B -- gemv_kq FORM=3 (WARPS 8 / 4 at S=1, WARPS 8 at the
     one-wave split) against FORM=1 and FORM=0 at the one-wave split, beside cuBLAS fp16 and the empty launch (the
@@ -161,7 +152,7 @@ def step_gemv_step7(out, args) -> dict:
 
 #: the live gpu-check steps (``labkernels gpu check --steps NAME``)
 STEPS = {"decode": step_decode, "generate": step_generate, "gemv_step2": step_gemv_step2,
-         "gemv_step4": step_gemv_step4, "gemv_step5": step_gemv_step5, "gemv_step6": step_gemv_step6,
+         "gemv_step4": step_gemv_step4, "gemv_step6": step_gemv_step6,
          "gemv_step7": step_gemv_step7, "gemv_sanitizer": step_gemv_sanitizer, "nvbench_check": step_nvbench_check}
 
 
@@ -172,9 +163,9 @@ def _live(name: str) -> Step:
 
 
 #: the round's steps as records (``labkernels gpu check --round 9 --step N|NAME``): the live ones (:data:`STEPS`,
-#: numbered where a LEDGER step names them) and the retired step 3, whose form lost and left the source: no run, the
-#: commit that still holds it and the command that reruns it there. Its recorded run, analysis and ledger text stay
-#: (the page renders them from the recorded data).
+#: numbered where a LEDGER step names them) and the retired steps 3 and 5, whose forms lost and left the source: no
+#: run, the commit that still holds each and the command that reruns it there. Their recorded runs, plans and ledger
+#: text stay (the page renders them from the recorded data; each record's view reads its run).
 STEP_RECORDS = (
     *(_live(k) for k in ("decode", "generate", "gemv_step2")),
     Step(name="gemv_step3", number=3, series="decode", what="gemv_step3", plan=STEP3_PLAN,
@@ -185,5 +176,17 @@ STEP_RECORDS = (
          retired=Retired(commit=PIPE_HOLDER, command=_cmd(PIPE_HOLDER, "gemv_step3"),
                          why="gemv_kq's PIPE ring lost at every point (PIPE=4 one-wave 28.9 us vs PIPE=0 21.0 us, run "
                              "20261207T004259Z-h10080gbhbm3-2406c00) and left the source")),
-    *(_live(k) for k in ("gemv_step4", "gemv_step5", "gemv_step6", "gemv_step7", "gemv_sanitizer", "nvbench_check")),
+    _live("gemv_step4"),
+    Step(name="gemv_step5", number=5, series="decode", what="gemv_step5", plan=STEP5_PLAN,
+         title="bytes in flight per warp without a ring: gemv_kq FORM=2 (a register double buffer of the next "
+               "super-block's weight bytes) against FORM=1, at the one-wave and the default split",
+         prediction=_claims(_ledger("gemv_step5")["prediction"]), verdict=_ledger("gemv_step5")["verdict"] or "",
+         runs=(STEP5_RUN,), commit="0b009b5", view=lambda run: tables.bench_table(run),
+         retired=Retired(commit=FORM2_HOLDER, command=_cmd(FORM2_HOLDER, "gemv_step5"),
+                         why="gemv_kq's FORM=2 lost almost everywhere (FORM=2 / FORM=1 at the one-wave split, q4_K "
+                             "4096x14336 nt=1 f16 20.70 vs 19.12 us; 1.07-1.08 at nt=1 f16 on the three large shapes, "
+                             "predicted 0.72-0.9; 1.10 at 4096x4096, predicted 0.85-1.0; 1.04-1.05 at nt=8 f16 and "
+                             "1.07-1.12 at nt=1 f32 on the large shapes, predicted 0.75-0.95; H200 run "
+                             f"{STEP5_RUN}) and left the source (FORM=3 keeps its loop)")),
+    *(_live(k) for k in ("gemv_step6", "gemv_step7", "gemv_sanitizer", "nvbench_check")),
 )
