@@ -71,39 +71,6 @@ def pdl_entry_report(text: str) -> tuple[int, int]:
     return len(heads), ok
 
 
-_ENTRY_IF = re.compile(r"LK_PDL_ENTRY_IF\(\s*PDL\s*\);")
-
-
-def pdl_param_report(text: str) -> tuple[int, int]:
-    """(kernels, kernels whose body begins with ``LK_PDL_ENTRY_IF(PDL);``) of one CUDA source text (comments
-    ignored): the entry of a template whose instantiations with PDL = 1 wait first and the others compile without it."""
-    s = _COMMENTS.sub("", text)
-    heads = list(_GLOBAL.finditer(s))
-    ok = sum(1 for m in heads if _ENTRY_IF.match(s[m.end():].lstrip()))
-    return len(heads), ok
-
-
-@lru_cache(maxsize=None)
-def pdl_param_sources(kernels_dir=None) -> frozenset:
-    """The kernel sources whose every ``__global__`` function begins with ``LK_PDL_ENTRY_IF(PDL)``: their
-    instantiations launch programmatically only where the registry gives them PDL = 1 (:func:`pdl_capable`)."""
-    kdir = registry.KERNELS_DIR if kernels_dir is None else Path(kernels_dir)
-    out = set()
-    for p in sorted(Path(kdir).glob("*.cu")):
-        n, ok = pdl_param_report(p.read_text())
-        if n and ok == n:
-            out.add(p.name)
-    return frozenset(out)
-
-
-def pdl_capable(spec, kernels_dir=None) -> bool:
-    """Whether one registry instantiation may launch programmatically: its source's every kernel waits first
-    (:func:`pdl_sources`), or the source's entry is ``LK_PDL_ENTRY_IF(PDL)`` and this instantiation has PDL = 1."""
-    if spec.source in pdl_sources(kernels_dir):
-        return True
-    return spec.source in pdl_param_sources(kernels_dir) and int(spec.p.get("PDL", 0)) == 1
-
-
 @lru_cache(maxsize=None)
 def pdl_sources(kernels_dir=None) -> frozenset:
     """The kernel sources whose every ``__global__`` function begins with ``LK_PDL_ENTRY()`` (kernels/common.cuh):
@@ -298,7 +265,7 @@ class Kernel:
     def launch(self, grid, args):
         """Launch on the current stream (use ``with cupy.cuda.Stream(): ...`` for another); inside
         :func:`programmatic_launches`, a kernel of a PDL-capable source launches programmatically."""
-        if _PDL["on"] and pdl_capable(self.spec, self.kernels_dir):
+        if _PDL["on"] and self.spec.source in pdl_sources(self.kernels_dir):
             holders, params = kernel_params(args)
             launch_programmatic(self.ptr, grid, (self.spec.threads,), self.smem, params,
                                 cp().cuda.get_current_stream().ptr, self.spec.key)

@@ -40,28 +40,6 @@ def test_a_kernel_without_the_entry_disqualifies_its_source(tmp_path):
     assert gpu.pdl_sources(str(tmp_path)) == frozenset({"ok.cu"})
 
 
-def test_a_conditional_entry_makes_only_the_pdl_instantiations_programmatic(tmp_path):
-    """``LK_PDL_ENTRY_IF(PDL)`` first in every kernel of a source: its instantiations with PDL = 1 may launch
-    programmatically and the others may not; the conditional entry anywhere but first, or on another parameter,
-    qualifies nothing; an unconditional source stays capable whatever its parameters."""
-    from types import SimpleNamespace
-
-    cond = "template <int PDL>\n__global__ void g(int* x) {\n    LK_PDL_ENTRY_IF(PDL);\n    x[0] = 1;\n}\n"
-    late = "template <int PDL>\n__global__ void h(int* x) {\n    x[0] = 1;\n    LK_PDL_ENTRY_IF(PDL);\n}\n"
-    other = "template <int Q>\n__global__ void k(int* x) {\n    LK_PDL_ENTRY_IF(Q);\n}\n"
-    assert gpu.pdl_param_report(cond) == (1, 1) and gpu.pdl_entry_report(cond) == (1, 0)
-    assert gpu.pdl_param_report(cond + late) == (2, 1) and gpu.pdl_param_report(other) == (1, 0)
-    (tmp_path / "cond.cu").write_text(cond)
-    (tmp_path / "mixed.cu").write_text(cond + late)
-    (tmp_path / "plain.cu").write_text("__global__ void a(int* x) {\n    LK_PDL_ENTRY();\n}\n")
-    d = str(tmp_path)
-    assert gpu.pdl_param_sources(d) == frozenset({"cond.cu"}) and gpu.pdl_sources(d) == frozenset({"plain.cu"})
-    spec = lambda src, **p: SimpleNamespace(source=src, p=p)
-    assert gpu.pdl_capable(spec("cond.cu", PDL=1), d) and not gpu.pdl_capable(spec("cond.cu", PDL=0), d)
-    assert not gpu.pdl_capable(spec("cond.cu"), d) and not gpu.pdl_capable(spec("mixed.cu", PDL=1), d)
-    assert gpu.pdl_capable(spec("plain.cu"), d) and gpu.pdl_capable(spec("plain.cu", PDL=0), d)
-
-
 def _ptx(source: str, arch: str) -> str:
     nvcc = require_tool("nvcc")
     kdir = registry.KERNELS_DIR

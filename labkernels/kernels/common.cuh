@@ -32,17 +32,6 @@ typedef unsigned long long u64;
     } while (0)
 #endif
 
-// LK_PDL_ENTRY_IF(PDL): a kernel template's entry where only some instantiations launch programmatically -- the ones
-// whose template parameter PDL is nonzero wait first as LK_PDL_ENTRY() does; in the others it compiles to nothing
-// (their machine code is that of the source without it). labkernels.gpu.pdl_capable launches an instantiation of such
-// a source programmatically only when its registry parameter PDL is 1.
-#define LK_PDL_ENTRY_IF(P)          \
-    do {                            \
-        if constexpr ((P) != 0) {   \
-            LK_PDL_ENTRY();         \
-        }                           \
-    } while (0)
-
 // fp16 bits -> float without cuda_fp16.h
 __device__ __forceinline__ float lk_h2f(u16 h) {
     float f;
