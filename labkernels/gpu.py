@@ -64,10 +64,11 @@ _GLOBAL = re.compile(r"__global__\b[^{;]*\{")
 
 
 def pdl_entry_report(text: str) -> tuple[int, int]:
-    """(kernels, kernels whose body begins with ``LK_PDL_ENTRY();``) of one CUDA source text (comments ignored)."""
+    """(kernels, kernels whose body begins with ``LK_PDL_ENTRY();`` or ``LK_PDL_ENTRY_PREFETCH(``: L2 prefetches of
+    bytes no earlier kernel writes, then the same wait) of one CUDA source text (comments ignored)."""
     s = _COMMENTS.sub("", text)
     heads = list(_GLOBAL.finditer(s))
-    ok = sum(1 for m in heads if s[m.end():].lstrip().startswith("LK_PDL_ENTRY();"))
+    ok = sum(1 for m in heads if s[m.end():].lstrip().startswith(("LK_PDL_ENTRY();", "LK_PDL_ENTRY_PREFETCH(")))
     return len(heads), ok
 
 

@@ -137,11 +137,15 @@ def test_gemv_pipe_retirement_keeps_the_machine_code_of_every_instantiation(tmp_
     tar = subprocess.run(["git", "-C", str(ROOT), "archive", GEMV_PIPE_HOLDER, "labkernels/kernels"],
                          capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "--strip-components=2", "-C", str(old)], input=tar, check=True)
-    specs = [k for k in registry.family("gemv_kq") if k.p["FORM"] < 2]     # FORM 3-5 (steps 6-7) came after a1cf954
+    # FORM 3-5 (steps 6-7) and PF=1 (step 8) came after a1cf954
+    specs = [k for k in registry.family("gemv_kq") if k.p["FORM"] < 2 and k.p["PF"] == 0]
     assert len(specs) == 20 and all(n != "PIPE" for n, _ in specs[0].params)
     new = _gemv_kq_text(registry.KERNELS_DIR, {k.key: (k.name_expression, k) for k in specs}, arch, tmp_path)
-    olds = {k.key: (k.name_expression[:-1] + ",0>",
-                    types.SimpleNamespace(template=k.template, params=(*k.params, ("PIPE", 0)))) for k in specs}
+    olds = {}
+    for k in specs:
+        params = (*((n, v) for n, v in k.params if n != "PF"), ("PIPE", 0))
+        olds[k.key] = (f"{k.template}<{','.join(str(v) for _, v in params)}>",
+                       types.SimpleNamespace(template=k.template, params=params))
     was = _gemv_kq_text(old, olds, arch, tmp_path)
     moved = [k for k in new if new[k] != was[k]]
     assert not moved, f"machine code differs from {GEMV_PIPE_HOLDER}'s PIPE=0: {moved}"
@@ -190,25 +194,59 @@ def test_gemv_form2_retirement_keeps_the_machine_code_of_every_instantiation(tmp
     tar = subprocess.run(["git", "-C", str(ROOT), "archive", GEMV_FORM2_HOLDER, "labkernels/kernels"],
                          capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "--strip-components=2", "-C", str(old)], input=tar, check=True)
-    specs = registry.family("gemv_kq")
-    assert len(specs) == 28 and {k.p["FORM"] for k in specs} == {0, 1, 3, 4, 5}
+    import types
 
-    def build(kdir: Path, tmp: Path) -> bytes:
+    specs = [k for k in registry.family("gemv_kq") if k.p["PF"] == 0]      # PF=1 (round 9 step 8) came after 90fd260
+    assert len(specs) == 28 and {k.p["FORM"] for k in specs} == {0, 1, 3, 4, 5}
+    olds = {k.key: types.SimpleNamespace(template=k.template, key=k.key,
+                                         params=tuple((n, v) for n, v in k.params if n != "PF")) for k in specs}
+    for o in olds.values():
+        o.name_expression = f"{o.template}<{','.join(str(v) for _, v in o.params)}>"
+
+    def build(kdir: Path, tmp: Path, ks) -> bytes:
         tmp.mkdir()
         w = tmp / "gemv_kq__sections.cu"
         w.write_text('#include "gemv_kq.cu"\nvoid __lk_refs() {\n'
-                     + "".join(f"    (void)&{k.name_expression};\n" for k in specs) + "}\n")
+                     + "".join(f"    (void)&{k.name_expression};\n" for k in ks) + "}\n")
         cub = tmp / "k.cubin"
         subprocess.run([audit.nvcc_path(), "-cubin", "-std=c++17", audit.arch_flag(arch), f"-I{kdir}",
                         *registry.cuda_defines(), "-o", str(cub), str(w)], check=True, capture_output=True, cwd=tmp)
         return cub.read_bytes()
 
-    new, was = build(registry.KERNELS_DIR, tmp_path / "n"), build(old, tmp_path / "o")
+    new, was = build(registry.KERNELS_DIR, tmp_path / "n", specs), build(old, tmp_path / "o", list(olds.values()))
     moved = {}
     for k in specs:
-        a, b = _kernel_sections(new, k), _kernel_sections(was, k)
+        a, b = _kernel_sections(new, k), _kernel_sections(was, olds[k.key])
         if a != b:
             moved[k.key] = sorted(s for s in set(a) | set(b) if a.get(s) != b.get(s))
     assert not moved, f"machine code differs from {GEMV_FORM2_HOLDER}'s: {moved}"
     texts = [_kernel_sections(new, k)[".text"][-1] for k in specs]
     assert len(set(texts)) == len(specs)         # 28 distinct kernels: the comparison can tell them apart
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_gemv_pf_prefetches_its_weights_before_the_wait_and_nowhere_else(tmp_path, arch):
+    """Round 9 step 8's PF=1 instantiations issue their L2 weight prefetches (one cp.async.bulk.prefetch a q4_K row,
+    four a q6_K row: its planes) before griddepcontrol.wait on sm_90, and the PF=0 ones none; below sm_90 neither
+    prefetches nor waits (the entry is empty there)."""
+    import re
+
+    _need_nvcc()
+    specs = registry.family("gemv_kq")
+    w = tmp_path / "w.cu"
+    w.write_text(audit.wrapper_source(registry.KERNELS_DIR / "gemv_kq.cu", specs))
+    out = tmp_path / "w.ptx"
+    subprocess.run([audit.nvcc_path(), "-ptx", "-std=c++17", f"-arch={arch}", f"-I{registry.KERNELS_DIR}",
+                    *registry.cuda_defines(), "-o", str(out), str(w)], check=True, capture_output=True)
+    bodies = re.split(r"\.entry\s+", out.read_text())[1:]
+    assert len(bodies) == len(specs) == 52
+    for body in bodies:
+        args = [int(a) for a in re.findall(r"Li(-?\d+)E", body.split("(", 1)[0])]
+        qt, pf = args[0], args[-1]
+        n = body.count("cp.async.bulk.prefetch.L2.global")
+        if arch == "sm_80":
+            assert n == 0 and "griddepcontrol" not in body
+            continue
+        assert n == (0 if pf == 0 else 1 if qt == 4 else 4), (args, n)
+        if pf:
+            assert body.index("cp.async.bulk.prefetch") < body.index("griddepcontrol.wait"), args

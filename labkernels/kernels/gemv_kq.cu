@@ -339,14 +339,41 @@ __device__ __forceinline__ void lk_form1_superblock(const KqRow4v2 (&wr)[MT][2],
     }
 }
 
-template <int QT, int XF32, int NT8, int MT, int WARPS, int FORM>
+// PF=1 (round 9 step 8): before its PDL wait, each CTA prefetches into L2 the weight bytes it will read -- its rows'
+// ranges of super-blocks [sb0, sb1) of its split, one cp.async.bulk.prefetch a row (q4_K) or a row and plane (q6_K's
+// four planes; the d plane's range widened to 16-byte bounds inside the buffer) -- so that, launched programmatically
+// behind a short kernel (a norm, the attention), its stream starts while that kernel runs. Weights are never written
+// by a kernel before it, so nothing it prefetches can be stale. The arithmetic is PF=0's, bit for bit.
+template <int QT, int MT, int WARPS, int FORM>
+__device__ __forceinline__ void lk_gemv_prefetch(const u8* __restrict__ W, int od, int id, int S) {
+    const int nsb = id >> 8;
+    const int sb0 = (int)((long long)blockIdx.y * nsb / S), sb1 = (int)((long long)(blockIdx.y + 1) * nsb / S);
+    constexpr int ROWS = FORM == 3 ? MT * 16 : WARPS * MT * 16;        // the CTA's rows (labkernels.gemv.rows_per_cta)
+    const int row = (int)blockIdx.x * ROWS + (int)threadIdx.x;
+    if ((int)threadIdx.x >= ROWS || row >= od || sb1 <= sb0) return;
+    const long long b = (long long)row * nsb + sb0;
+    const unsigned n = (unsigned)(sb1 - sb0);
+    if constexpr (QT == 4) {
+        lk_prefetch_l2(W + b * 144, n * 144u);
+    } else {
+        const long long nb = (long long)od * nsb;                       // QL' | QH' | SC | D planes (repack_q6k)
+        lk_prefetch_l2(W + b * 128, n * 128u);
+        lk_prefetch_l2(W + nb * 128 + b * 64, n * 64u);
+        lk_prefetch_l2(W + nb * 192 + b * 16, n * 16u);
+        const long long d0 = (nb * 208 + b * 2) & ~15LL, end = nb * 210 & ~15LL;
+        const long long d1u = (nb * 208 + (b + n) * 2 + 15) & ~15LL, d1 = d1u < end ? d1u : end;
+        if (d1 > d0) lk_prefetch_l2(W + d0, (unsigned)(d1 - d0));
+    }
+}
+
+template <int QT, int XF32, int NT8, int MT, int WARPS, int FORM, int PF>
 // __launch_bounds__ minimum 3 CTAs an SM: a cap of 170 registers (without it ptxas took 128 for q6_K f16 NT8=1 MT=2
 // and spilled 4 bytes; with it every instantiation builds without spills, 62-168 registers); 2 at WARPS=8 (FORM=3);
 // FORM=4 / FORM=5: 6 / 8 (the register caps of step 7)
 __global__ void __launch_bounds__(WARPS * 32, FORM == 4 ? 6 : FORM == 5 ? 8 : WARPS >= 8 ? 2 : 3) gemv_kq_kernel(const u8* __restrict__ W, const void* __restrict__ X,
                                                             float* __restrict__ Y, float* __restrict__ ws,
                                                             int* __restrict__ counters, int nt, int od, int id, int S) {
-    LK_PDL_ENTRY();
+    LK_PDL_ENTRY_PREFETCH(PF, lk_gemv_prefetch<QT, MT, WARPS, FORM>(W, od, id, S));
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const int nsb = id >> 8;
     // FORM=3: every warp of the CTA on the same 16 rows, warp w on the w-th of WARPS ranges of the split's super-blocks
