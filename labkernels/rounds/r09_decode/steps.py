@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ... import nvbench_check, records
+from ... import nvbench_check, records, trace
 from ...peers import sha256_file
 from .. import Retired, Step
-from . import benchmark, generate, tables
+from . import benchmark, decomp, generate, tables
 from .ledger import PIPE_HOLDER, _claims, _cmd, _ledger
-from .plan import GEN_PLAN, PLAN, STEP2_PLAN, STEP3_PLAN, STEP4_PLAN, STEP5_PLAN
+from .plan import DECOMP_PLAN, GEN_CONTEXT_PLAN, GEN_PLAN, PLAN, STEP2_PLAN, STEP3_PLAN, STEP4_PLAN, STEP5_PLAN
 
 
 def step_decode(out, args) -> dict:
@@ -25,22 +25,58 @@ def step_decode(out, args) -> dict:
     return {"ok": True, "run": run.run_id}
 
 
-def step_generate(out, args) -> dict:
-    """gpu-check step ``generate``: tokens/s of the KV-cache generation per model and prompt length (GEN_PLAN) into
-    ``out/data`` (a ``decode`` run whose params say ``what: generate``); ``--gemma PATH`` adds the real Gemma 3 270M
-    (its sha256 recorded)."""
-    plan = dict(GEN_PLAN)
+def _with_gemma(plan: dict, args, what: str) -> dict:
+    """``plan`` with the real Gemma 3 270M first among its models where ``--gemma PATH`` names it (its sha256
+    recorded); a path that is not a file is refused before anything is recorded."""
+    plan = dict(plan)
     gemma = getattr(args, "gemma", None)
     if gemma:
         p = Path(gemma)
         if not p.is_file():
-            raise ValueError(f"generate: --gemma {gemma}: no such GGUF file")
-        plan["models"] = [str(p), *GEN_PLAN["models"]]
+            raise ValueError(f"{what}: --gemma {gemma}: no such GGUF file")
+        plan["models"] = [str(p), *plan["models"]]
         plan["gemma_sha256"] = sha256_file(p)
+    return plan
+
+
+def step_generate(out, args) -> dict:
+    """gpu-check step ``generate``: tokens/s of the KV-cache generation per model and prompt length (GEN_PLAN) into
+    ``out/data`` (a ``decode`` run whose params say ``what: generate``); ``--gemma PATH`` adds the real Gemma 3 270M
+    (its sha256 recorded)."""
+    plan = _with_gemma(GEN_PLAN, args, "generate")
     with records.recording("decode", {**plan, "what": "generate"}, root=out / "data") as run:
         rows = generate.measure_generate(run, progress=getattr(args, "log", print),
                                          **{k: plan[k] for k in ("models", "prompts", "n_new", "repeats")})
     return {"ok": bool(rows), "run": run.run_id}
+
+
+def step_generate_context(out, args) -> dict:
+    """gpu-check step ``generate_context``: tokens/s against context length, 128 .. 8192 (GEN_CONTEXT_PLAN), into
+    ``out/data`` (a ``decode`` run whose params say ``what: generate_context``; a prompt a model cannot take is a row
+    of table ``generate_skipped``); ``--gemma PATH`` adds the real Gemma 3 270M."""
+    plan = _with_gemma(GEN_CONTEXT_PLAN, args, "generate_context")
+    with records.recording("decode", {**plan, "what": "generate_context"}, root=out / "data") as run:
+        rows = generate.measure_generate(run, progress=getattr(args, "log", print),
+                                         **{k: plan[k] for k in ("models", "prompts", "n_new", "repeats")})
+    return {"ok": bool(rows), "run": run.run_id}
+
+
+def step_decode_decomp(out, args) -> dict:
+    """gpu-check step ``decode_decomp``: what a decode step spends -- one eager step traced with CUPTI, every launch
+    classed by its op label and name (GEMV per weight, attention, small kernels, memset / memcpy), the graph replay of
+    the same step timed and traced -- per model and context (DECOMP_PLAN) into ``out/data`` (a ``decode`` run whose
+    params say ``what: decode_decomp``; tables decode_decomp, decode_decomp_steps). Needs cupti-python: without it the
+    step fails naming the package before anything is loaded or recorded. ``--gemma PATH`` adds the real Gemma 3 270M."""
+    trace.CuptiTracer()            # TraceError naming cupti-python, before a model is loaded or a run is opened
+    plan = _with_gemma(DECOMP_PLAN, args, "decode_decomp")
+    with records.recording("decode", {**plan, "what": "decode_decomp"}, root=out / "data") as run:
+        rows = decomp.measure_decomp(run, progress=getattr(args, "log", print),
+                                     **{k: plan[k] for k in ("models", "contexts", "repeats", "lead_us",
+                                                             "traced_replays")})
+        measured = [r for r in rows if r["status"] == "measured"]
+        run.set_summary(points=len(measured), skipped=len(rows) - len(measured),
+                        classified_frac_min=min((r["classified_frac"] for r in measured), default=None))
+    return {"ok": bool(measured), "run": run.run_id}
 
 
 def _step_run(out, args, plan: dict, what: str, **kw) -> dict:
@@ -142,7 +178,8 @@ def step_gemv_step5(out, args) -> dict:
 
 
 #: the live gpu-check steps (``labkernels gpu check --steps NAME``)
-STEPS = {"decode": step_decode, "generate": step_generate, "gemv_step2": step_gemv_step2,
+STEPS = {"decode": step_decode, "generate": step_generate, "generate_context": step_generate_context,
+         "decode_decomp": step_decode_decomp, "gemv_step2": step_gemv_step2,
          "gemv_step4": step_gemv_step4, "gemv_step5": step_gemv_step5, "gemv_sanitizer": step_gemv_sanitizer, "nvbench_check": step_nvbench_check}
 
 
@@ -166,5 +203,6 @@ STEP_RECORDS = (
          retired=Retired(commit=PIPE_HOLDER, command=_cmd(PIPE_HOLDER, "gemv_step3"),
                          why="gemv_kq's PIPE ring lost at every point (PIPE=4 one-wave 28.9 us vs PIPE=0 21.0 us, run "
                              "20261207T004259Z-h10080gbhbm3-2406c00) and left the source")),
-    *(_live(k) for k in ("gemv_step4", "gemv_step5", "gemv_sanitizer", "nvbench_check")),
+    *(_live(k) for k in ("gemv_step4", "gemv_step5", "gemv_sanitizer", "nvbench_check", "generate_context",
+                         "decode_decomp")),
 )
