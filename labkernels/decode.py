@@ -57,7 +57,6 @@ from . import blas, dispatch, errors, forward_common, gemv, gpu, graph_nodes
 from .attention_kinds import LayerKind
 from .forward_common import GRAPH_RTOL, GraphCaptureError, check_act_mul_gu
 from .kernels import registry
-from .trace import NullTracer
 
 #: the decode state's slots (kernels/decode.cu LK_ST_*) and error flags (LK_ERR_*)
 ST_TOK, ST_POS, ST_ERR = 0, 1, 2
@@ -74,6 +73,19 @@ AM_THREADS = 256
 #: logits per argmax CTA (the grid is ceil(vocab / this), at most AM_MAX_CTAS)
 AM_PER_CTA = 4096
 AM_MAX_CTAS = 1024
+
+
+class _Untraced:
+    """The decode step's tracer when none is given: each op label one shared no-op context (the eager step's host
+    path pays no generator per op, as :class:`labkernels.trace.NullTracer`'s would)."""
+    active = False
+    _ctx = contextlib.nullcontext()
+
+    def op(self, name, cls, **kw):
+        return self._ctx
+
+
+_UNTRACED = _Untraced()
 
 
 class DecodeError(ValueError):
@@ -440,8 +452,15 @@ class Decoder:
         self.families.append("cublas")
         return self.gm.matmul(x, w)
 
-    def _qkv(self, il: int, h, L):
-        return self.gm.qkv_from(il, L, lambda w, names: self._mm(h, w))
+    def _op_mm(self, tr, name: str, il, x, w):
+        """One projection of the step inside its op label (``name``: the weight's role, ``attn_q+attn_k`` for a
+        stacked group; class the prefill's ``gemm_q4k`` / ``gemm_q6k`` / ``gemm_other_<type>``): :meth:`_mm`."""
+        with tr.op(name, self.gm._gemm_class(w), layer=il, weight=w.name, macs=w.od * w.id):
+            return self._mm(x, w)
+
+    def _qkv(self, il: int, h, L, tr=None):
+        tr = tr or _UNTRACED
+        return self.gm.qkv_from(il, L, lambda w, names: self._op_mm(tr, "+".join(names), il, h, w))
 
     def _rope_append(self, il: int, q, k, v, L):
         """decode_qkv: q16 [1, H*hd] fp16 (normed, rotated, scaled), k and v appended as row st[ST_POS] of the cache."""
@@ -462,24 +481,27 @@ class Decoder:
              np.float32(c.rope_scale_for(il)), np.float32(c.attn_scale)))
         return q16
 
-    def _ffn_in(self, il: int, h, L):
+    def _ffn_in(self, il: int, h, L, tr=None):
         cp = gpu.cp()
+        tr = tr or _UNTRACED
         gm, c = self.gm, self.cfg
         gu = gm.gate_up(il) if gm.opts.fuse_gate_up else None
         act = 0 if c.ffn_act == "gelu_tanh" else 1
         out16 = self._f16_ok([L["ffn_down"]])
         if gu is not None:
-            y = self._mm(h, gu)
+            y = self._op_mm(tr, "ffn_gate_up", il, h, gu)
             n_ff = gu.od // 2
-            m = cp.empty((1, n_ff), cp.float16 if out16 else cp.float32)
-            check_act_mul_gu(y, m, n_ff)
-            gm._k("act_mul_gu", ACT=act, OUT16=int(out16)).launch(((m.size + 255) // 256,),
-                                                                  (y, m, np.int32(n_ff), np.int64(m.size)))
+            with tr.op("ffn_act", "activation", layer=il):
+                m = cp.empty((1, n_ff), cp.float16 if out16 else cp.float32)
+                check_act_mul_gu(y, m, n_ff)
+                gm._k("act_mul_gu", ACT=act, OUT16=int(out16)).launch(((m.size + 255) // 256,),
+                                                                      (y, m, np.int32(n_ff), np.int64(m.size)))
             return m
-        g = self._mm(h, L["ffn_gate"])
-        u = self._mm(h, L["ffn_up"])
-        m = cp.empty(g.shape, cp.float16 if out16 else cp.float32)
-        gm._k("act_mul", ACT=act, OUT16=int(out16)).launch(((g.size + 255) // 256,), (g, u, m, np.int64(g.size)))
+        g = self._op_mm(tr, "ffn_gate", il, h, L["ffn_gate"])
+        u = self._op_mm(tr, "ffn_up", il, h, L["ffn_up"])
+        with tr.op("ffn_act", "activation", layer=il):
+            m = cp.empty(g.shape, cp.float16 if out16 else cp.float32)
+            gm._k("act_mul", ACT=act, OUT16=int(out16)).launch(((g.size + 255) // 256,), (g, u, m, np.int64(g.size)))
         return m
 
     def _head(self, xs):
@@ -492,37 +514,48 @@ class Decoder:
             return blas.gemm_dense(cp.ascontiguousarray(xs, dtype=cp.float32), gm.embd)
         return self._mm(xs, gm.head)
 
-    def _step_device(self):
-        """One decode step from the device state: kernel launches only (capturable). Returns the logits [1, vocab]."""
+    def _step_device(self, tracer=None):
+        """One decode step from the device state: kernel launches only (capturable). Returns the logits [1, vocab].
+        ``tracer`` (:mod:`labkernels.trace`; None: no labels): every launch of the step inside an op label -- embed,
+        the norms (as the prefill labels them), each projection (its weight's role, class ``gemm_*``), decode_qkv
+        (``rope``: q/k norm, RoPE, the cache append), ``attention``, ``ffn_act``, the head (``output_head``) and the
+        argmax (``sampling``) -- for round 9's step decomposition (:mod:`labkernels.rounds.r09_decode.decomp`); the
+        labels launch nothing and change no number."""
         cp = gpu.cp()
         gm, c = self.gm, self.cfg
-        tr = NullTracer()
+        tr = tracer or _UNTRACED
         self.families = []
         x = cp.empty((1, c.n_embd), cp.float32)
-        gm._k("embed", F16=0).launch((1,), (gm.embd, self.st, x, np.int32(c.n_embd), np.float32(c.embed_scale)))
+        with tr.op("embed", "embed"):
+            gm._k("embed", F16=0).launch((1,), (gm.embd, self.st, x, np.int32(c.n_embd), np.float32(c.embed_scale)))
         pend = None
         for il, L in enumerate(gm.layers):
             h = gm._residual_norm(tr, "attn_norm", il, x, pend, L["attn_norm"],
                                   out16=self._f16_ok([w for w, _ in gm.qkv_groups(il)]))
-            q, k, v = self._qkv(il, h, L)
+            q, k, v = self._qkv(il, h, L, tr)
             if c.attn_bias:
-                q += L["attn_q_bias"].dense
-                k += L["attn_k_bias"].dense
-                v += L["attn_v_bias"].dense
-            q16 = self._rope_append(il, q, k, v, L)
-            a = decode_attention(q16, self.cache.k[il], self.cache.v[il], self.st, self.kinds[il], self.n_ctx,
-                                 self.plan, self.aws, self.acnt, out16=self._f16_ok([L["attn_output"]]))
-            a = self._mm(a, L["attn_output"])
+                with tr.op("qkv_bias", "elementwise", layer=il):
+                    q += L["attn_q_bias"].dense
+                    k += L["attn_k_bias"].dense
+                    v += L["attn_v_bias"].dense
+            with tr.op("decode_qkv", "rope", layer=il):
+                q16 = self._rope_append(il, q, k, v, L)
+            with tr.op("attention", "attention", layer=il):
+                a = decode_attention(q16, self.cache.k[il], self.cache.v[il], self.st, self.kinds[il], self.n_ctx,
+                                     self.plan, self.aws, self.acnt, out16=self._f16_ok([L["attn_output"]]))
+            a = self._op_mm(tr, "attn_output", il, a, L["attn_output"])
             pend = (a, L["post_attention_norm"] if c.post_norms else None, "post_attention_norm")
             h = gm._residual_norm(tr, "ffn_norm", il, x, pend, L["ffn_norm"],
                                   out16=self._f16_ok(gm._ffn_in_weights(il)))
-            m = self._ffn_in(il, h, L)
-            d = self._mm(m, L["ffn_down"])
+            m = self._ffn_in(il, h, L, tr)
+            d = self._op_mm(tr, "ffn_down", il, m, L["ffn_down"])
             pend = (d, L["post_ffw_norm"] if c.post_norms else None, "post_ffw_norm")
         head16 = self._f16_ok([gm.head]) if gm.head is not None else gm.opts.other_f16
         xs = gm._residual_norm(tr, "output_norm", None, x, pend, gm.output_norm, out16=head16)
-        logits = self._head(xs)
-        argmax_step(logits, self.st, self.hist, self.amws)
+        with tr.op("output", "output_head", weight=gm.head_name, macs=c.vocab * c.n_embd):
+            logits = self._head(xs)
+        with tr.op("argmax", "sampling"):
+            argmax_step(logits, self.st, self.hist, self.amws)
         return logits
 
     def step(self, token: int | None = None):
@@ -584,7 +617,7 @@ class Decoder:
             captured = {}
 
             def work():
-                with gpu.programmatic_launches(self.gm.opts.pdl):
+                with gpu.programmatic_launches(self.gm.opts.pdl), gemv.weights_before_wait(self.gm.opts.gemv_pf):
                     captured["logits"] = self._step_device()
 
             pdl0 = gpu.pdl_launch_count()

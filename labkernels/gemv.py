@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from contextlib import contextmanager
 from functools import lru_cache
 
 import numpy as np
@@ -398,8 +399,41 @@ def wave_splits(od: int, id_: int, MT: int, WARPS: int, sm_count: int, blocks_pe
 
 
 @lru_cache(maxsize=None)
-def _kernel(QT: int, XF32: int, NT8: int, MT: int, WARPS: int, FORM: int = 0):
-    return gpu.kernel("gemv_kq", QT=QT, XF32=XF32, NT8=NT8, MT=MT, WARPS=WARPS, FORM=FORM)
+def _kernel(QT: int, XF32: int, NT8: int, MT: int, WARPS: int, FORM: int = 0, PF: int = 0):
+    return gpu.kernel("gemv_kq", QT=QT, XF32=XF32, NT8=NT8, MT=MT, WARPS=WARPS, FORM=FORM, PF=PF)
+
+
+#: the forms with a PF=1 build (round 9 step 8: the CTA's weight bytes prefetched into L2 before its PDL wait)
+PF_FORMS = (0, 1, 3)
+_PF = {"on": False}
+
+
+@contextmanager
+def weights_before_wait(on: bool = True):
+    """Round 9 step 8: inside, a gemv_kq launch made programmatically (inside
+    :func:`labkernels.gpu.programmatic_launches`, as the decode step's capture is) takes its PF=1 build -- each CTA
+    prefetches into L2 the weight bytes it will read before it waits for the kernel ahead of it, so its stream starts
+    while that kernel runs. The same bits as PF=0. Outside a programmatic launch the wait returns at once and PF=0
+    runs. ``PrefillOptions.gemv_pf`` sets it for the decode."""
+    old = _PF["on"]
+    _PF["on"] = bool(on)
+    try:
+        yield
+    finally:
+        _PF["on"] = old
+
+
+def check_pf(PF, FORM: int) -> int:
+    """The PF build a launch takes: ``PF`` None -- 1 inside :func:`weights_before_wait` when the launch is
+    programmatic and the form has one, else 0; 0 or 1 as asked (1 only for :data:`PF_FORMS`); anything else a
+    :class:`labkernels.errors.ShapeError`."""
+    if PF is None:
+        return int(_PF["on"] and gpu.pdl_active() and FORM in PF_FORMS)
+    if PF not in (0, 1) or isinstance(PF, bool):
+        raise errors.ShapeError(f"gemv_kq PF is 0 or 1 (or None: what weights_before_wait says), got {PF!r}")
+    if PF and FORM not in PF_FORMS:
+        raise errors.ShapeError(f"gemv_kq PF=1 is built for FORM in {PF_FORMS}, got FORM={FORM}")
+    return int(PF)
 
 
 @lru_cache(maxsize=None)
@@ -464,7 +498,7 @@ def launch_plan(gv: GemvWeight, nt: int, XF32: int, MT: int = 2, WARPS: int = 4,
             "waves": groups * S / (sm_count * bps), "sb_per_split_max": -(-nsb // S)}
 
 
-def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4, FORM: int = 0):
+def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4, FORM: int = 0, PF: int | None = None):
     """Y[nt, od] (float32) = x[nt, id] W^T for nt = 1..16 on ``gemv_kq``. ``w``: a ``gpu.QWeight`` (q4_K / q6_K) or a
     :class:`GemvWeight`; ``x``: cupy float16 or float32 [nt, id], C-contiguous; ``S``: splits of the super-blocks
     (default :func:`default_splits`; ``"wave"``: :func:`wave_splits`); ``MT`` m16 tiles a warp, ``WARPS`` warps a CTA
@@ -473,9 +507,12 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
     warps on one group of 16 rows, the split's super-blocks cut among them and folded in shared memory (MT=1, WARPS 4
     or 8; at S=1 the bits of FORM=1 at split WARPS); 4 and 5 step 7's FORM=1 built under a register cap of 6 / 8 CTAs
     an SM (MT=1; FORM=1's bits).
+    ``PF`` (round 9 step 8; :func:`check_pf`): 1 the build that prefetches its weight bytes into L2 before its PDL
+    wait (the same bits), 0 the one without, None what :func:`weights_before_wait` says.
     Round 9 step 3's ``PIPE`` argument left with its form (a TypeError now); step 5's FORM=2 left too (a ShapeError
     naming commit 90fd260, which holds it)."""
     FORM = check_form(FORM)
+    PF = check_pf(PF, FORM)
     c = gpu.cp()
     gv = w if isinstance(w, GemvWeight) else prepare(w)
     if not isinstance(x, c.ndarray) or x.ndim != 2:
@@ -500,7 +537,7 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
     QT = 4 if gv.qtype == "q4_K" else 6
     NT8 = 1 if nt <= 8 else 2
     XF32 = int(x.dtype == np.float32)
-    k = _kernel(QT, XF32, NT8, MT, WARPS, FORM)
+    k = _kernel(QT, XF32, NT8, MT, WARPS, FORM, PF)
     groups = -(-gv.od // rows_per_cta(MT, WARPS, FORM))
     nsb = gv.id // QK
     if isinstance(S, str) and S != "wave":
@@ -513,7 +550,8 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
     y = gpu._out(nt, gv.od, out)
     ws, cnt = _WS.get(c.cuda.get_current_stream().ptr, S * nt * gv.od if S > 1 else 0, groups)
     k.launch((groups, S), (gv.data, x, y, ws, cnt, np.int32(nt), np.int32(gv.od), np.int32(gv.id), np.int32(S)))
-    logging.getLogger("labkernels.gemv").debug("gemv_kq QT=%d FORM=%d nt=%d %dx%d S=%d", QT, FORM, nt, gv.od, gv.id, S)
+    logging.getLogger("labkernels.gemv").debug("gemv_kq QT=%d FORM=%d PF=%d nt=%d %dx%d S=%d", QT, FORM, PF, nt, gv.od,
+                                               gv.id, S)
     return y
 
 

@@ -90,6 +90,10 @@ class PrefillOptions:
     pdl: bool = True                  # the lab's kernels launch programmatically (PDL) in the captured graph: each
                                       # is scheduled while the kernel ahead of it finishes and waits for it on the
                                       # GPU (griddepcontrol.wait); eager forwards launch normally either way
+    gemv_pf: bool = False             # round 9 step 8: in the decode step's graph, gemv_kq (launched programmatically)
+                                      # takes its PF=1 build -- the CTA's weight bytes prefetched into L2 before its
+                                      # PDL wait, while the kernel ahead (a norm, the attention) runs; the same bits.
+                                      # Off until step 8's A/B (gpu-check gemv_step8) has measured it
     memsets_as_kernels: bool = True   # the graph's memset nodes (cuBLAS split-K counters, cuDNN's workspace flag)
                                       # become the lab's fill kernel with the same parameters
                                       # (graph_nodes.memsets_to_kernels; a graph whose nodes cannot be removed keeps

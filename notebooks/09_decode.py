@@ -150,6 +150,63 @@ else:
                           "lab / llama.cpp": "{:.2f}x"}))
 
 # %% [markdown]
+# ## Tokens per second against context length
+#
+# The same generation at prompts of 128 to 8,160 tokens (32 new tokens each, so the last one attends up to 8,192
+# keys), recorded by `python3 -m labkernels gpu-check --steps generate_context --out DIR`. Only attention reads more
+# per step as the context grows (the KV cache: 0.5 MB a token for the synthetic 7B; 18 KB for Gemma 3's shapes, of
+# which only its 3 global layers' 3 KB grow past 512 keys). A prompt a model cannot take -- the synthetic 7B's context
+# is 4,096 tokens -- is a skipped point with its reason, not a missing one.
+
+# %%
+cs = r9.context_section()
+display(Markdown(cs["message"]))
+if cs["run"] is not None:
+    plt.show()
+    cnames = {"model": "model", "n_prompt": "prompt tokens", "n_new": "new tokens", "tok_per_s": "tok/s (GPU)",
+              "tok_per_s_wall": "tok/s (host wall)", "frac_copy": "of the copy line", "prefill_ms": "prefill (ms)",
+              "status": "status"}
+    display(report.table(cs["table"][list(cnames)].rename(columns=cnames),
+                         {"tok/s (GPU)": "{:,.0f}", "tok/s (host wall)": "{:,.0f}", "of the copy line": "{:.0%}",
+                          "prefill (ms)": "{:.1f}"}))
+
+# %% [markdown]
+# ## What a decode step spends
+#
+# One decode step taken apart launch by launch, as round 5 took the prefill apart: per model and context, the step at
+# that position run eager under CUPTI, every launch inside the op label the decode path gives it -- each projection by
+# its weight (GEMV: gemv_kq, or cuBLAS on a dequantized weight), attention (`decode_attn`), the small kernels (the norms
+# with the residual adds fused in, `decode_qkv`'s RoPE and cache append, the activation, the embedding, the argmax),
+# memset / memcpy -- and a launch neither its label nor its name places kept as *unclassified*. The captured graph of
+# the same step is replayed (CUDA events behind a GPU lead) and traced; its kernels take the eager launches' classes
+# by their order, each counted for the time no earlier kernel covers (programmatic launches overlap). **Gaps** are
+# the replay's time minus its kernels': the idle time between the graph's nodes. Recorded by
+# `python3 -m labkernels gpu-check --steps decode_decomp --out DIR` (tables `decode_decomp`, `decode_decomp_steps`);
+# the prediction was written before any run, from the bytes each class reads against the copy line.
+
+# %%
+dd = r9.decomp_section()
+display(Markdown(dd["message"]))
+if dd["run"] is not None:
+    plt.show()
+    dnames = {"model": "model", "context": "context", "mode": "timed as", "step_us": "step (µs)",
+              "tok_per_s": "tok/s", "gemv_share": "GEMV", "attention_share": "attention",
+              "small_share": "small kernels", "gaps_share": "gaps", "graph_us": "graph replay (µs)",
+              "eager_wall_us": "eager step wall (µs)", "kernel_sum_eager_us": "eager kernels (µs)",
+              "launches": "launches", "classified": "classified", "gemv_frac_copy": "GEMV of the copy line",
+              "attention_frac_copy": "attention of the copy line"}
+    display(report.table(dd["groups"][list(dnames)].rename(columns=dnames),
+                         {"step (µs)": "{:,.0f}", "tok/s": "{:,.0f}", "graph replay (µs)": "{:,.0f}",
+                          "eager step wall (µs)": "{:,.0f}", "eager kernels (µs)": "{:,.0f}"},
+                         percent=("GEMV", "attention", "small kernels", "gaps", "classified",
+                                  "GEMV of the copy line", "attention of the copy line")))
+    knames = {"model": "model", "context": "context", "class": "class", "launches": "launches", "us": "µs",
+              "share": "share", "eager_us": "eager (µs)", "replay_us": "replay (µs)", "kernels": "kernels"}
+    display(report.table(dd["classes"][list(knames)].rename(columns=knames),
+                         {"µs": "{:,.1f}", "eager (µs)": "{:,.1f}", "replay (µs)": "{:,.1f}"}, percent=("share",)))
+display(report.table(dd["prediction"], {"measured": "{:.3f}"}))
+
+# %% [markdown]
 # ## The round's steps
 #
 # Each step's prediction was written before its run (where it was written after unrecorded exploratory timings, the
@@ -167,8 +224,9 @@ for s in r9.LEDGER:
 # ## What is not here yet
 #
 # The generation runs use synthetic weights (the decode steps run the lab's own flash-decoding kernel; the prefill that
-# fills the cache ran the baseline attention, the cuDNN frontend not being installed there); tokens/s against context length beyond 2,048 tokens, the real Gemma 3 270M and a
-# decode-step decomposition (GEMV, attention, small kernels, gaps) are not recorded yet.
+# fills the cache ran the baseline attention, the cuDNN frontend not being installed there); the real Gemma 3 270M's
+# generation is not recorded yet. The context sweep and the decomposition above say themselves whether their runs are
+# recorded.
 
 # %% [markdown]
 # ## An independent timer: nvbench on the headline ratios

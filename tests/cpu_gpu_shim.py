@@ -290,7 +290,7 @@ def fake_gemm_dense(x, w, out=None):
     return np.matmul(x.astype(np.float32), _as_f32(w).T)
 
 
-def fake_gemv(w, x, out=None, S=None, MT=2, WARPS=4, FORM=0):
+def fake_gemv(w, x, out=None, S=None, MT=2, WARPS=4, FORM=0, PF=None):
     """labkernels.gemv.gemv on the CPU: the kernel's exact function (its docstring) -- the f16 weights of
     gemv.emulate_weights (FORM=1: gemv.exact_weights_v2, q4_K nt <= 8) times the activations rounded to f16, summed
     in float64 -> f32 [nt, od]."""
@@ -299,6 +299,7 @@ def fake_gemv(w, x, out=None, S=None, MT=2, WARPS=4, FORM=0):
     assert x.ndim == 2 and x.shape[1] == w.id and 1 <= x.shape[0] <= gemv.MAX_NT and x.dtype in (np.float16, np.float32)
     assert FORM in gemv.FORMS and (FORM == 0 or (w.qtype == "q4_K" and x.shape[0] <= gemv.FORM1_MAX_NT))
     assert FORM in (0, 1) or MT == 1
+    assert gemv.check_pf(PF, FORM) in (0, 1)         # PF=1 (round 9 step 8) computes PF=0's bits
     attr = "_emu16" if FORM == 0 else "_emu_v2"
     w16 = getattr(w, attr, None)
     if w16 is None:

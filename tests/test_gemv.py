@@ -418,13 +418,14 @@ def test_the_retired_pipe_form_left_the_kernel_the_registry_and_the_launcher():
     from labkernels.kernels import registry
 
     specs = registry.family("gemv_kq")
-    assert [n for n, _ in specs[0].params] == ["QT", "XF32", "NT8", "MT", "WARPS", "FORM"]
-    assert len(specs) == 28 and all(k.dynamic_smem() == 0 for k in specs)
+    assert [n for n, _ in specs[0].params] == ["QT", "XF32", "NT8", "MT", "WARPS", "FORM", "PF"]
+    assert len(specs) == 52 and all(k.dynamic_smem() == 0 for k in specs)
     assert {(k.p["QT"], k.p["NT8"]) for k in specs if k.p["FORM"] == 1} == {(4, 1)}
     # step 6's FORM=3 (the register double buffer, the split over K folded in the CTA): q4_K, one token tile, MT=1
     # (MT=2 spills), both activations, at WARPS 4 and 8; the other forms at 4
-    assert sorted((k.p["QT"], k.p["NT8"], k.p["MT"], k.p["XF32"], k.p["WARPS"]) for k in specs if k.p["FORM"] == 3) \
-        == [(4, 1, 1, 0, 4), (4, 1, 1, 0, 8), (4, 1, 1, 1, 4), (4, 1, 1, 1, 8)]
+    assert sorted((k.p["QT"], k.p["NT8"], k.p["MT"], k.p["XF32"], k.p["WARPS"]) for k in specs
+                  if k.p["FORM"] == 3 and k.p["PF"] == 0) == [(4, 1, 1, 0, 4), (4, 1, 1, 0, 8), (4, 1, 1, 1, 4),
+                                                              (4, 1, 1, 1, 8)]
     assert {k.p["WARPS"] for k in specs if k.p["FORM"] != 3} == {4}
     # step 7's FORM=4 / 5 (FORM=1 under register caps): q4_K, one token tile, MT=1, both activations; off the main path
     for form in (4, 5):
@@ -597,7 +598,7 @@ def test_the_sanitizer_driver_launches_every_instantiation(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "cupy", cp)
     exec(compile(r9.GEMV_SANITIZE_DRIVER, "<gemv sanitizer driver>", "exec"), {})
     n = len(registry.family("gemv_kq"))
-    assert n == 28 and f"gemv sanitizer driver done: {n} launches" in capsys.readouterr().out
+    assert n == 52 and f"gemv sanitizer driver done: {n} launches" in capsys.readouterr().out
     assert "gemv_sanitizer" in r9.STEPS
 
 
@@ -793,3 +794,86 @@ def test_stream_fit_recovers_the_fixed_cost_and_the_stream_and_the_floor(tmp_pat
     assert fit.loc["a", "stream_frac_copy"] == pytest.approx(0.8) and fit.loc["c", "fixed_us"] == pytest.approx(7.0)
     assert fit.loc["a", "max_resid_us"] < 1e-9 and fit.loc["a", "kernel_fixed_us"] == pytest.approx(3.5)
     assert r9.stream_fit(run, act="f32").empty
+
+
+def test_pf_is_picked_only_for_a_programmatic_launch_inside_weights_before_wait():
+    """Round 9 step 8: gemv_kq's PF=1 build is taken where asked (PF=1, FORM 0/1/3 only) or, with PF None, inside
+    gemv.weights_before_wait for a launch made programmatically (gpu.programmatic_launches); elsewhere PF=0. Bad PF
+    values and PF=1 at a form without the build are refused; the registry has a PF=1 twin of every FORM 0/1/3
+    instantiation and none of FORM 4/5."""
+    from labkernels import errors, gpu
+    from labkernels.kernels import registry
+
+    assert gemv.check_pf(None, 1) == 0
+    with gemv.weights_before_wait():
+        assert gemv.check_pf(None, 1) == 0                      # not a programmatic launch: the wait returns at once
+        with gpu.programmatic_launches():
+            assert [gemv.check_pf(None, f) for f in (0, 1, 3, 4, 5)] == [1, 1, 1, 0, 0]
+            with gemv.weights_before_wait(False):
+                assert gemv.check_pf(None, 1) == 0
+    with gpu.programmatic_launches():
+        assert gemv.check_pf(None, 1) == 0                      # programmatic, but not asked
+    assert gemv.check_pf(1, 3) == 1 and gemv.check_pf(0, 4) == 0
+    for bad, form in ((2, 0), (True, 0), ("1", 0), (1, 4), (1, 5)):
+        with pytest.raises(errors.ShapeError, match="PF"):
+            gemv.check_pf(bad, form)
+    specs = registry.family("gemv_kq")
+    twins = {tuple(v for n, v in k.params if n != "PF") for k in specs if k.p["PF"] == 1}
+    assert twins == {tuple(v for n, v in k.params if n != "PF") for k in specs
+                     if k.p["PF"] == 0 and k.p["FORM"] in gemv.PF_FORMS}
+    assert len(twins) == 24 and not any(k.p["PF"] and k.p["FORM"] >= 4 for k in specs)
+
+
+def test_generate_ab_alternates_the_option_in_every_repeat_and_reads_back(tmp_path, monkeypatch):
+    """measure_generate(ab={option: [a, b]}): each repeat generates with a, then b (the option set on the model's
+    options before each), the value in the row's column; generation_ab gives the medians and the ratio b / a per
+    (model, prompt) with the per-repeat spread. An ab that is not one PrefillOptions field with values is refused
+    before any GPU work. Step 8's plan is such an A/B over gemv_pf, off by default in the product."""
+    import types
+
+    from labkernels import prefill, records
+    from labkernels.rounds import r09_decode as r9
+
+    g = r9.generate
+    for bad in ({"gemv_pf": []}, {"nope": [0, 1]}, {"graph": [True, False]}, {"gemv_pf": [0], "pdl": [0]}):
+        with pytest.raises(ValueError, match="ab"):
+            g.measure_generate(None, models=["x"], prompts=[8], n_new=2, repeats=1, ab=bad)
+    seen = []
+
+    class FakeGM:
+        def __init__(self, m):
+            self.opts = prefill.PrefillOptions()
+
+        def generate(self, toks, n):
+            seen.append(self.opts.gemv_pf)
+            tps = 110.0 if self.opts.gemv_pf else 100.0
+            self.last_generate = {"mode": "graph", "replays": n - 1, "tok_per_s": tps + len(seen),
+                                  "tok_per_s_wall": tps, "prefill_ms": 1.0}
+            return list(range(n))
+
+    monkeypatch.setattr(g.benchmark, "copy_bandwidth", lambda: {"bytes": 2, "median_us": 1.0, "tb_per_s": 3.0})
+    monkeypatch.setattr(g.synthetic, "load_model", lambda spec: types.SimpleNamespace(name=spec))
+    monkeypatch.setattr(g.arch, "config_from_model", lambda m: types.SimpleNamespace(arch="llama", n_ctx_train=4096))
+    monkeypatch.setattr(g, "stored_weight_bytes", lambda m: 1000)
+    monkeypatch.setattr(g, "free_for_cache", lambda: 1 << 40)
+    monkeypatch.setattr(g, "plan_points", lambda cfgs, prompts, n_new, free_bytes=None: [
+        {"model": k, "n_prompt": n, "status": "measured"} for k in cfgs for n in prompts])
+    monkeypatch.setattr(g.prefill_runs, "prompt_tokens", lambda m, n: list(range(n)))
+    monkeypatch.setattr(g.prefill, "GpuModel", FakeGM)
+    monkeypatch.setattr(g.gpu, "cp", lambda: types.SimpleNamespace(
+        get_default_memory_pool=lambda: types.SimpleNamespace(free_all_blocks=lambda: None)))
+    assert r9.GEN_STEP8_PLAN["ab"] == {"gemv_pf": [False, True]} and prefill.PrefillOptions().gemv_pf is False
+    with records.recording("decode", {"what": "test"}, root=tmp_path / "data") as run:
+        rows = g.measure_generate(run, models=["synthetic-7b"], prompts=[512], n_new=4, repeats=3,
+                                  progress=lambda *a: None, ab=r9.GEN_STEP8_PLAN["ab"])
+    assert seen == [False, True] * 3 and [r["gemv_pf"] for r in rows] == [False, True] * 3
+    t = r9.generation_ab(run, "gemv_pf").iloc[0]
+    assert t.pairs == 3 and t["tok_per_s (gemv_pf=False)"] == 103.0 and t["tok_per_s (gemv_pf=True)"] == 114.0
+    assert t.ratio == pytest.approx(114 / 103) and t.ratio_min == pytest.approx(116 / 105)
+    assert t.ratio_max == pytest.approx(112 / 101)
+    with pytest.raises(ValueError, match="not an A/B"):
+        r9.generation_ab(run, "pdl")
+    assert "gemv_step8" in r9.STEPS and [s.number for s in r9.STEP_RECORDS if s.name == "gemv_step8"] == [8]
+    led = r9.ledger._ledger("gemv_step8")
+    assert led["step"] == 8 and not led["runs"] and led["measured"] is None
+    assert [c["metric"] for c in led["prediction"] if c.get("headline")] == ["ratio"]

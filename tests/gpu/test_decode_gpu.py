@@ -12,7 +12,9 @@
 * the decode step's logits at every position against the full prefill's (teacher forcing) on tiny llama / qwen2 /
   gemma3 (a window shorter than the sequence) and on Gemma 3 270M; graph replay against the eager step; greedy
   tokens of generate against GpuModel.greedy on Gemma 3 270M over 64 tokens; the cache that cannot be allocated; the
-  CLI's JSON.
+  CLI's JSON;
+* round 9's decode-step decomposition on Gemma 3's shapes: the classes cover the traced kernel time, the replay is no
+  slower than the eager step.
 
 Parity runs the prefill on round 7's family (kernel="wgmma_kq": f16 activations x the same emulated f16 weights as
 gemv_kq) and the lab's fp16 attention, so that the two sides compute the same function up to f32 summation order and
@@ -306,6 +308,65 @@ def test_graph_replay_equals_eager(cp):
         assert float(np.max(np.abs(lg - le)) / np.max(np.abs(le))) <= GRAPH_RTOL, p
         assert dec.state() == sg, p
     assert gm.generate(SEQ[:5], 14, graph=True) == eager and gm.last_generate["replays"] == 13   # all replays now
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_the_graph_with_weights_before_the_wait_is_the_same_step(cp, arch):
+    """Round 9 step 8: the decode graph whose gemv_kq launches take the PF=1 build (PrefillOptions.gemv_pf: each CTA
+    prefetches its weight bytes into L2 before its PDL wait, behind the norm / attention kernel that writes its
+    activations) generates the same tokens as the graph without it and replays the same logits bit for bit; its
+    capture made PF=1 launches, the other none."""
+    from labkernels import gemv
+
+    m = _tiny(arch, seed=11)
+    seen = []
+    orig = gemv._kernel
+    gms = {}
+    try:
+        gemv._kernel = lambda *a: (seen.append(a[6]) if len(a) == 7 else None) or orig(*a)
+        for pf in (False, True):
+            seen.clear()
+            gm = gms[pf] = _matched(m, gemv_pf=pf)
+            toks = gm.generate(SEQ[:5], 14, graph=True)
+            assert gm.last_generate["mode"] == "graph", gm.last_generate
+            gms[pf, "toks"], gms[pf, "pf"] = toks, set(seen)
+    finally:
+        gemv._kernel = orig
+    assert gms[False, "toks"] == gms[True, "toks"]
+    assert 1 in gms[True, "pf"] and 1 not in gms[False, "pf"]
+    logits = {}
+    for pf in (False, True):
+        dec = gms[pf]._decoder
+        dec.set_state(SEQ[7], 7)
+        dec.replay(1)
+        dec.state()                                          # synchronizes the decoder's stream
+        logits[pf] = cp.asnumpy(dec.graph.logits[0]).copy()
+    assert np.array_equal(logits[False].view(np.uint32), logits[True].view(np.uint32))
+
+
+def test_decode_decomposition_on_the_device(cp):
+    """Round 9's decode-step decomposition (labkernels/rounds/r09_decode/decomp.py) on Gemma 3's shapes (synthetic
+    weights) at a 256-token context: the eager step traced with CUPTI, its launches classed -- at least 95% of the traced
+    kernel time named by a class, in the eager step and in the traced replays --, the replay's kernels mapped onto the
+    eager ones, one attention launch a layer, the shares summing to 1, and the graph replay of the step no slower than
+    the eager step's host wall. Needs cupti-python (the GPU extra)."""
+    import pandas as pd
+
+    from labkernels import prefill, synthetic
+    from labkernels.rounds.r09_decode import decomp
+
+    m = synthetic.load_model("synthetic-gemma3")
+    gm = prefill.GpuModel(m)
+    rows, s = decomp.decompose_step(gm, m, "synthetic-gemma3", 256, repeats=5, traced_replays=2,
+                                    progress=lambda msg: None)
+    t = pd.DataFrame(rows)
+    assert s["mode"] == "graph", s["graph_refused"]
+    assert s["classified_frac"] >= 0.95 and s["classified_frac_replay"] >= 0.95, s["unclassified_kernels"]
+    assert s["replay_matched"] >= 0.9, s
+    assert s["graph_us"] <= s["eager_wall_us"], s
+    assert abs(t.share.sum() - 1.0) < 1e-9 and {"gemv", "attention", "small", "gaps"} <= set(t.group)
+    assert int(t[t["class"] == "attention"].launches.iloc[0]) == gm.cfg.n_layer
+    assert s["step_us"] >= s["graph_us"] - 1e-6 and s["busy_replay_us"] > 0
 
 
 def test_cache_that_cannot_be_allocated_says_its_bytes(cp):

@@ -85,7 +85,8 @@ def test_every_instantiation_passes_the_gate(cp, rng, spec):
     x = rng.standard_normal((nt, id_)).astype(np.float32)
     w = gpu.QWeight.upload(raw, qtype)
     xd = cp.asarray(x) if p["XF32"] else cp.asarray(x.astype(np.float16))
-    y = _run(cp, w, xd, MT=p["MT"], WARPS=p["WARPS"], S=2, FORM=p["FORM"])
+    with gpu.programmatic_launches(bool(p["PF"])):          # PF=1 as the decode graph launches it
+        y = _run(cp, w, xd, MT=p["MT"], WARPS=p["WARPS"], S=2, FORM=p["FORM"], PF=p["PF"])
     _gate(y, raw, qtype, x, form=p["FORM"])
 
 
@@ -154,6 +155,42 @@ def test_gemv_form3_is_form1_at_warps_times_the_splits(cp, rng, nt, od, id_, f32
             assert np.array_equal(y1.view(np.uint32), y3.view(np.uint32)), S
             checked += 1
     assert checked == 1 or nsb < warps
+
+
+@pytest.mark.parametrize("form,qtype,mt", [(0, "q4_K", 2), (0, "q6_K", 1), (1, "q4_K", 1), (1, "q4_K", 2),
+                                            (3, "q4_K", 1)])
+@pytest.mark.parametrize("nt", [1, 8])
+@pytest.mark.parametrize("od,id_", [(17, 512), (1000, 4352), (4096, 14336)])
+@pytest.mark.parametrize("f32", [0, 1])
+def test_gemv_pf_is_pf0_bit_for_bit(cp, rng, form, qtype, mt, nt, od, id_, f32):
+    """Round 9 step 8's PF=1 build (its weight bytes prefetched into L2 before the PDL wait), launched
+    programmatically as the decode graph launches it, computes PF=0's bits at the same split (the default, the one-wave,
+    and 1), with NaN-poisoned guards and its form's gate; weights_before_wait picks PF=1 only for a programmatic
+    launch."""
+    from labkernels import gemv, gpu
+
+    raw = _weights(rng, qtype, od, id_)
+    x = _x(rng, raw, qtype, nt, id_)
+    w = gpu.QWeight.upload(raw, qtype)
+    xd = cp.asarray(x) if f32 else cp.asarray(x.astype(np.float16))
+    warps = 8 if form == 3 else 4
+    for S in (None, "wave", 1):
+        y0 = _run(cp, w, xd, MT=mt, WARPS=warps, FORM=form, S=S, PF=0)
+        with gpu.programmatic_launches():
+            y1 = _run(cp, w, xd, MT=mt, WARPS=warps, FORM=form, S=S, PF=1)
+        assert np.array_equal(y0.view(np.uint32), y1.view(np.uint32)), S
+        _gate(y1, raw, qtype, x, form=form)
+    seen = []
+    orig = gemv._kernel
+    try:
+        gemv._kernel = lambda *a: (seen.append(a[6]) if len(a) == 7 else None) or orig(*a)
+        with gemv.weights_before_wait():
+            _run(cp, w, xd, MT=mt, WARPS=warps, FORM=form)                       # a normal launch: PF=0
+            with gpu.programmatic_launches():
+                _run(cp, w, xd, MT=mt, WARPS=warps, FORM=form)                   # programmatic: PF=1
+    finally:
+        gemv._kernel = orig
+    assert seen == [0, 1]
 
 
 @pytest.mark.parametrize("form", [4, 5])

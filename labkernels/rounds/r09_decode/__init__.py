@@ -8,27 +8,32 @@ round uses is here, one file a level: its plans with the bar and the first predi
 ledger -- per step the analysis and prediction written before its run, what was measured, the verdict, and the commits
 that hold the retired step 3's PIPE ring and step 5's FORM=2 (:mod:`.ledger`) --, the benchmark of record
 (:mod:`.benchmark`: the copy line, the interleaved gated GEMV bench, :func:`measure`), the generation benchmark
-(:mod:`.generate`: tokens/s of the KV-cache decode), its steps (:mod:`.steps`: the gpu-check runs, the sanitizer's
-driver and the steps as records, the retired steps 3 and 5 with the commit and command that reproduce each), the
-page's tables and figures (:mod:`.tables`) and where the round stands, for the top of its page (:mod:`.state`: the
-latest step's and the generation's figures against llama.cpp, the abstract). The names the page and the tests use are
-re-exported here (``r9.bench_table``); a test that patches a function patches it in the file that looks it up
-(``r9.benchmark.copy_bandwidth``, ``r9.state.state_facts``).
+(:mod:`.generate`: tokens/s of the KV-cache decode, the context sweep's points checked against each model), the decode
+step's decomposition (:mod:`.decomp`: one step traced with CUPTI, its launches classed, the graph replay timed), its
+steps (:mod:`.steps`: the gpu-check runs, the sanitizer's driver and the steps as records, the retired steps 3 and 5
+with the commit and command that reproduce each), the page's tables and figures (:mod:`.tables`) and where the round
+stands, for the top of its page (:mod:`.state`: the latest step's and the generation's figures against llama.cpp, the
+abstract). The names the page and the tests use are re-exported here (``r9.bench_table``); a test that patches a
+function patches it in the file that looks it up (``r9.benchmark.copy_bandwidth``, ``r9.state.state_facts``).
 """
 
 from __future__ import annotations
 
-from . import benchmark, generate, ledger, plan, state, steps, tables
+from . import benchmark, decomp, generate, ledger, plan, state, steps, tables
 from .benchmark import bench_gemv, copy_bandwidth, measure, weight_bytes
-from .generate import measure_generate, stored_weight_bytes
+from .decomp import measure_decomp
+from .generate import measure_generate, plan_points, stored_weight_bytes
 from .ledger import FORM2_HOLDER, LEDGER, PIPE_HOLDER, STEP3_ANALYSIS, STEP5_RUN
-from .plan import (GEN_PLAN, NTS, PLAN, PREDICTION, SHAPES, STEP2_PLAN, STEP3_PLAN, STEP4_PLAN, STEP5_PLAN, STEP6_PLAN,
-                   STEP7_PLAN, TARGETS)
+from .plan import (DECOMP_PLAN, DECOMP_PREDICTION, GEN_CONTEXT_PLAN, GEN_PLAN, NTS, PLAN, PREDICTION, SHAPES, STEP2_PLAN,
+                   STEP3_PLAN, STEP4_PLAN, STEP5_PLAN, STEP6_PLAN, STEP7_PLAN, GEN_STEP8_PLAN, TARGETS)
 from .state import abstract_now, latest_step_run, peer_mmvq_us, same_call, state_facts, state_now
-from .steps import (GEMV_SANITIZE_DRIVER, STEP_RECORDS, STEPS, step_decode, step_gemv_sanitizer, step_gemv_step2,
-                    step_gemv_step4, step_gemv_step6, step_gemv_step7, step_generate, step_nvbench_check)
-from .tables import (bench_table, best_per_point, copy_line, figure_time_vs_nt, generation_run, generation_table,
-                     headline, peer_generation, prediction_table, stream_fit)
+from .steps import (GEMV_SANITIZE_DRIVER, STEP_RECORDS, STEPS, step_decode, step_decode_decomp, step_gemv_sanitizer,
+                    step_gemv_step2, step_gemv_step4, step_gemv_step6, step_gemv_step7, step_gemv_step8, step_generate,
+                    step_generate_context, step_nvbench_check)
+from .tables import (bench_table, best_per_point, context_run, context_section, copy_line, decomp_classes,
+                     decomp_groups, decomp_prediction_table, decomp_run, decomp_section, figure_decomp,
+                     figure_time_vs_nt, figure_tok_s_vs_context, generation_run, generation_table, headline,
+                     peer_generation, prediction_table, stream_fit, generation_ab)
 
 NOTEBOOK = "09_decode"
 DATA = ("decode",)

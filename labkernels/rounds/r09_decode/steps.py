@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ... import nvbench_check, records
+from ... import nvbench_check, records, trace
 from ...peers import sha256_file
 from .. import Retired, Step
-from . import benchmark, generate, tables
+from . import benchmark, decomp, generate, tables
 from .ledger import FORM2_HOLDER, PIPE_HOLDER, STEP5_RUN, _claims, _cmd, _ledger
-from .plan import GEN_PLAN, PLAN, STEP2_PLAN, STEP3_PLAN, STEP4_PLAN, STEP5_PLAN, STEP6_PLAN, STEP7_PLAN
+from .plan import (DECOMP_PLAN, GEN_CONTEXT_PLAN, GEN_PLAN, PLAN, STEP2_PLAN, STEP3_PLAN, STEP4_PLAN, STEP5_PLAN,
+                   STEP6_PLAN, STEP7_PLAN, GEN_STEP8_PLAN)
 
 
 def step_decode(out, args) -> dict:
@@ -25,22 +26,69 @@ def step_decode(out, args) -> dict:
     return {"ok": True, "run": run.run_id}
 
 
-def step_generate(out, args) -> dict:
-    """gpu-check step ``generate``: tokens/s of the KV-cache generation per model and prompt length (GEN_PLAN) into
-    ``out/data`` (a ``decode`` run whose params say ``what: generate``); ``--gemma PATH`` adds the real Gemma 3 270M
-    (its sha256 recorded)."""
-    plan = dict(GEN_PLAN)
+def _with_gemma(plan: dict, args, what: str) -> dict:
+    """``plan`` with the real Gemma 3 270M first among its models where ``--gemma PATH`` names it (its sha256
+    recorded); a path that is not a file is refused before anything is recorded."""
+    plan = dict(plan)
     gemma = getattr(args, "gemma", None)
     if gemma:
         p = Path(gemma)
         if not p.is_file():
-            raise ValueError(f"generate: --gemma {gemma}: no such GGUF file")
-        plan["models"] = [str(p), *GEN_PLAN["models"]]
+            raise ValueError(f"{what}: --gemma {gemma}: no such GGUF file")
+        plan["models"] = [str(p), *plan["models"]]
         plan["gemma_sha256"] = sha256_file(p)
+    return plan
+
+
+def step_generate(out, args) -> dict:
+    """gpu-check step ``generate``: tokens/s of the KV-cache generation per model and prompt length (GEN_PLAN) into
+    ``out/data`` (a ``decode`` run whose params say ``what: generate``); ``--gemma PATH`` adds the real Gemma 3 270M
+    (its sha256 recorded)."""
+    plan = _with_gemma(GEN_PLAN, args, "generate")
     with records.recording("decode", {**plan, "what": "generate"}, root=out / "data") as run:
         rows = generate.measure_generate(run, progress=getattr(args, "log", print),
                                          **{k: plan[k] for k in ("models", "prompts", "n_new", "repeats")})
     return {"ok": bool(rows), "run": run.run_id}
+
+
+def step_generate_context(out, args) -> dict:
+    """gpu-check step ``generate_context``: tokens/s against context length, 128 .. 8192 (GEN_CONTEXT_PLAN), into
+    ``out/data`` (a ``decode`` run whose params say ``what: generate_context``; a prompt a model cannot take is a row
+    of table ``generate_skipped``); ``--gemma PATH`` adds the real Gemma 3 270M."""
+    plan = _with_gemma(GEN_CONTEXT_PLAN, args, "generate_context")
+    with records.recording("decode", {**plan, "what": "generate_context"}, root=out / "data") as run:
+        rows = generate.measure_generate(run, progress=getattr(args, "log", print),
+                                         **{k: plan[k] for k in ("models", "prompts", "n_new", "repeats")})
+    return {"ok": bool(rows), "run": run.run_id}
+
+
+def step_gemv_step8(out, args) -> dict:
+    """gpu-check step ``gemv_step8``: round 9 step 8's A/B -- the decode with gemv_kq's PF=1 build in its graph (weights
+    prefetched into L2 before the PDL wait) against PF=0, alternating in every repeat (GEN_STEP8_PLAN), into a
+    ``decode`` run whose params say ``what: gemv_step8`` (not the generation of record)."""
+    plan = dict(GEN_STEP8_PLAN)
+    with records.recording("decode", {**plan, "what": "gemv_step8"}, root=out / "data") as run:
+        rows = generate.measure_generate(run, progress=getattr(args, "log", print),
+                                         **{k: plan[k] for k in ("models", "prompts", "n_new", "repeats", "ab")})
+    return {"ok": bool(rows), "run": run.run_id}
+
+
+def step_decode_decomp(out, args) -> dict:
+    """gpu-check step ``decode_decomp``: what a decode step spends -- one eager step traced with CUPTI, every launch
+    classed by its op label and name (GEMV per weight, attention, small kernels, memset / memcpy), the graph replay of
+    the same step timed and traced -- per model and context (DECOMP_PLAN) into ``out/data`` (a ``decode`` run whose
+    params say ``what: decode_decomp``; tables decode_decomp, decode_decomp_steps). Needs cupti-python: without it the
+    step fails naming the package before anything is loaded or recorded. ``--gemma PATH`` adds the real Gemma 3 270M."""
+    trace.CuptiTracer()            # TraceError naming cupti-python, before a model is loaded or a run is opened
+    plan = _with_gemma(DECOMP_PLAN, args, "decode_decomp")
+    with records.recording("decode", {**plan, "what": "decode_decomp"}, root=out / "data") as run:
+        rows = decomp.measure_decomp(run, progress=getattr(args, "log", print),
+                                     **{k: plan[k] for k in ("models", "contexts", "repeats", "lead_us",
+                                                             "traced_replays")})
+        measured = [r for r in rows if r["status"] == "measured"]
+        run.set_summary(points=len(measured), skipped=len(rows) - len(measured),
+                        classified_frac_min=min((r["classified_frac"] for r in measured), default=None))
+    return {"ok": bool(measured), "run": run.run_id}
 
 
 def _step_run(out, args, plan: dict, what: str, **kw) -> dict:
@@ -85,7 +133,8 @@ for k in registry.family("gemv_kq"):
     w = ws["q4_K" if p["QT"] == 4 else "q6_K"]
     nt = 8 * p["NT8"] - 1
     x = rng.standard_normal((nt, id_)).astype(np.float32 if p["XF32"] else np.float16)
-    gemv.gemv(w, cp.asarray(x), MT=p["MT"], WARPS=p["WARPS"], S=2, FORM=p["FORM"])
+    with gpu.programmatic_launches(bool(p["PF"])):     # PF=1 as the decode graph launches it: programmatically
+        gemv.gemv(w, cp.asarray(x), MT=p["MT"], WARPS=p["WARPS"], S=2, FORM=p["FORM"], PF=p["PF"])
     n += 1
 cp.cuda.runtime.deviceSynchronize()
 print(f"gemv sanitizer driver done: {n} launches")
@@ -151,9 +200,11 @@ def step_gemv_step7(out, args) -> dict:
 
 
 #: the live gpu-check steps (``labkernels gpu check --steps NAME``)
-STEPS = {"decode": step_decode, "generate": step_generate, "gemv_step2": step_gemv_step2,
-         "gemv_step4": step_gemv_step4, "gemv_step6": step_gemv_step6,
-         "gemv_step7": step_gemv_step7, "gemv_sanitizer": step_gemv_sanitizer, "nvbench_check": step_nvbench_check}
+STEPS = {"decode": step_decode, "generate": step_generate, "generate_context": step_generate_context,
+         "decode_decomp": step_decode_decomp, "gemv_step2": step_gemv_step2, "gemv_step4": step_gemv_step4,
+         "gemv_step6": step_gemv_step6, "gemv_step7": step_gemv_step7, "gemv_step8": step_gemv_step8,
+         "gemv_sanitizer": step_gemv_sanitizer,
+         "nvbench_check": step_nvbench_check}
 
 
 def _live(name: str) -> Step:
@@ -188,5 +239,6 @@ STEP_RECORDS = (
                              "predicted 0.72-0.9; 1.10 at 4096x4096, predicted 0.85-1.0; 1.04-1.05 at nt=8 f16 and "
                              "1.07-1.12 at nt=1 f32 on the large shapes, predicted 0.75-0.95; H200 run "
                              f"{STEP5_RUN}) and left the source (FORM=3 keeps its loop)")),
-    *(_live(k) for k in ("gemv_step6", "gemv_step7", "gemv_sanitizer", "nvbench_check")),
+    *(_live(k) for k in ("gemv_step6", "gemv_step7", "gemv_step8", "gemv_sanitizer", "nvbench_check", "generate_context",
+                         "decode_decomp")),
 )

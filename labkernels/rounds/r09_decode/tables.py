@@ -1,13 +1,24 @@
 """Round 9's page: its tables and figures from recorded runs -- the benchmark of record per point and variant
 (:func:`bench_table`), the run's copy line, the fastest gemv_kq configuration per point beside the baselines, the
-headline figures, the first prediction against the run, time against tokens -- and the generation's: its latest run,
-tokens/s per model and prompt, llama-bench's on the same card."""
+headline figures, the first prediction against the run, time against tokens --, the generation's: its latest run,
+tokens/s per model and prompt (skipped points with their reason), llama-bench's on the same card, tokens/s against
+context length (:func:`context_section`) -- and the decode step's decomposition (:func:`decomp_section`: the classes'
+time per model and context, its prediction beside it). A section whose run is not recorded says so and names the
+command that records it."""
 
 from __future__ import annotations
 
+import math
+
 from ... import records
 from .benchmark import weight_bytes
-from .plan import PREDICTION, TARGETS
+from .decomp import PARTS
+from .plan import DECOMP_PREDICTION, PREDICTION, TARGETS
+
+#: the commands that record the sections' runs (on a GPU machine; then ``labkernels data import DIR/data`` here)
+CONTEXT_CMD = "python3 -m labkernels gpu-check --steps generate_context --out DIR"
+DECOMP_CMD = "python3 -m labkernels gpu-check --steps decode_decomp --out DIR"
+IMPORT_CMD = "python3 -m labkernels data import DIR/data"
 
 
 def bench_table(run) -> "pd.DataFrame":
@@ -166,25 +177,116 @@ def figure_time_vs_nt(run, qtype: str = "q4_K", act: str = "f16"):
 
 # ------------------------------------------------------------------------------------------ generation (tokens/s)
 
+def _latest_what(what: str, root=None):
+    runs = [r for r in records.list_runs("decode", root) if (r.meta.get("params") or {}).get("what") == what]
+    return runs[-1] if runs else None
+
+
 def generation_run(root=None):
     """The latest complete ``decode`` run of the generation benchmark (``what: generate``), or None (not recorded)."""
-    runs = [r for r in records.list_runs("decode", root) if (r.meta.get("params") or {}).get("what") == "generate"]
-    return runs[-1] if runs else None
+    return _latest_what("generate", root)
+
+
+def generation_ab(run, option: str) -> "pd.DataFrame":
+    """An A/B generation run (``measure_generate(ab={option: [a, b]})``): per (model, prompt length) the median tokens/s
+    of each value of ``option`` over the repeats and the ratio of the last value's to the first's, with the largest
+    and smallest per-repeat ratio (the repeats alternate the values, so repeat r's pair ran back to back)."""
+    import pandas as pd
+
+    df = run.table("generate")
+    if option not in df.columns:
+        raise ValueError(f"run {run.run_id} is not an A/B over {option!r} (its generate table has no such column)")
+    vals = list(dict.fromkeys(df[option]))
+    if len(vals) != 2:
+        raise ValueError(f"run {run.run_id}: an A/B takes two values of {option!r}, found {vals}")
+    a, b = vals
+    rows = []
+    for (model, n), g in df.groupby(["model", "n_prompt"], sort=False):
+        ta = g[g[option] == a].set_index("rep").tok_per_s
+        tb = g[g[option] == b].set_index("rep").tok_per_s
+        per = (tb / ta).dropna()
+        rows.append({"model": model, "n_prompt": int(n), f"tok_per_s ({option}={a})": float(ta.median()),
+                     f"tok_per_s ({option}={b})": float(tb.median()), "ratio": float(tb.median() / ta.median()),
+                     "ratio_min": float(per.min()), "ratio_max": float(per.max()), "pairs": int(len(per))})
+    return pd.DataFrame(rows)
 
 
 def generation_table(run) -> "pd.DataFrame":
     """Per (model, prompt length): the median over the repeats of tokens/s (GPU time of the graph replays), of the
     host's tokens/s, of the prefill's ms, and the fraction of the run's copy line the stored weight bytes a token
-    take at that rate."""
+    take at that rate; ``status`` "measured", or "skipped: <why>" for a point the run recorded as skipped (table
+    ``generate_skipped``: a prompt the model cannot take), its figures empty."""
     import pandas as pd
 
-    df = run.table("generate")
+    df = run.table("generate") if run.has("generate") else pd.DataFrame(
+        columns=["model", "n_prompt", "n_new", "tok_per_s", "tok_per_s_wall", "prefill_ms", "weight_bytes", "mode",
+                 "rep"])
     t = df.groupby(["model", "n_prompt", "n_new"], as_index=False).agg(
         tok_per_s=("tok_per_s", "median"), tok_per_s_wall=("tok_per_s_wall", "median"),
         prefill_ms=("prefill_ms", "median"), weight_bytes=("weight_bytes", "first"), mode=("mode", "first"),
         repeats=("rep", "nunique"))
     t["frac_copy"] = t.weight_bytes * t.tok_per_s / 1e12 / copy_line(run)
+    t["status"] = "measured"
+    if run.has("generate_skipped"):
+        sk = run.table("generate_skipped")
+        t = pd.concat([t, pd.DataFrame({"model": sk.model, "n_prompt": sk.n_prompt, "n_new": sk.n_new,
+                                        "status": "skipped: " + sk.why.astype(str)})], ignore_index=True)
+    t = t.sort_values(["model", "n_prompt"]).reset_index(drop=True)
     return pd.DataFrame(t)
+
+
+def context_run(root=None):
+    """The latest complete context sweep (``what: generate_context``), or None (not recorded)."""
+    return _latest_what("generate_context", root)
+
+
+def figure_tok_s_vs_context(run):
+    """Tokens/s (GPU time of the replays) against the context at the first new token (the prompt), one panel per
+    model; a skipped point is marked at the axis with its reason (the model's context)."""
+    import matplotlib.pyplot as plt
+
+    t = generation_table(run)
+    models = list(dict.fromkeys(t.model))
+    card = ((run.provenance or {}).get("gpu") or {}).get("name", "?")
+    fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.4), squeeze=False, layout="constrained")
+    for ax, m in zip(axes[0], models):
+        g = t[t.model == m]
+        ok = g[g.status == "measured"].sort_values("n_prompt")
+        ax.plot(ok.n_prompt, ok.tok_per_s, "o-", color="#1f77b4", label="tokens/s (GPU time of the replays)")
+        for r in g[g.status != "measured"].itertuples():
+            ax.plot([r.n_prompt], [0], "x", color="#d62728", ms=8)
+            ax.annotate("skipped:\n> n_ctx_train", (r.n_prompt, 0), textcoords="offset points", xytext=(0, 8),
+                        ha="center", fontsize=7, color="#d62728")
+        ax.set_xscale("log", base=2)
+        ticks = sorted(g.n_prompt.unique())
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([str(v) for v in ticks], fontsize=7)
+        ax.set_ylim(0, None)
+        ax.set_title(m, fontsize=9)
+        ax.set_xlabel("prompt tokens (context at the first new token)")
+    axes[0][0].set_ylabel("tokens / s")
+    n_new = int(t.n_new.iloc[0]) if len(t) else 0
+    fig.suptitle(f"Generation of {n_new} tokens after the prompt, {card} (run {run.run_id})", fontsize=9)
+    return fig
+
+
+def context_section(root=None) -> dict:
+    """The page's tokens/s-against-context section: ``run`` (None: not recorded), ``message`` (what the section shows,
+    or that nothing is recorded and the command that records it), ``table`` (:func:`generation_table`) and
+    ``figure`` (None without a run)."""
+    run = context_run(root)
+    if run is None:
+        return {"run": None, "table": None, "figure": None,
+                "message": f"*Not recorded yet:* no context sweep (tokens/s at prompts of 128 .. 8,160 tokens) under "
+                           f"`data/09_decode/`. `{CONTEXT_CMD}` on a GPU machine records one (then `{IMPORT_CMD}` "
+                           f"here)."}
+    card = ((run.provenance or {}).get("gpu") or {}).get("name", "?")
+    t = generation_table(run)
+    sk = t[t.status != "measured"]
+    note = (" Skipped: " + "; ".join(f"{r.model} at {r.n_prompt} ({r.status[9:]})" for r in sk.itertuples()) + "."
+            if len(sk) else "")
+    return {"run": run, "table": t, "figure": figure_tok_s_vs_context(run),
+            "message": f"Run {run.run_id} on {card}, commit {(run.provenance or {}).get('git_commit', '?')}.{note}"}
 
 
 def peer_generation(card: str | None, root=None) -> "pd.DataFrame":
@@ -206,3 +308,157 @@ def peer_generation(card: str | None, root=None) -> "pd.DataFrame":
         g["run"] = r.run_id
         return pd.DataFrame(g[["model", "test", "flash_attn", "n_prompt", "n_gen", "tok_s", "run"]])
     return pd.DataFrame(columns=["model", "test", "flash_attn", "n_prompt", "n_gen", "tok_s", "run"])
+
+
+# ------------------------------------------------------------------------------------------ the decode step's parts
+
+def decomp_run(root=None):
+    """The latest complete decode-step decomposition (``what: decode_decomp``), or None (not recorded)."""
+    return _latest_what("decode_decomp", root)
+
+
+def decomp_classes(run) -> "pd.DataFrame":
+    """The run's class rows (table ``decode_decomp``): per (model, context, class) the launches, the time in the
+    eager step and in the graph replay, the step's figure and its share."""
+    return run.table("decode_decomp")
+
+
+def decomp_groups(run) -> "pd.DataFrame":
+    """Per measured (model, context): the step (µs, tokens/s), each group's time and share (GEMV, attention, small
+    kernels, memset / memcpy, unclassified, gaps), the graph replay's and the eager step's times, the classes'
+    coverage; and per skipped point its reason."""
+    import pandas as pd
+
+    c = decomp_classes(run) if run.has("decode_decomp") else pd.DataFrame(columns=["model", "context", "group", "us",
+                                                                                    "share"])
+    st = run.table("decode_decomp_steps")
+    rows = []
+    for r in st.itertuples():
+        row = {"model": r.model, "context": int(r.context), "status": r.status,
+               "why": "" if not isinstance(r.why, str) else r.why, "mode": r.mode if isinstance(r.mode, str) else ""}
+        if r.status == "measured":
+            g = c[(c.model == r.model) & (c.context == r.context)]
+            for grp in ("gemv", "attention", "small", "memory", "unclassified", "gaps"):
+                x = g[g.group == grp]
+                row[f"{grp}_us"] = float(x.us.sum())
+                row[f"{grp}_share"] = float(x.share.sum())
+            row.update(step_us=float(r.step_us), tok_per_s=1e6 / float(r.step_us), graph_us=float(r.graph_us),
+                       eager_wall_us=float(r.eager_wall_us), kernel_sum_eager_us=float(r.kernel_sum_eager_us),
+                       launches=int(r.launches_eager), classified=float(r.classified_frac),
+                       gemv_frac_copy=float(r.gemv_frac_copy), attention_frac_copy=float(r.attention_frac_copy))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _claim_value(c: dict, groups) -> float | None:
+    """What a DECOMP_PREDICTION claim's metric measured in ``groups`` (:func:`decomp_groups`), or None."""
+    if groups is None or not len(groups):
+        return None
+    m = groups[groups.status == "measured"]
+    if c["metric"] == "frac":
+        return float(m.classified.min()) if len(m) else None
+    row = m[(m.model == c["model"]) & (m.context == c["context"])]
+    if not len(row):
+        return None
+    row = row.iloc[0]
+    if c["metric"] == "share":
+        if c["group"] == "small+gaps":
+            return float(1.0 - row.gemv_share - row.attention_share)
+        return float(row[f"{c['group']}_share"])
+    if c["metric"] == "ratio":
+        v = row.graph_us / row.eager_wall_us
+        return float(v) if math.isfinite(v) else None
+    if c["metric"] == "attention_ratio":
+        base = m[(m.model == c["model"]) & (m.context == 512)]
+        return float(row.attention_us / base.attention_us.iloc[0]) if len(base) and base.attention_us.iloc[0] else None
+    return None
+
+
+def decomp_prediction_table(run=None) -> "pd.DataFrame":
+    """The decomposition's prediction (DECOMP_PREDICTION, written before any run) beside what ``run`` measured
+    (None: every claim "not measured"): the claim, its metric, this round's range, the opening estimate where the
+    task gave one, the measurement and the verdict against this round's range."""
+    import pandas as pd
+
+    groups = decomp_groups(run) if run is not None else None
+    rows = []
+    for c in DECOMP_PREDICTION["claims"]:
+        got = _claim_value(c, groups)
+        verdict = ("not measured" if got is None else "within" if c["low"] <= got <= c["high"]
+                   else "below" if got < c["low"] else "above")
+        op = c.get("opening")
+        rows.append({"claim": c["what"], "metric": c["metric"], "predicted": f"{c['low']:g}-{c['high']:g}",
+                     "opening estimate": f"{op[0]:g}-{op[1]:g}" if op else "—", "measured": got,
+                     "verdict": verdict})
+    return pd.DataFrame(rows)
+
+
+#: the figure's colour per part (PARTS' order)
+PART_COLORS = {"GEMV: Q/K/V": "#1f77b4", "GEMV: attention output": "#6baed6", "GEMV: FFN gate/up": "#08519c",
+               "GEMV: FFN down": "#9ecae1", "GEMV: output head": "#17becf", "GEMV: other": "#c6dbef",
+               "attention": "#ff7f0e", "small kernels": "#2ca02c", "memset / memcpy": "#9467bd",
+               "unclassified": "#d62728", "gaps": "#bdbdbd"}
+
+
+def figure_decomp(run):
+    """One stacked bar per (model, context): the step's time (µs) by part -- the GEMVs by weight, attention, the small
+    kernels, memset / memcpy, unclassified launches and the gaps -- one panel per model (their steps differ ~5x)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    c = decomp_classes(run)
+    card = ((run.provenance or {}).get("gpu") or {}).get("name", "?")
+    models = list(dict.fromkeys(c.model))
+    fig, axes = plt.subplots(1, len(models), figsize=(3.6 + 1.3 * max(1, c.context.nunique()) * len(models), 3.8),
+                             squeeze=False, layout="constrained")
+    used = []
+    for ax, m in zip(axes[0], models):
+        g = c[c.model == m]
+        ctxs = sorted(g.context.unique())
+        bottom = [0.0] * len(ctxs)
+        for part, _ in PARTS:
+            vals = [float(g[(g.context == x) & (g.part == part)].us.sum()) for x in ctxs]
+            if not any(vals):
+                continue
+            ax.bar(range(len(ctxs)), vals, bottom=bottom, color=PART_COLORS[part], width=0.6)
+            used.append(part)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        for i, tot in enumerate(bottom):
+            ax.annotate(f"{tot:,.0f} µs", (i, tot), textcoords="offset points", xytext=(0, 3), ha="center",
+                        fontsize=7)
+        ax.set_xticks(range(len(ctxs)))
+        ax.set_xticklabels([f"{x:,}" for x in ctxs])
+        ax.set_xlabel("context (keys the step attends)")
+        ax.set_ylim(0, max(bottom) * 1.12 if bottom else 1)
+        mode = str(g["mode"].iloc[0]) if len(g) else "?"
+        ax.set_title(f"{m} ({'graph replay' if mode.startswith('graph') else 'eager step'})", fontsize=9)
+    axes[0][0].set_ylabel("time per decode step (µs)")
+    fig.suptitle(f"Where a decode step's time goes, {card}, run {run.run_id}\nkernels traced with CUPTI; gaps: the "
+                 f"step's time minus its kernels'", fontsize=9)
+    parts = [p for p, _ in PARTS if p in used]
+    fig.legend([Patch(color=PART_COLORS[p]) for p in parts], parts, loc="outside lower center",
+               ncol=min(6, len(parts)), fontsize=7, frameon=False)
+    return fig
+
+
+def decomp_section(root=None) -> dict:
+    """The page's decode-step section: ``run`` (None: not recorded), ``message`` (the run, card and commit and any
+    skipped point, or that nothing is recorded and the command that records it), ``groups`` (:func:`decomp_groups`),
+    ``classes`` (:func:`decomp_classes`), ``prediction`` (:func:`decomp_prediction_table`: shown either way) and
+    ``figure`` (None without a run)."""
+    run = decomp_run(root)
+    pred = decomp_prediction_table(run)
+    if run is None:
+        return {"run": None, "groups": None, "classes": None, "figure": None, "prediction": pred,
+                "message": f"*Not recorded yet:* no decode-step decomposition under `data/09_decode/`. "
+                           f"`{DECOMP_CMD}` on a GPU machine records one (then `{IMPORT_CMD}` here); the prediction "
+                           f"below was written before any run."}
+    card = ((run.provenance or {}).get("gpu") or {}).get("name", "?")
+    groups = decomp_groups(run)
+    sk = groups[groups.status != "measured"]
+    note = (" Skipped: " + "; ".join(f"{r.model} at context {r.context} ({r.why})" for r in sk.itertuples()) + "."
+            if len(sk) else "")
+    return {"run": run, "groups": groups[groups.status == "measured"].reset_index(drop=True),
+            "classes": decomp_classes(run), "prediction": pred,
+            "figure": figure_decomp(run) if run.has("decode_decomp") else None,
+            "message": f"Run {run.run_id} on {card}, commit {(run.provenance or {}).get('git_commit', '?')}.{note}"}
