@@ -383,7 +383,7 @@ LEDGER = [
     # prompt) and nvcc 13.0's build of the PF=1 instantiations (sm_90a)
     {"step": 8, "name": "the weights before the wait: gemv_kq's PF=1 build prefetches its weight bytes into L2 while the "
                         "kernel ahead of it in the decode graph still runs",
-     "commit": None, "card": None, "runs": [], "gpu_check": "gemv_step8",
+     "commit": "74e666b", "card": None, "runs": [], "gpu_check": "gemv_step8",
      "analysis": {
          "what the decode graph does now": "every lab kernel of the step, gemv_kq included, launches "
                      "programmatically (PDL): each begins with griddepcontrol.wait then launch_dependents, so a "
