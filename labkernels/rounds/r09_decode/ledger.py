@@ -307,7 +307,7 @@ LEDGER = [
                 "ratio in one process carries across cards). Loading the next super-block's bytes before the current "
                 "one's compute made every large point slower: the wait at the top of a warp's loop was not what held "
                 "the kernel (the 16 more registers did not cost a CTA an SM; the extra moves and the loop's longer "
-                "body did). FORM=2 leaves the production source (commit 90fd260 holds it and reruns the step); its "
+                "body did). FORM=2 left the production source (commit 90fd260 holds it and reruns the step); its "
                 "loop stays as FORM=3's (step 6), whose warps split a CTA's super-blocks."},
     # step 6: built at 0b009b5 (nvcc 13.0 --resource-usage; no prediction was written before its first, exploratory
     # timings). The prediction below was written 2026-12-07 AFTER those unrecorded timings (quoted in its analysis),
