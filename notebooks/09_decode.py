@@ -219,6 +219,10 @@ for s in r9.LEDGER:
     display(Markdown(f"**Step {s['step']}: {s['name']}** (commit {s['commit'] or 'not yet built'}; "
                      f"{s['card'] or 'not yet measured'})\n\n*Predicted{when}.* {pred}\n\n"
                      f"*Measured.* {s['measured'] or 'not yet.'}\n\n*Verdict.* {s['verdict'] or 'not yet.'}"))
+    srun = r9.step_run(s) if any("check" in c for c in s["prediction"]) else None
+    if srun is not None:              # claims the ledger says how to read: predicted beside measured, from the run
+        display(Markdown(f"Step {s['step']}'s claims read from run {srun.run_id}:"))
+        display(report.table(r9.step_claims_table(s, srun)))
 
 # %% [markdown]
 # ## What is not here yet

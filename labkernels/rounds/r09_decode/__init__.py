@@ -33,7 +33,8 @@ from .steps import (GEMV_SANITIZE_DRIVER, STEP_RECORDS, STEPS, step_decode, step
 from .tables import (bench_table, best_per_point, context_run, context_section, copy_line, decomp_classes,
                      decomp_groups, decomp_prediction_table, decomp_run, decomp_section, figure_decomp,
                      figure_time_vs_nt, figure_tok_s_vs_context, generation_run, generation_table, headline,
-                     peer_generation, prediction_table, stream_fit, generation_ab)
+                     peer_generation, prediction_table, stream_fit, generation_ab, claim_value,
+                     step_claims_table, step_run)
 
 NOTEBOOK = "09_decode"
 DATA = ("decode",)

@@ -115,6 +115,84 @@ def stream_fit(run, qtype: str = "q4_K", act: str = "f16", nt: int = 1) -> "pd.D
     return pd.DataFrame(rows, columns=cols).sort_values("fixed_us").reset_index(drop=True)
 
 
+def claim_value(run, check: dict):
+    """What a step's run measured for one ledger claim's ``check`` (the claim says how it is read from the run):
+    ``ratio`` -- median time of variant ``num`` over ``den`` at each of ``points`` (qtype, od, id, nt, act) of the
+    run's gemv_bench table: (lowest, highest); ``us`` -- the median time of ``variant`` over ``points`` ("all": every
+    point): (value, value); ``gen_ratio`` -- :func:`generation_ab`'s ratio (last value / first) of ``option`` for
+    ``model`` at ``n_prompt``: (value, value); ``gate`` -- the run is complete, so every point passed its gate before
+    it was timed (a failed gate aborts the run): "passed"; ``gen_same`` -- the A/B's rows of the two values generated
+    the same first tokens at every (model, prompt, repeat): "passed" or "FAILED". None where the run lacks the
+    points."""
+    kind = check["kind"]
+    if kind == "gate":
+        return "passed" if run.meta.get("status", "complete") == "complete" else None
+    if kind in ("gen_ratio", "gen_same"):
+        df = run.table("generate") if run.has("generate") else None
+        if df is None or check["option"] not in df.columns:
+            return None
+        if kind == "gen_same":
+            firsts = df.groupby(["model", "n_prompt", "rep"]).first_tokens.nunique()
+            return "passed" if (firsts == 1).all() else "FAILED"
+        t = generation_ab(run, check["option"])
+        r = t[(t.model == check["model"]) & (t.n_prompt == check["n_prompt"])]
+        return (float(r.ratio.iloc[0]),) * 2 if len(r) else None
+    if not run.has("gemv_bench"):
+        return None
+    t = bench_table(run)
+    keys = ["qtype", "od", "id", "nt", "act"]
+    med = t.set_index([*keys, "variant"]).median_us
+    if kind == "us":
+        rows = t[t.variant == check["variant"]]
+        if check.get("points", "all") != "all":
+            pts = {tuple(p[k] for k in keys) for p in check["points"]}
+            rows = rows[[tuple(r) in pts for r in rows[keys].itertuples(index=False)]]
+        return (float(rows.median_us.median()),) * 2 if len(rows) else None
+    if kind == "ratio":
+        vals = []
+        for p in check["points"]:
+            k = tuple(p[c] for c in keys)
+            if (*k, check["num"]) not in med.index or (*k, check["den"]) not in med.index:
+                return None
+            vals.append(float(med[(*k, check["num"])] / med[(*k, check["den"])]))
+        return (min(vals), max(vals))
+    raise ValueError(f"unknown claim check kind {kind!r}")
+
+
+def step_run(step: dict, root=None):
+    """The latest recorded run a ledger step names (its ``runs``) that the data folder holds, or None."""
+    for rid in reversed(step.get("runs") or []):
+        try:
+            return records.load("decode", rid, root)
+        except Exception:          # a run this clone's data/ does not hold
+            continue
+    return None
+
+
+def step_claims_table(step: dict, run) -> "pd.DataFrame":
+    """A ledger step's written claims beside what its run measured (:func:`claim_value`): measured (a value, a range
+    over the claim's points, or a gate's outcome) and the verdict -- within / below / above / partly (a range that
+    crosses a bound) / passed / FAILED / not measured."""
+    import pandas as pd
+
+    rows = []
+    for c in step["prediction"]:
+        got = claim_value(run, c["check"]) if "check" in c and run is not None else None
+        if got is None:
+            shown, verdict = None, "not measured"
+        elif isinstance(got, str):
+            shown, verdict = got, got
+        else:
+            lo, hi = got
+            shown = f"{lo:.3g}" if lo == hi else f"{lo:.3g}-{hi:.3g}"
+            verdict = ("within" if c["low"] <= lo and hi <= c["high"] else "below" if hi < c["low"]
+                       else "above" if lo > c["high"] else "partly")
+        rows.append({"claim": c["what"], "metric": c["metric"],
+                     "predicted": "passes" if c["metric"] == "gate" else f"{c['low']:g}-{c['high']:g}",
+                     "measured": shown, "verdict": verdict})
+    return pd.DataFrame(rows)
+
+
 def prediction_table(run, claims=None) -> "pd.DataFrame":
     """The written prediction (step 1's claims) beside what the run measured, where the run measures it."""
     import pandas as pd

@@ -1,0 +1,81 @@
+"""Round 9's ledger claims that say how they are read from their step's run (``check``): every such claim of the
+pending steps names variants / points its step's plan records, and tables.claim_value / step_claims_table read them
+from a run: ratios over points, the empty launch's floor, the generation A/B's ratio and its token check, gates."""
+import pytest
+
+from labkernels import records
+from labkernels.rounds import r09_decode as r9
+
+
+def _name(mt, warps, form, S):
+    return (f"gemv_m{mt}w{warps}" + ("" if S is None else "_sw" if S == "wave" else f"_s{S}")
+            + ("" if form == 0 else f"_f{form}"))
+
+
+@pytest.mark.parametrize("step, plan", [(6, "STEP6_PLAN"), (7, "STEP7_PLAN")])
+def test_the_pending_steps_claims_name_what_their_plans_record(step, plan):
+    plan = getattr(r9, plan)
+    names = {_name(*v) for v in plan["launches"]} | set(plan["baselines"])
+    pts = {(q, od, id_, nt, act) for q in plan["qtypes"] for od, id_ in plan["shapes"] for nt in plan["nts"]
+           for act in plan["acts"]}
+    s = next(x for x in r9.LEDGER if x["step"] == step)
+    assert all("check" in c for c in s["prediction"])
+    for c in s["prediction"]:
+        ch = c["check"]
+        if ch["kind"] == "ratio":
+            assert {ch["num"], ch["den"]} <= names, (c["what"], names)
+            assert all((p["qtype"], p["od"], p["id"], p["nt"], p["act"]) in pts for p in ch["points"]), c["what"]
+        elif ch["kind"] == "us":
+            assert ch["variant"] in names
+
+
+def _bench_run(tmp_path, times):
+    rows = []
+    for (od, id_, nt, act, var), us in times.items():
+        for p in range(3):
+            rows.append({"qtype": "q4_K", "od": od, "id": id_, "nt": nt, "act": act, "variant": var,
+                         "family": "empty" if var == "empty" else "gemv_kq", "MT": 1, "WARPS": 4, "S": 1, "FORM": 0,
+                         "WAVE": 0, "pair": p, "median_us": us + 0.01 * (p - 1), "bytes": 0 if var == "empty" else 1})
+    with records.recording("decode", {"what": "gemv_step6"}, root=tmp_path / "data") as run:
+        run.append("copy", [{"bytes": 2, "median_us": 1.0, "tb_per_s": 3.0}])
+        run.append("gemv_bench", rows)
+    return run
+
+
+def test_step_claims_table_reads_ratios_floor_and_gate_from_a_step6_run(tmp_path):
+    s = next(x for x in r9.LEDGER if x["step"] == 6)
+    f1, f3 = "gemv_m1w4_sw_f1", "gemv_m1w8_s1_f3"
+    times = {(4096, 4096, 1, "f16", f1): 10.0, (4096, 4096, 1, "f16", f3): 9.4,
+             (4096, 14336, 1, "f16", f1): 19.0, (4096, 14336, 1, "f16", f3): 19.2,
+             (14336, 4096, 1, "f16", f1): 20.0, (14336, 4096, 1, "f16", f3): 22.4,
+             (11008, 4096, 1, "f16", f1): 17.0, (11008, 4096, 1, "f16", f3): 23.0,
+             (4096, 14336, 1, "f32", f1): 22.4, (4096, 14336, 1, "f32", f3): 20.9,
+             (4096, 4096, 1, "f16", "empty"): 2.6, (4096, 14336, 1, "f16", "empty"): 2.8}
+    t = r9.step_claims_table(s, _bench_run(tmp_path, times)).set_index("claim")
+    rows = [c["what"] for c in s["prediction"]]
+    assert t.loc[rows[0], "measured"] == "0.94" and t.loc[rows[0], "verdict"] == "within"
+    assert t.loc[rows[1], "verdict"] == "within"                                  # 19.2 / 19.0
+    assert t.loc[rows[2], "measured"] == "1.12-1.35" and t.loc[rows[2], "verdict"] == "partly"
+    assert t.loc[rows[3], "verdict"] == "not measured"                            # nt=8 f32 not in this run
+    assert t.loc[rows[4], "measured"] == "2.7" and t.loc[rows[4], "verdict"] == "within"
+    assert t.loc[rows[5], "verdict"] == "passed" and t.loc[rows[5], "predicted"] == "passes"
+    with pytest.raises(ValueError, match="unknown claim check"):
+        r9.claim_value(_bench_run(tmp_path, times), {"kind": "nope"})
+
+
+def test_step_claims_table_reads_the_generation_ab_and_its_token_check(tmp_path):
+    s = next(x for x in r9.LEDGER if x["step"] == 8)
+    rows = []
+    for model, base in (("synthetic-7b", 280.0), ("synthetic-gemma3", 1140.0)):
+        for rep in range(3):
+            for pf, gain in ((False, 1.0), (True, 1.08)):
+                rows.append({"model": model, "n_prompt": 512, "n_new": 128, "rep": rep, "gemv_pf": pf,
+                             "tok_per_s": base * gain, "first_tokens": "1 2 3" if model == "synthetic-7b" or not pf
+                             else "1 2 4"})
+    with records.recording("decode", {"what": "gemv_step8"}, root=tmp_path / "data") as run:
+        run.append("generate", rows)
+    t = r9.step_claims_table(s, run).set_index("claim")
+    what = [c["what"] for c in s["prediction"]]
+    assert t.loc[what[0], "measured"] == "1.08" and t.loc[what[0], "verdict"] == "within"
+    assert t.loc[what[2], "verdict"] == "FAILED"                   # gemma's PF=1 generated other tokens
+    assert r9.step_run({"runs": ["20990101T000000Z-h200-0000000"]}) is None
