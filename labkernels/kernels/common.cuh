@@ -48,7 +48,9 @@ typedef unsigned long long u64;
 // (one instruction a range), nothing below
 __device__ __forceinline__ void lk_prefetch_l2(const void* p, unsigned bytes) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-    if (bytes) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+    if (bytes)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(__cvta_generic_to_global(p)), "r"(bytes)
+                     : "memory");
 #endif
 }
 
