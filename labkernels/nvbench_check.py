@@ -368,7 +368,7 @@ def page_view(round_no: int, root=None) -> tuple:
     run, t = latest_table(root, [h.name for h in HEADLINES if h.round == round_no])
     if run is None or not len(t):
         return ("No nvbench cross-check recorded yet (`labkernels gpu-check --steps nvbench_check`).", t)
-    card = ((run.provenance or {}).get("gpu") or {}).get("name", "?")
+    card = run.gpu_name or "?"
     cols = ["case", "harness_lab_us", "harness_cublas_us", "harness_ratio", "nvbench_lab_us", "nvbench_cublas_us",
             "nvbench_ratio", "ratio_diff", "agree", "note"]
     if "harness_nvflush_ratio" in t and t.harness_nvflush_ratio.notna().any():

@@ -235,6 +235,16 @@ class Run:
     def provenance(self) -> dict:
         return self.meta.get("provenance", {})
 
+    @property
+    def gpu_name(self) -> str | None:
+        """The card the run was measured on, as its provenance names it (None: not recorded)."""
+        return ((self.provenance or {}).get("gpu") or {}).get("name")
+
+    @property
+    def commit(self) -> str | None:
+        """The commit the run was measured at, as its provenance names it (None: not recorded)."""
+        return (self.provenance or {}).get("git_commit")
+
     def describe(self) -> str:
         return f"run {self.run_id} ({self.meta.get('status')}): " + provenance.describe(self.provenance)
 

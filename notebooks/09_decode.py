@@ -55,6 +55,8 @@ line = r9.copy_line(run)
 
 # %%
 pt = r9.prediction_table(run)
+display(Markdown(f"Step 1's claims against the page's run ({r9.run_line(run)}), not the run of step 1's build: the "
+                 f"verdicts say where the kernel stands now."))
 display(report.table(pt, {"measured": "{:.3f}"}))
 
 # %% [markdown]
@@ -96,6 +98,7 @@ display(report.table(tbl, {"time (µs)": "{:.1f}", "weight TB/s": "{:.2f}", "of 
 
 # %%
 fit = r9.stream_fit(run, qtype=qtype, act=act, nt=1)
+display(Markdown(r9.run_line(run) + f"; {qtype} weights, {act} activations, nt = 1."))
 fnames = {"variant": "configuration", "family": "family", "points": "points", "fixed_us": "fixed (µs)",
           "stream_tb_per_s": "stream (TB/s)", "stream_frac_copy": "stream / copy line", "max_resid_us": "max residual (µs)",
           "floor_us": "empty launch (µs)", "kernel_fixed_us": "fixed − floor (µs)"}
@@ -132,7 +135,7 @@ if gen is None:
     display(Markdown("*Not recorded yet:* no generation run (`labkernels gpu-check --steps generate`) under "
                      "`data/09_decode/`."))
 else:
-    gcard = ((gen.provenance or {}).get("gpu") or {}).get("name", "?")
+    gcard = gen.gpu_name or "?"
     gt = r9.generation_table(gen)
     peer = r9.peer_generation(gcard)
     tg = peer[(peer.test == "tg128") & (peer.flash_attn == 1)].set_index("model").tok_s if len(peer) else {}
@@ -141,9 +144,8 @@ else:
     gnames = {"model": "model", "n_prompt": "prompt tokens", "n_new": "new tokens", "tok_per_s": "tok/s (GPU)",
               "tok_per_s_wall": "tok/s (host wall)", "frac_copy": "of the copy line", "prefill_ms": "prefill (ms)",
               "llama_tg128": "llama-bench tg128 (tok/s)", "vs_llama": "lab / llama.cpp"}
-    gcommit = (gen.provenance or {}).get("git_commit", "?")
-    display(Markdown(f"Run {gen.run_id} on {gcard}, commit {gcommit}" + (f"; peer run {peer.run.iloc[0]}" if len(peer) else
-                                                        "; no llama-bench generation recorded on this card")))
+    display(Markdown(r9.run_line(gen) + (f"; peer run {peer.run.iloc[0]}" if len(peer) else
+                                         "; no llama-bench generation recorded on this card")))
     display(report.table(gt[list(gnames)].rename(columns=gnames),
                          {"tok/s (GPU)": "{:,.0f}", "tok/s (host wall)": "{:,.0f}", "of the copy line": "{:.0%}",
                           "prefill (ms)": "{:.1f}", "llama-bench tg128 (tok/s)": "{:,.0f}",
@@ -221,7 +223,7 @@ for s in r9.LEDGER:
                      f"*Measured.* {s['measured'] or 'not yet.'}\n\n*Verdict.* {s['verdict'] or 'not yet.'}"))
     srun = r9.step_run(s) if any("check" in c for c in s["prediction"]) else None
     if srun is not None:              # claims the ledger says how to read: predicted beside measured, from the run
-        display(Markdown(f"Step {s['step']}'s claims read from run {srun.run_id}:"))
+        display(Markdown(f"Step {s['step']}'s claims read from the run ({r9.run_line(srun)}):"))
         display(report.table(r9.step_claims_table(s, srun)))
 
 # %% [markdown]

@@ -119,33 +119,43 @@ def _gemv_kq_text(kdir: Path, exprs: dict, arch: str, tmp: Path) -> dict:
     return out
 
 
+def _kernels_at(commit: str, tmp_path: Path) -> Path:
+    """labkernels/kernels as commit ``commit`` had them, extracted under ``tmp_path/old`` (skips where this clone lacks
+    the commit: a shallow clone)."""
+    _need_nvcc()
+    r = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
+    if r.returncode:
+        pytest.skip(f"commit {commit} not in this clone (shallow?)")
+    old = tmp_path / "old"
+    old.mkdir()
+    tar = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "labkernels/kernels"],
+                         capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "--strip-components=2", "-C", str(old)], input=tar, check=True)
+    return old
+
+
+def _as_built_before_pf(k, extra: tuple = ()):
+    """Registry spec ``k`` as the source before round 9 step 8's PF parameter instantiated it (PF dropped, ``extra``
+    template parameters appended): an object with its template, params, key and name expression."""
+    import types
+
+    params = (*((n, v) for n, v in k.params if n != "PF"), *extra)
+    return types.SimpleNamespace(template=k.template, params=params, key=k.key,
+                                 name_expression=f"{k.template}<{','.join(str(v) for _, v in params)}>")
+
+
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_gemv_pipe_retirement_keeps_the_machine_code_of_every_instantiation(tmp_path, arch):
     """gemv_kq without its PIPE template parameter (round 9 step 3's ring, retired): every registered instantiation
     compiles to the machine code of its PIPE=0 instantiation at a1cf954, byte for byte (the kernel's name, mangled
     with one template argument fewer, aside) -- the forms that existed then (FORM 0 / 1); the later forms (3, 4, 5) are
     compared with 90fd260 below."""
-    import types
-
-    _need_nvcc()
-    r = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{GEMV_PIPE_HOLDER}^{{commit}}"],
-                       capture_output=True)
-    if r.returncode:
-        pytest.skip(f"commit {GEMV_PIPE_HOLDER} not in this clone (shallow?)")
-    old = tmp_path / "old"
-    old.mkdir()
-    tar = subprocess.run(["git", "-C", str(ROOT), "archive", GEMV_PIPE_HOLDER, "labkernels/kernels"],
-                         capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "--strip-components=2", "-C", str(old)], input=tar, check=True)
+    old = _kernels_at(GEMV_PIPE_HOLDER, tmp_path)
     # FORM 3-5 (steps 6-7) and PF=1 (step 8) came after a1cf954
     specs = [k for k in registry.family("gemv_kq") if k.p["FORM"] < 2 and k.p["PF"] == 0]
     assert len(specs) == 20 and all(n != "PIPE" for n, _ in specs[0].params)
     new = _gemv_kq_text(registry.KERNELS_DIR, {k.key: (k.name_expression, k) for k in specs}, arch, tmp_path)
-    olds = {}
-    for k in specs:
-        params = (*((n, v) for n, v in k.params if n != "PF"), ("PIPE", 0))
-        olds[k.key] = (f"{k.template}<{','.join(str(v) for _, v in params)}>",
-                       types.SimpleNamespace(template=k.template, params=params))
+    olds = {k.key: (o.name_expression, o) for k in specs for o in [_as_built_before_pf(k, (("PIPE", 0),))]}
     was = _gemv_kq_text(old, olds, arch, tmp_path)
     moved = [k for k in new if new[k] != was[k]]
     assert not moved, f"machine code differs from {GEMV_PIPE_HOLDER}'s PIPE=0: {moved}"
@@ -184,24 +194,10 @@ def test_gemv_form2_retirement_keeps_the_machine_code_of_every_instantiation(tmp
     registered instantiation -- FORM 0 / 1 / 3 / 4 / 5, 28 of them -- compiles to the machine code of the same
     instantiation at 90fd260 (the last commit with FORM=2), section by section: .text, .nv.info, .nv.constant0,
     .nv.shared and the sections' type, flags, link and info (registers, symbol), byte for byte."""
-    _need_nvcc()
-    r = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{GEMV_FORM2_HOLDER}^{{commit}}"],
-                       capture_output=True)
-    if r.returncode:
-        pytest.skip(f"commit {GEMV_FORM2_HOLDER} not in this clone (shallow?)")
-    old = tmp_path / "old"
-    old.mkdir()
-    tar = subprocess.run(["git", "-C", str(ROOT), "archive", GEMV_FORM2_HOLDER, "labkernels/kernels"],
-                         capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "--strip-components=2", "-C", str(old)], input=tar, check=True)
-    import types
-
+    old = _kernels_at(GEMV_FORM2_HOLDER, tmp_path)
     specs = [k for k in registry.family("gemv_kq") if k.p["PF"] == 0]      # PF=1 (round 9 step 8) came after 90fd260
     assert len(specs) == 28 and {k.p["FORM"] for k in specs} == {0, 1, 3, 4, 5}
-    olds = {k.key: types.SimpleNamespace(template=k.template, key=k.key,
-                                         params=tuple((n, v) for n, v in k.params if n != "PF")) for k in specs}
-    for o in olds.values():
-        o.name_expression = f"{o.template}<{','.join(str(v) for _, v in o.params)}>"
+    olds = {k.key: _as_built_before_pf(k) for k in specs}
 
     def build(kdir: Path, tmp: Path, ks) -> bytes:
         tmp.mkdir()

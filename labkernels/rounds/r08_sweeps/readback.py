@@ -39,10 +39,6 @@ def reproduction(points: pd.DataFrame, serial: pd.DataFrame, serial_again: pd.Da
 SERIAL_ROUND = "kdr_sweep"
 
 
-def _run_gpu(run) -> str | None:
-    return ((run.provenance or {}).get("gpu") or {}).get("name")
-
-
 def serial_runs(points: pd.DataFrame, run_ids=(), root=None, n: int = 2) -> list:
     """The serial runs to hold a sweep's points against: the ``kdr_sweep`` runs named by ``run_ids``, else
     the ``n`` most recent ones recorded on the points' GPU model that measured at least one of the points'
@@ -56,13 +52,13 @@ def serial_runs(points: pd.DataFrame, run_ids=(), root=None, n: int = 2) -> list
     want = set(map(tuple, points[key].drop_duplicates().itertuples(index=False))) if len(points) else set()
     if run_ids:
         runs = [records.load(SERIAL_ROUND, rid, root) for rid in run_ids]
-        bad = [r.run_id for r in runs if _run_gpu(r) != model]
+        bad = [r.run_id for r in runs if r.gpu_name != model]
         if bad:
             raise CrossDeviceError(f"serial runs {bad} were not recorded on the sweep's GPU model {model!r}")
         return runs
     out = []
     for r in reversed(records.list_runs(SERIAL_ROUND, root)):
-        if _run_gpu(r) == model and r.has("sweep"):
+        if r.gpu_name == model and r.has("sweep"):
             got = set(map(tuple, r.table("sweep")[key].itertuples(index=False)))
             if want & got:
                 out.append(r)

@@ -34,7 +34,7 @@ from .tables import (bench_table, best_per_point, context_run, context_section, 
                      decomp_groups, decomp_prediction_table, decomp_run, decomp_section, figure_decomp,
                      figure_time_vs_nt, figure_tok_s_vs_context, generation_run, generation_table, headline,
                      peer_generation, prediction_table, stream_fit, generation_ab, claim_value,
-                     step_claims_table, step_run)
+                     step_claims_table, step_run, run_line)
 
 NOTEBOOK = "09_decode"
 DATA = ("decode",)

@@ -28,7 +28,7 @@ def peer_mmvq_us(card: str | None, qtype: str, od: int, id_: int, n: int = 1, ro
     for r in reversed(records.list_runs("peers", root)):
         if not r.has("mmq"):
             continue
-        gpu = ((r.provenance or {}).get("gpu") or {}).get("name") or (r.meta.get("params") or {}).get("gpu_name")
+        gpu = r.gpu_name or (r.meta.get("params") or {}).get("gpu_name")
         if card and gpu and gpu != card:
             continue
         t = r.table("mmq")
@@ -47,7 +47,7 @@ def state_facts(root=None) -> dict:
     if srun is not None:
         b = tables.best_per_point(tables.bench_table(srun))
         r = b[(b.qtype == "q4_K") & (b.od == 4096) & (b.id == 14336) & (b.nt == 1) & (b.act == "f16")]
-        card = ((srun.provenance or {}).get("gpu") or {}).get("name", "?")
+        card = srun.gpu_name or "?"
         if len(r):
             r = r.iloc[0]
             peer = peer_mmvq_us(card, "q4_K", 4096, 14336, 1, root)
@@ -57,7 +57,7 @@ def state_facts(root=None) -> dict:
     gen = tables.generation_run(root)
     if gen is not None:
         gt = tables.generation_table(gen)
-        card = ((gen.provenance or {}).get("gpu") or {}).get("name", "?")
+        card = gen.gpu_name or "?"
         peer = tables.peer_generation(card, root)
         row = gt[(gt.model == "synthetic-7b") & (gt.n_prompt == 512)]
         if len(row):

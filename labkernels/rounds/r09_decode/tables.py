@@ -21,6 +21,11 @@ DECOMP_CMD = "python3 -m labkernels gpu-check --steps decode_decomp --out DIR"
 IMPORT_CMD = "python3 -m labkernels data import DIR/data"
 
 
+def run_line(run) -> str:
+    """Where a run's figures come from, as the page says it: "Run <id> on <card>, commit <commit>"."""
+    return f"Run {run.run_id} on {run.gpu_name or '?'}, commit {run.commit or '?'}"
+
+
 def bench_table(run) -> "pd.DataFrame":
     """One row per (qtype, od, id, nt, act, variant): the median over the interleaved pairs of each pair's median time,
     with the weight bytes, TB/s of weight bytes and the fraction of the run's copy line."""
@@ -60,7 +65,7 @@ def best_per_point(t) -> "pd.DataFrame":
 def headline(run) -> dict:
     """The page's headline figures (the benchmark of record; the card and run named)."""
     b = best_per_point(bench_table(run))
-    card = ((run.provenance or {}).get("gpu") or {}).get("name", "?")
+    card = run.gpu_name or "?"
     out = {"card, copy line": f"{card}, {copy_line(run):.2f} TB/s (read + write of 1 GiB, this run)"}
     for q in ("q4_K", "q6_K"):
         r = b[(b.qtype == q) & (b.od == 4096) & (b.id == 14336) & (b.nt == 1) & (b.act == "f16")]
@@ -228,7 +233,7 @@ def figure_time_vs_nt(run, qtype: str = "q4_K", act: str = "f16"):
     b = best_per_point(t)
     b = b[(b.qtype == qtype) & (b.act == act)]
     line = copy_line(run)
-    card = ((run.provenance or {}).get("gpu") or {}).get("name", "?")
+    card = run.gpu_name or "?"
     shapes = sorted({(r.od, r.id) for r in b.itertuples()}, key=lambda s: s[0] * s[1])
     fig, axes = plt.subplots(1, len(shapes), figsize=(3.0 * len(shapes), 3.3), sharey=False, squeeze=False,
                              layout="constrained")
@@ -325,7 +330,7 @@ def figure_tok_s_vs_context(run):
 
     t = generation_table(run)
     models = list(dict.fromkeys(t.model))
-    card = ((run.provenance or {}).get("gpu") or {}).get("name", "?")
+    card = run.gpu_name or "?"
     fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.4), squeeze=False, layout="constrained")
     for ax, m in zip(axes[0], models):
         g = t[t.model == m]
@@ -358,13 +363,12 @@ def context_section(root=None) -> dict:
                 "message": f"*Not recorded yet:* no context sweep (tokens/s at prompts of 128 .. 8,160 tokens) under "
                            f"`data/09_decode/`. `{CONTEXT_CMD}` on a GPU machine records one (then `{IMPORT_CMD}` "
                            f"here)."}
-    card = ((run.provenance or {}).get("gpu") or {}).get("name", "?")
     t = generation_table(run)
     sk = t[t.status != "measured"]
     note = (" Skipped: " + "; ".join(f"{r.model} at {r.n_prompt} ({r.status[9:]})" for r in sk.itertuples()) + "."
             if len(sk) else "")
     return {"run": run, "table": t, "figure": figure_tok_s_vs_context(run),
-            "message": f"Run {run.run_id} on {card}, commit {(run.provenance or {}).get('git_commit', '?')}.{note}"}
+            "message": f"{run_line(run)}.{note}"}
 
 
 def peer_generation(card: str | None, root=None) -> "pd.DataFrame":
@@ -378,7 +382,7 @@ def peer_generation(card: str | None, root=None) -> "pd.DataFrame":
         b = r.table("bench")
         if "n_gen" not in b or not (b.n_gen > 0).any():
             continue
-        gpu = ((r.provenance or {}).get("gpu") or {}).get("name") or (r.meta.get("params") or {}).get("gpu_name")
+        gpu = r.gpu_name or (r.meta.get("params") or {}).get("gpu_name")
         if card and gpu and gpu != card:
             continue
         g = b[b.n_gen > 0].copy()
@@ -485,7 +489,7 @@ def figure_decomp(run):
     from matplotlib.patches import Patch
 
     c = decomp_classes(run)
-    card = ((run.provenance or {}).get("gpu") or {}).get("name", "?")
+    card = run.gpu_name or "?"
     models = list(dict.fromkeys(c.model))
     fig, axes = plt.subplots(1, len(models), figsize=(3.6 + 1.3 * max(1, c.context.nunique()) * len(models), 3.8),
                              squeeze=False, layout="constrained")
@@ -531,7 +535,6 @@ def decomp_section(root=None) -> dict:
                 "message": f"*Not recorded yet:* no decode-step decomposition under `data/09_decode/`. "
                            f"`{DECOMP_CMD}` on a GPU machine records one (then `{IMPORT_CMD}` here); the prediction "
                            f"below was written before any run."}
-    card = ((run.provenance or {}).get("gpu") or {}).get("name", "?")
     groups = decomp_groups(run)
     sk = groups[groups.status != "measured"]
     note = (" Skipped: " + "; ".join(f"{r.model} at context {r.context} ({r.why})" for r in sk.itertuples()) + "."
@@ -539,4 +542,4 @@ def decomp_section(root=None) -> dict:
     return {"run": run, "groups": groups[groups.status == "measured"].reset_index(drop=True),
             "classes": decomp_classes(run), "prediction": pred,
             "figure": figure_decomp(run) if run.has("decode_decomp") else None,
-            "message": f"Run {run.run_id} on {card}, commit {(run.provenance or {}).get('git_commit', '?')}.{note}"}
+            "message": f"{run_line(run)}.{note}"}
