@@ -79,3 +79,18 @@ def test_step_claims_table_reads_the_generation_ab_and_its_token_check(tmp_path)
     assert t.loc[what[0], "measured"] == "1.08" and t.loc[what[0], "verdict"] == "within"
     assert t.loc[what[2], "verdict"] == "FAILED"                   # gemma's PF=1 generated other tokens
     assert r9.step_run({"runs": ["20990101T000000Z-h200-0000000"]}) is None
+
+
+def test_a_peer_run_that_names_no_card_is_never_taken_for_one(tmp_path):
+    """Round 9 pairs the lab's figures with llama.cpp's only on the same card: a peers run whose provenance and params
+    name no GPU (recorded here, on a machine without one) is not taken for any card, only when no card is asked."""
+    from labkernels.rounds.r09_decode import state, tables
+
+    root = tmp_path / "data"
+    with records.recording("peers", {"what": "test"}, root=root) as run:
+        run.append("mmq", [{"type": "q4_K", "m": 4096, "k": 14336, "n": 1, "us_per_run": 16.0}])
+    assert run.gpu_name is None
+    assert state.peer_mmvq_us("NVIDIA H200", "q4_K", 4096, 14336, 1, root) is None
+    assert state.peer_mmvq_us(None, "q4_K", 4096, 14336, 1, root) == (16.0, run.run_id)
+    assert [r.run_id for r in tables.peer_runs_on(None, "mmq", root)] == [run.run_id]
+    assert list(tables.peer_runs_on("NVIDIA H200", "mmq", root)) == []

@@ -25,12 +25,7 @@ def latest_step_run(root=None):
 def peer_mmvq_us(card: str | None, qtype: str, od: int, id_: int, n: int = 1, root=None) -> tuple[float, str] | None:
     """llama.cpp's MUL_MAT time (µs) of one shape on ``card`` from the latest peers run whose ``mmq`` table has it
     (test-backend-ops; m = od, k = id), with the run id; None where none is recorded."""
-    for r in reversed(records.list_runs("peers", root)):
-        if not r.has("mmq"):
-            continue
-        gpu = r.gpu_name or (r.meta.get("params") or {}).get("gpu_name")
-        if card and gpu and gpu != card:
-            continue
+    for r in tables.peer_runs_on(card, "mmq", root):
         t = r.table("mmq")
         hit = t[(t.type == qtype) & (t.m == od) & (t.k == id_) & (t.n == n)]
         if len(hit):

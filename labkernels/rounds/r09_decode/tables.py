@@ -371,19 +371,23 @@ def context_section(root=None) -> dict:
             "message": f"{run_line(run)}.{note}"}
 
 
+def peer_runs_on(card: str | None, table: str, root=None):
+    """The peers runs (newest first) with ``table`` that were measured on ``card`` -- as their provenance, or the
+    params of a run recorded from a peer's own output, name it; a run that names no card is never taken for one.
+    ``card`` None: any card."""
+    for r in reversed(records.list_runs("peers", root)):
+        if r.has(table) and (card is None or (r.gpu_name or (r.meta.get("params") or {}).get("gpu_name")) == card):
+            yield r
+
+
 def peer_generation(card: str | None, root=None) -> "pd.DataFrame":
     """llama-bench's token generation on the same card (the latest peers run whose bench table has tg / pg rows and
     whose GPU is ``card``): model, test (tg128, pp512+tg128), tok/s, the run id. Empty where none is recorded."""
     import pandas as pd
 
-    for r in reversed(records.list_runs("peers", root)):
-        if not r.has("bench"):
-            continue
+    for r in peer_runs_on(card, "bench", root):
         b = r.table("bench")
         if "n_gen" not in b or not (b.n_gen > 0).any():
-            continue
-        gpu = r.gpu_name or (r.meta.get("params") or {}).get("gpu_name")
-        if card and gpu and gpu != card:
             continue
         g = b[b.n_gen > 0].copy()
         g["test"] = [f"tg{n}" if not p else f"pp{p}+tg{n}" for p, n in zip(g.n_prompt, g.n_gen)]
