@@ -238,14 +238,15 @@ LEDGER = [
                  "llama-bench was not run in this call: no ratio to the peer on this card. A fit of time against "
                  "weight bytes over the four shapes (nt=1 f16, tables.stream_fit): the winner pays 6.3 us a launch "
                  "before its bytes and then streams at 58% of the copy line; cuBLAS fp16 7.1 us + 30%; on the H100 "
-                 "(step 3's run) the same configuration 6.9 us + 74%.",
+                 "(step 3's run 20261207T004259Z-h10080gbhbm3-2406c00) the same configuration 6.9 us + 74%.",
      "verdict": "the configuration moved into the product (qmatmul's gemv_kq and the decode read the recorded fastest "
                 "per point). Of the three card-free claims all three within: q6_K one-wave / default 0.80-0.90 "
                 "(predicted 0.75-0.95), f32 / f16 1.02-1.05 (1.0-1.1), nt=8 / nt=1 1.26-1.38 (1.05-1.4). The headline "
                 "(20-22.5 us) and the generation (245-275 tok/s) were predicted for an H100 and measured on an H200: "
                 "19.1 us and 280 tok/s, not comparable to the ranges. The bar stays far: 22-56% of the copy line at "
-                "nt=1 (target 80%). The time-versus-bytes fit says where: a fixed ~6-7 us a launch (the event floor "
-                "~3 us, the first DRAM round trip, the split's fold and the wave's tail) is a third of the 19 us, and "
+                "nt=1 (target 80%). The time-versus-bytes fit says where: a fixed ~6-7 us a launch (the event floor: "
+                "an empty kernel 2.7 us on the H200, round 7's run 20261203T130432Z-h200-e9d5a870b7; the first DRAM "
+                "round trip, the split's fold and the wave's tail) is a third of the 19 us, and "
                 "the stream between is 58% of the line on the H200 (74% on the H100) -- both must move, the fixed "
                 "part first at the 7B's shapes."},
     # step 5: written 2026-12-07 before any GPU run of FORM=2, from step 3's counters (H100) and nvcc 13.0's
