@@ -700,7 +700,8 @@ def test_gpu_check_refuses_gemv_step5_with_the_commit_and_command(tmp_path, caps
 def test_steps_6_and_7_launch_registered_forms_and_say_when_their_prediction_was_written(name, number, forms):
     """Round 9 steps 6 (FORM=3) and 7 (FORM=4 / 5) launch only registered instantiations at every point of their
     plans, time the empty launch beside cuBLAS, are live numbered steps, and their ledger entries hold a headline
-    prediction, say it was written after unrecorded exploratory timings, and record no measurement yet."""
+    prediction, say it was written after unrecorded exploratory timings, and name the run that measured them (held by
+    data/, on the card the entry names)."""
     from labkernels.kernels import registry
     from labkernels.rounds import r09_decode as r9
 
@@ -717,7 +718,9 @@ def test_steps_6_and_7_launch_registered_forms_and_say_when_their_prediction_was
     assert "empty" in plan["baselines"] and "cublas" in plan["baselines"]
     assert name in r9.STEPS and [s.number for s in r9.STEP_RECORDS if s.name == name] == [number]
     led = r9.ledger._ledger(name)
-    assert led["step"] == number and led["measured"] is None and not led["runs"]
+    run = r9.tables.step_run(led)
+    assert led["step"] == number and led["measured"] and run is not None and run.run_id == led["runs"][-1]
+    assert run.gpu_name == led["card"] and run.meta["params"]["what"] == name and led["verdict"]
     assert "after unrecorded exploratory timings" in led["prediction_written"]
     assert len([c for c in led["prediction"] if c.get("headline")]) == 1
 
@@ -875,5 +878,7 @@ def test_generate_ab_alternates_the_option_in_every_repeat_and_reads_back(tmp_pa
         r9.generation_ab(run, "pdl")
     assert "gemv_step8" in r9.STEPS and [s.number for s in r9.STEP_RECORDS if s.name == "gemv_step8"] == [8]
     led = r9.ledger._ledger("gemv_step8")
-    assert led["step"] == 8 and not led["runs"] and led["measured"] is None
+    run = r9.tables.step_run(led)
+    assert led["step"] == 8 and run is not None and run.meta["params"]["ab"] == r9.GEN_STEP8_PLAN["ab"]
+    assert run.gpu_name == led["card"] and led["measured"] and led["verdict"].startswith("missed")
     assert [c["metric"] for c in led["prediction"] if c.get("headline")] == ["ratio"]

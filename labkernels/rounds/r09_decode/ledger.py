@@ -315,7 +315,7 @@ LEDGER = [
     # for the recorded A/B that has not run: it is a forecast of a reproduction, not a test of the idea.
     {"step": 6, "name": "fewer, fuller CTAs: FORM=3, the CTA's warps on one 16-row group splitting its super-blocks, "
                         "folded in shared memory (no split-K workspace at S=1)",
-     "commit": "0b009b5", "card": None, "runs": [], "gpu_check": "gemv_step6",
+     "commit": "0b009b5", "card": "NVIDIA H100 80GB HBM3", "runs": ["20261207T195442Z-h10080gbhbm3-045babc"], "gpu_check": "gemv_step6",
      "prediction_written": "written 2026-12-07 after unrecorded exploratory timings of the form, quoted in the "
                            "analysis: a forecast of their reproduction",
      "analysis": {
@@ -359,10 +359,22 @@ LEDGER = [
           "why": "FORM=1's function within form1_exact_gate at every point; at S=1 FORM=1's bits at split WARPS "
                  "(GPU test)"},
      ],
-     "measured": None, "verdict": None},
+     "measured": "NVIDIA H100 80GB HBM3 at 045babc, copy line 2.94 TB/s, read flush, 300 us lead, 3 interleaved pairs, "
+                 "every point gated first; run 20261207T195442Z-h10080gbhbm3-045babc. FORM=3 W8 S=1 / FORM=1 one-wave, nt=1 f16: 4096x4096 0.95 "
+                 "(10.37 vs 10.91 us), 4096x14336 0.988 (20.74 vs 20.99 us), 14336x4096 1.14 and 11008x4096 1.09; "
+                 "f32 4096x14336 0.92 (nt=1) and 0.89 (nt=8). Over all 32 points 0.76-1.14 (median 0.98): faster at "
+                 "every 4096-row point (0.76-0.99, f32 0.76-0.92), slower at every tall f16 point (1.05-1.14). W4 at "
+                 "S=1 is worse than W8 (median 1.02); W8 at the one-wave split is W8 at S=1 within 1%. FORM=0 at "
+                 "the one-wave split is faster than FORM=1 at every f32 point (0.86-0.93). The empty launch 3.20-3.36 "
+                 "us (the timing's floor).",
+     "verdict": "all five claims within their ranges -- a forecast of a reproduction (the prediction followed "
+                "unrecorded exploratory timings), so a weak test of the idea. FORM=3 is the fastest form measured at "
+                "the 4096-row shapes (the 7B's q/k/v/o and down projections) and at f32; it stays in the source and "
+                "enters the product only through a benchmark of record that includes it (qmatmul's auto reads step "
+                "4's run, which does not): the next device step."},
     # step 7: built at 999f6b5; as step 6, the prediction was written after unrecorded exploratory timings (quoted)
     {"step": 7, "name": "more warps an SM: FORM=4 / FORM=5, FORM=1 under a register cap of 6 / 8 CTAs an SM",
-     "commit": "999f6b5", "card": None, "runs": [], "gpu_check": "gemv_step7",
+     "commit": "999f6b5", "card": "NVIDIA H100 80GB HBM3", "runs": ["20261207T195543Z-h10080gbhbm3-045babc"], "gpu_check": "gemv_step7",
      "prediction_written": "written 2026-12-07 after unrecorded exploratory timings of the form, quoted in the "
                            "analysis: a forecast of their reproduction",
      "analysis": {
@@ -387,13 +399,20 @@ LEDGER = [
           "check": {"kind": "gate"}, "metric": "gate", "low": 0.0, "high": 0.0,
           "why": "FORM=1's bits at the same split (GPU test); every point gated first"},
      ],
-     "measured": None, "verdict": None},
+     "measured": "NVIDIA H100 80GB HBM3 at 045babc, copy line 2.94 TB/s, same harness as step 6; run 20261207T195543Z-h10080gbhbm3-045babc. "
+                 "q4_K 4096x14336 nt=1 f16 at the one-wave split: FORM=4 / FORM=1 1.20 (25.2 vs 21.0 us), FORM=5 / "
+                 "FORM=1 1.31. Over the 32 points at the one-wave split FORM=4 0.95-1.21 (median 1.07), FORM=5 "
+                 "0.89-1.33 (median 1.13); at the default split 1.02-1.53. Faster than FORM=1 only at f32 with nt >= "
+                 "4 on some shapes (best: FORM=5 at 14336x4096 nt=8 f32, 47.9 vs 54.0 us; FORM=0 took 49.5 there in step 6's run).",
+     "verdict": "within: more warps an SM under a register cap (and the spills it forces) made the kernel slower at "
+                "every f16 point, as the exploratory timings said: occupancy is not what holds gemv_kq. FORM=4 and "
+                "FORM=5 left the production source (FORM45_HOLDER holds them and reruns the step)."},
     # step 8: written 2026-12-07 before any GPU run of PF=1, from step 4's fit (6.3 us a launch before the bytes flow),
     # the generation run 20261207T131746Z (H200: 280 tok/s = 3.57 ms a step for the synthetic 7B at a 512-token
     # prompt) and nvcc 13.0's build of the PF=1 instantiations (sm_90a)
     {"step": 8, "name": "the weights before the wait: gemv_kq's PF=1 build prefetches its weight bytes into L2 while the "
                         "kernel ahead of it in the decode graph still runs",
-     "commit": "74e666b", "card": None, "runs": [], "gpu_check": "gemv_step8",
+     "commit": "74e666b", "card": "NVIDIA H100 80GB HBM3", "runs": ["20261207T195308Z-h10080gbhbm3-045babc"], "gpu_check": "gemv_step8",
      "analysis": {
          "what the decode graph does now": "every lab kernel of the step, gemv_kq included, launches "
                      "programmatically (PDL): each begins with griddepcontrol.wait then launch_dependents, so a "
@@ -430,7 +449,15 @@ LEDGER = [
           "why": "PF=1's greedy tokens equal PF=0's (first tokens recorded per row), the captured step's first replay "
                  "equal to its eager warm-up (diff 0); GPU tests: PF=1's bits equal PF=0's at every form and split"},
      ],
-     "measured": None, "verdict": None},
+     "measured": "NVIDIA H100 80GB HBM3 at 045babc, copy line 2.94 TB/s; run 20261207T195308Z-h10080gbhbm3-045babc: synthetic 7B after a 512-token "
+                 "prompt, 128 new tokens, graph replay, 3 alternating pairs in one process: PF=0 278.0 tok/s, PF=1 "
+                 "262.6 (PF=1 / PF=0 0.945, pairs 0.942-0.946); synthetic Gemma 3: 1,095 vs 1,062 tok/s (0.969, "
+                 "0.967-0.978). Tokens equal, the captured step's first replay equal to its eager warm-up.",
+     "verdict": "missed: PF=1 made both decodes slower (0.945 / 0.969 where 1.03-1.12 / 1.02-1.15 was predicted). "
+                "Prefetching a GEMV's weight range into L2 before its wait cost ~0.2 ms a 7B step (~1.3 us a GEMV) "
+                "instead of saving it. Not diagnosed: ncu's DRAM and L2 bytes a GEMV with PF on and off would say "
+                "whether bytes were fetched twice (prefetched, evicted, read again) or the prefetches delayed the "
+                "first demand loads. PF=1 left the production source (PF_HOLDER holds it and reruns the step)."},
 ]
 
 

@@ -22,6 +22,19 @@ def latest_step_run(root=None):
     return None, None
 
 
+def record_run(root=None):
+    """The GEMV benchmark of record -- the run ``qmatmul(kernel="auto")`` reads its choices from
+    (:func:`labkernels.gemv.auto_table`: the latest complete ``what: gemv_bench`` run that saw no power or thermal cap)
+    -- and the ledger step that names it: (step or None, run), or (None, None) where none is recorded. A later step's
+    A/B (a generation run, one form against another) is not the product's figure and never the headline's."""
+    from labkernels import gemv, nvml
+
+    run = records.latest("decode", root=root, where=lambda r: gemv.is_bench_of_record(r) and nvml.for_verdict(r))
+    if run is None:
+        return None, None
+    return next((s for s in LEDGER if run.run_id in (s.get("runs") or [])), None), run
+
+
 def peer_mmvq_us(card: str | None, qtype: str, od: int, id_: int, n: int = 1, root=None) -> tuple[float, str] | None:
     """llama.cpp's MUL_MAT time (µs) of one shape on ``card`` from the latest peers run whose ``mmq`` table has it
     (test-backend-ops; m = od, k = id), with the run id; None where none is recorded."""
@@ -34,11 +47,11 @@ def peer_mmvq_us(card: str | None, qtype: str, od: int, id_: int, n: int = 1, ro
 
 
 def state_facts(root=None) -> dict:
-    """The figures of :func:`state_now`, unformatted: ``gemv`` (step, run, card, us, frac_copy, variant, mmvq_us,
-    mmvq_run), ``gen`` (run, card, tok_s, frac_copy, llama_tg128, peer_run) and ``next`` (the first step without a
+    """The figures of :func:`state_now`, unformatted: ``gemv`` (the benchmark of record, :func:`record_run`: step,
+    run, card, us, frac_copy, variant, mmvq_us, mmvq_run), ``gen`` (run, card, tok_s, frac_copy, llama_tg128, peer_run) and ``next`` (the first step without a
     run); a key is absent where its data is not recorded."""
     out = {}
-    step, srun = latest_step_run(root)
+    step, srun = record_run(root)
     if srun is not None:
         b = tables.best_per_point(tables.bench_table(srun))
         r = b[(b.qtype == "q4_K") & (b.od == 4096) & (b.id == 14336) & (b.nt == 1) & (b.act == "f16")]
@@ -46,7 +59,7 @@ def state_facts(root=None) -> dict:
         if len(r):
             r = r.iloc[0]
             peer = peer_mmvq_us(card, "q4_K", 4096, 14336, 1, root)
-            out["gemv"] = {"step": step["step"], "run": srun.run_id, "card": card, "us": float(r.median_us),
+            out["gemv"] = {"step": step["step"] if step else None, "run": srun.run_id, "card": card, "us": float(r.median_us),
                            "frac_copy": float(r.frac_copy), "variant": r.variant,
                            "mmvq_us": peer[0] if peer else None, "mmvq_run": peer[1] if peer else None}
     gen = tables.generation_run(root)
@@ -87,15 +100,16 @@ def _across(run_a: str, run_b: str) -> str:
 
 
 def state_now(root=None) -> dict:
-    """Where the round stands, for the top of the page: the latest measured step's best q4_K 4096x14336 nt=1 f16
-    point against llama.cpp's MMVQ on the same card, the synthetic 7B's generation against llama-bench tg128, and the
+    """Where the round stands, for the top of the page: the benchmark of record's (the product's) best q4_K
+    4096x14336 nt=1 f16 point against llama.cpp's MMVQ on the same card, the synthetic 7B's generation against llama-bench tg128, and the
     next step; every figure names its run. Rows whose data is not recorded are left out."""
     f, out = state_facts(root), {}
     if "gemv" in f:
         g = f["gemv"]
         vs = (f"; llama.cpp MMVQ {g['mmvq_us']:.1f} us (peers run {g['mmvq_run']}{_across(g['run'], g['mmvq_run'])}): "
               f"the lab at {g['mmvq_us'] / g['us']:.2f}x its speed" if g["mmvq_us"] else "")
-        out[f"latest GEMV step (step {g['step']}, run {g['run']})"] = (
+        at = f"step {g['step']}, run {g['run']}" if g["step"] else f"run {g['run']}"
+        out[f"GEMV, benchmark of record ({at})"] = (
             f"q4_K 4096x14336 nt=1 f16 {g['us']:.1f} us = {g['frac_copy']:.0%} of the copy line "
             f"({g['variant']}, {g['card']}){vs}")
     if "gen" in f:
