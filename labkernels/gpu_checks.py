@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import provenance, records
+from . import provenance, records, sanitizer
 from .paths import REPO_ROOT
 
 
@@ -194,25 +194,14 @@ print("sanitizer driver done")
 
 
 def step_sanitizer(out: Path, args) -> dict:
+    """compute-sanitizer memcheck, racecheck and synccheck over :data:`SANITIZE_DRIVER` (:mod:`labkernels.sanitizer`:
+    each report kept in ``out/sanitizer-<tool>.txt`` and classed; clean when nothing but driver probes is reported)."""
     res = {}
-    ok = True
-    for tool in ("memcheck", "racecheck", "synccheck"):
-        cmd = ["compute-sanitizer", f"--tool={tool}", "--error-exitcode=9", sys.executable, "-c", SANITIZE_DRIVER]
-        t0 = time.time()
-        try:
-            r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=args.sanitizer_timeout)
-            text, rc = r.stdout + r.stderr, r.returncode
-        except FileNotFoundError:
-            text, rc = "compute-sanitizer not found", 127
-        except subprocess.TimeoutExpired as e:
-            text, rc = f"timeout after {args.sanitizer_timeout} s\n{e.stdout or ''}", 124
-        (out / f"sanitizer-{tool}.txt").write_text(text)
-        summary = [ln for ln in text.splitlines() if "ERROR SUMMARY" in ln or "RACECHECK SUMMARY" in ln]
-        res[tool] = {"rc": rc, "summary": summary[-1] if summary else text.strip().splitlines()[-1:],
-                     "seconds": round(time.time() - t0, 1)}
-        ok = ok and rc == 0
-        log(f"compute-sanitizer {tool}: rc={rc} {res[tool]['summary']}")
-    return {"ok": ok, **res}
+    for tool in sanitizer.TOOLS:
+        res[tool] = sanitizer.run_tool(tool, [sys.executable, "-c", SANITIZE_DRIVER], out / f"sanitizer-{tool}.txt",
+                                       cwd=REPO_ROOT, timeout=args.sanitizer_timeout)
+        log(sanitizer.line(tool, res[tool]))
+    return {"ok": all(r["ok"] for r in res.values()), **res}
 
 
 #: the machine-wide steps, by their gpu-check names

@@ -39,8 +39,8 @@ LAB = frozenset({
     "labkernels.__main__", "labkernels.analysis", "labkernels.audit", "labkernels.bench", "labkernels.cases",
     "labkernels.cli", "labkernels.facts", "labkernels.gpu_checks", "labkernels.gpu_cli", "labkernels.layout_cli",
     "labkernels.ncu", "labkernels.nvbench_check", "labkernels.occupancy", "labkernels.peers", "labkernels.pipeline",
-    "labkernels.plotting", "labkernels.prefill_cli", "labkernels.prefill_runs", "labkernels.report", "labkernels.sweep",
-    "labkernels.testing",
+    "labkernels.plotting", "labkernels.prefill_cli", "labkernels.prefill_runs", "labkernels.report", "labkernels.sanitizer",
+    "labkernels.sweep", "labkernels.testing",
 })
 LAB_PACKAGES = ("labkernels.rounds",)      # every module of these packages is lab
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ... import bench, cases, gpu, ncu, prefill, prefill_replay, prefill_runs, records, synthetic, wgmma
+from ... import bench, cases, gpu, ncu, prefill, prefill_replay, prefill_runs, records, sanitizer, synthetic, wgmma
 from ...model import default_model_path
 from ...paths import REPO_ROOT
 from .. import measure_into
@@ -213,28 +213,20 @@ def step_wgmma_trace(out: Path, args) -> dict:
 
 
 def step_wgmma_sanitizer(out: Path, args) -> dict:
-    """compute-sanitizer memcheck, racecheck, synccheck over every main-path wgmma_kq variant (tails)."""
-    res, ok, rows = {}, True, []
-    for tool in ("memcheck", "racecheck", "synccheck"):
-        # host API errors are not the kernels': cuda-bindings probes driver entry points with cuGetProcAddress,
-        # which fails for symbols this driver lacks (seen: 34 such 'errors', no device-side finding)
-        cmd = ["compute-sanitizer", f"--tool={tool}", "--report-api-errors", "no", "--error-exitcode=9",
-               sys.executable, "-c", WGMMA_DRIVER, "sanitizer"]
-        try:
-            r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=args.sanitizer_timeout)
-            text, rc = r.stdout + r.stderr, r.returncode
-        except subprocess.TimeoutExpired as e:
-            text, rc = f"timeout after {args.sanitizer_timeout} s\n{e.stdout or ''}", 124
-        (out / f"wgmma-sanitizer-{tool}.txt").write_text(text)
-        summary = [ln for ln in text.splitlines() if "SUMMARY" in ln]
-        res[tool] = {"rc": rc, "summary": summary[-1] if summary else text.strip().splitlines()[-1:],
-                     "cases": sum(1 for ln in text.splitlines() if ln.startswith("case ")),
-                     "skipped": sum(1 for ln in text.splitlines() if ln.startswith("skipped "))}
-        ok = ok and rc == 0
-        rows.append({"tool": tool, "rc": rc, "summary": str(res[tool]["summary"]), "cases": res[tool]["cases"],
-                     "skipped": res[tool]["skipped"], "clean": rc == 0})
-        args.log(f"wgmma compute-sanitizer {tool}: rc={rc} {res[tool]['summary']} ({res[tool]['cases']} cases, "
-                 f"{res[tool]['skipped']} left out)")
+    """compute-sanitizer memcheck, racecheck, synccheck over every main-path wgmma_kq variant (tails), through
+    :mod:`labkernels.sanitizer` (each report classed: clean when nothing but driver probes is reported)."""
+    res, rows = {}, []
+    for tool in sanitizer.TOOLS:
+        r = sanitizer.run_tool(tool, [sys.executable, "-c", WGMMA_DRIVER, "sanitizer"],
+                               out / f"wgmma-sanitizer-{tool}.txt", cwd=REPO_ROOT, timeout=args.sanitizer_timeout)
+        text = (out / f"wgmma-sanitizer-{tool}.txt").read_text()
+        r["cases"] = sum(1 for ln in text.splitlines() if ln.startswith("case "))
+        r["skipped"] = sum(1 for ln in text.splitlines() if ln.startswith("skipped "))
+        res[tool] = r
+        rows.append({"tool": tool, "rc": r["rc"], "summary": str(r["summary"]), "cases": r["cases"],
+                     "skipped": r["skipped"], "probe_api_errors": r.get("probe_api_errors"), "clean": r["ok"]})
+        args.log(f"wgmma {sanitizer.line(tool, r)} ({r['cases']} cases, {r['skipped']} left out)")
+    ok = all(r["ok"] for r in res.values())
     # an exploratory build's run (LABKERNELS_WG_DEFINES) names its defines: the page reads the plain build's
     with records.recording(SERIES, {"what": "sanitizer", "tools": [r["tool"] for r in rows],
                                      "defines": list(wb.build_defines())}, root=out / "data") as run:

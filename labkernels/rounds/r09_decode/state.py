@@ -5,7 +5,7 @@ come from one device call says so (:func:`same_call`)."""
 
 from __future__ import annotations
 
-from ... import records
+from ... import gemv, nvml, records
 from . import tables
 from .ledger import LEDGER
 from .plan import TARGETS
@@ -27,8 +27,6 @@ def record_run(root=None):
     (:func:`labkernels.gemv.auto_table`: the latest complete ``what: gemv_bench`` run that saw no power or thermal cap)
     -- and the ledger step that names it: (step or None, run), or (None, None) where none is recorded. A later step's
     A/B (a generation run, one form against another) is not the product's figure and never the headline's."""
-    from labkernels import gemv, nvml
-
     run = records.latest("decode", root=root, where=lambda r: gemv.is_bench_of_record(r) and nvml.for_verdict(r))
     if run is None:
         return None, None

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ... import nvbench_check, records, trace
+import sys
+
+from ... import nvbench_check, records, sanitizer, trace
+from ...paths import REPO_ROOT
 from ...peers import sha256_file
 from .. import Retired, Step
 from . import benchmark, decomp, generate, tables
@@ -143,33 +146,15 @@ print(f"gemv sanitizer driver done: {n} launches")
 
 def step_gemv_sanitizer(out, args) -> dict:
     """gpu-check step ``gemv_sanitizer``: compute-sanitizer memcheck, racecheck and synccheck over
-    :data:`GEMV_SANITIZE_DRIVER` (every gemv_kq instantiation); each tool's output in
-    ``out/sanitizer-gemv-<tool>.txt``."""
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[3]
-    res, ok = {}, True
-    for tool in ("memcheck", "racecheck", "synccheck"):
-        t0 = time.time()
-        cmd = ["compute-sanitizer", f"--tool={tool}", "--error-exitcode=9", sys.executable, "-c", GEMV_SANITIZE_DRIVER]
-        try:
-            r = subprocess.run(cmd, cwd=root, capture_output=True, text=True,
-                               timeout=getattr(args, "sanitizer_timeout", 600))
-            text, rc = r.stdout + r.stderr, r.returncode
-        except FileNotFoundError:
-            text, rc = "compute-sanitizer not found", 127
-        except subprocess.TimeoutExpired as e:
-            text, rc = f"timeout\n{e.stdout or ''}", 124
-        (Path(out) / f"sanitizer-gemv-{tool}.txt").write_text(text)
-        summary = [ln for ln in text.splitlines() if "ERROR SUMMARY" in ln or "RACECHECK SUMMARY" in ln]
-        res[tool] = {"rc": rc, "summary": summary[-1] if summary else text.strip().splitlines()[-1:],
-                     "seconds": round(time.time() - t0, 1)}
-        ok = ok and rc == 0
-        getattr(args, "log", print)(f"compute-sanitizer {tool} (gemv_kq): rc={rc} {res[tool]['summary']}")
-    return {"ok": ok, **res}
+    :data:`GEMV_SANITIZE_DRIVER` (every gemv_kq instantiation); each tool's report in ``out/sanitizer-gemv-<tool>.txt``,
+    classed by :mod:`labkernels.sanitizer` (clean when nothing but cuda-bindings' driver probes is reported)."""
+    res = {}
+    for tool in sanitizer.TOOLS:
+        res[tool] = sanitizer.run_tool(tool, [sys.executable, "-c", GEMV_SANITIZE_DRIVER],
+                                       Path(out) / f"sanitizer-gemv-{tool}.txt", cwd=REPO_ROOT,
+                                       timeout=getattr(args, "sanitizer_timeout", 600))
+        getattr(args, "log", print)(sanitizer.line(tool, res[tool]) + " [gemv_kq]")
+    return {"ok": all(r["ok"] for r in res.values()), **res}
 
 
 def step_gemv_step4(out, args) -> dict:
