@@ -120,24 +120,54 @@ def step_tests(out: Path, args) -> dict:
     elif workers > 1:
         log("pytest-xdist is not installed: the suite runs in one process")
     t0 = time.time()
-    r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
+    text, rc, interrupted = run_interruptible(cmd, cwd=REPO_ROOT)
     dt = time.time() - t0
-    (out / "gpu-tests.txt").write_text(r.stdout + r.stderr)
-    tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-25:])
-    log(f"gpu tests ({tier} tier, -m '{marker}'):\n" + tail)
+    (out / "gpu-tests.txt").write_text(text)
+    tail = "\n".join(text.strip().splitlines()[-25:])
+    log(f"gpu tests ({tier} tier, -m '{marker}'){' INTERRUPTED' if interrupted else ''}:\n" + tail)
     xml = out / "gpu-tests.xml"
-    rows = junit_rows(xml.read_text()) if xml.exists() else []
-    summ = suite_summary(rows, dt, tier, r.returncode)
+    try:
+        rows = junit_rows(xml.read_text()) if xml.exists() else []
+    except Exception:                       # a junit file cut short by the interrupt: no rows, said in the record
+        rows = []
+    summ = suite_summary(rows, dt, tier, rc)
     params = {"tier": tier, "marker": marker, "workers": workers, "command": " ".join(cmd[1:])}
     if shard:
         params.update(shard=f"{shard[0]}/{shard[1]}", files=files)
     with records.recording("gpu_suite", params, root=out / "data") as run:
         if rows:
             run.append("tests", rows)
-        run.finish("complete", **summ)
+        if interrupted:     # the tests that finished are kept; the run says it is partial and never counts as green
+            run.finish("failed", **summ, interrupted=True,
+                       note=f"interrupted after {dt:.0f} s: {len(rows)} tests finished, the rest did not run")
+        else:
+            run.finish("complete", **summ)
     log(f"gpu suite {tier}{f' shard {shard[0]}/{shard[1]}' if shard else ''}: {summ['passed']} passed, {summ['failed']} failed, {summ['error']} errors, "
-         f"{summ['skipped']} skipped in {summ['seconds']} s (run {run.run_id})")
+         f"{summ['skipped']} skipped in {summ['seconds']} s (run {run.run_id}{', interrupted: partial' if interrupted else ''})")
+    if interrupted:
+        raise KeyboardInterrupt
     return {**summ, "run": run.run_id}
+
+
+def run_interruptible(cmd: list[str], cwd: Path, grace: float = 45.0) -> tuple[str, int, bool]:
+    """Run ``cmd`` to its end: (its stdout + stderr, exit code, False). On a Ctrl-C / SIGINT (``timeout -s INT`` sends
+    it to the whole process group) the child is given ``grace`` seconds to finish its own interrupt handling -- pytest
+    then writes the junit file of the tests that finished -- and is sent SIGINT itself if it did not get one, killed
+    after that: (output, exit code, True)."""
+    import signal
+
+    p = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:    # with a timeout communicate reads through its selector and keeps what it read across an interrupt
+        out, _ = p.communicate(timeout=7 * 24 * 3600)
+        return out, p.returncode, False
+    except KeyboardInterrupt:
+        try:
+            p.send_signal(signal.SIGINT)
+            out, _ = p.communicate(timeout=grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+        return out or "", p.returncode, True
 
 
 def junit_counts(xml: Path) -> dict:

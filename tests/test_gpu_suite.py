@@ -101,3 +101,50 @@ def test_a_tier_that_only_skipped_is_not_ok():
     rows = [{"nodeid": "t", "outcome": "skipped", "seconds": 0.0, "message": "needs a CUDA GPU"}] * 3
     assert gpu_checks.suite_summary(rows, 1.0, "fast", 0)["ok"] is False
     assert gpu_checks.suite_summary([{**rows[0], "outcome": "passed"}], 1.0, "full", 0)["ok"] is True
+
+
+def test_an_interrupted_child_gets_its_grace_and_its_output_is_kept(tmp_path):
+    """run_interruptible: a Ctrl-C in gpu-check while the suite runs gives pytest its own interrupt handling (the
+    child here traps SIGINT, writes what it finished and exits) instead of killing it at once."""
+    import os
+    import signal
+    import sys
+    import threading
+
+    from labkernels import gpu_checks
+
+    child = tmp_path / "child.py"
+    child.write_text("import signal, sys, time\n"
+                     "def stop(*a):\n    print('finished 3 of 9', flush=True); sys.exit(2)\n"
+                     "signal.signal(signal.SIGINT, stop)\nprint('ready', flush=True)\ntime.sleep(60)\n")
+    t = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    t.start()
+    try:
+        text, rc, interrupted = gpu_checks.run_interruptible([sys.executable, str(child)], cwd=tmp_path, grace=20)
+    finally:
+        t.cancel()
+    assert interrupted and rc == 2 and "ready" in text and "finished 3 of 9" in text
+    text, rc, interrupted = gpu_checks.run_interruptible([sys.executable, "-c", "print('x')"], cwd=tmp_path)
+    assert (text.strip(), rc, interrupted) == ("x", 0, False)
+
+
+def test_an_interrupted_tier_is_recorded_as_partial_and_never_green(tmp_path, monkeypatch):
+    """The tests that finished before a timeout's SIGINT are recorded (status failed, interrupted, their rows); the
+    interrupt then goes on (gpu-check stops), where before nothing of the tier was kept."""
+    import types
+
+    from labkernels import gpu_checks, records
+
+    def fake(cmd, cwd):
+        xml = next(a.split("=", 1)[1] for a in cmd if a.startswith("--junitxml="))
+        Path(xml).write_text(JUNIT)
+        return "interrupted\n", 2, True
+
+    monkeypatch.setattr(gpu_checks, "run_interruptible", fake)
+    args = types.SimpleNamespace(tier="full", shard=None, model_tests=False, fail_fast=False, workers=0)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_checks.step_tests(tmp_path, args)
+    (run,) = records.list_runs("gpu_suite", root=tmp_path / "data", status=None)
+    assert run.meta["status"] == "failed" and run.meta["summary"]["interrupted"] is True
+    assert run.meta["summary"]["ok"] is False and len(run.table("tests")) == 4
+    assert "4 tests finished" in run.meta["summary"]["note"]
