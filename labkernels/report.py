@@ -522,6 +522,15 @@ def table(df, formats: dict | None = None, *, index: bool = False, caption: str 
     return st
 
 
+def folded(obj, summary: str):
+    """A long table (or any HTML, a Styler) behind a one-line disclosure the reader opens on demand (``<details>``):
+    the page shows its summary and the figures, the full table stays one click away and in the file."""
+    from IPython.display import HTML
+
+    inner = obj.to_html() if hasattr(obj, "to_html") else str(obj)
+    return HTML(f'<details class="lk-fold"><summary>{html.escape(summary)}</summary>\n{inner}\n</details>')
+
+
 def kv_table(mapping: dict, caption: str | None = None):
     """A two-column (name, value) table of a dict: parameters of a run, one record of results."""
     import pandas as pd

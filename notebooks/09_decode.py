@@ -77,14 +77,22 @@ if (best.qtype == other).any():
 
 # %% [markdown]
 # ## Every point: the fastest configuration, its fraction of the copy line, and the baselines
+#
+# One row a weight and activation type: one and eight tokens. Every timed point (each nt) is in the table below it,
+# folded.
 
 # %%
+display(report.table(r9.point_summary(best), {"nt=1 (µs)": "{:.1f}", "nt=1 of the copy line": "{:.0%}",
+                                               "nt=8 (µs)": "{:.1f}", "nt=8 / nt=1": "{:.2f}",
+                                               "cuBLAS fp16 nt=1 (µs)": "{:.1f}"}))
 names = {"qtype": "type", "od": "od", "id": "id", "nt": "nt", "act": "activations", "variant": "gemv_kq config",
          "median_us": "time (µs)", "tb_per_s": "weight TB/s", "frac_copy": "of the copy line",
          "wgmma_us": "wgmma_kq (µs)", "cublas_us": "cuBLAS fp16 (µs)"}
 tbl = best[list(names)].sort_values(["qtype", "od", "id", "act", "nt"]).rename(columns=names)
-display(report.table(tbl, {"time (µs)": "{:.1f}", "weight TB/s": "{:.2f}", "of the copy line": "{:.0%}",
-                           "wgmma_kq (µs)": "{:.1f}", "cuBLAS fp16 (µs)": "{:.1f}"}))
+display(report.folded(report.table(tbl, {"time (µs)": "{:.1f}", "weight TB/s": "{:.2f}", "of the copy line": "{:.0%}",
+                                         "wgmma_kq (µs)": "{:.1f}", "cuBLAS fp16 (µs)": "{:.1f}"}),
+                      f"Every point ({len(tbl)} rows: the fastest configuration at each type, shape, activation "
+                      f"type and nt, beside the baselines)"))
 
 # %% [markdown]
 # ## What stands between the GEMV and the copy line: a fixed cost, then a stream

@@ -94,3 +94,29 @@ def test_a_peer_run_that_names_no_card_is_never_taken_for_one(tmp_path):
     assert state.peer_mmvq_us(None, "q4_K", 4096, 14336, 1, root) == (16.0, run.run_id)
     assert [r.run_id for r in tables.peer_runs_on(None, "mmq", root)] == [run.run_id]
     assert list(tables.peer_runs_on("NVIDIA H200", "mmq", root)) == []
+
+
+def test_the_page_summarises_every_point_in_one_row_a_shape_and_folds_the_rest():
+    """Page 09's every-point section: point_summary gives one row per (type, shape, activations) whose nt=1 / nt=8
+    figures are best_per_point's own, and the full table goes behind a <details> disclosure (report.folded)."""
+    import numpy as np
+    import pandas as pd
+
+    from labkernels import report
+    from labkernels.rounds import r09_decode as r9
+
+    best = pd.DataFrame([
+        {"qtype": "q4_K", "od": 4096, "id": 4096, "act": "f16", "nt": nt, "variant": f"v{nt}", "median_us": us,
+         "frac_copy": fc, "cublas_us": cb}
+        for nt, us, fc, cb in [(1, 10.0, 0.5, 14.0), (2, 11.0, 0.45, 14.5), (8, 14.0, 0.36, 15.0)]]
+        + [{"qtype": "q6_K", "od": 4096, "id": 14336, "act": "f32", "nt": 1, "variant": "w", "median_us": 20.0,
+            "frac_copy": 0.55, "cublas_us": 33.0}])
+    s = r9.point_summary(best)
+    assert len(s) == 2 and list(s["type"]) == ["q4_K", "q6_K"]
+    a = s.iloc[0]
+    assert (a["nt=1 config"], a["nt=1 (µs)"], a["nt=8 (µs)"], a["nt=8 / nt=1"]) == ("v1", 10.0, 14.0, 1.4)
+    assert a["nt=1 of the copy line"] == 0.5 and a["cuBLAS fp16 nt=1 (µs)"] == 14.0
+    assert np.isnan(s.iloc[1]["nt=8 (µs)"])                 # not timed at nt=8: said, not invented
+    h = report.folded(report.table(best), "Every point (4 rows) <all>").data
+    assert h.startswith('<details class="lk-fold"><summary>Every point (4 rows) &lt;all&gt;</summary>')
+    assert h.count("<tr>") >= 5 and h.rstrip().endswith("</details>")

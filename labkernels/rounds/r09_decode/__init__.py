@@ -30,7 +30,7 @@ from .state import abstract_now, latest_step_run, peer_mmvq_us, record_run, same
 from .steps import (GEMV_SANITIZE_DRIVER, STEP_RECORDS, STEPS, step_decode, step_decode_decomp, step_gemv_sanitizer,
                     step_gemv_step2, step_gemv_step4, step_gemv_step6, step_gemv_step7, step_gemv_step8, step_generate,
                     step_generate_context, step_nvbench_check)
-from .tables import (bench_table, best_per_point, context_run, context_section, copy_line, decomp_classes,
+from .tables import (bench_table, best_per_point, point_summary, context_run, context_section, copy_line, decomp_classes,
                      decomp_groups, decomp_prediction_table, decomp_run, decomp_section, figure_decomp,
                      figure_time_vs_nt, figure_tok_s_vs_context, generation_run, generation_table, headline,
                      peer_generation, prediction_table, stream_fit, generation_ab, claim_value,

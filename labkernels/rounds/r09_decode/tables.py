@@ -62,6 +62,25 @@ def best_per_point(t) -> "pd.DataFrame":
     return pd.DataFrame(best).reset_index(drop=True)
 
 
+def point_summary(best) -> "pd.DataFrame":
+    """The page's short form of :func:`best_per_point`: one row per (qtype, od, id, act) with the fastest
+    configuration's time and fraction of the copy line at nt=1, its time at nt=8 and the ratio, and cuBLAS fp16 at
+    nt=1 (NaN where a point was not timed)."""
+    import pandas as pd
+
+    rows = []
+    for (q, od, id_, act), g in best.groupby(["qtype", "od", "id", "act"], sort=True):
+        one, eight = g[g.nt == 1], g[g.nt == 8]
+        u1 = float(one.median_us.iloc[0]) if len(one) else float("nan")
+        u8 = float(eight.median_us.iloc[0]) if len(eight) else float("nan")
+        rows.append({"type": q, "od": int(od), "id": int(id_), "activations": act,
+                     "nt=1 config": one.variant.iloc[0] if len(one) else "—", "nt=1 (µs)": u1,
+                     "nt=1 of the copy line": float(one.frac_copy.iloc[0]) if len(one) else float("nan"),
+                     "nt=8 (µs)": u8, "nt=8 / nt=1": u8 / u1,
+                     "cuBLAS fp16 nt=1 (µs)": float(one.cublas_us.iloc[0]) if len(one) else float("nan")})
+    return pd.DataFrame(rows)
+
+
 def headline(run) -> dict:
     """The page's headline figures (the benchmark of record; the card and run named)."""
     b = best_per_point(bench_table(run))
