@@ -336,24 +336,23 @@ def build_series_bars(ax, table, qtype: str, nt: int, title: str = "") -> None:
         ax.set_title(title, fontsize=8)
 
 
-def _smem_label(r) -> str:
-    """A case of :func:`~labkernels.rounds.r07_wgmma.kpair.smem_table` in a few words: who, shape, nt (and the lab's launch)."""
+def _smem_label(r, labels: dict) -> str:
+    """A case of :func:`~labkernels.rounds.r07_wgmma.kpair.smem_table` in a few words: who, shape, nt (and the lab's
+    launch: ``labels`` names a build, the caller's -- round 7's ``kpair.KPAIR_BUILD_LABELS`` -- so plotting, which
+    every page imports, never loads a round's code)."""
     if r.who == "cublas":
         return f"cuBLAS {r.od}x{r.id} nt={r.nt}"
-    # function-local on purpose: importing plotting (every page does, through report) does not load round 7's lab code
-    from .rounds.r07_wgmma.kpair import KPAIR_BUILD_LABELS
-
-    launch = KPAIR_BUILD_LABELS.get(r.who)
+    launch = labels.get(r.who)
     if launch is None:
         launch = f"BN={r.BN} " + ("data-par." if r.SK == 0 else f"SK={r.SK} EPI={r.EPI}")
     return f"{r.qtype} {launch} nt={r.nt}"
 
 
-def smem_bars(axs, table, title: str = "") -> None:
+def smem_bars(axs, table, title: str = "", labels: dict | None = None) -> None:
     """The twenty-second step (:func:`~labkernels.rounds.r07_wgmma.kpair.smem_table`) on two axes: ``axs[0]`` shared memory's measured
     bytes per SM per tensor-active clock (data-bank reads and writes) as bars with the model's values
     (:func:`~labkernels.rounds.r07_wgmma.kpair.smem_model`) as black ticks, ``axs[1]`` the tensor pipe's active share of the same
-    cases; one x position per case."""
+    cases; one x position per case, labelled by ``labels`` (build -> words; round 7's ``kpair.KPAIR_BUILD_LABELS``)."""
     import numpy as np
 
     t = table.reset_index(drop=True)
@@ -374,7 +373,7 @@ def smem_bars(axs, table, title: str = "") -> None:
     ax2.set_ylabel("tensor pipe active\n(% of active cycles)")
     ax2.set_ylim(0, 100)
     for a in axs:
-        a.set_xticks(x, [_smem_label(r) for r in t.itertuples()], rotation=60, ha="right", fontsize=7)
+        a.set_xticks(x, [_smem_label(r, labels or {}) for r in t.itertuples()], rotation=60, ha="right", fontsize=7)
         a.grid(axis="y", alpha=.3)
     axs[0].tick_params(labelbottom=False)
 

@@ -2037,7 +2037,7 @@ else:
     smt = kpair.smem_table(smr.table("smem_ncu"))
     fig, axs = plt.subplots(2, 1, figsize=(12, 7.6), sharex=True)
     plotting.smem_bars(axs, smt, f"shared memory per tensor-active clock, measured (data-bank reads and writes x 4 B) "
-                                 f"and modelled, and the tensor pipe ({report.source(smr)})")
+                                 f"and modelled, and the tensor pipe ({report.source(smr)})", labels=kpair.KPAIR_BUILD_LABELS)
     plt.show()
     cols = ["who", "qtype", "nt", "od", "id", "launch", "grid", "cluster", "duration_us", "sm_mhz",
             "tensor_active_pct", "read_per_tensor_clk", "model_read", "write_per_tensor_clk", "model_write",

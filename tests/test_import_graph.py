@@ -56,11 +56,11 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {}   # none since the wgmma split (it
 #                                                  through labkernels.ptxas, which the audit imports too)
 
 #: function-local labkernels imports (all modules): the count reached, only to go down
-LOCAL_IMPORT_CAP = 1     # 185 before the wgmma split; 156 after it and the graph_nodes / plan-lookup splits (155
+LOCAL_IMPORT_CAP = 0     # 185 before the wgmma split; 156 after it and the graph_nodes / plan-lookup splits (155
 #                          counted on main with the round packages); 1 after the core split (coresplit2) lifted the
-#                          rest to module level (no cycle, no optional dependency needed them): plotting._smem_label's
-#                          import of round 7's kpair module is left, so that the shared plotting module (every page
-#                          imports it through report) does not load a round's lab code at import
+#                          rest to module level (no cycle, no optional dependency needed them); 0 since
+#                          plotting.smem_bars takes round 7's build labels from its caller (the shared plotting module,
+#                          which every page imports, never imports a round's code)
 
 
 def _modname(p: Path) -> str:

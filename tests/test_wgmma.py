@@ -1543,7 +1543,7 @@ def test_smem_table_turns_bank_counts_into_bytes_per_clock_beside_the_model():
     with pytest.raises(ValueError, match="no '# SMs'"):
         kpair.smem_table(pd.DataFrame([x for x in rows if x["metric"] != "# SMs"]))
     fig, axs = plt.subplots(2, 1)
-    plotting.smem_bars(axs, t.reset_index(), "t")
+    plotting.smem_bars(axs, t.reset_index(), "t", labels=kpair.KPAIR_BUILD_LABELS)
     assert len(axs[0].patches) == 4 and len(axs[1].patches) == 2
     ticks = [tk.get_text() for tk in axs[1].get_xticklabels()]
     assert ticks == ["cuBLAS 4096x4096 nt=512", "q4_K KPAIR nt=512"]
