@@ -617,7 +617,7 @@ class Decoder:
             captured = {}
 
             def work():
-                with gpu.programmatic_launches(self.gm.opts.pdl), gemv.weights_before_wait(self.gm.opts.gemv_pf):
+                with gpu.programmatic_launches(self.gm.opts.pdl):
                     captured["logits"] = self._step_device()
 
             pdl0 = gpu.pdl_launch_count()

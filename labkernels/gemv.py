@@ -36,10 +36,6 @@ same 16 rows and the split's super-blocks cut into WARPS consecutive ranges, one
 sums in shared memory in warp order and stores. The split over K is folded inside the CTA (no workspace, fence or
 arrival atomic at S=1), and FORM=3 at S=1 computes FORM=1's bits at split WARPS.
 
-**FORM=4, FORM=5** (q4_K, nt <= 8, MT=1; round 9 step 7): FORM=1's source built under a register cap, the
-``__launch_bounds__`` minimum of 6 (80 registers) or 8 (64) CTAs an SM instead of 3: 24 or 32 warps an SM where FORM=1
-has 16, FORM=1's bits at the same split. Off the main path (ptxas spills 24-44 B a thread at these caps).
-
 ``S="wave"`` (round 9 step 3, any form): the splits that make one wave of the resident CTAs, no second partial wave
 (:func:`wave_splits`; the default :func:`default_splits` rounds up). Step 3's other form, PIPE (FORM=1's bytes staged
 through a cp.async shared-memory ring), lost at every point and left the product; commit a1cf954 holds it (the
@@ -51,13 +47,26 @@ without the warps' split of the super-blocks) lost almost everywhere (FORM=2 / F
 f16: 1.07-1.08 on the three large shapes, predicted 0.72-0.9; 1.10 at 4096x4096, predicted 0.85-1.0; H200 run
 20261207T131432Z-h200-0b009b5) and left the product: ``gemv(..., FORM=2)`` raises, naming commit 90fd260, which holds
 it (the retired step ``gemv_step5``). Recorded rows of FORM=2 (:data:`RETIRED_FORMS`) are never the recorded choice.
+
+Round 9 step 7's **FORM=4, FORM=5** (FORM=1's source under a ``__launch_bounds__`` register cap of 6 / 8 CTAs an SM:
+80 / 64 registers, 24 / 32 warps an SM where FORM=1 has 16, spilling 24-44 B a thread) were slower at every f16 point
+(FORM=4 / FORM=1 1.20, FORM=5 / FORM=1 1.31 at q4_K 4096x14336 nt=1 f16, one-wave split; H100 run
+20261207T195543Z-h10080gbhbm3-045babc) and left the product: ``gemv(..., FORM=4)`` and ``FORM=5`` raise, naming commit
+7894b07, which holds them (the retired step ``gemv_step7``); their recorded rows are never the recorded choice.
+
+Round 9 step 8's **PF=1** build (before its PDL wait each CTA prefetched its weight bytes into L2 with
+``cp.async.bulk.prefetch``, so a programmatically launched GEMV's stream would start while the kernel ahead ran) made
+the decode slower (synthetic 7B tokens/s PF=1 / PF=0 0.945, synthetic Gemma 3 0.969, predicted 1.03-1.12 / 1.02-1.15;
+H100 run 20261207T195308Z-h10080gbhbm3-045babc) and left the product with its template parameter, its context
+(``weights_before_wait``) and ``PrefillOptions.gemv_pf``: ``gemv(..., PF=1)`` raises, naming commit 7894b07, which holds
+it (the retired step ``gemv_step8``; :data:`RETIRED_PF`). Every launch is what PF=0 was: the kernel begins with its PDL
+wait.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from contextlib import contextmanager
 from functools import lru_cache
 
 import numpy as np
@@ -399,41 +408,32 @@ def wave_splits(od: int, id_: int, MT: int, WARPS: int, sm_count: int, blocks_pe
 
 
 @lru_cache(maxsize=None)
-def _kernel(QT: int, XF32: int, NT8: int, MT: int, WARPS: int, FORM: int = 0, PF: int = 0):
-    return gpu.kernel("gemv_kq", QT=QT, XF32=XF32, NT8=NT8, MT=MT, WARPS=WARPS, FORM=FORM, PF=PF)
+def _kernel(QT: int, XF32: int, NT8: int, MT: int, WARPS: int, FORM: int = 0):
+    return gpu.kernel("gemv_kq", QT=QT, XF32=XF32, NT8=NT8, MT=MT, WARPS=WARPS, FORM=FORM)
 
 
-#: the forms with a PF=1 build (round 9 step 8: the CTA's weight bytes prefetched into L2 before its PDL wait)
-PF_FORMS = (0, 1, 3)
-_PF = {"on": False}
+#: round 9 step 8's PF=1 build, which lost and left the source: {PF: (what it was, the commit that holds it, the
+#: gpu-check step that measured it)}
+RETIRED_PF = {1: ("round 9 step 8's L2 prefetch of the CTA's weight bytes before its PDL wait", "7894b07",
+                  "gemv_step8")}
 
 
-@contextmanager
-def weights_before_wait(on: bool = True):
-    """Round 9 step 8: inside, a gemv_kq launch made programmatically (inside
-    :func:`labkernels.gpu.programmatic_launches`, as the decode step's capture is) takes its PF=1 build -- each CTA
-    prefetches into L2 the weight bytes it will read before it waits for the kernel ahead of it, so its stream starts
-    while that kernel runs. The same bits as PF=0. Outside a programmatic launch the wait returns at once and PF=0
-    runs. ``PrefillOptions.gemv_pf`` sets it for the decode."""
-    old = _PF["on"]
-    _PF["on"] = bool(on)
-    try:
-        yield
-    finally:
-        _PF["on"] = old
-
-
-def check_pf(PF, FORM: int) -> int:
-    """The PF build a launch takes: ``PF`` None -- 1 inside :func:`weights_before_wait` when the launch is
-    programmatic and the form has one, else 0; 0 or 1 as asked (1 only for :data:`PF_FORMS`); anything else a
-    :class:`labkernels.errors.ShapeError`."""
+def check_pf(PF) -> int:
+    """0, the one build there is, for ``PF`` None or 0 (accepted as before the retirement, and ignored); ``PF=1``
+    (:data:`RETIRED_PF`) a :class:`labkernels.errors.ShapeError` naming the commit that holds it; anything else a
+    ShapeError too."""
     if PF is None:
-        return int(_PF["on"] and gpu.pdl_active() and FORM in PF_FORMS)
-    if PF not in (0, 1) or isinstance(PF, bool):
-        raise errors.ShapeError(f"gemv_kq PF is 0 or 1 (or None: what weights_before_wait says), got {PF!r}")
-    if PF and FORM not in PF_FORMS:
-        raise errors.ShapeError(f"gemv_kq PF=1 is built for FORM in {PF_FORMS}, got FORM={FORM}")
-    return int(PF)
+        return 0
+    if isinstance(PF, (int, np.integer)) and not isinstance(PF, bool):
+        if PF == 0:
+            return 0
+        if int(PF) in RETIRED_PF:
+            what, commit, step = RETIRED_PF[int(PF)]
+            raise errors.ShapeError(
+                f"gemv_kq PF={int(PF)} ({what}) lost and left the source: commit {commit} holds it (labkernels gpu "
+                f"check --steps {step} runs there); gemv_kq has no PF build now (PF 0 or None: the kernel as PF=0 was)")
+    raise errors.ShapeError(f"gemv_kq PF is 0 or None (its PF=1 build left the source: commit {RETIRED_PF[1][1]} holds "
+                            f"it), got {PF!r}")
 
 
 @lru_cache(maxsize=None)
@@ -443,14 +443,16 @@ def _blocks_per_sm(QT: int, XF32: int, NT8: int, MT: int, WARPS: int, FORM: int 
 
 #: the nt the forms FORM > 0 take (one n8 tile of tokens)
 FORM1_MAX_NT = 8
-#: the forms of the registry (FORM > 0: q4_K, nt <= FORM1_MAX_NT, FORM1's exact function; FORM >= 3 MT=1 only;
-#: FORM=3 the one with WARPS=8 too; FORM=4, 5: FORM=1 under register caps, off the main path)
-FORMS = (0, 1, 3, 4, 5)
+#: the forms of the registry (FORM > 0: q4_K, nt <= FORM1_MAX_NT, FORM1's exact function; FORM=3 MT=1 only and the
+#: one with WARPS=8 too)
+FORMS = (0, 1, 3)
 #: WARPS a CTA of each form takes (registry rows)
-FORM_WARPS = {0: (4,), 1: (4,), 3: (4, 8), 4: (4,), 5: (4,)}
+FORM_WARPS = {0: (4,), 1: (4,), 3: (4, 8)}
 #: forms that lost and left the source: {FORM: (what it was, the commit that holds it, the gpu-check step that
 #: measured it)}; gemv refuses them by name and the recorded choice never takes their recorded rows
-RETIRED_FORMS = {2: ("round 9 step 5's register double buffer", "90fd260", "gemv_step5")}
+RETIRED_FORMS = {2: ("round 9 step 5's register double buffer", "90fd260", "gemv_step5"),
+                 4: ("round 9 step 7's FORM=1 under a register cap of 6 CTAs an SM", "7894b07", "gemv_step7"),
+                 5: ("round 9 step 7's FORM=1 under a register cap of 8 CTAs an SM", "7894b07", "gemv_step7")}
 
 
 def check_form(FORM: int) -> int:
@@ -505,14 +507,13 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
     (registry rows); ``FORM``: 0 the exact-f16-weight form, 1 step 2's exact ``sc*q`` form (q4_K, nt <= 8; its exact
     function :func:`exact_weights_v2`), 3 step 6's: FORM=1's function in a register double buffer with the CTA's
     warps on one group of 16 rows, the split's super-blocks cut among them and folded in shared memory (MT=1, WARPS 4
-    or 8; at S=1 the bits of FORM=1 at split WARPS); 4 and 5 step 7's FORM=1 built under a register cap of 6 / 8 CTAs
-    an SM (MT=1; FORM=1's bits).
-    ``PF`` (round 9 step 8; :func:`check_pf`): 1 the build that prefetches its weight bytes into L2 before its PDL
-    wait (the same bits), 0 the one without, None what :func:`weights_before_wait` says.
+    or 8; at S=1 the bits of FORM=1 at split WARPS).
     Round 9 step 3's ``PIPE`` argument left with its form (a TypeError now); step 5's FORM=2 left too (a ShapeError
-    naming commit 90fd260, which holds it)."""
+    naming commit 90fd260, which holds it), and step 7's FORM=4 / 5 (a ShapeError naming 7894b07). ``PF``: round 9
+    step 8's PF=1 build left the source (a ShapeError naming commit 7894b07, :func:`check_pf`); 0 and None are
+    accepted and launch the one build there is, what PF=0 was."""
     FORM = check_form(FORM)
-    PF = check_pf(PF, FORM)
+    check_pf(PF)
     c = gpu.cp()
     gv = w if isinstance(w, GemvWeight) else prepare(w)
     if not isinstance(x, c.ndarray) or x.ndim != 2:
@@ -528,7 +529,7 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
     if FORM and (gv.qtype != "q4_K" or nt > FORM1_MAX_NT):
         raise errors.ShapeError(f"gemv_kq FORM={FORM} takes q4_K weights at nt = 1..{FORM1_MAX_NT}, got {gv.qtype} at "
                                 f"nt={nt}")
-    if FORM >= 3 and MT != 1:
+    if FORM == 3 and MT != 1:
         raise errors.ShapeError(f"gemv_kq FORM={FORM} is built at MT=1 only, got MT={MT}")
     if WARPS not in FORM_WARPS[FORM]:
         raise errors.ShapeError(f"gemv_kq FORM={FORM} is built with WARPS in {FORM_WARPS[FORM]}, got WARPS={WARPS}")
@@ -537,7 +538,7 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
     QT = 4 if gv.qtype == "q4_K" else 6
     NT8 = 1 if nt <= 8 else 2
     XF32 = int(x.dtype == np.float32)
-    k = _kernel(QT, XF32, NT8, MT, WARPS, FORM, PF)
+    k = _kernel(QT, XF32, NT8, MT, WARPS, FORM)
     groups = -(-gv.od // rows_per_cta(MT, WARPS, FORM))
     nsb = gv.id // QK
     if isinstance(S, str) and S != "wave":
@@ -550,8 +551,7 @@ def gemv(w, x, out=None, S: int | str | None = None, MT: int = 2, WARPS: int = 4
     y = gpu._out(nt, gv.od, out)
     ws, cnt = _WS.get(c.cuda.get_current_stream().ptr, S * nt * gv.od if S > 1 else 0, groups)
     k.launch((groups, S), (gv.data, x, y, ws, cnt, np.int32(nt), np.int32(gv.od), np.int32(gv.id), np.int32(S)))
-    logging.getLogger("labkernels.gemv").debug("gemv_kq QT=%d FORM=%d PF=%d nt=%d %dx%d S=%d", QT, FORM, PF, nt, gv.od,
-                                               gv.id, S)
+    logging.getLogger("labkernels.gemv").debug("gemv_kq QT=%d FORM=%d nt=%d %dx%d S=%d", QT, FORM, nt, gv.od, gv.id, S)
     return y
 
 
@@ -575,7 +575,8 @@ def auto_table(root=None):
     df = run.table("gemv_bench").copy()
     # typed columns of later steps, absent from earlier runs: FORM (step 2; 0 before), PIPE and WAVE (step 3; 0
     # before; runs after PIPE left the source have no PIPE column). The product has no PIPE form (step 3: it lost at
-    # every point and was retired) and no FORM=2 (step 5, retired likewise): such a recorded row is never a candidate.
+    # every point and was retired) and no FORM=2 (step 5) or FORM=4 / 5 (step 7), retired likewise (RETIRED_FORMS):
+    # such a recorded row is never a candidate.
     for col in ("FORM", "PIPE", "WAVE"):
         df[col] = df[col].fillna(0).astype(int) if col in df.columns else 0
     df = df[(df.PIPE == 0) & ~df.FORM.isin(list(RETIRED_FORMS))]

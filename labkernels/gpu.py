@@ -64,11 +64,12 @@ _GLOBAL = re.compile(r"__global__\b[^{;]*\{")
 
 
 def pdl_entry_report(text: str) -> tuple[int, int]:
-    """(kernels, kernels whose body begins with ``LK_PDL_ENTRY();`` or ``LK_PDL_ENTRY_PREFETCH(``: L2 prefetches of
-    bytes no earlier kernel writes, then the same wait) of one CUDA source text (comments ignored)."""
+    """(kernels, kernels whose body begins with ``LK_PDL_ENTRY();``) of one CUDA source text (comments ignored).
+    (Round 9 step 8's ``LK_PDL_ENTRY_PREFETCH(`` entry left kernels/common.cuh with gemv_kq's PF=1 build: commit
+    7894b07 holds it; a kernel beginning with it here is not PDL-capable.)"""
     s = _COMMENTS.sub("", text)
     heads = list(_GLOBAL.finditer(s))
-    ok = sum(1 for m in heads if s[m.end():].lstrip().startswith(("LK_PDL_ENTRY();", "LK_PDL_ENTRY_PREFETCH(")))
+    ok = sum(1 for m in heads if s[m.end():].lstrip().startswith("LK_PDL_ENTRY();"))
     return len(heads), ok
 
 

@@ -90,10 +90,9 @@ class PrefillOptions:
     pdl: bool = True                  # the lab's kernels launch programmatically (PDL) in the captured graph: each
                                       # is scheduled while the kernel ahead of it finishes and waits for it on the
                                       # GPU (griddepcontrol.wait); eager forwards launch normally either way
-    gemv_pf: bool = False             # round 9 step 8: in the decode step's graph, gemv_kq (launched programmatically)
-                                      # takes its PF=1 build -- the CTA's weight bytes prefetched into L2 before its
-                                      # PDL wait, while the kernel ahead (a norm, the attention) runs; the same bits.
-                                      # Off until step 8's A/B (gpu-check gemv_step8) has measured it
+    # (round 9 step 8's gemv_pf -- the decode graph's gemv_kq taking its PF=1 build, weight bytes prefetched into L2
+    # before the PDL wait -- lost: 0.945 / 0.969 of PF=0's tokens/s, H100 run 20261207T195308Z-h10080gbhbm3-045babc;
+    # it left with the build, commit 7894b07 holds it. PrefillOptions(gemv_pf=...) is a TypeError naming the field)
     memsets_as_kernels: bool = True   # the graph's memset nodes (cuBLAS split-K counters, cuDNN's workspace flag)
                                       # become the lab's fill kernel with the same parameters
                                       # (graph_nodes.memsets_to_kernels; a graph whose nodes cannot be removed keeps

@@ -299,7 +299,7 @@ def fake_gemv(w, x, out=None, S=None, MT=2, WARPS=4, FORM=0, PF=None):
     assert x.ndim == 2 and x.shape[1] == w.id and 1 <= x.shape[0] <= gemv.MAX_NT and x.dtype in (np.float16, np.float32)
     assert FORM in gemv.FORMS and (FORM == 0 or (w.qtype == "q4_K" and x.shape[0] <= gemv.FORM1_MAX_NT))
     assert FORM in (0, 1) or MT == 1
-    assert gemv.check_pf(PF, FORM) in (0, 1)         # PF=1 (round 9 step 8) computes PF=0's bits
+    assert gemv.check_pf(PF) == 0       # round 9 step 8's PF=1 left the source (a ShapeError): None / 0 only
     attr = "_emu16" if FORM == 0 else "_emu_v2"
     w16 = getattr(w, attr, None)
     if w16 is None:

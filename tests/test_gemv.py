@@ -293,6 +293,22 @@ def test_auto_table_and_the_recorded_config_never_take_the_retired_form_2(tmp_pa
     assert gemv.recorded_config("q4_K", 1, 4096, 14336, "f16", table=only2)[0] == {"MT": 2, "WARPS": 4}
 
 
+@pytest.mark.parametrize("form", [4, 5])
+def test_the_recorded_config_never_takes_the_retired_forms_4_and_5(form):
+    """Step 7's FORM=4 / 5 lost and left the source (commit 7894b07 holds them): a faster recorded row of theirs -- in a
+    table made by 7894b07's auto_table, say -- is never what qmatmul(auto) or the decode's gemv_kq runs; the fastest
+    live form recorded at that point is."""
+    base = {"qtype": "q4_K", "act": "f16", "od": 4096, "id": 14336, "nt": 1, "family": "gemv_kq", "WARPS": 4, "MT": 1,
+            "WAVE": 1, "S": 8, "wgmma_us": 40.0}
+    rows = [{**base, "variant": "gemv_m1w4_sw_f1", "FORM": 1, "median_us": 19.1},
+            {**base, "variant": f"gemv_m1w4_sw_f{form}", "FORM": form, "median_us": 15.0}]
+    want = {"MT": 1, "WARPS": 4, "FORM": 1, "S": "wave"}
+    for nt in (1, 8):
+        params, why = gemv.recorded_config("q4_K", nt, 4096, 14336, "f16", table=_table(rows))
+        assert params == want and "gemv_m1w4_sw_f1" in why, (nt, params, why)
+    assert gemv.recorded_choice("q4_K", 1, 4096, 14336, "f16", table=_table(rows[1:])) is None
+
+
 def _mma16816(A, B, C):
     """mma.m16n8k16 row.col on per-lane fragments (float64 pairs): A [32][4][2], B [32][2][2], C [32][4] -> D."""
     Am, Bm, Cm = np.zeros((16, 16)), np.zeros((16, 8)), np.zeros((16, 8))
@@ -409,29 +425,23 @@ def test_form3_rows_are_one_warps_and_its_splits_count_them():
 
 
 def test_the_retired_pipe_form_left_the_kernel_the_registry_and_the_launcher():
-    """Step 3's ring (PIPE) lost and was retired: gemv_kq's registry rows are the PIPE=0 forms only (28: FORM=0 at
-    every QT, XF32, NT8, MT; FORM=1 at q4_K and one token tile; steps 6-7's FORM 3 / 4 / 5 at MT=1), none with dynamic
-    shared memory; the source has no PIPE parameter and no cp.async instruction; the launcher takes no PIPE (a
-    TypeError names it) and keeps none of the ring's models."""
+    """Step 3's ring (PIPE) lost and was retired: gemv_kq's registry rows are the PIPE=0 forms only (24: FORM=0 at every
+    QT, XF32, NT8, MT; FORM=1 at q4_K and one token tile; step 6's FORM=3 at MT=1), none with dynamic shared memory,
+    every one on the main path (step 7's FORM=4 / 5, the ones off it, left since); the source has no PIPE parameter and
+    no cp.async instruction; the launcher takes no PIPE (a TypeError names it) and keeps none of the ring's models."""
     import inspect
 
     from labkernels.kernels import registry
 
     specs = registry.family("gemv_kq")
-    assert [n for n, _ in specs[0].params] == ["QT", "XF32", "NT8", "MT", "WARPS", "FORM", "PF"]
-    assert len(specs) == 52 and all(k.dynamic_smem() == 0 for k in specs)
+    assert [n for n, _ in specs[0].params] == ["QT", "XF32", "NT8", "MT", "WARPS", "FORM"]
+    assert len(specs) == 24 and all(k.dynamic_smem() == 0 and k.main_path for k in specs)
     assert {(k.p["QT"], k.p["NT8"]) for k in specs if k.p["FORM"] == 1} == {(4, 1)}
     # step 6's FORM=3 (the register double buffer, the split over K folded in the CTA): q4_K, one token tile, MT=1
     # (MT=2 spills), both activations, at WARPS 4 and 8; the other forms at 4
     assert sorted((k.p["QT"], k.p["NT8"], k.p["MT"], k.p["XF32"], k.p["WARPS"]) for k in specs
-                  if k.p["FORM"] == 3 and k.p["PF"] == 0) == [(4, 1, 1, 0, 4), (4, 1, 1, 0, 8), (4, 1, 1, 1, 4),
-                                                              (4, 1, 1, 1, 8)]
+                  if k.p["FORM"] == 3) == [(4, 1, 1, 0, 4), (4, 1, 1, 0, 8), (4, 1, 1, 1, 4), (4, 1, 1, 1, 8)]
     assert {k.p["WARPS"] for k in specs if k.p["FORM"] != 3} == {4}
-    # step 7's FORM=4 / 5 (FORM=1 under register caps): q4_K, one token tile, MT=1, both activations; off the main path
-    for form in (4, 5):
-        assert sorted((k.p["QT"], k.p["NT8"], k.p["MT"], k.p["XF32"]) for k in specs if k.p["FORM"] == form) == \
-            [(4, 1, 1, 0), (4, 1, 1, 1)]
-    assert {k.p["FORM"] for k in specs if not k.main_path} == {4, 5}
     src = (registry.KERNELS_DIR / "gemv_kq.cu").read_text()
     assert "int FORM, int PIPE" not in src and "extern __shared__" not in src
     assert "cp.async.cg" not in src and "cp.async.wait_group" not in src
@@ -454,9 +464,9 @@ def test_the_retired_form_2_left_the_kernel_the_registry_and_the_launcher():
 
     specs = registry.family("gemv_kq")
     fam = next(f for f in registry.FAMILIES if f["family"] == "gemv_kq")
-    assert fam["params"]["FORM"] == [0, 1, 3, 4, 5]
-    assert {k.p["FORM"] for k in specs} == {0, 1, 3, 4, 5} == set(gemv.FORMS) == set(gemv.FORM_WARPS)
-    assert gemv.RETIRED_FORMS == {2: ("round 9 step 5's register double buffer", "90fd260", "gemv_step5")}
+    assert fam["params"]["FORM"] == [0, 1, 3]
+    assert {k.p["FORM"] for k in specs} == {0, 1, 3} == set(gemv.FORMS) == set(gemv.FORM_WARPS)
+    assert gemv.RETIRED_FORMS[2] == ("round 9 step 5's register double buffer", "90fd260", "gemv_step5")
     src = (registry.KERNELS_DIR / "gemv_kq.cu").read_text()
     code = re.sub(r"//[^\n]*", "", src)
     assert not re.search(r"FORM\s*==\s*2", code) and "FORM=2" not in code
@@ -466,9 +476,59 @@ def test_the_retired_form_2_left_the_kernel_the_registry_and_the_launcher():
                  lambda: gemv.launch_plan(None, 1, 0, MT=1, WARPS=4, FORM=2)):
         with pytest.raises(errors.ShapeError, match=r"FORM=2 .*left the source: commit 90fd260 holds it"):
             call()
-    with pytest.raises(errors.ShapeError, match=r"FORM is one of \(0, 1, 3, 4, 5\), got 6"):
+    with pytest.raises(errors.ShapeError, match=r"FORM is one of \(0, 1, 3\), got 6"):
         gemv.gemv(None, None, FORM=6)
     assert gemv.check_form(3) == 3
+
+
+def test_the_retired_forms_4_and_5_and_pf_left_the_kernel_the_registry_and_the_launcher():
+    """Step 7's FORM=4 / 5 (FORM=1 under register caps) and step 8's PF=1 build (the weights prefetched into L2 before
+    the PDL wait) lost and were retired (commit 7894b07 holds them): no registry row or parameter, no branch, register
+    cap, prefetch or PF parameter in the kernel's source, no prefetch entry in common.cuh (and gpu's PDL check no
+    longer takes it as an entry), no PF context in the launcher; gemv(..., FORM=4 / 5), launch_plan(..., FORM=4 / 5)
+    and gemv(..., PF=1) raise a ShapeError naming 7894b07 before anything is built or launched; PF=0 / None are still
+    accepted (the one build there is), any other PF refused."""
+    import inspect
+    import re
+
+    from labkernels import errors, gpu, prefill
+    from labkernels.kernels import registry
+
+    fam = next(f for f in registry.FAMILIES if f["family"] == "gemv_kq")
+    assert "PF" not in fam["params"] and "PF" not in fam["valid"] and fam["main_path"] is True
+    assert all("PF" not in k.p for k in registry.family("gemv_kq"))
+    assert gemv.RETIRED_FORMS[4][1:] == gemv.RETIRED_FORMS[5][1:] == ("7894b07", "gemv_step7")
+    assert gemv.RETIRED_PF == {1: ("round 9 step 8's L2 prefetch of the CTA's weight bytes before its PDL wait",
+                                   "7894b07", "gemv_step8")}
+    src = (registry.KERNELS_DIR / "gemv_kq.cu").read_text()
+    code = re.sub(r"//[^\n]*", "", src)
+    assert not re.search(r"FORM\s*==\s*[45]", code) and not re.search(r"\bPF\b", code)
+    assert "__launch_bounds__(WARPS * 32, WARPS >= 8 ? 2 : 3)" in code and "LK_PDL_ENTRY();" in code
+    assert "prefetch" not in code and "commit 7894b07 holds them" in " ".join(src.split())
+    common = re.sub(r"//[^\n]*", "", (registry.KERNELS_DIR / "common.cuh").read_text())
+    assert "LK_PDL_ENTRY_PREFETCH" not in common and "lk_prefetch_l2" not in common
+    assert gpu.pdl_entry_report("__global__ void k() { LK_PDL_ENTRY_PREFETCH(1, f()); }") == (1, 0)
+    assert "gemv_kq.cu" in gpu.pdl_sources()
+    assert not any(hasattr(gemv, n) for n in ("PF_FORMS", "weights_before_wait", "_PF"))
+    assert "PF" not in inspect.signature(gemv._kernel.__wrapped__).parameters
+    assert "gemv_pf" not in {f.name for f in __import__("dataclasses").fields(prefill.PrefillOptions)}
+    with pytest.raises(TypeError, match="gemv_pf"):
+        prefill.PrefillOptions(gemv_pf=True)
+    for form in (4, 5):
+        for call in (lambda: gemv.gemv(None, None, MT=1, FORM=form),
+                     lambda: gemv.gemv(None, None, MT=1, FORM=form, S=1),
+                     lambda: gemv.launch_plan(None, 1, 0, MT=1, WARPS=4, FORM=form)):
+            with pytest.raises(errors.ShapeError, match=rf"FORM={form} \(round 9 step 7's .*\) lost and left the "
+                                                        r"source: commit 7894b07 holds it .*--steps gemv_step7"):
+                call()
+    for call in (lambda: gemv.gemv(None, None, PF=1), lambda: gemv.gemv(None, None, MT=1, FORM=3, PF=1)):
+        with pytest.raises(errors.ShapeError, match=r"PF=1 \(round 9 step 8's .*\) lost and left the source: commit "
+                                                    r"7894b07 holds it .*--steps gemv_step8"):
+            call()
+    assert gemv.check_pf(None) == gemv.check_pf(0) == 0
+    for bad in (2, True, "1", 1.0, [1]):
+        with pytest.raises(errors.ShapeError, match="PF"):
+            gemv.check_pf(bad)
 
 
 def test_step4_bench_records_the_plan_and_the_typed_columns(tmp_path, monkeypatch, rng):
@@ -598,7 +658,7 @@ def test_the_sanitizer_driver_launches_every_instantiation(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "cupy", cp)
     exec(compile(r9.GEMV_SANITIZE_DRIVER, "<gemv sanitizer driver>", "exec"), {})
     n = len(registry.family("gemv_kq"))
-    assert n == 52 and f"gemv sanitizer driver done: {n} launches" in capsys.readouterr().out
+    assert n == 24 and f"gemv sanitizer driver done: {n} launches" in capsys.readouterr().out
     assert "gemv_sanitizer" in r9.STEPS
 
 
@@ -696,16 +756,15 @@ def test_gpu_check_refuses_gemv_step5_with_the_commit_and_command(tmp_path, caps
     assert not (tmp_path / "gpu-check.json").exists()
 
 
-@pytest.mark.parametrize("name, number, forms", [("gemv_step6", 6, {0, 1, 3}), ("gemv_step7", 7, {1, 4, 5})])
-def test_steps_6_and_7_launch_registered_forms_and_say_when_their_prediction_was_written(name, number, forms):
-    """Round 9 steps 6 (FORM=3) and 7 (FORM=4 / 5) launch only registered instantiations at every point of their
-    plans, time the empty launch beside cuBLAS, are live numbered steps, and their ledger entries hold a headline
-    prediction, say it was written after unrecorded exploratory timings, and name the run that measured them (held by
-    data/, on the card the entry names)."""
+def test_step_6_launches_registered_forms_and_says_when_its_prediction_was_written():
+    """Round 9 step 6 (FORM=3) launches only registered instantiations at every point of its plan, times the empty
+    launch beside cuBLAS, is a live numbered step, and its ledger entry holds a headline prediction, says it was
+    written after unrecorded exploratory timings, and names the run that measured it (held by data/, on the card the
+    entry names). (Step 7, the other step of this kind, is retired: its test is below.)"""
     from labkernels.kernels import registry
     from labkernels.rounds import r09_decode as r9
 
-    plan = {6: r9.STEP6_PLAN, 7: r9.STEP7_PLAN}[number]
+    name, number, forms, plan = "gemv_step6", 6, {0, 1, 3}, r9.STEP6_PLAN
     reg = {(k.p["QT"], k.p["XF32"], k.p["NT8"], k.p["MT"], k.p["WARPS"], k.p["FORM"]) for k in registry.family("gemv_kq")}
     seen = set()
     for mt, warps, form, S in plan["launches"]:
@@ -723,6 +782,76 @@ def test_steps_6_and_7_launch_registered_forms_and_say_when_their_prediction_was
     assert run.gpu_name == led["card"] and run.meta["params"]["what"] == name and led["verdict"]
     assert "after unrecorded exploratory timings" in led["prediction_written"]
     assert len([c for c in led["prediction"] if c.get("headline")]) == 1
+
+
+def test_step7_is_retired_with_the_commit_that_holds_it_and_its_record_kept():
+    """Round 9 step 7 (gemv_step7: FORM=4 / FORM=5, FORM=1 under register caps, against FORM=1) lost and left the
+    source: no live gpu-check step, a retired record (number 7) with the commit that holds FORM=4 / 5 (7894b07) and the
+    command that reruns the step there; its plan (the launches as they ran), ledger text and recorded run stay, the
+    record's view and the page's claims table read the run, FORM=4 / 5's rows among them, and bench_gemv refuses the
+    plan's launches naming 7894b07."""
+    from labkernels import rounds
+    from labkernels.kernels import registry
+    from labkernels.rounds import r09_decode as r9
+
+    assert "gemv_step7" not in r9.STEPS and not hasattr(r9, "step_gemv_step7") and not hasattr(r9.steps,
+                                                                                              "step_gemv_step7")
+    mod, s = rounds.retired_step("gemv_step7")
+    assert mod is r9 and s.number == 7 and s.run is None and s.retired.commit == r9.FORM45_HOLDER == "7894b07"
+    assert s.retired.command.startswith("git worktree add /tmp/lk-7894b07 7894b07 && cd /tmp/lk-7894b07 && ")
+    assert "--steps gemv_step7" in s.retired.command and s.runs == (r9.STEP7_RUN,)
+    assert "1.20" in s.retired.why and "1.31" in s.retired.why and r9.STEP7_RUN in s.retired.why
+    plan = r9.STEP7_PLAN
+    assert s.plan is plan and {v[2] for v in plan["launches"]} == {1, 4, 5}
+    reg = {(k.p["QT"], k.p["XF32"], k.p["NT8"], k.p["MT"], k.p["WARPS"], k.p["FORM"]) for k in registry.family("gemv_kq")}
+    for mt, warps, form, S in plan["launches"]:
+        for act in plan["acts"]:
+            assert ((4, int(act == "f32"), 1, mt, warps, form) in reg) == (form == 1), (mt, form, act)
+    for kw in ({"launches": [tuple(v) for v in plan["launches"]]}, {"forms": (1, 4)}, {"forms": (5,)}):
+        with pytest.raises(ValueError, match=r"FORM \[.*\] lost and left the source .*commit 7894b07 holds it"):
+            r9.bench_gemv(None, shapes=[(130, 1024)], nts=(1,), qtypes=("q4_K",), acts=("f16",), pairs=2,
+                          baselines=(), progress=lambda *a: None, **kw)
+    led = r9.ledger._ledger("gemv_step7")
+    assert led["step"] == 7 and led["runs"] == [r9.STEP7_RUN] and "commit 7894b07 holds them" in led["verdict"]
+    assert s.verdict == led["verdict"] and "FORM45_HOLDER" not in led["verdict"]
+    run = s.latest()
+    if run is None:
+        pytest.skip(f"run {r9.STEP7_RUN} not in data/09_decode/")
+    assert run.run_id == r9.STEP7_RUN and run.meta["params"]["what"] == "gemv_step7"
+    assert str(run.provenance["git_commit"]).startswith(s.commit) and run.gpu_name == led["card"]
+    v = s.view(run)
+    assert {1, 4, 5} == set(v[v.family == "gemv_kq"].FORM)
+    one = v[(v.od == 4096) & (v.id == 14336) & (v.nt == 1) & (v.act == "f16")].set_index("variant").median_us
+    assert round(one["gemv_m1w4_sw_f4"] / one["gemv_m1w4_sw_f1"], 2) == 1.20
+    assert round(one["gemv_m1w4_sw_f5"] / one["gemv_m1w4_sw_f1"], 2) == 1.31
+    claims = r9.step_claims_table(led, r9.tables.step_run(led))
+    assert len(claims) == len(led["prediction"]) and "not measured" not in set(claims.verdict)
+    for sel in ("7", "gemv_step7"):
+        with pytest.raises(rounds.RoundError, match="step 7 \\(gemv_step7\\) is retired .*commit 7894b07"):
+            rounds.select_steps(9, [sel])
+
+
+@pytest.mark.parametrize("number, name, why", [
+    (7, "gemv_step7", r"gemv_kq's FORM=4 and FORM=5 were slower at every f16 point .*1\.20.*1\.31.*"
+                      r"20261207T195543Z-h10080gbhbm3-045babc"),
+    (8, "gemv_step8", r"gemv_kq's PF=1 build made the decode slower .*0\.945.*0\.969.*"
+                      r"20261207T195308Z-h10080gbhbm3-045babc")])
+def test_gpu_check_refuses_gemv_steps_7_and_8_with_the_commit_and_command(tmp_path, capsys, number, name, why):
+    """``labkernels gpu check --steps gemv_step7`` / ``gemv_step8`` (and ``--round 9 --step 7`` / ``8``) refuse before
+    any step runs, naming the commit that holds the retired form (7894b07) and the command that reruns the step
+    there."""
+    import re
+
+    from labkernels import cli
+
+    for argv in (["gpu", "check", "--steps", f"env,{name}"], ["gpu-check", "--round", "9", "--step", f"6,{number}"],
+                 ["gpu", "check", "--round", "9", "--step", name]):
+        assert cli.main([*argv, "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert re.search(rf"round 9's step {number} \({name}\) is retired \({why}.*\) and left the source.*"
+                         r"it runs at commit 7894b07: git worktree add /tmp/lk-7894b07 7894b07 .*"
+                         rf"gpu check --steps {name}", err), (argv, err)
+    assert not (tmp_path / "gpu-check.json").exists()
 
 
 def test_bench_gemv_times_the_empty_launch_as_a_zero_byte_row_and_refuses_unknown_baselines(tmp_path, monkeypatch):
@@ -799,48 +928,22 @@ def test_stream_fit_recovers_the_fixed_cost_and_the_stream_and_the_floor(tmp_pat
     assert r9.stream_fit(run, act="f32").empty
 
 
-def test_pf_is_picked_only_for_a_programmatic_launch_inside_weights_before_wait():
-    """Round 9 step 8: gemv_kq's PF=1 build is taken where asked (PF=1, FORM 0/1/3 only) or, with PF None, inside
-    gemv.weights_before_wait for a launch made programmatically (gpu.programmatic_launches); elsewhere PF=0. Bad PF
-    values and PF=1 at a form without the build are refused; the registry has a PF=1 twin of every FORM 0/1/3
-    instantiation and none of FORM 4/5."""
-    from labkernels import errors, gpu
-    from labkernels.kernels import registry
-
-    assert gemv.check_pf(None, 1) == 0
-    with gemv.weights_before_wait():
-        assert gemv.check_pf(None, 1) == 0                      # not a programmatic launch: the wait returns at once
-        with gpu.programmatic_launches():
-            assert [gemv.check_pf(None, f) for f in (0, 1, 3, 4, 5)] == [1, 1, 1, 0, 0]
-            with gemv.weights_before_wait(False):
-                assert gemv.check_pf(None, 1) == 0
-    with gpu.programmatic_launches():
-        assert gemv.check_pf(None, 1) == 0                      # programmatic, but not asked
-    assert gemv.check_pf(1, 3) == 1 and gemv.check_pf(0, 4) == 0
-    for bad, form in ((2, 0), (True, 0), ("1", 0), (1, 4), (1, 5)):
-        with pytest.raises(errors.ShapeError, match="PF"):
-            gemv.check_pf(bad, form)
-    specs = registry.family("gemv_kq")
-    twins = {tuple(v for n, v in k.params if n != "PF") for k in specs if k.p["PF"] == 1}
-    assert twins == {tuple(v for n, v in k.params if n != "PF") for k in specs
-                     if k.p["PF"] == 0 and k.p["FORM"] in gemv.PF_FORMS}
-    assert len(twins) == 24 and not any(k.p["PF"] and k.p["FORM"] >= 4 for k in specs)
-
-
 def test_generate_ab_alternates_the_option_in_every_repeat_and_reads_back(tmp_path, monkeypatch):
     """measure_generate(ab={option: [a, b]}): each repeat generates with a, then b (the option set on the model's
     options before each), the value in the row's column; generation_ab gives the medians and the ratio b / a per
     (model, prompt) with the per-repeat spread. An ab that is not one PrefillOptions field with values is refused
-    before any GPU work. Step 8's plan is such an A/B over gemv_pf, off by default in the product."""
+    before any GPU work (step 8's gemv_pf, retired with gemv_kq's PF=1 build, by the commit that holds it)."""
     import types
 
     from labkernels import prefill, records
     from labkernels.rounds import r09_decode as r9
 
     g = r9.generate
-    for bad in ({"gemv_pf": []}, {"nope": [0, 1]}, {"graph": [True, False]}, {"gemv_pf": [0], "pdl": [0]}):
+    for bad in ({"pdl": []}, {"nope": [0, 1]}, {"graph": [True, False]}, {"fuse_rope": [0], "pdl": [0]}):
         with pytest.raises(ValueError, match="ab"):
             g.measure_generate(None, models=["x"], prompts=[8], n_new=2, repeats=1, ab=bad)
+    with pytest.raises(ValueError, match="gemv_pf .*lost and left PrefillOptions.*commit 7894b07 holds it"):
+        g.measure_generate(None, models=["x"], prompts=[8], n_new=2, repeats=1, ab=r9.GEN_STEP8_PLAN["ab"])
     seen = []
 
     class FakeGM:
@@ -848,8 +951,8 @@ def test_generate_ab_alternates_the_option_in_every_repeat_and_reads_back(tmp_pa
             self.opts = prefill.PrefillOptions()
 
         def generate(self, toks, n):
-            seen.append(self.opts.gemv_pf)
-            tps = 110.0 if self.opts.gemv_pf else 100.0
+            seen.append(self.opts.pdl)
+            tps = 110.0 if self.opts.pdl else 100.0
             self.last_generate = {"mode": "graph", "replays": n - 1, "tok_per_s": tps + len(seen),
                                   "tok_per_s_wall": tps, "prefill_ms": 1.0}
             return list(range(n))
@@ -865,20 +968,48 @@ def test_generate_ab_alternates_the_option_in_every_repeat_and_reads_back(tmp_pa
     monkeypatch.setattr(g.prefill, "GpuModel", FakeGM)
     monkeypatch.setattr(g.gpu, "cp", lambda: types.SimpleNamespace(
         get_default_memory_pool=lambda: types.SimpleNamespace(free_all_blocks=lambda: None)))
-    assert r9.GEN_STEP8_PLAN["ab"] == {"gemv_pf": [False, True]} and prefill.PrefillOptions().gemv_pf is False
     with records.recording("decode", {"what": "test"}, root=tmp_path / "data") as run:
         rows = g.measure_generate(run, models=["synthetic-7b"], prompts=[512], n_new=4, repeats=3,
-                                  progress=lambda *a: None, ab=r9.GEN_STEP8_PLAN["ab"])
-    assert seen == [False, True] * 3 and [r["gemv_pf"] for r in rows] == [False, True] * 3
-    t = r9.generation_ab(run, "gemv_pf").iloc[0]
-    assert t.pairs == 3 and t["tok_per_s (gemv_pf=False)"] == 103.0 and t["tok_per_s (gemv_pf=True)"] == 114.0
+                                  progress=lambda *a: None, ab={"pdl": [False, True]})
+    assert seen == [False, True] * 3 and [r["pdl"] for r in rows] == [False, True] * 3
+    t = r9.generation_ab(run, "pdl").iloc[0]
+    assert t.pairs == 3 and t["tok_per_s (pdl=False)"] == 103.0 and t["tok_per_s (pdl=True)"] == 114.0
     assert t.ratio == pytest.approx(114 / 103) and t.ratio_min == pytest.approx(116 / 105)
     assert t.ratio_max == pytest.approx(112 / 101)
     with pytest.raises(ValueError, match="not an A/B"):
-        r9.generation_ab(run, "pdl")
-    assert "gemv_step8" in r9.STEPS and [s.number for s in r9.STEP_RECORDS if s.name == "gemv_step8"] == [8]
+        r9.generation_ab(run, "fuse_rope")
+
+
+def test_step8_is_retired_with_the_commit_that_holds_it_and_its_record_kept():
+    """Round 9 step 8 (gemv_step8: the decode with gemv_kq's PF=1 build against PF=0) lost and left the source: no live
+    gpu-check step, a retired record (number 8) with the commit that holds PF=1 and PrefillOptions.gemv_pf (7894b07)
+    and the command that reruns the step there; its plan, ledger text and recorded run stay, and the record's view is
+    the run's generation A/B (PF=1 / PF=0 tokens/s: 0.945 for the synthetic 7B, 0.969 for the synthetic Gemma 3)."""
+    from labkernels import rounds
+    from labkernels.rounds import r09_decode as r9
+
+    assert "gemv_step8" not in r9.STEPS and not hasattr(r9, "step_gemv_step8") and not hasattr(r9.steps,
+                                                                                              "step_gemv_step8")
+    mod, s = rounds.retired_step("gemv_step8")
+    assert mod is r9 and s.number == 8 and s.run is None and s.retired.commit == r9.PF_HOLDER == "7894b07"
+    assert s.retired.command.startswith("git worktree add /tmp/lk-7894b07 7894b07 && cd /tmp/lk-7894b07 && ")
+    assert "--steps gemv_step8" in s.retired.command and s.runs == (r9.STEP8_RUN,)
+    assert "0.945" in s.retired.why and "0.969" in s.retired.why and r9.STEP8_RUN in s.retired.why
+    assert s.plan is r9.GEN_STEP8_PLAN and r9.GEN_STEP8_PLAN["ab"] == {"gemv_pf": [False, True]}
     led = r9.ledger._ledger("gemv_step8")
-    run = r9.tables.step_run(led)
-    assert led["step"] == 8 and run is not None and run.meta["params"]["ab"] == r9.GEN_STEP8_PLAN["ab"]
-    assert run.gpu_name == led["card"] and led["measured"] and led["verdict"].startswith("missed")
+    assert led["step"] == 8 and led["runs"] == [r9.STEP8_RUN] and led["verdict"].startswith("missed")
+    assert "commit 7894b07 holds it" in led["verdict"] and "PF_HOLDER" not in led["verdict"]
     assert [c["metric"] for c in led["prediction"] if c.get("headline")] == ["ratio"]
+    run = s.latest()
+    if run is None:
+        pytest.skip(f"run {r9.STEP8_RUN} not in data/09_decode/")
+    assert run.run_id == r9.STEP8_RUN and run.meta["params"]["what"] == "gemv_step8"
+    assert run.meta["params"]["ab"] == r9.GEN_STEP8_PLAN["ab"] and run.gpu_name == led["card"]
+    assert str(run.provenance["git_commit"]).startswith(s.commit)
+    v = s.view(run).set_index("model")
+    assert round(v.loc["synthetic-7b", "ratio"], 3) == 0.945 and round(v.loc["synthetic-gemma3", "ratio"], 3) == 0.969
+    claims = r9.step_claims_table(led, r9.tables.step_run(led))
+    assert len(claims) == len(led["prediction"]) and "not measured" not in set(claims.verdict)
+    for sel in ("8", "gemv_step8"):
+        with pytest.raises(rounds.RoundError, match="step 8 \\(gemv_step8\\) is retired .*commit 7894b07"):
+            rounds.select_steps(9, [sel])

@@ -134,12 +134,13 @@ def _kernels_at(commit: str, tmp_path: Path) -> Path:
     return old
 
 
-def _as_built_before_pf(k, extra: tuple = ()):
-    """Registry spec ``k`` as the source before round 9 step 8's PF parameter instantiated it (PF dropped, ``extra``
-    template parameters appended): an object with its template, params, key and name expression."""
+def _as_built_with(k, extra: tuple = ()):
+    """Registry spec ``k`` as an older source instantiated it, with ``extra`` template parameters appended (a1cf954's
+    PIPE=0, 7894b07's PF=0; none for 90fd260, before PF came and after it left): an object with its template, params,
+    key and name expression."""
     import types
 
-    params = (*((n, v) for n, v in k.params if n != "PF"), *extra)
+    params = (*k.params, *extra)
     return types.SimpleNamespace(template=k.template, params=params, key=k.key,
                                  name_expression=f"{k.template}<{','.join(str(v) for _, v in params)}>")
 
@@ -148,14 +149,13 @@ def _as_built_before_pf(k, extra: tuple = ()):
 def test_gemv_pipe_retirement_keeps_the_machine_code_of_every_instantiation(tmp_path, arch):
     """gemv_kq without its PIPE template parameter (round 9 step 3's ring, retired): every registered instantiation
     compiles to the machine code of its PIPE=0 instantiation at a1cf954, byte for byte (the kernel's name, mangled
-    with one template argument fewer, aside) -- the forms that existed then (FORM 0 / 1); the later forms (3, 4, 5) are
-    compared with 90fd260 below."""
+    with one template argument fewer, aside) -- the forms that existed then (FORM 0 / 1); the later form 3 is compared
+    with 90fd260 and 7894b07 below."""
     old = _kernels_at(GEMV_PIPE_HOLDER, tmp_path)
-    # FORM 3-5 (steps 6-7) and PF=1 (step 8) came after a1cf954
-    specs = [k for k in registry.family("gemv_kq") if k.p["FORM"] < 2 and k.p["PF"] == 0]
+    specs = [k for k in registry.family("gemv_kq") if k.p["FORM"] < 2]      # FORM=3 (step 6) came after a1cf954
     assert len(specs) == 20 and all(n != "PIPE" for n, _ in specs[0].params)
     new = _gemv_kq_text(registry.KERNELS_DIR, {k.key: (k.name_expression, k) for k in specs}, arch, tmp_path)
-    olds = {k.key: (o.name_expression, o) for k in specs for o in [_as_built_before_pf(k, (("PIPE", 0),))]}
+    olds = {k.key: (o.name_expression, o) for k in specs for o in [_as_built_with(k, (("PIPE", 0),))]}
     was = _gemv_kq_text(old, olds, arch, tmp_path)
     moved = [k for k in new if new[k] != was[k]]
     assert not moved, f"machine code differs from {GEMV_PIPE_HOLDER}'s PIPE=0: {moved}"
@@ -188,43 +188,72 @@ def _kernel_sections(blob: bytes, k) -> dict:
     return out
 
 
-@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
-def test_gemv_form2_retirement_keeps_the_machine_code_of_every_instantiation(tmp_path, arch):
-    """gemv_kq without FORM=2 (round 9 step 5's register double buffer, retired; FORM=3 keeps its loop): every
-    registered instantiation -- FORM 0 / 1 / 3 / 4 / 5, 28 of them -- compiles to the machine code of the same
-    instantiation at 90fd260 (the last commit with FORM=2), section by section: .text, .nv.info, .nv.constant0,
-    .nv.shared and the sections' type, flags, link and info (registers, symbol), byte for byte."""
-    old = _kernels_at(GEMV_FORM2_HOLDER, tmp_path)
-    specs = [k for k in registry.family("gemv_kq") if k.p["PF"] == 0]      # PF=1 (round 9 step 8) came after 90fd260
-    assert len(specs) == 28 and {k.p["FORM"] for k in specs} == {0, 1, 3, 4, 5}
-    olds = {k.key: _as_built_before_pf(k) for k in specs}
+def _gemv_cubin(kdir: Path, tmp: Path, ks, arch: str) -> bytes:
+    """One cubin of gemv_kq.cu in ``kdir`` holding the instantiations ``ks`` (objects with a name expression)."""
+    tmp.mkdir()
+    w = tmp / "gemv_kq__sections.cu"
+    w.write_text('#include "gemv_kq.cu"\nvoid __lk_refs() {\n'
+                 + "".join(f"    (void)&{k.name_expression};\n" for k in ks) + "}\n")
+    cub = tmp / "k.cubin"
+    subprocess.run([audit.nvcc_path(), "-cubin", "-std=c++17", audit.arch_flag(arch), f"-I{kdir}",
+                    *registry.cuda_defines(), "-o", str(cub), str(w)], check=True, capture_output=True, cwd=tmp)
+    return cub.read_bytes()
 
-    def build(kdir: Path, tmp: Path, ks) -> bytes:
-        tmp.mkdir()
-        w = tmp / "gemv_kq__sections.cu"
-        w.write_text('#include "gemv_kq.cu"\nvoid __lk_refs() {\n'
-                     + "".join(f"    (void)&{k.name_expression};\n" for k in ks) + "}\n")
-        cub = tmp / "k.cubin"
-        subprocess.run([audit.nvcc_path(), "-cubin", "-std=c++17", audit.arch_flag(arch), f"-I{kdir}",
-                        *registry.cuda_defines(), "-o", str(cub), str(w)], check=True, capture_output=True, cwd=tmp)
-        return cub.read_bytes()
 
-    new, was = build(registry.KERNELS_DIR, tmp_path / "n", specs), build(old, tmp_path / "o", list(olds.values()))
+def _sections_moved(old: Path, olds: dict, arch: str, tmp_path: Path, kdir: Path = registry.KERNELS_DIR) -> dict:
+    """{key: the section kinds that differ} between every registered gemv_kq instantiation built from ``kdir`` and its
+    twin ``olds[key]`` built from ``old`` (one cubin each); asserts the new build's kernels are distinct (so the
+    comparison can tell them apart)."""
+    specs = registry.family("gemv_kq")
+    new = _gemv_cubin(kdir, tmp_path / "n", specs, arch)
+    was = _gemv_cubin(old, tmp_path / "o", [olds[k.key] for k in specs], arch)
     moved = {}
     for k in specs:
         a, b = _kernel_sections(new, k), _kernel_sections(was, olds[k.key])
         if a != b:
-            moved[k.key] = sorted(s for s in set(a) | set(b) if a.get(s) != b.get(s))
-    assert not moved, f"machine code differs from {GEMV_FORM2_HOLDER}'s: {moved}"
+            moved[k.key] = sorted(x for x in set(a) | set(b) if a.get(x) != b.get(x))
     texts = [_kernel_sections(new, k)[".text"][-1] for k in specs]
-    assert len(set(texts)) == len(specs)         # 28 distinct kernels: the comparison can tell them apart
+    assert len(set(texts)) == len(specs)         # distinct kernels: the comparison can tell them apart
+    return moved
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
-def test_gemv_pf_prefetches_its_weights_before_the_wait_and_nowhere_else(tmp_path, arch):
-    """Round 9 step 8's PF=1 instantiations issue their L2 weight prefetches (one cp.async.bulk.prefetch a q4_K row,
-    four a q6_K row: its planes) before griddepcontrol.wait on sm_90, and the PF=0 ones none; below sm_90 neither
-    prefetches nor waits (the entry is empty there)."""
+def test_gemv_form2_retirement_keeps_the_machine_code_of_every_instantiation(tmp_path, arch):
+    """gemv_kq without FORM=2 (round 9 step 5's register double buffer, retired; FORM=3 keeps its loop): every
+    registered instantiation -- FORM 0 / 1 / 3, 24 of them (step 7's FORM=4 / 5 left since) -- compiles to the machine
+    code of the same instantiation at 90fd260 (the last commit with FORM=2, before PF came), section by section:
+    .text, .nv.info, .nv.constant0, .nv.shared and the sections' type, flags, link and info (registers, symbol), byte
+    for byte."""
+    old = _kernels_at(GEMV_FORM2_HOLDER, tmp_path)
+    specs = registry.family("gemv_kq")
+    assert len(specs) == 24 and {k.p["FORM"] for k in specs} == {0, 1, 3}
+    moved = _sections_moved(old, {k.key: _as_built_with(k) for k in specs}, arch, tmp_path)
+    assert not moved, f"machine code differs from {GEMV_FORM2_HOLDER}'s: {moved}"
+
+
+#: the last commit with gemv_kq's FORM=4 / 5 (round 9 step 7) and its PF template parameter (step 8's L2 prefetch
+#: before the PDL wait), gpu-check gemv_step7 and gemv_step8
+GEMV_F45_PF_HOLDER = "7894b07"
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_90", "sm_80"])
+def test_gemv_f45_pf_retirement_keeps_the_machine_code_of_every_instantiation(tmp_path, arch):
+    """gemv_kq without FORM=4 / 5 (round 9 step 7's register caps) and without its PF template parameter (step 8's L2
+    prefetch before the PDL wait), both retired: every registered instantiation -- FORM 0 / 1 / 3, 24 of them --
+    compiles to the machine code of its PF=0 instantiation at 7894b07 (the last commit with them), section by section
+    as above (the kernel's name, mangled with one template argument fewer, aside)."""
+    old = _kernels_at(GEMV_F45_PF_HOLDER, tmp_path)
+    specs = registry.family("gemv_kq")
+    assert len(specs) == 24 and all(n != "PF" for n, _ in specs[0].params)
+    moved = _sections_moved(old, {k.key: _as_built_with(k, (("PF", 0),)) for k in specs}, arch, tmp_path)
+    assert not moved, f"machine code differs from {GEMV_F45_PF_HOLDER}'s PF=0: {moved}"
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_gemv_kq_prefetches_nothing_before_its_wait(tmp_path, arch):
+    """Round 9 step 8's PF=1 build left the source: no gemv_kq instantiation issues an L2 bulk prefetch, and on sm_90
+    each begins with griddepcontrol.wait (LK_PDL_ENTRY) -- the decode graph launches every one as PF=0 was; below
+    sm_90 the entry is empty."""
     import re
 
     _need_nvcc()
@@ -235,14 +264,7 @@ def test_gemv_pf_prefetches_its_weights_before_the_wait_and_nowhere_else(tmp_pat
     subprocess.run([audit.nvcc_path(), "-ptx", "-std=c++17", f"-arch={arch}", f"-I{registry.KERNELS_DIR}",
                     *registry.cuda_defines(), "-o", str(out), str(w)], check=True, capture_output=True)
     bodies = re.split(r"\.entry\s+", out.read_text())[1:]
-    assert len(bodies) == len(specs) == 52
+    assert len(bodies) == len(specs) == 24
     for body in bodies:
-        args = [int(a) for a in re.findall(r"Li(-?\d+)E", body.split("(", 1)[0])]
-        qt, pf = args[0], args[-1]
-        n = body.count("cp.async.bulk.prefetch.L2.global")
-        if arch == "sm_80":
-            assert n == 0 and "griddepcontrol" not in body
-            continue
-        assert n == (0 if pf == 0 else 1 if qt == 4 else 4), (args, n)
-        if pf:
-            assert body.index("cp.async.bulk.prefetch") < body.index("griddepcontrol.wait"), args
+        assert "prefetch" not in body.split("{", 1)[1], body[:120]
+        assert ("griddepcontrol.wait" in body) == (arch != "sm_80"), body[:120]

@@ -33,8 +33,9 @@ GPU_CHECK_STEPS = ("env", "tests", "sanitizer", "occupancy", "q6k", "tile_ab", "
 #: round 7's steps retired with the kernel's split (issue 42), and the two before it (commits 82d821d, c301da5)
 RETIRED = ("wgmma_splitfin", "wgmma_conv16", "wgmma_wtma", "wgmma_tmapf", "wgmma_kpairearly", "wgmma_wstage",
            "wgmma_swapred")
-#: round 9's steps retired with gemv_kq's PIPE ring (commit a1cf954 holds it) and its FORM=2 (commit 90fd260)
-RETIRED_R9 = ("gemv_step3", "gemv_step5")
+#: round 9's steps retired with gemv_kq's PIPE ring (commit a1cf954 holds it), its FORM=2 (commit 90fd260), its FORM=4 /
+#: 5 and its PF=1 build (commit 7894b07)
+RETIRED_R9 = ("gemv_step3", "gemv_step5", "gemv_step7", "gemv_step8")
 
 
 def test_gpu_check_takes_the_rounds_steps():

@@ -32,28 +32,6 @@ typedef unsigned long long u64;
     } while (0)
 #endif
 
-// LK_PDL_ENTRY_PREFETCH(PF, stmt): LK_PDL_ENTRY() with `stmt` before the wait in the instantiations whose PF is
-// nonzero -- L2 prefetches of bytes that no kernel before this one writes (a layer's weights), issued while the
-// kernel ahead in the stream still runs; nothing is read into registers or written before the wait. With PF = 0 it
-// compiles to LK_PDL_ENTRY() alone. labkernels.gpu.pdl_sources counts it as the entry.
-#define LK_PDL_ENTRY_PREFETCH(PF, ...)  \
-    do {                                \
-        if constexpr ((PF) != 0) {      \
-            __VA_ARGS__;                \
-        }                               \
-        LK_PDL_ENTRY();                 \
-    } while (0)
-
-// L2 prefetch of `bytes` (a multiple of 16) at a 16-byte aligned global address: cp.async.bulk.prefetch on sm_90
-// (one instruction a range), nothing below
-__device__ __forceinline__ void lk_prefetch_l2(const void* p, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-    if (bytes)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(__cvta_generic_to_global(p)), "r"(bytes)
-                     : "memory");
-#endif
-}
-
 // fp16 bits -> float without cuda_fp16.h
 __device__ __forceinline__ float lk_h2f(u16 h) {
     float f;

@@ -35,10 +35,6 @@
 // split over K a CTA folds itself, with no workspace, fence or arrival atomic (S = 1). At S = 1 it computes what
 // FORM=1 computes at split WARPS, bit for bit (the same ranges, the same left-to-right sum of the partials); at S > 1
 // the sum has two levels (the warps', then the splits').
-// FORM=4 and FORM=5 (round 9 step 7; q4_K, nt <= 8, MT=1, WARPS=4): FORM=1's code under a register cap -- the
-// __launch_bounds__ minimum of 6 (FORM=4: 80 registers) or 8 (FORM=5: 64) CTAs an SM instead of 3 -- for 24 or 32
-// warps an SM where FORM=1 (106 registers) has 16: the same instructions' results, bit for bit, with more warps to
-// cover the loads' latency.
 //
 // Round 9 step 3's PIPE form (FORM=1's bytes staged through a cp.async shared-memory ring, PIPE in {2, 4}) lost at
 // every point and left this source; commit a1cf954 holds it (labkernels.rounds.r09_decode: the retired gemv_step3).
@@ -47,6 +43,14 @@
 // q4_K nt=1 f16: 1.07-1.08 on the three large shapes, predicted 0.72-0.9; 1.10 at 4096x4096, predicted 0.85-1.0; H200
 // run 20261207T131432Z-h200-0b009b5) and left this source; commit 90fd260 holds it (labkernels.rounds.r09_decode: the
 // retired gemv_step5). FORM=3 keeps its loop.
+// Round 9 step 7's FORM=4 and FORM=5 (FORM=1's code under a __launch_bounds__ register cap of 6 / 8 CTAs an SM: 80 /
+// 64 registers, 24 / 32 warps an SM where FORM=1 has 16) were slower at every f16 point (FORM=4 / FORM=1 1.20, FORM=5
+// / FORM=1 1.31 at q4_K 4096x14336 nt=1 f16, one-wave split; H100 run 20261207T195543Z-h10080gbhbm3-045babc) and left
+// this source; commit 7894b07 holds them (labkernels.rounds.r09_decode: the retired gemv_step7).
+// Round 9 step 8's PF=1 build (each CTA prefetching its weight bytes into L2 with cp.async.bulk.prefetch before its
+// PDL wait) made the decode slower (synthetic 7B tokens/s PF=1 / PF=0 0.945, synthetic Gemma 3 0.969, predicted
+// 1.03-1.12 / 1.02-1.15; H100 run 20261207T195308Z-h10080gbhbm3-045babc) and left this source with its template
+// parameter PF; commit 7894b07 holds it (the retired gemv_step8). Every kernel begins with LK_PDL_ENTRY() as before.
 #include "common.cuh"
 
 // ---- f16x2 arithmetic through PTX (NVRTC builds have no cuda_fp16.h here)
@@ -339,41 +343,13 @@ __device__ __forceinline__ void lk_form1_superblock(const KqRow4v2 (&wr)[MT][2],
     }
 }
 
-// PF=1 (round 9 step 8): before its PDL wait, each CTA prefetches into L2 the weight bytes it will read -- its rows'
-// ranges of super-blocks [sb0, sb1) of its split, one cp.async.bulk.prefetch a row (q4_K) or a row and plane (q6_K's
-// four planes; the d plane's range widened to 16-byte bounds inside the buffer) -- so that, launched programmatically
-// behind a short kernel (a norm, the attention), its stream starts while that kernel runs. Weights are never written
-// by a kernel before it, so nothing it prefetches can be stale. The arithmetic is PF=0's, bit for bit.
-template <int QT, int MT, int WARPS, int FORM>
-__device__ __forceinline__ void lk_gemv_prefetch(const u8* __restrict__ W, int od, int id, int S) {
-    const int nsb = id >> 8;
-    const int sb0 = (int)((long long)blockIdx.y * nsb / S), sb1 = (int)((long long)(blockIdx.y + 1) * nsb / S);
-    constexpr int ROWS = FORM == 3 ? MT * 16 : WARPS * MT * 16;        // the CTA's rows (labkernels.gemv.rows_per_cta)
-    const int row = (int)blockIdx.x * ROWS + (int)threadIdx.x;
-    if ((int)threadIdx.x >= ROWS || row >= od || sb1 <= sb0) return;
-    const long long b = (long long)row * nsb + sb0;
-    const unsigned n = (unsigned)(sb1 - sb0);
-    if constexpr (QT == 4) {
-        lk_prefetch_l2(W + b * 144, n * 144u);
-    } else {
-        const long long nb = (long long)od * nsb;                       // QL' | QH' | SC | D planes (repack_q6k)
-        lk_prefetch_l2(W + b * 128, n * 128u);
-        lk_prefetch_l2(W + nb * 128 + b * 64, n * 64u);
-        lk_prefetch_l2(W + nb * 192 + b * 16, n * 16u);
-        const long long d0 = (nb * 208 + b * 2) & ~15LL, end = nb * 210 & ~15LL;
-        const long long d1u = (nb * 208 + (b + n) * 2 + 15) & ~15LL, d1 = d1u < end ? d1u : end;
-        if (d1 > d0) lk_prefetch_l2(W + d0, (unsigned)(d1 - d0));
-    }
-}
-
-template <int QT, int XF32, int NT8, int MT, int WARPS, int FORM, int PF>
+template <int QT, int XF32, int NT8, int MT, int WARPS, int FORM>
 // __launch_bounds__ minimum 3 CTAs an SM: a cap of 170 registers (without it ptxas took 128 for q6_K f16 NT8=1 MT=2
-// and spilled 4 bytes; with it every instantiation builds without spills, 62-168 registers); 2 at WARPS=8 (FORM=3);
-// FORM=4 / FORM=5: 6 / 8 (the register caps of step 7)
-__global__ void __launch_bounds__(WARPS * 32, FORM == 4 ? 6 : FORM == 5 ? 8 : WARPS >= 8 ? 2 : 3) gemv_kq_kernel(const u8* __restrict__ W, const void* __restrict__ X,
+// and spilled 4 bytes; with it every instantiation builds without spills, 62-168 registers); 2 at WARPS=8 (FORM=3)
+__global__ void __launch_bounds__(WARPS * 32, WARPS >= 8 ? 2 : 3) gemv_kq_kernel(const u8* __restrict__ W, const void* __restrict__ X,
                                                             float* __restrict__ Y, float* __restrict__ ws,
                                                             int* __restrict__ counters, int nt, int od, int id, int S) {
-    LK_PDL_ENTRY_PREFETCH(PF, lk_gemv_prefetch<QT, MT, WARPS, FORM>(W, od, id, S));
+    LK_PDL_ENTRY();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const int nsb = id >> 8;
     // FORM=3: every warp of the CTA on the same 16 rows, warp w on the w-th of WARPS ranges of the split's super-blocks
@@ -437,8 +413,8 @@ __global__ void __launch_bounds__(WARPS * 32, FORM == 4 ? 6 : FORM == 5 ? 8 : WA
             xs.load(X, xoff + sb * 256, g < nt);
             lk_form1_superblock<XF32, MT>(wr, xs, ind_lo, ind_hi, acc);
         }
-    } else if constexpr (FORM == 1 || FORM == 4 || FORM == 5) {
-        static_assert(QT == 4 && NT8 == 1, "FORM=1 (and its register-capped builds 4, 5) is q4_K at nt <= 8");
+    } else if constexpr (FORM == 1) {
+        static_assert(QT == 4 && NT8 == 1, "FORM=1 is q4_K at nt <= 8");
         // the indicator B fragment (k-rows x columns j = sub-blocks): the indicator mma's A is the four activation
         // fragments of step m as they are (b0, b1, b2, b3): columns 2c, 2c+1 hold lane c's low-step values (sub-block
         // 2c), columns 2c+8, 2c+9 its high-step values (2c+1); rows g and g+8 both hold token g (b1, b3 in row g+8)

@@ -163,12 +163,10 @@ FAMILIES = [
              "stream-K scheduler; NCV=2 two converter warpgroups, each half of every chunk (setmaxnreg 80/176)"),
     # -- round 9: decode -- k-quant matrix-vector / small-batch products (nt = 1..16), weights read once per launch
     dict(family="gemv_kq", source="gemv_kq.cu", template="gemv_kq_kernel",
-         params={"QT": [4, 6], "XF32": [0, 1], "NT8": [1, 2], "MT": [1, 2], "WARPS": [4, 8], "FORM": [0, 1, 3, 4, 5],
-                 "PF": [0, 1]},
-         valid="(FORM == 0 or (QT == 4 and NT8 == 1 and (FORM == 1 or MT == 1))) and (WARPS == 4 or FORM == 3) "
-               "and (PF == 0 or FORM < 4)",
+         params={"QT": [4, 6], "XF32": [0, 1], "NT8": [1, 2], "MT": [1, 2], "WARPS": [4, 8], "FORM": [0, 1, 3]},
+         valid="(FORM == 0 or (QT == 4 and NT8 == 1 and (FORM == 1 or MT == 1))) and (WARPS == 4 or FORM == 3)",
          threads="32 * WARPS", smem="0", tile=(0, 0),
-         main_path="FORM < 4", archs=("sm_80", "sm_90"),
+         main_path=True, archs=("sm_80", "sm_90"),
          doc="q4_K (GGUF rows as uploaded) / q6_K (planes repacked once at load, same bytes) x f16 or f32 (XF32) "
              "activations read directly; weights dequantized exactly in registers (f16 code by a magic exponent, "
              "one rounding of q*S+B), mma.sync m16n8k16 f16 -> f32 with the tokens as n (NT8 tiles of 8); a lane "
@@ -180,11 +178,11 @@ FAMILIES = [
              "(round 9 step 3's PIPE ring lost and left the source: commit a1cf954 holds it); FORM=3 (q4_K, nt <= 8, "
              "MT=1; round 9 step 6): FORM=1's arithmetic with the next super-block's weight bytes loaded into "
              "registers before the current one is computed (a register double buffer), the CTA's warps on one 16-row "
-             "group, the split's super-blocks cut among them and folded in shared memory (WARPS 4 or 8); FORM=4 / 5 "
-             "(step 7): FORM=1 built under a register cap of 6 / 8 CTAs an SM (80 / 64 registers, MT=1) (round 9 "
+             "group, the split's super-blocks cut among them and folded in shared memory (WARPS 4 or 8) (round 9 "
              "step 5's FORM=2, the double buffer with the warps on their own rows, lost and left the source: commit "
-             "90fd260 holds it); PF=1 (step 8; FORM 0/1/3): before its PDL wait each CTA prefetches into L2 the weight "
-             "bytes it will read (cp.async.bulk.prefetch a row's range), the arithmetic PF=0's"),
+             "90fd260 holds it; step 7's FORM=4 / 5, FORM=1 under a register cap of 6 / 8 CTAs an SM, and step 8's "
+             "PF=1, each CTA's weight bytes prefetched into L2 before its PDL wait, lost and left it too: commit "
+             "7894b07 holds them)"),
     # -- round 9: the decode step's own kernels (labkernels.decode): position and token read from device memory
     dict(family="decode_qkv", source="decode.cu", template="decode_qkv_kernel", params={"NEOX": [0, 1], "QKN": [0, 1]},
          threads=256, smem="0", tile=(0, 0), main_path=False, archs=("sm_80", "sm_90"),

@@ -11,11 +11,11 @@ measures into new runs or opens the latest ones, and returns them with the banne
 from :func:`gpu_check_steps` (``--steps NAME,...``) and :func:`select_steps` (``--round N --step N|NAME,...``).
 A round whose steps are records (:class:`Step`: number, name, builds, plan, prediction, verdict, run ids, commit, one
 ``run`` and one ``view``, the arguments it declares; a retired one with the commit and command that reproduce it)
-declares them as ``STEP_RECORDS`` (round 7: :mod:`labkernels.rounds.r07_wgmma.steps`; round 9, whose steps 3 and 5 are
-retired: :mod:`labkernels.rounds.r09_decode.steps`); its ``STEPS`` are then the live ones' gpu-check names. A round whose
-page replays one kind of run among several in a folder names it in ``REPLAY_WHERE`` ({series: predicate(run, plan)}:
-round 5's decomposition of the plan's model and nt, round 7's benchmark among its sanitizer and ncu runs). A round
-whose measurement records its own runs (round 6: one ncu process per case) declares ``record_runs(root, progress,
+declares them as ``STEP_RECORDS`` (round 7: :mod:`labkernels.rounds.r07_wgmma.steps`; round 9, whose steps 3, 5, 7 and 8
+are retired: :mod:`labkernels.rounds.r09_decode.steps`); its ``STEPS`` are then the live ones' gpu-check names. A round
+whose page replays one kind of run among several in a folder names it in ``REPLAY_WHERE`` ({series: predicate(run,
+plan)}: round 5's decomposition of the plan's model and nt, round 7's benchmark among its sanitizer and ncu runs). A
+round whose measurement records its own runs (round 6: one ncu process per case) declares ``record_runs(root, progress,
 **plan) -> {series: run}`` instead of ``measure``. A new round joins the table by adding its module to :data:`MODULES`.
 
 **Data folders.** A round's recorded runs live in ``data/<its notebook's name>/`` (``data/03_q6k_expanded_b/``).

@@ -85,8 +85,7 @@ def test_every_instantiation_passes_the_gate(cp, rng, spec):
     x = rng.standard_normal((nt, id_)).astype(np.float32)
     w = gpu.QWeight.upload(raw, qtype)
     xd = cp.asarray(x) if p["XF32"] else cp.asarray(x.astype(np.float16))
-    with gpu.programmatic_launches(bool(p["PF"])):          # PF=1 as the decode graph launches it
-        y = _run(cp, w, xd, MT=p["MT"], WARPS=p["WARPS"], S=2, FORM=p["FORM"], PF=p["PF"])
+    y = _run(cp, w, xd, MT=p["MT"], WARPS=p["WARPS"], S=2, FORM=p["FORM"])
     _gate(y, raw, qtype, x, form=p["FORM"])
 
 
@@ -155,66 +154,6 @@ def test_gemv_form3_is_form1_at_warps_times_the_splits(cp, rng, nt, od, id_, f32
             assert np.array_equal(y1.view(np.uint32), y3.view(np.uint32)), S
             checked += 1
     assert checked == 1 or nsb < warps
-
-
-@pytest.mark.parametrize("form,qtype,mt", [(0, "q4_K", 2), (0, "q6_K", 1), (1, "q4_K", 1), (1, "q4_K", 2),
-                                            (3, "q4_K", 1)])
-@pytest.mark.parametrize("nt", [1, 8])
-@pytest.mark.parametrize("od,id_", [(17, 512), (1000, 4352), (4096, 14336)])
-@pytest.mark.parametrize("f32", [0, 1])
-def test_gemv_pf_is_pf0_bit_for_bit(cp, rng, form, qtype, mt, nt, od, id_, f32):
-    """Round 9 step 8's PF=1 build (its weight bytes prefetched into L2 before the PDL wait), launched
-    programmatically as the decode graph launches it, computes PF=0's bits at the same split (the default, the one-wave,
-    and 1), with NaN-poisoned guards and its form's gate; weights_before_wait picks PF=1 only for a programmatic
-    launch."""
-    from labkernels import gemv, gpu
-
-    raw = _weights(rng, qtype, od, id_)
-    x = _x(rng, raw, qtype, nt, id_)
-    w = gpu.QWeight.upload(raw, qtype)
-    xd = cp.asarray(x) if f32 else cp.asarray(x.astype(np.float16))
-    warps = 8 if form == 3 else 4
-    for S in (None, "wave", 1):
-        y0 = _run(cp, w, xd, MT=mt, WARPS=warps, FORM=form, S=S, PF=0)
-        with gpu.programmatic_launches():
-            y1 = _run(cp, w, xd, MT=mt, WARPS=warps, FORM=form, S=S, PF=1)
-        assert np.array_equal(y0.view(np.uint32), y1.view(np.uint32)), S
-        _gate(y1, raw, qtype, x, form=form)
-    seen = []
-    orig = gemv._kernel
-    try:
-        gemv._kernel = lambda *a: (seen.append(a[6]) if len(a) == 7 else None) or orig(*a)
-        with gemv.weights_before_wait():
-            _run(cp, w, xd, MT=mt, WARPS=warps, FORM=form)                       # a normal launch: PF=0
-            with gpu.programmatic_launches():
-                _run(cp, w, xd, MT=mt, WARPS=warps, FORM=form)                   # programmatic: PF=1
-    finally:
-        gemv._kernel = orig
-    assert seen == [0, 1]
-
-
-@pytest.mark.parametrize("form", [4, 5])
-@pytest.mark.parametrize("nt", [1, 5, 8])
-@pytest.mark.parametrize("od,id_", [(17, 512), (1000, 4352), (4096, 14336)])
-@pytest.mark.parametrize("f32", [0, 1])
-def test_gemv_register_capped_forms_are_form1_bit_for_bit(cp, rng, form, nt, od, id_, f32):
-    """FORM=4 / FORM=5 (step 7: FORM=1's source under a register cap of 6 / 8 CTAs an SM, spilling a few bytes)
-    compute FORM=1's bits at the same split (the default, the one-wave, 1 and 3), NaN-poisoned guards, FORM=1's gate."""
-    from labkernels import gemv, gpu
-
-    raw = _weights(rng, "q4_K", od, id_)
-    x = _x(rng, raw, "q4_K", nt, id_)
-    w = gpu.QWeight.upload(raw, "q4_K")
-    xd = cp.asarray(x) if f32 else cp.asarray(x.astype(np.float16))
-    gv, sm = gemv.prepare(w), gpu.device_props()["sm_count"]
-    plans = [gemv.launch_plan(gv, nt, f32, 1, 4, 1, S, sm)["S"] for S in (None, "wave")]
-    for S in (*plans, 1, min(3, id_ // gemv.QK)):
-        y1 = _run(cp, w, xd, MT=1, FORM=1, S=S)
-        yc = _run(cp, w, xd, MT=1, FORM=form, S=S)
-        assert np.array_equal(y1.view(np.uint32), yc.view(np.uint32)), S
-    _gate(yc, raw, "q4_K", x, form=form)
-    assert gemv.launch_plan(gv, nt, f32, 1, 4, form, None, sm)["blocks_per_sm"] >= \
-        gemv.launch_plan(gv, nt, f32, 1, 4, 1, None, sm)["blocks_per_sm"]
 
 
 def test_gemv_form1_extreme_scales(cp, rng):
@@ -340,10 +279,8 @@ def test_gemv_refuses_bad_inputs(cp, rng):
         gemv.gemv(w, cp.zeros((512,), cp.float16))
     with pytest.raises(errors.ShapeError, match="FORM=1 takes q4_K weights at nt = 1..8"):
         gemv.gemv(w, cp.zeros((9, 512), cp.float16), FORM=1)
-    with pytest.raises(errors.ShapeError, match=r"FORM is one of \(0, 1, 3, 4, 5\)"):
+    with pytest.raises(errors.ShapeError, match=r"FORM is one of \(0, 1, 3\)"):
         gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=6)
-    with pytest.raises(errors.ShapeError, match="FORM=5 is built at MT=1 only"):
-        gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=5, MT=2)
     with pytest.raises(errors.ShapeError, match="FORM=3 .* MT=1 only"):
         gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=3, MT=2)
     with pytest.raises(errors.ShapeError, match=r"FORM=3 is built with WARPS in \(4, 8\)"):
@@ -353,6 +290,12 @@ def test_gemv_refuses_bad_inputs(cp, rng):
     for kw in ({"MT": 1}, {"MT": 2}, {"MT": 1, "S": 1}):     # step 5's FORM=2 left the source: no fallback
         with pytest.raises(errors.ShapeError, match="FORM=2 .*left the source: commit 90fd260 holds it"):
             gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=2, **kw)
+    for form in (4, 5):                                      # step 7's register-capped forms left too (7894b07)
+        with pytest.raises(errors.ShapeError, match=f"FORM={form} .*left the source: commit 7894b07 holds it"):
+            gemv.gemv(w, cp.zeros((2, 512), cp.float16), FORM=form, MT=1)
+    for kw in ({}, {"FORM": 1}, {"FORM": 3, "MT": 1}):       # step 8's PF=1 build left the source (7894b07)
+        with pytest.raises(errors.ShapeError, match="PF=1 .*left the source: commit 7894b07 holds it"):
+            gemv.gemv(w, cp.zeros((2, 512), cp.float16), PF=1, **kw)
     with pytest.raises(errors.ShapeError, match="FORM=1 takes q4_K"):
         gemv.gemv(gpu.QWeight.upload(_weights(rng, "q6_K", 64, 512), "q6_K"), cp.zeros((2, 512), cp.float16), FORM=1)
     with pytest.raises(TypeError, match="PIPE"):          # step 3's ring left the source (commit a1cf954)

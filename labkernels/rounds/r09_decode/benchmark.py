@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import bench, blas, cases, dispatch, gemv, gpu, wgmma
-from .ledger import FORM2_HOLDER, PIPE_HOLDER
+from .ledger import PIPE_HOLDER
 from .plan import NTS, SHAPES
 
 
@@ -48,7 +48,8 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
     launches at q4_K and nt <= 8 only); typed column WAVE (S: the split the launch ran), variant names ending ``_sw``;
     each launch's grid (CTAs, resident CTAs an SM, waves, S) and its gate in table ``gemv_plan``. (Step 3's runs
     also have a typed column PIPE and variants ending ``_p<PIPE>``: its ring, retired since; step 5's run has FORM=2
-    rows, variants ending ``_f2``: retired since, a launch of it is refused naming commit 90fd260.)
+    rows, variants ending ``_f2``, and step 7's FORM=4 / 5 rows ending ``_f4`` / ``_f5``: retired since, a launch of
+    one is refused naming the commit that holds it, 90fd260 / 7894b07: :data:`labkernels.gemv.RETIRED_FORMS`.)
     Rows: table ``gemv_bench`` (per variant and pair), with bytes read and the fraction of ``copy`` (the same
     process's copy bandwidth, table ``copy``)."""
     if launches is not None and any(len(v) != 4 for v in launches):
@@ -59,8 +60,9 @@ def bench_gemv(run=None, shapes=SHAPES, nts=NTS, qtypes=("q4_K", "q6_K"), acts=(
         raise ValueError(f"bench_gemv baselines are 'wgmma', 'cublas' and 'empty', not {unknown}")
     gone = sorted(({int(v[2]) for v in launches or ()} | {int(f) for f in forms}) & set(gemv.RETIRED_FORMS))
     if gone:
-        raise ValueError(f"bench_gemv: gemv_kq FORM {gone} left the source (round 9 step 5's FORM=2 lost; commit "
-                         f"{FORM2_HOLDER} holds it and runs step 5's launches: gpu check --steps gemv_step5 there)")
+        held = "; ".join(f"FORM={f}, {gemv.RETIRED_FORMS[f][0]}: commit {gemv.RETIRED_FORMS[f][1]} holds it and runs "
+                         f"its launches (gpu check --steps {gemv.RETIRED_FORMS[f][2]} there)" for f in gone)
+        raise ValueError(f"bench_gemv: gemv_kq FORM {gone} lost and left the source ({held})")
 
     import cupy as cp
     import gguf

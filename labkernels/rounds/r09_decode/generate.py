@@ -11,6 +11,7 @@ import dataclasses
 from ... import arch, decode, gpu, prefill, prefill_runs, quants, synthetic
 from ...peers import model_label   # a GGUF named as llama-bench's rows name it
 from . import benchmark
+from .ledger import PF_HOLDER
 from .plan import GEN_PLAN
 
 #: the fraction of the memory free after a model's upload that a point's KV cache may take (the prefill's activations
@@ -79,6 +80,10 @@ def measure_generate(run, models=GEN_PLAN["models"], prompts=GEN_PLAN["prompts"]
         if len(ab) != 1 or not all(isinstance(v, (list, tuple)) and v for v in ab.values()):
             raise ValueError(f"measure_generate ab is {{option: [values]}} with one option, got {ab!r}")
         opt = next(iter(ab))
+        if opt == "gemv_pf":
+            raise ValueError(f"measure_generate ab: gemv_pf (round 9 step 8's PF=1 build in the decode graph) lost and "
+                             f"left PrefillOptions with the build: commit {PF_HOLDER} holds it and runs step 8's A/B "
+                             f"(gpu check --steps gemv_step8 there)")
         if opt not in {f.name for f in dataclasses.fields(prefill.PrefillOptions)} or opt == "graph":
             raise ValueError(f"measure_generate ab: {opt!r} is not a PrefillOptions field the decode can vary")
     variants = [(None, None)] if ab is None else [(opt, v) for v in ab[opt]]

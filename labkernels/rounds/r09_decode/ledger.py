@@ -1,9 +1,10 @@
 """Round 9's steps as a ledger: for each step, what it asked, the analysis and the prediction written before its GPU
 run, what was measured and the verdict (:data:`LEDGER`; step 3's analysis :data:`STEP3_ANALYSIS`), the commits that
-still hold the retired step 3's PIPE ring (:data:`PIPE_HOLDER`) and step 5's FORM=2 (:data:`FORM2_HOLDER`, with the
-run that measured it, :data:`STEP5_RUN`) and the command that reruns a step there. The page renders the measured
-steps from it, its state reads the latest one (:mod:`.state`) and the steps' records take their numbers, predictions
-and verdicts from it (:mod:`.steps`)."""
+still hold the retired step 3's PIPE ring (:data:`PIPE_HOLDER`), step 5's FORM=2 (:data:`FORM2_HOLDER`), step 7's FORM=4
+/ 5 (:data:`FORM45_HOLDER`) and step 8's PF=1 build (:data:`PF_HOLDER`), with the runs that measured the last three
+(:data:`STEP5_RUN`, :data:`STEP7_RUN`, :data:`STEP8_RUN`), and the command that reruns a step there. The page renders
+the measured steps from it, its state reads the latest one (:mod:`.state`) and the steps' records take their numbers,
+predictions and verdicts from it (:mod:`.steps`)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,18 @@ STEP3_ANALYSIS = {
                                        "(10 variants x 16 points x 60 launches behind a 300 us lead) ~5 s, the copy "
                                        "line ~1 s (step 2's plan, 128 gates, ran in 29 s)",
 }
+
+
+#: the commit that holds gemv_kq's FORM=4 and FORM=5 (round 9 step 7's FORM=1 under register caps of 6 / 8 CTAs an
+#: SM) and its step (gpu-check ``gemv_step7``): the last one with them
+FORM45_HOLDER = "7894b07"
+#: the run of step 7's A/B (H100 80GB HBM3, commit 045babc): FORM=4 / FORM=5 against FORM=1, the measurement they lost
+STEP7_RUN = "20261207T195543Z-h10080gbhbm3-045babc"
+#: the commit that holds gemv_kq's PF=1 build (round 9 step 8's L2 prefetch of the weights before the PDL wait),
+#: ``PrefillOptions.gemv_pf`` and its step (gpu-check ``gemv_step8``): the last one with them
+PF_HOLDER = "7894b07"
+#: the run of step 8's A/B (H100 80GB HBM3, commit 045babc): the decode with PF=1 against PF=0, the measurement it lost
+STEP8_RUN = "20261207T195308Z-h10080gbhbm3-045babc"
 
 
 #: the round's steps as records (prediction written before the run, then what was measured and the verdict)
@@ -374,7 +387,7 @@ LEDGER = [
                 "4's run, which does not): the next device step."},
     # step 7: built at 999f6b5; as step 6, the prediction was written after unrecorded exploratory timings (quoted)
     {"step": 7, "name": "more warps an SM: FORM=4 / FORM=5, FORM=1 under a register cap of 6 / 8 CTAs an SM",
-     "commit": "999f6b5", "card": "NVIDIA H100 80GB HBM3", "runs": ["20261207T195543Z-h10080gbhbm3-045babc"], "gpu_check": "gemv_step7",
+     "commit": "999f6b5", "card": "NVIDIA H100 80GB HBM3", "runs": [STEP7_RUN], "gpu_check": "gemv_step7",
      "prediction_written": "written 2026-12-07 after unrecorded exploratory timings of the form, quoted in the "
                            "analysis: a forecast of their reproduction",
      "analysis": {
@@ -406,13 +419,13 @@ LEDGER = [
                  "4 on some shapes (best: FORM=5 at 14336x4096 nt=8 f32, 47.9 vs 54.0 us; FORM=0 took 49.5 there in step 6's run).",
      "verdict": "within: more warps an SM under a register cap (and the spills it forces) made the kernel slower at "
                 "every f16 point, as the exploratory timings said: occupancy is not what holds gemv_kq. FORM=4 and "
-                "FORM=5 left the production source (FORM45_HOLDER holds them and reruns the step)."},
+                f"FORM=5 left the production source (commit {FORM45_HOLDER} holds them and reruns the step)."},
     # step 8: written 2026-12-07 before any GPU run of PF=1, from step 4's fit (6.3 us a launch before the bytes flow),
     # the generation run 20261207T131746Z (H200: 280 tok/s = 3.57 ms a step for the synthetic 7B at a 512-token
     # prompt) and nvcc 13.0's build of the PF=1 instantiations (sm_90a)
     {"step": 8, "name": "the weights before the wait: gemv_kq's PF=1 build prefetches its weight bytes into L2 while the "
                         "kernel ahead of it in the decode graph still runs",
-     "commit": "74e666b", "card": "NVIDIA H100 80GB HBM3", "runs": ["20261207T195308Z-h10080gbhbm3-045babc"], "gpu_check": "gemv_step8",
+     "commit": "74e666b", "card": "NVIDIA H100 80GB HBM3", "runs": [STEP8_RUN], "gpu_check": "gemv_step8",
      "analysis": {
          "what the decode graph does now": "every lab kernel of the step, gemv_kq included, launches "
                      "programmatically (PDL): each begins with griddepcontrol.wait then launch_dependents, so a "
@@ -457,7 +470,8 @@ LEDGER = [
                 "Prefetching a GEMV's weight range into L2 before its wait cost ~0.2 ms a 7B step (~1.3 us a GEMV) "
                 "instead of saving it. Not diagnosed: ncu's DRAM and L2 bytes a GEMV with PF on and off would say "
                 "whether bytes were fetched twice (prefetched, evicted, read again) or the prefetches delayed the "
-                "first demand loads. PF=1 left the production source (PF_HOLDER holds it and reruns the step)."},
+                f"first demand loads. PF=1 left the production source (commit {PF_HOLDER} holds it and reruns the "
+                "step)."},
 ]
 
 

@@ -1,8 +1,8 @@
 """Round 9's plans, with its bar and its first prediction: the benchmark of record's points (:data:`PLAN`, the round's
 one plan), the bar of the issue that opened the round (:data:`TARGETS`), what the first gemv_kq build should measure
-(:data:`PREDICTION`, written before its first run), each step's A/B (:data:`STEP2_PLAN` .. :data:`STEP7_PLAN`; the
-retired steps 3 and 5's as they ran) and the generation benchmark's (:data:`GEN_PLAN`). Data only: the round's other
-files read it."""
+(:data:`PREDICTION`, written before its first run), each step's A/B (:data:`STEP2_PLAN` .. :data:`STEP7_PLAN`,
+:data:`GEN_STEP8_PLAN`; the retired steps 3, 5, 7 and 8's as they ran) and the generation benchmark's
+(:data:`GEN_PLAN`). Data only: the round's other files read it."""
 
 from __future__ import annotations
 
@@ -92,19 +92,22 @@ STEP6_PLAN = {"shapes": [list(s) for s in SHAPES], "nts": [1, 2, 4, 8], "qtypes"
               "launches": [[1, 4, 1, "wave"], [1, 4, 0, "wave"], [1, 8, 3, 1], [1, 4, 3, 1], [1, 8, 3, "wave"]]}
 
 
-#: step 7's A/B: FORM=4 / FORM=5 (FORM=1 under a register cap of 6 / 8 CTAs an SM) against FORM=1, each at its own
-#: one-wave split and at the default split, beside cuBLAS fp16 and the empty launch; q4_K, the four shapes, nt <= 8,
-#: f16 and f32. Launches (MT, WARPS, FORM, S)
+#: step 7's A/B as it ran (round 9 step 7, retired: the record of its plan, not runnable here): FORM=4 / FORM=5 (FORM=1
+#: under a register cap of 6 / 8 CTAs an SM) against FORM=1, each at its own one-wave split and at the default split,
+#: beside cuBLAS fp16 and the empty launch; q4_K, the four shapes, nt <= 8, f16 and f32. Launches (MT, WARPS, FORM, S)
+#: -- FORM=4 / 5 left the source; commit 7894b07 holds them
 STEP7_PLAN = {"shapes": [list(s) for s in SHAPES], "nts": [1, 2, 4, 8], "qtypes": ["q4_K"], "acts": ["f16", "f32"],
               "pairs": 3, "repeats": 20, "seed": 0, "flush": "read", "lead_us": 300.0, "baselines": ["cublas", "empty"],
               "launches": [[1, 4, 1, "wave"], [1, 4, 4, "wave"], [1, 4, 5, "wave"], [1, 4, 4, None],
                            [1, 4, 5, None]]}
 
 
-#: step 8's A/B: the decode with gemv_kq's PF=1 build in its graph (the CTA's weight bytes prefetched into L2 before its
-#: PDL wait) against PF=0, generate after a 512-token prompt, the two alternating in every repeat (PrefillOptions
-#: gemv_pf False / True: a decoder and graph each); the synthetic 7B (4 GEMVs a layer behind a norm, the attention, a
-#: norm and the gate/up activation) and the synthetic Gemma 3 (small GEMVs, launch-bound)
+#: step 8's A/B as it ran (round 9 step 8, retired: the record of its plan, not runnable here -- PF=1 and
+#: PrefillOptions.gemv_pf left the source; commit 7894b07 holds them): the decode with gemv_kq's PF=1 build in its
+#: graph (the CTA's weight bytes prefetched into L2 before its PDL wait) against PF=0, generate after a 512-token
+#: prompt, the two alternating in every repeat (PrefillOptions gemv_pf False / True: a decoder and graph each); the
+#: synthetic 7B (4 GEMVs a layer behind a norm, the attention, a norm and the gate/up activation) and the synthetic
+#: Gemma 3 (small GEMVs, launch-bound)
 GEN_STEP8_PLAN = {"models": ["synthetic-7b", "synthetic-gemma3"], "prompts": [512], "n_new": 128, "repeats": 3,
                   "ab": {"gemv_pf": [False, True]}}
 

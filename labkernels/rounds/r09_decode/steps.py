@@ -2,7 +2,7 @@
 ``fn(out, args) -> dict`` that records a ``decode`` run under ``out/data`` -- the benchmark of record, the generation,
 each live step's A/B, compute-sanitizer over every gemv_kq instantiation (:data:`GEMV_SANITIZE_DRIVER`), the nvbench
 check (:data:`STEPS`) --, and the steps as records (:data:`STEP_RECORDS`: numbered where a ledger step names them; the
-retired steps 3 and 5 with the commit and command that reproduce each)."""
+retired steps 3, 5, 7 and 8 with the commit and command that reproduce each)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from ...paths import REPO_ROOT
 from ...peers import sha256_file
 from .. import Retired, Step
 from . import benchmark, decomp, generate, tables
-from .ledger import FORM2_HOLDER, PIPE_HOLDER, STEP5_RUN, _claims, _cmd, _ledger
+from .ledger import (FORM2_HOLDER, FORM45_HOLDER, PF_HOLDER, PIPE_HOLDER, STEP5_RUN, STEP7_RUN, STEP8_RUN, _claims,
+                     _cmd, _ledger)
 from .plan import (DECOMP_PLAN, GEN_CONTEXT_PLAN, GEN_PLAN, PLAN, STEP2_PLAN, STEP3_PLAN, STEP4_PLAN, STEP5_PLAN,
                    STEP6_PLAN, STEP7_PLAN, GEN_STEP8_PLAN)
 
@@ -62,17 +63,6 @@ def step_generate_context(out, args) -> dict:
     with records.recording("decode", {**plan, "what": "generate_context"}, root=out / "data") as run:
         rows = generate.measure_generate(run, progress=getattr(args, "log", print),
                                          **{k: plan[k] for k in ("models", "prompts", "n_new", "repeats")})
-    return {"ok": bool(rows), "run": run.run_id}
-
-
-def step_gemv_step8(out, args) -> dict:
-    """gpu-check step ``gemv_step8``: round 9 step 8's A/B -- the decode with gemv_kq's PF=1 build in its graph (weights
-    prefetched into L2 before the PDL wait) against PF=0, alternating in every repeat (GEN_STEP8_PLAN), into a
-    ``decode`` run whose params say ``what: gemv_step8`` (not the generation of record)."""
-    plan = dict(GEN_STEP8_PLAN)
-    with records.recording("decode", {**plan, "what": "gemv_step8"}, root=out / "data") as run:
-        rows = generate.measure_generate(run, progress=getattr(args, "log", print),
-                                         **{k: plan[k] for k in ("models", "prompts", "n_new", "repeats", "ab")})
     return {"ok": bool(rows), "run": run.run_id}
 
 
@@ -136,8 +126,7 @@ for k in registry.family("gemv_kq"):
     w = ws["q4_K" if p["QT"] == 4 else "q6_K"]
     nt = 8 * p["NT8"] - 1
     x = rng.standard_normal((nt, id_)).astype(np.float32 if p["XF32"] else np.float16)
-    with gpu.programmatic_launches(bool(p["PF"])):     # PF=1 as the decode graph launches it: programmatically
-        gemv.gemv(w, cp.asarray(x), MT=p["MT"], WARPS=p["WARPS"], S=2, FORM=p["FORM"], PF=p["PF"])
+    gemv.gemv(w, cp.asarray(x), MT=p["MT"], WARPS=p["WARPS"], S=2, FORM=p["FORM"])
     n += 1
 cp.cuda.runtime.deviceSynchronize()
 print(f"gemv sanitizer driver done: {n} launches")
@@ -175,20 +164,10 @@ def step_gemv_step6(out, args) -> dict:
                      launches=[tuple(v) for v in plan["launches"]])
 
 
-def step_gemv_step7(out, args) -> dict:
-    """gpu-check step ``gemv_step7``: round 9 step 7's A/B -- gemv_kq FORM=4 / FORM=5 (FORM=1 under a register cap of
-    6 / 8 CTAs an SM) against FORM=1, at the one-wave and the default split, beside cuBLAS fp16 and the empty launch,
-    every point gated first, into a ``decode`` run whose params say ``what: gemv_step7``."""
-    plan = dict(STEP7_PLAN)
-    return _step_run(out, args, plan, "gemv_step7", baselines=tuple(plan["baselines"]),
-                     launches=[tuple(v) for v in plan["launches"]])
-
-
 #: the live gpu-check steps (``labkernels gpu check --steps NAME``)
 STEPS = {"decode": step_decode, "generate": step_generate, "generate_context": step_generate_context,
          "decode_decomp": step_decode_decomp, "gemv_step2": step_gemv_step2, "gemv_step4": step_gemv_step4,
-         "gemv_step6": step_gemv_step6, "gemv_step7": step_gemv_step7, "gemv_step8": step_gemv_step8,
-         "gemv_sanitizer": step_gemv_sanitizer,
+         "gemv_step6": step_gemv_step6, "gemv_sanitizer": step_gemv_sanitizer,
          "nvbench_check": step_nvbench_check}
 
 
@@ -199,8 +178,8 @@ def _live(name: str) -> Step:
 
 
 #: the round's steps as records (``labkernels gpu check --round 9 --step N|NAME``): the live ones (:data:`STEPS`,
-#: numbered where a LEDGER step names them) and the retired steps 3 and 5, whose forms lost and left the source: no
-#: run, the commit that still holds each and the command that reruns it there. Their recorded runs, plans and ledger
+#: numbered where a LEDGER step names them) and the retired steps 3, 5, 7 and 8, whose forms lost and left the source:
+#: no run, the commit that still holds each and the command that reruns it there. Their recorded runs, plans and ledger
 #: text stay (the page renders them from the recorded data; each record's view reads its run).
 STEP_RECORDS = (
     *(_live(k) for k in ("decode", "generate", "gemv_step2")),
@@ -224,6 +203,26 @@ STEP_RECORDS = (
                              "predicted 0.72-0.9; 1.10 at 4096x4096, predicted 0.85-1.0; 1.04-1.05 at nt=8 f16 and "
                              "1.07-1.12 at nt=1 f32 on the large shapes, predicted 0.75-0.95; H200 run "
                              f"{STEP5_RUN}) and left the source (FORM=3 keeps its loop)")),
-    *(_live(k) for k in ("gemv_step6", "gemv_step7", "gemv_step8", "gemv_sanitizer", "nvbench_check", "generate_context",
-                         "decode_decomp")),
+    _live("gemv_step6"),
+    Step(name="gemv_step7", number=7, series="decode", what="gemv_step7", plan=STEP7_PLAN,
+         title="more warps an SM: gemv_kq FORM=4 / FORM=5 (FORM=1 under a register cap of 6 / 8 CTAs an SM) against "
+               "FORM=1, at the one-wave and the default split",
+         prediction=_claims(_ledger("gemv_step7")["prediction"]), verdict=_ledger("gemv_step7")["verdict"],
+         runs=(STEP7_RUN,), commit="045babc", view=lambda run: tables.bench_table(run),
+         retired=Retired(commit=FORM45_HOLDER, command=_cmd(FORM45_HOLDER, "gemv_step7"),
+                         why="gemv_kq's FORM=4 and FORM=5 were slower at every f16 point (one-wave split, q4_K "
+                             "4096x14336 nt=1 f16: FORM=4 / FORM=1 1.20, 25.2 vs 21.0 us; FORM=5 / FORM=1 1.31; "
+                             "predicted 1.1-1.3 / 1.2-1.45 from unrecorded exploratory timings; H100 run "
+                             f"{STEP7_RUN}) and left the source")),
+    Step(name="gemv_step8", number=8, series="decode", what="gemv_step8", plan=GEN_STEP8_PLAN,
+         title="the weights before the wait: the decode with gemv_kq's PF=1 build (each CTA's weight bytes prefetched "
+               "into L2 before its PDL wait) against PF=0",
+         prediction=_claims(_ledger("gemv_step8")["prediction"]), verdict=_ledger("gemv_step8")["verdict"],
+         runs=(STEP8_RUN,), commit="045babc", view=lambda run: tables.generation_ab(run, "gemv_pf"),
+         retired=Retired(commit=PF_HOLDER, command=_cmd(PF_HOLDER, "gemv_step8"),
+                         why="gemv_kq's PF=1 build made the decode slower (tokens/s PF=1 / PF=0 after a 512-token "
+                             "prompt: synthetic 7B 0.945, 262.6 vs 278.0; synthetic Gemma 3 0.969; predicted "
+                             f"1.03-1.12 / 1.02-1.15; H100 run {STEP8_RUN}) and left the source with "
+                             "PrefillOptions.gemv_pf")),
+    *(_live(k) for k in ("gemv_sanitizer", "nvbench_check", "generate_context", "decode_decomp")),
 )
