@@ -631,14 +631,15 @@ def _nearest(qtype: str, nt: int, od: int, id_: int, act: str, table=None):
 
 
 def _params(r, od: int, id_: int) -> dict:
-    """gemv()'s arguments of a recorded row: the one-wave split as S='wave' (recomputed for the shape asked), a
-    recorded split count only at its own shape (else the default split)."""
+    """gemv()'s arguments of a recorded row: the one-wave split as S='wave' (recomputed for the shape asked), S=1 (no
+    split: FORM=3's way, a choice that does not depend on the shape) at any shape, another recorded split count only
+    at its own shape (else the default split)."""
     params = {"MT": int(r.MT), "WARPS": int(r.WARPS)}
     if int(getattr(r, "FORM", 0) or 0):
         params["FORM"] = int(r.FORM)
     if int(getattr(r, "WAVE", 0) or 0):
         params["S"] = "wave"
-    elif int(r.S) and (int(r.od), int(r.id)) == (od, id_):
+    elif int(r.S) == 1 or (int(r.S) and (int(r.od), int(r.id)) == (od, id_)):
         params["S"] = int(r.S)
     return params
 

@@ -309,6 +309,48 @@ def test_the_recorded_config_never_takes_the_retired_forms_4_and_5(form):
     assert gemv.recorded_choice("q4_K", 1, 4096, 14336, "f16", table=_table(rows[1:])) is None
 
 
+def test_step9_is_the_benchmark_of_record_with_form3_and_its_prediction_is_written_before_its_run():
+    """Round 9 step 9 records the benchmark of record again (what: gemv_bench, the run auto reads) with step 4's
+    launches, FORM=3 W8 S=1 and the empty launch; every launch is a registered instantiation at every point it can
+    run; the step is live, numbered 9, and its ledger entry holds a headline prediction and no measurement yet."""
+    from labkernels.kernels import registry
+    from labkernels.rounds import r09_decode as r9
+
+    plan = r9.STEP9_PLAN
+    assert plan["launches"][:-1] == r9.STEP4_PLAN["launches"] and plan["launches"][-1] == [1, 8, 3, 1]
+    assert set(plan["baselines"]) == {"wgmma", "cublas", "empty"}
+    assert {k: v for k, v in plan.items() if k not in ("launches", "baselines")} == \
+        {k: v for k, v in r9.STEP4_PLAN.items() if k not in ("launches", "baselines")}
+    reg = {(k.p["QT"], k.p["XF32"], k.p["NT8"], k.p["MT"], k.p["WARPS"], k.p["FORM"]) for k in registry.family("gemv_kq")}
+    for mt, warps, form, S in plan["launches"]:
+        for q in plan["qtypes"]:
+            for act in plan["acts"]:
+                for nt in plan["nts"]:
+                    if form and (q != "q4_K" or nt > gemv.FORM1_MAX_NT):
+                        continue                      # the bench leaves a form out where it cannot run
+                    key = (4 if q == "q4_K" else 6, int(act == "f32"), 1 if nt <= 8 else 2, mt, warps, form)
+                    assert key in reg, (key, S)
+    assert [s.number for s in r9.STEP_RECORDS if s.name == "gemv_step9"] == [9] and "gemv_step9" in r9.STEPS
+    led = r9.ledger._ledger("gemv_step9")
+    assert led["step"] == 9 and led["measured"] is None and not led["runs"] and "prediction_written" not in led
+    assert [c["check"]["num"] for c in led["prediction"] if c.get("headline")] == ["gemv_m1w8_s1_f3"]
+
+
+def test_a_recorded_form3_without_a_split_keeps_it_at_every_shape():
+    """Step 9's benchmark of record puts FORM=3 (WARPS=8, S=1: no split) where it won: the recorded config keeps S=1
+    at the shape asked even where the nearest recorded row is another shape (no split does not depend on the shape),
+    while a recorded split count S > 1 still applies only at its own shape, and the one-wave split is recomputed."""
+    base = {"qtype": "q4_K", "act": "f16", "od": 4096, "id": 4096, "nt": 1, "family": "gemv_kq", "MT": 1,
+            "wgmma_us": 30.0}
+    f3 = [{**base, "variant": "gemv_m1w8_s1_f3", "WARPS": 8, "FORM": 3, "WAVE": 0, "S": 1, "median_us": 10.4}]
+    for od, id_ in ((4096, 4096), (4096, 5120), (3584, 4096)):      # the recorded shape and two nearest to it
+        params, why = gemv.recorded_config("q4_K", 1, od, id_, "f16", table=_table(f3))
+        assert params == {"MT": 1, "WARPS": 8, "FORM": 3, "S": 1} and "gemv_m1w8_s1_f3" in why, (od, id_, params)
+    s8 = [{**base, "variant": "gemv_m1w4_s8_f1", "WARPS": 4, "FORM": 1, "WAVE": 0, "S": 8, "median_us": 10.0}]
+    assert gemv.recorded_config("q4_K", 1, 4096, 4096, "f16", table=_table(s8))[0]["S"] == 8
+    assert "S" not in gemv.recorded_config("q4_K", 1, 4096, 5120, "f16", table=_table(s8))[0]
+
+
 def _mma16816(A, B, C):
     """mma.m16n8k16 row.col on per-lane fragments (float64 pairs): A [32][4][2], B [32][2][2], C [32][4] -> D."""
     Am, Bm, Cm = np.zeros((16, 16)), np.zeros((16, 8)), np.zeros((16, 8))

@@ -472,6 +472,50 @@ LEDGER = [
                 "whether bytes were fetched twice (prefetched, evicted, read again) or the prefetches delayed the "
                 f"first demand loads. PF=1 left the production source (commit {PF_HOLDER} holds it and reruns the "
                 "step)."},
+    # step 9: written 2026-12-07 before its run, from step 6's H100 run (20261207T195442Z-h10080gbhbm3-045babc) and step
+    # 4's benchmark of record (H200, 20261207T131457Z-h200-0b009b5); the kernel is 3fe7315's (FORM=3 unchanged since
+    # 0b009b5, its machine code pinned by tests/test_machine_code.py)
+    {"step": 9, "name": "step 6's winner in the product: the benchmark of record with FORM=3 beside step 4's launches",
+     "commit": "3fe7315", "card": None, "runs": [], "gpu_check": "gemv_step9",
+     "analysis": {
+         "why": "step 6 measured FORM=3 (W8, S=1) faster than FORM=1 at every 4096-row point (0.76-0.99) and slower on "
+                "the tall shapes (1.05-1.14), but qmatmul's auto and the decode read step 4's benchmark of record, "
+                "which never timed FORM=3: the product cannot pick it. This step records the benchmark again with "
+                "FORM=3 in it (STEP9_PLAN: step 4's seven launches, FORM=3 W8 S=1, the empty launch beside wgmma and "
+                "cuBLAS); its run becomes the benchmark of record (what: gemv_bench).",
+         "what the product will pick": "from step 6's ratios: FORM=3 at 4096x4096 (f16 and f32, nt 1..8) and at "
+                "4096x14336 where it beats step 4's other forms (f16 nt >= 2; f32 only where FORM=0 one-wave is not "
+                "faster, step 6: FORM=0 0.89 vs FORM=3 0.92 at nt=1); FORM=1 / FORM=0 stay on 14336x4096 and "
+                "11008x4096. A recorded S=1 row keeps S=1 at any shape it is chosen for (no split is a choice "
+                "that does not depend on the shape; gemv._params).",
+         "the decode step": "the 7B's 4096-row GEMVs (q/k/v/o 4096x4096 and ffn_down 4096x11008) are ~45% of its "
+                "GEMV time; 5% off them is ~2% of the step: within the generation's run-to-run spread, so no tokens/s "
+                "claim is made here.",
+         "step time estimate (gemv_step9)": "200-240 s on an H100 (step 4's 150-200 s with one launch and the empty "
+                "launch more).",
+     },
+     "prediction": [
+         {"what": "FORM=3 W8 S=1 / FORM=1 one-wave, q4_K 4096x4096 nt=1 f16",
+          "check": {"kind": "ratio", "num": "gemv_m1w8_s1_f3", "den": "gemv_m1w4_sw_f1",
+                    "points": [{"qtype": "q4_K", "od": 4096, "id": 4096, "nt": 1, "act": "f16"}]},
+          "headline": True, "metric": "ratio", "low": 0.92, "high": 0.98,
+          "why": "step 6: 0.95 on the H100 (its exploratory 0.94 on the H200)"},
+         {"what": "FORM=3 W8 S=1 / FORM=1 one-wave, q4_K 4096x14336 nt=1 and nt=8 f32",
+          "check": {"kind": "ratio", "num": "gemv_m1w8_s1_f3", "den": "gemv_m1w4_sw_f1",
+                    "points": [{"qtype": "q4_K", "od": 4096, "id": 14336, "nt": 1, "act": "f32"},
+                               {"qtype": "q4_K", "od": 4096, "id": 14336, "nt": 8, "act": "f32"}]},
+          "metric": "ratio", "low": 0.86, "high": 0.95, "why": "step 6: 0.918 and 0.893"},
+         {"what": "FORM=3 W8 S=1 / FORM=1 one-wave, q4_K 14336x4096 and 11008x4096 nt=1 f16",
+          "check": {"kind": "ratio", "num": "gemv_m1w8_s1_f3", "den": "gemv_m1w4_sw_f1",
+                    "points": [{"qtype": "q4_K", "od": 14336, "id": 4096, "nt": 1, "act": "f16"},
+                               {"qtype": "q4_K", "od": 11008, "id": 4096, "nt": 1, "act": "f16"}]},
+          "metric": "ratio", "low": 1.04, "high": 1.18, "why": "step 6: 1.09-1.14 (the product keeps FORM=1 there)"},
+         {"what": "the empty launch (the timing's floor)", "check": {"kind": "us", "variant": "empty", "points": "all"},
+          "metric": "us", "low": 2.0, "high": 4.0, "why": "step 6 on the H100: 3.20-3.36 us; the H200 2.7 us"},
+         {"what": "gates", "check": {"kind": "gate"}, "metric": "gate", "low": 0.0, "high": 0.0,
+          "why": "every point of the benchmark gated before it is timed (FORM=3 within FORM=1's exact gate)"},
+     ],
+     "measured": None, "verdict": None},
 ]
 
 

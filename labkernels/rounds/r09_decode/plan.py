@@ -74,6 +74,14 @@ STEP4_PLAN = {**{k: v for k, v in PLAN.items() if k not in ("configs", "splits")
                            [1, 4, 1, None], [1, 4, 1, "wave"], [2, 4, 1, "wave"]]}
 
 
+#: step 9: the benchmark of record again (what: gemv_bench -- the run qmatmul's auto and the decode read), with step 6's
+#: winner in it: STEP4_PLAN's points and launches, FORM=3 (MT=1, WARPS=8, S=1: no split) beside them, and the empty
+#: launch (the timing's floor) beside wgmma and cuBLAS fp16. FORM=3 runs where its form can (q4_K, nt <= 8); elsewhere
+#: the bench leaves it out as it does FORM=1. Launches (MT, WARPS, FORM, S)
+STEP9_PLAN = {**STEP4_PLAN, "baselines": ["wgmma", "cublas", "empty"],
+              "launches": [*STEP4_PLAN["launches"], [1, 8, 3, 1]]}
+
+
 #: step 5's A/B as it ran (round 9 step 5, retired: the record of its plan, not runnable here): FORM=1 against FORM=2
 #: (MT=1), the one-wave and the default split, interleaved in the same pairs beside cuBLAS fp16; q4_K, the four
 #: shapes, nt <= 8, f16 and f32. Launches (MT, WARPS, FORM, S) -- FORM=2 left the source; commit 90fd260 holds it

@@ -18,7 +18,7 @@ from . import benchmark, decomp, generate, tables
 from .ledger import (FORM2_HOLDER, FORM45_HOLDER, PF_HOLDER, PIPE_HOLDER, STEP5_RUN, STEP7_RUN, STEP8_RUN, _claims,
                      _cmd, _ledger)
 from .plan import (DECOMP_PLAN, GEN_CONTEXT_PLAN, GEN_PLAN, PLAN, STEP2_PLAN, STEP3_PLAN, STEP4_PLAN, STEP5_PLAN,
-                   STEP6_PLAN, STEP7_PLAN, GEN_STEP8_PLAN)
+                   STEP6_PLAN, STEP7_PLAN, GEN_STEP8_PLAN, STEP9_PLAN)
 
 
 def step_decode(out, args) -> dict:
@@ -155,6 +155,15 @@ def step_gemv_step4(out, args) -> dict:
                      launches=[tuple(v) for v in plan["launches"]])
 
 
+def step_gemv_step9(out, args) -> dict:
+    """gpu-check step ``gemv_step9``: round 9 step 9 -- the benchmark of record again (params ``what: gemv_bench``, the
+    run qmatmul's auto and the decode read) over STEP9_PLAN: step 4's launches with step 6's FORM=3 (W8, S=1) beside
+    them and the empty launch beside wgmma and cuBLAS fp16, every point gated first."""
+    plan = dict(STEP9_PLAN)
+    return _step_run(out, args, plan, "gemv_bench", baselines=tuple(plan["baselines"]),
+                     launches=[tuple(v) for v in plan["launches"]])
+
+
 def step_gemv_step6(out, args) -> dict:
     """gpu-check step ``gemv_step6``: round 9 step 6's A/B -- gemv_kq FORM=3 (WARPS 8 / 4 at S=1, WARPS 8 at the
     one-wave split) against FORM=1 and FORM=0 at the one-wave split, beside cuBLAS fp16 and the empty launch (the
@@ -167,7 +176,7 @@ def step_gemv_step6(out, args) -> dict:
 #: the live gpu-check steps (``labkernels gpu check --steps NAME``)
 STEPS = {"decode": step_decode, "generate": step_generate, "generate_context": step_generate_context,
          "decode_decomp": step_decode_decomp, "gemv_step2": step_gemv_step2, "gemv_step4": step_gemv_step4,
-         "gemv_step6": step_gemv_step6, "gemv_sanitizer": step_gemv_sanitizer,
+         "gemv_step6": step_gemv_step6, "gemv_step9": step_gemv_step9, "gemv_sanitizer": step_gemv_sanitizer,
          "nvbench_check": step_nvbench_check}
 
 
@@ -224,5 +233,6 @@ STEP_RECORDS = (
                              "prompt: synthetic 7B 0.945, 262.6 vs 278.0; synthetic Gemma 3 0.969; predicted "
                              f"1.03-1.12 / 1.02-1.15; H100 run {STEP8_RUN}) and left the source with "
                              "PrefillOptions.gemv_pf")),
+    _live("gemv_step9"),
     *(_live(k) for k in ("gemv_sanitizer", "nvbench_check", "generate_context", "decode_decomp")),
 )
