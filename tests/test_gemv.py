@@ -313,7 +313,6 @@ def test_step9_is_the_benchmark_of_record_with_form3_and_its_prediction_is_writt
     """Round 9 step 9 records the benchmark of record again (what: gemv_bench, the run auto reads) with step 4's
     launches, FORM=3 W8 S=1 and the empty launch; every launch is a registered instantiation at every point it can
     run; the step is live, numbered 9, and its ledger entry holds a headline prediction and no measurement yet."""
-    from labkernels.kernels import registry
     from labkernels.rounds import r09_decode as r9
 
     plan = r9.STEP9_PLAN
@@ -321,7 +320,7 @@ def test_step9_is_the_benchmark_of_record_with_form3_and_its_prediction_is_writt
     assert set(plan["baselines"]) == {"wgmma", "cublas", "empty"}
     assert {k: v for k, v in plan.items() if k not in ("launches", "baselines")} == \
         {k: v for k, v in r9.STEP4_PLAN.items() if k not in ("launches", "baselines")}
-    reg = {(k.p["QT"], k.p["XF32"], k.p["NT8"], k.p["MT"], k.p["WARPS"], k.p["FORM"]) for k in registry.family("gemv_kq")}
+    reg = _registered_gemv()
     for mt, warps, form, S in plan["launches"]:
         for q in plan["qtypes"]:
             for act in plan["acts"]:
@@ -643,6 +642,28 @@ def test_step4_bench_records_the_plan_and_the_typed_columns(tmp_path, monkeypatc
     assert "gemv_step4" in r9.STEPS and r9.ledger._ledger("gemv_step4")["step"] == 4
 
 
+def _registered_gemv() -> set:
+    """(QT, XF32, NT8, MT, WARPS, FORM) of every registered gemv_kq instantiation."""
+    from labkernels.kernels import registry
+
+    return {(k.p["QT"], k.p["XF32"], k.p["NT8"], k.p["MT"], k.p["WARPS"], k.p["FORM"]) for k in registry.family("gemv_kq")}
+
+
+def _retired_gemv_step(name: str, number: int, holder: str, commit: str):
+    """A retired round-9 step's record, after the checks every retired step passes: no live gpu-check step or step
+    function, a record numbered ``number`` with no run, held by ``holder`` (== ``commit``), whose command reruns the
+    step in a worktree of that commit."""
+    from labkernels import rounds
+    from labkernels.rounds import r09_decode as r9
+
+    assert name not in r9.STEPS and not hasattr(r9, f"step_{name}") and not hasattr(r9.steps, f"step_{name}")
+    mod, s = rounds.retired_step(name)
+    assert mod is r9 and s.number == number and s.run is None and s.retired.commit == holder == commit
+    assert s.retired.command.startswith(f"git worktree add /tmp/lk-{commit} {commit} && cd /tmp/lk-{commit} && ")
+    assert f"--steps {name}" in s.retired.command
+    return s
+
+
 def test_step3_is_retired_with_the_commit_that_holds_it_and_its_record_kept():
     """Round 9 step 3 (gemv_step3) lost and left the source: no live gpu-check step, a retired record (number 3) with
     the commit that holds the ring and the command that reruns it there; its recorded run, analysis and ledger text
@@ -650,10 +671,8 @@ def test_step3_is_retired_with_the_commit_that_holds_it_and_its_record_kept():
     from labkernels import rounds
     from labkernels.rounds import r09_decode as r9
 
-    assert "gemv_step3" not in r9.STEPS and not hasattr(r9, "step_gemv_step3")
-    mod, s = rounds.retired_step("gemv_step3")
-    assert mod is r9 and s.number == 3 and s.run is None and s.retired.commit == r9.PIPE_HOLDER == "a1cf954"
-    assert "--steps gemv_step3" in s.retired.command and "28.9 us" in s.retired.why and "21.0 us" in s.retired.why
+    s = _retired_gemv_step("gemv_step3", 3, r9.PIPE_HOLDER, "a1cf954")
+    assert "28.9 us" in s.retired.why and "21.0 us" in s.retired.why
     led = next(x for x in r9.LEDGER if x.get("gpu_check") == "gemv_step3")
     assert led["analysis"] is r9.STEP3_ANALYSIS and led["verdict"] == s.verdict and tuple(led["runs"]) == s.runs
     run = s.latest()
@@ -730,20 +749,14 @@ def test_step5_is_retired_with_the_commit_that_holds_it_and_its_record_kept():
     reruns the step there; its plan (FORM=2's launches as they ran), ledger text and recorded run stay, the record's
     view and the page's tables read the run, FORM=2's rows among them, and bench_gemv refuses the plan's launches."""
     from labkernels import rounds
-    from labkernels.kernels import registry
     from labkernels.rounds import r09_decode as r9
 
-    assert "gemv_step5" not in r9.STEPS and not hasattr(r9, "step_gemv_step5") and not hasattr(r9.steps,
-                                                                                              "step_gemv_step5")
-    mod, s = rounds.retired_step("gemv_step5")
-    assert mod is r9 and s.number == 5 and s.run is None and s.retired.commit == r9.FORM2_HOLDER == "90fd260"
-    assert s.retired.command.startswith("git worktree add /tmp/lk-90fd260 90fd260 && cd /tmp/lk-90fd260 && ")
-    assert "--steps gemv_step5" in s.retired.command
+    s = _retired_gemv_step("gemv_step5", 5, r9.FORM2_HOLDER, "90fd260")
     assert "20.70 vs 19.12 us" in s.retired.why and r9.STEP5_RUN in s.retired.why and "0.72-0.9" in s.retired.why
     # the plan as it ran: FORM=1 against FORM=2 (MT=1), FORM=1's launches registered, FORM=2's no longer
     plan = r9.STEP5_PLAN
     assert s.plan is plan and {v[2] for v in plan["launches"]} == {1, 2}
-    reg = {(k.p["QT"], k.p["XF32"], k.p["NT8"], k.p["MT"], k.p["WARPS"], k.p["FORM"]) for k in registry.family("gemv_kq")}
+    reg = _registered_gemv()
     for mt, warps, form, S in plan["launches"]:
         for act in plan["acts"]:
             assert ((4, int(act == "f32"), 1, mt, warps, form) in reg) == (form != 2), (mt, form, act)
@@ -803,11 +816,10 @@ def test_step_6_launches_registered_forms_and_says_when_its_prediction_was_writt
     launch beside cuBLAS, is a live numbered step, and its ledger entry holds a headline prediction, says it was
     written after unrecorded exploratory timings, and names the run that measured it (held by data/, on the card the
     entry names). (Step 7, the other step of this kind, is retired: its test is below.)"""
-    from labkernels.kernels import registry
     from labkernels.rounds import r09_decode as r9
 
     name, number, forms, plan = "gemv_step6", 6, {0, 1, 3}, r9.STEP6_PLAN
-    reg = {(k.p["QT"], k.p["XF32"], k.p["NT8"], k.p["MT"], k.p["WARPS"], k.p["FORM"]) for k in registry.family("gemv_kq")}
+    reg = _registered_gemv()
     seen = set()
     for mt, warps, form, S in plan["launches"]:
         seen.add(form)
@@ -833,19 +845,14 @@ def test_step7_is_retired_with_the_commit_that_holds_it_and_its_record_kept():
     record's view and the page's claims table read the run, FORM=4 / 5's rows among them, and bench_gemv refuses the
     plan's launches naming 7894b07."""
     from labkernels import rounds
-    from labkernels.kernels import registry
     from labkernels.rounds import r09_decode as r9
 
-    assert "gemv_step7" not in r9.STEPS and not hasattr(r9, "step_gemv_step7") and not hasattr(r9.steps,
-                                                                                              "step_gemv_step7")
-    mod, s = rounds.retired_step("gemv_step7")
-    assert mod is r9 and s.number == 7 and s.run is None and s.retired.commit == r9.FORM45_HOLDER == "7894b07"
-    assert s.retired.command.startswith("git worktree add /tmp/lk-7894b07 7894b07 && cd /tmp/lk-7894b07 && ")
-    assert "--steps gemv_step7" in s.retired.command and s.runs == (r9.STEP7_RUN,)
+    s = _retired_gemv_step("gemv_step7", 7, r9.FORM45_HOLDER, "7894b07")
+    assert s.runs == (r9.STEP7_RUN,)
     assert "1.20" in s.retired.why and "1.31" in s.retired.why and r9.STEP7_RUN in s.retired.why
     plan = r9.STEP7_PLAN
     assert s.plan is plan and {v[2] for v in plan["launches"]} == {1, 4, 5}
-    reg = {(k.p["QT"], k.p["XF32"], k.p["NT8"], k.p["MT"], k.p["WARPS"], k.p["FORM"]) for k in registry.family("gemv_kq")}
+    reg = _registered_gemv()
     for mt, warps, form, S in plan["launches"]:
         for act in plan["acts"]:
             assert ((4, int(act == "f32"), 1, mt, warps, form) in reg) == (form == 1), (mt, form, act)
@@ -1030,12 +1037,8 @@ def test_step8_is_retired_with_the_commit_that_holds_it_and_its_record_kept():
     from labkernels import rounds
     from labkernels.rounds import r09_decode as r9
 
-    assert "gemv_step8" not in r9.STEPS and not hasattr(r9, "step_gemv_step8") and not hasattr(r9.steps,
-                                                                                              "step_gemv_step8")
-    mod, s = rounds.retired_step("gemv_step8")
-    assert mod is r9 and s.number == 8 and s.run is None and s.retired.commit == r9.PF_HOLDER == "7894b07"
-    assert s.retired.command.startswith("git worktree add /tmp/lk-7894b07 7894b07 && cd /tmp/lk-7894b07 && ")
-    assert "--steps gemv_step8" in s.retired.command and s.runs == (r9.STEP8_RUN,)
+    s = _retired_gemv_step("gemv_step8", 8, r9.PF_HOLDER, "7894b07")
+    assert s.runs == (r9.STEP8_RUN,)
     assert "0.945" in s.retired.why and "0.969" in s.retired.why and r9.STEP8_RUN in s.retired.why
     assert s.plan is r9.GEN_STEP8_PLAN and r9.GEN_STEP8_PLAN["ab"] == {"gemv_pf": [False, True]}
     led = r9.ledger._ledger("gemv_step8")
