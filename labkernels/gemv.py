@@ -563,13 +563,19 @@ def is_bench_of_record(run) -> bool:
     return run.has("gemv_bench") and run.meta.get("params", {}).get("what") == "gemv_bench"
 
 
+def bench_of_record(root=None):
+    """The GEMV benchmark of record: the latest complete ``decode`` run of round 9's benchmark
+    (:func:`is_bench_of_record`) that saw no power or thermal cap (:func:`labkernels.nvml.for_verdict`), or None."""
+    return records.latest("decode", root=root, where=lambda r: is_bench_of_record(r) and nvml.for_verdict(r))
+
+
 def auto_table(root=None):
     """Round 9's recorded table for ``qmatmul(kernel="auto")`` at nt <= 16: per (qtype, act, od, id, nt) of the latest
     complete ``decode`` run with a ``gemv_bench`` table that saw no power or thermal cap
     (:func:`labkernels.nvml.for_verdict`), the median time of the fastest gemv_kq configuration (typed columns MT,
     WARPS, FORM, WAVE (1: the one-wave split), S: the split it ran, 0 the default split in runs before step 3) and of
     round 7's wgmma launch (``wgmma_us``; NaN where not timed). None without such a run."""
-    run = records.latest("decode", root=root, where=lambda r: is_bench_of_record(r) and nvml.for_verdict(r))
+    run = bench_of_record(root)
     if run is None:
         return None
     df = run.table("gemv_bench").copy()

@@ -84,7 +84,7 @@ if (best.qtype == other).any():
 # %%
 display(report.table(r9.point_summary(best), {"nt=1 (µs)": "{:.1f}", "nt=1 of the copy line": "{:.0%}",
                                                "nt=8 (µs)": "{:.1f}", "nt=8 / nt=1": "{:.2f}",
-                                               "cuBLAS fp16 nt=1 (µs)": "{:.1f}"}))
+                                               "cuBLAS fp16 nt=1 (µs)": "{:.1f}"}, caption=r9.run_line(run)))
 names = {"qtype": "type", "od": "od", "id": "id", "nt": "nt", "act": "activations", "variant": "gemv_kq config",
          "median_us": "time (µs)", "tb_per_s": "weight TB/s", "frac_copy": "of the copy line",
          "wgmma_us": "wgmma_kq (µs)", "cublas_us": "cuBLAS fp16 (µs)"}

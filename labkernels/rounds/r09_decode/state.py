@@ -5,21 +5,10 @@ come from one device call says so (:func:`same_call`)."""
 
 from __future__ import annotations
 
-from ... import gemv, nvml, records
+from ... import gemv
 from . import tables
 from .ledger import LEDGER
 from .plan import TARGETS
-
-
-def latest_step_run(root=None):
-    """The latest measured step's run (the last LEDGER step with runs) and its record: (step, run) or (None, None)."""
-    for s in reversed(LEDGER):
-        for rid in reversed(s.get("runs") or []):
-            try:
-                return s, records.load("decode", rid, root)
-            except Exception:      # a run the data folder does not hold (a fresh clone without it)
-                continue
-    return None, None
 
 
 def record_run(root=None):
@@ -27,7 +16,7 @@ def record_run(root=None):
     (:func:`labkernels.gemv.auto_table`: the latest complete ``what: gemv_bench`` run that saw no power or thermal cap)
     -- and the ledger step that names it: (step or None, run), or (None, None) where none is recorded. A later step's
     A/B (a generation run, one form against another) is not the product's figure and never the headline's."""
-    run = records.latest("decode", root=root, where=lambda r: gemv.is_bench_of_record(r) and nvml.for_verdict(r))
+    run = gemv.bench_of_record(root)
     if run is None:
         return None, None
     return next((s for s in LEDGER if run.run_id in (s.get("runs") or [])), None), run
