@@ -53,6 +53,12 @@ QKV = ("attn_q", "attn_k", "attn_v")
 FUSIONS = ("fuse_add_norm", "fuse_rope", "fuse_qkv", "fuse_qk_norm", "fuse_qkv16", "fuse_layout", "fuse_gate_up")
 
 
+#: the most rows add_rmsnorm takes in its register form under PrefillOptions.norm_regs (the decode's 1..16 tokens):
+#: from a wave of rows up (132 blocks on an H100) other blocks hide the loop's latency, and the register form's
+#: registers (117 a thread at J=16) would cut the blocks an SM holds
+NORM_REGS_MAX_ROWS = 16
+
+
 @dataclass
 class PrefillOptions:
     kernel: str = "auto"              # dispatch.qmatmul's kernel for every q4_K / q6_K weight
@@ -93,6 +99,11 @@ class PrefillOptions:
     # (round 9 step 8's gemv_pf -- the decode graph's gemv_kq taking its PF=1 build, weight bytes prefetched into L2
     # before the PDL wait -- lost: 0.945 / 0.969 of PF=0's tokens/s, H100 run 20261207T195308Z-h10080gbhbm3-045babc;
     # it left with the build, commit 7894b07 holds it. PrefillOptions(gemv_pf=...) is a TypeError naming the field)
+    norm_regs: bool = False           # round 9 step 10: add_rmsnorm (residual add + the next RMSNorm) at <= 16 rows
+                                      # (NORM_REGS_MAX_ROWS) holds its row in registers (registry.norm_j: J elements
+                                      # a thread, one round trip of loads) instead of its loop (16 dependent round
+                                      # trips a pass at 4096 columns and one row: the decode step); the same bits.
+                                      # Off until step 10's A/B measures it
     memsets_as_kernels: bool = True   # the graph's memset nodes (cuBLAS split-K counters, cuDNN's workspace flag)
                                       # become the lab's fill kernel with the same parameters
                                       # (graph_nodes.memsets_to_kernels; a graph whose nodes cannot be removed keeps
@@ -495,11 +506,13 @@ class GpuModel(GraphReplay):
         return q16, k16, v16
 
     def add_rmsnorm(self, x, delta, w: Weight, pre: Weight | None = None, out16: bool = False):
-        """x += (rmsnorm(delta) * pre if pre else delta) in place, then rmsnorm(x) * w: one launch."""
+        """x += (rmsnorm(delta) * pre if pre else delta) in place, then rmsnorm(x) * w: one launch (the register form
+        of the row, bitwise the loop's, under PrefillOptions.norm_regs: round 9 step 10)."""
         cp = gpu.cp()
         check_add_rmsnorm(x, delta, w.dense, None if pre is None else pre.dense)
         y = cp.empty(x.shape, cp.float16 if out16 else cp.float32)
-        self._k("add_rmsnorm", PRE=int(pre is not None), OUT16=int(out16)).launch(
+        j = registry.norm_j(x.shape[1]) if self.opts.norm_regs and x.shape[0] <= NORM_REGS_MAX_ROWS else 0
+        self._k("add_rmsnorm", PRE=int(pre is not None), OUT16=int(out16), J=j).launch(
             (x.shape[0],), (x, delta, (pre if pre is not None else w).dense, w.dense, y, np.int32(x.shape[1]),
                             np.float32(self.cfg.rms_eps)))
         return y

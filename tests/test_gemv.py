@@ -1058,3 +1058,24 @@ def test_step8_is_retired_with_the_commit_that_holds_it_and_its_record_kept():
     for sel in ("8", "gemv_step8"):
         with pytest.raises(rounds.RoundError, match="step 8 \\(gemv_step8\\) is retired .*commit 7894b07"):
             rounds.select_steps(9, [sel])
+
+
+def test_step10_is_planned_before_its_run():
+    """Round 9 step 10 (add_rmsnorm's register form in the decode): a live step numbered 10 whose A/B varies a real
+    PrefillOptions field (False, True), its ledger prediction written (headline: the 7B's tokens/s ratio) and nothing
+    measured yet."""
+    import dataclasses
+
+    from labkernels.prefill import PrefillOptions
+    from labkernels.rounds import r09_decode as r9
+
+    plan = r9.GEN_STEP10_PLAN
+    assert plan["ab"] == {"norm_regs": [False, True]} and "norm_regs" in {f.name for f in dataclasses.fields(PrefillOptions)}
+    assert PrefillOptions().norm_regs is False                  # the product unchanged until the A/B measures it
+    assert [s.number for s in r9.STEP_RECORDS if s.name == "decode_step10"] == [10] and "decode_step10" in r9.STEPS
+    led = r9.ledger._ledger("decode_step10")
+    assert led["step"] == 10 and led["measured"] is None and not led["runs"]
+    head = [c for c in led["prediction"] if c.get("headline")]
+    assert [c["check"] for c in head] == [{"kind": "gen_ratio", "option": "norm_regs", "model": "synthetic-7b",
+                                           "n_prompt": 512}]
+    assert all(c["low"] < c["high"] for c in led["prediction"] if c["metric"] == "ratio")

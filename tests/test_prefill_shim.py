@@ -142,3 +142,42 @@ def test_prefill_wgmma_path_matches_float_reference(monkeypatch):
     unfused = GpuModel(m, opts=PrefillOptions(kernel="wgmma_kq", fuse_f16=False)).forward(toks, tracer=tu)
     assert np.array_equal(np.asarray(fused), np.asarray(unfused))
     assert tf.names.count("act_f16") == 1 and tu.names.count("act_f16") == 4 * 2 + 1   # 4 per layer + the head
+
+
+@pytest.mark.parametrize("n_embd", [256, 1000, 4096])
+def test_norm_regs_takes_the_register_form_at_few_rows(n_embd, monkeypatch):
+    """Round 9 step 10: PrefillOptions.norm_regs launches add_rmsnorm's register form J = registry.norm_j(ncols) (a
+    registered instantiation) at <= NORM_REGS_MAX_ROWS rows and the loop (J=0) above, or with the option off."""
+    from labkernels import gpu
+    from labkernels.kernels import registry
+    from labkernels.prefill import NORM_REGS_MAX_ROWS, GpuModel, PrefillOptions
+    from labkernels.synthetic import SyntheticModel, q4_k_m_recipe, tiny_config
+
+    install(monkeypatch, exact=True)
+    seen = []
+    fake = gpu.kernel
+
+    def kernel(family, **p):
+        if family == "add_rmsnorm":
+            seen.append(registry.find(family, **p).p["J"])     # RegistryError unless registered
+        return fake(family, **p)
+
+    monkeypatch.setattr(gpu, "kernel", kernel)
+    cfg = tiny_config("llama", n_layer=1, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=64, vocab=512)
+    m = SyntheticModel(cfg, q4_k_m_recipe(cfg), seed=3)
+    rng = np.random.default_rng(0)
+    want = {256: 4, 1000: 4, 4096: 16}[n_embd]
+    assert registry.norm_j(n_embd) == want and registry.norm_j(256 * 32 + 1) == 0
+    for on in (False, True):
+        gm = GpuModel(m, opts=PrefillOptions(norm_regs=on))
+        w = type("W", (), {"dense": rng.standard_normal(n_embd).astype(np.float32)})()
+        for rows in (1, NORM_REGS_MAX_ROWS, NORM_REGS_MAX_ROWS + 1):
+            seen.clear()
+            x = rng.standard_normal((rows, n_embd)).astype(np.float32)
+            d = rng.standard_normal((rows, n_embd)).astype(np.float32)
+            x0 = x.copy()
+            y = gm.add_rmsnorm(x, d, w)
+            assert seen == [want if on and rows <= NORM_REGS_MAX_ROWS else 0], (on, rows, seen)
+            xs = x0.astype(np.float64) + d
+            ref = xs / np.sqrt((xs * xs).mean(1, keepdims=True) + gm.cfg.rms_eps) * w.dense
+            assert np.allclose(np.asarray(y), ref, rtol=1e-4, atol=1e-5)

@@ -28,7 +28,7 @@ def test_every_round_module_names_its_notebook_and_data():
 GPU_CHECK_STEPS = ("env", "tests", "sanitizer", "occupancy", "q6k", "tile_ab", "kdr", "q4k", "prefill", "prefill7b",
                    "decompose", "forensics", "wgmma", "wgmma_sanitizer", "wgmma_ncu", "wgmma_costs", "wgmma_trace",
                    "wgmma_splitfin", "wgmma_epi", "wgmma_aq", "wgmma_pf", "wgmma_pair", "wgmma_staged", "wgmma_reduce", "wgmma_lead", "wgmma_conv2", "wgmma_conv16", "wgmma_plane", "wgmma_ceiling", "wgmma_floor", "wgmma_tmapf", "wgmma_clock", "wgmma_kscan", "wgmma_kpair", "wgmma_smem", "wgmma_smemform", "wgmma_decouple", "wgmma_kpairtrace", "wgmma_kpairfin", "wgmma_kpairearly", "wgmma_halfy", "wgmma_wtma", "wgmma_wstage", "wgmma_swapred", "prefill_r7", "attention", "prefill_graph",
-                   "graph_nodes", "decode", "generate", "generate_context", "decode_decomp", "gemv_step2", "gemv_step3", "gemv_step4", "gemv_step5", "gemv_step6", "gemv_step7", "gemv_step8", "gemv_step9", "gemv_sanitizer",
+                   "graph_nodes", "decode", "generate", "generate_context", "decode_decomp", "gemv_step2", "gemv_step3", "gemv_step4", "gemv_step5", "gemv_step6", "gemv_step7", "gemv_step8", "gemv_step9", "decode_step10", "gemv_sanitizer",
                    "nvbench_check")
 #: round 7's steps retired with the kernel's split (issue 42), and the two before it (commits 82d821d, c301da5)
 RETIRED = ("wgmma_splitfin", "wgmma_conv16", "wgmma_wtma", "wgmma_tmapf", "wgmma_kpairearly", "wgmma_wstage",

@@ -233,7 +233,13 @@ __global__ void __launch_bounds__(256) embed_kernel(const void* __restrict__ tab
 //   y[r, :]  = rmsnorm(x[r, :]) * w                          (f32, or fp16 when OUT16)
 // One block per row. The per-element arithmetic (no contraction: __fmul_rn / __fadd_rn) and the block reductions
 // are those of rmsnorm_kernel followed by the separate f32 add, so the fused result is bitwise the unfused one.
-template <int PRE, int OUT16>
+// J (round 9 step 10): 0 -- the loop above, one element of each array per iteration: at one row (the decode step: one
+// block) every iteration waits for its loads (16 serial L2/HBM round trips a pass at 4096 columns, ~10 us a launch on
+// an H100). J > 0 (ncols <= J * blockDim.x, the launcher checks): the row is loaded into registers up front -- the
+// thread's J elements of a, x, wpre and w issued together, one round trip -- and every sum, product and store is the
+// loop's, in the loop's order (element i = threadIdx.x + j * blockDim.x, j ascending; the same block reductions), so
+// x and y are bitwise J=0's (GPU test).
+template <int PRE, int OUT16, int J>
 __global__ void __launch_bounds__(256) add_rmsnorm_kernel(float* __restrict__ x, const float* __restrict__ a,
                                                            const float* __restrict__ wpre,
                                                            const float* __restrict__ w, void* __restrict__ y,
@@ -243,6 +249,50 @@ __global__ void __launch_bounds__(256) add_rmsnorm_kernel(float* __restrict__ x,
     float* xr = x + (size_t)blockIdx.x * ncols;
     const float* ar = a + (size_t)blockIdx.x * ncols;
     float sa = 1.0f;
+    if constexpr (J > 0) {
+        float av[J], xv[J], pv[J], wv[J];
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int i = threadIdx.x + j * blockDim.x;
+            const bool in = i < ncols;
+            av[j] = in ? ar[i] : 0.f;
+            xv[j] = in ? xr[i] : 0.f;
+            wv[j] = in ? w[i] : 0.f;
+            if (PRE) pv[j] = in ? wpre[i] : 0.f;
+        }
+        if (PRE) {
+            float sp = 0.f;
+#pragma unroll
+            for (int j = 0; j < J; ++j)
+                if (threadIdx.x + j * blockDim.x < ncols) sp += av[j] * av[j];
+            sp = lk_block_sum(sp, red);
+            sa = 1.0f / sqrtf(sp / (float)ncols + eps);
+        }
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int i = threadIdx.x + j * blockDim.x;
+            if (i < ncols) {
+                const float d = PRE ? __fmul_rn(__fmul_rn(av[j], sa), pv[j]) : av[j];
+                const float v = __fadd_rn(xv[j], d);
+                xr[i] = v;
+                xv[j] = v;
+                ss += v * v;
+            }
+        }
+        ss = lk_block_sum(ss, red);
+        const float scale = 1.0f / sqrtf(ss / (float)ncols + eps);
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int i = threadIdx.x + j * blockDim.x;
+            if (i < ncols) {
+                const float v = __fmul_rn(__fmul_rn(xv[j], scale), wv[j]);
+                if (OUT16) ((u16*)y)[(size_t)blockIdx.x * ncols + i] = lk_f2h(v);
+                else ((float*)y)[(size_t)blockIdx.x * ncols + i] = v;
+            }
+        }
+        return;
+    }
     if (PRE) {
         float sp = 0.f;
         for (int i = threadIdx.x; i < ncols; i += blockDim.x) sp += ar[i] * ar[i];

@@ -28,6 +28,14 @@ THREADS = 256
 SK_MAXSEG = 8
 #: the largest head_dim the fused q/k-norm + RoPE kernel of the prefill stages in shared memory (one row of floats)
 QKNORM_MAXHD = 512
+#: add_rmsnorm's register forms (round 9 step 10): J elements of the row a thread, up to J * 256 columns; 0 the loop
+NORM_J = (0, 4, 8, 16, 32)
+
+
+def norm_j(ncols: int) -> int:
+    """The smallest register form of add_rmsnorm that holds a row of ``ncols`` (J * 256 >= ncols), 0 (the loop) above
+    the largest."""
+    return next((j for j in NORM_J if j and j * THREADS >= ncols), 0)
 
 
 def cuda_defines() -> tuple[str, ...]:
@@ -83,8 +91,10 @@ FAMILIES = [
          params={"ACT": [0, 1], "OUT16": [0, 1]}, threads=256, smem="0", tile=(0, 0), main_path=False,
          doc="GELU(tanh)/SiLU gate times up on the merged [gate; up] GEMM's rows"),
     dict(family="add_rmsnorm", source="prefill.cu", template="add_rmsnorm_kernel",
-         params={"PRE": [0, 1], "OUT16": [0, 1]}, threads=256, smem="0", tile=(0, 0), main_path=False,
-         doc="residual add (of a delta, RMS-normed first when PRE=1) fused with the next RMSNorm"),
+         params={"PRE": [0, 1], "OUT16": [0, 1], "J": list(NORM_J)}, threads=256, smem="0", tile=(0, 0),
+         main_path=False,
+         doc="residual add (of a delta, RMS-normed first when PRE=1) fused with the next RMSNorm; J > 0: the row "
+             "from registers (J elements a thread, ncols <= 256 J), bitwise J=0's"),
     dict(family="rope_qk", source="prefill.cu", template="rope_qk_kernel", params={"NEOX": [0, 1]}, threads=256,
          smem="0", tile=(0, 0), main_path=False, doc="rotary embedding of Q and K in one launch (q scale folded in)"),
     dict(family="rmsnorm_qk", source="prefill.cu", template="rmsnorm_qk_kernel", params={}, threads=256,

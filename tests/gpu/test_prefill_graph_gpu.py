@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 from cpu_gpu_shim import FakeKernel  # noqa: E402
 
+from labkernels.kernels.registry import NORM_J, norm_j  # noqa: E402
 from labkernels.prefill import FUSIONS  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -60,7 +61,7 @@ def test_add_rmsnorm_is_the_unfused_ops_bitwise(cp, rng, pre, out16, ncols):
     _k("rmsnorm", W=1, OUT16=out16).launch((rows,), (xu, w, yu, np.int32(ncols), eps))
     xf = x.copy()
     yf = cp.full((rows, ncols), np.nan, cp.float16 if out16 else cp.float32)
-    _k("add_rmsnorm", PRE=pre, OUT16=out16).launch((rows,), (xf, a, wpre, w, yf, np.int32(ncols), eps))
+    _k("add_rmsnorm", PRE=pre, OUT16=out16, J=0).launch((rows,), (xf, a, wpre, w, yf, np.int32(ncols), eps))
     assert cp.array_equal(xf, xu), "the residual stream differs"
     assert cp.array_equal(yf, yu), "the normed output differs"
     # and the numpy transcription (independent arithmetic)
@@ -68,6 +69,31 @@ def test_add_rmsnorm_is_the_unfused_ops_bitwise(cp, rng, pre, out16, ncols):
     FakeKernel("add_rmsnorm", {"PRE": pre}).launch(None, (xh, cp.asnumpy(a), cp.asnumpy(wpre), cp.asnumpy(w), yh,
                                                           ncols, eps))
     assert np.allclose(cp.asnumpy(yf).astype(np.float32), yh, rtol=2e-3 if out16 else 2e-5, atol=1e-3 if out16 else 1e-5)
+
+
+@pytest.mark.parametrize("pre", [0, 1])
+@pytest.mark.parametrize("out16", [0, 1])
+@pytest.mark.parametrize("ncols", [640, 1000, 4096, 8000])
+def test_add_rmsnorm_register_forms_are_the_loop_bitwise(cp, rng, pre, out16, ncols):
+    """Round 9 step 10: every register form J that holds the row (J * 256 >= ncols) writes the loop's (J=0) x and y
+    bit for bit, at one row (the decode) and at several; outputs poisoned first."""
+    eps = np.float32(1e-6)
+    forms = [j for j in NORM_J if j and j * 256 >= ncols]
+    assert norm_j(ncols) == forms[0]
+    for rows in (1, 5):
+        x = cp.asarray(rng.standard_normal((rows, ncols)).astype(np.float32))
+        a = cp.asarray((rng.standard_normal((rows, ncols)) * 3).astype(np.float32))
+        wpre = cp.asarray(rng.standard_normal(ncols).astype(np.float32))
+        w = cp.asarray(rng.standard_normal(ncols).astype(np.float32))
+        dt = cp.float16 if out16 else cp.float32
+        x0, y0 = x.copy(), cp.full((rows, ncols), np.nan, dt)
+        _k("add_rmsnorm", PRE=pre, OUT16=out16, J=0).launch((rows,), (x0, a, wpre, w, y0, np.int32(ncols), eps))
+        for j in forms:
+            xj, yj = x.copy(), cp.full((rows, ncols), np.nan, dt)
+            _k("add_rmsnorm", PRE=pre, OUT16=out16, J=j).launch((rows,), (xj, a, wpre, w, yj, np.int32(ncols), eps))
+            assert cp.array_equal(xj, x0), f"J={j} rows={rows}: the residual stream differs"
+            assert cp.array_equal(yj, y0), f"J={j} rows={rows}: the normed output differs"
+            assert not bool(cp.isnan(yj.astype(cp.float32)).any())
 
 
 @pytest.mark.parametrize("neox", [0, 1])

@@ -26,7 +26,8 @@ from .generate import measure_generate, plan_points, stored_weight_bytes
 from .ledger import (FORM2_HOLDER, FORM45_HOLDER, LEDGER, PF_HOLDER, PIPE_HOLDER, STEP3_ANALYSIS, STEP5_RUN, STEP7_RUN,
                      STEP8_RUN)
 from .plan import (DECOMP_PLAN, DECOMP_PREDICTION, GEN_CONTEXT_PLAN, GEN_PLAN, NTS, PLAN, PREDICTION, SHAPES, STEP2_PLAN,
-                   STEP3_PLAN, STEP4_PLAN, STEP5_PLAN, STEP6_PLAN, STEP7_PLAN, GEN_STEP8_PLAN, STEP9_PLAN, TARGETS)
+                   STEP3_PLAN, STEP4_PLAN, STEP5_PLAN, STEP6_PLAN, STEP7_PLAN, GEN_STEP8_PLAN, STEP9_PLAN, GEN_STEP10_PLAN,
+                   TARGETS)
 from .state import abstract_now, peer_mmvq_us, record_run, same_call, state_facts, state_now
 from .steps import (GEMV_SANITIZE_DRIVER, STEP_RECORDS, STEPS, step_decode, step_decode_decomp, step_gemv_sanitizer,
                     step_gemv_step2, step_gemv_step4, step_gemv_step6, step_gemv_step9, step_generate, step_generate_context,

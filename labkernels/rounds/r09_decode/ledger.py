@@ -516,6 +516,47 @@ LEDGER = [
           "why": "every point of the benchmark gated before it is timed (FORM=3 within FORM=1's exact gate)"},
      ],
      "measured": None, "verdict": None},
+    # step 10: written 2026-12-07 ~23:45 UTC before any GPU run of the register form, from the decode decomposition of
+    # 2026-12-07 (H100, run 20261207T195646Z-h10080gbhbm3-045babc, status failed: the 7B's rows only) and the PTX of
+    # add_rmsnorm_kernel (nvcc 13.0 -ptx sm_90: the loop form's body is not unrolled, one ld.global of x and of a and
+    # one st.global an iteration)
+    {"step": 10, "name": "the norms at one row: add_rmsnorm's row in registers (PrefillOptions.norm_regs) against its "
+                         "loop",
+     "commit": None, "card": None, "runs": [], "gpu_check": "decode_step10",
+     "analysis": {
+         "why": "the decode decomposition of the synthetic 7B (ctx 512, graph replay, H100) puts 676 us of a 3,531 us "
+                "step in 65 norm launches (64 add_rmsnorm + the first layer's rmsnorm): 10.4 us a launch, more than "
+                "the 4096x4096 GEMV (8.3 us). At one row add_rmsnorm is one block of 256 threads whose loop loads one "
+                "element of x and of the GEMV's output a an iteration and waits for them: 16 dependent round trips to "
+                "L2 a pass at 4096 columns, then a third pass re-reading x and w.",
+         "the form": "J > 0 (registry.norm_j: the smallest of 4, 8, 16, 32 with J * 256 >= ncols): the thread's J "
+                     "elements of a, x, w (and the post-norm weight) loaded up front -- 48-64 loads in flight a "
+                     "thread, one round trip --, then the loop's sums, products and stores in the loop's order: the "
+                     "same bits (GPU test at 640, 1000, 4096, 8000 columns, 1 and 5 rows). nvcc 13.0 sm_90: 28 "
+                     "registers (J=4, PRE=1 OUT16=1: 48), 117 at J=16, 254 at J=32, 0 spills. Only at <= 16 rows "
+                     "(NORM_REGS_MAX_ROWS): a prefill's rows fill the SMs with blocks that hide the loop's latency.",
+         "the decode step": "the 7B: 64 add_rmsnorm a step, each from ~10 us to ~2-4 us (one round trip, two block "
+                            "sums, the stores): 0.38-0.54 ms of 3.53 ms. Gemma 3 (640 columns, the post-norm of the "
+                            "delta first: PRE=1): 37 launches of 3 iterations a pass (9 round trips) to one round "
+                            "trip: ~1.5-3 us each of a ~0.95 ms step.",
+         "step time estimate (decode_step10)": "60-90 s on an H100 or H200 (2 models x 3 repeats x 2 values, a "
+                                               "capture each, 128 replays).",
+     },
+     "prediction": [
+         {"what": "synthetic 7B tok/s, norm_regs / loop, after a 512-token prompt (same process, alternating)",
+          "check": {"kind": "gen_ratio", "option": "norm_regs", "model": "synthetic-7b", "n_prompt": 512},
+          "headline": True, "metric": "ratio", "low": 1.10, "high": 1.18,
+          "why": "0.38-0.54 ms of the 3.53 ms step: 64 norms from ~10 us to 2-4 us"},
+         {"what": "synthetic Gemma 3 tok/s, norm_regs / loop, after a 512-token prompt",
+          "check": {"kind": "gen_ratio", "option": "norm_regs", "model": "synthetic-gemma3", "n_prompt": 512},
+          "metric": "ratio", "low": 1.03, "high": 1.12,
+          "why": "37 norms of 640 columns, 9 round trips to 1: 55-110 us of a ~0.95 ms step"},
+         {"what": "tokens and graph check",
+          "check": {"kind": "gen_same", "option": "norm_regs"}, "metric": "gate", "low": 0.0, "high": 0.0,
+          "why": "the register form's bits are the loop's (GPU test), so the greedy tokens are equal and the captured "
+                 "step's first replay equals its eager warm-up"},
+     ],
+     "measured": None, "verdict": None},
 ]
 
 

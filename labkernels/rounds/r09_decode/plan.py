@@ -120,6 +120,12 @@ GEN_STEP8_PLAN = {"models": ["synthetic-7b", "synthetic-gemma3"], "prompts": [51
                   "ab": {"gemv_pf": [False, True]}}
 
 
+#: step 10's A/B: the decode with add_rmsnorm's register form (PrefillOptions.norm_regs) against its loop, alternating in
+#: every repeat in one process, both models after a 512-token prompt
+GEN_STEP10_PLAN = {"models": ["synthetic-7b", "synthetic-gemma3"], "prompts": [512], "n_new": 128, "repeats": 3,
+                   "ab": {"norm_regs": [False, True]}}
+
+
 #: the generation benchmark's plan: models, prompt lengths (the context before the first new token), new tokens
 GEN_PLAN = {"models": ["synthetic-gemma3", "synthetic-7b"], "prompts": [128, 512, 2048], "n_new": 128, "repeats": 3}
 

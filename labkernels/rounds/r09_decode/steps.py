@@ -18,7 +18,7 @@ from . import benchmark, decomp, generate, tables
 from .ledger import (FORM2_HOLDER, FORM45_HOLDER, PF_HOLDER, PIPE_HOLDER, STEP5_RUN, STEP7_RUN, STEP8_RUN, _claims,
                      _cmd, _ledger)
 from .plan import (DECOMP_PLAN, GEN_CONTEXT_PLAN, GEN_PLAN, PLAN, STEP2_PLAN, STEP3_PLAN, STEP4_PLAN, STEP5_PLAN,
-                   STEP6_PLAN, STEP7_PLAN, GEN_STEP8_PLAN, STEP9_PLAN)
+                   STEP6_PLAN, STEP7_PLAN, GEN_STEP8_PLAN, STEP9_PLAN, GEN_STEP10_PLAN)
 
 
 def step_decode(out, args) -> dict:
@@ -173,10 +173,23 @@ def step_gemv_step6(out, args) -> dict:
                      launches=[tuple(v) for v in plan["launches"]])
 
 
+def step_decode_step10(out, args) -> dict:
+    """gpu-check step ``decode_step10``: round 9 step 10's A/B -- the decode with add_rmsnorm's register form
+    (PrefillOptions.norm_regs: the row of the residual add + RMSNorm loaded into registers at once) against its loop,
+    alternating in every repeat (GEN_STEP10_PLAN), into a ``decode`` run whose params say ``what: decode_step10`` (not
+    the generation of record)."""
+    plan = dict(GEN_STEP10_PLAN)
+    with records.recording("decode", {**plan, "what": "decode_step10"}, root=out / "data") as run:
+        rows = generate.measure_generate(run, progress=getattr(args, "log", print),
+                                         **{k: plan[k] for k in ("models", "prompts", "n_new", "repeats", "ab")})
+    return {"ok": bool(rows), "run": run.run_id}
+
+
 #: the live gpu-check steps (``labkernels gpu check --steps NAME``)
 STEPS = {"decode": step_decode, "generate": step_generate, "generate_context": step_generate_context,
          "decode_decomp": step_decode_decomp, "gemv_step2": step_gemv_step2, "gemv_step4": step_gemv_step4,
-         "gemv_step6": step_gemv_step6, "gemv_step9": step_gemv_step9, "gemv_sanitizer": step_gemv_sanitizer,
+         "gemv_step6": step_gemv_step6, "gemv_step9": step_gemv_step9, "decode_step10": step_decode_step10,
+         "gemv_sanitizer": step_gemv_sanitizer,
          "nvbench_check": step_nvbench_check}
 
 
@@ -234,5 +247,6 @@ STEP_RECORDS = (
                              f"1.03-1.12 / 1.02-1.15; H100 run {STEP8_RUN}) and left the source with "
                              "PrefillOptions.gemv_pf")),
     _live("gemv_step9"),
+    _live("decode_step10"),
     *(_live(k) for k in ("gemv_sanitizer", "nvbench_check", "generate_context", "decode_decomp")),
 )
