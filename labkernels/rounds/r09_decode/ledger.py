@@ -522,7 +522,7 @@ LEDGER = [
     # one st.global an iteration)
     {"step": 10, "name": "the norms at one row: add_rmsnorm's row in registers (PrefillOptions.norm_regs) against its "
                          "loop",
-     "commit": None, "card": None, "runs": [], "gpu_check": "decode_step10",
+     "commit": "b3fd61f", "card": None, "runs": [], "gpu_check": "decode_step10",
      "analysis": {
          "why": "the decode decomposition of the synthetic 7B (ctx 512, graph replay, H100) puts 676 us of a 3,531 us "
                 "step in 65 norm launches (64 add_rmsnorm + the first layer's rmsnorm): 10.4 us a launch, more than "
