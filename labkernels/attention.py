@@ -756,7 +756,7 @@ def make(requested: str, cfg, f16: bool = False, dtype: str = "f16", fuse_layout
     raise AttentionError(f"attention={requested!r}: {bad}")
 
 
-# ------------------------------------------------------------------ cuDNN plans without a memset node (issue 18)
+# ---------------------------------------------------------- cuDNN plans without a memset node (the captured prefill)
 def sdpa_inputs(kind, n: int, dtype: str, rng):
     """Random q, k, v of one SDPA (n tokens of ``kind``) on the device in the I/O type ``dtype``."""
     cp = gpu.cp()

@@ -29,7 +29,7 @@ from .kernels.registry import BM, BN, KernelSpec
 from .quants import QTYPES, normalize_qtype, pad_q6k
 
 
-# ------------------------------------------------------------------ programmatic dependent launch (issue 18)
+# ------------------------------------------------------ programmatic dependent launch (the captured prefill's boundaries)
 
 _PDL = {"on": False, "launches": 0}
 

@@ -3,8 +3,12 @@
 The steps no round owns: ``env`` (the provenance of the machine), ``tests`` (the GPU test suite at a tier, or one
 shard of it, recorded as a ``gpu_suite`` run) and ``sanitizer`` (compute-sanitizer memcheck, racecheck and synccheck
 over every main-path kernel); every round's own steps come from the table of rounds
-(:func:`labkernels.rounds.gpu_check_steps`). :func:`run_steps` runs the chosen steps one after the other (a failing
+(:func:`labkernels.rounds.gpu_check_records`). :func:`run_steps` runs the chosen steps one after the other (a failing
 step is reported and the others still run); the command line is :mod:`labkernels.gpu_cli`.
+
+Every step declares the gpu-check arguments it reads: the machine-wide ones here (:data:`STEP_ARGS`), a round's in its
+records (:class:`labkernels.rounds.Step` ``args``). :data:`FLAGS` defines the flags several steps share (the
+machine-wide steps' own among them); a flag only one round's steps read is defined in that round's records.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import provenance, records, sanitizer
+from . import attention, blas, provenance, records, sanitizer
 from .paths import REPO_ROOT
 
 
@@ -236,6 +240,38 @@ def step_sanitizer(out: Path, args) -> dict:
 
 #: the machine-wide steps, by their gpu-check names
 STEPS = {"env": step_env, "tests": step_tests, "sanitizer": step_sanitizer}
+
+#: the gpu-check flags that several steps read (the machine-wide steps' and those read in more than one round), by
+#: name -> argparse kwargs; a step names the ones it reads (:data:`STEP_ARGS`, a round step's ``args``). Names and
+#: defaults are what scripts pass: keep them.
+FLAGS = {
+    "--repeats": dict(type=int, default=20, help="timed launches per point of the benchmark steps"),
+    "--sanitizer-timeout": dict(type=int, default=240,
+                                help="seconds each compute-sanitizer tool may run before it counts as failed"),
+    "--gemma": dict(default=None, help="Gemma 3 270M GGUF path for the steps that load it (default data/models/...); "
+                                       "round 9's generation steps measure it beside the synthetic models when given"),
+    "--dense-path": dict(default=None, choices=blas.DENSE_PATHS,
+                         help=f"gemm_dense's cuBLAS path for the steps that run a model's forward (or the graph census) "
+                              f"in this process (default {blas.DENSE_PATH}: labkernels.blas.gemm_dense)"),
+    "--cudnn-plan": dict(default=None, choices=attention.CUDNN_PLANS,
+                         help=f"cuDNN SDPA plan policy for the steps that run a model's forward (or the attention "
+                              f"benchmark, the graph census) in this process (default {attention.CUDNN_PLAN}: "
+                              "labkernels.attention.Cudnn)"),
+    "--fail-fast": dict(action="store_true", help="stop the GPU tests at the first failure (pytest -x)"),
+    "--tier": dict(choices=sorted(TIERS), default="fast",
+                   help="tests step: fast (-m gpu_fast, < 4 min) or full (every GPU test); default fast"),
+    "--shard": dict(default=None, metavar="I/N",
+                    help="tests step: run the I-th of N parts of the tier (test files dealt by size), to run the whole "
+                         "suite over several calls; the index shows the full tier once every part of one commit is "
+                         "recorded"),
+    "--workers": dict(type=int, default=0, help="tests step: pytest-xdist processes sharing the GPU (0: one process)"),
+    "--model-tests": dict(action="store_true", help="tests step: include the tests that need the real model (its GGUF "
+                                                    "or tensor cache on the machine)"),
+}
+
+#: the flags each machine-wide step reads (names of :data:`FLAGS`)
+STEP_ARGS = {"env": (), "tests": ("--tier", "--shard", "--workers", "--model-tests", "--fail-fast"),
+             "sanitizer": ("--sanitizer-timeout",)}
 
 
 def run_steps(chosen, out: Path, args) -> int:

@@ -5,10 +5,15 @@ calls that run them.
 compute-sanitizer memcheck + racecheck over every main-path kernel, the occupancy-API cross-check and the
 round benchmarks, recording every measurement as runs under ``DIR/data`` (copy them into ``data/`` with
 ``labkernels import-runs DIR/data``). Steps are chosen with ``--steps NAME,...`` or, for a round whose steps are
-records, ``--round N --step N|NAME,...`` (``--round N --list`` lists them, retired ones with the commit and command
-that reproduce them); a failing step is reported and the others still run; the exit code is non-zero if any failed.
-The steps are the rounds' (:mod:`labkernels.rounds`: each round's package) and the machine-wide ones
-(:mod:`labkernels.gpu_checks`: env, tests, sanitizer), which also runs them (:func:`labkernels.gpu_checks.run_steps`).
+records, ``--round N --step N|NAME,...`` (``--round N --list`` lists them with the arguments each reads, retired
+ones with the commit and command that reproduce them); a failing step is reported and the others still run; the exit
+code is non-zero if any failed. The steps are the rounds' (:mod:`labkernels.rounds`: each round's package) and the
+machine-wide ones (:mod:`labkernels.gpu_checks`: env, tests, sanitizer), which also runs them
+(:func:`labkernels.gpu_checks.run_steps`).
+
+Each step declares the arguments it reads (a round step's ``args``, :data:`labkernels.gpu_checks.STEP_ARGS`); a step
+argument given on the command line that no chosen step reads is refused before anything runs, naming the steps that
+take it. Every argument is still in ``--help``, with its default.
 """
 
 from __future__ import annotations
@@ -18,16 +23,35 @@ import os
 from pathlib import Path
 
 from . import attention, blas, gpu_checks, records_admin, rounds
-from .gpu_checks import GpuCheckError, TIERS, parse_shard
+from .gpu_checks import GpuCheckError, parse_shard
 from .paths import REPO_ROOT
 
 #: gpu-check's results folder when neither --out nor $OUT names one: inside the repository, ignored by git
 DEFAULT_OUT = REPO_ROOT / ".gpu" / "gpu-check"
+#: the attribute of gpu-check's parsed arguments that holds the step flags given on the command line
+GIVEN = "step_flags_given"
+
+
+class _StepFlag(argparse.Action):
+    """A step's argument: stored as ``store`` (or ``store_true`` with ``nargs=0``) stores it, and remembered as given
+    (:data:`GIVEN`), so that gpu-check can refuse one no chosen step reads."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+        setattr(namespace, GIVEN, getattr(namespace, GIVEN, frozenset()) | {self.option_strings[0]})
+
+
+def _step_flag(kw: dict) -> dict:
+    """argparse kwargs of a step flag (:class:`_StepFlag`: a ``store_true`` becomes ``nargs=0, const=True``)."""
+    kw = dict(kw)
+    if kw.pop("action", None) == "store_true":
+        kw.update(nargs=0, const=True, default=kw.get("default", False))
+    return {**kw, "action": _StepFlag}
 
 
 def _set_paths(args) -> None:
     """--dense-path / --cudnn-plan: gemm_dense's path (blas.DENSE_PATH) and the cuDNN SDPA plan policy
-    (attention.CUDNN_PLAN) for every step of this gpu-check (the prefill runs record both)."""
+    (attention.CUDNN_PLAN) in this process, for the chosen steps that declare them (the prefill runs record both)."""
     if getattr(args, "dense_path", None):
         blas.DENSE_PATH = args.dense_path
     if getattr(args, "cudnn_plan", None):
@@ -53,25 +77,54 @@ def check_args(args) -> None:
 
 
 def _chosen_steps(args) -> list:
-    """[(name, fn)] of this gpu-check, every name checked before any step runs: ``--round N --step ...`` (the round's
-    records) or ``--steps`` (gpu-check names; a retired step's name is refused with its commit and command)."""
+    """[(name, fn, flags it reads)] of this gpu-check, every name checked before any step runs: ``--round N --step
+    ...`` (the round's records) or ``--steps`` (gpu-check names; a retired step's name is refused with its commit and
+    command)."""
     if getattr(args, "round", None) is not None or getattr(args, "step", None) is not None:
         if args.round is None or args.step is None or args.steps:
             raise GpuCheckError("--round N --step N|NAME,... choose a round's steps (--steps the gpu-check names): "
                              "--round and --step together, without --steps")
         try:
-            return [(s.name, s.run) for s in rounds.select_steps(args.round, args.step.split(","))]
+            return [(s.name, s.run, s.flags) for s in rounds.select_steps(args.round, args.step.split(","))]
         except rounds.RoundError as e:
             raise GpuCheckError(e.args[0]) from None
     steps = args.steps.split(",") if args.steps else ["env", "tests", "sanitizer", "occupancy", "q6k"]
-    funcs = {**gpu_checks.STEPS, **rounds.gpu_check_steps()}
+    funcs = {**{k: (fn, gpu_checks.STEP_ARGS[k]) for k, fn in gpu_checks.STEPS.items()},
+             **{k: (s.run, s.flags) for k, (_, s) in rounds.gpu_check_records().items()}}
     for s in steps:
         if s not in funcs and rounds.retired_message(s):
             raise GpuCheckError(rounds.retired_message(s))
     bad = [s for s in steps if s not in funcs]
     if bad:
         raise GpuCheckError(f"unknown step {bad[0]!r}; steps: {', '.join(funcs)}")
-    return [(s, funcs[s]) for s in steps]
+    return [(s, *funcs[s]) for s in steps]
+
+
+def flag_readers() -> dict:
+    """{step flag: the steps that read it, as gpu-check names them} over every live step (machine-wide: its name; a
+    round's: its ``--steps`` name, then its round, number and record name: ``prefill_r7 (round 7, --step prefill)``)."""
+    out = {}
+    for k, flags in gpu_checks.STEP_ARGS.items():
+        for f in flags:
+            out.setdefault(f, []).append(k)
+    for k, (mod, s) in rounds.gpu_check_records().items():
+        where = [f"round {int(mod.NOTEBOOK[:2])}"] + ([f"step {s.number}"] if s.number is not None else []) \
+            + ([f"--step {s.name}"] if s.name != k else [])
+        for f in s.flags:
+            out.setdefault(f, []).append(f"{k} ({', '.join(where)})")
+    return out
+
+
+def check_step_flags(args, chosen) -> None:
+    """Refuse a step flag given on the command line that no chosen step reads (GpuCheckError naming the flag, the
+    chosen steps and the steps that take it)."""
+    read = {f for *_, flags in chosen for f in flags}
+    unread = sorted(f for f in getattr(args, GIVEN, ()) if f not in read)
+    if unread:
+        f, readers = unread[0], flag_readers()
+        raise GpuCheckError(f"{f}: no chosen step reads it (chosen: {', '.join(n for n, *_ in chosen)}); the steps "
+                            f"that take it: {'; '.join(readers.get(f, [])) or 'none'}"
+                            + (f" (also refused: {', '.join(unread[1:])})" if unread[1:] else ""))
 
 
 def main(args) -> int:
@@ -82,6 +135,7 @@ def main(args) -> int:
         return 0
     chosen = _chosen_steps(args)              # before any step runs
     check_args(args)
+    check_step_flags(args, chosen)
     if not str(args.out).strip():
         raise GpuCheckError("--out is empty: give a results folder")
     out = Path(args.out).resolve()
@@ -90,7 +144,7 @@ def main(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     args.log = gpu_checks.log
     _set_paths(args)
-    return gpu_checks.run_steps(chosen, out, args)
+    return gpu_checks.run_steps([(name, fn) for name, fn, _ in chosen], out, args)
 
 
 def import_main(args) -> int:
@@ -111,47 +165,28 @@ def register_cli(sub) -> None:
     p.add_argument("--round", default=None, help="a round whose steps are records: run --step of it, or --list them")
     p.add_argument("--step", default=None,
                    help="with --round: comma list of step numbers, names or old gpu-check names (--round 7 --step 28)")
-    p.add_argument("--list", action="store_true", help="with --round: list its steps (retired ones with the commit and "
-                   "command that reproduce them) and exit")
-    p.add_argument("--repeats", type=int, default=20, help="timed launches per point of the benchmark steps")
-    p.add_argument("--sweep-repeats", type=int, default=10, help="timed launches per point of the KDR sweep step")
-    p.add_argument("--decompose-nt", type=int, default=3325, help="prompt tokens of the decomposition steps")
-    p.add_argument("--decompose-models", default="gemma,7b", help="comma list of gemma, 7b")
-    p.add_argument("--graph-models", default="7b,gemma", help="prefill_graph: comma list of 7b, gemma (the real GGUF), synthetic-gemma3 (its shapes, random weights)")
-    p.add_argument("--fail-fast", action="store_true", help="stop the GPU tests at the first failure (pytest -x)")
-    p.add_argument("--tier", choices=sorted(TIERS), default="fast",
-                   help="tests step: fast (-m gpu_fast, < 4 min) or full (every GPU test); default fast")
-    p.add_argument("--shard", default=None, metavar="I/N",
-                   help="tests step: run the I-th of N parts of the tier (test files dealt by size), to run the whole "
-                        "suite over several calls; the index shows the full tier once every part of one commit is "
-                        "recorded")
-    p.add_argument("--workers", type=int, default=0,
-                   help="tests step: pytest-xdist processes sharing the GPU (0: one process)")
-    p.add_argument("--model-tests", action="store_true",
-                   help="tests step: include the tests that need the real model (its GGUF or tensor cache on the "
-                        "machine)")
-    p.add_argument("--sanitizer-timeout", type=int, default=240,
-                   help="seconds each compute-sanitizer tool may run before it counts as failed")
-    p.add_argument("--kernel", default="auto", help="qmatmul kernel of the prefill/decompose steps (default auto)")
-    p.add_argument("--old-kernels", default=None,
-                   help="tile_ab: the kernel sources before the tile skeleton (default: git archive eef6c5d)")
-    p.add_argument("--gemma", default=None, help="Gemma 3 270M GGUF path for prefill_r7 and prefill_graph "
-                   "(default data/models/...); generate measures it beside the synthetic models when given")
-    p.add_argument("--attention", default="auto", help="attention path of the decompose / attention steps: "
-                   "auto | cudnn | torch | baseline (labkernels.attention)")
-    p.add_argument("--attn-dtype", default="f16", help="input type of the fused attention: f16 | bf16")
-    p.add_argument("--attention-nts", default="512,3325,8192", help="token counts of the attention benchmark")
-    p.add_argument("--dense-path", default=None, choices=blas.DENSE_PATHS,
-                   help=f"gemm_dense's cuBLAS path for every step (default {blas.DENSE_PATH}: labkernels.blas.gemm_dense)")
-    p.add_argument("--cudnn-plan", default=None, choices=attention.CUDNN_PLANS,
-                   help=f"cuDNN SDPA plan policy for every step (default {attention.CUDNN_PLAN}: labkernels.attention.Cudnn)")
-    groups = {}
+    p.add_argument("--list", action="store_true", help="with --round: list its steps, the arguments each reads (retired "
+                   "ones with the commit and command that reproduce them) and exit")
+    shared = p.add_argument_group("step arguments read by several steps (gpu-check --round N --list: which)")
+    for flag, kw in gpu_checks.FLAGS.items():
+        shared.add_argument(flag, **_step_flag(kw))
+    readers, defined, groups = {}, {}, {}
+    for nb, label, flags, kw in rounds.step_args():
+        readers.setdefault(flags[0], []).append(label)
     for nb, label, flags, kw in rounds.step_args():   # the arguments each round step declares (once per flag)
+        if kw is None:
+            if flags[0] not in gpu_checks.FLAGS:
+                raise GpuCheckError(f"round {nb} step {label} reads {flags[0]}, a flag gpu-check does not share "
+                                    "(labkernels.gpu_checks.FLAGS): define it in the step's args")
+            continue
+        if flags[0] in gpu_checks.FLAGS or defined.get(flags[0], (nb, kw)) != (nb, kw):
+            raise GpuCheckError(f"round {nb} step {label} defines {flags[0]} again, differently")
+        if flags[0] in defined:
+            continue
+        defined[flags[0]] = (nb, kw)
         g = groups.get(nb) or groups.setdefault(nb, p.add_argument_group(f"round {nb}'s steps"))
-        try:
-            g.add_argument(*flags, **{**kw, "help": f"{kw.get('help', '')} (step {label})".strip()})
-        except argparse.ArgumentError:
-            pass                                      # declared already (gpu-check's own, or another step's)
+        g.add_argument(*flags, **_step_flag({**kw, "help": f"{kw.get('help', '')} (round {int(nb[:2])}'s "
+                                                           f"{', '.join(readers[flags[0]])})".strip()}))
     p.set_defaults(func=main)
     q = sub.add_parser("import-runs", help="copy recorded runs from a GPU results folder into data/")
     q.add_argument("src", help="the folder of recorded runs to file into data/ (gpu-check's OUT/data)")

@@ -1,4 +1,4 @@
-"""What a captured CUDA graph holds, node by node (issue 18: the memsets of Gemma's prefill graph).
+"""What a captured CUDA graph holds, node by node (first asked of the memset nodes in Gemma's captured prefill graph).
 
 :func:`capture` records a callable on a stream into a CUDA graph with the runtime's stream capture (CuPy's own
 ``Stream.end_capture`` destroys the graph once instantiated, so its nodes could not be read), :func:`census`
@@ -140,9 +140,9 @@ def fill_launch(p) -> dict:
 
 def memsets_to_kernels(graph: int) -> dict:
     """Replace every memset node of a captured graph's top level by a node of the lab's fill kernel with the same
-    parameters and the same dependencies (issue 18: a memset node costs the boundaries around it ~5 us at Gemma's
-    prefill, a kernel-to-kernel boundary well under 1 us). A memset node the driver refuses to remove stays as it
-    was (its replacement is taken out again). Returns {'replaced': n, 'bytes': their total, 'left': memset nodes still
+    parameters and the same dependencies (for the prefill without host overhead: a memset node costs the boundaries
+    around it ~5 us at Gemma's prefill, a kernel-to-kernel boundary well under 1 us). A memset node the driver refuses
+    to remove stays as it was (its replacement is taken out again). Returns {'replaced': n, 'bytes': their total, 'left': memset nodes still
     in the graph (those kept and those inside child graphs, which are not touched), 'kept', 'kept_why'}. The graph
     must not be instantiated yet."""
     from cuda.bindings import driver as drv

@@ -34,7 +34,7 @@ FOLDERS = {
     "kdr_sweep": "04_kdr_sweep",
     "q4k": "04_kdr_sweep",
     "decompose": "05_wall_decomposition",
-    "attention": "05_wall_decomposition",        # fused attention alone (issue 17), shown by round 5's page
+    "attention": "05_wall_decomposition",        # attention alone (the fused paths' benchmark), shown by round 5's page
     "forensics": "06_counter_forensics",
     "wgmma": "07_wgmma_kquant",
     "sweeps": "08_dask_sweeps",

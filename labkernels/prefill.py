@@ -48,8 +48,8 @@ from .trace import NullTracer
 
 KQUANT = ("q4_K", "q6_K")
 QKV = ("attn_q", "attn_k", "attn_v")
-#: the PrefillOptions that fuse small kernels (issue 18); each computes the unfused ops' values, and all of them off
-#: is the 'unfused' baseline of gpu-check prefill_graph and the CLI's --no-fuse
+#: the PrefillOptions that fuse small kernels (to cut the prefill's host overhead); each computes the unfused ops'
+#: values, and all of them off is the 'unfused' baseline of gpu-check prefill_graph and the CLI's --no-fuse
 FUSIONS = ("fuse_add_norm", "fuse_rope", "fuse_qkv", "fuse_qk_norm", "fuse_qkv16", "fuse_layout", "fuse_gate_up")
 
 
@@ -88,8 +88,8 @@ class PrefillOptions:
     fuse_layout: bool = True          # attention's layout copies: transpose + cast in one pass (not two)
     fuse_gate_up: bool = True         # ffn_gate and ffn_up (same type and shape) as one GEMM on their stacked rows,
                                       # the activation reading its two halves (act_mul_gu)
-    # three changes to the captured graph (issue 18), on by default from 20261201T20 (prefill runs 195305Z / 195405Z,
-    # with the lab+cudnn attention: Gemma 3 270M at nt=512 2.96% host with them, 5.74% without; the synthetic 7B
+    # three changes to the captured graph (its idle between nodes), on by default from 20261201T20 (prefill runs
+    # 195305Z / 195405Z, with the lab+cudnn attention: Gemma 3 270M at nt=512 2.96% host with them, 5.74% without; the synthetic 7B
     # 4.86% / 4.49%, its walls within 0.2% of each other). Earlier runs (161416Z-163853Z, cuDNN attention) had found
     # pdl 0.5-4% slower on the 7B at nt=512. Gemma's graphs still refuse node removal (their one memset left at
     # nt=512 is cuBLAS's, before the output head: the lab attention has none)

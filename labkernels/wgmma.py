@@ -211,7 +211,7 @@ class WgKernel:
 
         holders, params = gpu.kernel_params(args, prefix=(tmap,) if isinstance(tmap, bytes) else tuple(tmap))
         stream = _cp().cuda.get_current_stream().ptr
-        pdl = gpu.pdl_active() and self.spec.source in gpu.pdl_sources()   # the prefill's graph capture (issue 18)
+        pdl = gpu.pdl_active() and self.spec.source in gpu.pdl_sources()   # the prefill's graph capture (PDL boundaries)
         if pdl or cluster > 1:
             gpu.launch_programmatic(self._fptr, grid, (self.spec.threads,), self.smem, params, stream, self.spec.key,
                                     cluster=cluster, programmatic=pdl)

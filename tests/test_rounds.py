@@ -103,16 +103,22 @@ def test_round_steps_declare_their_own_arguments():
 
 
 def _named_steps(text: str) -> set:
-    """(round or None, step) of every ``gpu-check --steps A,B`` and ``gpu-check --round N --step A,B`` in ``text``."""
+    """(round or None, step) of every ``gpu-check --steps A,B`` and ``gpu-check --round N --step A,B`` in ``text``
+    (``labkernels gpu check`` too, the noun-verb name of the same command)."""
     import re
 
     out = set()   # (placeholders such as N or NAME are upper case: not names)
-    for m in re.finditer(r"gpu-check(?:\s+--\w[\w-]*(?:\s+(?!--)[^\s`)]+)?)*?\s+\[?--steps\s+([a-z0-9_][a-z0-9_,]*)",
+    for m in re.finditer(r"gpu[- ]check(?:\s+--\w[\w-]*(?:\s+(?!--)[^\s`)]+)?)*?\s+\[?--steps\s+([a-z0-9_][a-z0-9_,]*)",
                          text):
         out |= {(None, s) for s in m.group(1).split(",") if s}
-    for m in re.finditer(r"gpu-check\s+--round\s+(\d+)\s+--step\s+([a-z0-9_][a-z0-9_,]*)", text):
+    for m in re.finditer(r"gpu[- ]check\s+--round\s+(\d+)\s+--step\s+([a-z0-9_][a-z0-9_,]*)", text):
         out |= {(m.group(1), s) for s in m.group(2).split(",") if s}
     return out
+
+
+def _doc_files() -> list:
+    return (sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.py")) + [REPO_ROOT / "README.md"]
+            + sorted((REPO_ROOT / "docs").glob("*.md")))
 
 
 def test_every_step_a_notebook_or_the_readme_names_exists():
@@ -122,11 +128,12 @@ def test_every_step_a_notebook_or_the_readme_names_exists():
 
     live = set(gpu_checks.STEPS) | set(rounds.gpu_check_steps())
     named = {}
-    for f in (sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.py")) + [REPO_ROOT / "README.md"]
-              + sorted((REPO_ROOT / "docs").glob("*.md"))):
+    for f in _doc_files():
         for key in _named_steps(f.read_text()):
             named.setdefault(key, f.name)
     assert len(named) > 30 and (None, "wgmma_halfy") in named and (None, "wgmma_wstage") in named
+    assert {(None, "occupancy"), (None, "forensics"), (None, "attention"), (None, "prefill_graph"),
+            (None, "graph_nodes"), (None, "tests"), (None, "kdr")} <= set(named)   # rounds 2-6 and `gpu check` lines
     missing = []
     for (rnd, s), f in sorted(named.items(), key=str):
         if rnd is None:
@@ -141,8 +148,32 @@ def test_every_step_a_notebook_or_the_readme_names_exists():
             missing.append(f"{f}: {s}")
     assert not missing, missing
     assert _named_steps("run `gpu-check --round 7 --step 28,bogus` and gpu-check --out X --steps a,b, "
-                        "gpu-check --out DIR [--steps c] or gpu-check --steps NAME") == {
-        ("7", "28"), ("7", "bogus"), (None, "a"), (None, "b"), (None, "c")}
+                        "gpu-check --out DIR [--steps c] or gpu-check --steps NAME, labkernels gpu check --steps d") == {
+        ("7", "28"), ("7", "bogus"), (None, "a"), (None, "b"), (None, "c"), (None, "d")}
+
+
+def test_the_step_arguments_a_page_or_doc_gives_are_read_by_its_steps():
+    """A command line in a page, the README or docs/ that gives a step argument beside ``--steps A,B`` names a step
+    that reads it (gpu-check would refuse it otherwise)."""
+    import re
+
+    from labkernels import gpu_cli
+
+    readers = gpu_cli.flag_readers()
+    checked, wrong = 0, []
+    for f in _doc_files():
+        for line in f.read_text().splitlines():
+            m = re.search(r"gpu[- ]check\b.*?--steps\s+([a-z0-9_][a-z0-9_,]*)", line)
+            if not m:
+                continue
+            steps = set(m.group(1).split(","))
+            for flag in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", line[m.end():]):
+                if flag in readers:
+                    checked += 1
+                    if not any(r.split(" ")[0] in steps for r in readers[flag]):
+                        wrong.append(f"{f.name}: {flag} with --steps {m.group(1)}")
+    assert not wrong, wrong
+    assert checked >= 3
 
 
 def test_round7_step_records_name_their_runs_builds_and_views():
@@ -176,6 +207,121 @@ def test_round7_step_records_name_their_runs_builds_and_views():
         v = s.view(s.latest(listed=listed[s.series]))
         assert len(v) > 0, s.label
     assert records.latest("wgmma", where=lambda r: r.has("wgmma_bench")).run_id == rounds.module(7).STEP_RECORDS[0].runs[-1]
+
+
+#: rounds 2-6's steps: (round, number, name = the gpu-check name they always had)
+R2_6 = ((2, 1, "occupancy"), (3, 1, "q6k"), (3, 2, "tile_ab"), (4, 1, "kdr"), (4, 2, "q4k"), (5, 1, "prefill"),
+        (5, 2, "decompose"), (5, 3, "prefill7b"), (5, 4, "attention"), (5, 5, "prefill_graph"), (5, 6, "graph_nodes"),
+        (6, 1, "forensics"))
+
+
+def test_rounds_2_to_6_list_their_steps_as_records_by_number_and_name():
+    """Every gpu-check step of rounds 2-6 is a record with a number and a name, listed by ``--round N --list`` with the
+    arguments it reads, selected by number or by its gpu-check name, and the record ``--steps NAME`` runs."""
+    got = {(n, s.number, s.name) for n in range(2, 7) for s in rounds.module(n).STEP_RECORDS}
+    assert got == set(R2_6)
+    records_of = rounds.gpu_check_records()
+    for n, num, name in R2_6:
+        mod = rounds.module(n)
+        assert set(mod.STEPS) == {s.name for s in mod.STEP_RECORDS}        # no step outside the records
+        by_num, by_name = rounds.select_steps(n, [str(num)]), rounds.select_steps(n, [name])
+        assert by_num == by_name and [s.name for s in by_num] == [name]
+        assert records_of[name] == (mod, by_name[0]) and mod.STEPS[name] is by_name[0].run is not None
+        listed = rounds.list_steps(n)
+        assert f"  {num}. {name}: " in listed, listed
+        assert f"arguments: {', '.join(by_name[0].flags) or 'none'}; records {by_name[0].series} runs" in listed
+    assert "arguments: --repeats, --old-kernels; records tile_ab runs" in rounds.list_steps(3)
+    assert "(no gpu-check steps)" in rounds.list_steps(8)
+    with pytest.raises(rounds.RoundError, match="no step 7; steps 1-6"):
+        rounds.select_steps(5, ["7"])
+
+
+def test_an_old_step_name_resolves_to_its_record():
+    """An old gpu-check name is an alias of its record: ``--steps NAME`` runs the record's ``run``, and ``--round N
+    --step NAME`` selects the same record as its number."""
+    recs = rounds.gpu_check_records()
+    mod, s = recs["wgmma_halfy"]
+    assert mod is rounds.module(7) and (s.number, s.name) == (28, "halfy") and "wgmma_halfy" in s.aliases
+    assert rounds.select_steps(7, ["wgmma_halfy"]) == rounds.select_steps(7, ["28"]) == [s]
+    mod, s = recs["prefill_r7"]
+    assert (s.name, s.flags) == ("prefill", ("--ab", "--gemma", "--dense-path", "--cudnn-plan"))
+    assert rounds.gpu_check_steps()["wgmma"] is rounds.select_steps(7, ["bench"])[0].run
+    assert recs["prefill"][0] is rounds.module(5) and recs["prefill"][1].number == 1   # round 5's, not round 7's
+
+
+def test_rounds_2_to_6_records_name_their_runs_prediction_and_view():
+    """Each record of rounds 2-6: its listed runs are recorded (their params naming the record's ``what``), one of them
+    at the record's commit, a prediction (or the words that none was written) and a verdict, and the view of its latest
+    run is a non-empty table."""
+    for n, num, name in R2_6:
+        s = rounds.select_steps(n, [name])[0]
+        listed = records.list_runs(s.series, status=None)
+        runs = s.recorded(listed=listed)
+        assert runs and s.what in {(r.meta.get("params") or {}).get("what") for r in runs}, s.label
+        assert any(str((r.provenance or {}).get("git_commit", "")).startswith(s.commit) for r in runs), s.label
+        assert s.prediction and s.verdict and s.title, s.label
+        assert s.prediction == rounds.NO_PREDICTION or "target" in s.prediction or rounds.NO_PREDICTION in s.prediction
+        assert len(s.view(s.latest(listed=listed))) > 0, s.label
+    assert "400 TOPS-eq" in rounds.select_steps(3, ["q6k"])[0].prediction       # the target set before round 3 ran
+    assert rounds.select_steps(2, ["1"])[0].prediction == rounds.NO_PREDICTION
+
+
+def test_gpu_check_refuses_a_step_argument_no_chosen_step_reads(tmp_path, capsys, monkeypatch):
+    """A step flag given without a chosen step that reads it is refused before any step runs, naming the flag and the
+    steps that take it; given with one that reads it, it passes (the run stubbed)."""
+    import dataclasses
+
+    from labkernels import cli, gpu_cli
+
+    gemma = tmp_path / "g.gguf"
+    gemma.write_bytes(b"GGUF")
+    for argv, rx in ((["--steps", "env", "--gemma", str(gemma)],
+                      r"--gemma: no chosen step reads it \(chosen: env\); the steps that take it: .*prefill_graph "
+                      r"\(round 5, step 5\).*prefill_r7 \(round 7, --step prefill\)"),
+                     (["--steps", "env,tests", "--repeats", "5", "--tier", "full"],
+                      r"--repeats: no chosen step reads it .*q6k \(round 3, step 1\); tile_ab"),
+                     (["--steps", "env", "--fail-fast"], r"--fail-fast: .*the steps that take it: tests$"),
+                     (["--round", "3", "--step", "1", "--old-kernels", str(tmp_path), "--sweep-repeats", "2"],
+                      r"--old-kernels: no chosen step reads it \(chosen: q6k\); .*tile_ab .*also refused: --sweep-repeats"),
+                     (["--round", "5", "--step", "prefill7b", "--attention", "torch"], r"--attention: .*decompose")):
+        assert cli.main(["gpu", "check", "--out", str(tmp_path / "o"), *argv]) == 2, argv
+        assert re.search(rx, capsys.readouterr().err.strip()), argv
+    assert not (tmp_path / "o").exists()                      # nothing ran, no results folder
+    r3, calls = rounds.module(3), []
+    fake = tuple(dataclasses.replace(s, run=lambda out, args, n=s.name: calls.append((n, args.old_kernels, args.repeats))
+                                     or {"ok": True}) for s in r3.STEP_RECORDS)
+    monkeypatch.setattr(r3, "STEP_RECORDS", fake)
+    assert cli.main(["gpu-check", "--out", str(tmp_path / "o"), "--round", "3", "--step", "2",
+                     "--old-kernels", str(tmp_path), "--repeats", "3"]) == 0
+    assert calls == [("tile_ab", str(tmp_path), 3)]
+    a = cli.build_parser().parse_args(["gpu-check", "--steps", "tests", "--tier", "full", "--model-tests"])
+    assert getattr(a, gpu_cli.GIVEN) == {"--tier", "--model-tests"} and a.model_tests is True and a.fail_fast is False
+    gpu_cli.check_step_flags(a, gpu_cli._chosen_steps(a))                           # tests reads both
+
+
+def test_every_step_argument_is_declared_by_a_step_and_in_the_help():
+    """Every gpu-check flag but the choice of steps and the results folder is a step argument some live step declares;
+    every argument a step declares is one gpu-check has, and the help lists each with its default."""
+    import argparse
+
+    from labkernels import cli, gpu_checks, gpu_cli
+
+    p = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["gpu-check"]
+    own = {"-h", "--out", "--steps", "--round", "--step", "--list"}
+    flags = {a.option_strings[0]: a for a in p._actions if a.option_strings and a.option_strings[0] not in own}
+    readers = gpu_cli.flag_readers()
+    assert set(flags) == set(readers), (set(flags) ^ set(readers))
+    assert set(gpu_checks.STEP_ARGS) == set(gpu_checks.STEPS)          # each machine-wide step says what it reads
+    assert all(isinstance(a, gpu_cli._StepFlag) for a in flags.values())
+    assert set(gpu_checks.FLAGS) <= set(flags) and {"--old-kernels", "--sweep-repeats", "--ab", "--kernel"} <= set(flags)
+    text = " ".join(p.format_help().split())
+    for f, a in flags.items():
+        assert f in text
+        if a.default not in (None, False):
+            assert f"(default: {a.default})" in text or "default" in a.help.lower(), f
+    for f, d in (("--repeats", 20), ("--sweep-repeats", 10), ("--decompose-nt", 3325), ("--sanitizer-timeout", 240),
+                 ("--kernel", "auto"), ("--tier", "fast"), ("--attention-nts", "512,3325,8192")):
+        assert flags[f].default == d, f                        # the names and defaults scripts pass
 
 
 def test_open_round_replays_the_latest_run_with_its_recorded_plan():

@@ -6,13 +6,15 @@ its sweeps, round 9's benchmark, steps and page); what two rounds or more use st
 A round module declares ``NOTEBOOK`` (its notebook's name), ``DATA`` (the ``data/<folder>/`` names of its recorded
 runs, the first the one its page replays), ``PLAN`` (its one default plan), ``measure(run, progress, **plan)`` (GPU: record
 the round into ``run``, a new run of its first folder; None for a CPU round) and ``STEPS`` (its ``labkernels gpu-check`` steps: name ->
-``fn(out, args)``). :data:`ROUNDS` lists them by number; :func:`open_round` resolves measure / replay / cpu,
+``fn(out, args)``). :data:`MODULES` lists them by number; :func:`open_round` resolves measure / replay / cpu,
 measures into new runs or opens the latest ones, and returns them with the banner; ``gpu-check`` takes its steps
 from :func:`gpu_check_steps` (``--steps NAME,...``) and :func:`select_steps` (``--round N --step N|NAME,...``).
-A round whose steps are records (:class:`Step`: number, name, builds, plan, prediction, verdict, run ids, commit, one
-``run`` and one ``view``, the arguments it declares; a retired one with the commit and command that reproduce it)
-declares them as ``STEP_RECORDS`` (round 7: :mod:`labkernels.rounds.r07_wgmma.steps`; round 9, whose steps 3, 5, 7 and 8
-are retired: :mod:`labkernels.rounds.r09_decode.steps`); its ``STEPS`` are then the live ones' gpu-check names. A round
+Every round with gpu-check steps declares them as records, ``STEP_RECORDS`` (:class:`Step`: number, name, builds, plan,
+prediction, verdict, run ids, commit, one ``run`` and one ``view``, the gpu-check arguments it reads; a retired one with
+the commit and command that reproduce it): rounds 2-6 in their own module (numbered in the order each step was first
+recorded; a step whose round wrote no prediction before its run says so, :data:`NO_PREDICTION`), round 7 in
+:mod:`labkernels.rounds.r07_wgmma.steps`, round 9 (whose steps 3, 5, 7 and 8 are retired) in
+:mod:`labkernels.rounds.r09_decode.steps`; its ``STEPS`` are then the live ones' gpu-check names. A round
 whose page replays one kind of run among several in a folder names it in ``REPLAY_WHERE`` ({series: predicate(run,
 plan)}: round 5's decomposition of the plan's model and nt, round 7's benchmark among its sanitizer and ncu runs). A
 round whose measurement records its own runs (round 6: one ncu process per case) declares ``record_runs(root, progress,
@@ -49,6 +51,12 @@ from .. import records, report
 from ..paths import FOLDERS, SHARED  # noqa: F401  (the table of data folders, in paths since issue 42)
 
 
+#: a step's ``prediction`` where its round wrote none before the run (rounds 2-6 kept no prediction ledger)
+NO_PREDICTION = "none written before the run (the round kept no prediction ledger)"
+#: a step's ``verdict`` where its round's page states none in words (it shows the run's tables only)
+NO_VERDICT = "none written (the round's page shows this run's tables without a verdict in words)"
+
+
 class RoundError(KeyError):
     """An unknown round, plan parameter or mode for a round (a KeyError whose message reads as written)."""
 
@@ -83,12 +91,23 @@ def param_modes(mod) -> dict:
 
 def gpu_check_steps() -> dict:
     """{step name: fn(out, args)} over every round of the table (a name declared twice is an error)."""
+    return {k: s.run for k, (_, s) in gpu_check_records().items()}
+
+
+def gpu_check_records() -> dict:
+    """{gpu-check step name: (round module, its live :class:`Step`)} over every round of the table: each name of a
+    round's ``STEPS`` with the record it runs (the record that has it as an alias, else the one of that name; a round
+    without records gets one per name, :func:`round_steps`). A name declared by two rounds is an error."""
     out = {}
     for mod in rounds():
-        for k, fn in getattr(mod, "STEPS", {}).items():
+        recs = [s for s in round_steps(mod) if s.retired is None]
+        for k in getattr(mod, "STEPS", {}):
             if k in out:
                 raise RoundError(f"gpu-check step {k!r} declared by two rounds")
-            out[k] = fn
+            hit = [s for s in recs if k in s.aliases] or [s for s in recs if s.name == k]
+            if not hit:
+                raise RoundError(f"round {mod.NOTEBOOK}: gpu-check step {k!r} has no live record")
+            out[k] = (mod, hit[0])
     return out
 
 
@@ -110,7 +129,9 @@ class Step:
     ``series``) whose params name ``what`` (None: the series' main measurement) and the ``commit`` its measurement ran
     at. ``run(out, args) -> dict`` records it again on a GPU (None once ``retired``: :class:`Retired` says where and
     how); ``view(run) -> DataFrame`` is its table from one of its recorded runs; ``args``: the gpu-check arguments it
-    reads, ``((flag, ...), argparse kwargs)`` each."""
+    reads (gpu-check refuses one given when no chosen step reads it), each either the name of a flag gpu-check shares
+    among steps (``"--gemma"``: :data:`labkernels.gpu_checks.FLAGS`) or ``((flag, ...), argparse kwargs)`` for a flag
+    the round defines itself (several of its steps may declare the same one)."""
     name: str
     title: str
     number: int | None = None
@@ -135,6 +156,11 @@ class Step:
     @property
     def label(self) -> str:
         return f"{self.number}. {self.name}" if self.number is not None else self.name
+
+    @property
+    def flags(self) -> tuple:
+        """The gpu-check flags it reads, by their first option string (``("--repeats", "--old-kernels")``)."""
+        return tuple(a if isinstance(a, str) else tuple(a[0])[0] for a in self.args)
 
     def recorded(self, root=None, listed=None) -> list:
         """Its recorded runs (``runs``, in their order; a run listed but not on disk raises), from ``listed`` (the
@@ -214,26 +240,39 @@ def retired_message(name: str) -> str | None:
 
 
 def step_args() -> list:
-    """Every argument a round step declares, ``(round notebook, step label, flags, kwargs)``, for gpu-check's parser."""
+    """Every argument a live round step declares, ``(round notebook, step label, flags, kwargs)``, for gpu-check's
+    parser: ``kwargs`` None where the step names a flag gpu-check shares (:data:`labkernels.gpu_checks.FLAGS`)."""
     out = []
     for mod in rounds():
         for s in round_steps(mod):
-            for flags, kw in s.args:
-                out.append((mod.NOTEBOOK, s.label, tuple(flags), dict(kw)))
+            if s.retired is not None:
+                continue
+            for a in s.args:
+                if isinstance(a, str):
+                    out.append((mod.NOTEBOOK, s.label, (a,), None))
+                else:
+                    flags, kw = a
+                    out.append((mod.NOTEBOOK, s.label, tuple(flags), dict(kw)))
     return out
 
 
 def list_steps(round_name) -> str:
-    """``gpu-check --round N --list``: the round's steps, one line each (number, name, old names, builds; a retired
-    one with the commit and command that reproduce it)."""
+    """``gpu-check --round N --list``: the round's steps (number, name, old names, builds; then the arguments it reads and
+    the runs it records, or for a retired one the commit and command that reproduce it)."""
     mod = module(round_name)
+    steps = round_steps(mod)
     lines = [f"round {mod.NOTEBOOK}: gpu-check --round {int(mod.NOTEBOOK[:2])} --step N|NAME"]
-    for s in round_steps(mod):
+    if not steps:
+        lines.append("  (no gpu-check steps)")
+    for s in steps:
         alias = f" (--steps {', '.join(s.aliases)})" if s.aliases else ""
         builds = "; builds " + ", ".join(f"{k}={'+'.join(v) or 'plain'}" for k, v in s.builds.items()) if s.builds else ""
         lines.append(f"  {s.label}{alias}: {s.title}{builds}")
         if s.retired is not None:
             lines.append(f"      retired ({s.retired.why}): at commit {s.retired.commit}: {s.retired.command}")
+        else:
+            into = f"; records {s.series} runs" + (f" (what: {s.what})" if s.what else "") if s.series else ""
+            lines.append(f"      arguments: {', '.join(s.flags) or 'none'}{into}")
     return "\n".join(lines)
 
 

@@ -1,6 +1,6 @@
 """Round 2 -- shared memory and registers to occupancy (``notebooks/02_occupancy_calculator``): the calculator
 and the ptxas audit run on the CPU; the GPU check records the CUDA occupancy API against the calculator for every
-registry instantiation (``occupancy`` runs)."""
+registry instantiation (``occupancy`` runs): its one step, as a record (:data:`STEP_RECORDS`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .. import gpu, occupancy, records, wgmma
 from ..kernels import registry
+from . import NO_PREDICTION, Step
 
 NOTEBOOK = "02_occupancy_calculator"
 DATA = ()            # the page is computed on the CPU; the API cross-check's ``occupancy`` runs
@@ -16,9 +17,13 @@ PLAN = {}
 measure = None       # CPU page
 
 
+#: what an ``occupancy`` run's params say it measured
+API_CHECK = "CUDA occupancy API vs labkernels.occupancy"
+
+
 def step_occupancy(out: Path, args) -> dict:
     """Record cudaOccupancyMaxActiveBlocksPerMultiprocessor vs the calculator for every instantiation."""
-    run = records.new_run("occupancy", {"what": "CUDA occupancy API vs labkernels.occupancy"}, root=out / "data")
+    run = records.new_run("occupancy", {"what": API_CHECK}, root=out / "data")
     prof = occupancy.profile("h200")
     rows, bad = [], 0
 
@@ -44,4 +49,21 @@ def step_occupancy(out: Path, args) -> dict:
     return {"ok": bad == 0, "run": run.run_id}
 
 
-STEPS = {"occupancy": step_occupancy}
+def view_api_check(run):
+    """Per instantiation: registers, shared memory, the API's and the calculator's blocks/SM, and whether they agree."""
+    return run.table("api_check")[["kernel", "regs", "local_bytes", "static_smem", "dynamic_smem", "api_blocks_per_sm",
+                                    "calc_blocks_per_sm", "calc_limiter", "agree"]]
+
+
+#: the round's step as a record (``gpu-check --round 2 --step 1|occupancy``)
+STEP_RECORDS = (
+    Step(number=1, name="occupancy", series="occupancy", what=API_CHECK, run=step_occupancy, view=view_api_check,
+         title="the CUDA occupancy API (cudaOccupancyMaxActiveBlocksPerMultiprocessor) against the calculator's "
+               "blocks/SM for every registry instantiation",
+         runs=("20261130T103041Z-h200-f94cb78d8d", "20261130T104506Z-h200-bec343a19a"), commit="bec343a",
+         prediction=NO_PREDICTION,
+         verdict="the API and the calculator agree at every instantiation: 58 of 58 (run 20261130T104506Z; 46 of 46 "
+                 "in run 20261130T103041Z), as the page's abstract and headline say"),
+)
+#: its gpu-check name (``gpu-check --steps occupancy``)
+STEPS = {s.name: s.run for s in STEP_RECORDS}

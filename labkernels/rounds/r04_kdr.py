@@ -1,6 +1,7 @@
 """Round 4 -- KDR sweep: staging depth vs occupancy vs speed, and the q4_K raw-nibble kernel
 (``notebooks/04_kdr_sweep``): the sweep (table ``sweep`` of a ``kdr_sweep`` run) and the q4_K benchmark against
-cuBLAS fp16 (a ``q4k`` run), every point parity-gated first (:mod:`labkernels.cases`)."""
+cuBLAS fp16 (a ``q4k`` run), every point parity-gated first (:mod:`labkernels.cases`); both gpu-check steps as records
+(:data:`STEP_RECORDS`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from .. import bench, blas, cases, gpu, records
 from ..kernels import registry
+from . import NO_PREDICTION, Step
 
 NOTEBOOK = "04_kdr_sweep"
 DATA = ("kdr_sweep", "q4k")
@@ -138,7 +140,7 @@ def measure(run, progress=print, **plan) -> dict:
 
 
 def step_kdr(out, args) -> dict:
-    """``gpu-check --steps kdr``: the sweep (``--sweep-repeats``)."""
+    """The KDR sweep: staging depth x variant x nt x shape, every kernel parity-gated per shape (``--sweep-repeats``)."""
     plan = {**PLAN, "repeats": args.sweep_repeats}
     with records.recording(DATA[0], {k: plan[k] for k in ("shapes", "nts", "repeats")}, root=out / "data") as run:
         measure_sweep(run, args.log, **plan)
@@ -146,12 +148,48 @@ def step_kdr(out, args) -> dict:
 
 
 def step_q4k(out, args) -> dict:
-    """``gpu-check --steps q4k``: the q4_K benchmark (``--repeats``)."""
+    """The q4_K raw-nibble kernel vs cuBLAS fp16, parity-gated, interleaved (``--repeats``)."""
     run = measure_q4k(args.log, out / "data", **{**PLAN, "q4k_repeats": args.repeats})
     return {"ok": True, "run": run.run_id}
 
 
-STEPS = {"kdr": step_kdr, "q4k": step_q4k}
+def view_sweep(run):
+    """Per point: type, shape, nt, KDR, variant, resources, blocks/SM (API and calculator) and TOPS-eq."""
+    return run.table("sweep")
+
+
+def view_q4k(run):
+    """The interleaved A/B pairs against cuBLAS fp16 (ratio = time(a) / time(b))."""
+    return run.table("q4k_pairs")
+
+
+#: the round's steps as records (``gpu-check --round 4 --step N|NAME``), numbered in the order first recorded
+STEP_RECORDS = (
+    Step(number=1, name="kdr", series="kdr_sweep", run=step_kdr, view=view_sweep,
+         plan={k: PLAN[k] for k in ("shapes", "nts", "repeats")},
+         args=((("--sweep-repeats",), dict(type=int, default=10, help="timed launches per point of the KDR sweep step")),),
+         title="the KDR sweep: staging depth x epilogue / launch-bounds variant x nt at the 7B q6_K and q4_K shapes, "
+               "with registers, spills, shared memory and blocks/SM (occupancy API and calculator) per point",
+         runs=("20261130T103120Z-h200-f94cb78d8d", "20261130T112137Z-h200-74f156ae7a"), commit="74f156a",
+         prediction=f"{NO_PREDICTION}; the claim the page tests is the seeds' GB10 one (002 sections 2.3, 5): KDR=8 "
+                    "(59,392 B, 1 block/SM) collapsed a 7B prefill to 1097.8 tok/s while KDR=4 (29,696 B, 2 blocks/SM) "
+                    "won, and its Method expects the H200's cliff elsewhere (228 KB/SM, 64 warps/SM)",
+         verdict="the page's reading: on the H200 the seeds' shared-memory cliff does not appear where GB10 put it -- "
+                 "registers, not shared memory, set blocks/SM for every KDR (2 blocks with the 128-register cap, 1 "
+                 "without it), so KDR=8 costs no residency; q6_K's fastest point at nt=4096 is KDR=4, EPI=1, OCC=2 "
+                 "(116 TOPS-eq, a build that spills 32 B a thread: not the default, q6k_expb_epi0 at 114), KDR=8 0.97x "
+                 "KDR=4; q4_K's best KDR=8 at 180 TOPS-eq (run 20261130T112137Z, the page's headline)"),
+    Step(number=2, name="q4k", series="q4k", run=step_q4k, view=view_q4k, args=("--repeats",),
+         plan={"shapes": PLAN["shapes"]["q4_K"], "nts": PLAN["q4k_nts"], "variant": PLAN["q4k_variant"],
+               "repeats": PLAN["q4k_repeats"], "pairs": PLAN["q4k_pairs"]},
+         title="the q4_K raw-nibble kernel against cuBLAS fp16 on cached dequantized weights (and with the dequant) at "
+               "the 7B q4_K shapes, parity-gated, interleaved",
+         runs=("20261130T103200Z-h200-f94cb78d8d", "20261130T110425Z-h200-6b488c5302",
+               "20261130T112225Z-h200-74f156ae7a"), commit="74f156a", prediction=NO_PREDICTION,
+         verdict="0.23x cuBLAS fp16's speed at 4096x4096, nt=4096 (run 20261130T112225Z, the page's headline)"),
+)
+#: their gpu-check names (``gpu-check --steps kdr,q4k``)
+STEPS = {s.name: s.run for s in STEP_RECORDS}
 
 
 def point_name(sweep, qtype: str, kdr: int, variant: str) -> str:

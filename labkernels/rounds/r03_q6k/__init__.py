@@ -2,7 +2,8 @@
 
 Every case is parity-gated (:mod:`labkernels.cases`) before it is timed (:mod:`labkernels.bench`): interleaved
 rounds of the round's variants (``registry.VARIANTS`` names), cuBLAS fp16 on cached dequantized weights (and with
-the dequant), the prepass; the int8 mma.sync ceilings; per-round A/B ratios.
+the dequant), the prepass; the int8 mma.sync ceilings; per-round A/B ratios. Its gpu-check steps are records
+(:data:`STEP_RECORDS`): the benchmark (``q6k``) and the tile skeleton's old vs new builds (``tile_ab``).
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import time
 
 import numpy as np
 
-from ... import bench, blas, cases, gpu
+from ... import bench, blas, cases, facts, gpu
 from ...kernels import registry
-from .. import measure_into
+from .. import NO_PREDICTION, NO_VERDICT, Step, measure_into
 from . import tile_ab
 
 NOTEBOOK = "03_q6k_expanded_b"
@@ -89,14 +90,47 @@ def measure(run, progress=print, *, shapes, nts, variants, stride, repeats, pair
 
 
 def step_q6k(out, args) -> dict:
-    """``gpu-check --steps q6k``: the round with its plan (``--repeats``)."""
+    """The round with its plan (``--repeats``): generic vs expanded-B vs cuBLAS fp16, parity-gated, interleaved."""
     runs = measure_into(sys.modules[__name__], root=out / "data", progress=args.log, repeats=args.repeats)
     return {"ok": True, "run": runs[DATA[0]].run_id}
 
 
 def step_tile_ab(out, args) -> dict:
-    """``gpu-check --steps tile_ab``: the tile skeleton's old vs new kernel builds at rounds 3 and 4's shapes."""
+    """The tile skeleton's old vs new kernel builds at rounds 3 and 4's shapes (``--old-kernels``, ``--repeats``)."""
     return tile_ab.step_tile_ab(out, args)
 
 
-STEPS = {"q6k": step_q6k, "tile_ab": step_tile_ab}
+def view_pairs(run):
+    """The interleaved A/B pairs at matched shapes (ratio = time(a) / time(b))."""
+    return run.table("q6k_pairs")
+
+
+def view_tile_ab(run):
+    """Per kernel and point: NEW/OLD median ratio, the same-build noise band, and whether it moved beyond it."""
+    return run.table("summary")
+
+
+#: the round's steps as records (``gpu-check --round 3 --step N|NAME``), numbered in the order first recorded
+STEP_RECORDS = (
+    Step(number=1, name="q6k", series="q6k", run=step_q6k, view=view_pairs, args=("--repeats",), plan=PLAN,
+         title="q6_K: the generic kernel vs the expanded-B kernel (EPI=0, EPI=1) against cuBLAS fp16 on cached "
+               "dequantized weights (and with the dequant), parity-gated, interleaved; the int8 mma.sync ceilings",
+         runs=("20261130T103041Z-h200-f94cb78d8d", "20261130T110345Z-h200-6b488c5302",
+               "20261130T112033Z-h200-74f156ae7a"), commit="74f156a",
+         prediction=f"the target set before it ran: {facts.TARGETS['q6k_expb'].text()}",
+         verdict="half met: expanded-B 2.51x the generic kernel at 4096x11008, nt=4096 (3 of 3 pairs), but 114 TOPS-eq "
+                 "(q6k_expb_epi0) against the 400 asked, cuBLAS fp16 on cached weights at 778: the target not met "
+                 "(run 20261130T112033Z, the page's headline); the page: it 'clears the seeds' ratio over the generic "
+                 "road at every matched shape, but on the H200 it stays far below both the int8 tensor-core line and "
+                 "cuBLAS fp16'"),
+    Step(number=2, name="tile_ab", series="tile_ab", run=step_tile_ab, view=view_tile_ab,
+         args=("--repeats", (("--old-kernels",), dict(default=None, help="tile_ab: the kernel sources before the tile "
+                                                                       "skeleton (default: git archive eef6c5d)"))),
+         plan={"old_rev": tile_ab.OLD_REV, "pairs": 5, "repeats": 20, "noise_floor": tile_ab.NOISE_FLOOR},
+         title="the tile skeleton's refactor: the GEMM and dequant kernels built from the sources before it (commit "
+               "eef6c5d) against the current ones, interleaved with the same-build noise band, both parity-gated, at "
+               "rounds 3 and 4's shapes",
+         runs=("20261201T125104Z-h200-866dd92a88",), commit="866dd92", prediction=NO_PREDICTION, verdict=NO_VERDICT),
+)
+#: their gpu-check names (``gpu-check --steps q6k,tile_ab``)
+STEPS = {s.name: s.run for s in STEP_RECORDS}

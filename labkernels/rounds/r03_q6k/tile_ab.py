@@ -1,6 +1,7 @@
-"""The tile-skeleton refactor (issue 14, step 5) on the GPU: the GEMM and dequant kernels built from the sources
-of a reference commit (default ``eef6c5d``, before the refactor) against the current ones, interleaved in one
-process at round 3's and round 4's shapes, both parity-gated on the same inputs first.
+"""The tile-skeleton refactor (one tile skeleton shared by the int8 GEMM kernels; behaviour to stay unchanged) on the
+GPU: the GEMM and dequant kernels built from the sources of a reference commit (default ``eef6c5d``, before the
+refactor) against the current ones, interleaved in one process at round 3's and round 4's shapes, both parity-gated on
+the same inputs first.
 
 Per (variant, shape, nt): rounds of OLD, NEW, OLD again (:func:`labkernels.bench.interleaved`); the ratio
 NEW/OLD per round and the noise band, the largest |OLD'/OLD - 1| of any round (the same build timed against

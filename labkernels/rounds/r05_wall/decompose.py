@@ -275,9 +275,9 @@ def _auto_attention(commit: str) -> str:
 
 
 def graph_run_history(model: str, last: int = 4, root=None) -> pd.DataFrame:
-    """Issue 18's figure over the latest ``last`` recorded prefill_graph runs of ``model`` (newest first): one row
-    per graph variant and nt of :func:`host_overhead_untraced`, with the run, its GPU, its dense GEMM path and the
-    variant's graph options (its own settings over the run's recorded defaults; the runs from 20261201T160549Z to
+    """The host-overhead figure (wall minus GPU busy of the captured prefill) over the latest ``last`` recorded
+    prefill_graph runs of ``model`` (newest first): one row per graph variant and nt of :func:`host_overhead_untraced`,
+    with the run, its GPU, its dense GEMM path and the variant's graph options (its own settings over the run's recorded defaults; the runs from 20261201T160549Z to
     163853Z had pdl / memsets_as_kernels / ids_from_host on by default and recorded no defaults; other_f16 is off in
     runs that do not name it) and the attention path (the throughput rows name it from 20261201T20, see
     :func:`_auto_attention` before; ``attention_ran``: which paths a routed backend took at that nt, in runs that

@@ -1,7 +1,7 @@
-"""Round 5's ``prefill_graph`` step (issue 18): eager vs CUDA-graph prefill and the fusions, interleaved in one
-process, with the decompositions of before and after (host overhead as a class, the replays' launch gaps); recorded
-as ``prefill`` runs (the shared folder ``data/prefill/``), read by round 5's page and the prefill of record
-(:func:`labkernels.prefill_runs.latest_graph_run`)."""
+"""Round 5's ``prefill_graph`` step, the prefill without host overhead: eager vs CUDA-graph prefill and the fusions,
+interleaved in one process, with the decompositions of before and after (host overhead as a class, the replays' launch
+gaps); recorded as ``prefill`` runs (the shared folder ``data/prefill/``), read by round 5's page and the prefill of
+record (:func:`labkernels.prefill_runs.latest_graph_run`)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from ...model import default_model_path
 from ...prefill import FUSIONS  # the fusion flags (prefill needs no GPU to import)
 from . import decompose
 
-#: issue 18's A/B: before = the round-7 prefill (eager, the small kernels unfused), the fusions alone, and
-#: after = fused + CUDA-graph replay (name -> PrefillOptions fields over the base options; graph None: a capture
-#: that fails runs eager with the reason in the rows' fallback column, and the step is not ok)
+#: the A/B of the prefill without host overhead: before = the round-7 prefill (eager, the small kernels unfused), the
+#: fusions alone, and after = fused + CUDA-graph replay (name -> PrefillOptions fields over the base options; graph
+#: None: a capture that fails runs eager with the reason in the rows' fallback column, and the step is not ok)
 
 GRAPH_VARIANTS = {"eager-unfused": {"graph": False, **{f: False for f in FUSIONS}},
                   "eager-fused": {"graph": False},
@@ -145,9 +145,10 @@ def graph_ab(gm, m, label: str, run, nts=GRAPH_NTS, dec_nts=GRAPH_DECOMPOSE_NTS,
 
 
 def step_prefill_graph(out: Path, args) -> dict:
-    """Issue 18: eager vs CUDA-graph prefill (and the fusions) at nt 64..3325 for the synthetic 7B and Gemma 3 270M
-    (when its GGUF is here), interleaved in one process; logits parity; round 5's decomposition with host overhead
-    as a class before (eager, unfused) and after (graph, fused) at nt 64, 512, 3325. One recorded run per model."""
+    """The prefill without host overhead: eager vs CUDA-graph prefill (and the fusions) at nt 64..3325 for the
+    synthetic 7B and Gemma 3 270M (when its GGUF is here), interleaved in one process; logits parity; round 5's
+    decomposition with host overhead as a class before (eager, unfused) and after (graph, fused) at nt 64, 512, 3325.
+    One recorded run per model."""
     import gc
 
     want = [m for m in (getattr(args, "graph_models", None) or "7b,gemma").split(",") if m]

@@ -187,7 +187,7 @@ RECORDS = (
           view=view_sanitizer, runs=_SANITIZER_RUNS, commit="8c82599",
           title="compute-sanitizer memcheck, racecheck, synccheck over every main-path variant with tails (an "
                 "exploratory build's with LABKERNELS_WG_DEFINES)",
-          args=((("--sanitizer-timeout",), dict(type=int, default=240, help="seconds per compute-sanitizer tool")),),
+          args=("--sanitizer-timeout",),
           verdict="clean at every recorded build"),
     _step(name="ncu", aliases=("wgmma_ncu",), what="ncu", run=R.step_wgmma_ncu, view=view_ncu, commit="1a0e72a",
           title="Nsight Compute sections and stall counters of the main variants at 4096 x 4096",
@@ -215,7 +215,7 @@ RECORDS = (
                 "qmatmul(kernel='auto'), interleaved, logits parity",
           args=((("--ab",), dict(default="int8,auto", help="prefill variants of round 7's prefill step: "
                                  + ", ".join(R.PREFILL_VARIANTS))),
-                (("--gemma",), dict(default=None, help="Gemma 3 270M GGUF path (default data/models/...)"))),
+                "--gemma", "--dense-path", "--cudnn-plan"),
           runs=("20261201T091516Z-h200-5033344a35", "20261201T092157Z-h200-7a22206e36", "20261201T094351Z-h200-9b7f1da38f",
                 "20261201T104653Z-h200-b0b81131f1", "20261204T172858Z-h200-b034f91")),
 

@@ -193,10 +193,17 @@ STEPS = {"decode": step_decode, "generate": step_generate, "generate_context": s
          "nvbench_check": step_nvbench_check}
 
 
+#: the gpu-check arguments each live step reads (the steps not named read none): the generation steps load a model
+#: and run its prefill in this process (--gemma adds the real Gemma 3 270M; the dense path and cuDNN plan apply)
+ARGS = {"generate": ("--gemma", "--dense-path", "--cudnn-plan"),
+        "generate_context": ("--gemma", "--dense-path", "--cudnn-plan"),
+        "decode_decomp": ("--gemma", "--dense-path", "--cudnn-plan"), "gemv_sanitizer": ("--sanitizer-timeout",)}
+
+
 def _live(name: str) -> Step:
     fn = STEPS[name]
     return Step(name=name, title=(fn.__doc__ or name).strip().splitlines()[0], number=_ledger(name).get("step"),
-                series="decode", run=fn)
+                series="decode", run=fn, args=ARGS.get(name, ()))
 
 
 #: the round's steps as records (``labkernels gpu check --round 9 --step N|NAME``): the live ones (:data:`STEPS`,
