@@ -197,7 +197,8 @@ STEPS = {"decode": step_decode, "generate": step_generate, "generate_context": s
 #: and run its prefill in this process (--gemma adds the real Gemma 3 270M; the dense path and cuDNN plan apply)
 ARGS = {"generate": ("--gemma", "--dense-path", "--cudnn-plan"),
         "generate_context": ("--gemma", "--dense-path", "--cudnn-plan"),
-        "decode_decomp": ("--gemma", "--dense-path", "--cudnn-plan"), "gemv_sanitizer": ("--sanitizer-timeout",)}
+        "decode_decomp": ("--gemma", "--dense-path", "--cudnn-plan"), "decode_step10": ("--dense-path", "--cudnn-plan"),
+        "gemv_sanitizer": ("--sanitizer-timeout",)}
 
 
 def _live(name: str) -> Step:
