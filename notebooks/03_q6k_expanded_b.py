@@ -114,7 +114,7 @@ report.lead_figure(fig, f"TOPS-equivalent (2·nt·od·id / time) of each kernel 
 #
 # llama.cpp's q6_K `mul_mat_q` (MMQ: the path its CUDA backend takes for n > 8 on the H200), timed by
 # `labkernels peers mmq` with `test-backend-ops perf -o MUL_MAT` at the lab's shapes on an H200 of the same model
-# (`labkernels/peers.py`). A ratio is formed only where llama.cpp measured the same (type, od, id, nt): this round
+# (`labkernels/peers/`). A ratio is formed only where llama.cpp measured the same (type, od, id, nt): this round
 # recorded nt = 3328, the peer run n = 3325, so those points have no partner and are named below, not paired.
 
 # %%

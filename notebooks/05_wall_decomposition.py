@@ -51,7 +51,7 @@ classes, bw, refs, queue = decomposition(run)
 # recorded before it (same model and nt); the headline says what changed between the two runs (for the synthetic
 # 7B: both ran round 7's `wgmma_kq` on every k-quant weight; the earlier one the lab's baseline cuBLAS attention,
 # eager, this one cuDNN's fused attention in a captured graph).
-# The whole prefill and each GEMM class are then set against llama.cpp on the same GGUF (`labkernels/peers.py`).
+# The whole prefill and each GEMM class are then set against llama.cpp on the same GGUF (`labkernels/peers/`).
 
 # %%
 display(report.kv_table(run.meta["params"], caption=f"parameters of the recorded run {run.run_id}"))

@@ -38,11 +38,11 @@ CORE = frozenset({
 LAB = frozenset({
     "labkernels.__main__", "labkernels.analysis", "labkernels.audit", "labkernels.bench", "labkernels.cases",
     "labkernels.cli", "labkernels.facts", "labkernels.gpu_checks", "labkernels.gpu_cli", "labkernels.layout_cli",
-    "labkernels.ncu", "labkernels.nvbench_check", "labkernels.occupancy", "labkernels.peers", "labkernels.pipeline",
+    "labkernels.ncu", "labkernels.nvbench_check", "labkernels.occupancy", "labkernels.pipeline",
     "labkernels.plotting", "labkernels.prefill_cli", "labkernels.prefill_runs", "labkernels.report", "labkernels.sanitizer",
     "labkernels.sweep", "labkernels.testing",
 })
-LAB_PACKAGES = ("labkernels.rounds",)      # every module of these packages is lab
+LAB_PACKAGES = ("labkernels.rounds", "labkernels.peers")      # every module of these packages is lab
 
 #: module-level import cycles allowed, each with its reason (none)
 KNOWN_TOP_CYCLES: dict[frozenset, str] = {}

@@ -160,7 +160,7 @@ def test_extract_source_checks_the_vendored_commit(tmp_path):
 def test_fetch_pinned_refuses_a_wrong_sha(tmp_path, monkeypatch):
     def fake_download(spec, dest, binary, log=None):
         (dest / peers.RECIPE["source"]["sdist"]).write_bytes(b"not the sdist")
-    monkeypatch.setattr(peers, "_pip_download", fake_download)
+    monkeypatch.setattr(peers.recipe, "_pip_download", fake_download)
     with pytest.raises(peers.PeerError, match="sha256 .* != pinned 832db069"):
         peers.fetch_pinned("source", tmp_path)
 
@@ -230,7 +230,7 @@ def _sql_row(params, us=0.0, runs=0, supported=1, backend="CUDA0", error="", flo
     """One line as the pinned build's sql_printer writes it (every value quoted; numbers as std::to_string)."""
     vals = ["2026-12-06T00:00:00Z", "0c1e570", backend, "MUL_MAT", params, "perf", str(supported), str(supported),
             error, f"{us:f}", f"{flops:f}", "0.000000", "75", str(runs), "", ""]
-    return (peers._TBO_INSERT + "test_time, build_commit, backend_name, op_name, op_params, test_mode, supported, "
+    return (peers.run._TBO_INSERT + "test_time, build_commit, backend_name, op_name, op_params, test_mode, supported, "
             "passed, error_message, time_us, flops, bandwidth_gb_s, memory_kb, n_runs, device_description, "
             "backend_reg_name) VALUES (" + ", ".join(f"'{v}'" for v in vals) + ");")
 
@@ -393,8 +393,8 @@ def _standin_tarball(tmp_path):
 def test_gpu_run_records_one_run_and_pairs(tmp_path, monkeypatch):
     tb, model = _standin_tarball(tmp_path)
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
-    monkeypatch.setattr(peers, "gpu_name", lambda: H200)
-    monkeypatch.setattr(peers, "gpu_cc", lambda: 900)
+    monkeypatch.setattr(peers.run, "gpu_name", lambda: H200)
+    monkeypatch.setattr(peers.run, "gpu_cc", lambda: 900)
     run_id = peers.gpu_run(tb, tmp_path / "out", models=[str(model)], progress=lambda m: None)
     root = tmp_path / "out" / "data"
     run = records.load(peers.ROUND, run_id, root)
@@ -549,7 +549,7 @@ def test_gpu_run_keeps_the_part_that_worked(tmp_path, monkeypatch):
     tb, model = _standin_tarball(tmp_path)
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     monkeypatch.setenv("STANDIN_NO_CUDA", "1")
-    monkeypatch.setattr(peers, "gpu_name", lambda: H200)
+    monkeypatch.setattr(peers.run, "gpu_name", lambda: H200)
     run_id = peers.gpu_run(tb, tmp_path / "out", models=[str(model), str(tmp_path / "missing.gguf")],
                            progress=lambda m: None)
     run = records.load(peers.ROUND, run_id, tmp_path / "out" / "data")
@@ -573,7 +573,7 @@ def test_build_status_and_worker_failure(tmp_path, monkeypatch, capsys):
 
     def boom(*a, **k):
         raise peers.PeerError("local toolchain {'gcc': '13'} != pinned")
-    monkeypatch.setattr(peers, "build_from_source", boom)
+    monkeypatch.setattr(peers.cli, "build_from_source", boom)
     assert cli_main(["peers", "build", "--worker", "--dest", str(dest), "--work", str(tmp_path / "w")]) == 1
     assert "BUILD FAILED: local toolchain" in capsys.readouterr().out
 
