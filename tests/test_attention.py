@@ -1,13 +1,14 @@
 """labkernels.attention on CPU: FLOP counting, the option plumbing, the fallback / error paths (no cuDNN frontend,
 unsupported shapes), the bf16 rounding, and the fused-path plumbing (casts, fp16 output) with a numpy SDPA stand-in
 inside the CPU shim of the prefill."""
+import os
 import sys
 import types
 
 import numpy as np
 import pytest
 
-from labkernels import attention, attention_kinds
+from labkernels import attention, attention_kinds, attention_libs
 from labkernels.rounds.r05_wall import attention_bench
 from labkernels.attention_kinds import AttentionError, AttentionUnavailable, LayerKind
 
@@ -81,7 +82,7 @@ def _no_frontend(monkeypatch, gpu=True):
     if gpu:
         monkeypatch.setattr(prov, "gpu_available", lambda: True)
     monkeypatch.setitem(sys.modules, "cudnn", None)          # import cudnn -> ImportError
-    monkeypatch.setattr(attention, "_CUDNN", {})
+    monkeypatch.setattr(attention_libs, "_CUDNN", {})
     monkeypatch.setitem(sys.modules, "cuda.pathfinder", None)    # and no cuda-pathfinder to load libcudnn
 
 
@@ -103,7 +104,7 @@ def _fake_pathfinder(monkeypatch, version="1.9.0", result=None, error=None):
     m = types.ModuleType("cuda.pathfinder")
     m.__version__, m.load_nvidia_dynamic_lib, m.DynamicLibNotFoundError = version, load, _NotFound
     monkeypatch.setitem(sys.modules, "cuda.pathfinder", m)
-    monkeypatch.setattr(attention, "_CUDNN", {})
+    monkeypatch.setattr(attention_libs, "_CUDNN", {})
     return asked
 
 
@@ -123,16 +124,16 @@ def test_libcudnn_found_by_pathfinder_goes_first_on_ld_library_path(monkeypatch)
     monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/local/cuda/lib64:/opt/x")
     fe = _fake_frontend(monkeypatch)
     assert attention.import_cudnn() is fe and asked == ["cudnn"]
-    assert attention.os.environ["LD_LIBRARY_PATH"] == "/site/nvidia/cudnn/lib:/usr/local/cuda/lib64:/opt/x"
+    assert os.environ["LD_LIBRARY_PATH"] == "/site/nvidia/cudnn/lib:/usr/local/cuda/lib64:/opt/x"
     info = attention.cudnn_info()
     assert info == {"frontend": "1.32.0", "backend": 92100, "libcudnn": lib, "libcudnn_found_via": "site-packages",
                     "cuda_pathfinder": "1.9.0"}
     assert attention.status()["cudnn"] == info
     # without LD_LIBRARY_PATH it is the folder alone; a folder already first is not repeated
     monkeypatch.delenv("LD_LIBRARY_PATH")
-    assert attention._load_libcudnn()["path"] == lib and attention.os.environ["LD_LIBRARY_PATH"] == "/site/nvidia/cudnn/lib"
-    attention._load_libcudnn()
-    assert attention.os.environ["LD_LIBRARY_PATH"] == "/site/nvidia/cudnn/lib"
+    assert attention_libs._load_libcudnn()["path"] == lib and os.environ["LD_LIBRARY_PATH"] == "/site/nvidia/cudnn/lib"
+    attention_libs._load_libcudnn()
+    assert os.environ["LD_LIBRARY_PATH"] == "/site/nvidia/cudnn/lib"
 
 
 def test_libcudnn_not_found_is_unavailable_with_pathfinders_reason(monkeypatch):
@@ -143,9 +144,9 @@ def test_libcudnn_not_found_is_unavailable_with_pathfinders_reason(monkeypatch):
     monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/x")
     with pytest.raises(AttentionUnavailable, match=r"cuda-pathfinder 1\.9\.0 found no libcudnn\.so\.9.*_NotFound: "
                                                    r"Failure finding \"libcudnn\.so\.9\": No such file") as e:
-        attention._load_libcudnn()
+        attention_libs._load_libcudnn()
     assert "listdir" not in str(e.value) and asked == ["cudnn"]
-    assert attention.os.environ["LD_LIBRARY_PATH"] == "/opt/x"
+    assert os.environ["LD_LIBRARY_PATH"] == "/opt/x"
     monkeypatch.setitem(sys.modules, "cudnn", None)
     with pytest.raises(AttentionUnavailable) as e:
         attention.import_cudnn()
@@ -162,16 +163,16 @@ def test_libcudnn_without_pathfinder_or_too_old_says_so(monkeypatch):
     monkeypatch.setitem(sys.modules, "cuda.pathfinder", None)
     with pytest.raises(AttentionUnavailable, match=r"cuda-pathfinder \(Python package cuda-pathfinder, module "
                                                    r"cuda\.pathfinder\) is not installed: ModuleNotFoundError"):
-        attention._load_libcudnn()
+        attention_libs._load_libcudnn()
     asked = _fake_pathfinder(monkeypatch, version="1.6.1")
     with pytest.raises(AttentionUnavailable, match=r"cuda-pathfinder 1\.6\.1 predates cuDNN support "
                                                    r"\(load_nvidia_dynamic_lib\('cudnn'\) since 1\.7\.0\)"):
-        attention._load_libcudnn()
+        attention_libs._load_libcudnn()
     assert asked == []
     _fake_pathfinder(monkeypatch, version="1.7.0", error=RuntimeError("Failed to dlopen /x/libcudnn.so.9: bad ELF"))
     with pytest.raises(AttentionUnavailable, match=r"1\.7\.0 could not load libcudnn\.so\.9: RuntimeError: Failed"):
-        attention._load_libcudnn()
-    assert attention._version_tuple("1.10.2") == (1, 10, 2) and attention._version_tuple("1.7.0rc1") == (1, 7, 0)
+        attention_libs._load_libcudnn()
+    assert attention_libs._version_tuple("1.10.2") == (1, 10, 2) and attention_libs._version_tuple("1.7.0rc1") == (1, 7, 0)
 
 
 def test_a_frontend_that_finds_its_own_libcudnn_still_runs_said(monkeypatch, caplog):
@@ -186,6 +187,14 @@ def test_a_frontend_that_finds_its_own_libcudnn_still_runs_said(monkeypatch, cap
                                        "found no libcudnn.so.9")
     assert info["libcudnn_found_via"] is None and info["backend"] == 92100
     assert any("found its own" in r.getMessage() for r in caplog.records)
+
+
+def test_attention_re_exports_the_library_checks():
+    """The library checks live in attention_libs; attention imports them at module level (resolve and the paths look
+    them up in attention: a test that fakes cuDNN for resolve patches attention.import_cudnn; one that fakes the
+    frontend's cache or libcudnn's loader patches attention_libs) and re-exports the public ones."""
+    for name in ("import_cudnn", "cudnn_info", "status", "import_torch", "_gpu_ok"):
+        assert getattr(attention, name) is getattr(attention_libs, name)
 
 
 def test_the_lab_loads_no_library_through_ctypes():
@@ -206,8 +215,8 @@ def test_the_lab_loads_no_library_through_ctypes():
                 hits += [f"{f.name}:{node.lineno} from {node.module} import {a.name}" for a in node.names
                          if a.name in loaders or node.module == "ctypes.util"]
     assert hits == []
-    src = Path(attention.__file__).read_text()
-    assert "import ctypes" not in src
+    for mod in (attention, attention_libs):      # attention_libs loads libcudnn (through cuda-pathfinder)
+        assert "import ctypes" not in Path(mod.__file__).read_text()
 
 
 def test_auto_without_frontend_takes_the_lab_kernel_said(monkeypatch, caplog):
