@@ -34,23 +34,23 @@
   number there is caught before any prefill (``auto``: the baseline, with the reason; requested: the error).
 
 What one layer's attention computes (:class:`LayerKind`), its FLOPs, the float64 reference, each path's support checks
-and the errors are :mod:`labkernels.attention_kinds` (no GPU needed); this module holds the paths and their choice.
+and the errors are :mod:`labkernels.attention_kinds` (no GPU needed); which libraries this machine can use and what they
+loaded (cuDNN's frontend and libcudnn, PyTorch: :func:`import_cudnn`, :func:`cudnn_info`, :func:`status`,
+:func:`import_torch`) are :mod:`labkernels.attention_libs`; this module holds the paths and their choice.
 """
 
 from __future__ import annotations
 
-import ctypes
-import glob
 import logging
-import os
-import sys
 
 import numpy as np
 
-from . import blas, gpu, graph_nodes, provenance
+from . import blas, gpu, graph_nodes
 from .attention_kinds import (AttentionError, AttentionUnavailable, LayerKind, as_f64, attention_flops, check_kind,
                               cudnn_problems, describe_layers, lab_heads_per_cta, lab_problems, layer_kind, model_kinds,
                               sdpa_ref)
+# which libraries this machine can use (attention_libs); status is re-exported for callers of attention.status()
+from .attention_libs import _gpu_ok, cudnn_info, import_cudnn, import_torch, status  # noqa: F401
 
 log = logging.getLogger("labkernels.attention")
 
@@ -58,90 +58,7 @@ BACKENDS = ("auto", "lab+cudnn", "cudnn", "lab", "torch", "baseline")
 DTYPES = ("f16", "bf16")
 
 
-# ------------------------------------------------------------------------------------------------ availability
-def _preload_libcudnn() -> str | None:
-    """Load libcudnn.so.9 before the frontend looks for it, and put its folder first on LD_LIBRARY_PATH (the
-    frontend searches LD_LIBRARY_PATH, then globs the interpreter's purelib -- asserting a single match -- then the
-    loader path; a frontend installed with --target, or the nvidia-cudnn-cu13 layout, can sit elsewhere on
-    sys.path). Returns what was loaded, or None when no libcudnn.so.9 is found (the import then says so)."""
-    import sysconfig
-
-    roots = list(dict.fromkeys([*sys.path, sysconfig.get_path("purelib")]))
-    for p in roots:
-        for pat in ("nvidia/cudnn/lib/libcudnn.so.9", "nvidia/cu13/lib/libcudnn.so.9", "nvidia/cu12/lib/libcudnn.so.9"):
-            for f in glob.glob(os.path.join(p, pat)):
-                try:
-                    ctypes.CDLL(f, mode=ctypes.RTLD_GLOBAL)
-                except OSError:
-                    continue
-                old = os.environ.get("LD_LIBRARY_PATH", "")
-                os.environ["LD_LIBRARY_PATH"] = os.path.dirname(f) + (os.pathsep + old if old else "")
-                return f
-    try:
-        ctypes.CDLL("libcudnn.so.9", mode=ctypes.RTLD_GLOBAL)
-        return "libcudnn.so.9 (loader path)"
-    except OSError:
-        return None
-
-
-_CUDNN: dict = {}
-
-
-def import_cudnn():
-    """The ``cudnn`` frontend module, or AttentionUnavailable with the reason (cached)."""
-    if "module" in _CUDNN:
-        return _CUDNN["module"]
-    if "error" in _CUDNN:
-        raise AttentionUnavailable(_CUDNN["error"])
-    try:
-        lib = _preload_libcudnn()
-        import cudnn  # nvidia-cudnn-frontend
-
-        ver = cudnn.backend_version()
-    except Exception as e:  # ImportError, a missing libcudnn (OSError / RuntimeError from the backend query)
-        _CUDNN["error"] = (f"the cuDNN frontend (Python package nvidia-cudnn-frontend, module 'cudnn') is not usable: "
-                           f"{type(e).__name__}: {e}")
-        raise AttentionUnavailable(_CUDNN["error"]) from None
-    _CUDNN["module"] = cudnn
-    _CUDNN["info"] = {"frontend": getattr(cudnn, "__version__", "?"), "backend": int(ver), "libcudnn": lib}
-    return cudnn
-
-
-def cudnn_info() -> dict:
-    """Versions of the loaded frontend / backend (empty before a successful import)."""
-    return dict(_CUDNN.get("info", {}))
-
-
-def status() -> dict:
-    """Which fused paths this machine can run, with versions or the reason (for run parameters / logs)."""
-    out = {}
-    try:
-        import_cudnn()
-        out["cudnn"] = cudnn_info()
-    except AttentionUnavailable as e:
-        out["cudnn"] = f"unavailable: {e}"
-    try:
-        out["torch"] = import_torch().__version__
-    except AttentionUnavailable as e:
-        out["torch"] = f"unavailable: {e}"
-    return out
-
-
-def import_torch():
-    try:
-        import torch
-        import torch.nn.functional  # noqa: F401
-    except Exception as e:
-        raise AttentionUnavailable(f"PyTorch is not importable: {type(e).__name__}: {e}") from None
-    if not torch.cuda.is_available():
-        raise AttentionUnavailable("PyTorch sees no CUDA device")
-    return torch
-
-
-def _gpu_ok() -> str | None:
-    return None if provenance.gpu_available() else "no CUDA GPU with cupy on this machine"
-
-
+# ------------------------------------------------------------------------------------------------ choice of path
 def resolve(requested: str, cfg, dtype: str = "f16", f16: bool = True) -> tuple[str, str]:
     """(backend that will run, note): ``auto`` as the module docstring says (lab+cudnn, cudnn, lab or baseline, with
     the reason); an explicit backend that cannot run raises AttentionUnavailable / AttentionError."""

@@ -27,6 +27,7 @@ otherwise -- a disagreement is reported, never hidden. :func:`run_check` records
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -38,7 +39,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import bench as B, blas, cases, gemv, gpu, paths, records, wgmma
+from . import bench as B, blas, cases, gemv, gpu, nvml, paths, records, wgmma
 
 SERIES = "nvbench_check"
 #: agreement between the two timers on a headline ratio
@@ -314,33 +315,44 @@ def nvbench_times(names=None, timeout: int = 900, seed: int = 0, json_path=None)
 def run_check(out=None, names=None, pairs: int = 5, repeats: int = 20, tol: float = TOLERANCE, seed: int = 0,
               record: bool = True, progress=print) -> dict:
     """Both timers on the headlines and the comparison, recorded as an ``nvbench_check`` run under ``out/data``
-    (default the data root): tables ``comparison`` (:func:`compare`) and ``nvbench`` (nvbench's raw entries)."""
+    (default the data root): tables ``comparison`` (:func:`compare`) and ``nvbench`` (nvbench's raw entries).
+
+    The run is opened before either timer starts and finished after both, as every timed run is
+    (:func:`labkernels.records.recording`): its NVML readings bracket the timing -- ``provenance.nvml_start`` before
+    nvbench's subprocess, ``nvml_end`` after the harness, with ``reasons_seen`` over every reading between them (the
+    one taken between the two timers and the harness's per-round ones) -- and the summary's ``nvml_nvbench_phase``
+    is the GPU across nvbench's phase (start reading > the reading after it). A timer that fails leaves the run
+    recorded ``failed`` with the error."""
     names = list(names or [h.name for h in HEADLINES])
     t0 = time.time()
-    nvb, raw = nvbench_times(names, seed=seed)
-    progress("nvbench: " + ", ".join(f"{k}: lab {v['lab_us']:.1f} us, cuBLAS {v['cublas_us']:.1f} us"
-                                     for k, v in nvb.items()))
-    lab = harness_times(names, pairs=pairs, repeats=repeats, seed=seed)
-    progress("harness: " + ", ".join(f"{k}: lab {v['lab_us']:.1f} us, cuBLAS {v['cublas_us']:.1f} us"
-                                     for k, v in lab.items()))
-    table = compare(lab, nvb, tol, [headline(n) for n in names])
-    v = verdict(table)
-    progress(v)
-    run_id = None
-    if record:
-        root = Path(out) / "data" if out is not None else None
-        params = {"cases": names, "pairs": pairs, "repeats": repeats, "tolerance": tol, "seed": seed,
-                  "cuda_bench": _version("cuda-bench"), "stop_rule": "nvbench default (stdrel)",
-                  "l2": "cold (nvbench: a memset of the L2's size) / flushed per launch (harness: round 7's write "
-                                "flush for the GEMMs; for the GEMV round 9's read flush and, alternating with "
-                                "it, nvbench's memset flush)"}
-        with records.recording(SERIES, params, root=root) as run:
+    params = {"cases": names, "pairs": pairs, "repeats": repeats, "tolerance": tol, "seed": seed,
+              "cuda_bench": _version("cuda-bench"), "stop_rule": "nvbench default (stdrel)",
+              "l2": "cold (nvbench: a memset of the L2's size) / flushed per launch (harness: round 7's write "
+                    "flush for the GEMMs; for the GEMV round 9's read flush and, alternating with "
+                    "it, nvbench's memset flush)"}
+    root = Path(out) / "data" if out is not None else None
+    opened = records.recording(SERIES, params, root=root) if record else contextlib.nullcontext()
+    with opened as run:     # NVML's start reading here, before nvbench; its end reading when the block finishes
+        nvb, raw = nvbench_times(names, seed=seed)
+        progress("nvbench: " + ", ".join(f"{k}: lab {v['lab_us']:.1f} us, cuBLAS {v['cublas_us']:.1f} us"
+                                         for k, v in nvb.items()))
+        start = (run.provenance.get("nvml_start") or {}) if run is not None else {"absent": "not recorded"}
+        if "absent" not in start:   # nvbench timed in another process: the GPU as its phase ends, before the harness
+            mid = nvml.reading(full=False)
+            if "absent" not in mid:
+                run.set_summary(nvml_nvbench_phase=nvml.pair_text(start, mid))
+        lab = harness_times(names, pairs=pairs, repeats=repeats, seed=seed)
+        progress("harness: " + ", ".join(f"{k}: lab {v['lab_us']:.1f} us, cuBLAS {v['cublas_us']:.1f} us"
+                                         for k, v in lab.items()))
+        table = compare(lab, nvb, tol, [headline(n) for n in names])
+        v = verdict(table)
+        progress(v)
+        if run is not None:
             run.append("comparison", table)
             run.append("nvbench", [{"benchmark": k, **e} for k, e in raw.items()])
             run.set_summary(verdict=v, agree=bool(table.agree.all()), settled=settled(table),
                             seconds=round(time.time() - t0, 1))
-        run_id = run.run_id
-    return {"ok": settled(table), "table": table, "verdict": v, "run": run_id}
+    return {"ok": settled(table), "table": table, "verdict": v, "run": run.run_id if run is not None else None}
 
 
 def _version(dist: str) -> str:

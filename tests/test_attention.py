@@ -1,13 +1,14 @@
 """labkernels.attention on CPU: FLOP counting, the option plumbing, the fallback / error paths (no cuDNN frontend,
 unsupported shapes), the bf16 rounding, and the fused-path plumbing (casts, fp16 output) with a numpy SDPA stand-in
 inside the CPU shim of the prefill."""
+import os
 import sys
 import types
 
 import numpy as np
 import pytest
 
-from labkernels import attention, attention_kinds
+from labkernels import attention, attention_kinds, attention_libs
 from labkernels.rounds.r05_wall import attention_bench
 from labkernels.attention_kinds import AttentionError, AttentionUnavailable, LayerKind
 
@@ -81,8 +82,141 @@ def _no_frontend(monkeypatch, gpu=True):
     if gpu:
         monkeypatch.setattr(prov, "gpu_available", lambda: True)
     monkeypatch.setitem(sys.modules, "cudnn", None)          # import cudnn -> ImportError
-    monkeypatch.setattr(attention, "_CUDNN", {})
-    monkeypatch.setattr(attention, "_preload_libcudnn", lambda: None)
+    monkeypatch.setattr(attention_libs, "_CUDNN", {})
+    monkeypatch.setitem(sys.modules, "cuda.pathfinder", None)    # and no cuda-pathfinder to load libcudnn
+
+
+class _NotFound(RuntimeError):
+    """cuda-pathfinder's DynamicLibNotFoundError (a RuntimeError)."""
+
+
+def _fake_pathfinder(monkeypatch, version="1.9.0", result=None, error=None):
+    """A stand-in ``cuda.pathfinder`` (its public names: __version__, load_nvidia_dynamic_lib, LoadedDL's abs_path /
+    found_via, DynamicLibNotFoundError); returns the list of library names it was asked to load."""
+    asked = []
+
+    def load(libname):
+        asked.append(libname)
+        if error is not None:
+            raise error
+        return result
+
+    m = types.ModuleType("cuda.pathfinder")
+    m.__version__, m.load_nvidia_dynamic_lib, m.DynamicLibNotFoundError = version, load, _NotFound
+    monkeypatch.setitem(sys.modules, "cuda.pathfinder", m)
+    monkeypatch.setattr(attention_libs, "_CUDNN", {})
+    return asked
+
+
+def _fake_frontend(monkeypatch):
+    m = types.ModuleType("cudnn")
+    m.__version__, m.backend_version = "1.32.0", lambda: 92100
+    monkeypatch.setitem(sys.modules, "cudnn", m)
+    return m
+
+
+def test_libcudnn_found_by_pathfinder_goes_first_on_ld_library_path(monkeypatch):
+    """cuda-pathfinder loads libcudnn.so.9; its folder goes first on LD_LIBRARY_PATH (where the frontend looks
+    first), the path and how it was found are recorded with the frontend's versions."""
+    lib = "/site/nvidia/cudnn/lib/libcudnn.so.9"
+    asked = _fake_pathfinder(monkeypatch, result=types.SimpleNamespace(
+        abs_path=lib, found_via="site-packages", was_already_loaded_from_elsewhere=False))
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/local/cuda/lib64:/opt/x")
+    fe = _fake_frontend(monkeypatch)
+    assert attention.import_cudnn() is fe and asked == ["cudnn"]
+    assert os.environ["LD_LIBRARY_PATH"] == "/site/nvidia/cudnn/lib:/usr/local/cuda/lib64:/opt/x"
+    info = attention.cudnn_info()
+    assert info == {"frontend": "1.32.0", "backend": 92100, "libcudnn": lib, "libcudnn_found_via": "site-packages",
+                    "cuda_pathfinder": "1.9.0"}
+    assert attention.status()["cudnn"] == info
+    # without LD_LIBRARY_PATH it is the folder alone; a folder already first is not repeated
+    monkeypatch.delenv("LD_LIBRARY_PATH")
+    assert attention_libs._load_libcudnn()["path"] == lib and os.environ["LD_LIBRARY_PATH"] == "/site/nvidia/cudnn/lib"
+    attention_libs._load_libcudnn()
+    assert os.environ["LD_LIBRARY_PATH"] == "/site/nvidia/cudnn/lib"
+
+
+def test_libcudnn_not_found_is_unavailable_with_pathfinders_reason(monkeypatch):
+    """Nothing found: AttentionUnavailable naming cuda-pathfinder's reason (its first line: the rest lists folders),
+    LD_LIBRARY_PATH untouched; without a frontend either, the error names both."""
+    err = _NotFound('Failure finding "libcudnn.so.9": No such file: libcudnn.so.9\n  listdir("/site/nvidia"):\n    cu13')
+    asked = _fake_pathfinder(monkeypatch, error=err)
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/x")
+    with pytest.raises(AttentionUnavailable, match=r"cuda-pathfinder 1\.9\.0 found no libcudnn\.so\.9.*_NotFound: "
+                                                   r"Failure finding \"libcudnn\.so\.9\": No such file") as e:
+        attention_libs._load_libcudnn()
+    assert "listdir" not in str(e.value) and asked == ["cudnn"]
+    assert os.environ["LD_LIBRARY_PATH"] == "/opt/x"
+    monkeypatch.setitem(sys.modules, "cudnn", None)
+    with pytest.raises(AttentionUnavailable) as e:
+        attention.import_cudnn()
+    msg = str(e.value)
+    assert "nvidia-cudnn-frontend" in msg and "ModuleNotFoundError" in msg
+    assert "libcudnn.so.9 was not loaded beforehand: cuda-pathfinder 1.9.0 found no libcudnn.so.9" in msg
+    with pytest.raises(AttentionUnavailable, match="not loaded beforehand"):      # the error is cached
+        attention.import_cudnn()
+
+
+def test_libcudnn_without_pathfinder_or_too_old_says_so(monkeypatch):
+    """No cuda-pathfinder (a CPU machine), one older than its cuDNN support (1.7.0: never asked), or a libcudnn it
+    found but could not dlopen: each is AttentionUnavailable saying which."""
+    monkeypatch.setitem(sys.modules, "cuda.pathfinder", None)
+    with pytest.raises(AttentionUnavailable, match=r"cuda-pathfinder \(Python package cuda-pathfinder, module "
+                                                   r"cuda\.pathfinder\) is not installed: ModuleNotFoundError"):
+        attention_libs._load_libcudnn()
+    asked = _fake_pathfinder(monkeypatch, version="1.6.1")
+    with pytest.raises(AttentionUnavailable, match=r"cuda-pathfinder 1\.6\.1 predates cuDNN support "
+                                                   r"\(load_nvidia_dynamic_lib\('cudnn'\) since 1\.7\.0\)"):
+        attention_libs._load_libcudnn()
+    assert asked == []
+    _fake_pathfinder(monkeypatch, version="1.7.0", error=RuntimeError("Failed to dlopen /x/libcudnn.so.9: bad ELF"))
+    with pytest.raises(AttentionUnavailable, match=r"1\.7\.0 could not load libcudnn\.so\.9: RuntimeError: Failed"):
+        attention_libs._load_libcudnn()
+    assert attention_libs._version_tuple("1.10.2") == (1, 10, 2) and attention_libs._version_tuple("1.7.0rc1") == (1, 7, 0)
+
+
+def test_a_frontend_that_finds_its_own_libcudnn_still_runs_said(monkeypatch, caplog):
+    """cuda-pathfinder finds nothing but the frontend loads libcudnn itself (LD_LIBRARY_PATH, its purelib glob, the
+    loader path): cuDNN is usable, the record says whose libcudnn it is and why, and a warning says so."""
+    _fake_pathfinder(monkeypatch, error=_NotFound('Failure finding "libcudnn.so.9"'))
+    fe = _fake_frontend(monkeypatch)
+    with caplog.at_level("WARNING", logger="labkernels.attention"):
+        assert attention.import_cudnn() is fe
+    info = attention.cudnn_info()
+    assert info["libcudnn"].startswith("the frontend's own (not loaded by cuda-pathfinder: cuda-pathfinder 1.9.0 "
+                                       "found no libcudnn.so.9")
+    assert info["libcudnn_found_via"] is None and info["backend"] == 92100
+    assert any("found its own" in r.getMessage() for r in caplog.records)
+
+
+def test_attention_re_exports_the_library_checks():
+    """The library checks live in attention_libs; attention imports them at module level (resolve and the paths look
+    them up in attention: a test that fakes cuDNN for resolve patches attention.import_cudnn; one that fakes the
+    frontend's cache or libcudnn's loader patches attention_libs) and re-exports the public ones."""
+    for name in ("import_cudnn", "cudnn_info", "status", "import_torch", "_gpu_ok"):
+        assert getattr(attention, name) is getattr(attention_libs, name)
+
+
+def test_the_lab_loads_no_library_through_ctypes():
+    """Issue 49's bar: no module of labkernels loads a shared library through ctypes (CDLL / cdll / PyDLL /
+    LibraryLoader / ctypes.util.find_library); libraries come through maintained loaders (cuda-pathfinder, CuPy,
+    nvmath-python). ctypes' value holders (gpu.kernel_params) and numpy's ``a.ctypes.data`` are not loads."""
+    import ast
+    from pathlib import Path
+
+    loaders = {"CDLL", "cdll", "PyDLL", "pydll", "LibraryLoader", "find_library", "WinDLL", "windll", "OleDLL"}
+    hits = []
+    for f in sorted((Path(attention.__file__).parent).rglob("*.py")):
+        tree = ast.parse(f.read_text(), str(f))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in loaders:
+                hits.append(f"{f.name}:{node.lineno} .{node.attr}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ctypes"):
+                hits += [f"{f.name}:{node.lineno} from {node.module} import {a.name}" for a in node.names
+                         if a.name in loaders or node.module == "ctypes.util"]
+    assert hits == []
+    for mod in (attention, attention_libs):      # attention_libs loads libcudnn (through cuda-pathfinder)
+        assert "import ctypes" not in Path(mod.__file__).read_text()
 
 
 def test_auto_without_frontend_takes_the_lab_kernel_said(monkeypatch, caplog):

@@ -30,7 +30,7 @@ CORE = frozenset({
     "labkernels.reference", "labkernels.prefill_ref", "labkernels.model", "labkernels.gguf_check", "labkernels.ptxas",
     "labkernels.arch", "labkernels.synthetic", "labkernels.kernels", "labkernels.kernels.registry",
     "labkernels.kernels.gen_wgmma", "labkernels.errors", "labkernels.gpu", "labkernels.blas", "labkernels.wgmma", "labkernels.wgmma_pack", "labkernels.wgmma_sched", "labkernels.gemv", "labkernels.dispatch", "labkernels.forward_common", "labkernels.recorded_tables",
-    "labkernels.attention", "labkernels.attention_kinds", "labkernels.graph_nodes", "labkernels.trace", "labkernels.prefill", "labkernels.prefill_replay", "labkernels.decode",
+    "labkernels.attention", "labkernels.attention_kinds", "labkernels.attention_libs", "labkernels.graph_nodes", "labkernels.trace", "labkernels.prefill", "labkernels.prefill_replay", "labkernels.decode",
     "labkernels.records", "labkernels.records_admin", "labkernels.provenance", "labkernels.nvml",
 })
 

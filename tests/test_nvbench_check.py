@@ -102,6 +102,69 @@ def test_run_check_records_the_comparison_and_the_pages_show_it(tmp_path, monkey
     assert "No nvbench cross-check" in empty and not len(t)
 
 
+def _bracket(monkeypatch, order):
+    """NVML's run readings and both timers as stand-ins that log their call order (a GPU run's provenance)."""
+    from labkernels import nvml, provenance
+
+    real = provenance.collect
+    monkeypatch.setattr(provenance, "collect", lambda params=None: {**real(params), "date": "2026-12-08T10:00:00Z",
+                                                                    "gpu": {"name": "NVIDIA H100 80GB HBM3"}})
+
+    def reading(sm, reasons=()):
+        return {"sm_mhz": sm, "mem_mhz": 2619, "power_w": 300.0, "temp_c": 40, "reasons": 0,
+                "reasons_names": list(reasons), "seq": len(order)}
+
+    monkeypatch.setattr(nvml, "run_start", lambda prov: order.append("nvml_start") or reading(1980))
+    monkeypatch.setattr(nvml, "run_end", lambda start: order.append("nvml_end") or {**reading(1965), "reasons_seen": []})
+    monkeypatch.setattr(nvml, "reading", lambda *a, **k: order.append("nvml_mid") or reading(1970))
+
+    def nvb(names, seed=0):
+        order.append("nvbench")
+        return {n: _lab()[n] for n in names}, {}
+
+    def harness(names, pairs, repeats, seed=0):
+        order.append("harness")
+        return {n: _lab()[n] for n in names}
+
+    monkeypatch.setattr(NB, "nvbench_times", nvb)
+    monkeypatch.setattr(NB, "harness_times", harness)
+
+
+def test_nvml_readings_bracket_both_timers(tmp_path, monkeypatch):
+    """The run's NVML start reading is taken before nvbench times anything and its end reading after the harness
+    (the run opened before the timing, finished after it, as every timed run); one reading between the two timers
+    gives the GPU across nvbench's phase. A reading after the timing would fail the order."""
+    order = []
+    _bracket(monkeypatch, order)
+    res = NB.run_check(tmp_path, progress=lambda s: None)
+    assert order == ["nvml_start", "nvbench", "nvml_mid", "harness", "nvml_end"]
+    run = records.load(NB.SERIES, res["run"], tmp_path / "data")
+    p = run.provenance
+    assert p["nvml_start"]["sm_mhz"] == 1980 and p["nvml_end"]["sm_mhz"] == 1965
+    assert run.meta["summary"]["nvml_nvbench_phase"] == "sm 1980>1970 MHz; 300>300 W; 40>40 C; reasons none>none"
+    assert run.meta["summary"]["settled"] is True and records_admin.check_data(tmp_path / "data")[1] == []
+    order.clear()                                   # not recorded: no run, no NVML reading
+    assert NB.run_check(tmp_path, record=False, progress=lambda s: None)["run"] is None
+    assert order == ["nvbench", "harness"]
+
+
+def test_a_timer_that_fails_leaves_a_failed_run_with_both_readings(tmp_path, monkeypatch):
+    order = []
+    _bracket(monkeypatch, order)
+
+    def broken(names, seed=0):
+        order.append("nvbench")
+        raise RuntimeError("nvbench worker failed (rc=1)")
+
+    monkeypatch.setattr(NB, "nvbench_times", broken)
+    with pytest.raises(RuntimeError, match="worker failed"):
+        NB.run_check(tmp_path, progress=lambda s: None)
+    assert order == ["nvml_start", "nvbench", "nvml_end"]
+    (run,) = records.list_runs(NB.SERIES, tmp_path / "data", status=None)
+    assert run.meta["status"] == "failed" and "worker failed" in run.meta["summary"]["error"]
+    assert run.provenance["nvml_end"]["sm_mhz"] == 1965
+
+
 def test_headlines_and_the_worker_cli():
     assert {h.name for h in NB.HEADLINES} == {"gemm_q4k_nt512", "gemm_q4k_nt4096", "gemv_q4k_nt1"}
     assert NB.headline("gemv_q4k_nt1").nt == 1 and NB.bench_name("a", "lab") == "a:lab"
