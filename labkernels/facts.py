@@ -22,7 +22,7 @@ from .rounds.r07_wgmma import tables
 PREFILL_MODEL = "synthetic-7b"
 PREFILL_NT = 3325
 #: the prefill variant of record: the forward captured as one CUDA graph and replayed, with the small kernels
-#: fused (what ``labkernels prefill`` runs by default)
+#: fused (what ``labkernels model prefill`` runs by default)
 RECORD_VARIANT = "graph-fused"
 
 

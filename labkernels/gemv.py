@@ -413,7 +413,7 @@ def _kernel(QT: int, XF32: int, NT8: int, MT: int, WARPS: int, FORM: int = 0):
 
 
 #: round 9 step 8's PF=1 build, which lost and left the source: {PF: (what it was, the commit that holds it, the
-#: gpu-check step that measured it)}
+#: gpu check step that measured it)}
 RETIRED_PF = {1: ("round 9 step 8's L2 prefetch of the CTA's weight bytes before its PDL wait", "7894b07",
                   "gemv_step8")}
 
@@ -448,7 +448,7 @@ FORM1_MAX_NT = 8
 FORMS = (0, 1, 3)
 #: WARPS a CTA of each form takes (registry rows)
 FORM_WARPS = {0: (4,), 1: (4,), 3: (4, 8)}
-#: forms that lost and left the source: {FORM: (what it was, the commit that holds it, the gpu-check step that
+#: forms that lost and left the source: {FORM: (what it was, the commit that holds it, the gpu check step that
 #: measured it)}; gemv refuses them by name and the recorded choice never takes their recorded rows
 RETIRED_FORMS = {2: ("round 9 step 5's register double buffer", "90fd260", "gemv_step5"),
                  4: ("round 9 step 7's FORM=1 under a register cap of 6 CTAs an SM", "7894b07", "gemv_step7"),

@@ -1,4 +1,4 @@
-"""The machine-wide steps of ``labkernels gpu-check`` and the run of a gpu-check's steps.
+"""The machine-wide steps of ``labkernels gpu check`` and the run of a gpu check's steps.
 
 The steps no round owns: ``env`` (the provenance of the machine), ``tests`` (the GPU test suite at a tier, or one
 shard of it, recorded as a ``gpu_suite`` run) and ``sanitizer`` (compute-sanitizer memcheck, racecheck and synccheck
@@ -6,7 +6,7 @@ over every main-path kernel); every round's own steps come from the table of rou
 (:func:`labkernels.rounds.gpu_check_records`). :func:`run_steps` runs the chosen steps one after the other (a failing
 step is reported and the others still run); the command line is :mod:`labkernels.gpu_cli`.
 
-Every step declares the gpu-check arguments it reads: the machine-wide ones here (:data:`STEP_ARGS`), a round's in its
+Every step declares the gpu check arguments it reads: the machine-wide ones here (:data:`STEP_ARGS`), a round's in its
 records (:class:`labkernels.rounds.Step` ``args``). :data:`FLAGS` defines the flags several steps share (the
 machine-wide steps' own among them); a flag only one round's steps read is defined in that round's records.
 """
@@ -24,12 +24,12 @@ from .paths import REPO_ROOT
 
 
 def log(msg: str) -> None:
-    """A gpu-check log line: the time, then the message (the steps' ``args.log``)."""
+    """A gpu check log line: the time, then the message (the steps' ``args.log``)."""
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 class GpuCheckError(RuntimeError):
-    """Bad arguments to ``labkernels gpu-check`` (refused before any step runs)."""
+    """Bad arguments to ``labkernels gpu check`` (refused before any step runs)."""
 
 
 def step_env(out: Path, args) -> dict:
@@ -238,10 +238,10 @@ def step_sanitizer(out: Path, args) -> dict:
     return {"ok": all(r["ok"] for r in res.values()), **res}
 
 
-#: the machine-wide steps, by their gpu-check names
+#: the machine-wide steps, by their gpu check names
 STEPS = {"env": step_env, "tests": step_tests, "sanitizer": step_sanitizer}
 
-#: the gpu-check flags that several steps read (the machine-wide steps' and those read in more than one round), by
+#: the gpu check flags that several steps read (the machine-wide steps' and those read in more than one round), by
 #: name -> argparse kwargs; a step names the ones it reads (:data:`STEP_ARGS`, a round step's ``args``). Names and
 #: defaults are what scripts pass: keep them.
 FLAGS = {

@@ -1,10 +1,10 @@
-"""GPU commands: ``labkernels gpu-check`` (the one-call device run) and ``labkernels import-runs``: their arguments and the
-calls that run them.
+"""GPU commands: ``labkernels gpu check`` (the one-call device run) and ``labkernels data import``: their arguments and
+the calls that run them.
 
-``gpu-check --out DIR`` runs, in one process tree on a GPU machine: the GPU test suite (parity gates),
+``gpu check --out DIR`` runs, in one process tree on a GPU machine: the GPU test suite (parity gates),
 compute-sanitizer memcheck + racecheck over every main-path kernel, the occupancy-API cross-check and the
 round benchmarks, recording every measurement as runs under ``DIR/data`` (copy them into ``data/`` with
-``labkernels import-runs DIR/data``). Steps are chosen with ``--steps NAME,...`` or, for a round whose steps are
+``labkernels data import DIR/data``). Steps are chosen with ``--steps NAME,...`` or, for a round whose steps are
 records, ``--round N --step N|NAME,...`` (``--round N --list`` lists them with the arguments each reads, retired
 ones with the commit and command that reproduce them); a failing step is reported and the others still run; the exit
 code is non-zero if any failed. The steps are the rounds' (:mod:`labkernels.rounds`: each round's package) and the
@@ -26,15 +26,15 @@ from . import attention, blas, gpu_checks, records_admin, rounds
 from .gpu_checks import GpuCheckError, parse_shard
 from .paths import REPO_ROOT
 
-#: gpu-check's results folder when neither --out nor $OUT names one: inside the repository, ignored by git
+#: gpu check's results folder when neither --out nor $OUT names one: inside the repository, ignored by git
 DEFAULT_OUT = REPO_ROOT / ".gpu" / "gpu-check"
-#: the attribute of gpu-check's parsed arguments that holds the step flags given on the command line
+#: the attribute of gpu check's parsed arguments that holds the step flags given on the command line
 GIVEN = "step_flags_given"
 
 
 class _StepFlag(argparse.Action):
     """A step's argument: stored as ``store`` (or ``store_true`` with ``nargs=0``) stores it, and remembered as given
-    (:data:`GIVEN`), so that gpu-check can refuse one no chosen step reads."""
+    (:data:`GIVEN`), so that gpu check can refuse one no chosen step reads."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
@@ -60,7 +60,7 @@ def _set_paths(args) -> None:
 
 
 def check_args(args) -> None:
-    """The paths and lists gpu-check was given, before anything runs (GpuCheckError naming the bad one)."""
+    """The paths and lists gpu check was given, before anything runs (GpuCheckError naming the bad one)."""
     parse_shard(getattr(args, "shard", None))
     if args.gemma is not None:
         g = Path(args.gemma)
@@ -77,12 +77,12 @@ def check_args(args) -> None:
 
 
 def _chosen_steps(args) -> list:
-    """[(name, fn, flags it reads)] of this gpu-check, every name checked before any step runs: ``--round N --step
-    ...`` (the round's records) or ``--steps`` (gpu-check names; a retired step's name is refused with its commit and
+    """[(name, fn, flags it reads)] of this gpu check, every name checked before any step runs: ``--round N --step
+    ...`` (the round's records) or ``--steps`` (gpu check names; a retired step's name is refused with its commit and
     command)."""
     if getattr(args, "round", None) is not None or getattr(args, "step", None) is not None:
         if args.round is None or args.step is None or args.steps:
-            raise GpuCheckError("--round N --step N|NAME,... choose a round's steps (--steps the gpu-check names): "
+            raise GpuCheckError("--round N --step N|NAME,... choose a round's steps (--steps: the step names): "
                              "--round and --step together, without --steps")
         try:
             return [(s.name, s.run, s.flags) for s in rounds.select_steps(args.round, args.step.split(","))]
@@ -101,7 +101,7 @@ def _chosen_steps(args) -> list:
 
 
 def flag_readers() -> dict:
-    """{step flag: the steps that read it, as gpu-check names them} over every live step (machine-wide: its name; a
+    """{step flag: the steps that read it, as gpu check names them} over every live step (machine-wide: its name; a
     round's: its ``--steps`` name, then its round, number and record name: ``prefill_r7 (round 7, --step prefill)``)."""
     out = {}
     for k, flags in gpu_checks.STEP_ARGS.items():
@@ -164,10 +164,10 @@ def register_cli(sub) -> None:
                                                  "every round's steps: labkernels.rounds)")
     p.add_argument("--round", default=None, help="a round whose steps are records: run --step of it, or --list them")
     p.add_argument("--step", default=None,
-                   help="with --round: comma list of step numbers, names or old gpu-check names (--round 7 --step 28)")
+                   help="with --round: comma list of step numbers, names or their --steps names (--round 7 --step 28)")
     p.add_argument("--list", action="store_true", help="with --round: list its steps, the arguments each reads (retired "
                    "ones with the commit and command that reproduce them) and exit")
-    shared = p.add_argument_group("step arguments read by several steps (gpu-check --round N --list: which)")
+    shared = p.add_argument_group("step arguments read by several steps (labkernels gpu check --round N --list: which)")
     for flag, kw in gpu_checks.FLAGS.items():
         shared.add_argument(flag, **_step_flag(kw))
     readers, defined, groups = {}, {}, {}
@@ -176,7 +176,7 @@ def register_cli(sub) -> None:
     for nb, label, flags, kw in rounds.step_args():   # the arguments each round step declares (once per flag)
         if kw is None:
             if flags[0] not in gpu_checks.FLAGS:
-                raise GpuCheckError(f"round {nb} step {label} reads {flags[0]}, a flag gpu-check does not share "
+                raise GpuCheckError(f"round {nb} step {label} reads {flags[0]}, a flag gpu check does not share "
                                     "(labkernels.gpu_checks.FLAGS): define it in the step's args")
             continue
         if flags[0] in gpu_checks.FLAGS or defined.get(flags[0], (nb, kw)) != (nb, kw):
@@ -189,5 +189,5 @@ def register_cli(sub) -> None:
                                                            f"{', '.join(readers[flags[0]])})".strip()}))
     p.set_defaults(func=main)
     q = sub.add_parser("import-runs", help="copy recorded runs from a GPU results folder into data/")
-    q.add_argument("src", help="the folder of recorded runs to file into data/ (gpu-check's OUT/data)")
+    q.add_argument("src", help="the folder of recorded runs to file into data/ (labkernels gpu check's OUT/data)")
     q.set_defaults(func=import_main)

@@ -1,4 +1,4 @@
-"""``labkernels layout``: the round-1 verifier over a model's q4_K / q6_K tensors, per-type totals."""
+"""``labkernels model layout``: the round-1 verifier over a model's q4_K / q6_K tensors, per-type totals."""
 
 from __future__ import annotations
 

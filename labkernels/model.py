@@ -177,7 +177,7 @@ def open_model(path=None) -> Model:
     if path is not None and not str(path).strip():
         raise ModelError("model path is empty (give a GGUF file, or leave it out for the Gemma model)")
     path = Path(path) if path is not None else default_model_path()
-    hint = " (run `labkernels fetch-model`)" if path == DEFAULT_MODEL else ""
+    hint = " (run `labkernels model fetch`)" if path == DEFAULT_MODEL else ""
     layout = check_gguf(path, hint=hint)
     size = layout.size
     try:
@@ -294,4 +294,4 @@ def load_kquant(path=None) -> list[tuple[str, str, np.ndarray]]:
             check_values(KQUANT_CACHE, name, quants_ggml(qtype), raw)
         return out
     raise ModelError(f"neither the model {gguf_path} nor the tensor cache {KQUANT_CACHE} exists "
-                     "(run `labkernels fetch-model`)")
+                     "(run `labkernels model fetch`)")

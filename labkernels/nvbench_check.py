@@ -21,7 +21,7 @@ cuBLAS call -- every side through the lab's own launch functions, the same input
 :func:`compare` (pure, CPU-tested) puts both side by side: per headline each timer's times and ratio, the ratio's
 relative difference, ``agree`` when it is within :data:`TOLERANCE` (2%), and the difference and what differs
 otherwise -- a disagreement is reported, never hidden. :func:`run_check` records it as an ``nvbench_check`` run (data/
-09_decode/, table ``comparison``); rounds 7 and 9 show the latest one (:func:`latest_table`). ``labkernels gpu-check
+09_decode/, table ``comparison``); rounds 7 and 9 show the latest one (:func:`latest_table`). ``labkernels gpu check
 --steps nvbench_check`` runs it.
 """
 
@@ -379,7 +379,7 @@ def page_view(round_no: int, root=None) -> tuple:
     """(a line for the round's page, the table's columns a reader needs) for the headlines of round ``round_no``."""
     run, t = latest_table(root, [h.name for h in HEADLINES if h.round == round_no])
     if run is None or not len(t):
-        return ("No nvbench cross-check recorded yet (`labkernels gpu-check --steps nvbench_check`).", t)
+        return ("No nvbench cross-check recorded yet (`labkernels gpu check --steps nvbench_check`).", t)
     card = run.gpu_name or "?"
     cols = ["case", "harness_lab_us", "harness_cublas_us", "harness_ratio", "nvbench_lab_us", "nvbench_cublas_us",
             "nvbench_ratio", "ratio_diff", "agree", "note"]
@@ -389,7 +389,7 @@ def page_view(round_no: int, root=None) -> tuple:
 
 
 def step_nvbench_check(out, args) -> dict:
-    """``gpu-check --steps nvbench_check``: the headline ratios under nvbench and the lab's harness, recorded."""
+    """``gpu check --steps nvbench_check``: the headline ratios under nvbench and the lab's harness, recorded."""
     res = run_check(out, progress=getattr(args, "log", print))
     return {"ok": res["ok"], "run": res["run"], "verdict": res["verdict"]}
 

@@ -17,7 +17,7 @@ management library (``nvidia-ml-py``, module ``pynvml``), typed, instead of ``nv
 * :func:`throttled` -- the power / thermal caps a recorded run saw (:data:`CAP_REASONS` at start, end or in
   between, or a violation counter that advanced); pages flag such a run in their banner and :func:`for_verdict`
   leaves it out of verdicts unless the caller says why it may count.
-* :func:`check_run` -- ``labkernels check-data``'s rule: a GPU run started at or after :data:`NVML_SINCE` carries
+* :func:`check_run` -- ``labkernels data check``'s rule: a GPU run started at or after :data:`NVML_SINCE` carries
   both readings with clocks and reasons.
 """
 
@@ -30,7 +30,7 @@ import threading
 import time
 
 #: the cut-over: GPU runs started at or after this instant (UTC, the format of a run's ``started``) must carry NVML
-#: readings at start and end (``labkernels check-data``); runs before it were recorded with nvidia-smi's text
+#: readings at start and end (``labkernels data check``); runs before it were recorded with nvidia-smi's text
 NVML_SINCE = "2026-12-07T00:00:00Z"
 
 #: clocks-event reasons that mean a power or thermal cap held the clocks down (the idle, application-clocks,
@@ -43,7 +43,7 @@ VIOLATION_POLICIES = {"power": "NVML_PERF_POLICY_POWER", "thermal": "NVML_PERF_P
 #: a per-round reading is taken while one costs at most this fraction of a round's wall time
 PAIR_BUDGET = 0.01
 
-#: the fields a reading must hold for check-data (clocks and reasons)
+#: the fields a reading must hold for ``data check`` (clocks and reasons)
 REQUIRED = ("sm_mhz", "mem_mhz", "reasons", "reasons_names")
 
 _lock = threading.Lock()
@@ -303,7 +303,7 @@ def throttle_html(run) -> str:
 
 
 def check_run(meta: dict) -> list[str]:
-    """check-data's NVML rule for one run's metadata: a run with a GPU in its provenance, started at or after
+    """``data check``'s NVML rule for one run's metadata: a run with a GPU in its provenance, started at or after
     :data:`NVML_SINCE`, carries ``nvml_start`` and ``nvml_end`` each with SM / memory clocks and the clocks-event
     reasons. Returns the problems (empty: fine)."""
     p = meta.get("provenance") or {}

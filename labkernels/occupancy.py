@@ -513,7 +513,7 @@ def register_cli(subparsers):
 
 
 def main(args) -> int:
-    """Handler of ``labkernels occupancy``: prints the table (or JSON); exit code 2 on an impossible config."""
+    """Handler of ``labkernels kernels occupancy``: prints the table (or JSON); exit code 2 on an impossible config."""
     try:
         r = occupancy(args.device, args.threads, args.regs, args.smem, args.carveout)
     except OccupancyError as e:

@@ -44,7 +44,7 @@ FOLDERS = {
     "nvbench_check": "09_decode",               # nvbench vs the lab's harness on the headline ratios (rounds 7 and 9)
 }
 #: folders that hold the runs of several rounds (see above)
-SHARED = ("prefill", "peers", "gpu_suite")   # gpu_suite: the GPU test suite's runs (gpu-check's tests step), by tier
+SHARED = ("prefill", "peers", "gpu_suite")   # gpu_suite: the GPU test suite's runs (gpu check's tests step), by tier
 
 
 def file_kind(mode: int) -> str:

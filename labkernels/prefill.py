@@ -49,7 +49,7 @@ from .trace import NullTracer
 KQUANT = ("q4_K", "q6_K")
 QKV = ("attn_q", "attn_k", "attn_v")
 #: the PrefillOptions that fuse small kernels (to cut the prefill's host overhead); each computes the unfused ops'
-#: values, and all of them off is the 'unfused' baseline of gpu-check prefill_graph and the CLI's --no-fuse
+#: values, and all of them off is the 'unfused' baseline of the step ``prefill_graph`` and the CLI's --no-fuse
 FUSIONS = ("fuse_add_norm", "fuse_rope", "fuse_qkv", "fuse_qk_norm", "fuse_qkv16", "fuse_layout", "fuse_gate_up")
 
 

@@ -1,6 +1,6 @@
-"""``labkernels prefill``, ``labkernels decompose`` (GPU) and ``labkernels generate``: their arguments, and the calls
-that run them (the prompts and the recorded prefill runs are :mod:`labkernels.prefill_runs`; the decomposition is
-round 5's, :mod:`labkernels.rounds.r05_wall.decompose`)."""
+"""``labkernels model prefill``, ``labkernels gpu decompose`` (GPU) and ``labkernels model generate``: their arguments,
+and the calls that run them (the prompts and the recorded prefill runs are :mod:`labkernels.prefill_runs`; the
+decomposition is round 5's, :mod:`labkernels.rounds.r05_wall.decompose`)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from .synthetic import load_model
 
 def _need_gpu():
     if not provenance.gpu_available():
-        raise SystemExit("labkernels prefill/decompose need a CUDA GPU with cupy; this machine has none "
-                         "(recorded runs render in replay mode: labkernels run 05)")
+        raise SystemExit("labkernels model prefill / gpu decompose need a CUDA GPU with cupy; this machine has none "
+                         "(recorded runs render in replay mode: labkernels report run 05)")
 
 
 def _count(minimum: int):
@@ -51,7 +51,7 @@ def prefill_main(args) -> int:
     if err:
         import sys
 
-        print(f"labkernels prefill: error: {err}", file=sys.stderr)
+        print(f"labkernels model prefill: error: {err}", file=sys.stderr)
         return 2
     _need_gpu()
     m = load_model(args.model)
@@ -158,12 +158,12 @@ def register_cli(sub) -> None:
                                  "captured decode step per token): decode tok/s, the prefill's time, the tokens"))
 
 
-# ------------------------------------------------------------------ labkernels generate (round 9's decode)
+# ------------------------------------------------------------------ labkernels model generate (round 9's decode)
 
 
 def generate_main(args) -> int:
-    """``labkernels generate``: the request checked (before any GPU work), then one generate; tokens/s of the decode
-    replays (CUDA events around them), the host's share beside it, the prefill's time and the tokens."""
+    """``labkernels model generate``: the request checked (before any GPU work), then one generate; tokens/s of the
+    decode replays (CUDA events around them), the host's share beside it, the prefill's time and the tokens."""
     if args.prompt_ids is not None and len(args.prompt_ids) == 0:
         raise decode.DecodeError("--prompt-ids was given without any ids")
     if args.prompt_tokens == 0 and not args.prompt_ids:
@@ -178,7 +178,7 @@ def generate_main(args) -> int:
     if bad:
         raise decode.DecodeError(f"the decode path cannot take {cfg.arch} ({'; '.join(bad)})")
     if not provenance.gpu_available():
-        raise SystemExit("labkernels generate needs a CUDA GPU with cupy; this machine has none")
+        raise SystemExit("labkernels model generate needs a CUDA GPU with cupy; this machine has none")
     gm = prefill.GpuModel(m, opts=options_from_args(args))
     out = gm.generate(toks, args.new_tokens, n_ctx=args.n_ctx)
     st = dict(gm.last_generate)

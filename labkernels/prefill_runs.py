@@ -1,6 +1,6 @@
 """The prefill's shared runs (``data/prefill/``, recorded by rounds 5 and 7 and read by both pages): the prompts the
 lab prefills (:func:`prompt_tokens`, :data:`GEMMA_PROMPT`), Gemma's parity against the CPU reference and the
-throughput runs the gpu-check steps record (:func:`parity_run`, :func:`throughput_run`), and the newest recorded
+throughput runs the gpu check steps record (:func:`parity_run`, :func:`throughput_run`), and the newest recorded
 prefill_graph run of a model (:func:`latest_graph_run`: round 5's page, the prefill of record in
 :mod:`labkernels.facts`)."""
 

@@ -19,7 +19,7 @@ name every caller records and reads it by); the series' folder is :func:`folder`
 ``labkernels.rounds.FOLDERS``: ``q6k`` -> ``03_q6k_expanded_b``). A round's folder holds the runs of its series
 side by side (round 4's ``kdr_sweep`` and ``q4k``): a reader by series sees only its own. Runs recorded before
 the folders were named after their rounds (``data/q6k/``...) are moved with :func:`labkernels.records_admin.migrate`
-(``labkernels migrate-data``), bytes unchanged: their metadata still names the series, which resolves to the new folder.
+(``labkernels data migrate``), bytes unchanged: their metadata still names the series, which resolves to the new folder.
 
 A run id is ``<UTC yyyymmddThhmmssZ>-<gpu or cpu>-<commit10>``, so ids sort by time. A run's files
 are written only while it runs (status ``running``); once ``complete`` or ``failed`` they are frozen:
@@ -173,7 +173,7 @@ class Run:
 
     def attach(self, name: str, src, max_bytes: int = MAX_ATTACH_BYTES) -> Path:
         """Keep a file with the run (``<run_id>.<name>``: an ``.ncu-rep``, a log): copied now, listed in the metadata's
-        ``attachments`` and, at :meth:`finish`, in the manifest with its sha256 and size -- ``check-data`` verifies it
+        ``attachments`` and, at :meth:`finish`, in the manifest with its sha256 and size -- ``data check`` verifies it
         like a table. Refused (RecordError, nothing copied) over ``max_bytes`` (at most :data:`MAX_ATTACH_BYTES`),
         for a name that is taken, and after the run finished."""
         self._check_open()
@@ -618,7 +618,7 @@ def run_files(run: Run) -> list[Path]:
 def write_manifest(run: Run, sealed_later: bool = False, forced: dict | None = None) -> Path:
     """Write ``<run_id>.manifest`` for a finished run (atomically; the last file of a run). ``sealed_later``
     marks a manifest written after the fact for a run recorded before manifests existed; ``forced`` records who
-    sealed over a disagreement, when, why and what it overrode (``check-data --seal --force``)."""
+    sealed over a disagreement, when, why and what it overrode (``data check --seal --force``)."""
     if run.meta.get("status") not in FINISHED:
         raise RecordError(f"run {run.run_id} is {run.meta.get('status')}: only finished runs get a manifest")
     files = {}
@@ -633,7 +633,7 @@ def write_manifest(run: Run, sealed_later: bool = False, forced: dict | None = N
     manifest = {"run_id": run.run_id, "round": run.round, "status": run.meta["status"],
                 "written": provenance.utc_now(), "files": files}
     if sealed_later:
-        manifest["sealed_later"] = ("written by `labkernels check-data --seal` for a run recorded before "
+        manifest["sealed_later"] = ("written by `labkernels data check --seal` for a run recorded before "
                                     "manifests existed: it attests the files as they were when sealed")
     if forced:
         manifest["forced_seal"] = forced
@@ -649,7 +649,7 @@ def verify_run(run: Run) -> Run:
     if not mp.exists():
         raise RecordError(f"{mp}: missing: run {run.run_id} is {run.meta.get('status')} but has no manifest "
                           "(its files cannot be verified; a run written before manifests existed is sealed with "
-                          "`labkernels check-data --seal`)")
+                          "`labkernels data check --seal`)")
     man = read_json(mp, "manifest")
     files = check_manifest(mp, man)
     if man.get("run_id") != run.run_id:

@@ -82,7 +82,7 @@ def check_data(root: Path | None = None) -> tuple[int, list[str]]:
     except OSError as e:     # a folder that cannot be read (permissions): say which
         raise RecordError(f"{root}: cannot read the data folder ({e})") from None
     problems += [f"{d}: a folder of the old layout; its runs belong in {d.parent / folder(d.name)} (run `labkernels "
-                 f"migrate-data --root {root}`)" for d in legacy_folders(root)]
+                 f"data migrate --root {root}`)" for d in legacy_folders(root)]
     for m in metas:
         try:
             run = validate_run(m)
@@ -197,7 +197,7 @@ def import_runs(src: Path, dest: Path | None = None) -> list[str]:
     s_real, d_real = src.resolve(), dest.resolve()
     if s_real == d_real or d_real in s_real.parents or s_real in d_real.parents:
         how = "is" if s_real == d_real else "is inside" if d_real in s_real.parents else "holds"
-        raise RecordError(f"import-runs {src}: that folder {how} the data folder it would import into ({dest}); give "
+        raise RecordError(f"{src}: that folder {how} the data folder it would import into ({dest}); give "
                           "the data/ folder of a GPU run's results (e.g. OUT/data), which lies outside it")
     metas, problems = _scan(src, strict_top=True)
     runs = []
@@ -358,9 +358,9 @@ def check_data_main(args) -> int:
     for msg in problems:
         print(f"BAD {msg}", file=sys.stderr)
     if problems:
-        print(f"labkernels check-data: {len(problems)} problem(s) in {n} recorded runs under {root}", file=sys.stderr)
+        print(f"labkernels data check: {len(problems)} problem(s) in {n} recorded runs under {root}", file=sys.stderr)
         return 1
-    print(f"check-data: {n} recorded runs under {root} verified (manifest, sha256, rows)")
+    print(f"labkernels data check: {n} recorded runs under {root} verified (manifest, sha256, rows)")
     return 0
 
 
@@ -373,8 +373,8 @@ def migrate_main(args) -> int:
     done = migrate(root)
     for a, b, how in done:
         print(f"{how}: {a} -> {b}")
-    print(f"migrate-data: {len(done)} file(s) moved into the round folders under {root}" if done else
-          f"migrate-data: nothing to move under {root}")
+    print(f"labkernels data migrate: {len(done)} file(s) moved into the round folders under {root}" if done else
+          f"labkernels data migrate: nothing to move under {root}")
     return 0
 
 

@@ -6,7 +6,7 @@ Notebook conventions (every round notebook follows them; README "Add a round" ha
 * a cell tagged ``parameters`` (papermill) holding only ``name: "type" = literal  # help`` lines (no ``=`` in
   the help; the type may name the allowed values: ``OneOf[...]``, ``Range[lo, hi]``, ``Member[nts]``, ... see
   :func:`labkernels.pipeline.parse_type`), ``name: "Optional[str]" = None`` where the default is None, with at
-  least ``mode: "OneOf[auto, measure, replay]" = "auto"`` for GPU rounds. ``labkernels run`` checks every
+  least ``mode: "OneOf[auto, measure, replay]" = "auto"`` for GPU rounds. ``labkernels report run`` checks every
   ``-p`` name, type and value against it before any cell runs;
 * the first code cell calls ``report.setup()`` (inline figures, the shared style of ``labkernels.plotting``);
 * ``mode``: ``measure`` runs on the GPU and records a new run under ``data/<round>/``; ``replay`` renders
@@ -116,7 +116,7 @@ def _display_html(s: str) -> None:
 
 def banner(mode: str, run=None, note: str = "", stand_in: bool = False) -> None:
     """A visible banner at the top of a round's page saying where its numbers come from. ``stand_in``: the page
-    shows a CPU stand-in of a GPU round (a demonstration, not the record): ``labkernels run`` renders it to a
+    shows a CPU stand-in of a GPU round (a demonstration, not the record): ``labkernels report run`` renders it to a
     scratch folder and leaves the published page, the index and the README as they are."""
     if stand_in:
         what = ("<b>STAND-IN</b> &mdash; a demonstration computed on this machine's CPU while the page was rendered"

@@ -1,6 +1,6 @@
 """compute-sanitizer over a driver script, one tool at a time, and what its report says.
 
-Every sanitizer step of ``labkernels gpu-check`` (the machine-wide ``sanitizer``, round 7's ``wgmma_sanitizer``,
+Every sanitizer step of ``labkernels gpu check`` (the machine-wide ``sanitizer``, round 7's ``wgmma_sanitizer``,
 round 9's ``gemv_sanitizer``) runs :func:`run_tool`. The tool's exit code alone cannot tell a kernel's fault from
 host noise: memcheck also reports failed CUDA API calls, and cuda-bindings resolves the driver's entry points with
 ``cuGetProcAddress``, which answers ``CUDA_ERROR_INVALID_VALUE`` for a symbol the installed driver lacks (34 such

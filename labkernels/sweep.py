@@ -6,7 +6,7 @@ A *plan* (YAML) names tasks of two kinds:
   family, parity-gated then timed in *interleaved pairs* on one GPU (A, B, C, A, B, C, ...), so every
   A/B ratio is formed inside one GPU's pairs. ``backend: cpu`` runs the same path with a numpy stand-in
   kernel (blocked q8_1 x dequantized-weights GEMM, KDR super-blocks per step) for CPU machines and tests;
-* ``notebook``: one round notebook executed with one parameter set (``labkernels run`` semantics); the runs
+* ``notebook``: one round notebook executed with one parameter set (``labkernels report run`` semantics); the runs
   it records land in ``data/`` like a single-GPU run.
 
 Each task runs on a Dask worker (``local-cuda``: dask-cuda's LocalCUDACluster, one worker per GPU pinned by

@@ -2,7 +2,7 @@
 # # Round 1 — Layout verifier: every element of q6_K and q4_K blocks
 
 # %% tags=["parameters"]
-model_path: "Optional[str]" = None     # GGUF file; None: data/models/gemma-3-270m-q4_k_m.gguf (labkernels fetch-model)
+model_path: "Optional[str]" = None     # GGUF file; None: data/models/gemma-3-270m-q4_k_m.gguf (labkernels model fetch)
 tensor_filter: "Optional[Regex]" = None  # regex on tensor names; None: every q4_K / q6_K tensor
 strides: "NonEmpty[List[OneOf[210, 224]]]" = [210, 224]   # q6_K block strides to check (bytes)
 random_blocks: "Range[1, 1000000]" = 20000   # random valid blocks per type and stride, on top of the model's

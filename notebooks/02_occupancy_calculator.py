@@ -152,7 +152,7 @@ else:
 # %%
 run = records.latest("occupancy")
 if run is None:
-    print("no recorded API cross-check yet (labkernels gpu-check --steps occupancy on a GPU)")
+    print("no recorded API cross-check yet (labkernels gpu check --steps occupancy on a GPU)")
     agree = None
 else:
     api = run.table("api_check")

@@ -148,7 +148,7 @@ for m_ in PAGE_MODELS[1:]:
 # %% [markdown]
 # ## Host overhead: eager launches vs one CUDA-graph replay
 #
-# `gpu-check --steps prefill_graph` times, interleaved in one process, the forward eager with the small kernels
+# `labkernels gpu check --steps prefill_graph` times, interleaved in one process, the forward eager with the small kernels
 # unfused (before), eager fused, and captured as one CUDA graph and replayed (after), and decomposes nt 64 / 512 /
 # 3325 with **host overhead** (wall minus GPU busy: Python, launches, synchronization) as its own class. A forward
 # whose capture was refused runs eager and says why (`graph_fallbacks`): its "graph-fused" rows then ran eager.
@@ -402,7 +402,7 @@ for m_ in PAGE_MODELS:
 # %% [markdown]
 # ## Attention alone: the lab's fused kernel vs cuDNN's fused SDPA vs the lab's baseline vs PyTorch SDPA
 #
-# `gpu-check --steps attention`: each layer kind of the 7B and Gemma 3 270M layouts at nt 512 / 3325 / 8192, interleaved
+# `labkernels gpu check --steps attention`: each layer kind of the 7B and Gemma 3 270M layouts at nt 512 / 3325 / 8192, interleaved
 # CUDA-event medians (L2 flushed); TFLOPS count useful FLOPs only (causal: half the square, sliding window: the band).
 # `kernel` scope times the attention kernel alone, `op` the whole call from the prefill's fp32 q/k/v to the fp16 output
 # the next GEMM reads. Each path is gated against the fp32 baseline (max rel err ≤ 1e-3) before it is timed. Runs from

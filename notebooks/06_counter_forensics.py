@@ -181,7 +181,7 @@ if len(hot) and (hot.case == focus).any():
     display(Markdown(forensics.hotspot_source_note(hot, focus, run.provenance.get("git_commit", "?"))))
 else:
     print(f"Run {run.run_id} predates the kept Nsight Compute reports: no per-line hotspot table yet; "
-          "the next `labkernels gpu-check --steps forensics` records one.")
+          "the next `labkernels gpu check --steps forensics` records one.")
 
 # %%
 report.footer(run.provenance)

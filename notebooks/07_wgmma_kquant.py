@@ -175,7 +175,7 @@ plt.show()
 # %% [markdown]
 # ## In the prefill: the synthetic llama-7B Q4_K_M
 #
-# The prefill of record is the forward captured as one CUDA graph with the fusions (what `labkernels prefill` runs),
+# The prefill of record is the forward captured as one CUDA graph with the fusions (what `labkernels model prefill` runs),
 # from the newest prefill_graph run made with the cuDNN frontend (`labkernels.facts`, the same figure round 5
 # shows). Below it, the A/B runs of this round: the int8 families against `qmatmul(kernel="auto")` in one process,
 # **eager** (not the captured graph), so their tok/s sit under the figure of record.
@@ -363,7 +363,7 @@ else:
 # **Where a launch's time goes at nt=512.** A k scan at (nt=512, od=4096), q4_K, fits time = intercept + slope·k
 # for each variant: the slope is the main loop's cost per unit of k, the intercept what a launch pays besides
 # (launch, pipeline fill, the last tile's epilogue, the stream-K fix-up). Run separately from the benchmark
-# (`gpu-check --steps wgmma_costs`), interleaved with cuBLAS in its own process.
+# (`labkernels gpu check --steps wgmma_costs`), interleaved with cuBLAS in its own process.
 
 # %%
 cs = records.latest("wgmma", where=lambda r: r.has("cost_scan"))
@@ -401,13 +401,13 @@ else:
 # **Where a launch's time goes, CTA by CTA.** An exploratory build (`-DLK_EXP_TRACE`, its own cubin: the plain kernel is
 # unchanged) has each CTA's first consumer thread stamp `%globaltimer` and `clock64` at its entry, setup, the first
 # activation tile's arrival and, per segment, its start, the end of its main loop and the end of its fix-up and store
-# (`gpu-check --steps wgmma_trace`, q4_K 4096×4096 at nt=512; `traces.trace_phases` gives each segment its role in the
+# (`labkernels gpu check --steps wgmma_trace`, q4_K 4096×4096 at nt=512; `traces.trace_phases` gives each segment its role in the
 # schedule). The stamps cost a few global stores per CTA.
 
 # %%
 tr = records.latest("wgmma", where=lambda r: r.has("trace") and r.run_id.startswith("20261201T155423Z"))   # this paragraph's run
 if tr is None:
-    print("no per-CTA trace recorded (gpu-check --steps wgmma_trace)")
+    print("no per-CTA trace recorded (labkernels gpu check --steps wgmma_trace)")
 else:
     tp = tr.meta.get("params") or {}
     ph = traces.trace_phases(tr.table("trace").to_dict("records"), tp.get("od", 4096), tp.get("id", 4096), tp.get("nt", 512))
@@ -467,13 +467,13 @@ else:
 # last tiles keep the plain fix-up; a paired grid of two CTAs per tile (`wgmma.paired_schedule`: 128 of 132 SMs,
 # each CTA half of a tile's k) splits every tile. Prediction: the paired split launch at 4096×4096, nt=512 within
 # ~3 us of cuBLAS (the owners' ~6.5 us finish roughly halved). The build spills a few bytes in its epilogue (q4_K
-# BN=256: 4 B stored, q6_K: 76 B; the plain build none). `gpu-check --steps wgmma_splitfin` gates each split
+# BN=256: 4 B stored, q6_K: 76 B; the plain build none). `labkernels gpu check --steps wgmma_splitfin` gates each split
 # launch bitwise against the plain build on the same grid, then times all four interleaved.
 
 # %%
 sf = records.latest("wgmma", where=lambda r: r.has("splitfin"))
 if sf is None:
-    print("the split-finish experiment (gpu-check --steps wgmma_splitfin) is prepared and not yet run on the GPU")
+    print("the split-finish experiment (labkernels gpu check --steps wgmma_splitfin) is prepared and not yet run on the GPU")
 else:
     sft = sf.table("splitfin").pivot_table(index=["qtype", "od", "id", "nt"], columns=["build", "grid"],
                                            values="median_us").reset_index()
@@ -667,7 +667,7 @@ else:
 # from 0.84× to ~0.92×; q6_K 0.71–0.84× to ~0.78–0.90×. 11008×4096 (172 tiles: no split-k grid fits, stream-K
 # stays best) should not move, unless BN=128 SK=0 with the TMA store overtakes it. So the nt=512 target (≥ 1.0× at
 # every shape) is predicted to stay **not met** even if this works; nt=4096 should not move (data-parallel whole
-# waves store 1.9 us per tile of a 100+ us launch). `gpu-check --steps wgmma_epi` gates the new forms on every Gemma tensor and times them against
+# waves store 1.9 us per tile of a 100+ us launch). `labkernels gpu check --steps wgmma_epi` gates the new forms on every Gemma tensor and times them against
 # the plain ones and cuBLAS at nt 256–1024 (its own table: `auto` keeps reading the benchmark of record).
 
 # %%
@@ -689,7 +689,7 @@ else:
 # %%
 ea = records.latest("wgmma", where=lambda r: r.has("wgmma_epi_ab"))
 if ea is None:
-    print("the epilogue A/B (gpu-check --steps wgmma_epi) is built and not yet run on the GPU: no measurement of "
+    print("the epilogue A/B (labkernels gpu check --steps wgmma_epi) is built and not yet run on the GPU: no measurement of "
           "EPI=1/2 or SK=3 exists")
 else:
     ep = tables.suffix_ab(ea.table("wgmma_epi_ab"), suffixes=("_e1", "_e2"))
@@ -752,7 +752,7 @@ report.step(ledger.step(5))
 opt_runs = [(r, t) for t in ("wgmma_aq_ab", "wgmma_pf_ab")
             for r in [records.latest("wgmma", where=lambda r, t=t: r.has(t))] if r is not None]
 if not opt_runs:
-    print("no recorded AQ / PF A/B run (gpu-check --steps wgmma_aq / wgmma_pf)")
+    print("no recorded AQ / PF A/B run (labkernels gpu check --steps wgmma_aq / wgmma_pf)")
 else:
     sab = pd.concat([tables.suffix_ab(r.table(t)).assign(run=r.run_id) for r, t in opt_runs], ignore_index=True)
     names = {"a4": "AQ=4 vs AQ=2", "p1": "PF=1 vs PF=0", "p2": "PF=2 vs PF=0"}
@@ -878,7 +878,7 @@ report.step(ledger.step(6))
 # %%
 pr = records.latest("wgmma", where=lambda r: r.has("wgmma_pair_ab"))
 if pr is None:
-    print("no recorded run of the pair exchange (gpu-check --steps wgmma_pair)")
+    print("no recorded run of the pair exchange (labkernels gpu check --steps wgmma_pair)")
 else:
     ppx = tables.suffix_ab(pr.table("wgmma_pair_ab"), suffixes=("_e3",))
     fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -937,7 +937,7 @@ report.step(ledger.step(7))
 # %%
 sr = records.latest("wgmma", where=lambda r: r.has("wgmma_staged_ab"))
 if sr is None:
-    print("no recorded run of the staged store (gpu-check --steps wgmma_staged)")
+    print("no recorded run of the staged store (labkernels gpu check --steps wgmma_staged)")
 else:
     spx = tables.suffix_ab(sr.table("wgmma_staged_ab"), suffixes=("_e4",)).assign(option=lambda d: d.launch)
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
@@ -996,7 +996,7 @@ report.step(ledger.step(8))
 # %%
 cr = records.latest("wgmma", where=lambda r: r.has("wgmma_conv2_ab"))
 if cr is None:
-    print("no recorded run of the two-converter A/B (gpu-check --steps wgmma_conv2)")
+    print("no recorded run of the two-converter A/B (labkernels gpu check --steps wgmma_conv2)")
 else:
     cx = tables.suffix_ab(cr.table("wgmma_conv2_ab"), suffixes=("_c2",)).assign(option=lambda d: d.launch)
     fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -1078,7 +1078,7 @@ report.step(ledger.step(9))
 # %%
 c16 = records.latest("wgmma", where=lambda r: r.has("wgmma_conv16_ab"))
 if c16 is None:
-    print("no recorded run of the 16-bit scale path's A/B (gpu-check --steps wgmma_conv16)")
+    print("no recorded run of the 16-bit scale path's A/B (labkernels gpu check --steps wgmma_conv16)")
 else:
     t16 = limits.conv16_table(c16.table("wgmma_conv16_ab"))
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
@@ -1157,7 +1157,7 @@ else:
 # the segment's first super-block's registers again, made opaque to the compiler at each super-block so the
 # conversion is neither hoisted nor folded. In the SASS of the nvcc 13.0 build, counted over the whole loop body
 # from its head to its back branch (not the ninth step's per-super-block count), the q4_K BN=128 loop goes from 520
-# to 470 instructions with the same LOP3 and HFMA2 count; NOCONV's has 119. `gpu-check --steps wgmma_ceiling` (`limits.ceiling_ab`) times the plain
+# to 470 instructions with the same LOP3 and HFMA2 count; NOCONV's has 119. `labkernels gpu check --steps wgmma_ceiling` (`limits.ceiling_ab`) times the plain
 # launches of record with both ablation builds, interleaved with cuBLAS, each plain launch parity-gated at its
 # point; the ablations are timing only (their Y means nothing). `loads_share` = (t_plain − t_noload) /
 # (t_plain − t_noconv): the loads' part of what the weights cost over the skeleton (TMA ring, wgmma, scheduler,
@@ -1172,7 +1172,7 @@ report.step(ledger.step(11))
 # %%
 ces = [r for r in records.list_runs("wgmma") if r.has("wgmma_ceiling_ab")]
 if not ces:
-    print("no recorded ceiling A/B run (gpu-check --steps wgmma_ceiling)")
+    print("no recorded ceiling A/B run (labkernels gpu check --steps wgmma_ceiling)")
 else:   # each run's ratios from its own interleaved timings; a later run adds launches (BN=128 stream-K)
     ct = pd.concat([limits.ceiling_table(r.table("wgmma_ceiling_ab")).assign(run=r.run_id.split("-h200")[0])
                     for r in ces], ignore_index=True)
@@ -1225,7 +1225,7 @@ report.step(ledger.step(12))
 # %%
 ws = records.latest("wgmma", where=lambda r: r.has("wgmma_wstage_ab"))
 if ws is None:
-    print("no recorded run of the staging A/B (gpu-check --steps wgmma_wstage)")
+    print("no recorded run of the staging A/B (labkernels gpu check --steps wgmma_wstage)")
 else:
     wt, line = tables.build_ab_view(ws, "wstage")
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
@@ -1272,7 +1272,7 @@ report.step(ledger.step(13))
 # %%
 wts = sorted((r for r in records.list_runs("wgmma") if r.has("wgmma_wtma_ab")), key=lambda r: r.run_id)
 if not wts:
-    print("no recorded run of the weight-TMA A/B (gpu-check --steps wgmma_wtma)")
+    print("no recorded run of the weight-TMA A/B (labkernels gpu check --steps wgmma_wtma)")
 else:
     label = {"dde549e72c": "first build: one producer thread issues both rings",
              "50a336b17d": "second build: the weights' own producer thread, a slot freed after its conversion",
@@ -1352,7 +1352,7 @@ else:
 # ## Fourteenth step: where the nt=512 split launches lose their time, and the reduce finish (prediction first)
 #
 # **Why.** At nt=512 the best launches are the BN=256 split grids (the tile-aligned split at three shapes, stream-K
-# at 11008 × 4096). A second trace (`gpu-check --steps wgmma_trace`, run 20261202T190840Z, commit 7057289) stamps
+# at 11008 × 4096). A second trace (`labkernels gpu check --steps wgmma_trace`, run 20261202T190840Z, commit 7057289) stamps
 # them beside BN=128, per CTA and per role in the schedule (`traces.trace_roles`; the bars below are medians over a
 # role's segments, the whisker the slowest, the black tick the launch's last stamp). The figure is the latest trace
 # run, which also holds EPI=5's launches; its plain launches' medians agree with 20261202T190840Z's within 6% per
@@ -1375,7 +1375,7 @@ report.step(ledger.step(14))
 # %%
 ttr = records.latest("wgmma", where=lambda r: r.has("trace_summary") and "sm_count" in (r.meta.get("params") or {}))
 if ttr is None:
-    print("no trace of the nt=512 split launches (gpu-check --steps wgmma_trace)")
+    print("no trace of the nt=512 split launches (labkernels gpu check --steps wgmma_trace)")
 else:
     roles = traces.trace_roles(ttr.table("trace"), ttr.meta["params"]["sm_count"])
     shapes = list(roles.groupby(["qtype", "od", "id"], sort=False).groups)
@@ -1430,7 +1430,7 @@ else:
 # %%
 rrs = sorted((r for r in records.list_runs("wgmma") if r.has("wgmma_reduce_ab")), key=lambda r: r.run_id)
 if not rrs:
-    print("no recorded run of the reduce finish (gpu-check --steps wgmma_reduce)")
+    print("no recorded run of the reduce finish (labkernels gpu check --steps wgmma_reduce)")
 else:
     label = {"058d1f732d": "first build: the zeros by the producer warps' vector stores",
              "21c49fe8e0": "second build: the zeros by TMA from 16 KB of shared memory of their own",
@@ -1500,7 +1500,7 @@ if trs:
 # the start event right after the L2 flush and then calls `gemm()`, whose Python path (checks, launch setup, the
 # driver call) might outlast the flush: then the GPU would wait for the host inside the timed interval.
 #
-# **Design** (`gpu-check --steps wgmma_lead`, `options.LEAD_AB`): every call of the launches of record and of cuBLAS
+# **Design** (`labkernels gpu check --steps wgmma_lead`, `options.LEAD_AB`): every call of the launches of record and of cuBLAS
 # is timed both ways, call by call: as the benchmark times it, and behind `bench.Lead`, a 500 us one-thread GPU wait
 # queued between the flush and the start event, so that any host path shorter than that runs while the GPU is
 # busy. Each row also holds the call's host time, and the run the flush's own device time. A GPU test checks that the
@@ -1516,7 +1516,7 @@ report.step(ledger.step(15))
 # %%
 lr = records.latest("wgmma", where=lambda r: r.has("wgmma_lead_ab"))
 if lr is None:
-    print("no recorded run of the timing A/B (gpu-check --steps wgmma_lead)")
+    print("no recorded run of the timing A/B (labkernels gpu check --steps wgmma_lead)")
 else:
     lv = tables.lead_view(lr)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
@@ -1553,7 +1553,7 @@ else:
 # trace, taken after warm-up launches, is the launch the benchmark times. The benchmark flushes L2 before every
 # launch, so its launches start cold.
 #
-# **Design** (`gpu-check --steps wgmma_floor,wgmma_trace`):
+# **Design** (`labkernels gpu check --steps wgmma_floor,wgmma_trace`):
 # * `LK_ABLATE_EMPTY`, an empty build of the register form. It launches on the plain launch's grid, threads,
 #   dynamic shared memory and parameters, and every CTA returns at once. The scheduler is handed the plain build's
 #   CTAs per SM (more of the empty kernel would fit an SM). `limits.floor_ab` times the launches of record at nt=512
@@ -1574,7 +1574,7 @@ report.step(ledger.step(16))
 fr = records.latest("wgmma", where=lambda r: r.has("wgmma_floor_ab"))
 tc = records.latest("wgmma", where=lambda r: r.has("trace_flushed"))
 if fr is None:
-    print("no recorded run of the launch floor (gpu-check --steps wgmma_floor)")
+    print("no recorded run of the launch floor (labkernels gpu check --steps wgmma_floor)")
 else:
     fv = limits.floor_view(fr.table("wgmma_floor_ab"),
                        traces.trace_spans(tc.table("trace_flushed")) if tc is not None else None)
@@ -1652,7 +1652,7 @@ report.step(ledger.step(17))
 # %%
 pr = records.latest("wgmma", where=lambda r: r.has("wgmma_tmapf_ab"))
 if pr is None:
-    print("no recorded run of the L2-prefetch build (gpu-check --steps wgmma_tmapf)")
+    print("no recorded run of the L2-prefetch build (labkernels gpu check --steps wgmma_tmapf)")
 else:
     pt, pline = tables.build_ab_view(pr, "tmapf")
     fig, ax = plt.subplots(figsize=(11, 4))
@@ -1694,7 +1694,7 @@ report.step(ledger.step(18))
 # %%
 cr = records.latest("wgmma", where=lambda r: r.has("wgmma_clock"))
 if cr is None:
-    print("no recorded run of the clock probe (gpu-check --steps wgmma_clock)")
+    print("no recorded run of the clock probe (labkernels gpu check --steps wgmma_clock)")
 else:
     cv = limits.clock_view(cr.table("wgmma_clock"))
     fig, ax = plt.subplots(figsize=(11, 4))
@@ -1743,7 +1743,7 @@ report.step(ledger.step(19))
 # %%
 sr = records.latest("wgmma", where=lambda r: r.has("wgmma_swapred_ab"))
 if sr is None:
-    print("no recorded run of the swapped reduce order (gpu-check --steps wgmma_swapred)")
+    print("no recorded run of the swapped reduce order (labkernels gpu check --steps wgmma_swapred)")
 else:
     st, sline = tables.build_ab_view(sr, "swapred")
     fig, ax = plt.subplots(figsize=(9, 3.6))
@@ -1765,7 +1765,7 @@ else:
 # assumed. A scan over id at fixed (nt, od) splits every launch's time, cuBLAS's too, into what it pays once (the
 # intercept: launch, fill, finish, drain) and what its loop pays per k (the slope), in one run.
 #
-# **Design** (`limits.kscan_ab`, `gpu-check --steps wgmma_kscan`): the launches of record at nt=512, od=4096 and six
+# **Design** (`limits.kscan_ab`, `labkernels gpu check --steps wgmma_kscan`): the launches of record at nt=512, od=4096 and six
 # ids from 512 to 14336, each parity-gated at its point, interleaved with cuBLAS fp16 (cached) and the 1-CTA empty
 # kernel, L2 flushed, 10 launches × 3 rounds; cuBLAS also alone at k = 16, 64 and 256. `limits.kscan_fit` fits
 # time = intercept + slope × id per launch over the six ids, and once over the fastest launch per point (`best`).
@@ -1787,7 +1787,7 @@ report.step(ledger.step(20))
 # %%
 kr = records.latest("wgmma", where=lambda r: r.has("wgmma_kscan_ab"))
 if kr is None:
-    print("no recorded run of the k scan (gpu-check --steps wgmma_kscan)")
+    print("no recorded run of the k scan (labkernels gpu check --steps wgmma_kscan)")
 else:
     kab = kr.table("wgmma_kscan_ab")
     kfit, kpts = limits.kscan_fit(kab), limits.kscan_points(kab)
@@ -1875,7 +1875,7 @@ else:
 # converts each weight for only 128 tokens. This build keeps BN=256's loop and drops the split's finish: one tile of
 # 64 weight rows × 256 tokens per CTA, od/64 × nt/256 CTAs (128 at od=4096, nt=512: one wave).
 #
-# **Design** (`-DLK_EXP_KPAIR`, `kpair.kpair_ab`, `gpu-check --steps wgmma_kpair`):
+# **Design** (`-DLK_EXP_KPAIR`, `kpair.kpair_ab`, `labkernels gpu check --steps wgmma_kpair`):
 # * both consumer warpgroups work on the same 64 rows, each over half of the k, and add their two partial sums
 #   through the idle ring at the end: no workspace, no flag, no second CTA;
 # * a 64-row tile reads its activations twice as often per MAC as a 128-row one, so the CTAs run in 2-CTA clusters
@@ -1904,7 +1904,7 @@ KPAIR_LABELS = {"8f051eb": "1: k halves, 2 stages", "2dfdfe9": "2: k halves, 3 s
 kp_runs = [r for r in records.list_runs("wgmma") if r.has("wgmma_kpair_ab")
            and not {"ablations", "builds"} & set(r.meta.get("params") or {})]   # later steps' runs: their sections
 if not kp_runs:
-    print("no recorded run of the KPAIR build (gpu-check --steps wgmma_kpair)")
+    print("no recorded run of the KPAIR build (labkernels gpu check --steps wgmma_kpair)")
 else:
     def _kp_label(r):
         c = str((r.provenance or {}).get("git_commit") or "?")[:7]
@@ -2006,7 +2006,7 @@ else:
 # So the register form moves 96 B/clk, KPAIR 128 and the shared-memory form at 128 × 128 160. If shared memory gave
 # ~128 B/clk per SM to all of these, that would explain both slow loops.
 #
-# **Design** (`gpu-check --steps wgmma_smem`; commit 4d2796c):
+# **Design** (`labkernels gpu check --steps wgmma_smem`; commit 4d2796c):
 # * **An ablation of the KPAIR build, `LK_ABLATE_HALFB`.** Each producer multicasts its half of a stage to its own
 #   CTA only, so a CTA receives 128 of the 256 tokens per stage: 96 B/clk in the model. The wgmmas, the weights, the
 #   barriers and the remote releases are unchanged. It is timing only (`kpair.kpair_ab(ablations=...)`), timed
@@ -2031,7 +2031,7 @@ report.step(ledger.step(22))
 sm_runs = [r for r in records.list_runs("wgmma") if r.has("smem_ncu")
            and (r.meta.get("params") or {}).get("what") == "smem_ncu"]   # the twenty-fourth step has its own
 if not sm_runs:
-    print("no recorded run of the shared-memory step (gpu-check --steps wgmma_smem)")
+    print("no recorded run of the shared-memory step (labkernels gpu check --steps wgmma_smem)")
 else:
     smr = sm_runs[-1]
     smt = kpair.smem_table(smr.table("smem_ncu"))
@@ -2053,7 +2053,7 @@ else:
 hb_runs = [r for r in records.list_runs("wgmma") if r.has("wgmma_kpair_ab")
            and (r.meta.get("params") or {}).get("what") == "halfb_ab"]
 if not hb_runs:
-    print("no recorded run of the half-B ablation (gpu-check --steps wgmma_smem)")
+    print("no recorded run of the half-B ablation (labkernels gpu check --steps wgmma_smem)")
 else:
     hbr = hb_runs[-1]
     hbt = kpair.halfb_builds(hbr.table("wgmma_kpair_ab"))
@@ -2120,7 +2120,7 @@ else:
 # shared-memory form's 0.50–0.70× has no known cause. Either its converters are too slow, or its protocol is: the
 # A-slot hand-off, and the activation TMA that the converter's issuing thread starts as it reaches each chunk.
 #
-# **Design** (`gpu-check --steps wgmma_smemform`, `kpair.smemform_ab`; commit 513243c). `LK_ABLATE_NOCONV` now
+# **Design** (`labkernels gpu check --steps wgmma_smemform`, `kpair.smemform_ab`; commit 513243c). `LK_ABLATE_NOCONV` now
 # applies to the shared-memory form too. Its converters store nothing into the A slot but keep everything else: the
 # slot's waits, the proxy fence and the arrive, the raw-weight TMA ring, and the activation TMA. q4_K, the target's four
 # shapes, nt 512 and 4096, data-parallel. Timed: FORM=1, FORM=2 and the register form's BN=128 (and BN=256 at
@@ -2136,7 +2136,7 @@ report.step(ledger.step(23))
 # %%
 sf_runs = [r for r in records.list_runs("wgmma") if r.has("wgmma_smemform_ab")]
 if not sf_runs:
-    print("no recorded run of the shared-memory form's ablation (gpu-check --steps wgmma_smemform)")
+    print("no recorded run of the shared-memory form's ablation (labkernels gpu check --steps wgmma_smemform)")
 else:
     sfr = sf_runs[-1]
     sft = kpair.smemform_table(sfr.table("wgmma_smemform_ab"))
@@ -2182,7 +2182,7 @@ else:
 # * the pair's lock-step: a multicast stage is reloaded only after the consumers of both CTAs have released it;
 # * the conversion, with its weight loads.
 #
-# **Design** (`gpu-check --steps wgmma_decouple`, commit c2eb998). Two new ablations of the KPAIR build, both timing
+# **Design** (`labkernels gpu check --steps wgmma_decouple`, commit c2eb998). Two new ablations of the KPAIR build, both timing
 # only and both with 0 spills. The KPAIR and half-B cubins are byte-identical to those measured before.
 # * `LK_ABLATE_DECOUPLE`, on the half-B build: each CTA's consumers release a stage on their own CTA's empty
 #   barrier only (4 warps, no remote arrive). The lock-step goes; the bytes each CTA receives stay the half-B build's.
@@ -2207,7 +2207,7 @@ report.step(ledger.step(24))
 dc_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "decouple_ab"]
 dn_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "decouple_ncu"]
 if not dc_runs:
-    print("no recorded run of the KPAIR ablations (gpu-check --steps wgmma_decouple)")
+    print("no recorded run of the KPAIR ablations (labkernels gpu check --steps wgmma_decouple)")
 else:
     dcr = dc_runs[-1]
     dab = dcr.table("wgmma_kpair_ab")
@@ -2288,7 +2288,7 @@ if dn_runs:
 # conversion nor its lock-step, against cuBLAS's 6.3k. Its two-point line had a fixed cost near cuBLAS's and a dearer
 # loop. Those are totals over the launch, and the phase stamps (fourteenth and sixteenth steps) split a CTA's time.
 #
-# **Design** (`gpu-check --steps wgmma_kpairtrace`, commit f2a7460). The trace build now takes the KPAIR body
+# **Design** (`labkernels gpu check --steps wgmma_kpairtrace`, commit f2a7460). The trace build now takes the KPAIR body
 # (`-DLK_EXP_KPAIR -DLK_EXP_TRACE`). Warpgroup 1's first thread stamps:
 # * the entry, and the setup, which is also where the consumers start;
 # * the first activation stage, waited for once before the loop;
@@ -2315,7 +2315,7 @@ report.step(ledger.step(25))
 # %%
 kt_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "kpair_trace"]
 if not kt_runs:
-    print("no recorded trace of the KPAIR build (gpu-check --steps wgmma_kpairtrace)")
+    print("no recorded trace of the KPAIR build (labkernels gpu check --steps wgmma_kpairtrace)")
 else:
     ktr = kt_runs[-1]
     ktt = traces.kpair_trace_table(ktr)
@@ -2382,7 +2382,7 @@ else:
 # * the exit barrier, where a CTA waits 1.17 us (median) for its peer, and the last exit comes 0.67 us after the last
 #   CTA's stores end.
 #
-# **Design** (`-DLK_EXP_KPAIR_FIN`, `builds.KPAIR_FIN`, `gpu-check --steps wgmma_kpairfin`; commit 73bc367). A form of
+# **Design** (`-DLK_EXP_KPAIR_FIN`, `builds.KPAIR_FIN`, `labkernels gpu check --steps wgmma_kpairfin`; commit 73bc367). A form of
 # the KPAIR build, which it needs (it is refused without it). It has 0 spills, and the KPAIR and plain cubins stay
 # byte-identical. Two changes:
 # * **The store.** Each consumer warpgroup writes its 64 rows × 128 tokens of Y into the idle ring as EPI=4's swizzled
@@ -2403,7 +2403,7 @@ report.step(ledger.step(26))
 # %%
 fin_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "kpairfin_ab"]
 if not fin_runs:
-    print("no recorded run of the FIN form (gpu-check --steps wgmma_kpairfin)")
+    print("no recorded run of the FIN form (labkernels gpu check --steps wgmma_kpairfin)")
 else:
     fnr = fin_runs[-1]
     fnb = kpair.kpair_ablation_builds(fnr.table("wgmma_kpair_ab"), {"_fin": "KPAIR_FIN (TMA-store finish, early exit arrive)"})
@@ -2465,7 +2465,7 @@ else:
 # Nothing is requested from memory before the setup is over: the tensor map, the stage's boxes and the first weights
 # all come from HBM after it. The twenty-sixth step left the cluster start as the one measured lever not yet built.
 #
-# **Design** (`-DLK_EXP_KPAIR_EARLY`, `wgmma.KPAIR_FIN_EARLY`, `gpu-check --steps wgmma_kpairearly`). A form of the
+# **Design** (`-DLK_EXP_KPAIR_EARLY`, `wgmma.KPAIR_FIN_EARLY`, `labkernels gpu check --steps wgmma_kpairearly`). A form of the
 # KPAIR build (refused without it), built here on the FIN form. Every thread requests into L2, at its entry and before
 # the setup, what it loads first after it:
 # * the producer's thread: the two tensor maps, and the L2 prefetch of this CTA's half of every stage of its first
@@ -2521,7 +2521,7 @@ report.step(ledger.step(27))
 # %%
 early_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "kpairearly"]
 if not early_runs:
-    print("no recorded run of the EARLY form (gpu-check --steps wgmma_kpairearly)")
+    print("no recorded run of the EARLY form (labkernels gpu check --steps wgmma_kpairearly)")
 else:
     er = early_runs[-1]
     et = traces.early_table(er)
@@ -2595,7 +2595,7 @@ else:
 # microseconds, since every CTA of the single wave finishes at about the same time. Until now the notes said this
 # without measuring it.
 #
-# **Design** (`-DLK_ABLATE_HALFY`, `builds.FIN_HALFY`, `gpu-check --steps wgmma_halfy`). An ablation of the FIN form
+# **Design** (`-DLK_ABLATE_HALFY`, `builds.FIN_HALFY`, `labkernels gpu check --steps wgmma_halfy`). An ablation of the FIN form
 # (refused without it), timing only, since its Y means nothing. Each warpgroup sends one of its two TMA stores, so
 # half of Y's f32 bytes leave the SM: the bytes of a 16-bit Y. Everything else is FIN's, including the staging writes
 # into shared memory. It is timed beside the FIN form (real-model gated, and gated at every point), the KPAIR build,
@@ -2613,7 +2613,7 @@ report.step(ledger.step(28))
 # %%
 hy_runs = [r for r in records.list_runs("wgmma") if (r.meta.get("params") or {}).get("what") == "halfy_ab"]
 if not hy_runs:
-    print("no recorded run of the HALFY ablation (gpu-check --steps wgmma_halfy)")
+    print("no recorded run of the HALFY ablation (labkernels gpu check --steps wgmma_halfy)")
 else:
     hyr = hy_runs[-1]
     hyb = kpair.kpair_ablation_builds(hyr.table("wgmma_kpair_ab"),
@@ -2660,7 +2660,7 @@ else:
 # The headline ratios against cuBLAS fp16 measured again with NVIDIA's nvbench (`cuda-bench`: cold L2, its own stop
 # rule, samples under a throttled clock discarded) through the same launch functions, beside the lab's harness
 # (interleaved, L2 flushed, CUDA events). Agreement within 2%, or the difference and the side it comes from
-# (`labkernels/nvbench_check.py`; `labkernels gpu-check --steps nvbench_check` records it).
+# (`labkernels/nvbench_check.py`; `labkernels gpu check --steps nvbench_check` records it).
 
 # %%
 from labkernels import nvbench_check

@@ -140,7 +140,7 @@ else:
 # %%
 gen = r9.generation_run()
 if gen is None:
-    display(Markdown("*Not recorded yet:* no generation run (`labkernels gpu-check --steps generate`) under "
+    display(Markdown("*Not recorded yet:* no generation run (`labkernels gpu check --steps generate`) under "
                      "`data/09_decode/`."))
 else:
     gcard = gen.gpu_name or "?"
@@ -163,7 +163,7 @@ else:
 # ## Tokens per second against context length
 #
 # The same generation at prompts of 128 to 8,160 tokens (32 new tokens each, so the last one attends up to 8,192
-# keys), recorded by `python3 -m labkernels gpu-check --steps generate_context --out DIR`. Only attention reads more
+# keys), recorded by `python3 -m labkernels gpu check --steps generate_context --out DIR`. Only attention reads more
 # per step as the context grows (the KV cache: 0.5 MB a token for the synthetic 7B; 18 KB for Gemma 3's shapes, of
 # which only its 3 global layers' 3 KB grow past 512 keys). A prompt a model cannot take -- the synthetic 7B's context
 # is 4,096 tokens -- is a skipped point with its reason, not a missing one.
@@ -191,7 +191,7 @@ if cs["run"] is not None:
 # the same step is replayed (CUDA events behind a GPU lead) and traced; its kernels take the eager launches' classes
 # by their order, each counted for the time no earlier kernel covers (programmatic launches overlap). **Gaps** are
 # the replay's time minus its kernels': the idle time between the graph's nodes. Recorded by
-# `python3 -m labkernels gpu-check --steps decode_decomp --out DIR` (tables `decode_decomp`, `decode_decomp_steps`);
+# `python3 -m labkernels gpu check --steps decode_decomp --out DIR` (tables `decode_decomp`, `decode_decomp_steps`);
 # the prediction was written before any run, from the bytes each class reads against the copy line.
 
 # %%
@@ -248,7 +248,7 @@ for s in r9.LEDGER:
 # The headline ratios against cuBLAS fp16 measured again with NVIDIA's nvbench (`cuda-bench`: cold L2, its own stop
 # rule, samples under a throttled clock discarded) through the same launch functions, beside the lab's harness
 # (interleaved, L2 flushed, CUDA events). Agreement within 2%, or the difference and the side it comes from
-# (`labkernels/nvbench_check.py`; `labkernels gpu-check --steps nvbench_check` records it).
+# (`labkernels/nvbench_check.py`; `labkernels gpu check --steps nvbench_check` records it).
 
 # %%
 from labkernels import nvbench_check

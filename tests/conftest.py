@@ -1,5 +1,5 @@
 """Shared fixtures. GPU tests are marked ``gpu`` and skipped without a GPU; model tests need the real
-Gemma GGUF (``labkernels fetch-model``) and are skipped without it unless LABKERNELS_REQUIRE_MODEL=1."""
+Gemma GGUF (``labkernels model fetch``) and are skipped without it unless LABKERNELS_REQUIRE_MODEL=1."""
 import os
 
 import numpy as np
@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU with cupy"))
         elif "model" in item.keywords and not has_tensors and not require:
             # a marked test that reads the real tensors itself (model.load_kquant: the GGUF or its tensor cache)
-            item.add_marker(pytest.mark.skip(reason="real model tensors absent (labkernels fetch-model)"))
+            item.add_marker(pytest.mark.skip(reason="real model tensors absent (labkernels model fetch)"))
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +34,7 @@ def model_path():
     p = default_model_path()
     if not p.exists():
         if os.environ.get("LABKERNELS_REQUIRE_MODEL") == "1":
-            pytest.fail(f"real model required but missing: {p} (run `labkernels fetch-model`)")
+            pytest.fail(f"real model required but missing: {p} (run `labkernels model fetch`)")
         pytest.skip(f"real model not fetched: {p}")
     return p
 

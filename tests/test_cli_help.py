@@ -2,6 +2,7 @@
 build the peer says what it does; gpu-check writes into a folder git ignores and reports skipped GPU tests as
 skipped."""
 import argparse
+import re
 import subprocess
 
 import pytest
@@ -90,3 +91,84 @@ def test_a_lab_error_names_the_noun_and_verb(capsys):
     assert rc == 2 and err.startswith("labkernels model layout: error: ModelError:"), err
     rc = cli.main(["layout", "--model", "/nonexistent/model.gguf"])      # the old flat name: the same check
     assert rc == 2 and capsys.readouterr().err.startswith("labkernels layout: error: ModelError:")
+
+
+# ------------------------------------------------------------------ what the docs and pages tell the reader to run
+def _reader_files() -> list:
+    """The README, docs/*.md, the notebooks' sources and the templates and plans a reader opens."""
+    return ([REPO_ROOT / "README.md"] + sorted((REPO_ROOT / "docs").glob("*.md"))
+            + sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
+            + sorted(p for p in (REPO_ROOT / "labkernels" / "templates").rglob("*") if p.is_file())
+            + sorted((REPO_ROOT / "labkernels" / "plans").glob("*.yaml")))
+
+
+#: the one sentence that names the old flat names, as the aliases they are (docs/developing.md)
+ALIAS_SENTENCE = re.compile(r"The old flat names \([^)]*\)[^.]*\.", re.S)
+
+
+def _old_flat_mentions(text: str) -> list:
+    """Each place ``text`` tells the reader an old flat command: ``labkernels gpu-check ...``, ``labkernels run 03``,
+    or a hyphenated one as a command line of its own (```gpu-check --steps X```, ```check-data```) -- the alias
+    sentence left out."""
+    old = sorted({o for _, verbs in cli.TREE.values() for o in verbs.values()}, key=len, reverse=True)
+    text = ALIAS_SENTENCE.sub("", text)
+    hits = re.findall(r"(?<![\w./-])labkernels\s+(?:%s)(?![\w-])" % "|".join(map(re.escape, old)), text)
+    for noun, (_, verbs) in cli.TREE.items():
+        for verb, o in verbs.items():
+            if "-" in o:     # a verb of the same name (report results-table) is the tree's own
+                keep = f"(?<!{noun} )" if verb == o else ""
+                hits += re.findall(r"(?<![\w./-])(?<!labkernels )%s%s(?:\s+--\w[\w-]*|(?=`))" % (keep, re.escape(o)),
+                                   text)
+    return hits
+
+
+def test_the_docs_and_pages_name_no_old_flat_command():
+    bad = {f.relative_to(REPO_ROOT).as_posix(): _old_flat_mentions(f.read_text()) for f in _reader_files()}
+    bad = {k: v for k, v in bad.items() if v}
+    assert not bad, f"old flat command names told to the reader (say labkernels NOUN VERB): {bad}"
+    assert ALIAS_SENTENCE.search((REPO_ROOT / "docs" / "developing.md").read_text()), "the alias sentence is gone"
+    assert sorted(_old_flat_mentions("run `labkernels gpu-check --steps x`, `check-data`, import-runs --x, "
+                                     "labkernels run 03; not labkernels report run 03, labkernels.prefill, "
+                                     ".gpu/gpu-check/, <!-- /results-table -->, `labkernels report results-table "
+                                     "--write`, The old flat names (`gpu-check`, ...) still parse.")) == [
+        "check-data", "import-runs --x", "labkernels gpu-check", "labkernels run"]
+
+
+def _noun_verb_lines(text: str, ap) -> list:
+    """(noun, verb or None, the options that follow on its line) of every ``labkernels NOUN [VERB]`` in ``text``."""
+    top = _sub(ap)
+    nouns = "|".join(map(re.escape, [*cli.TREE, *cli.OWN_NOUNS]))
+    out = []
+    for m in re.finditer(r"(?<![\w./-])labkernels\s+(%s)(?![\w-])([^\n`)\"#]*)" % nouns, text):
+        noun, rest = m.group(1), m.group(2)
+        verbs = [a for a in _sub(ap, noun)._actions if isinstance(a, argparse._SubParsersAction)]
+        verb = None
+        if verbs:
+            w = re.match(r"\s+([\w-]+)", rest)
+            verb = w.group(1) if w else ""
+            rest = rest[w.end():] if w else rest
+        out.append((noun, verb, re.findall(r"(?<![\w-])--[a-z][\w-]*", rest)))
+    assert top is ap
+    return out
+
+
+def test_every_noun_verb_command_the_docs_and_pages_give_parses(capsys):
+    """Every ``labkernels NOUN VERB`` line of the README, docs/, the notebooks, templates and plans names a command of
+    the tree (its ``--help`` exits 0) and only options that command has."""
+    ap = cli.build_parser()
+    seen, bad = set(), []
+    for f in _reader_files():
+        for noun, verb, opts in _noun_verb_lines(f.read_text(), ap):
+            path = (noun,) + ((verb,) if verb is not None else ())
+            if path not in seen:
+                seen.add(path)
+                with pytest.raises(SystemExit) as e:
+                    ap.parse_args([*path, "--help"])
+                capsys.readouterr()
+                if e.value.code != 0:
+                    bad.append(f"{f.name}: labkernels {' '.join(path)} (--help exits {e.value.code})")
+                    continue
+            known = _sub(ap, *path)._option_string_actions
+            bad += [f"{f.name}: labkernels {' '.join(path)} has no {o}" for o in opts if o not in known]
+    assert not bad, bad
+    assert {("gpu", "check"), ("data", "check"), ("report", "run"), ("model", "prefill"), ("kernels", "audit")} <= seen

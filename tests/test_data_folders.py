@@ -66,7 +66,7 @@ def test_migrate_moves_is_idempotent_and_check_data_passes(tmp_path):
     runs = _legacy_tree(tmp_path)
     before = _snapshot(tmp_path)
     n, problems = records_admin.check_data(tmp_path)
-    assert n == 4 and len(problems) == 3 and all("migrate-data" in p for p in problems)   # q6k, kdr_sweep, q4k
+    assert n == 4 and len(problems) == 3 and all("data migrate" in p for p in problems)   # q6k, kdr_sweep, q4k
     assert records.latest("q6k", tmp_path) is None      # readers look in the round folders only
     done = records_admin.migrate(tmp_path)
     assert {how for _, _, how in done} == {"move"} and len(done) == 9        # 3 runs x (json, csv, manifest)

@@ -416,11 +416,11 @@ def test_the_page_says_plainly_when_nothing_is_recorded_and_names_the_commands(t
     sec = tables.decomp_section(tmp_path)
     assert sec["run"] is None and sec["figure"] is None
     assert "Not recorded yet" in sec["message"]
-    assert "python3 -m labkernels gpu-check --steps decode_decomp --out DIR" in sec["message"]
+    assert "python3 -m labkernels gpu check --steps decode_decomp --out DIR" in sec["message"]
     assert (sec["prediction"].verdict == "not measured").all() and len(sec["prediction"]) == len(
         r9.DECOMP_PREDICTION["claims"])
     cs = tables.context_section(tmp_path)
-    assert cs["run"] is None and "gpu-check --steps generate_context --out DIR" in cs["message"]
+    assert cs["run"] is None and "gpu check --steps generate_context --out DIR" in cs["message"]
     from labkernels import cli
 
     a = cli.build_parser().parse_args(["gpu", "check", "--steps", "decode_decomp", "--out", "DIR"])

@@ -59,7 +59,7 @@ def test_import_never_overwrites(tmp_path):
 
 def test_committed_runs_are_well_formed():
     """Every recorded run under data/ has metadata with provenance, the tables it lists, and a manifest that
-    matches every file (what `labkernels check-data` checks in CI)."""
+    matches every file (what `labkernels data check` checks in CI)."""
     from labkernels.paths import DATA_DIR
 
     metas = [p for p in DATA_DIR.glob("*/*.json")]

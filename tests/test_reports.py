@@ -110,7 +110,8 @@ def test_readme_results_table_is_not_stale(rendered):
     table = pipeline.results_table(pipeline.load_state(out))
     readme = (REPO_ROOT / "README.md").read_text()
     assert pipeline.replace_readme_table(readme, table) == readme, (
-        "README results table is stale: python3 lab.py reports && labkernels results-table --write README.md\n" + table)
+        "README results table is stale: python3 lab.py reports && labkernels report results-table --write README.md\n"
+        + table)
 
 
 def test_round1_seed_parameter_takes_and_shows(tmp_path, model_path):

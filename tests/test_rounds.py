@@ -24,7 +24,7 @@ def test_every_round_module_names_its_notebook_and_data():
         rounds.module("r99")
 
 
-#: every step name `labkernels gpu-check --steps` has accepted (the lead's runbooks name them)
+#: every step name `labkernels gpu check --steps` has accepted (the lead's runbooks name them)
 GPU_CHECK_STEPS = ("env", "tests", "sanitizer", "occupancy", "q6k", "tile_ab", "kdr", "q4k", "prefill", "prefill7b",
                    "decompose", "forensics", "wgmma", "wgmma_sanitizer", "wgmma_ncu", "wgmma_costs", "wgmma_trace",
                    "wgmma_splitfin", "wgmma_epi", "wgmma_aq", "wgmma_pf", "wgmma_pair", "wgmma_staged", "wgmma_reduce", "wgmma_lead", "wgmma_conv2", "wgmma_conv16", "wgmma_plane", "wgmma_ceiling", "wgmma_floor", "wgmma_tmapf", "wgmma_clock", "wgmma_kscan", "wgmma_kpair", "wgmma_smem", "wgmma_smemform", "wgmma_decouple", "wgmma_kpairtrace", "wgmma_kpairfin", "wgmma_kpairearly", "wgmma_halfy", "wgmma_wtma", "wgmma_wstage", "wgmma_swapred", "prefill_r7", "attention", "prefill_graph",
@@ -231,7 +231,7 @@ def test_rounds_2_to_6_list_their_steps_as_records_by_number_and_name():
         assert f"  {num}. {name}: " in listed, listed
         assert f"arguments: {', '.join(by_name[0].flags) or 'none'}; records {by_name[0].series} runs" in listed
     assert "arguments: --repeats, --old-kernels; records tile_ab runs" in rounds.list_steps(3)
-    assert "(no gpu-check steps)" in rounds.list_steps(8)
+    assert "(no gpu check steps)" in rounds.list_steps(8)
     with pytest.raises(rounds.RoundError, match="no step 7; steps 1-6"):
         rounds.select_steps(5, ["7"])
 

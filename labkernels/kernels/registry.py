@@ -124,7 +124,7 @@ FAMILIES = [
          threads=384, smem="STAGES*BN*128 + 1024 + (EPI // 4) * 65536", tile=(0, 128),
          # the epilogue forms (EPI 1: bulk fold, 2: bulk fold + TMA store) are built on the main scale form, f16
          # AQ=4 (four A-fragment sets, the conversion ahead of the wait): BN=128 only (BN=256 spills), plain
-         # epilogue, f16, the main scale form -- an experiment (gpu-check --steps wgmma_aq), not on the main path
+         # epilogue, f16, the main scale form -- an experiment (gpu check --steps wgmma_aq), not on the main path
          valid="(EPI == 0 or (BF16 == 0 and SCL == (1 if QT == 6 and BN == 128 else 0))) and "
                "(AQ == 2 or (BN == 128 and EPI == 0 and BF16 == 0 and SCL == (1 if QT == 6 else 0) and PF == 0)) and "
                # PF > 0 (an L2 prefetch of the weights PF super-blocks ahead): the AQ=2 main scale forms, f16, plain
@@ -339,7 +339,7 @@ def available(kernels=None) -> list[KernelSpec]:
 @dataclass(frozen=True)
 class Variant:
     """One named GEMM kernel variant: the only name the lab gives it (benchmark rows, forensics cases, ncu
-    filters, gpu-check steps, notebooks, colours). ``params`` are its template parameters except the weight's
+    filters, gpu check steps, notebooks, colours). ``params`` are its template parameters except the weight's
     block stride (``STRIDE`` is the uploaded weight's, added by :meth:`spec`); ``default_for`` lists what it is
     the default of: a qtype (the int8 kernel ``gpu.gemm`` / ``qmatmul(kernel="int8")`` run for that type) and/or
     a family (the parameters a family named without parameters runs with)."""

@@ -121,7 +121,7 @@ def _record_standalone(args, what: str, fn) -> int:
     params = {"what": what, **_build_facts(peer_dir)}
     with _open_run(out, params) as run:
         fn(peer_dir, run, out / "peers-raw")
-    print(f"recorded run {run.run_id} under {out / 'data' / ROUND} (labkernels import-runs {out / 'data'})")
+    print(f"recorded run {run.run_id} under {out / 'data' / ROUND} (labkernels data import {out / 'data'})")
     return 0
 
 

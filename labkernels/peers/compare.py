@@ -101,7 +101,8 @@ def find_peer_run(gpu: str | None, table: str, run_id: str | None = None, root=N
     except records.RecordError as e:
         return None, str(e)
     if not runs:
-        return None, f"no recorded {ROUND} run (labkernels peers gpu-run on the GPU machine, then import-runs)"
+        return None, (f"no recorded {ROUND} run (labkernels peers gpu-run on the GPU machine, then labkernels data "
+                      "import)")
     why = []
     for r in reversed(runs):
         if r.meta.get("status") != "complete":

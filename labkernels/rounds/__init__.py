@@ -5,16 +5,16 @@ its sweeps, round 9's benchmark, steps and page); what two rounds or more use st
 
 A round module declares ``NOTEBOOK`` (its notebook's name), ``DATA`` (the ``data/<folder>/`` names of its recorded
 runs, the first the one its page replays), ``PLAN`` (its one default plan), ``measure(run, progress, **plan)`` (GPU: record
-the round into ``run``, a new run of its first folder; None for a CPU round) and ``STEPS`` (its ``labkernels gpu-check`` steps: name ->
-``fn(out, args)``). :data:`MODULES` lists them by number; :func:`open_round` resolves measure / replay / cpu,
-measures into new runs or opens the latest ones, and returns them with the banner; ``gpu-check`` takes its steps
+the round into ``run``, a new run of its first folder; None for a CPU round) and ``STEPS`` (its ``labkernels gpu check``
+steps: name -> ``fn(out, args)``). :data:`MODULES` lists them by number; :func:`open_round` resolves measure / replay /
+cpu, measures into new runs or opens the latest ones, and returns them with the banner; ``gpu check`` takes its steps
 from :func:`gpu_check_steps` (``--steps NAME,...``) and :func:`select_steps` (``--round N --step N|NAME,...``).
-Every round with gpu-check steps declares them as records, ``STEP_RECORDS`` (:class:`Step`: number, name, builds, plan,
-prediction, verdict, run ids, commit, one ``run`` and one ``view``, the gpu-check arguments it reads; a retired one with
+Every round with gpu check steps declares them as records, ``STEP_RECORDS`` (:class:`Step`: number, name, builds, plan,
+prediction, verdict, run ids, commit, one ``run`` and one ``view``, the gpu check arguments it reads; a retired one with
 the commit and command that reproduce it): rounds 2-6 in their own module (numbered in the order each step was first
 recorded; a step whose round wrote no prediction before its run says so, :data:`NO_PREDICTION`), round 7 in
 :mod:`labkernels.rounds.r07_wgmma.steps`, round 9 (whose steps 3, 5, 7 and 8 are retired) in
-:mod:`labkernels.rounds.r09_decode.steps`; its ``STEPS`` are then the live ones' gpu-check names. A round
+:mod:`labkernels.rounds.r09_decode.steps`; its ``STEPS`` are then the live ones' gpu check names. A round
 whose page replays one kind of run among several in a folder names it in ``REPLAY_WHERE`` ({series: predicate(run,
 plan)}: round 5's decomposition of the plan's model and nt, round 7's benchmark among its sanitizer and ncu runs). A
 round whose measurement records its own runs (round 6: one ncu process per case) declares ``record_runs(root, progress,
@@ -32,7 +32,7 @@ sees its own). Two folders keep a plain name because no single round owns them:
   and read by both pages;
 * ``data/peers/`` -- llama.cpp measured as the peer (``labkernels peers``), read by rounds 3, 4, 5 and 7.
 
-``labkernels migrate-data`` moves the runs of the old folders (``data/q6k/``...) into the round folders, bytes
+``labkernels data migrate`` moves the runs of the old folders (``data/q6k/``...) into the round folders, bytes
 unchanged (``records_admin.migrate``).
 """
 
@@ -95,7 +95,7 @@ def gpu_check_steps() -> dict:
 
 
 def gpu_check_records() -> dict:
-    """{gpu-check step name: (round module, its live :class:`Step`)} over every round of the table: each name of a
+    """{gpu check step name: (round module, its live :class:`Step`)} over every round of the table: each name of a
     round's ``STEPS`` with the record it runs (the record that has it as an alias, else the one of that name; a round
     without records gets one per name, :func:`round_steps`). A name declared by two rounds is an error."""
     out = {}
@@ -103,10 +103,10 @@ def gpu_check_records() -> dict:
         recs = [s for s in round_steps(mod) if s.retired is None]
         for k in getattr(mod, "STEPS", {}):
             if k in out:
-                raise RoundError(f"gpu-check step {k!r} declared by two rounds")
+                raise RoundError(f"gpu check step {k!r} declared by two rounds")
             hit = [s for s in recs if k in s.aliases] or [s for s in recs if s.name == k]
             if not hit:
-                raise RoundError(f"round {mod.NOTEBOOK}: gpu-check step {k!r} has no live record")
+                raise RoundError(f"round {mod.NOTEBOOK}: gpu check step {k!r} has no live record")
             out[k] = (mod, hit[0])
     return out
 
@@ -123,13 +123,13 @@ class Retired:
 @dataclass(frozen=True)
 class Step:
     """One step of a round as a record: its ``number`` on the round's page (None: a tool step, or an experiment the
-    page does not number), ``name`` (``gpu-check --round N --step NAME``) and ``aliases`` (the gpu-check names it had,
-    ``gpu-check --steps NAME``); the ``builds`` it runs (label -> -D names; () the plain build), its ``plan``, the
+    page does not number), ``name`` (``gpu check --round N --step NAME``) and ``aliases`` (the gpu check names it had,
+    ``gpu check --steps NAME``); the ``builds`` it runs (label -> -D names; () the plain build), its ``plan``, the
     ``prediction`` written before its run and the ``verdict`` after; the recorded ``runs`` (ids, in the round's
     ``series``) whose params name ``what`` (None: the series' main measurement) and the ``commit`` its measurement ran
     at. ``run(out, args) -> dict`` records it again on a GPU (None once ``retired``: :class:`Retired` says where and
-    how); ``view(run) -> DataFrame`` is its table from one of its recorded runs; ``args``: the gpu-check arguments it
-    reads (gpu-check refuses one given when no chosen step reads it), each either the name of a flag gpu-check shares
+    how); ``view(run) -> DataFrame`` is its table from one of its recorded runs; ``args``: the gpu check arguments it
+    reads (gpu check refuses one given when no chosen step reads it), each either the name of a flag gpu check shares
     among steps (``"--gemma"``: :data:`labkernels.gpu_checks.FLAGS`) or ``((flag, ...), argparse kwargs)`` for a flag
     the round defines itself (several of its steps may declare the same one)."""
     name: str
@@ -159,7 +159,7 @@ class Step:
 
     @property
     def flags(self) -> tuple:
-        """The gpu-check flags it reads, by their first option string (``("--repeats", "--old-kernels")``)."""
+        """The gpu check flags it reads, by their first option string (``("--repeats", "--old-kernels")``)."""
         return tuple(a if isinstance(a, str) else tuple(a[0])[0] for a in self.args)
 
     def recorded(self, root=None, listed=None) -> list:
@@ -195,7 +195,7 @@ def _reproduce(mod, s) -> str:
 
 
 def select_steps(name, selectors) -> list:
-    """``gpu-check --round N --step SEL,...``: the round's live steps chosen by number (every record of that number,
+    """``gpu check --round N --step SEL,...``: the round's live steps chosen by number (every record of that number,
     the retired ones left out and said -- none left is an error), name or alias, in the order asked. A retired step
     named, or an unknown selector, raises before any step runs."""
     mod = module(name)
@@ -225,7 +225,7 @@ def select_steps(name, selectors) -> list:
 
 
 def retired_step(name: str):
-    """The retired step (round module, Step) a gpu-check name or alias belongs to, or None."""
+    """The retired step (round module, Step) a gpu check name or alias belongs to, or None."""
     for mod in rounds():
         for s in round_steps(mod):
             if s.retired is not None and (name == s.name or name in s.aliases):
@@ -234,14 +234,14 @@ def retired_step(name: str):
 
 
 def retired_message(name: str) -> str | None:
-    """What ``gpu-check --steps NAME`` says of a retired step (its commit and command), or None."""
+    """What ``gpu check --steps NAME`` says of a retired step (its commit and command), or None."""
     hit = retired_step(name)
     return _reproduce(*hit) if hit else None
 
 
 def step_args() -> list:
-    """Every argument a live round step declares, ``(round notebook, step label, flags, kwargs)``, for gpu-check's
-    parser: ``kwargs`` None where the step names a flag gpu-check shares (:data:`labkernels.gpu_checks.FLAGS`)."""
+    """Every argument a live round step declares, ``(round notebook, step label, flags, kwargs)``, for gpu check's
+    parser: ``kwargs`` None where the step names a flag gpu check shares (:data:`labkernels.gpu_checks.FLAGS`)."""
     out = []
     for mod in rounds():
         for s in round_steps(mod):
@@ -257,13 +257,13 @@ def step_args() -> list:
 
 
 def list_steps(round_name) -> str:
-    """``gpu-check --round N --list``: the round's steps (number, name, old names, builds; then the arguments it reads and
-    the runs it records, or for a retired one the commit and command that reproduce it)."""
+    """``gpu check --round N --list``: the round's steps (number, name, old names, builds; then the arguments it reads
+    and the runs it records, or for a retired one the commit and command that reproduce it)."""
     mod = module(round_name)
     steps = round_steps(mod)
-    lines = [f"round {mod.NOTEBOOK}: gpu-check --round {int(mod.NOTEBOOK[:2])} --step N|NAME"]
+    lines = [f"round {mod.NOTEBOOK}: labkernels gpu check --round {int(mod.NOTEBOOK[:2])} --step N|NAME"]
     if not steps:
-        lines.append("  (no gpu-check steps)")
+        lines.append("  (no gpu check steps)")
     for s in steps:
         alias = f" (--steps {', '.join(s.aliases)})" if s.aliases else ""
         builds = "; builds " + ", ".join(f"{k}={'+'.join(v) or 'plain'}" for k, v in s.builds.items()) if s.builds else ""

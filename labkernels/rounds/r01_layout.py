@@ -146,7 +146,7 @@ def _public(d: dict) -> dict:
 
 
 def summarize(rows) -> dict:
-    """Per-type totals (elements checked, mismatches) -- what ``labkernels layout --json`` prints."""
+    """Per-type totals (elements checked, mismatches) -- what ``labkernels model layout --json`` prints."""
     out: dict = {}
     for r in rows:
         key = r["type"] if r["type"] == "q4_K" else f"q6_K/{r['stride']}"

@@ -55,7 +55,7 @@ def view_api_check(run):
                                     "calc_blocks_per_sm", "calc_limiter", "agree"]]
 
 
-#: the round's step as a record (``gpu-check --round 2 --step 1|occupancy``)
+#: the round's step as a record (``gpu check --round 2 --step 1|occupancy``)
 STEP_RECORDS = (
     Step(number=1, name="occupancy", series="occupancy", what=API_CHECK, run=step_occupancy, view=view_api_check,
          title="the CUDA occupancy API (cudaOccupancyMaxActiveBlocksPerMultiprocessor) against the calculator's "
@@ -65,5 +65,5 @@ STEP_RECORDS = (
          verdict="the API and the calculator agree at every instantiation: 58 of 58 (run 20261130T104506Z; 46 of 46 "
                  "in run 20261130T103041Z), as the page's abstract and headline say"),
 )
-#: its gpu-check name (``gpu-check --steps occupancy``)
+#: its gpu check name (``gpu check --steps occupancy``)
 STEPS = {s.name: s.run for s in STEP_RECORDS}

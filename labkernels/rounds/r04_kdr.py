@@ -1,6 +1,6 @@
 """Round 4 -- KDR sweep: staging depth vs occupancy vs speed, and the q4_K raw-nibble kernel
 (``notebooks/04_kdr_sweep``): the sweep (table ``sweep`` of a ``kdr_sweep`` run) and the q4_K benchmark against
-cuBLAS fp16 (a ``q4k`` run), every point parity-gated first (:mod:`labkernels.cases`); both gpu-check steps as records
+cuBLAS fp16 (a ``q4k`` run), every point parity-gated first (:mod:`labkernels.cases`); both gpu check steps as records
 (:data:`STEP_RECORDS`)."""
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def view_q4k(run):
     return run.table("q4k_pairs")
 
 
-#: the round's steps as records (``gpu-check --round 4 --step N|NAME``), numbered in the order first recorded
+#: the round's steps as records (``gpu check --round 4 --step N|NAME``), numbered in the order first recorded
 STEP_RECORDS = (
     Step(number=1, name="kdr", series="kdr_sweep", run=step_kdr, view=view_sweep,
          plan={k: PLAN[k] for k in ("shapes", "nts", "repeats")},
@@ -188,7 +188,7 @@ STEP_RECORDS = (
                "20261130T112225Z-h200-74f156ae7a"), commit="74f156a", prediction=NO_PREDICTION,
          verdict="0.23x cuBLAS fp16's speed at 4096x4096, nt=4096 (run 20261130T112225Z, the page's headline)"),
 )
-#: their gpu-check names (``gpu-check --steps kdr,q4k``)
+#: their gpu check names (``gpu check --steps kdr,q4k``)
 STEPS = {s.name: s.run for s in STEP_RECORDS}
 
 

@@ -1,4 +1,4 @@
-"""GPU parity gates for the prepass and the GEMM kernels (run on the device: `labkernels gpu-check`).
+"""GPU parity gates for the prepass and the GEMM kernels (run on the device: `labkernels gpu check`).
 
 Every test draws fresh random inputs (the seed is printed), poisons the output with NaN inside guard
 regions, and checks: every element written and finite, the guards untouched, max relative error vs the

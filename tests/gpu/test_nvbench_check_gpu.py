@@ -1,6 +1,6 @@
 """The independent timer on the device (issue 49 item 4): nvbench (cuda-bench) and the lab's harness time the same
 launches of a headline (round 7's q4_K GEMM at nt=512 vs cuBLAS fp16); the comparison is recorded and read back. The
-2% agreement itself is the step's verdict (``gpu-check --steps nvbench_check``), recorded on the page -- here the two
+2% agreement itself is the step's verdict (``gpu check --steps nvbench_check``), recorded on the page -- here the two
 timers must measure the same thing: both ratios finite and within 10%."""
 import math
 

@@ -1,5 +1,5 @@
 """Class 5: notebook parameters of the right type and a bad value. Every parameters cell declares the allowed
-values next to the type (OneOf, Range, NonEmpty, Shape, Regex, Known, Member, ...); `labkernels run` refuses a
+values next to the type (OneOf, Range, NonEmpty, Shape, Regex, Known, Member, ...); `labkernels report run` refuses a
 value outside them -- and one that would have no effect in the mode the page renders in -- before any cell runs."""
 import re
 

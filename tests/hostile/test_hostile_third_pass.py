@@ -240,7 +240,7 @@ def test_lab_py_recreates_a_virtual_environment_left_without_pip(tmp_path, monke
 
 
 def test_a_signal_whose_keyboardinterrupt_a_library_swallowed_still_stops_the_build(tmp_path):
-    """SIGTERM in the last moments of `labkernels run 02` once exited 0 (held-out harness, second pass): its
+    """SIGTERM in the last moments of `labkernels report run 02` once exited 0 (held-out harness, second pass): its
     KeyboardInterrupt was lost on the way. Simulated here -- a SIGTERM inside code that swallows every exception --
     the build still ends 143 and says so; without the signal the same build exits 0."""
     nbd, out = tmp_path / "nb", tmp_path / "out"

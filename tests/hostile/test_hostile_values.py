@@ -1,6 +1,6 @@
 """Class 1: a NaN or Inf scale in a k-quant block (q4_K d / dmin, q6_K d; q8_0 / q5_0 d too) is refused where the
 bytes enter the lab -- the GGUF loader, the k-quant cache, quants.dequantize, quantize_ref.dequantize, the integer
-reference, `labkernels layout` -- naming the tensor and the block, instead of NaN logits or "0 mismatches"."""
+reference, `labkernels model layout` -- naming the tensor and the block, instead of NaN logits or "0 mismatches"."""
 import time
 
 import numpy as np

@@ -2,7 +2,7 @@
 
 Every case is parity-gated (:mod:`labkernels.cases`) before it is timed (:mod:`labkernels.bench`): interleaved
 rounds of the round's variants (``registry.VARIANTS`` names), cuBLAS fp16 on cached dequantized weights (and with
-the dequant), the prepass; the int8 mma.sync ceilings; per-round A/B ratios. Its gpu-check steps are records
+the dequant), the prepass; the int8 mma.sync ceilings; per-round A/B ratios. Its gpu check steps are records
 (:data:`STEP_RECORDS`): the benchmark (``q6k``) and the tile skeleton's old vs new builds (``tile_ab``).
 """
 
@@ -110,7 +110,7 @@ def view_tile_ab(run):
     return run.table("summary")
 
 
-#: the round's steps as records (``gpu-check --round 3 --step N|NAME``), numbered in the order first recorded
+#: the round's steps as records (``gpu check --round 3 --step N|NAME``), numbered in the order first recorded
 STEP_RECORDS = (
     Step(number=1, name="q6k", series="q6k", run=step_q6k, view=view_pairs, args=("--repeats",), plan=PLAN,
          title="q6_K: the generic kernel vs the expanded-B kernel (EPI=0, EPI=1) against cuBLAS fp16 on cached "
@@ -132,5 +132,5 @@ STEP_RECORDS = (
                "rounds 3 and 4's shapes",
          runs=("20261201T125104Z-h200-866dd92a88",), commit="866dd92", prediction=NO_PREDICTION, verdict=NO_VERDICT),
 )
-#: their gpu-check names (``gpu-check --steps q6k,tile_ab``)
+#: their gpu check names (``gpu check --steps q6k,tile_ab``)
 STEPS = {s.name: s.run for s in STEP_RECORDS}

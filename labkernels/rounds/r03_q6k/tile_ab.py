@@ -6,7 +6,7 @@ the same inputs first.
 Per (variant, shape, nt): rounds of OLD, NEW, OLD again (:func:`labkernels.bench.interleaved`); the ratio
 NEW/OLD per round and the noise band, the largest |OLD'/OLD - 1| of any round (the same build timed against
 itself). A point moved when its median NEW/OLD ratio is outside 1 +- max(noise, 0.5%). Recorded as a run of
-``tile_ab`` (tables ``parity``, ``rounds``, ``summary``). ``labkernels gpu-check --steps tile_ab``.
+``tile_ab`` (tables ``parity``, ``rounds``, ``summary``). ``labkernels gpu check --steps tile_ab``.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def record(run, old_dir: Path, pairs: int = 5, repeats: int = 20, progress=print
 
 
 def step_tile_ab(out, args) -> dict:
-    """``gpu-check --steps tile_ab [--old-kernels DIR]``: old vs new kernel builds, interleaved, recorded."""
+    """``gpu check --steps tile_ab [--old-kernels DIR]``: old vs new kernel builds, interleaved, recorded."""
     with tempfile.TemporaryDirectory() as tmp:
         old = old_kernels(Path(tmp), src=getattr(args, "old_kernels", None))
         with records.recording("tile_ab", {"old_rev": OLD_REV, "old_kernels": str(old), "pairs": 5,

@@ -3,7 +3,7 @@ the page measures or replays one decomposition (a ``decompose`` run of the plan'
 prefill parity and throughput (``prefill`` runs, the shared folder) and the decompositions of both models.
 
 The round's package holds what only it uses: :mod:`.decompose` (the decomposition: CUPTI trace, busy vs wall, class
-table, priced queue, host overhead, the graph runs' history), its gpu-check steps here (prefill, prefill7b, decompose,
+table, priced queue, host overhead, the graph runs' history), its gpu check steps here (prefill, prefill7b, decompose,
 attention, graph_nodes; as records, :data:`STEP_RECORDS`) and in :mod:`.prefill_graph` (the prefill without host
 overhead: eager against the whole forward captured as one CUDA graph, and the small kernels fused), the benchmark of
 attention alone that came with the fused attention path (:mod:`.attention_bench`) and the census of the memset nodes in
@@ -190,8 +190,8 @@ def view_graph_nodes(run):
     return run.table("dense_nodes")
 
 
-#: the gpu-check arguments round 5's steps define (several steps read some of them; --gemma, --dense-path and
-#: --cudnn-plan are gpu-check's shared ones)
+#: the gpu check arguments round 5's steps define (several steps read some of them; --gemma, --dense-path and
+#: --cudnn-plan are gpu check's shared ones)
 ARG_DECOMPOSE_NT = (("--decompose-nt",), dict(type=int, default=3325, help="prompt tokens of the decomposition steps"))
 ARG_DECOMPOSE_MODELS = (("--decompose-models",), dict(default="gemma,7b", help="comma list of gemma, 7b"))
 ARG_GRAPH_MODELS = (("--graph-models",), dict(default="7b,gemma", help="prefill_graph: comma list of 7b, gemma (the "
@@ -230,7 +230,7 @@ def _step(**kw) -> Step:
     return Step(**{"series": "prefill", "prediction": NO_PREDICTION, "verdict": NO_VERDICT, **kw})
 
 
-#: the round's steps as records (``gpu-check --round 5 --step N|NAME``), numbered in the order first recorded
+#: the round's steps as records (``gpu check --round 5 --step N|NAME``), numbered in the order first recorded
 STEP_RECORDS = (
     _step(number=1, name="prefill", run=step_prefill, view=view_throughput, args=PATHS,
           plan={"model": "data/models/gemma-3-270m-q4_k_m.gguf", "nts": [512, 3325]},
@@ -285,7 +285,7 @@ STEP_RECORDS = (
                 "captured alone and counted node by node (cublasGemmEx against cuBLASLt without split-K; every SDPA "
                 "plan)", runs=("20261201T145258Z-h200-8b88856bfa",), commit="8b88856"),
 )
-#: their gpu-check names (``gpu-check --steps prefill,decompose,...``)
+#: their gpu check names (``gpu check --steps prefill,decompose,...``)
 STEPS = {s.name: s.run for s in STEP_RECORDS}
 
 

@@ -1,5 +1,5 @@
 """The attention benchmark (lab): every path checked against the fp32 baseline, then timed interleaved
-(``labkernels gpu-check --steps attention``, recorded as ``attention`` runs). Split from ``attention.py`` (issue 42)
+(``labkernels gpu check --steps attention``, recorded as ``attention`` runs). Split from ``attention.py`` (issue 42)
 so that the product's attention backends do not import the benchmark."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The graph-node censuses of the memset nodes in round 5's captured prefill (each costs its neighbours idle time),
-measured by ``labkernels gpu-check --steps graph_nodes``; the capture and census machinery they use is the product's
+measured by ``labkernels gpu check --steps graph_nodes``; the capture and census machinery they use is the product's
 :mod:`labkernels.graph_nodes`.
 
 * :func:`dense_census` -- ``blas.gemm_dense`` on Gemma 3 270M's dense shapes (the stacked Q/K/V GEMM x [nt, 640]

@@ -2,7 +2,7 @@
 what only it uses: :mod:`.forensics` (the round: profile, A/B timing, record, replay; the ``labkernels gpu forensics``
 command), :mod:`.counters` (the analysis: per GMAC, IMMA check, fit, verdict), :mod:`.forensics_driver` (one profiled
 launch per case, ``python3 -m labkernels.rounds.r06_forensics.forensics_driver``) and :mod:`.ncu_rep` (the kept
-``.ncu-rep`` read back); the Nsight Compute plumbing it shares with round 7 is :mod:`labkernels.ncu`. Its gpu-check step
+``.ncu-rep`` read back); the Nsight Compute plumbing it shares with round 7 is :mod:`labkernels.ncu`. Its gpu check step
 is a record (:data:`STEP_RECORDS`)."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def view_verdicts(run):
     return run.table("verdicts")
 
 
-#: the round's step as a record (``gpu-check --round 6 --step 1|forensics``); it reads no gpu-check argument
+#: the round's step as a record (``gpu check --round 6 --step 1|forensics``); it reads no gpu check argument
 STEP_RECORDS = (
     Step(number=1, name="forensics", series="forensics", run=step_forensics, view=view_verdicts, plan=PLAN,
          title="Nsight Compute counters per GMAC of the paired int8 kernels (generic vs expanded-B q6_K, q6_K vs "
@@ -58,5 +58,5 @@ STEP_RECORDS = (
                  "duration ('supported' beyond noise), and the page reads it: the conversions hide in the issue shadow "
                  "of the rest -- the lever is fewer instructions per IMMA"),
 )
-#: its gpu-check name (``gpu-check --steps forensics``)
+#: its gpu check name (``gpu check --steps forensics``)
 STEPS = {s.name: s.run for s in STEP_RECORDS}

@@ -22,7 +22,7 @@ The method (seeds 001, r13), as code:
 The plumbing (counter concepts, metric discovery, the ncu command, its CSV) is :mod:`labkernels.ncu`; the
 analysis (per GMAC, IMMA check, fit, verdict) :mod:`labkernels.rounds.r06_forensics.counters`. :func:`run_forensics` does all of it on the GPU machine and records a run (round ``forensics``) with tables
 ``metrics`` (raw, per case), ``per_gmac``, ``imma_check``, ``fit`` and ``verdicts``; the raw ncu text and the
-query-metrics output are kept as files beside the records. ``labkernels forensics`` is its command line.
+query-metrics output are kept as files beside the records. ``labkernels gpu forensics`` is its command line.
 """
 
 from __future__ import annotations
@@ -474,7 +474,7 @@ def register_cli(sub) -> None:
 
 
 def gpu_check_step(out: Path, args) -> dict:
-    """``gpu-check --steps forensics``: the round with the defaults (options from args when present)."""
+    """``gpu check --steps forensics``: the round with the defaults (options from args when present)."""
     g = lambda k, d: getattr(args, k, d) if getattr(args, k, None) is not None else d  # noqa: E731
     res = run_forensics(out, cases=g("forensics_cases", None), metrics_set=g("forensics_metrics_set", "full"),
                         shapes=g("forensics_shapes", None), ncu=g("ncu", None))

@@ -31,7 +31,7 @@ def measure(run, progress=print, **plan) -> None:
     benchmark.record(run, plan, progress=progress)
 
 
-#: its steps as records (:data:`.steps.RECORDS`: ``gpu-check --round 7 --step N|NAME``), retired ones with the commit
-#: and command that reproduce them; and the live ones by their gpu-check names (``gpu-check --steps NAME``)
+#: its steps as records (:data:`.steps.RECORDS`: ``gpu check --round 7 --step N|NAME``), retired ones with the commit
+#: and command that reproduce them; and the live ones by their gpu check names (``gpu check --steps NAME``)
 STEP_RECORDS = steps.RECORDS
 STEPS = steps.gpu_check_names()

@@ -237,7 +237,7 @@ def pair_nt(od: int, id_: int, BN: int, sm_count: int, tail: int = 27, limit: in
 # ------------------------------------------------------------------------------------------------ the recorded round
 
 
-#: the plan of round 7's measurement (the gpu-check step and the notebook's measure mode)
+#: the plan of round 7's measurement (the gpu check step and the notebook's measure mode)
 PLAN = {"shapes": [list(s) for s in SHAPES], "nts": list(NTS), "qtypes": ["q4_K", "q6_K"],
         "variants": [[128, 4, 0, 0], [128, 4, 1, 0], [256, 4, 0, 0], [256, 4, 1, 0],
                      [128, 4, 0, 1], [128, 4, 1, 1], [256, 4, 0, 1], [256, 4, 1, 1],

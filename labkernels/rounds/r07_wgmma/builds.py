@@ -66,7 +66,7 @@ def check_defines(defines) -> tuple[str, ...]:
     gone = [d for d in defines if d in RETIRED_BUILDS]
     if gone:
         raise BuildError(f"{', '.join(gone)}: a form that lost and left the kernel source; it builds at commit "
-                         f"{RETIRED_BUILDS[gone[0]]} (its step and command: labkernels gpu-check --round 7 --list)")
+                         f"{RETIRED_BUILDS[gone[0]]} (its step and command: labkernels gpu check --round 7 --list)")
     unknown = [d for d in defines if d not in BUILD_NAMES]
     if unknown:
         raise BuildError(f"no build {unknown}: this tree builds {', '.join(BUILD_NAMES)}")

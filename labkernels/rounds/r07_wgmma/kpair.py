@@ -19,7 +19,7 @@ from .tables import medians
 
 
 #: one 64-row x 256-token tile per CTA, k split between its two consumer warpgroups (every other super-block), 2-CTA
-#: clusters multicasting the activations (``gpu-check --steps wgmma_kpair``, exploratory build -DLK_EXP_KPAIR):
+#: clusters multicasting the activations (``gpu check --steps wgmma_kpair``, exploratory build -DLK_EXP_KPAIR):
 #: against the launches of record (BN, scheduler, EPI) and cuBLAS fp16 at the bar's shapes, nt 512 and 4096; every
 #: launch parity-gated at its point
 #: LK_ABLATE_HALFB: the KPAIR build whose CTAs each receive only their own producer's half of every activation stage
@@ -53,7 +53,7 @@ NOCONV = ("LK_ABLATE_NOCONV",)
 
 
 def smemform_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]:
-    """The shared-memory form against its own no-conversion ablation (``gpu-check --steps wgmma_smemform``): at each
+    """The shared-memory form against its own no-conversion ablation (``gpu check --steps wgmma_smemform``): at each
     point of :data:`SMEMFORM_AB`, same process, interleaved, L2 flushed, data-parallel grids: ``wgmma_smem_bn128_s4``
     (FORM=1) and ``..._c2`` (FORM=2), the register form's ``wgmma_bn128_s4_scl0`` (and ``wgmma_bn256_s4_scl0`` at
     nt > 512), each gated (NaN-poisoned output, :func:`gate`; a failure raises) before it is timed; beside them the

@@ -121,7 +121,7 @@ def conv16_table(ab_df):
             .reset_index(drop=True))
 
 
-#: the weights' share of the loop (``gpu-check --steps wgmma_ceiling``): the plain launches of record against two
+#: the weights' share of the loop (``gpu check --steps wgmma_ceiling``): the plain launches of record against two
 #: ablation builds of themselves, timed only -- LK_ABLATE_NOLOAD (the conversion of the same registers at every
 #: super-block, no weight loads in the loop) and LK_ABLATE_NOCONV (no conversion; ptxas then drops the loads as
 #: dead): the skeleton's ceiling (TMA ring, wgmma, scheduler, finish) and what the loads and the conversion cost
@@ -138,7 +138,7 @@ def ceiling_ab(run=None, plan=None, progress=print, seed: int = 0) -> list[dict]
                      progress=progress)
 
 
-#: the launch floor (``gpu-check --steps wgmma_floor``): the launches of record at nt=512 -- (BN, scheduler, EPI) --
+#: the launch floor (``gpu check --steps wgmma_floor``): the launches of record at nt=512 -- (BN, scheduler, EPI) --
 #: against an empty build of themselves (LK_ABLATE_EMPTY: the same grid, threads, dynamic shared memory and
 #: parameters; every CTA returns at once), timed only, beside cuBLAS and a 1-CTA empty kernel (the events' own floor)
 FLOOR_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512], "qtypes": ["q4_K", "q6_K"],
@@ -188,7 +188,7 @@ def floor_view(ab_df, spans=None):
     return t
 
 
-#: the SM clock during the launches of record and cuBLAS at nt=512 (``gpu-check --steps wgmma_clock``):
+#: the SM clock during the launches of record and cuBLAS at nt=512 (``gpu check --steps wgmma_clock``):
 #: :class:`labkernels.bench.ClockProbe` beside every launch, after the flush, interleaved round by round
 CLOCK_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512], "qtypes": ["q4_K", "q6_K"],
             "launches": [[256, 3, 5], [256, 1, 5], [128, 0, 0]], "pairs": 3, "repeats": 10, "window_us": 12.0}
@@ -254,7 +254,7 @@ def clock_view(clock_df):
     return pd.DataFrame(rows)
 
 
-#: the k scan (``gpu-check --steps wgmma_kscan``): the launches of record at nt=512 and od=4096 over id, cuBLAS fp16
+#: the k scan (``gpu check --steps wgmma_kscan``): the launches of record at nt=512 and od=4096 over id, cuBLAS fp16
 #: (cached) beside them at every point and alone at small k (``cublas_small_ids``), so that time = intercept +
 #: slope x id splits each one's fixed cost per launch from its main loop's cost per k
 KSCAN_AB = {"shapes": [[4096, k] for k in (512, 1024, 2048, 4096, 8192, 14336)], "nts": [512],

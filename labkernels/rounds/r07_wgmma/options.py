@@ -15,7 +15,7 @@ from .tables import suffix_ab
 
 # ------------------------------------------------------------------------------------------- the epilogue A/B
 
-#: the epilogue-form and tile-aligned-split experiment (``gpu-check --steps wgmma_epi``): the one-segment-per-CTA
+#: the epilogue-form and tile-aligned-split experiment (``gpu check --steps wgmma_epi``): the one-segment-per-CTA
 #: schedulers (SK 0, 2, 3) with the plain epilogue and the new forms, and the stream-K launches (plain only) that
 #: the benchmark of record found best at some nt <= 1024 -- tuples (BN, STAGES, SCL or None, SK, FORM, EPI)
 EPI_AB = {"shapes": [list(s) for s in SHAPES], "nts": [256, 512, 1024], "qtypes": ["q4_K", "q6_K"],
@@ -46,7 +46,7 @@ def epi_ab(run, plan=None, progress=print, seed: int = 0) -> None:
 
 # ------------------------------------------------------------------------------------- the A-fragment-set A/B
 
-#: the four-A-set experiment (``gpu-check --steps wgmma_aq``): BN=128 with AQ 2 and 4 under the data-parallel,
+#: the four-A-set experiment (``gpu check --steps wgmma_aq``): BN=128 with AQ 2 and 4 under the data-parallel,
 #: stream-K and tile-aligned split grids, beside BN=256's best nt=512 schedulers and cuBLAS -- tuples (BN, STAGES,
 #: SCL or None, SK, FORM, EPI, AQ)
 AQ_AB = {"shapes": [list(s) for s in SHAPES], "nts": [256, 512, 1024], "qtypes": ["q4_K", "q6_K"],
@@ -64,7 +64,7 @@ def aq_ab(run, plan=None, progress=print, seed: int = 0) -> None:
 
 # ------------------------------------------------------------------------------------------- the L2-prefetch A/B
 
-#: the L2-prefetch experiment (``gpu-check --steps wgmma_pf``; ncu run 20261202T005336Z: q6_K's consumers stall on
+#: the L2-prefetch experiment (``gpu check --steps wgmma_pf``; ncu run 20261202T005336Z: q6_K's consumers stall on
 #: their weight loads, 1.4-2.0 warps per issued instruction in long_scoreboard): PF 0 / 1 / 2 on the nt=512 and
 #: nt=4096 launches of record -- tuples (BN, STAGES, SCL or None, SK, FORM, EPI, AQ, PF)
 PF_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 4096], "qtypes": ["q4_K", "q6_K"],
@@ -82,7 +82,7 @@ def pf_ab(run, plan=None, progress=print, seed: int = 0) -> None:
 
 # ------------------------------------------------------------------------------------------- the pair-exchange A/B
 
-#: the pair exchange (``gpu-check --steps wgmma_pair``): EPI=3 on the tile-aligned split (SK=3) where it gives two
+#: the pair exchange (``gpu check --steps wgmma_pair``): EPI=3 on the tile-aligned split (SK=3) where it gives two
 #: CTAs per tile, against the plain epilogue on the same grid, stream-K and cuBLAS -- tuples as in :data:`PLAN`
 PAIR_AB = {"shapes": [list(s) for s in SHAPES], "nts": [256, 512, 1024], "qtypes": ["q4_K", "q6_K"],
            "variants": [[256, 4, None, 3, 0, e] for e in (0, 3)] + [[128, 4, None, 3, 0, e] for e in (0, 3)]
@@ -103,7 +103,7 @@ def pair_ab(run, plan=None, progress=print, seed: int = 0) -> None:
 
 # --------------------------------------------------------------------------------------------- the staged-store A/B
 
-#: the staged TMA store (``gpu-check --steps wgmma_staged``): EPI=4 against the plain epilogue on the same grid --
+#: the staged TMA store (``gpu check --steps wgmma_staged``): EPI=4 against the plain epilogue on the same grid --
 #: data-parallel and stream-K at BN=256 (nt=4096's launches of record, ~10 tiles per CTA), BN=128 data-parallel and
 #: SK=3 (nt=512's), beside cuBLAS -- tuples as in :data:`PLAN`
 STAGED_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 2048, 4096], "qtypes": ["q4_K", "q6_K"],
@@ -120,7 +120,7 @@ def staged_ab(run, plan=None, progress=print, seed: int = 0) -> None:
 
 # ------------------------------------------------------------------------------------------- the reduce-finish A/B
 
-#: the reduce finish (``gpu-check --steps wgmma_reduce``; trace run 20261202T190840Z: on the nt=512 split grids the
+#: the reduce finish (``gpu check --steps wgmma_reduce``; trace run 20261202T190840Z: on the nt=512 split grids the
 #: owner's finish -- the helper's partial sums through the workspace, its flag, the fold, the store -- takes 4.7-7.0
 #: us of a ~30 us launch): EPI=5 against EPI=0 and EPI=4 on the same grids (the tile-aligned split and stream-K at
 #: both tiles; EPI=3 where it pairs), beside BN=128 data-parallel and cuBLAS, at the bar's nt=512 and at nt=4096 --
@@ -140,7 +140,7 @@ def reduce_ab(run, plan=None, progress=print, seed: int = 0) -> None:
 
 # ------------------------------------------------------------------------------------- the timing method A/B
 
-#: the timing A/B (``gpu-check --steps wgmma_lead``): every call of the launches of record and of cuBLAS timed as the
+#: the timing A/B (``gpu check --steps wgmma_lead``): every call of the launches of record and of cuBLAS timed as the
 #: benchmark times it (events right after the flush) and behind a 500 us GPU wait (:class:`labkernels.bench.Lead`),
 #: call by call, with each call's host time -- does the host path of ``gemm()`` outlast the flush, so that the GPU
 #: waits inside the timed interval? Tuples as in :data:`PLAN`.
@@ -161,7 +161,7 @@ def lead_ab(run, plan=None, progress=print, seed: int = 0) -> None:
 
 # ------------------------------------------------------------------------------------- the two-converter A/B
 
-#: two converter warpgroups for the shared-memory form (``gpu-check --steps wgmma_conv2``): FORM=2 against FORM=1
+#: two converter warpgroups for the shared-memory form (``gpu check --steps wgmma_conv2``): FORM=2 against FORM=1
 #: (one converter) at BN=128 under both schedulers, beside the register form's launches and cuBLAS (q4_K) --
 #: tuples as in :data:`PLAN`
 CONV2_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 4096], "qtypes": ["q4_K"],
@@ -176,7 +176,7 @@ def conv2_ab(run, plan=None, progress=print, seed: int = 0) -> None:
     option_ab(run, CONV2_AB, "wgmma_conv2_ab", lambda f: f[2] == 2, plan, progress, seed)
 
 
-#: the scale plane's A/B (``gpu-check --steps wgmma_plane``): q4_K BN=128 with the plane (SCL=2) against the header
+#: the scale plane's A/B (``gpu check --steps wgmma_plane``): q4_K BN=128 with the plane (SCL=2) against the header
 #: decode (SCL=0) under three schedulers, beside the BN=256 split grids, at nt 512 and 4096
 PLANE_AB = {"shapes": [list(s) for s in SHAPES], "nts": [512, 4096], "qtypes": ["q4_K"],
             "variants": [[128, 4, scl, sk] for sk in (0, 1, 3) for scl in (0, 2)] + [[256, 4, 0, 1], [256, 4, 0, 3]],

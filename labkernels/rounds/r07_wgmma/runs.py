@@ -1,4 +1,4 @@
-"""Round 7's GPU steps: what ``labkernels gpu-check --round 7 --step N`` runs (each a ``fn(out, args) -> dict``
+"""Round 7's GPU steps: what ``labkernels gpu check --round 7 --step N`` runs (each a ``fn(out, args) -> dict``
 that records its runs under ``out/data``; their records, predictions and verdicts: :mod:`.steps`)."""
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ for k, nt, od, id_, sk in cases:
 
 
 def step_wgmma(out: Path, args) -> dict:
-    """``gpu-check --steps wgmma``: kernel resources, real-model gates and the interleaved benchmark (the round's
+    """``gpu check --steps wgmma``: kernel resources, real-model gates and the interleaved benchmark (the round's
     measure with its plan)."""
     runs = measure_into(round_module(7), root=out / "data", progress=args.log)
     return {"ok": True, "run": runs[SERIES].run_id}
@@ -163,7 +163,7 @@ def step_wgmma_conv2(out: Path, args) -> dict:
     return _record_ab(out, args, "conv2_ab", options.CONV2_AB, options.conv2_ab)
 
 
-#: the traced launches of ``gpu-check --steps wgmma_trace``: per shape and type, the nt=512 launches of record that
+#: the traced launches of ``gpu check --steps wgmma_trace``: per shape and type, the nt=512 launches of record that
 #: bracket the bar -- BN=128 data-parallel (its loop converts under 128 tokens) and the BN=256 split grids (the
 #: tile-aligned split and its pair exchange where two CTAs share each tile, stream-K with the staged store where not)
 #: and the reduce finish (EPI=5) on the same split grids

@@ -1,5 +1,5 @@
-"""Round 7's steps as records, in the order of the round's page: each one's number, name (``gpu-check --round 7
---step N|NAME``; its old gpu-check name an alias, ``--steps NAME``), the builds it runs (their -D names are their
+"""Round 7's steps as records, in the order of the round's page: each one's number, name (``gpu check --round 7
+--step N|NAME``; its old gpu check name an alias, ``--steps NAME``), the builds it runs (their -D names are their
 identity, in the cubin cache and in every recorded run's ``defines``), its plan, the prediction written before its
 run, the verdict after, the recorded runs (``data/07_wgmma_kquant/``; ``prefill`` runs for the prefill step) and the
 commit its measurement ran at; one ``run`` (:mod:`.runs`, GPU) and one ``view`` (its table from a recorded run, CPU).
@@ -23,6 +23,8 @@ HOLDER = "4a8dcd9"
 
 
 def _cmd(commit: str, name: str) -> str:
+    """The command that reruns a retired step at its commit: the old flat name, as the holder predates
+    ``labkernels gpu check`` (the old name still parses there and here)."""
     return (f"git worktree add /tmp/lk-{commit} {commit} && cd /tmp/lk-{commit} && "
             f"python3 -m labkernels gpu-check --steps {name} --out DIR   # on an H100/H200")
 
@@ -487,7 +489,7 @@ RECORDS = (
 
 
 def gpu_check_names() -> dict:
-    """{gpu-check name: run} of the live steps (their aliases, the names ``gpu-check --steps`` has taken)."""
+    """{gpu check name: run} of the live steps (their aliases, the names ``gpu check --steps`` has taken)."""
     return {a: s.run for s in RECORDS if s.run is not None for a in s.aliases}
 
 

@@ -16,10 +16,10 @@ DATA = ("sweeps", "sweep_bench")
 PLAN = {"plan": "round4_kdr_h200", "cluster": "local-cuda", "force": False, "cpu_plan": "cpu_faults_demo",
         "summary_run": None, "serial_runs": []}
 measure = None       # a sweep records its own runs (one per task, then the summary): labkernels.sweep.run_sweep
-#: the page's parameters that act in some modes only (labkernels run refuses them in the others)
+#: the page's parameters that act in some modes only (labkernels report run refuses them in the others)
 PARAM_MODES = {"plan": ("measure",), "cluster": ("measure",), "force": ("measure",), "cpu_plan": ("cpu",),
                "summary_run": ("replay",)}
-STEPS = {}           # the GPU run is `labkernels sweep PLAN --cluster local-cuda`, not a gpu-check step
+STEPS = {}           # the GPU run is `labkernels sweep PLAN --cluster local-cuda`, not a gpu check step
 
 
 

@@ -35,7 +35,7 @@ def reproduction(points: pd.DataFrame, serial: pd.DataFrame, serial_again: pd.Da
     return out.sort_values(key).reset_index(drop=True)
 
 
-#: round 4's serial runs (``labkernels gpu-check --steps kdr``): table ``sweep`` with kernel, od, id, nt, median_us
+#: round 4's serial runs (``labkernels gpu check --steps kdr``): table ``sweep`` with kernel, od, id, nt, median_us
 SERIAL_ROUND = "kdr_sweep"
 
 

@@ -9,7 +9,7 @@ hold the retired step 3's PIPE ring, step 5's FORM=2, step 7's FORM=4 / 5 and st
 the benchmark of record (:mod:`.benchmark`: the copy line, the interleaved gated GEMV bench, :func:`measure`), the
 generation benchmark (:mod:`.generate`: tokens/s of the KV-cache decode, the context sweep's points checked against each
 model), the decode step's decomposition (:mod:`.decomp`: one step traced with CUPTI, its launches classed, the graph
-replay timed), its steps (:mod:`.steps`: the gpu-check runs, the sanitizer's driver and the steps as records, the
+replay timed), its steps (:mod:`.steps`: the gpu check runs, the sanitizer's driver and the steps as records, the
 retired steps 3, 5, 7 and 8 with the commit and command that reproduce each), the page's tables and figures
 (:mod:`.tables`) and where the round stands, for the top of its page (:mod:`.state`: the latest step's and the
 generation's figures against llama.cpp, the abstract). The names the page and the tests use are re-exported here
@@ -45,6 +45,6 @@ REPLAY_WHERE = {"decode": lambda run, plan: run.meta.get("params", {}).get("what
                 and run.has("gemv_bench")}
 
 # the round's one plan (:data:`.plan.PLAN`), ``measure`` (:func:`.benchmark.measure`: the benchmark of record into a
-# new ``decode`` run), its steps as records (:data:`.steps.STEP_RECORDS`: ``gpu-check --round 9 --step N|NAME``, the
-# retired steps 3, 5, 7 and 8 with the commit and command that reproduce each) and the live ones by their gpu-check
-# names (:data:`.steps.STEPS`: ``gpu-check --steps NAME``) are imported above
+# new ``decode`` run), its steps as records (:data:`.steps.STEP_RECORDS`: ``gpu check --round 9 --step N|NAME``, the
+# retired steps 3, 5, 7 and 8 with the commit and command that reproduce each) and the live ones by their gpu check
+# names (:data:`.steps.STEPS`: ``gpu check --steps NAME``) are imported above

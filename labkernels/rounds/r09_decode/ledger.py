@@ -54,12 +54,12 @@ STEP3_ANALYSIS = {
 
 
 #: the commit that holds gemv_kq's FORM=4 and FORM=5 (round 9 step 7's FORM=1 under register caps of 6 / 8 CTAs an
-#: SM) and its step (gpu-check ``gemv_step7``): the last one with them
+#: SM) and its step (``gpu check --steps gemv_step7``): the last one with them
 FORM45_HOLDER = "7894b07"
 #: the run of step 7's A/B (H100 80GB HBM3, commit 045babc): FORM=4 / FORM=5 against FORM=1, the measurement they lost
 STEP7_RUN = "20261207T195543Z-h10080gbhbm3-045babc"
 #: the commit that holds gemv_kq's PF=1 build (round 9 step 8's L2 prefetch of the weights before the PDL wait),
-#: ``PrefillOptions.gemv_pf`` and its step (gpu-check ``gemv_step8``): the last one with them
+#: ``PrefillOptions.gemv_pf`` and its step (``gpu check --steps gemv_step8``): the last one with them
 PF_HOLDER = "7894b07"
 #: the run of step 8's A/B (H100 80GB HBM3, commit 045babc): the decode with PF=1 against PF=0, the measurement it lost
 STEP8_RUN = "20261207T195308Z-h10080gbhbm3-045babc"
@@ -563,8 +563,8 @@ LEDGER = [
 #: the commit that holds gemv_kq's PIPE form (round 9 step 3's cp.async ring) and its step: the last one with them
 PIPE_HOLDER = "a1cf954"
 
-#: the commit that holds gemv_kq's FORM=2 (round 9 step 5's register double buffer) and its step (gpu-check
-#: ``gemv_step5``): the last one with them
+#: the commit that holds gemv_kq's FORM=2 (round 9 step 5's register double buffer) and its step
+#: (``gpu check --steps gemv_step5``): the last one with them
 FORM2_HOLDER = "90fd260"
 #: the run of step 5's A/B (H200, commit 0b009b5): FORM=1 against FORM=2, the measurement FORM=2 lost
 STEP5_RUN = "20261207T131432Z-h200-0b009b5"

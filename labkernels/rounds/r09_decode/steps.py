@@ -22,7 +22,7 @@ from .plan import (DECOMP_PLAN, GEN_CONTEXT_PLAN, GEN_PLAN, PLAN, STEP2_PLAN, ST
 
 
 def step_decode(out, args) -> dict:
-    """gpu-check step ``decode``: the benchmark of record (every shape, nt and activation type of the plan) into
+    """gpu check step ``decode``: the benchmark of record (every shape, nt and activation type of the plan) into
     ``out/data``."""
     plan = dict(PLAN)
     with records.recording("decode", {**plan, "what": "gemv_bench"}, root=out / "data") as run:
@@ -45,7 +45,7 @@ def _with_gemma(plan: dict, args, what: str) -> dict:
 
 
 def step_generate(out, args) -> dict:
-    """gpu-check step ``generate``: tokens/s of the KV-cache generation per model and prompt length (GEN_PLAN) into
+    """gpu check step ``generate``: tokens/s of the KV-cache generation per model and prompt length (GEN_PLAN) into
     ``out/data`` (a ``decode`` run whose params say ``what: generate``); ``--gemma PATH`` adds the real Gemma 3 270M
     (its sha256 recorded)."""
     plan = _with_gemma(GEN_PLAN, args, "generate")
@@ -56,7 +56,7 @@ def step_generate(out, args) -> dict:
 
 
 def step_generate_context(out, args) -> dict:
-    """gpu-check step ``generate_context``: tokens/s against context length, 128 .. 8192 (GEN_CONTEXT_PLAN), into
+    """gpu check step ``generate_context``: tokens/s against context length, 128 .. 8192 (GEN_CONTEXT_PLAN), into
     ``out/data`` (a ``decode`` run whose params say ``what: generate_context``; a prompt a model cannot take is a row
     of table ``generate_skipped``); ``--gemma PATH`` adds the real Gemma 3 270M."""
     plan = _with_gemma(GEN_CONTEXT_PLAN, args, "generate_context")
@@ -67,7 +67,7 @@ def step_generate_context(out, args) -> dict:
 
 
 def step_decode_decomp(out, args) -> dict:
-    """gpu-check step ``decode_decomp``: what a decode step spends -- one eager step traced with CUPTI, every launch
+    """gpu check step ``decode_decomp``: what a decode step spends -- one eager step traced with CUPTI, every launch
     classed by its op label and name (GEMV per weight, attention, small kernels, memset / memcpy), the graph replay of
     the same step timed and traced -- per model and context (DECOMP_PLAN) into ``out/data`` (a ``decode`` run whose
     params say ``what: decode_decomp``; tables decode_decomp, decode_decomp_steps). Needs cupti-python: without it the
@@ -95,7 +95,7 @@ def _step_run(out, args, plan: dict, what: str, **kw) -> dict:
 
 
 def step_gemv_step2(out, args) -> dict:
-    """gpu-check step ``gemv_step2``: round 9 step 2's A/B -- gemv_kq FORM=0 and FORM=1 timed interleaved in one
+    """gpu check step ``gemv_step2``: round 9 step 2's A/B -- gemv_kq FORM=0 and FORM=1 timed interleaved in one
     process (each point gated first: FORM=1 against exact_weights_v2 and the float64 reference) into a ``decode`` run
     whose params say ``what: gemv_step2`` (not the benchmark of record: ``qmatmul(auto)`` does not read it)."""
     plan = dict(STEP2_PLAN)
@@ -134,7 +134,7 @@ print(f"gemv sanitizer driver done: {n} launches")
 
 
 def step_gemv_sanitizer(out, args) -> dict:
-    """gpu-check step ``gemv_sanitizer``: compute-sanitizer memcheck, racecheck and synccheck over
+    """gpu check step ``gemv_sanitizer``: compute-sanitizer memcheck, racecheck and synccheck over
     :data:`GEMV_SANITIZE_DRIVER` (every gemv_kq instantiation); each tool's report in ``out/sanitizer-gemv-<tool>.txt``,
     classed by :mod:`labkernels.sanitizer` (clean when nothing but cuda-bindings' driver probes is reported)."""
     res = {}
@@ -147,7 +147,7 @@ def step_gemv_sanitizer(out, args) -> dict:
 
 
 def step_gemv_step4(out, args) -> dict:
-    """gpu-check step ``gemv_step4``: round 9 step 4 -- the benchmark of record (params ``what: gemv_bench``: the run
+    """gpu check step ``gemv_step4``: round 9 step 4 -- the benchmark of record (params ``what: gemv_bench``: the run
     ``qmatmul`` reads its gemv_kq choices from) over STEP4_PLAN's launches (FORM 0/1, MT 1/2, default / one-wave
     split) beside round 7's wgmma and cuBLAS fp16, every point gated first."""
     plan = dict(STEP4_PLAN)
@@ -156,7 +156,7 @@ def step_gemv_step4(out, args) -> dict:
 
 
 def step_gemv_step9(out, args) -> dict:
-    """gpu-check step ``gemv_step9``: round 9 step 9 -- the benchmark of record again (params ``what: gemv_bench``, the
+    """gpu check step ``gemv_step9``: round 9 step 9 -- the benchmark of record again (params ``what: gemv_bench``, the
     run qmatmul's auto and the decode read) over STEP9_PLAN: step 4's launches with step 6's FORM=3 (W8, S=1) beside
     them and the empty launch beside wgmma and cuBLAS fp16, every point gated first."""
     plan = dict(STEP9_PLAN)
@@ -165,7 +165,7 @@ def step_gemv_step9(out, args) -> dict:
 
 
 def step_gemv_step6(out, args) -> dict:
-    """gpu-check step ``gemv_step6``: round 9 step 6's A/B -- gemv_kq FORM=3 (WARPS 8 / 4 at S=1, WARPS 8 at the
+    """gpu check step ``gemv_step6``: round 9 step 6's A/B -- gemv_kq FORM=3 (WARPS 8 / 4 at S=1, WARPS 8 at the
     one-wave split) against FORM=1 and FORM=0 at the one-wave split, beside cuBLAS fp16 and the empty launch (the
     timing's floor), every point gated first, into a ``decode`` run whose params say ``what: gemv_step6``."""
     plan = dict(STEP6_PLAN)
@@ -174,7 +174,7 @@ def step_gemv_step6(out, args) -> dict:
 
 
 def step_decode_step10(out, args) -> dict:
-    """gpu-check step ``decode_step10``: round 9 step 10's A/B -- the decode with add_rmsnorm's register form
+    """gpu check step ``decode_step10``: round 9 step 10's A/B -- the decode with add_rmsnorm's register form
     (PrefillOptions.norm_regs: the row of the residual add + RMSNorm loaded into registers at once) against its loop,
     alternating in every repeat (GEN_STEP10_PLAN), into a ``decode`` run whose params say ``what: decode_step10`` (not
     the generation of record)."""
@@ -185,7 +185,7 @@ def step_decode_step10(out, args) -> dict:
     return {"ok": bool(rows), "run": run.run_id}
 
 
-#: the live gpu-check steps (``labkernels gpu check --steps NAME``)
+#: the live gpu check steps (``labkernels gpu check --steps NAME``)
 STEPS = {"decode": step_decode, "generate": step_generate, "generate_context": step_generate_context,
          "decode_decomp": step_decode_decomp, "gemv_step2": step_gemv_step2, "gemv_step4": step_gemv_step4,
          "gemv_step6": step_gemv_step6, "gemv_step9": step_gemv_step9, "decode_step10": step_decode_step10,
@@ -193,7 +193,7 @@ STEPS = {"decode": step_decode, "generate": step_generate, "generate_context": s
          "nvbench_check": step_nvbench_check}
 
 
-#: the gpu-check arguments each live step reads (the steps not named read none): the generation steps load a model
+#: the gpu check arguments each live step reads (the steps not named read none): the generation steps load a model
 #: and run its prefill in this process (--gemma adds the real Gemma 3 270M; the dense path and cuDNN plan apply)
 ARGS = {"generate": ("--gemma", "--dense-path", "--cudnn-plan"),
         "generate_context": ("--gemma", "--dense-path", "--cudnn-plan"),

@@ -16,8 +16,8 @@ from .decomp import PARTS
 from .plan import DECOMP_PREDICTION, PREDICTION, TARGETS
 
 #: the commands that record the sections' runs (on a GPU machine; then ``labkernels data import DIR/data`` here)
-CONTEXT_CMD = "python3 -m labkernels gpu-check --steps generate_context --out DIR"
-DECOMP_CMD = "python3 -m labkernels gpu-check --steps decode_decomp --out DIR"
+CONTEXT_CMD = "python3 -m labkernels gpu check --steps generate_context --out DIR"
+DECOMP_CMD = "python3 -m labkernels gpu check --steps decode_decomp --out DIR"
 IMPORT_CMD = "python3 -m labkernels data import DIR/data"
 
 
