@@ -188,11 +188,12 @@ def _kernel_sections(blob: bytes, k) -> dict:
     return out
 
 
-def _gemv_cubin(kdir: Path, tmp: Path, ks, arch: str) -> bytes:
-    """One cubin of gemv_kq.cu in ``kdir`` holding the instantiations ``ks`` (objects with a name expression)."""
+def _gemv_cubin(kdir: Path, tmp: Path, ks, arch: str, source: str = "gemv_kq.cu") -> bytes:
+    """One cubin of ``source`` (gemv_kq.cu) in ``kdir`` holding the instantiations ``ks`` (objects with a name
+    expression)."""
     tmp.mkdir()
-    w = tmp / "gemv_kq__sections.cu"
-    w.write_text('#include "gemv_kq.cu"\nvoid __lk_refs() {\n'
+    w = tmp / f"{Path(source).stem}__sections.cu"
+    w.write_text(f'#include "{source}"\nvoid __lk_refs() {{\n'
                  + "".join(f"    (void)&{k.name_expression};\n" for k in ks) + "}\n")
     cub = tmp / "k.cubin"
     subprocess.run([audit.nvcc_path(), "-cubin", "-std=c++17", audit.arch_flag(arch), f"-I{kdir}",
@@ -268,3 +269,31 @@ def test_gemv_kq_prefetches_nothing_before_its_wait(tmp_path, arch):
     for body in bodies:
         assert "prefetch" not in body.split("{", 1)[1], body[:120]
         assert ("griddepcontrol.wait" in body) == (arch != "sm_80"), body[:120]
+
+
+#: the last commit before add_rmsnorm's register forms (round 9 step 10: template parameter J)
+NORM_J_BEFORE = "f8db0a2"
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_add_rmsnorm_loop_form_keeps_its_machine_code(tmp_path, arch):
+    """add_rmsnorm's J=0 instantiations (the loop: what the prefill and, with PrefillOptions.norm_regs off, the decode
+    launch) compile to the machine code of the same kernel at f8db0a2, before the J template parameter came, section
+    by section (the kernel's name, mangled with one template argument more, aside): round 9 step 10's forms, not yet
+    measured on a GPU, change no number of the product."""
+    import types
+
+    old = _kernels_at(NORM_J_BEFORE, tmp_path)
+    loops = [k for k in registry.family("add_rmsnorm") if k.p["J"] == 0]
+    assert len(loops) == 4
+    twins = {}
+    for k in loops:
+        params = tuple((n, v) for n, v in k.params if n != "J")
+        twins[k.key] = types.SimpleNamespace(template=k.template, params=params, key=k.key,
+                                             name_expression=f"{k.template}<{','.join(str(v) for _, v in params)}>")
+    new = _gemv_cubin(registry.KERNELS_DIR, tmp_path / "n", loops, arch, "prefill.cu")
+    was = _gemv_cubin(old, tmp_path / "o", list(twins.values()), arch, "prefill.cu")
+    moved = {k.key: sorted(x for x in set(a) | set(b) if a.get(x) != b.get(x))
+             for k in loops for a, b in [(_kernel_sections(new, k), _kernel_sections(was, twins[k.key]))] if a != b}
+    assert not moved, f"add_rmsnorm's loop form differs from {NORM_J_BEFORE}'s: {moved}"
+    assert len({_kernel_sections(new, k)[".text"][-1] for k in loops}) == 4      # distinct: the check can tell them apart
