@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import itertools
 import logging
 import os
+
+from packaging.version import InvalidVersion, Version
 
 from . import gpu, provenance
 from .attention_kinds import AttentionUnavailable
@@ -25,14 +26,12 @@ PATHFINDER_CUDNN_SINCE = (1, 7, 0)
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
-    """'1.9.0' -> (1, 9, 0); a pre-release or local suffix is dropped ('1.7.0rc1' -> (1, 7, 0))."""
-    out = []
-    for part in str(v).split(".")[:3]:
-        digits = "".join(itertools.takewhile(str.isdigit, part))
-        if not digits:
-            break
-        out.append(int(digits))
-    return tuple(out)
+    """'1.9.0' -> (1, 9, 0): the release numbers (packaging's PEP 440 parse; a pre-release or local suffix is dropped,
+    '1.7.0rc1' -> (1, 7, 0)); () for a string that is no version."""
+    try:
+        return Version(str(v)).release[:3]
+    except InvalidVersion:
+        return ()
 
 
 def _load_libcudnn() -> dict:
